@@ -1,0 +1,142 @@
+# Makefile - builds the parameter server, its client library and tests.
+#
+#   make                 bin/ps-server, bin/ps-bench, lib/libps.a
+#   make test            unit tests (Check) and integration tests on loopback
+#   make bench           ps-bench figures as ratios to baselines of the same run
+#   make demo            a local 2-shard cluster and a short benchmark
+#   make install PREFIX=/usr/local
+#   make SANITIZE=address,undefined test
+#   make clean
+
+PREFIX   ?= /usr/local
+CC       ?= gcc
+SANITIZE ?=
+PKGS     := libuv libprotobuf-c yaml-0.1 liblz4 check zlib
+
+VARIANT  := $(if $(SANITIZE),san,rel)
+OBJ      := build/$(VARIANT)
+GEN      := build/gen
+
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs libuv libprotobuf-c yaml-0.1 liblz4 2>/dev/null)
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=gnu11 -Wall -Wextra -pthread -fno-strict-aliasing
+CPPFLAGS += -Icommon -Iserver -Iworker -I$(GEN) $(PKG_CFLAGS)
+LDLIBS   += $(PKG_LIBS) -lm -pthread
+ifneq ($(SANITIZE),)
+CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS  += -fsanitize=$(SANITIZE)
+endif
+
+# CUDA: built whenever nvcc is present; otherwise a stub whose create()
+# says so. Either way callers need no #ifdef.
+NVCC      ?= $(shell command -v nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_CU   := $(wildcard kernels/*.cu)
+ifneq ($(and $(NVCC),$(CUDA_CU)),)
+include kernels/cuda.mk
+else
+CUDA_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard common/compute_cuda_stub.c))
+CUDA_LIBS :=
+endif
+
+PROTO_C   := $(GEN)/ps.pb-c.c
+# libps.a: everything a client program needs (no BLAS, no CUDA).
+LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/layers.c \
+             common/shardmap.c common/wire.c common/msg.c common/transport.c \
+             common/transport_tcp.c worker/ps_client.c
+SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
+# Training: compute backends and the worker's model and data code.
+COMPUTE   := $(wildcard common/compute.c common/compute_cpu.c)
+TRAIN     := $(wildcard worker/net.c worker/dataset.c)
+LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
+SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
+TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN)) $(CUDA_OBJS)
+TRAIN_LIBS := -lopenblas -lz $(CUDA_LIBS)
+
+UNIT_SRCS := $(wildcard tests/check_*.c)
+UNIT_BINS := $(patsubst tests/%.c,$(OBJ)/tests/%,$(UNIT_SRCS))
+IT_SRCS   := $(wildcard tests/it_*.c)
+IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
+
+PROGRAMS := bin/ps-server bin/ps-bench $(if $(wildcard worker/dataset.c common/compute_cpu.c),bin/ps-worker)
+
+.PHONY: all test unit integration bench demo install clean deps
+.SECONDARY:
+
+all: $(PROGRAMS) lib/libps.a
+
+# Installs missing Debian packages; silent when everything is present.
+deps:
+	@scripts/install-deps.sh
+
+$(PROTO_C): proto/ps.proto
+	@mkdir -p $(GEN)
+	protoc-c --proto_path=proto --c_out=$(GEN) proto/ps.proto
+
+$(GEN)/ps.pb-c.h: $(PROTO_C)
+
+# Every object depends on the generated header and on the compiler flags.
+$(OBJ)/.flags: FORCE
+	@mkdir -p $(OBJ)
+	@echo '$(CC) $(CFLAGS) $(CPPFLAGS) $(LDFLAGS)' | cmp -s - $@ || echo '$(CC) $(CFLAGS) $(CPPFLAGS) $(LDFLAGS)' > $@
+.PHONY: FORCE
+
+# bin/ and lib/ are shared by the variants: relink them when the variant changes.
+build/variant: FORCE
+	@mkdir -p build
+	@echo '$(VARIANT)' | cmp -s - $@ || echo '$(VARIANT)' > $@
+
+$(OBJ)/%.o: %.c $(GEN)/ps.pb-c.h $(OBJ)/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(OBJ)/gen/ps.pb-c.o: $(PROTO_C) $(OBJ)/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+lib/libps.a: $(LIB_OBJS) build/variant
+	@mkdir -p lib
+	rm -f $@ && ar rcs $@ $(LIB_OBJS)
+
+bin/ps-server: $(OBJ)/server/main.o $(SRV_OBJS) lib/libps.a
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
+
+bin/ps-bench: $(OBJ)/worker/ps_bench.o lib/libps.a
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
+
+bin/ps-worker: $(OBJ)/worker/ps_worker.o $(TRAIN_OBJS) lib/libps.a
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(TRAIN_LIBS)
+
+$(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(LIB_OBJS)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(TRAIN_LIBS) $(CHECK_LIBS)
+
+# Tests: install what is missing, build, run every unit test then every
+# integration test; the run fails if any of them fails.
+test: deps
+	@$(MAKE) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer
+	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS)
+
+bench: deps
+	@$(MAKE) --no-print-directory all $(OBJ)/tests/bench_optimizer
+	@scripts/bench.sh $(OBJ)/tests/bench_optimizer
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/demo.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/ps
+	install -m 755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin
+	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
+	install -m 644 worker/ps_client.h $(DESTDIR)$(PREFIX)/include/ps
+
+clean:
+	rm -rf build bin lib
+
+-include $(shell find build/$(VARIANT) -name '*.d' 2>/dev/null)

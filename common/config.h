@@ -1,0 +1,124 @@
+/* config.h - the cluster configuration, loaded from one YAML file.
+ *
+ * One option table (config.c) drives YAML loading, validation, the --help
+ * text of every program and --dump-config. Errors name file:line, the key
+ * and what was expected; unknown keys are refused with the closest valid key
+ * suggested. See conf/local.yaml for a commented example.
+ */
+#ifndef PS_CONFIG_H
+#define PS_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "layers.h"
+
+#define PS_MAX_SHARDS 256
+#define PS_MAX_TENSORS 1024
+#define PS_MAX_DIMS 8
+#define PS_NAME_MAX 64
+#define PS_HOST_MAX 256
+
+enum ps_consistency { PS_SYNC, PS_ASYNC };
+enum ps_transport_kind { PS_TRANSPORT_TCP, PS_TRANSPORT_RDMA };
+enum ps_optim_kind { PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_ADAGRAD };
+/* How a tensor's initial values are derived from (seed, tensor, element):
+ * zeros; const (value); uniform in [-scale, scale]; normal with std scale;
+ * arange (element index mod 1024, exact integers: for tests). */
+enum ps_init_kind { PS_INIT_ZEROS, PS_INIT_CONST, PS_INIT_UNIFORM, PS_INIT_NORMAL, PS_INIT_ARANGE };
+
+struct ps_endpoint {
+	char host[PS_HOST_MAX];
+	int port;
+};
+
+struct ps_tensor_cfg {
+	char name[PS_NAME_MAX];
+	int ndims;
+	int64_t dims[PS_MAX_DIMS];
+	int64_t count;            /* product of dims */
+	enum ps_init_kind init;
+	float init_value;         /* const value, or scale for uniform/normal */
+};
+
+struct ps_optim_cfg {
+	enum ps_optim_kind kind;
+	float lr;
+	float momentum;           /* momentum: mu */
+	int nesterov;             /* momentum: Nesterov variant */
+	float beta1, beta2, eps;  /* adam (eps also adagrad) */
+	float weight_decay;       /* L2 added to the gradient, all optimizers */
+	float initial_accumulator; /* adagrad */
+};
+
+struct ps_limits {
+	uint64_t max_frame_bytes;   /* largest accepted frame (meta + payload) */
+	uint32_t max_meta_bytes;    /* largest accepted protobuf metadata */
+	int connect_timeout_ms;     /* client connect + handshake */
+	int request_timeout_ms;     /* client waits this long for any reply */
+	int handshake_timeout_ms;   /* server drops connections that do not say hello */
+	int max_clock_ahead;        /* sync: a push may be at most this many clocks ahead */
+	int max_connections;        /* per shard */
+};
+
+struct ps_stats_cfg {
+	char http[PS_HOST_MAX + 8]; /* "host:port" for /metrics, empty = off (later issue) */
+};
+
+/* Training: what ps-worker does (the data, batches, where metrics go). */
+struct ps_train_cfg {
+	char data_dir[512];         /* IDX files: train-* and t10k-* */
+	int batch;                  /* examples per step per worker */
+	int epochs;
+	int64_t train_limit;        /* use the first N training images (0 = all) */
+	int device;                 /* enum ps_device */
+	char metrics_dir[512];      /* worker-R.jsonl files go here */
+};
+
+enum ps_device { PS_DEVICE_AUTO, PS_DEVICE_CPU, PS_DEVICE_CUDA };
+
+struct ps_config {
+	char path[1024];            /* file it was loaded from ("" for defaults) */
+	int nshards;
+	struct ps_endpoint shards[PS_MAX_SHARDS];
+	int nworkers;
+	enum ps_transport_kind transport;
+	enum ps_consistency consistency;
+	int staleness;              /* async only */
+	uint64_t seed;
+	uint64_t slice_bytes;       /* max bytes of one slice */
+	int ntensors;
+	struct ps_tensor_cfg tensors[PS_MAX_TENSORS];
+	struct ps_optim_cfg optim;
+	struct ps_limits limits;
+	struct ps_stats_cfg stats;
+	char log_level[16];
+	struct ps_model_cfg model;  /* layers; nlayers 0 when only tensors are given */
+	struct ps_train_cfg train;
+};
+
+/* Fills cfg with every default (no shards, no tensors). */
+void ps_config_defaults(struct ps_config *cfg);
+
+/* Loads and validates a YAML file. On error returns PS_ECONFIG (or -errno
+ * when the file cannot be read) and writes one message of the form
+ * "FILE:LINE: key 'a.b': expected ..., got '...'" into err (errlen bytes). */
+int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t errlen);
+
+/* Same, from a string in memory; name is used in messages instead of a path. */
+int ps_config_load_string(struct ps_config *cfg, const char *yaml, const char *name,
+			  char *err, size_t errlen);
+
+/* Writes the effective configuration as YAML that ps_config_load accepts. */
+void ps_config_dump(const struct ps_config *cfg, FILE *out);
+
+/* Writes the documentation of every option (name, type, bounds, default,
+ * help), for the --help text of the programs. */
+void ps_config_help(FILE *out);
+
+/* Index of the tensor named name, or PS_ENOTENSOR. */
+int ps_config_find_tensor(const struct ps_config *cfg, const char *name);
+
+const char *ps_optim_name(enum ps_optim_kind k);
+
+#endif

@@ -1,0 +1,76 @@
+/* msg.c - pack, send and unpack frame metadata. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "msg.h"
+#include "ps_err.h"
+
+const ProtobufCMessageDescriptor *ps_msg_descriptor(unsigned type)
+{
+	switch (type) {
+	case PS_MSG_HELLO: return &ps__hello__descriptor;
+	case PS_MSG_HELLO_REPLY: return &ps__hello_reply__descriptor;
+	case PS_MSG_PUSH: return &ps__push__descriptor;
+	case PS_MSG_PUSH_ACK: return &ps__push_ack__descriptor;
+	case PS_MSG_PULL: return &ps__pull__descriptor;
+	case PS_MSG_PULL_REPLY: return &ps__pull_reply__descriptor;
+	case PS_MSG_ERROR: return &ps__error__descriptor;
+	case PS_MSG_STATS_REQUEST: return &ps__stats_request__descriptor;
+	case PS_MSG_STATS: return &ps__stats__descriptor;
+	default: return NULL;
+	}
+}
+
+int ps_msg_send(struct ps_conn *c, unsigned type, const ProtobufCMessage *m,
+		const struct ps_iov *payload, int npayload, unsigned flags, ps_send_cb cb,
+		void *arg)
+{
+	uint8_t small[512], *buf = small;
+	size_t len = protobuf_c_message_get_packed_size(m);
+	int rc;
+
+	if (len > UINT32_MAX)
+		return PS_ETOOBIG;
+	if (len > sizeof(small)) {
+		buf = malloc(len);
+		if (!buf)
+			return -ENOMEM;
+	}
+	protobuf_c_message_pack(m, buf);
+	rc = c->t->ops->send(c, (uint8_t)type, buf, (uint32_t)len, payload, npayload, flags, cb,
+			     arg);
+	if (buf != small)
+		free(buf);
+	return rc;
+}
+
+int ps_msg_send_error(struct ps_conn *c, uint64_t req_id, int code, const char *fmt, ...)
+{
+	Ps__Error e = PS__ERROR__INIT;
+	char text[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	e.req_id = req_id;
+	e.code = code;
+	e.message = text;
+	return ps_msg_send(c, PS_MSG_ERROR, &e.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+}
+
+ProtobufCMessage *ps_msg_unpack(const struct ps_frame *f, char *why, size_t whylen)
+{
+	const ProtobufCMessageDescriptor *d = ps_msg_descriptor(f->hdr.type);
+	ProtobufCMessage *m;
+
+	if (!d) {
+		snprintf(why, whylen, "frame type %u has no metadata schema", f->hdr.type);
+		return NULL;
+	}
+	m = protobuf_c_message_unpack(d, NULL, f->hdr.meta_len, f->meta);
+	if (!m)
+		snprintf(why, whylen, "%s metadata (%u bytes) does not decode",
+			 ps_wire_type_name(f->hdr.type), f->hdr.meta_len);
+	return m;
+}

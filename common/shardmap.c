@@ -1,0 +1,145 @@
+/* shardmap.c - slices, their shard assignment, map hash, initial values. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ps_err.h"
+#include "shardmap.h"
+
+uint64_t ps_fnv1a(uint64_t h, const void *data, size_t len)
+{
+	const uint8_t *p = data;
+
+	for (size_t i = 0; i < len; i++) {
+		h ^= p[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+/* Order for the greedy: larger slices first, then lower id. */
+static int cmp_slice_size(const void *a, const void *b)
+{
+	const struct ps_slice *x = *(const struct ps_slice *const *)a;
+	const struct ps_slice *y = *(const struct ps_slice *const *)b;
+
+	if (x->count != y->count)
+		return x->count > y->count ? -1 : 1;
+	return x->id < y->id ? -1 : (x->id > y->id);
+}
+
+static uint64_t hash_u64(uint64_t h, uint64_t v)
+{
+	return ps_fnv1a(h, &v, sizeof(v));
+}
+
+int ps_shardmap_init(struct ps_shardmap *m, const struct ps_config *cfg)
+{
+	int64_t per = (int64_t)(cfg->slice_bytes / sizeof(float));
+	struct ps_slice **order = NULL;
+	uint64_t n = 0, h = PS_FNV_OFFSET;
+
+	memset(m, 0, sizeof(*m));
+	if (cfg->nshards < 1 || per < 1)
+		return PS_ECONFIG;
+	for (int t = 0; t < cfg->ntensors; t++)
+		n += (uint64_t)((cfg->tensors[t].count + per - 1) / per);
+	if (n > UINT32_MAX)
+		return PS_ETOOBIG;
+	m->nshards = cfg->nshards;
+	m->ntensors = cfg->ntensors;
+	m->nslices = (uint32_t)n;
+	m->slices = calloc(n ? n : 1, sizeof(*m->slices));
+	m->tensor_first = calloc((size_t)cfg->ntensors + 1, sizeof(*m->tensor_first));
+	m->shard_bytes = calloc((size_t)cfg->nshards, sizeof(*m->shard_bytes));
+	order = calloc(n ? n : 1, sizeof(*order));
+	if (!m->slices || !m->tensor_first || !m->shard_bytes || !order)
+		goto err_free_map;
+
+	uint32_t id = 0;
+	for (int t = 0; t < cfg->ntensors; t++) {
+		m->tensor_first[t] = id;
+		for (int64_t off = 0; off < cfg->tensors[t].count; off += per, id++) {
+			struct ps_slice *s = &m->slices[id];
+			s->id = id;
+			s->tensor = t;
+			s->offset = off;
+			s->count = cfg->tensors[t].count - off < per ? cfg->tensors[t].count - off : per;
+			order[id] = s;
+		}
+	}
+	m->tensor_first[cfg->ntensors] = id;
+
+	qsort(order, n, sizeof(*order), cmp_slice_size);
+	for (uint64_t k = 0; k < n; k++) {
+		int best = 0;
+		for (int s = 1; s < m->nshards; s++)
+			if (m->shard_bytes[s] < m->shard_bytes[best])
+				best = s;
+		order[k]->shard = best;
+		m->shard_bytes[best] += (uint64_t)order[k]->count * sizeof(float);
+	}
+	free(order);
+
+	/* The hash covers everything that decides where a byte lives. */
+	h = hash_u64(h, (uint64_t)cfg->nshards);
+	h = hash_u64(h, cfg->slice_bytes);
+	for (int t = 0; t < cfg->ntensors; t++) {
+		h = ps_fnv1a(h, cfg->tensors[t].name, strlen(cfg->tensors[t].name) + 1);
+		h = hash_u64(h, (uint64_t)cfg->tensors[t].count);
+	}
+	for (uint32_t i = 0; i < m->nslices; i++)
+		h = hash_u64(h, (uint64_t)m->slices[i].shard);
+	m->hash = h;
+	return 0;
+
+err_free_map:
+	free(order);
+	ps_shardmap_free(m);
+	return -ENOMEM;
+}
+
+void ps_shardmap_free(struct ps_shardmap *m)
+{
+	free(m->slices);
+	free(m->tensor_first);
+	free(m->shard_bytes);
+	memset(m, 0, sizeof(*m));
+}
+
+/* splitmix64 finaliser: a good 64-bit mix of a counter. */
+static uint64_t mix64(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1) from 24 random bits. */
+static double unit(uint64_t r)
+{
+	return ((double)(r >> 40) + 0.5) / 16777216.0;
+}
+
+float ps_init_value(const struct ps_config *cfg, int t, int64_t i)
+{
+	const struct ps_tensor_cfg *tc = &cfg->tensors[t];
+	uint64_t r = mix64(cfg->seed ^ mix64(((uint64_t)t << 40) ^ (uint64_t)i));
+
+	switch (tc->init) {
+	case PS_INIT_ZEROS:
+		return 0.0f;
+	case PS_INIT_CONST:
+		return tc->init_value;
+	case PS_INIT_UNIFORM:
+		return (float)((2.0 * unit(r) - 1.0) * tc->init_value);
+	case PS_INIT_NORMAL: {
+		/* Box-Muller from two independent draws. */
+		double u1 = unit(r), u2 = unit(mix64(r));
+		return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2) * tc->init_value);
+	}
+	case PS_INIT_ARANGE:
+		return (float)(i % 1024);
+	}
+	return 0.0f;
+}

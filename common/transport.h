@@ -1,0 +1,132 @@
+/* transport.h - how frames move between processes (DESIGN.md §7).
+ *
+ * A transport is a const struct ps_transport_ops found by name ("tcp"; "rdma"
+ * comes later) plus the objects it creates. Everything runs on one libuv loop
+ * thread: every function here must be called on that thread, and every
+ * callback fires on it, never from inside the call that caused it.
+ *
+ * Receiving: the transport reads the fixed header, checks it against the
+ * connection's limits (ps_wire_decode_hdr) before allocating anything, then
+ * receives metadata and payload into one buffer that it hands to on_frame.
+ * The callee owns the frame and returns it with ps_frame_release(), possibly
+ * much later (a sync shard keeps gradient frames until the barrier).
+ *
+ * Sending: header and metadata are copied (they are small); the payload is
+ * given as pieces (iovecs) that are written without copying. With
+ * PS_SEND_STABLE the caller keeps the pieces unchanged until cb fires. With
+ * PS_SEND_VOLATILE the pieces may change once send returns: what the socket
+ * does not take at once is copied, and no callback is taken.
+ *
+ * Implementations embed struct ps_transport / struct ps_conn first and find
+ * themselves with container_of. The shape leaves room for RDMA: frames are
+ * released through the frame's own function (a registered buffer goes back
+ * to its pool), and a transport may watch any fd with uv_poll_t.
+ */
+#ifndef PS_TRANSPORT_H
+#define PS_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+#include "wire.h"
+
+#ifndef container_of
+#define container_of(ptr, type, member) ((type *)((char *)(ptr) - offsetof(type, member)))
+#endif
+
+struct ps_transport;
+struct ps_conn;
+
+struct ps_frame {
+	struct ps_frame_hdr hdr;
+	uint8_t *meta;       /* hdr.meta_len bytes */
+	uint8_t *payload;    /* hdr.payload_len bytes, right after meta */
+	/* Returns the buffer to whoever allocated it; use ps_frame_release(). */
+	void (*release)(struct ps_frame *f);
+};
+
+static inline void ps_frame_release(struct ps_frame *f)
+{
+	if (f)
+		f->release(f);
+}
+
+struct ps_iov {
+	const void *base;
+	size_t len;
+};
+
+enum ps_send_flags {
+	PS_SEND_STABLE = 0,    /* payload unchanged until cb fires */
+	PS_SEND_VOLATILE = 1,  /* payload read (written or copied) before send returns; cb must be NULL */
+};
+
+/* Fires once per accepted send: status 0 when the bytes are handed to the
+ * kernel, negative when the connection closed first. */
+typedef void (*ps_send_cb)(struct ps_conn *c, int status, void *arg);
+
+struct ps_transport_cbs {
+	/* A listening transport accepted c. Set c->data here. */
+	void (*on_accept)(struct ps_transport *t, struct ps_conn *c);
+	/* An outgoing connection finished (status 0) or failed (then on_close follows). */
+	void (*on_connect)(struct ps_conn *c, int status);
+	/* A complete, header-checked frame; the callee owns f. */
+	void (*on_frame)(struct ps_conn *c, struct ps_frame *f);
+	/* Last callback for c: status 0 for a local close, negative for the
+	 * reason (PS_ECLOSED peer closed, PS_EPROTO/PS_ETOOBIG bad frame, ...).
+	 * c is freed when this returns. */
+	void (*on_close)(struct ps_conn *c, int status);
+};
+
+struct ps_transport {
+	const struct ps_transport_ops *ops;
+	uv_loop_t *loop;
+	struct ps_transport_cbs cbs;
+	struct ps_wire_limits limits; /* applied to new connections */
+	void *data;                   /* owner's */
+};
+
+struct ps_conn {
+	struct ps_transport *t;
+	void *data;                   /* owner's */
+	char peer[80];                /* "host:port" for logs */
+	uint64_t bytes_in, bytes_out; /* frame bytes, including headers */
+};
+
+struct ps_transport_ops {
+	const char *name;
+	/* Creates a transport on loop. limits apply to every connection until
+	 * ps_conn_set_limits changes them. Returns 0 or -errno/PS_E*. */
+	int (*create)(uv_loop_t *loop, const struct ps_transport_cbs *cbs,
+		      const struct ps_wire_limits *limits, void *data, struct ps_transport **out);
+	/* Listens on host:port (host must be an address or resolvable name);
+	 * accepted connections arrive through on_accept. Non-blocking. */
+	int (*listen)(struct ps_transport *t, const char *host, int port);
+	/* Port actually bound (useful with port 0), or negative. */
+	int (*bound_port)(struct ps_transport *t);
+	/* Starts connecting to host:port (numeric address); on_connect reports
+	 * the result. *out is valid until on_close. */
+	int (*connect)(struct ps_transport *t, const char *host, int port, void *data,
+		       struct ps_conn **out);
+	/* Queues one frame. meta (meta_len bytes) is copied. Returns 0 (cb will
+	 * fire, unless flags is VOLATILE) or negative (cb never fires). */
+	int (*send)(struct ps_conn *c, uint8_t type, const void *meta, uint32_t meta_len,
+		    const struct ps_iov *payload, int npayload, unsigned flags, ps_send_cb cb,
+		    void *arg);
+	/* Changes the limits frames received on c are checked against. */
+	void (*set_limits)(struct ps_conn *c, const struct ps_wire_limits *lim);
+	/* Bytes queued on c and not yet taken by the kernel. */
+	size_t (*queued_bytes)(struct ps_conn *c);
+	/* Closes c; pending sends fail; on_close(c, status) fires later. Idempotent. */
+	void (*close)(struct ps_conn *c, int status);
+	/* Closes the listener and every connection (each gets on_close), then
+	 * frees t once the loop has run the close callbacks. */
+	void (*destroy)(struct ps_transport *t);
+};
+
+/* The registry: NULL for an unknown or unavailable name. */
+const struct ps_transport_ops *ps_transport_find(const char *name);
+
+extern const struct ps_transport_ops ps_tcp_transport_ops;
+
+#endif

@@ -1,0 +1,553 @@
+/* transport_tcp.c - the tcp transport on libuv.
+ *
+ * Receive path: a connection reads into a 64 KiB staging buffer while it
+ * waits for a header. Once a header is decoded and checked, one buffer of
+ * meta_len + payload_len bytes is allocated; the bytes already staged are
+ * moved into it and the rest is read straight into it by pointing libuv's
+ * alloc callback at the unfilled part, so a large payload crosses from the
+ * socket to the decoder without a copy. The buffer is handed to on_frame.
+ *
+ * Send path: header + metadata go in one small copied buffer, the payload
+ * pieces follow as separate uv_buf_t (writev). Volatile payloads are first
+ * offered to uv_try_write; only what the socket does not take is copied.
+ */
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ps_err.h"
+#include "ps_log.h"
+#include "transport.h"
+
+#define STAGE_BYTES (64 * 1024)
+#define MAX_IOV 1024
+
+struct tcp_transport {
+	struct ps_transport base;
+	uv_tcp_t listener;
+	int listening;
+	int destroying;
+	int nconns;
+	struct tcp_conn *conns;   /* list of live connections */
+};
+
+struct tcp_conn {
+	struct ps_conn base;
+	uv_tcp_t handle;
+	uv_connect_t connect_req;
+	struct ps_wire_limits limits;
+	int closing;
+	int close_status;
+	int connected;
+	struct tcp_conn *prev, *next;
+	/* receive state */
+	uint8_t *stage;
+	size_t stage_fill;
+	struct ps_frame_hdr hdr;
+	uint8_t *body;            /* frame being filled, NULL while staging */
+	uint8_t *body_data;       /* where its metadata starts inside body */
+	uint64_t body_len, body_fill;
+};
+
+struct tcp_write {
+	uv_write_t req;
+	struct tcp_conn *conn;
+	ps_send_cb cb;
+	void *arg;
+	uint8_t *copy;            /* volatile remainder, freed after the write */
+	uint8_t head[];           /* header + meta */
+};
+
+static void frame_free(struct ps_frame *f)
+{
+	free(f);
+}
+
+static void conn_unlink(struct tcp_transport *tt, struct tcp_conn *c)
+{
+	if (c->prev)
+		c->prev->next = c->next;
+	else if (tt->conns == c)
+		tt->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	c->prev = c->next = NULL;
+	tt->nconns--;
+}
+
+static void maybe_finish_destroy(struct tcp_transport *tt);
+
+static void on_handle_closed(uv_handle_t *h)
+{
+	struct tcp_conn *c = h->data;
+	struct tcp_transport *tt = container_of(c->base.t, struct tcp_transport, base);
+
+	conn_unlink(tt, c);
+	if (tt->base.cbs.on_close)
+		tt->base.cbs.on_close(&c->base, c->close_status);
+	free(c->body);
+	free(c->stage);
+	free(c);
+	maybe_finish_destroy(tt);
+}
+
+static void on_handle_closed_quiet(uv_handle_t *h)
+{
+	struct tcp_conn *c = h->data;
+
+	free(c->stage);
+	free(c);
+}
+
+static void tcp_close(struct ps_conn *pc, int status)
+{
+	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
+
+	if (c->closing)
+		return;
+	c->closing = 1;
+	c->close_status = status;
+	uv_close((uv_handle_t *)&c->handle, on_handle_closed);
+}
+
+static struct tcp_conn *conn_new(struct tcp_transport *tt)
+{
+	struct tcp_conn *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	c->stage = malloc(STAGE_BYTES);
+	if (!c->stage) {
+		free(c);
+		return NULL;
+	}
+	c->base.t = &tt->base;
+	c->limits = tt->base.limits;
+	uv_tcp_init(tt->base.loop, &c->handle);
+	c->handle.data = c;
+	c->next = tt->conns;
+	if (tt->conns)
+		tt->conns->prev = c;
+	tt->conns = c;
+	tt->nconns++;
+	return c;
+}
+
+/* Hands a complete body to the owner; returns nonzero if c got closed. */
+static int deliver(struct tcp_conn *c, uint8_t *body, uint8_t *data)
+{
+	struct ps_frame *f = (struct ps_frame *)body;
+
+	f->hdr = c->hdr;
+	f->meta = data;
+	f->payload = data + c->hdr.meta_len;
+	f->release = frame_free;
+	c->base.bytes_in += PS_WIRE_HDR_LEN + c->hdr.meta_len + c->hdr.payload_len;
+	c->base.t->cbs.on_frame(&c->base, f);
+	return c->closing;
+}
+
+/* The frame buffer: a struct ps_frame, padding, meta, payload. The padding
+ * puts the payload on a 64-byte boundary so tensors in it can be read as
+ * aligned floats. Sets *data to where the metadata goes. */
+static uint8_t *body_alloc(uint32_t meta_len, uint64_t payload_len, uint8_t **data)
+{
+	size_t head = (sizeof(struct ps_frame) + meta_len + 63) & ~(size_t)63;
+	uint8_t *b = aligned_alloc(64, head + ((payload_len + 63) & ~(uint64_t)63));
+
+	if (b)
+		*data = b + head - meta_len;
+	return b;
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct tcp_conn *c = h->data;
+
+	(void)suggested;
+	if (c->body) {
+		uint64_t left = c->body_len - c->body_fill;
+		buf->base = (char *)c->body_data + c->body_fill;
+		buf->len = left > (1u << 30) ? (1u << 30) : (size_t)left;
+	} else {
+		buf->base = (char *)c->stage + c->stage_fill;
+		buf->len = STAGE_BYTES - c->stage_fill;
+	}
+}
+
+/* Parses whole frames out of the staging buffer; starts a body when one
+ * does not fit. Returns nonzero when the connection was closed. */
+static int drain_stage(struct tcp_conn *c)
+{
+	size_t pos = 0;
+	char why[200];
+
+	while (!c->body && c->stage_fill - pos >= PS_WIRE_HDR_LEN) {
+		int rc = ps_wire_decode_hdr(c->stage + pos, &c->limits, &c->hdr, why, sizeof(why));
+		if (rc) {
+			ps_warn("closing connection from %s: %s", c->base.peer, why);
+			tcp_close(&c->base, rc);
+			return 1;
+		}
+		pos += PS_WIRE_HDR_LEN;
+		uint64_t len = c->hdr.meta_len + c->hdr.payload_len;
+		uint8_t *data, *body = body_alloc(c->hdr.meta_len, c->hdr.payload_len, &data);
+		if (!body) {
+			ps_error("closing connection from %s: out of memory for a %llu-byte frame",
+				 c->base.peer, (unsigned long long)len);
+			tcp_close(&c->base, -ENOMEM);
+			return 1;
+		}
+		size_t have = c->stage_fill - pos;
+		size_t take = have < len ? have : (size_t)len;
+		memcpy(data, c->stage + pos, take);
+		pos += take;
+		if (take == len) {
+			if (deliver(c, body, data))
+				return 1;
+		} else {
+			c->body = body;
+			c->body_data = data;
+			c->body_len = len;
+			c->body_fill = take;
+		}
+	}
+	if (pos) {
+		memmove(c->stage, c->stage + pos, c->stage_fill - pos);
+		c->stage_fill -= pos;
+	}
+	return 0;
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+	struct tcp_conn *c = s->data;
+
+	(void)buf;
+	if (c->closing)
+		return;
+	if (n < 0) {
+		if (n != UV_EOF)
+			ps_info("connection %s: %s", c->base.peer, uv_strerror((int)n));
+		tcp_close(&c->base, PS_ECLOSED);
+		return;
+	}
+	if (n == 0)
+		return;
+	if (c->body) {
+		c->body_fill += (uint64_t)n;
+		if (c->body_fill < c->body_len)
+			return;
+		uint8_t *body = c->body;
+		c->body = NULL;
+		if (deliver(c, body, c->body_data))
+			return;
+		drain_stage(c);
+		return;
+	}
+	c->stage_fill += (size_t)n;
+	drain_stage(c);
+}
+
+static void set_peer_name(struct tcp_conn *c)
+{
+	struct sockaddr_storage ss;
+	int len = sizeof(ss);
+	char host[64] = "?";
+	int port = 0;
+
+	if (uv_tcp_getpeername(&c->handle, (struct sockaddr *)&ss, &len) == 0) {
+		if (ss.ss_family == AF_INET) {
+			uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof(host));
+			port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+		} else if (ss.ss_family == AF_INET6) {
+			uv_ip6_name((struct sockaddr_in6 *)&ss, host, sizeof(host));
+			port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+		}
+	}
+	snprintf(c->base.peer, sizeof(c->base.peer), "%s:%d", host, port);
+}
+
+static void start_conn(struct tcp_conn *c)
+{
+	c->connected = 1;
+	uv_tcp_nodelay(&c->handle, 1);
+	uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read);
+}
+
+static void on_new_connection(uv_stream_t *server, int status)
+{
+	struct tcp_transport *tt = server->data;
+	struct tcp_conn *c;
+
+	if (status < 0 || tt->destroying)
+		return;
+	c = conn_new(tt);
+	if (!c) {
+		ps_error("out of memory accepting a connection");
+		return;
+	}
+	if (uv_accept(server, (uv_stream_t *)&c->handle) != 0) {
+		tcp_close(&c->base, PS_ECLOSED);
+		return;
+	}
+	set_peer_name(c);
+	start_conn(c);
+	if (tt->base.cbs.on_accept)
+		tt->base.cbs.on_accept(&tt->base, &c->base);
+}
+
+static int resolve(const char *host, int port, struct sockaddr_storage *ss)
+{
+	if (uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0)
+		return 0;
+	if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0)
+		return 0;
+	/* Names: resolve synchronously (start-up only). */
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res;
+	if (getaddrinfo(host, NULL, &hints, &res) != 0)
+		return -EADDRNOTAVAIL;
+	memcpy(ss, res->ai_addr, res->ai_addrlen);
+	if (ss->ss_family == AF_INET)
+		((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+	else
+		((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+	freeaddrinfo(res);
+	return 0;
+}
+
+static int tcp_create(uv_loop_t *loop, const struct ps_transport_cbs *cbs,
+		      const struct ps_wire_limits *limits, void *data, struct ps_transport **out)
+{
+	struct tcp_transport *tt = calloc(1, sizeof(*tt));
+
+	if (!tt)
+		return -ENOMEM;
+	tt->base.ops = &ps_tcp_transport_ops;
+	tt->base.loop = loop;
+	tt->base.cbs = *cbs;
+	tt->base.limits = *limits;
+	tt->base.data = data;
+	*out = &tt->base;
+	return 0;
+}
+
+static int tcp_listen(struct ps_transport *t, const char *host, int port)
+{
+	struct tcp_transport *tt = container_of(t, struct tcp_transport, base);
+	struct sockaddr_storage ss;
+	int rc;
+
+	rc = resolve(host, port, &ss);
+	if (rc)
+		return rc;
+	uv_tcp_init(t->loop, &tt->listener);
+	tt->listener.data = tt;
+	tt->listening = 1;
+	rc = uv_tcp_bind(&tt->listener, (struct sockaddr *)&ss, 0);
+	if (rc == 0)
+		rc = uv_listen((uv_stream_t *)&tt->listener, 511, on_new_connection);
+	return rc; /* libuv codes are -errno */
+}
+
+static int tcp_bound_port(struct ps_transport *t)
+{
+	struct tcp_transport *tt = container_of(t, struct tcp_transport, base);
+	struct sockaddr_storage ss;
+	int len = sizeof(ss);
+
+	if (!tt->listening || uv_tcp_getsockname(&tt->listener, (struct sockaddr *)&ss, &len))
+		return PS_ESTATE;
+	if (ss.ss_family == AF_INET)
+		return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+	return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+}
+
+static void on_connected(uv_connect_t *req, int status)
+{
+	struct tcp_conn *c = req->data;
+
+	if (c->closing)
+		return;
+	if (status < 0) {
+		if (c->base.t->cbs.on_connect)
+			c->base.t->cbs.on_connect(&c->base, status);
+		tcp_close(&c->base, status);
+		return;
+	}
+	start_conn(c);
+	if (c->base.t->cbs.on_connect)
+		c->base.t->cbs.on_connect(&c->base, 0);
+}
+
+static int tcp_connect(struct ps_transport *t, const char *host, int port, void *data,
+		       struct ps_conn **out)
+{
+	struct tcp_transport *tt = container_of(t, struct tcp_transport, base);
+	struct sockaddr_storage ss;
+	struct tcp_conn *c;
+	int rc;
+
+	rc = resolve(host, port, &ss);
+	if (rc)
+		return rc;
+	c = conn_new(tt);
+	if (!c)
+		return -ENOMEM;
+	c->base.data = data;
+	snprintf(c->base.peer, sizeof(c->base.peer), "%s:%d", host, port);
+	c->connect_req.data = c;
+	rc = uv_tcp_connect(&c->connect_req, &c->handle, (struct sockaddr *)&ss, on_connected);
+	if (rc) {
+		/* Close without on_close: the caller learns of it from rc. */
+		conn_unlink(tt, c);
+		c->closing = 1;
+		uv_close((uv_handle_t *)&c->handle, on_handle_closed_quiet);
+		return rc;
+	}
+	*out = &c->base;
+	return 0;
+}
+
+static void on_written(uv_write_t *req, int status)
+{
+	struct tcp_write *w = container_of(req, struct tcp_write, req);
+
+	if (w->cb)
+		w->cb(&w->conn->base, status < 0 ? PS_ECLOSED : 0, w->arg);
+	free(w->copy);
+	free(w);
+}
+
+static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t meta_len,
+		    const struct ps_iov *payload, int npayload, unsigned flags, ps_send_cb cb,
+		    void *arg)
+{
+	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
+	struct ps_frame_hdr h = { .type = type, .meta_len = meta_len };
+	uv_buf_t bufs[MAX_IOV + 1];
+	struct tcp_write *w;
+	int nbufs = 1, rc;
+	size_t total;
+
+	if (c->closing || !c->connected)
+		return PS_ECLOSED;
+	if (npayload > MAX_IOV || ((flags & PS_SEND_VOLATILE) && cb))
+		return -EINVAL;
+	for (int i = 0; i < npayload; i++) {
+		if (payload[i].len > UINT32_MAX)
+			return -EINVAL; /* uv_buf_t lengths are unsigned int */
+		h.payload_len += payload[i].len;
+	}
+	w = malloc(sizeof(*w) + PS_WIRE_HDR_LEN + meta_len);
+	if (!w)
+		return -ENOMEM;
+	w->conn = c;
+	w->cb = cb;
+	w->arg = arg;
+	w->copy = NULL;
+	ps_wire_encode_hdr(w->head, &h);
+	if (meta_len)
+		memcpy(w->head + PS_WIRE_HDR_LEN, meta, meta_len);
+	bufs[0] = uv_buf_init((char *)w->head, PS_WIRE_HDR_LEN + meta_len);
+	for (int i = 0; i < npayload; i++)
+		if (payload[i].len)
+			bufs[nbufs++] = uv_buf_init((char *)payload[i].base, (unsigned)payload[i].len);
+	total = PS_WIRE_HDR_LEN + meta_len + h.payload_len;
+	c->base.bytes_out += total;
+
+	if (flags & PS_SEND_VOLATILE) {
+		/* Write what the socket takes now; copy only the rest. */
+		int n = uv_try_write((uv_stream_t *)&c->handle, bufs, (unsigned)nbufs);
+		size_t done = n > 0 ? (size_t)n : 0;
+		if (n < 0 && n != UV_EAGAIN) {
+			free(w);
+			return PS_ECLOSED;
+		}
+		if (done == total) {
+			free(w);
+			return 0;
+		}
+		w->copy = malloc(total - done);
+		if (!w->copy) {
+			free(w);
+			tcp_close(pc, -ENOMEM);
+			return -ENOMEM;
+		}
+		size_t off = 0, skip = done;
+		for (int i = 0; i < nbufs; i++) {
+			size_t len = bufs[i].len;
+			if (skip >= len) {
+				skip -= len;
+				continue;
+			}
+			memcpy(w->copy + off, bufs[i].base + skip, len - skip);
+			off += len - skip;
+			skip = 0;
+		}
+		bufs[0] = uv_buf_init((char *)w->copy, (unsigned)off);
+		nbufs = 1;
+	}
+	rc = uv_write(&w->req, (uv_stream_t *)&c->handle, bufs, (unsigned)nbufs, on_written);
+	if (rc) {
+		free(w->copy);
+		free(w);
+		return PS_ECLOSED;
+	}
+	return 0;
+}
+
+static void tcp_set_limits(struct ps_conn *pc, const struct ps_wire_limits *lim)
+{
+	container_of(pc, struct tcp_conn, base)->limits = *lim;
+}
+
+static size_t tcp_queued_bytes(struct ps_conn *pc)
+{
+	return uv_stream_get_write_queue_size(
+		(uv_stream_t *)&container_of(pc, struct tcp_conn, base)->handle);
+}
+
+static void on_listener_closed(uv_handle_t *h)
+{
+	struct tcp_transport *tt = h->data;
+
+	tt->listening = 0;
+	maybe_finish_destroy(tt);
+}
+
+static void maybe_finish_destroy(struct tcp_transport *tt)
+{
+	if (tt->destroying == 1 && tt->nconns == 0 && !tt->listening) {
+		tt->destroying = 2;
+		free(tt);
+	}
+}
+
+static void tcp_destroy(struct ps_transport *t)
+{
+	struct tcp_transport *tt = container_of(t, struct tcp_transport, base);
+
+	if (tt->destroying)
+		return;
+	tt->destroying = 1;
+	for (struct tcp_conn *c = tt->conns; c; c = c->next)
+		tcp_close(&c->base, 0);
+	if (tt->listening)
+		uv_close((uv_handle_t *)&tt->listener, on_listener_closed);
+	else
+		maybe_finish_destroy(tt);
+}
+
+const struct ps_transport_ops ps_tcp_transport_ops = {
+	.name = "tcp",
+	.create = tcp_create,
+	.listen = tcp_listen,
+	.bound_port = tcp_bound_port,
+	.connect = tcp_connect,
+	.send = tcp_send,
+	.set_limits = tcp_set_limits,
+	.queued_bytes = tcp_queued_bytes,
+	.close = tcp_close,
+	.destroy = tcp_destroy,
+};

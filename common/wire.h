@@ -1,0 +1,66 @@
+/* wire.h - the fixed frame header (DESIGN.md §5).
+ *
+ *  offset size field
+ *  0      4    magic "PSF1" (0x31465350 little-endian)
+ *  4      1    protocol version (PS_PROTOCOL_VERSION)
+ *  5      1    message type (enum ps_msg_type)
+ *  6      2    flags (PS_FRAME_F_*)
+ *  8      4    metadata length (protobuf-c message bytes)
+ *  12     4    reserved, must be 0
+ *  16     8    payload length (raw bytes after the metadata)
+ * All integers little-endian. ps_wire_check() validates a decoded header
+ * against the limits before any buffer is allocated for the frame body.
+ */
+#ifndef PS_WIRE_H
+#define PS_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PS_WIRE_MAGIC 0x31465350u
+#define PS_PROTOCOL_VERSION 1
+#define PS_WIRE_HDR_LEN 24
+/* Frames before the handshake completes are at most this big. */
+#define PS_WIRE_HANDSHAKE_MAX 4096
+
+enum ps_msg_type {
+	PS_MSG_HELLO = 1,
+	PS_MSG_HELLO_REPLY = 2,
+	PS_MSG_PUSH = 3,
+	PS_MSG_PUSH_ACK = 4,
+	PS_MSG_PULL = 5,
+	PS_MSG_PULL_REPLY = 6,
+	PS_MSG_ERROR = 7,
+	PS_MSG_STATS_REQUEST = 8,
+	PS_MSG_STATS = 9,
+	PS_MSG_MAX_ = 10
+};
+
+enum { PS_FRAME_F_LZ4 = 1u << 0 }; /* payload LZ4-compressed (a later issue) */
+#define PS_FRAME_F_KNOWN (PS_FRAME_F_LZ4)
+
+struct ps_frame_hdr {
+	uint8_t version;
+	uint8_t type;
+	uint16_t flags;
+	uint32_t meta_len;
+	uint64_t payload_len;
+};
+
+/* Limits a receiver enforces on each frame header. */
+struct ps_wire_limits {
+	uint64_t max_frame;  /* meta + payload */
+	uint32_t max_meta;
+};
+
+void ps_wire_encode_hdr(uint8_t out[PS_WIRE_HDR_LEN], const struct ps_frame_hdr *h);
+
+/* Decodes and validates 24 bytes. Returns 0, or PS_EPROTO (bad magic,
+ * reserved bits, unknown type or flags), PS_EVERSION, PS_ETOOBIG; on error
+ * writes a one-line reason into why (whylen bytes) naming the values. */
+int ps_wire_decode_hdr(const uint8_t in[PS_WIRE_HDR_LEN], const struct ps_wire_limits *lim,
+		       struct ps_frame_hdr *h, char *why, size_t whylen);
+
+const char *ps_wire_type_name(unsigned type);
+
+#endif

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build, the tests and the demo need.
+# Idempotent: prints nothing and exits 0 when every package is already present.
+set -euo pipefail
+
+PKGS=(
+  build-essential pkg-config
+  libuv1-dev
+  libprotobuf-c-dev protobuf-c-compiler
+  liblz4-dev
+  libyaml-dev
+  check
+  zlib1g-dev
+  libopenblas-dev
+  libsodium-dev
+  libmicrohttpd-dev
+  dataset-fashion-mnist
+  iproute2 nftables
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq >/dev/null
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done" >&2

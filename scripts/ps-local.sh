@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# ps-local.sh - runs every shard and worker of a config on this machine.
+#
+#   scripts/ps-local.sh CONFIG [--logs DIR] [--workers-only|--servers-only] [-- WORKER_ARGS...]
+#
+# Shards start first; workers start once every shard listens. Worker 0's
+# progress is shown on this terminal; every process logs to DIR (default a
+# new folder under /tmp, printed at the start). When the workers finish, the
+# shards are stopped with SIGTERM. Ctrl-C or SIGTERM stops everything cleanly.
+# Exit status: 0 when every process succeeded, 1 otherwise.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${PS_BIN:-$here/bin}
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+[ $# -ge 1 ] || { usage >&2; exit 2; }
+case "$1" in -h|--help) usage; exit 0 ;; esac
+CONFIG=$1; shift
+LOGDIR="" MODE=all
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --logs) LOGDIR=$2; shift 2 ;;
+    --servers-only) MODE=servers; shift ;;
+    --workers-only) MODE=workers; shift ;;
+    --) shift; break ;;
+    *) echo "ps-local.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+[ -r "$CONFIG" ] || { echo "ps-local.sh: cannot read $CONFIG" >&2; exit 2; }
+for b in ps-server ps-worker; do
+  [ -x "$BIN/$b" ] || { echo "ps-local.sh: $BIN/$b missing; run 'make' first" >&2; exit 2; }
+done
+LOGDIR=${LOGDIR:-$(mktemp -d /tmp/ps-local.XXXXXX)}
+mkdir -p "$LOGDIR"
+
+shard_lines=$("$BIN/ps-server" --config "$CONFIG" --list-shards) || exit 2
+nshards=$(printf '%s\n' "$shard_lines" | wc -l)
+nworkers=$("$BIN/ps-server" --config "$CONFIG" --dump-config | awk '/^  workers:/ {print $2; exit}')
+
+server_pids=() worker_pids=()
+status=0
+stop_servers() {
+  for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${server_pids[@]}"; do
+    wait "$p"; rc=$?
+    [ $rc -eq 0 ] || { echo "ps-local.sh: a shard exited with status $rc" >&2; status=1; }
+  done
+  server_pids=()
+}
+on_signal() {
+  echo >&2
+  echo "ps-local.sh: stopping every process" >&2
+  for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${worker_pids[@]}"; do wait "$p" 2>/dev/null; done
+  worker_pids=()
+  stop_servers
+  exit 130
+}
+trap on_signal INT TERM
+
+echo "ps-local.sh: $nshards shard(s), $nworkers worker(s) from $CONFIG; logs in $LOGDIR"
+if [ "$MODE" != workers ]; then
+  while read -r idx host port; do
+    "$BIN/ps-server" --config "$CONFIG" --shard "$idx" >"$LOGDIR/server-$idx.log" 2>&1 &
+    server_pids+=($!)
+  done <<<"$shard_lines"
+  # Wait (up to 10 s) until every shard logs that it listens.
+  for ((t = 0; t < 100; t++)); do
+    up=$(grep -l "listening on" "$LOGDIR"/server-*.log 2>/dev/null | wc -l)
+    [ "$up" -ge "$nshards" ] && break
+    for p in "${server_pids[@]}"; do
+      kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; exit 1; }
+    done
+    sleep 0.1
+  done
+  [ "$up" -ge "$nshards" ] || { echo "ps-local.sh: shards did not start within 10 s" >&2; stop_servers; exit 1; }
+fi
+if [ "$MODE" = servers ]; then
+  echo "ps-local.sh: shards running; Ctrl-C stops them"
+  while :; do sleep 1; done
+fi
+
+for ((r = 0; r < nworkers; r++)); do
+  if [ $r -eq 0 ]; then
+    "$BIN/ps-worker" --config "$CONFIG" --rank 0 "$@" 2> >(tee "$LOGDIR/worker-0.log" >&2) &
+  else
+    "$BIN/ps-worker" --config "$CONFIG" --rank "$r" "$@" >"$LOGDIR/worker-$r.log" 2>&1 &
+  fi
+  worker_pids+=($!)
+done
+# A failed worker would leave the others waiting at a sync barrier: stop them.
+left=$nworkers
+while [ $left -gt 0 ]; do
+  wait -n -p done_pid "${worker_pids[@]}"; rc=$?
+  left=$((left - 1))
+  if [ $rc -ne 0 ]; then
+    for ((r = 0; r < nworkers; r++)); do [ "${worker_pids[$r]}" = "$done_pid" ] && break; done
+    echo "ps-local.sh: worker $r exited with status $rc (log: $LOGDIR/worker-$r.log); stopping the others" >&2
+    status=1
+    for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  fi
+done
+worker_pids=()
+stop_servers
+for f in "$LOGDIR"/server-*.log; do tail -n 1 "$f"; done
+exit $status

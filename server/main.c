@@ -1,0 +1,137 @@
+/* main.c - ps-server: one shard of the parameter server.
+ *
+ *   ps-server --config FILE --shard I [--log-level L] [--dump-config] [--help]
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "config.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "server.h"
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"Usage: ps-server --config FILE --shard I [options]\n"
+		"\n"
+		"Runs shard I of the parameter server described by FILE: owns the parameter\n"
+		"slices the shard map gives it, applies pushed gradients with the configured\n"
+		"optimizer and answers pulls. SIGINT or SIGTERM stops it cleanly.\n"
+		"\n"
+		"Options:\n"
+		"  -c, --config FILE    cluster configuration (YAML), required\n"
+		"  -s, --shard I        which shard this process is (0-based), required\n"
+		"  -l, --log-level L    debug, info, warn, error or off (default: the config's log.level)\n"
+		"      --dump-config    print the effective configuration and exit\n"
+		"      --list-shards    print 'INDEX HOST PORT' for every shard and exit\n"
+		"  -h, --help           this text, followed by every configuration option\n"
+		"\n");
+}
+
+/* Parses a non-negative int flag value fully; -1 on error. */
+static int parse_index(const char *s)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+
+	if (!*s || *end || v < 0 || v > 1000000)
+		return -1;
+	return (int)v;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "shard", required_argument, NULL, 's' },
+		{ "log-level", required_argument, NULL, 'l' },
+		{ "dump-config", no_argument, NULL, 'D' },
+		{ "list-shards", no_argument, NULL, 'S' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *config = NULL, *level = NULL;
+	int shard = -1, dump = 0, list = 0, opt, rc;
+	struct ps_config *cfg;
+	struct ps_server srv;
+	enum ps_log_level lvl;
+	char err[1024];
+
+	while ((opt = getopt_long(argc, argv, "c:s:l:h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c': config = optarg; break;
+		case 's':
+			shard = parse_index(optarg);
+			if (shard < 0) {
+				fprintf(stderr, "ps-server: --shard: expected a shard index, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'l': level = optarg; break;
+		case 'D': dump = 1; break;
+		case 'S': list = 1; break;
+		case 'h':
+			usage(stdout);
+			ps_config_help(stdout);
+			return 0;
+		default:
+			fprintf(stderr, "Try 'ps-server --help'.\n");
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "ps-server: unexpected argument '%s'\nTry 'ps-server --help'.\n", argv[optind]);
+		return 2;
+	}
+	if (!config) {
+		fprintf(stderr, "ps-server: --config FILE is required\nTry 'ps-server --help'.\n");
+		return 2;
+	}
+	cfg = malloc(sizeof(*cfg));
+	if (!cfg)
+		return 1;
+	rc = ps_config_load(cfg, config, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "ps-server: %s\n", err);
+		free(cfg);
+		return 2;
+	}
+	if (dump || list) {
+		if (dump)
+			ps_config_dump(cfg, stdout);
+		for (int k = 0; list && k < cfg->nshards; k++)
+			printf("%d %s %d\n", k, cfg->shards[k].host, cfg->shards[k].port);
+		free(cfg);
+		return 0;
+	}
+	if (shard < 0) {
+		fprintf(stderr, "ps-server: --shard I is required (0..%d for %s)\n", cfg->nshards - 1, config);
+		free(cfg);
+		return 2;
+	}
+	if (ps_log_parse_level(level ? level : cfg->log_level, &lvl)) {
+		fprintf(stderr, "ps-server: --log-level: expected debug, info, warn, error or off, got '%s'\n", level);
+		free(cfg);
+		return 2;
+	}
+	ps_log_init("server", shard);
+	ps_log_set_level(lvl);
+
+	uv_loop_t *loop = uv_default_loop();
+	rc = ps_server_init(&srv, cfg, shard, loop);
+	if (rc) {
+		ps_error("not started: %s", ps_strerror(rc));
+		free(cfg);
+		return 1;
+	}
+	uv_run(loop, UV_RUN_DEFAULT);
+	ps_info("stopped: %llu pushes, %llu pulls, %llu applies",
+		(unsigned long long)srv.c.pushes, (unsigned long long)srv.c.pulls,
+		(unsigned long long)srv.store.applies);
+	ps_server_free(&srv);
+	uv_loop_close(loop);
+	free(cfg);
+	return 0;
+}

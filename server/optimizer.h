@@ -1,0 +1,36 @@
+/* optimizer.h - update rules applied by a shard to its parameter slices.
+ *
+ * Each optimizer is a const struct ps_optimizer_ops found by name
+ * (ps_optimizer_find) or by config kind (ps_optimizer_get). State is kept by
+ * the caller: nstate float arrays of the slice's length, zero-initialised by
+ * the caller (adagrad's initial accumulator is applied by init_state).
+ * apply() never blocks, never allocates and touches only the arrays it gets.
+ */
+#ifndef PS_OPTIMIZER_H
+#define PS_OPTIMIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "config.h"
+
+#define PS_OPTIM_MAX_STATE 2
+
+struct ps_optimizer_ops {
+	const char *name;
+	/* Number of per-element float state arrays (0..PS_OPTIM_MAX_STATE). */
+	int nstate;
+	/* Sets the initial state of n elements (e.g. adagrad's accumulator);
+	 * NULL when zeros are right. */
+	void (*init_state)(const struct ps_optim_cfg *cfg, float **state, size_t n);
+	/* One update of n elements: w <- rule(w, g, state). step is the number
+	 * of updates this slice has received before this one (adam's bias
+	 * correction uses step + 1). g is not modified. */
+	void (*apply)(const struct ps_optim_cfg *cfg, float *restrict w,
+		      const float *restrict g, float **state, size_t n, uint64_t step);
+};
+
+const struct ps_optimizer_ops *ps_optimizer_get(enum ps_optim_kind kind);
+/* NULL when no optimizer has that name. */
+const struct ps_optimizer_ops *ps_optimizer_find(const char *name);
+
+#endif

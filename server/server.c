@@ -1,0 +1,605 @@
+/* server.c - a shard's connection and request handling.
+ *
+ * Each connection starts in the hello state with frames limited to
+ * PS_WIRE_HANDSHAKE_MAX bytes and a deadline; a valid Hello raises the
+ * limits to the configured ones. A frame that does not decode closes its
+ * connection; a request that decodes but cannot be served (unknown slice,
+ * clock outside the window) gets an Error reply and nothing of it is applied.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "msg.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "server.h"
+
+enum { CONN_HELLO, CONN_READY, CONN_REFUSED };
+
+struct ps_srv_conn {
+	struct ps_server *srv;
+	struct ps_conn *conn;
+	int state;
+	int role;
+	int rank;
+	double accepted;
+	struct ps_srv_conn *prev, *next;
+};
+
+struct ps_waiting_pull {
+	struct ps_srv_conn *sc;
+	uint64_t req_id, min_version, clock;
+	uint32_t n;
+	struct ps_waiting_pull *next;
+	struct ps_slot *slots[];
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t min_finished(const struct ps_server *s)
+{
+	uint64_t m = UINT64_MAX;
+
+	for (int r = 0; r < s->cfg->nworkers; r++)
+		if (s->finished[r] < m)
+			m = s->finished[r];
+	return m;
+}
+
+/* ---- pulls ---- */
+
+static int pull_ready(const struct ps_server *s, const struct ps_waiting_pull *p)
+{
+	for (uint32_t i = 0; i < p->n; i++)
+		if (p->slots[i]->version < p->min_version)
+			return 0;
+	if (s->cfg->consistency == PS_ASYNC && p->clock > (uint64_t)s->cfg->staleness &&
+	    min_finished(s) < p->clock - (uint64_t)s->cfg->staleness)
+		return 0;
+	return 1;
+}
+
+static void send_pull_reply(struct ps_server *s, struct ps_waiting_pull *p)
+{
+	Ps__SliceRef refs_small[16], *refs = refs_small;
+	Ps__SliceRef *ptrs_small[16], **ptrs = ptrs_small;
+	struct ps_iov iov_small[16], *iov = iov_small;
+	Ps__PullReply r = PS__PULL_REPLY__INIT;
+	uint64_t off = 0, fin = min_finished(s);
+	int rc;
+
+	if (p->n > 16) {
+		refs = malloc(sizeof(*refs) * p->n);
+		ptrs = malloc(sizeof(*ptrs) * p->n);
+		iov = malloc(sizeof(*iov) * p->n);
+		if (!refs || !ptrs || !iov) {
+			ps_msg_send_error(p->sc->conn, p->req_id, -ENOMEM, "out of memory");
+			goto out_free;
+		}
+	}
+	for (uint32_t i = 0; i < p->n; i++) {
+		struct ps_slot *sl = p->slots[i];
+		uint64_t len = (uint64_t)sl->slice->count * sizeof(float);
+		ps__slice_ref__init(&refs[i]);
+		refs[i].slice = sl->slice->id;
+		refs[i].offset = off;
+		refs[i].length = len;
+		refs[i].version = sl->version;
+		ptrs[i] = &refs[i];
+		iov[i].base = sl->w;
+		iov[i].len = len;
+		off += len;
+	}
+	r.req_id = p->req_id;
+	r.n_slices = p->n;
+	r.slices = ptrs;
+	/* The weights change with the next apply: volatile send. */
+	rc = ps_msg_send(p->sc->conn, PS_MSG_PULL_REPLY, &r.base, iov, (int)p->n, PS_SEND_VOLATILE,
+			 NULL, NULL);
+	if (rc)
+		ps_debug("pull reply to %s not sent: %s", p->sc->conn->peer, ps_strerror(rc));
+	if (p->clock > fin && p->clock - fin > s->c.max_clock_gap)
+		s->c.max_clock_gap = p->clock - fin;
+	s->c.bytes_out += off;
+out_free:
+	if (refs != refs_small) {
+		free(refs);
+		free(ptrs);
+		free(iov);
+	}
+}
+
+/* Answers every waiting pull whose condition now holds. */
+static void answer_pulls(struct ps_server *s)
+{
+	struct ps_waiting_pull **pp = &s->waiting, *p;
+
+	while ((p = *pp)) {
+		if (pull_ready(s, p)) {
+			*pp = p->next;
+			send_pull_reply(s, p);
+			free(p);
+		} else {
+			pp = &p->next;
+		}
+	}
+}
+
+static void handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Pull *m)
+{
+	struct ps_waiting_pull *p;
+
+	s->c.pulls++;
+	p = malloc(sizeof(*p) + m->n_slices * sizeof(p->slots[0]));
+	if (!p) {
+		ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
+		return;
+	}
+	p->sc = sc;
+	p->req_id = m->req_id;
+	p->min_version = m->min_version;
+	p->clock = m->clock;
+	p->n = (uint32_t)m->n_slices;
+	for (size_t i = 0; i < m->n_slices; i++) {
+		p->slots[i] = ps_store_slot(&s->store, m->slices[i]);
+		if (!p->slots[i]) {
+			s->c.errors++;
+			ps_msg_send_error(sc->conn, m->req_id, PS_ENOTENSOR,
+					  "slice %u is not owned by shard %d", m->slices[i], s->shard);
+			free(p);
+			return;
+		}
+	}
+	if (pull_ready(s, p)) {
+		send_pull_reply(s, p);
+		free(p);
+		return;
+	}
+	p->next = s->waiting;
+	s->waiting = p;
+}
+
+/* ---- pushes ---- */
+
+static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m,
+			struct ps_frame *f)
+{
+	const struct ps_config *cfg = s->cfg;
+	struct ps_frame_ref *fr;
+	Ps__PushAck ack = PS__PUSH_ACK__INIT;
+	int changed = 0, rc;
+
+	s->c.pushes++;
+	/* Check everything first: a push is applied whole or not at all. */
+	for (size_t i = 0; i < m->n_slices; i++) {
+		const Ps__SliceRef *r = m->slices[i];
+		struct ps_slot *sl = ps_store_slot(&s->store, r->slice);
+		if (!sl) {
+			rc = PS_ENOTENSOR;
+			ps_msg_send_error(sc->conn, m->req_id, rc, "slice %u is not owned by shard %d",
+					  r->slice, s->shard);
+			goto err_reject;
+		}
+		if (r->length != (uint64_t)sl->slice->count * sizeof(float) || r->offset % 4 ||
+		    r->offset > f->hdr.payload_len || r->length > f->hdr.payload_len - r->offset) {
+			rc = PS_ESHAPE;
+			ps_msg_send_error(sc->conn, m->req_id, rc,
+					  "slice %u: %" PRIu64 " bytes at offset %" PRIu64
+					  " do not match its %" PRId64 " elements in a %" PRIu64
+					  "-byte payload",
+					  r->slice, r->length, r->offset, sl->slice->count,
+					  f->hdr.payload_len);
+			goto err_reject;
+		}
+		if (cfg->consistency == PS_SYNC &&
+		    (m->clock < sl->version ||
+		     m->clock >= sl->version + (uint64_t)cfg->limits.max_clock_ahead)) {
+			rc = PS_ECLOCK;
+			ps_msg_send_error(sc->conn, m->req_id, rc,
+					  "push for clock %" PRIu64 " but slice %u is at version %" PRIu64
+					  " (accepting clocks %" PRIu64 "..%" PRIu64 ")",
+					  m->clock, r->slice, sl->version, sl->version,
+					  sl->version + (uint64_t)cfg->limits.max_clock_ahead - 1);
+			goto err_reject;
+		}
+	}
+	fr = malloc(sizeof(*fr));
+	if (!fr) {
+		rc = -ENOMEM;
+		ps_msg_send_error(sc->conn, m->req_id, rc, "out of memory");
+		goto err_reject;
+	}
+	fr->frame = f;
+	fr->refs = 1;
+	for (size_t i = 0; i < m->n_slices; i++) {
+		const Ps__SliceRef *r = m->slices[i];
+		rc = ps_store_offer(&s->store, ps_store_slot(&s->store, r->slice), sc->rank, m->clock,
+				    (const float *)(f->payload + r->offset), fr);
+		if (rc < 0) {
+			/* Only a duplicate of an earlier push can get here. */
+			s->c.errors++;
+			ps_warn("worker %d: slice %u clock %" PRIu64 ": %s", sc->rank, r->slice,
+				m->clock, ps_strerror(rc));
+		} else if (rc > 0) {
+			changed = 1;
+		}
+	}
+	s->c.bytes_in += f->hdr.payload_len;
+	ps_frame_ref_put(fr); /* f may be gone after this */
+	if (m->end_clock && m->clock + 1 > s->finished[sc->rank]) {
+		s->finished[sc->rank] = m->clock + 1;
+		changed = 1;
+	}
+	ack.req_id = m->req_id;
+	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	s->c.acks++;
+	if (changed && s->waiting)
+		answer_pulls(s);
+	return;
+
+err_reject:
+	s->c.errors++;
+	ps_frame_release(f);
+}
+
+/* ---- stats ---- */
+
+static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m)
+{
+	Ps__Stats st = PS__STATS__INIT;
+	int nw = s->cfg->nworkers;
+	Ps__WorkerClock *wc = calloc((size_t)nw, sizeof(*wc));
+	Ps__WorkerClock **wp = calloc((size_t)nw, sizeof(*wp));
+
+	if (!wc || !wp) {
+		ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
+		goto out_free;
+	}
+	for (int r = 0; r < nw; r++) {
+		ps__worker_clock__init(&wc[r]);
+		wc[r].rank = r;
+		wc[r].clock = s->finished[r];
+		wc[r].connected = s->connected[r] > 0;
+		wp[r] = &wc[r];
+	}
+	st.req_id = m->req_id;
+	st.shard = s->shard;
+	st.uptime_s = now_s() - s->started;
+	st.pushes = s->c.pushes;
+	st.pulls = s->c.pulls;
+	st.bytes_in = s->c.bytes_in;
+	st.bytes_out = s->c.bytes_out;
+	st.applies = s->store.applies;
+	st.apply_seconds = s->store.apply_seconds;
+	st.apply_bytes = s->store.bytes_applied;
+	st.errors = s->c.errors;
+	st.rejected_frames = s->c.rejected_frames;
+	st.connections = (uint32_t)s->nconns;
+	st.n_workers = (size_t)nw;
+	st.workers = wp;
+	st.max_clock_gap = s->c.max_clock_gap;
+	st.param_checksum = ps_store_checksum(&s->store);
+	ps_msg_send(sc->conn, PS_MSG_STATS, &st.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+out_free:
+	free(wc);
+	free(wp);
+}
+
+/* ---- handshake ---- */
+
+static void close_after_send(struct ps_conn *c, int status, void *arg)
+{
+	(void)status;
+	(void)arg;
+	c->t->ops->close(c, PS_EREFUSED);
+}
+
+static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Hello *h)
+{
+	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+	char err[400] = "";
+
+	if (h->protocol_version != PS_PROTOCOL_VERSION)
+		snprintf(err, sizeof(err), "protocol version mismatch: client speaks %u, shard %d speaks %u",
+			 h->protocol_version, s->shard, PS_PROTOCOL_VERSION);
+	else if (h->shard_map_hash != s->map.hash)
+		snprintf(err, sizeof(err),
+			 "shard map mismatch: client has %016" PRIx64 ", shard %d has %016" PRIx64
+			 " (the configs differ in servers, tensors or slice_bytes)",
+			 h->shard_map_hash, s->shard, s->map.hash);
+	else if (h->shard != s->shard)
+		snprintf(err, sizeof(err), "wrong shard: client expected shard %d, this is shard %d",
+			 h->shard, s->shard);
+	else if (h->role == PS__ROLE__ROLE_WORKER && (h->rank < 0 || h->rank >= s->cfg->nworkers))
+		snprintf(err, sizeof(err), "worker rank %d outside 0..%d (cluster.workers is %d)",
+			 h->rank, s->cfg->nworkers - 1, s->cfg->nworkers);
+	else if (h->role != PS__ROLE__ROLE_WORKER && h->role != PS__ROLE__ROLE_STAT)
+		snprintf(err, sizeof(err), "unknown role %d", (int)h->role);
+
+	r.protocol_version = PS_PROTOCOL_VERSION;
+	r.shard = s->shard;
+	r.shard_map_hash = s->map.hash;
+	if (err[0]) {
+		ps_warn("refusing %s: %s", sc->conn->peer, err);
+		r.ok = 0;
+		r.error = err;
+		sc->state = CONN_REFUSED;
+		if (ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_STABLE,
+				close_after_send, NULL))
+			sc->conn->t->ops->close(sc->conn, PS_EREFUSED);
+		return;
+	}
+	sc->state = CONN_READY;
+	sc->role = h->role;
+	sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
+	if (sc->rank >= 0)
+		s->connected[sc->rank]++;
+	struct ps_wire_limits lim = {
+		.max_frame = s->cfg->limits.max_frame_bytes,
+		.max_meta = s->cfg->limits.max_meta_bytes,
+	};
+	sc->conn->t->ops->set_limits(sc->conn, &lim);
+	r.ok = 1;
+	r.error = "";
+	ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	ps_info("%s %d connected from %s", sc->rank >= 0 ? "worker" : "monitor",
+		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer);
+}
+
+/* ---- transport callbacks ---- */
+
+static void on_accept(struct ps_transport *t, struct ps_conn *c)
+{
+	struct ps_server *s = t->data;
+	struct ps_srv_conn *sc;
+
+	if (s->nconns >= s->cfg->limits.max_connections) {
+		ps_warn("refusing %s: %d connections already (limits.max_connections)", c->peer,
+			s->nconns);
+		t->ops->close(c, PS_EREFUSED);
+		return;
+	}
+	sc = calloc(1, sizeof(*sc));
+	if (!sc) {
+		t->ops->close(c, -ENOMEM);
+		return;
+	}
+	sc->srv = s;
+	sc->conn = c;
+	sc->rank = -1;
+	sc->accepted = now_s();
+	c->data = sc;
+	sc->next = s->conns;
+	if (s->conns)
+		s->conns->prev = sc;
+	s->conns = sc;
+	s->nconns++;
+	ps_debug("connection from %s", c->peer);
+}
+
+static void on_frame(struct ps_conn *c, struct ps_frame *f)
+{
+	struct ps_srv_conn *sc = c->data;
+	struct ps_server *s;
+	ProtobufCMessage *m;
+	char why[200];
+	int keep = 0;
+
+	if (!sc) {
+		ps_frame_release(f);
+		return;
+	}
+	s = sc->srv;
+	m = ps_msg_unpack(f, why, sizeof(why));
+	if (!m) {
+		ps_warn("closing connection from %s: %s", c->peer, why);
+		goto err_close;
+	}
+	if (sc->state != CONN_READY && f->hdr.type != PS_MSG_HELLO) {
+		snprintf(why, sizeof(why), "%s frame before hello", ps_wire_type_name(f->hdr.type));
+		ps_warn("closing connection from %s: %s", c->peer, why);
+		goto err_free_msg;
+	}
+	switch (f->hdr.type) {
+	case PS_MSG_HELLO:
+		if (sc->state != CONN_HELLO) {
+			ps_warn("closing connection from %s: second hello", c->peer);
+			goto err_free_msg;
+		}
+		handle_hello(s, sc, (Ps__Hello *)m);
+		break;
+	case PS_MSG_PUSH:
+		if (sc->rank < 0) {
+			ps_warn("closing connection from %s: push from a non-worker", c->peer);
+			goto err_free_msg;
+		}
+		handle_push(s, sc, (Ps__Push *)m, f);
+		keep = 1;
+		break;
+	case PS_MSG_PULL:
+		handle_pull(s, sc, (Ps__Pull *)m);
+		break;
+	case PS_MSG_STATS_REQUEST:
+		handle_stats(s, sc, (Ps__StatsRequest *)m);
+		break;
+	default:
+		ps_warn("closing connection from %s: unexpected %s frame", c->peer,
+			ps_wire_type_name(f->hdr.type));
+		goto err_free_msg;
+	}
+	protobuf_c_message_free_unpacked(m, NULL);
+	if (!keep)
+		ps_frame_release(f);
+	return;
+
+err_free_msg:
+	protobuf_c_message_free_unpacked(m, NULL);
+err_close:
+	s->c.rejected_frames++;
+	ps_frame_release(f);
+	c->t->ops->close(c, PS_EPROTO);
+}
+
+static void on_close(struct ps_conn *c, int status)
+{
+	struct ps_srv_conn *sc = c->data;
+	struct ps_server *s;
+	struct ps_waiting_pull **pp, *p;
+
+	if (!sc)
+		return;
+	s = sc->srv;
+	if (status == PS_EPROTO || status == PS_ETOOBIG || status == PS_EVERSION)
+		s->c.rejected_frames++;
+	for (pp = &s->waiting; (p = *pp);) {
+		if (p->sc == sc) {
+			*pp = p->next;
+			free(p);
+		} else {
+			pp = &p->next;
+		}
+	}
+	if (sc->rank >= 0 && sc->state == CONN_READY) {
+		s->connected[sc->rank]--;
+		ps_info("worker %d disconnected (%s)", sc->rank,
+			status == PS_ECLOSED || status == 0 ? "closed" : ps_strerror(status));
+	}
+	if (sc->prev)
+		sc->prev->next = sc->next;
+	else
+		s->conns = sc->next;
+	if (sc->next)
+		sc->next->prev = sc->prev;
+	s->nconns--;
+	free(sc);
+}
+
+/* Drops connections that did not finish the handshake in time. */
+static void on_tick(uv_timer_t *t)
+{
+	struct ps_server *s = t->data;
+	double now = now_s(), limit = s->cfg->limits.handshake_timeout_ms / 1000.0;
+
+	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
+		if (sc->state == CONN_HELLO && now - sc->accepted > limit) {
+			ps_warn("closing connection from %s: no hello within %d ms", sc->conn->peer,
+				s->cfg->limits.handshake_timeout_ms);
+			sc->conn->t->ops->close(sc->conn, PS_ETIMEDOUT);
+		}
+	}
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	struct ps_server *s = h->data;
+
+	ps_info("received %s, stopping", signum == SIGINT ? "SIGINT" : "SIGTERM");
+	ps_server_stop(s);
+}
+
+int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, uv_loop_t *loop)
+{
+	const struct ps_transport_ops *ops;
+	struct ps_transport_cbs cbs = {
+		.on_accept = on_accept, .on_frame = on_frame, .on_close = on_close,
+	};
+	struct ps_wire_limits hs = {
+		.max_frame = PS_WIRE_HANDSHAKE_MAX, .max_meta = PS_WIRE_HANDSHAKE_MAX,
+	};
+	int rc;
+
+	memset(s, 0, sizeof(*s));
+	s->cfg = cfg;
+	s->shard = shard;
+	s->loop = loop;
+	s->started = now_s();
+	if (shard < 0 || shard >= cfg->nshards) {
+		ps_error("shard %d does not exist: the config names shards 0..%d", shard,
+			 cfg->nshards - 1);
+		return -EINVAL;
+	}
+	ops = ps_transport_find(cfg->transport == PS_TRANSPORT_TCP ? "tcp" : "rdma");
+	if (!ops) {
+		ps_error("transport not available in this build; use 'tcp'");
+		return PS_ENOTSUP;
+	}
+	rc = ps_shardmap_init(&s->map, cfg);
+	if (rc)
+		return rc;
+	rc = ps_store_init(&s->store, cfg, &s->map, shard);
+	if (rc)
+		goto err_free_map;
+	s->finished = calloc((size_t)cfg->nworkers, sizeof(*s->finished));
+	s->connected = calloc((size_t)cfg->nworkers, sizeof(*s->connected));
+	if (!s->finished || !s->connected) {
+		rc = -ENOMEM;
+		goto err_free_store;
+	}
+	rc = ops->create(loop, &cbs, &hs, s, &s->transport);
+	if (rc)
+		goto err_free_store;
+	rc = ops->listen(s->transport, cfg->shards[shard].host, cfg->shards[shard].port);
+	if (rc) {
+		ps_error("cannot listen on %s:%d: %s", cfg->shards[shard].host,
+			 cfg->shards[shard].port, ps_strerror(rc));
+		goto err_destroy_transport;
+	}
+	uv_timer_init(loop, &s->tick);
+	s->tick.data = s;
+	uv_timer_start(&s->tick, on_tick, 200, 200);
+	uv_signal_init(loop, &s->sigint);
+	uv_signal_init(loop, &s->sigterm);
+	s->sigint.data = s->sigterm.data = s;
+	uv_signal_start(&s->sigint, on_signal, SIGINT);
+	uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+	ps_info("shard %d of %d listening on %s:%d: %d slices, %.1f MiB, %s, %s, map %016" PRIx64,
+		shard, cfg->nshards, cfg->shards[shard].host, cfg->shards[shard].port,
+		s->store.nslots, (double)s->map.shard_bytes[shard] / 1048576.0,
+		cfg->consistency == PS_SYNC ? "sync" : "async", ps_optim_name(cfg->optim.kind),
+		s->map.hash);
+	return 0;
+
+err_destroy_transport:
+	s->transport->ops->destroy(s->transport);
+	s->transport = NULL;
+	uv_run(loop, UV_RUN_NOWAIT);
+err_free_store:
+	free(s->finished);
+	free(s->connected);
+	ps_store_free(&s->store);
+err_free_map:
+	ps_shardmap_free(&s->map);
+	return rc;
+}
+
+void ps_server_stop(struct ps_server *s)
+{
+	if (s->stopping)
+		return;
+	s->stopping = 1;
+	uv_close((uv_handle_t *)&s->tick, NULL);
+	uv_close((uv_handle_t *)&s->sigint, NULL);
+	uv_close((uv_handle_t *)&s->sigterm, NULL);
+	s->transport->ops->destroy(s->transport);
+}
+
+void ps_server_free(struct ps_server *s)
+{
+	struct ps_waiting_pull *p;
+
+	while ((p = s->waiting)) {
+		s->waiting = p->next;
+		free(p);
+	}
+	free(s->finished);
+	free(s->connected);
+	ps_store_free(&s->store);
+	ps_shardmap_free(&s->map);
+}

@@ -1,0 +1,56 @@
+/* server.h - one ps-server shard: connections, handshake, push/pull/stats.
+ *
+ * The shard runs on one libuv loop thread. It accepts connections on its
+ * configured address, requires a Hello (protocol version, role, rank, shard
+ * map hash) before anything else, feeds pushes to the store (store.h),
+ * answers pulls when their consistency condition holds, and keeps counters.
+ */
+#ifndef PS_SERVER_H
+#define PS_SERVER_H
+
+#include <stdint.h>
+#include <uv.h>
+#include "config.h"
+#include "shardmap.h"
+#include "store.h"
+#include "transport.h"
+
+struct ps_srv_conn;
+struct ps_waiting_pull;
+
+struct ps_server_counters {
+	uint64_t pushes, pulls, acks, errors, rejected_frames;
+	uint64_t bytes_in, bytes_out;
+	uint64_t max_clock_gap;    /* largest (pull clock - slowest finished clock) answered */
+};
+
+struct ps_server {
+	const struct ps_config *cfg;
+	struct ps_shardmap map;
+	struct ps_store store;
+	int shard;
+	uv_loop_t *loop;
+	struct ps_transport *transport;
+	struct ps_srv_conn *conns;
+	int nconns;
+	struct ps_waiting_pull *waiting;
+	uint64_t *finished;        /* per worker rank: clocks finished */
+	int *connected;            /* per worker rank: live connections */
+	struct ps_server_counters c;
+	double started;
+	uv_timer_t tick;
+	uv_signal_t sigint, sigterm;
+	int stopping;
+};
+
+/* Builds the shard's state and starts listening on its configured address.
+ * Returns 0 or a negative code (the reason is logged). */
+int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, uv_loop_t *loop);
+
+/* Closes every connection and handle; the loop then ends by itself. */
+void ps_server_stop(struct ps_server *s);
+
+/* Frees what init allocated; call after the loop has ended. */
+void ps_server_free(struct ps_server *s);
+
+#endif

@@ -1,0 +1,75 @@
+/* store.h - the parameter slices one shard owns, and how updates reach them.
+ *
+ * A store holds, for each slice the shard map gives this shard, the weights,
+ * the optimizer state and a version. Updates arrive per (worker, clock):
+ *  - sync (BSP): gradients of clock c are kept (as references into the
+ *    received frames, no copy) until every worker has pushed clock c for the
+ *    slice; they are then summed in rank order, so the result is the same
+ *    bit for bit whatever the arrival order, the optimizer runs once and the
+ *    version becomes c + 1. Clocks complete in order.
+ *  - async (SSP): each gradient is applied on arrival; the version counts
+ *    applied updates.
+ * The store never blocks and runs on the shard's loop thread only.
+ */
+#ifndef PS_STORE_H
+#define PS_STORE_H
+
+#include <stdint.h>
+#include "config.h"
+#include "optimizer.h"
+#include "shardmap.h"
+#include "transport.h"
+
+/* A received frame shared by the slices it carries. */
+struct ps_frame_ref {
+	struct ps_frame *frame;
+	int refs;
+};
+
+struct ps_bucket; /* gradients of one clock, one slice (store.c) */
+
+struct ps_slot {
+	const struct ps_slice *slice;
+	float *w;
+	float *state[PS_OPTIM_MAX_STATE];
+	uint64_t version;       /* sync: clocks applied; async: updates applied */
+	uint64_t steps;         /* optimizer steps taken */
+	struct ps_bucket *pending; /* sync: clocks waiting for workers, ascending */
+};
+
+struct ps_store {
+	const struct ps_config *cfg;
+	const struct ps_shardmap *map;
+	const struct ps_optimizer_ops *opt;
+	int shard;
+	int nslots;
+	struct ps_slot *slots;
+	int32_t *slot_of;       /* map->nslices entries: slot index or -1 */
+	float *scratch;         /* one slice of sum space */
+	uint64_t applies;
+	double apply_seconds;
+	uint64_t bytes_applied;
+};
+
+/* Allocates and initialises the slices of shard `shard` from the seed. */
+int ps_store_init(struct ps_store *st, const struct ps_config *cfg,
+		  const struct ps_shardmap *map, int shard);
+void ps_store_free(struct ps_store *st);
+
+/* The slot of global slice id, or NULL when another shard owns it. */
+struct ps_slot *ps_store_slot(struct ps_store *st, uint32_t slice);
+
+/* Offers worker rank's gradient for clock on one slot. g points into fr's
+ * frame (count floats); the store takes a reference on fr when it keeps g.
+ * Returns 1 when the slot's version changed, 0 when the gradient was kept
+ * for later, or PS_ECLOCK (clock already applied or too far ahead),
+ * PS_EDUP (this rank already pushed this clock), -ENOMEM. */
+int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
+		   const float *g, struct ps_frame_ref *fr);
+
+/* FNV-1a over every owned slice's weights, in slice order. */
+uint64_t ps_store_checksum(const struct ps_store *st);
+
+void ps_frame_ref_put(struct ps_frame_ref *fr);
+
+#endif

@@ -1,0 +1,742 @@
+/* check_config.c - unit tests of the configuration loader (common/config.c).
+ *
+ * Run from the repository root (conf/local.yaml is loaded by relative path).
+ * Valid files must land in every field; every error path must produce one
+ * line naming file:line, the key, what was expected and the offending text;
+ * hostile input (deep nesting, huge scalars, random bytes) must neither crash
+ * nor leak. Exits nonzero when any test fails.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "ps_err.h"
+
+/* struct ps_config is large: keep the ones the tests use off the stack */
+static struct ps_config cfg, cfg2;
+static char err[1024];
+
+/* Lines 1-3: cluster; lines 4-5: model header; tensors from line 6. */
+#define CL(s, w) "cluster:\n  servers: " s "\n  workers: " w "\n"
+#define MODEL(t) "model:\n  tensors:\n" t
+#define T1 "    - {name: w, shape: [4]}\n"
+#define BASE CL("[127.0.0.1:7000]", "1") MODEL(T1) /* lines 1-6 */
+
+/* Every option set to something other than its default. */
+static const char full_yaml[] =
+	"cluster:\n"
+	"  servers:\n"
+	"    - 10.0.0.1:7000\n"
+	"    - \"[::1]:7001\"\n"
+	"    - node-3.example.com:65535\n"
+	"  workers: 17\n"
+	"transport: TCP\n"
+	"consistency:\n"
+	"  mode: async\n"
+	"  staleness: 3\n"
+	"seed: 18446744073709551615\n"
+	"slice_bytes: 256KiB\n"
+	"model:\n"
+	"  tensors:\n"
+	"    - name: a/b:c-d_e.f\n"
+	"      shape: [2, 3, 4]\n"
+	"      init: const\n"
+	"      value: -1.5\n"
+	"    - {name: z, shape: [7], init: zeros}\n"
+	"    - {name: n, shape: [1, 1, 1, 1, 1, 1, 1, 9], init: normal, scale: 0.5}\n"
+	"    - {name: r, shape: [5]}\n"
+	"    - {name: big, shape: [131072, 131072], init: arange}\n"
+	"optimizer:\n"
+	"  name: adam\n"
+	"  lr: 0.001\n"
+	"  momentum: 0.5\n"
+	"  nesterov: yes\n"
+	"  beta1: 0.8\n"
+	"  beta2: 0.99\n"
+	"  eps: 1e-6\n"
+	"  weight_decay: 0.0001\n"
+	"  initial_accumulator: 0.2\n"
+	"limits:\n"
+	"  max_frame_bytes: 2 GiB\n"
+	"  max_meta_bytes: 4096\n"
+	"  connect_timeout_ms: 1\n"
+	"  request_timeout_ms: 86400000\n"
+	"  handshake_timeout_ms: 250\n"
+	"  max_clock_ahead: 100000\n"
+	"  max_connections: 7\n"
+	"stats:\n"
+	"  http: \"[::1]:9100\"\n"
+	"log:\n"
+	"  level: debug\n";
+
+static int load(const char *yaml)
+{
+	return ps_config_load_string(&cfg, yaml, "t.yaml", err, sizeof(err));
+}
+
+START_TEST(test_defaults)
+{
+	ps_config_defaults(&cfg);
+	ck_assert_str_eq(cfg.path, "");
+	ck_assert_int_eq(cfg.nshards, 0);
+	ck_assert_int_eq(cfg.nworkers, 0);
+	ck_assert_int_eq(cfg.ntensors, 0);
+	ck_assert_int_eq(cfg.transport, PS_TRANSPORT_TCP);
+	ck_assert_int_eq(cfg.consistency, PS_SYNC);
+	ck_assert_int_eq(cfg.staleness, 0);
+	ck_assert_uint_eq(cfg.seed, 1);
+	ck_assert_uint_eq(cfg.slice_bytes, 1 << 20);
+	ck_assert_int_eq(cfg.optim.kind, PS_OPT_SGD);
+	ck_assert_float_eq(cfg.optim.lr, 0.01f);
+	ck_assert_float_eq(cfg.optim.momentum, 0.9f);
+	ck_assert_int_eq(cfg.optim.nesterov, 0);
+	ck_assert_float_eq(cfg.optim.beta1, 0.9f);
+	ck_assert_float_eq(cfg.optim.beta2, 0.999f);
+	ck_assert_float_eq(cfg.optim.eps, 1e-8f);
+	ck_assert_float_eq(cfg.optim.weight_decay, 0.0f);
+	ck_assert_float_eq(cfg.optim.initial_accumulator, 0.1f);
+	ck_assert_uint_eq(cfg.limits.max_frame_bytes, 64u << 20);
+	ck_assert_uint_eq(cfg.limits.max_meta_bytes, 1u << 20);
+	ck_assert_int_eq(cfg.limits.connect_timeout_ms, 10000);
+	ck_assert_int_eq(cfg.limits.request_timeout_ms, 60000);
+	ck_assert_int_eq(cfg.limits.handshake_timeout_ms, 5000);
+	ck_assert_int_eq(cfg.limits.max_clock_ahead, 64);
+	ck_assert_int_eq(cfg.limits.max_connections, 1024);
+	ck_assert_str_eq(cfg.stats.http, "");
+	ck_assert_str_eq(cfg.log_level, "info");
+}
+END_TEST
+
+START_TEST(test_minimal_gets_defaults)
+{
+	ck_assert_msg(load(BASE) == 0, "%s", err);
+	ck_assert_str_eq(err, "");
+	ck_assert_str_eq(cfg.path, "t.yaml");
+	ck_assert_int_eq(cfg.nshards, 1);
+	ck_assert_str_eq(cfg.shards[0].host, "127.0.0.1");
+	ck_assert_int_eq(cfg.shards[0].port, 7000);
+	ck_assert_int_eq(cfg.nworkers, 1);
+	ck_assert_int_eq(cfg.ntensors, 1);
+	ck_assert_int_eq(cfg.tensors[0].init, PS_INIT_UNIFORM);
+	ck_assert_float_eq(cfg.tensors[0].init_value, 0.05f);
+	ck_assert_int_eq(cfg.tensors[0].count, 4);
+	ps_config_defaults(&cfg2);
+	ck_assert_uint_eq(cfg.seed, cfg2.seed);
+	ck_assert_mem_eq(&cfg.optim, &cfg2.optim, sizeof(cfg.optim));
+	ck_assert_mem_eq(&cfg.limits, &cfg2.limits, sizeof(cfg.limits));
+	ck_assert_str_eq(cfg.log_level, "info");
+}
+END_TEST
+
+START_TEST(test_full)
+{
+	const struct ps_tensor_cfg *t;
+
+	ck_assert_msg(load(full_yaml) == 0, "%s", err);
+	ck_assert_int_eq(cfg.nshards, 3);
+	ck_assert_str_eq(cfg.shards[0].host, "10.0.0.1");
+	ck_assert_int_eq(cfg.shards[0].port, 7000);
+	ck_assert_str_eq(cfg.shards[1].host, "::1");
+	ck_assert_int_eq(cfg.shards[1].port, 7001);
+	ck_assert_str_eq(cfg.shards[2].host, "node-3.example.com");
+	ck_assert_int_eq(cfg.shards[2].port, 65535);
+	ck_assert_int_eq(cfg.nworkers, 17);
+	ck_assert_int_eq(cfg.transport, PS_TRANSPORT_TCP);
+	ck_assert_int_eq(cfg.consistency, PS_ASYNC);
+	ck_assert_int_eq(cfg.staleness, 3);
+	ck_assert_uint_eq(cfg.seed, UINT64_MAX);
+	ck_assert_uint_eq(cfg.slice_bytes, 256 * 1024);
+
+	ck_assert_int_eq(cfg.ntensors, 5);
+	t = &cfg.tensors[0];
+	ck_assert_str_eq(t->name, "a/b:c-d_e.f");
+	ck_assert_int_eq(t->ndims, 3);
+	ck_assert_int_eq(t->dims[0], 2);
+	ck_assert_int_eq(t->dims[1], 3);
+	ck_assert_int_eq(t->dims[2], 4);
+	ck_assert_int_eq(t->count, 24);
+	ck_assert_int_eq(t->init, PS_INIT_CONST);
+	ck_assert_float_eq(t->init_value, -1.5f);
+	t = &cfg.tensors[1];
+	ck_assert_str_eq(t->name, "z");
+	ck_assert_int_eq(t->init, PS_INIT_ZEROS);
+	ck_assert_float_eq(t->init_value, 0.0f);
+	ck_assert_int_eq(t->count, 7);
+	t = &cfg.tensors[2];
+	ck_assert_int_eq(t->ndims, 8);
+	ck_assert_int_eq(t->dims[7], 9);
+	ck_assert_int_eq(t->count, 9);
+	ck_assert_int_eq(t->init, PS_INIT_NORMAL);
+	ck_assert_float_eq(t->init_value, 0.5f);
+	t = &cfg.tensors[3];
+	ck_assert_int_eq(t->init, PS_INIT_UNIFORM);
+	ck_assert_float_eq(t->init_value, 0.05f);
+	t = &cfg.tensors[4];
+	ck_assert_int_eq(t->init, PS_INIT_ARANGE);
+	ck_assert_int_eq(t->count, 1ll << 34);
+
+	ck_assert_int_eq(cfg.optim.kind, PS_OPT_ADAM);
+	ck_assert_float_eq(cfg.optim.lr, 0.001f);
+	ck_assert_float_eq(cfg.optim.momentum, 0.5f);
+	ck_assert_int_eq(cfg.optim.nesterov, 1);
+	ck_assert_float_eq(cfg.optim.beta1, 0.8f);
+	ck_assert_float_eq(cfg.optim.beta2, 0.99f);
+	ck_assert_float_eq(cfg.optim.eps, 1e-6f);
+	ck_assert_float_eq(cfg.optim.weight_decay, 0.0001f);
+	ck_assert_float_eq(cfg.optim.initial_accumulator, 0.2f);
+	ck_assert_uint_eq(cfg.limits.max_frame_bytes, 2ull << 30);
+	ck_assert_uint_eq(cfg.limits.max_meta_bytes, 4096);
+	ck_assert_int_eq(cfg.limits.connect_timeout_ms, 1);
+	ck_assert_int_eq(cfg.limits.request_timeout_ms, 86400000);
+	ck_assert_int_eq(cfg.limits.handshake_timeout_ms, 250);
+	ck_assert_int_eq(cfg.limits.max_clock_ahead, 100000);
+	ck_assert_int_eq(cfg.limits.max_connections, 7);
+	ck_assert_str_eq(cfg.stats.http, "[::1]:9100");
+	ck_assert_str_eq(cfg.log_level, "debug");
+
+	ck_assert_int_eq(ps_config_find_tensor(&cfg, "z"), 1);
+	ck_assert_int_eq(ps_config_find_tensor(&cfg, "big"), 4);
+	ck_assert_int_eq(ps_config_find_tensor(&cfg, "nope"), PS_ENOTENSOR);
+	ck_assert_str_eq(ps_optim_name(cfg.optim.kind), "adam");
+}
+END_TEST
+
+START_TEST(test_value_forms)
+{
+	/* block-list servers, size spellings, bool spellings, enum case */
+	static const char y[] =
+		"cluster:\n  servers:\n    - localhost:1\n    - '192.168.0.1:2'\n  workers: 4096\n"
+		MODEL(T1)
+		"slice_bytes: 4 K\nconsistency: {mode: ASYNC, staleness: 1000000}\n"
+		"optimizer: {name: Momentum, nesterov: On, momentum: 0}\n"
+		"limits: {max_frame_bytes: 16GiB, max_meta_bytes: 64M}\n"
+		"stats: {http: 'metrics.local:9100'}\nlog: {level: 'OFF'}\n"
+		"optimizer_unused_section_check: ~\n";
+
+	ck_assert_int_eq(load(y), PS_ECONFIG); /* last line is an unknown key */
+	ck_assert_ptr_nonnull(strstr(err, "t.yaml:15: unknown key 'optimizer_unused_section_check'"));
+	ck_assert_msg(ps_config_load_string(&cfg, y, "t.yaml", NULL, 0) == PS_ECONFIG, "no err buf");
+	{
+		char y2[sizeof(y)];
+
+		memcpy(y2, y, sizeof(y));
+		*strstr(y2, "optimizer_unused") = 0;
+		ck_assert_msg(load(y2) == 0, "%s", err);
+	}
+	ck_assert_int_eq(cfg.nshards, 2);
+	ck_assert_str_eq(cfg.shards[0].host, "localhost");
+	ck_assert_int_eq(cfg.shards[0].port, 1);
+	ck_assert_str_eq(cfg.shards[1].host, "192.168.0.1");
+	ck_assert_int_eq(cfg.nworkers, 4096);
+	ck_assert_uint_eq(cfg.slice_bytes, 4096);
+	ck_assert_int_eq(cfg.consistency, PS_ASYNC);
+	ck_assert_int_eq(cfg.staleness, 1000000);
+	ck_assert_int_eq(cfg.optim.kind, PS_OPT_MOMENTUM);
+	ck_assert_int_eq(cfg.optim.nesterov, 1);
+	ck_assert_float_eq(cfg.optim.momentum, 0.0f);
+	ck_assert_uint_eq(cfg.limits.max_frame_bytes, 16ull << 30);
+	ck_assert_uint_eq(cfg.limits.max_meta_bytes, 64u << 20);
+	ck_assert_str_eq(cfg.stats.http, "metrics.local:9100");
+	ck_assert_str_eq(cfg.log_level, "off");
+	ck_assert_str_eq(ps_optim_name(PS_OPT_SGD), "sgd");
+	ck_assert_str_eq(ps_optim_name(PS_OPT_ADAGRAD), "adagrad");
+	ck_assert_str_eq(ps_optim_name((enum ps_optim_kind)99), "unknown");
+}
+END_TEST
+
+START_TEST(test_local_yaml)
+{
+	int rc = ps_config_load(&cfg, "conf/local.yaml", err, sizeof(err));
+
+	ck_assert_msg(rc == 0, "%s", err);
+	ck_assert_str_eq(cfg.path, "conf/local.yaml");
+	ck_assert_int_eq(cfg.nshards, 2);
+	ck_assert_str_eq(cfg.shards[0].host, "127.0.0.1");
+	ck_assert_int_eq(cfg.shards[0].port, 7000);
+	ck_assert_int_eq(cfg.shards[1].port, 7001);
+	ck_assert_int_eq(cfg.nworkers, 2);
+	ck_assert_int_eq(cfg.consistency, PS_SYNC);
+	ck_assert_float_eq(cfg.optim.lr, 0.05f);
+	ck_assert_int_eq(cfg.ntensors, 6);
+	ck_assert_int_eq(cfg.tensors[0].count, 784 * 256);
+	ck_assert_int_eq(ps_config_find_tensor(&cfg, "fc3.bias"), 5);
+	ck_assert_int_eq(cfg.tensors[5].count, 10);
+}
+END_TEST
+
+START_TEST(test_example_full_yaml)
+{
+	int rc = ps_config_load(&cfg, "conf/example-full.yaml", err, sizeof(err));
+
+	ck_assert_msg(rc == 0, "%s", err);
+	ck_assert_int_eq(cfg.nshards, 2);
+	ck_assert_int_eq(cfg.nworkers, 3);
+	ck_assert_int_eq(cfg.ntensors, 5);
+	/* every non-required option in it shows its default */
+	ps_config_defaults(&cfg2);
+	ck_assert_mem_eq(&cfg.optim, &cfg2.optim, sizeof(cfg.optim));
+	ck_assert_mem_eq(&cfg.limits, &cfg2.limits, sizeof(cfg.limits));
+	ck_assert_uint_eq(cfg.slice_bytes, cfg2.slice_bytes);
+	ck_assert_uint_eq(cfg.seed, cfg2.seed);
+}
+END_TEST
+
+/* Dumps cfg, reloads the text, and checks the two structs are identical. */
+static void roundtrip(void)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	int rc;
+
+	ck_assert_ptr_nonnull(f);
+	ps_config_dump(&cfg, f);
+	fclose(f);
+	memset(&cfg2, 0x5a, sizeof(cfg2));
+	rc = ps_config_load_string(&cfg2, text, cfg.path, err, sizeof(err));
+	ck_assert_msg(rc == 0, "%s\n%s", err, text);
+	ck_assert_msg(memcmp(&cfg, &cfg2, sizeof(cfg)) == 0, "dump differs:\n%s", text);
+	free(text);
+}
+
+START_TEST(test_roundtrip)
+{
+	static const char odd[] = CL("['[fe80::1]:1', '[::ffff:1.2.3.4]:2', a:3]", "2")
+		MODEL("    - {name: c, shape: [3], init: const, value: 0.3333333}\n"
+		      "    - {name: u, shape: [3], scale: 1e-7}\n")
+		"slice_bytes: 1000\nlimits: {max_frame_bytes: 70001, max_meta_bytes: 1025}\n"
+		"optimizer: {lr: 1e6, momentum: 0.99999994, weight_decay: -0}\nseed: 0\n";
+
+	ck_assert_msg(load(full_yaml) == 0, "%s", err);
+	roundtrip();
+	ck_assert_msg(load(odd) == 0, "%s", err);
+	roundtrip();
+	ck_assert_int_eq(ps_config_load(&cfg, "conf/local.yaml", err, sizeof(err)), 0);
+	roundtrip();
+	ck_assert_int_eq(ps_config_load(&cfg, "conf/example-full.yaml", err, sizeof(err)), 0);
+	roundtrip();
+}
+END_TEST
+
+START_TEST(test_help)
+{
+	static const char *const keys[] = {
+		"cluster.servers", "cluster.workers", "transport", "consistency.mode",
+		"consistency.staleness", "seed", "slice_bytes", "model.tensors",
+		"model.tensors[].name", "model.tensors[].shape", "model.tensors[].init",
+		"model.tensors[].scale", "model.tensors[].value", "optimizer.name", "optimizer.lr",
+		"optimizer.momentum", "optimizer.nesterov", "optimizer.beta1", "optimizer.beta2",
+		"optimizer.eps", "optimizer.weight_decay", "optimizer.initial_accumulator",
+		"limits.max_frame_bytes", "limits.max_meta_bytes", "limits.connect_timeout_ms",
+		"limits.request_timeout_ms", "limits.handshake_timeout_ms",
+		"limits.max_clock_ahead", "limits.max_connections", "stats.http", "log.level",
+		"an integer in 1..4096; required", "one of sync, async; default sync",
+		"a number in (0, 1e+06]; default 0.01", "default 64MiB", "4KiB..16GiB",
+	};
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+
+	ps_config_help(f);
+	fclose(f);
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		ck_assert_msg(strstr(text, keys[i]), "help lacks '%s'", keys[i]);
+	free(text);
+}
+END_TEST
+
+struct ecase {
+	const char *what, *yaml, *want[4];
+};
+
+static const struct ecase ecases[] = {
+	/* unknown keys */
+	{ "unknown key, suggestion", BASE "optimizer:\n  lrr: 0.1\n",
+	  { "t.yaml:8: unknown key 'optimizer.lrr'; did you mean 'optimizer.lr'?" } },
+	{ "unknown top key", BASE "optimiser:\n  lr: 0.1\n",
+	  { "t.yaml:7: unknown key 'optimiser'; did you mean 'optimizer'?" } },
+	{ "unknown key, list", BASE "optimizer:\n  zzzzzzzzzz: 1\n",
+	  { "t.yaml:8: unknown key 'optimizer.zzzzzzzzzz'; valid keys here: name, lr, momentum,",
+	    "initial_accumulator" } },
+	{ "unknown tensor key", CL("[a:1]", "1") MODEL("    - {name: w, shap: [4]}\n"),
+	  { "t.yaml:6: unknown key 'model.tensors[0].shap'; did you mean 'model.tensors[0].shape'?" } },
+	{ "unknown limits key", BASE "limits:\n  max_conections: 3\n",
+	  { "t.yaml:8: unknown key 'limits.max_conections'; did you mean 'limits.max_connections'?" } },
+	/* integers */
+	{ "bad int", CL("[a:1]", "12abc") MODEL(T1),
+	  { "t.yaml:3: key 'cluster.workers': expected an integer in 1..4096, got '12abc'" } },
+	{ "int overflow", CL("[a:1]", "99999999999999999999") MODEL(T1),
+	  { "t.yaml:3: key 'cluster.workers': expected an integer", "got '99999999999999999999'" } },
+	{ "int above max", CL("[a:1]", "5000") MODEL(T1),
+	  { "t.yaml:3: key 'cluster.workers': expected an integer in 1..4096, got '5000'" } },
+	{ "int below min", CL("[a:1]", "0") MODEL(T1), { "t.yaml:3:", "1..4096, got '0'" } },
+	{ "int empty", CL("[a:1]", "") MODEL(T1), { "t.yaml:3:", "cluster.workers", "got ''" } },
+	{ "int float", CL("[a:1]", "1.5") MODEL(T1), { "t.yaml:3:", "got '1.5'" } },
+	{ "int mapping", CL("[a:1]", "{a: 1}") MODEL(T1),
+	  { "t.yaml:3: key 'cluster.workers': expected an integer in 1..4096, got a mapping" } },
+	{ "staleness", BASE "consistency:\n  staleness: 1000001\n",
+	  { "t.yaml:8: key 'consistency.staleness': expected an integer in 0..1000000" } },
+	{ "timeout zero", BASE "limits:\n  request_timeout_ms: 0\n",
+	  { "t.yaml:8: key 'limits.request_timeout_ms': expected an integer in 1..86400000, got '0'" } },
+	{ "seed negative", BASE "seed: -1\n",
+	  { "t.yaml:7: key 'seed': expected an integer in 0..18446744073709551615, got '-1'" } },
+	{ "seed overflow", BASE "seed: 18446744073709551616\n",
+	  { "t.yaml:7: key 'seed'", "got '18446744073709551616'" } },
+	/* floats */
+	{ "float nan", BASE "optimizer:\n  lr: .nan\n",
+	  { "t.yaml:8: key 'optimizer.lr': expected a number in (0, 1e+06], got '.nan'" } },
+	{ "float nan word", BASE "optimizer:\n  lr: nan\n", { "t.yaml:8:", "got 'nan'" } },
+	{ "float inf", BASE "optimizer:\n  lr: inf\n", { "t.yaml:8:", "got 'inf'" } },
+	{ "float huge", BASE "optimizer:\n  lr: 1e999\n", { "t.yaml:8:", "got '1e999'" } },
+	{ "float junk", BASE "optimizer:\n  lr: 0.1x\n", { "t.yaml:8:", "got '0.1x'" } },
+	{ "float open min", BASE "optimizer:\n  lr: 0\n",
+	  { "t.yaml:8: key 'optimizer.lr': expected a number in (0, 1e+06], got '0'" } },
+	{ "float open max", BASE "optimizer:\n  momentum: 1\n",
+	  { "t.yaml:8: key 'optimizer.momentum': expected a number in [0, 1), got '1'" } },
+	{ "float rounds to max", BASE "optimizer:\n  beta2: 0.999999999\n",
+	  { "t.yaml:8: key 'optimizer.beta2'", "got '0.999999999'" } },
+	{ "float negative", BASE "optimizer:\n  weight_decay: -0.1\n",
+	  { "t.yaml:8: key 'optimizer.weight_decay': expected a number in [0, 1000]" } },
+	/* enums and bools */
+	{ "bad enum", BASE "consistency:\n  mode: eventual\n",
+	  { "t.yaml:8: key 'consistency.mode': expected one of sync, async, got 'eventual'" } },
+	{ "bad optimizer", BASE "optimizer:\n  name: rmsprop\n",
+	  { "t.yaml:8: key 'optimizer.name': expected one of sgd, momentum, adam, adagrad, "
+	    "got 'rmsprop'" } },
+	{ "bad log level", BASE "log:\n  level: verbose\n",
+	  { "t.yaml:8: key 'log.level': expected one of debug, info, warn, error, off, "
+	    "got 'verbose'" } },
+	{ "bad transport", BASE "transport: udp\n",
+	  { "t.yaml:7: key 'transport': expected one of tcp, rdma, got 'udp'" } },
+	{ "bad init", CL("[a:1]", "1") MODEL("    - {name: w, shape: [4], init: random}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].init': expected one of zeros, const, uniform, "
+	    "normal, arange, got 'random'" } },
+	{ "bad bool", BASE "optimizer:\n  nesterov: maybe\n",
+	  { "t.yaml:8: key 'optimizer.nesterov': expected a boolean", "got 'maybe'" } },
+	/* sizes */
+	{ "bad size suffix", BASE "slice_bytes: 4MB\n",
+	  { "t.yaml:7: key 'slice_bytes': expected a size in 64..1GiB bytes "
+	    "(suffix K, KiB, M, MiB, G, GiB allowed), got '4MB'" } },
+	{ "size lowercase", BASE "slice_bytes: 4kb\n", { "t.yaml:7:", "got '4kb'" } },
+	{ "size overflow", BASE "slice_bytes: 99999999999999999999G\n",
+	  { "t.yaml:7:", "got '99999999999999999999G'" } },
+	{ "size multiply overflow", BASE "slice_bytes: 18014398509481984K\n",
+	  { "t.yaml:7:", "got '18014398509481984K'" } },
+	{ "size negative", BASE "slice_bytes: -4K\n", { "t.yaml:7:", "got '-4K'" } },
+	{ "size below min", BASE "slice_bytes: 32\n", { "t.yaml:7:", "64..1GiB", "got '32'" } },
+	{ "meta above max", BASE "limits:\n  max_meta_bytes: 65MiB\n",
+	  { "t.yaml:8: key 'limits.max_meta_bytes': expected a size in 1KiB..64MiB" } },
+	/* addresses */
+	{ "bad address", CL("[bad host:7000]", "1") MODEL(T1),
+	  { "t.yaml:2: key 'cluster.servers[0]': expected host:port", "got 'bad host:7000'",
+	    "invalid character in host" } },
+	{ "missing port", CL("[127.0.0.1]", "1") MODEL(T1),
+	  { "t.yaml:2: key 'cluster.servers[0]': expected host:port", "got '127.0.0.1'",
+	    "(missing port)" } },
+	{ "empty port", CL("['127.0.0.1:']", "1") MODEL(T1), { "t.yaml:2:", "missing port" } },
+	{ "port range", CL("[127.0.0.1:70000]", "1") MODEL(T1),
+	  { "t.yaml:2:", "got '127.0.0.1:70000'", "port out of 1..65535" } },
+	{ "port zero", CL("[h:0]", "1") MODEL(T1), { "t.yaml:2:", "port out of 1..65535" } },
+	{ "port name", CL("[h:http]", "1") MODEL(T1), { "t.yaml:2:", "port is not a number" } },
+	{ "empty host", CL("[':80']", "1") MODEL(T1), { "t.yaml:2:", "empty host" } },
+	{ "ipv6 no brackets", CL("['::1:7000']", "1") MODEL(T1),
+	  { "t.yaml:2:", "brackets, e.g. [::1]:7000" } },
+	{ "ipv6 bad", CL("['[zz::1]:7000']", "1") MODEL(T1), { "t.yaml:2:", "not an IPv6 address" } },
+	{ "ipv6 no port", CL("['[::1]']", "1") MODEL(T1), { "t.yaml:2:", "missing port" } },
+	{ "ipv6 no bracket end", CL("['[::1:7000']", "1") MODEL(T1), { "t.yaml:2:", "missing ']'" } },
+	{ "bad ipv4", CL("[300.1.1.1:7000]", "1") MODEL(T1), { "t.yaml:2:", "not an IPv4 address" } },
+	{ "duplicate server", CL("[a:1, b:2, a:1]", "1") MODEL(T1),
+	  { "t.yaml:2: key 'cluster.servers[2]': duplicate server address 'a:1' (also shard 0)" } },
+	{ "servers scalar", CL("127.0.0.1:7000", "1") MODEL(T1),
+	  { "t.yaml:2: key 'cluster.servers': expected a list of 1..256 host:port addresses, "
+	    "got '127.0.0.1:7000'" } },
+	{ "servers empty", CL("[]", "1") MODEL(T1),
+	  { "t.yaml:2: key 'cluster.servers'", "got a list (wrong number of entries)" } },
+	{ "server is a list", CL("[[1, 2]]", "1") MODEL(T1),
+	  { "t.yaml:2: key 'cluster.servers[0]': expected host:port", "got a list" } },
+	{ "stats.http", BASE "stats:\n  http: localhost\n",
+	  { "t.yaml:8: key 'stats.http': expected host:port", "got 'localhost' (missing port)" } },
+	/* tensors */
+	{ "duplicate tensor", CL("[a:1]", "1") MODEL(T1 "    - {name: x, shape: [1]}\n"
+						    "    - name: w\n      shape: [5]\n"),
+	  { "t.yaml:8: key 'model.tensors[2].name': duplicate tensor name 'w' (first at line 6)" } },
+	{ "bad tensor name", CL("[a:1]", "1") MODEL("    - {name: 'w x', shape: [4]}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].name': expected a name of 1..63 characters",
+	    "got 'w x'" } },
+	{ "long tensor name", CL("[a:1]", "1") MODEL("    - {name: "
+		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa, shape: [4]}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].name'", "got 'aaaaaaaaaa" } },
+	{ "empty tensor name", CL("[a:1]", "1") MODEL("    - {name: '', shape: [4]}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].name'", "got ''" } },
+	{ "shape zero", CL("[a:1]", "1") MODEL("    - {name: w, shape: [4, 0]}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].shape[1]': expected a positive integer up to 2^34, "
+	    "got '0'" } },
+	{ "shape junk", CL("[a:1]", "1") MODEL("    - {name: w, shape: [4, x]}\n"),
+	  { "t.yaml:6:", "shape[1]", "got 'x'" } },
+	{ "shape empty", CL("[a:1]", "1") MODEL("    - {name: w, shape: []}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].shape': expected a list of 1..8 positive integers",
+	    "wrong number of entries" } },
+	{ "shape 9 dims", CL("[a:1]", "1") MODEL("    - {name: w, shape: [1,1,1,1,1,1,1,1,1]}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].shape'", "wrong number of entries" } },
+	{ "shape too big", CL("[a:1]", "1") MODEL("    - {name: w, shape: [131072, 131072, 2]}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].shape': expected at most 2^34 elements" } },
+	{ "shape scalar", CL("[a:1]", "1") MODEL("    - {name: w, shape: 4}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].shape': expected a list of 1..8 positive integers, "
+	    "got '4'" } },
+	{ "tensor not mapping", CL("[a:1]", "1") MODEL("    - w\n"),
+	  { "t.yaml:6: key 'model.tensors[0]': expected a mapping with name and shape, got 'w'" } },
+	{ "tensor missing shape", CL("[a:1]", "1") MODEL(T1 "    - {name: v}\n"),
+	  { "t.yaml:7: missing required key 'model.tensors[1].shape'" } },
+	{ "tensor missing name", CL("[a:1]", "1") MODEL("    - {shape: [3]}\n"),
+	  { "t.yaml:6: missing required key 'model.tensors[0].name'" } },
+	{ "scale with const", CL("[a:1]", "1")
+		MODEL("    - {name: w, shape: [4], init: const, scale: 1}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].scale': not used by init 'const' (use 'value')" } },
+	{ "value with uniform", CL("[a:1]", "1") MODEL("    - {name: w, shape: [4], value: 1}\n"),
+	  { "t.yaml:6: key 'model.tensors[0].value': not used by init 'uniform' (use 'scale')" } },
+	{ "tensors empty", CL("[a:1]", "1") MODEL("    []\n"),
+	  { "t.yaml:6: key 'model.tensors': expected a list of 1..1024 mappings",
+	    "wrong number of entries" } },
+	{ "tensors mapping", CL("[a:1]", "1") MODEL("    w: 1\n"),
+	  { "t.yaml:6: key 'model.tensors': expected a list", "got a mapping" } },
+	/* required keys */
+	{ "missing servers", "cluster:\n  workers: 1\n" MODEL(T1),
+	  { "t.yaml:1: missing required key 'cluster.servers'" } },
+	{ "missing workers", "model:\n  tensors:\n" T1 "cluster:\n  servers: [a:1]\n",
+	  { "t.yaml:4: missing required key 'cluster.workers'" } },
+	{ "missing cluster", "seed: 1\n" MODEL(T1),
+	  { "t.yaml:1: missing required key 'cluster.servers'" } },
+	{ "missing tensors", CL("[a:1]", "1") "seed: 3\n",
+	  { "t.yaml:1: missing required key 'model.tensors'" } },
+	{ "missing tensors, empty model", CL("[a:1]", "1") "model:\n",
+	  { "t.yaml:4: missing required key 'model.tensors'" } },
+	/* checks across options */
+	{ "rdma refused", BASE "transport: rdma\n",
+	  { "t.yaml:7: transport 'rdma' is not available yet in this build; use 'tcp'" } },
+	{ "slice not multiple of 4", BASE "slice_bytes: 1001\n",
+	  { "t.yaml:7: key 'slice_bytes': expected a multiple of 4, got '1001'" } },
+	{ "frame smaller than slice", BASE "slice_bytes: 1MiB\nlimits:\n  max_frame_bytes: 1MiB\n",
+	  { "t.yaml:9: key 'limits.max_frame_bytes': expected at least slice_bytes + 64KiB = "
+	    "1114112 (slice_bytes is 1MiB), got '1MiB'" } },
+	{ "default frame smaller than slice", BASE "slice_bytes: 1GiB\n",
+	  { "t.yaml:7: key 'limits.max_frame_bytes': expected at least slice_bytes + 64KiB",
+	    "(slice_bytes is 1GiB)", "got '64MiB' (default)" } },
+	/* structure */
+	{ "duplicate key", CL("[a:1]", "1") "  workers: 2\n" MODEL(T1),
+	  { "t.yaml:4: duplicate key 'cluster.workers' (first at line 3)" } },
+	{ "duplicate section", BASE "cluster:\n  seed: 2\n",
+	  { "t.yaml:7: duplicate key 'cluster' (first at line 1)" } },
+	{ "duplicate top key", BASE "seed: 1\nseed: 2\n",
+	  { "t.yaml:8: duplicate key 'seed' (first at line 7)" } },
+	{ "section is a list", BASE "optimizer: [1, 2]\n",
+	  { "t.yaml:7: key 'optimizer': expected a mapping, got a list" } },
+	{ "section is a scalar", BASE "optimizer: sgd\n",
+	  { "t.yaml:7: key 'optimizer': expected a mapping, got 'sgd'" } },
+	{ "complex key", BASE "? [a, b]\n: 1\n", { "t.yaml:7: expected a plain key, got a list" } },
+	{ "syntax error", BASE "optimizer: [1, 2\n",
+	  { "t.yaml:8: YAML syntax error: did not find expected ',' or ']'",
+	    "while parsing a flow sequence at line 7" } },
+	{ "bad indentation", "cluster:\n  servers: [a:1]\n workers: 1\n",
+	  { "t.yaml:3: YAML syntax error" } },
+	{ "tab indentation", "cluster:\n\tworkers: 1\n", { "t.yaml:2: YAML syntax error" } },
+	{ "top-level list", "- a\n- b\n",
+	  { "t.yaml:1: expected a mapping of sections at the top level, got a list" } },
+	{ "top-level scalar", "hello\n",
+	  { "t.yaml:1: expected a mapping of sections at the top level, got 'hello'" } },
+	{ "empty file", "", { "t.yaml:1: empty configuration" } },
+	{ "only comments", "# nothing here\n\n", { "t.yaml:1: empty configuration" } },
+	{ "only a document marker", "---\n", { "t.yaml:1: empty configuration" } },
+	{ "alias", BASE "seed: &s 5\nlog: *s\n",
+	  { "t.yaml:8: YAML aliases (*s) are not supported" } },
+	{ "two documents", BASE "---\nseed: 1\n",
+	  { "t.yaml:7: more than one YAML document" } },
+	{ "NUL in scalar", BASE "seed: \"1\\0\"\n", { "t.yaml:7: NUL character in a scalar" } },
+	{ "invalid UTF-8", BASE "seed: \xff\xfe\n", { "t.yaml: invalid input at byte 102" } },
+	{ "control character", BASE "seed: 1\x01\n", { "t.yaml: invalid input at byte" } },
+};
+
+/* Each error case: PS_ECONFIG, one line with every wanted substring, and the
+ * caller's struct left as it was. */
+START_TEST(test_errors)
+{
+	const struct ecase *e = &ecases[_i];
+	int rc;
+
+	ps_config_defaults(&cfg);
+	cfg.nworkers = 77;
+	rc = load(e->yaml);
+	ck_assert_msg(rc == PS_ECONFIG, "%s: rc %d, err '%s'", e->what, rc, err);
+	ck_assert_msg(!strchr(err, '\n'), "%s: message not one line: '%s'", e->what, err);
+	for (int k = 0; k < 4 && e->want[k]; k++)
+		ck_assert_msg(strstr(err, e->want[k]), "%s: '%s' lacks '%s'", e->what, err,
+			      e->want[k]);
+	ck_assert_int_eq(cfg.nworkers, 77);
+	ck_assert_int_eq(cfg.ntensors, 0);
+}
+END_TEST
+
+/* Fills buf with n copies of unit, NUL-terminated. */
+static char *repeat(const char *head, const char *unit, size_t n)
+{
+	size_t hl = strlen(head), ul = strlen(unit);
+	char *buf = malloc(hl + n * ul + 1);
+
+	ck_assert_ptr_nonnull(buf);
+	memcpy(buf, head, hl);
+	for (size_t i = 0; i < n; i++)
+		memcpy(buf + hl + i * ul, unit, ul);
+	buf[hl + n * ul] = 0;
+	return buf;
+}
+
+START_TEST(test_deep_nesting)
+{
+	static const struct { const char *head, *unit; } deep[] = {
+		{ "", "[" }, { "", "{" }, { "a: ", "[" }, { "a: ", "{a: " }, { "", "- " },
+		{ "", "[[]]," },
+	};
+	char *y;
+
+	for (size_t i = 0; i < sizeof(deep) / sizeof(deep[0]); i++) {
+		y = repeat(deep[i].head, deep[i].unit, 10000);
+		ck_assert_int_eq(load(y), PS_ECONFIG);
+		ck_assert_msg(strstr(err, "t.yaml:1:"), "%s", err);
+		free(y);
+	}
+	y = repeat("", "[", 10000);
+	ck_assert_int_eq(load(y), PS_ECONFIG);
+	ck_assert_msg(strstr(err, "t.yaml:1: nesting deeper than 32 levels"), "%s", err);
+	free(y);
+	/* block nesting, one level per line */
+	y = malloc(200000);
+	ck_assert_ptr_nonnull(y);
+	y[0] = 0;
+	for (int i = 0, n = 0; i < 300; i++)
+		n += sprintf(y + n, "%*sk%d:\n", i, "", i);
+	ck_assert_int_eq(load(y), PS_ECONFIG);
+	ck_assert_msg(strstr(err, "t.yaml:33: nesting deeper than 32 levels"), "%s", err);
+	free(y);
+}
+END_TEST
+
+START_TEST(test_huge_input)
+{
+	char *y = repeat("cluster:\n  servers: [", "x", 100000);
+
+	ck_assert_int_eq(load(y), PS_ECONFIG);
+	ck_assert_msg(strstr(err, "t.yaml:2: scalar of 100000 bytes is longer than the limit"),
+		      "%s", err);
+	free(y);
+	/* many small nodes */
+	y = repeat("seed: [", "1,", 300000);
+	ck_assert_int_eq(load(y), PS_ECONFIG);
+	ck_assert_msg(strstr(err, "YAML nodes"), "%s", err);
+	free(y);
+	/* a long unknown key is cut in the message (libyaml refuses implicit
+	 * keys over 1024 characters, so stay under that) */
+	y = repeat("", "k", 1010);
+	strcpy(y + 1000, ": 1\n");
+	ck_assert_int_eq(load(y), PS_ECONFIG);
+	ck_assert_msg(strstr(err, "t.yaml:1: unknown key 'kkkk") && strstr(err, "...'"), "%s", err);
+	ck_assert_uint_lt(strlen(err), 400);
+	free(y);
+}
+END_TEST
+
+START_TEST(test_files)
+{
+	int rc;
+
+	rc = ps_config_load(&cfg, "conf/does-not-exist.yaml", err, sizeof(err));
+	ck_assert_int_eq(rc, -ENOENT);
+	ck_assert_str_eq(err, "conf/does-not-exist.yaml: cannot open: No such file or directory");
+	rc = ps_config_load(&cfg, "conf", err, sizeof(err));
+	ck_assert_int_eq(rc, -EISDIR);
+	ck_assert_str_eq(err, "conf: cannot read: Is a directory");
+	rc = ps_config_load(&cfg, "/dev/null", err, sizeof(err));
+	ck_assert_int_eq(rc, PS_ECONFIG);
+	ck_assert_str_eq(err, "/dev/null:1: empty configuration; expected a mapping with at least "
+			 "'cluster' and 'model'");
+}
+END_TEST
+
+START_TEST(test_small_err_buffer)
+{
+	char small[12];
+
+	ck_assert_int_eq(ps_config_load_string(&cfg, "x: 1\n", "t.yaml", small, sizeof(small)),
+			 PS_ECONFIG);
+	ck_assert_str_eq(small, "t.yaml:1: u");
+	ck_assert_int_eq(ps_config_load_string(&cfg, "x: 1\n", "t.yaml", small, 1), PS_ECONFIG);
+	ck_assert_str_eq(small, "");
+	ck_assert_int_eq(ps_config_load_string(&cfg, "x: 1\n", NULL, err, sizeof(err)), PS_ECONFIG);
+	ck_assert_msg(strstr(err, "<string>:1: unknown key 'x'"), "%s", err);
+}
+END_TEST
+
+/* Every prefix of a valid file and random byte edits of it: any result is
+ * fine as long as nothing crashes or leaks and failures explain themselves. */
+START_TEST(test_mutations)
+{
+	size_t len = strlen(full_yaml);
+	char *y = malloc(len + 1);
+	unsigned seed = 12345;
+	static const char alphabet[] = "[]{}:,-'\"&*!?#|>%@ \n\t0123456789aZ.\\\x01\xc3";
+
+	ck_assert_ptr_nonnull(y);
+	for (size_t cut = 0; cut <= len; cut++) {
+		memcpy(y, full_yaml, cut);
+		y[cut] = 0;
+		if (load(y) != 0)
+			ck_assert_msg(!strncmp(err, "t.yaml", 6) && !strchr(err, '\n'), "%s", err);
+	}
+	for (int iter = 0; iter < 4000; iter++) {
+		memcpy(y, full_yaml, len + 1);
+		for (int k = 0; k < 1 + iter % 4; k++) {
+			seed = seed * 1103515245u + 12345u;
+			y[(seed >> 8) % len] = alphabet[(seed >> 20) % (sizeof(alphabet) - 1)];
+		}
+		if (load(y) != 0)
+			ck_assert_msg(!strncmp(err, "t.yaml", 6) && !strchr(err, '\n'), "%s", err);
+	}
+	free(y);
+}
+END_TEST
+
+static Suite *config_suite(void)
+{
+	Suite *s = suite_create("config");
+	TCase *tc = tcase_create("load");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_defaults);
+	tcase_add_test(tc, test_minimal_gets_defaults);
+	tcase_add_test(tc, test_full);
+	tcase_add_test(tc, test_value_forms);
+	tcase_add_test(tc, test_local_yaml);
+	tcase_add_test(tc, test_example_full_yaml);
+	tcase_add_test(tc, test_roundtrip);
+	tcase_add_test(tc, test_help);
+	tcase_add_loop_test(tc, test_errors, 0, (int)(sizeof(ecases) / sizeof(ecases[0])));
+	tcase_add_test(tc, test_deep_nesting);
+	tcase_add_test(tc, test_huge_input);
+	tcase_add_test(tc, test_files);
+	tcase_add_test(tc, test_small_err_buffer);
+	tcase_add_test(tc, test_mutations);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(config_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

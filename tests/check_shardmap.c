@@ -1,0 +1,212 @@
+/* check_shardmap.c - the deterministic key space: same map from the same
+ * config, balanced within one slice, every element owned once, a hash that
+ * moves with anything that moves bytes, initial values independent of the
+ * number of shards. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+#include "config.h"
+#include "shardmap.h"
+
+static void make_cfg(struct ps_config *cfg, int nshards, uint64_t slice_bytes)
+{
+	static const int64_t counts[] = { 784 * 256, 256, 256 * 128, 128, 1280, 10, 100003, 1 };
+
+	ps_config_defaults(cfg);
+	cfg->nshards = nshards;
+	for (int k = 0; k < nshards; k++) {
+		strcpy(cfg->shards[k].host, "127.0.0.1");
+		cfg->shards[k].port = 7000 + k;
+	}
+	cfg->nworkers = 2;
+	cfg->slice_bytes = slice_bytes;
+	cfg->ntensors = (int)(sizeof(counts) / sizeof(counts[0]));
+	for (int t = 0; t < cfg->ntensors; t++) {
+		struct ps_tensor_cfg *tc = &cfg->tensors[t];
+		memset(tc, 0, sizeof(*tc));
+		snprintf(tc->name, sizeof(tc->name), "t%d", t);
+		tc->ndims = 1;
+		tc->dims[0] = tc->count = counts[t];
+		tc->init = PS_INIT_UNIFORM;
+		tc->init_value = 0.1f;
+	}
+}
+
+START_TEST(test_deterministic)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap a, b;
+
+	make_cfg(&cfg, 3, 65536);
+	ck_assert_int_eq(ps_shardmap_init(&a, &cfg), 0);
+	ck_assert_int_eq(ps_shardmap_init(&b, &cfg), 0);
+	ck_assert_uint_eq(a.nslices, b.nslices);
+	ck_assert_uint_eq(a.hash, b.hash);
+	ck_assert_int_eq(memcmp(a.slices, b.slices, a.nslices * sizeof(a.slices[0])), 0);
+	ps_shardmap_free(&a);
+	ps_shardmap_free(&b);
+}
+END_TEST
+
+START_TEST(test_balanced_and_complete)
+{
+	static struct ps_config cfg;
+	static const uint64_t sizes[] = { 64, 4096, 65536, 1 << 20 };
+
+	for (int ns = 1; ns <= 7; ns++) {
+		for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+			struct ps_shardmap m;
+			uint64_t max_slice = 0, lo = UINT64_MAX, hi = 0, total = 0;
+			make_cfg(&cfg, ns, sizes[si]);
+			ck_assert_int_eq(ps_shardmap_init(&m, &cfg), 0);
+			/* Every element of every tensor in exactly one slice, in order. */
+			for (int t = 0; t < cfg.ntensors; t++) {
+				int64_t next = 0;
+				for (uint32_t s = m.tensor_first[t]; s < m.tensor_first[t + 1]; s++) {
+					ck_assert_int_eq(m.slices[s].tensor, t);
+					ck_assert_int_eq(m.slices[s].offset, next);
+					ck_assert_int_gt(m.slices[s].count, 0);
+					ck_assert_uint_le((uint64_t)m.slices[s].count * 4, sizes[si]);
+					next += m.slices[s].count;
+				}
+				ck_assert_int_eq(next, cfg.tensors[t].count);
+			}
+			uint64_t *bytes = calloc((size_t)ns, sizeof(*bytes));
+			for (uint32_t s = 0; s < m.nslices; s++) {
+				ck_assert_uint_eq(m.slices[s].id, s);
+				ck_assert_int_ge(m.slices[s].shard, 0);
+				ck_assert_int_lt(m.slices[s].shard, ns);
+				uint64_t b = (uint64_t)m.slices[s].count * 4;
+				bytes[m.slices[s].shard] += b;
+				if (b > max_slice)
+					max_slice = b;
+			}
+			for (int k = 0; k < ns; k++) {
+				ck_assert_uint_eq(bytes[k], m.shard_bytes[k]);
+				lo = bytes[k] < lo ? bytes[k] : lo;
+				hi = bytes[k] > hi ? bytes[k] : hi;
+				total += bytes[k];
+			}
+			/* Balanced within one slice. */
+			ck_assert_msg(hi - lo <= max_slice, "shards=%d slice=%llu: loads %llu..%llu",
+				      ns, (unsigned long long)sizes[si], (unsigned long long)lo,
+				      (unsigned long long)hi);
+			uint64_t want = 0;
+			for (int t = 0; t < cfg.ntensors; t++)
+				want += (uint64_t)cfg.tensors[t].count * 4;
+			ck_assert_uint_eq(total, want);
+			free(bytes);
+			ps_shardmap_free(&m);
+		}
+	}
+}
+END_TEST
+
+START_TEST(test_hash_moves)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap m;
+	uint64_t h0, h;
+
+	make_cfg(&cfg, 3, 65536);
+	ck_assert_int_eq(ps_shardmap_init(&m, &cfg), 0);
+	h0 = m.hash;
+	ps_shardmap_free(&m);
+
+	cfg.tensors[2].count++;
+	ck_assert_int_eq(ps_shardmap_init(&m, &cfg), 0);
+	h = m.hash;
+	ps_shardmap_free(&m);
+	ck_assert_uint_ne(h, h0);
+
+	make_cfg(&cfg, 4, 65536);
+	ck_assert_int_eq(ps_shardmap_init(&m, &cfg), 0);
+	ck_assert_uint_ne(m.hash, h0);
+	ps_shardmap_free(&m);
+
+	make_cfg(&cfg, 3, 32768);
+	ck_assert_int_eq(ps_shardmap_init(&m, &cfg), 0);
+	ck_assert_uint_ne(m.hash, h0);
+	ps_shardmap_free(&m);
+
+	make_cfg(&cfg, 3, 65536);
+	strcpy(cfg.tensors[0].name, "renamed");
+	ck_assert_int_eq(ps_shardmap_init(&m, &cfg), 0);
+	ck_assert_uint_ne(m.hash, h0);
+	ps_shardmap_free(&m);
+}
+END_TEST
+
+START_TEST(test_no_shards_refused)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap m;
+
+	make_cfg(&cfg, 1, 4096);
+	cfg.nshards = 0;
+	ck_assert_int_lt(ps_shardmap_init(&m, &cfg), 0);
+}
+END_TEST
+
+START_TEST(test_init_values)
+{
+	static struct ps_config a, b;
+	double sum = 0, sq = 0;
+	int n = 100003;
+
+	make_cfg(&a, 1, 4096);
+	make_cfg(&b, 5, 65536);
+	/* The value of an element depends on (seed, tensor, index) only. */
+	for (int t = 0; t < a.ntensors; t++)
+		for (int64_t i = 0; i < a.tensors[t].count; i += 97)
+			ck_assert(ps_init_value(&a, t, i) == ps_init_value(&b, t, i));
+	/* Uniform in [-scale, scale] with mean ~0 and variance scale^2/3. */
+	for (int64_t i = 0; i < n; i++) {
+		float v = ps_init_value(&a, 6, i);
+		ck_assert(v >= -0.1f && v <= 0.1f);
+		sum += v;
+		sq += (double)v * v;
+	}
+	ck_assert_double_lt(sum / n, 0.002);
+	ck_assert_double_gt(sum / n, -0.002);
+	ck_assert_double_eq_tol(sq / n, 0.01 / 3, 0.0005);
+	/* A different seed gives different values. */
+	b.seed = a.seed + 1;
+	ck_assert(ps_init_value(&a, 0, 5) != ps_init_value(&b, 0, 5));
+	/* Normal: std as given. */
+	a.tensors[6].init = PS_INIT_NORMAL;
+	a.tensors[6].init_value = 2.0f;
+	sum = sq = 0;
+	for (int64_t i = 0; i < n; i++) {
+		double v = ps_init_value(&a, 6, i);
+		sum += v;
+		sq += v * v;
+	}
+	ck_assert_double_eq_tol(sq / n - (sum / n) * (sum / n), 4.0, 0.1);
+	a.tensors[6].init = PS_INIT_ARANGE;
+	ck_assert(ps_init_value(&a, 6, 1030) == 6.0f);
+	a.tensors[6].init = PS_INIT_CONST;
+	a.tensors[6].init_value = 2.5f;
+	ck_assert(ps_init_value(&a, 6, 17) == 2.5f);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("shardmap");
+	TCase *tc = tcase_create("map");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, test_deterministic);
+	tcase_add_test(tc, test_balanced_and_complete);
+	tcase_add_test(tc, test_hash_moves);
+	tcase_add_test(tc, test_no_shards_refused);
+	tcase_add_test(tc, test_init_values);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,230 @@
+/* check_store.c - the shard's update path: BSP sums in rank order whatever
+ * the arrival order (bit for bit), clock windows and duplicates refused,
+ * clocks applied in order, frames released once nothing refers to them, SSP
+ * applies on arrival. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+#include "config.h"
+#include "ps_err.h"
+#include "shardmap.h"
+#include "store.h"
+
+static int released;
+
+static void test_release(struct ps_frame *f)
+{
+	released++;
+	free(f);
+}
+
+/* A frame holding n floats as payload. */
+static struct ps_frame_ref *make_frame(const float *g, size_t n)
+{
+	struct ps_frame *f = calloc(1, sizeof(*f) + n * sizeof(float) + 64);
+	struct ps_frame_ref *fr = malloc(sizeof(*fr));
+
+	f->payload = (uint8_t *)(f + 1);
+	memcpy(f->payload, g, n * sizeof(float));
+	f->hdr.payload_len = n * sizeof(float);
+	f->release = test_release;
+	fr->frame = f;
+	fr->refs = 1;
+	return fr;
+}
+
+static void make_cfg(struct ps_config *cfg, int nworkers, enum ps_consistency mode)
+{
+	ps_config_defaults(cfg);
+	cfg->nshards = 1;
+	strcpy(cfg->shards[0].host, "127.0.0.1");
+	cfg->shards[0].port = 7000;
+	cfg->nworkers = nworkers;
+	cfg->consistency = mode;
+	cfg->slice_bytes = 1024;
+	cfg->ntensors = 1;
+	memset(&cfg->tensors[0], 0, sizeof(cfg->tensors[0]));
+	strcpy(cfg->tensors[0].name, "w");
+	cfg->tensors[0].ndims = 1;
+	cfg->tensors[0].dims[0] = cfg->tensors[0].count = 200; /* one slice of 200 floats */
+	cfg->tensors[0].init = PS_INIT_UNIFORM;
+	cfg->tensors[0].init_value = 1.0f;
+	cfg->optim.kind = PS_OPT_SGD;
+	cfg->optim.lr = 0.1f;
+	cfg->optim.weight_decay = 0;
+	cfg->limits.max_clock_ahead = 4;
+}
+
+/* Gradients chosen so that float addition order changes the sum. */
+static void grads(float g[3][200], int clock)
+{
+	for (int i = 0; i < 200; i++) {
+		g[0][i] = 1e8f * (float)((i + clock) % 3 + 1);
+		g[1][i] = 1.0f + (float)i * 0.37f;
+		g[2][i] = -1e8f * (float)((i + clock) % 3 + 1) + 0.123f * (float)clock;
+	}
+}
+
+static const int perms[6][3] = {
+	{ 0, 1, 2 }, { 0, 2, 1 }, { 1, 0, 2 }, { 1, 2, 0 }, { 2, 0, 1 }, { 2, 1, 0 },
+};
+
+START_TEST(test_bsp_sum_order_bit_identical)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	float ref[200], g[3][200];
+
+	make_cfg(&cfg, 3, PS_SYNC);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	/* Sanity: the sum really depends on the order for these values. */
+	grads(g, 0);
+	ck_assert((g[0][1] + g[1][1]) + g[2][1] != (g[0][1] + g[2][1]) + g[1][1]);
+	for (int p = 0; p < 6; p++) {
+		struct ps_store st;
+		ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+		ck_assert_int_eq(st.nslots, 1);
+		struct ps_slot *s = ps_store_slot(&st, 0);
+		for (int clock = 0; clock < 5; clock++) {
+			grads(g, clock);
+			for (int k = 0; k < 3; k++) {
+				int r = perms[(p + clock) % 6][k];
+				struct ps_frame_ref *fr = make_frame(g[r], 200);
+				int rc = ps_store_offer(&st, s, r, (uint64_t)clock,
+							(const float *)fr->frame->payload, fr);
+				ck_assert_int_eq(rc, k == 2 ? 1 : 0);
+				ps_frame_ref_put(fr);
+			}
+			ck_assert_uint_eq(s->version, (uint64_t)clock + 1);
+		}
+		if (p == 0)
+			memcpy(ref, s->w, sizeof(ref));
+		else
+			ck_assert_int_eq(memcmp(ref, s->w, sizeof(ref)), 0);
+		ps_store_free(&st);
+	}
+	/* And the result is the rank-order sum: w = init - lr * ((g0 + g1) + g2). */
+	for (int i = 0; i < 200; i++) {
+		float w = ps_init_value(&cfg, 0, i);
+		for (int clock = 0; clock < 5; clock++) {
+			grads(g, clock);
+			float sum = (g[0][i] + g[1][i]) + g[2][i];
+			w = w - 0.1f * sum;
+		}
+		ck_assert_msg(w == ref[i], "element %d: %a vs %a", i, w, ref[i]);
+	}
+	ps_shardmap_free(&map);
+}
+END_TEST
+
+START_TEST(test_bsp_windows_and_duplicates)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	float g[200] = { 0 };
+
+	released = 0;
+	make_cfg(&cfg, 2, PS_SYNC);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	ck_assert_ptr_null(ps_store_slot(&st, 1));
+	struct ps_frame_ref *fr = make_frame(g, 200);
+	const float *p = (const float *)fr->frame->payload;
+	/* Clock 4 is outside the window [0, 4). */
+	ck_assert_int_eq(ps_store_offer(&st, s, 0, 4, p, fr), PS_ECLOCK);
+	/* Clocks 2 and 1 arrive first; they wait for clock 0. */
+	ck_assert_int_eq(ps_store_offer(&st, s, 0, 2, p, fr), 0);
+	ck_assert_int_eq(ps_store_offer(&st, s, 1, 2, p, fr), 0);
+	ck_assert_int_eq(ps_store_offer(&st, s, 1, 1, p, fr), 0);
+	ck_assert_int_eq(ps_store_offer(&st, s, 0, 1, p, fr), 0);
+	ck_assert_int_eq(ps_store_offer(&st, s, 0, 1, p, fr), PS_EDUP);
+	ck_assert_uint_eq(s->version, 0);
+	ck_assert_int_eq(ps_store_offer(&st, s, 1, 0, p, fr), 0);
+	/* The last piece of clock 0 releases clocks 0, 1 and 2 in order. */
+	ck_assert_int_eq(ps_store_offer(&st, s, 0, 0, p, fr), 1);
+	ck_assert_uint_eq(s->version, 3);
+	ck_assert_uint_eq(st.applies, 3);
+	/* Clock 2 is now in the past. */
+	ck_assert_int_eq(ps_store_offer(&st, s, 0, 2, p, fr), PS_ECLOCK);
+	/* Every reference was dropped: the frame goes when we drop ours. */
+	ck_assert_int_eq(fr->refs, 1);
+	ck_assert_int_eq(released, 0);
+	ps_frame_ref_put(fr);
+	ck_assert_int_eq(released, 1);
+	/* Pending gradients are released when the store is freed. */
+	fr = make_frame(g, 200);
+	ck_assert_int_eq(ps_store_offer(&st, s, 1, 3, (const float *)fr->frame->payload, fr), 0);
+	ps_frame_ref_put(fr);
+	ck_assert_int_eq(released, 1);
+	ps_store_free(&st);
+	ck_assert_int_eq(released, 2);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
+START_TEST(test_ssp_applies_on_arrival)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	float g[200];
+
+	make_cfg(&cfg, 3, PS_ASYNC);
+	cfg.tensors[0].init = PS_INIT_ZEROS;
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	for (int i = 0; i < 200; i++)
+		g[i] = 1.0f;
+	for (int k = 0; k < 5; k++) {
+		struct ps_frame_ref *fr = make_frame(g, 200);
+		ck_assert_int_eq(ps_store_offer(&st, s, k % 3, (uint64_t)(k / 2), (const float *)fr->frame->payload, fr), 1);
+		ps_frame_ref_put(fr);
+		ck_assert_uint_eq(s->version, (uint64_t)k + 1);
+	}
+	for (int i = 0; i < 200; i++)
+		ck_assert_float_eq_tol(s->w[i], -0.5f, 1e-6f);
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
+START_TEST(test_checksum_tracks_weights)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store a, b;
+
+	make_cfg(&cfg, 1, PS_SYNC);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&a, &cfg, &map, 0), 0);
+	ck_assert_int_eq(ps_store_init(&b, &cfg, &map, 0), 0);
+	ck_assert_uint_eq(ps_store_checksum(&a), ps_store_checksum(&b));
+	b.slots[0].w[17] += 1.0f;
+	ck_assert_uint_ne(ps_store_checksum(&a), ps_store_checksum(&b));
+	ps_store_free(&a);
+	ps_store_free(&b);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("store");
+	TCase *tc = tcase_create("updates");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, test_bsp_sum_order_bit_identical);
+	tcase_add_test(tc, test_bsp_windows_and_duplicates);
+	tcase_add_test(tc, test_ssp_applies_on_arrival);
+	tcase_add_test(tc, test_checksum_tracks_weights);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,331 @@
+/* it_cluster.c - integration tests with real ps-server processes and real
+ * client processes on loopback: exact BSP sums, the SSP staleness bound,
+ * refused handshakes, hostile frames. */
+#include <check.h>
+#include <inttypes.h>
+#include <sys/mman.h>
+#include "config.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "shardmap.h"
+#include "test_util.h"
+
+#define NCLOCKS 50
+
+/* Connects, retrying while the servers start (up to 10 s). */
+static struct ps_client *connect_retry(const struct ps_config *cfg, int rank, char *err, size_t n)
+{
+	struct ps_client *c = NULL;
+
+	for (int i = 0; i < 100; i++) {
+		int rc = ps_client_init(&c, cfg, rank, err, n);
+		if (rc == 0)
+			return c;
+		if (rc != -ECONNREFUSED)
+			return NULL;
+		tu_sleep_ms(100);
+	}
+	return NULL;
+}
+
+/* Two shards, slices small enough that every tensor spans both. */
+static void cluster_yaml(char *buf, size_t n, int p0, int p1, int workers, const char *mode,
+			 const char *extra)
+{
+	snprintf(buf, n,
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: %d\n"
+		 "consistency:\n  mode: %s\n%s"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n"
+		 "    - {name: a, shape: [3000], init: arange}\n"
+		 "    - {name: b, shape: [17, 33], init: arange}\n"
+		 "    - {name: c, shape: [5], init: arange}\n"
+		 "log:\n  level: warn\n",
+		 p0, p1, workers, mode, extra);
+}
+
+/* Integer gradient of worker rank at clock for element i. */
+static float grad_value(int rank, int clock, int t, int64_t i)
+{
+	return (float)((rank + 1) * (int)((clock + i + t) % 7 - 3));
+}
+
+/* One worker process of the sync test: 50 clocks of push then pull, then a
+ * check of every element against init minus the exact sum. Exit status 0
+ * when every value matched. */
+static int sync_worker(const struct ps_config *cfg, int rank, int nworkers)
+{
+	char err[512];
+	struct ps_client *c = connect_retry(cfg, rank, err, sizeof(err));
+	struct ps_tensor g[3], w[3];
+	int bad = 0;
+
+	if (!c) {
+		fprintf(stderr, "worker %d: %s\n", rank, err);
+		return 2;
+	}
+	for (int t = 0; t < 3; t++) {
+		g[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
+					   cfg->tensors[t].count, 0 };
+		w[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
+					   cfg->tensors[t].count, 0 };
+	}
+	srand((unsigned)(getpid() * 7919));
+	for (int clock = 0; clock < NCLOCKS; clock++) {
+		for (int t = 0; t < 3; t++)
+			for (int64_t i = 0; i < g[t].count; i++)
+				g[t].data[i] = grad_value(rank, clock, t, i);
+		/* Vary the arrival order at the shards from clock to clock. */
+		if (rand() % 3 == 0)
+			tu_sleep_ms(rand() % 3);
+		int64_t id = ps_client_push(c, (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK);
+		if (id < 0 || ps_client_wait(c, id)) {
+			fprintf(stderr, "worker %d push %d: %s\n", rank, clock, ps_client_error(c));
+			return 3;
+		}
+		id = ps_client_pull(c, (uint64_t)clock + 1, w, 3);
+		if (id < 0 || ps_client_wait(c, id)) {
+			fprintf(stderr, "worker %d pull %d: %s\n", rank, clock, ps_client_error(c));
+			return 4;
+		}
+		for (int t = 0; t < 3; t++)
+			if (w[t].version != (uint64_t)clock + 1) {
+				fprintf(stderr, "worker %d: tensor %d version %" PRIu64 " after clock %d\n",
+					rank, t, w[t].version, clock);
+				return 5;
+			}
+	}
+	for (int t = 0; t < 3; t++) {
+		for (int64_t i = 0; i < w[t].count; i++) {
+			double sum = 0;
+			for (int clock = 0; clock < NCLOCKS; clock++)
+				for (int r = 0; r < nworkers; r++)
+					sum += grad_value(r, clock, t, i);
+			double want = (double)(i % 1024) - sum;
+			if ((double)w[t].data[i] != want && bad++ < 5)
+				fprintf(stderr, "worker %d: %s[%" PRId64 "] = %g, want %g\n", rank,
+					w[t].name, i, w[t].data[i], want);
+		}
+		free(g[t].data);
+		free(w[t].data);
+	}
+	ps_client_free(c);
+	return bad ? 6 : 0;
+}
+
+START_TEST(test_sync_exact_sum)
+{
+	char yaml[2048], path[64], err[512];
+	struct ps_config cfg;
+	int p0 = tu_free_port(), p1 = tu_free_port();
+	pid_t srv[2], cli[3];
+
+	cluster_yaml(yaml, sizeof(yaml), p0, p1, 3, "sync", "");
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	for (int r = 0; r < 3; r++) {
+		cli[r] = fork();
+		if (cli[r] == 0)
+			_exit(sync_worker(&cfg, r, 3));
+	}
+	for (int r = 0; r < 3; r++)
+		ck_assert_msg(tu_wait_child(cli[r]) == 0, "worker %d failed (see its stderr)", r);
+
+	/* Each shard applied each of its slices exactly NCLOCKS times. */
+	struct ps_shardmap map;
+	struct ps_client *mon = connect_retry(&cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		uint64_t owned = 0;
+		for (uint32_t s = 0; s < map.nslices; s++)
+			owned += map.slices[s].shard == k;
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		ck_assert_uint_gt(owned, 0);
+		ck_assert_uint_eq(st.applies, owned * NCLOCKS);
+		ck_assert_uint_eq(st.errors, 0);
+		for (int r = 0; r < 3; r++)
+			ck_assert_uint_eq(st.worker_clock[r], NCLOCKS);
+	}
+	ps_shardmap_free(&map);
+	ps_client_free(mon);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+}
+END_TEST
+
+/* SSP: two fast workers and one that sleeps each clock. The fast ones read
+ * the slow one's clock from shared memory (published before each push, so
+ * it is never behind what the shards know) after each pull. */
+#define SSP_CLOCKS 24
+struct ssp_shared {
+	volatile uint64_t slow_clock;
+	volatile uint64_t max_gap[3];
+};
+
+static int ssp_worker(const struct ps_config *cfg, int rank, struct ssp_shared *sh)
+{
+	char err[512];
+	struct ps_client *c = connect_retry(cfg, rank, err, sizeof(err));
+	struct ps_tensor t = { "a", malloc(3000 * 4), 3000, 0 };
+
+	if (!c) {
+		fprintf(stderr, "worker %d: %s\n", rank, err);
+		return 2;
+	}
+	for (int64_t i = 0; i < t.count; i++)
+		t.data[i] = 0.0f;
+	for (uint64_t clock = 0; clock < SSP_CLOCKS; clock++) {
+		int64_t id = ps_client_pull(c, 0, &t, 1);
+		if (id < 0 || ps_client_wait(c, id)) {
+			fprintf(stderr, "worker %d pull: %s\n", rank, ps_client_error(c));
+			return 3;
+		}
+		if (rank != 2) {
+			uint64_t slow = __atomic_load_n(&sh->slow_clock, __ATOMIC_SEQ_CST);
+			uint64_t gap = clock > slow ? clock - slow : 0;
+			if (gap > sh->max_gap[rank])
+				sh->max_gap[rank] = gap;
+		} else {
+			tu_sleep_ms(30);
+			__atomic_store_n(&sh->slow_clock, clock + 1, __ATOMIC_SEQ_CST);
+		}
+		for (int64_t i = 0; i < t.count; i++)
+			t.data[i] = 1.0f;
+		id = ps_client_push(c, clock, &t, 1, PS_PUSH_END_CLOCK);
+		if (id < 0 || ps_client_wait(c, id)) {
+			fprintf(stderr, "worker %d push: %s\n", rank, ps_client_error(c));
+			return 4;
+		}
+	}
+	free(t.data);
+	ps_client_free(c);
+	return 0;
+}
+
+START_TEST(test_ssp_staleness_bound)
+{
+	char yaml[2048], path[64], err[512];
+	struct ps_config cfg;
+	int p0 = tu_free_port(), p1 = tu_free_port();
+	struct ssp_shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
+				     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	pid_t srv[2], cli[3];
+
+	ck_assert_ptr_ne(sh, MAP_FAILED);
+	memset(sh, 0, sizeof(*sh));
+	cluster_yaml(yaml, sizeof(yaml), p0, p1, 3, "async", "  staleness: 2\n");
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
+	ck_assert_int_eq(cfg.consistency, PS_ASYNC);
+	ck_assert_int_eq(cfg.staleness, 2);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	for (int r = 0; r < 3; r++) {
+		cli[r] = fork();
+		if (cli[r] == 0)
+			_exit(ssp_worker(&cfg, r, sh));
+	}
+	for (int r = 0; r < 3; r++)
+		ck_assert_msg(tu_wait_child(cli[r]) == 0, "worker %d failed", r);
+	/* The fast workers got ahead, but never by more than the staleness. */
+	for (int r = 0; r < 2; r++) {
+		ck_assert_uint_le(sh->max_gap[r], 2);
+		ck_assert_uint_ge(sh->max_gap[r], 1);
+	}
+	/* The shards' own record: the largest gap they let a pull through at. */
+	struct ps_client *mon = connect_retry(&cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		ck_assert_uint_eq(st.max_clock_gap, 2);
+		/* Async applies every push: 3 workers x SSP_CLOCKS x owned slices. */
+		ck_assert_uint_gt(st.applies, 0);
+		ck_assert_uint_eq(st.applies % (3 * SSP_CLOCKS), 0);
+	}
+	ps_client_free(mon);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	munmap(sh, sizeof(*sh));
+	unlink(path);
+}
+END_TEST
+
+START_TEST(test_shard_map_mismatch_refused)
+{
+	char yaml[2048], path_a[64], path_b[64], err[512], want[64];
+	struct ps_config a, b;
+	struct ps_shardmap ma, mb;
+	struct ps_client *c = NULL;
+	int p0 = tu_free_port(), p1 = tu_free_port(), rc;
+	pid_t srv[2];
+
+	cluster_yaml(yaml, sizeof(yaml), p0, p1, 1, "sync", "");
+	ck_assert_int_eq(tu_write_temp(path_a, yaml), 0);
+	/* Same servers, one tensor shaped differently. */
+	char *pos = strstr(yaml, "[5]");
+	ck_assert_ptr_nonnull(pos);
+	memcpy(pos, "[6]", 3);
+	ck_assert_int_eq(tu_write_temp(path_b, yaml), 0);
+	ck_assert_int_eq(ps_config_load(&a, path_a, err, sizeof(err)), 0);
+	ck_assert_int_eq(ps_config_load(&b, path_b, err, sizeof(err)), 0);
+	srv[0] = tu_start_server(path_a, 0);
+	srv[1] = tu_start_server(path_a, 1);
+	/* Make sure the servers are up with the right config first. */
+	c = connect_retry(&a, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	ps_client_free(c);
+	c = NULL;
+	rc = ps_client_init(&c, &b, 0, err, sizeof(err));
+	ck_assert_int_eq(rc, PS_EREFUSED);
+	ck_assert_ptr_null(c);
+	ck_assert_ptr_nonnull(strstr(err, "shard map mismatch"));
+	ck_assert_int_eq(ps_shardmap_init(&ma, &a), 0);
+	ck_assert_int_eq(ps_shardmap_init(&mb, &b), 0);
+	snprintf(want, sizeof(want), "client has %016" PRIx64, mb.hash);
+	ck_assert_msg(strstr(err, want), "'%s' not in '%s'", want, err);
+	snprintf(want, sizeof(want), "has %016" PRIx64, ma.hash);
+	ck_assert_msg(strstr(err, want), "'%s' not in '%s'", want, err);
+	/* A rank outside the cluster is refused too. */
+	a.nworkers = 5;
+	rc = ps_client_init(&c, &a, 4, err, sizeof(err));
+	ck_assert_int_eq(rc, PS_EREFUSED);
+	ck_assert_ptr_nonnull(strstr(err, "rank 4"));
+	ps_shardmap_free(&ma);
+	ps_shardmap_free(&mb);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path_a);
+	unlink(path_b);
+}
+END_TEST
+
+Suite *cluster_suite(void)
+{
+	Suite *s = suite_create("cluster");
+	TCase *tc = tcase_create("processes");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_sync_exact_sum);
+	tcase_add_test(tc, test_ssp_staleness_bound);
+	tcase_add_test(tc, test_shard_map_mismatch_refused);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(cluster_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

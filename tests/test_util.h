@@ -1,0 +1,95 @@
+/* test_util.h - helpers shared by the tests: free ports, temporary config
+ * files, starting and stopping real ps-server processes. Header-only so each
+ * test stays one .c file. */
+#ifndef PS_TEST_UTIL_H
+#define PS_TEST_UTIL_H
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* A TCP port on 127.0.0.1 that was free a moment ago. */
+static inline int tu_free_port(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+		port = ntohs(sa.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+/* Writes text to a new temporary file; returns its path in path (64 bytes). */
+static inline int tu_write_temp(char *path, const char *text)
+{
+	int fd;
+	FILE *f;
+
+	strcpy(path, "/tmp/ps-test-XXXXXX.yaml");
+	fd = mkstemps(path, 5);
+	if (fd < 0 || !(f = fdopen(fd, "w")))
+		return -1;
+	fputs(text, f);
+	fclose(f);
+	return 0;
+}
+
+/* Starts bin/ps-server for shard; stderr goes to the test's stderr unless
+ * PS_TEST_QUIET is set. */
+static inline pid_t tu_start_server(const char *cfgpath, int shard)
+{
+	char s[16];
+	pid_t pid;
+
+	snprintf(s, sizeof(s), "%d", shard);
+	pid = fork();
+	if (pid == 0) {
+		execl("bin/ps-server", "ps-server", "--config", cfgpath, "--shard", s, "--log-level",
+		      getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "warn", (char *)NULL);
+		perror("exec bin/ps-server");
+		_exit(127);
+	}
+	return pid;
+}
+
+/* SIGTERM and wait; returns the exit status (or 128 + signal). */
+static inline int tu_stop_server(pid_t pid)
+{
+	int st = 0;
+
+	if (pid <= 0)
+		return -1;
+	kill(pid, SIGTERM);
+	if (waitpid(pid, &st, 0) != pid)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Waits for a child; returns its exit status (or 128 + signal). */
+static inline int tu_wait_child(pid_t pid)
+{
+	int st = 0;
+
+	if (waitpid(pid, &st, 0) != pid)
+		return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static inline void tu_sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+#endif

@@ -1,0 +1,637 @@
+/* ps_bench.c - push/pull throughput and latency against running shards,
+ * each figure also given as a ratio to a raw-TCP baseline of the same size
+ * measured in the same run (ping-pong for latency, one stream for
+ * throughput), since shared machines are noisy.
+ *
+ *   ps-bench --config F --op push|pull|pushpull --size BYTES --seconds S
+ *            [--inflight K] [--workers W] [--local] [--json]
+ */
+#include <arpa/inet.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "config.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "ps_log.h"
+
+enum op { OP_PUSH, OP_PULL, OP_PUSHPULL };
+
+struct opts {
+	const char *config;
+	enum op op;
+	uint64_t size;
+	double seconds;
+	int inflight;
+	int workers;
+	int local;
+	int json;
+	int baseline;
+};
+
+struct worker_res {
+	uint64_t ops;
+	double *lat;          /* seconds per op */
+	size_t nlat, cap;
+	int rc;
+	char err[512];
+};
+
+struct worker_arg {
+	const struct ps_config *cfg;
+	const struct opts *o;
+	int rank;
+	struct worker_res res;
+	pthread_barrier_t *start;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p)
+{
+	if (!n)
+		return NAN;
+	size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+	return v[i];
+}
+
+static void add_lat(struct worker_res *r, double s)
+{
+	if (r->nlat == r->cap) {
+		size_t cap = r->cap ? r->cap * 2 : 4096;
+		double *v = realloc(r->lat, cap * sizeof(*v));
+		if (!v)
+			return;
+		r->lat = v;
+		r->cap = cap;
+	}
+	r->lat[r->nlat++] = s;
+}
+
+/* ---- the parameter-server run ---- */
+
+struct slot {
+	int64_t push_id, pull_id;
+	double t0;
+	struct ps_tensor *pt;   /* pull destination, one buffer per tensor */
+};
+
+/* Tensors of the model, each backed by a fresh buffer. */
+static struct ps_tensor *tensors_new(const struct ps_config *cfg)
+{
+	struct ps_tensor *t = calloc((size_t)cfg->ntensors, sizeof(*t));
+
+	for (int i = 0; t && i < cfg->ntensors; i++) {
+		t[i].name = cfg->tensors[i].name;
+		t[i].count = cfg->tensors[i].count;
+		t[i].data = malloc((size_t)t[i].count * sizeof(float));
+		if (!t[i].data)
+			return NULL;
+		for (int64_t e = 0; e < t[i].count; e++)
+			t[i].data[e] = (float)((e % 7) - 3) * 1e-4f;
+	}
+	return t;
+}
+
+static void tensors_free(const struct ps_config *cfg, struct ps_tensor *t)
+{
+	for (int i = 0; t && i < cfg->ntensors; i++)
+		free(t[i].data);
+	free(t);
+}
+
+static void *worker_main(void *p)
+{
+	struct worker_arg *a = p;
+	const struct opts *o = a->o;
+	const struct ps_config *cfg = a->cfg;
+	struct worker_res *res = &a->res;
+	struct ps_client *c = NULL;
+	struct ps_tensor *grad = tensors_new(cfg);
+	struct slot *slots = calloc((size_t)o->inflight, sizeof(*slots));
+	int nt = cfg->ntensors, head = 0, nin = 0, rc = 0;
+	uint64_t clock = 0;
+	double end;
+
+	for (int k = 0; slots && k < o->inflight; k++)
+		if (!(slots[k].pt = tensors_new(cfg)))
+			rc = -ENOMEM;
+	if (!grad || !slots || rc) {
+		res->rc = -ENOMEM;
+		pthread_barrier_wait(a->start);
+		goto out_free;
+	}
+	/* Local servers may still be starting: retry for a few seconds. */
+	for (double t = now_s(); ; usleep(100000)) {
+		rc = ps_client_init(&c, cfg, a->rank, res->err, sizeof(res->err));
+		if (rc != -ECONNREFUSED || now_s() - t > 10 || !o->local)
+			break;
+	}
+	pthread_barrier_wait(a->start);
+	if (rc) {
+		res->rc = rc;
+		goto out_free;
+	}
+	end = now_s() + o->seconds;
+	/* Keep `inflight` operations outstanding; retire the oldest first. */
+	for (;;) {
+		int submit = now_s() < end;
+		if (nin == o->inflight || (!submit && nin > 0)) {
+			struct slot *s = &slots[head];
+			/* The pull is answered after the push is applied: waiting
+			 * for it first saves a wake-up. */
+			if (s->pull_id > 0 && (rc = ps_client_wait(c, s->pull_id)))
+				break;
+			if (s->push_id > 0 && (rc = ps_client_wait(c, s->push_id)))
+				break;
+			add_lat(res, now_s() - s->t0);
+			res->ops++;
+			s->push_id = s->pull_id = 0;
+			head = (head + 1) % o->inflight;
+			nin--;
+			continue;
+		}
+		if (!submit)
+			break;
+		struct slot *s = &slots[(head + nin) % o->inflight];
+		s->t0 = now_s();
+		if (o->op != OP_PULL) {
+			s->push_id = ps_client_push(c, clock, grad, nt, PS_PUSH_END_CLOCK);
+			if (s->push_id < 0) {
+				rc = (int)s->push_id;
+				break;
+			}
+			clock++;
+		}
+		if (o->op != OP_PUSH) {
+			uint64_t minv = o->op == OP_PUSHPULL && cfg->consistency == PS_SYNC ? clock : 0;
+			s->pull_id = ps_client_pull(c, minv, s->pt, nt);
+			if (s->pull_id < 0) {
+				rc = (int)s->pull_id;
+				break;
+			}
+		}
+		nin++;
+	}
+	if (rc) {
+		res->rc = rc;
+		snprintf(res->err, sizeof(res->err), "%s", ps_client_error(c));
+	}
+out_free:
+	ps_client_free(c);
+	for (int k = 0; slots && k < o->inflight; k++)
+		tensors_free(cfg, slots[k].pt);
+	free(slots);
+	tensors_free(cfg, grad);
+	return NULL;
+}
+
+/* ---- raw TCP baseline ---- */
+
+struct raw_srv {
+	int lfd;
+	uint64_t size;
+	int mode; /* 0 echo, 1 sink */
+};
+
+static int read_full(int fd, void *buf, size_t n)
+{
+	for (size_t got = 0; got < n;) {
+		ssize_t r = read(fd, (char *)buf + got, n - got);
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n)
+{
+	for (size_t put = 0; put < n;) {
+		ssize_t r = write(fd, (const char *)buf + put, n - put);
+		if (r <= 0)
+			return -1;
+		put += (size_t)r;
+	}
+	return 0;
+}
+
+static void *raw_server(void *p)
+{
+	struct raw_srv *s = p;
+	int fd = accept(s->lfd, NULL, NULL), one = 1;
+	char *buf = malloc(s->mode ? (1u << 20) : s->size);
+
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	if (s->mode == 0) {
+		while (buf && read_full(fd, buf, s->size) == 0 && write_full(fd, buf, s->size) == 0)
+			;
+	} else {
+		while (buf && read(fd, buf, 1u << 20) > 0)
+			;
+	}
+	free(buf);
+	close(fd);
+	return NULL;
+}
+
+/* Ping-pong (mode 0: p50/p99 seconds) or stream (mode 1: bytes/s). */
+static int raw_tcp(uint64_t size, int mode, double seconds, double *a, double *b)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sa);
+	struct raw_srv srv = { .size = size, .mode = mode };
+	pthread_t th;
+	int fd, one = 1, rc = -1;
+	char *buf = malloc(size);
+	struct worker_res lat = { 0 };
+
+	srv.lfd = socket(AF_INET, SOCK_STREAM, 0);
+	if (!buf || srv.lfd < 0 || bind(srv.lfd, (struct sockaddr *)&sa, sizeof(sa)) ||
+	    listen(srv.lfd, 1) || getsockname(srv.lfd, (struct sockaddr *)&sa, &sl))
+		goto out;
+	pthread_create(&th, NULL, raw_server, &srv);
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		close(fd);
+		goto out_join;
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	memset(buf, 1, size);
+	double t0 = now_s(), end = t0 + seconds, t;
+	uint64_t bytes = 0;
+	while ((t = now_s()) < end) {
+		if (write_full(fd, buf, size))
+			break;
+		if (mode == 0) {
+			if (read_full(fd, buf, size))
+				break;
+			add_lat(&lat, now_s() - t);
+		}
+		bytes += size;
+	}
+	double el = now_s() - t0;
+	shutdown(fd, SHUT_WR);
+	close(fd);
+	if (mode == 0) {
+		qsort(lat.lat, lat.nlat, sizeof(double), cmp_double);
+		*a = pct(lat.lat, lat.nlat, 0.5);
+		*b = pct(lat.lat, lat.nlat, 0.99);
+	} else {
+		*a = (double)bytes / el;
+	}
+	rc = 0;
+out_join:
+	pthread_join(th, NULL);
+out:
+	if (srv.lfd >= 0)
+		close(srv.lfd);
+	free(lat.lat);
+	free(buf);
+	return rc;
+}
+
+/* ---- local servers ---- */
+
+static pid_t *start_local(const struct ps_config *cfg, const char *self, char *cfgpath)
+{
+	char dir[1024], exe[1200];
+	ssize_t n = readlink("/proc/self/exe", dir, sizeof(dir) - 1);
+	pid_t *pids = calloc((size_t)cfg->nshards, sizeof(pid_t));
+	int fd;
+	FILE *f;
+
+	(void)self;
+	if (n <= 0 || !pids) {
+		free(pids);
+		return NULL;
+	}
+	dir[n] = 0;
+	*strrchr(dir, '/') = 0;
+	snprintf(exe, sizeof(exe), "%s/ps-server", dir);
+	strcpy(cfgpath, "/tmp/ps-bench-XXXXXX.yaml");
+	fd = mkstemps(cfgpath, 5);
+	if (fd < 0 || !(f = fdopen(fd, "w"))) {
+		free(pids);
+		return NULL;
+	}
+	ps_config_dump(cfg, f);
+	fclose(f);
+	for (int k = 0; k < cfg->nshards; k++) {
+		char shard[16];
+		snprintf(shard, sizeof(shard), "%d", k);
+		pids[k] = fork();
+		if (pids[k] == 0) {
+			execl(exe, exe, "--config", cfgpath, "--shard", shard, "--log-level", "warn",
+			      (char *)NULL);
+			fprintf(stderr, "ps-bench: cannot run %s\n", exe);
+			_exit(127);
+		}
+	}
+	return pids;
+}
+
+static void stop_local(const struct ps_config *cfg, pid_t *pids, const char *cfgpath)
+{
+	if (!pids)
+		return;
+	for (int k = 0; k < cfg->nshards; k++)
+		if (pids[k] > 0)
+			kill(pids[k], SIGTERM);
+	for (int k = 0; k < cfg->nshards; k++)
+		if (pids[k] > 0)
+			waitpid(pids[k], NULL, 0);
+	unlink(cfgpath);
+	free(pids);
+}
+
+/* ---- main ---- */
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"Usage: ps-bench --config FILE [options]\n"
+		"\n"
+		"Measures push/pull throughput and latency against the shards of FILE, and\n"
+		"a raw TCP baseline over loopback of the same size in the same run; each\n"
+		"figure is also printed as a ratio to its baseline.\n"
+		"\n"
+		"Options:\n"
+		"  -c, --config FILE    cluster configuration (YAML), required\n"
+		"  -o, --op OP          push, pull or pushpull (default pushpull)\n"
+		"  -s, --size BYTES     bytes per push or pull (K/M/G suffixes). The model\n"
+		"                       becomes one tensor 'bench' of that size: servers\n"
+		"                       not started with --local must run the config that\n"
+		"                       --dump-config prints with the same flags. Without\n"
+		"                       --size, the config's whole model is pushed/pulled.\n"
+		"  -t, --seconds S      duration of each measurement (default 3)\n"
+		"  -k, --inflight K     operations outstanding per worker (default 1)\n"
+		"  -w, --workers W      worker threads, one client each (default: the config's)\n"
+		"  -L, --local          start the config's shards here and stop them afterwards\n"
+		"  -j, --json           one JSON object instead of text\n"
+		"      --no-baseline    skip the raw TCP baseline\n"
+		"      --dump-config    print the derived configuration and exit\n"
+		"  -h, --help           this text\n");
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+	uint64_t mul = 1;
+
+	if (end == s || v < 0)
+		return -1;
+	if (*end == 'K' || *end == 'k')
+		mul = 1024, end++;
+	else if (*end == 'M' || *end == 'm')
+		mul = 1024 * 1024, end++;
+	else if (*end == 'G' || *end == 'g')
+		mul = 1024ull * 1024 * 1024, end++;
+	if (*end == 'i')
+		end++;
+	if (*end == 'B')
+		end++;
+	if (*end)
+		return -1;
+	*out = (uint64_t)(v * (double)mul);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lopts[] = {
+		{ "config", required_argument, NULL, 'c' }, { "op", required_argument, NULL, 'o' },
+		{ "size", required_argument, NULL, 's' }, { "seconds", required_argument, NULL, 't' },
+		{ "inflight", required_argument, NULL, 'k' }, { "workers", required_argument, NULL, 'w' },
+		{ "local", no_argument, NULL, 'L' }, { "json", no_argument, NULL, 'j' },
+		{ "no-baseline", no_argument, NULL, 'B' }, { "dump-config", no_argument, NULL, 'D' },
+		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+	};
+	struct opts o = { .op = OP_PUSHPULL, .size = 0, .seconds = 3, .inflight = 1,
+			  .baseline = 1 };
+	struct ps_config *cfg = malloc(sizeof(*cfg));
+	char err[1024], cfgpath[64] = "", *end;
+	int opt, dump = 0, rc = 1;
+	pid_t *pids = NULL;
+
+	if (!cfg)
+		return 1;
+	while ((opt = getopt_long(argc, argv, "c:o:s:t:k:w:Ljh", lopts, NULL)) != -1) {
+		switch (opt) {
+		case 'c': o.config = optarg; break;
+		case 'o':
+			if (!strcmp(optarg, "push")) o.op = OP_PUSH;
+			else if (!strcmp(optarg, "pull")) o.op = OP_PULL;
+			else if (!strcmp(optarg, "pushpull")) o.op = OP_PUSHPULL;
+			else {
+				fprintf(stderr, "ps-bench: --op: expected push, pull or pushpull, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 's':
+			if (parse_size(optarg, &o.size) || o.size < 4) {
+				fprintf(stderr, "ps-bench: --size: expected bytes >= 4 (e.g. 4096, 1M), got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 't':
+			o.seconds = strtod(optarg, &end);
+			if (*end || !(o.seconds > 0 && o.seconds <= 3600)) {
+				fprintf(stderr, "ps-bench: --seconds: expected 0 < S <= 3600, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'k':
+			o.inflight = (int)strtol(optarg, &end, 10);
+			if (*end || o.inflight < 1 || o.inflight > 1024) {
+				fprintf(stderr, "ps-bench: --inflight: expected 1..1024, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'w':
+			o.workers = (int)strtol(optarg, &end, 10);
+			if (*end || o.workers < 1 || o.workers > 256) {
+				fprintf(stderr, "ps-bench: --workers: expected 1..256, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'L': o.local = 1; break;
+		case 'j': o.json = 1; break;
+		case 'B': o.baseline = 0; break;
+		case 'D': dump = 1; break;
+		case 'h': usage(stdout); return 0;
+		default: fprintf(stderr, "Try 'ps-bench --help'.\n"); return 2;
+		}
+	}
+	if (!o.config) {
+		fprintf(stderr, "ps-bench: --config FILE is required\nTry 'ps-bench --help'.\n");
+		return 2;
+	}
+	if (ps_config_load(cfg, o.config, err, sizeof(err))) {
+		fprintf(stderr, "ps-bench: %s\n", err);
+		return 2;
+	}
+	/* --size: the bench model is one tensor of that many bytes; without
+	 * it, the config's own model is pushed and pulled whole. */
+	if (!o.size) {
+		for (int t = 0; t < cfg->ntensors; t++)
+			o.size += (uint64_t)cfg->tensors[t].count * sizeof(float);
+		goto model_ready;
+	}
+	memset(&cfg->tensors[0], 0, sizeof(cfg->tensors[0]));
+	snprintf(cfg->tensors[0].name, sizeof(cfg->tensors[0].name), "bench");
+	cfg->tensors[0].ndims = 1;
+	cfg->tensors[0].dims[0] = cfg->tensors[0].count = (int64_t)(o.size / 4);
+	o.size = o.size / 4 * 4;
+	cfg->tensors[0].init = PS_INIT_ZEROS;
+	cfg->ntensors = 1;
+model_ready:
+	if (o.workers)
+		cfg->nworkers = o.workers;
+	if (o.size + 65536 > cfg->limits.max_frame_bytes)
+		cfg->limits.max_frame_bytes = o.size + 65536;
+	if (dump) {
+		ps_config_dump(cfg, stdout);
+		return 0;
+	}
+	ps_log_init("bench", -1);
+	ps_log_set_level(PS_LOG_WARN);
+	signal(SIGPIPE, SIG_IGN);
+	if (o.local) {
+		pids = start_local(cfg, argv[0], cfgpath);
+		if (!pids) {
+			fprintf(stderr, "ps-bench: cannot start local servers\n");
+			return 1;
+		}
+	}
+
+	int nw = cfg->nworkers;
+	struct worker_arg *wa = calloc((size_t)nw, sizeof(*wa));
+	pthread_t *th = calloc((size_t)nw, sizeof(*th));
+	pthread_barrier_t start;
+	pthread_barrier_init(&start, NULL, (unsigned)nw);
+	double t0 = now_s();
+	for (int w = 0; w < nw; w++) {
+		wa[w].cfg = cfg;
+		wa[w].o = &o;
+		wa[w].rank = w;
+		wa[w].start = &start;
+		pthread_create(&th[w], NULL, worker_main, &wa[w]);
+	}
+	for (int w = 0; w < nw; w++)
+		pthread_join(th[w], NULL);
+	double elapsed = now_s() - t0;
+	(void)elapsed;
+
+	struct ps_shard_stats st = { 0 };
+	double apply_gbs = NAN;
+	/* Server-side apply rate, from shard 0's counters. */
+	{
+		struct ps_client *mon;
+		char e2[256];
+		if (ps_client_init(&mon, cfg, -1, e2, sizeof(e2)) == 0) {
+			if (ps_client_stats(mon, 0, &st) == 0 && st.apply_seconds > 0)
+				apply_gbs = (double)st.apply_bytes / st.apply_seconds / 1e9;
+			ps_client_free(mon);
+		}
+	}
+	stop_local(cfg, pids, cfgpath);
+
+	uint64_t ops = 0;
+	size_t nlat = 0;
+	for (int w = 0; w < nw; w++) {
+		if (wa[w].res.rc) {
+			fprintf(stderr, "ps-bench: worker %d: %s (%s)\n", w, wa[w].res.err,
+				ps_strerror(wa[w].res.rc));
+			goto out;
+		}
+		ops += wa[w].res.ops;
+		nlat += wa[w].res.nlat;
+	}
+	double *lat = malloc((nlat ? nlat : 1) * sizeof(double));
+	size_t li = 0;
+	for (int w = 0; w < nw; w++) {
+		memcpy(lat + li, wa[w].res.lat, wa[w].res.nlat * sizeof(double));
+		li += wa[w].res.nlat;
+	}
+	qsort(lat, nlat, sizeof(double), cmp_double);
+	double p50 = pct(lat, nlat, 0.5), p99 = pct(lat, nlat, 0.99);
+	double bytes_per_op = (double)o.size * (o.op == OP_PUSHPULL ? 2 : 1);
+	double gbs = (double)ops * bytes_per_op / o.seconds / 1e9;
+	double ops_s = (double)ops / o.seconds;
+	double raw_p50 = NAN, raw_p99 = NAN, raw_gbs = NAN;
+	if (o.baseline) {
+		double bw = NAN, dummy;
+		raw_tcp(o.size, 0, o.seconds < 2 ? o.seconds : 2, &raw_p50, &raw_p99);
+		raw_tcp(o.size, 1, o.seconds < 2 ? o.seconds : 2, &bw, &dummy);
+		raw_gbs = bw / 1e9 * (o.op == OP_PUSHPULL ? 1 : 1);
+	}
+	static const char *const opname[] = { "push", "pull", "pushpull" };
+	if (o.json) {
+		printf("{\"op\":\"%s\",\"size\":%" PRIu64 ",\"seconds\":%.3f,\"inflight\":%d,"
+		       "\"workers\":%d,\"shards\":%d,\"consistency\":\"%s\",\"optimizer\":\"%s\","
+		       "\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"gb_per_s\":%.4f,"
+		       "\"p50_us\":%.2f,\"p99_us\":%.2f,\"raw_p50_us\":%.2f,\"raw_p99_us\":%.2f,"
+		       "\"raw_gb_per_s\":%.4f,\"p50_ratio\":%.3f,\"gb_ratio\":%.3f,"
+		       "\"apply_gb_per_s\":%.3f}\n",
+		       opname[o.op], o.size, o.seconds, o.inflight, nw, cfg->nshards,
+		       cfg->consistency == PS_SYNC ? "sync" : "async", ps_optim_name(cfg->optim.kind),
+		       ops, ops_s, gbs, p50 * 1e6, p99 * 1e6, raw_p50 * 1e6, raw_p99 * 1e6, raw_gbs,
+		       p50 / raw_p50, gbs / raw_gbs, apply_gbs);
+	} else {
+		printf("ps-bench: %s, %" PRIu64 " bytes, %d worker(s), %d shard(s), inflight %d, %s, %s, %.1f s\n",
+		       opname[o.op], o.size, nw, cfg->nshards, o.inflight,
+		       cfg->consistency == PS_SYNC ? "sync" : "async", ps_optim_name(cfg->optim.kind),
+		       o.seconds);
+		if (o.baseline) {
+			printf("  throughput  %9.3f GB/s payload   raw TCP stream    %7.3f GB/s   ratio %.2f\n",
+			       gbs, raw_gbs, gbs / raw_gbs);
+			printf("  rate        %9.0f ops/s\n", ops_s);
+			printf("  latency p50 %9.1f us             raw TCP ping-pong %7.1f us   ratio %.2f\n",
+			       p50 * 1e6, raw_p50 * 1e6, p50 / raw_p50);
+			printf("  latency p99 %9.1f us             raw TCP ping-pong %7.1f us   ratio %.2f\n",
+			       p99 * 1e6, raw_p99 * 1e6, p99 / raw_p99);
+		} else {
+			printf("  throughput  %9.3f GB/s payload\n", gbs);
+			printf("  rate        %9.0f ops/s\n", ops_s);
+			printf("  latency p50 %9.1f us, p99 %.1f us\n", p50 * 1e6, p99 * 1e6);
+		}
+		if (!isnan(apply_gbs))
+			printf("  server apply %8.3f GB/s of gradient (%s, shard 0)\n", apply_gbs,
+			       ps_optim_name(cfg->optim.kind));
+	}
+	free(lat);
+	rc = 0;
+out:
+	for (int w = 0; w < nw; w++)
+		free(wa[w].res.lat);
+	free(wa);
+	free(th);
+	free(cfg);
+	pthread_barrier_destroy(&start);
+	return rc;
+}

@@ -1,0 +1,854 @@
+/* ps_client.c - requests, slicing and the client's I/O thread.
+ *
+ * The calling thread builds each request completely (slices grouped per
+ * shard, metadata packed, payload pieces pointing into the caller's tensors)
+ * and queues it; the I/O thread, woken by a uv_async_t, only hands frames to
+ * the transport and matches replies to requests by id. One mutex guards the
+ * request list and the client's state; completions broadcast one condvar.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "msg.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "shardmap.h"
+
+enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS };
+enum shard_state { SH_CONNECTING, SH_HELLO, SH_READY, SH_FAILED };
+
+struct part {               /* what one request sends to one shard */
+	uint8_t *meta;
+	uint32_t meta_len;
+	int niov;
+	struct ps_iov *iov;
+	int waiting;            /* reply still expected from this shard */
+};
+
+struct req {
+	int64_t id;
+	enum req_kind kind;
+	int pending;            /* shards still to answer */
+	int status;
+	int done;
+	int queued;             /* not yet handed to the I/O thread */
+	double deadline;
+	struct ps_tensor *t;    /* pull: the caller's tensors */
+	int n;
+	int *tidx;              /* pull: config tensor index of t[i] */
+	struct ps_shard_stats *stats;
+	struct req *next;
+	struct part parts[];    /* one per shard */
+};
+
+struct shard_conn {
+	struct ps_conn *conn;
+	enum shard_state state;
+	int status;
+	char why[400];
+};
+
+struct ps_client {
+	const struct ps_config *cfg;
+	struct ps_shardmap map;
+	int rank;
+	uint64_t clock;
+	uv_loop_t loop;
+	uv_async_t wake;
+	uv_timer_t tick;
+	pthread_t thread;
+	struct ps_transport *transport;
+	struct shard_conn *shards;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct req *reqs;       /* every request not yet waited for */
+	int64_t next_id;
+	int stopping;
+	int started;            /* init succeeded: losses are worth a log line */
+	int nready, nfailed;
+	char err[512];
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void set_err(struct ps_client *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static void set_err(struct ps_client *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	va_end(ap);
+}
+
+/* ---- request completion (I/O thread, c->mu held) ---- */
+
+static struct req *find_req(struct ps_client *c, int64_t id)
+{
+	for (struct req *r = c->reqs; r; r = r->next)
+		if (r->id == id)
+			return r;
+	return NULL;
+}
+
+/* Records one shard's answer; completes the request when it was the last. */
+static void part_done(struct ps_client *c, struct req *r, int shard, int status,
+		      const char *why)
+{
+	if (!r->parts[shard].waiting)
+		return;
+	r->parts[shard].waiting = 0;
+	if (status && !r->status) {
+		r->status = status;
+		if (why)
+			set_err(c, "%s", why);
+	}
+	if (--r->pending == 0) {
+		r->done = 1;
+		pthread_cond_broadcast(&c->cv);
+	}
+}
+
+/* Fails every request waiting on shard k. */
+static void fail_shard_reqs(struct ps_client *c, int k, int status, const char *why)
+{
+	for (struct req *r = c->reqs; r; r = r->next)
+		if (!r->queued)
+			part_done(c, r, k, status, why);
+}
+
+/* ---- replies ---- */
+
+static void on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m,
+			  const struct ps_frame *f)
+{
+	struct req *r = find_req(c, (int64_t)m->req_id);
+	int status = 0;
+	char why[300] = "";
+
+	if (!r || r->kind != REQ_PULL || !r->parts[k].waiting)
+		return; /* timed out or unknown: nothing to write */
+	for (size_t i = 0; i < m->n_slices; i++) {
+		const Ps__SliceRef *s = m->slices[i];
+		const struct ps_slice *sl = s->slice < c->map.nslices ? &c->map.slices[s->slice] : NULL;
+		int j;
+		if (!sl || sl->shard != k || s->length != (uint64_t)sl->count * sizeof(float) ||
+		    s->offset > f->hdr.payload_len || s->length > f->hdr.payload_len - s->offset) {
+			status = PS_EPROTO;
+			snprintf(why, sizeof(why), "shard %d sent a malformed pull reply (slice %u)", k,
+				 s->slice);
+			break;
+		}
+		for (j = 0; j < r->n && r->tidx[j] != sl->tensor; j++)
+			;
+		if (j == r->n)
+			continue;
+		memcpy(r->t[j].data + sl->offset, f->payload + s->offset, s->length);
+		if (s->version < r->t[j].version)
+			r->t[j].version = s->version;
+	}
+	part_done(c, r, k, status, why[0] ? why : NULL);
+}
+
+static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
+{
+	struct req *r = find_req(c, (int64_t)m->req_id);
+	struct ps_shard_stats *o;
+
+	if (!r || r->kind != REQ_STATS)
+		return;
+	o = r->stats;
+	memset(o, 0, sizeof(*o));
+	o->shard = m->shard;
+	o->uptime_s = m->uptime_s;
+	o->pushes = m->pushes;
+	o->pulls = m->pulls;
+	o->bytes_in = m->bytes_in;
+	o->bytes_out = m->bytes_out;
+	o->applies = m->applies;
+	o->apply_seconds = m->apply_seconds;
+	o->apply_bytes = m->apply_bytes;
+	o->errors = m->errors;
+	o->rejected_frames = m->rejected_frames;
+	o->connections = m->connections;
+	o->max_clock_gap = m->max_clock_gap;
+	o->param_checksum = m->param_checksum;
+	o->nworkers = (int)m->n_workers;
+	for (size_t i = 0; i < m->n_workers && i < 64; i++)
+		o->worker_clock[i] = m->workers[i]->clock;
+	part_done(c, r, k, 0, NULL);
+}
+
+static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
+{
+	struct shard_conn *sh = &c->shards[k];
+
+	if (sh->state != SH_HELLO)
+		return;
+	if (!m->ok) {
+		sh->state = SH_FAILED;
+		sh->status = PS_EREFUSED;
+		snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d) refused the handshake: %s", k,
+			 c->cfg->shards[k].host, c->cfg->shards[k].port, m->error);
+		c->nfailed++;
+	} else {
+		struct ps_wire_limits lim = {
+			.max_frame = c->cfg->limits.max_frame_bytes,
+			.max_meta = c->cfg->limits.max_meta_bytes,
+		};
+		sh->conn->t->ops->set_limits(sh->conn, &lim);
+		sh->state = SH_READY;
+		c->nready++;
+	}
+	pthread_cond_broadcast(&c->cv);
+}
+
+static void on_frame(struct ps_conn *pc, struct ps_frame *f)
+{
+	struct ps_client *c = pc->t->data;
+	int k = (int)(intptr_t)pc->data;
+	ProtobufCMessage *m;
+	char why[200];
+
+	m = ps_msg_unpack(f, why, sizeof(why));
+	if (!m) {
+		ps_warn("closing connection to shard %d: %s", k, why);
+		ps_frame_release(f);
+		pc->t->ops->close(pc, PS_EPROTO);
+		return;
+	}
+	pthread_mutex_lock(&c->mu);
+	switch (f->hdr.type) {
+	case PS_MSG_HELLO_REPLY:
+		on_hello_reply(c, k, (Ps__HelloReply *)m);
+		break;
+	case PS_MSG_PUSH_ACK: {
+		struct req *r = find_req(c, (int64_t)((Ps__PushAck *)m)->req_id);
+		if (r)
+			part_done(c, r, k, 0, NULL);
+		break;
+	}
+	case PS_MSG_PULL_REPLY:
+		on_pull_reply(c, k, (Ps__PullReply *)m, f);
+		break;
+	case PS_MSG_STATS:
+		on_stats_reply(c, k, (Ps__Stats *)m);
+		break;
+	case PS_MSG_ERROR: {
+		Ps__Error *e = (Ps__Error *)m;
+		struct req *r = find_req(c, (int64_t)e->req_id);
+		char text[600];
+		snprintf(text, sizeof(text), "shard %d: %s", k, e->message);
+		if (r)
+			part_done(c, r, k, e->code < 0 ? e->code : PS_EPROTO, text);
+		break;
+	}
+	default:
+		ps_warn("shard %d sent an unexpected %s frame", k, ps_wire_type_name(f->hdr.type));
+		break;
+	}
+	pthread_mutex_unlock(&c->mu);
+	protobuf_c_message_free_unpacked(m, NULL);
+	ps_frame_release(f);
+}
+
+static void on_connect(struct ps_conn *pc, int status)
+{
+	struct ps_client *c = pc->t->data;
+	int k = (int)(intptr_t)pc->data;
+	Ps__Hello h = PS__HELLO__INIT;
+
+	if (status < 0) {
+		pthread_mutex_lock(&c->mu);
+		snprintf(c->shards[k].why, sizeof(c->shards[k].why), "shard %d (%s:%d): connect: %s",
+			 k, c->cfg->shards[k].host, c->cfg->shards[k].port, uv_strerror(status));
+		pthread_mutex_unlock(&c->mu);
+		return; /* on_close follows */
+	}
+	h.protocol_version = PS_PROTOCOL_VERSION;
+	h.role = c->rank >= 0 ? PS__ROLE__ROLE_WORKER : PS__ROLE__ROLE_STAT;
+	h.rank = c->rank;
+	h.shard_map_hash = c->map.hash;
+	h.shard = k;
+	h.incarnation = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL);
+	pthread_mutex_lock(&c->mu);
+	c->shards[k].state = SH_HELLO;
+	pthread_mutex_unlock(&c->mu);
+	ps_msg_send(pc, PS_MSG_HELLO, &h.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+}
+
+static void on_close(struct ps_conn *pc, int status)
+{
+	struct ps_client *c = pc->t->data;
+	int k = (int)(intptr_t)pc->data;
+	struct shard_conn *sh = &c->shards[k];
+
+	pthread_mutex_lock(&c->mu);
+	if (sh->state != SH_FAILED) {
+		if (sh->state == SH_READY)
+			c->nready--;
+		sh->state = SH_FAILED;
+		c->nfailed++;
+		if (!sh->status)
+			sh->status = status ? status : PS_ECLOSED;
+		if (!sh->why[0])
+			snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d): connection lost: %s", k,
+				 c->cfg->shards[k].host, c->cfg->shards[k].port,
+				 ps_strerror(sh->status));
+		if (c->started && !c->stopping)
+			ps_warn("%s", sh->why);
+	}
+	sh->conn = NULL;
+	fail_shard_reqs(c, k, sh->status, sh->why);
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- I/O thread ---- */
+
+static void close_all(struct ps_client *c)
+{
+	uv_close((uv_handle_t *)&c->wake, NULL);
+	uv_close((uv_handle_t *)&c->tick, NULL);
+	c->transport->ops->destroy(c->transport);
+}
+
+/* Sends queued requests (and stops when asked). */
+static void on_wake(uv_async_t *a)
+{
+	struct ps_client *c = a->data;
+	int stopping;
+
+	pthread_mutex_lock(&c->mu);
+	stopping = c->stopping;
+	for (struct req *r = c->reqs; r; r = r->next) {
+		if (!r->queued)
+			continue;
+		r->queued = 0;
+		for (int k = 0; k < c->cfg->nshards; k++) {
+			struct part *p = &r->parts[k];
+			struct shard_conn *sh = &c->shards[k];
+			int rc;
+			if (!p->waiting)
+				continue;
+			if (sh->state != SH_READY) {
+				part_done(c, r, k, sh->status ? sh->status : PS_ECLOSED, sh->why);
+				continue;
+			}
+			unsigned type = r->kind == REQ_PUSH ? PS_MSG_PUSH
+				      : r->kind == REQ_PULL ? PS_MSG_PULL : PS_MSG_STATS_REQUEST;
+			rc = sh->conn->t->ops->send(sh->conn, (uint8_t)type, p->meta, p->meta_len,
+						    p->iov, p->niov, PS_SEND_STABLE, NULL, NULL);
+			if (rc)
+				part_done(c, r, k, rc, "send failed");
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (stopping)
+		close_all(c);
+}
+
+/* Fails requests past their deadline by closing the shards they wait on. */
+static void on_tick(uv_timer_t *t)
+{
+	struct ps_client *c = t->data;
+	double now = now_s();
+
+	pthread_mutex_lock(&c->mu);
+	for (struct req *r = c->reqs; r; r = r->next) {
+		if (r->queued || r->done || now < r->deadline)
+			continue;
+		for (int k = 0; k < c->cfg->nshards; k++) {
+			struct shard_conn *sh = &c->shards[k];
+			if (!r->parts[k].waiting || !sh->conn || sh->state == SH_FAILED)
+				continue;
+			sh->status = PS_ETIMEDOUT;
+			snprintf(sh->why, sizeof(sh->why),
+				 "shard %d (%s:%d): no answer within %d ms (limits.request_timeout_ms)",
+				 k, c->cfg->shards[k].host, c->cfg->shards[k].port,
+				 c->cfg->limits.request_timeout_ms);
+			sh->conn->t->ops->close(sh->conn, PS_ETIMEDOUT);
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+}
+
+static void *io_main(void *arg)
+{
+	struct ps_client *c = arg;
+
+	uv_run(&c->loop, UV_RUN_DEFAULT);
+	return NULL;
+}
+
+/* ---- requests (calling thread) ---- */
+
+static void req_free(struct ps_client *c, struct req *r)
+{
+	for (int k = 0; k < c->cfg->nshards; k++) {
+		free(r->parts[k].meta);
+		free(r->parts[k].iov);
+	}
+	free(r->tidx);
+	free(r);
+}
+
+static struct req *req_new(struct ps_client *c, enum req_kind kind)
+{
+	struct req *r = calloc(1, sizeof(*r) + (size_t)c->cfg->nshards * sizeof(r->parts[0]));
+
+	if (r)
+		r->kind = kind;
+	return r;
+}
+
+/* Queues r for the I/O thread and returns its id. */
+static int64_t submit(struct ps_client *c, struct req *r)
+{
+	int64_t id;
+
+	for (int k = 0; k < c->cfg->nshards; k++)
+		if (r->parts[k].waiting)
+			r->pending++;
+	pthread_mutex_lock(&c->mu);
+	if (c->stopping) {
+		pthread_mutex_unlock(&c->mu);
+		req_free(c, r);
+		return PS_ESTATE;
+	}
+	id = r->id;
+	r->deadline = now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
+	if (r->pending == 0) {
+		r->done = 1;
+	} else {
+		r->queued = 1;
+	}
+	r->next = c->reqs;
+	c->reqs = r;
+	pthread_mutex_unlock(&c->mu);
+	if (r->pending)
+		uv_async_send(&c->wake);
+	return id;
+}
+
+/* Packs msg into part p (of the shard it goes to). */
+static int pack_part(struct part *p, const ProtobufCMessage *msg)
+{
+	size_t len = protobuf_c_message_get_packed_size(msg);
+
+	p->meta = malloc(len ? len : 1);
+	if (!p->meta)
+		return -ENOMEM;
+	p->meta_len = (uint32_t)protobuf_c_message_pack(msg, p->meta);
+	p->waiting = 1;
+	return 0;
+}
+
+/* Checks the caller's tensors against the config; fills tidx. */
+static int resolve_tensors(struct ps_client *c, const struct ps_tensor *t, int n, int *tidx)
+{
+	for (int i = 0; i < n; i++) {
+		int ti = t[i].name ? ps_config_find_tensor(c->cfg, t[i].name) : PS_ENOTENSOR;
+		if (ti < 0) {
+			set_err(c, "unknown tensor '%s'", t[i].name ? t[i].name : "(null)");
+			return PS_ENOTENSOR;
+		}
+		if (t[i].count != c->cfg->tensors[ti].count || !t[i].data) {
+			set_err(c, "tensor '%s' has %" PRId64 " elements, the config says %" PRId64,
+				t[i].name, t[i].count, c->cfg->tensors[ti].count);
+			return PS_ESHAPE;
+		}
+		tidx[i] = ti;
+	}
+	return 0;
+}
+
+/* Slices per shard of the tensors tidx[0..n). */
+static void count_slices(struct ps_client *c, const int *tidx, int n, uint32_t *per_shard)
+{
+	memset(per_shard, 0, sizeof(*per_shard) * (size_t)c->cfg->nshards);
+	for (int i = 0; i < n; i++)
+		for (uint32_t s = c->map.tensor_first[tidx[i]]; s < c->map.tensor_first[tidx[i] + 1]; s++)
+			per_shard[c->map.slices[s].shard]++;
+}
+
+/* Ids are reserved before packing so the metadata is final when queued. */
+static int64_t reserve_id(struct ps_client *c)
+{
+	int64_t id;
+
+	pthread_mutex_lock(&c->mu);
+	id = ++c->next_id;
+	pthread_mutex_unlock(&c->mu);
+	return id;
+}
+
+int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t, int n,
+		       unsigned flags)
+{
+	int nsh = c->cfg->nshards, rc = -ENOMEM;
+	int *tidx = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+	uint32_t *cnt = malloc(sizeof(uint32_t) * (size_t)nsh);
+	Ps__SliceRef *refs = NULL, **ptrs = NULL;
+	struct req *r = req_new(c, REQ_PUSH);
+	uint32_t total = 0, base = 0;
+
+	if (!tidx || !cnt || !r)
+		goto err_free;
+	rc = resolve_tensors(c, t, n, tidx);
+	if (rc)
+		goto err_free;
+	rc = -ENOMEM;
+	count_slices(c, tidx, n, cnt);
+	for (int k = 0; k < nsh; k++)
+		total += cnt[k];
+	refs = calloc(total ? total : 1, sizeof(*refs));
+	ptrs = calloc(total ? total : 1, sizeof(*ptrs));
+	if (!refs || !ptrs)
+		goto err_free;
+	r->id = reserve_id(c);
+	for (int k = 0; k < nsh; k++) {
+		struct part *p = &r->parts[k];
+		Ps__Push m = PS__PUSH__INIT;
+		uint64_t off = 0;
+		if (!cnt[k] && !(flags & PS_PUSH_END_CLOCK))
+			continue;
+		p->iov = malloc(sizeof(*p->iov) * (cnt[k] ? cnt[k] : 1));
+		if (!p->iov)
+			goto err_free;
+		/* This shard's slices, in tensor then slice order. */
+		for (int i = 0; i < n; i++) {
+			for (uint32_t s = c->map.tensor_first[tidx[i]];
+			     s < c->map.tensor_first[tidx[i] + 1]; s++) {
+				const struct ps_slice *sl = &c->map.slices[s];
+				Ps__SliceRef *ref = &refs[base + (uint32_t)p->niov];
+				if (sl->shard != k)
+					continue;
+				ps__slice_ref__init(ref);
+				ref->slice = sl->id;
+				ref->offset = off;
+				ref->length = (uint64_t)sl->count * sizeof(float);
+				ptrs[base + (uint32_t)p->niov] = ref;
+				p->iov[p->niov].base = t[i].data + sl->offset;
+				p->iov[p->niov].len = ref->length;
+				p->niov++;
+				off += ref->length;
+			}
+		}
+		m.req_id = (uint64_t)r->id;
+		m.clock = clock;
+		m.end_clock = (flags & PS_PUSH_END_CLOCK) != 0;
+		m.n_slices = (size_t)p->niov;
+		m.slices = ptrs + base;
+		base += (uint32_t)p->niov;
+		if (pack_part(p, &m.base))
+			goto err_free;
+	}
+	if (flags & PS_PUSH_END_CLOCK) {
+		pthread_mutex_lock(&c->mu);
+		if (clock + 1 > c->clock)
+			c->clock = clock + 1;
+		pthread_mutex_unlock(&c->mu);
+	}
+	free(refs);
+	free(ptrs);
+	free(tidx);
+	free(cnt);
+	return submit(c, r);
+
+err_free:
+	free(refs);
+	free(ptrs);
+	free(tidx);
+	free(cnt);
+	if (r)
+		req_free(c, r);
+	return rc;
+}
+
+int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n)
+{
+	int nsh = c->cfg->nshards, rc = -ENOMEM;
+	uint32_t *cnt = malloc(sizeof(uint32_t) * (size_t)nsh);
+	uint32_t *ids = NULL;
+	struct req *r = req_new(c, REQ_PULL);
+	uint64_t clock;
+
+	if (!cnt || !r)
+		goto err_free;
+	r->tidx = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+	if (!r->tidx)
+		goto err_free;
+	rc = resolve_tensors(c, t, n, r->tidx);
+	if (rc)
+		goto err_free;
+	rc = -ENOMEM;
+	r->t = t;
+	r->n = n;
+	for (int i = 0; i < n; i++)
+		t[i].version = UINT64_MAX;
+	count_slices(c, r->tidx, n, cnt);
+	pthread_mutex_lock(&c->mu);
+	clock = c->clock;
+	pthread_mutex_unlock(&c->mu);
+	r->id = reserve_id(c);
+	for (int k = 0; k < nsh; k++) {
+		Ps__Pull m = PS__PULL__INIT;
+		uint32_t j = 0;
+		if (!cnt[k])
+			continue;
+		free(ids);
+		ids = malloc(sizeof(*ids) * cnt[k]);
+		if (!ids)
+			goto err_free;
+		for (int i = 0; i < n; i++)
+			for (uint32_t s = c->map.tensor_first[r->tidx[i]];
+			     s < c->map.tensor_first[r->tidx[i] + 1]; s++)
+				if (c->map.slices[s].shard == k)
+					ids[j++] = s;
+		m.req_id = (uint64_t)r->id;
+		m.min_version = min_version;
+		m.clock = clock;
+		m.n_slices = j;
+		m.slices = ids;
+		if (pack_part(&r->parts[k], &m.base))
+			goto err_free;
+	}
+	free(ids);
+	free(cnt);
+	return submit(c, r);
+
+err_free:
+	free(ids);
+	free(cnt);
+	if (r)
+		req_free(c, r);
+	return rc;
+}
+
+int ps_client_wait(struct ps_client *c, int64_t id)
+{
+	struct req **pp, *r;
+	int status;
+
+	pthread_mutex_lock(&c->mu);
+	for (pp = &c->reqs; (r = *pp) && r->id != id; pp = &r->next)
+		;
+	if (!r) {
+		set_err(c, "request %" PRId64 " is not pending on this client", id);
+		pthread_mutex_unlock(&c->mu);
+		return -EINVAL;
+	}
+	while (!r->done)
+		pthread_cond_wait(&c->cv, &c->mu);
+	/* The list may have changed while waiting: unlink by search again. */
+	for (pp = &c->reqs; *pp != r; pp = &(*pp)->next)
+		;
+	*pp = r->next;
+	status = r->status;
+	pthread_mutex_unlock(&c->mu);
+	req_free(c, r);
+	return status;
+}
+
+const char *ps_client_error(struct ps_client *c)
+{
+	return c->err;
+}
+
+uint64_t ps_client_clock(struct ps_client *c)
+{
+	uint64_t v;
+
+	pthread_mutex_lock(&c->mu);
+	v = c->clock;
+	pthread_mutex_unlock(&c->mu);
+	return v;
+}
+
+int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out)
+{
+	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
+	struct req *r;
+	int64_t id;
+
+	if (shard < 0 || shard >= c->cfg->nshards)
+		return -EINVAL;
+	r = req_new(c, REQ_STATS);
+	if (!r)
+		return -ENOMEM;
+	r->stats = out;
+	r->id = reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	if (pack_part(&r->parts[shard], &m.base)) {
+		req_free(c, r);
+		return -ENOMEM;
+	}
+	id = submit(c, r);
+	return id < 0 ? (int)id : ps_client_wait(c, id);
+}
+
+/* ---- life cycle ---- */
+
+int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
+		   size_t errlen)
+{
+	struct ps_transport_cbs cbs = { .on_connect = on_connect, .on_frame = on_frame,
+					.on_close = on_close };
+	struct ps_wire_limits hs = { .max_frame = PS_WIRE_HANDSHAKE_MAX,
+				     .max_meta = PS_WIRE_HANDSHAKE_MAX };
+	const struct ps_transport_ops *ops;
+	struct ps_client *c;
+	struct timespec until;
+	int rc;
+
+	*out = NULL;
+	if (rank >= cfg->nworkers) {
+		snprintf(err, errlen, "rank %d outside 0..%d (cluster.workers is %d)", rank,
+			 cfg->nworkers - 1, cfg->nworkers);
+		return -EINVAL;
+	}
+	ops = ps_transport_find(cfg->transport == PS_TRANSPORT_TCP ? "tcp" : "rdma");
+	if (!ops) {
+		snprintf(err, errlen, "transport not available in this build; use 'tcp'");
+		return PS_ENOTSUP;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->cfg = cfg;
+	c->rank = rank;
+	c->shards = calloc((size_t)cfg->nshards, sizeof(*c->shards));
+	if (!c->shards) {
+		free(c);
+		return -ENOMEM;
+	}
+	rc = ps_shardmap_init(&c->map, cfg);
+	if (rc) {
+		snprintf(err, errlen, "cannot build the shard map: %s", ps_strerror(rc));
+		goto err_free_client;
+	}
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	uv_loop_init(&c->loop);
+	uv_async_init(&c->loop, &c->wake, on_wake);
+	c->wake.data = c;
+	uv_timer_init(&c->loop, &c->tick);
+	c->tick.data = c;
+	uv_timer_start(&c->tick, on_tick, 100, 100);
+	rc = ops->create(&c->loop, &cbs, &hs, c, &c->transport);
+	if (rc) {
+		snprintf(err, errlen, "cannot create the transport: %s", ps_strerror(rc));
+		uv_close((uv_handle_t *)&c->wake, NULL);
+		uv_close((uv_handle_t *)&c->tick, NULL);
+		uv_run(&c->loop, UV_RUN_DEFAULT);
+		goto err_close_loop;
+	}
+	for (int k = 0; k < cfg->nshards; k++) {
+		rc = ops->connect(c->transport, cfg->shards[k].host, cfg->shards[k].port,
+				  (void *)(intptr_t)k, &c->shards[k].conn);
+		c->shards[k].state = SH_CONNECTING;
+		if (rc) {
+			c->shards[k].state = SH_FAILED;
+			c->shards[k].status = rc;
+			snprintf(c->shards[k].why, sizeof(c->shards[k].why), "shard %d (%s:%d): %s", k,
+				 cfg->shards[k].host, cfg->shards[k].port, ps_strerror(rc));
+			c->nfailed++;
+		}
+	}
+	if (pthread_create(&c->thread, NULL, io_main, c)) {
+		snprintf(err, errlen, "cannot start the I/O thread");
+		close_all(c);
+		uv_run(&c->loop, UV_RUN_DEFAULT);
+		rc = -EAGAIN;
+		goto err_close_loop;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += cfg->limits.connect_timeout_ms / 1000;
+	until.tv_nsec += (long)(cfg->limits.connect_timeout_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&c->mu);
+	while (c->nfailed == 0 && c->nready < cfg->nshards)
+		if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT)
+			break;
+	rc = 0;
+	if (c->nfailed) {
+		for (int k = 0; k < cfg->nshards; k++)
+			if (c->shards[k].state == SH_FAILED) {
+				snprintf(err, errlen, "%s", c->shards[k].why);
+				rc = c->shards[k].status ? c->shards[k].status : PS_ECLOSED;
+				break;
+			}
+	} else if (c->nready < cfg->nshards) {
+		for (int k = 0; k < cfg->nshards; k++)
+			if (c->shards[k].state != SH_READY) {
+				snprintf(err, errlen,
+					 "shard %d (%s:%d): no handshake within %d ms (limits.connect_timeout_ms)",
+					 k, cfg->shards[k].host, cfg->shards[k].port,
+					 cfg->limits.connect_timeout_ms);
+				break;
+			}
+		rc = PS_ETIMEDOUT;
+	}
+	c->started = rc == 0;
+	pthread_mutex_unlock(&c->mu);
+	if (rc) {
+		ps_client_free(c);
+		return rc;
+	}
+	*out = c;
+	return 0;
+
+err_close_loop:
+	uv_loop_close(&c->loop);
+	pthread_cond_destroy(&c->cv);
+	pthread_mutex_destroy(&c->mu);
+	ps_shardmap_free(&c->map);
+err_free_client:
+	free(c->shards);
+	free(c);
+	return rc;
+}
+
+void ps_client_free(struct ps_client *c)
+{
+	struct req *r;
+
+	if (!c)
+		return;
+	pthread_mutex_lock(&c->mu);
+	c->stopping = 1;
+	pthread_mutex_unlock(&c->mu);
+	uv_async_send(&c->wake);
+	pthread_join(c->thread, NULL);
+	uv_loop_close(&c->loop);
+	while ((r = c->reqs)) {
+		c->reqs = r->next;
+		req_free(c, r);
+	}
+	pthread_cond_destroy(&c->cv);
+	pthread_mutex_destroy(&c->mu);
+	ps_shardmap_free(&c->map);
+	free(c->shards);
+	free(c);
+}

@@ -1,0 +1,94 @@
+/* ps_client.h - the client API of the parameter server (libps.a).
+ *
+ * A client connects to every shard of a config as worker `rank` (or as a
+ * monitor, rank -1), cuts tensors into slices by the shard map and talks to
+ * all shards in parallel from its own I/O thread. Calls return at once with
+ * a request id; ps_client_wait(id) blocks until every shard involved has
+ * answered. Callable from any thread; the caller holds no locks.
+ *
+ *   struct ps_client *c;
+ *   char err[256];
+ *   if (ps_client_init(&c, cfg, rank, err, sizeof(err))) { puts(err); ... }
+ *   struct ps_tensor g = { .name = "fc1.weight", .data = grad, .count = n };
+ *   int64_t id = ps_client_push(c, clock, &g, 1, PS_PUSH_END_CLOCK);
+ *   ps_client_wait(c, id);                      // 0 or a negative PS_E* code
+ *   struct ps_tensor w = { .name = "fc1.weight", .data = weights, .count = n };
+ *   id = ps_client_pull(c, clock + 1, &w, 1);   // sync: version >= clock + 1
+ *   ps_client_wait(c, id);
+ *   ps_client_free(c);
+ *
+ * Memory: the tensor array and the data it points to must stay valid and,
+ * for pushes, unchanged until ps_client_wait returns for that id. Every id
+ * must be waited for exactly once.
+ */
+#ifndef PS_CLIENT_H
+#define PS_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "config.h"
+
+struct ps_client;
+
+struct ps_tensor {
+	const char *name;     /* a tensor of the config's model */
+	float *data;          /* count floats */
+	int64_t count;        /* must equal the tensor's element count */
+	uint64_t version;     /* pull: set to the lowest slice version received */
+};
+
+/* Push flags. */
+enum {
+	/* This push completes the worker's clock: shards advance its clock
+	 * (every shard is told, even those that get no slice of this push). */
+	PS_PUSH_END_CLOCK = 1u << 0,
+};
+
+/* Per-shard counters, as returned by ps_client_stats. */
+struct ps_shard_stats {
+	int shard;
+	double uptime_s;
+	uint64_t pushes, pulls, bytes_in, bytes_out, applies, errors, rejected_frames;
+	double apply_seconds;
+	uint64_t apply_bytes;
+	unsigned connections;
+	uint64_t max_clock_gap;
+	uint64_t param_checksum;
+	int nworkers;
+	uint64_t worker_clock[64]; /* the first 64 workers' finished clocks */
+};
+
+/* Connects to every shard and completes the handshakes (within
+ * limits.connect_timeout_ms). rank is the worker rank, or -1 for a monitor
+ * that only reads statistics. On failure returns a negative code and writes
+ * the reason (naming the shard and, for a refused handshake, both sides'
+ * values) into err. cfg must outlive the client. */
+int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
+		   size_t errlen);
+
+/* Closes every connection, fails requests still in flight, frees c. */
+void ps_client_free(struct ps_client *c);
+
+/* Pushes gradients for clock. Returns a request id (> 0) or a negative code
+ * (unknown tensor, wrong count, client failed). */
+int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t, int n,
+		       unsigned flags);
+
+/* Pulls weights into t[i].data. Sync: answered once every slice has version
+ * >= min_version (clocks applied). Async: answered once the slowest worker
+ * has finished the caller's clock minus the staleness. */
+int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n);
+
+/* Blocks until request id completes; returns 0 or its negative code. */
+int ps_client_wait(struct ps_client *c, int64_t id);
+
+/* Text of the last failure seen by ps_client_wait or a call on this client. */
+const char *ps_client_error(struct ps_client *c);
+
+/* Asks shard for its counters (blocking). */
+int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out);
+
+/* The clock this client sends with pulls (clocks finished by its pushes). */
+uint64_t ps_client_clock(struct ps_client *c);
+
+#endif

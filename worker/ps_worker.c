@@ -1,0 +1,423 @@
+/* ps_worker.c - ps-worker: trains the config's model through the shards.
+ *
+ *   ps-worker --config F --rank R [--epochs N] [--batch B] [--device cpu|cuda|auto]
+ *
+ * Per step: forward and backward on the compute backend; each layer's
+ * gradients are pushed as soon as backward produced them (the first layer's
+ * push ends the clock); the next weights are pulled (sync: the version after
+ * this clock; async: whatever the staleness bound allows) and uploaded.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "compute.h"
+#include "config.h"
+#include "dataset.h"
+#include "net.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "ps_log.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	g_stop = 1;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"Usage: ps-worker --config FILE --rank R [options]\n"
+		"\n"
+		"Trains the config's model on its part of the training data, pushing\n"
+		"gradients to and pulling weights from the config's shards.\n"
+		"\n"
+		"Options:\n"
+		"  -c, --config FILE    cluster configuration (YAML), required\n"
+		"  -r, --rank R         this worker's rank, 0..workers-1, required\n"
+		"  -e, --epochs N       epochs to train (default: train.epochs)\n"
+		"  -b, --batch B        examples per step (default: train.batch)\n"
+		"  -d, --device D       cpu, cuda or auto (default: train.device); auto uses\n"
+		"                       the GPU when there is one, else the CPU\n"
+		"  -l, --log-level L    debug, info, warn, error or off\n"
+		"  -h, --help           this text\n"
+		"\n"
+		"Progress goes to stderr: one updating line on a terminal, plain lines\n"
+		"otherwise. Each epoch appends a JSON line (loss, test accuracy, samples/s,\n"
+		"MB pushed) to train.metrics_dir/worker-R.jsonl.\n");
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+
+	if (!*s || *end || v < lo || v > hi)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+/* Picks and creates the backend; prints one line when falling back. */
+static int open_backend(int device, const struct ps_compute_ops **ops, struct ps_compute **c)
+{
+	char err[256] = "";
+	int rc;
+
+	if (device != PS_DEVICE_CPU) {
+		*ops = ps_compute_find("cuda");
+		rc = *ops ? (*ops)->create(c, err, sizeof(err)) : PS_ENOTSUP;
+		if (rc == 0)
+			return 0;
+		if (device == PS_DEVICE_CUDA) {
+			ps_error("device cuda requested but not usable: %s", err[0] ? err : ps_strerror(rc));
+			return rc;
+		}
+		ps_info("no usable GPU (%s); training on the CPU", err[0] ? err : ps_strerror(rc));
+	}
+	*ops = ps_compute_find("cpu");
+	rc = (*ops)->create(c, err, sizeof(err));
+	if (rc)
+		ps_error("cpu backend: %s", err);
+	return rc;
+}
+
+struct step_ctx {
+	struct ps_client *cli;
+	struct ps_net *net;
+	const struct ps_config *cfg;
+	uint64_t clock;
+	int first_param_tensor;       /* its push ends the clock */
+	int64_t ids[2 * PS_MAX_LAYERS];
+	int nids;
+	double bytes_pushed;
+};
+
+/* Called by backward as each layer's gradients land in host memory. */
+static int push_ready(void *arg, int wt, int bt)
+{
+	struct step_ctx *s = arg;
+	struct ps_tensor t[2] = {
+		{ s->cfg->tensors[wt].name, s->net->host_g[wt], s->cfg->tensors[wt].count, 0 },
+		{ s->cfg->tensors[bt].name, s->net->host_g[bt], s->cfg->tensors[bt].count, 0 },
+	};
+	unsigned flags = wt == s->first_param_tensor ? PS_PUSH_END_CLOCK : 0;
+	int64_t id = ps_client_push(s->cli, s->clock, t, 2, flags);
+
+	if (id < 0)
+		return (int)id;
+	s->ids[s->nids++] = id;
+	s->bytes_pushed += (double)(t[0].count + t[1].count) * sizeof(float);
+	return 0;
+}
+
+/* Pulls every tensor into host_w (min_version for sync) and uploads it. */
+static int pull_weights(struct ps_client *cli, struct ps_net *net, const struct ps_config *cfg,
+			uint64_t min_version, struct ps_tensor *t)
+{
+	for (int i = 0; i < cfg->ntensors; i++)
+		t[i] = (struct ps_tensor){ cfg->tensors[i].name, net->host_w[i], cfg->tensors[i].count, 0 };
+	int64_t id = ps_client_pull(cli, min_version, t, cfg->ntensors);
+	int rc = id < 0 ? (int)id : ps_client_wait(cli, id);
+	return rc ? rc : ps_net_upload_weights(net);
+}
+
+/* Test-set accuracy and mean loss with the weights on the backend. */
+static int evaluate(struct ps_net *net, const struct ps_dataset *test, float *x, int32_t *y,
+		    double *acc, double *loss)
+{
+	int correct_total = 0;
+	double loss_sum = 0;
+
+	for (int first = 0; first < test->n; first += net->batch) {
+		int count = test->n - first < net->batch ? test->n - first : net->batch;
+		float l;
+		int correct, rc;
+		ps_dataset_fill(test, first, count, x, y);
+		rc = ps_net_forward(net, x, y, count, &l, &correct);
+		if (rc)
+			return rc;
+		correct_total += correct;
+		loss_sum += (double)l * count;
+	}
+	*acc = (double)correct_total / test->n;
+	*loss = loss_sum / test->n;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' }, { "rank", required_argument, NULL, 'r' },
+		{ "epochs", required_argument, NULL, 'e' }, { "batch", required_argument, NULL, 'b' },
+		{ "device", required_argument, NULL, 'd' }, { "log-level", required_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+	};
+	const char *config = NULL, *level = NULL, *device = NULL;
+	int rank = -1, epochs = 0, batch = 0, opt, rc = 1;
+	struct ps_config *cfg = calloc(1, sizeof(*cfg));
+	char err[1024];
+
+	if (!cfg)
+		return 1;
+	while ((opt = getopt_long(argc, argv, "c:r:e:b:d:l:h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c': config = optarg; break;
+		case 'r':
+			if (parse_int(optarg, 0, 1 << 20, &rank)) {
+				fprintf(stderr, "ps-worker: --rank: expected a worker rank, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'e':
+			if (parse_int(optarg, 1, 100000, &epochs)) {
+				fprintf(stderr, "ps-worker: --epochs: expected 1..100000, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'b':
+			if (parse_int(optarg, 1, 65536, &batch)) {
+				fprintf(stderr, "ps-worker: --batch: expected 1..65536, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'd':
+			device = optarg;
+			if (strcmp(device, "cpu") && strcmp(device, "cuda") && strcmp(device, "auto")) {
+				fprintf(stderr, "ps-worker: --device: expected cpu, cuda or auto, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'l': level = optarg; break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			fprintf(stderr, "Try 'ps-worker --help'.\n");
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "ps-worker: unexpected argument '%s'\nTry 'ps-worker --help'.\n", argv[optind]);
+		return 2;
+	}
+	if (!config || rank < 0) {
+		fprintf(stderr, "ps-worker: --config FILE and --rank R are required\nTry 'ps-worker --help'.\n");
+		return 2;
+	}
+	if (ps_config_load(cfg, config, err, sizeof(err))) {
+		fprintf(stderr, "ps-worker: %s\n", err);
+		return 2;
+	}
+	if (rank >= cfg->nworkers) {
+		fprintf(stderr, "ps-worker: --rank %d: %s has workers 0..%d\n", rank, config, cfg->nworkers - 1);
+		return 2;
+	}
+	if (cfg->model.nlayers == 0) {
+		fprintf(stderr, "ps-worker: %s: the model has no layers; set model.preset (mlp, cnn) or model.layers\n", config);
+		return 2;
+	}
+	enum ps_log_level lvl;
+	if (ps_log_parse_level(level ? level : cfg->log_level, &lvl)) {
+		fprintf(stderr, "ps-worker: --log-level: expected debug, info, warn, error or off, got '%s'\n", level);
+		return 2;
+	}
+	ps_log_init("worker", rank);
+	ps_log_set_level(lvl);
+	if (epochs)
+		cfg->train.epochs = epochs;
+	if (batch)
+		cfg->train.batch = batch;
+	if (device)
+		cfg->train.device = !strcmp(device, "cpu") ? PS_DEVICE_CPU
+				    : !strcmp(device, "cuda") ? PS_DEVICE_CUDA : PS_DEVICE_AUTO;
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	signal(SIGPIPE, SIG_IGN);
+
+	const struct ps_compute_ops *ops;
+	struct ps_compute *comp = NULL;
+	struct ps_dataset train = { 0 }, test = { 0 };
+	struct ps_batcher bt = { 0 };
+	struct ps_net net = { 0 };
+	struct ps_client *cli = NULL;
+	struct ps_tensor *pt = calloc((size_t)cfg->ntensors, sizeof(*pt));
+	float *x = NULL;
+	int32_t *y = NULL;
+	FILE *metrics = NULL;
+	int classes = cfg->model.classes;
+
+	if (open_backend(cfg->train.device, &ops, &comp))
+		goto out;
+	if (ps_dataset_load_dir(&train, cfg->train.data_dir, "train", classes, err, sizeof(err)) ||
+	    ps_dataset_load_dir(&test, cfg->train.data_dir, "t10k", classes, err, sizeof(err))) {
+		ps_error("%s", err);
+		goto out;
+	}
+	if (train.rows * train.cols != cfg->model.input[0] * cfg->model.input[1] * cfg->model.input[2]) {
+		ps_error("%s: images are %dx%d, the model takes %dx%dx%d", cfg->train.data_dir,
+			 train.rows, train.cols, cfg->model.input[0], cfg->model.input[1],
+			 cfg->model.input[2]);
+		goto out;
+	}
+	if (ps_batcher_init(&bt, &train, rank, cfg->nworkers, cfg->train.batch,
+			    (long)cfg->train.train_limit, cfg->seed)) {
+		ps_error("cannot split the training set");
+		goto out;
+	}
+	/* Every worker takes the same number of steps, or a sync barrier would
+	 * wait for a worker that has finished its epoch. */
+	long used = cfg->train.train_limit > 0 && cfg->train.train_limit < train.n
+		    ? (long)cfg->train.train_limit : train.n;
+	int steps = (int)(used / cfg->nworkers / cfg->train.batch);
+	if (steps < 1) {
+		ps_error("%ld images over %d workers give no full batch of %d", used, cfg->nworkers,
+			 cfg->train.batch);
+		goto out;
+	}
+	if (ps_net_init(&net, cfg, ops, comp, cfg->train.batch, err, sizeof(err))) {
+		ps_error("%s", err);
+		goto out;
+	}
+	x = malloc((size_t)cfg->train.batch * train.rows * train.cols * sizeof(float));
+	y = malloc((size_t)cfg->train.batch * sizeof(int32_t));
+	if (!x || !y || !pt)
+		goto out;
+	if (cfg->train.metrics_dir[0]) {
+		char path[600];
+		mkdir(cfg->train.metrics_dir, 0755);
+		snprintf(path, sizeof(path), "%s/worker-%d.jsonl", cfg->train.metrics_dir, rank);
+		metrics = fopen(path, "a");
+		if (!metrics)
+			ps_warn("cannot write metrics to %s: %m", path);
+	}
+	for (double t0 = now_s();; sleep(1)) {
+		rc = ps_client_init(&cli, cfg, rank, err, sizeof(err));
+		if (rc == 0 || rc != -ECONNREFUSED || now_s() - t0 > cfg->limits.connect_timeout_ms / 1000.0 || g_stop)
+			break;
+	}
+	if (rc) {
+		ps_error("%s", err);
+		rc = 1;
+		goto out;
+	}
+	rc = 1;
+	ps_info("training %s (%d tensors) on %s: %d epoch(s) of %d steps, batch %d, %s",
+		cfg->model.preset[0] ? cfg->model.preset : "model", cfg->ntensors, ops->name,
+		cfg->train.epochs, steps, cfg->train.batch,
+		cfg->consistency == PS_SYNC ? "sync" : "async");
+	if (pull_weights(cli, &net, cfg, 0, pt)) {
+		ps_error("initial pull: %s", ps_client_error(cli));
+		goto out;
+	}
+
+	struct step_ctx sc = { .cli = cli, .net = &net, .cfg = cfg, .first_param_tensor = 0 };
+	int tty = isatty(STDERR_FILENO);
+	uint64_t clock = 0;
+	double t_start = now_s();
+	for (int e = 0; e < cfg->train.epochs && !g_stop; e++) {
+		double t_epoch = now_s(), last_print = 0, loss_sum = 0;
+		long seen = 0, correct_sum = 0;
+		ps_batcher_epoch(&bt, e);
+		for (int s = 0; s < steps && !g_stop; s++, clock++) {
+			float loss;
+			int correct, count = ps_batcher_next(&bt, x, y);
+			if (count < cfg->train.batch) {
+				ps_batcher_epoch(&bt, e); /* cannot happen with equal parts */
+				count = ps_batcher_next(&bt, x, y);
+			}
+			if (ps_net_forward(&net, x, y, count, &loss, &correct)) {
+				ps_error("forward: %s", comp->err);
+				goto out;
+			}
+			sc.clock = clock;
+			sc.nids = 0;
+			/* Workers' gradients are summed by the shards: scale by 1/W
+			 * so the update is the mean over the global batch. */
+			if (ps_net_backward(&net, count, 1.0f / (float)cfg->nworkers, push_ready, &sc)) {
+				ps_error("backward/push at step %d: %s %s", s, comp->err, ps_client_error(cli));
+				goto out;
+			}
+			for (int i = 0; i < sc.nids; i++)
+				if (ps_client_wait(cli, sc.ids[i])) {
+					ps_error("push at clock %llu: %s", (unsigned long long)clock,
+						 ps_client_error(cli));
+					goto out;
+				}
+			if (pull_weights(cli, &net, cfg, cfg->consistency == PS_SYNC ? clock + 1 : 0, pt)) {
+				ps_error("pull at clock %llu: %s", (unsigned long long)clock, ps_client_error(cli));
+				goto out;
+			}
+			loss_sum += loss * count;
+			correct_sum += correct;
+			seen += count;
+			double now = now_s();
+			if (now - last_print > (tty ? 0.25 : 10.0) || s == steps - 1) {
+				last_print = now;
+				fprintf(stderr, "%sepoch %d/%d  step %d/%d  loss %.4f  acc %.3f  %.0f samples/s  %.1f MB pushed%s",
+					tty ? "\r" : "", e + 1, cfg->train.epochs, s + 1, steps,
+					loss_sum / seen, (double)correct_sum / seen,
+					seen / (now - t_epoch), sc.bytes_pushed / 1e6, tty ? "\033[K" : "\n");
+			}
+		}
+		if (tty)
+			fputc('\n', stderr);
+		double elapsed = now_s() - t_epoch, acc = NAN, tloss = NAN;
+		if (rank == 0 && !g_stop) {
+			if (evaluate(&net, &test, x, y, &acc, &tloss)) {
+				ps_error("evaluation: %s", comp->err);
+				goto out;
+			}
+			ps_info("epoch %d: test accuracy %.4f, test loss %.4f (10000 images)", e + 1, acc, tloss);
+			printf("epoch %d test accuracy %.4f\n", e + 1, acc);
+			fflush(stdout);
+		}
+		if (metrics) {
+			fprintf(metrics,
+				"{\"rank\":%d,\"epoch\":%d,\"steps\":%d,\"time_s\":%.3f,\"train_loss\":%.6f,"
+				"\"train_accuracy\":%.6f,\"samples_per_s\":%.1f,\"mb_pushed\":%.3f,"
+				"\"device\":\"%s\",\"consistency\":\"%s\"",
+				rank, e + 1, steps, now_s() - t_start, seen ? loss_sum / seen : NAN,
+				seen ? (double)correct_sum / seen : NAN, seen / elapsed, sc.bytes_pushed / 1e6,
+				ops->name, cfg->consistency == PS_SYNC ? "sync" : "async");
+			if (!isnan(acc))
+				fprintf(metrics, ",\"test_accuracy\":%.6f,\"test_loss\":%.6f", acc, tloss);
+			fprintf(metrics, "}\n");
+			fflush(metrics);
+		}
+	}
+	rc = g_stop ? 130 : 0;
+	if (g_stop)
+		ps_info("stopped by signal");
+out:
+	if (metrics)
+		fclose(metrics);
+	ps_client_free(cli);
+	ps_net_free(&net);
+	if (comp)
+		ops->destroy(comp);
+	ps_batcher_free(&bt);
+	ps_dataset_free(&train);
+	ps_dataset_free(&test);
+	free(x);
+	free(y);
+	free(pt);
+	free(cfg);
+	return rc;
+}
