@@ -44,7 +44,8 @@ endif
 
 PROTO_C   := $(GEN)/ps.pb-c.c
 # libps.a: everything a client program needs (no BLAS, no CUDA).
-LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/layers.c \
+LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.c \
+             common/config_scalar.c common/layers.c \
              common/shardmap.c common/wire.c common/msg.c common/transport.c \
              common/transport_tcp.c worker/ps_client.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
@@ -61,7 +62,7 @@ UNIT_BINS := $(patsubst tests/%.c,$(OBJ)/tests/%,$(UNIT_SRCS))
 IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 
-PROGRAMS := bin/ps-server bin/ps-bench $(if $(wildcard worker/dataset.c common/compute_cpu.c),bin/ps-worker)
+PROGRAMS := bin/ps-server bin/ps-bench $(if $(and $(wildcard worker/dataset.c),$(wildcard common/compute_cpu.c)),bin/ps-worker)
 
 .PHONY: all test unit integration bench demo install clean deps
 .SECONDARY:

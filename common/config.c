@@ -17,61 +17,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <yaml.h>
 
 #include "config.h"
+#include "config_int.h"
 #include "ps_err.h"
-
-#define MAX_DEPTH 32            /* nesting levels accepted in a file */
-#define MAX_NODES 262144        /* YAML nodes accepted in a file */
-#define MAX_SCALAR 4096         /* bytes in one scalar */
-#define MAX_INPUT (16u << 20)   /* bytes in one file */
-#define KEY_MAX 160             /* a dotted key shown in messages */
-#define KiB ((uint64_t)1024)
-#define MiB (1024 * KiB)
-#define GiB (1024 * MiB)
-#define MAX_COUNT (1ll << 34)   /* elements in one tensor */
-
-/* ---- the option table ---------------------------------------------------- */
-
-enum opt_type {
-	T_INT,     /* int within [min, max] */
-	T_U64,     /* uint64_t, full range */
-	T_SIZE,    /* uint32_t/uint64_t bytes, suffixes K KiB M MiB G GiB */
-	T_FLOAT,   /* float, finite, within bounds (F_OPEN_* make them strict) */
-	T_BOOL,    /* int 0/1 */
-	T_ENUM,    /* enum stored as int: index into names */
-	T_ENUMSTR, /* char[]: one of names, canonical spelling */
-	T_ADDR,    /* char[]: "host:port", or empty for off */
-	T_SERVERS, /* list of host:port into cfg->shards/nshards */
-	T_TENSORS, /* list of mappings walked against tensor_opts */
-	T_NAME,    /* tensor name */
-	T_SHAPE,   /* tensor dims, ndims and count */
-};
-
-#define F_REQUIRED 1
-#define F_OPEN_MIN 2
-#define F_OPEN_MAX 4
-
-struct opt {
-	const char *key;          /* dotted path below the table's base mapping */
-	enum opt_type type;
-	unsigned flags;
-	double min, max;          /* value bounds, or entry counts for lists */
-	const char *def;          /* default as YAML text; NULL = zero */
-	const char *const *names; /* T_ENUM, T_ENUMSTR */
-	size_t off, size;         /* member in the base struct */
-	const char *help;
-};
-
-#define O(k, t, fl, lo, hi, d, nm, st, m, h) \
-	{ k, t, fl, lo, hi, d, nm, offsetof(st, m), sizeof(((st *)0)->m), h }
 
 static const char *const transport_names[] = { "tcp", "rdma", NULL };
 static const char *const consistency_names[] = { "sync", "async", NULL };
 static const char *const optim_names[] = { "sgd", "momentum", "adam", "adagrad", NULL };
 static const char *const init_names[] = { "zeros", "const", "uniform", "normal", "arange", NULL };
 static const char *const level_names[] = { "debug", "info", "warn", "error", "off", NULL };
+static const char *const preset_names[] = { "none", "mlp", "cnn", NULL };
+static const char *const device_names[] = { "auto", "cpu", "cuda", NULL };
+/* in enum ps_layer_kind order */
+static const char *const layer_names[] = { "dense", "conv2d", "maxpool", "relu", "flatten", NULL };
 
 #define C struct ps_config
 static const struct opt cfg_opts[] = {
@@ -89,8 +48,16 @@ static const struct opt cfg_opts[] = {
 	  "seed of tensor initialization; the same seed gives the same initial model"),
 	O("slice_bytes", T_SIZE, 0, 64, GiB, "1MiB", NULL, C, slice_bytes,
 	  "tensors are cut into slices of at most this size, spread over the shards; multiple of 4"),
-	O("model.tensors", T_TENSORS, F_REQUIRED, 1, PS_MAX_TENSORS, NULL, NULL, C, tensors,
-	  "the parameter tensors of the model, see model.tensors[].* below"),
+	O("model.preset", T_ENUMSTR, 0, 0, 0, "none", preset_names, C, model.preset,
+	  "a built-in model: mlp (784-256-128-10) or cnn (2 conv 5x5 + pool, dense 256, 10)"),
+	O("model.layers", T_LAYERS, 0, 1, PS_MAX_LAYERS, NULL, NULL, C, model.layers,
+	  "the model as a list of layers, see model.layers[].* below (instead of a preset)"),
+	O("model.input", T_DIMS3, 0, 0, 0, NULL, NULL, C, model.input,
+	  "shape of one example [channels, height, width]; default [1, 28, 28]"),
+	O("model.classes", T_INT, 0, 2, 100000, "10", NULL, C, model.classes,
+	  "outputs of the last layer (labels 0..classes-1)"),
+	O("model.tensors", T_TENSORS, 0, 1, PS_MAX_TENSORS, NULL, NULL, C, tensors,
+	  "raw parameter tensors without layers (for ps-bench and tests), see model.tensors[].*"),
 	O("optimizer.name", T_ENUM, 0, 0, 0, "sgd", optim_names, C, optim.kind,
 	  "update rule applied by the shards"),
 	O("optimizer.lr", T_FLOAT, F_OPEN_MIN, 0, 1e6, "0.01", NULL, C, optim.lr, "learning rate"),
@@ -122,6 +89,18 @@ static const struct opt cfg_opts[] = {
 	  "sync: a push may be at most this many clocks ahead of the shard"),
 	O("limits.max_connections", T_INT, 0, 1, 1000000, "1024", NULL, C,
 	  limits.max_connections, "connections accepted per shard"),
+	O("train.data_dir", T_PATH, 0, 0, 0, "/usr/share/datasets/fashion-mnist", NULL, C,
+	  train.data_dir, "folder of the IDX files train-{images,labels}-* and t10k-* (gzip or plain)"),
+	O("train.batch", T_INT, 0, 1, 65536, "64", NULL, C, train.batch,
+	  "examples per step on each worker"),
+	O("train.epochs", T_INT, 0, 1, 1000000, "1", NULL, C, train.epochs,
+	  "passes over each worker's part of the training set"),
+	O("train.limit", T_INT, 0, 0, 1e9, "0", NULL, C, train.train_limit,
+	  "use only the first N training images (0 = all), split among the workers"),
+	O("train.device", T_ENUM, 0, 0, 0, "auto", device_names, C, train.device,
+	  "auto: the GPU when there is a usable one, else the CPU; cuda: fail without a GPU"),
+	O("train.metrics_dir", T_PATH, 0, 0, 0, "metrics", NULL, C, train.metrics_dir,
+	  "folder for worker-R.jsonl metrics logs (created if missing); \"\" = none"),
 	O("stats.http", T_ADDR, 0, 0, 0, "", NULL, C, stats.http,
 	  "host:port serving Prometheus /metrics; empty = off"),
 	O("log.level", T_ENUMSTR, 0, 0, 0, "info", level_names, C, log_level,
@@ -152,525 +131,32 @@ static const struct opt tensor_opts[NTENSOR] = {
 };
 #undef T
 
-/* ---- the YAML tree ----------------------------------------------------- */
-
-enum { YN_SCALAR, YN_SEQ, YN_MAP };
-
-struct ynode {
-	int kind, line, plain;     /* plain: scalar written without quotes */
-	char *text;                /* scalar, NUL-terminated */
-	size_t len;
-	struct ynode **kids;       /* seq items; map keys and values alternate */
-	size_t nkids, cap;
+/* One model.layers entry; which keys apply depends on type. */
+enum { LO_TYPE, LO_OUT, LO_KERNEL, LO_PAD, LO_STRIDE, LO_SIZE, NLAYER };
+#define L struct ps_layer_cfg
+static const struct opt layer_opts[NLAYER] = {
+	O("type", T_ENUM, F_REQUIRED, 0, 0, NULL, layer_names, L, kind,
+	  "dense, conv2d, maxpool, relu or flatten (a bare name also works: '- relu')"),
+	O("out", T_INT, 0, 1, 1 << 20, NULL, NULL, L, out, "dense: outputs; conv2d: filters"),
+	O("kernel", T_INT, 0, 1, 64, NULL, NULL, L, kernel, "conv2d: square kernel size"),
+	O("pad", T_INT, 0, 0, 64, "0", NULL, L, pad, "conv2d: zero padding on each side"),
+	O("stride", T_INT, 0, 1, 64, "1", NULL, L, stride, "conv2d: stride"),
+	O("size", T_INT, 0, 1, 64, "2", NULL, L, size, "maxpool: window and stride"),
 };
-
-/* Everything a load needs to report errors; name is the file or given name. */
-struct ctx {
-	const char *name;
-	char *err;
-	size_t errlen;
-	size_t nnodes;
-	int name_line[PS_MAX_TENSORS]; /* line of each tensor's name, for duplicates */
+#undef L
+/* Keys each layer kind takes (bit i = layer_opts[i]); 'out'/'kernel' required where used. */
+static const unsigned layer_keys[] = {
+	[PS_LAYER_DENSE] = 1u << LO_OUT,
+	[PS_LAYER_CONV2D] = 1u << LO_OUT | 1u << LO_KERNEL | 1u << LO_PAD | 1u << LO_STRIDE,
+	[PS_LAYER_MAXPOOL] = 1u << LO_SIZE,
+	[PS_LAYER_RELU] = 0,
+	[PS_LAYER_FLATTEN] = 0,
 };
-
-static int fail(struct ctx *c, int line, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-/* Writes "NAME:LINE: message" into the caller's buffer; returns PS_ECONFIG. */
-static int fail(struct ctx *c, int line, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	if (!c->err || !c->errlen)
-		return PS_ECONFIG;
-	n = line > 0 ? snprintf(c->err, c->errlen, "%s:%d: ", c->name, line)
-		     : snprintf(c->err, c->errlen, "%s: ", c->name);
-	if (n >= 0 && (size_t)n < c->errlen) {
-		va_start(ap, fmt);
-		vsnprintf(c->err + n, c->errlen - n, fmt, ap);
-		va_end(ap);
-	}
-	return PS_ECONFIG;
-}
-
-/* Copies text for a message: control bytes become '?', long text is cut. */
-static const char *show(const char *s, char *buf, size_t len)
-{
-	size_t i;
-
-	for (i = 0; s[i] && i + 4 < len && i < 60; i++)
-		buf[i] = ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) ? '?' : s[i];
-	buf[i] = 0;
-	if (s[i])
-		strcpy(buf + i, "...");
-	return buf;
-}
-
-/* How a node looks in a message: "a list", "a mapping" or the quoted text. */
-static const char *what(const struct ynode *n, char *buf, size_t len)
-{
-	char tmp[80];
-
-	if (n->kind == YN_SEQ)
-		return "a list";
-	if (n->kind == YN_MAP)
-		return "a mapping";
-	snprintf(buf, len, "'%s'", show(n->text, tmp, sizeof(tmp)));
-	return buf;
-}
-
-static void node_free(struct ynode *n)
-{
-	if (!n)
-		return;
-	for (size_t i = 0; i < n->nkids; i++)
-		node_free(n->kids[i]);
-	free(n->kids);
-	free(n->text);
-	free(n);
-}
-
-/* Creates a node and hangs it below the innermost open collection (or makes
- * it the root), so that freeing the root always frees every node. */
-static int node_attach(struct ctx *c, struct ynode **stack, int depth, struct ynode **root,
-		       int kind, int line, struct ynode **out)
-{
-	struct ynode *n, *p, **kids;
-
-	if (++c->nnodes > MAX_NODES)
-		return fail(c, line, "more than %d YAML nodes; not a configuration file", MAX_NODES);
-	n = calloc(1, sizeof(*n));
-	if (!n)
-		goto err_nomem;
-	n->kind = kind;
-	n->line = line;
-	if (depth == 0) {
-		*root = n;
-	} else {
-		p = stack[depth - 1];
-		if (p->nkids == p->cap) {
-			kids = realloc(p->kids, (p->cap ? 2 * p->cap : 4) * sizeof(*kids));
-			if (!kids)
-				goto err_free_node;
-			p->kids = kids;
-			p->cap = p->cap ? 2 * p->cap : 4;
-		}
-		p->kids[p->nkids++] = n;
-	}
-	*out = n;
-	return 0;
-
-err_free_node:
-	free(n);
-err_nomem:
-	fail(c, line, "out of memory");
-	return -ENOMEM;
-}
-
-/* Reports libyaml's own error: where the problem is, and what it is. */
-static int syntax_error(struct ctx *c, const yaml_parser_t *p)
-{
-	const char *problem = p->problem ? p->problem : "unknown problem";
-
-	if (p->error == YAML_MEMORY_ERROR) {
-		fail(c, 0, "out of memory");
-		return -ENOMEM;
-	}
-	if (p->error == YAML_READER_ERROR)
-		return fail(c, 0, "invalid input at byte %zu: %s", p->problem_offset, problem);
-	if (p->context)
-		return fail(c, (int)p->problem_mark.line + 1, "YAML syntax error: %s (%s at line %d)",
-			    problem, p->context, (int)p->context_mark.line + 1);
-	return fail(c, (int)p->problem_mark.line + 1, "YAML syntax error: %s", problem);
-}
-
-/* Parses one YAML document from buf into a tree; *rootp is NULL for an
- * empty stream. */
-static int build_tree(struct ctx *c, const char *buf, size_t len, struct ynode **rootp)
-{
-	yaml_parser_t p;
-	yaml_event_t ev;
-	struct ynode *stack[MAX_DEPTH], *root = NULL, *n;
-	int depth = 0, ndocs = 0, done = 0, rc = 0, line;
-
-	if (!yaml_parser_initialize(&p)) {
-		fail(c, 0, "out of memory");
-		return -ENOMEM;
-	}
-	yaml_parser_set_input_string(&p, (const unsigned char *)buf, len);
-	while (!done && !rc) {
-		if (!yaml_parser_parse(&p, &ev)) {
-			rc = syntax_error(c, &p);
-			goto err_free_tree;
-		}
-		line = (int)ev.start_mark.line + 1;
-		switch (ev.type) {
-		case YAML_DOCUMENT_START_EVENT:
-			if (++ndocs > 1)
-				rc = fail(c, line, "more than one YAML document; "
-					  "put the whole configuration in one");
-			break;
-		case YAML_ALIAS_EVENT:
-			rc = fail(c, line, "YAML aliases (*%s) are not supported; write the value out",
-				  (const char *)ev.data.alias.anchor);
-			break;
-		case YAML_SCALAR_EVENT:
-			if (ev.data.scalar.length > MAX_SCALAR) {
-				rc = fail(c, line, "scalar of %zu bytes is longer than the limit of %d",
-					  ev.data.scalar.length, MAX_SCALAR);
-				break;
-			}
-			if (memchr(ev.data.scalar.value, 0, ev.data.scalar.length)) {
-				rc = fail(c, line, "NUL character in a scalar");
-				break;
-			}
-			rc = node_attach(c, stack, depth, &root, YN_SCALAR, line, &n);
-			if (rc)
-				break;
-			n->plain = ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
-			n->len = ev.data.scalar.length;
-			n->text = malloc(n->len + 1);
-			if (!n->text) {
-				rc = -ENOMEM;
-				fail(c, line, "out of memory");
-				break;
-			}
-			memcpy(n->text, ev.data.scalar.value, n->len);
-			n->text[n->len] = 0;
-			break;
-		case YAML_SEQUENCE_START_EVENT:
-		case YAML_MAPPING_START_EVENT:
-			if (depth >= MAX_DEPTH) {
-				rc = fail(c, line, "nesting deeper than %d levels", MAX_DEPTH);
-				break;
-			}
-			rc = node_attach(c, stack, depth, &root,
-					 ev.type == YAML_SEQUENCE_START_EVENT ? YN_SEQ : YN_MAP, line, &n);
-			if (!rc)
-				stack[depth++] = n;
-			break;
-		case YAML_SEQUENCE_END_EVENT:
-		case YAML_MAPPING_END_EVENT:
-			depth--;
-			break;
-		case YAML_STREAM_END_EVENT:
-			done = 1;
-			break;
-		default:
-			break;
-		}
-		yaml_event_delete(&ev);
-	}
-	if (rc)
-		goto err_free_tree;
-	yaml_parser_delete(&p);
-	*rootp = root;
-	return 0;
-
-err_free_tree:
-	node_free(root);
-	yaml_parser_delete(&p);
-	return rc;
-}
-
-/* ---- scalar parsing --------------------------------------------------- */
-
-/* Decimal integer, optional sign, the whole text, no overflow. */
-static int parse_i64(const char *s, int64_t *out)
-{
-	const char *d = (*s == '-' || *s == '+') ? s + 1 : s;
-	char *end;
-	long long v;
-
-	if (!isdigit((unsigned char)*d))
-		return -1;
-	errno = 0;
-	v = strtoll(s, &end, 10);
-	if (errno || *end)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* Unsigned decimal prefix; *end points past the digits. */
-static int parse_u64_prefix(const char *s, uint64_t *out, char **end)
-{
-	const char *d = *s == '+' ? s + 1 : s;
-
-	if (!isdigit((unsigned char)*d))
-		return -1;
-	errno = 0;
-	*out = strtoull(d, end, 10);
-	return errno ? -1 : 0;
-}
-
-/* Bytes: an integer with an optional K/KiB/M/MiB/G/GiB suffix (x1024^n). */
-static int parse_size(const char *s, uint64_t *out)
-{
-	static const struct { const char *sfx; uint64_t mul; } sfx[] = {
-		{ "", 1 }, { "K", KiB }, { "KiB", KiB }, { "M", MiB }, { "MiB", MiB },
-		{ "G", GiB }, { "GiB", GiB },
-	};
-	uint64_t v;
-	char *end;
-
-	if (parse_u64_prefix(s, &v, &end))
-		return -1;
-	while (*end == ' ')
-		end++;
-	for (size_t i = 0; i < sizeof(sfx) / sizeof(sfx[0]); i++) {
-		if (strcmp(end, sfx[i].sfx) == 0) {
-			if (v > UINT64_MAX / sfx[i].mul)
-				return -1;
-			*out = v * sfx[i].mul;
-			return 0;
-		}
-	}
-	return -1;
-}
-
-/* A finite number, the whole text. */
-static int parse_double(const char *s, double *out)
-{
-	char *end;
-
-	if (!*s || isspace((unsigned char)*s))
-		return -1;
-	errno = 0;
-	*out = strtod(s, &end);
-	if (*end || errno == ERANGE || !isfinite(*out))
-		return -1;
-	return 0;
-}
-
-/* Writes a size with the largest exact binary suffix ("64MiB", "1000"). */
-static const char *fmt_size(uint64_t v, char *buf, size_t len)
-{
-	if (v && v % GiB == 0)
-		snprintf(buf, len, "%" PRIu64 "GiB", v / GiB);
-	else if (v && v % MiB == 0)
-		snprintf(buf, len, "%" PRIu64 "MiB", v / MiB);
-	else if (v && v % KiB == 0)
-		snprintf(buf, len, "%" PRIu64 "KiB", v / KiB);
-	else
-		snprintf(buf, len, "%" PRIu64, v);
-	return buf;
-}
-
-/* Shortest text that parses back to exactly f. */
-static const char *fmt_float(float f, char *buf, size_t len)
-{
-	for (int prec = 6; prec <= 9; prec++) {
-		snprintf(buf, len, "%.*g", prec, (double)f);
-		if ((float)strtod(buf, NULL) == f)
-			break;
-	}
-	return buf;
-}
-
-/* Parses "host:port", "[v6]:port"; on failure *why says what is wrong. */
-static int parse_endpoint(const char *s, struct ps_endpoint *ep, const char **why)
-{
-	const char *host = s, *port, *p;
-	size_t hlen;
-	int64_t v;
-	int dotted = 1;
-	unsigned char tmp[16];
-
-	if (*s == '[') {
-		p = strchr(s, ']');
-		if (!p)
-			return *why = "missing ']'", -1;
-		host = s + 1;
-		hlen = p - host;
-		if (p[1] != ':')
-			return *why = p[1] ? "expected ':' after ']'" : "missing port", -1;
-		port = p + 2;
-	} else {
-		p = strrchr(s, ':');
-		if (!p)
-			return *why = "missing port", -1;
-		if (memchr(s, ':', p - s))
-			return *why = "write IPv6 addresses in brackets, e.g. [::1]:7000", -1;
-		hlen = p - s;
-		port = p + 1;
-	}
-	if (hlen == 0)
-		return *why = "empty host", -1;
-	if (hlen >= PS_HOST_MAX)
-		return *why = "host too long", -1;
-	memcpy(ep->host, host, hlen);
-	ep->host[hlen] = 0;
-	if (*s == '[') {
-		if (inet_pton(AF_INET6, ep->host, tmp) != 1)
-			return *why = "not an IPv6 address", -1;
-	} else {
-		for (size_t i = 0; i < hlen; i++) {
-			if (!isalnum((unsigned char)host[i]) && !strchr(".-_", host[i]))
-				return *why = "invalid character in host", -1;
-			if (!isdigit((unsigned char)host[i]) && host[i] != '.')
-				dotted = 0;
-		}
-		if (dotted && inet_pton(AF_INET, ep->host, tmp) != 1)
-			return *why = "not an IPv4 address", -1;
-	}
-	if (!*port)
-		return *why = "missing port", -1;
-	for (p = port; *p; p++)
-		if (!isdigit((unsigned char)*p))
-			return *why = "port is not a number", -1;
-	if (p - port > 5 || parse_i64(port, &v) || v < 1 || v > 65535)
-		return *why = "port out of 1..65535", -1;
-	ep->port = (int)v;
-	return 0;
-}
-
-/* "host:port" as written back: IPv6 hosts (they contain ':') in brackets. */
-static void fmt_endpoint(const struct ps_endpoint *ep, char *buf, size_t len)
-{
-	snprintf(buf, len, strchr(ep->host, ':') ? "[%s]:%d" : "%s:%d", ep->host, ep->port);
-}
-
-/* What an option accepts, as used in errors and --help. */
-static const char *describe(const struct opt *o, char *buf, size_t len)
-{
-	char a[32], b[32];
-	size_t n;
-
-	switch (o->type) {
-	case T_INT:
-		snprintf(buf, len, "an integer in %.0f..%.0f", o->min, o->max);
-		break;
-	case T_U64:
-		snprintf(buf, len, "an integer in 0..%" PRIu64, UINT64_MAX);
-		break;
-	case T_SIZE:
-		snprintf(buf, len, "a size in %s..%s bytes (suffix K, KiB, M, MiB, G, GiB allowed)",
-			 fmt_size((uint64_t)o->min, a, sizeof(a)), fmt_size((uint64_t)o->max, b, sizeof(b)));
-		break;
-	case T_FLOAT:
-		snprintf(buf, len, "a number in %c%g, %g%c", o->flags & F_OPEN_MIN ? '(' : '[',
-			 o->min, o->max, o->flags & F_OPEN_MAX ? ')' : ']');
-		break;
-	case T_BOOL:
-		snprintf(buf, len, "a boolean (true/false, yes/no, on/off, 1/0)");
-		break;
-	case T_ENUM:
-	case T_ENUMSTR:
-		n = snprintf(buf, len, "one of ");
-		for (int i = 0; o->names[i] && n < len; i++)
-			n += snprintf(buf + n, len - n, "%s%s", i ? ", " : "", o->names[i]);
-		break;
-	case T_ADDR:
-		snprintf(buf, len, "host:port (port 1..65535, IPv6 as [::1]:port) or \"\" for off");
-		break;
-	case T_SERVERS:
-		snprintf(buf, len, "a list of %.0f..%.0f host:port addresses", o->min, o->max);
-		break;
-	case T_TENSORS:
-		snprintf(buf, len, "a list of %.0f..%.0f mappings with name and shape", o->min, o->max);
-		break;
-	case T_NAME:
-		snprintf(buf, len, "a name of 1..%d characters from A-Z a-z 0-9 _ . : / -",
-			 PS_NAME_MAX - 1);
-		break;
-	case T_SHAPE:
-		snprintf(buf, len, "a list of 1..%d positive integers", PS_MAX_DIMS);
-		break;
-	}
-	return buf;
-}
-
-/* Parses scalar text s for option o into base. Returns 0, or -1 with *why
- * optionally set to a detail for the message. Also applies the defaults. */
-static int parse_scalar(const struct opt *o, void *base, const char *s, const char **why)
-{
-	char *dst = (char *)base + o->off;
-	int64_t i;
-	uint64_t u;
-	double d;
-	float f;
-	char *end;
-	struct ps_endpoint ep;
-
-	switch (o->type) {
-	case T_INT:
-		if (parse_i64(s, &i) || i < o->min || i > o->max)
-			return -1;
-		*(int *)dst = (int)i;
-		return 0;
-	case T_U64:
-		if (parse_u64_prefix(s, &u, &end) || *end)
-			return -1;
-		*(uint64_t *)dst = u;
-		return 0;
-	case T_SIZE:
-		if (parse_size(s, &u) || u < (uint64_t)o->min || u > (uint64_t)o->max)
-			return -1;
-		if (o->size == sizeof(uint32_t))
-			*(uint32_t *)dst = (uint32_t)u;
-		else
-			*(uint64_t *)dst = u;
-		return 0;
-	case T_FLOAT:
-		if (parse_double(s, &d))
-			return -1;
-		/* check both the text's value and the float it rounds to, so that
-		 * 0.99999999 does not become a momentum of exactly 1 */
-		f = (float)d;
-		for (int k = 0; k < 2; k++, d = f) {
-			if (d < o->min || d > o->max || ((o->flags & F_OPEN_MIN) && d == o->min) ||
-			    ((o->flags & F_OPEN_MAX) && d == o->max))
-				return -1;
-		}
-		*(float *)dst = f;
-		return 0;
-	case T_BOOL:
-		if (!strcasecmp(s, "true") || !strcasecmp(s, "yes") || !strcasecmp(s, "on") ||
-		    !strcmp(s, "1"))
-			*(int *)dst = 1;
-		else if (!strcasecmp(s, "false") || !strcasecmp(s, "no") || !strcasecmp(s, "off") ||
-			 !strcmp(s, "0"))
-			*(int *)dst = 0;
-		else
-			return -1;
-		return 0;
-	case T_ENUM:
-	case T_ENUMSTR:
-		for (int k = 0; o->names[k]; k++) {
-			if (strcasecmp(s, o->names[k]) == 0) {
-				if (o->type == T_ENUM)
-					*(int *)dst = k;
-				else
-					snprintf(dst, o->size, "%s", o->names[k]);
-				return 0;
-			}
-		}
-		return -1;
-	case T_ADDR:
-		if (!*s) {
-			*dst = 0;
-			return 0;
-		}
-		if (parse_endpoint(s, &ep, why))
-			return -1;
-		fmt_endpoint(&ep, dst, o->size);
-		return 0;
-	case T_NAME:
-		if (!*s || strlen(s) >= o->size || strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklm"
-				"nopqrstuvwxyz0123456789_.:/-") != strlen(s))
-			return -1;
-		snprintf(dst, o->size, "%s", s);
-		return 0;
-	default:
-		return -1;
-	}
-}
 
 /* The enums of config.h are stored through int pointers. */
 _Static_assert(sizeof(enum ps_transport_kind) == sizeof(int), "enum size");
 _Static_assert(sizeof(enum ps_init_kind) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum ps_layer_kind) == sizeof(int), "enum size");
 
 static void apply_defaults(const struct opt *tab, size_t n, void *base)
 {
@@ -678,13 +164,16 @@ static void apply_defaults(const struct opt *tab, size_t n, void *base)
 
 	for (size_t i = 0; i < n; i++)
 		if (tab[i].def)
-			parse_scalar(&tab[i], base, tab[i].def, &why);
+			cfg_parse_scalar(&tab[i], base, tab[i].def, &why);
 }
 
 void ps_config_defaults(struct ps_config *cfg)
 {
 	memset(cfg, 0, sizeof(*cfg));
 	apply_defaults(cfg_opts, NCFG, cfg);
+	cfg->model.input[0] = 1;
+	cfg->model.input[1] = 28;
+	cfg->model.input[2] = 28;
 }
 
 /* ---- walking the tree against a table ---------------------------------- */
@@ -695,8 +184,8 @@ static int bad_value(struct ctx *c, const struct opt *o, const struct ynode *v, 
 {
 	char desc[200], got[100];
 
-	return fail(c, v->line, "key '%s': expected %s, got %s%s%s%s", key,
-		    describe(o, desc, sizeof(desc)), what(v, got, sizeof(got)),
+	return cfg_fail(c, v->line, "key '%s': expected %s, got %s%s%s%s", key,
+		    cfg_describe(o, desc, sizeof(desc)), cfg_what(v, got, sizeof(got)),
 		    why ? " (" : "", why ? why : "", why ? ")" : "");
 }
 
@@ -714,15 +203,15 @@ static int set_servers(struct ctx *c, const struct opt *o, struct ps_config *cfg
 
 		snprintf(k, sizeof(k), "%s[%zu]", key, i);
 		why = NULL;
-		if (s->kind != YN_SCALAR || parse_endpoint(s->text, ep, &why))
-			return fail(c, s->line, "key '%s': expected host:port (port 1..65535, IPv6 "
+		if (s->kind != YN_SCALAR || cfg_parse_endpoint(s->text, ep, &why))
+			return cfg_fail(c, s->line, "key '%s': expected host:port (port 1..65535, IPv6 "
 				    "quoted as \"[::1]:7000\"), got %s%s%s%s", k,
-				    what(s, got, sizeof(got)), why ? " (" : "", why ? why : "",
+				    cfg_what(s, got, sizeof(got)), why ? " (" : "", why ? why : "",
 				    why ? ")" : "");
 		for (size_t j = 0; j < i; j++)
 			if (!strcmp(cfg->shards[j].host, ep->host) && cfg->shards[j].port == ep->port)
-				return fail(c, s->line, "key '%s': duplicate server address %s "
-					    "(also shard %zu)", k, what(s, got, sizeof(got)), j);
+				return cfg_fail(c, s->line, "key '%s': duplicate server address %s "
+					    "(also shard %zu)", k, cfg_what(s, got, sizeof(got)), j);
 	}
 	cfg->nshards = (int)v->nkids;
 	return 0;
@@ -740,11 +229,11 @@ static int set_shape(struct ctx *c, const struct opt *o, struct tensor_tmp *tt,
 		const struct ynode *s = v->kids[i];
 
 		snprintf(k, sizeof(k), "%s[%zu]", key, i);
-		if (s->kind != YN_SCALAR || parse_i64(s->text, &d) || d < 1 || d > MAX_COUNT)
-			return fail(c, s->line, "key '%s': expected a positive integer up to 2^34, "
-				    "got %s", k, what(s, got, sizeof(got)));
+		if (s->kind != YN_SCALAR || cfg_parse_i64(s->text, &d) || d < 1 || d > MAX_COUNT)
+			return cfg_fail(c, s->line, "key '%s': expected a positive integer up to 2^34, "
+				    "got %s", k, cfg_what(s, got, sizeof(got)));
 		if (count > MAX_COUNT / d)
-			return fail(c, s->line, "key '%s': expected at most 2^34 elements in all, "
+			return cfg_fail(c, s->line, "key '%s': expected at most 2^34 elements in all, "
 				    "got more at dimension %zu", key, i);
 		count *= d;
 		tt->t.dims[i] = d;
@@ -758,6 +247,14 @@ static int walk_map(struct ctx *c, const struct opt *tab, size_t ntab, void *bas
 		    const struct ynode **seen, const char *rel, const char *disp,
 		    const struct ynode *map);
 
+static int fail_layer_type(struct ctx *c, const struct ynode *m, const char *disp)
+{
+	char got[100];
+
+	return cfg_fail(c, m->line, "key '%s': expected a layer type (dense, conv2d, maxpool, "
+			"relu, flatten), got %s", disp, cfg_what(m, got, sizeof(got)));
+}
+
 /* Parses one model.tensors entry into cfg->tensors[i]. */
 static int set_tensor(struct ctx *c, struct ps_config *cfg, size_t i, const struct ynode *m,
 		      const char *key)
@@ -769,8 +266,8 @@ static int set_tensor(struct ctx *c, struct ps_config *cfg, size_t i, const stru
 
 	snprintf(disp, sizeof(disp), "%s[%zu]", key, i);
 	if (m->kind != YN_MAP)
-		return fail(c, m->line, "key '%s': expected a mapping with name and shape, got %s",
-			    disp, what(m, got, sizeof(got)));
+		return cfg_fail(c, m->line, "key '%s': expected a mapping with name and shape, got %s",
+			    disp, cfg_what(m, got, sizeof(got)));
 	memset(&tt, 0, sizeof(tt));
 	apply_defaults(tensor_opts, NTENSOR, &tt);
 	rc = walk_map(c, tensor_opts, NTENSOR, &tt, seen, "", disp, m);
@@ -778,19 +275,19 @@ static int set_tensor(struct ctx *c, struct ps_config *cfg, size_t i, const stru
 		return rc;
 	for (int k = 0; k < NTENSOR; k++)
 		if ((tensor_opts[k].flags & F_REQUIRED) && !seen[k])
-			return fail(c, m->line, "missing required key '%s.%s'", disp, tensor_opts[k].key);
+			return cfg_fail(c, m->line, "missing required key '%s.%s'", disp, tensor_opts[k].key);
 	init = tt.t.init;
 	uses_scale = init == PS_INIT_UNIFORM || init == PS_INIT_NORMAL;
 	if (seen[TO_SCALE] && !uses_scale)
-		return fail(c, seen[TO_SCALE]->line, "key '%s.scale': not used by init '%s'%s", disp,
+		return cfg_fail(c, seen[TO_SCALE]->line, "key '%s.scale': not used by init '%s'%s", disp,
 			    init_names[init], init == PS_INIT_CONST ? " (use 'value')" : "");
 	if (seen[TO_VALUE] && init != PS_INIT_CONST)
-		return fail(c, seen[TO_VALUE]->line, "key '%s.value': not used by init '%s'%s", disp,
+		return cfg_fail(c, seen[TO_VALUE]->line, "key '%s.value': not used by init '%s'%s", disp,
 			    init_names[init], uses_scale ? " (use 'scale')" : "");
 	tt.t.init_value = init == PS_INIT_CONST ? tt.value : uses_scale ? tt.scale : 0.0f;
 	for (size_t j = 0; j < i; j++)
 		if (!strcmp(cfg->tensors[j].name, tt.t.name))
-			return fail(c, seen[TO_NAME]->line, "key '%s.name': duplicate tensor name '%s' "
+			return cfg_fail(c, seen[TO_NAME]->line, "key '%s.name': duplicate tensor name '%s' "
 				    "(first at line %d)", disp, tt.t.name, c->name_line[j]);
 	c->name_line[i] = seen[TO_NAME]->line;
 	cfg->tensors[i] = tt.t;
@@ -813,6 +310,82 @@ static int set_tensors(struct ctx *c, const struct opt *o, struct ps_config *cfg
 	return 0;
 }
 
+/* Parses one model.layers entry: a mapping with type and the keys that
+ * kind takes, or a bare kind name for layers without keys of their own. */
+static int set_layer(struct ctx *c, struct ps_config *cfg, size_t i, const struct ynode *m,
+		     const char *key)
+{
+	const struct ynode *seen[NLAYER] = { 0 };
+	struct ps_layer_cfg l;
+	char disp[2 * KEY_MAX + 24], got[100];
+	const char *why;
+	int rc;
+
+	snprintf(disp, sizeof(disp), "%s[%zu]", key, i);
+	memset(&l, 0, sizeof(l));
+	apply_defaults(layer_opts, NLAYER, &l);
+	if (m->kind == YN_SCALAR) {
+		if (cfg_parse_scalar(&layer_opts[LO_TYPE], &l, m->text, &why))
+			return fail_layer_type(c, m, disp);
+		seen[LO_TYPE] = m;
+	} else if (m->kind == YN_MAP) {
+		rc = walk_map(c, layer_opts, NLAYER, &l, seen, "", disp, m);
+		if (rc)
+			return rc;
+		if (!seen[LO_TYPE])
+			return cfg_fail(c, m->line, "missing required key '%s.type' (one of dense, "
+					"conv2d, maxpool, relu, flatten)", disp);
+	} else {
+		return cfg_fail(c, m->line, "key '%s': expected a layer (a mapping with type, or a "
+				"bare name like relu), got %s", disp, cfg_what(m, got, sizeof(got)));
+	}
+	for (int k = LO_OUT; k < NLAYER; k++) {
+		int takes = (layer_keys[l.kind] >> k) & 1;
+
+		if (seen[k] && !takes)
+			return cfg_fail(c, seen[k]->line, "key '%s.%s': not used by a %s layer", disp,
+					layer_opts[k].key, layer_names[l.kind]);
+		if (takes && !seen[k] && !layer_opts[k].def)
+			return cfg_fail(c, m->line, "missing key '%s.%s' (a %s layer needs it: %s)",
+					disp, layer_opts[k].key, layer_names[l.kind],
+					layer_opts[k].help);
+	}
+	cfg->model.layers[i] = l;
+	return 0;
+}
+
+static int set_layers(struct ctx *c, const struct opt *o, struct ps_config *cfg,
+		      const struct ynode *v, const char *key)
+{
+	int rc;
+
+	if (v->kind != YN_SEQ || v->nkids < o->min || v->nkids > o->max)
+		return bad_value(c, o, v, key, v->kind == YN_SEQ ? "wrong number of entries" : NULL);
+	for (size_t i = 0; i < v->nkids; i++) {
+		rc = set_layer(c, cfg, i, v->kids[i], key);
+		if (rc)
+			return rc;
+	}
+	cfg->model.nlayers = (int)v->nkids;
+	return 0;
+}
+
+static int set_dims3(struct ctx *c, struct ps_config *cfg, const struct opt *o,
+		     const struct ynode *v, const char *key)
+{
+	int64_t d;
+
+	if (v->kind != YN_SEQ || v->nkids != 3)
+		return bad_value(c, o, v, key, v->kind == YN_SEQ ? "wrong number of entries" : NULL);
+	for (size_t i = 0; i < 3; i++) {
+		if (v->kids[i]->kind != YN_SCALAR || cfg_parse_i64(v->kids[i]->text, &d) || d < 1 ||
+		    d > 65536)
+			return bad_value(c, o, v, key, "each must be an integer in 1..65536");
+		cfg->model.input[i] = (int)d;
+	}
+	return 0;
+}
+
 /* Parses value node v for option o; key is the dotted name for messages. */
 static int set_node(struct ctx *c, const struct opt *o, void *base, const struct ynode *v,
 		    const char *key)
@@ -826,8 +399,12 @@ static int set_node(struct ctx *c, const struct opt *o, void *base, const struct
 		return set_tensors(c, o, base, v, key);
 	case T_SHAPE:
 		return set_shape(c, o, base, v, key);
+	case T_LAYERS:
+		return set_layers(c, o, base, v, key);
+	case T_DIMS3:
+		return set_dims3(c, base, o, v, key);
 	default:
-		if (v->kind != YN_SCALAR || parse_scalar(o, base, v->text, &why))
+		if (v->kind != YN_SCALAR || cfg_parse_scalar(o, base, v->text, &why))
 			return bad_value(c, o, v, key, why);
 		return 0;
 	}
@@ -891,13 +468,13 @@ static int unknown_key(struct ctx *c, const struct opt *tab, size_t ntab, const 
 	snprintf(pre, sizeof(pre), "%s%s%s%s", disp, *disp && rl ? "." : "", rel,
 		 *disp || rl ? "." : "");
 	if (best && bestd <= (klen / 3 > 2 ? klen / 3 : 2))
-		return fail(c, k->line, "unknown key '%s'; did you mean '%s%.*s'?", shown, pre,
+		return cfg_fail(c, k->line, "unknown key '%s'; did you mean '%s%.*s'?", shown, pre,
 			    (int)strcspn(best, "."), best);
 	list[0] = 0;
 	for (size_t i = 0; i < nnames && n < sizeof(list); i++)
 		n += snprintf(list + n, sizeof(list) - n, "%s%.*s", i ? ", " : "", (int)lens[i],
 			      names[i]);
-	return fail(c, k->line, "unknown key '%s'; valid keys here: %s", shown, list);
+	return cfg_fail(c, k->line, "unknown key '%s'; valid keys here: %s", shown, list);
 }
 
 static int find_opt(const struct opt *tab, size_t ntab, const char *key)
@@ -923,15 +500,15 @@ static int walk_map(struct ctx *c, const struct opt *tab, size_t ntab, void *bas
 		const struct ynode *k = map->kids[i], *v = map->kids[i + 1];
 
 		if (k->kind != YN_SCALAR)
-			return fail(c, k->line, "expected a plain key, got %s", what(k, got, sizeof(got)));
+			return cfg_fail(c, k->line, "expected a plain key, got %s", cfg_what(k, got, sizeof(got)));
 		fits = snprintf(full, sizeof(full), "%s%s%s", rel, rl ? "." : "", k->text) <
 		       (int)sizeof(full);
 		snprintf(shown, sizeof(shown), "%s%s%s%s%s", disp, *disp ? "." : "", rel,
-			 rl ? "." : "", show(k->text, txt, sizeof(txt)));
+			 rl ? "." : "", cfg_show(k->text, txt, sizeof(txt)));
 		idx = fits ? find_opt(tab, ntab, full) : -1;
 		if (idx >= 0) {
 			if (seen[idx])
-				return fail(c, k->line, "duplicate key '%s' (first at line %d)", shown,
+				return cfg_fail(c, k->line, "duplicate key '%s' (first at line %d)", shown,
 					    seen[idx]->line);
 			seen[idx] = v;
 			rc = set_node(c, &tab[idx], base, v, shown);
@@ -946,15 +523,15 @@ static int walk_map(struct ctx *c, const struct opt *tab, size_t ntab, void *bas
 			return unknown_key(c, tab, ntab, rel, disp, k, shown);
 		for (j = 0; j < nsec; j++)
 			if (!strcmp(sections[j]->text, k->text))
-				return fail(c, k->line, "duplicate key '%s' (first at line %d)", shown,
+				return cfg_fail(c, k->line, "duplicate key '%s' (first at line %d)", shown,
 					    sections[j]->line);
 		if (nsec < 64)
 			sections[nsec++] = k;
 		if (v->kind == YN_SCALAR && v->plain && !v->len)
 			continue; /* "section:" with nothing below is an empty mapping */
 		if (v->kind != YN_MAP)
-			return fail(c, v->line, "key '%s': expected a mapping, got %s", shown,
-				    what(v, got, sizeof(got)));
+			return cfg_fail(c, v->line, "key '%s': expected a mapping, got %s", shown,
+				    cfg_what(v, got, sizeof(got)));
 		rc = walk_map(c, tab, ntab, base, seen, full, disp, v);
 		if (rc)
 			return rc;
@@ -985,25 +562,90 @@ static int validate(struct ctx *c, const struct ps_config *cfg, const struct yno
 
 	for (size_t i = 0; i < NCFG; i++)
 		if ((cfg_opts[i].flags & F_REQUIRED) && !seen[i])
-			return fail(c, section_line(root, cfg_opts[i].key), "missing required key '%s'",
+			return cfg_fail(c, section_line(root, cfg_opts[i].key), "missing required key '%s'",
 				    cfg_opts[i].key);
 	if (cfg->transport == PS_TRANSPORT_RDMA)
-		return fail(c, tr->line, "transport 'rdma' is not available yet in this build; "
+		return cfg_fail(c, tr->line, "transport 'rdma' is not available yet in this build; "
 			    "use 'tcp'");
 	if (cfg->slice_bytes % 4)
-		return fail(c, sl->line, "key 'slice_bytes': expected a multiple of 4, got %s",
-			    what(sl, got, sizeof(got)));
+		return cfg_fail(c, sl->line, "key 'slice_bytes': expected a multiple of 4, got %s",
+			    cfg_what(sl, got, sizeof(got)));
 	if (cfg->limits.max_frame_bytes < cfg->slice_bytes + 64 * KiB) {
 		if (fr)
-			what(fr, got, sizeof(got));
+			cfg_what(fr, got, sizeof(got));
 		else
 			snprintf(got, sizeof(got), "'%s' (default)",
-				 fmt_size(cfg->limits.max_frame_bytes, a, sizeof(a)));
-		return fail(c, fr ? fr->line : sl->line, "key 'limits.max_frame_bytes': expected at "
+				 cfg_fmt_size(cfg->limits.max_frame_bytes, a, sizeof(a)));
+		return cfg_fail(c, fr ? fr->line : sl->line, "key 'limits.max_frame_bytes': expected at "
 			    "least slice_bytes + 64KiB = %" PRIu64 " (slice_bytes is %s), got %s",
-			    cfg->slice_bytes + 64 * KiB, fmt_size(cfg->slice_bytes, b, sizeof(b)), got);
+			    cfg->slice_bytes + 64 * KiB, cfg_fmt_size(cfg->slice_bytes, b, sizeof(b)), got);
 	}
 	return 0;
+}
+
+/* The model: raw tensors, a preset or a list of layers (exactly one). With
+ * layers, the shapes are checked and the parameter tensors derived from
+ * them, so servers and workers agree on the tensors by construction:
+ * weights uniform in +-sqrt(6 / fan_in) (He/Kaiming for ReLU nets), biases 0. */
+static int resolve_model(struct ctx *c, struct ps_config *cfg, const struct ynode *root,
+			 const struct ynode **seen)
+{
+	const struct ynode *pre = seen[find_opt(cfg_opts, NCFG, "model.preset")];
+	const struct ynode *lay = seen[find_opt(cfg_opts, NCFG, "model.layers")];
+	const struct ynode *ten = seen[find_opt(cfg_opts, NCFG, "model.tensors")];
+	const struct ynode *at;
+	struct ps_layer_shape shapes[PS_MAX_LAYERS];
+	struct ps_param_desc *pd;
+	char why[256];
+	int n, rc = 0;
+
+	if (!strcmp(cfg->model.preset, "none"))
+		cfg->model.preset[0] = 0;
+	if (pre && !cfg->model.preset[0])
+		pre = NULL;
+	at = lay ? lay : pre;
+	if (!pre && !lay && !ten)
+		return cfg_fail(c, section_line(root, "model.x"), "missing the model: give "
+				"'model.preset' (mlp, cnn), 'model.layers' or 'model.tensors'");
+	if (pre && lay)
+		return cfg_fail(c, lay->line, "key 'model.layers': give either 'model.preset' "
+				"(line %d) or 'model.layers', not both", pre->line);
+	if (ten && at)
+		return cfg_fail(c, ten->line, "key 'model.tensors': the tensors are derived from the "
+				"model's layers (line %d); give one or the other", at->line);
+	if (ten)
+		return 0;
+	if (pre) {
+		char name[sizeof(cfg->model.preset)];
+
+		memcpy(name, cfg->model.preset, sizeof(name)); /* the preset writes its name back */
+		ps_layers_preset(&cfg->model, name);
+	}
+	if (ps_layers_infer(&cfg->model, shapes, why, sizeof(why)))
+		return cfg_fail(c, at->line, "%s: %s", pre ? "model.preset" : "model.layers", why);
+	pd = calloc(PS_MAX_TENSORS, sizeof(*pd));
+	if (!pd)
+		return cfg_fail(c, 0, "out of memory");
+	n = ps_layers_tensors(&cfg->model, pd, PS_MAX_TENSORS, why, sizeof(why));
+	if (n < 0) {
+		rc = cfg_fail(c, at->line, "%s: %s", pre ? "model.preset" : "model.layers", why);
+		goto out;
+	}
+	for (int i = 0; i < n; i++) {
+		struct ps_tensor_cfg *t = &cfg->tensors[i];
+
+		memset(t, 0, sizeof(*t));
+		snprintf(t->name, sizeof(t->name), "%s", pd[i].name);
+		t->ndims = pd[i].ndims;
+		memcpy(t->dims, pd[i].dims, sizeof(pd[i].dims));
+		t->count = pd[i].count;
+		t->init = pd[i].is_bias ? PS_INIT_ZEROS : PS_INIT_UNIFORM;
+		t->init_value = pd[i].is_bias ? 0.0f : (float)sqrt(6.0 / (double)pd[i].fan_in);
+	}
+	cfg->ntensors = n;
+out:
+	free(pd);
+	return rc;
 }
 
 /* Loads buf (len bytes) into cfg; on any error cfg is left untouched. */
@@ -1020,36 +662,38 @@ static int load_buffer(struct ps_config *cfg, const char *buf, size_t len, const
 	if (err && errlen)
 		err[0] = 0;
 	if (len > MAX_INPUT)
-		return fail(&c, 0, "larger than %u MiB; not a configuration file", MAX_INPUT >> 20);
+		return cfg_fail(&c, 0, "larger than %u MiB; not a configuration file", MAX_INPUT >> 20);
 	tmp = malloc(sizeof(*tmp));
 	if (!tmp) {
-		fail(&c, 0, "out of memory");
+		cfg_fail(&c, 0, "out of memory");
 		return -ENOMEM;
 	}
 	ps_config_defaults(tmp);
-	rc = build_tree(&c, buf, len, &root);
+	rc = cfg_build_tree(&c, buf, len, &root);
 	if (rc)
 		goto err_free_tmp;
 	if (!root || (root->kind == YN_SCALAR && root->plain && !root->len)) {
-		rc = fail(&c, 1, "empty configuration; expected a mapping with at least "
+		rc = cfg_fail(&c, 1, "empty configuration; expected a mapping with at least "
 			  "'cluster' and 'model'");
 		goto err_free_tree;
 	}
 	if (root->kind != YN_MAP) {
-		rc = fail(&c, root->line, "expected a mapping of sections at the top level, got %s",
-			  what(root, got, sizeof(got)));
+		rc = cfg_fail(&c, root->line, "expected a mapping of sections at the top level, got %s",
+			  cfg_what(root, got, sizeof(got)));
 		goto err_free_tree;
 	}
 	rc = walk_map(&c, cfg_opts, NCFG, tmp, seen, "", "", root);
 	if (!rc)
 		rc = validate(&c, tmp, root, seen);
+	if (!rc)
+		rc = resolve_model(&c, tmp, root, seen);
 	if (rc)
 		goto err_free_tree;
 	snprintf(tmp->path, sizeof(tmp->path), "%s", name);
 	memcpy(cfg, tmp, sizeof(*cfg));
 
 err_free_tree:
-	node_free(root);
+	cfg_node_free(root);
 err_free_tmp:
 	free(tmp);
 	return rc;
@@ -1072,13 +716,13 @@ int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t er
 	f = fopen(path, "rb");
 	if (!f) {
 		rc = -errno;
-		fail(&c, 0, "cannot open: %s", strerror(-rc));
+		cfg_fail(&c, 0, "cannot open: %s", strerror(-rc));
 		return rc;
 	}
 	buf = malloc(cap);
 	if (!buf) {
 		rc = -ENOMEM;
-		fail(&c, 0, "out of memory");
+		cfg_fail(&c, 0, "out of memory");
 		goto err_close;
 	}
 	/* read to the end (works for pipes too), at most MAX_INPUT + 1 bytes */
@@ -1092,7 +736,7 @@ int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t er
 		nb = realloc(buf, 2 * cap);
 		if (!nb) {
 			rc = -ENOMEM;
-			fail(&c, 0, "out of memory");
+			cfg_fail(&c, 0, "out of memory");
 			goto err_free_buf;
 		}
 		buf = nb;
@@ -1100,7 +744,7 @@ int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t er
 	}
 	if (ferror(f)) {
 		rc = errno ? -errno : -EIO;
-		fail(&c, 0, "cannot read: %s", strerror(-rc));
+		cfg_fail(&c, 0, "cannot read: %s", strerror(-rc));
 		goto err_free_buf;
 	}
 	rc = load_buffer(cfg, buf, len, path, err, errlen);
@@ -1113,6 +757,32 @@ err_close:
 }
 
 /* ---- dump and help ---------------------------------------------------- */
+
+/* Layers given explicitly are written out; a preset's are not (the preset
+ * line says it), so that the dump loads back as the same configuration. */
+static void dump_layers(const struct ps_config *cfg, FILE *out)
+{
+	const struct ps_model_cfg *m = &cfg->model;
+
+	if (!m->nlayers || m->preset[0]) {
+		fputs("[]\n", out);
+		return;
+	}
+	fputc('\n', out);
+	for (int i = 0; i < m->nlayers; i++) {
+		const struct ps_layer_cfg *l = &m->layers[i];
+
+		fprintf(out, "    - {type: %s", layer_names[l->kind]);
+		if (l->kind == PS_LAYER_DENSE)
+			fprintf(out, ", out: %d", l->out);
+		else if (l->kind == PS_LAYER_CONV2D)
+			fprintf(out, ", out: %d, kernel: %d, pad: %d, stride: %d", l->out, l->kernel,
+				l->pad, l->stride);
+		else if (l->kind == PS_LAYER_MAXPOOL)
+			fprintf(out, ", size: %d", l->size);
+		fputs("}\n", out);
+	}
+}
 
 static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *out)
 {
@@ -1129,11 +799,11 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 		fprintf(out, "%" PRIu64 "\n", *(const uint64_t *)src);
 		break;
 	case T_SIZE:
-		fprintf(out, "%s\n", fmt_size(o->size == sizeof(uint32_t) ? *(const uint32_t *)src
+		fprintf(out, "%s\n", cfg_fmt_size(o->size == sizeof(uint32_t) ? *(const uint32_t *)src
 					      : *(const uint64_t *)src, buf, sizeof(buf)));
 		break;
 	case T_FLOAT:
-		fprintf(out, "%s\n", fmt_float(*(const float *)src, buf, sizeof(buf)));
+		fprintf(out, "%s\n", cfg_fmt_float(*(const float *)src, buf, sizeof(buf)));
 		break;
 	case T_BOOL:
 		fprintf(out, "%s\n", *(const int *)src ? "true" : "false");
@@ -1142,7 +812,7 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 		fprintf(out, "%s\n", o->names[*(const int *)src]);
 		break;
 	case T_ENUMSTR:
-		fprintf(out, "%s\n", src);
+		fprintf(out, "%s\n", *src ? src : o->names[0]);
 		break;
 	case T_ADDR:
 		fprintf(out, "\"%s\"\n", src);
@@ -1150,7 +820,7 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 	case T_SERVERS:
 		fputc('[', out);
 		for (int i = 0; i < cfg->nshards; i++) {
-			fmt_endpoint(&cfg->shards[i], buf, sizeof(buf));
+			cfg_fmt_endpoint(&cfg->shards[i], buf, sizeof(buf));
 			fprintf(out, "%s\"%s\"", i ? ", " : "", buf);
 		}
 		fputs("]\n", out);
@@ -1167,8 +837,18 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 			if (t->init == PS_INIT_CONST || t->init == PS_INIT_UNIFORM ||
 			    t->init == PS_INIT_NORMAL)
 				fprintf(out, "      %s: %s\n", t->init == PS_INIT_CONST ? "value" : "scale",
-					fmt_float(t->init_value, buf, sizeof(buf)));
+					cfg_fmt_float(t->init_value, buf, sizeof(buf)));
 		}
+		break;
+	case T_PATH:
+		fprintf(out, "\"%s\"\n", src);
+		break;
+	case T_DIMS3:
+		fprintf(out, "[%d, %d, %d]\n", cfg->model.input[0], cfg->model.input[1],
+			cfg->model.input[2]);
+		break;
+	case T_LAYERS:
+		dump_layers(cfg, out);
 		break;
 	default:
 		fputs("~\n", out);
@@ -1194,6 +874,16 @@ void ps_config_dump(const struct ps_config *cfg, FILE *out)
 			if (sl)
 				fprintf(out, "%s:\n", section);
 		}
+		if (o->type == T_TENSORS && cfg->model.nlayers) {
+			fprintf(out, "  # tensors: derived from the layers:");
+			for (int t = 0; t < cfg->ntensors; t++)
+				fprintf(out, " %s[%" PRId64 "]", cfg->tensors[t].name,
+					cfg->tensors[t].count);
+			fputc('\n', out);
+			continue;
+		}
+		if (o->type == T_LAYERS && (!cfg->model.nlayers || cfg->model.preset[0]))
+			continue;
 		fprintf(out, "%s%s:", sl ? "  " : "", sl ? dot + 1 : o->key);
 		dump_value(cfg, o, out);
 	}
@@ -1203,7 +893,7 @@ static void help_opt(FILE *out, const struct opt *o, const char *prefix)
 {
 	char desc[200];
 
-	fprintf(out, "  %s%s\n      %s; ", prefix, o->key, describe(o, desc, sizeof(desc)));
+	fprintf(out, "  %s%s\n      %s; ", prefix, o->key, cfg_describe(o, desc, sizeof(desc)));
 	if (o->flags & F_REQUIRED)
 		fprintf(out, "required\n");
 	else
@@ -1219,6 +909,9 @@ void ps_config_help(FILE *out)
 		if (cfg_opts[i].type == T_TENSORS)
 			for (size_t j = 0; j < NTENSOR; j++)
 				help_opt(out, &tensor_opts[j], "model.tensors[].");
+		if (cfg_opts[i].type == T_LAYERS)
+			for (size_t j = 0; j < NLAYER; j++)
+				help_opt(out, &layer_opts[j], "model.layers[].");
 	}
 }
 

@@ -260,10 +260,11 @@ START_TEST(test_local_yaml)
 	ck_assert_int_eq(cfg.nworkers, 2);
 	ck_assert_int_eq(cfg.consistency, PS_SYNC);
 	ck_assert_float_eq(cfg.optim.lr, 0.05f);
-	ck_assert_int_eq(cfg.ntensors, 6);
-	ck_assert_int_eq(cfg.tensors[0].count, 784 * 256);
-	ck_assert_int_eq(ps_config_find_tensor(&cfg, "fc3.bias"), 5);
-	ck_assert_int_eq(cfg.tensors[5].count, 10);
+	ck_assert_str_eq(cfg.model.preset, "cnn");
+	ck_assert_int_eq(cfg.ntensors, 8);
+	ck_assert_int_eq(cfg.tensors[0].count, 32 * 5 * 5);
+	ck_assert_int_eq(ps_config_find_tensor(&cfg, "fc2.bias"), 7);
+	ck_assert_int_eq(cfg.tensors[7].count, 10);
 }
 END_TEST
 
@@ -318,6 +319,61 @@ START_TEST(test_roundtrip)
 	roundtrip();
 	ck_assert_int_eq(ps_config_load(&cfg, "conf/example-full.yaml", err, sizeof(err)), 0);
 	roundtrip();
+}
+END_TEST
+
+/* Models from presets and layer lists: the tensors the shards hold are
+ * derived from the layers, with He-uniform weights and zero biases. */
+START_TEST(test_model)
+{
+	static const char cnn[] = CL("[127.0.0.1:7000, 127.0.0.1:7001]", "2")
+		"model: {preset: cnn}\n"
+		"train: {batch: 32, epochs: 3, limit: 6000, device: cpu, data_dir: /d, "
+		"metrics_dir: ''}\n";
+	static const char layers[] = CL("[127.0.0.1:7000]", "1")
+		"model:\n  input: [3, 8, 8]\n  classes: 4\n  layers:\n"
+		"    - {type: conv2d, out: 2, kernel: 3, pad: 1, stride: 2}\n"
+		"    - relu\n    - {type: maxpool, size: 2}\n    - flatten\n"
+		"    - {type: dense, out: 4}\n";
+	static const int64_t counts[] = { 800, 32, 51200, 64, 3136 * 256, 256, 2560, 10 };
+
+	ck_assert_msg(load(cnn) == 0, "%s", err);
+	ck_assert_str_eq(cfg.model.preset, "cnn");
+	ck_assert_int_eq(cfg.model.nlayers, 10);
+	ck_assert_int_eq(cfg.ntensors, 8);
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(cfg.tensors[i].count, counts[i]);
+	ck_assert_str_eq(cfg.tensors[0].name, "conv1.weight");
+	ck_assert_str_eq(cfg.tensors[7].name, "fc2.bias");
+	ck_assert_int_eq(cfg.tensors[0].init, PS_INIT_UNIFORM);
+	ck_assert_float_eq_tol(cfg.tensors[0].init_value, 0.489898f, 1e-5f); /* sqrt(6/25) */
+	ck_assert_float_eq_tol(cfg.tensors[4].init_value, 0.043741f, 1e-5f); /* sqrt(6/3136) */
+	ck_assert_int_eq(cfg.tensors[1].init, PS_INIT_ZEROS);
+	ck_assert_int_eq(cfg.train.batch, 32);
+	ck_assert_int_eq(cfg.train.epochs, 3);
+	ck_assert_int_eq(cfg.train.train_limit, 6000);
+	ck_assert_int_eq(cfg.train.device, PS_DEVICE_CPU);
+	ck_assert_str_eq(cfg.train.data_dir, "/d");
+	ck_assert_str_eq(cfg.train.metrics_dir, "");
+	roundtrip();
+
+	ck_assert_msg(load(layers) == 0, "%s", err);
+	ck_assert_str_eq(cfg.model.preset, "");
+	ck_assert_int_eq(cfg.model.nlayers, 5);
+	ck_assert_int_eq(cfg.model.layers[0].stride, 2);
+	ck_assert_int_eq(cfg.model.layers[2].size, 2);
+	ck_assert_int_eq(cfg.ntensors, 4);
+	ck_assert_int_eq(cfg.tensors[0].count, 2 * 3 * 3 * 3); /* conv weight */
+	ck_assert_int_eq(cfg.tensors[2].count, 2 * 2 * 2 * 4); /* 8x8 -s2-> 4x4 -pool-> 2x2 */
+	roundtrip();
+
+	/* defaults: the Debian dataset, batch 64, one epoch, device auto */
+	ck_assert_msg(load(CL("[127.0.0.1:7000]", "1") "model: {preset: mlp}\n") == 0, "%s", err);
+	ck_assert_int_eq(cfg.ntensors, 6);
+	ck_assert_str_eq(cfg.train.data_dir, "/usr/share/datasets/fashion-mnist");
+	ck_assert_int_eq(cfg.train.batch, 64);
+	ck_assert_int_eq(cfg.train.device, PS_DEVICE_AUTO);
+	ck_assert_int_eq(cfg.model.input[1], 28);
 }
 END_TEST
 
@@ -510,9 +566,9 @@ static const struct ecase ecases[] = {
 	{ "missing cluster", "seed: 1\n" MODEL(T1),
 	  { "t.yaml:1: missing required key 'cluster.servers'" } },
 	{ "missing tensors", CL("[a:1]", "1") "seed: 3\n",
-	  { "t.yaml:1: missing required key 'model.tensors'" } },
+	  { "t.yaml:1: missing the model: give 'model.preset' (mlp, cnn), 'model.layers' or 'model.tensors'" } },
 	{ "missing tensors, empty model", CL("[a:1]", "1") "model:\n",
-	  { "t.yaml:4: missing required key 'model.tensors'" } },
+	  { "t.yaml:4: missing the model" } },
 	/* checks across options */
 	{ "rdma refused", BASE "transport: rdma\n",
 	  { "t.yaml:7: transport 'rdma' is not available yet in this build; use 'tcp'" } },
@@ -554,6 +610,31 @@ static const struct ecase ecases[] = {
 	{ "two documents", BASE "---\nseed: 1\n",
 	  { "t.yaml:7: more than one YAML document" } },
 	{ "NUL in scalar", BASE "seed: \"1\\0\"\n", { "t.yaml:7: NUL character in a scalar" } },
+	{ "preset and layers", CL("[a:1]", "1") "model: {preset: mlp, layers: [relu]}\n",
+	  { "t.yaml:4: key 'model.layers': give either 'model.preset' (line 4)" } },
+	{ "preset and tensors", CL("[a:1]", "1") "model:\n  preset: cnn\n  tensors:\n" T1,
+	  { "t.yaml:7: key 'model.tensors': the tensors are derived", "(line 5)" } },
+	{ "unknown preset", CL("[a:1]", "1") "model: {preset: resnet}\n",
+	  { "t.yaml:4: key 'model.preset': expected one of none, mlp, cnn, got 'resnet'" } },
+	{ "unknown layer", CL("[a:1]", "1") "model:\n  layers: [flatten, softmax]\n",
+	  { "t.yaml:5: key 'model.layers[1]': expected a layer type", "got 'softmax'" } },
+	{ "layer key not used", CL("[a:1]", "1") "model:\n  layers: [{type: relu, out: 3}]\n",
+	  { "t.yaml:5: key 'model.layers[0].out': not used by a relu layer" } },
+	{ "conv without kernel", CL("[a:1]", "1") "model:\n  layers: [{type: conv2d, out: 3}]\n",
+	  { "t.yaml:5: missing key 'model.layers[0].kernel' (a conv2d layer needs it" } },
+	{ "layer without type", CL("[a:1]", "1") "model:\n  layers: [{out: 3}]\n",
+	  { "t.yaml:5: missing required key 'model.layers[0].type'" } },
+	{ "last layer not classes", CL("[a:1]", "1") "model:\n  layers: [{type: dense, out: 7}]\n",
+	  { "t.yaml:5: model.layers: ", "7", "10 classes" } },
+	{ "kernel larger than input", CL("[a:1]", "1")
+	  "model:\n  input: [1, 4, 4]\n  layers: [{type: conv2d, out: 2, kernel: 9}, flatten, "
+	  "{type: dense, out: 10}]\n", { "t.yaml:6: model.layers: layer 1" } },
+	{ "input not 3 dims", CL("[a:1]", "1") "model: {preset: mlp, input: [28, 28]}\n",
+	  { "t.yaml:4: key 'model.input': expected a list of 3 positive integers" } },
+	{ "batch zero", CL("[a:1]", "1") "model: {preset: mlp}\ntrain: {batch: 0}\n",
+	  { "t.yaml:5: key 'train.batch': expected an integer in 1..65536, got '0'" } },
+	{ "device", CL("[a:1]", "1") "model: {preset: mlp}\ntrain: {device: tpu}\n",
+	  { "t.yaml:5: key 'train.device': expected one of auto, cpu, cuda, got 'tpu'" } },
 	{ "invalid UTF-8", BASE "seed: \xff\xfe\n", { "t.yaml: invalid input at byte 102" } },
 	{ "control character", BASE "seed: 1\x01\n", { "t.yaml: invalid input at byte" } },
 };
@@ -719,6 +800,7 @@ static Suite *config_suite(void)
 	tcase_add_test(tc, test_local_yaml);
 	tcase_add_test(tc, test_example_full_yaml);
 	tcase_add_test(tc, test_roundtrip);
+	tcase_add_test(tc, test_model);
 	tcase_add_test(tc, test_help);
 	tcase_add_loop_test(tc, test_errors, 0, (int)(sizeof(ecases) / sizeof(ecases[0])));
 	tcase_add_test(tc, test_deep_nesting);

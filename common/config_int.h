@@ -1,0 +1,101 @@
+/* config_int.h - what the config loader's files share (not a public API).
+ *
+ * config.c holds the option tables and walks a YAML tree against them;
+ * config_yaml.c builds that tree with libyaml; config_scalar.c parses and
+ * formats the scalar values options take.
+ */
+#ifndef PS_CONFIG_INT_H
+#define PS_CONFIG_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "config.h"
+
+#define MAX_DEPTH 32            /* nesting levels accepted in a file */
+#define MAX_NODES 262144        /* YAML nodes accepted in a file */
+#define MAX_SCALAR 4096         /* bytes in one scalar */
+#define MAX_INPUT (16u << 20)   /* bytes in one file */
+#define KEY_MAX 160             /* a dotted key shown in messages */
+#define KiB ((uint64_t)1024)
+#define MiB (1024 * KiB)
+#define GiB (1024 * MiB)
+#define MAX_COUNT (1ll << 34)   /* elements in one tensor */
+
+enum opt_type {
+	T_INT,     /* int or int64_t (by size) within [min, max] */
+	T_U64,     /* uint64_t, full range */
+	T_SIZE,    /* uint32_t/uint64_t bytes, suffixes K KiB M MiB G GiB */
+	T_FLOAT,   /* float, finite, within bounds (F_OPEN_* make them strict) */
+	T_BOOL,    /* int 0/1 */
+	T_ENUM,    /* enum stored as int: index into names */
+	T_ENUMSTR, /* char[]: one of names, canonical spelling */
+	T_ADDR,    /* char[]: "host:port", or empty for off */
+	T_SERVERS, /* list of host:port into cfg->shards/nshards */
+	T_TENSORS, /* list of mappings walked against tensor_opts */
+	T_NAME,    /* tensor name */
+	T_SHAPE,   /* tensor dims, ndims and count */
+	T_PATH,    /* char[]: a file or folder name, any printable text */
+	T_LAYERS,  /* list of layers (mappings walked against layer_opts, or a bare kind) */
+	T_DIMS3,   /* int[3]: a list of three positive integers */
+};
+
+#define F_REQUIRED 1
+#define F_OPEN_MIN 2
+#define F_OPEN_MAX 4
+
+struct opt {
+	const char *key;          /* dotted path below the table's base mapping */
+	enum opt_type type;
+	unsigned flags;
+	double min, max;          /* value bounds, or entry counts for lists */
+	const char *def;          /* default as YAML text; NULL = zero */
+	const char *const *names; /* T_ENUM, T_ENUMSTR */
+	size_t off, size;         /* member in the base struct */
+	const char *help;
+};
+
+#define O(k, t, fl, lo, hi, d, nm, st, m, h) \
+	{ k, t, fl, lo, hi, d, nm, offsetof(st, m), sizeof(((st *)0)->m), h }
+
+enum { YN_SCALAR, YN_SEQ, YN_MAP };
+
+struct ynode {
+	int kind, line, plain;     /* plain: scalar written without quotes */
+	char *text;                /* scalar, NUL-terminated */
+	size_t len;
+	struct ynode **kids;       /* seq items; map keys and values alternate */
+	size_t nkids, cap;
+};
+
+/* Everything a load needs to report errors; name is the file or given name. */
+struct ctx {
+	const char *name;
+	char *err;
+	size_t errlen;
+	size_t nnodes;
+	int name_line[PS_MAX_TENSORS]; /* line of each tensor's name, for duplicates */
+};
+
+/* Writes "NAME:LINE: message" into the caller's buffer; returns PS_ECONFIG. */
+int cfg_fail(struct ctx *c, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Copies text for a message: control bytes become '?', long text is cut. */
+const char *cfg_show(const char *s, char *buf, size_t len);
+/* How a node looks in a message: "a list", "a mapping" or the quoted text. */
+const char *cfg_what(const struct ynode *n, char *buf, size_t len);
+void cfg_node_free(struct ynode *n);
+/* Parses buf into a tree of nodes (*rootp NULL for an empty document). */
+int cfg_build_tree(struct ctx *c, const char *buf, size_t len, struct ynode **rootp);
+
+int cfg_parse_i64(const char *s, int64_t *out);
+int cfg_parse_size(const char *s, uint64_t *out);
+int cfg_parse_double(const char *s, double *out);
+const char *cfg_fmt_size(uint64_t v, char *buf, size_t len);
+const char *cfg_fmt_float(float f, char *buf, size_t len);
+int cfg_parse_endpoint(const char *s, struct ps_endpoint *ep, const char **why);
+void cfg_fmt_endpoint(const struct ps_endpoint *ep, char *buf, size_t len);
+/* What an option accepts, as used in errors and --help. */
+const char *cfg_describe(const struct opt *o, char *buf, size_t len);
+/* Parses scalar text s for option o into base; 0, or -1 with *why set. */
+int cfg_parse_scalar(const struct opt *o, void *base, const char *s, const char **why);
+
+#endif
