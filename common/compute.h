@@ -83,7 +83,8 @@ struct ps_compute_ops {
 	int (*conv2d_bwd)(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
 			  const float *W, const float *dy, float *dx, float *dW, float *db,
 			  void *ws, size_t ws_bytes);
-	/* idx (n*c*oh*ow int32, backend memory) records each max's input position. */
+	/* idx (n*c*oh*ow int32, backend memory) records each max's input position
+	 * within its (n, c) plane: iy * w + ix (the same on every backend). */
 	int (*maxpool_fwd)(struct ps_compute *c, const struct ps_pool_shape *s, const float *x,
 			   float *y, int32_t *idx);
 	/* dx (n*c*h*w) is overwritten: zero except at the recorded maxima. */
@@ -95,7 +96,9 @@ struct ps_compute_ops {
 	/* Mean cross-entropy of softmax(logits) against labels. Writes dlogits
 	 * (gradient of the mean loss), and into host memory *loss (mean) and
 	 * *correct (argmax == label count); host results valid after the call
-	 * returns (this op synchronizes). dlogits may be NULL (evaluation). */
+	 * returns (this op synchronizes). dlogits may be NULL (evaluation).
+	 * A label outside 0..classes-1 gives -EINVAL before anything is written;
+	 * a loss that is not finite gives PS_ENOFINITE (outputs written). */
 	int (*softmax_xent)(struct ps_compute *c, const float *logits, const int32_t *labels,
 			    int n, int classes, float *dlogits, float *loss, int *correct);
 };

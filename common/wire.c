@@ -87,11 +87,11 @@ int ps_wire_decode_hdr(const uint8_t in[PS_WIRE_HDR_LEN], const struct ps_wire_l
 			 ps_wire_type_name(h->type), h->meta_len, lim->max_meta);
 		return PS_ETOOBIG;
 	}
-	if (h->payload_len > lim->max_frame || h->meta_len + h->payload_len > lim->max_frame) {
-		snprintf(why, whylen, "%s frame of %llu bytes exceeds the limit of %llu",
-			 ps_wire_type_name(h->type),
-			 (unsigned long long)(h->meta_len + h->payload_len),
-			 (unsigned long long)lim->max_frame);
+	/* Compared without adding: meta_len + payload_len can wrap past 2^64. */
+	if (h->payload_len > lim->max_frame || h->meta_len > lim->max_frame - h->payload_len) {
+		snprintf(why, whylen, "%s frame of %u + %llu bytes (metadata + payload) exceeds "
+			 "the limit of %llu", ps_wire_type_name(h->type), h->meta_len,
+			 (unsigned long long)h->payload_len, (unsigned long long)lim->max_frame);
 		return PS_ETOOBIG;
 	}
 	return 0;

@@ -37,6 +37,13 @@ shard_lines=$("$BIN/ps-server" --config "$CONFIG" --list-shards) || exit 2
 nshards=$(printf '%s\n' "$shard_lines" | wc -l)
 nworkers=$("$BIN/ps-server" --config "$CONFIG" --dump-config | awk '/^  workers:/ {print $2; exit}')
 
+# Workers share this machine's cores: give each one BLAS thread per core it
+# can have, unless the caller chose (OPENBLAS_NUM_THREADS).
+if [ -z "${OPENBLAS_NUM_THREADS:-}" ]; then
+  t=$(( $(nproc) / (nworkers > 0 ? nworkers : 1) ))
+  export OPENBLAS_NUM_THREADS=$(( t > 0 ? t : 1 ))
+fi
+
 server_pids=() worker_pids=()
 status=0
 stop_servers() {
@@ -89,15 +96,18 @@ for ((r = 0; r < nworkers; r++)); do
   worker_pids+=($!)
 done
 # A failed worker would leave the others waiting at a sync barrier: stop them.
-left=$nworkers
-while [ $left -gt 0 ]; do
-  wait -n -p done_pid "${worker_pids[@]}"; rc=$?
-  left=$((left - 1))
-  if [ $rc -ne 0 ]; then
+running=("${worker_pids[@]}")
+while [ ${#running[@]} -gt 0 ]; do
+  wait -n -p done_pid "${running[@]}"; rc=$?
+  [ -n "${done_pid:-}" ] || break
+  rest=()
+  for p in "${running[@]}"; do [ "$p" = "$done_pid" ] || rest+=("$p"); done
+  running=("${rest[@]}")
+  if [ $rc -ne 0 ] && [ $status -eq 0 ]; then
     for ((r = 0; r < nworkers; r++)); do [ "${worker_pids[$r]}" = "$done_pid" ] && break; done
     echo "ps-local.sh: worker $r exited with status $rc (log: $LOGDIR/worker-$r.log); stopping the others" >&2
     status=1
-    for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${running[@]}"; do kill -TERM "$p" 2>/dev/null; done
   fi
 done
 worker_pids=()

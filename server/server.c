@@ -442,7 +442,7 @@ static void on_frame(struct ps_conn *c, struct ps_frame *f)
 err_free_msg:
 	protobuf_c_message_free_unpacked(m, NULL);
 err_close:
-	s->c.rejected_frames++;
+	/* Counted in rejected_frames by on_close, which sees PS_EPROTO. */
 	ps_frame_release(f);
 	c->t->ops->close(c, PS_EPROTO);
 }

@@ -259,7 +259,7 @@ START_TEST(test_local_yaml)
 	ck_assert_int_eq(cfg.shards[1].port, 7001);
 	ck_assert_int_eq(cfg.nworkers, 2);
 	ck_assert_int_eq(cfg.consistency, PS_SYNC);
-	ck_assert_float_eq(cfg.optim.lr, 0.05f);
+	ck_assert_float_eq(cfg.optim.lr, 0.01f);
 	ck_assert_str_eq(cfg.model.preset, "cnn");
 	ck_assert_int_eq(cfg.ntensors, 8);
 	ck_assert_int_eq(cfg.tensors[0].count, 32 * 5 * 5);

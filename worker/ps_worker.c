@@ -55,6 +55,9 @@ static void usage(FILE *out)
 		"  -b, --batch B        examples per step (default: train.batch)\n"
 		"  -d, --device D       cpu, cuda or auto (default: train.device); auto uses\n"
 		"                       the GPU when there is one, else the CPU\n"
+		"  -n, --limit N        train on the first N images only, 0 = all\n"
+		"                       (default: train.limit; every worker must use the same)\n"
+		"  -m, --metrics-dir D  folder for worker-R.jsonl (default: train.metrics_dir)\n"
 		"  -l, --log-level L    debug, info, warn, error or off\n"
 		"  -h, --help           this text\n"
 		"\n"
@@ -167,16 +170,18 @@ int main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' }, { "rank", required_argument, NULL, 'r' },
 		{ "epochs", required_argument, NULL, 'e' }, { "batch", required_argument, NULL, 'b' },
 		{ "device", required_argument, NULL, 'd' }, { "log-level", required_argument, NULL, 'l' },
+		{ "metrics-dir", required_argument, NULL, 'm' },
+		{ "limit", required_argument, NULL, 'n' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
-	const char *config = NULL, *level = NULL, *device = NULL;
-	int rank = -1, epochs = 0, batch = 0, opt, rc = 1;
+	const char *config = NULL, *level = NULL, *device = NULL, *metrics_dir = NULL;
+	int rank = -1, epochs = 0, batch = 0, limit = -1, opt, rc = 1;
 	struct ps_config *cfg = calloc(1, sizeof(*cfg));
 	char err[1024];
 
 	if (!cfg)
 		return 1;
-	while ((opt = getopt_long(argc, argv, "c:r:e:b:d:l:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "c:r:e:b:d:l:m:n:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config = optarg; break;
 		case 'r':
@@ -205,6 +210,21 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'l': level = optarg; break;
+		case 'm':
+			metrics_dir = optarg;
+			if (strlen(optarg) >= sizeof(cfg->train.metrics_dir)) {
+				fprintf(stderr, "ps-worker: --metrics-dir: path longer than %zu bytes\n",
+					sizeof(cfg->train.metrics_dir) - 1);
+				return 2;
+			}
+			break;
+		case 'n':
+			if (parse_int(optarg, 0, 1000000000, &limit)) {
+				fprintf(stderr, "ps-worker: --limit: expected 0..1000000000 images, got '%s'\n",
+					optarg);
+				return 2;
+			}
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -244,6 +264,10 @@ int main(int argc, char **argv)
 		cfg->train.epochs = epochs;
 	if (batch)
 		cfg->train.batch = batch;
+	if (limit >= 0)
+		cfg->train.train_limit = limit;
+	if (metrics_dir)
+		snprintf(cfg->train.metrics_dir, sizeof(cfg->train.metrics_dir), "%s", metrics_dir);
 	if (device)
 		cfg->train.device = !strcmp(device, "cpu") ? PS_DEVICE_CPU
 				    : !strcmp(device, "cuda") ? PS_DEVICE_CUDA : PS_DEVICE_AUTO;

@@ -1,0 +1,526 @@
+/* compute_cpu.c - the reference compute backend: host memory and OpenBLAS.
+ *
+ * Every other backend is checked against this one, so it favours plain,
+ * obviously correct loops; the heavy work (dense layers, convolutions as
+ * im2col + GEMM) goes to cblas_sgemm. A training step of the cnn preset
+ * (batch 64) is about 4.3 GFLOP, nearly all in sgemm: about 95 ms on one
+ * AVX2 core that runs sgemm at 68 GFLOPS. Ops run synchronously on the
+ * calling thread (OpenBLAS may use its own threads, see OPENBLAS_NUM_THREADS),
+ * so sync() has nothing to wait for. Backend memory is ordinary host memory.
+ *
+ * Index conventions shared with other backends only through results:
+ *   im2col buffer of one image: col[(ci * kh + ki) * kw + kj][oy * ow + ox]
+ *   maxpool idx: position iy * w + ix of the max inside its (n, c) plane
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "compute.h"
+#include "ps_err.h"
+
+#define ALIGN 256
+
+struct cpu {
+	struct ps_compute base;     /* first: ops receive &base */
+};
+
+/* Records the reason for a failed op in c->err and returns rc. */
+static int fail(struct ps_compute *c, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+static int cpu_create(struct ps_compute **out, char *err, size_t errlen)
+{
+	struct cpu *b = calloc(1, sizeof(*b));
+
+	*out = NULL;
+	if (!b) {
+		if (err && errlen)
+			snprintf(err, errlen, "out of memory creating the cpu backend");
+		return -ENOMEM;
+	}
+	b->base.ops = &ps_compute_cpu_ops;
+	*out = &b->base;
+	return 0;
+}
+
+static void cpu_destroy(struct ps_compute *c)
+{
+	free(c);  /* base is the first member of struct cpu */
+}
+
+/* aligned_alloc wants a multiple of the alignment; 0 bytes still gives a
+ * distinct pointer so callers can tell success from failure. */
+static float *cpu_alloc(struct ps_compute *c, size_t bytes)
+{
+	size_t rounded = bytes ? (bytes + ALIGN - 1) / ALIGN * ALIGN : ALIGN;
+	float *p;
+
+	if (rounded < bytes) {
+		fail(c, -ENOMEM, "allocation of %zu bytes is too large", bytes);
+		return NULL;
+	}
+	p = aligned_alloc(ALIGN, rounded);
+	if (!p)
+		fail(c, -ENOMEM, "out of memory allocating %zu bytes", bytes);
+	return p;
+}
+
+static void cpu_free(struct ps_compute *c, void *p)
+{
+	(void)c;
+	free(p);
+}
+
+static void *cpu_host_alloc(struct ps_compute *c, size_t bytes)
+{
+	return cpu_alloc(c, bytes);
+}
+
+static int cpu_copy(struct ps_compute *c, void *dst, const void *src, size_t bytes)
+{
+	(void)c;
+	if (bytes)
+		memmove(dst, src, bytes);
+	return 0;
+}
+
+static int cpu_sync(struct ps_compute *c)
+{
+	(void)c;
+	return 0;
+}
+
+static int cpu_zero(struct ps_compute *c, float *x, size_t n)
+{
+	(void)c;
+	if (n)
+		memset(x, 0, n * sizeof(float));
+	return 0;
+}
+
+static int cpu_scale(struct ps_compute *c, float *y, const float *x, float a, size_t n)
+{
+	(void)c;
+	for (size_t i = 0; i < n; i++)
+		y[i] = a * x[i];
+	return 0;
+}
+
+/* ---- convolution ---- */
+
+/* Checks that s is a usable convolution shape with oh, ow from ps_conv_out(). */
+static int conv_check(struct ps_compute *c, const struct ps_conv_shape *s)
+{
+	if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->k < 1 || s->kh < 1 ||
+	    s->kw < 1 || s->pad < 0 || s->stride < 1)
+		return fail(c, -EINVAL, "conv2d: bad shape n=%d c=%d h=%d w=%d k=%d kernel=%dx%d "
+			    "pad=%d stride=%d", s->n, s->c, s->h, s->w, s->k, s->kh, s->kw,
+			    s->pad, s->stride);
+	struct ps_conv_shape t = *s;
+	ps_conv_out(&t);
+	if (t.oh < 1 || t.ow < 1 || s->h + 2 * s->pad < s->kh || s->w + 2 * s->pad < s->kw)
+		return fail(c, -EINVAL, "conv2d: kernel %dx%d larger than padded input %dx%d",
+			    s->kh, s->kw, s->h + 2 * s->pad, s->w + 2 * s->pad);
+	if (t.oh != s->oh || t.ow != s->ow)
+		return fail(c, -EINVAL, "conv2d: output %dx%d given, shape gives %dx%d "
+			    "(call ps_conv_out)", s->oh, s->ow, t.oh, t.ow);
+	return 0;
+}
+
+/* One image's im2col buffer: (c * kh * kw) rows of oh * ow floats. */
+static size_t conv_col_bytes(const struct ps_conv_shape *s)
+{
+	return (size_t)s->c * s->kh * s->kw * (size_t)s->oh * s->ow * sizeof(float);
+}
+
+static size_t cpu_conv2d_workspace(struct ps_compute *c, const struct ps_conv_shape *s)
+{
+	struct ps_conv_shape t = *s;
+
+	(void)c;
+	ps_conv_out(&t);
+	if (t.oh < 1 || t.ow < 1)
+		return 0;
+	return conv_col_bytes(&t);
+}
+
+static int conv_check_ws(struct ps_compute *c, const struct ps_conv_shape *s, const void *ws,
+			 size_t ws_bytes)
+{
+	size_t need = conv_col_bytes(s);
+
+	if (!ws || ws_bytes < need)
+		return fail(c, -EINVAL, "conv2d: workspace of %zu bytes, %zu needed",
+			    ws ? ws_bytes : 0, need);
+	return 0;
+}
+
+/* The output columns [*lo, *hi) whose input column ox * stride - pad + kj
+ * lies inside the image; outside it the padding reads as zero. */
+static void conv_valid_range(const struct ps_conv_shape *s, int kj, int *lo, int *hi)
+{
+	int first = s->pad - kj;               /* need ox * stride >= first */
+	int last = s->w - 1 + s->pad - kj;     /* need ox * stride <= last */
+
+	*lo = first <= 0 ? 0 : (first + s->stride - 1) / s->stride;
+	*hi = last < 0 ? 0 : last / s->stride + 1;
+	if (*hi > s->ow)
+		*hi = s->ow;
+	if (*lo > *hi)
+		*lo = *hi;
+}
+
+/* Unfolds one image x[c, h, w] into col (layout in the file comment).
+ * Rows of the cnn presets are short (14, 28 floats), so the copies are
+ * plain loops the compiler vectorizes rather than memcpy/memset calls. */
+static void im2col(const struct ps_conv_shape *s, const float *restrict x, float *restrict col)
+{
+	size_t ohow = (size_t)s->oh * s->ow;
+	int ow = s->ow, stride = s->stride;
+
+	for (int ci = 0; ci < s->c; ci++) {
+		for (int ki = 0; ki < s->kh; ki++) {
+			for (int kj = 0; kj < s->kw; kj++) {
+				float *row = col + (((size_t)ci * s->kh + ki) * s->kw + kj) * ohow;
+				int lo, hi, off = kj - s->pad;
+				conv_valid_range(s, kj, &lo, &hi);
+				for (int oy = 0; oy < s->oh; oy++) {
+					float *restrict d = row + (size_t)oy * ow;
+					int iy = oy * stride - s->pad + ki;
+					if (iy < 0 || iy >= s->h) {
+						for (int ox = 0; ox < ow; ox++)
+							d[ox] = 0.0f;
+						continue;
+					}
+					const float *restrict src = x + ((size_t)ci * s->h + iy) * s->w;
+					for (int ox = 0; ox < lo; ox++)
+						d[ox] = 0.0f;
+					if (stride == 1) {
+						for (int ox = lo; ox < hi; ox++)
+							d[ox] = src[ox + off];
+					} else {
+						for (int ox = lo; ox < hi; ox++)
+							d[ox] = src[ox * stride + off];
+					}
+					for (int ox = hi; ox < ow; ox++)
+						d[ox] = 0.0f;
+				}
+			}
+		}
+	}
+}
+
+/* Folds col back onto one image: dx[c, h, w] = sum of the col entries that
+ * im2col read from each position (dx is zeroed first). */
+static void col2im(const struct ps_conv_shape *s, const float *restrict col, float *restrict dx)
+{
+	size_t ohow = (size_t)s->oh * s->ow;
+	int ow = s->ow, stride = s->stride;
+
+	memset(dx, 0, (size_t)s->c * s->h * s->w * sizeof(float));
+	for (int ci = 0; ci < s->c; ci++) {
+		for (int ki = 0; ki < s->kh; ki++) {
+			for (int kj = 0; kj < s->kw; kj++) {
+				const float *row = col + (((size_t)ci * s->kh + ki) * s->kw + kj) * ohow;
+				int lo, hi, off = kj - s->pad;
+				conv_valid_range(s, kj, &lo, &hi);
+				for (int oy = 0; oy < s->oh; oy++) {
+					int iy = oy * stride - s->pad + ki;
+					if (iy < 0 || iy >= s->h)
+						continue;
+					const float *restrict d = row + (size_t)oy * ow;
+					float *restrict dst = dx + ((size_t)ci * s->h + iy) * s->w;
+					if (stride == 1) {
+						for (int ox = lo; ox < hi; ox++)
+							dst[ox + off] += d[ox];
+					} else {
+						for (int ox = lo; ox < hi; ox++)
+							dst[ox * stride + off] += d[ox];
+					}
+				}
+			}
+		}
+	}
+}
+
+/* Per image: y_i[k, oh*ow] = W[k, c*kh*kw] x col_i + b. */
+static int cpu_conv2d_fwd(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
+			  const float *W, const float *b, float *y, void *ws, size_t ws_bytes)
+{
+	int rc = conv_check(c, s);
+
+	if (!rc)
+		rc = conv_check_ws(c, s, ws, ws_bytes);
+	if (rc)
+		return rc;
+	int ckk = s->c * s->kh * s->kw, ohow = s->oh * s->ow;
+	size_t in_img = (size_t)s->c * s->h * s->w, out_img = (size_t)s->k * ohow;
+	float *col = ws;
+
+	for (int i = 0; i < s->n; i++) {
+		float *yi = y + i * out_img;
+		for (int k = 0; k < s->k; k++)
+			for (int p = 0; p < ohow; p++)
+				yi[(size_t)k * ohow + p] = b[k];
+		im2col(s, x + i * in_img, col);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->k, ohow, ckk,
+			    1.0f, W, ckk, col, ohow, 1.0f, yi, ohow);
+	}
+	return 0;
+}
+
+/* Per image, sharing the one col buffer: dW += dy_i x col_i^T, then
+ * col = W^T x dy_i folded back into dx_i; db sums dy over n, oh, ow. */
+static int cpu_conv2d_bwd(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
+			  const float *W, const float *dy, float *dx, float *dW, float *db,
+			  void *ws, size_t ws_bytes)
+{
+	int rc = conv_check(c, s);
+
+	if (!rc)
+		rc = conv_check_ws(c, s, ws, ws_bytes);
+	if (rc)
+		return rc;
+	int ckk = s->c * s->kh * s->kw, ohow = s->oh * s->ow;
+	size_t in_img = (size_t)s->c * s->h * s->w, out_img = (size_t)s->k * ohow;
+	float *col = ws;
+
+	for (int k = 0; k < s->k; k++)
+		db[k] = 0.0f;
+	for (int i = 0; i < s->n; i++) {
+		const float *dyi = dy + i * out_img;
+		for (int k = 0; k < s->k; k++) {
+			const float *r = dyi + (size_t)k * ohow;
+			float sum = 0.0f;
+			for (int p = 0; p < ohow; p++)
+				sum += r[p];
+			db[k] += sum;
+		}
+		im2col(s, x + i * in_img, col);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->k, ckk, ohow,
+			    1.0f, dyi, ohow, col, ohow, i ? 1.0f : 0.0f, dW, ckk);
+		if (!dx)
+			continue;
+		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, ohow, s->k,
+			    1.0f, W, ckk, dyi, ohow, 0.0f, col, ohow);
+		col2im(s, col, dx + i * in_img);
+	}
+	return 0;
+}
+
+/* ---- dense ---- */
+
+static int dense_check(struct ps_compute *c, int n, int in, int out)
+{
+	if (n < 1 || in < 1 || out < 1)
+		return fail(c, -EINVAL, "dense: bad shape n=%d in=%d out=%d", n, in, out);
+	return 0;
+}
+
+static int cpu_dense_fwd(struct ps_compute *c, const float *x, const float *W, const float *b,
+			 float *y, int n, int in, int out)
+{
+	int rc = dense_check(c, n, in, out);
+
+	if (rc)
+		return rc;
+	for (int i = 0; i < n; i++)
+		memcpy(y + (size_t)i * out, b, (size_t)out * sizeof(float));
+	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, out, in,
+		    1.0f, x, in, W, out, 1.0f, y, out);
+	return 0;
+}
+
+/* dW = x^T dy, db = column sums of dy, dx = dy W^T. */
+static int cpu_dense_bwd(struct ps_compute *c, const float *x, const float *W, const float *dy,
+			 float *dx, float *dW, float *db, int n, int in, int out)
+{
+	int rc = dense_check(c, n, in, out);
+
+	if (rc)
+		return rc;
+	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n,
+		    1.0f, x, in, dy, out, 0.0f, dW, out);
+	memcpy(db, dy, (size_t)out * sizeof(float));
+	for (int i = 1; i < n; i++) {
+		const float *r = dy + (size_t)i * out;
+		for (int j = 0; j < out; j++)
+			db[j] += r[j];
+	}
+	if (dx)
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in, out,
+			    1.0f, dy, out, W, out, 0.0f, dx, in);
+	return 0;
+}
+
+/* ---- max pooling ---- */
+
+static int pool_check(struct ps_compute *c, const struct ps_pool_shape *s)
+{
+	if (s->n < 1 || s->c < 1 || s->size < 1 || s->h < s->size || s->w < s->size)
+		return fail(c, -EINVAL, "maxpool: bad shape n=%d c=%d h=%d w=%d size=%d",
+			    s->n, s->c, s->h, s->w, s->size);
+	if (s->oh != s->h / s->size || s->ow != s->w / s->size)
+		return fail(c, -EINVAL, "maxpool: output %dx%d given, shape gives %dx%d",
+			    s->oh, s->ow, s->h / s->size, s->w / s->size);
+	return 0;
+}
+
+static int cpu_maxpool_fwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *x,
+			   float *y, int32_t *idx)
+{
+	int rc = pool_check(c, s);
+
+	if (rc)
+		return rc;
+	size_t planes = (size_t)s->n * s->c, in_plane = (size_t)s->h * s->w;
+	size_t out_plane = (size_t)s->oh * s->ow;
+
+	for (size_t p = 0; p < planes; p++) {
+		const float *xp = x + p * in_plane;
+		float *yp = y + p * out_plane;
+		int32_t *ip = idx + p * out_plane;
+		for (int oy = 0; oy < s->oh; oy++) {
+			for (int ox = 0; ox < s->ow; ox++) {
+				int y0 = oy * s->size, x0 = ox * s->size;
+				int best = y0 * s->w + x0;
+				float m = xp[best];
+				for (int dy = 0; dy < s->size; dy++) {
+					int at = (y0 + dy) * s->w + x0;
+					for (int dx = 0; dx < s->size; dx++, at++) {
+						if (xp[at] > m) {
+							m = xp[at];
+							best = at;
+						}
+					}
+				}
+				yp[oy * s->ow + ox] = m;
+				ip[oy * s->ow + ox] = best;
+			}
+		}
+	}
+	return 0;
+}
+
+static int cpu_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *dy,
+			   const int32_t *idx, float *dx)
+{
+	int rc = pool_check(c, s);
+
+	if (rc)
+		return rc;
+	size_t planes = (size_t)s->n * s->c, in_plane = (size_t)s->h * s->w;
+	size_t out_plane = (size_t)s->oh * s->ow;
+
+	memset(dx, 0, planes * in_plane * sizeof(float));
+	for (size_t p = 0; p < planes; p++) {
+		float *dxp = dx + p * in_plane;
+		for (size_t o = 0; o < out_plane; o++) {
+			int32_t at = idx[p * out_plane + o];
+			if (at < 0 || (size_t)at >= in_plane)
+				return fail(c, -EINVAL, "maxpool: index %d outside the %dx%d input "
+					    "(not from maxpool_fwd of this shape?)", at, s->h, s->w);
+			dxp[at] += dy[p * out_plane + o];
+		}
+	}
+	return 0;
+}
+
+/* ---- relu ---- */
+
+static int cpu_relu_fwd(struct ps_compute *c, const float *x, float *y, size_t n)
+{
+	(void)c;
+	for (size_t i = 0; i < n; i++)
+		y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+	return 0;
+}
+
+static int cpu_relu_bwd(struct ps_compute *c, const float *y, const float *dy, float *dx,
+			size_t n)
+{
+	(void)c;
+	for (size_t i = 0; i < n; i++)
+		dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+	return 0;
+}
+
+/* ---- loss ---- */
+
+/* Per example: subtract the max logit so exp() cannot overflow; loss is
+ * log(sum exp) - (logit[label] - max); dlogits = (softmax - onehot) / n.
+ * Labels are all checked first so a bad batch writes nothing. */
+static int cpu_softmax_xent(struct ps_compute *c, const float *logits, const int32_t *labels,
+			    int n, int classes, float *dlogits, float *loss, int *correct)
+{
+	double total = 0.0;
+	int right = 0;
+
+	if (n < 1 || classes < 1)
+		return fail(c, -EINVAL, "softmax_xent: bad shape n=%d classes=%d", n, classes);
+	for (int i = 0; i < n; i++)
+		if (labels[i] < 0 || labels[i] >= classes)
+			return fail(c, -EINVAL, "softmax_xent: label %d of example %d is outside "
+				    "[0, %d)", labels[i], i, classes);
+	for (int i = 0; i < n; i++) {
+		const float *z = logits + (size_t)i * classes;
+		int arg = 0;
+		for (int j = 1; j < classes; j++)
+			if (z[j] > z[arg])
+				arg = j;
+		float max = z[arg];
+		double sum = 0.0;
+		for (int j = 0; j < classes; j++)
+			sum += exp((double)z[j] - max);
+		total += log(sum) - ((double)z[labels[i]] - max);
+		right += arg == labels[i];
+		if (!dlogits)
+			continue;
+		float *d = dlogits + (size_t)i * classes;
+		double inv = 1.0 / (sum * n);
+		for (int j = 0; j < classes; j++)
+			d[j] = (float)(exp((double)z[j] - max) * inv);
+		d[labels[i]] -= 1.0f / (float)n;
+	}
+	*loss = (float)(total / n);
+	*correct = right;
+	if (!isfinite(total))
+		return fail(c, PS_ENOFINITE, "softmax_xent: loss is not finite (NaN or "
+			    "infinite logits)");
+	return 0;
+}
+
+const struct ps_compute_ops ps_compute_cpu_ops = {
+	.name = "cpu",
+	.create = cpu_create,
+	.destroy = cpu_destroy,
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_free,
+	.upload = cpu_copy,
+	.download = cpu_copy,
+	.sync = cpu_sync,
+	.zero = cpu_zero,
+	.scale = cpu_scale,
+	.conv2d_workspace = cpu_conv2d_workspace,
+	.dense_fwd = cpu_dense_fwd,
+	.dense_bwd = cpu_dense_bwd,
+	.conv2d_fwd = cpu_conv2d_fwd,
+	.conv2d_bwd = cpu_conv2d_bwd,
+	.maxpool_fwd = cpu_maxpool_fwd,
+	.maxpool_bwd = cpu_maxpool_bwd,
+	.relu_fwd = cpu_relu_fwd,
+	.relu_bwd = cpu_relu_bwd,
+	.softmax_xent = cpu_softmax_xent,
+};

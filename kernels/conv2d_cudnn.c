@@ -1,0 +1,303 @@
+/* conv2d_cudnn.c - the cuda backend's convolutions, through cuDNN's
+ * convolution API (cudnnConvolutionForward / BackwardData / BackwardFilter;
+ * still in cuDNN 9, where it is marked legacy next to the graph API).
+ *
+ * Algorithm choice: cudnnGetConvolution*Algorithm_v7, cuDNN's heuristic
+ * ranking (no trial runs, so no timing noise and no memory allocated behind
+ * the caller's back), walked in rank order for the first algorithm that
+ *   - reports success for the shape,
+ *   - uses FMA math: fp32 throughout, never TF32 tensor cores, so results
+ *     stay within the cpu reference's tolerance,
+ *   - is deterministic (a second pass accepts any, if none is),
+ *   - fits the workspace limit.
+ * If none fits, the zero-workspace algorithms (implicit GEMM, ALGO_0) are
+ * used. conv2d_workspace() plans with PS__CONV_WS_CAP as the limit and
+ * returns the largest of the three workspaces; the ops plan with the
+ * workspace they are actually given, so a smaller batch or a smaller buffer
+ * still works. Plans are remembered per (shape, limit).
+ *
+ * Bias add and bias gradient are our kernels (bias.cu).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include "compute_cuda.h"
+#include "cuda_check.h"
+#include "bias.cuh"
+#include "ps_err.h"
+
+static int fail(struct ps_cuda *cu, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(cu->base.err, sizeof(cu->base.err), fmt, ap);
+	va_end(ap);
+	return rc;
+}
+
+int ps__cuda_conv_init(struct ps_cuda *cu)
+{
+	CUDNN_CHECK(cu->base.err, cudnnCreateTensorDescriptor(&cu->x_desc));
+	CUDNN_CHECK(cu->base.err, cudnnCreateTensorDescriptor(&cu->y_desc));
+	CUDNN_CHECK(cu->base.err, cudnnCreateFilterDescriptor(&cu->w_desc));
+	CUDNN_CHECK(cu->base.err, cudnnCreateConvolutionDescriptor(&cu->conv_desc));
+	return 0;
+}
+
+/* Safe on a partly initialized backend: only what exists is destroyed. */
+void ps__cuda_conv_free(struct ps_cuda *cu)
+{
+	if (cu->conv_desc)
+		cudnnDestroyConvolutionDescriptor(cu->conv_desc);
+	if (cu->w_desc)
+		cudnnDestroyFilterDescriptor(cu->w_desc);
+	if (cu->y_desc)
+		cudnnDestroyTensorDescriptor(cu->y_desc);
+	if (cu->x_desc)
+		cudnnDestroyTensorDescriptor(cu->x_desc);
+	cu->conv_desc = NULL;
+	cu->w_desc = NULL;
+	cu->x_desc = cu->y_desc = NULL;
+}
+
+/* Same checks and messages as the cpu backend: a usable shape whose oh, ow
+ * come from ps_conv_out(). */
+static int conv_check(struct ps_cuda *cu, const struct ps_conv_shape *s)
+{
+	if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->k < 1 || s->kh < 1 ||
+	    s->kw < 1 || s->pad < 0 || s->stride < 1)
+		return fail(cu, -EINVAL, "conv2d: bad shape n=%d c=%d h=%d w=%d k=%d kernel=%dx%d "
+			    "pad=%d stride=%d", s->n, s->c, s->h, s->w, s->k, s->kh, s->kw,
+			    s->pad, s->stride);
+	struct ps_conv_shape t = *s;
+	ps_conv_out(&t);
+	if (t.oh < 1 || t.ow < 1 || s->h + 2 * s->pad < s->kh || s->w + 2 * s->pad < s->kw)
+		return fail(cu, -EINVAL, "conv2d: kernel %dx%d larger than padded input %dx%d",
+			    s->kh, s->kw, s->h + 2 * s->pad, s->w + 2 * s->pad);
+	if (t.oh != s->oh || t.ow != s->ow)
+		return fail(cu, -EINVAL, "conv2d: output %dx%d given, shape gives %dx%d "
+			    "(call ps_conv_out)", s->oh, s->ow, t.oh, t.ow);
+	return 0;
+}
+
+/* Points the four descriptors at shape s (NCHW fp32, cross-correlation). */
+static int set_descs(struct ps_cuda *cu, const struct ps_conv_shape *s)
+{
+	CUDNN_CHECK(cu->base.err, cudnnSetTensor4dDescriptor(cu->x_desc, CUDNN_TENSOR_NCHW,
+							     CUDNN_DATA_FLOAT, s->n, s->c, s->h,
+							     s->w));
+	CUDNN_CHECK(cu->base.err, cudnnSetFilter4dDescriptor(cu->w_desc, CUDNN_DATA_FLOAT,
+							     CUDNN_TENSOR_NCHW, s->k, s->c, s->kh,
+							     s->kw));
+	CUDNN_CHECK(cu->base.err, cudnnSetConvolution2dDescriptor(cu->conv_desc, s->pad, s->pad,
+								  s->stride, s->stride, 1, 1,
+								  CUDNN_CROSS_CORRELATION,
+								  CUDNN_DATA_FLOAT));
+	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, CUDNN_FMA_MATH));
+	CUDNN_CHECK(cu->base.err, cudnnSetTensor4dDescriptor(cu->y_desc, CUDNN_TENSOR_NCHW,
+							     CUDNN_DATA_FLOAT, s->n, s->k, s->oh,
+							     s->ow));
+	return 0;
+}
+
+/* Whether a heuristic entry may be taken in pass (0: deterministic only). */
+static int acceptable(cudnnStatus_t st, cudnnMathType_t math, cudnnDeterminism_t det, int pass)
+{
+	return st == CUDNN_STATUS_SUCCESS && math == CUDNN_FMA_MATH &&
+	       (pass > 0 || det == CUDNN_DETERMINISTIC);
+}
+
+static int pick_fwd(struct ps_cuda *cu, size_t limit, struct ps__conv_plan *p)
+{
+	cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+	int got = 0;
+	size_t need;
+
+	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionForwardAlgorithm_v7(
+		cu->dnn, cu->x_desc, cu->w_desc, cu->conv_desc, cu->y_desc,
+		CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < got; i++) {
+			if (!acceptable(perf[i].status, perf[i].mathType, perf[i].determinism, pass))
+				continue;
+			if (cudnnGetConvolutionForwardWorkspaceSize(cu->dnn, cu->x_desc, cu->w_desc,
+								    cu->conv_desc, cu->y_desc,
+								    perf[i].algo, &need) !=
+				    CUDNN_STATUS_SUCCESS || need > limit)
+				continue;
+			p->fwd = perf[i].algo;
+			p->fwd_ws = need;
+			return 0;
+		}
+	}
+	p->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionForwardWorkspaceSize(
+		cu->dnn, cu->x_desc, cu->w_desc, cu->conv_desc, cu->y_desc, p->fwd, &p->fwd_ws));
+	return 0;
+}
+
+static int pick_bwd_data(struct ps_cuda *cu, size_t limit, struct ps__conv_plan *p)
+{
+	cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+	int got = 0;
+	size_t need;
+
+	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardDataAlgorithm_v7(
+		cu->dnn, cu->w_desc, cu->y_desc, cu->conv_desc, cu->x_desc,
+		CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < got; i++) {
+			if (!acceptable(perf[i].status, perf[i].mathType, perf[i].determinism, pass))
+				continue;
+			if (cudnnGetConvolutionBackwardDataWorkspaceSize(
+				    cu->dnn, cu->w_desc, cu->y_desc, cu->conv_desc, cu->x_desc,
+				    perf[i].algo, &need) != CUDNN_STATUS_SUCCESS ||
+			    need > limit)
+				continue;
+			p->bwd_data = perf[i].algo;
+			p->data_ws = need;
+			return 0;
+		}
+	}
+	p->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
+	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardDataWorkspaceSize(
+		cu->dnn, cu->w_desc, cu->y_desc, cu->conv_desc, cu->x_desc, p->bwd_data,
+		&p->data_ws));
+	return 0;
+}
+
+static int pick_bwd_filter(struct ps_cuda *cu, size_t limit, struct ps__conv_plan *p)
+{
+	cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+	int got = 0;
+	size_t need;
+
+	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+		cu->dnn, cu->x_desc, cu->y_desc, cu->conv_desc, cu->w_desc,
+		CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < got; i++) {
+			if (!acceptable(perf[i].status, perf[i].mathType, perf[i].determinism, pass))
+				continue;
+			if (cudnnGetConvolutionBackwardFilterWorkspaceSize(
+				    cu->dnn, cu->x_desc, cu->y_desc, cu->conv_desc, cu->w_desc,
+				    perf[i].algo, &need) != CUDNN_STATUS_SUCCESS ||
+			    need > limit)
+				continue;
+			p->bwd_filter = perf[i].algo;
+			p->filter_ws = need;
+			return 0;
+		}
+	}
+	p->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
+	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardFilterWorkspaceSize(
+		cu->dnn, cu->x_desc, cu->y_desc, cu->conv_desc, cu->w_desc, p->bwd_filter,
+		&p->filter_ws));
+	return 0;
+}
+
+/* The plan for s under limit: remembered, or chosen now (descriptors must
+ * already describe s). */
+static int get_plan(struct ps_cuda *cu, const struct ps_conv_shape *s, size_t limit,
+		    const struct ps__conv_plan **out)
+{
+	struct ps__conv_plan *p;
+	int rc;
+
+	for (int i = 0; i < PS__CONV_PLANS; i++) {
+		p = &cu->plans[i];
+		if (p->used && p->limit == limit && memcmp(&p->shape, s, sizeof(*s)) == 0) {
+			*out = p;
+			return 0;
+		}
+	}
+	p = &cu->plans[cu->next_plan];
+	cu->next_plan = (cu->next_plan + 1) % PS__CONV_PLANS;
+	memset(p, 0, sizeof(*p));
+	if ((rc = pick_fwd(cu, limit, p)) || (rc = pick_bwd_data(cu, limit, p)) ||
+	    (rc = pick_bwd_filter(cu, limit, p)))
+		return rc;
+	p->shape = *s;
+	p->limit = limit;
+	p->used = 1;
+	*out = p;
+	return 0;
+}
+
+static size_t max3(size_t a, size_t b, size_t c)
+{
+	size_t m = a > b ? a : b;
+
+	return m > c ? m : c;
+}
+
+size_t ps__cuda_conv2d_workspace(struct ps_compute *c, const struct ps_conv_shape *s)
+{
+	struct ps_cuda *cu = ps__cuda_of(c);
+	struct ps_conv_shape t = *s;
+	const struct ps__conv_plan *p;
+
+	ps_conv_out(&t);  /* as the cpu backend: callers may not have filled oh, ow */
+	if (conv_check(cu, &t) || set_descs(cu, &t) || get_plan(cu, &t, PS__CONV_WS_CAP, &p))
+		return 0;  /* the op itself reports the problem; 0 still runs */
+	return max3(p->fwd_ws, p->data_ws, p->filter_ws);
+}
+
+/* Shape, descriptors and plan for an op given ws_bytes of workspace. */
+static int prepare(struct ps_cuda *cu, const struct ps_conv_shape *s, const void *ws,
+		   size_t ws_bytes, const struct ps__conv_plan **p)
+{
+	int rc = conv_check(cu, s);
+
+	if (rc)
+		return rc;
+	if (!ws)
+		ws_bytes = 0;
+	if ((rc = set_descs(cu, s)))
+		return rc;
+	return get_plan(cu, s, ws_bytes, p);
+}
+
+int ps__cuda_conv2d_fwd(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
+			const float *W, const float *b, float *y, void *ws, size_t ws_bytes)
+{
+	struct ps_cuda *cu = ps__cuda_of(c);
+	const struct ps__conv_plan *p;
+	const float one = 1.0f, zero = 0.0f;
+	int rc = prepare(cu, s, ws, ws_bytes, &p);
+
+	if (rc)
+		return rc;
+	CUDNN_CHECK(c->err, cudnnConvolutionForward(cu->dnn, &one, cu->x_desc, x, cu->w_desc, W,
+						    cu->conv_desc, p->fwd, ws, p->fwd_ws, &zero,
+						    cu->y_desc, y));
+	CUDA_CHECK(c->err, ps__cuda_bias_add(cu->stream, y, b, (size_t)s->n, s->k,
+					     (size_t)s->oh * s->ow));
+	return 0;
+}
+
+int ps__cuda_conv2d_bwd(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
+			const float *W, const float *dy, float *dx, float *dW, float *db,
+			void *ws, size_t ws_bytes)
+{
+	struct ps_cuda *cu = ps__cuda_of(c);
+	const struct ps__conv_plan *p;
+	const float one = 1.0f, zero = 0.0f;
+	int rc = prepare(cu, s, ws, ws_bytes, &p);
+
+	if (rc)
+		return rc;
+	CUDA_CHECK(c->err, ps__cuda_bias_grad(cu->stream, db, dy, (size_t)s->n, s->k,
+					      (size_t)s->oh * s->ow));
+	CUDNN_CHECK(c->err, cudnnConvolutionBackwardFilter(cu->dnn, &one, cu->x_desc, x,
+							   cu->y_desc, dy, cu->conv_desc,
+							   p->bwd_filter, ws, p->filter_ws, &zero,
+							   cu->w_desc, dW));
+	if (dx)
+		CUDNN_CHECK(c->err, cudnnConvolutionBackwardData(cu->dnn, &one, cu->w_desc, W,
+								 cu->y_desc, dy, cu->conv_desc,
+								 p->bwd_data, ws, p->data_ws, &zero,
+								 cu->x_desc, dx));
+	return 0;
+}

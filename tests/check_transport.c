@@ -1,0 +1,971 @@
+/* check_transport.c - the conformance suite every transport must pass
+ * (DESIGN.md §7). Each case runs once per transport in `transports` that
+ * ps_transport_find() returns and whose create() works here; the others are
+ * reported as "SKIP <name>: <reason>" and not run.
+ *
+ * A server and a client transport share one libuv loop in the test process
+ * (127.0.0.1, port 0). Raw sockets play the misbehaving peer. What is
+ * checked: frames arrive whole and in send order in both directions, many
+ * sends queued before the loop runs, a 64 MiB multi-piece payload, empty and
+ * exactly-at-the-limit frames, STABLE (callback once, never inside the call)
+ * and VOLATILE (buffer reusable at once) sends, peers that vanish mid-frame,
+ * oversized lengths refused without allocating, queued_bytes, close
+ * idempotence, and on_close exactly once per connection, never inside the
+ * call that caused it. Teardown destroys both transports and requires the
+ * loop to close cleanly (no handle left behind).
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ps_err.h"
+#include "test_util.h"
+#include "transport.h"
+
+static const char *const transports[] = { "tcp", "rdma" };
+static const char *avail[8]; /* names that passed the probe in main() */
+
+#define MAX_RECS 64
+#define MIB (1024 * 1024)
+
+/* What the test saw of one connection. */
+struct rec {
+	struct ps_conn *c;
+	int server_side;
+	int closes, close_status;
+	int connects, connect_status;
+	int frames;
+	int frames_after_close;   /* on_frame after the test called close() */
+	int local_closed;
+};
+
+struct got {
+	struct rec *r;
+	struct ps_frame *f;
+};
+
+static struct env {
+	uv_loop_t loop;
+	const struct ps_transport_ops *ops;
+	struct ps_transport *srv, *cli;
+	int port;
+	struct rec recs[MAX_RECS];
+	int nrecs;
+	struct rec *s, *k;        /* the main pair: server side, client side */
+	struct got *got;          /* frames kept by the default handler */
+	int ngot, capgot;
+	/* A test may take frames itself; return 1 when it kept or released f. */
+	int (*hook)(struct rec *r, struct ps_frame *f);
+	int in_call;              /* inside a transport call made by the test */
+	int sync_cbs;             /* callbacks that fired inside such a call */
+	uv_timer_t watchdog;
+	int expired;
+} E;
+
+static struct ps_wire_limits lim_default = { .max_frame = 80 * MIB, .max_meta = 64 * 1024 };
+
+/* ---- callbacks ---- */
+
+static struct rec *rec_new(struct ps_conn *c, int server_side)
+{
+	ck_assert_int_lt(E.nrecs, MAX_RECS);
+	struct rec *r = &E.recs[E.nrecs++];
+	memset(r, 0, sizeof(*r));
+	r->c = c;
+	r->server_side = server_side;
+	return r;
+}
+
+static void note_call(void)
+{
+	if (E.in_call)
+		E.sync_cbs++;
+}
+
+static void cb_accept(struct ps_transport *t, struct ps_conn *c)
+{
+	note_call();
+	ck_assert_ptr_eq(t, E.srv);
+	ck_assert_ptr_eq(c->t, E.srv);
+	c->data = rec_new(c, 1);
+}
+
+static void cb_connect(struct ps_conn *c, int status)
+{
+	struct rec *r = c->data;
+
+	note_call();
+	r->connects++;
+	r->connect_status = status;
+}
+
+static void cb_frame(struct ps_conn *c, struct ps_frame *f)
+{
+	struct rec *r = c->data;
+
+	note_call();
+	ck_assert_ptr_nonnull(f);
+	ck_assert_ptr_nonnull(f->release);
+	if (!r) { /* accepted without on_accept: not expected */
+		ps_frame_release(f);
+		ck_abort_msg("frame on a connection that was never announced");
+	}
+	r->frames++;
+	if (r->local_closed)
+		r->frames_after_close++;
+	if (E.hook && E.hook(r, f))
+		return;
+	if (E.ngot == E.capgot) {
+		E.capgot = E.capgot ? 2 * E.capgot : 256;
+		E.got = realloc(E.got, sizeof(*E.got) * (size_t)E.capgot);
+	}
+	E.got[E.ngot++] = (struct got){ r, f };
+}
+
+static void cb_close(struct ps_conn *c, int status)
+{
+	struct rec *r = c->data;
+
+	note_call();
+	if (!r)
+		return; /* closed before on_accept announced it */
+	r->closes++;
+	r->close_status = status;
+	r->c = NULL;
+}
+
+static const struct ps_transport_cbs cbs = {
+	.on_accept = cb_accept, .on_connect = cb_connect, .on_frame = cb_frame,
+	.on_close = cb_close,
+};
+
+/* ---- loop helpers ---- */
+
+static void on_watchdog(uv_timer_t *t)
+{
+	(void)t;
+	E.expired = 1;
+}
+
+/* Runs the loop until cond holds or ms pass; the value of cond. */
+#define RUN_UNTIL(cond, ms)                                                      \
+	({                                                                       \
+		E.expired = 0;                                                   \
+		uv_timer_start(&E.watchdog, on_watchdog, (ms), 0);               \
+		while (!(cond) && !E.expired)                                    \
+			uv_run(&E.loop, UV_RUN_ONCE);                            \
+		uv_timer_stop(&E.watchdog);                                      \
+		(cond);                                                          \
+	})
+
+/* Runs the loop for ms whatever happens. */
+static void run_for(int ms)
+{
+	RUN_UNTIL(0, ms);
+}
+
+/* Transport calls made through these count callbacks fired inside them. */
+static int tsend(struct rec *r, uint8_t type, const void *meta, uint32_t meta_len,
+		 const struct ps_iov *p, int np, unsigned flags, ps_send_cb cb, void *arg)
+{
+	E.in_call++;
+	int rc = E.ops->send(r->c, type, meta, meta_len, p, np, flags, cb, arg);
+	E.in_call--;
+	return rc;
+}
+
+static void tclose(struct rec *r, int status)
+{
+	E.in_call++;
+	r->local_closed = 1;
+	E.ops->close(r->c, status);
+	E.in_call--;
+}
+
+static int count_frames(const struct rec *r)
+{
+	int n = 0;
+
+	for (int i = 0; i < E.ngot; i++)
+		n += E.got[i].r == r;
+	return n;
+}
+
+/* The most recently announced server-side connection, or NULL. */
+static struct rec *newest_server_rec(void)
+{
+	for (int i = E.nrecs - 1; i >= 0; i--)
+		if (E.recs[i].server_side)
+			return &E.recs[i];
+	return NULL;
+}
+
+/* Connects the client transport to the server one; both ends recorded. */
+static void connect_pair(struct rec **srv_end, struct rec **cli_end)
+{
+	struct ps_conn *c = NULL;
+	int before = E.nrecs;
+
+	E.in_call++;
+	ck_assert_int_eq(E.ops->connect(E.cli, "127.0.0.1", E.port, NULL, &c), 0);
+	E.in_call--;
+	ck_assert_ptr_nonnull(c);
+	*cli_end = rec_new(c, 0);
+	c->data = *cli_end;
+	ck_assert_int_eq((*cli_end)->connects, 0); /* never inside connect() */
+	ck_assert(RUN_UNTIL((*cli_end)->connects == 1 && E.nrecs == before + 2, 5000));
+	ck_assert_int_eq((*cli_end)->connect_status, 0);
+	*srv_end = newest_server_rec();
+	ck_assert_ptr_nonnull(*srv_end);
+	ck_assert_ptr_ne(*srv_end, *cli_end);
+	ck_assert_uint_eq(E.ops->queued_bytes(c), 0);
+}
+
+static void env_init(int i)
+{
+	memset(&E, 0, sizeof(E));
+	E.ops = ps_transport_find(avail[i]);
+	ck_assert_ptr_nonnull(E.ops);
+	ck_assert_str_eq(E.ops->name, avail[i]);
+	ck_assert_int_eq(uv_loop_init(&E.loop), 0);
+	uv_timer_init(&E.loop, &E.watchdog);
+	ck_assert_int_eq(E.ops->create(&E.loop, &cbs, &lim_default, &E, &E.srv), 0);
+	ck_assert_int_eq(E.ops->create(&E.loop, &cbs, &lim_default, &E, &E.cli), 0);
+	ck_assert_ptr_eq(E.srv->data, &E);
+	ck_assert_ptr_eq(E.srv->ops, E.ops);
+	ck_assert_int_lt(E.ops->bound_port(E.cli), 0); /* not listening */
+	ck_assert_int_eq(E.ops->listen(E.srv, "127.0.0.1", 0), 0);
+	E.port = E.ops->bound_port(E.srv);
+	ck_assert_int_gt(E.port, 0);
+	connect_pair(&E.s, &E.k);
+}
+
+/* Releases frames, destroys both transports, and checks that every
+ * connection got exactly one on_close and that nothing was left on the
+ * loop. */
+static void env_free(void)
+{
+	for (int i = 0; i < E.ngot; i++)
+		ps_frame_release(E.got[i].f);
+	free(E.got);
+	E.got = NULL;
+	E.ngot = 0;
+	E.hook = NULL;
+	E.ops->destroy(E.cli);
+	E.ops->destroy(E.srv);
+	uv_close((uv_handle_t *)&E.watchdog, NULL);
+	uv_run(&E.loop, UV_RUN_DEFAULT);
+	ck_assert_int_eq(uv_loop_close(&E.loop), 0);
+	for (int i = 0; i < E.nrecs; i++) {
+		ck_assert_msg(E.recs[i].closes == 1, "connection %d (%s side) got %d on_close", i,
+			      E.recs[i].server_side ? "server" : "client", E.recs[i].closes);
+		ck_assert_int_eq(E.recs[i].frames_after_close, 0);
+	}
+	ck_assert_int_eq(E.sync_cbs, 0);
+}
+
+/* ---- data helpers ---- */
+
+static uint8_t pat(uint32_t seq, uint64_t k)
+{
+	return (uint8_t)(seq * 131u + k * 7u + (k >> 9) + (k >> 17));
+}
+
+static void fill(uint8_t *b, uint64_t n, uint32_t seq)
+{
+	for (uint64_t k = 0; k < n; k++)
+		b[k] = pat(seq, k);
+}
+
+static uint64_t first_bad(const uint8_t *b, uint64_t n, uint32_t seq)
+{
+	for (uint64_t k = 0; k < n; k++)
+		if (b[k] != pat(seq, k))
+			return k;
+	return UINT64_MAX;
+}
+
+static uint64_t fnv(const uint8_t *b, uint64_t n, uint64_t h)
+{
+	for (uint64_t k = 0; k < n; k++)
+		h = (h ^ b[k]) * 0x100000001b3ull;
+	return h;
+}
+
+struct sent {
+	int fired, status;
+};
+
+static void on_sent(struct ps_conn *c, int status, void *arg)
+{
+	struct sent *s = arg;
+
+	(void)c;
+	note_call();
+	s->fired++;
+	s->status = status;
+}
+
+/* ---- raw peers ---- */
+
+static int raw_connect(int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+static void raw_write(int fd, const void *b, size_t n)
+{
+	ck_assert_int_eq(write(fd, b, n), (ssize_t)n);
+}
+
+/* Closes with a RST instead of a FIN. */
+static void raw_reset(int fd)
+{
+	struct linger l = { 1, 0 };
+
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+	close(fd);
+}
+
+/* 1 if the peer has closed fd (EOF or reset), 0 if it is still open. */
+static int raw_peer_closed(int fd)
+{
+	char b[256];
+	ssize_t n;
+
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	while ((n = read(fd, b, sizeof(b))) > 0)
+		;
+	return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+static void hdr(uint8_t b[PS_WIRE_HDR_LEN], uint8_t type, uint32_t meta, uint64_t payload)
+{
+	struct ps_frame_hdr h = { .type = type, .meta_len = meta, .payload_len = payload };
+	ps_wire_encode_hdr(b, &h);
+}
+
+/* ---- cases ---- */
+
+/* Server echoes every frame back (VOLATILE, payload pointing into the frame
+ * it keeps); the client checks the echoes in order as they come. */
+static uint32_t echo_next;
+static int echo_bad;
+
+static int echo_hook(struct rec *r, struct ps_frame *f)
+{
+	if (r->server_side) {
+		struct ps_iov iov = { f->payload, f->hdr.payload_len };
+		int rc = E.ops->send(r->c, f->hdr.type, f->meta, f->hdr.meta_len, &iov, 1,
+				     PS_SEND_VOLATILE, NULL, NULL);
+		if (rc)
+			echo_bad++;
+		return 0; /* keep it in E.got */
+	}
+	uint32_t seq = echo_next++;
+	if (f->hdr.type != 1 + seq % 9 || f->hdr.meta_len != seq % 300 ||
+	    first_bad(f->meta, f->hdr.meta_len, seq) != UINT64_MAX ||
+	    first_bad(f->payload, f->hdr.payload_len, seq + 1) != UINT64_MAX)
+		echo_bad++;
+	ps_frame_release(f);
+	return 1;
+}
+
+#define NORDER 1000
+
+static uint64_t order_payload_len(uint32_t i)
+{
+	return i % 10 ? (uint64_t)(i * 7919u) % 20000 : 0;
+}
+
+START_TEST(test_order_1000_frames)
+{
+	static struct sent st[NORDER];
+	uint8_t *bufs[NORDER];
+	uint64_t bytes = 0;
+
+	env_init(_i);
+	echo_next = 0;
+	echo_bad = 0;
+	E.hook = echo_hook;
+	memset(st, 0, sizeof(st));
+	for (uint32_t i = 0; i < NORDER; i++) {
+		uint32_t mlen = i % 300;
+		uint64_t plen = order_payload_len(i);
+		uint8_t meta[300];
+		bufs[i] = malloc(plen + 1);
+		fill(meta, mlen, i);
+		fill(bufs[i], plen, i + 1);
+		/* 1 to 4 pieces of uneven size. */
+		struct ps_iov iov[4];
+		int np = 1 + (int)(i % 4);
+		uint64_t off = 0;
+		for (int k = 0; k < np; k++) {
+			uint64_t len = k == np - 1 ? plen - off : (plen - off) / 3;
+			iov[k] = (struct ps_iov){ bufs[i] + off, len };
+			off += len;
+		}
+		if (i % 2 == 0) {
+			ck_assert_int_eq(tsend(E.k, (uint8_t)(1 + i % 9), meta, mlen, iov, np,
+					       PS_SEND_STABLE, on_sent, &st[i]),
+					 0);
+		} else {
+			ck_assert_int_eq(tsend(E.k, (uint8_t)(1 + i % 9), meta, mlen, iov, np,
+					       PS_SEND_VOLATILE, NULL, NULL),
+					 0);
+			memset(bufs[i], 0xa5, plen + 1); /* VOLATILE: ours again */
+		}
+		memset(meta, 0x5a, sizeof(meta)); /* meta is always copied */
+		bytes += PS_WIRE_HDR_LEN + mlen + plen;
+		/* Let the loop run now and then so sends and receives interleave. */
+		if (i % 97 == 0)
+			uv_run(&E.loop, UV_RUN_NOWAIT);
+	}
+	ck_assert(RUN_UNTIL(echo_next == NORDER && count_frames(E.s) == NORDER, 10000));
+	ck_assert_int_eq(echo_bad, 0);
+	/* The server kept every frame: each is still intact and in order. */
+	for (uint32_t i = 0; i < NORDER; i++) {
+		struct ps_frame *f = E.got[i].f;
+		ck_assert_ptr_eq(E.got[i].r, E.s);
+		ck_assert_uint_eq(f->hdr.type, 1 + i % 9);
+		ck_assert_uint_eq(f->hdr.meta_len, i % 300);
+		ck_assert_uint_eq(f->hdr.payload_len, order_payload_len(i));
+		ck_assert_msg(first_bad(f->meta, f->hdr.meta_len, i) == UINT64_MAX,
+			      "frame %u: metadata differs", i);
+		ck_assert_msg(first_bad(f->payload, f->hdr.payload_len, i + 1) == UINT64_MAX,
+			      "frame %u: payload differs at byte %llu", i,
+			      (unsigned long long)first_bad(f->payload, f->hdr.payload_len, i + 1));
+		/* The server reads tensors in place as floats. */
+		ck_assert_uint_eq((uintptr_t)f->payload % 4, 0);
+		if (i % 2 == 0) {
+			ck_assert_int_eq(st[i].fired, 1);
+			ck_assert_int_eq(st[i].status, 0);
+		}
+	}
+	ck_assert_uint_eq(E.k->c->bytes_out, bytes);
+	ck_assert_uint_eq(E.s->c->bytes_in, bytes);
+	ck_assert_uint_eq(E.s->c->bytes_out, bytes);
+	ck_assert_uint_eq(E.k->c->bytes_in, bytes);
+	for (uint32_t i = 0; i < NORDER; i++)
+		free(bufs[i]);
+	env_free();
+}
+END_TEST
+
+/* Hundreds of sends queued before the loop runs at all. */
+#define NFLIGHT 400
+#define FLIGHT_BYTES (32 * 1024)
+
+START_TEST(test_many_in_flight)
+{
+	static struct sent st[NFLIGHT];
+	uint8_t *buf = malloc((size_t)NFLIGHT * FLIGHT_BYTES);
+	uint8_t tmp[FLIGHT_BYTES];
+	size_t total = 0, queued;
+
+	env_init(_i);
+	memset(st, 0, sizeof(st));
+	for (uint32_t i = 0; i < NFLIGHT; i++) {
+		uint8_t *p = i % 4 == 3 ? tmp : buf + (size_t)i * FLIGHT_BYTES;
+		struct ps_iov iov = { p, FLIGHT_BYTES };
+		uint32_t seq = i;
+		fill(p, FLIGHT_BYTES, i);
+		if (i % 4 == 3) {
+			/* A VOLATILE send behind a queue must still go out in order. */
+			ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, &seq, 4, &iov, 1, PS_SEND_VOLATILE,
+					       NULL, NULL),
+					 0);
+			memset(tmp, 0, sizeof(tmp));
+		} else {
+			ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, &seq, 4, &iov, 1, PS_SEND_STABLE,
+					       on_sent, &st[i]),
+					 0);
+		}
+		total += PS_WIRE_HDR_LEN + 4 + FLIGHT_BYTES;
+	}
+	/* Nothing completes inside send; most of 12.8 MiB is still queued. */
+	for (uint32_t i = 0; i < NFLIGHT; i++)
+		ck_assert_int_eq(st[i].fired, 0);
+	queued = E.ops->queued_bytes(E.k->c);
+	ck_assert_uint_gt(queued, 0);
+	ck_assert_uint_le(queued, total);
+	ck_assert_int_eq(count_frames(E.s), 0);
+	ck_assert(RUN_UNTIL(count_frames(E.s) == NFLIGHT, 10000));
+	for (uint32_t i = 0; i < NFLIGHT; i++) {
+		struct ps_frame *f = E.got[i].f;
+		uint32_t seq;
+		ck_assert_uint_eq(f->hdr.meta_len, 4);
+		memcpy(&seq, f->meta, 4);
+		ck_assert_uint_eq(seq, i);
+		ck_assert_uint_eq(f->hdr.payload_len, FLIGHT_BYTES);
+		ck_assert_msg(first_bad(f->payload, FLIGHT_BYTES, i) == UINT64_MAX,
+			      "frame %u payload differs", i);
+	}
+	ck_assert(RUN_UNTIL(E.ops->queued_bytes(E.k->c) == 0, 5000));
+	ck_assert(RUN_UNTIL(st[NFLIGHT - 2].fired, 5000)); /* the last STABLE one */
+	for (uint32_t i = 0; i < NFLIGHT; i++)
+		if (i % 4 != 3) {
+			ck_assert_int_eq(st[i].fired, 1);
+			ck_assert_int_eq(st[i].status, 0);
+		}
+	free(buf);
+	env_free();
+}
+END_TEST
+
+/* 64 MiB + 13 bytes in 67 pieces (STABLE), then 16 MiB VOLATILE that the
+ * sender overwrites as soon as send returns. */
+START_TEST(test_large_payload)
+{
+	const uint64_t big = 64ull * MIB + 13, vol = 16ull * MIB;
+	uint8_t *a = malloc(big), *b = malloc(vol), meta[1000];
+	struct ps_iov iov[67];
+	struct sent st = { 0 };
+	uint64_t off = 0, ha, hb;
+
+	env_init(_i);
+	for (uint64_t k = 0; k < big; k += 8) {
+		uint64_t v = k * 0x9e3779b97f4a7c15ull;
+		memcpy(a + k, &v, big - k < 8 ? big - k : 8);
+	}
+	for (uint64_t k = 0; k < vol; k++)
+		b[k] = (uint8_t)(k * 31 + (k >> 11));
+	fill(meta, sizeof(meta), 3);
+	for (int k = 0; k < 67; k++) {
+		uint64_t len = k < 66 ? (k % 3 == 0 ? MIB / 2 : MIB + 4096 * (uint64_t)k) : big - off;
+		iov[k] = (struct ps_iov){ a + off, len };
+		off += len;
+	}
+	ck_assert_uint_eq(off, big);
+	ck_assert_uint_lt(iov[66].len, big);
+	ha = fnv(a, big, 14695981039346656037ull);
+	hb = fnv(b, vol, 14695981039346656037ull);
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, meta, sizeof(meta), iov, 67, PS_SEND_STABLE,
+			       on_sent, &st),
+			 0);
+	struct ps_iov v = { b, vol };
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PULL_REPLY, NULL, 0, &v, 1, PS_SEND_VOLATILE, NULL,
+			       NULL),
+			 0);
+	memset(b, 0, vol);
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 2, 15000));
+	ck_assert_int_eq(st.fired, 1);
+	ck_assert_int_eq(st.status, 0);
+	struct ps_frame *f = E.got[0].f;
+	ck_assert_uint_eq(f->hdr.type, PS_MSG_PUSH);
+	ck_assert_uint_eq(f->hdr.meta_len, sizeof(meta));
+	ck_assert_uint_eq(f->hdr.payload_len, big);
+	ck_assert(first_bad(f->meta, sizeof(meta), 3) == UINT64_MAX);
+	ck_assert_uint_eq((uintptr_t)f->payload % 4, 0);
+	ck_assert(fnv(f->payload, big, 14695981039346656037ull) == ha);
+	f = E.got[1].f;
+	ck_assert_uint_eq(f->hdr.type, PS_MSG_PULL_REPLY);
+	ck_assert_uint_eq(f->hdr.meta_len, 0);
+	ck_assert_uint_eq(f->hdr.payload_len, vol);
+	ck_assert(fnv(f->payload, vol, 14695981039346656037ull) == hb);
+	free(a);
+	free(b);
+	env_free();
+}
+END_TEST
+
+/* Empty frames, empty pieces, one byte, and frames exactly at the
+ * connection's limits; one byte over closes the connection. */
+START_TEST(test_small_and_limit_frames)
+{
+	uint8_t m[300], p[300];
+	struct ps_iov empty[3] = { { p, 0 }, { NULL, 0 }, { p, 0 } };
+	struct ps_iov one = { p, 1 };
+	struct ps_wire_limits lim = { .max_frame = 300, .max_meta = 100 };
+
+	env_init(_i);
+	fill(m, sizeof(m), 8);
+	fill(p, sizeof(p), 9);
+	E.ops->set_limits(E.s->c, &lim);
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH_ACK, NULL, 0, NULL, 0, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH_ACK, NULL, 0, empty, 3, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert_int_eq(tsend(E.k, PS_MSG_HELLO, m, 1, NULL, 0, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, NULL, 0, &one, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+	/* Exactly at both limits. */
+	struct ps_iov rest = { p, 200 }, all = { p, 300 }, over = { p, 201 };
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, m, 100, &rest, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, NULL, 0, &all, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 6, 5000));
+	const struct { uint8_t type; uint32_t meta; uint64_t pay; } want[6] = {
+		{ PS_MSG_PUSH_ACK, 0, 0 }, { PS_MSG_PUSH_ACK, 0, 0 }, { PS_MSG_HELLO, 1, 0 },
+		{ PS_MSG_PUSH, 0, 1 }, { PS_MSG_PUSH, 100, 200 }, { PS_MSG_PUSH, 0, 300 },
+	};
+	for (int i = 0; i < 6; i++) {
+		struct ps_frame *f = E.got[i].f;
+		ck_assert_uint_eq(f->hdr.type, want[i].type);
+		ck_assert_uint_eq(f->hdr.meta_len, want[i].meta);
+		ck_assert_uint_eq(f->hdr.payload_len, want[i].pay);
+		ck_assert(first_bad(f->meta, f->hdr.meta_len, 8) == UINT64_MAX);
+		ck_assert(first_bad(f->payload, f->hdr.payload_len, 9) == UINT64_MAX);
+	}
+	/* 100 + 201 > 300: refused, the connection closes, nothing delivered. */
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, m, 100, &over, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert(RUN_UNTIL(E.s->closes == 1 && E.k->closes == 1, 5000));
+	ck_assert_int_eq(E.s->close_status, PS_ETOOBIG);
+	ck_assert_int_lt(E.k->close_status, 0);
+	ck_assert_int_eq(count_frames(E.s), 6);
+	/* Metadata one over its own limit, on a fresh connection. */
+	struct rec *s2, *k2;
+	connect_pair(&s2, &k2);
+	E.ops->set_limits(s2->c, &lim);
+	ck_assert_int_eq(tsend(k2, PS_MSG_PUSH, m, 101, NULL, 0, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert(RUN_UNTIL(s2->closes == 1 && k2->closes == 1, 5000));
+	ck_assert_int_eq(s2->close_status, PS_ETOOBIG);
+	ck_assert_int_eq(count_frames(s2), 0);
+	env_free();
+}
+END_TEST
+
+/* STABLE: the callback fires once, later; VOLATILE with a callback is
+ * refused and its callback never fires; VOLATILE buffers are free at once. */
+START_TEST(test_send_semantics)
+{
+	uint8_t b[5000];
+	struct ps_iov iov = { b, sizeof(b) };
+	struct sent st = { 0 }, bad = { 0 };
+
+	env_init(_i);
+	fill(b, sizeof(b), 40);
+	ck_assert_int_ne(tsend(E.k, PS_MSG_PUSH, NULL, 0, &iov, 1, PS_SEND_VOLATILE, on_sent, &bad),
+			 0);
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, "s", 1, &iov, 1, PS_SEND_STABLE, on_sent, &st), 0);
+	ck_assert_int_eq(st.fired, 0);
+	ck_assert(RUN_UNTIL(st.fired == 1 && count_frames(E.s) == 1, 5000));
+	ck_assert_int_eq(st.status, 0);
+	/* The refused send put nothing on the wire: the first frame is "s". */
+	ck_assert_uint_eq(E.got[0].f->hdr.meta_len, 1);
+	ck_assert_uint_eq(E.got[0].f->meta[0], 's');
+	for (int i = 0; i < 50; i++) {
+		fill(b, sizeof(b), (uint32_t)(100 + i));
+		ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, NULL, 0, &iov, 1, PS_SEND_VOLATILE, NULL,
+				       NULL),
+				 0);
+		memset(b, 0xff, sizeof(b));
+	}
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 51, 5000));
+	for (int i = 0; i < 50; i++)
+		ck_assert_msg(first_bad(E.got[1 + i].f->payload, sizeof(b), (uint32_t)(100 + i)) ==
+				      UINT64_MAX,
+			      "volatile frame %d changed after send", i);
+	run_for(50);
+	ck_assert_int_eq(st.fired, 1); /* exactly once */
+	ck_assert_int_eq(bad.fired, 0);
+	env_free();
+}
+END_TEST
+
+/* Raw peers that stop mid-frame: no frame, one on_close with an error, and
+ * the transport keeps serving its other connections. */
+START_TEST(test_peer_closes_mid_frame)
+{
+	uint8_t h[PS_WIRE_HDR_LEN], body[500];
+	struct rec *r[4];
+	int fd;
+
+	env_init(_i);
+	memset(body, 7, sizeof(body));
+	for (int v = 0; v < 4; v++) {
+		int before = E.nrecs;
+		fd = raw_connect(E.port);
+		ck_assert(RUN_UNTIL(E.nrecs == before + 1, 5000));
+		r[v] = &E.recs[before];
+		hdr(h, PS_MSG_PUSH, 10, 1000);
+		switch (v) {
+		case 0: /* part of a header */
+			raw_write(fd, h, 10);
+			break;
+		case 1: /* a header, no body */
+			raw_write(fd, h, sizeof(h));
+			break;
+		case 2: /* half the body, in two writes with the loop running between */
+			raw_write(fd, h, sizeof(h));
+			raw_write(fd, body, 10);
+			run_for(20);
+			raw_write(fd, body, 500);
+			break;
+		case 3: /* a large frame cut off, then a reset */
+			hdr(h, PS_MSG_PUSH, 0, 8 * MIB);
+			raw_write(fd, h, sizeof(h));
+			raw_write(fd, body, sizeof(body));
+			break;
+		}
+		run_for(20);
+		ck_assert_int_eq(r[v]->closes, 0);
+		if (v == 3)
+			raw_reset(fd);
+		else
+			close(fd);
+		ck_assert(RUN_UNTIL(r[v]->closes == 1, 5000));
+		ck_assert_msg(r[v]->close_status < 0, "case %d: status %d", v, r[v]->close_status);
+		ck_assert_int_eq(r[v]->frames, 0);
+	}
+	/* The honest connection still works both ways. */
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PULL, "x", 1, NULL, 0, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert_int_eq(tsend(E.s, PS_MSG_PULL_REPLY, "y", 1, NULL, 0, PS_SEND_VOLATILE, NULL,
+			       NULL),
+			 0);
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 1 && count_frames(E.k) == 1, 5000));
+	run_for(20);
+	for (int v = 0; v < 4; v++)
+		ck_assert_int_eq(r[v]->closes, 1);
+	env_free();
+}
+END_TEST
+
+/* Headers that are refused outright: the reason is the close status, no
+ * buffer of the announced size is allocated (ASan would abort on a 1 TiB
+ * request; without it the status would be -ENOMEM), the peer sees the
+ * connection end. Both ends are tested: accepted and connecting. */
+START_TEST(test_bad_headers_refused)
+{
+	struct {
+		const char *what;
+		uint32_t meta;
+		uint64_t pay;
+		int mangle;
+		int want;
+	} cases[] = {
+		{ "payload_len 2^40", 0, 1ull << 40, 0, PS_ETOOBIG },
+		{ "payload_len 2^64-1", 0, UINT64_MAX, 0, PS_ETOOBIG },
+		{ "meta_len 2^32-1", UINT32_MAX, 0, 0, PS_ETOOBIG },
+		{ "meta + payload over the limit", 64 * 1024, 80 * MIB, 0, PS_ETOOBIG },
+		{ "bad magic", 0, 0, 1, PS_EPROTO },
+		{ "unknown type", 0, 0, 2, PS_EPROTO },
+		{ "wrong version", 0, 0, 3, PS_EVERSION },
+	};
+	uint8_t h[PS_WIRE_HDR_LEN];
+
+	env_init(_i);
+	for (size_t v = 0; v < sizeof(cases) / sizeof(cases[0]); v++) {
+		int before = E.nrecs, fd = raw_connect(E.port);
+		ck_assert(RUN_UNTIL(E.nrecs == before + 1, 5000));
+		struct rec *r = &E.recs[before];
+		hdr(h, PS_MSG_PUSH, cases[v].meta, cases[v].pay);
+		if (cases[v].mangle == 1)
+			h[0] = 'X';
+		else if (cases[v].mangle == 2)
+			h[5] = 200;
+		else if (cases[v].mangle == 3)
+			h[4] = PS_PROTOCOL_VERSION + 1;
+		raw_write(fd, h, sizeof(h));
+		ck_assert_msg(RUN_UNTIL(r->closes == 1, 5000), "%s: not closed", cases[v].what);
+		ck_assert_msg(r->close_status == cases[v].want ||
+				      (cases[v].want != PS_EPROTO && r->close_status == PS_EPROTO),
+			      "%s: status %d (%s)", cases[v].what, r->close_status,
+			      ps_strerror(r->close_status));
+		ck_assert_int_eq(r->frames, 0);
+		ck_assert(RUN_UNTIL(raw_peer_closed(fd), 2000));
+		close(fd);
+	}
+	/* The connecting side checks what it receives the same way. */
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	int lfd = socket(AF_INET, SOCK_STREAM, 0), afd;
+	struct ps_conn *c;
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(lfd, 4), 0);
+	ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
+	ck_assert_int_eq(E.ops->connect(E.cli, "127.0.0.1", ntohs(sa.sin_port), NULL, &c), 0);
+	struct rec *k = rec_new(c, 0);
+	c->data = k;
+	ck_assert(RUN_UNTIL(k->connects == 1, 5000));
+	ck_assert_int_eq(k->connect_status, 0);
+	afd = accept(lfd, NULL, NULL);
+	ck_assert_int_ge(afd, 0);
+	hdr(h, PS_MSG_PULL_REPLY, 0, 1ull << 40);
+	raw_write(afd, h, sizeof(h));
+	ck_assert(RUN_UNTIL(k->closes == 1, 5000));
+	ck_assert_int_eq(k->close_status, PS_ETOOBIG);
+	ck_assert_int_eq(k->frames, 0);
+	close(afd);
+	close(lfd);
+	/* And the main pair was not disturbed. */
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PULL, "z", 1, NULL, 0, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 1, 5000));
+	env_free();
+}
+END_TEST
+
+/* close() is idempotent and asynchronous; the first status is reported;
+ * sends after close fail without a callback; a pending STABLE send's
+ * callback still fires exactly once; the peer learns of it. */
+START_TEST(test_close_idempotent)
+{
+	const size_t n = 8 * MIB;
+	uint8_t *b = malloc(n);
+	struct ps_iov iov = { b, n };
+	struct sent st[4] = { { 0 } }, after = { 0 };
+
+	env_init(_i);
+	memset(b, 1, n);
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, NULL, 0, &iov, 1, PS_SEND_STABLE, on_sent,
+				       &st[i]),
+				 0);
+	ck_assert_uint_gt(E.ops->queued_bytes(E.k->c), 0);
+	struct ps_conn *kc = E.k->c;
+	tclose(E.k, 0);
+	ck_assert_int_eq(E.k->closes, 0); /* not inside close() */
+	E.in_call++;
+	E.ops->close(kc, PS_EPROTO);
+	E.ops->close(kc, 0);
+	E.in_call--;
+	ck_assert_int_ne(tsend(E.k, PS_MSG_PUSH, NULL, 0, &iov, 1, PS_SEND_STABLE, on_sent, &after),
+			 0);
+	ck_assert(RUN_UNTIL(E.k->closes == 1 && E.s->closes == 1, 5000));
+	ck_assert_int_eq(E.k->close_status, 0);
+	ck_assert_int_lt(E.s->close_status, 0); /* the peer went away */
+	run_for(50);
+	for (int i = 0; i < 4; i++)
+		ck_assert_msg(st[i].fired == 1, "send %d callback fired %d times", i, st[i].fired);
+	ck_assert_msg(st[3].status < 0, "the last 8 MiB cannot have been written");
+	ck_assert_int_eq(after.fired, 0);
+	ck_assert_int_eq(E.k->closes, 1);
+
+	/* A reason given to close() is what on_close reports; server side too. */
+	struct rec *s2, *k2, *s3, *k3;
+	connect_pair(&s2, &k2);
+	connect_pair(&s3, &k3);
+	tclose(k2, PS_ETIMEDOUT);
+	tclose(k2, 0);
+	tclose(s3, PS_EREFUSED);
+	tclose(s3, PS_EPROTO);
+	ck_assert(RUN_UNTIL(k2->closes && s2->closes && k3->closes && s3->closes, 5000));
+	ck_assert_int_eq(k2->close_status, PS_ETIMEDOUT);
+	ck_assert_int_eq(s3->close_status, PS_EREFUSED);
+	ck_assert_int_lt(s2->close_status, 0);
+	ck_assert_int_lt(k3->close_status, 0);
+	free(b);
+	env_free();
+}
+END_TEST
+
+/* close() from inside on_frame: no further frame of that connection is
+ * delivered even when more are already buffered. */
+static int close_hook(struct rec *r, struct ps_frame *f)
+{
+	(void)f;
+	if (r->server_side && !r->local_closed) {
+		r->local_closed = 1;
+		E.ops->close(r->c, PS_EPROTO);
+	}
+	return 0;
+}
+
+START_TEST(test_close_inside_on_frame)
+{
+	env_init(_i);
+	E.hook = close_hook;
+	for (int i = 0; i < 20; i++)
+		ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, "abc", 3, NULL, 0, PS_SEND_VOLATILE, NULL,
+				       NULL),
+				 0);
+	ck_assert(RUN_UNTIL(E.s->closes == 1 && E.k->closes == 1, 5000));
+	ck_assert_int_eq(E.s->frames, 1);
+	ck_assert_int_eq(E.s->close_status, PS_EPROTO);
+	env_free();
+}
+END_TEST
+
+/* Connecting where nobody listens: on_connect with an error, then exactly
+ * one on_close, no frames. Destroy with live connections closes each once
+ * (checked by env_free for the pairs opened here). */
+START_TEST(test_connect_refused_and_destroy)
+{
+	struct ps_conn *c = NULL;
+	int port = tu_free_port();
+
+	env_init(_i);
+	ck_assert_int_gt(port, 0);
+	ck_assert_int_eq(E.ops->connect(E.cli, "127.0.0.1", port, NULL, &c), 0);
+	struct rec *k = rec_new(c, 0);
+	c->data = k;
+	ck_assert(RUN_UNTIL(k->closes == 1, 5000));
+	ck_assert_int_eq(k->connects, 1);
+	ck_assert_int_lt(k->connect_status, 0);
+	ck_assert_int_eq(k->frames, 0);
+	for (int i = 0; i < 5; i++) {
+		struct rec *s2, *k2;
+		connect_pair(&s2, &k2);
+	}
+	env_free();
+}
+END_TEST
+
+/* ---- main ---- */
+
+/* Returns NULL when name can run here, else why not. */
+static const char *probe(const char *name, char *why, size_t n)
+{
+	const struct ps_transport_ops *ops = ps_transport_find(name);
+	struct ps_transport *t = NULL;
+	uv_loop_t loop;
+	int rc;
+
+	if (!ops) {
+		snprintf(why, n, "ps_transport_find(\"%s\") returns NULL: not built into this binary",
+			 name);
+		return why;
+	}
+	uv_loop_init(&loop);
+	rc = ops->create(&loop, &cbs, &lim_default, NULL, &t);
+	if (rc == 0 && (rc = ops->listen(t, "127.0.0.1", 0)) == 0)
+		why = NULL;
+	else
+		snprintf(why, n, "%s failed: %s", t ? "listen() on 127.0.0.1" : "create()",
+			 ps_strerror(rc));
+	if (t)
+		ops->destroy(t);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	uv_loop_close(&loop);
+	return why;
+}
+
+int main(void)
+{
+	Suite *s = suite_create("transport");
+	TCase *tc = tcase_create("conformance");
+	int navail = 0, failed;
+	char why[256];
+	SRunner *sr;
+
+	signal(SIGPIPE, SIG_IGN);
+	for (size_t i = 0; i < sizeof(transports) / sizeof(transports[0]); i++) {
+		const char *r = probe(transports[i], why, sizeof(why));
+		if (r)
+			printf("SKIP %s: %s\n", transports[i], r);
+		else
+			avail[navail++] = transports[i];
+	}
+	fflush(stdout);
+	tcase_set_timeout(tc, 60);
+	tcase_add_loop_test(tc, test_order_1000_frames, 0, navail);
+	tcase_add_loop_test(tc, test_many_in_flight, 0, navail);
+	tcase_add_loop_test(tc, test_large_payload, 0, navail);
+	tcase_add_loop_test(tc, test_small_and_limit_frames, 0, navail);
+	tcase_add_loop_test(tc, test_send_semantics, 0, navail);
+	tcase_add_loop_test(tc, test_peer_closes_mid_frame, 0, navail);
+	tcase_add_loop_test(tc, test_bad_headers_refused, 0, navail);
+	tcase_add_loop_test(tc, test_close_idempotent, 0, navail);
+	tcase_add_loop_test(tc, test_close_inside_on_frame, 0, navail);
+	tcase_add_loop_test(tc, test_connect_refused_and_destroy, 0, navail);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed || navail == 0 ? 1 : 0;
+}

@@ -1,0 +1,934 @@
+/* it_hostile.c - a real ps-server process attacked over raw sockets
+ * (DESIGN.md §10): garbage, wrong magic, lengths far over the limits,
+ * slow-loris peers, metadata that is not protobuf, refused handshakes,
+ * pushes that must be refused whole, requests before the handshake, floods
+ * of connections.
+ *
+ * Every test starts its own shard (one worker, sync, SGD with lr 1, arange
+ * initial weights) and connects an honest worker through ps_client. After
+ * each attack: the server process is alive, its parameter checksum (Stats
+ * param_checksum) is what it was before the attack, the honest worker can
+ * still push a unit gradient and pull back exactly init - rounds, a fresh
+ * client can still connect, and the checksum then moves (so the comparison
+ * could fail). A positive control shows that the raw frames used by the
+ * push attacks do apply when nothing is wrong with them.
+ */
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <sys/time.h>
+#include "config.h"
+#include "msg.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "shardmap.h"
+#include "test_util.h"
+
+#define HANDSHAKE_MS 300
+#define MAX_CONNS 32
+#define NA 3000
+#define NC 5
+
+/* The shard under attack and the honest worker talking to it. */
+static struct fx {
+	char path[64];
+	struct ps_config cfg;
+	struct ps_shardmap map;
+	pid_t pid;
+	int port;
+	struct ps_client *c;
+	uint64_t clock;        /* next clock the honest worker pushes */
+	int rounds;            /* unit gradients applied to every weight so far */
+	struct ps_shard_stats st; /* stats taken by snapshot() */
+} F;
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static struct ps_shard_stats stats(void)
+{
+	struct ps_shard_stats st;
+
+	ck_assert_int_eq(ps_client_stats(F.c, 0, &st), 0);
+	return st;
+}
+
+static void assert_alive(void)
+{
+	int status;
+
+	ck_assert_msg(waitpid(F.pid, &status, WNOHANG) == 0, "ps-server died (status 0x%x)",
+		      status);
+}
+
+/* One honest step: push ones for clock, pull, check every weight. */
+static void honest_round(void)
+{
+	static float ga[NA], gc[NC], wa[NA], wc[NC];
+	struct ps_tensor g[2] = { { "a", ga, NA, 0 }, { "c", gc, NC, 0 } };
+	struct ps_tensor w[2] = { { "a", wa, NA, 0 }, { "c", wc, NC, 0 } };
+	int64_t id;
+
+	for (int i = 0; i < NA; i++)
+		ga[i] = 1.0f;
+	for (int i = 0; i < NC; i++)
+		gc[i] = 1.0f;
+	id = ps_client_push(F.c, F.clock, g, 2, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(F.c, id) == 0, "honest push of clock %" PRIu64
+		      ": %s", F.clock, ps_client_error(F.c));
+	F.clock++;
+	F.rounds++;
+	id = ps_client_pull(F.c, F.clock, w, 2);
+	ck_assert_msg(id > 0 && ps_client_wait(F.c, id) == 0, "honest pull: %s",
+		      ps_client_error(F.c));
+	ck_assert_uint_eq(w[0].version, F.clock);
+	ck_assert_uint_eq(w[1].version, F.clock);
+	for (int i = 0; i < NA; i++)
+		ck_assert_msg(wa[i] == (float)(i % 1024 - F.rounds), "a[%d] = %g after %d rounds", i,
+			      wa[i], F.rounds);
+	for (int i = 0; i < NC; i++)
+		ck_assert_msg(wc[i] == (float)(i - F.rounds), "c[%d] = %g", i, wc[i]);
+}
+
+/* Before an attack: remember the counters. */
+static void snapshot(void)
+{
+	assert_alive();
+	F.st = stats();
+}
+
+/* After an attack: nothing was applied, everything still works. */
+static void after_attack(const char *what)
+{
+	struct ps_client *fresh = NULL;
+	struct ps_shard_stats st;
+	char err[512];
+
+	assert_alive();
+	st = stats();
+	ck_assert_msg(st.param_checksum == F.st.param_checksum,
+		      "%s: parameter checksum changed %016" PRIx64 " -> %016" PRIx64, what,
+		      F.st.param_checksum, st.param_checksum);
+	ck_assert_uint_eq(st.applies, F.st.applies);
+	honest_round();
+	ck_assert_msg(ps_client_init(&fresh, &F.cfg, -1, err, sizeof(err)) == 0,
+		      "%s: a new client cannot connect: %s", what, err);
+	ps_client_free(fresh);
+	st = stats();
+	ck_assert_uint_ne(st.param_checksum, F.st.param_checksum);
+	ck_assert_uint_gt(st.applies, F.st.applies);
+	assert_alive();
+	F.st = st;
+}
+
+static void fx_start(void)
+{
+	char yaml[2048], err[512];
+
+	memset(&F, 0, sizeof(F));
+	F.port = tu_free_port();
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+		 "consistency:\n  mode: sync\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n"
+		 "    - {name: a, shape: [%d], init: arange}\n"
+		 "    - {name: c, shape: [%d], init: arange}\n"
+		 "limits:\n  handshake_timeout_ms: %d\n  max_connections: %d\n"
+		 "  max_frame_bytes: 1MiB\n  max_meta_bytes: 64KiB\n  max_clock_ahead: 4\n"
+		 "  connect_timeout_ms: 5000\n  request_timeout_ms: 5000\n"
+		 "log:\n  level: warn\n",
+		 F.port, NA, NC, HANDSHAKE_MS, MAX_CONNS);
+	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
+	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps_shardmap_init(&F.map, &F.cfg), 0);
+	/* a: 1024 + 1024 + 952 floats, c: 5; all on the one shard. */
+	ck_assert_uint_eq(F.map.nslices, 4);
+	F.pid = tu_start_server(F.path, 0);
+	ck_assert_int_gt(F.pid, 0);
+	for (int i = 0; i < 100; i++) {
+		int rc = ps_client_init(&F.c, &F.cfg, 0, err, sizeof(err));
+		if (rc == 0)
+			break;
+		ck_assert_msg(rc == -ECONNREFUSED, "%s", err);
+		assert_alive();
+		tu_sleep_ms(50);
+	}
+	ck_assert_msg(F.c != NULL, "%s", err);
+	honest_round();
+	snapshot();
+}
+
+static void fx_stop(void)
+{
+	ps_client_free(F.c);
+	ck_assert_int_eq(tu_stop_server(F.pid), 0); /* exits cleanly on SIGTERM */
+	ps_shardmap_free(&F.map);
+	unlink(F.path);
+}
+
+/* ---- raw peer ---- */
+
+static int raw_connect(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)F.port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+/* Writes everything; -errno when the server has gone (EPIPE, ECONNRESET). */
+static int raw_write(int fd, const void *b, size_t n)
+{
+	const uint8_t *p = b;
+
+	while (n) {
+		ssize_t k = write(fd, p, n);
+		if (k < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+static void raw_hdr(uint8_t h[PS_WIRE_HDR_LEN], uint8_t type, uint32_t meta, uint64_t payload)
+{
+	struct ps_frame_hdr fh = { .type = type, .meta_len = meta, .payload_len = payload };
+	ps_wire_encode_hdr(h, &fh);
+}
+
+/* Sends a frame: header, m packed (if any), payload. */
+static int raw_send(int fd, uint8_t type, const ProtobufCMessage *m, const void *payload,
+		    uint64_t plen)
+{
+	size_t mlen = m ? protobuf_c_message_get_packed_size(m) : 0;
+	uint8_t *b = malloc(PS_WIRE_HDR_LEN + mlen + plen);
+	int rc;
+
+	raw_hdr(b, type, (uint32_t)mlen, plen);
+	if (m)
+		protobuf_c_message_pack(m, b + PS_WIRE_HDR_LEN);
+	if (plen)
+		memcpy(b + PS_WIRE_HDR_LEN + mlen, payload, plen);
+	rc = raw_write(fd, b, PS_WIRE_HDR_LEN + mlen + plen);
+	free(b);
+	return rc;
+}
+
+/* Reads exactly n bytes within the deadline: 0, -ETIMEDOUT or PS_ECLOSED. */
+static int raw_read(int fd, void *b, size_t n, double deadline)
+{
+	uint8_t *p = b;
+
+	while (n) {
+		struct pollfd pfd = { fd, POLLIN, 0 };
+		int left = (int)(deadline - now_ms());
+		if (left <= 0 || poll(&pfd, 1, left) == 0)
+			return -ETIMEDOUT;
+		ssize_t k = read(fd, p, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return PS_ECLOSED;
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* Reads one frame and unpacks its metadata; NULL on timeout, close or a
+ * frame of another type than want. */
+static ProtobufCMessage *raw_expect(int fd, unsigned want, int ms)
+{
+	double deadline = now_ms() + ms;
+	uint8_t h[PS_WIRE_HDR_LEN], *body;
+	struct ps_wire_limits lim = { 1 << 20, 1 << 20 };
+	struct ps_frame f = { 0 };
+	char why[200];
+	ProtobufCMessage *m;
+
+	if (raw_read(fd, h, sizeof(h), deadline))
+		return NULL;
+	ck_assert_int_eq(ps_wire_decode_hdr(h, &lim, &f.hdr, why, sizeof(why)), 0);
+	body = malloc(f.hdr.meta_len + f.hdr.payload_len + 1);
+	ck_assert_int_eq(raw_read(fd, body, f.hdr.meta_len + f.hdr.payload_len, deadline), 0);
+	ck_assert_msg(f.hdr.type == want, "got a %s frame, expected %s",
+		      ps_wire_type_name(f.hdr.type), ps_wire_type_name(want));
+	f.meta = body;
+	m = ps_msg_unpack(&f, why, sizeof(why));
+	ck_assert_msg(m != NULL, "%s", why);
+	free(body);
+	return m;
+}
+
+/* Milliseconds until the server closes fd (reads and drops what it
+ * sends), or -1 if it is still open after ms. */
+static int raw_wait_closed(int fd, int ms)
+{
+	double t0 = now_ms(), deadline = t0 + ms;
+	char b[4096];
+
+	for (;;) {
+		struct pollfd pfd = { fd, POLLIN, 0 };
+		int left = (int)(deadline - now_ms());
+		if (poll(&pfd, 1, left > 0 ? left : 0) == 0)
+			return -1;
+		ssize_t k = read(fd, b, sizeof(b));
+		if (k == 0 || (k < 0 && errno != EINTR && errno != EAGAIN))
+			return (int)(now_ms() - t0);
+	}
+}
+
+static void raw_reset(int fd)
+{
+	struct linger l = { 1, 0 };
+
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+	close(fd);
+}
+
+/* An honest Hello, changed by the caller before raw_hello sends it. */
+static Ps__Hello good_hello(int rank)
+{
+	Ps__Hello h = PS__HELLO__INIT;
+
+	h.protocol_version = PS_PROTOCOL_VERSION;
+	h.role = rank >= 0 ? PS__ROLE__ROLE_WORKER : PS__ROLE__ROLE_STAT;
+	h.rank = rank;
+	h.shard_map_hash = F.map.hash;
+	h.shard = 0;
+	h.incarnation = 12345;
+	return h;
+}
+
+static Ps__HelloReply *raw_hello(int fd, const Ps__Hello *h)
+{
+	ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h->base, NULL, 0), 0);
+	return (Ps__HelloReply *)raw_expect(fd, PS_MSG_HELLO_REPLY, 3000);
+}
+
+/* A raw connection past the handshake as worker 0. */
+static int raw_worker(void)
+{
+	int fd = raw_connect();
+	Ps__Hello h = good_hello(0);
+	Ps__HelloReply *r = raw_hello(fd, &h);
+
+	ck_assert_ptr_nonnull(r);
+	ck_assert_msg(r->ok, "hello refused: %s", r->error);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	return fd;
+}
+
+/* Stats over a raw connection (works for any hello'd role). */
+static Ps__Stats *raw_stats(int fd, uint64_t req)
+{
+	Ps__StatsRequest q = PS__STATS_REQUEST__INIT;
+
+	q.req_id = req;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
+	Ps__Stats *s = (Ps__Stats *)raw_expect(fd, PS_MSG_STATS, 3000);
+	ck_assert_ptr_nonnull(s);
+	ck_assert_uint_eq(s->req_id, req);
+	return s;
+}
+
+/* A push: nslices refs, payload of ones (floats) of plen bytes. */
+struct pref {
+	uint32_t slice;
+	uint64_t offset, length;
+};
+
+static int raw_push(int fd, uint64_t req, uint64_t clock, int end_clock, const struct pref *p,
+		    int n, uint64_t plen)
+{
+	Ps__SliceRef refs[8], *ptrs[8];
+	Ps__Push m = PS__PUSH__INIT;
+	float *pay = malloc(plen + 4);
+	int rc;
+
+	for (uint64_t i = 0; i < plen / 4; i++)
+		pay[i] = 1.0f;
+	for (int i = 0; i < n; i++) {
+		ps__slice_ref__init(&refs[i]);
+		refs[i].slice = p[i].slice;
+		refs[i].offset = p[i].offset;
+		refs[i].length = p[i].length;
+		ptrs[i] = &refs[i];
+	}
+	m.req_id = req;
+	m.clock = clock;
+	m.end_clock = end_clock;
+	m.n_slices = (size_t)n;
+	m.slices = ptrs;
+	rc = raw_send(fd, PS_MSG_PUSH, &m.base, pay, plen);
+	free(pay);
+	return rc;
+}
+
+/* Bytes of slice s. */
+static uint64_t slice_bytes(uint32_t s)
+{
+	return (uint64_t)F.map.slices[s].count * 4;
+}
+
+/* Every slice of the model at consecutive offsets: a whole, valid push. */
+static int all_slices(struct pref *p, uint64_t *plen)
+{
+	uint64_t off = 0;
+
+	for (uint32_t s = 0; s < F.map.nslices; s++) {
+		p[s] = (struct pref){ s, off, slice_bytes(s) };
+		off += slice_bytes(s);
+	}
+	*plen = off;
+	return (int)F.map.nslices;
+}
+
+/* Expects an Error reply to req with code; the message must contain
+ * needle. */
+static void expect_error(int fd, uint64_t req, int code, const char *needle)
+{
+	Ps__Error *e = (Ps__Error *)raw_expect(fd, PS_MSG_ERROR, 3000);
+
+	ck_assert_msg(e != NULL, "no error reply to request %" PRIu64, req);
+	ck_assert_uint_eq(e->req_id, req);
+	ck_assert_msg(e->code == code, "request %" PRIu64 ": code %d (%s), expected %s: %s", req,
+		      e->code, ps_strerror(e->code), ps_strerror(code), e->message);
+	ck_assert_msg(strstr(e->message, needle), "'%s' not in '%s'", needle, e->message);
+	protobuf_c_message_free_unpacked(&e->base, NULL);
+}
+
+/* Waits until the server counts want connections (closes are async). */
+static unsigned wait_connections(unsigned want, int ms)
+{
+	double deadline = now_ms() + ms;
+	struct ps_shard_stats st;
+
+	do {
+		st = stats();
+		if (st.connections == want)
+			break;
+		tu_sleep_ms(20);
+	} while (now_ms() < deadline);
+	return st.connections;
+}
+
+/* ---- attacks ---- */
+
+/* The raw frames of the push attacks are right when nothing is wrong. */
+START_TEST(test_control_raw_push_applies)
+{
+	struct pref p[8];
+	uint64_t plen;
+	int n, fd;
+
+	fx_start();
+	fd = raw_worker();
+	n = all_slices(p, &plen);
+	ck_assert_int_eq(raw_push(fd, 7, F.clock, 1, p, n, plen), 0);
+	Ps__PushAck *a = (Ps__PushAck *)raw_expect(fd, PS_MSG_PUSH_ACK, 3000);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_uint_eq(a->req_id, 7);
+	protobuf_c_message_free_unpacked(&a->base, NULL);
+	F.clock++;
+	F.rounds++;
+	Ps__Stats *s = raw_stats(fd, 8);
+	ck_assert_uint_ne(s->param_checksum, F.st.param_checksum);
+	ck_assert_uint_eq(s->applies, F.st.applies + F.map.nslices);
+	protobuf_c_message_free_unpacked(&s->base, NULL);
+	close(fd);
+	snapshot();
+	after_attack("control");
+	fx_stop();
+}
+END_TEST
+
+START_TEST(test_garbage_bytes)
+{
+	static uint8_t junk[65536];
+	uint64_t x = 88172645463325252ull;
+	const char *http = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+	int fds[4];
+
+	fx_start();
+	for (size_t i = 0; i < sizeof(junk); i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		junk[i] = (uint8_t)x;
+	}
+	fds[0] = raw_connect();
+	raw_write(fds[0], junk, sizeof(junk)); /* may fail once the server hangs up */
+	fds[1] = raw_connect();
+	ck_assert_int_eq(raw_write(fds[1], http, strlen(http)), 0);
+	fds[2] = raw_connect();
+	ck_assert_int_eq(raw_write(fds[2], junk, PS_WIRE_HDR_LEN), 0);
+	fds[3] = raw_connect();
+	memset(junk, 0, PS_WIRE_HDR_LEN);
+	ck_assert_int_eq(raw_write(fds[3], junk, PS_WIRE_HDR_LEN), 0);
+	/* Dropped at once for a protocol error, not by the handshake timer. */
+	for (int i = 0; i < 4; i++) {
+		int ms = raw_wait_closed(fds[i], 3000);
+		ck_assert_msg(ms >= 0, "garbage connection %d still open", i);
+		close(fds[i]);
+	}
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	ck_assert_uint_eq(stats().rejected_frames, F.st.rejected_frames + 4);
+	after_attack("garbage");
+	fx_stop();
+}
+END_TEST
+
+START_TEST(test_wrong_magic_and_version)
+{
+	uint8_t h[PS_WIRE_HDR_LEN];
+	int fd;
+
+	fx_start();
+	/* Wrong magic: a header that is right in every other way. */
+	fd = raw_connect();
+	raw_hdr(h, PS_MSG_HELLO, 0, 0);
+	memcpy(h, "PSF2", 4);
+	ck_assert_int_eq(raw_write(fd, h, sizeof(h)), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	/* Wrong wire version. */
+	fd = raw_connect();
+	raw_hdr(h, PS_MSG_HELLO, 0, 0);
+	h[4] = PS_PROTOCOL_VERSION + 1;
+	ck_assert_int_eq(raw_write(fd, h, sizeof(h)), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	/* After a good handshake too: the magic is checked on every frame. */
+	fd = raw_worker();
+	raw_hdr(h, PS_MSG_PUSH, 0, 0);
+	h[3] ^= 0x40;
+	ck_assert_int_eq(raw_write(fd, h, sizeof(h)), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	/* Counted once per rejected connection. */
+	ck_assert_uint_eq(stats().rejected_frames, F.st.rejected_frames + 3);
+	after_attack("wrong magic");
+	fx_stop();
+}
+END_TEST
+
+START_TEST(test_oversized_lengths)
+{
+	uint8_t h[PS_WIRE_HDR_LEN];
+	const struct {
+		int hello_first;
+		uint32_t meta;
+		uint64_t payload;
+	} cases[] = {
+		{ 0, 0, 1ull << 40 },          /* 1 TiB before the handshake */
+		{ 0, UINT32_MAX, 0 },
+		{ 0, 0, UINT64_MAX },
+		{ 0, 2000, 2097 },             /* one byte over the 4 KiB handshake limit */
+		{ 1, 0, 1ull << 40 },          /* after it: over limits.max_frame_bytes */
+		{ 1, 64 * 1024 + 1, 0 },       /* over limits.max_meta_bytes */
+		{ 1, 100, 1024 * 1024 - 99 },  /* meta + payload one over 1 MiB */
+		{ 1, UINT32_MAX, UINT64_MAX }, /* a sum that wraps */
+	};
+	int n = (int)(sizeof(cases) / sizeof(cases[0]));
+
+	fx_start();
+	for (int i = 0; i < n; i++) {
+		int fd = cases[i].hello_first ? raw_worker() : raw_connect();
+		raw_hdr(h, PS_MSG_PUSH, cases[i].meta, cases[i].payload);
+		ck_assert_int_eq(raw_write(fd, h, sizeof(h)), 0);
+		/* Refused on the header alone, long before any deadline. */
+		int ms = raw_wait_closed(fd, 3000);
+		ck_assert_msg(ms >= 0, "case %d: connection still open", i);
+		ck_assert_msg(ms < HANDSHAKE_MS, "case %d: closed only after %d ms", i, ms);
+		close(fd);
+		assert_alive();
+	}
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	ck_assert_uint_eq(stats().rejected_frames, F.st.rejected_frames + (uint64_t)n);
+	after_attack("oversized lengths");
+	fx_stop();
+}
+END_TEST
+
+/* Peers that promise a frame and never finish it, or never say anything,
+ * or dribble bytes: dropped by the handshake deadline. */
+START_TEST(test_slow_loris)
+{
+	enum { N = 12 };
+	uint8_t h[PS_WIRE_HDR_LEN], part[100];
+	int fds[N], closed_ms[N];
+	double t0;
+
+	fx_start();
+	memset(part, 0x08, sizeof(part));
+	t0 = now_ms();
+	for (int i = 0; i < N; i++) {
+		fds[i] = raw_connect();
+		closed_ms[i] = -1;
+		raw_hdr(h, PS_MSG_HELLO, 1000, 0);
+		if (i % 3 == 0) /* header promising 1000 bytes, then 100 of them */
+			ck_assert_int_eq(raw_write(fds[i], h, sizeof(h)) ||
+						 raw_write(fds[i], part, sizeof(part)),
+					 0);
+		else if (i % 3 == 1) /* half a header */
+			ck_assert_int_eq(raw_write(fds[i], h, 12), 0);
+		/* else: silence from the start */
+	}
+	/* Dribble a byte to the last one every 50 ms while waiting. */
+	ck_assert_int_eq(raw_write(fds[N - 1], h, sizeof(h)), 0);
+	for (int open = N; open > 0 && now_ms() - t0 < 3000;) {
+		if (closed_ms[N - 1] < 0)
+			raw_write(fds[N - 1], part, 1); /* fails once the server hung up */
+		for (int i = 0; i < N; i++) {
+			if (closed_ms[i] >= 0)
+				continue;
+			int ms = raw_wait_closed(fds[i], 0);
+			if (ms >= 0) {
+				closed_ms[i] = (int)(now_ms() - t0);
+				open--;
+			}
+		}
+		tu_sleep_ms(50);
+	}
+	for (int i = 0; i < N; i++) {
+		/* Kept while the deadline runs, dropped soon after it (the
+		 * server checks every 200 ms). */
+		ck_assert_msg(closed_ms[i] >= 0, "slow connection %d never dropped", i);
+		ck_assert_msg(closed_ms[i] >= HANDSHAKE_MS - 50,
+			      "connection %d dropped after %d ms, before the deadline", i,
+			      closed_ms[i]);
+		ck_assert_msg(closed_ms[i] <= HANDSHAKE_MS + 200 + 500,
+			      "connection %d dropped only after %d ms", i, closed_ms[i]);
+		close(fds[i]);
+	}
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	/* The honest worker, connected for longer than the deadline, stays. */
+	after_attack("slow loris");
+	fx_stop();
+}
+END_TEST
+
+START_TEST(test_metadata_not_protobuf)
+{
+	static const uint8_t bad[][4] = { { 0x08 }, { 0x22, 0x05, 0x01 }, { 0x0f, 0x00 } };
+	static const uint32_t len[] = { 1, 3, 2 };
+	uint8_t b[PS_WIRE_HDR_LEN + 4];
+	int fd, n = 0;
+
+	fx_start();
+	for (int i = 0; i < 3; i++) {
+		/* As the hello, and as a push after a good hello. */
+		for (int after = 0; after < 2; after++) {
+			fd = after ? raw_worker() : raw_connect();
+			raw_hdr(b, after ? PS_MSG_PUSH : PS_MSG_HELLO, len[i], 0);
+			memcpy(b + PS_WIRE_HDR_LEN, bad[i], len[i]);
+			ck_assert_int_eq(raw_write(fd, b, PS_WIRE_HDR_LEN + len[i]), 0);
+			int ms = raw_wait_closed(fd, 3000);
+			ck_assert_msg(ms >= 0 && ms < HANDSHAKE_MS, "case %d/%d: %d ms", i, after, ms);
+			close(fd);
+			n++;
+		}
+	}
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	ck_assert_uint_eq(stats().rejected_frames, F.st.rejected_frames + (uint64_t)n);
+	after_attack("bad protobuf");
+	fx_stop();
+}
+END_TEST
+
+/* Refused hellos: a HelloReply with ok=false that names both sides'
+ * values, then the connection closes. */
+static void refused(Ps__Hello *h, const char *want1, const char *want2)
+{
+	int fd = raw_connect();
+	Ps__HelloReply *r = raw_hello(fd, h);
+
+	ck_assert_msg(r != NULL, "no reply to a bad hello");
+	ck_assert_msg(!r->ok, "hello accepted (expected: %s)", want1);
+	ck_assert_msg(strstr(r->error, want1), "'%s' not in '%s'", want1, r->error);
+	ck_assert_msg(strstr(r->error, want2), "'%s' not in '%s'", want2, r->error);
+	ck_assert_uint_eq(r->protocol_version, PS_PROTOCOL_VERSION);
+	ck_assert_uint_eq(r->shard_map_hash, F.map.hash);
+	ck_assert_int_eq(r->shard, 0);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	/* A push sent anyway (small enough for the handshake limit) is not
+	 * applied, and the server hangs up. */
+	struct pref p = { 3, 0, slice_bytes(3) };
+	raw_push(fd, 1, F.clock, 1, &p, 1, p.length);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+}
+
+START_TEST(test_handshake_refused)
+{
+	char a[64], b[64];
+	Ps__Hello h;
+
+	fx_start();
+	h = good_hello(0);
+	h.protocol_version = 2;
+	refused(&h, "client speaks 2", "speaks 1");
+	h = good_hello(0);
+	h.protocol_version = 0;
+	refused(&h, "client speaks 0", "speaks 1");
+	h = good_hello(0);
+	h.shard_map_hash = F.map.hash ^ 0x1234;
+	snprintf(a, sizeof(a), "client has %016" PRIx64, h.shard_map_hash);
+	snprintf(b, sizeof(b), "has %016" PRIx64, F.map.hash);
+	refused(&h, a, b);
+	h = good_hello(5);
+	refused(&h, "rank 5", "cluster.workers is 1");
+	h = good_hello(0);
+	h.rank = -3;
+	refused(&h, "rank -3", "0..0");
+	h = good_hello(0);
+	h.shard = 3;
+	refused(&h, "expected shard 3", "this is shard 0");
+	h = good_hello(0);
+	h.role = (Ps__Role)7;
+	refused(&h, "unknown role 7", "role");
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	/* None of it counts as the worker being connected or done. */
+	ck_assert_uint_eq(stats().worker_clock[0], F.clock);
+	after_attack("refused handshakes");
+	fx_stop();
+}
+END_TEST
+
+/* Pushes that decode but cannot be served: an Error reply with the reason,
+ * nothing of the push applied, the connection kept. */
+START_TEST(test_bad_pushes)
+{
+	struct pref p[8], all[8];
+	uint64_t plen, req = 100;
+	int fd, nall, nbad = 0;
+
+	fx_start();
+	fd = raw_worker();
+	nall = all_slices(all, &plen);
+	uint64_t s0 = slice_bytes(0), s3 = slice_bytes(3);
+
+	/* Unknown slice ids: just past the end, and the largest. */
+	p[0] = (struct pref){ F.map.nslices, 0, s0 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 1, s0), 0);
+	expect_error(fd, req, PS_ENOTENSOR, "slice 4");
+	p[0] = (struct pref){ UINT32_MAX, 0, 20 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 1, 20), 0);
+	expect_error(fd, req, PS_ENOTENSOR, "4294967295");
+	/* A valid slice first, an unknown one second: all or nothing. */
+	p[0] = (struct pref){ 3, 0, s3 };
+	p[1] = (struct pref){ 77, s3, s3 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 2, 2 * s3), 0);
+	expect_error(fd, req, PS_ENOTENSOR, "slice 77");
+	/* Wrong lengths: short, long, zero. */
+	p[0] = (struct pref){ 0, 0, s0 - 4 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 1, s0), 0);
+	expect_error(fd, req, PS_ESHAPE, "slice 0");
+	p[0] = (struct pref){ 3, 0, s3 + 4 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 1, s3 + 4), 0);
+	expect_error(fd, req, PS_ESHAPE, "slice 3");
+	p[0] = (struct pref){ 3, 0, 0 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 1, s3), 0);
+	expect_error(fd, req, PS_ESHAPE, "slice 3");
+	/* Out of the payload: past its end, straddling it, wrapping, unaligned. */
+	p[0] = (struct pref){ 3, s3, s3 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 1, s3), 0);
+	expect_error(fd, req, PS_ESHAPE, "payload");
+	p[0] = (struct pref){ 3, 4, s3 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 1, s3), 0);
+	expect_error(fd, req, PS_ESHAPE, "payload");
+	p[0] = (struct pref){ 3, UINT64_MAX - 3, s3 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 1, s3), 0);
+	expect_error(fd, req, PS_ESHAPE, "payload");
+	p[0] = (struct pref){ 3, 2, s3 };
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, p, 1, s3 + 4), 0);
+	expect_error(fd, req, PS_ESHAPE, "offset 2");
+	/* Every slice valid but the last one short of payload. */
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, all, nall, plen - 4), 0);
+	expect_error(fd, req, PS_ESHAPE, "slice 3");
+	/* Clocks outside the window (max_clock_ahead 4), and a past one. */
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock + 4, 1, all, nall, plen), 0);
+	expect_error(fd, req, PS_ECLOCK, "clock");
+	ck_assert_int_eq(raw_push(fd, ++req, UINT64_MAX, 1, all, nall, plen), 0);
+	expect_error(fd, req, PS_ECLOCK, "clock");
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock - 1, 1, all, nall, plen), 0);
+	expect_error(fd, req, PS_ECLOCK, "clock");
+	nbad = (int)(req - 100);
+	/* The connection is still served: stats over it, same checksum. */
+	Ps__Stats *s = raw_stats(fd, 999);
+	ck_assert_uint_eq(s->param_checksum, F.st.param_checksum);
+	ck_assert_uint_eq(s->applies, F.st.applies);
+	ck_assert_uint_eq(s->errors, F.st.errors + (uint64_t)nbad);
+	ck_assert_uint_eq(s->rejected_frames, F.st.rejected_frames);
+	/* Rejected end_clock pushes did not advance the worker's clock. */
+	ck_assert_uint_eq(s->workers[0]->clock, F.clock);
+	protobuf_c_message_free_unpacked(&s->base, NULL);
+	close(fd);
+	after_attack("bad pushes");
+	fx_stop();
+}
+END_TEST
+
+/* Requests before the handshake, a push from a monitor, a second hello. */
+START_TEST(test_requests_before_hello)
+{
+	struct pref p[8];
+	uint64_t plen;
+	int n, fd;
+
+	fx_start();
+	n = all_slices(p, &plen);
+	/* Pushes that would be valid after a hello: one within the handshake
+	 * frame limit (refused for coming first) and one over it. */
+	struct pref small = { 3, 0, slice_bytes(3) };
+	fd = raw_connect();
+	ck_assert_int_eq(raw_push(fd, 1, F.clock, 1, &small, 1, small.length), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	fd = raw_connect();
+	ck_assert_int_eq(raw_push(fd, 1, F.clock, 1, p, n, plen), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	/* Stats and pull requests. */
+	fd = raw_connect();
+	Ps__StatsRequest q = PS__STATS_REQUEST__INIT;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	fd = raw_connect();
+	Ps__Pull pl = PS__PULL__INIT;
+	uint32_t ids[1] = { 0 };
+	pl.n_slices = 1;
+	pl.slices = ids;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	/* A monitor may not push. */
+	fd = raw_connect();
+	Ps__Hello h = good_hello(-1);
+	Ps__HelloReply *r = raw_hello(fd, &h);
+	ck_assert_ptr_nonnull(r);
+	ck_assert(r->ok);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	ck_assert_int_eq(raw_push(fd, 2, F.clock, 1, p, n, plen), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	/* A second hello, then a push on the same connection. */
+	fd = raw_worker();
+	h = good_hello(0);
+	ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
+	raw_push(fd, 3, F.clock, 1, p, n, plen);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	/* Frames only a server sends. */
+	fd = raw_worker();
+	Ps__PushAck ack = PS__PUSH_ACK__INIT;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PUSH_ACK, &ack.base, NULL, 0), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	ck_assert_uint_eq(stats().worker_clock[0], F.clock);
+	ck_assert_uint_eq(stats().rejected_frames, F.st.rejected_frames + 7);
+	after_attack("requests before hello");
+	fx_stop();
+}
+END_TEST
+
+/* 10,000 connections opened and closed as fast as possible, some after
+ * half a header; then more at once than limits.max_connections allows. */
+START_TEST(test_connection_flood)
+{
+	enum { FLOOD = 10000, BURST = 100 };
+	uint8_t h[PS_WIRE_HDR_LEN];
+	int fds[BURST], refused = 0;
+	struct ps_client *extra = NULL;
+	char err[512];
+
+	fx_start();
+	raw_hdr(h, PS_MSG_HELLO, 10, 0);
+	for (int i = 0; i < FLOOD; i += 50) {
+		for (int k = 0; k < 50; k++) {
+			fds[k] = raw_connect();
+			if (k % 5 == 0)
+				raw_write(fds[k], h, 10);
+		}
+		/* Mostly resets (no TIME_WAIT left behind), some orderly closes. */
+		for (int k = 0; k < 50; k++) {
+			if (k % 10 == 0)
+				close(fds[k]);
+			else
+				raw_reset(fds[k]);
+		}
+	}
+	assert_alive();
+	ck_assert_uint_eq(wait_connections(1, 5000), 1);
+	ck_assert_uint_eq(stats().rejected_frames, F.st.rejected_frames);
+
+	/* More connections than allowed, all at once (the honest one counts).
+	 * Each says hello as a monitor so the handshake timer keeps out of it. */
+	Ps__Hello mon = good_hello(-1);
+	for (int k = 0; k < BURST; k++) {
+		fds[k] = raw_connect();
+		raw_send(fds[k], PS_MSG_HELLO, &mon.base, NULL, 0);
+	}
+	tu_sleep_ms(200);
+	for (int k = 0; k < BURST; k++)
+		if (raw_wait_closed(fds[k], 0) >= 0)
+			refused++;
+	ck_assert_int_eq(refused, BURST - (MAX_CONNS - 1));
+	ck_assert_uint_eq(stats().connections, MAX_CONNS);
+	/* Full: a new honest client is turned away too, and quickly. */
+	double t0 = now_ms();
+	ck_assert_int_ne(ps_client_init(&extra, &F.cfg, -1, err, sizeof(err)), 0);
+	ck_assert_ptr_null(extra);
+	ck_assert_double_lt(now_ms() - t0, 3000);
+	assert_alive();
+	for (int k = 0; k < BURST; k++)
+		raw_reset(fds[k]);
+	ck_assert_uint_eq(wait_connections(1, 3000), 1);
+	after_attack("connection flood");
+	fx_stop();
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("hostile");
+	TCase *tc = tcase_create("attacks");
+	SRunner *sr;
+	int failed;
+
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_control_raw_push_applies);
+	tcase_add_test(tc, test_garbage_bytes);
+	tcase_add_test(tc, test_wrong_magic_and_version);
+	tcase_add_test(tc, test_oversized_lengths);
+	tcase_add_test(tc, test_slow_loris);
+	tcase_add_test(tc, test_metadata_not_protobuf);
+	tcase_add_test(tc, test_handshake_refused);
+	tcase_add_test(tc, test_bad_pushes);
+	tcase_add_test(tc, test_requests_before_hello);
+	tcase_add_test(tc, test_connection_flood);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
