@@ -1,0 +1,264 @@
+/* it_train.c - end-to-end training: real ps-server and ps-worker processes
+ * on loopback train on Fashion-MNIST (Debian's dataset-fashion-mnist).
+ *
+ * Sync (BSP) and async (SSP) runs must learn (test accuracy well above the
+ * 10% of chance), two sync runs with the same seed must end bit-identical
+ * (deterministic aggregation), and bad flags, a missing data folder and
+ * `--device cuda` without a GPU must fail with a clear message. */
+#include <check.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include "compute.h"
+#include "ps_err.h"
+#include "test_util.h"
+
+#define FMNIST "/usr/share/datasets/fashion-mnist"
+
+static char tmpdir[64];
+
+static int have_data(void)
+{
+	return access(FMNIST "/train-images-idx3-ubyte.gz", R_OK) == 0 ||
+	       access(FMNIST "/train-images-idx3-ubyte", R_OK) == 0;
+}
+
+/* Writes a 2-shard config on fresh ports: model preset, more keys of the
+ * train section (train), more top-level YAML (extra). */
+static void write_cfg(char *path, const char *model, const char *train, const char *extra)
+{
+	char y[2048];
+
+	snprintf(y, sizeof(y),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
+		 "seed: 7\nslice_bytes: 64KiB\n"
+		 "model: {preset: %s}\n"
+		 "train: {batch: 32, metrics_dir: '%s', %s}\n"
+		 "log: {level: warn}\n%s",
+		 tu_free_port(), tu_free_port(), model, tmpdir, train, extra);
+	ck_assert_int_eq(tu_write_temp(path, y), 0);
+}
+
+/* Starts ps-worker with stdout+stderr into out (a file path). */
+static pid_t start_worker(const char *cfg, int rank, const char *out, const char *const *extra)
+{
+	char r[16];
+	const char *argv[24] = { "ps-worker", "--config", cfg, "--rank", r };
+	int n = 5;
+	pid_t pid;
+
+	snprintf(r, sizeof(r), "%d", rank);
+	for (; extra && *extra && n < 22; extra++)
+		argv[n++] = *extra;
+	argv[n] = NULL;
+	pid = fork();
+	if (pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		setenv("OPENBLAS_NUM_THREADS", "1", 1);
+		execv("bin/ps-worker", (char *const *)argv);
+		perror("exec bin/ps-worker");
+		_exit(127);
+	}
+	return pid;
+}
+
+static char *slurp(const char *path)
+{
+	static char buf[1 << 16];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return buf;
+}
+
+/* Runs 2 shards and 2 workers of cfg to the end. Returns worker 0's test
+ * accuracy (from its stdout) and copies its last metrics line to metrics. */
+static double run_cluster(const char *cfg, char *metrics, size_t mlen)
+{
+	char out[2][128], mpath[128];
+	pid_t srv[2], w[2];
+	double acc = -1;
+	const char *p;
+
+	for (int i = 0; i < 2; i++)
+		srv[i] = tu_start_server(cfg, i);
+	for (int r = 0; r < 2; r++) {
+		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", tmpdir, r);
+		w[r] = start_worker(cfg, r, out[r], NULL);
+	}
+	for (int r = 0; r < 2; r++) {
+		int st = tu_wait_child(w[r]);
+
+		ck_assert_msg(st == 0, "worker %d exited %d:\n%s", r, st, slurp(out[r]));
+	}
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(tu_stop_server(srv[i]), 0);
+	p = strstr(slurp(out[0]), "epoch 1 test accuracy ");
+	ck_assert_msg(p, "no accuracy line:\n%s", slurp(out[0]));
+	acc = strtod(p + strlen("epoch 1 test accuracy "), NULL);
+	snprintf(mpath, sizeof(mpath), "%s/worker-0.jsonl", tmpdir);
+	snprintf(metrics, mlen, "%.*s", (int)mlen - 1, slurp(mpath));
+	ck_assert_msg(strstr(metrics, "\"test_accuracy\":"), "metrics: %s", metrics);
+	ck_assert_msg(strstr(metrics, "\"samples_per_s\":"), "metrics: %s", metrics);
+	unlink(mpath);
+	snprintf(mpath, sizeof(mpath), "%s/worker-1.jsonl", tmpdir);
+	unlink(mpath);
+	return acc;
+}
+
+/* Same seed, same data, sync: the summed gradients are applied in rank
+ * order, so two runs end with the same model and the same test loss. */
+START_TEST(test_sync_mlp_learns_and_is_deterministic)
+{
+	char cfg[64], m1[4096], m2[4096];
+	double a1, a2;
+
+	write_cfg(cfg, "mlp", "limit: 6000", "optimizer: {name: sgd, lr: 0.1}\n");
+	a1 = run_cluster(cfg, m1, sizeof(m1));
+	ck_assert_msg(a1 > 0.70, "sync mlp test accuracy %.4f <= 0.70", a1);
+	a2 = run_cluster(cfg, m2, sizeof(m2));
+	ck_assert_msg(a1 == a2, "two sync runs differ: %.4f vs %.4f", a1, a2);
+	ck_assert_str_eq(strstr(m1, "\"test_loss\""), strstr(m2, "\"test_loss\""));
+	unlink(cfg);
+}
+END_TEST
+
+START_TEST(test_async_mlp_learns)
+{
+	char cfg[64], m[4096];
+	double a;
+
+	write_cfg(cfg, "mlp", "limit: 6000", "consistency: {mode: async, staleness: 2}\n"
+		  "optimizer: {name: momentum, lr: 0.02, momentum: 0.9}\n");
+	a = run_cluster(cfg, m, sizeof(m));
+	ck_assert_msg(a > 0.65, "async mlp test accuracy %.4f <= 0.65", a);
+	ck_assert_msg(strstr(m, "\"consistency\":\"async\""), "%s", m);
+	unlink(cfg);
+}
+END_TEST
+
+/* The cnn preset through the same path (conv, pool, relu on the backend). */
+START_TEST(test_sync_cnn_learns)
+{
+	char cfg[64], m[4096];
+	double a;
+
+	/* 2 workers x 20 steps of 32: enough to leave chance (10%) far behind */
+	write_cfg(cfg, "cnn", "limit: 1280", "optimizer: {name: momentum, lr: 0.01, momentum: 0.9}\n");
+	a = run_cluster(cfg, m, sizeof(m));
+	ck_assert_msg(a > 0.40, "cnn test accuracy %.4f <= 0.40 after 20 steps", a);
+	unlink(cfg);
+}
+END_TEST
+
+/* Runs one worker alone (no servers needed to fail) and returns its exit
+ * status; its output is left in out. */
+static int run_alone(const char *cfg, const char *const *extra, char *out, size_t outlen)
+{
+	char path[128];
+	pid_t w;
+	int st;
+
+	snprintf(path, sizeof(path), "%s/alone.out", tmpdir);
+	w = start_worker(cfg, 0, path, extra);
+	st = tu_wait_child(w);
+	snprintf(out, outlen, "%.*s", (int)outlen - 1, slurp(path));
+	return st;
+}
+
+START_TEST(test_bad_flags_and_data)
+{
+	char cfg[64], out[4096];
+	static const char *const rank9[] = { "--rank", "9", NULL };
+	static const char *const batch0[] = { "--batch", "0", NULL };
+	static const char *const dev[] = { "--device", "tpu", NULL };
+
+	write_cfg(cfg, "mlp", "limit: 6000", "");
+	ck_assert_int_eq(run_alone(cfg, rank9, out, sizeof(out)), 2);
+	ck_assert_msg(strstr(out, "--rank 9") && strstr(out, "workers 0..1"), "%s", out);
+	ck_assert_int_eq(run_alone(cfg, batch0, out, sizeof(out)), 2);
+	ck_assert_msg(strstr(out, "--batch: expected 1..65536, got '0'"), "%s", out);
+	ck_assert_int_eq(run_alone(cfg, dev, out, sizeof(out)), 2);
+	ck_assert_msg(strstr(out, "--device: expected cpu, cuda or auto, got 'tpu'"), "%s", out);
+	unlink(cfg);
+
+	/* a data folder without the IDX files: the error names the file */
+	{
+		char train[128];
+
+		snprintf(train, sizeof(train), "data_dir: '%s'", tmpdir);
+		write_cfg(cfg, "mlp", train, "");
+	}
+	ck_assert_int_ne(run_alone(cfg, NULL, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, tmpdir) && strstr(out, "train-images-idx3-ubyte") &&
+		      strstr(out, "No such file or directory"), "%s", out);
+	unlink(cfg);
+}
+END_TEST
+
+/* device: cuda on a machine without a usable GPU fails with the reason;
+ * auto falls back to the CPU with one log line. */
+START_TEST(test_device_cuda_without_gpu)
+{
+	const struct ps_compute_ops *cuda = ps_compute_find("cuda");
+	struct ps_compute *c = NULL;
+	static const char *const devcuda[] = { "--device", "cuda", NULL };
+	char cfg[64], out[4096], reason[256] = "";
+
+	if (cuda && cuda->create(&c, reason, sizeof(reason)) == 0) {
+		cuda->destroy(c);
+		printf("SKIP device-cuda refusal: this machine has a usable GPU\n");
+		return;
+	}
+	write_cfg(cfg, "mlp", "limit: 6000", "");
+	ck_assert_int_ne(run_alone(cfg, devcuda, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "device cuda requested but not usable: ") && strstr(out, reason),
+		      "%s", out);
+	unlink(cfg);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("train");
+	TCase *tc = tcase_create("cluster");
+	SRunner *sr;
+	int failed;
+
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ps-it-train-XXXXXX");
+	if (!mkdtemp(tmpdir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, test_bad_flags_and_data);
+	tcase_add_test(tc, test_device_cuda_without_gpu);
+	if (have_data()) {
+		tcase_add_test(tc, test_sync_mlp_learns_and_is_deterministic);
+		tcase_add_test(tc, test_async_mlp_learns);
+		tcase_add_test(tc, test_sync_cnn_learns);
+	} else {
+		printf("SKIP training runs: %s is missing (Debian's dataset-fashion-mnist)\n", FMNIST);
+	}
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_set_fork_status(sr, CK_NOFORK);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	{
+		char cmd[128];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+		if (system(cmd))
+			fprintf(stderr, "could not remove %s\n", tmpdir);
+	}
+	return failed ? 1 : 0;
+}
