@@ -120,12 +120,13 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(LIB_OBJS)
 # Tests: install what is missing, build, run every unit test then every
 # integration test; the run fails if any of them fails.
 test: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer
+	@$(MAKE) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
+		$(OBJ)/tests/bench_train
 	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS)
 
 bench: deps
-	@$(MAKE) --no-print-directory all $(OBJ)/tests/bench_optimizer
-	@scripts/bench.sh $(OBJ)/tests/bench_optimizer
+	@$(MAKE) --no-print-directory all $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train
+	@scripts/bench.sh $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train
 
 demo: deps
 	@$(MAKE) --no-print-directory all

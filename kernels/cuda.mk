@@ -32,7 +32,9 @@ CUDNN_INCDIR := $(patsubst %/,%,$(dir $(firstword $(wildcard \
 
 CUDA_INC  := $(addprefix -I,$(sort $(CUDA_HOME)/include $(CUDNN_INCDIR))) -Ikernels
 NVCCFLAGS ?= -O2
-NVCCFLAGS += -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra
+# Kept apart from NVCCFLAGS so that overriding it on the command line keeps
+# the architectures and warnings.
+NVCC_BASE := -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra
 
 CUDA_CU_OBJS := $(patsubst %.cu,$(OBJ)/%.o,$(wildcard kernels/*.cu))
 CUDA_C_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(wildcard kernels/*.c))
@@ -48,8 +50,14 @@ CUDA_LIBS    := $(foreach d,$(CUDA_LIBDIRS),-L$(d) -Wl,-rpath,$(d)) \
 # Host-side C: the generic $(OBJ)/%.o rule, plus the CUDA include paths.
 $(CUDA_C_OBJS): CPPFLAGS += $(CUDA_INC)
 
+# nvcc's flags, recorded like $(OBJ)/.flags: changing them rebuilds the kernels.
+$(OBJ)/.nvflags: FORCE
+	@mkdir -p $(OBJ)
+	@echo '$(NVCC) $(NVCCFLAGS) $(NVCC_BASE)' | cmp -s - $@ || \
+		echo '$(NVCC) $(NVCCFLAGS) $(NVCC_BASE)' > $@
+
 # Device code. The dependency file names the real object path (-MT), as the
 # generic rule's -MMD does for C.
-$(OBJ)/kernels/%.o: kernels/%.cu $(OBJ)/.flags
+$(OBJ)/kernels/%.o: kernels/%.cu $(OBJ)/.flags $(OBJ)/.nvflags
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Icommon -I$(GEN) $(CUDA_INC) -MMD -MP -MT $@ -MF $(@:.o=.d) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(NVCC_BASE) -Icommon -I$(GEN) $(CUDA_INC) -MMD -MP -MT $@ -MF $(@:.o=.d) -c $< -o $@

@@ -76,16 +76,14 @@ static inline int ps__cudnn_code(cudnnStatus_t s)
 	if (s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
 	    s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED)
 		return -ENOMEM;
-	switch (CUDNN_STATUS_CATEGORY(s)) {
-	case CUDNN_STATUS_BAD_PARAM:
+	if (CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_CATEGORY(CUDNN_STATUS_BAD_PARAM))
 		return -EINVAL;
-	case CUDNN_STATUS_NOT_SUPPORTED:
+	/* 3xxx: not supported here; 1xxx: not initialized (no GPU), library
+	 * loading, version or license trouble. */
+	if (CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_CATEGORY(CUDNN_STATUS_NOT_SUPPORTED) ||
+	    CUDNN_STATUS_CATEGORY(s) == CUDNN_STATUS_CATEGORY(CUDNN_STATUS_NOT_INITIALIZED))
 		return PS_ENOTSUP;
-	case CUDNN_STATUS_NOT_INITIALIZED: /* 1xxx: library load, version, license */
-		return PS_ENOTSUP;
-	default:
-		return -EIO;
-	}
+	return -EIO;
 }
 
 /* Formats the failure message; returns code unchanged. */

@@ -2,7 +2,7 @@
 # The benchmarks behind `make bench`. Every figure is printed next to a
 # baseline measured in the same run (raw TCP over loopback, memcpy), and as a
 # ratio to it, since shared machines are noisy. Results: BENCHMARKS.md.
-#   scripts/bench.sh [OPTIMIZER_BENCH_BINARY]
+#   scripts/bench.sh [OPTIMIZER_BENCH_BINARY [TRAIN_BENCH_BINARY]]
 # PS_BENCH_SECONDS (default 3) sets the length of each run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +32,23 @@ if [ $# -ge 1 ] && [ -x "$1" ]; then
   echo
   echo "-- optimizer apply rate on one core, against memcpy of the same size"
   "$1"
+fi
+if [ $# -ge 2 ] && [ -x "$2" ] && [ -x bin/ps-worker ]; then
+  echo
+  echo "-- training: 2 shards + 2 workers (sync, loopback) against compute alone"
+  echo "   baseline: one process, forward + backward + gradient download, no servers, 1 BLAS thread"
+  base=$(OPENBLAS_NUM_THREADS=1 "$2" --seconds "$S" --json)
+  printf '%s\n' "$base" | sed 's/^/   /'
+  tmp=$(mktemp -d /tmp/ps-bench-train.XXXXXX)
+  for m in "mlp 25600" "cnn 5120"; do
+    set -- $m
+    sed -e "s/preset: cnn/preset: $1/" conf/local.yaml > "$tmp/$1.yaml"
+    scripts/ps-local.sh "$tmp/$1.yaml" --logs "$tmp/logs-$1" -- --limit "$2" \
+      --metrics-dir "$tmp/m-$1" >/dev/null 2>&1 || { echo "   $1: training run failed (logs in $tmp/logs-$1)"; continue; }
+    dist=$(cat "$tmp/m-$1"/worker-*.jsonl | sed -n 's/.*"samples_per_s":\([0-9.]*\).*/\1/p' | awk '{s += $1} END {print s}')
+    single=$(printf '%s\n' "$base" | sed -n "s/.*\"model\":\"$1\",\"backend\":\"cpu\".*\"samples_per_s\":\([0-9.]*\).*/\1/p")
+    awk -v m="$1" -v d="$dist" -v s="$single" 'BEGIN {
+      printf "   %s: 2 workers %.0f samples/s in all, compute alone %.0f samples/s per process, ratio to 2x alone %.2f\n", m, d, s, d / (2 * s) }'
+  done
+  rm -rf "$tmp"
 fi

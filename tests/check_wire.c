@@ -350,7 +350,7 @@ START_TEST(test_random_headers)
 	uint64_t x = 0x9e3779b97f4a7c15ull;
 	int accepted = 0;
 
-	for (int i = 0; i < 200000; i++) {
+	for (int i = 0; i < 60000; i++) {
 		uint8_t b[PS_WIRE_HDR_LEN], b2[PS_WIRE_HDR_LEN];
 		struct ps_frame_hdr h;
 		char why[200];
@@ -511,7 +511,7 @@ START_TEST(test_unpack_fuzz)
 	int refused = 0, decoded = 0;
 	char why[200];
 
-	for (int i = 0; i < 30000; i++) {
+	for (int i = 0; i < 12000; i++) {
 		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
 		uint32_t len = (uint32_t)(x % 64);
 		uint8_t *b = malloc(len ? len : 1);

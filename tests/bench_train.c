@@ -1,0 +1,136 @@
+/* bench_train.c - compute-only training speed of the model presets: the
+ * baseline that distributed training is compared with in `make bench`.
+ *
+ * For each preset (mlp, cnn) and backend (cpu; cuda when a GPU is usable)
+ * one process runs forward, backward and the download of every gradient to
+ * host memory, exactly as ps-worker does, with no servers: what a step costs
+ * before any push or pull. Reported as samples/s and ms per step.
+ *
+ * Usage: bench_train [--seconds S] [--batch B] [--json]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "compute.h"
+#include "config.h"
+#include "net.h"
+#include "ps_err.h"
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Small deterministic pseudo-random floats in [-a, a]. */
+static void fill(float *p, size_t n, float a, uint64_t *s)
+{
+	for (size_t i = 0; i < n; i++) {
+		*s = *s * 6364136223846793005ull + 1442695040888963407ull;
+		p[i] = a * ((float)(*s >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+	}
+}
+
+static int bench(const char *preset, const char *backend, int batch, double seconds, int json)
+{
+	const struct ps_compute_ops *ops = ps_compute_find(backend);
+	struct ps_compute *c = NULL;
+	struct ps_config *cfg = calloc(1, sizeof(*cfg));
+	struct ps_net net = { 0 };
+	char yaml[256], err[512] = "";
+	float *x = NULL, loss;
+	int32_t *y = NULL;
+	int steps = 0, correct, rc = -1;
+	uint64_t seed = 1;
+	double t0, t;
+	size_t in;
+
+	if (!cfg || !ops)
+		goto out;
+	snprintf(yaml, sizeof(yaml), "cluster: {servers: [127.0.0.1:1], workers: 1}\n"
+		 "model: {preset: %s}\n", preset);
+	if (ps_config_load_string(cfg, yaml, "bench", err, sizeof(err)))
+		goto out;
+	if (ops->create(&c, err, sizeof(err))) {
+		printf("%-4s %-5s skipped: %s\n", preset, backend, err);
+		rc = 0;
+		goto out;
+	}
+	if (ps_net_init(&net, cfg, ops, c, batch, err, sizeof(err)))
+		goto out;
+	in = (size_t)cfg->model.input[0] * cfg->model.input[1] * cfg->model.input[2];
+	x = malloc((size_t)batch * in * sizeof(float));
+	y = malloc((size_t)batch * sizeof(int32_t));
+	if (!x || !y)
+		goto out;
+	fill(x, (size_t)batch * in, 1.0f, &seed);
+	for (int i = 0; i < batch; i++)
+		y[i] = i % cfg->model.classes;
+	for (int i = 0; i < cfg->ntensors; i++)
+		fill(net.host_w[i], (size_t)cfg->tensors[i].count, cfg->tensors[i].init_value, &seed);
+	if (ps_net_upload_weights(&net))
+		goto out;
+	/* one untimed step warms caches, BLAS buffers, cuDNN plans */
+	if (ps_net_forward(&net, x, y, batch, &loss, &correct) ||
+	    ps_net_backward(&net, batch, 1.0f, NULL, NULL))
+		goto out;
+	t0 = now_s();
+	do {
+		if (ps_net_forward(&net, x, y, batch, &loss, &correct) ||
+		    ps_net_backward(&net, batch, 1.0f, NULL, NULL))
+			goto out;
+		steps++;
+		t = now_s();
+	} while (t - t0 < seconds);
+	if (json)
+		printf("{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%d,\"steps\":%d,"
+		       "\"ms_per_step\":%.3f,\"samples_per_s\":%.1f}\n", preset, backend, batch, steps,
+		       (t - t0) * 1e3 / steps, steps * batch / (t - t0));
+	else
+		printf("%-4s %-5s batch %d: %8.2f ms/step  %9.0f samples/s  (%d steps)\n", preset,
+		       backend, batch, (t - t0) * 1e3 / steps, steps * batch / (t - t0), steps);
+	rc = 0;
+out:
+	if (rc)
+		fprintf(stderr, "bench_train: %s on %s: %s%s\n", preset, backend, err,
+			c ? c->err : "");
+	ps_net_free(&net);
+	if (c)
+		ops->destroy(c);
+	free(x);
+	free(y);
+	free(cfg);
+	return rc;
+}
+
+int main(int argc, char **argv)
+{
+	double seconds = 3;
+	int batch = 64, json = 0, rc = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
+			seconds = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+			batch = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--json"))
+			json = 1;
+		else {
+			fprintf(stderr, "usage: bench_train [--seconds S] [--batch B] [--json]\n");
+			return 2;
+		}
+	}
+	if (seconds <= 0 || batch < 1 || batch > 65536) {
+		fprintf(stderr, "bench_train: --seconds must be > 0 and --batch 1..65536\n");
+		return 2;
+	}
+	static const char *const presets[] = { "mlp", "cnn" };
+	static const char *const backends[] = { "cpu", "cuda" };
+	for (int p = 0; p < 2; p++)
+		for (int b = 0; b < 2; b++)
+			rc |= bench(presets[p], backends[b], batch, seconds, json);
+	return rc ? 1 : 0;
+}
