@@ -176,11 +176,11 @@ int main(int argc, char **argv)
 	};
 	const char *config = NULL, *level = NULL, *device = NULL, *metrics_dir = NULL;
 	int rank = -1, epochs = 0, batch = 0, limit = -1, opt, rc = 1;
-	struct ps_config *cfg = calloc(1, sizeof(*cfg));
+	/* large (tensors table): static, so early exits on bad flags free nothing */
+	static struct ps_config cfg_storage;
+	struct ps_config *cfg = &cfg_storage;
 	char err[1024];
 
-	if (!cfg)
-		return 1;
 	while ((opt = getopt_long(argc, argv, "c:r:e:b:d:l:m:n:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config = optarg; break;
@@ -442,6 +442,5 @@ out:
 	free(x);
 	free(y);
 	free(pt);
-	free(cfg);
 	return rc;
 }
