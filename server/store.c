@@ -167,7 +167,7 @@ int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t cl
 	}
 	if (clock < s->version || clock >= s->version + (uint64_t)cfg->limits.max_clock_ahead)
 		return PS_ECLOCK;
-	if (cfg->nworkers == 1 && clock == s->version) {
+	if (cfg->nworkers == 1 && clock == s->version && !s->pending) {
 		apply(st, s, g);
 		return 1;
 	}

@@ -159,6 +159,57 @@ START_TEST(test_sync_exact_sum)
 }
 END_TEST
 
+/* Pipelined requests leave in submission order: one worker queues 200
+ * pushes (clocks 0..199) without waiting, then one pull of version 200.
+ * Sent newest-first, clock c + 1 would reach the shard before c; this once
+ * hung the single-worker fast path. A stuck request fails in 5 s. */
+START_TEST(test_pipelined_order)
+{
+	char yaml[2048], path[64], err[512];
+	struct ps_config cfg;
+	int p0 = tu_free_port(), p1 = tu_free_port();
+	pid_t srv[2];
+	enum { N = 200 };
+	int64_t ids[N + 1];
+
+	cluster_yaml(yaml, sizeof(yaml), p0, p1, 1, "sync",
+		     "limits:\n  request_timeout_ms: 5000\n  max_clock_ahead: 1000\n");
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	struct ps_client *c = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	struct ps_tensor g[3], w[3];
+	for (int t = 0; t < 3; t++) {
+		int64_t n = cfg.tensors[t].count;
+		g[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(n * 4), n, 0 };
+		w[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(n * 4), n, 0 };
+		for (int64_t i = 0; i < n; i++)
+			g[t].data[i] = 1.0f; /* the same gradient every clock: STABLE sends may share it */
+	}
+	for (int k = 0; k < N; k++) {
+		ids[k] = ps_client_push(c, (uint64_t)k, g, 3, PS_PUSH_END_CLOCK);
+		ck_assert_int_ge(ids[k], 0);
+	}
+	ids[N] = ps_client_pull(c, N, w, 3);
+	ck_assert_int_ge(ids[N], 0);
+	for (int k = 0; k <= N; k++)
+		ck_assert_msg(ps_client_wait(c, ids[k]) == 0, "request %d: %s", k, ps_client_error(c));
+	for (int t = 0; t < 3; t++) {
+		ck_assert_uint_eq(w[t].version, N);
+		for (int64_t i = 0; i < w[t].count; i++)
+			ck_assert_float_eq(w[t].data[i], (float)(i % 1024) - N); /* sgd, lr 1 */
+		free(g[t].data);
+		free(w[t].data);
+	}
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+}
+END_TEST
+
 /* SSP: two fast workers and one that sleeps each clock. The fast ones read
  * the slow one's clock from shared memory (published before each push, so
  * it is never behind what the shards know) after each pull. */
@@ -313,6 +364,7 @@ Suite *cluster_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_sync_exact_sum);
+	tcase_add_test(tc, test_pipelined_order);
 	tcase_add_test(tc, test_ssp_staleness_bound);
 	tcase_add_test(tc, test_shard_map_mismatch_refused);
 	suite_add_tcase(s, tc);

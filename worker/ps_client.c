@@ -44,6 +44,7 @@ struct req {
 	int *tidx;              /* pull: config tensor index of t[i] */
 	struct ps_shard_stats *stats;
 	struct req *next;
+	struct req *send_next;  /* queue of requests for the I/O thread to send */
 	struct part parts[];    /* one per shard */
 };
 
@@ -68,6 +69,10 @@ struct ps_client {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct req *reqs;       /* every request not yet waited for */
+	/* Requests submitted and not yet sent, oldest first: frames must leave
+	 * in submission order (a sync shard expects clock c before c + 1, and a
+	 * worker's last push of a clock ends it). */
+	struct req *sendq_head, *sendq_tail;
 	int64_t next_id;
 	int stopping;
 	int started;            /* init succeeded: losses are worth a log line */
@@ -334,7 +339,10 @@ static void on_wake(uv_async_t *a)
 
 	pthread_mutex_lock(&c->mu);
 	stopping = c->stopping;
-	for (struct req *r = c->reqs; r; r = r->next) {
+	struct req *next;
+	for (struct req *r = c->sendq_head; r; r = next) {
+		next = r->send_next;
+		r->send_next = NULL;
 		if (!r->queued)
 			continue;
 		r->queued = 0;
@@ -356,6 +364,7 @@ static void on_wake(uv_async_t *a)
 				part_done(c, r, k, rc, "send failed");
 		}
 	}
+	c->sendq_head = c->sendq_tail = NULL;
 	pthread_mutex_unlock(&c->mu);
 	if (stopping)
 		close_all(c);
@@ -435,6 +444,11 @@ static int64_t submit(struct ps_client *c, struct req *r)
 		r->done = 1;
 	} else {
 		r->queued = 1;
+		if (c->sendq_tail)
+			c->sendq_tail->send_next = r;
+		else
+			c->sendq_head = r;
+		c->sendq_tail = r;
 	}
 	r->next = c->reqs;
 	c->reqs = r;
@@ -658,6 +672,22 @@ int ps_client_wait(struct ps_client *c, int64_t id)
 	for (pp = &c->reqs; *pp != r; pp = &(*pp)->next)
 		;
 	*pp = r->next;
+	if (r->queued) {
+		/* done before it was sent (a shard failed): leave the send queue */
+		struct req *prev = NULL;
+
+		for (struct req *q = c->sendq_head; q; prev = q, q = q->send_next) {
+			if (q != r)
+				continue;
+			if (prev)
+				prev->send_next = q->send_next;
+			else
+				c->sendq_head = q->send_next;
+			if (c->sendq_tail == q)
+				c->sendq_tail = prev;
+			break;
+		}
+	}
 	status = r->status;
 	pthread_mutex_unlock(&c->mu);
 	req_free(c, r);
