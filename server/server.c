@@ -209,6 +209,24 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 					  sl->version + (uint64_t)cfg->limits.max_clock_ahead - 1);
 			goto err_reject;
 		}
+		if (!ps_store_all_finite((const float *)(f->payload + r->offset),
+					 (size_t)sl->slice->count)) {
+			rc = PS_ENOFINITE;
+			ps_msg_send_error(sc->conn, m->req_id, rc,
+					  "slice %u: gradient holds NaN or infinite values; "
+					  "nothing of this push was applied", r->slice);
+			goto err_reject;
+		}
+	}
+	/* A worker may end clocks only within the window the shard accepts. */
+	if (m->end_clock &&
+	    m->clock >= s->finished[sc->rank] + (uint64_t)cfg->limits.max_clock_ahead) {
+		rc = PS_ECLOCK;
+		ps_msg_send_error(sc->conn, m->req_id, rc,
+				  "worker %d ends clock %" PRIu64 " but has finished only %" PRIu64
+				  " (limits.max_clock_ahead %d)", sc->rank, m->clock,
+				  s->finished[sc->rank], cfg->limits.max_clock_ahead);
+		goto err_reject;
 	}
 	fr = malloc(sizeof(*fr));
 	if (!fr) {

@@ -201,6 +201,18 @@ int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t cl
 	return changed;
 }
 
+/* Exponent bits all ones means NaN or infinity; an OR over the batch keeps
+ * the loop branch-free so it vectorizes (memory speed). */
+int ps_store_all_finite(const float *g, size_t n)
+{
+	const uint32_t *u = (const uint32_t *)g;
+	uint32_t bad = 0;
+
+	for (size_t i = 0; i < n; i++)
+		bad |= (uint32_t)((u[i] & 0x7f800000u) == 0x7f800000u);
+	return !bad;
+}
+
 uint64_t ps_store_checksum(const struct ps_store *st)
 {
 	uint64_t h = PS_FNV_OFFSET;

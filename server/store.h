@@ -67,6 +67,10 @@ struct ps_slot *ps_store_slot(struct ps_store *st, uint32_t slice);
 int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
 		   const float *g, struct ps_frame_ref *fr);
 
+/* 1 when none of the n floats is NaN or infinite (checked before a push
+ * is accepted, so parameters stay finite). */
+int ps_store_all_finite(const float *g, size_t n);
+
 /* FNV-1a over every owned slice's weights, in slice order. */
 uint64_t ps_store_checksum(const struct ps_store *st);
 

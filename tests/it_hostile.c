@@ -14,6 +14,7 @@
  * push attacks do apply when nothing is wrong with them.
  */
 #include <check.h>
+#include <math.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -359,6 +360,8 @@ struct pref {
 	uint64_t offset, length;
 };
 
+static float push_fill = 1.0f; /* the value of every payload float */
+
 static int raw_push(int fd, uint64_t req, uint64_t clock, int end_clock, const struct pref *p,
 		    int n, uint64_t plen)
 {
@@ -368,7 +371,7 @@ static int raw_push(int fd, uint64_t req, uint64_t clock, int end_clock, const s
 	int rc;
 
 	for (uint64_t i = 0; i < plen / 4; i++)
-		pay[i] = 1.0f;
+		pay[i] = push_fill;
 	for (int i = 0; i < n; i++) {
 		ps__slice_ref__init(&refs[i]);
 		refs[i].slice = p[i].slice;
@@ -772,6 +775,17 @@ START_TEST(test_bad_pushes)
 	expect_error(fd, req, PS_ECLOCK, "clock");
 	ck_assert_int_eq(raw_push(fd, ++req, F.clock - 1, 1, all, nall, plen), 0);
 	expect_error(fd, req, PS_ECLOCK, "clock");
+	/* Values that are not finite, in one element of a whole push. */
+	push_fill = NAN;
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, all, nall, plen), 0);
+	expect_error(fd, req, PS_ENOFINITE, "NaN or infinite");
+	push_fill = INFINITY;
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, all, nall, plen), 0);
+	expect_error(fd, req, PS_ENOFINITE, "NaN or infinite");
+	push_fill = 1.0f;
+	/* An empty push that claims to end a clock far ahead. */
+	ck_assert_int_eq(raw_push(fd, ++req, F.clock + 1000, 1, p, 0, 0), 0);
+	expect_error(fd, req, PS_ECLOCK, "ends clock");
 	nbad = (int)(req - 100);
 	/* The connection is still served: stats over it, same checksum. */
 	Ps__Stats *s = raw_stats(fd, 999);
