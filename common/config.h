@@ -39,6 +39,21 @@ struct ps_tensor_cfg {
 	int64_t count;            /* product of dims */
 	enum ps_init_kind init;
 	float init_value;         /* const value, or scale for uniform/normal */
+	/* Push compression of this tensor: compression.codec / .ratio, or the
+	 * compression.tensors entry naming it (resolved by the loader). */
+	int codec;                /* enum ps_codec_kind (codec.h) */
+	float ratio;              /* topk: fraction kept */
+};
+
+enum ps_lz4_mode { PS_LZ4_OFF, PS_LZ4_ON, PS_LZ4_AUTO };
+
+/* compression: how workers encode pushes and shards encode pull replies. */
+struct ps_compress_cfg {
+	int codec;                /* enum ps_codec_kind: default for every tensor */
+	float ratio;              /* topk: fraction of each slice kept, (0, 1] */
+	int error_feedback;       /* topk, sign, q8: keep what was not sent */
+	int lz4;                  /* enum ps_lz4_mode */
+	int pull;                 /* enum ps_codec_kind: none or fp16 for pull replies */
 };
 
 struct ps_optim_cfg {
@@ -93,6 +108,7 @@ struct ps_config {
 	struct ps_limits limits;
 	struct ps_stats_cfg stats;
 	char log_level[16];
+	struct ps_compress_cfg compress;
 	struct ps_model_cfg model;  /* layers; nlayers 0 when only tensors are given */
 	struct ps_train_cfg train;
 };

@@ -60,6 +60,8 @@ enum ps_send_flags {
 	PS_SEND_STABLE = 0,    /* payload unchanged until cb fires */
 	PS_SEND_VOLATILE = 1,  /* payload read (written or copied) before send returns; cb must be NULL */
 };
+/* Frame header flags (PS_FRAME_F_*) ride in the high half of the send flags. */
+#define PS_SEND_FRAME_FLAGS(f) ((unsigned)(f) << 16)
 
 /* Fires once per accepted send: status 0 when the bytes are handed to the
  * kernel, negative when the connection closed first. */

@@ -424,7 +424,8 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 		    void *arg)
 {
 	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
-	struct ps_frame_hdr h = { .type = type, .meta_len = meta_len };
+	struct ps_frame_hdr h = { .type = type, .meta_len = meta_len,
+				  .flags = (uint16_t)(flags >> 16) };
 	uv_buf_t bufs[MAX_IOV + 1];
 	struct tcp_write *w;
 	int nbufs = 1, rc;

@@ -30,6 +30,7 @@ struct ps_srv_conn {
 struct ps_waiting_pull {
 	struct ps_srv_conn *sc;
 	uint64_t req_id, min_version, clock;
+	int codec;                 /* reply encoding: PS_CODEC_NONE or PS_CODEC_FP16 */
 	uint32_t n;
 	struct ps_waiting_pull *next;
 	struct ps_slot *slots[];
@@ -73,6 +74,9 @@ static void send_pull_reply(struct ps_server *s, struct ps_waiting_pull *p)
 	struct ps_iov iov_small[16], *iov = iov_small;
 	Ps__PullReply r = PS__PULL_REPLY__INIT;
 	uint64_t off = 0, fin = min_finished(s);
+	const struct ps_codec_ops *co = p->codec ? ps_codec_get(p->codec) : NULL;
+	uint64_t raw = 0;
+	uint8_t *enc = NULL;
 	int rc;
 
 	if (p->n > 16) {
@@ -84,19 +88,46 @@ static void send_pull_reply(struct ps_server *s, struct ps_waiting_pull *p)
 			goto out_free;
 		}
 	}
+	if (co) {
+		size_t total = 0;
+		for (uint32_t i = 0; i < p->n; i++)
+			total += (co->max_bytes((size_t)p->slots[i]->slice->count, NULL) + 3) & ~(size_t)3;
+		enc = malloc(total ? total : 1);
+		if (!enc) {
+			ps_msg_send_error(p->sc->conn, p->req_id, -ENOMEM, "out of memory");
+			goto out_free;
+		}
+	}
 	for (uint32_t i = 0; i < p->n; i++) {
 		struct ps_slot *sl = p->slots[i];
 		uint64_t len = (uint64_t)sl->slice->count * sizeof(float);
 		ps__slice_ref__init(&refs[i]);
 		refs[i].slice = sl->slice->id;
 		refs[i].offset = off;
-		refs[i].length = len;
 		refs[i].version = sl->version;
-		ptrs[i] = &refs[i];
 		iov[i].base = sl->w;
-		iov[i].len = len;
-		off += len;
+		raw += len;
+		if (co) {
+			/* fp16 weights: encoded here, copied by the volatile send */
+			struct ps_codec_params prm = { 1.0f, 0 };
+			ssize_t e = co->encode(sl->w, NULL, (size_t)sl->slice->count, &prm, 0,
+					       enc + off, co->max_bytes((size_t)sl->slice->count, &prm));
+			if (e < 0) {
+				ps_msg_send_error(p->sc->conn, p->req_id, (int)e, "encoding failed");
+				goto out_free;
+			}
+			len = (uint64_t)e;
+			iov[i].base = enc + off;
+			refs[i].codec = (uint32_t)p->codec;
+			memset(enc + off + len, 0, (size_t)(-len & 3)); /* next offset 4-aligned */
+		}
+		refs[i].length = len;
+		ptrs[i] = &refs[i];
+		iov[i].len = (len + 3) & ~(uint64_t)3;
+		off += iov[i].len;
 	}
+	s->c.pull_raw += raw;
+	s->c.pull_wire += off;
 	r.req_id = p->req_id;
 	r.n_slices = p->n;
 	r.slices = ptrs;
@@ -109,6 +140,7 @@ static void send_pull_reply(struct ps_server *s, struct ps_waiting_pull *p)
 		s->c.max_clock_gap = p->clock - fin;
 	s->c.bytes_out += off;
 out_free:
+	free(enc);
 	if (refs != refs_small) {
 		free(refs);
 		free(ptrs);
@@ -146,6 +178,14 @@ static void handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	p->req_id = m->req_id;
 	p->min_version = m->min_version;
 	p->clock = m->clock;
+	p->codec = (int)m->codec;
+	if (m->codec != PS_CODEC_NONE && m->codec != PS_CODEC_FP16) {
+		s->c.errors++;
+		ps_msg_send_error(sc->conn, m->req_id, PS_EPROTO,
+				  "pull replies can be raw (0) or fp16 (1), not codec %u", m->codec);
+		free(p);
+		return;
+	}
 	p->n = (uint32_t)m->n_slices;
 	for (size_t i = 0; i < m->n_slices; i++) {
 		p->slots[i] = ps_store_slot(&s->store, m->slices[i]);
@@ -168,34 +208,73 @@ static void handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 
 /* ---- pushes ---- */
 
+/* Expands an LZ4 push payload (frame flag PS_FRAME_F_LZ4) into a new
+ * buffer of exactly m->raw_length bytes, within the frame size limit. */
+static int expand_payload(struct ps_server *s, const Ps__Push *m, const struct ps_frame *f,
+			  uint8_t **out, char *why, size_t whylen)
+{
+	uint8_t *buf;
+	int rc;
+
+	if (m->raw_length == 0 || m->raw_length > s->cfg->limits.max_frame_bytes) {
+		snprintf(why, whylen, "LZ4 payload claims %" PRIu64 " bytes expanded (limit %" PRIu64
+			 ")", m->raw_length, s->cfg->limits.max_frame_bytes);
+		return PS_ETOOBIG;
+	}
+	buf = aligned_alloc(64, (m->raw_length + 63) & ~(uint64_t)63);
+	if (!buf) {
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
+	}
+	rc = ps_lz4_unpack(f->payload, f->hdr.payload_len, buf, m->raw_length, why, whylen);
+	if (rc) {
+		free(buf);
+		return rc;
+	}
+	*out = buf;
+	return 0;
+}
+
 static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m,
 			struct ps_frame *f)
 {
 	const struct ps_config *cfg = s->cfg;
 	struct ps_frame_ref *fr;
 	Ps__PushAck ack = PS__PUSH_ACK__INIT;
+	uint8_t *payload = f->payload, *expanded = NULL;
+	uint64_t plen = f->hdr.payload_len;
+	char why[256];
 	int changed = 0, rc;
 
 	s->c.pushes++;
+	if (f->hdr.flags & PS_FRAME_F_LZ4) {
+		rc = expand_payload(s, m, f, &expanded, why, sizeof(why));
+		if (rc) {
+			ps_msg_send_error(sc->conn, m->req_id, rc, "push: %s", why);
+			goto err_reject;
+		}
+		payload = expanded;
+		plen = m->raw_length;
+	}
 	/* Check everything first: a push is applied whole or not at all. */
 	for (size_t i = 0; i < m->n_slices; i++) {
 		const Ps__SliceRef *r = m->slices[i];
 		struct ps_slot *sl = ps_store_slot(&s->store, r->slice);
+		struct ps_grad g;
 		if (!sl) {
 			rc = PS_ENOTENSOR;
 			ps_msg_send_error(sc->conn, m->req_id, rc, "slice %u is not owned by shard %d",
 					  r->slice, s->shard);
 			goto err_reject;
 		}
-		if (r->length != (uint64_t)sl->slice->count * sizeof(float) || r->offset % 4 ||
-		    r->offset > f->hdr.payload_len || r->length > f->hdr.payload_len - r->offset) {
+		if ((r->codec == 0 && r->length != (uint64_t)sl->slice->count * sizeof(float)) ||
+		    r->offset % 4 || r->offset > plen || r->length > plen - r->offset) {
 			rc = PS_ESHAPE;
 			ps_msg_send_error(sc->conn, m->req_id, rc,
 					  "slice %u: %" PRIu64 " bytes at offset %" PRIu64
 					  " do not match its %" PRId64 " elements in a %" PRIu64
 					  "-byte payload",
-					  r->slice, r->length, r->offset, sl->slice->count,
-					  f->hdr.payload_len);
+					  r->slice, r->length, r->offset, sl->slice->count, plen);
 			goto err_reject;
 		}
 		if (cfg->consistency == PS_SYNC &&
@@ -209,12 +288,18 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 					  sl->version + (uint64_t)cfg->limits.max_clock_ahead - 1);
 			goto err_reject;
 		}
-		if (!ps_store_all_finite((const float *)(f->payload + r->offset),
-					 (size_t)sl->slice->count)) {
-			rc = PS_ENOFINITE;
+		g = (struct ps_grad){ payload + r->offset, r->length, (int)r->codec };
+		if (r->codec >= PS_CODEC_COUNT) {
+			rc = PS_EPROTO;
+			ps_msg_send_error(sc->conn, m->req_id, rc, "slice %u: unknown codec %u",
+					  r->slice, r->codec);
+			goto err_reject;
+		}
+		rc = ps_store_check(&s->store, sl, &g, why, sizeof(why));
+		if (rc) {
 			ps_msg_send_error(sc->conn, m->req_id, rc,
-					  "slice %u: gradient holds NaN or infinite values; "
-					  "nothing of this push was applied", r->slice);
+					  "slice %u (%s): %s; nothing of this push was applied",
+					  r->slice, ps_codec_get(g.codec)->name, why);
 			goto err_reject;
 		}
 	}
@@ -235,11 +320,16 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 		goto err_reject;
 	}
 	fr->frame = f;
+	fr->expanded = expanded;
 	fr->refs = 1;
 	for (size_t i = 0; i < m->n_slices; i++) {
 		const Ps__SliceRef *r = m->slices[i];
-		rc = ps_store_offer(&s->store, ps_store_slot(&s->store, r->slice), sc->rank, m->clock,
-				    (const float *)(f->payload + r->offset), fr);
+		struct ps_slot *sl = ps_store_slot(&s->store, r->slice);
+		struct ps_grad g = { payload + r->offset, r->length, (int)r->codec };
+
+		s->c.push_raw[r->codec] += (uint64_t)sl->slice->count * sizeof(float);
+		s->c.push_wire[r->codec] += plen ? r->length * f->hdr.payload_len / plen : 0;
+		rc = ps_store_offer_grad(&s->store, sl, sc->rank, m->clock, &g, fr);
 		if (rc < 0) {
 			/* Only a duplicate of an earlier push can get here. */
 			s->c.errors++;
@@ -264,6 +354,7 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 
 err_reject:
 	s->c.errors++;
+	free(expanded);
 	ps_frame_release(f);
 }
 
@@ -297,6 +388,12 @@ static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	st.applies = s->store.applies;
 	st.apply_seconds = s->store.apply_seconds;
 	st.apply_bytes = s->store.bytes_applied;
+	st.n_push_raw_bytes = PS_CODEC_COUNT;
+	st.push_raw_bytes = s->c.push_raw;
+	st.n_push_wire_bytes = PS_CODEC_COUNT;
+	st.push_wire_bytes = s->c.push_wire;
+	st.pull_raw_bytes = s->c.pull_raw;
+	st.pull_wire_bytes = s->c.pull_wire;
 	st.errors = s->c.errors;
 	st.rejected_frames = s->c.rejected_frames;
 	st.connections = (uint32_t)s->nconns;
@@ -423,6 +520,11 @@ static void on_frame(struct ps_conn *c, struct ps_frame *f)
 	if (sc->state != CONN_READY && f->hdr.type != PS_MSG_HELLO) {
 		snprintf(why, sizeof(why), "%s frame before hello", ps_wire_type_name(f->hdr.type));
 		ps_warn("closing connection from %s: %s", c->peer, why);
+		goto err_free_msg;
+	}
+	if ((f->hdr.flags & PS_FRAME_F_LZ4) && f->hdr.type != PS_MSG_PUSH) {
+		ps_warn("closing connection from %s: LZ4 flag on a %s frame", c->peer,
+			ps_wire_type_name(f->hdr.type));
 		goto err_free_msg;
 	}
 	switch (f->hdr.type) {

@@ -12,6 +12,7 @@
 #include <uv.h>
 #include "config.h"
 #include "shardmap.h"
+#include "codec.h"
 #include "store.h"
 #include "transport.h"
 
@@ -22,6 +23,9 @@ struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
 	uint64_t bytes_in, bytes_out;
 	uint64_t max_clock_gap;    /* largest (pull clock - slowest finished clock) answered */
+	uint64_t push_raw[PS_CODEC_COUNT];  /* pushed gradient bytes by codec, as float32 */
+	uint64_t push_wire[PS_CODEC_COUNT]; /* and as received (share of the frame after LZ4) */
+	uint64_t pull_raw, pull_wire;       /* weights served as float32, and as sent */
 };
 
 struct ps_server {

@@ -1,7 +1,10 @@
 /* store.c - owned slices, BSP buckets, rank-ordered sums, optimizer calls. */
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "codec.h"
 #include "ps_err.h"
 #include "store.h"
 
@@ -9,7 +12,7 @@ struct ps_bucket {
 	uint64_t clock;
 	int have;                       /* workers that pushed this clock */
 	struct ps_bucket *next;
-	const float **g;                /* nworkers gradient pointers (NULL = not yet) */
+	struct ps_grad *g;              /* nworkers gradients (data NULL = not yet) */
 	struct ps_frame_ref **fr;       /* the frames they live in */
 };
 
@@ -17,6 +20,7 @@ void ps_frame_ref_put(struct ps_frame_ref *fr)
 {
 	if (fr && --fr->refs == 0) {
 		ps_frame_release(fr->frame);
+		free(fr->expanded);
 		free(fr);
 	}
 }
@@ -76,7 +80,8 @@ int ps_store_init(struct ps_store *st, const struct ps_config *cfg,
 			st->opt->init_state(&cfg->optim, s->state, (size_t)sl->count);
 	}
 	st->scratch = aligned_alloc(64, ((size_t)maxcount * sizeof(float) + 63) & ~(size_t)63 ?: 64);
-	if (!st->scratch)
+	st->check = aligned_alloc(64, ((size_t)maxcount * sizeof(float) + 63) & ~(size_t)63 ?: 64);
+	if (!st->scratch || !st->check)
 		goto err_free_store;
 	return 0;
 
@@ -108,6 +113,7 @@ void ps_store_free(struct ps_store *st)
 	free(st->slots);
 	free(st->slot_of);
 	free(st->scratch);
+	free(st->check);
 	memset(st, 0, sizeof(*st));
 }
 
@@ -131,44 +137,120 @@ static void apply(struct ps_store *st, struct ps_slot *s, const float *g)
 	st->apply_seconds += now_s() - t0;
 }
 
-/* Sums a complete bucket in rank order and applies it. */
+/* The floats of g: the raw data itself, or decoded into buf. */
+static const float *grad_floats(const struct ps_grad *g, size_t n, float *buf)
+{
+	char err[8];
+
+	if (g->codec == 0)
+		return g->data;
+	/* validated on arrival (ps_store_check), so this cannot fail */
+	ps_codec_get(g->codec)->decode(g->data, g->len, n, buf, err, sizeof(err));
+	return buf;
+}
+
+/* Sums a complete bucket in rank order and applies it. Encoded gradients
+ * are decoded straight into the sum (decode_add), never expanded apart. */
 static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucket *b)
 {
 	size_t n = (size_t)s->slice->count;
-	int nw = st->cfg->nworkers;
-	const float *g = b->g[0];
+	int nw = st->cfg->nworkers, raw = 1;
+	float *restrict acc = st->scratch;
+	char err[8];
 
-	if (nw > 1) {
-		float *restrict acc = st->scratch;
-		const float *restrict g0 = b->g[0];
-		const float *restrict g1 = b->g[1];
+	for (int r = 0; r < nw; r++)
+		raw &= b->g[r].codec == 0;
+	if (nw == 1) {
+		apply(st, s, grad_floats(&b->g[0], n, acc));
+		return;
+	}
+	if (raw) {
+		const float *restrict g0 = b->g[0].data;
+		const float *restrict g1 = b->g[1].data;
 		for (size_t i = 0; i < n; i++)
 			acc[i] = g0[i] + g1[i];
 		for (int r = 2; r < nw; r++) {
-			const float *restrict gr = b->g[r];
+			const float *restrict gr = b->g[r].data;
 			for (size_t i = 0; i < n; i++)
 				acc[i] += gr[i];
 		}
-		g = acc;
+	} else {
+		if (b->g[0].codec == 0)
+			memcpy(acc, b->g[0].data, n * sizeof(float));
+		else
+			ps_codec_get(b->g[0].codec)->decode(b->g[0].data, b->g[0].len, n, acc, err,
+							     sizeof(err));
+		for (int r = 1; r < nw; r++) {
+			const struct ps_grad *g = &b->g[r];
+
+			if (g->codec == 0) {
+				const float *restrict gr = g->data;
+				for (size_t i = 0; i < n; i++)
+					acc[i] += gr[i];
+			} else {
+				ps_codec_get(g->codec)->decode_add(g->data, g->len, n, 1.0f, acc, err,
+								   sizeof(err));
+			}
+		}
 	}
-	apply(st, s, g);
+	apply(st, s, acc);
+}
+
+int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps_grad *g,
+		   char *err, size_t errlen)
+{
+	size_t n = (size_t)s->slice->count;
+	const struct ps_codec_ops *co;
+	int rc;
+
+	if (g->codec == 0) {
+		if (g->len != n * sizeof(float)) {
+			snprintf(err, errlen, "%" PRIu64 " bytes for %zu floats", g->len, n);
+			return PS_ESHAPE;
+		}
+		rc = ps_store_all_finite(g->data, n);
+	} else {
+		co = ps_codec_get(g->codec);
+		if (!co) {
+			snprintf(err, errlen, "unknown codec %d", g->codec);
+			return PS_EPROTO;
+		}
+		rc = co->decode(g->data, g->len, n, st->check, err, errlen);
+		if (rc)
+			return rc;
+		rc = ps_store_all_finite(st->check, n);
+	}
+	if (!rc) {
+		snprintf(err, errlen, "gradient holds NaN or infinite values");
+		return PS_ENOFINITE;
+	}
+	return 0;
 }
 
 int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
 		   const float *g, struct ps_frame_ref *fr)
 {
+	struct ps_grad gr = { g, (uint64_t)s->slice->count * sizeof(float), 0 };
+
+	return ps_store_offer_grad(st, s, rank, clock, &gr, fr);
+}
+
+int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
+			const struct ps_grad *g, struct ps_frame_ref *fr)
+{
 	const struct ps_config *cfg = st->cfg;
 	struct ps_bucket **pp, *b;
+	size_t n = (size_t)s->slice->count;
 	int changed = 0;
 
 	if (cfg->consistency == PS_ASYNC) {
-		apply(st, s, g);
+		apply(st, s, grad_floats(g, n, st->scratch));
 		return 1;
 	}
 	if (clock < s->version || clock >= s->version + (uint64_t)cfg->limits.max_clock_ahead)
 		return PS_ECLOCK;
 	if (cfg->nworkers == 1 && clock == s->version && !s->pending) {
-		apply(st, s, g);
+		apply(st, s, grad_floats(g, n, st->scratch));
 		return 1;
 	}
 	for (pp = &s->pending; *pp && (*pp)->clock < clock; pp = &(*pp)->next)
@@ -179,15 +261,15 @@ int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t cl
 		b = calloc(1, sizeof(*b) + nw * (sizeof(*b->g) + sizeof(*b->fr)));
 		if (!b)
 			return -ENOMEM;
-		b->g = (const float **)(b + 1);
+		b->g = (struct ps_grad *)(b + 1);
 		b->fr = (struct ps_frame_ref **)(b->g + nw);
 		b->clock = clock;
 		b->next = *pp;
 		*pp = b;
 	}
-	if (b->g[rank])
+	if (b->g[rank].data)
 		return PS_EDUP;
-	b->g[rank] = g;
+	b->g[rank] = *g;
 	b->fr[rank] = fr;
 	fr->refs++;
 	b->have++;

@@ -23,7 +23,16 @@
 /* A received frame shared by the slices it carries. */
 struct ps_frame_ref {
 	struct ps_frame *frame;
+	void *expanded;         /* LZ4 frames: the payload once expanded (freed with the ref) */
 	int refs;
+};
+
+/* One worker's gradient for one slice, as received: raw float32 (codec 0)
+ * or encoded by a codec (codec.h), len bytes at data, inside a frame. */
+struct ps_grad {
+	const void *data;
+	uint64_t len;
+	int codec;
 };
 
 struct ps_bucket; /* gradients of one clock, one slice (store.c) */
@@ -46,6 +55,7 @@ struct ps_store {
 	struct ps_slot *slots;
 	int32_t *slot_of;       /* map->nslices entries: slot index or -1 */
 	float *scratch;         /* one slice of sum space */
+	float *check;           /* one slice: decoding done to validate a push */
 	uint64_t applies;
 	double apply_seconds;
 	uint64_t bytes_applied;
@@ -66,6 +76,18 @@ struct ps_slot *ps_store_slot(struct ps_store *st, uint32_t slice);
  * PS_EDUP (this rank already pushed this clock), -ENOMEM. */
 int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
 		   const float *g, struct ps_frame_ref *fr);
+
+/* Same, for a gradient that may be encoded. Its data must have passed
+ * ps_store_check. */
+int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
+			const struct ps_grad *g, struct ps_frame_ref *fr);
+
+/* Validates g for slot s before anything is accepted: the length of a raw
+ * slice, the whole encoding of an encoded one (decoded into st->check), and
+ * that every value is finite. 0, or PS_ESHAPE / PS_EPROTO / PS_ENOFINITE
+ * with the reason in err. */
+int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps_grad *g,
+		   char *err, size_t errlen);
 
 /* 1 when none of the n floats is NaN or infinite (checked before a push
  * is accepted, so parameters stay finite). */

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "codec.h"
 #include "msg.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -28,6 +29,8 @@ struct part {               /* what one request sends to one shard */
 	uint32_t meta_len;
 	int niov;
 	struct ps_iov *iov;
+	uint8_t *enc;           /* push: encoded slices (codecs), then LZ4 output */
+	unsigned frame_flags;   /* PS_FRAME_F_* of the frame */
 	int waiting;            /* reply still expected from this shard */
 };
 
@@ -73,6 +76,11 @@ struct ps_client {
 	 * in submission order (a sync shard expects clock c before c + 1, and a
 	 * worker's last push of a clock ends it). */
 	struct req *sendq_head, *sendq_tail;
+	/* Push compression: per tensor, the error-feedback residual (NULL until
+	 * first used, only for codecs with error feedback); bytes pushed as
+	 * float32 and as sent. Touched by the pushing thread only. */
+	float **resid;
+	uint64_t push_raw, push_wire, push_steps;
 	int64_t next_id;
 	int stopping;
 	int started;            /* init succeeded: losses are worth a log line */
@@ -150,7 +158,8 @@ static void on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m,
 		const Ps__SliceRef *s = m->slices[i];
 		const struct ps_slice *sl = s->slice < c->map.nslices ? &c->map.slices[s->slice] : NULL;
 		int j;
-		if (!sl || sl->shard != k || s->length != (uint64_t)sl->count * sizeof(float) ||
+		if (!sl || sl->shard != k || (s->codec != 0 && s->codec != PS_CODEC_FP16) ||
+		    (s->codec == 0 && s->length != (uint64_t)sl->count * sizeof(float)) ||
 		    s->offset > f->hdr.payload_len || s->length > f->hdr.payload_len - s->offset) {
 			status = PS_EPROTO;
 			snprintf(why, sizeof(why), "shard %d sent a malformed pull reply (slice %u)", k,
@@ -161,7 +170,15 @@ static void on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m,
 			;
 		if (j == r->n)
 			continue;
-		memcpy(r->t[j].data + sl->offset, f->payload + s->offset, s->length);
+		if (s->codec == 0) {
+			memcpy(r->t[j].data + sl->offset, f->payload + s->offset, s->length);
+		} else if (ps_codec_get(PS_CODEC_FP16)->decode(f->payload + s->offset, s->length,
+								(size_t)sl->count,
+								r->t[j].data + sl->offset, why,
+								sizeof(why))) {
+			status = PS_EPROTO;
+			break;
+		}
 		if (s->version < r->t[j].version)
 			r->t[j].version = s->version;
 	}
@@ -191,6 +208,12 @@ static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->connections = m->connections;
 	o->max_clock_gap = m->max_clock_gap;
 	o->param_checksum = m->param_checksum;
+	for (size_t i = 0; i < m->n_push_raw_bytes && i < 8; i++)
+		o->push_raw_bytes[i] = m->push_raw_bytes[i];
+	for (size_t i = 0; i < m->n_push_wire_bytes && i < 8; i++)
+		o->push_wire_bytes[i] = m->push_wire_bytes[i];
+	o->pull_raw_bytes = m->pull_raw_bytes;
+	o->pull_wire_bytes = m->pull_wire_bytes;
 	o->nworkers = (int)m->n_workers;
 	for (size_t i = 0; i < m->n_workers && i < 64; i++)
 		o->worker_clock[i] = m->workers[i]->clock;
@@ -359,7 +382,9 @@ static void on_wake(uv_async_t *a)
 			unsigned type = r->kind == REQ_PUSH ? PS_MSG_PUSH
 				      : r->kind == REQ_PULL ? PS_MSG_PULL : PS_MSG_STATS_REQUEST;
 			rc = sh->conn->t->ops->send(sh->conn, (uint8_t)type, p->meta, p->meta_len,
-						    p->iov, p->niov, PS_SEND_STABLE, NULL, NULL);
+						    p->iov, p->niov,
+						    PS_SEND_STABLE | PS_SEND_FRAME_FLAGS(p->frame_flags),
+						    NULL, NULL);
 			if (rc)
 				part_done(c, r, k, rc, "send failed");
 		}
@@ -410,6 +435,7 @@ static void req_free(struct ps_client *c, struct req *r)
 	for (int k = 0; k < c->cfg->nshards; k++) {
 		free(r->parts[k].meta);
 		free(r->parts[k].iov);
+		free(r->parts[k].enc);
 	}
 	free(r->tidx);
 	free(r);
@@ -499,6 +525,128 @@ static void count_slices(struct ps_client *c, const int *tidx, int n, uint32_t *
 			per_shard[c->map.slices[s].shard]++;
 }
 
+/* Fills part p (shard k) with this shard's slices of t, in tensor then
+ * slice order: raw slices point at the caller's data (no copy), encoded ones
+ * at p->enc. refs/ptrs receive the slice refs; *off the payload length. */
+static int encode_part(struct ps_client *c, struct part *p, int k, const struct ps_tensor *t,
+		       const int *tidx, int n, uint64_t clock, Ps__SliceRef *refs,
+		       Ps__SliceRef **ptrs, uint64_t *off)
+{
+	const struct ps_config *cfg = c->cfg;
+	size_t cap = 0, used = 0;
+
+	for (int i = 0; i < n; i++) {
+		const struct ps_tensor_cfg *tc = &cfg->tensors[tidx[i]];
+		const struct ps_codec_ops *co = ps_codec_get(tc->codec);
+		struct ps_codec_params prm = { tc->ratio, cfg->seed };
+
+		if (tc->codec == PS_CODEC_NONE)
+			continue;
+		for (uint32_t s = c->map.tensor_first[tidx[i]]; s < c->map.tensor_first[tidx[i] + 1]; s++)
+			if (c->map.slices[s].shard == k)
+				cap += (co->max_bytes((size_t)c->map.slices[s].count, &prm) + 7) & ~(size_t)7;
+	}
+	if (cap && !(p->enc = malloc(cap)))
+		return -ENOMEM;
+	for (int i = 0; i < n; i++) {
+		const struct ps_tensor_cfg *tc = &cfg->tensors[tidx[i]];
+		const struct ps_codec_ops *co = ps_codec_get(tc->codec);
+		struct ps_codec_params prm = { tc->ratio, cfg->seed };
+		float *resid = NULL;
+
+		if (tc->codec != PS_CODEC_NONE && co->lossy_ef && cfg->compress.error_feedback) {
+			if (!c->resid[tidx[i]] &&
+			    !(c->resid[tidx[i]] = calloc((size_t)tc->count, sizeof(float))))
+				return -ENOMEM;
+			resid = c->resid[tidx[i]];
+		}
+		for (uint32_t s = c->map.tensor_first[tidx[i]]; s < c->map.tensor_first[tidx[i] + 1]; s++) {
+			const struct ps_slice *sl = &c->map.slices[s];
+			Ps__SliceRef *ref = &refs[p->niov];
+			size_t raw = (size_t)sl->count * sizeof(float);
+			if (sl->shard != k)
+				continue;
+			ps__slice_ref__init(ref);
+			ref->slice = sl->id;
+			ref->offset = *off;
+			ref->codec = (uint32_t)tc->codec;
+			if (tc->codec == PS_CODEC_NONE) {
+				ref->length = raw;
+				p->iov[p->niov].base = t[i].data + sl->offset;
+			} else {
+				size_t room = (co->max_bytes((size_t)sl->count, &prm) + 7) & ~(size_t)7;
+				ssize_t e = co->encode(t[i].data + sl->offset,
+						       resid ? resid + sl->offset : NULL, (size_t)sl->count,
+						       &prm, clock * 1000003u + sl->id, p->enc + used, room);
+				if (e < 0)
+					return (int)e;
+				ref->length = (uint64_t)e;
+				p->iov[p->niov].base = p->enc + used;
+				/* padded to 4 bytes so the next slice's offset stays aligned */
+				memset(p->enc + used + e, 0, (size_t)(-e & 3));
+				used += ((size_t)e + 7) & ~(size_t)7;
+			}
+			p->iov[p->niov].len = (ref->length + 3) & ~(uint64_t)3;
+			ptrs[p->niov] = ref;
+			*off += p->iov[p->niov].len;
+			p->niov++;
+			c->push_raw += raw;
+		}
+	}
+	return 0;
+}
+
+/* The LZ4 stage over part p's whole payload (len bytes): on success the
+ * part sends one packed piece, flagged PS_FRAME_F_LZ4, with the expanded
+ * length in *raw_length; kept as it is when LZ4 would not shrink it. auto
+ * tries only payloads of topk, sign and q8 slices of at least 1 KiB (their
+ * indices and bit patterns compress; float32 and fp16 values rarely do). */
+static int lz4_part(struct ps_client *c, struct part *p, uint64_t len, uint64_t *raw_length,
+		    const Ps__SliceRef *const *refs)
+{
+	uint8_t *src, *dst, *tmp = NULL;
+	size_t packed, bound;
+	int try = c->cfg->compress.lz4 == PS_LZ4_ON ? len >= 64 : 0;
+
+	if (c->cfg->compress.lz4 == PS_LZ4_AUTO && len >= 1024)
+		for (int i = 0; i < p->niov && !try; i++)
+			try = refs[i]->codec == PS_CODEC_TOPK || refs[i]->codec == PS_CODEC_SIGN ||
+			      refs[i]->codec == PS_CODEC_Q8;
+	if (!try || len > UINT32_MAX / 2)
+		return 0;
+	if (p->niov == 1) {
+		src = (uint8_t *)p->iov[0].base;
+	} else {
+		size_t at = 0;
+		if (!(src = tmp = malloc(len)))
+			return -ENOMEM;
+		for (int i = 0; i < p->niov; i++) {
+			memcpy(tmp + at, p->iov[i].base, p->iov[i].len);
+			at += p->iov[i].len;
+		}
+	}
+	bound = ps_lz4_bound(len);
+	dst = malloc(bound);
+	if (!dst) {
+		free(tmp);
+		return -ENOMEM;
+	}
+	packed = ps_lz4_pack(src, len, dst, bound);
+	free(tmp);
+	if (!packed) {
+		free(dst);
+		return 0;
+	}
+	free(p->enc);
+	p->enc = dst;
+	p->iov[0].base = dst;
+	p->iov[0].len = packed;
+	p->niov = 1;
+	p->frame_flags |= PS_FRAME_F_LZ4;
+	*raw_length = len;
+	return 0;
+}
+
 /* Ids are reserved before packing so the metadata is final when queued. */
 static int64_t reserve_id(struct ps_client *c)
 {
@@ -543,33 +691,27 @@ int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tens
 		p->iov = malloc(sizeof(*p->iov) * (cnt[k] ? cnt[k] : 1));
 		if (!p->iov)
 			goto err_free;
-		/* This shard's slices, in tensor then slice order. */
-		for (int i = 0; i < n; i++) {
-			for (uint32_t s = c->map.tensor_first[tidx[i]];
-			     s < c->map.tensor_first[tidx[i] + 1]; s++) {
-				const struct ps_slice *sl = &c->map.slices[s];
-				Ps__SliceRef *ref = &refs[base + (uint32_t)p->niov];
-				if (sl->shard != k)
-					continue;
-				ps__slice_ref__init(ref);
-				ref->slice = sl->id;
-				ref->offset = off;
-				ref->length = (uint64_t)sl->count * sizeof(float);
-				ptrs[base + (uint32_t)p->niov] = ref;
-				p->iov[p->niov].base = t[i].data + sl->offset;
-				p->iov[p->niov].len = ref->length;
-				p->niov++;
-				off += ref->length;
-			}
-		}
+		rc = encode_part(c, p, k, t, tidx, n, clock, refs + base, ptrs + base, &off);
+		if (rc)
+			goto err_free;
+		rc = -ENOMEM;
 		m.req_id = (uint64_t)r->id;
 		m.clock = clock;
 		m.end_clock = (flags & PS_PUSH_END_CLOCK) != 0;
 		m.n_slices = (size_t)p->niov;
 		m.slices = ptrs + base;
 		base += (uint32_t)p->niov;
+		if (off && c->cfg->compress.lz4 != PS_LZ4_OFF) {
+			rc = lz4_part(c, p, off, &m.raw_length,
+				      (const Ps__SliceRef *const *)m.slices);
+			if (rc)
+				goto err_free;
+			rc = -ENOMEM;
+		}
 		if (pack_part(p, &m.base))
 			goto err_free;
+		for (int i = 0; i < p->niov; i++)
+			c->push_wire += p->iov[i].len;
 	}
 	if (flags & PS_PUSH_END_CLOCK) {
 		pthread_mutex_lock(&c->mu);
@@ -635,6 +777,7 @@ int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tens
 					ids[j++] = s;
 		m.req_id = (uint64_t)r->id;
 		m.min_version = min_version;
+		m.codec = (uint32_t)c->cfg->compress.pull;
 		m.clock = clock;
 		m.n_slices = j;
 		m.slices = ids;
@@ -762,6 +905,7 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->cfg = cfg;
 	c->rank = rank;
 	c->shards = calloc((size_t)cfg->nshards, sizeof(*c->shards));
+	c->resid = calloc((size_t)(cfg->ntensors > 0 ? cfg->ntensors : 1), sizeof(*c->resid));
 	if (!c->shards) {
 		free(c);
 		return -ENOMEM;
@@ -855,6 +999,7 @@ err_close_loop:
 	pthread_mutex_destroy(&c->mu);
 	ps_shardmap_free(&c->map);
 err_free_client:
+	free(c->resid);
 	free(c->shards);
 	free(c);
 	return rc;
@@ -879,6 +1024,15 @@ void ps_client_free(struct ps_client *c)
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);
 	ps_shardmap_free(&c->map);
+	for (int i = 0; c->resid && i < c->cfg->ntensors; i++)
+		free(c->resid[i]);
+	free(c->resid);
 	free(c->shards);
 	free(c);
+}
+
+void ps_client_push_bytes(struct ps_client *c, uint64_t *raw, uint64_t *wire)
+{
+	*raw = c->push_raw;
+	*wire = c->push_wire;
 }

@@ -54,6 +54,10 @@ struct ps_shard_stats {
 	unsigned connections;
 	uint64_t max_clock_gap;
 	uint64_t param_checksum;
+	/* Pushed gradient bytes by codec (index: enum ps_codec_kind in codec.h)
+	 * as float32 and as received; pull replies as float32 and as sent. */
+	uint64_t push_raw_bytes[8], push_wire_bytes[8];
+	uint64_t pull_raw_bytes, pull_wire_bytes;
 	int nworkers;
 	uint64_t worker_clock[64]; /* the first 64 workers' finished clocks */
 };
@@ -87,6 +91,10 @@ const char *ps_client_error(struct ps_client *c);
 
 /* Asks shard for its counters (blocking). */
 int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out);
+
+/* Gradient bytes this client has pushed: as float32 (raw) and as sent after
+ * the codecs and LZ4 (wire). Call from the pushing thread. */
+void ps_client_push_bytes(struct ps_client *c, uint64_t *raw, uint64_t *wire);
 
 /* The clock this client sends with pulls (clocks finished by its pushes). */
 uint64_t ps_client_clock(struct ps_client *c);
