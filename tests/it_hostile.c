@@ -19,6 +19,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <sys/time.h>
+#include "codec.h"
 #include "config.h"
 #include "msg.h"
 #include "ps_client.h"
@@ -206,9 +207,12 @@ static int raw_write(int fd, const void *b, size_t n)
 	return 0;
 }
 
+static uint16_t raw_flags; /* frame header flags of the next raw frames */
+
 static void raw_hdr(uint8_t h[PS_WIRE_HDR_LEN], uint8_t type, uint32_t meta, uint64_t payload)
 {
-	struct ps_frame_hdr fh = { .type = type, .meta_len = meta, .payload_len = payload };
+	struct ps_frame_hdr fh = { .type = type, .meta_len = meta, .payload_len = payload,
+				   .flags = raw_flags };
 	ps_wire_encode_hdr(h, &fh);
 }
 
@@ -802,6 +806,91 @@ START_TEST(test_bad_pushes)
 }
 END_TEST
 
+/* Encoded gradients that lie: every decoder input is checked before the
+ * shard accepts anything, and LZ4 frames are bounded before expanding. */
+static void coded_push(int fd, uint64_t req, uint32_t codec, const void *pay, uint64_t len,
+		       uint64_t raw_length)
+{
+	Ps__SliceRef ref, *ptr = &ref;
+	Ps__Push m = PS__PUSH__INIT;
+
+	ps__slice_ref__init(&ref);
+	ref.slice = 0;
+	ref.offset = 0;
+	ref.length = len;
+	ref.codec = codec;
+	m.req_id = req;
+	m.clock = F.clock;
+	m.n_slices = 1;
+	m.slices = &ptr;
+	m.raw_length = raw_length;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PUSH, &m.base, pay, (len + 3) & ~(uint64_t)3), 0);
+}
+
+START_TEST(test_bad_encoded_pushes)
+{
+	uint64_t req = 500, n;
+	uint32_t topk[4] = { 2, 0, 0, 0 };  /* count 2, indices 0 and 0: not increasing */
+	uint32_t big[3] = { 0xffffffffu, 0, 0 };
+	uint8_t junk[256];
+	uint32_t sign_nan[2] = { 0x7fc00000u, 0 };
+	int fd;
+
+	fx_start();
+	fd = raw_worker();
+	n = F.map.slices[0].count;
+	memset(junk, 0xa5, sizeof(junk));
+	/* topk: repeated index; count larger than the slice; index out of range */
+	coded_push(fd, ++req, PS_CODEC_TOPK, topk, sizeof(topk), 0);
+	expect_error(fd, req, PS_EPROTO, "slice 0 (topk)");
+	coded_push(fd, ++req, PS_CODEC_TOPK, big, sizeof(big), 0);
+	expect_error(fd, req, PS_EPROTO, "topk");
+	topk[0] = 1;
+	topk[1] = (uint32_t)n; /* one past the end */
+	coded_push(fd, ++req, PS_CODEC_TOPK, topk, 12, 0);
+	expect_error(fd, req, PS_EPROTO, "topk");
+	/* fp16 of the wrong length, sign with a NaN scale, q8 truncated */
+	coded_push(fd, ++req, PS_CODEC_FP16, junk, 2, 0);
+	expect_error(fd, req, PS_EPROTO, "fp16");
+	coded_push(fd, ++req, PS_CODEC_SIGN, sign_nan, sizeof(sign_nan), 0);
+	expect_error(fd, req, PS_EPROTO, "sign");
+	coded_push(fd, ++req, PS_CODEC_Q8, junk, 7, 0);
+	expect_error(fd, req, PS_EPROTO, "q8");
+	coded_push(fd, ++req, 99, junk, 8, 0);
+	expect_error(fd, req, PS_EPROTO, "unknown codec 99");
+	/* LZ4: garbage, an expanded size beyond the frame limit, and a valid
+	 * block that expands to a length other than the one claimed */
+	raw_flags = PS_FRAME_F_LZ4;
+	coded_push(fd, ++req, 0, junk, sizeof(junk), n * 4);
+	expect_error(fd, req, PS_EPROTO, "push");
+	coded_push(fd, ++req, 0, junk, sizeof(junk), 1ull << 40);
+	expect_error(fd, req, PS_ETOOBIG, "expanded");
+	{
+		float *ones = malloc(n * 4 + 64);
+		uint8_t *packed = malloc(ps_lz4_bound(n * 4));
+		size_t plen;
+
+		for (uint64_t i = 0; i < n; i++)
+			ones[i] = 1.0f;
+		plen = ps_lz4_pack(ones, n * 4, packed, ps_lz4_bound(n * 4));
+		ck_assert_uint_gt(plen, 0);
+		coded_push(fd, ++req, 0, packed, plen, n * 4 + 4); /* claims 4 bytes more */
+		expect_error(fd, req, PS_EPROTO, "push");
+		free(ones);
+		free(packed);
+	}
+	raw_flags = 0;
+	Ps__Stats *st = raw_stats(fd, 999);
+	ck_assert_uint_eq(st->param_checksum, F.st.param_checksum);
+	ck_assert_uint_eq(st->applies, F.st.applies);
+	ck_assert_uint_eq(st->errors, F.st.errors + (req - 500));
+	protobuf_c_message_free_unpacked(&st->base, NULL);
+	close(fd);
+	after_attack("bad encoded pushes");
+	fx_stop();
+}
+END_TEST
+
 /* Requests before the handshake, a push from a monitor, a second hello. */
 START_TEST(test_requests_before_hello)
 {
@@ -952,6 +1041,7 @@ int main(void)
 	tcase_add_test(tc, test_metadata_not_protobuf);
 	tcase_add_test(tc, test_handshake_refused);
 	tcase_add_test(tc, test_bad_pushes);
+	tcase_add_test(tc, test_bad_encoded_pushes);
 	tcase_add_test(tc, test_requests_before_hello);
 	tcase_add_test(tc, test_connection_flood);
 	suite_add_tcase(s, tc);

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "codec.h"
 #include "compute.h"
 #include "config.h"
 #include "dataset.h"
@@ -393,11 +394,16 @@ int main(int argc, char **argv)
 			seen += count;
 			double now = now_s();
 			if (now - last_print > (tty ? 0.25 : 10.0) || s == steps - 1) {
+				uint64_t raw, wire;
 				last_print = now;
-				fprintf(stderr, "%sepoch %d/%d  step %d/%d  loss %.4f  acc %.3f  %.0f samples/s  %.1f MB pushed%s",
+				ps_client_push_bytes(cli, &raw, &wire);
+				fprintf(stderr, "%sepoch %d/%d  step %d/%d  loss %.4f  acc %.3f  %.0f samples/s  %.1f MB pushed",
 					tty ? "\r" : "", e + 1, cfg->train.epochs, s + 1, steps,
 					loss_sum / seen, (double)correct_sum / seen,
-					seen / (now - t_epoch), sc.bytes_pushed / 1e6, tty ? "\033[K" : "\n");
+					seen / (now - t_epoch), wire / 1e6);
+				if (wire != raw && wire)
+					fprintf(stderr, " (%.1fx smaller)", (double)raw / (double)wire);
+				fputs(tty ? "\033[K" : "\n", stderr);
 			}
 		}
 		if (tty)
@@ -413,8 +419,12 @@ int main(int argc, char **argv)
 			fflush(stdout);
 		}
 		if (metrics) {
+			uint64_t raw, wire;
+			ps_client_push_bytes(cli, &raw, &wire);
+			fprintf(metrics, "{\"mb_pushed_raw\":%.3f,\"mb_pushed_wire\":%.3f,\"codec\":\"%s\",",
+				raw / 1e6, wire / 1e6, ps_codec_get(cfg->compress.codec)->name);
 			fprintf(metrics,
-				"{\"rank\":%d,\"epoch\":%d,\"steps\":%d,\"time_s\":%.3f,\"train_loss\":%.6f,"
+				"\"rank\":%d,\"epoch\":%d,\"steps\":%d,\"time_s\":%.3f,\"train_loss\":%.6f,"
 				"\"train_accuracy\":%.6f,\"samples_per_s\":%.1f,\"mb_pushed\":%.3f,"
 				"\"device\":\"%s\",\"consistency\":\"%s\"",
 				rank, e + 1, steps, now_s() - t_start, seen ? loss_sum / seen : NAN,
