@@ -7,6 +7,8 @@
  * The tree is then walked against the option table (cfg_opts, and tensor_opts
  * for each model.tensors entry). The result is built in a scratch struct and
  * copied out only when every check passed: a failed load leaves cfg as it was.
+ * compression.tensors entries (override_opts) may name tensors derived from
+ * the model's layers, so they wait in the ctx until the model is resolved.
  */
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -18,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "codec.h"
 #include "config.h"
 #include "config_int.h"
 #include "ps_err.h"
@@ -31,6 +34,14 @@ static const char *const preset_names[] = { "none", "mlp", "cnn", NULL };
 static const char *const device_names[] = { "auto", "cpu", "cuda", NULL };
 /* in enum ps_layer_kind order */
 static const char *const layer_names[] = { "dense", "conv2d", "maxpool", "relu", "flatten", NULL };
+/* in enum ps_codec_kind order; pull replies (weights) take only the first two */
+static const char *const codec_names[] = { "none", "fp16", "q8", "topk", "sign", NULL };
+static const char *const pull_names[] = { "none", "fp16", NULL };
+/* in enum ps_lz4_mode order */
+static const char *const lz4_names[] = { "off", "on", "auto", NULL };
+_Static_assert(PS_CODEC_NONE == 0 && PS_CODEC_FP16 == 1 && PS_CODEC_Q8 == 2 &&
+	       PS_CODEC_TOPK == 3 && PS_CODEC_SIGN == 4 && PS_CODEC_COUNT == 5, "codec_names");
+_Static_assert(PS_LZ4_OFF == 0 && PS_LZ4_ON == 1 && PS_LZ4_AUTO == 2, "lz4_names");
 
 #define C struct ps_config
 static const struct opt cfg_opts[] = {
@@ -75,6 +86,20 @@ static const struct opt cfg_opts[] = {
 	  "L2 penalty added to the gradient, every optimizer"),
 	O("optimizer.initial_accumulator", T_FLOAT, 0, 0, 1e6, "0.1", NULL, C,
 	  optim.initial_accumulator, "adagrad: initial value of the squared-gradient sum"),
+	O("compression.codec", T_ENUM, 0, 0, 0, "none", codec_names, C, compress.codec,
+	  "codec of pushed gradients: none, fp16 (half), q8 (8 bits), topk (the largest ratio), "
+	  "sign (1 bit); per tensor: compression.tensors"),
+	O("compression.ratio", T_FLOAT, F_OPEN_MIN, 0, 1, "0.01", NULL, C, compress.ratio,
+	  "topk: fraction of each slice's values sent"),
+	O("compression.error_feedback", T_BOOL, 0, 0, 0, "true", NULL, C, compress.error_feedback,
+	  "topk, sign, q8: the worker keeps what was not sent and adds it to the next push"),
+	O("compression.lz4", T_ENUM, 0, 0, 0, "auto", lz4_names, C, compress.lz4,
+	  "lossless LZ4 stage after the codec, kept for a frame only when it shrinks it; "
+	  "auto: tried only where it is likely to help"),
+	O("compression.pull", T_ENUM, 0, 0, 0, "none", pull_names, C, compress.pull,
+	  "encoding of pull replies (weights): none or fp16"),
+	O("compression.tensors", T_OVERRIDES, 0, 0, PS_MAX_TENSORS, NULL, NULL, C, compress,
+	  "per-tensor codec and ratio, see compression.tensors[].* below"),
 	O("limits.max_frame_bytes", T_SIZE, 0, 4 * KiB, 16 * GiB, "64MiB", NULL, C,
 	  limits.max_frame_bytes, "largest frame accepted (metadata + payload); >= slice_bytes + 64KiB"),
 	O("limits.max_meta_bytes", T_SIZE, 0, KiB, 64 * MiB, "1MiB", NULL, C,
@@ -130,6 +155,19 @@ static const struct opt tensor_opts[NTENSOR] = {
 	O("value", T_FLOAT, 0, -1e30, 1e30, "0", NULL, T, value, "const: every element's value"),
 };
 #undef T
+
+/* One compression.tensors entry; codec and ratio default to the section's. */
+enum { VO_NAME, VO_CODEC, VO_RATIO, NOVR };
+#define V struct cfg_override
+static const struct opt override_opts[NOVR] = {
+	O("name", T_NAME, F_REQUIRED, 1, PS_NAME_MAX - 1, NULL, NULL, V, name,
+	  "a tensor of the model, also one derived from its layers (e.g. fc1.weight)"),
+	O("codec", T_ENUM, 0, 0, 0, NULL, codec_names, V, codec,
+	  "codec of this tensor's pushes; default compression.codec"),
+	O("ratio", T_FLOAT, F_OPEN_MIN, 0, 1, NULL, NULL, V, ratio,
+	  "topk only: fraction of each slice sent; default compression.ratio"),
+};
+#undef V
 
 /* One model.layers entry; which keys apply depends on type. */
 enum { LO_TYPE, LO_OUT, LO_KERNEL, LO_PAD, LO_STRIDE, LO_SIZE, NLAYER };
@@ -370,6 +408,47 @@ static int set_layers(struct ctx *c, const struct opt *o, struct ps_config *cfg,
 	return 0;
 }
 
+/* Parses compression.tensors into c->ovr. The names are checked against the
+ * model's tensors later, by resolve_compression(). */
+static int set_overrides(struct ctx *c, const struct opt *o, const struct ynode *v,
+			 const char *key)
+{
+	char disp[2 * KEY_MAX + 24], got[100];
+	int rc;
+
+	if (v->kind != YN_SEQ || v->nkids < o->min || v->nkids > o->max)
+		return bad_value(c, o, v, key, v->kind == YN_SEQ ? "wrong number of entries" : NULL);
+	free(c->ovr);
+	c->novr = 0;
+	c->ovr = calloc(v->nkids ? v->nkids : 1, sizeof(*c->ovr));
+	if (!c->ovr)
+		return cfg_fail(c, v->line, "out of memory");
+	for (size_t i = 0; i < v->nkids; i++) {
+		const struct ynode *m = v->kids[i], *seen[NOVR] = { 0 };
+		struct cfg_override *e = &c->ovr[i];
+
+		snprintf(disp, sizeof(disp), "%s[%zu]", key, i);
+		if (m->kind != YN_MAP)
+			return cfg_fail(c, m->line, "key '%s': expected a mapping with name and codec "
+					"or ratio, got %s", disp, cfg_what(m, got, sizeof(got)));
+		rc = walk_map(c, override_opts, NOVR, e, seen, "", disp, m);
+		if (rc)
+			return rc;
+		if (!seen[VO_NAME])
+			return cfg_fail(c, m->line, "missing required key '%s.name'", disp);
+		for (size_t j = 0; j < i; j++)
+			if (!strcmp(c->ovr[j].name, e->name))
+				return cfg_fail(c, seen[VO_NAME]->line, "key '%s.name': duplicate entry "
+						"for tensor '%s' (first at line %d)", disp, e->name,
+						c->ovr[j].name_at->line);
+		e->name_at = seen[VO_NAME];
+		e->codec_at = seen[VO_CODEC];
+		e->ratio_at = seen[VO_RATIO];
+		c->novr = i + 1;
+	}
+	return 0;
+}
+
 static int set_dims3(struct ctx *c, struct ps_config *cfg, const struct opt *o,
 		     const struct ynode *v, const char *key)
 {
@@ -403,9 +482,17 @@ static int set_node(struct ctx *c, const struct opt *o, void *base, const struct
 		return set_layers(c, o, base, v, key);
 	case T_DIMS3:
 		return set_dims3(c, base, o, v, key);
+	case T_OVERRIDES:
+		return set_overrides(c, o, v, key);
 	default:
-		if (v->kind != YN_SCALAR || cfg_parse_scalar(o, base, v->text, &why))
+		if (v->kind != YN_SCALAR || cfg_parse_scalar(o, base, v->text, &why)) {
+			if (o->names == pull_names && v->kind == YN_SCALAR)
+				for (int k = 0; codec_names[k]; k++)
+					if (!strcasecmp(v->text, codec_names[k]))
+						why = "q8, topk and sign are for pushed gradients, "
+						      "not pulled weights";
 			return bad_value(c, o, v, key, why);
+		}
 		return 0;
 	}
 }
@@ -648,6 +735,63 @@ out:
 	return rc;
 }
 
+/* Refuses compression.tensors entry k, which names no tensor of the model:
+ * suggests the closest name, or lists the first ones when none is close. */
+static int unknown_tensor(struct ctx *c, const struct ps_config *cfg, size_t k)
+{
+	const struct cfg_override *e = &c->ovr[k];
+	size_t d, bestd = SIZE_MAX, nl = strlen(e->name), n = 0;
+	char list[400];
+	int best = -1, i;
+
+	for (i = 0; i < cfg->ntensors; i++) {
+		d = levenshtein(e->name, cfg->tensors[i].name, strlen(cfg->tensors[i].name));
+		if (d < bestd) {
+			bestd = d;
+			best = i;
+		}
+	}
+	if (best >= 0 && bestd <= (nl / 3 > 2 ? nl / 3 : 2))
+		return cfg_fail(c, e->name_at->line, "key 'compression.tensors[%zu].name': no tensor "
+				"'%s' in the model; did you mean '%s'?", k, e->name,
+				cfg->tensors[best].name);
+	list[0] = 0;
+	for (i = 0; i < cfg->ntensors && n + PS_NAME_MAX + 8 < sizeof(list); i++)
+		n += snprintf(list + n, sizeof(list) - n, "%s%s", i ? ", " : "", cfg->tensors[i].name);
+	return cfg_fail(c, e->name_at->line, "key 'compression.tensors[%zu].name': no tensor '%s' "
+			"in the model; its tensors are %s%s", k, e->name, list,
+			i < cfg->ntensors ? ", ..." : "");
+}
+
+/* Sets every tensor's push codec and ratio: the section's, or those of the
+ * compression.tensors entry naming it. Runs after resolve_model(), so that
+ * entries may name tensors derived from the layers. */
+static int resolve_compression(struct ctx *c, struct ps_config *cfg)
+{
+	const struct ps_compress_cfg *cc = &cfg->compress;
+
+	for (int i = 0; i < cfg->ntensors; i++) {
+		cfg->tensors[i].codec = cc->codec;
+		cfg->tensors[i].ratio = cc->ratio;
+	}
+	for (size_t k = 0; k < c->novr; k++) {
+		const struct cfg_override *e = &c->ovr[k];
+		int codec = e->codec_at ? e->codec : cc->codec;
+		int t = ps_config_find_tensor(cfg, e->name);
+
+		if (t < 0)
+			return unknown_tensor(c, cfg, k);
+		if (e->ratio_at && codec != PS_CODEC_TOPK)
+			return cfg_fail(c, e->ratio_at->line, "key 'compression.tensors[%zu].ratio': "
+					"only topk uses a ratio (this tensor's codec is %s%s)", k,
+					codec_names[codec], e->codec_at ? "" : ", from compression.codec");
+		cfg->tensors[t].codec = codec;
+		if (e->ratio_at)
+			cfg->tensors[t].ratio = e->ratio;
+	}
+	return 0;
+}
+
 /* Loads buf (len bytes) into cfg; on any error cfg is left untouched. */
 static int load_buffer(struct ps_config *cfg, const char *buf, size_t len, const char *name,
 		       char *err, size_t errlen)
@@ -687,12 +831,15 @@ static int load_buffer(struct ps_config *cfg, const char *buf, size_t len, const
 		rc = validate(&c, tmp, root, seen);
 	if (!rc)
 		rc = resolve_model(&c, tmp, root, seen);
+	if (!rc)
+		rc = resolve_compression(&c, tmp);
 	if (rc)
 		goto err_free_tree;
 	snprintf(tmp->path, sizeof(tmp->path), "%s", name);
 	memcpy(cfg, tmp, sizeof(*cfg));
 
 err_free_tree:
+	free(c.ovr);
 	cfg_node_free(root);
 err_free_tmp:
 	free(tmp);
@@ -784,12 +931,37 @@ static void dump_layers(const struct ps_config *cfg, FILE *out)
 	}
 }
 
+/* The tensors whose codec or ratio differ from the section's, as the
+ * compression.tensors entries that give them (a list that loads back to the
+ * same tensors, not necessarily the one in the file). */
+static void dump_overrides(const struct ps_config *cfg, FILE *out)
+{
+	const struct ps_compress_cfg *cc = &cfg->compress;
+	char buf[32];
+	int n = 0;
+
+	for (int i = 0; i < cfg->ntensors; i++) {
+		const struct ps_tensor_cfg *t = &cfg->tensors[i];
+		int ratio = t->codec == PS_CODEC_TOPK && t->ratio != cc->ratio;
+
+		if (t->codec == cc->codec && !ratio)
+			continue;
+		fprintf(out, "%s    - {name: \"%s\", codec: %s", n++ ? "" : "\n", t->name,
+			codec_names[t->codec]);
+		if (ratio)
+			fprintf(out, ", ratio: %s", cfg_fmt_float(t->ratio, buf, sizeof(buf)));
+		fputs("}\n", out);
+	}
+	if (!n)
+		fputs(" []\n", out);
+}
+
 static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *out)
 {
 	const char *src = (const char *)cfg + o->off;
 	char buf[PS_HOST_MAX + 16];
 
-	if (o->type != T_TENSORS || !cfg->ntensors)
+	if ((o->type != T_TENSORS || !cfg->ntensors) && o->type != T_OVERRIDES)
 		fputc(' ', out);
 	switch (o->type) {
 	case T_INT:
@@ -850,6 +1022,9 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 	case T_LAYERS:
 		dump_layers(cfg, out);
 		break;
+	case T_OVERRIDES:
+		dump_overrides(cfg, out);
+		break;
 	default:
 		fputs("~\n", out);
 		break;
@@ -896,8 +1071,10 @@ static void help_opt(FILE *out, const struct opt *o, const char *prefix)
 	fprintf(out, "  %s%s\n      %s; ", prefix, o->key, cfg_describe(o, desc, sizeof(desc)));
 	if (o->flags & F_REQUIRED)
 		fprintf(out, "required\n");
+	else if (o->def)
+		fprintf(out, "default %s\n", *o->def ? o->def : "\"\"");
 	else
-		fprintf(out, "default %s\n", o->def && *o->def ? o->def : "\"\"");
+		fprintf(out, "optional\n");
 	fprintf(out, "      %s\n", o->help);
 }
 
@@ -912,6 +1089,9 @@ void ps_config_help(FILE *out)
 		if (cfg_opts[i].type == T_LAYERS)
 			for (size_t j = 0; j < NLAYER; j++)
 				help_opt(out, &layer_opts[j], "model.layers[].");
+		if (cfg_opts[i].type == T_OVERRIDES)
+			for (size_t j = 0; j < NOVR; j++)
+				help_opt(out, &override_opts[j], "compression.tensors[].");
 	}
 }
 

@@ -37,6 +37,7 @@ enum opt_type {
 	T_PATH,    /* char[]: a file or folder name, any printable text */
 	T_LAYERS,  /* list of layers (mappings walked against layer_opts, or a bare kind) */
 	T_DIMS3,   /* int[3]: a list of three positive integers */
+	T_OVERRIDES, /* list of mappings walked against override_opts, kept in ctx */
 };
 
 #define F_REQUIRED 1
@@ -67,6 +68,16 @@ struct ynode {
 	size_t nkids, cap;
 };
 
+/* One compression.tensors entry. It names a tensor that may be derived from
+ * the model's layers, so it is applied only after the model is resolved; the
+ * nodes (alive until the load ends) give the lines for messages. */
+struct cfg_override {
+	char name[PS_NAME_MAX];
+	int codec;                 /* enum ps_codec_kind, when codec_at */
+	float ratio;               /* when ratio_at */
+	const struct ynode *name_at, *codec_at, *ratio_at;
+};
+
 /* Everything a load needs to report errors; name is the file or given name. */
 struct ctx {
 	const char *name;
@@ -74,6 +85,8 @@ struct ctx {
 	size_t errlen;
 	size_t nnodes;
 	int name_line[PS_MAX_TENSORS]; /* line of each tensor's name, for duplicates */
+	struct cfg_override *ovr;  /* compression.tensors entries (malloc'd), novr of them */
+	size_t novr;
 };
 
 /* Writes "NAME:LINE: message" into the caller's buffer; returns PS_ECONFIG. */

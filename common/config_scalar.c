@@ -229,6 +229,10 @@ const char *cfg_describe(const struct opt *o, char *buf, size_t len)
 	case T_DIMS3:
 		snprintf(buf, len, "a list of 3 positive integers [channels, height, width]");
 		break;
+	case T_OVERRIDES:
+		snprintf(buf, len, "a list of %.0f..%.0f mappings with name and codec or ratio",
+			 o->min, o->max);
+		break;
 	}
 	return buf;
 }

@@ -71,9 +71,13 @@ if [ "$MODE" != workers ]; then
     "$BIN/ps-server" --config "$CONFIG" --shard "$idx" >"$LOGDIR/server-$idx.log" 2>&1 &
     server_pids+=($!)
   done <<<"$shard_lines"
-  # Wait (up to 10 s) until every shard logs that it listens.
+  # Wait (up to 10 s) until every shard accepts connections on its port.
   for ((t = 0; t < 100; t++)); do
-    up=$(grep -l "listening on" "$LOGDIR"/server-*.log 2>/dev/null | wc -l)
+    up=0
+    while read -r idx host port; do
+      h=${host#[}; h=${h%]}
+      (exec 3<>"/dev/tcp/$h/$port") 2>/dev/null && up=$((up + 1))
+    done <<<"$shard_lines"
     [ "$up" -ge "$nshards" ] && break
     for p in "${server_pids[@]}"; do
       kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; exit 1; }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec.h"
 #include "config.h"
 #include "ps_err.h"
 
@@ -59,6 +60,17 @@ static const char full_yaml[] =
 	"  eps: 1e-6\n"
 	"  weight_decay: 0.0001\n"
 	"  initial_accumulator: 0.2\n"
+	"compression:\n"
+	"  codec: q8\n"
+	"  ratio: 0.25\n"
+	"  error_feedback: off\n"
+	"  lz4: on\n"
+	"  pull: FP16\n"
+	"  tensors:\n"
+	"    - {name: z, codec: topk, ratio: 1}\n"
+	"    - name: n\n"
+	"      codec: SIGN\n"
+	"    - {name: r, codec: topk}\n"
 	"limits:\n"
 	"  max_frame_bytes: 2 GiB\n"
 	"  max_meta_bytes: 4096\n"
@@ -107,6 +119,11 @@ START_TEST(test_defaults)
 	ck_assert_int_eq(cfg.limits.max_connections, 1024);
 	ck_assert_str_eq(cfg.stats.http, "");
 	ck_assert_str_eq(cfg.log_level, "info");
+	ck_assert_int_eq(cfg.compress.codec, PS_CODEC_NONE);
+	ck_assert_float_eq(cfg.compress.ratio, 0.01f);
+	ck_assert_int_eq(cfg.compress.error_feedback, 1);
+	ck_assert_int_eq(cfg.compress.lz4, PS_LZ4_AUTO);
+	ck_assert_int_eq(cfg.compress.pull, PS_CODEC_NONE);
 }
 END_TEST
 
@@ -127,6 +144,9 @@ START_TEST(test_minimal_gets_defaults)
 	ck_assert_uint_eq(cfg.seed, cfg2.seed);
 	ck_assert_mem_eq(&cfg.optim, &cfg2.optim, sizeof(cfg.optim));
 	ck_assert_mem_eq(&cfg.limits, &cfg2.limits, sizeof(cfg.limits));
+	ck_assert_mem_eq(&cfg.compress, &cfg2.compress, sizeof(cfg.compress));
+	ck_assert_int_eq(cfg.tensors[0].codec, PS_CODEC_NONE);
+	ck_assert_float_eq(cfg.tensors[0].ratio, 0.01f);
 	ck_assert_str_eq(cfg.log_level, "info");
 }
 END_TEST
@@ -196,6 +216,21 @@ START_TEST(test_full)
 	ck_assert_int_eq(cfg.limits.max_connections, 7);
 	ck_assert_str_eq(cfg.stats.http, "[::1]:9100");
 	ck_assert_str_eq(cfg.log_level, "debug");
+	ck_assert_int_eq(cfg.compress.codec, PS_CODEC_Q8);
+	ck_assert_float_eq(cfg.compress.ratio, 0.25f);
+	ck_assert_int_eq(cfg.compress.error_feedback, 0);
+	ck_assert_int_eq(cfg.compress.lz4, PS_LZ4_ON);
+	ck_assert_int_eq(cfg.compress.pull, PS_CODEC_FP16);
+	/* a/b:c-d_e.f and big from the section; z, n and r from their entries */
+	ck_assert_int_eq(cfg.tensors[0].codec, PS_CODEC_Q8);
+	ck_assert_float_eq(cfg.tensors[0].ratio, 0.25f);
+	ck_assert_int_eq(cfg.tensors[1].codec, PS_CODEC_TOPK);
+	ck_assert_float_eq(cfg.tensors[1].ratio, 1.0f);
+	ck_assert_int_eq(cfg.tensors[2].codec, PS_CODEC_SIGN);
+	ck_assert_float_eq(cfg.tensors[2].ratio, 0.25f);
+	ck_assert_int_eq(cfg.tensors[3].codec, PS_CODEC_TOPK);
+	ck_assert_float_eq(cfg.tensors[3].ratio, 0.25f);
+	ck_assert_int_eq(cfg.tensors[4].codec, PS_CODEC_Q8);
 
 	ck_assert_int_eq(ps_config_find_tensor(&cfg, "z"), 1);
 	ck_assert_int_eq(ps_config_find_tensor(&cfg, "big"), 4);
@@ -282,20 +317,33 @@ START_TEST(test_example_full_yaml)
 	ck_assert_mem_eq(&cfg.limits, &cfg2.limits, sizeof(cfg.limits));
 	ck_assert_uint_eq(cfg.slice_bytes, cfg2.slice_bytes);
 	ck_assert_uint_eq(cfg.seed, cfg2.seed);
+	ck_assert_mem_eq(&cfg.compress, &cfg2.compress, sizeof(cfg.compress));
+	for (int i = 0; i < cfg.ntensors; i++) {
+		ck_assert_int_eq(cfg.tensors[i].codec, PS_CODEC_NONE);
+		ck_assert_float_eq(cfg.tensors[i].ratio, 0.01f);
+	}
 }
 END_TEST
 
-/* Dumps cfg, reloads the text, and checks the two structs are identical. */
-static void roundtrip(void)
+/* The dump of cfg (free it). */
+static char *dump_text(void)
 {
 	char *text = NULL;
 	size_t len = 0;
 	FILE *f = open_memstream(&text, &len);
-	int rc;
 
 	ck_assert_ptr_nonnull(f);
 	ps_config_dump(&cfg, f);
 	fclose(f);
+	return text;
+}
+
+/* Dumps cfg, reloads the text, and checks the two structs are identical. */
+static void roundtrip(void)
+{
+	char *text = dump_text();
+	int rc;
+
 	memset(&cfg2, 0x5a, sizeof(cfg2));
 	rc = ps_config_load_string(&cfg2, text, cfg.path, err, sizeof(err));
 	ck_assert_msg(rc == 0, "%s\n%s", err, text);
@@ -318,6 +366,74 @@ START_TEST(test_roundtrip)
 	ck_assert_int_eq(ps_config_load(&cfg, "conf/local.yaml", err, sizeof(err)), 0);
 	roundtrip();
 	ck_assert_int_eq(ps_config_load(&cfg, "conf/example-full.yaml", err, sizeof(err)), 0);
+	roundtrip();
+}
+END_TEST
+
+/* compression.tensors: entries name tensors derived from a preset or layers
+ * (the section may come before the model), codec and ratio default to the
+ * section's, and the dump lists only the tensors that differ from it. */
+START_TEST(test_compression)
+{
+	static const char mlp[] = CL("[127.0.0.1:7000]", "1")
+		"compression:\n  codec: fp16\n  tensors:\n"
+		"    - {name: fc1.weight, codec: topk, ratio: 0.05}\n"
+		"    - {name: fc2.bias, codec: fp16}\n" /* same as the section: not dumped */
+		"    - {name: fc3.bias, codec: topk}\n"
+		"model: {preset: mlp}\n";
+	static const char layers[] = CL("[127.0.0.1:7000]", "1")
+		"model:\n  input: [1, 8, 8]\n  classes: 3\n  layers:\n"
+		"    - {type: conv2d, out: 2, kernel: 3}\n    - relu\n    - {type: dense, out: 3}\n"
+		"compression: {codec: topk, ratio: 0.5, tensors: [{name: conv1.weight, ratio: 1e-3},\n"
+		"  {name: fc1.bias, codec: none}, {name: conv1.bias, ratio: 0.5}]}\n";
+	static const char *const names[] = { "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
+					     "fc3.weight", "fc3.bias" };
+	char *text;
+	int t;
+
+	ck_assert_msg(load(mlp) == 0, "%s", err);
+	ck_assert_int_eq(cfg.ntensors, 6);
+	for (int i = 0; i < 6; i++)
+		ck_assert_str_eq(cfg.tensors[i].name, names[i]);
+	ck_assert_int_eq(cfg.tensors[0].codec, PS_CODEC_TOPK);
+	ck_assert_float_eq(cfg.tensors[0].ratio, 0.05f);
+	for (int i = 1; i < 5; i++) {
+		ck_assert_int_eq(cfg.tensors[i].codec, PS_CODEC_FP16);
+		ck_assert_float_eq(cfg.tensors[i].ratio, 0.01f);
+	}
+	ck_assert_int_eq(cfg.tensors[5].codec, PS_CODEC_TOPK);
+	ck_assert_float_eq(cfg.tensors[5].ratio, 0.01f);
+	text = dump_text();
+	ck_assert_msg(strstr(text, "compression:\n  codec: fp16\n  ratio: 0.01\n"
+			     "  error_feedback: true\n  lz4: auto\n  pull: none\n  tensors:\n"
+			     "    - {name: \"fc1.weight\", codec: topk, ratio: 0.05}\n"
+			     "    - {name: \"fc3.bias\", codec: topk}\n"), "%s", text);
+	free(text);
+	roundtrip();
+
+	ck_assert_msg(load(layers) == 0, "%s", err);
+	ck_assert_int_eq(cfg.ntensors, 4);
+	t = ps_config_find_tensor(&cfg, "conv1.weight");
+	ck_assert_int_ge(t, 0);
+	ck_assert_int_eq(cfg.tensors[t].codec, PS_CODEC_TOPK);
+	ck_assert_float_eq(cfg.tensors[t].ratio, 1e-3f);
+	t = ps_config_find_tensor(&cfg, "conv1.bias");
+	ck_assert_int_eq(cfg.tensors[t].codec, PS_CODEC_TOPK);
+	ck_assert_float_eq(cfg.tensors[t].ratio, 0.5f);
+	t = ps_config_find_tensor(&cfg, "fc1.bias");
+	ck_assert_int_eq(cfg.tensors[t].codec, PS_CODEC_NONE);
+	ck_assert_float_eq(cfg.tensors[t].ratio, 0.5f);
+	t = ps_config_find_tensor(&cfg, "fc1.weight");
+	ck_assert_int_eq(cfg.tensors[t].codec, PS_CODEC_TOPK);
+	ck_assert_float_eq(cfg.tensors[t].ratio, 0.5f);
+	roundtrip();
+
+	/* no entries: the dump says so, and an empty list loads */
+	ck_assert_msg(load(BASE "compression: {tensors: []}\n") == 0, "%s", err);
+	ck_assert_int_eq(cfg.tensors[0].codec, PS_CODEC_NONE);
+	text = dump_text();
+	ck_assert_msg(strstr(text, "  pull: none\n  tensors: []\n"), "%s", text);
+	free(text);
 	roundtrip();
 }
 END_TEST
@@ -389,6 +505,11 @@ START_TEST(test_help)
 		"limits.max_frame_bytes", "limits.max_meta_bytes", "limits.connect_timeout_ms",
 		"limits.request_timeout_ms", "limits.handshake_timeout_ms",
 		"limits.max_clock_ahead", "limits.max_connections", "stats.http", "log.level",
+		"compression.codec", "compression.ratio", "compression.error_feedback",
+		"compression.lz4", "compression.pull", "compression.tensors",
+		"compression.tensors[].name", "compression.tensors[].codec",
+		"compression.tensors[].ratio", "one of none, fp16, q8, topk, sign; default none",
+		"one of off, on, auto; default auto", "one of none, fp16; default none",
 		"an integer in 1..4096; required", "one of sync, async; default sync",
 		"a number in (0, 1e+06]; default 0.01", "default 64MiB", "4KiB..16GiB",
 	};
@@ -635,6 +756,62 @@ static const struct ecase ecases[] = {
 	  { "t.yaml:5: key 'train.batch': expected an integer in 1..65536, got '0'" } },
 	{ "device", CL("[a:1]", "1") "model: {preset: mlp}\ntrain: {device: tpu}\n",
 	  { "t.yaml:5: key 'train.device': expected one of auto, cpu, cuda, got 'tpu'" } },
+	/* compression */
+	{ "bad codec", BASE "compression:\n  codec: zip\n",
+	  { "t.yaml:8: key 'compression.codec': expected one of none, fp16, q8, topk, sign, "
+	    "got 'zip'" } },
+	{ "ratio zero", BASE "compression:\n  ratio: 0\n",
+	  { "t.yaml:8: key 'compression.ratio': expected a number in (0, 1], got '0'" } },
+	{ "ratio above one", BASE "compression:\n  ratio: 1.5\n",
+	  { "t.yaml:8: key 'compression.ratio': expected a number in (0, 1], got '1.5'" } },
+	{ "bad lz4", BASE "compression: {lz4: fast}\n",
+	  { "t.yaml:7: key 'compression.lz4': expected one of off, on, auto, got 'fast'" } },
+	{ "bad error_feedback", BASE "compression: {error_feedback: some}\n",
+	  { "t.yaml:7: key 'compression.error_feedback': expected a boolean", "got 'some'" } },
+	{ "pull topk", BASE "compression:\n  pull: topk\n",
+	  { "t.yaml:8: key 'compression.pull': expected one of none, fp16, got 'topk' (q8, topk "
+	    "and sign are for pushed gradients, not pulled weights)" } },
+	{ "pull junk", BASE "compression:\n  pull: gzip\n",
+	  { "t.yaml:8: key 'compression.pull': expected one of none, fp16, got 'gzip'" } },
+	{ "unknown compression key", BASE "compression:\n  ratoi: 0.1\n",
+	  { "t.yaml:8: unknown key 'compression.ratoi'; did you mean 'compression.ratio'?" } },
+	{ "override unknown tensor", CL("[a:1]", "1") "model: {preset: mlp}\n"
+	  "compression:\n  tensors:\n    - {name: fc1.weigth, codec: topk}\n",
+	  { "t.yaml:7: key 'compression.tensors[0].name': no tensor 'fc1.weigth' in the model; "
+	    "did you mean 'fc1.weight'?" } },
+	{ "override unknown tensor, list", BASE "compression:\n  tensors:\n"
+	  "    - {name: w}\n    - {name: embedding, codec: fp16}\n",
+	  { "t.yaml:10: key 'compression.tensors[1].name': no tensor 'embedding' in the model; "
+	    "its tensors are w" } },
+	{ "override duplicate", CL("[a:1]", "1") "model: {preset: mlp}\n"
+	  "compression:\n  tensors:\n    - {name: fc1.weight, codec: topk}\n"
+	  "    - {name: fc2.weight, codec: q8}\n    - name: fc1.weight\n      codec: sign\n",
+	  { "t.yaml:9: key 'compression.tensors[2].name': duplicate entry for tensor "
+	    "'fc1.weight' (first at line 7)" } },
+	{ "override ratio, not topk", CL("[a:1]", "1") "model: {preset: mlp}\n"
+	  "compression:\n  codec: topk\n  tensors:\n"
+	  "    - name: fc1.weight\n      codec: fp16\n      ratio: 0.5\n",
+	  { "t.yaml:10: key 'compression.tensors[0].ratio': only topk uses a ratio (this "
+	    "tensor's codec is fp16)" } },
+	{ "override ratio, section codec", BASE "compression:\n  codec: sign\n"
+	  "  tensors: [{name: w, ratio: 0.5}]\n",
+	  { "t.yaml:9: key 'compression.tensors[0].ratio': only topk uses a ratio (this "
+	    "tensor's codec is sign, from compression.codec)" } },
+	{ "override ratio zero", BASE "compression:\n  tensors: [{name: w, codec: topk, ratio: 0}]\n",
+	  { "t.yaml:8: key 'compression.tensors[0].ratio': expected a number in (0, 1], got '0'" } },
+	{ "override bad codec", BASE "compression:\n  tensors: [{name: w, codec: top-k}]\n",
+	  { "t.yaml:8: key 'compression.tensors[0].codec': expected one of none, fp16, q8, topk, "
+	    "sign, got 'top-k'" } },
+	{ "override unknown key", BASE "compression:\n  tensors: [{name: w, codex: q8}]\n",
+	  { "t.yaml:8: unknown key 'compression.tensors[0].codex'; did you mean "
+	    "'compression.tensors[0].codec'?" } },
+	{ "override without name", BASE "compression:\n  tensors:\n    - {codec: q8}\n",
+	  { "t.yaml:9: missing required key 'compression.tensors[0].name'" } },
+	{ "override not a mapping", BASE "compression:\n  tensors:\n    - w\n",
+	  { "t.yaml:9: key 'compression.tensors[0]': expected a mapping with name and codec or "
+	    "ratio, got 'w'" } },
+	{ "overrides not a list", BASE "compression:\n  tensors: w\n",
+	  { "t.yaml:8: key 'compression.tensors': expected a list of 0..1024 mappings", "got 'w'" } },
 	{ "invalid UTF-8", BASE "seed: \xff\xfe\n", { "t.yaml: invalid input at byte 102" } },
 	{ "control character", BASE "seed: 1\x01\n", { "t.yaml: invalid input at byte" } },
 };
@@ -800,6 +977,7 @@ static Suite *config_suite(void)
 	tcase_add_test(tc, test_local_yaml);
 	tcase_add_test(tc, test_example_full_yaml);
 	tcase_add_test(tc, test_roundtrip);
+	tcase_add_test(tc, test_compression);
 	tcase_add_test(tc, test_model);
 	tcase_add_test(tc, test_help);
 	tcase_add_loop_test(tc, test_errors, 0, (int)(sizeof(ecases) / sizeof(ecases[0])));

@@ -4,6 +4,7 @@
 #include <check.h>
 #include <inttypes.h>
 #include <sys/mman.h>
+#include "codec.h"
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -210,6 +211,86 @@ START_TEST(test_pipelined_order)
 }
 END_TEST
 
+/* fp16 pushes and pulls (and the LZ4 stage) of small integers are exact:
+ * two workers' encoded gradients are decoded into the rank-ordered sum and
+ * the result matches the float32 run bit for bit; the shards count raw and
+ * wire bytes by codec. */
+START_TEST(test_fp16_exact)
+{
+	char yaml[2048], path[64], err[512];
+	struct ps_config cfg;
+	int p0 = tu_free_port(), p1 = tu_free_port();
+	pid_t srv[2];
+	enum { N = 20 };
+	struct ps_client *c[2];
+	struct ps_tensor g[2][3], w[3];
+	uint64_t raw = 0, wire = 0, floats = 0;
+
+	cluster_yaml(yaml, sizeof(yaml), p0, p1, 2, "sync",
+		     "compression:\n  codec: fp16\n  pull: fp16\n  lz4: on\n");
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int t = 0; t < 3; t++) {
+		int64_t n = cfg.tensors[t].count;
+		floats += (uint64_t)n;
+		w[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(n * 4), n, 0 };
+		for (int r = 0; r < 2; r++)
+			g[r][t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(n * 4), n, 0 };
+	}
+	for (int clock = 0; clock < N; clock++) {
+		int64_t id[3];
+		for (int r = 0; r < 2; r++) {
+			for (int t = 0; t < 3; t++)
+				for (int64_t i = 0; i < g[r][t].count; i++)
+					g[r][t].data[i] = grad_value(r, clock, t, i);
+			id[r] = ps_client_push(c[r], (uint64_t)clock, g[r], 3, PS_PUSH_END_CLOCK);
+			ck_assert_int_ge(id[r], 0);
+		}
+		id[2] = ps_client_pull(c[0], (uint64_t)clock + 1, w, 3);
+		for (int k = 0; k < 3; k++)
+			ck_assert_msg(ps_client_wait(c[k < 2 ? k : 0], id[k]) == 0, "%s",
+				      ps_client_error(c[k < 2 ? k : 0]));
+	}
+	for (int t = 0; t < 3; t++) {
+		for (int64_t i = 0; i < w[t].count; i++) {
+			double sum = 0;
+			for (int clock = 0; clock < N; clock++)
+				for (int r = 0; r < 2; r++)
+					sum += grad_value(r, clock, t, i);
+			ck_assert_msg(w[t].data[i] == (float)((double)(i % 1024) - sum),
+				      "%s[%" PRId64 "] = %g, want %g", w[t].name, i, w[t].data[i],
+				      (double)(i % 1024) - sum);
+		}
+		free(w[t].data);
+		for (int r = 0; r < 2; r++)
+			free(g[r][t].data);
+	}
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st), 0);
+		raw += st.push_raw_bytes[PS_CODEC_FP16];
+		wire += st.push_wire_bytes[PS_CODEC_FP16];
+		ck_assert_uint_eq(st.push_raw_bytes[PS_CODEC_NONE], 0);
+		ck_assert_uint_gt(st.pull_raw_bytes, 0);
+		ck_assert_uint_le(st.pull_wire_bytes, st.pull_raw_bytes / 2 + 64 * N);
+	}
+	ck_assert_uint_eq(raw, 2 * N * floats * 4);
+	ck_assert_uint_le(wire, raw / 2);
+	ck_assert_uint_gt(wire, 0);
+	for (int r = 0; r < 2; r++)
+		ps_client_free(c[r]);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+}
+END_TEST
+
 /* SSP: two fast workers and one that sleeps each clock. The fast ones read
  * the slow one's clock from shared memory (published before each push, so
  * it is never behind what the shards know) after each pull. */
@@ -365,6 +446,7 @@ Suite *cluster_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_sync_exact_sum);
 	tcase_add_test(tc, test_pipelined_order);
+	tcase_add_test(tc, test_fp16_exact);
 	tcase_add_test(tc, test_ssp_staleness_bound);
 	tcase_add_test(tc, test_shard_map_mismatch_refused);
 	suite_add_tcase(s, tc);

@@ -144,6 +144,45 @@ START_TEST(test_async_mlp_learns)
 }
 END_TEST
 
+/* Reads "key":number from a metrics line. */
+static double metric(const char *line, const char *key)
+{
+	char k[64];
+	const char *p;
+
+	snprintf(k, sizeof(k), "\"%s\":", key);
+	p = strstr(line, k);
+	ck_assert_msg(p, "no %s in %s", key, line);
+	return strtod(p + strlen(k), NULL);
+}
+
+/* Issue 4's end-to-end check: top-k 1% with error feedback and LZ4 learns
+ * as well as uncompressed pushes (within 3 points) for 30x fewer bytes. */
+START_TEST(test_topk_lz4_matches_none)
+{
+	char cfg[64], m_none[4096], m_topk[4096];
+	double a_none, a_topk, ratio;
+
+	write_cfg(cfg, "mlp", "limit: 6000", "optimizer: {name: sgd, lr: 0.1}\n"
+		  "compression: {codec: none, lz4: off}\n");
+	a_none = run_cluster(cfg, m_none, sizeof(m_none));
+	unlink(cfg);
+	write_cfg(cfg, "mlp", "limit: 6000", "optimizer: {name: sgd, lr: 0.1}\n"
+		  "compression: {codec: topk, ratio: 0.01, error_feedback: true, lz4: on}\n");
+	a_topk = run_cluster(cfg, m_topk, sizeof(m_topk));
+	unlink(cfg);
+	ratio = metric(m_topk, "mb_pushed_raw") / metric(m_topk, "mb_pushed_wire");
+	printf("topk 0.01 + lz4: test accuracy %.4f (none %.4f), %.1fx fewer push bytes\n",
+	       a_topk, a_none, ratio);
+	ck_assert_msg(a_none > 0.70, "none: %.4f", a_none);
+	ck_assert_msg(a_topk > a_none - 0.03, "topk %.4f vs none %.4f", a_topk, a_none);
+	ck_assert_msg(ratio > 30, "topk pushed only %.1fx fewer bytes", ratio);
+	ck_assert_double_eq_tol(metric(m_none, "mb_pushed_raw"), metric(m_none, "mb_pushed_wire"),
+				1e-3);
+	ck_assert_msg(strstr(m_topk, "\"codec\":\"topk\""), "%s", m_topk);
+}
+END_TEST
+
 /* The cnn preset through the same path (conv, pool, relu on the backend). */
 START_TEST(test_sync_cnn_learns)
 {
@@ -244,6 +283,7 @@ int main(void)
 		tcase_add_test(tc, test_sync_mlp_learns_and_is_deterministic);
 		tcase_add_test(tc, test_async_mlp_learns);
 		tcase_add_test(tc, test_sync_cnn_learns);
+		tcase_add_test(tc, test_topk_lz4_matches_none);
 	} else {
 		printf("SKIP training runs: %s is missing (Debian's dataset-fashion-mnist)\n", FMNIST);
 	}
