@@ -111,4 +111,31 @@ const char *cfg_describe(const struct opt *o, char *buf, size_t len);
 /* Parses scalar text s for option o into base; 0, or -1 with *why set. */
 int cfg_parse_scalar(const struct opt *o, void *base, const char *s, const char **why);
 
+/* ---- the option tables (config_table.c) ---- */
+
+/* One model.tensors entry while it is parsed: scale and value both land in
+ * init_value, which one depends on init, known only after the whole entry. */
+struct tensor_tmp {
+	struct ps_tensor_cfg t;
+	float scale, value;
+};
+
+enum { TO_NAME, TO_SHAPE, TO_INIT, TO_SCALE, TO_VALUE, NTENSOR };
+enum { VO_NAME, VO_CODEC, VO_RATIO, NOVR };
+enum { LO_TYPE, LO_OUT, LO_KERNEL, LO_PAD, LO_STRIDE, LO_SIZE, NLAYER };
+
+extern const char *const cfg_transport_names[], *const cfg_consistency_names[],
+	*const cfg_optim_names[], *const cfg_init_names[], *const cfg_level_names[],
+	*const cfg_preset_names[], *const cfg_device_names[], *const cfg_layer_names[],
+	*const cfg_codec_names[], *const cfg_pull_names[], *const cfg_lz4_names[];
+extern const struct opt cfg_opts[];
+extern const size_t cfg_nopts;
+#define NCFG cfg_nopts
+#define CFG_MAX_OPTS 128 /* bound on cfg_nopts, for arrays sized by it */
+extern const struct opt cfg_tensor_opts[NTENSOR], cfg_override_opts[NOVR], cfg_layer_opts[NLAYER];
+/* Keys each layer kind takes (bit i = cfg_layer_opts[i]). */
+extern const unsigned cfg_layer_keys[];
+/* Applies the defaults of table tab (n options) to the struct at base. */
+void cfg_apply_defaults(const struct opt *tab, size_t n, void *base);
+
 #endif

@@ -1,0 +1,216 @@
+/* config_dump.c - the effective configuration as YAML (--dump-config;
+ * it loads back as the same configuration) and the --help text, both
+ * generated from the option tables of config_table.c.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "config.h"
+#include "config_int.h"
+#include "ps_err.h"
+
+/* Layers given explicitly are written out; a preset's are not (the preset
+ * line says it), so that the dump loads back as the same configuration. */
+static void dump_layers(const struct ps_config *cfg, FILE *out)
+{
+	const struct ps_model_cfg *m = &cfg->model;
+
+	if (!m->nlayers || m->preset[0]) {
+		fputs("[]\n", out);
+		return;
+	}
+	fputc('\n', out);
+	for (int i = 0; i < m->nlayers; i++) {
+		const struct ps_layer_cfg *l = &m->layers[i];
+
+		fprintf(out, "    - {type: %s", cfg_layer_names[l->kind]);
+		if (l->kind == PS_LAYER_DENSE)
+			fprintf(out, ", out: %d", l->out);
+		else if (l->kind == PS_LAYER_CONV2D)
+			fprintf(out, ", out: %d, kernel: %d, pad: %d, stride: %d", l->out, l->kernel,
+				l->pad, l->stride);
+		else if (l->kind == PS_LAYER_MAXPOOL)
+			fprintf(out, ", size: %d", l->size);
+		fputs("}\n", out);
+	}
+}
+
+/* The tensors whose codec or ratio differ from the section's, as the
+ * compression.tensors entries that give them (a list that loads back to the
+ * same tensors, not necessarily the one in the file). */
+static void dump_overrides(const struct ps_config *cfg, FILE *out)
+{
+	const struct ps_compress_cfg *cc = &cfg->compress;
+	char buf[32];
+	int n = 0;
+
+	for (int i = 0; i < cfg->ntensors; i++) {
+		const struct ps_tensor_cfg *t = &cfg->tensors[i];
+		int ratio = t->codec == PS_CODEC_TOPK && t->ratio != cc->ratio;
+
+		if (t->codec == cc->codec && !ratio)
+			continue;
+		fprintf(out, "%s    - {name: \"%s\", codec: %s", n++ ? "" : "\n", t->name,
+			cfg_codec_names[t->codec]);
+		if (ratio)
+			fprintf(out, ", ratio: %s", cfg_fmt_float(t->ratio, buf, sizeof(buf)));
+		fputs("}\n", out);
+	}
+	if (!n)
+		fputs(" []\n", out);
+}
+
+static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *out)
+{
+	const char *src = (const char *)cfg + o->off;
+	char buf[PS_HOST_MAX + 16];
+
+	if ((o->type != T_TENSORS || !cfg->ntensors) && o->type != T_OVERRIDES)
+		fputc(' ', out);
+	switch (o->type) {
+	case T_INT:
+		fprintf(out, "%d\n", *(const int *)src);
+		break;
+	case T_U64:
+		fprintf(out, "%" PRIu64 "\n", *(const uint64_t *)src);
+		break;
+	case T_SIZE:
+		fprintf(out, "%s\n", cfg_fmt_size(o->size == sizeof(uint32_t) ? *(const uint32_t *)src
+					      : *(const uint64_t *)src, buf, sizeof(buf)));
+		break;
+	case T_FLOAT:
+		fprintf(out, "%s\n", cfg_fmt_float(*(const float *)src, buf, sizeof(buf)));
+		break;
+	case T_BOOL:
+		fprintf(out, "%s\n", *(const int *)src ? "true" : "false");
+		break;
+	case T_ENUM:
+		fprintf(out, "%s\n", o->names[*(const int *)src]);
+		break;
+	case T_ENUMSTR:
+		fprintf(out, "%s\n", *src ? src : o->names[0]);
+		break;
+	case T_ADDR:
+		fprintf(out, "\"%s\"\n", src);
+		break;
+	case T_SERVERS:
+		fputc('[', out);
+		for (int i = 0; i < cfg->nshards; i++) {
+			cfg_fmt_endpoint(&cfg->shards[i], buf, sizeof(buf));
+			fprintf(out, "%s\"%s\"", i ? ", " : "", buf);
+		}
+		fputs("]\n", out);
+		break;
+	case T_TENSORS:
+		fputs(cfg->ntensors ? "\n" : "[]\n", out);
+		for (int i = 0; i < cfg->ntensors; i++) {
+			const struct ps_tensor_cfg *t = &cfg->tensors[i];
+
+			fprintf(out, "    - name: \"%s\"\n      shape: [", t->name);
+			for (int d = 0; d < t->ndims; d++)
+				fprintf(out, "%s%" PRId64, d ? ", " : "", t->dims[d]);
+			fprintf(out, "]\n      init: %s\n", cfg_init_names[t->init]);
+			if (t->init == PS_INIT_CONST || t->init == PS_INIT_UNIFORM ||
+			    t->init == PS_INIT_NORMAL)
+				fprintf(out, "      %s: %s\n", t->init == PS_INIT_CONST ? "value" : "scale",
+					cfg_fmt_float(t->init_value, buf, sizeof(buf)));
+		}
+		break;
+	case T_PATH:
+		fprintf(out, "\"%s\"\n", src);
+		break;
+	case T_DIMS3:
+		fprintf(out, "[%d, %d, %d]\n", cfg->model.input[0], cfg->model.input[1],
+			cfg->model.input[2]);
+		break;
+	case T_LAYERS:
+		dump_layers(cfg, out);
+		break;
+	case T_OVERRIDES:
+		dump_overrides(cfg, out);
+		break;
+	default:
+		fputs("~\n", out);
+		break;
+	}
+}
+
+void ps_config_dump(const struct ps_config *cfg, FILE *out)
+{
+	char section[KEY_MAX] = "";
+	const char *dot;
+
+	fprintf(out, "# effective configuration\n");
+	for (size_t i = 0; i < NCFG; i++) {
+		const struct opt *o = &cfg_opts[i];
+		size_t sl;
+
+		/* options of one section are adjacent in the table */
+		dot = strchr(o->key, '.');
+		sl = dot ? (size_t)(dot - o->key) : 0;
+		if (sl != strlen(section) || strncmp(section, o->key, sl)) {
+			snprintf(section, sizeof(section), "%.*s", (int)sl, o->key);
+			if (sl)
+				fprintf(out, "%s:\n", section);
+		}
+		if (o->type == T_TENSORS && cfg->model.nlayers) {
+			fprintf(out, "  # tensors: derived from the layers:");
+			for (int t = 0; t < cfg->ntensors; t++)
+				fprintf(out, " %s[%" PRId64 "]", cfg->tensors[t].name,
+					cfg->tensors[t].count);
+			fputc('\n', out);
+			continue;
+		}
+		if (o->type == T_LAYERS && (!cfg->model.nlayers || cfg->model.preset[0]))
+			continue;
+		fprintf(out, "%s%s:", sl ? "  " : "", sl ? dot + 1 : o->key);
+		dump_value(cfg, o, out);
+	}
+}
+
+static void help_opt(FILE *out, const struct opt *o, const char *prefix)
+{
+	char desc[200];
+
+	fprintf(out, "  %s%s\n      %s; ", prefix, o->key, cfg_describe(o, desc, sizeof(desc)));
+	if (o->flags & F_REQUIRED)
+		fprintf(out, "required\n");
+	else if (o->def)
+		fprintf(out, "default %s\n", *o->def ? o->def : "\"\"");
+	else
+		fprintf(out, "optional\n");
+	fprintf(out, "      %s\n", o->help);
+}
+
+void ps_config_help(FILE *out)
+{
+	fprintf(out, "Configuration file (YAML; key a.b is key b in the mapping a):\n");
+	for (size_t i = 0; i < NCFG; i++) {
+		help_opt(out, &cfg_opts[i], "");
+		if (cfg_opts[i].type == T_TENSORS)
+			for (size_t j = 0; j < NTENSOR; j++)
+				help_opt(out, &cfg_tensor_opts[j], "model.tensors[].");
+		if (cfg_opts[i].type == T_LAYERS)
+			for (size_t j = 0; j < NLAYER; j++)
+				help_opt(out, &cfg_layer_opts[j], "model.layers[].");
+		if (cfg_opts[i].type == T_OVERRIDES)
+			for (size_t j = 0; j < NOVR; j++)
+				help_opt(out, &cfg_override_opts[j], "compression.tensors[].");
+	}
+}
+
+int ps_config_find_tensor(const struct ps_config *cfg, const char *name)
+{
+	for (int i = 0; i < cfg->ntensors; i++)
+		if (!strcmp(cfg->tensors[i].name, name))
+			return i;
+	return PS_ENOTENSOR;
+}
+
+const char *ps_optim_name(enum ps_optim_kind k)
+{
+	return (unsigned)k <= PS_OPT_ADAGRAD ? cfg_optim_names[k] : "unknown";
+}

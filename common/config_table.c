@@ -1,0 +1,195 @@
+/* config_table.c - the option tables: every key of the configuration file
+ * with its type, bounds, default and help text (cfg_opts), and the tables of
+ * list entries (model.tensors, model.layers, compression.tensors). The
+ * loader (config.c), the dump and --help (config_dump.c) all read these.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "codec.h"
+#include "config.h"
+#include "config_int.h"
+#include "ps_err.h"
+
+const char *const cfg_transport_names[] = { "tcp", "rdma", NULL };
+const char *const cfg_consistency_names[] = { "sync", "async", NULL };
+const char *const cfg_optim_names[] = { "sgd", "momentum", "adam", "adagrad", NULL };
+const char *const cfg_init_names[] = { "zeros", "const", "uniform", "normal", "arange", NULL };
+const char *const cfg_level_names[] = { "debug", "info", "warn", "error", "off", NULL };
+const char *const cfg_preset_names[] = { "none", "mlp", "cnn", NULL };
+const char *const cfg_device_names[] = { "auto", "cpu", "cuda", NULL };
+/* in enum ps_layer_kind order */
+const char *const cfg_layer_names[] = { "dense", "conv2d", "maxpool", "relu", "flatten", NULL };
+/* in enum ps_codec_kind order; pull replies (weights) take only the first two */
+const char *const cfg_codec_names[] = { "none", "fp16", "q8", "topk", "sign", NULL };
+const char *const cfg_pull_names[] = { "none", "fp16", NULL };
+/* in enum ps_lz4_mode order */
+const char *const cfg_lz4_names[] = { "off", "on", "auto", NULL };
+_Static_assert(PS_CODEC_NONE == 0 && PS_CODEC_FP16 == 1 && PS_CODEC_Q8 == 2 &&
+	       PS_CODEC_TOPK == 3 && PS_CODEC_SIGN == 4 && PS_CODEC_COUNT == 5, "cfg_codec_names");
+_Static_assert(PS_LZ4_OFF == 0 && PS_LZ4_ON == 1 && PS_LZ4_AUTO == 2, "cfg_lz4_names");
+
+#define C struct ps_config
+const struct opt cfg_opts[] = {
+	O("cluster.servers", T_SERVERS, F_REQUIRED, 1, PS_MAX_SHARDS, NULL, NULL, C, shards,
+	  "listen address of each shard; the position in the list is the shard id"),
+	O("cluster.workers", T_INT, F_REQUIRED, 1, 4096, NULL, NULL, C, nworkers,
+	  "number of worker processes (ranks 0..workers-1)"),
+	O("transport", T_ENUM, 0, 0, 0, "tcp", cfg_transport_names, C, transport,
+	  "wire transport between workers and shards; only tcp is available in this build"),
+	O("consistency.mode", T_ENUM, 0, 0, 0, "sync", cfg_consistency_names, C, consistency,
+	  "sync: a clock completes when every worker pushed; async: workers run freely"),
+	O("consistency.staleness", T_INT, 0, 0, 1000000, "0", NULL, C, staleness,
+	  "async: clocks a worker may run ahead of the slowest one (ignored in sync)"),
+	O("seed", T_U64, 0, 0, 0, "1", NULL, C, seed,
+	  "seed of tensor initialization; the same seed gives the same initial model"),
+	O("slice_bytes", T_SIZE, 0, 64, GiB, "1MiB", NULL, C, slice_bytes,
+	  "tensors are cut into slices of at most this size, spread over the shards; multiple of 4"),
+	O("model.preset", T_ENUMSTR, 0, 0, 0, "none", cfg_preset_names, C, model.preset,
+	  "a built-in model: mlp (784-256-128-10) or cnn (2 conv 5x5 + pool, dense 256, 10)"),
+	O("model.layers", T_LAYERS, 0, 1, PS_MAX_LAYERS, NULL, NULL, C, model.layers,
+	  "the model as a list of layers, see model.layers[].* below (instead of a preset)"),
+	O("model.input", T_DIMS3, 0, 0, 0, NULL, NULL, C, model.input,
+	  "shape of one example [channels, height, width]; default [1, 28, 28]"),
+	O("model.classes", T_INT, 0, 2, 100000, "10", NULL, C, model.classes,
+	  "outputs of the last layer (labels 0..classes-1)"),
+	O("model.tensors", T_TENSORS, 0, 1, PS_MAX_TENSORS, NULL, NULL, C, tensors,
+	  "raw parameter tensors without layers (for ps-bench and tests), see model.tensors[].*"),
+	O("optimizer.name", T_ENUM, 0, 0, 0, "sgd", cfg_optim_names, C, optim.kind,
+	  "update rule applied by the shards"),
+	O("optimizer.lr", T_FLOAT, F_OPEN_MIN, 0, 1e6, "0.01", NULL, C, optim.lr, "learning rate"),
+	O("optimizer.momentum", T_FLOAT, F_OPEN_MAX, 0, 1, "0.9", NULL, C, optim.momentum,
+	  "momentum: the factor mu of the velocity"),
+	O("optimizer.nesterov", T_BOOL, 0, 0, 0, "false", NULL, C, optim.nesterov,
+	  "momentum: use the Nesterov variant"),
+	O("optimizer.beta1", T_FLOAT, F_OPEN_MAX, 0, 1, "0.9", NULL, C, optim.beta1,
+	  "adam: decay of the first moment"),
+	O("optimizer.beta2", T_FLOAT, F_OPEN_MAX, 0, 1, "0.999", NULL, C, optim.beta2,
+	  "adam: decay of the second moment"),
+	O("optimizer.eps", T_FLOAT, F_OPEN_MIN, 0, 1, "1e-8", NULL, C, optim.eps,
+	  "adam, adagrad: added to the denominator"),
+	O("optimizer.weight_decay", T_FLOAT, 0, 0, 1e3, "0", NULL, C, optim.weight_decay,
+	  "L2 penalty added to the gradient, every optimizer"),
+	O("optimizer.initial_accumulator", T_FLOAT, 0, 0, 1e6, "0.1", NULL, C,
+	  optim.initial_accumulator, "adagrad: initial value of the squared-gradient sum"),
+	O("compression.codec", T_ENUM, 0, 0, 0, "none", cfg_codec_names, C, compress.codec,
+	  "codec of pushed gradients: none, fp16 (half), q8 (8 bits), topk (the largest ratio), "
+	  "sign (1 bit); per tensor: compression.tensors"),
+	O("compression.ratio", T_FLOAT, F_OPEN_MIN, 0, 1, "0.01", NULL, C, compress.ratio,
+	  "topk: fraction of each slice's values sent"),
+	O("compression.error_feedback", T_BOOL, 0, 0, 0, "true", NULL, C, compress.error_feedback,
+	  "topk, sign, q8: the worker keeps what was not sent and adds it to the next push"),
+	O("compression.lz4", T_ENUM, 0, 0, 0, "auto", cfg_lz4_names, C, compress.lz4,
+	  "lossless LZ4 stage after the codec, kept for a frame only when it shrinks it; "
+	  "auto: tried only where it is likely to help"),
+	O("compression.pull", T_ENUM, 0, 0, 0, "none", cfg_pull_names, C, compress.pull,
+	  "encoding of pull replies (weights): none or fp16"),
+	O("compression.tensors", T_OVERRIDES, 0, 0, PS_MAX_TENSORS, NULL, NULL, C, compress,
+	  "per-tensor codec and ratio, see compression.tensors[].* below"),
+	O("limits.max_frame_bytes", T_SIZE, 0, 4 * KiB, 16 * GiB, "64MiB", NULL, C,
+	  limits.max_frame_bytes, "largest frame accepted (metadata + payload); >= slice_bytes + 64KiB"),
+	O("limits.max_meta_bytes", T_SIZE, 0, KiB, 64 * MiB, "1MiB", NULL, C,
+	  limits.max_meta_bytes, "largest protobuf metadata accepted in a frame"),
+	O("limits.connect_timeout_ms", T_INT, 0, 1, 3600000, "10000", NULL, C,
+	  limits.connect_timeout_ms, "client: connect and handshake must finish within this time"),
+	O("limits.request_timeout_ms", T_INT, 0, 1, 86400000, "60000", NULL, C,
+	  limits.request_timeout_ms, "client: longest wait for any reply"),
+	O("limits.handshake_timeout_ms", T_INT, 0, 1, 3600000, "5000", NULL, C,
+	  limits.handshake_timeout_ms, "server: drop connections that do not say hello in time"),
+	O("limits.max_clock_ahead", T_INT, 0, 1, 100000, "64", NULL, C, limits.max_clock_ahead,
+	  "sync: a push may be at most this many clocks ahead of the shard"),
+	O("limits.max_connections", T_INT, 0, 1, 1000000, "1024", NULL, C,
+	  limits.max_connections, "connections accepted per shard"),
+	O("train.data_dir", T_PATH, 0, 0, 0, "/usr/share/datasets/fashion-mnist", NULL, C,
+	  train.data_dir, "folder of the IDX files train-{images,labels}-* and t10k-* (gzip or plain)"),
+	O("train.batch", T_INT, 0, 1, 65536, "64", NULL, C, train.batch,
+	  "examples per step on each worker"),
+	O("train.epochs", T_INT, 0, 1, 1000000, "1", NULL, C, train.epochs,
+	  "passes over each worker's part of the training set"),
+	O("train.limit", T_INT, 0, 0, 1e9, "0", NULL, C, train.train_limit,
+	  "use only the first N training images (0 = all), split among the workers"),
+	O("train.device", T_ENUM, 0, 0, 0, "auto", cfg_device_names, C, train.device,
+	  "auto: the GPU when there is a usable one, else the CPU; cuda: fail without a GPU"),
+	O("train.metrics_dir", T_PATH, 0, 0, 0, "metrics", NULL, C, train.metrics_dir,
+	  "folder for worker-R.jsonl metrics logs (created if missing); \"\" = none"),
+	O("stats.http", T_ADDR, 0, 0, 0, "", NULL, C, stats.http,
+	  "host:port serving Prometheus /metrics; empty = off"),
+	O("log.level", T_ENUMSTR, 0, 0, 0, "info", cfg_level_names, C, log_level,
+	  "least severe log level written to stderr"),
+};
+#undef C
+const size_t cfg_nopts = sizeof(cfg_opts) / sizeof(cfg_opts[0]);
+_Static_assert(sizeof(cfg_opts) / sizeof(cfg_opts[0]) <= CFG_MAX_OPTS, "CFG_MAX_OPTS");
+
+
+#define T struct tensor_tmp
+const struct opt cfg_tensor_opts[NTENSOR] = {
+	O("name", T_NAME, F_REQUIRED, 1, PS_NAME_MAX - 1, NULL, NULL, T, t.name,
+	  "unique name of the tensor"),
+	O("shape", T_SHAPE, F_REQUIRED, 1, PS_MAX_DIMS, NULL, NULL, T, t.dims,
+	  "dimensions; at most 2^34 elements in all"),
+	O("init", T_ENUM, 0, 0, 0, "uniform", cfg_init_names, T, t.init,
+	  "initial values: zeros, const (value), uniform in [-scale, scale], normal (std scale), "
+	  "arange (index mod 1024)"),
+	O("scale", T_FLOAT, 0, 0, 1e6, "0.05", NULL, T, scale, "uniform, normal: the scale"),
+	O("value", T_FLOAT, 0, -1e30, 1e30, "0", NULL, T, value, "const: every element's value"),
+};
+#undef T
+
+/* One compression.tensors entry; codec and ratio default to the section's. */
+#define V struct cfg_override
+const struct opt cfg_override_opts[NOVR] = {
+	O("name", T_NAME, F_REQUIRED, 1, PS_NAME_MAX - 1, NULL, NULL, V, name,
+	  "a tensor of the model, also one derived from its layers (e.g. fc1.weight)"),
+	O("codec", T_ENUM, 0, 0, 0, NULL, cfg_codec_names, V, codec,
+	  "codec of this tensor's pushes; default compression.codec"),
+	O("ratio", T_FLOAT, F_OPEN_MIN, 0, 1, NULL, NULL, V, ratio,
+	  "topk only: fraction of each slice sent; default compression.ratio"),
+};
+#undef V
+
+/* One model.layers entry; which keys apply depends on type. */
+#define L struct ps_layer_cfg
+const struct opt cfg_layer_opts[NLAYER] = {
+	O("type", T_ENUM, F_REQUIRED, 0, 0, NULL, cfg_layer_names, L, kind,
+	  "dense, conv2d, maxpool, relu or flatten (a bare name also works: '- relu')"),
+	O("out", T_INT, 0, 1, 1 << 20, NULL, NULL, L, out, "dense: outputs; conv2d: filters"),
+	O("kernel", T_INT, 0, 1, 64, NULL, NULL, L, kernel, "conv2d: square kernel size"),
+	O("pad", T_INT, 0, 0, 64, "0", NULL, L, pad, "conv2d: zero padding on each side"),
+	O("stride", T_INT, 0, 1, 64, "1", NULL, L, stride, "conv2d: stride"),
+	O("size", T_INT, 0, 1, 64, "2", NULL, L, size, "maxpool: window and stride"),
+};
+#undef L
+/* Keys each layer kind takes (bit i = cfg_layer_opts[i]); 'out'/'kernel' required where used. */
+const unsigned cfg_layer_keys[] = {
+	[PS_LAYER_DENSE] = 1u << LO_OUT,
+	[PS_LAYER_CONV2D] = 1u << LO_OUT | 1u << LO_KERNEL | 1u << LO_PAD | 1u << LO_STRIDE,
+	[PS_LAYER_MAXPOOL] = 1u << LO_SIZE,
+	[PS_LAYER_RELU] = 0,
+	[PS_LAYER_FLATTEN] = 0,
+};
+
+/* The enums of config.h are stored through int pointers. */
+_Static_assert(sizeof(enum ps_transport_kind) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum ps_init_kind) == sizeof(int), "enum size");
+_Static_assert(sizeof(enum ps_layer_kind) == sizeof(int), "enum size");
+
+void cfg_apply_defaults(const struct opt *tab, size_t n, void *base)
+{
+	const char *why;
+
+	for (size_t i = 0; i < n; i++)
+		if (tab[i].def)
+			cfg_parse_scalar(&tab[i], base, tab[i].def, &why);
+}
+
+void ps_config_defaults(struct ps_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg_apply_defaults(cfg_opts, NCFG, cfg);
+	cfg->model.input[0] = 1;
+	cfg->model.input[1] = 28;
+	cfg->model.input[2] = 28;
+}
