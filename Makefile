@@ -123,12 +123,14 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(LIB_OBJS)
 # integration test; the run fails if any of them fails.
 test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
-		$(OBJ)/tests/bench_train
+		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec
 	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS)
 
 bench: deps
-	@$(MAKE) --no-print-directory all $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train
-	@scripts/bench.sh $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train
+	@$(MAKE) --no-print-directory all $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train \
+		$(OBJ)/tests/bench_codec
+	@scripts/bench.sh $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train \
+		$(OBJ)/tests/bench_codec
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -5,10 +5,10 @@
  * Loading has two steps. libyaml's event parser builds a small tree of nodes
  * that remember their line; aliases, nesting deeper than MAX_DEPTH, huge
  * scalars and oversized input are refused there, so hostile files cost little.
- * The tree is then walked against the option table (cfg_opts, and the
- * entry tables for model.tensors, model.layers and compression.tensors). The result is built in a scratch struct and
- * copied out only when every check passed: a failed load leaves cfg as it was.
- * compression.tensors entries (override_opts) may name tensors derived from
+ * The tree is then walked against the option table (cfg_opts, and the entry
+ * tables of model.tensors, model.layers and compression.tensors). The result
+ * is built in a scratch struct and copied out only when every check passed:
+ * a failed load leaves cfg as it was. compression.tensors entries may name tensors derived from
  * the model's layers, so they wait in the ctx until the model is resolved.
  */
 #include <arpa/inet.h>

@@ -81,7 +81,7 @@ while [ $# -gt 0 ]; do
 done
 case "$MODEL" in mlp|cnn) ;; *) echo "bench-netns.sh: --model must be mlp or cnn" >&2; exit 2 ;; esac
 for v in LIMIT EPOCHS BATCH NSHARDS NWORKERS; do
-  [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench-netns.sh: --${v,,} needs a number" >&2; exit 2; }
+  [[ ${!v} =~ ^[0-9]+$ ]] || { echo "bench-netns.sh: $v needs a number" >&2; exit 2; }
 done
 [ "$NSHARDS" -ge 1 ] && [ "$NSHARDS" -le 50 ] && [ "$NWORKERS" -ge 1 ] && [ "$NWORKERS" -le 50 ] ||
   { echo "bench-netns.sh: --shards and --workers must be 1..50" >&2; exit 2; }
@@ -185,14 +185,16 @@ else:
     c.close()
 '
 tcp_check() {   # FROM_NS TO_NS TO_ADDR MB -> prints the receiver's rate
-  local out
+  local f=$LOGDIR/tcp-check.out rp
   command -v python3 >/dev/null || { echo "skipped (no python3)"; return; }
-  coproc RECV { ip netns exec "$2" python3 -c "$PYTCP" recv "$3" 7999 2>&1; }
-  PIDS+=($RECV_PID)
-  read -r -t 5 out <&"${RECV[0]}" || { echo "receiver did not start"; return; }
+  : >"$f"
+  ip netns exec "$2" python3 -c "$PYTCP" recv "$3" 7999 >"$f" 2>&1 &
+  rp=$!; PIDS+=($rp)
+  for ((i = 0; i < 50; i++)); do grep -q ready "$f" && break; sleep 0.1; done
+  grep -q ready "$f" || { kill "$rp" 2>/dev/null; echo "receiver did not start"; return; }
   ip netns exec "$1" python3 -c "$PYTCP" send "$3" 7999 $(($4 * 1000000)) 2>&1
-  read -r -t 120 out <&"${RECV[0]}"; wait "$RECV_PID" 2>/dev/null
-  echo "$out"
+  wait "$rp"
+  tail -n 1 "$f"
 }
 check_links() {
   local rate_mb

@@ -2,7 +2,7 @@
 # The benchmarks behind `make bench`. Every figure is printed next to a
 # baseline measured in the same run (raw TCP over loopback, memcpy), and as a
 # ratio to it, since shared machines are noisy. Results: BENCHMARKS.md.
-#   scripts/bench.sh [OPTIMIZER_BENCH_BINARY [TRAIN_BENCH_BINARY]]
+#   scripts/bench.sh [OPTIMIZER_BENCH [TRAIN_BENCH [CODEC_BENCH]]]
 # PS_BENCH_SECONDS (default 3) sets the length of each run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +32,12 @@ if [ $# -ge 1 ] && [ -x "$1" ]; then
   echo
   echo "-- optimizer apply rate on one core, against memcpy of the same size"
   "$1"
+fi
+codec_bench=${3:-}
+if [ -n "$codec_bench" ] && [ -x "$codec_bench" ]; then
+  echo
+  echo "-- gradient codecs on one core: encode and decode+add GB/s of float32, wire bytes / raw, against memcpy"
+  "$codec_bench" | sed 's/^/   /'
 fi
 if [ $# -ge 2 ] && [ -x "$2" ] && [ -x bin/ps-worker ]; then
   echo
