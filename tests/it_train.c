@@ -122,7 +122,8 @@ START_TEST(test_sync_mlp_learns_and_is_deterministic)
 
 	write_cfg(cfg, "mlp", "limit: 6000", "optimizer: {name: sgd, lr: 0.1}\n");
 	a1 = run_cluster(cfg, m1, sizeof(m1));
-	ck_assert_msg(a1 > 0.70, "sync mlp test accuracy %.4f <= 0.70", a1);
+	printf("sync mlp test accuracy %.4f\n", a1);
+	ck_assert_msg(a1 >= 0.75, "sync mlp test accuracy %.4f < 0.75", a1);
 	a2 = run_cluster(cfg, m2, sizeof(m2));
 	ck_assert_msg(a1 == a2, "two sync runs differ: %.4f vs %.4f", a1, a2);
 	ck_assert_str_eq(strstr(m1, "\"test_loss\""), strstr(m2, "\"test_loss\""));
@@ -136,9 +137,10 @@ START_TEST(test_async_mlp_learns)
 	double a;
 
 	write_cfg(cfg, "mlp", "limit: 6000", "consistency: {mode: async, staleness: 2}\n"
-		  "optimizer: {name: momentum, lr: 0.02, momentum: 0.9}\n");
+		  "optimizer: {name: sgd, lr: 0.1}\n");
 	a = run_cluster(cfg, m, sizeof(m));
-	ck_assert_msg(a > 0.65, "async mlp test accuracy %.4f <= 0.65", a);
+	printf("async (staleness 2) mlp test accuracy %.4f\n", a);
+	ck_assert_msg(a >= 0.75, "async mlp test accuracy %.4f < 0.75", a);
 	ck_assert_msg(strstr(m, "\"consistency\":\"async\""), "%s", m);
 	unlink(cfg);
 }
@@ -174,7 +176,7 @@ START_TEST(test_topk_lz4_matches_none)
 	ratio = metric(m_topk, "mb_pushed_raw") / metric(m_topk, "mb_pushed_wire");
 	printf("topk 0.01 + lz4: test accuracy %.4f (none %.4f), %.1fx fewer push bytes\n",
 	       a_topk, a_none, ratio);
-	ck_assert_msg(a_none > 0.70, "none: %.4f", a_none);
+	ck_assert_msg(a_none >= 0.75, "none: %.4f", a_none);
 	ck_assert_msg(a_topk > a_none - 0.03, "topk %.4f vs none %.4f", a_topk, a_none);
 	ck_assert_msg(ratio > 30, "topk pushed only %.1fx fewer bytes", ratio);
 	ck_assert_double_eq_tol(metric(m_none, "mb_pushed_raw"), metric(m_none, "mb_pushed_wire"),
