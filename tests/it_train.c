@@ -120,7 +120,7 @@ START_TEST(test_sync_mlp_learns_and_is_deterministic)
 	char cfg[64], m1[4096], m2[4096];
 	double a1, a2;
 
-	write_cfg(cfg, "mlp", "limit: 6000", "optimizer: {name: sgd, lr: 0.1}\n");
+	write_cfg(cfg, "mlp", "limit: 6000", "optimizer: {name: momentum, lr: 0.05, momentum: 0.5}\n");
 	a1 = run_cluster(cfg, m1, sizeof(m1));
 	printf("sync mlp test accuracy %.4f\n", a1);
 	ck_assert_msg(a1 >= 0.75, "sync mlp test accuracy %.4f < 0.75", a1);
@@ -137,7 +137,7 @@ START_TEST(test_async_mlp_learns)
 	double a;
 
 	write_cfg(cfg, "mlp", "limit: 6000", "consistency: {mode: async, staleness: 2}\n"
-		  "optimizer: {name: sgd, lr: 0.1}\n");
+		  "optimizer: {name: momentum, lr: 0.05, momentum: 0.5}\n");
 	a = run_cluster(cfg, m, sizeof(m));
 	printf("async (staleness 2) mlp test accuracy %.4f\n", a);
 	ck_assert_msg(a >= 0.75, "async mlp test accuracy %.4f < 0.75", a);
