@@ -22,7 +22,7 @@ static void test_release(struct ps_frame *f)
 static struct ps_frame_ref *make_frame(const float *g, size_t n)
 {
 	struct ps_frame *f = calloc(1, sizeof(*f) + n * sizeof(float) + 64);
-	struct ps_frame_ref *fr = malloc(sizeof(*fr));
+	struct ps_frame_ref *fr = calloc(1, sizeof(*fr));
 
 	f->payload = (uint8_t *)(f + 1);
 	memcpy(f->payload, g, n * sizeof(float));
