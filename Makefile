@@ -140,7 +140,8 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/ps
 	install -m 755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin
 	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
-	install -m 644 worker/ps_client.h $(DESTDIR)$(PREFIX)/include/ps
+	install -m 644 worker/ps_client.h common/config.h common/layers.h common/ps_err.h \
+		common/codec.h $(DESTDIR)$(PREFIX)/include/ps
 
 clean:
 	rm -rf build bin lib
