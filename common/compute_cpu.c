@@ -438,20 +438,28 @@ static int cpu_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, 
 
 /* ---- relu ---- */
 
-static int cpu_relu_fwd(struct ps_compute *c, const float *x, float *y, size_t n)
+/* Branch-free and vectorized (O3 versions the loops for aliasing, so in
+ * place still works): a branch per element mispredicts on half the values
+ * and cost a fifth of a cnn step. */
+__attribute__((optimize("O3"))) static int cpu_relu_fwd(struct ps_compute *c, const float *x,
+							 float *y, size_t n)
 {
 	(void)c;
-	for (size_t i = 0; i < n; i++)
-		y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+	for (size_t i = 0; i < n; i++) {
+		float v = x[i];
+		y[i] = v > 0.0f ? v : 0.0f;
+	}
 	return 0;
 }
 
-static int cpu_relu_bwd(struct ps_compute *c, const float *y, const float *dy, float *dx,
-			size_t n)
+__attribute__((optimize("O3"))) static int cpu_relu_bwd(struct ps_compute *c, const float *y,
+							 const float *dy, float *dx, size_t n)
 {
 	(void)c;
-	for (size_t i = 0; i < n; i++)
-		dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+	for (size_t i = 0; i < n; i++) {
+		float g = dy[i];
+		dx[i] = y[i] > 0.0f ? g : 0.0f;
+	}
 	return 0;
 }
 

@@ -18,7 +18,8 @@
 # (OPENBLAS_NUM_THREADS=1), trains, and prints one table per mode:
 #   codec, wire MB pushed per worker per step, raw/wire bytes ratio,
 #   seconds per epoch (the workers' own timer, slowest worker), speed-up
-#   against `none` of the same table, push MB/s per worker, test accuracy.
+#   against `none` of the same table, wire MB pushed per second of epoch
+#   (average over workers), test accuracy (rank 0, after the last epoch).
 # By default it runs every codec behind the limit, then again without it.
 # Everything it creates (namespaces, veths, bridge, qdiscs, processes, the
 # temporary folder unless --logs) is removed on exit, failure, Ctrl-C or
@@ -51,7 +52,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${PS_BIN:-$here/bin}
 P=psb                      # namespace prefix
 SUBNET=10.77.0
-usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,49p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "bench-netns.sh: $*" >&2; exit 1; }
 
 MODEL=mlp LIMIT=12000 EPOCHS=1 BATCH=64 CODECS="none fp16 q8 topk sign"
@@ -290,7 +291,7 @@ summarize() {   # CODEC DIR -> "codec wire_mb_per_step ratio s_per_epoch push_mb
   jq -s -r --arg c "$1" --argjson e "$EPOCHS" '
     (group_by(.rank) | map({r: .[0].rank, steps: (map(.steps) | add), last: (max_by(.epoch))})) as $w
     | ($w | map(.last.mb_pushed_wire / .steps) | add / length) as $wire
-    | ($w | map(.last.mb_pushed_raw) | add) / ($w | map(.last.mb_pushed_wire) | add) as $ratio
+    | (($w | map(.last.mb_pushed_raw) | add) / ($w | map(.last.mb_pushed_wire) | add)) as $ratio
     | ($w | map(.last.time_s) | max) as $t
     | ($w | map(.last.mb_pushed_wire / .last.time_s) | add / length) as $rate
     | ($w | map(select(.r == 0))[0].last.test_accuracy) as $acc
@@ -300,7 +301,7 @@ print_table() {   # TITLE ROWS_FILE
   echo
   echo "### $1"
   echo
-  echo "| codec | wire MB pushed / worker / step | raw/wire | s / epoch | speed-up vs none | push MB/s / worker | test accuracy |"
+  echo "| codec | wire MB pushed / worker / step | raw/wire | s / epoch | speed-up vs none | avg push MB/s / worker | test accuracy |"
   echo "|---|---:|---:|---:|---:|---:|---:|"
   awk -F'\t' '
     { c[NR] = $1; w[NR] = $2; r[NR] = $3; t[NR] = $4; m[NR] = $5; a[NR] = $6; if ($1 == "none") base = $4 }
