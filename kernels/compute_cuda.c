@@ -32,7 +32,7 @@
  * as from the cpu backend. cudaMalloc itself aligns to 256 bytes or more. */
 #define MIN_ALLOC 256
 
-static int fail(struct ps_cuda *cu, int rc, const char *fmt, ...)
+int ps__cuda_errf(struct ps_cuda *cu, int rc, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -152,7 +152,7 @@ static float *cuda_alloc(struct ps_compute *c, size_t bytes)
 	cudaError_t e = cudaMalloc(&p, bytes ? bytes : MIN_ALLOC);
 
 	if (e != cudaSuccess) {
-		fail(ps__cuda_of(c), ps__cuda_code(e), "cudaMalloc of %zu bytes: %s", bytes,
+		ps__cuda_errf(ps__cuda_of(c), ps__cuda_code(e), "cudaMalloc of %zu bytes: %s", bytes,
 		     cudaGetErrorString(e));
 		(void)cudaGetLastError();  /* not sticky: keep it from later launches */
 		return NULL;
@@ -173,7 +173,7 @@ static void *cuda_host_alloc(struct ps_compute *c, size_t bytes)
 	cudaError_t e = cudaMallocHost(&p, bytes ? bytes : MIN_ALLOC);
 
 	if (e != cudaSuccess) {
-		fail(ps__cuda_of(c), ps__cuda_code(e), "cudaMallocHost of %zu bytes: %s", bytes,
+		ps__cuda_errf(ps__cuda_of(c), ps__cuda_code(e), "cudaMallocHost of %zu bytes: %s", bytes,
 		     cudaGetErrorString(e));
 		(void)cudaGetLastError();
 		return NULL;
@@ -246,7 +246,7 @@ static int cuda_scale(struct ps_compute *c, float *y, const float *x, float a, s
 static int dense_check(struct ps_cuda *cu, int n, int in, int out)
 {
 	if (n < 1 || in < 1 || out < 1)
-		return fail(cu, -EINVAL, "dense: bad shape n=%d in=%d out=%d", n, in, out);
+		return ps__cuda_errf(cu, -EINVAL, "dense: bad shape n=%d in=%d out=%d", n, in, out);
 	return 0;
 }
 
@@ -288,10 +288,10 @@ static int cuda_dense_bwd(struct ps_compute *c, const float *x, const float *W, 
 static int pool_check(struct ps_cuda *cu, const struct ps_pool_shape *s)
 {
 	if (s->n < 1 || s->c < 1 || s->size < 1 || s->h < s->size || s->w < s->size)
-		return fail(cu, -EINVAL, "maxpool: bad shape n=%d c=%d h=%d w=%d size=%d",
+		return ps__cuda_errf(cu, -EINVAL, "maxpool: bad shape n=%d c=%d h=%d w=%d size=%d",
 			    s->n, s->c, s->h, s->w, s->size);
 	if (s->oh != s->h / s->size || s->ow != s->w / s->size)
-		return fail(cu, -EINVAL, "maxpool: output %dx%d given, shape gives %dx%d",
+		return ps__cuda_errf(cu, -EINVAL, "maxpool: output %dx%d given, shape gives %dx%d",
 			    s->oh, s->ow, s->h / s->size, s->w / s->size);
 	return 0;
 }
@@ -351,19 +351,19 @@ static int cuda_softmax_xent(struct ps_compute *c, const float *logits, const in
 	const struct ps__xent_result *r = cu->xent_host;
 
 	if (n < 1 || classes < 1)
-		return fail(cu, -EINVAL, "softmax_xent: bad shape n=%d classes=%d", n, classes);
+		return ps__cuda_errf(cu, -EINVAL, "softmax_xent: bad shape n=%d classes=%d", n, classes);
 	CUDA_CHECK(c->err, ps__cuda_softmax_xent(cu->stream, logits, labels, n, classes, dlogits,
 						 cu->xent_scratch, cu->xent_dev));
 	CUDA_CHECK(c->err, cudaMemcpyAsync(cu->xent_host, cu->xent_dev, sizeof(*cu->xent_host),
 					   cudaMemcpyDeviceToHost, cu->stream));
 	CUDA_CHECK(c->err, cudaStreamSynchronize(cu->stream));
 	if (r->bad_row >= 0)
-		return fail(cu, -EINVAL, "softmax_xent: label %d of example %d is outside [0, %d)",
+		return ps__cuda_errf(cu, -EINVAL, "softmax_xent: label %d of example %d is outside [0, %d)",
 			    r->bad_label, r->bad_row, classes);
 	*loss = (float)(r->loss_sum / n);
 	*correct = r->correct;
 	if (!isfinite(r->loss_sum))
-		return fail(cu, PS_ENOFINITE, "softmax_xent: loss is not finite (NaN or "
+		return ps__cuda_errf(cu, PS_ENOFINITE, "softmax_xent: loss is not finite (NaN or "
 			    "infinite logits)");
 	return 0;
 }

@@ -56,6 +56,11 @@ struct ps_cuda {
 
 #define ps__cuda_of(c) container_of((c), struct ps_cuda, base)
 
+/* Writes a message into the backend's err (shape checks and the like, not
+ * CUDA calls: those go through cuda_check.h); returns rc. */
+int ps__cuda_errf(struct ps_cuda *cu, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* conv2d_cudnn.c: descriptors (init/free) and the three conv2d ops. */
 int ps__cuda_conv_init(struct ps_cuda *cu);
 void ps__cuda_conv_free(struct ps_cuda *cu);

@@ -18,23 +18,12 @@
  *
  * Bias add and bias gradient are our kernels (bias.cu).
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include "compute_cuda.h"
 #include "cuda_check.h"
 #include "bias.cuh"
 #include "ps_err.h"
-
-static int fail(struct ps_cuda *cu, int rc, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(cu->base.err, sizeof(cu->base.err), fmt, ap);
-	va_end(ap);
-	return rc;
-}
 
 int ps__cuda_conv_init(struct ps_cuda *cu)
 {
@@ -67,16 +56,16 @@ static int conv_check(struct ps_cuda *cu, const struct ps_conv_shape *s)
 {
 	if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->k < 1 || s->kh < 1 ||
 	    s->kw < 1 || s->pad < 0 || s->stride < 1)
-		return fail(cu, -EINVAL, "conv2d: bad shape n=%d c=%d h=%d w=%d k=%d kernel=%dx%d "
+		return ps__cuda_errf(cu, -EINVAL, "conv2d: bad shape n=%d c=%d h=%d w=%d k=%d kernel=%dx%d "
 			    "pad=%d stride=%d", s->n, s->c, s->h, s->w, s->k, s->kh, s->kw,
 			    s->pad, s->stride);
 	struct ps_conv_shape t = *s;
 	ps_conv_out(&t);
 	if (t.oh < 1 || t.ow < 1 || s->h + 2 * s->pad < s->kh || s->w + 2 * s->pad < s->kw)
-		return fail(cu, -EINVAL, "conv2d: kernel %dx%d larger than padded input %dx%d",
+		return ps__cuda_errf(cu, -EINVAL, "conv2d: kernel %dx%d larger than padded input %dx%d",
 			    s->kh, s->kw, s->h + 2 * s->pad, s->w + 2 * s->pad);
 	if (t.oh != s->oh || t.ow != s->ow)
-		return fail(cu, -EINVAL, "conv2d: output %dx%d given, shape gives %dx%d "
+		return ps__cuda_errf(cu, -EINVAL, "conv2d: output %dx%d given, shape gives %dx%d "
 			    "(call ps_conv_out)", s->oh, s->ow, t.oh, t.ow);
 	return 0;
 }

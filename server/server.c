@@ -267,8 +267,7 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 					  r->slice, s->shard);
 			goto err_reject;
 		}
-		if ((r->codec == 0 && r->length != (uint64_t)sl->slice->count * sizeof(float)) ||
-		    r->offset % 4 || r->offset > plen || r->length > plen - r->offset) {
+		if (r->offset % 4 || r->offset > plen || r->length > plen - r->offset) {
 			rc = PS_ESHAPE;
 			ps_msg_send_error(sc->conn, m->req_id, rc,
 					  "slice %u: %" PRIu64 " bytes at offset %" PRIu64
@@ -288,18 +287,14 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 					  sl->version + (uint64_t)cfg->limits.max_clock_ahead - 1);
 			goto err_reject;
 		}
+		/* length, encoding, codec id and finiteness: the store's one check */
 		g = (struct ps_grad){ payload + r->offset, r->length, (int)r->codec };
-		if (r->codec >= PS_CODEC_COUNT) {
-			rc = PS_EPROTO;
-			ps_msg_send_error(sc->conn, m->req_id, rc, "slice %u: unknown codec %u",
-					  r->slice, r->codec);
-			goto err_reject;
-		}
 		rc = ps_store_check(&s->store, sl, &g, why, sizeof(why));
 		if (rc) {
+			const struct ps_codec_ops *co = ps_codec_get(g.codec);
 			ps_msg_send_error(sc->conn, m->req_id, rc,
 					  "slice %u (%s): %s; nothing of this push was applied",
-					  r->slice, ps_codec_get(g.codec)->name, why);
+					  r->slice, co ? co->name : "?", why);
 			goto err_reject;
 		}
 	}

@@ -175,11 +175,10 @@ static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucke
 				acc[i] += gr[i];
 		}
 	} else {
-		if (b->g[0].codec == 0)
-			memcpy(acc, b->g[0].data, n * sizeof(float));
-		else
-			ps_codec_get(b->g[0].codec)->decode(b->g[0].data, b->g[0].len, n, acc, err,
-							     sizeof(err));
+		const float *g0 = grad_floats(&b->g[0], n, acc);
+
+		if (g0 != acc)
+			memcpy(acc, g0, n * sizeof(float));
 		for (int r = 1; r < nw; r++) {
 			const struct ps_grad *g = &b->g[r];
 

@@ -18,9 +18,9 @@
 #include <string.h>
 #include <math.h>
 #include <time.h>
+#include "bench_util.h"
 #include "codec.h"
 
-#define MAX_SIZES 16
 
 struct variant {
 	const char *label;
@@ -41,31 +41,6 @@ struct result {
 	double enc_gbps, dec_gbps, wire, wire_lz4;
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void clobber(void *p)
-{
-	__asm__ __volatile__("" : : "r"(p) : "memory");
-}
-
-static void *xalloc(size_t len)
-{
-	void *p = aligned_alloc(64, (len + 63) / 64 * 64);
-
-	if (!p) {
-		fprintf(stderr, "bench_codec: out of memory\n");
-		exit(1);
-	}
-	memset(p, 0, len);
-	return p;
-}
-
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
 static double urand(void)
@@ -76,36 +51,14 @@ static double urand(void)
 	return (double)((rng * 0x2545f4914f6cdd1dull) >> 11) * 0x1p-53;
 }
 
-static double bench_memcpy(size_t len, double secs)
-{
-	char *src = xalloc(len), *dst = xalloc(len);
-	uint64_t iters = 0;
-	double t0, t;
-
-	memset(src, 1, len);
-	memcpy(dst, src, len);
-	t0 = now_s();
-	do {
-		for (int k = 0; k < 8; k++) {
-			memcpy(dst, src, len);
-			clobber(dst);
-		}
-		iters += 8;
-		t = now_s() - t0;
-	} while (t < secs);
-	free(src);
-	free(dst);
-	return (double)len * (double)iters / t;
-}
-
 static void bench_codec(const struct variant *v, const float *x, const float *r0, size_t n,
 			double secs, struct result *res)
 {
 	const struct ps_codec_ops *c = ps_codec_find(v->codec);
 	struct ps_codec_params p = { .ratio = v->ratio, .seed = 1 };
 	size_t cap = c->max_bytes(n, &p), len = 0, packed;
-	uint8_t *out = xalloc(cap), *z = xalloc(ps_lz4_bound(cap));
-	float *r = v->ef ? xalloc(n * sizeof(float)) : NULL, *acc = xalloc(n * sizeof(float));
+	uint8_t *out = bu_alloc(cap), *z = bu_alloc(ps_lz4_bound(cap));
+	float *r = v->ef ? bu_alloc(n * sizeof(float)) : NULL, *acc = bu_alloc(n * sizeof(float));
 	double spent = 0, t0;
 	uint64_t iters = 0;
 	char err[128];
@@ -116,10 +69,10 @@ static void bench_codec(const struct variant *v, const float *x, const float *r0
 
 		if (r)
 			memcpy(r, r0, n * sizeof(float));
-		t0 = now_s();
+		t0 = bu_now_s();
 		got = c->encode(x, r, n, &p, iters, out, cap);
-		spent += now_s() - t0;
-		clobber(out);
+		spent += bu_now_s() - t0;
+		bu_clobber(out);
 		if (got < 0) {
 			fprintf(stderr, "bench_codec: %s encode failed: %d\n", v->label, (int)got);
 			exit(1);
@@ -133,33 +86,23 @@ static void bench_codec(const struct variant *v, const float *x, const float *r0
 	res->wire_lz4 = (double)(packed ? packed : len) / ((double)n * sizeof(float));
 	/* decode_add into one accumulator, as a shard sums pushes. */
 	iters = 0;
-	t0 = now_s();
+	t0 = bu_now_s();
 	do {
 		for (int k = 0; k < 4; k++) {
 			if (c->decode_add(out, len, n, 0.25f, acc, err, sizeof(err)) != 0) {
 				fprintf(stderr, "bench_codec: %s decode: %s\n", v->label, err);
 				exit(1);
 			}
-			clobber(acc);
+			bu_clobber(acc);
 		}
 		iters += 4;
-		spent = now_s() - t0;
+		spent = bu_now_s() - t0;
 	} while (spent < secs);
 	res->dec_gbps = (double)n * sizeof(float) * (double)iters / spent * 1e-9;
 	free(out);
 	free(z);
 	free(r);
 	free(acc);
-}
-
-static void size_label(char *buf, size_t len, size_t bytes)
-{
-	if (bytes % (1u << 20) == 0)
-		snprintf(buf, len, "%zuMiB", bytes >> 20);
-	else if (bytes % 1024 == 0)
-		snprintf(buf, len, "%zuKiB", bytes >> 10);
-	else
-		snprintf(buf, len, "%zuB", bytes);
 }
 
 static void usage(FILE *out)
@@ -173,30 +116,14 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
-	size_t sizes[MAX_SIZES];
+	size_t sizes[BU_MAX_SIZES];
 	int nsizes = 0, json = 0;
 	double secs = 0.5;
 
-	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--json") == 0) {
-			json = 1;
-		} else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
-			secs = atof(argv[++i]);
-		} else if (strcmp(argv[i], "--bytes") == 0 && i + 1 < argc &&
-			   nsizes < MAX_SIZES) {
-			sizes[nsizes++] = (size_t)strtoull(argv[++i], NULL, 0);
-		} else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-			usage(stdout);
-			return 0;
-		} else {
-			usage(stderr);
-			return 2;
-		}
-	}
-	if (nsizes == 0) {
-		sizes[nsizes++] = 1u << 20;
-		sizes[nsizes++] = 16u << 20;
-	}
+	int rc = bu_parse_args(argc, argv, usage, &json, &secs, sizes, &nsizes);
+
+	if (rc >= 0)
+		return rc;
 	if (!json)
 		printf("%-10s %6s %10s %10s %8s %8s %10s\n", "codec", "slice", "enc GB/s",
 		       "dec+ GB/s", "wire", "wire+lz4", "memcpy");
@@ -210,8 +137,8 @@ int main(int argc, char **argv)
 			fprintf(stderr, "bench_codec: size %zu too small\n", sizes[s]);
 			return 2;
 		}
-		x = xalloc(bytes);
-		r0 = xalloc(bytes);
+		x = bu_alloc(bytes);
+		r0 = bu_alloc(bytes);
 		/* Normal (Box-Muller), sd 1e-3 like late-training gradients; the
 		 * residual is what earlier steps left, of the same order. */
 		for (size_t i = 0; i < n; i++) {
@@ -220,8 +147,8 @@ int main(int argc, char **argv)
 			x[i] = (float)(1e-3 * sqrt(-2.0 * log(1.0 - u)) * cos(6.283185307179586 * w));
 			r0[i] = (float)(5e-4 * (urand() - 0.5));
 		}
-		size_label(label, sizeof(label), bytes);
-		mc = bench_memcpy(bytes, secs);
+		bu_size_label(label, sizeof(label), bytes);
+		mc = bu_memcpy_rate(bytes, secs);
 		for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
 			struct result res;
 

@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench_util.h"
 #include "optimizer.h"
 
-#define MAX_SIZES 16
 
 struct variant {
 	const char *label;
@@ -38,60 +38,13 @@ static const struct variant variants[] = {
 	{ "adagrad", PS_OPT_ADAGRAD, 0, 0.0f },
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* Keeps the compiler from dropping stores to memory nobody reads. */
-static void clobber(void *p)
-{
-	__asm__ __volatile__("" : : "r"(p) : "memory");
-}
-
 static float *alloc_floats(size_t n, float value)
 {
-	float *p = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+	float *p = bu_alloc(n * sizeof(float));
 
-	if (!p) {
-		fprintf(stderr, "bench_optimizer: out of memory\n");
-		exit(1);
-	}
 	for (size_t i = 0; i < n; i++)
 		p[i] = value;
 	return p;
-}
-
-/* Bytes of memcpy per second for len bytes, repeated for about secs. */
-static double bench_memcpy(size_t len, double secs)
-{
-	char *src = aligned_alloc(64, (len + 63) / 64 * 64);
-	char *dst = aligned_alloc(64, (len + 63) / 64 * 64);
-	uint64_t iters = 0;
-	double t0, t;
-
-	if (!src || !dst) {
-		fprintf(stderr, "bench_optimizer: out of memory\n");
-		exit(1);
-	}
-	memset(src, 1, len);
-	memset(dst, 2, len);
-	memcpy(dst, src, len); /* warm up */
-	t0 = now_s();
-	do {
-		for (int k = 0; k < 8; k++) {
-			memcpy(dst, src, len);
-			clobber(dst);
-		}
-		iters += 8;
-		t = now_s() - t0;
-	} while (t < secs);
-	free(src);
-	free(dst);
-	return (double)len * (double)iters / t;
 }
 
 /* Bytes of gradient per second for one variant on n floats. */
@@ -116,29 +69,19 @@ static double bench_apply(const struct variant *var, size_t n, double secs)
 	if (ops->init_state)
 		ops->init_state(&cfg, state, n);
 	ops->apply(&cfg, w, g, state, n, step++); /* warm up */
-	t0 = now_s();
+	t0 = bu_now_s();
 	do {
 		for (int k = 0; k < 4; k++) {
 			ops->apply(&cfg, w, g, state, n, step++);
-			clobber(w);
+			bu_clobber(w);
 		}
-		t = now_s() - t0;
+		t = bu_now_s() - t0;
 	} while (t < secs);
 	free(w);
 	free(g);
 	for (int s = 0; s < ops->nstate; s++)
 		free(state[s]);
 	return (double)n * sizeof(float) * (double)(step - 1) / t;
-}
-
-static void size_label(char *buf, size_t len, size_t bytes)
-{
-	if (bytes % (1u << 20) == 0)
-		snprintf(buf, len, "%zuMiB", bytes >> 20);
-	else if (bytes % 1024 == 0)
-		snprintf(buf, len, "%zuKiB", bytes >> 10);
-	else
-		snprintf(buf, len, "%zuB", bytes);
 }
 
 static void usage(FILE *out)
@@ -152,30 +95,14 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
-	size_t sizes[MAX_SIZES];
+	size_t sizes[BU_MAX_SIZES];
 	int nsizes = 0, json = 0;
 	double secs = 1.0;
 
-	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--json") == 0) {
-			json = 1;
-		} else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc) {
-			secs = atof(argv[++i]);
-		} else if (strcmp(argv[i], "--bytes") == 0 && i + 1 < argc &&
-			   nsizes < MAX_SIZES) {
-			sizes[nsizes++] = (size_t)strtoull(argv[++i], NULL, 0);
-		} else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-			usage(stdout);
-			return 0;
-		} else {
-			usage(stderr);
-			return 2;
-		}
-	}
-	if (nsizes == 0) {
-		sizes[nsizes++] = 1u << 20;
-		sizes[nsizes++] = 16u << 20;
-	}
+	int rc = bu_parse_args(argc, argv, usage, &json, &secs, sizes, &nsizes);
+
+	if (rc >= 0)
+		return rc;
 	for (int s = 0; s < nsizes; s++) {
 		size_t n = sizes[s] / sizeof(float);
 		size_t bytes = n * sizeof(float);
@@ -185,9 +112,9 @@ int main(int argc, char **argv)
 			fprintf(stderr, "bench_optimizer: size %zu too small\n", sizes[s]);
 			return 2;
 		}
-		size_label(label, sizeof(label), bytes);
+		bu_size_label(label, sizeof(label), bytes);
 		for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
-			double mc = bench_memcpy(bytes, secs);
+			double mc = bu_memcpy_rate(bytes, secs);
 			double ap = bench_apply(&variants[v], n, secs);
 
 			if (json)

@@ -12,18 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "bench_util.h"
 #include "compute.h"
 #include "config.h"
 #include "net.h"
 #include "ps_err.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Small deterministic pseudo-random floats in [-a, a]. */
 static void fill(float *p, size_t n, float a, uint64_t *s)
@@ -77,13 +70,13 @@ static int bench(const char *preset, const char *backend, int batch, double seco
 	if (ps_net_forward(&net, x, y, batch, &loss, &correct) ||
 	    ps_net_backward(&net, batch, 1.0f, NULL, NULL))
 		goto out;
-	t0 = now_s();
+	t0 = bu_now_s();
 	do {
 		if (ps_net_forward(&net, x, y, batch, &loss, &correct) ||
 		    ps_net_backward(&net, batch, 1.0f, NULL, NULL))
 			goto out;
 		steps++;
-		t = now_s();
+		t = bu_now_s();
 	} while (t - t0 < seconds);
 	if (json)
 		printf("{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%d,\"steps\":%d,"

@@ -46,6 +46,28 @@ static void cluster_yaml(char *buf, size_t n, int p0, int p1, int workers, const
 		 p0, p1, workers, mode, extra);
 }
 
+/* Writes a config from cluster_yaml on two free ports into a temporary
+ * file (its name into path), loads it into cfg and starts both shards. */
+static void start_cluster(char *path, struct ps_config *cfg, int workers, const char *mode,
+			  const char *extra, pid_t srv[2])
+{
+	char yaml[2048], err[512];
+
+	cluster_yaml(yaml, sizeof(yaml), tu_free_port(), tu_free_port(), workers, mode, extra);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(cfg, path, err, sizeof(err)) == 0, "%s", err);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+}
+
+/* Stops both shards (each must exit 0) and removes the config file. */
+static void stop_cluster(const char *path, const pid_t srv[2])
+{
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+}
+
 /* Integer gradient of worker rank at clock for element i. */
 static float grad_value(int rank, int clock, int t, int64_t i)
 {
@@ -117,16 +139,11 @@ static int sync_worker(const struct ps_config *cfg, int rank, int nworkers)
 
 START_TEST(test_sync_exact_sum)
 {
-	char yaml[2048], path[64], err[512];
+	char path[64], err[512];
 	struct ps_config cfg;
-	int p0 = tu_free_port(), p1 = tu_free_port();
 	pid_t srv[2], cli[3];
 
-	cluster_yaml(yaml, sizeof(yaml), p0, p1, 3, "sync", "");
-	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
-	ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
-	srv[0] = tu_start_server(path, 0);
-	srv[1] = tu_start_server(path, 1);
+	start_cluster(path, &cfg, 3, "sync", "", srv);
 	for (int r = 0; r < 3; r++) {
 		cli[r] = fork();
 		if (cli[r] == 0)
@@ -154,9 +171,7 @@ START_TEST(test_sync_exact_sum)
 	}
 	ps_shardmap_free(&map);
 	ps_client_free(mon);
-	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
-	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
-	unlink(path);
+	stop_cluster(path, srv);
 }
 END_TEST
 
@@ -166,19 +181,13 @@ END_TEST
  * hung the single-worker fast path. A stuck request fails in 5 s. */
 START_TEST(test_pipelined_order)
 {
-	char yaml[2048], path[64], err[512];
+	char path[64], err[512];
 	struct ps_config cfg;
-	int p0 = tu_free_port(), p1 = tu_free_port();
 	pid_t srv[2];
 	enum { N = 200 };
 	int64_t ids[N + 1];
 
-	cluster_yaml(yaml, sizeof(yaml), p0, p1, 1, "sync",
-		     "limits:\n  request_timeout_ms: 5000\n  max_clock_ahead: 1000\n");
-	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
-	ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
-	srv[0] = tu_start_server(path, 0);
-	srv[1] = tu_start_server(path, 1);
+	start_cluster(path, &cfg, 1, "sync", "limits:\n  request_timeout_ms: 5000\n  max_clock_ahead: 1000\n", srv);
 	struct ps_client *c = connect_retry(&cfg, 0, err, sizeof(err));
 	ck_assert_msg(c != NULL, "%s", err);
 	struct ps_tensor g[3], w[3];
@@ -205,9 +214,7 @@ START_TEST(test_pipelined_order)
 		free(w[t].data);
 	}
 	ps_client_free(c);
-	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
-	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
-	unlink(path);
+	stop_cluster(path, srv);
 }
 END_TEST
 
@@ -217,21 +224,15 @@ END_TEST
  * wire bytes by codec. */
 START_TEST(test_fp16_exact)
 {
-	char yaml[2048], path[64], err[512];
+	char path[64], err[512];
 	struct ps_config cfg;
-	int p0 = tu_free_port(), p1 = tu_free_port();
 	pid_t srv[2];
 	enum { N = 20 };
 	struct ps_client *c[2];
 	struct ps_tensor g[2][3], w[3];
 	uint64_t raw = 0, wire = 0, floats = 0;
 
-	cluster_yaml(yaml, sizeof(yaml), p0, p1, 2, "sync",
-		     "compression:\n  codec: fp16\n  pull: fp16\n  lz4: on\n");
-	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
-	ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
-	srv[0] = tu_start_server(path, 0);
-	srv[1] = tu_start_server(path, 1);
+	start_cluster(path, &cfg, 2, "sync", "compression:\n  codec: fp16\n  pull: fp16\n  lz4: on\n", srv);
 	for (int r = 0; r < 2; r++) {
 		c[r] = connect_retry(&cfg, r, err, sizeof(err));
 		ck_assert_msg(c[r] != NULL, "%s", err);
@@ -285,9 +286,7 @@ START_TEST(test_fp16_exact)
 	ck_assert_uint_gt(wire, 0);
 	for (int r = 0; r < 2; r++)
 		ps_client_free(c[r]);
-	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
-	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
-	unlink(path);
+	stop_cluster(path, srv);
 }
 END_TEST
 
@@ -342,22 +341,17 @@ static int ssp_worker(const struct ps_config *cfg, int rank, struct ssp_shared *
 
 START_TEST(test_ssp_staleness_bound)
 {
-	char yaml[2048], path[64], err[512];
+	char path[64], err[512];
 	struct ps_config cfg;
-	int p0 = tu_free_port(), p1 = tu_free_port();
 	struct ssp_shared *sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE,
 				     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	pid_t srv[2], cli[3];
 
 	ck_assert_ptr_ne(sh, MAP_FAILED);
 	memset(sh, 0, sizeof(*sh));
-	cluster_yaml(yaml, sizeof(yaml), p0, p1, 3, "async", "  staleness: 2\n");
-	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
-	ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
+	start_cluster(path, &cfg, 3, "async", "  staleness: 2\n", srv);
 	ck_assert_int_eq(cfg.consistency, PS_ASYNC);
 	ck_assert_int_eq(cfg.staleness, 2);
-	srv[0] = tu_start_server(path, 0);
-	srv[1] = tu_start_server(path, 1);
 	for (int r = 0; r < 3; r++) {
 		cli[r] = fork();
 		if (cli[r] == 0)

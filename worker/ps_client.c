@@ -80,7 +80,7 @@ struct ps_client {
 	 * first used, only for codecs with error feedback); bytes pushed as
 	 * float32 and as sent. Touched by the pushing thread only. */
 	float **resid;
-	uint64_t push_raw, push_wire, push_steps;
+	uint64_t push_raw, push_wire;
 	int64_t next_id;
 	int stopping;
 	int started;            /* init succeeded: losses are worth a log line */
@@ -906,7 +906,9 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->rank = rank;
 	c->shards = calloc((size_t)cfg->nshards, sizeof(*c->shards));
 	c->resid = calloc((size_t)(cfg->ntensors > 0 ? cfg->ntensors : 1), sizeof(*c->resid));
-	if (!c->shards) {
+	if (!c->shards || !c->resid) {
+		free(c->resid);
+		free(c->shards);
 		free(c);
 		return -ENOMEM;
 	}

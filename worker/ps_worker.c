@@ -110,7 +110,6 @@ struct step_ctx {
 	int first_param_tensor;       /* its push ends the clock */
 	int64_t ids[2 * PS_MAX_LAYERS];
 	int nids;
-	double bytes_pushed;
 };
 
 /* Called by backward as each layer's gradients land in host memory. */
@@ -127,7 +126,6 @@ static int push_ready(void *arg, int wt, int bt)
 	if (id < 0)
 		return (int)id;
 	s->ids[s->nids++] = id;
-	s->bytes_pushed += (double)(t[0].count + t[1].count) * sizeof(float);
 	return 0;
 }
 
@@ -428,7 +426,7 @@ int main(int argc, char **argv)
 				"\"train_accuracy\":%.6f,\"samples_per_s\":%.1f,\"mb_pushed\":%.3f,"
 				"\"device\":\"%s\",\"consistency\":\"%s\"",
 				rank, e + 1, steps, now_s() - t_start, seen ? loss_sum / seen : NAN,
-				seen ? (double)correct_sum / seen : NAN, seen / elapsed, sc.bytes_pushed / 1e6,
+				seen ? (double)correct_sum / seen : NAN, seen / elapsed, raw / 1e6,
 				ops->name, cfg->consistency == PS_SYNC ? "sync" : "async");
 			if (!isnan(acc))
 				fprintf(metrics, ",\"test_accuracy\":%.6f,\"test_loss\":%.6f", acc, tloss);
