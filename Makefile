@@ -13,6 +13,8 @@ CC       ?= gcc
 SANITIZE ?=
 PKGS     := libuv libprotobuf-c yaml-0.1 liblz4 check zlib
 
+.DEFAULT_GOAL := all
+
 VARIANT  := $(if $(SANITIZE),san,rel)
 OBJ      := build/$(VARIANT)
 GEN      := build/gen

@@ -74,6 +74,7 @@ struct ps_limits {
 	int handshake_timeout_ms;   /* server drops connections that do not say hello */
 	int max_clock_ahead;        /* sync: a push may be at most this many clocks ahead */
 	int max_connections;        /* per shard */
+	int wait_spin_us;           /* client: ps_client_wait polls this long before sleeping */
 };
 
 struct ps_stats_cfg {

@@ -102,6 +102,9 @@ const struct opt cfg_opts[] = {
 	  "sync: a push may be at most this many clocks ahead of the shard"),
 	O("limits.max_connections", T_INT, 0, 1, 1000000, "1024", NULL, C,
 	  limits.max_connections, "connections accepted per shard"),
+	O("limits.wait_spin_us", T_INT, 0, 0, 100000, "50", NULL, C, limits.wait_spin_us,
+	  "client: a wait for a reply polls this long before sleeping, which saves a thread "
+	  "wake-up on short round trips; 0 always sleeps"),
 	O("train.data_dir", T_PATH, 0, 0, 0, "/usr/share/datasets/fashion-mnist", NULL, C,
 	  train.data_dir, "folder of the IDX files train-{images,labels}-* and t10k-* (gzip or plain)"),
 	O("train.batch", T_INT, 0, 1, 65536, "64", NULL, C, train.batch,

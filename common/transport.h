@@ -17,6 +17,9 @@
  * PS_SEND_VOLATILE the pieces may change once send returns: what the socket
  * does not take at once is copied, and no callback is taken.
  *
+ * One exception to the one-thread rule: send_now may be called from any
+ * thread (a client's calling thread), see below.
+ *
  * Implementations embed struct ps_transport / struct ps_conn first and find
  * themselves with container_of. The shape leaves room for RDMA: frames are
  * released through the frame's own function (a registered buffer goes back
@@ -62,6 +65,10 @@ enum ps_send_flags {
 };
 /* Frame header flags (PS_FRAME_F_*) ride in the high half of the send flags. */
 #define PS_SEND_FRAME_FLAGS(f) ((unsigned)(f) << 16)
+
+/* Limits of send_now: bigger frames go through the loop thread. */
+#define PS_SEND_NOW_MAX (64 * 1024)
+#define PS_SEND_NOW_IOV 16
 
 /* Fires once per accepted send: status 0 when the bytes are handed to the
  * kernel, negative when the connection closed first. */
@@ -115,6 +122,19 @@ struct ps_transport_ops {
 	int (*send)(struct ps_conn *c, uint8_t type, const void *meta, uint32_t meta_len,
 		    const struct ps_iov *payload, int npayload, unsigned flags, ps_send_cb cb,
 		    void *arg);
+	/* Optional (NULL when the transport has none); the only op callable
+	 * from any thread. Writes one frame of at most PS_SEND_NOW_MAX bytes
+	 * and PS_SEND_NOW_IOV payload pieces right away if c has nothing
+	 * queued, so the frame leaves without a hop to the loop thread. The
+	 * payload is read before it returns (VOLATILE semantics, no callback).
+	 * Returns 0 when every byte went to the kernel; -EAGAIN when nothing
+	 * was written (closing, frame too big, writes queued, socket full) and
+	 * the caller must use send on the loop thread; PS_ECLOSED when the
+	 * connection broke mid-frame (the loop thread will see it close).
+	 * The caller must make sure c stays alive during the call and that no
+	 * send for c runs on the loop thread in between (frame order). */
+	int (*send_now)(struct ps_conn *c, uint8_t type, const void *meta, uint32_t meta_len,
+			const struct ps_iov *payload, int npayload, unsigned flags);
 	/* Changes the limits frames received on c are checked against. */
 	void (*set_limits)(struct ps_conn *c, const struct ps_wire_limits *lim);
 	/* Bytes queued on c and not yet taken by the kernel. */

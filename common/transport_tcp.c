@@ -10,9 +10,21 @@
  * Send path: header + metadata go in one small copied buffer, the payload
  * pieces follow as separate uv_buf_t (writev). Volatile payloads are first
  * offered to uv_try_write; only what the socket does not take is copied.
+ *
+ * send_now, the one entry point callable from another thread, writes a
+ * small frame with sendmsg() on the socket directly, so a client's request
+ * leaves without waking the loop thread. It may only write when libuv has
+ * nothing queued on the connection (else the bytes would interleave), so
+ * every write path and tcp_close take the connection's wmu, nwrites counts
+ * the uv_write requests not yet completed, and a closing connection is
+ * never written (its fd may already be gone).
  */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ps_err.h"
@@ -21,6 +33,7 @@
 
 #define STAGE_BYTES (64 * 1024)
 #define MAX_IOV 1024
+#define OUTBOX_BYTES (64 * 1024)
 
 struct tcp_transport {
 	struct ps_transport base;
@@ -36,9 +49,14 @@ struct tcp_conn {
 	uv_tcp_t handle;
 	uv_connect_t connect_req;
 	struct ps_wire_limits limits;
-	int closing;
+	int closing;              /* set under wmu */
 	int close_status;
-	int connected;
+	int connected;            /* set under wmu */
+	pthread_mutex_t wmu;      /* serialises writes with send_now (see top) */
+	int nwrites;              /* uv_write requests not completed, under wmu */
+	int in_read;              /* frames of one read are being delivered */
+	uint8_t *outbox;          /* small volatile frames sent meanwhile */
+	size_t outbox_len;
 	struct tcp_conn *prev, *next;
 	/* receive state */
 	uint8_t *stage;
@@ -76,6 +94,7 @@ static void conn_unlink(struct tcp_transport *tt, struct tcp_conn *c)
 }
 
 static void maybe_finish_destroy(struct tcp_transport *tt);
+static void flush_outbox(struct tcp_conn *c);
 
 static void on_handle_closed(uv_handle_t *h)
 {
@@ -87,6 +106,8 @@ static void on_handle_closed(uv_handle_t *h)
 		tt->base.cbs.on_close(&c->base, c->close_status);
 	free(c->body);
 	free(c->stage);
+	free(c->outbox);
+	pthread_mutex_destroy(&c->wmu);
 	free(c);
 	maybe_finish_destroy(tt);
 }
@@ -96,6 +117,8 @@ static void on_handle_closed_quiet(uv_handle_t *h)
 	struct tcp_conn *c = h->data;
 
 	free(c->stage);
+	free(c->outbox);
+	pthread_mutex_destroy(&c->wmu);
 	free(c);
 }
 
@@ -105,7 +128,16 @@ static void tcp_close(struct ps_conn *pc, int status)
 
 	if (c->closing)
 		return;
+	pthread_mutex_lock(&c->wmu);
+	if (c->outbox_len) {
+		/* What was sent before the close leaves if the socket takes it,
+		 * as a direct write would have (an error reply before closing). */
+		uv_buf_t buf = uv_buf_init((char *)c->outbox, (unsigned)c->outbox_len);
+		uv_try_write((uv_stream_t *)&c->handle, &buf, 1);
+		c->outbox_len = 0;
+	}
 	c->closing = 1;
+	pthread_mutex_unlock(&c->wmu);
 	c->close_status = status;
 	uv_close((uv_handle_t *)&c->handle, on_handle_closed);
 }
@@ -121,6 +153,7 @@ static struct tcp_conn *conn_new(struct tcp_transport *tt)
 		free(c);
 		return NULL;
 	}
+	pthread_mutex_init(&c->wmu, NULL);
 	c->base.t = &tt->base;
 	c->limits = tt->base.limits;
 	uv_tcp_init(tt->base.loop, &c->handle);
@@ -219,11 +252,8 @@ static int drain_stage(struct tcp_conn *c)
 	return 0;
 }
 
-static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+static void read_frames(struct tcp_conn *c, ssize_t n)
 {
-	struct tcp_conn *c = s->data;
-
-	(void)buf;
 	if (c->closing)
 		return;
 	if (n < 0) {
@@ -249,6 +279,19 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 	drain_stage(c);
 }
 
+/* Replies the handlers send while the frames of this read are delivered
+ * gather in the outbox and leave together afterwards. */
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+	struct tcp_conn *c = s->data;
+
+	(void)buf;
+	c->in_read = 1;
+	read_frames(c, n);
+	c->in_read = 0;
+	flush_outbox(c);
+}
+
 static void set_peer_name(struct tcp_conn *c)
 {
 	struct sockaddr_storage ss;
@@ -270,7 +313,9 @@ static void set_peer_name(struct tcp_conn *c)
 
 static void start_conn(struct tcp_conn *c)
 {
+	pthread_mutex_lock(&c->wmu);
 	c->connected = 1;
+	pthread_mutex_unlock(&c->wmu);
 	uv_tcp_nodelay(&c->handle, 1);
 	uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read);
 }
@@ -413,10 +458,97 @@ static void on_written(uv_write_t *req, int status)
 {
 	struct tcp_write *w = container_of(req, struct tcp_write, req);
 
+	pthread_mutex_lock(&w->conn->wmu);
+	w->conn->nwrites--;
+	pthread_mutex_unlock(&w->conn->wmu);
 	if (w->cb)
 		w->cb(&w->conn->base, status < 0 ? PS_ECLOSED : 0, w->arg);
 	free(w->copy);
 	free(w);
+}
+
+/* Writes bufs (total bytes) now as far as the socket takes them and queues
+ * a copy of the rest: the VOLATILE contract. Called with wmu held. */
+static int write_volatile(struct tcp_conn *c, struct tcp_write *w, uv_buf_t *bufs, int nbufs,
+			  size_t total)
+{
+	int n = uv_try_write((uv_stream_t *)&c->handle, bufs, (unsigned)nbufs);
+	size_t done = n > 0 ? (size_t)n : 0, off = 0, skip = done;
+	uv_buf_t rest;
+
+	if (n < 0 && n != UV_EAGAIN)
+		return PS_ECLOSED;
+	if (done == total) {
+		free(w);
+		return 0;
+	}
+	w->copy = malloc(total - done);
+	if (!w->copy)
+		return -ENOMEM;
+	for (int i = 0; i < nbufs; i++) {
+		size_t len = bufs[i].len;
+		if (skip >= len) {
+			skip -= len;
+			continue;
+		}
+		memcpy(w->copy + off, bufs[i].base + skip, len - skip);
+		off += len - skip;
+		skip = 0;
+	}
+	rest = uv_buf_init((char *)w->copy, (unsigned)off);
+	if (uv_write(&w->req, (uv_stream_t *)&c->handle, &rest, 1, on_written))
+		return PS_ECLOSED;
+	c->nwrites++;
+	return 0;
+}
+
+/* Sends the replies gathered while frames of one read were handled, in
+ * one system call (a push ack and a pull reply, typically). */
+static void flush_outbox(struct tcp_conn *c)
+{
+	struct tcp_write *w;
+	uv_buf_t buf;
+	int rc = -ENOMEM;
+
+	if (!c->outbox_len)
+		return;
+	if (c->closing) {
+		c->outbox_len = 0;
+		return;
+	}
+	buf = uv_buf_init((char *)c->outbox, (unsigned)c->outbox_len);
+	w = malloc(sizeof(*w));
+	if (w) {
+		*w = (struct tcp_write){ .conn = c };
+		pthread_mutex_lock(&c->wmu);
+		rc = write_volatile(c, w, &buf, 1, c->outbox_len);
+		pthread_mutex_unlock(&c->wmu);
+		if (rc) {
+			free(w->copy);
+			free(w);
+		}
+	}
+	c->outbox_len = 0;
+	if (rc)
+		tcp_close(&c->base, rc);
+}
+
+/* Appends a small volatile frame to the outbox; 0, or -1 when it does not
+ * fit (the caller flushes and sends it itself). */
+static int outbox_add(struct tcp_conn *c, const uint8_t *head, size_t head_len,
+		      const uv_buf_t *bufs, int nbufs, size_t total)
+{
+	if (c->outbox_len + total > OUTBOX_BYTES)
+		return -1;
+	if (!c->outbox && !(c->outbox = malloc(OUTBOX_BYTES)))
+		return -1;
+	memcpy(c->outbox + c->outbox_len, head, head_len);
+	c->outbox_len += head_len;
+	for (int i = 1; i < nbufs; i++) {
+		memcpy(c->outbox + c->outbox_len, bufs[i].base, bufs[i].len);
+		c->outbox_len += bufs[i].len;
+	}
+	return 0;
 }
 
 static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t meta_len,
@@ -443,10 +575,7 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 	w = malloc(sizeof(*w) + PS_WIRE_HDR_LEN + meta_len);
 	if (!w)
 		return -ENOMEM;
-	w->conn = c;
-	w->cb = cb;
-	w->arg = arg;
-	w->copy = NULL;
+	*w = (struct tcp_write){ .conn = c, .cb = cb, .arg = arg };
 	ps_wire_encode_hdr(w->head, &h);
 	if (meta_len)
 		memcpy(w->head + PS_WIRE_HDR_LEN, meta, meta_len);
@@ -455,47 +584,115 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 		if (payload[i].len)
 			bufs[nbufs++] = uv_buf_init((char *)payload[i].base, (unsigned)payload[i].len);
 	total = PS_WIRE_HDR_LEN + meta_len + h.payload_len;
-	c->base.bytes_out += total;
+	__atomic_add_fetch(&c->base.bytes_out, total, __ATOMIC_RELAXED);
 
-	if (flags & PS_SEND_VOLATILE) {
-		/* Write what the socket takes now; copy only the rest. */
-		int n = uv_try_write((uv_stream_t *)&c->handle, bufs, (unsigned)nbufs);
-		size_t done = n > 0 ? (size_t)n : 0;
-		if (n < 0 && n != UV_EAGAIN) {
-			free(w);
-			return PS_ECLOSED;
-		}
-		if (done == total) {
-			free(w);
-			return 0;
-		}
-		w->copy = malloc(total - done);
-		if (!w->copy) {
-			free(w);
-			tcp_close(pc, -ENOMEM);
-			return -ENOMEM;
-		}
-		size_t off = 0, skip = done;
-		for (int i = 0; i < nbufs; i++) {
-			size_t len = bufs[i].len;
-			if (skip >= len) {
-				skip -= len;
-				continue;
-			}
-			memcpy(w->copy + off, bufs[i].base + skip, len - skip);
-			off += len - skip;
-			skip = 0;
-		}
-		bufs[0] = uv_buf_init((char *)w->copy, (unsigned)off);
-		nbufs = 1;
+	if (c->in_read && (flags & PS_SEND_VOLATILE) &&
+	    outbox_add(c, w->head, bufs[0].len, bufs, nbufs, total) == 0) {
+		free(w);
+		return 0;
 	}
-	rc = uv_write(&w->req, (uv_stream_t *)&c->handle, bufs, (unsigned)nbufs, on_written);
-	if (rc) {
-		free(w->copy);
+	flush_outbox(c); /* frames leave in the order they were sent */
+	if (c->closing) {
 		free(w);
 		return PS_ECLOSED;
 	}
-	return 0;
+	pthread_mutex_lock(&c->wmu);
+	if (flags & PS_SEND_VOLATILE) {
+		rc = write_volatile(c, w, bufs, nbufs, total);
+	} else {
+		rc = uv_write(&w->req, (uv_stream_t *)&c->handle, bufs, (unsigned)nbufs, on_written);
+		if (rc)
+			rc = PS_ECLOSED;
+		else
+			c->nwrites++;
+	}
+	pthread_mutex_unlock(&c->wmu);
+	if (rc) {
+		free(w->copy);
+		free(w);
+		if (rc == -ENOMEM)
+			tcp_close(pc, rc);
+	}
+	return rc;
+}
+
+/* Writes what is left of a frame whose first bytes already went out, from
+ * any thread: the stream would be corrupt if it stopped half way, so wait
+ * for room (at most timeout_ms in all). 0, or -1 when the socket failed or
+ * stayed full. */
+static int finish_frame(int fd, struct iovec *iov, int n, size_t skip, int timeout_ms)
+{
+	for (;;) {
+		while (n > 0 && skip >= iov[0].iov_len) {
+			skip -= iov[0].iov_len;
+			iov++;
+			n--;
+		}
+		if (n == 0)
+			return 0;
+		iov[0].iov_base = (char *)iov[0].iov_base + skip;
+		iov[0].iov_len -= skip;
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+		ssize_t w = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w >= 0) {
+			skip = (size_t)w;
+			continue;
+		}
+		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+			return -1;
+		struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+		if (errno != EINTR && poll(&pfd, 1, timeout_ms) <= 0)
+			return -1;
+	}
+}
+
+static int tcp_send_now(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t meta_len,
+			const struct ps_iov *payload, int npayload, unsigned flags)
+{
+	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
+	struct ps_frame_hdr h = { .type = type, .meta_len = meta_len,
+				  .flags = (uint16_t)(flags >> 16) };
+	uint8_t head[PS_WIRE_HDR_LEN];
+	struct iovec iov[PS_SEND_NOW_IOV + 2];
+	size_t total;
+	int n = 0, fd, rc = -EAGAIN;
+	ssize_t w;
+
+	if (npayload > PS_SEND_NOW_IOV)
+		return -EAGAIN;
+	for (int i = 0; i < npayload; i++)
+		h.payload_len += payload[i].len;
+	total = PS_WIRE_HDR_LEN + meta_len + h.payload_len;
+	if (total > PS_SEND_NOW_MAX)
+		return -EAGAIN;
+	ps_wire_encode_hdr(head, &h);
+	iov[n++] = (struct iovec){ head, PS_WIRE_HDR_LEN };
+	if (meta_len)
+		iov[n++] = (struct iovec){ (void *)meta, meta_len };
+	for (int i = 0; i < npayload; i++)
+		if (payload[i].len)
+			iov[n++] = (struct iovec){ (void *)payload[i].base, payload[i].len };
+
+	pthread_mutex_lock(&c->wmu);
+	if (c->closing || !c->connected || c->nwrites ||
+	    uv_fileno((uv_handle_t *)&c->handle, &fd))
+		goto out;
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+	w = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (w <= 0)
+		goto out; /* nothing written: the loop thread sends it (or sees the error) */
+	if ((size_t)w < total && finish_frame(fd, iov, n, (size_t)w, 5000)) {
+		/* Half a frame is on the wire: the stream is unusable. shutdown()
+		 * makes the loop thread see the connection end and close it. */
+		shutdown(fd, SHUT_RDWR);
+		rc = PS_ECLOSED;
+		goto out;
+	}
+	__atomic_add_fetch(&c->base.bytes_out, total, __ATOMIC_RELAXED);
+	rc = 0;
+out:
+	pthread_mutex_unlock(&c->wmu);
+	return rc;
 }
 
 static void tcp_set_limits(struct ps_conn *pc, const struct ps_wire_limits *lim)
@@ -547,6 +744,7 @@ const struct ps_transport_ops ps_tcp_transport_ops = {
 	.bound_port = tcp_bound_port,
 	.connect = tcp_connect,
 	.send = tcp_send,
+	.send_now = tcp_send_now,
 	.set_limits = tcp_set_limits,
 	.queued_bytes = tcp_queued_bytes,
 	.close = tcp_close,

@@ -282,15 +282,39 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	return changed;
 }
 
-/* Exponent bits all ones means NaN or infinity; an OR over the batch keeps
- * the loop branch-free so it vectorizes (memory speed). */
+/* Exponent bits all ones means NaN or infinity. Every push passes through
+ * here before it is accepted, so it must run at memory speed: the build's
+ * -O2 left the plain loop scalar (perf showed it at 40% of a shard's time
+ * on 16 MiB pushes), so blocks of 16 floats go through gcc vector
+ * extensions (SSE2: pand, pcmpeqd, por) and only the tail is scalar. */
+#if defined(__GNUC__)
+typedef int32_t ps_v4i __attribute__((vector_size(16)));
+#endif
+
 int ps_store_all_finite(const float *g, size_t n)
 {
-	const uint32_t *u = (const uint32_t *)g;
-	uint32_t bad = 0;
+	const int32_t exp = 0x7f800000;
+	int32_t bad = 0;
+	size_t i = 0;
 
-	for (size_t i = 0; i < n; i++)
-		bad |= (uint32_t)((u[i] & 0x7f800000u) == 0x7f800000u);
+#if defined(__GNUC__)
+	ps_v4i vbad = { 0 };
+
+	for (; i + 16 <= n; i += 16) {
+		ps_v4i v[4];
+
+		memcpy(v, g + i, sizeof(v));
+		vbad |= ((v[0] & exp) == exp) | ((v[1] & exp) == exp) |
+			((v[2] & exp) == exp) | ((v[3] & exp) == exp);
+	}
+	bad = vbad[0] | vbad[1] | vbad[2] | vbad[3];
+#endif
+	for (; i < n; i++) {
+		int32_t u;
+
+		memcpy(&u, g + i, sizeof(u));
+		bad |= (u & exp) == exp;
+	}
 	return !bad;
 }
 

@@ -1,8 +1,9 @@
 /* check_store.c - the shard's update path: BSP sums in rank order whatever
  * the arrival order (bit for bit), clock windows and duplicates refused,
  * clocks applied in order, frames released once nothing refers to them, SSP
- * applies on arrival. */
+ * applies on arrival, the finiteness check finds a bad value anywhere. */
 #include <check.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "config.h"
@@ -210,6 +211,31 @@ START_TEST(test_checksum_tracks_weights)
 }
 END_TEST
 
+/* The vector blocks of 16 and the scalar tail: a NaN, +inf or -inf at every
+ * position of arrays whose lengths cross the block edges is found, large
+ * finite values and subnormals are not refused, and an untouched array passes. */
+START_TEST(test_all_finite_every_position)
+{
+	static const float bad[] = { NAN, INFINITY, -INFINITY };
+	float v[53] = { 0 };
+
+	for (size_t n = 0; n <= 53; n++) {
+		for (size_t i = 0; i < n; i++)
+			v[i] = (i & 1) ? 3.4e38f : -1e-45f;
+		ck_assert_int_eq(ps_store_all_finite(v, n), 1);
+		for (size_t i = 0; i < n; i++) {
+			float keep = v[i];
+
+			for (int b = 0; b < 3; b++) {
+				v[i] = bad[b];
+				ck_assert_msg(!ps_store_all_finite(v, n), "n %zu pos %zu kind %d", n, i, b);
+			}
+			v[i] = keep;
+		}
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("store");
@@ -221,6 +247,7 @@ int main(void)
 	tcase_add_test(tc, test_bsp_windows_and_duplicates);
 	tcase_add_test(tc, test_ssp_applies_on_arrival);
 	tcase_add_test(tc, test_checksum_tracks_weights);
+	tcase_add_test(tc, test_all_finite_every_position);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -11,13 +11,16 @@
  * and VOLATILE (buffer reusable at once) sends, peers that vanish mid-frame,
  * oversized lengths refused without allocating, queued_bytes, close
  * idempotence, and on_close exactly once per connection, never inside the
- * call that caused it. Teardown destroys both transports and requires the
+ * call that caused it; send_now from another thread while the loop runs
+ * (order, content, refusal while loop-thread writes are queued). Teardown destroys both transports and requires the
  * loop to close cleanly (no handle left behind).
  */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ps_err.h"
@@ -908,6 +911,106 @@ END_TEST
 /* ---- main ---- */
 
 /* Returns NULL when name can run here, else why not. */
+/* send_now from a second thread while the loop thread receives: every
+ * frame arrives whole and in order; frames over PS_SEND_NOW_MAX and sends
+ * while a loop-thread write is still queued are refused with -EAGAIN and
+ * nothing written. */
+#define NNOW 2000
+
+struct now_arg {
+	struct ps_conn *c;
+	int sent, too_big_ok, bad;
+};
+
+static uint64_t now_len(uint32_t i)
+{
+	return (uint64_t)(i * 2654435761u) % 6000;
+}
+
+static void *now_thread(void *p)
+{
+	struct now_arg *a = p;
+	uint8_t meta[64], *buf = malloc(PS_SEND_NOW_MAX + 1);
+
+	for (uint32_t i = 0; buf && i < NNOW; i++) {
+		struct ps_iov iov[3];
+		uint64_t plen = now_len(i);
+		int rc;
+
+		fill(meta, i % 64, i);
+		fill(buf, plen, i + 1);
+		iov[0] = (struct ps_iov){ buf, plen / 2 };
+		iov[1] = (struct ps_iov){ buf + plen / 2, plen - plen / 2 };
+		while ((rc = E.ops->send_now(a->c, (uint8_t)(1 + i % 9), meta, i % 64, iov, 2,
+					     0)) == -EAGAIN)
+			sched_yield(); /* socket full: the reader will catch up */
+		if (rc) {
+			a->bad++;
+			break;
+		}
+		a->sent++;
+		if (i == NNOW / 2) { /* one frame too big: refused, nothing written */
+			iov[0] = (struct ps_iov){ buf, PS_SEND_NOW_MAX + 1 };
+			a->too_big_ok = E.ops->send_now(a->c, 1, NULL, 0, iov, 1, 0) == -EAGAIN;
+		}
+	}
+	free(buf);
+	return NULL;
+}
+
+START_TEST(test_send_now_from_thread)
+{
+	struct now_arg a = { 0 };
+	pthread_t th;
+	uint64_t bytes = 0;
+
+	env_init(_i);
+	if (!E.ops->send_now) {
+		printf("SKIP send_now on %s: the transport has none\n", E.ops->name);
+		env_free();
+		return;
+	}
+	/* A loop-thread write the socket cannot take at once: send_now must
+	 * refuse while it is queued, then work once it has left. */
+	size_t big = 48 * MIB;
+	uint8_t *bigbuf = calloc(1, big);
+	struct ps_iov biov = { bigbuf, big };
+	struct sent bst = { 0 };
+	ck_assert_int_eq(tsend(E.k, 1, NULL, 0, &biov, 1, PS_SEND_STABLE, on_sent, &bst), 0);
+	ck_assert_uint_gt(E.ops->queued_bytes(E.k->c), 0);
+	ck_assert_int_eq(E.ops->send_now(E.k->c, 2, NULL, 0, NULL, 0, 0), -EAGAIN);
+	ck_assert(RUN_UNTIL(bst.fired && count_frames(E.s) == 1, 10000));
+	ck_assert_int_eq(E.got[0].f->hdr.type, 1);
+	bytes += PS_WIRE_HDR_LEN + big;
+	free(bigbuf);
+
+	a.c = E.k->c;
+	ck_assert_int_eq(pthread_create(&th, NULL, now_thread, &a), 0);
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 1 + NNOW || a.bad, 20000));
+	pthread_join(th, NULL);
+	ck_assert_int_eq(a.bad, 0);
+	ck_assert_int_eq(a.sent, NNOW);
+	ck_assert_int_eq(a.too_big_ok, 1);
+	for (uint32_t i = 0; i < NNOW; i++) {
+		struct ps_frame *f = E.got[1 + i].f;
+		ck_assert_uint_eq(f->hdr.type, 1 + i % 9);
+		ck_assert_uint_eq(f->hdr.meta_len, i % 64);
+		ck_assert_uint_eq(f->hdr.payload_len, now_len(i));
+		ck_assert_msg(first_bad(f->meta, f->hdr.meta_len, i) == UINT64_MAX,
+			      "frame %u: metadata differs", i);
+		ck_assert_msg(first_bad(f->payload, f->hdr.payload_len, i + 1) == UINT64_MAX,
+			      "frame %u: payload differs", i);
+		bytes += PS_WIRE_HDR_LEN + i % 64 + now_len(i);
+	}
+	ck_assert_uint_eq(E.k->c->bytes_out, bytes);
+	ck_assert_uint_eq(E.s->c->bytes_in, bytes);
+	/* A closing connection is never written from the other thread. */
+	tclose(E.k, 0);
+	ck_assert_int_eq(E.ops->send_now(E.k->c, 1, NULL, 0, NULL, 0, 0), -EAGAIN);
+	env_free();
+}
+END_TEST
+
 static const char *probe(const char *name, char *why, size_t n)
 {
 	const struct ps_transport_ops *ops = ps_transport_find(name);
@@ -962,6 +1065,7 @@ int main(void)
 	tcase_add_loop_test(tc, test_close_idempotent, 0, navail);
 	tcase_add_loop_test(tc, test_close_inside_on_frame, 0, navail);
 	tcase_add_loop_test(tc, test_connect_refused_and_destroy, 0, navail);
+	tcase_add_loop_test(tc, test_send_now_from_thread, 0, navail);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

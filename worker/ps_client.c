@@ -21,6 +21,12 @@
 #include "ps_log.h"
 #include "shardmap.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#define PS_CPU_RELAX() __builtin_ia32_pause()
+#else
+#define PS_CPU_RELAX() ((void)0)
+#endif
+
 enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS };
 enum shard_state { SH_CONNECTING, SH_HELLO, SH_READY, SH_FAILED };
 
@@ -32,6 +38,7 @@ struct part {               /* what one request sends to one shard */
 	uint8_t *enc;           /* push: encoded slices (codecs), then LZ4 output */
 	unsigned frame_flags;   /* PS_FRAME_F_* of the frame */
 	int waiting;            /* reply still expected from this shard */
+	int sent;               /* written by the calling thread (send_now) */
 };
 
 struct req {
@@ -82,6 +89,8 @@ struct ps_client {
 	float **resid;
 	uint64_t push_raw, push_wire;
 	int64_t next_id;
+	double spin_s;          /* ps_client_wait spins this long before sleeping */
+	int sleepers;           /* threads blocked in pthread_cond_wait on cv */
 	int stopping;
 	int started;            /* init succeeded: losses are worth a log line */
 	int nready, nfailed;
@@ -130,8 +139,9 @@ static void part_done(struct ps_client *c, struct req *r, int shard, int status,
 			set_err(c, "%s", why);
 	}
 	if (--r->pending == 0) {
-		r->done = 1;
-		pthread_cond_broadcast(&c->cv);
+		__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+		if (c->sleepers)
+			pthread_cond_broadcast(&c->cv);
 	}
 }
 
@@ -354,6 +364,12 @@ static void close_all(struct ps_client *c)
 	c->transport->ops->destroy(c->transport);
 }
 
+static uint8_t req_msg_type(const struct req *r)
+{
+	return r->kind == REQ_PUSH ? PS_MSG_PUSH
+	     : r->kind == REQ_PULL ? PS_MSG_PULL : PS_MSG_STATS_REQUEST;
+}
+
 /* Sends queued requests (and stops when asked). */
 static void on_wake(uv_async_t *a)
 {
@@ -373,15 +389,13 @@ static void on_wake(uv_async_t *a)
 			struct part *p = &r->parts[k];
 			struct shard_conn *sh = &c->shards[k];
 			int rc;
-			if (!p->waiting)
+			if (!p->waiting || p->sent)
 				continue;
 			if (sh->state != SH_READY) {
 				part_done(c, r, k, sh->status ? sh->status : PS_ECLOSED, sh->why);
 				continue;
 			}
-			unsigned type = r->kind == REQ_PUSH ? PS_MSG_PUSH
-				      : r->kind == REQ_PULL ? PS_MSG_PULL : PS_MSG_STATS_REQUEST;
-			rc = sh->conn->t->ops->send(sh->conn, (uint8_t)type, p->meta, p->meta_len,
+			rc = sh->conn->t->ops->send(sh->conn, req_msg_type(r), p->meta, p->meta_len,
 						    p->iov, p->niov,
 						    PS_SEND_STABLE | PS_SEND_FRAME_FLAGS(p->frame_flags),
 						    NULL, NULL);
@@ -450,10 +464,40 @@ static struct req *req_new(struct ps_client *c, enum req_kind kind)
 	return r;
 }
 
-/* Queues r for the I/O thread and returns its id. */
+/* With c->mu held and nothing queued before r: writes r's small frames
+ * from this thread (transport send_now), saving the wake-up of the I/O
+ * thread and a thread hop on the latency path. Returns how many parts are
+ * left for the I/O thread. A part that broke mid-frame fails r. */
+static int send_direct(struct ps_client *c, struct req *r)
+{
+	int left = 0;
+
+	for (int k = 0; k < c->cfg->nshards; k++) {
+		struct part *p = &r->parts[k];
+		struct shard_conn *sh = &c->shards[k];
+		int rc = -EAGAIN;
+
+		if (!p->waiting)
+			continue;
+		if (sh->state == SH_READY && sh->conn->t->ops->send_now)
+			rc = sh->conn->t->ops->send_now(sh->conn, req_msg_type(r), p->meta,
+							 p->meta_len, p->iov, p->niov,
+							 PS_SEND_FRAME_FLAGS(p->frame_flags));
+		if (rc == 0)
+			p->sent = 1;
+		else if (rc == -EAGAIN)
+			left++;
+		else
+			part_done(c, r, k, rc, "send failed");
+	}
+	return left;
+}
+
+/* Sends r (or queues it for the I/O thread) and returns its id. */
 static int64_t submit(struct ps_client *c, struct req *r)
 {
 	int64_t id;
+	int queued;
 
 	for (int k = 0; k < c->cfg->nshards; k++)
 		if (r->parts[k].waiting)
@@ -466,9 +510,11 @@ static int64_t submit(struct ps_client *c, struct req *r)
 	}
 	id = r->id;
 	r->deadline = now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
-	if (r->pending == 0) {
+	if (r->pending && !c->sendq_head && send_direct(c, r) == 0) {
+		/* every part left from this thread: nothing for the I/O thread */
+	} else if (r->pending == 0) {
 		r->done = 1;
-	} else {
+	} else if (!r->done) {
 		r->queued = 1;
 		if (c->sendq_tail)
 			c->sendq_tail->send_next = r;
@@ -478,8 +524,9 @@ static int64_t submit(struct ps_client *c, struct req *r)
 	}
 	r->next = c->reqs;
 	c->reqs = r;
+	queued = r->queued;
 	pthread_mutex_unlock(&c->mu);
-	if (r->pending)
+	if (queued)
 		uv_async_send(&c->wake);
 	return id;
 }
@@ -809,8 +856,21 @@ int ps_client_wait(struct ps_client *c, int64_t id)
 		pthread_mutex_unlock(&c->mu);
 		return -EINVAL;
 	}
+	if (!r->done && c->spin_s > 0) {
+		/* Spin briefly before sleeping: a reply that comes within
+		 * spin_s costs no futex wake-up and no scheduler latency. r stays
+		 * ours (only this function frees it); done is set atomically. */
+		double until = now_s() + c->spin_s;
+
+		pthread_mutex_unlock(&c->mu);
+		while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE) && now_s() < until)
+			PS_CPU_RELAX();
+		pthread_mutex_lock(&c->mu);
+	}
+	c->sleepers++;
 	while (!r->done)
 		pthread_cond_wait(&c->cv, &c->mu);
+	c->sleepers--;
 	/* The list may have changed while waiting: unlink by search again. */
 	for (pp = &c->reqs; *pp != r; pp = &(*pp)->next)
 		;
@@ -904,6 +964,7 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		return -ENOMEM;
 	c->cfg = cfg;
 	c->rank = rank;
+	c->spin_s = cfg->limits.wait_spin_us / 1e6;
 	c->shards = calloc((size_t)cfg->nshards, sizeof(*c->shards));
 	c->resid = calloc((size_t)(cfg->ntensors > 0 ? cfg->ntensors : 1), sizeof(*c->resid));
 	if (!c->shards || !c->resid) {
