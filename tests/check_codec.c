@@ -439,8 +439,31 @@ static int cmp_desc(const void *a, const void *b)
 	return (x < y) - (x > y);
 }
 
+/* Reads the indices of a topk payload (u32 count, count f32 values, count
+ * LEB128 gaps) independently of the codec; returns the bytes they used. */
+static size_t topk_indices(const uint8_t *e, size_t len, size_t k, uint32_t *idx)
+{
+	size_t pos = 4 + 4 * k;
+	uint64_t prev = 0;
+
+	for (size_t j = 0; j < k; j++) {
+		uint64_t v = 0;
+		int sh = 0;
+
+		do {
+			req_msg(pos < len, "varint %zu runs past the payload", j);
+			v |= (uint64_t)(e[pos] & 0x7f) << sh;
+			sh += 7;
+		} while (e[pos++] & 0x80);
+		prev = j ? prev + 1 + v : v;
+		idx[j] = (uint32_t)prev;
+	}
+	return pos;
+}
+
 /* topk sends exactly k values, those of largest magnitude, with increasing
- * indices and exact values. */
+ * indices and exact values, in fewer bytes than 8 per value when the gaps
+ * are short. */
 static void check_topk(const float *x, size_t n, float ratio, size_t want_k)
 {
 	const struct ps_codec_ops *c = ps_codec_find("topk");
@@ -449,21 +472,26 @@ static void check_topk(const float *x, size_t n, float ratio, size_t want_k)
 	uint8_t *e = enc(c, x, NULL, n, &p, 0, &len);
 	float *mag = fvec(n), *d, kth;
 	uint8_t *sent = calloc(n ? n : 1, 1);
+	uint32_t *idx = malloc((n ? n : 1) * sizeof(uint32_t));
 
 	ck_assert_ptr_nonnull(sent);
+	ck_assert_ptr_nonnull(idx);
 	k = ps__ld_u32(e);
 	ck_assert_uint_eq(k, want_k);
-	ck_assert_uint_eq(len, 4 + 8 * k);
-	ck_assert_uint_eq(c->max_bytes(n, &p), len);
+	ck_assert_uint_eq(topk_indices(e, len, k, idx), len);
+	ck_assert_uint_ge(len, 4 + 5 * k);
+	ck_assert_uint_le(len, c->max_bytes(n, &p));
+	if (k > 100 && k * 100 >= n) /* gaps of about 100: mostly one byte */
+		ck_assert_uint_lt(len, 4 + 6 * k);
 	for (size_t i = 0; i < n; i++)
 		mag[i] = fabsf(x[i]);
 	qsort(mag, n, sizeof(float), cmp_desc);
 	kth = k ? mag[k - 1] : INFINITY;
 	for (size_t j = 0; j < k; j++) {
-		uint32_t ix = ps__ld_u32(e + 4 + 4 * j);
+		uint32_t ix = idx[j];
 
-		req_msg(ix < n && (j == 0 || ix > ps__ld_u32(e + 4 * j)), "index %u at %zu", ix, j);
-		req(fbits(ps__ld_f32(e + 4 + 4 * k + 4 * j)) == fbits(x[ix]));
+		req_msg(ix < n && (j == 0 || ix > idx[j - 1]), "index %u at %zu", ix, j);
+		req(fbits(ps__ld_f32(e + 4 + 4 * j)) == fbits(x[ix]));
 		req(fabsf(x[ix]) >= kth);
 		sent[ix] = 1;
 	}
@@ -475,6 +503,7 @@ static void check_topk(const float *x, size_t n, float ratio, size_t want_k)
 	for (size_t i = 0; i < n; i++)
 		req(fbits(d[i]) == (sent[i] ? fbits(x[i]) : 0));
 	free(d);
+	free(idx);
 	free(sent);
 	free(mag);
 	free(e);
@@ -530,8 +559,11 @@ START_TEST(test_topk_bad_params)
 	ck_assert_uint_ge(c->max_bytes(8, &p), 4 + 8 * 8);   /* never fails */
 	ck_assert_int_eq(c->encode(x, NULL, 8, NULL, 0, out, sizeof(out)), -EINVAL);
 	p.ratio = 0.5f;
-	ck_assert_int_eq(c->encode(x, NULL, 8, &p, 0, out, 35), -ENOBUFS);
-	ck_assert_int_eq(c->encode(x, NULL, 8, &p, 0, out, 36), 36);
+	/* 4 values: count, 4 floats, 4 one-byte gaps; room is asked for the
+	 * longest varints (5 bytes each) */
+	ck_assert_uint_eq(c->max_bytes(8, &p), 4 + 4 * 4 + 5 * 4);
+	ck_assert_int_eq(c->encode(x, NULL, 8, &p, 0, out, 4 + 4 * 4 + 5 * 4 - 1), -ENOBUFS);
+	ck_assert_int_eq(c->encode(x, NULL, 8, &p, 0, out, 4 + 4 * 4 + 5 * 4), 4 + 4 * 4 + 4);
 }
 END_TEST
 
@@ -705,42 +737,50 @@ START_TEST(test_hostile_lengths)
 }
 END_TEST
 
+/* A topk payload: count, count values 1, 2, ..., then the varint bytes
+ * given; returns its length. */
+static size_t topk_payload(uint8_t *b, uint32_t count, const char *varints, size_t vlen)
+{
+	ps__st_u32(b, count);
+	for (uint32_t i = 0; i < count && i < 8; i++)
+		ps__st_f32(b + 4 + 4 * i, 1.0f + (float)i);
+	memcpy(b + 4 + 4 * (count < 8 ? count : 8), varints, vlen);
+	return 4 + 4 * (count < 8 ? count : 8) + vlen;
+}
+
 START_TEST(test_hostile_topk)
 {
-	uint8_t b[4 + 8 * 4];
-	const uint32_t n = 10;
+	uint8_t b[128];
+	const uint32_t n = 300;
+	size_t len;
 
-	/* count 3: indices 1, 4, 7 (valid), then corruptions of it. */
-	ps__st_u32(b, 3);
-	ps__st_u32(b + 4, 1);
-	ps__st_u32(b + 8, 4);
-	ps__st_u32(b + 12, 7);
-	for (int i = 0; i < 3; i++)
-		ps__st_f32(b + 16 + 4 * i, 1.0f + (float)i);
-	float *d = dec(ps_codec_find("topk"), b, 28, n);
-	req(d[1] == 1.0f && d[4] == 2.0f && d[7] == 3.0f && d[0] == 0.0f);
+	/* indices 1, 4, 200: gaps 1, 2, 195 (two bytes: c3 01) */
+	len = topk_payload(b, 3, "\x01\x02\xc3\x01", 4);
+	float *d = dec(ps_codec_find("topk"), b, len, n);
+	req(d[1] == 1.0f && d[4] == 2.0f && d[200] == 3.0f && d[0] == 0.0f && d[199] == 0.0f);
 	free(d);
-	ps__st_u32(b + 12, 10);
-	expect_reject("topk", b, 28, n, "out of range");
-	ps__st_u32(b + 12, 0xffffffffu);
-	expect_reject("topk", b, 28, n, "out of range");
-	ps__st_u32(b + 12, 4);
-	expect_reject("topk", b, 28, n, "not increasing");   /* duplicate */
-	ps__st_u32(b + 12, 2);
-	expect_reject("topk", b, 28, n, "not increasing");   /* decreasing */
-	ps__st_u32(b + 12, 7);
-	ps__st_u32(b, 11);
-	expect_reject("topk", b, 28, n, "exceeds");          /* count > n */
-	ps__st_u32(b, 0xffffffffu);
-	expect_reject("topk", b, 28, n, "exceeds");
-	ps__st_u32(b, 4);
-	expect_reject("topk", b, 28, n, "bytes");            /* count vs length */
-	ps__st_u32(b, 2);
-	expect_reject("topk", b, 28, n, "bytes");
-	ps__st_u32(b, 1);
+	len = topk_payload(b, 3, "\x01\x02\xab\x02", 4); /* 4 + 1 + 299 = 304 */
+	expect_reject("topk", b, len, n, "out of range");
+	len = topk_payload(b, 3, "\x01\x02\xff\xff\xff\xff\x0f", 7); /* + 2^32 - 1 */
+	expect_reject("topk", b, len, n, "out of range");
+	len = topk_payload(b, 3, "\x01\x02\xff\xff\xff\xff\x1f", 7); /* > 32 bits */
+	expect_reject("topk", b, len, n, "malformed");
+	len = topk_payload(b, 3, "\x01\x02\x80\x80\x80\x80\x80\x01", 8); /* 6 bytes */
+	expect_reject("topk", b, len, n, "malformed");
+	len = topk_payload(b, 3, "\x01\x02\x81", 3); /* ends inside a varint */
+	expect_reject("topk", b, len, n, "truncated");
+	len = topk_payload(b, 3, "\x01\x02\xc3\x01\x00", 5); /* a byte too many */
+	expect_reject("topk", b, len, n, "left after");
+	len = topk_payload(b, 3, "\x01\x02", 2);         /* fewer varints than count */
+	expect_reject("topk", b, len, n, "too short");
+	len = topk_payload(b, 301, "", 0);                 /* count > n */
+	expect_reject("topk", b, len, n, "exceeds");
+	len = topk_payload(b, 0xffffffffu, "", 0);
+	expect_reject("topk", b, len, n, "exceeds");
+	len = topk_payload(b, 3, "\x01\x02\xc3\x01", 4);
 	expect_reject("topk", b, 3, n, "shorter");
-	ps__st_u32(b, 1);
-	expect_reject("topk", b, 12, 0, "exceeds");          /* n = 0 */
+	expect_reject("topk", b, len, 0, "exceeds");      /* n = 0 */
+	expect_reject("topk", b, len, 200, "out of range"); /* index 200 of 200 */
 }
 END_TEST
 

@@ -830,7 +830,9 @@ static void coded_push(int fd, uint64_t req, uint32_t codec, const void *pay, ui
 START_TEST(test_bad_encoded_pushes)
 {
 	uint64_t req = 500, n;
-	uint32_t topk[4] = { 2, 0, 0, 0 };  /* count 2, indices 0 and 0: not increasing */
+	/* topk: count 2, two values, index gaps 0 then 2 bytes too many */
+	uint8_t topk[16] = { 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 };
+	uint8_t topk1[16];
 	uint32_t big[3] = { 0xffffffffu, 0, 0 };
 	uint8_t junk[256];
 	uint32_t sign_nan[2] = { 0x7fc00000u, 0 };
@@ -840,15 +842,21 @@ START_TEST(test_bad_encoded_pushes)
 	fd = raw_worker();
 	n = F.map.slices[0].count;
 	memset(junk, 0xa5, sizeof(junk));
-	/* topk: repeated index; count larger than the slice; index out of range */
+	/* topk: bytes after the indices; count larger than the slice; index
+	 * out of range (count 1, value 1.0, the varint of n: one past the end) */
 	coded_push(fd, ++req, PS_CODEC_TOPK, topk, sizeof(topk), 0);
-	expect_error(fd, req, PS_EPROTO, "slice 0 (topk)");
+	expect_error(fd, req, PS_EPROTO, "slice 0 (topk): topk: 2 bytes left after");
 	coded_push(fd, ++req, PS_CODEC_TOPK, big, sizeof(big), 0);
-	expect_error(fd, req, PS_EPROTO, "topk");
-	topk[0] = 1;
-	topk[1] = (uint32_t)n; /* one past the end */
-	coded_push(fd, ++req, PS_CODEC_TOPK, topk, 12, 0);
-	expect_error(fd, req, PS_EPROTO, "topk");
+	expect_error(fd, req, PS_EPROTO, "exceeds");
+	size_t tl = 8;
+	memcpy(topk1, "\x01\0\0\0\0\0\x80\x3f", 8);
+	for (uint64_t v = n; ; v >>= 7) {
+		topk1[tl++] = (uint8_t)(v & 0x7f) | (v >= 0x80 ? 0x80 : 0);
+		if (v < 0x80)
+			break;
+	}
+	coded_push(fd, ++req, PS_CODEC_TOPK, topk1, tl, 0);
+	expect_error(fd, req, PS_EPROTO, "out of range");
 	/* fp16 of the wrong length, sign with a NaN scale, q8 truncated */
 	coded_push(fd, ++req, PS_CODEC_FP16, junk, 2, 0);
 	expect_error(fd, req, PS_EPROTO, "fp16");
