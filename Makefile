@@ -1,6 +1,6 @@
 # Makefile - builds the parameter server, its client library and tests.
 #
-#   make                 bin/ps-server, bin/ps-bench, lib/libps.a
+#   make                 bin/ps-server, bin/ps-bench, bin/ps-stat, bin/ps-worker, lib/libps.a
 #   make test            unit tests (Check) and integration tests on loopback
 #   make bench           ps-bench figures as ratios to baselines of the same run
 #   make demo            a local 2-shard cluster and a short benchmark
@@ -51,7 +51,7 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/shardmap.c common/wire.c common/msg.c common/transport.c \
              common/transport_tcp.c worker/ps_client.c \
              common/codec.c common/codec_fp16.c common/codec_q8.c common/codec_topk.c \
-             common/codec_sign.c common/codec_lz4.c
+             common/codec_sign.c common/codec_lz4.c common/histo.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
 COMPUTE   := $(wildcard common/compute.c common/compute_cpu.c)
@@ -66,7 +66,7 @@ UNIT_BINS := $(patsubst tests/%.c,$(OBJ)/tests/%,$(UNIT_SRCS))
 IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 
-PROGRAMS := bin/ps-server bin/ps-bench $(if $(and $(wildcard worker/dataset.c),$(wildcard common/compute_cpu.c)),bin/ps-worker)
+PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard common/compute_cpu.c)),bin/ps-worker)
 
 .PHONY: all test unit integration bench demo install clean deps
 .SECONDARY:
@@ -114,6 +114,10 @@ bin/ps-bench: $(OBJ)/worker/ps_bench.o lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 
+bin/ps-stat: $(OBJ)/worker/ps_stat.o lib/libps.a
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
+
 bin/ps-worker: $(OBJ)/worker/ps_worker.o $(TRAIN_OBJS) lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(TRAIN_LIBS)
@@ -143,7 +147,7 @@ install: all
 	install -m 755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin
 	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
 	install -m 644 worker/ps_client.h common/config.h common/layers.h common/ps_err.h \
-		common/codec.h $(DESTDIR)$(PREFIX)/include/ps
+		common/codec.h common/histo.h $(DESTDIR)$(PREFIX)/include/ps
 
 clean:
 	rm -rf build bin lib

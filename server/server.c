@@ -30,6 +30,7 @@ struct ps_srv_conn {
 struct ps_waiting_pull {
 	struct ps_srv_conn *sc;
 	uint64_t req_id, min_version, clock;
+	double arrived;            /* now_s() when the pull came in */
 	int codec;                 /* reply encoding: PS_CODEC_NONE or PS_CODEC_FP16 */
 	uint32_t n;
 	struct ps_waiting_pull *next;
@@ -136,6 +137,7 @@ static void send_pull_reply(struct ps_server *s, struct ps_waiting_pull *p)
 			 NULL, NULL);
 	if (rc)
 		ps_debug("pull reply to %s not sent: %s", p->sc->conn->peer, ps_strerror(rc));
+	ps_histo_add(&s->c.pull_lat, now_s() - p->arrived);
 	if (p->clock > fin && p->clock - fin > s->c.max_clock_gap)
 		s->c.max_clock_gap = p->clock - fin;
 	s->c.bytes_out += off;
@@ -178,6 +180,7 @@ static void handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	p->req_id = m->req_id;
 	p->min_version = m->min_version;
 	p->clock = m->clock;
+	p->arrived = now_s();
 	p->codec = (int)m->codec;
 	if (m->codec != PS_CODEC_NONE && m->codec != PS_CODEC_FP16) {
 		s->c.errors++;
@@ -245,6 +248,7 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	uint64_t plen = f->hdr.payload_len;
 	char why[256];
 	int changed = 0, rc;
+	double arrived = now_s();
 
 	s->c.pushes++;
 	if (f->hdr.flags & PS_FRAME_F_LZ4) {
@@ -342,6 +346,7 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	}
 	ack.req_id = m->req_id;
 	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	ps_histo_add(&s->c.push_lat, now_s() - arrived);
 	s->c.acks++;
 	if (changed && s->waiting)
 		answer_pulls(s);
@@ -396,6 +401,12 @@ static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	st.workers = wp;
 	st.max_clock_gap = s->c.max_clock_gap;
 	st.param_checksum = ps_store_checksum(&s->store);
+	st.n_push_latency_log2us = PS_HISTO_BUCKETS;
+	st.push_latency_log2us = s->c.push_lat.count;
+	st.push_latency_sum_s = s->c.push_lat.sum_s;
+	st.n_pull_latency_log2us = PS_HISTO_BUCKETS;
+	st.pull_latency_log2us = s->c.pull_lat.count;
+	st.pull_latency_sum_s = s->c.pull_lat.sum_s;
 	ps_msg_send(sc->conn, PS_MSG_STATS, &st.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 out_free:
 	free(wc);

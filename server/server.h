@@ -13,6 +13,7 @@
 #include "config.h"
 #include "shardmap.h"
 #include "codec.h"
+#include "histo.h"
 #include "store.h"
 #include "transport.h"
 
@@ -26,6 +27,7 @@ struct ps_server_counters {
 	uint64_t push_raw[PS_CODEC_COUNT];  /* pushed gradient bytes by codec, as float32 */
 	uint64_t push_wire[PS_CODEC_COUNT]; /* and as received (share of the frame after LZ4) */
 	uint64_t pull_raw, pull_wire;       /* weights served as float32, and as sent */
+	struct ps_histo push_lat, pull_lat; /* arrival to ack / to reply */
 };
 
 struct ps_server {

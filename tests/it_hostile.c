@@ -1018,10 +1018,16 @@ START_TEST(test_connection_flood)
 			gone[k] = 1, refused++;
 	ck_assert_int_eq(refused, BURST - (MAX_CONNS - 1));
 	ck_assert_uint_eq(stats().connections, MAX_CONNS);
-	/* Full: a new honest client is turned away too, and quickly. */
+	/* Full: a new honest client is turned away too, and quickly. A monitor
+	 * starts anyway (it reports shards that are down) and says why. */
 	double t0 = now_ms();
-	ck_assert_int_ne(ps_client_init(&extra, &F.cfg, -1, err, sizeof(err)), 0);
+	ck_assert_int_ne(ps_client_init(&extra, &F.cfg, 0, err, sizeof(err)), 0);
 	ck_assert_ptr_null(extra);
+	ck_assert_int_eq(ps_client_init(&extra, &F.cfg, -1, err, sizeof(err)), 0);
+	ck_assert_ptr_nonnull(ps_client_shard_error(extra, 0, err, sizeof(err)));
+	ck_assert_int_ne(ps_client_stats(extra, 0, &(struct ps_shard_stats){ 0 }), 0);
+	ps_client_free(extra);
+	extra = NULL;
 	ck_assert_double_lt(now_ms() - t0, 3000);
 	assert_alive();
 	for (int k = 0; k < BURST; k++)

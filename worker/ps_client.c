@@ -225,8 +225,16 @@ static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->pull_raw_bytes = m->pull_raw_bytes;
 	o->pull_wire_bytes = m->pull_wire_bytes;
 	o->nworkers = (int)m->n_workers;
-	for (size_t i = 0; i < m->n_workers && i < 64; i++)
+	for (size_t i = 0; i < m->n_workers && i < 64; i++) {
 		o->worker_clock[i] = m->workers[i]->clock;
+		o->worker_up[i] = m->workers[i]->connected;
+	}
+	for (size_t i = 0; i < m->n_push_latency_log2us && i < PS_HISTO_BUCKETS; i++)
+		o->push_lat[i] = m->push_latency_log2us[i];
+	for (size_t i = 0; i < m->n_pull_latency_log2us && i < PS_HISTO_BUCKETS; i++)
+		o->pull_lat[i] = m->pull_latency_log2us[i];
+	o->push_lat_sum_s = m->push_latency_sum_s;
+	o->pull_lat_sum_s = m->pull_latency_sum_s;
 	part_done(c, r, k, 0, NULL);
 }
 
@@ -897,6 +905,22 @@ int ps_client_wait(struct ps_client *c, int64_t id)
 	return status;
 }
 
+const char *ps_client_shard_error(struct ps_client *c, int shard, char *buf, size_t len)
+{
+	const char *why = NULL;
+
+	if (shard < 0 || shard >= c->cfg->nshards)
+		return NULL;
+	pthread_mutex_lock(&c->mu);
+	if (c->shards[shard].state != SH_READY) {
+		snprintf(buf, len, "%s", c->shards[shard].why[0] ? c->shards[shard].why
+				   : "not connected");
+		why = buf;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return why;
+}
+
 const char *ps_client_error(struct ps_client *c)
 {
 	return c->err;
@@ -1025,11 +1049,26 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		until.tv_nsec -= 1000000000L;
 	}
 	pthread_mutex_lock(&c->mu);
-	while (c->nfailed == 0 && c->nready < cfg->nshards)
+	/* A worker needs every shard: it stops at the first failure. A
+	 * monitor (rank < 0) waits for every answer and starts with whatever
+	 * it reached; the others report their reason through
+	 * ps_client_shard_error and fail their requests. */
+	while ((rank < 0 || c->nfailed == 0) && c->nready + c->nfailed < cfg->nshards)
 		if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT)
 			break;
 	rc = 0;
-	if (c->nfailed) {
+	if (rank < 0) {
+		for (int k = 0; k < cfg->nshards; k++) {
+			struct shard_conn *sh = &c->shards[k];
+			if (sh->state != SH_READY && sh->state != SH_FAILED && !sh->why[0]) {
+				snprintf(sh->why, sizeof(sh->why),
+					 "shard %d (%s:%d): no handshake within %d ms "
+					 "(limits.connect_timeout_ms)", k, cfg->shards[k].host,
+					 cfg->shards[k].port, cfg->limits.connect_timeout_ms);
+				sh->status = PS_ETIMEDOUT;
+			}
+		}
+	} else if (c->nfailed) {
 		for (int k = 0; k < cfg->nshards; k++)
 			if (c->shards[k].state == SH_FAILED) {
 				snprintf(err, errlen, "%s", c->shards[k].why);

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "config.h"
+#include "histo.h"
 
 struct ps_client;
 
@@ -58,13 +59,19 @@ struct ps_shard_stats {
 	 * as float32 and as received; pull replies as float32 and as sent. */
 	uint64_t push_raw_bytes[8], push_wire_bytes[8];
 	uint64_t pull_raw_bytes, pull_wire_bytes;
+	/* Latency histograms (histo.h buckets): push arrival to ack, pull
+	 * arrival to reply (consistency wait included), and their sums. */
+	uint64_t push_lat[PS_HISTO_BUCKETS], pull_lat[PS_HISTO_BUCKETS];
+	double push_lat_sum_s, pull_lat_sum_s;
 	int nworkers;
-	uint64_t worker_clock[64]; /* the first 64 workers' finished clocks */
+	uint64_t worker_clock[64];    /* the first 64 workers' finished clocks */
+	unsigned char worker_up[64];  /* and whether each is connected now */
 };
 
 /* Connects to every shard and completes the handshakes (within
  * limits.connect_timeout_ms). rank is the worker rank, or -1 for a monitor
- * that only reads statistics. On failure returns a negative code and writes
+ * that only reads statistics: a monitor's init succeeds even when shards
+ * are unreachable (see ps_client_shard_error). On failure returns a negative code and writes
  * the reason (naming the shard and, for a refused handshake, both sides'
  * values) into err. cfg must outlive the client. */
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
@@ -91,6 +98,10 @@ const char *ps_client_error(struct ps_client *c);
 
 /* Asks shard for its counters (blocking). */
 int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out);
+
+/* NULL when shard is connected; else why not (copied into buf, len bytes).
+ * Useful for monitors (rank -1), whose init succeeds with shards down. */
+const char *ps_client_shard_error(struct ps_client *c, int shard, char *buf, size_t len);
 
 /* Gradient bytes this client has pushed: as float32 (raw) and as sent after
  * the codecs and LZ4 (wire). Call from the pushing thread. */

@@ -1,0 +1,239 @@
+/* it_stat.c - ps-stat against real shards: while two workers push and pull,
+ * its JSON and table show both shards up with nonzero rates, latencies and
+ * the workers' clocks; with one shard killed it still prints the other,
+ * shows the dead one as down with the reason and exits 1; bad flags and
+ * bad configs exit 2 with a message naming the fault. */
+#include <check.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include "config.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "test_util.h"
+
+struct traffic {
+	const struct ps_config *cfg;
+	volatile int stop;
+	int clocks, rc;
+	char err[512];
+};
+
+/* Two worker ranks in one thread: each clock, both push then both pull
+ * (sync: the pulls are answered once both pushes are in). */
+static void *traffic_main(void *p)
+{
+	struct traffic *tr = p;
+	struct ps_client *c[2] = { NULL, NULL };
+	struct ps_tensor t = { .name = "a" };
+	float *g = calloc(3000, sizeof(float)), *w = calloc(3000, sizeof(float));
+
+	t.count = 3000;
+	for (int r = 0; r < 2; r++) {
+		int rc = 0;
+
+		for (int i = 0; i < 100; i++) {
+			rc = ps_client_init(&c[r], tr->cfg, r, tr->err, sizeof(tr->err));
+			if (rc != -ECONNREFUSED)
+				break;
+			tu_sleep_ms(100); /* the shards are still starting */
+		}
+		if ((tr->rc = rc))
+			goto out;
+	}
+	for (uint64_t clock = 0; !tr->stop; clock++) {
+		int64_t id[4];
+
+		t.data = g;
+		for (int r = 0; r < 2; r++)
+			id[r] = ps_client_push(c[r], clock, &t, 1, PS_PUSH_END_CLOCK);
+		t.data = w;
+		for (int r = 0; r < 2; r++)
+			id[2 + r] = ps_client_pull(c[r], clock + 1, &t, 1);
+		for (int k = 0; k < 4; k++) {
+			tr->rc = id[k] < 0 ? (int)id[k] : ps_client_wait(c[k % 2], id[k]);
+			if (tr->rc) {
+				snprintf(tr->err, sizeof(tr->err), "%s", ps_client_error(c[k % 2]));
+				goto out;
+			}
+		}
+		tr->clocks++;
+		tu_sleep_ms(2);
+	}
+out:
+	ps_client_free(c[0]);
+	ps_client_free(c[1]);
+	free(g);
+	free(w);
+	return NULL;
+}
+
+/* Runs bin/ps-stat with args; its stdout (and stderr when err_too) into out. */
+static int run_stat(const char *args, char *out, size_t n, int err_too)
+{
+	char cmd[1024];
+	FILE *p;
+	size_t len = 0;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "bin/ps-stat %s%s", args, err_too ? " 2>&1" : " 2>/dev/null");
+	p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	while (len + 1 < n && !feof(p))
+		len += fread(out + len, 1, n - 1 - len, p);
+	out[len] = 0;
+	st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The number after "key": in s (the first occurrence), or NAN (null or absent). */
+static double jnum(const char *s, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = s ? strstr(s, pat) : NULL;
+	if (!p || !strncmp(p + strlen(pat), "null", 4))
+		return NAN;
+	return strtod(p + strlen(pat), NULL);
+}
+
+static int count_of(const char *s, const char *needle)
+{
+	int n = 0;
+
+	for (const char *p = s; (p = strstr(p, needle)); p++)
+		n++;
+	return n;
+}
+
+START_TEST(test_stat_live_and_down)
+{
+	static char out[65536];
+	char yaml[1024], path[64], args[256], err[512];
+	struct ps_config cfg;
+	struct traffic tr = { .cfg = &cfg };
+	pthread_t th;
+	pid_t srv[2];
+	int p0 = tu_free_port(), p1 = tu_free_port(), rc;
+
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
+		 "slice_bytes: 4096\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [3000]}\n"
+		 "log:\n  level: warn\n", p0, p1);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	ck_assert_int_eq(pthread_create(&th, NULL, traffic_main, &tr), 0);
+	for (int i = 0; i < 200 && tr.clocks < 5 && !tr.rc; i++)
+		tu_sleep_ms(50);
+	ck_assert_msg(tr.clocks >= 5, "traffic did not start: %s (%d)", tr.err, tr.rc);
+
+	/* JSON while traffic runs */
+	snprintf(args, sizeof(args), "--config %s --json --workers --interval 0.5", path);
+	rc = run_stat(args, out, sizeof(out), 0);
+	ck_assert_msg(rc == 0, "ps-stat exited %d: %s", rc, out);
+	ck_assert_int_eq(count_of(out, "\n"), 1);                 /* one object */
+	ck_assert_int_eq(count_of(out, "\"up\":true"), 3);        /* 2 shards + totals */
+	const char *sh1 = strstr(out, "\"shard\":1"), *tot = strstr(out, "\"totals\"");
+	ck_assert_ptr_nonnull(sh1);
+	ck_assert_ptr_nonnull(tot);
+	ck_assert_msg(jnum(out, "pushes_per_s") > 0, "%s", out);
+	ck_assert_msg(jnum(sh1, "pulls_per_s") > 0, "%s", out);
+	ck_assert_msg(jnum(tot, "in_raw_mb_per_s") > 0, "%s", out);
+	ck_assert_msg(jnum(tot, "out_raw_mb_per_s") > 0, "%s", out);
+	double p50 = jnum(tot, "push_p50_s"), p99 = jnum(tot, "push_p99_s");
+	ck_assert_msg(p50 > 0 && p99 >= p50 && p99 < 10, "push p50 %g p99 %g", p50, p99);
+	ck_assert_msg(jnum(tot, "pull_p50_s") > 0, "%s", out);
+	/* sync, both ranks pushed the same clocks: the gap is at most 1 */
+	ck_assert_msg(jnum(tot, "clock_max") >= 5, "%s", out);
+	ck_assert_msg(jnum(tot, "staleness") <= 1, "%s", out);
+	ck_assert_msg(jnum(tot, "workers_connected") == 2, "%s", out);
+	ck_assert_msg(strstr(out, "\"workers\":[{\"rank\":0,\"clocks\":["), "%s", out);
+	ck_assert_msg(strstr(out, "\"rank\":1,"), "%s", out);
+
+	/* the table */
+	snprintf(args, sizeof(args), "--config %s --interval 0.2", path);
+	rc = run_stat(args, out, sizeof(out), 0);
+	ck_assert_msg(rc == 0, "ps-stat exited %d: %s", rc, out);
+	ck_assert_msg(strstr(out, "push p50/p99") && strstr(out, "\n0      up") &&
+		      strstr(out, "\n1      up") && strstr(out, "\ntotal  up"), "%s", out);
+
+	/* --watch prints one table per refresh until stopped */
+	snprintf(args, sizeof(args), "--config %s --watch 0.2 & sleep 1; kill -INT $!; wait",
+		 path);
+	run_stat(args, out, sizeof(out), 0);
+	ck_assert_msg(count_of(out, "\ntotal  up") >= 2, "%s", out);
+
+	tr.stop = 1;
+	pthread_join(th, NULL);
+	ck_assert_msg(tr.rc == 0, "traffic: %s", tr.err);
+
+	/* one shard gone: the other still prints, exit status 1 */
+	kill(srv[1], SIGKILL);
+	tu_wait_child(srv[1]);
+	snprintf(args, sizeof(args), "--config %s --json --interval 0.1", path);
+	rc = run_stat(args, out, sizeof(out), 0);
+	ck_assert_msg(rc == 1, "ps-stat exited %d: %s", rc, out);
+	sh1 = strstr(out, "\"shard\":1");
+	ck_assert_ptr_nonnull(sh1);
+	ck_assert_msg(strstr(out, "\"shard\":0,\"address\":\"127.0.0.1:") &&
+		      strstr(strstr(out, "\"shard\":0"), "\"up\":true"), "%s", out);
+	ck_assert_msg(!strncmp(strstr(sh1, "\"up\":"), "\"up\":false", 10), "%s", out);
+	snprintf(err, sizeof(err), "\"reason\":\"shard 1 (127.0.0.1:%d): connect", p1);
+	ck_assert_msg(strstr(out, err), "no '%s' in %s", err, out);
+	snprintf(args, sizeof(args), "--config %s --interval 0.1", path);
+	rc = run_stat(args, out, sizeof(out), 0);
+	ck_assert_int_eq(rc, 1);
+	ck_assert_msg(strstr(out, "\n1      down shard 1 (127.0.0.1:") &&
+		      strstr(out, "\n0      up"), "%s", out);
+
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	unlink(path);
+}
+END_TEST
+
+START_TEST(test_stat_bad_usage)
+{
+	static char out[8192];
+	char path[64];
+
+	ck_assert_int_eq(run_stat("--help", out, sizeof(out), 1), 0);
+	ck_assert_msg(strstr(out, "Usage: ps-stat --config FILE"), "%s", out);
+	ck_assert_int_eq(run_stat("", out, sizeof(out), 1), 2);
+	ck_assert_msg(strstr(out, "--config FILE is required"), "%s", out);
+	ck_assert_int_eq(run_stat("--config x --watch nope", out, sizeof(out), 1), 2);
+	ck_assert_msg(strstr(out, "--watch: expected seconds"), "%s", out);
+	ck_assert_int_eq(run_stat("--bogus", out, sizeof(out), 1), 2);
+	ck_assert_int_eq(run_stat("--config /nonexistent.yaml", out, sizeof(out), 1), 2);
+	ck_assert_msg(strstr(out, "/nonexistent.yaml"), "%s", out);
+	ck_assert_int_eq(tu_write_temp(path, "cluster:\n  servers: [127.0.0.1:1]\n"
+					     "  workrs: 2\n"), 0);
+	char args[128];
+	snprintf(args, sizeof(args), "--config %s", path);
+	ck_assert_int_eq(run_stat(args, out, sizeof(out), 1), 2);
+	ck_assert_msg(strstr(out, ":3:") && strstr(out, "workers"), "%s", out);
+	unlink(path);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("stat");
+	TCase *tc = tcase_create("ps-stat");
+	SRunner *sr;
+	int failed;
+
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_stat_live_and_down);
+	tcase_add_test(tc, test_stat_bad_usage);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,562 @@
+/* ps_stat.c - ps-stat: one table of every shard's push/pull statistics.
+ *
+ * A monitor client (rank -1, role STAT in the handshake) asks each shard
+ * for its counters twice, --interval seconds apart (or every --watch
+ * seconds), and prints rates over that interval: requests/s, MB/s in and
+ * out as float32 (raw) and as sent (wire), push and pull latency p50/p99
+ * from the difference of the shards' log2 histograms, the slowest and
+ * fastest worker clock and the gap between them, the share of time the
+ * optimizer ran, rejected frames and connections. A shard that cannot be
+ * reached is shown as down with the reason; the rest still print.
+ *
+ * Exit status: 0 when every shard answered, 1 when one was down, 2 for a
+ * usage or config error.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "config.h"
+#include "histo.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "ps_log.h"
+
+struct opts {
+	const char *config;
+	double watch;       /* seconds between refreshes; 0 = once */
+	double interval;    /* once: seconds between the two samples */
+	int json, workers;
+};
+
+/* One shard at one moment. */
+struct snap {
+	int up;
+	char why[512];
+	struct ps_shard_stats st;
+};
+
+/* Rates of one shard (or the totals) over an interval. */
+struct row {
+	int up;
+	double uptime_s;
+	double push_s, pull_s, in_raw, in_wire, out_raw, out_wire; /* per second; MB/s */
+	double push_p50, push_p99, pull_p50, pull_p99;              /* seconds, NAN if none */
+	uint64_t push_lat[PS_HISTO_BUCKETS], pull_lat[PS_HISTO_BUCKETS];
+	uint64_t clk_min, clk_max;
+	int have_clock;
+	double apply_share;                                         /* 0..1 */
+	uint64_t rejected, errors;
+	unsigned conns, workers_up, nworkers;
+};
+
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: ps-stat --config FILE [--watch SECONDS] [--json] [--workers]\n"
+		"\n"
+		"Asks every shard of FILE for its statistics and prints one row per shard\n"
+		"and a totals row: up/down, uptime, pushes/s and pulls/s, MB/s in (pushed\n"
+		"gradients) and out (pulled weights) as float32 and as sent on the wire,\n"
+		"push and pull latency p50/p99 at the shard (pull latency includes the wait\n"
+		"for the consistency condition), slowest and fastest worker clock and the\n"
+		"staleness between them, share of time spent applying the optimizer,\n"
+		"rejected frames and connections. Rates cover the interval between two\n"
+		"samples. A shard that cannot be reached shows as down with the reason.\n"
+		"\n"
+		"Options:\n"
+		"  -c, --config FILE     cluster configuration (YAML), required\n"
+		"  -w, --watch SECONDS   refresh every SECONDS, redrawing in place like top\n"
+		"                        (Ctrl-C stops); without it, print once\n"
+		"  -i, --interval S      once: seconds between the two samples (default 1)\n"
+		"  -j, --json            one JSON object per refresh instead of the table\n"
+		"  -W, --workers         also one row per worker: its clock on each shard\n"
+		"  -h, --help            this text\n"
+		"\n"
+		"Exit status: 0 when every shard answered, 1 when any was down, 2 for\n"
+		"a usage or configuration error.\n");
+}
+
+static int parse_seconds(const char *flag, const char *s, double lo, double *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (end == s || *end || !(v >= lo && v <= 86400)) {
+		fprintf(stderr, "ps-stat: %s: expected seconds in [%g, 86400], got '%s'\n", flag,
+			lo, s);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+/* Samples every shard; reconnects first when a shard was down. */
+static void sample(const struct ps_config *cfg, struct ps_client **cp, struct snap *s)
+{
+	char err[512];
+	int any_down = 0;
+
+	for (int k = 0; k < cfg->nshards && *cp; k++)
+		any_down |= ps_client_shard_error(*cp, k, err, sizeof(err)) != NULL;
+	if (any_down || !*cp) {
+		ps_client_free(*cp);
+		*cp = NULL;
+		if (ps_client_init(cp, cfg, -1, err, sizeof(err)))
+			*cp = NULL;
+	}
+	for (int k = 0; k < cfg->nshards; k++) {
+		struct snap *x = &s[k];
+		const char *why;
+
+		memset(x, 0, sizeof(*x));
+		if (!*cp) {
+			snprintf(x->why, sizeof(x->why), "%s", err);
+			continue;
+		}
+		why = ps_client_shard_error(*cp, k, x->why, sizeof(x->why));
+		if (why)
+			continue;
+		int rc = ps_client_stats(*cp, k, &x->st);
+		if (rc) {
+			snprintf(x->why, sizeof(x->why), "%s", ps_client_error(*cp));
+			continue;
+		}
+		x->up = 1;
+	}
+}
+
+static uint64_t sum8(const uint64_t *v)
+{
+	uint64_t s = 0;
+
+	for (int i = 0; i < 8; i++)
+		s += v[i];
+	return s;
+}
+
+/* Counter difference; a shard restarted in between counts from zero. */
+static uint64_t delta(uint64_t b, uint64_t a)
+{
+	return b >= a ? b - a : b;
+}
+
+static void make_row(const struct snap *a, const struct snap *b, double dt, int nworkers,
+		     struct row *r)
+{
+	const struct ps_shard_stats *x = &a->st, *y = &b->st;
+	int restarted = !a->up || y->uptime_s < x->uptime_s;
+	static const struct ps_shard_stats zero;
+
+	memset(r, 0, sizeof(*r));
+	r->up = b->up;
+	r->push_p50 = r->push_p99 = r->pull_p50 = r->pull_p99 = NAN;
+	if (!b->up)
+		return;
+	if (restarted)
+		x = &zero;
+	if (restarted && a->up == 0)
+		dt = y->uptime_s > 0 && y->uptime_s < dt ? y->uptime_s : dt;
+	r->uptime_s = y->uptime_s;
+	r->push_s = (double)delta(y->pushes, x->pushes) / dt;
+	r->pull_s = (double)delta(y->pulls, x->pulls) / dt;
+	r->in_raw = (double)delta(sum8(y->push_raw_bytes), sum8(x->push_raw_bytes)) / dt / 1e6;
+	r->in_wire = (double)delta(sum8(y->push_wire_bytes), sum8(x->push_wire_bytes)) / dt / 1e6;
+	r->out_raw = (double)delta(y->pull_raw_bytes, x->pull_raw_bytes) / dt / 1e6;
+	r->out_wire = (double)delta(y->pull_wire_bytes, x->pull_wire_bytes) / dt / 1e6;
+	for (int i = 0; i < PS_HISTO_BUCKETS; i++) {
+		r->push_lat[i] = delta(y->push_lat[i], x->push_lat[i]);
+		r->pull_lat[i] = delta(y->pull_lat[i], x->pull_lat[i]);
+	}
+	r->push_p50 = ps_histo_quantile(r->push_lat, PS_HISTO_BUCKETS, 0.5);
+	r->push_p99 = ps_histo_quantile(r->push_lat, PS_HISTO_BUCKETS, 0.99);
+	r->pull_p50 = ps_histo_quantile(r->pull_lat, PS_HISTO_BUCKETS, 0.5);
+	r->pull_p99 = ps_histo_quantile(r->pull_lat, PS_HISTO_BUCKETS, 0.99);
+	r->apply_share = (y->apply_seconds - x->apply_seconds) / dt;
+	if (r->apply_share < 0)
+		r->apply_share = 0;
+	r->rejected = y->rejected_frames;
+	r->errors = y->errors;
+	r->conns = y->connections;
+	r->nworkers = (unsigned)nworkers;
+	for (int w = 0; w < y->nworkers && w < 64; w++) {
+		uint64_t c = y->worker_clock[w];
+		r->workers_up += y->worker_up[w];
+		if (!r->have_clock || c < r->clk_min)
+			r->clk_min = c;
+		if (!r->have_clock || c > r->clk_max)
+			r->clk_max = c;
+		r->have_clock = 1;
+	}
+}
+
+/* Adds shard row r into the totals t. */
+static void add_row(struct row *t, const struct row *r)
+{
+	if (!r->up)
+		return;
+	if (!t->up || r->uptime_s > t->uptime_s)
+		t->uptime_s = r->uptime_s;
+	t->push_s += r->push_s;
+	t->pull_s += r->pull_s;
+	t->in_raw += r->in_raw;
+	t->in_wire += r->in_wire;
+	t->out_raw += r->out_raw;
+	t->out_wire += r->out_wire;
+	for (int i = 0; i < PS_HISTO_BUCKETS; i++) {
+		t->push_lat[i] += r->push_lat[i];
+		t->pull_lat[i] += r->pull_lat[i];
+	}
+	t->push_p50 = ps_histo_quantile(t->push_lat, PS_HISTO_BUCKETS, 0.5);
+	t->push_p99 = ps_histo_quantile(t->push_lat, PS_HISTO_BUCKETS, 0.99);
+	t->pull_p50 = ps_histo_quantile(t->pull_lat, PS_HISTO_BUCKETS, 0.5);
+	t->pull_p99 = ps_histo_quantile(t->pull_lat, PS_HISTO_BUCKETS, 0.99);
+	if (r->have_clock) {
+		if (!t->have_clock || r->clk_min < t->clk_min)
+			t->clk_min = r->clk_min;
+		if (!t->have_clock || r->clk_max > t->clk_max)
+			t->clk_max = r->clk_max;
+		t->have_clock = 1;
+	}
+	t->apply_share += r->apply_share;
+	t->rejected += r->rejected;
+	t->errors += r->errors;
+	t->conns += r->conns;
+	if (r->workers_up > t->workers_up)
+		t->workers_up = r->workers_up;
+	t->nworkers = r->nworkers;
+	t->up = 1;
+}
+
+static const char *fmt_dur(double s, char *buf, size_t n)
+{
+	if (isnan(s))
+		snprintf(buf, n, "-");
+	else if (s < 1e-3)
+		snprintf(buf, n, "%.0fus", s * 1e6);
+	else if (s < 1.0)
+		snprintf(buf, n, "%.1fms", s * 1e3);
+	else
+		snprintf(buf, n, "%.2fs", s);
+	return buf;
+}
+
+static const char *fmt_uptime(double s, char *buf, size_t n)
+{
+	uint64_t t = (uint64_t)s;
+
+	if (t < 3600)
+		snprintf(buf, n, "%um%02us", (unsigned)(t / 60), (unsigned)(t % 60));
+	else if (t < 86400)
+		snprintf(buf, n, "%uh%02um", (unsigned)(t / 3600), (unsigned)(t / 60 % 60));
+	else
+		snprintf(buf, n, "%ud%02uh", (unsigned)(t / 86400), (unsigned)(t / 3600 % 24));
+	return buf;
+}
+
+static void print_row(FILE *f, const char *name, const struct row *r)
+{
+	char up[32], a[16], b[16], c[16], d[16], clk[48];
+
+	if (!r->have_clock)
+		snprintf(clk, sizeof(clk), "-");
+	else
+		snprintf(clk, sizeof(clk), "%" PRIu64 "..%" PRIu64 " (%" PRIu64 ")", r->clk_min,
+			 r->clk_max, r->clk_max - r->clk_min);
+	fprintf(f, "%-6s %-4s %8s %8.0f %8.0f %7.1f/%-7.1f %7.1f/%-7.1f %7s/%-7s %7s/%-7s "
+		   "%-20s %5.1f%% %6" PRIu64 " %5u %3u/%-3u\n",
+		name, "up", fmt_uptime(r->uptime_s, up, sizeof(up)), r->push_s, r->pull_s,
+		r->in_raw, r->in_wire, r->out_raw, r->out_wire,
+		fmt_dur(r->push_p50, a, sizeof(a)), fmt_dur(r->push_p99, b, sizeof(b)),
+		fmt_dur(r->pull_p50, c, sizeof(c)), fmt_dur(r->pull_p99, d, sizeof(d)), clk,
+		100.0 * r->apply_share, r->rejected, r->conns, r->workers_up, r->nworkers);
+}
+
+static void print_table(FILE *f, const struct ps_config *cfg, const struct snap *b,
+			const struct row *rows, const struct row *tot, double dt, int workers)
+{
+	fprintf(f, "ps-stat: %d shard(s), %d worker(s), %s, rates over %.1f s\n", cfg->nshards,
+		cfg->nworkers, cfg->consistency == PS_SYNC ? "sync" : "async", dt);
+	fprintf(f, "%-6s %-4s %8s %8s %8s %15s %15s %15s %15s %-20s %6s %6s %5s %7s\n", "shard",
+		"st", "uptime", "push/s", "pull/s", "in MB/s raw/wire", "out MB/s raw/wire",
+		"push p50/p99", "pull p50/p99", "clock min..max (gap)", "apply", "reject", "conns",
+		"workers");
+	for (int k = 0; k < cfg->nshards; k++) {
+		char name[16];
+
+		snprintf(name, sizeof(name), "%d", k);
+		if (rows[k].up)
+			print_row(f, name, &rows[k]);
+		else
+			fprintf(f, "%-6s %-4s %s\n", name, "down", b[k].why);
+	}
+	if (tot->up)
+		print_row(f, "total", tot);
+	else
+		fprintf(f, "%-6s %-4s no shard answered\n", "total", "down");
+	if (!workers)
+		return;
+	fprintf(f, "\n%-6s %-9s %-24s %s\n", "worker", "connected", "clock (per shard)",
+		"behind the fastest");
+	for (int w = 0; w < cfg->nworkers && w < 64; w++) {
+		char clocks[256] = "";
+		size_t len = 0;
+		uint64_t lo = UINT64_MAX;
+		int conn = 0, any = 0;
+
+		for (int k = 0; k < cfg->nshards; k++) {
+			if (!b[k].up || w >= b[k].st.nworkers) {
+				len += (size_t)snprintf(clocks + len, len < sizeof(clocks) ?
+							sizeof(clocks) - len : 0, "%s-", k ? " " : "");
+				continue;
+			}
+			uint64_t c = b[k].st.worker_clock[w];
+			conn |= b[k].st.worker_up[w];
+			lo = c < lo ? c : lo;
+			any = 1;
+			len += (size_t)snprintf(clocks + len, len < sizeof(clocks) ?
+						sizeof(clocks) - len : 0, "%s%" PRIu64, k ? " " : "",
+						c);
+		}
+		if (any && tot->have_clock)
+			fprintf(f, "%-6d %-9s %-24s %" PRIu64 "\n", w, conn ? "yes" : "no", clocks,
+				tot->clk_max - lo);
+		else
+			fprintf(f, "%-6d %-9s %-24s -\n", w, "?", clocks);
+	}
+	if (cfg->nworkers > 64)
+		fprintf(f, "(workers 64..%d not shown: shards report the first 64)\n",
+			cfg->nworkers - 1);
+}
+
+static void json_num(FILE *f, const char *key, double v)
+{
+	if (isnan(v) || isinf(v))
+		fprintf(f, "\"%s\":null", key);
+	else
+		fprintf(f, "\"%s\":%.6g", key, v);
+}
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			fprintf(f, "\\%c", *s);
+		else if ((unsigned char)*s < 0x20)
+			fprintf(f, "\\u%04x", (unsigned char)*s);
+		else
+			fputc(*s, f);
+	}
+	fputc('"', f);
+}
+
+static void json_row(FILE *f, const struct row *r)
+{
+	fprintf(f, "\"up\":%s,", r->up ? "true" : "false");
+	json_num(f, "uptime_s", r->uptime_s);
+	fputc(',', f);
+	json_num(f, "pushes_per_s", r->push_s);
+	fputc(',', f);
+	json_num(f, "pulls_per_s", r->pull_s);
+	fputc(',', f);
+	json_num(f, "in_raw_mb_per_s", r->in_raw);
+	fputc(',', f);
+	json_num(f, "in_wire_mb_per_s", r->in_wire);
+	fputc(',', f);
+	json_num(f, "out_raw_mb_per_s", r->out_raw);
+	fputc(',', f);
+	json_num(f, "out_wire_mb_per_s", r->out_wire);
+	fputc(',', f);
+	json_num(f, "push_p50_s", r->push_p50);
+	fputc(',', f);
+	json_num(f, "push_p99_s", r->push_p99);
+	fputc(',', f);
+	json_num(f, "pull_p50_s", r->pull_p50);
+	fputc(',', f);
+	json_num(f, "pull_p99_s", r->pull_p99);
+	fputc(',', f);
+	if (r->have_clock)
+		fprintf(f, "\"clock_min\":%" PRIu64 ",\"clock_max\":%" PRIu64
+			   ",\"staleness\":%" PRIu64 ",", r->clk_min, r->clk_max,
+			r->clk_max - r->clk_min);
+	else
+		fprintf(f, "\"clock_min\":null,\"clock_max\":null,\"staleness\":null,");
+	json_num(f, "apply_share", r->apply_share);
+	fprintf(f, ",\"rejected_frames\":%" PRIu64 ",\"errors\":%" PRIu64
+		   ",\"connections\":%u,\"workers_connected\":%u", r->rejected, r->errors, r->conns,
+		r->workers_up);
+}
+
+static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *b,
+		       const struct row *rows, const struct row *tot, double dt, int workers)
+{
+	fprintf(f, "{\"time\":%.3f,\"interval_s\":%.3f,\"shards\":[", (double)time(NULL), dt);
+	for (int k = 0; k < cfg->nshards; k++) {
+		fprintf(f, "%s{\"shard\":%d,\"address\":\"%s:%d\",", k ? "," : "", k,
+			cfg->shards[k].host, cfg->shards[k].port);
+		json_row(f, &rows[k]);
+		if (!rows[k].up) {
+			fprintf(f, ",\"reason\":");
+			json_str(f, b[k].why);
+		}
+		fputc('}', f);
+	}
+	fprintf(f, "],\"totals\":{");
+	json_row(f, tot);
+	fputc('}', f);
+	if (workers) {
+		fprintf(f, ",\"workers\":[");
+		for (int w = 0; w < cfg->nworkers && w < 64; w++) {
+			int conn = 0;
+
+			fprintf(f, "%s{\"rank\":%d,\"clocks\":[", w ? "," : "", w);
+			for (int k = 0; k < cfg->nshards; k++) {
+				if (b[k].up && w < b[k].st.nworkers) {
+					fprintf(f, "%s%" PRIu64, k ? "," : "", b[k].st.worker_clock[w]);
+					conn |= b[k].st.worker_up[w];
+				} else {
+					fprintf(f, "%snull", k ? "," : "");
+				}
+			}
+			fprintf(f, "],\"connected\":%s}", conn ? "true" : "false");
+		}
+		fputc(']', f);
+	}
+	fprintf(f, "}\n");
+}
+
+/* Sleeps s seconds unless a signal stops us first. */
+static void nap(double s)
+{
+	double until = now_s() + s;
+
+	while (!stop && now_s() < until) {
+		double left = until - now_s();
+		struct timespec ts = { .tv_sec = (time_t)left,
+				       .tv_nsec = (long)((left - (double)(time_t)left) * 1e9) };
+		nanosleep(&ts, NULL);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option lopts[] = {
+		{ "config", required_argument, NULL, 'c' }, { "watch", required_argument, NULL, 'w' },
+		{ "interval", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
+		{ "workers", no_argument, NULL, 'W' }, { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct opts o = { .interval = 1.0 };
+	struct ps_config *cfg = malloc(sizeof(*cfg));
+	struct snap *a = NULL, *b = NULL;
+	struct row *rows = NULL, tot;
+	struct ps_client *c = NULL;
+	char err[1024];
+	int opt, rc = 2, tty = isatty(STDOUT_FILENO);
+	double ta, tb;
+
+	if (!cfg)
+		return 2;
+	while ((opt = getopt_long(argc, argv, "c:w:i:jWh", lopts, NULL)) != -1) {
+		switch (opt) {
+		case 'c': o.config = optarg; break;
+		case 'w':
+			if (parse_seconds("--watch", optarg, 0.1, &o.watch))
+				goto out;
+			break;
+		case 'i':
+			if (parse_seconds("--interval", optarg, 0.05, &o.interval))
+				goto out;
+			break;
+		case 'j': o.json = 1; break;
+		case 'W': o.workers = 1; break;
+		case 'h': usage(stdout); rc = 0; goto out;
+		default: fprintf(stderr, "Try 'ps-stat --help'.\n"); goto out;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "ps-stat: unexpected argument '%s'\nTry 'ps-stat --help'.\n",
+			argv[optind]);
+		goto out;
+	}
+	if (!o.config) {
+		fprintf(stderr, "ps-stat: --config FILE is required\nTry 'ps-stat --help'.\n");
+		goto out;
+	}
+	if (ps_config_load(cfg, o.config, err, sizeof(err))) {
+		fprintf(stderr, "ps-stat: %s\n", err);
+		goto out;
+	}
+	ps_log_init("stat", -1);
+	ps_log_set_level(PS_LOG_OFF);
+	signal(SIGPIPE, SIG_IGN);
+	signal(SIGINT, on_signal);
+	signal(SIGTERM, on_signal);
+	a = calloc((size_t)cfg->nshards, sizeof(*a));
+	b = calloc((size_t)cfg->nshards, sizeof(*b));
+	rows = calloc((size_t)cfg->nshards, sizeof(*rows));
+	if (!a || !b || !rows) {
+		fprintf(stderr, "ps-stat: out of memory\n");
+		goto out;
+	}
+	sample(cfg, &c, a);
+	ta = now_s();
+	for (int round = 0; !stop; round++) {
+		nap(o.watch > 0 ? o.watch : o.interval);
+		if (stop && round > 0)
+			break;
+		sample(cfg, &c, b);
+		tb = now_s();
+		memset(&tot, 0, sizeof(tot));
+		tot.push_p50 = tot.push_p99 = tot.pull_p50 = tot.pull_p99 = NAN;
+		rc = 0;
+		for (int k = 0; k < cfg->nshards; k++) {
+			make_row(&a[k], &b[k], tb - ta, cfg->nworkers, &rows[k]);
+			add_row(&tot, &rows[k]);
+			rc |= !rows[k].up;
+		}
+		if (o.json) {
+			print_json(stdout, cfg, b, rows, &tot, tb - ta, o.workers);
+		} else {
+			if (o.watch > 0 && tty)
+				fputs("\033[H\033[2J", stdout); /* redraw in place */
+			else if (round > 0)
+				fputc('\n', stdout);
+			print_table(stdout, cfg, b, rows, &tot, tb - ta, o.workers);
+		}
+		fflush(stdout);
+		if (o.watch <= 0)
+			break;
+		memcpy(a, b, (size_t)cfg->nshards * sizeof(*a));
+		ta = tb;
+	}
+out:
+	ps_client_free(c);
+	free(rows);
+	free(a);
+	free(b);
+	free(cfg);
+	return rc;
+}
