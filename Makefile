@@ -11,7 +11,7 @@
 PREFIX   ?= /usr/local
 CC       ?= gcc
 SANITIZE ?=
-PKGS     := libuv libprotobuf-c yaml-0.1 liblz4 check zlib
+PKGS     := libuv libprotobuf-c yaml-0.1 liblz4 check zlib libmicrohttpd
 
 .DEFAULT_GOAL := all
 
@@ -22,6 +22,7 @@ GEN      := build/gen
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs libuv libprotobuf-c yaml-0.1 liblz4 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+SRV_LIBS   := $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
 
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -pthread -fno-strict-aliasing
@@ -108,7 +109,7 @@ lib/libps.a: $(LIB_OBJS) build/variant
 
 bin/ps-server: $(OBJ)/server/main.o $(SRV_OBJS) lib/libps.a
 	@mkdir -p bin
-	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(SRV_LIBS)
 
 bin/ps-bench: $(OBJ)/worker/ps_bench.o lib/libps.a
 	@mkdir -p bin
@@ -123,7 +124,7 @@ bin/ps-worker: $(OBJ)/worker/ps_worker.o $(TRAIN_OBJS) lib/libps.a
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(TRAIN_LIBS)
 
 $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(LIB_OBJS)
-	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(TRAIN_LIBS) $(CHECK_LIBS)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(SRV_LIBS) $(TRAIN_LIBS) $(CHECK_LIBS)
 
 # Tests: install what is missing, build, run every unit test then every
 # integration test; the run fails if any of them fails.

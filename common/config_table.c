@@ -118,7 +118,8 @@ const struct opt cfg_opts[] = {
 	O("train.metrics_dir", T_PATH, 0, 0, 0, "metrics", NULL, C, train.metrics_dir,
 	  "folder for worker-R.jsonl metrics logs (created if missing); \"\" = none"),
 	O("stats.http", T_ADDR, 0, 0, 0, "", NULL, C, stats.http,
-	  "host:port serving Prometheus /metrics; empty = off"),
+	  "host:port of the Prometheus /metrics and /healthz endpoint (libmicrohttpd); "
+	  "shard k serves on port + k; empty = off"),
 	O("log.level", T_ENUMSTR, 0, 0, 0, "info", cfg_level_names, C, log_level,
 	  "least severe log level written to stderr"),
 };

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "metrics_http.h"
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -677,6 +678,31 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 			 cfg->shards[shard].port, ps_strerror(rc));
 		goto err_destroy_transport;
 	}
+	if (cfg->stats.http[0]) {
+		/* shard k serves its metrics on the configured port + k */
+		char host[sizeof(cfg->stats.http)];
+		char *colon;
+		int port;
+
+		snprintf(host, sizeof(host), "%s", cfg->stats.http);
+		colon = strrchr(host, ':');
+		port = colon ? atoi(colon + 1) + shard : 0;
+		if (colon)
+			*colon = 0;
+		if (host[0] == '[' && (colon = strchr(host, ']'))) { /* [v6]:port */
+			*colon = 0;
+			memmove(host, host + 1, strlen(host));
+		}
+		if (port <= 0 || port > 65535) {
+			ps_error("stats.http '%s': shard %d would serve on port %d, outside 1..65535",
+				 cfg->stats.http, shard, port);
+			rc = -EINVAL;
+			goto err_destroy_transport;
+		}
+		rc = ps_metrics_http_start(s, host, port, &s->http);
+		if (rc)
+			goto err_destroy_transport;
+	}
 	uv_timer_init(loop, &s->tick);
 	s->tick.data = s;
 	uv_timer_start(&s->tick, on_tick, 200, 200);
@@ -710,6 +736,8 @@ void ps_server_stop(struct ps_server *s)
 	if (s->stopping)
 		return;
 	s->stopping = 1;
+	ps_metrics_http_stop(s->http);
+	s->http = NULL;
 	uv_close((uv_handle_t *)&s->tick, NULL);
 	uv_close((uv_handle_t *)&s->sigint, NULL);
 	uv_close((uv_handle_t *)&s->sigterm, NULL);

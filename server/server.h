@@ -19,6 +19,7 @@
 
 struct ps_srv_conn;
 struct ps_waiting_pull;
+struct ps_metrics_http;
 
 struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
@@ -46,6 +47,7 @@ struct ps_server {
 	double started;
 	uv_timer_t tick;
 	uv_signal_t sigint, sigterm;
+	struct ps_metrics_http *http; /* stats.http endpoint, NULL when off */
 	int stopping;
 };
 

@@ -2,10 +2,14 @@
  * its JSON and table show both shards up with nonzero rates, latencies and
  * the workers' clocks; with one shard killed it still prints the other,
  * shows the dead one as down with the reason and exits 1; bad flags and
- * bad configs exit 2 with a message naming the fault. */
+ * bad configs exit 2 with a message naming the fault. The shards' Prometheus
+ * endpoints (stats.http) serve counters that match the traffic, histograms,
+ * /healthz, 404 and 405, pass `promtool check metrics` when it is
+ * installed, and a port already taken stops the shard with a clear error. */
 #include <check.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -219,6 +223,147 @@ START_TEST(test_stat_bad_usage)
 }
 END_TEST
 
+/* GET path from 127.0.0.1:port with a plain socket; returns the HTTP
+ * status and the body in body (NUL-terminated), or -1. */
+static int http_get(int port, const char *method, const char *path, char *body, size_t n)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	char req[256];
+	size_t len = 0;
+	ssize_t r;
+	int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
+
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: x\r\n\r\n", method, path);
+	if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+		close(fd);
+		return -1;
+	}
+	while (len + 1 < n && (r = read(fd, body + len, n - 1 - len)) > 0)
+		len += (size_t)r;
+	body[len] = 0;
+	close(fd);
+	if (sscanf(body, "HTTP/1.%*d %d", &status) != 1)
+		return -1;
+	char *b = strstr(body, "\r\n\r\n");
+	if (b)
+		memmove(body, b + 4, strlen(b + 4) + 1);
+	return status;
+}
+
+/* The value of the sample line that starts with `series ` in text. */
+static double metric(const char *text, const char *series)
+{
+	char pat[200];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\n%s ", series);
+	p = strstr(text, pat);
+	return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+START_TEST(test_metrics_http)
+{
+	static char body[262144];
+	char yaml[1024], path[64], err[512], cmd[256];
+	struct ps_config cfg;
+	struct traffic tr = { .cfg = &cfg };
+	pthread_t th;
+	pid_t srv[2];
+	int p0 = tu_free_port(), p1 = tu_free_port(), hp, st = -1;
+
+	/* two consecutive free ports for the two endpoints */
+	for (int i = 0;; i++) {
+		struct sockaddr_in sa = { .sin_family = AF_INET,
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+
+		hp = tu_free_port();
+		sa.sin_port = htons((uint16_t)(hp + 1));
+		ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+		close(fd);
+		if (ok || i == 50)
+			break;
+	}
+
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
+		 "slice_bytes: 4096\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [3000]}\n"
+		 "stats:\n  http: 127.0.0.1:%d\n"
+		 "log:\n  level: warn\n", p0, p1, hp);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	ck_assert_int_eq(pthread_create(&th, NULL, traffic_main, &tr), 0);
+	for (int i = 0; i < 200 && tr.clocks < 20 && !tr.rc; i++)
+		tu_sleep_ms(50);
+	tr.stop = 1;
+	pthread_join(th, NULL);
+	ck_assert_msg(tr.rc == 0 && tr.clocks >= 20, "traffic: %s", tr.err);
+
+	/* shard 1 serves on the configured port + 1 */
+	for (int k = 0; k < 2; k++) {
+		st = http_get(hp + k, "GET", "/metrics", body, sizeof(body));
+		ck_assert_msg(st == 200, "shard %d /metrics: %d %s", k, st, body);
+		char info[64];
+		snprintf(info, sizeof(info), "ps_shard_info{shard=\"%d\"", k);
+		ck_assert_msg(strstr(body, info), "%s", body);
+		double pushes = metric(body, "ps_push_requests_total");
+		/* two ranks push every clock to both shards */
+		ck_assert_msg(pushes >= 2 * tr.clocks, "pushes %g for %d clocks", pushes, tr.clocks);
+		ck_assert_msg(metric(body, "ps_push_latency_seconds_count") == pushes, "%s", body);
+		ck_assert_msg(metric(body, "ps_push_latency_seconds_bucket{le=\"+Inf\"}") == pushes,
+			      "%s", body);
+		ck_assert_msg(metric(body, "ps_pull_latency_seconds_count") ==
+			      metric(body, "ps_pull_requests_total"), "%s", body);
+		ck_assert_msg(metric(body, "ps_worker_clock{worker=\"1\"}") >= tr.clocks, "%s", body);
+		ck_assert_msg(metric(body, "ps_rejected_frames_total") == 0, "%s", body);
+		if (k == 0)
+			ck_assert_msg(metric(body, "ps_push_raw_bytes_total{codec=\"none\"}") > 0,
+				      "%s", body);
+	}
+	if (access("/usr/bin/promtool", X_OK) == 0) {
+		char mpath[64];
+		ck_assert_int_eq(tu_write_temp(mpath, body), 0);
+		snprintf(cmd, sizeof(cmd), "promtool check metrics < %s 2>&1", mpath);
+		int rc = system(cmd);
+		unlink(mpath);
+		ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "promtool check metrics failed");
+	} else {
+		printf("SKIP promtool check metrics: /usr/bin/promtool not found "
+		       "(Debian package prometheus)\n");
+	}
+	ck_assert_int_eq(http_get(hp, "GET", "/healthz", body, sizeof(body)), 200);
+	ck_assert_str_eq(body, "ok\n");
+	ck_assert_int_eq(http_get(hp, "GET", "/nope", body, sizeof(body)), 404);
+	ck_assert_int_eq(http_get(hp, "POST", "/metrics", body, sizeof(body)), 405);
+
+	/* a second shard 0 cannot take the metrics port (nor the shard port):
+	 * it exits non-zero instead of running without its endpoint */
+	char yaml2[1024], path2[64];
+	snprintf(yaml2, sizeof(yaml2),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
+		 "slice_bytes: 4096\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [3000]}\n"
+		 "stats:\n  http: 127.0.0.1:%d\n", tu_free_port(), p1, hp);
+	ck_assert_int_eq(tu_write_temp(path2, yaml2), 0);
+	pid_t dup = tu_start_server(path2, 0);
+	ck_assert_int_ne(tu_wait_child(dup), 0);
+	unlink(path2);
+
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("stat");
@@ -230,6 +375,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_stat_live_and_down);
 	tcase_add_test(tc, test_stat_bad_usage);
+	tcase_add_test(tc, test_metrics_http);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -1,0 +1,303 @@
+/* metrics_http.c - a shard's Prometheus /metrics and /healthz over
+ * libmicrohttpd (metrics_http.h). */
+#include <inttypes.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <uv.h>
+#include "codec.h"
+#include "histo.h"
+#include "metrics_http.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "server.h"
+
+#define LOOP_WAIT_S 2
+
+struct ps_metrics_http {
+	struct ps_server *s;
+	struct MHD_Daemon *d;
+	uv_async_t async;           /* the HTTP thread asks the loop to render */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t asked, rendered;   /* request generations, under mu */
+	char *page;                 /* the latest rendering, under mu */
+	size_t page_len;
+	int closing;
+};
+
+static const char *const codec_label[PS_CODEC_COUNT] = { "none", "fp16", "q8", "topk", "sign" };
+
+static void counter(FILE *f, const char *name, const char *help, uint64_t v)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %" PRIu64 "\n", name, help, name, name, v);
+}
+
+static void counter_f(FILE *f, const char *name, const char *help, double v)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s counter\n%s %.17g\n", name, help, name, name, v);
+}
+
+static void gauge(FILE *f, const char *name, const char *help, double v)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s %.17g\n", name, help, name, name, v);
+}
+
+static void histogram(FILE *f, const char *name, const char *help, const struct ps_histo *h)
+{
+	uint64_t cum = 0;
+
+	fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+	for (int i = 0; i < PS_HISTO_BUCKETS; i++) {
+		cum += h->count[i];
+		if (i < PS_HISTO_BUCKETS - 1)
+			fprintf(f, "%s_bucket{le=\"%.9g\"} %" PRIu64 "\n", name, ps_histo_bound_s(i),
+				cum);
+		else
+			fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+	}
+	fprintf(f, "%s_sum %.17g\n%s_count %" PRIu64 "\n", name, h->sum_s, name, cum);
+}
+
+void ps_metrics_render(const struct ps_server *s, FILE *f)
+{
+	const struct ps_server_counters *c = &s->c;
+	struct timespec ts;
+	uint64_t lo = UINT64_MAX, hi = 0;
+	int nw = s->cfg->nworkers;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	fprintf(f, "# HELP ps_shard_info The shard this endpoint belongs to and how it runs.\n"
+		   "# TYPE ps_shard_info gauge\n"
+		   "ps_shard_info{shard=\"%d\",consistency=\"%s\",optimizer=\"%s\"} 1\n",
+		s->shard, s->cfg->consistency == PS_SYNC ? "sync" : "async",
+		ps_optim_name(s->cfg->optim.kind));
+	gauge(f, "ps_uptime_seconds", "Seconds since the shard started.",
+	      (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - s->started);
+	counter(f, "ps_push_requests_total", "Push requests received.", c->pushes);
+	counter(f, "ps_pull_requests_total", "Pull requests received.", c->pulls);
+	counter(f, "ps_received_bytes_total", "Payload bytes of pushes received.", c->bytes_in);
+	counter(f, "ps_sent_bytes_total", "Payload bytes of pull replies sent.", c->bytes_out);
+	fprintf(f, "# HELP ps_push_raw_bytes_total Pushed gradient bytes as float32, by codec.\n"
+		   "# TYPE ps_push_raw_bytes_total counter\n");
+	for (int k = 0; k < PS_CODEC_COUNT; k++)
+		fprintf(f, "ps_push_raw_bytes_total{codec=\"%s\"} %" PRIu64 "\n", codec_label[k],
+			c->push_raw[k]);
+	fprintf(f, "# HELP ps_push_wire_bytes_total Pushed gradient bytes as received, by codec.\n"
+		   "# TYPE ps_push_wire_bytes_total counter\n");
+	for (int k = 0; k < PS_CODEC_COUNT; k++)
+		fprintf(f, "ps_push_wire_bytes_total{codec=\"%s\"} %" PRIu64 "\n", codec_label[k],
+			c->push_wire[k]);
+	counter(f, "ps_pull_raw_bytes_total", "Weights served, as float32 bytes.", c->pull_raw);
+	counter(f, "ps_pull_wire_bytes_total", "Weights served, as sent.", c->pull_wire);
+	counter(f, "ps_optimizer_steps_total", "Optimizer applications to a slice.",
+		s->store.applies);
+	counter_f(f, "ps_optimizer_seconds_total", "Seconds spent in the optimizer.",
+	      s->store.apply_seconds);
+	counter(f, "ps_optimizer_bytes_total", "Gradient bytes the optimizer consumed.",
+		s->store.bytes_applied);
+	counter(f, "ps_request_errors_total", "Requests answered with an error.", c->errors);
+	counter(f, "ps_rejected_frames_total", "Frames refused (bad header, size, protocol).",
+		c->rejected_frames);
+	gauge(f, "ps_connections", "Open connections.", s->nconns);
+	fprintf(f, "# HELP ps_worker_clock Clocks each worker has finished on this shard.\n"
+		   "# TYPE ps_worker_clock gauge\n");
+	for (int r = 0; r < nw; r++) {
+		fprintf(f, "ps_worker_clock{worker=\"%d\"} %" PRIu64 "\n", r, s->finished[r]);
+		lo = s->finished[r] < lo ? s->finished[r] : lo;
+		hi = s->finished[r] > hi ? s->finished[r] : hi;
+	}
+	fprintf(f, "# HELP ps_worker_connected 1 while the worker has a connection to this shard.\n"
+		   "# TYPE ps_worker_connected gauge\n");
+	for (int r = 0; r < nw; r++)
+		fprintf(f, "ps_worker_connected{worker=\"%d\"} %d\n", r, s->connected[r] > 0);
+	gauge(f, "ps_clock_staleness", "Fastest minus slowest worker clock.",
+	      nw ? (double)(hi - lo) : 0.0);
+	gauge(f, "ps_max_clock_gap", "Largest clock gap a pull was answered with.",
+	      (double)c->max_clock_gap);
+	histogram(f, "ps_push_latency_seconds", "Push from its decoding to its ack.", &c->push_lat);
+	histogram(f, "ps_pull_latency_seconds",
+		  "Pull from its arrival to its reply (consistency wait included).", &c->pull_lat);
+}
+
+/* Loop thread: renders the page for every request asked so far. */
+static void on_render(uv_async_t *a)
+{
+	struct ps_metrics_http *h = a->data;
+	char *buf = NULL;
+	size_t len = 0;
+	uint64_t target;
+	FILE *f;
+
+	pthread_mutex_lock(&h->mu);
+	target = h->asked;
+	pthread_mutex_unlock(&h->mu);
+	f = open_memstream(&buf, &len);
+	if (f) {
+		ps_metrics_render(h->s, f);
+		if (fclose(f)) {
+			free(buf);
+			buf = NULL;
+		}
+	}
+	pthread_mutex_lock(&h->mu);
+	if (buf) {
+		free(h->page);
+		h->page = buf;
+		h->page_len = len;
+	}
+	h->rendered = target;
+	pthread_cond_broadcast(&h->cv);
+	pthread_mutex_unlock(&h->mu);
+}
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type,
+			     char *body, size_t len)
+{
+	struct MHD_Response *r;
+	enum MHD_Result rc;
+
+	r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+	if (!r) {
+		free(body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", type);
+	rc = MHD_queue_response(conn, status, r);
+	MHD_destroy_response(r);
+	return rc;
+}
+
+static enum MHD_Result reply_text(struct MHD_Connection *conn, unsigned status, const char *s)
+{
+	char *b = strdup(s);
+
+	return b ? reply(conn, status, "text/plain; charset=utf-8", b, strlen(b)) : MHD_NO;
+}
+
+/* HTTP thread: asks the loop for a fresh page and waits for it. */
+static char *fetch_page(struct ps_metrics_http *h, size_t *len)
+{
+	struct timespec until;
+	char *copy = NULL;
+	uint64_t mine;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += LOOP_WAIT_S;
+	pthread_mutex_lock(&h->mu);
+	mine = ++h->asked;
+	uv_async_send(&h->async);
+	while (!h->closing && h->rendered < mine)
+		if (pthread_cond_timedwait(&h->cv, &h->mu, &until) == ETIMEDOUT)
+			break;
+	if (!h->closing && h->rendered >= mine && h->page) {
+		copy = malloc(h->page_len ? h->page_len : 1);
+		if (copy) {
+			memcpy(copy, h->page, h->page_len);
+			*len = h->page_len;
+		}
+	}
+	pthread_mutex_unlock(&h->mu);
+	return copy;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+				  const char *method, const char *version,
+				  const char *upload_data, size_t *upload_size, void **con_cls)
+{
+	struct ps_metrics_http *h = cls;
+	size_t len = 0;
+	char *page;
+
+	(void)version;
+	(void)upload_data;
+	(void)con_cls;
+	if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+		return reply_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
+	if (*upload_size)
+		return reply_text(conn, MHD_HTTP_BAD_REQUEST, "no body expected\n");
+	if (strcmp(url, "/metrics") && strcmp(url, "/healthz"))
+		return reply_text(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics or /healthz\n");
+	page = fetch_page(h, &len);
+	if (!page)
+		return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
+				  "the shard's loop did not answer within 2 s\n");
+	if (!strcmp(url, "/healthz")) {
+		free(page);
+		return reply_text(conn, MHD_HTTP_OK, "ok\n");
+	}
+	return reply(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", page, len);
+}
+
+static void on_async_closed(uv_handle_t *a)
+{
+	struct ps_metrics_http *h = a->data;
+
+	pthread_cond_destroy(&h->cv);
+	pthread_mutex_destroy(&h->mu);
+	free(h->page);
+	free(h);
+}
+
+int ps_metrics_http_start(struct ps_server *s, const char *host, int port,
+			  struct ps_metrics_http **out)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL;
+	struct ps_metrics_http *h;
+	pthread_condattr_t ca;
+	char ports[16];
+	int rc;
+
+	snprintf(ports, sizeof(ports), "%d", port);
+	rc = getaddrinfo(host, ports, &hints, &ai);
+	if (rc) {
+		ps_error("stats.http: cannot resolve '%s': %s", host, gai_strerror(rc));
+		return -EINVAL;
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h) {
+		freeaddrinfo(ai);
+		return -ENOMEM;
+	}
+	h->s = s;
+	pthread_mutex_init(&h->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&h->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	uv_async_init(s->loop, &h->async, on_render);
+	h->async.data = h;
+	h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+					(ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0),
+				(uint16_t)port, NULL, NULL, on_request, h,
+				MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+				MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+				MHD_OPTION_END);
+	freeaddrinfo(ai);
+	if (!h->d) {
+		ps_error("stats.http: cannot serve metrics on %s:%d (address in use or not local?)",
+			 host, port);
+		uv_close((uv_handle_t *)&h->async, on_async_closed);
+		return -EADDRINUSE;
+	}
+	ps_info("shard %d: Prometheus metrics on http://%s:%d/metrics", s->shard, host, port);
+	*out = h;
+	return 0;
+}
+
+void ps_metrics_http_stop(struct ps_metrics_http *h)
+{
+	if (!h)
+		return;
+	pthread_mutex_lock(&h->mu);
+	h->closing = 1;
+	pthread_cond_broadcast(&h->cv);
+	pthread_mutex_unlock(&h->mu);
+	MHD_stop_daemon(h->d); /* joins the HTTP thread */
+	uv_close((uv_handle_t *)&h->async, on_async_closed);
+}
