@@ -22,7 +22,7 @@ GEN      := build/gen
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs libuv libprotobuf-c yaml-0.1 liblz4 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
-SRV_LIBS   := $(shell pkg-config --libs libmicrohttpd 2>/dev/null)
+SRV_LIBS   := $(shell pkg-config --libs libmicrohttpd zlib 2>/dev/null)
 
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=gnu11 -Wall -Wextra -pthread -fno-strict-aliasing

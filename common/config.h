@@ -77,6 +77,11 @@ struct ps_limits {
 	int wait_spin_us;           /* client: ps_client_wait polls this long before sleeping */
 };
 
+struct ps_checkpoint_cfg {
+	char dir[512];              /* folder of shard-K.ckpt; "" = no checkpoints */
+	int every_s;                /* write one every this many seconds; 0 = only on SIGTERM / request */
+};
+
 struct ps_stats_cfg {
 	char http[PS_HOST_MAX + 8]; /* "host:port" for /metrics, empty = off (later issue) */
 };
@@ -108,6 +113,7 @@ struct ps_config {
 	struct ps_optim_cfg optim;
 	struct ps_limits limits;
 	struct ps_stats_cfg stats;
+	struct ps_checkpoint_cfg checkpoint;
 	char log_level[16];
 	struct ps_compress_cfg compress;
 	struct ps_model_cfg model;  /* layers; nlayers 0 when only tensors are given */

@@ -120,6 +120,11 @@ const struct opt cfg_opts[] = {
 	O("stats.http", T_ADDR, 0, 0, 0, "", NULL, C, stats.http,
 	  "host:port of the Prometheus /metrics and /healthz endpoint (libmicrohttpd); "
 	  "shard k serves on port + k; empty = off"),
+	O("checkpoint.dir", T_PATH, 0, 0, 0, "", NULL, C, checkpoint.dir,
+	  "folder of each shard's checkpoint (shard-K.ckpt): written on SIGTERM, every "
+	  "checkpoint.every_s and on `ps-stat --checkpoint`, resumed from at start; \"\" = off"),
+	O("checkpoint.every_s", T_INT, 0, 0, 10000000, "0", NULL, C, checkpoint.every_s,
+	  "seconds between periodic checkpoints; 0 = only on SIGTERM and on request"),
 	O("log.level", T_ENUMSTR, 0, 0, 0, "info", cfg_level_names, C, log_level,
 	  "least severe log level written to stderr"),
 };

@@ -130,8 +130,9 @@ int main(int argc, char **argv)
 	ps_info("stopped: %llu pushes, %llu pulls, %llu applies",
 		(unsigned long long)srv.c.pushes, (unsigned long long)srv.c.pulls,
 		(unsigned long long)srv.store.applies);
+	rc = srv.exit_status;
 	ps_server_free(&srv);
 	uv_loop_close(loop);
 	free(cfg);
-	return 0;
+	return rc;
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "checkpoint.h"
 #include "metrics_http.h"
 #include "msg.h"
 #include "ps_err.h"
@@ -359,6 +360,47 @@ err_reject:
 	ps_frame_release(f);
 }
 
+/* ---- checkpoints ---- */
+
+/* Writes the checkpoint now and logs the outcome; 0 or a negative code. */
+static int write_checkpoint(struct ps_server *s, const char *why, uint64_t *bytes, double *secs,
+			    char *err, size_t errlen)
+{
+	double t0 = now_s();
+	int rc = ps_checkpoint_write(s, s->ckpt_path, bytes, err, errlen);
+
+	*secs = now_s() - t0;
+	if (rc)
+		ps_error("checkpoint (%s) failed: %s", why, err);
+	else
+		ps_info("checkpoint (%s): %s, %.1f MiB in %.3f s", why, s->ckpt_path,
+			(double)*bytes / 1048576.0, *secs);
+	return rc;
+}
+
+static void on_ckpt_timer(uv_timer_t *t)
+{
+	struct ps_server *s = t->data;
+	char err[512];
+	uint64_t bytes;
+	double secs;
+
+	write_checkpoint(s, "periodic", &bytes, &secs, err, sizeof(err));
+}
+
+/* The clock a (re)connecting worker continues from (HelloReply.clock). */
+static uint64_t resume_clock(const struct ps_server *s)
+{
+	uint64_t v = UINT64_MAX;
+
+	if (s->cfg->consistency == PS_SYNC)
+		for (int k = 0; k < s->store.nslots; k++)
+			v = s->store.slots[k].version < v ? s->store.slots[k].version : v;
+	if (v == UINT64_MAX)
+		v = min_finished(s);
+	return v;
+}
+
 /* ---- stats ---- */
 
 static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m)
@@ -378,6 +420,21 @@ static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		wc[r].clock = s->finished[r];
 		wc[r].connected = s->connected[r] > 0;
 		wp[r] = &wc[r];
+	}
+	if (m->checkpoint) {
+		static char ckerr[600];
+
+		ckerr[0] = 0;
+		if (!s->ckpt_path[0]) {
+			st.checkpoint_status = PS_ESTATE;
+			snprintf(ckerr, sizeof(ckerr), "checkpoints are off (no checkpoint.dir)");
+		} else {
+			st.checkpoint_status = write_checkpoint(s, "on request", &st.checkpoint_bytes,
+								&st.checkpoint_seconds, ckerr,
+								sizeof(ckerr));
+		}
+		st.checkpoint_path = s->ckpt_path;
+		st.checkpoint_error = ckerr;
 	}
 	st.req_id = m->req_id;
 	st.shard = s->shard;
@@ -470,6 +527,7 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	sc->conn->t->ops->set_limits(sc->conn, &lim);
 	r.ok = 1;
 	r.error = "";
+	r.clock = resume_clock(s);
 	ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 	ps_info("%s %d connected from %s", sc->rank >= 0 ? "worker" : "monitor",
 		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer);
@@ -628,6 +686,15 @@ static void on_signal(uv_signal_t *h, int signum)
 	struct ps_server *s = h->data;
 
 	ps_info("received %s, stopping", signum == SIGINT ? "SIGINT" : "SIGTERM");
+	if (s->ckpt_path[0] && !s->stopping) {
+		char err[512];
+		uint64_t bytes;
+		double secs;
+
+		if (write_checkpoint(s, signum == SIGINT ? "SIGINT" : "SIGTERM", &bytes, &secs, err,
+				     sizeof(err)))
+			s->exit_status = 1;
+	}
 	ps_server_stop(s);
 }
 
@@ -669,6 +736,20 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 		rc = -ENOMEM;
 		goto err_free_store;
 	}
+	if (cfg->checkpoint.dir[0]) {
+		char err[1024];
+
+		ps_checkpoint_path(cfg->checkpoint.dir, shard, s->ckpt_path, sizeof(s->ckpt_path));
+		rc = ps_checkpoint_load(s, s->ckpt_path, err, sizeof(err));
+		if (rc == -ENOENT) {
+			ps_info("no checkpoint at %s: starting from the seed", s->ckpt_path);
+		} else if (rc) {
+			ps_error("refusing to start: %s", err);
+			goto err_free_store;
+		} else {
+			ps_info("resumed from %s: clock %" PRIu64, s->ckpt_path, resume_clock(s));
+		}
+	}
 	rc = ops->create(loop, &cbs, &hs, s, &s->transport);
 	if (rc)
 		goto err_free_store;
@@ -703,6 +784,11 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 		if (rc)
 			goto err_destroy_transport;
 	}
+	uv_timer_init(loop, &s->ckpt_timer);
+	s->ckpt_timer.data = s;
+	if (s->ckpt_path[0] && cfg->checkpoint.every_s > 0)
+		uv_timer_start(&s->ckpt_timer, on_ckpt_timer, (uint64_t)cfg->checkpoint.every_s * 1000,
+			       (uint64_t)cfg->checkpoint.every_s * 1000);
 	uv_timer_init(loop, &s->tick);
 	s->tick.data = s;
 	uv_timer_start(&s->tick, on_tick, 200, 200);
@@ -736,6 +822,7 @@ void ps_server_stop(struct ps_server *s)
 	if (s->stopping)
 		return;
 	s->stopping = 1;
+	uv_close((uv_handle_t *)&s->ckpt_timer, NULL);
 	ps_metrics_http_stop(s->http);
 	s->http = NULL;
 	uv_close((uv_handle_t *)&s->tick, NULL);

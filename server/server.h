@@ -48,6 +48,9 @@ struct ps_server {
 	uv_timer_t tick;
 	uv_signal_t sigint, sigterm;
 	struct ps_metrics_http *http; /* stats.http endpoint, NULL when off */
+	uv_timer_t ckpt_timer;        /* checkpoint.every_s */
+	char ckpt_path[600];          /* "" when checkpoints are off */
+	int exit_status;              /* 1 when the checkpoint on stopping failed */
 	int stopping;
 };
 

@@ -234,6 +234,13 @@ static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	for (size_t i = 0; i < m->n_pull_latency_log2us && i < PS_HISTO_BUCKETS; i++)
 		o->pull_lat[i] = m->pull_latency_log2us[i];
 	o->push_lat_sum_s = m->push_latency_sum_s;
+	o->checkpoint_status = m->checkpoint_status;
+	o->checkpoint_bytes = m->checkpoint_bytes;
+	o->checkpoint_seconds = m->checkpoint_seconds;
+	snprintf(o->checkpoint_path, sizeof(o->checkpoint_path), "%s",
+		 m->checkpoint_path ? m->checkpoint_path : "");
+	snprintf(o->checkpoint_error, sizeof(o->checkpoint_error), "%s",
+		 m->checkpoint_error ? m->checkpoint_error : "");
 	o->pull_lat_sum_s = m->pull_latency_sum_s;
 	part_done(c, r, k, 0, NULL);
 }
@@ -257,6 +264,8 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		};
 		sh->conn->t->ops->set_limits(sh->conn, &lim);
 		sh->state = SH_READY;
+		if (m->clock > c->clock)
+			c->clock = m->clock; /* a shard resumed from a checkpoint */
 		c->nready++;
 	}
 	pthread_cond_broadcast(&c->cv);
@@ -938,6 +947,11 @@ uint64_t ps_client_clock(struct ps_client *c)
 
 int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out)
 {
+	return ps_client_checkpoint(c, shard, 0, out);
+}
+
+int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
+{
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
 	struct req *r;
 	int64_t id;
@@ -950,6 +964,7 @@ int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out)
 	r->stats = out;
 	r->id = reserve_id(c);
 	m.req_id = (uint64_t)r->id;
+	m.checkpoint = write != 0;
 	if (pack_part(&r->parts[shard], &m.base)) {
 		req_free(c, r);
 		return -ENOMEM;

@@ -63,6 +63,13 @@ struct ps_shard_stats {
 	 * arrival to reply (consistency wait included), and their sums. */
 	uint64_t push_lat[PS_HISTO_BUCKETS], pull_lat[PS_HISTO_BUCKETS];
 	double push_lat_sum_s, pull_lat_sum_s;
+	/* ps_client_checkpoint with write: 0 or a negative code, the file, its
+	 * size, the seconds the write took, the reason when it failed. */
+	int checkpoint_status;
+	char checkpoint_path[600];
+	uint64_t checkpoint_bytes;
+	double checkpoint_seconds;
+	char checkpoint_error[600];
 	int nworkers;
 	uint64_t worker_clock[64];    /* the first 64 workers' finished clocks */
 	unsigned char worker_up[64];  /* and whether each is connected now */
@@ -99,6 +106,12 @@ const char *ps_client_error(struct ps_client *c);
 /* Asks shard for its counters (blocking). */
 int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out);
 
+/* Same as ps_client_stats; with write nonzero the shard first writes its
+ * checkpoint (config checkpoint.dir) and reports the outcome in
+ * out->checkpoint_*. Returns the request's status (a failed write is not a
+ * failed request: look at out->checkpoint_status). */
+int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_shard_stats *out);
+
 /* NULL when shard is connected; else why not (copied into buf, len bytes).
  * Useful for monitors (rank -1), whose init succeeds with shards down. */
 const char *ps_client_shard_error(struct ps_client *c, int shard, char *buf, size_t len);
@@ -107,7 +120,9 @@ const char *ps_client_shard_error(struct ps_client *c, int shard, char *buf, siz
  * the codecs and LZ4 (wire). Call from the pushing thread. */
 void ps_client_push_bytes(struct ps_client *c, uint64_t *raw, uint64_t *wire);
 
-/* The clock this client sends with pulls (clocks finished by its pushes). */
+/* The clock this client sends with pulls: clocks finished by its pushes,
+ * or after connecting, the clock the shards continue from (more than 0
+ * when they resumed from a checkpoint: a worker starts its steps there). */
 uint64_t ps_client_clock(struct ps_client *c);
 
 #endif

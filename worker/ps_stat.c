@@ -31,7 +31,7 @@ struct opts {
 	const char *config;
 	double watch;       /* seconds between refreshes; 0 = once */
 	double interval;    /* once: seconds between the two samples */
-	int json, workers;
+	int json, workers, checkpoint;
 };
 
 /* One shard at one moment. */
@@ -92,10 +92,13 @@ static void usage(FILE *f)
 		"  -i, --interval S      once: seconds between the two samples (default 1)\n"
 		"  -j, --json            one JSON object per refresh instead of the table\n"
 		"  -W, --workers         also one row per worker: its clock on each shard\n"
+		"  -C, --checkpoint      ask every shard to write its checkpoint now\n"
+		"                        (config checkpoint.dir) and report each file\n"
 		"  -h, --help            this text\n"
 		"\n"
-		"Exit status: 0 when every shard answered, 1 when any was down, 2 for\n"
-		"a usage or configuration error.\n");
+		"Exit status: 0 when every shard answered (and, with --checkpoint, wrote\n"
+		"its file), 1 when any was down or failed, 2 for a usage or\n"
+		"configuration error.\n");
 }
 
 static int parse_seconds(const char *flag, const char *s, double lo, double *out)
@@ -447,6 +450,41 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 	fprintf(f, "}\n");
 }
 
+/* --checkpoint: every shard writes its checkpoint; one line per shard.
+ * 0 when all did, else 1. */
+static int checkpoint_all(const struct ps_config *cfg, struct ps_client **cp)
+{
+	struct ps_shard_stats *st = malloc(sizeof(*st));
+	char err[512];
+	int bad = 0;
+
+	if (!st)
+		return 1;
+	if (ps_client_init(cp, cfg, -1, err, sizeof(err))) {
+		fprintf(stderr, "ps-stat: %s\n", err);
+		free(st);
+		return 1;
+	}
+	for (int k = 0; k < cfg->nshards; k++) {
+		const char *why = ps_client_shard_error(*cp, k, err, sizeof(err));
+
+		if (!why && ps_client_checkpoint(*cp, k, 1, st))
+			why = ps_client_error(*cp);
+		if (!why && st->checkpoint_status)
+			why = st->checkpoint_error;
+		if (why) {
+			printf("shard %d: checkpoint failed: %s\n", k, why);
+			bad = 1;
+			continue;
+		}
+		printf("shard %d: checkpoint written: %s (%.1f MiB in %.3f s, worker 0 at clock %" PRIu64 ")\n",
+		       k, st->checkpoint_path, (double)st->checkpoint_bytes / 1048576.0,
+		       st->checkpoint_seconds, st->nworkers > 0 ? st->worker_clock[0] : 0);
+	}
+	free(st);
+	return bad;
+}
+
 /* Sleeps s seconds unless a signal stops us first. */
 static void nap(double s)
 {
@@ -466,6 +504,7 @@ int main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' }, { "watch", required_argument, NULL, 'w' },
 		{ "interval", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
 		{ "workers", no_argument, NULL, 'W' }, { "help", no_argument, NULL, 'h' },
+		{ "checkpoint", no_argument, NULL, 'C' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .interval = 1.0 };
@@ -479,7 +518,7 @@ int main(int argc, char **argv)
 
 	if (!cfg)
 		return 2;
-	while ((opt = getopt_long(argc, argv, "c:w:i:jWh", lopts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "c:w:i:jWCh", lopts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': o.config = optarg; break;
 		case 'w':
@@ -492,6 +531,7 @@ int main(int argc, char **argv)
 			break;
 		case 'j': o.json = 1; break;
 		case 'W': o.workers = 1; break;
+		case 'C': o.checkpoint = 1; break;
 		case 'h': usage(stdout); rc = 0; goto out;
 		default: fprintf(stderr, "Try 'ps-stat --help'.\n"); goto out;
 		}
@@ -519,6 +559,10 @@ int main(int argc, char **argv)
 	rows = calloc((size_t)cfg->nshards, sizeof(*rows));
 	if (!a || !b || !rows) {
 		fprintf(stderr, "ps-stat: out of memory\n");
+		goto out;
+	}
+	if (o.checkpoint) {
+		rc = checkpoint_all(cfg, &c);
 		goto out;
 	}
 	sample(cfg, &c, a);

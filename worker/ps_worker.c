@@ -352,8 +352,12 @@ int main(int argc, char **argv)
 
 	struct step_ctx sc = { .cli = cli, .net = &net, .cfg = cfg, .first_param_tensor = 0 };
 	int tty = isatty(STDERR_FILENO);
-	uint64_t clock = 0;
+	/* 0, or where the shards resumed from a checkpoint */
+	uint64_t clock = ps_client_clock(cli);
 	double t_start = now_s();
+	if (clock)
+		ps_info("shards resumed from a checkpoint: continuing at clock %llu",
+			(unsigned long long)clock);
 	for (int e = 0; e < cfg->train.epochs && !g_stop; e++) {
 		double t_epoch = now_s(), last_print = 0, loss_sum = 0;
 		long seen = 0, correct_sum = 0;

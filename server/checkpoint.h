@@ -1,0 +1,40 @@
+/* checkpoint.h - a shard's state on disk (config `checkpoint`).
+ *
+ * One file per shard, <checkpoint.dir>/shard-<k>.ckpt: the weights and
+ * optimizer state of every slice the shard owns, each slice's version and
+ * optimizer step count, every worker's finished clock, and what the state
+ * belongs to (shard, shard-map hash, optimizer, number of workers,
+ * consistency), followed by a CRC-32 of everything before it.
+ *
+ * Writing goes to a temporary file in the same folder, which is fsynced,
+ * renamed over the old checkpoint and followed by an fsync of the folder,
+ * so a crash at any point leaves either the old or the new checkpoint,
+ * never a torn one. Gradients of a sync clock that is not complete yet are
+ * not part of the state (they were never applied); DESIGN.md §6 and
+ * docs/operations.md say what that means after a restart.
+ *
+ * Byte order is the host's (little-endian on every supported machine); the
+ * header records it and a file from the other order is refused.
+ */
+#ifndef PS_CHECKPOINT_H
+#define PS_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct ps_server;
+
+/* Path of shard's checkpoint inside dir (into buf, len bytes). */
+void ps_checkpoint_path(const char *dir, int shard, char *buf, size_t len);
+
+/* Writes s's state to its checkpoint file. 0, or a negative code with the
+ * reason in err. *bytes gets the file size. Blocks (loop thread). */
+int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, char *err,
+			size_t errlen);
+
+/* Restores s's state from path (call before serving). 0; -ENOENT when
+ * there is no file; else a negative code with the reason in err (damaged,
+ * or made by another configuration), and s is left as it was. */
+int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t errlen);
+
+#endif

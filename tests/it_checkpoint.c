@@ -1,0 +1,223 @@
+/* it_checkpoint.c - shard checkpoints with real processes: SIGTERM writes
+ * them, a restarted shard resumes with bit-identical weights, optimizer
+ * state (momentum) and versions, and workers continue at the restored
+ * clock; `ps-stat --checkpoint` writes on request; every_s writes
+ * periodically; a damaged checkpoint or one from another configuration
+ * stops the shard with the reason, and leaves the file alone. */
+#include <check.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <sys/stat.h>
+#include "config.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "test_util.h"
+
+#define N 3000
+
+static char dir[64], path[64];
+static struct ps_config cfg;
+static pid_t srv[2];
+
+static void write_cfg(int p0, int p1, int n, int every_s)
+{
+	char yaml[1024], err[512];
+
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 1\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: momentum\n  lr: 0.5\n  momentum: 0.9\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
+		 "checkpoint:\n  dir: %s\n  every_s: %d\n"
+		 "log:\n  level: warn\n", p0, p1, n, dir, every_s);
+	if (!path[0])
+		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(yaml, f);
+	fclose(f);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+}
+
+static struct ps_client *connect_retry(void)
+{
+	struct ps_client *c = NULL;
+	char err[512];
+	int rc = -1;
+
+	for (int i = 0; i < 100; i++) {
+		rc = ps_client_init(&c, &cfg, 0, err, sizeof(err));
+		if (rc != -ECONNREFUSED)
+			break;
+		tu_sleep_ms(100);
+	}
+	ck_assert_msg(rc == 0, "connect: %s", err);
+	return c;
+}
+
+/* clocks [from, to) of a known gradient; returns the weights after them */
+static void train(struct ps_client *c, uint64_t from, uint64_t to, float *w)
+{
+	static float g[N];
+	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+
+	for (uint64_t k = from; k < to; k++) {
+		for (int i = 0; i < N; i++)
+			g[i] = (float)((int)((i + k) % 7) - 3) * 0.01f;
+		int64_t p = ps_client_push(c, k, &tg, 1, PS_PUSH_END_CLOCK);
+		ck_assert_msg(p > 0 && ps_client_wait(c, p) == 0, "push %" PRIu64 ": %s", k,
+			      ps_client_error(c));
+	}
+	int64_t q = ps_client_pull(c, to, &tw, 1);
+	ck_assert_msg(q > 0 && ps_client_wait(c, q) == 0, "pull: %s", ps_client_error(c));
+}
+
+static int run_cmd(const char *cmd, char *out, size_t n)
+{
+	FILE *p = popen(cmd, "r");
+	size_t len = 0;
+	int st;
+
+	ck_assert_ptr_nonnull(p);
+	while (len + 1 < n && !feof(p))
+		len += fread(out + len, 1, n - 1 - len, p);
+	out[len] = 0;
+	st = pclose(p);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Starts shard k and waits for it to exit (it must refuse); its stderr in out. */
+static int refused_start(int k, char *out, size_t n)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof(cmd), "bin/ps-server --config %s --shard %d 2>&1", path, k);
+	return run_cmd(cmd, out, n);
+}
+
+START_TEST(test_checkpoint_resume)
+{
+	static float w_before[N], w_after[N], w_ref[N], w_cont[N];
+	static char out[8192];
+	char ck0[200], ck1[200], cmd[256];
+	int p0 = tu_free_port(), p1 = tu_free_port();
+	struct stat st;
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	path[0] = 0;
+	write_cfg(p0, p1, N, 0);
+	snprintf(ck0, sizeof(ck0), "%s/shard-0.ckpt", dir);
+	snprintf(ck1, sizeof(ck1), "%s/shard-1.ckpt", dir);
+
+	/* reference: 8 clocks without a restart */
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	struct ps_client *c = connect_retry();
+	ck_assert_uint_eq(ps_client_clock(c), 0);
+	train(c, 0, 8, w_ref);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(ck0);
+	unlink(ck1);
+
+	/* 5 clocks, SIGTERM (checkpoint), restart, 3 more: same weights, since
+	 * the momentum buffers and versions came back too */
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	c = connect_retry();
+	train(c, 0, 5, w_before);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	ck_assert_int_eq(stat(ck0, &st), 0);
+	ck_assert_int_gt(st.st_size, N / 2 * 4);
+	ck_assert_int_eq(stat(ck1, &st), 0);
+	snprintf(cmd, sizeof(cmd), "ls %s | grep -c tmp", dir);
+	ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 1); /* grep found no temp file */
+
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	c = connect_retry();
+	ck_assert_uint_eq(ps_client_clock(c), 5);   /* workers continue at clock 5 */
+	struct ps_tensor tw = { .name = "a", .data = w_after, .count = N };
+	int64_t q = ps_client_pull(c, 5, &tw, 1);
+	ck_assert_int_eq(ps_client_wait(c, q), 0);
+	ck_assert_msg(memcmp(w_after, w_before, sizeof(w_before)) == 0, "weights differ after restart");
+	train(c, 5, 8, w_cont);
+	ck_assert_msg(memcmp(w_cont, w_ref, sizeof(w_ref)) == 0,
+		      "training across a restart differs from training without one");
+
+	/* on request */
+	ck_assert_int_eq(stat(ck0, &st), 0);
+	time_t before = st.st_mtime;
+	unlink(ck0);
+	snprintf(cmd, sizeof(cmd), "bin/ps-stat --config %s --checkpoint", path);
+	ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "shard 0: checkpoint written: ") && strstr(out, ck0) &&
+		      strstr(out, "shard 1: checkpoint written: "), "%s", out);
+	ck_assert_int_eq(stat(ck0, &st), 0);
+	ck_assert(st.st_mtime >= before);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+
+	/* damaged: one flipped byte in the middle; the shard refuses, the
+	 * file stays for inspection */
+	int fd = open(ck1, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	uint8_t byte;
+	ck_assert_int_eq(pread(fd, &byte, 1, st.st_size / 2), 1);
+	byte ^= 0x10;
+	ck_assert_int_eq(pwrite(fd, &byte, 1, st.st_size / 2), 1);
+	close(fd);
+	ck_assert_int_ne(refused_start(1, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "checksum mismatch") && strstr(out, ck1), "%s", out);
+	ck_assert_int_eq(stat(ck1, &st), 0);
+	/* truncated */
+	ck_assert_int_eq(truncate(ck1, 20), 0);
+	ck_assert_int_ne(refused_start(1, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "too short"), "%s", out);
+	unlink(ck1);
+
+	/* another configuration: a different tensor shape */
+	write_cfg(p0, p1, N + 1, 0);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "made with another configuration: shard map"), "%s", out);
+
+	/* every_s: written without a signal */
+	write_cfg(p0, p1, N + 1, 1);
+	unlink(ck0);
+	srv[0] = tu_start_server(path, 0);
+	for (int i = 0; i < 40 && stat(ck0, &st); i++)
+		tu_sleep_ms(100);
+	ck_assert_int_eq(stat(ck0, &st), 0);
+	kill(srv[0], SIGKILL);
+	tu_wait_child(srv[0]);
+
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+	unlink(path);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("checkpoint");
+	TCase *tc = tcase_create("checkpoint");
+	SRunner *sr;
+	int failed;
+
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_checkpoint_resume);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
