@@ -56,7 +56,7 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
 COMPUTE   := $(wildcard common/compute.c common/compute_cpu.c)
-TRAIN     := $(wildcard worker/net.c worker/dataset.c)
+TRAIN     := $(wildcard worker/net.c worker/dataset.c worker/model_file.c)
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
 TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN)) $(CUDA_OBJS)

@@ -80,7 +80,17 @@ static char *slurp(const char *path)
 
 /* Runs 2 shards and 2 workers of cfg to the end. Returns worker 0's test
  * accuracy (from its stdout) and copies its last metrics line to metrics. */
+static double run_cluster_x(const char *cfg, char *metrics, size_t mlen,
+			    const char *const *extra0);
+
 static double run_cluster(const char *cfg, char *metrics, size_t mlen)
+{
+	return run_cluster_x(cfg, metrics, mlen, NULL);
+}
+
+/* Same, with more flags for worker 0. */
+static double run_cluster_x(const char *cfg, char *metrics, size_t mlen,
+			    const char *const *extra0)
 {
 	char out[2][128], mpath[128];
 	pid_t srv[2], w[2];
@@ -91,7 +101,7 @@ static double run_cluster(const char *cfg, char *metrics, size_t mlen)
 		srv[i] = tu_start_server(cfg, i);
 	for (int r = 0; r < 2; r++) {
 		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", tmpdir, r);
-		w[r] = start_worker(cfg, r, out[r], NULL);
+		w[r] = start_worker(cfg, r, out[r], r == 0 ? extra0 : NULL);
 	}
 	for (int r = 0; r < 2; r++) {
 		int st = tu_wait_child(w[r]);
@@ -199,6 +209,74 @@ START_TEST(test_sync_cnn_learns)
 }
 END_TEST
 
+/* ps-worker --config cfg --eval model (no servers); exit status, output in out. */
+static int run_eval(const char *cfg, const char *model, char *out, size_t outlen)
+{
+	char path[128];
+	int st;
+	pid_t pid;
+
+	snprintf(path, sizeof(path), "%s/eval.out", tmpdir);
+	pid = fork();
+	if (pid == 0) {
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		setenv("OPENBLAS_NUM_THREADS", "1", 1);
+		execl("bin/ps-worker", "ps-worker", "--config", cfg, "--eval", model, (char *)NULL);
+		_exit(127);
+	}
+	st = tu_wait_child(pid);
+	snprintf(out, outlen, "%.*s", (int)outlen - 1, slurp(path));
+	return st;
+}
+
+/* --save-model writes the weights of the last pull; --eval of that file,
+ * without servers, reports the accuracy worker 0 printed after the epoch
+ * (same weights, same test set); a damaged file or another model's file
+ * is refused with the reason. */
+START_TEST(test_save_model_and_eval)
+{
+	char cfg[64], cnn[64], m[4096], model[128], out[4096];
+	const char *extra[] = { "--save-model", model, NULL };
+	double acc, eacc;
+	const char *p;
+
+	snprintf(model, sizeof(model), "%s/mlp.model", tmpdir);
+	write_cfg(cfg, "mlp", "limit: 6000", "optimizer: {name: momentum, lr: 0.05, momentum: 0.5}\n");
+	acc = run_cluster_x(cfg, m, sizeof(m), extra);
+	ck_assert_int_eq(run_eval(cfg, model, out, sizeof(out)), 0);
+	p = strstr(out, "test accuracy ");
+	ck_assert_msg(p, "%s", out);
+	eacc = strtod(p + strlen("test accuracy "), NULL);
+	ck_assert_msg(fabs(eacc - acc) < 1e-9, "eval %.4f, after training %.4f\n%s", eacc, acc, out);
+
+	/* another model's config */
+	write_cfg(cnn, "cnn", "limit: 6000", "");
+	ck_assert_int_ne(run_eval(cnn, model, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "holds 6 tensors, the config's model has 8"), "%s", out);
+	unlink(cnn);
+	/* one flipped byte */
+	FILE *f = fopen(model, "r+b");
+	ck_assert_ptr_nonnull(f);
+	fseek(f, 1000, SEEK_SET);
+	int c = fgetc(f);
+	fseek(f, 1000, SEEK_SET);
+	fputc(c ^ 1, f);
+	fclose(f);
+	ck_assert_int_ne(run_eval(cfg, model, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "checksum mismatch"), "%s", out);
+	/* missing */
+	unlink(model);
+	ck_assert_int_ne(run_eval(cfg, model, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, model) && strstr(out, "No such file"), "%s", out);
+	unlink(cfg);
+}
+END_TEST
+
 /* Runs one worker alone (no servers needed to fail) and returns its exit
  * status; its output is left in out. */
 static int run_alone(const char *cfg, const char *const *extra, char *out, size_t outlen)
@@ -286,6 +364,7 @@ int main(void)
 		tcase_add_test(tc, test_async_mlp_learns);
 		tcase_add_test(tc, test_sync_cnn_learns);
 		tcase_add_test(tc, test_topk_lz4_matches_none);
+		tcase_add_test(tc, test_save_model_and_eval);
 	} else {
 		printf("SKIP training runs: %s is missing (Debian's dataset-fashion-mnist)\n", FMNIST);
 	}

@@ -20,6 +20,7 @@
 #include "compute.h"
 #include "config.h"
 #include "dataset.h"
+#include "model_file.h"
 #include "net.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -45,6 +46,7 @@ static void usage(FILE *out)
 {
 	fprintf(out,
 		"Usage: ps-worker --config FILE --rank R [options]\n"
+		"       ps-worker --config FILE --eval MODEL [--device D]\n"
 		"\n"
 		"Trains the config's model on its part of the training data, pushing\n"
 		"gradients to and pulling weights from the config's shards.\n"
@@ -59,6 +61,10 @@ static void usage(FILE *out)
 		"  -n, --limit N        train on the first N images only, 0 = all\n"
 		"                       (default: train.limit; every worker must use the same)\n"
 		"  -m, --metrics-dir D  folder for worker-R.jsonl (default: train.metrics_dir)\n"
+		"  -s, --save-model F   after training, write the final weights to F\n"
+		"  -E, --eval F         no training and no servers: report the test accuracy\n"
+		"                       of the weights in F (saved by --save-model) for the\n"
+		"                       config's model, and exit\n"
 		"  -l, --log-level L    debug, info, warn, error or off\n"
 		"  -h, --help           this text\n"
 		"\n"
@@ -163,6 +169,53 @@ static int evaluate(struct ps_net *net, const struct ps_dataset *test, float *x,
 	return 0;
 }
 
+/* --eval: the test accuracy of saved weights, without servers. */
+static int eval_saved(const struct ps_config *cfg, const char *path)
+{
+	const struct ps_compute_ops *ops;
+	struct ps_compute *comp = NULL;
+	struct ps_dataset test = { 0 };
+	struct ps_net net = { 0 };
+	float *x = NULL;
+	int32_t *y = NULL;
+	double acc, loss;
+	char err[1024];
+	int rc = 1, batch = 256;
+
+	if (open_backend(cfg->train.device, &ops, &comp))
+		return 1;
+	if (ps_dataset_load_dir(&test, cfg->train.data_dir, "t10k", cfg->model.classes, err,
+				sizeof(err))) {
+		ps_error("%s", err);
+		goto out;
+	}
+	if (ps_net_init(&net, cfg, ops, comp, batch, err, sizeof(err))) {
+		ps_error("%s", err);
+		goto out;
+	}
+	if (ps_model_load(path, cfg, net.host_w, err, sizeof(err))) {
+		ps_error("--eval: %s", err);
+		goto out;
+	}
+	x = malloc((size_t)batch * test.rows * test.cols * sizeof(float));
+	y = malloc((size_t)batch * sizeof(int32_t));
+	if (!x || !y || ps_net_upload_weights(&net) || evaluate(&net, &test, x, y, &acc, &loss)) {
+		ps_error("evaluation failed: %s", comp->err);
+		goto out;
+	}
+	printf("%s: test accuracy %.4f, test loss %.4f (%d images, %s)\n", path, acc, loss,
+	       test.n, ops->name);
+	rc = 0;
+out:
+	free(x);
+	free(y);
+	ps_net_free(&net);
+	ps_dataset_free(&test);
+	if (comp)
+		ops->destroy(comp);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -171,16 +224,19 @@ int main(int argc, char **argv)
 		{ "device", required_argument, NULL, 'd' }, { "log-level", required_argument, NULL, 'l' },
 		{ "metrics-dir", required_argument, NULL, 'm' },
 		{ "limit", required_argument, NULL, 'n' },
+		{ "save-model", required_argument, NULL, 's' },
+		{ "eval", required_argument, NULL, 'E' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *device = NULL, *metrics_dir = NULL;
+	const char *save_model = NULL, *eval_model = NULL;
 	int rank = -1, epochs = 0, batch = 0, limit = -1, opt, rc = 1;
 	/* large (tensors table): static, so early exits on bad flags free nothing */
 	static struct ps_config cfg_storage;
 	struct ps_config *cfg = &cfg_storage;
 	char err[1024];
 
-	while ((opt = getopt_long(argc, argv, "c:r:e:b:d:l:m:n:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "c:r:e:b:d:l:m:n:s:E:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config = optarg; break;
 		case 'r':
@@ -209,6 +265,8 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'l': level = optarg; break;
+		case 's': save_model = optarg; break;
+		case 'E': eval_model = optarg; break;
 		case 'm':
 			metrics_dir = optarg;
 			if (strlen(optarg) >= sizeof(cfg->train.metrics_dir)) {
@@ -236,6 +294,12 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ps-worker: unexpected argument '%s'\nTry 'ps-worker --help'.\n", argv[optind]);
 		return 2;
 	}
+	if (eval_model && (rank >= 0 || save_model)) {
+		fprintf(stderr, "ps-worker: --eval runs alone: no --rank or --save-model with it\n");
+		return 2;
+	}
+	if (eval_model)
+		rank = 0;
 	if (!config || rank < 0) {
 		fprintf(stderr, "ps-worker: --config FILE and --rank R are required\nTry 'ps-worker --help'.\n");
 		return 2;
@@ -273,6 +337,8 @@ int main(int argc, char **argv)
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
 	signal(SIGPIPE, SIG_IGN);
+	if (eval_model)
+		return eval_saved(cfg, eval_model);
 
 	const struct ps_compute_ops *ops;
 	struct ps_compute *comp = NULL;
@@ -441,6 +507,15 @@ int main(int argc, char **argv)
 	rc = g_stop ? 130 : 0;
 	if (g_stop)
 		ps_info("stopped by signal");
+	if (save_model && !g_stop) {
+		/* host_w holds the weights of the last pull: after the last clock */
+		if (ps_model_save(save_model, cfg, net.host_w, err, sizeof(err))) {
+			ps_error("--save-model: %s", err);
+			rc = 1;
+		} else {
+			ps_info("saved the model to %s", save_model);
+		}
+	}
 out:
 	if (metrics)
 		fclose(metrics);
