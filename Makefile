@@ -66,6 +66,7 @@ UNIT_SRCS := $(wildcard tests/check_*.c)
 UNIT_BINS := $(patsubst tests/%.c,$(OBJ)/tests/%,$(UNIT_SRCS))
 IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
+IT_SH     := $(wildcard tests/it_*.sh)
 
 PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard common/compute_cpu.c)),bin/ps-worker)
 
@@ -131,7 +132,7 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(LIB_OBJS)
 test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
 		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec
-	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS)
+	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS) $(IT_SH)
 
 bench: deps
 	@$(MAKE) --no-print-directory all $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train \

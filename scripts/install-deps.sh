@@ -16,6 +16,7 @@ PKGS=(
   libmicrohttpd-dev
   dataset-fashion-mnist
   iproute2 nftables
+  gnuplot-nox
 )
 
 missing=()

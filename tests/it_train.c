@@ -254,6 +254,32 @@ START_TEST(test_save_model_and_eval)
 	eacc = strtod(p + strlen("test accuracy "), NULL);
 	ck_assert_msg(fabs(eacc - acc) < 1e-9, "eval %.4f, after training %.4f\n%s", eacc, acc, out);
 
+	/* scripts/ps-plot renders the metrics line to a PNG */
+	{
+		char mfile[128], png[128], cmd[512], head[8] = { 0 };
+		FILE *mf;
+
+		snprintf(mfile, sizeof(mfile), "%s/plot.jsonl", tmpdir);
+		snprintf(png, sizeof(png), "%s/plot.png", tmpdir);
+		mf = fopen(mfile, "w");
+		ck_assert_ptr_nonnull(mf);
+		fputs(m, mf);
+		fclose(mf);
+		snprintf(cmd, sizeof(cmd), "scripts/ps-plot -o %s %s=mlp >/dev/null", png, mfile);
+		ck_assert_int_eq(system(cmd), 0);
+		mf = fopen(png, "rb");
+		ck_assert_ptr_nonnull(mf);
+		ck_assert_int_eq(fread(head, 1, 8, mf), 8);
+		fseek(mf, 0, SEEK_END);
+		ck_assert_int_gt(ftell(mf), 10000);
+		fclose(mf);
+		ck_assert_int_eq(memcmp(head, "\x89PNG\r\n\x1a\n", 8), 0);
+		snprintf(cmd, sizeof(cmd), "scripts/ps-plot %s/nonexistent.jsonl 2>/dev/null", tmpdir);
+		ck_assert_int_ne(system(cmd), 0);
+		unlink(png);
+		unlink(mfile);
+	}
+
 	/* another model's config */
 	write_cfg(cnn, "cnn", "limit: 6000", "");
 	ck_assert_int_ne(run_eval(cnn, model, out, sizeof(out)), 0);

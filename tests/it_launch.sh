@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# it_launch.sh - the launchers with real processes: ps-cluster.sh prints
+# the right commands with --dry-run, and through an ssh stand-in that runs
+# them on this machine it starts 2 shards and 2 training workers, reports
+# them running, and stops them all; ps.sbatch derives the config from the
+# allocation's nodes; the systemd units pass `systemd-analyze verify`.
+# Prints Check-style "N%: Checks" so scripts/run-tests.sh summarises it.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+checks=0 fails=0
+ok() { checks=$((checks + 1)); }
+bad() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+expect() { # DESCRIPTION COMMAND...
+  local what=$1; shift
+  if "$@"; then ok; else bad "$what"; fi
+}
+
+tmp=$(mktemp -d /tmp/ps-launch.XXXXXX)
+cleanup() {
+  pkill -TERM -f -- "--config $tmp/" 2>/dev/null
+  sleep 0.5
+  pkill -KILL -f -- "--config $tmp/" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+free_port() {
+  local p
+  for _ in $(seq 100); do
+    p=$((20000 + RANDOM % 30000))
+    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
+  done
+}
+
+cat > "$tmp/c.yaml" <<EOF
+cluster:
+  servers: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]
+  workers: 2
+model: {preset: mlp}
+train: {batch: 32, limit: 1280, metrics_dir: "$tmp/m"}
+log: {level: info}
+EOF
+
+# --dry-run: shards then workers on the hosts given, stop in reverse order
+out=$(scripts/ps-cluster.sh "$tmp/c.yaml" start --dry-run --worker-hosts w1,w2 -- --epochs 1)
+expect "dry-run start prints 4 commands" [ "$(printf '%s\n' "$out" | wc -l)" -eq 4 ]
+expect "shard 1 on its host" grep -q "^ssh -o BatchMode=yes 127.0.0.1 .*ps-server --config $tmp/c.yaml --shard 1 " <<< "$out"
+expect "worker 1 on w2 with the extra flag" grep -q "^ssh -o BatchMode=yes w2 .*ps-worker --config $tmp/c.yaml --rank 1 --epochs 1 " <<< "$out"
+out=$(scripts/ps-cluster.sh "$tmp/c.yaml" stop --dry-run)
+expect "stop: workers before shards" [ "$(printf '%s\n' "$out" | head -1 | grep -c 'ps-worker')" -eq 1 ]
+scripts/ps-cluster.sh "$tmp/c.yaml" launch >/dev/null 2>&1
+expect "unknown action refused with status 2" [ $? -eq 2 ]
+
+# real processes through an ssh stand-in (host ignored, command run here)
+cat > "$tmp/ssh" <<'EOF'
+#!/usr/bin/env bash
+shift   # the host
+exec bash -c "$1"
+EOF
+chmod +x "$tmp/ssh"
+export OPENBLAS_NUM_THREADS=1
+scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs" -- --epochs 1
+expect "start succeeds" [ $? -eq 0 ]
+st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
+expect "both shards running: $st" [ "$(grep -c 'shard .*: running' <<< "$st")" -eq 2 ]
+# the workers train one short epoch and exit
+for _ in $(seq 120); do
+  st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
+  grep -q 'worker .*: running' <<< "$st" || break
+  sleep 0.5
+done
+expect "workers finished: $st" [ "$(grep -c 'worker .*: not running' <<< "$st")" -eq 2 ]
+expect "worker 0 trained and evaluated" grep -q "epoch 1 test accuracy" "$tmp/logs/worker-0.log"
+scripts/ps-cluster.sh "$tmp/c.yaml" stop --ssh "$tmp/ssh"
+for _ in $(seq 40); do
+  st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
+  grep -q ': running' <<< "$st" || break
+  sleep 0.25
+done
+expect "everything stopped: $st" [ "$(grep -c ': not running' <<< "$st")" -eq 4 ]
+expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/server-0.log"
+
+# Slurm: the derived config names the allocated nodes with the config's ports
+out=$(PS_NODES="n1 n2 n3" PS_DRY_RUN=1 PS_LOGS="$tmp/sb" scripts/ps.sbatch "$tmp/c.yaml" --epochs 2)
+p0=$(bin/ps-server --config "$tmp/c.yaml" --list-shards | awk 'NR == 1 {print $3}')
+expect "derived servers line" grep -q "^  servers: \[n1:$p0, n2:" "$tmp/sb/cluster.yaml"
+expect "derived config loads" bin/ps-server --config "$tmp/sb/cluster.yaml" --list-shards >/dev/null
+expect "srun for shard 1 on n2" grep -q -- "--nodelist=n2 .*ps-server --config $tmp/sb/cluster.yaml --shard 1" <<< "$out"
+expect "worker 1 on n2 with its flags" grep -q -- "--nodelist=n2 .*ps-worker --config $tmp/sb/cluster.yaml --rank 1 --epochs 2" <<< "$out"
+PS_NODES="n1" PS_DRY_RUN=1 PS_LOGS="$tmp/sb1" scripts/ps.sbatch "$tmp/c.yaml" >/dev/null 2>"$tmp/err"
+expect "too few nodes refused" grep -q "2 shards need 2 nodes, the allocation has 1" "$tmp/err"
+
+# systemd units (with ExecStart pointing at this build)
+if command -v systemd-analyze >/dev/null; then
+  for u in ps-server@.service ps-worker@.service; do
+    sed "s|/usr/local/bin/|$PWD/bin/|" "scripts/systemd/$u" > "$tmp/$u"
+    if systemd-analyze verify "$tmp/$u" > "$tmp/verify" 2>&1; then ok; else
+      bad "systemd-analyze verify $u: $(cat "$tmp/verify")"; fi
+  done
+else
+  echo "SKIP systemd units: systemd-analyze not found"
+fi
+
+echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
+[ $fails -eq 0 ]
