@@ -80,6 +80,24 @@ done
 expect "everything stopped: $st" [ "$(grep -c ': not running' <<< "$st")" -eq 4 ]
 expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/server-0.log"
 
+# ps-local.sh: a whole run ends with status 0 and no process left; a run
+# stopped by SIGTERM in the middle stops every process too
+scripts/ps-local.sh "$tmp/c.yaml" --logs "$tmp/local" -- --epochs 1 > "$tmp/local.out" 2>&1
+expect "ps-local.sh run succeeded: $(tail -3 "$tmp/local.out")" [ $? -eq 0 ]
+expect "no process left after ps-local.sh" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ]
+scripts/ps-local.sh "$tmp/c.yaml" --logs "$tmp/local2" -- --epochs 50 > "$tmp/local2.out" 2>&1 &
+lp=$!
+for _ in $(seq 100); do
+  grep -q "step" "$tmp/local2/worker-0.log" 2>/dev/null && break
+  sleep 0.2
+done
+kill -TERM $lp
+wait $lp
+rc=$?
+expect "ps-local.sh stopped by SIGTERM reports it (status $rc)" [ $rc -ne 0 ]
+for _ in $(seq 20); do [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ] && break; sleep 0.25; done
+expect "no process left after SIGTERM" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ]
+
 # Slurm: the derived config names the allocated nodes with the config's ports
 out=$(PS_NODES="n1 n2 n3" PS_DRY_RUN=1 PS_LOGS="$tmp/sb" scripts/ps.sbatch "$tmp/c.yaml" --epochs 2)
 p0=$(bin/ps-server --config "$tmp/c.yaml" --list-shards | awk 'NR == 1 {print $3}')
