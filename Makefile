@@ -70,7 +70,7 @@ IT_SH     := $(wildcard tests/it_*.sh)
 
 PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard common/compute_cpu.c)),bin/ps-worker)
 
-.PHONY: all test unit integration bench demo install clean deps
+.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build
 .SECONDARY:
 
 all: $(PROGRAMS) lib/libps.a
@@ -133,6 +133,7 @@ test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
 		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec
 	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS) $(IT_SH)
+	@$(MAKE) --no-print-directory fuzz
 
 bench: deps
 	@$(MAKE) --no-print-directory all $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train \
@@ -150,6 +151,35 @@ install: all
 	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
 	install -m 644 worker/ps_client.h common/config.h common/layers.h common/ps_err.h \
 		common/codec.h common/histo.h $(DESTDIR)$(PREFIX)/include/ps
+
+
+# Fuzzing (libFuzzer, clang): tests/fuzz/fuzz_*.c against the library built
+# with ASan/UBSan into build/fuzz. `make fuzz` runs each target for
+# FUZZ_SECONDS (default 15; `make test` runs them too, a minute in all) with
+# conf/ as the config seeds; crashes land in build/fuzz/crashes.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 15
+FUZZ_OBJ     := build/fuzz
+FUZZ_FLAGS   := -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_SRCS    := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS    := $(patsubst tests/fuzz/%.c,$(FUZZ_OBJ)/%,$(FUZZ_SRCS))
+FUZZ_LIBOBJS := $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(LIB_SRCS)) $(FUZZ_OBJ)/gen/ps.pb-c.o
+
+$(FUZZ_OBJ)/%.o: %.c $(GEN)/ps.pb-c.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -std=gnu11 -pthread -c $< -o $@
+
+$(FUZZ_OBJ)/gen/ps.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_OBJ)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIBOBJS)
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer -std=gnu11 -o $@ $^ $(LDLIBS)
+
+fuzz-build: deps $(FUZZ_BINS)
+
+fuzz: fuzz-build
+	@scripts/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
 
 clean:
 	rm -rf build bin lib

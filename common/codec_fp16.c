@@ -27,6 +27,7 @@
 #include "ps_err.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define HAVE_X86 1
 #endif
@@ -168,7 +169,17 @@ static void unpack_f16c(const uint16_t *in, size_t n, float scale, float *acc, i
 int ps__fp16_have_simd(void)
 {
 #ifdef HAVE_X86
-	return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+	/* cpuid rather than __builtin_cpu_supports("f16c"), which clang (the
+	 * fuzzing build) does not know: AVX and F16C in the CPU, and the OS
+	 * saving the YMM registers (XGETBV bits 1 and 2). */
+	unsigned a, b, c, d, lo, hi;
+
+	if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX) ||
+	    !(c & bit_F16C))
+		return 0;
+	__asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+	(void)hi;
+	return (lo & 6) == 6;
 #else
 	return 0;
 #endif

@@ -17,6 +17,7 @@ PKGS=(
   dataset-fashion-mnist
   iproute2 nftables
   gnuplot-nox
+  clang libclang-rt-14-dev
 )
 
 missing=()
