@@ -167,7 +167,7 @@ FUZZ_LIBOBJS := $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(LIB_SRCS)) $(FUZZ_OBJ)/gen/ps.p
 
 $(FUZZ_OBJ)/%.o: %.c $(GEN)/ps.pb-c.h
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -std=gnu11 -pthread -c $< -o $@
+	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -std=gnu11 -pthread -MMD -MP -c $< -o $@
 
 $(FUZZ_OBJ)/gen/ps.pb-c.o: $(PROTO_C)
 	@mkdir -p $(dir $@)
@@ -184,4 +184,4 @@ fuzz: fuzz-build
 clean:
 	rm -rf build bin lib
 
--include $(shell find build/$(VARIANT) -name '*.d' 2>/dev/null)
+-include $(shell find build/$(VARIANT) $(FUZZ_OBJ) -name '*.d' 2>/dev/null)

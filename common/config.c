@@ -451,7 +451,7 @@ static int section_line(const struct ynode *root, const char *key)
 }
 
 /* Checks that involve more than one option, once the whole file is read. */
-static int validate(struct ctx *c, const struct ps_config *cfg, const struct ynode *root,
+static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *root,
 		    const struct ynode **seen)
 {
 	const struct ynode *tr = seen[find_opt(cfg_opts, NCFG, "transport")];
@@ -478,6 +478,18 @@ static int validate(struct ctx *c, const struct ps_config *cfg, const struct yno
 		return cfg_fail(c, fr ? fr->line : sl->line, "key 'limits.max_frame_bytes': expected at "
 			    "least slice_bytes + 64KiB = %" PRIu64 " (slice_bytes is %s), got %s",
 			    cfg->slice_bytes + 64 * KiB, cfg_fmt_size(cfg->slice_bytes, b, sizeof(b)), got);
+	}
+	if (cfg->limits.max_write_queue < cfg->limits.max_frame_bytes) {
+		const struct ynode *wq = seen[find_opt(cfg_opts, NCFG, "limits.max_write_queue_bytes")];
+
+		/* the default follows a larger frame limit; a value given must hold one frame */
+		if (!wq)
+			cfg->limits.max_write_queue = cfg->limits.max_frame_bytes;
+		else
+			return cfg_fail(c, wq->line, "key 'limits.max_write_queue_bytes': expected at "
+				    "least limits.max_frame_bytes = %s, got %s",
+				    cfg_fmt_size(cfg->limits.max_frame_bytes, b, sizeof(b)),
+				    cfg_what(wq, got, sizeof(got)));
 	}
 	return 0;
 }

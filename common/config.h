@@ -75,6 +75,8 @@ struct ps_limits {
 	int max_clock_ahead;        /* sync: a push may be at most this many clocks ahead */
 	int max_connections;        /* per shard */
 	int wait_spin_us;           /* client: ps_client_wait polls this long before sleeping */
+	int idle_timeout_ms;        /* a connection silent this long is closed; 0 = never */
+	uint64_t max_write_queue;   /* bytes queued to a peer that does not read before it is dropped */
 };
 
 struct ps_checkpoint_cfg {

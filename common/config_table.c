@@ -102,6 +102,12 @@ const struct opt cfg_opts[] = {
 	  "sync: a push may be at most this many clocks ahead of the shard"),
 	O("limits.max_connections", T_INT, 0, 1, 1000000, "1024", NULL, C,
 	  limits.max_connections, "connections accepted per shard"),
+	O("limits.idle_timeout_ms", T_INT, 0, 0, 86400000, "60000", NULL, C,
+	  limits.idle_timeout_ms, "a connection that sends nothing for this long is closed; "
+	  "clients send heartbeats every third of it, so only dead or hung peers hit it; 0 = never"),
+	O("limits.max_write_queue_bytes", T_SIZE, 0, 64 * KiB, 64 * GiB, "1GiB", NULL, C,
+	  limits.max_write_queue, "shard: replies queued to a peer that does not read them are "
+	  "dropped with the connection past this many bytes; >= limits.max_frame_bytes"),
 	O("limits.wait_spin_us", T_INT, 0, 0, 100000, "50", NULL, C, limits.wait_spin_us,
 	  "client: a wait for a reply polls this long before sleeping, which saves a thread "
 	  "wake-up on short round trips; 0 always sleeps"),

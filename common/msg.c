@@ -17,6 +17,7 @@ const ProtobufCMessageDescriptor *ps_msg_descriptor(unsigned type)
 	case PS_MSG_ERROR: return &ps__error__descriptor;
 	case PS_MSG_STATS_REQUEST: return &ps__stats_request__descriptor;
 	case PS_MSG_STATS: return &ps__stats__descriptor;
+	case PS_MSG_HEARTBEAT: return &ps__heartbeat__descriptor;
 	default: return NULL;
 	}
 }

@@ -45,7 +45,7 @@ const char *ps_wire_type_name(unsigned type)
 		[PS_MSG_PUSH] = "push", [PS_MSG_PUSH_ACK] = "push-ack",
 		[PS_MSG_PULL] = "pull", [PS_MSG_PULL_REPLY] = "pull-reply",
 		[PS_MSG_ERROR] = "error", [PS_MSG_STATS_REQUEST] = "stats-request",
-		[PS_MSG_STATS] = "stats",
+		[PS_MSG_STATS] = "stats", [PS_MSG_HEARTBEAT] = "heartbeat",
 	};
 	return type < PS_MSG_MAX_ && names[type] ? names[type] : "unknown";
 }

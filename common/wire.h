@@ -33,7 +33,8 @@ enum ps_msg_type {
 	PS_MSG_ERROR = 7,
 	PS_MSG_STATS_REQUEST = 8,
 	PS_MSG_STATS = 9,
-	PS_MSG_MAX_ = 10
+	PS_MSG_HEARTBEAT = 10,
+	PS_MSG_MAX_ = 11
 };
 
 enum { PS_FRAME_F_LZ4 = 1u << 0 }; /* payload LZ4-compressed (a later issue) */

@@ -26,6 +26,7 @@ struct ps_srv_conn {
 	int role;
 	int rank;
 	double accepted;
+	double last_rx;            /* now_s() of the last frame received */
 	struct ps_srv_conn *prev, *next;
 };
 
@@ -152,6 +153,21 @@ out_free:
 	}
 }
 
+/* Drops a peer that does not read what it asks for: replies queued past
+ * limits.max_write_queue_bytes would otherwise grow without bound. */
+static int check_backlog(struct ps_server *s, struct ps_srv_conn *sc)
+{
+	size_t q = sc->conn->t->ops->queued_bytes(sc->conn);
+
+	if (q <= s->cfg->limits.max_write_queue)
+		return 0;
+	ps_warn("closing connection from %s: %zu reply bytes queued and not read "
+		"(limits.max_write_queue_bytes is %" PRIu64 ")", sc->conn->peer, q,
+		s->cfg->limits.max_write_queue);
+	sc->conn->t->ops->close(sc->conn, PS_ETOOBIG);
+	return 1;
+}
+
 /* Answers every waiting pull whose condition now holds. */
 static void answer_pulls(struct ps_server *s)
 {
@@ -161,6 +177,7 @@ static void answer_pulls(struct ps_server *s)
 		if (pull_ready(s, p)) {
 			*pp = p->next;
 			send_pull_reply(s, p);
+			check_backlog(s, p->sc);
 			free(p);
 		} else {
 			pp = &p->next;
@@ -555,6 +572,7 @@ static void on_accept(struct ps_transport *t, struct ps_conn *c)
 	sc->conn = c;
 	sc->rank = -1;
 	sc->accepted = now_s();
+	sc->last_rx = sc->accepted;
 	c->data = sc;
 	sc->next = s->conns;
 	if (s->conns)
@@ -577,6 +595,7 @@ static void on_frame(struct ps_conn *c, struct ps_frame *f)
 		return;
 	}
 	s = sc->srv;
+	sc->last_rx = now_s();
 	m = ps_msg_unpack(f, why, sizeof(why));
 	if (!m) {
 		ps_warn("closing connection from %s: %s", c->peer, why);
@@ -613,6 +632,10 @@ static void on_frame(struct ps_conn *c, struct ps_frame *f)
 		break;
 	case PS_MSG_STATS_REQUEST:
 		handle_stats(s, sc, (Ps__StatsRequest *)m);
+		break;
+	case PS_MSG_HEARTBEAT:
+		/* answered, so the client can tell that this shard is alive */
+		ps_msg_send(sc->conn, PS_MSG_HEARTBEAT, m, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 		break;
 	default:
 		ps_warn("closing connection from %s: unexpected %s frame", c->peer,
@@ -671,12 +694,19 @@ static void on_tick(uv_timer_t *t)
 {
 	struct ps_server *s = t->data;
 	double now = now_s(), limit = s->cfg->limits.handshake_timeout_ms / 1000.0;
+	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
 
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
 		if (sc->state == CONN_HELLO && now - sc->accepted > limit) {
 			ps_warn("closing connection from %s: no hello within %d ms", sc->conn->peer,
 				s->cfg->limits.handshake_timeout_ms);
 			sc->conn->t->ops->close(sc->conn, PS_ETIMEDOUT);
+		} else if (sc->state == CONN_READY && idle > 0 && now - sc->last_rx > idle) {
+			ps_warn("closing connection from %s: nothing received for %d ms "
+				"(limits.idle_timeout_ms)", sc->conn->peer, s->cfg->limits.idle_timeout_ms);
+			sc->conn->t->ops->close(sc->conn, PS_ETIMEDOUT);
+		} else {
+			check_backlog(s, sc);
 		}
 	}
 }

@@ -273,6 +273,8 @@ START_TEST(test_value_forms)
 	ck_assert_int_eq(cfg.optim.nesterov, 1);
 	ck_assert_float_eq(cfg.optim.momentum, 0.0f);
 	ck_assert_uint_eq(cfg.limits.max_frame_bytes, 16ull << 30);
+	/* the write-queue cap's default grows to hold one frame */
+	ck_assert_uint_eq(cfg.limits.max_write_queue, 16ull << 30);
 	ck_assert_uint_eq(cfg.limits.max_meta_bytes, 64u << 20);
 	ck_assert_str_eq(cfg.stats.http, "metrics.local:9100");
 	ck_assert_str_eq(cfg.log_level, "off");
@@ -558,6 +560,10 @@ static const struct ecase ecases[] = {
 	  { "t.yaml:8: key 'consistency.staleness': expected an integer in 0..1000000" } },
 	{ "timeout zero", BASE "limits:\n  request_timeout_ms: 0\n",
 	  { "t.yaml:8: key 'limits.request_timeout_ms': expected an integer in 1..86400000, got '0'" } },
+	{ "write queue below a frame", BASE "limits:\n  max_frame_bytes: 2MiB\n"
+	  "  max_write_queue_bytes: 1MiB\n",
+	  { "t.yaml:9: key 'limits.max_write_queue_bytes': expected at least "
+	    "limits.max_frame_bytes = 2MiB, got '1MiB'" } },
 	{ "seed negative", BASE "seed: -1\n",
 	  { "t.yaml:7: key 'seed': expected an integer in 0..18446744073709551615, got '-1'" } },
 	{ "seed overflow", BASE "seed: 18446744073709551616\n",

@@ -129,6 +129,8 @@ static void after_attack(const char *what)
 	F.st = st;
 }
 
+static const char *fx_limits = ""; /* more limits: lines for the next fx_start */
+
 static void fx_start(void)
 {
 	char yaml[2048], err[512];
@@ -145,9 +147,9 @@ static void fx_start(void)
 		 "    - {name: c, shape: [%d], init: arange}\n"
 		 "limits:\n  handshake_timeout_ms: %d\n  max_connections: %d\n"
 		 "  max_frame_bytes: 1MiB\n  max_meta_bytes: 64KiB\n  max_clock_ahead: 4\n"
-		 "  connect_timeout_ms: 5000\n  request_timeout_ms: 5000\n"
+		 "  connect_timeout_ms: 5000\n  request_timeout_ms: 5000\n%s"
 		 "log:\n  level: warn\n",
-		 F.port, NA, NC, HANDSHAKE_MS, MAX_CONNS);
+		 F.port, NA, NC, HANDSHAKE_MS, MAX_CONNS, fx_limits);
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
 	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(ps_shardmap_init(&F.map, &F.cfg), 0);
@@ -1038,6 +1040,72 @@ START_TEST(test_connection_flood)
 }
 END_TEST
 
+/* A peer that goes silent after its hello is dropped after
+ * limits.idle_timeout_ms, while an honest client that is merely idle stays
+ * (its heartbeats answer for it); a peer that asks for pulls and never
+ * reads the replies is dropped once limits.max_write_queue_bytes are
+ * queued, instead of the shard buffering without bound. */
+START_TEST(test_idle_and_unread_peers)
+{
+	fx_limits = "  idle_timeout_ms: 800\n  max_write_queue_bytes: 1MiB\n";
+	fx_start();
+	fx_limits = "";
+
+	int fd = raw_connect();
+	Ps__Hello h = good_hello(-1);
+	Ps__HelloReply *r = raw_hello(fd, &h);
+	ck_assert_ptr_nonnull(r);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	int ms = raw_wait_closed(fd, 5000);
+	ck_assert_msg(ms >= 500 && ms < 3000, "silent peer closed after %d ms", ms);
+	close(fd);
+	/* the honest client was idle as long: still served */
+	tu_sleep_ms(1500);
+	honest_round();
+	snapshot();
+
+	/* pulls whose replies (12 KB each) are never read */
+	fd = raw_connect();
+	h = good_hello(-1);
+	r = raw_hello(fd, &h);
+	ck_assert_ptr_nonnull(r);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	uint32_t ids[4] = { 0, 1, 2, 3 };
+	Ps__Pull pl = PS__PULL__INIT;
+	pl.n_slices = 4;
+	pl.slices = ids;
+	int sent = 0;
+	for (; sent < 20000; sent++) {
+		pl.req_id = (uint64_t)sent + 1;
+		if (raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0))
+			break; /* the shard hung up */
+		if (sent % 500 == 499 && wait_connections(1, 50) == 1)
+			break;
+	}
+	ck_assert_uint_eq(wait_connections(1, 5000), 1);
+	assert_alive();
+	close(fd);
+	after_attack("peer that never reads");
+
+	/* a hung shard (SIGSTOP): the client notices within the idle timeout
+	 * and fails the request with that reason instead of waiting for
+	 * limits.request_timeout_ms */
+	kill(F.pid, SIGSTOP);
+	float w[NC];
+	struct ps_tensor t = { .name = "c", .data = w, .count = NC };
+	double t0 = now_ms();
+	int64_t id = ps_client_pull(F.c, 0, &t, 1);
+	int rc = id < 0 ? (int)id : ps_client_wait(F.c, id);
+	double took = now_ms() - t0;
+	kill(F.pid, SIGCONT);
+	ck_assert_int_eq(rc, PS_ETIMEDOUT);
+	ck_assert_msg(strstr(ps_client_error(F.c), "nothing received for 800 ms"), "%s",
+		      ps_client_error(F.c));
+	ck_assert_msg(took < 3000, "noticed after %.0f ms", took);
+	fx_stop();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("hostile");
@@ -1058,6 +1126,7 @@ int main(void)
 	tcase_add_test(tc, test_bad_encoded_pushes);
 	tcase_add_test(tc, test_requests_before_hello);
 	tcase_add_test(tc, test_connection_flood);
+	tcase_add_test(tc, test_idle_and_unread_peers);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

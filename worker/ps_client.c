@@ -60,6 +60,7 @@ struct req {
 
 struct shard_conn {
 	struct ps_conn *conn;
+	double last_rx, last_hb;  /* I/O thread: last frame from the shard, last heartbeat sent */
 	enum shard_state state;
 	int status;
 	char why[400];
@@ -264,6 +265,7 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		};
 		sh->conn->t->ops->set_limits(sh->conn, &lim);
 		sh->state = SH_READY;
+		sh->last_hb = now_s();
 		if (m->clock > c->clock)
 			c->clock = m->clock; /* a shard resumed from a checkpoint */
 		c->nready++;
@@ -286,7 +288,10 @@ static void on_frame(struct ps_conn *pc, struct ps_frame *f)
 		return;
 	}
 	pthread_mutex_lock(&c->mu);
+	c->shards[k].last_rx = now_s();
 	switch (f->hdr.type) {
+	case PS_MSG_HEARTBEAT:
+		break; /* last_rx is all it is for */
 	case PS_MSG_HELLO_REPLY:
 		on_hello_reply(c, k, (Ps__HelloReply *)m);
 		break;
@@ -426,6 +431,41 @@ static void on_wake(uv_async_t *a)
 		close_all(c);
 }
 
+/* Heartbeats: every third of limits.idle_timeout_ms each ready shard gets
+ * one (it answers), so the shard does not take this quiet client for dead,
+ * and a shard from which nothing came for the whole timeout (hung, or the
+ * network lost) is closed, failing its requests with that reason. Called
+ * with c->mu held. */
+static void heartbeats(struct ps_client *c, double now)
+{
+	double idle = c->cfg->limits.idle_timeout_ms / 1000.0;
+
+	if (idle <= 0)
+		return;
+	for (int k = 0; k < c->cfg->nshards; k++) {
+		struct shard_conn *sh = &c->shards[k];
+		Ps__Heartbeat hb = PS__HEARTBEAT__INIT;
+
+		if (sh->state != SH_READY || !sh->conn)
+			continue;
+		if (now - sh->last_rx > idle) {
+			sh->status = PS_ETIMEDOUT;
+			snprintf(sh->why, sizeof(sh->why),
+				 "shard %d (%s:%d): nothing received for %d ms (limits.idle_timeout_ms)",
+				 k, c->cfg->shards[k].host, c->cfg->shards[k].port,
+				 c->cfg->limits.idle_timeout_ms);
+			sh->conn->t->ops->close(sh->conn, PS_ETIMEDOUT);
+			continue;
+		}
+		if (now - sh->last_hb >= idle / 3) {
+			sh->last_hb = now;
+			hb.seq = (uint64_t)(now * 1000);
+			ps_msg_send(sh->conn, PS_MSG_HEARTBEAT, &hb.base, NULL, 0, PS_SEND_VOLATILE,
+				    NULL, NULL);
+		}
+	}
+}
+
 /* Fails requests past their deadline by closing the shards they wait on. */
 static void on_tick(uv_timer_t *t)
 {
@@ -433,6 +473,7 @@ static void on_tick(uv_timer_t *t)
 	double now = now_s();
 
 	pthread_mutex_lock(&c->mu);
+	heartbeats(c, now);
 	for (struct req *r = c->reqs; r; r = r->next) {
 		if (r->queued || r->done || now < r->deadline)
 			continue;
