@@ -700,6 +700,8 @@ static Suite *compute_suite(void)
 	TCase *reg = tcase_create("registry");
 	TCase *ops_tc = tcase_create("cpu");
 
+	/* generous: sanitizer builds on a loaded 2-core machine */
+	tcase_set_timeout(reg, 60);
 	tcase_add_test(reg, test_registry);
 	suite_add_tcase(s, reg);
 	tcase_add_checked_fixture(ops_tc, setup, teardown);

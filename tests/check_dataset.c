@@ -859,6 +859,8 @@ int main(void)
 		       "(install Debian's dataset-fashion-mnist package)\n", FMNIST);
 		fflush(stdout);
 	}
+	/* generous: sanitizer builds on a loaded 2-core machine */
+	tcase_set_timeout(files, 60);
 	tcase_add_loop_test(files, test_valid_both_formats, 0, 2);
 	tcase_add_test(files, test_load_dir_names);
 	tcase_add_loop_test(files, test_wrong_magic, 0, 2);
@@ -872,6 +874,8 @@ int main(void)
 	tcase_add_test(files, test_directory_and_missing);
 	tcase_add_test(files, test_corrupt_gzip);
 	suite_add_tcase(s, files);
+	/* generous: sanitizer builds on a loaded 2-core machine */
+	tcase_set_timeout(batch, 60);
 	tcase_add_test(batch, test_fill_normalization);
 	tcase_add_test(batch, test_batcher_partition);
 	tcase_add_test(batch, test_batcher_shuffle);

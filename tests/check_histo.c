@@ -68,6 +68,8 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
+	/* generous: sanitizer builds on a loaded 2-core machine */
+	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_buckets);
 	tcase_add_test(tc, test_quantiles);
 	suite_add_tcase(s, tc);

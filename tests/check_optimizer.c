@@ -560,6 +560,8 @@ static Suite *optimizer_suite(void)
 	TCase *tc = tcase_create("hand");
 	TCase *tl = tcase_create("reference");
 
+	/* generous: sanitizer builds on a loaded 2-core machine */
+	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_registry);
 	tcase_add_test(tc, test_sgd);
 	tcase_add_test(tc, test_sgd_wd);

@@ -198,6 +198,8 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
+	/* generous: sanitizer builds on a loaded 2-core machine */
+	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_deterministic);
 	tcase_add_test(tc, test_balanced_and_complete);
 	tcase_add_test(tc, test_hash_moves);

@@ -243,6 +243,8 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
+	/* generous: sanitizer builds on a loaded 2-core machine */
+	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_bsp_sum_order_bit_identical);
 	tcase_add_test(tc, test_bsp_windows_and_duplicates);
 	tcase_add_test(tc, test_ssp_applies_on_arrival);

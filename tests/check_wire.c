@@ -673,6 +673,8 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
+	/* generous: sanitizer builds on a loaded 2-core machine */
+	tcase_set_timeout(hdr, 60);
 	tcase_add_test(hdr, test_encode_layout);
 	tcase_add_test(hdr, test_roundtrip_every_type);
 	tcase_add_test(hdr, test_type_names);
