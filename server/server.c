@@ -53,8 +53,11 @@ static uint64_t min_finished(const struct ps_server *s)
 	uint64_t m = UINT64_MAX;
 
 	for (int r = 0; r < s->cfg->nworkers; r++)
-		if (s->finished[r] < m)
+		if (s->live[r] && s->finished[r] < m)
 			m = s->finished[r];
+	if (m == UINT64_MAX) /* nobody live: the fastest clock */
+		for (int r = 0; r < s->cfg->nworkers; r++)
+			m = r == 0 || s->finished[r] > m ? s->finished[r] : m;
 	return m;
 }
 
@@ -535,8 +538,15 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	sc->state = CONN_READY;
 	sc->role = h->role;
 	sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
-	if (sc->rank >= 0)
+	if (sc->rank >= 0) {
 		s->connected[sc->rank]++;
+		s->gone_since[sc->rank] = 0;
+		if (!s->live[sc->rank]) {
+			s->live[sc->rank] = 1;
+			ps_warn("worker %d rejoined (incarnation %016" PRIx64 ") at clock %" PRIu64,
+				sc->rank, h->incarnation, resume_clock(s));
+		}
+	}
 	struct ps_wire_limits lim = {
 		.max_frame = s->cfg->limits.max_frame_bytes,
 		.max_meta = s->cfg->limits.max_meta_bytes,
@@ -655,6 +665,24 @@ err_close:
 	c->t->ops->close(c, PS_EPROTO);
 }
 
+/* A worker has had no connection for limits.idle_timeout_ms: the barrier
+ * and the slowest-clock rule stop waiting for it (DESIGN.md §6), so the
+ * others go on. What it pushed before it went still counts. It rejoins by
+ * connecting again (and continues at the shard's clock, HelloReply.clock). */
+static void drop_worker(struct ps_server *s, int rank)
+{
+	int nlive = 0;
+
+	s->live[rank] = 0;
+	for (int r = 0; r < s->cfg->nworkers; r++)
+		nlive += s->live[r];
+	ps_warn("worker %d left the live set; %d of %d workers remain", rank, nlive,
+		s->cfg->nworkers);
+	ps_store_advance(&s->store);
+	if (s->waiting)
+		answer_pulls(s);
+}
+
 static void on_close(struct ps_conn *c, int status)
 {
 	struct ps_srv_conn *sc = c->data;
@@ -678,6 +706,8 @@ static void on_close(struct ps_conn *c, int status)
 		s->connected[sc->rank]--;
 		ps_info("worker %d disconnected (%s)", sc->rank,
 			status == PS_ECLOSED || status == 0 ? "closed" : ps_strerror(status));
+		if (s->connected[sc->rank] == 0)
+			s->gone_since[sc->rank] = now_s(); /* dropped by on_tick if it stays away */
 	}
 	if (sc->prev)
 		sc->prev->next = sc->next;
@@ -709,6 +739,10 @@ static void on_tick(uv_timer_t *t)
 			check_backlog(s, sc);
 		}
 	}
+	for (int r = 0; idle > 0 && r < s->cfg->nworkers; r++)
+		if (s->live[r] && !s->connected[r] && s->gone_since[r] > 0 &&
+		    now - s->gone_since[r] > idle)
+			drop_worker(s, r);
 }
 
 static void on_signal(uv_signal_t *h, int signum)
@@ -762,10 +796,15 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 		goto err_free_map;
 	s->finished = calloc((size_t)cfg->nworkers, sizeof(*s->finished));
 	s->connected = calloc((size_t)cfg->nworkers, sizeof(*s->connected));
-	if (!s->finished || !s->connected) {
+	s->live = malloc((size_t)cfg->nworkers);
+	s->gone_since = calloc((size_t)cfg->nworkers, sizeof(*s->gone_since));
+	if (!s->finished || !s->connected || !s->live || !s->gone_since) {
 		rc = -ENOMEM;
 		goto err_free_store;
 	}
+	/* every rank is waited for until it has been seen to leave */
+	memset(s->live, 1, (size_t)cfg->nworkers);
+	s->store.live = s->live;
 	if (cfg->checkpoint.dir[0]) {
 		char err[1024];
 
@@ -841,6 +880,8 @@ err_destroy_transport:
 err_free_store:
 	free(s->finished);
 	free(s->connected);
+	free(s->live);
+	free(s->gone_since);
 	ps_store_free(&s->store);
 err_free_map:
 	ps_shardmap_free(&s->map);
@@ -871,6 +912,8 @@ void ps_server_free(struct ps_server *s)
 	}
 	free(s->finished);
 	free(s->connected);
+	free(s->live);
+	free(s->gone_since);
 	ps_store_free(&s->store);
 	ps_shardmap_free(&s->map);
 }

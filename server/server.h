@@ -43,6 +43,12 @@ struct ps_server {
 	struct ps_waiting_pull *waiting;
 	uint64_t *finished;        /* per worker rank: clocks finished */
 	int *connected;            /* per worker rank: live connections */
+	uint8_t *live;             /* per worker rank: counts for barriers and the
+				      slowest clock (1 until it has had no connection
+				      for limits.idle_timeout_ms, 1 again when it
+				      reconnects) */
+	double *gone_since;        /* per worker rank: when its last connection
+				      closed; 0 while connected or never seen */
 	struct ps_server_counters c;
 	double started;
 	uv_timer_t tick;

@@ -149,39 +149,66 @@ static const float *grad_floats(const struct ps_grad *g, size_t n, float *buf)
 	return buf;
 }
 
-/* Sums a complete bucket in rank order and applies it. Encoded gradients
- * are decoded straight into the sum (decode_add), never expanded apart. */
+/* A bucket is complete when every live rank has pushed into it. */
+static int bucket_complete(const struct ps_store *st, const struct ps_bucket *b)
+{
+	int nw = st->cfg->nworkers;
+
+	if (!st->live)
+		return b->have == nw;
+	for (int r = 0; r < nw; r++)
+		if (!b->g[r].data && st->live[r])
+			return 0;
+	return b->have > 0;
+}
+
+/* Sums a complete bucket in rank order (ranks that pushed) and applies it.
+ * Encoded gradients are decoded straight into the sum (decode_add), never
+ * expanded apart. */
 static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucket *b)
 {
 	size_t n = (size_t)s->slice->count;
-	int nw = st->cfg->nworkers, raw = 1;
+	int nw = st->cfg->nworkers, raw = 1, np = 0, first = -1;
 	float *restrict acc = st->scratch;
 	char err[8];
 
-	for (int r = 0; r < nw; r++)
+	for (int r = 0; r < nw; r++) {
+		if (!b->g[r].data)
+			continue;
 		raw &= b->g[r].codec == 0;
-	if (nw == 1) {
-		apply(st, s, grad_floats(&b->g[0], n, acc));
+		np++;
+		if (first < 0)
+			first = r;
+	}
+	if (np == 1) {
+		apply(st, s, grad_floats(&b->g[first], n, acc));
 		return;
 	}
 	if (raw) {
-		const float *restrict g0 = b->g[0].data;
-		const float *restrict g1 = b->g[1].data;
+		int second = first + 1;
+		while (!b->g[second].data)
+			second++;
+		const float *restrict g0 = b->g[first].data;
+		const float *restrict g1 = b->g[second].data;
 		for (size_t i = 0; i < n; i++)
 			acc[i] = g0[i] + g1[i];
-		for (int r = 2; r < nw; r++) {
+		for (int r = second + 1; r < nw; r++) {
 			const float *restrict gr = b->g[r].data;
+			if (!gr)
+				continue;
 			for (size_t i = 0; i < n; i++)
 				acc[i] += gr[i];
 		}
 	} else {
-		const float *g0 = grad_floats(&b->g[0], n, acc);
+		const float *g0 = grad_floats(&b->g[first], n, acc);
 
 		if (g0 != acc)
 			memcpy(acc, g0, n * sizeof(float));
-		for (int r = 1; r < nw; r++) {
+		for (int r = first + 1; r < nw; r++) {
 			const struct ps_grad *g = &b->g[r];
 
+			if (!g->data)
+				continue;
 			if (g->codec == 0) {
 				const float *restrict gr = g->data;
 				for (size_t i = 0; i < n; i++)
@@ -193,6 +220,32 @@ static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucke
 		}
 	}
 	apply(st, s, acc);
+}
+
+/* Applies every complete bucket that is next in clock order; 1 if any. */
+static int apply_ready(struct ps_store *st, struct ps_slot *s)
+{
+	struct ps_bucket *b;
+	int changed = 0;
+
+	while ((b = s->pending) && b->clock == s->version && bucket_complete(st, b)) {
+		apply_bucket(st, s, b);
+		s->pending = b->next;
+		bucket_free(b, st->cfg->nworkers);
+		changed = 1;
+	}
+	return changed;
+}
+
+int ps_store_advance(struct ps_store *st)
+{
+	int n = 0;
+
+	if (st->cfg->consistency != PS_SYNC)
+		return 0;
+	for (int k = 0; k < st->nslots; k++)
+		n += apply_ready(st, &st->slots[k]);
+	return n;
 }
 
 int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps_grad *g,
@@ -240,7 +293,6 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	const struct ps_config *cfg = st->cfg;
 	struct ps_bucket **pp, *b;
 	size_t n = (size_t)s->slice->count;
-	int changed = 0;
 
 	if (cfg->consistency == PS_ASYNC) {
 		apply(st, s, grad_floats(g, n, st->scratch));
@@ -273,13 +325,7 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	fr->refs++;
 	b->have++;
 	/* Apply every complete bucket that is next in clock order. */
-	while ((b = s->pending) && b->clock == s->version && b->have == cfg->nworkers) {
-		apply_bucket(st, s, b);
-		s->pending = b->next;
-		bucket_free(b, cfg->nworkers);
-		changed = 1;
-	}
-	return changed;
+	return apply_ready(st, s);
 }
 
 /* Exponent bits all ones means NaN or infinity. Every push passes through

@@ -3,10 +3,12 @@
  * A store holds, for each slice the shard map gives this shard, the weights,
  * the optimizer state and a version. Updates arrive per (worker, clock):
  *  - sync (BSP): gradients of clock c are kept (as references into the
- *    received frames, no copy) until every worker has pushed clock c for the
- *    slice; they are then summed in rank order, so the result is the same
- *    bit for bit whatever the arrival order, the optimizer runs once and the
- *    version becomes c + 1. Clocks complete in order.
+ *    received frames, no copy) until every live worker has pushed clock c
+ *    for the slice; they are then summed in rank order, so the result is
+ *    the same bit for bit whatever the arrival order, the optimizer runs
+ *    once and the version becomes c + 1. Clocks complete in order. A worker
+ *    dropped from the live set (live[r] == 0, its connection gone) is not
+ *    waited for; what it pushed before it went is still summed.
  *  - async (SSP): each gradient is applied on arrival; the version counts
  *    applied updates.
  * The store never blocks and runs on the shard's loop thread only.
@@ -54,6 +56,8 @@ struct ps_store {
 	int nslots;
 	struct ps_slot *slots;
 	int32_t *slot_of;       /* map->nslices entries: slot index or -1 */
+	const uint8_t *live;    /* sync: per rank, 1 while the worker counts for the
+				   barrier; NULL = every rank (set by the server) */
 	float *scratch;         /* one slice of sum space */
 	float *check;           /* one slice: decoding done to validate a push */
 	uint64_t applies;
@@ -81,6 +85,10 @@ int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t cl
  * ps_store_check. */
 int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
 			const struct ps_grad *g, struct ps_frame_ref *fr);
+
+/* Sync: applies every bucket that became complete because a worker left
+ * the live set. Returns how many slots changed version. */
+int ps_store_advance(struct ps_store *st);
 
 /* Validates g for slot s before anything is accepted: the length of a raw
  * slice, the whole encoding of an encoded one (decoded into st->check), and

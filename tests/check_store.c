@@ -236,6 +236,70 @@ START_TEST(test_all_finite_every_position)
 }
 END_TEST
 
+/* The live set: a bucket waits only for live ranks; dropping a rank that
+ * has not pushed completes the buckets that waited for it
+ * (ps_store_advance), summing in rank order what the others pushed; a rank
+ * that pushed before it was dropped still counts. */
+START_TEST(test_bsp_live_set)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	uint8_t live[3] = { 1, 1, 1 };
+	float g[3][200], w0[200];
+	struct ps_frame_ref *fr[3];
+
+	make_cfg(&cfg, 3, PS_SYNC);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	st.live = live;
+	struct ps_slot *s = &st.slots[0];
+	memcpy(w0, s->w, sizeof(w0));
+	grads(g, 0);
+	/* clock 0: ranks 0 and 2 push, rank 1 is silent */
+	for (int r = 0; r < 3; r += 2) {
+		fr[r] = make_frame(g[r], 200);
+		ck_assert_int_eq(ps_store_offer(&st, s, r, 0, (const float *)fr[r]->frame->payload, fr[r]), 0);
+		ps_frame_ref_put(fr[r]);
+	}
+	ck_assert_uint_eq(s->version, 0);
+	ck_assert_int_eq(ps_store_advance(&st), 0);  /* rank 1 still live: waits */
+	live[1] = 0;
+	ck_assert_int_eq(ps_store_advance(&st), 1);
+	ck_assert_uint_eq(s->version, 1);
+	for (int i = 0; i < 200; i++) {
+		float sum = g[0][i] + g[2][i];
+		ck_assert_float_eq(s->w[i], w0[i] - 0.1f * sum);
+	}
+	/* clock 1: with rank 1 out, rank 0 and 2 complete it on arrival */
+	grads(g, 1);
+	fr[0] = make_frame(g[0], 200);
+	ck_assert_int_eq(ps_store_offer(&st, s, 0, 1, (const float *)fr[0]->frame->payload, fr[0]), 0);
+	ps_frame_ref_put(fr[0]);
+	fr[2] = make_frame(g[2], 200);
+	ck_assert_int_eq(ps_store_offer(&st, s, 2, 1, (const float *)fr[2]->frame->payload, fr[2]), 1);
+	ps_frame_ref_put(fr[2]);
+	ck_assert_uint_eq(s->version, 2);
+	/* clock 2: rank 1 back; rank 0 pushes, then drops before the others */
+	live[1] = 1;
+	grads(g, 2);
+	fr[0] = make_frame(g[0], 200);
+	ck_assert_int_eq(ps_store_offer(&st, s, 0, 2, (const float *)fr[0]->frame->payload, fr[0]), 0);
+	ps_frame_ref_put(fr[0]);
+	live[0] = 0;
+	ck_assert_int_eq(ps_store_advance(&st), 0);  /* 1 and 2 are still awaited */
+	fr[1] = make_frame(g[1], 200);
+	ck_assert_int_eq(ps_store_offer(&st, s, 1, 2, (const float *)fr[1]->frame->payload, fr[1]), 0);
+	ps_frame_ref_put(fr[1]);
+	fr[2] = make_frame(g[2], 200);
+	ck_assert_int_eq(ps_store_offer(&st, s, 2, 2, (const float *)fr[2]->frame->payload, fr[2]), 1);
+	ps_frame_ref_put(fr[2]);
+	ck_assert_uint_eq(s->version, 3);
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("store");
@@ -250,6 +314,7 @@ int main(void)
 	tcase_add_test(tc, test_ssp_applies_on_arrival);
 	tcase_add_test(tc, test_checksum_tracks_weights);
 	tcase_add_test(tc, test_all_finite_every_position);
+	tcase_add_test(tc, test_bsp_live_set);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -68,11 +68,94 @@ static void stop_cluster(const char *path, const pid_t srv[2])
 	unlink(path);
 }
 
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 /* Integer gradient of worker rank at clock for element i. */
 static float grad_value(int rank, int clock, int t, int64_t i)
 {
 	return (float)((rank + 1) * (int)((clock + i + t) % 7 - 3));
 }
+
+/* Sync with a worker that leaves: once it has had no connection for
+ * limits.idle_timeout_ms the barrier goes on with the other one (its pull is
+ * answered, with only its gradient applied); when it connects again it
+ * continues at the shard's clock and counts again. Weights stay exactly
+ * init minus the gradients that were applied. */
+START_TEST(test_sync_worker_leaves_and_rejoins)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_tensor g[3], w[3];
+	/* which ranks pushed each clock */
+	int present[12][2] = { { 0 } };
+
+	start_cluster(path, &cfg, 2, "sync", "limits:\n  idle_timeout_ms: 600\n", srv);
+	struct ps_client *c[2];
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int t = 0; t < 3; t++) {
+		g[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
+					   cfg.tensors[t].count, 0 };
+		w[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
+					   cfg.tensors[t].count, 0 };
+	}
+	for (int clock = 0; clock < 12; clock++) {
+		if (clock == 4) { /* rank 1 leaves */
+			ps_client_free(c[1]);
+			c[1] = NULL;
+		}
+		if (clock == 8) { /* and comes back: it continues at clock 8 */
+			c[1] = connect_retry(&cfg, 1, err, sizeof(err));
+			ck_assert_msg(c[1] != NULL, "%s", err);
+			ck_assert_uint_eq(ps_client_clock(c[1]), 8);
+		}
+		int64_t ids[2] = { 0, 0 };
+		for (int r = 0; r < 2; r++) {
+			if (!c[r])
+				continue;
+			for (int t = 0; t < 3; t++)
+				for (int64_t i = 0; i < g[t].count; i++)
+					g[t].data[i] = grad_value(r, clock, t, i);
+			ids[r] = ps_client_push(c[r], (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK);
+			ck_assert_msg(ids[r] > 0 && ps_client_wait(c[r], ids[r]) == 0, "push %d: %s",
+				      clock, ps_client_error(c[r]));
+			present[clock][r] = 1;
+		}
+		double t0 = now_ms();
+		int64_t p = ps_client_pull(c[0], (uint64_t)clock + 1, w, 3);
+		ck_assert_msg(p > 0 && ps_client_wait(c[0], p) == 0, "pull %d: %s", clock,
+			      ps_client_error(c[0]));
+		if (clock == 4) /* waited for the drop: 600 ms plus the 200 ms tick */
+			ck_assert_msg(now_ms() - t0 < 3000, "barrier waited %.0f ms", now_ms() - t0);
+	}
+	for (int t = 0; t < 3; t++) {
+		for (int64_t i = 0; i < w[t].count; i++) {
+			double sum = 0;
+			for (int clock = 0; clock < 12; clock++)
+				for (int r = 0; r < 2; r++)
+					if (present[clock][r])
+						sum += grad_value(r, clock, t, i);
+			ck_assert_msg((double)w[t].data[i] == (double)(i % 1024) - sum,
+				      "%s[%lld] = %g, want %g", w[t].name, (long long)i,
+				      (double)w[t].data[i], (double)(i % 1024) - sum);
+		}
+		free(g[t].data);
+		free(w[t].data);
+	}
+	ps_client_free(c[0]);
+	ps_client_free(c[1]);
+	stop_cluster(path, srv);
+}
+END_TEST
 
 /* One worker process of the sync test: 50 clocks of push then pull, then a
  * check of every element against init minus the exact sum. Exit status 0
@@ -439,6 +522,7 @@ Suite *cluster_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_sync_exact_sum);
+	tcase_add_test(tc, test_sync_worker_leaves_and_rejoins);
 	tcase_add_test(tc, test_pipelined_order);
 	tcase_add_test(tc, test_fp16_exact);
 	tcase_add_test(tc, test_ssp_staleness_bound);
