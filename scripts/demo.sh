@@ -18,7 +18,17 @@ fi
 
 echo "demo: training the cnn preset for one epoch: 2 shards, 2 workers, sync (BSP), on loopback"
 start=$(date +%s)
+# Halfway through, the shards' statistics as ps-stat shows them (saved in
+# the log folder, printed after the run so the progress line stays clean).
+( sleep 25; bin/ps-stat --config "$CONFIG" --workers > "$LOGDIR/ps-stat.txt" 2>&1 || true ) &
+stat_pid=$!
 scripts/ps-local.sh "$CONFIG" --logs "$LOGDIR" -- --metrics-dir "$LOGDIR/metrics"
+wait $stat_pid 2>/dev/null || true
+if [ -s "$LOGDIR/ps-stat.txt" ]; then
+  echo
+  echo "demo: the shards 25 s into training (bin/ps-stat --config $CONFIG --workers):"
+  cat "$LOGDIR/ps-stat.txt"
+fi
 echo
 echo "demo: trained in $(( $(date +%s) - start )) s; per-epoch metrics in $LOGDIR/metrics/"
 grep -h "test accuracy" "$LOGDIR/worker-0.log" | tail -n 1 | sed 's/^/demo: /'
