@@ -155,15 +155,15 @@ install: all
 
 # Fuzzing (libFuzzer, clang): tests/fuzz/fuzz_*.c against the library built
 # with ASan/UBSan into build/fuzz. `make fuzz` runs each target for
-# FUZZ_SECONDS (default 15; `make test` runs them too, a minute in all) with
+# FUZZ_SECONDS (default 12; `make test` runs them too, about a minute) with
 # conf/ as the config seeds; crashes land in build/fuzz/crashes.
 FUZZ_CC      ?= clang
-FUZZ_SECONDS ?= 15
+FUZZ_SECONDS ?= 12
 FUZZ_OBJ     := build/fuzz
 FUZZ_FLAGS   := -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_SRCS    := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS    := $(patsubst tests/fuzz/%.c,$(FUZZ_OBJ)/%,$(FUZZ_SRCS))
-FUZZ_LIBOBJS := $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(LIB_SRCS)) $(FUZZ_OBJ)/gen/ps.pb-c.o
+FUZZ_LIBOBJS := $(patsubst %.c,$(FUZZ_OBJ)/%.o,$(LIB_SRCS) server/handshake.c) $(FUZZ_OBJ)/gen/ps.pb-c.o
 
 $(FUZZ_OBJ)/%.o: %.c $(GEN)/ps.pb-c.h
 	@mkdir -p $(dir $@)

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 #include "checkpoint.h"
+#include "handshake.h"
 #include "metrics_http.h"
 #include "msg.h"
 #include "ps_err.h"
@@ -505,23 +506,7 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
 	char err[400] = "";
 
-	if (h->protocol_version != PS_PROTOCOL_VERSION)
-		snprintf(err, sizeof(err), "protocol version mismatch: client speaks %u, shard %d speaks %u",
-			 h->protocol_version, s->shard, PS_PROTOCOL_VERSION);
-	else if (h->shard_map_hash != s->map.hash)
-		snprintf(err, sizeof(err),
-			 "shard map mismatch: client has %016" PRIx64 ", shard %d has %016" PRIx64
-			 " (the configs differ in servers, tensors or slice_bytes)",
-			 h->shard_map_hash, s->shard, s->map.hash);
-	else if (h->shard != s->shard)
-		snprintf(err, sizeof(err), "wrong shard: client expected shard %d, this is shard %d",
-			 h->shard, s->shard);
-	else if (h->role == PS__ROLE__ROLE_WORKER && (h->rank < 0 || h->rank >= s->cfg->nworkers))
-		snprintf(err, sizeof(err), "worker rank %d outside 0..%d (cluster.workers is %d)",
-			 h->rank, s->cfg->nworkers - 1, s->cfg->nworkers);
-	else if (h->role != PS__ROLE__ROLE_WORKER && h->role != PS__ROLE__ROLE_STAT)
-		snprintf(err, sizeof(err), "unknown role %d", (int)h->role);
-
+	ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err));
 	r.protocol_version = PS_PROTOCOL_VERSION;
 	r.shard = s->shard;
 	r.shard_map_hash = s->map.hash;

@@ -1,0 +1,30 @@
+/* handshake.c - whether a shard accepts a client's Hello (handshake.h). */
+#include <inttypes.h>
+#include <stdio.h>
+#include "handshake.h"
+#include "ps_err.h"
+#include "wire.h"
+
+int ps_hello_check(const struct ps_config *cfg, uint64_t map_hash, int shard, const Ps__Hello *h,
+		   char *err, size_t errlen)
+{
+	if (h->protocol_version != PS_PROTOCOL_VERSION)
+		snprintf(err, errlen, "protocol version mismatch: client speaks %u, shard %d speaks %u",
+			 h->protocol_version, shard, PS_PROTOCOL_VERSION);
+	else if (h->shard_map_hash != map_hash)
+		snprintf(err, errlen,
+			 "shard map mismatch: client has %016" PRIx64 ", shard %d has %016" PRIx64
+			 " (the configs differ in servers, tensors or slice_bytes)",
+			 h->shard_map_hash, shard, map_hash);
+	else if (h->shard != shard)
+		snprintf(err, errlen, "wrong shard: client expected shard %d, this is shard %d",
+			 h->shard, shard);
+	else if (h->role == PS__ROLE__ROLE_WORKER && (h->rank < 0 || h->rank >= cfg->nworkers))
+		snprintf(err, errlen, "worker rank %d outside 0..%d (cluster.workers is %d)",
+			 h->rank, cfg->nworkers - 1, cfg->nworkers);
+	else if (h->role != PS__ROLE__ROLE_WORKER && h->role != PS__ROLE__ROLE_STAT)
+		snprintf(err, errlen, "unknown role %d", (int)h->role);
+	else
+		return 0;
+	return PS_EREFUSED;
+}
