@@ -52,7 +52,7 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/shardmap.c common/wire.c common/msg.c common/transport.c \
              common/transport_tcp.c worker/ps_client.c \
              common/codec.c common/codec_fp16.c common/codec_q8.c common/codec_topk.c \
-             common/codec_sign.c common/codec_lz4.c common/histo.c
+             common/codec_sign.c common/codec_lz4.c common/histo.c common/finite.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
 COMPUTE   := $(wildcard common/compute.c common/compute_cpu.c)

@@ -44,6 +44,11 @@ struct ps_frame {
 	struct ps_frame_hdr hdr;
 	uint8_t *meta;       /* hdr.meta_len bytes */
 	uint8_t *payload;    /* hdr.payload_len bytes, right after meta */
+	/* 1 when the transport checked, as the bytes arrived, that every
+	 * 4-byte word from the start of the payload is a finite float32 (so
+	 * raw slices at 4-aligned offsets need no second pass); 0 = not known
+	 * or not so. */
+	int payload_finite;
 	/* Returns the buffer to whoever allocated it; use ps_frame_release(). */
 	void (*release)(struct ps_frame *f);
 };

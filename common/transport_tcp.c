@@ -29,6 +29,7 @@
 #include <string.h>
 #include "ps_err.h"
 #include "ps_log.h"
+#include "finite.h"
 #include "transport.h"
 
 #define STAGE_BYTES (64 * 1024)
@@ -65,6 +66,8 @@ struct tcp_conn {
 	uint8_t *body;            /* frame being filled, NULL while staging */
 	uint8_t *body_data;       /* where its metadata starts inside body */
 	uint64_t body_len, body_fill;
+	uint64_t scan_pos;        /* payload bytes checked by ps_words_finite */
+	int scan_bad;             /* a non-finite word was seen */
 };
 
 struct tcp_write {
@@ -167,10 +170,26 @@ static struct tcp_conn *conn_new(struct tcp_transport *tt)
 }
 
 /* Hands a complete body to the owner; returns nonzero if c got closed. */
+/* Checks the payload words that arrived since the last call (fill bytes of
+ * the body are in), while they are still in cache. */
+static void scan_payload(struct tcp_conn *c, const uint8_t *data, uint64_t fill)
+{
+	uint64_t have = fill > c->hdr.meta_len ? fill - c->hdr.meta_len : 0;
+	uint64_t end = have & ~(uint64_t)3;
+
+	if (end > c->scan_pos && !c->scan_bad)
+		c->scan_bad = !ps_words_finite(data + c->hdr.meta_len + c->scan_pos,
+					       (size_t)(end - c->scan_pos) / 4);
+	if (end > c->scan_pos)
+		c->scan_pos = end;
+}
+
 static int deliver(struct tcp_conn *c, uint8_t *body, uint8_t *data)
 {
 	struct ps_frame *f = (struct ps_frame *)body;
 
+	scan_payload(c, data, c->hdr.meta_len + c->hdr.payload_len);
+	f->payload_finite = !c->scan_bad;
 	f->hdr = c->hdr;
 	f->meta = data;
 	f->payload = data + c->hdr.meta_len;
@@ -235,6 +254,8 @@ static int drain_stage(struct tcp_conn *c)
 		size_t take = have < len ? have : (size_t)len;
 		memcpy(data, c->stage + pos, take);
 		pos += take;
+		c->scan_pos = 0;
+		c->scan_bad = 0;
 		if (take == len) {
 			if (deliver(c, body, data))
 				return 1;
@@ -266,6 +287,7 @@ static void read_frames(struct tcp_conn *c, ssize_t n)
 		return;
 	if (c->body) {
 		c->body_fill += (uint64_t)n;
+		scan_payload(c, c->body_data, c->body_fill);
 		if (c->body_fill < c->body_len)
 			return;
 		uint8_t *body = c->body;

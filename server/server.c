@@ -315,7 +315,8 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 			goto err_reject;
 		}
 		/* length, encoding, codec id and finiteness: the store's one check */
-		g = (struct ps_grad){ payload + r->offset, r->length, (int)r->codec };
+		g = (struct ps_grad){ payload + r->offset, r->length, (int)r->codec,
+				      !expanded && f->payload_finite };
 		rc = ps_store_check(&s->store, sl, &g, why, sizeof(why));
 		if (rc) {
 			const struct ps_codec_ops *co = ps_codec_get(g.codec);
@@ -347,7 +348,7 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	for (size_t i = 0; i < m->n_slices; i++) {
 		const Ps__SliceRef *r = m->slices[i];
 		struct ps_slot *sl = ps_store_slot(&s->store, r->slice);
-		struct ps_grad g = { payload + r->offset, r->length, (int)r->codec };
+		struct ps_grad g = { payload + r->offset, r->length, (int)r->codec, 0 };
 
 		s->c.push_raw[r->codec] += (uint64_t)sl->slice->count * sizeof(float);
 		s->c.push_wire[r->codec] += plen ? r->length * f->hdr.payload_len / plen : 0;

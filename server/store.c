@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 #include "codec.h"
+#include "finite.h"
 #include "ps_err.h"
 #include "store.h"
 
@@ -260,7 +261,8 @@ int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps
 			snprintf(err, errlen, "%" PRIu64 " bytes for %zu floats", g->len, n);
 			return PS_ESHAPE;
 		}
-		rc = ps_store_all_finite(g->data, n);
+		/* the transport may have checked the frame's words already */
+		rc = g->finite_known || ps_store_all_finite(g->data, n);
 	} else {
 		co = ps_codec_get(g->codec);
 		if (!co) {
@@ -282,7 +284,7 @@ int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps
 int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
 		   const float *g, struct ps_frame_ref *fr)
 {
-	struct ps_grad gr = { g, (uint64_t)s->slice->count * sizeof(float), 0 };
+	struct ps_grad gr = { g, (uint64_t)s->slice->count * sizeof(float), 0, 0 };
 
 	return ps_store_offer_grad(st, s, rank, clock, &gr, fr);
 }
@@ -328,40 +330,9 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	return apply_ready(st, s);
 }
 
-/* Exponent bits all ones means NaN or infinity. Every push passes through
- * here before it is accepted, so it must run at memory speed: the build's
- * -O2 left the plain loop scalar (perf showed it at 40% of a shard's time
- * on 16 MiB pushes), so blocks of 16 floats go through gcc vector
- * extensions (SSE2: pand, pcmpeqd, por) and only the tail is scalar. */
-#if defined(__GNUC__)
-typedef int32_t ps_v4i __attribute__((vector_size(16)));
-#endif
-
 int ps_store_all_finite(const float *g, size_t n)
 {
-	const int32_t exp = 0x7f800000;
-	int32_t bad = 0;
-	size_t i = 0;
-
-#if defined(__GNUC__)
-	ps_v4i vbad = { 0 };
-
-	for (; i + 16 <= n; i += 16) {
-		ps_v4i v[4];
-
-		memcpy(v, g + i, sizeof(v));
-		vbad |= ((v[0] & exp) == exp) | ((v[1] & exp) == exp) |
-			((v[2] & exp) == exp) | ((v[3] & exp) == exp);
-	}
-	bad = vbad[0] | vbad[1] | vbad[2] | vbad[3];
-#endif
-	for (; i < n; i++) {
-		int32_t u;
-
-		memcpy(&u, g + i, sizeof(u));
-		bad |= (u & exp) == exp;
-	}
-	return !bad;
+	return ps_words_finite(g, n);
 }
 
 uint64_t ps_store_checksum(const struct ps_store *st)

@@ -35,6 +35,7 @@ struct ps_grad {
 	const void *data;
 	uint64_t len;
 	int codec;
+	int finite_known;       /* raw: the transport found every value finite */
 };
 
 struct ps_bucket; /* gradients of one clock, one slice (store.c) */

@@ -1011,6 +1011,49 @@ START_TEST(test_send_now_from_thread)
 }
 END_TEST
 
+/* payload_finite: a frame whose payload words are all finite floats may be
+ * marked so; one with a NaN or infinity anywhere (small frames read whole,
+ * large ones arriving in many reads, a bad word at the first, a middle or
+ * the last position) must never be. tcp checks every frame, so its clean
+ * frames must be marked. */
+START_TEST(test_payload_finite_flag)
+{
+	static const uint64_t words[] = { 0, 1, 15, 16, 17, 1000, 300000, 2000000 };
+	static const uint32_t bad_bits[] = { 0x7fc00000u, 0x7f800000u, 0xff800000u };
+	enum { NW = sizeof(words) / sizeof(words[0]) };
+	int want[NW * 4], k = 0;
+
+	env_init(_i);
+	for (size_t w = 0; w < NW; w++) {
+		for (int v = 0; v < 4; v++, k++) {
+			uint64_t n = words[w];
+			float *buf = malloc(n * 4 + 8);
+			for (uint64_t i = 0; i < n; i++)
+				buf[i] = (float)i * 0.5f - 3.0f;
+			want[k] = 1;
+			if (v > 0 && n > 0) { /* a bad word: first, middle, last */
+				uint64_t at = v == 1 ? 0 : v == 2 ? n / 2 : n - 1;
+				memcpy(&buf[at], &bad_bits[v - 1], 4);
+				want[k] = 0;
+			}
+			struct ps_iov iov = { buf, n * 4 };
+			ck_assert_int_eq(tsend(E.k, 3, "m", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+			free(buf);
+		}
+	}
+	ck_assert(RUN_UNTIL(count_frames(E.s) == NW * 4, 20000));
+	for (int i = 0; i < NW * 4; i++) {
+		struct ps_frame *f = E.got[i].f;
+		if (!want[i])
+			ck_assert_msg(!f->payload_finite, "frame %d (%llu bytes) has a bad word but is "
+				      "marked finite", i, (unsigned long long)f->hdr.payload_len);
+		else if (!strcmp(E.ops->name, "tcp"))
+			ck_assert_msg(f->payload_finite, "clean frame %d not marked", i);
+	}
+	env_free();
+}
+END_TEST
+
 static const char *probe(const char *name, char *why, size_t n)
 {
 	const struct ps_transport_ops *ops = ps_transport_find(name);
@@ -1066,6 +1109,7 @@ int main(void)
 	tcase_add_loop_test(tc, test_close_inside_on_frame, 0, navail);
 	tcase_add_loop_test(tc, test_connect_refused_and_destroy, 0, navail);
 	tcase_add_loop_test(tc, test_send_now_from_thread, 0, navail);
+	tcase_add_loop_test(tc, test_payload_finite_flag, 0, navail);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
