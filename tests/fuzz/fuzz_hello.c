@@ -33,13 +33,31 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	Ps__Hello *h = ps__hello__unpack(NULL, size, data);
+	Ps__Hello built = PS__HELLO__INIT, *h = &built, *unpacked = NULL;
 	char err[400] = "";
 	int shard;
 
-	if (!h)
+	if (size == 0)
 		return 0;
-	shard = size ? data[0] % 2 : 0;
+	if (data[0] == 0xff) {
+		h = unpacked = ps__hello__unpack(NULL, size - 1, data + 1);
+		if (!h)
+			return 0;
+		shard = size > 1 ? data[1] % 2 : 0;
+	} else {
+		uint8_t b[16] = { 0 };
+
+		memcpy(b, data, size < sizeof(b) ? size : sizeof(b));
+		shard = b[0] & 1;
+		built.protocol_version = (b[0] & 2) ? PS_PROTOCOL_VERSION : b[1];
+		built.role = (Ps__Role)(b[2] % 4);
+		built.rank = (int8_t)b[3];
+		built.shard = (b[0] & 4) ? shard : (int8_t)b[4];
+		if (b[0] & 8)
+			built.shard_map_hash = map.hash;
+		else
+			memcpy(&built.shard_map_hash, b + 8, 8);
+	}
 	if (ps_hello_check(&cfg, map.hash, shard, h, err, sizeof(err)) == 0) {
 		if (h->protocol_version != PS_PROTOCOL_VERSION || h->shard_map_hash != map.hash ||
 		    h->shard != shard ||
@@ -49,6 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	} else if (!err[0]) {
 		abort(); /* refused without a reason */
 	}
-	ps__hello__free_unpacked(h, NULL);
+	if (unpacked)
+		ps__hello__free_unpacked(unpacked, NULL);
 	return 0;
 }
