@@ -72,6 +72,19 @@ static inline void ps__st_f32(void *p, float v)
 	memcpy(p, &v, sizeof(v));
 }
 
+/* The finalizer of MurmurHash3: a bijection of 64-bit words that mixes
+ * every input bit into every output bit (q8 keys its rounding from it, topk
+ * its sample positions). */
+static inline uint64_t ps__fmix64(uint64_t k)
+{
+	k ^= k >> 33;
+	k *= 0xff51afd7ed558ccdull;
+	k ^= k >> 33;
+	k *= 0xc4ceb9fe1a85ec53ull;
+	k ^= k >> 33;
+	return k;
+}
+
 /* Formats the reason into err (when errlen > 0) and returns PS_EPROTO. */
 int ps__codec_fail(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

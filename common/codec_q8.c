@@ -31,18 +31,6 @@
 typedef int8_t v4c __attribute__((vector_size(4)));
 typedef int8_t v16c __attribute__((vector_size(16)));
 
-/* The finalizer of MurmurHash3: a bijection of 64-bit words that mixes
- * every input bit into every output bit. Keys the slice from (seed, nonce). */
-static inline uint64_t fmix64(uint64_t k)
-{
-	k ^= k >> 33;
-	k *= 0xff51afd7ed558ccdull;
-	k ^= k >> 33;
-	k *= 0xc4ceb9fe1a85ec53ull;
-	k ^= k >> 33;
-	return k;
-}
-
 /* Per element: lowbias32 (Wellons' 32-bit integer hash, a bijection) of
  * i * golden + k1, xor k2; the top 24 bits make u. 32-bit so that 4 lanes
  * run at once; slices never reach 2^32 elements. Scalar and vector forms
@@ -167,7 +155,7 @@ static ssize_t q8_encode(const float *x, float *residual, size_t n,
 			 const struct ps_codec_params *p, uint64_t nonce, void *out, size_t cap)
 {
 	int8_t *q = (int8_t *)((char *)out + Q8_HDR);
-	uint64_t key = fmix64((p ? p->seed : 0) ^ fmix64(nonce ^ 0x9e3779b97f4a7c15ull));
+	uint64_t key = ps__fmix64((p ? p->seed : 0) ^ ps__fmix64(nonce ^ 0x9e3779b97f4a7c15ull));
 	float s, step, inv;
 
 	if (cap < q8_max_bytes(n, p) || n > SSIZE_MAX - Q8_HDR)

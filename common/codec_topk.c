@@ -104,16 +104,6 @@ static int get_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
 	return -1;
 }
 
-static inline uint64_t mix64(uint64_t k)
-{
-	k ^= k >> 33;
-	k *= 0xff51afd7ed558ccdull;
-	k ^= k >> 33;
-	k *= 0xc4ceb9fe1a85ec53ull;
-	k ^= k >> 33;
-	return k;
-}
-
 static inline void swapf(float *a, float *b)
 {
 	float t = *a;
@@ -135,7 +125,7 @@ static float select_desc(float *a, size_t n, size_t k)
 		ptrdiff_t span = hi - lo + 1, i = lo, j = hi;
 		float p0, p1, p2, p;
 
-		rng = mix64(rng + 1);
+		rng = ps__fmix64(rng + 1);
 		p0 = a[lo + (ptrdiff_t)(rng % (uint64_t)span)];
 		p1 = a[lo + (ptrdiff_t)((rng >> 21) % (uint64_t)span)];
 		p2 = a[lo + (ptrdiff_t)((rng >> 42) % (uint64_t)span)];
@@ -245,7 +235,7 @@ static float sample_threshold(const float *x, const float *residual, size_t n, s
 	if (n < 16 * SAMPLES || k > n / 8)
 		return -1.0f;
 	for (size_t j = 0; j < SAMPLES; j++) {
-		size_t i = (size_t)(((unsigned __int128)mix64(j + 1) * n) >> 64);
+		size_t i = (size_t)(((unsigned __int128)ps__fmix64(j + 1) * n) >> 64);
 		float a = fabsf(residual ? x[i] + residual[i] : x[i]);
 
 		buf[j] = a <= FLT_BIG ? a : FLT_BIG;  /* NaN: the full pass reports it */

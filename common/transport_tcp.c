@@ -10,6 +10,13 @@
  * Send path: header + metadata go in one small copied buffer, the payload
  * pieces follow as separate uv_buf_t (writev). Volatile payloads are first
  * offered to uv_try_write; only what the socket does not take is copied.
+ * Volatile frames sent while the frames of one read are being delivered (a
+ * shard's push ack and pull reply) are gathered in a small outbox and leave
+ * in one write when the read has been handled.
+ *
+ * Each payload is checked for non-finite float32 words as it arrives
+ * (ps_words_finite on the bytes just read, still in cache) and the result
+ * handed on in ps_frame.payload_finite.
  *
  * send_now, the one entry point callable from another thread, writes a
  * small frame with sendmsg() on the socket directly, so a client's request

@@ -14,6 +14,7 @@
 #include "metrics_http.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "ps_time.h"
 #include "server.h"
 
 #define LOOP_WAIT_S 2
@@ -66,18 +67,16 @@ static void histogram(FILE *f, const char *name, const char *help, const struct 
 void ps_metrics_render(const struct ps_server *s, FILE *f)
 {
 	const struct ps_server_counters *c = &s->c;
-	struct timespec ts;
 	uint64_t lo = UINT64_MAX, hi = 0;
 	int nw = s->cfg->nworkers;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
 	fprintf(f, "# HELP ps_shard_info The shard this endpoint belongs to and how it runs.\n"
 		   "# TYPE ps_shard_info gauge\n"
 		   "ps_shard_info{shard=\"%d\",consistency=\"%s\",optimizer=\"%s\"} 1\n",
 		s->shard, s->cfg->consistency == PS_SYNC ? "sync" : "async",
 		ps_optim_name(s->cfg->optim.kind));
 	gauge(f, "ps_uptime_seconds", "Seconds since the shard started.",
-	      (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 - s->started);
+	      ps_now_s() - s->started);
 	counter(f, "ps_push_requests_total", "Push requests received.", c->pushes);
 	counter(f, "ps_pull_requests_total", "Pull requests received.", c->pulls);
 	counter(f, "ps_received_bytes_total", "Payload bytes of pushes received.", c->bytes_in);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "ps_time.h"
 #include "checkpoint.h"
 #include "handshake.h"
 #include "metrics_http.h"
@@ -27,27 +28,19 @@ struct ps_srv_conn {
 	int role;
 	int rank;
 	double accepted;
-	double last_rx;            /* now_s() of the last frame received */
+	double last_rx;            /* ps_now_s() of the last frame received */
 	struct ps_srv_conn *prev, *next;
 };
 
 struct ps_waiting_pull {
 	struct ps_srv_conn *sc;
 	uint64_t req_id, min_version, clock;
-	double arrived;            /* now_s() when the pull came in */
+	double arrived;            /* ps_now_s() when the pull came in */
 	int codec;                 /* reply encoding: PS_CODEC_NONE or PS_CODEC_FP16 */
 	uint32_t n;
 	struct ps_waiting_pull *next;
 	struct ps_slot *slots[];
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static uint64_t min_finished(const struct ps_server *s)
 {
@@ -144,7 +137,7 @@ static void send_pull_reply(struct ps_server *s, struct ps_waiting_pull *p)
 			 NULL, NULL);
 	if (rc)
 		ps_debug("pull reply to %s not sent: %s", p->sc->conn->peer, ps_strerror(rc));
-	ps_histo_add(&s->c.pull_lat, now_s() - p->arrived);
+	ps_histo_add(&s->c.pull_lat, ps_now_s() - p->arrived);
 	if (p->clock > fin && p->clock - fin > s->c.max_clock_gap)
 		s->c.max_clock_gap = p->clock - fin;
 	s->c.bytes_out += off;
@@ -203,7 +196,7 @@ static void handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	p->req_id = m->req_id;
 	p->min_version = m->min_version;
 	p->clock = m->clock;
-	p->arrived = now_s();
+	p->arrived = ps_now_s();
 	p->codec = (int)m->codec;
 	if (m->codec != PS_CODEC_NONE && m->codec != PS_CODEC_FP16) {
 		s->c.errors++;
@@ -271,7 +264,7 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	uint64_t plen = f->hdr.payload_len;
 	char why[256];
 	int changed = 0, rc;
-	double arrived = now_s();
+	double arrived = ps_now_s();
 
 	s->c.pushes++;
 	if (f->hdr.flags & PS_FRAME_F_LZ4) {
@@ -370,7 +363,7 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	}
 	ack.req_id = m->req_id;
 	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
-	ps_histo_add(&s->c.push_lat, now_s() - arrived);
+	ps_histo_add(&s->c.push_lat, ps_now_s() - arrived);
 	s->c.acks++;
 	if (changed && s->waiting)
 		answer_pulls(s);
@@ -388,10 +381,10 @@ err_reject:
 static int write_checkpoint(struct ps_server *s, const char *why, uint64_t *bytes, double *secs,
 			    char *err, size_t errlen)
 {
-	double t0 = now_s();
+	double t0 = ps_now_s();
 	int rc = ps_checkpoint_write(s, s->ckpt_path, bytes, err, errlen);
 
-	*secs = now_s() - t0;
+	*secs = ps_now_s() - t0;
 	if (rc)
 		ps_error("checkpoint (%s) failed: %s", why, err);
 	else
@@ -428,6 +421,7 @@ static uint64_t resume_clock(const struct ps_server *s)
 static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m)
 {
 	Ps__Stats st = PS__STATS__INIT;
+	char ckerr[600] = "";   /* referenced by st until it is sent */
 	int nw = s->cfg->nworkers;
 	Ps__WorkerClock *wc = calloc((size_t)nw, sizeof(*wc));
 	Ps__WorkerClock **wp = calloc((size_t)nw, sizeof(*wp));
@@ -444,9 +438,6 @@ static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		wp[r] = &wc[r];
 	}
 	if (m->checkpoint) {
-		static char ckerr[600];
-
-		ckerr[0] = 0;
 		if (!s->ckpt_path[0]) {
 			st.checkpoint_status = PS_ESTATE;
 			snprintf(ckerr, sizeof(ckerr), "checkpoints are off (no checkpoint.dir)");
@@ -460,7 +451,7 @@ static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	}
 	st.req_id = m->req_id;
 	st.shard = s->shard;
-	st.uptime_s = now_s() - s->started;
+	st.uptime_s = ps_now_s() - s->started;
 	st.pushes = s->c.pushes;
 	st.pulls = s->c.pulls;
 	st.bytes_in = s->c.bytes_in;
@@ -506,12 +497,12 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 {
 	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
 	char err[400] = "";
+	int refused = ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err));
 
-	ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err));
 	r.protocol_version = PS_PROTOCOL_VERSION;
 	r.shard = s->shard;
 	r.shard_map_hash = s->map.hash;
-	if (err[0]) {
+	if (refused) {
 		ps_warn("refusing %s: %s", sc->conn->peer, err);
 		r.ok = 0;
 		r.error = err;
@@ -567,7 +558,7 @@ static void on_accept(struct ps_transport *t, struct ps_conn *c)
 	sc->srv = s;
 	sc->conn = c;
 	sc->rank = -1;
-	sc->accepted = now_s();
+	sc->accepted = ps_now_s();
 	sc->last_rx = sc->accepted;
 	c->data = sc;
 	sc->next = s->conns;
@@ -591,7 +582,7 @@ static void on_frame(struct ps_conn *c, struct ps_frame *f)
 		return;
 	}
 	s = sc->srv;
-	sc->last_rx = now_s();
+	sc->last_rx = ps_now_s();
 	m = ps_msg_unpack(f, why, sizeof(why));
 	if (!m) {
 		ps_warn("closing connection from %s: %s", c->peer, why);
@@ -693,7 +684,7 @@ static void on_close(struct ps_conn *c, int status)
 		ps_info("worker %d disconnected (%s)", sc->rank,
 			status == PS_ECLOSED || status == 0 ? "closed" : ps_strerror(status));
 		if (s->connected[sc->rank] == 0)
-			s->gone_since[sc->rank] = now_s(); /* dropped by on_tick if it stays away */
+			s->gone_since[sc->rank] = ps_now_s(); /* dropped by on_tick if it stays away */
 	}
 	if (sc->prev)
 		sc->prev->next = sc->next;
@@ -709,7 +700,7 @@ static void on_close(struct ps_conn *c, int status)
 static void on_tick(uv_timer_t *t)
 {
 	struct ps_server *s = t->data;
-	double now = now_s(), limit = s->cfg->limits.handshake_timeout_ms / 1000.0;
+	double now = ps_now_s(), limit = s->cfg->limits.handshake_timeout_ms / 1000.0;
 	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
 
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
@@ -763,7 +754,7 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	s->cfg = cfg;
 	s->shard = shard;
 	s->loop = loop;
-	s->started = now_s();
+	s->started = ps_now_s();
 	if (shard < 0 || shard >= cfg->nshards) {
 		ps_error("shard %d does not exist: the config names shards 0..%d", shard,
 			 cfg->nshards - 1);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "ps_time.h"
 #include "codec.h"
 #include "finite.h"
 #include "ps_err.h"
@@ -24,14 +25,6 @@ void ps_frame_ref_put(struct ps_frame_ref *fr)
 		free(fr->expanded);
 		free(fr);
 	}
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int ps_store_init(struct ps_store *st, const struct ps_config *cfg,
@@ -127,7 +120,7 @@ struct ps_slot *ps_store_slot(struct ps_store *st, uint32_t slice)
 
 static void apply(struct ps_store *st, struct ps_slot *s, const float *g)
 {
-	double t0 = now_s();
+	double t0 = ps_now_s();
 	size_t n = (size_t)s->slice->count;
 
 	st->opt->apply(&st->cfg->optim, s->w, g, s->state, n, s->steps);
@@ -135,7 +128,7 @@ static void apply(struct ps_store *st, struct ps_slot *s, const float *g)
 	s->version++;
 	st->applies++;
 	st->bytes_applied += n * sizeof(float);
-	st->apply_seconds += now_s() - t0;
+	st->apply_seconds += ps_now_s() - t0;
 }
 
 /* The floats of g: the raw data itself, or decoded into buf. */
@@ -262,7 +255,7 @@ int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps
 			return PS_ESHAPE;
 		}
 		/* the transport may have checked the frame's words already */
-		rc = g->finite_known || ps_store_all_finite(g->data, n);
+		rc = g->finite_known || ps_words_finite(g->data, n);
 	} else {
 		co = ps_codec_get(g->codec);
 		if (!co) {
@@ -272,7 +265,7 @@ int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps
 		rc = co->decode(g->data, g->len, n, st->check, err, errlen);
 		if (rc)
 			return rc;
-		rc = ps_store_all_finite(st->check, n);
+		rc = ps_words_finite(st->check, n);
 	}
 	if (!rc) {
 		snprintf(err, errlen, "gradient holds NaN or infinite values");
@@ -328,11 +321,6 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	b->have++;
 	/* Apply every complete bucket that is next in clock order. */
 	return apply_ready(st, s);
-}
-
-int ps_store_all_finite(const float *g, size_t n)
-{
-	return ps_words_finite(g, n);
 }
 
 uint64_t ps_store_checksum(const struct ps_store *st)

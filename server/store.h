@@ -98,9 +98,6 @@ int ps_store_advance(struct ps_store *st);
 int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps_grad *g,
 		   char *err, size_t errlen);
 
-/* 1 when none of the n floats is NaN or infinite (checked before a push
- * is accepted, so parameters stay finite). */
-int ps_store_all_finite(const float *g, size_t n);
 
 /* FNV-1a over every owned slice's weights, in slice order. */
 uint64_t ps_store_checksum(const struct ps_store *st);

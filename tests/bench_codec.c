@@ -69,9 +69,9 @@ static void bench_codec(const struct variant *v, const float *x, const float *r0
 
 		if (r)
 			memcpy(r, r0, n * sizeof(float));
-		t0 = bu_now_s();
+		t0 = ps_now_s();
 		got = c->encode(x, r, n, &p, iters, out, cap);
-		spent += bu_now_s() - t0;
+		spent += ps_now_s() - t0;
 		bu_clobber(out);
 		if (got < 0) {
 			fprintf(stderr, "bench_codec: %s encode failed: %d\n", v->label, (int)got);
@@ -86,7 +86,7 @@ static void bench_codec(const struct variant *v, const float *x, const float *r0
 	res->wire_lz4 = (double)(packed ? packed : len) / ((double)n * sizeof(float));
 	/* decode_add into one accumulator, as a shard sums pushes. */
 	iters = 0;
-	t0 = bu_now_s();
+	t0 = ps_now_s();
 	do {
 		for (int k = 0; k < 4; k++) {
 			if (c->decode_add(out, len, n, 0.25f, acc, err, sizeof(err)) != 0) {
@@ -96,7 +96,7 @@ static void bench_codec(const struct variant *v, const float *x, const float *r0
 			bu_clobber(acc);
 		}
 		iters += 4;
-		spent = bu_now_s() - t0;
+		spent = ps_now_s() - t0;
 	} while (spent < secs);
 	res->dec_gbps = (double)n * sizeof(float) * (double)iters / spent * 1e-9;
 	free(out);

@@ -69,13 +69,13 @@ static double bench_apply(const struct variant *var, size_t n, double secs)
 	if (ops->init_state)
 		ops->init_state(&cfg, state, n);
 	ops->apply(&cfg, w, g, state, n, step++); /* warm up */
-	t0 = bu_now_s();
+	t0 = ps_now_s();
 	do {
 		for (int k = 0; k < 4; k++) {
 			ops->apply(&cfg, w, g, state, n, step++);
 			bu_clobber(w);
 		}
-		t = bu_now_s() - t0;
+		t = ps_now_s() - t0;
 	} while (t < secs);
 	free(w);
 	free(g);

@@ -70,13 +70,13 @@ static int bench(const char *preset, const char *backend, int batch, double seco
 	if (ps_net_forward(&net, x, y, batch, &loss, &correct) ||
 	    ps_net_backward(&net, batch, 1.0f, NULL, NULL))
 		goto out;
-	t0 = bu_now_s();
+	t0 = ps_now_s();
 	do {
 		if (ps_net_forward(&net, x, y, batch, &loss, &correct) ||
 		    ps_net_backward(&net, batch, 1.0f, NULL, NULL))
 			goto out;
 		steps++;
-		t = bu_now_s();
+		t = ps_now_s();
 	} while (t - t0 < seconds);
 	if (json)
 		printf("{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%d,\"steps\":%d,"

@@ -11,16 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "ps_time.h"
 
 #define BU_MAX_SIZES 16
 
-static inline double bu_now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Keeps the compiler from dropping stores to memory nobody reads. */
 static inline void bu_clobber(void *p)
@@ -50,14 +44,14 @@ static inline double bu_memcpy_rate(size_t len, double secs)
 
 	memset(src, 1, len);
 	memcpy(dst, src, len); /* warm up */
-	t0 = bu_now_s();
+	t0 = ps_now_s();
 	do {
 		for (int k = 0; k < 8; k++) {
 			memcpy(dst, src, len);
 			bu_clobber(dst);
 		}
 		iters += 8;
-		t = bu_now_s() - t0;
+		t = ps_now_s() - t0;
 	} while (t < secs);
 	free(src);
 	free(dst);

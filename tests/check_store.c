@@ -9,6 +9,7 @@
 #include "config.h"
 #include "ps_err.h"
 #include "shardmap.h"
+#include "finite.h"
 #include "store.h"
 
 static int released;
@@ -222,13 +223,13 @@ START_TEST(test_all_finite_every_position)
 	for (size_t n = 0; n <= 53; n++) {
 		for (size_t i = 0; i < n; i++)
 			v[i] = (i & 1) ? 3.4e38f : -1e-45f;
-		ck_assert_int_eq(ps_store_all_finite(v, n), 1);
+		ck_assert_int_eq(ps_words_finite(v, n), 1);
 		for (size_t i = 0; i < n; i++) {
 			float keep = v[i];
 
 			for (int b = 0; b < 3; b++) {
 				v[i] = bad[b];
-				ck_assert_msg(!ps_store_all_finite(v, n), "n %zu pos %zu kind %d", n, i, b);
+				ck_assert_msg(!ps_words_finite(v, n), "n %zu pos %zu kind %d", n, i, b);
 			}
 			v[i] = keep;
 		}

@@ -4,6 +4,7 @@
 #include <check.h>
 #include <inttypes.h>
 #include <sys/mman.h>
+#include "ps_time.h"
 #include "codec.h"
 #include "config.h"
 #include "ps_client.h"
@@ -70,10 +71,7 @@ static void stop_cluster(const char *path, const pid_t srv[2])
 
 static double now_ms(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+	return ps_now_s() * 1e3;
 }
 
 /* Integer gradient of worker rank at clock for element i. */

@@ -19,6 +19,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <sys/time.h>
+#include "ps_time.h"
 #include "codec.h"
 #include "config.h"
 #include "msg.h"
@@ -47,10 +48,7 @@ static struct fx {
 
 static double now_ms(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+	return ps_now_s() * 1e3;
 }
 
 static struct ps_shard_stats stats(void)

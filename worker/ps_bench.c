@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "ps_time.h"
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -55,14 +56,6 @@ struct worker_arg {
 	struct worker_res res;
 	pthread_barrier_t *start;
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -145,9 +138,9 @@ static void *worker_main(void *p)
 		goto out_free;
 	}
 	/* Local servers may still be starting: retry for a few seconds. */
-	for (double t = now_s(); ; usleep(100000)) {
+	for (double t = ps_now_s(); ; usleep(100000)) {
 		rc = ps_client_init(&c, cfg, a->rank, res->err, sizeof(res->err));
-		if (rc != -ECONNREFUSED || now_s() - t > 10 || !o->local)
+		if (rc != -ECONNREFUSED || ps_now_s() - t > 10 || !o->local)
 			break;
 	}
 	pthread_barrier_wait(a->start);
@@ -155,10 +148,10 @@ static void *worker_main(void *p)
 		res->rc = rc;
 		goto out_free;
 	}
-	end = now_s() + o->seconds;
+	end = ps_now_s() + o->seconds;
 	/* Keep `inflight` operations outstanding; retire the oldest first. */
 	for (;;) {
-		int submit = now_s() < end;
+		int submit = ps_now_s() < end;
 		if (nin == o->inflight || (!submit && nin > 0)) {
 			struct slot *s = &slots[head];
 			/* The pull is answered after the push is applied: waiting
@@ -167,7 +160,7 @@ static void *worker_main(void *p)
 				break;
 			if (s->push_id > 0 && (rc = ps_client_wait(c, s->push_id)))
 				break;
-			add_lat(res, now_s() - s->t0);
+			add_lat(res, ps_now_s() - s->t0);
 			res->ops++;
 			s->push_id = s->pull_id = 0;
 			head = (head + 1) % o->inflight;
@@ -177,7 +170,7 @@ static void *worker_main(void *p)
 		if (!submit)
 			break;
 		struct slot *s = &slots[(head + nin) % o->inflight];
-		s->t0 = now_s();
+		s->t0 = ps_now_s();
 		if (o->op != OP_PULL) {
 			s->push_id = ps_client_push(c, clock, grad, nt, PS_PUSH_END_CLOCK);
 			if (s->push_id < 0) {
@@ -281,19 +274,19 @@ static int raw_tcp(uint64_t size, int mode, double seconds, double *a, double *b
 	}
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	memset(buf, 1, size);
-	double t0 = now_s(), end = t0 + seconds, t;
+	double t0 = ps_now_s(), end = t0 + seconds, t;
 	uint64_t bytes = 0;
-	while ((t = now_s()) < end) {
+	while ((t = ps_now_s()) < end) {
 		if (write_full(fd, buf, size))
 			break;
 		if (mode == 0) {
 			if (read_full(fd, buf, size))
 				break;
-			add_lat(&lat, now_s() - t);
+			add_lat(&lat, ps_now_s() - t);
 		}
 		bytes += size;
 	}
-	double el = now_s() - t0;
+	double el = ps_now_s() - t0;
 	shutdown(fd, SHUT_WR);
 	close(fd);
 	if (mode == 0) {
@@ -534,7 +527,7 @@ model_ready:
 	pthread_t *th = calloc((size_t)nw, sizeof(*th));
 	pthread_barrier_t start;
 	pthread_barrier_init(&start, NULL, (unsigned)nw);
-	double t0 = now_s();
+	double t0 = ps_now_s();
 	for (int w = 0; w < nw; w++) {
 		wa[w].cfg = cfg;
 		wa[w].o = &o;
@@ -544,7 +537,7 @@ model_ready:
 	}
 	for (int w = 0; w < nw; w++)
 		pthread_join(th[w], NULL);
-	double elapsed = now_s() - t0;
+	double elapsed = ps_now_s() - t0;
 	(void)elapsed;
 
 	struct ps_shard_stats st = { 0 };

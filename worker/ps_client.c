@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "ps_time.h"
 #include "codec.h"
 #include "msg.h"
 #include "ps_client.h"
@@ -97,14 +98,6 @@ struct ps_client {
 	int nready, nfailed;
 	char err[512];
 };
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void set_err(struct ps_client *c, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -235,6 +228,7 @@ static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	for (size_t i = 0; i < m->n_pull_latency_log2us && i < PS_HISTO_BUCKETS; i++)
 		o->pull_lat[i] = m->pull_latency_log2us[i];
 	o->push_lat_sum_s = m->push_latency_sum_s;
+	o->pull_lat_sum_s = m->pull_latency_sum_s;
 	o->checkpoint_status = m->checkpoint_status;
 	o->checkpoint_bytes = m->checkpoint_bytes;
 	o->checkpoint_seconds = m->checkpoint_seconds;
@@ -242,7 +236,6 @@ static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 		 m->checkpoint_path ? m->checkpoint_path : "");
 	snprintf(o->checkpoint_error, sizeof(o->checkpoint_error), "%s",
 		 m->checkpoint_error ? m->checkpoint_error : "");
-	o->pull_lat_sum_s = m->pull_latency_sum_s;
 	part_done(c, r, k, 0, NULL);
 }
 
@@ -265,7 +258,7 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		};
 		sh->conn->t->ops->set_limits(sh->conn, &lim);
 		sh->state = SH_READY;
-		sh->last_hb = now_s();
+		sh->last_hb = ps_now_s();
 		if (m->clock > c->clock)
 			c->clock = m->clock; /* a shard resumed from a checkpoint */
 		c->nready++;
@@ -288,7 +281,7 @@ static void on_frame(struct ps_conn *pc, struct ps_frame *f)
 		return;
 	}
 	pthread_mutex_lock(&c->mu);
-	c->shards[k].last_rx = now_s();
+	c->shards[k].last_rx = ps_now_s();
 	switch (f->hdr.type) {
 	case PS_MSG_HEARTBEAT:
 		break; /* last_rx is all it is for */
@@ -470,7 +463,7 @@ static void heartbeats(struct ps_client *c, double now)
 static void on_tick(uv_timer_t *t)
 {
 	struct ps_client *c = t->data;
-	double now = now_s();
+	double now = ps_now_s();
 
 	pthread_mutex_lock(&c->mu);
 	heartbeats(c, now);
@@ -567,7 +560,7 @@ static int64_t submit(struct ps_client *c, struct req *r)
 		return PS_ESTATE;
 	}
 	id = r->id;
-	r->deadline = now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
+	r->deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
 	if (r->pending && !c->sendq_head && send_direct(c, r) == 0) {
 		/* every part left from this thread: nothing for the I/O thread */
 	} else if (r->pending == 0) {
@@ -918,10 +911,10 @@ int ps_client_wait(struct ps_client *c, int64_t id)
 		/* Spin briefly before sleeping: a reply that comes within
 		 * spin_s costs no futex wake-up and no scheduler latency. r stays
 		 * ours (only this function frees it); done is set atomically. */
-		double until = now_s() + c->spin_s;
+		double until = ps_now_s() + c->spin_s;
 
 		pthread_mutex_unlock(&c->mu);
-		while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE) && now_s() < until)
+		while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE) && ps_now_s() < until)
 			PS_CPU_RELAX();
 		pthread_mutex_lock(&c->mu);
 	}

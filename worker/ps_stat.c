@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "ps_time.h"
 #include "config.h"
 #include "histo.h"
 #include "ps_client.h"
@@ -61,14 +62,6 @@ static void on_signal(int sig)
 {
 	(void)sig;
 	stop = 1;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void usage(FILE *f)
@@ -165,6 +158,15 @@ static uint64_t delta(uint64_t b, uint64_t a)
 	return b >= a ? b - a : b;
 }
 
+/* p50 and p99 of the interval's latency histograms. */
+static void set_quantiles(struct row *r)
+{
+	r->push_p50 = ps_histo_quantile(r->push_lat, PS_HISTO_BUCKETS, 0.5);
+	r->push_p99 = ps_histo_quantile(r->push_lat, PS_HISTO_BUCKETS, 0.99);
+	r->pull_p50 = ps_histo_quantile(r->pull_lat, PS_HISTO_BUCKETS, 0.5);
+	r->pull_p99 = ps_histo_quantile(r->pull_lat, PS_HISTO_BUCKETS, 0.99);
+}
+
 static void make_row(const struct snap *a, const struct snap *b, double dt, int nworkers,
 		     struct row *r)
 {
@@ -192,10 +194,7 @@ static void make_row(const struct snap *a, const struct snap *b, double dt, int 
 		r->push_lat[i] = delta(y->push_lat[i], x->push_lat[i]);
 		r->pull_lat[i] = delta(y->pull_lat[i], x->pull_lat[i]);
 	}
-	r->push_p50 = ps_histo_quantile(r->push_lat, PS_HISTO_BUCKETS, 0.5);
-	r->push_p99 = ps_histo_quantile(r->push_lat, PS_HISTO_BUCKETS, 0.99);
-	r->pull_p50 = ps_histo_quantile(r->pull_lat, PS_HISTO_BUCKETS, 0.5);
-	r->pull_p99 = ps_histo_quantile(r->pull_lat, PS_HISTO_BUCKETS, 0.99);
+	set_quantiles(r);
 	r->apply_share = (y->apply_seconds - x->apply_seconds) / dt;
 	if (r->apply_share < 0)
 		r->apply_share = 0;
@@ -214,7 +213,7 @@ static void make_row(const struct snap *a, const struct snap *b, double dt, int 
 	}
 }
 
-/* Adds shard row r into the totals t. */
+/* Adds shard row r into the totals t (set_quantiles once all are in). */
 static void add_row(struct row *t, const struct row *r)
 {
 	if (!r->up)
@@ -231,10 +230,6 @@ static void add_row(struct row *t, const struct row *r)
 		t->push_lat[i] += r->push_lat[i];
 		t->pull_lat[i] += r->pull_lat[i];
 	}
-	t->push_p50 = ps_histo_quantile(t->push_lat, PS_HISTO_BUCKETS, 0.5);
-	t->push_p99 = ps_histo_quantile(t->push_lat, PS_HISTO_BUCKETS, 0.99);
-	t->pull_p50 = ps_histo_quantile(t->pull_lat, PS_HISTO_BUCKETS, 0.5);
-	t->pull_p99 = ps_histo_quantile(t->pull_lat, PS_HISTO_BUCKETS, 0.99);
 	if (r->have_clock) {
 		if (!t->have_clock || r->clk_min < t->clk_min)
 			t->clk_min = r->clk_min;
@@ -353,12 +348,13 @@ static void print_table(FILE *f, const struct ps_config *cfg, const struct snap 
 			cfg->nworkers - 1);
 }
 
+/* Writes "key":v, (null when not finite), with the comma that follows. */
 static void json_num(FILE *f, const char *key, double v)
 {
 	if (isnan(v) || isinf(v))
-		fprintf(f, "\"%s\":null", key);
+		fprintf(f, "\"%s\":null,", key);
 	else
-		fprintf(f, "\"%s\":%.6g", key, v);
+		fprintf(f, "\"%s\":%.6g,", key, v);
 }
 
 static void json_str(FILE *f, const char *s)
@@ -377,29 +373,18 @@ static void json_str(FILE *f, const char *s)
 
 static void json_row(FILE *f, const struct row *r)
 {
+	const struct { const char *key; double v; } nums[] = {
+		{ "uptime_s", r->uptime_s }, { "pushes_per_s", r->push_s },
+		{ "pulls_per_s", r->pull_s }, { "in_raw_mb_per_s", r->in_raw },
+		{ "in_wire_mb_per_s", r->in_wire }, { "out_raw_mb_per_s", r->out_raw },
+		{ "out_wire_mb_per_s", r->out_wire }, { "push_p50_s", r->push_p50 },
+		{ "push_p99_s", r->push_p99 }, { "pull_p50_s", r->pull_p50 },
+		{ "pull_p99_s", r->pull_p99 },
+	};
+
 	fprintf(f, "\"up\":%s,", r->up ? "true" : "false");
-	json_num(f, "uptime_s", r->uptime_s);
-	fputc(',', f);
-	json_num(f, "pushes_per_s", r->push_s);
-	fputc(',', f);
-	json_num(f, "pulls_per_s", r->pull_s);
-	fputc(',', f);
-	json_num(f, "in_raw_mb_per_s", r->in_raw);
-	fputc(',', f);
-	json_num(f, "in_wire_mb_per_s", r->in_wire);
-	fputc(',', f);
-	json_num(f, "out_raw_mb_per_s", r->out_raw);
-	fputc(',', f);
-	json_num(f, "out_wire_mb_per_s", r->out_wire);
-	fputc(',', f);
-	json_num(f, "push_p50_s", r->push_p50);
-	fputc(',', f);
-	json_num(f, "push_p99_s", r->push_p99);
-	fputc(',', f);
-	json_num(f, "pull_p50_s", r->pull_p50);
-	fputc(',', f);
-	json_num(f, "pull_p99_s", r->pull_p99);
-	fputc(',', f);
+	for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++)
+		json_num(f, nums[i].key, nums[i].v);
 	if (r->have_clock)
 		fprintf(f, "\"clock_min\":%" PRIu64 ",\"clock_max\":%" PRIu64
 			   ",\"staleness\":%" PRIu64 ",", r->clk_min, r->clk_max,
@@ -407,7 +392,7 @@ static void json_row(FILE *f, const struct row *r)
 	else
 		fprintf(f, "\"clock_min\":null,\"clock_max\":null,\"staleness\":null,");
 	json_num(f, "apply_share", r->apply_share);
-	fprintf(f, ",\"rejected_frames\":%" PRIu64 ",\"errors\":%" PRIu64
+	fprintf(f, "\"rejected_frames\":%" PRIu64 ",\"errors\":%" PRIu64
 		   ",\"connections\":%u,\"workers_connected\":%u", r->rejected, r->errors, r->conns,
 		r->workers_up);
 }
@@ -488,10 +473,10 @@ static int checkpoint_all(const struct ps_config *cfg, struct ps_client **cp)
 /* Sleeps s seconds unless a signal stops us first. */
 static void nap(double s)
 {
-	double until = now_s() + s;
+	double until = ps_now_s() + s;
 
-	while (!stop && now_s() < until) {
-		double left = until - now_s();
+	while (!stop && ps_now_s() < until) {
+		double left = until - ps_now_s();
 		struct timespec ts = { .tv_sec = (time_t)left,
 				       .tv_nsec = (long)((left - (double)(time_t)left) * 1e9) };
 		nanosleep(&ts, NULL);
@@ -566,21 +551,21 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	sample(cfg, &c, a);
-	ta = now_s();
+	ta = ps_now_s();
 	for (int round = 0; !stop; round++) {
 		nap(o.watch > 0 ? o.watch : o.interval);
 		if (stop && round > 0)
 			break;
 		sample(cfg, &c, b);
-		tb = now_s();
+		tb = ps_now_s();
 		memset(&tot, 0, sizeof(tot));
-		tot.push_p50 = tot.push_p99 = tot.pull_p50 = tot.pull_p99 = NAN;
 		rc = 0;
 		for (int k = 0; k < cfg->nshards; k++) {
 			make_row(&a[k], &b[k], tb - ta, cfg->nworkers, &rows[k]);
 			add_row(&tot, &rows[k]);
 			rc |= !rows[k].up;
 		}
+		set_quantiles(&tot);
 		if (o.json) {
 			print_json(stdout, cfg, b, rows, &tot, tb - ta, o.workers);
 		} else {

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "ps_time.h"
 #include "codec.h"
 #include "compute.h"
 #include "config.h"
@@ -32,14 +33,6 @@ static void on_signal(int sig)
 {
 	(void)sig;
 	g_stop = 1;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void usage(FILE *out)
@@ -396,9 +389,9 @@ int main(int argc, char **argv)
 		if (!metrics)
 			ps_warn("cannot write metrics to %s: %m", path);
 	}
-	for (double t0 = now_s();; sleep(1)) {
+	for (double t0 = ps_now_s();; sleep(1)) {
 		rc = ps_client_init(&cli, cfg, rank, err, sizeof(err));
-		if (rc == 0 || rc != -ECONNREFUSED || now_s() - t0 > cfg->limits.connect_timeout_ms / 1000.0 || g_stop)
+		if (rc == 0 || rc != -ECONNREFUSED || ps_now_s() - t0 > cfg->limits.connect_timeout_ms / 1000.0 || g_stop)
 			break;
 	}
 	if (rc) {
@@ -420,12 +413,12 @@ int main(int argc, char **argv)
 	int tty = isatty(STDERR_FILENO);
 	/* 0, or where the shards resumed from a checkpoint */
 	uint64_t clock = ps_client_clock(cli);
-	double t_start = now_s();
+	double t_start = ps_now_s();
 	if (clock)
 		ps_info("shards resumed from a checkpoint: continuing at clock %llu",
 			(unsigned long long)clock);
 	for (int e = 0; e < cfg->train.epochs && !g_stop; e++) {
-		double t_epoch = now_s(), last_print = 0, loss_sum = 0;
+		double t_epoch = ps_now_s(), last_print = 0, loss_sum = 0;
 		long seen = 0, correct_sum = 0;
 		ps_batcher_epoch(&bt, e);
 		for (int s = 0; s < steps && !g_stop; s++, clock++) {
@@ -460,7 +453,7 @@ int main(int argc, char **argv)
 			loss_sum += loss * count;
 			correct_sum += correct;
 			seen += count;
-			double now = now_s();
+			double now = ps_now_s();
 			if (now - last_print > (tty ? 0.25 : 10.0) || s == steps - 1) {
 				uint64_t raw, wire;
 				last_print = now;
@@ -476,7 +469,7 @@ int main(int argc, char **argv)
 		}
 		if (tty)
 			fputc('\n', stderr);
-		double elapsed = now_s() - t_epoch, acc = NAN, tloss = NAN;
+		double elapsed = ps_now_s() - t_epoch, acc = NAN, tloss = NAN;
 		if (rank == 0 && !g_stop) {
 			if (evaluate(&net, &test, x, y, &acc, &tloss)) {
 				ps_error("evaluation: %s", comp->err);
@@ -495,7 +488,7 @@ int main(int argc, char **argv)
 				"\"rank\":%d,\"epoch\":%d,\"steps\":%d,\"time_s\":%.3f,\"train_loss\":%.6f,"
 				"\"train_accuracy\":%.6f,\"samples_per_s\":%.1f,\"mb_pushed\":%.3f,"
 				"\"device\":\"%s\",\"consistency\":\"%s\"",
-				rank, e + 1, steps, now_s() - t_start, seen ? loss_sum / seen : NAN,
+				rank, e + 1, steps, ps_now_s() - t_start, seen ? loss_sum / seen : NAN,
 				seen ? (double)correct_sum / seen : NAN, seen / elapsed, raw / 1e6,
 				ops->name, cfg->consistency == PS_SYNC ? "sync" : "async");
 			if (!isnan(acc))
