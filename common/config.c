@@ -676,6 +676,20 @@ int ps_config_load_string(struct ps_config *cfg, const char *yaml, const char *n
 	return load_buffer(cfg, yaml, strlen(yaml), name ? name : "<string>", err, errlen);
 }
 
+/* A relative security.secret_file names a file next to the config file;
+ * stored resolved, so dumps and the processes started from them agree. */
+static void cfg_resolve_secret(struct ps_config *cfg)
+{
+	char *f = cfg->security.secret_file, tmp[sizeof(cfg->security.secret_file)] = "";
+	const char *slash = strrchr(cfg->path, '/');
+
+	if (!f[0] || f[0] == '/' || !slash)
+		return;
+	if (snprintf(tmp, sizeof(tmp), "%.*s/%s", (int)(slash - cfg->path), cfg->path, f) <
+	    (int)sizeof(tmp))
+		memcpy(f, tmp, sizeof(tmp));
+}
+
 int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t errlen)
 {
 	struct ctx c = { .name = path, .err = err, .errlen = errlen };
@@ -719,6 +733,8 @@ int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t er
 		goto err_free_buf;
 	}
 	rc = load_buffer(cfg, buf, len, path, err, errlen);
+	if (rc == 0)
+		cfg_resolve_secret(cfg);
 
 err_free_buf:
 	free(buf);

@@ -84,6 +84,13 @@ struct ps_checkpoint_cfg {
 	int every_s;                /* write one every this many seconds; 0 = only on SIGTERM / request */
 };
 
+/* Who may talk (docs/security.md). */
+struct ps_security_cfg {
+	int auth;                   /* challenge-response over the shared secret on every connection */
+	int mac;                    /* after it, a sequence number and MAC on every frame */
+	char secret_file[512];      /* relative: from the config file's folder; "" = $PS_SECRET_FILE */
+};
+
 struct ps_stats_cfg {
 	char http[PS_HOST_MAX + 8]; /* "host:port" for /metrics, empty = off (later issue) */
 };
@@ -116,6 +123,7 @@ struct ps_config {
 	struct ps_limits limits;
 	struct ps_stats_cfg stats;
 	struct ps_checkpoint_cfg checkpoint;
+	struct ps_security_cfg security;
 	char log_level[16];
 	struct ps_compress_cfg compress;
 	struct ps_model_cfg model;  /* layers; nlayers 0 when only tensors are given */

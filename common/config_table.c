@@ -131,6 +131,15 @@ const struct opt cfg_opts[] = {
 	  "checkpoint.every_s and on `ps-stat --checkpoint`, resumed from at start; \"\" = off"),
 	O("checkpoint.every_s", T_INT, 0, 0, 10000000, "0", NULL, C, checkpoint.every_s,
 	  "seconds between periodic checkpoints; 0 = only on SIGTERM and on request"),
+	O("security.auth", T_BOOL, 0, 0, 0, "true", NULL, C, security.auth,
+	  "every connection proves knowledge of the shared secret (libsodium challenge-response, "
+	  "both ways); false only on a trusted network"),
+	O("security.mac", T_BOOL, 0, 0, 0, "true", NULL, C, security.mac,
+	  "with auth: every later frame carries a sequence number and a Poly1305 MAC, so frames "
+	  "cannot be altered, replayed or injected; false saves its cost on a trusted network"),
+	O("security.secret_file", T_PATH, 0, 0, 0, "", NULL, C, security.secret_file,
+	  "file of at least 32 random bytes (64 hex digits), mode 0600 (scripts/ps-keygen FILE); "
+	  "relative to the config file's folder; \"\" = $PS_SECRET_FILE; --secret-file overrides"),
 	O("log.level", T_ENUMSTR, 0, 0, 0, "info", cfg_level_names, C, log_level,
 	  "least severe log level written to stderr"),
 };

@@ -18,6 +18,8 @@ const ProtobufCMessageDescriptor *ps_msg_descriptor(unsigned type)
 	case PS_MSG_STATS_REQUEST: return &ps__stats_request__descriptor;
 	case PS_MSG_STATS: return &ps__stats__descriptor;
 	case PS_MSG_HEARTBEAT: return &ps__heartbeat__descriptor;
+	case PS_MSG_AUTH_CHALLENGE: return &ps__auth_challenge__descriptor;
+	case PS_MSG_AUTH: return &ps__auth__descriptor;
 	default: return NULL;
 	}
 }

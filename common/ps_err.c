@@ -21,6 +21,7 @@ const char *ps_strerror(int err)
 	case PS_ECLOCK: return "clock outside the accepted window";
 	case PS_EDUP: return "duplicate push for this clock";
 	case PS_ENOFINITE: return "value not finite";
+	case PS_EAUTH: return "authentication failed";
 	default:
 		break;
 	}

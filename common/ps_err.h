@@ -26,6 +26,7 @@ enum {
 	PS_ECLOCK,       /* clock out of the accepted window */
 	PS_EDUP,         /* duplicate push for the same clock and slice */
 	PS_ENOFINITE,    /* value is NaN or infinite */
+	PS_EAUTH,        /* authentication failed: wrong or missing secret, bad MAC */
 	PS_ELAST
 };
 

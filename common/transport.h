@@ -39,6 +39,7 @@
 
 struct ps_transport;
 struct ps_conn;
+struct ps_frame_keys;
 
 struct ps_frame {
 	struct ps_frame_hdr hdr;
@@ -140,6 +141,13 @@ struct ps_transport_ops {
 	 * send for c runs on the loop thread in between (frame order). */
 	int (*send_now)(struct ps_conn *c, uint8_t type, const void *meta, uint32_t meta_len,
 			const struct ps_iov *payload, int npayload, unsigned flags);
+	/* Authenticates c's frames from now on (frame_mac.h): every frame
+	 * sent after this call carries a sequence number and a MAC under
+	 * keys->send, and every frame whose header arrives after it must carry
+	 * them under keys->recv (else c closes with PS_EAUTH). Sequence numbers
+	 * start at 0 in both directions. Loop thread; called once, between
+	 * frames (from on_frame of the last unauthenticated one). */
+	void (*set_keys)(struct ps_conn *c, const struct ps_frame_keys *keys);
 	/* Changes the limits frames received on c are checked against. */
 	void (*set_limits)(struct ps_conn *c, const struct ps_wire_limits *lim);
 	/* Bytes queued on c and not yet taken by the kernel. */

@@ -18,6 +18,13 @@
  * (ps_words_finite on the bytes just read, still in cache) and the result
  * handed on in ps_frame.payload_finite.
  *
+ * After set_keys every frame carries a sequence number and a Poly1305 tag
+ * (frame_mac.h). The sender seals a frame (numbers it, encodes its header,
+ * computes the tag) under wmu at the moment its place in the byte stream
+ * is fixed, so numbers follow the order on the wire; the receiver folds the
+ * bytes into the tag as they arrive, next to the finiteness scan, and
+ * checks it before the frame is handed on.
+ *
  * send_now, the one entry point callable from another thread, writes a
  * small frame with sendmsg() on the socket directly, so a client's request
  * leaves without waking the loop thread. It may only write when libuv has
@@ -37,6 +44,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "finite.h"
+#include "frame_mac.h"
 #include "transport.h"
 
 #define STAGE_BYTES (64 * 1024)
@@ -75,6 +83,13 @@ struct tcp_conn {
 	uint64_t body_len, body_fill;
 	uint64_t scan_pos;        /* payload bytes checked by ps_words_finite */
 	int scan_bad;             /* a non-finite word was seen */
+	/* authentication (set_keys); send side under wmu */
+	int keyed;
+	struct ps_frame_keys keys;
+	uint64_t send_seq, recv_seq;
+	struct ps_mac rmac;       /* tag of the frame being received */
+	int rmac_on;              /* that frame carries one */
+	uint64_t mac_pos;         /* body bytes folded into rmac */
 };
 
 struct tcp_write {
@@ -83,6 +98,7 @@ struct tcp_write {
 	ps_send_cb cb;
 	void *arg;
 	uint8_t *copy;            /* volatile remainder, freed after the write */
+	uint8_t tag[PS_MAC_TAG_LEN];
 	uint8_t head[];           /* header + meta */
 };
 
@@ -118,6 +134,7 @@ static void on_handle_closed(uv_handle_t *h)
 	free(c->stage);
 	free(c->outbox);
 	pthread_mutex_destroy(&c->wmu);
+	sodium_memzero(&c->keys, sizeof(c->keys));
 	free(c);
 	maybe_finish_destroy(tt);
 }
@@ -176,14 +193,23 @@ static struct tcp_conn *conn_new(struct tcp_transport *tt)
 	return c;
 }
 
-/* Hands a complete body to the owner; returns nonzero if c got closed. */
 /* Checks the payload words that arrived since the last call (fill bytes of
- * the body are in), while they are still in cache. */
-static void scan_payload(struct tcp_conn *c, const uint8_t *data, uint64_t fill)
+ * the body are in), while they are still in cache, and folds the new bytes
+ * into the frame's tag. Bytes of the tag itself (after the payload) are
+ * neither. */
+static void scan_body(struct tcp_conn *c, const uint8_t *data, uint64_t fill)
 {
-	uint64_t have = fill > c->hdr.meta_len ? fill - c->hdr.meta_len : 0;
-	uint64_t end = have & ~(uint64_t)3;
+	uint64_t body = c->hdr.meta_len + c->hdr.payload_len;
+	uint64_t have, end;
 
+	if (fill > body)
+		fill = body;
+	if (c->rmac_on && fill > c->mac_pos) {
+		ps_mac_update(&c->rmac, data + c->mac_pos, (size_t)(fill - c->mac_pos));
+		c->mac_pos = fill;
+	}
+	have = fill > c->hdr.meta_len ? fill - c->hdr.meta_len : 0;
+	end = have & ~(uint64_t)3;
 	if (end > c->scan_pos && !c->scan_bad)
 		c->scan_bad = !ps_words_finite(data + c->hdr.meta_len + c->scan_pos,
 					       (size_t)(end - c->scan_pos) / 4);
@@ -191,19 +217,61 @@ static void scan_payload(struct tcp_conn *c, const uint8_t *data, uint64_t fill)
 		c->scan_pos = end;
 }
 
+/* Hands a complete body to the owner (or closes c when its tag is wrong);
+ * returns nonzero if c got closed. */
 static int deliver(struct tcp_conn *c, uint8_t *body, uint8_t *data)
 {
 	struct ps_frame *f = (struct ps_frame *)body;
+	uint64_t len = c->hdr.meta_len + c->hdr.payload_len;
 
-	scan_payload(c, data, c->hdr.meta_len + c->hdr.payload_len);
+	scan_body(c, data, len);
+	if (c->rmac_on) {
+		c->rmac_on = 0;
+		if (ps_mac_verify(&c->rmac, data + len)) {
+			ps_warn("closing connection from %s: %s frame %llu failed its MAC (altered "
+				"on the way, or sent under another key)", c->base.peer,
+				ps_wire_type_name(c->hdr.type), (unsigned long long)c->recv_seq);
+			free(body);
+			tcp_close(&c->base, PS_EAUTH);
+			return 1;
+		}
+		c->recv_seq++;
+		c->base.bytes_in += PS_MAC_TAG_LEN;
+	}
 	f->payload_finite = !c->scan_bad;
 	f->hdr = c->hdr;
 	f->meta = data;
 	f->payload = data + c->hdr.meta_len;
 	f->release = frame_free;
-	c->base.bytes_in += PS_WIRE_HDR_LEN + c->hdr.meta_len + c->hdr.payload_len;
+	c->base.bytes_in += PS_WIRE_HDR_LEN + len;
 	c->base.t->cbs.on_frame(&c->base, f);
 	return c->closing;
+}
+
+/* Whether the header just decoded carries what the connection's state
+ * demands: a MAC and the next sequence number once keyed, no MAC before.
+ * 0, or a code with the reason in why. */
+static int check_auth_hdr(struct tcp_conn *c, char *why, size_t whylen)
+{
+	if (!c->keyed) {
+		if (!(c->hdr.flags & PS_FRAME_F_MAC))
+			return 0;
+		snprintf(why, whylen, "%s frame with a MAC before authentication",
+			 ps_wire_type_name(c->hdr.type));
+		return PS_EPROTO;
+	}
+	if (!(c->hdr.flags & PS_FRAME_F_MAC)) {
+		snprintf(why, whylen, "%s frame without a MAC on an authenticated connection",
+			 ps_wire_type_name(c->hdr.type));
+		return PS_EAUTH;
+	}
+	if (c->hdr.seq != (uint32_t)c->recv_seq) {
+		snprintf(why, whylen, "%s frame numbered %u where %u was due (replayed, dropped "
+			 "or reordered)", ps_wire_type_name(c->hdr.type), c->hdr.seq,
+			 (uint32_t)c->recv_seq);
+		return PS_EAUTH;
+	}
+	return 0;
 }
 
 /* The frame buffer: a struct ps_frame, padding, meta, payload. The padding
@@ -212,7 +280,8 @@ static int deliver(struct tcp_conn *c, uint8_t *body, uint8_t *data)
 static uint8_t *body_alloc(uint32_t meta_len, uint64_t payload_len, uint8_t **data)
 {
 	size_t head = (sizeof(struct ps_frame) + meta_len + 63) & ~(size_t)63;
-	uint8_t *b = aligned_alloc(64, head + ((payload_len + 63) & ~(uint64_t)63));
+	uint64_t tail = payload_len + PS_MAC_TAG_LEN; /* room for a tag */
+	uint8_t *b = aligned_alloc(64, head + ((tail + 63) & ~(uint64_t)63));
 
 	if (b)
 		*data = b + head - meta_len;
@@ -243,13 +312,22 @@ static int drain_stage(struct tcp_conn *c)
 
 	while (!c->body && c->stage_fill - pos >= PS_WIRE_HDR_LEN) {
 		int rc = ps_wire_decode_hdr(c->stage + pos, &c->limits, &c->hdr, why, sizeof(why));
+		if (!rc)
+			rc = check_auth_hdr(c, why, sizeof(why));
 		if (rc) {
 			ps_warn("closing connection from %s: %s", c->base.peer, why);
 			tcp_close(&c->base, rc);
 			return 1;
 		}
+		c->rmac_on = c->keyed;
+		if (c->rmac_on) {
+			ps_mac_begin(&c->rmac, c->keys.recv, c->recv_seq);
+			ps_mac_update(&c->rmac, c->stage + pos, PS_WIRE_HDR_LEN);
+			c->mac_pos = 0;
+		}
 		pos += PS_WIRE_HDR_LEN;
-		uint64_t len = c->hdr.meta_len + c->hdr.payload_len;
+		uint64_t len = c->hdr.meta_len + c->hdr.payload_len +
+			       (c->rmac_on ? PS_MAC_TAG_LEN : 0);
 		uint8_t *data, *body = body_alloc(c->hdr.meta_len, c->hdr.payload_len, &data);
 		if (!body) {
 			ps_error("closing connection from %s: out of memory for a %llu-byte frame",
@@ -294,7 +372,7 @@ static void read_frames(struct tcp_conn *c, ssize_t n)
 		return;
 	if (c->body) {
 		c->body_fill += (uint64_t)n;
-		scan_payload(c, c->body_data, c->body_fill);
+		scan_body(c, c->body_data, c->body_fill);
 		if (c->body_fill < c->body_len)
 			return;
 		uint8_t *body = c->body;
@@ -532,52 +610,79 @@ static int write_volatile(struct tcp_conn *c, struct tcp_write *w, uv_buf_t *buf
 }
 
 /* Sends the replies gathered while frames of one read were handled, in
- * one system call (a push ack and a pull reply, typically). */
-static void flush_outbox(struct tcp_conn *c)
+ * one system call (a push ack and a pull reply, typically). Under wmu;
+ * 0 or a code for which the caller closes c once wmu is released. */
+static int flush_outbox_locked(struct tcp_conn *c)
 {
 	struct tcp_write *w;
 	uv_buf_t buf;
 	int rc = -ENOMEM;
 
 	if (!c->outbox_len)
-		return;
+		return 0;
 	if (c->closing) {
 		c->outbox_len = 0;
-		return;
+		return 0;
 	}
 	buf = uv_buf_init((char *)c->outbox, (unsigned)c->outbox_len);
 	w = malloc(sizeof(*w));
 	if (w) {
 		*w = (struct tcp_write){ .conn = c };
-		pthread_mutex_lock(&c->wmu);
 		rc = write_volatile(c, w, &buf, 1, c->outbox_len);
-		pthread_mutex_unlock(&c->wmu);
 		if (rc) {
 			free(w->copy);
 			free(w);
 		}
 	}
 	c->outbox_len = 0;
+	return rc;
+}
+
+static void flush_outbox(struct tcp_conn *c)
+{
+	int rc;
+
+	pthread_mutex_lock(&c->wmu);
+	rc = flush_outbox_locked(c);
+	pthread_mutex_unlock(&c->wmu);
 	if (rc)
 		tcp_close(&c->base, rc);
 }
 
-/* Appends a small volatile frame to the outbox; 0, or -1 when it does not
- * fit (the caller flushes and sends it itself). */
-static int outbox_add(struct tcp_conn *c, const uint8_t *head, size_t head_len,
-		      const uv_buf_t *bufs, int nbufs, size_t total)
+/* Appends a small volatile frame (bufs, the first one its header and
+ * metadata) to the outbox; 0, or -1 when it does not fit (the caller
+ * flushes and sends it itself). Under wmu. */
+static int outbox_add(struct tcp_conn *c, const uv_buf_t *bufs, int nbufs, size_t total)
 {
 	if (c->outbox_len + total > OUTBOX_BYTES)
 		return -1;
 	if (!c->outbox && !(c->outbox = malloc(OUTBOX_BYTES)))
 		return -1;
-	memcpy(c->outbox + c->outbox_len, head, head_len);
-	c->outbox_len += head_len;
-	for (int i = 1; i < nbufs; i++) {
+	for (int i = 0; i < nbufs; i++) {
 		memcpy(c->outbox + c->outbox_len, bufs[i].base, bufs[i].len);
 		c->outbox_len += bufs[i].len;
 	}
 	return 0;
+}
+
+/* Numbers a frame and encodes its header into head; on a keyed connection
+ * also starts its tag over head (header and metadata, head_len bytes) in
+ * m. Returns 1 when the payload must be folded into m and the tag
+ * appended. The caller advances send_seq once the frame is committed.
+ * Under wmu. */
+static int seal_begin(struct tcp_conn *c, struct ps_frame_hdr *h, uint8_t *head,
+		      size_t head_len, struct ps_mac *m)
+{
+	if (c->keyed) {
+		h->flags |= PS_FRAME_F_MAC;
+		h->seq = (uint32_t)c->send_seq;
+	}
+	ps_wire_encode_hdr(head, h);
+	if (!c->keyed)
+		return 0;
+	ps_mac_begin(m, c->keys.send, c->send_seq);
+	ps_mac_update(m, head, head_len);
+	return 1;
 }
 
 static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t meta_len,
@@ -587,8 +692,9 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
 	struct ps_frame_hdr h = { .type = type, .meta_len = meta_len,
 				  .flags = (uint16_t)(flags >> 16) };
-	uv_buf_t bufs[MAX_IOV + 1];
+	uv_buf_t bufs[MAX_IOV + 2];
 	struct tcp_write *w;
+	struct ps_mac m;
 	int nbufs = 1, rc;
 	size_t total;
 
@@ -605,7 +711,6 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 	if (!w)
 		return -ENOMEM;
 	*w = (struct tcp_write){ .conn = c, .cb = cb, .arg = arg };
-	ps_wire_encode_hdr(w->head, &h);
 	if (meta_len)
 		memcpy(w->head + PS_WIRE_HDR_LEN, meta, meta_len);
 	bufs[0] = uv_buf_init((char *)w->head, PS_WIRE_HDR_LEN + meta_len);
@@ -613,19 +718,25 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 		if (payload[i].len)
 			bufs[nbufs++] = uv_buf_init((char *)payload[i].base, (unsigned)payload[i].len);
 	total = PS_WIRE_HDR_LEN + meta_len + h.payload_len;
-	__atomic_add_fetch(&c->base.bytes_out, total, __ATOMIC_RELAXED);
 
-	if (c->in_read && (flags & PS_SEND_VOLATILE) &&
-	    outbox_add(c, w->head, bufs[0].len, bufs, nbufs, total) == 0) {
-		free(w);
-		return 0;
-	}
-	flush_outbox(c); /* frames leave in the order they were sent */
-	if (c->closing) {
-		free(w);
-		return PS_ECLOSED;
-	}
 	pthread_mutex_lock(&c->wmu);
+	if (seal_begin(c, &h, w->head, bufs[0].len, &m)) {
+		for (int i = 1; i < nbufs; i++)
+			ps_mac_update(&m, bufs[i].base, bufs[i].len);
+		ps_mac_end(&m, w->tag);
+		bufs[nbufs++] = uv_buf_init((char *)w->tag, PS_MAC_TAG_LEN);
+		total += PS_MAC_TAG_LEN;
+	}
+	if (c->in_read && (flags & PS_SEND_VOLATILE) && outbox_add(c, bufs, nbufs, total) == 0) {
+		free(w);
+		rc = 0;
+		goto out_sent;
+	}
+	rc = flush_outbox_locked(c); /* frames leave in the order they were sent */
+	if (!rc && c->closing)
+		rc = PS_ECLOSED;
+	if (rc)
+		goto err_unlock;
 	if (flags & PS_SEND_VOLATILE) {
 		rc = write_volatile(c, w, bufs, nbufs, total);
 	} else {
@@ -635,13 +746,20 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 		else
 			c->nwrites++;
 	}
+	if (rc)
+		goto err_unlock;
+out_sent:
+	c->send_seq++;
 	pthread_mutex_unlock(&c->wmu);
-	if (rc) {
-		free(w->copy);
-		free(w);
-		if (rc == -ENOMEM)
-			tcp_close(pc, rc);
-	}
+	__atomic_add_fetch(&c->base.bytes_out, total, __ATOMIC_RELAXED);
+	return 0;
+
+err_unlock:
+	pthread_mutex_unlock(&c->wmu);
+	free(w->copy);
+	free(w);
+	if (rc != PS_ECLOSED || !c->closing)
+		tcp_close(pc, rc);
 	return rc;
 }
 
@@ -682,7 +800,9 @@ static int tcp_send_now(struct ps_conn *pc, uint8_t type, const void *meta, uint
 	struct ps_frame_hdr h = { .type = type, .meta_len = meta_len,
 				  .flags = (uint16_t)(flags >> 16) };
 	uint8_t head[PS_WIRE_HDR_LEN];
-	struct iovec iov[PS_SEND_NOW_IOV + 2];
+	struct iovec iov[PS_SEND_NOW_IOV + 3];
+	uint8_t tag[PS_MAC_TAG_LEN];
+	struct ps_mac m;
 	size_t total;
 	int n = 0, fd, rc = -EAGAIN;
 	ssize_t w;
@@ -694,7 +814,6 @@ static int tcp_send_now(struct ps_conn *pc, uint8_t type, const void *meta, uint
 	total = PS_WIRE_HDR_LEN + meta_len + h.payload_len;
 	if (total > PS_SEND_NOW_MAX)
 		return -EAGAIN;
-	ps_wire_encode_hdr(head, &h);
 	iov[n++] = (struct iovec){ head, PS_WIRE_HDR_LEN };
 	if (meta_len)
 		iov[n++] = (struct iovec){ (void *)meta, meta_len };
@@ -703,9 +822,16 @@ static int tcp_send_now(struct ps_conn *pc, uint8_t type, const void *meta, uint
 			iov[n++] = (struct iovec){ (void *)payload[i].base, payload[i].len };
 
 	pthread_mutex_lock(&c->wmu);
-	if (c->closing || !c->connected || c->nwrites ||
+	if (c->closing || !c->connected || c->nwrites || c->outbox_len ||
 	    uv_fileno((uv_handle_t *)&c->handle, &fd))
 		goto out;
+	if (seal_begin(c, &h, head, PS_WIRE_HDR_LEN, &m)) {
+		for (int i = 1; i < n; i++)
+			ps_mac_update(&m, iov[i].iov_base, iov[i].iov_len);
+		ps_mac_end(&m, tag);
+		iov[n++] = (struct iovec){ tag, PS_MAC_TAG_LEN };
+		total += PS_MAC_TAG_LEN;
+	}
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
 	w = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
 	if (w <= 0)
@@ -717,11 +843,24 @@ static int tcp_send_now(struct ps_conn *pc, uint8_t type, const void *meta, uint
 		rc = PS_ECLOSED;
 		goto out;
 	}
+	c->send_seq++;
 	__atomic_add_fetch(&c->base.bytes_out, total, __ATOMIC_RELAXED);
 	rc = 0;
 out:
 	pthread_mutex_unlock(&c->wmu);
 	return rc;
+}
+
+static void tcp_set_keys(struct ps_conn *pc, const struct ps_frame_keys *keys)
+{
+	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
+
+	pthread_mutex_lock(&c->wmu);
+	c->keyed = keys != NULL;
+	if (keys)
+		c->keys = *keys;
+	c->send_seq = c->recv_seq = 0;
+	pthread_mutex_unlock(&c->wmu);
 }
 
 static void tcp_set_limits(struct ps_conn *pc, const struct ps_wire_limits *lim)
@@ -774,6 +913,7 @@ const struct ps_transport_ops ps_tcp_transport_ops = {
 	.connect = tcp_connect,
 	.send = tcp_send,
 	.send_now = tcp_send_now,
+	.set_keys = tcp_set_keys,
 	.set_limits = tcp_set_limits,
 	.queued_bytes = tcp_queued_bytes,
 	.close = tcp_close,

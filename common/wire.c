@@ -34,7 +34,7 @@ void ps_wire_encode_hdr(uint8_t out[PS_WIRE_HDR_LEN], const struct ps_frame_hdr 
 	out[6] = (uint8_t)h->flags;
 	out[7] = (uint8_t)(h->flags >> 8);
 	put_le32(out + 8, h->meta_len);
-	put_le32(out + 12, 0);
+	put_le32(out + 12, (h->flags & PS_FRAME_F_MAC) ? h->seq : 0);
 	put_le64(out + 16, h->payload_len);
 }
 
@@ -46,6 +46,7 @@ const char *ps_wire_type_name(unsigned type)
 		[PS_MSG_PULL] = "pull", [PS_MSG_PULL_REPLY] = "pull-reply",
 		[PS_MSG_ERROR] = "error", [PS_MSG_STATS_REQUEST] = "stats-request",
 		[PS_MSG_STATS] = "stats", [PS_MSG_HEARTBEAT] = "heartbeat",
+		[PS_MSG_AUTH_CHALLENGE] = "auth-challenge", [PS_MSG_AUTH] = "auth",
 	};
 	return type < PS_MSG_MAX_ && names[type] ? names[type] : "unknown";
 }
@@ -78,8 +79,10 @@ int ps_wire_decode_hdr(const uint8_t in[PS_WIRE_HDR_LEN], const struct ps_wire_l
 		snprintf(why, whylen, "unknown frame flags 0x%04x", h->flags);
 		return PS_EPROTO;
 	}
-	if (get_le32(in + 12) != 0) {
-		snprintf(why, whylen, "reserved header field is 0x%08x, must be 0", get_le32(in + 12));
+	h->seq = get_le32(in + 12);
+	if (!(h->flags & PS_FRAME_F_MAC) && h->seq != 0) {
+		snprintf(why, whylen, "reserved header field is 0x%08x, must be 0 without flag MAC",
+			 h->seq);
 		return PS_EPROTO;
 	}
 	if (h->meta_len > lim->max_meta) {

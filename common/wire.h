@@ -6,8 +6,10 @@
  *  5      1    message type (enum ps_msg_type)
  *  6      2    flags (PS_FRAME_F_*)
  *  8      4    metadata length (protobuf-c message bytes)
- *  12     4    reserved, must be 0
+ *  12     4    sequence number (low 32 bits) with flag MAC, else 0
  *  16     8    payload length (raw bytes after the metadata)
+ * With flag MAC (an authenticated connection, see frame_mac.h) a 16-byte
+ * Poly1305 tag follows the payload; it is not counted in payload length.
  * All integers little-endian. ps_wire_check() validates a decoded header
  * against the limits before any buffer is allocated for the frame body.
  */
@@ -34,17 +36,24 @@ enum ps_msg_type {
 	PS_MSG_STATS_REQUEST = 8,
 	PS_MSG_STATS = 9,
 	PS_MSG_HEARTBEAT = 10,
-	PS_MSG_MAX_ = 11
+	PS_MSG_AUTH_CHALLENGE = 11,
+	PS_MSG_AUTH = 12,
+	PS_MSG_MAX_ = 13
 };
 
-enum { PS_FRAME_F_LZ4 = 1u << 0 }; /* payload LZ4-compressed (a later issue) */
-#define PS_FRAME_F_KNOWN (PS_FRAME_F_LZ4)
+enum {
+	PS_FRAME_F_LZ4 = 1u << 0, /* payload LZ4-compressed */
+	PS_FRAME_F_MAC = 1u << 1, /* sequence number in the header, MAC after the payload */
+};
+#define PS_FRAME_F_KNOWN (PS_FRAME_F_LZ4 | PS_FRAME_F_MAC)
+#define PS_MAC_TAG_LEN 16
 
 struct ps_frame_hdr {
 	uint8_t version;
 	uint8_t type;
 	uint16_t flags;
 	uint32_t meta_len;
+	uint32_t seq;         /* low 32 bits of the sender's frame count (flag MAC) */
 	uint64_t payload_len;
 };
 

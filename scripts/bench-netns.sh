@@ -133,6 +133,11 @@ for b in ps-server ps-worker; do [ -x "$BIN/$b" ] || die "$BIN/$b missing; run '
 if [ -z "$LOGDIR" ]; then LOGDIR=$(mktemp -d /tmp/bench-netns.XXXXXX); TMPDIR_OWNED=$LOGDIR; fi
 mkdir -p "$LOGDIR" || die "cannot create $LOGDIR"
 LOGDIR=$(cd "$LOGDIR" && pwd)
+# the cluster secret every process reads (authentication is on by default)
+if [ -z "${PS_SECRET_FILE:-}" ]; then
+  export PS_SECRET_FILE=$LOGDIR/ps.secret
+  [ -e "$PS_SECRET_FILE" ] || "$here/scripts/ps-keygen" "$PS_SECRET_FILE" 2>/dev/null
+fi
 
 # --- the network
 netns_add() { ip netns add "$1" || die "cannot create namespace $1"; CREATED_NS+=("$1"); ip -n "$1" link set lo up; }

@@ -50,6 +50,11 @@ if [ -n "$KEEP" ]; then
 else
   work=$(mktemp -d /tmp/bench-vs-torch.XXXXXX) || exit 2
 fi
+# the cluster secret every process reads (authentication is on by default)
+if [ -z "${PS_SECRET_FILE:-}" ]; then
+  export PS_SECRET_FILE=$work/ps.secret
+  [ -e "$PS_SECRET_FILE" ] || "$here/scripts/ps-keygen" "$PS_SECRET_FILE" 2>/dev/null
+fi
 trap '[ -z "$KEEP" ] && rm -rf "$work"' EXIT
 results=$work/results.jsonl
 : >"$results"

@@ -8,6 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 S=${PS_BENCH_SECONDS:-3}
 CFG=conf/bench.yaml
+# the cluster secret (authentication and frame MACs are on, as by default)
+if [ -z "${PS_SECRET_FILE:-}" ]; then
+  export PS_SECRET_FILE=$(mktemp -u /tmp/ps-bench-secret.XXXXXX)
+  scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null
+  trap 'rm -f "$PS_SECRET_FILE"' EXIT
+fi
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r)"
 echo "== 1 shard, 1 worker, loopback, momentum (conf/bench.yaml)"

@@ -17,6 +17,8 @@
 # its log in the log folder. stop: SIGTERM to every process of CONFIG (the
 # shards write their checkpoints if configured). status: which are running.
 # Exit status: 0 when every command succeeded, 1 otherwise, 2 for usage.
+# The cluster secret (security.secret_file) must be at the same path on
+# every host, mode 0600: scripts/ps-keygen FILE, then copy it (scp -p).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -50,7 +52,15 @@ SERVER=$here/bin/ps-server
 # The config as the remote side sees it.
 case "$CONFIG" in /*) RCONFIG=$CONFIG ;; *) RCONFIG=$DIR/$CONFIG ;; esac
 shard_lines=$("$SERVER" --config "$CONFIG" --list-shards) || exit 2
-nworkers=$("$SERVER" --config "$CONFIG" --dump-config | awk '/^  workers:/ {print $2; exit}')
+dump=$("$SERVER" --config "$CONFIG" --dump-config) || exit 2
+nworkers=$(awk '/^  workers:/ {print $2; exit}' <<<"$dump")
+auth=$(awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  auth:/ {print $2}' <<<"$dump")
+secret=$(awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  secret_file:/ {sub(/^  secret_file: */, ""); gsub(/^"|"$/, ""); print}' <<<"$dump")
+if [ "$ACTION" = start ] && [ "$auth" = true ] && [ -z "$secret" ]; then
+  echo "ps-cluster.sh: $CONFIG has security.auth on but names no security.secret_file;" \
+       "create one (scripts/ps-keygen FILE), copy it to every host and name it there" >&2
+  exit 2
+fi
 mapfile -t shost < <(printf '%s\n' "$shard_lines" | awk '{print $2}')
 if [ -n "$WHOSTS" ]; then
   IFS=, read -r -a whost <<< "$WHOSTS"

@@ -8,6 +8,10 @@
 # new folder under /tmp, printed at the start). When the workers finish, the
 # shards are stopped with SIGTERM. Ctrl-C or SIGTERM stops everything cleanly.
 # Exit status: 0 when every process succeeded, 1 otherwise.
+# Authentication (security.auth, on by default): when the config's secret
+# file (security.secret_file, else $PS_SECRET_FILE) does not exist yet, a
+# new one is generated there (scripts/ps-keygen); when neither names one,
+# in DIR/ps.secret, handed to every process through PS_SECRET_FILE.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${PS_BIN:-$here/bin}
@@ -35,7 +39,20 @@ mkdir -p "$LOGDIR"
 
 shard_lines=$("$BIN/ps-server" --config "$CONFIG" --list-shards) || exit 2
 nshards=$(printf '%s\n' "$shard_lines" | wc -l)
-nworkers=$("$BIN/ps-server" --config "$CONFIG" --dump-config | awk '/^  workers:/ {print $2; exit}')
+dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config) || exit 2
+nworkers=$(awk '/^  workers:/ {print $2; exit}' <<<"$dump")
+# security.auth and security.secret_file of the effective config
+auth=$(awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  auth:/ {print $2}' <<<"$dump")
+secret=$(awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  secret_file:/ {sub(/^  secret_file: */, ""); gsub(/^"|"$/, ""); print}' <<<"$dump")
+if [ "$auth" = true ]; then
+  if [ -z "$secret" ] && [ -z "${PS_SECRET_FILE:-}" ]; then
+    export PS_SECRET_FILE=$LOGDIR/ps.secret
+  fi
+  secret=${secret:-$PS_SECRET_FILE}
+  if [ ! -e "$secret" ]; then
+    "$here/scripts/ps-keygen" "$secret" || exit 2
+  fi
+fi
 
 # Workers share this machine's cores: give each one BLAS thread per core it
 # can have, unless the caller chose (OPENBLAS_NUM_THREADS).

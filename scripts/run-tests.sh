@@ -6,6 +6,12 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 pass=0 fail=0 skip=0 failed=()
 logdir=$(mktemp -d /tmp/ps-tests.XXXXXX)
+# Authentication is on by default: every test process and the shards it
+# starts share one fresh secret (tests that need another make their own).
+if [ -z "${PS_SECRET_FILE:-}" ]; then
+  export PS_SECRET_FILE=$logdir/ps.secret
+  scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
+fi
 for t in "$@"; do
   name=$(basename "$t")
   start=$EPOCHREALTIME

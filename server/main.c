@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "auth.h"
 #include "config.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -24,6 +25,8 @@ static void usage(FILE *out)
 		"  -c, --config FILE    cluster configuration (YAML), required\n"
 		"  -s, --shard I        which shard this process is (0-based), required\n"
 		"  -l, --log-level L    debug, info, warn, error or off (default: the config's log.level)\n"
+		"      --secret-file F  the cluster secret (default: the config's\n"
+		"                       security.secret_file, else $PS_SECRET_FILE)\n"
 		"      --dump-config    print the effective configuration and exit\n"
 		"      --list-shards    print 'INDEX HOST PORT' for every shard and exit\n"
 		"  -h, --help           this text, followed by every configuration option\n"
@@ -48,11 +51,12 @@ int main(int argc, char **argv)
 		{ "shard", required_argument, NULL, 's' },
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "dump-config", no_argument, NULL, 'D' },
+		{ "secret-file", required_argument, NULL, 'K' },
 		{ "list-shards", no_argument, NULL, 'S' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *config = NULL, *level = NULL;
+	const char *config = NULL, *level = NULL, *secret = NULL;
 	int shard = -1, dump = 0, list = 0, opt, rc;
 	struct ps_config *cfg;
 	struct ps_server srv;
@@ -71,6 +75,7 @@ int main(int argc, char **argv)
 			break;
 		case 'l': level = optarg; break;
 		case 'D': dump = 1; break;
+		case 'K': secret = optarg; break;
 		case 'S': list = 1; break;
 		case 'h':
 			usage(stdout);
@@ -95,6 +100,11 @@ int main(int argc, char **argv)
 	rc = ps_config_load(cfg, config, err, sizeof(err));
 	if (rc) {
 		fprintf(stderr, "ps-server: %s\n", err);
+		free(cfg);
+		return 2;
+	}
+	if (secret && ps_auth_set_secret_file(cfg, secret)) {
+		fprintf(stderr, "ps-server: --secret-file: name too long\n");
 		free(cfg);
 		return 2;
 	}

@@ -102,6 +102,9 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 	counter(f, "ps_request_errors_total", "Requests answered with an error.", c->errors);
 	counter(f, "ps_rejected_frames_total", "Frames refused (bad header, size, protocol).",
 		c->rejected_frames);
+	counter(f, "ps_auth_failures_total",
+		"Handshakes refused for a wrong proof and frames failing their MAC.",
+		c->auth_failures);
 	gauge(f, "ps_connections", "Open connections.", s->nconns);
 	fprintf(f, "# HELP ps_worker_clock Clocks each worker has finished on this shard.\n"
 		   "# TYPE ps_worker_clock gauge\n");

@@ -1,8 +1,9 @@
 /* server.c - a shard's connection and request handling.
  *
  * Each connection starts in the hello state with frames limited to
- * PS_WIRE_HANDSHAKE_MAX bytes and a deadline; a valid Hello raises the
- * limits to the configured ones. A frame that does not decode closes its
+ * PS_WIRE_HANDSHAKE_MAX bytes and a deadline. A valid Hello leads, with
+ * security.auth, to the challenge-response of auth.h (state auth), then to
+ * the ready state, which raises the limits to the configured ones. A frame that does not decode closes its
  * connection; a request that decodes but cannot be served (unknown slice,
  * clock outside the window) gets an Error reply and nothing of it is applied.
  */
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 #include "ps_time.h"
+#include "auth.h"
 #include "checkpoint.h"
 #include "handshake.h"
 #include "metrics_http.h"
@@ -19,7 +21,7 @@
 #include "ps_log.h"
 #include "server.h"
 
-enum { CONN_HELLO, CONN_READY, CONN_REFUSED };
+enum { CONN_HELLO, CONN_AUTH, CONN_READY, CONN_REFUSED };
 
 struct ps_srv_conn {
 	struct ps_server *srv;
@@ -27,6 +29,8 @@ struct ps_srv_conn {
 	int state;
 	int role;
 	int rank;
+	uint64_t incarnation;
+	uint8_t transcript[32];    /* CONN_AUTH: T of auth.h */
 	double accepted;
 	double last_rx;            /* ps_now_s() of the last frame received */
 	struct ps_srv_conn *prev, *next;
@@ -467,6 +471,7 @@ static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	st.pull_wire_bytes = s->c.pull_wire;
 	st.errors = s->c.errors;
 	st.rejected_frames = s->c.rejected_frames;
+	st.auth_failures = s->c.auth_failures;
 	st.connections = (uint32_t)s->nconns;
 	st.n_workers = (size_t)nw;
 	st.workers = wp;
@@ -493,35 +498,35 @@ static void close_after_send(struct ps_conn *c, int status, void *arg)
 	c->t->ops->close(c, PS_EREFUSED);
 }
 
-static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Hello *h)
+static void refuse(struct ps_srv_conn *sc, const char *err)
 {
 	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
-	char err[400] = "";
-	int refused = ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err));
 
+	ps_warn("refusing %s: %s", sc->conn->peer, err);
 	r.protocol_version = PS_PROTOCOL_VERSION;
-	r.shard = s->shard;
-	r.shard_map_hash = s->map.hash;
-	if (refused) {
-		ps_warn("refusing %s: %s", sc->conn->peer, err);
-		r.ok = 0;
-		r.error = err;
-		sc->state = CONN_REFUSED;
-		if (ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_STABLE,
-				close_after_send, NULL))
-			sc->conn->t->ops->close(sc->conn, PS_EREFUSED);
-		return;
-	}
+	r.shard = sc->srv->shard;
+	r.shard_map_hash = sc->srv->map.hash;
+	r.ok = 0;
+	r.error = (char *)err;
+	sc->state = CONN_REFUSED;
+	if (ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_STABLE,
+			close_after_send, NULL))
+		sc->conn->t->ops->close(sc->conn, PS_EREFUSED);
+}
+
+/* The handshake succeeded (and authenticated when required). */
+static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
+{
+	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+
 	sc->state = CONN_READY;
-	sc->role = h->role;
-	sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
 	if (sc->rank >= 0) {
 		s->connected[sc->rank]++;
 		s->gone_since[sc->rank] = 0;
 		if (!s->live[sc->rank]) {
 			s->live[sc->rank] = 1;
 			ps_warn("worker %d rejoined (incarnation %016" PRIx64 ") at clock %" PRIu64,
-				sc->rank, h->incarnation, resume_clock(s));
+				sc->rank, sc->incarnation, resume_clock(s));
 		}
 	}
 	struct ps_wire_limits lim = {
@@ -529,12 +534,87 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		.max_meta = s->cfg->limits.max_meta_bytes,
 	};
 	sc->conn->t->ops->set_limits(sc->conn, &lim);
+	r.protocol_version = PS_PROTOCOL_VERSION;
+	r.shard = s->shard;
+	r.shard_map_hash = s->map.hash;
 	r.ok = 1;
 	r.error = "";
 	r.clock = resume_clock(s);
 	ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
-	ps_info("%s %d connected from %s", sc->rank >= 0 ? "worker" : "monitor",
-		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer);
+	ps_info("%s %d connected from %s%s", sc->rank >= 0 ? "worker" : "monitor",
+		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer,
+		!s->cfg->security.auth ? " (not authenticated: security.auth is off)"
+		: s->cfg->security.mac ? " (authenticated, frames MACed)"
+		: " (authenticated, frames not MACed: security.mac is off)");
+}
+
+/* hello is the Hello's metadata as received: the transcript covers it. */
+static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Hello *h,
+			 const uint8_t *hello, size_t hello_len)
+{
+	const struct ps_security_cfg *sec = &s->cfg->security;
+	Ps__AuthChallenge ch = PS__AUTH_CHALLENGE__INIT;
+	uint8_t nonce[PS_AUTH_NONCE_LEN], proof[PS_AUTH_PROOF_LEN];
+	char err[400] = "";
+
+	if (ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err))) {
+		refuse(sc, err);
+		return;
+	}
+	sc->role = h->role;
+	sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
+	sc->incarnation = h->incarnation;
+	if (!sec->auth) {
+		if (h->auth_nonce.len) {
+			refuse(sc, "the client authenticates but this shard has security.auth: false; "
+			       "the two configs must agree");
+			return;
+		}
+		accept_client(s, sc);
+		return;
+	}
+	if (h->auth_nonce.len != PS_AUTH_NONCE_LEN) {
+		snprintf(err, sizeof(err), "this shard requires authentication (security.auth: "
+			 "true) and the client sent %s", h->auth_nonce.len ? "a malformed nonce"
+			 : "none (security.auth: false on its side?)");
+		refuse(sc, err);
+		return;
+	}
+	if (h->auth_mac != sec->mac) {
+		snprintf(err, sizeof(err), "frame MACs: the client has security.mac: %s, this shard "
+			 "%s; the two configs must agree", h->auth_mac ? "true" : "false",
+			 sec->mac ? "true" : "false");
+		refuse(sc, err);
+		return;
+	}
+	ps_auth_random(nonce, sizeof(nonce));
+	ps_auth_transcript(hello, hello_len, nonce, sc->transcript);
+	ps_auth_proof(s->secret, sc->transcript, 1, proof);
+	ch.nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
+	ch.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+	sc->state = CONN_AUTH;
+	ps_msg_send(sc->conn, PS_MSG_AUTH_CHALLENGE, &ch.base, NULL, 0, PS_SEND_VOLATILE, NULL,
+		    NULL);
+}
+
+/* The client's proof; returns nonzero when the connection must close. */
+static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Auth *a)
+{
+	struct ps_frame_keys keys;
+
+	if (!ps_auth_proof_ok(s->secret, sc->transcript, 0, a->proof.data, a->proof.len)) {
+		ps_warn("refusing %s: authentication failed: its proof does not match (another "
+			"secret, or a replayed handshake)", sc->conn->peer);
+		return 1; /* counted by on_close */
+	}
+	if (s->cfg->security.mac) {
+		ps_auth_session_keys(s->secret, sc->transcript, 1, &keys);
+		sc->conn->t->ops->set_keys(sc->conn, &keys);
+		sodium_memzero(&keys, sizeof(keys));
+	}
+	sodium_memzero(sc->transcript, sizeof(sc->transcript));
+	accept_client(s, sc);
+	return 0;
 }
 
 /* ---- transport callbacks ---- */
@@ -588,9 +668,10 @@ static void on_frame(struct ps_conn *c, struct ps_frame *f)
 		ps_warn("closing connection from %s: %s", c->peer, why);
 		goto err_close;
 	}
-	if (sc->state != CONN_READY && f->hdr.type != PS_MSG_HELLO) {
-		snprintf(why, sizeof(why), "%s frame before hello", ps_wire_type_name(f->hdr.type));
-		ps_warn("closing connection from %s: %s", c->peer, why);
+	if (sc->state != CONN_READY &&
+	    f->hdr.type != (sc->state == CONN_AUTH ? PS_MSG_AUTH : PS_MSG_HELLO)) {
+		ps_warn("closing connection from %s: %s frame before the handshake finished",
+			c->peer, ps_wire_type_name(f->hdr.type));
 		goto err_free_msg;
 	}
 	if ((f->hdr.flags & PS_FRAME_F_LZ4) && f->hdr.type != PS_MSG_PUSH) {
@@ -604,7 +685,15 @@ static void on_frame(struct ps_conn *c, struct ps_frame *f)
 			ps_warn("closing connection from %s: second hello", c->peer);
 			goto err_free_msg;
 		}
-		handle_hello(s, sc, (Ps__Hello *)m);
+		handle_hello(s, sc, (Ps__Hello *)m, f->meta, f->hdr.meta_len);
+		break;
+	case PS_MSG_AUTH:
+		if (handle_auth(s, sc, (Ps__Auth *)m)) {
+			protobuf_c_message_free_unpacked(m, NULL);
+			ps_frame_release(f);
+			c->t->ops->close(c, PS_EAUTH);
+			return;
+		}
 		break;
 	case PS_MSG_PUSH:
 		if (sc->rank < 0) {
@@ -671,6 +760,10 @@ static void on_close(struct ps_conn *c, int status)
 	s = sc->srv;
 	if (status == PS_EPROTO || status == PS_ETOOBIG || status == PS_EVERSION)
 		s->c.rejected_frames++;
+	if (status == PS_EAUTH) { /* a wrong proof, or a frame failing its MAC or number */
+		s->c.auth_failures++;
+		s->c.rejected_frames++;
+	}
 	for (pp = &s->waiting; (p = *pp);) {
 		if (p->sc == sc) {
 			*pp = p->next;
@@ -704,8 +797,10 @@ static void on_tick(uv_timer_t *t)
 	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
 
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
-		if (sc->state == CONN_HELLO && now - sc->accepted > limit) {
-			ps_warn("closing connection from %s: no hello within %d ms", sc->conn->peer,
+		if ((sc->state == CONN_HELLO || sc->state == CONN_AUTH) &&
+		    now - sc->accepted > limit) {
+			ps_warn("closing connection from %s: handshake not finished within %d ms "
+				"(limits.handshake_timeout_ms)", sc->conn->peer,
 				s->cfg->limits.handshake_timeout_ms);
 			sc->conn->t->ops->close(sc->conn, PS_ETIMEDOUT);
 		} else if (sc->state == CONN_READY && idle > 0 && now - sc->last_rx > idle) {
@@ -782,6 +877,18 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	/* every rank is waited for until it has been seen to leave */
 	memset(s->live, 1, (size_t)cfg->nworkers);
 	s->store.live = s->live;
+	if (cfg->security.auth) {
+		char err[1200];
+
+		rc = ps_auth_load_secret(cfg, s->secret, err, sizeof(err));
+		if (rc) {
+			ps_error("refusing to start: %s", err);
+			goto err_free_store;
+		}
+	} else {
+		ps_warn("security.auth is false: any process that reaches %s:%d may push and pull",
+			cfg->shards[shard].host, cfg->shards[shard].port);
+	}
 	if (cfg->checkpoint.dir[0]) {
 		char err[1024];
 

@@ -23,6 +23,7 @@ struct ps_metrics_http;
 
 struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
+	uint64_t auth_failures;     /* handshakes refused for a wrong proof, frames failing their MAC */
 	uint64_t bytes_in, bytes_out;
 	uint64_t max_clock_gap;    /* largest (pull clock - slowest finished clock) answered */
 	uint64_t push_raw[PS_CODEC_COUNT];  /* pushed gradient bytes by codec, as float32 */
@@ -57,6 +58,7 @@ struct ps_server {
 	uv_timer_t ckpt_timer;        /* checkpoint.every_s */
 	char ckpt_path[600];          /* "" when checkpoints are off */
 	int exit_status;              /* 1 when the checkpoint on stopping failed */
+	uint8_t secret[32];           /* hashed cluster secret (security.auth) */
 	int stopping;
 };
 

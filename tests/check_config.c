@@ -320,6 +320,9 @@ START_TEST(test_example_full_yaml)
 	ck_assert_uint_eq(cfg.slice_bytes, cfg2.slice_bytes);
 	ck_assert_uint_eq(cfg.seed, cfg2.seed);
 	ck_assert_mem_eq(&cfg.compress, &cfg2.compress, sizeof(cfg.compress));
+	ck_assert_mem_eq(&cfg.security, &cfg2.security, sizeof(cfg.security));
+	ck_assert_int_eq(cfg.security.auth, 1);
+	ck_assert_int_eq(cfg.security.mac, 1);
 	for (int i = 0; i < cfg.ntensors; i++) {
 		ck_assert_int_eq(cfg.tensors[i].codec, PS_CODEC_NONE);
 		ck_assert_float_eq(cfg.tensors[i].ratio, 0.01f);

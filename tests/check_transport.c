@@ -23,6 +23,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include "frame_mac.h"
 #include "ps_err.h"
 #include "test_util.h"
 #include "transport.h"
@@ -65,6 +66,8 @@ static struct env {
 	int sync_cbs;             /* callbacks that fired inside such a call */
 	uv_timer_t watchdog;
 	int expired;
+	int keyed;                /* this run authenticates every pair (set_keys) */
+	uint64_t tag;             /* bytes a frame's MAC adds: 16 when keyed */
 } E;
 
 static struct ps_wire_limits lim_default = { .max_frame = 80 * MIB, .max_meta = 64 * 1024 };
@@ -224,11 +227,25 @@ static void connect_pair(struct rec **srv_end, struct rec **cli_end)
 	ck_assert_ptr_nonnull(*srv_end);
 	ck_assert_ptr_ne(*srv_end, *cli_end);
 	ck_assert_uint_eq(E.ops->queued_bytes(c), 0);
+	if (E.keyed) { /* both directions MACed from the first frame on */
+		struct ps_frame_keys ks, kc;
+		for (int i = 0; i < PS_MAC_KEY_LEN; i++) {
+			ks.send[i] = kc.recv[i] = (uint8_t)(i * 7 + 1);
+			ks.recv[i] = kc.send[i] = (uint8_t)(i * 13 + 5);
+		}
+		E.ops->set_keys((*srv_end)->c, &ks);
+		E.ops->set_keys(c, &kc);
+	}
 }
 
+/* Run i: transport avail[i / 2]; odd runs with every frame authenticated
+ * (sequence number and MAC, frame_mac.h), so each case holds both ways. */
 static void env_init(int i)
 {
 	memset(&E, 0, sizeof(E));
+	E.keyed = i % 2;
+	E.tag = E.keyed ? PS_MAC_TAG_LEN : 0;
+	i /= 2;
 	E.ops = ps_transport_find(avail[i]);
 	ck_assert_ptr_nonnull(E.ops);
 	ck_assert_str_eq(E.ops->name, avail[i]);
@@ -427,7 +444,7 @@ START_TEST(test_order_1000_frames)
 			memset(bufs[i], 0xa5, plen + 1); /* VOLATILE: ours again */
 		}
 		memset(meta, 0x5a, sizeof(meta)); /* meta is always copied */
-		bytes += PS_WIRE_HDR_LEN + mlen + plen;
+		bytes += PS_WIRE_HDR_LEN + mlen + plen + E.tag;
 		/* Let the loop run now and then so sends and receives interleave. */
 		if (i % 97 == 0)
 			uv_run(&E.loop, UV_RUN_NOWAIT);
@@ -981,7 +998,7 @@ START_TEST(test_send_now_from_thread)
 	ck_assert_int_eq(E.ops->send_now(E.k->c, 2, NULL, 0, NULL, 0, 0), -EAGAIN);
 	ck_assert(RUN_UNTIL(bst.fired && count_frames(E.s) == 1, 10000));
 	ck_assert_int_eq(E.got[0].f->hdr.type, 1);
-	bytes += PS_WIRE_HDR_LEN + big;
+	bytes += PS_WIRE_HDR_LEN + big + E.tag;
 	free(bigbuf);
 
 	a.c = E.k->c;
@@ -1000,7 +1017,7 @@ START_TEST(test_send_now_from_thread)
 			      "frame %u: metadata differs", i);
 		ck_assert_msg(first_bad(f->payload, f->hdr.payload_len, i + 1) == UINT64_MAX,
 			      "frame %u: payload differs", i);
-		bytes += PS_WIRE_HDR_LEN + i % 64 + now_len(i);
+		bytes += PS_WIRE_HDR_LEN + i % 64 + now_len(i) + E.tag;
 	}
 	ck_assert_uint_eq(E.k->c->bytes_out, bytes);
 	ck_assert_uint_eq(E.s->c->bytes_in, bytes);
@@ -1054,6 +1071,49 @@ START_TEST(test_payload_finite_flag)
 }
 END_TEST
 
+/* Ends whose keys do not match: the receiver closes with PS_EAUTH and
+ * hands nothing on; a keyed end refuses a frame without a MAC, and an
+ * unkeyed one a frame with a MAC. */
+START_TEST(test_keys_mismatch)
+{
+	struct rec *s2, *k2;
+	struct ps_frame_keys a, b;
+	uint8_t pay[3000];
+
+	env_init(_i & ~1);
+	if (!E.ops->set_keys) {
+		printf("SKIP keys on %s: the transport has no set_keys\n", E.ops->name);
+		env_free();
+		return;
+	}
+	memset(&a, 1, sizeof(a));
+	memset(&b, 1, sizeof(b));
+	b.recv[5] ^= 1; /* the server end expects another key */
+	fill(pay, sizeof(pay), 3);
+	struct ps_iov iov = { pay, sizeof(pay) };
+	if (_i % 2 == 0) {
+		E.ops->set_keys(E.k->c, &a);
+		E.ops->set_keys(E.s->c, &b);
+		ck_assert_int_eq(tsend(E.k, 3, "m", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+		ck_assert(RUN_UNTIL(E.s->closes == 1, 5000));
+		ck_assert_int_eq(E.s->close_status, PS_EAUTH);
+		ck_assert_int_eq(E.s->frames, 0);
+	} else {
+		/* keyed server end, client end without keys, and the reverse */
+		connect_pair(&s2, &k2);
+		E.ops->set_keys(E.s->c, &b);
+		ck_assert_int_eq(tsend(E.k, 3, "m", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+		E.ops->set_keys(k2->c, &a);
+		ck_assert_int_eq(tsend(k2, 3, "m", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+		ck_assert(RUN_UNTIL(E.s->closes == 1 && s2->closes == 1, 5000));
+		ck_assert_int_eq(E.s->close_status, PS_EAUTH);
+		ck_assert_int_eq(s2->close_status, PS_EPROTO);
+		ck_assert_int_eq(E.s->frames + s2->frames, 0);
+	}
+	env_free();
+}
+END_TEST
+
 static const char *probe(const char *name, char *why, size_t n)
 {
 	const struct ps_transport_ops *ops = ps_transport_find(name);
@@ -1098,18 +1158,19 @@ int main(void)
 	}
 	fflush(stdout);
 	tcase_set_timeout(tc, 60);
-	tcase_add_loop_test(tc, test_order_1000_frames, 0, navail);
-	tcase_add_loop_test(tc, test_many_in_flight, 0, navail);
-	tcase_add_loop_test(tc, test_large_payload, 0, navail);
-	tcase_add_loop_test(tc, test_small_and_limit_frames, 0, navail);
-	tcase_add_loop_test(tc, test_send_semantics, 0, navail);
-	tcase_add_loop_test(tc, test_peer_closes_mid_frame, 0, navail);
-	tcase_add_loop_test(tc, test_bad_headers_refused, 0, navail);
-	tcase_add_loop_test(tc, test_close_idempotent, 0, navail);
-	tcase_add_loop_test(tc, test_close_inside_on_frame, 0, navail);
-	tcase_add_loop_test(tc, test_connect_refused_and_destroy, 0, navail);
-	tcase_add_loop_test(tc, test_send_now_from_thread, 0, navail);
-	tcase_add_loop_test(tc, test_payload_finite_flag, 0, navail);
+	tcase_add_loop_test(tc, test_order_1000_frames, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_many_in_flight, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_large_payload, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_small_and_limit_frames, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_send_semantics, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_peer_closes_mid_frame, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_bad_headers_refused, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_close_idempotent, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_close_inside_on_frame, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_connect_refused_and_destroy, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_send_now_from_thread, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_payload_finite_flag, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_keys_mismatch, 0, 2 * navail);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -100,10 +100,36 @@ START_TEST(test_roundtrip_every_type)
 }
 END_TEST
 
+/* Flag MAC: the header carries the sequence number (low 32 bits) where it
+ * is otherwise 0, and only then. */
+START_TEST(test_mac_flag_and_seq)
+{
+	struct ps_wire_limits lim = { 1 << 20, 1 << 16 };
+	struct ps_frame_hdr h = { .type = PS_MSG_PUSH, .flags = PS_FRAME_F_MAC, .seq = 0xdeadbeef,
+				  .meta_len = 10, .payload_len = 100 }, out;
+	uint8_t b[PS_WIRE_HDR_LEN];
+	char why[200];
+
+	ps_wire_encode_hdr(b, &h);
+	ck_assert_int_eq(ps_wire_decode_hdr(b, &lim, &out, why, sizeof(why)), 0);
+	ck_assert_uint_eq(out.seq, 0xdeadbeef);
+	ck_assert_uint_eq(out.flags, PS_FRAME_F_MAC);
+	h.flags = 0; /* no MAC: the number is not written */
+	ps_wire_encode_hdr(b, &h);
+	ck_assert_int_eq(ps_wire_decode_hdr(b, &lim, &out, why, sizeof(why)), 0);
+	ck_assert_uint_eq(out.seq, 0);
+	b[13] = 1; /* a number without the flag */
+	ck_assert_int_eq(ps_wire_decode_hdr(b, &lim, &out, why, sizeof(why)), PS_EPROTO);
+	ck_assert_msg(strstr(why, "without flag MAC"), "%s", why);
+}
+END_TEST
+
 START_TEST(test_type_names)
 {
 	const char *names[] = { NULL, "hello", "hello-reply", "push", "push-ack", "pull",
-				"pull-reply", "error", "stats-request", "stats", "heartbeat" };
+				"pull-reply", "error", "stats-request", "stats", "heartbeat",
+				"auth-challenge", "auth" };
+	_Static_assert(sizeof(names) / sizeof(names[0]) == PS_MSG_MAX_, "a name per type");
 
 	for (unsigned t = 1; t < PS_MSG_MAX_; t++) {
 		ck_assert_str_eq(ps_wire_type_name(t), names[t]);
@@ -683,6 +709,7 @@ int main(void)
 	tcase_add_test(hdr, test_reject_unknown_type);
 	tcase_add_test(hdr, test_reject_unknown_flags);
 	tcase_add_test(hdr, test_reject_reserved_field);
+	tcase_add_test(hdr, test_mac_flag_and_seq);
 	tcase_add_test(hdr, test_meta_limit);
 	tcase_add_test(hdr, test_frame_limit);
 	tcase_add_test(hdr, test_length_sum_overflow);

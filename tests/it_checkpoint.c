@@ -211,6 +211,7 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
+	tu_secret_setup();
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_checkpoint_resume);
@@ -219,5 +220,6 @@ int main(void)
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
+	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

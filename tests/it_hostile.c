@@ -20,6 +20,7 @@
 #include <poll.h>
 #include <sys/time.h>
 #include "ps_time.h"
+#include "auth.h"
 #include "codec.h"
 #include "config.h"
 #include "msg.h"
@@ -41,6 +42,7 @@ static struct fx {
 	pid_t pid;
 	int port;
 	struct ps_client *c;
+	uint8_t secret[PS_AUTH_KEY_LEN]; /* the cluster secret, hashed */
 	uint64_t clock;        /* next clock the honest worker pushes */
 	int rounds;            /* unit gradients applied to every weight so far */
 	struct ps_shard_stats st; /* stats taken by snapshot() */
@@ -128,6 +130,7 @@ static void after_attack(const char *what)
 }
 
 static const char *fx_limits = ""; /* more limits: lines for the next fx_start */
+static const char *fx_extra = "";  /* more top-level sections for the next fx_start */
 
 static void fx_start(void)
 {
@@ -146,10 +149,11 @@ static void fx_start(void)
 		 "limits:\n  handshake_timeout_ms: %d\n  max_connections: %d\n"
 		 "  max_frame_bytes: 1MiB\n  max_meta_bytes: 64KiB\n  max_clock_ahead: 4\n"
 		 "  connect_timeout_ms: 5000\n  request_timeout_ms: 5000\n%s"
-		 "log:\n  level: warn\n",
-		 F.port, NA, NC, HANDSHAKE_MS, MAX_CONNS, fx_limits);
+		 "log:\n  level: warn\n%s",
+		 F.port, NA, NC, HANDSHAKE_MS, MAX_CONNS, fx_limits, fx_extra);
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
 	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_auth_load_secret(&F.cfg, F.secret, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(ps_shardmap_init(&F.map, &F.cfg), 0);
 	/* a: 1024 + 1024 + 952 floats, c: 5; all on the one shard. */
 	ck_assert_uint_eq(F.map.nslices, 4);
@@ -178,6 +182,17 @@ static void fx_stop(void)
 
 /* ---- raw peer ---- */
 
+/* Authentication state of each raw connection (by fd): after raw_hello
+ * authenticated, raw frames carry sequence numbers and MACs (frame_mac.h)
+ * and frames read must carry valid ones. */
+static struct raw_auth {
+	int keyed;
+	struct ps_frame_keys keys;
+	uint64_t sseq, rseq;
+	uint8_t hello[512];   /* the Hello as sent */
+	size_t hello_len;
+} RA[1024];
+
 static int raw_connect(void)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)F.port),
@@ -185,7 +200,9 @@ static int raw_connect(void)
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
 
 	ck_assert_int_ge(fd, 0);
+	ck_assert_int_lt(fd, 1024);
 	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	memset(&RA[fd], 0, sizeof(RA[fd]));
 	return fd;
 }
 
@@ -216,21 +233,51 @@ static void raw_hdr(uint8_t h[PS_WIRE_HDR_LEN], uint8_t type, uint32_t meta, uin
 	ps_wire_encode_hdr(h, &fh);
 }
 
-/* Sends a frame: header, m packed (if any), payload. */
+/* Builds a frame of meta (mlen bytes) and payload: header, meta, payload
+ * and, on an authenticated connection, the MAC of the next sequence
+ * number. Returns the malloc'ed frame; *len its bytes. */
+static uint8_t *raw_frame(int fd, uint8_t type, const void *meta, size_t mlen,
+			  const void *payload, uint64_t plen, size_t *len)
+{
+	struct raw_auth *ra = &RA[fd];
+	uint8_t *b = malloc(PS_WIRE_HDR_LEN + mlen + plen + PS_MAC_TAG_LEN);
+	struct ps_frame_hdr fh = { .type = type, .meta_len = (uint32_t)mlen,
+				   .payload_len = plen, .flags = raw_flags };
+
+	if (ra->keyed) {
+		fh.flags |= PS_FRAME_F_MAC;
+		fh.seq = (uint32_t)ra->sseq;
+	}
+	ps_wire_encode_hdr(b, &fh);
+	if (mlen)
+		memcpy(b + PS_WIRE_HDR_LEN, meta, mlen);
+	if (plen)
+		memcpy(b + PS_WIRE_HDR_LEN + mlen, payload, plen);
+	*len = PS_WIRE_HDR_LEN + mlen + plen;
+	if (ra->keyed) {
+		struct ps_mac m;
+		ps_mac_begin(&m, ra->keys.send, ra->sseq++);
+		ps_mac_update(&m, b, *len);
+		ps_mac_end(&m, b + *len);
+		*len += PS_MAC_TAG_LEN;
+	}
+	return b;
+}
+
+/* Sends a frame: header, m packed (if any), payload (and MAC). */
 static int raw_send(int fd, uint8_t type, const ProtobufCMessage *m, const void *payload,
 		    uint64_t plen)
 {
-	size_t mlen = m ? protobuf_c_message_get_packed_size(m) : 0;
-	uint8_t *b = malloc(PS_WIRE_HDR_LEN + mlen + plen);
+	size_t mlen = m ? protobuf_c_message_get_packed_size(m) : 0, len;
+	uint8_t *meta = malloc(mlen + 1), *b;
 	int rc;
 
-	raw_hdr(b, type, (uint32_t)mlen, plen);
 	if (m)
-		protobuf_c_message_pack(m, b + PS_WIRE_HDR_LEN);
-	if (plen)
-		memcpy(b + PS_WIRE_HDR_LEN + mlen, payload, plen);
-	rc = raw_write(fd, b, PS_WIRE_HDR_LEN + mlen + plen);
+		protobuf_c_message_pack(m, meta);
+	b = raw_frame(fd, type, meta, mlen, payload, plen, &len);
+	rc = raw_write(fd, b, len);
 	free(b);
+	free(meta);
 	return rc;
 }
 
@@ -257,7 +304,21 @@ static int raw_read(int fd, void *b, size_t n, double deadline)
 
 /* Reads one frame and unpacks its metadata; NULL on timeout, close or a
  * frame of another type than want. */
+static ProtobufCMessage *raw_expect_any(int fd, unsigned want, unsigned want2, int ms,
+					unsigned *type);
+
 static ProtobufCMessage *raw_expect(int fd, unsigned want, int ms)
+{
+	return raw_expect_any(fd, want, want, ms, NULL);
+}
+
+static ProtobufCMessage *raw_expect2(int fd, unsigned a, unsigned b, unsigned *type)
+{
+	return raw_expect_any(fd, a, b, 3000, type);
+}
+
+static ProtobufCMessage *raw_expect_any(int fd, unsigned want, unsigned want2, int ms,
+					unsigned *type)
 {
 	double deadline = now_ms() + ms;
 	uint8_t h[PS_WIRE_HDR_LEN], *body;
@@ -269,10 +330,26 @@ static ProtobufCMessage *raw_expect(int fd, unsigned want, int ms)
 	if (raw_read(fd, h, sizeof(h), deadline))
 		return NULL;
 	ck_assert_int_eq(ps_wire_decode_hdr(h, &lim, &f.hdr, why, sizeof(why)), 0);
-	body = malloc(f.hdr.meta_len + f.hdr.payload_len + 1);
+	body = malloc(f.hdr.meta_len + f.hdr.payload_len + PS_MAC_TAG_LEN);
 	ck_assert_int_eq(raw_read(fd, body, f.hdr.meta_len + f.hdr.payload_len, deadline), 0);
-	ck_assert_msg(f.hdr.type == want, "got a %s frame, expected %s",
+	if (RA[fd].keyed) { /* the shard's frames carry valid MACs too */
+		struct ps_mac mac;
+		uint8_t *tag = body + f.hdr.meta_len + f.hdr.payload_len;
+		ck_assert(f.hdr.flags & PS_FRAME_F_MAC);
+		ck_assert_uint_eq(f.hdr.seq, (uint32_t)RA[fd].rseq);
+		ck_assert_int_eq(raw_read(fd, tag, PS_MAC_TAG_LEN, deadline), 0);
+		ps_mac_begin(&mac, RA[fd].keys.recv, RA[fd].rseq++);
+		ps_mac_update(&mac, h, sizeof(h));
+		ps_mac_update(&mac, body, f.hdr.meta_len + f.hdr.payload_len);
+		ck_assert_msg(ps_mac_verify(&mac, tag) == 0, "the shard's %s frame fails its MAC",
+			      ps_wire_type_name(f.hdr.type));
+	} else {
+		ck_assert(!(f.hdr.flags & PS_FRAME_F_MAC));
+	}
+	ck_assert_msg(f.hdr.type == want || f.hdr.type == want2, "got a %s frame, expected %s",
 		      ps_wire_type_name(f.hdr.type), ps_wire_type_name(want));
+	if (type)
+		*type = f.hdr.type;
 	f.meta = body;
 	m = ps_msg_unpack(&f, why, sizeof(why));
 	ck_assert_msg(m != NULL, "%s", why);
@@ -315,8 +392,12 @@ static void raw_reset(int fd)
 /* An honest Hello, changed by the caller before raw_hello sends it. */
 static Ps__Hello good_hello(int rank)
 {
+	static uint8_t nonce[PS_AUTH_NONCE_LEN];
 	Ps__Hello h = PS__HELLO__INIT;
 
+	ps_auth_random(nonce, sizeof(nonce));
+	h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
+	h.auth_mac = 1;
 	h.protocol_version = PS_PROTOCOL_VERSION;
 	h.role = rank >= 0 ? PS__ROLE__ROLE_WORKER : PS__ROLE__ROLE_STAT;
 	h.rank = rank;
@@ -326,9 +407,47 @@ static Ps__Hello good_hello(int rank)
 	return h;
 }
 
+/* Reads the next frame, which must be of type a or b; its type in *type. */
+static ProtobufCMessage *raw_expect2(int fd, unsigned a, unsigned b, unsigned *type);
+
+/* Sends the Hello and, when the shard challenges, proves the secret
+ * (proof_of(transcript) replaces the right proof when the test sets it);
+ * returns the HelloReply. */
+static void (*raw_proof_hook)(uint8_t proof[PS_AUTH_PROOF_LEN]);
+
 static Ps__HelloReply *raw_hello(int fd, const Ps__Hello *h)
 {
-	ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h->base, NULL, 0), 0);
+	struct raw_auth *ra = &RA[fd];
+	unsigned type;
+	ProtobufCMessage *m;
+
+	ra->hello_len = protobuf_c_message_get_packed_size(&h->base);
+	ck_assert_uint_le(ra->hello_len, sizeof(ra->hello));
+	protobuf_c_message_pack(&h->base, ra->hello);
+	size_t len;
+	uint8_t *b = raw_frame(fd, PS_MSG_HELLO, ra->hello, ra->hello_len, NULL, 0, &len);
+	ck_assert_int_eq(raw_write(fd, b, len), 0);
+	free(b);
+	m = raw_expect2(fd, PS_MSG_AUTH_CHALLENGE, PS_MSG_HELLO_REPLY, &type);
+	if (!m || type == PS_MSG_HELLO_REPLY)
+		return (Ps__HelloReply *)m;
+	Ps__AuthChallenge *ch = (Ps__AuthChallenge *)m;
+	uint8_t t[32], proof[PS_AUTH_PROOF_LEN];
+	ck_assert_uint_eq(ch->nonce.len, PS_AUTH_NONCE_LEN);
+	ps_auth_transcript(ra->hello, ra->hello_len, ch->nonce.data, t);
+	ck_assert_msg(ps_auth_proof_ok(F.secret, t, 1, ch->proof.data, ch->proof.len),
+		      "the shard's proof is wrong");
+	protobuf_c_message_free_unpacked(m, NULL);
+	ps_auth_proof(F.secret, t, 0, proof);
+	if (raw_proof_hook)
+		raw_proof_hook(proof);
+	Ps__Auth a = PS__AUTH__INIT;
+	a.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+	ck_assert_int_eq(raw_send(fd, PS_MSG_AUTH, &a.base, NULL, 0), 0);
+	if (h->auth_mac) {
+		ps_auth_session_keys(F.secret, t, 0, &ra->keys);
+		ra->keyed = 1;
+	}
 	return (Ps__HelloReply *)raw_expect(fd, PS_MSG_HELLO_REPLY, 3000);
 }
 
@@ -639,7 +758,6 @@ START_TEST(test_metadata_not_protobuf)
 {
 	static const uint8_t bad[][4] = { { 0x08 }, { 0x22, 0x05, 0x01 }, { 0x0f, 0x00 } };
 	static const uint32_t len[] = { 1, 3, 2 };
-	uint8_t b[PS_WIRE_HDR_LEN + 4];
 	int fd, n = 0;
 
 	fx_start();
@@ -647,9 +765,11 @@ START_TEST(test_metadata_not_protobuf)
 		/* As the hello, and as a push after a good hello. */
 		for (int after = 0; after < 2; after++) {
 			fd = after ? raw_worker() : raw_connect();
-			raw_hdr(b, after ? PS_MSG_PUSH : PS_MSG_HELLO, len[i], 0);
-			memcpy(b + PS_WIRE_HDR_LEN, bad[i], len[i]);
-			ck_assert_int_eq(raw_write(fd, b, PS_WIRE_HDR_LEN + len[i]), 0);
+			size_t blen;
+			uint8_t *b = raw_frame(fd, after ? PS_MSG_PUSH : PS_MSG_HELLO, bad[i], len[i],
+					       NULL, 0, &blen);
+			ck_assert_int_eq(raw_write(fd, b, blen), 0);
+			free(b);
 			ck_assert_msg(raw_wait_closed(fd, 3000) >= 0, "case %d/%d: still open", i, after);
 			close(fd);
 			n++;
@@ -1104,6 +1224,261 @@ START_TEST(test_idle_and_unread_peers)
 }
 END_TEST
 
+/* ---- authentication (docs/security.md) ---- */
+
+static uint8_t saved_proof[PS_AUTH_PROOF_LEN];
+static void save_proof(uint8_t proof[PS_AUTH_PROOF_LEN])
+{
+	memcpy(saved_proof, proof, PS_AUTH_PROOF_LEN);
+}
+static void flip_proof(uint8_t proof[PS_AUTH_PROOF_LEN])
+{
+	proof[7] ^= 0x10;
+}
+
+/* Waits until the shard has counted want authentication failures. */
+static uint64_t wait_auth_failures(uint64_t want, int ms)
+{
+	double deadline = now_ms() + ms;
+	struct ps_shard_stats st;
+
+	do {
+		st = stats();
+		if (st.auth_failures >= want)
+			break;
+		tu_sleep_ms(20);
+	} while (now_ms() < deadline);
+	return st.auth_failures;
+}
+
+/* A client init that must fail with a message containing want. */
+static void client_refused(const struct ps_config *cfg, const char *want)
+{
+	struct ps_client *c = NULL;
+	char err[1024] = "";
+
+	ck_assert_msg(ps_client_init(&c, cfg, 0, err, sizeof(err)) != 0, "client accepted (%s)",
+		      want);
+	ck_assert_msg(strstr(err, want), "'%s' not in '%s'", want, err);
+}
+
+/* No secret, a wrong secret, a wrong proof, a replayed handshake: refused
+ * before anything is served; one flipped bit anywhere in an authenticated
+ * frame, a replayed frame, a frame without a MAC: the connection closes
+ * and nothing is applied. */
+START_TEST(test_auth_refusals)
+{
+	struct ps_config cfg;
+	char other[64], err[512];
+	uint64_t fails;
+	int fd;
+
+	fx_start();
+	fails = F.st.auth_failures;
+	/* a Hello without a nonce: the client does not authenticate */
+	Ps__Hello h = good_hello(0);
+	h.auth_nonce.len = 0;
+	refused(&h, "requires authentication", "sent none");
+	h = good_hello(0);
+	h.auth_mac = 0;
+	refused(&h, "client has security.mac: false", "this shard true");
+	/* a client configured without authentication, or with another secret */
+	cfg = F.cfg;
+	cfg.security.auth = 0;
+	client_refused(&cfg, "requires authentication");
+	ck_assert_int_eq(tu_write_secret(other), 0);
+	cfg = F.cfg;
+	ck_assert_int_eq(ps_auth_set_secret_file(&cfg, other), 0);
+	client_refused(&cfg, "the secret files differ");
+	unlink(other);
+	/* a wrong proof */
+	fd = raw_connect();
+	raw_proof_hook = flip_proof;
+	h = good_hello(0);
+	ck_assert_ptr_null(raw_hello(fd, &h));
+	raw_proof_hook = NULL;
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	ck_assert_uint_eq(wait_auth_failures(fails + 1, 2000), fails + 1);
+	/* a recorded handshake replayed byte for byte: the shard's fresh
+	 * nonce makes the old proof worthless */
+	fd = raw_connect();
+	raw_proof_hook = save_proof;
+	h = good_hello(0);
+	Ps__HelloReply *r = raw_hello(fd, &h);
+	raw_proof_hook = NULL;
+	ck_assert_msg(r && r->ok, "honest raw handshake refused");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	uint8_t hello[512];
+	size_t hello_len = RA[fd].hello_len, len;
+	memcpy(hello, RA[fd].hello, hello_len);
+	close(fd);
+	fd = raw_connect();
+	uint8_t *b = raw_frame(fd, PS_MSG_HELLO, hello, hello_len, NULL, 0, &len);
+	ck_assert_int_eq(raw_write(fd, b, len), 0);
+	free(b);
+	Ps__AuthChallenge *ch = (Ps__AuthChallenge *)raw_expect(fd, PS_MSG_AUTH_CHALLENGE, 3000);
+	ck_assert_ptr_nonnull(ch);
+	protobuf_c_message_free_unpacked(&ch->base, NULL);
+	Ps__Auth a = PS__AUTH__INIT;
+	a.proof = (ProtobufCBinaryData){ sizeof(saved_proof), saved_proof };
+	ck_assert_int_eq(raw_send(fd, PS_MSG_AUTH, &a.base, NULL, 0), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	ck_assert_uint_eq(raw_dropped, 0); /* no HelloReply */
+	close(fd);
+	ck_assert_uint_eq(wait_auth_failures(fails + 2, 2000), fails + 2);
+
+	/* one flipped bit in the header, the metadata, the payload or the
+	 * MAC of a push that would apply */
+	struct pref p[8];
+	uint64_t plen;
+	int n = all_slices(p, &plen);
+	for (int where = 0; where < 4; where++) {
+		fd = raw_worker();
+		Ps__SliceRef refs[8], *ptrs[8];
+		Ps__Push m = PS__PUSH__INIT;
+		float *pay = malloc(plen);
+		for (uint64_t i = 0; i < plen / 4; i++)
+			pay[i] = 1.0f;
+		for (int i = 0; i < n; i++) {
+			ps__slice_ref__init(&refs[i]);
+			refs[i].slice = p[i].slice;
+			refs[i].offset = p[i].offset;
+			refs[i].length = p[i].length;
+			ptrs[i] = &refs[i];
+		}
+		m.req_id = 50;
+		m.clock = F.clock;
+		m.end_clock = 1;
+		m.n_slices = (size_t)n;
+		m.slices = ptrs;
+		uint8_t meta[512];
+		size_t mlen = protobuf_c_message_pack(&m.base, meta);
+		b = raw_frame(fd, PS_MSG_PUSH, meta, mlen, pay, plen, &len);
+		/* header: the LZ4 bit of the flags (the frame would still pass the
+		 * header checks); then inside metadata, payload and tag */
+		size_t at = where == 0 ? 6
+			  : where == 1 ? PS_WIRE_HDR_LEN + mlen / 2
+			  : where == 2 ? PS_WIRE_HDR_LEN + mlen + plen / 3
+			  : len - 3;
+		b[at] ^= where == 0 ? 0x01 : 0x20;
+		ck_assert_int_eq(raw_write(fd, b, len), 0);
+		free(b);
+		free(pay);
+		ck_assert_msg(raw_wait_closed(fd, 3000) >= 0, "flipped bit %d: still open", where);
+		ck_assert_uint_eq(raw_dropped, 0); /* no ack */
+		close(fd);
+		ck_assert_uint_eq(wait_auth_failures(fails + 3 + (uint64_t)where, 2000),
+				  fails + 3 + (uint64_t)where);
+	}
+	/* a frame replayed within its connection, and one without a MAC */
+	fd = raw_worker();
+	Ps__StatsRequest q = PS__STATS_REQUEST__INIT;
+	q.req_id = 9;
+	uint8_t qm[64];
+	size_t qlen = protobuf_c_message_pack(&q.base, qm);
+	b = raw_frame(fd, PS_MSG_STATS_REQUEST, qm, qlen, NULL, 0, &len);
+	ck_assert_int_eq(raw_write(fd, b, len), 0);
+	Ps__Stats *st = (Ps__Stats *)raw_expect(fd, PS_MSG_STATS, 3000);
+	ck_assert_ptr_nonnull(st);
+	protobuf_c_message_free_unpacked(&st->base, NULL);
+	ck_assert_int_eq(raw_write(fd, b, len), 0); /* the same bytes again */
+	free(b);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	ck_assert_uint_eq(raw_dropped, 0);
+	close(fd);
+	fd = raw_worker();
+	RA[fd].keyed = 0; /* an injected frame, as from someone without the key */
+	ck_assert_int_eq(raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	ck_assert_uint_eq(raw_dropped, 0);
+	close(fd);
+	ck_assert_uint_eq(wait_auth_failures(fails + 8, 2000), fails + 8);
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	ck_assert_uint_eq(stats().worker_clock[0], F.clock);
+	(void)err;
+	after_attack("authentication attacks");
+	fx_stop();
+}
+END_TEST
+
+/* security.mac: false on both sides works (frames without MACs); a shard
+ * and a client that disagree refuse each other. */
+START_TEST(test_auth_without_mac)
+{
+	fx_extra = "security:\n  mac: false\n";
+	fx_start();
+	fx_extra = "";
+	ck_assert_int_eq(F.cfg.security.mac, 0);
+	int fd = raw_connect();
+	Ps__Hello h = good_hello(0);
+	h.auth_mac = 0;
+	Ps__HelloReply *r = raw_hello(fd, &h);
+	ck_assert_msg(r && r->ok, "hello without MACs refused");
+	ck_assert_int_eq(RA[fd].keyed, 0);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	Ps__Stats *s = raw_stats(fd, 3);
+	protobuf_c_message_free_unpacked(&s->base, NULL);
+	close(fd);
+	struct ps_config cfg = F.cfg;
+	cfg.security.mac = 1;
+	client_refused(&cfg, "the two configs must agree");
+	after_attack("no MACs");
+	fx_stop();
+}
+END_TEST
+
+/* ps-server refuses to start without a usable secret and says why. */
+START_TEST(test_secret_file_checks)
+{
+	static const struct { const char *text; int mode; const char *want; } cases[] = {
+		{ "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n", 0644,
+		  "has mode 0644" },
+		{ "0123456789abcdef0123456789abcdef\n", 0600, "holds 32 hex digits" },
+		{ "short", 0600, "holds 5 bytes" },
+		{ NULL, 0600, "No such file" },
+	};
+	char cfgpath[64], secret[64], yaml[512], log[64];
+	int port = tu_free_port();
+
+	snprintf(yaml, sizeof(yaml), "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [4]}\n", port);
+	ck_assert_int_eq(tu_write_temp(cfgpath, yaml), 0);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		strcpy(secret, "/tmp/ps-test-badsecret-XXXXXX");
+		int fd = mkstemp(secret);
+		ck_assert_int_ge(fd, 0);
+		if (cases[i].text)
+			ck_assert_int_eq(write(fd, cases[i].text, strlen(cases[i].text)),
+					 (ssize_t)strlen(cases[i].text));
+		close(fd);
+		chmod(secret, (mode_t)cases[i].mode);
+		if (!cases[i].text)
+			unlink(secret);
+		strcpy(log, "/tmp/ps-test-log-XXXXXX");
+		int lfd = mkstemp(log);
+		pid_t pid = fork();
+		if (pid == 0) {
+			dup2(lfd, 2);
+			execl("bin/ps-server", "ps-server", "--config", cfgpath, "--shard", "0",
+			      "--secret-file", secret, (char *)NULL);
+			_exit(127);
+		}
+		int status = tu_wait_child(pid);
+		char text[4096] = "";
+		ssize_t got = pread(lfd, text, sizeof(text) - 1, 0);
+		text[got > 0 ? got : 0] = 0;
+		close(lfd);
+		unlink(log);
+		unlink(secret);
+		ck_assert_msg(status == 1, "case %zu: exit status %d: %s", i, status, text);
+		ck_assert_msg(strstr(text, cases[i].want) && strstr(text, secret),
+			      "case %zu: '%s' or the file name not in: %s", i, cases[i].want, text);
+	}
+	unlink(cfgpath);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("hostile");
@@ -1111,6 +1486,7 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
+	tu_secret_setup();
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_control_raw_push_applies);
@@ -1125,10 +1501,14 @@ int main(void)
 	tcase_add_test(tc, test_requests_before_hello);
 	tcase_add_test(tc, test_connection_flood);
 	tcase_add_test(tc, test_idle_and_unread_peers);
+	tcase_add_test(tc, test_auth_refusals);
+	tcase_add_test(tc, test_auth_without_mac);
+	tcase_add_test(tc, test_secret_file_checks);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
+	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

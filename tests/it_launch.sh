@@ -32,14 +32,29 @@ free_port() {
   done
 }
 
+unset PS_SECRET_FILE
 cat > "$tmp/c.yaml" <<EOF
 cluster:
   servers: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]
   workers: 2
 model: {preset: mlp}
 train: {batch: 32, limit: 1280, metrics_dir: "$tmp/m"}
+security: {secret_file: c.secret}
 log: {level: info}
 EOF
+# the same cluster without a secret_file: ps-local.sh makes a secret itself
+sed '/^security:/d' "$tmp/c.yaml" > "$tmp/c2.yaml"
+
+# ps-keygen: 64 hex digits, mode 0600, no overwriting without --force
+scripts/ps-keygen "$tmp/c.secret" 2>/dev/null
+expect "ps-keygen wrote 64 hex digits" grep -qxE '[0-9a-f]{64}' "$tmp/c.secret"
+expect "ps-keygen made it mode 600" [ "$(stat -c %a "$tmp/c.secret")" = 600 ]
+cp "$tmp/c.secret" "$tmp/c.secret.before"
+scripts/ps-keygen "$tmp/c.secret" 2>/dev/null
+expect "ps-keygen refuses to overwrite" cmp -s "$tmp/c.secret" "$tmp/c.secret.before"
+# ps-cluster.sh refuses a config without a secret file (nothing to copy)
+scripts/ps-cluster.sh "$tmp/c2.yaml" start --dry-run >/dev/null 2>"$tmp/nosecret.err"
+expect "ps-cluster.sh refuses a config without a secret" grep -q "names no security.secret_file" "$tmp/nosecret.err"
 
 # --dry-run: shards then workers on the hosts given, stop in reverse order
 out=$(scripts/ps-cluster.sh "$tmp/c.yaml" start --dry-run --worker-hosts w1,w2 -- --epochs 1)
@@ -82,9 +97,11 @@ expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/server-0.log"
 
 # ps-local.sh: a whole run ends with status 0 and no process left; a run
 # stopped by SIGTERM in the middle stops every process too
-scripts/ps-local.sh "$tmp/c.yaml" --logs "$tmp/local" -- --epochs 1 > "$tmp/local.out" 2>&1
+scripts/ps-local.sh "$tmp/c2.yaml" --logs "$tmp/local" -- --epochs 1 > "$tmp/local.out" 2>&1
 expect "ps-local.sh run succeeded: $(tail -3 "$tmp/local.out")" [ $? -eq 0 ]
-expect "no process left after ps-local.sh" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ]
+expect "no process left after ps-local.sh" [ "$(pgrep -fc -- "--config $tmp/c2.yaml")" -eq 0 ]
+expect "ps-local.sh generated a secret (mode 600)" [ "$(stat -c %a "$tmp/local/ps.secret" 2>&1)" = 600 ]
+expect "the shards authenticated the workers" grep -q "worker 0 connected from .*(authenticated, frames MACed)" "$tmp/local/server-0.log"
 scripts/ps-local.sh "$tmp/c.yaml" --logs "$tmp/local2" -- --epochs 50 > "$tmp/local2.out" 2>&1 &
 lp=$!
 for _ in $(seq 100); do

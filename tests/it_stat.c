@@ -371,6 +371,7 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
+	tu_secret_setup();
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_stat_live_and_down);
@@ -381,5 +382,6 @@ int main(void)
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
+	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

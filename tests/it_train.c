@@ -377,6 +377,7 @@ int main(void)
 	SRunner *sr;
 	int failed;
 
+	tu_secret_setup();
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ps-it-train-XXXXXX");
 	if (!mkdtemp(tmpdir)) {
 		perror("mkdtemp");
@@ -407,5 +408,6 @@ int main(void)
 		if (system(cmd))
 			fprintf(stderr, "could not remove %s\n", tmpdir);
 	}
+	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

@@ -86,6 +86,52 @@ static inline int tu_wait_child(pid_t pid)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* Writes a fresh secret (64 hex digits from /dev/urandom, mode 0600) to a
+ * new file; its name goes to path (64 bytes). 0 or -1. */
+static inline int tu_write_secret(char *path)
+{
+	unsigned char r[32];
+	FILE *u = fopen("/dev/urandom", "rb");
+	int fd, ok;
+
+	strcpy(path, "/tmp/ps-test-secret-XXXXXX");
+	fd = mkstemp(path); /* mode 0600 */
+	if (fd < 0 || !u || fread(r, 1, sizeof(r), u) != sizeof(r)) {
+		if (u)
+			fclose(u);
+		return -1;
+	}
+	fclose(u);
+	ok = 1;
+	for (size_t i = 0; i < sizeof(r); i++) {
+		char hx[3];
+		snprintf(hx, sizeof(hx), "%02x", r[i]);
+		ok &= write(fd, hx, 2) == 2;
+	}
+	close(fd);
+	return ok ? 0 : -1;
+}
+
+/* Tests run with authentication on, like a real cluster: unless the
+ * caller set PS_SECRET_FILE, points it (inherited by the ps-server
+ * processes started) at a fresh secret that tu_secret_cleanup removes.
+ * Call both from main(), not from a test (Check forks tests). */
+static char tu_secret_path[64];
+
+static inline void tu_secret_setup(void)
+{
+	if (getenv("PS_SECRET_FILE"))
+		return;
+	if (tu_write_secret(tu_secret_path) == 0)
+		setenv("PS_SECRET_FILE", tu_secret_path, 1);
+}
+
+static inline void tu_secret_cleanup(void)
+{
+	if (tu_secret_path[0])
+		unlink(tu_secret_path);
+}
+
 static inline void tu_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };

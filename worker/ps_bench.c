@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "ps_time.h"
+#include "auth.h"
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -386,6 +387,8 @@ static void usage(FILE *out)
 		"  -L, --local          start the config's shards here and stop them afterwards\n"
 		"  -j, --json           one JSON object instead of text\n"
 		"      --no-baseline    skip the raw TCP baseline\n"
+		"      --secret-file F  the cluster secret (default: the config's\n"
+		"                       security.secret_file, else $PS_SECRET_FILE)\n"
 		"      --dump-config    print the derived configuration and exit\n"
 		"  -h, --help           this text\n");
 }
@@ -422,12 +425,14 @@ int main(int argc, char **argv)
 		{ "inflight", required_argument, NULL, 'k' }, { "workers", required_argument, NULL, 'w' },
 		{ "local", no_argument, NULL, 'L' }, { "json", no_argument, NULL, 'j' },
 		{ "no-baseline", no_argument, NULL, 'B' }, { "dump-config", no_argument, NULL, 'D' },
+		{ "secret-file", required_argument, NULL, 'K' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .op = OP_PUSHPULL, .size = 0, .seconds = 3, .inflight = 1,
 			  .baseline = 1 };
 	struct ps_config *cfg = malloc(sizeof(*cfg));
 	char err[1024], cfgpath[64] = "", *end;
+	const char *secret = NULL;
 	int opt, dump = 0, rc = 1;
 	pid_t *pids = NULL;
 
@@ -474,6 +479,7 @@ int main(int argc, char **argv)
 			break;
 		case 'L': o.local = 1; break;
 		case 'j': o.json = 1; break;
+		case 'K': secret = optarg; break;
 		case 'B': o.baseline = 0; break;
 		case 'D': dump = 1; break;
 		case 'h': usage(stdout); return 0;
@@ -486,6 +492,10 @@ int main(int argc, char **argv)
 	}
 	if (ps_config_load(cfg, o.config, err, sizeof(err))) {
 		fprintf(stderr, "ps-bench: %s\n", err);
+		return 2;
+	}
+	if (secret && ps_auth_set_secret_file(cfg, secret)) {
+		fprintf(stderr, "ps-bench: --secret-file: name too long\n");
 		return 2;
 	}
 	/* --size: the bench model is one tensor of that many bytes; without

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "ps_time.h"
+#include "auth.h"
 #include "codec.h"
 #include "msg.h"
 #include "ps_client.h"
@@ -64,6 +65,9 @@ struct shard_conn {
 	double last_rx, last_hb;  /* I/O thread: last frame from the shard, last heartbeat sent */
 	enum shard_state state;
 	int status;
+	int authed;               /* the shard proved it holds the secret */
+	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
+	size_t hello_len;
 	char why[400];
 };
 
@@ -96,6 +100,7 @@ struct ps_client {
 	int stopping;
 	int started;            /* init succeeded: losses are worth a log line */
 	int nready, nfailed;
+	uint8_t secret[PS_AUTH_KEY_LEN]; /* hashed cluster secret (security.auth) */
 	char err[512];
 };
 
@@ -209,6 +214,7 @@ static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->apply_bytes = m->apply_bytes;
 	o->errors = m->errors;
 	o->rejected_frames = m->rejected_frames;
+	o->auth_failures = m->auth_failures;
 	o->connections = m->connections;
 	o->max_clock_gap = m->max_clock_gap;
 	o->param_checksum = m->param_checksum;
@@ -239,12 +245,84 @@ static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	part_done(c, r, k, 0, NULL);
 }
 
+/* The handshake with shard k failed on this side: the connection closes
+ * and init reports why. c->mu held. */
+static void fail_handshake(struct ps_client *c, int k, int status, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void fail_handshake(struct ps_client *c, int k, int status, const char *fmt, ...)
+{
+	struct shard_conn *sh = &c->shards[k];
+	int n;
+	va_list ap;
+
+	n = snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d): ", k, c->cfg->shards[k].host,
+		     c->cfg->shards[k].port);
+	va_start(ap, fmt);
+	vsnprintf(sh->why + n, sizeof(sh->why) - (size_t)n, fmt, ap);
+	va_end(ap);
+	sh->state = SH_FAILED;
+	sh->status = status;
+	c->nfailed++;
+	sh->conn->t->ops->close(sh->conn, status);
+}
+
+/* The shard's nonce and proof: check the proof, answer with ours, and
+ * switch to the session keys. c->mu held. */
+static void on_auth_challenge(struct ps_client *c, int k, const Ps__AuthChallenge *m)
+{
+	struct shard_conn *sh = &c->shards[k];
+	Ps__Auth a = PS__AUTH__INIT;
+	uint8_t t[32], proof[PS_AUTH_PROOF_LEN];
+	struct ps_frame_keys keys;
+
+	if (sh->state != SH_HELLO || sh->authed || !sh->hello) {
+		fail_handshake(c, k, PS_EPROTO, "unexpected auth-challenge");
+		return;
+	}
+	if (!c->cfg->security.auth) {
+		fail_handshake(c, k, PS_EAUTH, "the shard requires authentication and this process "
+			       "has security.auth: false; the two configs must agree");
+		return;
+	}
+	if (m->nonce.len != PS_AUTH_NONCE_LEN) {
+		fail_handshake(c, k, PS_EPROTO, "auth-challenge with a %zu-byte nonce",
+			       m->nonce.len);
+		return;
+	}
+	ps_auth_transcript(sh->hello, sh->hello_len, m->nonce.data, t);
+	if (!ps_auth_proof_ok(c->secret, t, 1, m->proof.data, m->proof.len)) {
+		fail_handshake(c, k, PS_EAUTH, "authentication failed: the shard's proof does not "
+			       "match this process's secret (the secret files differ)");
+		return;
+	}
+	sh->authed = 1;
+	ps_auth_proof(c->secret, t, 0, proof);
+	a.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+	if (ps_msg_send(sh->conn, PS_MSG_AUTH, &a.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL)) {
+		fail_handshake(c, k, PS_ECLOSED, "connection lost during authentication");
+		return;
+	}
+	if (c->cfg->security.mac) {
+		ps_auth_session_keys(c->secret, t, 0, &keys);
+		sh->conn->t->ops->set_keys(sh->conn, &keys);
+		sodium_memzero(&keys, sizeof(keys));
+	}
+	sodium_memzero(t, sizeof(t));
+}
+
 static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 {
 	struct shard_conn *sh = &c->shards[k];
 
 	if (sh->state != SH_HELLO)
 		return;
+	if (m->ok && c->cfg->security.auth && !sh->authed) {
+		fail_handshake(c, k, PS_EAUTH, "the shard accepted this process without "
+			       "authentication (security.auth: false there, true here); refusing it, "
+			       "the two configs must agree");
+		pthread_cond_broadcast(&c->cv);
+		return;
+	}
 	if (!m->ok) {
 		sh->state = SH_FAILED;
 		sh->status = PS_EREFUSED;
@@ -288,6 +366,10 @@ static void on_frame(struct ps_conn *pc, struct ps_frame *f)
 	case PS_MSG_HELLO_REPLY:
 		on_hello_reply(c, k, (Ps__HelloReply *)m);
 		break;
+	case PS_MSG_AUTH_CHALLENGE:
+		on_auth_challenge(c, k, (Ps__AuthChallenge *)m);
+		pthread_cond_broadcast(&c->cv);
+		break;
 	case PS_MSG_PUSH_ACK: {
 		struct req *r = find_req(c, (int64_t)((Ps__PushAck *)m)->req_id);
 		if (r)
@@ -323,6 +405,8 @@ static void on_connect(struct ps_conn *pc, int status)
 	struct ps_client *c = pc->t->data;
 	int k = (int)(intptr_t)pc->data;
 	Ps__Hello h = PS__HELLO__INIT;
+	uint8_t nonce[PS_AUTH_NONCE_LEN], *hello;
+	size_t len;
 
 	if (status < 0) {
 		pthread_mutex_lock(&c->mu);
@@ -337,10 +421,27 @@ static void on_connect(struct ps_conn *pc, int status)
 	h.shard_map_hash = c->map.hash;
 	h.shard = k;
 	h.incarnation = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL);
+	if (c->cfg->security.auth) {
+		ps_auth_random(nonce, sizeof(nonce));
+		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
+		h.auth_mac = c->cfg->security.mac;
+	}
+	/* Packed here, not by ps_msg_send: the transcript covers these bytes. */
+	len = protobuf_c_message_get_packed_size(&h.base);
+	hello = malloc(len ? len : 1);
+	if (!hello) {
+		pc->t->ops->close(pc, -ENOMEM);
+		return;
+	}
+	protobuf_c_message_pack(&h.base, hello);
 	pthread_mutex_lock(&c->mu);
 	c->shards[k].state = SH_HELLO;
+	free(c->shards[k].hello);
+	c->shards[k].hello = hello;
+	c->shards[k].hello_len = len;
 	pthread_mutex_unlock(&c->mu);
-	ps_msg_send(pc, PS_MSG_HELLO, &h.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	pc->t->ops->send(pc, PS_MSG_HELLO, hello, (uint32_t)len, NULL, 0, PS_SEND_VOLATILE, NULL,
+			 NULL);
 }
 
 static void on_close(struct ps_conn *pc, int status)
@@ -1038,6 +1139,10 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->cfg = cfg;
 	c->rank = rank;
 	c->spin_s = cfg->limits.wait_spin_us / 1e6;
+	if (cfg->security.auth && (rc = ps_auth_load_secret(cfg, c->secret, err, errlen))) {
+		free(c);
+		return rc;
+	}
 	c->shards = calloc((size_t)cfg->nshards, sizeof(*c->shards));
 	c->resid = calloc((size_t)(cfg->ntensors > 0 ? cfg->ntensors : 1), sizeof(*c->resid));
 	if (!c->shards || !c->resid) {
@@ -1150,6 +1255,9 @@ err_close_loop:
 	pthread_mutex_destroy(&c->mu);
 	ps_shardmap_free(&c->map);
 err_free_client:
+	for (int k = 0; k < cfg->nshards; k++)
+		free(c->shards[k].hello);
+	sodium_memzero(c->secret, sizeof(c->secret));
 	free(c->resid);
 	free(c->shards);
 	free(c);
@@ -1178,6 +1286,9 @@ void ps_client_free(struct ps_client *c)
 	for (int i = 0; c->resid && i < c->cfg->ntensors; i++)
 		free(c->resid[i]);
 	free(c->resid);
+	for (int k = 0; k < c->cfg->nshards; k++)
+		free(c->shards[k].hello);
+	sodium_memzero(c->secret, sizeof(c->secret));
 	free(c->shards);
 	free(c);
 }

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "ps_time.h"
+#include "auth.h"
 #include "config.h"
 #include "histo.h"
 #include "ps_client.h"
@@ -30,6 +31,7 @@
 
 struct opts {
 	const char *config;
+	const char *secret; /* --secret-file */
 	double watch;       /* seconds between refreshes; 0 = once */
 	double interval;    /* once: seconds between the two samples */
 	int json, workers, checkpoint;
@@ -52,7 +54,7 @@ struct row {
 	uint64_t clk_min, clk_max;
 	int have_clock;
 	double apply_share;                                         /* 0..1 */
-	uint64_t rejected, errors;
+	uint64_t rejected, errors, auth_failures;
 	unsigned conns, workers_up, nworkers;
 };
 
@@ -85,6 +87,8 @@ static void usage(FILE *f)
 		"  -i, --interval S      once: seconds between the two samples (default 1)\n"
 		"  -j, --json            one JSON object per refresh instead of the table\n"
 		"  -W, --workers         also one row per worker: its clock on each shard\n"
+		"      --secret-file F   the cluster secret (default: the config's\n"
+		"                        security.secret_file, else $PS_SECRET_FILE)\n"
 		"  -C, --checkpoint      ask every shard to write its checkpoint now\n"
 		"                        (config checkpoint.dir) and report each file\n"
 		"  -h, --help            this text\n"
@@ -199,6 +203,7 @@ static void make_row(const struct snap *a, const struct snap *b, double dt, int 
 	if (r->apply_share < 0)
 		r->apply_share = 0;
 	r->rejected = y->rejected_frames;
+	r->auth_failures = y->auth_failures;
 	r->errors = y->errors;
 	r->conns = y->connections;
 	r->nworkers = (unsigned)nworkers;
@@ -239,6 +244,7 @@ static void add_row(struct row *t, const struct row *r)
 	}
 	t->apply_share += r->apply_share;
 	t->rejected += r->rejected;
+	t->auth_failures += r->auth_failures;
 	t->errors += r->errors;
 	t->conns += r->conns;
 	if (r->workers_up > t->workers_up)
@@ -392,8 +398,9 @@ static void json_row(FILE *f, const struct row *r)
 	else
 		fprintf(f, "\"clock_min\":null,\"clock_max\":null,\"staleness\":null,");
 	json_num(f, "apply_share", r->apply_share);
-	fprintf(f, "\"rejected_frames\":%" PRIu64 ",\"errors\":%" PRIu64
-		   ",\"connections\":%u,\"workers_connected\":%u", r->rejected, r->errors, r->conns,
+	fprintf(f, "\"rejected_frames\":%" PRIu64 ",\"auth_failures\":%" PRIu64
+		   ",\"errors\":%" PRIu64 ",\"connections\":%u,\"workers_connected\":%u",
+		r->rejected, r->auth_failures, r->errors, r->conns,
 		r->workers_up);
 }
 
@@ -490,6 +497,7 @@ int main(int argc, char **argv)
 		{ "interval", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
 		{ "workers", no_argument, NULL, 'W' }, { "help", no_argument, NULL, 'h' },
 		{ "checkpoint", no_argument, NULL, 'C' },
+		{ "secret-file", required_argument, NULL, 'K' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .interval = 1.0 };
@@ -517,6 +525,7 @@ int main(int argc, char **argv)
 		case 'j': o.json = 1; break;
 		case 'W': o.workers = 1; break;
 		case 'C': o.checkpoint = 1; break;
+		case 'K': o.secret = optarg; break;
 		case 'h': usage(stdout); rc = 0; goto out;
 		default: fprintf(stderr, "Try 'ps-stat --help'.\n"); goto out;
 		}
@@ -532,6 +541,10 @@ int main(int argc, char **argv)
 	}
 	if (ps_config_load(cfg, o.config, err, sizeof(err))) {
 		fprintf(stderr, "ps-stat: %s\n", err);
+		goto out;
+	}
+	if (o.secret && ps_auth_set_secret_file(cfg, o.secret)) {
+		fprintf(stderr, "ps-stat: --secret-file: name too long\n");
 		goto out;
 	}
 	ps_log_init("stat", -1);

@@ -19,6 +19,7 @@
 #include "ps_time.h"
 #include "codec.h"
 #include "compute.h"
+#include "auth.h"
 #include "config.h"
 #include "dataset.h"
 #include "model_file.h"
@@ -59,6 +60,8 @@ static void usage(FILE *out)
 		"                       of the weights in F (saved by --save-model) for the\n"
 		"                       config's model, and exit\n"
 		"  -l, --log-level L    debug, info, warn, error or off\n"
+		"      --secret-file F  the cluster secret (default: the config's\n"
+		"                       security.secret_file, else $PS_SECRET_FILE)\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"Progress goes to stderr: one updating line on a terminal, plain lines\n"
@@ -219,10 +222,11 @@ int main(int argc, char **argv)
 		{ "limit", required_argument, NULL, 'n' },
 		{ "save-model", required_argument, NULL, 's' },
 		{ "eval", required_argument, NULL, 'E' },
+		{ "secret-file", required_argument, NULL, 'K' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *device = NULL, *metrics_dir = NULL;
-	const char *save_model = NULL, *eval_model = NULL;
+	const char *save_model = NULL, *eval_model = NULL, *secret = NULL;
 	int rank = -1, epochs = 0, batch = 0, limit = -1, opt, rc = 1;
 	/* large (tensors table): static, so early exits on bad flags free nothing */
 	static struct ps_config cfg_storage;
@@ -260,6 +264,7 @@ int main(int argc, char **argv)
 		case 'l': level = optarg; break;
 		case 's': save_model = optarg; break;
 		case 'E': eval_model = optarg; break;
+		case 'K': secret = optarg; break;
 		case 'm':
 			metrics_dir = optarg;
 			if (strlen(optarg) >= sizeof(cfg->train.metrics_dir)) {
@@ -299,6 +304,10 @@ int main(int argc, char **argv)
 	}
 	if (ps_config_load(cfg, config, err, sizeof(err))) {
 		fprintf(stderr, "ps-worker: %s\n", err);
+		return 2;
+	}
+	if (secret && ps_auth_set_secret_file(cfg, secret)) {
+		fprintf(stderr, "ps-worker: --secret-file: name too long\n");
 		return 2;
 	}
 	if (rank >= cfg->nworkers) {

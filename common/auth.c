@@ -1,0 +1,193 @@
+/* auth.c - loading the cluster secret; proofs and session keys of the
+ * handshake (auth.h). BLAKE2b (crypto_generichash) throughout, keyed with
+ * the secret's hash, each use under its own label. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "auth.h"
+#include "ps_err.h"
+
+static void ensure_init(void)
+{
+	static int done;
+
+	if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
+		if (sodium_init() < 0)
+			abort(); /* only when the system has no random source at all */
+		__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+	}
+}
+
+void ps_auth_secret_path(const struct ps_config *cfg, char *out, size_t outlen)
+{
+	const char *f = cfg->security.secret_file, *env = getenv("PS_SECRET_FILE");
+
+	snprintf(out, outlen, "%s", f[0] ? f : env ? env : "");
+}
+
+int ps_auth_set_secret_file(struct ps_config *cfg, const char *path)
+{
+	char cwd[512];
+	int n;
+
+	/* made absolute, so a config dumped elsewhere (ps-bench --local) still
+	 * names the same file */
+	if (path[0] == '/' || !getcwd(cwd, sizeof(cwd)))
+		n = snprintf(cfg->security.secret_file, sizeof(cfg->security.secret_file), "%s",
+			     path);
+	else
+		n = snprintf(cfg->security.secret_file, sizeof(cfg->security.secret_file), "%s/%s",
+			     cwd, path);
+	return n < (int)sizeof(cfg->security.secret_file) ? 0 : -ENAMETOOLONG;
+}
+
+static int all_hex(const uint8_t *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f') ||
+		      (p[i] >= 'A' && p[i] <= 'F')))
+			return 0;
+	return 1;
+}
+
+int ps_auth_load_secret_file(const char *path, uint8_t key[PS_AUTH_KEY_LEN], char *err,
+			     size_t errlen)
+{
+	uint8_t buf[PS_SECRET_MAX_BYTES + 1];
+	struct stat st;
+	ssize_t n;
+	size_t len = 0;
+	int fd, rc = PS_EAUTH;
+
+	ensure_init();
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		snprintf(err, errlen, "secret file %s: %s (create one with scripts/ps-keygen %s)",
+			 path, strerror(errno), path);
+		return PS_EAUTH;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		snprintf(err, errlen, "secret file %s: not a regular file", path);
+		goto out;
+	}
+	if (st.st_mode & 077) {
+		snprintf(err, errlen, "secret file %s has mode %04o: others may read it; it must "
+			 "be 0600 or stricter (chmod 600 %s)", path, (unsigned)(st.st_mode & 07777),
+			 path);
+		goto out;
+	}
+	while (len < sizeof(buf) && (n = read(fd, buf + len, sizeof(buf) - len)) != 0) {
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			snprintf(err, errlen, "secret file %s: %s", path, strerror(errno));
+			goto out;
+		}
+		len += (size_t)n;
+	}
+	if (len > PS_SECRET_MAX_BYTES) {
+		snprintf(err, errlen, "secret file %s is longer than %d bytes; is it the right file?",
+			 path, PS_SECRET_MAX_BYTES);
+		goto out;
+	}
+	while (len && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' '))
+		len--; /* a text editor's newline is not part of the secret */
+	if (len < PS_SECRET_MIN_BYTES || (all_hex(buf, len) && len < 2 * PS_SECRET_MIN_BYTES)) {
+		snprintf(err, errlen, "secret file %s holds %zu %s; it needs at least %d random "
+			 "bytes (%d hex digits): scripts/ps-keygen writes one", path, len,
+			 all_hex(buf, len) && len ? "hex digits" : "bytes", PS_SECRET_MIN_BYTES,
+			 2 * PS_SECRET_MIN_BYTES);
+		goto out;
+	}
+	crypto_generichash(key, PS_AUTH_KEY_LEN, buf, len, (const uint8_t *)"ps-secret-v1", 12);
+	rc = 0;
+out:
+	sodium_memzero(buf, sizeof(buf));
+	close(fd);
+	return rc;
+}
+
+int ps_auth_load_secret(const struct ps_config *cfg, uint8_t key[PS_AUTH_KEY_LEN], char *err,
+			size_t errlen)
+{
+	char path[1100];
+
+	ps_auth_secret_path(cfg, path, sizeof(path));
+	if (!path[0]) {
+		snprintf(err, errlen, "%s: security.auth is on but no secret file is named: set "
+			 "security.secret_file (or PS_SECRET_FILE, or --secret-file), create the "
+			 "file with scripts/ps-keygen FILE, or set security.auth: false on a "
+			 "trusted network", cfg->path[0] ? cfg->path : "config");
+		return PS_EAUTH;
+	}
+	return ps_auth_load_secret_file(path, key, err, errlen);
+}
+
+void ps_auth_random(uint8_t *p, size_t n)
+{
+	ensure_init();
+	randombytes_buf(p, n);
+}
+
+void ps_auth_transcript(const uint8_t *hello, size_t hello_len,
+			const uint8_t snonce[PS_AUTH_NONCE_LEN], uint8_t t[32])
+{
+	crypto_generichash_state st;
+
+	ensure_init();
+	crypto_generichash_init(&st, (const uint8_t *)"ps-transcript-v1", 16, 32);
+	crypto_generichash_update(&st, hello, hello_len);
+	crypto_generichash_update(&st, snonce, PS_AUTH_NONCE_LEN);
+	crypto_generichash_final(&st, t, 32);
+}
+
+/* BLAKE2b(key; label || t) */
+static void labelled(const uint8_t key[PS_AUTH_KEY_LEN], const char *label, const uint8_t t[32],
+		     uint8_t *out, size_t outlen)
+{
+	crypto_generichash_state st;
+
+	crypto_generichash_init(&st, key, PS_AUTH_KEY_LEN, outlen);
+	crypto_generichash_update(&st, (const uint8_t *)label, strlen(label) + 1);
+	crypto_generichash_update(&st, t, 32);
+	crypto_generichash_final(&st, out, outlen);
+}
+
+void ps_auth_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
+		   uint8_t proof[PS_AUTH_PROOF_LEN])
+{
+	ensure_init();
+	labelled(key, from_server ? "proof server" : "proof client", t, proof, PS_AUTH_PROOF_LEN);
+}
+
+int ps_auth_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
+		     const uint8_t *proof, size_t len)
+{
+	uint8_t want[PS_AUTH_PROOF_LEN];
+	int ok;
+
+	if (len != PS_AUTH_PROOF_LEN || !proof)
+		return 0;
+	ps_auth_proof(key, t, from_server, want);
+	ok = crypto_verify_32(want, proof) == 0;
+	sodium_memzero(want, sizeof(want));
+	return ok;
+}
+
+void ps_auth_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int server,
+			  struct ps_frame_keys *out)
+{
+	uint8_t c2s[PS_MAC_KEY_LEN], s2c[PS_MAC_KEY_LEN];
+
+	ensure_init();
+	labelled(key, "frames client to server", t, c2s, sizeof(c2s));
+	labelled(key, "frames server to client", t, s2c, sizeof(s2c));
+	memcpy(out->send, server ? s2c : c2s, PS_MAC_KEY_LEN);
+	memcpy(out->recv, server ? c2s : s2c, PS_MAC_KEY_LEN);
+	sodium_memzero(c2s, sizeof(c2s));
+	sodium_memzero(s2c, sizeof(s2c));
+}

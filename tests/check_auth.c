@@ -1,0 +1,212 @@
+/* check_auth.c - the cluster secret file rules, the handshake's proofs and
+ * session keys, and frame MACs (common/auth.c, common/frame_mac.c). */
+#include <check.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include "auth.h"
+#include "frame_mac.h"
+#include "ps_err.h"
+#include "test_util.h"
+
+/* Writes n bytes to a new file of the given mode; path gets its name. */
+static void put_file(char *path, const void *b, size_t n, mode_t mode)
+{
+	strcpy(path, "/tmp/ps-check-auth-XXXXXX");
+	int fd = mkstemp(path);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, b, n), (ssize_t)n);
+	close(fd);
+	ck_assert_int_eq(chmod(path, mode), 0);
+}
+
+/* ps_auth_load_secret_file's verdict on a file; the key when accepted. */
+static int load(const void *b, size_t n, mode_t mode, uint8_t key[32], char *err, size_t errlen)
+{
+	char path[64];
+	int rc;
+
+	put_file(path, b, n, mode);
+	rc = ps_auth_load_secret_file(path, key, err, errlen);
+	unlink(path);
+	return rc;
+}
+
+static const char hex64[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+START_TEST(test_secret_rules)
+{
+	uint8_t k1[32], k2[32], bin[40];
+	char err[512];
+
+	/* accepted: 64 hex digits, with or without the newline an editor adds */
+	ck_assert_int_eq(load(hex64, 64, 0600, k1, err, sizeof(err)), 0);
+	ck_assert_int_eq(load("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
+			      65, 0400, k2, err, sizeof(err)), 0);
+	ck_assert_mem_eq(k1, k2, 32);
+	/* another secret, another key */
+	ck_assert_int_eq(load("10112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+			      64, 0600, k2, err, sizeof(err)), 0);
+	ck_assert(memcmp(k1, k2, 32) != 0);
+	/* 32 binary bytes are enough; 32 hex digits (16 bytes) are not */
+	for (int i = 0; i < 40; i++)
+		bin[i] = (uint8_t)(i * 37 + 200);
+	ck_assert_int_eq(load(bin, 32, 0600, k2, err, sizeof(err)), 0);
+	ck_assert_int_eq(load(bin, 31, 0600, k2, err, sizeof(err)), PS_EAUTH);
+	ck_assert_msg(strstr(err, "holds 31 bytes") && strstr(err, "at least 32"), "%s", err);
+	ck_assert_int_eq(load(hex64, 32, 0600, k2, err, sizeof(err)), PS_EAUTH);
+	ck_assert_msg(strstr(err, "holds 32 hex digits") && strstr(err, "64 hex digits"), "%s", err);
+	ck_assert_int_eq(load("", 0, 0600, k2, err, sizeof(err)), PS_EAUTH);
+	/* permissions: nobody but the owner */
+	ck_assert_int_eq(load(hex64, 64, 0640, k2, err, sizeof(err)), PS_EAUTH);
+	ck_assert_msg(strstr(err, "mode 0640") && strstr(err, "chmod 600"), "%s", err);
+	ck_assert_int_eq(load(hex64, 64, 0604, k2, err, sizeof(err)), PS_EAUTH);
+	ck_assert_int_eq(load(hex64, 64, 0660, k2, err, sizeof(err)), PS_EAUTH);
+	/* not there, a folder, too big */
+	ck_assert_int_eq(ps_auth_load_secret_file("/nonexistent/ps.secret", k2, err, sizeof(err)),
+			 PS_EAUTH);
+	ck_assert_msg(strstr(err, "/nonexistent/ps.secret") && strstr(err, "No such file") &&
+		      strstr(err, "ps-keygen"), "%s", err);
+	char dir[64] = "/tmp/ps-check-auth-dir-XXXXXX";
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	chmod(dir, 0700);
+	ck_assert_int_eq(ps_auth_load_secret_file(dir, k2, err, sizeof(err)), PS_EAUTH);
+	ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
+	rmdir(dir);
+	static char big[PS_SECRET_MAX_BYTES + 10];
+	memset(big, 'x', sizeof(big));
+	ck_assert_int_eq(load(big, sizeof(big), 0600, k2, err, sizeof(err)), PS_EAUTH);
+	ck_assert_msg(strstr(err, "longer than"), "%s", err);
+}
+END_TEST
+
+/* Where the secret comes from: the config's file (relative to the config
+ * file's folder), else $PS_SECRET_FILE, and none at all is an error. */
+START_TEST(test_secret_path)
+{
+	struct ps_config cfg;
+	char path[1100], err[1024], cfgpath[64];
+	uint8_t k[32];
+
+	ck_assert_int_eq(tu_write_temp(cfgpath, "cluster:\n  servers: [127.0.0.1:1]\n  workers: 1\n"
+				       "model:\n  tensors:\n    - {name: a, shape: [1]}\n"
+				       "security:\n  secret_file: keys/ps.secret\n"), 0);
+	ck_assert_int_eq(ps_config_load(&cfg, cfgpath, err, sizeof(err)), 0);
+	ps_auth_secret_path(&cfg, path, sizeof(path));
+	ck_assert_str_eq(path, "/tmp/keys/ps.secret");
+	unlink(cfgpath);
+	ck_assert_int_eq(ps_auth_set_secret_file(&cfg, "/etc/ps/secret"), 0);
+	ps_auth_secret_path(&cfg, path, sizeof(path));
+	ck_assert_str_eq(path, "/etc/ps/secret");
+	ck_assert_int_eq(ps_auth_set_secret_file(&cfg, "rel.secret"), 0);
+	ck_assert(cfg.security.secret_file[0] == '/'); /* made absolute */
+	cfg.security.secret_file[0] = 0;
+	setenv("PS_SECRET_FILE", "/run/x", 1);
+	ps_auth_secret_path(&cfg, path, sizeof(path));
+	ck_assert_str_eq(path, "/run/x");
+	unsetenv("PS_SECRET_FILE");
+	ck_assert_int_eq(ps_auth_load_secret(&cfg, k, err, sizeof(err)), PS_EAUTH);
+	ck_assert_msg(strstr(err, "no secret file is named") && strstr(err, "security.auth: false"),
+		      "%s", err);
+}
+END_TEST
+
+/* Proofs: each side's proof checks only under the same key, transcript
+ * and role; session keys pair up (one side's send is the other's recv)
+ * and differ by direction and by handshake. */
+START_TEST(test_proofs_and_keys)
+{
+	uint8_t key[32], other[32], n1[32], n2[32], t1[32], t2[32], p[32];
+	const uint8_t hello[] = "hello bytes";
+	struct ps_frame_keys srv, cli, cli2;
+
+	memset(key, 7, sizeof(key));
+	memset(other, 7, sizeof(other));
+	other[31] = 8;
+	ps_auth_random(n1, sizeof(n1));
+	ps_auth_random(n2, sizeof(n2));
+	ck_assert(memcmp(n1, n2, 32) != 0);
+	ps_auth_transcript(hello, sizeof(hello), n1, t1);
+	ps_auth_transcript(hello, sizeof(hello), n2, t2);
+	ck_assert(memcmp(t1, t2, 32) != 0);
+	ps_auth_proof(key, t1, 1, p);
+	ck_assert(ps_auth_proof_ok(key, t1, 1, p, 32));
+	ck_assert(!ps_auth_proof_ok(key, t1, 0, p, 32));     /* the client's is another */
+	ck_assert(!ps_auth_proof_ok(other, t1, 1, p, 32));   /* another secret */
+	ck_assert(!ps_auth_proof_ok(key, t2, 1, p, 32));     /* a replay into a new handshake */
+	ck_assert(!ps_auth_proof_ok(key, t1, 1, p, 31));     /* short */
+	ck_assert(!ps_auth_proof_ok(key, t1, 1, NULL, 32));
+	p[0] ^= 1;
+	ck_assert(!ps_auth_proof_ok(key, t1, 1, p, 32));
+	ps_auth_session_keys(key, t1, 1, &srv);
+	ps_auth_session_keys(key, t1, 0, &cli);
+	ps_auth_session_keys(key, t2, 0, &cli2);
+	ck_assert_mem_eq(srv.send, cli.recv, 32);
+	ck_assert_mem_eq(srv.recv, cli.send, 32);
+	ck_assert(memcmp(cli.send, cli.recv, 32) != 0);
+	ck_assert(memcmp(cli.send, cli2.send, 32) != 0);
+}
+END_TEST
+
+/* Frame MACs: incremental updates in any split give the one tag; a
+ * flipped bit anywhere, another sequence number or another key fails. */
+START_TEST(test_frame_mac)
+{
+	uint8_t key[32], key2[32], msg[5000], tag[16], tag2[16];
+	struct ps_mac m;
+
+	for (int i = 0; i < 32; i++)
+		key[i] = key2[i] = (uint8_t)i;
+	key2[0] = 99;
+	for (size_t i = 0; i < sizeof(msg); i++)
+		msg[i] = (uint8_t)(i * 31 + 7);
+	ps_mac_begin(&m, key, 42);
+	ps_mac_update(&m, msg, sizeof(msg));
+	ps_mac_end(&m, tag);
+	for (size_t cut = 0; cut < sizeof(msg); cut += 487) {
+		ps_mac_begin(&m, key, 42);
+		ps_mac_update(&m, msg, cut);
+		ps_mac_update(&m, msg + cut, 3 < sizeof(msg) - cut ? 3 : sizeof(msg) - cut);
+		if (cut + 3 < sizeof(msg))
+			ps_mac_update(&m, msg + cut + 3, sizeof(msg) - cut - 3);
+		ck_assert_int_eq(ps_mac_verify(&m, tag), 0);
+	}
+	for (size_t bit = 0; bit < sizeof(msg) * 8; bit += 997) {
+		msg[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+		ps_mac_begin(&m, key, 42);
+		ps_mac_update(&m, msg, sizeof(msg));
+		ck_assert_msg(ps_mac_verify(&m, tag) == -1, "bit %zu flipped, tag still good", bit);
+		msg[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+	}
+	ps_mac_begin(&m, key, 43);
+	ps_mac_update(&m, msg, sizeof(msg));
+	ck_assert_int_eq(ps_mac_verify(&m, tag), -1);
+	ps_mac_begin(&m, key2, 42);
+	ps_mac_update(&m, msg, sizeof(msg));
+	ck_assert_int_eq(ps_mac_verify(&m, tag), -1);
+	memcpy(tag2, tag, 16);
+	tag2[15] ^= 0x80;
+	ps_mac_begin(&m, key, 42);
+	ps_mac_update(&m, msg, sizeof(msg));
+	ck_assert_int_eq(ps_mac_verify(&m, tag2), -1);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("auth");
+	TCase *tc = tcase_create("auth");
+	SRunner *sr;
+	int failed;
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_secret_rules);
+	tcase_add_test(tc, test_secret_path);
+	tcase_add_test(tc, test_proofs_and_keys);
+	tcase_add_test(tc, test_frame_mac);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
