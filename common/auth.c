@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <sodium.h>
 #include "auth.h"
 #include "ps_err.h"
 

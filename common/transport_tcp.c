@@ -43,6 +43,7 @@
 #include <string.h>
 #include "ps_err.h"
 #include "ps_log.h"
+#include <sodium.h>
 #include "finite.h"
 #include "frame_mac.h"
 #include "transport.h"
@@ -88,6 +89,7 @@ struct tcp_conn {
 	struct ps_frame_keys keys;
 	uint64_t send_seq, recv_seq;
 	struct ps_mac rmac;       /* tag of the frame being received */
+	struct ps_mac smac;       /* tag of the frame being sent, under wmu */
 	int rmac_on;              /* that frame carries one */
 	uint64_t mac_pos;         /* body bytes folded into rmac */
 };
@@ -135,6 +137,8 @@ static void on_handle_closed(uv_handle_t *h)
 	free(c->outbox);
 	pthread_mutex_destroy(&c->wmu);
 	sodium_memzero(&c->keys, sizeof(c->keys));
+	ps_mac_free(&c->rmac);
+	ps_mac_free(&c->smac);
 	free(c);
 	maybe_finish_destroy(tt);
 }
@@ -146,6 +150,8 @@ static void on_handle_closed_quiet(uv_handle_t *h)
 	free(c->stage);
 	free(c->outbox);
 	pthread_mutex_destroy(&c->wmu);
+	ps_mac_free(&c->rmac);
+	ps_mac_free(&c->smac);
 	free(c);
 }
 
@@ -176,7 +182,9 @@ static struct tcp_conn *conn_new(struct tcp_transport *tt)
 	if (!c)
 		return NULL;
 	c->stage = malloc(STAGE_BYTES);
-	if (!c->stage) {
+	if (!c->stage || ps_mac_init(&c->rmac) || ps_mac_init(&c->smac)) {
+		ps_mac_free(&c->rmac);
+		free(c->stage);
 		free(c);
 		return NULL;
 	}
@@ -671,7 +679,7 @@ static int outbox_add(struct tcp_conn *c, const uv_buf_t *bufs, int nbufs, size_
  * appended. The caller advances send_seq once the frame is committed.
  * Under wmu. */
 static int seal_begin(struct tcp_conn *c, struct ps_frame_hdr *h, uint8_t *head,
-		      size_t head_len, struct ps_mac *m)
+		      size_t head_len)
 {
 	if (c->keyed) {
 		h->flags |= PS_FRAME_F_MAC;
@@ -680,8 +688,8 @@ static int seal_begin(struct tcp_conn *c, struct ps_frame_hdr *h, uint8_t *head,
 	ps_wire_encode_hdr(head, h);
 	if (!c->keyed)
 		return 0;
-	ps_mac_begin(m, c->keys.send, c->send_seq);
-	ps_mac_update(m, head, head_len);
+	ps_mac_begin(&c->smac, c->keys.send, c->send_seq);
+	ps_mac_update(&c->smac, head, head_len);
 	return 1;
 }
 
@@ -694,7 +702,6 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 				  .flags = (uint16_t)(flags >> 16) };
 	uv_buf_t bufs[MAX_IOV + 2];
 	struct tcp_write *w;
-	struct ps_mac m;
 	int nbufs = 1, rc;
 	size_t total;
 
@@ -720,10 +727,10 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 	total = PS_WIRE_HDR_LEN + meta_len + h.payload_len;
 
 	pthread_mutex_lock(&c->wmu);
-	if (seal_begin(c, &h, w->head, bufs[0].len, &m)) {
+	if (seal_begin(c, &h, w->head, bufs[0].len)) {
 		for (int i = 1; i < nbufs; i++)
-			ps_mac_update(&m, bufs[i].base, bufs[i].len);
-		ps_mac_end(&m, w->tag);
+			ps_mac_update(&c->smac, bufs[i].base, bufs[i].len);
+		ps_mac_end(&c->smac, w->tag);
 		bufs[nbufs++] = uv_buf_init((char *)w->tag, PS_MAC_TAG_LEN);
 		total += PS_MAC_TAG_LEN;
 	}
@@ -802,7 +809,6 @@ static int tcp_send_now(struct ps_conn *pc, uint8_t type, const void *meta, uint
 	uint8_t head[PS_WIRE_HDR_LEN];
 	struct iovec iov[PS_SEND_NOW_IOV + 3];
 	uint8_t tag[PS_MAC_TAG_LEN];
-	struct ps_mac m;
 	size_t total;
 	int n = 0, fd, rc = -EAGAIN;
 	ssize_t w;
@@ -825,10 +831,10 @@ static int tcp_send_now(struct ps_conn *pc, uint8_t type, const void *meta, uint
 	if (c->closing || !c->connected || c->nwrites || c->outbox_len ||
 	    uv_fileno((uv_handle_t *)&c->handle, &fd))
 		goto out;
-	if (seal_begin(c, &h, head, PS_WIRE_HDR_LEN, &m)) {
+	if (seal_begin(c, &h, head, PS_WIRE_HDR_LEN)) {
 		for (int i = 1; i < n; i++)
-			ps_mac_update(&m, iov[i].iov_base, iov[i].iov_len);
-		ps_mac_end(&m, tag);
+			ps_mac_update(&c->smac, iov[i].iov_base, iov[i].iov_len);
+		ps_mac_end(&c->smac, tag);
 		iov[n++] = (struct iovec){ tag, PS_MAC_TAG_LEN };
 		total += PS_MAC_TAG_LEN;
 	}

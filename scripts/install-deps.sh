@@ -12,7 +12,7 @@ PKGS=(
   check
   zlib1g-dev
   libopenblas-dev
-  libsodium-dev
+  libsodium-dev libssl-dev
   libmicrohttpd-dev
   dataset-fashion-mnist
   iproute2 nftables

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sodium.h>
 #include "ps_time.h"
 #include "auth.h"
 #include "checkpoint.h"

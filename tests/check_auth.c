@@ -3,6 +3,7 @@
 #include <check.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sodium.h>
 #include "auth.h"
 #include "frame_mac.h"
 #include "ps_err.h"
@@ -157,6 +158,7 @@ START_TEST(test_frame_mac)
 	for (int i = 0; i < 32; i++)
 		key[i] = key2[i] = (uint8_t)i;
 	key2[0] = 99;
+	ck_assert_int_eq(ps_mac_init(&m), 0);
 	for (size_t i = 0; i < sizeof(msg); i++)
 		msg[i] = (uint8_t)(i * 31 + 7);
 	ps_mac_begin(&m, key, 42);
@@ -188,6 +190,13 @@ START_TEST(test_frame_mac)
 	ps_mac_begin(&m, key, 42);
 	ps_mac_update(&m, msg, sizeof(msg));
 	ck_assert_int_eq(ps_mac_verify(&m, tag2), -1);
+	/* the construction is ChaCha20-Poly1305's: the tag equals libsodium's
+	 * Poly1305 under the same one-time key */
+	uint8_t nonce[8] = { 42 }, otk[32], ref[16];
+	crypto_stream_chacha20(otk, sizeof(otk), nonce, key);
+	crypto_onetimeauth(ref, msg, sizeof(msg), otk);
+	ck_assert_mem_eq(ref, tag, 16);
+	ps_mac_free(&m);
 }
 END_TEST
 

@@ -256,9 +256,11 @@ static uint8_t *raw_frame(int fd, uint8_t type, const void *meta, size_t mlen,
 	*len = PS_WIRE_HDR_LEN + mlen + plen;
 	if (ra->keyed) {
 		struct ps_mac m;
+		ck_assert_int_eq(ps_mac_init(&m), 0);
 		ps_mac_begin(&m, ra->keys.send, ra->sseq++);
 		ps_mac_update(&m, b, *len);
 		ps_mac_end(&m, b + *len);
+		ps_mac_free(&m);
 		*len += PS_MAC_TAG_LEN;
 	}
 	return b;
@@ -338,11 +340,13 @@ static ProtobufCMessage *raw_expect_any(int fd, unsigned want, unsigned want2, i
 		ck_assert(f.hdr.flags & PS_FRAME_F_MAC);
 		ck_assert_uint_eq(f.hdr.seq, (uint32_t)RA[fd].rseq);
 		ck_assert_int_eq(raw_read(fd, tag, PS_MAC_TAG_LEN, deadline), 0);
+		ck_assert_int_eq(ps_mac_init(&mac), 0);
 		ps_mac_begin(&mac, RA[fd].keys.recv, RA[fd].rseq++);
 		ps_mac_update(&mac, h, sizeof(h));
 		ps_mac_update(&mac, body, f.hdr.meta_len + f.hdr.payload_len);
 		ck_assert_msg(ps_mac_verify(&mac, tag) == 0, "the shard's %s frame fails its MAC",
 			      ps_wire_type_name(f.hdr.type));
+		ps_mac_free(&mac);
 	} else {
 		ck_assert(!(f.hdr.flags & PS_FRAME_F_MAC));
 	}

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sodium.h>
 #include "ps_time.h"
 #include "auth.h"
 #include "codec.h"
