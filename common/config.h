@@ -77,6 +77,8 @@ struct ps_limits {
 	int wait_spin_us;           /* client: ps_client_wait polls this long before sleeping */
 	int idle_timeout_ms;        /* a connection silent this long is closed; 0 = never */
 	uint64_t max_write_queue;   /* bytes queued to a peer that does not read before it is dropped */
+	int drop_timeout_ms;        /* shard: a worker without a connection this long leaves the live set; 0 = idle_timeout_ms */
+	int reconnect_timeout_ms;   /* client: keeps reconnecting to a lost shard this long; 0 = never */
 };
 
 struct ps_checkpoint_cfg {

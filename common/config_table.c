@@ -108,6 +108,13 @@ const struct opt cfg_opts[] = {
 	O("limits.max_write_queue_bytes", T_SIZE, 0, 64 * KiB, 64 * GiB, "1GiB", NULL, C,
 	  limits.max_write_queue, "shard: replies queued to a peer that does not read them are "
 	  "dropped with the connection past this many bytes; >= limits.max_frame_bytes"),
+	O("limits.drop_timeout_ms", T_INT, 0, 0, 86400000, "0", NULL, C, limits.drop_timeout_ms,
+	  "sync/async: a worker with no connection for this long leaves the live set, so the "
+	  "others go on without it; 0 = limits.idle_timeout_ms"),
+	O("limits.reconnect_timeout_ms", T_INT, 0, 0, 86400000, "60000", NULL, C,
+	  limits.reconnect_timeout_ms, "client: after a lost connection, reconnect (backoff 0.1 "
+	  "to 2 s) and resend what was not answered for this long; pushes are applied exactly "
+	  "once; 0 = fail at once"),
 	O("limits.wait_spin_us", T_INT, 0, 0, 100000, "50", NULL, C, limits.wait_spin_us,
 	  "client: a wait for a reply polls this long before sleeping, which saves a thread "
 	  "wake-up on short round trips; 0 always sleeps"),

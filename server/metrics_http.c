@@ -105,6 +105,9 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 	counter(f, "ps_auth_failures_total",
 		"Handshakes refused for a wrong proof and frames failing their MAC.",
 		c->auth_failures);
+	counter(f, "ps_duplicate_pushes_total",
+		"Pushes resent after a reconnect and answered without applying them again.",
+		c->duplicate_pushes);
 	gauge(f, "ps_connections", "Open connections.", s->nconns);
 	fprintf(f, "# HELP ps_worker_clock Clocks each worker has finished on this shard.\n"
 		   "# TYPE ps_worker_clock gauge\n");

@@ -272,6 +272,33 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	double arrived = ps_now_s();
 
 	s->c.pushes++;
+	if (m->seq && sc->rank >= 0) {
+		/* resent after a reconnect? then answer as the first time */
+		int code;
+		switch (ps_dedup_check(&s->dedup[sc->rank], m->seq, &code)) {
+		case PS_DEDUP_NEW:
+			break;
+		case PS_DEDUP_SEEN:
+			s->c.duplicate_pushes++;
+			if (code) {
+				ps_msg_send_error(sc->conn, m->req_id, code, "push %" PRIu64 " was "
+						  "refused when it first came: %s", m->seq,
+						  ps_strerror(code));
+			} else {
+				ack.req_id = m->req_id;
+				ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0,
+					    PS_SEND_VOLATILE, NULL, NULL);
+			}
+			ps_frame_release(f);
+			return;
+		case PS_DEDUP_TOO_OLD:
+			ps_msg_send_error(sc->conn, m->req_id, PS_EDUP, "push %" PRIu64 " is older than "
+					  "the %d pushes this shard remembers: cannot tell whether it "
+					  "was applied", m->seq, PS_DEDUP_WINDOW);
+			rc = PS_EDUP;
+			goto err_reject;
+		}
+	}
 	if (f->hdr.flags & PS_FRAME_F_LZ4) {
 		rc = expand_payload(s, m, f, &expanded, why, sizeof(why));
 		if (rc) {
@@ -367,6 +394,8 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 		changed = 1;
 	}
 	ack.req_id = m->req_id;
+	if (m->seq)
+		ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
 	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 	ps_histo_add(&s->c.push_lat, ps_now_s() - arrived);
 	s->c.acks++;
@@ -376,6 +405,8 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 
 err_reject:
 	s->c.errors++;
+	if (m->seq && rc != PS_EDUP)
+		ps_dedup_mark(&s->dedup[sc->rank], m->seq, rc < 0 ? rc : PS_EPROTO);
 	free(expanded);
 	ps_frame_release(f);
 }
@@ -473,6 +504,7 @@ static void handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	st.errors = s->c.errors;
 	st.rejected_frames = s->c.rejected_frames;
 	st.auth_failures = s->c.auth_failures;
+	st.duplicate_pushes = s->c.duplicate_pushes;
 	st.connections = (uint32_t)s->nconns;
 	st.n_workers = (size_t)nw;
 	st.workers = wp;
@@ -522,6 +554,7 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 
 	sc->state = CONN_READY;
 	if (sc->rank >= 0) {
+		ps_dedup_incarnation(&s->dedup[sc->rank], sc->incarnation);
 		s->connected[sc->rank]++;
 		s->gone_since[sc->rank] = 0;
 		if (!s->live[sc->rank]) {
@@ -541,6 +574,7 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 	r.ok = 1;
 	r.error = "";
 	r.clock = resume_clock(s);
+	r.boot_id = s->boot_id;
 	ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 	ps_info("%s %d connected from %s%s", sc->rank >= 0 ? "worker" : "monitor",
 		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer,
@@ -812,9 +846,10 @@ static void on_tick(uv_timer_t *t)
 			check_backlog(s, sc);
 		}
 	}
-	for (int r = 0; idle > 0 && r < s->cfg->nworkers; r++)
+	double drop = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0 : idle;
+	for (int r = 0; drop > 0 && r < s->cfg->nworkers; r++)
 		if (s->live[r] && !s->connected[r] && s->gone_since[r] > 0 &&
-		    now - s->gone_since[r] > idle)
+		    now - s->gone_since[r] > drop)
 			drop_worker(s, r);
 }
 
@@ -871,7 +906,9 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	s->connected = calloc((size_t)cfg->nworkers, sizeof(*s->connected));
 	s->live = malloc((size_t)cfg->nworkers);
 	s->gone_since = calloc((size_t)cfg->nworkers, sizeof(*s->gone_since));
-	if (!s->finished || !s->connected || !s->live || !s->gone_since) {
+	s->dedup = calloc((size_t)cfg->nworkers, sizeof(*s->dedup));
+	ps_auth_random((uint8_t *)&s->boot_id, sizeof(s->boot_id));
+	if (!s->finished || !s->connected || !s->live || !s->gone_since || !s->dedup) {
 		rc = -ENOMEM;
 		goto err_free_store;
 	}
@@ -967,6 +1004,7 @@ err_free_store:
 	free(s->connected);
 	free(s->live);
 	free(s->gone_since);
+	free(s->dedup);
 	ps_store_free(&s->store);
 err_free_map:
 	ps_shardmap_free(&s->map);
@@ -999,6 +1037,7 @@ void ps_server_free(struct ps_server *s)
 	free(s->connected);
 	free(s->live);
 	free(s->gone_since);
+	free(s->dedup);
 	ps_store_free(&s->store);
 	ps_shardmap_free(&s->map);
 }

@@ -14,6 +14,7 @@
 #include "shardmap.h"
 #include "codec.h"
 #include "histo.h"
+#include "dedup.h"
 #include "store.h"
 #include "transport.h"
 
@@ -23,7 +24,8 @@ struct ps_metrics_http;
 
 struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
-	uint64_t auth_failures;     /* handshakes refused for a wrong proof, frames failing their MAC */
+	uint64_t auth_failures;
+	uint64_t duplicate_pushes; /* resent pushes answered without applying them again */     /* handshakes refused for a wrong proof, frames failing their MAC */
 	uint64_t bytes_in, bytes_out;
 	uint64_t max_clock_gap;    /* largest (pull clock - slowest finished clock) answered */
 	uint64_t push_raw[PS_CODEC_COUNT];  /* pushed gradient bytes by codec, as float32 */
@@ -59,6 +61,8 @@ struct ps_server {
 	char ckpt_path[600];          /* "" when checkpoints are off */
 	int exit_status;              /* 1 when the checkpoint on stopping failed */
 	uint8_t secret[32];           /* hashed cluster secret (security.auth) */
+	struct ps_dedup *dedup;       /* per worker rank: pushes already handled */
+	uint64_t boot_id;             /* random per process (HelloReply.boot_id) */
 	int stopping;
 };
 

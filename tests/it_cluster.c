@@ -3,6 +3,7 @@
  * refused handshakes, hostile frames. */
 #include <check.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <sys/mman.h>
 #include "ps_time.h"
 #include "codec.h"
@@ -151,6 +152,160 @@ START_TEST(test_sync_worker_leaves_and_rejoins)
 	}
 	ps_client_free(c[0]);
 	ps_client_free(c[1]);
+	stop_cluster(path, srv);
+}
+END_TEST
+
+/* ---- network faults with nftables (root only) ---- */
+
+static char nft_table[32];
+
+/* Runs an nft command; 0 when it succeeded. */
+static int nft(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int nft(const char *fmt, ...)
+{
+	char cmd[1024];
+	va_list ap;
+	int n = snprintf(cmd, sizeof(cmd), "nft ");
+
+	va_start(ap, fmt);
+	vsnprintf(cmd + n, sizeof(cmd) - (size_t)n, fmt, ap);
+	va_end(ap);
+	strncat(cmd, " 2>/dev/null", sizeof(cmd) - strlen(cmd) - 1);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Why nftables cannot be used here, or NULL when it can. */
+static const char *nft_unusable(void)
+{
+	if (geteuid() != 0)
+		return "not root";
+	snprintf(nft_table, sizeof(nft_table), "ps_it_%d", (int)getpid());
+	if (nft("add table inet %s", nft_table) ||
+	    nft("add chain inet %s out '{ type filter hook output priority 0; }'", nft_table))
+		return "nft cannot create a table (nftables missing, or no permission)";
+	nft("delete table inet %s", nft_table);
+	return NULL;
+}
+
+/* Client ports of the established connections to the shards' ports
+ * (from /proc/net/tcp; loopback, so both ends are listed). */
+static int client_ports(int p0, int p1, int *out, int max)
+{
+	FILE *f = fopen("/proc/net/tcp", "r");
+	char line[512];
+	int n = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f) && n < max) {
+		unsigned lp, rp, st;
+		if (sscanf(line, " %*d: %*x:%x %*x:%x %x", &lp, &rp, &st) == 3 && st == 1 &&
+		    ((int)lp == p0 || (int)lp == p1))
+			out[n++] = (int)rp;
+	}
+	fclose(f);
+	return n;
+}
+
+/* Acks lost (the shard's packets to the worker dropped until the worker
+ * gives the connection up and reconnects), then a full partition of 3 s:
+ * every push is applied exactly once, the shards answer resent ones without
+ * applying them again, and the weights are init minus the exact sum. */
+START_TEST(test_partition_exactly_once)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_tensor g[3], w[3];
+	const char *why = nft_unusable();
+
+	if (why) {
+		printf("SKIP partition test: %s\n", why);
+		return;
+	}
+	start_cluster(path, &cfg, 1, "sync",
+		      "limits:\n  idle_timeout_ms: 800\n  drop_timeout_ms: 60000\n"
+		      "  reconnect_timeout_ms: 20000\n  request_timeout_ms: 20000\n", srv);
+	struct ps_client *c = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (int t = 0; t < 3; t++) {
+		g[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
+					   cfg.tensors[t].count, 0 };
+		w[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
+					   cfg.tensors[t].count, 0 };
+	}
+	int p0 = cfg.shards[0].port, p1 = cfg.shards[1].port;
+	for (int clock = 0; clock < 10; clock++) {
+		pid_t healer = 0;
+		if (clock == 3) { /* the shards' answers to this worker vanish */
+			int ports[8], n = client_ports(p0, p1, ports, 8);
+			ck_assert_int_eq(n, 2);
+			ck_assert_int_eq(nft("add table inet %s", nft_table), 0);
+			ck_assert_int_eq(nft("add chain inet %s out '{ type filter hook output "
+					     "priority 0; }'", nft_table), 0);
+			for (int i = 0; i < n; i++)
+				ck_assert_int_eq(nft("add rule inet %s out tcp sport { %d, %d } "
+						     "tcp dport %d drop", nft_table, p0, p1, ports[i]), 0);
+		}
+		if (clock == 6) { /* nothing passes either way for 3 s */
+			ck_assert_int_eq(nft("add table inet %s", nft_table), 0);
+			ck_assert_int_eq(nft("add chain inet %s out '{ type filter hook output "
+					     "priority 0; }'", nft_table), 0);
+			ck_assert_int_eq(nft("add rule inet %s out tcp dport { %d, %d } drop",
+					     nft_table, p0, p1), 0);
+			ck_assert_int_eq(nft("add rule inet %s out tcp sport { %d, %d } drop",
+					     nft_table, p0, p1), 0);
+			healer = fork();
+			if (healer == 0) {
+				tu_sleep_ms(3000);
+				_exit(nft("delete table inet %s", nft_table) ? 1 : 0);
+			}
+		}
+		for (int t = 0; t < 3; t++)
+			for (int64_t i = 0; i < g[t].count; i++)
+				g[t].data[i] = grad_value(0, clock, t, i);
+		double t0 = now_ms();
+		int64_t id = ps_client_push(c, (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK);
+		ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "push %d: %s", clock,
+			      ps_client_error(c));
+		if (clock == 3) {
+			ck_assert_msg(now_ms() - t0 > 700, "acked after %.0f ms: the answers were "
+				      "not blocked", now_ms() - t0);
+			ck_assert_int_eq(nft("delete table inet %s", nft_table), 0);
+		}
+		if (healer > 0) {
+			ck_assert_int_eq(tu_wait_child(healer), 0);
+			ck_assert_msg(now_ms() - t0 > 2500, "push went through the partition in "
+				      "%.0f ms", now_ms() - t0);
+		}
+		id = ps_client_pull(c, (uint64_t)clock + 1, w, 3);
+		ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "pull %d: %s", clock,
+			      ps_client_error(c));
+	}
+	for (int t = 0; t < 3; t++) {
+		for (int64_t i = 0; i < w[t].count; i++) {
+			double sum = 0;
+			for (int clock = 0; clock < 10; clock++)
+				sum += grad_value(0, clock, t, i);
+			ck_assert_msg((double)w[t].data[i] == (double)(i % 1024) - sum,
+				      "%s[%lld] = %g, want %g: a push was lost or applied twice",
+				      w[t].name, (long long)i, (double)w[t].data[i],
+				      (double)(i % 1024) - sum);
+		}
+		free(g[t].data);
+		free(w[t].data);
+	}
+	uint64_t dups = 0;
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		dups += st.duplicate_pushes;
+		ck_assert_uint_eq(st.worker_clock[0], 10);
+	}
+	/* the clock-3 push reached both shards and was resent to both */
+	ck_assert_msg(dups >= 2, "%llu duplicate pushes seen", (unsigned long long)dups);
+	ps_client_free(c);
 	stop_cluster(path, srv);
 }
 END_TEST
@@ -521,6 +676,7 @@ Suite *cluster_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_sync_exact_sum);
 	tcase_add_test(tc, test_sync_worker_leaves_and_rejoins);
+	tcase_add_test(tc, test_partition_exactly_once);
 	tcase_add_test(tc, test_pipelined_order);
 	tcase_add_test(tc, test_fp16_exact);
 	tcase_add_test(tc, test_ssp_staleness_bound);

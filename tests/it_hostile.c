@@ -1169,7 +1169,8 @@ END_TEST
  * queued, instead of the shard buffering without bound. */
 START_TEST(test_idle_and_unread_peers)
 {
-	fx_limits = "  idle_timeout_ms: 800\n  max_write_queue_bytes: 1MiB\n";
+	fx_limits = "  idle_timeout_ms: 800\n  max_write_queue_bytes: 1MiB\n"
+		    "  reconnect_timeout_ms: 0\n"; /* the hung shard below: fail, do not retry */
 	fx_start();
 	fx_limits = "";
 

@@ -5,6 +5,14 @@
  * and queues it; the I/O thread, woken by a uv_async_t, only hands frames to
  * the transport and matches replies to requests by id. One mutex guards the
  * request list and the client's state; completions broadcast one condvar.
+ *
+ * A shard whose connection is lost after it was ready is reconnected with
+ * backoff for limits.reconnect_timeout_ms; its requests stay waiting and
+ * every part not answered is sent again on the new connection, oldest
+ * first (a part remembers the connection generation it went out on).
+ * Pushes are numbered (Push.seq = request id) and the client keeps its
+ * incarnation across reconnects, so the shard applies a resent push at most
+ * once (server/dedup.h): exactly once, since it is resent until answered.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -31,7 +39,7 @@
 #endif
 
 enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS };
-enum shard_state { SH_CONNECTING, SH_HELLO, SH_READY, SH_FAILED };
+enum shard_state { SH_CONNECTING, SH_HELLO, SH_READY, SH_FAILED, SH_RETRY };
 
 struct part {               /* what one request sends to one shard */
 	uint8_t *meta;
@@ -41,7 +49,7 @@ struct part {               /* what one request sends to one shard */
 	uint8_t *enc;           /* push: encoded slices (codecs), then LZ4 output */
 	unsigned frame_flags;   /* PS_FRAME_F_* of the frame */
 	int waiting;            /* reply still expected from this shard */
-	int sent;               /* written by the calling thread (send_now) */
+	unsigned gen;           /* connection generation it was sent on; 0 = not yet */
 };
 
 struct req {
@@ -67,6 +75,11 @@ struct shard_conn {
 	enum shard_state state;
 	int status;
 	int authed;               /* the shard proved it holds the secret */
+	unsigned gen;             /* connections that reached ready so far */
+	double lost_at;           /* reconnecting since (0 = not) */
+	double retry_at, backoff; /* SH_RETRY: next attempt, and the delay after it */
+	double attempt_at;        /* when the current reconnect attempt started */
+	uint64_t boot_id;         /* the shard process's, from its HelloReply */
 	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
 	size_t hello_len;
 	char why[400];
@@ -102,6 +115,7 @@ struct ps_client {
 	int started;            /* init succeeded: losses are worth a log line */
 	int nready, nfailed;
 	uint8_t secret[PS_AUTH_KEY_LEN]; /* hashed cluster secret (security.auth) */
+	uint64_t incarnation;   /* random per client, the same across reconnects */
 	char err[512];
 };
 
@@ -216,6 +230,7 @@ static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->errors = m->errors;
 	o->rejected_frames = m->rejected_frames;
 	o->auth_failures = m->auth_failures;
+	o->duplicate_pushes = m->duplicate_pushes;
 	o->connections = m->connections;
 	o->max_clock_gap = m->max_clock_gap;
 	o->param_checksum = m->param_checksum;
@@ -311,6 +326,50 @@ static void on_auth_challenge(struct ps_client *c, int k, const Ps__AuthChalleng
 	sodium_memzero(t, sizeof(t));
 }
 
+static uint8_t req_msg_type(const struct req *r);
+
+static int by_id(const void *a, const void *b)
+{
+	int64_t x = (*(struct req *const *)a)->id, y = (*(struct req *const *)b)->id;
+	return x < y ? -1 : x > y;
+}
+
+/* After a reconnect: sends every part for shard k not answered and not yet
+ * sent on this connection, oldest request first. c->mu held, I/O thread.
+ * Returns how many. */
+static int resend(struct ps_client *c, int k)
+{
+	struct shard_conn *sh = &c->shards[k];
+	struct req **v;
+	int n = 0, i = 0;
+
+	for (struct req *r = c->reqs; r; r = r->next)
+		n += r->parts[k].waiting && r->parts[k].gen != sh->gen;
+	if (!n)
+		return 0;
+	v = malloc(sizeof(*v) * (size_t)n);
+	if (!v) {
+		sh->conn->t->ops->close(sh->conn, -ENOMEM);
+		return 0;
+	}
+	for (struct req *r = c->reqs; r; r = r->next)
+		if (r->parts[k].waiting && r->parts[k].gen != sh->gen)
+			v[i++] = r;
+	qsort(v, (size_t)n, sizeof(*v), by_id);
+	for (i = 0; i < n; i++) {
+		struct part *p = &v[i]->parts[k];
+		int rc = sh->conn->t->ops->send(sh->conn, req_msg_type(v[i]), p->meta, p->meta_len,
+						p->iov, p->niov,
+						PS_SEND_STABLE | PS_SEND_FRAME_FLAGS(p->frame_flags),
+						NULL, NULL);
+		if (rc)
+			break; /* the connection broke again: on_close takes over */
+		p->gen = sh->gen;
+	}
+	free(v);
+	return n;
+}
+
 static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 {
 	struct shard_conn *sh = &c->shards[k];
@@ -338,9 +397,23 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		sh->conn->t->ops->set_limits(sh->conn, &lim);
 		sh->state = SH_READY;
 		sh->last_hb = ps_now_s();
+		sh->gen++;
 		if (m->clock > c->clock)
 			c->clock = m->clock; /* a shard resumed from a checkpoint */
 		c->nready++;
+		if (sh->lost_at > 0) {
+			int n = resend(c, k);
+			ps_warn("shard %d (%s:%d): reconnected after %.1f s%s; %d request(s) sent again",
+				k, c->cfg->shards[k].host, c->cfg->shards[k].port,
+				ps_now_s() - sh->lost_at,
+				sh->boot_id && m->boot_id != sh->boot_id ?
+				" to a restarted shard (updates it applied after its last checkpoint "
+				"are lost, docs/reliability.md)" : "", n);
+			sh->lost_at = 0;
+			sh->why[0] = 0;
+			sh->status = 0;
+		}
+		sh->boot_id = m->boot_id;
 	}
 	pthread_cond_broadcast(&c->cv);
 }
@@ -421,7 +494,7 @@ static void on_connect(struct ps_conn *pc, int status)
 	h.rank = c->rank;
 	h.shard_map_hash = c->map.hash;
 	h.shard = k;
-	h.incarnation = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL);
+	h.incarnation = c->incarnation;
 	if (c->cfg->security.auth) {
 		ps_auth_random(nonce, sizeof(nonce));
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
@@ -452,9 +525,37 @@ static void on_close(struct ps_conn *pc, int status)
 	struct shard_conn *sh = &c->shards[k];
 
 	pthread_mutex_lock(&c->mu);
+	if (sh->state == SH_READY)
+		c->nready--;
+	if (sh->state != SH_FAILED && sh->gen > 0 && c->started && !c->stopping &&
+	    c->cfg->limits.reconnect_timeout_ms > 0) {
+		/* it was ready once: try again, keeping its requests waiting */
+		double now = ps_now_s();
+		if (sh->lost_at == 0) {
+			sh->lost_at = now;
+			sh->backoff = 0.1;
+			ps_warn("shard %d (%s:%d): connection lost (%s); reconnecting for up to %d ms",
+				k, c->cfg->shards[k].host, c->cfg->shards[k].port,
+				sh->why[0] ? sh->why : ps_strerror(status ? status : PS_ECLOSED),
+				c->cfg->limits.reconnect_timeout_ms);
+		}
+		if (now - sh->lost_at < c->cfg->limits.reconnect_timeout_ms / 1000.0) {
+			sh->state = SH_RETRY;
+			sh->retry_at = now + sh->backoff;
+			sh->backoff = sh->backoff * 2 < 2.0 ? sh->backoff * 2 : 2.0;
+			sh->conn = NULL;
+			sh->authed = 0;
+			sh->why[0] = 0;
+			pthread_mutex_unlock(&c->mu);
+			return;
+		}
+		sh->status = PS_ETIMEDOUT;
+		sh->lost_at = 0; /* given up: new requests fail at once */
+		snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d): unreachable for %d ms "
+			 "(limits.reconnect_timeout_ms)", k, c->cfg->shards[k].host,
+			 c->cfg->shards[k].port, c->cfg->limits.reconnect_timeout_ms);
+	}
 	if (sh->state != SH_FAILED) {
-		if (sh->state == SH_READY)
-			c->nready--;
 		sh->state = SH_FAILED;
 		c->nfailed++;
 		if (!sh->status)
@@ -506,17 +607,20 @@ static void on_wake(uv_async_t *a)
 			struct part *p = &r->parts[k];
 			struct shard_conn *sh = &c->shards[k];
 			int rc;
-			if (!p->waiting || p->sent)
+			if (!p->waiting || (p->gen && p->gen == sh->gen))
 				continue;
 			if (sh->state != SH_READY) {
-				part_done(c, r, k, sh->status ? sh->status : PS_ECLOSED, sh->why);
-				continue;
+				if (sh->lost_at == 0)
+					part_done(c, r, k, sh->status ? sh->status : PS_ECLOSED, sh->why);
+				continue; /* reconnecting: resent once ready */
 			}
 			rc = sh->conn->t->ops->send(sh->conn, req_msg_type(r), p->meta, p->meta_len,
 						    p->iov, p->niov,
 						    PS_SEND_STABLE | PS_SEND_FRAME_FLAGS(p->frame_flags),
 						    NULL, NULL);
-			if (rc)
+			if (rc == 0)
+				p->gen = sh->gen;
+			else if (sh->lost_at == 0 && c->cfg->limits.reconnect_timeout_ms == 0)
 				part_done(c, r, k, rc, "send failed");
 		}
 	}
@@ -561,11 +665,13 @@ static void heartbeats(struct ps_client *c, double now)
 	}
 }
 
-/* Fails requests past their deadline by closing the shards they wait on. */
+/* Fails requests past their deadline (the shard may still answer: the
+ * answer is then dropped), and starts the reconnects that are due. */
 static void on_tick(uv_timer_t *t)
 {
 	struct ps_client *c = t->data;
 	double now = ps_now_s();
+	char why[500];
 
 	pthread_mutex_lock(&c->mu);
 	heartbeats(c, now);
@@ -574,14 +680,35 @@ static void on_tick(uv_timer_t *t)
 			continue;
 		for (int k = 0; k < c->cfg->nshards; k++) {
 			struct shard_conn *sh = &c->shards[k];
-			if (!r->parts[k].waiting || !sh->conn || sh->state == SH_FAILED)
+			if (!r->parts[k].waiting)
 				continue;
-			sh->status = PS_ETIMEDOUT;
-			snprintf(sh->why, sizeof(sh->why),
-				 "shard %d (%s:%d): no answer within %d ms (limits.request_timeout_ms)",
-				 k, c->cfg->shards[k].host, c->cfg->shards[k].port,
-				 c->cfg->limits.request_timeout_ms);
+			snprintf(why, sizeof(why), "shard %d (%s:%d): no answer within %d ms "
+				 "(limits.request_timeout_ms)%s", k, c->cfg->shards[k].host,
+				 c->cfg->shards[k].port, c->cfg->limits.request_timeout_ms,
+				 sh->lost_at > 0 ? "; the connection is lost and being retried" : "");
+			part_done(c, r, k, PS_ETIMEDOUT, why);
+		}
+	}
+	for (int k = 0; k < c->cfg->nshards; k++) {
+		struct shard_conn *sh = &c->shards[k];
+		int rc;
+		if (sh->lost_at > 0 && sh->conn && sh->state != SH_READY &&
+		    now - sh->attempt_at > c->cfg->limits.connect_timeout_ms / 1000.0) {
+			/* this attempt hangs (a partition drops the SYN, or the shard
+			 * does not answer the handshake): give it up, on_close retries */
 			sh->conn->t->ops->close(sh->conn, PS_ETIMEDOUT);
+			continue;
+		}
+		if (sh->state != SH_RETRY || now < sh->retry_at)
+			continue;
+		sh->state = SH_CONNECTING;
+		sh->attempt_at = now;
+		rc = c->transport->ops->connect(c->transport, c->cfg->shards[k].host,
+						c->cfg->shards[k].port, (void *)(intptr_t)k, &sh->conn);
+		if (rc) {
+			sh->conn = NULL;
+			sh->state = SH_RETRY;
+			sh->retry_at = now + sh->backoff;
 		}
 	}
 	pthread_mutex_unlock(&c->mu);
@@ -637,9 +764,9 @@ static int send_direct(struct ps_client *c, struct req *r)
 							 p->meta_len, p->iov, p->niov,
 							 PS_SEND_FRAME_FLAGS(p->frame_flags));
 		if (rc == 0)
-			p->sent = 1;
-		else if (rc == -EAGAIN)
-			left++;
+			p->gen = sh->gen;
+		else if (rc == -EAGAIN || sh->lost_at > 0 || c->cfg->limits.reconnect_timeout_ms > 0)
+			left++; /* the I/O thread sends it, or resends it after a reconnect */
 		else
 			part_done(c, r, k, rc, "send failed");
 	}
@@ -896,6 +1023,7 @@ int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tens
 			goto err_free;
 		rc = -ENOMEM;
 		m.req_id = (uint64_t)r->id;
+		m.seq = (uint64_t)r->id; /* increasing: the shard's duplicate check */
 		m.clock = clock;
 		m.end_clock = (flags & PS_PUSH_END_CLOCK) != 0;
 		m.n_slices = (size_t)p->niov;
@@ -1140,6 +1268,7 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->cfg = cfg;
 	c->rank = rank;
 	c->spin_s = cfg->limits.wait_spin_us / 1e6;
+	ps_auth_random((uint8_t *)&c->incarnation, sizeof(c->incarnation));
 	if (cfg->security.auth && (rc = ps_auth_load_secret(cfg, c->secret, err, errlen))) {
 		free(c);
 		return rc;

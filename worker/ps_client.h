@@ -51,6 +51,7 @@ struct ps_shard_stats {
 	double uptime_s;
 	uint64_t pushes, pulls, bytes_in, bytes_out, applies, errors, rejected_frames;
 	uint64_t auth_failures;
+	uint64_t duplicate_pushes;
 	double apply_seconds;
 	uint64_t apply_bytes;
 	unsigned connections;
