@@ -275,6 +275,9 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	if (m->seq && sc->rank >= 0) {
 		/* resent after a reconnect? then answer as the first time */
 		int code;
+		/* numbers count per worker process: another incarnation of the
+		 * rank starts afresh */
+		ps_dedup_incarnation(&s->dedup[sc->rank], sc->incarnation);
 		switch (ps_dedup_check(&s->dedup[sc->rank], m->seq, &code)) {
 		case PS_DEDUP_NEW:
 			break;

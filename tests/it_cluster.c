@@ -156,6 +156,100 @@ START_TEST(test_sync_worker_leaves_and_rejoins)
 }
 END_TEST
 
+/* One step of a sync worker: push its gradients of clock (ending it),
+ * then pull version clock + 1; 0 or the error. */
+static int sync_step(struct ps_client *c, int rank, int clock, struct ps_tensor *g,
+		     struct ps_tensor *w)
+{
+	for (int t = 0; t < 3; t++)
+		for (int64_t i = 0; i < g[t].count; i++)
+			g[t].data[i] = grad_value(rank, clock, t, i);
+	int64_t id = ps_client_push(c, (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK);
+	int rc = id < 0 ? (int)id : ps_client_wait(c, id);
+	if (rc)
+		return rc;
+	id = ps_client_pull(c, (uint64_t)clock + 1, w, 3);
+	return id < 0 ? (int)id : ps_client_wait(c, id);
+}
+
+static void tensors_new(const struct ps_config *cfg, struct ps_tensor *g, struct ps_tensor *w)
+{
+	for (int t = 0; t < 3; t++) {
+		g[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
+					   cfg->tensors[t].count, 0 };
+		w[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
+					   cfg->tensors[t].count, 0 };
+	}
+}
+
+/* kill -9 of a worker waiting inside a sync barrier (it pushed clock 3 and
+ * waits for the others): the other worker finishes clock 3 at once and
+ * clock 4 without it, once the shards drop it after limits.idle_timeout_ms
+ * (the killed process's connections close at once). The weights hold
+ * exactly what each worker pushed. */
+START_TEST(test_worker_killed_in_barrier)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_tensor g[3], w[3];
+	int ready[2];
+
+	start_cluster(path, &cfg, 2, "sync", "limits:\n  idle_timeout_ms: 1000\n", srv);
+	ck_assert_int_eq(pipe(ready), 0);
+	pid_t kid = fork();
+	if (kid == 0) {
+		struct ps_client *c1 = connect_retry(&cfg, 1, err, sizeof(err));
+		tensors_new(&cfg, g, w);
+		for (int clock = 0; c1 && clock < 3; clock++)
+			if (sync_step(c1, 1, clock, g, w))
+				_exit(1);
+		for (int t = 0; t < 3; t++)
+			for (int64_t i = 0; i < g[t].count; i++)
+				g[t].data[i] = grad_value(1, 3, t, i);
+		int64_t id = c1 ? ps_client_push(c1, 3, g, 3, PS_PUSH_END_CLOCK) : -1;
+		if (id < 0 || ps_client_wait(c1, id))
+			_exit(1);
+		(void)!write(ready[1], "x", 1);
+		id = ps_client_pull(c1, 4, w, 3); /* blocks: worker 0 has not pushed 3 */
+		ps_client_wait(c1, id);
+		_exit(2);
+	}
+	struct ps_client *c0 = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(c0 != NULL, "%s", err);
+	tensors_new(&cfg, g, w);
+	for (int clock = 0; clock < 3; clock++)
+		ck_assert_msg(sync_step(c0, 0, clock, g, w) == 0, "clock %d: %s", clock,
+			      ps_client_error(c0));
+	char x;
+	ck_assert_int_eq(read(ready[0], &x, 1), 1);
+	tu_sleep_ms(100); /* it is inside the pull now */
+	kill(kid, SIGKILL);
+	ck_assert_int_eq(tu_wait_child(kid), 128 + SIGKILL);
+	double t0 = now_ms();
+	ck_assert_msg(sync_step(c0, 0, 3, g, w) == 0, "clock 3: %s", ps_client_error(c0));
+	ck_assert_msg(sync_step(c0, 0, 4, g, w) == 0, "clock 4: %s", ps_client_error(c0));
+	double took = now_ms() - t0;
+	ck_assert_msg(took > 800 && took < 3500, "went on after %.0f ms", took);
+	for (int t = 0; t < 3; t++) {
+		for (int64_t i = 0; i < w[t].count; i++) {
+			double sum = grad_value(0, 4, t, i);
+			for (int clock = 0; clock < 4; clock++)
+				sum += grad_value(0, clock, t, i) + grad_value(1, clock, t, i);
+			ck_assert_msg((double)w[t].data[i] == (double)(i % 1024) - sum,
+				      "%s[%lld] = %g, want %g", w[t].name, (long long)i,
+				      (double)w[t].data[i], (double)(i % 1024) - sum);
+		}
+		free(g[t].data);
+		free(w[t].data);
+	}
+	close(ready[0]);
+	close(ready[1]);
+	ps_client_free(c0);
+	stop_cluster(path, srv);
+}
+END_TEST
+
 /* ---- network faults with nftables (root only) ---- */
 
 static char nft_table[32];
@@ -677,6 +771,7 @@ Suite *cluster_suite(void)
 	tcase_add_test(tc, test_sync_exact_sum);
 	tcase_add_test(tc, test_sync_worker_leaves_and_rejoins);
 	tcase_add_test(tc, test_partition_exactly_once);
+	tcase_add_test(tc, test_worker_killed_in_barrier);
 	tcase_add_test(tc, test_pipelined_order);
 	tcase_add_test(tc, test_fp16_exact);
 	tcase_add_test(tc, test_ssp_staleness_bound);

@@ -488,6 +488,7 @@ struct pref {
 };
 
 static float push_fill = 1.0f; /* the value of every payload float */
+static uint64_t push_seq;      /* Push.seq of the raw pushes (0: not numbered) */
 
 static int raw_push(int fd, uint64_t req, uint64_t clock, int end_clock, const struct pref *p,
 		    int n, uint64_t plen)
@@ -507,6 +508,7 @@ static int raw_push(int fd, uint64_t req, uint64_t clock, int end_clock, const s
 		ptrs[i] = &refs[i];
 	}
 	m.req_id = req;
+	m.seq = push_seq;
 	m.clock = clock;
 	m.end_clock = end_clock;
 	m.n_slices = (size_t)n;
@@ -1229,6 +1231,75 @@ START_TEST(test_idle_and_unread_peers)
 }
 END_TEST
 
+/* A numbered push sent again, on the same connection and after a
+ * reconnect (same incarnation): acknowledged, never applied twice; a
+ * refused one gets the same refusal again. */
+static void expect_ack(int fd, uint64_t req)
+{
+	Ps__PushAck *a = (Ps__PushAck *)raw_expect(fd, PS_MSG_PUSH_ACK, 3000);
+	ck_assert_msg(a != NULL, "no ack for request %" PRIu64, req);
+	ck_assert_uint_eq(a->req_id, req);
+	protobuf_c_message_free_unpacked(&a->base, NULL);
+}
+
+START_TEST(test_resent_push_applied_once)
+{
+	struct pref p[8], bad;
+	uint64_t plen;
+	int n, fd;
+
+	fx_start();
+	n = all_slices(p, &plen);
+	fd = raw_worker();
+	push_seq = 1000;
+	ck_assert_int_eq(raw_push(fd, 1, F.clock, 1, p, n, plen), 0);
+	expect_ack(fd, 1);
+	F.clock++;
+	F.rounds++;
+	Ps__Stats *s1 = raw_stats(fd, 2);
+	uint64_t sum = s1->param_checksum, applies = s1->applies, dups = s1->duplicate_pushes;
+	protobuf_c_message_free_unpacked(&s1->base, NULL);
+	ck_assert_uint_eq(applies, F.st.applies + F.map.nslices);
+	for (int again = 0; again < 2; again++) {
+		if (again) { /* a new connection, as after a reconnect */
+			close(fd);
+			fd = raw_worker();
+		}
+		/* without the number this clock would be refused as past */
+		ck_assert_int_eq(raw_push(fd, 3, F.clock - 1, 1, p, n, plen), 0);
+		expect_ack(fd, 3);
+		Ps__Stats *s2 = raw_stats(fd, 4);
+		ck_assert_uint_eq(s2->param_checksum, sum);
+		ck_assert_uint_eq(s2->applies, applies);
+		ck_assert_uint_eq(s2->duplicate_pushes, dups + 1 + (uint64_t)again);
+		protobuf_c_message_free_unpacked(&s2->base, NULL);
+	}
+	/* refused once, refused again with the first reason's code */
+	push_seq = 1001;
+	bad = (struct pref){ 0, 0, slice_bytes(0) - 4 };
+	ck_assert_int_eq(raw_push(fd, 5, F.clock, 1, &bad, 1, slice_bytes(0)), 0);
+	expect_error(fd, 5, PS_ESHAPE, "slice 0");
+	ck_assert_int_eq(raw_push(fd, 6, F.clock, 1, &bad, 1, slice_bytes(0)), 0);
+	expect_error(fd, 6, PS_ESHAPE, "refused when it first came");
+	/* numbers far below the window cannot be judged: refused */
+	push_seq = 1;
+	for (uint64_t s = 2000; s < 2000 + 5000; s += 4000) { /* move the window up */
+		push_seq = s;
+		bad = (struct pref){ 77, 0, 4 };
+		ck_assert_int_eq(raw_push(fd, 7, F.clock, 1, &bad, 1, 4), 0);
+		expect_error(fd, 7, PS_ENOTENSOR, "slice 77");
+	}
+	push_seq = 1000;
+	ck_assert_int_eq(raw_push(fd, 8, F.clock, 1, p, n, plen), 0);
+	expect_error(fd, 8, PS_EDUP, "cannot tell whether it was applied");
+	push_seq = 0;
+	close(fd);
+	snapshot();
+	after_attack("resent pushes");
+	fx_stop();
+}
+END_TEST
+
 /* ---- authentication (docs/security.md) ---- */
 
 static uint8_t saved_proof[PS_AUTH_PROOF_LEN];
@@ -1506,6 +1577,7 @@ int main(void)
 	tcase_add_test(tc, test_requests_before_hello);
 	tcase_add_test(tc, test_connection_flood);
 	tcase_add_test(tc, test_idle_and_unread_peers);
+	tcase_add_test(tc, test_resent_push_applied_once);
 	tcase_add_test(tc, test_auth_refusals);
 	tcase_add_test(tc, test_auth_without_mac);
 	tcase_add_test(tc, test_secret_file_checks);

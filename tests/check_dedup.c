@@ -1,0 +1,92 @@
+/* check_dedup.c - the shard's memory of handled pushes (server/dedup.c):
+ * new, seen (with the first outcome), too old to tell, and a new
+ * incarnation forgetting everything. */
+#include <check.h>
+#include <string.h>
+#include "dedup.h"
+#include "ps_err.h"
+
+static enum ps_dedup_verdict check(const struct ps_dedup *d, uint64_t seq, int *code)
+{
+	return ps_dedup_check(d, seq, code);
+}
+
+START_TEST(test_window)
+{
+	static struct ps_dedup d;
+	int code;
+
+	memset(&d, 0, sizeof(d));
+	ps_dedup_incarnation(&d, 77);
+	ck_assert_int_eq(check(&d, 1, &code), PS_DEDUP_NEW);
+	ps_dedup_mark(&d, 1, 0);
+	ck_assert_int_eq(check(&d, 1, &code), PS_DEDUP_SEEN);
+	ck_assert_int_eq(code, 0);
+	/* gaps (request ids of pulls) and out-of-order arrivals */
+	ps_dedup_mark(&d, 5, 0);
+	ck_assert_int_eq(check(&d, 3, &code), PS_DEDUP_NEW);
+	ps_dedup_mark(&d, 3, PS_ECLOCK);
+	ck_assert_int_eq(check(&d, 3, &code), PS_DEDUP_SEEN);
+	ck_assert_int_eq(code, PS_ECLOCK);
+	ck_assert_int_eq(check(&d, 4, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(check(&d, 6, &code), PS_DEDUP_NEW);
+	/* every number in a long run is remembered exactly while in the window */
+	for (uint64_t s = 10; s < 10 + 3 * PS_DEDUP_WINDOW; s += 2) {
+		ck_assert_int_eq(check(&d, s, &code), PS_DEDUP_NEW);
+		ps_dedup_mark(&d, s, 0);
+		ck_assert_int_eq(check(&d, s, &code), PS_DEDUP_SEEN);
+		ck_assert_int_eq(check(&d, s + 1, &code), PS_DEDUP_NEW);
+		if (s >= PS_DEDUP_WINDOW) { /* just inside, just outside */
+			ck_assert_int_eq(check(&d, s - PS_DEDUP_WINDOW + 2, &code),
+					 s - PS_DEDUP_WINDOW + 2 >= 10 ? PS_DEDUP_SEEN : PS_DEDUP_NEW);
+			ck_assert_int_eq(check(&d, s - PS_DEDUP_WINDOW, &code), PS_DEDUP_TOO_OLD);
+		}
+	}
+	/* a jump beyond the window clears it */
+	uint64_t top = d.max + 10 * PS_DEDUP_WINDOW;
+	ps_dedup_mark(&d, top, 0);
+	ck_assert_int_eq(check(&d, top - 1, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(check(&d, top - PS_DEDUP_WINDOW, &code), PS_DEDUP_TOO_OLD);
+	/* the same incarnation keeps it, another forgets it */
+	ps_dedup_incarnation(&d, 77);
+	ck_assert_int_eq(check(&d, top, &code), PS_DEDUP_SEEN);
+	ps_dedup_incarnation(&d, 78);
+	ck_assert_int_eq(check(&d, top, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(check(&d, 1, &code), PS_DEDUP_NEW);
+	ps_dedup_mark(&d, 0, 0); /* 0: not numbered, never remembered */
+	ck_assert_int_eq(check(&d, 0, &code), PS_DEDUP_NEW);
+}
+END_TEST
+
+/* The outcomes of refused pushes: the last PS_DEDUP_ERRS are replayed. */
+START_TEST(test_errors_ring)
+{
+	static struct ps_dedup d;
+	int code;
+
+	memset(&d, 0, sizeof(d));
+	for (uint64_t s = 1; s <= 100; s++)
+		ps_dedup_mark(&d, s, s % 2 ? PS_ESHAPE : 0);
+	for (uint64_t s = 100 - PS_DEDUP_ERRS; s <= 100; s++) {
+		ck_assert_int_eq(check(&d, s, &code), PS_DEDUP_SEEN);
+		ck_assert_int_eq(code, s % 2 ? PS_ESHAPE : 0);
+	}
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("dedup");
+	TCase *tc = tcase_create("dedup");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, test_window);
+	tcase_add_test(tc, test_errors_ring);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
