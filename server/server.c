@@ -31,6 +31,7 @@ struct ps_srv_conn {
 	int role;
 	int rank;
 	uint64_t incarnation;
+	uint64_t done_clock;       /* Hello.done_clock */
 	uint8_t transcript[32];    /* CONN_AUTH: T of auth.h */
 	double accepted;
 	double last_rx;            /* ps_now_s() of the last frame received */
@@ -394,6 +395,7 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	ps_frame_ref_put(fr); /* f may be gone after this */
 	if (m->end_clock && m->clock + 1 > s->finished[sc->rank]) {
 		s->finished[sc->rank] = m->clock + 1;
+		ps_store_advance(&s->store); /* a clock ended with no push for some slice */
 		changed = 1;
 	}
 	ack.req_id = m->req_id;
@@ -565,6 +567,19 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 			ps_warn("worker %d rejoined (incarnation %016" PRIx64 ") at clock %" PRIu64,
 				sc->rank, sc->incarnation, resume_clock(s));
 		}
+		if (sc->done_clock > s->finished[sc->rank]) {
+			/* this shard acknowledged more than it remembers: it restarted
+			 * from an older checkpoint, and the worker will not send those
+			 * clocks again (docs/reliability.md) */
+			ps_warn("worker %d ended clock %" PRIu64 " here before this shard restarted; "
+				"it had resumed at %" PRIu64 ": that worker's updates of the clocks "
+				"between are lost", sc->rank, sc->done_clock - 1,
+				s->finished[sc->rank]);
+			s->finished[sc->rank] = sc->done_clock;
+			ps_store_advance(&s->store);
+			if (s->waiting)
+				answer_pulls(s);
+		}
 	}
 	struct ps_wire_limits lim = {
 		.max_frame = s->cfg->limits.max_frame_bytes,
@@ -602,6 +617,7 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	sc->role = h->role;
 	sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
 	sc->incarnation = h->incarnation;
+	sc->done_clock = h->done_clock;
 	if (!sec->auth) {
 		if (h->auth_nonce.len) {
 			refuse(sc, "the client authenticates but this shard has security.auth: false; "
@@ -918,6 +934,7 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	/* every rank is waited for until it has been seen to leave */
 	memset(s->live, 1, (size_t)cfg->nworkers);
 	s->store.live = s->live;
+	s->store.finished = s->finished;
 	if (cfg->security.auth) {
 		char err[1200];
 

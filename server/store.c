@@ -143,7 +143,9 @@ static const float *grad_floats(const struct ps_grad *g, size_t n, float *buf)
 	return buf;
 }
 
-/* A bucket is complete when every live rank has pushed into it. */
+/* A bucket is complete when every live rank has pushed into it or has
+ * ended its clock without pushing this slice (a shard restarted from a
+ * checkpoint: those pushes were acknowledged before it died and are lost). */
 static int bucket_complete(const struct ps_store *st, const struct ps_bucket *b)
 {
 	int nw = st->cfg->nworkers;
@@ -151,9 +153,23 @@ static int bucket_complete(const struct ps_store *st, const struct ps_bucket *b)
 	if (!st->live)
 		return b->have == nw;
 	for (int r = 0; r < nw; r++)
-		if (!b->g[r].data && st->live[r])
+		if (!b->g[r].data && st->live[r] && !(st->finished && st->finished[r] > b->clock))
 			return 0;
 	return b->have > 0;
+}
+
+/* The lowest clock every live rank has ended (0 when unknown or nobody is
+ * live): no push for a clock below it will come. */
+static uint64_t all_ended(const struct ps_store *st)
+{
+	uint64_t m = UINT64_MAX;
+
+	if (!st->finished || !st->live)
+		return 0;
+	for (int r = 0; r < st->cfg->nworkers; r++)
+		if (st->live[r] && st->finished[r] < m)
+			m = st->finished[r];
+	return m == UINT64_MAX ? 0 : m;
 }
 
 /* Sums a complete bucket in rank order (ranks that pushed) and applies it.
@@ -216,19 +232,32 @@ static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucke
 	apply(st, s, acc);
 }
 
-/* Applies every complete bucket that is next in clock order; 1 if any. */
+/* Applies every complete bucket that is next in clock order; 1 if any.
+ * Clocks every live rank has ended without a push for this slice (none
+ * will come) are passed over: the version moves on, nothing is applied. */
 static int apply_ready(struct ps_store *st, struct ps_slot *s)
 {
 	struct ps_bucket *b;
 	int changed = 0;
+	uint64_t ended = all_ended(st);
 
-	while ((b = s->pending) && b->clock == s->version && bucket_complete(st, b)) {
-		apply_bucket(st, s, b);
-		s->pending = b->next;
-		bucket_free(b, st->cfg->nworkers);
-		changed = 1;
+	for (;;) {
+		b = s->pending;
+		if (b && b->clock == s->version && bucket_complete(st, b)) {
+			apply_bucket(st, s, b);
+			s->pending = b->next;
+			bucket_free(b, st->cfg->nworkers);
+			changed = 1;
+			continue;
+		}
+		uint64_t to = b && b->clock < ended ? b->clock : ended;
+		if (to > s->version && (!b || b->clock > s->version)) {
+			s->version = to;
+			changed = 1;
+			continue;
+		}
+		return changed;
 	}
-	return changed;
 }
 
 int ps_store_advance(struct ps_store *st)

@@ -59,6 +59,9 @@ struct ps_store {
 	int32_t *slot_of;       /* map->nslices entries: slot index or -1 */
 	const uint8_t *live;    /* sync: per rank, 1 while the worker counts for the
 				   barrier; NULL = every rank (set by the server) */
+	const uint64_t *finished; /* sync: per rank, clocks it has ended (its last push
+				   of a clock carries end_clock); a rank past clock c
+				   is not waited for at c. NULL = not used */
 	float *scratch;         /* one slice of sum space */
 	float *check;           /* one slice: decoding done to validate a push */
 	uint64_t applies;

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
+#include "shardmap.h"
 #include "test_util.h"
 
 #define N 3000
@@ -204,6 +205,108 @@ START_TEST(test_checkpoint_resume)
 }
 END_TEST
 
+/* Integer gradient of worker r at clock k for element i (exact in float). */
+static float kgrad(int r, uint64_t k, int i)
+{
+	return (float)((r + 1) * ((int)((i + k) % 5) - 2));
+}
+
+/* kill -9 of a shard mid-training (2 shards, 2 workers, sync, SGD lr 1),
+ * restarted from the checkpoint it wrote at clock 5, three clocks later:
+ * the workers reconnect and training completes; on the restarted shard's
+ * slices exactly the updates of clocks 5..7 (acknowledged after its
+ * checkpoint) are missing, on the other shard's none
+ * (docs/reliability.md). */
+START_TEST(test_shard_killed_and_restarted)
+{
+	static float g[2][N], w[N];
+	char yaml[1024], err[512], cmd[200];
+	struct ps_client *c[2];
+	struct ps_shardmap map;
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
+		 "checkpoint:\n  dir: %s\n"
+		 "limits:\n  reconnect_timeout_ms: 20000\n"
+		 "log:\n  level: warn\n", tu_free_port(), tu_free_port(), N, dir);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	for (int r = 0; r < 2; r++) {
+		int rc = -1;
+		for (int i = 0; i < 100 && rc; i++) {
+			rc = ps_client_init(&c[r], &cfg, r, err, sizeof(err));
+			if (rc)
+				tu_sleep_ms(100);
+		}
+		ck_assert_msg(rc == 0, "%s", err);
+	}
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	for (uint64_t k = 0; k < 12; k++) {
+		if (k == 5) { /* shard 0 checkpoints at clock 5 */
+			struct ps_shard_stats st;
+			ck_assert_int_eq(ps_client_checkpoint(c[0], 0, 1, &st), 0);
+			ck_assert_int_eq(st.checkpoint_status, 0);
+		}
+		if (k == 8) { /* and dies three clocks later; back 0.3 s after */
+			kill(srv[0], SIGKILL);
+			ck_assert_int_eq(tu_wait_child(srv[0]), 128 + SIGKILL);
+			tu_sleep_ms(300);
+			srv[0] = tu_start_server(path, 0);
+		}
+		int64_t id[2];
+		for (int r = 0; r < 2; r++) {
+			struct ps_tensor tg = { .name = "a", .data = g[r], .count = N };
+			for (int i = 0; i < N; i++)
+				g[r][i] = kgrad(r, k, i);
+			id[r] = ps_client_push(c[r], k, &tg, 1, PS_PUSH_END_CLOCK);
+			ck_assert_int_gt(id[r], 0);
+		}
+		for (int r = 0; r < 2; r++)
+			ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "push %" PRIu64 ": %s", k,
+				      ps_client_error(c[r]));
+		for (int r = 0; r < 2; r++) {
+			int64_t q = ps_client_pull(c[r], k + 1, &tw, 1);
+			ck_assert_msg(q > 0 && ps_client_wait(c[r], q) == 0, "pull %" PRIu64 ": %s", k,
+				      ps_client_error(c[r]));
+		}
+	}
+	/* which elements live on shard 0 */
+	static uint8_t on0[N];
+	for (uint32_t s = 0; s < map.nslices; s++)
+		if (map.slices[s].shard == 0)
+			memset(on0 + map.slices[s].offset, 1, (size_t)map.slices[s].count);
+	int n0 = 0;
+	for (int i = 0; i < N; i++) {
+		double want = (double)(i % 1024);
+		for (uint64_t k = 0; k < 12; k++)
+			if (!(on0[i] && k >= 5 && k < 8))
+				want -= kgrad(0, k, i) + kgrad(1, k, i);
+		n0 += on0[i];
+		ck_assert_msg((double)w[i] == want, "a[%d] (shard %d) = %g, want %g", i,
+			      on0[i] ? 0 : 1, (double)w[i], want);
+	}
+	ck_assert_int_gt(n0, 0);
+	ck_assert_int_lt(n0, N);
+	for (int r = 0; r < 2; r++)
+		ps_client_free(c[r]);
+	ps_shardmap_free(&map);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+	unlink(path);
+	path[0] = 0;
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("checkpoint");
@@ -215,6 +318,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_checkpoint_resume);
+	tcase_add_test(tc, test_shard_killed_and_restarted);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -64,6 +64,8 @@ struct req {
 	int n;
 	int *tidx;              /* pull: config tensor index of t[i] */
 	struct ps_shard_stats *stats;
+	uint64_t clock;         /* push: its clock, and whether it ends it */
+	int end_clock;
 	struct req *next;
 	struct req *send_next;  /* queue of requests for the I/O thread to send */
 	struct part parts[];    /* one per shard */
@@ -80,6 +82,7 @@ struct shard_conn {
 	double retry_at, backoff; /* SH_RETRY: next attempt, and the delay after it */
 	double attempt_at;        /* when the current reconnect attempt started */
 	uint64_t boot_id;         /* the shard process's, from its HelloReply */
+	uint64_t done_clock;      /* clocks whose ending push this shard acknowledged */
 	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
 	size_t hello_len;
 	char why[400];
@@ -446,6 +449,9 @@ static void on_frame(struct ps_conn *pc, struct ps_frame *f)
 		break;
 	case PS_MSG_PUSH_ACK: {
 		struct req *r = find_req(c, (int64_t)((Ps__PushAck *)m)->req_id);
+		if (r && r->kind == REQ_PUSH && r->end_clock && r->parts[k].waiting &&
+		    r->clock + 1 > c->shards[k].done_clock)
+			c->shards[k].done_clock = r->clock + 1;
 		if (r)
 			part_done(c, r, k, 0, NULL);
 		break;
@@ -495,6 +501,7 @@ static void on_connect(struct ps_conn *pc, int status)
 	h.shard_map_hash = c->map.hash;
 	h.shard = k;
 	h.incarnation = c->incarnation;
+	h.done_clock = c->shards[k].done_clock;
 	if (c->cfg->security.auth) {
 		ps_auth_random(nonce, sizeof(nonce));
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
@@ -1009,6 +1016,8 @@ int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tens
 	if (!refs || !ptrs)
 		goto err_free;
 	r->id = reserve_id(c);
+	r->clock = clock;
+	r->end_clock = (flags & PS_PUSH_END_CLOCK) != 0;
 	for (int k = 0; k < nsh; k++) {
 		struct part *p = &r->parts[k];
 		Ps__Push m = PS__PUSH__INIT;
