@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <libgen.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include <zlib.h>
 #include "checkpoint.h"
 #include "ps_err.h"
+#include "ps_log.h"
 #include "server.h"
 
 #define CKPT_MAGIC "PSCKPT01"
@@ -91,6 +93,20 @@ static void fill_hdr(const struct ps_server *s, struct ckpt_hdr *h)
 	h->nslots = (uint32_t)s->store.nslots;
 }
 
+/* Fault injection for the crash tests (tests/it_checkpoint.c): with
+ * PS_FAULT_CHECKPOINT=write|fsync|rename in its environment the shard
+ * kills itself (SIGKILL, as kill -9 would) half way through writing the
+ * file, after its fsync, or after the rename. Never set in production. */
+static void fault_point(const char *step)
+{
+	const char *f = getenv("PS_FAULT_CHECKPOINT");
+
+	if (f && !strcmp(f, step)) {
+		ps_error("PS_FAULT_CHECKPOINT=%s: killing this shard at that step", step);
+		raise(SIGKILL);
+	}
+}
+
 int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, char *err,
 			size_t errlen)
 {
@@ -113,6 +129,8 @@ int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, 
 		struct ckpt_slot cs = { .slice = sl->slice->id, .count = (uint64_t)sl->slice->count,
 					.version = sl->version, .steps = sl->steps };
 		put(&o, &cs, sizeof(cs));
+		if (k == s->store.nslots / 2)
+			fault_point("write");
 		put(&o, sl->w, (size_t)cs.count * sizeof(float));
 		for (int j = 0; j < s->store.opt->nstate; j++)
 			put(&o, sl->state[j], (size_t)cs.count * sizeof(float));
@@ -122,6 +140,7 @@ int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, 
 	put(&o, &crc, sizeof(crc));
 	if (!o.err && fsync(o.fd))
 		o.err = -errno;
+	fault_point("fsync");
 	if (close(o.fd) && !o.err)
 		o.err = -errno;
 	if (!o.err && rename(tmp, path))
@@ -131,6 +150,7 @@ int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, 
 		unlink(tmp);
 		return o.err;
 	}
+	fault_point("rename");
 	/* the rename is durable once the folder is synced */
 	snprintf(dirbuf, sizeof(dirbuf), "%s", path);
 	dfd = open(dirname(dirbuf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -7,6 +7,7 @@
 #include <check.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include "config.h"
 #include "ps_client.h"
@@ -307,6 +308,125 @@ START_TEST(test_shard_killed_and_restarted)
 }
 END_TEST
 
+/* The bytes of a file (malloc'ed; *len its size), NULL when missing. */
+static uint8_t *file_bytes(const char *f, size_t *len)
+{
+	FILE *fp = fopen(f, "rb");
+	uint8_t *b = NULL;
+	long n;
+
+	if (!fp)
+		return NULL;
+	if (fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) >= 0 && fseek(fp, 0, SEEK_SET) == 0 &&
+	    (b = malloc((size_t)n + 1)) && fread(b, 1, (size_t)n, fp) == (size_t)n)
+		*len = (size_t)n;
+	fclose(fp);
+	return b;
+}
+
+static uint64_t shard0_checksum(struct ps_client *c)
+{
+	struct ps_shard_stats st;
+
+	ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
+	return st.param_checksum;
+}
+
+struct asker {
+	struct ps_client *c;
+	struct ps_shard_stats st;
+	int rc;
+};
+
+static void *ask_checkpoint(void *p)
+{
+	struct asker *a = p;
+
+	a->rc = ps_client_checkpoint(a->c, 0, 1, &a->st);
+	return NULL;
+}
+
+/* A shard killed while it writes its checkpoint (half way through the
+ * data, after the fsync, after the rename): the file on disk is the old
+ * checkpoint or the new one, whole, never a mix; the restarted shard loads
+ * it (the old weights, or those of the moment it died) and the worker,
+ * which reconnects and resends its checkpoint request, goes on. */
+START_TEST(test_crash_while_checkpointing)
+{
+	static float w[N];
+	static const char *const steps[] = { "write", "fsync", "rename" };
+	char ck0[200], cmd[200];
+	uint64_t clock = 2;
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	path[0] = 0;
+	write_cfg(tu_free_port(), tu_free_port(), N, 0);
+	snprintf(ck0, sizeof(ck0), "%s/shard-0.ckpt", dir);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	struct ps_client *c = connect_retry();
+	train(c, 0, clock, w);
+	struct ps_shard_stats st;
+	ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
+	ck_assert_int_eq(st.checkpoint_status, 0);
+	uint64_t sum_ck = shard0_checksum(c);
+	for (int i = 0; i < 3; i++) {
+		/* shard 0 again with the fault armed; it loads the checkpoint,
+		 * which holds everything so far, and the worker reconnects */
+		kill(srv[0], SIGKILL);
+		tu_wait_child(srv[0]);
+		setenv("PS_FAULT_CHECKPOINT", steps[i], 1);
+		srv[0] = tu_start_server(path, 0);
+		unsetenv("PS_FAULT_CHECKPOINT");
+		train(c, clock, clock + 2, w);
+		clock += 2;
+		uint64_t sum_now = shard0_checksum(c);
+		ck_assert_uint_ne(sum_now, sum_ck);
+		size_t old_len = 0, len = 0;
+		uint8_t *old = file_bytes(ck0, &old_len), *now;
+		ck_assert_ptr_nonnull(old);
+
+		struct asker a = { .c = c };
+		pthread_t th;
+		ck_assert_int_eq(pthread_create(&th, NULL, ask_checkpoint, &a), 0);
+		ck_assert_int_eq(tu_wait_child(srv[0]), 128 + SIGKILL); /* it died at the step */
+		now = file_bytes(ck0, &len);
+		ck_assert_ptr_nonnull(now);
+		if (i < 2)
+			ck_assert_msg(len == old_len && memcmp(now, old, len) == 0,
+				      "%s: the checkpoint changed before its rename", steps[i]);
+		else
+			ck_assert_msg(len != old_len || memcmp(now, old, len) != 0,
+				      "rename: the new checkpoint is not in place");
+		free(old);
+		free(now);
+		srv[0] = tu_start_server(path, 0);
+		pthread_join(th, NULL);
+		ck_assert_msg(a.rc == 0, "checkpoint request after the restart: %s",
+			      ps_client_error(c));
+		ck_assert_int_eq(a.st.checkpoint_status, 0);
+		/* the old state, or the state of the moment it died: never a mix */
+		uint64_t sum_loaded = shard0_checksum(c);
+		ck_assert_msg(sum_loaded == (i < 2 ? sum_ck : sum_now),
+			      "%s: shard 0 came back with checksum %016" PRIx64 " (old %016" PRIx64
+			      ", at the crash %016" PRIx64 ")", steps[i], sum_loaded, sum_ck, sum_now);
+		sum_ck = sum_loaded; /* the resent request wrote this state */
+		train(c, clock, clock + 1, w); /* and training goes on */
+		clock++;
+		sum_ck = shard0_checksum(c);
+		ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
+	}
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+	unlink(path);
+	path[0] = 0;
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("checkpoint");
@@ -319,6 +439,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_checkpoint_resume);
 	tcase_add_test(tc, test_shard_killed_and_restarted);
+	tcase_add_test(tc, test_crash_while_checkpointing);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

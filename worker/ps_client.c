@@ -409,9 +409,8 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 			ps_warn("shard %d (%s:%d): reconnected after %.1f s%s; %d request(s) sent again",
 				k, c->cfg->shards[k].host, c->cfg->shards[k].port,
 				ps_now_s() - sh->lost_at,
-				sh->boot_id && m->boot_id != sh->boot_id ?
-				" to a restarted shard (updates it applied after its last checkpoint "
-				"are lost, docs/reliability.md)" : "", n);
+				sh->boot_id && m->boot_id != sh->boot_id ? " to a restarted shard" : "",
+				n);
 			sh->lost_at = 0;
 			sh->why[0] = 0;
 			sh->status = 0;
