@@ -6,6 +6,8 @@
 #   make demo            a local 2-shard cluster and a short benchmark
 #   make install PREFIX=/usr/local
 #   make SANITIZE=address,undefined test
+#   make valgrind        the integration tests (but training) with every shard and
+#                        the test itself under valgrind memcheck (minutes)
 #   make clean
 
 PREFIX   ?= /usr/local
@@ -71,7 +73,7 @@ IT_SH     := $(wildcard tests/it_*.sh)
 
 PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard common/compute_cpu.c)),bin/ps-worker)
 
-.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build
+.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind
 .SECONDARY:
 
 all: $(PROGRAMS) lib/libps.a
@@ -178,6 +180,14 @@ $(FUZZ_OBJ)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIBOBJS)
 	$(FUZZ_CC) $(CPPFLAGS) $(FUZZ_FLAGS) -fsanitize=fuzzer -std=gnu11 -o $@ $^ $(LDLIBS)
 
 fuzz-build: deps $(FUZZ_BINS)
+
+# Shards run under memcheck through tests/test_util.h (PS_TEST_VALGRIND), the
+# test binaries through run-tests.sh (PS_TEST_WRAP); an error or a definite
+# leak makes a process exit 99, which fails its test.
+VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
+valgrind: deps
+	@$(MAKE) --no-print-directory all $(IT_BINS)
+	@PS_TEST_VALGRIND=1 PS_TEST_WRAP="$(VALGRIND)" scripts/run-tests.sh $(filter-out %/it_train,$(IT_BINS))
 
 fuzz: fuzz-build
 	@scripts/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BINS)

@@ -18,6 +18,7 @@ PKGS=(
   iproute2 nftables
   gnuplot-nox
   clang libclang-rt-14-dev
+  valgrind
 )
 
 missing=()

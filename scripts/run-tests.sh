@@ -15,7 +15,7 @@ fi
 for t in "$@"; do
   name=$(basename "$t")
   start=$EPOCHREALTIME
-  timeout 600 "$t" >"$logdir/$name.log" 2>&1
+  timeout 600 ${PS_TEST_WRAP:-} "$t" >"$logdir/$name.log" 2>&1
   rc=$?
   secs=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
   skipped=$(grep -h '^SKIP' "$logdir/$name.log" || true)

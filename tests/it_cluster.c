@@ -230,6 +230,8 @@ START_TEST(test_worker_killed_in_barrier)
 	ck_assert_msg(sync_step(c0, 0, 3, g, w) == 0, "clock 3: %s", ps_client_error(c0));
 	ck_assert_msg(sync_step(c0, 0, 4, g, w) == 0, "clock 4: %s", ps_client_error(c0));
 	double took = now_ms() - t0;
+	printf("measured: worker killed in a barrier: the other went on after %.0f ms "
+	       "(limits.idle_timeout_ms 1000)\n", took);
 	ck_assert_msg(took > 800 && took < 3500, "went on after %.0f ms", took);
 	for (int t = 0; t < 3; t++) {
 		for (int64_t i = 0; i < w[t].count; i++) {
@@ -364,12 +366,16 @@ START_TEST(test_partition_exactly_once)
 		ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "push %d: %s", clock,
 			      ps_client_error(c));
 		if (clock == 3) {
+			printf("measured: acks lost: push acknowledged after %.0f ms "
+			       "(limits.idle_timeout_ms 800, then reconnect and resend)\n", now_ms() - t0);
 			ck_assert_msg(now_ms() - t0 > 700, "acked after %.0f ms: the answers were "
 				      "not blocked", now_ms() - t0);
 			ck_assert_int_eq(nft("delete table inet %s", nft_table), 0);
 		}
 		if (healer > 0) {
 			ck_assert_int_eq(tu_wait_child(healer), 0);
+			printf("measured: 3 s partition: push acknowledged after %.0f ms\n",
+			       now_ms() - t0);
 			ck_assert_msg(now_ms() - t0 > 2500, "push went through the partition in "
 				      "%.0f ms", now_ms() - t0);
 		}

@@ -46,7 +46,9 @@ static inline int tu_write_temp(char *path, const char *text)
 }
 
 /* Starts bin/ps-server for shard; stderr goes to the test's stderr unless
- * PS_TEST_QUIET is set. */
+ * PS_TEST_QUIET is set. With PS_TEST_VALGRIND set the shard runs under
+ * valgrind (memcheck), which makes it exit 99 on any error or definite
+ * leak, so tu_stop_server's check of a clean exit catches them. */
 static inline pid_t tu_start_server(const char *cfgpath, int shard)
 {
 	char s[16];
@@ -55,8 +57,14 @@ static inline pid_t tu_start_server(const char *cfgpath, int shard)
 	snprintf(s, sizeof(s), "%d", shard);
 	pid = fork();
 	if (pid == 0) {
+		const char *lvl = getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "warn";
+		if (getenv("PS_TEST_VALGRIND"))
+			execlp("valgrind", "valgrind", "-q", "--error-exitcode=99",
+			       "--leak-check=full", "--errors-for-leak-kinds=definite",
+			       "bin/ps-server", "--config", cfgpath, "--shard", s, "--log-level", lvl,
+			       (char *)NULL);
 		execl("bin/ps-server", "ps-server", "--config", cfgpath, "--shard", s, "--log-level",
-		      getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "warn", (char *)NULL);
+		      lvl, (char *)NULL);
 		perror("exec bin/ps-server");
 		_exit(127);
 	}

@@ -54,7 +54,7 @@ struct row {
 	uint64_t clk_min, clk_max;
 	int have_clock;
 	double apply_share;                                         /* 0..1 */
-	uint64_t rejected, errors, auth_failures;
+	uint64_t rejected, errors, auth_failures, dups;
 	unsigned conns, workers_up, nworkers;
 };
 
@@ -204,6 +204,7 @@ static void make_row(const struct snap *a, const struct snap *b, double dt, int 
 		r->apply_share = 0;
 	r->rejected = y->rejected_frames;
 	r->auth_failures = y->auth_failures;
+	r->dups = y->duplicate_pushes;
 	r->errors = y->errors;
 	r->conns = y->connections;
 	r->nworkers = (unsigned)nworkers;
@@ -245,6 +246,7 @@ static void add_row(struct row *t, const struct row *r)
 	t->apply_share += r->apply_share;
 	t->rejected += r->rejected;
 	t->auth_failures += r->auth_failures;
+	t->dups += r->dups;
 	t->errors += r->errors;
 	t->conns += r->conns;
 	if (r->workers_up > t->workers_up)
@@ -399,8 +401,9 @@ static void json_row(FILE *f, const struct row *r)
 		fprintf(f, "\"clock_min\":null,\"clock_max\":null,\"staleness\":null,");
 	json_num(f, "apply_share", r->apply_share);
 	fprintf(f, "\"rejected_frames\":%" PRIu64 ",\"auth_failures\":%" PRIu64
-		   ",\"errors\":%" PRIu64 ",\"connections\":%u,\"workers_connected\":%u",
-		r->rejected, r->auth_failures, r->errors, r->conns,
+		   ",\"duplicate_pushes\":%" PRIu64 ",\"errors\":%" PRIu64
+		   ",\"connections\":%u,\"workers_connected\":%u",
+		r->rejected, r->auth_failures, r->dups, r->errors, r->conns,
 		r->workers_up);
 }
 
