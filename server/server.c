@@ -61,6 +61,28 @@ static uint64_t min_finished(const struct ps_server *s)
 	return m;
 }
 
+/* Starts a request's check for slices named twice (each may appear once
+ * in a push or a pull: a repeated one would multiply the work and, in a
+ * pull, the reply). */
+static void seen_reset(struct ps_server *s)
+{
+	if (++s->seen_gen == 0) {
+		memset(s->seen, 0, sizeof(*s->seen) * (size_t)s->store.nslots);
+		s->seen_gen = 1;
+	}
+}
+
+/* 1 when slot sl was already named by the current request. */
+static int seen_twice(struct ps_server *s, const struct ps_slot *sl)
+{
+	size_t i = (size_t)(sl - s->store.slots);
+
+	if (s->seen[i] == s->seen_gen)
+		return 1;
+	s->seen[i] = s->seen_gen;
+	return 0;
+}
+
 /* ---- pulls ---- */
 
 static int pull_ready(const struct ps_server *s, const struct ps_waiting_pull *p)
@@ -212,12 +234,20 @@ static void handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 		return;
 	}
 	p->n = (uint32_t)m->n_slices;
+	seen_reset(s);
 	for (size_t i = 0; i < m->n_slices; i++) {
 		p->slots[i] = ps_store_slot(&s->store, m->slices[i]);
 		if (!p->slots[i]) {
 			s->c.errors++;
 			ps_msg_send_error(sc->conn, m->req_id, PS_ENOTENSOR,
 					  "slice %u is not owned by shard %d", m->slices[i], s->shard);
+			free(p);
+			return;
+		}
+		if (seen_twice(s, p->slots[i])) {
+			s->c.errors++;
+			ps_msg_send_error(sc->conn, m->req_id, PS_EPROTO,
+					  "slice %u is asked for twice in one pull", m->slices[i]);
 			free(p);
 			return;
 		}
@@ -313,6 +343,7 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 		plen = m->raw_length;
 	}
 	/* Check everything first: a push is applied whole or not at all. */
+	seen_reset(s);
 	for (size_t i = 0; i < m->n_slices; i++) {
 		const Ps__SliceRef *r = m->slices[i];
 		struct ps_slot *sl = ps_store_slot(&s->store, r->slice);
@@ -321,6 +352,12 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 			rc = PS_ENOTENSOR;
 			ps_msg_send_error(sc->conn, m->req_id, rc, "slice %u is not owned by shard %d",
 					  r->slice, s->shard);
+			goto err_reject;
+		}
+		if (seen_twice(s, sl)) {
+			rc = PS_EPROTO;
+			ps_msg_send_error(sc->conn, m->req_id, rc, "slice %u appears twice in one push",
+					  r->slice);
 			goto err_reject;
 		}
 		if (r->offset % 4 || r->offset > plen || r->length > plen - r->offset) {
@@ -926,8 +963,9 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	s->live = malloc((size_t)cfg->nworkers);
 	s->gone_since = calloc((size_t)cfg->nworkers, sizeof(*s->gone_since));
 	s->dedup = calloc((size_t)cfg->nworkers, sizeof(*s->dedup));
+	s->seen = calloc((size_t)(s->store.nslots ? s->store.nslots : 1), sizeof(*s->seen));
 	ps_auth_random((uint8_t *)&s->boot_id, sizeof(s->boot_id));
-	if (!s->finished || !s->connected || !s->live || !s->gone_since || !s->dedup) {
+	if (!s->finished || !s->connected || !s->live || !s->gone_since || !s->dedup || !s->seen) {
 		rc = -ENOMEM;
 		goto err_free_store;
 	}
@@ -1025,6 +1063,7 @@ err_free_store:
 	free(s->live);
 	free(s->gone_since);
 	free(s->dedup);
+	free(s->seen);
 	ps_store_free(&s->store);
 err_free_map:
 	ps_shardmap_free(&s->map);
@@ -1058,6 +1097,7 @@ void ps_server_free(struct ps_server *s)
 	free(s->live);
 	free(s->gone_since);
 	free(s->dedup);
+	free(s->seen);
 	ps_store_free(&s->store);
 	ps_shardmap_free(&s->map);
 }

@@ -63,6 +63,8 @@ struct ps_server {
 	uint8_t secret[32];           /* hashed cluster secret (security.auth) */
 	struct ps_dedup *dedup;       /* per worker rank: pushes already handled */
 	uint64_t boot_id;             /* random per process (HelloReply.boot_id) */
+	uint32_t *seen;               /* per slot: the request that last named it */
+	uint32_t seen_gen;            /* ... numbered by this counter */
 	int stopping;
 };
 

@@ -1236,6 +1236,63 @@ START_TEST(test_idle_and_unread_peers)
 }
 END_TEST
 
+/* Requests with huge numbers of entries: 6,000 copies of one slice's entry
+ * in a push and 15,000 of one slice id in a pull decode (they fit the
+ * metadata limit) and are refused at the second entry, before any work or
+ * any reply is built from them; a million empty entries do not fit the
+ * limit and close the connection. Nothing is applied, the shard stays
+ * responsive. */
+START_TEST(test_many_entries)
+{
+	enum { NPUSH = 6000, NPULL = 15000 };
+	static Ps__SliceRef refs[NPUSH], empty;
+	static float pay[1024];
+	static Ps__SliceRef *ptrs[1000000];
+	static uint32_t ids[NPULL];
+	int fd;
+
+	fx_start();
+	fd = raw_worker();
+	for (int i = 0; i < NPUSH; i++) {
+		ps__slice_ref__init(&refs[i]);
+		refs[i].length = slice_bytes(0); /* each entry valid on its own */
+		ptrs[i] = &refs[i];
+	}
+	ps__slice_ref__init(&empty);
+	Ps__Push m = PS__PUSH__INIT;
+	m.req_id = 1;
+	m.clock = F.clock;
+	m.end_clock = 1;
+	m.n_slices = NPUSH;
+	m.slices = ptrs;
+	ck_assert_uint_lt(protobuf_c_message_get_packed_size(&m.base), 64 * 1024);
+	double t0 = now_ms();
+	ck_assert_uint_eq(slice_bytes(0), sizeof(pay));
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PUSH, &m.base, pay, sizeof(pay)), 0);
+	expect_error(fd, 1, PS_EPROTO, "slice 0 appears twice in one push");
+	Ps__Pull pl = PS__PULL__INIT;
+	pl.req_id = 2;
+	pl.n_slices = NPULL;
+	pl.slices = ids; /* all slice 0 */
+	ck_assert_uint_lt(protobuf_c_message_get_packed_size(&pl.base), 64 * 1024);
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	expect_error(fd, 2, PS_EPROTO, "slice 0 is asked for twice in one pull");
+	ck_assert_msg(now_ms() - t0 < 1000, "took %.0f ms", now_ms() - t0);
+	Ps__Stats *s = raw_stats(fd, 3); /* the connection is still served */
+	protobuf_c_message_free_unpacked(&s->base, NULL);
+	/* a million: 2 MB of metadata, over limits.max_meta_bytes */
+	for (int i = 0; i < 1000000; i++)
+		ptrs[i] = &empty;
+	m.n_slices = 1000000;
+	raw_send(fd, PS_MSG_PUSH, &m.base, NULL, 0); /* may fail once the shard hangs up */
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	after_attack("many entries");
+	fx_stop();
+}
+END_TEST
+
 /* A numbered push sent again, on the same connection and after a
  * reconnect (same incarnation): acknowledged, never applied twice; a
  * refused one gets the same refusal again. */
@@ -1582,6 +1639,7 @@ int main(void)
 	tcase_add_test(tc, test_requests_before_hello);
 	tcase_add_test(tc, test_connection_flood);
 	tcase_add_test(tc, test_idle_and_unread_peers);
+	tcase_add_test(tc, test_many_entries);
 	tcase_add_test(tc, test_resent_push_applied_once);
 	tcase_add_test(tc, test_auth_refusals);
 	tcase_add_test(tc, test_auth_without_mac);
