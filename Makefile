@@ -13,7 +13,7 @@
 PREFIX   ?= /usr/local
 CC       ?= gcc
 SANITIZE ?=
-PKGS     := libuv libprotobuf-c yaml-0.1 liblz4 check zlib libmicrohttpd libsodium libcrypto
+PKGS     := libuv libprotobuf-c yaml-0.1 liblz4 check zlib libmicrohttpd libsodium libcrypto libibverbs
 
 .DEFAULT_GOAL := all
 
@@ -22,7 +22,7 @@ OBJ      := build/$(VARIANT)
 GEN      := build/gen
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs libuv libprotobuf-c yaml-0.1 liblz4 libsodium libcrypto 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs libuv libprotobuf-c yaml-0.1 liblz4 libsodium libcrypto libibverbs 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 SRV_LIBS   := $(shell pkg-config --libs libmicrohttpd zlib 2>/dev/null)
 
@@ -55,7 +55,7 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/transport_tcp.c worker/ps_client.c \
              common/codec.c common/codec_fp16.c common/codec_q8.c common/codec_topk.c \
              common/codec_sign.c common/codec_lz4.c common/histo.c common/finite.c \
-             common/frame_mac.c common/auth.c
+             common/frame_mac.c common/auth.c common/rdma_proto.c common/transport_rdma.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
 COMPUTE   := $(wildcard common/compute.c common/compute_cpu.c)

@@ -454,7 +454,6 @@ static int section_line(const struct ynode *root, const char *key)
 static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *root,
 		    const struct ynode **seen)
 {
-	const struct ynode *tr = seen[find_opt(cfg_opts, NCFG, "transport")];
 	const struct ynode *sl = seen[find_opt(cfg_opts, NCFG, "slice_bytes")];
 	const struct ynode *fr = seen[find_opt(cfg_opts, NCFG, "limits.max_frame_bytes")];
 	char got[100], a[32], b[32];
@@ -463,9 +462,8 @@ static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *ro
 		if ((cfg_opts[i].flags & F_REQUIRED) && !seen[i])
 			return cfg_fail(c, section_line(root, cfg_opts[i].key), "missing required key '%s'",
 				    cfg_opts[i].key);
-	if (cfg->transport == PS_TRANSPORT_RDMA)
-		return cfg_fail(c, tr->line, "transport 'rdma' is not available yet in this build; "
-			    "use 'tcp'");
+	/* transport: rdma loads; whether this machine can run it is the
+	 * processes' start-up check (ps_rdma_probe) */
 	if (cfg->slice_bytes % 4)
 		return cfg_fail(c, sl->line, "key 'slice_bytes': expected a multiple of 4, got %s",
 			    cfg_what(sl, got, sizeof(got)));

@@ -126,6 +126,7 @@ struct ps_config {
 	struct ps_stats_cfg stats;
 	struct ps_checkpoint_cfg checkpoint;
 	struct ps_security_cfg security;
+	char rdma_device[64];       /* transport rdma: the verbs device; "" = the first */
 	char log_level[16];
 	struct ps_compress_cfg compress;
 	struct ps_model_cfg model;  /* layers; nlayers 0 when only tensors are given */

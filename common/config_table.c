@@ -38,7 +38,10 @@ const struct opt cfg_opts[] = {
 	O("cluster.workers", T_INT, F_REQUIRED, 1, 4096, NULL, NULL, C, nworkers,
 	  "number of worker processes (ranks 0..workers-1)"),
 	O("transport", T_ENUM, 0, 0, 0, "tcp", cfg_transport_names, C, transport,
-	  "wire transport between workers and shards; only tcp is available in this build"),
+	  "wire transport between workers and shards: tcp; rdma (verbs) is refused at start "
+	  "with the reason until its data path exists (docs/rdma.md)"),
+	O("rdma.device", T_PATH, 0, 0, 0, "", NULL, C, rdma_device,
+	  "transport rdma: the verbs device to use (as ibv_devices lists it); \"\" = the first"),
 	O("consistency.mode", T_ENUM, 0, 0, 0, "sync", cfg_consistency_names, C, consistency,
 	  "sync: a clock completes when every worker pushed; async: workers run freely"),
 	O("consistency.staleness", T_INT, 0, 0, 1000000, "0", NULL, C, staleness,

@@ -4,6 +4,7 @@
 
 static const struct ps_transport_ops *const transports[] = {
 	&ps_tcp_transport_ops,
+	&ps_rdma_transport_ops,
 };
 
 const struct ps_transport_ops *ps_transport_find(const char *name)

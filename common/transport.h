@@ -163,5 +163,6 @@ struct ps_transport_ops {
 const struct ps_transport_ops *ps_transport_find(const char *name);
 
 extern const struct ps_transport_ops ps_tcp_transport_ops;
+extern const struct ps_transport_ops ps_rdma_transport_ops;
 
 #endif

@@ -13,6 +13,7 @@ PKGS=(
   zlib1g-dev
   libopenblas-dev
   libsodium-dev libssl-dev
+  libibverbs-dev librdmacm-dev
   libmicrohttpd-dev
   dataset-fashion-mnist
   iproute2 nftables

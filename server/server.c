@@ -21,6 +21,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "server.h"
+#include "transport_rdma.h"
 
 enum { CONN_HELLO, CONN_AUTH, CONN_READY, CONN_REFUSED };
 
@@ -946,6 +947,14 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 		ps_error("shard %d does not exist: the config names shards 0..%d", shard,
 			 cfg->nshards - 1);
 		return -EINVAL;
+	}
+	if (cfg->transport == PS_TRANSPORT_RDMA) {
+		char why[400];
+		rc = ps_rdma_probe(cfg->rdma_device, why, sizeof(why));
+		if (rc) {
+			ps_error("transport rdma: %s", why);
+			return rc;
+		}
 	}
 	ops = ps_transport_find(cfg->transport == PS_TRANSPORT_TCP ? "tcp" : "rdma");
 	if (!ops) {

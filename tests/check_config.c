@@ -700,8 +700,6 @@ static const struct ecase ecases[] = {
 	{ "missing tensors, empty model", CL("[a:1]", "1") "model:\n",
 	  { "t.yaml:4: missing the model" } },
 	/* checks across options */
-	{ "rdma refused", BASE "transport: rdma\n",
-	  { "t.yaml:7: transport 'rdma' is not available yet in this build; use 'tcp'" } },
 	{ "slice not multiple of 4", BASE "slice_bytes: 1001\n",
 	  { "t.yaml:7: key 'slice_bytes': expected a multiple of 4, got '1001'" } },
 	{ "frame smaller than slice", BASE "slice_bytes: 1MiB\nlimits:\n  max_frame_bytes: 1MiB\n",

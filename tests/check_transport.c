@@ -27,6 +27,7 @@
 #include "ps_err.h"
 #include "test_util.h"
 #include "transport.h"
+#include "transport_rdma.h"
 
 static const char *const transports[] = { "tcp", "rdma" };
 static const char *avail[8]; /* names that passed the probe in main() */
@@ -1130,6 +1131,8 @@ static const char *probe(const char *name, char *why, size_t n)
 	rc = ops->create(&loop, &cbs, &lim_default, NULL, &t);
 	if (rc == 0 && (rc = ops->listen(t, "127.0.0.1", 0)) == 0)
 		why = NULL;
+	else if (!t && strcmp(name, "rdma") == 0)
+		ps_rdma_probe(NULL, why, n); /* what this machine lacks */
 	else
 		snprintf(why, n, "%s failed: %s", t ? "listen() on 127.0.0.1" : "create()",
 			 ps_strerror(rc));

@@ -52,6 +52,16 @@ expect "ps-keygen made it mode 600" [ "$(stat -c %a "$tmp/c.secret")" = 600 ]
 cp "$tmp/c.secret" "$tmp/c.secret.before"
 scripts/ps-keygen "$tmp/c.secret" 2>/dev/null
 expect "ps-keygen refuses to overwrite" cmp -s "$tmp/c.secret" "$tmp/c.secret.before"
+# transport: rdma where this machine cannot run it: status 1 and one line
+# naming what is missing and suggesting tcp (shard and worker alike)
+sed 's/^log:/transport: rdma\nlog:/' "$tmp/c.yaml" > "$tmp/rdma.yaml"
+bin/ps-server --config "$tmp/rdma.yaml" --shard 0 2>"$tmp/rdma.err"; rc=$?
+expect "ps-server with rdma refused at start (status $rc): $(cat "$tmp/rdma.err")" \
+  grep -q "transport rdma: .*\(no RDMA device found\|not built yet\).*use transport: tcp" "$tmp/rdma.err"
+[ $rc -eq 1 ] && ok || bad "ps-server with rdma: status $rc"
+bin/ps-worker --config "$tmp/rdma.yaml" --rank 0 >/dev/null 2>"$tmp/rdma-w.err"; rc=$?
+expect "ps-worker with rdma refused (status $rc): $(cat "$tmp/rdma-w.err")" \
+  grep -q "transport rdma: .*use transport: tcp" "$tmp/rdma-w.err"
 # ps-cluster.sh refuses a config without a secret file (nothing to copy)
 scripts/ps-cluster.sh "$tmp/c2.yaml" start --dry-run >/dev/null 2>"$tmp/nosecret.err"
 expect "ps-cluster.sh refuses a config without a secret" grep -q "names no security.secret_file" "$tmp/nosecret.err"

@@ -31,6 +31,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "shardmap.h"
+#include "transport_rdma.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define PS_CPU_RELAX() __builtin_ia32_pause()
@@ -1264,6 +1265,14 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		snprintf(err, errlen, "rank %d outside 0..%d (cluster.workers is %d)", rank,
 			 cfg->nworkers - 1, cfg->nworkers);
 		return -EINVAL;
+	}
+	if (cfg->transport == PS_TRANSPORT_RDMA) {
+		char why[400];
+		rc = ps_rdma_probe(cfg->rdma_device, why, sizeof(why));
+		if (rc) {
+			snprintf(err, errlen, "transport rdma: %s", why);
+			return rc;
+		}
 	}
 	ops = ps_transport_find(cfg->transport == PS_TRANSPORT_TCP ? "tcp" : "rdma");
 	if (!ops) {
