@@ -35,6 +35,9 @@ grep -h "test accuracy" "$LOGDIR/worker-0.log" | tail -n 1 | sed 's/^/demo: /'
 
 echo
 echo "demo: 4 KiB push+pull latency against one local shard (ps-bench --local, 2 s)"
-bin/ps-bench --config conf/bench.yaml --local --op pushpull --size 4K --seconds 2 | tee "$LOGDIR/bench-4k.txt"
+# the secret ps-local.sh used: the config's, else the one it made in the log folder
+secret=$(bin/ps-server --config "$CONFIG" --dump-config | awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  secret_file:/ {sub(/^  secret_file: */, ""); gsub(/^"|"$/, ""); print}')
+secret=${secret:-${PS_SECRET_FILE:-$LOGDIR/ps.secret}}
+bin/ps-bench --config conf/bench.yaml --secret-file "$secret" --local --op pushpull --size 4K --seconds 2 | tee "$LOGDIR/bench-4k.txt"
 echo
 echo "demo: done; logs in $LOGDIR"
