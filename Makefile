@@ -6,8 +6,8 @@
 #   make demo            a local 2-shard cluster and a short benchmark
 #   make install PREFIX=/usr/local
 #   make SANITIZE=address,undefined test
-#   make valgrind        the integration tests (but training) with every shard and
-#                        the test itself under valgrind memcheck (minutes)
+#   make valgrind        the integration tests with every shard and the test
+#                        itself under valgrind memcheck (about 6 minutes)
 #   make clean
 
 PREFIX   ?= /usr/local
@@ -187,7 +187,7 @@ fuzz-build: deps $(FUZZ_BINS)
 VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite
 valgrind: deps
 	@$(MAKE) --no-print-directory all $(IT_BINS)
-	@PS_TEST_VALGRIND=1 PS_TEST_WRAP="$(VALGRIND)" scripts/run-tests.sh $(filter-out %/it_train,$(IT_BINS))
+	@PS_TEST_VALGRIND=1 PS_TEST_WRAP="$(VALGRIND)" scripts/run-tests.sh $(IT_BINS)
 
 fuzz: fuzz-build
 	@scripts/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
