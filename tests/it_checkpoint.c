@@ -207,6 +207,19 @@ START_TEST(test_checkpoint_resume)
 }
 END_TEST
 
+/* Stops both shards (each must exit 0) and removes the folder and config. */
+static void stop_and_clean(void)
+{
+	char cmd[200];
+
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+	unlink(path);
+	path[0] = 0;
+}
+
 /* Integer gradient of worker r at clock k for element i (exact in float). */
 static float kgrad(int r, uint64_t k, int i)
 {
@@ -222,7 +235,7 @@ static float kgrad(int r, uint64_t k, int i)
 START_TEST(test_shard_killed_and_restarted)
 {
 	static float g[2][N], w[N];
-	char yaml[1024], err[512], cmd[200];
+	char yaml[1024], err[512];
 	struct ps_client *c[2];
 	struct ps_shardmap map;
 
@@ -304,12 +317,7 @@ START_TEST(test_shard_killed_and_restarted)
 	for (int r = 0; r < 2; r++)
 		ps_client_free(c[r]);
 	ps_shardmap_free(&map);
-	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
-	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	ck_assert_int_eq(system(cmd), 0);
-	unlink(path);
-	path[0] = 0;
+	stop_and_clean();
 }
 END_TEST
 
@@ -360,7 +368,7 @@ START_TEST(test_crash_while_checkpointing)
 {
 	static float w[N];
 	static const char *const steps[] = { "write", "fsync", "rename" };
-	char ck0[200], cmd[200];
+	char ck0[200];
 	uint64_t clock = 2;
 
 	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
@@ -423,12 +431,7 @@ START_TEST(test_crash_while_checkpointing)
 		ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
 	}
 	ps_client_free(c);
-	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
-	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	ck_assert_int_eq(system(cmd), 0);
-	unlink(path);
-	path[0] = 0;
+	stop_and_clean();
 }
 END_TEST
 

@@ -75,6 +75,17 @@ static double now_ms(void)
 	return ps_now_s() * 1e3;
 }
 
+/* Gradient and weight buffers for the three tensors of cluster_yaml. */
+static void tensors_new(const struct ps_config *cfg, struct ps_tensor *g, struct ps_tensor *w)
+{
+	for (int t = 0; t < 3; t++) {
+		g[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
+					   cfg->tensors[t].count, 0 };
+		w[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
+					   cfg->tensors[t].count, 0 };
+	}
+}
+
 /* Integer gradient of worker rank at clock for element i. */
 static float grad_value(int rank, int clock, int t, int64_t i)
 {
@@ -101,12 +112,7 @@ START_TEST(test_sync_worker_leaves_and_rejoins)
 		c[r] = connect_retry(&cfg, r, err, sizeof(err));
 		ck_assert_msg(c[r] != NULL, "%s", err);
 	}
-	for (int t = 0; t < 3; t++) {
-		g[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
-					   cfg.tensors[t].count, 0 };
-		w[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
-					   cfg.tensors[t].count, 0 };
-	}
+	tensors_new(&cfg, g, w);
 	for (int clock = 0; clock < 12; clock++) {
 		if (clock == 4) { /* rank 1 leaves */
 			ps_client_free(c[1]);
@@ -170,16 +176,6 @@ static int sync_step(struct ps_client *c, int rank, int clock, struct ps_tensor 
 		return rc;
 	id = ps_client_pull(c, (uint64_t)clock + 1, w, 3);
 	return id < 0 ? (int)id : ps_client_wait(c, id);
-}
-
-static void tensors_new(const struct ps_config *cfg, struct ps_tensor *g, struct ps_tensor *w)
-{
-	for (int t = 0; t < 3; t++) {
-		g[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
-					   cfg->tensors[t].count, 0 };
-		w[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
-					   cfg->tensors[t].count, 0 };
-	}
 }
 
 /* kill -9 of a worker waiting inside a sync barrier (it pushed clock 3 and
@@ -325,12 +321,7 @@ START_TEST(test_partition_exactly_once)
 		      "  reconnect_timeout_ms: 20000\n  request_timeout_ms: 20000\n", srv);
 	struct ps_client *c = connect_retry(&cfg, 0, err, sizeof(err));
 	ck_assert_msg(c != NULL, "%s", err);
-	for (int t = 0; t < 3; t++) {
-		g[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
-					   cfg.tensors[t].count, 0 };
-		w[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
-					   cfg.tensors[t].count, 0 };
-	}
+	tensors_new(&cfg, g, w);
 	int p0 = cfg.shards[0].port, p1 = cfg.shards[1].port;
 	for (int clock = 0; clock < 10; clock++) {
 		pid_t healer = 0;

@@ -490,13 +490,15 @@ struct pref {
 static float push_fill = 1.0f; /* the value of every payload float */
 static uint64_t push_seq;      /* Push.seq of the raw pushes (0: not numbered) */
 
-static int raw_push(int fd, uint64_t req, uint64_t clock, int end_clock, const struct pref *p,
-		    int n, uint64_t plen)
+/* The bytes of a push frame as raw_frame builds them (malloc'ed, *len of
+ * them; its metadata's length in *mlen). */
+static uint8_t *push_frame(int fd, uint64_t req, uint64_t clock, int end_clock,
+			   const struct pref *p, int n, uint64_t plen, size_t *len, size_t *mlen)
 {
 	Ps__SliceRef refs[8], *ptrs[8];
 	Ps__Push m = PS__PUSH__INIT;
 	float *pay = malloc(plen + 4);
-	int rc;
+	uint8_t *meta, *b;
 
 	for (uint64_t i = 0; i < plen / 4; i++)
 		pay[i] = push_fill;
@@ -513,8 +515,22 @@ static int raw_push(int fd, uint64_t req, uint64_t clock, int end_clock, const s
 	m.end_clock = end_clock;
 	m.n_slices = (size_t)n;
 	m.slices = ptrs;
-	rc = raw_send(fd, PS_MSG_PUSH, &m.base, pay, plen);
+	meta = malloc(protobuf_c_message_get_packed_size(&m.base) + 1);
+	*mlen = protobuf_c_message_pack(&m.base, meta);
+	b = raw_frame(fd, PS_MSG_PUSH, meta, *mlen, pay, plen, len);
+	free(meta);
 	free(pay);
+	return b;
+}
+
+static int raw_push(int fd, uint64_t req, uint64_t clock, int end_clock, const struct pref *p,
+		    int n, uint64_t plen)
+{
+	size_t len, mlen;
+	uint8_t *b = push_frame(fd, req, clock, end_clock, p, n, plen, &len, &mlen);
+	int rc = raw_write(fd, b, len);
+
+	free(b);
 	return rc;
 }
 
@@ -1473,26 +1489,8 @@ START_TEST(test_auth_refusals)
 	int n = all_slices(p, &plen);
 	for (int where = 0; where < 4; where++) {
 		fd = raw_worker();
-		Ps__SliceRef refs[8], *ptrs[8];
-		Ps__Push m = PS__PUSH__INIT;
-		float *pay = malloc(plen);
-		for (uint64_t i = 0; i < plen / 4; i++)
-			pay[i] = 1.0f;
-		for (int i = 0; i < n; i++) {
-			ps__slice_ref__init(&refs[i]);
-			refs[i].slice = p[i].slice;
-			refs[i].offset = p[i].offset;
-			refs[i].length = p[i].length;
-			ptrs[i] = &refs[i];
-		}
-		m.req_id = 50;
-		m.clock = F.clock;
-		m.end_clock = 1;
-		m.n_slices = (size_t)n;
-		m.slices = ptrs;
-		uint8_t meta[512];
-		size_t mlen = protobuf_c_message_pack(&m.base, meta);
-		b = raw_frame(fd, PS_MSG_PUSH, meta, mlen, pay, plen, &len);
+		size_t mlen;
+		b = push_frame(fd, 50, F.clock, 1, p, n, plen, &len, &mlen);
 		/* header: the LZ4 bit of the flags (the frame would still pass the
 		 * header checks); then inside metadata, payload and tag */
 		size_t at = where == 0 ? 6
@@ -1502,7 +1500,6 @@ START_TEST(test_auth_refusals)
 		b[at] ^= where == 0 ? 0x01 : 0x20;
 		ck_assert_int_eq(raw_write(fd, b, len), 0);
 		free(b);
-		free(pay);
 		ck_assert_msg(raw_wait_closed(fd, 3000) >= 0, "flipped bit %d: still open", where);
 		ck_assert_uint_eq(raw_dropped, 0); /* no ack */
 		close(fd);
