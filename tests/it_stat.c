@@ -175,9 +175,37 @@ START_TEST(test_stat_live_and_down)
 	pthread_join(th, NULL);
 	ck_assert_msg(tr.rc == 0, "traffic: %s", tr.err);
 
-	/* one shard gone: the other still prints, exit status 1 */
+	/* one shard gone: a running --watch shows it down at its next
+	 * refreshes (a monitor does not wait for it to come back) */
+	char watch_out[64], cmd[300];
+	snprintf(watch_out, sizeof(watch_out), "%s.watch", path);
+	snprintf(cmd, sizeof(cmd), "bin/ps-stat --config %s --watch 0.2 --json > %s 2>&1 & "
+		 "echo $! > %s.pid", path, watch_out, watch_out);
+	ck_assert_int_eq(system(cmd), 0);
+	tu_sleep_ms(700);
 	kill(srv[1], SIGKILL);
 	tu_wait_child(srv[1]);
+	tu_sleep_ms(1500);
+	snprintf(cmd, sizeof(cmd), "kill -INT $(cat %s.pid); rm -f %s.pid", watch_out, watch_out);
+	ck_assert_int_eq(system(cmd), 0);
+	tu_sleep_ms(200);
+	FILE *wf = fopen(watch_out, "r");
+	ck_assert_ptr_nonnull(wf);
+	static char line[65536], last[65536];
+	int nlines = 0;
+	while (fgets(line, sizeof(line), wf))
+		if (strstr(line, "\"shard\":1")) {
+			memcpy(last, line, sizeof(line));
+			nlines++;
+		}
+	fclose(wf);
+	unlink(watch_out);
+	ck_assert_msg(nlines >= 5, "%d refreshes in 2.2 s", nlines);
+	sh1 = strstr(last, "\"shard\":1");
+	ck_assert_msg(sh1 && !strncmp(strstr(sh1, "\"up\":"), "\"up\":false", 10),
+		      "the last refresh still shows shard 1 up: %s", last);
+
+	/* one shard gone: the other still prints, exit status 1 */
 	snprintf(args, sizeof(args), "--config %s --json --interval 0.1", path);
 	rc = run_stat(args, out, sizeof(out), 0);
 	ck_assert_msg(rc == 1, "ps-stat exited %d: %s", rc, out);

@@ -6,8 +6,9 @@
  * the transport and matches replies to requests by id. One mutex guards the
  * request list and the client's state; completions broadcast one condvar.
  *
- * A shard whose connection is lost after it was ready is reconnected with
- * backoff for limits.reconnect_timeout_ms; its requests stay waiting and
+ * A worker's shard whose connection is lost after it was ready is
+ * reconnected with backoff for limits.reconnect_timeout_ms (a monitor's
+ * is reported down at once); its requests stay waiting and
  * every part not answered is sent again on the new connection, oldest
  * first (a part remembers the connection generation it went out on).
  * Pushes are numbered (Push.seq = request id) and the client keeps its
@@ -535,8 +536,9 @@ static void on_close(struct ps_conn *pc, int status)
 	if (sh->state == SH_READY)
 		c->nready--;
 	if (sh->state != SH_FAILED && sh->gen > 0 && c->started && !c->stopping &&
-	    c->cfg->limits.reconnect_timeout_ms > 0) {
-		/* it was ready once: try again, keeping its requests waiting */
+	    c->rank >= 0 && c->cfg->limits.reconnect_timeout_ms > 0) {
+		/* a worker's shard that was ready once: try again, keeping its
+		 * requests waiting (a monitor reports the shard down instead) */
 		double now = ps_now_s();
 		if (sh->lost_at == 0) {
 			sh->lost_at = now;
