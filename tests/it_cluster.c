@@ -248,6 +248,58 @@ START_TEST(test_worker_killed_in_barrier)
 }
 END_TEST
 
+/* A pull that waits past limits.request_timeout_ms (the barrier waits for
+ * a worker that has not pushed) fails with the reason; the connection it
+ * went out on is closed (its queued writes must not outlive the request),
+ * the worker reconnects, and once the other worker pushes, the same pull
+ * succeeds with exact weights. */
+START_TEST(test_request_timeout_then_go_on)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_tensor g[3], w[3];
+
+	start_cluster(path, &cfg, 2, "sync", "limits:\n  request_timeout_ms: 1000\n", srv);
+	struct ps_client *c0 = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(c0 != NULL, "%s", err);
+	tensors_new(&cfg, g, w);
+	for (int t = 0; t < 3; t++)
+		for (int64_t i = 0; i < g[t].count; i++)
+			g[t].data[i] = grad_value(0, 0, t, i);
+	int64_t id = ps_client_push(c0, 0, g, 3, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c0, id) == 0, "%s", ps_client_error(c0));
+	double t0 = now_ms();
+	id = ps_client_pull(c0, 1, w, 3);
+	ck_assert_int_eq(ps_client_wait(c0, id), PS_ETIMEDOUT);
+	ck_assert_msg(strstr(ps_client_error(c0), "no answer within 1000 ms"), "%s",
+		      ps_client_error(c0));
+	ck_assert_msg(now_ms() - t0 < 2500, "failed after %.0f ms", now_ms() - t0);
+	struct ps_client *c1 = connect_retry(&cfg, 1, err, sizeof(err));
+	ck_assert_msg(c1 != NULL, "%s", err);
+	for (int t = 0; t < 3; t++)
+		for (int64_t i = 0; i < g[t].count; i++)
+			g[t].data[i] = grad_value(1, 0, t, i);
+	id = ps_client_push(c1, 0, g, 3, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c1, id) == 0, "%s", ps_client_error(c1));
+	id = ps_client_pull(c0, 1, w, 3);
+	ck_assert_msg(ps_client_wait(c0, id) == 0, "pull after the timeout: %s",
+		      ps_client_error(c0));
+	for (int t = 0; t < 3; t++) {
+		for (int64_t i = 0; i < w[t].count; i++) {
+			double want = (double)(i % 1024) - grad_value(0, 0, t, i) - grad_value(1, 0, t, i);
+			ck_assert_msg((double)w[t].data[i] == want, "%s[%lld] = %g, want %g",
+				      w[t].name, (long long)i, (double)w[t].data[i], want);
+		}
+		free(g[t].data);
+		free(w[t].data);
+	}
+	ps_client_free(c0);
+	ps_client_free(c1);
+	stop_cluster(path, srv);
+}
+END_TEST
+
 /* ---- network faults with nftables (root only) ---- */
 
 static char nft_table[32];
@@ -769,6 +821,7 @@ Suite *cluster_suite(void)
 	tcase_add_test(tc, test_sync_worker_leaves_and_rejoins);
 	tcase_add_test(tc, test_partition_exactly_once);
 	tcase_add_test(tc, test_worker_killed_in_barrier);
+	tcase_add_test(tc, test_request_timeout_then_go_on);
 	tcase_add_test(tc, test_pipelined_order);
 	tcase_add_test(tc, test_fp16_exact);
 	tcase_add_test(tc, test_ssp_staleness_bound);

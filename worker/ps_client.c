@@ -675,12 +675,16 @@ static void heartbeats(struct ps_client *c, double now)
 }
 
 /* Fails requests past their deadline (the shard may still answer: the
- * answer is then dropped), and starts the reconnects that are due. */
+ * answer is then dropped), and starts the reconnects that are due. A part
+ * that went out on the current connection may still sit in its write
+ * queue, pointing into the caller's buffers, which are the caller's again
+ * once the request fails: that connection is closed first, which cancels
+ * the queued writes (a worker then reconnects and resends the others). */
 static void on_tick(uv_timer_t *t)
 {
 	struct ps_client *c = t->data;
 	double now = ps_now_s();
-	char why[500];
+	char why[sizeof(c->shards[0].why)];
 
 	pthread_mutex_lock(&c->mu);
 	heartbeats(c, now);
@@ -695,6 +699,11 @@ static void on_tick(uv_timer_t *t)
 				 "(limits.request_timeout_ms)%s", k, c->cfg->shards[k].host,
 				 c->cfg->shards[k].port, c->cfg->limits.request_timeout_ms,
 				 sh->lost_at > 0 ? "; the connection is lost and being retried" : "");
+			if (sh->conn && sh->state == SH_READY && r->parts[k].gen == sh->gen) {
+				snprintf(sh->why, sizeof(sh->why), "%s", why);
+				sh->status = PS_ETIMEDOUT;
+				sh->conn->t->ops->close(sh->conn, PS_ETIMEDOUT);
+			}
 			part_done(c, r, k, PS_ETIMEDOUT, why);
 		}
 	}
