@@ -40,10 +40,10 @@ nomac=$(mktemp /tmp/ps-bench-nomac.XXXXXX.yaml)
 { cat $CFG; printf 'security:\n  auth: false\n'; } > "$nomac"
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
 for m in "pushpull 4K 1 p50_us" "push 1M 2 gb_per_s" "push 16M 2 gb_per_s"; do
-  set -- $m
-  with=$(bin/ps-bench --config $CFG --local --op $1 --size $2 --seconds "$S" --inflight $3 --no-baseline --json | field $4)
-  without=$(bin/ps-bench --config "$nomac" --local --op $1 --size $2 --seconds "$S" --inflight $3 --no-baseline --json 2>/dev/null | field $4)
-  awk -v op=$1 -v sz=$2 -v k=$3 -v f=$4 -v a="$with" -v b="$without" 'BEGIN {
+  read -r op sz k f <<<"$m"   # (not `set --`: the script's own arguments are used below)
+  with=$(bin/ps-bench --config $CFG --local --op $op --size $sz --seconds "$S" --inflight $k --no-baseline --json | field $f)
+  without=$(bin/ps-bench --config "$nomac" --local --op $op --size $sz --seconds "$S" --inflight $k --no-baseline --json 2>/dev/null | field $f)
+  awk -v op=$op -v sz=$sz -v k=$k -v f=$f -v a="$with" -v b="$without" 'BEGIN {
     unit = f == "p50_us" ? "us p50" : "GB/s";
     printf "%-8s %-4s inflight %s: MAC %9.3f %s, no MAC %9.3f %s, ratio %.2f\n", op, sz, k, a, unit, b, unit, (b > 0 ? a / b : 0) }'
 done
