@@ -301,6 +301,65 @@ START_TEST(test_bsp_live_set)
 }
 END_TEST
 
+/* Ended clocks (a shard restarted from an older checkpoint learns from
+ * its workers' Hellos that they ended clocks it has no pushes for): the
+ * version passes over clocks every live rank has ended, applying nothing;
+ * a bucket completes without the ranks already past its clock; a rank
+ * that has not ended a clock is still waited for. */
+START_TEST(test_bsp_ended_clocks)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	uint8_t live[3] = { 1, 1, 1 };
+	uint64_t finished[3] = { 5, 5, 5 };
+	float g[3][200], w0[200];
+	struct ps_frame_ref *fr;
+
+	make_cfg(&cfg, 3, PS_SYNC);
+	cfg.limits.max_clock_ahead = 64;
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	st.live = live;
+	st.finished = finished;
+	struct ps_slot *s = &st.slots[0];
+	s->version = 5; /* as restored from a checkpoint at clock 5 */
+	memcpy(w0, s->w, sizeof(w0));
+	ck_assert_int_eq(ps_store_advance(&st), 0); /* nobody is past 5 */
+	/* ranks 0 and 1 ended clock 8 before the restart, rank 2 clock 7 */
+	finished[0] = finished[1] = 9;
+	finished[2] = 8;
+	ck_assert_int_eq(ps_store_advance(&st), 1);
+	ck_assert_uint_eq(s->version, 8); /* passed over 5..7, nothing applied */
+	ck_assert_uint_eq(s->steps, 0);
+	ck_assert_mem_eq(s->w, w0, sizeof(w0));
+	/* clock 8: only rank 2 still owes it; its push completes the bucket */
+	grads(g, 8);
+	fr = make_frame(g[2], 200);
+	ck_assert_int_eq(ps_store_offer(&st, s, 2, 8, (const float *)fr->frame->payload, fr), 1);
+	ps_frame_ref_put(fr);
+	ck_assert_uint_eq(s->version, 9);
+	for (int i = 0; i < 200; i++)
+		ck_assert_float_eq(s->w[i], w0[i] - 0.1f * g[2][i]);
+	/* clock 9: everybody pushes again; a rank not past 9 is waited for */
+	finished[2] = 9;
+	grads(g, 9);
+	for (int r = 0; r < 2; r++) {
+		fr = make_frame(g[r], 200);
+		ck_assert_int_eq(ps_store_offer(&st, s, r, 9, (const float *)fr->frame->payload, fr), 0);
+		ps_frame_ref_put(fr);
+	}
+	ck_assert_int_eq(ps_store_advance(&st), 0);
+	ck_assert_uint_eq(s->version, 9);
+	/* a dead rank's old finished clock does not hold the others back */
+	live[2] = 0;
+	ck_assert_int_eq(ps_store_advance(&st), 1);
+	ck_assert_uint_eq(s->version, 10);
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("store");
@@ -316,6 +375,7 @@ int main(void)
 	tcase_add_test(tc, test_checksum_tracks_weights);
 	tcase_add_test(tc, test_all_finite_every_position);
 	tcase_add_test(tc, test_bsp_live_set);
+	tcase_add_test(tc, test_bsp_ended_clocks);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
