@@ -150,7 +150,7 @@ demo: deps
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/ps
-	install -m 755 $(PROGRAMS) $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(PROGRAMS) scripts/ps-keygen $(DESTDIR)$(PREFIX)/bin
 	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
 	install -m 644 worker/ps_client.h common/config.h common/layers.h common/ps_err.h \
 		common/codec.h common/histo.h $(DESTDIR)$(PREFIX)/include/ps
