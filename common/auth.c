@@ -12,15 +12,12 @@
 #include "auth.h"
 #include "ps_err.h"
 
+/* sodium_init is idempotent and thread-safe; it fails only when the
+ * system has no random source at all. */
 static void ensure_init(void)
 {
-	static int done;
-
-	if (!__atomic_load_n(&done, __ATOMIC_ACQUIRE)) {
-		if (sodium_init() < 0)
-			abort(); /* only when the system has no random source at all */
-		__atomic_store_n(&done, 1, __ATOMIC_RELEASE);
-	}
+	if (sodium_init() < 0)
+		abort();
 }
 
 void ps_auth_secret_path(const struct ps_config *cfg, char *out, size_t outlen)

@@ -53,7 +53,7 @@ static int set_servers(struct ctx *c, const struct opt *o, struct ps_config *cfg
 
 		snprintf(k, sizeof(k), "%s[%zu]", key, i);
 		why = NULL;
-		if (s->kind != YN_SCALAR || cfg_parse_endpoint(s->text, ep, &why))
+		if (s->kind != YN_SCALAR || ps_endpoint_parse(s->text, ep, &why))
 			return cfg_fail(c, s->line, "key '%s': expected host:port (port 1..65535, IPv6 "
 				    "quoted as \"[::1]:7000\"), got %s%s%s%s", k,
 				    cfg_what(s, got, sizeof(got)), why ? " (" : "", why ? why : "",

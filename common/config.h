@@ -32,6 +32,10 @@ struct ps_endpoint {
 	int port;
 };
 
+/* Parses "host:port" or "[v6]:port" (the form of cluster.servers and
+ * stats.http); 0, or -1 with what is wrong in *why. */
+int ps_endpoint_parse(const char *s, struct ps_endpoint *ep, const char **why);
+
 struct ps_tensor_cfg {
 	char name[PS_NAME_MAX];
 	int ndims;

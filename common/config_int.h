@@ -104,7 +104,6 @@ int cfg_parse_size(const char *s, uint64_t *out);
 int cfg_parse_double(const char *s, double *out);
 const char *cfg_fmt_size(uint64_t v, char *buf, size_t len);
 const char *cfg_fmt_float(float f, char *buf, size_t len);
-int cfg_parse_endpoint(const char *s, struct ps_endpoint *ep, const char **why);
 void cfg_fmt_endpoint(const struct ps_endpoint *ep, char *buf, size_t len);
 /* What an option accepts, as used in errors and --help. */
 const char *cfg_describe(const struct opt *o, char *buf, size_t len);

@@ -111,7 +111,7 @@ const char *cfg_fmt_float(float f, char *buf, size_t len)
 }
 
 /* Parses "host:port", "[v6]:port"; on failure *why says what is wrong. */
-int cfg_parse_endpoint(const char *s, struct ps_endpoint *ep, const char **why)
+int ps_endpoint_parse(const char *s, struct ps_endpoint *ep, const char **why)
 {
 	const char *host = s, *port, *p;
 	size_t hlen;
@@ -311,7 +311,7 @@ int cfg_parse_scalar(const struct opt *o, void *base, const char *s, const char 
 			*dst = 0;
 			return 0;
 		}
-		if (cfg_parse_endpoint(s, &ep, why))
+		if (ps_endpoint_parse(s, &ep, why))
 			return -1;
 		cfg_fmt_endpoint(&ep, dst, o->size);
 		return 0;

@@ -162,6 +162,13 @@ struct ps_transport_ops {
 /* The registry: NULL for an unknown or unavailable name. */
 const struct ps_transport_ops *ps_transport_find(const char *name);
 
+struct ps_config;
+/* The transport cfg names, or NULL when this machine cannot run it, with
+ * one line naming what is missing in why and the code in *rc (rdma without
+ * a usable device: ps_rdma_probe). */
+const struct ps_transport_ops *ps_transport_for(const struct ps_config *cfg, char *why,
+						size_t whylen, int *rc);
+
 extern const struct ps_transport_ops ps_tcp_transport_ops;
 extern const struct ps_transport_ops ps_rdma_transport_ops;
 

@@ -41,9 +41,9 @@
 #include <sys/uio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sodium.h>
 #include "ps_err.h"
 #include "ps_log.h"
-#include <sodium.h>
 #include "finite.h"
 #include "frame_mac.h"
 #include "transport.h"
@@ -675,8 +675,8 @@ static int outbox_add(struct tcp_conn *c, const uv_buf_t *bufs, int nbufs, size_
 
 /* Numbers a frame and encodes its header into head; on a keyed connection
  * also starts its tag over head (header and metadata, head_len bytes) in
- * m. Returns 1 when the payload must be folded into m and the tag
- * appended. The caller advances send_seq once the frame is committed.
+ * c->smac. Returns 1 when the payload must be folded into c->smac and the
+ * tag appended. The caller advances send_seq once the frame is committed.
  * Under wmu. */
 static int seal_begin(struct tcp_conn *c, struct ps_frame_hdr *h, uint8_t *head,
 		      size_t head_len)
@@ -765,8 +765,7 @@ err_unlock:
 	pthread_mutex_unlock(&c->wmu);
 	free(w->copy);
 	free(w);
-	if (rc != PS_ECLOSED || !c->closing)
-		tcp_close(pc, rc);
+	tcp_close(pc, rc); /* no-op when already closing */
 	return rc;
 }
 

@@ -3,8 +3,8 @@
  * Each connection starts in the hello state with frames limited to
  * PS_WIRE_HANDSHAKE_MAX bytes and a deadline. A valid Hello leads, with
  * security.auth, to the challenge-response of auth.h (state auth), then to
- * the ready state, which raises the limits to the configured ones. A frame that does not decode closes its
- * connection; a request that decodes but cannot be served (unknown slice,
+ * the ready state, which raises the limits to the configured ones. A frame
+ * that does not decode closes its connection; a request that decodes but cannot be served (unknown slice,
  * clock outside the window) gets an Error reply and nothing of it is applied.
  */
 #include <inttypes.h>
@@ -21,7 +21,6 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "server.h"
-#include "transport_rdma.h"
 
 enum { CONN_HELLO, CONN_AUTH, CONN_READY, CONN_REFUSED };
 
@@ -29,8 +28,7 @@ struct ps_srv_conn {
 	struct ps_server *srv;
 	struct ps_conn *conn;
 	int state;
-	int role;
-	int rank;
+	int rank;                  /* worker rank; -1 for a monitor */
 	uint64_t incarnation;
 	uint64_t done_clock;       /* Hello.done_clock */
 	uint8_t transcript[32];    /* CONN_AUTH: T of auth.h */
@@ -264,6 +262,14 @@ static void handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 
 /* ---- pushes ---- */
 
+static void send_ack(struct ps_srv_conn *sc, uint64_t req_id)
+{
+	Ps__PushAck ack = PS__PUSH_ACK__INIT;
+
+	ack.req_id = req_id;
+	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+}
+
 /* Expands an LZ4 push payload (frame flag PS_FRAME_F_LZ4) into a new
  * buffer of exactly m->raw_length bytes, within the frame size limit. */
 static int expand_payload(struct ps_server *s, const Ps__Push *m, const struct ps_frame *f,
@@ -296,7 +302,6 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 {
 	const struct ps_config *cfg = s->cfg;
 	struct ps_frame_ref *fr;
-	Ps__PushAck ack = PS__PUSH_ACK__INIT;
 	uint8_t *payload = f->payload, *expanded = NULL;
 	uint64_t plen = f->hdr.payload_len;
 	char why[256];
@@ -315,15 +320,12 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 			break;
 		case PS_DEDUP_SEEN:
 			s->c.duplicate_pushes++;
-			if (code) {
+			if (code)
 				ps_msg_send_error(sc->conn, m->req_id, code, "push %" PRIu64 " was "
 						  "refused when it first came: %s", m->seq,
 						  ps_strerror(code));
-			} else {
-				ack.req_id = m->req_id;
-				ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0,
-					    PS_SEND_VOLATILE, NULL, NULL);
-			}
+			else
+				send_ack(sc, m->req_id);
 			ps_frame_release(f);
 			return;
 		case PS_DEDUP_TOO_OLD:
@@ -436,10 +438,9 @@ static void handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 		ps_store_advance(&s->store); /* a clock ended with no push for some slice */
 		changed = 1;
 	}
-	ack.req_id = m->req_id;
 	if (m->seq)
 		ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
-	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	send_ack(sc, m->req_id);
 	ps_histo_add(&s->c.push_lat, ps_now_s() - arrived);
 	s->c.acks++;
 	if (changed && s->waiting)
@@ -597,7 +598,6 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 
 	sc->state = CONN_READY;
 	if (sc->rank >= 0) {
-		ps_dedup_incarnation(&s->dedup[sc->rank], sc->incarnation);
 		s->connected[sc->rank]++;
 		s->gone_since[sc->rank] = 0;
 		if (!s->live[sc->rank]) {
@@ -652,7 +652,6 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		refuse(sc, err);
 		return;
 	}
-	sc->role = h->role;
 	sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
 	sc->incarnation = h->incarnation;
 	sc->done_clock = h->done_clock;
@@ -823,7 +822,7 @@ err_close:
 	c->t->ops->close(c, PS_EPROTO);
 }
 
-/* A worker has had no connection for limits.idle_timeout_ms: the barrier
+/* A worker has had no connection for limits.drop_timeout_ms: the barrier
  * and the slowest-clock rule stop waiting for it (DESIGN.md §6), so the
  * others go on. What it pushed before it went still counts. It rejoins by
  * connecting again (and continues at the shard's clock, HelloReply.clock). */
@@ -936,6 +935,7 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	struct ps_wire_limits hs = {
 		.max_frame = PS_WIRE_HANDSHAKE_MAX, .max_meta = PS_WIRE_HANDSHAKE_MAX,
 	};
+	char err[1200];
 	int rc;
 
 	memset(s, 0, sizeof(*s));
@@ -948,18 +948,10 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 			 cfg->nshards - 1);
 		return -EINVAL;
 	}
-	if (cfg->transport == PS_TRANSPORT_RDMA) {
-		char why[400];
-		rc = ps_rdma_probe(cfg->rdma_device, why, sizeof(why));
-		if (rc) {
-			ps_error("transport rdma: %s", why);
-			return rc;
-		}
-	}
-	ops = ps_transport_find(cfg->transport == PS_TRANSPORT_TCP ? "tcp" : "rdma");
+	ops = ps_transport_for(cfg, err, sizeof(err), &rc);
 	if (!ops) {
-		ps_error("transport not available in this build; use 'tcp'");
-		return PS_ENOTSUP;
+		ps_error("%s", err);
+		return rc;
 	}
 	rc = ps_shardmap_init(&s->map, cfg);
 	if (rc)
@@ -983,8 +975,6 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	s->store.live = s->live;
 	s->store.finished = s->finished;
 	if (cfg->security.auth) {
-		char err[1200];
-
 		rc = ps_auth_load_secret(cfg, s->secret, err, sizeof(err));
 		if (rc) {
 			ps_error("refusing to start: %s", err);
@@ -995,8 +985,6 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 			cfg->shards[shard].host, cfg->shards[shard].port);
 	}
 	if (cfg->checkpoint.dir[0]) {
-		char err[1024];
-
 		ps_checkpoint_path(cfg->checkpoint.dir, shard, s->ckpt_path, sizeof(s->ckpt_path));
 		rc = ps_checkpoint_load(s, s->ckpt_path, err, sizeof(err));
 		if (rc == -ENOENT) {
@@ -1018,27 +1006,18 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 		goto err_destroy_transport;
 	}
 	if (cfg->stats.http[0]) {
-		/* shard k serves its metrics on the configured port + k */
-		char host[sizeof(cfg->stats.http)];
-		char *colon;
-		int port;
+		/* shard k serves its metrics on the configured port + k (the
+		 * loader checked the address) */
+		struct ps_endpoint ep = { .port = 0 };
+		const char *why;
 
-		snprintf(host, sizeof(host), "%s", cfg->stats.http);
-		colon = strrchr(host, ':');
-		port = colon ? atoi(colon + 1) + shard : 0;
-		if (colon)
-			*colon = 0;
-		if (host[0] == '[' && (colon = strchr(host, ']'))) { /* [v6]:port */
-			*colon = 0;
-			memmove(host, host + 1, strlen(host));
-		}
-		if (port <= 0 || port > 65535) {
+		if (ps_endpoint_parse(cfg->stats.http, &ep, &why) || ep.port + shard > 65535) {
 			ps_error("stats.http '%s': shard %d would serve on port %d, outside 1..65535",
-				 cfg->stats.http, shard, port);
+				 cfg->stats.http, shard, ep.port + shard);
 			rc = -EINVAL;
 			goto err_destroy_transport;
 		}
-		rc = ps_metrics_http_start(s, host, port, &s->http);
+		rc = ps_metrics_http_start(s, ep.host, ep.port + shard, &s->http);
 		if (rc)
 			goto err_destroy_transport;
 	}

@@ -233,13 +233,13 @@ static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucke
 }
 
 /* Applies every complete bucket that is next in clock order; 1 if any.
- * Clocks every live rank has ended without a push for this slice (none
- * will come) are passed over: the version moves on, nothing is applied. */
-static int apply_ready(struct ps_store *st, struct ps_slot *s)
+ * Clocks below ended (all_ended: every live rank has ended them) with no
+ * push for this slice (none will come) are passed over: the version moves
+ * on, nothing is applied. */
+static int apply_ready(struct ps_store *st, struct ps_slot *s, uint64_t ended)
 {
 	struct ps_bucket *b;
 	int changed = 0;
-	uint64_t ended = all_ended(st);
 
 	for (;;) {
 		b = s->pending;
@@ -262,12 +262,14 @@ static int apply_ready(struct ps_store *st, struct ps_slot *s)
 
 int ps_store_advance(struct ps_store *st)
 {
+	uint64_t ended;
 	int n = 0;
 
 	if (st->cfg->consistency != PS_SYNC)
 		return 0;
+	ended = all_ended(st);
 	for (int k = 0; k < st->nslots; k++)
-		n += apply_ready(st, &st->slots[k]);
+		n += apply_ready(st, &st->slots[k], ended);
 	return n;
 }
 
@@ -349,7 +351,7 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	fr->refs++;
 	b->have++;
 	/* Apply every complete bucket that is next in clock order. */
-	return apply_ready(st, s);
+	return apply_ready(st, s, all_ended(st));
 }
 
 uint64_t ps_store_checksum(const struct ps_store *st)

@@ -204,7 +204,6 @@ int main(void)
 {
 	Suite *s = suite_create("auth");
 	TCase *tc = tcase_create("auth");
-	SRunner *sr;
 	int failed;
 
 	tcase_set_timeout(tc, 60);
@@ -213,9 +212,6 @@ int main(void)
 	tcase_add_test(tc, test_proofs_and_keys);
 	tcase_add_test(tc, test_frame_mac);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
 }

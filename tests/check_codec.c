@@ -17,6 +17,7 @@
 #include "codec.h"
 #include "codec_int.h"
 #include "ps_err.h"
+#include "test_util.h"
 
 /* Check's ck_assert* writes to a pipe even when the assertion passes, a
  * system call per element in the loops below: these only call it on failure. */
@@ -892,7 +893,6 @@ int main(void)
 {
 	Suite *s = suite_create("codec");
 	TCase *tc = tcase_create("codec");
-	SRunner *sr;
 	int failed;
 
 	tcase_set_timeout(tc, 120);
@@ -914,9 +914,6 @@ int main(void)
 	tcase_add_test(tc, test_hostile_lz4);
 	tcase_add_test(tc, test_codec_then_lz4);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
 }

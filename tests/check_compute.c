@@ -15,6 +15,7 @@
 #include <string.h>
 #include "compute.h"
 #include "ps_err.h"
+#include "test_util.h"
 
 #define EPS 1e-2f
 #define TOL 1e-2
@@ -723,11 +724,8 @@ static Suite *compute_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(compute_suite());
 	int failed;
 
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(compute_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -21,6 +21,7 @@
 #include <string.h>
 #include "compute.h"
 #include "ps_err.h"
+#include "test_util.h"
 
 #define TOL 1e-4        /* dense, softmax, elementwise */
 #define CONV_TOL 1e-3   /* convolutions */
@@ -518,11 +519,8 @@ static Suite *compute_cuda_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(compute_cuda_suite());
 	int failed;
 
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(compute_cuda_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

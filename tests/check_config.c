@@ -15,6 +15,7 @@
 #include "codec.h"
 #include "config.h"
 #include "ps_err.h"
+#include "test_util.h"
 
 /* struct ps_config is large: keep the ones the tests use off the stack */
 static struct ps_config cfg, cfg2;
@@ -999,11 +1000,8 @@ static Suite *config_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(config_suite());
 	int failed;
 
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(config_suite());
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

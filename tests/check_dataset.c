@@ -22,6 +22,7 @@
 #include <zlib.h>
 #include "dataset.h"
 #include "ps_err.h"
+#include "test_util.h"
 
 #ifndef FMNIST
 #define FMNIST "/usr/share/datasets/fashion-mnist"
@@ -838,7 +839,6 @@ int main(void)
 	TCase *files = tcase_create("files");
 	TCase *batch = tcase_create("batcher");
 	struct stat st;
-	SRunner *sr;
 	int failed;
 
 	strcpy(g_dir, "/tmp/ps-dataset-XXXXXX");
@@ -881,10 +881,7 @@ int main(void)
 	tcase_add_test(batch, test_batcher_shuffle);
 	tcase_add_test(batch, test_batcher_edges);
 	suite_add_tcase(s, batch);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	nftw(g_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
 	return failed ? 1 : 0;
 }

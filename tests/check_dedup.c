@@ -5,6 +5,7 @@
 #include <string.h>
 #include "dedup.h"
 #include "ps_err.h"
+#include "test_util.h"
 
 static enum ps_dedup_verdict check(const struct ps_dedup *d, uint64_t seq, int *code)
 {
@@ -78,15 +79,11 @@ int main(void)
 {
 	Suite *s = suite_create("dedup");
 	TCase *tc = tcase_create("dedup");
-	SRunner *sr;
 	int failed;
 
 	tcase_add_test(tc, test_window);
 	tcase_add_test(tc, test_errors_ring);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
 }

@@ -4,6 +4,7 @@
 #include <check.h>
 #include <math.h>
 #include "histo.h"
+#include "test_util.h"
 
 static int bucket_of(double seconds)
 {
@@ -65,7 +66,6 @@ int main(void)
 {
 	Suite *s = suite_create("histo");
 	TCase *tc = tcase_create("histo");
-	SRunner *sr;
 	int failed;
 
 	/* generous: sanitizer builds on a loaded 2-core machine */
@@ -73,9 +73,6 @@ int main(void)
 	tcase_add_test(tc, test_buckets);
 	tcase_add_test(tc, test_quantiles);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
 }

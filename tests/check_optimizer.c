@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "optimizer.h"
+#include "test_util.h"
 
 #define REL_TOL 1e-6   /* hand-computed cases */
 #define LONG_TOL 1e-5  /* float implementation vs double reference */
@@ -587,11 +588,8 @@ static Suite *optimizer_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(optimizer_suite());
 	int failed;
 
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(optimizer_suite());
 	return failed ? 1 : 0;
 }

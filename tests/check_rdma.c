@@ -141,7 +141,6 @@ int main(void)
 {
 	Suite *s = suite_create("rdma");
 	TCase *tc = tcase_create("rdma");
-	SRunner *sr;
 	int failed;
 
 	tcase_add_test(tc, test_credits);
@@ -149,9 +148,6 @@ int main(void)
 	tcase_add_test(tc, test_placement);
 	tcase_add_test(tc, test_probe_message);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
 }

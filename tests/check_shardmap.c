@@ -7,6 +7,7 @@
 #include <string.h>
 #include "config.h"
 #include "shardmap.h"
+#include "test_util.h"
 
 static void make_cfg(struct ps_config *cfg, int nshards, uint64_t slice_bytes)
 {
@@ -195,7 +196,6 @@ int main(void)
 {
 	Suite *s = suite_create("shardmap");
 	TCase *tc = tcase_create("map");
-	SRunner *sr;
 	int failed;
 
 	/* generous: sanitizer builds on a loaded 2-core machine */
@@ -206,9 +206,6 @@ int main(void)
 	tcase_add_test(tc, test_no_shards_refused);
 	tcase_add_test(tc, test_init_values);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
 }

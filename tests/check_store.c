@@ -11,6 +11,7 @@
 #include "shardmap.h"
 #include "finite.h"
 #include "store.h"
+#include "test_util.h"
 
 static int released;
 
@@ -364,7 +365,6 @@ int main(void)
 {
 	Suite *s = suite_create("store");
 	TCase *tc = tcase_create("updates");
-	SRunner *sr;
 	int failed;
 
 	/* generous: sanitizer builds on a loaded 2-core machine */
@@ -377,9 +377,6 @@ int main(void)
 	tcase_add_test(tc, test_bsp_live_set);
 	tcase_add_test(tc, test_bsp_ended_clocks);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
 }

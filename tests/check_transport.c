@@ -1149,7 +1149,6 @@ int main(void)
 	TCase *tc = tcase_create("conformance");
 	int navail = 0, failed;
 	char why[256];
-	SRunner *sr;
 
 	signal(SIGPIPE, SIG_IGN);
 	for (size_t i = 0; i < sizeof(transports) / sizeof(transports[0]); i++) {
@@ -1175,9 +1174,6 @@ int main(void)
 	tcase_add_loop_test(tc, test_payload_finite_flag, 0, 2 * navail);
 	tcase_add_loop_test(tc, test_keys_mismatch, 0, 2 * navail);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	return failed || navail == 0 ? 1 : 0;
 }

@@ -10,6 +10,7 @@
 #include "msg.h"
 #include "ps_err.h"
 #include "wire.h"
+#include "test_util.h"
 
 static const struct ps_wire_limits big = { .max_frame = UINT64_MAX, .max_meta = UINT32_MAX };
 
@@ -696,7 +697,6 @@ int main(void)
 {
 	Suite *s = suite_create("wire");
 	TCase *hdr = tcase_create("header"), *meta = tcase_create("metadata");
-	SRunner *sr;
 	int failed;
 
 	/* generous: sanitizer builds on a loaded 2-core machine */
@@ -723,9 +723,6 @@ int main(void)
 	tcase_add_test(meta, test_msg_send_error);
 	suite_add_tcase(s, hdr);
 	suite_add_tcase(s, meta);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
 }

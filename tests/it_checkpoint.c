@@ -439,7 +439,6 @@ int main(void)
 {
 	Suite *s = suite_create("checkpoint");
 	TCase *tc = tcase_create("checkpoint");
-	SRunner *sr;
 	int failed;
 
 	tu_secret_setup();
@@ -449,10 +448,7 @@ int main(void)
 	tcase_add_test(tc, test_shard_killed_and_restarted);
 	tcase_add_test(tc, test_crash_while_checkpointing);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

@@ -832,13 +832,10 @@ Suite *cluster_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(cluster_suite());
 	int failed;
 
 	tu_secret_setup();
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(cluster_suite());
 	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

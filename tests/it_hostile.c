@@ -1618,7 +1618,6 @@ int main(void)
 {
 	Suite *s = suite_create("hostile");
 	TCase *tc = tcase_create("attacks");
-	SRunner *sr;
 	int failed;
 
 	tu_secret_setup();
@@ -1642,10 +1641,7 @@ int main(void)
 	tcase_add_test(tc, test_auth_without_mac);
 	tcase_add_test(tc, test_secret_file_checks);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite(s);
 	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

@@ -88,20 +88,21 @@ scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs" --
 expect "start succeeds" [ $? -eq 0 ]
 st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
 expect "both shards running: $st" [ "$(grep -c 'shard .*: running' <<< "$st")" -eq 2 ]
+# Polls `ps-cluster.sh status` (into $st) until PATTERN is gone from it, at
+# most TRIES times, DELAY seconds apart.
+wait_status_gone() { # PATTERN TRIES DELAY
+  for _ in $(seq "$2"); do
+    st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
+    grep -q "$1" <<< "$st" || break
+    sleep "$3"
+  done
+}
 # the workers train one short epoch and exit
-for _ in $(seq 120); do
-  st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
-  grep -q 'worker .*: running' <<< "$st" || break
-  sleep 0.5
-done
+wait_status_gone 'worker .*: running' 120 0.5
 expect "workers finished: $st" [ "$(grep -c 'worker .*: not running' <<< "$st")" -eq 2 ]
 expect "worker 0 trained and evaluated" grep -q "epoch 1 test accuracy" "$tmp/logs/worker-0.log"
 scripts/ps-cluster.sh "$tmp/c.yaml" stop --ssh "$tmp/ssh"
-for _ in $(seq 40); do
-  st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
-  grep -q ': running' <<< "$st" || break
-  sleep 0.25
-done
+wait_status_gone ': running' 40 0.25
 expect "everything stopped: $st" [ "$(grep -c ': not running' <<< "$st")" -eq 4 ]
 expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/server-0.log"
 

@@ -140,6 +140,20 @@ static inline void tu_secret_cleanup(void)
 		unlink(tu_secret_path);
 }
 
+#ifdef CHECK_H
+/* Runs every test of s (Check's forking runner); the number that failed. */
+static inline int tu_run_suite(Suite *s)
+{
+	SRunner *sr = srunner_create(s);
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed;
+}
+#endif
+
 static inline void tu_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };

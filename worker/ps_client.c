@@ -32,7 +32,6 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "shardmap.h"
-#include "transport_rdma.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define PS_CPU_RELAX() __builtin_ia32_pause()
@@ -267,7 +266,7 @@ static void on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 }
 
 /* The handshake with shard k failed on this side: the connection closes
- * and init reports why. c->mu held. */
+ * and init (woken here) reports why. c->mu held. */
 static void fail_handshake(struct ps_client *c, int k, int status, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 static void fail_handshake(struct ps_client *c, int k, int status, const char *fmt, ...)
@@ -285,6 +284,7 @@ static void fail_handshake(struct ps_client *c, int k, int status, const char *f
 	sh->status = status;
 	c->nfailed++;
 	sh->conn->t->ops->close(sh->conn, status);
+	pthread_cond_broadcast(&c->cv);
 }
 
 /* The shard's nonce and proof: check the proof, answer with ours, and
@@ -331,7 +331,26 @@ static void on_auth_challenge(struct ps_client *c, int k, const Ps__AuthChalleng
 	sodium_memzero(t, sizeof(t));
 }
 
-static uint8_t req_msg_type(const struct req *r);
+static uint8_t req_msg_type(const struct req *r)
+{
+	return r->kind == REQ_PUSH ? PS_MSG_PUSH
+	     : r->kind == REQ_PULL ? PS_MSG_PULL : PS_MSG_STATS_REQUEST;
+}
+
+/* Hands r's part for ready shard k to the transport (I/O thread, c->mu
+ * held) and notes the connection it went out on: 0 or the send's code. */
+static int send_part(struct ps_client *c, struct req *r, int k)
+{
+	struct shard_conn *sh = &c->shards[k];
+	struct part *p = &r->parts[k];
+	int rc = sh->conn->t->ops->send(sh->conn, req_msg_type(r), p->meta, p->meta_len, p->iov,
+					p->niov, PS_SEND_STABLE | PS_SEND_FRAME_FLAGS(p->frame_flags),
+					NULL, NULL);
+
+	if (rc == 0)
+		p->gen = sh->gen;
+	return rc;
+}
 
 static int by_id(const void *a, const void *b)
 {
@@ -361,16 +380,9 @@ static int resend(struct ps_client *c, int k)
 		if (r->parts[k].waiting && r->parts[k].gen != sh->gen)
 			v[i++] = r;
 	qsort(v, (size_t)n, sizeof(*v), by_id);
-	for (i = 0; i < n; i++) {
-		struct part *p = &v[i]->parts[k];
-		int rc = sh->conn->t->ops->send(sh->conn, req_msg_type(v[i]), p->meta, p->meta_len,
-						p->iov, p->niov,
-						PS_SEND_STABLE | PS_SEND_FRAME_FLAGS(p->frame_flags),
-						NULL, NULL);
-		if (rc)
+	for (i = 0; i < n; i++)
+		if (send_part(c, v[i], k))
 			break; /* the connection broke again: on_close takes over */
-		p->gen = sh->gen;
-	}
 	free(v);
 	return n;
 }
@@ -385,7 +397,6 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		fail_handshake(c, k, PS_EAUTH, "the shard accepted this process without "
 			       "authentication (security.auth: false there, true here); refusing it, "
 			       "the two configs must agree");
-		pthread_cond_broadcast(&c->cv);
 		return;
 	}
 	if (!m->ok) {
@@ -446,7 +457,6 @@ static void on_frame(struct ps_conn *pc, struct ps_frame *f)
 		break;
 	case PS_MSG_AUTH_CHALLENGE:
 		on_auth_challenge(c, k, (Ps__AuthChallenge *)m);
-		pthread_cond_broadcast(&c->cv);
 		break;
 	case PS_MSG_PUSH_ACK: {
 		struct req *r = find_req(c, (int64_t)((Ps__PushAck *)m)->req_id);
@@ -591,12 +601,6 @@ static void close_all(struct ps_client *c)
 	c->transport->ops->destroy(c->transport);
 }
 
-static uint8_t req_msg_type(const struct req *r)
-{
-	return r->kind == REQ_PUSH ? PS_MSG_PUSH
-	     : r->kind == REQ_PULL ? PS_MSG_PULL : PS_MSG_STATS_REQUEST;
-}
-
 /* Sends queued requests (and stops when asked). */
 static void on_wake(uv_async_t *a)
 {
@@ -623,13 +627,8 @@ static void on_wake(uv_async_t *a)
 					part_done(c, r, k, sh->status ? sh->status : PS_ECLOSED, sh->why);
 				continue; /* reconnecting: resent once ready */
 			}
-			rc = sh->conn->t->ops->send(sh->conn, req_msg_type(r), p->meta, p->meta_len,
-						    p->iov, p->niov,
-						    PS_SEND_STABLE | PS_SEND_FRAME_FLAGS(p->frame_flags),
-						    NULL, NULL);
-			if (rc == 0)
-				p->gen = sh->gen;
-			else if (sh->lost_at == 0 && c->cfg->limits.reconnect_timeout_ms == 0)
+			rc = send_part(c, r, k);
+			if (rc && sh->lost_at == 0 && c->cfg->limits.reconnect_timeout_ms == 0)
 				part_done(c, r, k, rc, "send failed");
 		}
 	}
@@ -1277,19 +1276,9 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 			 cfg->nworkers - 1, cfg->nworkers);
 		return -EINVAL;
 	}
-	if (cfg->transport == PS_TRANSPORT_RDMA) {
-		char why[400];
-		rc = ps_rdma_probe(cfg->rdma_device, why, sizeof(why));
-		if (rc) {
-			snprintf(err, errlen, "transport rdma: %s", why);
-			return rc;
-		}
-	}
-	ops = ps_transport_find(cfg->transport == PS_TRANSPORT_TCP ? "tcp" : "rdma");
-	if (!ops) {
-		snprintf(err, errlen, "transport not available in this build; use 'tcp'");
-		return PS_ENOTSUP;
-	}
+	ops = ps_transport_for(cfg, err, errlen, &rc);
+	if (!ops)
+		return rc;
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
