@@ -119,8 +119,9 @@ const struct opt cfg_opts[] = {
 	  "to 2 s) and resend what was not answered for this long; pushes are applied exactly "
 	  "once; 0 = fail at once"),
 	O("limits.wait_spin_us", T_INT, 0, 0, 100000, "50", NULL, C, limits.wait_spin_us,
-	  "client: a wait for a reply polls this long before sleeping, which saves a thread "
-	  "wake-up on short round trips; 0 always sleeps"),
+	  "client: a wait for a reply polls the shards' sockets this long (reading the reply "
+	  "itself) before sleeping, which takes the I/O thread's wake-up off short round trips; "
+	  "0 always sleeps"),
 	O("train.data_dir", T_PATH, 0, 0, 0, "/usr/share/datasets/fashion-mnist", NULL, C,
 	  train.data_dir, "folder of the IDX files train-{images,labels}-* and t10k-* (gzip or plain)"),
 	O("train.batch", T_INT, 0, 1, 65536, "64", NULL, C, train.batch,

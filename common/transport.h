@@ -17,8 +17,8 @@
  * PS_SEND_VOLATILE the pieces may change once send returns: what the socket
  * does not take at once is copied, and no callback is taken.
  *
- * One exception to the one-thread rule: send_now may be called from any
- * thread (a client's calling thread), see below.
+ * Two exceptions to the one-thread rule: send_now and recv_now may be
+ * called from any thread (a client's calling thread), see below.
  *
  * Implementations embed struct ps_transport / struct ps_conn first and find
  * themselves with container_of. The shape leaves room for RDMA: frames are
@@ -72,13 +72,29 @@ enum ps_send_flags {
 /* Frame header flags (PS_FRAME_F_*) ride in the high half of the send flags. */
 #define PS_SEND_FRAME_FLAGS(f) ((unsigned)(f) << 16)
 
-/* Limits of send_now: bigger frames go through the loop thread. */
+/* Limits of one send_now call (all its frames together): more goes
+ * through the loop thread. */
 #define PS_SEND_NOW_MAX (64 * 1024)
 #define PS_SEND_NOW_IOV 16
+#define PS_SEND_NOW_FRAMES 4
+
+/* One frame for send_now. flags: PS_SEND_FRAME_FLAGS(PS_FRAME_F_*). */
+struct ps_out_frame {
+	uint8_t type;
+	unsigned flags;
+	const void *meta;
+	uint32_t meta_len;
+	const struct ps_iov *payload;
+	int npayload;
+};
 
 /* Fires once per accepted send: status 0 when the bytes are handed to the
  * kernel, negative when the connection closed first. */
 typedef void (*ps_send_cb)(struct ps_conn *c, int status, void *arg);
+
+/* recv_now hands each whole frame it read to this, on the calling thread;
+ * the callee owns f. */
+typedef void (*ps_take_cb)(struct ps_conn *c, struct ps_frame *f, void *arg);
 
 struct ps_transport_cbs {
 	/* A listening transport accepted c. Set c->data here. */
@@ -129,18 +145,31 @@ struct ps_transport_ops {
 		    const struct ps_iov *payload, int npayload, unsigned flags, ps_send_cb cb,
 		    void *arg);
 	/* Optional (NULL when the transport has none); the only op callable
-	 * from any thread. Writes one frame of at most PS_SEND_NOW_MAX bytes
-	 * and PS_SEND_NOW_IOV payload pieces right away if c has nothing
-	 * queued, so the frame leaves without a hop to the loop thread. The
-	 * payload is read before it returns (VOLATILE semantics, no callback).
-	 * Returns 0 when every byte went to the kernel; -EAGAIN when nothing
-	 * was written (closing, frame too big, writes queued, socket full) and
-	 * the caller must use send on the loop thread; PS_ECLOSED when the
-	 * connection broke mid-frame (the loop thread will see it close).
-	 * The caller must make sure c stays alive during the call and that no
-	 * send for c runs on the loop thread in between (frame order). */
-	int (*send_now)(struct ps_conn *c, uint8_t type, const void *meta, uint32_t meta_len,
-			const struct ps_iov *payload, int npayload, unsigned flags);
+	 * from any thread. Writes the nf frames f[0..nf) (at most
+	 * PS_SEND_NOW_FRAMES, PS_SEND_NOW_MAX bytes and PS_SEND_NOW_IOV
+	 * payload pieces in all) right away, in one system call, if c has
+	 * nothing queued, so they leave without a hop to the loop thread and
+	 * reach the peer together (a push and the pull behind it are read and
+	 * answered in one go). Payloads are read before it returns (VOLATILE
+	 * semantics, no callback). Returns 0 when every byte went to the
+	 * kernel; -EAGAIN when nothing was written (closing, too big, writes
+	 * queued, socket full) and the caller must use send on the loop
+	 * thread; PS_ECLOSED when the connection broke mid-frame (the loop
+	 * thread will see it close). The caller must make sure c stays alive
+	 * during the call and that no send for c runs on the loop thread in
+	 * between (frame order). */
+	int (*send_now)(struct ps_conn *c, const struct ps_out_frame *f, int nf);
+	/* Optional, callable from any thread: reads what c's socket holds
+	 * now, without blocking, and hands each whole frame to take on the
+	 * calling thread instead of on_frame on the loop thread. A thread
+	 * waiting for a reply polls with it and gets the reply without the
+	 * loop thread's wake-up and hand-over on the latency path. Returns
+	 * how many frames it took (0: none complete yet), or -EAGAIN when the
+	 * loop thread is reading c or c is closing. A bad frame, the peer
+	 * closing or an error is not reported here: the loop thread closes c
+	 * with the reason (on_close). The caller must make sure c stays alive
+	 * during the call (the client holds the lock its on_close takes). */
+	int (*recv_now)(struct ps_conn *c, ps_take_cb take, void *arg);
 	/* Authenticates c's frames from now on (frame_mac.h): every frame
 	 * sent after this call carries a sequence number and a MAC under
 	 * keys->send, and every frame whose header arrives after it must carry

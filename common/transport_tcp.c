@@ -25,16 +25,27 @@
  * bytes into the tag as they arrive, next to the finiteness scan, and
  * checks it before the frame is handed on.
  *
- * send_now, the one entry point callable from another thread, writes a
- * small frame with sendmsg() on the socket directly, so a client's request
+ * send_now, one of two entry points callable from another thread, writes
+ * small frames with sendmsg() on the socket directly, so a client's request
  * leaves without waking the loop thread. It may only write when libuv has
  * nothing queued on the connection (else the bytes would interleave), so
  * every write path and tcp_close take the connection's wmu, nwrites counts
  * the uv_write requests not yet completed, and a closing connection is
  * never written (its fd may already be gone).
+ *
+ * recv_now, the other, lets a client's waiting thread read its reply off
+ * the socket itself instead of waiting for the loop thread to wake up and
+ * hand it over. Both readers share one receive state machine under rmu: the
+ * loop thread holds it from libuv's alloc callback to the end of its read
+ * callback (libuv calls one after the other, always paired), recv_now only
+ * tries it, and tcp_close takes it so the fd is never closed under a
+ * recv_now. A bad frame found by recv_now cannot close the connection from
+ * that thread: it records the reason and shuts the socket down, and the
+ * loop thread, woken by the shutdown, closes it with that reason.
  */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <errno.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
@@ -70,6 +81,13 @@ struct tcp_conn {
 	int close_status;
 	int connected;            /* set under wmu */
 	pthread_mutex_t wmu;      /* serialises writes with send_now (see top) */
+	pthread_mutex_t rmu;      /* serialises reads with recv_now (see top) */
+	int loop_reading;         /* the loop thread holds rmu (alloc to read callback) */
+	int loop_waiting;         /* the loop thread waits for rmu: recv_now keeps off */
+	int rx_status;            /* recv_now found a bad frame: the close reason */
+	ps_take_cb take;          /* recv_now: where frames go instead of on_frame */
+	void *take_arg;
+	int ntaken;
 	int nwrites;              /* uv_write requests not completed, under wmu */
 	int in_read;              /* frames of one read are being delivered */
 	uint8_t *outbox;          /* small volatile frames sent meanwhile */
@@ -136,6 +154,7 @@ static void on_handle_closed(uv_handle_t *h)
 	free(c->stage);
 	free(c->outbox);
 	pthread_mutex_destroy(&c->wmu);
+	pthread_mutex_destroy(&c->rmu);
 	sodium_memzero(&c->keys, sizeof(c->keys));
 	ps_mac_free(&c->rmac);
 	ps_mac_free(&c->smac);
@@ -150,6 +169,7 @@ static void on_handle_closed_quiet(uv_handle_t *h)
 	free(c->stage);
 	free(c->outbox);
 	pthread_mutex_destroy(&c->wmu);
+	pthread_mutex_destroy(&c->rmu);
 	ps_mac_free(&c->rmac);
 	ps_mac_free(&c->smac);
 	free(c);
@@ -159,8 +179,12 @@ static void tcp_close(struct ps_conn *pc, int status)
 {
 	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
 
+	int lock_r = !c->loop_reading; /* else this thread holds rmu already */
+
 	if (c->closing)
 		return;
+	if (lock_r)
+		pthread_mutex_lock(&c->rmu);
 	pthread_mutex_lock(&c->wmu);
 	if (c->outbox_len) {
 		/* What was sent before the close leaves if the socket takes it,
@@ -173,6 +197,8 @@ static void tcp_close(struct ps_conn *pc, int status)
 	pthread_mutex_unlock(&c->wmu);
 	c->close_status = status;
 	uv_close((uv_handle_t *)&c->handle, on_handle_closed);
+	if (lock_r)
+		pthread_mutex_unlock(&c->rmu);
 }
 
 static struct tcp_conn *conn_new(struct tcp_transport *tt)
@@ -189,6 +215,7 @@ static struct tcp_conn *conn_new(struct tcp_transport *tt)
 		return NULL;
 	}
 	pthread_mutex_init(&c->wmu, NULL);
+	pthread_mutex_init(&c->rmu, NULL);
 	c->base.t = &tt->base;
 	c->limits = tt->base.limits;
 	uv_tcp_init(tt->base.loop, &c->handle);
@@ -225,6 +252,22 @@ static void scan_body(struct tcp_conn *c, const uint8_t *data, uint64_t fill)
 		c->scan_pos = end;
 }
 
+/* The frame being received is bad: closes c with status, or, inside
+ * recv_now (another thread, which must not close), records status and
+ * shuts the socket so the loop thread wakes up and closes c with it. */
+static void fail_rx(struct tcp_conn *c, int status)
+{
+	int fd;
+
+	if (!c->take) {
+		tcp_close(&c->base, status);
+		return;
+	}
+	c->rx_status = status;
+	if (uv_fileno((uv_handle_t *)&c->handle, &fd) == 0)
+		shutdown(fd, SHUT_RDWR);
+}
+
 /* Hands a complete body to the owner (or closes c when its tag is wrong);
  * returns nonzero if c got closed. */
 static int deliver(struct tcp_conn *c, uint8_t *body, uint8_t *data)
@@ -240,7 +283,7 @@ static int deliver(struct tcp_conn *c, uint8_t *body, uint8_t *data)
 				"on the way, or sent under another key)", c->base.peer,
 				ps_wire_type_name(c->hdr.type), (unsigned long long)c->recv_seq);
 			free(body);
-			tcp_close(&c->base, PS_EAUTH);
+			fail_rx(c, PS_EAUTH);
 			return 1;
 		}
 		c->recv_seq++;
@@ -252,6 +295,11 @@ static int deliver(struct tcp_conn *c, uint8_t *body, uint8_t *data)
 	f->payload = data + c->hdr.meta_len;
 	f->release = frame_free;
 	c->base.bytes_in += PS_WIRE_HDR_LEN + len;
+	if (c->take) {
+		c->ntaken++;
+		c->take(&c->base, f, c->take_arg);
+		return 0;
+	}
 	c->base.t->cbs.on_frame(&c->base, f);
 	return c->closing;
 }
@@ -296,11 +344,28 @@ static uint8_t *body_alloc(uint32_t meta_len, uint64_t payload_len, uint8_t **da
 	return b;
 }
 
+static void rx_buf(struct tcp_conn *c, uv_buf_t *buf);
+
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct tcp_conn *c = h->data;
 
 	(void)suggested;
+	/* Held until on_read (libuv pairs the two). A thread polling with
+	 * recv_now could take rmu again and again and starve this one: it
+	 * keeps off while loop_waiting is set. */
+	if (pthread_mutex_trylock(&c->rmu)) {
+		__atomic_store_n(&c->loop_waiting, 1, __ATOMIC_RELAXED);
+		pthread_mutex_lock(&c->rmu);
+		__atomic_store_n(&c->loop_waiting, 0, __ATOMIC_RELAXED);
+	}
+	c->loop_reading = 1;
+	rx_buf(c, buf);
+}
+
+/* Where the next bytes received go: the body being filled, or staging. */
+static void rx_buf(struct tcp_conn *c, uv_buf_t *buf)
+{
 	if (c->body) {
 		uint64_t left = c->body_len - c->body_fill;
 		buf->base = (char *)c->body_data + c->body_fill;
@@ -324,7 +389,7 @@ static int drain_stage(struct tcp_conn *c)
 			rc = check_auth_hdr(c, why, sizeof(why));
 		if (rc) {
 			ps_warn("closing connection from %s: %s", c->base.peer, why);
-			tcp_close(&c->base, rc);
+			fail_rx(c, rc);
 			return 1;
 		}
 		c->rmac_on = c->keyed;
@@ -340,7 +405,7 @@ static int drain_stage(struct tcp_conn *c)
 		if (!body) {
 			ps_error("closing connection from %s: out of memory for a %llu-byte frame",
 				 c->base.peer, (unsigned long long)len);
-			tcp_close(&c->base, -ENOMEM);
+			fail_rx(c, -ENOMEM);
 			return 1;
 		}
 		size_t have = c->stage_fill - pos;
@@ -370,6 +435,10 @@ static void read_frames(struct tcp_conn *c, ssize_t n)
 {
 	if (c->closing)
 		return;
+	if (c->rx_status) { /* recv_now found a bad frame and shut the socket */
+		tcp_close(&c->base, c->rx_status);
+		return;
+	}
 	if (n < 0) {
 		if (n != UV_EOF)
 			ps_info("connection %s: %s", c->base.peer, uv_strerror((int)n));
@@ -404,7 +473,45 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 	c->in_read = 1;
 	read_frames(c, n);
 	c->in_read = 0;
+	c->loop_reading = 0;
+	pthread_mutex_unlock(&c->rmu);
 	flush_outbox(c);
+}
+
+static int tcp_recv_now(struct ps_conn *pc, ps_take_cb take, void *arg)
+{
+	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
+	int fd, got;
+
+	if (__atomic_load_n(&c->loop_waiting, __ATOMIC_RELAXED) || pthread_mutex_trylock(&c->rmu))
+		return -EAGAIN; /* the loop thread is reading c, or about to */
+	if (c->closing || c->rx_status || uv_fileno((uv_handle_t *)&c->handle, &fd)) {
+		pthread_mutex_unlock(&c->rmu);
+		return -EAGAIN;
+	}
+	c->take = take;
+	c->take_arg = arg;
+	c->ntaken = 0;
+	for (;;) {
+		uv_buf_t b;
+		ssize_t n;
+
+		rx_buf(c, &b);
+		n = recv(fd, b.base, b.len, MSG_DONTWAIT);
+		if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+			ps_info("connection %s: %s", c->base.peer, strerror(errno));
+			fail_rx(c, PS_ECLOSED);
+		}
+		if (n <= 0)
+			break; /* nothing now, or the end: the loop thread sees it too */
+		read_frames(c, n);
+		if (c->rx_status || (size_t)n < b.len)
+			break;
+	}
+	got = c->ntaken;
+	c->take = NULL;
+	pthread_mutex_unlock(&c->rmu);
+	return got;
 }
 
 static void set_peer_name(struct tcp_conn *c)
@@ -799,48 +906,63 @@ static int finish_frame(int fd, struct iovec *iov, int n, size_t skip, int timeo
 	}
 }
 
-static int tcp_send_now(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t meta_len,
-			const struct ps_iov *payload, int npayload, unsigned flags)
+static int tcp_send_now(struct ps_conn *pc, const struct ps_out_frame *f, int nf)
 {
 	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
-	struct ps_frame_hdr h = { .type = type, .meta_len = meta_len,
-				  .flags = (uint16_t)(flags >> 16) };
-	uint8_t head[PS_WIRE_HDR_LEN];
-	struct iovec iov[PS_SEND_NOW_IOV + 3];
-	uint8_t tag[PS_MAC_TAG_LEN];
-	size_t total;
-	int n = 0, fd, rc = -EAGAIN;
+	struct ps_frame_hdr h[PS_SEND_NOW_FRAMES];
+	uint8_t head[PS_SEND_NOW_FRAMES][PS_WIRE_HDR_LEN];
+	uint8_t tag[PS_SEND_NOW_FRAMES][PS_MAC_TAG_LEN];
+	struct iovec iov[PS_SEND_NOW_IOV + 3 * PS_SEND_NOW_FRAMES];
+	size_t total = 0;
+	int n = 0, pieces = 0, fd, rc = -EAGAIN;
 	ssize_t w;
 
-	if (npayload > PS_SEND_NOW_IOV)
+	if (nf < 1 || nf > PS_SEND_NOW_FRAMES)
 		return -EAGAIN;
-	for (int i = 0; i < npayload; i++)
-		h.payload_len += payload[i].len;
-	total = PS_WIRE_HDR_LEN + meta_len + h.payload_len;
-	if (total > PS_SEND_NOW_MAX)
-		return -EAGAIN;
-	iov[n++] = (struct iovec){ head, PS_WIRE_HDR_LEN };
-	if (meta_len)
-		iov[n++] = (struct iovec){ (void *)meta, meta_len };
-	for (int i = 0; i < npayload; i++)
-		if (payload[i].len)
-			iov[n++] = (struct iovec){ (void *)payload[i].base, payload[i].len };
+	for (int i = 0; i < nf; i++) {
+		h[i] = (struct ps_frame_hdr){ .type = f[i].type, .meta_len = f[i].meta_len,
+					      .flags = (uint16_t)(f[i].flags >> 16) };
+		pieces += f[i].npayload;
+		if (pieces > PS_SEND_NOW_IOV)
+			return -EAGAIN;
+		for (int j = 0; j < f[i].npayload; j++)
+			h[i].payload_len += f[i].payload[j].len;
+		total += PS_WIRE_HDR_LEN + f[i].meta_len + h[i].payload_len;
+		if (total > PS_SEND_NOW_MAX)
+			return -EAGAIN;
+	}
 
 	pthread_mutex_lock(&c->wmu);
 	if (c->closing || !c->connected || c->nwrites || c->outbox_len ||
 	    uv_fileno((uv_handle_t *)&c->handle, &fd))
 		goto out;
-	if (seal_begin(c, &h, head, PS_WIRE_HDR_LEN)) {
-		for (int i = 1; i < n; i++)
-			ps_mac_update(&c->smac, iov[i].iov_base, iov[i].iov_len);
-		ps_mac_end(&c->smac, tag);
-		iov[n++] = (struct iovec){ tag, PS_MAC_TAG_LEN };
-		total += PS_MAC_TAG_LEN;
+	/* Frame i is numbered send_seq + i: seal_begin numbers from send_seq,
+	 * so advance it as frames are sealed and roll back if nothing leaves. */
+	uint64_t seq0 = c->send_seq;
+	for (int i = 0; i < nf; i++) {
+		int fi = n; /* frame i's first iovec, its header */
+		iov[n++] = (struct iovec){ head[i], PS_WIRE_HDR_LEN };
+		if (f[i].meta_len)
+			iov[n++] = (struct iovec){ (void *)f[i].meta, f[i].meta_len };
+		for (int j = 0; j < f[i].npayload; j++)
+			if (f[i].payload[j].len)
+				iov[n++] = (struct iovec){ (void *)f[i].payload[j].base,
+							   f[i].payload[j].len };
+		if (seal_begin(c, &h[i], head[i], PS_WIRE_HDR_LEN)) {
+			for (int j = fi + 1; j < n; j++)
+				ps_mac_update(&c->smac, iov[j].iov_base, iov[j].iov_len);
+			ps_mac_end(&c->smac, tag[i]);
+			iov[n++] = (struct iovec){ tag[i], PS_MAC_TAG_LEN };
+			total += PS_MAC_TAG_LEN;
+		}
+		c->send_seq++;
 	}
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
 	w = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-	if (w <= 0)
+	if (w <= 0) {
+		c->send_seq = seq0;
 		goto out; /* nothing written: the loop thread sends it (or sees the error) */
+	}
 	if ((size_t)w < total && finish_frame(fd, iov, n, (size_t)w, 5000)) {
 		/* Half a frame is on the wire: the stream is unusable. shutdown()
 		 * makes the loop thread see the connection end and close it. */
@@ -848,7 +970,6 @@ static int tcp_send_now(struct ps_conn *pc, uint8_t type, const void *meta, uint
 		rc = PS_ECLOSED;
 		goto out;
 	}
-	c->send_seq++;
 	__atomic_add_fetch(&c->base.bytes_out, total, __ATOMIC_RELAXED);
 	rc = 0;
 out:
@@ -918,6 +1039,7 @@ const struct ps_transport_ops ps_tcp_transport_ops = {
 	.connect = tcp_connect,
 	.send = tcp_send,
 	.send_now = tcp_send_now,
+	.recv_now = tcp_recv_now,
 	.set_keys = tcp_set_keys,
 	.set_limits = tcp_set_limits,
 	.queued_bytes = tcp_queued_bytes,

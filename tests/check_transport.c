@@ -12,8 +12,11 @@
  * oversized lengths refused without allocating, queued_bytes, close
  * idempotence, and on_close exactly once per connection, never inside the
  * call that caused it; send_now from another thread while the loop runs
- * (order, content, refusal while loop-thread writes are queued). Teardown destroys both transports and requires the
- * loop to close cleanly (no handle left behind).
+ * (order, content, refusal while loop-thread writes are queued); recv_now
+ * from another thread while the loop reads too (each frame once, in order)
+ * and what it does with a bad frame or the peer's end. Teardown destroys
+ * both transports and requires the loop to close cleanly (no handle left
+ * behind).
  */
 #include <check.h>
 #include <errno.h>
@@ -945,32 +948,43 @@ static uint64_t now_len(uint32_t i)
 	return (uint64_t)(i * 2654435761u) % 6000;
 }
 
+/* Frames go in groups of 1, 2 or 3 per call (one sendmsg each). */
 static void *now_thread(void *p)
 {
 	struct now_arg *a = p;
-	uint8_t meta[64], *buf = malloc(PS_SEND_NOW_MAX + 1);
+	uint8_t meta[3][64], *buf = malloc(3 * 6000 + PS_SEND_NOW_MAX + 1);
 
-	for (uint32_t i = 0; buf && i < NNOW; i++) {
-		struct ps_iov iov[3];
-		uint64_t plen = now_len(i);
-		int rc;
+	for (uint32_t i = 0, call = 0; buf && i < NNOW; call++) {
+		struct ps_iov iov[3][2];
+		struct ps_out_frame f[3];
+		int nf = 1 + (int)(call % 3), rc;
 
-		fill(meta, i % 64, i);
-		fill(buf, plen, i + 1);
-		iov[0] = (struct ps_iov){ buf, plen / 2 };
-		iov[1] = (struct ps_iov){ buf + plen / 2, plen - plen / 2 };
-		while ((rc = E.ops->send_now(a->c, (uint8_t)(1 + i % 9), meta, i % 64, iov, 2,
-					     0)) == -EAGAIN)
+		if (i + (uint32_t)nf > NNOW)
+			nf = (int)(NNOW - i);
+		for (int j = 0; j < nf; j++) {
+			uint64_t plen = now_len(i + (uint32_t)j);
+			uint8_t *b = buf + 6000 * j;
+			fill(meta[j], (i + j) % 64, i + (uint32_t)j);
+			fill(b, plen, i + (uint32_t)j + 1);
+			iov[j][0] = (struct ps_iov){ b, plen / 2 };
+			iov[j][1] = (struct ps_iov){ b + plen / 2, plen - plen / 2 };
+			f[j] = (struct ps_out_frame){ .type = (uint8_t)(1 + (i + j) % 9),
+						      .meta = meta[j], .meta_len = (i + j) % 64,
+						      .payload = iov[j], .npayload = 2 };
+		}
+		while ((rc = E.ops->send_now(a->c, f, nf)) == -EAGAIN)
 			sched_yield(); /* socket full: the reader will catch up */
 		if (rc) {
 			a->bad++;
 			break;
 		}
-		a->sent++;
-		if (i == NNOW / 2) { /* one frame too big: refused, nothing written */
-			iov[0] = (struct ps_iov){ buf, PS_SEND_NOW_MAX + 1 };
-			a->too_big_ok = E.ops->send_now(a->c, 1, NULL, 0, iov, 1, 0) == -EAGAIN;
+		a->sent += nf;
+		if (call == 100) { /* too big: refused, nothing written */
+			struct ps_iov big = { buf, PS_SEND_NOW_MAX + 1 };
+			struct ps_out_frame fb = { .type = 1, .payload = &big, .npayload = 1 };
+			a->too_big_ok = E.ops->send_now(a->c, &fb, 1) == -EAGAIN;
 		}
+		i += (uint32_t)nf;
 	}
 	free(buf);
 	return NULL;
@@ -996,7 +1010,8 @@ START_TEST(test_send_now_from_thread)
 	struct sent bst = { 0 };
 	ck_assert_int_eq(tsend(E.k, 1, NULL, 0, &biov, 1, PS_SEND_STABLE, on_sent, &bst), 0);
 	ck_assert_uint_gt(E.ops->queued_bytes(E.k->c), 0);
-	ck_assert_int_eq(E.ops->send_now(E.k->c, 2, NULL, 0, NULL, 0, 0), -EAGAIN);
+	struct ps_out_frame empty2 = { .type = 2 };
+	ck_assert_int_eq(E.ops->send_now(E.k->c, &empty2, 1), -EAGAIN);
 	ck_assert(RUN_UNTIL(bst.fired && count_frames(E.s) == 1, 10000));
 	ck_assert_int_eq(E.got[0].f->hdr.type, 1);
 	bytes += PS_WIRE_HDR_LEN + big + E.tag;
@@ -1024,7 +1039,8 @@ START_TEST(test_send_now_from_thread)
 	ck_assert_uint_eq(E.s->c->bytes_in, bytes);
 	/* A closing connection is never written from the other thread. */
 	tclose(E.k, 0);
-	ck_assert_int_eq(E.ops->send_now(E.k->c, 1, NULL, 0, NULL, 0, 0), -EAGAIN);
+	struct ps_out_frame empty1 = { .type = 1 };
+	ck_assert_int_eq(E.ops->send_now(E.k->c, &empty1, 1), -EAGAIN);
 	env_free();
 }
 END_TEST
@@ -1115,6 +1131,171 @@ START_TEST(test_keys_mismatch)
 }
 END_TEST
 
+/* recv_now from a second thread while the loop thread reads the same
+ * connection: every frame arrives exactly once, whole, and in the order
+ * sent, whichever thread took it (small ones staged, big ones read into
+ * their body directly). */
+#define NRECV 1500
+
+static struct recv_arg {
+	struct ps_conn *c;
+	pthread_mutex_t mu;
+	uint32_t order[NRECV];
+	int norder, taken, bad, stop;
+} RA;
+
+static uint64_t recv_len(uint32_t i)
+{
+	return i % 100 == 7 ? 300000 + i : (uint64_t)(i * 2654435761u) % 20000;
+}
+
+/* Both threads deliver under the transport's read lock, so the order in
+ * which frames reach this is the order they were delivered in. */
+static void recv_record(struct ps_frame *f, int by_thread)
+{
+	uint32_t seq = UINT32_MAX;
+
+	pthread_mutex_lock(&RA.mu);
+	if (f->hdr.meta_len == 4)
+		memcpy(&seq, f->meta, 4);
+	if (seq >= NRECV || RA.norder >= NRECV || f->hdr.payload_len != recv_len(seq) ||
+	    first_bad(f->payload, f->hdr.payload_len, seq + 1) != UINT64_MAX)
+		RA.bad++;
+	else
+		RA.order[RA.norder++] = seq;
+	RA.taken += by_thread;
+	pthread_mutex_unlock(&RA.mu);
+	ps_frame_release(f);
+}
+
+static void recv_take(struct ps_conn *c, struct ps_frame *f, void *arg)
+{
+	(void)c;
+	(void)arg;
+	recv_record(f, 1);
+}
+
+static int recv_hook(struct rec *r, struct ps_frame *f)
+{
+	if (r != E.k)
+		return 0;
+	recv_record(f, 0);
+	return 1;
+}
+
+static void *recv_thread(void *p)
+{
+	(void)p;
+	while (!__atomic_load_n(&RA.stop, __ATOMIC_ACQUIRE))
+		if (E.ops->recv_now(RA.c, recv_take, NULL) < 0)
+			sched_yield(); /* the loop thread is reading */
+	return NULL;
+}
+
+static int recv_count(void)
+{
+	pthread_mutex_lock(&RA.mu);
+	int n = RA.norder + RA.bad;
+	pthread_mutex_unlock(&RA.mu);
+	return n;
+}
+
+START_TEST(test_recv_now_from_thread)
+{
+	pthread_t th;
+	uint8_t *buf = malloc(400000);
+	uint64_t bytes = 0;
+
+	env_init(_i);
+	if (!E.ops->recv_now) {
+		printf("SKIP recv_now on %s: the transport has none\n", E.ops->name);
+		free(buf);
+		env_free();
+		return;
+	}
+	memset(&RA, 0, sizeof(RA));
+	pthread_mutex_init(&RA.mu, NULL);
+	RA.c = E.k->c;
+	E.hook = recv_hook;
+	ck_assert_int_eq(pthread_create(&th, NULL, recv_thread, NULL), 0);
+	for (uint32_t i = 0; i < NRECV; i++) {
+		struct ps_iov iov = { buf, recv_len(i) };
+		fill(buf, iov.len, i + 1);
+		ck_assert_int_eq(tsend(E.s, (uint8_t)(1 + i % 9), &i, 4, &iov, 1,
+				       PS_SEND_VOLATILE, NULL, NULL), 0);
+		bytes += PS_WIRE_HDR_LEN + 4 + iov.len + E.tag;
+		if (i % 16 == 0)
+			uv_run(&E.loop, UV_RUN_NOWAIT); /* the loop thread reads some too */
+	}
+	/* Not RUN_UNTIL: the last frames may be taken by the other thread
+	 * while this one sleeps in the loop with nothing to do. */
+	for (int ms = 0; recv_count() < NRECV && ms < 20000; ms++) {
+		uv_run(&E.loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	ck_assert_int_eq(recv_count(), NRECV);
+	__atomic_store_n(&RA.stop, 1, __ATOMIC_RELEASE);
+	pthread_join(th, NULL);
+	ck_assert_int_eq(RA.bad, 0);
+	for (int i = 0; i < NRECV; i++)
+		ck_assert_msg(RA.order[i] == (uint32_t)i, "delivery %d was frame %u", i, RA.order[i]);
+	ck_assert_int_gt(RA.taken, 0);
+	printf("recv_now (%s%s): %d of %d frames taken by the second thread\n", E.ops->name,
+	       E.keyed ? ", MAC" : "", RA.taken, NRECV);
+	ck_assert_uint_eq(E.k->c->bytes_in, bytes);
+	ck_assert_int_eq(E.k->closes, 0);
+	pthread_mutex_destroy(&RA.mu);
+	free(buf);
+	env_free();
+}
+END_TEST
+
+static void count_take(struct ps_conn *c, struct ps_frame *f, void *arg)
+{
+	(void)c;
+	*(int *)arg += f->hdr.payload_len == 8 && memcmp(f->payload, "abcdefgh", 8) == 0;
+	ps_frame_release(f);
+}
+
+/* What recv_now reads that ends the connection (a bad header, the peer
+ * closing) is not handled on the calling thread: the frames before it are
+ * taken, and the loop thread closes the connection with the reason. */
+START_TEST(test_recv_now_bad_frame)
+{
+	uint8_t h[PS_WIRE_HDR_LEN], bad[PS_WIRE_HDR_LEN];
+
+	env_init(_i);
+	if (!E.ops->recv_now) {
+		printf("SKIP recv_now on %s: the transport has none\n", E.ops->name);
+		env_free();
+		return;
+	}
+	memset(bad, 0xff, sizeof(bad));
+	for (int v = 0; v < 2; v++) {
+		int before = E.nrecs, got = 0, fd = raw_connect(E.port);
+		ck_assert(RUN_UNTIL(E.nrecs == before + 1, 5000));
+		struct rec *r = &E.recs[before];
+		hdr(h, PS_MSG_PUSH, 0, 8);
+		raw_write(fd, h, sizeof(h));
+		raw_write(fd, "abcdefgh", 8);
+		if (v == 0)
+			raw_write(fd, bad, sizeof(bad));
+		else
+			shutdown(fd, SHUT_WR);
+		usleep(20000); /* loopback: the bytes are there long before */
+		ck_assert_int_eq(E.ops->recv_now(r->c, count_take, &got), 1);
+		ck_assert_int_eq(got, 1);
+		ck_assert_int_eq(r->closes, 0); /* never closed on the calling thread */
+		ck_assert(RUN_UNTIL(r->closes == 1, 5000));
+		ck_assert_int_eq(r->close_status, v == 0 ? PS_EPROTO : PS_ECLOSED);
+		ck_assert_int_eq(r->frames, 0); /* the loop thread saw no frame */
+		ck_assert(raw_peer_closed(fd));
+		close(fd);
+	}
+	env_free();
+}
+END_TEST
+
 static const char *probe(const char *name, char *why, size_t n)
 {
 	const struct ps_transport_ops *ops = ps_transport_find(name);
@@ -1171,6 +1352,8 @@ int main(void)
 	tcase_add_loop_test(tc, test_close_inside_on_frame, 0, 2 * navail);
 	tcase_add_loop_test(tc, test_connect_refused_and_destroy, 0, 2 * navail);
 	tcase_add_loop_test(tc, test_send_now_from_thread, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_recv_now_from_thread, 0, 2 * navail);
+	tcase_add_loop_test(tc, test_recv_now_bad_frame, 0, 2 * navail);
 	tcase_add_loop_test(tc, test_payload_finite_flag, 0, 2 * navail);
 	tcase_add_loop_test(tc, test_keys_mismatch, 0, 2 * navail);
 	suite_add_tcase(s, tc);

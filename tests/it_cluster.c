@@ -455,7 +455,8 @@ END_TEST
 
 /* One worker process of the sync test: 50 clocks of push then pull, then a
  * check of every element against init minus the exact sum. Exit status 0
- * when every value matched. */
+ * when every value matched. Rank 1 sends each push and pull together
+ * (ps_client_pushpull), rank 2 on odd clocks. */
 static int sync_worker(const struct ps_config *cfg, int rank, int nworkers)
 {
 	char err[512];
@@ -481,15 +482,29 @@ static int sync_worker(const struct ps_config *cfg, int rank, int nworkers)
 		/* Vary the arrival order at the shards from clock to clock. */
 		if (rand() % 3 == 0)
 			tu_sleep_ms(rand() % 3);
-		int64_t id = ps_client_push(c, (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK);
-		if (id < 0 || ps_client_wait(c, id)) {
-			fprintf(stderr, "worker %d push %d: %s\n", rank, clock, ps_client_error(c));
-			return 3;
-		}
-		id = ps_client_pull(c, (uint64_t)clock + 1, w, 3);
-		if (id < 0 || ps_client_wait(c, id)) {
-			fprintf(stderr, "worker %d pull %d: %s\n", rank, clock, ps_client_error(c));
-			return 4;
+		if (rank == 1 || (rank == 2 && clock % 2)) {
+			int64_t ids[2];
+			int rc = ps_client_pushpull(c, (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK,
+						    (uint64_t)clock + 1, w, 3, ids);
+			/* the pull first: it is answered after the push is applied */
+			if (rc || ps_client_wait(c, ids[1]) || ps_client_wait(c, ids[0])) {
+				fprintf(stderr, "worker %d pushpull %d: %s\n", rank, clock,
+					ps_client_error(c));
+				return 3;
+			}
+		} else {
+			int64_t id = ps_client_push(c, (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK);
+			if (id < 0 || ps_client_wait(c, id)) {
+				fprintf(stderr, "worker %d push %d: %s\n", rank, clock,
+					ps_client_error(c));
+				return 3;
+			}
+			id = ps_client_pull(c, (uint64_t)clock + 1, w, 3);
+			if (id < 0 || ps_client_wait(c, id)) {
+				fprintf(stderr, "worker %d pull %d: %s\n", rank, clock,
+					ps_client_error(c));
+				return 4;
+			}
 		}
 		for (int t = 0; t < 3; t++)
 			if (w[t].version != (uint64_t)clock + 1) {
@@ -671,7 +686,9 @@ END_TEST
 
 /* SSP: two fast workers and one that sleeps each clock. The fast ones read
  * the slow one's clock from shared memory (published before each push, so
- * it is never behind what the shards know) after each pull. */
+ * it is never behind what the shards know) after each pull. Rank 1 sends
+ * the push ending clock c - 1 and the pull of clock c together
+ * (ps_client_pushpull): that pull must be held as one of clock c. */
 #define SSP_CLOCKS 24
 struct ssp_shared {
 	volatile uint64_t slow_clock;
@@ -683,18 +700,28 @@ static int ssp_worker(const struct ps_config *cfg, int rank, struct ssp_shared *
 	char err[512];
 	struct ps_client *c = connect_retry(cfg, rank, err, sizeof(err));
 	struct ps_tensor t = { "a", malloc(3000 * 4), 3000, 0 };
+	struct ps_tensor g = { "a", malloc(3000 * 4), 3000, 0 };
 
 	if (!c) {
 		fprintf(stderr, "worker %d: %s\n", rank, err);
 		return 2;
 	}
 	for (int64_t i = 0; i < t.count; i++)
-		t.data[i] = 0.0f;
+		t.data[i] = 0.0f, g.data[i] = 1.0f;
 	for (uint64_t clock = 0; clock < SSP_CLOCKS; clock++) {
-		int64_t id = ps_client_pull(c, 0, &t, 1);
-		if (id < 0 || ps_client_wait(c, id)) {
-			fprintf(stderr, "worker %d pull: %s\n", rank, ps_client_error(c));
-			return 3;
+		int64_t id, ids[2];
+		if (rank == 1 && clock > 0) {
+			if (ps_client_pushpull(c, clock - 1, &g, 1, PS_PUSH_END_CLOCK, 0, &t, 1, ids) ||
+			    ps_client_wait(c, ids[0]) || ps_client_wait(c, ids[1])) {
+				fprintf(stderr, "worker %d pushpull: %s\n", rank, ps_client_error(c));
+				return 3;
+			}
+		} else {
+			id = ps_client_pull(c, 0, &t, 1);
+			if (id < 0 || ps_client_wait(c, id)) {
+				fprintf(stderr, "worker %d pull: %s\n", rank, ps_client_error(c));
+				return 3;
+			}
 		}
 		if (rank != 2) {
 			uint64_t slow = __atomic_load_n(&sh->slow_clock, __ATOMIC_SEQ_CST);
@@ -705,15 +732,16 @@ static int ssp_worker(const struct ps_config *cfg, int rank, struct ssp_shared *
 			tu_sleep_ms(30);
 			__atomic_store_n(&sh->slow_clock, clock + 1, __ATOMIC_SEQ_CST);
 		}
-		for (int64_t i = 0; i < t.count; i++)
-			t.data[i] = 1.0f;
-		id = ps_client_push(c, clock, &t, 1, PS_PUSH_END_CLOCK);
+		if (rank == 1 && clock + 1 < SSP_CLOCKS)
+			continue; /* pushed with the next clock's pull */
+		id = ps_client_push(c, clock, &g, 1, PS_PUSH_END_CLOCK);
 		if (id < 0 || ps_client_wait(c, id)) {
 			fprintf(stderr, "worker %d push: %s\n", rank, ps_client_error(c));
 			return 4;
 		}
 	}
 	free(t.data);
+	free(g.data);
 	ps_client_free(c);
 	return 0;
 }

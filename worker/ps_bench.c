@@ -172,17 +172,26 @@ static void *worker_main(void *p)
 			break;
 		struct slot *s = &slots[(head + nin) % o->inflight];
 		s->t0 = ps_now_s();
-		if (o->op != OP_PULL) {
+		if (o->op == OP_PUSHPULL) {
+			/* sync: the pull waits for the clock this push ends */
+			uint64_t minv = cfg->consistency == PS_SYNC ? clock + 1 : 0;
+			int64_t ids[2];
+			rc = ps_client_pushpull(c, clock, grad, nt, PS_PUSH_END_CLOCK, minv, s->pt,
+						nt, ids);
+			if (rc)
+				break;
+			s->push_id = ids[0];
+			s->pull_id = ids[1];
+			clock++;
+		} else if (o->op == OP_PUSH) {
 			s->push_id = ps_client_push(c, clock, grad, nt, PS_PUSH_END_CLOCK);
 			if (s->push_id < 0) {
 				rc = (int)s->push_id;
 				break;
 			}
 			clock++;
-		}
-		if (o->op != OP_PUSH) {
-			uint64_t minv = o->op == OP_PUSHPULL && cfg->consistency == PS_SYNC ? clock : 0;
-			s->pull_id = ps_client_pull(c, minv, s->pt, nt);
+		} else {
+			s->pull_id = ps_client_pull(c, 0, s->pt, nt);
 			if (s->pull_id < 0) {
 				rc = (int)s->pull_id;
 				break;

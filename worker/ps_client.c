@@ -89,6 +89,13 @@ struct shard_conn {
 	char why[400];
 };
 
+struct deferred {           /* a frame take() leaves to the I/O thread */
+	struct deferred *next;
+	struct ps_frame *f;
+	int k;
+	unsigned gen;           /* the connection it came on (shard_conn.gen) */
+};
+
 struct ps_client {
 	const struct ps_config *cfg;
 	struct ps_shardmap map;
@@ -107,6 +114,9 @@ struct ps_client {
 	 * in submission order (a sync shard expects clock c before c + 1, and a
 	 * worker's last push of a clock ends it). */
 	struct req *sendq_head, *sendq_tail;
+	/* Frames read by a waiting thread that only the I/O thread may handle,
+	 * oldest first. */
+	struct deferred *deferred, **deferred_tail;
 	/* Push compression: per tensor, the error-feedback residual (NULL until
 	 * first used, only for codecs with error feedback); bytes pushed as
 	 * float32 and as sent. Touched by the pushing thread only. */
@@ -433,6 +443,44 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 	pthread_cond_broadcast(&c->cv);
 }
 
+/* The frames a ready connection carries: handled with c->mu held, on the
+ * I/O thread (on_frame) or on a waiting thread that read them itself
+ * (take). 0 when type is not one of them. */
+static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, ProtobufCMessage *m)
+{
+	c->shards[k].last_rx = ps_now_s();
+	switch (f->hdr.type) {
+	case PS_MSG_HEARTBEAT:
+		return 1; /* last_rx is all it is for */
+	case PS_MSG_PUSH_ACK: {
+		struct req *r = find_req(c, (int64_t)((Ps__PushAck *)m)->req_id);
+		if (r && r->kind == REQ_PUSH && r->end_clock && r->parts[k].waiting &&
+		    r->clock + 1 > c->shards[k].done_clock)
+			c->shards[k].done_clock = r->clock + 1;
+		if (r)
+			part_done(c, r, k, 0, NULL);
+		return 1;
+	}
+	case PS_MSG_PULL_REPLY:
+		on_pull_reply(c, k, (Ps__PullReply *)m, f);
+		return 1;
+	case PS_MSG_STATS:
+		on_stats_reply(c, k, (Ps__Stats *)m);
+		return 1;
+	case PS_MSG_ERROR: {
+		Ps__Error *e = (Ps__Error *)m;
+		struct req *r = find_req(c, (int64_t)e->req_id);
+		char text[600];
+		snprintf(text, sizeof(text), "shard %d: %s", k, e->message);
+		if (r)
+			part_done(c, r, k, e->code < 0 ? e->code : PS_EPROTO, text);
+		return 1;
+	}
+	default:
+		return 0;
+	}
+}
+
 static void on_frame(struct ps_conn *pc, struct ps_frame *f)
 {
 	struct ps_client *c = pc->t->data;
@@ -448,47 +496,52 @@ static void on_frame(struct ps_conn *pc, struct ps_frame *f)
 		return;
 	}
 	pthread_mutex_lock(&c->mu);
-	c->shards[k].last_rx = ps_now_s();
-	switch (f->hdr.type) {
-	case PS_MSG_HEARTBEAT:
-		break; /* last_rx is all it is for */
-	case PS_MSG_HELLO_REPLY:
-		on_hello_reply(c, k, (Ps__HelloReply *)m);
-		break;
-	case PS_MSG_AUTH_CHALLENGE:
-		on_auth_challenge(c, k, (Ps__AuthChallenge *)m);
-		break;
-	case PS_MSG_PUSH_ACK: {
-		struct req *r = find_req(c, (int64_t)((Ps__PushAck *)m)->req_id);
-		if (r && r->kind == REQ_PUSH && r->end_clock && r->parts[k].waiting &&
-		    r->clock + 1 > c->shards[k].done_clock)
-			c->shards[k].done_clock = r->clock + 1;
-		if (r)
-			part_done(c, r, k, 0, NULL);
-		break;
-	}
-	case PS_MSG_PULL_REPLY:
-		on_pull_reply(c, k, (Ps__PullReply *)m, f);
-		break;
-	case PS_MSG_STATS:
-		on_stats_reply(c, k, (Ps__Stats *)m);
-		break;
-	case PS_MSG_ERROR: {
-		Ps__Error *e = (Ps__Error *)m;
-		struct req *r = find_req(c, (int64_t)e->req_id);
-		char text[600];
-		snprintf(text, sizeof(text), "shard %d: %s", k, e->message);
-		if (r)
-			part_done(c, r, k, e->code < 0 ? e->code : PS_EPROTO, text);
-		break;
-	}
-	default:
-		ps_warn("shard %d sent an unexpected %s frame", k, ps_wire_type_name(f->hdr.type));
-		break;
+	if (!reply_frame(c, k, f, m)) {
+		switch (f->hdr.type) {
+		case PS_MSG_HELLO_REPLY:
+			on_hello_reply(c, k, (Ps__HelloReply *)m);
+			break;
+		case PS_MSG_AUTH_CHALLENGE:
+			on_auth_challenge(c, k, (Ps__AuthChallenge *)m);
+			break;
+		default:
+			ps_warn("shard %d sent an unexpected %s frame", k,
+				ps_wire_type_name(f->hdr.type));
+			break;
+		}
 	}
 	pthread_mutex_unlock(&c->mu);
 	protobuf_c_message_free_unpacked(m, NULL);
 	ps_frame_release(f);
+}
+
+/* A frame a waiting thread read itself (transport recv_now), c->mu held.
+ * Replies are handled here; anything else (a handshake frame out of turn,
+ * metadata that does not unpack) may need the connection closed, which
+ * only the I/O thread can do: it goes there, and on_frame deals with it. */
+static void take(struct ps_conn *pc, struct ps_frame *f, void *arg)
+{
+	struct ps_client *c = arg;
+	int k = (int)(intptr_t)pc->data;
+	ProtobufCMessage *m = ps_msg_unpack(f, NULL, 0);
+	struct deferred *d;
+
+	if (m && reply_frame(c, k, f, m)) {
+		protobuf_c_message_free_unpacked(m, NULL);
+		ps_frame_release(f);
+		return;
+	}
+	if (m)
+		protobuf_c_message_free_unpacked(m, NULL);
+	d = malloc(sizeof(*d));
+	if (!d) {
+		ps_frame_release(f); /* unexpected anyway: on_frame would only warn or close */
+		return;
+	}
+	*d = (struct deferred){ .f = f, .k = k, .gen = c->shards[k].gen };
+	*c->deferred_tail = d;
+	c->deferred_tail = &d->next;
+	uv_async_send(&c->wake);
 }
 
 static void on_connect(struct ps_conn *pc, int status)
@@ -605,10 +658,14 @@ static void close_all(struct ps_client *c)
 static void on_wake(uv_async_t *a)
 {
 	struct ps_client *c = a->data;
+	struct deferred *d;
 	int stopping;
 
 	pthread_mutex_lock(&c->mu);
 	stopping = c->stopping;
+	d = c->deferred;
+	c->deferred = NULL;
+	c->deferred_tail = &c->deferred;
 	struct req *next;
 	for (struct req *r = c->sendq_head; r; r = next) {
 		next = r->send_next;
@@ -634,6 +691,20 @@ static void on_wake(uv_async_t *a)
 	}
 	c->sendq_head = c->sendq_tail = NULL;
 	pthread_mutex_unlock(&c->mu);
+	while (d) { /* frames a waiting thread read and left to this thread */
+		struct deferred *next = d->next;
+		struct ps_conn *conn;
+		pthread_mutex_lock(&c->mu);
+		conn = c->shards[d->k].gen == d->gen && c->shards[d->k].state == SH_READY ?
+		       c->shards[d->k].conn : NULL;
+		pthread_mutex_unlock(&c->mu);
+		if (conn)
+			on_frame(conn, d->f);
+		else
+			ps_frame_release(d->f); /* its connection is gone */
+		free(d);
+		d = next;
+	}
 	if (stopping)
 		close_all(c);
 }
@@ -761,71 +832,97 @@ static struct req *req_new(struct ps_client *c, enum req_kind kind)
 	return r;
 }
 
-/* With c->mu held and nothing queued before r: writes r's small frames
- * from this thread (transport send_now), saving the wake-up of the I/O
- * thread and a thread hop on the latency path. Returns how many parts are
- * left for the I/O thread. A part that broke mid-frame fails r. */
-static int send_direct(struct ps_client *c, struct req *r)
+/* With c->mu held and nothing queued before them: writes the small frames
+ * of the nr requests rs (in order) from this thread (transport send_now),
+ * saving the wake-up of the I/O thread and a thread hop on the latency
+ * path. Each shard's frames of all nr requests go in one call, so a push
+ * and the pull behind it reach the shard together and are answered in one
+ * write. Parts left unsent (gen 0) are the I/O thread's; a part that broke
+ * mid-frame fails its request. */
+static void send_direct(struct ps_client *c, struct req *const *rs, int nr)
 {
-	int left = 0;
-
 	for (int k = 0; k < c->cfg->nshards; k++) {
-		struct part *p = &r->parts[k];
 		struct shard_conn *sh = &c->shards[k];
-		int rc = -EAGAIN;
+		struct ps_out_frame f[PS_SEND_NOW_FRAMES];
+		struct req *fr[PS_SEND_NOW_FRAMES];
+		int nf = 0, rc = -EAGAIN;
 
-		if (!p->waiting)
+		for (int i = 0; i < nr && nf < PS_SEND_NOW_FRAMES; i++) {
+			struct part *p = &rs[i]->parts[k];
+			if (!p->waiting)
+				continue;
+			f[nf] = (struct ps_out_frame){ .type = req_msg_type(rs[i]),
+						       .flags = PS_SEND_FRAME_FLAGS(p->frame_flags),
+						       .meta = p->meta, .meta_len = p->meta_len,
+						       .payload = p->iov, .npayload = p->niov };
+			fr[nf++] = rs[i];
+		}
+		if (!nf)
 			continue;
 		if (sh->state == SH_READY && sh->conn->t->ops->send_now)
-			rc = sh->conn->t->ops->send_now(sh->conn, req_msg_type(r), p->meta,
-							 p->meta_len, p->iov, p->niov,
-							 PS_SEND_FRAME_FLAGS(p->frame_flags));
-		if (rc == 0)
-			p->gen = sh->gen;
-		else if (rc == -EAGAIN || sh->lost_at > 0 || c->cfg->limits.reconnect_timeout_ms > 0)
-			left++; /* the I/O thread sends it, or resends it after a reconnect */
-		else
-			part_done(c, r, k, rc, "send failed");
+			rc = sh->conn->t->ops->send_now(sh->conn, f, nf);
+		for (int j = 0; j < nf; j++) {
+			if (rc == 0)
+				fr[j]->parts[k].gen = sh->gen;
+			else if (rc != -EAGAIN && sh->lost_at == 0 &&
+				 c->cfg->limits.reconnect_timeout_ms == 0)
+				part_done(c, fr[j], k, rc, "send failed");
+			/* else the I/O thread sends it, or resends it after a reconnect */
+		}
 	}
-	return left;
 }
 
-/* Sends r (or queues it for the I/O thread) and returns its id. */
-static int64_t submit(struct ps_client *c, struct req *r)
+/* Whether some part of r still has to be handed to the transport. */
+static int unsent(const struct ps_client *c, const struct req *r)
 {
-	int64_t id;
-	int queued;
-
 	for (int k = 0; k < c->cfg->nshards; k++)
-		if (r->parts[k].waiting)
-			r->pending++;
+		if (r->parts[k].waiting && !r->parts[k].gen)
+			return 1;
+	return 0;
+}
+
+/* Sends the nr requests rs, in order (or queues them for the I/O thread).
+ * Returns 0, or PS_ESTATE (and frees them all) when the client is
+ * stopping. */
+static int submit(struct ps_client *c, struct req *const *rs, int nr)
+{
+	int queued = 0;
+
+	for (int i = 0; i < nr; i++)
+		for (int k = 0; k < c->cfg->nshards; k++)
+			if (rs[i]->parts[k].waiting)
+				rs[i]->pending++;
 	pthread_mutex_lock(&c->mu);
 	if (c->stopping) {
 		pthread_mutex_unlock(&c->mu);
-		req_free(c, r);
+		for (int i = 0; i < nr; i++)
+			req_free(c, rs[i]);
 		return PS_ESTATE;
 	}
-	id = r->id;
-	r->deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
-	if (r->pending && !c->sendq_head && send_direct(c, r) == 0) {
-		/* every part left from this thread: nothing for the I/O thread */
-	} else if (r->pending == 0) {
-		r->done = 1;
-	} else if (!r->done) {
-		r->queued = 1;
-		if (c->sendq_tail)
-			c->sendq_tail->send_next = r;
-		else
-			c->sendq_head = r;
-		c->sendq_tail = r;
+	if (!c->sendq_head)
+		send_direct(c, rs, nr);
+	for (int i = 0; i < nr; i++) {
+		struct req *r = rs[i];
+		r->deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
+		if (r->pending == 0) {
+			r->done = 1;
+		} else if (!r->done && unsent(c, r)) {
+			/* after any queued before it: frames leave in submission order */
+			r->queued = 1;
+			if (c->sendq_tail)
+				c->sendq_tail->send_next = r;
+			else
+				c->sendq_head = r;
+			c->sendq_tail = r;
+			queued = 1;
+		}
+		r->next = c->reqs;
+		c->reqs = r;
 	}
-	r->next = c->reqs;
-	c->reqs = r;
-	queued = r->queued;
 	pthread_mutex_unlock(&c->mu);
 	if (queued)
 		uv_async_send(&c->wake);
-	return id;
+	return 0;
 }
 
 /* Packs msg into part p (of the shard it goes to). */
@@ -1002,8 +1099,10 @@ static int64_t reserve_id(struct ps_client *c)
 	return id;
 }
 
-int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t, int n,
-		       unsigned flags)
+/* Builds a push request (every frame packed, nothing sent): *out, or a
+ * negative code. */
+static int build_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t, int n,
+		      unsigned flags, struct req **out)
 {
 	int nsh = c->cfg->nshards, rc = -ENOMEM;
 	int *tidx = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
@@ -1070,7 +1169,8 @@ int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tens
 	free(ptrs);
 	free(tidx);
 	free(cnt);
-	return submit(c, r);
+	*out = r;
+	return 0;
 
 err_free:
 	free(refs);
@@ -1082,7 +1182,12 @@ err_free:
 	return rc;
 }
 
-int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n)
+/* Builds a pull request (see build_push). The shard is told the worker
+ * is at clock after_push + 1 when that is ahead of c->clock (the pull of
+ * ps_client_pushpull is built before the push that ends after_push);
+ * UINT64_MAX = c->clock as it is. */
+static int build_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n,
+		      uint64_t after_push, struct req **out)
 {
 	int nsh = c->cfg->nshards, rc = -ENOMEM;
 	uint32_t *cnt = malloc(sizeof(uint32_t) * (size_t)nsh);
@@ -1107,6 +1212,8 @@ int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tens
 	pthread_mutex_lock(&c->mu);
 	clock = c->clock;
 	pthread_mutex_unlock(&c->mu);
+	if (after_push != UINT64_MAX && after_push + 1 > clock)
+		clock = after_push + 1;
 	r->id = reserve_id(c);
 	for (int k = 0; k < nsh; k++) {
 		Ps__Pull m = PS__PULL__INIT;
@@ -1133,7 +1240,8 @@ int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tens
 	}
 	free(ids);
 	free(cnt);
-	return submit(c, r);
+	*out = r;
+	return 0;
 
 err_free:
 	free(ids);
@@ -1141,6 +1249,55 @@ err_free:
 	if (r)
 		req_free(c, r);
 	return rc;
+}
+
+int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t, int n,
+		       unsigned flags)
+{
+	struct req *r;
+	int64_t id;
+	int rc = build_push(c, clock, t, n, flags, &r);
+
+	if (rc)
+		return rc;
+	id = r->id;
+	rc = submit(c, &r, 1);
+	return rc ? rc : id;
+}
+
+int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n)
+{
+	struct req *r;
+	int64_t id;
+	int rc = build_pull(c, min_version, t, n, UINT64_MAX, &r);
+
+	if (rc)
+		return rc;
+	id = r->id;
+	rc = submit(c, &r, 1);
+	return rc ? rc : id;
+}
+
+int ps_client_pushpull(struct ps_client *c, uint64_t clock, const struct ps_tensor *grad,
+		       int ngrad, unsigned flags, uint64_t min_version, struct ps_tensor *out,
+		       int nout, int64_t ids[2])
+{
+	struct req *r[2];
+	/* The pull first: a push built (its clock counted as ended) must be
+	 * sent, so nothing may fail after it. */
+	int rc = build_pull(c, min_version, out, nout,
+			    flags & PS_PUSH_END_CLOCK ? clock : UINT64_MAX, &r[1]);
+
+	if (rc)
+		return rc;
+	rc = build_push(c, clock, grad, ngrad, flags, &r[0]);
+	if (rc) {
+		req_free(c, r[1]);
+		return rc;
+	}
+	ids[0] = r[0]->id;
+	ids[1] = r[1]->id;
+	return submit(c, r, 2);
 }
 
 int ps_client_wait(struct ps_client *c, int64_t id)
@@ -1157,15 +1314,30 @@ int ps_client_wait(struct ps_client *c, int64_t id)
 		return -EINVAL;
 	}
 	if (!r->done && c->spin_s > 0) {
-		/* Spin briefly before sleeping: a reply that comes within
-		 * spin_s costs no futex wake-up and no scheduler latency. r stays
-		 * ours (only this function frees it); done is set atomically. */
+		/* Poll briefly before sleeping: this thread reads the reply off
+		 * the socket itself (transport recv_now), so a reply that comes
+		 * within spin_s costs neither the I/O thread's wake-up and
+		 * hand-over nor a futex wake-up. The I/O thread still reads
+		 * whatever this thread does not. r stays ours (only this function
+		 * frees it). */
 		double until = ps_now_s() + c->spin_s;
 
-		pthread_mutex_unlock(&c->mu);
-		while (!__atomic_load_n(&r->done, __ATOMIC_ACQUIRE) && ps_now_s() < until)
-			PS_CPU_RELAX();
-		pthread_mutex_lock(&c->mu);
+		while (!r->done && ps_now_s() < until) {
+			int polled = 0;
+			for (int k = 0; k < c->cfg->nshards && !r->done; k++) {
+				struct shard_conn *sh = &c->shards[k];
+				/* c->mu held: sh->conn stays alive (on_close takes it) */
+				if (r->parts[k].waiting && sh->state == SH_READY && sh->conn &&
+				    sh->conn->t->ops->recv_now) {
+					sh->conn->t->ops->recv_now(sh->conn, take, c);
+					polled = 1;
+				}
+			}
+			pthread_mutex_unlock(&c->mu);
+			if (!polled)
+				PS_CPU_RELAX();
+			pthread_mutex_lock(&c->mu);
+		}
 	}
 	c->sleepers++;
 	while (!r->done)
@@ -1238,6 +1410,7 @@ int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_sh
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
 	struct req *r;
 	int64_t id;
+	int rc;
 
 	if (shard < 0 || shard >= c->cfg->nshards)
 		return -EINVAL;
@@ -1252,8 +1425,9 @@ int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_sh
 		req_free(c, r);
 		return -ENOMEM;
 	}
-	id = submit(c, r);
-	return id < 0 ? (int)id : ps_client_wait(c, id);
+	id = r->id;
+	rc = submit(c, &r, 1);
+	return rc ? rc : ps_client_wait(c, id);
 }
 
 /* ---- life cycle ---- */
@@ -1304,6 +1478,7 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		goto err_free_client;
 	}
 	pthread_mutex_init(&c->mu, NULL);
+	c->deferred_tail = &c->deferred;
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1426,6 +1601,12 @@ void ps_client_free(struct ps_client *c)
 	while ((r = c->reqs)) {
 		c->reqs = r->next;
 		req_free(c, r);
+	}
+	while (c->deferred) {
+		struct deferred *d = c->deferred;
+		c->deferred = d->next;
+		ps_frame_release(d->f);
+		free(d);
 	}
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);

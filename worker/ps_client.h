@@ -99,6 +99,20 @@ int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tens
  * has finished the caller's clock minus the staleness. */
 int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n);
 
+/* A push and a pull in one go (ps-lite's PushPull): the same as
+ * ps_client_push(c, clock, grad, ngrad, flags) followed by
+ * ps_client_pull(c, min_version, out, nout), except that each shard gets
+ * both frames in one write, reads them together and answers both in one
+ * write: one system call instead of two on the way out, and the shard
+ * never wakes for the push alone (measured: 4 KiB push+pull p50 down by a
+ * fifth on loopback). ids[0] is the push's request id, ids[1] the pull's;
+ * wait for both. The two tensor sets must not overlap (the pull writes
+ * into out while the push may still be reading grad). Returns 0 or a
+ * negative code (then neither was sent). */
+int ps_client_pushpull(struct ps_client *c, uint64_t clock, const struct ps_tensor *grad,
+		       int ngrad, unsigned flags, uint64_t min_version, struct ps_tensor *out,
+		       int nout, int64_t ids[2]);
+
 /* Blocks until request id completes; returns 0 or its negative code. */
 int ps_client_wait(struct ps_client *c, int64_t id);
 

@@ -131,13 +131,21 @@ static int push_ready(void *arg, int wt, int bt)
 	return 0;
 }
 
-/* Pulls every tensor into host_w (min_version for sync) and uploads it. */
-static int pull_weights(struct ps_client *cli, struct ps_net *net, const struct ps_config *cfg,
-			uint64_t min_version, struct ps_tensor *t)
+/* Starts the pull of every tensor into host_w (min_version for sync):
+ * its request id, or a negative code. */
+static int64_t pull_start(struct ps_client *cli, struct ps_net *net, const struct ps_config *cfg,
+			  uint64_t min_version, struct ps_tensor *t)
 {
 	for (int i = 0; i < cfg->ntensors; i++)
 		t[i] = (struct ps_tensor){ cfg->tensors[i].name, net->host_w[i], cfg->tensors[i].count, 0 };
-	int64_t id = ps_client_pull(cli, min_version, t, cfg->ntensors);
+	return ps_client_pull(cli, min_version, t, cfg->ntensors);
+}
+
+/* Pulls every tensor into host_w and uploads it. */
+static int pull_weights(struct ps_client *cli, struct ps_net *net, const struct ps_config *cfg,
+			uint64_t min_version, struct ps_tensor *t)
+{
+	int64_t id = pull_start(cli, net, cfg, min_version, t);
 	int rc = id < 0 ? (int)id : ps_client_wait(cli, id);
 	return rc ? rc : ps_net_upload_weights(net);
 }
@@ -449,13 +457,19 @@ int main(int argc, char **argv)
 				ps_error("backward/push at step %d: %s %s", s, comp->err, ps_client_error(cli));
 				goto out;
 			}
+			/* The pull leaves behind the pushes without waiting for
+			 * their acks: a shard handles one connection's frames in
+			 * order, so it answers the pull after applying them (sync:
+			 * once the clock is complete). */
+			int64_t pid = pull_start(cli, &net, cfg,
+						 cfg->consistency == PS_SYNC ? clock + 1 : 0, pt);
 			for (int i = 0; i < sc.nids; i++)
 				if (ps_client_wait(cli, sc.ids[i])) {
 					ps_error("push at clock %llu: %s", (unsigned long long)clock,
 						 ps_client_error(cli));
 					goto out;
 				}
-			if (pull_weights(cli, &net, cfg, cfg->consistency == PS_SYNC ? clock + 1 : 0, pt)) {
+			if (pid < 0 || ps_client_wait(cli, pid) || ps_net_upload_weights(&net)) {
 				ps_error("pull at clock %llu: %s", (unsigned long long)clock, ps_client_error(cli));
 				goto out;
 			}
