@@ -42,6 +42,12 @@
  * recv_now. A bad frame found by recv_now cannot close the connection from
  * that thread: it records the reason and shuts the socket down, and the
  * loop thread, woken by the shutdown, closes it with that reason.
+ *
+ * Lock order: the loop thread takes rmu and then, in on_frame, the owner's
+ * lock; the owner may hold its lock when it calls close (rmu). That is not
+ * a deadlock because the only other holder of rmu, recv_now, takes it with
+ * trylock and returns at once (ThreadSanitizer still reports the
+ * inversion: it does not know the other thread never waits).
  */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -344,25 +350,6 @@ static uint8_t *body_alloc(uint32_t meta_len, uint64_t payload_len, uint8_t **da
 	return b;
 }
 
-static void rx_buf(struct tcp_conn *c, uv_buf_t *buf);
-
-static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
-{
-	struct tcp_conn *c = h->data;
-
-	(void)suggested;
-	/* Held until on_read (libuv pairs the two). A thread polling with
-	 * recv_now could take rmu again and again and starve this one: it
-	 * keeps off while loop_waiting is set. */
-	if (pthread_mutex_trylock(&c->rmu)) {
-		__atomic_store_n(&c->loop_waiting, 1, __ATOMIC_RELAXED);
-		pthread_mutex_lock(&c->rmu);
-		__atomic_store_n(&c->loop_waiting, 0, __ATOMIC_RELAXED);
-	}
-	c->loop_reading = 1;
-	rx_buf(c, buf);
-}
-
 /* Where the next bytes received go: the body being filled, or staging. */
 static void rx_buf(struct tcp_conn *c, uv_buf_t *buf)
 {
@@ -374,6 +361,31 @@ static void rx_buf(struct tcp_conn *c, uv_buf_t *buf)
 		buf->base = (char *)c->stage + c->stage_fill;
 		buf->len = STAGE_BYTES - c->stage_fill;
 	}
+}
+
+/* The loop thread takes rmu. A thread polling with recv_now could take it
+ * again and again and starve this one: it keeps off while loop_waiting is
+ * set. */
+static void lock_rx(struct tcp_conn *c)
+{
+	if (pthread_mutex_trylock(&c->rmu)) {
+		__atomic_store_n(&c->loop_waiting, 1, __ATOMIC_RELAXED);
+		pthread_mutex_lock(&c->rmu);
+		__atomic_store_n(&c->loop_waiting, 0, __ATOMIC_RELAXED);
+	}
+	c->loop_reading = 1;
+}
+
+/* rmu is held from here to the end of on_read: libuv calls the read
+ * callback after every alloc callback (and, on a hang-up, once without
+ * one, which on_read covers). */
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct tcp_conn *c = h->data;
+
+	(void)suggested;
+	lock_rx(c);
+	rx_buf(c, buf);
 }
 
 /* Parses whole frames out of the staging buffer; starts a body when one
@@ -470,6 +482,8 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 	struct tcp_conn *c = s->data;
 
 	(void)buf;
+	if (!c->loop_reading)
+		lock_rx(c); /* an end reported without on_alloc */
 	c->in_read = 1;
 	read_frames(c, n);
 	c->in_read = 0;

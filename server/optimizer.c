@@ -34,7 +34,10 @@
  * branch-free loop. */
 #define KERNEL static inline __attribute__((always_inline))
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+/* Not under ThreadSanitizer: it instruments the ifunc resolvers, which run
+ * before it is initialised (the program dies while loading). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
+	!defined(__SANITIZE_THREAD__)
 #define AVX2_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define AVX2_CLONES
