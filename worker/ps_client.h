@@ -104,8 +104,8 @@ int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tens
  * ps_client_pull(c, min_version, out, nout), except that each shard gets
  * both frames in one write, reads them together and answers both in one
  * write: one system call instead of two on the way out, and the shard
- * never wakes for the push alone (measured: 4 KiB push+pull p50 down by a
- * fifth on loopback). ids[0] is the push's request id, ids[1] the pull's;
+ * never wakes for the push alone (BENCHMARKS.md: the 4 KiB round trip).
+ * ids[0] is the push's request id, ids[1] the pull's;
  * wait for both. The two tensor sets must not overlap (the pull writes
  * into out while the push may still be reading grad). Returns 0 or a
  * negative code (then neither was sent). */
