@@ -1251,12 +1251,10 @@ err_free:
 	return rc;
 }
 
-int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t, int n,
-		       unsigned flags)
+/* Submits r, built with code rc: its id, or the negative code. */
+static int64_t submit_built(struct ps_client *c, int rc, struct req *r)
 {
-	struct req *r;
 	int64_t id;
-	int rc = build_push(c, clock, t, n, flags, &r);
 
 	if (rc)
 		return rc;
@@ -1265,17 +1263,21 @@ int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tens
 	return rc ? rc : id;
 }
 
+int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t, int n,
+		       unsigned flags)
+{
+	struct req *r = NULL;
+	int rc = build_push(c, clock, t, n, flags, &r); /* before r is read */
+
+	return submit_built(c, rc, r);
+}
+
 int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n)
 {
-	struct req *r;
-	int64_t id;
+	struct req *r = NULL;
 	int rc = build_pull(c, min_version, t, n, UINT64_MAX, &r);
 
-	if (rc)
-		return rc;
-	id = r->id;
-	rc = submit(c, &r, 1);
-	return rc ? rc : id;
+	return submit_built(c, rc, r);
 }
 
 int ps_client_pushpull(struct ps_client *c, uint64_t clock, const struct ps_tensor *grad,
@@ -1410,7 +1412,6 @@ int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_sh
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
 	struct req *r;
 	int64_t id;
-	int rc;
 
 	if (shard < 0 || shard >= c->cfg->nshards)
 		return -EINVAL;
@@ -1425,9 +1426,8 @@ int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_sh
 		req_free(c, r);
 		return -ENOMEM;
 	}
-	id = r->id;
-	rc = submit(c, &r, 1);
-	return rc ? rc : ps_client_wait(c, id);
+	id = submit_built(c, 0, r);
+	return id < 0 ? (int)id : ps_client_wait(c, id);
 }
 
 /* ---- life cycle ---- */
