@@ -27,10 +27,10 @@ int ps_rdma_probe(const char *device, char *why, size_t whylen)
 	list = ibv_get_device_list(&n);
 	if (!list || n == 0) {
 		int e = errno;
-		snprintf(why, whylen, "no RDMA device found (%s); use transport: tcp, or load an "
+		snprintf(why, whylen, "no RDMA device found (%s%s); use transport: tcp, or load an "
 			 "HCA driver, or soft-RoCE (rdma link add rxe0 type rxe netdev IFACE)",
 			 !list && e == ENOSYS ? "this kernel has no RDMA support: "
-			 "ibv_get_device_list: Function not implemented" :
+			 "ibv_get_device_list: " : "",
 			 !list ? strerror(e) : "ibv_get_device_list returned none");
 		if (list)
 			ibv_free_device_list(list);

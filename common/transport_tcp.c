@@ -184,7 +184,6 @@ static void on_handle_closed_quiet(uv_handle_t *h)
 static void tcp_close(struct ps_conn *pc, int status)
 {
 	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
-
 	int lock_r = !c->loop_reading; /* else this thread holds rmu already */
 
 	if (c->closing)

@@ -6,6 +6,7 @@
 # is stopped at the end; logs stay in one folder, printed at the start.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/ps-lib.sh
 
 CONFIG=${1:-conf/local.yaml}
 LOGDIR=$(mktemp -d /tmp/ps-demo.XXXXXX)
@@ -36,7 +37,7 @@ grep -h "test accuracy" "$LOGDIR/worker-0.log" | tail -n 1 | sed 's/^/demo: /'
 echo
 echo "demo: 4 KiB push+pull latency against one local shard (ps-bench --local, 2 s)"
 # the secret ps-local.sh used: the config's, else the one it made in the log folder
-secret=$(bin/ps-server --config "$CONFIG" --dump-config | awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  secret_file:/ {sub(/^  secret_file: */, ""); gsub(/^"|"$/, ""); print}')
+secret=$(cfg_key "$(bin/ps-server --config "$CONFIG" --dump-config)" security secret_file)
 secret=${secret:-${PS_SECRET_FILE:-$LOGDIR/ps.secret}}
 bin/ps-bench --config conf/bench.yaml --secret-file "$secret" --local --op pushpull --size 4K --seconds 2 | tee "$LOGDIR/bench-4k.txt"
 echo

@@ -21,6 +21,7 @@
 # every host, mode 0600: scripts/ps-keygen FILE, then copy it (scp -p).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+. "$here/scripts/ps-lib.sh"
 
 usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
@@ -53,9 +54,9 @@ SERVER=$here/bin/ps-server
 case "$CONFIG" in /*) RCONFIG=$CONFIG ;; *) RCONFIG=$DIR/$CONFIG ;; esac
 shard_lines=$("$SERVER" --config "$CONFIG" --list-shards) || exit 2
 dump=$("$SERVER" --config "$CONFIG" --dump-config) || exit 2
-nworkers=$(awk '/^  workers:/ {print $2; exit}' <<<"$dump")
-auth=$(awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  auth:/ {print $2}' <<<"$dump")
-secret=$(awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  secret_file:/ {sub(/^  secret_file: */, ""); gsub(/^"|"$/, ""); print}' <<<"$dump")
+nworkers=$(cfg_key "$dump" cluster workers)
+auth=$(cfg_key "$dump" security auth)
+secret=$(cfg_key "$dump" security secret_file)
 if [ "$ACTION" = start ] && [ "$auth" = true ] && [ -z "$secret" ]; then
   echo "ps-cluster.sh: $CONFIG has security.auth on but names no security.secret_file;" \
        "create one (scripts/ps-keygen FILE), copy it to every host and name it there" >&2

@@ -14,6 +14,7 @@
 # in DIR/ps.secret, handed to every process through PS_SECRET_FILE.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+. "$here/scripts/ps-lib.sh"
 BIN=${PS_BIN:-$here/bin}
 
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -40,10 +41,9 @@ mkdir -p "$LOGDIR"
 shard_lines=$("$BIN/ps-server" --config "$CONFIG" --list-shards) || exit 2
 nshards=$(printf '%s\n' "$shard_lines" | wc -l)
 dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config) || exit 2
-nworkers=$(awk '/^  workers:/ {print $2; exit}' <<<"$dump")
-# security.auth and security.secret_file of the effective config
-auth=$(awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  auth:/ {print $2}' <<<"$dump")
-secret=$(awk '/^security:/ {s = 1; next} /^[^ ]/ {s = 0} s && /^  secret_file:/ {sub(/^  secret_file: */, ""); gsub(/^"|"$/, ""); print}' <<<"$dump")
+nworkers=$(cfg_key "$dump" cluster workers)
+auth=$(cfg_key "$dump" security auth)
+secret=$(cfg_key "$dump" security secret_file)
 if [ "$auth" = true ]; then
   if [ -z "$secret" ] && [ -z "${PS_SECRET_FILE:-}" ]; then
     export PS_SECRET_FILE=$LOGDIR/ps.secret

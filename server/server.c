@@ -4,8 +4,9 @@
  * PS_WIRE_HANDSHAKE_MAX bytes and a deadline. A valid Hello leads, with
  * security.auth, to the challenge-response of auth.h (state auth), then to
  * the ready state, which raises the limits to the configured ones. A frame
- * that does not decode closes its connection; a request that decodes but cannot be served (unknown slice,
- * clock outside the window) gets an Error reply and nothing of it is applied.
+ * that does not decode closes its connection; a request that decodes but
+ * cannot be served (unknown slice, clock outside the window) gets an Error
+ * reply and nothing of it is applied.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -54,9 +55,12 @@ static uint64_t min_finished(const struct ps_server *s)
 	for (int r = 0; r < s->cfg->nworkers; r++)
 		if (s->live[r] && s->finished[r] < m)
 			m = s->finished[r];
-	if (m == UINT64_MAX) /* nobody live: the fastest clock */
+	if (m == UINT64_MAX) { /* nobody live: the fastest clock */
+		m = 0;
 		for (int r = 0; r < s->cfg->nworkers; r++)
-			m = r == 0 || s->finished[r] > m ? s->finished[r] : m;
+			if (s->finished[r] > m)
+				m = s->finished[r];
+	}
 	return m;
 }
 

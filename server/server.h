@@ -24,8 +24,8 @@ struct ps_metrics_http;
 
 struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
-	uint64_t auth_failures;
-	uint64_t duplicate_pushes; /* resent pushes answered without applying them again */     /* handshakes refused for a wrong proof, frames failing their MAC */
+	uint64_t auth_failures;    /* handshakes refused for a wrong proof, frames failing their MAC */
+	uint64_t duplicate_pushes; /* resent pushes answered without applying them again */
 	uint64_t bytes_in, bytes_out;
 	uint64_t max_clock_gap;    /* largest (pull clock - slowest finished clock) answered */
 	uint64_t push_raw[PS_CODEC_COUNT];  /* pushed gradient bytes by codec, as float32 */
@@ -48,7 +48,7 @@ struct ps_server {
 	int *connected;            /* per worker rank: live connections */
 	uint8_t *live;             /* per worker rank: counts for barriers and the
 				      slowest clock (1 until it has had no connection
-				      for limits.idle_timeout_ms, 1 again when it
+				      for limits.drop_timeout_ms, 1 again when it
 				      reconnects) */
 	double *gone_since;        /* per worker rank: when its last connection
 				      closed; 0 while connected or never seen */

@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include "ps_time.h"
 #include "codec.h"
 #include "finite.h"

@@ -90,8 +90,11 @@ int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t cl
 int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
 			const struct ps_grad *g, struct ps_frame_ref *fr);
 
-/* Sync: applies every bucket that became complete because a worker left
- * the live set. Returns how many slots changed version. */
+/* Sync: applies every bucket that became complete, and passes over clocks
+ * every live rank has ended, after the live set or a rank's ended clocks
+ * changed (a worker left, a clock ended without a push for some slice, a
+ * restarted shard learned what its workers ended). Returns how many slots
+ * changed version. */
 int ps_store_advance(struct ps_store *st);
 
 /* Validates g for slot s before anything is accepted: the length of a raw
@@ -100,7 +103,6 @@ int ps_store_advance(struct ps_store *st);
  * with the reason in err. */
 int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps_grad *g,
 		   char *err, size_t errlen);
-
 
 /* FNV-1a over every owned slice's weights, in slice order. */
 uint64_t ps_store_checksum(const struct ps_store *st);

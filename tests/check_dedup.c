@@ -7,11 +7,6 @@
 #include "ps_err.h"
 #include "test_util.h"
 
-static enum ps_dedup_verdict check(const struct ps_dedup *d, uint64_t seq, int *code)
-{
-	return ps_dedup_check(d, seq, code);
-}
-
 START_TEST(test_window)
 {
 	static struct ps_dedup d;
@@ -19,43 +14,43 @@ START_TEST(test_window)
 
 	memset(&d, 0, sizeof(d));
 	ps_dedup_incarnation(&d, 77);
-	ck_assert_int_eq(check(&d, 1, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(ps_dedup_check(&d, 1, &code), PS_DEDUP_NEW);
 	ps_dedup_mark(&d, 1, 0);
-	ck_assert_int_eq(check(&d, 1, &code), PS_DEDUP_SEEN);
+	ck_assert_int_eq(ps_dedup_check(&d, 1, &code), PS_DEDUP_SEEN);
 	ck_assert_int_eq(code, 0);
 	/* gaps (request ids of pulls) and out-of-order arrivals */
 	ps_dedup_mark(&d, 5, 0);
-	ck_assert_int_eq(check(&d, 3, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(ps_dedup_check(&d, 3, &code), PS_DEDUP_NEW);
 	ps_dedup_mark(&d, 3, PS_ECLOCK);
-	ck_assert_int_eq(check(&d, 3, &code), PS_DEDUP_SEEN);
+	ck_assert_int_eq(ps_dedup_check(&d, 3, &code), PS_DEDUP_SEEN);
 	ck_assert_int_eq(code, PS_ECLOCK);
-	ck_assert_int_eq(check(&d, 4, &code), PS_DEDUP_NEW);
-	ck_assert_int_eq(check(&d, 6, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(ps_dedup_check(&d, 4, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(ps_dedup_check(&d, 6, &code), PS_DEDUP_NEW);
 	/* every number in a long run is remembered exactly while in the window */
 	for (uint64_t s = 10; s < 10 + 3 * PS_DEDUP_WINDOW; s += 2) {
-		ck_assert_int_eq(check(&d, s, &code), PS_DEDUP_NEW);
+		ck_assert_int_eq(ps_dedup_check(&d, s, &code), PS_DEDUP_NEW);
 		ps_dedup_mark(&d, s, 0);
-		ck_assert_int_eq(check(&d, s, &code), PS_DEDUP_SEEN);
-		ck_assert_int_eq(check(&d, s + 1, &code), PS_DEDUP_NEW);
+		ck_assert_int_eq(ps_dedup_check(&d, s, &code), PS_DEDUP_SEEN);
+		ck_assert_int_eq(ps_dedup_check(&d, s + 1, &code), PS_DEDUP_NEW);
 		if (s >= PS_DEDUP_WINDOW) { /* just inside, just outside */
-			ck_assert_int_eq(check(&d, s - PS_DEDUP_WINDOW + 2, &code),
+			ck_assert_int_eq(ps_dedup_check(&d, s - PS_DEDUP_WINDOW + 2, &code),
 					 s - PS_DEDUP_WINDOW + 2 >= 10 ? PS_DEDUP_SEEN : PS_DEDUP_NEW);
-			ck_assert_int_eq(check(&d, s - PS_DEDUP_WINDOW, &code), PS_DEDUP_TOO_OLD);
+			ck_assert_int_eq(ps_dedup_check(&d, s - PS_DEDUP_WINDOW, &code), PS_DEDUP_TOO_OLD);
 		}
 	}
 	/* a jump beyond the window clears it */
 	uint64_t top = d.max + 10 * PS_DEDUP_WINDOW;
 	ps_dedup_mark(&d, top, 0);
-	ck_assert_int_eq(check(&d, top - 1, &code), PS_DEDUP_NEW);
-	ck_assert_int_eq(check(&d, top - PS_DEDUP_WINDOW, &code), PS_DEDUP_TOO_OLD);
+	ck_assert_int_eq(ps_dedup_check(&d, top - 1, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(ps_dedup_check(&d, top - PS_DEDUP_WINDOW, &code), PS_DEDUP_TOO_OLD);
 	/* the same incarnation keeps it, another forgets it */
 	ps_dedup_incarnation(&d, 77);
-	ck_assert_int_eq(check(&d, top, &code), PS_DEDUP_SEEN);
+	ck_assert_int_eq(ps_dedup_check(&d, top, &code), PS_DEDUP_SEEN);
 	ps_dedup_incarnation(&d, 78);
-	ck_assert_int_eq(check(&d, top, &code), PS_DEDUP_NEW);
-	ck_assert_int_eq(check(&d, 1, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(ps_dedup_check(&d, top, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(ps_dedup_check(&d, 1, &code), PS_DEDUP_NEW);
 	ps_dedup_mark(&d, 0, 0); /* 0: not numbered, never remembered */
-	ck_assert_int_eq(check(&d, 0, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(ps_dedup_check(&d, 0, &code), PS_DEDUP_NEW);
 }
 END_TEST
 
@@ -69,7 +64,7 @@ START_TEST(test_errors_ring)
 	for (uint64_t s = 1; s <= 100; s++)
 		ps_dedup_mark(&d, s, s % 2 ? PS_ESHAPE : 0);
 	for (uint64_t s = 100 - PS_DEDUP_ERRS; s <= 100; s++) {
-		ck_assert_int_eq(check(&d, s, &code), PS_DEDUP_SEEN);
+		ck_assert_int_eq(ps_dedup_check(&d, s, &code), PS_DEDUP_SEEN);
 		ck_assert_int_eq(code, s % 2 ? PS_ESHAPE : 0);
 	}
 }

@@ -36,6 +36,18 @@ static struct ps_frame_ref *make_frame(const float *g, size_t n)
 	return fr;
 }
 
+/* Offers a copy of g (200 floats, in a frame of its own) from rank for
+ * clock, as a push would: ps_store_offer's result. */
+static int offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
+		 const float *g)
+{
+	struct ps_frame_ref *fr = make_frame(g, 200);
+	int rc = ps_store_offer(st, s, rank, clock, (const float *)fr->frame->payload, fr);
+
+	ps_frame_ref_put(fr);
+	return rc;
+}
+
 static void make_cfg(struct ps_config *cfg, int nworkers, enum ps_consistency mode)
 {
 	ps_config_defaults(cfg);
@@ -92,11 +104,7 @@ START_TEST(test_bsp_sum_order_bit_identical)
 			grads(g, clock);
 			for (int k = 0; k < 3; k++) {
 				int r = perms[(p + clock) % 6][k];
-				struct ps_frame_ref *fr = make_frame(g[r], 200);
-				int rc = ps_store_offer(&st, s, r, (uint64_t)clock,
-							(const float *)fr->frame->payload, fr);
-				ck_assert_int_eq(rc, k == 2 ? 1 : 0);
-				ps_frame_ref_put(fr);
+				ck_assert_int_eq(offer(&st, s, r, (uint64_t)clock, g[r]), k == 2 ? 1 : 0);
 			}
 			ck_assert_uint_eq(s->version, (uint64_t)clock + 1);
 		}
@@ -157,9 +165,7 @@ START_TEST(test_bsp_windows_and_duplicates)
 	ps_frame_ref_put(fr);
 	ck_assert_int_eq(released, 1);
 	/* Pending gradients are released when the store is freed. */
-	fr = make_frame(g, 200);
-	ck_assert_int_eq(ps_store_offer(&st, s, 1, 3, (const float *)fr->frame->payload, fr), 0);
-	ps_frame_ref_put(fr);
+	ck_assert_int_eq(offer(&st, s, 1, 3, g), 0);
 	ck_assert_int_eq(released, 1);
 	ps_store_free(&st);
 	ck_assert_int_eq(released, 2);
@@ -182,9 +188,7 @@ START_TEST(test_ssp_applies_on_arrival)
 	for (int i = 0; i < 200; i++)
 		g[i] = 1.0f;
 	for (int k = 0; k < 5; k++) {
-		struct ps_frame_ref *fr = make_frame(g, 200);
-		ck_assert_int_eq(ps_store_offer(&st, s, k % 3, (uint64_t)(k / 2), (const float *)fr->frame->payload, fr), 1);
-		ps_frame_ref_put(fr);
+		ck_assert_int_eq(offer(&st, s, k % 3, (uint64_t)(k / 2), g), 1);
 		ck_assert_uint_eq(s->version, (uint64_t)k + 1);
 	}
 	for (int i = 0; i < 200; i++)
@@ -249,7 +253,6 @@ START_TEST(test_bsp_live_set)
 	struct ps_store st;
 	uint8_t live[3] = { 1, 1, 1 };
 	float g[3][200], w0[200];
-	struct ps_frame_ref *fr[3];
 
 	make_cfg(&cfg, 3, PS_SYNC);
 	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
@@ -259,11 +262,8 @@ START_TEST(test_bsp_live_set)
 	memcpy(w0, s->w, sizeof(w0));
 	grads(g, 0);
 	/* clock 0: ranks 0 and 2 push, rank 1 is silent */
-	for (int r = 0; r < 3; r += 2) {
-		fr[r] = make_frame(g[r], 200);
-		ck_assert_int_eq(ps_store_offer(&st, s, r, 0, (const float *)fr[r]->frame->payload, fr[r]), 0);
-		ps_frame_ref_put(fr[r]);
-	}
+	for (int r = 0; r < 3; r += 2)
+		ck_assert_int_eq(offer(&st, s, r, 0, g[r]), 0);
 	ck_assert_uint_eq(s->version, 0);
 	ck_assert_int_eq(ps_store_advance(&st), 0);  /* rank 1 still live: waits */
 	live[1] = 0;
@@ -275,27 +275,17 @@ START_TEST(test_bsp_live_set)
 	}
 	/* clock 1: with rank 1 out, rank 0 and 2 complete it on arrival */
 	grads(g, 1);
-	fr[0] = make_frame(g[0], 200);
-	ck_assert_int_eq(ps_store_offer(&st, s, 0, 1, (const float *)fr[0]->frame->payload, fr[0]), 0);
-	ps_frame_ref_put(fr[0]);
-	fr[2] = make_frame(g[2], 200);
-	ck_assert_int_eq(ps_store_offer(&st, s, 2, 1, (const float *)fr[2]->frame->payload, fr[2]), 1);
-	ps_frame_ref_put(fr[2]);
+	ck_assert_int_eq(offer(&st, s, 0, 1, g[0]), 0);
+	ck_assert_int_eq(offer(&st, s, 2, 1, g[2]), 1);
 	ck_assert_uint_eq(s->version, 2);
 	/* clock 2: rank 1 back; rank 0 pushes, then drops before the others */
 	live[1] = 1;
 	grads(g, 2);
-	fr[0] = make_frame(g[0], 200);
-	ck_assert_int_eq(ps_store_offer(&st, s, 0, 2, (const float *)fr[0]->frame->payload, fr[0]), 0);
-	ps_frame_ref_put(fr[0]);
+	ck_assert_int_eq(offer(&st, s, 0, 2, g[0]), 0);
 	live[0] = 0;
 	ck_assert_int_eq(ps_store_advance(&st), 0);  /* 1 and 2 are still awaited */
-	fr[1] = make_frame(g[1], 200);
-	ck_assert_int_eq(ps_store_offer(&st, s, 1, 2, (const float *)fr[1]->frame->payload, fr[1]), 0);
-	ps_frame_ref_put(fr[1]);
-	fr[2] = make_frame(g[2], 200);
-	ck_assert_int_eq(ps_store_offer(&st, s, 2, 2, (const float *)fr[2]->frame->payload, fr[2]), 1);
-	ps_frame_ref_put(fr[2]);
+	ck_assert_int_eq(offer(&st, s, 1, 2, g[1]), 0);
+	ck_assert_int_eq(offer(&st, s, 2, 2, g[2]), 1);
 	ck_assert_uint_eq(s->version, 3);
 	ps_store_free(&st);
 	ps_shardmap_free(&map);
@@ -315,7 +305,6 @@ START_TEST(test_bsp_ended_clocks)
 	uint8_t live[3] = { 1, 1, 1 };
 	uint64_t finished[3] = { 5, 5, 5 };
 	float g[3][200], w0[200];
-	struct ps_frame_ref *fr;
 
 	make_cfg(&cfg, 3, PS_SYNC);
 	cfg.limits.max_clock_ahead = 64;
@@ -336,20 +325,15 @@ START_TEST(test_bsp_ended_clocks)
 	ck_assert_mem_eq(s->w, w0, sizeof(w0));
 	/* clock 8: only rank 2 still owes it; its push completes the bucket */
 	grads(g, 8);
-	fr = make_frame(g[2], 200);
-	ck_assert_int_eq(ps_store_offer(&st, s, 2, 8, (const float *)fr->frame->payload, fr), 1);
-	ps_frame_ref_put(fr);
+	ck_assert_int_eq(offer(&st, s, 2, 8, g[2]), 1);
 	ck_assert_uint_eq(s->version, 9);
 	for (int i = 0; i < 200; i++)
 		ck_assert_float_eq(s->w[i], w0[i] - 0.1f * g[2][i]);
 	/* clock 9: everybody pushes again; a rank not past 9 is waited for */
 	finished[2] = 9;
 	grads(g, 9);
-	for (int r = 0; r < 2; r++) {
-		fr = make_frame(g[r], 200);
-		ck_assert_int_eq(ps_store_offer(&st, s, r, 9, (const float *)fr->frame->payload, fr), 0);
-		ps_frame_ref_put(fr);
-	}
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(offer(&st, s, r, 9, g[r]), 0);
 	ck_assert_int_eq(ps_store_advance(&st), 0);
 	ck_assert_uint_eq(s->version, 9);
 	/* a dead rank's old finished clock does not hold the others back */

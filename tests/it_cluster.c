@@ -92,6 +92,14 @@ static float grad_value(int rank, int clock, int t, int64_t i)
 	return (float)((rank + 1) * (int)((clock + i + t) % 7 - 3));
 }
 
+/* The three gradient tensors of worker rank at clock. */
+static void fill_grads(struct ps_tensor *g, int rank, int clock)
+{
+	for (int t = 0; t < 3; t++)
+		for (int64_t i = 0; i < g[t].count; i++)
+			g[t].data[i] = grad_value(rank, clock, t, i);
+}
+
 /* Sync with a worker that leaves: once it has had no connection for
  * limits.idle_timeout_ms the barrier goes on with the other one (its pull is
  * answered, with only its gradient applied); when it connects again it
@@ -127,9 +135,7 @@ START_TEST(test_sync_worker_leaves_and_rejoins)
 		for (int r = 0; r < 2; r++) {
 			if (!c[r])
 				continue;
-			for (int t = 0; t < 3; t++)
-				for (int64_t i = 0; i < g[t].count; i++)
-					g[t].data[i] = grad_value(r, clock, t, i);
+			fill_grads(g, r, clock);
 			ids[r] = ps_client_push(c[r], (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK);
 			ck_assert_msg(ids[r] > 0 && ps_client_wait(c[r], ids[r]) == 0, "push %d: %s",
 				      clock, ps_client_error(c[r]));
@@ -167,9 +173,7 @@ END_TEST
 static int sync_step(struct ps_client *c, int rank, int clock, struct ps_tensor *g,
 		     struct ps_tensor *w)
 {
-	for (int t = 0; t < 3; t++)
-		for (int64_t i = 0; i < g[t].count; i++)
-			g[t].data[i] = grad_value(rank, clock, t, i);
+	fill_grads(g, rank, clock);
 	int64_t id = ps_client_push(c, (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK);
 	int rc = id < 0 ? (int)id : ps_client_wait(c, id);
 	if (rc)
@@ -200,9 +204,7 @@ START_TEST(test_worker_killed_in_barrier)
 		for (int clock = 0; c1 && clock < 3; clock++)
 			if (sync_step(c1, 1, clock, g, w))
 				_exit(1);
-		for (int t = 0; t < 3; t++)
-			for (int64_t i = 0; i < g[t].count; i++)
-				g[t].data[i] = grad_value(1, 3, t, i);
+		fill_grads(g, 1, 3);
 		int64_t id = c1 ? ps_client_push(c1, 3, g, 3, PS_PUSH_END_CLOCK) : -1;
 		if (id < 0 || ps_client_wait(c1, id))
 			_exit(1);
@@ -264,9 +266,7 @@ START_TEST(test_request_timeout_then_go_on)
 	struct ps_client *c0 = connect_retry(&cfg, 0, err, sizeof(err));
 	ck_assert_msg(c0 != NULL, "%s", err);
 	tensors_new(&cfg, g, w);
-	for (int t = 0; t < 3; t++)
-		for (int64_t i = 0; i < g[t].count; i++)
-			g[t].data[i] = grad_value(0, 0, t, i);
+	fill_grads(g, 0, 0);
 	int64_t id = ps_client_push(c0, 0, g, 3, PS_PUSH_END_CLOCK);
 	ck_assert_msg(id > 0 && ps_client_wait(c0, id) == 0, "%s", ps_client_error(c0));
 	double t0 = now_ms();
@@ -277,9 +277,7 @@ START_TEST(test_request_timeout_then_go_on)
 	ck_assert_msg(now_ms() - t0 < 2500, "failed after %.0f ms", now_ms() - t0);
 	struct ps_client *c1 = connect_retry(&cfg, 1, err, sizeof(err));
 	ck_assert_msg(c1 != NULL, "%s", err);
-	for (int t = 0; t < 3; t++)
-		for (int64_t i = 0; i < g[t].count; i++)
-			g[t].data[i] = grad_value(1, 0, t, i);
+	fill_grads(g, 1, 0);
 	id = ps_client_push(c1, 0, g, 3, PS_PUSH_END_CLOCK);
 	ck_assert_msg(id > 0 && ps_client_wait(c1, id) == 0, "%s", ps_client_error(c1));
 	id = ps_client_pull(c0, 1, w, 3);
@@ -319,14 +317,21 @@ static int nft(const char *fmt, ...)
 	return system(cmd) == 0 ? 0 : -1;
 }
 
+/* Creates this test's table with an output chain "out": 0 or -1. */
+static int nft_table_up(void)
+{
+	return nft("add table inet %s", nft_table) ||
+	       nft("add chain inet %s out '{ type filter hook output priority 0; }'", nft_table)
+	       ? -1 : 0;
+}
+
 /* Why nftables cannot be used here, or NULL when it can. */
 static const char *nft_unusable(void)
 {
 	if (geteuid() != 0)
 		return "not root";
 	snprintf(nft_table, sizeof(nft_table), "ps_it_%d", (int)getpid());
-	if (nft("add table inet %s", nft_table) ||
-	    nft("add chain inet %s out '{ type filter hook output priority 0; }'", nft_table))
+	if (nft_table_up())
 		return "nft cannot create a table (nftables missing, or no permission)";
 	nft("delete table inet %s", nft_table);
 	return NULL;
@@ -380,17 +385,13 @@ START_TEST(test_partition_exactly_once)
 		if (clock == 3) { /* the shards' answers to this worker vanish */
 			int ports[8], n = client_ports(p0, p1, ports, 8);
 			ck_assert_int_eq(n, 2);
-			ck_assert_int_eq(nft("add table inet %s", nft_table), 0);
-			ck_assert_int_eq(nft("add chain inet %s out '{ type filter hook output "
-					     "priority 0; }'", nft_table), 0);
+			ck_assert_int_eq(nft_table_up(), 0);
 			for (int i = 0; i < n; i++)
 				ck_assert_int_eq(nft("add rule inet %s out tcp sport { %d, %d } "
 						     "tcp dport %d drop", nft_table, p0, p1, ports[i]), 0);
 		}
 		if (clock == 6) { /* nothing passes either way for 10 s */
-			ck_assert_int_eq(nft("add table inet %s", nft_table), 0);
-			ck_assert_int_eq(nft("add chain inet %s out '{ type filter hook output "
-					     "priority 0; }'", nft_table), 0);
+			ck_assert_int_eq(nft_table_up(), 0);
 			ck_assert_int_eq(nft("add rule inet %s out tcp dport { %d, %d } drop",
 					     nft_table, p0, p1), 0);
 			ck_assert_int_eq(nft("add rule inet %s out tcp sport { %d, %d } drop",
@@ -401,9 +402,7 @@ START_TEST(test_partition_exactly_once)
 				_exit(nft("delete table inet %s", nft_table) ? 1 : 0);
 			}
 		}
-		for (int t = 0; t < 3; t++)
-			for (int64_t i = 0; i < g[t].count; i++)
-				g[t].data[i] = grad_value(0, clock, t, i);
+		fill_grads(g, 0, clock);
 		double t0 = now_ms();
 		int64_t id = ps_client_push(c, (uint64_t)clock, g, 3, PS_PUSH_END_CLOCK);
 		ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "push %d: %s", clock,
@@ -468,17 +467,10 @@ static int sync_worker(const struct ps_config *cfg, int rank, int nworkers)
 		fprintf(stderr, "worker %d: %s\n", rank, err);
 		return 2;
 	}
-	for (int t = 0; t < 3; t++) {
-		g[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
-					   cfg->tensors[t].count, 0 };
-		w[t] = (struct ps_tensor){ cfg->tensors[t].name, malloc(cfg->tensors[t].count * 4),
-					   cfg->tensors[t].count, 0 };
-	}
+	tensors_new(cfg, g, w);
 	srand((unsigned)(getpid() * 7919));
 	for (int clock = 0; clock < NCLOCKS; clock++) {
-		for (int t = 0; t < 3; t++)
-			for (int64_t i = 0; i < g[t].count; i++)
-				g[t].data[i] = grad_value(rank, clock, t, i);
+		fill_grads(g, rank, clock);
 		/* Vary the arrival order at the shards from clock to clock. */
 		if (rand() % 3 == 0)
 			tu_sleep_ms(rand() % 3);

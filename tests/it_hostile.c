@@ -304,21 +304,9 @@ static int raw_read(int fd, void *b, size_t n, double deadline)
 	return 0;
 }
 
-/* Reads one frame and unpacks its metadata; NULL on timeout, close or a
- * frame of another type than want. */
-static ProtobufCMessage *raw_expect_any(int fd, unsigned want, unsigned want2, int ms,
-					unsigned *type);
-
-static ProtobufCMessage *raw_expect(int fd, unsigned want, int ms)
-{
-	return raw_expect_any(fd, want, want, ms, NULL);
-}
-
-static ProtobufCMessage *raw_expect2(int fd, unsigned a, unsigned b, unsigned *type)
-{
-	return raw_expect_any(fd, a, b, 3000, type);
-}
-
+/* Reads one frame, which must be of type want or want2 (its type in *type
+ * when type is not NULL), and unpacks its metadata; NULL on timeout or
+ * close. */
 static ProtobufCMessage *raw_expect_any(int fd, unsigned want, unsigned want2, int ms,
 					unsigned *type)
 {
@@ -359,6 +347,16 @@ static ProtobufCMessage *raw_expect_any(int fd, unsigned want, unsigned want2, i
 	ck_assert_msg(m != NULL, "%s", why);
 	free(body);
 	return m;
+}
+
+static ProtobufCMessage *raw_expect(int fd, unsigned want, int ms)
+{
+	return raw_expect_any(fd, want, want, ms, NULL);
+}
+
+static ProtobufCMessage *raw_expect2(int fd, unsigned a, unsigned b, unsigned *type)
+{
+	return raw_expect_any(fd, a, b, 3000, type);
 }
 
 /* Bytes raw_wait_closed read and dropped on its last call. */
@@ -411,11 +409,8 @@ static Ps__Hello good_hello(int rank)
 	return h;
 }
 
-/* Reads the next frame, which must be of type a or b; its type in *type. */
-static ProtobufCMessage *raw_expect2(int fd, unsigned a, unsigned b, unsigned *type);
-
 /* Sends the Hello and, when the shard challenges, proves the secret
- * (proof_of(transcript) replaces the right proof when the test sets it);
+ * (raw_proof_hook, when a test sets it, changes the proof before it goes);
  * returns the HelloReply. */
 static void (*raw_proof_hook)(uint8_t proof[PS_AUTH_PROOF_LEN]);
 
@@ -1360,7 +1355,6 @@ START_TEST(test_resent_push_applied_once)
 	ck_assert_int_eq(raw_push(fd, 6, F.clock, 1, &bad, 1, slice_bytes(0)), 0);
 	expect_error(fd, 6, PS_ESHAPE, "refused when it first came");
 	/* numbers far below the window cannot be judged: refused */
-	push_seq = 1;
 	for (uint64_t s = 2000; s < 2000 + 5000; s += 4000) { /* move the window up */
 		push_seq = s;
 		bad = (struct pref){ 77, 0, 4 };
@@ -1423,7 +1417,7 @@ static void client_refused(const struct ps_config *cfg, const char *want)
 START_TEST(test_auth_refusals)
 {
 	struct ps_config cfg;
-	char other[64], err[512];
+	char other[64];
 	uint64_t fails;
 	int fd;
 
@@ -1531,7 +1525,6 @@ START_TEST(test_auth_refusals)
 	ck_assert_uint_eq(wait_auth_failures(fails + 8, 2000), fails + 8);
 	ck_assert_uint_eq(wait_connections(1, 2000), 1);
 	ck_assert_uint_eq(stats().worker_clock[0], F.clock);
-	(void)err;
 	after_attack("authentication attacks");
 	fx_stop();
 }

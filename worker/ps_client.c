@@ -167,7 +167,7 @@ static void part_done(struct ps_client *c, struct req *r, int shard, int status,
 			set_err(c, "%s", why);
 	}
 	if (--r->pending == 0) {
-		__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+		r->done = 1; /* read under c->mu, like everything of r */
 		if (c->sleepers)
 			pthread_cond_broadcast(&c->cv);
 	}
