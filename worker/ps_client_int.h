@@ -1,0 +1,153 @@
+/* ps_client_int.h - what the client library's files share (not a public
+ * API; worker/ps_client.h is).
+ *
+ * The calling thread builds each request completely (slices grouped per
+ * shard, metadata packed, payload pieces pointing into the caller's tensors)
+ * and queues it; the I/O thread, woken by a uv_async_t, only hands frames to
+ * the transport and matches replies to requests by id. One mutex guards the
+ * request list and the client's state; completions broadcast one condvar.
+ *
+ *   ps_client.c        life cycle (init, free) and the I/O thread's loop:
+ *                      sending what is queued, the periodic tick
+ *   ps_client_conn.c   one connection per shard: handshake, frames in,
+ *                      heartbeats, reconnect with backoff and resend
+ *   ps_client_req.c    requests and their completion, the public calls
+ *   ps_client_build.c  building a request: slices, codecs, LZ4, metadata
+ */
+#ifndef PS_CLIENT_INT_H
+#define PS_CLIENT_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "auth.h"
+#include "msg.h"
+#include "ps_client.h"
+#include "shardmap.h"
+
+enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS };
+enum shard_state { SH_CONNECTING, SH_HELLO, SH_READY, SH_FAILED, SH_RETRY };
+
+struct part {               /* what one request sends to one shard */
+	uint8_t *meta;
+	uint32_t meta_len;
+	int niov;
+	struct ps_iov *iov;
+	uint8_t *enc;           /* push: encoded slices (codecs), then LZ4 output */
+	unsigned frame_flags;   /* PS_FRAME_F_* of the frame */
+	int waiting;            /* reply still expected from this shard */
+	unsigned gen;           /* connection generation it was sent on; 0 = not yet */
+};
+
+struct req {
+	int64_t id;
+	enum req_kind kind;
+	int pending;            /* shards still to answer */
+	int status;
+	int done;
+	int queued;             /* not yet handed to the I/O thread */
+	double deadline;
+	struct ps_tensor *t;    /* pull: the caller's tensors */
+	int n;
+	int *tidx;              /* pull: config tensor index of t[i] */
+	struct ps_shard_stats *stats;
+	uint64_t clock;         /* push: its clock, and whether it ends it */
+	int end_clock;
+	struct req *next;
+	struct req *send_next;  /* queue of requests for the I/O thread to send */
+	struct part parts[];    /* one per shard */
+};
+
+struct shard_conn {
+	struct ps_conn *conn;
+	double last_rx, last_hb;  /* I/O thread: last frame from the shard, last heartbeat sent */
+	enum shard_state state;
+	int status;
+	int authed;               /* the shard proved it holds the secret */
+	unsigned gen;             /* connections that reached ready so far */
+	double lost_at;           /* reconnecting since (0 = not) */
+	double retry_at, backoff; /* SH_RETRY: next attempt, and the delay after it */
+	double attempt_at;        /* when the current reconnect attempt started */
+	uint64_t boot_id;         /* the shard process's, from its HelloReply */
+	uint64_t done_clock;      /* clocks whose ending push this shard acknowledged */
+	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
+	size_t hello_len;
+	char why[400];
+};
+
+struct deferred {           /* a frame ps__client_take() leaves to the I/O thread */
+	struct deferred *next;
+	struct ps_frame *f;
+	int k;
+	unsigned gen;           /* the connection it came on (shard_conn.gen) */
+};
+
+struct ps_client {
+	const struct ps_config *cfg;
+	struct ps_shardmap map;
+	int rank;
+	uint64_t clock;
+	uv_loop_t loop;
+	uv_async_t wake;
+	uv_timer_t tick;
+	pthread_t thread;
+	struct ps_transport *transport;
+	struct shard_conn *shards;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct req *reqs;       /* every request not yet waited for */
+	/* Requests submitted and not yet sent, oldest first: frames must leave
+	 * in submission order (a sync shard expects clock c before c + 1, and a
+	 * worker's last push of a clock ends it). */
+	struct req *sendq_head, *sendq_tail;
+	/* Frames read by a waiting thread that only the I/O thread may handle,
+	 * oldest first. */
+	struct deferred *deferred, **deferred_tail;
+	/* Push compression: per tensor, the error-feedback residual (NULL until
+	 * first used, only for codecs with error feedback); bytes pushed as
+	 * float32 and as sent. Touched by the pushing thread only. */
+	float **resid;
+	uint64_t push_raw, push_wire;
+	int64_t next_id;
+	double spin_s;          /* ps_client_wait spins this long before sleeping */
+	int sleepers;           /* threads blocked in pthread_cond_wait on cv */
+	int stopping;
+	int started;            /* init succeeded: losses are worth a log line */
+	int nready, nfailed;
+	uint8_t secret[PS_AUTH_KEY_LEN]; /* hashed cluster secret (security.auth) */
+	uint64_t incarnation;   /* random per client, the same across reconnects */
+	char err[512];
+};
+
+/* ps_client_req.c: requests and their completion */
+void ps__client_set_err(struct ps_client *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+struct req *ps__client_req_new(struct ps_client *c, enum req_kind kind);
+void ps__client_req_free(struct ps_client *c, struct req *r);
+struct req *ps__client_find_req(struct ps_client *c, int64_t id);
+void ps__client_part_done(struct ps_client *c, struct req *r, int shard, int status,
+			  const char *why);
+void ps__client_fail_shard_reqs(struct ps_client *c, int k, int status, const char *why);
+void ps__client_on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m,
+			      const struct ps_frame *f);
+void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m);
+int ps__client_send_part(struct ps_client *c, struct req *r, int k);
+
+/* ps_client_build.c: building a request */
+int ps__client_pack_part(struct part *p, const ProtobufCMessage *msg);
+int64_t ps__client_reserve_id(struct ps_client *c);
+int ps__client_build_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t,
+			  int n, unsigned flags, struct req **out);
+int ps__client_build_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t,
+			  int n, uint64_t after_push, struct req **out);
+
+/* ps_client_conn.c: the connections to the shards (the transport's
+ * callbacks, and what the I/O thread's tick does for them) */
+void ps__client_on_connect(struct ps_conn *pc, int status);
+void ps__client_on_frame(struct ps_conn *pc, struct ps_frame *f);
+void ps__client_on_close(struct ps_conn *pc, int status);
+void ps__client_take(struct ps_conn *pc, struct ps_frame *f, void *arg);
+void ps__client_heartbeats(struct ps_client *c, double now);
+void ps__client_reconnect_due(struct ps_client *c, double now);
+
+#endif

@@ -1,0 +1,471 @@
+/* ps_client_req.c - requests and their completion, and the public calls.
+ *
+ * A request (struct req) has one part per shard it involves. Built whole by
+ * the calling thread (ps_client_build.c), it is submitted: written at once
+ * from the calling thread when nothing is queued before it and the
+ * transport can (send_now), else queued for the I/O thread. Every shard's
+ * answer, read by the I/O thread or by a thread spinning in ps_client_wait,
+ * completes its part under c->mu; the last one completes the request and
+ * wakes the waiters. ps_client_wait is the only place a request is freed.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ps_time.h"
+#include "codec.h"
+#include "ps_client_int.h"
+#include "ps_err.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PS_CPU_RELAX() __builtin_ia32_pause()
+#else
+#define PS_CPU_RELAX() ((void)0)
+#endif
+
+/* Sets the text ps_client_error returns. */
+void ps__client_set_err(struct ps_client *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	va_end(ap);
+}
+
+/* ---- request completion (I/O thread, c->mu held) ---- */
+
+struct req *ps__client_find_req(struct ps_client *c, int64_t id)
+{
+	for (struct req *r = c->reqs; r; r = r->next)
+		if (r->id == id)
+			return r;
+	return NULL;
+}
+
+/* Records one shard's answer; completes the request when it was the last. */
+void ps__client_part_done(struct ps_client *c, struct req *r, int shard, int status,
+			  const char *why)
+{
+	if (!r->parts[shard].waiting)
+		return;
+	r->parts[shard].waiting = 0;
+	if (status && !r->status) {
+		r->status = status;
+		if (why)
+			ps__client_set_err(c, "%s", why);
+	}
+	if (--r->pending == 0) {
+		r->done = 1; /* read under c->mu, like everything of r */
+		if (c->sleepers)
+			pthread_cond_broadcast(&c->cv);
+	}
+}
+
+/* Fails every request waiting on shard k. */
+void ps__client_fail_shard_reqs(struct ps_client *c, int k, int status, const char *why)
+{
+	for (struct req *r = c->reqs; r; r = r->next)
+		if (!r->queued)
+			ps__client_part_done(c, r, k, status, why);
+}
+
+/* ---- replies ---- */
+
+void ps__client_on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m,
+			      const struct ps_frame *f)
+{
+	struct req *r = ps__client_find_req(c, (int64_t)m->req_id);
+	int status = 0;
+	char why[300] = "";
+
+	if (!r || r->kind != REQ_PULL || !r->parts[k].waiting)
+		return; /* timed out or unknown: nothing to write */
+	for (size_t i = 0; i < m->n_slices; i++) {
+		const Ps__SliceRef *s = m->slices[i];
+		const struct ps_slice *sl = s->slice < c->map.nslices ? &c->map.slices[s->slice] : NULL;
+		int j;
+		if (!sl || sl->shard != k || (s->codec != 0 && s->codec != PS_CODEC_FP16) ||
+		    (s->codec == 0 && s->length != (uint64_t)sl->count * sizeof(float)) ||
+		    s->offset > f->hdr.payload_len || s->length > f->hdr.payload_len - s->offset) {
+			status = PS_EPROTO;
+			snprintf(why, sizeof(why), "shard %d sent a malformed pull reply (slice %u)", k,
+				 s->slice);
+			break;
+		}
+		for (j = 0; j < r->n && r->tidx[j] != sl->tensor; j++)
+			;
+		if (j == r->n)
+			continue;
+		if (s->codec == 0) {
+			memcpy(r->t[j].data + sl->offset, f->payload + s->offset, s->length);
+		} else if (ps_codec_get(PS_CODEC_FP16)->decode(f->payload + s->offset, s->length,
+								(size_t)sl->count,
+								r->t[j].data + sl->offset, why,
+								sizeof(why))) {
+			status = PS_EPROTO;
+			break;
+		}
+		if (s->version < r->t[j].version)
+			r->t[j].version = s->version;
+	}
+	ps__client_part_done(c, r, k, status, why[0] ? why : NULL);
+}
+
+void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
+{
+	struct req *r = ps__client_find_req(c, (int64_t)m->req_id);
+	struct ps_shard_stats *o;
+
+	if (!r || r->kind != REQ_STATS)
+		return;
+	o = r->stats;
+	memset(o, 0, sizeof(*o));
+	o->shard = m->shard;
+	o->uptime_s = m->uptime_s;
+	o->pushes = m->pushes;
+	o->pulls = m->pulls;
+	o->bytes_in = m->bytes_in;
+	o->bytes_out = m->bytes_out;
+	o->applies = m->applies;
+	o->apply_seconds = m->apply_seconds;
+	o->apply_bytes = m->apply_bytes;
+	o->errors = m->errors;
+	o->rejected_frames = m->rejected_frames;
+	o->auth_failures = m->auth_failures;
+	o->duplicate_pushes = m->duplicate_pushes;
+	o->connections = m->connections;
+	o->max_clock_gap = m->max_clock_gap;
+	o->param_checksum = m->param_checksum;
+	for (size_t i = 0; i < m->n_push_raw_bytes && i < 8; i++)
+		o->push_raw_bytes[i] = m->push_raw_bytes[i];
+	for (size_t i = 0; i < m->n_push_wire_bytes && i < 8; i++)
+		o->push_wire_bytes[i] = m->push_wire_bytes[i];
+	o->pull_raw_bytes = m->pull_raw_bytes;
+	o->pull_wire_bytes = m->pull_wire_bytes;
+	o->nworkers = (int)m->n_workers;
+	for (size_t i = 0; i < m->n_workers && i < 64; i++) {
+		o->worker_clock[i] = m->workers[i]->clock;
+		o->worker_up[i] = m->workers[i]->connected;
+	}
+	for (size_t i = 0; i < m->n_push_latency_log2us && i < PS_HISTO_BUCKETS; i++)
+		o->push_lat[i] = m->push_latency_log2us[i];
+	for (size_t i = 0; i < m->n_pull_latency_log2us && i < PS_HISTO_BUCKETS; i++)
+		o->pull_lat[i] = m->pull_latency_log2us[i];
+	o->push_lat_sum_s = m->push_latency_sum_s;
+	o->pull_lat_sum_s = m->pull_latency_sum_s;
+	o->checkpoint_status = m->checkpoint_status;
+	o->checkpoint_bytes = m->checkpoint_bytes;
+	o->checkpoint_seconds = m->checkpoint_seconds;
+	snprintf(o->checkpoint_path, sizeof(o->checkpoint_path), "%s",
+		 m->checkpoint_path ? m->checkpoint_path : "");
+	snprintf(o->checkpoint_error, sizeof(o->checkpoint_error), "%s",
+		 m->checkpoint_error ? m->checkpoint_error : "");
+	ps__client_part_done(c, r, k, 0, NULL);
+}
+
+/* ---- requests (calling thread) ---- */
+
+void ps__client_req_free(struct ps_client *c, struct req *r)
+{
+	for (int k = 0; k < c->cfg->nshards; k++) {
+		free(r->parts[k].meta);
+		free(r->parts[k].iov);
+		free(r->parts[k].enc);
+	}
+	free(r->tidx);
+	free(r);
+}
+
+struct req *ps__client_req_new(struct ps_client *c, enum req_kind kind)
+{
+	struct req *r = calloc(1, sizeof(*r) + (size_t)c->cfg->nshards * sizeof(r->parts[0]));
+
+	if (r)
+		r->kind = kind;
+	return r;
+}
+
+static uint8_t req_msg_type(const struct req *r)
+{
+	return r->kind == REQ_PUSH ? PS_MSG_PUSH
+	     : r->kind == REQ_PULL ? PS_MSG_PULL : PS_MSG_STATS_REQUEST;
+}
+
+/* Hands r's part for ready shard k to the transport (I/O thread, c->mu
+ * held) and notes the connection it went out on: 0 or the send's code. */
+int ps__client_send_part(struct ps_client *c, struct req *r, int k)
+{
+	struct shard_conn *sh = &c->shards[k];
+	struct part *p = &r->parts[k];
+	int rc = sh->conn->t->ops->send(sh->conn, req_msg_type(r), p->meta, p->meta_len, p->iov,
+					p->niov, PS_SEND_STABLE | PS_SEND_FRAME_FLAGS(p->frame_flags),
+					NULL, NULL);
+
+	if (rc == 0)
+		p->gen = sh->gen;
+	return rc;
+}
+
+/* With c->mu held and nothing queued before them: writes the small frames
+ * of the nr requests rs (in order) from this thread (transport send_now),
+ * saving the wake-up of the I/O thread and a thread hop on the latency
+ * path. Each shard's frames of all nr requests go in one call, so a push
+ * and the pull behind it reach the shard together and are answered in one
+ * write. Parts left unsent (gen 0) are the I/O thread's; a part that broke
+ * mid-frame fails its request. */
+static void send_direct(struct ps_client *c, struct req *const *rs, int nr)
+{
+	for (int k = 0; k < c->cfg->nshards; k++) {
+		struct shard_conn *sh = &c->shards[k];
+		struct ps_out_frame f[PS_SEND_NOW_FRAMES];
+		struct req *fr[PS_SEND_NOW_FRAMES];
+		int nf = 0, rc = -EAGAIN;
+
+		for (int i = 0; i < nr && nf < PS_SEND_NOW_FRAMES; i++) {
+			struct part *p = &rs[i]->parts[k];
+			if (!p->waiting)
+				continue;
+			f[nf] = (struct ps_out_frame){ .type = req_msg_type(rs[i]),
+						       .flags = PS_SEND_FRAME_FLAGS(p->frame_flags),
+						       .meta = p->meta, .meta_len = p->meta_len,
+						       .payload = p->iov, .npayload = p->niov };
+			fr[nf++] = rs[i];
+		}
+		if (!nf)
+			continue;
+		if (sh->state == SH_READY && sh->conn->t->ops->send_now)
+			rc = sh->conn->t->ops->send_now(sh->conn, f, nf);
+		for (int j = 0; j < nf; j++) {
+			if (rc == 0)
+				fr[j]->parts[k].gen = sh->gen;
+			else if (rc != -EAGAIN && sh->lost_at == 0 &&
+				 c->cfg->limits.reconnect_timeout_ms == 0)
+				ps__client_part_done(c, fr[j], k, rc, "send failed");
+			/* else the I/O thread sends it, or resends it after a reconnect */
+		}
+	}
+}
+
+/* Whether some part of r still has to be handed to the transport. */
+static int unsent(const struct ps_client *c, const struct req *r)
+{
+	for (int k = 0; k < c->cfg->nshards; k++)
+		if (r->parts[k].waiting && !r->parts[k].gen)
+			return 1;
+	return 0;
+}
+
+/* Sends the nr requests rs, in order (or queues them for the I/O thread).
+ * Returns 0, or PS_ESTATE (and frees them all) when the client is
+ * stopping. */
+static int submit(struct ps_client *c, struct req *const *rs, int nr)
+{
+	int queued = 0;
+
+	for (int i = 0; i < nr; i++)
+		for (int k = 0; k < c->cfg->nshards; k++)
+			if (rs[i]->parts[k].waiting)
+				rs[i]->pending++;
+	pthread_mutex_lock(&c->mu);
+	if (c->stopping) {
+		pthread_mutex_unlock(&c->mu);
+		for (int i = 0; i < nr; i++)
+			ps__client_req_free(c, rs[i]);
+		return PS_ESTATE;
+	}
+	if (!c->sendq_head)
+		send_direct(c, rs, nr);
+	for (int i = 0; i < nr; i++) {
+		struct req *r = rs[i];
+		r->deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
+		if (r->pending == 0) {
+			r->done = 1;
+		} else if (!r->done && unsent(c, r)) {
+			/* after any queued before it: frames leave in submission order */
+			r->queued = 1;
+			if (c->sendq_tail)
+				c->sendq_tail->send_next = r;
+			else
+				c->sendq_head = r;
+			c->sendq_tail = r;
+			queued = 1;
+		}
+		r->next = c->reqs;
+		c->reqs = r;
+	}
+	pthread_mutex_unlock(&c->mu);
+	if (queued)
+		uv_async_send(&c->wake);
+	return 0;
+}
+
+/* Submits r, built with code rc: its id, or the negative code. */
+static int64_t submit_built(struct ps_client *c, int rc, struct req *r)
+{
+	int64_t id;
+
+	if (rc)
+		return rc;
+	id = r->id;
+	rc = submit(c, &r, 1);
+	return rc ? rc : id;
+}
+
+int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t, int n,
+		       unsigned flags)
+{
+	struct req *r = NULL;
+	int rc = ps__client_build_push(c, clock, t, n, flags, &r); /* before r is read */
+
+	return submit_built(c, rc, r);
+}
+
+int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n)
+{
+	struct req *r = NULL;
+	int rc = ps__client_build_pull(c, min_version, t, n, UINT64_MAX, &r);
+
+	return submit_built(c, rc, r);
+}
+
+int ps_client_pushpull(struct ps_client *c, uint64_t clock, const struct ps_tensor *grad,
+		       int ngrad, unsigned flags, uint64_t min_version, struct ps_tensor *out,
+		       int nout, int64_t ids[2])
+{
+	struct req *r[2];
+	/* The pull first: a push built (its clock counted as ended) must be
+	 * sent, so nothing may fail after it. */
+	int rc = ps__client_build_pull(c, min_version, out, nout,
+				       flags & PS_PUSH_END_CLOCK ? clock : UINT64_MAX, &r[1]);
+
+	if (rc)
+		return rc;
+	rc = ps__client_build_push(c, clock, grad, ngrad, flags, &r[0]);
+	if (rc) {
+		ps__client_req_free(c, r[1]);
+		return rc;
+	}
+	ids[0] = r[0]->id;
+	ids[1] = r[1]->id;
+	return submit(c, r, 2);
+}
+
+int ps_client_wait(struct ps_client *c, int64_t id)
+{
+	struct req **pp, *r;
+	int status;
+
+	pthread_mutex_lock(&c->mu);
+	for (pp = &c->reqs; (r = *pp) && r->id != id; pp = &r->next)
+		;
+	if (!r) {
+		ps__client_set_err(c, "request %" PRId64 " is not pending on this client", id);
+		pthread_mutex_unlock(&c->mu);
+		return -EINVAL;
+	}
+	if (!r->done && c->spin_s > 0) {
+		/* Poll briefly before sleeping: this thread reads the reply off
+		 * the socket itself (transport recv_now), so a reply that comes
+		 * within spin_s costs neither the I/O thread's wake-up and
+		 * hand-over nor a futex wake-up. The I/O thread still reads
+		 * whatever this thread does not. r stays ours (only this function
+		 * frees it). */
+		double until = ps_now_s() + c->spin_s;
+
+		while (!r->done && ps_now_s() < until) {
+			int polled = 0;
+			for (int k = 0; k < c->cfg->nshards && !r->done; k++) {
+				struct shard_conn *sh = &c->shards[k];
+				/* c->mu held: sh->conn stays alive (on_close takes it) */
+				if (r->parts[k].waiting && sh->state == SH_READY && sh->conn &&
+				    sh->conn->t->ops->recv_now) {
+					sh->conn->t->ops->recv_now(sh->conn, ps__client_take, c);
+					polled = 1;
+				}
+			}
+			pthread_mutex_unlock(&c->mu);
+			if (!polled)
+				PS_CPU_RELAX();
+			pthread_mutex_lock(&c->mu);
+		}
+	}
+	c->sleepers++;
+	while (!r->done)
+		pthread_cond_wait(&c->cv, &c->mu);
+	c->sleepers--;
+	/* The list may have changed while waiting: unlink by search again. */
+	for (pp = &c->reqs; *pp != r; pp = &(*pp)->next)
+		;
+	*pp = r->next;
+	if (r->queued) {
+		/* done before it was sent (a shard failed): leave the send queue */
+		struct req *prev = NULL;
+
+		for (struct req *q = c->sendq_head; q; prev = q, q = q->send_next) {
+			if (q != r)
+				continue;
+			if (prev)
+				prev->send_next = q->send_next;
+			else
+				c->sendq_head = q->send_next;
+			if (c->sendq_tail == q)
+				c->sendq_tail = prev;
+			break;
+		}
+	}
+	status = r->status;
+	pthread_mutex_unlock(&c->mu);
+	ps__client_req_free(c, r);
+	return status;
+}
+
+const char *ps_client_shard_error(struct ps_client *c, int shard, char *buf, size_t len)
+{
+	const char *why = NULL;
+
+	if (shard < 0 || shard >= c->cfg->nshards)
+		return NULL;
+	pthread_mutex_lock(&c->mu);
+	if (c->shards[shard].state != SH_READY) {
+		snprintf(buf, len, "%s", c->shards[shard].why[0] ? c->shards[shard].why
+				   : "not connected");
+		why = buf;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return why;
+}
+
+const char *ps_client_error(struct ps_client *c)
+{
+	return c->err;
+}
+
+int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out)
+{
+	return ps_client_checkpoint(c, shard, 0, out);
+}
+
+int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
+{
+	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
+	struct req *r;
+	int64_t id;
+
+	if (shard < 0 || shard >= c->cfg->nshards)
+		return -EINVAL;
+	r = ps__client_req_new(c, REQ_STATS);
+	if (!r)
+		return -ENOMEM;
+	r->stats = out;
+	r->id = ps__client_reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	m.checkpoint = write != 0;
+	if (ps__client_pack_part(&r->parts[shard], &m.base)) {
+		ps__client_req_free(c, r);
+		return -ENOMEM;
+	}
+	id = submit_built(c, 0, r);
+	return id < 0 ? (int)id : ps_client_wait(c, id);
+}
