@@ -998,7 +998,7 @@ START_TEST(test_send_now_from_thread)
 
 	env_init(_i);
 	if (!E.ops->send_now) {
-		printf("SKIP send_now on %s: the transport has none\n", E.ops->name);
+		tu_skip("send_now on %s: the transport has none", E.ops->name);
 		env_free();
 		return;
 	}
@@ -1099,7 +1099,7 @@ START_TEST(test_keys_mismatch)
 
 	env_init(_i & ~1);
 	if (!E.ops->set_keys) {
-		printf("SKIP keys on %s: the transport has no set_keys\n", E.ops->name);
+		tu_skip("keys on %s: the transport has no set_keys", E.ops->name);
 		env_free();
 		return;
 	}
@@ -1243,7 +1243,7 @@ START_TEST(test_keyed_frames_without_payload)
 
 	env_init(2 * _i + 1);
 	if (!E.ops->set_keys) {
-		printf("SKIP keyed raw frames on %s: the transport has no set_keys\n", E.ops->name);
+		tu_skip("keyed raw frames on %s: the transport has no set_keys", E.ops->name);
 		env_free();
 		return;
 	}
@@ -1371,7 +1371,7 @@ START_TEST(test_recv_now_from_thread)
 
 	env_init(_i);
 	if (!E.ops->recv_now) {
-		printf("SKIP recv_now on %s: the transport has none\n", E.ops->name);
+		tu_skip("recv_now on %s: the transport has none", E.ops->name);
 		free(buf);
 		env_free();
 		return;
@@ -1429,7 +1429,7 @@ START_TEST(test_recv_now_bad_frame)
 
 	env_init(_i);
 	if (!E.ops->recv_now) {
-		printf("SKIP recv_now on %s: the transport has none\n", E.ops->name);
+		tu_skip("recv_now on %s: the transport has none", E.ops->name);
 		env_free();
 		return;
 	}
@@ -1487,40 +1487,54 @@ static const char *probe(const char *name, char *why, size_t n)
 	return why;
 }
 
+/* Registers test for every available transport, runs per transport
+ * times each; counts the cases one transport gets. */
+#define ADD(test, runs)                                                          \
+	do {                                                                     \
+		tcase_add_loop_test(tc, test, 0, (runs) * navail);               \
+		per_transport += (runs);                                         \
+	} while (0)
+
 int main(void)
 {
 	Suite *s = suite_create("transport");
 	TCase *tc = tcase_create("conformance");
-	int navail = 0, failed;
-	char why[256];
+	int navail = 0, nskipped = 0, per_transport = 0, failed;
+	const char *skipped[8], *reason[8];
+	static char why[8][256];
 
 	signal(SIGPIPE, SIG_IGN);
 	for (size_t i = 0; i < sizeof(transports) / sizeof(transports[0]); i++) {
-		const char *r = probe(transports[i], why, sizeof(why));
-		if (r)
-			printf("SKIP %s: %s\n", transports[i], r);
-		else
+		const char *r = probe(transports[i], why[i], sizeof(why[i]));
+		if (r) {
+			skipped[nskipped] = transports[i];
+			reason[nskipped++] = r;
+		} else {
 			avail[navail++] = transports[i];
+		}
 	}
-	fflush(stdout);
 	tcase_set_timeout(tc, 60);
-	tcase_add_loop_test(tc, test_order_1000_frames, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_many_in_flight, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_large_payload, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_small_and_limit_frames, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_send_semantics, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_peer_closes_mid_frame, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_bad_headers_refused, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_close_idempotent, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_close_inside_on_frame, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_connect_refused_and_destroy, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_send_now_from_thread, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_recv_now_from_thread, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_recv_now_bad_frame, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_payload_finite_flag, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_keys_mismatch, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_keyed_frames_without_payload, 0, navail);
+	/* runs: 2 = unkeyed and keyed (env_init), 1 = keyed only */
+	ADD(test_order_1000_frames, 2);
+	ADD(test_many_in_flight, 2);
+	ADD(test_large_payload, 2);
+	ADD(test_small_and_limit_frames, 2);
+	ADD(test_send_semantics, 2);
+	ADD(test_peer_closes_mid_frame, 2);
+	ADD(test_bad_headers_refused, 2);
+	ADD(test_close_idempotent, 2);
+	ADD(test_close_inside_on_frame, 2);
+	ADD(test_connect_refused_and_destroy, 2);
+	ADD(test_send_now_from_thread, 2);
+	ADD(test_recv_now_from_thread, 2);
+	ADD(test_recv_now_bad_frame, 2);
+	ADD(test_payload_finite_flag, 2);
+	ADD(test_keys_mismatch, 2);
+	ADD(test_keyed_frames_without_payload, 1);
 	suite_add_tcase(s, tc);
+	for (int i = 0; i < nskipped; i++)
+		tu_skip_cases(per_transport, "%s (%d cases): %s", skipped[i], per_transport,
+			      reason[i]);
 	failed = tu_run_suite(s);
 	return failed || navail == 0 ? 1 : 0;
 }
