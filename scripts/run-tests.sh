@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # Runs every test binary given on the command line from the repository root,
-# prints one line per test (PASS, FAIL or SKIP with its reason) and a summary,
-# and exits non-zero if any test failed. A failing test's output is shown.
+# prints one line per test and a summary, and exits non-zero if any test
+# failed. A failing test's output is shown.
+#
+#   PASS  name  secs  <Check's summary> [(S of N cases skipped)]
+#   SKIP  name  secs  N of N cases skipped: <first SKIP line's reason>
+#   FAIL  name  secs  (exit status)
+#
+# Skipped cases: a Check test (tests/test_util.h, tu_run_suite) ends with
+# "tu: N cases, S skipped"; a test whose every case skipped is SKIP, not
+# PASS, and skips are not failures. Without that line (scripts, tests not
+# on tu_run_suite) each "SKIP" line counts as one skipped case and the test
+# can only PASS or FAIL. The first "SKIP" lines are listed under a PASS line.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-pass=0 fail=0 skip=0 failed=()
+pass=0 fail=0 skipped=0 skipcases=0 failed=()
 logdir=$(mktemp -d /tmp/ps-tests.XXXXXX)
 # Authentication is on by default: every test process and the shards it
 # starts share one fresh secret (tests that need another make their own).
@@ -18,21 +28,42 @@ for t in "$@"; do
   timeout 600 ${PS_TEST_WRAP:-} "$t" >"$logdir/$name.log" 2>&1
   rc=$?
   secs=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-  skipped=$(grep -h '^SKIP' "$logdir/$name.log" || true)
-  if [ $rc -eq 0 ]; then
+  log=$logdir/$name.log
+  skiplines=$(grep -h '^SKIP' "$log" || true)
+  counts=$(grep -hE '^tu: [0-9]+ cases, [0-9]+ skipped$' "$log" | tail -1)
+  if [ -n "$counts" ]; then
+    read -r ncases nskip <<<"$(awk '{ print $2, $4 }' <<<"$counts")"
+  else
+    ncases=-1
+    nskip=$(printf '%s' "$skiplines" | grep -c '^SKIP' || true)
+  fi
+  if [ $rc -eq 0 ] && [ "$ncases" -gt 0 ] && [ "$nskip" -ge "$ncases" ]; then
+    skipped=$((skipped + 1))
+    skipcases=$((skipcases + nskip))
+    reason=$(printf '%s\n' "$skiplines" | head -1 | sed 's/^SKIP:* *//')
+    printf 'SKIP  %-22s %6ss  %d of %d cases skipped: %s\n' "$name" "$secs" "$nskip" \
+      "$ncases" "$reason"
+  elif [ $rc -eq 0 ]; then
     pass=$((pass + 1))
-    summary=$(grep -hE '^[0-9]+%: Checks' "$logdir/$name.log" | tail -1)
+    skipcases=$((skipcases + nskip))
+    summary=$(grep -hE '^[0-9]+%: Checks' "$log" | tail -1)
+    if [ "$nskip" -gt 0 ] && [ "$ncases" -ge 0 ]; then
+      summary="$summary ($nskip of $ncases cases skipped)"
+    elif [ "$nskip" -gt 0 ]; then
+      summary="$summary ($nskip skipped)"
+    fi
     printf 'PASS  %-22s %6ss  %s\n' "$name" "$secs" "$summary"
-    if [ -n "$skipped" ]; then
-      skip=$((skip + $(printf '%s\n' "$skipped" | wc -l)))
-      printf '%s\n' "$skipped" | sed 's/^/      /'
+    if [ -n "$skiplines" ]; then # the first few, then how many more
+      printf '%s\n' "$skiplines" | head -3 | sed 's/^/      /'
+      more=$(( $(printf '%s\n' "$skiplines" | wc -l) - 3 ))
+      [ $more -gt 0 ] && echo "      ... and $more more SKIP lines in $log"
     fi
   else
     fail=$((fail + 1))
     failed+=("$name")
     printf 'FAIL  %-22s %6ss  (exit %d)\n' "$name" "$secs" "$rc"
-    sed 's/^/      | /' "$logdir/$name.log" | tail -60
+    sed 's/^/      | /' "$log" | tail -60
   fi
 done
-echo "tests: $pass passed, $fail failed, $skip skipped cases (logs in $logdir)"
+echo "tests: $pass passed, $skipped skipped, $fail failed, $skipcases skipped cases (logs in $logdir)"
 [ $fail -eq 0 ] || { echo "failed: ${failed[*]}"; exit 1; }

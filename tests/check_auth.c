@@ -148,6 +148,31 @@ START_TEST(test_proofs_and_keys)
 }
 END_TEST
 
+/* Every byte of a proof counts, in both directions: one flipped bit in any
+ * of the 32 bytes (the second half included) is refused. */
+START_TEST(test_proof_every_byte)
+{
+	uint8_t key[32], t[32], p[PS_AUTH_PROOF_LEN];
+
+	memset(key, 9, sizeof(key));
+	ps_auth_random(t, sizeof(t));
+	for (int from_server = 0; from_server <= 1; from_server++) {
+		ps_auth_proof(key, t, from_server, p);
+		ck_assert(ps_auth_proof_ok(key, t, from_server, p, sizeof(p)));
+		for (size_t i = 0; i < sizeof(p); i++) {
+			for (int bit = 0; bit < 8; bit += 7) {
+				p[i] ^= (uint8_t)(1u << bit);
+				ck_assert_msg(!ps_auth_proof_ok(key, t, from_server, p, sizeof(p)),
+					      "%s proof with byte %zu bit %d flipped accepted",
+					      from_server ? "server" : "client", i, bit);
+				p[i] ^= (uint8_t)(1u << bit);
+			}
+		}
+		ck_assert(ps_auth_proof_ok(key, t, from_server, p, sizeof(p)));
+	}
+}
+END_TEST
+
 /* Frame MACs: incremental updates in any split give the one tag; a
  * flipped bit anywhere, another sequence number or another key fails. */
 START_TEST(test_frame_mac)
@@ -210,6 +235,7 @@ int main(void)
 	tcase_add_test(tc, test_secret_rules);
 	tcase_add_test(tc, test_secret_path);
 	tcase_add_test(tc, test_proofs_and_keys);
+	tcase_add_test(tc, test_proof_every_byte);
 	tcase_add_test(tc, test_frame_mac);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);

@@ -7,8 +7,8 @@
  * other orders than im2col + GEMM). Outputs start as garbage on both sides,
  * so an op that fails to overwrite shows.
  *
- * Without a usable GPU every comparison case prints "SKIP: <case>: <reason
- * from create()>" and returns; scripts/run-tests.sh counts those lines as
+ * Without a usable GPU every comparison case skips (tu_skip: "SKIP <case>:
+ * <reason from create()>") and returns; scripts/run-tests.sh counts them as
  * skipped cases. One case always asserts: create() fails with PS_ENOTSUP
  * and a reason where no GPU is expected, and succeeds where one is.
  */
@@ -33,8 +33,8 @@ struct pair {
 	struct ps_compute *cpu, *gpu;
 };
 
-/* Creates both backends; returns 0, after printing the SKIP line, when the
- * cuda one cannot run here. */
+/* Creates both backends; returns 0, after tu_skip, when the cuda one
+ * cannot run here. */
 static int pair_open(struct pair *p, const char *what)
 {
 	char err[256] = "";
@@ -53,8 +53,7 @@ static int pair_open(struct pair *p, const char *what)
 		rc = p->go->create(&p->gpu, err, sizeof(err));
 	}
 	if (rc) {
-		printf("SKIP: %s: %s\n", what, err[0] ? err : ps_strerror(rc));
-		fflush(stdout);
+		tu_skip("%s: %s", what, err[0] ? err : ps_strerror(rc));
 		p->co->destroy(p->cpu);
 		return 0;
 	}

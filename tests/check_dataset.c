@@ -855,9 +855,8 @@ int main(void)
 		tcase_add_test(real, test_real_batcher);
 		suite_add_tcase(s, real);
 	} else {
-		printf("SKIP check_dataset fashion-mnist (4 cases): %s missing "
-		       "(install Debian's dataset-fashion-mnist package)\n", FMNIST);
-		fflush(stdout);
+		tu_skip_cases(4, "check_dataset fashion-mnist (4 cases): %s missing "
+			      "(install Debian's dataset-fashion-mnist package)", FMNIST);
 	}
 	/* generous: sanitizer builds on a loaded 2-core machine */
 	tcase_set_timeout(files, 60);

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "codec.h"
 #include "config.h"
 #include "ps_err.h"
 #include "shardmap.h"
@@ -21,19 +22,26 @@ static void test_release(struct ps_frame *f)
 	free(f);
 }
 
-/* A frame holding n floats as payload. */
-static struct ps_frame_ref *make_frame(const float *g, size_t n)
+/* A frame holding len bytes as payload. */
+static struct ps_frame_ref *make_frame_bytes(const void *p, size_t len)
 {
-	struct ps_frame *f = calloc(1, sizeof(*f) + n * sizeof(float) + 64);
+	struct ps_frame *f = calloc(1, sizeof(*f) + len + 64);
 	struct ps_frame_ref *fr = calloc(1, sizeof(*fr));
 
+	ck_assert(f && fr);
 	f->payload = (uint8_t *)(f + 1);
-	memcpy(f->payload, g, n * sizeof(float));
-	f->hdr.payload_len = n * sizeof(float);
+	memcpy(f->payload, p, len);
+	f->hdr.payload_len = len;
 	f->release = test_release;
 	fr->frame = f;
 	fr->refs = 1;
 	return fr;
+}
+
+/* A frame holding n floats as payload. */
+static struct ps_frame_ref *make_frame(const float *g, size_t n)
+{
+	return make_frame_bytes(g, n * sizeof(float));
 }
 
 /* Offers a copy of g (200 floats, in a frame of its own) from rank for
@@ -123,6 +131,150 @@ START_TEST(test_bsp_sum_order_bit_identical)
 			w = w - 0.1f * sum;
 		}
 		ck_assert_msg(w == ref[i], "element %d: %a vs %a", i, w, ref[i]);
+	}
+	ps_shardmap_free(&map);
+}
+END_TEST
+
+/* ---- encoded gradients: the same rank-order sum ---- */
+
+#define N 200
+
+/* What each rank encodes its gradient with, per run of the test below. */
+static const struct {
+	const char *what;
+	int codec[3];
+} enc_mixes[] = {
+	{ "fp16", { PS_CODEC_FP16, PS_CODEC_FP16, PS_CODEC_FP16 } },
+	{ "topk", { PS_CODEC_TOPK, PS_CODEC_TOPK, PS_CODEC_TOPK } },
+	{ "raw fp16 topk", { PS_CODEC_NONE, PS_CODEC_FP16, PS_CODEC_TOPK } },
+	{ "topk raw fp16", { PS_CODEC_TOPK, PS_CODEC_NONE, PS_CODEC_FP16 } },
+	{ "fp16 topk raw", { PS_CODEC_FP16, PS_CODEC_TOPK, PS_CODEC_NONE } },
+};
+
+/* Gradients whose float sum depends on the order of addition and which
+ * every codec used carries exactly: per element, one rank gets +B, one a
+ * small s, one -B, the roles rotating over the ranks with the element and
+ * the clock. B is a multiple of 32 in [2^15, 2^16) (an fp16 value; the
+ * float ulp there is 2^-8) and s is 1..4 * 2^-10 (fp16 values too), so
+ * B + s rounds away part or all of s unless B and -B meet first. A rank
+ * that sends topk (ratio 0.75) has every fourth element zero, so its 150
+ * nonzero values are exactly the ones kept (and elements 1, 5, 9, ... have
+ * all three ranks' values). */
+static void enc_grads(float g[3][N], int clock, const int codec[3])
+{
+	for (int i = 0; i < N; i++) {
+		const int *role = perms[(i + clock) % 6];
+		float big = 32768.0f + 32.0f * (float)((i * 7 + clock) % 64);
+
+		g[role[0]][i] = big;
+		g[role[1]][i] = 0x1p-10f * (float)(1 + i % 4);
+		g[role[2]][i] = -big;
+	}
+	for (int r = 0; r < 3; r++)
+		if (codec[r] == PS_CODEC_TOPK)
+			for (int i = 0; i < N; i++)
+				if ((i + r) % 4 == 0)
+					g[r][i] = 0.0f;
+}
+
+/* Offers g (N floats) from rank for clock, encoded with codec (raw when
+ * PS_CODEC_NONE), in a frame of its own, checked first as the server does;
+ * the check's decoding must give back g exactly (the test's reference sums
+ * rely on it). ps_store_offer_grad's result. */
+static int offer_enc(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
+		     const float *g, int codec)
+{
+	struct ps_codec_params prm = { .ratio = 0.75f };
+	struct ps_frame_ref *fr;
+	struct ps_grad gr = { 0 };
+	char err[256] = "";
+	int rc;
+
+	if (codec == PS_CODEC_NONE) {
+		fr = make_frame(g, N);
+		gr.len = N * sizeof(float);
+	} else {
+		const struct ps_codec_ops *co = ps_codec_get(codec);
+		ck_assert_ptr_nonnull(co);
+		size_t cap = co->max_bytes(N, &prm);
+		uint8_t *buf = malloc(cap);
+		ck_assert_ptr_nonnull(buf);
+		ssize_t len = co->encode(g, NULL, N, &prm, 0, buf, cap);
+		ck_assert_int_gt(len, 0);
+		fr = make_frame_bytes(buf, (size_t)len);
+		free(buf);
+		gr.len = (uint64_t)len;
+	}
+	gr.data = fr->frame->payload;
+	gr.codec = codec;
+	ck_assert_msg(ps_store_check(st, s, &gr, err, sizeof(err)) == 0, "%s", err);
+	if (codec != PS_CODEC_NONE)
+		ck_assert_mem_eq(st->check, g, N * sizeof(float));
+	rc = ps_store_offer_grad(st, s, rank, clock, &gr, fr);
+	ps_frame_ref_put(fr);
+	return rc;
+}
+
+/* Sync sums of encoded gradients (fp16, topk, and raw mixed with them) are
+ * in rank order too: every arrival order of three workers gives the same
+ * weights bit for bit, and they are the rank-order float sums. */
+START_TEST(test_bsp_encoded_sum_order_bit_identical)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	const int *codec = enc_mixes[_i].codec;
+	float ref[N], g[3][N];
+
+	make_cfg(&cfg, 3, PS_SYNC);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	/* Sanity: for every arrival order whose last rank is not rank 2 (float
+	 * addition commutes, so only the last one matters), some element's
+	 * float sum differs from the rank-order one. */
+	enc_grads(g, 0, codec);
+	for (int p = 0; p < 6; p++) {
+		int differ = 0;
+		if (perms[p][2] == 2)
+			continue;
+		for (int i = 0; i < N; i++) {
+			const int *o = perms[p];
+			float arrival = (g[o[0]][i] + g[o[1]][i]) + g[o[2]][i];
+			differ += arrival != (g[0][i] + g[1][i]) + g[2][i];
+		}
+		ck_assert_msg(differ > 0, "%s: order %d sums like rank order", enc_mixes[_i].what,
+			      p);
+	}
+	for (int p = 0; p < 6; p++) {
+		struct ps_store st;
+		ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+		struct ps_slot *s = ps_store_slot(&st, 0);
+		for (int clock = 0; clock < 3; clock++) {
+			enc_grads(g, clock, codec);
+			for (int k = 0; k < 3; k++) {
+				int r = perms[(p + clock) % 6][k];
+				ck_assert_int_eq(offer_enc(&st, s, r, (uint64_t)clock, g[r], codec[r]),
+						 k == 2 ? 1 : 0);
+			}
+			ck_assert_uint_eq(s->version, (uint64_t)clock + 1);
+		}
+		if (p == 0)
+			memcpy(ref, s->w, sizeof(ref));
+		else
+			ck_assert_msg(memcmp(ref, s->w, sizeof(ref)) == 0,
+				      "%s: arrival order %d gives other weights than order 0",
+				      enc_mixes[_i].what, p);
+		ps_store_free(&st);
+	}
+	/* The rank-order sum: w = init - lr * ((g0 + g1) + g2). */
+	for (int i = 0; i < N; i++) {
+		float w = ps_init_value(&cfg, 0, i);
+		for (int clock = 0; clock < 3; clock++) {
+			enc_grads(g, clock, codec);
+			float sum = (g[0][i] + g[1][i]) + g[2][i];
+			w = w - 0.1f * sum;
+		}
+		ck_assert_msg(w == ref[i], "%s: element %d: %a vs %a", enc_mixes[_i].what, i, w,
+			      ref[i]);
 	}
 	ps_shardmap_free(&map);
 }
@@ -345,6 +497,98 @@ START_TEST(test_bsp_ended_clocks)
 }
 END_TEST
 
+/* ---- optimizer state through the store ---- */
+
+/* The optimizers with state, as a config file sets them. */
+static const struct {
+	const char *what;
+	const char *yaml;
+} opt_cases[] = {
+	{ "adagrad", "{name: adagrad, lr: 0.1, eps: 1e-8, initial_accumulator: 0.5}" },
+	{ "momentum", "{name: momentum, lr: 0.1, momentum: 0.9}" },
+	{ "momentum nesterov", "{name: momentum, lr: 0.1, momentum: 0.9, nesterov: true}" },
+	{ "adam", "{name: adam, lr: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-8}" },
+};
+
+/* Gradient of step t (0 or 1) for element i: nonzero, both signs, in
+ * [-0.45, 0.45]. */
+static float step_grad(int t, int i)
+{
+	return t == 0 ? 0.05f * (float)(i % 17 - 8) + 0.01f
+		      : 0.07f * (float)((i * 5) % 13 - 6) - 0.02f;
+}
+
+/* The store sets up each optimizer's state (adagrad's accumulator starts
+ * at optimizer.initial_accumulator, the others at zero) and carries it from
+ * step to step: the weights after one and after two pushes are the
+ * optimizer's formulas, computed here in double from the config's
+ * hyperparameters. */
+START_TEST(test_optimizer_state_through_store)
+{
+	static struct ps_config cfg, opt;
+	struct ps_shardmap map;
+	struct ps_store st;
+	double w[N], s1[N], s2[N]; /* reference weights and state */
+	char yaml[512], err[512];
+
+	snprintf(yaml, sizeof(yaml), "cluster:\n  servers: [127.0.0.1:7000]\n  workers: 1\n"
+		 "model: {preset: mlp}\noptimizer: %s\n", opt_cases[_i].yaml);
+	ck_assert_msg(ps_config_load_string(&opt, yaml, "opt.yaml", err, sizeof(err)) == 0, "%s",
+		      err);
+	make_cfg(&cfg, 1, PS_SYNC);
+	cfg.optim = opt.optim;
+	const struct ps_optim_cfg *o = &cfg.optim;
+	ck_assert_float_eq(o->lr, 0.1f);
+	if (o->kind == PS_OPT_ADAGRAD)
+		ck_assert_float_eq(o->initial_accumulator, 0.5f);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	for (int i = 0; i < N; i++) {
+		w[i] = ps_init_value(&cfg, 0, i);
+		s1[i] = o->kind == PS_OPT_ADAGRAD ? o->initial_accumulator : 0.0;
+		s2[i] = 0.0;
+	}
+	for (int t = 0; t < 2; t++) {
+		float g[N];
+		double lr = o->lr, mu = o->momentum, b1 = o->beta1, b2 = o->beta2, eps = o->eps;
+
+		for (int i = 0; i < N; i++) {
+			double gi = g[i] = step_grad(t, i);
+
+			switch (o->kind) {
+			case PS_OPT_ADAGRAD: /* acc += g^2; w -= lr g / (sqrt(acc) + eps) */
+				s1[i] += gi * gi;
+				w[i] -= lr * gi / (sqrt(s1[i]) + eps);
+				break;
+			case PS_OPT_MOMENTUM: /* v = mu v + g; w -= lr v, or lr (g + mu v) */
+				s1[i] = mu * s1[i] + gi;
+				w[i] -= lr * (o->nesterov ? gi + mu * s1[i] : s1[i]);
+				break;
+			case PS_OPT_ADAM: { /* bias-corrected moments, step t + 1 */
+				s1[i] = b1 * s1[i] + (1 - b1) * gi;
+				s2[i] = b2 * s2[i] + (1 - b2) * gi * gi;
+				double mhat = s1[i] / (1 - pow(b1, t + 1));
+				double vhat = s2[i] / (1 - pow(b2, t + 1));
+				w[i] -= lr * mhat / (sqrt(vhat) + eps);
+				break;
+			}
+			default:
+				ck_abort_msg("optimizer %d", o->kind);
+			}
+		}
+		ck_assert_int_eq(offer(&st, s, 0, (uint64_t)t, g), 1);
+		ck_assert_uint_eq(s->version, (uint64_t)t + 1);
+		for (int i = 0; i < N; i++)
+			ck_assert_msg(fabs(s->w[i] - w[i]) <= 1e-6 + 1e-5 * fabs(w[i]),
+				      "%s step %d element %d: %.9g, want %.9g", opt_cases[_i].what,
+				      t + 1, i, (double)s->w[i], w[i]);
+	}
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("store");
@@ -354,12 +598,16 @@ int main(void)
 	/* generous: sanitizer builds on a loaded 2-core machine */
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_bsp_sum_order_bit_identical);
+	tcase_add_loop_test(tc, test_bsp_encoded_sum_order_bit_identical, 0,
+			    (int)(sizeof(enc_mixes) / sizeof(enc_mixes[0])));
 	tcase_add_test(tc, test_bsp_windows_and_duplicates);
 	tcase_add_test(tc, test_ssp_applies_on_arrival);
 	tcase_add_test(tc, test_checksum_tracks_weights);
 	tcase_add_test(tc, test_all_finite_every_position);
 	tcase_add_test(tc, test_bsp_live_set);
 	tcase_add_test(tc, test_bsp_ended_clocks);
+	tcase_add_loop_test(tc, test_optimizer_state_through_store, 0,
+			    (int)(sizeof(opt_cases) / sizeof(opt_cases[0])));
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	return failed ? 1 : 0;

@@ -998,7 +998,7 @@ START_TEST(test_send_now_from_thread)
 
 	env_init(_i);
 	if (!E.ops->send_now) {
-		printf("SKIP send_now on %s: the transport has none\n", E.ops->name);
+		tu_skip("send_now on %s: the transport has none", E.ops->name);
 		env_free();
 		return;
 	}
@@ -1099,7 +1099,7 @@ START_TEST(test_keys_mismatch)
 
 	env_init(_i & ~1);
 	if (!E.ops->set_keys) {
-		printf("SKIP keys on %s: the transport has no set_keys\n", E.ops->name);
+		tu_skip("keys on %s: the transport has no set_keys", E.ops->name);
 		env_free();
 		return;
 	}
@@ -1127,6 +1127,169 @@ START_TEST(test_keys_mismatch)
 		ck_assert_int_eq(s2->close_status, PS_EPROTO);
 		ck_assert_int_eq(E.s->frames + s2->frames, 0);
 	}
+	env_free();
+}
+END_TEST
+
+/* ---- hand-made authenticated frames ---- */
+
+/* stderr goes to a temporary file between logcap_start and logcap_end, so
+ * a case can read the reason the transport logged (ps_log writes each line
+ * with one write(2), done by the time the close is reported). */
+struct logcap {
+	int saved;
+	FILE *f;
+};
+
+static void logcap_start(struct logcap *l)
+{
+	fflush(stderr);
+	l->f = tmpfile();
+	ck_assert_ptr_nonnull(l->f);
+	l->saved = dup(2);
+	ck_assert_int_ge(l->saved, 0);
+	ck_assert_int_ge(dup2(fileno(l->f), 2), 0);
+}
+
+/* Restores stderr, copies what was captured into buf (n bytes, cut
+ * there) and onto stderr for the test's log. */
+static const char *logcap_end(struct logcap *l, char *buf, size_t n)
+{
+	size_t k;
+
+	fflush(stderr);
+	dup2(l->saved, 2);
+	close(l->saved);
+	rewind(l->f);
+	k = fread(buf, 1, n - 1, l->f);
+	buf[k] = 0;
+	fclose(l->f);
+	fputs(buf, stderr);
+	return buf;
+}
+
+/* Writes one push frame with meta and no payload as an authenticated
+ * sender would: seq in the header, the Poly1305 tag under key for frame
+ * position mac_seq over header and meta; then flips bit `flip` of the meta
+ * (0 <= flip < 8 * meta_len) or of the tag (flip >= 8 * meta_len), none
+ * when flip < 0. */
+static void raw_mac_frame(int fd, const uint8_t key[PS_MAC_KEY_LEN], uint32_t seq,
+			  uint64_t mac_seq, const char *meta, int flip)
+{
+	uint32_t meta_len = (uint32_t)strlen(meta);
+	struct ps_frame_hdr h = { .type = PS_MSG_PUSH, .flags = PS_FRAME_F_MAC,
+				  .meta_len = meta_len, .seq = seq, .payload_len = 0 };
+	uint8_t b[PS_WIRE_HDR_LEN + 256 + PS_MAC_TAG_LEN];
+	struct ps_mac m;
+
+	ck_assert_uint_le(meta_len, 256);
+	ps_wire_encode_hdr(b, &h);
+	memcpy(b + PS_WIRE_HDR_LEN, meta, meta_len);
+	ck_assert_int_eq(ps_mac_init(&m), 0);
+	ps_mac_begin(&m, key, mac_seq);
+	ps_mac_update(&m, b, PS_WIRE_HDR_LEN + meta_len);
+	ps_mac_end(&m, b + PS_WIRE_HDR_LEN + meta_len);
+	ps_mac_free(&m);
+	if (flip >= 0)
+		b[PS_WIRE_HDR_LEN + flip / 8] ^= (uint8_t)(1u << (flip % 8));
+	raw_write(fd, b, PS_WIRE_HDR_LEN + meta_len + PS_MAC_TAG_LEN);
+}
+
+/* A raw peer connected to the server transport whose accepted end
+ * receives under key: its record goes to *r. */
+static int raw_keyed_peer(const uint8_t key[PS_MAC_KEY_LEN], struct rec **r)
+{
+	struct ps_frame_keys ks;
+	int before = E.nrecs, fd = raw_connect(E.port);
+
+	ck_assert(RUN_UNTIL(E.nrecs == before + 1, 5000));
+	*r = &E.recs[before];
+	memset(ks.send, 0x55, sizeof(ks.send));
+	memcpy(ks.recv, key, PS_MAC_KEY_LEN);
+	E.ops->set_keys((*r)->c, &ks);
+	return fd;
+}
+
+/* Frames with metadata and no payload on a keyed connection, built by
+ * hand: the right ones are delivered; one MACed under another key, one
+ * with a bit of its metadata flipped, one with a bit of its tag flipped,
+ * are refused with PS_EAUTH ("failed its MAC") and nothing is delivered;
+ * one whose header carries the wrong sequence number, though its MAC is
+ * right for the frame that was due, is refused with PS_EAUTH and the
+ * reason "numbered X where Y was due" (a fresh connection, and a replay
+ * of frame 0 after it was delivered). */
+START_TEST(test_keyed_frames_without_payload)
+{
+	static const char meta[] = "metadata, no payload";
+	uint8_t key[PS_MAC_KEY_LEN], other[PS_MAC_KEY_LEN];
+	const int mbits = 8 * (int)(sizeof(meta) - 1);
+	struct {
+		const char *what;
+		int wrong_key, flip;
+		uint32_t seq;       /* in the header */
+		int good_first;     /* frame 0 sent and delivered first */
+		const char *reason;
+	} cases[] = {
+		{ "under another key", 1, -1, 0, 0, "push frame 0 failed its MAC" },
+		{ "metadata bit flipped", 0, 77, 0, 0, "push frame 0 failed its MAC" },
+		{ "tag bit flipped", 0, mbits + 100, 0, 0, "push frame 0 failed its MAC" },
+		{ "a later frame under another key", 1, -1, 1, 1, "push frame 1 failed its MAC" },
+		{ "numbered 5 for position 0", 0, -1, 5, 0,
+		  "push frame numbered 5 where 0 was due (replayed, dropped or reordered)" },
+		{ "frame 0 replayed at position 1", 0, -1, 0, 1,
+		  "push frame numbered 0 where 1 was due (replayed, dropped or reordered)" },
+	};
+	char log[4096];
+
+	env_init(2 * _i + 1);
+	if (!E.ops->set_keys) {
+		tu_skip("keyed raw frames on %s: the transport has no set_keys", E.ops->name);
+		env_free();
+		return;
+	}
+	for (int i = 0; i < PS_MAC_KEY_LEN; i++)
+		key[i] = other[i] = (uint8_t)(i * 11 + 3);
+	other[20] ^= 0x10;
+	/* The construction is right: two good frames arrive, in order, whole. */
+	struct rec *r;
+	int fd = raw_keyed_peer(key, &r);
+	raw_mac_frame(fd, key, 0, 0, meta, -1);
+	raw_mac_frame(fd, key, 1, 1, "second", -1);
+	ck_assert(RUN_UNTIL(count_frames(r) == 2, 5000));
+	ck_assert_int_eq(r->closes, 0);
+	ck_assert_uint_eq(E.got[0].f->hdr.meta_len, sizeof(meta) - 1);
+	ck_assert_uint_eq(E.got[0].f->hdr.payload_len, 0);
+	ck_assert_mem_eq(E.got[0].f->meta, meta, sizeof(meta) - 1);
+	ck_assert_mem_eq(E.got[1].f->meta, "second", 6);
+	close(fd);
+	ck_assert(RUN_UNTIL(r->closes == 1, 5000));
+	for (size_t v = 0; v < sizeof(cases) / sizeof(cases[0]); v++) {
+		struct logcap lc;
+
+		fd = raw_keyed_peer(key, &r);
+		logcap_start(&lc);
+		if (cases[v].good_first) {
+			raw_mac_frame(fd, key, 0, 0, meta, -1);
+			ck_assert(RUN_UNTIL(r->frames == 1 || r->closes, 5000));
+		}
+		uint64_t pos = (uint64_t)cases[v].good_first; /* the position due */
+		raw_mac_frame(fd, cases[v].wrong_key ? other : key, cases[v].seq, pos, meta,
+			      cases[v].flip);
+		int closed = RUN_UNTIL(r->closes == 1, 5000);
+		logcap_end(&lc, log, sizeof(log));
+		ck_assert_msg(closed, "%s: not refused", cases[v].what);
+		ck_assert_msg(r->close_status == PS_EAUTH, "%s: status %d (%s)", cases[v].what,
+			      r->close_status, ps_strerror(r->close_status));
+		ck_assert_msg(r->frames == cases[v].good_first, "%s: %d frames delivered",
+			      cases[v].what, r->frames);
+		ck_assert_msg(strstr(log, cases[v].reason), "%s: no \"%s\" in the log:\n%s",
+			      cases[v].what, cases[v].reason, log);
+		ck_assert(RUN_UNTIL(raw_peer_closed(fd), 2000));
+		close(fd);
+	}
+	/* And the main pair was not disturbed. */
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PULL, "z", 1, NULL, 0, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 1, 5000));
 	env_free();
 }
 END_TEST
@@ -1208,7 +1371,7 @@ START_TEST(test_recv_now_from_thread)
 
 	env_init(_i);
 	if (!E.ops->recv_now) {
-		printf("SKIP recv_now on %s: the transport has none\n", E.ops->name);
+		tu_skip("recv_now on %s: the transport has none", E.ops->name);
 		free(buf);
 		env_free();
 		return;
@@ -1266,7 +1429,7 @@ START_TEST(test_recv_now_bad_frame)
 
 	env_init(_i);
 	if (!E.ops->recv_now) {
-		printf("SKIP recv_now on %s: the transport has none\n", E.ops->name);
+		tu_skip("recv_now on %s: the transport has none", E.ops->name);
 		env_free();
 		return;
 	}
@@ -1324,39 +1487,54 @@ static const char *probe(const char *name, char *why, size_t n)
 	return why;
 }
 
+/* Registers test for every available transport, runs per transport
+ * times each; counts the cases one transport gets. */
+#define ADD(test, runs)                                                          \
+	do {                                                                     \
+		tcase_add_loop_test(tc, test, 0, (runs) * navail);               \
+		per_transport += (runs);                                         \
+	} while (0)
+
 int main(void)
 {
 	Suite *s = suite_create("transport");
 	TCase *tc = tcase_create("conformance");
-	int navail = 0, failed;
-	char why[256];
+	int navail = 0, nskipped = 0, per_transport = 0, failed;
+	const char *skipped[8], *reason[8];
+	static char why[8][256];
 
 	signal(SIGPIPE, SIG_IGN);
 	for (size_t i = 0; i < sizeof(transports) / sizeof(transports[0]); i++) {
-		const char *r = probe(transports[i], why, sizeof(why));
-		if (r)
-			printf("SKIP %s: %s\n", transports[i], r);
-		else
+		const char *r = probe(transports[i], why[i], sizeof(why[i]));
+		if (r) {
+			skipped[nskipped] = transports[i];
+			reason[nskipped++] = r;
+		} else {
 			avail[navail++] = transports[i];
+		}
 	}
-	fflush(stdout);
 	tcase_set_timeout(tc, 60);
-	tcase_add_loop_test(tc, test_order_1000_frames, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_many_in_flight, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_large_payload, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_small_and_limit_frames, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_send_semantics, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_peer_closes_mid_frame, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_bad_headers_refused, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_close_idempotent, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_close_inside_on_frame, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_connect_refused_and_destroy, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_send_now_from_thread, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_recv_now_from_thread, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_recv_now_bad_frame, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_payload_finite_flag, 0, 2 * navail);
-	tcase_add_loop_test(tc, test_keys_mismatch, 0, 2 * navail);
+	/* runs: 2 = unkeyed and keyed (env_init), 1 = keyed only */
+	ADD(test_order_1000_frames, 2);
+	ADD(test_many_in_flight, 2);
+	ADD(test_large_payload, 2);
+	ADD(test_small_and_limit_frames, 2);
+	ADD(test_send_semantics, 2);
+	ADD(test_peer_closes_mid_frame, 2);
+	ADD(test_bad_headers_refused, 2);
+	ADD(test_close_idempotent, 2);
+	ADD(test_close_inside_on_frame, 2);
+	ADD(test_connect_refused_and_destroy, 2);
+	ADD(test_send_now_from_thread, 2);
+	ADD(test_recv_now_from_thread, 2);
+	ADD(test_recv_now_bad_frame, 2);
+	ADD(test_payload_finite_flag, 2);
+	ADD(test_keys_mismatch, 2);
+	ADD(test_keyed_frames_without_payload, 1);
 	suite_add_tcase(s, tc);
+	for (int i = 0; i < nskipped; i++)
+		tu_skip_cases(per_transport, "%s (%d cases): %s", skipped[i], per_transport,
+			      reason[i]);
 	failed = tu_run_suite(s);
 	return failed || navail == 0 ? 1 : 0;
 }

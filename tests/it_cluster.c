@@ -370,7 +370,7 @@ START_TEST(test_partition_exactly_once)
 	const char *why = nft_unusable();
 
 	if (why) {
-		printf("SKIP partition test: %s\n", why);
+		tu_skip("partition test: %s", why);
 		return;
 	}
 	start_cluster(path, &cfg, 1, "sync",

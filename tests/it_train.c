@@ -359,7 +359,7 @@ START_TEST(test_device_cuda_without_gpu)
 
 	if (cuda && cuda->create(&c, reason, sizeof(reason)) == 0) {
 		cuda->destroy(c);
-		printf("SKIP device-cuda refusal: this machine has a usable GPU\n");
+		tu_skip("device-cuda refusal: this machine has a usable GPU");
 		return;
 	}
 	write_cfg(cfg, "mlp", "limit: 6000", "");
@@ -374,7 +374,6 @@ int main(void)
 {
 	Suite *s = suite_create("train");
 	TCase *tc = tcase_create("cluster");
-	SRunner *sr;
 	int failed;
 
 	tu_secret_setup();
@@ -393,14 +392,11 @@ int main(void)
 		tcase_add_test(tc, test_topk_lz4_matches_none);
 		tcase_add_test(tc, test_save_model_and_eval);
 	} else {
-		printf("SKIP training runs: %s is missing (Debian's dataset-fashion-mnist)\n", FMNIST);
+		tu_skip_cases(5, "training runs (5 cases): %s is missing (Debian's "
+			      "dataset-fashion-mnist)", FMNIST);
 	}
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_set_fork_status(sr, CK_NOFORK);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
+	failed = tu_run_suite_as(s, 1);
 	{
 		char cmd[128];
 

@@ -7,9 +7,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -140,17 +142,94 @@ static inline void tu_secret_cleanup(void)
 		unlink(tu_secret_path);
 }
 
+/* Skipped cases. A case that cannot run here (no GPU, no such transport
+ * feature, a missing data set) calls tu_skip once, which prints
+ * "SKIP <what>: <reason>", and returns; cases never registered because
+ * main() knows they cannot run are announced with tu_skip_cases(n, ...).
+ * tu_run_suite then ends with "tu: N cases, S skipped" (N counts the
+ * unregistered ones too), which scripts/run-tests.sh reads: a test whose
+ * every case skipped is reported as SKIP, not PASS. Check forks each case,
+ * so the counts live in a shared mapping made before the cases run. A SKIP
+ * line printed without these helpers (part of a case that still ran, or a
+ * program without tu_run_suite) is shown but counts no case. */
+struct tu_skips {
+	int skipped;        /* tu_skip calls, from every case */
+	int unregistered;   /* tu_skip_cases totals */
+};
+
+static struct tu_skips *tu_skips_shared;
+
+static inline struct tu_skips *tu_skips(void)
+{
+	if (!tu_skips_shared) {
+		void *p = mmap(NULL, sizeof(struct tu_skips), PROT_READ | PROT_WRITE,
+			       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+		static struct tu_skips local; /* no mapping: counts stay in this process */
+
+		tu_skips_shared = p == MAP_FAILED ? &local : p;
+	}
+	return tu_skips_shared;
+}
+
+static inline void tu_vskip(int ncases, const char *fmt, va_list ap)
+{
+	fputs("SKIP ", stdout);
+	vprintf(fmt, ap);
+	fputc('\n', stdout);
+	fflush(stdout);
+	if (ncases < 0)
+		__atomic_add_fetch(&tu_skips()->skipped, 1, __ATOMIC_RELAXED);
+	else
+		__atomic_add_fetch(&tu_skips()->unregistered, ncases, __ATOMIC_RELAXED);
+}
+
+/* The running case skips: prints "SKIP " and the message. Once per case,
+ * then return. */
+static inline __attribute__((format(printf, 1, 2))) void tu_skip(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	tu_vskip(-1, fmt, ap);
+	va_end(ap);
+}
+
+/* n cases that main() does not register: prints "SKIP " and the message. */
+static inline __attribute__((format(printf, 2, 3))) void tu_skip_cases(int n, const char *fmt,
+									  ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	tu_vskip(n, fmt, ap);
+	va_end(ap);
+}
+
 #ifdef CHECK_H
-/* Runs every test of s (Check's forking runner); the number that failed. */
-static inline int tu_run_suite(Suite *s)
+/* Runs every test of s (Check's forking runner, or in this process with
+ * nofork) and prints the "tu:" line of cases and skips; the number that
+ * failed. */
+static inline int tu_run_suite_as(Suite *s, int nofork)
 {
 	SRunner *sr = srunner_create(s);
-	int failed;
+	struct tu_skips *k = tu_skips();
+	int failed, run;
 
+	if (nofork)
+		srunner_set_fork_status(sr, CK_NOFORK);
+	fflush(stdout);
 	srunner_run_all(sr, CK_NORMAL);
 	failed = srunner_ntests_failed(sr);
+	run = srunner_ntests_run(sr);
 	srunner_free(sr);
+	printf("tu: %d cases, %d skipped\n", run + k->unregistered, k->skipped + k->unregistered);
+	fflush(stdout);
 	return failed;
+}
+
+static inline int tu_run_suite(Suite *s)
+{
+	return tu_run_suite_as(s, 0);
 }
 #endif
 
