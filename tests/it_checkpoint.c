@@ -5,7 +5,9 @@
  * periodically; a damaged checkpoint or one from another configuration
  * stops the shard with the reason, and leaves the file alone. */
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <sys/stat.h>
@@ -91,13 +93,56 @@ static int run_cmd(const char *cmd, char *out, size_t n)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
 
-/* Starts shard k and waits for it to exit (it must refuse); its stderr in out. */
+/* A refused start takes milliseconds; a shard still running after this
+ * long has accepted what it should have refused. */
+#define REFUSE_DEADLINE_MS 10000
+
+/* Starts shard k, which must refuse to start: waits (at most
+ * REFUSE_DEADLINE_MS, else the test fails saying so, with what the shard
+ * wrote) for it to exit; its stdout and stderr go to out. Returns its exit
+ * status. */
 static int refused_start(int k, char *out, size_t n)
 {
-	char cmd[256];
+	char shard[16];
+	size_t len = 0;
+	int fds[2], open = 1;
+	double deadline = ps_now_s() + REFUSE_DEADLINE_MS / 1000.0;
 
-	snprintf(cmd, sizeof(cmd), "bin/ps-server --config %s --shard %d 2>&1", path, k);
-	return run_cmd(cmd, out, n);
+	snprintf(shard, sizeof(shard), "%d", k);
+	ck_assert_int_eq(pipe(fds), 0);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		dup2(fds[1], 1);
+		dup2(fds[1], 2);
+		close(fds[0]);
+		close(fds[1]);
+		execl("bin/ps-server", "ps-server", "--config", path, "--shard", shard, (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	while (open) { /* until the shard's end of the pipe closes: it exited */
+		struct pollfd pfd = { fds[0], POLLIN, 0 };
+		int left = (int)((deadline - ps_now_s()) * 1000);
+		if (left <= 0 || poll(&pfd, 1, left) == 0)
+			break;
+		char b[512];
+		ssize_t r = read(fds[0], b, sizeof(b));
+		if (r < 0 && errno == EINTR)
+			continue;
+		open = r > 0;
+		for (ssize_t i = 0; i < r && len + 1 < n; i++)
+			out[len++] = b[i];
+	}
+	out[len] = 0;
+	close(fds[0]);
+	if (open) {
+		kill(pid, SIGKILL);
+		tu_wait_child(pid);
+		ck_abort_msg("shard %d still running %d ms after its start: it should have refused "
+			     "to start; it wrote: %s", k, REFUSE_DEADLINE_MS, out);
+	}
+	return tu_wait_child(pid);
 }
 
 START_TEST(test_checkpoint_resume)
@@ -208,17 +253,23 @@ START_TEST(test_checkpoint_resume)
 }
 END_TEST
 
-/* Stops both shards (each must exit 0) and removes the folder and config. */
-static void stop_and_clean(void)
+/* Removes the folder and config. */
+static void stop_files(void)
 {
 	char cmd[200];
 
-	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
-	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	ck_assert_int_eq(system(cmd), 0);
 	unlink(path);
 	path[0] = 0;
+}
+
+/* Stops both shards (each must exit 0) and removes the folder and config. */
+static void stop_and_clean(void)
+{
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	stop_files();
 }
 
 /* Integer gradient of worker r at clock k for element i (exact in float). */
@@ -312,6 +363,124 @@ START_TEST(test_shard_killed_and_restarted)
 		ps_client_free(c[r]);
 	ps_shardmap_free(&map);
 	stop_and_clean();
+}
+END_TEST
+
+/* The text of a file (malloc'ed), "" when missing. */
+static char *file_text(const char *f)
+{
+	size_t len = 0;
+	FILE *fp = fopen(f, "rb");
+	char *b = malloc(1 << 20);
+
+	ck_assert_ptr_nonnull(b);
+	if (fp) {
+		len = fread(b, 1, (1 << 20) - 1, fp);
+		fclose(fp);
+	}
+	b[len] = 0;
+	return b;
+}
+
+/* Async (SSP): the slowest-clock rule and the clock a connecting worker
+ * continues at come from the workers' finished clocks (sync takes the
+ * latter from the slice versions, which is why the resume test above
+ * cannot tell whether they were restored). Both shards restarted from the
+ * checkpoints written on SIGTERM after 5 clocks: a fresh client (a
+ * restarted worker process, which brings no clock of its own) continues at
+ * clock 5 and both shards report worker 0 at clock 5; the client that ran
+ * before reconnects without either shard warning that updates it had
+ * acknowledged are lost (it would if the shard had forgotten them); and
+ * training goes on with exact weights. */
+START_TEST(test_async_resume_clocks)
+{
+	static float g[N], w[N];
+	char yaml[1024], err[512], log[2][300];
+	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	struct ps_shard_stats st;
+	int64_t id;
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 1\n"
+		 "consistency:\n  mode: async\n  staleness: 1\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
+		 "checkpoint:\n  dir: %s\n"
+		 "limits:\n  reconnect_timeout_ms: 20000\n"
+		 "log:\n  level: warn\n", tu_free_port(), tu_free_port(), N, dir);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(cfg.consistency, PS_ASYNC);
+	for (int k = 0; k < 2; k++)
+		snprintf(log[k], sizeof(log[k]), "%s/shard-%d.log", dir, k);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	struct ps_client *old = connect_retry(0);
+	for (uint64_t k = 0; k < 5; k++) {
+		for (int i = 0; i < N; i++)
+			g[i] = kgrad(0, k, i);
+		id = ps_client_push(old, k, &tg, 1, PS_PUSH_END_CLOCK);
+		ck_assert_msg(id > 0 && ps_client_wait(old, id) == 0, "push %" PRIu64 ": %s", k,
+			      ps_client_error(old));
+	}
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(old, k, &st), 0);
+		ck_assert_uint_eq(st.worker_clock[0], 5);
+	}
+	/* SIGTERM: both write their checkpoints; then both come back */
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	for (int k = 0; k < 2; k++)
+		srv[k] = tu_start_server_log(path, k, log[k]);
+
+	/* a fresh client starts at clock 5 */
+	struct ps_client *c = connect_retry(0);
+	ck_assert_uint_eq(ps_client_clock(c), 5);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		ck_assert_uint_eq(st.nworkers, 1);
+		ck_assert_msg(st.worker_clock[0] == 5, "shard %d: worker 0 at clock %" PRIu64
+			      " after the restart, 5 before", k, st.worker_clock[0]);
+	}
+	/* the worker that ended clocks 0..4 reconnects (its pull resends) */
+	id = ps_client_pull(old, 0, &tw, 1);
+	ck_assert_msg(id > 0 && ps_client_wait(old, id) == 0, "pull: %s", ps_client_error(old));
+	ps_client_free(old);
+	/* training goes on from clock 5 with the restored weights */
+	for (uint64_t k = 5; k < 8; k++) {
+		for (int i = 0; i < N; i++)
+			g[i] = kgrad(0, k, i);
+		id = ps_client_push(c, k, &tg, 1, PS_PUSH_END_CLOCK);
+		ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "push %" PRIu64 ": %s", k,
+			      ps_client_error(c));
+	}
+	id = ps_client_pull(c, 0, &tw, 1);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "pull: %s", ps_client_error(c));
+	for (int i = 0; i < N; i++) {
+		double want = (double)(i % 1024);
+		for (uint64_t k = 0; k < 8; k++)
+			want -= kgrad(0, k, i);
+		ck_assert_msg((double)w[i] == want, "a[%d] = %g, want %g", i, (double)w[i], want);
+	}
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		ck_assert_uint_eq(st.worker_clock[0], 8);
+	}
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	/* (stopped: the logs are complete) */
+	for (int k = 0; k < 2; k++) {
+		char *text = file_text(log[k]);
+		ck_assert_msg(!strstr(text, "are lost"), "shard %d warned of lost updates:\n%s", k,
+			      text);
+		free(text);
+	}
+	stop_files();
 }
 END_TEST
 
@@ -439,6 +608,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_checkpoint_resume);
 	tcase_add_test(tc, test_shard_killed_and_restarted);
+	tcase_add_test(tc, test_async_resume_clocks);
 	tcase_add_test(tc, test_crash_while_checkpointing);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);

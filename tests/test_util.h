@@ -5,6 +5,7 @@
 #define PS_TEST_UTIL_H
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -47,11 +48,12 @@ static inline int tu_write_temp(char *path, const char *text)
 	return 0;
 }
 
-/* Starts bin/ps-server for shard; stderr goes to the test's stderr unless
- * PS_TEST_QUIET is set. With PS_TEST_VALGRIND set the shard runs under
- * valgrind (memcheck), which makes it exit 99 on any error or definite
- * leak, so tu_stop_server's check of a clean exit catches them. */
-static inline pid_t tu_start_server(const char *cfgpath, int shard)
+/* Starts bin/ps-server for shard; its stderr goes to the file log (created
+ * or truncated), or with log NULL (tu_start_server) to the test's stderr.
+ * With PS_TEST_VALGRIND set the shard runs under valgrind (memcheck),
+ * which makes it exit 99 on any error or definite leak, so
+ * tu_stop_server's check of a clean exit catches them. */
+static inline pid_t tu_start_server_log(const char *cfgpath, int shard, const char *log)
 {
 	char s[16];
 	pid_t pid;
@@ -60,6 +62,14 @@ static inline pid_t tu_start_server(const char *cfgpath, int shard)
 	pid = fork();
 	if (pid == 0) {
 		const char *lvl = getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "warn";
+		if (log) {
+			int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+			if (fd < 0 || dup2(fd, 2) < 0) {
+				perror(log);
+				_exit(127);
+			}
+			close(fd);
+		}
 		if (getenv("PS_TEST_VALGRIND"))
 			execlp("valgrind", "valgrind", "-q", "--error-exitcode=99",
 			       "--leak-check=full", "--errors-for-leak-kinds=definite",
@@ -71,6 +81,11 @@ static inline pid_t tu_start_server(const char *cfgpath, int shard)
 		_exit(127);
 	}
 	return pid;
+}
+
+static inline pid_t tu_start_server(const char *cfgpath, int shard)
+{
+	return tu_start_server_log(cfgpath, shard, NULL);
 }
 
 /* SIGTERM and wait; returns the exit status (or 128 + signal). */
@@ -232,6 +247,42 @@ static inline int tu_run_suite(Suite *s)
 	return tu_run_suite_as(s, 0);
 }
 #endif
+
+/* Factor for the slack of time bounds and the deadlines of waits: 1
+ * natively; under valgrind (PS_TEST_VALGRIND, set by `make valgrind`) the
+ * shards and the tests run many times slower: 10; PS_TEST_TIME_SCALE, when
+ * set, overrides both. */
+static inline double tu_time_scale(void)
+{
+	const char *e = getenv("PS_TEST_TIME_SCALE");
+
+	if (e && atof(e) >= 1)
+		return atof(e);
+	return getenv("PS_TEST_VALGRIND") ? 10 : 1;
+}
+
+/* CPU time (user + system) process pid has used so far, in ms; -1 if
+ * unknown. Unlike wall-clock time it does not grow while the process
+ * waits for a busy machine. */
+static inline double tu_cpu_ms(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long ut, st;
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	if (!(f = fopen(path, "r")))
+		return -1;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	/* after "pid (comm) ": state, then fields 4..13, then utime, stime */
+	if (!(p = strrchr(buf, ')')) ||
+	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return -1;
+	return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
+}
 
 static inline void tu_sleep_ms(int ms)
 {
