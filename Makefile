@@ -43,7 +43,7 @@ CUDA_CU   := $(wildcard kernels/*.cu)
 ifneq ($(and $(NVCC),$(CUDA_CU)),)
 include kernels/cuda.mk
 else
-CUDA_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard common/compute_cuda_stub.c))
+CUDA_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard kernels/compute_cuda_stub.c))
 CUDA_LIBS :=
 endif
 
@@ -59,7 +59,7 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/frame_mac.c common/auth.c common/rdma_proto.c common/transport_rdma.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
-COMPUTE   := $(wildcard common/compute.c common/compute_cpu.c)
+COMPUTE   := $(wildcard common/compute.c kernels/compute_cpu.c)
 TRAIN     := $(wildcard worker/net.c worker/dataset.c worker/model_file.c)
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
@@ -72,7 +72,7 @@ IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 IT_SH     := $(wildcard tests/it_*.sh)
 
-PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard common/compute_cpu.c)),bin/ps-worker)
+PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_cpu.c)),bin/ps-worker)
 
 .PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind
 .SECONDARY:

@@ -1,5 +1,5 @@
 /* codec.c - the codec registry, the helpers every decoder reports errors
- * through, and the `none` codec (DESIGN.md §7, interface in codec.h).
+ * through, and the `none` codec (interface in codec.h; docs/architecture.md, Interfaces).
  *
  * `none` layout (little-endian): n float32 values, 4n bytes, nothing else.
  * It is lossless, so with a residual buffer encode() sends x + residual and

@@ -1,4 +1,4 @@
-/* codec.h - gradient codecs and the LZ4 stage (DESIGN.md §7).
+/* codec.h - gradient codecs and the LZ4 stage (docs/architecture.md, Interfaces).
  *
  * A codec turns n float32 values (one slice of a tensor) into a compact
  * byte string and back. Workers encode what they push; shards decode into

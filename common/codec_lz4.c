@@ -1,4 +1,4 @@
-/* codec_lz4.c - the lossless LZ4 stage that follows a codec (DESIGN.md §7).
+/* codec_lz4.c - the lossless LZ4 stage that follows a codec (docs/architecture.md, Interfaces).
  *
  * Layout: one LZ4 block (liblz4's raw block format, no frame header, no
  * checksum; the frame around it carries lengths and a MAC). The expanded

@@ -1,5 +1,5 @@
 /* compute.c - the registry of compute backends: a backend's name in the
- * config ("cpu", "cuda") to its ops (DESIGN.md §7). */
+ * config ("cpu", "cuda") to its ops (docs/architecture.md, Interfaces). */
 #include <string.h>
 #include "compute.h"
 

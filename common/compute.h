@@ -1,4 +1,4 @@
-/* compute.h - the compute backends a worker trains with (DESIGN.md §7).
+/* compute.h - the compute backends a worker trains with (docs/architecture.md, Interfaces).
  *
  * A backend is a const struct ps_compute_ops found by name ("cpu", "cuda").
  * Every float pointer an op takes is backend memory from alloc() (device

@@ -740,3 +740,11 @@ err_close:
 	fclose(f);
 	return rc;
 }
+
+int ps_config_find_tensor(const struct ps_config *cfg, const char *name)
+{
+	for (int i = 0; i < cfg->ntensors; i++)
+		if (!strcmp(cfg->tensors[i].name, name))
+			return i;
+	return PS_ENOTENSOR;
+}

@@ -149,15 +149,15 @@ int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t er
 int ps_config_load_string(struct ps_config *cfg, const char *yaml, const char *name,
 			  char *err, size_t errlen);
 
+/* Index of the tensor named name, or PS_ENOTENSOR. */
+int ps_config_find_tensor(const struct ps_config *cfg, const char *name);
+
 /* Writes the effective configuration as YAML that ps_config_load accepts. */
 void ps_config_dump(const struct ps_config *cfg, FILE *out);
 
 /* Writes the documentation of every option (name, type, bounds, default,
  * help), for the --help text of the programs. */
 void ps_config_help(FILE *out);
-
-/* Index of the tensor named name, or PS_ENOTENSOR. */
-int ps_config_find_tensor(const struct ps_config *cfg, const char *name);
 
 const char *ps_optim_name(enum ps_optim_kind k);
 

@@ -202,14 +202,6 @@ void ps_config_help(FILE *out)
 	}
 }
 
-int ps_config_find_tensor(const struct ps_config *cfg, const char *name)
-{
-	for (int i = 0; i < cfg->ntensors; i++)
-		if (!strcmp(cfg->tensors[i].name, name))
-			return i;
-	return PS_ENOTENSOR;
-}
-
 const char *ps_optim_name(enum ps_optim_kind k)
 {
 	return (unsigned)k <= PS_OPT_ADAGRAD ? cfg_optim_names[k] : "unknown";

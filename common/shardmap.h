@@ -1,4 +1,4 @@
-/* shardmap.h - the deterministic key space (DESIGN.md §4).
+/* shardmap.h - the deterministic key space (docs/architecture.md, Sharding).
  *
  * Each tensor of the config is cut, in config order, into slices of at most
  * slice_bytes; slices get global ids 0..nslices-1 in that order. Slices are

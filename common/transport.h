@@ -1,4 +1,4 @@
-/* transport.h - how frames move between processes (DESIGN.md §7).
+/* transport.h - how frames move between processes (docs/architecture.md, Interfaces).
  *
  * A transport is a const struct ps_transport_ops found by name ("tcp"; "rdma"
  * comes later) plus the objects it creates. Everything runs on one libuv loop

@@ -1,4 +1,4 @@
-/* wire.h - the fixed frame header (DESIGN.md §5).
+/* wire.h - the fixed frame header (docs/protocol.md).
  *
  *  offset size field
  *  0      4    magic "PSF1" (0x31465350 little-endian)

@@ -1,4 +1,4 @@
-/* compute_cuda.c - the "cuda" compute backend (DESIGN.md §7): one GPU, one
+/* compute_cuda.c - the "cuda" compute backend (docs/architecture.md, Interfaces): one GPU, one
  * stream, cuBLAS for the dense layers, cuDNN for convolutions
  * (conv2d_cudnn.c), our kernels for the rest (the .cu files here).
  *

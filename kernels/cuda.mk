@@ -1,12 +1,13 @@
-# kernels/cuda.mk - builds the cuda compute backend (DESIGN.md §7).
+# kernels/cuda.mk - builds the cuda compute backend (docs/architecture.md, Interfaces).
 #
 # Included by the top-level Makefile only when nvcc exists and kernels/*.cu
 # exist; it sets CUDA_OBJS (objects linked into ps-worker and the tests in
-# place of common/compute_cuda_stub.c) and CUDA_LIBS (their link flags).
+# place of kernels/compute_cuda_stub.c) and CUDA_LIBS (their link flags).
 #
 #   kernels/*.cu  device kernels, one op per .cu/.cuh pair, built by nvcc
 #   kernels/*.c   host side (the ops table, cuBLAS and cuDNN calls), built by
-#                 $(CC) against the CUDA and cuDNN headers
+#                 $(CC) against the CUDA and cuDNN headers; compute_cpu.c and
+#                 compute_cuda_stub.c, the other backends, are not part of it
 #
 # Overridable: CUDA_ARCH (the -gencode list), CUDNN_HOME (where cuDNN lives
 # when it is not inside the CUDA toolkit), NVCCFLAGS.
@@ -37,7 +38,9 @@ NVCCFLAGS ?= -O2
 NVCC_BASE := -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra
 
 CUDA_CU_OBJS := $(patsubst %.cu,$(OBJ)/%.o,$(wildcard kernels/*.cu))
-CUDA_C_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(wildcard kernels/*.c))
+# kernels/ also holds the cpu backend and the stub: not CUDA host code.
+CUDA_C_SRCS  := $(filter-out kernels/compute_cpu.c kernels/compute_cuda_stub.c,$(wildcard kernels/*.c))
+CUDA_C_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(CUDA_C_SRCS))
 CUDA_OBJS    := $(CUDA_C_OBJS) $(CUDA_CU_OBJS)
 
 # rpath so the binaries run without LD_LIBRARY_PATH; cuDNN's own runpath

@@ -10,7 +10,7 @@
  * renamed over the old checkpoint and followed by an fsync of the folder,
  * so a crash at any point leaves either the old or the new checkpoint,
  * never a torn one. Gradients of a sync clock that is not complete yet are
- * not part of the state (they were never applied); DESIGN.md §6 and
+ * not part of the state (they were never applied); docs/consistency.md and
  * docs/operations.md say what that means after a restart.
  *
  * Byte order is the host's (little-endian on every supported machine); the

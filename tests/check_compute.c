@@ -1,4 +1,4 @@
-/* check_compute.c - the compute backends (DESIGN.md §7): every backward op
+/* check_compute.c - the compute backends (docs/architecture.md, Interfaces): every backward op
  * of the cpu reference against central differences of its forward op,
  * forward ops against naive loops, softmax cross-entropy on inputs whose
  * answer is known, and the registry by name.

@@ -1,5 +1,5 @@
 /* check_compute_cuda.c - the cuda compute backend against the cpu reference,
- * op by op (DESIGN.md §7).
+ * op by op (docs/architecture.md, Interfaces).
  *
  * Each case runs the same op on random inputs through both backends and
  * compares by normalized error ||cuda - cpu|| / ||cpu||: 1e-4 for dense,

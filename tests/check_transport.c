@@ -1,5 +1,5 @@
 /* check_transport.c - the conformance suite every transport must pass
- * (DESIGN.md §7). Each case runs once per transport in `transports` that
+ * (docs/architecture.md, Interfaces). Each case runs once per transport in `transports` that
  * ps_transport_find() returns and whose create() works here; the others are
  * reported as "SKIP <name>: <reason>" and not run.
  *

@@ -1,5 +1,5 @@
 /* it_hostile.c - a real ps-server process attacked over raw sockets
- * (DESIGN.md §10): garbage, wrong magic, lengths far over the limits,
+ * (docs/security.md): garbage, wrong magic, lengths far over the limits,
  * slow-loris peers, metadata that is not protobuf, refused handshakes,
  * pushes that must be refused whole, requests before the handshake, floods
  * of connections.

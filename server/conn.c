@@ -1,0 +1,365 @@
+/* conn.c - a shard's connections: the transport's callbacks and the
+ * handshake.
+ *
+ * Each connection starts in the hello state with frames limited to
+ * PS_WIRE_HANDSHAKE_MAX bytes and a deadline. A valid Hello (handshake.c
+ * decides what is valid) leads, with security.auth, to the
+ * challenge-response of auth.h (state auth), then to the ready state, which
+ * raises the limits to the configured ones. A frame that does not decode
+ * closes its connection; a request frame is handed to its handler (push.c,
+ * pull.c, admin.c). The periodic tick closes connections that stall the
+ * handshake or go idle, and drops workers gone for longer than
+ * limits.drop_timeout_ms from the live set.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sodium.h>
+#include "ps_time.h"
+#include "auth.h"
+#include "handshake.h"
+#include "msg.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "server_int.h"
+
+static void close_after_send(struct ps_conn *c, int status, void *arg)
+{
+	(void)status;
+	(void)arg;
+	c->t->ops->close(c, PS_EREFUSED);
+}
+
+static void refuse(struct ps_srv_conn *sc, const char *err)
+{
+	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+
+	ps_warn("refusing %s: %s", sc->conn->peer, err);
+	r.protocol_version = PS_PROTOCOL_VERSION;
+	r.shard = sc->srv->shard;
+	r.shard_map_hash = sc->srv->map.hash;
+	r.ok = 0;
+	r.error = (char *)err;
+	sc->state = CONN_REFUSED;
+	if (ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_STABLE,
+			close_after_send, NULL))
+		sc->conn->t->ops->close(sc->conn, PS_EREFUSED);
+}
+
+/* The handshake succeeded (and authenticated when required). */
+static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
+{
+	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+
+	sc->state = CONN_READY;
+	if (sc->rank >= 0) {
+		s->connected[sc->rank]++;
+		s->gone_since[sc->rank] = 0;
+		if (!s->live[sc->rank]) {
+			s->live[sc->rank] = 1;
+			ps_warn("worker %d rejoined (incarnation %016" PRIx64 ") at clock %" PRIu64,
+				sc->rank, sc->incarnation, ps__srv_resume_clock(s));
+		}
+		if (sc->done_clock > s->finished[sc->rank]) {
+			/* this shard acknowledged more than it remembers: it restarted
+			 * from an older checkpoint, and the worker will not send those
+			 * clocks again (docs/reliability.md) */
+			ps_warn("worker %d ended clock %" PRIu64 " here before this shard restarted; "
+				"it had resumed at %" PRIu64 ": that worker's updates of the clocks "
+				"between are lost", sc->rank, sc->done_clock - 1,
+				s->finished[sc->rank]);
+			s->finished[sc->rank] = sc->done_clock;
+			ps_store_advance(&s->store);
+			if (s->waiting)
+				ps__srv_answer_pulls(s);
+		}
+	}
+	struct ps_wire_limits lim = {
+		.max_frame = s->cfg->limits.max_frame_bytes,
+		.max_meta = s->cfg->limits.max_meta_bytes,
+	};
+	sc->conn->t->ops->set_limits(sc->conn, &lim);
+	r.protocol_version = PS_PROTOCOL_VERSION;
+	r.shard = s->shard;
+	r.shard_map_hash = s->map.hash;
+	r.ok = 1;
+	r.error = "";
+	r.clock = ps__srv_resume_clock(s);
+	r.boot_id = s->boot_id;
+	ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	ps_info("%s %d connected from %s%s", sc->rank >= 0 ? "worker" : "monitor",
+		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer,
+		!s->cfg->security.auth ? " (not authenticated: security.auth is off)"
+		: s->cfg->security.mac ? " (authenticated, frames MACed)"
+		: " (authenticated, frames not MACed: security.mac is off)");
+}
+
+/* hello is the Hello's metadata as received: the transcript covers it. */
+static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Hello *h,
+			 const uint8_t *hello, size_t hello_len)
+{
+	const struct ps_security_cfg *sec = &s->cfg->security;
+	Ps__AuthChallenge ch = PS__AUTH_CHALLENGE__INIT;
+	uint8_t nonce[PS_AUTH_NONCE_LEN], proof[PS_AUTH_PROOF_LEN];
+	char err[400] = "";
+
+	if (ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err))) {
+		refuse(sc, err);
+		return;
+	}
+	sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
+	sc->incarnation = h->incarnation;
+	sc->done_clock = h->done_clock;
+	if (!sec->auth) {
+		if (h->auth_nonce.len) {
+			refuse(sc, "the client authenticates but this shard has security.auth: false; "
+			       "the two configs must agree");
+			return;
+		}
+		accept_client(s, sc);
+		return;
+	}
+	if (h->auth_nonce.len != PS_AUTH_NONCE_LEN) {
+		snprintf(err, sizeof(err), "this shard requires authentication (security.auth: "
+			 "true) and the client sent %s", h->auth_nonce.len ? "a malformed nonce"
+			 : "none (security.auth: false on its side?)");
+		refuse(sc, err);
+		return;
+	}
+	if (h->auth_mac != sec->mac) {
+		snprintf(err, sizeof(err), "frame MACs: the client has security.mac: %s, this shard "
+			 "%s; the two configs must agree", h->auth_mac ? "true" : "false",
+			 sec->mac ? "true" : "false");
+		refuse(sc, err);
+		return;
+	}
+	ps_auth_random(nonce, sizeof(nonce));
+	ps_auth_transcript(hello, hello_len, nonce, sc->transcript);
+	ps_auth_proof(s->secret, sc->transcript, 1, proof);
+	ch.nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
+	ch.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+	sc->state = CONN_AUTH;
+	ps_msg_send(sc->conn, PS_MSG_AUTH_CHALLENGE, &ch.base, NULL, 0, PS_SEND_VOLATILE, NULL,
+		    NULL);
+}
+
+/* The client's proof; returns nonzero when the connection must close. */
+static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Auth *a)
+{
+	struct ps_frame_keys keys;
+
+	if (!ps_auth_proof_ok(s->secret, sc->transcript, 0, a->proof.data, a->proof.len)) {
+		ps_warn("refusing %s: authentication failed: its proof does not match (another "
+			"secret, or a replayed handshake)", sc->conn->peer);
+		return 1; /* counted by ps__srv_on_close */
+	}
+	if (s->cfg->security.mac) {
+		ps_auth_session_keys(s->secret, sc->transcript, 1, &keys);
+		sc->conn->t->ops->set_keys(sc->conn, &keys);
+		sodium_memzero(&keys, sizeof(keys));
+	}
+	sodium_memzero(sc->transcript, sizeof(sc->transcript));
+	accept_client(s, sc);
+	return 0;
+}
+
+/* ---- transport callbacks ---- */
+
+void ps__srv_on_accept(struct ps_transport *t, struct ps_conn *c)
+{
+	struct ps_server *s = t->data;
+	struct ps_srv_conn *sc;
+
+	if (s->nconns >= s->cfg->limits.max_connections) {
+		ps_warn("refusing %s: %d connections already (limits.max_connections)", c->peer,
+			s->nconns);
+		t->ops->close(c, PS_EREFUSED);
+		return;
+	}
+	sc = calloc(1, sizeof(*sc));
+	if (!sc) {
+		t->ops->close(c, -ENOMEM);
+		return;
+	}
+	sc->srv = s;
+	sc->conn = c;
+	sc->rank = -1;
+	sc->accepted = ps_now_s();
+	sc->last_rx = sc->accepted;
+	c->data = sc;
+	sc->next = s->conns;
+	if (s->conns)
+		s->conns->prev = sc;
+	s->conns = sc;
+	s->nconns++;
+	ps_debug("connection from %s", c->peer);
+}
+
+void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
+{
+	struct ps_srv_conn *sc = c->data;
+	struct ps_server *s;
+	ProtobufCMessage *m;
+	char why[200];
+	int keep = 0;
+
+	if (!sc) {
+		ps_frame_release(f);
+		return;
+	}
+	s = sc->srv;
+	sc->last_rx = ps_now_s();
+	m = ps_msg_unpack(f, why, sizeof(why));
+	if (!m) {
+		ps_warn("closing connection from %s: %s", c->peer, why);
+		goto err_close;
+	}
+	if (sc->state != CONN_READY &&
+	    f->hdr.type != (sc->state == CONN_AUTH ? PS_MSG_AUTH : PS_MSG_HELLO)) {
+		ps_warn("closing connection from %s: %s frame before the handshake finished",
+			c->peer, ps_wire_type_name(f->hdr.type));
+		goto err_free_msg;
+	}
+	if ((f->hdr.flags & PS_FRAME_F_LZ4) && f->hdr.type != PS_MSG_PUSH) {
+		ps_warn("closing connection from %s: LZ4 flag on a %s frame", c->peer,
+			ps_wire_type_name(f->hdr.type));
+		goto err_free_msg;
+	}
+	switch (f->hdr.type) {
+	case PS_MSG_HELLO:
+		if (sc->state != CONN_HELLO) {
+			ps_warn("closing connection from %s: second hello", c->peer);
+			goto err_free_msg;
+		}
+		handle_hello(s, sc, (Ps__Hello *)m, f->meta, f->hdr.meta_len);
+		break;
+	case PS_MSG_AUTH:
+		if (handle_auth(s, sc, (Ps__Auth *)m)) {
+			protobuf_c_message_free_unpacked(m, NULL);
+			ps_frame_release(f);
+			c->t->ops->close(c, PS_EAUTH);
+			return;
+		}
+		break;
+	case PS_MSG_PUSH:
+		if (sc->rank < 0) {
+			ps_warn("closing connection from %s: push from a non-worker", c->peer);
+			goto err_free_msg;
+		}
+		ps__srv_handle_push(s, sc, (Ps__Push *)m, f);
+		keep = 1;
+		break;
+	case PS_MSG_PULL:
+		ps__srv_handle_pull(s, sc, (Ps__Pull *)m);
+		break;
+	case PS_MSG_STATS_REQUEST:
+		ps__srv_handle_stats(s, sc, (Ps__StatsRequest *)m);
+		break;
+	case PS_MSG_HEARTBEAT:
+		/* answered, so the client can tell that this shard is alive */
+		ps_msg_send(sc->conn, PS_MSG_HEARTBEAT, m, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+		break;
+	default:
+		ps_warn("closing connection from %s: unexpected %s frame", c->peer,
+			ps_wire_type_name(f->hdr.type));
+		goto err_free_msg;
+	}
+	protobuf_c_message_free_unpacked(m, NULL);
+	if (!keep)
+		ps_frame_release(f);
+	return;
+
+err_free_msg:
+	protobuf_c_message_free_unpacked(m, NULL);
+err_close:
+	/* Counted in rejected_frames by ps__srv_on_close, which sees PS_EPROTO. */
+	ps_frame_release(f);
+	c->t->ops->close(c, PS_EPROTO);
+}
+
+/* A worker has had no connection for limits.drop_timeout_ms: the barrier
+ * and the slowest-clock rule stop waiting for it (docs/consistency.md), so the
+ * others go on. What it pushed before it went still counts. It rejoins by
+ * connecting again (and continues at the shard's clock, HelloReply.clock). */
+static void drop_worker(struct ps_server *s, int rank)
+{
+	int nlive = 0;
+
+	s->live[rank] = 0;
+	for (int r = 0; r < s->cfg->nworkers; r++)
+		nlive += s->live[r];
+	ps_warn("worker %d left the live set; %d of %d workers remain", rank, nlive,
+		s->cfg->nworkers);
+	ps_store_advance(&s->store);
+	if (s->waiting)
+		ps__srv_answer_pulls(s);
+}
+
+void ps__srv_on_close(struct ps_conn *c, int status)
+{
+	struct ps_srv_conn *sc = c->data;
+	struct ps_server *s;
+	struct ps_waiting_pull **pp, *p;
+
+	if (!sc)
+		return;
+	s = sc->srv;
+	if (status == PS_EPROTO || status == PS_ETOOBIG || status == PS_EVERSION)
+		s->c.rejected_frames++;
+	if (status == PS_EAUTH) { /* a wrong proof, or a frame failing its MAC or number */
+		s->c.auth_failures++;
+		s->c.rejected_frames++;
+	}
+	for (pp = &s->waiting; (p = *pp);) {
+		if (p->sc == sc) {
+			*pp = p->next;
+			free(p);
+		} else {
+			pp = &p->next;
+		}
+	}
+	if (sc->rank >= 0 && sc->state == CONN_READY) {
+		s->connected[sc->rank]--;
+		ps_info("worker %d disconnected (%s)", sc->rank,
+			status == PS_ECLOSED || status == 0 ? "closed" : ps_strerror(status));
+		if (s->connected[sc->rank] == 0)
+			s->gone_since[sc->rank] = ps_now_s(); /* dropped by ps__srv_on_tick if it stays away */
+	}
+	if (sc->prev)
+		sc->prev->next = sc->next;
+	else
+		s->conns = sc->next;
+	if (sc->next)
+		sc->next->prev = sc->prev;
+	s->nconns--;
+	free(sc);
+}
+
+/* Drops connections that did not finish the handshake in time. */
+void ps__srv_on_tick(uv_timer_t *t)
+{
+	struct ps_server *s = t->data;
+	double now = ps_now_s(), limit = s->cfg->limits.handshake_timeout_ms / 1000.0;
+	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
+
+	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
+		if ((sc->state == CONN_HELLO || sc->state == CONN_AUTH) &&
+		    now - sc->accepted > limit) {
+			ps_warn("closing connection from %s: handshake not finished within %d ms "
+				"(limits.handshake_timeout_ms)", sc->conn->peer,
+				s->cfg->limits.handshake_timeout_ms);
+			sc->conn->t->ops->close(sc->conn, PS_ETIMEDOUT);
+		} else if (sc->state == CONN_READY && idle > 0 && now - sc->last_rx > idle) {
+			ps_warn("closing connection from %s: nothing received for %d ms "
+				"(limits.idle_timeout_ms)", sc->conn->peer, s->cfg->limits.idle_timeout_ms);
+			sc->conn->t->ops->close(sc->conn, PS_ETIMEDOUT);
+		} else {
+			ps__srv_check_backlog(s, sc);
+		}
+	}
+	double drop = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0 : idle;
+	for (int r = 0; drop > 0 && r < s->cfg->nworkers; r++)
+		if (s->live[r] && !s->connected[r] && s->gone_since[r] > 0 &&
+		    now - s->gone_since[r] > drop)
+			drop_worker(s, r);
+}

@@ -1,0 +1,83 @@
+/* server_int.h - what the files of a shard share (not a public API;
+ * server.h is).
+ *
+ *   server.c   life cycle; the clocks derived from the workers' finished
+ *              clocks; the named-twice check of a request's slices
+ *   conn.c     connections: transport callbacks, handshake, dispatch, tick
+ *   push.c     push requests
+ *   pull.c     pull requests and the pulls waiting for their condition
+ *   admin.c    stats requests and checkpoints
+ *
+ * Everything runs on the shard's loop thread.
+ */
+#ifndef PS_SERVER_INT_H
+#define PS_SERVER_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "ps.pb-c.h"
+#include "server.h"
+
+enum { CONN_HELLO, CONN_AUTH, CONN_READY, CONN_REFUSED };
+
+struct ps_srv_conn {
+	struct ps_server *srv;
+	struct ps_conn *conn;
+	int state;
+	int rank;                  /* worker rank; -1 for a monitor */
+	uint64_t incarnation;
+	uint64_t done_clock;       /* Hello.done_clock */
+	uint8_t transcript[32];    /* CONN_AUTH: T of auth.h */
+	double accepted;
+	double last_rx;            /* ps_now_s() of the last frame received */
+	struct ps_srv_conn *prev, *next;
+};
+
+struct ps_waiting_pull {
+	struct ps_srv_conn *sc;
+	uint64_t req_id, min_version, clock;
+	double arrived;            /* ps_now_s() when the pull came in */
+	int codec;                 /* reply encoding: PS_CODEC_NONE or PS_CODEC_FP16 */
+	uint32_t n;
+	struct ps_waiting_pull *next;
+	struct ps_slot *slots[];
+};
+
+/* server.c */
+/* The slowest finished clock over the live workers (the fastest when none
+ * is live). */
+uint64_t ps__srv_min_finished(const struct ps_server *s);
+/* Starts a request's check for slices named twice. */
+void ps__srv_seen_reset(struct ps_server *s);
+/* 1 when slot sl was already named by the current request. */
+int ps__srv_seen_twice(struct ps_server *s, const struct ps_slot *sl);
+/* The clock a (re)connecting worker continues from (HelloReply.clock). */
+uint64_t ps__srv_resume_clock(const struct ps_server *s);
+
+/* conn.c: the transport's callbacks and the periodic tick */
+void ps__srv_on_accept(struct ps_transport *t, struct ps_conn *c);
+void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f);
+void ps__srv_on_close(struct ps_conn *c, int status);
+void ps__srv_on_tick(uv_timer_t *t);
+
+/* push.c: takes ownership of f */
+void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m,
+			 struct ps_frame *f);
+
+/* pull.c */
+void ps__srv_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Pull *m);
+/* Answers every waiting pull whose condition now holds. */
+void ps__srv_answer_pulls(struct ps_server *s);
+/* Closes sc when its unread replies exceed limits.max_write_queue_bytes;
+ * 1 when it did. */
+int ps__srv_check_backlog(struct ps_server *s, struct ps_srv_conn *sc);
+
+/* admin.c */
+void ps__srv_handle_stats(struct ps_server *s, struct ps_srv_conn *sc,
+			  const Ps__StatsRequest *m);
+/* Writes the checkpoint now and logs the outcome; 0 or a negative code. */
+int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *bytes,
+			     double *secs, char *err, size_t errlen);
+void ps__srv_on_ckpt_timer(uv_timer_t *t);
+
+#endif
