@@ -8,6 +8,10 @@
 #   make SANITIZE=address,undefined test
 #   make valgrind        the integration tests with every shard and the test
 #                        itself under valgrind memcheck (about 6 minutes)
+#   make mutate          mutation testing of server/, the client library and
+#                        the transport, wire, codec and auth code against
+#                        their narrowest suites (scripts/mutate.sh --help;
+#                        about an hour; docs/testing.md has the score)
 #   make clean
 
 PREFIX   ?= /usr/local
@@ -74,7 +78,7 @@ IT_SH     := $(wildcard tests/it_*.sh)
 
 PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_cpu.c)),bin/ps-worker)
 
-.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind
+.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate
 .SECONDARY:
 
 all: $(PROGRAMS) lib/libps.a
@@ -189,6 +193,10 @@ VALGRIND := valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-
 valgrind: deps
 	@$(MAKE) --no-print-directory all $(IT_BINS)
 	@PS_TEST_VALGRIND=1 PS_TEST_WRAP="$(VALGRIND)" scripts/run-tests.sh $(IT_BINS)
+
+# Mutation testing (universalmutator from PyPI, in a venv under build/mutate).
+mutate: deps
+	@scripts/mutate.sh
 
 fuzz: fuzz-build
 	@scripts/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
