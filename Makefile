@@ -11,7 +11,7 @@
 #   make mutate          mutation testing of server/, the client library and
 #                        the transport, wire, codec and auth code against
 #                        their narrowest suites (scripts/mutate.sh --help;
-#                        about an hour; docs/testing.md has the score)
+#                        about 40 minutes; docs/testing.md has the score)
 #   make clean
 
 PREFIX   ?= /usr/local

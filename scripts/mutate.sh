@@ -10,7 +10,7 @@
 #
 # Environment:
 #   MUTATE_FILES     files to mutate (default: every file of the list below)
-#   MUTATE_PER_FILE  mutants drawn per file (default 15, about an hour here;
+#   MUTATE_PER_FILE  mutants drawn per file (default 15, about 40 minutes here;
 #                    0 = all of them, days)
 #   MUTATE_SEED      seed of the draw (default 1): the same seed, the same mutants
 #   MUTATE_TIMEOUT   seconds one suite may run before the mutant counts as

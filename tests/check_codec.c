@@ -607,6 +607,42 @@ START_TEST(test_topk_bad_params)
 }
 END_TEST
 
+/* Every codec refuses an output buffer one byte shorter than max_bytes
+ * with -ENOBUFS (a negative code: callers test e < 0), writes nothing
+ * there, and leaves the error-feedback residual as it was, so nothing of
+ * the gradient is lost; with max_bytes it encodes. */
+START_TEST(test_encode_short_buffer)
+{
+	static const char *const names[] = { "none", "fp16", "q8", "topk", "sign" };
+	struct ps_codec_params p = { .ratio = 0.25f, .seed = 7 };
+	float x[64], resid[64], before[64];
+	uint8_t out[1024];
+
+	for (int i = 0; i < 64; i++) {
+		x[i] = (float)((i * 37) % 23) - 11.0f;
+		resid[i] = before[i] = 0.125f * (float)(i % 5);
+	}
+	for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++) {
+		const struct ps_codec_ops *c = ps_codec_find(names[k]);
+		size_t need;
+		ck_assert_ptr_nonnull(c);
+		need = c->max_bytes(64, &p);
+		ck_assert_uint_le(need, sizeof(out));
+		memset(out, 0xa5, sizeof(out));
+		ck_assert_msg(c->encode(x, resid, 64, &p, 1, out, need - 1) == -ENOBUFS,
+			      "%s: a buffer of max_bytes - 1 not refused with -ENOBUFS", names[k]);
+		for (size_t i = 0; i < sizeof(out); i++)
+			ck_assert_msg(out[i] == 0xa5, "%s: wrote byte %zu of a refused buffer",
+				      names[k], i);
+		ck_assert_msg(!memcmp(resid, before, sizeof(resid)),
+			      "%s: residual changed by a refused encode", names[k]);
+		ck_assert_msg(c->encode(x, resid, 64, &p, 1, out, need) > 0,
+			      "%s: max_bytes not enough", names[k]);
+		memcpy(resid, before, sizeof(resid));
+	}
+}
+END_TEST
+
 START_TEST(test_sign_values)
 {
 	const struct ps_codec_ops *c = ps_codec_find("sign");
@@ -944,6 +980,7 @@ int main(void)
 	tcase_add_test(tc, test_q8_unbiased);
 	tcase_add_test(tc, test_topk_selection);
 	tcase_add_test(tc, test_topk_bad_params);
+	tcase_add_test(tc, test_encode_short_buffer);
 	tcase_add_test(tc, test_sign_values);
 	tcase_add_test(tc, test_error_feedback);
 	tcase_add_test(tc, test_encode_nonfinite);

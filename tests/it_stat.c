@@ -9,6 +9,7 @@
 #include <check.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <regex.h>
 #include <sys/stat.h>
 #include "config.h"
 #include "ps_time.h"
@@ -312,6 +313,37 @@ static int http_get(int port, const char *method, const char *path, char *body, 
 }
 
 /* The value of the sample line that starts with `series ` in text. */
+/* Every line of a Prometheus text exposition (format 0.0.4) is a HELP or
+ * TYPE comment or one sample, `name{label="v",...} value`; "" when body is
+ * one, else the first line that is not. Checked here so that a malformed
+ * page fails without promtool. */
+static const char *exposition_error(const char *body, char *line, size_t len)
+{
+	regex_t re;
+	const char *p = body;
+
+	ck_assert_int_eq(regcomp(&re, "^(# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .+|"
+				 "[a-zA-Z_:][a-zA-Z0-9_:]*"
+				 "(\\{([a-zA-Z_][a-zA-Z0-9_]*=\"[^\"]*\",?)*\\})? "
+				 "(-?[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?|[-+]Inf|NaN))$",
+				 REG_EXTENDED | REG_NOSUB), 0);
+	ck_assert_msg(*p, "empty exposition");
+	while (*p) {
+		const char *nl = strchr(p, '\n');
+		size_t n = nl ? (size_t)(nl - p) : strlen(p);
+		snprintf(line, len, "%.*s", (int)n, p);
+		if (!nl || regexec(&re, line, 0, NULL, 0) != 0) {
+			if (!nl)
+				snprintf(line, len, "last line without a newline: %.*s", (int)n, p);
+			regfree(&re);
+			return line;
+		}
+		p = nl + 1;
+	}
+	regfree(&re);
+	return "";
+}
+
 static double metric(const char *text, const char *series)
 {
 	char pat[200];
@@ -374,6 +406,9 @@ START_TEST(test_metrics_http)
 		if (k == 0)
 			ck_assert_msg(metric(body, "ps_push_raw_bytes_total{codec=\"none\"}") > 0,
 				      "%s", body);
+		char bad[512];
+		ck_assert_msg(!*exposition_error(body, bad, sizeof(bad)),
+			      "shard %d /metrics: not a valid exposition line: '%s'", k, bad);
 	}
 	if (access("/usr/bin/promtool", X_OK) == 0) {
 		char mpath[64];
