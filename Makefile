@@ -11,7 +11,7 @@
 #   make mutate          mutation testing of server/, the client library and
 #                        the transport, wire, codec and auth code against
 #                        their narrowest suites (scripts/mutate.sh --help;
-#                        about 40 minutes; docs/testing.md has the score)
+#                        about an hour; docs/testing.md has the score)
 #   make clean
 
 PREFIX   ?= /usr/local
@@ -78,7 +78,7 @@ IT_SH     := $(wildcard tests/it_*.sh)
 
 PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_cpu.c)),bin/ps-worker)
 
-.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate
+.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc
 .SECONDARY:
 
 all: $(PROGRAMS) lib/libps.a
@@ -195,6 +195,10 @@ valgrind: deps
 	@PS_TEST_VALGRIND=1 PS_TEST_WRAP="$(VALGRIND)" scripts/run-tests.sh $(IT_BINS)
 
 # Mutation testing (universalmutator from PyPI, in a venv under build/mutate).
+# The compiler line scripts use to syntax-check one file (scripts/mutate.sh).
+print-cc:
+	@echo '$(CC) $(CPPFLAGS) $(CFLAGS)'
+
 mutate: deps
 	@scripts/mutate.sh
 

@@ -10,8 +10,9 @@
 #
 # Environment:
 #   MUTATE_FILES     files to mutate (default: every file of the list below)
-#   MUTATE_PER_FILE  mutants drawn per file (default 15, about 40 minutes here;
-#                    0 = all of them, days)
+#   MUTATE_PER_FILE  mutants tested per file (default 10, about an hour here;
+#                    0 = all of them, days); drawn mutants that fail a
+#                    syntax check are set aside and the draw goes on
 #   MUTATE_SEED      seed of the draw (default 1): the same seed, the same mutants
 #   MUTATE_TIMEOUT   seconds one suite may run before the mutant counts as
 #                    killed by a hang (default 120)
@@ -31,7 +32,7 @@ fi
 
 OUT=build/mutate
 VENV=$OUT/venv
-PER_FILE=${MUTATE_PER_FILE:-15}
+PER_FILE=${MUTATE_PER_FILE:-10}
 SEED=${MUTATE_SEED:-1}
 TMO=${MUTATE_TIMEOUT:-120}
 T=build/rel/tests
@@ -83,6 +84,8 @@ echo "mutate: building the unmutated tree and its tests" >&2
 make -s -j2 all $(for f in $files; do for s in $(suites_for "$f"); do echo $T/$s; done; done | sort -u) \
   >/dev/null || { echo "mutate: the unmutated tree does not build" >&2; exit 1; }
 
+CC_LINE=$(make -s print-cc) || exit 1
+syntax_rejected=0
 current=""
 restore() {
   if [ -n "$current" ]; then
@@ -103,15 +106,29 @@ for f in $files; do
   mkdir -p "$dir"
   "$VENV/bin/mutate" "$f" c --noCheck --mutantDir "$dir" >/dev/null 2>&1
   mapfile -t all < <(ls "$dir" | sort -V)
-  # a deterministic draw: shuffle with the seed, keep PER_FILE
-  mapfile -t pick < <(printf '%s\n' "${all[@]}" | python3 -c "
+  # a deterministic draw: shuffle with the seed, then keep the first
+  # PER_FILE that pass a syntax check with the project's own flags (with
+  # --noCheck about two thirds of the rules' output does not compile, and
+  # building those would only waste the time of the run)
+  mapfile -t order < <(printf '%s\n' "${all[@]}" | python3 -c "
 import random, sys
 m = [l.strip() for l in sys.stdin if l.strip()]
 random.Random('$SEED:$f').shuffle(m)
-n = int('$PER_FILE')
-print('\n'.join(m[:n] if n else m))")
+print('\n'.join(m))")
+  pick=()
+  rejected=0
+  for m in "${order[@]}"; do
+    [ -n "$m" ] || continue
+    if [ "$PER_FILE" -gt 0 ] && [ "${#pick[@]}" -ge "$PER_FILE" ]; then break; fi
+    if $CC_LINE -fsyntax-only -x c "$dir/$m" -iquote "$(dirname "$f")" >/dev/null 2>&1; then
+      pick+=("$m")
+    else
+      rejected=$((rejected + 1))
+    fi
+  done
+  syntax_rejected=$((syntax_rejected + rejected))
   suites=$(suites_for "$f")
-  echo "== $f: ${#all[@]} mutants, testing ${#pick[@]} against: $suites" >&2
+  echo "== $f: ${#all[@]} mutants, $rejected drawn did not compile, testing ${#pick[@]} against: $suites" >&2
   cp "$f" "$OUT/orig"
   for m in "${pick[@]}"; do
     [ -n "$m" ] || continue
@@ -143,7 +160,7 @@ echo "mutate: rebuilding the unmutated tree" >&2
 touch $files
 make -s -j2 all >/dev/null
 
-python3 - "$results" "$OUT/report.md" "$SEED" "$PER_FILE" "$(( $(date +%s) - start ))" <<'EOF'
+python3 - "$results" "$OUT/report.md" "$SEED" "$PER_FILE" "$(( $(date +%s) - start ))" "$syntax_rejected" <<'EOF'
 import sys, collections
 rows = [l.rstrip('\n').split('\t') for l in open(sys.argv[1]) if l.strip()]
 per = collections.OrderedDict()
@@ -155,6 +172,8 @@ def w(s=''):
     print(s)
     out.write(s + '\n')
 w('# Mutation run: seed %s, %s mutants per file, %d s' % (sys.argv[3], sys.argv[4] or 'all', int(sys.argv[5])))
+w()
+w('%s mutants drawn were set aside before building: they fail a syntax check.' % sys.argv[6])
 w()
 w('| file | mutants | uncompilable | killed | survived |')
 w('| --- | --- | --- | --- | --- |')

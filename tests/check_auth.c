@@ -77,6 +77,16 @@ START_TEST(test_secret_rules)
 	memset(big, 'x', sizeof(big));
 	ck_assert_int_eq(load(big, sizeof(big), 0600, k2, err, sizeof(err)), PS_EAUTH);
 	ck_assert_msg(strstr(err, "longer than"), "%s", err);
+	/* a read error is reported, not retried: /proc/self/mem is a regular
+	 * file of mode 0600 whose first page is unmapped, so read() fails
+	 * with EIO (a loop retrying every error, not only EINTR, would hang
+	 * here until the test's timeout) */
+	if (access("/proc/self/mem", R_OK) == 0) {
+		ck_assert_int_eq(ps_auth_load_secret_file("/proc/self/mem", k2, err, sizeof(err)),
+				 PS_EAUTH);
+		ck_assert_msg(strstr(err, "/proc/self/mem") && strstr(err, "Input/output error"),
+			      "%s", err);
+	}
 }
 END_TEST
 
