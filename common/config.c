@@ -489,6 +489,17 @@ static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *ro
 				    cfg_fmt_size(cfg->limits.max_frame_bytes, b, sizeof(b)),
 				    cfg_what(wq, got, sizeof(got)));
 	}
+	if (cfg->limits.max_queued_bytes < cfg->limits.max_write_queue) {
+		const struct ynode *tq = seen[find_opt(cfg_opts, NCFG, "limits.max_queued_bytes")];
+
+		if (!tq)
+			cfg->limits.max_queued_bytes = cfg->limits.max_write_queue;
+		else
+			return cfg_fail(c, tq->line, "key 'limits.max_queued_bytes': expected at "
+				    "least limits.max_write_queue_bytes = %s, got %s",
+				    cfg_fmt_size(cfg->limits.max_write_queue, b, sizeof(b)),
+				    cfg_what(tq, got, sizeof(got)));
+	}
 	return 0;
 }
 

@@ -77,10 +77,13 @@ struct ps_limits {
 	int request_timeout_ms;     /* client waits this long for any reply */
 	int handshake_timeout_ms;   /* server drops connections that do not say hello */
 	int max_clock_ahead;        /* sync: a push may be at most this many clocks ahead */
-	int max_connections;        /* per shard */
+	int max_connections;        /* per shard, past the handshake */
+	int max_handshakes;         /* connections still in the handshake, per shard */
+	int max_handshakes_per_source; /* the same from one address */
 	int wait_spin_us;           /* client: ps_client_wait polls this long before sleeping */
 	int idle_timeout_ms;        /* a connection silent this long is closed; 0 = never */
-	uint64_t max_write_queue;   /* bytes queued to a peer that does not read before it is dropped */
+	uint64_t max_write_queue;   /* reply bytes queued to a peer before its requests wait (backpressure) */
+	uint64_t max_queued_bytes;  /* the same for every peer together */
 	int drop_timeout_ms;        /* shard: a worker without a connection this long leaves the live set; 0 = idle_timeout_ms */
 	int reconnect_timeout_ms;   /* client: keeps reconnecting to a lost shard this long; 0 = never */
 };

@@ -104,13 +104,24 @@ const struct opt cfg_opts[] = {
 	O("limits.max_clock_ahead", T_INT, 0, 1, 100000, "64", NULL, C, limits.max_clock_ahead,
 	  "sync: a push may be at most this many clocks ahead of the shard"),
 	O("limits.max_connections", T_INT, 0, 1, 1000000, "1024", NULL, C,
-	  limits.max_connections, "connections accepted per shard"),
+	  limits.max_connections, "connections per shard past the handshake (authenticated when "
+	  "security.auth is on)"),
+	O("limits.max_handshakes", T_INT, 0, 1, 100000, "64", NULL, C, limits.max_handshakes,
+	  "connections per shard still in the handshake; a new one past it closes the oldest of "
+	  "the address that has the most, so a flood without the secret cannot keep workers out"),
+	O("limits.max_handshakes_per_source", T_INT, 0, 1, 100000, "8", NULL, C,
+	  limits.max_handshakes_per_source, "the same from one address: a new one past it "
+	  "closes that address's oldest"),
 	O("limits.idle_timeout_ms", T_INT, 0, 0, 86400000, "60000", NULL, C,
 	  limits.idle_timeout_ms, "a connection that sends nothing for this long is closed; "
 	  "clients send heartbeats every third of it, so only dead or hung peers hit it; 0 = never"),
 	O("limits.max_write_queue_bytes", T_SIZE, 0, 64 * KiB, 64 * GiB, "1GiB", NULL, C,
-	  limits.max_write_queue, "shard: replies queued to a peer that does not read them are "
-	  "dropped with the connection past this many bytes; >= limits.max_frame_bytes"),
+	  limits.max_write_queue, "shard: while more reply bytes than this wait for a peer, its "
+	  "requests are not read (backpressure; one that never reads is dropped after "
+	  "limits.idle_timeout_ms); >= limits.max_frame_bytes"),
+	O("limits.max_queued_bytes", T_SIZE, 0, 64 * KiB, 1024 * GiB, "4GiB", NULL, C,
+	  limits.max_queued_bytes, "shard: the same for every peer together: past this many "
+	  "queued reply bytes no peer's requests are read; >= limits.max_write_queue_bytes"),
 	O("limits.drop_timeout_ms", T_INT, 0, 0, 86400000, "0", NULL, C, limits.drop_timeout_ms,
 	  "sync/async: a worker with no connection for this long leaves the live set, so the "
 	  "others go on without it; 0 = limits.idle_timeout_ms"),

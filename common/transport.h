@@ -96,6 +96,14 @@ typedef void (*ps_send_cb)(struct ps_conn *c, int status, void *arg);
  * the callee owns f. */
 typedef void (*ps_take_cb)(struct ps_conn *c, struct ps_frame *f, void *arg);
 
+/* Bytes queued to send (limits.max_queue / max_queue_total bound them). */
+struct ps_queue_stats {
+	uint64_t bytes;       /* on every connection together, now */
+	uint64_t peak_conn;   /* the most one connection had */
+	uint64_t peak_total;  /* the most every connection together had */
+	int paused;           /* connections not read now (backpressure) */
+};
+
 struct ps_transport_cbs {
 	/* A listening transport accepted c. Set c->data here. */
 	void (*on_accept)(struct ps_transport *t, struct ps_conn *c);
@@ -181,6 +189,8 @@ struct ps_transport_ops {
 	void (*set_limits)(struct ps_conn *c, const struct ps_wire_limits *lim);
 	/* Bytes queued on c and not yet taken by the kernel. */
 	size_t (*queued_bytes)(struct ps_conn *c);
+	/* Optional (NULL: not counted): the backpressure counters. Loop thread. */
+	void (*queue_stats)(struct ps_transport *t, struct ps_queue_stats *out);
 	/* Closes c; pending sends fail; on_close(c, status) fires later. Idempotent. */
 	void (*close)(struct ps_conn *c, int status);
 	/* Closes the listener and every connection (each gets on_close), then

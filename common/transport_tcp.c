@@ -14,6 +14,14 @@
  * shard's push ack and pull reply) are gathered in a small outbox and leave
  * in one write when the read has been handled.
  *
+ * Backpressure: with limits.max_queue set, a connection stops taking frames
+ * (uv_read_stop, between frames, what is staged kept) while more than that
+ * many bytes it was sent wait to leave, so a peer that sends requests and
+ * does not read the replies holds at most max_queue plus one reply; the
+ * transport's max_queue_total bounds all connections together the same
+ * way. A write completing resumes the connections paused, once they are
+ * back under half their bound (three quarters of the total).
+ *
  * Each payload is checked for non-finite float32 words as it arrives
  * (ps_words_finite on the bytes just read, still in cache) and the result
  * handed on in ps_frame.payload_finite.
@@ -76,6 +84,10 @@ struct tcp_transport {
 	int destroying;
 	int nconns;
 	struct tcp_conn *conns;   /* list of live connections */
+	/* backpressure (loop thread): bytes queued on every connection as
+	 * last counted, the most one had, connections paused now */
+	uint64_t queued, peak, peak_total;
+	int npaused;
 };
 
 struct tcp_conn {
@@ -96,6 +108,8 @@ struct tcp_conn {
 	int ntaken;
 	int nwrites;              /* uv_write requests not completed, under wmu */
 	int in_read;              /* frames of one read are being delivered */
+	int paused;               /* reading stopped by backpressure (loop thread) */
+	size_t q_counted;         /* this connection's part of tt->queued */
 	uint8_t *outbox;          /* small volatile frames sent meanwhile */
 	size_t outbox_len;
 	struct tcp_conn *prev, *next;
@@ -147,6 +161,9 @@ static void conn_unlink(struct tcp_transport *tt, struct tcp_conn *c)
 
 static void maybe_finish_destroy(struct tcp_transport *tt);
 static void flush_outbox(struct tcp_conn *c);
+static void lock_rx(struct tcp_conn *c);
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf);
 
 static void on_handle_closed(uv_handle_t *h)
 {
@@ -181,6 +198,106 @@ static void on_handle_closed_quiet(uv_handle_t *h)
 	free(c);
 }
 
+/* ---- backpressure (loop thread) ---- */
+
+static struct tcp_transport *tt_of(struct tcp_conn *c)
+{
+	return container_of(c->base.t, struct tcp_transport, base);
+}
+
+static int queue_bounded(struct tcp_conn *c)
+{
+	return c->limits.max_queue || tt_of(c)->base.limits.max_queue_total;
+}
+
+/* Counts c's queue (libuv's and the outbox) into the transport's total. */
+static size_t count_queue(struct tcp_conn *c)
+{
+	struct tcp_transport *tt = tt_of(c);
+	size_t q = uv_stream_get_write_queue_size((uv_stream_t *)&c->handle) + c->outbox_len;
+
+	tt->queued = tt->queued - c->q_counted + q;
+	c->q_counted = q;
+	if (q > tt->peak)
+		tt->peak = q;
+	if (tt->queued > tt->peak_total)
+		tt->peak_total = tt->queued;
+	return q;
+}
+
+static void uncount_queue(struct tcp_conn *c)
+{
+	struct tcp_transport *tt = tt_of(c);
+
+	tt->queued -= c->q_counted;
+	c->q_counted = 0;
+	if (c->paused) {
+		c->paused = 0;
+		tt->npaused--;
+	}
+}
+
+/* Nonzero when c must stop taking frames: too much queued for it, or for
+ * every connection together. */
+static int over_queue(struct tcp_conn *c)
+{
+	uint64_t total = tt_of(c)->base.limits.max_queue_total;
+	size_t q;
+
+	if (!queue_bounded(c))
+		return 0;
+	q = count_queue(c);
+	return (c->limits.max_queue && q > c->limits.max_queue) ||
+	       (total && tt_of(c)->queued > total);
+}
+
+static void pause_reading(struct tcp_conn *c)
+{
+	if (c->paused)
+		return;
+	uv_read_stop((uv_stream_t *)&c->handle);
+	c->paused = 1;
+	tt_of(c)->npaused++;
+}
+
+static int drain_stage(struct tcp_conn *c);
+
+/* Takes the frames c has staged, then reads again unless that paused it
+ * anew. */
+static void resume_reading(struct tcp_conn *c)
+{
+	int closed;
+
+	c->paused = 0;
+	tt_of(c)->npaused--;
+	lock_rx(c);
+	c->in_read = 1;
+	closed = drain_stage(c);
+	c->in_read = 0;
+	c->loop_reading = 0;
+	pthread_mutex_unlock(&c->rmu);
+	flush_outbox(c);
+	if (!closed && !c->closing && !c->paused)
+		uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read);
+}
+
+/* A write completed: resumes the paused connections back under their
+ * bounds (half of max_queue, three quarters of max_queue_total). */
+static void resume_paused(struct tcp_transport *tt)
+{
+	uint64_t total = tt->base.limits.max_queue_total;
+
+	for (struct tcp_conn *c = tt->conns; c && tt->npaused; c = c->next) {
+		if (!c->paused || c->closing)
+			continue;
+		size_t q = count_queue(c);
+		if ((c->limits.max_queue && q > c->limits.max_queue / 2) ||
+		    (total && tt->queued > total - total / 4))
+			continue;
+		resume_reading(c);
+	}
+}
+
 static void tcp_close(struct ps_conn *pc, int status)
 {
 	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
@@ -200,6 +317,7 @@ static void tcp_close(struct ps_conn *pc, int status)
 	}
 	c->closing = 1;
 	pthread_mutex_unlock(&c->wmu);
+	uncount_queue(c);
 	c->close_status = status;
 	uv_close((uv_handle_t *)&c->handle, on_handle_closed);
 	if (lock_r)
@@ -395,6 +513,10 @@ static int drain_stage(struct tcp_conn *c)
 	char why[200];
 
 	while (!c->body && c->stage_fill - pos >= PS_WIRE_HDR_LEN) {
+		if (over_queue(c)) {
+			pause_reading(c); /* the rest stays staged until resume_reading */
+			break;
+		}
 		int rc = ps_wire_decode_hdr(c->stage + pos, &c->limits, &c->hdr, why, sizeof(why));
 		if (!rc)
 			rc = check_auth_hdr(c, why, sizeof(why));
@@ -693,13 +815,20 @@ static void on_written(uv_write_t *req, int status)
 {
 	struct tcp_write *w = container_of(req, struct tcp_write, req);
 
-	pthread_mutex_lock(&w->conn->wmu);
-	w->conn->nwrites--;
-	pthread_mutex_unlock(&w->conn->wmu);
+	struct tcp_conn *c = w->conn;
+	struct tcp_transport *tt = tt_of(c);
+
+	pthread_mutex_lock(&c->wmu);
+	c->nwrites--;
+	pthread_mutex_unlock(&c->wmu);
 	if (w->cb)
-		w->cb(&w->conn->base, status < 0 ? PS_ECLOSED : 0, w->arg);
+		w->cb(&c->base, status < 0 ? PS_ECLOSED : 0, w->arg);
 	free(w->copy);
 	free(w);
+	if (!c->closing && queue_bounded(c))
+		count_queue(c);
+	if (tt->npaused)
+		resume_paused(tt);
 }
 
 /* Writes bufs (total bytes) now as far as the socket takes them and queues
@@ -879,6 +1008,8 @@ out_sent:
 	c->send_seq++;
 	pthread_mutex_unlock(&c->wmu);
 	__atomic_add_fetch(&c->base.bytes_out, total, __ATOMIC_RELAXED);
+	if (queue_bounded(c))
+		count_queue(c); /* bounded connections send on the loop thread only */
 	return 0;
 
 err_unlock:
@@ -1013,6 +1144,13 @@ static size_t tcp_queued_bytes(struct ps_conn *pc)
 		(uv_stream_t *)&container_of(pc, struct tcp_conn, base)->handle);
 }
 
+static void tcp_queue_stats(struct ps_transport *t, struct ps_queue_stats *out)
+{
+	struct tcp_transport *tt = container_of(t, struct tcp_transport, base);
+
+	*out = (struct ps_queue_stats){ tt->queued, tt->peak, tt->peak_total, tt->npaused };
+}
+
 static void on_listener_closed(uv_handle_t *h)
 {
 	struct tcp_transport *tt = h->data;
@@ -1056,6 +1194,7 @@ const struct ps_transport_ops ps_tcp_transport_ops = {
 	.set_keys = tcp_set_keys,
 	.set_limits = tcp_set_limits,
 	.queued_bytes = tcp_queued_bytes,
+	.queue_stats = tcp_queue_stats,
 	.close = tcp_close,
 	.destroy = tcp_destroy,
 };

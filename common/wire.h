@@ -61,6 +61,12 @@ struct ps_frame_hdr {
 struct ps_wire_limits {
 	uint64_t max_frame;  /* meta + payload */
 	uint32_t max_meta;
+	/* Backpressure (transport.h): a connection stops reading frames while
+	 * more than max_queue bytes it was sent wait to leave; the transport's
+	 * own limits (at create) also bound all connections together with
+	 * max_queue_total. 0 = no bound. */
+	uint64_t max_queue;
+	uint64_t max_queue_total;
 };
 
 void ps_wire_encode_hdr(uint8_t out[PS_WIRE_HDR_LEN], const struct ps_frame_hdr *h);

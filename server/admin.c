@@ -91,6 +91,14 @@ void ps__srv_handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	st.auth_failures = s->c.auth_failures;
 	st.duplicate_pushes = s->c.duplicate_pushes;
 	st.connections = (uint32_t)s->nconns;
+	if (s->transport->ops->queue_stats) {
+		struct ps_queue_stats q;
+		s->transport->ops->queue_stats(s->transport, &q);
+		st.reply_queue_bytes = q.bytes;
+		st.reply_queue_peak = q.peak_conn;
+		st.reply_queue_total_peak = q.peak_total;
+		st.paused_connections = (uint32_t)q.paused;
+	}
 	st.n_workers = (size_t)nw;
 	st.workers = wp;
 	st.max_clock_gap = s->c.max_clock_gap;

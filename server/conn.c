@@ -30,6 +30,84 @@ static void close_after_send(struct ps_conn *c, int status, void *arg)
 	c->t->ops->close(c, PS_EREFUSED);
 }
 
+/* ---- room for handshakes ---- */
+
+/* The address part of a peer name ("host:port"): connections are counted
+ * per source address. */
+static size_t source_len(const char *peer)
+{
+	const char *p = strrchr(peer, ':');
+
+	return p ? (size_t)(p - peer) : strlen(peer);
+}
+
+static int same_source(const char *a, const char *b)
+{
+	size_t n = source_len(a);
+
+	return n == source_len(b) && memcmp(a, b, n) == 0;
+}
+
+static int in_handshake(const struct ps_srv_conn *sc)
+{
+	return sc->state != CONN_READY && !sc->evicted;
+}
+
+/* Handshakes open from peer's address, and the oldest of them. */
+static int count_source(struct ps_server *s, const char *peer, struct ps_srv_conn **oldest)
+{
+	int n = 0;
+
+	*oldest = NULL;
+	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next)
+		if (in_handshake(sc) && same_source(sc->conn->peer, peer)) {
+			n++;
+			if (!*oldest || sc->accepted < (*oldest)->accepted)
+				*oldest = sc;
+		}
+	return n;
+}
+
+/* Makes room for one more handshake from peer: past
+ * limits.max_handshakes_per_source closes that address's oldest, past
+ * limits.max_handshakes the oldest of the address holding the most. An
+ * honest client finishes its handshake within a round trip or two, so a
+ * flood from other addresses, however fast, closes the flood's own
+ * connections and not the honest one. */
+static void make_room(struct ps_server *s, const char *peer)
+{
+	struct ps_srv_conn *victim = NULL, *o;
+	int total = 0, most = 0;
+	const char *why = "limits.max_handshakes_per_source";
+
+	if (count_source(s, peer, &o) >= s->cfg->limits.max_handshakes_per_source) {
+		victim = o;
+	} else {
+		for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next)
+			total += in_handshake(sc);
+		why = "limits.max_handshakes";
+		for (struct ps_srv_conn *sc = s->conns; total >= s->cfg->limits.max_handshakes && sc;
+		     sc = sc->next) {
+			int n;
+			if (!in_handshake(sc))
+				continue;
+			n = count_source(s, sc->conn->peer, &o);
+			if (n > most || (n == most && o->accepted < victim->accepted)) {
+				most = n;
+				victim = o;
+			}
+		}
+	}
+	if (!victim)
+		return;
+	victim->evicted = 1;
+	if (s->evictions++ % 1000 == 0)
+		ps_warn("closing %s, still in the handshake, to make room for %s (%s; %" PRIu64
+			" closed so far: a flood of connections?)", victim->conn->peer, peer, why,
+			s->evictions);
+	victim->conn->t->ops->close(victim->conn, PS_EREFUSED);
+}
+
 static void refuse(struct ps_srv_conn *sc, const char *err)
 {
 	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
@@ -50,8 +128,16 @@ static void refuse(struct ps_srv_conn *sc, const char *err)
 static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+	char err[200];
 
+	if (s->nready >= s->cfg->limits.max_connections) {
+		snprintf(err, sizeof(err), "the shard has %d connections already "
+			 "(limits.max_connections)", s->nready);
+		refuse(sc, err);
+		return;
+	}
 	sc->state = CONN_READY;
+	s->nready++;
 	if (sc->rank >= 0) {
 		s->connected[sc->rank]++;
 		s->gone_since[sc->rank] = 0;
@@ -77,6 +163,7 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 	struct ps_wire_limits lim = {
 		.max_frame = s->cfg->limits.max_frame_bytes,
 		.max_meta = s->cfg->limits.max_meta_bytes,
+		.max_queue = s->cfg->limits.max_write_queue,
 	};
 	sc->conn->t->ops->set_limits(sc->conn, &lim);
 	r.protocol_version = PS_PROTOCOL_VERSION;
@@ -170,9 +257,11 @@ void ps__srv_on_accept(struct ps_transport *t, struct ps_conn *c)
 	struct ps_server *s = t->data;
 	struct ps_srv_conn *sc;
 
-	if (s->nconns >= s->cfg->limits.max_connections) {
-		ps_warn("refusing %s: %d connections already (limits.max_connections)", c->peer,
-			s->nconns);
+	make_room(s, c->peer);
+	if (s->nconns >= s->cfg->limits.max_connections + s->cfg->limits.max_handshakes) {
+		/* only while evicted connections have not finished closing */
+		ps_warn("refusing %s: %d connections already (limits.max_connections plus "
+			"limits.max_handshakes)", c->peer, s->nconns);
 		t->ops->close(c, PS_EREFUSED);
 		return;
 	}
@@ -318,6 +407,8 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 			pp = &p->next;
 		}
 	}
+	if (sc->state == CONN_READY)
+		s->nready--;
 	if (sc->rank >= 0 && sc->state == CONN_READY) {
 		s->connected[sc->rank]--;
 		ps_info("worker %d disconnected (%s)", sc->rank,

@@ -109,6 +109,18 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 		"Pushes resent after a reconnect and answered without applying them again.",
 		c->duplicate_pushes);
 	gauge(f, "ps_connections", "Open connections.", s->nconns);
+	if (s->transport->ops->queue_stats) {
+		struct ps_queue_stats q;
+		s->transport->ops->queue_stats(s->transport, &q);
+		gauge(f, "ps_reply_queue_bytes", "Reply bytes queued to every peer together.",
+		      (double)q.bytes);
+		gauge(f, "ps_reply_queue_peak_bytes", "The most reply bytes one peer had queued.",
+		      (double)q.peak_conn);
+		gauge(f, "ps_reply_queue_total_peak_bytes",
+		      "The most reply bytes every peer together had queued.", (double)q.peak_total);
+		gauge(f, "ps_paused_connections",
+		      "Connections not read while their replies wait (backpressure).", q.paused);
+	}
 	fprintf(f, "# HELP ps_worker_clock Clocks each worker has finished on this shard.\n"
 		   "# TYPE ps_worker_clock gauge\n");
 	for (int r = 0; r < nw; r++) {

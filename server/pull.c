@@ -107,17 +107,20 @@ out_free:
 	}
 }
 
-/* Drops a peer that does not read what it asks for: replies queued past
- * limits.max_write_queue_bytes would otherwise grow without bound. */
+/* Drops a peer that does not read what it asked for. Backpressure (the
+ * transport stops reading a peer past limits.max_write_queue_bytes) keeps
+ * a queue within that plus one reply; what can still grow it is pulls
+ * parked earlier and released now, so a queue past the limit plus one
+ * frame closes the connection. */
 int ps__srv_check_backlog(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	size_t q = sc->conn->t->ops->queued_bytes(sc->conn);
 
-	if (q <= s->cfg->limits.max_write_queue)
+	if (q <= s->cfg->limits.max_write_queue + s->cfg->limits.max_frame_bytes)
 		return 0;
 	ps_warn("closing connection from %s: %zu reply bytes queued and not read "
-		"(limits.max_write_queue_bytes is %" PRIu64 ")", sc->conn->peer, q,
-		s->cfg->limits.max_write_queue);
+		"(limits.max_write_queue_bytes is %" PRIu64 ", plus one frame of at most "
+		"limits.max_frame_bytes)", sc->conn->peer, q, s->cfg->limits.max_write_queue);
 	sc->conn->t->ops->close(sc->conn, PS_ETOOBIG);
 	return 1;
 }

@@ -98,6 +98,8 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	};
 	struct ps_wire_limits hs = {
 		.max_frame = PS_WIRE_HANDSHAKE_MAX, .max_meta = PS_WIRE_HANDSHAKE_MAX,
+		.max_queue = cfg->limits.max_write_queue,
+		.max_queue_total = cfg->limits.max_queued_bytes,
 	};
 	char err[1200];
 	int rc;

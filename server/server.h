@@ -43,6 +43,8 @@ struct ps_server {
 	struct ps_transport *transport;
 	struct ps_srv_conn *conns;
 	int nconns;
+	int nready;               /* connections past the handshake (limits.max_connections) */
+	uint64_t evictions;       /* handshakes closed to make room for newer ones */
 	struct ps_waiting_pull *waiting;
 	uint64_t *finished;        /* per worker rank: clocks finished */
 	int *connected;            /* per worker rank: live connections */

@@ -30,6 +30,7 @@ struct ps_srv_conn {
 	uint8_t transcript[32];    /* CONN_AUTH: T of auth.h */
 	double accepted;
 	double last_rx;            /* ps_now_s() of the last frame received */
+	int evicted;               /* closed to make room for a newer handshake */
 	struct ps_srv_conn *prev, *next;
 };
 
@@ -68,8 +69,8 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 void ps__srv_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Pull *m);
 /* Answers every waiting pull whose condition now holds. */
 void ps__srv_answer_pulls(struct ps_server *s);
-/* Closes sc when its unread replies exceed limits.max_write_queue_bytes;
- * 1 when it did. */
+/* Closes sc when its unread replies exceed limits.max_write_queue_bytes
+ * plus one frame; 1 when it did. */
 int ps__srv_check_backlog(struct ps_server *s, struct ps_srv_conn *sc);
 
 /* admin.c */

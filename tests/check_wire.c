@@ -105,7 +105,7 @@ END_TEST
  * is otherwise 0, and only then. */
 START_TEST(test_mac_flag_and_seq)
 {
-	struct ps_wire_limits lim = { 1 << 20, 1 << 16 };
+	struct ps_wire_limits lim = { .max_frame = 1 << 20, .max_meta = 1 << 16 };
 	struct ps_frame_hdr h = { .type = PS_MSG_PUSH, .flags = PS_FRAME_F_MAC, .seq = 0xdeadbeef,
 				  .meta_len = 10, .payload_len = 100 }, out;
 	uint8_t b[PS_WIRE_HDR_LEN];

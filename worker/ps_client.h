@@ -52,6 +52,10 @@ struct ps_shard_stats {
 	uint64_t pushes, pulls, bytes_in, bytes_out, applies, errors, rejected_frames;
 	uint64_t auth_failures;
 	uint64_t duplicate_pushes;
+	/* reply bytes queued to every peer now, the most one peer had, the
+	 * most all had together, the connections paused by backpressure now */
+	uint64_t reply_queue_bytes, reply_queue_peak, reply_queue_total_peak;
+	unsigned paused_connections;
 	double apply_seconds;
 	uint64_t apply_bytes;
 	unsigned connections;

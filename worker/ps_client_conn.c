@@ -216,11 +216,25 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 	pthread_cond_broadcast(&c->cv);
 }
 
+/* Replies: the frames only a ready connection may carry. */
+static int is_reply(unsigned type)
+{
+	return type == PS_MSG_HEARTBEAT || type == PS_MSG_PUSH_ACK || type == PS_MSG_PULL_REPLY ||
+	       type == PS_MSG_STATS || type == PS_MSG_ERROR;
+}
+
 /* The frames a ready connection carries: handled with c->mu held, on the
  * I/O thread (on_frame) or on a waiting thread that read them itself
- * (ps__client_take). 0 when type is not one of them. */
+ * (ps__client_take). 0 when type is not one of them, or when the
+ * connection is not ready: before the handshake completed (and, with
+ * security.auth, before the shard proved the secret and the frames carry
+ * MACs) a reply could come from whoever holds the shard's port after a
+ * crash, and acting on it would hand a pull its weights or acknowledge a
+ * push the real shard never saw. on_frame closes such a connection. */
 static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, ProtobufCMessage *m)
 {
+	if (c->shards[k].state != SH_READY)
+		return 0;
 	c->shards[k].last_rx = ps_now_s();
 	switch (f->hdr.type) {
 	case PS_MSG_HEARTBEAT:
@@ -270,7 +284,14 @@ void ps__client_on_frame(struct ps_conn *pc, struct ps_frame *f)
 	}
 	pthread_mutex_lock(&c->mu);
 	if (!reply_frame(c, k, f, m)) {
-		switch (f->hdr.type) {
+		switch (is_reply(f->hdr.type) ? 0 : f->hdr.type) {
+		case 0:
+			ps_warn("closing connection to shard %d (%s:%d): it sent a %s frame before "
+				"the handshake%s completed", k, c->cfg->shards[k].host,
+				c->cfg->shards[k].port, ps_wire_type_name(f->hdr.type),
+				c->cfg->security.auth ? " and authentication" : "");
+			pc->t->ops->close(pc, PS_EPROTO);
+			break;
 		case PS_MSG_HELLO_REPLY:
 			on_hello_reply(c, k, (Ps__HelloReply *)m);
 			break;

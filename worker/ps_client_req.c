@@ -82,18 +82,24 @@ void ps__client_on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m
 
 	if (!r || r->kind != REQ_PULL || !r->parts[k].waiting)
 		return; /* timed out or unknown: nothing to write */
+	/* every slice checked before any is written: a malformed reply fails
+	 * the pull and leaves the caller's weights as they were */
 	for (size_t i = 0; i < m->n_slices; i++) {
 		const Ps__SliceRef *s = m->slices[i];
 		const struct ps_slice *sl = s->slice < c->map.nslices ? &c->map.slices[s->slice] : NULL;
-		int j;
 		if (!sl || sl->shard != k || (s->codec != 0 && s->codec != PS_CODEC_FP16) ||
 		    (s->codec == 0 && s->length != (uint64_t)sl->count * sizeof(float)) ||
 		    s->offset > f->hdr.payload_len || s->length > f->hdr.payload_len - s->offset) {
-			status = PS_EPROTO;
 			snprintf(why, sizeof(why), "shard %d sent a malformed pull reply (slice %u)", k,
 				 s->slice);
-			break;
+			ps__client_part_done(c, r, k, PS_EPROTO, why);
+			return;
 		}
+	}
+	for (size_t i = 0; i < m->n_slices && !status; i++) {
+		const Ps__SliceRef *s = m->slices[i];
+		const struct ps_slice *sl = &c->map.slices[s->slice];
+		int j;
 		for (j = 0; j < r->n && r->tidx[j] != sl->tensor; j++)
 			;
 		if (j == r->n)
@@ -135,6 +141,10 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->rejected_frames = m->rejected_frames;
 	o->auth_failures = m->auth_failures;
 	o->duplicate_pushes = m->duplicate_pushes;
+	o->reply_queue_bytes = m->reply_queue_bytes;
+	o->reply_queue_peak = m->reply_queue_peak;
+	o->reply_queue_total_peak = m->reply_queue_total_peak;
+	o->paused_connections = m->paused_connections;
 	o->connections = m->connections;
 	o->max_clock_gap = m->max_clock_gap;
 	o->param_checksum = m->param_checksum;

@@ -1,0 +1,510 @@
+/* it_fake_shard.c - the client library (ps_client) against shards that lie.
+ *
+ * it_hostile attacks a real shard; this suite turns it round: the worker is
+ * real and the shard is a test double speaking raw frames on the shard's
+ * port, either without the secret (whoever binds the port after a crash)
+ * or with it (an authenticated shard sending malformed replies). What must
+ * hold (docs/security.md):
+ *   - replies that come before the handshake completed (and, with
+ *     security.auth, before the shard proved the secret) are never acted
+ *     on: the connection is closed, the pull and the push stay pending,
+ *     and both complete with exact values once the real shard is back;
+ *   - a pull reply naming a slice the answering shard does not hold fails
+ *     the pull and writes nothing of that reply into the caller's weights.
+ */
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sodium.h>
+#include "auth.h"
+#include "config.h"
+#include "frame_mac.h"
+#include "msg.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "ps_time.h"
+#include "shardmap.h"
+#include "wire.h"
+#include "test_util.h"
+
+#define N 2048 /* floats of tensor a: two 4 KiB slices */
+
+static double now_ms(void)
+{
+	return ps_now_s() * 1e3;
+}
+
+/* ---- a raw shard-side peer ---- */
+
+struct fake {
+	int fd;
+	int keyed;                /* frames carry MACs (after the handshake) */
+	struct ps_frame_keys keys; /* the shard's side: send = shard to client */
+	uint64_t sseq, rseq;
+};
+
+static int fake_listen(int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_int_ge(fd, 0);
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	ck_assert_msg(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0, "bind %d: %s", port,
+		      strerror(errno));
+	ck_assert_int_eq(listen(fd, 8), 0);
+	return fd;
+}
+
+/* The next connection on lfd within ms (times tu_time_scale); -1 if none. */
+static int fake_accept(int lfd, int ms)
+{
+	struct pollfd p = { lfd, POLLIN, 0 };
+
+	if (poll(&p, 1, (int)(ms * tu_time_scale())) != 1)
+		return -1;
+	return accept(lfd, NULL, NULL);
+}
+
+/* Reads n bytes before the deadline: 0, or -1 on timeout or close. */
+static int fake_read_n(int fd, void *b, size_t n, double deadline)
+{
+	uint8_t *p = b;
+
+	while (n) {
+		struct pollfd pfd = { fd, POLLIN, 0 };
+		int left = (int)(deadline - now_ms());
+		if (left <= 0 || poll(&pfd, 1, left) != 1)
+			return -1;
+		ssize_t k = read(fd, p, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -1;
+		p += k;
+		n -= (size_t)k;
+	}
+	return 0;
+}
+
+/* Reads one frame (its MAC checked once keyed); returns its type and the
+ * unpacked metadata in *m (the raw metadata in meta, when not NULL, up to
+ * *mlen bytes), or -1 on timeout or close. */
+static int fake_recv(struct fake *fk, ProtobufCMessage **m, uint8_t *meta, size_t *mlen, int ms)
+{
+	double deadline = now_ms() + ms * tu_time_scale();
+	uint8_t h[PS_WIRE_HDR_LEN], *body;
+	struct ps_wire_limits lim = { .max_frame = 16 << 20, .max_meta = 1 << 20 };
+	struct ps_frame f = { 0 };
+	char why[200];
+
+	if (fake_read_n(fk->fd, h, sizeof(h), deadline))
+		return -1;
+	ck_assert_int_eq(ps_wire_decode_hdr(h, &lim, &f.hdr, why, sizeof(why)), 0);
+	size_t blen = f.hdr.meta_len + f.hdr.payload_len;
+	body = malloc(blen + PS_MAC_TAG_LEN);
+	ck_assert_int_eq(fake_read_n(fk->fd, body, blen, deadline), 0);
+	if (fk->keyed) {
+		struct ps_mac mac;
+		ck_assert(f.hdr.flags & PS_FRAME_F_MAC);
+		ck_assert_int_eq(fake_read_n(fk->fd, body + blen, PS_MAC_TAG_LEN, deadline), 0);
+		ck_assert_int_eq(ps_mac_init(&mac), 0);
+		ps_mac_begin(&mac, fk->keys.recv, fk->rseq++);
+		ps_mac_update(&mac, h, sizeof(h));
+		ps_mac_update(&mac, body, blen);
+		ck_assert_msg(ps_mac_verify(&mac, body + blen) == 0, "the client's %s fails its MAC",
+			      ps_wire_type_name(f.hdr.type));
+		ps_mac_free(&mac);
+	}
+	if (meta) {
+		ck_assert_uint_le(f.hdr.meta_len, *mlen);
+		memcpy(meta, body, f.hdr.meta_len);
+		*mlen = f.hdr.meta_len;
+	}
+	f.meta = body;
+	*m = ps_msg_unpack(&f, why, sizeof(why));
+	ck_assert_msg(*m != NULL, "%s", why);
+	free(body);
+	return f.hdr.type;
+}
+
+/* Sends a frame: header, m packed, payload and, once keyed, the MAC. */
+static int fake_send(struct fake *fk, unsigned type, const ProtobufCMessage *m, const void *pay,
+		     uint64_t plen)
+{
+	size_t mlen = protobuf_c_message_get_packed_size(m), len;
+	struct ps_frame_hdr fh = { .type = (uint8_t)type, .meta_len = (uint32_t)mlen,
+				   .payload_len = plen };
+	uint8_t *b = malloc(PS_WIRE_HDR_LEN + mlen + plen + PS_MAC_TAG_LEN);
+	int rc = 0;
+
+	if (fk->keyed) {
+		fh.flags |= PS_FRAME_F_MAC;
+		fh.seq = (uint32_t)fk->sseq;
+	}
+	ps_wire_encode_hdr(b, &fh);
+	protobuf_c_message_pack(m, b + PS_WIRE_HDR_LEN);
+	if (plen)
+		memcpy(b + PS_WIRE_HDR_LEN + mlen, pay, plen);
+	len = PS_WIRE_HDR_LEN + mlen + plen;
+	if (fk->keyed) {
+		struct ps_mac mac;
+		ck_assert_int_eq(ps_mac_init(&mac), 0);
+		ps_mac_begin(&mac, fk->keys.send, fk->sseq++);
+		ps_mac_update(&mac, b, len);
+		ps_mac_end(&mac, b + len);
+		ps_mac_free(&mac);
+		len += PS_MAC_TAG_LEN;
+	}
+	for (size_t off = 0; off < len;) {
+		ssize_t k = write(fk->fd, b + off, len - off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			rc = -1;
+			break;
+		}
+		off += (size_t)k;
+	}
+	free(b);
+	return rc;
+}
+
+/* Milliseconds until the client closes fd (what it sends is dropped), or
+ * -1 if it is still open after ms (times tu_time_scale). */
+static int fake_wait_closed(int fd, int ms)
+{
+	double t0 = now_ms(), deadline = t0 + ms * tu_time_scale();
+	char b[4096];
+
+	for (;;) {
+		struct pollfd pfd = { fd, POLLIN, 0 };
+		int left = (int)(deadline - now_ms());
+		if (poll(&pfd, 1, left > 0 ? left : 0) == 0)
+			return -1;
+		ssize_t k = read(fd, b, sizeof(b));
+		if (k == 0 || (k < 0 && errno != EINTR && errno != EAGAIN))
+			return (int)(now_ms() - t0);
+	}
+}
+
+/* A PullReply for req_id naming the slices sl[0..n), each given as raw
+ * float32 values all equal to v. */
+static int fake_pull_reply(struct fake *fk, uint64_t req_id, const struct ps_shardmap *map,
+			   const uint32_t *sl, int n, float v)
+{
+	Ps__PullReply r = PS__PULL_REPLY__INIT;
+	Ps__SliceRef refs[8], *rp[8];
+	uint64_t plen = 0;
+	float *pay;
+	int rc;
+
+	ck_assert_int_le(n, 8);
+	for (int i = 0; i < n; i++)
+		plen += (uint64_t)map->slices[sl[i]].count * sizeof(float);
+	pay = malloc(plen + 4);
+	for (uint64_t i = 0; i < plen / sizeof(float); i++)
+		pay[i] = v;
+	for (int i = 0, off = 0; i < n; i++) {
+		ps__slice_ref__init(&refs[i]);
+		refs[i].slice = sl[i];
+		refs[i].offset = (uint64_t)off;
+		refs[i].length = (uint64_t)map->slices[sl[i]].count * sizeof(float);
+		refs[i].version = 1;
+		off += (int)refs[i].length;
+		rp[i] = &refs[i];
+	}
+	r.req_id = req_id;
+	r.n_slices = (size_t)n;
+	r.slices = rp;
+	rc = fake_send(fk, PS_MSG_PULL_REPLY, &r.base, pay, plen);
+	free(pay);
+	return rc;
+}
+
+/* ---- the cluster ---- */
+
+static struct ps_config cfg;
+static struct ps_shardmap map;
+static char path[64];
+static uint8_t secret[PS_AUTH_KEY_LEN];
+
+static void write_cfg(int nshards, const int *ports)
+{
+	char yaml[2048], servers[256] = "", err[512];
+
+	for (int i = 0; i < nshards; i++)
+		snprintf(servers + strlen(servers), sizeof(servers) - strlen(servers), "%s127.0.0.1:%d",
+			 i ? ", " : "", ports[i]);
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [%s]\n  workers: 1\n"
+		 "consistency:\n  mode: sync\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
+		 "limits:\n  connect_timeout_ms: 5000\n  request_timeout_ms: 60000\n"
+		 "  reconnect_timeout_ms: 60000\n"
+		 "log:\n  level: warn\n", servers, N);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_auth_load_secret(&cfg, secret, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_uint_eq(map.nslices, 2);
+}
+
+static struct ps_client *connect_retry(void)
+{
+	struct ps_client *c = NULL;
+	char err[512];
+	int rc = -1;
+
+	for (int i = 0; i < 200; i++) {
+		rc = ps_client_init(&c, &cfg, 0, err, sizeof(err));
+		if (rc != -ECONNREFUSED)
+			break;
+		tu_sleep_ms(50);
+	}
+	ck_assert_msg(rc == 0, "connect: %s", err);
+	return c;
+}
+
+/* A shard dies; whoever binds its port next answers the worker's pending
+ * pull and push before any handshake. The worker must close that
+ * connection, keep both requests pending, and complete them against the
+ * real shard once it is back: the push applied exactly once, the pull
+ * returning init - g exactly (init: arange, index mod 1024). */
+START_TEST(test_replies_before_handshake_ignored)
+{
+	static float g[N], w[N];
+	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	int port = tu_free_port();
+	pid_t pid;
+
+	write_cfg(1, &port);
+	pid = tu_start_server(path, 0);
+	ck_assert_int_gt(pid, 0);
+	struct ps_client *c = connect_retry();
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+
+	int lfd = fake_listen(port);
+	for (int i = 0; i < N; i++) {
+		g[i] = (float)(i % 5 - 2);
+		w[i] = -7.0f;
+	}
+	int64_t p = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
+	int64_t q = ps_client_pull(c, 1, &tw, 1);
+	ck_assert_int_gt(p, 0);
+	ck_assert_int_gt(q, 0);
+
+	/* the worker reconnects to the impostor: it says hello, and the
+	 * impostor answers both requests at once, with no handshake */
+	struct fake fk = { .fd = fake_accept(lfd, 10000) };
+	ck_assert_msg(fk.fd >= 0, "the worker did not reconnect within 10 s");
+	ProtobufCMessage *m = NULL;
+	ck_assert_int_eq(fake_recv(&fk, &m, NULL, NULL, 5000), PS_MSG_HELLO);
+	protobuf_c_message_free_unpacked(m, NULL);
+	uint32_t both[2] = { 0, 1 };
+	Ps__PushAck ack = PS__PUSH_ACK__INIT;
+	ack.req_id = (uint64_t)p;
+	ck_assert_int_eq(fake_send(&fk, PS_MSG_PUSH_ACK, &ack.base, NULL, 0), 0);
+	ck_assert_int_eq(fake_pull_reply(&fk, (uint64_t)q, &map, both, 2, 666.0f), 0);
+	ck_assert_msg(fake_wait_closed(fk.fd, 5000) >= 0,
+		      "the worker kept a connection that sent replies before the handshake");
+	close(fk.fd);
+	close(lfd);
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(w[i] == -7.0f, "w[%d] = %g written from an unauthenticated reply", i,
+			      (double)w[i]);
+
+	/* the real shard again (fresh: arange weights) */
+	pid = tu_start_server(path, 0);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_msg(ps_client_wait(c, p) == 0, "push: %s", ps_client_error(c));
+	ck_assert_msg(ps_client_wait(c, q) == 0, "pull: %s", ps_client_error(c));
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(w[i] == (float)(i % 1024) - g[i], "w[%d] = %g, want %g", i,
+			      (double)w[i], (double)((float)(i % 1024) - g[i]));
+	struct ps_shard_stats st;
+	ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
+	ck_assert_uint_eq(st.pushes, 1); /* applied exactly once, by the real shard */
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(pid), 0);
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+END_TEST
+
+/* Two fake shards that hold the secret: each completes the handshake
+ * (proof, session keys, MACed frames) and answers pulls as `mode` says. */
+enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE };
+
+struct fake_shard {
+	int port, shard, mode, lfd;
+	pthread_t th;
+	volatile int stop;
+	int pulls; /* pulls answered */
+};
+
+static void fake_handshake(struct fake *fk, int shard)
+{
+	uint8_t hello[1024], nonce[PS_AUTH_NONCE_LEN], t[32], proof[PS_AUTH_PROOF_LEN];
+	size_t hlen = sizeof(hello);
+	ProtobufCMessage *m = NULL;
+
+	ck_assert_int_eq(fake_recv(fk, &m, hello, &hlen, 5000), PS_MSG_HELLO);
+	uint64_t hash = ((Ps__Hello *)m)->shard_map_hash;
+	protobuf_c_message_free_unpacked(m, NULL);
+	ps_auth_random(nonce, sizeof(nonce));
+	ps_auth_transcript(hello, hlen, nonce, t);
+	ps_auth_proof(secret, t, 1, proof);
+	Ps__AuthChallenge ch = PS__AUTH_CHALLENGE__INIT;
+	ch.nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
+	ch.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+	ck_assert_int_eq(fake_send(fk, PS_MSG_AUTH_CHALLENGE, &ch.base, NULL, 0), 0);
+	ck_assert_int_eq(fake_recv(fk, &m, NULL, NULL, 5000), PS_MSG_AUTH);
+	Ps__Auth *a = (Ps__Auth *)m;
+	ck_assert(ps_auth_proof_ok(secret, t, 0, a->proof.data, a->proof.len));
+	protobuf_c_message_free_unpacked(m, NULL);
+	ps_auth_session_keys(secret, t, 1, &fk->keys);
+	fk->keyed = 1;
+	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+	r.ok = 1;
+	r.error = "";
+	r.protocol_version = PS_PROTOCOL_VERSION;
+	r.shard = shard;
+	r.shard_map_hash = hash;
+	r.boot_id = 77;
+	ck_assert_int_eq(fake_send(fk, PS_MSG_HELLO_REPLY, &r.base, NULL, 0), 0);
+}
+
+/* Check asserts abort only the test's own process; in this thread they
+ * would too, which fails the case as it should. */
+static void *fake_shard_main(void *arg)
+{
+	struct fake_shard *fs = arg;
+	struct fake fk = { .fd = -1 };
+
+	while (!fs->stop && fk.fd < 0)
+		fk.fd = fake_accept(fs->lfd, 100);
+	if (fk.fd < 0)
+		return NULL;
+	fake_handshake(&fk, fs->shard);
+	while (!fs->stop) {
+		ProtobufCMessage *m = NULL;
+		int type = fake_recv(&fk, &m, NULL, NULL, 100);
+		if (type < 0)
+			continue; /* nothing yet (or the client went: stop ends it) */
+		if (type == PS_MSG_PULL) {
+			Ps__Pull *q = (Ps__Pull *)m;
+			uint32_t sl[8];
+			int n = 0;
+			for (size_t i = 0; i < q->n_slices && n < 8; i++)
+				sl[n++] = q->slices[i];
+			if (fs->mode == ANSWER_FOREIGN_SLICE)
+				for (int i = 0; i < n; i++)
+					sl[i] = (uint32_t)(map.slices[0].shard == fs->shard ? 1 : 0);
+			ck_assert_int_eq(fake_pull_reply(&fk, q->req_id, &map, sl, n,
+							 100.0f + (float)fs->shard), 0);
+			fs->pulls++;
+		}
+		protobuf_c_message_free_unpacked(m, NULL);
+	}
+	close(fk.fd);
+	return NULL;
+}
+
+static void fake_shards_start(struct fake_shard fs[2], int mode1)
+{
+	int ports[2] = { tu_free_port(), tu_free_port() };
+
+	write_cfg(2, ports);
+	ck_assert_int_ne(map.slices[0].shard, map.slices[1].shard); /* one slice each */
+	for (int i = 0; i < 2; i++) {
+		fs[i] = (struct fake_shard){ .port = ports[i], .shard = i,
+					     .mode = i == 1 ? mode1 : ANSWER_RIGHT };
+		fs[i].lfd = fake_listen(ports[i]);
+		ck_assert_int_eq(pthread_create(&fs[i].th, NULL, fake_shard_main, &fs[i]), 0);
+	}
+}
+
+static void fake_shards_stop(struct fake_shard fs[2])
+{
+	for (int i = 0; i < 2; i++) {
+		fs[i].stop = 1;
+		pthread_join(fs[i].th, NULL);
+		close(fs[i].lfd);
+	}
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+
+/* The control: honest replies from the two fakes are taken, so the
+ * refusal below is the slice check's doing and not the harness's. */
+START_TEST(test_fake_shards_answer_right)
+{
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	struct fake_shard fs[2];
+
+	fake_shards_start(fs, ANSWER_RIGHT);
+	struct ps_client *c = connect_retry();
+	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	ck_assert_int_gt(q, 0);
+	ck_assert_msg(ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
+	for (int i = 0; i < N; i++) {
+		const struct ps_slice *sl = &map.slices[i < (int)map.slices[0].count ? 0 : 1];
+		ck_assert_msg(w[i] == 100.0f + (float)sl->shard, "w[%d] = %g", i, (double)w[i]);
+	}
+	ps_client_free(c);
+	fake_shards_stop(fs);
+}
+END_TEST
+
+/* An authenticated shard answers a pull with the slice the other shard
+ * holds: the pull fails as malformed, and the caller's copy of that slice
+ * is not overwritten with the liar's values. */
+START_TEST(test_foreign_slice_refused)
+{
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	struct fake_shard fs[2];
+
+	fake_shards_start(fs, ANSWER_FOREIGN_SLICE);
+	struct ps_client *c = connect_retry();
+	for (int i = 0; i < N; i++)
+		w[i] = -7.0f;
+	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	ck_assert_int_gt(q, 0);
+	ck_assert_int_eq(ps_client_wait(c, q), PS_EPROTO);
+	ck_assert_msg(strstr(ps_client_error(c), "shard 1 sent a malformed pull reply"), "%s",
+		      ps_client_error(c));
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(w[i] != 101.0f, "w[%d] written by shard 1's reply for a slice it "
+			      "does not hold", i);
+	ps_client_free(c);
+	fake_shards_stop(fs);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("fake_shard");
+	TCase *tc = tcase_create("liars");
+	int failed;
+
+	tu_secret_setup();
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_replies_before_handshake_ignored);
+	tcase_add_test(tc, test_fake_shards_answer_right);
+	tcase_add_test(tc, test_foreign_slice_refused);
+	suite_add_tcase(s, tc);
+	failed = tu_run_suite(s);
+	tu_secret_cleanup();
+	return failed ? 1 : 0;
+}
