@@ -106,6 +106,9 @@ const struct opt cfg_opts[] = {
 	O("limits.max_connections", T_INT, 0, 1, 1000000, "1024", NULL, C,
 	  limits.max_connections, "connections per shard past the handshake (authenticated when "
 	  "security.auth is on)"),
+	O("limits.max_waiting_pulls", T_INT, 0, 1, 1000000, "64", NULL, C,
+	  limits.max_waiting_pulls, "shard: pulls one connection may have waiting for their "
+	  "clock (a worker has one or two); more are refused with an error"),
 	O("limits.max_handshakes", T_INT, 0, 1, 100000, "64", NULL, C, limits.max_handshakes,
 	  "connections per shard still in the handshake; a new one past it closes the oldest of "
 	  "the address that has the most, so a flood without the secret cannot keep workers out"),

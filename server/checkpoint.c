@@ -5,6 +5,7 @@
  * times count floats of optimizer state, then nworkers uint64 finished
  * clocks, then a uint32 CRC-32 (zlib) of every byte before it.
  */
+#define _GNU_SOURCE /* mkostemp */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -50,35 +51,6 @@ void ps_checkpoint_path(const char *dir, int shard, char *buf, size_t len)
 	snprintf(buf, len, "%s/shard-%d.ckpt", dir, shard);
 }
 
-/* Writer that keeps the CRC of everything written. */
-struct out {
-	int fd;
-	uLong crc;
-	uint64_t bytes;
-	int err;
-};
-
-static void put(struct out *o, const void *p, size_t n)
-{
-	const char *b = p;
-
-	if (o->err)
-		return;
-	for (size_t done = 0; done < n;) {
-		size_t chunk = n - done > (1u << 30) ? (1u << 30) : n - done;
-		ssize_t w = write(o->fd, b + done, chunk);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			o->err = w < 0 ? -errno : -EIO;
-			return;
-		}
-		o->crc = crc32(o->crc, (const Bytef *)b + done, (uInt)w);
-		done += (size_t)w;
-	}
-	o->bytes += n;
-}
-
 static void fill_hdr(const struct ps_server *s, struct ckpt_hdr *h)
 {
 	memset(h, 0, sizeof(*h));
@@ -107,48 +79,110 @@ static void fault_point(const char *step)
 	}
 }
 
-int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, char *err,
-			size_t errlen)
-{
-	char tmp[4200], dirbuf[4200];
-	struct out o = { .crc = crc32(0L, Z_NULL, 0) };
-	struct ckpt_hdr h;
-	uint32_t crc;
-	int dfd;
+/* The largest version, step count or finished clock a checkpoint may
+ * hold: far past any training run, small enough that no sum built on it
+ * wraps (and exact in a double). */
+#define CKPT_MAX_COUNT (UINT64_C(1) << 53)
 
-	snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
-	o.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (o.fd < 0) {
-		snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
-		return -errno;
+static size_t image_size(const struct ps_server *s)
+{
+	size_t n = sizeof(struct ckpt_hdr) + (size_t)s->cfg->nworkers * sizeof(uint64_t);
+
+	for (int k = 0; k < s->store.nslots; k++)
+		n += sizeof(struct ckpt_slot) + (size_t)s->store.slots[k].slice->count *
+			sizeof(float) * (size_t)(1 + s->store.opt->nstate);
+	return n;
+}
+
+int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img, char *err,
+			   size_t errlen)
+{
+	size_t pos;
+	struct ckpt_hdr h;
+	uint8_t *b;
+
+	img->len = image_size(s);
+	img->buf = b = malloc(img->len);
+	if (!b) {
+		snprintf(err, errlen, "out of memory for a %zu-byte checkpoint image", img->len);
+		return -ENOMEM;
 	}
 	fill_hdr(s, &h);
-	put(&o, &h, sizeof(h));
+	memcpy(b, &h, sizeof(h));
+	pos = sizeof(h);
 	for (int k = 0; k < s->store.nslots; k++) {
 		const struct ps_slot *sl = &s->store.slots[k];
 		struct ckpt_slot cs = { .slice = sl->slice->id, .count = (uint64_t)sl->slice->count,
 					.version = sl->version, .steps = sl->steps };
-		put(&o, &cs, sizeof(cs));
-		if (k == s->store.nslots / 2)
-			fault_point("write");
-		put(&o, sl->w, (size_t)cs.count * sizeof(float));
-		for (int j = 0; j < s->store.opt->nstate; j++)
-			put(&o, sl->state[j], (size_t)cs.count * sizeof(float));
+		size_t n = (size_t)cs.count * sizeof(float);
+		memcpy(b + pos, &cs, sizeof(cs));
+		pos += sizeof(cs);
+		memcpy(b + pos, sl->w, n);
+		pos += n;
+		for (int j = 0; j < s->store.opt->nstate; j++, pos += n)
+			memcpy(b + pos, sl->state[j], n);
 	}
-	put(&o, s->finished, (size_t)s->cfg->nworkers * sizeof(uint64_t));
-	crc = (uint32_t)o.crc;
-	put(&o, &crc, sizeof(crc));
-	if (!o.err && fsync(o.fd))
-		o.err = -errno;
+	memcpy(b + pos, s->finished, (size_t)s->cfg->nworkers * sizeof(uint64_t));
+	return 0;
+}
+
+void ps_checkpoint_image_free(struct ps_ckpt_image *img)
+{
+	free(img->buf);
+	img->buf = NULL;
+}
+
+/* Writes n bytes, retrying short writes; 0 or -errno. */
+static int write_all(int fd, const uint8_t *b, size_t n)
+{
+	for (size_t done = 0; done < n;) {
+		size_t chunk = n - done > (1u << 30) ? (1u << 30) : n - done;
+		ssize_t w = write(fd, b + done, chunk);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EIO;
+		done += (size_t)w;
+	}
+	return 0;
+}
+
+int ps_checkpoint_write_image(const struct ps_ckpt_image *img, const char *path,
+			      uint64_t *bytes, char *err, size_t errlen)
+{
+	char tmp[4200], dirbuf[4200];
+	uint32_t crc = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0), img->buf, img->len);
+	int fd, dfd, rc;
+
+	/* a new file under a fresh name, mode 0600, created exclusively: a
+	 * file or symlink planted in a shared folder is never written through */
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= (int)sizeof(tmp)) {
+		snprintf(err, errlen, "checkpoint path too long: %s", path);
+		return -ENAMETOOLONG;
+	}
+	fd = mkostemp(tmp, O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "cannot create %s: %s", tmp, strerror(errno));
+		return rc;
+	}
+	rc = write_all(fd, img->buf, img->len / 2);
+	fault_point("write");
+	if (!rc)
+		rc = write_all(fd, img->buf + img->len / 2, img->len - img->len / 2);
+	if (!rc)
+		rc = write_all(fd, (const uint8_t *)&crc, sizeof(crc));
+	if (!rc && fsync(fd))
+		rc = -errno;
 	fault_point("fsync");
-	if (close(o.fd) && !o.err)
-		o.err = -errno;
-	if (!o.err && rename(tmp, path))
-		o.err = -errno;
-	if (o.err) {
-		snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(-o.err));
+	if (close(fd) && !rc)
+		rc = -errno;
+	if (!rc && rename(tmp, path))
+		rc = -errno;
+	if (rc) {
+		snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(-rc));
 		unlink(tmp);
-		return o.err;
+		return rc;
 	}
 	fault_point("rename");
 	/* the rename is durable once the folder is synced */
@@ -158,69 +192,72 @@ int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, 
 		fsync(dfd);
 		close(dfd);
 	}
-	*bytes = o.bytes;
+	*bytes = img->len + sizeof(crc);
 	return 0;
 }
 
-/* Reads the whole file; NULL with errno set on failure. */
-static uint8_t *slurp(const char *path, size_t *len)
+int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, char *err,
+			size_t errlen)
 {
-	struct stat st;
-	uint8_t *b;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct ps_ckpt_image img;
+	int rc = ps_checkpoint_snapshot(s, &img, err, errlen);
 
-	if (fd < 0)
-		return NULL;
-	if (fstat(fd, &st) || !(b = malloc(st.st_size ? (size_t)st.st_size : 1))) {
-		int e = errno ? errno : ENOMEM;
-		close(fd);
-		errno = e;
-		return NULL;
-	}
-	for (size_t got = 0; got < (size_t)st.st_size;) {
-		ssize_t r = read(fd, b + got, (size_t)st.st_size - got);
+	if (!rc)
+		rc = ps_checkpoint_write_image(&img, path, bytes, err, errlen);
+	ps_checkpoint_image_free(&img);
+	return rc;
+}
+
+/* Reads exactly n bytes at offset off; 0 or -1 with errno (EIO at the end). */
+static int read_at(int fd, void *p, size_t n, uint64_t off)
+{
+	for (size_t got = 0; got < n;) {
+		ssize_t r = pread(fd, (uint8_t *)p + got, n - got, (off_t)(off + got));
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0) {
-			int e = r < 0 ? errno : EIO;
-			free(b);
-			close(fd);
-			errno = e;
-			return NULL;
+			if (r == 0)
+				errno = EIO;
+			return -1;
 		}
 		got += (size_t)r;
 	}
-	close(fd);
-	*len = (size_t)st.st_size;
-	return b;
+	return 0;
 }
 
 #define FAIL(code, ...) do { snprintf(err, errlen, __VA_ARGS__); rc = (code); goto out; } while (0)
 
 int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t errlen)
 {
+	enum { CHUNK = 1 << 20 };
 	struct ckpt_hdr h, want;
-	size_t len = 0, pos, need;
-	uint8_t *b = slurp(path, &len);
-	int nstate = s->store.opt->nstate, rc = 0;
+	struct stat st;
+	uint64_t len, pos, need, max_finished = 0, max_version = 0, *fin = NULL;
+	int nstate = s->store.opt->nstate, nw = s->cfg->nworkers, rc = 0, fd;
+	uint8_t *chunk = NULL;
+	uLong crc_run = crc32(0L, Z_NULL, 0);
 	uint32_t crc;
 
-	if (!b) {
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
 		if (errno == ENOENT)
 			return -ENOENT;
+		rc = -errno;
 		snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
-		return -errno;
+		return rc;
 	}
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode))
+		FAIL(PS_EPROTO, "%s: not a regular file", path);
+	len = (uint64_t)st.st_size;
 	if (len < sizeof(h) + sizeof(crc))
-		FAIL(PS_EPROTO, "%s: %zu bytes, too short for a checkpoint (truncated?)", path, len);
-	memcpy(&h, b, sizeof(h));
+		FAIL(PS_EPROTO, "%s: %" PRIu64 " bytes, too short for a checkpoint (truncated?)", path,
+		     len);
+	if (read_at(fd, &h, sizeof(h), 0))
+		FAIL(PS_EPROTO, "%s: cannot read its header: %s", path, strerror(errno));
 	if (memcmp(h.magic, CKPT_MAGIC, 8))
 		FAIL(PS_EPROTO, "%s: not a ps-server checkpoint (bad magic)", path);
 	if (h.endian != CKPT_ENDIAN)
 		FAIL(PS_EPROTO, "%s: written on a machine of the other byte order", path);
-	memcpy(&crc, b + len - sizeof(crc), sizeof(crc));
-	if ((uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(len - sizeof(crc))) != crc)
-		FAIL(PS_EPROTO, "%s: checksum mismatch: the file is damaged (or truncated)", path);
 	fill_hdr(s, &want);
 	if (h.shard != want.shard)
 		FAIL(PS_ECONFIG, "%s: belongs to shard %d, this is shard %d", path, h.shard,
@@ -243,48 +280,87 @@ int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t 
 	if (h.nslots != want.nslots)
 		FAIL(PS_ECONFIG, "%s: holds %u slices, this shard owns %u", path, h.nslots,
 		     want.nslots);
-	/* Check every slot's place before copying anything. */
+	/* the header matches this shard, so the file's size is known before
+	 * anything big is read or allocated */
+	need = image_size(s) + sizeof(crc);
+	if (len != need)
+		FAIL(PS_EPROTO, "%s: %" PRIu64 " bytes, a checkpoint of this shard has %" PRIu64
+		     " (truncated or damaged)", path, len, need);
+	/* pass 1: the checksum of every byte (64-bit lengths: files over 4 GiB
+	 * load), each slot's place, the counts in range; nothing restored */
+	chunk = malloc(CHUNK);
+	fin = malloc((size_t)nw * sizeof(uint64_t));
+	if (!chunk || !fin)
+		FAIL(-ENOMEM, "%s: out of memory", path);
+	for (pos = 0; pos < len - sizeof(crc);) {
+		size_t n = len - sizeof(crc) - pos > CHUNK ? CHUNK : (size_t)(len - sizeof(crc) - pos);
+		if (read_at(fd, chunk, n, pos))
+			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
+		crc_run = crc32_z(crc_run, chunk, n);
+		pos += n;
+	}
+	if (read_at(fd, &crc, sizeof(crc), pos))
+		FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
+	if ((uint32_t)crc_run != crc)
+		FAIL(PS_EPROTO, "%s: checksum mismatch: the file is damaged (or truncated)", path);
 	pos = sizeof(h);
 	for (int k = 0; k < s->store.nslots; k++) {
 		struct ckpt_slot cs;
 		const struct ps_slot *sl = &s->store.slots[k];
 
-		if (len - sizeof(crc) - pos < sizeof(cs))
-			FAIL(PS_EPROTO, "%s: ends inside slice %d", path, k);
-		memcpy(&cs, b + pos, sizeof(cs));
+		if (read_at(fd, &cs, sizeof(cs), pos))
+			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
 		if (cs.slice != sl->slice->id || cs.count != (uint64_t)sl->slice->count)
 			FAIL(PS_ECONFIG, "%s: slice %d is id %u of %" PRIu64 " values, expected id %u "
 			     "of %" PRId64, path, k, cs.slice, cs.count, sl->slice->id,
 			     sl->slice->count);
-		pos += sizeof(cs);
-		need = (size_t)cs.count * sizeof(float) * (size_t)(1 + nstate);
-		if (len - sizeof(crc) - pos < need)
-			FAIL(PS_EPROTO, "%s: ends inside slice %d", path, k);
-		pos += need;
+		if (cs.version >= CKPT_MAX_COUNT || cs.steps >= CKPT_MAX_COUNT)
+			FAIL(PS_EPROTO, "%s: slice %u has version %" PRIu64 " and %" PRIu64 " steps, "
+			     "more than any run makes (damaged?)", path, cs.slice, cs.version,
+			     cs.steps);
+		if (cs.version > max_version)
+			max_version = cs.version;
+		pos += sizeof(cs) + cs.count * sizeof(float) * (uint64_t)(1 + nstate);
 	}
-	need = (size_t)s->cfg->nworkers * sizeof(uint64_t);
-	if (len - sizeof(crc) - pos != need)
-		FAIL(PS_EPROTO, "%s: %zu bytes where the worker clocks should be, expected %zu",
-		     path, len - sizeof(crc) - pos, need);
-	/* Everything checked: restore. */
+	if (read_at(fd, fin, (size_t)nw * sizeof(uint64_t), pos))
+		FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
+	for (int r = 0; r < nw; r++) {
+		if (fin[r] >= CKPT_MAX_COUNT)
+			FAIL(PS_EPROTO, "%s: worker %d finished clock %" PRIu64 ", more than any run "
+			     "makes (damaged?)", path, r, fin[r]);
+		if (fin[r] > max_finished)
+			max_finished = fin[r];
+	}
+	/* sync: a slice's version counts the clocks applied, and a worker
+	 * finished each of them first */
+	if (s->cfg->consistency == PS_SYNC && max_version > max_finished)
+		FAIL(PS_EPROTO, "%s: a slice is at version %" PRIu64 " but no worker finished "
+		     "more than %" PRIu64 " clocks (damaged or edited?)", path, max_version,
+		     max_finished);
+	/* pass 2: everything checked, restore */
 	pos = sizeof(h);
 	for (int k = 0; k < s->store.nslots; k++) {
 		struct ps_slot *sl = &s->store.slots[k];
 		struct ckpt_slot cs;
 		size_t n;
 
-		memcpy(&cs, b + pos, sizeof(cs));
+		if (read_at(fd, &cs, sizeof(cs), pos))
+			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
 		pos += sizeof(cs);
 		n = (size_t)cs.count * sizeof(float);
-		memcpy(sl->w, b + pos, n);
+		if (read_at(fd, sl->w, n, pos))
+			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
 		pos += n;
 		for (int j = 0; j < nstate; j++, pos += n)
-			memcpy(sl->state[j], b + pos, n);
+			if (read_at(fd, sl->state[j], n, pos))
+				FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
 		sl->version = cs.version;
 		sl->steps = cs.steps;
 	}
-	memcpy(s->finished, b + pos, need);
+	memcpy(s->finished, fin, (size_t)nw * sizeof(uint64_t));
 out:
-	free(b);
+	free(chunk);
+	free(fin);
+	close(fd);
 	return rc;
 }

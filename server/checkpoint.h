@@ -6,7 +6,9 @@
  * belongs to (shard, shard-map hash, optimizer, number of workers,
  * consistency), followed by a CRC-32 of everything before it.
  *
- * Writing goes to a temporary file in the same folder, which is fsynced,
+ * Writing goes to a temporary file in the same folder (created exclusively,
+ * mode 0600, under a fresh name, so nothing planted there is written
+ * through), which is fsynced,
  * renamed over the old checkpoint and followed by an fsync of the folder,
  * so a crash at any point leaves either the old or the new checkpoint,
  * never a torn one. Gradients of a sync clock that is not complete yet are
@@ -27,14 +29,35 @@ struct ps_server;
 /* Path of shard's checkpoint inside dir (into buf, len bytes). */
 void ps_checkpoint_path(const char *dir, int shard, char *buf, size_t len);
 
-/* Writes s's state to its checkpoint file. 0, or a negative code with the
- * reason in err. *bytes gets the file size. Blocks (loop thread). */
+/* The file's bytes (all but the trailing CRC), copied from the shard. */
+struct ps_ckpt_image {
+	uint8_t *buf;
+	size_t len;
+};
+
+/* Copies s's state into img (loop thread: the only pause a checkpoint
+ * costs the shard, a memcpy of its state). 0 or -ENOMEM with err. */
+int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img, char *err,
+			   size_t errlen);
+
+/* Writes img to path (any thread): a temporary file created exclusively
+ * with mode 0600 next to it, fsynced, renamed over path, the folder
+ * fsynced. 0, or a negative code with the reason in err. *bytes gets the
+ * file size. */
+int ps_checkpoint_write_image(const struct ps_ckpt_image *img, const char *path,
+			      uint64_t *bytes, char *err, size_t errlen);
+void ps_checkpoint_image_free(struct ps_ckpt_image *img);
+
+/* Both at once: writes s's state to path and blocks (loop thread). */
 int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, char *err,
 			size_t errlen);
 
 /* Restores s's state from path (call before serving). 0; -ENOENT when
  * there is no file; else a negative code with the reason in err (damaged,
- * or made by another configuration), and s is left as it was. */
+ * made by another configuration, counts out of range), and s is left as
+ * it was unless the file changed while it was read. The size is checked
+ * against the configuration before anything big is read; the file is read
+ * twice (checked, then restored), never held in memory whole. */
 int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t errlen);
 
 #endif

@@ -133,6 +133,7 @@ void ps__srv_answer_pulls(struct ps_server *s)
 	while ((p = *pp)) {
 		if (pull_ready(s, p)) {
 			*pp = p->next;
+			p->sc->nwaiting--;
 			send_pull_reply(s, p);
 			ps__srv_check_backlog(s, p->sc);
 			free(p);
@@ -189,6 +190,17 @@ void ps__srv_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		free(p);
 		return;
 	}
+	if (sc->nwaiting >= s->cfg->limits.max_waiting_pulls) {
+		/* each push walks the waiting list: a peer parking pulls without
+		 * bound would slow every push and hold memory */
+		s->c.errors++;
+		ps_msg_send_error(sc->conn, m->req_id, PS_ETOOBIG,
+				  "%d pulls of this connection wait for their clock already "
+				  "(limits.max_waiting_pulls)", sc->nwaiting);
+		free(p);
+		return;
+	}
+	sc->nwaiting++;
 	p->next = s->waiting;
 	s->waiting = p;
 }

@@ -31,6 +31,7 @@ struct ps_srv_conn {
 	double accepted;
 	double last_rx;            /* ps_now_s() of the last frame received */
 	int evicted;               /* closed to make room for a newer handshake */
+	int nwaiting;              /* its pulls parked in s->waiting */
 	struct ps_srv_conn *prev, *next;
 };
 

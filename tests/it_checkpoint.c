@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <zlib.h>
 #include "config.h"
 #include "ps_time.h"
 #include "ps_client.h"
@@ -597,6 +598,221 @@ START_TEST(test_crash_while_checkpointing)
 }
 END_TEST
 
+/* Rewrites the CRC at the end of a checkpoint after a test edited it, so
+ * the edit reaches the checks behind the checksum. */
+static void fix_crc(const char *f)
+{
+	size_t len;
+	uint8_t *b = file_bytes(f, &len);
+	uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(len - 4));
+
+	memcpy(b + len - 4, &crc, 4);
+	FILE *o = fopen(f, "wb");
+	ck_assert_ptr_nonnull(o);
+	ck_assert_uint_eq(fwrite(b, 1, len, o), len);
+	fclose(o);
+	free(b);
+}
+
+/* Puts v at byte offset off of f (off < 0: from the end) and fixes the CRC. */
+static void poke_u64(const char *f, long off, uint64_t v)
+{
+	int fd = open(f, O_RDWR);
+	struct stat st;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	ck_assert_int_eq(pwrite(fd, &v, 8, off >= 0 ? off : st.st_size + off), 8);
+	close(fd);
+	fix_crc(f);
+}
+
+static void copy_file(const char *from, const char *to)
+{
+	size_t len;
+	uint8_t *b = file_bytes(from, &len);
+	FILE *o = fopen(to, "wb");
+
+	ck_assert_ptr_nonnull(o);
+	ck_assert_uint_eq(fwrite(b, 1, len, o), len);
+	fclose(o);
+	free(b);
+}
+
+/* Checkpoint files (docs/security.md): created mode 0600 under a fresh
+ * name, so symlinks planted in the folder, at the checkpoint's name and at
+ * the name a temporary file used to have, redirect nothing; on load the
+ * size is checked against the configuration before anything is read, and
+ * versions, step counts and finished clocks must be in range (each edit
+ * below carries a valid checksum, so only these checks can refuse it). */
+START_TEST(test_checkpoint_files)
+{
+	static float w[N], w2[N];
+	static char out[8192];
+	char ck0[200], saved[220], victim[220], tmpname[260];
+	int p0 = tu_free_port(), p1 = tu_free_port();
+	struct stat st;
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	path[0] = 0;
+	write_cfg(p0, p1, N, 0);
+	snprintf(ck0, sizeof(ck0), "%s/shard-0.ckpt", dir);
+	snprintf(saved, sizeof(saved), "%s/saved", dir);
+	snprintf(victim, sizeof(victim), "%s/victim", dir);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	struct ps_client *c = connect_retry(0);
+	train(c, 0, 3, w);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	ck_assert_int_eq(stat(ck0, &st), 0);
+	ck_assert_msg((st.st_mode & 0777) == 0600, "checkpoint mode %04o", st.st_mode & 0777);
+	copy_file(ck0, saved);
+
+	/* in range: a slot's version (header 48 bytes, then slice, reserved,
+	 * count, version), a worker's finished clock (the 8 bytes before the
+	 * CRC), and in sync mode a version no worker finished */
+	poke_u64(ck0, 48 + 16, UINT64_C(1) << 60);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "more than any run makes") && strstr(out, ck0), "%s", out);
+	copy_file(saved, ck0);
+	poke_u64(ck0, -12, UINT64_C(1) << 60);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "worker 0 finished clock"), "%s", out);
+	copy_file(saved, ck0);
+	poke_u64(ck0, -12, 1);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "no worker finished more than 1 clocks"), "%s", out);
+	/* the size first: longer than this configuration's checkpoint */
+	copy_file(saved, ck0);
+	FILE *f = fopen(ck0, "ab");
+	ck_assert_ptr_nonnull(f);
+	fputs("trailing bytes", f);
+	fclose(f);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "a checkpoint of this shard has"), "%s", out);
+
+	/* planted symlinks: at the checkpoint's name, and at the temporary
+	 * name older versions used (<file>.tmp.<pid>) */
+	copy_file(saved, ck0);
+	f = fopen(victim, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("precious\n", f);
+	fclose(f);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	c = connect_retry(0);
+	ck_assert_uint_eq(ps_client_clock(c), 3);
+	unlink(ck0);
+	ck_assert_int_eq(symlink(victim, ck0), 0);
+	snprintf(tmpname, sizeof(tmpname), "%s.tmp.%ld", ck0, (long)srv[0]);
+	ck_assert_int_eq(symlink(victim, tmpname), 0);
+	struct ps_shard_stats sst;
+	ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &sst), 0);
+	ck_assert_msg(sst.checkpoint_status == 0, "%s", sst.checkpoint_error);
+	char *text = file_text(victim);
+	ck_assert_str_eq(text, "precious\n");
+	free(text);
+	ck_assert_int_eq(lstat(ck0, &st), 0);
+	ck_assert_msg(S_ISREG(st.st_mode) && (st.st_mode & 0777) == 0600,
+		      "the checkpoint is not a regular file of mode 0600 (mode %o)", st.st_mode);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	/* and it loads: the same weights */
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	c = connect_retry(0);
+	struct ps_tensor tw = { .name = "a", .data = w2, .count = N };
+	int64_t q = ps_client_pull(c, 3, &tw, 1);
+	ck_assert_int_eq(ps_client_wait(c, q), 0);
+	ck_assert(memcmp(w, w2, sizeof(w)) == 0);
+	ps_client_free(c);
+	stop_and_clean();
+}
+END_TEST
+
+/* Worker 0, connected to a shard that takes long to start (pid): retries
+ * while it is alive, for up to 3 minutes. */
+static struct ps_client *connect_slow(pid_t pid)
+{
+	struct ps_client *c = NULL;
+	char err[512] = "";
+	int st;
+
+	for (int i = 0; i < 1800 && !c; i++) {
+		if (ps_client_init(&c, &cfg, 0, err, sizeof(err)) == 0)
+			break;
+		ck_assert_msg(waitpid(pid, &st, WNOHANG) == 0, "the shard exited: %s", err);
+		tu_sleep_ms(100);
+	}
+	ck_assert_msg(c != NULL, "connect: %s", err);
+	return c;
+}
+
+/* A checkpoint over 4 GiB (a 4.4 GB tensor beside a small one) is written
+ * and loads: its checksum covers every byte with 64-bit lengths (a 32-bit
+ * length used to wrap, and the shard refused its own file). About 45 s
+ * and 9 GB of memory here (the state and its snapshot). */
+START_TEST(test_checkpoint_over_4gib)
+{
+	enum { SMALL = 16 };
+	static float g[SMALL], w[SMALL];
+	char yaml[1024], err[512];
+	int port = tu_free_port();
+
+	if (getenv("PS_TEST_VALGRIND")) {
+		tu_skip("a 4.4 GB shard under valgrind would take hours");
+		return;
+	}
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: big, shape: [1100000000], init: arange}\n"
+		 "    - {name: small, shape: [%d], init: arange}\n"
+		 "limits:\n  connect_timeout_ms: 120000\n"
+		 "checkpoint:\n  dir: %s\n"
+		 "log:\n  level: warn\n", port, SMALL, dir);
+	path[0] = 0;
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	srv[0] = tu_start_server(path, 0);
+	struct ps_client *c = connect_slow(srv[0]); /* the shard fills 4.4 GB first */
+	/* three clocks that touch only the small tensor */
+	struct ps_tensor tg = { .name = "small", .data = g, .count = SMALL };
+	for (uint64_t k = 0; k < 3; k++) {
+		for (int i = 0; i < SMALL; i++)
+			g[i] = (float)(i % 3 + 1);
+		int64_t p = ps_client_push(c, k, &tg, 1, PS_PUSH_END_CLOCK);
+		ck_assert_msg(p > 0 && ps_client_wait(c, p) == 0, "%s", ps_client_error(c));
+	}
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0); /* SIGTERM: the checkpoint */
+	char ck[200];
+	struct stat st;
+	snprintf(ck, sizeof(ck), "%s/shard-0.ckpt", dir);
+	ck_assert_int_eq(stat(ck, &st), 0);
+	ck_assert_int_gt(st.st_size, (off_t)(UINT64_C(1) << 32));
+	/* it loads: the clock and the small tensor's weights come back */
+	srv[0] = tu_start_server(path, 0);
+	c = connect_slow(srv[0]);
+	ck_assert_uint_eq(ps_client_clock(c), 3);
+	struct ps_tensor tw = { .name = "small", .data = w, .count = SMALL };
+	int64_t q = ps_client_pull(c, 3, &tw, 1);
+	ck_assert_int_eq(ps_client_wait(c, q), 0);
+	for (int i = 0; i < SMALL; i++)
+		ck_assert_msg(w[i] == (float)i - 3.0f * (float)(i % 3 + 1), "small[%d] = %g", i,
+			      (double)w[i]);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	stop_files();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("checkpoint");
@@ -605,11 +821,13 @@ int main(void)
 
 	tu_secret_setup();
 	signal(SIGPIPE, SIG_IGN);
-	tcase_set_timeout(tc, 60);
+	tcase_set_timeout(tc, 300); /* test_checkpoint_over_4gib: about 45 s */
 	tcase_add_test(tc, test_checkpoint_resume);
 	tcase_add_test(tc, test_shard_killed_and_restarted);
 	tcase_add_test(tc, test_async_resume_clocks);
 	tcase_add_test(tc, test_crash_while_checkpointing);
+	tcase_add_test(tc, test_checkpoint_files);
+	tcase_add_test(tc, test_checkpoint_over_4gib);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();

@@ -1407,6 +1407,58 @@ START_TEST(test_handshake_flood_keeps_no_one_out)
 }
 END_TEST
 
+/* Pulls parked for a future clock are bounded per connection
+ * (limits.max_waiting_pulls): past the bound a pull is refused with an
+ * error naming the limit, and the ones parked are answered when their
+ * clock comes. */
+START_TEST(test_waiting_pulls_bounded)
+{
+	uint32_t ids[1] = { 3 };
+	Ps__Pull pl = PS__PULL__INIT;
+
+	fx_limits = "  max_waiting_pulls: 8\n";
+	fx_start();
+	fx_limits = "";
+	int fd = raw_connect();
+	Ps__Hello h = good_hello(-1);
+	Ps__HelloReply *r = raw_hello(fd, &h);
+	ck_assert_ptr_nonnull(r);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	pl.n_slices = 1;
+	pl.slices = ids;
+	pl.min_version = F.clock + 1; /* the next clock: parked until the honest round */
+	for (int i = 0; i < 12; i++) {
+		pl.req_id = (uint64_t)i + 1;
+		ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	}
+	for (int i = 8; i < 12; i++)
+		expect_error(fd, (uint64_t)i + 1, PS_ETOOBIG, "limits.max_waiting_pulls");
+	honest_round();
+	unsigned answered = 0; /* a bit per request id 1..8, in any order */
+	for (int i = 0; i < 8; i++) {
+		Ps__PullReply *pr = (Ps__PullReply *)raw_expect(fd, PS_MSG_PULL_REPLY, 3000);
+		ck_assert_ptr_nonnull(pr);
+		ck_assert(pr->req_id >= 1 && pr->req_id <= 8 && !(answered & (1u << pr->req_id)));
+		answered |= 1u << pr->req_id;
+		ck_assert_uint_eq(pr->n_slices, 1);
+		ck_assert_uint_eq(pr->slices[0]->version, F.clock);
+		protobuf_c_message_free_unpacked(&pr->base, NULL);
+	}
+	/* the bound is per waiting pull, not per connection's lifetime */
+	pl.min_version = F.clock + 1;
+	pl.req_id = 100;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	honest_round();
+	Ps__PullReply *pr = (Ps__PullReply *)raw_expect(fd, PS_MSG_PULL_REPLY, 3000);
+	ck_assert_ptr_nonnull(pr);
+	ck_assert_uint_eq(pr->req_id, 100);
+	protobuf_c_message_free_unpacked(&pr->base, NULL);
+	close(fd);
+	ck_assert_uint_eq(wait_connections(1, 3000), 1);
+	fx_stop();
+}
+END_TEST
+
 /* A peer that goes silent after its hello is dropped after
  * limits.idle_timeout_ms, while an honest client that is merely idle stays
  * (its heartbeats answer for it); a peer that asks for pulls and never
@@ -2039,6 +2091,7 @@ int main(void)
 	tcase_add_test(tc, test_handshake_flood_keeps_no_one_out);
 	tcase_add_test(tc, test_idle_and_unread_peers);
 	tcase_add_test(tc, test_backpressure_bounds_queues);
+	tcase_add_test(tc, test_waiting_pulls_bounded);
 	tcase_add_test(tc, test_many_entries);
 	tcase_add_test(tc, test_resent_push_applied_once);
 	tcase_add_test(tc, test_auth_refusals);
