@@ -52,6 +52,32 @@ static int all_hex(const uint8_t *p, size_t n)
 	return 1;
 }
 
+/* Whether a secret looks random, as ps-keygen's is: enough distinct
+ * symbols (hex digits case-insensitively, else bytes) and few repeated
+ * pairs of neighbours. Keygen output passes with overwhelming probability
+ * (64 random hex digits show about 16 distinct digits and 56 distinct
+ * pairs of 63; the bounds are 10 and 60%); "aaaa...", a repeated short
+ * pattern or a word typed twice does not. A heuristic: it refuses the
+ * obvious, it cannot prove randomness. */
+static int looks_random(const uint8_t *p, size_t n, int hex)
+{
+	uint64_t seen[256 / 64] = { 0 }, pair[65536 / 64] = { 0 };
+	int sym = 0, pairs = 0;
+	unsigned prev = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		unsigned c = hex && p[i] >= 'A' && p[i] <= 'F' ? p[i] + 32u : p[i], bp = prev << 8 | c;
+		sym += !(seen[c / 64] >> (c % 64) & 1);
+		seen[c / 64] |= UINT64_C(1) << (c % 64);
+		if (i) {
+			pairs += !(pair[bp / 64] >> (bp % 64) & 1);
+			pair[bp / 64] |= UINT64_C(1) << (bp % 64);
+		}
+		prev = c;
+	}
+	return sym >= (hex ? 10 : 16) && (size_t)pairs * 10 >= (n - 1) * 6;
+}
+
 int ps_auth_load_secret_file(const char *path, uint8_t key[PS_AUTH_KEY_LEN], char *err,
 			     size_t errlen)
 {
@@ -99,6 +125,12 @@ int ps_auth_load_secret_file(const char *path, uint8_t key[PS_AUTH_KEY_LEN], cha
 			 "bytes (%d hex digits): scripts/ps-keygen writes one", path, len,
 			 all_hex(buf, len) && len ? "hex digits" : "bytes", PS_SECRET_MIN_BYTES,
 			 2 * PS_SECRET_MIN_BYTES);
+		goto out;
+	}
+	if (!looks_random(buf, len, all_hex(buf, len))) {
+		snprintf(err, errlen, "secret file %s does not look random (its characters repeat); "
+			 "a guessable secret lets anyone who sees one handshake find it offline: "
+			 "scripts/ps-keygen writes a random one", path);
 		goto out;
 	}
 	crypto_generichash(key, PS_AUTH_KEY_LEN, buf, len, (const uint8_t *)"ps-secret-v1", 12);

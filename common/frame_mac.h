@@ -33,6 +33,7 @@ struct ps_frame_keys {
 /* One MAC computation at a time; reusable for frame after frame. */
 struct ps_mac {
 	void *ctx;   /* OpenSSL EVP_MAC_CTX */
+	int failed;  /* an EVP_MAC call of this tag failed: the tag never verifies */
 };
 
 /* Allocates m's state: 0 or -ENOMEM. ps_mac_free releases it (NULL-safe). */

@@ -62,17 +62,54 @@ int ps_msg_send_error(struct ps_conn *c, uint64_t req_id, int code, const char *
 	return ps_msg_send(c, PS_MSG_ERROR, &e.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 }
 
+/* Memory one frame's metadata may take once unpacked: a small multiple of
+ * its size. protobuf-c allocates a struct and a pointer per repeated
+ * sub-message, 72 bytes for a slice reference: an empty entry, 2 bytes on
+ * the wire, would cost 36 times its size; the smallest valid one (a
+ * length alone, 5 bytes) 15 times; real ones (slice, offset, length)
+ * under 8 times. */
+#define META_BUDGET(len) (32 * (size_t)(len) + 4096)
+
+struct budget {
+	size_t left;
+	int exceeded;
+};
+
+static void *budget_alloc(void *data, size_t size)
+{
+	struct budget *b = data;
+
+	if (size > b->left) {
+		b->exceeded = 1;
+		return NULL;
+	}
+	b->left -= size;
+	return malloc(size);
+}
+
+static void budget_free(void *data, void *p)
+{
+	(void)data;
+	free(p); /* what budget_alloc returned is plain malloc memory */
+}
+
 ProtobufCMessage *ps_msg_unpack(const struct ps_frame *f, char *why, size_t whylen)
 {
 	const ProtobufCMessageDescriptor *d = ps_msg_descriptor(f->hdr.type);
+	struct budget b = { .left = META_BUDGET(f->hdr.meta_len) };
+	ProtobufCAllocator a = { budget_alloc, budget_free, &b };
 	ProtobufCMessage *m;
 
 	if (!d) {
 		snprintf(why, whylen, "frame type %u has no metadata schema", f->hdr.type);
 		return NULL;
 	}
-	m = protobuf_c_message_unpack(d, NULL, f->hdr.meta_len, f->meta);
-	if (!m)
+	m = protobuf_c_message_unpack(d, &a, f->hdr.meta_len, f->meta);
+	if (!m && b.exceeded)
+		snprintf(why, whylen, "%s metadata (%u bytes) would take more than %zu bytes "
+			 "unpacked (empty repeated entries?)", ps_wire_type_name(f->hdr.type),
+			 f->hdr.meta_len, META_BUDGET(f->hdr.meta_len));
+	else if (!m)
 		snprintf(why, whylen, "%s metadata (%u bytes) does not decode",
 			 ps_wire_type_name(f->hdr.type), f->hdr.meta_len);
 	return m;

@@ -24,7 +24,9 @@ int ps_msg_send_error(struct ps_conn *c, uint64_t req_id, int code, const char *
 	__attribute__((format(printf, 4, 5)));
 
 /* Unpacks f's metadata as the message its type names. Returns NULL (and
- * the reason in why) when it does not decode. Free with
+ * the reason in why) when it does not decode, or when unpacked it would
+ * take more than 32 times its size plus 4 KiB (a budget allocator bounds
+ * what one frame can make a peer allocate). Free with
  * protobuf_c_message_free_unpacked(m, NULL). */
 ProtobufCMessage *ps_msg_unpack(const struct ps_frame *f, char *why, size_t whylen);
 

@@ -21,6 +21,10 @@
 
 #define PS_WIRE_MAGIC 0x31465350u
 #define PS_PROTOCOL_VERSION 1
+/* The largest clock a peer may name (Hello.done_clock) or a checkpoint
+ * hold, plus one: far past any run, and clock arithmetic stays far from
+ * wrapping (and exact in a double). */
+#define PS_MAX_CLOCK (UINT64_C(1) << 53)
 #define PS_WIRE_HDR_LEN 24
 /* Frames before the handshake completes are at most this big. */
 #define PS_WIRE_HANDSHAKE_MAX 4096

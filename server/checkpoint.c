@@ -21,6 +21,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "server.h"
+#include "wire.h"
 
 #define CKPT_MAGIC "PSCKPT01"
 #define CKPT_ENDIAN 0x01020304u
@@ -79,10 +80,9 @@ static void fault_point(const char *step)
 	}
 }
 
-/* The largest version, step count or finished clock a checkpoint may
- * hold: far past any training run, small enough that no sum built on it
- * wraps (and exact in a double). */
-#define CKPT_MAX_COUNT (UINT64_C(1) << 53)
+/* Versions, step counts and finished clocks a checkpoint may hold stay
+ * under PS_MAX_CLOCK (wire.h). */
+#define CKPT_MAX_COUNT PS_MAX_CLOCK
 
 static size_t image_size(const struct ps_server *s)
 {

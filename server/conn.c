@@ -101,6 +101,7 @@ static void make_room(struct ps_server *s, const char *peer)
 	if (!victim)
 		return;
 	victim->evicted = 1;
+	s->nevicted++;
 	if (s->evictions++ % 1000 == 0)
 		ps_warn("closing %s, still in the handshake, to make room for %s (%s; %" PRIu64
 			" closed so far: a flood of connections?)", victim->conn->peer, peer, why,
@@ -115,7 +116,8 @@ static void refuse(struct ps_srv_conn *sc, const char *err)
 	ps_warn("refusing %s: %s", sc->conn->peer, err);
 	r.protocol_version = PS_PROTOCOL_VERSION;
 	r.shard = sc->srv->shard;
-	r.shard_map_hash = sc->srv->map.hash;
+	/* the map hash only to a peer that proved the secret */
+	r.shard_map_hash = sc->authed || !sc->srv->cfg->security.auth ? sc->srv->map.hash : 0;
 	r.ok = 0;
 	r.error = (char *)err;
 	sc->state = CONN_REFUSED;
@@ -190,14 +192,30 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	uint8_t nonce[PS_AUTH_NONCE_LEN], proof[PS_AUTH_PROOF_LEN];
 	char err[400] = "";
 
-	if (ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err))) {
+	int bad = ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err));
+
+	if (bad && (h->protocol_version != PS_PROTOCOL_VERSION || !sec->auth)) {
+		/* another protocol version (public, and the handshake may differ),
+		 * or no secret to protect the details with */
 		refuse(sc, err);
 		return;
 	}
-	sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
-	sc->incarnation = h->incarnation;
-	sc->done_clock = h->done_clock;
+	if (bad) {
+		/* the map hash, rank range and worker count it would reveal are
+		 * told only once the peer has proven the secret (handle_auth): an
+		 * honest but misconfigured worker still reads why */
+		sc->refusal = strdup(err);
+		if (!sc->refusal) {
+			sc->conn->t->ops->close(sc->conn, -ENOMEM);
+			return;
+		}
+	} else {
+		sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
+		sc->incarnation = h->incarnation;
+		sc->done_clock = h->done_clock;
+	}
 	if (!sec->auth) {
+		sc->authed = 1;
 		if (h->auth_nonce.len) {
 			refuse(sc, "the client authenticates but this shard has security.auth: false; "
 			       "the two configs must agree");
@@ -246,6 +264,11 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 		sodium_memzero(&keys, sizeof(keys));
 	}
 	sodium_memzero(sc->transcript, sizeof(sc->transcript));
+	sc->authed = 1;
+	if (sc->refusal) {
+		refuse(sc, sc->refusal); /* now that it proved the secret, with the details */
+		return 0;
+	}
 	accept_client(s, sc);
 	return 0;
 }
@@ -258,8 +281,9 @@ void ps__srv_on_accept(struct ps_transport *t, struct ps_conn *c)
 	struct ps_srv_conn *sc;
 
 	make_room(s, c->peer);
-	if (s->nconns >= s->cfg->limits.max_connections + s->cfg->limits.max_handshakes) {
-		/* only while evicted connections have not finished closing */
+	if (s->nconns - s->nevicted >=
+	    s->cfg->limits.max_connections + s->cfg->limits.max_handshakes) {
+		/* cannot happen while make_room keeps the handshakes bounded */
 		ps_warn("refusing %s: %d connections already (limits.max_connections plus "
 			"limits.max_handshakes)", c->peer, s->nconns);
 		t->ops->close(c, PS_EREFUSED);
@@ -423,6 +447,8 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 	if (sc->next)
 		sc->next->prev = sc->prev;
 	s->nconns--;
+	s->nevicted -= sc->evicted;
+	free(sc->refusal);
 	free(sc);
 }
 

@@ -24,6 +24,11 @@ int ps_hello_check(const struct ps_config *cfg, uint64_t map_hash, int shard, co
 			 h->rank, cfg->nworkers - 1, cfg->nworkers);
 	else if (h->role != PS__ROLE__ROLE_WORKER && h->role != PS__ROLE__ROLE_STAT)
 		snprintf(err, errlen, "unknown role %d", (int)h->role);
+	else if (h->done_clock >= PS_MAX_CLOCK)
+		/* the shard adopts it as the worker's finished clock: bounded so
+		 * that no clock arithmetic built on it can wrap */
+		snprintf(err, errlen, "done_clock %" PRIu64 " out of range (at most 2^53 - 1)",
+			 h->done_clock);
 	else
 		return 0;
 	return PS_EREFUSED;

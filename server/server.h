@@ -45,6 +45,7 @@ struct ps_server {
 	int nconns;
 	int nready;               /* connections past the handshake (limits.max_connections) */
 	uint64_t evictions;       /* handshakes closed to make room for newer ones */
+	int nevicted;             /* of them, not closed yet (still in nconns) */
 	struct ps_waiting_pull *waiting;
 	uint64_t *finished;        /* per worker rank: clocks finished */
 	int *connected;            /* per worker rank: live connections */

@@ -32,7 +32,7 @@ static int load(const void *b, size_t n, mode_t mode, uint8_t key[32], char *err
 	return rc;
 }
 
-static const char hex64[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+static const char hex64[] = "86deb2c054c63db9417be12c60daafa1e06c75b8a509eada163e67aa4fc1e3ee";
 
 START_TEST(test_secret_rules)
 {
@@ -41,13 +41,35 @@ START_TEST(test_secret_rules)
 
 	/* accepted: 64 hex digits, with or without the newline an editor adds */
 	ck_assert_int_eq(load(hex64, 64, 0600, k1, err, sizeof(err)), 0);
-	ck_assert_int_eq(load("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n",
+	ck_assert_int_eq(load("86deb2c054c63db9417be12c60daafa1e06c75b8a509eada163e67aa4fc1e3ee\n",
 			      65, 0400, k2, err, sizeof(err)), 0);
 	ck_assert_mem_eq(k1, k2, 32);
 	/* another secret, another key */
-	ck_assert_int_eq(load("10112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+	ck_assert_int_eq(load("1a9f4c897c606055459ffa22e9c4e55cd862511dd261da8183c0414d5edfad0d",
 			      64, 0600, k2, err, sizeof(err)), 0);
 	ck_assert(memcmp(k1, k2, 32) != 0);
+	/* long enough but not random: one digit, a short pattern repeated, the
+	 * same 32 bytes twice (a word typed twice) */
+	static const char *weak[] = {
+		"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+		"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+		"password-password-password-password-password",
+	};
+	for (size_t i = 0; i < sizeof(weak) / sizeof(weak[0]); i++) {
+		ck_assert_int_eq(load(weak[i], strlen(weak[i]), 0600, k2, err, sizeof(err)), PS_EAUTH);
+		ck_assert_msg(strstr(err, "does not look random") && strstr(err, "ps-keygen"), "%s",
+			      err);
+	}
+	/* what ps-keygen writes always passes (1,000 fresh ones) */
+	for (int i = 0; i < 1000; i++) {
+		uint8_t r[32];
+		char hx[65];
+		ps_auth_random(r, sizeof(r));
+		for (int j = 0; j < 32; j++)
+			snprintf(hx + 2 * j, 3, "%02x", r[j]);
+		ck_assert_msg(load(hx, 64, 0600, k2, err, sizeof(err)) == 0, "%s: %s", hx, err);
+	}
 	/* 32 binary bytes are enough; 32 hex digits (16 bytes) are not */
 	for (int i = 0; i < 40; i++)
 		bin[i] = (uint8_t)(i * 37 + 200);

@@ -530,6 +530,83 @@ START_TEST(test_unpack_invalid)
 }
 END_TEST
 
+/* Unpacked metadata costs at most a small multiple of its size: 20,000
+ * empty slice entries (2 bytes each on the wire, a struct each once
+ * unpacked) are refused, with that reason; honest metadata with as many
+ * entries (full slice references, worker clocks, slice ids) unpacks. */
+START_TEST(test_unpack_budget)
+{
+	enum { N = 20000 };
+	uint8_t *b = malloc(16 * N);
+	char why[300];
+	size_t n;
+
+	for (int i = 0; i < N; i++)
+		b[2 * i] = 0x22, b[2 * i + 1] = 0x00; /* Push.slices (field 4), empty */
+	struct ps_frame f = frame_of(PS_MSG_PUSH, b, 2 * N);
+	ck_assert_ptr_null(ps_msg_unpack(&f, why, sizeof(why)));
+	ck_assert_msg(strstr(why, "push metadata (40000 bytes) would take more than"), "%s", why);
+
+	/* honest: N full references */
+	Ps__SliceRef *refs = calloc(N, sizeof(*refs)), **rp = calloc(N, sizeof(*rp));
+	Ps__Push p = PS__PUSH__INIT;
+	for (int i = 0; i < N; i++) {
+		ps__slice_ref__init(&refs[i]);
+		refs[i].slice = (uint32_t)i;
+		refs[i].offset = (uint64_t)i * 4096;
+		refs[i].length = 4096;
+		rp[i] = &refs[i];
+	}
+	p.n_slices = N;
+	p.slices = rp;
+	uint8_t *buf = malloc(ps__push__get_packed_size(&p));
+	n = ps__push__pack(&p, buf);
+	f = frame_of(PS_MSG_PUSH, buf, (uint32_t)n);
+	Ps__Push *q = (Ps__Push *)ps_msg_unpack(&f, why, sizeof(why));
+	ck_assert_msg(q != NULL, "%s", why);
+	ck_assert_uint_eq(q->n_slices, N);
+	ck_assert_uint_eq(q->slices[N - 1]->offset, (uint64_t)(N - 1) * 4096);
+	protobuf_c_message_free_unpacked(&q->base, NULL);
+	free(buf);
+
+	/* honest: a Stats reply with N workers' clocks, a Pull of N slices */
+	Ps__WorkerClock *wc = calloc(N, sizeof(*wc)), **wp = calloc(N, sizeof(*wp));
+	Ps__Stats st = PS__STATS__INIT;
+	for (int i = 0; i < N; i++) {
+		ps__worker_clock__init(&wc[i]);
+		wc[i].rank = i;
+		wc[i].clock = 7;
+		wp[i] = &wc[i];
+	}
+	st.n_workers = N;
+	st.workers = wp;
+	buf = malloc(ps__stats__get_packed_size(&st));
+	n = ps__stats__pack(&st, buf);
+	f = frame_of(PS_MSG_STATS, buf, (uint32_t)n);
+	ProtobufCMessage *m = ps_msg_unpack(&f, why, sizeof(why));
+	ck_assert_msg(m != NULL, "%s", why);
+	protobuf_c_message_free_unpacked(m, NULL);
+	free(buf);
+	uint32_t *ids = calloc(N, sizeof(*ids));
+	Ps__Pull pl = PS__PULL__INIT;
+	pl.n_slices = N;
+	pl.slices = ids;
+	buf = malloc(ps__pull__get_packed_size(&pl));
+	n = ps__pull__pack(&pl, buf);
+	f = frame_of(PS_MSG_PULL, buf, (uint32_t)n);
+	m = ps_msg_unpack(&f, why, sizeof(why));
+	ck_assert_msg(m != NULL, "%s", why);
+	protobuf_c_message_free_unpacked(m, NULL);
+	free(buf);
+	free(ids);
+	free(wc);
+	free(wp);
+	free(refs);
+	free(rp);
+	free(b);
+}
+END_TEST
+
 /* Random bytes as every type's metadata: NULL or a message, never a crash
  * or a leak (ASan). */
 START_TEST(test_unpack_fuzz)
@@ -718,6 +795,7 @@ int main(void)
 	tcase_add_test(meta, test_unpack_roundtrip);
 	tcase_add_test(meta, test_unpack_empty);
 	tcase_add_test(meta, test_unpack_invalid);
+	tcase_add_test(meta, test_unpack_budget);
 	tcase_add_test(meta, test_unpack_fuzz);
 	tcase_add_test(meta, test_msg_send);
 	tcase_add_test(meta, test_msg_send_error);
