@@ -685,18 +685,25 @@ int ps_config_load_string(struct ps_config *cfg, const char *yaml, const char *n
 	return load_buffer(cfg, yaml, strlen(yaml), name ? name : "<string>", err, errlen);
 }
 
-/* A relative security.secret_file names a file next to the config file;
- * stored resolved, so dumps and the processes started from them agree. */
-static void cfg_resolve_secret(struct ps_config *cfg)
+/* A relative path of a file the config names (f, size bytes) is next to
+ * the config file; stored resolved, so dumps and the processes started
+ * from them agree. */
+static void cfg_resolve_path(const struct ps_config *cfg, char *f, size_t size)
 {
-	char *f = cfg->security.secret_file, tmp[sizeof(cfg->security.secret_file)] = "";
 	const char *slash = strrchr(cfg->path, '/');
+	char tmp[1100];
 
 	if (!f[0] || f[0] == '/' || !slash)
 		return;
 	if (snprintf(tmp, sizeof(tmp), "%.*s/%s", (int)(slash - cfg->path), cfg->path, f) <
-	    (int)sizeof(tmp))
-		memcpy(f, tmp, sizeof(tmp));
+	    (int)size)
+		memcpy(f, tmp, strlen(tmp) + 1);
+}
+
+static void cfg_resolve_secret(struct ps_config *cfg)
+{
+	cfg_resolve_path(cfg, cfg->security.secret_file, sizeof(cfg->security.secret_file));
+	cfg_resolve_path(cfg, cfg->stats.token_file, sizeof(cfg->stats.token_file));
 }
 
 int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t errlen)

@@ -92,6 +92,8 @@ struct ps_limits {
 struct ps_checkpoint_cfg {
 	char dir[512];              /* folder of shard-K.ckpt; "" = no checkpoints */
 	int every_s;                /* write one every this many seconds; 0 = only on SIGTERM / request */
+	int on_request;             /* peers with the secret may ask for one (ps-stat --checkpoint) */
+	int min_interval_s;         /* at most one on request per this many seconds */
 };
 
 /* Who may talk (docs/security.md). */
@@ -102,7 +104,8 @@ struct ps_security_cfg {
 };
 
 struct ps_stats_cfg {
-	char http[PS_HOST_MAX + 8]; /* "host:port" for /metrics, empty = off (later issue) */
+	char http[PS_HOST_MAX + 8]; /* "host:port" for /metrics, empty = off */
+	char token_file[512];       /* bearer token /metrics requires; "" = open */
 };
 
 /* Training: what ps-worker does (the data, batches, where metrics go). */

@@ -148,6 +148,9 @@ const struct opt cfg_opts[] = {
 	  "auto: the GPU when there is a usable one, else the CPU; cuda: fail without a GPU"),
 	O("train.metrics_dir", T_PATH, 0, 0, 0, "metrics", NULL, C, train.metrics_dir,
 	  "folder for worker-R.jsonl metrics logs (created if missing); \"\" = none"),
+	O("stats.token_file", T_PATH, 0, 0, 0, "", NULL, C, stats.token_file,
+	  "file holding a bearer token that /metrics requires (Authorization: Bearer ...; "
+	  "mode 0600; relative to the config file); /healthz stays open; \"\" = no token"),
 	O("stats.http", T_ADDR, 0, 0, 0, "", NULL, C, stats.http,
 	  "host:port of the Prometheus /metrics and /healthz endpoint (libmicrohttpd); "
 	  "shard k serves on port + k; empty = off"),
@@ -156,6 +159,12 @@ const struct opt cfg_opts[] = {
 	  "checkpoint.every_s and on `ps-stat --checkpoint`, resumed from at start; \"\" = off"),
 	O("checkpoint.every_s", T_INT, 0, 0, 10000000, "0", NULL, C, checkpoint.every_s,
 	  "seconds between periodic checkpoints; 0 = only on SIGTERM and on request"),
+	O("checkpoint.on_request", T_BOOL, 0, 0, 0, "false", NULL, C, checkpoint.on_request,
+	  "a peer that holds the secret may ask a shard for a checkpoint (`ps-stat --checkpoint`); "
+	  "off, such requests are refused"),
+	O("checkpoint.min_interval_s", T_INT, 0, 0, 86400, "10", NULL, C,
+	  checkpoint.min_interval_s, "at most one checkpoint on request per this many seconds; "
+	  "requests sooner are refused"),
 	O("security.auth", T_BOOL, 0, 0, 0, "true", NULL, C, security.auth,
 	  "every connection proves knowledge of the shared secret (libsodium challenge-response, "
 	  "both ways); false only on a trusted network"),

@@ -28,26 +28,167 @@ int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *byt
 	return rc;
 }
 
+/* ---- checkpoints in the background ----
+ * The loop thread copies the state (ps_checkpoint_snapshot: the shard's
+ * only pause, a memcpy) and a libuv pool thread writes the copy, so pushes
+ * and pulls go on while the file is written and fsynced. One at a time. */
+struct ps_ckpt_job {
+	uv_work_t req;
+	struct ps_server *s;
+	struct ps_ckpt_image img;
+	const char *why;
+	double t0, pause_s;
+	int rc;
+	uint64_t bytes;
+	double secs;
+	char err[512];
+	struct ps_srv_conn *requester; /* answered when done; NULL: none or gone */
+	uint64_t req_id;
+};
+
+static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+		       const struct ps_ckpt_job *ck, int ck_status, const char *ck_err);
+
+static void ckpt_work(uv_work_t *req)
+{
+	struct ps_ckpt_job *j = req->data;
+
+	j->rc = ps_checkpoint_write_image(&j->img, j->s->ckpt_path, &j->bytes, j->err,
+					  sizeof(j->err));
+}
+
+static void ckpt_done(uv_work_t *req, int status)
+{
+	struct ps_ckpt_job *j = req->data;
+	struct ps_server *s = j->s;
+
+	(void)status;
+	j->secs = ps_now_s() - j->t0;
+	if (j->rc)
+		ps_error("checkpoint (%s) failed: %s", j->why, j->err);
+	else
+		ps_info("checkpoint (%s): %s, %.1f MiB in %.3f s (the shard paused %.3f s for "
+			"the copy)", j->why, s->ckpt_path, (double)j->bytes / 1048576.0, j->secs,
+			j->pause_s);
+	ps_checkpoint_image_free(&j->img);
+	s->ckpt_job = NULL;
+	if (j->requester)
+		send_stats(s, j->requester, j->req_id, j, j->rc, j->err);
+	free(j);
+	if (s->ckpt_final) {
+		/* a signal came meanwhile: the last checkpoint has every update */
+		char err[512];
+		uint64_t bytes;
+		double secs;
+		if (ps__srv_write_checkpoint(s, s->ckpt_final, &bytes, &secs, err, sizeof(err)))
+			s->exit_status = 1;
+		ps_server_stop(s);
+	}
+}
+
+/* Starts a checkpoint in the background; 0, or -EBUSY when one is being
+ * written, or a negative code with err. */
+static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *requester,
+		      uint64_t req_id, char *err, size_t errlen)
+{
+	struct ps_ckpt_job *j;
+	int rc;
+
+	if (s->ckpt_job) {
+		snprintf(err, errlen, "a checkpoint is being written now");
+		return -EBUSY;
+	}
+	j = calloc(1, sizeof(*j));
+	if (!j) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	j->s = s;
+	j->why = why;
+	j->requester = requester;
+	j->req_id = req_id;
+	j->req.data = j;
+	j->t0 = ps_now_s();
+	rc = ps_checkpoint_snapshot(s, &j->img, err, errlen);
+	j->pause_s = ps_now_s() - j->t0;
+	if (!rc)
+		rc = uv_queue_work(s->loop, &j->req, ckpt_work, ckpt_done);
+	if (rc) {
+		if (!err[0])
+			snprintf(err, errlen, "cannot start the writer: %s", uv_strerror(rc));
+		ps_error("checkpoint (%s) failed: %s", why, err);
+		ps_checkpoint_image_free(&j->img);
+		free(j);
+		return rc < 0 ? rc : -rc;
+	}
+	s->ckpt_job = j;
+	return 0;
+}
+
 void ps__srv_on_ckpt_timer(uv_timer_t *t)
 {
 	struct ps_server *s = t->data;
-	char err[512];
-	uint64_t bytes;
-	double secs;
+	char err[512] = "";
 
-	ps__srv_write_checkpoint(s, "periodic", &bytes, &secs, err, sizeof(err));
+	if (ckpt_start(s, "periodic", NULL, 0, err, sizeof(err)) == -EBUSY)
+		ps_info("periodic checkpoint skipped: the last one is still being written");
+}
+
+void ps__srv_ckpt_forget(struct ps_server *s, struct ps_srv_conn *sc)
+{
+	if (s->ckpt_job && s->ckpt_job->requester == sc)
+		s->ckpt_job->requester = NULL;
+}
+
+/* A Stats request with checkpoint set. Answered now when refused, else
+ * once the checkpoint is written (ckpt_done). */
+static void checkpoint_request(struct ps_server *s, struct ps_srv_conn *sc,
+			       const Ps__StatsRequest *m)
+{
+	const struct ps_checkpoint_cfg *ck = &s->cfg->checkpoint;
+	double now = ps_now_s();
+	char err[600] = "";
+	int rc = PS_ESTATE;
+
+	if (!s->ckpt_path[0])
+		snprintf(err, sizeof(err), "checkpoints are off (no checkpoint.dir)");
+	else if (!ck->on_request)
+		snprintf(err, sizeof(err), "this shard writes checkpoints on request only with "
+			 "checkpoint.on_request: true");
+	else if (s->ckpt_last_request > 0 && now - s->ckpt_last_request < ck->min_interval_s)
+		snprintf(err, sizeof(err), "the last checkpoint on request started %.1f s ago; at "
+			 "most one per %d s (checkpoint.min_interval_s)", now - s->ckpt_last_request,
+			 ck->min_interval_s);
+	else if (!(rc = ckpt_start(s, "on request", sc, m->req_id, err, sizeof(err)))) {
+		s->ckpt_last_request = now;
+		return; /* answered by ckpt_done */
+	}
+	if (rc == -EBUSY)
+		rc = PS_ESTATE;
+	ps_warn("checkpoint asked by %s refused: %s", sc->conn->peer, err);
+	send_stats(s, sc, m->req_id, NULL, rc, err);
 }
 
 void ps__srv_handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m)
 {
+	if (m->checkpoint)
+		checkpoint_request(s, sc, m);
+	else
+		send_stats(s, sc, m->req_id, NULL, 0, NULL);
+}
+
+/* The counters; with ck_err set, also a checkpoint's outcome (ck the
+ * written one, or NULL when it was refused with ck_status). */
+static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+		       const struct ps_ckpt_job *ck, int ck_status, const char *ck_err)
+{
 	Ps__Stats st = PS__STATS__INIT;
-	char ckerr[600] = "";   /* referenced by st until it is sent */
 	int nw = s->cfg->nworkers;
 	Ps__WorkerClock *wc = calloc((size_t)nw, sizeof(*wc));
 	Ps__WorkerClock **wp = calloc((size_t)nw, sizeof(*wp));
 
 	if (!wc || !wp) {
-		ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
+		ps_msg_send_error(sc->conn, req_id, -ENOMEM, "out of memory");
 		goto out_free;
 	}
 	for (int r = 0; r < nw; r++) {
@@ -57,20 +198,16 @@ void ps__srv_handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 		wc[r].connected = s->connected[r] > 0;
 		wp[r] = &wc[r];
 	}
-	if (m->checkpoint) {
-		if (!s->ckpt_path[0]) {
-			st.checkpoint_status = PS_ESTATE;
-			snprintf(ckerr, sizeof(ckerr), "checkpoints are off (no checkpoint.dir)");
-		} else {
-			st.checkpoint_status =
-				ps__srv_write_checkpoint(s, "on request", &st.checkpoint_bytes,
-							 &st.checkpoint_seconds, ckerr,
-							 sizeof(ckerr));
-		}
+	if (ck_err) {
+		st.checkpoint_status = ck_status;
 		st.checkpoint_path = s->ckpt_path;
-		st.checkpoint_error = ckerr;
+		st.checkpoint_error = (char *)(ck_status ? ck_err : "");
+		if (ck) {
+			st.checkpoint_bytes = ck->bytes;
+			st.checkpoint_seconds = ck->secs;
+		}
 	}
-	st.req_id = m->req_id;
+	st.req_id = req_id;
 	st.shard = s->shard;
 	st.uptime_s = ps_now_s() - s->started;
 	st.pushes = s->c.pushes;

@@ -417,6 +417,7 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 	if (!sc)
 		return;
 	s = sc->srv;
+	ps__srv_ckpt_forget(s, sc);
 	if (status == PS_EPROTO || status == PS_ETOOBIG || status == PS_EVERSION)
 		s->c.rejected_frames++;
 	if (status == PS_EAUTH) { /* a wrong proof, or a frame failing its MAC or number */

@@ -2,8 +2,12 @@
  * libmicrohttpd (metrics_http.h). */
 #include <inttypes.h>
 #include <math.h>
+#include <fcntl.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <sodium.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +33,8 @@ struct ps_metrics_http {
 	char *page;                 /* the latest rendering, under mu */
 	size_t page_len;
 	int closing;
+	int token_on;               /* stats.token_file: /metrics wants the bearer token */
+	uint8_t token_hash[32];     /* BLAKE2b of the token (compared in constant time) */
 };
 
 static const char *const codec_label[PS_CODEC_COUNT] = { "none", "fp16", "q8", "topk", "sign" };
@@ -222,6 +228,60 @@ static char *fetch_page(struct ps_metrics_http *h, size_t *len)
 	return copy;
 }
 
+/* Whether the request carries the bearer token: its hash against the
+ * token's, so neither the comparison nor its length shows in the timing. */
+static int token_ok(const struct ps_metrics_http *h, struct MHD_Connection *conn)
+{
+	const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+	uint8_t got[32];
+	int ok;
+
+	if (!h->token_on)
+		return 1;
+	if (!a || strncasecmp(a, "Bearer ", 7))
+		return 0;
+	a += 7;
+	crypto_generichash(got, sizeof(got), (const uint8_t *)a, strlen(a), NULL, 0);
+	ok = sodium_memcmp(got, h->token_hash, sizeof(got)) == 0;
+	sodium_memzero(got, sizeof(got));
+	return ok;
+}
+
+/* Reads stats.token_file: owner-only, one line of 16..512 bytes. */
+static int load_token(struct ps_metrics_http *h, const char *path)
+{
+	char buf[514];
+	struct stat st;
+	ssize_t n;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0) {
+		ps_error("stats.token_file %s: %s", path, strerror(errno));
+		return -errno;
+	}
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (st.st_mode & 077)) {
+		ps_error("stats.token_file %s: must be a regular file of mode 0600 or stricter "
+			 "(chmod 600 %s)", path, path);
+		close(fd);
+		return -EPERM;
+	}
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
+		n--;
+	if (n < 16 || n > 512) {
+		ps_error("stats.token_file %s: the token must be 16 to 512 bytes on one line (openssl "
+			 "rand -hex 32 > %s makes one)", path, path);
+		sodium_memzero(buf, sizeof(buf));
+		return -EINVAL;
+	}
+	crypto_generichash(h->token_hash, sizeof(h->token_hash), (const uint8_t *)buf, (size_t)n,
+			   NULL, 0);
+	sodium_memzero(buf, sizeof(buf));
+	h->token_on = 1;
+	return 0;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
 				  const char *method, const char *version,
 				  const char *upload_data, size_t *upload_size, void **con_cls)
@@ -239,6 +299,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		return reply_text(conn, MHD_HTTP_BAD_REQUEST, "no body expected\n");
 	if (strcmp(url, "/metrics") && strcmp(url, "/healthz"))
 		return reply_text(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics or /healthz\n");
+	if (!strcmp(url, "/metrics") && !token_ok(h, conn)) {
+		struct MHD_Response *r;
+		enum MHD_Result rc;
+		char *b = strdup("401 unauthorized: /metrics needs the bearer token of "
+				 "stats.token_file (Authorization: Bearer ...)\n");
+		if (!b)
+			return MHD_NO;
+		r = MHD_create_response_from_buffer(strlen(b), b, MHD_RESPMEM_MUST_FREE);
+		if (!r) {
+			free(b);
+			return MHD_NO;
+		}
+		MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"ps-server\"");
+		MHD_add_response_header(r, "Content-Type", "text/plain; charset=utf-8");
+		rc = MHD_queue_response(conn, MHD_HTTP_UNAUTHORIZED, r);
+		MHD_destroy_response(r);
+		return rc;
+	}
 	page = fetch_page(h, &len);
 	if (!page)
 		return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
@@ -281,6 +359,11 @@ int ps_metrics_http_start(struct ps_server *s, const char *host, int port,
 		return -ENOMEM;
 	}
 	h->s = s;
+	if (s->cfg->stats.token_file[0] && (rc = load_token(h, s->cfg->stats.token_file))) {
+		freeaddrinfo(ai);
+		free(h);
+		return rc;
+	}
 	pthread_mutex_init(&h->mu, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -302,7 +385,8 @@ int ps_metrics_http_start(struct ps_server *s, const char *host, int port,
 		uv_close((uv_handle_t *)&h->async, on_async_closed);
 		return -EADDRINUSE;
 	}
-	ps_info("shard %d: Prometheus metrics on http://%s:%d/metrics", s->shard, host, port);
+	ps_info("shard %d: Prometheus metrics on http://%s:%d/metrics%s", s->shard, host, port,
+		h->token_on ? " (bearer token of stats.token_file required)" : "");
 	*out = h;
 	return 0;
 }

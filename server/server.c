@@ -76,6 +76,13 @@ static void on_signal(uv_signal_t *h, int signum)
 	struct ps_server *s = h->data;
 
 	ps_info("received %s, stopping", signum == SIGINT ? "SIGINT" : "SIGTERM");
+	if (s->ckpt_job && !s->stopping) {
+		/* the background write finishes first, then the last checkpoint
+		 * is written and the shard stops (admin.c ckpt_done) */
+		ps_info("waiting for the checkpoint being written");
+		s->ckpt_final = signum == SIGINT ? "SIGINT" : "SIGTERM";
+		return;
+	}
 	if (s->ckpt_path[0] && !s->stopping) {
 		char err[512];
 		uint64_t bytes;

@@ -21,6 +21,7 @@
 struct ps_srv_conn;
 struct ps_waiting_pull;
 struct ps_metrics_http;
+struct ps_ckpt_job;
 
 struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
@@ -63,6 +64,9 @@ struct ps_server {
 	uv_timer_t ckpt_timer;        /* checkpoint.every_s */
 	char ckpt_path[600];          /* "" when checkpoints are off */
 	int exit_status;              /* 1 when the checkpoint on stopping failed */
+	struct ps_ckpt_job *ckpt_job; /* the checkpoint being written, NULL if none */
+	double ckpt_last_request;     /* when the last one on request started */
+	const char *ckpt_final;       /* a signal came while one was written: its name */
 	uint8_t secret[32];           /* hashed cluster secret (security.auth) */
 	struct ps_dedup *dedup;       /* per worker rank: pushes already handled */
 	uint64_t boot_id;             /* random per process (HelloReply.boot_id) */

@@ -79,9 +79,13 @@ int ps__srv_check_backlog(struct ps_server *s, struct ps_srv_conn *sc);
 /* admin.c */
 void ps__srv_handle_stats(struct ps_server *s, struct ps_srv_conn *sc,
 			  const Ps__StatsRequest *m);
-/* Writes the checkpoint now and logs the outcome; 0 or a negative code. */
+/* Writes the checkpoint now, blocking, and logs the outcome; 0 or a
+ * negative code. For stopping: a checkpoint being written in the
+ * background is waited for first (ps__srv_on_signal). */
 int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *bytes,
 			     double *secs, char *err, size_t errlen);
 void ps__srv_on_ckpt_timer(uv_timer_t *t);
+/* sc is closing: a checkpoint it asked for will not be answered. */
+void ps__srv_ckpt_forget(struct ps_server *s, struct ps_srv_conn *sc);
 
 #endif

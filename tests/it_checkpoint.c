@@ -34,7 +34,7 @@ static void write_cfg(int p0, int p1, int n, int every_s)
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: momentum\n  lr: 0.5\n  momentum: 0.9\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
-		 "checkpoint:\n  dir: %s\n  every_s: %d\n"
+		 "checkpoint:\n  dir: %s\n  every_s: %d\n  on_request: true\n  min_interval_s: 0\n"
 		 "log:\n  level: warn\n", p0, p1, n, dir, every_s);
 	if (!path[0])
 		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
@@ -299,7 +299,7 @@ START_TEST(test_shard_killed_and_restarted)
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
-		 "checkpoint:\n  dir: %s\n"
+		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
 		 "limits:\n  reconnect_timeout_ms: 20000\n"
 		 "log:\n  level: warn\n", tu_free_port(), tu_free_port(), N, dir);
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
@@ -410,7 +410,7 @@ START_TEST(test_async_resume_clocks)
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
-		 "checkpoint:\n  dir: %s\n"
+		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
 		 "limits:\n  reconnect_timeout_ms: 20000\n"
 		 "log:\n  level: warn\n", tu_free_port(), tu_free_port(), N, dir);
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
@@ -598,6 +598,58 @@ START_TEST(test_crash_while_checkpointing)
 }
 END_TEST
 
+/* Checkpoints on request (docs/security.md, docs/reliability.md): refused
+ * unless checkpoint.on_request is on, at most one per
+ * checkpoint.min_interval_s, and written from a copy by a helper thread:
+ * while a 200 MB checkpoint is written and fsynced, pulls go on, the
+ * longest of them waiting far less than the write takes (it used to wait
+ * for all of it). */
+struct puller {
+	struct ps_client *c;
+	volatile int stop;
+	int n;
+	double max_ms;
+};
+
+static void *pull_loop(void *p)
+{
+	struct puller *pl = p;
+	static float w[16];
+	struct ps_tensor t = { .name = "small", .data = w, .count = 16 };
+
+	while (!pl->stop) {
+		double t0 = ps_now_s();
+		int64_t q = ps_client_pull(pl->c, 0, &t, 1);
+		if (q < 0 || ps_client_wait(pl->c, q))
+			break;
+		double ms = (ps_now_s() - t0) * 1e3;
+		pl->max_ms = ms > pl->max_ms ? ms : pl->max_ms;
+		pl->n++;
+	}
+	return NULL;
+}
+
+static void big_cfg(int port, const char *extra)
+{
+	char yaml[1024], err[512];
+
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+		 "consistency:\n  mode: async\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: big, shape: [50000000], init: arange}\n"
+		 "    - {name: small, shape: [16], init: arange}\n"
+		 "checkpoint:\n  dir: %s\n%s"
+		 "log:\n  level: warn\n", port, dir, extra);
+	if (!path[0])
+		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(yaml, f);
+	fclose(f);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+}
+
 /* Rewrites the CRC at the end of a checkpoint after a test edited it, so
  * the edit reaches the checks behind the checksum. */
 static void fix_crc(const char *f)
@@ -775,7 +827,7 @@ START_TEST(test_checkpoint_over_4gib)
 		 "model:\n  tensors:\n    - {name: big, shape: [1100000000], init: arange}\n"
 		 "    - {name: small, shape: [%d], init: arange}\n"
 		 "limits:\n  connect_timeout_ms: 120000\n"
-		 "checkpoint:\n  dir: %s\n"
+		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
 		 "log:\n  level: warn\n", port, SMALL, dir);
 	path[0] = 0;
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
@@ -813,6 +865,67 @@ START_TEST(test_checkpoint_over_4gib)
 }
 END_TEST
 
+START_TEST(test_checkpoint_on_request)
+{
+	struct ps_shard_stats st;
+	int port = tu_free_port();
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	path[0] = 0;
+	/* off by default: the request is answered, with the reason */
+	big_cfg(port, "");
+	srv[0] = tu_start_server(path, 0);
+	struct ps_client *c = connect_slow(srv[0]);
+	ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
+	ck_assert_int_ne(st.checkpoint_status, 0);
+	ck_assert_msg(strstr(st.checkpoint_error, "checkpoint.on_request: true"), "%s",
+		      st.checkpoint_error);
+	ps_client_free(c);
+	kill(srv[0], SIGKILL);
+	tu_wait_child(srv[0]);
+
+	big_cfg(port, "  on_request: true\n  min_interval_s: 60\n");
+	srv[0] = tu_start_server(path, 0);
+	c = connect_slow(srv[0]);
+	struct puller pl = { .c = c };
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, pull_loop, &pl), 0);
+	tu_sleep_ms(200);
+	int before = pl.n;
+	double max_before = pl.max_ms;
+	pl.max_ms = 0;
+	ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
+	int during = pl.n - before;
+	double max_during = pl.max_ms;
+	pl.stop = 1;
+	pthread_join(th, NULL);
+	ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+	ck_assert_uint_gt(st.checkpoint_bytes, 200000000);
+	printf("measured: a %.0f MiB checkpoint took %.2f s; %d pulls meanwhile, the longest "
+	       "%.0f ms (%.1f ms before it)\n", (double)st.checkpoint_bytes / 1048576.0,
+	       st.checkpoint_seconds, during, max_during, max_before);
+	ck_assert_int_ge(before, 1);
+	if (st.checkpoint_seconds > 0.2) /* else too short to tell a pause from the write */
+		ck_assert_msg(max_during < st.checkpoint_seconds * 1e3 / 2 && during >= 3,
+			      "pulls waited up to %.0f ms (%d of them) during a %.2f s checkpoint",
+			      max_during, during, st.checkpoint_seconds);
+	/* at most one per min_interval_s */
+	ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
+	ck_assert_int_ne(st.checkpoint_status, 0);
+	ck_assert_msg(strstr(st.checkpoint_error, "checkpoint.min_interval_s"), "%s",
+		      st.checkpoint_error);
+	ps_client_free(c);
+	/* SIGTERM still writes the last checkpoint, and it loads */
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	srv[0] = tu_start_server(path, 0);
+	c = connect_slow(srv[0]);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	stop_files();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("checkpoint");
@@ -827,6 +940,7 @@ int main(void)
 	tcase_add_test(tc, test_async_resume_clocks);
 	tcase_add_test(tc, test_crash_while_checkpointing);
 	tcase_add_test(tc, test_checkpoint_files);
+	tcase_add_test(tc, test_checkpoint_on_request);
 	tcase_add_test(tc, test_checkpoint_over_4gib);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);

@@ -279,13 +279,15 @@ START_TEST(test_stat_bad_usage)
 }
 END_TEST
 
-/* GET path from 127.0.0.1:port with a plain socket; returns the HTTP
- * status and the body in body (NUL-terminated), or -1. */
-static int http_get(int port, const char *method, const char *path, char *body, size_t n)
+/* method path to 127.0.0.1:port with a plain socket, with one more header
+ * line when hdr is not NULL; returns the HTTP status and the body in body
+ * (NUL-terminated), or -1. */
+static int http_req(int port, const char *method, const char *path, const char *hdr,
+		    char *body, size_t n)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
 				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	char req[256];
+	char req[512];
 	size_t len = 0;
 	ssize_t r;
 	int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
@@ -295,7 +297,8 @@ static int http_get(int port, const char *method, const char *path, char *body, 
 			close(fd);
 		return -1;
 	}
-	snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: x\r\n\r\n", method, path);
+	snprintf(req, sizeof(req), "%s %s HTTP/1.0\r\nHost: x\r\n%s%s\r\n", method, path,
+		 hdr ? hdr : "", hdr ? "\r\n" : "");
 	if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
 		close(fd);
 		return -1;
@@ -310,6 +313,11 @@ static int http_get(int port, const char *method, const char *path, char *body, 
 	if (b)
 		memmove(body, b + 4, strlen(b + 4) + 1);
 	return status;
+}
+
+static int http_get(int port, const char *method, const char *path, char *body, size_t n)
+{
+	return http_req(port, method, path, NULL, body, n);
 }
 
 /* The value of the sample line that starts with `series ` in text. */
@@ -445,6 +453,51 @@ START_TEST(test_metrics_http)
 }
 END_TEST
 
+/* stats.token_file: /metrics answers 401 without the bearer token or with
+ * another one, 200 with it; /healthz stays open; a token file others may
+ * read stops the shard at start, saying why. */
+START_TEST(test_metrics_token)
+{
+	static char body[262144];
+	char path[64], extra[256], tok[64] = "/tmp/ps-test-token-XXXXXX";
+	const char *token = "3f1c9a7be2d04c58a6f1e0b7d2c94a1e";
+	struct ps_config cfg;
+	pid_t srv[2];
+	int hp = tu_free_port(), st = -1;
+
+	int fd = mkstemp(tok);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, token, strlen(token)), (ssize_t)strlen(token));
+	ck_assert_int_eq(write(fd, "\n", 1), 1);
+	close(fd);
+	snprintf(extra, sizeof(extra), "stats:\n  http: 127.0.0.1:%d\n  token_file: %s\n", hp, tok);
+	start_shards(path, &cfg, tu_free_port(), tu_free_port(), extra, srv);
+	for (int i = 0; i < 100 && (st = http_get(hp, "GET", "/healthz", body, sizeof(body))) != 200;
+	     i++)
+		tu_sleep_ms(50);
+	ck_assert_int_eq(st, 200);
+	ck_assert_int_eq(http_get(hp, "GET", "/metrics", body, sizeof(body)), 401);
+	ck_assert_msg(strstr(body, "stats.token_file"), "%s", body);
+	ck_assert_int_eq(http_req(hp, "GET", "/metrics",
+				  "Authorization: Bearer 3f1c9a7be2d04c58a6f1e0b7d2c94a1f", body,
+				  sizeof(body)), 401);
+	ck_assert_int_eq(http_req(hp, "GET", "/metrics", "Authorization: Bearer 3f1c", body,
+				  sizeof(body)), 401);
+	char hdr[128];
+	snprintf(hdr, sizeof(hdr), "Authorization: Bearer %s", token);
+	ck_assert_int_eq(http_req(hp, "GET", "/metrics", hdr, body, sizeof(body)), 200);
+	ck_assert_msg(strstr(body, "ps_shard_info{shard=\"0\""), "%s", body);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	/* readable by others: refused at start */
+	chmod(tok, 0644);
+	pid_t bad = tu_start_server(path, 0);
+	ck_assert_int_ne(tu_wait_child(bad), 0);
+	unlink(tok);
+	unlink(path);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("stat");
@@ -457,6 +510,7 @@ int main(void)
 	tcase_add_test(tc, test_stat_live_and_down);
 	tcase_add_test(tc, test_stat_bad_usage);
 	tcase_add_test(tc, test_metrics_http);
+	tcase_add_test(tc, test_metrics_token);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();

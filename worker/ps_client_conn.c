@@ -235,7 +235,7 @@ static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, Pro
 {
 	if (c->shards[k].state != SH_READY)
 		return 0;
-	c->shards[k].last_rx = ps_now_s();
+	c->shards[k].last_rx = ps_now_s(); /* handshake frames count too: on_frame */
 	switch (f->hdr.type) {
 	case PS_MSG_HEARTBEAT:
 		return 1; /* last_rx is all it is for */
@@ -283,6 +283,7 @@ void ps__client_on_frame(struct ps_conn *pc, struct ps_frame *f)
 		return;
 	}
 	pthread_mutex_lock(&c->mu);
+	c->shards[k].last_rx = ps_now_s();
 	if (!reply_frame(c, k, f, m)) {
 		switch (is_reply(f->hdr.type) ? 0 : f->hdr.type) {
 		case 0:
