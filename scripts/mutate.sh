@@ -133,8 +133,13 @@ print('\n'.join(m))")
   for m in "${pick[@]}"; do
     [ -n "$m" ] || continue
     total=$((total + 1))
-    line=$(diff "$f" "$dir/$m" | sed -n 's/^\([0-9]*\)[acd].*/\1/p' | head -1)
-    before=$(sed -n "${line}p" "$f" | sed 's/^[[:space:]]*//')
+    hdr=$(diff "$f" "$dir/$m" | head -1)
+    line=${hdr%%[acd]*}
+    line=${line%%,*}
+    case "$hdr" in
+      *a*) before="(a new line after this one)" ;;   # an inserted statement
+      *)   before=$(sed -n "${line}p" "$f" | sed 's/^[[:space:]]*//') ;;
+    esac
     after=$(diff "$f" "$dir/$m" | sed -n 's/^> //p' | head -1 | sed 's/^[[:space:]]*//')
     current=$f
     cp "$dir/$m" "$f"
