@@ -31,9 +31,10 @@ size_t ps_lz4_pack(const void *src, size_t len, void *dst, size_t cap)
 
 	if (len == 0 || len > LZ4_MAX_INPUT_SIZE)
 		return 0;
+	/* at most len - 1 bytes: a result that does not shrink is not wanted,
+	 * and LZ4 stops as soon as it cannot stay under the limit */
 	limit = cap < len - 1 ? cap : len - 1;
-	if (limit > INT_MAX)
-		limit = INT_MAX;
+	_Static_assert(LZ4_MAX_INPUT_SIZE <= INT_MAX, "limit < len fits an int");
 	r = LZ4_compress_default(src, dst, (int)len, (int)limit);
 	if (r <= 0 || (size_t)r >= len)
 		return 0;

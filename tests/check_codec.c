@@ -10,6 +10,8 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <lz4.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -225,7 +227,56 @@ START_TEST(test_lz4_exact)
 		free(back);
 	}
 	ck_assert_uint_eq(ps_lz4_pack("", 0, NULL, 0), 0);
-	ck_assert_uint_ge(ps_lz4_bound(1000), 1000);
+	/* the bound is LZ4's own, neither less (an overflow) nor more */
+	const int bl[] = { 0, 1, 254, 255, 256, 4096, 1 << 20, LZ4_MAX_INPUT_SIZE };
+	for (size_t i = 0; i < sizeof(bl) / sizeof(bl[0]); i++)
+		ck_assert_uint_eq(ps_lz4_bound((size_t)bl[i]), (size_t)LZ4_COMPRESSBOUND(bl[i]));
+}
+END_TEST
+
+/* Every codec and the LZ4 stage free what they allocate: 300 rounds of
+ * encode, decode and decode_add leave the heap where it was (a leak of
+ * even one small buffer per call shows as kilobytes). */
+START_TEST(test_no_leaks)
+{
+	enum { N = 5000, ROUNDS = 300 };
+	struct ps_codec_params p = { .ratio = 0.05f, .seed = 7 };
+	float *x = gradient(N, 1.0f), *r = fvec(N), *out = fvec(N);
+	size_t cap = 0;
+
+	for (int k = 0; k < PS_CODEC_COUNT; k++) {
+		size_t m = ps_codec_get((enum ps_codec_kind)k)->max_bytes(N, &p);
+		cap = m > cap ? m : cap;
+	}
+	uint8_t *e = malloc(cap), *z = malloc(ps_lz4_bound(cap)), *back = malloc(cap);
+	char err[256];
+	for (int pass = 0; pass < 2; pass++) { /* the first warms the allocator's caches */
+		struct mallinfo2 m0 = mallinfo2();
+		for (int round = 0; round < ROUNDS; round++)
+			for (int k = 0; k < PS_CODEC_COUNT; k++) {
+				const struct ps_codec_ops *c = ps_codec_get((enum ps_codec_kind)k);
+				ssize_t len = c->encode(x, c->lossy_ef ? r : NULL, N, &p, (uint64_t)round,
+							e, cap);
+				ck_assert_int_gt(len, 0);
+				ck_assert_int_eq(c->decode(e, (size_t)len, N, out, err, sizeof(err)), 0);
+				ck_assert_int_eq(c->decode_add(e, (size_t)len, N, 1.0f, out, err,
+							       sizeof(err)), 0);
+				size_t packed = ps_lz4_pack(e, (size_t)len, z, ps_lz4_bound((size_t)len));
+				if (packed)
+					ck_assert_int_eq(ps_lz4_unpack(z, packed, back, (size_t)len, err,
+								       sizeof(err)), 0);
+			}
+		struct mallinfo2 m1 = mallinfo2();
+		if (pass == 1)
+			ck_assert_msg(m1.uordblks <= m0.uordblks + 4096, "the heap grew by %zu bytes "
+				      "over %d rounds of every codec", m1.uordblks - m0.uordblks, ROUNDS);
+	}
+	free(e);
+	free(z);
+	free(back);
+	free(x);
+	free(r);
+	free(out);
 }
 END_TEST
 
@@ -989,6 +1040,7 @@ int main(void)
 	tcase_add_test(tc, test_hostile_scales);
 	tcase_add_test(tc, test_hostile_lz4);
 	tcase_add_test(tc, test_codec_then_lz4);
+	tcase_add_test(tc, test_no_leaks);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
