@@ -44,6 +44,15 @@ START_TEST(test_secret_rules)
 	ck_assert_int_eq(load("86deb2c054c63db9417be12c60daafa1e06c75b8a509eada163e67aa4fc1e3ee\n",
 			      65, 0400, k2, err, sizeof(err)), 0);
 	ck_assert_mem_eq(k1, k2, 32);
+	/* trailing blanks an editor may leave are not part of it either */
+	ck_assert_int_eq(load("86deb2c054c63db9417be12c60daafa1e06c75b8a509eada163e67aa4fc1e3ee \r\n ",
+			      68, 0600, k2, err, sizeof(err)), 0);
+	ck_assert_mem_eq(k1, k2, 32);
+	/* a successful read is not taken for an interrupted one whatever errno
+	 * held before (a read error is retried only when it says EINTR) */
+	errno = EINTR;
+	ck_assert_int_eq(load(hex64, 64, 0600, k2, err, sizeof(err)), 0);
+	ck_assert_mem_eq(k1, k2, 32);
 	/* another secret, another key */
 	ck_assert_int_eq(load("1a9f4c897c606055459ffa22e9c4e55cd862511dd261da8183c0414d5edfad0d",
 			      64, 0600, k2, err, sizeof(err)), 0);
@@ -55,6 +64,8 @@ START_TEST(test_secret_rules)
 		"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 		"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
 		"password-password-password-password-password",
+		/* nine distinct digits only (its pairs vary enough: 43 of 63) */
+		"4580730215736813036426212722003322453832364056224154051454752772",
 	};
 	for (size_t i = 0; i < sizeof(weak) / sizeof(weak[0]); i++) {
 		ck_assert_int_eq(load(weak[i], strlen(weak[i]), 0600, k2, err, sizeof(err)), PS_EAUTH);
