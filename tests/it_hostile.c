@@ -1673,6 +1673,9 @@ START_TEST(test_backpressure_bounds_queues)
 	honest_round();
 	snapshot();
 	long hwm1 = vm_hwm_kb(F.pid);
+	printf("measured: %d pulls of 4 KiB unread, limit 1 MiB: queue peaked at %" PRIu64
+	       " bytes, %zu of %zu request bytes taken, shard peak memory +%ld KiB\n", FLOOD,
+	       st.reply_queue_peak, a.off, a.len, hwm1 - hwm0);
 	if (!getenv("PS_TEST_VALGRIND")) /* valgrind's own memory would swamp it */
 		ck_assert_msg(hwm1 - hwm0 <= 12 * 1024, "the shard's peak memory grew by %ld KiB "
 			      "(bound 12 MiB)", hwm1 - hwm0);
