@@ -247,7 +247,7 @@ static void write_cfg(int nshards, const int *ports)
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
 		 "limits:\n  connect_timeout_ms: 5000\n  request_timeout_ms: 60000\n"
 		 "  reconnect_timeout_ms: 60000\n"
-		 "log:\n  level: warn\n", servers, N);
+		 "log:\n  level: info\n", servers, N);
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(ps_auth_load_secret(&cfg, secret, err, sizeof(err)) == 0, "%s", err);
@@ -285,6 +285,8 @@ START_TEST(test_replies_before_handshake_ignored)
 	pid_t pid;
 
 	write_cfg(1, &port);
+	setenv("PS_TEST_LOG", "info", 1); /* the log lines below are checked too */
+	tu_capture_begin();
 	pid = tu_start_server(path, 0);
 	ck_assert_int_gt(pid, 0);
 	struct ps_client *c = connect_retry();
@@ -334,6 +336,14 @@ START_TEST(test_replies_before_handshake_ignored)
 	ck_assert_uint_eq(st.pushes, 1); /* applied exactly once, by the real shard */
 	ps_client_free(c);
 	ck_assert_int_eq(tu_stop_server(pid), 0);
+	/* what the operator reads: the impostor named, both requests sent
+	 * again to the restarted shard, the worker's clean goodbye */
+	char *log = tu_capture_end();
+	ck_assert_msg(strstr(log, "it sent a push-ack frame before the handshake and "
+			     "authentication completed"), "%s", log);
+	ck_assert_msg(strstr(log, "to a restarted shard; 2 request(s) sent again"), "%s", log);
+	ck_assert_msg(strstr(log, "worker 0 disconnected (closed)"), "%s", log);
+	free(log);
 	ps_shardmap_free(&map);
 	unlink(path);
 }

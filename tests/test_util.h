@@ -290,4 +290,45 @@ static inline void tu_sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
+/* Log lines as a user reads them: from tu_capture_begin on, this
+ * process's stderr (and that of every ps-server it starts afterwards
+ * without a log file) goes to a temporary file as well as nowhere else;
+ * tu_capture_end restores stderr and returns what was written (malloc'ed,
+ * NUL-terminated). One capture at a time. */
+static int tu_capture_fd = -1, tu_capture_saved = -1;
+static char tu_capture_path[64];
+
+static inline void tu_capture_begin(void)
+{
+	strcpy(tu_capture_path, "/tmp/ps-test-log-XXXXXX");
+	tu_capture_fd = mkstemp(tu_capture_path);
+	fflush(stderr);
+	tu_capture_saved = dup(2);
+	dup2(tu_capture_fd, 2);
+}
+
+static inline char *tu_capture_end(void)
+{
+	char *text;
+	long n;
+	FILE *f;
+
+	fflush(stderr);
+	dup2(tu_capture_saved, 2);
+	close(tu_capture_saved);
+	close(tu_capture_fd);
+	f = fopen(tu_capture_path, "rb");
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	rewind(f);
+	text = malloc((size_t)n + 1);
+	n = (long)fread(text, 1, (size_t)n, f);
+	text[n] = 0;
+	fclose(f);
+	unlink(tu_capture_path);
+	/* shown too, so a failing test still has its log */
+	fputs(text, stderr);
+	return text;
+}
+
 #endif
