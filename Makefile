@@ -60,7 +60,7 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              worker/ps_client_req.c worker/ps_client_build.c \
              common/codec.c common/codec_fp16.c common/codec_q8.c common/codec_topk.c \
              common/codec_sign.c common/codec_lz4.c common/histo.c common/finite.c \
-             common/frame_mac.c common/auth.c common/rdma_proto.c common/transport_rdma.c
+             common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
 COMPUTE   := $(wildcard common/compute.c kernels/compute_cpu.c)

@@ -218,6 +218,7 @@ void ps_auth_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32
 	labelled(key, "frames server to client", t, s2c, sizeof(s2c));
 	memcpy(out->send, server ? s2c : c2s, PS_MAC_KEY_LEN);
 	memcpy(out->recv, server ? c2s : s2c, PS_MAC_KEY_LEN);
+	out->cipher = -1; /* MACs; the caller sets the cipher of security.encrypt */
 	sodium_memzero(c2s, sizeof(c2s));
 	sodium_memzero(s2c, sizeof(s2c));
 }

@@ -477,6 +477,17 @@ static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *ro
 			    "least slice_bytes + 64KiB = %" PRIu64 " (slice_bytes is %s), got %s",
 			    cfg->slice_bytes + 64 * KiB, cfg_fmt_size(cfg->slice_bytes, b, sizeof(b)), got);
 	}
+	if (cfg->security.encrypt && (!cfg->security.auth || !cfg->security.mac)) {
+		const struct ynode *en = seen[find_opt(cfg_opts, NCFG, "security.encrypt")];
+
+		/* the keys come from the handshake, and an encrypted frame is an
+		 * authenticated one: encryption without them would be a promise
+		 * the connection does not keep */
+		return cfg_fail(c, en ? en->line : 0, "key 'security.encrypt': true needs security.auth: "
+			    "true and security.mac: true (the keys come from the authenticated "
+			    "handshake), got auth: %s, mac: %s", cfg->security.auth ? "true" : "false",
+			    cfg->security.mac ? "true" : "false");
+	}
 	if (cfg->limits.max_write_queue < cfg->limits.max_frame_bytes) {
 		const struct ynode *wq = seen[find_opt(cfg_opts, NCFG, "limits.max_write_queue_bytes")];
 

@@ -100,6 +100,8 @@ struct ps_checkpoint_cfg {
 struct ps_security_cfg {
 	int auth;                   /* challenge-response over the shared secret on every connection */
 	int mac;                    /* after it, a sequence number and MAC on every frame */
+	int encrypt;                /* with mac: frames are AEAD records (frame_aead.h) */
+	int cipher;                 /* enum ps_cipher */
 	char secret_file[512];      /* relative: from the config file's folder; "" = $PS_SECRET_FILE */
 };
 

@@ -24,10 +24,13 @@
 
 #define PS_MAC_KEY_LEN 32
 
-/* The two keys of one end of a connection. */
+/* The two keys of one end of a connection, and what they protect frames
+ * with: cipher -1, this MAC; else an enum ps_cipher, whose AEAD records
+ * (frame_aead.h) encrypt and authenticate frames in its place. */
 struct ps_frame_keys {
 	uint8_t send[PS_MAC_KEY_LEN];
 	uint8_t recv[PS_MAC_KEY_LEN];
+	int cipher;
 };
 
 /* One MAC computation at a time; reusable for frame after frame. */

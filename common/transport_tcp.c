@@ -27,11 +27,13 @@
  * handed on in ps_frame.payload_finite.
  *
  * After set_keys every frame carries a sequence number and a Poly1305 tag
- * (frame_mac.h). The sender seals a frame (numbers it, encodes its header,
- * computes the tag) under wmu at the moment its place in the byte stream
- * is fixed, so numbers follow the order on the wire; the receiver folds the
- * bytes into the tag as they arrive, next to the finiteness scan, and
- * checks it before the frame is handed on.
+ * (frame_mac.h), or, with a cipher, is an AEAD record whose tag takes the
+ * MAC's place (frame_aead.h). The sender seals a frame (numbers it, encodes
+ * its header, computes the tag, encrypts into a buffer of its own) under
+ * wmu at the moment its place in the byte stream is fixed, so numbers
+ * follow the order on the wire; the receiver folds the bytes into the tag
+ * (decrypting them in place) as they arrive, before the finiteness scan,
+ * and checks it before the frame is handed on.
  *
  * send_now, one of two entry points callable from another thread, writes
  * small frames with sendmsg() on the socket directly, so a client's request
@@ -70,6 +72,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "finite.h"
+#include "frame_aead.h"
 #include "frame_mac.h"
 #include "transport.h"
 
@@ -130,6 +133,9 @@ struct tcp_conn {
 	struct ps_mac smac;       /* tag of the frame being sent, under wmu */
 	int rmac_on;              /* that frame carries one */
 	uint64_t mac_pos;         /* body bytes folded into rmac */
+	int cipher;               /* -1: MACs; else frames are AEAD records (frame_aead.h) */
+	struct ps_aead raead;     /* opens the frames received (cipher >= 0) */
+	struct ps_aead saead;     /* seals the frames sent, under wmu */
 };
 
 struct tcp_write {
@@ -138,6 +144,7 @@ struct tcp_write {
 	ps_send_cb cb;
 	void *arg;
 	uint8_t *copy;            /* volatile remainder, freed after the write */
+	uint8_t *sealed;          /* an encrypted frame, whole, freed after the write */
 	uint8_t tag[PS_MAC_TAG_LEN];
 	uint8_t head[];           /* header + meta */
 };
@@ -145,6 +152,34 @@ struct tcp_write {
 static void frame_free(struct ps_frame *f)
 {
 	free(f);
+}
+
+static void crypto_free(struct tcp_conn *c)
+{
+	sodium_memzero(&c->keys, sizeof(c->keys));
+	ps_mac_free(&c->rmac);
+	ps_mac_free(&c->smac);
+	ps_aead_free(&c->raead);
+	ps_aead_free(&c->saead);
+}
+
+static void write_free(struct tcp_write *w)
+{
+	free(w->copy);
+	free(w->sealed);
+	free(w);
+}
+
+/* The per-connection crypto state: 0 or -ENOMEM (nothing left allocated). */
+static int crypto_init(struct tcp_conn *c)
+{
+	c->cipher = -1;
+	if (ps_mac_init(&c->rmac) || ps_mac_init(&c->smac) || ps_aead_init(&c->raead) ||
+	    ps_aead_init(&c->saead)) {
+		crypto_free(c);
+		return -ENOMEM;
+	}
+	return 0;
 }
 
 static void conn_unlink(struct tcp_transport *tt, struct tcp_conn *c)
@@ -178,9 +213,7 @@ static void on_handle_closed(uv_handle_t *h)
 	free(c->outbox);
 	pthread_mutex_destroy(&c->wmu);
 	pthread_mutex_destroy(&c->rmu);
-	sodium_memzero(&c->keys, sizeof(c->keys));
-	ps_mac_free(&c->rmac);
-	ps_mac_free(&c->smac);
+	crypto_free(c);
 	free(c);
 	maybe_finish_destroy(tt);
 }
@@ -193,8 +226,7 @@ static void on_handle_closed_quiet(uv_handle_t *h)
 	free(c->outbox);
 	pthread_mutex_destroy(&c->wmu);
 	pthread_mutex_destroy(&c->rmu);
-	ps_mac_free(&c->rmac);
-	ps_mac_free(&c->smac);
+	crypto_free(c);
 	free(c);
 }
 
@@ -331,8 +363,7 @@ static struct tcp_conn *conn_new(struct tcp_transport *tt)
 	if (!c)
 		return NULL;
 	c->stage = malloc(STAGE_BYTES);
-	if (!c->stage || ps_mac_init(&c->rmac) || ps_mac_init(&c->smac)) {
-		ps_mac_free(&c->rmac);
+	if (!c->stage || crypto_init(c)) {
 		free(c->stage);
 		free(c);
 		return NULL;
@@ -353,8 +384,8 @@ static struct tcp_conn *conn_new(struct tcp_transport *tt)
 
 /* Checks the payload words that arrived since the last call (fill bytes of
  * the body are in), while they are still in cache, and folds the new bytes
- * into the frame's tag. Bytes of the tag itself (after the payload) are
- * neither. */
+ * into the frame's tag, decrypting them in place first on an encrypted
+ * connection. Bytes of the tag itself (after the payload) are neither. */
 static void scan_body(struct tcp_conn *c, const uint8_t *data, uint64_t fill)
 {
 	uint64_t body = c->hdr.meta_len + c->hdr.payload_len;
@@ -363,7 +394,13 @@ static void scan_body(struct tcp_conn *c, const uint8_t *data, uint64_t fill)
 	if (fill > body)
 		fill = body;
 	if (c->rmac_on && fill > c->mac_pos) {
-		ps_mac_update(&c->rmac, data + c->mac_pos, (size_t)(fill - c->mac_pos));
+		uint8_t *p = (uint8_t *)data + c->mac_pos;
+		size_t n = (size_t)(fill - c->mac_pos);
+
+		if (c->cipher >= 0)
+			ps_aead_update(&c->raead, p, p, n);
+		else
+			ps_mac_update(&c->rmac, p, n);
 		c->mac_pos = fill;
 	}
 	have = fill > c->hdr.meta_len ? fill - c->hdr.meta_len : 0;
@@ -401,7 +438,8 @@ static int deliver(struct tcp_conn *c, uint8_t *body, uint8_t *data)
 	scan_body(c, data, len);
 	if (c->rmac_on) {
 		c->rmac_on = 0;
-		if (ps_mac_verify(&c->rmac, data + len)) {
+		if (c->cipher >= 0 ? ps_aead_open_end(&c->raead, data + len)
+				   : ps_mac_verify(&c->rmac, data + len)) {
 			ps_warn("closing connection from %s: %s frame %llu failed its MAC (altered "
 				"on the way, or sent under another key)", c->base.peer,
 				ps_wire_type_name(c->hdr.type), (unsigned long long)c->recv_seq);
@@ -442,6 +480,12 @@ static int check_auth_hdr(struct tcp_conn *c, char *why, size_t whylen)
 	if (!(c->hdr.flags & PS_FRAME_F_MAC)) {
 		snprintf(why, whylen, "%s frame without a MAC on an authenticated connection",
 			 ps_wire_type_name(c->hdr.type));
+		return PS_EAUTH;
+	}
+	if (!(c->hdr.flags & PS_FRAME_F_ENC) != (c->cipher < 0)) {
+		snprintf(why, whylen, "%s frame %s on a connection whose frames are %s",
+			 ps_wire_type_name(c->hdr.type), c->cipher < 0 ? "encrypted" : "in clear",
+			 c->cipher < 0 ? "MACed, not encrypted" : "encrypted");
 		return PS_EAUTH;
 	}
 	if (c->hdr.seq != (uint32_t)c->recv_seq) {
@@ -526,7 +570,10 @@ static int drain_stage(struct tcp_conn *c)
 			return 1;
 		}
 		c->rmac_on = c->keyed;
-		if (c->rmac_on) {
+		if (c->rmac_on && c->cipher >= 0) {
+			ps_aead_begin(&c->raead, c->recv_seq, c->stage + pos, PS_WIRE_HDR_LEN);
+			c->mac_pos = 0;
+		} else if (c->rmac_on) {
 			ps_mac_begin(&c->rmac, c->keys.recv, c->recv_seq);
 			ps_mac_update(&c->rmac, c->stage + pos, PS_WIRE_HDR_LEN);
 			c->mac_pos = 0;
@@ -823,8 +870,7 @@ static void on_written(uv_write_t *req, int status)
 	pthread_mutex_unlock(&c->wmu);
 	if (w->cb)
 		w->cb(&c->base, status < 0 ? PS_ECLOSED : 0, w->arg);
-	free(w->copy);
-	free(w);
+	write_free(w);
 	if (!c->closing && queue_bounded(c))
 		count_queue(c);
 	if (tt->npaused)
@@ -843,7 +889,7 @@ static int write_volatile(struct tcp_conn *c, struct tcp_write *w, uv_buf_t *buf
 	if (n < 0 && n != UV_EAGAIN)
 		return PS_ECLOSED;
 	if (done == total) {
-		free(w);
+		write_free(w);
 		return 0;
 	}
 	w->copy = malloc(total - done);
@@ -886,10 +932,8 @@ static int flush_outbox_locked(struct tcp_conn *c)
 	if (w) {
 		*w = (struct tcp_write){ .conn = c };
 		rc = write_volatile(c, w, &buf, 1, c->outbox_len);
-		if (rc) {
-			free(w->copy);
-			free(w);
-		}
+		if (rc)
+			write_free(w);
 	}
 	c->outbox_len = 0;
 	return rc;
@@ -923,23 +967,66 @@ static int outbox_add(struct tcp_conn *c, const uv_buf_t *bufs, int nbufs, size_
 }
 
 /* Numbers a frame and encodes its header into head; on a keyed connection
- * also starts its tag over head (header and metadata, head_len bytes) in
- * c->smac. Returns 1 when the payload must be folded into c->smac and the
- * tag appended. The caller advances send_seq once the frame is committed.
- * Under wmu. */
+ * also starts its tag over the header (and, with MACs, over the rest of
+ * head: the metadata, head_len bytes in all). Returns 0 on a connection
+ * without keys, 1 when the frame's metadata and payload go through
+ * seal_update (folded into the MAC, or encrypted) and seal_end appends the
+ * tag. The caller advances send_seq once the frame is committed. Under wmu. */
 static int seal_begin(struct tcp_conn *c, struct ps_frame_hdr *h, uint8_t *head,
 		      size_t head_len)
 {
 	if (c->keyed) {
-		h->flags |= PS_FRAME_F_MAC;
+		h->flags |= PS_FRAME_F_MAC | (c->cipher >= 0 ? PS_FRAME_F_ENC : 0);
 		h->seq = (uint32_t)c->send_seq;
 	}
 	ps_wire_encode_hdr(head, h);
 	if (!c->keyed)
 		return 0;
+	if (c->cipher >= 0) {
+		ps_aead_begin(&c->saead, c->send_seq, head, PS_WIRE_HDR_LEN);
+		return 1;
+	}
 	ps_mac_begin(&c->smac, c->keys.send, c->send_seq);
 	ps_mac_update(&c->smac, head, head_len);
 	return 1;
+}
+
+/* Folds n bytes of the frame being sealed into its tag; on an encrypted
+ * connection encrypts them from in to out. Under wmu. */
+static void seal_update(struct tcp_conn *c, uint8_t *out, const void *in, size_t n)
+{
+	if (c->cipher >= 0)
+		ps_aead_update(&c->saead, out, in, n);
+	else
+		ps_mac_update(&c->smac, in, n);
+}
+
+static void seal_end(struct tcp_conn *c, uint8_t *tag)
+{
+	if (c->cipher >= 0)
+		ps_aead_seal_end(&c->saead, tag);
+	else
+		ps_mac_end(&c->smac, tag);
+}
+
+/* An encrypted frame, whole, into out (header, metadata, payload pieces,
+ * tag): the sender's bytes are never encrypted where they lie. Returns the
+ * bytes written. Under wmu. */
+static size_t seal_into(struct tcp_conn *c, struct ps_frame_hdr *h, uint8_t *out,
+			const void *meta, uint32_t meta_len, const struct ps_iov *payload,
+			int npayload)
+{
+	size_t off = PS_WIRE_HDR_LEN;
+
+	seal_begin(c, h, out, PS_WIRE_HDR_LEN);
+	seal_update(c, out + off, meta, meta_len);
+	off += meta_len;
+	for (int i = 0; i < npayload; i++) {
+		seal_update(c, out + off, payload[i].base, payload[i].len);
+		off += payload[i].len;
+	}
+	seal_end(c, out + off);
+	return off + PS_MAC_TAG_LEN;
 }
 
 static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t meta_len,
@@ -976,15 +1063,29 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 	total = PS_WIRE_HDR_LEN + meta_len + h.payload_len;
 
 	pthread_mutex_lock(&c->wmu);
-	if (seal_begin(c, &h, w->head, bufs[0].len)) {
+	if (c->keyed && c->cipher >= 0) {
+		/* one buffer of its own, handed to libuv in pieces its unsigned
+		 * lengths can hold */
+		total += PS_MAC_TAG_LEN;
+		w->sealed = malloc(total);
+		if (!w->sealed) {
+			rc = -ENOMEM;
+			goto err_unlock;
+		}
+		seal_into(c, &h, w->sealed, meta, meta_len, payload, npayload);
+		nbufs = 0;
+		for (size_t off = 0; off < total; off += 1u << 30)
+			bufs[nbufs++] = uv_buf_init((char *)w->sealed + off, (unsigned)(
+				total - off < (1u << 30) ? total - off : (1u << 30)));
+	} else if (seal_begin(c, &h, w->head, bufs[0].len)) {
 		for (int i = 1; i < nbufs; i++)
-			ps_mac_update(&c->smac, bufs[i].base, bufs[i].len);
-		ps_mac_end(&c->smac, w->tag);
+			seal_update(c, NULL, bufs[i].base, bufs[i].len);
+		seal_end(c, w->tag);
 		bufs[nbufs++] = uv_buf_init((char *)w->tag, PS_MAC_TAG_LEN);
 		total += PS_MAC_TAG_LEN;
 	}
 	if (c->in_read && (flags & PS_SEND_VOLATILE) && outbox_add(c, bufs, nbufs, total) == 0) {
-		free(w);
+		write_free(w);
 		rc = 0;
 		goto out_sent;
 	}
@@ -1014,8 +1115,7 @@ out_sent:
 
 err_unlock:
 	pthread_mutex_unlock(&c->wmu);
-	free(w->copy);
-	free(w);
+	write_free(w);
 	tcp_close(pc, rc); /* no-op when already closing */
 	return rc;
 }
@@ -1059,6 +1159,7 @@ static int tcp_send_now(struct ps_conn *pc, const struct ps_out_frame *f, int nf
 	struct iovec iov[PS_SEND_NOW_IOV + 3 * PS_SEND_NOW_FRAMES];
 	size_t total = 0;
 	int n = 0, pieces = 0, fd, rc = -EAGAIN;
+	uint8_t *sealed = NULL;
 	ssize_t w;
 
 	if (nf < 1 || nf > PS_SEND_NOW_FRAMES)
@@ -1083,7 +1184,21 @@ static int tcp_send_now(struct ps_conn *pc, const struct ps_out_frame *f, int nf
 	/* Frame i is numbered send_seq + i: seal_begin numbers from send_seq,
 	 * so advance it as frames are sealed and roll back if nothing leaves. */
 	uint64_t seq0 = c->send_seq;
-	for (int i = 0; i < nf; i++) {
+	if (c->keyed && c->cipher >= 0) {
+		/* encrypted: the frames, sealed one after the other into one
+		 * buffer of their own */
+		sealed = malloc(total + (size_t)nf * PS_MAC_TAG_LEN);
+		if (!sealed)
+			goto out; /* the loop thread's send reports it */
+		total = 0;
+		for (int i = 0; i < nf; i++) {
+			total += seal_into(c, &h[i], sealed + total, f[i].meta, f[i].meta_len,
+					   f[i].payload, f[i].npayload);
+			c->send_seq++;
+		}
+		iov[n++] = (struct iovec){ sealed, total };
+	}
+	for (int i = 0; i < nf && !sealed; i++) {
 		int fi = n; /* frame i's first iovec, its header */
 		iov[n++] = (struct iovec){ head[i], PS_WIRE_HDR_LEN };
 		if (f[i].meta_len)
@@ -1094,8 +1209,8 @@ static int tcp_send_now(struct ps_conn *pc, const struct ps_out_frame *f, int nf
 							   f[i].payload[j].len };
 		if (seal_begin(c, &h[i], head[i], PS_WIRE_HDR_LEN)) {
 			for (int j = fi + 1; j < n; j++)
-				ps_mac_update(&c->smac, iov[j].iov_base, iov[j].iov_len);
-			ps_mac_end(&c->smac, tag[i]);
+				seal_update(c, NULL, iov[j].iov_base, iov[j].iov_len);
+			seal_end(c, tag[i]);
 			iov[n++] = (struct iovec){ tag[i], PS_MAC_TAG_LEN };
 			total += PS_MAC_TAG_LEN;
 		}
@@ -1118,6 +1233,7 @@ static int tcp_send_now(struct ps_conn *pc, const struct ps_out_frame *f, int nf
 	rc = 0;
 out:
 	pthread_mutex_unlock(&c->wmu);
+	free(sealed);
 	return rc;
 }
 
@@ -1125,12 +1241,26 @@ static void tcp_set_keys(struct ps_conn *pc, const struct ps_frame_keys *keys)
 {
 	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
 
+	int rc = 0;
+
 	pthread_mutex_lock(&c->wmu);
 	c->keyed = keys != NULL;
+	c->cipher = keys ? keys->cipher : -1;
 	if (keys)
 		c->keys = *keys;
+	if (c->cipher >= 0) {
+		rc = ps_aead_set_key(&c->saead, c->cipher, keys->send, 1);
+		if (!rc)
+			rc = ps_aead_set_key(&c->raead, c->cipher, keys->recv, 0);
+	}
 	c->send_seq = c->recv_seq = 0;
 	pthread_mutex_unlock(&c->wmu);
+	if (rc) {
+		/* every tag would fail; say why instead */
+		ps_error("closing connection %s: cannot set up %s: %s", c->base.peer,
+			 ps_cipher_name(c->cipher), ps_strerror(rc));
+		tcp_close(pc, rc);
+	}
 }
 
 static void tcp_set_limits(struct ps_conn *pc, const struct ps_wire_limits *lim)

@@ -79,6 +79,10 @@ int ps_wire_decode_hdr(const uint8_t in[PS_WIRE_HDR_LEN], const struct ps_wire_l
 		snprintf(why, whylen, "unknown frame flags 0x%04x", h->flags);
 		return PS_EPROTO;
 	}
+	if ((h->flags & PS_FRAME_F_ENC) && !(h->flags & PS_FRAME_F_MAC)) {
+		snprintf(why, whylen, "frame flag ENC without flag MAC");
+		return PS_EPROTO;
+	}
 	h->seq = get_le32(in + 12);
 	if (!(h->flags & PS_FRAME_F_MAC) && h->seq != 0) {
 		snprintf(why, whylen, "reserved header field is 0x%08x, must be 0 without flag MAC",

@@ -48,8 +48,10 @@ enum ps_msg_type {
 enum {
 	PS_FRAME_F_LZ4 = 1u << 0, /* payload LZ4-compressed */
 	PS_FRAME_F_MAC = 1u << 1, /* sequence number in the header, MAC after the payload */
+	PS_FRAME_F_ENC = 1u << 2, /* with F_MAC: metadata and payload encrypted, the MAC an
+				   * AEAD tag (frame_aead.h) */
 };
-#define PS_FRAME_F_KNOWN (PS_FRAME_F_LZ4 | PS_FRAME_F_MAC)
+#define PS_FRAME_F_KNOWN (PS_FRAME_F_LZ4 | PS_FRAME_F_MAC | PS_FRAME_F_ENC)
 #define PS_MAC_TAG_LEN 16
 
 struct ps_frame_hdr {

@@ -35,19 +35,23 @@ echo
 echo "-- 16 MiB pull throughput"
 bin/ps-bench --config $CFG --local --op pull --size 16M --seconds "$S" --inflight 2 | sed -n 's/^  //p'
 echo
-echo "-- frame MACs (security.mac, the default) against unauthenticated frames (security.auth: false), same run"
-nomac=$(mktemp /tmp/ps-bench-nomac.XXXXXX.yaml)
-{ cat $CFG; printf 'security:\n  auth: false\n'; } > "$nomac"
+echo "-- frame protection, same run: MACs (security.mac, the default), encryption (security.encrypt,"
+echo "   each cipher) and unauthenticated frames (security.auth: false); ratios to no auth"
+tmpc=$(mktemp -d /tmp/ps-bench-sec.XXXXXX)
+{ cat $CFG; printf 'security:\n  auth: false\n'; } > "$tmpc/noauth.yaml"
+{ cat $CFG; printf 'security:\n  encrypt: true\n  cipher: aes-256-gcm\n'; } > "$tmpc/aes.yaml"
+{ cat $CFG; printf 'security:\n  encrypt: true\n  cipher: chacha20-poly1305\n'; } > "$tmpc/chacha.yaml"
 field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
 for m in "pushpull 4K 1 p50_us" "push 1M 2 gb_per_s" "push 16M 2 gb_per_s"; do
   read -r op sz k f <<<"$m"   # (not `set --`: the script's own arguments are used below)
-  with=$(bin/ps-bench --config $CFG --local --op $op --size $sz --seconds "$S" --inflight $k --no-baseline --json | field $f)
-  without=$(bin/ps-bench --config "$nomac" --local --op $op --size $sz --seconds "$S" --inflight $k --no-baseline --json 2>/dev/null | field $f)
-  awk -v op=$op -v sz=$sz -v k=$k -v f=$f -v a="$with" -v b="$without" 'BEGIN {
+  run() { bin/ps-bench --config "$1" --local --op $op --size $sz --seconds "$S" --inflight $k --no-baseline --json 2>/dev/null | field $f; }
+  none=$(run "$tmpc/noauth.yaml"); mac=$(run $CFG); aes=$(run "$tmpc/aes.yaml"); cha=$(run "$tmpc/chacha.yaml")
+  awk -v op=$op -v sz=$sz -v k=$k -v f=$f -v n="$none" -v m="$mac" -v a="$aes" -v c="$cha" 'BEGIN {
     unit = f == "p50_us" ? "us p50" : "GB/s";
-    printf "%-8s %-4s inflight %s: MAC %9.3f %s, no MAC %9.3f %s, ratio %.2f\n", op, sz, k, a, unit, b, unit, (b > 0 ? a / b : 0) }'
+    printf "%-8s %-4s inflight %s (%s): no auth %8.2f, MAC %8.2f (%.2f), aes-256-gcm %8.2f (%.2f), chacha20-poly1305 %8.2f (%.2f)\n",
+      op, sz, k, unit, n, m, (n > 0 ? m / n : 0), a, (n > 0 ? a / n : 0), c, (n > 0 ? c / n : 0) }'
 done
-rm -f "$nomac"
+rm -rf "$tmpc"
 if [ $# -ge 1 ] && [ -x "$1" ]; then
   echo
   echo "-- optimizer apply rate on one core, against memcpy of the same size"

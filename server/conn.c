@@ -17,6 +17,7 @@
 #include <sodium.h>
 #include "ps_time.h"
 #include "auth.h"
+#include "frame_aead.h"
 #include "handshake.h"
 #include "msg.h"
 #include "ps_err.h"
@@ -176,11 +177,17 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 	r.clock = ps__srv_resume_clock(s);
 	r.boot_id = s->boot_id;
 	ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	char how[80];
+	if (!s->cfg->security.auth)
+		snprintf(how, sizeof(how), " (not authenticated: security.auth is off)");
+	else if (s->cfg->security.encrypt)
+		snprintf(how, sizeof(how), " (authenticated, frames encrypted with %s)",
+			 ps_cipher_name(s->cfg->security.cipher));
+	else
+		snprintf(how, sizeof(how), " (authenticated, frames %s)", s->cfg->security.mac
+			 ? "MACed" : "not MACed: security.mac is off");
 	ps_info("%s %d connected from %s%s", sc->rank >= 0 ? "worker" : "monitor",
-		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer,
-		!s->cfg->security.auth ? " (not authenticated: security.auth is off)"
-		: s->cfg->security.mac ? " (authenticated, frames MACed)"
-		: " (authenticated, frames not MACed: security.mac is off)");
+		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer, how);
 }
 
 /* hello is the Hello's metadata as received: the transcript covers it. */
@@ -238,6 +245,16 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		refuse(sc, err);
 		return;
 	}
+	if (h->auth_cipher != (sec->encrypt ? (uint32_t)sec->cipher + 1 : 0)) {
+		snprintf(err, sizeof(err), "encryption: the client has security.encrypt: %s%s, this "
+			 "shard %s%s; the two configs must agree (security.encrypt, security.cipher)",
+			 h->auth_cipher ? "true with " : "false",
+			 h->auth_cipher ? ps_cipher_name((int)h->auth_cipher - 1) : "",
+			 sec->encrypt ? "true with " : "false",
+			 sec->encrypt ? ps_cipher_name(sec->cipher) : "");
+		refuse(sc, err);
+		return;
+	}
 	ps_auth_random(nonce, sizeof(nonce));
 	ps_auth_transcript(hello, hello_len, nonce, sc->transcript);
 	ps_auth_proof(s->secret, sc->transcript, 1, proof);
@@ -260,6 +277,7 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 	}
 	if (s->cfg->security.mac) {
 		ps_auth_session_keys(s->secret, sc->transcript, 1, &keys);
+		keys.cipher = s->cfg->security.encrypt ? s->cfg->security.cipher : -1;
 		sc->conn->t->ops->set_keys(sc->conn, &keys);
 		sodium_memzero(&keys, sizeof(keys));
 	}

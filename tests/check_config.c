@@ -14,6 +14,7 @@
 
 #include "codec.h"
 #include "config.h"
+#include "frame_aead.h"
 #include "ps_err.h"
 #include "test_util.h"
 
@@ -324,6 +325,8 @@ START_TEST(test_example_full_yaml)
 	ck_assert_mem_eq(&cfg.security, &cfg2.security, sizeof(cfg.security));
 	ck_assert_int_eq(cfg.security.auth, 1);
 	ck_assert_int_eq(cfg.security.mac, 1);
+	ck_assert_int_eq(cfg.security.encrypt, 0);
+	ck_assert_int_eq(cfg.security.cipher, PS_CIPHER_AES256GCM);
 	for (int i = 0; i < cfg.ntensors; i++) {
 		ck_assert_int_eq(cfg.tensors[i].codec, PS_CODEC_NONE);
 		ck_assert_float_eq(cfg.tensors[i].ratio, 0.01f);
@@ -820,6 +823,15 @@ static const struct ecase ecases[] = {
 	    "ratio, got 'w'" } },
 	{ "overrides not a list", BASE "compression:\n  tensors: w\n",
 	  { "t.yaml:8: key 'compression.tensors': expected a list of 0..1024 mappings", "got 'w'" } },
+	/* encryption needs the authenticated handshake's keys */
+	{ "encrypt without auth", BASE "security:\n  auth: false\n  encrypt: true\n",
+	  { "t.yaml:9: key 'security.encrypt': true needs security.auth: true and security.mac: "
+	    "true", "got auth: false, mac: true" } },
+	{ "encrypt without mac", BASE "security:\n  mac: false\n  encrypt: true\n",
+	  { "t.yaml:9: key 'security.encrypt'", "got auth: true, mac: false" } },
+	{ "unknown cipher", BASE "security:\n  encrypt: true\n  cipher: aes\n",
+	  { "t.yaml:9: key 'security.cipher': expected one of aes-256-gcm, chacha20-poly1305, "
+	    "got 'aes'" } },
 	{ "invalid UTF-8", BASE "seed: \xff\xfe\n", { "t.yaml: invalid input at byte 102" } },
 	{ "control character", BASE "seed: 1\x01\n", { "t.yaml: invalid input at byte" } },
 };

@@ -18,6 +18,7 @@
  * both transports and requires the loop to close cleanly (no handle left
  * behind).
  */
+#define _GNU_SOURCE /* memmem */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +27,8 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <openssl/evp.h>
+#include "frame_aead.h"
 #include "frame_mac.h"
 #include "ps_err.h"
 #include "test_util.h"
@@ -71,6 +74,7 @@ static struct env {
 	uv_timer_t watchdog;
 	int expired;
 	int keyed;                /* this run authenticates every pair (set_keys) */
+	int cipher;               /* and encrypts with this cipher; -1: MACs only */
 	uint64_t tag;             /* bytes a frame's MAC adds: 16 when keyed */
 } E;
 
@@ -231,8 +235,8 @@ static void connect_pair(struct rec **srv_end, struct rec **cli_end)
 	ck_assert_ptr_nonnull(*srv_end);
 	ck_assert_ptr_ne(*srv_end, *cli_end);
 	ck_assert_uint_eq(E.ops->queued_bytes(c), 0);
-	if (E.keyed) { /* both directions MACed from the first frame on */
-		struct ps_frame_keys ks, kc;
+	if (E.keyed) { /* both directions MACed (or encrypted) from the first frame on */
+		struct ps_frame_keys ks = { .cipher = E.cipher }, kc = { .cipher = E.cipher };
 		for (int i = 0; i < PS_MAC_KEY_LEN; i++) {
 			ks.send[i] = kc.recv[i] = (uint8_t)(i * 7 + 1);
 			ks.recv[i] = kc.send[i] = (uint8_t)(i * 13 + 5);
@@ -242,14 +246,19 @@ static void connect_pair(struct rec **srv_end, struct rec **cli_end)
 	}
 }
 
-/* Run i: transport avail[i / 2]; odd runs with every frame authenticated
- * (sequence number and MAC, frame_mac.h), so each case holds both ways. */
-static void env_init(int i)
+/* The runs of each case per transport: frames in clear; every frame
+ * authenticated (sequence number and MAC, frame_mac.h); every frame an
+ * AEAD record under each cipher (frame_aead.h). Each case holds all ways. */
+enum { MODE_CLEAR, MODE_MAC, MODE_AES, MODE_CHACHA, NMODES };
+
+/* Transport avail[i], frames protected as mode says. */
+static void env_init_as(int i, int mode)
 {
 	memset(&E, 0, sizeof(E));
-	E.keyed = i % 2;
+	E.keyed = mode != MODE_CLEAR;
+	E.cipher = mode == MODE_AES ? PS_CIPHER_AES256GCM
+		 : mode == MODE_CHACHA ? PS_CIPHER_CHACHA20POLY1305 : -1;
 	E.tag = E.keyed ? PS_MAC_TAG_LEN : 0;
-	i /= 2;
 	E.ops = ps_transport_find(avail[i]);
 	ck_assert_ptr_nonnull(E.ops);
 	ck_assert_str_eq(E.ops->name, avail[i]);
@@ -264,6 +273,12 @@ static void env_init(int i)
 	E.port = E.ops->bound_port(E.srv);
 	ck_assert_int_gt(E.port, 0);
 	connect_pair(&E.s, &E.k);
+}
+
+/* Run i of a case added with NMODES runs. */
+static void env_init(int i)
+{
+	env_init_as(i / NMODES, i % NMODES);
 }
 
 /* Releases frames, destroys both transports, and checks that every
@@ -1089,15 +1104,19 @@ START_TEST(test_payload_finite_flag)
 END_TEST
 
 /* Ends whose keys do not match: the receiver closes with PS_EAUTH and
- * hands nothing on; a keyed end refuses a frame without a MAC, and an
- * unkeyed one a frame with a MAC. */
+ * hands nothing on. Variant 0: MACs under another key; 1: a keyed end
+ * refuses a frame without a MAC, and an unkeyed one a frame with a MAC;
+ * 2: encrypted under another key; 3: an encrypting end refuses a frame
+ * that is only MACed, a MACing end an encrypted one, and ends with other
+ * ciphers refuse each other. */
 START_TEST(test_keys_mismatch)
 {
 	struct rec *s2, *k2;
 	struct ps_frame_keys a, b;
 	uint8_t pay[3000];
+	int v = _i % 4;
 
-	env_init(_i & ~1);
+	env_init_as(_i / 4, MODE_CLEAR);
 	if (!E.ops->set_keys) {
 		tu_skip("keys on %s: the transport has no set_keys", E.ops->name);
 		env_free();
@@ -1105,17 +1124,19 @@ START_TEST(test_keys_mismatch)
 	}
 	memset(&a, 1, sizeof(a));
 	memset(&b, 1, sizeof(b));
-	b.recv[5] ^= 1; /* the server end expects another key */
+	a.cipher = b.cipher = v == 2 ? PS_CIPHER_CHACHA20POLY1305 : -1;
+	if (v != 3)
+		b.recv[5] ^= 1; /* the server end expects another key */
 	fill(pay, sizeof(pay), 3);
 	struct ps_iov iov = { pay, sizeof(pay) };
-	if (_i % 2 == 0) {
+	if (v == 0 || v == 2) {
 		E.ops->set_keys(E.k->c, &a);
 		E.ops->set_keys(E.s->c, &b);
 		ck_assert_int_eq(tsend(E.k, 3, "m", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
 		ck_assert(RUN_UNTIL(E.s->closes == 1, 5000));
 		ck_assert_int_eq(E.s->close_status, PS_EAUTH);
 		ck_assert_int_eq(E.s->frames, 0);
-	} else {
+	} else if (v == 1) {
 		/* keyed server end, client end without keys, and the reverse */
 		connect_pair(&s2, &k2);
 		E.ops->set_keys(E.s->c, &b);
@@ -1126,6 +1147,29 @@ START_TEST(test_keys_mismatch)
 		ck_assert_int_eq(E.s->close_status, PS_EAUTH);
 		ck_assert_int_eq(s2->close_status, PS_EPROTO);
 		ck_assert_int_eq(E.s->frames + s2->frames, 0);
+	} else {
+		/* the same keys: MAC against AES-GCM, AES-GCM against MAC,
+		 * ChaCha20-Poly1305 against AES-GCM */
+		struct rec *s3, *k3;
+		connect_pair(&s2, &k2);
+		connect_pair(&s3, &k3);
+		a.cipher = -1, b.cipher = PS_CIPHER_AES256GCM;
+		E.ops->set_keys(E.k->c, &a);
+		E.ops->set_keys(E.s->c, &b);
+		a.cipher = PS_CIPHER_AES256GCM, b.cipher = -1;
+		E.ops->set_keys(k2->c, &a);
+		E.ops->set_keys(s2->c, &b);
+		a.cipher = PS_CIPHER_CHACHA20POLY1305, b.cipher = PS_CIPHER_AES256GCM;
+		E.ops->set_keys(k3->c, &a);
+		E.ops->set_keys(s3->c, &b);
+		ck_assert_int_eq(tsend(E.k, 3, "m", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+		ck_assert_int_eq(tsend(k2, 3, "m", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+		ck_assert_int_eq(tsend(k3, 3, "m", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+		ck_assert(RUN_UNTIL(E.s->closes == 1 && s2->closes == 1 && s3->closes == 1, 5000));
+		ck_assert_int_eq(E.s->close_status, PS_EAUTH);
+		ck_assert_int_eq(s2->close_status, PS_EAUTH);
+		ck_assert_int_eq(s3->close_status, PS_EAUTH);
+		ck_assert_int_eq(E.s->frames + s2->frames + s3->frames, 0);
 	}
 	env_free();
 }
@@ -1197,9 +1241,9 @@ static void raw_mac_frame(int fd, const uint8_t key[PS_MAC_KEY_LEN], uint32_t se
 
 /* A raw peer connected to the server transport whose accepted end
  * receives under key: its record goes to *r. */
-static int raw_keyed_peer(const uint8_t key[PS_MAC_KEY_LEN], struct rec **r)
+static int raw_keyed_peer_as(const uint8_t key[PS_MAC_KEY_LEN], int cipher, struct rec **r)
 {
-	struct ps_frame_keys ks;
+	struct ps_frame_keys ks = { .cipher = cipher };
 	int before = E.nrecs, fd = raw_connect(E.port);
 
 	ck_assert(RUN_UNTIL(E.nrecs == before + 1, 5000));
@@ -1209,6 +1253,204 @@ static int raw_keyed_peer(const uint8_t key[PS_MAC_KEY_LEN], struct rec **r)
 	E.ops->set_keys((*r)->c, &ks);
 	return fd;
 }
+
+static int raw_keyed_peer(const uint8_t key[PS_MAC_KEY_LEN], struct rec **r)
+{
+	return raw_keyed_peer_as(key, -1, r);
+}
+
+/* ---- hand-made encrypted frames ---- */
+
+/* The EVP cipher of cipher, and frame seq's nonce as frame_aead.h defines
+ * it (4 zero bytes, then seq little endian), written out independently of
+ * frame_aead.c so the test checks the construction, not itself. */
+static const EVP_CIPHER *evp_of(int cipher, uint64_t seq, uint8_t nonce[12])
+{
+	memset(nonce, 0, 12);
+	for (int i = 0; i < 8; i++)
+		nonce[4 + i] = (uint8_t)(seq >> (8 * i));
+	return cipher == PS_CIPHER_AES256GCM ? EVP_aes_256_gcm() : EVP_chacha20_poly1305();
+}
+
+/* One-shot AEAD of body (n bytes) with the header hdr as associated data:
+ * enc 1 encrypts into out and writes the tag; enc 0 decrypts into out and
+ * returns 1 when tag verifies. */
+static int evp_aead(int cipher, const uint8_t key[32], uint64_t seq, int enc, const uint8_t *hdr,
+		    const uint8_t *body, size_t n, uint8_t *out, uint8_t tag[16])
+{
+	uint8_t nonce[12];
+	const EVP_CIPHER *ev = evp_of(cipher, seq, nonce);
+	EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
+	int len, ok;
+
+	ck_assert_ptr_nonnull(x);
+	ck_assert_int_eq(EVP_CipherInit_ex(x, ev, NULL, key, nonce, enc), 1);
+	ck_assert_int_eq(EVP_CipherUpdate(x, NULL, &len, hdr, PS_WIRE_HDR_LEN), 1);
+	ck_assert_int_eq(EVP_CipherUpdate(x, out, &len, body, (int)n), 1);
+	if (!enc)
+		ck_assert_int_eq(EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_SET_TAG, 16, tag), 1);
+	ok = EVP_CipherFinal_ex(x, out + n, &len) == 1;
+	if (enc)
+		ck_assert_int_eq(EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_AEAD_GET_TAG, 16, tag), 1);
+	EVP_CIPHER_CTX_free(x);
+	return ok;
+}
+
+/* Reads exactly n bytes of fd while the loop runs; 1 when they came. */
+static int raw_read_all(int fd, uint8_t *b, size_t n, int ms)
+{
+	size_t got = 0;
+
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	return RUN_UNTIL(({
+		ssize_t k = recv(fd, b + got, n - got, 0);
+		if (k > 0)
+			got += (size_t)k;
+		got == n;
+	}), ms);
+}
+
+/* Writes a push frame (meta, payload) encrypted as a sender would, as frame
+ * position seq with hseq in its header and flags as given; then flips bit
+ * `flip` of what follows the header (the ciphertext, then the tag), none
+ * when flip < 0. */
+static void raw_aead_frame(int fd, int cipher, const uint8_t key[32], uint16_t flags,
+			   uint32_t hseq, uint64_t seq, const char *meta, const uint8_t *pay,
+			   size_t pay_len, int flip)
+{
+	uint32_t meta_len = (uint32_t)strlen(meta);
+	struct ps_frame_hdr h = { .type = PS_MSG_PUSH, .flags = flags, .meta_len = meta_len,
+				  .seq = hseq, .payload_len = pay_len };
+	size_t n = meta_len + pay_len;
+	uint8_t *b = malloc(PS_WIRE_HDR_LEN + n + 16), *plain = malloc(n + 1);
+
+	ck_assert(b && plain);
+	ps_wire_encode_hdr(b, &h);
+	memcpy(plain, meta, meta_len);
+	memcpy(plain + meta_len, pay, pay_len);
+	evp_aead(cipher, key, seq, 1, b, plain, n, b + PS_WIRE_HDR_LEN,
+		 b + PS_WIRE_HDR_LEN + n);
+	if (flip >= 0)
+		b[PS_WIRE_HDR_LEN + flip / 8] ^= (uint8_t)(1u << (flip % 8));
+	raw_write(fd, b, PS_WIRE_HDR_LEN + n + 16);
+	free(b);
+	free(plain);
+}
+
+/* Encrypted frames as they are on the wire, for both ciphers: a frame the
+ * transport sends has its header in clear (flags MAC and ENC, its number),
+ * no plaintext byte pattern in the rest, and opens with OpenSSL one-shot
+ * under the direction's key and the documented nonce; frames built that
+ * way by hand are delivered whole, in order; a flipped ciphertext or tag
+ * bit, another key, a frame only MACed, and a replayed frame are refused
+ * with PS_EAUTH and their reasons, nothing delivered. */
+START_TEST(test_encrypted_frames_on_the_wire)
+{
+	int cipher = _i % 2 ? PS_CIPHER_CHACHA20POLY1305 : PS_CIPHER_AES256GCM;
+	static const char meta[] = "meta of an encrypted frame";
+	uint8_t key[32], other[32], pay[5000], out[PS_WIRE_HDR_LEN + sizeof(pay) + 64];
+	char log[4096];
+	struct rec *r;
+
+	env_init_as(_i / 2, MODE_CLEAR);
+	if (!E.ops->set_keys) {
+		tu_skip("encrypted raw frames on %s: the transport has no set_keys", E.ops->name);
+		env_free();
+		return;
+	}
+	for (int i = 0; i < 32; i++)
+		key[i] = other[i] = (uint8_t)(i * 29 + 7);
+	other[3] ^= 0x80;
+	for (size_t i = 0; i < sizeof(pay); i++)
+		pay[i] = (uint8_t)"ABCDEFGH"[i % 8]; /* a pattern a cipher must hide */
+
+	/* The transport's end sends (its send key is 0x55...): read it raw. */
+	int fd = raw_keyed_peer_as(key, cipher, &r);
+	uint8_t skey[32];
+	memset(skey, 0x55, sizeof(skey));
+	struct ps_iov iov = { pay, sizeof(pay) };
+	for (uint64_t seq = 0; seq < 2; seq++) {
+		size_t n = sizeof(meta) - 1 + sizeof(pay);
+		struct ps_frame_hdr h;
+		char why[200];
+		uint8_t plain[sizeof(meta) + sizeof(pay) + 16];
+
+		ck_assert_int_eq(tsend(r, PS_MSG_PULL_REPLY, meta, sizeof(meta) - 1, &iov, 1,
+				       PS_SEND_VOLATILE, NULL, NULL), 0);
+		ck_assert(raw_read_all(fd, out, PS_WIRE_HDR_LEN + n + 16, 5000));
+		ck_assert_int_eq(ps_wire_decode_hdr(out, &lim_default, &h, why, sizeof(why)), 0);
+		ck_assert_uint_eq(h.flags, PS_FRAME_F_MAC | PS_FRAME_F_ENC);
+		ck_assert_uint_eq(h.seq, seq);
+		ck_assert_uint_eq(h.meta_len, sizeof(meta) - 1);
+		ck_assert_uint_eq(h.payload_len, sizeof(pay));
+		ck_assert_ptr_null(memmem(out, PS_WIRE_HDR_LEN + n + 16, "ABCDEFGHABCDEFGH", 16));
+		ck_assert_ptr_null(memmem(out, PS_WIRE_HDR_LEN + n + 16, "encrypted", 9));
+		ck_assert_msg(evp_aead(cipher, skey, seq, 0, out, out + PS_WIRE_HDR_LEN, n, plain,
+				       out + PS_WIRE_HDR_LEN + n), "frame %d does not open", (int)seq);
+		ck_assert_mem_eq(plain, meta, sizeof(meta) - 1);
+		ck_assert_mem_eq(plain + sizeof(meta) - 1, pay, sizeof(pay));
+		/* under the other direction's nonce it does not */
+		ck_assert(!evp_aead(cipher, skey, seq + 1, 0, out, out + PS_WIRE_HDR_LEN, n, plain,
+				    out + PS_WIRE_HDR_LEN + n));
+	}
+	/* Hand-made frames in: delivered, decrypted, in order. */
+	raw_aead_frame(fd, cipher, key, PS_FRAME_F_MAC | PS_FRAME_F_ENC, 0, 0, meta, pay,
+		       sizeof(pay), -1);
+	raw_aead_frame(fd, cipher, key, PS_FRAME_F_MAC | PS_FRAME_F_ENC, 1, 1, "2nd", NULL, 0, -1);
+	ck_assert(RUN_UNTIL(count_frames(r) == 2, 5000));
+	ck_assert_int_eq(r->closes, 0);
+	ck_assert_uint_eq(E.got[0].f->hdr.payload_len, sizeof(pay));
+	ck_assert_mem_eq(E.got[0].f->meta, meta, sizeof(meta) - 1);
+	ck_assert_mem_eq(E.got[0].f->payload, pay, sizeof(pay));
+	ck_assert_mem_eq(E.got[1].f->meta, "2nd", 3);
+	close(fd);
+	ck_assert(RUN_UNTIL(r->closes == 1, 5000));
+
+	const int mbits = 8 * (int)(sizeof(meta) - 1), pbits = 8 * (int)sizeof(pay);
+	struct {
+		const char *what;
+		int wrong_key, flip, mac_only, replay;
+		const char *reason;
+	} cases[] = {
+		{ "metadata bit flipped", 0, 13, 0, 0, "push frame 0 failed its MAC" },
+		{ "payload bit flipped", 0, mbits + pbits - 3, 0, 0, "push frame 0 failed its MAC" },
+		{ "tag bit flipped", 0, mbits + pbits + 100, 0, 0, "push frame 0 failed its MAC" },
+		{ "under another key", 1, -1, 0, 0, "push frame 0 failed its MAC" },
+		{ "only MACed", 0, -1, 1, 0,
+		  "push frame in clear on a connection whose frames are encrypted" },
+		{ "frame 0 replayed", 0, -1, 0, 1, "push frame numbered 0 where 1 was due" },
+	};
+	for (size_t v = 0; v < sizeof(cases) / sizeof(cases[0]); v++) {
+		struct logcap lc;
+
+		fd = raw_keyed_peer_as(key, cipher, &r);
+		logcap_start(&lc);
+		if (cases[v].replay) {
+			raw_aead_frame(fd, cipher, key, PS_FRAME_F_MAC | PS_FRAME_F_ENC, 0, 0, meta,
+				       pay, sizeof(pay), -1);
+			ck_assert(RUN_UNTIL(r->frames == 1 || r->closes, 5000));
+		}
+		if (cases[v].mac_only)
+			raw_mac_frame(fd, key, 0, 0, meta, -1);
+		else
+			raw_aead_frame(fd, cipher, cases[v].wrong_key ? other : key,
+				       PS_FRAME_F_MAC | PS_FRAME_F_ENC, 0, 0, meta, pay,
+				       sizeof(pay), cases[v].flip);
+		int closed = RUN_UNTIL(r->closes == 1, 5000);
+		logcap_end(&lc, log, sizeof(log));
+		ck_assert_msg(closed, "%s: not refused", cases[v].what);
+		ck_assert_msg(r->close_status == PS_EAUTH, "%s: status %d (%s)", cases[v].what,
+			      r->close_status, ps_strerror(r->close_status));
+		ck_assert_msg(r->frames == cases[v].replay, "%s: %d frames delivered",
+			      cases[v].what, r->frames);
+		ck_assert_msg(strstr(log, cases[v].reason), "%s: no \"%s\" in the log:\n%s",
+			      cases[v].what, cases[v].reason, log);
+		ck_assert(RUN_UNTIL(raw_peer_closed(fd), 2000));
+		close(fd);
+	}
+	env_free();
+}
+END_TEST
 
 /* Frames with metadata and no payload on a keyed connection, built by
  * hand: the right ones are delivered; one MACed under another key, one
@@ -1241,7 +1483,7 @@ START_TEST(test_keyed_frames_without_payload)
 	};
 	char log[4096];
 
-	env_init(2 * _i + 1);
+	env_init_as(_i, MODE_MAC);
 	if (!E.ops->set_keys) {
 		tu_skip("keyed raw frames on %s: the transport has no set_keys", E.ops->name);
 		env_free();
@@ -1514,23 +1756,25 @@ int main(void)
 		}
 	}
 	tcase_set_timeout(tc, 60);
-	/* runs: 2 = unkeyed and keyed (env_init), 1 = keyed only */
-	ADD(test_order_1000_frames, 2);
-	ADD(test_many_in_flight, 2);
-	ADD(test_large_payload, 2);
-	ADD(test_small_and_limit_frames, 2);
-	ADD(test_send_semantics, 2);
-	ADD(test_peer_closes_mid_frame, 2);
-	ADD(test_bad_headers_refused, 2);
-	ADD(test_close_idempotent, 2);
-	ADD(test_close_inside_on_frame, 2);
-	ADD(test_connect_refused_and_destroy, 2);
-	ADD(test_send_now_from_thread, 2);
-	ADD(test_recv_now_from_thread, 2);
-	ADD(test_recv_now_bad_frame, 2);
-	ADD(test_payload_finite_flag, 2);
-	ADD(test_keys_mismatch, 2);
+	/* runs: NMODES = clear, MACs and both ciphers (env_init), else as the
+	 * case says */
+	ADD(test_order_1000_frames, NMODES);
+	ADD(test_many_in_flight, NMODES);
+	ADD(test_large_payload, NMODES);
+	ADD(test_small_and_limit_frames, NMODES);
+	ADD(test_send_semantics, NMODES);
+	ADD(test_peer_closes_mid_frame, NMODES);
+	ADD(test_bad_headers_refused, NMODES);
+	ADD(test_close_idempotent, NMODES);
+	ADD(test_close_inside_on_frame, NMODES);
+	ADD(test_connect_refused_and_destroy, NMODES);
+	ADD(test_send_now_from_thread, NMODES);
+	ADD(test_recv_now_from_thread, NMODES);
+	ADD(test_recv_now_bad_frame, NMODES);
+	ADD(test_payload_finite_flag, NMODES);
+	ADD(test_keys_mismatch, 4);
 	ADD(test_keyed_frames_without_payload, 1);
+	ADD(test_encrypted_frames_on_the_wire, 2);
 	suite_add_tcase(s, tc);
 	for (int i = 0; i < nskipped; i++)
 		tu_skip_cases(per_transport, "%s (%d cases): %s", skipped[i], per_transport,

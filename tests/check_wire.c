@@ -228,7 +228,14 @@ START_TEST(test_reject_unknown_flags)
 		good_hdr(b, 0, 0);
 		b[6 + bit / 8] = (uint8_t)(1u << (bit % 8));
 		int rc = decode(b, &big, &h, why, sizeof(why));
-		if ((1u << bit) & PS_FRAME_F_KNOWN) {
+		if ((1u << bit) == PS_FRAME_F_ENC) {
+			/* encrypted frames are always authenticated ones */
+			ck_assert_int_eq(rc, PS_EPROTO);
+			ck_assert_msg(strstr(why, "ENC without flag MAC"), "reason '%s'", why);
+			b[6] |= PS_FRAME_F_MAC;
+			ck_assert_int_eq(decode(b, &big, &h, why, sizeof(why)), 0);
+			ck_assert_uint_eq(h.flags, PS_FRAME_F_ENC | PS_FRAME_F_MAC);
+		} else if ((1u << bit) & PS_FRAME_F_KNOWN) {
 			ck_assert_int_eq(rc, 0);
 			ck_assert_uint_eq(h.flags, 1u << bit);
 		} else {

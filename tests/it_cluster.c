@@ -545,13 +545,22 @@ static int sync_worker(const struct ps_config *cfg, int rank, int nworkers)
 	return bad ? 6 : 0;
 }
 
+/* Three workers, 50 sync clocks, every value exact (sync_worker), each
+ * shard applying each slice once per clock: with MACs, and with frames
+ * encrypted under each cipher (security.encrypt). */
 START_TEST(test_sync_exact_sum)
 {
+	/* frames MACed (the default), then encrypted with each cipher */
+	static const char *const security[] = {
+		"", "security:\n  encrypt: true\n",
+		"security:\n  encrypt: true\n  cipher: chacha20-poly1305\n",
+	};
 	char path[64], err[512];
 	struct ps_config cfg;
 	pid_t srv[2], cli[3];
 
-	start_cluster(path, &cfg, 3, "sync", "", srv);
+	start_cluster(path, &cfg, 3, "sync", security[_i], srv);
+	ck_assert_int_eq(cfg.security.encrypt, _i > 0);
 	for (int r = 0; r < 3; r++) {
 		cli[r] = fork();
 		if (cli[r] == 0)
@@ -1116,7 +1125,7 @@ Suite *cluster_suite(void)
 	TCase *tc = tcase_create("processes");
 
 	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, test_sync_exact_sum);
+	tcase_add_loop_test(tc, test_sync_exact_sum, 0, 3);
 	tcase_add_test(tc, test_async_exact_sum);
 	tcase_add_test(tc, test_sync_worker_leaves_and_rejoins);
 	tcase_add_test(tc, test_partition_exactly_once);

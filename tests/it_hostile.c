@@ -22,6 +22,7 @@
 #include <sys/time.h>
 #include "ps_time.h"
 #include "auth.h"
+#include "frame_aead.h"
 #include "codec.h"
 #include "finite.h"
 #include "config.h"
@@ -189,6 +190,7 @@ static void fx_stop(void)
  * and frames read must carry valid ones. */
 static struct raw_auth {
 	int keyed;
+	int enc;              /* keyed frames are AEAD records under keys.cipher */
 	struct ps_frame_keys keys;
 	uint64_t sseq, rseq;
 	uint8_t hello[512];   /* the Hello as sent */
@@ -247,7 +249,7 @@ static uint8_t *raw_frame(int fd, uint8_t type, const void *meta, size_t mlen,
 				   .payload_len = plen, .flags = raw_flags };
 
 	if (ra->keyed) {
-		fh.flags |= PS_FRAME_F_MAC;
+		fh.flags |= PS_FRAME_F_MAC | (ra->enc ? PS_FRAME_F_ENC : 0);
 		fh.seq = (uint32_t)ra->sseq;
 	}
 	ps_wire_encode_hdr(b, &fh);
@@ -256,7 +258,16 @@ static uint8_t *raw_frame(int fd, uint8_t type, const void *meta, size_t mlen,
 	if (plen)
 		memcpy(b + PS_WIRE_HDR_LEN + mlen, payload, plen);
 	*len = PS_WIRE_HDR_LEN + mlen + plen;
-	if (ra->keyed) {
+	if (ra->keyed && ra->enc) {
+		struct ps_aead a;
+		ck_assert_int_eq(ps_aead_init(&a), 0);
+		ck_assert_int_eq(ps_aead_set_key(&a, ra->keys.cipher, ra->keys.send, 1), 0);
+		ps_aead_begin(&a, ra->sseq++, b, PS_WIRE_HDR_LEN);
+		ps_aead_update(&a, b + PS_WIRE_HDR_LEN, b + PS_WIRE_HDR_LEN, mlen + plen);
+		ps_aead_seal_end(&a, b + *len);
+		ps_aead_free(&a);
+		*len += PS_MAC_TAG_LEN;
+	} else if (ra->keyed) {
 		struct ps_mac m;
 		ck_assert_int_eq(ps_mac_init(&m), 0);
 		ps_mac_begin(&m, ra->keys.send, ra->sseq++);
@@ -324,7 +335,21 @@ static ProtobufCMessage *raw_expect_any(int fd, unsigned want, unsigned want2, i
 	ck_assert_int_eq(ps_wire_decode_hdr(h, &lim, &f.hdr, why, sizeof(why)), 0);
 	body = malloc(f.hdr.meta_len + f.hdr.payload_len + PS_MAC_TAG_LEN);
 	ck_assert_int_eq(raw_read(fd, body, f.hdr.meta_len + f.hdr.payload_len, deadline), 0);
-	if (RA[fd].keyed) { /* the shard's frames carry valid MACs too */
+	if (RA[fd].keyed && RA[fd].enc) { /* the shard's frames are records too */
+		struct ps_aead a;
+		size_t n = f.hdr.meta_len + f.hdr.payload_len;
+		ck_assert_uint_eq(f.hdr.flags & (PS_FRAME_F_MAC | PS_FRAME_F_ENC),
+				  PS_FRAME_F_MAC | PS_FRAME_F_ENC);
+		ck_assert_uint_eq(f.hdr.seq, (uint32_t)RA[fd].rseq);
+		ck_assert_int_eq(raw_read(fd, body + n, PS_MAC_TAG_LEN, deadline), 0);
+		ck_assert_int_eq(ps_aead_init(&a), 0);
+		ck_assert_int_eq(ps_aead_set_key(&a, RA[fd].keys.cipher, RA[fd].keys.recv, 0), 0);
+		ps_aead_begin(&a, RA[fd].rseq++, h, sizeof(h));
+		ps_aead_update(&a, body, body, n);
+		ck_assert_msg(ps_aead_open_end(&a, body + n) == 0, "the shard's %s frame does not "
+			      "open", ps_wire_type_name(f.hdr.type));
+		ps_aead_free(&a);
+	} else if (RA[fd].keyed) { /* the shard's frames carry valid MACs too */
 		struct ps_mac mac;
 		uint8_t *tag = body + f.hdr.meta_len + f.hdr.payload_len;
 		ck_assert(f.hdr.flags & PS_FRAME_F_MAC);
@@ -448,6 +473,8 @@ static Ps__HelloReply *raw_hello(int fd, const Ps__Hello *h)
 	if (h->auth_mac) {
 		ps_auth_session_keys(F.secret, t, 0, &ra->keys);
 		ra->keyed = 1;
+		ra->enc = h->auth_cipher != 0;
+		ra->keys.cipher = (int)h->auth_cipher - 1;
 	}
 	return (Ps__HelloReply *)raw_expect(fd, PS_MSG_HELLO_REPLY, 3000);
 }
@@ -2022,6 +2049,52 @@ START_TEST(test_auth_without_mac)
 }
 END_TEST
 
+/* security.encrypt: true. A peer speaking AES-256-GCM records (built and
+ * opened here from the session keys) gets its stats, every frame of the
+ * shard's an encrypted record; the same peer's next frame only MACed closes
+ * the connection; Hellos and clients whose encryption disagrees are
+ * refused with both sides named; an honest encrypted client's pushes are
+ * applied. */
+START_TEST(test_auth_encrypted)
+{
+	fx_extra = "security:\n  encrypt: true\n";
+	fx_start();
+	fx_extra = "";
+	ck_assert_int_eq(F.cfg.security.encrypt, 1);
+	ck_assert_int_eq(F.cfg.security.cipher, PS_CIPHER_AES256GCM);
+	int fd = raw_connect();
+	Ps__Hello h = good_hello(0);
+	h.auth_cipher = PS_CIPHER_AES256GCM + 1;
+	Ps__HelloReply *r = raw_hello(fd, &h);
+	ck_assert_msg(r && r->ok, "encrypted hello refused: %s", r ? r->error : "no reply");
+	ck_assert_int_eq(RA[fd].enc, 1);
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	Ps__Stats *st = raw_stats(fd, 3);
+	ck_assert_ptr_nonnull(st);
+	protobuf_c_message_free_unpacked(&st->base, NULL);
+	RA[fd].enc = 0; /* the next frame only MACed */
+	Ps__StatsRequest q = PS__STATS_REQUEST__INIT;
+	q.req_id = 4;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
+	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
+	close(fd);
+	h = good_hello(0);
+	refused(&h, "the client has security.encrypt: false", "this shard true with aes-256-gcm");
+	h = good_hello(0);
+	h.auth_cipher = PS_CIPHER_CHACHA20POLY1305 + 1;
+	refused(&h, "client has security.encrypt: true with chacha20-poly1305",
+		"this shard true with aes-256-gcm");
+	h = good_hello(0);
+	h.auth_cipher = 77;
+	refused(&h, "true with an unknown cipher", "this shard true with aes-256-gcm");
+	struct ps_config cfg = F.cfg;
+	cfg.security.encrypt = 0;
+	client_refused(&cfg, "the two configs must agree");
+	after_attack("encrypted frames");
+	fx_stop();
+}
+END_TEST
+
 /* ps-server refuses to start without a usable secret and says why. */
 START_TEST(test_secret_file_checks)
 {
@@ -2102,6 +2175,7 @@ int main(void)
 	tcase_add_test(tc, test_resent_push_applied_once);
 	tcase_add_test(tc, test_auth_refusals);
 	tcase_add_test(tc, test_auth_without_mac);
+	tcase_add_test(tc, test_auth_encrypted);
 	tcase_add_test(tc, test_secret_file_checks);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
