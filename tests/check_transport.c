@@ -1327,7 +1327,8 @@ static void raw_aead_frame(int fd, int cipher, const uint8_t key[32], uint16_t f
 	ck_assert(b && plain);
 	ps_wire_encode_hdr(b, &h);
 	memcpy(plain, meta, meta_len);
-	memcpy(plain + meta_len, pay, pay_len);
+	if (pay_len)
+		memcpy(plain + meta_len, pay, pay_len);
 	evp_aead(cipher, key, seq, 1, b, plain, n, b + PS_WIRE_HDR_LEN,
 		 b + PS_WIRE_HDR_LEN + n);
 	if (flip >= 0)
@@ -1646,7 +1647,7 @@ START_TEST(test_recv_now_from_thread)
 		ck_assert_msg(RA.order[i] == (uint32_t)i, "delivery %d was frame %u", i, RA.order[i]);
 	ck_assert_int_gt(RA.taken, 0);
 	printf("recv_now (%s%s): %d of %d frames taken by the second thread\n", E.ops->name,
-	       E.keyed ? ", MAC" : "", RA.taken, NRECV);
+	       !E.keyed ? "" : E.cipher < 0 ? ", MAC" : E.cipher == PS_CIPHER_AES256GCM ? ", aes-256-gcm" : ", chacha20-poly1305", RA.taken, NRECV);
 	ck_assert_uint_eq(E.k->c->bytes_in, bytes);
 	ck_assert_int_eq(E.k->closes, 0);
 	pthread_mutex_destroy(&RA.mu);
