@@ -5,6 +5,7 @@
  * periodically; a damaged checkpoint or one from another configuration
  * stops the shard with the reason, and leaves the file alone. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -147,6 +148,32 @@ static int refused_start(int k, char *out, size_t n)
 	return tu_wait_child(pid);
 }
 
+/* How many of process pid's open files lie in folder d. */
+static int fds_in(pid_t pid, const char *d)
+{
+	char fdir[64], p[320], target[512];
+	struct dirent *e;
+	DIR *dd;
+	int n = 0;
+
+	snprintf(fdir, sizeof(fdir), "/proc/%d/fd", (int)pid);
+	dd = opendir(fdir);
+	ck_assert_ptr_nonnull(dd);
+	while ((e = readdir(dd))) {
+		ssize_t k;
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", fdir, e->d_name);
+		k = readlink(p, target, sizeof(target) - 1);
+		if (k > 0) {
+			target[k] = 0;
+			n += strncmp(target, d, strlen(d)) == 0;
+		}
+	}
+	closedir(dd);
+	return n;
+}
+
 START_TEST(test_checkpoint_resume)
 {
 	static float w_before[N], w_after[N], w_ref[N], w_cont[N];
@@ -193,6 +220,10 @@ START_TEST(test_checkpoint_resume)
 	srv[1] = tu_start_server(path, 1);
 	c = connect_retry(0);
 	ck_assert_uint_eq(ps_client_clock(c), 5);   /* workers continue at clock 5 */
+	/* the checkpoints were read and closed: no file of the folder stays open */
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(fds_in(srv[k], dir) == 0, "shard %d keeps %d file(s) of %s open", k,
+			      fds_in(srv[k], dir), dir);
 	struct ps_tensor tw = { .name = "a", .data = w_after, .count = N };
 	int64_t q = ps_client_pull(c, 5, &tw, 1);
 	ck_assert_int_eq(ps_client_wait(c, q), 0);

@@ -343,6 +343,8 @@ START_TEST(test_replies_before_handshake_ignored)
 			     "authentication completed"), "%s", log);
 	ck_assert_msg(strstr(log, "to a restarted shard; 2 request(s) sent again"), "%s", log);
 	ck_assert_msg(strstr(log, "worker 0 disconnected (closed)"), "%s", log);
+	ck_assert_msg(strstr(log, "worker 0 connected from 127.0.0.1:") &&
+		      strstr(log, "(authenticated, frames MACed)"), "%s", log);
 	free(log);
 	ps_shardmap_free(&map);
 	unlink(path);

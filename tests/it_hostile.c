@@ -2095,6 +2095,25 @@ START_TEST(test_auth_encrypted)
 }
 END_TEST
 
+/* limits.idle_timeout_ms: 0 means never: a raw worker that sends nothing
+ * (no heartbeats) for several of the shard's 200 ms ticks is still
+ * served on the same connection. */
+START_TEST(test_idle_timeout_zero_never_drops)
+{
+	fx_limits = "  idle_timeout_ms: 0\n";
+	fx_start();
+	fx_limits = "";
+	ck_assert_int_eq(F.cfg.limits.idle_timeout_ms, 0);
+	int fd = raw_worker();
+	tu_sleep_ms(1000); /* five ticks, each of which would drop it were 0 a limit */
+	Ps__Stats *st = raw_stats(fd, 9);
+	ck_assert_msg(st != NULL, "the idle connection was dropped");
+	protobuf_c_message_free_unpacked(&st->base, NULL);
+	close(fd);
+	fx_stop();
+}
+END_TEST
+
 /* ps-server refuses to start without a usable secret and says why. */
 START_TEST(test_secret_file_checks)
 {
@@ -2176,6 +2195,7 @@ int main(void)
 	tcase_add_test(tc, test_auth_refusals);
 	tcase_add_test(tc, test_auth_without_mac);
 	tcase_add_test(tc, test_auth_encrypted);
+	tcase_add_test(tc, test_idle_timeout_zero_never_drops);
 	tcase_add_test(tc, test_secret_file_checks);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
