@@ -1070,6 +1070,43 @@ START_TEST(test_ssp_staleness_bound)
 }
 END_TEST
 
+/* A pull of more slices than a shard's reply keeps on its stack (16): a
+ * tensor of 48 slices over two shards, one push, one pull, every value
+ * exact (init minus the gradient, SGD lr 1). */
+START_TEST(test_pull_of_many_slices)
+{
+	enum { COUNT = 48 * 1024 };
+	static float g[COUNT], w[COUNT];
+	char yaml[1024], path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 1\n"
+		 "slice_bytes: 4096\noptimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: big, shape: [%d], init: arange}\n"
+		 "log:\n  level: warn\n", tu_free_port(), tu_free_port(), COUNT);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	struct ps_client *c = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (int i = 0; i < COUNT; i++)
+		g[i] = (float)(i % 7) - 3.0f;
+	struct ps_tensor tg = { "big", g, COUNT, 0 }, tw = { "big", w, COUNT, 0 };
+	int64_t id = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "push: %s", ps_client_error(c));
+	id = ps_client_pull(c, 1, &tw, 1);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "pull: %s", ps_client_error(c));
+	for (int i = 0; i < COUNT; i++)
+		ck_assert_msg(w[i] == (float)(i % 1024) - g[i], "big[%d] = %g, want %g", i,
+			      (double)w[i], (double)((float)(i % 1024) - g[i]));
+	ps_client_free(c);
+	stop_cluster(path, srv);
+}
+END_TEST
+
 START_TEST(test_shard_map_mismatch_refused)
 {
 	char yaml[2048], path_a[64], path_b[64], err[512], want[64];
@@ -1136,6 +1173,7 @@ Suite *cluster_suite(void)
 	tcase_add_test(tc, test_error_feedback_per_slice);
 	tcase_add_test(tc, test_ssp_staleness_bound);
 	tcase_add_test(tc, test_shard_map_mismatch_refused);
+	tcase_add_test(tc, test_pull_of_many_slices);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -2095,6 +2095,48 @@ START_TEST(test_auth_encrypted)
 }
 END_TEST
 
+/* Backpressure stops a peer's requests while its replies queue, but pulls
+ * parked earlier are all released by one clock: a peer that parked 1,500
+ * pulls of 12 KB and reads nothing is closed once the released replies
+ * queue past limits.max_write_queue_bytes plus one frame, with the reason
+ * logged, and the shard serves the others. */
+START_TEST(test_released_pulls_over_queue_close)
+{
+	uint32_t ids[4] = { 0, 1, 2, 3 };
+	Ps__Pull pl = PS__PULL__INIT;
+
+	fx_limits = "  max_waiting_pulls: 2000\n  max_write_queue_bytes: 1MiB\n";
+	tu_capture_begin(); /* before the shard starts: its stderr is read too */
+	fx_start();
+	fx_limits = "";
+	int fd = raw_connect();
+	Ps__Hello h = good_hello(-1);
+	Ps__HelloReply *r = raw_hello(fd, &h);
+	ck_assert_msg(r && r->ok, "monitor refused");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	pl.n_slices = 4;
+	pl.slices = ids;
+	pl.min_version = F.clock + 1;
+	for (int i = 0; i < 1500; i++) {
+		pl.req_id = (uint64_t)i + 1;
+		ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	}
+	Ps__Stats *st = raw_stats(fd, 5000); /* answered after every pull was parked */
+	protobuf_c_message_free_unpacked(&st->base, NULL);
+	honest_round();
+	int closed = raw_wait_closed(fd, 10000);
+	char *log = tu_capture_end();
+	ck_assert_msg(closed >= 0, "a peer with %zu bytes of released replies unread stayed "
+		      "connected", raw_dropped);
+	ck_assert_msg(strstr(log, "reply bytes queued and not read"), "%s", log);
+	free(log);
+	close(fd);
+	F.st = stats(); /* the honest round above applied a clock */
+	after_attack("released pulls past the queue bound");
+	fx_stop();
+}
+END_TEST
+
 /* limits.idle_timeout_ms: 0 means never: a raw worker that sends nothing
  * (no heartbeats) for several of the shard's 200 ms ticks is still
  * served on the same connection. */
@@ -2196,6 +2238,7 @@ int main(void)
 	tcase_add_test(tc, test_auth_without_mac);
 	tcase_add_test(tc, test_auth_encrypted);
 	tcase_add_test(tc, test_idle_timeout_zero_never_drops);
+	tcase_add_test(tc, test_released_pulls_over_queue_close);
 	tcase_add_test(tc, test_secret_file_checks);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
