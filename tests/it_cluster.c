@@ -1107,6 +1107,41 @@ START_TEST(test_pull_of_many_slices)
 }
 END_TEST
 
+/* Async: a pull waiting for the next version of a slice is answered by
+ * the push that makes it, also one that does not end a clock (worker 1
+ * pushes tensor c mid-clock while worker 0 waits), with the weights that
+ * push left. */
+START_TEST(test_async_push_answers_waiting_pull)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	float g[5], w[5];
+
+	start_cluster(path, &cfg, 2, "async", "limits:\n  request_timeout_ms: 5000\n", srv);
+	struct ps_client *a = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(a != NULL, "%s", err);
+	struct ps_client *b = connect_retry(&cfg, 1, err, sizeof(err));
+	ck_assert_msg(b != NULL, "%s", err);
+	struct ps_tensor tw = { "c", w, 5, 0 }, tg = { "c", g, 5, 0 };
+	for (int i = 0; i < 5; i++) {
+		g[i] = (float)(i + 1);
+		w[i] = -1.0f;
+	}
+	int64_t q = ps_client_pull(a, 1, &tw, 1); /* version 1 does not exist yet */
+	ck_assert_int_gt(q, 0);
+	int64_t p = ps_client_push(b, 0, &tg, 1, 0); /* not the end of its clock */
+	ck_assert_msg(p > 0 && ps_client_wait(b, p) == 0, "push: %s", ps_client_error(b));
+	ck_assert_msg(ps_client_wait(a, q) == 0, "the waiting pull: %s", ps_client_error(a));
+	ck_assert_uint_eq(tw.version, 1);
+	for (int i = 0; i < 5; i++)
+		ck_assert_msg(w[i] == (float)i - g[i], "c[%d] = %g", i, (double)w[i]);
+	ps_client_free(a);
+	ps_client_free(b);
+	stop_cluster(path, srv);
+}
+END_TEST
+
 START_TEST(test_shard_map_mismatch_refused)
 {
 	char yaml[2048], path_a[64], path_b[64], err[512], want[64];
@@ -1174,6 +1209,7 @@ Suite *cluster_suite(void)
 	tcase_add_test(tc, test_ssp_staleness_bound);
 	tcase_add_test(tc, test_shard_map_mismatch_refused);
 	tcase_add_test(tc, test_pull_of_many_slices);
+	tcase_add_test(tc, test_async_push_answers_waiting_pull);
 	suite_add_tcase(s, tc);
 	return s;
 }
