@@ -986,6 +986,73 @@ START_TEST(test_checkpoint_on_request)
 }
 END_TEST
 
+/* 1 when folder d holds a checkpoint being written (a *.tmp.* file). */
+static int tmp_file_in(const char *d)
+{
+	DIR *dd = opendir(d);
+	struct dirent *e;
+	int found = 0;
+
+	ck_assert_ptr_nonnull(dd);
+	while ((e = readdir(dd)))
+		found |= strstr(e->d_name, ".tmp.") != NULL;
+	closedir(dd);
+	return found;
+}
+
+/* SIGTERM while a checkpoint on request is being written (its temporary
+ * file is there): the shard says it waits for it, then writes the last
+ * checkpoint, named for the signal, exits 0, and the file loads with the
+ * last update in it. */
+START_TEST(test_sigterm_during_checkpoint)
+{
+	static float w[16];
+	int port = tu_free_port();
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	path[0] = 0;
+	big_cfg(port, "  on_request: true\n  min_interval_s: 0\n");
+	setenv("PS_TEST_LOG", "info", 1); /* its log lines are checked below */
+	tu_capture_begin();
+	srv[0] = tu_start_server(path, 0);
+	struct ps_client *c = connect_slow(srv[0]);
+	float g[16];
+	for (int i = 0; i < 16; i++)
+		g[i] = 2.0f;
+	struct ps_tensor tg = { "small", g, 16, 0 }, tw = { "small", w, 16, 0 };
+	int64_t id = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "push: %s", ps_client_error(c));
+	struct asker a = { .c = c };
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, ask_checkpoint, &a), 0);
+	double deadline = ps_now_s() + 30 * tu_time_scale();
+	while (!tmp_file_in(dir) && ps_now_s() < deadline)
+		tu_sleep_ms(1);
+	ck_assert_msg(tmp_file_in(dir), "no checkpoint being written within 30 s");
+	kill(srv[0], SIGTERM);
+	int st = tu_wait_child(srv[0]);
+	pthread_join(th, NULL);
+	ps_client_free(c);
+	unsetenv("PS_TEST_LOG");
+	char *log = tu_capture_end();
+	ck_assert_msg(st == 0, "the shard exited with %d", st);
+	ck_assert_msg(strstr(log, "waiting for the checkpoint being written"), "%s", log);
+	ck_assert_msg(strstr(log, "checkpoint (SIGTERM): "), "%s", log);
+	free(log);
+	ck_assert(!tmp_file_in(dir));
+	srv[0] = tu_start_server(path, 0);
+	c = connect_slow(srv[0]);
+	id = ps_client_pull(c, 0, &tw, 1);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "pull: %s", ps_client_error(c));
+	for (int i = 0; i < 16; i++)
+		ck_assert_msg(w[i] == (float)i - 2.0f, "small[%d] = %g", i, (double)w[i]);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	stop_files();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("checkpoint");
@@ -1001,6 +1068,7 @@ int main(void)
 	tcase_add_test(tc, test_crash_while_checkpointing);
 	tcase_add_test(tc, test_checkpoint_files);
 	tcase_add_test(tc, test_checkpoint_on_request);
+	tcase_add_test(tc, test_sigterm_during_checkpoint);
 	tcase_add_test(tc, test_checkpoint_over_4gib);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
