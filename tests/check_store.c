@@ -3,6 +3,7 @@
  * clocks applied in order, frames released once nothing refers to them, SSP
  * applies on arrival, the finiteness check finds a bad value anywhere. */
 #include <check.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -497,6 +498,41 @@ START_TEST(test_bsp_ended_clocks)
 }
 END_TEST
 
+/* The clock every live rank has ended is the lowest of theirs, whichever
+ * rank holds it: a slot with nothing pending moves only that far. */
+START_TEST(test_bsp_ended_clock_is_the_minimum)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	uint8_t live[3] = { 1, 1, 1 };
+	uint64_t finished[3];
+	static const uint64_t cases[][3] = { { 6, 9, 9 }, { 9, 7, 9 }, { 9, 9, 8 }, { 12, 10, 11 } };
+
+	make_cfg(&cfg, 3, PS_SYNC);
+	cfg.limits.max_clock_ahead = 64;
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	st.live = live;
+	st.finished = finished;
+	struct ps_slot *s = &st.slots[0];
+	s->version = 5;
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		uint64_t lo = UINT64_MAX;
+		for (int r = 0; r < 3; r++) {
+			finished[r] = cases[c][r];
+			lo = finished[r] < lo ? finished[r] : lo;
+		}
+		ps_store_advance(&st);
+		ck_assert_msg(s->version == lo, "finished %" PRIu64 ", %" PRIu64 ", %" PRIu64
+			      ": version %" PRIu64 ", want %" PRIu64, finished[0], finished[1],
+			      finished[2], s->version, lo);
+	}
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 /* ---- optimizer state through the store ---- */
 
 /* The optimizers with state, as a config file sets them. */
@@ -606,6 +642,7 @@ int main(void)
 	tcase_add_test(tc, test_all_finite_every_position);
 	tcase_add_test(tc, test_bsp_live_set);
 	tcase_add_test(tc, test_bsp_ended_clocks);
+	tcase_add_test(tc, test_bsp_ended_clock_is_the_minimum);
 	tcase_add_loop_test(tc, test_optimizer_state_through_store, 0,
 			    (int)(sizeof(opt_cases) / sizeof(opt_cases[0])));
 	suite_add_tcase(s, tc);

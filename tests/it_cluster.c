@@ -5,6 +5,9 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <sys/mman.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include "ps_time.h"
 #include "codec.h"
 #include "config.h"
@@ -1142,6 +1145,42 @@ START_TEST(test_async_push_answers_waiting_pull)
 }
 END_TEST
 
+/* limits.connect_timeout_ms is honoured to the millisecond part: against a
+ * listener that accepts and never answers, a worker with 1,500 ms gives up
+ * no sooner than that, naming the shard and the limit. */
+START_TEST(test_connect_timeout_fraction)
+{
+	char yaml[1024], path[64], err[512];
+	struct ps_config cfg;
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	int lfd = socket(AF_INET, SOCK_STREAM, 0);
+
+	ck_assert_int_ge(lfd, 0);
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(lfd, 8), 0); /* the kernel accepts; nobody answers */
+	ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&sa, &len), 0);
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [4]}\n"
+		 "limits:\n  connect_timeout_ms: 1500\n  reconnect_timeout_ms: 0\n"
+		 "log:\n  level: warn\n", ntohs(sa.sin_port));
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	struct ps_client *c = NULL;
+	double t0 = now_ms();
+	int rc = ps_client_init(&c, &cfg, 0, err, sizeof(err));
+	double took = now_ms() - t0;
+	ck_assert_int_ne(rc, 0);
+	ck_assert_msg(strstr(err, "no handshake within 1500 ms (limits.connect_timeout_ms)"), "%s",
+		      err);
+	ck_assert_msg(took >= 1450, "gave up after %.0f ms", took);
+	printf("measured: connect_timeout_ms 1500: gave up after %.0f ms\n", took);
+	close(lfd);
+	unlink(path);
+}
+END_TEST
+
 START_TEST(test_shard_map_mismatch_refused)
 {
 	char yaml[2048], path_a[64], path_b[64], err[512], want[64];
@@ -1210,6 +1249,7 @@ Suite *cluster_suite(void)
 	tcase_add_test(tc, test_shard_map_mismatch_refused);
 	tcase_add_test(tc, test_pull_of_many_slices);
 	tcase_add_test(tc, test_async_push_answers_waiting_pull);
+	tcase_add_test(tc, test_connect_timeout_fraction);
 	suite_add_tcase(s, tc);
 	return s;
 }
