@@ -8,6 +8,8 @@
 #   make SANITIZE=address,undefined test
 #   make valgrind        the integration tests with every shard and the test
 #                        itself under valgrind memcheck (about 6 minutes)
+#   make test-rdma       the RDMA tests inside a qemu VM of Debian's kernel with
+#                        soft-RoCE (tests/rdma-vm.sh; about a minute, no KVM)
 #   make mutate          mutation testing of server/, the client library and
 #                        the transport, wire, codec and auth code against
 #                        their narrowest suites (scripts/mutate.sh --help;
@@ -78,7 +80,7 @@ IT_SH     := $(wildcard tests/it_*.sh)
 
 PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_cpu.c)),bin/ps-worker)
 
-.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc
+.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc test-rdma
 .SECONDARY:
 
 all: $(PROGRAMS) lib/libps.a
@@ -142,6 +144,14 @@ test: deps
 		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec
 	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS) $(IT_SH)
 	@$(MAKE) --no-print-directory fuzz
+
+# RDMA over soft-RoCE in a VM (docs/rdma.md): the host packages, virtme-ng
+# and Debian's kernel are fetched once into build/rdma-vm; exit 77 = skipped
+# with the reason printed (no qemu, no kernel package to be had).
+test-rdma: deps
+	@$(MAKE) --no-print-directory $(OBJ)/tests/check_rdma
+	@tests/rdma-vm.sh $(if $(filter 0,$(shell id -u)),--install-deps) -- $(OBJ)/tests/check_rdma; \
+	  rc=$$?; [ $$rc -eq 77 ] && echo "test-rdma: SKIP (reason above)" && rc=0; exit $$rc
 
 bench: deps
 	@$(MAKE) --no-print-directory all $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train \
