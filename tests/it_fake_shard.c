@@ -318,6 +318,17 @@ START_TEST(test_replies_before_handshake_ignored)
 	ck_assert_msg(fake_wait_closed(fk.fd, 5000) >= 0,
 		      "the worker kept a connection that sent replies before the handshake");
 	close(fk.fd);
+	/* it tries again: this time the impostor answers with statistics
+	 * only, which close the connection just the same */
+	fk = (struct fake){ .fd = fake_accept(lfd, 10000) };
+	ck_assert_msg(fk.fd >= 0, "the worker did not reconnect a second time within 10 s");
+	ck_assert_int_eq(fake_recv(&fk, &m, NULL, NULL, 5000), PS_MSG_HELLO);
+	protobuf_c_message_free_unpacked(m, NULL);
+	Ps__Stats fst = PS__STATS__INIT;
+	ck_assert_int_eq(fake_send(&fk, PS_MSG_STATS, &fst.base, NULL, 0), 0);
+	ck_assert_msg(fake_wait_closed(fk.fd, 5000) >= 0,
+		      "the worker kept a connection that sent statistics before the handshake");
+	close(fk.fd);
 	close(lfd);
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(w[i] == -7.0f, "w[%d] = %g written from an unauthenticated reply", i,
@@ -340,6 +351,8 @@ START_TEST(test_replies_before_handshake_ignored)
 	 * again to the restarted shard, the worker's clean goodbye */
 	char *log = tu_capture_end();
 	ck_assert_msg(strstr(log, "it sent a push-ack frame before the handshake and "
+			     "authentication completed"), "%s", log);
+	ck_assert_msg(strstr(log, "it sent a stats frame before the handshake and "
 			     "authentication completed"), "%s", log);
 	ck_assert_msg(strstr(log, "to a restarted shard; 2 request(s) sent again"), "%s", log);
 	ck_assert_msg(strstr(log, "worker 0 disconnected (closed)"), "%s", log);
