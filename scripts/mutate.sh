@@ -58,7 +58,7 @@ suites_for() {
     server/admin.c)            echo it_stat it_checkpoint it_hostile ;;   # it_hostile reads the queue figures
     server/metrics_http.c)     echo it_stat ;;
     server/*)                  echo it_cluster it_checkpoint it_hostile ;;
-    worker/ps_client*)         echo it_cluster it_checkpoint it_hostile ;;
+    worker/ps_client*)         echo it_fake_shard it_cluster it_checkpoint it_hostile ;;
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
     common/transport*)         echo check_transport it_hostile ;;

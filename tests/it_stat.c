@@ -456,6 +456,29 @@ END_TEST
 /* stats.token_file: /metrics answers 401 without the bearer token or with
  * another one, 200 with it; /healthz stays open; a token file others may
  * read stops the shard at start, saying why. */
+/* Shard k serves /metrics on the configured port + k: shard 1 of a
+ * cluster whose stats.http port is 65535 would need 65536, so it stops at
+ * start (status 1) saying so, and shard 0 starts. */
+START_TEST(test_metrics_port_past_65535)
+{
+	char path[64];
+	struct ps_config cfg;
+	pid_t srv[2];
+
+	tu_capture_begin(); /* before the shards start: their stderr is read */
+	start_shards(path, &cfg, tu_free_port(), tu_free_port(),
+		     "stats:\n  http: 127.0.0.1:65535\n", srv);
+	int st1 = tu_wait_child(srv[1]);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	char *log = tu_capture_end();
+	ck_assert_int_eq(st1, 1);
+	ck_assert_msg(strstr(log, "stats.http '127.0.0.1:65535': shard 1 would serve on port "
+			     "65536, outside 1..65535"), "%s", log);
+	free(log);
+	unlink(path);
+}
+END_TEST
+
 START_TEST(test_metrics_token)
 {
 	static char body[262144];
@@ -511,6 +534,7 @@ int main(void)
 	tcase_add_test(tc, test_stat_bad_usage);
 	tcase_add_test(tc, test_metrics_http);
 	tcase_add_test(tc, test_metrics_token);
+	tcase_add_test(tc, test_metrics_port_past_65535);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();
