@@ -469,6 +469,21 @@ START_TEST(test_metrics_port_past_65535)
 	start_shards(path, &cfg, tu_free_port(), tu_free_port(),
 		     "stats:\n  http: 127.0.0.1:65535\n", srv);
 	int st1 = tu_wait_child(srv[1]);
+	/* shard 0 is up and answers (stopping it before its signal handler
+	 * is installed would kill it) */
+	struct ps_shard_stats sst;
+	int up = 0;
+	for (int i = 0; i < 200 && !up; i++) {
+		struct ps_client *c = NULL;
+		char err[512];
+		if (ps_client_init(&c, &cfg, -1, err, sizeof(err)) == 0) {
+			up = ps_client_stats(c, 0, &sst) == 0;
+			ps_client_free(c);
+		}
+		if (!up)
+			tu_sleep_ms(50);
+	}
+	ck_assert_msg(up, "shard 0 did not answer");
 	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
 	char *log = tu_capture_end();
 	ck_assert_int_eq(st1, 1);
