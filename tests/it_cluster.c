@@ -1181,6 +1181,41 @@ START_TEST(test_connect_timeout_fraction)
 }
 END_TEST
 
+/* lz4: auto tries LZ4 only on encoded slices of at least 1 KiB: a q8
+ * push of tensor b (561 values, about 570 bytes encoded, all zeros, so
+ * very compressible) leaves with as many bytes as with lz4: off, while
+ * lz4: on shrinks it. */
+START_TEST(test_lz4_auto_skips_small_slices)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	static float g[561];
+	uint64_t wire[3];
+	static const int modes[3] = { PS_LZ4_AUTO, PS_LZ4_OFF, PS_LZ4_ON };
+
+	start_cluster(path, &cfg, 1, "async", "compression:\n  codec: q8\n  lz4: auto\n", srv);
+	for (int m = 0; m < 3; m++) {
+		struct ps_config c2 = cfg;
+		c2.compress.lz4 = modes[m];
+		struct ps_client *c = connect_retry(&c2, 0, err, sizeof(err));
+		ck_assert_msg(c != NULL, "%s", err);
+		struct ps_tensor t = { "b", g, 561, 0 };
+		int64_t id = ps_client_push(c, 0, &t, 1, 0);
+		ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "push: %s", ps_client_error(c));
+		uint64_t raw;
+		ps_client_push_bytes(c, &raw, &wire[m]);
+		ck_assert_uint_eq(raw, 561 * 4);
+		ps_client_free(c);
+	}
+	ck_assert_msg(wire[0] == wire[1], "lz4 auto sent %" PRIu64 " bytes, off %" PRIu64, wire[0],
+		      wire[1]);
+	ck_assert_msg(wire[2] < wire[1] / 2, "lz4 on sent %" PRIu64 " bytes, off %" PRIu64, wire[2],
+		      wire[1]);
+	stop_cluster(path, srv);
+}
+END_TEST
+
 START_TEST(test_shard_map_mismatch_refused)
 {
 	char yaml[2048], path_a[64], path_b[64], err[512], want[64];
@@ -1250,6 +1285,7 @@ Suite *cluster_suite(void)
 	tcase_add_test(tc, test_pull_of_many_slices);
 	tcase_add_test(tc, test_async_push_answers_waiting_pull);
 	tcase_add_test(tc, test_connect_timeout_fraction);
+	tcase_add_test(tc, test_lz4_auto_skips_small_slices);
 	suite_add_tcase(s, tc);
 	return s;
 }
