@@ -1003,7 +1003,8 @@ static int tmp_file_in(const char *d)
 /* SIGTERM while a checkpoint on request is being written (its temporary
  * file is there): the shard says it waits for it, then writes the last
  * checkpoint, named for the signal, exits 0, and the file loads with the
- * last update in it. */
+ * last update in it; when the folder vanished meanwhile, both fail and the
+ * shard exits 1. */
 START_TEST(test_sigterm_during_checkpoint)
 {
 	static float w[16];
@@ -1049,6 +1050,34 @@ START_TEST(test_sigterm_during_checkpoint)
 		ck_assert_msg(w[i] == (float)i - 2.0f, "small[%d] = %g", i, (double)w[i]);
 	ps_client_free(c);
 	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+
+	/* again, and the folder disappears meanwhile: the checkpoint being
+	 * written and the last one both fail, and the shard says so and exits
+	 * with status 1, so a supervisor sees the lost checkpoint */
+	char gone[220];
+	snprintf(gone, sizeof(gone), "%s.gone", dir);
+	setenv("PS_TEST_LOG", "info", 1);
+	tu_capture_begin();
+	srv[0] = tu_start_server(path, 0);
+	c = connect_slow(srv[0]);
+	a = (struct asker){ .c = c };
+	ck_assert_int_eq(pthread_create(&th, NULL, ask_checkpoint, &a), 0);
+	deadline = ps_now_s() + 30 * tu_time_scale();
+	while (!tmp_file_in(dir) && ps_now_s() < deadline)
+		tu_sleep_ms(1);
+	ck_assert_msg(tmp_file_in(dir), "no checkpoint being written within 30 s");
+	ck_assert_int_eq(rename(dir, gone), 0);
+	kill(srv[0], SIGTERM);
+	st = tu_wait_child(srv[0]);
+	pthread_join(th, NULL);
+	ps_client_free(c);
+	unsetenv("PS_TEST_LOG");
+	log = tu_capture_end();
+	ck_assert_int_eq(rename(gone, dir), 0);
+	ck_assert_msg(st == 1, "the shard exited with %d", st);
+	ck_assert_msg(strstr(log, "waiting for the checkpoint being written"), "%s", log);
+	ck_assert_msg(strstr(log, "checkpoint (SIGTERM) failed: "), "%s", log);
+	free(log);
 	stop_files();
 }
 END_TEST
