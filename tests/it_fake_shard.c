@@ -364,6 +364,46 @@ START_TEST(test_replies_before_handshake_ignored)
 }
 END_TEST
 
+/* A worker with nothing pending whose shard was killed and restarted
+ * reconnects by itself and says it sent nothing again. */
+START_TEST(test_reconnect_nothing_pending)
+{
+	int port = tu_free_port();
+	char *log = NULL;
+	pid_t pid;
+
+	write_cfg(1, &port);
+	setenv("PS_TEST_LOG", "info", 1);
+	tu_capture_begin();
+	pid = tu_start_server(path, 0);
+	struct ps_client *c = connect_retry();
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	pid = tu_start_server(path, 0);
+	/* the worker's own retries find it: wait for its log line */
+	int found = 0;
+	for (int i = 0; i < 200 && !found; i++) {
+		FILE *f = fopen(tu_capture_path, "r");
+		char buf[16384];
+		size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+		if (f)
+			fclose(f);
+		buf[n] = 0;
+		found = strstr(buf, "reconnected after") != NULL;
+		if (!found)
+			tu_sleep_ms(50);
+	}
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(pid), 0);
+	unsetenv("PS_TEST_LOG");
+	log = tu_capture_end();
+	ck_assert_msg(found, "no reconnect within 10 s:\n%s", log);
+	ck_assert_msg(strstr(log, "to a restarted shard; 0 request(s) sent again"), "%s", log);
+	free(log);
+	unlink(path);
+}
+END_TEST
+
 /* Two fake shards that hold the secret: each completes the handshake
  * (proof, session keys, MACed frames) and answers pulls as `mode` says. */
 enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE };
@@ -526,6 +566,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_replies_before_handshake_ignored);
+	tcase_add_test(tc, test_reconnect_nothing_pending);
 	tcase_add_test(tc, test_fake_shards_answer_right);
 	tcase_add_test(tc, test_foreign_slice_refused);
 	suite_add_tcase(s, tc);
