@@ -1199,6 +1199,39 @@ START_TEST(test_lz4_push_with_nan_refused)
 }
 END_TEST
 
+/* An LZ4 push of two slices, 4,116 bytes expanded (not a multiple of the
+ * 64 bytes the expansion buffer is aligned to), is applied exactly: both
+ * slices move by the pushed value, the others stay. Under
+ * SANITIZE=address a buffer a few bytes short for this length shows. */
+START_TEST(test_lz4_push_odd_length)
+{
+	static float before[NA + NC], after[NA + NC], raw[1024 + NC];
+	static uint8_t pay[8192];
+	struct pref p[2] = { { 0, 0, 4096 }, { 3, 4096, NC * 4 } };
+
+	fx_start();
+	int fd = raw_worker();
+	pull_all(before);
+	for (int i = 0; i < 1024 + NC; i++)
+		raw[i] = 1.0f;
+	size_t packed = ps_lz4_pack(raw, sizeof(raw), pay, sizeof(pay) - 4);
+	ck_assert_uint_gt(packed, 0);
+	memset(pay + packed, 0, 4);
+	send_lz4_push(fd, 1, p, 2, pay, packed, sizeof(raw));
+	expect_ack(fd, 1);
+	F.clock++;
+	F.rounds++;
+	pull_all(after);
+	for (int i = 0; i < NA + NC; i++) {
+		float want = before[i] - ((i < 1024 || i >= NA) ? 1.0f : 0.0f);
+		ck_assert_msg(after[i] == want, "w[%d] = %g, want %g", i, (double)after[i],
+			      (double)want);
+	}
+	close(fd);
+	fx_stop();
+}
+END_TEST
+
 /* Requests before the handshake, a push from a monitor, a second hello. */
 START_TEST(test_requests_before_hello)
 {
@@ -2140,7 +2173,21 @@ END_TEST
 /* A push's frame is freed once applied: 1,500 honest rounds (12 KB pushed
  * each) leave the shard's resident memory within 4 MiB of where 200 rounds
  * left it (a frame kept per push would add 18 MB). Under valgrind, whose
- * freed-block queue holds 20 MB, the leak check covers this instead. */
+ * freed-block queue holds 20 MB, and ASan, whose quarantine holds more,
+ * their leak checks cover this instead. */
+/* ASan keeps freed memory in quarantine (256 MB): resident memory then
+ * says nothing about leaks, which ASan's own leak check reports. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
 START_TEST(test_push_frames_freed)
 {
 	fx_start();
@@ -2152,7 +2199,7 @@ START_TEST(test_push_frames_freed)
 	long after = vm_hwm_kb(F.pid);
 	printf("measured: shard peak memory %ld kB after 200 rounds, %ld kB after 1,700\n",
 	       before, after);
-	if (!getenv("PS_TEST_VALGRIND"))
+	if (!getenv("PS_TEST_VALGRIND") && !SANITIZED)
 		ck_assert_msg(after - before < 4096, "the shard grew by %ld kB over 1,500 pushes",
 			      after - before);
 	F.st = stats();
@@ -2264,6 +2311,7 @@ int main(void)
 	tcase_add_test(tc, test_idle_timeout_zero_never_drops);
 	tcase_add_test(tc, test_released_pulls_over_queue_close);
 	tcase_add_test(tc, test_push_frames_freed);
+	tcase_add_test(tc, test_lz4_push_odd_length);
 	tcase_add_test(tc, test_secret_file_checks);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
