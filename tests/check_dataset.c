@@ -28,17 +28,6 @@
 #define FMNIST "/usr/share/datasets/fashion-mnist"
 #endif
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 static char g_dir[64];   /* temporary directory for the hostile files */
 
 /* ---- building IDX files ------------------------------------------------ */

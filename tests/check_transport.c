@@ -1212,6 +1212,25 @@ static const char *logcap_end(struct logcap *l, char *buf, size_t n)
 	return buf;
 }
 
+/* The raw peer on fd (its record r) sent a frame the transport must refuse:
+ * r closes with PS_EAUTH having delivered `frames` frames, and the log
+ * captured since lc started gives the reason; then fd is closed. */
+static void expect_refused(struct rec *r, int fd, struct logcap *lc, const char *what,
+			   int frames, const char *reason)
+{
+	char log[4096];
+	int closed = RUN_UNTIL(r->closes == 1, 5000);
+
+	logcap_end(lc, log, sizeof(log));
+	ck_assert_msg(closed, "%s: not refused", what);
+	ck_assert_msg(r->close_status == PS_EAUTH, "%s: status %d (%s)", what, r->close_status,
+		      ps_strerror(r->close_status));
+	ck_assert_msg(r->frames == frames, "%s: %d frames delivered", what, r->frames);
+	ck_assert_msg(strstr(log, reason), "%s: no \"%s\" in the log:\n%s", what, reason, log);
+	ck_assert(RUN_UNTIL(raw_peer_closed(fd), 2000));
+	close(fd);
+}
+
 /* Writes one push frame with meta and no payload as an authenticated
  * sender would: seq in the header, the Poly1305 tag under key for frame
  * position mac_seq over header and meta; then flips bit `flip` of the meta
@@ -1350,7 +1369,6 @@ START_TEST(test_encrypted_frames_on_the_wire)
 	int cipher = _i % 2 ? PS_CIPHER_CHACHA20POLY1305 : PS_CIPHER_AES256GCM;
 	static const char meta[] = "meta of an encrypted frame";
 	uint8_t key[32], other[32], pay[5000], out[PS_WIRE_HDR_LEN + sizeof(pay) + 64];
-	char log[4096];
 	struct rec *r;
 
 	env_init_as(_i / 2, MODE_CLEAR);
@@ -1437,17 +1455,7 @@ START_TEST(test_encrypted_frames_on_the_wire)
 			raw_aead_frame(fd, cipher, cases[v].wrong_key ? other : key,
 				       PS_FRAME_F_MAC | PS_FRAME_F_ENC, 0, 0, meta, pay,
 				       sizeof(pay), cases[v].flip);
-		int closed = RUN_UNTIL(r->closes == 1, 5000);
-		logcap_end(&lc, log, sizeof(log));
-		ck_assert_msg(closed, "%s: not refused", cases[v].what);
-		ck_assert_msg(r->close_status == PS_EAUTH, "%s: status %d (%s)", cases[v].what,
-			      r->close_status, ps_strerror(r->close_status));
-		ck_assert_msg(r->frames == cases[v].replay, "%s: %d frames delivered",
-			      cases[v].what, r->frames);
-		ck_assert_msg(strstr(log, cases[v].reason), "%s: no \"%s\" in the log:\n%s",
-			      cases[v].what, cases[v].reason, log);
-		ck_assert(RUN_UNTIL(raw_peer_closed(fd), 2000));
-		close(fd);
+		expect_refused(r, fd, &lc, cases[v].what, cases[v].replay, cases[v].reason);
 	}
 	env_free();
 }
@@ -1482,7 +1490,6 @@ START_TEST(test_keyed_frames_without_payload)
 		{ "frame 0 replayed at position 1", 0, -1, 0, 1,
 		  "push frame numbered 0 where 1 was due (replayed, dropped or reordered)" },
 	};
-	char log[4096];
 
 	env_init_as(_i, MODE_MAC);
 	if (!E.ops->set_keys) {
@@ -1518,17 +1525,7 @@ START_TEST(test_keyed_frames_without_payload)
 		uint64_t pos = (uint64_t)cases[v].good_first; /* the position due */
 		raw_mac_frame(fd, cases[v].wrong_key ? other : key, cases[v].seq, pos, meta,
 			      cases[v].flip);
-		int closed = RUN_UNTIL(r->closes == 1, 5000);
-		logcap_end(&lc, log, sizeof(log));
-		ck_assert_msg(closed, "%s: not refused", cases[v].what);
-		ck_assert_msg(r->close_status == PS_EAUTH, "%s: status %d (%s)", cases[v].what,
-			      r->close_status, ps_strerror(r->close_status));
-		ck_assert_msg(r->frames == cases[v].good_first, "%s: %d frames delivered",
-			      cases[v].what, r->frames);
-		ck_assert_msg(strstr(log, cases[v].reason), "%s: no \"%s\" in the log:\n%s",
-			      cases[v].what, cases[v].reason, log);
-		ck_assert(RUN_UNTIL(raw_peer_closed(fd), 2000));
-		close(fd);
+		expect_refused(r, fd, &lc, cases[v].what, cases[v].good_first, cases[v].reason);
 	}
 	/* And the main pair was not disturbed. */
 	ck_assert_int_eq(tsend(E.k, PS_MSG_PULL, "z", 1, NULL, 0, PS_SEND_VOLATILE, NULL, NULL), 0);

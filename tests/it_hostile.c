@@ -2175,19 +2175,6 @@ END_TEST
  * left it (a frame kept per push would add 18 MB). Under valgrind, whose
  * freed-block queue holds 20 MB, and ASan, whose quarantine holds more,
  * their leak checks cover this instead. */
-/* ASan keeps freed memory in quarantine (256 MB): resident memory then
- * says nothing about leaks, which ASan's own leak check reports. */
-#if defined(__SANITIZE_ADDRESS__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
-
 START_TEST(test_push_frames_freed)
 {
 	fx_start();

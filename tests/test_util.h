@@ -290,6 +290,20 @@ static inline void tu_sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
+/* SANITIZED: 1 in a build with AddressSanitizer, whose quarantine keeps
+ * freed memory (so resident memory says nothing about leaks; its own leak
+ * check reports them) and which slows allocation-heavy cases. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
 /* Log lines as a user reads them: from tu_capture_begin on, this
  * process's stderr (and that of every ps-server it starts afterwards
  * without a log file) goes to a temporary file as well as nowhere else;
