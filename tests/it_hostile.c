@@ -33,6 +33,9 @@
 #include "test_util.h"
 
 #define HANDSHAKE_MS 300
+/* The shard's handshake deadline: HANDSHAKE_MS, longer under valgrind, where
+ * an honest handshake itself takes longer than 300 ms. */
+#define HANDSHAKE_DEADLINE_MS ((int)(HANDSHAKE_MS * tu_time_scale()))
 #define MAX_CONNS 32
 #define NA 3000
 #define NC 5
@@ -151,9 +154,10 @@ static void fx_start(void)
 		 "    - {name: c, shape: [%d], init: arange}\n"
 		 "limits:\n  handshake_timeout_ms: %d\n  max_connections: %d\n"
 		 "  max_frame_bytes: 1MiB\n  max_meta_bytes: 64KiB\n  max_clock_ahead: 4\n"
-		 "  connect_timeout_ms: 5000\n  request_timeout_ms: 5000\n%s"
+		 "  connect_timeout_ms: %d\n  request_timeout_ms: %d\n%s"
 		 "log:\n  level: warn\n%s",
-		 F.port, NA, NC, HANDSHAKE_MS, MAX_CONNS, fx_limits, fx_extra);
+		 F.port, NA, NC, HANDSHAKE_DEADLINE_MS, MAX_CONNS, (int)(5000 * tu_time_scale()),
+		 (int)(5000 * tu_time_scale()), fx_limits, fx_extra);
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
 	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(ps_auth_load_secret(&F.cfg, F.secret, err, sizeof(err)) == 0, "%s", err);
@@ -755,7 +759,7 @@ START_TEST(test_slow_loris)
 	/* dropped at the first tick (every 200 ms) past the deadline; the rest
 	 * is slack for a busy machine; dribbling goes on past it, so a
 	 * connection that dribbling keeps open shows as never dropped */
-	int late_ms = HANDSHAKE_MS + 200 + (int)(2000 * tu_time_scale());
+	int late_ms = HANDSHAKE_DEADLINE_MS + 200 + (int)(2000 * tu_time_scale());
 	double t0;
 
 	fx_limits = "  max_handshakes_per_source: 16\n"; /* all N wait for their deadline */
@@ -794,7 +798,7 @@ START_TEST(test_slow_loris)
 	for (int i = 0; i < N; i++) {
 		/* Kept while the deadline runs, dropped soon after it. */
 		ck_assert_msg(closed_ms[i] >= 0, "slow connection %d never dropped", i);
-		ck_assert_msg(closed_ms[i] >= HANDSHAKE_MS,
+		ck_assert_msg(closed_ms[i] >= HANDSHAKE_DEADLINE_MS,
 			      "connection %d dropped after %d ms, before the deadline", i,
 			      closed_ms[i]);
 		ck_assert_msg(closed_ms[i] <= late_ms, "connection %d dropped only after %d ms", i,
@@ -1440,6 +1444,14 @@ START_TEST(test_handshake_flood_keeps_no_one_out)
 	char err[512];
 	pthread_t th;
 
+	if (getenv("PS_TEST_VALGRIND")) {
+		/* the flood's sockets outrun a shard slowed 20-50x by memcheck,
+		 * and the honest handshake then never wins a turn: the property
+		 * is one of speed, checked natively and under ASan */
+		tu_skip("handshake flood under valgrind: the flood outpaces a shard under "
+			"memcheck; run natively or with SANITIZE=address");
+		return;
+	}
 	fx_limits = "  max_handshakes: 16\n  max_handshakes_per_source: 4\n";
 	fx_start();
 	fx_limits = "";
