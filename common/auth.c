@@ -208,6 +208,11 @@ int ps_auth_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], in
 	return ok;
 }
 
+int ps_auth_cipher(const struct ps_security_cfg *sec)
+{
+	return sec->encrypt ? sec->cipher : -1;
+}
+
 void ps_auth_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int server,
 			  struct ps_frame_keys *out)
 {

@@ -66,6 +66,11 @@ void ps_auth_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int 
 int ps_auth_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
 		     const uint8_t *proof, size_t len);
 
+/* What protects frames after the handshake, from security: -1 for MACs (or
+ * nothing, without mac), else the enum ps_cipher of security.encrypt. The
+ * Hello carries it + 1 (0: not encrypted); both ends must agree. */
+int ps_auth_cipher(const struct ps_security_cfg *sec);
+
 /* The frame keys of the server end (server 1) or the client end: the
  * client's send key is the server's receive key and the other way round. */
 void ps_auth_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int server,

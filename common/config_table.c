@@ -28,14 +28,9 @@ const char *const cfg_codec_names[] = { "none", "fp16", "q8", "topk", "sign", NU
 const char *const cfg_pull_names[] = { "none", "fp16", NULL };
 /* in enum ps_lz4_mode order */
 const char *const cfg_lz4_names[] = { "off", "on", "auto", NULL };
-/* in enum ps_cipher order (frame_aead.h) */
-const char *const cfg_cipher_names[] = { "aes-256-gcm", "chacha20-poly1305", NULL };
 _Static_assert(PS_CODEC_NONE == 0 && PS_CODEC_FP16 == 1 && PS_CODEC_Q8 == 2 &&
 	       PS_CODEC_TOPK == 3 && PS_CODEC_SIGN == 4 && PS_CODEC_COUNT == 5, "cfg_codec_names");
 _Static_assert(PS_LZ4_OFF == 0 && PS_LZ4_ON == 1 && PS_LZ4_AUTO == 2, "cfg_lz4_names");
-
-_Static_assert(PS_CIPHER_AES256GCM == 0 && PS_CIPHER_CHACHA20POLY1305 == 1 &&
-	       PS_CIPHER_COUNT_ == 2, "cfg_cipher_names");
 
 #define C struct ps_config
 const struct opt cfg_opts[] = {
@@ -181,7 +176,7 @@ const struct opt cfg_opts[] = {
 	  "with auth and mac: every later frame is encrypted (an AEAD record in place of the "
 	  "MAC), so gradients and weights cannot be read on the way; costs a pass over every "
 	  "byte (BENCHMARKS.md)"),
-	O("security.cipher", T_ENUM, 0, 0, 0, "aes-256-gcm", cfg_cipher_names, C, security.cipher,
+	O("security.cipher", T_ENUM, 0, 0, 0, "aes-256-gcm", ps_cipher_names, C, security.cipher,
 	  "with encrypt: the AEAD cipher; aes-256-gcm is the faster where the CPU has AES "
 	  "instructions, chacha20-poly1305 where it has not"),
 	O("security.secret_file", T_PATH, 0, 0, 0, "", NULL, C, security.secret_file,

@@ -1,7 +1,6 @@
 /* frame_aead.c - AEAD records of frames (AES-256-GCM or ChaCha20-Poly1305,
  * from OpenSSL's libcrypto). */
 #include <errno.h>
-#include <limits.h>
 #include <string.h>
 #include <openssl/evp.h>
 #include "frame_aead.h"
@@ -11,11 +10,12 @@
 
 _Static_assert(PS_MAC_TAG_LEN == 16, "the AEAD tag takes the MAC's place");
 
-static const char *const names[PS_CIPHER_COUNT_] = { "aes-256-gcm", "chacha20-poly1305" };
+const char *const ps_cipher_names[PS_CIPHER_COUNT_ + 1] = { "aes-256-gcm", "chacha20-poly1305",
+							     NULL };
 
 const char *ps_cipher_name(int c)
 {
-	return c >= 0 && c < PS_CIPHER_COUNT_ ? names[c] : "an unknown cipher";
+	return c >= 0 && c < PS_CIPHER_COUNT_ ? ps_cipher_names[c] : "an unknown cipher";
 }
 
 int ps_aead_init(struct ps_aead *a)

@@ -23,15 +23,19 @@
 
 #define PS_AEAD_KEY_LEN 32
 
-/* security.cipher, in the order of cfg_cipher_names; on the wire (Hello
- * field auth_cipher) as this value + 1, 0 meaning "not encrypted". */
+/* security.cipher; on the wire (Hello field auth_cipher) as this value + 1,
+ * 0 meaning "not encrypted". */
 enum ps_cipher {
 	PS_CIPHER_AES256GCM = 0,
 	PS_CIPHER_CHACHA20POLY1305 = 1,
 	PS_CIPHER_COUNT_
 };
 
-/* The name of cipher c ("aes-256-gcm"), or "?" when out of range. */
+/* The ciphers' names in enum order, NULL-terminated (the config's values
+ * of security.cipher). */
+extern const char *const ps_cipher_names[PS_CIPHER_COUNT_ + 1];
+
+/* The name of cipher c ("aes-256-gcm"), or "an unknown cipher". */
 const char *ps_cipher_name(int c);
 
 /* One direction's cipher state, reused frame after frame. */

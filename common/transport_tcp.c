@@ -1240,7 +1240,6 @@ out:
 static void tcp_set_keys(struct ps_conn *pc, const struct ps_frame_keys *keys)
 {
 	struct tcp_conn *c = container_of(pc, struct tcp_conn, base);
-
 	int rc = 0;
 
 	pthread_mutex_lock(&c->wmu);

@@ -245,7 +245,7 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		refuse(sc, err);
 		return;
 	}
-	if (h->auth_cipher != (sec->encrypt ? (uint32_t)sec->cipher + 1 : 0)) {
+	if (h->auth_cipher != (uint32_t)(ps_auth_cipher(sec) + 1)) {
 		snprintf(err, sizeof(err), "encryption: the client has security.encrypt: %s%s, this "
 			 "shard %s%s; the two configs must agree (security.encrypt, security.cipher)",
 			 h->auth_cipher ? "true with " : "false",
@@ -277,7 +277,7 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 	}
 	if (s->cfg->security.mac) {
 		ps_auth_session_keys(s->secret, sc->transcript, 1, &keys);
-		keys.cipher = s->cfg->security.encrypt ? s->cfg->security.cipher : -1;
+		keys.cipher = ps_auth_cipher(&s->cfg->security);
 		sc->conn->t->ops->set_keys(sc->conn, &keys);
 		sodium_memzero(&keys, sizeof(keys));
 	}

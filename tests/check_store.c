@@ -445,6 +445,19 @@ START_TEST(test_bsp_live_set)
 }
 END_TEST
 
+/* A sync store of 3 ranks reading the live set and ended clocks from live
+ * and finished, clocks up to 64 ahead accepted. */
+static void store_with_ended(struct ps_config *cfg, struct ps_shardmap *map, struct ps_store *st,
+			     const uint8_t *live, const uint64_t *finished)
+{
+	make_cfg(cfg, 3, PS_SYNC);
+	cfg->limits.max_clock_ahead = 64;
+	ck_assert_int_eq(ps_shardmap_init(map, cfg), 0);
+	ck_assert_int_eq(ps_store_init(st, cfg, map, 0), 0);
+	st->live = live;
+	st->finished = finished;
+}
+
 /* Ended clocks (a shard restarted from an older checkpoint learns from
  * its workers' Hellos that they ended clocks it has no pushes for): the
  * version passes over clocks every live rank has ended, applying nothing;
@@ -459,12 +472,7 @@ START_TEST(test_bsp_ended_clocks)
 	uint64_t finished[3] = { 5, 5, 5 };
 	float g[3][200], w0[200];
 
-	make_cfg(&cfg, 3, PS_SYNC);
-	cfg.limits.max_clock_ahead = 64;
-	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
-	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
-	st.live = live;
-	st.finished = finished;
+	store_with_ended(&cfg, &map, &st, live, finished);
 	struct ps_slot *s = &st.slots[0];
 	s->version = 5; /* as restored from a checkpoint at clock 5 */
 	memcpy(w0, s->w, sizeof(w0));
@@ -506,15 +514,10 @@ START_TEST(test_bsp_ended_clock_is_the_minimum)
 	struct ps_shardmap map;
 	struct ps_store st;
 	uint8_t live[3] = { 1, 1, 1 };
-	uint64_t finished[3];
+	uint64_t finished[3] = { 0 };
 	static const uint64_t cases[][3] = { { 6, 9, 9 }, { 9, 7, 9 }, { 9, 9, 8 }, { 12, 10, 11 } };
 
-	make_cfg(&cfg, 3, PS_SYNC);
-	cfg.limits.max_clock_ahead = 64;
-	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
-	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
-	st.live = live;
-	st.finished = finished;
+	store_with_ended(&cfg, &map, &st, live, finished);
 	struct ps_slot *s = &st.slots[0];
 	s->version = 5;
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {

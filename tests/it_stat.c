@@ -453,9 +453,6 @@ START_TEST(test_metrics_http)
 }
 END_TEST
 
-/* stats.token_file: /metrics answers 401 without the bearer token or with
- * another one, 200 with it; /healthz stays open; a token file others may
- * read stops the shard at start, saying why. */
 /* Shard k serves /metrics on the configured port + k: shard 1 of a
  * cluster whose stats.http port is 65535 would need 65536, so it stops at
  * start (status 1) saying so, and shard 0 starts. */
@@ -494,6 +491,9 @@ START_TEST(test_metrics_port_past_65535)
 }
 END_TEST
 
+/* stats.token_file: /metrics answers 401 without the bearer token or with
+ * another one, 200 with it; /healthz stays open; a token file others may
+ * read stops the shard at start, saying why. */
 START_TEST(test_metrics_token)
 {
 	static char body[262144];

@@ -50,7 +50,7 @@ void ps__client_on_connect(struct ps_conn *pc, int status)
 		ps_auth_random(nonce, sizeof(nonce));
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
 		h.auth_mac = c->cfg->security.mac;
-		h.auth_cipher = c->cfg->security.encrypt ? (uint32_t)c->cfg->security.cipher + 1 : 0;
+		h.auth_cipher = (uint32_t)(ps_auth_cipher(&c->cfg->security) + 1);
 	}
 	/* Packed here, not by ps_msg_send: the transcript covers these bytes. */
 	len = protobuf_c_message_get_packed_size(&h.base);
@@ -130,7 +130,7 @@ static void on_auth_challenge(struct ps_client *c, int k, const Ps__AuthChalleng
 	}
 	if (c->cfg->security.mac) {
 		ps_auth_session_keys(c->secret, t, 0, &keys);
-		keys.cipher = c->cfg->security.encrypt ? c->cfg->security.cipher : -1;
+		keys.cipher = ps_auth_cipher(&c->cfg->security);
 		sh->conn->t->ops->set_keys(sh->conn, &keys);
 		sodium_memzero(&keys, sizeof(keys));
 	}
