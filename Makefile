@@ -19,7 +19,7 @@
 PREFIX   ?= /usr/local
 CC       ?= gcc
 SANITIZE ?=
-PKGS     := libuv libprotobuf-c yaml-0.1 liblz4 check zlib libmicrohttpd libsodium libcrypto libibverbs
+PKGS     := libuv libprotobuf-c yaml-0.1 liblz4 check zlib libmicrohttpd libsodium libcrypto libibverbs librdmacm
 
 .DEFAULT_GOAL := all
 
@@ -28,7 +28,7 @@ OBJ      := build/$(VARIANT)
 GEN      := build/gen
 
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs libuv libprotobuf-c yaml-0.1 liblz4 libsodium libcrypto libibverbs 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs libuv libprotobuf-c yaml-0.1 liblz4 libsodium libcrypto libibverbs librdmacm 2>/dev/null)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 SRV_LIBS   := $(shell pkg-config --libs libmicrohttpd zlib 2>/dev/null)
 

@@ -1,5 +1,6 @@
 /* transport.c - the registry of transports, found by the config's name. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "config.h"
 #include "ps_err.h"
@@ -38,4 +39,47 @@ const struct ps_transport_ops *ps_transport_for(const struct ps_config *cfg, cha
 		snprintf(why, whylen, "transport not available in this build; use 'tcp'");
 	}
 	return ops;
+}
+
+int ps_frame_check_auth(const struct ps_frame_hdr *h, int keyed, int cipher, uint64_t recv_seq,
+			char *why, size_t whylen)
+{
+	if (!keyed) {
+		if (!(h->flags & PS_FRAME_F_MAC))
+			return 0;
+		snprintf(why, whylen, "%s frame with a MAC before authentication",
+			 ps_wire_type_name(h->type));
+		return PS_EPROTO;
+	}
+	if (!(h->flags & PS_FRAME_F_MAC)) {
+		snprintf(why, whylen, "%s frame without a MAC on an authenticated connection",
+			 ps_wire_type_name(h->type));
+		return PS_EAUTH;
+	}
+	if (!(h->flags & PS_FRAME_F_ENC) != (cipher < 0)) {
+		snprintf(why, whylen, "%s frame %s on a connection whose frames are %s",
+			 ps_wire_type_name(h->type), cipher < 0 ? "encrypted" : "in clear",
+			 cipher < 0 ? "MACed, not encrypted" : "encrypted");
+		return PS_EAUTH;
+	}
+	if (h->seq != (uint32_t)recv_seq) {
+		snprintf(why, whylen, "%s frame numbered %u where %u was due (replayed, dropped "
+			 "or reordered)", ps_wire_type_name(h->type), h->seq, (uint32_t)recv_seq);
+		return PS_EAUTH;
+	}
+	return 0;
+}
+
+uint8_t *ps_frame_body_alloc(uint32_t meta_len, uint64_t payload_len, uint8_t **data)
+{
+	size_t head = (sizeof(struct ps_frame) + meta_len + 63) & ~(size_t)63;
+	uint64_t tail = payload_len + PS_MAC_TAG_LEN; /* room for a tag */
+	uint8_t *b;
+
+	if (payload_len > SIZE_MAX - 2 * 64 - head - PS_MAC_TAG_LEN)
+		return NULL;
+	b = aligned_alloc(64, head + ((tail + 63) & ~(uint64_t)63));
+	if (b)
+		*data = b + head - meta_len;
+	return b;
 }

@@ -208,6 +208,21 @@ struct ps_config;
 const struct ps_transport_ops *ps_transport_for(const struct ps_config *cfg, char *why,
 						size_t whylen, int *rc);
 
+/* Shared by the transports' receive paths. */
+
+/* Whether header h carries what its connection's state demands: no MAC
+ * before keys are set; once keyed (cipher -1: MACs, else encrypted) a MAC,
+ * the matching F_ENC flag and sequence number recv_seq. 0, or PS_EPROTO /
+ * PS_EAUTH with the reason in why. */
+int ps_frame_check_auth(const struct ps_frame_hdr *h, int keyed, int cipher, uint64_t recv_seq,
+			char *why, size_t whylen);
+
+/* One buffer for a received frame: a struct ps_frame, padding, meta_len
+ * bytes of metadata, the payload on a 64-byte boundary (so tensors in it
+ * read as aligned floats) and room for a tag. Sets *data to where the
+ * metadata goes; free() releases it. NULL when out of memory. */
+uint8_t *ps_frame_body_alloc(uint32_t meta_len, uint64_t payload_len, uint8_t **data);
+
 extern const struct ps_transport_ops ps_tcp_transport_ops;
 extern const struct ps_transport_ops ps_rdma_transport_ops;
 

@@ -466,49 +466,10 @@ static int deliver(struct tcp_conn *c, uint8_t *body, uint8_t *data)
 }
 
 /* Whether the header just decoded carries what the connection's state
- * demands: a MAC and the next sequence number once keyed, no MAC before.
- * 0, or a code with the reason in why. */
+ * demands (ps_frame_check_auth). */
 static int check_auth_hdr(struct tcp_conn *c, char *why, size_t whylen)
 {
-	if (!c->keyed) {
-		if (!(c->hdr.flags & PS_FRAME_F_MAC))
-			return 0;
-		snprintf(why, whylen, "%s frame with a MAC before authentication",
-			 ps_wire_type_name(c->hdr.type));
-		return PS_EPROTO;
-	}
-	if (!(c->hdr.flags & PS_FRAME_F_MAC)) {
-		snprintf(why, whylen, "%s frame without a MAC on an authenticated connection",
-			 ps_wire_type_name(c->hdr.type));
-		return PS_EAUTH;
-	}
-	if (!(c->hdr.flags & PS_FRAME_F_ENC) != (c->cipher < 0)) {
-		snprintf(why, whylen, "%s frame %s on a connection whose frames are %s",
-			 ps_wire_type_name(c->hdr.type), c->cipher < 0 ? "encrypted" : "in clear",
-			 c->cipher < 0 ? "MACed, not encrypted" : "encrypted");
-		return PS_EAUTH;
-	}
-	if (c->hdr.seq != (uint32_t)c->recv_seq) {
-		snprintf(why, whylen, "%s frame numbered %u where %u was due (replayed, dropped "
-			 "or reordered)", ps_wire_type_name(c->hdr.type), c->hdr.seq,
-			 (uint32_t)c->recv_seq);
-		return PS_EAUTH;
-	}
-	return 0;
-}
-
-/* The frame buffer: a struct ps_frame, padding, meta, payload. The padding
- * puts the payload on a 64-byte boundary so tensors in it can be read as
- * aligned floats. Sets *data to where the metadata goes. */
-static uint8_t *body_alloc(uint32_t meta_len, uint64_t payload_len, uint8_t **data)
-{
-	size_t head = (sizeof(struct ps_frame) + meta_len + 63) & ~(size_t)63;
-	uint64_t tail = payload_len + PS_MAC_TAG_LEN; /* room for a tag */
-	uint8_t *b = aligned_alloc(64, head + ((tail + 63) & ~(uint64_t)63));
-
-	if (b)
-		*data = b + head - meta_len;
-	return b;
+	return ps_frame_check_auth(&c->hdr, c->keyed, c->cipher, c->recv_seq, why, whylen);
 }
 
 /* Where the next bytes received go: the body being filled, or staging. */
@@ -581,7 +542,7 @@ static int drain_stage(struct tcp_conn *c)
 		pos += PS_WIRE_HDR_LEN;
 		uint64_t len = c->hdr.meta_len + c->hdr.payload_len +
 			       (c->rmac_on ? PS_MAC_TAG_LEN : 0);
-		uint8_t *data, *body = body_alloc(c->hdr.meta_len, c->hdr.payload_len, &data);
+		uint8_t *data, *body = ps_frame_body_alloc(c->hdr.meta_len, c->hdr.payload_len, &data);
 		if (!body) {
 			ps_error("closing connection from %s: out of memory for a %llu-byte frame",
 				 c->base.peer, (unsigned long long)len);

@@ -31,12 +31,16 @@
 #include "frame_aead.h"
 #include "frame_mac.h"
 #include "ps_err.h"
+#include "ps_log.h"
 #include "test_util.h"
 #include "transport.h"
 #include "transport_rdma.h"
 
 static const char *const transports[] = { "tcp", "rdma" };
 static const char *avail[8]; /* names that passed the probe in main() */
+/* Where the pairs listen and connect: PS_TEST_HOST, else 127.0.0.1 (rdma_cm
+ * needs the address of an RDMA netdev: 10.0.2.15 in tests/rdma-vm.sh). */
+static const char *host = "127.0.0.1";
 
 #define MAX_RECS 64
 #define MIB (1024 * 1024)
@@ -163,8 +167,10 @@ static void on_watchdog(uv_timer_t *t)
 	E.expired = 1;
 }
 
-/* Runs the loop until cond holds or ms pass; the value of cond. */
-#define RUN_UNTIL(cond, ms)                                                      \
+/* Runs the loop until cond holds or ms pass (times PS_TEST_TIME_SCALE:
+ * the rdma runs are emulated); the value of cond. */
+#define RUN_UNTIL(cond, ms) RUN_UNTIL_MS(cond, (uint64_t)((ms) * tu_time_scale()))
+#define RUN_UNTIL_MS(cond, ms)                                                   \
 	({                                                                       \
 		E.expired = 0;                                                   \
 		uv_timer_start(&E.watchdog, on_watchdog, (ms), 0);               \
@@ -177,7 +183,7 @@ static void on_watchdog(uv_timer_t *t)
 /* Runs the loop for ms whatever happens. */
 static void run_for(int ms)
 {
-	RUN_UNTIL(0, ms);
+	RUN_UNTIL_MS(0, (uint64_t)ms);
 }
 
 /* Transport calls made through these count callbacks fired inside them. */
@@ -223,7 +229,7 @@ static void connect_pair(struct rec **srv_end, struct rec **cli_end)
 	int before = E.nrecs;
 
 	E.in_call++;
-	ck_assert_int_eq(E.ops->connect(E.cli, "127.0.0.1", E.port, NULL, &c), 0);
+	ck_assert_int_eq(E.ops->connect(E.cli, host, E.port, NULL, &c), 0);
 	E.in_call--;
 	ck_assert_ptr_nonnull(c);
 	*cli_end = rec_new(c, 0);
@@ -269,7 +275,7 @@ static void env_init_as(int i, int mode)
 	ck_assert_ptr_eq(E.srv->data, &E);
 	ck_assert_ptr_eq(E.srv->ops, E.ops);
 	ck_assert_int_lt(E.ops->bound_port(E.cli), 0); /* not listening */
-	ck_assert_int_eq(E.ops->listen(E.srv, "127.0.0.1", 0), 0);
+	ck_assert_int_eq(E.ops->listen(E.srv, host, 0), 0);
 	E.port = E.ops->bound_port(E.srv);
 	ck_assert_int_gt(E.port, 0);
 	connect_pair(&E.s, &E.k);
@@ -303,6 +309,18 @@ static void env_free(void)
 		ck_assert_int_eq(E.recs[i].frames_after_close, 0);
 	}
 	ck_assert_int_eq(E.sync_cbs, 0);
+}
+
+/* Cases whose misbehaving peer is a raw TCP socket run on tcp only; on
+ * another transport they are skipped (1) with the reason (rdma has
+ * test_rdma_bad_peer, which plays it over verbs). Call after env_init. */
+static int tcp_only(const char *what)
+{
+	if (strcmp(E.ops->name, "tcp") == 0)
+		return 0;
+	tu_skip("%s on %s: the misbehaving peer is a raw TCP socket", what, E.ops->name);
+	env_free();
+	return 1;
 }
 
 /* ---- data helpers ---- */
@@ -528,7 +546,7 @@ START_TEST(test_many_in_flight)
 					       on_sent, &st[i]),
 					 0);
 		}
-		total += PS_WIRE_HDR_LEN + 4 + FLIGHT_BYTES;
+		total += PS_WIRE_HDR_LEN + 4 + FLIGHT_BYTES + E.tag;
 	}
 	/* Nothing completes inside send; most of 12.8 MiB is still queued. */
 	for (uint32_t i = 0; i < NFLIGHT; i++)
@@ -595,7 +613,9 @@ START_TEST(test_large_payload)
 			       NULL),
 			 0);
 	memset(b, 0, vol);
+	double t0 = uv_hrtime() / 1e6;
 	ck_assert(RUN_UNTIL(count_frames(E.s) == 2, 15000));
+	fprintf(stderr, "large payload (%s): %.0f ms\n", E.ops->name, uv_hrtime() / 1e6 - t0);
 	ck_assert_int_eq(st.fired, 1);
 	ck_assert_int_eq(st.status, 0);
 	struct ps_frame *f = E.got[0].f;
@@ -715,6 +735,8 @@ START_TEST(test_peer_closes_mid_frame)
 	int fd;
 
 	env_init(_i);
+	if (tcp_only("peer closes mid frame"))
+		return;
 	memset(body, 7, sizeof(body));
 	for (int v = 0; v < 4; v++) {
 		int before = E.nrecs;
@@ -788,6 +810,8 @@ START_TEST(test_bad_headers_refused)
 	uint8_t h[PS_WIRE_HDR_LEN];
 
 	env_init(_i);
+	if (tcp_only("bad headers refused"))
+		return;
 	for (size_t v = 0; v < sizeof(cases) / sizeof(cases[0]); v++) {
 		int before = E.nrecs, fd = raw_connect(E.port);
 		ck_assert(RUN_UNTIL(E.nrecs == before + 1, 5000));
@@ -929,7 +953,7 @@ START_TEST(test_connect_refused_and_destroy)
 
 	env_init(_i);
 	ck_assert_int_gt(port, 0);
-	ck_assert_int_eq(E.ops->connect(E.cli, "127.0.0.1", port, NULL, &c), 0);
+	ck_assert_int_eq(E.ops->connect(E.cli, host, port, NULL, &c), 0);
 	struct rec *k = rec_new(c, 0);
 	c->data = k;
 	ck_assert(RUN_UNTIL(k->closes == 1, 5000));
@@ -1372,6 +1396,8 @@ START_TEST(test_encrypted_frames_on_the_wire)
 	struct rec *r;
 
 	env_init_as(_i / 2, MODE_CLEAR);
+	if (tcp_only("encrypted frames on the wire"))
+		return;
 	if (!E.ops->set_keys) {
 		tu_skip("encrypted raw frames on %s: the transport has no set_keys", E.ops->name);
 		env_free();
@@ -1492,6 +1518,8 @@ START_TEST(test_keyed_frames_without_payload)
 	};
 
 	env_init_as(_i, MODE_MAC);
+	if (tcp_only("keyed frames without payload"))
+		return;
 	if (!E.ops->set_keys) {
 		tu_skip("keyed raw frames on %s: the transport has no set_keys", E.ops->name);
 		env_free();
@@ -1699,6 +1727,103 @@ START_TEST(test_recv_now_bad_frame)
 }
 END_TEST
 
+/* rdma only: a peer that breaks the message rules (transport_rdma.c) is
+ * refused on that connection alone, with the reason logged, and hands
+ * nothing on; the main pair keeps working. The peer is the transport's
+ * own client end, driven through ps_rdma_test_post / _write_delta. */
+START_TEST(test_rdma_bad_peer)
+{
+	enum { FRAME = 1, CREDIT, WREQ, WGRANT };
+	uint8_t h[PS_WIRE_HDR_LEN + 4], grant[16] = { 0 };
+	const uint32_t chunk = 1 << 30; /* a write request's bytes per write */
+	static uint8_t big[256 * 1024];
+	struct ps_iov iov = { big, sizeof(big) };
+	struct {
+		const char *what;
+		int kind, credits;
+		int body;         /* 0: none, 1: a header h, 2: a grant, 3: two requests */
+		uint64_t pay;     /* h's payload_len */
+		int32_t delta;    /* else: a big frame whose write is this much off */
+		int close_client; /* then the client end closes (a peer gone mid-transfer) */
+		int want;         /* the server end's close status (0: any negative) */
+		const char *reason;
+	} cases[] = {
+		{ "unknown kind", 9, 0, 0, 0, 0, 0, PS_EPROTO, "unknown kind 9" },
+		{ "credits never given", CREDIT, 100, 0, 0, 0, 0, PS_EPROTO, "returned 100 credits" },
+		{ "frame shorter than its header says", FRAME, 0, 1, 1000, 0, 0, PS_EPROTO,
+		  "where its header says" },
+		{ "frame over the limit", FRAME, 0, 1, 81 * MIB, 0, 0, PS_ETOOBIG, "" },
+		{ "write request over the limit", WREQ, 0, 1, 1ull << 40, 0, 0, PS_ETOOBIG, "" },
+		{ "grant for no request", WGRANT, 0, 2, 0, 0, 0, PS_EPROTO, "for no request" },
+		{ "second request while one is due", WREQ, 0, 3, MIB, 0, 0, PS_EPROTO,
+		  "a second big frame announced" },
+		{ "write shorter than granted", 0, 0, 0, 0, -100, 0, PS_EPROTO,
+		  "where 262145 were due" },
+		{ "write past the granted buffer", 0, 0, 0, 0, 4096, 0, 0, "" },
+		{ "request, then gone", WREQ, 0, 1, MIB, 0, 1, PS_ECLOSED, "" },
+	};
+
+	env_init_as(_i, MODE_CLEAR);
+	if (strcmp(E.ops->name, "rdma") != 0) {
+		tu_skip("rdma bad peer on %s: rdma's message rules only", E.ops->name);
+		env_free();
+		return;
+	}
+	fill(big, sizeof(big), 5);
+	for (size_t v = 0; v < sizeof(cases) / sizeof(cases[0]); v++) {
+		struct rec *s2, *k2;
+		struct logcap lc;
+		char log[4096];
+
+		connect_pair(&s2, &k2);
+		logcap_start(&lc);
+		hdr(h, PS_MSG_PUSH, 0, cases[v].pay);
+		memcpy(h + PS_WIRE_HDR_LEN, &chunk, 4);
+		if (cases[v].kind) {
+			const void *b = cases[v].body == 1 || cases[v].body == 3 ? (void *)h
+				      : cases[v].body == 2 ? (void *)grant : NULL;
+			uint32_t n = cases[v].body == 2 ? sizeof(grant)
+				   : !b ? 0 : cases[v].kind == WREQ ? sizeof(h) : PS_WIRE_HDR_LEN;
+			ck_assert_int_eq(ps_rdma_test_post(k2->c, (unsigned)cases[v].kind,
+							   (unsigned)cases[v].credits, 7, b, n), 0);
+			if (cases[v].body == 3)
+				ck_assert_int_eq(ps_rdma_test_post(k2->c, WREQ, 0, 8, h, sizeof(h)),
+						 0);
+		} else {
+			ps_rdma_test_write_delta(k2->c, cases[v].delta);
+			ck_assert_int_eq(tsend(k2, PS_MSG_PUSH, "m", 1, &iov, 1, PS_SEND_VOLATILE,
+					       NULL, NULL), 0);
+		}
+		if (cases[v].close_client) {
+			/* the server end grants; the client end, which asked
+			 * for nothing, closes on the grant: the server end
+			 * sees its peer go while the write is due */
+			ck_assert(RUN_UNTIL(k2->closes == 1, 5000));
+			ck_assert_int_eq(k2->close_status, PS_EPROTO);
+		}
+		ck_assert_msg(RUN_UNTIL(s2->closes == 1, 10000), "%s: not closed", cases[v].what);
+		logcap_end(&lc, log, sizeof(log));
+		if (cases[v].want)
+			ck_assert_msg(s2->close_status == cases[v].want, "%s: status %d (%s)",
+				      cases[v].what, s2->close_status, ps_strerror(s2->close_status));
+		else
+			ck_assert_int_lt(s2->close_status, 0);
+		ck_assert_msg(strstr(log, cases[v].reason), "%s: the log does not say '%s'",
+			      cases[v].what, cases[v].reason);
+		ck_assert_int_eq(s2->frames, 0);
+	}
+	/* The main pair still works both ways, a big frame included. */
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, "x", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert_int_eq(tsend(E.s, PS_MSG_PULL_REPLY, "y", 1, NULL, 0, PS_SEND_VOLATILE, NULL,
+			       NULL), 0);
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 1 && count_frames(E.k) == 1, 5000));
+	for (int i = 0; i < E.ngot; i++)
+		if (E.got[i].r == E.s)
+			ck_assert_mem_eq(E.got[i].f->payload, big, sizeof(big));
+	env_free();
+}
+END_TEST
+
 static const char *probe(const char *name, char *why, size_t n)
 {
 	const struct ps_transport_ops *ops = ps_transport_find(name);
@@ -1711,15 +1836,19 @@ static const char *probe(const char *name, char *why, size_t n)
 			 name);
 		return why;
 	}
+	if (strcmp(name, "rdma") == 0) {
+		/* Only the device list here: rdma_cm opens the device in the
+		 * first process that uses it, and the kernel refuses verbs
+		 * commands from a forked child (each case runs in one) on a
+		 * context its parent opened (EACCES). */
+		return ps_rdma_probe(NULL, why, n) ? why : NULL;
+	}
 	uv_loop_init(&loop);
 	rc = ops->create(&loop, &cbs, &lim_default, NULL, &t);
-	if (rc == 0 && (rc = ops->listen(t, "127.0.0.1", 0)) == 0)
+	if (rc == 0 && (rc = ops->listen(t, host, 0)) == 0)
 		why = NULL;
-	else if (!t && strcmp(name, "rdma") == 0)
-		ps_rdma_probe(NULL, why, n); /* what this machine lacks */
 	else
-		snprintf(why, n, "%s failed: %s", t ? "listen() on 127.0.0.1" : "create()",
-			 ps_strerror(rc));
+		snprintf(why, n, "%s failed: %s", t ? "listen()" : "create()", ps_strerror(rc));
 	if (t)
 		ops->destroy(t);
 	uv_run(&loop, UV_RUN_DEFAULT);
@@ -1744,8 +1873,19 @@ int main(void)
 	static char why[8][256];
 
 	signal(SIGPIPE, SIG_IGN);
+	if (getenv("PS_TEST_DEBUG"))
+		ps_log_set_level(PS_LOG_DEBUG);
+	if (getenv("PS_TEST_HOST") && *getenv("PS_TEST_HOST"))
+		host = getenv("PS_TEST_HOST");
 	for (size_t i = 0; i < sizeof(transports) / sizeof(transports[0]); i++) {
-		const char *r = probe(transports[i], why[i], sizeof(why[i]));
+		const char *only = getenv("PS_TEST_TRANSPORTS"), *r;
+		if (only && *only && !strstr(only, transports[i])) {
+			snprintf(why[i], sizeof(why[i]), "not in PS_TEST_TRANSPORTS=%s", only);
+			skipped[nskipped] = transports[i];
+			reason[nskipped++] = why[i];
+			continue;
+		}
+		r = probe(transports[i], why[i], sizeof(why[i]));
 		if (r) {
 			skipped[nskipped] = transports[i];
 			reason[nskipped++] = r;
@@ -1753,7 +1893,7 @@ int main(void)
 			avail[navail++] = transports[i];
 		}
 	}
-	tcase_set_timeout(tc, 60);
+	tcase_set_timeout(tc, 60 * tu_time_scale());
 	/* runs: NMODES = clear, MACs and both ciphers (env_init), else as the
 	 * case says */
 	ADD(test_order_1000_frames, NMODES);
@@ -1773,6 +1913,7 @@ int main(void)
 	ADD(test_keys_mismatch, 4);
 	ADD(test_keyed_frames_without_payload, 1);
 	ADD(test_encrypted_frames_on_the_wire, 2);
+	ADD(test_rdma_bad_peer, 1);
 	suite_add_tcase(s, tc);
 	for (int i = 0; i < nskipped; i++)
 		tu_skip_cases(per_transport, "%s (%d cases): %s", skipped[i], per_transport,
