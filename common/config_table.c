@@ -145,6 +145,8 @@ const struct opt cfg_opts[] = {
 	  "passes over each worker's part of the training set"),
 	O("train.limit", T_INT, 0, 0, 1e9, "0", NULL, C, train.train_limit,
 	  "use only the first N training images (0 = all), split among the workers"),
+	O("train.test_limit", T_INT, 0, 0, 1e9, "0", NULL, C, train.test_limit,
+	  "measure test accuracy on the first N test images only (0 = all 10,000)"),
 	O("train.device", T_ENUM, 0, 0, 0, "auto", cfg_device_names, C, train.device,
 	  "auto: the GPU when there is a usable one, else the CPU; cuda: fail without a GPU"),
 	O("train.metrics_dir", T_PATH, 0, 0, 0, "metrics", NULL, C, train.metrics_dir,

@@ -1,7 +1,7 @@
 /* transport.h - how frames move between processes (docs/architecture.md, Interfaces).
  *
- * A transport is a const struct ps_transport_ops found by name ("tcp"; "rdma"
- * comes later) plus the objects it creates. Everything runs on one libuv loop
+ * A transport is a const struct ps_transport_ops found by name ("tcp",
+ * "rdma") plus the objects it creates. Everything runs on one libuv loop
  * thread: every function here must be called on that thread, and every
  * callback fires on it, never from inside the call that caused it.
  *

@@ -1018,7 +1018,7 @@ static void connect_failed(struct rdma_conn *c, int rc, const char *what)
 		rt_close(&c->base, rc);
 		return;
 	}
-	ps_info("rdma: connecting to %s: %s: %s", c->base.peer, what, ps_strerror(rc));
+	ps_debug("rdma: connecting to %s: %s: %s", c->base.peer, what, ps_strerror(rc));
 	c->announced = 1; /* on_connect(status) then on_close, as on TCP */
 	if (c->base.t->cbs.on_connect)
 		c->base.t->cbs.on_connect(&c->base, rc);

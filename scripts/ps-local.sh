@@ -42,6 +42,7 @@ shard_lines=$("$BIN/ps-server" --config "$CONFIG" --list-shards) || exit 2
 nshards=$(printf '%s\n' "$shard_lines" | wc -l)
 dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config) || exit 2
 nworkers=$(cfg_key "$dump" cluster workers)
+transport=$(awk '/^transport:/ { print $2; exit }' <<<"$dump")
 auth=$(cfg_key "$dump" security auth)
 secret=$(cfg_key "$dump" security secret_file)
 if [ "$auth" = true ]; then
@@ -93,7 +94,11 @@ if [ "$MODE" != workers ]; then
     up=0
     while read -r idx host port; do
       h=${host#[}; h=${h%]}
-      (exec 3<>"/dev/tcp/$h/$port") 2>/dev/null && up=$((up + 1))
+      if [ "$transport" = rdma ]; then # no TCP port: the shard's log says it listens
+        grep -q "listening on" "$LOGDIR/server-$idx.log" 2>/dev/null && up=$((up + 1))
+      else
+        (exec 3<>"/dev/tcp/$h/$port") 2>/dev/null && up=$((up + 1))
+      fi
     done <<<"$shard_lines"
     [ "$up" -ge "$nshards" ] && break
     for p in "${server_pids[@]}"; do

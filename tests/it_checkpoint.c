@@ -327,13 +327,14 @@ START_TEST(test_shard_killed_and_restarted)
 	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(yaml, sizeof(yaml),
-		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
+		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  workers: 2\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
 		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
 		 "limits:\n  reconnect_timeout_ms: 20000\n"
-		 "log:\n  level: warn\n", tu_free_port(), tu_free_port(), N, dir);
+		 "log:\n  level: warn\n", tu_transport_yaml(), tu_host(), tu_free_port(), tu_host(),
+		 tu_free_port(), N, dir);
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
@@ -1091,14 +1092,14 @@ int main(void)
 	tu_secret_setup();
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 300); /* test_checkpoint_over_4gib: about 45 s */
-	tcase_add_test(tc, test_checkpoint_resume);
-	tcase_add_test(tc, test_shard_killed_and_restarted);
-	tcase_add_test(tc, test_async_resume_clocks);
-	tcase_add_test(tc, test_crash_while_checkpointing);
-	tcase_add_test(tc, test_checkpoint_files);
-	tcase_add_test(tc, test_checkpoint_on_request);
-	tcase_add_test(tc, test_sigterm_during_checkpoint);
-	tcase_add_test(tc, test_checkpoint_over_4gib);
+	TU_ADD(tc, test_checkpoint_resume);
+	TU_ADD(tc, test_shard_killed_and_restarted);
+	TU_ADD(tc, test_async_resume_clocks);
+	TU_ADD(tc, test_crash_while_checkpointing);
+	TU_ADD(tc, test_checkpoint_files);
+	TU_ADD(tc, test_checkpoint_on_request);
+	TU_ADD(tc, test_sigterm_during_checkpoint);
+	TU_ADD(tc, test_checkpoint_over_4gib);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();

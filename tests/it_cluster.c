@@ -39,7 +39,8 @@ static void cluster_yaml(char *buf, size_t n, int p0, int p1, int workers, const
 			 const char *extra)
 {
 	snprintf(buf, n,
-		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: %d\n"
+		 "%s"
+		 "cluster:\n  servers: [%s:%d, %s:%d]\n  workers: %d\n"
 		 "consistency:\n  mode: %s\n%s"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
@@ -48,7 +49,7 @@ static void cluster_yaml(char *buf, size_t n, int p0, int p1, int workers, const
 		 "    - {name: b, shape: [17, 33], init: arange}\n"
 		 "    - {name: c, shape: [5], init: arange}\n"
 		 "log:\n  level: warn\n",
-		 p0, p1, workers, mode, extra);
+		 tu_transport_yaml(), tu_host(), p0, tu_host(), p1, workers, mode, extra);
 }
 
 /* Writes a config from cluster_yaml on two free ports into a temporary
@@ -1307,22 +1308,22 @@ Suite *cluster_suite(void)
 	TCase *tc = tcase_create("processes");
 
 	tcase_set_timeout(tc, 120);
-	tcase_add_loop_test(tc, test_sync_exact_sum, 0, 3);
-	tcase_add_test(tc, test_async_exact_sum);
-	tcase_add_test(tc, test_sync_worker_leaves_and_rejoins);
-	tcase_add_test(tc, test_partition_exactly_once);
-	tcase_add_test(tc, test_worker_killed_in_barrier);
-	tcase_add_test(tc, test_request_timeout_then_go_on);
-	tcase_add_test(tc, test_pipelined_order);
-	tcase_add_test(tc, test_fp16_exact);
-	tcase_add_test(tc, test_error_feedback_per_slice);
-	tcase_add_test(tc, test_ssp_staleness_bound);
-	tcase_add_test(tc, test_shard_map_mismatch_refused);
-	tcase_add_test(tc, test_pull_of_many_slices);
-	tcase_add_test(tc, test_async_push_answers_waiting_pull);
-	tcase_add_test(tc, test_connect_timeout_fraction);
-	tcase_add_test(tc, test_lz4_auto_skips_small_slices);
-	tcase_add_test(tc, test_stop_with_clocks_buffered);
+	TU_ADD_LOOP(tc, test_sync_exact_sum, 0, 3);
+	TU_ADD(tc, test_async_exact_sum);
+	TU_ADD(tc, test_sync_worker_leaves_and_rejoins);
+	TU_ADD(tc, test_partition_exactly_once);
+	TU_ADD(tc, test_worker_killed_in_barrier);
+	TU_ADD(tc, test_request_timeout_then_go_on);
+	TU_ADD(tc, test_pipelined_order);
+	TU_ADD(tc, test_fp16_exact);
+	TU_ADD(tc, test_error_feedback_per_slice);
+	TU_ADD(tc, test_ssp_staleness_bound);
+	TU_ADD(tc, test_shard_map_mismatch_refused);
+	TU_ADD(tc, test_pull_of_many_slices);
+	TU_ADD(tc, test_async_push_answers_waiting_pull);
+	TU_ADD(tc, test_connect_timeout_fraction);
+	TU_ADD(tc, test_lz4_auto_skips_small_slices);
+	TU_ADD(tc, test_stop_with_clocks_buffered);
 	suite_add_tcase(s, tc);
 	return s;
 }

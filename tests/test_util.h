@@ -33,6 +33,52 @@ static inline int tu_free_port(void)
 	return port;
 }
 
+/* Where the integration tests' shards listen and what carries their
+ * frames: PS_TEST_HOST (default 127.0.0.1) and PS_TEST_TRANSPORT (default
+ * tcp). tests/rdma-vm.sh sets them to the VM's RoCE address and rdma. */
+static inline const char *tu_host(void)
+{
+	const char *h = getenv("PS_TEST_HOST");
+
+	return h && *h ? h : "127.0.0.1";
+}
+
+/* The config line that names the transport ("" for tcp, the default). */
+static inline const char *tu_transport_yaml(void)
+{
+	const char *t = getenv("PS_TEST_TRANSPORT");
+
+	return t && strcmp(t, "rdma") == 0 ? "transport: rdma\n" : "";
+}
+
+/* Whether the case named name runs: PS_TEST_ONLY, when set, lists the
+ * cases to run (names separated by commas or spaces); the VM runs a few. */
+static inline int tu_selected(const char *name)
+{
+	const char *only = getenv("PS_TEST_ONLY"), *p;
+	size_t n = strlen(name);
+
+	if (!only || !*only)
+		return 1;
+	for (p = only; (p = strstr(p, name)); p += n)
+		if ((p == only || p[-1] == ',' || p[-1] == ' ') && (p[n] == 0 || p[n] == ',' ||
+								     p[n] == ' '))
+			return 1;
+	return 0;
+}
+
+/* tcase_add_test / tcase_add_loop_test for the cases tu_selected lets run. */
+#define TU_ADD(tc, fn)                                                          \
+	do {                                                                    \
+		if (tu_selected(#fn))                                           \
+			tcase_add_test(tc, fn);                                 \
+	} while (0)
+#define TU_ADD_LOOP(tc, fn, a, b)                                               \
+	do {                                                                    \
+		if (tu_selected(#fn))                                           \
+			tcase_add_loop_test(tc, fn, a, b);                      \
+	} while (0)
+
 /* Writes text to a new temporary file; returns its path in path (64 bytes). */
 static inline int tu_write_temp(char *path, const char *text)
 {

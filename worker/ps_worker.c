@@ -369,6 +369,10 @@ int main(int argc, char **argv)
 		ps_error("%s", err);
 		goto out;
 	}
+	if (cfg->train.test_limit > 0 && cfg->train.test_limit < test.n) {
+		test.n = (int)cfg->train.test_limit; /* the arrays stay whole: free needs no n */
+		ps_info("test accuracy on the first %d test images (train.test_limit)", test.n);
+	}
 	if (train.rows * train.cols != cfg->model.input[0] * cfg->model.input[1] * cfg->model.input[2]) {
 		ps_error("%s: images are %dx%d, the model takes %dx%dx%d", cfg->train.data_dir,
 			 train.rows, train.cols, cfg->model.input[0], cfg->model.input[1],
