@@ -42,6 +42,7 @@
  * is seen as an rdma_cm DISCONNECTED event or a failed work completion.
  */
 #include <arpa/inet.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -67,6 +68,7 @@
 #define MAX_CHUNKS 32           /* RDMA writes one big frame may take */
 #define KEEPALIVE_MS 1000       /* an idle connection sends a CREDIT this often */
 #define RESOLVE_MS 5000         /* rdma_resolve_addr / _route timeouts */
+#define LINGER_MS 500           /* a closing connection waits this long for its sends */
 
 enum kind { K_FRAME = 1, K_CREDIT, K_WREQ, K_WGRANT, K_WDONE };
 enum wr { WR_RECV = 1, WR_SEND, WR_WRITE };
@@ -122,6 +124,8 @@ struct rdma_conn {
 	int announced;            /* on_accept / on_connect(0) delivered: on_close owed */
 	int closing, close_status;
 	int nhandles;             /* uv handles not yet closed after closing */
+	int lingering;            /* closing, waiting for posted sends (LINGER_MS) */
+	int nposted;              /* signaled sends and writes not completed */
 	uv_timer_t defer;         /* closes go through it (never inside the call) */
 	uv_poll_t cq_poll;
 	int cq_poll_on;
@@ -315,6 +319,9 @@ static void on_conn_handle_closed(uv_handle_t *h)
 
 	if (--c->nhandles > 0)
 		return;
+	if (c->qp_on) /* no work request may touch the buffers freed below */
+		rdma_destroy_qp(c->id);
+	c->qp_on = 0;
 	/* Sends in flight first (their slots), then the queues, in order. */
 	for (int i = 0; i < NSEND; i++)
 		if (c->sowner[i]) {
@@ -344,10 +351,19 @@ static void on_conn_handle_closed(uv_handle_t *h)
 	maybe_finish_destroy(rt);
 }
 
-/* Closes c: the peer is told (rdma_disconnect), nothing more is posted or
- * handed on, and once the loop has closed c's handles the pending sends
- * fail, on_close fires (for a connection the owner was told of) and the
- * verbs objects go. */
+static void finish_close(struct rdma_conn *c);
+
+static void on_linger_timeout(uv_timer_t *t)
+{
+	finish_close(t->data);
+}
+
+/* Closes c: nothing more is posted or handed on; sends already posted
+ * get up to LINGER_MS to complete (an error reply sent just before a close
+ * reaches the peer, as on TCP); then the peer is told (rdma_disconnect),
+ * and once the loop has closed c's handles the pending sends fail,
+ * on_close fires (for a connection the owner was told of) and the verbs
+ * objects go. */
 static void rt_close(struct ps_conn *pc, int status)
 {
 	struct rdma_conn *c = container_of(pc, struct rdma_conn, base);
@@ -356,6 +372,20 @@ static void rt_close(struct ps_conn *pc, int status)
 		return;
 	c->closing = 1;
 	c->close_status = status;
+	if (c->established && c->cq_poll_on && c->nposted > 0) {
+		c->lingering = 1;
+		uv_timer_start(&c->defer, on_linger_timeout, LINGER_MS, 0);
+		return;
+	}
+	finish_close(c);
+}
+
+static void finish_close(struct rdma_conn *c)
+{
+	if (c->nhandles)
+		return; /* already going */
+	c->lingering = 0;
+	uv_timer_stop(&c->defer);
 	if (c->established)
 		rdma_disconnect(c->id);
 	c->nhandles = 1;
@@ -400,9 +430,17 @@ static void set_peer_name(struct rdma_conn *c)
 
 /* ---- posting ---- */
 
+/* Whether c holds back the credits it owes (backpressure). Never while a
+ * big frame of its own waits for the peer's grant: the peer needs a credit
+ * to grant it, and c's queue only shrinks once it has. */
+static int withholding(const struct rdma_conn *c)
+{
+	return c->paused && !(c->q_head && c->q_head->big && c->q_head->state == 1);
+}
+
 static uint32_t imm_make(struct rdma_conn *c, int kind, uint32_t id)
 {
-	uint32_t give = c->paused ? 0 : ps_rdma_credit_collect(&c->cr);
+	uint32_t give = withholding(c) ? 0 : ps_rdma_credit_collect(&c->cr);
 
 	return htonl(((uint32_t)kind << 28) | ((give & 0xfff) << 16) | (id & 0xffff));
 }
@@ -435,6 +473,7 @@ static int post_send(struct rdma_conn *c, int kind, uint32_t id, uint8_t *buf, u
 	rc = ibv_post_send(c->id->qp, &wr, &bad);
 	if (rc) /* owner stays in sowner: the close fails its callback */
 		return conn_fail(c, PS_ECLOSED, "ibv_post_send: %s", strerror(rc)) ? PS_ECLOSED : 0;
+	c->nposted++;
 	c->last_send_ms = uv_now(c->base.t->loop);
 	return 0;
 }
@@ -500,6 +539,7 @@ static int post_write(struct rdma_conn *c, struct out *o)
 	if (rc)
 		return conn_fail(c, PS_ECLOSED, "ibv_post_send (RDMA write): %s", strerror(rc)) ?
 		       PS_ECLOSED : 0;
+	c->nposted++;
 	c->last_send_ms = uv_now(c->base.t->loop);
 	return 0;
 }
@@ -538,6 +578,19 @@ static void count_queue(struct rdma_conn *c)
 	}
 }
 
+/* The queues shrank: connections paused by the bound on every connection
+ * together that are back under it return the credits they owe now. */
+static void resume_paused(struct rdma_transport *rt, struct rdma_conn *except)
+{
+	for (struct rdma_conn *p = rt->conns; p && rt->npaused; p = p->next) {
+		if (p == except || !p->paused || p->closing || !p->established)
+			continue;
+		count_queue(p);
+		if (!p->paused && ps_rdma_credit_update_due(&p->cr))
+			send_ctrl(p, K_CREDIT, 0, NULL, 0, 1);
+	}
+}
+
 /* Posts what can go now: the grant, the frames in order, a credit
  * message when enough is owed. */
 static void progress(struct rdma_conn *c)
@@ -547,8 +600,8 @@ static void progress(struct rdma_conn *c)
 	if (!c->established || c->closing)
 		return;
 	if (c->grant_due) {
-		struct wgrant g = { .addr = (uintptr_t)c->rw.data, .rkey = c->rw.mr->rkey,
-				    .len = (uint32_t)c->rw.len };
+		struct wgrant g = { .addr = htole64((uintptr_t)c->rw.data),
+				    .rkey = htole32(c->rw.mr->rkey), .len = htole32((uint32_t)c->rw.len) };
 		rc = send_ctrl(c, K_WGRANT, c->rw.id, &g, sizeof(g), 0);
 		if (rc < 0)
 			return;
@@ -594,6 +647,7 @@ static void progress(struct rdma_conn *c)
 			uint8_t *buf = ps_rdma_pool_get(&c->spool);
 			uint32_t chunk = (uint32_t)write_chunk(c, o->len - PS_WIRE_HDR_LEN);
 			memcpy(buf, o->buf, PS_WIRE_HDR_LEN);
+			chunk = htole32(chunk);
 			memcpy(buf + PS_WIRE_HDR_LEN, &chunk, sizeof(chunk));
 			ps_debug("rdma %s: write %u: asking for %zu bytes", c->base.peer, o->id, o->len);
 			if (post_send(c, K_WREQ, o->id, buf, WREQ_LEN, NULL))
@@ -616,8 +670,10 @@ static void progress(struct rdma_conn *c)
 		c->q_tail = NULL;
 	if (queue_bounded(c) || c->q_counted)
 		count_queue(c);
-	if (!c->paused && ps_rdma_credit_update_due(&c->cr))
+	if (!withholding(c) && ps_rdma_credit_update_due(&c->cr))
 		send_ctrl(c, K_CREDIT, 0, NULL, 0, 1);
+	if (rt_of(c)->npaused)
+		resume_paused(rt_of(c), c);
 }
 
 /* ---- receiving ---- */
@@ -722,6 +778,7 @@ static int rx_wreq(struct rdma_conn *c, uint16_t id, const uint8_t *p, uint32_t 
 		return 1;
 	len = frame_len(&h);
 	memcpy(&chunk, p + PS_WIRE_HDR_LEN, sizeof(chunk));
+	chunk = le32toh(chunk);
 	if (len == 0 || len > UINT32_MAX)
 		return conn_fail(c, PS_EPROTO, "a write request for %llu bytes",
 				 (unsigned long long)len);
@@ -756,6 +813,9 @@ static int rx_wgrant(struct rdma_conn *c, uint16_t id, const uint8_t *p, uint32_
 	if (n != sizeof(g))
 		return conn_fail(c, PS_EPROTO, "a %u-byte write grant", n);
 	memcpy(&g, p, sizeof(g));
+	g.addr = le64toh(g.addr);
+	g.rkey = le32toh(g.rkey);
+	g.len = le32toh(g.len);
 	if (!o || !o->big || o->state != 1 || o->id != id)
 		return conn_fail(c, PS_EPROTO, "a write grant (id %u) for no request", id);
 	if (g.len != o->len - PS_WIRE_HDR_LEN)
@@ -822,7 +882,13 @@ static void handle_wc(struct rdma_conn *c, const struct ibv_wc *wc)
 {
 	uint32_t what = (uint32_t)(wc->wr_id >> 32), idx = (uint32_t)wc->wr_id;
 
+	if (what == WR_SEND || what == WR_WRITE)
+		c->nposted--;
 	if (wc->status != IBV_WC_SUCCESS) {
+		if (c->lingering) {
+			finish_close(c);
+			return;
+		}
 		if (wc->status == IBV_WC_WR_FLUSH_ERR)
 			rt_close(&c->base, PS_ECLOSED); /* the queue pair went down */
 		else
@@ -832,7 +898,7 @@ static void handle_wc(struct rdma_conn *c, const struct ibv_wc *wc)
 		return;
 	}
 	if (what == WR_RECV) {
-		if (idx >= NRECV || handle_recv(c, wc, idx) || c->closing)
+		if (c->closing || idx >= NRECV || handle_recv(c, wc, idx) || c->closing)
 			return;
 		if (post_recv(c, idx)) {
 			conn_fail(c, PS_ECLOSED, "ibv_post_recv failed");
@@ -866,7 +932,7 @@ static void drain_cq(struct rdma_conn *c)
 {
 	struct ibv_wc wc[16];
 
-	while (!c->closing) {
+	while (!c->closing || c->lingering) {
 		int n = ibv_poll_cq(c->cq, 16, wc);
 		if (n < 0) {
 			conn_fail(c, PS_ECLOSED, "ibv_poll_cq failed");
@@ -874,8 +940,12 @@ static void drain_cq(struct rdma_conn *c)
 		}
 		if (n == 0)
 			break;
-		for (int i = 0; i < n && !c->closing; i++)
+		for (int i = 0; i < n && (!c->closing || c->lingering); i++)
 			handle_wc(c, &wc[i]);
+		if (c->lingering && c->nposted <= 0) {
+			finish_close(c); /* every posted send completed */
+			return;
+		}
 	}
 	progress(c);
 }
@@ -887,10 +957,14 @@ static void on_cq_event(uv_poll_t *h, int status, int events)
 	void *ctx;
 
 	(void)events;
-	if (c->closing)
+	if (c->closing && !c->lingering)
 		return;
 	if (status < 0) {
-		conn_fail(c, PS_ECLOSED, "watching the completion channel: %s", uv_strerror(status));
+		if (c->lingering)
+			finish_close(c);
+		else
+			conn_fail(c, PS_ECLOSED, "watching the completion channel: %s",
+				  uv_strerror(status));
 		return;
 	}
 	while (ibv_get_cq_event(c->ch, &cq, &ctx) == 0) {
@@ -1074,8 +1148,14 @@ static void on_cm_event(uv_poll_t *h, int status, int events)
 	struct rdma_cm_event *ev;
 
 	(void)events;
-	if (status < 0)
+	if (status < 0) {
+		ps_error("rdma: watching the rdma_cm event channel: %s; closing every connection",
+			 uv_strerror(status));
+		uv_poll_stop(h);
+		for (struct rdma_conn *c = rt->conns; c; c = c->next)
+			rt_close(&c->base, PS_ECLOSED);
 		return;
+	}
 	while (rdma_get_cm_event(rt->ec, &ev) == 0) {
 		enum rdma_cm_event_type type = ev->event;
 		struct rdma_cm_id *id = ev->id;
@@ -1237,6 +1317,7 @@ static int rt_connect(struct ps_transport *t, const char *host, int port, void *
 		rt_close(&c->base, rc); /* not announced: the caller learns from rc */
 		return rc ? rc : PS_ECLOSED;
 	}
+	c->announced = 1; /* the owner holds it: on_close always follows */
 	*out = &c->base;
 	return 0;
 }
@@ -1399,7 +1480,10 @@ int ps_rdma_test_post(struct ps_conn *pc, unsigned kind, unsigned credits, unsig
 	sge = (struct ibv_sge){ .addr = (uintptr_t)buf, .length = len, .lkey = c->smr->lkey };
 	wr.wr_id = ((uint64_t)WR_SEND << 32) | (uint64_t)ps_rdma_pool_index(&c->spool, buf);
 	wr.imm_data = htonl(((kind & 0xf) << 28) | ((credits & 0xfff) << 16) | (id & 0xffff));
-	return ibv_post_send(c->id->qp, &wr, &bad) ? PS_ECLOSED : 0;
+	if (ibv_post_send(c->id->qp, &wr, &bad))
+		return PS_ECLOSED;
+	c->nposted++;
+	return 0;
 }
 
 void ps_rdma_test_write_delta(struct ps_conn *pc, int32_t delta)

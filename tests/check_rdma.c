@@ -198,6 +198,9 @@ int main(void)
 	TCase *tc = tcase_create("rdma");
 	int failed;
 
+	/* in the emulated VM each forked case maps CUDA's libraries anew: seconds */
+	tcase_set_timeout(tc, 30 * tu_time_scale());
+
 	tcase_add_test(tc, test_credits);
 	tcase_add_test(tc, test_pool);
 	tcase_add_test(tc, test_placement);
