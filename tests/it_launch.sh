@@ -67,14 +67,22 @@ scripts/ps-cluster.sh "$tmp/c2.yaml" start --dry-run >/dev/null 2>"$tmp/nosecret
 expect "ps-cluster.sh refuses a config without a secret" grep -q "names no security.secret_file" "$tmp/nosecret.err"
 
 # --dry-run: shards then workers on the hosts given, stop in reverse order
-out=$(scripts/ps-cluster.sh "$tmp/c.yaml" start --dry-run --worker-hosts w1,w2 -- --epochs 1)
-expect "dry-run start prints 4 commands" [ "$(printf '%s\n' "$out" | wc -l)" -eq 4 ]
-expect "shard 1 on its host" grep -q "^ssh -o BatchMode=yes 127.0.0.1 .*ps-server --config $tmp/c.yaml --shard 1 " <<< "$out"
-expect "worker 1 on w2 with the extra flag" grep -q "^ssh -o BatchMode=yes w2 .*ps-worker --config $tmp/c.yaml --rank 1 --epochs 1 " <<< "$out"
-out=$(scripts/ps-cluster.sh "$tmp/c.yaml" stop --dry-run)
+awk '/servers:/ { sub(/127\.0\.0\.1:/, "s1:"); sub(/127\.0\.0\.1:/, "s2:") } { print }' \
+  "$tmp/c.yaml" > "$tmp/hosts.yaml"
+out=$(scripts/ps-cluster.sh "$tmp/hosts.yaml" start --dry-run --worker-hosts w1,w2 -- --epochs 1)
+expect "dry-run start prints 4 commands: $out" [ "$(printf '%s\n' "$out" | wc -l)" -eq 4 ]
+expect "shard 1 on its host: $out" grep -q "^ssh -o BatchMode=yes -o ConnectTimeout=10 s2 .*nohup sh -c .*ps-server --config $tmp/hosts.yaml --shard 1; " <<< "$out"
+expect "worker 1 on w2 with the extra flag" grep -q "^ssh -o BatchMode=yes -o ConnectTimeout=10 w2 .*ps-worker --config $tmp/hosts.yaml --rank 1 --epochs 1; " <<< "$out"
+out=$(scripts/ps-cluster.sh "$tmp/hosts.yaml" stop --dry-run --worker-hosts w1,w2)
 expect "stop: workers before shards" [ "$(printf '%s\n' "$out" | head -1 | grep -c 'ps-worker')" -eq 1 ]
 scripts/ps-cluster.sh "$tmp/c.yaml" launch >/dev/null 2>&1
 expect "unknown action refused with status 2" [ $? -eq 2 ]
+# loopback servers with workers elsewhere cannot work: refused, nothing run
+scripts/ps-cluster.sh "$tmp/c.yaml" start --dry-run --worker-hosts w1,w2 > /dev/null 2> "$tmp/lo.err"
+expect "loopback servers with remote workers refused (status $?)" grep -q "a loopback address, but the cluster spans other hosts (w1, w2)" "$tmp/lo.err"
+# --ssh is split into words like the shell does: a quoted argument stays one
+out=$(scripts/ps-cluster.sh "$tmp/hosts.yaml" start --dry-run --ssh "ssh -F '/x y/cfg'" -- --epochs 1)
+expect "--ssh with a quoted path" grep -q "^ssh -F /x y/cfg s1 " <<< "$out"
 
 # real processes through an ssh stand-in (host ignored, command run here)
 cat > "$tmp/ssh" <<'EOF'
@@ -100,11 +108,11 @@ wait_status_gone() { # PATTERN TRIES DELAY
 # the workers train one short epoch and exit
 wait_status_gone 'worker .*: running' 120 0.5
 expect "workers finished: $st" [ "$(grep -c 'worker .*: not running' <<< "$st")" -eq 2 ]
-expect "worker 0 trained and evaluated" grep -q "epoch 1 test accuracy" "$tmp/logs/worker-0.log"
+expect "worker 0 trained and evaluated" grep -q "epoch 1 test accuracy" "$tmp/logs/c.run/worker-0.log"
 scripts/ps-cluster.sh "$tmp/c.yaml" stop --ssh "$tmp/ssh"
 wait_status_gone ': running' 40 0.25
 expect "everything stopped: $st" [ "$(grep -c ': not running' <<< "$st")" -eq 4 ]
-expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/server-0.log"
+expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/c.run/server-0.log"
 
 # ps-local.sh: a whole run ends with status 0 and no process left; a run
 # stopped by SIGTERM in the middle stops every process too
