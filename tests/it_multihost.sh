@@ -46,7 +46,7 @@ BR=$tag-br H=("" "$tag-h1" "$tag-h2" "$tag-h3")
 A=("" 10.217.0.1 10.217.0.2 10.217.0.3)
 tmp=$(mktemp -d /tmp/ps-multihost.XXXXXX)
 chmod 755 "$tmp"
-made_run_sshd=0
+made_run_sshd=0 made_etc_netns=0
 cleanup() {
   local n p
   # every process in the namespaces: sshd and whatever ps-cluster.sh left
@@ -60,6 +60,8 @@ cleanup() {
     [ -n "$p" ] && kill -KILL $p 2> /dev/null
   done
   for n in "${H[@]:1}" "$BR"; do ip netns del "$n" 2> /dev/null; done
+  for n in "${H[@]:1}"; do rm -rf "/etc/netns/$n"; done
+  [ $made_etc_netns -eq 1 ] && rmdir /etc/netns 2> /dev/null
   [ $made_run_sshd -eq 1 ] && rmdir /run/sshd 2> /dev/null
   rm -rf "$tmp"
 }
@@ -78,6 +80,17 @@ for i in 1 2 3; do
     ip -n "${H[$i]}" link set lo up || skip "cannot set up host h$i's namespace"
 done
 on() { local i=$1; shift; ip netns exec "${H[$i]}" "$@"; } # on HOST# COMMAND...
+# Names: each host's /etc/hosts (ip netns exec mounts /etc/netns/NS/hosts
+# over it for what runs in the namespace) names the three hosts h1..h3.
+# write_hosts N [LINE]: host N's file, LINE first (rewritten in place, so
+# what already runs there sees the change).
+[ -d /etc/netns ] || { mkdir /etc/netns && made_etc_netns=1; } || skip "cannot make /etc/netns"
+write_hosts() {
+  mkdir -p "/etc/netns/${H[$1]}" &&
+    printf '%s\n' ${2:+"$2"} "127.0.0.1 localhost" "${A[1]} h1" "${A[2]} h2" "${A[3]} h3" \
+      > "/etc/netns/${H[$1]}/hosts"
+}
+for i in 1 2 3; do write_hosts $i || skip "cannot write /etc/netns/${H[$i]}/hosts"; done
 
 # ---- an sshd on each host, a key for root ----
 ssh-keygen -q -t ed25519 -N '' -C ps-multihost-host -f "$tmp/host_key" &&
@@ -118,7 +131,7 @@ EOF
     bash "$tmp/init$i.sh" > /dev/null 2>&1 &
   disown # killed by cleanup, without a word from bash
 done
-ssh_works() { on 1 ssh -F "$tmp/ssh_config" "${A[$1]}" true < /dev/null 2> "$tmp/ssh.err"; }
+ssh_works() { on 1 ssh -F "$tmp/ssh_config" "h$1" true < /dev/null 2> "$tmp/ssh.err"; }
 stop_sshd() { # HOST#: sshd down until start_sshd
   touch "$tmp/sshd$1.down"
   for _ in $(seq 50); do ssh_works "$1" || return 0; sleep 0.1; done
@@ -147,7 +160,7 @@ for i in 1 2 3; do
   ssh_works $i || skip "sshd on h$i does not answer: $(cat "$tmp/ssh.err" "$tmp/sshd$i.log" 2>&1)"
 done
 # the hosts are apart: h1's sshd is seen on h1, not on h2
-sees_sshd1() { on 1 ssh -F "$tmp/ssh_config" "${A[$1]}" "pgrep -fc -- 'sshd[1][.]conf'" < /dev/null 2>&1; }
+sees_sshd1() { on 1 ssh -F "$tmp/ssh_config" "h$1" "pgrep -fc -- 'sshd[1][.]conf'" < /dev/null 2>&1; }
 expect "h1 sees its sshd" [ "$(sees_sshd1 1)" = 1 ]
 expect "h2 does not see h1's processes" [ "$(sees_sshd1 2)" = 0 ]
 
@@ -168,12 +181,14 @@ log: {level: info}
 ${3:-}
 EOF
 }
-write_config "$tmp/c.yaml" "${A[1]}:7000, ${A[2]}:7001"
+write_config "$tmp/c.yaml" "h1:7000, h2:7001"
 cluster() { # ACTION [ARGS...]: ps-cluster.sh on h1, output in $out, status in $rc
   local cfg=$tmp/c.yaml
   case "${1:-}" in *.yaml) cfg=$1; shift ;; esac
   local action=$1; shift
-  out=$(on 1 scripts/ps-cluster.sh "$cfg" "$action" --ssh "ssh -F '$tmp/ssh_config'" \
+  # (a launcher that hangs, as one did when ssh waited for the shard it
+  # started, fails here with status 124 rather than stalling the suite)
+  out=$(on 1 timeout 90 scripts/ps-cluster.sh "$cfg" "$action" --ssh "ssh -F '$tmp/ssh_config'" \
         --logs "$tmp/logs" "$@" 2>&1)
   rc=$?
   # in the test's log (shown when it fails): what a user would see
@@ -194,13 +209,13 @@ expect_nothing_left() { # WHAT
   left=$(all_procs)
   if [ -z "$left" ]; then ok; else bad "$1: processes left: $left"; fi
 }
-WH=(--worker-hosts "${A[2]},${A[3]}")
+WH=(--worker-hosts h2,h3)
 t0=$SECONDS
 
 # ---- a real run across the hosts ----
 cluster start "${WH[@]}" -- --epochs 1
 expect "start succeeded (status $rc): $out" [ $rc -eq 0 ]
-expect "start reports the bound addresses: $out" grep -q "shard 1 on ${A[2]}, listening on ${A[2]}:7001" <<< "$out"
+expect "start reports the bound addresses: $out" grep -q "shard 1 on h2, listening on ${A[2]}:7001" <<< "$out"
 expect "shard 0 runs on h1: $(all_procs)" grep -q -- '--shard 0$' <<< "$(procs_on 1)"
 expect "shard 1 runs on h2: $(all_procs)" grep -q -- '--shard 1$' <<< "$(procs_on 2)"
 run=$(readlink -f "$tmp/logs/c.run")
@@ -214,7 +229,7 @@ for _ in $(seq 240); do
   sleep 0.25
 done
 expect "both workers finished with status 0, found on h2 and h3 without --worker-hosts: $out" \
-  [ "$(grep -cE "^worker [01] on (${A[2]}|${A[3]}): not running \(exited with status 0\)" <<< "$out")" -eq 2 ]
+  [ "$(grep -cE "^worker [01] on h[23]: not running \(exited with status 0\)" <<< "$out")" -eq 2 ]
 expect "worker 0 trained and evaluated: $(tail -3 "$run/worker-0.log")" \
   grep -q "epoch 1 test accuracy" "$run/worker-0.log"
 expect "worker 1 ran on h3 and reached both shards" grep -q "training mlp" "$run/worker-1.log"
@@ -242,7 +257,7 @@ before=$(all_procs)
 cluster start "${WH[@]}" -- --epochs 1000
 expect "a second start is refused (status $rc)" [ $rc -eq 1 ]
 expect "it names what runs where and says to stop it: $out" \
-  grep -q "is running already: shard 0 on ${A[1]} (pid [0-9]*).*worker 1 on ${A[3]}" <<< "$out"
+  grep -q "is running already: shard 0 on h1 (pid [0-9]*).*worker 1 on h3" <<< "$out"
 expect "... and how: $out" grep -q "stop it first: .*ps-cluster.sh $tmp/c.yaml stop" <<< "$out"
 expect "the running cluster is untouched" [ "$(all_procs)" = "$before" ]
 expect "the run record still points at the running cluster" [ "$(readlink -f "$tmp/logs/c.run")" = "$first" ]
@@ -250,14 +265,14 @@ expect "its logs were not truncated" grep -q "listening on" "$first/server-0.log
 stop_sshd 3
 cluster stop --wait 5
 expect "stop with h3 unreachable fails (status $rc)" [ $rc -eq 1 ]
-expect "... and says what is left: $out" grep -q "left running: worker 1 on ${A[3]}" <<< "$out"
+expect "... and says what is left: $out" grep -q "left running: worker 1 on h3" <<< "$out"
 expect "... the rest is stopped: $(all_procs)" [ "$(procs_on 1)$(procs_on 2)" = "" ]
 expect "... the worker on h3 is indeed still there" grep -q -- "--rank 1 " <<< "$(procs_on 3)"
 start_sshd 3
 cluster stop --wait 5
 expect "stop again once h3 is back (status $rc): $out" [ $rc -eq 0 ]
 expect "... the worker left alone at a barrier is killed after the grace: $out" \
-  grep -q "worker 1 on ${A[3]}: not running (killed: it had not stopped 5s after SIGTERM)" <<< "$out"
+  grep -q "worker 1 on h3: not running (killed: it had not stopped 5s after SIGTERM)" <<< "$out"
 expect_nothing_left "after the second stop"
 rm -f "$tmp"/ckpt/*
 
@@ -266,13 +281,13 @@ stop_sshd 3
 cluster start "${WH[@]}"
 expect "start with h3's sshd down fails (status $rc)" [ $rc -eq 1 ]
 expect "... naming the host and the reason: $out" \
-  grep -q "cannot reach ${A[3]} over ssh: .*Connection refused" <<< "$out"
+  grep -q "cannot reach h3 over ssh: .*Connection refused" <<< "$out"
 expect "... and that nothing was started: $out" grep -q "nothing was started" <<< "$out"
 expect_nothing_left "sshd down"
 start_sshd 3
 
 # ---- a name that ssh resolves but the shard cannot ----
-write_config "$tmp/name.yaml" "${A[1]}:7000, ps-shard-two:7001"
+write_config "$tmp/name.yaml" "h1:7000, ps-shard-two:7001"
 cluster "$tmp/name.yaml" start "${WH[@]}"
 expect "unresolvable name: start fails (status $rc)" [ $rc -eq 1 ]
 expect "... with the shard's reason: $out" \
@@ -284,7 +299,7 @@ expect "... without a checkpoint (a fixed config would refuse one of the old ser
 expect_nothing_left "unresolvable name"
 
 # ---- a port in use on shard 1's host (another config's shard holds it) ----
-write_config "$tmp/other.yaml" "${A[2]}:7001"
+write_config "$tmp/other.yaml" "h2:7001"
 sed -i '/^checkpoint:/d' "$tmp/other.yaml"
 ip netns exec "${H[2]}" bin/ps-server --config "$tmp/other.yaml" --shard 0 > "$tmp/other.log" 2>&1 &
 holder=$!
@@ -292,11 +307,22 @@ for _ in $(seq 50); do grep -q "listening on" "$tmp/other.log" && break; sleep 0
 cluster start "${WH[@]}"
 expect "port in use: start fails (status $rc)" [ $rc -eq 1 ]
 expect "... saying so, with the shard's log: $out" \
-  grep -q "shard 1 on ${A[2]} exited at start.*" <<< "$out"
-expect "... Address already in use: $out" grep -q "cannot listen on ${A[2]}:7001: Address already in use" <<< "$out"
+  grep -q "shard 1 on h2 exited at start" <<< "$out"
+expect "... Address already in use: $out" grep -q "cannot listen on h2:7001: Address already in use" <<< "$out"
 expect "... rolled back: $out" grep -q "nothing of this start is left running" <<< "$out"
 kill -TERM $holder; wait $holder
 expect_nothing_left "port in use"
+
+# ---- h2 names itself 127.0.1.1 in its /etc/hosts (Debian's default for
+# the machine's own name): shard 1 would listen where no worker reaches ----
+write_hosts 2 "127.0.1.1 h2"
+cluster start "${WH[@]}"
+write_hosts 2
+expect "a shard bound to 127.0.1.1: start fails (status $rc)" [ $rc -eq 1 ]
+expect "... saying where it listens and why: $out" \
+  grep -q "shard 1 on h2 listens on 127.0.1.1:7001, a loopback address (h2 resolves to it on h2" <<< "$out"
+expect "... rolled back: $out" grep -q "nothing of this start is left running" <<< "$out"
+expect_nothing_left "127.0.1.1"
 
 # ---- loopback servers with remote workers: refused before any ssh ----
 write_config "$tmp/lo.yaml" "127.0.0.1:7000, 127.0.0.1:7001"
@@ -307,7 +333,7 @@ expect "... naming the entry and why: $out" \
 expect_nothing_left "loopback servers"
 
 # ---- a missing checkpoint folder: the shard refuses at start ----
-write_config "$tmp/ck.yaml" "${A[1]}:7000, ${A[2]}:7001"
+write_config "$tmp/ck.yaml" "h1:7000, h2:7001"
 sed -i "s|dir: \"$tmp/ckpt\"|dir: \"$tmp/no-such-folder\"|" "$tmp/ck.yaml"
 cluster "$tmp/ck.yaml" start "${WH[@]}"
 expect "missing checkpoint folder: start fails (status $rc)" [ $rc -eq 1 ]
