@@ -143,6 +143,32 @@ expect "srun for shard 1 on n2" grep -q -- "--nodelist=n2 .*ps-server --config $
 expect "worker 1 on n2 with its flags" grep -q -- "--nodelist=n2 .*ps-worker --config $tmp/sb/cluster.yaml --rank 1 --epochs 2" <<< "$out"
 PS_NODES="n1" PS_DRY_RUN=1 PS_LOGS="$tmp/sb1" scripts/ps.sbatch "$tmp/c.yaml" >/dev/null 2>"$tmp/err"
 expect "too few nodes refused" grep -q "2 shards need 2 nodes, the allocation has 1" "$tmp/err"
+# a relative config from the submission folder: the derived config (in
+# another folder) names the secret and the checkpoint folder absolutely
+sed 's/^log:/checkpoint: {dir: ckpt}\nlog:/' "$tmp/c.yaml" > "$tmp/rel.yaml"
+(cd "$tmp" && PS_NODES="n1 n2" PS_DRY_RUN=1 PS_LOGS="$tmp/sbrel" "$OLDPWD/scripts/ps.sbatch" rel.yaml > /dev/null)
+expect "derived secret_file absolute: $(grep secret_file "$tmp/sbrel/cluster.yaml")" \
+  grep -q "^  secret_file: \"$tmp/c.secret\"" "$tmp/sbrel/cluster.yaml"
+expect "derived checkpoint.dir absolute: $(grep '  dir:' "$tmp/sbrel/cluster.yaml")" \
+  grep -q "^  dir: \"$tmp/ckpt\"" "$tmp/sbrel/cluster.yaml"
+# as Slurm runs it: a copy of the script in a spool folder, submitted from
+# elsewhere; the project folder is found from the job's Command (scontrol)
+mkdir -p "$tmp/spool" "$tmp/fakebin"
+cp scripts/ps.sbatch "$tmp/spool/slurm_script"
+cat > "$tmp/fakebin/scontrol" <<EOF
+#!/bin/sh
+case "\$1 \$2" in
+  "show job") echo "   Command=$PWD/scripts/ps.sbatch rel.yaml" ;;
+  "show hostnames") echo n1; echo n2 ;;
+esac
+EOF
+chmod +x "$tmp/fakebin/scontrol"
+out=$(cd "$tmp" && PATH="$tmp/fakebin:$PATH" SLURM_JOB_ID=42 SLURM_JOB_NODELIST="n[1-2]" \
+  SLURM_SUBMIT_DIR="$tmp" PS_DRY_RUN=1 PS_LOGS="$tmp/sbslurm" bash "$tmp/spool/slurm_script" rel.yaml 2>&1)
+expect "under Slurm, the project folder of the submitted script: $out" \
+  grep -q -- "--nodelist=n2 .* $PWD/bin/ps-server --config $tmp/sbslurm/cluster.yaml --shard 1" <<< "$out"
+out=$(PS_DIR=/nonexistent PS_NODES=n1 PS_DRY_RUN=1 scripts/ps.sbatch "$tmp/c.yaml" 2>&1)
+expect "a project folder without the programs: says to set PS_DIR: $out" grep -q "set PS_DIR" <<< "$out"
 
 # systemd units (with ExecStart pointing at this build)
 if command -v systemd-analyze >/dev/null; then
