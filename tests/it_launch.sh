@@ -180,6 +180,17 @@ if command -v systemd-analyze >/dev/null; then
 else
   echo "SKIP systemd units: systemd-analyze not found"
 fi
+# make install puts the units where systemd finds local ones, and the page
+# their Documentation= names exists there
+make -s install DESTDIR="$tmp/inst" PREFIX=/usr/local > "$tmp/install.out" 2>&1
+expect "make install into a DESTDIR: $(tail -3 "$tmp/install.out")" [ $? -eq 0 ]
+for u in ps-server@.service ps-worker@.service; do
+  f=$tmp/inst/usr/local/lib/systemd/system/$u
+  doc=$(sed -n 's|^Documentation=file://||p' "$f" 2> /dev/null)
+  expect "$u installed, its Documentation= ($doc) too" test -n "$doc" -a -s "$tmp/inst$doc"
+done
+expect "ps-server@ runs in /var/lib/ps (a relative checkpoint.dir is writable there)" \
+  grep -q '^WorkingDirectory=/var/lib/ps$' scripts/systemd/ps-server@.service
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]

@@ -243,8 +243,8 @@ cluster stop
 expect "stop succeeded (status $rc): $out" [ $rc -eq 0 ]
 expect "stop reports each shard's exit status: $out" \
   [ "$(grep -c '^shard [01] on .*: not running (exited with status 0)' <<< "$out")" -eq 2 ]
-expect "both shards wrote their checkpoint at stop" [ -s "$tmp/ckpt/shard-0.ckpt" ] &&
-  [ -s "$tmp/ckpt/shard-1.ckpt" ]
+expect "both shards wrote their checkpoint at stop" \
+  test -s "$tmp/ckpt/shard-0.ckpt" -a -s "$tmp/ckpt/shard-1.ckpt"
 expect_nothing_left "after stop"
 rm -f "$tmp"/ckpt/*
 echo "it_multihost: the run took $((SECONDS - t0)) s"
