@@ -11,7 +11,8 @@
 #   --dir DIR                the project folder on every host (default: this
 #                            one; CONFIG is given relative to it or absolute)
 #   --logs DIR               where run folders go, on every host and here
-#                            (default: DIR/logs)
+#                            (default: DIR/logs; give stop and status the
+#                            same, they find the run there)
 #   --ssh CMD                the ssh command, split into words as the shell
 #                            does (quotes work); default $PS_SSH, else
 #                            ssh -o BatchMode=yes -o ConnectTimeout=10

@@ -94,13 +94,13 @@ chmod +x "$tmp/ssh"
 export OPENBLAS_NUM_THREADS=1
 scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs" -- --epochs 1
 expect "start succeeds" [ $? -eq 0 ]
-st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
+st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs")
 expect "both shards running: $st" [ "$(grep -c 'shard .*: running' <<< "$st")" -eq 2 ]
 # Polls `ps-cluster.sh status` (into $st) until PATTERN is gone from it, at
 # most TRIES times, DELAY seconds apart.
 wait_status_gone() { # PATTERN TRIES DELAY
   for _ in $(seq "$2"); do
-    st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
+    st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs")
     grep -q "$1" <<< "$st" || break
     sleep "$3"
   done
@@ -109,10 +109,29 @@ wait_status_gone() { # PATTERN TRIES DELAY
 wait_status_gone 'worker .*: running' 120 0.5
 expect "workers finished: $st" [ "$(grep -c 'worker .*: not running' <<< "$st")" -eq 2 ]
 expect "worker 0 trained and evaluated" grep -q "epoch 1 test accuracy" "$tmp/logs/c.run/worker-0.log"
-scripts/ps-cluster.sh "$tmp/c.yaml" stop --ssh "$tmp/ssh"
+scripts/ps-cluster.sh "$tmp/c.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/logs"
 wait_status_gone ': running' 40 0.25
 expect "everything stopped: $st" [ "$(grep -c ': not running' <<< "$st")" -eq 4 ]
 expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/c.run/server-0.log"
+
+# a start that fails after shards and a worker started (the host of
+# worker 1 unreachable by then): what it started is stopped again
+cat > "$tmp/ssh-flaky" <<'EOF'
+#!/usr/bin/env bash
+host=$1; shift
+case "$1" in *"ps-worker --config"*"--rank 1 --epochs"*)
+  echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255 ;;
+esac
+exec bash -c "$1"
+EOF
+chmod +x "$tmp/ssh-flaky"
+scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh-flaky" --logs "$tmp/logs" -- --epochs 50 > "$tmp/flaky.out" 2>&1
+rc=$?
+expect "a start failing at worker 1 exits 1 ($rc): $(cat "$tmp/flaky.out")" [ $rc -eq 1 ]
+expect "... says which and why" grep -q "cannot start worker 1 on 127.0.0.1 over ssh: ssh: connect to host 127.0.0.1 port 22: Connection refused" "$tmp/flaky.out"
+expect "... stops the shards and worker 0 again" grep -q "nothing of this start is left running" "$tmp/flaky.out"
+for _ in $(seq 20); do [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ] && break; sleep 0.25; done
+expect "... and nothing is left" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ]
 
 # ps-local.sh: a whole run ends with status 0 and no process left; a run
 # stopped by SIGTERM in the middle stops every process too

@@ -317,12 +317,22 @@ expect_nothing_left "port in use"
 # the machine's own name): shard 1 would listen where no worker reaches ----
 write_hosts 2 "127.0.1.1 h2"
 cluster start "${WH[@]}"
-write_hosts 2
 expect "a shard bound to 127.0.1.1: start fails (status $rc)" [ $rc -eq 1 ]
 expect "... saying where it listens and why: $out" \
   grep -q "shard 1 on h2 listens on 127.0.1.1:7001, a loopback address (h2 resolves to it on h2" <<< "$out"
 expect "... rolled back: $out" grep -q "nothing of this start is left running" <<< "$out"
 expect_nothing_left "127.0.1.1"
+# the remedy it names: cluster.listen_any, every address of the host
+write_config "$tmp/any.yaml" "h1:7000, h2:7001" "cluster: {listen_any: true}"
+sed -i '/^cluster: {listen_any: true}$/d; s/^  workers: 2$/  workers: 2\n  listen_any: true/' "$tmp/any.yaml"
+cluster "$tmp/any.yaml" start "${WH[@]}" -- --epochs 1
+expect "with cluster.listen_any the same hosts work (status $rc): $out" [ $rc -eq 0 ]
+expect "... shard 1 listening on every address: $out" grep -q "shard 1 on h2, listening on 0.0.0.0:7001" <<< "$out"
+cluster "$tmp/any.yaml" stop
+expect "... and stops (status $rc): $out" [ $rc -eq 0 ]
+expect_nothing_left "listen_any"
+write_hosts 2
+rm -f "$tmp"/ckpt/*
 
 # ---- loopback servers with remote workers: refused before any ssh ----
 write_config "$tmp/lo.yaml" "127.0.0.1:7000, 127.0.0.1:7001"
