@@ -75,7 +75,7 @@ case "$WAIT" in
   "") WAIT=$([ "$ACTION" = stop ] && echo 300 || echo 30) ;;
   *[!0-9]*) die "--wait: expected whole seconds, got '$WAIT'" ;;
 esac
-WORKER_GRACE=$((WAIT < 15 ? WAIT : 15)) SHARD_SIGNAL=TERM LOG_TAIL=8
+WORKER_GRACE=$((WAIT < 15 ? WAIT : 15)) SHARD_SIGNAL=TERM LOG_TAIL=8 ROLLBACK=0
 # The ssh command as words (quotes honoured, nothing run): xargs splits.
 mapfile -d '' -t SSHV < <(printf '%s' "$SSH" | xargs printf '%s\0' 2>/dev/null)
 [ ${#SSHV[@]} -gt 0 ] || die "--ssh / PS_SSH: cannot split '$SSH' into words (unmatched quote?)"
@@ -109,6 +109,15 @@ is_wildcard() { case "$1" in 0.0.0.0|::|'*'|'') return 0 ;; esac; return 1; }
 
 # ssh HOST SCRIPT: runs SCRIPT there (POSIX sh), stdin closed; its status.
 on() { "${SSHV[@]}" "$1" "$2" < /dev/null; }
+# Many hosts at once: par ID HOST SCRIPT starts `on` in the background,
+# par_wait waits for all of them, then par_out ID is what it printed and
+# par_rc ID its status (255: ssh itself failed).
+PAR=$(mktemp -d "${TMPDIR:-/tmp}/ps-cluster.XXXXXX") || exit 1
+trap 'rm -rf "$PAR"' EXIT
+par() { { on "$2" "$3" > "$PAR/$1.out" 2>&1; echo $? > "$PAR/$1.rc"; } & }
+par_wait() { wait; }
+par_out() { cat "$PAR/$1.out" 2> /dev/null; }
+par_rc() { cat "$PAR/$1.rc" 2> /dev/null || echo 255; }
 
 # What runs where. Every process is recognisable by its command line,
 # which starts with the program's path: the config path and --shard K or
@@ -124,9 +133,22 @@ worker_pat() { echo "^$(re "$DIR/bin/ps-worker --config $RCONFIG --rank $1")( |\
 any_pat() { echo "^$(re "$DIR/bin/ps-")(server|worker) --config $(re "$RCONFIG") --(shard|rank) [0-9]+( |\$)"; }
 whost_of() { echo "${whost[$(($1 % ${#whost[@]}))]}"; }
 
+
 # ---- stop and status: on the hosts of the run recorded at start ----
 
-# proc_script KIND INDEX: sh lines printing "@@|kind index|state|exit" for
+# The processes (selected in sel_shards / sel_workers) that run on HOST in
+# PHASE (shard or worker), one "shard K" / "worker R" a line.
+procs_of() { # PHASE HOST
+  local i
+  if [ "$1" = shard ]; then
+    for i in "${sel_shards[@]}"; do [ "${shost[$i]}" = "$2" ] && echo "shard $i"; done
+  else
+    for i in "${sel_workers[@]}"; do [ "$(whost_of "$i")" = "$2" ] && echo "worker $i"; done
+  fi
+  return 0
+}
+
+# proc_report KIND INDEX: sh lines printing "@@|kind index|state|exit" for
 # one process (state running or gone; exit: its status, "" if unknown) and,
 # when it exited non-zero, the end of its log.
 proc_report() {
@@ -142,7 +164,107 @@ proc_report() {
     "echo \"@@|$kind $i|gone|\$e\"; case \"\$e\" in ''|0|130|137|143) ;; *) tail -n $LOG_TAIL $(sq "$log") 2> /dev/null | sed 's/^/    | /' ;; esac; fi"
 }
 
-# Reads a run record (run.env) into RUN, shost_rec, whost; 1 when none.
+# host_script ACTION PHASE HOST: what runs on HOST for stop or status.
+host_script() {
+  local act=$1 phase=$2 h=$3 word p waitfor="" kill="" script=""
+  local -a procs
+  mapfile -t procs < <(procs_of "$phase" "$h")
+  if [ "$act" = stop ]; then
+    for word in "${procs[@]}"; do
+      p=$([ "${word% *}" = shard ] && server_pat "${word#* }" || worker_pat "${word#* }")
+      script+="pkill -$([ "$phase" = shard ] && echo "$SHARD_SIGNAL" || echo TERM) -f -- $(sq "$p"); "
+      waitfor+="${waitfor:+ || }pgrep -f -- $(sq "$p")"
+      kill+="pkill -KILL -f -- $(sq "$p"); "
+    done
+    if [ "$phase" = worker ]; then
+      # A worker stops after its step (ps-worker gives up a step it is
+      # stuck in 10 s after the signal); one still running after the grace
+      # gets SIGKILL (workers hold nothing the shards do not).
+      script+="i=0; while [ \$i -lt $((WORKER_GRACE * 10)) ] && { $waitfor; } > /dev/null; do sleep 0.1; i=\$((i + 1)); done; "
+      script+="if { $waitfor; } > /dev/null; then $kill sleep 1; fi; "
+    else
+      script+="i=0; while [ \$i -lt $((WAIT * 10)) ] && { $waitfor; } > /dev/null; do sleep 0.1; i=\$((i + 1)); done; "
+    fi
+  fi
+  for word in "${procs[@]}"; do script+=$(proc_report "${word% *}" "${word#* }")$'\n'; done
+  printf '%s' "$script"
+}
+
+# report ACTION HOST ID PHASE: one line per process from the output of par
+# ID (host_script on HOST); adds what is still running after a stop to
+# `left` and sets status 1 for what failed.
+report() {
+  local act=$1 h=$2 id=$3 phase=$4 out line word st rest
+  local -a procs
+  out=$(par_out "$id")
+  if [ "$(par_rc "$id")" -ne 0 ] && ! grep -q '^@@|' <<< "$out"; then
+    echo "$me: cannot reach $h over ssh: $(tail -n 1 <<< "$out")" >&2
+    mapfile -t procs < <(procs_of "$phase" "$h")
+    for word in "${procs[@]}"; do
+      echo "$word on $h: unknown (host not reachable)"
+      [ "$act" = stop ] && left+=("$word on $h")
+    done
+    status=1
+    return
+  fi
+  while IFS= read -r line; do
+    case "$line" in
+      '@@|'*)
+        IFS='|' read -r _ word st rest <<< "$line"
+        if [ "$st" = running ]; then
+          if [ "$act" = stop ]; then
+            echo "$word on $h: still running after ${WAIT}s; SIGKILL it on $h if it must go (a shard's checkpoint may be unfinished)"
+            left+=("$word on $h"); status=1
+          else
+            echo "$word on $h: running"
+          fi
+        elif [ -z "$rest" ]; then
+          echo "$word on $h: not running${RUN:+ (no exit status in $RUN)}"
+        else
+          case "$rest" in
+            0) echo "$word on $h: not running (exited with status 0)" ;;
+            130|143) echo "$word on $h: not running (stopped by a signal, status $rest)" ;;
+            137) if [ "${word% *}" = shard ] || [ "$ROLLBACK" = 1 ]; then
+                   echo "$word on $h: not running (killed with SIGKILL)"
+                 else
+                   echo "$word on $h: not running (killed: it had not stopped ${WORKER_GRACE}s after SIGTERM)"
+                 fi ;;
+            *) echo "$word on $h: not running (exited with status $rest)$([ "$LOG_TAIL" -gt 0 ] && echo :)"
+               [ "$act" = stop ] && [ "${word% *}" = shard ] && status=1 ;;
+          esac
+        fi ;;
+      '') ;;
+      *) echo "$line" ;;
+    esac
+  done <<< "$out"
+}
+
+# stop_or_status ACTION: the workers' hosts at once, then the shards'
+# hosts at once (stop: workers first, so the shards' checkpoints hold
+# their last clock), one ssh per host; a line per process.
+stop_or_status() {
+  local act=$1 phase n i
+  local -a hosts
+  left=()
+  for phase in worker shard; do
+    hosts=()
+    if [ $phase = worker ]; then
+      for i in "${sel_workers[@]}"; do hosts+=("$(whost_of "$i")"); done
+    else
+      for i in "${sel_shards[@]}"; do hosts+=("${shost[$i]}"); done
+    fi
+    [ ${#hosts[@]} -gt 0 ] || continue
+    mapfile -t hosts < <(printf '%s\n' "${hosts[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#hosts[@]}; n++)); do
+      par "$act-$phase-$n" "${hosts[$n]}" "$(host_script "$act" $phase "${hosts[$n]}")"
+    done
+    par_wait
+    for ((n = 0; n < ${#hosts[@]}; n++)); do report "$act" "${hosts[$n]}" "$act-$phase-$n" $phase; done
+  done
+}
+
+# Reads a run record (run.env) into RUN, RUN_SHARD_HOSTS, RUN_WORKER_HOSTS;
+# 1 when there is none.
 load_run() {
   local f=$POINTER/run.env
   [ -r "$f" ] || return 1
@@ -152,97 +274,6 @@ load_run() {
     echo "$me: $POINTER is a run of $RUN_CONFIG, not $RCONFIG: give another --logs" >&2; exit 2; }
   RUN=$RUN_DIR
   return 0
-}
-
-# stop_or_status ACTION: one ssh per host; prints a line per process.
-# Sets `left` to the processes still running after a stop.
-stop_or_status() {
-  local act=$1 h k r script out rc line rest word st phase
-  local -a hosts=() pats=()
-  left=()
-  # workers first: the shards' checkpoints then hold their last clock
-  for phase in worker shard; do
-    hosts=()
-    if [ $phase = worker ]; then
-      for ((r = 0; r < nworkers; r++)); do hosts+=("$(whost_of $r)"); done
-    else
-      hosts=("${shost[@]}")
-    fi
-    mapfile -t hosts < <(printf '%s\n' "${hosts[@]}" | awk '!seen[$0]++')
-    for h in "${hosts[@]}"; do
-      [ -n "$h" ] || continue
-      script="" pats=()
-      if [ $phase = worker ]; then
-        for ((r = 0; r < nworkers; r++)); do
-          [ "$(whost_of $r)" = "$h" ] && pats+=("worker $r")
-        done
-      else
-        for ((k = 0; k < nshards; k++)); do
-          [ "${shost[$k]}" = "$h" ] && pats+=("shard $k")
-        done
-      fi
-      if [ "$act" = stop ]; then
-        local waitfor="" kill="" p
-        for word in "${pats[@]}"; do
-          p=$([ "${word% *}" = shard ] && server_pat "${word#* }" || worker_pat "${word#* }")
-          script+="pkill -$([ $phase = shard ] && echo "$SHARD_SIGNAL" || echo TERM) -f -- $(sq "$p"); "
-          waitfor+="${waitfor:+ || }pgrep -f -- $(sq "$p")"
-          kill+="pkill -KILL -f -- $(sq "$p"); "
-        done
-        if [ $phase = worker ]; then
-          # A worker stops at its next step, but one whose pull waits for
-          # a peer that stopped first (or for a shard that is gone) would
-          # wait out its timeouts: SIGKILL after a grace (workers hold no
-          # state the shards do not have).
-          script+="i=0; while [ \$i -lt $((WORKER_GRACE * 10)) ] && { $waitfor; } > /dev/null; do sleep 0.1; i=\$((i + 1)); done; "
-          script+="if { $waitfor; } > /dev/null; then $kill sleep 1; fi; "
-        else
-          script+="i=0; while [ \$i -lt $((WAIT * 10)) ] && { $waitfor; } > /dev/null; do sleep 0.1; i=\$((i + 1)); done; "
-        fi
-      fi
-      for word in "${pats[@]}"; do script+=$(proc_report "${word% *}" "${word#* }")$'\n'; done
-      out=$(on "$h" "$script" 2>&1); rc=$?
-      if [ $rc -ne 0 ] && ! grep -q '^@@|' <<< "$out"; then
-        echo "$me: cannot reach $h over ssh: $(tail -n 1 <<< "$out")" >&2
-        for word in "${pats[@]}"; do
-          echo "$word on $h: unknown (host not reachable)"
-          [ "$act" = stop ] && left+=("$word on $h")
-        done
-        status=1
-        continue
-      fi
-      while IFS= read -r line; do
-        case "$line" in
-          '@@|'*)
-            IFS='|' read -r _ word st rest <<< "$line"
-            if [ "$st" = running ]; then
-              if [ "$act" = stop ]; then
-                echo "$word on $h: still running after ${WAIT}s; SIGKILL it on $h if it must go (a shard's checkpoint may be unfinished)"
-                left+=("$word on $h"); status=1
-              else
-                echo "$word on $h: running"
-              fi
-            elif [ -z "$rest" ]; then
-              echo "$word on $h: not running${RUN:+ (no exit status in $RUN)}"
-            elif [ "$rest" = 0 ]; then
-              echo "$word on $h: not running (exited with status 0)"
-            else
-              case "$rest" in
-                130|143) echo "$word on $h: not running (stopped by a signal, status $rest)" ;;
-                137) if [ "${word% *}" = shard ]; then
-                       echo "$word on $h: not running (killed with SIGKILL)"
-                     else
-                       echo "$word on $h: not running (killed: it had not stopped ${WORKER_GRACE}s after SIGTERM)"
-                     fi ;;
-                *) echo "$word on $h: not running (exited with status $rest)$([ "$LOG_TAIL" -gt 0 ] && echo :)"
-                   [ "$act" = stop ] && [ "${word% *}" = shard ] && status=1 ;;
-              esac
-            fi ;;
-          *) echo "$line" ;;
-        esac
-      done <<< "$out"
-    done
-  done
 }
 
 if [ "$ACTION" != start ]; then
@@ -263,11 +294,13 @@ if [ "$ACTION" != start ]; then
     for ((k = 0; k < nshards; k++)); do echo "${SSHV[*]} ${shost[$k]} $(sq "pkill -TERM -f -- $(sq "$(server_pat $k)")")"; done
     exit 0
   fi
+  mapfile -t sel_shards < <(seq 0 $((nshards - 1)))
+  mapfile -t sel_workers < <(seq 0 $((nworkers - 1)))
   status=0
   stop_or_status "$ACTION"
   if [ "$ACTION" = stop ]; then
     if [ ${#left[@]} -gt 0 ]; then
-      echo "$me: left running: ${left[*]}" >&2
+      echo "$me: left running: $(printf '%s, ' "${left[@]}" | sed 's/, $//')" >&2
     elif [ -n "$RUN" ] && [ -w "$RUN/run.env" ]; then
       echo "RUN_STATE=stopped" >> "$RUN/run.env"
     fi
@@ -298,7 +331,10 @@ for ((k = 0; k < nshards; k++)); do
   fi
 done
 
-shard_start() { # K: the command that starts shard K in the run folder
+# The commands that start shard K / worker R in the run folder: under
+# nohup, the whole background job in braces (else ssh would wait for the
+# process to end), its exit status written when it ends.
+shard_start() {
   local log=$RUN/server-$1
   echo "mkdir -p $(q "$RUN") && cd $(q "$DIR") && { nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(q "$log.exit")") > $(q "$log.log") 2>&1 < /dev/null & }"
 }
@@ -314,22 +350,26 @@ if [ $DRY -eq 1 ]; then
   for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} $(whost_of $r) $(sq "$(worker_start $r)")"; done
   exit 0
 fi
+mapfile -t uwhost < <(for ((r = 0; r < nworkers; r++)); do whost_of $r; done | awk '!seen[$0]++')
 
-# 1. Every host, before anything starts: reachable, the programs and the
-# config there, and nothing of this config running.
-mapfile -t hosts < <(printf '%s\n' "${shost[@]}" "${whost[@]}" | awk '!seen[$0]++')
-problems=() running=()
-for h in "${hosts[@]}"; do
-  need=""
+# 1. Every host at once, before anything starts: reachable, the programs
+# and the config there, and nothing of this config running.
+mapfile -t hosts < <(printf '%s\n' "${shost[@]}" "${uwhost[@]}" | awk '!seen[$0]++')
+for ((n = 0; n < ${#hosts[@]}; n++)); do
+  h=${hosts[$n]} need=""
   for ((k = 0; k < nshards; k++)); do [ "${shost[$k]}" = "$h" ] && need+=" ps-server"; done
   for ((r = 0; r < nworkers; r++)); do [ "$(whost_of $r)" = "$h" ] && need+=" ps-worker ps-stat"; done
-  script="cd $(q "$DIR") 2> /dev/null || { echo 'ERR no folder $(q "$DIR") (--dir)'; exit 0; }
+  par "pre-$n" "$h" "cd $(q "$DIR") 2> /dev/null || { echo 'ERR no folder $(q "$DIR") (--dir)'; echo OK; exit 0; }
 for b in $(printf '%s\n' $need | sort -u | tr '\n' ' '); do [ -x bin/\$b ] || echo \"ERR no $(q "$DIR")/bin/\$b (make there, or --dir)\"; done
 [ -r $(q "$RCONFIG") ] || echo 'ERR cannot read $(q "$RCONFIG")'
 pgrep -af -- $(sq "$(any_pat)") | sed 's/^/RUNNING /'
 echo OK"
-  out=$(on "$h" "$script" 2>&1); rc=$?
-  if [ $rc -ne 0 ] || ! grep -q '^OK$' <<< "$out"; then
+done
+par_wait
+problems=() running=()
+for ((n = 0; n < ${#hosts[@]}; n++)); do
+  h=${hosts[$n]} out=$(par_out "pre-$n")
+  if [ "$(par_rc "pre-$n")" -ne 0 ] || ! grep -q '^OK$' <<< "$out"; then
     problems+=("cannot reach $h over ssh: $(grep -v '^OK$' <<< "$out" | tail -n 1)")
     continue
   fi
@@ -367,22 +407,21 @@ mkdir -p "$RUN" || { echo "$me: cannot make the run folder $RUN here" >&2; exit 
 } > "$RUN/run.env"
 ln -sfn "$(basename "$RUN")" "$POINTER"
 
-# Stops what this start began (workers, then shards) and says what is
-# left; exits 1.
-started_shards=0 started_workers=0
+# Stops what this start began (workers, then shards; sel_shards and
+# sel_workers hold what was started) and says what is left; exits 1.
+sel_shards=() sel_workers=()
 rollback() {
   echo "$me: start failed; stopping what it started" >&2
   # Shards get SIGKILL: one stopped by SIGTERM would write a checkpoint of
   # its fresh state, which a corrected config (other servers) then refuses.
   # The failing process's log was shown already.
-  WAIT=60 WORKER_GRACE=5 SHARD_SIGNAL=KILL LOG_TAIL=0
-  nworkers=$started_workers
-  shost=("${shost[@]:0:$started_shards}"); nshards=$started_shards
+  # Workers that just started hold nothing: a second, then SIGKILL.
+  WAIT=60 WORKER_GRACE=1 SHARD_SIGNAL=KILL LOG_TAIL=0 ROLLBACK=1
   status=0
   stop_or_status stop > "$RUN/rollback.txt" 2>&1
   sed 's/^/  /' "$RUN/rollback.txt" >&2
   if [ ${#left[@]} -gt 0 ]; then
-    echo "$me: left running: ${left[*]}; stop them with: $0 $CONFIG stop" >&2
+    echo "$me: left running: $(printf '%s, ' "${left[@]}" | sed 's/, $//'); stop them with: $0 $CONFIG stop" >&2
   else
     echo "$me: stopped again; nothing of this start is left running (logs: $RUN on each host)" >&2
     echo "RUN_STATE=failed" >> "$RUN/run.env"
@@ -395,11 +434,11 @@ shard_log_tail() {
   on "${shost[$1]}" "tail -n 12 $(sq "$RUN/server-$1.log")" 2>&1 | sed 's/^/    | /' >&2
 }
 
-# 3. Shards, each until it listens (or exits, or --wait runs out).
-bound=()
+# 3. The shards, all at once; each until it listens (or exits, or --wait
+# runs out).
 for ((k = 0; k < nshards; k++)); do
-  h=${shost[$k]} log=$RUN/server-$k.log ex=$RUN/server-$k.exit
-  script="$(shard_start $k)
+  log=$RUN/server-$k.log ex=$RUN/server-$k.exit
+  par "shard-$k" "${shost[$k]}" "$(shard_start $k)
 i=0
 while :; do
   if grep -q ' listening on ' $(sq "$log") 2> /dev/null; then
@@ -410,20 +449,23 @@ while :; do
   if [ \$i -gt $((WAIT * 10)) ]; then echo TIMEOUT; break; fi
   sleep 0.1
 done"
-  out=$(on "$h" "$script" 2>&1); rc=$?
-  started_shards=$((k + 1))
+done
+par_wait
+bound=() failed=0
+for ((k = 0; k < nshards; k++)); do
+  h=${shost[$k]} out=$(par_out "shard-$k") log=$RUN/server-$k.log
   case "$out" in
-    LISTENING\ *) bound[$k]=${out#LISTENING } ;;
+    LISTENING\ *) bound[$k]=${out#LISTENING }; sel_shards+=("$k") ;;
     EXITED\ *)
       echo "$me: shard $k on $h exited at start (status ${out#EXITED }); the end of $log there:" >&2
-      shard_log_tail $k; rollback ;;
+      sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
     TIMEOUT*)
       echo "$me: shard $k on $h did not listen within ${WAIT}s (--wait); the end of $log there:" >&2
-      shard_log_tail $k; rollback ;;
+      sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
     *)
       echo "$me: cannot start shard $k on $h over ssh: $(tail -n 1 <<< "$out")" >&2
-      [ $rc -eq 255 ] && started_shards=$k # ssh never ran the command
-      rollback ;;
+      [ "$(par_rc "shard-$k")" -eq 255 ] || sel_shards+=("$k") # 255: ssh never ran it
+      failed=1; continue ;;
   esac
   addr=${bound[$k]%:*}; addr=${addr#[}; addr=${addr%]}
   if [ -n "$remote" ] && is_loopback "$addr"; then
@@ -431,15 +473,15 @@ done"
          "to it on $h: an /etc/hosts line such as '127.0.1.1 $h'?); workers on other hosts" \
          "cannot reach it. Name its address in cluster.servers, fix /etc/hosts, or set" \
          "cluster.listen_any: true" >&2
-    rollback
+    failed=1
   fi
 done
+[ $failed -eq 0 ] || rollback
 
 # 4. From every worker host, every shard must answer (a monitor handshake:
 # ps-stat), or the workers would fail there the same way.
-mapfile -t uwhost < <(printf '%s\n' "${whost[@]:0:$nworkers}" | awk '!seen[$0]++')
-for h in "${uwhost[@]}"; do
-  script="cd $(q "$DIR") || exit 3
+for ((n = 0; n < ${#uwhost[@]}; n++)); do
+  par "stat-$n" "${uwhost[$n]}" "cd $(q "$DIR") || exit 3
 i=0
 while :; do
   out=\$(bin/ps-stat --config $(q "$RCONFIG") --interval 0.05 2>&1); rc=\$?
@@ -448,7 +490,10 @@ while :; do
   if [ \$rc -ne 1 ] || [ \$i -ge 4 ]; then echo \"FAILED \$rc\"; printf '%s\n' \"\$out\"; break; fi
   sleep 0.5
 done"
-  out=$(on "$h" "$script" 2>&1); rc=$?
+done
+par_wait
+for ((n = 0; n < ${#uwhost[@]}; n++)); do
+  h=${uwhost[$n]} out=$(par_out "stat-$n")
   case "$out" in
     ANSWERED*) ;;
     FAILED\ 1*)
@@ -458,47 +503,47 @@ done"
         echo "$me: shard $k on ${shost[$k]} listens on ${bound[$k]}; the end of its log:" >&2
         shard_log_tail "$k"
       done
-      rollback ;;
+      failed=1 ;;
     FAILED*)
       echo "$me: on $h, ps-stat cannot check the shards (the workers there would fail too):" >&2
       tail -n +2 <<< "$out" | sed 's/^/    /' >&2
-      rollback ;;
+      failed=1 ;;
     *)
       echo "$me: cannot check the shards from $h over ssh: $(tail -n 1 <<< "$out")" >&2
-      rollback ;;
+      failed=1 ;;
   esac
 done
+[ $failed -eq 0 ] || rollback
 
-# 5. Workers; then a look at those that ended at once (a data set or a
-# secret missing on their host).
-for ((r = 0; r < nworkers; r++)); do
-  h=$(whost_of $r)
-  out=$(on "$h" "$(worker_start $r)" 2>&1); rc=$?
-  if [ $rc -ne 0 ]; then
-    echo "$me: cannot start worker $r on $h over ssh: $(tail -n 1 <<< "$out")" >&2
-    started_workers=$r
-    [ $rc -ne 255 ] && started_workers=$((r + 1))
-    rollback
-  fi
-  started_workers=$((r + 1))
-done
-sleep 1
-for h in "${uwhost[@]}"; do
-  script=""
+# 5. The workers, each host's at once; a second later, a look at those that
+# ended already (data or secret missing on their host).
+for ((n = 0; n < ${#uwhost[@]}; n++)); do
+  h=${uwhost[$n]} script="" check=""
   for ((r = 0; r < nworkers; r++)); do
     [ "$(whost_of $r)" = "$h" ] || continue
-    ex=$RUN/worker-$r.exit
-    script+="e=\$(cat $(sq "$ex") 2> /dev/null); case \"\$e\" in ''|0) ;; *) echo \"FAILED $r \$e\"; tail -n 8 $(sq "$RUN/worker-$r.log") | sed 's/^/    | /';; esac"$'\n'
+    script+="$(worker_start $r) && echo STARTED $r"$'\n'
+    check+="e=\$(cat $(sq "$RUN/worker-$r.exit") 2> /dev/null); case \"\$e\" in ''|0) ;; *) echo \"FAILED $r \$e\"; tail -n 8 $(sq "$RUN/worker-$r.log") | sed 's/^/    | /';; esac"$'\n'
   done
-  out=$(on "$h" "$script" 2>&1) || true
-  if grep -q '^FAILED ' <<< "$out"; then
-    grep '^FAILED ' <<< "$out" | while read -r _ r e; do
-      echo "$me: worker $r on $h exited at start (status $e); the end of its log:" >&2
-    done
-    grep -v '^FAILED ' <<< "$out" >&2
-    rollback
-  fi
+  par "workers-$n" "$h" "$script"'sleep 1'$'\n'"$check"
 done
+par_wait
+for ((n = 0; n < ${#uwhost[@]}; n++)); do
+  h=${uwhost[$n]} out=$(par_out "workers-$n")
+  for r in $(sed -n 's/^STARTED //p' <<< "$out"); do sel_workers+=("$r"); done
+  if [ "$(par_rc "workers-$n")" -eq 255 ] && ! grep -q '^STARTED ' <<< "$out"; then
+    echo "$me: cannot start the workers on $h over ssh: $(tail -n 1 <<< "$out")" >&2
+    failed=1
+  fi
+  while IFS= read -r line; do
+    case "$line" in
+      FAILED\ *)
+        set -- $line
+        echo "$me: worker $2 on $h exited at start (status $3); the end of its log:" >&2; failed=1 ;;
+      '    | '*) echo "$line" >&2 ;;
+    esac
+  done <<< "$out"
+done
+[ $failed -eq 0 ] || rollback
 
 echo "$me: started $nshards shard(s) and $nworkers worker(s) of $CONFIG"
 for ((k = 0; k < nshards; k++)); do echo "  shard $k on ${shost[$k]}, listening on ${bound[$k]}"; done

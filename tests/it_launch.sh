@@ -115,20 +115,22 @@ expect "everything stopped: $st" [ "$(grep -c ': not running' <<< "$st")" -eq 4 
 expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/c.run/server-0.log"
 
 # a start that fails after shards and a worker started (the host of
-# worker 1 unreachable by then): what it started is stopped again
+# worker 1, "localhost", unreachable by then): what it started is stopped
 cat > "$tmp/ssh-flaky" <<'EOF'
 #!/usr/bin/env bash
 host=$1; shift
-case "$1" in *"ps-worker --config"*"--rank 1 --epochs"*)
+case "$host:$1" in localhost:*nohup*ps-worker*)
   echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255 ;;
 esac
 exec bash -c "$1"
 EOF
 chmod +x "$tmp/ssh-flaky"
-scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh-flaky" --logs "$tmp/logs" -- --epochs 50 > "$tmp/flaky.out" 2>&1
+scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh-flaky" --logs "$tmp/logs" \
+  --worker-hosts 127.0.0.1,localhost -- --epochs 50 > "$tmp/flaky.out" 2>&1
 rc=$?
 expect "a start failing at worker 1 exits 1 ($rc): $(cat "$tmp/flaky.out")" [ $rc -eq 1 ]
-expect "... says which and why" grep -q "cannot start worker 1 on 127.0.0.1 over ssh: ssh: connect to host 127.0.0.1 port 22: Connection refused" "$tmp/flaky.out"
+expect "... says which and why" grep -q "cannot start the workers on localhost over ssh: ssh: connect to host localhost port 22: Connection refused" "$tmp/flaky.out"
+expect "... stops worker 0, which started" grep -q "worker 0 on 127.0.0.1: not running (" "$tmp/flaky.out"
 expect "... stops the shards and worker 0 again" grep -q "nothing of this start is left running" "$tmp/flaky.out"
 for _ in $(seq 20); do [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ] && break; sleep 0.25; done
 expect "... and nothing is left" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ]

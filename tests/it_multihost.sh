@@ -185,14 +185,14 @@ write_config "$tmp/c.yaml" "h1:7000, h2:7001"
 cluster() { # ACTION [ARGS...]: ps-cluster.sh on h1, output in $out, status in $rc
   local cfg=$tmp/c.yaml
   case "${1:-}" in *.yaml) cfg=$1; shift ;; esac
-  local action=$1; shift
+  local action=$1 t=$SECONDS; shift
   # (a launcher that hangs, as one did when ssh waited for the shard it
   # started, fails here with status 124 rather than stalling the suite)
   out=$(on 1 timeout 90 scripts/ps-cluster.sh "$cfg" "$action" --ssh "ssh -F '$tmp/ssh_config'" \
         --logs "$tmp/logs" "$@" 2>&1)
   rc=$?
   # in the test's log (shown when it fails): what a user would see
-  echo "== ps-cluster.sh $(basename "$cfg") $action $* -> status $rc"
+  echo "== ps-cluster.sh $(basename "$cfg") $action $* -> status $rc, $((SECONDS - t)) s"
   sed 's/^/   /' <<< "$out"
 }
 # The ps-server / ps-worker processes running on host i (namespace), one a line.
