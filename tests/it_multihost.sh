@@ -32,9 +32,9 @@ expect() { # DESCRIPTION COMMAND...
 skip() { echo "SKIP: it_multihost: $*"; exit 77; }
 
 [ "$(id -u)" -eq 0 ] || skip "needs root for network namespaces and sshd"
-for c in ip ssh ssh-keygen /usr/sbin/sshd; do
+for c in ip unshare pgrep ssh ssh-keygen /usr/sbin/sshd; do
   command -v "$c" > /dev/null ||
-    skip "$c not found (scripts/install-deps.sh installs iproute2 and openssh-server)"
+    skip "$c not found (scripts/install-deps.sh installs iproute2, procps and openssh-server)"
 done
 [ -x bin/ps-server ] && [ -x bin/ps-worker ] && [ -x bin/ps-stat ] || skip "run 'make' first"
 [ -r /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ] ||
