@@ -177,12 +177,21 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/demo.sh
 
+# The systemd units go where systemd looks for local ones, with their
+# paths (programs, Documentation=) under PREFIX; the docs they point at go
+# to share/doc/ps.
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/ps
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/ps \
+		$(DESTDIR)$(PREFIX)/share/doc/ps $(DESTDIR)$(PREFIX)/lib/systemd/system
 	install -m 755 $(PROGRAMS) scripts/ps-keygen $(DESTDIR)$(PREFIX)/bin
 	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
 	install -m 644 worker/ps_client.h common/config.h common/layers.h common/ps_err.h \
 		common/codec.h common/histo.h $(DESTDIR)$(PREFIX)/include/ps
+	install -m 644 README.md docs/*.md conf/example-full.yaml $(DESTDIR)$(PREFIX)/share/doc/ps
+	for u in scripts/systemd/*.service; do \
+		sed 's|/usr/local/|$(PREFIX)/|g' $$u > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) && \
+		chmod 644 $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) || exit 1; \
+	done
 
 
 # Fuzzing (libFuzzer, clang): tests/fuzz/fuzz_*.c against the library built

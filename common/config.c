@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "codec.h"
 #include "config.h"
@@ -697,17 +698,22 @@ int ps_config_load_string(struct ps_config *cfg, const char *yaml, const char *n
 }
 
 /* A relative path of a file the config names (f, size bytes) is next to
- * the config file; stored resolved, so dumps and the processes started
- * from them agree. */
+ * the config file; stored resolved and absolute (a config loaded by a
+ * relative path is taken from the working directory), so dumps and the
+ * processes started from them (ps.sbatch's derived config, in another
+ * folder) name the same file. */
 static void cfg_resolve_path(const struct ps_config *cfg, char *f, size_t size)
 {
 	const char *slash = strrchr(cfg->path, '/');
-	char tmp[1100];
+	int dirlen = slash ? (int)(slash - cfg->path) : 0;
+	char cwd[1024] = "", tmp[2200];
 
-	if (!f[0] || f[0] == '/' || !slash)
+	if (!f[0] || f[0] == '/' || !cfg->path[0])
 		return;
-	if (snprintf(tmp, sizeof(tmp), "%.*s/%s", (int)(slash - cfg->path), cfg->path, f) <
-	    (int)size)
+	if (cfg->path[0] != '/' && !getcwd(cwd, sizeof(cwd)))
+		cwd[0] = '\0'; /* left relative to the working directory */
+	if (snprintf(tmp, sizeof(tmp), "%s%s%.*s%s%s", cwd, cwd[0] ? "/" : "", dirlen, cfg->path,
+		     slash ? "/" : "", f) < (int)size)
 		memcpy(f, tmp, strlen(tmp) + 1);
 }
 

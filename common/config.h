@@ -128,6 +128,7 @@ struct ps_config {
 	int nshards;
 	struct ps_endpoint shards[PS_MAX_SHARDS];
 	int nworkers;
+	int listen_any;             /* shards bind every address (0.0.0.0 / ::) on their port */
 	enum ps_transport_kind transport;
 	enum ps_consistency consistency;
 	int staleness;              /* async only */

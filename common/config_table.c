@@ -38,6 +38,10 @@ const struct opt cfg_opts[] = {
 	  "listen address of each shard; the position in the list is the shard id"),
 	O("cluster.workers", T_INT, F_REQUIRED, 1, 4096, NULL, NULL, C, nworkers,
 	  "number of worker processes (ranks 0..workers-1)"),
+	O("cluster.listen_any", T_BOOL, 0, 0, 0, "false", NULL, C, listen_any,
+	  "shards listen on every address of their host (0.0.0.0, or :: for an IPv6 servers "
+	  "entry) on their servers port, instead of the servers address only; for a name that "
+	  "resolves on the shard's host to an address it cannot bind or others cannot reach"),
 	O("transport", T_ENUM, 0, 0, 0, "tcp", cfg_transport_names, C, transport,
 	  "wire transport between workers and shards: tcp; rdma (verbs) is refused at start "
 	  "with the reason until its data path exists (docs/rdma.md)"),

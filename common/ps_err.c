@@ -22,6 +22,7 @@ const char *ps_strerror(int err)
 	case PS_EDUP: return "duplicate push for this clock";
 	case PS_ENOFINITE: return "value not finite";
 	case PS_EAUTH: return "authentication failed";
+	case PS_ERESOLVE: return "the host name did not resolve to an address";
 	default:
 		break;
 	}

@@ -27,6 +27,7 @@ enum {
 	PS_EDUP,         /* duplicate push for the same clock and slice */
 	PS_ENOFINITE,    /* value is NaN or infinite */
 	PS_EAUTH,        /* authentication failed: wrong or missing secret, bad MAC */
+	PS_ERESOLVE,     /* a host name did not resolve to an address */
 	PS_ELAST
 };
 

@@ -138,13 +138,20 @@ struct ps_transport_ops {
 	 * ps_conn_set_limits changes them. Returns 0 or -errno/PS_E*. */
 	int (*create)(uv_loop_t *loop, const struct ps_transport_cbs *cbs,
 		      const struct ps_wire_limits *limits, void *data, struct ps_transport **out);
-	/* Listens on host:port (host must be an address or resolvable name);
-	 * accepted connections arrive through on_accept. Non-blocking. */
+	/* Listens on host:port (host must be an address or resolvable name:
+	 * PS_ERESOLVE when it does not resolve); accepted connections arrive
+	 * through on_accept. Non-blocking. */
 	int (*listen)(struct ps_transport *t, const char *host, int port);
 	/* Port actually bound (useful with port 0), or negative. */
 	int (*bound_port)(struct ps_transport *t);
-	/* Starts connecting to host:port (numeric address); on_connect reports
-	 * the result. *out is valid until on_close. */
+	/* Optional (NULL when the transport has none): the address the
+	 * listener is bound to, "a.b.c.d:port" or "[v6]:port", into buf (a
+	 * name given to listen shows here as what it resolved to). 0 or
+	 * negative. */
+	int (*bound_addr)(struct ps_transport *t, char *buf, size_t len);
+	/* Starts connecting to host:port (an address, or a name: PS_ERESOLVE
+	 * when it does not resolve); on_connect reports the result. *out is
+	 * valid until on_close. */
 	int (*connect)(struct ps_transport *t, const char *host, int port, void *data,
 		       struct ps_conn **out);
 	/* Queues one frame. meta (meta_len bytes) is copied. Returns 0 (cb will

@@ -713,10 +713,11 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss)
 		return 0;
 	if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0)
 		return 0;
-	/* Names: resolve synchronously (start-up only). */
+	/* Names: resolve synchronously (start-up only). A name that does not
+	 * resolve says so (PS_ERESOLVE), not "cannot assign address". */
 	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res;
 	if (getaddrinfo(host, NULL, &hints, &res) != 0)
-		return -EADDRNOTAVAIL;
+		return PS_ERESOLVE;
 	memcpy(ss, res->ai_addr, res->ai_addrlen);
 	if (ss->ss_family == AF_INET)
 		((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
@@ -771,6 +772,27 @@ static int tcp_bound_port(struct ps_transport *t)
 	if (ss.ss_family == AF_INET)
 		return ntohs(((struct sockaddr_in *)&ss)->sin_port);
 	return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+}
+
+static int tcp_bound_addr(struct ps_transport *t, char *buf, size_t len)
+{
+	struct tcp_transport *tt = container_of(t, struct tcp_transport, base);
+	struct sockaddr_storage ss;
+	char ip[64];
+	int n = sizeof(ss), rc;
+
+	if (!tt->listening || uv_tcp_getsockname(&tt->listener, (struct sockaddr *)&ss, &n))
+		return PS_ESTATE;
+	if (ss.ss_family == AF_INET) {
+		rc = uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof(ip));
+		n = snprintf(buf, len, "%s:%d", ip, ntohs(((struct sockaddr_in *)&ss)->sin_port));
+	} else {
+		rc = uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof(ip));
+		n = snprintf(buf, len, "[%s]:%d", ip, ntohs(((struct sockaddr_in6 *)&ss)->sin6_port));
+	}
+	if (rc)
+		return rc;
+	return n < (int)len ? 0 : -ENAMETOOLONG;
 }
 
 static void on_connected(uv_connect_t *req, int status)
@@ -1277,6 +1299,7 @@ const struct ps_transport_ops ps_tcp_transport_ops = {
 	.create = tcp_create,
 	.listen = tcp_listen,
 	.bound_port = tcp_bound_port,
+	.bound_addr = tcp_bound_addr,
 	.connect = tcp_connect,
 	.send = tcp_send,
 	.send_now = tcp_send_now,

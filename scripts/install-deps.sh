@@ -17,6 +17,7 @@ PKGS=(
   libmicrohttpd-dev
   dataset-fashion-mnist
   iproute2 nftables
+  openssh-server openssh-client procps
   gnuplot-nox
   clang libclang-rt-14-dev
   valgrind

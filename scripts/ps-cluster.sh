@@ -1,54 +1,87 @@
 #!/usr/bin/env bash
-# ps-cluster.sh - starts or stops every process of a config on its hosts
-# over ssh: shard K on the host cluster.servers[K] names, worker R on
+# ps-cluster.sh - starts, stops or shows every process of a config on its
+# hosts over ssh: shard K on the host cluster.servers[K] names, worker R on
 # worker host R mod (number of worker hosts).
 #
-#   scripts/ps-cluster.sh CONFIG start|stop|status [options]
+#   scripts/ps-cluster.sh CONFIG start|stop|status [options] [-- WORKER_ARGS...]
 #
-#   --worker-hosts H1,H2,..  where workers run (default: the shards' hosts)
+#   --worker-hosts H1,H2,..  where workers run (start; default: the shards'
+#                            hosts). stop and status use the hosts recorded
+#                            at start; given there, it overrides them
 #   --dir DIR                the project folder on every host (default: this
 #                            one; CONFIG is given relative to it or absolute)
-#   --logs DIR               log folder on every host (default: DIR/logs)
-#   --ssh CMD                the ssh command (default: ssh -o BatchMode=yes)
-#   --dry-run                print the commands instead of running them
+#   --logs DIR               where run folders go, on every host and here
+#                            (default: DIR/logs; give stop and status the
+#                            same, they find the run there)
+#   --ssh CMD                the ssh command, split into words as the shell
+#                            does (quotes work); default $PS_SSH, else
+#                            ssh -o BatchMode=yes -o ConnectTimeout=10
+#   --wait S                 start: seconds a shard has to listen (default
+#                            30); stop: seconds a shard has to exit, its
+#                            checkpoint included (default 300); a worker
+#                            gets at most 15, then SIGKILL
+#   --dry-run                print the commands that start would run
 #   -- WORKER_ARGS...        more ps-worker flags (--epochs 5, ...)
 #
-# start: shards first, then workers; each process runs under nohup with
-# its log in the log folder. stop: SIGTERM to every process of CONFIG (the
-# shards write their checkpoints if configured). status: which are running.
-# Exit status: 0 when every command succeeded, 1 otherwise, 2 for usage.
+# start: checks every host over ssh first (reachable, programs and config
+# there, nothing of CONFIG running already); then starts each shard under
+# nohup and waits until it listens; checks from every worker host that
+# every shard answers (ps-stat); then starts the workers. Every start gets
+# its own run folder, LOGS/NAME-DATE-TIME (NAME: CONFIG without .yaml),
+# with each process's log and exit status, made on every host; here it also
+# holds run.env, the hosts of the run, and LOGS/NAME.run points at it. When
+# a step fails, what was started is stopped again, the failing process's
+# log is shown, and start exits 1.
+# stop: SIGTERM to the workers, then to the shards (which write their
+# checkpoints when configured); waits for each to exit and reports its
+# exit status. status: for each process, running or its exit status.
+# Exit status: 0 when everything succeeded, 1 when a host, a process or a
+# check failed, 2 for usage or a config that cannot work on these hosts.
 # The cluster secret (security.secret_file) must be at the same path on
 # every host, mode 0600: scripts/ps-keygen FILE, then copy it (scp -p).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/scripts/ps-lib.sh"
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
+me=ps-cluster.sh
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+die() { echo "$me: $*" >&2; exit 2; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 case "$1" in -h|--help) usage; exit 0 ;; esac
-[ $# -ge 2 ] || { echo "ps-cluster.sh: give an action: start, stop or status" >&2; exit 2; }
+[ $# -ge 2 ] || die "give an action: start, stop or status"
 CONFIG=$1 ACTION=$2; shift 2
 case "$ACTION" in start|stop|status) ;; *)
-  echo "ps-cluster.sh: unknown action '$ACTION' (start, stop or status)" >&2; exit 2 ;;
+  die "unknown action '$ACTION' (start, stop or status)" ;;
 esac
-DIR=$here LOGS="" WHOSTS="" DRY=0
-SSH=${PS_SSH:-ssh -o BatchMode=yes}
+DIR=$here LOGS="" WHOSTS="" DRY=0 WAIT=""
+SSH=${PS_SSH:-ssh -o BatchMode=yes -o ConnectTimeout=10}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --worker-hosts) WHOSTS=$2; shift 2 ;;
-    --dir) DIR=$2; shift 2 ;;
-    --logs) LOGS=$2; shift 2 ;;
-    --ssh) SSH=$2; shift 2 ;;
+    --worker-hosts|--dir|--logs|--ssh|--wait)
+      [ $# -ge 2 ] || die "$1 needs a value"
+      case "$1" in
+        --worker-hosts) WHOSTS=$2 ;; --dir) DIR=$2 ;; --logs) LOGS=$2 ;;
+        --ssh) SSH=$2 ;; --wait) WAIT=$2 ;;
+      esac
+      shift 2 ;;
     --dry-run) DRY=1; shift ;;
     --) shift; break ;;
-    *) echo "ps-cluster.sh: unknown option '$1'" >&2; exit 2 ;;
+    *) die "unknown option '$1' (--help lists them)" ;;
   esac
 done
 WARGS=("$@")
 LOGS=${LOGS:-$DIR/logs}
-[ -r "$CONFIG" ] || { echo "ps-cluster.sh: cannot read $CONFIG" >&2; exit 2; }
+case "$WAIT" in
+  "") WAIT=$([ "$ACTION" = stop ] && echo 300 || echo 30) ;;
+  *[!0-9]*) die "--wait: expected whole seconds, got '$WAIT'" ;;
+esac
+WORKER_GRACE=$((WAIT < 15 ? WAIT : 15)) SHARD_SIGNAL=TERM LOG_TAIL=8 ROLLBACK=0
+# The ssh command as words (quotes honoured, nothing run): xargs splits.
+mapfile -d '' -t SSHV < <(printf '%s' "$SSH" | xargs printf '%s\0' 2>/dev/null)
+[ ${#SSHV[@]} -gt 0 ] || die "--ssh / PS_SSH: cannot split '$SSH' into words (unmatched quote?)"
+[ -r "$CONFIG" ] || die "cannot read $CONFIG"
 SERVER=$here/bin/ps-server
-[ -x "$SERVER" ] || { echo "ps-cluster.sh: $SERVER missing; run 'make' first" >&2; exit 2; }
+[ -x "$SERVER" ] || die "$SERVER missing; run 'make' first"
 
 # The config as the remote side sees it.
 case "$CONFIG" in /*) RCONFIG=$CONFIG ;; *) RCONFIG=$DIR/$CONFIG ;; esac
@@ -58,65 +91,463 @@ nworkers=$(cfg_key "$dump" cluster workers)
 auth=$(cfg_key "$dump" security auth)
 secret=$(cfg_key "$dump" security secret_file)
 if [ "$ACTION" = start ] && [ "$auth" = true ] && [ -z "$secret" ]; then
-  echo "ps-cluster.sh: $CONFIG has security.auth on but names no security.secret_file;" \
-       "create one (scripts/ps-keygen FILE), copy it to every host and name it there" >&2
-  exit 2
+  die "$CONFIG has security.auth on but names no security.secret_file;" \
+      "create one (scripts/ps-keygen FILE), copy it to every host and name it there"
 fi
 mapfile -t shost < <(printf '%s\n' "$shard_lines" | awk '{print $2}')
-if [ -n "$WHOSTS" ]; then
-  IFS=, read -r -a whost <<< "$WHOSTS"
-else
-  whost=("${shost[@]}")
-fi
+mapfile -t sport < <(printf '%s\n' "$shard_lines" | awk '{print $3}')
+nshards=${#shost[@]}
+NAME=$(basename "$CONFIG"); NAME=${NAME%.yaml}; NAME=${NAME%.yml}
+POINTER=$LOGS/$NAME.run
 
 q() { printf '%q' "$1"; }
-status=0
-remote() { # HOST COMMAND
-  if [ $DRY -eq 1 ]; then
-    printf "%s %s '%s'\n" "$SSH" "$1" "${2//\'/\'\\\'\'}"
-    return 0
-  fi
-  $SSH "$1" "$2" || { echo "ps-cluster.sh: on $1: command failed: $2" >&2; status=1; }
-}
+sq() { printf "'%s'" "${1//\'/\'\\\'\'}"; } # one word for a POSIX shell
+# An extended regex matching s literally.
+re() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|]/\\&/g'; }
+is_loopback() { case "$1" in 127.*|::1|localhost|localhost.*|ip6-localhost) return 0 ;; esac; return 1; }
+is_wildcard() { case "$1" in 0.0.0.0|::|'*'|'') return 0 ;; esac; return 1; }
 
-# Every process is recognisable by its command line: the config path and
-# its --shard / --rank.
+# ssh HOST SCRIPT: runs SCRIPT there (POSIX sh), stdin closed; its status.
+on() { "${SSHV[@]}" "$1" "$2" < /dev/null; }
+# Many hosts at once: par ID HOST SCRIPT starts `on` in the background,
+# par_wait waits for all of them, then par_out ID is what it printed and
+# par_rc ID its status (255: ssh itself failed).
+PAR=$(mktemp -d "${TMPDIR:-/tmp}/ps-cluster.XXXXXX") || exit 1
+trap 'rm -rf "$PAR"' EXIT
+par() { { on "$2" "$3" > "$PAR/$1.out" 2>&1; echo $? > "$PAR/$1.rc"; } & }
+par_wait() { wait; }
+par_out() { cat "$PAR/$1.out" 2> /dev/null; }
+par_rc() { cat "$PAR/$1.rc" 2> /dev/null || echo 255; }
+
+# What runs where. Every process is recognisable by its command line,
+# which starts with the program's path: the config path and --shard K or
+# --rank R follow (the sh that records its exit status does not match).
 server_cmd() { echo "$DIR/bin/ps-server --config $(q "$RCONFIG") --shard $1"; }
 worker_cmd() {
   local extra="" a
   for a in "${WARGS[@]+"${WARGS[@]}"}"; do extra+=" $(q "$a")"; done
   echo "$DIR/bin/ps-worker --config $(q "$RCONFIG") --rank $1$extra"
 }
+server_pat() { echo "^$(re "$DIR/bin/ps-server --config $RCONFIG --shard $1")\$"; }
+worker_pat() { echo "^$(re "$DIR/bin/ps-worker --config $RCONFIG --rank $1")( |\$)"; }
+any_pat() { echo "^$(re "$DIR/bin/ps-")(server|worker) --config $(re "$RCONFIG") --(shard|rank) [0-9]+( |\$)"; }
+whost_of() { echo "${whost[$(($1 % ${#whost[@]}))]}"; }
 
-shards() {
-  for ((k = 0; k < ${#shost[@]}; k++)); do
-    local h=${shost[$k]} c
-    c=$(server_cmd $k)
-    case $ACTION in
-      start) remote "$h" "mkdir -p $(q "$LOGS") && cd $(q "$DIR") && nohup $c > $(q "$LOGS/server-$k.log") 2>&1 < /dev/null &" ;;
-      stop) remote "$h" "pkill -TERM -f -- $(q "$c\$") || true" ;;
-      status) remote "$h" "pgrep -f -- $(q "$c\$") > /dev/null && echo 'shard $k on $h: running' || echo 'shard $k on $h: not running'" ;;
+
+# ---- stop and status: on the hosts of the run recorded at start ----
+
+# The processes (selected in sel_shards / sel_workers) that run on HOST in
+# PHASE (shard or worker), one "shard K" / "worker R" a line.
+procs_of() { # PHASE HOST
+  local i
+  if [ "$1" = shard ]; then
+    for i in "${sel_shards[@]}"; do [ "${shost[$i]}" = "$2" ] && echo "shard $i"; done
+  else
+    for i in "${sel_workers[@]}"; do [ "$(whost_of "$i")" = "$2" ] && echo "worker $i"; done
+  fi
+  return 0
+}
+
+# proc_report KIND INDEX: sh lines printing "@@|kind index|state|exit" for
+# one process (state running or gone; exit: its status, "" if unknown) and,
+# when it exited non-zero, the end of its log.
+proc_report() {
+  local kind=$1 i=$2 pat log ex
+  if [ "$kind" = shard ]; then pat=$(server_pat "$i") log=$RUN/server-$i; else pat=$(worker_pat "$i") log=$RUN/worker-$i; fi
+  ex=$log.exit log=$log.log
+  if [ -z "$RUN" ]; then # no run record: no exit status to read
+    echo "if pgrep -f -- $(sq "$pat") > /dev/null; then echo '@@|$kind $i|running|'; else echo '@@|$kind $i|gone|'; fi"
+    return
+  fi
+  printf '%s\n' "if pgrep -f -- $(sq "$pat") > /dev/null; then echo '@@|$kind $i|running|';" \
+    "else [ -e $(sq "$ex") ] || sleep 0.3; e=\$(cat $(sq "$ex") 2> /dev/null);" \
+    "echo \"@@|$kind $i|gone|\$e\"; case \"\$e\" in ''|0|130|137|143) ;; *) tail -n $LOG_TAIL $(sq "$log") 2> /dev/null | sed 's/^/    | /' ;; esac; fi"
+}
+
+# host_script ACTION PHASE HOST: what runs on HOST for stop or status.
+host_script() {
+  local act=$1 phase=$2 h=$3 word p waitfor="" kill="" script=""
+  local -a procs
+  mapfile -t procs < <(procs_of "$phase" "$h")
+  if [ "$act" = stop ]; then
+    for word in "${procs[@]}"; do
+      p=$([ "${word% *}" = shard ] && server_pat "${word#* }" || worker_pat "${word#* }")
+      script+="pkill -$([ "$phase" = shard ] && echo "$SHARD_SIGNAL" || echo TERM) -f -- $(sq "$p"); "
+      waitfor+="${waitfor:+ || }pgrep -f -- $(sq "$p")"
+      kill+="pkill -KILL -f -- $(sq "$p"); "
+    done
+    if [ "$phase" = worker ]; then
+      # A worker stops after its step (ps-worker gives up a step it is
+      # stuck in 10 s after the signal); one still running after the grace
+      # gets SIGKILL (workers hold nothing the shards do not).
+      script+="i=0; while [ \$i -lt $((WORKER_GRACE * 10)) ] && { $waitfor; } > /dev/null; do sleep 0.1; i=\$((i + 1)); done; "
+      script+="if { $waitfor; } > /dev/null; then $kill sleep 1; fi; "
+    else
+      script+="i=0; while [ \$i -lt $((WAIT * 10)) ] && { $waitfor; } > /dev/null; do sleep 0.1; i=\$((i + 1)); done; "
+    fi
+  fi
+  for word in "${procs[@]}"; do script+=$(proc_report "${word% *}" "${word#* }")$'\n'; done
+  printf '%s' "$script"
+}
+
+# report ACTION HOST ID PHASE: one line per process from the output of par
+# ID (host_script on HOST); adds what is still running after a stop to
+# `left` and sets status 1 for what failed.
+report() {
+  local act=$1 h=$2 id=$3 phase=$4 out line word st rest
+  local -a procs
+  out=$(par_out "$id")
+  if [ "$(par_rc "$id")" -ne 0 ] && ! grep -q '^@@|' <<< "$out"; then
+    echo "$me: cannot reach $h over ssh: $(tail -n 1 <<< "$out")" >&2
+    mapfile -t procs < <(procs_of "$phase" "$h")
+    for word in "${procs[@]}"; do
+      echo "$word on $h: unknown (host not reachable)"
+      [ "$act" = stop ] && left+=("$word on $h")
+    done
+    status=1
+    return
+  fi
+  while IFS= read -r line; do
+    case "$line" in
+      '@@|'*)
+        IFS='|' read -r _ word st rest <<< "$line"
+        if [ "$st" = running ]; then
+          if [ "$act" = stop ]; then
+            echo "$word on $h: still running after ${WAIT}s; SIGKILL it on $h if it must go (a shard's checkpoint may be unfinished)"
+            left+=("$word on $h"); status=1
+          else
+            echo "$word on $h: running"
+          fi
+        elif [ -z "$rest" ]; then
+          echo "$word on $h: not running${RUN:+ (no exit status in $RUN)}"
+        else
+          case "$rest" in
+            0) echo "$word on $h: not running (exited with status 0)" ;;
+            130|143) echo "$word on $h: not running (stopped by a signal, status $rest)" ;;
+            137) if [ "${word% *}" = shard ] || [ "$ROLLBACK" = 1 ]; then
+                   echo "$word on $h: not running (killed with SIGKILL)"
+                 else
+                   echo "$word on $h: not running (killed: it had not stopped ${WORKER_GRACE}s after SIGTERM)"
+                 fi ;;
+            *) echo "$word on $h: not running (exited with status $rest)$([ "$LOG_TAIL" -gt 0 ] && echo :)"
+               [ "$act" = stop ] && [ "${word% *}" = shard ] && status=1 ;;
+          esac
+        fi ;;
+      '') ;;
+      *) echo "$line" ;;
     esac
+  done <<< "$out"
+}
+
+# stop_or_status ACTION: the workers' hosts at once, then the shards'
+# hosts at once (stop: workers first, so the shards' checkpoints hold
+# their last clock), one ssh per host; a line per process.
+stop_or_status() {
+  local act=$1 phase n i
+  local -a hosts
+  left=()
+  for phase in worker shard; do
+    hosts=()
+    if [ $phase = worker ]; then
+      for i in "${sel_workers[@]}"; do hosts+=("$(whost_of "$i")"); done
+    else
+      for i in "${sel_shards[@]}"; do hosts+=("${shost[$i]}"); done
+    fi
+    [ ${#hosts[@]} -gt 0 ] || continue
+    mapfile -t hosts < <(printf '%s\n' "${hosts[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#hosts[@]}; n++)); do
+      par "$act-$phase-$n" "${hosts[$n]}" "$(host_script "$act" $phase "${hosts[$n]}")"
+    done
+    par_wait
+    for ((n = 0; n < ${#hosts[@]}; n++)); do report "$act" "${hosts[$n]}" "$act-$phase-$n" $phase; done
   done
 }
-workers() {
+
+# Reads a run record (run.env) into RUN, RUN_SHARD_HOSTS, RUN_WORKER_HOSTS;
+# 1 when there is none.
+load_run() {
+  local f=$POINTER/run.env
+  [ -r "$f" ] || return 1
+  # shellcheck disable=SC1090
+  . "$f" || return 1
+  [ "$RUN_CONFIG" = "$RCONFIG" ] || {
+    echo "$me: $POINTER is a run of $RUN_CONFIG, not $RCONFIG: give another --logs" >&2; exit 2; }
+  RUN=$RUN_DIR
+  return 0
+}
+
+if [ "$ACTION" != start ]; then
+  RUN=""
+  if load_run; then
+    mapfile -t shost < <(printf '%s\n' "${RUN_SHARD_HOSTS[@]}")
+    whost=("${RUN_WORKER_HOSTS[@]}")
+    [ -n "$WHOSTS" ] && IFS=, read -r -a whost <<< "$WHOSTS"
+  else
+    if [ -n "$WHOSTS" ]; then IFS=, read -r -a whost <<< "$WHOSTS"; else
+      whost=("${shost[@]}")
+      echo "$me: no run record at $POINTER: looking for workers on the shards' hosts" \
+           "(give --worker-hosts if they run elsewhere)" >&2
+    fi
+  fi
+  if [ $DRY -eq 1 ]; then
+    for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} $(whost_of $r) $(sq "pkill -TERM -f -- $(sq "$(worker_pat $r)")")"; done
+    for ((k = 0; k < nshards; k++)); do echo "${SSHV[*]} ${shost[$k]} $(sq "pkill -TERM -f -- $(sq "$(server_pat $k)")")"; done
+    exit 0
+  fi
+  mapfile -t sel_shards < <(seq 0 $((nshards - 1)))
+  mapfile -t sel_workers < <(seq 0 $((nworkers - 1)))
+  status=0
+  stop_or_status "$ACTION"
+  if [ "$ACTION" = stop ]; then
+    if [ ${#left[@]} -gt 0 ]; then
+      echo "$me: left running: $(printf '%s, ' "${left[@]}" | sed 's/, $//')" >&2
+    elif [ -n "$RUN" ] && [ -w "$RUN/run.env" ]; then
+      echo "RUN_STATE=stopped" >> "$RUN/run.env"
+    fi
+  fi
+  exit $status
+fi
+
+# ---- start ----
+
+if [ -n "$WHOSTS" ]; then IFS=, read -r -a whost <<< "$WHOSTS"; else whost=("${shost[@]}"); fi
+[ ${#whost[@]} -gt 0 ] || die "--worker-hosts: no host given"
+
+# Addresses that cannot work: a wildcard is no address to reach, and a
+# loopback address is reachable from its own host only.
+remote=""
+for h in "${shost[@]}" "${whost[@]}"; do is_loopback "$h" || remote+="${remote:+, }$h"; done
+for ((k = 0; k < nshards; k++)); do
+  h=${shost[$k]}
+  if is_wildcard "$h"; then
+    die "$CONFIG: cluster.servers[$k] is $h:${sport[$k]}, a wildcard address: workers cannot" \
+        "connect to it and ssh cannot go there; name shard $k's host or its address (with" \
+        "cluster.listen_any: true the shard still listens on every address)"
+  fi
+  if [ -n "$remote" ] && is_loopback "$h"; then
+    die "$CONFIG: cluster.servers[$k] is $h:${sport[$k]}, a loopback address, but the cluster" \
+        "spans other hosts ($remote): they could not reach it; name the address of the" \
+        "host that runs shard $k, one every worker host reaches"
+  fi
+done
+
+# The commands that start shard K / worker R in the run folder: under
+# nohup, the whole background job in braces (else ssh would wait for the
+# process to end), its exit status written when it ends.
+shard_start() {
+  local log=$RUN/server-$1
+  echo "mkdir -p $(q "$RUN") && cd $(q "$DIR") && { nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(q "$log.exit")") > $(q "$log.log") 2>&1 < /dev/null & }"
+}
+worker_start() {
+  local log=$RUN/worker-$1
+  echo "mkdir -p $(q "$RUN") && cd $(q "$DIR") && { nohup sh -c $(sq "$(worker_cmd "$1"); echo \$? > $(q "$log.exit")") > $(q "$log.log") 2>&1 < /dev/null & }"
+}
+
+stamp=$(date +%Y%m%d-%H%M%S)
+RUN=$LOGS/$NAME-$stamp
+if [ $DRY -eq 1 ]; then
+  for ((k = 0; k < nshards; k++)); do echo "${SSHV[*]} ${shost[$k]} $(sq "$(shard_start $k)")"; done
+  for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} $(whost_of $r) $(sq "$(worker_start $r)")"; done
+  exit 0
+fi
+mapfile -t uwhost < <(for ((r = 0; r < nworkers; r++)); do whost_of $r; done | awk '!seen[$0]++')
+
+# 1. Every host at once, before anything starts: reachable, the programs
+# and the config there, and nothing of this config running.
+mapfile -t hosts < <(printf '%s\n' "${shost[@]}" "${uwhost[@]}" | awk '!seen[$0]++')
+for ((n = 0; n < ${#hosts[@]}; n++)); do
+  h=${hosts[$n]} need=""
+  for ((k = 0; k < nshards; k++)); do [ "${shost[$k]}" = "$h" ] && need+=" ps-server"; done
+  for ((r = 0; r < nworkers; r++)); do [ "$(whost_of $r)" = "$h" ] && need+=" ps-worker ps-stat"; done
+  par "pre-$n" "$h" "cd $(q "$DIR") 2> /dev/null || { echo 'ERR no folder $(q "$DIR") (--dir)'; echo OK; exit 0; }
+for b in $(printf '%s\n' $need | sort -u | tr '\n' ' '); do [ -x bin/\$b ] || echo \"ERR no $(q "$DIR")/bin/\$b (make there, or --dir)\"; done
+[ -r $(q "$RCONFIG") ] || echo 'ERR cannot read $(q "$RCONFIG")'
+pgrep -af -- $(sq "$(any_pat)") | sed 's/^/RUNNING /'
+echo OK"
+done
+par_wait
+problems=() running=()
+for ((n = 0; n < ${#hosts[@]}; n++)); do
+  h=${hosts[$n]} out=$(par_out "pre-$n")
+  if [ "$(par_rc "pre-$n")" -ne 0 ] || ! grep -q '^OK$' <<< "$out"; then
+    problems+=("cannot reach $h over ssh: $(grep -v '^OK$' <<< "$out" | tail -n 1)")
+    continue
+  fi
+  while IFS= read -r line; do
+    case "$line" in
+      ERR\ *) problems+=("on $h: ${line#ERR }") ;;
+      RUNNING\ *)
+        set -- ${line#RUNNING }
+        what=$(sed -nE 's/.* --(shard|rank) ([0-9]+).*/\1 \2/p' <<< "${line#RUNNING }")
+        running+=("${what/rank/worker} on $h (pid $1)") ;;
+    esac
+  done <<< "$out"
+done
+if [ ${#running[@]} -gt 0 ]; then
+  echo "$me: $CONFIG is running already: $(printf '%s, ' "${running[@]}" | sed 's/, $//')" >&2
+  echo "$me: stop it first: $0 $CONFIG stop" >&2
+  exit 1
+fi
+if [ ${#problems[@]} -gt 0 ]; then
+  printf "$me: %s\n" "${problems[@]}" >&2
+  echo "$me: nothing was started" >&2
+  exit 1
+fi
+
+# 2. The run folder here, with the hosts, so stop and status find them.
+n=1
+while [ -e "$RUN" ]; do n=$((n + 1)); RUN=$LOGS/$NAME-$stamp-$n; done
+mkdir -p "$RUN" || { echo "$me: cannot make the run folder $RUN here" >&2; exit 1; }
+{
+  echo "# ps-cluster.sh run of $CONFIG, started $(date -Is)"
+  echo "RUN_CONFIG=$(q "$RCONFIG")"
+  echo "RUN_DIR=$(q "$RUN")"
+  echo "RUN_SHARD_HOSTS=($(for h in "${shost[@]}"; do printf '%q ' "$h"; done))"
+  echo "RUN_WORKER_HOSTS=($(for h in "${whost[@]}"; do printf '%q ' "$h"; done))"
+} > "$RUN/run.env"
+ln -sfn "$(basename "$RUN")" "$POINTER"
+
+# Stops what this start began (workers, then shards; sel_shards and
+# sel_workers hold what was started) and says what is left; exits 1.
+sel_shards=() sel_workers=()
+rollback() {
+  echo "$me: start failed; stopping what it started" >&2
+  # Shards get SIGKILL: one stopped by SIGTERM would write a checkpoint of
+  # its fresh state, which a corrected config (other servers) then refuses.
+  # The failing process's log was shown already.
+  # Workers that just started hold nothing: a second, then SIGKILL.
+  WAIT=60 WORKER_GRACE=1 SHARD_SIGNAL=KILL LOG_TAIL=0 ROLLBACK=1
+  status=0
+  stop_or_status stop > "$RUN/rollback.txt" 2>&1
+  sed 's/^/  /' "$RUN/rollback.txt" >&2
+  if [ ${#left[@]} -gt 0 ]; then
+    echo "$me: left running: $(printf '%s, ' "${left[@]}" | sed 's/, $//'); stop them with: $0 $CONFIG stop" >&2
+  else
+    echo "$me: stopped again; nothing of this start is left running (logs: $RUN on each host)" >&2
+    echo "RUN_STATE=failed" >> "$RUN/run.env"
+  fi
+  exit 1
+}
+
+# Prints the end of shard K's log (from its host) to stderr.
+shard_log_tail() {
+  on "${shost[$1]}" "tail -n 12 $(sq "$RUN/server-$1.log")" 2>&1 | sed 's/^/    | /' >&2
+}
+
+# 3. The shards, all at once; each until it listens (or exits, or --wait
+# runs out).
+for ((k = 0; k < nshards; k++)); do
+  log=$RUN/server-$k.log ex=$RUN/server-$k.exit
+  par "shard-$k" "${shost[$k]}" "$(shard_start $k)
+i=0
+while :; do
+  if grep -q ' listening on ' $(sq "$log") 2> /dev/null; then
+    echo \"LISTENING \$(sed -n 's/.* listening on \\([^ ]*\\) .*/\\1/p' $(sq "$log") | head -n 1)\"; break
+  fi
+  if [ -e $(sq "$ex") ]; then echo \"EXITED \$(cat $(sq "$ex"))\"; break; fi
+  i=\$((i + 1))
+  if [ \$i -gt $((WAIT * 10)) ]; then echo TIMEOUT; break; fi
+  sleep 0.1
+done"
+done
+par_wait
+bound=() failed=0
+for ((k = 0; k < nshards; k++)); do
+  h=${shost[$k]} out=$(par_out "shard-$k") log=$RUN/server-$k.log
+  case "$out" in
+    LISTENING\ *) bound[$k]=${out#LISTENING }; sel_shards+=("$k") ;;
+    EXITED\ *)
+      echo "$me: shard $k on $h exited at start (status ${out#EXITED }); the end of $log there:" >&2
+      sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
+    TIMEOUT*)
+      echo "$me: shard $k on $h did not listen within ${WAIT}s (--wait); the end of $log there:" >&2
+      sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
+    *)
+      echo "$me: cannot start shard $k on $h over ssh: $(tail -n 1 <<< "$out")" >&2
+      [ "$(par_rc "shard-$k")" -eq 255 ] || sel_shards+=("$k") # 255: ssh never ran it
+      failed=1; continue ;;
+  esac
+  addr=${bound[$k]%:*}; addr=${addr#[}; addr=${addr%]}
+  if [ -n "$remote" ] && is_loopback "$addr"; then
+    echo "$me: shard $k on $h listens on ${bound[$k]}, a loopback address (${shost[$k]} resolves" \
+         "to it on $h: an /etc/hosts line such as '127.0.1.1 $h'?); workers on other hosts" \
+         "cannot reach it. Name its address in cluster.servers, fix /etc/hosts, or set" \
+         "cluster.listen_any: true" >&2
+    failed=1
+  fi
+done
+[ $failed -eq 0 ] || rollback
+
+# 4. From every worker host, every shard must answer (a monitor handshake:
+# ps-stat), or the workers would fail there the same way.
+for ((n = 0; n < ${#uwhost[@]}; n++)); do
+  par "stat-$n" "${uwhost[$n]}" "cd $(q "$DIR") || exit 3
+i=0
+while :; do
+  out=\$(bin/ps-stat --config $(q "$RCONFIG") --interval 0.05 2>&1); rc=\$?
+  if [ \$rc -eq 0 ]; then echo ANSWERED; break; fi
+  i=\$((i + 1))
+  if [ \$rc -ne 1 ] || [ \$i -ge 4 ]; then echo \"FAILED \$rc\"; printf '%s\n' \"\$out\"; break; fi
+  sleep 0.5
+done"
+done
+par_wait
+for ((n = 0; n < ${#uwhost[@]}; n++)); do
+  h=${uwhost[$n]} out=$(par_out "stat-$n")
+  case "$out" in
+    ANSWERED*) ;;
+    FAILED\ 1*)
+      echo "$me: from $h, not every shard answers (ps-stat there):" >&2
+      grep -E '^[0-9]+ +down ' <<< "$out" | sed 's/^/    /' >&2
+      for k in $(grep -E '^[0-9]+ +down ' <<< "$out" | awk '{print $1}'); do
+        echo "$me: shard $k on ${shost[$k]} listens on ${bound[$k]}; the end of its log:" >&2
+        shard_log_tail "$k"
+      done
+      failed=1 ;;
+    FAILED*)
+      echo "$me: on $h, ps-stat cannot check the shards (the workers there would fail too):" >&2
+      tail -n +2 <<< "$out" | sed 's/^/    /' >&2
+      failed=1 ;;
+    *)
+      echo "$me: cannot check the shards from $h over ssh: $(tail -n 1 <<< "$out")" >&2
+      failed=1 ;;
+  esac
+done
+[ $failed -eq 0 ] || rollback
+
+# 5. The workers, each host's at once; a second later, a look at those that
+# ended already (data or secret missing on their host).
+for ((n = 0; n < ${#uwhost[@]}; n++)); do
+  h=${uwhost[$n]} script="" check=""
   for ((r = 0; r < nworkers; r++)); do
-    local h=${whost[$((r % ${#whost[@]}))]} c pat
-    c=$(worker_cmd $r)
-    pat="$DIR/bin/ps-worker --config $(q "$RCONFIG") --rank $r( |\$)"
-    case $ACTION in
-      start) remote "$h" "mkdir -p $(q "$LOGS") && cd $(q "$DIR") && nohup $c > $(q "$LOGS/worker-$r.log") 2>&1 < /dev/null &" ;;
-      stop) remote "$h" "pkill -TERM -f -- $(q "$pat") || true" ;;
-      status) remote "$h" "pgrep -f -- $(q "$pat") > /dev/null && echo 'worker $r on $h: running' || echo 'worker $r on $h: not running'" ;;
-    esac
+    [ "$(whost_of $r)" = "$h" ] || continue
+    script+="$(worker_start $r) && echo STARTED $r"$'\n'
+    check+="e=\$(cat $(sq "$RUN/worker-$r.exit") 2> /dev/null); case \"\$e\" in ''|0) ;; *) echo \"FAILED $r \$e\"; tail -n 8 $(sq "$RUN/worker-$r.log") | sed 's/^/    | /';; esac"$'\n'
   done
-}
+  par "workers-$n" "$h" "$script"'sleep 1'$'\n'"$check"
+done
+par_wait
+for ((n = 0; n < ${#uwhost[@]}; n++)); do
+  h=${uwhost[$n]} out=$(par_out "workers-$n")
+  for r in $(sed -n 's/^STARTED //p' <<< "$out"); do sel_workers+=("$r"); done
+  if [ "$(par_rc "workers-$n")" -eq 255 ] && ! grep -q '^STARTED ' <<< "$out"; then
+    echo "$me: cannot start the workers on $h over ssh: $(tail -n 1 <<< "$out")" >&2
+    failed=1
+  fi
+  while IFS= read -r line; do
+    case "$line" in
+      FAILED\ *)
+        set -- $line
+        echo "$me: worker $2 on $h exited at start (status $3); the end of its log:" >&2; failed=1 ;;
+      '    | '*) echo "$line" >&2 ;;
+    esac
+  done <<< "$out"
+done
+[ $failed -eq 0 ] || rollback
 
-case $ACTION in
-  start)  # shards first, and let them listen before the workers connect
-    shards; [ $DRY -eq 0 ] && sleep 1; workers ;;
-  stop)   # workers first, so the shards' checkpoints hold their last clock
-    workers; shards ;;
-  status) shards; workers ;;
-esac
-exit $status
+echo "$me: started $nshards shard(s) and $nworkers worker(s) of $CONFIG"
+for ((k = 0; k < nshards; k++)); do echo "  shard $k on ${shost[$k]}, listening on ${bound[$k]}"; done
+for ((r = 0; r < nworkers; r++)); do echo "  worker $r on $(whost_of $r)"; done
+echo "  logs: $RUN (on each host)"
+echo "  status: $0 $CONFIG status    stop: $0 $CONFIG stop"
+exit 0

@@ -11,7 +11,9 @@
 # "tu: N cases, S skipped"; a test whose every case skipped is SKIP, not
 # PASS, and skips are not failures. Without that line (scripts, tests not
 # on tu_run_suite) each "SKIP" line counts as one skipped case and the test
-# can only PASS or FAIL. The first "SKIP" lines are listed under a PASS line.
+# can only PASS or FAIL, unless it exits 77: then it is SKIP, with its
+# first "SKIP" line as the reason (what cannot run on this machine). The
+# first "SKIP" lines are listed under a PASS line.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 pass=0 fail=0 skipped=0 skipcases=0 failed=()
@@ -37,7 +39,11 @@ for t in "$@"; do
     ncases=-1
     nskip=$(printf '%s' "$skiplines" | grep -c '^SKIP' || true)
   fi
-  if [ $rc -eq 0 ] && [ "$ncases" -gt 0 ] && [ "$nskip" -ge "$ncases" ]; then
+  if [ $rc -eq 77 ] && [ -z "$counts" ]; then # a whole script skipped, with its reason
+    skipped=$((skipped + 1))
+    reason=$(printf '%s\n' "$skiplines" | head -1 | sed 's/^SKIP:* *//')
+    printf 'SKIP  %-22s %6ss  %s\n' "$name" "$secs" "${reason:-exit status 77, no reason printed}"
+  elif [ $rc -eq 0 ] && [ "$ncases" -gt 0 ] && [ "$nskip" -ge "$ncases" ]; then
     skipped=$((skipped + 1))
     skipcases=$((skipcases + nskip))
     reason=$(printf '%s\n' "$skiplines" | head -1 | sed 's/^SKIP:* *//')

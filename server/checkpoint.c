@@ -196,6 +196,43 @@ int ps_checkpoint_write_image(const struct ps_ckpt_image *img, const char *path,
 	return 0;
 }
 
+int ps_checkpoint_check_dir(const char *dir, const char *path, char *err, size_t errlen)
+{
+	char tmp[4200], cwd[1024] = "";
+	struct stat st;
+	int fd, rc;
+
+	if (dir[0] != '/' && getcwd(cwd, sizeof(cwd)))
+		snprintf(tmp, sizeof(tmp), " (relative to the shard's working directory %s)", cwd);
+	else
+		tmp[0] = '\0';
+	rc = stat(dir, &st) ? -errno : S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
+	if (rc) {
+		if (rc == -ENOENT)
+			snprintf(err, errlen, "checkpoint.dir %s%s does not exist: create it "
+				 "(mkdir -p) or fix checkpoint.dir", dir, tmp);
+		else
+			snprintf(err, errlen, "checkpoint.dir %s%s: %s", dir, tmp,
+				 rc == -ENOTDIR ? "not a folder" : strerror(-rc));
+		return rc;
+	}
+	/* the same kind of file a checkpoint write creates, removed at once */
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= (int)sizeof(tmp)) {
+		snprintf(err, errlen, "checkpoint path too long: %s", path);
+		return -ENAMETOOLONG;
+	}
+	fd = mkostemp(tmp, O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "checkpoint.dir %s: cannot create a file in it (%s), so no "
+			 "checkpoint could be written at stop", dir, strerror(errno));
+		return rc;
+	}
+	close(fd);
+	unlink(tmp);
+	return 0;
+}
+
 int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, char *err,
 			size_t errlen)
 {

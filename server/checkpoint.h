@@ -48,6 +48,12 @@ int ps_checkpoint_write_image(const struct ps_ckpt_image *img, const char *path,
 			      uint64_t *bytes, char *err, size_t errlen);
 void ps_checkpoint_image_free(struct ps_ckpt_image *img);
 
+/* At start: 0 when a checkpoint for path (inside dir, checkpoint.dir) can
+ * be written: dir is a folder and a file can be created in it (one is
+ * made and removed). Else a negative code with the reason in err, so a
+ * shard that could not write its checkpoint at stop does not start. */
+int ps_checkpoint_check_dir(const char *dir, const char *path, char *err, size_t errlen);
+
 /* Both at once: writes s's state to path and blocks (loop thread). */
 int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, char *err,
 			size_t errlen);

@@ -386,10 +386,23 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 	case PS_MSG_STATS_REQUEST:
 		ps__srv_handle_stats(s, sc, (Ps__StatsRequest *)m);
 		break;
-	case PS_MSG_HEARTBEAT:
-		/* answered, so the client can tell that this shard is alive */
-		ps_msg_send(sc->conn, PS_MSG_HEARTBEAT, m, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	case PS_MSG_HEARTBEAT: {
+		/* answered, so the client can tell that this shard is alive; with
+		 * why a pull of this connection is held, if one is */
+		Ps__Heartbeat hb = PS__HEARTBEAT__INIT;
+		char held[300];
+
+		hb.seq = ((Ps__Heartbeat *)m)->seq;
+		for (struct ps_waiting_pull *p = s->waiting; sc->nwaiting && p; p = p->next)
+			if (p->sc == sc) {
+				ps__srv_pull_held_why(s, p, held, sizeof(held));
+				hb.held = held;
+				break;
+			}
+		ps_msg_send(sc->conn, PS_MSG_HEARTBEAT, &hb.base, NULL, 0, PS_SEND_VOLATILE, NULL,
+			    NULL);
 		break;
+	}
 	default:
 		ps_warn("closing connection from %s: unexpected %s frame", c->peer,
 			ps_wire_type_name(f->hdr.type));
@@ -492,6 +505,18 @@ void ps__srv_on_tick(uv_timer_t *t)
 		} else {
 			ps__srv_check_backlog(s, sc);
 		}
+	}
+	/* a pull held for half the clients' request timeout: the log says
+	 * which workers it waits for, once */
+	for (struct ps_waiting_pull *p = s->waiting; p; p = p->next) {
+		char why[300];
+
+		if (p->warned || now - p->arrived < s->cfg->limits.request_timeout_ms / 2000.0)
+			continue;
+		p->warned = 1;
+		ps__srv_pull_held_why(s, p, why, sizeof(why));
+		ps_warn("a pull from %s (rank %d) is held for %.0f s: %s", p->sc->conn->peer,
+			p->sc->rank, now - p->arrived, why);
 	}
 	double drop = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0 : idle;
 	for (int r = 0; drop > 0 && r < s->cfg->nworkers; r++)

@@ -5,6 +5,7 @@
  * and closing a peer that does not read its replies.
  */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ps_time.h"
@@ -125,6 +126,70 @@ int ps__srv_check_backlog(struct ps_server *s, struct ps_srv_conn *sc)
 	return 1;
 }
 
+/* Appends to buf (len bytes, *off used so far) like snprintf, never past
+ * its end. */
+static void held_add(char *buf, size_t len, size_t *off, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void held_add(char *buf, size_t len, size_t *off, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (*off >= len)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(buf + *off, len - *off, fmt, ap);
+	va_end(ap);
+	*off = n < 0 ? len : *off + (size_t)n;
+}
+
+void ps__srv_pull_held_why(const struct ps_server *s, const struct ps_waiting_pull *p,
+			   char *buf, size_t len)
+{
+	const struct ps_config *cfg = s->cfg;
+	uint64_t need; /* clocks every live worker must have finished */
+	int nmiss = 0, shown = 0;
+	size_t off = 0;
+	double now = ps_now_s();
+
+	if (cfg->consistency == PS_SYNC)
+		need = p->min_version;
+	else
+		need = p->clock > (uint64_t)cfg->staleness ? p->clock - (uint64_t)cfg->staleness : 0;
+	for (int r = 0; r < cfg->nworkers; r++)
+		nmiss += s->live[r] && s->finished[r] < need;
+	buf[0] = '\0';
+	if (nmiss == 0 || need == 0) {
+		held_add(buf, len, &off, "waiting for version %" PRIu64 " of its slices",
+			 p->min_version);
+		return;
+	}
+	held_add(buf, len, &off, "waiting for workers ");
+	for (int r = 0; r < cfg->nworkers && shown < 8; r++)
+		if (s->live[r] && s->finished[r] < need)
+			held_add(buf, len, &off, "%s%d", shown++ ? ", " : "", r);
+	if (nmiss > shown)
+		held_add(buf, len, &off, " and %d more", nmiss - shown);
+	held_add(buf, len, &off, " of %d at clock %" PRIu64 " (", cfg->nworkers, need - 1);
+	shown = 0;
+	for (int r = 0; r < cfg->nworkers && shown < 4; r++) {
+		if (!s->live[r] || s->finished[r] >= need)
+			continue;
+		held_add(buf, len, &off, "%s", shown++ ? "; " : "");
+		if (s->connected[r])
+			held_add(buf, len, &off, "worker %d connected, at clock %" PRIu64, r,
+				 s->finished[r]);
+		else if (s->gone_since[r] > 0)
+			held_add(buf, len, &off, "worker %d disconnected %.0f s ago", r,
+				 now - s->gone_since[r]);
+		else
+			held_add(buf, len, &off, "worker %d never connected", r);
+	}
+	held_add(buf, len, &off, "%s)", nmiss > shown ? "; ..." : "");
+	if (off >= len && len > 4)
+		memcpy(buf + len - 4, "...", 4);
+}
+
 /* Answers every waiting pull whose condition now holds. */
 void ps__srv_answer_pulls(struct ps_server *s)
 {
@@ -158,6 +223,7 @@ void ps__srv_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	p->min_version = m->min_version;
 	p->clock = m->clock;
 	p->arrived = ps_now_s();
+	p->warned = 0;
 	p->codec = (int)m->codec;
 	if (m->codec != PS_CODEC_NONE && m->codec != PS_CODEC_FP16) {
 		s->c.errors++;

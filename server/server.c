@@ -95,6 +95,35 @@ static void on_signal(uv_signal_t *h, int signum)
 	ps_server_stop(s);
 }
 
+/* The address shard binds: its servers entry, or with cluster.listen_any
+ * every address of the family of that entry (an IPv6 literal: ::). */
+static const char *listen_host(const struct ps_config *cfg, int shard)
+{
+	if (shard < 0 || shard >= cfg->nshards)
+		return "";
+	if (!cfg->listen_any)
+		return cfg->shards[shard].host;
+	return strchr(cfg->shards[shard].host, ':') ? "::" : "0.0.0.0";
+}
+
+/* What to do about a listen that failed with rc. */
+static const char *listen_hint(int rc)
+{
+	switch (rc) {
+	case PS_ERESOLVE:
+		return " on this host; give an address in cluster.servers, add the name to DNS or "
+		       "/etc/hosts, or set cluster.listen_any: true";
+	case -EADDRINUSE:
+		return "; another process holds the port (a shard of the same config still "
+		       "running? `ss -ltnp` names it)";
+	case -EADDRNOTAVAIL:
+		return "; the address is not one of this host's: run shard K on the host of "
+		       "cluster.servers[K], or set cluster.listen_any: true";
+	default:
+		return "";
+	}
+}
+
 int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, uv_loop_t *loop)
 {
 	const struct ps_transport_ops *ops;
@@ -108,7 +137,8 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 		.max_queue = cfg->limits.max_write_queue,
 		.max_queue_total = cfg->limits.max_queued_bytes,
 	};
-	char err[1200];
+	const char *host = listen_host(cfg, shard);
+	char err[1200], bound[PS_HOST_MAX + 16];
 	int rc;
 
 	memset(s, 0, sizeof(*s));
@@ -159,6 +189,12 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	}
 	if (cfg->checkpoint.dir[0]) {
 		ps_checkpoint_path(cfg->checkpoint.dir, shard, s->ckpt_path, sizeof(s->ckpt_path));
+		/* found out now, not when the checkpoint at stop fails */
+		rc = ps_checkpoint_check_dir(cfg->checkpoint.dir, s->ckpt_path, err, sizeof(err));
+		if (rc) {
+			ps_error("refusing to start: %s", err);
+			goto err_free_store;
+		}
 		rc = ps_checkpoint_load(s, s->ckpt_path, err, sizeof(err));
 		if (rc == -ENOENT) {
 			ps_info("no checkpoint at %s: starting from the seed", s->ckpt_path);
@@ -172,12 +208,15 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	rc = ops->create(loop, &cbs, &hs, s, &s->transport);
 	if (rc)
 		goto err_free_store;
-	rc = ops->listen(s->transport, cfg->shards[shard].host, cfg->shards[shard].port);
+	rc = ops->listen(s->transport, host, cfg->shards[shard].port);
 	if (rc) {
-		ps_error("cannot listen on %s:%d: %s", cfg->shards[shard].host,
-			 cfg->shards[shard].port, ps_strerror(rc));
+		ps_error("cannot listen on %s:%d%s: %s%s", host, cfg->shards[shard].port,
+			 cfg->listen_any ? " (cluster.listen_any)" : "", ps_strerror(rc),
+			 listen_hint(rc));
 		goto err_destroy_transport;
 	}
+	if (!ops->bound_addr || ops->bound_addr(s->transport, bound, sizeof(bound)))
+		snprintf(bound, sizeof(bound), "%s:%d", host, cfg->shards[shard].port);
 	if (cfg->stats.http[0]) {
 		/* shard k serves its metrics on the configured port + k (the
 		 * loader checked the address) */
@@ -208,8 +247,11 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	s->sigint.data = s->sigterm.data = s;
 	uv_signal_start(&s->sigint, on_signal, SIGINT);
 	uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-	ps_info("shard %d of %d listening on %s:%d: %d slices, %.1f MiB, %s, %s, map %016" PRIx64,
-		shard, cfg->nshards, cfg->shards[shard].host, cfg->shards[shard].port,
+	/* the address bound, so a name that resolved to loopback (a hosts
+	 * entry of 127.0.1.1) shows in the log */
+	ps_info("shard %d of %d listening on %s (servers[%d] %s:%d%s): %d slices, %.1f MiB, %s, "
+		"%s, map %016" PRIx64, shard, cfg->nshards, bound, shard, cfg->shards[shard].host,
+		cfg->shards[shard].port, cfg->listen_any ? ", cluster.listen_any" : "",
 		s->store.nslots, (double)s->map.shard_bytes[shard] / 1048576.0,
 		cfg->consistency == PS_SYNC ? "sync" : "async", ps_optim_name(cfg->optim.kind),
 		s->map.hash);

@@ -41,6 +41,7 @@ struct ps_waiting_pull {
 	struct ps_srv_conn *sc;
 	uint64_t req_id, min_version, clock;
 	double arrived;            /* ps_now_s() when the pull came in */
+	int warned;                /* the tick logged that it is held long */
 	int codec;                 /* reply encoding: PS_CODEC_NONE or PS_CODEC_FP16 */
 	uint32_t n;
 	struct ps_waiting_pull *next;
@@ -72,6 +73,12 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 void ps__srv_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Pull *m);
 /* Answers every waiting pull whose condition now holds. */
 void ps__srv_answer_pulls(struct ps_server *s);
+/* Why p is not answered yet, into buf (len bytes): the workers whose
+ * clock it waits for and what the shard knows of each ("waiting for
+ * workers 1 of 2 at clock 0 (worker 1 never connected)"), so that a
+ * worker's timeout names them instead of blaming the shard. */
+void ps__srv_pull_held_why(const struct ps_server *s, const struct ps_waiting_pull *p,
+			   char *buf, size_t len);
 /* Closes sc when its unread replies exceed limits.max_write_queue_bytes
  * plus one frame; 1 when it did. */
 int ps__srv_check_backlog(struct ps_server *s, struct ps_srv_conn *sc);

@@ -137,6 +137,14 @@ START_TEST(test_secret_path)
 	ck_assert_int_eq(ps_config_load(&cfg, cfgpath, err, sizeof(err)), 0);
 	ps_auth_secret_path(&cfg, path, sizeof(path));
 	ck_assert_str_eq(path, "/tmp/keys/ps.secret");
+	/* a config loaded by a relative path: made absolute, so a dump of it
+	 * written into another folder (ps.sbatch) names the same file */
+	char here[1024];
+	ck_assert_ptr_nonnull(getcwd(here, sizeof(here)));
+	ck_assert_int_eq(chdir("/tmp"), 0);
+	ck_assert_int_eq(ps_config_load(&cfg, cfgpath + strlen("/tmp/"), err, sizeof(err)), 0);
+	ck_assert_int_eq(chdir(here), 0);
+	ck_assert_str_eq(cfg.security.secret_file, "/tmp/keys/ps.secret");
 	unlink(cfgpath);
 	ck_assert_int_eq(ps_auth_set_secret_file(&cfg, "/etc/ps/secret"), 0);
 	ps_auth_secret_path(&cfg, path, sizeof(path));

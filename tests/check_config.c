@@ -36,6 +36,7 @@ static const char full_yaml[] =
 	"    - \"[::1]:7001\"\n"
 	"    - node-3.example.com:65535\n"
 	"  workers: 17\n"
+	"  listen_any: true\n"
 	"transport: TCP\n"
 	"consistency:\n"
 	"  mode: async\n"
@@ -97,6 +98,7 @@ START_TEST(test_defaults)
 	ck_assert_str_eq(cfg.path, "");
 	ck_assert_int_eq(cfg.nshards, 0);
 	ck_assert_int_eq(cfg.nworkers, 0);
+	ck_assert_int_eq(cfg.listen_any, 0);
 	ck_assert_int_eq(cfg.ntensors, 0);
 	ck_assert_int_eq(cfg.transport, PS_TRANSPORT_TCP);
 	ck_assert_int_eq(cfg.consistency, PS_SYNC);
@@ -166,6 +168,7 @@ START_TEST(test_full)
 	ck_assert_str_eq(cfg.shards[2].host, "node-3.example.com");
 	ck_assert_int_eq(cfg.shards[2].port, 65535);
 	ck_assert_int_eq(cfg.nworkers, 17);
+	ck_assert_int_eq(cfg.listen_any, 1);
 	ck_assert_int_eq(cfg.transport, PS_TRANSPORT_TCP);
 	ck_assert_int_eq(cfg.consistency, PS_ASYNC);
 	ck_assert_int_eq(cfg.staleness, 3);
@@ -505,7 +508,8 @@ END_TEST
 START_TEST(test_help)
 {
 	static const char *const keys[] = {
-		"cluster.servers", "cluster.workers", "transport", "consistency.mode",
+		"cluster.servers", "cluster.workers", "cluster.listen_any", "transport",
+		"consistency.mode",
 		"consistency.staleness", "seed", "slice_bytes", "model.tensors",
 		"model.tensors[].name", "model.tensors[].shape", "model.tensors[].init",
 		"model.tensors[].scale", "model.tensors[].value", "optimizer.name", "optimizer.lr",

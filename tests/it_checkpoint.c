@@ -185,6 +185,16 @@ START_TEST(test_checkpoint_resume)
 	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	path[0] = 0;
+	/* a checkpoint folder that is missing stops the shard at start, not
+	 * at the SIGTERM that would have written the trained model */
+	char have[sizeof(dir)];
+	strcpy(have, dir);
+	strcat(dir, "/missing");
+	write_cfg(p0, p1, N, 0);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "refusing to start: checkpoint.dir") && strstr(out, dir) &&
+		      strstr(out, "does not exist"), "%s", out);
+	strcpy(dir, have);
 	write_cfg(p0, p1, N, 0);
 	snprintf(ck0, sizeof(ck0), "%s/shard-0.ckpt", dir);
 	snprintf(ck1, sizeof(ck1), "%s/shard-1.ckpt", dir);
@@ -741,6 +751,16 @@ START_TEST(test_checkpoint_files)
 	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	path[0] = 0;
+	/* a checkpoint folder that is missing stops the shard at start, not
+	 * at the SIGTERM that would have written the trained model */
+	char have[sizeof(dir)];
+	strcpy(have, dir);
+	strcat(dir, "/missing");
+	write_cfg(p0, p1, N, 0);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "refusing to start: checkpoint.dir") && strstr(out, dir) &&
+		      strstr(out, "does not exist"), "%s", out);
+	strcpy(dir, have);
 	write_cfg(p0, p1, N, 0);
 	snprintf(ck0, sizeof(ck0), "%s/shard-0.ckpt", dir);
 	snprintf(saved, sizeof(saved), "%s/saved", dir);

@@ -324,6 +324,43 @@ START_TEST(test_request_timeout_then_go_on)
 }
 END_TEST
 
+/* A pull held by the sync barrier for a worker that never connected: the
+ * shard says so in its heartbeat replies, and the worker's timeout names
+ * the missing worker instead of blaming the shard ("waiting for workers 1
+ * of 2 at clock 0 (worker 1 never connected)"). */
+START_TEST(test_timeout_names_missing_worker)
+{
+	char path[64], err[512], extra[160];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_tensor g[3], w[3];
+	double scale = tu_time_scale();
+
+	/* heartbeats every third of the idle timeout: several before the pull
+	 * times out */
+	snprintf(extra, sizeof(extra), "limits:\n  request_timeout_ms: %d\n  idle_timeout_ms: %d\n",
+		 (int)(2000 * scale), (int)(600 * scale));
+	start_cluster(path, &cfg, 2, "sync", extra, srv);
+	struct ps_client *c0 = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(c0 != NULL, "%s", err);
+	tensors_new(&cfg, g, w);
+	fill_grads(g, 0, 0);
+	int64_t id = ps_client_push(c0, 0, g, 3, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c0, id) == 0, "%s", ps_client_error(c0));
+	id = ps_client_pull(c0, 1, w, 3);
+	ck_assert_int_eq(ps_client_wait(c0, id), PS_ETIMEDOUT);
+	ck_assert_msg(strstr(ps_client_error(c0), "is waiting for workers 1 of 2 at clock 0 "
+				"(worker 1 never connected)") &&
+		      strstr(ps_client_error(c0), "no answer within"), "%s", ps_client_error(c0));
+	for (int t = 0; t < 3; t++) {
+		free(g[t].data);
+		free(w[t].data);
+	}
+	ps_client_free(c0);
+	stop_cluster(path, srv);
+}
+END_TEST
+
 /* ---- network faults with nftables (root only) ---- */
 
 static char nft_table[32];
@@ -1314,6 +1351,7 @@ Suite *cluster_suite(void)
 	TU_ADD(tc, test_partition_exactly_once);
 	TU_ADD(tc, test_worker_killed_in_barrier);
 	TU_ADD(tc, test_request_timeout_then_go_on);
+	TU_ADD(tc, test_timeout_names_missing_worker);
 	TU_ADD(tc, test_pipelined_order);
 	TU_ADD(tc, test_fp16_exact);
 	TU_ADD(tc, test_error_feedback_per_slice);

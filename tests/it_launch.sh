@@ -67,14 +67,22 @@ scripts/ps-cluster.sh "$tmp/c2.yaml" start --dry-run >/dev/null 2>"$tmp/nosecret
 expect "ps-cluster.sh refuses a config without a secret" grep -q "names no security.secret_file" "$tmp/nosecret.err"
 
 # --dry-run: shards then workers on the hosts given, stop in reverse order
-out=$(scripts/ps-cluster.sh "$tmp/c.yaml" start --dry-run --worker-hosts w1,w2 -- --epochs 1)
-expect "dry-run start prints 4 commands" [ "$(printf '%s\n' "$out" | wc -l)" -eq 4 ]
-expect "shard 1 on its host" grep -q "^ssh -o BatchMode=yes 127.0.0.1 .*ps-server --config $tmp/c.yaml --shard 1 " <<< "$out"
-expect "worker 1 on w2 with the extra flag" grep -q "^ssh -o BatchMode=yes w2 .*ps-worker --config $tmp/c.yaml --rank 1 --epochs 1 " <<< "$out"
-out=$(scripts/ps-cluster.sh "$tmp/c.yaml" stop --dry-run)
+awk '/servers:/ { sub(/127\.0\.0\.1:/, "s1:"); sub(/127\.0\.0\.1:/, "s2:") } { print }' \
+  "$tmp/c.yaml" > "$tmp/hosts.yaml"
+out=$(scripts/ps-cluster.sh "$tmp/hosts.yaml" start --dry-run --worker-hosts w1,w2 -- --epochs 1)
+expect "dry-run start prints 4 commands: $out" [ "$(printf '%s\n' "$out" | wc -l)" -eq 4 ]
+expect "shard 1 on its host: $out" grep -q "^ssh -o BatchMode=yes -o ConnectTimeout=10 s2 .*nohup sh -c .*ps-server --config $tmp/hosts.yaml --shard 1; " <<< "$out"
+expect "worker 1 on w2 with the extra flag" grep -q "^ssh -o BatchMode=yes -o ConnectTimeout=10 w2 .*ps-worker --config $tmp/hosts.yaml --rank 1 --epochs 1; " <<< "$out"
+out=$(scripts/ps-cluster.sh "$tmp/hosts.yaml" stop --dry-run --worker-hosts w1,w2)
 expect "stop: workers before shards" [ "$(printf '%s\n' "$out" | head -1 | grep -c 'ps-worker')" -eq 1 ]
 scripts/ps-cluster.sh "$tmp/c.yaml" launch >/dev/null 2>&1
 expect "unknown action refused with status 2" [ $? -eq 2 ]
+# loopback servers with workers elsewhere cannot work: refused, nothing run
+scripts/ps-cluster.sh "$tmp/c.yaml" start --dry-run --worker-hosts w1,w2 > /dev/null 2> "$tmp/lo.err"
+expect "loopback servers with remote workers refused (status $?)" grep -q "a loopback address, but the cluster spans other hosts (w1, w2)" "$tmp/lo.err"
+# --ssh is split into words like the shell does: a quoted argument stays one
+out=$(scripts/ps-cluster.sh "$tmp/hosts.yaml" start --dry-run --ssh "ssh -F '/x y/cfg'" -- --epochs 1)
+expect "--ssh with a quoted path" grep -q "^ssh -F /x y/cfg s1 " <<< "$out"
 
 # real processes through an ssh stand-in (host ignored, command run here)
 cat > "$tmp/ssh" <<'EOF'
@@ -86,13 +94,13 @@ chmod +x "$tmp/ssh"
 export OPENBLAS_NUM_THREADS=1
 scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs" -- --epochs 1
 expect "start succeeds" [ $? -eq 0 ]
-st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
+st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs")
 expect "both shards running: $st" [ "$(grep -c 'shard .*: running' <<< "$st")" -eq 2 ]
 # Polls `ps-cluster.sh status` (into $st) until PATTERN is gone from it, at
 # most TRIES times, DELAY seconds apart.
 wait_status_gone() { # PATTERN TRIES DELAY
   for _ in $(seq "$2"); do
-    st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh")
+    st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs")
     grep -q "$1" <<< "$st" || break
     sleep "$3"
   done
@@ -100,11 +108,32 @@ wait_status_gone() { # PATTERN TRIES DELAY
 # the workers train one short epoch and exit
 wait_status_gone 'worker .*: running' 120 0.5
 expect "workers finished: $st" [ "$(grep -c 'worker .*: not running' <<< "$st")" -eq 2 ]
-expect "worker 0 trained and evaluated" grep -q "epoch 1 test accuracy" "$tmp/logs/worker-0.log"
-scripts/ps-cluster.sh "$tmp/c.yaml" stop --ssh "$tmp/ssh"
+expect "worker 0 trained and evaluated" grep -q "epoch 1 test accuracy" "$tmp/logs/c.run/worker-0.log"
+scripts/ps-cluster.sh "$tmp/c.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/logs"
 wait_status_gone ': running' 40 0.25
 expect "everything stopped: $st" [ "$(grep -c ': not running' <<< "$st")" -eq 4 ]
-expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/server-0.log"
+expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/c.run/server-0.log"
+
+# a start that fails after shards and a worker started (the host of
+# worker 1, "localhost", unreachable by then): what it started is stopped
+cat > "$tmp/ssh-flaky" <<'EOF'
+#!/usr/bin/env bash
+host=$1; shift
+case "$host:$1" in localhost:*nohup*ps-worker*)
+  echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255 ;;
+esac
+exec bash -c "$1"
+EOF
+chmod +x "$tmp/ssh-flaky"
+scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh-flaky" --logs "$tmp/logs" \
+  --worker-hosts 127.0.0.1,localhost -- --epochs 50 > "$tmp/flaky.out" 2>&1
+rc=$?
+expect "a start failing at worker 1 exits 1 ($rc): $(cat "$tmp/flaky.out")" [ $rc -eq 1 ]
+expect "... says which and why" grep -q "cannot start the workers on localhost over ssh: ssh: connect to host localhost port 22: Connection refused" "$tmp/flaky.out"
+expect "... stops worker 0, which started" grep -q "worker 0 on 127.0.0.1: not running (" "$tmp/flaky.out"
+expect "... stops the shards and worker 0 again" grep -q "nothing of this start is left running" "$tmp/flaky.out"
+for _ in $(seq 20); do [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ] && break; sleep 0.25; done
+expect "... and nothing is left" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ]
 
 # ps-local.sh: a whole run ends with status 0 and no process left; a run
 # stopped by SIGTERM in the middle stops every process too
@@ -135,6 +164,32 @@ expect "srun for shard 1 on n2" grep -q -- "--nodelist=n2 .*ps-server --config $
 expect "worker 1 on n2 with its flags" grep -q -- "--nodelist=n2 .*ps-worker --config $tmp/sb/cluster.yaml --rank 1 --epochs 2" <<< "$out"
 PS_NODES="n1" PS_DRY_RUN=1 PS_LOGS="$tmp/sb1" scripts/ps.sbatch "$tmp/c.yaml" >/dev/null 2>"$tmp/err"
 expect "too few nodes refused" grep -q "2 shards need 2 nodes, the allocation has 1" "$tmp/err"
+# a relative config from the submission folder: the derived config (in
+# another folder) names the secret and the checkpoint folder absolutely
+sed 's/^log:/checkpoint: {dir: ckpt}\nlog:/' "$tmp/c.yaml" > "$tmp/rel.yaml"
+(cd "$tmp" && PS_NODES="n1 n2" PS_DRY_RUN=1 PS_LOGS="$tmp/sbrel" "$OLDPWD/scripts/ps.sbatch" rel.yaml > /dev/null)
+expect "derived secret_file absolute: $(grep secret_file "$tmp/sbrel/cluster.yaml")" \
+  grep -q "^  secret_file: \"$tmp/c.secret\"" "$tmp/sbrel/cluster.yaml"
+expect "derived checkpoint.dir absolute: $(grep '  dir:' "$tmp/sbrel/cluster.yaml")" \
+  grep -q "^  dir: \"$tmp/ckpt\"" "$tmp/sbrel/cluster.yaml"
+# as Slurm runs it: a copy of the script in a spool folder, submitted from
+# elsewhere; the project folder is found from the job's Command (scontrol)
+mkdir -p "$tmp/spool" "$tmp/fakebin"
+cp scripts/ps.sbatch "$tmp/spool/slurm_script"
+cat > "$tmp/fakebin/scontrol" <<EOF
+#!/bin/sh
+case "\$1 \$2" in
+  "show job") echo "   Command=$PWD/scripts/ps.sbatch rel.yaml" ;;
+  "show hostnames") echo n1; echo n2 ;;
+esac
+EOF
+chmod +x "$tmp/fakebin/scontrol"
+out=$(cd "$tmp" && PATH="$tmp/fakebin:$PATH" SLURM_JOB_ID=42 SLURM_JOB_NODELIST="n[1-2]" \
+  SLURM_SUBMIT_DIR="$tmp" PS_DRY_RUN=1 PS_LOGS="$tmp/sbslurm" bash "$tmp/spool/slurm_script" rel.yaml 2>&1)
+expect "under Slurm, the project folder of the submitted script: $out" \
+  grep -q -- "--nodelist=n2 .* $PWD/bin/ps-server --config $tmp/sbslurm/cluster.yaml --shard 1" <<< "$out"
+out=$(PS_DIR=/nonexistent PS_NODES=n1 PS_DRY_RUN=1 scripts/ps.sbatch "$tmp/c.yaml" 2>&1)
+expect "a project folder without the programs: says to set PS_DIR: $out" grep -q "set PS_DIR" <<< "$out"
 
 # systemd units (with ExecStart pointing at this build)
 if command -v systemd-analyze >/dev/null; then
@@ -146,6 +201,17 @@ if command -v systemd-analyze >/dev/null; then
 else
   echo "SKIP systemd units: systemd-analyze not found"
 fi
+# make install puts the units where systemd finds local ones, and the page
+# their Documentation= names exists there
+make -s install DESTDIR="$tmp/inst" PREFIX=/usr/local > "$tmp/install.out" 2>&1
+expect "make install into a DESTDIR: $(tail -3 "$tmp/install.out")" [ $? -eq 0 ]
+for u in ps-server@.service ps-worker@.service; do
+  f=$tmp/inst/usr/local/lib/systemd/system/$u
+  doc=$(sed -n 's|^Documentation=file://||p' "$f" 2> /dev/null)
+  expect "$u installed, its Documentation= ($doc) too" test -n "$doc" -a -s "$tmp/inst$doc"
+done
+expect "ps-server@ runs in /var/lib/ps (a relative checkpoint.dir is writable there)" \
+  grep -q '^WorkingDirectory=/var/lib/ps$' scripts/systemd/ps-server@.service
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]

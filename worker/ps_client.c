@@ -90,7 +90,7 @@ static void on_tick(uv_timer_t *t)
 {
 	struct ps_client *c = t->data;
 	double now = ps_now_s();
-	char why[sizeof(c->shards[0].why)];
+	char why[sizeof(c->shards[0].why) + sizeof(c->shards[0].held)];
 
 	pthread_mutex_lock(&c->mu);
 	ps__client_heartbeats(c, now);
@@ -101,12 +101,20 @@ static void on_tick(uv_timer_t *t)
 			struct shard_conn *sh = &c->shards[k];
 			if (!r->parts[k].waiting)
 				continue;
-			snprintf(why, sizeof(why), "shard %d (%s:%d): no answer within %d ms "
-				 "(limits.request_timeout_ms)%s", k, c->cfg->shards[k].host,
-				 c->cfg->shards[k].port, c->cfg->limits.request_timeout_ms,
-				 sh->lost_at > 0 ? "; the connection is lost and being retried" : "");
+			if (sh->held[0] && sh->lost_at == 0 &&
+			    sh->held_at >= r->deadline - c->cfg->limits.request_timeout_ms / 1000.0)
+				/* the shard said why it holds a pull: not its fault */
+				snprintf(why, sizeof(why), "shard %d (%s:%d) is %s; no answer within "
+					 "%d ms (limits.request_timeout_ms)", k,
+					 c->cfg->shards[k].host, c->cfg->shards[k].port, sh->held,
+					 c->cfg->limits.request_timeout_ms);
+			else
+				snprintf(why, sizeof(why), "shard %d (%s:%d): no answer within %d ms "
+					 "(limits.request_timeout_ms)%s", k, c->cfg->shards[k].host,
+					 c->cfg->shards[k].port, c->cfg->limits.request_timeout_ms,
+					 sh->lost_at > 0 ? "; the connection is lost and being retried" : "");
 			if (sh->conn && sh->state == SH_READY && r->parts[k].gen == sh->gen) {
-				snprintf(sh->why, sizeof(sh->why), "%s", why);
+				snprintf(sh->why, sizeof(sh->why), "%.*s", (int)sizeof(sh->why) - 1, why);
 				sh->status = PS_ETIMEDOUT;
 				sh->conn->t->ops->close(sh->conn, PS_ETIMEDOUT);
 			}

@@ -239,8 +239,14 @@ static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, Pro
 		return 0;
 	c->shards[k].last_rx = ps_now_s(); /* handshake frames count too: on_frame */
 	switch (f->hdr.type) {
-	case PS_MSG_HEARTBEAT:
-		return 1; /* last_rx is all it is for */
+	case PS_MSG_HEARTBEAT: {
+		/* last_rx, and what the shard holds a pull for (named when the
+		 * pull times out) */
+		const char *held = ((Ps__Heartbeat *)m)->held;
+		snprintf(c->shards[k].held, sizeof(c->shards[k].held), "%s", held ? held : "");
+		c->shards[k].held_at = c->shards[k].last_rx;
+		return 1;
+	}
 	case PS_MSG_PUSH_ACK: {
 		struct req *r = ps__client_find_req(c, (int64_t)((Ps__PushAck *)m)->req_id);
 		if (r && r->kind == REQ_PUSH && r->end_clock && r->parts[k].waiting &&

@@ -73,6 +73,10 @@ struct shard_conn {
 	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
 	size_t hello_len;
 	char why[400];
+	/* The shard's last word on a pull it holds (a heartbeat reply's
+	 * held: the workers it waits for), and when it came; "" when none. */
+	char held[300];
+	double held_at;
 };
 
 struct deferred {           /* a frame ps__client_take() leaves to the I/O thread */

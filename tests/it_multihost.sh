@@ -1,0 +1,356 @@
+#!/usr/bin/env bash
+# it_multihost.sh - scripts/ps-cluster.sh across three hosts over real ssh.
+#
+# The hosts are network namespaces this test creates (h1, h2, h3 on a
+# bridge in a fourth namespace; 10.217.0.1-3, nothing else touched), each
+# running its own OpenSSH server (Debian's openssh-server; host and user
+# keys made here). The filesystem is shared, as NFS would be. The launcher
+# runs on h1, as a user there would run it: shard 0 on h1, shard 1 on h2,
+# workers on h2 and h3.
+#
+# A real run: start, the processes in the right namespaces, a short
+# training run to its end, ps-stat from h3 with every worker's clock on
+# both shards, stop (checkpoints written, exit statuses reported), nothing
+# left. Then each failure, which must exit non-zero with the message a
+# user needs and leave nothing running that it does not report: starting
+# a running config again, stop while a worker host's sshd is down (then
+# stop again once it is back), a worker host's sshd down at start, a name
+# ssh resolves but the shard cannot, a port in use, loopback servers with
+# remote workers, a missing checkpoint folder.
+#
+# Needs root (namespaces) and sshd; without them it prints the reason and
+# exits 77 (skipped). Prints Check-style "N%: Checks" for run-tests.sh.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+checks=0 fails=0
+ok() { checks=$((checks + 1)); }
+bad() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
+expect() { # DESCRIPTION COMMAND...
+  local what=$1; shift
+  if "$@"; then ok; else bad "$what"; fi
+}
+skip() { echo "SKIP: it_multihost: $*"; exit 77; }
+
+[ "$(id -u)" -eq 0 ] || skip "needs root for network namespaces and sshd"
+for c in ip unshare pgrep ssh ssh-keygen /usr/sbin/sshd; do
+  command -v "$c" > /dev/null ||
+    skip "$c not found (scripts/install-deps.sh installs iproute2, procps and openssh-server)"
+done
+[ -x bin/ps-server ] && [ -x bin/ps-worker ] && [ -x bin/ps-stat ] || skip "run 'make' first"
+[ -r /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ] ||
+  [ -r /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte ] ||
+  skip "Fashion-MNIST missing (scripts/install-deps.sh installs dataset-fashion-mnist)"
+
+tag=psmh$$
+BR=$tag-br H=("" "$tag-h1" "$tag-h2" "$tag-h3")
+A=("" 10.217.0.1 10.217.0.2 10.217.0.3)
+tmp=$(mktemp -d /tmp/ps-multihost.XXXXXX)
+chmod 755 "$tmp"
+made_run_sshd=0 made_etc_netns=0
+cleanup() {
+  local n p
+  # every process in the namespaces: sshd and whatever ps-cluster.sh left
+  for n in "${H[@]:1}"; do
+    p=$(ip netns pids "$n" 2> /dev/null)
+    [ -n "$p" ] && kill -TERM $p 2> /dev/null
+  done
+  sleep 0.3
+  for n in "${H[@]:1}"; do
+    p=$(ip netns pids "$n" 2> /dev/null)
+    [ -n "$p" ] && kill -KILL $p 2> /dev/null
+  done
+  for n in "${H[@]:1}" "$BR"; do ip netns del "$n" 2> /dev/null; done
+  for n in "${H[@]:1}"; do rm -rf "/etc/netns/$n"; done
+  [ $made_etc_netns -eq 1 ] && rmdir /etc/netns 2> /dev/null
+  [ $made_run_sshd -eq 1 ] && rmdir /run/sshd 2> /dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+# ---- three hosts on a bridge ----
+err=$(ip netns add "$BR" 2>&1) || skip "cannot create a network namespace here: $err"
+ip -n "$BR" link add br0 type bridge && ip -n "$BR" link set br0 up || skip "cannot make a bridge"
+for i in 1 2 3; do
+  ip netns add "${H[$i]}" &&
+    ip -n "$BR" link add "h$i" type veth peer name eth0 netns "${H[$i]}" &&
+    ip -n "$BR" link set "h$i" master br0 up &&
+    ip -n "${H[$i]}" addr add "${A[$i]}/24" dev eth0 &&
+    ip -n "${H[$i]}" link set eth0 up &&
+    ip -n "${H[$i]}" link set lo up || skip "cannot set up host h$i's namespace"
+done
+on() { local i=$1; shift; ip netns exec "${H[$i]}" "$@"; } # on HOST# COMMAND...
+# Names: each host's /etc/hosts (ip netns exec mounts /etc/netns/NS/hosts
+# over it for what runs in the namespace) names the three hosts h1..h3.
+# write_hosts N [LINE]: host N's file, LINE first (rewritten in place, so
+# what already runs there sees the change).
+[ -d /etc/netns ] || { mkdir /etc/netns && made_etc_netns=1; } || skip "cannot make /etc/netns"
+write_hosts() {
+  mkdir -p "/etc/netns/${H[$1]}" &&
+    printf '%s\n' ${2:+"$2"} "127.0.0.1 localhost" "${A[1]} h1" "${A[2]} h2" "${A[3]} h3" \
+      > "/etc/netns/${H[$1]}/hosts"
+}
+for i in 1 2 3; do write_hosts $i || skip "cannot write /etc/netns/${H[$i]}/hosts"; done
+
+# ---- an sshd on each host, a key for root ----
+ssh-keygen -q -t ed25519 -N '' -C ps-multihost-host -f "$tmp/host_key" &&
+  ssh-keygen -q -t ed25519 -N '' -C ps-multihost-user -f "$tmp/id" || skip "ssh-keygen failed"
+cp "$tmp/id.pub" "$tmp/authorized_keys"
+if [ ! -d /run/sshd ]; then mkdir -p /run/sshd && chmod 755 /run/sshd && made_run_sshd=1; fi
+# Each host also gets its own PID namespace (and /proc), so that a
+# process started over ssh on h2 is seen and signalled there only, as on
+# separate machines. Its first process keeps sshd running unless the
+# file sshdN.down exists (a host whose sshd is down: its other processes
+# go on) and reaps what ssh sessions leave behind.
+for i in 1 2 3; do
+  cat > "$tmp/sshd$i.conf" <<EOF
+ListenAddress ${A[$i]}
+HostKey $tmp/host_key
+AuthorizedKeysFile $tmp/authorized_keys
+StrictModes no
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PidFile none
+PrintMotd no
+EOF
+  cat > "$tmp/init$i.sh" <<EOF
+pid=
+while :; do
+  if [ -e $tmp/sshd$i.down ]; then
+    [ -n "\$pid" ] && kill \$pid && wait \$pid
+    pid=
+  elif [ -z "\$pid" ] || ! kill -0 \$pid 2> /dev/null; then
+    /usr/sbin/sshd -D -f $tmp/sshd$i.conf -E $tmp/sshd$i.log & pid=\$!
+  fi
+  sleep 0.1
+done
+EOF
+  ip netns exec "${H[$i]}" unshare --pid --fork --mount-proc --kill-child \
+    bash "$tmp/init$i.sh" > /dev/null 2>&1 &
+  disown # killed by cleanup, without a word from bash
+done
+ssh_works() { on 1 ssh -F "$tmp/ssh_config" "h$1" true < /dev/null 2> "$tmp/ssh.err"; }
+stop_sshd() { # HOST#: sshd down until start_sshd
+  touch "$tmp/sshd$1.down"
+  for _ in $(seq 50); do ssh_works "$1" || return 0; sleep 0.1; done
+  bad "sshd on h$1 did not stop"
+}
+start_sshd() {
+  rm -f "$tmp/sshd$1.down"
+  for _ in $(seq 50); do ssh_works "$1" && return 0; sleep 0.1; done
+  bad "sshd on h$1 did not start: $(cat "$tmp/ssh.err")"
+}
+cat > "$tmp/ssh_config" <<EOF
+# a name only ssh knows: the shards cannot resolve it
+Host ps-shard-two
+  HostName ${A[2]}
+Host *
+  IdentityFile $tmp/id
+  IdentitiesOnly yes
+  UserKnownHostsFile $tmp/known_hosts
+  StrictHostKeyChecking accept-new
+  BatchMode yes
+  ConnectTimeout 5
+  LogLevel ERROR
+EOF
+for i in 1 2 3; do
+  for _ in $(seq 50); do ssh_works $i && break; sleep 0.1; done
+  ssh_works $i || skip "sshd on h$i does not answer: $(cat "$tmp/ssh.err" "$tmp/sshd$i.log" 2>&1)"
+done
+# the hosts are apart: h1's sshd is seen on h1, not on h2
+sees_sshd1() { on 1 ssh -F "$tmp/ssh_config" "h$1" "pgrep -fc -- 'sshd[1][.]conf'" < /dev/null 2>&1; }
+expect "h1 sees its sshd" [ "$(sees_sshd1 1)" = 1 ]
+expect "h2 does not see h1's processes" [ "$(sees_sshd1 2)" = 0 ]
+
+# ---- the cluster's config and secret (the same path on every host) ----
+export OPENBLAS_NUM_THREADS=1
+scripts/ps-keygen "$tmp/c.secret" 2> /dev/null
+mkdir -p "$tmp/ckpt"
+write_config() { # FILE SERVERS [MORE YAML]
+  cat > "$1" <<EOF
+cluster:
+  servers: [$2]
+  workers: 2
+model: {preset: mlp}
+train: {batch: 32, limit: 1280, metrics_dir: "$tmp/metrics"}
+checkpoint: {dir: "$tmp/ckpt"}
+security: {secret_file: c.secret}
+log: {level: info}
+${3:-}
+EOF
+}
+write_config "$tmp/c.yaml" "h1:7000, h2:7001"
+cluster() { # ACTION [ARGS...]: ps-cluster.sh on h1, output in $out, status in $rc
+  local cfg=$tmp/c.yaml
+  case "${1:-}" in *.yaml) cfg=$1; shift ;; esac
+  local action=$1 t=$SECONDS; shift
+  # (a launcher that hangs, as one did when ssh waited for the shard it
+  # started, fails here with status 124 rather than stalling the suite)
+  out=$(on 1 timeout 90 scripts/ps-cluster.sh "$cfg" "$action" --ssh "ssh -F '$tmp/ssh_config'" \
+        --logs "$tmp/logs" "$@" 2>&1)
+  rc=$?
+  # in the test's log (shown when it fails): what a user would see
+  echo "== ps-cluster.sh $(basename "$cfg") $action $* -> status $rc, $((SECONDS - t)) s"
+  sed 's/^/   /' <<< "$out"
+}
+# The ps-server / ps-worker processes running on host i (namespace), one a line.
+procs_on() { # HOST#
+  local p
+  for p in $(ip netns pids "${H[$1]}"); do
+    { tr '\0' ' ' < "/proc/$p/cmdline"; } 2> /dev/null | grep -E '^[^ ]*bin/ps-(server|worker) ' |
+      sed 's/ $//'
+  done
+}
+all_procs() { for i in 1 2 3; do procs_on $i | sed "s/^/h$i: /"; done; }
+expect_nothing_left() { # WHAT
+  local left
+  left=$(all_procs)
+  if [ -z "$left" ]; then ok; else bad "$1: processes left: $left"; fi
+}
+WH=(--worker-hosts h2,h3)
+t0=$SECONDS
+
+# ---- a real run across the hosts ----
+cluster start "${WH[@]}" -- --epochs 1
+expect "start succeeded (status $rc): $out" [ $rc -eq 0 ]
+expect "start reports the bound addresses: $out" grep -q "shard 1 on h2, listening on ${A[2]}:7001" <<< "$out"
+expect "shard 0 runs on h1: $(all_procs)" grep -q -- '--shard 0$' <<< "$(procs_on 1)"
+expect "shard 1 runs on h2: $(all_procs)" grep -q -- '--shard 1$' <<< "$(procs_on 2)"
+run=$(readlink -f "$tmp/logs/c.run")
+expect "one run folder, named by the pointer: $run" [ -r "$run/run.env" ]
+cluster status
+expect "status sees both shards running: $out" [ "$(grep -c '^shard [01] on .*: running' <<< "$out")" -eq 2 ]
+# the workers train 20 steps each and evaluate, then exit 0
+for _ in $(seq 240); do
+  cluster status
+  [ "$(grep -c '^worker .*: not running' <<< "$out")" -eq 2 ] && break
+  sleep 0.25
+done
+expect "both workers finished with status 0, found on h2 and h3 without --worker-hosts: $out" \
+  [ "$(grep -cE "^worker [01] on h[23]: not running \(exited with status 0\)" <<< "$out")" -eq 2 ]
+expect "worker 0 trained and evaluated: $(tail -3 "$run/worker-0.log")" \
+  grep -q "epoch 1 test accuracy" "$run/worker-0.log"
+expect "worker 1 ran on h3 and reached both shards" grep -q "training mlp" "$run/worker-1.log"
+on 3 bin/ps-stat --config "$tmp/c.yaml" --workers > "$tmp/stat.out" 2>&1
+rc=$?
+expect "ps-stat from h3 succeeded (status $rc): $(cat "$tmp/stat.out")" [ $rc -eq 0 ]
+expect "ps-stat: both shards up" [ "$(grep -cE '^[01] +up ' "$tmp/stat.out")" -eq 2 ]
+expect "ps-stat: each worker at clock 20 on both shards: $(cat "$tmp/stat.out")" \
+  [ "$(grep -cE '^[01] +no +20 20 ' "$tmp/stat.out")" -eq 2 ]
+cluster stop
+expect "stop succeeded (status $rc): $out" [ $rc -eq 0 ]
+expect "stop reports each shard's exit status: $out" \
+  [ "$(grep -c '^shard [01] on .*: not running (exited with status 0)' <<< "$out")" -eq 2 ]
+expect "both shards wrote their checkpoint at stop" \
+  test -s "$tmp/ckpt/shard-0.ckpt" -a -s "$tmp/ckpt/shard-1.ckpt"
+expect_nothing_left "after stop"
+rm -f "$tmp"/ckpt/*
+echo "it_multihost: the run took $((SECONDS - t0)) s"
+
+# ---- starting a running config again; stop with a host's sshd down ----
+cluster start "${WH[@]}" -- --epochs 1000
+expect "long run started (status $rc): $out" [ $rc -eq 0 ]
+first=$(readlink -f "$tmp/logs/c.run")
+before=$(all_procs)
+cluster start "${WH[@]}" -- --epochs 1000
+expect "a second start is refused (status $rc)" [ $rc -eq 1 ]
+expect "it names what runs where and says to stop it: $out" \
+  grep -q "is running already: shard 0 on h1 (pid [0-9]*).*worker 1 on h3" <<< "$out"
+expect "... and how: $out" grep -q "stop it first: .*ps-cluster.sh $tmp/c.yaml stop" <<< "$out"
+expect "the running cluster is untouched" [ "$(all_procs)" = "$before" ]
+expect "the run record still points at the running cluster" [ "$(readlink -f "$tmp/logs/c.run")" = "$first" ]
+expect "its logs were not truncated" grep -q "listening on" "$first/server-0.log"
+stop_sshd 3
+cluster stop --wait 5
+expect "stop with h3 unreachable fails (status $rc)" [ $rc -eq 1 ]
+expect "... and says what is left: $out" grep -q "left running: worker 1 on h3" <<< "$out"
+expect "... the rest is stopped: $(all_procs)" [ "$(procs_on 1)$(procs_on 2)" = "" ]
+expect "... the worker on h3 is indeed still there" grep -q -- "--rank 1 " <<< "$(procs_on 3)"
+start_sshd 3
+cluster stop --wait 5
+expect "stop again once h3 is back (status $rc): $out" [ $rc -eq 0 ]
+expect "... the worker left alone at a barrier is killed after the grace: $out" \
+  grep -q "worker 1 on h3: not running (killed: it had not stopped 5s after SIGTERM)" <<< "$out"
+expect_nothing_left "after the second stop"
+rm -f "$tmp"/ckpt/*
+
+# ---- a worker host's sshd down at start: nothing starts ----
+stop_sshd 3
+cluster start "${WH[@]}"
+expect "start with h3's sshd down fails (status $rc)" [ $rc -eq 1 ]
+expect "... naming the host and the reason: $out" \
+  grep -q "cannot reach h3 over ssh: .*Connection refused" <<< "$out"
+expect "... and that nothing was started: $out" grep -q "nothing was started" <<< "$out"
+expect_nothing_left "sshd down"
+start_sshd 3
+
+# ---- a name that ssh resolves but the shard cannot ----
+write_config "$tmp/name.yaml" "h1:7000, ps-shard-two:7001"
+cluster "$tmp/name.yaml" start "${WH[@]}"
+expect "unresolvable name: start fails (status $rc)" [ $rc -eq 1 ]
+expect "... with the shard's reason: $out" \
+  grep -q "cannot listen on ps-shard-two:7001: the host name did not resolve" <<< "$out"
+expect "... and shard 0, started before, is stopped again: $out" \
+  grep -q "nothing of this start is left running" <<< "$out"
+expect "... without a checkpoint (a fixed config would refuse one of the old servers)" \
+  [ ! -e "$tmp/ckpt/shard-0.ckpt" ]
+expect_nothing_left "unresolvable name"
+
+# ---- a port in use on shard 1's host (another config's shard holds it) ----
+write_config "$tmp/other.yaml" "h2:7001"
+sed -i '/^checkpoint:/d' "$tmp/other.yaml"
+ip netns exec "${H[2]}" bin/ps-server --config "$tmp/other.yaml" --shard 0 > "$tmp/other.log" 2>&1 &
+holder=$!
+for _ in $(seq 50); do grep -q "listening on" "$tmp/other.log" && break; sleep 0.1; done
+cluster start "${WH[@]}"
+expect "port in use: start fails (status $rc)" [ $rc -eq 1 ]
+expect "... saying so, with the shard's log: $out" \
+  grep -q "shard 1 on h2 exited at start" <<< "$out"
+expect "... Address already in use: $out" grep -q "cannot listen on h2:7001: Address already in use" <<< "$out"
+expect "... rolled back: $out" grep -q "nothing of this start is left running" <<< "$out"
+kill -TERM $holder; wait $holder
+expect_nothing_left "port in use"
+
+# ---- h2 names itself 127.0.1.1 in its /etc/hosts (Debian's default for
+# the machine's own name): shard 1 would listen where no worker reaches ----
+write_hosts 2 "127.0.1.1 h2"
+cluster start "${WH[@]}"
+expect "a shard bound to 127.0.1.1: start fails (status $rc)" [ $rc -eq 1 ]
+expect "... saying where it listens and why: $out" \
+  grep -q "shard 1 on h2 listens on 127.0.1.1:7001, a loopback address (h2 resolves to it on h2" <<< "$out"
+expect "... rolled back: $out" grep -q "nothing of this start is left running" <<< "$out"
+expect_nothing_left "127.0.1.1"
+# the remedy it names: cluster.listen_any, every address of the host
+write_config "$tmp/any.yaml" "h1:7000, h2:7001" "cluster: {listen_any: true}"
+sed -i '/^cluster: {listen_any: true}$/d; s/^  workers: 2$/  workers: 2\n  listen_any: true/' "$tmp/any.yaml"
+cluster "$tmp/any.yaml" start "${WH[@]}" -- --epochs 1
+expect "with cluster.listen_any the same hosts work (status $rc): $out" [ $rc -eq 0 ]
+expect "... shard 1 listening on every address: $out" grep -q "shard 1 on h2, listening on 0.0.0.0:7001" <<< "$out"
+cluster "$tmp/any.yaml" stop
+expect "... and stops (status $rc): $out" [ $rc -eq 0 ]
+expect_nothing_left "listen_any"
+write_hosts 2
+rm -f "$tmp"/ckpt/*
+
+# ---- loopback servers with remote workers: refused before any ssh ----
+write_config "$tmp/lo.yaml" "127.0.0.1:7000, 127.0.0.1:7001"
+cluster "$tmp/lo.yaml" start "${WH[@]}"
+expect "loopback servers with remote workers refused (status $rc)" [ $rc -eq 2 ]
+expect "... naming the entry and why: $out" \
+  grep -q "cluster.servers\[0\] is 127.0.0.1:7000, a loopback address, but the cluster spans other hosts" <<< "$out"
+expect_nothing_left "loopback servers"
+
+# ---- a missing checkpoint folder: the shard refuses at start ----
+write_config "$tmp/ck.yaml" "h1:7000, h2:7001"
+sed -i "s|dir: \"$tmp/ckpt\"|dir: \"$tmp/no-such-folder\"|" "$tmp/ck.yaml"
+cluster "$tmp/ck.yaml" start "${WH[@]}"
+expect "missing checkpoint folder: start fails (status $rc)" [ $rc -eq 1 ]
+expect "... with the reason: $out" \
+  grep -q "refusing to start: checkpoint.dir $tmp/no-such-folder does not exist" <<< "$out"
+expect_nothing_left "missing checkpoint folder"
+
+echo "it_multihost: $((SECONDS - t0)) s for the run and the failures"
+echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
+[ $fails -eq 0 ]
