@@ -1195,7 +1195,7 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss)
 	    uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0)
 		return 0;
 	if (getaddrinfo(host, NULL, &hints, &res) != 0)
-		return -EADDRNOTAVAIL;
+		return PS_ERESOLVE; /* as on TCP: the name did not resolve */
 	memcpy(ss, res->ai_addr, res->ai_addrlen);
 	if (ss->ss_family == AF_INET)
 		((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
