@@ -1,7 +1,9 @@
 /* transport.c - the registry of transports, found by the config's name. */
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include "config.h"
 #include "ps_err.h"
 #include "transport.h"
@@ -82,4 +84,24 @@ uint8_t *ps_frame_body_alloc(uint32_t meta_len, uint64_t payload_len, uint8_t **
 	if (b)
 		*data = b + head - meta_len;
 	return b;
+}
+
+int ps_transport_resolve(const char *host, int port, struct sockaddr_storage *ss)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res;
+
+	if (uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0 ||
+	    uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0)
+		return 0;
+	/* Names: resolved synchronously (start-up only). A name that does not
+	 * resolve says so (PS_ERESOLVE), not "cannot assign address". */
+	if (getaddrinfo(host, NULL, &hints, &res) != 0)
+		return PS_ERESOLVE;
+	memcpy(ss, res->ai_addr, res->ai_addrlen);
+	if (ss->ss_family == AF_INET)
+		((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+	else
+		((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+	freeaddrinfo(res);
+	return 0;
 }

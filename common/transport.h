@@ -230,6 +230,11 @@ int ps_frame_check_auth(const struct ps_frame_hdr *h, int keyed, int cipher, uin
  * metadata goes; free() releases it. NULL when out of memory. */
 uint8_t *ps_frame_body_alloc(uint32_t meta_len, uint64_t payload_len, uint8_t **data);
 
+struct sockaddr_storage;
+/* host (an IPv4 or IPv6 address, or a name resolved synchronously: start-up
+ * only) and port into ss. 0, or PS_ERESOLVE when the name does not resolve. */
+int ps_transport_resolve(const char *host, int port, struct sockaddr_storage *ss);
+
 extern const struct ps_transport_ops ps_tcp_transport_ops;
 extern const struct ps_transport_ops ps_rdma_transport_ops;
 

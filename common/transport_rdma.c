@@ -1187,24 +1187,6 @@ static void on_keepalive(uv_timer_t *t)
 
 /* ---- the transport ---- */
 
-static int resolve(const char *host, int port, struct sockaddr_storage *ss)
-{
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res;
-
-	if (uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0 ||
-	    uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0)
-		return 0;
-	if (getaddrinfo(host, NULL, &hints, &res) != 0)
-		return PS_ERESOLVE; /* as on TCP: the name did not resolve */
-	memcpy(ss, res->ai_addr, res->ai_addrlen);
-	if (ss->ss_family == AF_INET)
-		((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
-	else
-		((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
-	freeaddrinfo(res);
-	return 0;
-}
-
 static void on_rt_handle_closed(uv_handle_t *h)
 {
 	struct rdma_transport *rt = h->data;
@@ -1274,7 +1256,7 @@ static int rt_listen(struct ps_transport *t, const char *host, int port)
 {
 	struct rdma_transport *rt = container_of(t, struct rdma_transport, base);
 	struct sockaddr_storage ss;
-	int rc = resolve(host, port, &ss);
+	int rc = ps_transport_resolve(host, port, &ss);
 
 	if (rc)
 		return rc;
@@ -1303,7 +1285,7 @@ static int rt_connect(struct ps_transport *t, const char *host, int port, void *
 	struct rdma_transport *rt = container_of(t, struct rdma_transport, base);
 	struct sockaddr_storage ss;
 	struct rdma_conn *c;
-	int rc = resolve(host, port, &ss);
+	int rc = ps_transport_resolve(host, port, &ss);
 
 	if (rc)
 		return rc;

@@ -707,26 +707,6 @@ static void on_new_connection(uv_stream_t *server, int status)
 		tt->base.cbs.on_accept(&tt->base, &c->base);
 }
 
-static int resolve(const char *host, int port, struct sockaddr_storage *ss)
-{
-	if (uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0)
-		return 0;
-	if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0)
-		return 0;
-	/* Names: resolve synchronously (start-up only). A name that does not
-	 * resolve says so (PS_ERESOLVE), not "cannot assign address". */
-	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM }, *res;
-	if (getaddrinfo(host, NULL, &hints, &res) != 0)
-		return PS_ERESOLVE;
-	memcpy(ss, res->ai_addr, res->ai_addrlen);
-	if (ss->ss_family == AF_INET)
-		((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
-	else
-		((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
-	freeaddrinfo(res);
-	return 0;
-}
-
 static int tcp_create(uv_loop_t *loop, const struct ps_transport_cbs *cbs,
 		      const struct ps_wire_limits *limits, void *data, struct ps_transport **out)
 {
@@ -749,7 +729,7 @@ static int tcp_listen(struct ps_transport *t, const char *host, int port)
 	struct sockaddr_storage ss;
 	int rc;
 
-	rc = resolve(host, port, &ss);
+	rc = ps_transport_resolve(host, port, &ss);
 	if (rc)
 		return rc;
 	uv_tcp_init(t->loop, &tt->listener);
@@ -820,7 +800,7 @@ static int tcp_connect(struct ps_transport *t, const char *host, int port, void 
 	struct tcp_conn *c;
 	int rc;
 
-	rc = resolve(host, port, &ss);
+	rc = ps_transport_resolve(host, port, &ss);
 	if (rc)
 		return rc;
 	c = conn_new(tt);
