@@ -1357,7 +1357,12 @@ static int rt_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t 
 	for (int i = 0; i < npayload; i++)
 		h.payload_len += payload[i].len;
 	len = PS_WIRE_HDR_LEN + meta_len + h.payload_len + (c->keyed ? PS_MAC_TAG_LEN : 0);
-	if (len - PS_WIRE_HDR_LEN > c->max_msg * MAX_CHUNKS || len - PS_WIRE_HDR_LEN > UINT32_MAX)
+	/* placement by rdma_proto.c's rule; a big frame's body is at most
+	 * MAX_CHUNKS writes and a grant's 32-bit length */
+	uint64_t most = c->max_msg * MAX_CHUNKS < UINT32_MAX ? c->max_msg * MAX_CHUNKS : UINT32_MAX;
+	enum ps_rdma_place place = ps_rdma_place_frame(len - PS_WIRE_HDR_LEN, SLOT_BYTES -
+						       PS_WIRE_HDR_LEN, most);
+	if (place == PS_RDMA_TOO_BIG)
 		return PS_ETOOBIG;
 	o = calloc(1, sizeof(*o));
 	if (!o)
@@ -1365,7 +1370,7 @@ static int rt_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t 
 	o->cb = (flags & PS_SEND_VOLATILE) ? NULL : cb;
 	o->arg = arg;
 	o->len = len;
-	o->big = len > SLOT_BYTES;
+	o->big = place == PS_RDMA_WRITE;
 	o->slot = -1;
 	if (o->big) {
 		o->test_delta = c->test_write_delta;

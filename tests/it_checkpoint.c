@@ -148,6 +148,22 @@ static int refused_start(int k, char *out, size_t n)
 	return tu_wait_child(pid);
 }
 
+/* A checkpoint folder that is missing stops the shard at start, not at the
+ * SIGTERM that would have written the trained model: shard 0 of a config
+ * naming dir/missing refuses to start and says why (out, n bytes). */
+static void expect_missing_dir_refused(int p0, int p1, char *out, size_t n)
+{
+	char have[sizeof(dir)];
+
+	strcpy(have, dir);
+	strcat(dir, "/missing");
+	write_cfg(p0, p1, N, 0);
+	ck_assert_int_ne(refused_start(0, out, n), 0);
+	ck_assert_msg(strstr(out, "refusing to start: checkpoint.dir") && strstr(out, dir) &&
+		      strstr(out, "does not exist"), "%s", out);
+	strcpy(dir, have);
+}
+
 /* How many of process pid's open files lie in folder d. */
 static int fds_in(pid_t pid, const char *d)
 {
@@ -185,16 +201,7 @@ START_TEST(test_checkpoint_resume)
 	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	path[0] = 0;
-	/* a checkpoint folder that is missing stops the shard at start, not
-	 * at the SIGTERM that would have written the trained model */
-	char have[sizeof(dir)];
-	strcpy(have, dir);
-	strcat(dir, "/missing");
-	write_cfg(p0, p1, N, 0);
-	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
-	ck_assert_msg(strstr(out, "refusing to start: checkpoint.dir") && strstr(out, dir) &&
-		      strstr(out, "does not exist"), "%s", out);
-	strcpy(dir, have);
+	expect_missing_dir_refused(p0, p1, out, sizeof(out));
 	write_cfg(p0, p1, N, 0);
 	snprintf(ck0, sizeof(ck0), "%s/shard-0.ckpt", dir);
 	snprintf(ck1, sizeof(ck1), "%s/shard-1.ckpt", dir);
@@ -751,16 +758,7 @@ START_TEST(test_checkpoint_files)
 	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	path[0] = 0;
-	/* a checkpoint folder that is missing stops the shard at start, not
-	 * at the SIGTERM that would have written the trained model */
-	char have[sizeof(dir)];
-	strcpy(have, dir);
-	strcat(dir, "/missing");
-	write_cfg(p0, p1, N, 0);
-	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
-	ck_assert_msg(strstr(out, "refusing to start: checkpoint.dir") && strstr(out, dir) &&
-		      strstr(out, "does not exist"), "%s", out);
-	strcpy(dir, have);
+	expect_missing_dir_refused(p0, p1, out, sizeof(out));
 	write_cfg(p0, p1, N, 0);
 	snprintf(ck0, sizeof(ck0), "%s/shard-0.ckpt", dir);
 	snprintf(saved, sizeof(saved), "%s/saved", dir);
