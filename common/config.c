@@ -45,12 +45,14 @@ static int set_servers(struct ctx *c, const struct opt *o, struct ps_config *cfg
 {
 	char k[2 * KEY_MAX + 24], got[100];
 	const char *why;
+	int backups = o->off == offsetof(struct ps_config, backups);
+	struct ps_endpoint *list = backups ? cfg->backups : cfg->shards;
 
 	if (v->kind != YN_SEQ || v->nkids < o->min || v->nkids > o->max)
 		return bad_value(c, o, v, key, v->kind == YN_SEQ ? "wrong number of entries" : NULL);
 	for (size_t i = 0; i < v->nkids; i++) {
 		const struct ynode *s = v->kids[i];
-		struct ps_endpoint *ep = &cfg->shards[i];
+		struct ps_endpoint *ep = &list[i];
 
 		snprintf(k, sizeof(k), "%s[%zu]", key, i);
 		why = NULL;
@@ -60,11 +62,15 @@ static int set_servers(struct ctx *c, const struct opt *o, struct ps_config *cfg
 				    cfg_what(s, got, sizeof(got)), why ? " (" : "", why ? why : "",
 				    why ? ")" : "");
 		for (size_t j = 0; j < i; j++)
-			if (!strcmp(cfg->shards[j].host, ep->host) && cfg->shards[j].port == ep->port)
+			if (!strcmp(list[j].host, ep->host) && list[j].port == ep->port)
 				return cfg_fail(c, s->line, "key '%s': duplicate server address %s "
-					    "(also shard %zu)", k, cfg_what(s, got, sizeof(got)), j);
+					    "(also %s %zu)", k, cfg_what(s, got, sizeof(got)),
+					    backups ? "backup" : "shard", j);
 	}
-	cfg->nshards = (int)v->nkids;
+	if (backups)
+		cfg->nbackups = (int)v->nkids;
+	else
+		cfg->nshards = (int)v->nkids;
 	return 0;
 }
 
@@ -488,6 +494,25 @@ static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *ro
 			    "true and security.mac: true (the keys come from the authenticated "
 			    "handshake), got auth: %s, mac: %s", cfg->security.auth ? "true" : "false",
 			    cfg->security.mac ? "true" : "false");
+	}
+	if (cfg->replicas || cfg->nbackups) {
+		const struct ynode *re = seen[find_opt(cfg_opts, NCFG, "cluster.replicas")];
+		const struct ynode *bk = seen[find_opt(cfg_opts, NCFG, "cluster.backups")];
+
+		if (cfg->replicas && cfg->nbackups != cfg->nshards)
+			return cfg_fail(c, bk ? bk->line : re->line, "key 'cluster.backups': "
+				    "cluster.replicas: 1 needs one backup address per shard (%d), got %d",
+				    cfg->nshards, cfg->nbackups);
+		if (!cfg->replicas)
+			return cfg_fail(c, bk->line, "key 'cluster.backups': given, but "
+				    "cluster.replicas is 0 (set it to 1 to start backups)");
+		for (int i = 0; i < cfg->nbackups; i++)
+			for (int j = 0; j < cfg->nshards; j++)
+				if (!strcmp(cfg->backups[i].host, cfg->shards[j].host) &&
+				    cfg->backups[i].port == cfg->shards[j].port)
+					return cfg_fail(c, bk->kids[i]->line, "key 'cluster.backups[%d]': "
+						    "%s:%d is also cluster.servers[%d]", i,
+						    cfg->backups[i].host, cfg->backups[i].port, j);
 	}
 	if (cfg->limits.max_write_queue < cfg->limits.max_frame_bytes) {
 		const struct ynode *wq = seen[find_opt(cfg_opts, NCFG, "limits.max_write_queue_bytes")];

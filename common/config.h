@@ -128,6 +128,12 @@ struct ps_config {
 	int nshards;
 	struct ps_endpoint shards[PS_MAX_SHARDS];
 	int nworkers;
+	/* cluster.replicas: 1 gives every shard a second process at
+	 * backups[k] that holds the same state (server/replica.h) */
+	int replicas;
+	int nbackups;
+	struct ps_endpoint backups[PS_MAX_SHARDS];
+	int repl_timeout_ms;        /* replication.timeout_ms */
 	int listen_any;             /* shards bind every address (0.0.0.0 / ::) on their port */
 	enum ps_transport_kind transport;
 	enum ps_consistency consistency;
@@ -147,6 +153,14 @@ struct ps_config {
 	struct ps_model_cfg model;  /* layers; nlayers 0 when only tensors are given */
 	struct ps_train_cfg train;
 };
+
+/* The address of replica r (0: cluster.servers, 1: cluster.backups) of
+ * shard k. */
+static inline const struct ps_endpoint *ps_config_replica_addr(const struct ps_config *cfg,
+								int k, int r)
+{
+	return r ? &cfg->backups[k] : &cfg->shards[k];
+}
 
 /* Fills cfg with every default (no shards, no tensors). */
 void ps_config_defaults(struct ps_config *cfg);

@@ -96,14 +96,16 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 	case T_ADDR:
 		fprintf(out, "\"%s\"\n", src);
 		break;
-	case T_SERVERS:
+	case T_SERVERS: {
+		int backups = o->off == offsetof(struct ps_config, backups);
 		fputc('[', out);
-		for (int i = 0; i < cfg->nshards; i++) {
-			cfg_fmt_endpoint(&cfg->shards[i], buf, sizeof(buf));
+		for (int i = 0; i < (backups ? cfg->nbackups : cfg->nshards); i++) {
+			cfg_fmt_endpoint(backups ? &cfg->backups[i] : &cfg->shards[i], buf, sizeof(buf));
 			fprintf(out, "%s\"%s\"", i ? ", " : "", buf);
 		}
 		fputs("]\n", out);
 		break;
+	}
 	case T_TENSORS:
 		fputs(cfg->ntensors ? "\n" : "[]\n", out);
 		for (int i = 0; i < cfg->ntensors; i++) {

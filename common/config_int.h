@@ -30,7 +30,7 @@ enum opt_type {
 	T_ENUM,    /* enum stored as int: index into names */
 	T_ENUMSTR, /* char[]: one of names, canonical spelling */
 	T_ADDR,    /* char[]: "host:port", or empty for off */
-	T_SERVERS, /* list of host:port into cfg->shards/nshards */
+	T_SERVERS, /* list of host:port into cfg->shards/nshards or cfg->backups/nbackups */
 	T_TENSORS, /* list of mappings walked against tensor_opts */
 	T_NAME,    /* tensor name */
 	T_SHAPE,   /* tensor dims, ndims and count */

@@ -38,6 +38,17 @@ const struct opt cfg_opts[] = {
 	  "listen address of each shard; the position in the list is the shard id"),
 	O("cluster.workers", T_INT, F_REQUIRED, 1, 4096, NULL, NULL, C, nworkers,
 	  "number of worker processes (ranks 0..workers-1)"),
+	O("cluster.replicas", T_INT, 0, 0, 1, "0", NULL, C, replicas,
+	  "1: every shard has a backup process (at cluster.backups) holding the same state; a "
+	  "push is acknowledged once the backup has it, and the backup takes over when the "
+	  "primary dies (docs/reliability.md); 0: no backups"),
+	O("cluster.backups", T_SERVERS, 0, 0, PS_MAX_SHARDS, NULL, NULL, C, backups,
+	  "cluster.replicas: 1: the address of each shard's second process, in the order of "
+	  "cluster.servers; either of the two may be the primary"),
+	O("replication.timeout_ms", T_INT, 0, 100, 3600000, "2000", NULL, C, repl_timeout_ms,
+	  "cluster.replicas: 1: a primary that hears nothing from its backup for this long "
+	  "stops serving; a backup that hears nothing from its primary for twice this long "
+	  "takes over (the failover bound)"),
 	O("cluster.listen_any", T_BOOL, 0, 0, 0, "false", NULL, C, listen_any,
 	  "shards listen on every address of their host (0.0.0.0, or :: for an IPv6 servers "
 	  "entry) on their servers port, instead of the servers address only; for a name that "

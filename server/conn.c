@@ -22,6 +22,7 @@
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "replica.h"
 #include "server_int.h"
 
 static void close_after_send(struct ps_conn *c, int status, void *arg)
@@ -139,6 +140,29 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 		refuse(sc, err);
 		return;
 	}
+	if (sc->is_replica) {
+		/* the shard's other process: replica.c decides who serves */
+		sc->state = CONN_READY;
+		s->nready++;
+		ps__repl_on_partner(s, sc, NULL);
+		return;
+	}
+	if (sc->rank >= 0 && !ps__repl_serving(s)) {
+		/* a backup or joining process: the worker tries the other address */
+		Ps__HelloReply no = PS__HELLO_REPLY__INIT;
+		no.protocol_version = PS_PROTOCOL_VERSION;
+		no.shard = s->shard;
+		no.shard_map_hash = s->map.hash;
+		no.retry = 1;
+		no.repl_state = (uint32_t)s->repl->state;
+		no.epoch = s->repl->epoch;
+		no.error = (char *)ps_repl_state_name(s->repl->state);
+		sc->state = CONN_REFUSED;
+		if (ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &no.base, NULL, 0, PS_SEND_STABLE,
+				close_after_send, NULL))
+			sc->conn->t->ops->close(sc->conn, PS_EREFUSED);
+		return;
+	}
 	sc->state = CONN_READY;
 	s->nready++;
 	if (sc->rank >= 0) {
@@ -158,6 +182,7 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 				"between are lost", sc->rank, sc->done_clock - 1,
 				s->finished[sc->rank]);
 			s->finished[sc->rank] = sc->done_clock;
+			ps__repl_note_finished(s, sc->rank);
 			ps_store_advance(&s->store);
 			if (s->waiting)
 				ps__srv_answer_pulls(s);
@@ -176,6 +201,11 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 	r.error = "";
 	r.clock = ps__srv_resume_clock(s);
 	r.boot_id = s->boot_id;
+	if (s->repl) {
+		r.repl_state = (uint32_t)s->repl->state;
+		r.epoch = s->repl->epoch;
+		r.lsn = s->repl->lsn;
+	}
 	ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 	char how[80];
 	if (!s->cfg->security.auth)
@@ -220,6 +250,17 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
 		sc->incarnation = h->incarnation;
 		sc->done_clock = h->done_clock;
+		if (h->role == PS__ROLE__ROLE_REPLICA) {
+			if (h->replica == s->replica) {
+				refuse(sc, "a process with the same replica index dialed: two "
+				       "processes were started for one address?");
+				return;
+			}
+			sc->is_replica = 1;
+			sc->peer_state = (int)h->repl_state;
+			sc->peer_epoch = h->epoch;
+			sc->peer_lsn = h->lsn;
+		}
 	}
 	if (!sec->auth) {
 		sc->authed = 1;
@@ -356,6 +397,12 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 			ps_wire_type_name(f->hdr.type));
 		goto err_free_msg;
 	}
+	if (sc->is_replica && sc->state == CONN_READY) {
+		ps__repl_on_link_frame(s, sc, f->hdr.type, m);
+		protobuf_c_message_free_unpacked(m, NULL);
+		ps_frame_release(f);
+		return;
+	}
 	switch (f->hdr.type) {
 	case PS_MSG_HELLO:
 		if (sc->state != CONN_HELLO) {
@@ -449,6 +496,9 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 		return;
 	s = sc->srv;
 	ps__srv_ckpt_forget(s, sc);
+	ps__repl_conn_gone(s, sc);
+	if (sc->is_link)
+		ps__repl_link_closed(s, sc, status);
 	if (status == PS_EPROTO || status == PS_ETOOBIG || status == PS_EVERSION)
 		s->c.rejected_frames++;
 	if (status == PS_EAUTH) { /* a wrong proof, or a frame failing its MAC or number */
@@ -498,6 +548,8 @@ void ps__srv_on_tick(uv_timer_t *t)
 				"(limits.handshake_timeout_ms)", sc->conn->peer,
 				s->cfg->limits.handshake_timeout_ms);
 			sc->conn->t->ops->close(sc->conn, PS_ETIMEDOUT);
+		} else if (sc->is_replica) {
+			continue; /* its silence is replica.c's to judge */
 		} else if (sc->state == CONN_READY && idle > 0 && now - sc->last_rx > idle) {
 			ps_warn("closing connection from %s: nothing received for %d ms "
 				"(limits.idle_timeout_ms)", sc->conn->peer, s->cfg->limits.idle_timeout_ms);
@@ -518,6 +570,9 @@ void ps__srv_on_tick(uv_timer_t *t)
 		ps_warn("a pull from %s (rank %d) is held for %.0f s: %s", p->sc->conn->peer,
 			p->sc->rank, now - p->arrived, why);
 	}
+	ps__repl_tick(s);
+	if (!ps__repl_serving(s))
+		return; /* a backup's barriers are its primary's */
 	double drop = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0 : idle;
 	for (int r = 0; drop > 0 && r < s->cfg->nworkers; r++)
 		if (s->live[r] && !s->connected[r] && s->gone_since[r] > 0 &&

@@ -22,7 +22,15 @@ int ps_hello_check(const struct ps_config *cfg, uint64_t map_hash, int shard, co
 	else if (h->role == PS__ROLE__ROLE_WORKER && (h->rank < 0 || h->rank >= cfg->nworkers))
 		snprintf(err, errlen, "worker rank %d outside 0..%d (cluster.workers is %d)",
 			 h->rank, cfg->nworkers - 1, cfg->nworkers);
-	else if (h->role != PS__ROLE__ROLE_WORKER && h->role != PS__ROLE__ROLE_STAT)
+	else if (h->role == PS__ROLE__ROLE_REPLICA && !cfg->replicas)
+		snprintf(err, errlen, "a replica of shard %d dialed, but cluster.replicas is 0 here; "
+			 "the two configs must agree", shard);
+	else if (h->role == PS__ROLE__ROLE_REPLICA &&
+		 (h->replica < 0 || h->replica > 1 || h->repl_state > PS__REPL_STATE__REPL_PRIMARY))
+		snprintf(err, errlen, "replica %d in state %u: expected replica 0 or 1", h->replica,
+			 h->repl_state);
+	else if (h->role != PS__ROLE__ROLE_WORKER && h->role != PS__ROLE__ROLE_STAT &&
+		 h->role != PS__ROLE__ROLE_REPLICA)
 		snprintf(err, errlen, "unknown role %d", (int)h->role);
 	else if (h->done_clock >= PS_MAX_CLOCK)
 		/* the shard adopts it as the worker's finished clock: bounded so

@@ -24,11 +24,15 @@ static void usage(FILE *out)
 		"Options:\n"
 		"  -c, --config FILE    cluster configuration (YAML), required\n"
 		"  -s, --shard I        which shard this process is (0-based), required\n"
+		"  -r, --replica R      cluster.replicas: 1: 0 runs at the shard's cluster.servers\n"
+		"                       address, 1 at its cluster.backups address (default 0);\n"
+		"                       either may become the primary\n"
 		"  -l, --log-level L    debug, info, warn, error or off (default: the config's log.level)\n"
 		"      --secret-file F  the cluster secret (default: the config's\n"
 		"                       security.secret_file, else $PS_SECRET_FILE)\n"
 		"      --dump-config    print the effective configuration and exit\n"
 		"      --list-shards    print 'INDEX HOST PORT' for every shard and exit\n"
+		"      --list-backups   the same for every shard's backup address (cluster.backups)\n"
 		"  -h, --help           this text, followed by every configuration option\n"
 		"\n");
 }
@@ -53,19 +57,29 @@ int main(int argc, char **argv)
 		{ "dump-config", no_argument, NULL, 'D' },
 		{ "secret-file", required_argument, NULL, 'K' },
 		{ "list-shards", no_argument, NULL, 'S' },
+		{ "list-backups", no_argument, NULL, 'B' },
+		{ "replica", required_argument, NULL, 'r' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *secret = NULL;
-	int shard = -1, dump = 0, list = 0, opt, rc;
+	int shard = -1, replica = 0, dump = 0, list = 0, opt, rc;
 	struct ps_config *cfg;
 	struct ps_server srv;
 	enum ps_log_level lvl;
 	char err[1024];
 
-	while ((opt = getopt_long(argc, argv, "c:s:l:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "c:s:r:l:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config = optarg; break;
+		case 'r':
+			replica = parse_index(optarg);
+			if (replica < 0 || replica > 1) {
+				fprintf(stderr, "ps-server: --replica: expected 0 or 1, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'B': list = 2; break;
 		case 's':
 			shard = parse_index(optarg);
 			if (shard < 0) {
@@ -111,8 +125,10 @@ int main(int argc, char **argv)
 	if (dump || list) {
 		if (dump)
 			ps_config_dump(cfg, stdout);
-		for (int k = 0; list && k < cfg->nshards; k++)
+		for (int k = 0; list == 1 && k < cfg->nshards; k++)
 			printf("%d %s %d\n", k, cfg->shards[k].host, cfg->shards[k].port);
+		for (int k = 0; list == 2 && k < cfg->nbackups; k++)
+			printf("%d %s %d\n", k, cfg->backups[k].host, cfg->backups[k].port);
 		free(cfg);
 		return 0;
 	}
@@ -126,11 +142,16 @@ int main(int argc, char **argv)
 		free(cfg);
 		return 2;
 	}
-	ps_log_init("server", shard);
+	if (replica > cfg->replicas) {
+		fprintf(stderr, "ps-server: --replica 1 needs cluster.replicas: 1 in %s\n", config);
+		free(cfg);
+		return 2;
+	}
+	ps_log_init(replica ? "server.r1" : "server", shard);
 	ps_log_set_level(lvl);
 
 	uv_loop_t *loop = uv_default_loop();
-	rc = ps_server_init(&srv, cfg, shard, loop);
+	rc = ps_server_init_replica(&srv, cfg, shard, replica, loop);
 	if (rc) {
 		ps_error("not started: %s", ps_strerror(rc));
 		free(cfg);

@@ -16,6 +16,7 @@
 #include "codec.h"
 #include "histo.h"
 #include "metrics_http.h"
+#include "replica.h"
 #include "ps_err.h"
 #include "ps_log.h"
 #include "ps_time.h"
@@ -142,6 +143,26 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 	      nw ? (double)(hi - lo) : 0.0);
 	gauge(f, "ps_max_clock_gap", "Largest clock gap a pull was answered with.",
 	      (double)c->max_clock_gap);
+	if (s->repl) {
+		Ps__Stats st = PS__STATS__INIT;
+		char partner[320];
+
+		ps__repl_stats(s, &st, partner, sizeof(partner));
+		fprintf(f, "# HELP ps_replica_info This process's place in its shard's pair "
+			   "(cluster.replicas: 1).\n# TYPE ps_replica_info gauge\n"
+			   "ps_replica_info{replica=\"%d\",role=\"%s\",partner=\"%s\"} 1\n",
+			st.repl_replica, ps_repl_state_name((int)st.repl_state), partner);
+		gauge(f, "ps_replica_primary", "1 while this process serves the shard's workers.",
+		      st.repl_state == PS_REPL_PRIMARY);
+		gauge(f, "ps_replica_partner_up", "1 while the partner is connected and has the "
+		      "state (a primary with 0 goes on alone, without a copy).", st.repl_partner_up);
+		gauge(f, "ps_replica_epoch", "Takeovers of the shard so far, as this process knows.",
+		      (double)st.repl_epoch);
+		gauge(f, "ps_replica_lag_batches", "Batches sent to the backup and not confirmed.",
+		      (double)st.repl_lag);
+		counter(f, "ps_replica_failovers_total", "Takeovers made by this process.",
+			st.repl_failovers);
+	}
 	histogram(f, "ps_push_latency_seconds", "Push from its decoding to its ack.", &c->push_lat);
 	histogram(f, "ps_pull_latency_seconds",
 		  "Pull from its arrival to its reply (consistency wait included).", &c->pull_lat);

@@ -13,6 +13,7 @@
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "replica.h"
 #include "server_int.h"
 
 static void send_ack(struct ps_srv_conn *sc, uint64_t req_id)
@@ -77,8 +78,9 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 				ps_msg_send_error(sc->conn, m->req_id, code, "push %" PRIu64 " was "
 						  "refused when it first came: %s", m->seq,
 						  ps_strerror(code));
-			else
-				send_ack(sc, m->req_id);
+			else if (!s->repl || !ps__repl_resent(s, sc, m->req_id, sc->rank,
+								sc->incarnation, m->seq))
+				send_ack(sc, m->req_id); /* else acked once its batch is confirmed */
 			ps_frame_release(f);
 			return;
 		case PS_DEDUP_TOO_OLD:
@@ -193,9 +195,13 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	}
 	if (m->seq)
 		ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
-	send_ack(sc, m->req_id);
-	ps_histo_add(&s->c.push_lat, ps_now_s() - arrived);
-	s->c.acks++;
+	if (s->repl && ps__repl_push_accepted(s, sc, m->req_id, m, sc->rank, sc->incarnation)) {
+		ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
+	} else if (!s->repl) {
+		send_ack(sc, m->req_id);
+		ps_histo_add(&s->c.push_lat, ps_now_s() - arrived);
+		s->c.acks++;
+	}
 	if (changed && s->waiting)
 		ps__srv_answer_pulls(s);
 	return;

@@ -15,6 +15,7 @@
 #include "metrics_http.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "replica.h"
 #include "server_int.h"
 
 /* The slowest finished clock over the live workers (the fastest when none
@@ -97,13 +98,16 @@ static void on_signal(uv_signal_t *h, int signum)
 
 /* The address shard binds: its servers entry, or with cluster.listen_any
  * every address of the family of that entry (an IPv6 literal: ::). */
-static const char *listen_host(const struct ps_config *cfg, int shard)
+static const char *listen_host(const struct ps_config *cfg, int shard, int replica)
 {
-	if (shard < 0 || shard >= cfg->nshards)
+	const struct ps_endpoint *ep;
+
+	if (shard < 0 || shard >= cfg->nshards || replica < 0 || replica > cfg->replicas)
 		return "";
+	ep = ps_config_replica_addr(cfg, shard, replica);
 	if (!cfg->listen_any)
-		return cfg->shards[shard].host;
-	return strchr(cfg->shards[shard].host, ':') ? "::" : "0.0.0.0";
+		return ep->host;
+	return strchr(ep->host, ':') ? "::" : "0.0.0.0";
 }
 
 /* What to do about a listen that failed with rc. */
@@ -126,6 +130,12 @@ static const char *listen_hint(int rc)
 
 int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, uv_loop_t *loop)
 {
+	return ps_server_init_replica(s, cfg, shard, 0, loop);
+}
+
+int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int shard,
+			   int replica, uv_loop_t *loop)
+{
 	const struct ps_transport_ops *ops;
 	struct ps_transport_cbs cbs = {
 		.on_accept = ps__srv_on_accept,
@@ -137,13 +147,15 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 		.max_queue = cfg->limits.max_write_queue,
 		.max_queue_total = cfg->limits.max_queued_bytes,
 	};
-	const char *host = listen_host(cfg, shard);
+	const char *host = listen_host(cfg, shard, replica);
+	const struct ps_endpoint *addr;
 	char err[1200], bound[PS_HOST_MAX + 16];
 	int rc;
 
 	memset(s, 0, sizeof(*s));
 	s->cfg = cfg;
 	s->shard = shard;
+	s->replica = replica;
 	s->loop = loop;
 	s->started = ps_now_s();
 	if (shard < 0 || shard >= cfg->nshards) {
@@ -151,6 +163,12 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 			 cfg->nshards - 1);
 		return -EINVAL;
 	}
+	if (replica < 0 || replica > cfg->replicas) {
+		ps_error("replica %d of shard %d does not exist: cluster.replicas is %d", replica,
+			 shard, cfg->replicas);
+		return -EINVAL;
+	}
+	addr = ps_config_replica_addr(cfg, shard, replica);
 	ops = ps_transport_for(cfg, err, sizeof(err), &rc);
 	if (!ops) {
 		ps_error("%s", err);
@@ -189,6 +207,9 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	}
 	if (cfg->checkpoint.dir[0]) {
 		ps_checkpoint_path(cfg->checkpoint.dir, shard, s->ckpt_path, sizeof(s->ckpt_path));
+		if (replica) /* the backup's own file: both may share a folder */
+			snprintf(s->ckpt_path + strlen(s->ckpt_path) - 5,
+				 sizeof(s->ckpt_path) - strlen(s->ckpt_path) + 5, "-r1.ckpt");
 		/* found out now, not when the checkpoint at stop fails */
 		rc = ps_checkpoint_check_dir(cfg->checkpoint.dir, s->ckpt_path, err, sizeof(err));
 		if (rc) {
@@ -208,28 +229,35 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	rc = ops->create(loop, &cbs, &hs, s, &s->transport);
 	if (rc)
 		goto err_free_store;
-	rc = ops->listen(s->transport, host, cfg->shards[shard].port);
+	rc = ops->listen(s->transport, host, addr->port);
 	if (rc) {
-		ps_error("cannot listen on %s:%d%s: %s%s", host, cfg->shards[shard].port,
+		ps_error("cannot listen on %s:%d%s: %s%s", host, addr->port,
 			 cfg->listen_any ? " (cluster.listen_any)" : "", ps_strerror(rc),
 			 listen_hint(rc));
 		goto err_destroy_transport;
 	}
 	if (!ops->bound_addr || ops->bound_addr(s->transport, bound, sizeof(bound)))
-		snprintf(bound, sizeof(bound), "%s:%d", host, cfg->shards[shard].port);
+		snprintf(bound, sizeof(bound), "%s:%d", host, addr->port);
+	if (cfg->replicas) {
+		rc = ps__repl_init(s, replica);
+		if (rc)
+			goto err_destroy_transport;
+	}
 	if (cfg->stats.http[0]) {
-		/* shard k serves its metrics on the configured port + k (the
-		 * loader checked the address) */
+		/* shard k serves its metrics on the configured port + k, its
+		 * backup on port + shards + k (the loader checked the address) */
 		struct ps_endpoint ep = { .port = 0 };
 		const char *why;
+		int port = 0;
 
-		if (ps_endpoint_parse(cfg->stats.http, &ep, &why) || ep.port + shard > 65535) {
+		if (ps_endpoint_parse(cfg->stats.http, &ep, &why) ||
+		    (port = ep.port + shard + replica * cfg->nshards) > 65535) {
 			ps_error("stats.http '%s': shard %d would serve on port %d, outside 1..65535",
-				 cfg->stats.http, shard, ep.port + shard);
+				 cfg->stats.http, shard, ep.port + shard + replica * cfg->nshards);
 			rc = -EINVAL;
 			goto err_destroy_transport;
 		}
-		rc = ps_metrics_http_start(s, ep.host, ep.port + shard, &s->http);
+		rc = ps_metrics_http_start(s, ep.host, port, &s->http);
 		if (rc)
 			goto err_destroy_transport;
 	}
@@ -249,18 +277,20 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 	uv_signal_start(&s->sigterm, on_signal, SIGTERM);
 	/* the address bound, so a name that resolved to loopback (a hosts
 	 * entry of 127.0.1.1) shows in the log */
-	ps_info("shard %d of %d listening on %s (servers[%d] %s:%d%s): %d slices, %.1f MiB, %s, "
-		"%s, map %016" PRIx64, shard, cfg->nshards, bound, shard, cfg->shards[shard].host,
-		cfg->shards[shard].port, cfg->listen_any ? ", cluster.listen_any" : "",
+	ps_info("shard %d of %d listening on %s (%s[%d] %s:%d%s): %d slices, %.1f MiB, %s, "
+		"%s, map %016" PRIx64, shard, cfg->nshards, bound, replica ? "backups" : "servers",
+		shard, addr->host, addr->port, cfg->listen_any ? ", cluster.listen_any" : "",
 		s->store.nslots, (double)s->map.shard_bytes[shard] / 1048576.0,
 		cfg->consistency == PS_SYNC ? "sync" : "async", ps_optim_name(cfg->optim.kind),
 		s->map.hash);
 	return 0;
 
 err_destroy_transport:
+	ps__repl_stop(s);
 	s->transport->ops->destroy(s->transport);
 	s->transport = NULL;
 	uv_run(loop, UV_RUN_NOWAIT);
+	ps__repl_free(s);
 err_free_store:
 	free(s->finished);
 	free(s->connected);
@@ -285,6 +315,7 @@ void ps_server_stop(struct ps_server *s)
 	uv_close((uv_handle_t *)&s->tick, NULL);
 	uv_close((uv_handle_t *)&s->sigint, NULL);
 	uv_close((uv_handle_t *)&s->sigterm, NULL);
+	ps__repl_stop(s);
 	s->transport->ops->destroy(s->transport);
 }
 
@@ -302,6 +333,7 @@ void ps_server_free(struct ps_server *s)
 	free(s->gone_since);
 	free(s->dedup);
 	free(s->seen);
+	ps__repl_free(s);
 	ps_store_free(&s->store);
 	ps_shardmap_free(&s->map);
 }

@@ -22,6 +22,7 @@ struct ps_srv_conn;
 struct ps_waiting_pull;
 struct ps_metrics_http;
 struct ps_ckpt_job;
+struct ps_repl;
 
 struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
@@ -72,12 +73,19 @@ struct ps_server {
 	uint64_t boot_id;             /* random per process (HelloReply.boot_id) */
 	uint32_t *seen;               /* per slot: the request that last named it */
 	uint32_t seen_gen;            /* ... numbered by this counter */
+	int replica;                  /* 0: at cluster.servers[shard], 1: at cluster.backups[shard] */
+	struct ps_repl *repl;         /* cluster.replicas: 1 (replica.h), else NULL */
 	int stopping;
 };
 
 /* Builds the shard's state and starts listening on its configured address.
  * Returns 0 or a negative code (the reason is logged). */
 int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, uv_loop_t *loop);
+
+/* The same for replica `replica` of the shard (cluster.replicas: 1): 0
+ * listens at cluster.servers[shard], 1 at cluster.backups[shard]. */
+int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int shard,
+			   int replica, uv_loop_t *loop);
 
 /* Closes every connection and handle; the loop then ends by itself. */
 void ps_server_stop(struct ps_server *s);

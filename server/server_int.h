@@ -34,6 +34,10 @@ struct ps_srv_conn {
 	int nwaiting;              /* its pulls parked in s->waiting */
 	int authed;                /* proved the secret (or security.auth is off) */
 	char *refusal;             /* CONN_AUTH: why the Hello is refused, told once proven */
+	int is_replica;            /* the shard's other process dialed (Hello ROLE_REPLICA) */
+	int is_link;               /* ... and is this primary's backup now (replica.h) */
+	int peer_state;            /* its Hello: ReplState, epoch, last batch */
+	uint64_t peer_epoch, peer_lsn;
 	struct ps_srv_conn *prev, *next;
 };
 

@@ -90,6 +90,18 @@ static void bucket_free(struct ps_bucket *b, int nworkers)
 	free(b);
 }
 
+void ps_store_drop_pending(struct ps_store *st)
+{
+	for (int k = 0; st->slots && k < st->nslots; k++) {
+		struct ps_slot *s = &st->slots[k];
+		while (s->pending) {
+			struct ps_bucket *b = s->pending;
+			s->pending = b->next;
+			bucket_free(b, st->cfg->nworkers);
+		}
+	}
+}
+
 void ps_store_free(struct ps_store *st)
 {
 	for (int k = 0; st->slots && k < st->nslots; k++) {
@@ -128,6 +140,8 @@ static void apply(struct ps_store *st, struct ps_slot *s, const float *g)
 	st->applies++;
 	st->bytes_applied += n * sizeof(float);
 	st->apply_seconds += ps_now_s() - t0;
+	if (st->on_apply)
+		st->on_apply(st->hook_arg, s, g);
 }
 
 /* The floats of g: the raw data itself, or decoded into buf. */
@@ -253,6 +267,8 @@ static int apply_ready(struct ps_store *st, struct ps_slot *s, uint64_t ended)
 		if (to > s->version && (!b || b->clock > s->version)) {
 			s->version = to;
 			changed = 1;
+			if (st->on_version)
+				st->on_version(st->hook_arg, s);
 			continue;
 		}
 		return changed;

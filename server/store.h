@@ -67,6 +67,12 @@ struct ps_store {
 	uint64_t applies;
 	double apply_seconds;
 	uint64_t bytes_applied;
+	/* Told of every change, in order (replication, server/replica_log.c):
+	 * an optimizer step on s with gradient g (count floats, valid during
+	 * the call only), or a version passed over without one. NULL = off. */
+	void (*on_apply)(void *arg, struct ps_slot *s, const float *g);
+	void (*on_version)(void *arg, struct ps_slot *s);
+	void *hook_arg;
 };
 
 /* Allocates and initialises the slices of shard `shard` from the seed. */
@@ -103,6 +109,11 @@ int ps_store_advance(struct ps_store *st);
  * with the reason in err. */
 int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps_grad *g,
 		   char *err, size_t errlen);
+
+/* Forgets every gradient kept for a later clock (sync), releasing their
+ * frames: a shard that stops serving (replication) drops what it had not
+ * applied. */
+void ps_store_drop_pending(struct ps_store *st);
 
 /* FNV-1a over every owned slice's weights, in slice order. */
 uint64_t ps_store_checksum(const struct ps_store *st);

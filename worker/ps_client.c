@@ -203,8 +203,9 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		goto err_close_loop;
 	}
 	for (int k = 0; k < cfg->nshards; k++) {
-		rc = ops->connect(c->transport, cfg->shards[k].host, cfg->shards[k].port,
-				  (void *)(intptr_t)k, &c->shards[k].conn);
+		const struct ps_endpoint *ep = ps_config_replica_addr(cfg, k, c->shards[k].alt);
+		rc = ops->connect(c->transport, ep->host, ep->port, (void *)(intptr_t)k,
+				  &c->shards[k].conn);
 		c->shards[k].state = SH_CONNECTING;
 		if (rc) {
 			c->shards[k].state = SH_FAILED;

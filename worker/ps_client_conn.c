@@ -14,6 +14,14 @@
  * Pushes are numbered (Push.seq = request id) and the client keeps its
  * incarnation across reconnects, so the shard applies a resent push at most
  * once (server/dedup.h): exactly once, since it is resent until answered.
+ *
+ * With cluster.replicas: 1 a shard has two addresses (cluster.servers[k],
+ * cluster.backups[k]) and one of the two processes serves; the other
+ * refuses a worker's Hello with retry set. A worker then dials the other
+ * address, alternating after every failed attempt (from the first one
+ * on), so it follows a failover; the pushes the old primary did not
+ * acknowledge are resent to the new one, which applies each once (the
+ * dedup windows are replicated, server/replica.h).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -184,6 +192,14 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 			       "the two configs must agree");
 		return;
 	}
+	if (!m->ok && m->retry && c->cfg->replicas && c->rank >= 0) {
+		/* the backup, or a process joining: try the shard's other address */
+		const struct ps_endpoint *ep = ps_config_replica_addr(c->cfg, k, sh->alt);
+		snprintf(sh->why, sizeof(sh->why), "shard %d: %s:%d is not serving (%s)", k,
+			 ep->host, ep->port, m->error);
+		sh->conn->t->ops->close(sh->conn, PS_EREFUSED);
+		return;
+	}
 	if (!m->ok) {
 		sh->state = SH_FAILED;
 		sh->status = PS_EREFUSED;
@@ -213,6 +229,12 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 			sh->why[0] = 0;
 			sh->status = 0;
 		}
+		if (c->cfg->replicas && sh->epoch && m->epoch != sh->epoch && c->started)
+			ps_info("shard %d: served by %s:%d now (epoch %llu)", k,
+				ps_config_replica_addr(c->cfg, k, sh->alt)->host,
+				ps_config_replica_addr(c->cfg, k, sh->alt)->port,
+				(unsigned long long)m->epoch);
+		sh->epoch = m->epoch;
 		sh->boot_id = m->boot_id;
 	}
 	pthread_cond_broadcast(&c->cv);
@@ -356,15 +378,22 @@ void ps__client_on_close(struct ps_conn *pc, int status)
 	pthread_mutex_lock(&c->mu);
 	if (sh->state == SH_READY)
 		c->nready--;
-	if (sh->state != SH_FAILED && sh->gen > 0 && c->started && !c->stopping &&
-	    c->rank >= 0 && c->cfg->limits.reconnect_timeout_ms > 0) {
+	if (sh->state != SH_FAILED && !c->stopping && c->rank >= 0 &&
+	    c->cfg->limits.reconnect_timeout_ms > 0 &&
+	    ((sh->gen > 0 && c->started) || c->cfg->replicas)) {
 		/* a worker's shard that was ready once: try again, keeping its
-		 * requests waiting (a monitor reports the shard down instead) */
+		 * requests waiting (a monitor reports the shard down instead);
+		 * with replicas, from the first attempt on and at the other
+		 * address */
 		double now = ps_now_s();
+		double cap = c->cfg->replicas ? 0.4 : 2.0;
+		if (c->cfg->replicas)
+			sh->alt ^= 1;
 		if (sh->lost_at == 0) {
 			sh->lost_at = now;
 			sh->backoff = 0.1;
-			ps_warn("shard %d (%s:%d): connection lost (%s); reconnecting for up to %d ms",
+			if (c->started)
+				ps_warn("shard %d (%s:%d): connection lost (%s); reconnecting for up to %d ms",
 				k, c->cfg->shards[k].host, c->cfg->shards[k].port,
 				sh->why[0] ? sh->why : ps_strerror(status ? status : PS_ECLOSED),
 				c->cfg->limits.reconnect_timeout_ms);
@@ -372,7 +401,7 @@ void ps__client_on_close(struct ps_conn *pc, int status)
 		if (now - sh->lost_at < c->cfg->limits.reconnect_timeout_ms / 1000.0) {
 			sh->state = SH_RETRY;
 			sh->retry_at = now + sh->backoff;
-			sh->backoff = sh->backoff * 2 < 2.0 ? sh->backoff * 2 : 2.0;
+			sh->backoff = sh->backoff * 2 < cap ? sh->backoff * 2 : cap;
 			sh->conn = NULL;
 			sh->authed = 0;
 			sh->why[0] = 0;
@@ -457,8 +486,9 @@ void ps__client_reconnect_due(struct ps_client *c, double now)
 			continue;
 		sh->state = SH_CONNECTING;
 		sh->attempt_at = now;
-		rc = c->transport->ops->connect(c->transport, c->cfg->shards[k].host,
-						c->cfg->shards[k].port, (void *)(intptr_t)k, &sh->conn);
+		const struct ps_endpoint *ep = ps_config_replica_addr(c->cfg, k, sh->alt);
+		rc = c->transport->ops->connect(c->transport, ep->host, ep->port,
+						(void *)(intptr_t)k, &sh->conn);
 		if (rc) {
 			sh->conn = NULL;
 			sh->state = SH_RETRY;

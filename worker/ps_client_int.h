@@ -69,6 +69,8 @@ struct shard_conn {
 	double retry_at, backoff; /* SH_RETRY: next attempt, and the delay after it */
 	double attempt_at;        /* when the current reconnect attempt started */
 	uint64_t boot_id;         /* the shard process's, from its HelloReply */
+	int alt;                  /* cluster.replicas: 1: dialing cluster.backups[k], not servers[k] */
+	uint64_t epoch;           /* the shard's takeovers, from its HelloReply */
 	uint64_t done_clock;      /* clocks whose ending push this shard acknowledged */
 	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
 	size_t hello_len;

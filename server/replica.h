@@ -1,0 +1,155 @@
+/* replica.h - the two processes of one shard (cluster.replicas: 1).
+ *
+ * Each shard has two processes, one at its cluster.servers address
+ * (replica 0) and one at its cluster.backups address (replica 1). At any
+ * time at most one of them is the primary: it serves the workers and
+ * forwards, in order, everything it applies to the other, the backup,
+ * which applies the same optimizer steps and so holds bit-identical
+ * weights and optimizer state. A push is acknowledged once the backup has
+ * confirmed the batch that holds it. What is forwarded (replica_log.c):
+ *  - sync: each clock's aggregated gradient per slice (the sum the
+ *    optimizer was applied with), not the workers' pushes: the backup's
+ *    cost does not grow with the number of workers;
+ *  - async: each applied push's gradient;
+ * and, with either, the (worker, incarnation, seq) of the pushes the batch
+ * completes and the workers' ended clocks, so a push resent after a
+ * failover is applied exactly once.
+ *
+ * Roles (replica.c): a process starts joining; it dials its partner, and
+ * the two agree who serves (a primary is joined; a backup whose partner
+ * restarted or stepped down takes over; of two joining processes the one
+ * with the newer state, else replica 0). The joiner gets the primary's
+ * state (snapshot) and the batches after it on the same connection: a
+ * backup. A backup that hears nothing from its primary for twice
+ * replication.timeout_ms takes over (epoch + 1); a primary whose backup
+ * does not answer for replication.timeout_ms stops serving (closes its
+ * workers' connections, acknowledges nothing more) and joins again; a
+ * primary whose backup's connection ends (the backup process is gone)
+ * goes on alone until a new backup joins. docs/reliability.md gives the
+ * rule and why no acknowledged push is lost.
+ *
+ * Everything runs on the shard's loop thread.
+ */
+#ifndef PS_REPLICA_H
+#define PS_REPLICA_H
+
+#include <stdint.h>
+#include <uv.h>
+#include "dedup.h"
+#include "ps.pb-c.h"
+
+struct ps_server;
+struct ps_srv_conn;
+struct ps_slot;
+struct ps_repl_pending;
+struct ps_frame;
+struct ps_transport;
+struct ps_conn;
+
+enum ps_repl_state {
+	PS_REPL_OFF = PS__REPL_STATE__REPL_OFF,
+	PS_REPL_JOINING = PS__REPL_STATE__REPL_JOINING,
+	PS_REPL_BACKUP = PS__REPL_STATE__REPL_BACKUP,
+	PS_REPL_PRIMARY = PS__REPL_STATE__REPL_PRIMARY,
+};
+
+/* The batch being gathered on the primary: slice changes in the order the
+ * store made them, gradient bytes copied into one payload. */
+struct ps_repl_batch {
+	Ps__ReplSlot *slots;
+	size_t nslots, cap;
+	uint8_t *payload;
+	size_t plen, pcap;
+	Ps__ReplMark *marks;
+	size_t nmarks, mcap;
+};
+
+struct ps_repl {
+	struct ps_server *srv;
+	int me;                     /* 0: the cluster.servers address, 1: cluster.backups */
+	int state;                  /* enum ps_repl_state */
+	uint64_t epoch;             /* raised by each takeover */
+	uint64_t lsn;               /* primary: last batch sent; else last applied */
+	uint64_t acked;             /* primary: last batch its backup confirmed */
+	uint64_t snap_lsn;          /* primary: where the backup's snapshot stands */
+	uint64_t failovers;         /* takeovers by this process */
+	char partner[320];
+	/* primary: its backup's connection (accepted), NULL when alone */
+	struct ps_srv_conn *link;
+	int caught_up;              /* the backup confirmed its snapshot */
+	double link_rx;             /* last frame from the partner, either role */
+	double last_sent;           /* primary: last batch or heartbeat sent */
+	double alone_since;         /* primary without backup: since when (logged once) */
+	/* dialing (joining, or a backup whose connection broke) */
+	struct ps_transport *t;
+	struct ps_conn *out;
+	int out_state;              /* enum in replica.c */
+	double next_dial, dial_at;
+	uint8_t *hello;
+	size_t hello_len;
+	int snap_frames;            /* snapshot frames received so far */
+	double snap_started;
+	/* committed state, as the backup has it: ended clocks, dedup windows */
+	uint64_t *cfinished;
+	struct ps_dedup *cdedup;
+	/* pushes not acknowledged yet: waiting for their clock (sync), then for
+	 * the backup's confirmation of their batch; oldest first */
+	struct ps_repl_pending *pending, **pending_tail;
+	struct ps_repl_batch b;
+	uv_check_t check;           /* flushes the batch once per loop turn */
+	int handles;                /* check/t open (closed by ps__repl_stop) */
+};
+
+/* replica.c: roles */
+/* Sets up replication for replica `me` of the server's shard (starts
+ * joining). 0 or a negative code. */
+int ps__repl_init(struct ps_server *s, int me);
+void ps__repl_stop(struct ps_server *s);
+void ps__repl_free(struct ps_server *s);
+/* Whether workers are served now (the primary, or replication off). */
+int ps__repl_serving(const struct ps_server *s);
+/* The periodic tick: heartbeats, silence, dialing, takeover. */
+void ps__repl_tick(struct ps_server *s);
+/* A ROLE_REPLICA Hello passed the handshake on sc: decide who serves and
+ * answer (HelloReply, then the snapshot when this one is the primary). */
+void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Hello *h);
+/* A frame on the primary's link to its backup. */
+void ps__repl_on_link_frame(struct ps_server *s, struct ps_srv_conn *sc, unsigned type,
+			    ProtobufCMessage *m);
+/* sc, the backup's link, closed with status. */
+void ps__repl_link_closed(struct ps_server *s, struct ps_srv_conn *sc, int status);
+const char *ps_repl_state_name(int state);
+/* Fills the replication fields of a Stats reply. */
+void ps__repl_stats(const struct ps_server *s, Ps__Stats *st, char *partner, size_t len);
+
+/* replica_log.c: batches, pending acks, snapshots */
+void ps__repl_log_init_hooks(struct ps_server *s);
+/* Gather a push's ack: sent once its clock is applied (sync) and its batch
+ * confirmed. sc may close meanwhile (the ack is then dropped). */
+int ps__repl_push_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+			   const Ps__Push *m, int rank, uint64_t incarnation);
+/* A resent push the shard has seen: 1 when it is still pending (its ack
+ * now goes to sc / req_id), 0 when it was acknowledged (ack it again). */
+int ps__repl_resent(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id, int rank,
+		    uint64_t incarnation, uint64_t seq);
+/* sc is closing: its pending acks go nowhere. */
+void ps__repl_conn_gone(struct ps_server *s, struct ps_srv_conn *sc);
+/* Builds and sends the batch now (also called by the loop's check handle). */
+void ps__repl_flush(struct ps_server *s);
+/* Acks every pending push whose batch the backup confirmed (all committed
+ * ones when alone). */
+void ps__repl_release(struct ps_server *s);
+/* Drops every pending ack (stepping down). */
+void ps__repl_drop_pending(struct ps_server *s);
+/* Sends the snapshot to the new backup on sc. */
+int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc);
+/* Backup: a snapshot or batch frame from the primary; 0 or a negative
+ * code (the connection is then closed and the state transferred again). */
+int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
+			 const struct ps_frame *f, int *done);
+int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f);
+/* The committed state becomes the working state (takeover) and back. */
+void ps__repl_adopt_committed(struct ps_server *s);
+void ps__repl_note_finished(struct ps_server *s, int rank);
+
+#endif

@@ -1,0 +1,469 @@
+/* replica_log.c - what the primary forwards to its backup, and the acks
+ * that wait for it (replica.h).
+ *
+ * The store tells of every change it makes (store.h on_apply/on_version);
+ * the changes of one loop turn are gathered into one batch with the next
+ * number (lsn) and sent to the backup when the turn ends (a uv_check
+ * handle), or sooner when the batch grows past half a frame. A push's ack
+ * waits in the pending list until the push is committed (async: at once;
+ * sync: once every slice it named is past its clock, i.e. the clock's sum
+ * was applied) -- then its (worker, incarnation, seq) and its ended clock
+ * go into the batch being sent -- and until the backup has confirmed that
+ * batch. A primary without a backup acks what is committed at once.
+ *
+ * The backup side applies batches and the snapshot (state transfer) the
+ * same way, checking every number against what it holds, so a batch that
+ * does not follow is refused and the state transferred again.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ps_time.h"
+#include "msg.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "replica.h"
+#include "server_int.h"
+
+struct ps_repl_pending {
+	struct ps_srv_conn *sc;     /* NULL once the connection closed */
+	uint64_t req_id;
+	int rank;
+	uint64_t incarnation, seq;
+	uint64_t clock;
+	int end_clock;
+	uint64_t lsn;               /* the batch that holds it; 0 = not committed yet */
+	double arrived;
+	uint32_t nslots;
+	struct ps_repl_pending *next;
+	int32_t slots[];            /* store slot indices the push named */
+};
+
+/* ---- gathering the batch (primary) ---- */
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+	size_t n = *cap ? *cap : 16;
+	void *q;
+
+	if (need <= *cap)
+		return 0;
+	while (n < need)
+		n *= 2;
+	q = realloc(*p, n * elem);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	*cap = n;
+	return 0;
+}
+
+static void send_batch(struct ps_server *s, int with_state);
+
+/* One change of slot sl: its version and steps now, with the gradient the
+ * optimizer took (g, or NULL for a version passed over). */
+static void note_change(struct ps_server *s, struct ps_slot *sl, const float *g)
+{
+	struct ps_repl *r = s->repl;
+	struct ps_repl_batch *b = &r->b;
+	size_t bytes = g ? (size_t)sl->slice->count * sizeof(float) : 0;
+	Ps__ReplSlot x = PS__REPL_SLOT__INIT;
+
+	if (r->state != PS_REPL_PRIMARY)
+		return;
+	/* a frame holds half the frame limit of gradients at most */
+	if (b->plen && b->plen + bytes > s->cfg->limits.max_frame_bytes / 2)
+		send_batch(s, 0);
+	if (grow((void **)&b->slots, &b->cap, b->nslots + 1, sizeof(*b->slots)) ||
+	    grow((void **)&b->payload, &b->pcap, b->plen + bytes, 1)) {
+		/* the backup can no longer follow: it gets the state again */
+		ps_error("replication: out of memory gathering a batch; the backup's state will be "
+			 "transferred again");
+		if (r->link)
+			r->link->conn->t->ops->close(r->link->conn, -ENOMEM);
+		return;
+	}
+	x.slice = sl->slice->id;
+	x.version = sl->version;
+	x.steps = sl->steps;
+	if (g) {
+		x.has_grad = 1;
+		x.offset = b->plen;
+		x.length = bytes;
+		memcpy(b->payload + b->plen, g, bytes);
+		b->plen += bytes;
+	}
+	b->slots[b->nslots++] = x;
+}
+
+static void on_apply(void *arg, struct ps_slot *sl, const float *g)
+{
+	note_change(arg, sl, g);
+}
+
+static void on_version(void *arg, struct ps_slot *sl)
+{
+	note_change(arg, sl, NULL);
+}
+
+void ps__repl_log_init_hooks(struct ps_server *s)
+{
+	s->store.on_apply = on_apply;
+	s->store.on_version = on_version;
+	s->store.hook_arg = s;
+}
+
+/* Sends what is gathered as batch lsn + 1 (with_state: the ended clocks
+ * and the marks too) to the backup, if there is one; the batch is numbered
+ * either way, so lsn counts what this primary applied. */
+static void send_batch(struct ps_server *s, int with_state)
+{
+	struct ps_repl *r = s->repl;
+	struct ps_repl_batch *b = &r->b;
+	Ps__ReplBatch m = PS__REPL_BATCH__INIT;
+	Ps__ReplSlot **sp = NULL;
+	Ps__ReplMark **mp = NULL;
+	struct ps_iov iov = { b->payload, b->plen };
+
+	r->lsn++;
+	if (r->link) {
+		sp = malloc(sizeof(*sp) * (b->nslots + 1));
+		mp = malloc(sizeof(*mp) * (b->nmarks + 1));
+		if (!sp || !mp) {
+			r->link->conn->t->ops->close(r->link->conn, -ENOMEM);
+			goto out;
+		}
+		for (size_t i = 0; i < b->nslots; i++)
+			sp[i] = &b->slots[i];
+		for (size_t i = 0; i < b->nmarks; i++)
+			mp[i] = &b->marks[i];
+		m.lsn = r->lsn;
+		m.epoch = r->epoch;
+		m.n_slots = b->nslots;
+		m.slots = sp;
+		m.n_marks = b->nmarks;
+		m.marks = mp;
+		if (with_state) {
+			m.n_finished = (size_t)s->cfg->nworkers;
+			m.finished = r->cfinished;
+		}
+		if (ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &m.base, &iov, b->plen ? 1 : 0,
+				PS_SEND_VOLATILE, NULL, NULL))
+			r->link->conn->t->ops->close(r->link->conn, PS_ECLOSED);
+		r->last_sent = ps_now_s();
+	}
+out:
+	free(sp);
+	free(mp);
+	b->nslots = 0;
+	b->plen = 0;
+	b->nmarks = 0;
+}
+
+/* ---- pending acks ---- */
+
+int ps__repl_push_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+			   const Ps__Push *m, int rank, uint64_t incarnation)
+{
+	struct ps_repl *r = s->repl;
+	struct ps_repl_pending *p;
+	uint32_t n = s->cfg->consistency == PS_SYNC ? (uint32_t)m->n_slices : 0;
+
+	p = calloc(1, sizeof(*p) + sizeof(p->slots[0]) * n);
+	if (!p)
+		return -ENOMEM;
+	p->sc = sc;
+	p->req_id = req_id;
+	p->rank = rank;
+	p->incarnation = incarnation;
+	p->seq = m->seq;
+	p->clock = m->clock;
+	p->end_clock = m->end_clock;
+	p->arrived = ps_now_s();
+	p->nslots = n;
+	for (uint32_t i = 0; i < n; i++)
+		p->slots[i] = s->store.slot_of[m->slices[i]->slice]; /* checked by push.c */
+	*r->pending_tail = p;
+	r->pending_tail = &p->next;
+	return 0;
+}
+
+int ps__repl_resent(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id, int rank,
+		    uint64_t incarnation, uint64_t seq)
+{
+	for (struct ps_repl_pending *p = s->repl->pending; p; p = p->next)
+		if (p->rank == rank && p->incarnation == incarnation && p->seq == seq) {
+			p->sc = sc;
+			p->req_id = req_id;
+			return 1;
+		}
+	return 0;
+}
+
+void ps__repl_conn_gone(struct ps_server *s, struct ps_srv_conn *sc)
+{
+	if (!s->repl)
+		return;
+	for (struct ps_repl_pending *p = s->repl->pending; p; p = p->next)
+		if (p->sc == sc)
+			p->sc = NULL;
+}
+
+static int committed(const struct ps_server *s, const struct ps_repl_pending *p)
+{
+	for (uint32_t i = 0; i < p->nslots; i++)
+		if (s->store.slots[p->slots[i]].version <= p->clock)
+			return 0;
+	return 1;
+}
+
+/* p is committed in batch lsn: what the backup must know of it. */
+static int commit(struct ps_server *s, struct ps_repl_pending *p, uint64_t lsn)
+{
+	struct ps_repl *r = s->repl;
+	struct ps_repl_batch *b = &r->b;
+
+	if (p->seq) {
+		if (grow((void **)&b->marks, &b->mcap, b->nmarks + 1, sizeof(*b->marks)))
+			return -ENOMEM;
+		Ps__ReplMark x = PS__REPL_MARK__INIT;
+		x.rank = p->rank;
+		x.incarnation = p->incarnation;
+		x.seq = p->seq;
+		b->marks[b->nmarks++] = x;
+		ps_dedup_incarnation(&r->cdedup[p->rank], p->incarnation);
+		ps_dedup_mark(&r->cdedup[p->rank], p->seq, 0);
+	}
+	if (p->end_clock && p->clock + 1 > r->cfinished[p->rank])
+		r->cfinished[p->rank] = p->clock + 1;
+	p->lsn = lsn;
+	return 0;
+}
+
+void ps__repl_note_finished(struct ps_server *s, int rank)
+{
+	struct ps_repl *r = s->repl;
+
+	if (r && s->finished[rank] > r->cfinished[rank])
+		r->cfinished[rank] = s->finished[rank];
+}
+
+void ps__repl_flush(struct ps_server *s)
+{
+	struct ps_repl *r = s->repl;
+	int commits = 0;
+
+	if (!r || r->state != PS_REPL_PRIMARY)
+		return;
+	for (struct ps_repl_pending *p = r->pending; p; p = p->next)
+		if (!p->lsn && committed(s, p)) {
+			if (commit(s, p, r->lsn + 1)) {
+				ps_error("replication: out of memory; acks wait for the next batch");
+				break;
+			}
+			commits++;
+		}
+	if (r->b.nslots || r->b.nmarks || commits)
+		send_batch(s, 1);
+	ps__repl_release(s);
+}
+
+void ps__repl_release(struct ps_server *s)
+{
+	struct ps_repl *r = s->repl;
+	struct ps_repl_pending **pp = &r->pending, *p;
+	double now = ps_now_s();
+
+	while ((p = *pp)) {
+		if (!p->lsn || (r->link && p->lsn > r->acked)) {
+			pp = &p->next;
+			continue;
+		}
+		if (p->sc) {
+			Ps__PushAck ack = PS__PUSH_ACK__INIT;
+			ack.req_id = p->req_id;
+			ps_msg_send(p->sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0,
+				    PS_SEND_VOLATILE, NULL, NULL);
+			s->c.acks++;
+			ps_histo_add(&s->c.push_lat, now - p->arrived);
+		}
+		*pp = p->next;
+		free(p);
+	}
+	r->pending_tail = pp;
+}
+
+void ps__repl_drop_pending(struct ps_server *s)
+{
+	struct ps_repl *r = s->repl;
+	struct ps_repl_pending *p;
+
+	while ((p = r->pending)) {
+		r->pending = p->next;
+		free(p);
+	}
+	r->pending_tail = &r->pending;
+	r->b.nslots = r->b.plen = r->b.nmarks = 0;
+}
+
+void ps__repl_adopt_committed(struct ps_server *s)
+{
+	struct ps_repl *r = s->repl;
+	size_t nw = (size_t)s->cfg->nworkers;
+
+	if (r->state == PS_REPL_PRIMARY) {
+		/* stepping down: what was not committed is forgotten with the
+		 * gradients kept for it; the workers send those pushes again */
+		memcpy(s->finished, r->cfinished, nw * sizeof(*s->finished));
+		memcpy(s->dedup, r->cdedup, nw * sizeof(*s->dedup));
+	} else {
+		/* taking over: the backup's state is the committed one */
+		memcpy(r->cfinished, s->finished, nw * sizeof(*s->finished));
+		memcpy(r->cdedup, s->dedup, nw * sizeof(*s->dedup));
+	}
+}
+
+/* ---- state transfer ---- */
+
+int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
+{
+	struct ps_repl *r = s->repl;
+	const struct ps_optimizer_ops *opt = s->store.opt;
+	Ps__ReplSnapshot m = PS__REPL_SNAPSHOT__INIT;
+	uint64_t bytes = 0;
+	int rc;
+
+	ps__repl_flush(s); /* the store now stands at batch r->lsn */
+	m.lsn = r->lsn;
+	m.epoch = r->epoch;
+	for (int k = 0; k < s->store.nslots; k++) {
+		const struct ps_slot *sl = &s->store.slots[k];
+
+		for (int j = 0; j <= opt->nstate; j++) {
+			struct ps_iov iov = { j ? sl->state[j - 1] : sl->w,
+					      (size_t)sl->slice->count * sizeof(float) };
+			m.slice = sl->slice->id;
+			m.which = (uint32_t)j;
+			m.version = sl->version;
+			m.steps = sl->steps;
+			rc = ps_msg_send(sc->conn, PS_MSG_REPL_SNAPSHOT, &m.base, &iov, 1,
+					 PS_SEND_VOLATILE, NULL, NULL);
+			if (rc)
+				return rc;
+			bytes += iov.len;
+		}
+	}
+	struct ps_iov dd = { r->cdedup, sizeof(*r->cdedup) * (size_t)s->cfg->nworkers };
+	m.slice = 0;
+	m.which = 0;
+	m.last = 1;
+	m.n_finished = (size_t)s->cfg->nworkers;
+	m.finished = r->cfinished;
+	rc = ps_msg_send(sc->conn, PS_MSG_REPL_SNAPSHOT, &m.base, &dd, 1, PS_SEND_VOLATILE, NULL,
+			 NULL);
+	if (rc)
+		return rc;
+	r->snap_lsn = r->lsn;
+	r->last_sent = ps_now_s();
+	ps_info("replication: state sent to the new backup %s: %" PRIu64 " bytes at batch %" PRIu64,
+		sc->conn->peer, bytes, r->lsn);
+	return 0;
+}
+
+int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
+			 const struct ps_frame *f, int *done)
+{
+	struct ps_repl *r = s->repl;
+	size_t nw = (size_t)s->cfg->nworkers;
+
+	*done = 0;
+	if (m->last) {
+		if (m->n_finished != nw || f->hdr.payload_len != nw * sizeof(*s->dedup)) {
+			ps_warn("replication: snapshot end with %zu clocks and %" PRIu64 " dedup bytes "
+				"for %zu workers", m->n_finished, f->hdr.payload_len, nw);
+			return PS_EPROTO;
+		}
+		for (size_t i = 0; i < nw; i++)
+			if (m->finished[i] >= PS_MAX_CLOCK)
+				return PS_EPROTO;
+		memcpy(s->finished, m->finished, nw * sizeof(*s->finished));
+		memcpy(s->dedup, f->payload, nw * sizeof(*s->dedup));
+		r->lsn = m->lsn;
+		r->epoch = m->epoch;
+		*done = 1;
+		return 0;
+	}
+	struct ps_slot *sl = ps_store_slot(&s->store, m->slice);
+	if (!sl || m->which > (uint32_t)s->store.opt->nstate ||
+	    f->hdr.payload_len != (uint64_t)sl->slice->count * sizeof(float)) {
+		ps_warn("replication: snapshot frame for slice %u array %u (%" PRIu64 " bytes) does "
+			"not match this shard", m->slice, m->which, f->hdr.payload_len);
+		return PS_EPROTO;
+	}
+	memcpy(m->which ? sl->state[m->which - 1] : sl->w, f->payload, f->hdr.payload_len);
+	sl->version = m->version;
+	sl->steps = m->steps;
+	return 0;
+}
+
+int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f)
+{
+	struct ps_repl *r = s->repl;
+	const struct ps_optimizer_ops *opt = s->store.opt;
+	size_t nw = (size_t)s->cfg->nworkers;
+
+	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks)
+		return 0; /* a heartbeat */
+	if (m->lsn != r->lsn + 1) {
+		ps_warn("replication: batch %" PRIu64 " after batch %" PRIu64 ": a gap", m->lsn,
+			r->lsn);
+		return PS_EPROTO;
+	}
+	if (m->n_finished && m->n_finished != nw)
+		return PS_EPROTO;
+	for (size_t i = 0; i < m->n_marks; i++)
+		if (m->marks[i]->rank < 0 || (size_t)m->marks[i]->rank >= nw || !m->marks[i]->seq)
+			return PS_EPROTO;
+	for (size_t i = 0; i < m->n_finished; i++)
+		if (m->finished[i] >= PS_MAX_CLOCK)
+			return PS_EPROTO;
+	for (size_t i = 0; i < m->n_slots; i++) {
+		const Ps__ReplSlot *x = m->slots[i];
+		struct ps_slot *sl = ps_store_slot(&s->store, x->slice);
+		uint64_t n = sl ? (uint64_t)sl->slice->count : 0;
+
+		if (!sl || (x->has_grad && (x->length != n * sizeof(float) || x->offset % 4 ||
+					    x->offset > f->hdr.payload_len ||
+					    x->length > f->hdr.payload_len - x->offset))) {
+			ps_warn("replication: batch %" PRIu64 " names slice %u with %" PRIu64
+				" bytes: not this shard's", m->lsn, x->slice, x->length);
+			return PS_EPROTO;
+		}
+		if (x->has_grad) {
+			/* the primary took step steps - 1 from where this slot is */
+			if (x->steps != sl->steps + 1) {
+				ps_warn("replication: slice %u is at step %" PRIu64 " here, the "
+					"primary's step was %" PRIu64, x->slice, sl->steps, x->steps - 1);
+				return PS_EPROTO;
+			}
+			double t0 = ps_now_s();
+			opt->apply(&s->cfg->optim, sl->w, (const float *)(f->payload + x->offset),
+				   sl->state, (size_t)n, sl->steps);
+			s->store.applies++;
+			s->store.bytes_applied += x->length;
+			s->store.apply_seconds += ps_now_s() - t0;
+		}
+		sl->steps = x->steps;
+		sl->version = x->version;
+	}
+	for (size_t i = 0; i < m->n_finished; i++)
+		s->finished[i] = m->finished[i];
+	for (size_t i = 0; i < m->n_marks; i++) {
+		const Ps__ReplMark *x = m->marks[i];
+		ps_dedup_incarnation(&s->dedup[x->rank], x->incarnation);
+		ps_dedup_mark(&s->dedup[x->rank], x->seq, 0);
+	}
+	r->lsn = m->lsn;
+	r->epoch = m->epoch > r->epoch ? m->epoch : r->epoch;
+	return 0;
+}
