@@ -76,6 +76,16 @@ struct ps_shard_stats {
 	uint64_t checkpoint_bytes;
 	double checkpoint_seconds;
 	char checkpoint_error[600];
+	/* cluster.replicas: 1 (server/replica.h): this process's state (0 off,
+	 * 1 joining, 2 backup, 3 primary), epoch, partner address, whether the
+	 * pair is connected with the state, batches not yet confirmed, its
+	 * takeovers, its last batch number, and its replica index. */
+	int repl_state;
+	uint64_t repl_epoch;
+	char repl_partner[320];
+	int repl_partner_up;
+	uint64_t repl_lag, repl_failovers, repl_lsn;
+	int repl_replica;
 	int nworkers;
 	uint64_t worker_clock[64];    /* the first 64 workers' finished clocks */
 	unsigned char worker_up[64];  /* and whether each is connected now */

@@ -148,6 +148,15 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->connections = m->connections;
 	o->max_clock_gap = m->max_clock_gap;
 	o->param_checksum = m->param_checksum;
+	o->repl_state = (int)m->repl_state;
+	o->repl_epoch = m->repl_epoch;
+	snprintf(o->repl_partner, sizeof(o->repl_partner), "%s",
+		 m->repl_partner ? m->repl_partner : "");
+	o->repl_partner_up = m->repl_partner_up;
+	o->repl_lag = m->repl_lag;
+	o->repl_failovers = m->repl_failovers;
+	o->repl_lsn = m->repl_lsn;
+	o->repl_replica = m->repl_replica;
 	for (size_t i = 0; i < m->n_push_raw_bytes && i < 8; i++)
 		o->push_raw_bytes[i] = m->push_raw_bytes[i];
 	for (size_t i = 0; i < m->n_push_wire_bytes && i < 8; i++)

@@ -1,0 +1,578 @@
+/* it_replica.c - replicated shards (cluster.replicas: 1) with real
+ * processes on loopback: two shards, each a primary and a backup process,
+ * two worker processes built on libps, and faults injected while they
+ * train: kill -9 of a random primary or backup (restarted), a partition
+ * of a primary (nftables, when this runs as root), a backup stopped
+ * (SIGSTOP). The oracle is exact: SGD with lr 1 and small integer
+ * gradients, so every weight must be its initial value minus the exact
+ * sum of the acknowledged pushes, plus 0 or 1 times each push whose
+ * outcome its worker did not learn. Failover times (kill to the next
+ * acknowledged push of every worker) are printed, median and max.
+ *
+ * PS_TEST_REPL_CLOCKS sets the clocks of the fault runs (default 1000),
+ * PS_TEST_REPL_PACE_MS the pause of a worker between clocks (default 30,
+ * so that the faults fall inside the run); PS_TEST_REPL_SOAK=1 runs three
+ * times as many clocks.
+ */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "config.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "ps_time.h"
+#include "test_util.h"
+
+#define NSHARDS 2
+#define NWORKERS 2
+#define NT 2
+#define MAXU 16 /* pushes of unknown outcome one worker may have */
+
+/* What the workers tell the test process (shared memory). */
+struct shared {
+	double last_ack[NWORKERS];     /* ps_now_s() of each worker's last acked push */
+	int clock[NWORKERS];           /* clocks done */
+	int unknown[NWORKERS];         /* async: pushes whose outcome was not learned */
+	int unknown_clock[NWORKERS][MAXU];
+	int done[NWORKERS];
+};
+
+static struct shared *sh;
+static char cfg_path[64];
+static struct ps_config cfg;
+static int ports[2][NSHARDS];
+static pid_t srv[2][NSHARDS];
+static char logdir[64];
+
+static int nclocks(void)
+{
+	const char *e = getenv("PS_TEST_REPL_CLOCKS");
+	int n = e && *e ? atoi(e) : 1000;
+
+	if (getenv("PS_TEST_REPL_SOAK"))
+		n *= 3;
+	return n > 0 ? n : 1000;
+}
+
+static int pace_ms(void)
+{
+	const char *e = getenv("PS_TEST_REPL_PACE_MS");
+
+	return e && *e ? atoi(e) : 30;
+}
+
+static pid_t start_replica(int shard, int replica)
+{
+	char s[16], r[16], log[128];
+	pid_t pid;
+
+	snprintf(s, sizeof(s), "%d", shard);
+	snprintf(r, sizeof(r), "%d", replica);
+	snprintf(log, sizeof(log), "%s/shard%d-r%d.log", logdir, shard, replica);
+	pid = fork();
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd >= 0)
+			dup2(fd, 2);
+		execl("bin/ps-server", "ps-server", "--config", cfg_path, "--shard", s, "--replica",
+		      r, "--log-level", getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "info",
+		      (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+static void write_config(const char *mode, const char *optim, int timeout_ms)
+{
+	char yaml[2048], err[512];
+
+	for (int r = 0; r < 2; r++)
+		for (int k = 0; k < NSHARDS; k++)
+			ports[r][k] = tu_free_port();
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  backups: [%s:%d, %s:%d]\n"
+		 "  replicas: 1\n  workers: %d\n"
+		 "replication:\n  timeout_ms: %d\n"
+		 "consistency:\n  mode: %s\n  staleness: 2\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  %s\n"
+		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
+		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
+		 "  request_timeout_ms: 60000\n"
+		 "model:\n  tensors:\n"
+		 "    - {name: a, shape: [3000], init: arange}\n"
+		 "    - {name: b, shape: [17, 33], init: arange}\n",
+		 tu_transport_yaml(), tu_host(), ports[0][0], tu_host(), ports[0][1], tu_host(),
+		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, mode, optim);
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	strcpy(logdir, "/tmp/ps-test-repl-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(logdir));
+}
+
+static void start_all(void)
+{
+	for (int k = 0; k < NSHARDS; k++)
+		for (int r = 0; r < 2; r++)
+			srv[r][k] = start_replica(k, r);
+}
+
+static void stop_all(void)
+{
+	for (int k = 0; k < NSHARDS; k++)
+		for (int r = 0; r < 2; r++)
+			if (srv[r][k] > 0) {
+				kill(srv[r][k], SIGKILL);
+				tu_wait_child(srv[r][k]);
+				srv[r][k] = 0;
+			}
+	unlink(cfg_path);
+}
+
+/* Stats of replica r of shard k (a monitor connection of its own); 0 or
+ * negative. */
+static int replica_stats(int k, int r, struct ps_shard_stats *out)
+{
+	struct ps_config *c = malloc(sizeof(*c));
+	struct ps_client *cl = NULL;
+	char err[512];
+	int rc;
+
+	memcpy(c, &cfg, sizeof(*c));
+	if (r)
+		memcpy(c->shards, c->backups, sizeof(c->shards));
+	c->limits.connect_timeout_ms = 500;
+	c->limits.request_timeout_ms = 1000;
+	rc = ps_client_init(&cl, c, -1, err, sizeof(err));
+	if (!rc) {
+		rc = ps_client_stats(cl, k, out);
+		ps_client_free(cl);
+	}
+	free(c);
+	return rc;
+}
+
+/* Waits until every shard has a primary whose backup has the state;
+ * returns the seconds it took, or -1 after limit_s. */
+static double wait_healthy(double limit_s)
+{
+	double t0 = ps_now_s();
+
+	while (ps_now_s() - t0 < limit_s) {
+		int ok = 0;
+		for (int k = 0; k < NSHARDS; k++) {
+			struct ps_shard_stats a, b;
+			if (replica_stats(k, 0, &a) || replica_stats(k, 1, &b))
+				break;
+			ok += (a.repl_state == 3 && a.repl_partner_up && b.repl_state == 2) ||
+			      (b.repl_state == 3 && b.repl_partner_up && a.repl_state == 2);
+		}
+		if (ok == NSHARDS)
+			return ps_now_s() - t0;
+		tu_sleep_ms(50);
+	}
+	return -1;
+}
+
+/* Which replica of shard k serves now (-1: none answers as primary). */
+static int primary_of(int k)
+{
+	for (int r = 0; r < 2; r++) {
+		struct ps_shard_stats st;
+		if (replica_stats(k, r, &st) == 0 && st.repl_state == 3)
+			return r;
+	}
+	return -1;
+}
+
+static float grad_value(int rank, int clock, int t, int64_t i)
+{
+	return (float)((rank + 1) * (int)((clock * 3 + i + t) % 7 - 3));
+}
+
+/* Adam runs: a float gradient that is not an integer. */
+static float grad_float(int rank, int clock, int t, int64_t i)
+{
+	return sinf((float)(rank * 131 + clock * 17 + t * 7) + (float)i * 0.01f) * 0.1f;
+}
+
+/* One worker process: nc clocks of push (ending the clock) and pull.
+ * Sync: every push must be acknowledged. Async: a push that fails is
+ * recorded as unknown and the worker goes on. */
+static int worker(int rank, int nc, int sync, int floats)
+{
+	char err[512];
+	struct ps_client *c = NULL;
+	struct ps_tensor g[NT], w[NT];
+	int pace = pace_ms();
+
+	for (int i = 0; i < 100 && ps_client_init(&c, &cfg, rank, err, sizeof(err)); i++)
+		tu_sleep_ms(100);
+	if (!c) {
+		fprintf(stderr, "worker %d: %s\n", rank, err);
+		return 2;
+	}
+	for (int t = 0; t < NT; t++) {
+		g[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
+					   cfg.tensors[t].count, 0 };
+		w[t] = (struct ps_tensor){ cfg.tensors[t].name, malloc(cfg.tensors[t].count * 4),
+					   cfg.tensors[t].count, 0 };
+	}
+	for (int clock = 0; clock < nc; clock++) {
+		for (int t = 0; t < NT; t++)
+			for (int64_t i = 0; i < g[t].count; i++)
+				g[t].data[i] = floats ? grad_float(rank, clock, t, i)
+						      : grad_value(rank, clock, t, i);
+		int64_t id = ps_client_push(c, (uint64_t)clock, g, NT, PS_PUSH_END_CLOCK);
+		if (id < 0 || ps_client_wait(c, id)) {
+			if (sync) {
+				fprintf(stderr, "worker %d push %d: %s\n", rank, clock,
+					ps_client_error(c));
+				return 3;
+			}
+			if (sh->unknown[rank] >= MAXU)
+				return 5;
+			sh->unknown_clock[rank][sh->unknown[rank]++] = clock;
+		} else {
+			sh->last_ack[rank] = ps_now_s();
+		}
+		id = ps_client_pull(c, sync ? (uint64_t)clock + 1 : 0, w, NT);
+		if (id < 0 || ps_client_wait(c, id)) {
+			fprintf(stderr, "worker %d pull %d: %s\n", rank, clock, ps_client_error(c));
+			if (sync)
+				return 4;
+		}
+		sh->clock[rank] = clock + 1;
+		if (pace)
+			tu_sleep_ms(pace);
+	}
+	sh->done[rank] = 1;
+	ps_client_free(c);
+	return 0;
+}
+
+static pid_t start_worker(int rank, int nc, int sync, int floats)
+{
+	pid_t pid = fork();
+
+	if (pid == 0)
+		_exit(worker(rank, nc, sync, floats));
+	return pid;
+}
+
+/* nftables: drop everything to and from a port (a partition). */
+static int nft_ok = -1;
+static void nft(const char *cmd)
+{
+	if (system(cmd) != 0)
+		fprintf(stderr, "it_replica: '%s' failed\n", cmd);
+}
+
+static int partition_possible(void)
+{
+	if (nft_ok < 0)
+		nft_ok = geteuid() == 0 &&
+			 system("nft add table inet ps_repl_test 2>/dev/null") == 0 &&
+			 system("nft add chain inet ps_repl_test out '{ type filter hook output "
+				"priority 0; }' 2>/dev/null") == 0;
+	return nft_ok;
+}
+
+static void partition(int port, int on)
+{
+	char cmd[256];
+
+	if (on) {
+		snprintf(cmd, sizeof(cmd), "nft add rule inet ps_repl_test out tcp dport %d drop; "
+			 "nft add rule inet ps_repl_test out tcp sport %d drop", port, port);
+	} else {
+		snprintf(cmd, sizeof(cmd), "nft delete table inet ps_repl_test");
+		nft_ok = -1;
+	}
+	nft(cmd);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Runs the workers while faults are injected every few seconds; returns
+ * the number of faults, failover times in ft (seconds). */
+static int run_with_faults(int nc, int sync, int floats, int faults, double *ft, int *nft_out,
+			   int do_partition)
+{
+	pid_t w[NWORKERS];
+	int n = 0, parted = 0;
+	unsigned seed = (unsigned)getpid();
+
+	for (int r = 0; r < NWORKERS; r++)
+		w[r] = start_worker(r, nc, sync, floats);
+	*nft_out = 0;
+	while (faults && !(sh->done[0] && sh->done[1])) {
+		tu_sleep_ms(1200 + (int)(rand_r(&seed) % 800));
+		if (sh->done[0] || sh->done[1] || wait_healthy(30) < 0)
+			break;
+		int k = (int)(rand_r(&seed) % NSHARDS), p = primary_of(k);
+		if (p < 0)
+			continue;
+		int victim = do_partition && !parted && n >= 1 ? p : (int)(rand_r(&seed) % 2);
+		double t0 = ps_now_s(), tf = 0;
+		if (do_partition && !parted && n >= 1 && partition_possible()) {
+			/* cut the primary off from everyone for 5 s */
+			parted = 1;
+			partition(ports[victim][k], 1);
+			while (ps_now_s() - t0 < 5.0 && !(sh->done[0] && sh->done[1])) {
+				if (!tf && sh->last_ack[0] > t0 && sh->last_ack[1] > t0)
+					tf = ps_now_s() - t0;
+				tu_sleep_ms(5);
+			}
+			partition(ports[victim][k], 0);
+			fprintf(stderr, "it_replica: partitioned the primary of shard %d (replica %d) "
+				"for %.1f s\n", k, victim, ps_now_s() - t0);
+		} else {
+			kill(srv[victim][k], SIGKILL);
+			tu_wait_child(srv[victim][k]);
+			tu_sleep_ms(200 + (int)(rand_r(&seed) % 500));
+			srv[victim][k] = start_replica(k, victim);
+		}
+		n++;
+		if (victim == p) {
+			/* failover: until every worker has an ack after the fault */
+			while (!(sh->done[0] && sh->done[1]) &&
+			       (sh->last_ack[0] < t0 || sh->last_ack[1] < t0) && ps_now_s() - t0 < 60)
+				tu_sleep_ms(5);
+			if (tf)
+				ft[(*nft_out)++] = tf;
+			else if (!(sh->done[0] && sh->done[1]))
+				ft[(*nft_out)++] = ps_now_s() - t0;
+		}
+		faults--;
+	}
+	for (int r = 0; r < NWORKERS; r++)
+		ck_assert_int_eq(tu_wait_child(w[r]), 0);
+	return n;
+}
+
+static void report_failovers(const char *what, double *ft, int n)
+{
+	if (!n) {
+		fprintf(stderr, "it_replica: %s: no primary failed\n", what);
+		return;
+	}
+	qsort(ft, (size_t)n, sizeof(*ft), cmp_d);
+	fprintf(stderr, "it_replica: %s: %d primary failures, failover (fault to every worker's "
+		"next ack) median %.2f s, max %.2f s (replication.timeout_ms %d)\n", what, n,
+		ft[n / 2], ft[n - 1], cfg.repl_timeout_ms);
+}
+
+/* The final weights, pulled by a fresh worker-less monitor... a worker
+ * rank may not be reused (its incarnation would restart the clocks), so
+ * weights are read with a pull from a new process of rank 0 at version 0. */
+static void pull_weights(struct ps_tensor *w)
+{
+	char err[512];
+	struct ps_client *c = NULL;
+
+	for (int i = 0; i < 50 && ps_client_init(&c, &cfg, 0, err, sizeof(err)); i++)
+		tu_sleep_ms(100);
+	ck_assert_msg(c, "%s", err);
+	int64_t id = ps_client_pull(c, 0, w, NT);
+	ck_assert_msg(id >= 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
+	ps_client_free(c);
+}
+
+static void alloc_w(struct ps_tensor *w)
+{
+	for (int t = 0; t < NT; t++)
+		w[t] = (struct ps_tensor){ cfg.tensors[t].name, calloc(cfg.tensors[t].count, 4),
+					   cfg.tensors[t].count, 0 };
+}
+
+/* Every element is init - sum of acked pushes - a 0/1 combination of the
+ * unknown ones (the Jepsen counter rule). */
+static void check_oracle(struct ps_tensor *w, int nc)
+{
+	int nu = sh->unknown[0] + sh->unknown[1];
+
+	for (int t = 0; t < NT; t++)
+		for (int64_t i = 0; i < w[t].count; i++) {
+			double exp = (double)(i % 1024), unk[2 * MAXU];
+			int u = 0, found = 0;
+			for (int r = 0; r < NWORKERS; r++)
+				for (int c = 0; c < nc; c++) {
+					int unknown = 0;
+					for (int j = 0; j < sh->unknown[r]; j++)
+						unknown |= sh->unknown_clock[r][j] == c;
+					if (unknown)
+						unk[u++] = grad_value(r, c, t, i);
+					else
+						exp -= grad_value(r, c, t, i);
+				}
+			for (unsigned m = 0; m < (1u << u) && !found; m++) {
+				double e = exp;
+				for (int j = 0; j < u; j++)
+					if (m >> j & 1)
+						e -= unk[j];
+				found = (double)w[t].data[i] == e;
+			}
+			ck_assert_msg(found, "tensor %d element %lld: %g, expected %g minus a subset of "
+				      "%d unknown pushes", t, (long long)i, w[t].data[i], exp, nu);
+		}
+}
+
+static void *shared_new(void)
+{
+	void *p = mmap(NULL, sizeof(struct shared), PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	ck_assert_ptr_ne(p, MAP_FAILED);
+	memset(p, 0, sizeof(struct shared));
+	return p;
+}
+
+/* Sync, SGD, integer gradients: kill -9 of random primaries and backups
+ * (restarted) and one 5 s partition of a primary; every weight exact. */
+START_TEST(test_sync_faults_exact)
+{
+	double ft[64];
+	struct ps_tensor w[NT];
+	int nf, nc = nclocks();
+
+	sh = shared_new();
+	write_config("sync", "name: sgd\n  lr: 1", 500);
+	start_all();
+	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	double t0 = ps_now_s();
+	int n = run_with_faults(nc, 1, 0, 1000, ft, &nf, 1);
+	fprintf(stderr, "it_replica: sync: %d clocks, %d faults in %.1f s\n", nc, n,
+		ps_now_s() - t0);
+	ck_assert_int_ge(n, 1);
+	report_failovers("sync", ft, nf);
+	alloc_w(w);
+	pull_weights(w);
+	check_oracle(w, nc);
+	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form again");
+	stop_all();
+}
+END_TEST
+
+/* Async: a push whose request failed is applied 0 or 1 times, every
+ * acknowledged one exactly once. */
+START_TEST(test_async_faults_counter)
+{
+	double ft[64];
+	struct ps_tensor w[NT];
+	int nf, nc = nclocks();
+
+	sh = shared_new();
+	write_config("async", "name: sgd\n  lr: 1", 500);
+	start_all();
+	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	int n = run_with_faults(nc, 0, 0, 1000, ft, &nf, 0);
+	ck_assert_int_ge(n, 1);
+	fprintf(stderr, "it_replica: async: %d faults, %d pushes of unknown outcome\n", n,
+		sh->unknown[0] + sh->unknown[1]);
+	report_failovers("async", ft, nf);
+	alloc_w(w);
+	pull_weights(w);
+	check_oracle(w, nc);
+	stop_all();
+}
+END_TEST
+
+/* Sync with Adam and float gradients: a run with kills of primaries ends
+ * bit-identical to a clean run of the same seed. */
+START_TEST(test_sync_adam_bit_identical)
+{
+	double ft[64];
+	struct ps_tensor w[2][NT];
+	int nf, nc = nclocks() / 4;
+
+	for (int run = 0; run < 2; run++) {
+		sh = shared_new();
+		write_config("sync", "name: adam\n  lr: 0.01", 500);
+		start_all();
+		ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+		run_with_faults(nc, 1, 1, run ? 3 : 0, ft, &nf, 0);
+		alloc_w(w[run]);
+		pull_weights(w[run]);
+		stop_all();
+		munmap(sh, sizeof(*sh));
+	}
+	for (int t = 0; t < NT; t++)
+		ck_assert_msg(memcmp(w[0][t].data, w[1][t].data, (size_t)w[0][t].count * 4) == 0,
+			      "tensor %d differs from the clean run", t);
+}
+END_TEST
+
+/* A backup stopped for 3 s (less than replication.timeout_ms): the
+ * primary's acks wait, nothing is lost, and the backup catches up to the
+ * same state. */
+START_TEST(test_backup_stopped_catches_up)
+{
+	struct ps_tensor w[NT];
+	int nc = 300;
+
+	sh = shared_new();
+	write_config("sync", "name: sgd\n  lr: 1", 5000);
+	start_all();
+	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	int p = primary_of(0);
+	ck_assert_int_ge(p, 0);
+	pid_t wk[NWORKERS];
+	for (int r = 0; r < NWORKERS; r++)
+		wk[r] = start_worker(r, nc, 1, 0);
+	while (sh->clock[0] < 20)
+		tu_sleep_ms(5);
+	kill(srv[!p][0], SIGSTOP);
+	int at = sh->clock[0];
+	tu_sleep_ms(3000);
+	struct ps_shard_stats st;
+	ck_assert_int_eq(replica_stats(0, p, &st), 0);
+	fprintf(stderr, "it_replica: backup stopped 3 s: lag %llu batches, workers went from "
+		"clock %d to %d\n", (unsigned long long)st.repl_lag, at, sh->clock[0]);
+	ck_assert_int_le(sh->clock[0], at + 2); /* acks waited for the backup */
+	kill(srv[!p][0], SIGCONT);
+	for (int r = 0; r < NWORKERS; r++)
+		ck_assert_int_eq(tu_wait_child(wk[r]), 0);
+	ck_assert_int_eq(primary_of(0), p); /* no takeover */
+	struct ps_shard_stats a, b;
+	ck_assert_int_eq(replica_stats(0, p, &a), 0);
+	ck_assert_int_eq(replica_stats(0, !p, &b), 0);
+	ck_assert_uint_eq(a.repl_lag, 0);
+	ck_assert_uint_eq(a.param_checksum, b.param_checksum);
+	ck_assert_uint_eq(a.repl_lsn, b.repl_lsn);
+	alloc_w(w);
+	pull_weights(w);
+	check_oracle(w, nc);
+	stop_all();
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("replica");
+	TCase *tc = tcase_create("processes");
+
+	tcase_set_timeout(tc, 600);
+	TU_ADD(tc, test_backup_stopped_catches_up);
+	TU_ADD(tc, test_sync_faults_exact);
+	TU_ADD(tc, test_async_faults_counter);
+	TU_ADD(tc, test_sync_adam_bit_identical);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	int rc;
+
+	tu_secret_setup();
+	rc = tu_run_suite(suite());
+	tu_secret_cleanup();
+	return rc;
+}
