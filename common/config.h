@@ -134,6 +134,7 @@ struct ps_config {
 	int nbackups;
 	struct ps_endpoint backups[PS_MAX_SHARDS];
 	int repl_timeout_ms;        /* replication.timeout_ms */
+	int repl_every_push;        /* replication.forward: every_push (sync) */
 	int listen_any;             /* shards bind every address (0.0.0.0 / ::) on their port */
 	enum ps_transport_kind transport;
 	enum ps_consistency consistency;

@@ -28,6 +28,7 @@ const char *const cfg_codec_names[] = { "none", "fp16", "q8", "topk", "sign", NU
 const char *const cfg_pull_names[] = { "none", "fp16", NULL };
 /* in enum ps_lz4_mode order */
 const char *const cfg_lz4_names[] = { "off", "on", "auto", NULL };
+const char *const cfg_forward_names[] = { "aggregated", "every_push", NULL };
 _Static_assert(PS_CODEC_NONE == 0 && PS_CODEC_FP16 == 1 && PS_CODEC_Q8 == 2 &&
 	       PS_CODEC_TOPK == 3 && PS_CODEC_SIGN == 4 && PS_CODEC_COUNT == 5, "cfg_codec_names");
 _Static_assert(PS_LZ4_OFF == 0 && PS_LZ4_ON == 1 && PS_LZ4_AUTO == 2, "cfg_lz4_names");
@@ -49,6 +50,10 @@ const struct opt cfg_opts[] = {
 	  "cluster.replicas: 1: a primary that hears nothing from its backup for this long "
 	  "stops serving; a backup that hears nothing from its primary for twice this long "
 	  "takes over (the failover bound)"),
+	O("replication.forward", T_ENUM, 0, 0, 0, "aggregated", cfg_forward_names, C,
+	  repl_every_push, "sync: what the primary forwards: aggregated (each clock's summed "
+	  "gradient, once per slice whatever the number of workers) or every_push (each "
+	  "worker's gradient, summed by the backup; costs more, kept to measure the difference)"),
 	O("cluster.listen_any", T_BOOL, 0, 0, 0, "false", NULL, C, listen_any,
 	  "shards listen on every address of their host (0.0.0.0, or :: for an IPv6 servers "
 	  "entry) on their servers port, instead of the servers address only; for a name that "

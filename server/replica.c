@@ -70,6 +70,7 @@ static void take_over(struct ps_server *s, uint64_t peer_epoch, const char *why)
 	int was_backup = r->state == PS_REPL_BACKUP;
 
 	ps__repl_adopt_committed(s);
+	ps__repl_staged_free(s, NULL, 0);
 	r->epoch = (r->epoch > peer_epoch ? r->epoch : peer_epoch) + 1;
 	r->state = PS_REPL_PRIMARY;
 	r->acked = r->lsn;
@@ -570,6 +571,7 @@ void ps__repl_free(struct ps_server *s)
 	if (!r)
 		return;
 	ps__repl_drop_pending(s);
+	ps__repl_staged_free(s, NULL, 0);
 	free(r->b.slots);
 	free(r->b.payload);
 	free(r->b.marks);

@@ -42,6 +42,7 @@ struct ps_server;
 struct ps_srv_conn;
 struct ps_slot;
 struct ps_repl_pending;
+struct ps_repl_staged;
 struct ps_frame;
 struct ps_transport;
 struct ps_conn;
@@ -96,6 +97,7 @@ struct ps_repl {
 	 * the backup's confirmation of their batch; oldest first */
 	struct ps_repl_pending *pending, **pending_tail;
 	struct ps_repl_batch b;
+	struct ps_repl_staged *staged; /* backup, every_push: gradients kept until their sum */
 	uv_check_t check;           /* flushes the batch once per loop turn */
 	int handles;                /* check/t open (closed by ps__repl_stop) */
 };
@@ -151,5 +153,8 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 /* The committed state becomes the working state (takeover) and back. */
 void ps__repl_adopt_committed(struct ps_server *s);
 void ps__repl_note_finished(struct ps_server *s, int rank);
+/* Backup, every_push: forgets the kept gradients of sl below clock `below`
+ * (all of them with sl NULL). */
+void ps__repl_staged_free(struct ps_server *s, const struct ps_slot *sl, uint64_t below);
 
 #endif

@@ -60,17 +60,24 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 
 static void send_batch(struct ps_server *s, int with_state);
 
-/* One change of slot sl: its version and steps now, with the gradient the
- * optimizer took (g, or NULL for a version passed over). */
-static void note_change(struct ps_server *s, struct ps_slot *sl, const float *g)
+/* A record for slot sl: its version and steps now, with the gradient the
+ * optimizer took (g, or NULL for a version passed over); with rank >= 0 a
+ * worker's gradient for clock (every_push), kept by the backup. */
+static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int rank,
+		 uint64_t clock)
 {
 	struct ps_repl *r = s->repl;
 	struct ps_repl_batch *b = &r->b;
-	size_t bytes = g ? (size_t)sl->slice->count * sizeof(float) : 0;
+	size_t bytes;
 	Ps__ReplSlot x = PS__REPL_SLOT__INIT;
 
 	if (r->state != PS_REPL_PRIMARY)
 		return;
+	if (g && rank < 0 && s->cfg->repl_every_push && s->cfg->consistency == PS_SYNC) {
+		x.sum_staged = 1; /* the backup sums what it was sent */
+		g = NULL;
+	}
+	bytes = g ? (size_t)sl->slice->count * sizeof(float) : 0;
 	/* a frame holds half the frame limit of gradients at most */
 	if (b->plen && b->plen + bytes > s->cfg->limits.max_frame_bytes / 2)
 		send_batch(s, 0);
@@ -84,8 +91,10 @@ static void note_change(struct ps_server *s, struct ps_slot *sl, const float *g)
 		return;
 	}
 	x.slice = sl->slice->id;
-	x.version = sl->version;
+	x.version = rank >= 0 ? clock : sl->version;
 	x.steps = sl->steps;
+	x.staged = rank >= 0;
+	x.rank = rank;
 	if (g) {
 		x.has_grad = 1;
 		x.offset = b->plen;
@@ -98,19 +107,90 @@ static void note_change(struct ps_server *s, struct ps_slot *sl, const float *g)
 
 static void on_apply(void *arg, struct ps_slot *sl, const float *g)
 {
-	note_change(arg, sl, g);
+	note(arg, sl, g, -1, 0);
 }
 
 static void on_version(void *arg, struct ps_slot *sl)
 {
-	note_change(arg, sl, NULL);
+	note(arg, sl, NULL, -1, 0);
+}
+
+static void on_offer(void *arg, struct ps_slot *sl, int rank, uint64_t clock, const float *g)
+{
+	note(arg, sl, g, rank, clock);
 }
 
 void ps__repl_log_init_hooks(struct ps_server *s)
 {
 	s->store.on_apply = on_apply;
 	s->store.on_version = on_version;
+	if (s->cfg->repl_every_push && s->cfg->consistency == PS_SYNC)
+		s->store.on_offer = on_offer;
 	s->store.hook_arg = s;
+}
+
+/* ---- every_push: the workers' gradients the backup keeps until the sum ---- */
+
+struct ps_repl_staged {
+	struct ps_slot *sl;
+	uint64_t clock;
+	int rank;
+	struct ps_repl_staged *next;
+	float g[];
+};
+
+void ps__repl_staged_free(struct ps_server *s, const struct ps_slot *sl, uint64_t below)
+{
+	struct ps_repl_staged **pp = &s->repl->staged, *x;
+
+	while ((x = *pp)) {
+		if (!sl || (x->sl == sl && x->clock < below)) {
+			*pp = x->next;
+			free(x);
+		} else {
+			pp = &x->next;
+		}
+	}
+}
+
+static int stage(struct ps_server *s, struct ps_slot *sl, const Ps__ReplSlot *x,
+		 const uint8_t *data)
+{
+	struct ps_repl_staged *st;
+
+	if (!x->has_grad || x->rank < 0 || x->rank >= s->cfg->nworkers || x->version < sl->version)
+		return PS_EPROTO;
+	st = malloc(sizeof(*st) + x->length);
+	if (!st)
+		return -ENOMEM;
+	st->sl = sl;
+	st->clock = x->version;
+	st->rank = x->rank;
+	memcpy(st->g, data, x->length);
+	st->next = s->repl->staged;
+	s->repl->staged = st;
+	return 0;
+}
+
+/* The rank-ordered sum of the gradients kept for sl at clock, into
+ * s->store.scratch, as the primary's store summed them; NULL when none. */
+static const float *staged_sum(struct ps_server *s, struct ps_slot *sl, uint64_t clock)
+{
+	size_t n = (size_t)sl->slice->count;
+	float *acc = s->store.scratch;
+	int have = 0;
+
+	for (int r = 0; r < s->cfg->nworkers; r++)
+		for (struct ps_repl_staged *x = s->repl->staged; x; x = x->next)
+			if (x->sl == sl && x->clock == clock && x->rank == r) {
+				if (!have++)
+					memcpy(acc, x->g, n * sizeof(float));
+				else
+					for (size_t i = 0; i < n; i++)
+						acc[i] += x->g[i];
+				break;
+			}
+	return have ? acc : NULL;
 }
 
 /* Sends what is gathered as batch lsn + 1 (with_state: the ended clocks
@@ -390,6 +470,7 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 		memcpy(s->dedup, f->payload, nw * sizeof(*s->dedup));
 		r->lsn = m->lsn;
 		r->epoch = m->epoch;
+		ps__repl_staged_free(s, NULL, 0);
 		*done = 1;
 		return 0;
 	}
@@ -439,7 +520,19 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 				" bytes: not this shard's", m->lsn, x->slice, x->length);
 			return PS_EPROTO;
 		}
-		if (x->has_grad) {
+		if (x->staged) {
+			int rc = stage(s, sl, x, f->payload + x->offset);
+			if (rc)
+				return rc;
+			continue;
+		}
+		const float *g = x->has_grad ? (const float *)(f->payload + x->offset) : NULL;
+		if (x->sum_staged && !(g = staged_sum(s, sl, x->version - 1))) {
+			ps_warn("replication: batch %" PRIu64 " sums clock %" PRIu64 " of slice %u, "
+				"of which no gradient came", m->lsn, x->version - 1, x->slice);
+			return PS_EPROTO;
+		}
+		if (g) {
 			/* the primary took step steps - 1 from where this slot is */
 			if (x->steps != sl->steps + 1) {
 				ps_warn("replication: slice %u is at step %" PRIu64 " here, the "
@@ -447,14 +540,15 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 				return PS_EPROTO;
 			}
 			double t0 = ps_now_s();
-			opt->apply(&s->cfg->optim, sl->w, (const float *)(f->payload + x->offset),
-				   sl->state, (size_t)n, sl->steps);
+			opt->apply(&s->cfg->optim, sl->w, g, sl->state, (size_t)n, sl->steps);
 			s->store.applies++;
-			s->store.bytes_applied += x->length;
+			s->store.bytes_applied += n * sizeof(float);
 			s->store.apply_seconds += ps_now_s() - t0;
 		}
 		sl->steps = x->steps;
 		sl->version = x->version;
+		if (s->repl->staged)
+			ps__repl_staged_free(s, sl, sl->version);
 	}
 	for (size_t i = 0; i < m->n_finished; i++)
 		s->finished[i] = m->finished[i];

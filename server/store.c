@@ -342,7 +342,10 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	if (clock < s->version || clock >= s->version + (uint64_t)cfg->limits.max_clock_ahead)
 		return PS_ECLOCK;
 	if (cfg->nworkers == 1 && clock == s->version && !s->pending) {
-		apply(st, s, grad_floats(g, n, st->scratch));
+		const float *f = grad_floats(g, n, st->scratch);
+		if (st->on_offer)
+			st->on_offer(st->hook_arg, s, rank, clock, f);
+		apply(st, s, f);
 		return 1;
 	}
 	for (pp = &s->pending; *pp && (*pp)->clock < clock; pp = &(*pp)->next)
@@ -365,6 +368,8 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	b->fr[rank] = fr;
 	fr->refs++;
 	b->have++;
+	if (st->on_offer)
+		st->on_offer(st->hook_arg, s, rank, clock, grad_floats(g, n, st->check));
 	/* Apply every complete bucket that is next in clock order. */
 	return apply_ready(st, s, all_ended(st));
 }

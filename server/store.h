@@ -72,6 +72,10 @@ struct ps_store {
 	 * the call only), or a version passed over without one. NULL = off. */
 	void (*on_apply)(void *arg, struct ps_slot *s, const float *g);
 	void (*on_version)(void *arg, struct ps_slot *s);
+	/* sync: rank's gradient g (decoded, count floats) for clock was taken
+	 * into s's barrier, before it is summed (replication.forward:
+	 * every_push). NULL = off. */
+	void (*on_offer)(void *arg, struct ps_slot *s, int rank, uint64_t clock, const float *g);
 	void *hook_arg;
 };
 

@@ -85,6 +85,8 @@ static pid_t start_replica(int shard, int replica)
 	return pid;
 }
 
+static const char *forward = "aggregated";
+
 static void write_config(const char *mode, const char *optim, int timeout_ms, int request_ms)
 {
 	char yaml[2048], err[512];
@@ -95,7 +97,7 @@ static void write_config(const char *mode, const char *optim, int timeout_ms, in
 	snprintf(yaml, sizeof(yaml),
 		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  backups: [%s:%d, %s:%d]\n"
 		 "  replicas: 1\n  workers: %d\n"
-		 "replication:\n  timeout_ms: %d\n"
+		 "replication:\n  timeout_ms: %d\n  forward: %s\n"
 		 "consistency:\n  mode: %s\n  staleness: 2\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  %s\n"
@@ -106,7 +108,7 @@ static void write_config(const char *mode, const char *optim, int timeout_ms, in
 		 "    - {name: a, shape: [3000], init: arange}\n"
 		 "    - {name: b, shape: [17, 33], init: arange}\n",
 		 tu_transport_yaml(), tu_host(), ports[0][0], tu_host(), ports[0][1], tu_host(),
-		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, mode, optim, request_ms);
+		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, forward, mode, optim, request_ms);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 	strcpy(logdir, "/tmp/ps-test-repl-XXXXXX");
@@ -579,6 +581,31 @@ START_TEST(test_backup_stopped_catches_up)
 }
 END_TEST
 
+/* replication.forward: every_push (each worker's gradient forwarded, the
+ * backup sums them): after kills of primaries, weights exact too. */
+START_TEST(test_every_push_exact)
+{
+	double ft[64];
+	struct ps_tensor w[NT];
+	int nf, nc = nclocks() / 4;
+
+	sh = shared_new();
+	gmode = G_INT;
+	g_nc = nc;
+	forward = "every_push";
+	write_config("sync", "name: sgd\n  lr: 1", 500, 60000);
+	start_all();
+	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	run_with_faults(nc, 1, 2, ft, &nf, F_PRIMARIES);
+	ck_assert_int_ge(nf, 1);
+	report_failovers("sync every_push", ft, nf);
+	alloc_w(w);
+	pull_weights(w);
+	check_oracle(w, nc);
+	stop_all();
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("replica");
@@ -589,6 +616,7 @@ static Suite *suite(void)
 	TU_ADD(tc, test_sync_faults_exact);
 	TU_ADD(tc, test_async_faults_counter);
 	TU_ADD(tc, test_sync_adam_bit_identical);
+	TU_ADD(tc, test_every_push_exact);
 	suite_add_tcase(s, tc);
 	return s;
 }
