@@ -46,6 +46,10 @@ const struct opt cfg_opts[] = {
 	O("cluster.backups", T_SERVERS, 0, 0, PS_MAX_SHARDS, NULL, NULL, C, backups,
 	  "cluster.replicas: 1: the address of each shard's second process, in the order of "
 	  "cluster.servers; either of the two may be the primary"),
+	O("cluster.listen_any", T_BOOL, 0, 0, 0, "false", NULL, C, listen_any,
+	  "shards listen on every address of their host (0.0.0.0, or :: for an IPv6 servers "
+	  "entry) on their servers port, instead of the servers address only; for a name that "
+	  "resolves on the shard's host to an address it cannot bind or others cannot reach"),
 	O("replication.timeout_ms", T_INT, 0, 100, 3600000, "2000", NULL, C, repl_timeout_ms,
 	  "cluster.replicas: 1: a primary that hears nothing from its backup for this long "
 	  "stops serving; a backup that hears nothing from its primary for twice this long "
@@ -54,10 +58,6 @@ const struct opt cfg_opts[] = {
 	  repl_every_push, "sync: what the primary forwards: aggregated (each clock's summed "
 	  "gradient, once per slice whatever the number of workers) or every_push (each "
 	  "worker's gradient, summed by the backup; costs more, kept to measure the difference)"),
-	O("cluster.listen_any", T_BOOL, 0, 0, 0, "false", NULL, C, listen_any,
-	  "shards listen on every address of their host (0.0.0.0, or :: for an IPv6 servers "
-	  "entry) on their servers port, instead of the servers address only; for a name that "
-	  "resolves on the shard's host to an address it cannot bind or others cannot reach"),
 	O("transport", T_ENUM, 0, 0, 0, "tcp", cfg_transport_names, C, transport,
 	  "wire transport between workers and shards: tcp; rdma (verbs) is refused at start "
 	  "with the reason until its data path exists (docs/rdma.md)"),

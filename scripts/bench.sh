@@ -52,6 +52,35 @@ for m in "pushpull 4K 1 p50_us" "push 1M 2 gb_per_s" "push 16M 2 gb_per_s"; do
       op, sz, k, unit, n, m, (n > 0 ? m / n : 0), a, (n > 0 ? a / n : 0), c, (n > 0 ? c / n : 0) }'
 done
 rm -rf "$tmpc"
+echo
+echo "-- replication (cluster.replicas: 1: every shard has a backup process, a push is acknowledged"
+echo "   once the backup has it), same run; ratios to replicas: 0"
+tmpr=$(mktemp -d /tmp/ps-bench-repl.XXXXXX)
+sed 's/^  servers: \[127.0.0.1:7100\]$/&\n  backups: [127.0.0.1:7101]\n  replicas: 1/' $CFG > "$tmpr/r1.yaml"
+{ cat "$tmpr/r1.yaml"; printf 'replication:\n  forward: every_push\n'; } > "$tmpr/every.yaml"
+for m in "pushpull 4K 1 p50_us" "push 1M 2 gb_per_s"; do
+  read -r op sz k f <<<"$m"
+  run() { bin/ps-bench --config "$1" --local --op $op --size $sz --seconds "$S" --inflight $k --no-baseline --json 2>/dev/null | field $f; }
+  r0=$(run $CFG); r1=$(run "$tmpr/r1.yaml")
+  awk -v op=$op -v sz=$sz -v k=$k -v f=$f -v a="$r0" -v b="$r1" 'BEGIN {
+    unit = f == "p50_us" ? "us p50" : "GB/s";
+    printf "%-8s %-4s inflight %s (%s): replicas 0 %8.2f, replicas 1 %8.2f (%.2f)\n", op, sz, k, unit, a, b, (a > 0 ? b / a : 0) }'
+done
+echo "   sync, W workers each pushing 1 MiB and pulling it back per clock: replication after"
+echo "   aggregation (one summed gradient per clock to the backup) against forwarding every push"
+echo "   (W gradients per clock, summed by the backup); clocks per second, ratios to replicas: 0"
+# a worker that has finished leaves the live set at once, so the others' last pulls end
+for c in r0 r1 every; do
+  { if [ $c = r0 ]; then cat $CFG; else cat "$tmpr/$([ $c = r1 ] && echo r1 || echo every).yaml"; fi
+    printf 'limits:\n  drop_timeout_ms: 100\n'; } > "$tmpr/w-$c.yaml"
+done
+for w in 2 4; do
+  run() { bin/ps-bench --config "$1" --local --op pushpull --size 1M --seconds "$S" --inflight 1 --workers $w --no-baseline --json 2>/dev/null | field ops_per_s | awk -v w=$w '{ printf "%.1f", $1 / w }'; }
+  r0=$(run "$tmpr/w-r0.yaml"); agg=$(run "$tmpr/w-r1.yaml"); every=$(run "$tmpr/w-every.yaml")
+  awk -v w=$w -v a="$r0" -v b="$agg" -v c="$every" 'BEGIN {
+    printf "pushpull 1M   %d workers (clocks/s): replicas 0 %7.1f, aggregated %7.1f (%.2f), every push %7.1f (%.2f)\n", w, a, b, (a > 0 ? b / a : 0), c, (a > 0 ? c / a : 0) }'
+done
+rm -rf "$tmpr"
 if [ $# -ge 1 ] && [ -x "$1" ]; then
   echo
   echo "-- optimizer apply rate on one core, against memcpy of the same size"

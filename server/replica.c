@@ -228,7 +228,7 @@ void ps__repl_link_closed(struct ps_server *s, struct ps_srv_conn *sc, int statu
 		return; /* replaced, or closed by step_down */
 	r->link = NULL;
 	r->caught_up = 0;
-	if (r->state != PS_REPL_PRIMARY)
+	if (r->state != PS_REPL_PRIMARY || s->stopping)
 		return;
 	if (status == PS_ECLOSED || status == -ECONNRESET || status == -EPIPE) {
 		/* the peer closed it: the backup process is gone (a live backup

@@ -323,7 +323,8 @@ static pid_t *start_local(const struct ps_config *cfg, const char *self, char *c
 {
 	char dir[1024], exe[1200];
 	ssize_t n = readlink("/proc/self/exe", dir, sizeof(dir) - 1);
-	pid_t *pids = calloc((size_t)cfg->nshards, sizeof(pid_t));
+	int np = cfg->nshards * (1 + cfg->replicas);
+	pid_t *pids = calloc((size_t)np, sizeof(pid_t));
 	int fd;
 	FILE *f;
 
@@ -343,13 +344,15 @@ static pid_t *start_local(const struct ps_config *cfg, const char *self, char *c
 	}
 	ps_config_dump(cfg, f);
 	fclose(f);
-	for (int k = 0; k < cfg->nshards; k++) {
-		char shard[16];
-		snprintf(shard, sizeof(shard), "%d", k);
-		pids[k] = fork();
-		if (pids[k] == 0) {
-			execl(exe, exe, "--config", cfgpath, "--shard", shard, "--log-level", "warn",
-			      (char *)NULL);
+	/* with cluster.replicas: 1 the backups too (pids[nshards + k]) */
+	for (int i = 0; i < np; i++) {
+		char shard[16], replica[16];
+		snprintf(shard, sizeof(shard), "%d", i % cfg->nshards);
+		snprintf(replica, sizeof(replica), "%d", i / cfg->nshards);
+		pids[i] = fork();
+		if (pids[i] == 0) {
+			execl(exe, exe, "--config", cfgpath, "--shard", shard, "--replica", replica,
+			      "--log-level", "warn", (char *)NULL);
 			fprintf(stderr, "ps-bench: cannot run %s\n", exe);
 			_exit(127);
 		}
@@ -359,12 +362,14 @@ static pid_t *start_local(const struct ps_config *cfg, const char *self, char *c
 
 static void stop_local(const struct ps_config *cfg, pid_t *pids, const char *cfgpath)
 {
+	int np = cfg->nshards * (1 + cfg->replicas);
+
 	if (!pids)
 		return;
-	for (int k = 0; k < cfg->nshards; k++)
+	for (int k = 0; k < np; k++)
 		if (pids[k] > 0)
 			kill(pids[k], SIGTERM);
-	for (int k = 0; k < cfg->nshards; k++)
+	for (int k = 0; k < np; k++)
 		if (pids[k] > 0)
 			waitpid(pids[k], NULL, 0);
 	unlink(cfgpath);

@@ -220,11 +220,13 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		c->nready++;
 		if (sh->lost_at > 0) {
 			int n = resend(c, k);
-			ps_warn("shard %d (%s:%d): reconnected after %.1f s%s; %d request(s) sent again",
-				k, c->cfg->shards[k].host, c->cfg->shards[k].port,
-				ps_now_s() - sh->lost_at,
-				sh->boot_id && m->boot_id != sh->boot_id ? " to a restarted shard" : "",
-				n);
+			const struct ps_endpoint *ep = ps_config_replica_addr(c->cfg, k, sh->alt);
+			if (c->started)
+				ps_warn("shard %d (%s:%d): reconnected after %.1f s%s; %d request(s) "
+					"sent again", k, ep->host, ep->port, ps_now_s() - sh->lost_at,
+					!sh->boot_id || m->boot_id == sh->boot_id ? ""
+					: c->cfg->replicas ? " to another process of the shard"
+					: " to a restarted shard", n);
 			sh->lost_at = 0;
 			sh->why[0] = 0;
 			sh->status = 0;
