@@ -42,7 +42,15 @@ struct snap {
 	int up;
 	char why[512];
 	struct ps_shard_stats st;
+	/* cluster.replicas: 1: each of the two processes (st is the primary's) */
+	int rep_up[2];
+	struct ps_shard_stats rep[2];
 };
+
+/* cluster.replicas: 1: the config with the backups' addresses as the
+ * servers, and a monitor connection to them */
+static struct ps_config *bcfg;
+static struct ps_client *bclient;
 
 /* Rates of one shard (or the totals) over an interval. */
 struct row {
@@ -114,7 +122,40 @@ static int parse_seconds(const char *flag, const char *s, double lo, double *out
 }
 
 /* Samples every shard; reconnects first when a shard was down. */
+static void sample_one(const struct ps_config *cfg, struct ps_client **cp, struct snap *s);
+
 static void sample(const struct ps_config *cfg, struct ps_client **cp, struct snap *s)
+{
+	struct snap *b;
+
+	sample_one(cfg, cp, s);
+	if (!cfg->replicas)
+		return;
+	/* the backups' addresses too; the primary's counters fill the row */
+	if (!bcfg && (bcfg = malloc(sizeof(*bcfg)))) {
+		memcpy(bcfg, cfg, sizeof(*bcfg));
+		memcpy(bcfg->shards, cfg->backups, sizeof(bcfg->shards));
+	}
+	b = calloc((size_t)cfg->nshards, sizeof(*b));
+	if (!bcfg || !b) {
+		free(b);
+		return;
+	}
+	sample_one(bcfg, &bclient, b);
+	for (int k = 0; k < cfg->nshards; k++) {
+		s[k].rep_up[0] = s[k].up;
+		s[k].rep[0] = s[k].st;
+		s[k].rep_up[1] = b[k].up;
+		s[k].rep[1] = b[k].st;
+		if (b[k].up && b[k].st.repl_state == 3 && !(s[k].up && s[k].st.repl_state == 3)) {
+			s[k].up = 1;
+			s[k].st = b[k].st;
+		}
+	}
+	free(b);
+}
+
+static void sample_one(const struct ps_config *cfg, struct ps_client **cp, struct snap *s)
 {
 	char err[512];
 	int any_down = 0;
@@ -322,6 +363,28 @@ static void print_table(FILE *f, const struct ps_config *cfg, const struct snap 
 		print_row(f, "total", tot);
 	else
 		fprintf(f, "%-6s %-4s no shard answered\n", "total", "down");
+	if (cfg->replicas) {
+		static const char *const role[] = { "off", "joining", "backup", "primary" };
+		fprintf(f, "\n%-6s %-22s %-8s %6s %-22s %-8s %9s %9s\n", "shard", "process", "role",
+			"epoch", "partner", "partner", "lag", "failovers");
+		for (int k = 0; k < cfg->nshards; k++)
+			for (int r = 0; r < 2; r++) {
+				const struct ps_endpoint *ep = ps_config_replica_addr(cfg, k, r);
+				const struct ps_shard_stats *x = &b[k].rep[r];
+				char addr[300];
+
+				snprintf(addr, sizeof(addr), "%s:%d", ep->host, ep->port);
+				if (!b[k].rep_up[r]) {
+					fprintf(f, "%-6d %-22s %-8s\n", k, addr, "down");
+					continue;
+				}
+				fprintf(f, "%-6d %-22s %-8s %6" PRIu64 " %-22s %-8s %9" PRIu64 " %9" PRIu64
+					"\n", k, addr, role[x->repl_state & 3], x->repl_epoch,
+					x->repl_partner, x->repl_partner_up ? "up"
+					: x->repl_state == 3 ? "ALONE" : "down", x->repl_lag,
+					x->repl_failovers);
+			}
+	}
 	if (!workers)
 		return;
 	fprintf(f, "\n%-6s %-9s %-24s %s\n", "worker", "connected", "clock (per shard)",
@@ -419,6 +482,24 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 		if (!rows[k].up) {
 			fprintf(f, ",\"reason\":");
 			json_str(f, b[k].why);
+		}
+		if (cfg->replicas) {
+			static const char *const role[] = { "off", "joining", "backup", "primary" };
+			fprintf(f, ",\"replicas\":[");
+			for (int r = 0; r < 2; r++) {
+				const struct ps_endpoint *ep = ps_config_replica_addr(cfg, k, r);
+				const struct ps_shard_stats *x = &b[k].rep[r];
+				fprintf(f, "%s{\"address\":\"%s:%d\",\"up\":%s", r ? "," : "",
+					ep->host, ep->port, b[k].rep_up[r] ? "true" : "false");
+				if (b[k].rep_up[r])
+					fprintf(f, ",\"role\":\"%s\",\"epoch\":%" PRIu64 ",\"partner\":"
+						"\"%s\",\"partner_up\":%s,\"lag\":%" PRIu64 ",\"failovers\":%"
+						PRIu64, role[x->repl_state & 3], x->repl_epoch, x->repl_partner,
+						x->repl_partner_up ? "true" : "false", x->repl_lag,
+						x->repl_failovers);
+				fputc('}', f);
+			}
+			fputc(']', f);
 		}
 		fputc('}', f);
 	}
@@ -600,6 +681,8 @@ int main(int argc, char **argv)
 	}
 out:
 	ps_client_free(c);
+	ps_client_free(bclient);
+	free(bcfg);
 	free(rows);
 	free(a);
 	free(b);
