@@ -97,6 +97,14 @@ fi
 mapfile -t shost < <(printf '%s\n' "$shard_lines" | awk '{print $2}')
 mapfile -t sport < <(printf '%s\n' "$shard_lines" | awk '{print $3}')
 nshards=${#shost[@]}
+# cluster.replicas: 1: server process nshards + K is shard K's backup
+# (--replica 1, at cluster.backups[K]); nsrv counts every server process
+backup_lines=$("$SERVER" --config "$CONFIG" --list-backups) || exit 2
+if [ -n "$backup_lines" ]; then
+  mapfile -t -O "$nshards" shost < <(printf '%s\n' "$backup_lines" | awk '{print $2}')
+  mapfile -t -O "$nshards" sport < <(printf '%s\n' "$backup_lines" | awk '{print $3}')
+fi
+nsrv=${#shost[@]}
 NAME=$(basename "$CONFIG"); NAME=${NAME%.yaml}; NAME=${NAME%.yml}
 POINTER=$LOGS/$NAME.run
 
@@ -122,13 +130,17 @@ par_rc() { cat "$PAR/$1.rc" 2> /dev/null || echo 255; }
 # What runs where. Every process is recognisable by its command line,
 # which starts with the program's path: the config path and --shard K or
 # --rank R follow (the sh that records its exit status does not match).
-server_cmd() { echo "$DIR/bin/ps-server --config $(q "$RCONFIG") --shard $1"; }
+# Server process I: its name in messages, its log's name, its arguments.
+sname() { if [ "$1" -lt "$nshards" ]; then echo "shard $1"; else echo "shard $(($1 - nshards)) backup"; fi; }
+slog() { if [ "$1" -lt "$nshards" ]; then echo "server-$1"; else echo "server-$(($1 - nshards))-r1"; fi; }
+sargs() { if [ "$1" -lt "$nshards" ]; then echo "--shard $1"; else echo "--shard $(($1 - nshards)) --replica 1"; fi; }
+server_cmd() { echo "$DIR/bin/ps-server --config $(q "$RCONFIG") $(sargs "$1")"; }
 worker_cmd() {
   local extra="" a
   for a in "${WARGS[@]+"${WARGS[@]}"}"; do extra+=" $(q "$a")"; done
   echo "$DIR/bin/ps-worker --config $(q "$RCONFIG") --rank $1$extra"
 }
-server_pat() { echo "^$(re "$DIR/bin/ps-server --config $RCONFIG --shard $1")\$"; }
+server_pat() { echo "^$(re "$DIR/bin/ps-server --config $RCONFIG $(sargs "$1")")\$"; }
 worker_pat() { echo "^$(re "$DIR/bin/ps-worker --config $RCONFIG --rank $1")( |\$)"; }
 any_pat() { echo "^$(re "$DIR/bin/ps-")(server|worker) --config $(re "$RCONFIG") --(shard|rank) [0-9]+( |\$)"; }
 whost_of() { echo "${whost[$(($1 % ${#whost[@]}))]}"; }
@@ -153,7 +165,7 @@ procs_of() { # PHASE HOST
 # when it exited non-zero, the end of its log.
 proc_report() {
   local kind=$1 i=$2 pat log ex
-  if [ "$kind" = shard ]; then pat=$(server_pat "$i") log=$RUN/server-$i; else pat=$(worker_pat "$i") log=$RUN/worker-$i; fi
+  if [ "$kind" = shard ]; then pat=$(server_pat "$i") log=$RUN/$(slog "$i"); else pat=$(worker_pat "$i") log=$RUN/worker-$i; fi
   ex=$log.exit log=$log.log
   if [ -z "$RUN" ]; then # no run record: no exit status to read
     echo "if pgrep -f -- $(sq "$pat") > /dev/null; then echo '@@|$kind $i|running|'; else echo '@@|$kind $i|gone|'; fi"
@@ -291,10 +303,10 @@ if [ "$ACTION" != start ]; then
   fi
   if [ $DRY -eq 1 ]; then
     for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} $(whost_of $r) $(sq "pkill -TERM -f -- $(sq "$(worker_pat $r)")")"; done
-    for ((k = 0; k < nshards; k++)); do echo "${SSHV[*]} ${shost[$k]} $(sq "pkill -TERM -f -- $(sq "$(server_pat $k)")")"; done
+    for ((k = 0; k < nsrv; k++)); do echo "${SSHV[*]} ${shost[$k]} $(sq "pkill -TERM -f -- $(sq "$(server_pat $k)")")"; done
     exit 0
   fi
-  mapfile -t sel_shards < <(seq 0 $((nshards - 1)))
+  mapfile -t sel_shards < <(seq 0 $((nsrv - 1)))
   mapfile -t sel_workers < <(seq 0 $((nworkers - 1)))
   status=0
   stop_or_status "$ACTION"
@@ -335,7 +347,7 @@ done
 # nohup, the whole background job in braces (else ssh would wait for the
 # process to end), its exit status written when it ends.
 shard_start() {
-  local log=$RUN/server-$1
+  local log=$RUN/$(slog "$1")
   echo "mkdir -p $(q "$RUN") && cd $(q "$DIR") && { nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(q "$log.exit")") > $(q "$log.log") 2>&1 < /dev/null & }"
 }
 worker_start() {
@@ -346,7 +358,7 @@ worker_start() {
 stamp=$(date +%Y%m%d-%H%M%S)
 RUN=$LOGS/$NAME-$stamp
 if [ $DRY -eq 1 ]; then
-  for ((k = 0; k < nshards; k++)); do echo "${SSHV[*]} ${shost[$k]} $(sq "$(shard_start $k)")"; done
+  for ((k = 0; k < nsrv; k++)); do echo "${SSHV[*]} ${shost[$k]} $(sq "$(shard_start $k)")"; done
   for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} $(whost_of $r) $(sq "$(worker_start $r)")"; done
   exit 0
 fi
@@ -357,7 +369,7 @@ mapfile -t uwhost < <(for ((r = 0; r < nworkers; r++)); do whost_of $r; done | a
 mapfile -t hosts < <(printf '%s\n' "${shost[@]}" "${uwhost[@]}" | awk '!seen[$0]++')
 for ((n = 0; n < ${#hosts[@]}; n++)); do
   h=${hosts[$n]} need=""
-  for ((k = 0; k < nshards; k++)); do [ "${shost[$k]}" = "$h" ] && need+=" ps-server"; done
+  for ((k = 0; k < nsrv; k++)); do [ "${shost[$k]}" = "$h" ] && need+=" ps-server"; done
   for ((r = 0; r < nworkers; r++)); do [ "$(whost_of $r)" = "$h" ] && need+=" ps-worker ps-stat"; done
   par "pre-$n" "$h" "cd $(q "$DIR") 2> /dev/null || { echo 'ERR no folder $(q "$DIR") (--dir)'; echo OK; exit 0; }
 for b in $(printf '%s\n' $need | sort -u | tr '\n' ' '); do [ -x bin/\$b ] || echo \"ERR no $(q "$DIR")/bin/\$b (make there, or --dir)\"; done
@@ -431,13 +443,13 @@ rollback() {
 
 # Prints the end of shard K's log (from its host) to stderr.
 shard_log_tail() {
-  on "${shost[$1]}" "tail -n 12 $(sq "$RUN/server-$1.log")" 2>&1 | sed 's/^/    | /' >&2
+  on "${shost[$1]}" "tail -n 12 $(sq "$RUN/$(slog "$1").log")" 2>&1 | sed 's/^/    | /' >&2
 }
 
 # 3. The shards, all at once; each until it listens (or exits, or --wait
 # runs out).
-for ((k = 0; k < nshards; k++)); do
-  log=$RUN/server-$k.log ex=$RUN/server-$k.exit
+for ((k = 0; k < nsrv; k++)); do
+  log=$RUN/$(slog $k).log ex=$RUN/$(slog $k).exit
   par "shard-$k" "${shost[$k]}" "$(shard_start $k)
 i=0
 while :; do
@@ -452,24 +464,24 @@ done"
 done
 par_wait
 bound=() failed=0
-for ((k = 0; k < nshards; k++)); do
-  h=${shost[$k]} out=$(par_out "shard-$k") log=$RUN/server-$k.log
+for ((k = 0; k < nsrv; k++)); do
+  h=${shost[$k]} out=$(par_out "shard-$k") log=$RUN/$(slog $k).log
   case "$out" in
     LISTENING\ *) bound[$k]=${out#LISTENING }; sel_shards+=("$k") ;;
     EXITED\ *)
-      echo "$me: shard $k on $h exited at start (status ${out#EXITED }); the end of $log there:" >&2
+      echo "$me: $(sname $k) on $h exited at start (status ${out#EXITED }); the end of $log there:" >&2
       sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
     TIMEOUT*)
-      echo "$me: shard $k on $h did not listen within ${WAIT}s (--wait); the end of $log there:" >&2
+      echo "$me: $(sname $k) on $h did not listen within ${WAIT}s (--wait); the end of $log there:" >&2
       sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
     *)
-      echo "$me: cannot start shard $k on $h over ssh: $(tail -n 1 <<< "$out")" >&2
+      echo "$me: cannot start $(sname $k) on $h over ssh: $(tail -n 1 <<< "$out")" >&2
       [ "$(par_rc "shard-$k")" -eq 255 ] || sel_shards+=("$k") # 255: ssh never ran it
       failed=1; continue ;;
   esac
   addr=${bound[$k]%:*}; addr=${addr#[}; addr=${addr%]}
   if [ -n "$remote" ] && is_loopback "$addr"; then
-    echo "$me: shard $k on $h listens on ${bound[$k]}, a loopback address (${shost[$k]} resolves" \
+    echo "$me: $(sname $k) on $h listens on ${bound[$k]}, a loopback address (${shost[$k]} resolves" \
          "to it on $h: an /etc/hosts line such as '127.0.1.1 $h'?); workers on other hosts" \
          "cannot reach it. Name its address in cluster.servers, fix /etc/hosts, or set" \
          "cluster.listen_any: true" >&2
@@ -500,7 +512,7 @@ for ((n = 0; n < ${#uwhost[@]}; n++)); do
       echo "$me: from $h, not every shard answers (ps-stat there):" >&2
       grep -E '^[0-9]+ +down ' <<< "$out" | sed 's/^/    /' >&2
       for k in $(grep -E '^[0-9]+ +down ' <<< "$out" | awk '{print $1}'); do
-        echo "$me: shard $k on ${shost[$k]} listens on ${bound[$k]}; the end of its log:" >&2
+        echo "$me: $(sname $k) on ${shost[$k]} listens on ${bound[$k]}; the end of its log:" >&2
         shard_log_tail "$k"
       done
       failed=1 ;;
@@ -546,7 +558,7 @@ done
 [ $failed -eq 0 ] || rollback
 
 echo "$me: started $nshards shard(s) and $nworkers worker(s) of $CONFIG"
-for ((k = 0; k < nshards; k++)); do echo "  shard $k on ${shost[$k]}, listening on ${bound[$k]}"; done
+for ((k = 0; k < nsrv; k++)); do echo "  $(sname $k) on ${shost[$k]}, listening on ${bound[$k]}"; done
 for ((r = 0; r < nworkers; r++)); do echo "  worker $r on $(whost_of $r)"; done
 echo "  logs: $RUN (on each host)"
 echo "  status: $0 $CONFIG status    stop: $0 $CONFIG stop"

@@ -3,7 +3,9 @@
 #
 #   scripts/ps-local.sh CONFIG [--logs DIR] [--workers-only|--servers-only] [-- WORKER_ARGS...]
 #
-# Shards start first; workers start once every shard listens. Worker 0's
+# Shards start first (with cluster.replicas: 1 each shard's backup process
+# too, --replica 1, logging to server-K-r1.log); workers start once every
+# one listens. Worker 0's
 # progress is shown on this terminal; every process logs to DIR (default a
 # new folder under /tmp, printed at the start). When the workers finish, the
 # shards are stopped with SIGTERM. Ctrl-C or SIGTERM stops everything cleanly.
@@ -40,6 +42,8 @@ mkdir -p "$LOGDIR"
 
 shard_lines=$("$BIN/ps-server" --config "$CONFIG" --list-shards) || exit 2
 nshards=$(printf '%s\n' "$shard_lines" | wc -l)
+# cluster.replicas: 1: each shard's backup process too (--replica 1)
+backup_lines=$("$BIN/ps-server" --config "$CONFIG" --list-backups) || exit 2
 dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config) || exit 2
 nworkers=$(cfg_key "$dump" cluster workers)
 transport=$(awk '/^transport:/ { print $2; exit }' <<<"$dump")
@@ -89,24 +93,36 @@ if [ "$MODE" != workers ]; then
     "$BIN/ps-server" --config "$CONFIG" --shard "$idx" >"$LOGDIR/server-$idx.log" 2>&1 &
     server_pids+=($!)
   done <<<"$shard_lines"
-  # Wait (up to 10 s) until every shard accepts connections on its port.
+  if [ -n "$backup_lines" ]; then
+    while read -r idx host port; do
+      "$BIN/ps-server" --config "$CONFIG" --shard "$idx" --replica 1 \
+        >"$LOGDIR/server-$idx-r1.log" 2>&1 &
+      server_pids+=($!)
+    done <<<"$backup_lines"
+  fi
+  # Wait (up to 10 s) until every shard (and backup) accepts connections on its port.
+  all_lines=$shard_lines${backup_lines:+$'\n'$backup_lines}
+  nproc_srv=$(printf '%s\n' "$all_lines" | wc -l)
   for ((t = 0; t < 100; t++)); do
-    up=0
+    up=0 i=0
     while read -r idx host port; do
       h=${host#[}; h=${h%]}
+      log=$LOGDIR/server-$idx.log
+      [ $i -ge "$nshards" ] && log=$LOGDIR/server-$idx-r1.log
+      i=$((i + 1))
       if [ "$transport" = rdma ]; then # no TCP port: the shard's log says it listens
-        grep -q "listening on" "$LOGDIR/server-$idx.log" 2>/dev/null && up=$((up + 1))
+        grep -q "listening on" "$log" 2>/dev/null && up=$((up + 1))
       else
         (exec 3<>"/dev/tcp/$h/$port") 2>/dev/null && up=$((up + 1))
       fi
-    done <<<"$shard_lines"
-    [ "$up" -ge "$nshards" ] && break
+    done <<<"$all_lines"
+    [ "$up" -ge "$nproc_srv" ] && break
     for p in "${server_pids[@]}"; do
       kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; exit 1; }
     done
     sleep 0.1
   done
-  [ "$up" -ge "$nshards" ] || { echo "ps-local.sh: shards did not start within 10 s" >&2; stop_servers; exit 1; }
+  [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within 10 s" >&2; stop_servers; exit 1; }
 fi
 if [ "$MODE" = servers ]; then
   echo "ps-local.sh: shards running; Ctrl-C stops them"

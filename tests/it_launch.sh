@@ -193,7 +193,7 @@ expect "a project folder without the programs: says to set PS_DIR: $out" grep -q
 
 # systemd units (with ExecStart pointing at this build)
 if command -v systemd-analyze >/dev/null; then
-  for u in ps-server@.service ps-worker@.service; do
+  for u in ps-server@.service ps-backup@.service ps-worker@.service; do
     sed "s|/usr/local/bin/|$PWD/bin/|" "scripts/systemd/$u" > "$tmp/$u"
     if systemd-analyze verify "$tmp/$u" > "$tmp/verify" 2>&1; then ok; else
       bad "systemd-analyze verify $u: $(cat "$tmp/verify")"; fi
@@ -205,7 +205,7 @@ fi
 # their Documentation= names exists there
 make -s install DESTDIR="$tmp/inst" PREFIX=/usr/local > "$tmp/install.out" 2>&1
 expect "make install into a DESTDIR: $(tail -3 "$tmp/install.out")" [ $? -eq 0 ]
-for u in ps-server@.service ps-worker@.service; do
+for u in ps-server@.service ps-backup@.service ps-worker@.service; do
   f=$tmp/inst/usr/local/lib/systemd/system/$u
   doc=$(sed -n 's|^Documentation=file://||p' "$f" 2> /dev/null)
   expect "$u installed, its Documentation= ($doc) too" test -n "$doc" -a -s "$tmp/inst$doc"
