@@ -50,10 +50,10 @@ const struct opt cfg_opts[] = {
 	  "shards listen on every address of their host (0.0.0.0, or :: for an IPv6 servers "
 	  "entry) on their servers port, instead of the servers address only; for a name that "
 	  "resolves on the shard's host to an address it cannot bind or others cannot reach"),
-	O("replication.timeout_ms", T_INT, 0, 100, 3600000, "2000", NULL, C, repl_timeout_ms,
+	O("replication.timeout_ms", T_INT, 0, 500, 3600000, "2000", NULL, C, repl_timeout_ms,
 	  "cluster.replicas: 1: a primary that hears nothing from its backup for this long "
 	  "stops serving; a backup that hears nothing from its primary for twice this long "
-	  "takes over (the failover bound)"),
+	  "takes over (the failover bound); must exceed a one-way delay plus 0.2 s by a margin"),
 	O("replication.forward", T_ENUM, 0, 0, 0, "aggregated", cfg_forward_names, C,
 	  repl_every_push, "sync: what the primary forwards: aggregated (each clock's summed "
 	  "gradient, once per slice whatever the number of workers) or every_push (each "

@@ -124,6 +124,18 @@ static int wins(const struct ps_repl *r, uint64_t epoch, uint64_t lsn)
 	return r->me == 0;
 }
 
+/* Why wins() chose this process, for the log. */
+static void why_wins(const struct ps_repl *r, uint64_t epoch, uint64_t lsn, char *buf, size_t len)
+{
+	if (r->epoch == epoch && r->lsn == lsn)
+		snprintf(buf, len, "neither process has a role and both hold the same state (epoch %"
+			 PRIu64 ", batch %" PRIu64 "): replica 0 serves", epoch, lsn);
+	else
+		snprintf(buf, len, "neither process has a role and this one holds the newer state "
+			 "(epoch %" PRIu64 ", batch %" PRIu64 " against the partner's epoch %" PRIu64
+			 ", batch %" PRIu64 ")", r->epoch, r->lsn, epoch, lsn);
+}
+
 /* ---- the primary's side: a partner dialed in ---- */
 
 static void reply(struct ps_srv_conn *sc, int ok)
@@ -157,11 +169,7 @@ void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		take_over(s, sc->peer_epoch, why);
 	} else if (r->state == PS_REPL_JOINING && sc->peer_state == PS_REPL_JOINING &&
 		   wins(r, sc->peer_epoch, sc->peer_lsn)) {
-		snprintf(why, sizeof(why), "its state (epoch %" PRIu64 ", batch %" PRIu64 ") is newer "
-			 "than the partner's (epoch %" PRIu64 ", batch %" PRIu64 ")%s", r->epoch,
-			 r->lsn, sc->peer_epoch, sc->peer_lsn,
-			 r->epoch == sc->peer_epoch && r->lsn == sc->peer_lsn ? ", or as old and this "
-			 "is replica 0" : "");
+		why_wins(r, sc->peer_epoch, sc->peer_lsn, why, sizeof(why));
 		take_over(s, sc->peer_epoch, why);
 	} else if (r->state == PS_REPL_PRIMARY && sc->peer_state == PS_REPL_PRIMARY &&
 		   sc->peer_epoch > r->epoch) {
@@ -359,10 +367,7 @@ static int on_reply(struct ps_server *s, struct ps_conn *c, const Ps__HelloReply
 		take_over(s, m->epoch, why);
 	} else if (r->state == PS_REPL_JOINING && m->repl_state == PS_REPL_JOINING &&
 		   wins(r, m->epoch, m->lsn)) {
-		snprintf(why, sizeof(why), "its state (epoch %" PRIu64 ", batch %" PRIu64 ") is "
-			 "newer than the partner's (epoch %" PRIu64 ", batch %" PRIu64 ")%s",
-			 r->epoch, r->lsn, m->epoch, m->lsn, r->epoch == m->epoch && r->lsn == m->lsn
-			 ? ", or as old and this is replica 0" : "");
+		why_wins(r, m->epoch, m->lsn, why, sizeof(why));
 		take_over(s, m->epoch, why);
 	}
 	return PS_EREFUSED;

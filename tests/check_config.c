@@ -649,6 +649,24 @@ static const struct ecase ecases[] = {
 	    "got '127.0.0.1:7000'" } },
 	{ "servers empty", CL("[]", "1") MODEL(T1),
 	  { "t.yaml:2: key 'cluster.servers'", "got a list (wrong number of entries)" } },
+	/* replicas: backups named, one per shard, none a servers address */
+	{ "replicas without backups", CL("[a:1, b:2]", "1") "  replicas: 1\n" MODEL(T1),
+	  { "t.yaml:4: key 'cluster.backups': cluster.replicas: 1 needs one backup address per "
+	    "shard (2), got 0" } },
+	{ "too few backups", CL("[a:1, b:2]", "1") "  backups: [c:1]\n  replicas: 1\n" MODEL(T1),
+	  { "t.yaml:4: key 'cluster.backups'", "needs one backup address per shard (2), got 1" } },
+	{ "backups without replicas", CL("[a:1, b:2]", "1") "  backups: [c:1, d:1]\n" MODEL(T1),
+	  { "t.yaml:4: key 'cluster.backups': given, but cluster.replicas is 0" } },
+	{ "backup is a server", CL("[a:1, b:2]", "1") "  backups: [b:2, d:1]\n  replicas: 1\n"
+	  MODEL(T1), { "t.yaml:4: key 'cluster.backups[0]': b:2 is also cluster.servers[1]" } },
+	{ "duplicate backup", CL("[a:1, b:2]", "1") "  backups: [c:1, c:1]\n  replicas: 1\n"
+	  MODEL(T1), { "t.yaml:4: key 'cluster.backups[1]': duplicate server address 'c:1' "
+		       "(also backup 0)" } },
+	{ "replicas 2", CL("[a:1]", "1") "  backups: [c:1]\n  replicas: 2\n" MODEL(T1),
+	  { "t.yaml:5: key 'cluster.replicas'", "0..1", "got '2'" } },
+	{ "replication timeout too short", CL("[a:1]", "1") "  backups: [c:1]\n  replicas: 1\n"
+	  "replication:\n  timeout_ms: 50\n" MODEL(T1),
+	  { "t.yaml:7: key 'replication.timeout_ms'", "got '50'" } },
 	{ "server is a list", CL("[[1, 2]]", "1") MODEL(T1),
 	  { "t.yaml:2: key 'cluster.servers[0]': expected host:port", "got a list" } },
 	{ "stats.http", BASE "stats:\n  http: localhost\n",
