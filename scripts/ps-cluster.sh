@@ -131,7 +131,7 @@ par_rc() { cat "$PAR/$1.rc" 2> /dev/null || echo 255; }
 # which starts with the program's path: the config path and --shard K or
 # --rank R follow (the sh that records its exit status does not match).
 # Server process I: its name in messages, its log's name, its arguments.
-sname() { if [ "$1" -lt "$nshards" ]; then echo "shard $1"; else echo "shard $(($1 - nshards)) backup"; fi; }
+sname() { if [ "$1" -lt "$nshards" ]; then echo "shard $1"; else echo "backup $(($1 - nshards))"; fi; }
 slog() { if [ "$1" -lt "$nshards" ]; then echo "server-$1"; else echo "server-$(($1 - nshards))-r1"; fi; }
 sargs() { if [ "$1" -lt "$nshards" ]; then echo "--shard $1"; else echo "--shard $(($1 - nshards)) --replica 1"; fi; }
 server_cmd() { echo "$DIR/bin/ps-server --config $(q "$RCONFIG") $(sargs "$1")"; }
@@ -167,13 +167,15 @@ proc_report() {
   local kind=$1 i=$2 pat log ex
   if [ "$kind" = shard ]; then pat=$(server_pat "$i") log=$RUN/$(slog "$i"); else pat=$(worker_pat "$i") log=$RUN/worker-$i; fi
   ex=$log.exit log=$log.log
+  local name="$kind $i"
+  [ "$kind" = shard ] && name=$(sname "$i")
   if [ -z "$RUN" ]; then # no run record: no exit status to read
-    echo "if pgrep -f -- $(sq "$pat") > /dev/null; then echo '@@|$kind $i|running|'; else echo '@@|$kind $i|gone|'; fi"
+    echo "if pgrep -f -- $(sq "$pat") > /dev/null; then echo '@@|$name|running|'; else echo '@@|$name|gone|'; fi"
     return
   fi
-  printf '%s\n' "if pgrep -f -- $(sq "$pat") > /dev/null; then echo '@@|$kind $i|running|';" \
+  printf '%s\n' "if pgrep -f -- $(sq "$pat") > /dev/null; then echo '@@|$name|running|';" \
     "else [ -e $(sq "$ex") ] || sleep 0.3; e=\$(cat $(sq "$ex") 2> /dev/null);" \
-    "echo \"@@|$kind $i|gone|\$e\"; case \"\$e\" in ''|0|130|137|143) ;; *) tail -n $LOG_TAIL $(sq "$log") 2> /dev/null | sed 's/^/    | /' ;; esac; fi"
+    "echo \"@@|$name|gone|\$e\"; case \"\$e\" in ''|0|130|137|143) ;; *) tail -n $LOG_TAIL $(sq "$log") 2> /dev/null | sed 's/^/    | /' ;; esac; fi"
 }
 
 # host_script ACTION PHASE HOST: what runs on HOST for stop or status.
@@ -213,6 +215,7 @@ report() {
     echo "$me: cannot reach $h over ssh: $(tail -n 1 <<< "$out")" >&2
     mapfile -t procs < <(procs_of "$phase" "$h")
     for word in "${procs[@]}"; do
+      [ "${word% *}" = shard ] && word=$(sname "${word#* }")
       echo "$word on $h: unknown (host not reachable)"
       [ "$act" = stop ] && left+=("$word on $h")
     done
@@ -236,13 +239,13 @@ report() {
           case "$rest" in
             0) echo "$word on $h: not running (exited with status 0)" ;;
             130|143) echo "$word on $h: not running (stopped by a signal, status $rest)" ;;
-            137) if [ "${word% *}" = shard ] || [ "$ROLLBACK" = 1 ]; then
+            137) if [ "${word% *}" != worker ] || [ "$ROLLBACK" = 1 ]; then
                    echo "$word on $h: not running (killed with SIGKILL)"
                  else
                    echo "$word on $h: not running (killed: it had not stopped ${WORKER_GRACE}s after SIGTERM)"
                  fi ;;
             *) echo "$word on $h: not running (exited with status $rest)$([ "$LOG_TAIL" -gt 0 ] && echo :)"
-               [ "$act" = stop ] && [ "${word% *}" = shard ] && status=1 ;;
+               [ "$act" = stop ] && [ "${word% *}" != worker ] && status=1 ;;
           esac
         fi ;;
       '') ;;

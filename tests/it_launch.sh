@@ -155,6 +155,33 @@ expect "ps-local.sh stopped by SIGTERM reports it (status $rc)" [ $rc -ne 0 ]
 for _ in $(seq 20); do [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ] && break; sleep 0.25; done
 expect "no process left after SIGTERM" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ]
 
+# cluster.replicas: 1 through ps-cluster.sh: every shard's backup starts
+# too, forms its pair (ps-stat), the workers train, and stop ends all
+awk -v b="  backups: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]" \
+  '{ print } /^  servers:/ { print b; print "  replicas: 1" }' "$tmp/c.yaml" > "$tmp/r.yaml"
+cp "$tmp/c.secret" "$tmp/r.secret" 2>/dev/null; sed -i 's/secret_file: c.secret/secret_file: r.secret/' "$tmp/r.yaml"
+scripts/ps-cluster.sh "$tmp/r.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs" -- --epochs 1 > "$tmp/r.out" 2>&1
+expect "replicas: start succeeds: $(tail -3 "$tmp/r.out")" [ $? -eq 0 ]
+expect "replicas: the backups started" [ "$(grep -c '^  backup [01] on 127.0.0.1, listening on' "$tmp/r.out")" -eq 2 ]
+for _ in $(seq 40); do
+  pairs=$(bin/ps-stat --config "$tmp/r.yaml" --interval 0.05 2>&1 | grep -cE ' (primary|backup) +[0-9]+ .* up ')
+  [ "$pairs" -eq 4 ] && break
+  sleep 0.25
+done
+expect "replicas: ps-stat shows two pairs, each a primary and a backup ($pairs of 4 up)" [ "$pairs" -eq 4 ]
+rst=$(scripts/ps-cluster.sh "$tmp/r.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs")
+expect "replicas: status names the backups: $rst" [ "$(grep -c '^backup [01] on 127.0.0.1: running' <<< "$rst")" -eq 2 ]
+for _ in $(seq 120); do
+  rst=$(scripts/ps-cluster.sh "$tmp/r.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs")
+  grep -q 'worker .*: running' <<< "$rst" || break
+  sleep 0.5
+done
+expect "replicas: workers finished: $rst" [ "$(grep -c 'worker .*: not running (exited with status 0)' <<< "$rst")" -eq 2 ]
+scripts/ps-cluster.sh "$tmp/r.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/logs" > "$tmp/rstop.out" 2>&1
+expect "replicas: stop succeeds: $(cat "$tmp/rstop.out")" [ $? -eq 0 ]
+for _ in $(seq 20); do [ "$(pgrep -fc -- "--config $tmp/r.yaml")" -eq 0 ] && break; sleep 0.25; done
+expect "replicas: nothing left" [ "$(pgrep -fc -- "--config $tmp/r.yaml")" -eq 0 ]
+
 # Slurm: the derived config names the allocated nodes with the config's ports
 out=$(PS_NODES="n1 n2 n3" PS_DRY_RUN=1 PS_LOGS="$tmp/sb" scripts/ps.sbatch "$tmp/c.yaml" --epochs 2)
 p0=$(bin/ps-server --config "$tmp/c.yaml" --list-shards | awk 'NR == 1 {print $3}')
