@@ -86,11 +86,14 @@ static pid_t start_replica(int shard, int replica)
 }
 
 static const char *forward = "aggregated";
+static int http_port; /* stats.http when > 0: shard k replica r on port + k + 2 r */
 
 static void write_config(const char *mode, const char *optim, int timeout_ms, int request_ms)
 {
-	char yaml[2048], err[512];
+	char yaml[2048], err[512], http[64] = "";
 
+	if (http_port > 0)
+		snprintf(http, sizeof(http), "stats:\n  http: 127.0.0.1:%d\n", http_port);
 	for (int r = 0; r < 2; r++)
 		for (int k = 0; k < NSHARDS; k++)
 			ports[r][k] = tu_free_port();
@@ -101,6 +104,7 @@ static void write_config(const char *mode, const char *optim, int timeout_ms, in
 		 "consistency:\n  mode: %s\n  staleness: 2\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  %s\n"
+		 "%s"
 		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
 		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
 		 "  request_timeout_ms: %d\n"
@@ -108,7 +112,7 @@ static void write_config(const char *mode, const char *optim, int timeout_ms, in
 		 "    - {name: a, shape: [3000], init: arange}\n"
 		 "    - {name: b, shape: [17, 33], init: arange}\n",
 		 tu_transport_yaml(), tu_host(), ports[0][0], tu_host(), ports[0][1], tu_host(),
-		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, forward, mode, optim, request_ms);
+		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, forward, mode, optim, http, request_ms);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 	strcpy(logdir, "/tmp/ps-test-repl-XXXXXX");
@@ -624,6 +628,112 @@ START_TEST(test_every_push_exact)
 }
 END_TEST
 
+/* GET path from 127.0.0.1:port into body; the HTTP status or -1. */
+static int http_get(int port, const char *path, char *body, size_t n)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	char req[256];
+	size_t len = 0;
+	ssize_t r;
+	int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
+
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
+	if (write(fd, req, strlen(req)) == (ssize_t)strlen(req))
+		while (len + 1 < n && (r = read(fd, body + len, n - 1 - len)) > 0)
+			len += (size_t)r;
+	body[len] = 0;
+	close(fd);
+	if (sscanf(body, "HTTP/1.%*d %d", &status) != 1)
+		return -1;
+	return status;
+}
+
+static int log_has(int k, int r, const char *text)
+{
+	char path[160], buf[1 << 16];
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "%s/shard%d-r%d.log", logdir, k, r);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	return strstr(buf, text) != NULL;
+}
+
+/* The backup killed: its primary goes on alone, says so in its log, in
+ * ps-stat's fields and /metrics, the workers keep going, and the
+ * restarted process joins as the backup with the same state. */
+START_TEST(test_backup_killed_primary_alone)
+{
+	struct ps_tensor w[NT];
+	struct ps_shard_stats st, a, b;
+	char body[1 << 16];
+	int nc = 400;
+
+	sh = shared_new();
+	gmode = G_INT;
+	g_nc = nc;
+	http_port = tu_free_port();
+	write_config("async", "name: sgd\n  lr: 1", 500, 60000);
+	http_port = 0;
+	start_all();
+	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	int p = primary_of(0);
+	ck_assert_int_ge(p, 0);
+	pid_t wk[NWORKERS];
+	for (int r = 0; r < NWORKERS; r++)
+		wk[r] = start_worker(r, nc, 0);
+	while (sh->clock[0] < 20)
+		tu_sleep_ms(5);
+	kill(srv[!p][0], SIGKILL);
+	tu_wait_child(srv[!p][0]);
+	double t0 = ps_now_s();
+	int alone = 0;
+	while (!alone && ps_now_s() - t0 < 10 * tu_time_scale()) {
+		alone = replica_stats(0, p, &st) == 0 && st.repl_state == 3 && !st.repl_partner_up;
+		tu_sleep_ms(20);
+	}
+	ck_assert_msg(alone, "the primary does not say it is alone");
+	ck_assert_msg(log_has(0, p, "goes on alone"), "no log line (logs in %s)", logdir);
+	struct ps_endpoint ep;
+	const char *why;
+	ck_assert_int_eq(ps_endpoint_parse(cfg.stats.http, &ep, &why), 0);
+	ck_assert_int_eq(http_get(ep.port + 0 + p * NSHARDS, "/metrics", body, sizeof(body)), 200);
+	ck_assert_msg(strstr(body, "ps_replica_partner_up 0") && strstr(body, "ps_replica_primary 1"),
+		      "%s", body);
+	int at = sh->clock[0];
+	double t1 = ps_now_s();
+	while (sh->clock[0] < at + 10 && ps_now_s() - t1 < 10 * tu_time_scale())
+		tu_sleep_ms(10);
+	ck_assert_msg(sh->clock[0] >= at + 10, "training stopped without the backup");
+	srv[!p][0] = start_replica(0, !p);
+	ck_assert_msg(wait_healthy(20) >= 0, "the restarted backup did not join");
+	ck_assert_int_eq(http_get(ep.port + 0 + p * NSHARDS, "/metrics", body, sizeof(body)), 200);
+	ck_assert_msg(strstr(body, "ps_replica_partner_up 1"), "%s", body);
+	for (int r = 0; r < NWORKERS; r++)
+		ck_assert_int_eq(tu_wait_child(wk[r]), 0);
+	ck_assert_int_eq(replica_stats(0, p, &a), 0);
+	ck_assert_int_eq(replica_stats(0, !p, &b), 0);
+	ck_assert_int_eq(a.repl_state, 3);
+	ck_assert_uint_eq(a.param_checksum, b.param_checksum);
+	alloc_w(w);
+	pull_weights(w);
+	check_oracle(w, nc);
+	free_w(w);
+	stop_all();
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("replica");
@@ -635,6 +745,7 @@ static Suite *suite(void)
 	TU_ADD(tc, test_async_faults_counter);
 	TU_ADD(tc, test_sync_adam_bit_identical);
 	TU_ADD(tc, test_every_push_exact);
+	TU_ADD(tc, test_backup_killed_primary_alone);
 	suite_add_tcase(s, tc);
 	return s;
 }
