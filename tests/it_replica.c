@@ -54,6 +54,8 @@ static int nclocks(void)
 
 	if (getenv("PS_TEST_REPL_SOAK"))
 		n *= 3;
+	if (getenv("PS_TEST_VALGRIND")) /* the test and its workers under memcheck */
+		n /= 5;
 	return n > 0 ? n : 1000;
 }
 
@@ -170,6 +172,7 @@ static double wait_healthy(double limit_s)
 {
 	double t0 = ps_now_s();
 
+	limit_s *= tu_time_scale();
 	while (ps_now_s() - t0 < limit_s) {
 		int ok = 0;
 		for (int k = 0; k < NSHARDS; k++) {
