@@ -144,7 +144,7 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 		/* the shard's other process: replica.c decides who serves */
 		sc->state = CONN_READY;
 		s->nready++;
-		ps__repl_on_partner(s, sc, NULL);
+		ps__repl_on_partner(s, sc);
 		return;
 	}
 	if (sc->rank >= 0 && !ps__repl_serving(s)) {
@@ -156,7 +156,7 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 		no.retry = 1;
 		no.repl_state = (uint32_t)s->repl->state;
 		no.epoch = s->repl->epoch;
-		no.error = (char *)ps_repl_state_name(s->repl->state);
+		no.error = (char *)ps__repl_state_name(s->repl->state);
 		sc->state = CONN_REFUSED;
 		if (ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &no.base, NULL, 0, PS_SEND_STABLE,
 				close_after_send, NULL))

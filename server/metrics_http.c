@@ -151,7 +151,7 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 		fprintf(f, "# HELP ps_replica_info This process's place in its shard's pair "
 			   "(cluster.replicas: 1).\n# TYPE ps_replica_info gauge\n"
 			   "ps_replica_info{replica=\"%d\",role=\"%s\",partner=\"%s\"} 1\n",
-			st.repl_replica, ps_repl_state_name((int)st.repl_state), partner);
+			st.repl_replica, ps__repl_state_name((int)st.repl_state), partner);
 		gauge(f, "ps_replica_primary", "1 while this process serves the shard's workers.",
 		      st.repl_state == PS_REPL_PRIMARY);
 		gauge(f, "ps_replica_partner_up", "1 while the partner is connected and has the "

@@ -35,7 +35,7 @@
 
 enum { OUT_NONE, OUT_CONNECTING, OUT_HELLO, OUT_READY };
 
-const char *ps_repl_state_name(int state)
+const char *ps__repl_state_name(int state)
 {
 	switch (state) {
 	case PS_REPL_JOINING: return "joining";
@@ -156,16 +156,15 @@ static void reply(struct ps_srv_conn *sc, int ok)
 	ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &m.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 }
 
-void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Hello *h)
+void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	struct ps_repl *r = s->repl;
 	char why[200];
 
-	(void)h;
 	if (r->state == PS_REPL_BACKUP && sc->peer_state != PS_REPL_PRIMARY) {
 		snprintf(why, sizeof(why), "the process at the primary's address %s has restarted "
 			 "or stepped down (it says it is %s)", sc->conn->peer,
-			 ps_repl_state_name(sc->peer_state));
+			 ps__repl_state_name(sc->peer_state));
 		take_over(s, sc->peer_epoch, why);
 	} else if (r->state == PS_REPL_JOINING && sc->peer_state == PS_REPL_JOINING &&
 		   wins(r, sc->peer_epoch, sc->peer_lsn)) {

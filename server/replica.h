@@ -114,13 +114,13 @@ int ps__repl_serving(const struct ps_server *s);
 void ps__repl_tick(struct ps_server *s);
 /* A ROLE_REPLICA Hello passed the handshake on sc: decide who serves and
  * answer (HelloReply, then the snapshot when this one is the primary). */
-void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Hello *h);
+void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc);
 /* A frame on the primary's link to its backup. */
 void ps__repl_on_link_frame(struct ps_server *s, struct ps_srv_conn *sc, unsigned type,
 			    ProtobufCMessage *m);
 /* sc, the backup's link, closed with status. */
 void ps__repl_link_closed(struct ps_server *s, struct ps_srv_conn *sc, int status);
-const char *ps_repl_state_name(int state);
+const char *ps__repl_state_name(int state);
 /* Fills the replication fields of a Stats reply. */
 void ps__repl_stats(const struct ps_server *s, Ps__Stats *st, char *partner, size_t len);
 
