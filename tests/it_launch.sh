@@ -157,8 +157,19 @@ expect "no process left after SIGTERM" [ "$(pgrep -fc -- "--config $tmp/c.yaml")
 
 # cluster.replicas: 1 through ps-cluster.sh: every shard's backup starts
 # too, forms its pair (ps-stat), the workers train, and stop ends all
-awk -v b="  backups: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]" \
-  '{ print } /^  servers:/ { print b; print "  replicas: 1" }' "$tmp/c.yaml" > "$tmp/r.yaml"
+# (ports below the kernel's ephemeral range: the processes dial each other
+# as they start, and a dial's source port must not take a port another
+# process is about to listen on)
+low_port() {
+  local p
+  for _ in $(seq 100); do
+    p=$((20000 + RANDOM % 12000))
+    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
+  done
+}
+awk -v s="  servers: [127.0.0.1:$(low_port), 127.0.0.1:$(low_port)]" \
+  -v b="  backups: [127.0.0.1:$(low_port), 127.0.0.1:$(low_port)]" \
+  '/^  servers:/ { print s; print b; print "  replicas: 1"; next } { print }' "$tmp/c.yaml" > "$tmp/r.yaml"
 cp "$tmp/c.secret" "$tmp/r.secret" 2>/dev/null; sed -i 's/secret_file: c.secret/secret_file: r.secret/' "$tmp/r.yaml"
 scripts/ps-cluster.sh "$tmp/r.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs" -- --epochs 1 > "$tmp/r.out" 2>&1
 expect "replicas: start succeeds: $(tail -3 "$tmp/r.out")" [ $? -eq 0 ]

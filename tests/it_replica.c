@@ -87,6 +87,34 @@ static pid_t start_replica(int shard, int replica)
 	return pid;
 }
 
+/* A free port below the kernel's ephemeral range (32768 by default): the
+ * processes dial each other, and a restarted process must find its port
+ * not taken as the source port of such a dial. Distinct from the n ports
+ * picked before it in this config. */
+static int low_free_port(int n)
+{
+	static int picked[2 * NSHARDS];
+	unsigned seed = (unsigned)getpid() * 2654435761u + (unsigned)n;
+
+	for (int i = 0; i < 1000; i++) {
+		int p = 20000 + (int)(rand_r(&seed) % 12000), dup = 0;
+		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)p),
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+		for (int j = 0; j < n; j++)
+			dup |= picked[j] == p;
+		if (!dup && fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+			close(fd);
+			picked[n] = p;
+			return p;
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	return tu_free_port();
+}
+
 static const char *forward = "aggregated";
 static int http_port; /* stats.http when > 0: shard k replica r on port + k + 2 r */
 
@@ -98,7 +126,7 @@ static void write_config(const char *mode, const char *optim, int timeout_ms, in
 		snprintf(http, sizeof(http), "stats:\n  http: 127.0.0.1:%d\n", http_port);
 	for (int r = 0; r < 2; r++)
 		for (int k = 0; k < NSHARDS; k++)
-			ports[r][k] = tu_free_port();
+			ports[r][k] = low_free_port(r * NSHARDS + k);
 	snprintf(yaml, sizeof(yaml),
 		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  backups: [%s:%d, %s:%d]\n"
 		 "  replicas: 1\n  workers: %d\n"
