@@ -33,11 +33,14 @@ static int init_layer(struct ps_net *n, int i, const struct ps_layer_shape *sh, 
 	l->cfg = &cfg->model.layers[i];
 	l->sh = *sh;
 	l->out_count = (size_t)sh->out_c * sh->out_h * sh->out_w;
-	if (l->cfg->kind == PS_LAYER_FLATTEN && i > 0) {
-		/* Same bytes, new shape: a view of the previous layer's buffers. */
+	for (int j = 0; j < i; j++)
+		l->grad_below |= n->l[j].sh.weight >= 0;
+	if (l->cfg->kind == PS_LAYER_FLATTEN) {
+		/* Same bytes, new shape: a view of the previous layer's buffers
+		 * (layer 0: of the input slot, set by each forward). */
 		l->view = 1;
-		l->y = n->l[i - 1].y;
-		l->dy = n->l[i - 1].dy;
+		l->y = i > 0 ? n->l[i - 1].y : NULL;
+		l->dy = i > 0 ? n->l[i - 1].dy : NULL;
 	} else {
 		l->y = ops->alloc(c, (size_t)n->batch * l->out_count * sizeof(float));
 		l->dy = ops->alloc(c, (size_t)n->batch * l->out_count * sizeof(float));
@@ -335,9 +338,10 @@ int ps_net_forward(struct ps_net *n)
 			rc = ops->relu_fwd(c, in, l->y, len);
 			break;
 		case PS_LAYER_FLATTEN:
-			/* a view of the input (layer 0 of a model is never one) */
-			if (!l->view)
-				rc = ops->scale(c, l->y, in, 1.0f, len);
+			/* a view: nothing to compute */
+			if (i == 0)
+				l->y = n->x[s];
+			(void)len;
 			break;
 		}
 		in = l->y;
@@ -372,7 +376,8 @@ static int backward_layer(struct ps_net *n, int i, float alpha)
 	struct ps_net_layer *l = &n->l[i];
 	int count = n->count;
 	const float *in = i > 0 ? n->l[i - 1].y : n->x[n->cur];
-	float *dx = i > 0 ? n->l[i - 1].dy : NULL;
+	/* No gradient into a layer with no parameters at or below it. */
+	float *dx = l->grad_below ? n->l[i - 1].dy : NULL;
 	size_t in_len = (size_t)count * l->sh.in_c * l->sh.in_h * l->sh.in_w;
 
 	switch (l->cfg->kind) {
@@ -393,7 +398,8 @@ static int backward_layer(struct ps_net *n, int i, float alpha)
 	case PS_LAYER_RELU:
 		return dx ? ops->relu_bwd(c, l->y, l->dy, dx, in_len) : 0;
 	case PS_LAYER_FLATTEN:
-		return dx && !l->view ? ops->scale(c, dx, l->dy, 1.0f, in_len) : 0;
+		(void)in_len;
+		return 0;  /* a view: its dy is the layer below's */
 	}
 	return 0;
 }

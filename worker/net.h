@@ -38,7 +38,9 @@ struct ps_net_layer {
 	struct ps_layer_shape sh;
 	size_t out_count;            /* per example */
 	float *y, *dy;               /* batch x out_count: output and its gradient */
-	int view;                    /* flatten: y, dy are the previous layer's */
+	int view;                    /* flatten: y, dy are the previous layer's
+				      * (the input batch's, for layer 0) */
+	int grad_below;              /* a layer below has parameters: dx needed */
 	int32_t *idx;                /* maxpool argmax */
 	float *W, *b, *dW, *db;      /* dense / conv2d */
 	struct ps_conv_shape cs;
