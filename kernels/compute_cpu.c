@@ -477,14 +477,17 @@ static int cpu_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, 
 	size_t out_plane = (size_t)s->oh * s->ow;
 
 	for (size_t p = 0; p < planes; p++) {
-		for (size_t o = 0; o < out_plane; o++) {
-			int32_t at = idx[p * out_plane + o];
-			int oy = (int)(o / (size_t)s->ow), ox = (int)(o % (size_t)s->ow);
-			if (at < 0 || (size_t)at >= in_plane || at / s->w / s->size != oy ||
-			    at % s->w / s->size != ox)
-				return fail(c, -EINVAL, "maxpool: index %d outside its %dx%d window "
-					    "of the %dx%d input (not from maxpool_fwd of this "
-					    "shape?)", at, s->size, s->size, s->h, s->w);
+		const int32_t *ip = idx + p * out_plane;
+		for (int oy = 0; oy < s->oh; oy++) {
+			for (int ox = 0; ox < s->ow; ox++) {
+				int32_t at = ip[oy * s->ow + ox];
+				int iy = at >= 0 ? at / s->w : -1, ix = at - iy * s->w;
+				if (at < 0 || (unsigned)(iy - oy * s->size) >= (unsigned)s->size ||
+				    (unsigned)(ix - ox * s->size) >= (unsigned)s->size)
+					return fail(c, -EINVAL, "maxpool: index %d outside its %dx%d "
+						    "window of the %dx%d input (not from maxpool_fwd "
+						    "of this shape?)", at, s->size, s->size, s->h, s->w);
+			}
 		}
 	}
 	memset(dx, 0, planes * in_plane * sizeof(float));

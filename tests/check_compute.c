@@ -700,6 +700,50 @@ START_TEST(test_memory_and_misc)
 }
 END_TEST
 
+/* An index maxpool_fwd cannot have written is refused, naming it, and dx
+ * keeps what it held: past the plane, negative, or inside the plane but in
+ * another output's window. */
+START_TEST(test_maxpool_bad_index)
+{
+	struct ps_pool_shape s = { .n = 1, .c = 2, .h = 4, .w = 6, .size = 2, .oh = 2, .ow = 3 };
+	float dy[12], dx[48], *ddy = ops->alloc(cc, sizeof(dy)), *ddx = ops->alloc(cc, sizeof(dx));
+	int32_t good[12], *didx = (int32_t *)ops->alloc(cc, sizeof(good));
+	const int32_t bad[] = { 24, -1, 0 };  /* 0: the first window's, given to another */
+
+	ck_assert(ddy && ddx && didx);
+	for (int p = 0; p < 2; p++)
+		for (int oy = 0; oy < 2; oy++)
+			for (int ox = 0; ox < 3; ox++)
+				good[(p * 2 + oy) * 3 + ox] = (2 * oy + 1) * 6 + 2 * ox + 1;
+	for (int i = 0; i < 12; i++)
+		dy[i] = (float)(i + 1);
+	ck_assert_int_eq(ops->upload(cc, ddy, dy, sizeof(dy)), 0);
+	ck_assert_int_eq(ops->upload(cc, didx, good, sizeof(good)), 0);
+	ck_assert_int_eq(ops->maxpool_bwd(cc, &s, ddy, didx, ddx), 0);
+	ck_assert_int_eq(ops->download(cc, dx, ddx, sizeof(dx)), 0);
+	ck_assert_float_eq(dx[7], 1.0f);        /* plane 0, (1, 1) */
+	ck_assert_float_eq(dx[24 + 23], 12.0f); /* plane 1, (3, 5) */
+	for (size_t t = 0; t < sizeof(bad) / sizeof(bad[0]); t++) {
+		int32_t idx[12];
+		float poison[48];
+		memcpy(idx, good, sizeof(idx));
+		idx[4] = bad[t];
+		for (int i = 0; i < 48; i++)
+			poison[i] = 7.0f;
+		ck_assert_int_eq(ops->upload(cc, didx, idx, sizeof(idx)), 0);
+		ck_assert_int_eq(ops->upload(cc, ddx, poison, sizeof(poison)), 0);
+		cc->err[0] = '\0';
+		ck_assert_int_eq(ops->maxpool_bwd(cc, &s, ddy, didx, ddx), -EINVAL);
+		ck_assert_msg(strstr(cc->err, "outside its 2x2 window"), "%s", cc->err);
+		ck_assert_int_eq(ops->download(cc, dx, ddx, sizeof(dx)), 0);
+		ck_assert_msg(memcmp(dx, poison, sizeof(dx)) == 0, "dx written for index %d", bad[t]);
+	}
+	ops->free(cc, ddy);
+	ops->free(cc, ddx);
+	ops->free(cc, didx);
+}
+END_TEST
+
 /* ---- the registry ---- */
 
 START_TEST(test_registry)
@@ -767,6 +811,7 @@ static Suite *compute_suite(void)
 	tcase_add_test(ops_tc, test_maxpool_vs_naive);
 	tcase_add_test(ops_tc, test_softmax_known);
 	tcase_add_test(ops_tc, test_memory_and_misc);
+	tcase_add_test(ops_tc, test_maxpool_bad_index);
 	suite_add_tcase(s, ops_tc);
 	return s;
 }
