@@ -86,6 +86,10 @@ struct ps_pool_shape {
 
 static inline void ps_conv_out(struct ps_conv_shape *s)
 {
+	if (s->stride < 1) {      /* refused by every conv op; never divide by 0 */
+		s->oh = s->ow = 0;
+		return;
+	}
 	s->oh = (s->h + 2 * s->pad - s->kh) / s->stride + 1;
 	s->ow = (s->w + 2 * s->pad - s->kw) / s->stride + 1;
 }

@@ -64,11 +64,13 @@ static int take_flags(struct ps_cuda *cu, struct ps__cuda_flags *seen)
 /* Waits for both streams and reads the flags; for sync() and PS_CUDA_SYNC. */
 static int wait_all(struct ps_cuda *cu)
 {
+	/* the copy stream first: an older flags copy of a download_async must
+	 * not land after (and over) the one made here */
+	CUDA_CHECK(cu->base.err, cudaStreamSynchronize(cu->copy));
 	CUDA_CHECK(cu->base.err, cudaMemcpyAsync(cu->flags_host, cu->flags_dev,
 						 sizeof(*cu->flags_host),
 						 cudaMemcpyDeviceToHost, cu->stream));
 	CUDA_CHECK(cu->base.err, cudaStreamSynchronize(cu->stream));
-	CUDA_CHECK(cu->base.err, cudaStreamSynchronize(cu->copy));
 	return take_flags(cu, cu->flags_host);
 }
 

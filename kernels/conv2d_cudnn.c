@@ -81,6 +81,12 @@ static int conv_check(struct ps_cuda *cu, const struct ps_conv_shape *s)
 	return 0;
 }
 
+/* The math the heuristics may choose from (each entry then runs with its own). */
+static cudnnMathType_t base_math(const struct ps_cuda *cu)
+{
+	return cu->tf32 == PS_TF32_OFF ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+}
+
 /* Points the four descriptors at shape s (NCHW fp32, cross-correlation). */
 static int set_descs(struct ps_cuda *cu, const struct ps_conv_shape *s)
 {
@@ -95,9 +101,7 @@ static int set_descs(struct ps_cuda *cu, const struct ps_conv_shape *s)
 								  CUDNN_CROSS_CORRELATION,
 								  CUDNN_DATA_FLOAT));
 	/* The math the heuristics may pick from; each op then sets its plan's. */
-	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
-							      cu->tf32 == PS_TF32_OFF ? CUDNN_FMA_MATH
-									      : CUDNN_DEFAULT_MATH));
+	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, base_math(cu)));
 	CUDNN_CHECK(cu->base.err, cudnnSetTensor4dDescriptor(cu->y_desc, CUDNN_TENSOR_NCHW,
 							     CUDNN_DATA_FLOAT, s->n, s->k, s->oh,
 							     s->ow));
@@ -140,17 +144,25 @@ static int pick_fwd(struct ps_cuda *cu, size_t limit, struct ps__conv_plan *p)
 	int got = 0, ok;
 	size_t need = 0;
 
+	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, base_math(cu)));
 	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionForwardAlgorithm_v7(
 		cu->dnn, cu->x_desc, cu->w_desc, cu->conv_desc, cu->y_desc,
 		CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
 	for (int i = 0; i < got; i++) {
 		if (!acceptable(cu, perf[i].status, perf[i].mathType, perf[i].determinism))
 			continue;
+		/* sized under the math it will run with */
+		CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
+								      perf[i].mathType));
 		ok = ws_fits(cu, cudnnGetConvolutionForwardWorkspaceSize(
 				     cu->dnn, cu->x_desc, cu->w_desc, cu->conv_desc, cu->y_desc,
 				     perf[i].algo, &need), need, limit);
 		if (ok < 0)
 			return ok;
+		if (ok && perf[i].memory > need) {  /* the heuristic's figure, if larger */
+			need = perf[i].memory;
+			ok = need <= limit;
+		}
 		if (!ok)
 			continue;
 		p->fwd = perf[i].algo;
@@ -160,6 +172,7 @@ static int pick_fwd(struct ps_cuda *cu, size_t limit, struct ps__conv_plan *p)
 	}
 	p->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
 	p->fwd_math = CUDNN_FMA_MATH;
+	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, CUDNN_FMA_MATH));
 	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionForwardWorkspaceSize(
 		cu->dnn, cu->x_desc, cu->w_desc, cu->conv_desc, cu->y_desc, p->fwd, &p->fwd_ws));
 	return fallback_fits(cu, "forward", p->fwd_ws, limit);
@@ -171,17 +184,25 @@ static int pick_bwd_data(struct ps_cuda *cu, size_t limit, struct ps__conv_plan 
 	int got = 0, ok;
 	size_t need = 0;
 
+	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, base_math(cu)));
 	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardDataAlgorithm_v7(
 		cu->dnn, cu->w_desc, cu->y_desc, cu->conv_desc, cu->x_desc,
 		CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
 	for (int i = 0; i < got; i++) {
 		if (!acceptable(cu, perf[i].status, perf[i].mathType, perf[i].determinism))
 			continue;
+		/* sized under the math it will run with */
+		CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
+								      perf[i].mathType));
 		ok = ws_fits(cu, cudnnGetConvolutionBackwardDataWorkspaceSize(
 				     cu->dnn, cu->w_desc, cu->y_desc, cu->conv_desc, cu->x_desc,
 				     perf[i].algo, &need), need, limit);
 		if (ok < 0)
 			return ok;
+		if (ok && perf[i].memory > need) {  /* the heuristic's figure, if larger */
+			need = perf[i].memory;
+			ok = need <= limit;
+		}
 		if (!ok)
 			continue;
 		p->bwd_data = perf[i].algo;
@@ -191,6 +212,7 @@ static int pick_bwd_data(struct ps_cuda *cu, size_t limit, struct ps__conv_plan 
 	}
 	p->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;  /* deterministic; ALGO_0 is not */
 	p->data_math = CUDNN_FMA_MATH;
+	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, CUDNN_FMA_MATH));
 	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardDataWorkspaceSize(
 		cu->dnn, cu->w_desc, cu->y_desc, cu->conv_desc, cu->x_desc, p->bwd_data,
 		&p->data_ws));
@@ -203,17 +225,25 @@ static int pick_bwd_filter(struct ps_cuda *cu, size_t limit, struct ps__conv_pla
 	int got = 0, ok;
 	size_t need = 0;
 
+	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, base_math(cu)));
 	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
 		cu->dnn, cu->x_desc, cu->y_desc, cu->conv_desc, cu->w_desc,
 		CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
 	for (int i = 0; i < got; i++) {
 		if (!acceptable(cu, perf[i].status, perf[i].mathType, perf[i].determinism))
 			continue;
+		/* sized under the math it will run with */
+		CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
+								      perf[i].mathType));
 		ok = ws_fits(cu, cudnnGetConvolutionBackwardFilterWorkspaceSize(
 				     cu->dnn, cu->x_desc, cu->y_desc, cu->conv_desc, cu->w_desc,
 				     perf[i].algo, &need), need, limit);
 		if (ok < 0)
 			return ok;
+		if (ok && perf[i].memory > need) {  /* the heuristic's figure, if larger */
+			need = perf[i].memory;
+			ok = need <= limit;
+		}
 		if (!ok)
 			continue;
 		p->bwd_filter = perf[i].algo;
@@ -223,6 +253,7 @@ static int pick_bwd_filter(struct ps_cuda *cu, size_t limit, struct ps__conv_pla
 	}
 	p->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;  /* deterministic; ALGO_0 is not */
 	p->filter_math = CUDNN_FMA_MATH;
+	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, CUDNN_FMA_MATH));
 	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardFilterWorkspaceSize(
 		cu->dnn, cu->x_desc, cu->y_desc, cu->conv_desc, cu->w_desc, p->bwd_filter,
 		&p->filter_ws));

@@ -43,7 +43,8 @@ CUDA_PLUGIN :=
 else
 CUDA_PLUGIN := lib/ps-compute-cuda.so
 
-CUDA_INC  := $(addprefix -I,$(sort $(CUDA_HOME)/include $(CUDNN_INCDIR))) -Ikernels
+# cuDNN's folders first, so that CUDNN_HOME wins over a cuDNN inside the toolkit.
+CUDA_INC  := -I$(CUDNN_INCDIR) $(addprefix -I,$(filter-out $(CUDNN_INCDIR),$(CUDA_HOME)/include)) -Ikernels
 NVCCFLAGS ?= -O2
 # Kept apart from NVCCFLAGS so that overriding it on the command line keeps
 # the architectures and warnings. Position-independent (a shared object),
@@ -59,7 +60,7 @@ CUDA_OBJS    := $(CUDA_C_OBJS) $(CUDA_CU_OBJS)
 # rpath so the plug-in finds its libraries without LD_LIBRARY_PATH; cuDNN's
 # own runpath ($ORIGIN) finds its sub-libraries next to libcudnn. nvcc's
 # host stubs use C++ static guards, hence libstdc++.
-CUDA_LIBDIRS := $(sort $(CUDA_HOME)/lib64 $(CUDNN_LIBDIR))
+CUDA_LIBDIRS := $(CUDNN_LIBDIR) $(filter-out $(CUDNN_LIBDIR),$(CUDA_HOME)/lib64)
 CUDA_LIBS    := $(foreach d,$(CUDA_LIBDIRS),-L$(d) -Wl,-rpath,$(d)) \
                 $(if $(filter %.so,$(CUDNN_LIB)),-lcudnn,-l:libcudnn.so.9) \
                 -lcublas -lcudart -lstdc++ -lm

@@ -13,10 +13,11 @@
 
 #define PS__BLOCK 256
 
-/* Whether a count fits the kernels' int indices. */
+/* Whether a count fits the kernels' int indices, grid-stride steps
+ * included (at most 4096 blocks of PS__BLOCK past the last index). */
 static inline int ps__fits_int(size_t n)
 {
-	return n <= (size_t)INT_MAX;
+	return n <= (size_t)INT_MAX - (size_t)4096 * PS__BLOCK;
 }
 
 /* Blocks for total items: enough to fill any current GPU (132 SMs of 2048

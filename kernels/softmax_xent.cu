@@ -168,7 +168,8 @@ extern "C" cudaError_t ps__cuda_softmax_xent(cudaStream_t st, const float *logit
 	int blocks = (n + WARPS - 1) / WARPS;
 	cudaError_t e;
 
-	if (n <= 0 || classes <= 0 || (long long)n * classes > INT_MAX)
+	/* int indices, a grid-stride step of margin */
+	if (n <= 0 || classes <= 0 || (long long)n * classes > INT_MAX - 65536)
 		return cudaErrorInvalidValue;
 	if (blocks > MAX_BLOCKS)
 		blocks = MAX_BLOCKS;
