@@ -143,7 +143,7 @@ sandbox=()
 # manual pages out, recompressed with xz; what is left is unchanged.
 for f in "$tmp"/*.deb; do
   case "$f" in */dataset-*) continue ;; esac
-  if dpkg-deb -c "$f" | awk '{ print $6 }' | grep -qE '\.a$|^\./usr/share/(doc|man)/'; then
+  if dpkg-deb -c "$f" | awk '{ print $6 }' | grep -E '\.a$|^\./usr/share/(doc|man)/' >/dev/null; then
     r=$tmp/raw
     rm -rf "$r" && dpkg-deb -R "$f" "$r"
     find "$r" \( -name '*.a' -o -path "$r/usr/share/doc" -o -path "$r/usr/share/man" \) -prune \
@@ -157,6 +157,7 @@ rm -f "$OUT"/*.deb
 mv "$tmp"/*.deb "$OUT"/
 
 {
+  # shellcheck source=/dev/null
   echo "# gpu-bundle.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(. /etc/os-release && echo "$PRETTY_NAME")"
   echo "# package version bytes"
   for f in "$OUT"/*.deb; do
@@ -167,6 +168,6 @@ printf '%s\n' "${skipped[@]}" >"$OUT/SKIPPED"
 total=$(du -cb "$OUT"/*.deb | tail -1 | cut -f1)
 data=$(du -cb "$OUT"/dataset-*.deb 2>/dev/null | tail -1 | cut -f1)
 printf 'gpu-bundle.sh: %d packages, %.1f MiB (dataset %.1f MiB) in %s\n' \
-  "$(ls "$OUT"/*.deb | wc -l)" "$(echo "$total / 1048576" | bc -l)" \
+  "$(find "$OUT" -maxdepth 1 -name '*.deb' | wc -l)" "$(echo "$total / 1048576" | bc -l)" \
   "$(echo "${data:-0} / 1048576" | bc -l)" "$OUT"
 echo "  carry it: run(carry=[\"${OUT#"$here"/}\"], command=\"make gpu-check\") (docs/gpu.md)"

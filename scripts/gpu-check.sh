@@ -107,6 +107,7 @@ HPY=${PY:-$(command -v python3 || echo /usr/bin/python3)}
 {
   echo "date $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
+  # shellcheck source=/dev/null
   echo "host $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME"), $(uname -r), glibc $(getconf GNU_LIBC_VERSION 2>/dev/null | cut -d' ' -f2), $(nproc) CPUs"
   if command -v nvidia-smi >/dev/null; then
     nvidia-smi -L 2>&1 | sed 's/^/gpu /'
@@ -125,7 +126,9 @@ HPY=${PY:-$(command -v python3 || echo /usr/bin/python3)}
     echo "compute-sanitizer $(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 } >"$W/machine.txt" 2>&1
 NVCC=$(command -v nvcc || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
-[ -n "$NVCC" ] && case ":$PATH:" in *":$(dirname "$NVCC"):"*) ;; *) export PATH=$PATH:$(dirname "$NVCC") ;; esac
+if [ -n "$NVCC" ]; then
+  case ":$PATH:" in *":${NVCC%/nvcc}:"*) ;; *) PATH=$PATH:${NVCC%/nvcc} ;; esac
+fi
 SANITIZER=$(command -v compute-sanitizer || { [ -x /usr/local/cuda/bin/compute-sanitizer ] && echo /usr/local/cuda/bin/compute-sanitizer; })
 GPU=0
 nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && GPU=1
@@ -185,6 +188,7 @@ else
     find "$P" -name '*.pc' -path '*pkgconfig*' -print0 | xargs -0 -r sed -i \
       -e "s|^\\([A-Za-z_]*\\)=/usr\\([/ ]\\|\$\\)|\\1=$P/usr\\2|" -e '/^Requires\.private:/d'
     # tools run from the prefix find their libraries through a wrapper
+    # shellcheck disable=SC2016 # $LD_LIBRARY_PATH and $@ are the wrapper's
     wrap() { printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
                "$LIB" "$2" >"$P/bin/$1"; chmod +x "$P/bin/$1"; }
     [ -x "$P/usr/bin/protoc-c" ] && wrap protoc-c "$P/usr/bin/protoc-c"
@@ -407,8 +411,9 @@ if [ -z "$PY" ]; then
   terr="$terr no python3 with torch;"
 else
   l=$(limit 150)
-  warm=30; [ $DEV = cpu ] && warm=5
-  targs=(--device "$DEV" --steps "$NSTEPS" --warmup $warm --batch "$BATCH" --threads "$THREADS"
+  warm=30
+  [ $DEV = cpu ] && warm=5
+  targs=(--device "$DEV" --steps "$NSTEPS" --warmup "$warm" --batch "$BATCH" --threads "$THREADS"
          --data "$DATA" --models cnn mlp)
   [ $DEV = cuda ] && targs+=(--tf32 "$TF32")
   if [ "$l" -gt 0 ] && timeout -k 5 "$l" "$PY" scripts/bench-torch.py "${targs[@]}" >"$W/torch.jsonl" 2>"$W/torch.log"; then
