@@ -203,7 +203,9 @@ else
   unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
   export CPATH=$P/usr/include:$P/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}
   export LIBRARY_PATH=$LIB${LIBRARY_PATH:+:$LIBRARY_PATH}
-  export LDFLAGS="-Wl,-rpath,$LIB${LDFLAGS:+ $LDFLAGS}"
+  # DT_RPATH, not RUNPATH: it also serves the libraries' own dependencies
+  # (libopenblas.so.0 needs the prefix's libgfortran.so.5)
+  export LDFLAGS="-Wl,--disable-new-dtags -Wl,-rpath,$LIB${LDFLAGS:+ $LDFLAGS}"
   [ -d "$P$DATA" ] && DATA=$P$DATA
   # shellcheck disable=SC2086
   flags=$(pkg-config --cflags --libs $PKGS 2>>"$W/unpack.log")
@@ -301,7 +303,10 @@ else
   miss=""
   for f in bin/ps-server bin/ps-worker "$T_CC" "$T_IT" "$T_BT"; do [ -x "$f" ] || miss="$miss $f"; done
   plug="$PLUGIN built"
-  [ -e "$PLUGIN" ] || plug="no $PLUGIN: $(grep -i -m1 'cuda' "$W/build.log" | cut -c1-160)"
+  if [ ! -e "$PLUGIN" ]; then # cuda.mk says why in one line, when it does
+    plug=$(grep -v '^\(cc\|gcc\|nvcc\|/\)' "$W/build.log" | grep -i -m1 'cuda\|cudnn' | cut -c1-160)
+    plug="no $PLUGIN${plug:+: $plug}"
+  fi
   if [ $rc -eq 0 ] && [ -z "$miss" ]; then
     record build PASS $((SECONDS - t)) "make -j$JOBS; $plug"
   else
