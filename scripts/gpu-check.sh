@@ -528,8 +528,10 @@ if rows:
                    f"{b['ms_per_step']:.3f} ms/step)")
     t = get("pytorch", "cnn")
     if t:
+        o = get("ours", "cnn") or {}
         out.append(f"  PyTorch: {t['torch']}, first step {t.get('first_step_ms')} ms, "
-                   f"tf32 {t.get('tf32', '-')}, {t['steps']} timed steps")
+                   f"tf32 {t.get('tf32', '-')}, {t['steps']} timed steps; "
+                   f"ours: train.tf32 {o.get('tf32', '-')}, test accuracy {o.get('test_accuracy')}")
 if targets:
     out += ["", "targets (issue 16):"]
     for name, ok, val in targets:
