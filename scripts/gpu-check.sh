@@ -249,10 +249,9 @@ else
   if [ -n "$CUDNN_HOME" ]; then
     cudnn_where="CUDNN_HOME=$CUDNN_HOME (given)"
   else
-    for d in "$CUDA_HOME" /usr /usr/local; do
-      for l in lib64 lib lib/x86_64-linux-gnu; do
-        if [ -e "$d/$l/libcudnn.so" ]; then cudnn_where="$d/$l"; break 2; fi
-      done
+    # where kernels/cuda.mk looks, in its order
+    for d in "$CUDA_HOME/lib64" "$CUDA_HOME/lib" /usr/lib/x86_64-linux-gnu /usr/local/lib; do
+      if [ -e "$d/libcudnn.so" ]; then cudnn_where=$d; break; fi
     done
     if [ -z "$cudnn_where" ] && w=$(wheel_dir cudnn) && [ -d "$w/lib" ]; then
       link_libs "$w" "$P/cudnn" libcudnn
@@ -278,7 +277,7 @@ else
   [ -n "$hdr" ] && ver=$(awk '/#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) / { v = v (v == "" ? "" : ".") $3 } END { print v }' "$hdr")
   echo "cudnn ${ver:-?} ($cudnn_where); cublas: ${cublas_where:-not found}" >>"$W/machine.txt"
   if [ -z "$cudnn_where" ]; then
-    record cudnn FAIL $((SECONDS - t)) "cuDNN not found (toolkit, /usr, /usr/local, pip wheel nvidia-cudnn-cu13 of ${PY:-no python}): set CUDNN_HOME"
+    record cudnn FAIL $((SECONDS - t)) "cuDNN not found (\$CUDA_HOME/lib64 or lib, /usr/lib/x86_64-linux-gnu, /usr/local/lib, pip wheel nvidia-cudnn-cu13 of ${PY:-no python}): set CUDNN_HOME"
   elif [ -z "$cublas_where" ]; then
     record cudnn FAIL $((SECONDS - t)) "cuDNN $ver in $cudnn_where, but no libcublas.so (toolkit or pip wheel)"
   else
@@ -382,11 +381,12 @@ log: {level: warn}
 EOF
   }
   write_cfg
-  if ! bin/ps-server --config "$cfg" --dump-config >/dev/null 2>"$W/timing-$m.log"; then
-    if grep -q tf32 "$W/timing-$m.log"; then tf=0; write_cfg; fi
+  if ! bin/ps-server --config "$cfg" --dump-config >/dev/null 2>"$W/config-$m.log"; then
+    if grep -q tf32 "$W/config-$m.log"; then tf=0; write_cfg; fi
   fi
   l=$(limit 200)
-  [ "$l" -eq 0 ] && { echo "no time left" >>"$W/timing-$m.log"; return 1; }
+  [ "$l" -eq 0 ] && { tskip="$tskip ours $m: no time left;"; return 0; }
+  : >"$W/timing-$m.log"
   OPENBLAS_NUM_THREADS=$THREADS timeout -k 5 "$l" scripts/ps-local.sh "$cfg" --logs "$W/logs-$m" \
     >>"$W/timing-$m.log" 2>&1 || return 1
   "$HPY" - "$W/metrics-$m/worker-0.jsonl" "$m" "$BATCH" "$NSTEPS" "$tf" "$TF32" $((SECONDS - t)) <<'EOF' >>"$W/timing.jsonl"
@@ -404,16 +404,22 @@ print(json.dumps({"impl": "ours", "model": m, "batch": b, "steps": warm["steps"]
 EOF
 }
 t=$SECONDS
-terr=""
-if [ ! -x bin/ps-worker ] || [ ! -x bin/ps-server ]; then
+terr="" tskip=""
+if [ "$(limit 60)" -eq 0 ]; then
+  tskip="no time left (--budget $BUDGET)"
+elif [ ! -x bin/ps-worker ] || [ ! -x bin/ps-server ]; then
   terr="bin/ps-worker or bin/ps-server not built; "
 else
   for m in cnn mlp; do
     ours "$m" || terr="$terr ours $m failed: $(tail_of "$W/timing-$m.log" 6);"
   done
 fi
-if [ -z "$PY" ]; then
+if [ -n "$tskip" ]; then
+  :
+elif [ -z "$PY" ]; then
   terr="$terr no python3 with torch;"
+elif [ "$(limit 150)" -eq 0 ]; then
+  tskip="$tskip PyTorch: no time left;"
 else
   l=$(limit 150)
   warm=30
@@ -421,7 +427,7 @@ else
   targs=(--device "$DEV" --steps "$NSTEPS" --warmup "$warm" --batch "$BATCH" --threads "$THREADS"
          --data "$DATA" --models cnn mlp)
   [ $DEV = cuda ] && targs+=(--tf32 "$TF32")
-  if [ "$l" -gt 0 ] && timeout -k 5 "$l" "$PY" scripts/bench-torch.py "${targs[@]}" >"$W/torch.jsonl" 2>"$W/torch.log"; then
+  if timeout -k 5 "$l" "$PY" scripts/bench-torch.py "${targs[@]}" >"$W/torch.jsonl" 2>"$W/torch.log"; then
     cat "$W/torch.jsonl" >>"$W/timing.jsonl"
     # cuDNN's own algorithm search, for reference (not PyTorch's default)
     [ $DEV = cuda ] && timeout -k 5 60 "$PY" scripts/bench-torch.py "${targs[@]}" --models cnn \
@@ -438,8 +444,10 @@ import json, sys
 for l in sys.stdin:
     d = json.loads(l); d["impl"] = "ours-compute"; d["device"] = d.pop("backend"); print(json.dumps(d))' >>"$W/timing.jsonl"
 fi
-if [ -z "$terr" ]; then
-  record timing PASS $((SECONDS - t)) "device $DEV, batch $BATCH, $NSTEPS timed steps per model"
+if [ -z "$terr" ] && [ ! -s "$W/timing.jsonl" ]; then
+  record timing SKIP $((SECONDS - t)) "$tskip"
+elif [ -z "$terr" ]; then
+  record timing PASS $((SECONDS - t)) "device $DEV, batch $BATCH, $NSTEPS timed steps per model${tskip:+; $tskip}"
 else
   record timing FAIL $((SECONDS - t)) "$terr"
 fi
