@@ -198,6 +198,7 @@ else
     [ -z "$dangling" ] || echo "dangling links: $dangling"
   ) >"$W/unpack.log" 2>&1
   rc=$?
+  utail=$(tail_of "$W/unpack.log" 3)
   export PATH=$P/bin:$PATH
   export PKG_CONFIG_LIBDIR=$LIB/pkgconfig:$P/usr/lib/pkgconfig:$P/usr/share/pkgconfig
   unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
@@ -212,7 +213,7 @@ else
   echo "pkg-config --cflags --libs: $flags" >>"$W/unpack.log"
   outside=$(tr ' ' '\n' <<<"$flags" | grep -E '^-[IL]' | grep -v "^-[IL]$P/" | tr '\n' ' ')
   if [ $rc -ne 0 ]; then
-    record unpack FAIL $((SECONDS - t)) "unpacking failed: $(tail_of "$W/unpack.log" 3)"
+    record unpack FAIL $((SECONDS - t)) "unpacking failed: $utail"
   elif [ -z "$flags" ]; then
     record unpack FAIL $((SECONDS - t)) "pkg-config resolves none of the build's modules in $P: $(tail_of "$W/unpack.log" 3)"
   elif [ -n "$outside" ] || grep -q '^dangling' "$W/unpack.log"; then
