@@ -329,7 +329,9 @@ run_test() {
   counts=$(grep -hE '^tu: [0-9]+ cases, [0-9]+ skipped$' "$log" | tail -1)
   skipline=$(grep -m1 '^SKIP' "$log" | cut -c1-200)
   summary=$(grep -hE '^[0-9]+%: Checks' "$log" | tail -1)
-  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+  if { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && [ "$l" -lt "$want" ]; then
+    record "$step" SKIP $((SECONDS - t)) "cut off by the budget after ${l}s (its own limit: ${want}s; raise --budget): $(tail_of "$log" 4)"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
     record "$step" FAIL $((SECONDS - t)) "timed out after ${l}s: $(tail_of "$log" 12)"
   elif [ $rc -eq 77 ] || { [ $rc -eq 0 ] && [ -n "$counts" ] &&
         [ "$(awk '{ print ($4 >= $2) }' <<<"$counts")" = 1 ]; }; then
