@@ -252,7 +252,7 @@ else
   else
     # where kernels/cuda.mk looks, in its order
     for d in "$CUDA_HOME/lib64" "$CUDA_HOME/lib" /usr/lib/x86_64-linux-gnu /usr/local/lib; do
-      if [ -e "$d/libcudnn.so" ]; then cudnn_where=$d; break; fi
+      if [ -e "$d/libcudnn.so" ] || [ -e "$d/libcudnn.so.9" ]; then cudnn_where=$d; break; fi
     done
     if [ -z "$cudnn_where" ] && w=$(wheel_dir cudnn) && [ -d "$w/lib" ]; then
       link_libs "$w" "$P/cudnn" libcudnn
