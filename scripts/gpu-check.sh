@@ -25,7 +25,8 @@
 #            bench_train (our forward+backward alone, no shard)
 #   memcheck_check_compute_cuda, memcheck_it_train: the same tests under
 #            compute-sanitizer --tool memcheck (SKIP when it refuses the device)
-#   asan     (--asan) check_compute_cuda built with SANITIZE=address,undefined
+#   asan     (--asan) the plug-in and check_compute_cuda built with
+#            SANITIZE=address,undefined (bin/ and lib/ stay that variant)
 # Writes build/gpu-check/summary.txt and summary.json (and copies them, with
 # logs.tar.gz, to $OUT when set); exits 1 when a step failed.
 # Without a GPU (this machine) the CUDA steps SKIP and the timing runs on the
@@ -46,7 +47,7 @@ cd "$here" || exit 2
 
 BUNDLE=$here/gpu-bundle STEPS=300 BATCH=64 TF32=conv BUDGET=540 JOBS=$(nproc)
 REQUIRE_GPU=0 ASAN=0 SYSTEM=0 CPU_STEPS=50
-usage() { sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; }
 need() { [ "$2" -ge 2 ] || { echo "gpu-check.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -345,6 +346,9 @@ run_test() {
 
 # ---- the CUDA tests ------------------------------------------------------
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}protect_shadow_gap=0
+# test programs live under build/, not beside lib/ as bin/ps-worker does:
+# where the plug-in is (as scripts/run-tests.sh says it)
+export PS_COMPUTE_PLUGIN_DIR=${PS_COMPUTE_PLUGIN_DIR:-$here/lib}
 run_test check_compute_cuda 180 "$T_CC"
 if [ $GPU -eq 1 ]; then
   run_test it_train_cuda 180 "$T_IT" env PS_TEST_DEVICE=cuda
@@ -478,7 +482,9 @@ if [ $ASAN -eq 1 ]; then
   l=$(limit 200)
   if [ "$l" -eq 0 ]; then
     record asan SKIP 0 "no time left (--budget $BUDGET)"
-  elif timeout "$l" make -j"$JOBS" SANITIZE=address,undefined build/san/tests/check_compute_cuda >"$W/asan-build.log" 2>&1; then
+  # all: the plug-in too, so that its host code runs under ASan (bin/ and
+  # lib/ are the sanitizer variant afterwards)
+  elif timeout "$l" make -j"$JOBS" SANITIZE=address,undefined all build/san/tests/check_compute_cuda >"$W/asan-build.log" 2>&1; then
     run_test asan 120 build/san/tests/check_compute_cuda
   else
     record asan FAIL $((SECONDS - t)) "sanitizer build failed: $(tail_of "$W/asan-build.log" 5)"
