@@ -20,6 +20,8 @@
 #                        the transport, wire, codec and auth code against
 #                        their narrowest suites (scripts/mutate.sh --help;
 #                        about an hour; docs/testing.md has the score)
+#   make gpu-check       on a lent GPU machine: unpack gpu-bundle/ (scripts/gpu-bundle.sh),
+#                        build, the CUDA tests, timings against PyTorch; docs/gpu.md
 #   make clean
 
 PREFIX   ?= /usr/local
@@ -182,6 +184,12 @@ bench: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/demo.sh
+
+# The first minutes on a lent GPU machine (docs/gpu.md): no deps, it has no
+# network; the script unpacks gpu-bundle/ and builds with its own make calls.
+.PHONY: gpu-check
+gpu-check:
+	@scripts/gpu-check.sh
 
 # The systemd units go where systemd looks for local ones, with their
 # paths (programs, Documentation=) under PREFIX; the docs they point at go
