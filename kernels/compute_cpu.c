@@ -463,32 +463,41 @@ static int cpu_maxpool_fwd(struct ps_compute *c, const struct ps_pool_shape *s, 
 	return 0;
 }
 
+/* Whether idx entry (oy, ox) of a plane lies in its own window: rel - dy*w
+ * in [0, size) for a row dy of the window (no division, no branch: this
+ * runs for every output of every step). */
+static inline int in_window(const struct ps_pool_shape *s, int32_t at, int oy, int ox)
+{
+	int rel = at - (oy * s->size * s->w + ox * s->size), in = 0;
+
+	for (int dy = 0; dy < s->size; dy++)
+		in |= (unsigned)(rel - dy * s->w) < (unsigned)s->size;
+	return in;
+}
+
 /* Every index is checked before anything is written: one maxpool_fwd
  * cannot have produced (outside its own window) refuses the call and
  * leaves dx as it was. */
 static int cpu_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *dy,
 			   const int32_t *idx, float *dx)
 {
-	int rc = pool_check(c, s);
+	int rc = pool_check(c, s), ok = 1;
 
 	if (rc)
 		return rc;
 	size_t planes = (size_t)s->n * s->c, in_plane = (size_t)s->h * s->w;
 	size_t out_plane = (size_t)s->oh * s->ow;
 
-	for (size_t p = 0; p < planes; p++) {
-		const int32_t *ip = idx + p * out_plane;
-		for (int oy = 0; oy < s->oh; oy++) {
-			for (int ox = 0; ox < s->ow; ox++) {
-				int32_t at = ip[oy * s->ow + ox];
-				int iy = at >= 0 ? at / s->w : -1, ix = at - iy * s->w;
-				if (at < 0 || (unsigned)(iy - oy * s->size) >= (unsigned)s->size ||
-				    (unsigned)(ix - ox * s->size) >= (unsigned)s->size)
-					return fail(c, -EINVAL, "maxpool: index %d outside its %dx%d "
-						    "window of the %dx%d input (not from maxpool_fwd "
-						    "of this shape?)", at, s->size, s->size, s->h, s->w);
-			}
-		}
+	for (size_t p = 0; p < planes; p++)
+		for (int oy = 0; oy < s->oh; oy++)
+			for (int ox = 0; ox < s->ow; ox++)
+				ok &= in_window(s, idx[p * out_plane + oy * s->ow + ox], oy, ox);
+	for (size_t o = 0; !ok && o < planes * out_plane; o++) {
+		int oo = (int)(o % out_plane);
+		if (!in_window(s, idx[o], oo / s->ow, oo % s->ow))
+			return fail(c, -EINVAL, "maxpool: index %d outside its %dx%d window of the "
+				    "%dx%d input (not from maxpool_fwd of this shape?)", idx[o],
+				    s->size, s->size, s->h, s->w);
 	}
 	memset(dx, 0, planes * in_plane * sizeof(float));
 	for (size_t p = 0; p < planes; p++) {
