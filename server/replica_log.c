@@ -83,9 +83,9 @@ static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int ra
 		send_batch(s, 0);
 	if (grow((void **)&b->slots, &b->cap, b->nslots + 1, sizeof(*b->slots)) ||
 	    grow((void **)&b->payload, &b->pcap, b->plen + bytes, 1)) {
-		/* the backup can no longer follow: it gets the state again */
-		ps_error("replication: out of memory gathering a batch; the backup's state will be "
-			 "transferred again");
+		/* the backup can no longer follow: closing the link makes this
+		 * primary step down (ps__repl_link_closed); the pair forms again */
+		ps_error("replication: out of memory gathering a batch; stepping down");
 		if (r->link)
 			r->link->conn->t->ops->close(r->link->conn, -ENOMEM);
 		return;
@@ -209,10 +209,13 @@ static void send_batch(struct ps_server *s, int with_state)
 	if (r->link) {
 		sp = malloc(sizeof(*sp) * (b->nslots + 1));
 		mp = malloc(sizeof(*mp) * (b->nmarks + 1));
-		if (!sp || !mp) {
-			r->link->conn->t->ops->close(r->link->conn, -ENOMEM);
-			goto out;
-		}
+	}
+	if (r->link && (!sp || !mp)) {
+		/* the batch cannot be forwarded: closing the link (not by the
+		 * peer) makes this primary step down rather than acknowledge
+		 * what its backup lacks (ps__repl_link_closed) */
+		r->link->conn->t->ops->close(r->link->conn, -ENOMEM);
+	} else if (r->link) {
 		for (size_t i = 0; i < b->nslots; i++)
 			sp[i] = &b->slots[i];
 		for (size_t i = 0; i < b->nmarks; i++)
@@ -232,7 +235,6 @@ static void send_batch(struct ps_server *s, int with_state)
 			r->link->conn->t->ops->close(r->link->conn, PS_ECLOSED);
 		r->last_sent = ps_now_s();
 	}
-out:
 	free(sp);
 	free(mp);
 	b->nslots = 0;
