@@ -17,6 +17,7 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,26 +353,35 @@ static int cmp_d(const void *a, const void *b)
 /* Runs the workers while faults are injected every few seconds; returns
  * the number of faults, failover times in ft (seconds). */
 enum { F_ANY, F_PARTITION, F_PRIMARIES };
+
+/* xorshift64*: the faults' choices (rand_r's low bits are too regular) */
+static uint64_t rnd(uint64_t *x)
+{
+	*x ^= *x >> 12;
+	*x ^= *x << 25;
+	*x ^= *x >> 27;
+	return (*x * 2685821657736338717ull) >> 33;
+}
 static int run_with_faults(int nc, int sync, int faults, double *ft, int *nft_out, int how)
 {
 	pid_t w[NWORKERS];
 	int n = 0, parted = 0;
-	unsigned seed = (unsigned)getpid();
+	uint64_t seed = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull | 1;
 
 	for (int r = 0; r < NWORKERS; r++)
 		w[r] = start_worker(r, nc, sync);
 	*nft_out = 0;
 	while (faults && !(sh->done[0] && sh->done[1])) {
-		tu_sleep_ms(1200 + (int)(rand_r(&seed) % 800));
+		tu_sleep_ms(1200 + (int)(rnd(&seed) % 800));
 		if (sh->done[0] || sh->done[1] || wait_healthy(30) < 0)
 			break;
-		int k = (int)(rand_r(&seed) % NSHARDS), p = primary_of(k);
+		int k = (int)(rnd(&seed) % NSHARDS), p = primary_of(k);
 		if (p < 0)
 			continue;
 		int do_partition = how == F_PARTITION;
 		/* the first fault always hits a primary, so every run fails over */
 		int victim = (do_partition && !parted && n >= 1) || how == F_PRIMARIES || n == 0
-			     ? p : (int)(rand_r(&seed) % 2);
+			     ? p : (int)(rnd(&seed) % 2);
 		double t0 = ps_now_s(), tf = 0;
 		if (do_partition && !parted && n >= 1 && partition_possible()) {
 			/* cut the primary off from everyone for 5 s */
@@ -388,7 +398,7 @@ static int run_with_faults(int nc, int sync, int faults, double *ft, int *nft_ou
 		} else {
 			kill(srv[victim][k], SIGKILL);
 			tu_wait_child(srv[victim][k]);
-			tu_sleep_ms(200 + (int)(rand_r(&seed) % 500));
+			tu_sleep_ms(200 + (int)(rnd(&seed) % 500));
 			srv[victim][k] = start_replica(k, victim);
 		}
 		n++;
