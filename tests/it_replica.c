@@ -143,7 +143,8 @@ static void write_config(const char *mode, const char *optim, int timeout_ms, in
 		 "    - {name: a, shape: [3000], init: arange}\n"
 		 "    - {name: b, shape: [17, 33], init: arange}\n",
 		 tu_transport_yaml(), tu_host(), ports[0][0], tu_host(), ports[0][1], tu_host(),
-		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, forward, mode, optim, http, request_ms);
+		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, forward, mode, optim, http,
+		 request_ms);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 	strcpy(logdir, "/tmp/ps-test-repl-XXXXXX");
