@@ -110,6 +110,7 @@ struct ps_limits {
 	uint64_t max_queued_bytes;  /* the same for every peer together */
 	int drop_timeout_ms;        /* shard: a worker without a connection this long leaves the live set; 0 = idle_timeout_ms */
 	int reconnect_timeout_ms;   /* client: keeps reconnecting to a lost shard this long; 0 = never */
+	int max_request_rows;       /* ids in one pull_rows / push_rows frame */
 };
 
 struct ps_checkpoint_cfg {

@@ -144,6 +144,9 @@ const struct opt cfg_opts[] = {
 	  limits.reconnect_timeout_ms, "client: after a lost connection, reconnect (backoff 0.1 "
 	  "to 2 s) and resend what was not answered for this long; pushes are applied exactly "
 	  "once; 0 = fail at once"),
+	O("limits.max_request_rows", T_INT, 0, 1, 1 << 28, "1048576", NULL, C,
+	  limits.max_request_rows, "ids in one pull_rows / push_rows frame to one shard; more "
+	  "are refused (by the client before sending, by the shard before decoding)"),
 	O("limits.wait_spin_us", T_INT, 0, 0, 100000, "50", NULL, C, limits.wait_spin_us,
 	  "client: a wait for a reply polls the shards' sockets this long (reading the reply "
 	  "itself) before sleeping, which takes the I/O thread's wake-up off short round trips; "

@@ -10,6 +10,7 @@
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "rows.h"
 #include "server_int.h"
 
 /* Writes the checkpoint now and logs the outcome; 0 or a negative code. */
@@ -246,7 +247,12 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	st.n_pull_latency_log2us = PS_HISTO_BUCKETS;
 	st.pull_latency_log2us = s->c.pull_lat.count;
 	st.pull_latency_sum_s = s->c.pull_lat.sum_s;
+	if (ps__rows_stats(s, &st)) {
+		ps_msg_send_error(sc->conn, req_id, -ENOMEM, "out of memory");
+		goto out_free;
+	}
 	ps_msg_send(sc->conn, PS_MSG_STATS, &st.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	ps__rows_stats_free(&st);
 out_free:
 	free(wc);
 	free(wp);
