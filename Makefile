@@ -63,7 +63,7 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/config_scalar.c common/config_table.c common/config_dump.c common/layers.c \
              common/shardmap.c common/rows_wire.c common/wire.c common/msg.c common/transport.c \
              common/transport_tcp.c worker/ps_client.c worker/ps_client_conn.c \
-             worker/ps_client_req.c worker/ps_client_build.c \
+             worker/ps_client_req.c worker/ps_client_build.c worker/ps_client_rows.c \
              common/codec.c common/codec_fp16.c common/codec_q8.c common/codec_topk.c \
              common/codec_sign.c common/codec_lz4.c common/histo.c common/finite.c \
              common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c
