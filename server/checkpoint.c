@@ -21,6 +21,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "server.h"
+#include "table_ckpt.h"
 #include "wire.h"
 
 #define CKPT_MAGIC "PSCKPT01"
@@ -101,7 +102,7 @@ int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img,
 	struct ckpt_hdr h;
 	uint8_t *b;
 
-	img->len = image_size(s);
+	img->len = image_size(s) + ps__rows_ckpt_size(s);
 	img->buf = b = malloc(img->len);
 	if (!b) {
 		snprintf(err, errlen, "out of memory for a %zu-byte checkpoint image", img->len);
@@ -123,6 +124,8 @@ int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img,
 			memcpy(b + pos, sl->state[j], n);
 	}
 	memcpy(b + pos, s->finished, (size_t)s->cfg->nworkers * sizeof(uint64_t));
+	pos += (size_t)s->cfg->nworkers * sizeof(uint64_t);
+	ps__rows_ckpt_snapshot(s, b + pos);
 	return 0;
 }
 
@@ -320,7 +323,9 @@ int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t 
 	/* the header matches this shard, so the file's size is known before
 	 * anything big is read or allocated */
 	need = image_size(s) + sizeof(crc);
-	if (len != need)
+	/* embedding tables follow, their size known only from their headers
+	 * (checked after the checksum) */
+	if (s->cfg->ntables ? len < need : len != need)
 		FAIL(PS_EPROTO, "%s: %" PRIu64 " bytes, a checkpoint of this shard has %" PRIu64
 		     " (truncated or damaged)", path, len, need);
 	/* pass 1: the checksum of every byte (64-bit lengths: files over 4 GiB
@@ -374,6 +379,13 @@ int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t 
 		FAIL(PS_EPROTO, "%s: a slice is at version %" PRIu64 " but no worker finished "
 		     "more than %" PRIu64 " clocks (damaged or edited?)", path, max_version,
 		     max_finished);
+	if (s->cfg->ntables) {
+		char why[300];
+		rc = ps__rows_ckpt_check(s, fd, need - sizeof(crc), len - sizeof(crc), why,
+					 sizeof(why));
+		if (rc)
+			FAIL(rc, "%s: %s", path, why);
+	}
 	/* pass 2: everything checked, restore */
 	pos = sizeof(h);
 	for (int k = 0; k < s->store.nslots; k++) {
@@ -395,6 +407,12 @@ int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t 
 		sl->steps = cs.steps;
 	}
 	memcpy(s->finished, fin, (size_t)nw * sizeof(uint64_t));
+	if (s->cfg->ntables) {
+		char why[300];
+		rc = ps__rows_ckpt_restore(s, fd, need - sizeof(crc), why, sizeof(why));
+		if (rc)
+			FAIL(rc, "%s: %s", path, why);
+	}
 out:
 	free(chunk);
 	free(fin);

@@ -369,3 +369,10 @@ uint64_t ps_table_bytes(const struct ps_table *tb)
 	       (uint64_t)tb->nchunks * (PS_TABLE_CHUNK / 8) + tb->tomb_cap * sizeof(uint64_t) +
 	       ps_admit_bytes(&tb->admit);
 }
+
+void ps_table_clear_changes(struct ps_table *tb)
+{
+	for (uint32_t k = 0; k < tb->nchunks; k++)
+		memset(tb->dirty[k], 0, PS_TABLE_CHUNK / 8);
+	tb->ntombs = 0;
+}

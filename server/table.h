@@ -128,6 +128,10 @@ uint32_t ps_table_insert(struct ps_table *tb, uint64_t id, uint32_t stamp);
 /* Drops id's row (restoring a tombstone): 1 when there was one. */
 int ps_table_remove(struct ps_table *tb, uint64_t id);
 
+/* Forgets which rows changed and which ids were dropped (after a
+ * checkpoint restore: the file is the new base). */
+void ps_table_clear_changes(struct ps_table *tb);
+
 /* Bytes the table holds (index, rows, metadata, bitmap, filter). */
 uint64_t ps_table_bytes(const struct ps_table *tb);
 
