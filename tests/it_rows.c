@@ -297,6 +297,313 @@ START_TEST(test_async_exact)
 }
 END_TEST
 
+/* ---- checkpoints: kill -9 and restart ---- */
+
+#include "table.h"
+
+static void stats_of(struct ps_client *mon, int k, struct ps_shard_stats *st)
+{
+	ck_assert_int_eq(ps_client_stats(mon, k, st), 0);
+	ck_assert_int_eq(st->ntables, 2);
+}
+
+/* Rows, optimizer state (rowwise adagrad on table f), versions and the
+ * admission counts of ids not admitted yet come back from the checkpoint
+ * after both shards are killed with SIGKILL; checked bit for bit against
+ * the same updates made on a table in this process. */
+START_TEST(test_checkpoint_kill9)
+{
+	struct cluster cl;
+	char dir[] = "/tmp/ps-rows-ckpt-XXXXXX", extra[256], err[512];
+	struct ps_client *c, *mon;
+	struct ps_table model;
+	enum { N = 64 };
+	uint64_t ids[N];
+	float g[N * 8], got[N * 8], want[8], ones[N * DIM];
+	struct ps_shard_stats before[2], after[2];
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  on_request: true\n"
+		 "  min_interval_s: 0\n", dir);
+	start(&cl, 1, "sync", ", admission: 3", extra);
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	ck_assert_int_eq(ps_table_init(&model, &cl.cfg, 1, 1, ps_now_s()), 0);
+	for (int i = 0; i < N; i++)
+		ids[i] = (uint64_t)(i + 1) * MULT;
+	for (int i = 0; i < N * DIM; i++)
+		ones[i] = 1.0f;
+	/* clock k pushes ids 0..N-1 to f, and to e the first N - 16 k ids
+	 * (admission 3: ids pushed 3 times get rows, the rest only counts) */
+	for (int k = 0; k < 4; k++) {
+		for (int i = 0; i < N * 8; i++)
+			g[i] = (float)((i * 7 + k * 3) % 11) - 5.0f;
+		ck_assert_msg(ps_client_push_rows(c, "f", (uint64_t)k, ids, N, g, 0) == 0, "%s",
+			      ps_client_error(c));
+		for (int i = 0; i < N; i++)
+			ck_assert_int_eq(ps_table_push(&model, ids[i], g + i * 8, 1, ps_now_s()), 1);
+		ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)k, ids, (size_t)(N - 16 * k), ones,
+						  0) == 0, "%s", ps_client_error(c));
+	}
+	/* e: ids 0..15 pushed 4 times, 16..31 3 times (rows), 32..47 twice (counted) */
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 4, ids, N, got), 0);
+	/* a row counts from its admission: pushed 4 times, 2 applied; 3 times, 1 */
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(got[i * DIM] == (i < 16 ? -2.0f : i < 32 ? -1.0f : 0.0f), "e row %d: %g",
+			      i, got[i * DIM]);
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_checkpoint(mon, k, 1, &st), 0);
+		ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+		stats_of(mon, k, &before[k]);
+	}
+	ck_assert_uint_eq(before[0].tables[0].rows + before[1].tables[0].rows, 32);
+	ck_assert_uint_eq(before[0].tables[0].filter_ids + before[1].tables[0].filter_ids, 32);
+	ps_client_free(c);
+	ps_client_free(mon);
+	for (int k = 0; k < 2; k++) {
+		kill(cl.srv[k], SIGKILL);
+		ck_assert_int_eq(tu_wait_child(cl.srv[k]), 128 + SIGKILL);
+		cl.srv[k] = tu_start_server(cl.path, k);
+	}
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	for (int k = 0; k < 2; k++) {
+		stats_of(mon, k, &after[k]);
+		for (int t = 0; t < 2; t++) {
+			ck_assert_uint_eq(after[k].tables[t].rows, before[k].tables[t].rows);
+			ck_assert_uint_eq(after[k].tables[t].version, 4);
+			ck_assert_uint_eq(after[k].tables[t].filter_ids, before[k].tables[t].filter_ids);
+			ck_assert_uint_eq(after[k].tables[t].admitted, before[k].tables[t].admitted);
+		}
+	}
+	/* f: weights restored bit for bit; one more update proves the state was too */
+	for (int i = 0; i < N * 8; i++)
+		g[i] = (float)(i % 5) - 2.0f;
+	ck_assert_msg(ps_client_push_rows(c, "f", 4, ids, N, g, 0) == 0, "%s", ps_client_error(c));
+	for (int i = 0; i < N; i++)
+		ps_table_push(&model, ids[i], g + i * 8, 1, ps_now_s());
+	ck_assert_int_eq(ps_client_pull_rows(c, "f", 5, ids, N, got), 0);
+	for (int i = 0; i < N; i++) {
+		ps_table_read(&model, ids[i], want);
+		ck_assert_msg(memcmp(got + i * 8, want, sizeof(want)) == 0, "f row %d: %.9g, expected "
+			      "%.9g", i, got[i * 8], want[0]);
+	}
+	/* e: ids 32..47 had 2 sightings before the crash: one more admits them */
+	ck_assert_msg(ps_client_push_rows(c, "e", 4, ids + 32, 16, ones, 0) == 0, "%s",
+		      ps_client_error(c));
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 5, ids, N, got), 0);
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(got[i * DIM] == (i < 16 ? -2.0f : i < 48 ? -1.0f : 0.0f),
+			      "e row %d after restart: %g", i, got[i * DIM]);
+	ps_table_free(&model);
+	ps_client_free(c);
+	ps_client_free(mon);
+	stop(&cl);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ---- hostile row requests ---- */
+
+static int raw_connect(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+	for (int i = 0; i < 100; i++) {
+		if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+			return fd;
+		tu_sleep_ms(100);
+	}
+	return -1;
+}
+
+static int raw_send(int fd, uint8_t type, const ProtobufCMessage *m, const void *pay, size_t plen)
+{
+	size_t mlen = protobuf_c_message_get_packed_size(m);
+	uint8_t *b = malloc(PS_WIRE_HDR_LEN + mlen + plen);
+	struct ps_frame_hdr h = { .version = PS_PROTOCOL_VERSION, .type = type,
+				  .meta_len = (uint32_t)mlen, .payload_len = plen };
+	size_t len = PS_WIRE_HDR_LEN + mlen + plen, off = 0;
+
+	ps_wire_encode_hdr(b, &h);
+	protobuf_c_message_pack(m, b + PS_WIRE_HDR_LEN);
+	if (plen)
+		memcpy(b + PS_WIRE_HDR_LEN + mlen, pay, plen);
+	while (off < len) {
+		ssize_t k = write(fd, b + off, len - off);
+		if (k <= 0) {
+			free(b);
+			return -1;
+		}
+		off += (size_t)k;
+	}
+	free(b);
+	return 0;
+}
+
+static int raw_read(int fd, void *b, size_t n)
+{
+	for (size_t got = 0; got < n;) {
+		struct pollfd p = { fd, POLLIN, 0 };
+		if (poll(&p, 1, (int)(5000 * tu_time_scale())) != 1)
+			return -1;
+		ssize_t k = read(fd, (uint8_t *)b + got, n - got);
+		if (k <= 0)
+			return -1;
+		got += (size_t)k;
+	}
+	return 0;
+}
+
+/* The next frame's type and message (NULL when the connection is gone). */
+static ProtobufCMessage *raw_recv(int fd, unsigned *type)
+{
+	uint8_t h[PS_WIRE_HDR_LEN], *body;
+	struct ps_wire_limits lim = { .max_frame = 1 << 26, .max_meta = 1 << 20 };
+	struct ps_frame f = { 0 };
+	char why[200];
+	ProtobufCMessage *m;
+
+	if (raw_read(fd, h, sizeof(h)) || ps_wire_decode_hdr(h, &lim, &f.hdr, why, sizeof(why)))
+		return NULL;
+	body = malloc(f.hdr.meta_len + f.hdr.payload_len + 1);
+	if (raw_read(fd, body, f.hdr.meta_len + f.hdr.payload_len)) {
+		free(body);
+		return NULL;
+	}
+	f.meta = body;
+	f.payload = body + f.hdr.meta_len;
+	*type = f.hdr.type;
+	m = ps_msg_unpack(&f, why, sizeof(why));
+	free(body);
+	return m;
+}
+
+/* Sends a row request and expects an Error with code: its message. */
+static void expect_error(int fd, uint8_t type, const ProtobufCMessage *m, const void *pay,
+			 size_t plen, int code, const char *words)
+{
+	unsigned t = 0;
+	ProtobufCMessage *r;
+
+	ck_assert_int_eq(raw_send(fd, type, m, pay, plen), 0);
+	r = raw_recv(fd, &t);
+	ck_assert_msg(r != NULL, "no answer (connection closed?) expecting '%s'", words);
+	ck_assert_msg(t == PS_MSG_ERROR, "got a %s frame, expected an error about '%s'",
+		      ps_wire_type_name(t), words);
+	ck_assert_int_eq(((Ps__Error *)r)->code, code);
+	ck_assert_msg(strstr(((Ps__Error *)r)->message, words), "'%s' does not say '%s'",
+		      ((Ps__Error *)r)->message, words);
+	protobuf_c_message_free_unpacked(r, NULL);
+}
+
+START_TEST(test_hostile)
+{
+	struct cluster cl;
+	struct ps_shardmap map;
+	char err[512];
+	int fd;
+	unsigned t;
+
+	start(&cl, 1, "async", "", "security:\n  auth: false\n");
+	ck_assert_int_eq(ps_shardmap_init(&map, &cl.cfg), 0);
+	fd = raw_connect(cl.port[0]);
+	ck_assert_int_ge(fd, 0);
+	{
+		Ps__Hello h = PS__HELLO__INIT;
+		h.protocol_version = PS_PROTOCOL_VERSION;
+		h.role = PS__ROLE__ROLE_WORKER;
+		h.rank = 0;
+		h.shard_map_hash = map.hash;
+		h.shard = 0;
+		h.incarnation = 42;
+		ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
+		ProtobufCMessage *r = raw_recv(fd, &t);
+		ck_assert_ptr_nonnull(r);
+		ck_assert_int_eq(t, PS_MSG_HELLO_REPLY);
+		ck_assert_msg(((Ps__HelloReply *)r)->ok, "%s", ((Ps__HelloReply *)r)->error);
+		protobuf_c_message_free_unpacked(r, NULL);
+	}
+	/* ten million ids: refused on the count, before anything is decoded */
+	Ps__PullRows p = PS__PULL_ROWS__INIT;
+	uint8_t ids[64];
+	uint64_t two[2] = { 5, 9 };
+	p.req_id = 1;
+	p.table = "e";
+	p.dim = DIM;
+	p.n_ids = 10000000;
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, 8, PS_ETOOBIG, "limits.max_request_rows");
+	/* unknown table, another dim */
+	p.n_ids = 2;
+	size_t il = ps_rows_ids_encode(two, 2, ids);
+	p.table = "nosuch";
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ENOTENSOR, "no embedding table");
+	p.table = "e";
+	p.dim = DIM + 1;
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ESHAPE, "has dim 4");
+	p.dim = DIM;
+	/* repeated ids (a delta of 0), truncated ids, bytes left over */
+	uint8_t rep[2] = { 5, 0 };
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, rep, 2, PS_EPROTO, "sorted and unique");
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, 1, PS_EPROTO, "ids end");
+	uint8_t more[3] = { 5, 4, 1 };
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, more, 3, PS_EPROTO, "after the 2 ids");
+	/* a push: values of the wrong size, and a NaN */
+	Ps__PushRows q = PS__PUSH_ROWS__INIT;
+	uint8_t pay[4 + 2 * DIM * 4];
+	float vals[2 * DIM] = { 1, 2, 3, 4, 5, 6, 7, NAN };
+	q.req_id = 2;
+	q.table = "e";
+	q.dim = DIM;
+	q.n_ids = 2;
+	q.ids_bytes = il;
+	memset(pay, 0, sizeof(pay));
+	memcpy(pay, ids, il);
+	memcpy(pay + 4, vals, sizeof(vals));
+	expect_error(fd, PS_MSG_PUSH_ROWS, &q.base, pay, sizeof(pay) - 4, PS_ESHAPE, "does not hold");
+	expect_error(fd, PS_MSG_PUSH_ROWS, &q.base, pay, sizeof(pay), PS_ENOFINITE, "not finite");
+	/* the connection still works: a good pull is answered */
+	p.req_id = 3;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL_ROWS, &p.base, ids, il), 0);
+	ProtobufCMessage *r = raw_recv(fd, &t);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(t, PS_MSG_PULL_ROWS_REPLY);
+	ck_assert_uint_eq(((Ps__PullRowsReply *)r)->n_rows, 2);
+	protobuf_c_message_free_unpacked(r, NULL);
+	close(fd);
+	/* the client refuses a call past the limit without sending it */
+	struct ps_client *c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	size_t big = (size_t)cl.cfg.limits.max_request_rows * 3;
+	uint64_t *many = malloc(sizeof(uint64_t) * big);
+	float *out = malloc(sizeof(float) * 4);
+	for (size_t i = 0; i < big; i++)
+		many[i] = i;
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, many, big, out), PS_ETOOBIG);
+	ck_assert_int_eq(ps_client_pull_rows(c, "nosuch", 0, many, 1, out), PS_ENOTENSOR);
+	/* and the shard serves as before, its rejections counted */
+	float w[DIM];
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, two, 1, w), 0);
+	struct ps_shard_stats st;
+	ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
+	ck_assert_uint_ge(st.errors, 8);
+	free(many);
+	free(out);
+	ps_client_free(c);
+	ps_shardmap_free(&map);
+	stop(&cl);
+}
+END_TEST
+
 static Suite *rows_suite(void)
 {
 	Suite *s = suite_create("it_rows");
@@ -305,6 +612,8 @@ static Suite *rows_suite(void)
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_sync_exact);
 	TU_ADD(tc, test_async_exact);
+	TU_ADD(tc, test_checkpoint_kill9);
+	TU_ADD(tc, test_hostile);
 	suite_add_tcase(s, tc);
 	return s;
 }
