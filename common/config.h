@@ -118,6 +118,7 @@ struct ps_checkpoint_cfg {
 	int every_s;                /* write one every this many seconds; 0 = only on SIGTERM / request */
 	int on_request;             /* peers with the secret may ask for one (ps-stat --checkpoint) */
 	int min_interval_s;         /* at most one on request per this many seconds */
+	int incremental;            /* embedding tables: this many incremental ones after a full one */
 };
 
 /* Who may talk (docs/security.md). */

@@ -182,6 +182,11 @@ const struct opt cfg_opts[] = {
 	O("checkpoint.min_interval_s", T_INT, 0, 0, 86400, "10", NULL, C,
 	  checkpoint.min_interval_s, "at most one checkpoint on request per this many seconds; "
 	  "requests sooner are refused"),
+	O("checkpoint.incremental", T_INT, 0, 0, 1000000, "0", NULL, C, checkpoint.incremental,
+	  "with embedding tables: after a full checkpoint, this many periodic or requested ones "
+	  "are incremental (shard-K.ckpt.delta-N: the rows changed since the previous one, the "
+	  "ids dropped as tombstones, the dense state whole), then a full one again; the one at "
+	  "SIGTERM is always full; 0 = every checkpoint is full"),
 	O("security.auth", T_BOOL, 0, 0, 0, "true", NULL, C, security.auth,
 	  "every connection proves knowledge of the shared secret (libsodium challenge-response, "
 	  "both ways); false only on a trusted network"),

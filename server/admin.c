@@ -5,20 +5,57 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include "ps_time.h"
 #include "checkpoint.h"
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
 #include "rows.h"
+#include "table_ckpt.h"
 #include "server_int.h"
 
-/* Writes the checkpoint now and logs the outcome; 0 or a negative code. */
+/* A checkpoint was written: a full one (seq 0) is the new base of the
+ * incremental ones, whose older files go; an incremental one extends the
+ * chain. A failed one (rc) makes the next a full one, since the changes it
+ * held are no longer marked. */
+static void ckpt_written(struct ps_server *s, int rc, uint32_t seq, const struct ps_ckpt_image *img)
+{
+	char dp[700];
+
+	if (rc) {
+		s->ckpt_have_base = 0;
+		return;
+	}
+	if (seq) {
+		s->ckpt_seq = seq;
+		return;
+	}
+	/* the deltas of the old base would not apply to the new one */
+	for (uint32_t n = 1; n <= s->ckpt_seq + 1; n++) {
+		ps_checkpoint_delta_path(s->ckpt_path, n, dp, sizeof(dp));
+		unlink(dp);
+	}
+	s->ckpt_have_base = 1;
+	s->ckpt_base_crc = img->crc;
+	s->ckpt_base_len = img->len + sizeof(uint32_t);
+	s->ckpt_seq = 0;
+}
+
+/* Writes a full checkpoint now and logs the outcome; 0 or a negative code. */
 int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *bytes,
 			     double *secs, char *err, size_t errlen)
 {
 	double t0 = ps_now_s();
-	int rc = ps_checkpoint_write(s, s->ckpt_path, bytes, err, errlen);
+	struct ps_ckpt_image img = { 0 };
+	int rc = ps_checkpoint_snapshot(s, &img, err, errlen);
+
+	if (!rc) {
+		ps__rows_ckpt_taken(s);
+		rc = ps_checkpoint_write_image(&img, s->ckpt_path, bytes, err, errlen);
+		ckpt_written(s, rc, 0, &img);
+	}
+	ps_checkpoint_image_free(&img);
 
 	*secs = ps_now_s() - t0;
 	if (rc)
@@ -37,6 +74,8 @@ struct ps_ckpt_job {
 	uv_work_t req;
 	struct ps_server *s;
 	struct ps_ckpt_image img;
+	uint32_t seq;                  /* 0: full; else its place in the incremental chain */
+	char path[700];
 	const char *why;
 	double t0, pause_s;
 	int rc;
@@ -54,8 +93,7 @@ static void ckpt_work(uv_work_t *req)
 {
 	struct ps_ckpt_job *j = req->data;
 
-	j->rc = ps_checkpoint_write_image(&j->img, j->s->ckpt_path, &j->bytes, j->err,
-					  sizeof(j->err));
+	j->rc = ps_checkpoint_write_image(&j->img, j->path, &j->bytes, j->err, sizeof(j->err));
 }
 
 static void ckpt_done(uv_work_t *req, int status)
@@ -65,11 +103,12 @@ static void ckpt_done(uv_work_t *req, int status)
 
 	(void)status;
 	j->secs = ps_now_s() - j->t0;
+	ckpt_written(s, j->rc, j->seq, &j->img);
 	if (j->rc)
 		ps_error("checkpoint (%s) failed: %s", j->why, j->err);
 	else
 		ps_info("checkpoint (%s): %s, %.1f MiB in %.3f s (the shard paused %.3f s for "
-			"the copy)", j->why, s->ckpt_path, (double)j->bytes / 1048576.0, j->secs,
+			"the copy)", j->why, j->path, (double)j->bytes / 1048576.0, j->secs,
 			j->pause_s);
 	ps_checkpoint_image_free(&j->img);
 	s->ckpt_job = NULL;
@@ -110,7 +149,20 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 	j->req_id = req_id;
 	j->req.data = j;
 	j->t0 = ps_now_s();
-	rc = ps_checkpoint_snapshot(s, &j->img, err, errlen);
+	/* incremental when the tables have a base to build on and the chain
+	 * is not at its length yet */
+	if (s->cfg->ntables && s->cfg->checkpoint.incremental > 0 && s->ckpt_have_base &&
+	    s->ckpt_seq < (uint32_t)s->cfg->checkpoint.incremental && ps__rows_delta_possible(s))
+		j->seq = s->ckpt_seq + 1;
+	if (j->seq) {
+		ps_checkpoint_delta_path(s->ckpt_path, j->seq, j->path, sizeof(j->path));
+		rc = ps_checkpoint_snapshot_delta(s, j->seq, &j->img, err, errlen);
+	} else {
+		snprintf(j->path, sizeof(j->path), "%s", s->ckpt_path);
+		rc = ps_checkpoint_snapshot(s, &j->img, err, errlen);
+	}
+	if (!rc)
+		ps__rows_ckpt_taken(s);
 	j->pause_s = ps_now_s() - j->t0;
 	if (!rc)
 		rc = uv_queue_work(s->loop, &j->req, ckpt_work, ckpt_done);
@@ -120,6 +172,7 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 		ps_error("checkpoint (%s) failed: %s", why, err);
 		ps_checkpoint_image_free(&j->img);
 		free(j);
+		s->ckpt_have_base = 0; /* the changes it took are not marked any more */
 		return rc < 0 ? rc : -rc;
 	}
 	s->ckpt_job = j;
@@ -201,7 +254,7 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	}
 	if (ck_err) {
 		st.checkpoint_status = ck_status;
-		st.checkpoint_path = s->ckpt_path;
+		st.checkpoint_path = ck ? (char *)ck->path : s->ckpt_path;
 		st.checkpoint_error = (char *)(ck_status ? ck_err : "");
 		if (ck) {
 			st.checkpoint_bytes = ck->bytes;

@@ -206,7 +206,14 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 			ps_error("refusing to start: %s", err);
 			goto err_free_store;
 		} else {
-			ps_info("resumed from %s: clock %" PRIu64, s->ckpt_path, ps__srv_resume_clock(s));
+			rc = ps_checkpoint_load_deltas(s, s->ckpt_path, err, sizeof(err));
+			if (rc < 0) {
+				ps_error("refusing to start: %s", err);
+				goto err_free_store;
+			}
+			ps_info("resumed from %s%s%.0d%s: clock %" PRIu64, s->ckpt_path,
+				rc ? " and " : "", rc, rc ? " incremental checkpoints" : "",
+				ps__srv_resume_clock(s));
 		}
 	}
 	rc = ops->create(loop, &cbs, &hs, s, &s->transport);

@@ -74,6 +74,11 @@ struct ps_server {
 	uint32_t *seen;               /* per slot: the request that last named it */
 	uint32_t seen_gen;            /* ... numbered by this counter */
 	struct ps_srv_rows *rows;     /* embedding tables (rows.h) */
+	/* Incremental checkpoints: the full file they build on (valid when
+	 * ckpt_have_base), and how many follow it. */
+	int ckpt_have_base;
+	uint32_t ckpt_base_crc, ckpt_seq;
+	uint64_t ckpt_base_len;
 	int stopping;
 };
 

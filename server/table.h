@@ -76,6 +76,7 @@ struct ps_table {
 	uint64_t *tombs;           /* ids dropped since the last checkpoint */
 	uint64_t ntombs, tomb_cap;
 	uint64_t version;          /* sync: clocks applied; async: pushes applied */
+	double ckpt_wall;          /* wall-clock time of the checkpoint restored last */
 	struct ps_admit admit;
 	struct ps_table_counters c;
 };

@@ -19,4 +19,18 @@ int ps__rows_ckpt_check(const struct ps_server *s, int fd, uint64_t pos, uint64_
 /* Restores them (after a successful check, into empty tables). */
 int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, size_t errlen);
 
+/* Incremental checkpoints: whether one is right now (every dropped id was
+ * remembered), its size, and the copy (seq: its place after the full file
+ * of CRC base_crc and base_len bytes). */
+int ps__rows_delta_possible(const struct ps_server *s);
+size_t ps__rows_delta_size(const struct ps_server *s);
+void ps__rows_delta_snapshot(const struct ps_server *s, uint8_t *b, uint32_t seq,
+			     uint32_t base_crc, uint64_t base_len);
+/* After any snapshot: the next incremental one starts from here. */
+void ps__rows_ckpt_taken(struct ps_server *s);
+int ps__rows_delta_check(const struct ps_server *s, int fd, uint64_t pos, uint64_t end,
+			 uint32_t seq, uint32_t base_crc, uint64_t base_len, char *err,
+			 size_t errlen);
+int ps__rows_delta_restore(struct ps_server *s, int fd, uint64_t pos, char *err, size_t errlen);
+
 #endif

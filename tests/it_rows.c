@@ -59,8 +59,8 @@ struct cluster {
 
 /* Two shards; table e (dim DIM, zeros, sgd lr 1: a row is minus the sum
  * of its gradients) and whatever extra adds to the model section. */
-static void start(struct cluster *cl, int workers, const char *mode, const char *table_extra,
-		  const char *extra)
+static void start_def(struct cluster *cl, int workers, const char *mode, const char *e_def,
+		      const char *extra)
 {
 	char yaml[4096], err[512];
 
@@ -70,15 +70,24 @@ static void start(struct cluster *cl, int workers, const char *mode, const char 
 		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  workers: %d\n"
 		 "consistency:\n  mode: %s\n"
 		 "model:\n  tensors:\n    - {name: w, shape: [8], init: zeros}\n"
-		 "  embeddings:\n    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1%s}\n"
+		 "  embeddings:\n    - {name: e, dim: %d, %s}\n"
 		 "    - {name: f, dim: 8, init: uniform, scale: 0.5}\n"
 		 "%slog:\n  level: warn\n",
 		 tu_transport_yaml(), tu_host(), cl->port[0], tu_host(), cl->port[1], workers, mode,
-		 DIM, table_extra, extra);
+		 DIM, e_def, extra);
 	ck_assert_int_eq(tu_write_temp(cl->path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cl->cfg, cl->path, err, sizeof(err)) == 0, "%s", err);
 	cl->srv[0] = tu_start_server(cl->path, 0);
 	cl->srv[1] = tu_start_server(cl->path, 1);
+}
+
+static void start(struct cluster *cl, int workers, const char *mode, const char *table_extra,
+		  const char *extra)
+{
+	char def[256];
+
+	snprintf(def, sizeof(def), "init: zeros, optimizer: sgd, lr: 1%s", table_extra);
+	start_def(cl, workers, mode, def, extra);
 }
 
 static void stop(struct cluster *cl)
@@ -410,6 +419,116 @@ START_TEST(test_checkpoint_kill9)
 }
 END_TEST
 
+
+static int cmp_id(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* A full checkpoint and two incremental ones of a table with a cap
+ * (evictions: tombstones), admission and adam; both shards killed with
+ * SIGKILL come back from base + 2 deltas exactly as a table per shard in
+ * this process that saw the same updates: rows, state, counts, and the
+ * recency order (the next evictions drop the same rows). */
+START_TEST(test_incremental_kill9)
+{
+	struct cluster cl;
+	char dir[] = "/tmp/ps-rows-inc-XXXXXX", extra[256], err[512];
+	struct ps_client *c, *mon;
+	struct ps_table model[2];
+	enum { U = 120, PER = 40 };
+	uint64_t all[U], ids[PER], s = 5, key;
+	float g[PER * DIM], got[U * DIM], want[DIM];
+	int clock = 0;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  on_request: true\n"
+		 "  min_interval_s: 0\n  incremental: 5\n", dir);
+	start_def(&cl, 1, "sync", "init: uniform, scale: 0.1, optimizer: adam, lr: 0.01, "
+		  "admission: 2, max_rows: 60", extra);
+	key = ps_rows_table_key(&cl.cfg.tables[0]);
+	for (int k = 0; k < 2; k++)
+		ck_assert_int_eq(ps_table_init(&model[k], &cl.cfg, 0, 2, ps_now_s()), 0);
+	for (int i = 0; i < U; i++)
+		all[i] = (uint64_t)(i + 1) * MULT;
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	for (int phase = 0; phase < 6; phase++) {
+		if (phase == 3) { /* after the full file and two deltas: kill -9 */
+			ps_client_free(c);
+			ps_client_free(mon);
+			for (int k = 0; k < 2; k++) {
+				kill(cl.srv[k], SIGKILL);
+				ck_assert_int_eq(tu_wait_child(cl.srv[k]), 128 + SIGKILL);
+				cl.srv[k] = tu_start_server(cl.path, k);
+			}
+			c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+			ck_assert_msg(c != NULL, "%s", err);
+			mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+			ck_assert_msg(mon != NULL, "%s", err);
+		}
+		if (phase >= 3) { /* the shards equal the models, before and after more updates */
+			ck_assert_int_eq(ps_client_pull_rows(c, "e", (uint64_t)clock, all, U, got), 0);
+			for (int i = 0; i < U; i++) {
+				ps_table_read(&model[ps_rows_shard(key, all[i], 2)], all[i], want);
+				ck_assert_msg(memcmp(got + i * DIM, want, sizeof(want)) == 0, "phase %d: "
+					      "row %d is %.9g, the model has %.9g", phase, i,
+					      got[i * DIM], want[0]);
+			}
+			for (int k = 0; k < 2; k++) {
+				struct ps_shard_stats st;
+				ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+				ck_assert_uint_eq(st.tables[0].rows, model[k].nrows);
+				ck_assert_uint_eq(st.tables[0].evicted, model[k].c.evicted);
+				ck_assert_uint_eq(st.tables[0].admitted, model[k].c.admitted);
+				ck_assert_uint_eq(st.tables[0].filter_ids, model[k].admit.used);
+			}
+		}
+		for (int step = 0; step < 4; step++, clock++) {
+			for (int i = 0; i < PER; i++) /* distinct ids: a partial shuffle */
+				ids[i] = all[(i * 3 + (int)(rng_next(&s) % 3) * 41 + clock * 7) % U];
+			qsort(ids, PER, sizeof(ids[0]), cmp_id);
+			int n = 0;
+			for (int i = 0; i < PER; i++)
+				if (!n || ids[n - 1] != ids[i])
+					ids[n++] = ids[i];
+			for (int i = 0; i < n * DIM; i++)
+				g[i] = (float)((int)(rng_next(&s) % 9) - 4) * 0.25f;
+			ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)clock, ids, (size_t)n, g, 0)
+				      == 0, "%s", ps_client_error(c));
+			for (int i = 0; i < n; i++) /* each shard applies its ids in order */
+				ps_table_push(&model[ps_rows_shard(key, ids[i], 2)], ids[i], g + i * DIM, 1,
+					      ps_now_s());
+		}
+		if (phase < 3)
+			for (int k = 0; k < 2; k++) {
+				struct ps_shard_stats st;
+				ck_assert_int_eq(ps_client_checkpoint(mon, k, 1, &st), 0);
+				ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+				const char *tail = strrchr(st.checkpoint_path, '.');
+				if (phase == 0)
+					ck_assert_str_eq(tail, ".ckpt");
+				else
+					ck_assert_msg(!strcmp(tail, phase == 1 ? ".delta-1" : ".delta-2"),
+						      "phase %d wrote %s", phase, st.checkpoint_path);
+			}
+	}
+	ck_assert_uint_gt(model[0].c.evicted + model[1].c.evicted, 20);
+	for (int k = 0; k < 2; k++)
+		ps_table_free(&model[k]);
+	ps_client_free(c);
+	ps_client_free(mon);
+	stop(&cl);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
 /* ---- hostile row requests ---- */
 
 static int raw_connect(int port)
@@ -613,6 +732,7 @@ static Suite *rows_suite(void)
 	TU_ADD(tc, test_sync_exact);
 	TU_ADD(tc, test_async_exact);
 	TU_ADD(tc, test_checkpoint_kill9);
+	TU_ADD(tc, test_incremental_kill9);
 	TU_ADD(tc, test_hostile);
 	suite_add_tcase(s, tc);
 	return s;
