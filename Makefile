@@ -126,7 +126,7 @@ bin/ps-server: $(OBJ)/server/main.o $(SRV_OBJS) lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(SRV_LIBS)
 
-bin/ps-bench: $(OBJ)/worker/ps_bench.o lib/libps.a
+bin/ps-bench: $(OBJ)/worker/ps_bench.o $(OBJ)/worker/bench_rows.o lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 

@@ -68,7 +68,7 @@ const struct opt cfg_opts[] = {
 	  "outputs of the last layer (labels 0..classes-1)"),
 	O("model.tensors", T_TENSORS, 0, 1, PS_MAX_TENSORS, NULL, NULL, C, tensors,
 	  "raw parameter tensors without layers (for ps-bench and tests), see model.tensors[].*"),
-	O("model.embeddings", T_TABLES, 0, 1, PS_MAX_TABLES, NULL, NULL, C, tables,
+	O("model.embeddings", T_TABLES, 0, 0, PS_MAX_TABLES, NULL, NULL, C, tables,
 	  "sparse embedding tables beside the dense tensors: rows keyed by 64-bit ids, created "
 	  "on first push, spread over the shards by a hash of (table, id); see "
 	  "model.embeddings[].* below and docs/embeddings.md"),
