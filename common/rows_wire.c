@@ -101,8 +101,15 @@ int ps_rows_ids_decode(const uint8_t *in, size_t len, size_t n, uint64_t *ids, c
 				return PS_EPROTO;
 			}
 			v |= (uint64_t)(b & 0x7f) << shift;
-			if (!(b & 0x80))
+			if (!(b & 0x80)) {
+				if (b == 0 && shift > 0) {
+					/* one spelling per id list: no padded varints */
+					snprintf(why, whylen, "id %zu: varint padded with a zero byte",
+						 i);
+					return PS_EPROTO;
+				}
 				break;
+			}
 			shift += 7;
 			if (shift > 63) {
 				snprintf(why, whylen, "id %zu: varint longer than %d bytes", i,

@@ -39,7 +39,8 @@ void ps_rows_init(const struct ps_config *cfg, int t, uint64_t id, float *out);
 size_t ps_rows_ids_encode(const uint64_t *ids, size_t n, uint8_t *out);
 
 /* Decodes exactly n ids from the len bytes at in into ids. 0, or PS_EPROTO
- * with the reason in why: truncated, a varint over 10 bytes or past 2^64,
+ * with the reason in why: truncated, a varint over 10 bytes, past 2^64 or
+ * padded with a zero byte (one spelling per id list),
  * a delta of 0 after the first id (repeated or unsorted ids), an id past
  * 2^64, or bytes left over. */
 int ps_rows_ids_decode(const uint8_t *in, size_t len, size_t n, uint64_t *ids, char *why,

@@ -83,6 +83,13 @@ START_TEST(test_ids_malformed)
 	ck_assert_int_eq(ps_rows_ids_decode(wrap, sizeof(wrap), 2, out, why, sizeof(why)), PS_EPROTO);
 	ck_assert_int_eq(ps_rows_ids_decode(wrap, 10, 1, out, why, sizeof(why)), 0);
 	ck_assert_uint_eq(out[0], UINT64_MAX);
+	/* 5 written in two bytes: refused, so an id list has one spelling
+	 * (found by tests/fuzz/fuzz_rows.c) */
+	const uint8_t pad[] = { 0x85, 0x00 };
+	ck_assert_int_eq(ps_rows_ids_decode(pad, 2, 1, out, why, sizeof(why)), PS_EPROTO);
+	ck_assert_ptr_nonnull(strstr(why, "padded"));
+	ck_assert_int_eq(ps_rows_ids_decode(wrap, 10, 1, out, why, sizeof(why)), 0);
+	ck_assert_uint_eq(out[0], UINT64_MAX);
 	ck_assert_int_eq(ps_rows_ids_decode(NULL, 0, 0, out, why, sizeof(why)), 0);
 }
 END_TEST
