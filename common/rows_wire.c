@@ -136,39 +136,62 @@ int ps_rows_ids_decode(const uint8_t *in, size_t len, size_t n, uint64_t *ids, c
 	return 0;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+struct keyed {
+	uint64_t id;
+	uint64_t at;            /* position in the caller's list */
+};
 
-	return x < y ? -1 : x > y;
+/* Sorts n pairs by id: LSD radix sort, 11 bits a pass (6 passes, each
+ * skipped when every id has the same digit there), tmp as scratch. Stable,
+ * so equal ids keep their input order. */
+static struct keyed *radix_sort(struct keyed *a, struct keyed *tmp, size_t n)
+{
+	enum { BITS = 11, NB = 1 << BITS };
+	static _Thread_local size_t cnt[NB];
+
+	for (int shift = 0; shift < 64; shift += BITS) {
+		size_t sum = 0;
+		memset(cnt, 0, sizeof(cnt));
+		for (size_t i = 0; i < n; i++)
+			cnt[(a[i].id >> shift) & (NB - 1)]++;
+		if (cnt[(a[0].id >> shift) & (NB - 1)] == n)
+			continue;
+		for (size_t d = 0; d < NB; d++) {
+			size_t c = cnt[d];
+			cnt[d] = sum;
+			sum += c;
+		}
+		for (size_t i = 0; i < n; i++)
+			tmp[cnt[(a[i].id >> shift) & (NB - 1)]++] = a[i];
+		struct keyed *t = a;
+		a = tmp;
+		tmp = t;
+	}
+	return a;
 }
 
 int ps_rows_dedup(const uint64_t *ids, size_t n, uint64_t **uniq, size_t *nuniq,
 		  uint32_t *where)
 {
+	struct keyed *k = malloc(sizeof(*k) * (n ? n : 1) * 2), *sorted;
 	uint64_t *u = malloc(sizeof(*u) * (n ? n : 1));
 	size_t m = 0;
 
-	if (!u)
+	if (!k || !u) {
+		free(k);
+		free(u);
 		return -ENOMEM;
-	memcpy(u, ids, sizeof(*u) * n);
-	qsort(u, n, sizeof(*u), cmp_u64);
+	}
 	for (size_t i = 0; i < n; i++)
-		if (m == 0 || u[m - 1] != u[i])
-			u[m++] = u[i];
-	if (where)
-		for (size_t i = 0; i < n; i++) {
-			/* binary search: the position of ids[i] among the unique ids */
-			size_t lo = 0, hi = m;
-			while (hi - lo > 1) {
-				size_t mid = (lo + hi) / 2;
-				if (u[mid] <= ids[i])
-					lo = mid;
-				else
-					hi = mid;
-			}
-			where[i] = (uint32_t)lo;
-		}
+		k[i] = (struct keyed){ ids[i], i };
+	sorted = n ? radix_sort(k, k + n, n) : k;
+	for (size_t i = 0; i < n; i++) {
+		if (m == 0 || u[m - 1] != sorted[i].id)
+			u[m++] = sorted[i].id;
+		if (where)
+			where[sorted[i].at] = (uint32_t)(m - 1);
+	}
+	free(k);
 	*uniq = u;
 	*nuniq = m;
 	return 0;

@@ -161,9 +161,20 @@ static void *rows_worker(void *p)
 		a->rc = rc;
 		goto out;
 	}
+	/* Shards already running: continue at the table's clock, and do not
+	 * fill a table that is full already. */
+	uint64_t have = 0;
+	for (int k = 0; k < a->cfg->nshards; k++) {
+		struct ps_shard_stats st;
+		if (ps_client_stats(c, k, &st) == 0 && st.ntables) {
+			if (st.tables[0].version > clock)
+				clock = st.tables[0].version;
+			have += st.tables[0].rows;
+		}
+	}
 	/* pull-rows reads rows that exist: worker 0 pushes every rank's row
 	 * once first (not timed) */
-	if (!o->push && a->rank == 0) {
+	if (!o->push && a->rank == 0 && have < o->rows) {
 		uint64_t *all = malloc(sizeof(uint64_t) * (size_t)o->batch);
 		for (uint64_t r = 1; all && r <= o->rows && !rc; r += (uint64_t)o->batch) {
 			size_t n = 0;
