@@ -115,7 +115,8 @@ void ps__rows_ckpt_snapshot(const struct ps_server *s, uint8_t *b)
 			memcpy(b + sizeof(cr), ps_table_vals(tb, r), sizeof(float) * (size_t)tb->row_floats);
 			b += row_bytes(tb);
 		}
-		memcpy(b, tb->admit.slots, (size_t)ct.filter_slots * sizeof(uint32_t));
+		if (ct.filter_slots)
+			memcpy(b, tb->admit.slots, (size_t)ct.filter_slots * sizeof(uint32_t));
 		b += ct.filter_slots * sizeof(uint32_t);
 	}
 }
@@ -307,7 +308,8 @@ void ps__rows_delta_snapshot(const struct ps_server *s, uint8_t *b, uint32_t seq
 					 tb->admit.decays, tb->ntombs, tb->nrows, wall };
 		memcpy(b, &ct, sizeof(ct));
 		b += sizeof(ct);
-		memcpy(b, tb->tombs, (size_t)tb->ntombs * sizeof(uint64_t));
+		if (tb->ntombs)
+			memcpy(b, tb->tombs, (size_t)tb->ntombs * sizeof(uint64_t));
 		b += tb->ntombs * sizeof(uint64_t);
 		/* the ct.nrows newest rows, written oldest first: find the oldest of
 		 * them, then walk toward the newest */
@@ -321,7 +323,8 @@ void ps__rows_delta_snapshot(const struct ps_server *s, uint8_t *b, uint32_t seq
 			memcpy(b + sizeof(cr), ps_table_vals(tb, r), sizeof(float) * (size_t)tb->row_floats);
 			b += row_bytes(tb);
 		}
-		memcpy(b, tb->admit.slots, (size_t)ct.filter_slots * sizeof(uint32_t));
+		if (ct.filter_slots)
+			memcpy(b, tb->admit.slots, (size_t)ct.filter_slots * sizeof(uint32_t));
 		b += ct.filter_slots * sizeof(uint32_t);
 	}
 }
