@@ -74,6 +74,8 @@ TRAIN     := $(wildcard worker/net.c worker/dataset.c worker/model_file.c)
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
 TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN)) $(CUDA_OBJS)
+# Click logs: Criteo's format and the synthetic generator (ps-ctrgen).
+CTR_OBJS  := $(patsubst %.c,$(OBJ)/%.o,worker/criteo.c worker/ctr_gen.c)
 TRAIN_LIBS := -lopenblas -lz $(CUDA_LIBS)
 
 UNIT_SRCS := $(wildcard tests/check_*.c)
@@ -82,7 +84,7 @@ IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 IT_SH     := $(wildcard tests/it_*.sh)
 
-PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_cpu.c)),bin/ps-worker)
+PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_cpu.c)),bin/ps-worker)
 
 .PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc test-rdma demo-rdma
 .SECONDARY:
@@ -134,11 +136,15 @@ bin/ps-stat: $(OBJ)/worker/ps_stat.o lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 
+bin/ps-ctrgen: $(OBJ)/worker/ps_ctrgen.o $(CTR_OBJS) lib/libps.a
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) -lz
+
 bin/ps-worker: $(OBJ)/worker/ps_worker.o $(TRAIN_OBJS) lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(TRAIN_LIBS)
 
-$(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(LIB_OBJS)
+$(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(CTR_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(SRV_LIBS) $(TRAIN_LIBS) $(CHECK_LIBS)
 
 # Tests: install what is missing, build, run every unit test then every
