@@ -1,6 +1,8 @@
 # Makefile - builds the parameter server, its client library and tests.
 #
-#   make                 bin/ps-server, bin/ps-bench, bin/ps-stat, bin/ps-worker, lib/libps.a
+#   make                 bin/ps-server, bin/ps-bench, bin/ps-stat, bin/ps-worker, lib/libps.a,
+#                        and the CUDA plug-in lib/ps-compute-cuda.so where nvcc and
+#                        cuDNN are found (kernels/cuda.mk)
 #   make test            unit tests (Check), integration tests on loopback, and
 #                        the rdma tests in a soft-RoCE VM (make test-rdma)
 #   make bench           ps-bench figures as ratios to baselines of the same run
@@ -18,6 +20,8 @@
 #                        the transport, wire, codec and auth code against
 #                        their narrowest suites (scripts/mutate.sh --help;
 #                        about an hour; docs/testing.md has the score)
+#   make gpu-check       on a lent GPU machine: unpack gpu-bundle/ (scripts/gpu-bundle.sh),
+#                        build, the CUDA tests, timings against PyTorch; docs/gpu.md
 #   make clean
 
 PREFIX   ?= /usr/local
@@ -45,16 +49,17 @@ CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover
 LDFLAGS  += -fsanitize=$(SANITIZE)
 endif
 
-# CUDA: built whenever nvcc is present; otherwise a stub whose create()
-# says so. Either way callers need no #ifdef.
+# CUDA: the plug-in lib/ps-compute-cuda.so, built where nvcc and cuDNN are
+# found (kernels/cuda.mk says why not, in one line, where they are not) and
+# opened by ps-worker at run time: no program links the CUDA libraries.
 NVCC      ?= $(shell command -v nvcc 2>/dev/null)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_CU   := $(wildcard kernels/*.cu)
 ifneq ($(and $(NVCC),$(CUDA_CU)),)
 include kernels/cuda.mk
 else
-CUDA_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(wildcard kernels/compute_cuda_stub.c))
-CUDA_LIBS :=
+$(info cuda: nvcc not found (put it on PATH or set NVCC): building without the CUDA plug-in)
+CUDA_PLUGIN :=
 endif
 
 PROTO_C   := $(GEN)/ps.pb-c.c
@@ -70,13 +75,13 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
 COMPUTE   := $(wildcard common/compute.c kernels/compute_cpu.c)
-TRAIN     := $(wildcard worker/net.c worker/dataset.c worker/model_file.c)
+TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/model_file.c)
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
-TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN)) $(CUDA_OBJS)
+TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN))
 # Click logs: Criteo's format and the synthetic generator (ps-ctrgen).
 CTR_OBJS  := $(patsubst %.c,$(OBJ)/%.o,worker/criteo.c worker/ctr_gen.c)
-TRAIN_LIBS := -lopenblas -lz $(CUDA_LIBS)
+TRAIN_LIBS := -lopenblas -lz -ldl
 
 UNIT_SRCS := $(wildcard tests/check_*.c)
 UNIT_BINS := $(patsubst tests/%.c,$(OBJ)/tests/%,$(UNIT_SRCS))
@@ -89,7 +94,10 @@ PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen $(if $(and $(wi
 .PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc test-rdma demo-rdma
 .SECONDARY:
 
-all: $(PROGRAMS) lib/libps.a
+all: $(PROGRAMS) lib/libps.a $(CUDA_PLUGIN)
+
+# Where the worker looks for the plug-in once installed (common/compute.c).
+$(OBJ)/common/compute.o: CPPFLAGS += -DPS_PLUGIN_INSTALL_DIR='"$(PREFIX)/lib/ps"'
 
 # Installs missing Debian packages; silent when everything is present.
 deps:
@@ -183,6 +191,12 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/demo.sh
 
+# The first minutes on a lent GPU machine (docs/gpu.md): no deps, it has no
+# network; the script unpacks gpu-bundle/ and builds with its own make calls.
+.PHONY: gpu-check
+gpu-check:
+	@scripts/gpu-check.sh
+
 # The systemd units go where systemd looks for local ones, with their
 # paths (programs, Documentation=) under PREFIX; the docs they point at go
 # to share/doc/ps.
@@ -191,6 +205,8 @@ install: all
 		$(DESTDIR)$(PREFIX)/share/doc/ps $(DESTDIR)$(PREFIX)/lib/systemd/system
 	install -m 755 $(PROGRAMS) scripts/ps-keygen $(DESTDIR)$(PREFIX)/bin
 	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
+	$(if $(CUDA_PLUGIN),install -d $(DESTDIR)$(PREFIX)/lib/ps && \
+		install -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/ps)
 	install -m 644 worker/ps_client.h common/config.h common/layers.h common/ps_err.h \
 		common/codec.h common/histo.h $(DESTDIR)$(PREFIX)/include/ps
 	install -m 644 README.md docs/*.md conf/example-full.yaml $(DESTDIR)$(PREFIX)/share/doc/ps

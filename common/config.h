@@ -143,6 +143,7 @@ struct ps_train_cfg {
 	int64_t train_limit;        /* use the first N training images (0 = all) */
 	int64_t test_limit;         /* test accuracy on the first N test images (0 = all) */
 	int device;                 /* enum ps_device */
+	int tf32;                   /* enum ps_tf32 (compute.h): conv, off, all */
 	char metrics_dir[512];      /* worker-R.jsonl files go here */
 };
 

@@ -21,6 +21,8 @@ const char *const cfg_init_names[] = { "zeros", "const", "uniform", "normal", "a
 const char *const cfg_level_names[] = { "debug", "info", "warn", "error", "off", NULL };
 const char *const cfg_preset_names[] = { "none", "mlp", "cnn", NULL };
 const char *const cfg_device_names[] = { "auto", "cpu", "cuda", NULL };
+/* in enum ps_tf32 order (compute.h) */
+const char *const cfg_tf32_names[] = { "conv", "off", "all", NULL };
 /* in enum ps_layer_kind order */
 const char *const cfg_layer_names[] = { "dense", "conv2d", "maxpool", "relu", "flatten", NULL };
 /* in enum ps_codec_kind order; pull replies (weights) take only the first two */
@@ -163,6 +165,10 @@ const struct opt cfg_opts[] = {
 	  "measure test accuracy on the first N test images only (0 = all 10,000)"),
 	O("train.device", T_ENUM, 0, 0, 0, "auto", cfg_device_names, C, train.device,
 	  "auto: the GPU when there is a usable one, else the CPU; cuda: fail without a GPU"),
+	O("train.tf32", T_ENUM, 0, 0, 0, "conv", cfg_tf32_names, C, train.tf32,
+	  "cuda: TF32 tensor-core math for conv (convolutions only, matrix products in full "
+	  "fp32: PyTorch's default), all (matrix products too: faster, about 3 fewer "
+	  "decimal digits) or off (fp32 throughout, as the cpu backend); no effect on the cpu"),
 	O("train.metrics_dir", T_PATH, 0, 0, 0, "metrics", NULL, C, train.metrics_dir,
 	  "folder for worker-R.jsonl metrics logs (created if missing); \"\" = none"),
 	O("stats.token_file", T_PATH, 0, 0, 0, "", NULL, C, stats.token_file,

@@ -1,10 +1,6 @@
-/* bias.cuh - per-channel bias of dense and conv2d layers on the cuda
- * backend's stream.
- *
- * Both views of a layer output are [outer, channels, spatial]:
- *   dense   y[n, out]            outer = n, channels = out, spatial = 1
- *   conv2d  y[n, k, oh, ow]      outer = n, channels = k,   spatial = oh * ow
- */
+/* bias.cuh - bias add and bias gradient on the cuda backend's stream
+ * (bias.cu). A tensor is outer x channels x spatial: dense layers have
+ * spatial 1 (outer = batch), convolutions outer = batch, spatial = oh*ow. */
 #ifndef PS_BIAS_CUH
 #define PS_BIAS_CUH
 
@@ -15,14 +11,20 @@
 extern "C" {
 #endif
 
-/* Queues y[o, ch, s] += b[ch]. */
+/* y[o, c, s] += b[c]. */
 cudaError_t ps__cuda_bias_add(cudaStream_t st, float *y, const float *b, size_t outer,
 			      int channels, size_t spatial);
 
-/* Queues db[ch] = sum over o, s of dy[o, ch, s] (overwritten, not
- * accumulated). The summation order is fixed, so results repeat bit for bit. */
+/* Floats of device scratch bias_grad needs at most. */
+#define PS__BIAS_SCRATCH_FLOATS (1 << 18)
+
+/* db[c] = alpha * sum over o, s of dy[o, c, s], in two passes through
+ * scratch (PS__BIAS_SCRATCH_FLOATS floats of device memory) so that about
+ * 2 blocks per SM (sms: the device's multiprocessor count) share the work
+ * whatever the channel count; sums run in a fixed order, so results repeat
+ * bit for bit. */
 cudaError_t ps__cuda_bias_grad(cudaStream_t st, float *db, const float *dy, size_t outer,
-			       int channels, size_t spatial);
+			       int channels, size_t spatial, float alpha, float *scratch, int sms);
 
 #ifdef __cplusplus
 }

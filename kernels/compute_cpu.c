@@ -6,7 +6,8 @@
  * (batch 64) is about 4.3 GFLOP, nearly all in sgemm: about 95 ms on one
  * AVX2 core that runs sgemm at 68 GFLOPS. Ops run synchronously on the
  * calling thread (OpenBLAS may use its own threads, see OPENBLAS_NUM_THREADS),
- * so sync() has nothing to wait for. Backend memory is ordinary host memory.
+ * so sync() has nothing to wait for, the async copies are plain copies and
+ * every event is complete. Backend memory is ordinary host memory.
  *
  * Index conventions shared with other backends only through results:
  *   im2col buffer of one image: col[(ci * kh + ki) * kw + kj][oy * ow + ox]
@@ -38,10 +39,12 @@ static int fail(struct ps_compute *c, int rc, const char *fmt, ...)
 	return rc;
 }
 
-static int cpu_create(struct ps_compute **out, char *err, size_t errlen)
+static int cpu_create(struct ps_compute **out, const struct ps_compute_opts *opts, char *err,
+		      size_t errlen)
 {
 	struct cpu *b = calloc(1, sizeof(*b));
 
+	(void)opts;  /* fp32 always; threads: OpenBLAS's own setting */
 	*out = NULL;
 	if (!b) {
 		if (err && errlen)
@@ -96,8 +99,48 @@ static int cpu_copy(struct ps_compute *c, void *dst, const void *src, size_t byt
 
 static int cpu_sync(struct ps_compute *c)
 {
-	(void)c;
+	c->host_syncs++;
 	return 0;
+}
+
+/* ---- events: every op has finished when it returns ---- */
+
+struct ps_compute_event {
+	char unused;
+};
+
+static int cpu_event_create(struct ps_compute *c, struct ps_compute_event **ev)
+{
+	*ev = calloc(1, sizeof(**ev));
+	return *ev ? 0 : fail(c, -ENOMEM, "out of memory creating an event");
+}
+
+static void cpu_event_free(struct ps_compute *c, struct ps_compute_event *ev)
+{
+	(void)c;
+	free(ev);
+}
+
+static int cpu_event_noop(struct ps_compute *c, struct ps_compute_event *ev)
+{
+	(void)c;
+	(void)ev;
+	return 0;
+}
+
+static int cpu_download_async(struct ps_compute *c, void *dst, const void *src, size_t bytes,
+			      struct ps_compute_event *ev)
+{
+	(void)ev;
+	return cpu_copy(c, dst, src, bytes);
+}
+
+static int cpu_upload_async(struct ps_compute *c, void *dst, const void *src, size_t bytes,
+			    struct ps_compute_event *after, struct ps_compute_event *ev)
+{
+	(void)after;
+	(void)ev;
+	return cpu_copy(c, dst, src, bytes);
 }
 
 static int cpu_zero(struct ps_compute *c, float *x, size_t n)
@@ -143,15 +186,18 @@ static size_t conv_col_bytes(const struct ps_conv_shape *s)
 	return (size_t)s->c * s->kh * s->kw * (size_t)s->oh * s->ow * sizeof(float);
 }
 
-static size_t cpu_conv2d_workspace(struct ps_compute *c, const struct ps_conv_shape *s)
+static int cpu_conv2d_workspace(struct ps_compute *c, const struct ps_conv_shape *s,
+				size_t *bytes)
 {
 	struct ps_conv_shape t = *s;
+	int rc;
 
-	(void)c;
-	ps_conv_out(&t);
-	if (t.oh < 1 || t.ow < 1)
-		return 0;
-	return conv_col_bytes(&t);
+	*bytes = 0;
+	ps_conv_out(&t);  /* callers may not have filled oh, ow */
+	if ((rc = conv_check(c, &t)))
+		return rc;
+	*bytes = conv_col_bytes(&t);
+	return 0;
 }
 
 static int conv_check_ws(struct ps_compute *c, const struct ps_conv_shape *s, const void *ws,
@@ -279,11 +325,12 @@ static int cpu_conv2d_fwd(struct ps_compute *c, const struct ps_conv_shape *s, c
 	return 0;
 }
 
-/* Per image, sharing the one col buffer: dW += dy_i x col_i^T, then
- * col = W^T x dy_i folded back into dx_i; db sums dy over n, oh, ow. */
+/* Per image, sharing the one col buffer: dW += alpha dy_i x col_i^T,
+ * then col = W^T x dy_i folded back into dx_i; db = alpha times the sum of
+ * dy over n, oh, ow. */
 static int cpu_conv2d_bwd(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
 			  const float *W, const float *dy, float *dx, float *dW, float *db,
-			  void *ws, size_t ws_bytes)
+			  void *ws, size_t ws_bytes, float alpha)
 {
 	int rc = conv_check(c, s);
 
@@ -308,13 +355,15 @@ static int cpu_conv2d_bwd(struct ps_compute *c, const struct ps_conv_shape *s, c
 		}
 		im2col(s, x + i * in_img, col);
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->k, ckk, ohow,
-			    1.0f, dyi, ohow, col, ohow, i ? 1.0f : 0.0f, dW, ckk);
+			    alpha, dyi, ohow, col, ohow, i ? 1.0f : 0.0f, dW, ckk);
 		if (!dx)
 			continue;
 		cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, ckk, ohow, s->k,
 			    1.0f, W, ckk, dyi, ohow, 0.0f, col, ohow);
 		col2im(s, col, dx + i * in_img);
 	}
+	for (int k = 0; k < s->k; k++)
+		db[k] *= alpha;
 	return 0;
 }
 
@@ -341,22 +390,24 @@ static int cpu_dense_fwd(struct ps_compute *c, const float *x, const float *W, c
 	return 0;
 }
 
-/* dW = x^T dy, db = column sums of dy, dx = dy W^T. */
+/* dW = alpha x^T dy, db = alpha times the column sums of dy, dx = dy W^T. */
 static int cpu_dense_bwd(struct ps_compute *c, const float *x, const float *W, const float *dy,
-			 float *dx, float *dW, float *db, int n, int in, int out)
+			 float *dx, float *dW, float *db, int n, int in, int out, float alpha)
 {
 	int rc = dense_check(c, n, in, out);
 
 	if (rc)
 		return rc;
 	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, n,
-		    1.0f, x, in, dy, out, 0.0f, dW, out);
+		    alpha, x, in, dy, out, 0.0f, dW, out);
 	memcpy(db, dy, (size_t)out * sizeof(float));
 	for (int i = 1; i < n; i++) {
 		const float *r = dy + (size_t)i * out;
 		for (int j = 0; j < out; j++)
 			db[j] += r[j];
 	}
+	for (int j = 0; j < out; j++)
+		db[j] *= alpha;
 	if (dx)
 		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, in, out,
 			    1.0f, dy, out, W, out, 0.0f, dx, in);
@@ -412,6 +463,9 @@ static int cpu_maxpool_fwd(struct ps_compute *c, const struct ps_pool_shape *s, 
 	return 0;
 }
 
+/* Every index is checked before anything is written: one maxpool_fwd
+ * cannot have produced (outside its own window) refuses the call and
+ * leaves dx as it was. */
 static int cpu_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *dy,
 			   const int32_t *idx, float *dx)
 {
@@ -422,16 +476,25 @@ static int cpu_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, 
 	size_t planes = (size_t)s->n * s->c, in_plane = (size_t)s->h * s->w;
 	size_t out_plane = (size_t)s->oh * s->ow;
 
+	for (size_t p = 0; p < planes; p++) {
+		const int32_t *ip = idx + p * out_plane;
+		for (int oy = 0; oy < s->oh; oy++) {
+			for (int ox = 0; ox < s->ow; ox++) {
+				int32_t at = ip[oy * s->ow + ox];
+				int iy = at >= 0 ? at / s->w : -1, ix = at - iy * s->w;
+				if (at < 0 || (unsigned)(iy - oy * s->size) >= (unsigned)s->size ||
+				    (unsigned)(ix - ox * s->size) >= (unsigned)s->size)
+					return fail(c, -EINVAL, "maxpool: index %d outside its %dx%d "
+						    "window of the %dx%d input (not from maxpool_fwd "
+						    "of this shape?)", at, s->size, s->size, s->h, s->w);
+			}
+		}
+	}
 	memset(dx, 0, planes * in_plane * sizeof(float));
 	for (size_t p = 0; p < planes; p++) {
 		float *dxp = dx + p * in_plane;
-		for (size_t o = 0; o < out_plane; o++) {
-			int32_t at = idx[p * out_plane + o];
-			if (at < 0 || (size_t)at >= in_plane)
-				return fail(c, -EINVAL, "maxpool: index %d outside the %dx%d input "
-					    "(not from maxpool_fwd of this shape?)", at, s->h, s->w);
-			dxp[at] += dy[p * out_plane + o];
-		}
+		for (size_t o = 0; o < out_plane; o++)
+			dxp[idx[p * out_plane + o]] += dy[p * out_plane + o];
 	}
 	return 0;
 }
@@ -466,20 +529,23 @@ __attribute__((optimize("O3"))) static int cpu_relu_bwd(struct ps_compute *c, co
 /* ---- loss ---- */
 
 /* Per example: subtract the max logit so exp() cannot overflow; loss is
- * log(sum exp) - (logit[label] - max); dlogits = (softmax - onehot) / n.
- * Labels are all checked first so a bad batch writes nothing. */
+ * log(sum exp) - (logit[label] - max); dlogits = softmax - onehot. Labels
+ * are all checked first so a bad batch writes nothing but the stats. */
 static int cpu_softmax_xent(struct ps_compute *c, const float *logits, const int32_t *labels,
-			    int n, int classes, float *dlogits, float *loss, int *correct)
+			    int n, int classes, float *dlogits, struct ps_xent_stats *st)
 {
 	double total = 0.0;
 	int right = 0;
 
 	if (n < 1 || classes < 1)
 		return fail(c, -EINVAL, "softmax_xent: bad shape n=%d classes=%d", n, classes);
+	*st = (struct ps_xent_stats){ .bad_row = -1, .n = n };
 	for (int i = 0; i < n; i++)
-		if (labels[i] < 0 || labels[i] >= classes)
-			return fail(c, -EINVAL, "softmax_xent: label %d of example %d is outside "
-				    "[0, %d)", labels[i], i, classes);
+		if (labels[i] < 0 || labels[i] >= classes) {
+			st->bad_row = i;
+			st->bad_label = labels[i];
+			return 0;
+		}
 	for (int i = 0; i < n; i++) {
 		const float *z = logits + (size_t)i * classes;
 		int arg = 0;
@@ -495,16 +561,13 @@ static int cpu_softmax_xent(struct ps_compute *c, const float *logits, const int
 		if (!dlogits)
 			continue;
 		float *d = dlogits + (size_t)i * classes;
-		double inv = 1.0 / (sum * n);
+		double inv = 1.0 / sum;
 		for (int j = 0; j < classes; j++)
 			d[j] = (float)(exp((double)z[j] - max) * inv);
-		d[labels[i]] -= 1.0f / (float)n;
+		d[labels[i]] -= 1.0f;
 	}
-	*loss = (float)(total / n);
-	*correct = right;
-	if (!isfinite(total))
-		return fail(c, PS_ENOFINITE, "softmax_xent: loss is not finite (NaN or "
-			    "infinite logits)");
+	st->loss_sum = total;
+	st->correct = right;
 	return 0;
 }
 
@@ -519,6 +582,13 @@ const struct ps_compute_ops ps_compute_cpu_ops = {
 	.upload = cpu_copy,
 	.download = cpu_copy,
 	.sync = cpu_sync,
+	.event_create = cpu_event_create,
+	.event_free = cpu_event_free,
+	.event_record = cpu_event_noop,
+	.stream_wait = cpu_event_noop,
+	.event_wait = cpu_event_noop,
+	.download_async = cpu_download_async,
+	.upload_async = cpu_upload_async,
 	.zero = cpu_zero,
 	.scale = cpu_scale,
 	.conv2d_workspace = cpu_conv2d_workspace,

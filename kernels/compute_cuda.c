@@ -1,18 +1,23 @@
-/* compute_cuda.c - the "cuda" compute backend (docs/architecture.md, Interfaces): one GPU, one
- * stream, cuBLAS for the dense layers, cuDNN for convolutions
- * (conv2d_cudnn.c), our kernels for the rest (the .cu files here).
+/* compute_cuda.c - the "cuda" compute backend (docs/architecture.md, Interfaces;
+ * docs/gpu.md), built as the plug-in lib/ps-compute-cuda.so: one GPU, a
+ * compute stream and a copy stream, cuBLAS for the dense layers, cuDNN for
+ * convolutions (conv2d_cudnn.c), our kernels for the rest (cuda_layers.c
+ * and the .cu files). This file: lifecycle, memory, copies, events, sync
+ * and the ops table the plug-in exports.
  *
- * Every op is queued on the backend's stream and returns before it runs;
- * sync() waits. Only softmax_xent waits by itself, to hand back the loss.
- * Results are fp32 throughout: TF32 tensor-core math is kept off in cuBLAS
- * (default math mode) and cuDNN (FMA math), so the backend stays within the
- * cpu reference's tolerances. Shape checks and their messages are the cpu
- * backend's, so a bad call reads the same on both.
+ * Every op is queued and returns before it runs. Only sync() and
+ * event_wait() wait; a training step waits on the push thread for each
+ * gradient's event and nowhere else. Every CUDA, cuBLAS and cuDNN return is
+ * checked (cuda_check.h); a fault a kernel meets after its op returned is
+ * reported by the next call that checks, unless PS_CUDA_SYNC=1 makes every
+ * op wait and name itself. Faults our kernels find in their inputs (a
+ * maxpool index) travel in a small flags struct (cuda_flags.h).
  *
- * The device is the calling thread's current one (0 unless the process
- * chose; CUDA_VISIBLE_DEVICES picks the GPU per worker). A backend is used
- * by one thread at a time (it keeps cuDNN descriptors and plans). A kernel
- * failing asynchronously shows up in a later op's or sync()'s error.
+ * Math: matrix products in full fp32 unless train.tf32 is "all"; cuDNN
+ * convolutions may use TF32 tensor cores unless it is "off" (the default
+ * "conv" is PyTorch's). The device is the calling thread's current one
+ * (CUDA_VISIBLE_DEVICES picks the GPU per worker). Ops are issued by one
+ * thread; event_wait() may be called from any.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -22,8 +27,6 @@
 #include "compute_cuda.h"
 #include "cuda_check.h"
 #include "bias.cuh"
-#include "maxpool.cuh"
-#include "relu.cuh"
 #include "scale.cuh"
 #include "softmax_xent.cuh"
 #include "ps_err.h"
@@ -31,6 +34,8 @@
 /* Smallest allocation: a zero-byte request still gets a distinct pointer,
  * as from the cpu backend. cudaMalloc itself aligns to 256 bytes or more. */
 #define MIN_ALLOC 256
+
+static const struct ps_compute_ops cuda_ops;  /* below: the table this file fills */
 
 int ps__cuda_errf(struct ps_cuda *cu, int rc, const char *fmt, ...)
 {
@@ -42,24 +47,83 @@ int ps__cuda_errf(struct ps_cuda *cu, int rc, const char *fmt, ...)
 	return rc;
 }
 
+/* A fault our kernels flagged, as an error (and cleared: reported once). */
+static int take_flags(struct ps_cuda *cu, struct ps__cuda_flags *seen)
+{
+	if (!seen->bad_pool)
+		return 0;
+	ps__cuda_errf(cu, -EINVAL, "maxpool: index %d (entry %d) outside its window (not from "
+		      "maxpool_fwd of this shape?); dx was not written", seen->bad_pool_value,
+		      seen->bad_pool_at);
+	memset(seen, 0, sizeof(*seen));
+	CUDA_CHECK(cu->base.err, cudaMemsetAsync(cu->flags_dev, 0, sizeof(*cu->flags_dev),
+						 cu->stream));
+	return -EINVAL;
+}
+
+/* Waits for both streams and reads the flags; for sync() and PS_CUDA_SYNC. */
+static int wait_all(struct ps_cuda *cu)
+{
+	/* the copy stream first: an older flags copy of a download_async must
+	 * not land after (and over) the one made here */
+	CUDA_CHECK(cu->base.err, cudaStreamSynchronize(cu->copy));
+	CUDA_CHECK(cu->base.err, cudaMemcpyAsync(cu->flags_host, cu->flags_dev,
+						 sizeof(*cu->flags_host),
+						 cudaMemcpyDeviceToHost, cu->stream));
+	CUDA_CHECK(cu->base.err, cudaStreamSynchronize(cu->stream));
+	return take_flags(cu, cu->flags_host);
+}
+
+int ps__cuda_done(struct ps_cuda *cu, const char *op, int rc)
+{
+	char first[sizeof(cu->base.err)];
+
+	if (rc || !cu->sync_each)
+		return rc;
+	rc = wait_all(cu);
+	if (rc) {
+		snprintf(first, sizeof(first), "%s", cu->base.err);
+		ps__cuda_errf(cu, rc, "%s failed (PS_CUDA_SYNC=1 waited after it): %s", op, first);
+	}
+	return rc;
+}
+
 /* ---- lifecycle ---- */
 
-/* Releases whatever create() got as far as making; safe on a partial one. */
+/* Releases whatever create() got as far as making; safe on a partial one.
+ * It cannot return an error: the first failure goes to stderr. */
 static void release(struct ps_cuda *cu)
 {
+	char err[sizeof(cu->base.err)] = "";
+	int rc = 0;
+
+#define KEEP(x) do { int r_ = (x); if (r_ && !rc) { rc = r_; snprintf(err, sizeof(err), "%s", cu->base.err); } } while (0)
 	if (cu->stream)
-		cudaStreamSynchronize(cu->stream);
-	ps__cuda_conv_free(cu);
+		KEEP(PS__CUDA_EVAL(cu->base.err, cudaStreamSynchronize(cu->stream)));
+	if (cu->copy)
+		KEEP(PS__CUDA_EVAL(cu->base.err, cudaStreamSynchronize(cu->copy)));
+	KEEP(ps__cuda_conv_free(cu));
 	if (cu->dnn)
-		cudnnDestroy(cu->dnn);
+		KEEP(PS__CUDNN_EVAL(cu->base.err, cudnnDestroy(cu->dnn)));
 	if (cu->blas)
-		cublasDestroy(cu->blas);
-	if (cu->xent_host)
-		cudaFreeHost(cu->xent_host);
+		KEEP(PS__CUBLAS_EVAL(cu->base.err, cublasDestroy(cu->blas)));
+	if (cu->flags_host)
+		KEEP(PS__CUDA_EVAL(cu->base.err, cudaFreeHost(cu->flags_host)));
+	if (cu->flags_dev)
+		KEEP(PS__CUDA_EVAL(cu->base.err, cudaFree(cu->flags_dev)));
+	if (cu->bias_scratch)
+		KEEP(PS__CUDA_EVAL(cu->base.err, cudaFree(cu->bias_scratch)));
 	if (cu->xent_scratch)
-		cudaFree(cu->xent_scratch);
+		KEEP(PS__CUDA_EVAL(cu->base.err, cudaFree(cu->xent_scratch)));
+	if (cu->fork)
+		KEEP(PS__CUDA_EVAL(cu->base.err, cudaEventDestroy(cu->fork)));
+	if (cu->copy)
+		KEEP(PS__CUDA_EVAL(cu->base.err, cudaStreamDestroy(cu->copy)));
 	if (cu->stream)
-		cudaStreamDestroy(cu->stream);
+		KEEP(PS__CUDA_EVAL(cu->base.err, cudaStreamDestroy(cu->stream)));
+#undef KEEP
+	if (rc)
+		fprintf(stderr, "ps-compute-cuda: releasing the backend: %s\n", err);
 	(void)cudaGetLastError();  /* leave no error behind for the next user */
 	free(cu);
 }
@@ -69,7 +133,7 @@ static void release(struct ps_cuda *cu)
  * "no kernel image", instead of at the first training step). */
 static int probe(struct ps_cuda *cu)
 {
-	float *one = cu->xent_scratch;
+	float *one = cu->bias_scratch;
 
 	CUDA_CHECK(cu->base.err, cudaMemsetAsync(one, 0, sizeof(float), cu->stream));
 	CUDA_CHECK(cu->base.err, ps__cuda_scale(cu->stream, one, one, 2.0f, 1));
@@ -77,63 +141,96 @@ static int probe(struct ps_cuda *cu)
 	return 0;
 }
 
-static int cuda_create(struct ps_compute **out, char *err, size_t errlen)
+/* No driver, a driver older than this build's runtime, no device: the one
+ * line the worker prints. */
+static int check_driver(char *err, size_t errlen)
 {
-	struct ps_cuda *cu;
-	size_t scratch;
-	int ndev = 0, rc;
-	cudaError_t e;
+	int drv = 0, ndev = 0;
+	cudaError_t e = cudaDriverGetVersion(&drv);
 
-	*out = NULL;
-	/* No driver, no device, a driver older than the runtime: all say here. */
-	e = cudaGetDeviceCount(&ndev);
-	if (e != cudaSuccess || ndev < 1) {
-		if (err && errlen)
-			snprintf(err, errlen, "no usable CUDA GPU: %s",
-				 e != cudaSuccess ? cudaGetErrorString(e) : "no device found");
+	if (e != cudaSuccess || drv == 0) {
+		snprintf(err, errlen, "no NVIDIA driver found (libcuda.so.1 is missing: is this "
+			 "a GPU machine?)");
 		(void)cudaGetLastError();
 		return PS_ENOTSUP;
 	}
+	if (drv < CUDART_VERSION) {
+		snprintf(err, errlen, "the NVIDIA driver supports CUDA %d.%d, this build needs "
+			 "%d.%d: install driver R580 or newer", drv / 1000, drv % 1000 / 10,
+			 CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+		return PS_ENOTSUP;
+	}
+	e = cudaGetDeviceCount(&ndev);
+	if (e != cudaSuccess || ndev < 1) {
+		snprintf(err, errlen, "no usable CUDA GPU: %s",
+			 e != cudaSuccess ? cudaGetErrorString(e) : "no device found");
+		(void)cudaGetLastError();
+		return PS_ENOTSUP;
+	}
+	return 0;
+}
+
+static int cuda_create(struct ps_compute **out, const struct ps_compute_opts *opts, char *err,
+		       size_t errlen)
+{
+	const char *sync_env = getenv("PS_CUDA_SYNC");
+	struct ps_cuda *cu;
+	cublasMath_t math;
+	int rc;
+
+	*out = NULL;
+	if ((rc = check_driver(err, errlen)))
+		return rc;
 	cu = calloc(1, sizeof(*cu));
 	if (!cu) {
-		if (err && errlen)
-			snprintf(err, errlen, "out of memory creating the cuda backend");
+		snprintf(err, errlen, "out of memory creating the cuda backend");
 		return -ENOMEM;
 	}
-	cu->base.ops = &ps_compute_cuda_ops;
+	cu->base.ops = &cuda_ops;
+	cu->tf32 = opts ? opts->tf32 : PS_TF32_CONV;
+	cu->sync_each = sync_env && strcmp(sync_env, "1") == 0;
 	CUDA_CHECK_GOTO(cu->base.err, cudaGetDevice(&cu->device), rc, err_release);
+	CUDA_CHECK_GOTO(cu->base.err, cudaDeviceGetAttribute(&cu->sms,
+							     cudaDevAttrMultiProcessorCount,
+							     cu->device), rc, err_release);
 	CUDA_CHECK_GOTO(cu->base.err, cudaStreamCreateWithFlags(&cu->stream,
 								 cudaStreamNonBlocking),
 			rc, err_release);
+	CUDA_CHECK_GOTO(cu->base.err, cudaStreamCreateWithFlags(&cu->copy, cudaStreamNonBlocking),
+			rc, err_release);
+	CUDA_CHECK_GOTO(cu->base.err, cudaEventCreateWithFlags(&cu->fork, cudaEventDisableTiming),
+			rc, err_release);
 	CUBLAS_CHECK_GOTO(cu->base.err, cublasCreate(&cu->blas), rc, err_release);
 	CUBLAS_CHECK_GOTO(cu->base.err, cublasSetStream(cu->blas, cu->stream), rc, err_release);
-	CUBLAS_CHECK_GOTO(cu->base.err, cublasSetMathMode(cu->blas, CUBLAS_DEFAULT_MATH), rc,
-			  err_release);
+	math = cu->tf32 == PS_TF32_ALL ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+	CUBLAS_CHECK_GOTO(cu->base.err, cublasSetMathMode(cu->blas, math), rc, err_release);
 	CUDNN_CHECK_GOTO(cu->base.err, cudnnCreate(&cu->dnn), rc, err_release);
 	CUDNN_CHECK_GOTO(cu->base.err, cudnnSetStream(cu->dnn, cu->stream), rc, err_release);
 	if ((rc = ps__cuda_conv_init(cu)))
 		goto err_release;
-	/* Partials, then the result at a 256-byte boundary after them. */
-	scratch = (ps__cuda_xent_scratch_bytes() + 255) / 256 * 256;
-	CUDA_CHECK_GOTO(cu->base.err,
-			cudaMalloc(&cu->xent_scratch, scratch + sizeof(struct ps__xent_result)),
+	CUDA_CHECK_GOTO(cu->base.err, cudaMalloc(&cu->xent_scratch, ps__cuda_xent_scratch_bytes()),
 			rc, err_release);
-	cu->xent_dev = (struct ps__xent_result *)((char *)cu->xent_scratch + scratch);
-	CUDA_CHECK_GOTO(cu->base.err, cudaMallocHost((void **)&cu->xent_host,
-						     sizeof(*cu->xent_host)),
+	CUDA_CHECK_GOTO(cu->base.err, cudaMalloc((void **)&cu->bias_scratch,
+						 PS__BIAS_SCRATCH_FLOATS * sizeof(float)),
 			rc, err_release);
+	CUDA_CHECK_GOTO(cu->base.err, cudaMalloc((void **)&cu->flags_dev, sizeof(*cu->flags_dev)),
+			rc, err_release);
+	CUDA_CHECK_GOTO(cu->base.err, cudaMallocHost((void **)&cu->flags_host,
+						     sizeof(*cu->flags_host)),
+			rc, err_release);
+	memset(cu->flags_host, 0, sizeof(*cu->flags_host));
+	CUDA_CHECK_GOTO(cu->base.err, cudaMemsetAsync(cu->flags_dev, 0, sizeof(*cu->flags_dev),
+						      cu->stream), rc, err_release);
 	if ((rc = probe(cu)))
 		goto err_release;
 	*out = &cu->base;
 	return 0;
 
 err_release:
-	if (err && errlen) {
-		if (rc == PS_ENOTSUP)
-			snprintf(err, errlen, "no usable CUDA GPU: %s", cu->base.err);
-		else
-			snprintf(err, errlen, "cuda backend: %s", cu->base.err);
-	}
+	if (rc == PS_ENOTSUP)
+		snprintf(err, errlen, "no usable CUDA GPU: %s", cu->base.err);
+	else
+		snprintf(err, errlen, "cuda backend: %s", cu->base.err);
 	release(cu);
 	return rc;
 }
@@ -149,76 +246,90 @@ static void cuda_destroy(struct ps_compute *c)
 static float *cuda_alloc(struct ps_compute *c, size_t bytes)
 {
 	void *p = NULL;
-	cudaError_t e = cudaMalloc(&p, bytes ? bytes : MIN_ALLOC);
 
-	if (e != cudaSuccess) {
-		ps__cuda_errf(ps__cuda_of(c), ps__cuda_code(e), "cudaMalloc of %zu bytes: %s", bytes,
-		     cudaGetErrorString(e));
-		(void)cudaGetLastError();  /* not sticky: keep it from later launches */
-		return NULL;
-	}
+	if (PS__CUDA_EVAL(c->err, cudaMalloc(&p, bytes ? bytes : MIN_ALLOC)))
+		return NULL;  /* the reason is in err; not sticky (cuda_check.h) */
 	return p;
+}
+
+/* A failed free cannot be returned here: it is kept and returned by the
+ * next sync(), the first one only. */
+static void defer(struct ps_cuda *cu, int rc)
+{
+	if (rc && !cu->deferred) {
+		cu->deferred = rc;
+		snprintf(cu->deferred_err, sizeof(cu->deferred_err), "%.190s", cu->base.err);
+	}
 }
 
 static void cuda_free(struct ps_compute *c, void *p)
 {
-	(void)c;
 	if (p)
-		cudaFree(p);
+		defer(ps__cuda_of(c), PS__CUDA_EVAL(c->err, cudaFree(p)));
 }
 
 static void *cuda_host_alloc(struct ps_compute *c, size_t bytes)
 {
 	void *p = NULL;
-	cudaError_t e = cudaMallocHost(&p, bytes ? bytes : MIN_ALLOC);
 
-	if (e != cudaSuccess) {
-		ps__cuda_errf(ps__cuda_of(c), ps__cuda_code(e), "cudaMallocHost of %zu bytes: %s", bytes,
-		     cudaGetErrorString(e));
-		(void)cudaGetLastError();
+	if (PS__CUDA_EVAL(c->err, cudaMallocHost(&p, bytes ? bytes : MIN_ALLOC)))
 		return NULL;
-	}
 	return p;
 }
 
 static void cuda_host_free(struct ps_compute *c, void *p)
 {
-	(void)c;
 	if (p)
-		cudaFreeHost(p);
+		defer(ps__cuda_of(c), PS__CUDA_EVAL(c->err, cudaFreeHost(p)));
 }
+
+/* ---- copies on the compute stream ---- */
 
 static int cuda_upload(struct ps_compute *c, void *dst, const void *src, size_t bytes)
 {
+	struct ps_cuda *cu = ps__cuda_of(c);
+
 	if (bytes)
 		CUDA_CHECK(c->err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
-						   ps__cuda_of(c)->stream));
-	return 0;
+						   cu->stream));
+	return ps__cuda_done(cu, "upload", 0);
 }
 
 static int cuda_download(struct ps_compute *c, void *dst, const void *src, size_t bytes)
 {
+	struct ps_cuda *cu = ps__cuda_of(c);
+
 	if (bytes)
 		CUDA_CHECK(c->err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
-						   ps__cuda_of(c)->stream));
-	return 0;
+						   cu->stream));
+	return ps__cuda_done(cu, "download", 0);
 }
 
 static int cuda_sync(struct ps_compute *c)
 {
-	CUDA_CHECK(c->err, cudaStreamSynchronize(ps__cuda_of(c)->stream));
-	return 0;
+	struct ps_cuda *cu = ps__cuda_of(c);
+	int rc;
+
+	c->host_syncs++;
+	if ((rc = wait_all(cu)))
+		return rc;
+	if (cu->deferred) {
+		rc = cu->deferred;
+		ps__cuda_errf(cu, rc, "an earlier free failed: %s", cu->deferred_err);
+		cu->deferred = 0;
+	}
+	return rc;
 }
 
 static int cuda_zero(struct ps_compute *c, float *x, size_t n)
 {
+	struct ps_cuda *cu = ps__cuda_of(c);
+
 	if (n)
-		CUDA_CHECK(c->err, cudaMemsetAsync(x, 0, n * sizeof(float),
-						   ps__cuda_of(c)->stream));
-	return 0;
+		CUDA_CHECK(c->err, cudaMemsetAsync(x, 0, n * sizeof(float), cu->stream));
+	return ps__cuda_done(cu, "zero", 0);
 }
 
-/* a == 1 is a copy (the worker's flatten layer): a memcpy, or nothing. */
 static int cuda_scale(struct ps_compute *c, float *y, const float *x, float a, size_t n)
 {
 	struct ps_cuda *cu = ps__cuda_of(c);
@@ -230,145 +341,102 @@ static int cuda_scale(struct ps_compute *c, float *y, const float *x, float a, s
 						   cudaMemcpyDeviceToDevice, cu->stream));
 	else
 		CUDA_CHECK(c->err, ps__cuda_scale(cu->stream, y, x, a, n));
-	return 0;
+	return ps__cuda_done(cu, "scale", 0);
 }
 
-/* ---- dense ----
- *
- * cuBLAS is column-major; a row-major [r, c] matrix is the column-major
- * [c, r] matrix with leading dimension c, i.e. its transpose. So each
- * row-major product is computed as its transpose:
- *   y  = x W      ->  y^T  = W^T x^T      (out x n)  = (out x in)(in x n)
- *   dW = x^T dy   ->  dW^T = dy^T x       (out x in) = (out x n)(n x in)
- *   dx = dy W^T   ->  dx^T = W dy^T       (in x n)   = (in x out)(out x n)
- */
+/* ---- events and the copy stream ---- */
 
-static int dense_check(struct ps_cuda *cu, int n, int in, int out)
+static int cuda_event_create(struct ps_compute *c, struct ps_compute_event **out)
 {
-	if (n < 1 || in < 1 || out < 1)
-		return ps__cuda_errf(cu, -EINVAL, "dense: bad shape n=%d in=%d out=%d", n, in, out);
-	return 0;
-}
+	struct ps_compute_event *ev = calloc(1, sizeof(*ev));
+	int rc;
 
-static int cuda_dense_fwd(struct ps_compute *c, const float *x, const float *W, const float *b,
-			  float *y, int n, int in, int out)
-{
-	struct ps_cuda *cu = ps__cuda_of(c);
-	const float one = 1.0f, zero = 0.0f;
-	int rc = dense_check(cu, n, in, out);
-
-	if (rc)
+	*out = NULL;
+	if (!ev)
+		return ps__cuda_errf(ps__cuda_of(c), -ENOMEM, "out of memory creating an event");
+	/* Blocking: a waiting push thread sleeps instead of spinning on a core
+	 * the training thread needs. */
+	rc = PS__CUDA_EVAL(c->err, cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming |
+							    cudaEventBlockingSync));
+	if (rc) {
+		free(ev);
 		return rc;
-	CUBLAS_CHECK(c->err, cublasSgemm(cu->blas, CUBLAS_OP_N, CUBLAS_OP_N, out, n, in, &one,
-					 W, out, x, in, &zero, y, out));
-	CUDA_CHECK(c->err, ps__cuda_bias_add(cu->stream, y, b, (size_t)n, out, 1));
+	}
+	*out = ev;
 	return 0;
 }
 
-static int cuda_dense_bwd(struct ps_compute *c, const float *x, const float *W, const float *dy,
-			  float *dx, float *dW, float *db, int n, int in, int out)
+static void cuda_event_free(struct ps_compute *c, struct ps_compute_event *ev)
+{
+	if (!ev)
+		return;
+	defer(ps__cuda_of(c), PS__CUDA_EVAL(c->err, cudaEventDestroy(ev->ev)));
+	free(ev);
+}
+
+static int cuda_event_record(struct ps_compute *c, struct ps_compute_event *ev)
 {
 	struct ps_cuda *cu = ps__cuda_of(c);
-	const float one = 1.0f, zero = 0.0f;
-	int rc = dense_check(cu, n, in, out);
 
-	if (rc)
-		return rc;
-	CUBLAS_CHECK(c->err, cublasSgemm(cu->blas, CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one,
-					 dy, out, x, in, &zero, dW, out));
-	CUDA_CHECK(c->err, ps__cuda_bias_grad(cu->stream, db, dy, (size_t)n, out, 1));
-	if (dx)
-		CUBLAS_CHECK(c->err, cublasSgemm(cu->blas, CUBLAS_OP_T, CUBLAS_OP_N, in, n, out,
-						 &one, W, out, dy, out, &zero, dx, in));
-	return 0;
+	CUDA_CHECK(c->err, cudaEventRecord(ev->ev, cu->stream));
+	return ps__cuda_done(cu, "event_record", 0);
 }
 
-/* ---- max pooling ---- */
-
-static int pool_check(struct ps_cuda *cu, const struct ps_pool_shape *s)
-{
-	if (s->n < 1 || s->c < 1 || s->size < 1 || s->h < s->size || s->w < s->size)
-		return ps__cuda_errf(cu, -EINVAL, "maxpool: bad shape n=%d c=%d h=%d w=%d size=%d",
-			    s->n, s->c, s->h, s->w, s->size);
-	if (s->oh != s->h / s->size || s->ow != s->w / s->size)
-		return ps__cuda_errf(cu, -EINVAL, "maxpool: output %dx%d given, shape gives %dx%d",
-			    s->oh, s->ow, s->h / s->size, s->w / s->size);
-	return 0;
-}
-
-static int cuda_maxpool_fwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *x,
-			    float *y, int32_t *idx)
+static int cuda_stream_wait(struct ps_compute *c, struct ps_compute_event *ev)
 {
 	struct ps_cuda *cu = ps__cuda_of(c);
-	int rc = pool_check(cu, s);
 
-	if (rc)
-		return rc;
-	CUDA_CHECK(c->err, ps__cuda_maxpool_fwd(cu->stream, x, y, idx, (size_t)s->n * s->c, s->h,
-						s->w, s->size, s->oh, s->ow));
-	return 0;
+	CUDA_CHECK(c->err, cudaStreamWaitEvent(cu->stream, ev->ev, 0));
+	return ps__cuda_done(cu, "stream_wait", 0);
 }
 
-/* Unlike the cpu backend, an idx outside the plane is skipped, not
- * reported: the check would need a round trip to the host. */
-static int cuda_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *dy,
-			    const int32_t *idx, float *dx)
+/* Any thread. The flags copied behind the event's data say whether a
+ * kernel before it found a bad input. */
+static int cuda_event_wait(struct ps_compute *c, struct ps_compute_event *ev)
 {
 	struct ps_cuda *cu = ps__cuda_of(c);
-	int rc = pool_check(cu, s);
+	struct ps__cuda_flags seen;
 
-	if (rc)
-		return rc;
-	CUDA_CHECK(c->err, ps__cuda_maxpool_bwd(cu->stream, dy, idx, dx, (size_t)s->n * s->c,
-						s->h, s->w, s->oh, s->ow));
+	CUDA_CHECK(c->err, cudaEventSynchronize(ev->ev));
+	seen = *(volatile struct ps__cuda_flags *)cu->flags_host;
+	if (seen.bad_pool)
+		return ps__cuda_errf(cu, -EINVAL, "maxpool: index %d (entry %d) outside its "
+				     "window (not from maxpool_fwd of this shape?); dx was not "
+				     "written", seen.bad_pool_value, seen.bad_pool_at);
 	return 0;
 }
 
-/* ---- relu ---- */
-
-static int cuda_relu_fwd(struct ps_compute *c, const float *x, float *y, size_t n)
-{
-	CUDA_CHECK(c->err, ps__cuda_relu_fwd(ps__cuda_of(c)->stream, x, y, n));
-	return 0;
-}
-
-static int cuda_relu_bwd(struct ps_compute *c, const float *y, const float *dy, float *dx,
-			 size_t n)
-{
-	CUDA_CHECK(c->err, ps__cuda_relu_bwd(ps__cuda_of(c)->stream, y, dy, dx, n));
-	return 0;
-}
-
-/* ---- loss ---- */
-
-/* Queues the kernels and the copy of their result, then waits for it. A bad
- * label is found on the device; unlike the cpu backend, dlogits of the other
- * examples have been written by then. */
-static int cuda_softmax_xent(struct ps_compute *c, const float *logits, const int32_t *labels,
-			     int n, int classes, float *dlogits, float *loss, int *correct)
+static int cuda_download_async(struct ps_compute *c, void *dst, const void *src, size_t bytes,
+			       struct ps_compute_event *ev)
 {
 	struct ps_cuda *cu = ps__cuda_of(c);
-	const struct ps__xent_result *r = cu->xent_host;
 
-	if (n < 1 || classes < 1)
-		return ps__cuda_errf(cu, -EINVAL, "softmax_xent: bad shape n=%d classes=%d", n, classes);
-	CUDA_CHECK(c->err, ps__cuda_softmax_xent(cu->stream, logits, labels, n, classes, dlogits,
-						 cu->xent_scratch, cu->xent_dev));
-	CUDA_CHECK(c->err, cudaMemcpyAsync(cu->xent_host, cu->xent_dev, sizeof(*cu->xent_host),
-					   cudaMemcpyDeviceToHost, cu->stream));
-	CUDA_CHECK(c->err, cudaStreamSynchronize(cu->stream));
-	if (r->bad_row >= 0)
-		return ps__cuda_errf(cu, -EINVAL, "softmax_xent: label %d of example %d is outside [0, %d)",
-			    r->bad_label, r->bad_row, classes);
-	*loss = (float)(r->loss_sum / n);
-	*correct = r->correct;
-	if (!isfinite(r->loss_sum))
-		return ps__cuda_errf(cu, PS_ENOFINITE, "softmax_xent: loss is not finite (NaN or "
-			    "infinite logits)");
-	return 0;
+	CUDA_CHECK(c->err, cudaEventRecord(cu->fork, cu->stream));
+	CUDA_CHECK(c->err, cudaStreamWaitEvent(cu->copy, cu->fork, 0));
+	if (bytes)
+		CUDA_CHECK(c->err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+						   cu->copy));
+	CUDA_CHECK(c->err, cudaMemcpyAsync(cu->flags_host, cu->flags_dev, sizeof(*cu->flags_host),
+					   cudaMemcpyDeviceToHost, cu->copy));
+	CUDA_CHECK(c->err, cudaEventRecord(ev->ev, cu->copy));
+	return ps__cuda_done(cu, "download_async", 0);
 }
 
-const struct ps_compute_ops ps_compute_cuda_ops = {
+static int cuda_upload_async(struct ps_compute *c, void *dst, const void *src, size_t bytes,
+			     struct ps_compute_event *after, struct ps_compute_event *ev)
+{
+	struct ps_cuda *cu = ps__cuda_of(c);
+
+	if (after)
+		CUDA_CHECK(c->err, cudaStreamWaitEvent(cu->copy, after->ev, 0));
+	if (bytes)
+		CUDA_CHECK(c->err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+						   cu->copy));
+	CUDA_CHECK(c->err, cudaEventRecord(ev->ev, cu->copy));
+	return ps__cuda_done(cu, "upload_async", 0);
+}
+
+static const struct ps_compute_ops cuda_ops = {
 	.name = "cuda",
 	.create = cuda_create,
 	.destroy = cuda_destroy,
@@ -379,16 +447,29 @@ const struct ps_compute_ops ps_compute_cuda_ops = {
 	.upload = cuda_upload,
 	.download = cuda_download,
 	.sync = cuda_sync,
+	.event_create = cuda_event_create,
+	.event_free = cuda_event_free,
+	.event_record = cuda_event_record,
+	.stream_wait = cuda_stream_wait,
+	.event_wait = cuda_event_wait,
+	.download_async = cuda_download_async,
+	.upload_async = cuda_upload_async,
 	.zero = cuda_zero,
 	.scale = cuda_scale,
 	.conv2d_workspace = ps__cuda_conv2d_workspace,
-	.dense_fwd = cuda_dense_fwd,
-	.dense_bwd = cuda_dense_bwd,
+	.dense_fwd = ps__cuda_dense_fwd,
+	.dense_bwd = ps__cuda_dense_bwd,
 	.conv2d_fwd = ps__cuda_conv2d_fwd,
 	.conv2d_bwd = ps__cuda_conv2d_bwd,
-	.maxpool_fwd = cuda_maxpool_fwd,
-	.maxpool_bwd = cuda_maxpool_bwd,
-	.relu_fwd = cuda_relu_fwd,
-	.relu_bwd = cuda_relu_bwd,
-	.softmax_xent = cuda_softmax_xent,
+	.maxpool_fwd = ps__cuda_maxpool_fwd_op,
+	.maxpool_bwd = ps__cuda_maxpool_bwd_op,
+	.relu_fwd = ps__cuda_relu_fwd_op,
+	.relu_bwd = ps__cuda_relu_bwd_op,
+	.softmax_xent = ps__cuda_softmax_xent_op,
+};
+
+/* What common/compute.c's loader looks up with dlsym. */
+__attribute__((visibility("default"))) const struct ps_compute_plugin ps_compute_plugin = {
+	.abi = PS_COMPUTE_ABI,
+	.ops = &cuda_ops,
 };

@@ -1,24 +1,22 @@
-/* relu.cu - the relu ops of the cuda backend. Our own kernels rather than
- * cudnnActivationForward: the same comparison (x > 0) as the cpu backend,
- * so both give bit-identical results, and no descriptors to set up. */
+/* relu.cu - relu forward and backward: one thread per element. */
 #include "relu.cuh"
 #include "grid.cuh"
 
-static __global__ void relu_fwd_kernel(const float *x, float *y, size_t n)
+static __global__ void relu_fwd_kernel(const float *x, float *y, int n)
 {
-	size_t stride = (size_t)gridDim.x * blockDim.x;
+	int stride = gridDim.x * blockDim.x;
 
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
 		float v = x[i];
 		y[i] = v > 0.0f ? v : 0.0f;
 	}
 }
 
-static __global__ void relu_bwd_kernel(const float *y, const float *dy, float *dx, size_t n)
+static __global__ void relu_bwd_kernel(const float *y, const float *dy, float *dx, int n)
 {
-	size_t stride = (size_t)gridDim.x * blockDim.x;
+	int stride = gridDim.x * blockDim.x;
 
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
 		dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
@@ -26,7 +24,9 @@ extern "C" cudaError_t ps__cuda_relu_fwd(cudaStream_t st, const float *x, float 
 {
 	if (n == 0)
 		return cudaSuccess;
-	relu_fwd_kernel<<<ps__grid(n), PS__BLOCK, 0, st>>>(x, y, n);
+	if (!ps__fits_int(n))
+		return cudaErrorInvalidValue;
+	relu_fwd_kernel<<<ps__grid(n), PS__BLOCK, 0, st>>>(x, y, (int)n);
 	return cudaGetLastError();
 }
 
@@ -35,6 +35,8 @@ extern "C" cudaError_t ps__cuda_relu_bwd(cudaStream_t st, const float *y, const 
 {
 	if (n == 0)
 		return cudaSuccess;
-	relu_bwd_kernel<<<ps__grid(n), PS__BLOCK, 0, st>>>(y, dy, dx, n);
+	if (!ps__fits_int(n))
+		return cudaErrorInvalidValue;
+	relu_bwd_kernel<<<ps__grid(n), PS__BLOCK, 0, st>>>(y, dy, dx, (int)n);
 	return cudaGetLastError();
 }

@@ -1,12 +1,12 @@
-/* scale.cu - the scale op of the cuda backend (elementwise y = a * x). */
+/* scale.cu - y = a * x elementwise: one thread per element. */
 #include "scale.cuh"
 #include "grid.cuh"
 
-static __global__ void scale_kernel(float *y, const float *x, float a, size_t n)
+static __global__ void scale_kernel(float *y, const float *x, float a, int n)
 {
-	size_t stride = (size_t)gridDim.x * blockDim.x;
+	int stride = gridDim.x * blockDim.x;
 
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
 		y[i] = a * x[i];
 }
 
@@ -15,6 +15,8 @@ extern "C" cudaError_t ps__cuda_scale(cudaStream_t st, float *y, const float *x,
 {
 	if (n == 0)
 		return cudaSuccess;
-	scale_kernel<<<ps__grid(n), PS__BLOCK, 0, st>>>(y, x, a, n);
+	if (!ps__fits_int(n))
+		return cudaErrorInvalidValue;
+	scale_kernel<<<ps__grid(n), PS__BLOCK, 0, st>>>(y, x, a, (int)n);
 	return cudaGetLastError();
 }

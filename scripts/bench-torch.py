@@ -15,12 +15,23 @@ for --seconds.
 DistributedDataParallel, 1 thread each, batch 64 per process, cnn; prints
 the total samples/s of both processes ("model":"cnn","mode":"ddp").
 
+--device cuda (scripts/gpu-check.sh): the same models on the GPU, eager
+mode, batches uploaded from pinned host memory each step (non_blocking, as a
+DataLoader with pin_memory does) as our worker uploads its own; --tf32
+off|conv|all sets torch.backends.cudnn.allow_tf32 (convolutions) and
+torch.backends.cuda.matmul.allow_tf32 (matmuls) as our train.tf32 does
+(conv = PyTorch's default: convolutions on TF32, matmuls full fp32);
+--steps N times exactly N steps after the warm-up, between two
+torch.cuda.synchronize() calls, and reports first_step_ms (the first warm-up
+step: cuDNN's and cuBLAS's set-up) too.
+
 Data: random by default (speed does not depend on it); --data DIR reads
 Fashion-MNIST from the IDX .gz files in DIR (Debian's dataset-fashion-mnist
 installs them under /usr/share/datasets/fashion-mnist).
 
 Needs Debian's python3-torch (apt-get install python3-torch), run with
-/usr/bin/python3; no other dependencies.
+/usr/bin/python3, or any python3 with torch (on the GPU machines:
+/opt/torch/.venv/bin/python3); no other dependencies.
 """
 import argparse
 import gzip
@@ -31,11 +42,18 @@ import struct
 import sys
 import time
 
-# one thread unless told otherwise: must be set before torch loads its BLAS
-# (Debian's torch calls the system OpenBLAS, pthread build) and OpenMP
+# one thread unless told otherwise (--threads N): must be set before torch
+# loads its BLAS (Debian's torch calls the system OpenBLAS, pthread build)
+# and OpenMP
+_threads = "1"
+for _i, _a in enumerate(sys.argv):
+    if _a == "--threads" and _i + 1 < len(sys.argv):
+        _threads = sys.argv[_i + 1]
+    elif _a.startswith("--threads="):
+        _threads = _a.split("=", 1)[1]
 for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
     if not os.environ.get(_v, "").isdigit():
-        os.environ[_v] = "1"
+        os.environ[_v] = _threads if _threads.isdigit() else "1"
 
 try:
     import torch
@@ -81,38 +99,71 @@ def load_batches(data_dir, batch, count=64):
              torch.randint(0, 10, (batch,), generator=g)) for _ in range(count)]
 
 
-def run_steps(model, opt, batches, seconds, warmup):
-    """Warm-up steps, then steps for `seconds`; returns (steps, elapsed)."""
+def run_steps(model, opt, batches, seconds, warmup, device=None, nsteps=0):
+    """Warm-up steps, then steps for `seconds` (or exactly `nsteps`);
+    returns (steps, elapsed, first step's seconds)."""
+    cuda = device is not None and device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
     def step(i):
         x, y = batches[i % len(batches)]
+        if device is not None:
+            x = x.to(device, non_blocking=True)
+            y = y.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-    for i in range(warmup):
+    sync()
+    t_first = time.perf_counter()
+    for i in range(max(warmup, 1)):
         step(i)
+        if i == 0:
+            sync()
+            t_first = time.perf_counter() - t_first
+    sync()
     steps, t0 = 0, time.perf_counter()
+    if nsteps:
+        for steps in range(1, nsteps + 1):
+            step(steps)
+        sync()
+        return nsteps, time.perf_counter() - t0, t_first
     while True:
         step(steps)
         steps += 1
         t = time.perf_counter() - t0
         if t >= seconds:
-            return steps, t
+            return steps, t, t_first
 
 
 def single(args):
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     batches = load_batches(args.data, args.batch)
+    device, extra = None, {}
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("bench-torch.py: --device cuda: torch.cuda.is_available() is False "
+                     f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+        device = torch.device("cuda")
+        torch.backends.cudnn.allow_tf32 = args.tf32 in ("conv", "all")
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32 == "all"
+        torch.backends.cudnn.benchmark = args.cudnn_benchmark
+        batches = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
+        extra = {"gpu": torch.cuda.get_device_name(0), "cuda": torch.version.cuda,
+                 "cudnn": torch.backends.cudnn.version(), "tf32": args.tf32,
+                 "cudnn_benchmark": args.cudnn_benchmark}
     for name in args.models:
-        model = make_model(name)
+        model = make_model(name).to(device) if device else make_model(name)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=args.momentum)
-        steps, t = run_steps(model, opt, batches, args.seconds, args.warmup)
+        steps, t, t_first = run_steps(model, opt, batches, args.seconds, args.warmup,
+                                      device, args.steps)
         print(json.dumps({"impl": "pytorch", "model": name, "batch": args.batch,
-                          "threads": torch.get_num_threads(), "steps": steps,
-                          "ms_per_step": round(t * 1e3 / steps, 3),
+                          "device": args.device, "threads": torch.get_num_threads(),
+                          "steps": steps, "ms_per_step": round(t * 1e3 / steps, 3),
                           "samples_per_s": round(steps * args.batch / t, 1),
-                          "torch": torch.__version__}), flush=True)
+                          "first_step_ms": round(t_first * 1e3, 3),
+                          "torch": torch.__version__, **extra}), flush=True)
 
 
 def ddp_worker(rank, world, port, args, queue):
@@ -202,9 +253,23 @@ def main():
                     "(default folder /usr/share/datasets/fashion-mnist)")
     ap.add_argument("--ddp", action="store_true",
                     help="2 processes, gloo, DistributedDataParallel, cnn; total samples/s")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="single-process models on the CPU (default) or the GPU")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="time exactly this many steps instead of --seconds")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch.set_num_threads for single-process runs (default 1)")
+    ap.add_argument("--tf32", choices=["off", "conv", "all"], default="conv",
+                    help="--device cuda: TF32 for nothing, convolutions (default, "
+                    "PyTorch's own default) or convolutions and matmuls")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="--device cuda: torch.backends.cudnn.benchmark = True "
+                    "(default False, PyTorch's default)")
     args = ap.parse_args()
-    if args.seconds <= 0 or args.batch < 1:
-        ap.error("--seconds must be > 0 and --batch >= 1")
+    if args.seconds <= 0 or args.batch < 1 or args.steps < 0 or args.threads < 1:
+        ap.error("--seconds must be > 0, --batch and --threads >= 1, --steps >= 0")
+    if args.ddp and args.device != "cpu":
+        ap.error("--ddp runs on the CPU only")
     ddp(args) if args.ddp else single(args)
 
 

@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=${PS_BENCH_SECONDS:-3}
+# the CUDA plug-in of this tree, for bench_train (under build/, not bin/)
+export PS_COMPUTE_PLUGIN_DIR=${PS_COMPUTE_PLUGIN_DIR:-$PWD/lib}
 CFG=conf/bench.yaml
 # the cluster secret (authentication and frame MACs are on, as by default)
 if [ -z "${PS_SECRET_FILE:-}" ]; then

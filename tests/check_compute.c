@@ -28,9 +28,9 @@ static void setup(void)
 {
 	char err[256] = "";
 
-	ops = ps_compute_find("cpu");
+	ck_assert_int_eq(ps_compute_load("cpu", &ops, err, sizeof(err)), 0);
 	ck_assert_ptr_nonnull(ops);
-	ck_assert_int_eq(ops->create(&cc, err, sizeof(err)), 0);
+	ck_assert_int_eq(ops->create(&cc, NULL, err, sizeof(err)), 0);
 	ck_assert_ptr_nonnull(cc);
 	rng_state = 0x9e3779b97f4a7c15ull;
 }
@@ -149,7 +149,7 @@ static void g_init(struct gcase *g)
 		ny = conv_out(&g->cs);
 		nw = (size_t)g->cs.k * g->cs.c * g->cs.kh * g->cs.kw;
 		nb = (size_t)g->cs.k;
-		g->ws_bytes = ops->conv2d_workspace(cc, &g->cs);
+		ck_assert_int_eq(ops->conv2d_workspace(cc, &g->cs, &g->ws_bytes), 0);
 		g->ws = ops->alloc(cc, g->ws_bytes);
 		ck_assert_ptr_nonnull(g->ws);
 		break;
@@ -249,8 +249,9 @@ static double g_loss(struct gcase *g)
 	return L;
 }
 
-/* Backward with dy = r at the unperturbed point; dx NULL when with_dx is 0. */
-static void g_bwd(struct gcase *g, int with_dx)
+/* Backward with dy = r at the unperturbed point; dx NULL when with_dx is 0;
+ * parameter gradients scaled by alpha. */
+static void g_bwd_alpha(struct gcase *g, int with_dx, float alpha)
 {
 	float *dx = with_dx ? g->dx.d : NULL;
 	int rc = -1;
@@ -262,11 +263,11 @@ static void g_bwd(struct gcase *g, int with_dx)
 	switch (g->op) {
 	case OP_DENSE:
 		rc = ops->dense_bwd(cc, g->x.d, g->W.d, g->r.d, dx, g->dW.d, g->db.d, g->n,
-				    g->in, g->out);
+				    g->in, g->out, alpha);
 		break;
 	case OP_CONV:
 		rc = ops->conv2d_bwd(cc, &g->cs, g->x.d, g->W.d, g->r.d, dx, g->dW.d, g->db.d,
-				     g->ws, g->ws_bytes);
+				     g->ws, g->ws_bytes, alpha);
 		break;
 	case OP_POOL:
 		rc = ops->maxpool_bwd(cc, &g->ps, g->r.d, g->idx, g->dx.d);
@@ -279,6 +280,11 @@ static void g_bwd(struct gcase *g, int with_dx)
 	t_down(&g->dx);
 	t_down(&g->dW);
 	t_down(&g->db);
+}
+
+static void g_bwd(struct gcase *g, int with_dx)
+{
+	g_bwd_alpha(g, with_dx, 1.0f);
 }
 
 /* Compares grad with (L(p + eps) - L(p - eps)) / (the step really taken in
@@ -322,6 +328,21 @@ static void g_check(struct gcase *g, const char *name)
 			      "%s: dW differs when dx is NULL", name);
 		ck_assert_msg(memcmp(db, g->db.h, g->db.n * sizeof(float)) == 0,
 			      "%s: db differs when dx is NULL", name);
+		/* alpha scales dW and db (a power of two: exactly), never dx */
+		float *dx = malloc(g->dx.n * sizeof(float));
+		ck_assert_ptr_nonnull(dx);
+		g_bwd(g, 1);
+		memcpy(dx, g->dx.h, g->dx.n * sizeof(float));
+		g_bwd_alpha(g, 1, 0.25f);
+		for (size_t i = 0; i < g->dW.n; i++)
+			ck_assert_msg(g->dW.h[i] == 0.25f * dW[i], "%s: dW[%zu] %g with alpha 1/4, "
+				      "%g without", name, i, g->dW.h[i], dW[i]);
+		for (size_t i = 0; i < g->db.n; i++)
+			ck_assert_msg(g->db.h[i] == 0.25f * db[i], "%s: db[%zu] %g with alpha 1/4, "
+				      "%g without", name, i, g->db.h[i], db[i]);
+		ck_assert_msg(memcmp(dx, g->dx.h, g->dx.n * sizeof(float)) == 0,
+			      "%s: alpha changed dx", name);
+		free(dx);
 		free(dW);
 		free(db);
 	}
@@ -376,7 +397,7 @@ START_TEST(test_grad_relu)
 }
 END_TEST
 
-/* dlogits against differences of the mean loss itself. */
+/* dlogits against differences of the summed loss (n times the mean). */
 START_TEST(test_grad_softmax_xent)
 {
 	enum { N = 4, C = 5 };
@@ -393,18 +414,18 @@ START_TEST(test_grad_softmax_xent)
 	ck_assert_ptr_nonnull(dlab);
 	ck_assert_int_eq(ops->upload(cc, dlab, lab, sizeof(lab)), 0);
 	t_poison(&dz);
-	ck_assert_int_eq(ops->softmax_xent(cc, z.d, dlab, N, C, dz.d, &loss, &correct), 0);
+	ck_assert_int_eq(ps_compute_xent(cc, z.d, dlab, N, C, dz.d, &loss, &correct), 0);
 	t_down(&dz);
 	for (size_t i = 0; i < z.n; i++) {
 		float v = z.h[i], hi = v + EPS, lo = v - EPS;
 		z.h[i] = hi;
 		t_up(&z);
-		ck_assert_int_eq(ops->softmax_xent(cc, z.d, dlab, N, C, NULL, &lp, &correct), 0);
+		ck_assert_int_eq(ps_compute_xent(cc, z.d, dlab, N, C, NULL, &lp, &correct), 0);
 		z.h[i] = lo;
 		t_up(&z);
-		ck_assert_int_eq(ops->softmax_xent(cc, z.d, dlab, N, C, NULL, &lm, &correct), 0);
+		ck_assert_int_eq(ps_compute_xent(cc, z.d, dlab, N, C, NULL, &lm, &correct), 0);
 		z.h[i] = v;
-		double num = ((double)lp - lm) / ((double)hi - (double)lo);
+		double num = N * ((double)lp - lm) / ((double)hi - (double)lo);
 		double scale = fmax(fmax(fabs(num), fabs(dz.h[i])), 0.1);
 		ck_assert_msg(fabs(num - dz.h[i]) <= TOL * scale,
 			      "softmax_xent dlogits[%zu]: analytic %.6g, numeric %.6g", i,
@@ -579,11 +600,11 @@ START_TEST(test_softmax_known)
 	ck_assert(zd && dzd && labd);
 	ck_assert_int_eq(ops->upload(cc, labd, lab, sizeof(lab)), 0);
 
-	/* Equal logits: loss ln(C), gradient (1/C - onehot) / N, argmax the first. */
+	/* Equal logits: loss ln(C), gradient 1/C - onehot, argmax the first. */
 	for (int i = 0; i < N * C; i++)
 		z[i] = 3.0f;
 	ck_assert_int_eq(ops->upload(cc, zd, z, sizeof(z)), 0);
-	ck_assert_int_eq(ops->softmax_xent(cc, zd, labd, N, C, dzd, &loss, &correct), 0);
+	ck_assert_int_eq(ps_compute_xent(cc, zd, labd, N, C, dzd, &loss, &correct), 0);
 	ck_assert_int_eq(ops->download(cc, dz, dzd, sizeof(dz)), 0);
 	ck_assert_int_eq(ops->sync(cc), 0);
 	ck_assert_float_eq_tol(loss, logf((float)C), 1e-6f);
@@ -591,29 +612,43 @@ START_TEST(test_softmax_known)
 	for (int i = 0; i < N; i++)
 		for (int j = 0; j < C; j++)
 			ck_assert_float_eq_tol(dz[i * C + j],
-					       (0.1f - (j == lab[i] ? 1.0f : 0.0f)) / N, 1e-7f);
+					       0.1f - (j == lab[i] ? 1.0f : 0.0f), 1e-7f);
 
 	/* Logits 0 and ln 3: p(label) = 3/4. Huge logits must not overflow. */
 	float z2[4] = { 0.0f, logf(3.0f), 1000.0f, -1000.0f };
 	int32_t lab2[2] = { 1, 0 };
 	ck_assert_int_eq(ops->upload(cc, zd, z2, sizeof(z2)), 0);
 	ck_assert_int_eq(ops->upload(cc, labd, lab2, sizeof(lab2)), 0);
-	ck_assert_int_eq(ops->softmax_xent(cc, zd, labd, 2, 2, NULL, &loss, &correct), 0);
+	ck_assert_int_eq(ps_compute_xent(cc, zd, labd, 2, 2, NULL, &loss, &correct), 0);
 	ck_assert_float_eq_tol(loss, -logf(0.75f) / 2.0f, 1e-6f);
 	ck_assert_int_eq(correct, 2);
-	ck_assert_int_eq(ops->softmax_xent(cc, zd + 2, labd + 1, 1, 2, dzd, &loss, &correct), 0);
+	ck_assert_int_eq(ps_compute_xent(cc, zd + 2, labd + 1, 1, 2, dzd, &loss, &correct), 0);
 	ck_assert(isfinite(loss));
 	ck_assert_float_eq_tol(loss, 0.0f, 1e-6f);
 
-	/* A label outside [0, classes) is refused with a reason. */
+	/* A label outside [0, classes) is refused with a reason, and nothing
+	 * is written: dlogits keeps its poison. */
 	int32_t bad[2][2] = { { 0, 2 }, { -1, 0 } };
+	float poison[4] = { 7.0f, 7.0f, 7.0f, 7.0f }, after[4];
 	for (int t = 0; t < 2; t++) {
 		cc->err[0] = '\0';
 		ck_assert_int_eq(ops->upload(cc, labd, bad[t], sizeof(bad[t])), 0);
-		int rc = ops->softmax_xent(cc, zd, labd, 2, 2, dzd, &loss, &correct);
-		ck_assert_int_lt(rc, 0);
-		ck_assert_msg(cc->err[0] != '\0', "no reason for a bad label");
+		ck_assert_int_eq(ops->upload(cc, dzd, poison, sizeof(poison)), 0);
+		int rc = ps_compute_xent(cc, zd, labd, 2, 2, dzd, &loss, &correct);
+		ck_assert_int_eq(rc, -EINVAL);
+		ck_assert_msg(strstr(cc->err, "outside [0, 2)"), "reason: %s", cc->err);
+		ck_assert_int_eq(ops->download(cc, after, dzd, sizeof(after)), 0);
+		ck_assert_int_eq(ops->sync(cc), 0);
+		ck_assert_msg(memcmp(after, poison, sizeof(after)) == 0,
+			      "dlogits written for a batch with a bad label");
 	}
+	/* A non-finite logit: PS_ENOFINITE, with a reason. */
+	float nanz[4] = { 0.0f, NAN, 1.0f, 2.0f };
+	int32_t good[2] = { 0, 1 };
+	ck_assert_int_eq(ops->upload(cc, zd, nanz, sizeof(nanz)), 0);
+	ck_assert_int_eq(ops->upload(cc, labd, good, sizeof(good)), 0);
+	ck_assert_int_eq(ps_compute_xent(cc, zd, labd, 2, 2, dzd, &loss, &correct), PS_ENOFINITE);
+	ck_assert_msg(strstr(cc->err, "not finite"), "reason: %s", cc->err);
 	ops->free(cc, zd);
 	ops->free(cc, dzd);
 	ops->free(cc, labd);
@@ -665,23 +700,79 @@ START_TEST(test_memory_and_misc)
 }
 END_TEST
 
+/* An index maxpool_fwd cannot have written is refused, naming it, and dx
+ * keeps what it held: past the plane, negative, or inside the plane but in
+ * another output's window. */
+START_TEST(test_maxpool_bad_index)
+{
+	struct ps_pool_shape s = { .n = 1, .c = 2, .h = 4, .w = 6, .size = 2, .oh = 2, .ow = 3 };
+	float dy[12], dx[48], *ddy = ops->alloc(cc, sizeof(dy)), *ddx = ops->alloc(cc, sizeof(dx));
+	int32_t good[12], *didx = (int32_t *)ops->alloc(cc, sizeof(good));
+	const int32_t bad[] = { 24, -1, 0 };  /* 0: the first window's, given to another */
+
+	ck_assert(ddy && ddx && didx);
+	for (int p = 0; p < 2; p++)
+		for (int oy = 0; oy < 2; oy++)
+			for (int ox = 0; ox < 3; ox++)
+				good[(p * 2 + oy) * 3 + ox] = (2 * oy + 1) * 6 + 2 * ox + 1;
+	for (int i = 0; i < 12; i++)
+		dy[i] = (float)(i + 1);
+	ck_assert_int_eq(ops->upload(cc, ddy, dy, sizeof(dy)), 0);
+	ck_assert_int_eq(ops->upload(cc, didx, good, sizeof(good)), 0);
+	ck_assert_int_eq(ops->maxpool_bwd(cc, &s, ddy, didx, ddx), 0);
+	ck_assert_int_eq(ops->download(cc, dx, ddx, sizeof(dx)), 0);
+	ck_assert_float_eq(dx[7], 1.0f);        /* plane 0, (1, 1) */
+	ck_assert_float_eq(dx[24 + 23], 12.0f); /* plane 1, (3, 5) */
+	for (size_t t = 0; t < sizeof(bad) / sizeof(bad[0]); t++) {
+		int32_t idx[12];
+		float poison[48];
+		memcpy(idx, good, sizeof(idx));
+		idx[4] = bad[t];
+		for (int i = 0; i < 48; i++)
+			poison[i] = 7.0f;
+		ck_assert_int_eq(ops->upload(cc, didx, idx, sizeof(idx)), 0);
+		ck_assert_int_eq(ops->upload(cc, ddx, poison, sizeof(poison)), 0);
+		cc->err[0] = '\0';
+		ck_assert_int_eq(ops->maxpool_bwd(cc, &s, ddy, didx, ddx), -EINVAL);
+		ck_assert_msg(strstr(cc->err, "outside its 2x2 window"), "%s", cc->err);
+		ck_assert_int_eq(ops->download(cc, dx, ddx, sizeof(dx)), 0);
+		ck_assert_msg(memcmp(dx, poison, sizeof(dx)) == 0, "dx written for index %d", bad[t]);
+	}
+	ops->free(cc, ddy);
+	ops->free(cc, ddx);
+	ops->free(cc, didx);
+}
+END_TEST
+
 /* ---- the registry ---- */
 
 START_TEST(test_registry)
 {
-	const struct ps_compute_ops *cpu = ps_compute_find("cpu"), *cuda = ps_compute_find("cuda");
+	const struct ps_compute_ops *cpu = NULL, *cuda = NULL, *none = &ps_compute_cpu_ops;
 	struct ps_compute *c = NULL;
-	char err[256] = "";
+	char err[512] = "";
 
-	ck_assert_ptr_nonnull(cpu);
+	ck_assert_int_eq(ps_compute_load("cpu", &cpu, err, sizeof(err)), 0);
 	ck_assert_str_eq(cpu->name, "cpu");
 	ck_assert_ptr_eq(cpu, &ps_compute_cpu_ops);
-	ck_assert_ptr_null(ps_compute_find("nope"));
-	ck_assert_ptr_null(ps_compute_find(""));
-	ck_assert_ptr_null(ps_compute_find(NULL));
-	ck_assert_ptr_nonnull(cuda);
+	ck_assert_int_eq(ps_compute_load("nope", &none, err, sizeof(err)), -ENOENT);
+	ck_assert_ptr_null(none);
+	ck_assert_msg(strstr(err, "'nope'"), "%s", err);
+	ck_assert_int_eq(ps_compute_load("", &none, err, sizeof(err)), -ENOENT);
+	ck_assert_int_eq(ps_compute_load(NULL, &none, err, sizeof(err)), -ENOENT);
+	err[0] = '\0';
+	int rc = ps_compute_load("cuda", &cuda, err, sizeof(err));
+	if (rc) {
+		/* no plug-in, or one whose libraries are missing: one reason */
+		ck_assert_int_eq(rc, PS_ENOTSUP);
+		ck_assert_ptr_null(cuda);
+		ck_assert_msg(strstr(err, "ps-compute-cuda.so"), "no reason naming the plug-in: %s",
+			      err);
+		printf("check_compute: cuda plug-in not loadable: %s\n", err);
+		return;
+	}
 	ck_assert_str_eq(cuda->name, "cuda");
-	int rc = cuda->create(&c, err, sizeof(err));
+	rc = cuda->create(&c, NULL, err, sizeof(err));
 	if (rc == 0) {
 		ck_assert_ptr_nonnull(c);
 		ck_assert_ptr_eq(c->ops, cuda);
@@ -689,7 +780,9 @@ START_TEST(test_registry)
 		cuda->destroy(c);
 	} else {
 		ck_assert_int_eq(rc, PS_ENOTSUP);
-		ck_assert_msg(err[0] != '\0', "cuda create failed without a reason");
+		ck_assert_ptr_null(c);
+		ck_assert_msg(strstr(err, "no usable CUDA GPU") || strstr(err, "driver"),
+			      "cuda create failed without a reason: %s", err);
 		printf("check_compute: cuda backend unavailable: %s\n", err);
 	}
 }
@@ -718,6 +811,7 @@ static Suite *compute_suite(void)
 	tcase_add_test(ops_tc, test_maxpool_vs_naive);
 	tcase_add_test(ops_tc, test_softmax_known);
 	tcase_add_test(ops_tc, test_memory_and_misc);
+	tcase_add_test(ops_tc, test_maxpool_bad_index);
 	suite_add_tcase(s, ops_tc);
 	return s;
 }

@@ -4,8 +4,14 @@
  * Sync (BSP) and async (SSP) runs must learn (test accuracy well above the
  * 10% of chance), two sync runs with the same seed must end bit-identical
  * (deterministic aggregation), and bad flags, a missing data folder and
- * `--device cuda` without a GPU must fail with a clear message. */
+ * `--device cuda` without a GPU (or with a CUDA plug-in that cannot load)
+ * must fail with a clear message.
+ *
+ * PS_TEST_DEVICE=cuda runs the training cases with `train.device: cuda`
+ * (make gpu-check does, on a GPU machine); by default the config's auto
+ * picks the CPU here. */
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include "compute.h"
@@ -26,15 +32,17 @@ static int have_data(void)
  * train section (train), more top-level YAML (extra). */
 static void write_cfg(char *path, const char *model, const char *train, const char *extra)
 {
+	const char *dev = getenv("PS_TEST_DEVICE");
 	char y[2048];
 
 	snprintf(y, sizeof(y),
 		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
 		 "seed: 7\nslice_bytes: 64KiB\n"
 		 "model: {preset: %s}\n"
-		 "train: {batch: 32, metrics_dir: '%s', %s}\n"
+		 "train: {batch: 32, metrics_dir: '%s', %s%s%s}\n"
 		 "log: {level: warn}\n%s",
-		 tu_free_port(), tu_free_port(), model, tmpdir, train, extra);
+		 tu_free_port(), tu_free_port(), model, tmpdir, train,
+		 dev && *dev ? ", device: " : "", dev && *dev ? dev : "", extra);
 	ck_assert_int_eq(tu_write_temp(path, y), 0);
 }
 
@@ -352,20 +360,58 @@ END_TEST
  * auto falls back to the CPU with one log line. */
 START_TEST(test_device_cuda_without_gpu)
 {
-	const struct ps_compute_ops *cuda = ps_compute_find("cuda");
+	const struct ps_compute_ops *cuda = NULL;
 	struct ps_compute *c = NULL;
 	static const char *const devcuda[] = { "--device", "cuda", NULL };
-	char cfg[64], out[4096], reason[256] = "";
+	static const char *const devauto[] = { "--device", "auto", "--log-level", "info", NULL };
+	char cfg[64], out[4096], reason[512] = "";
 
-	if (cuda && cuda->create(&c, reason, sizeof(reason)) == 0) {
+	if (ps_compute_load("cuda", &cuda, reason, sizeof(reason)) == 0 &&
+	    cuda->create(&c, NULL, reason, sizeof(reason)) == 0) {
 		cuda->destroy(c);
 		tu_skip("device-cuda refusal: this machine has a usable GPU");
 		return;
 	}
-	write_cfg(cfg, "mlp", "limit: 6000", "");
+	write_cfg(cfg, "mlp", "limit: 6000", "limits: {connect_timeout_ms: 300}\n");
 	ck_assert_int_ne(run_alone(cfg, devcuda, out, sizeof(out)), 0);
 	ck_assert_msg(strstr(out, "device cuda requested but not usable: ") && strstr(out, reason),
 		      "%s", out);
+	ck_assert_msg(!strstr(out, "training mlp"), "trained anyway:\n%s", out);
+	/* auto: the same reason once, then the CPU (no servers: it stops there) */
+	run_alone(cfg, devauto, out, sizeof(out));
+	char *line = strstr(out, "no usable GPU (");
+	ck_assert_msg(line && strstr(line, reason) && strstr(line, "); training on the CPU"), "%s",
+		      out);
+	ck_assert_msg(!strstr(line + 1, "no usable GPU ("), "said twice:\n%s", out);
+	unlink(cfg);
+}
+END_TEST
+
+/* A plug-in file that is not one (a broken install): the worker names the
+ * file and dlopen's reason, and still runs --device cpu. */
+START_TEST(test_broken_cuda_plugin)
+{
+	static const char *const devcuda[] = { "--device", "cuda", NULL };
+	static const char *const devcpu[] = { "--device", "cpu", "--log-level", "info", NULL };
+	char cfg[64], out[4096], dir[128], so[192];
+
+	snprintf(dir, sizeof(dir), "%s/plugin", tmpdir);
+	ck_assert_int_eq(mkdir(dir, 0755) == 0 || errno == EEXIST, 1);
+	snprintf(so, sizeof(so), "%s/ps-compute-cuda.so", dir);
+	FILE *f = fopen(so, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs("not an ELF file\n", f);
+	fclose(f);
+	setenv("PS_COMPUTE_PLUGIN_DIR", dir, 1);  /* this test's process only */
+	write_cfg(cfg, "mlp", "limit: 6000", "limits: {connect_timeout_ms: 300}\n");
+	ck_assert_int_ne(run_alone(cfg, devcuda, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "device cuda requested but not usable: cannot load ") &&
+		      strstr(out, so), "%s", out);
+	run_alone(cfg, devcpu, out, sizeof(out));
+	ck_assert_msg(!strstr(out, "cannot load") && !strstr(out, "GPU"),
+		      "--device cpu looked for the plug-in:\n%s", out);
+	unlink(so);
+	rmdir(dir);
 	unlink(cfg);
 }
 END_TEST
@@ -385,6 +431,7 @@ int main(void)
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_bad_flags_and_data);
 	tcase_add_test(tc, test_device_cuda_without_gpu);
+	tcase_add_test(tc, test_broken_cuda_plugin);
 	if (have_data()) {
 		tcase_add_test(tc, test_sync_mlp_learns_and_is_deterministic);
 		tcase_add_test(tc, test_async_mlp_learns);

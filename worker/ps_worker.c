@@ -2,10 +2,12 @@
  *
  *   ps-worker --config F --rank R [--epochs N] [--batch B] [--device cpu|cuda|auto]
  *
- * Per step: forward and backward on the compute backend; each layer's
- * gradients are pushed as soon as backward produced them (the first layer's
- * push ends the clock); the next weights are pulled (sync: the version after
- * this clock; async: whatever the staleness bound allows) and uploaded.
+ * Per step: forward and backward are queued on the compute backend; the
+ * push thread (pusher.c) pushes each layer's gradients as soon as they are
+ * in host memory (the first layer's push ends the clock) while this thread
+ * prepares the next batch; then the next weights are pulled (sync: the
+ * version after this clock; async: whatever the staleness bound allows)
+ * and uploaded. The loss is read once per step.
  */
 #include <getopt.h>
 #include <math.h>
@@ -25,6 +27,7 @@
 #include "model_file.h"
 #include "net.h"
 #include "ps_client.h"
+#include "pusher.h"
 #include "ps_err.h"
 #include "ps_log.h"
 
@@ -103,14 +106,18 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 }
 
 /* Picks and creates the backend; prints one line when falling back. */
-static int open_backend(int device, const struct ps_compute_ops **ops, struct ps_compute **c)
+static int open_backend(const struct ps_config *cfg, const struct ps_compute_ops **ops,
+			struct ps_compute **c)
 {
-	char err[256] = "";
+	struct ps_compute_opts opts = { .tf32 = (enum ps_tf32)cfg->train.tf32 };
+	int device = cfg->train.device;
+	char err[512] = "";
 	int rc;
 
 	if (device != PS_DEVICE_CPU) {
-		*ops = ps_compute_find("cuda");
-		rc = *ops ? (*ops)->create(c, err, sizeof(err)) : PS_ENOTSUP;
+		rc = ps_compute_load("cuda", ops, err, sizeof(err));
+		if (rc == 0)
+			rc = (*ops)->create(c, &opts, err, sizeof(err));
 		if (rc == 0)
 			return 0;
 		if (device == PS_DEVICE_CUDA) {
@@ -119,38 +126,29 @@ static int open_backend(int device, const struct ps_compute_ops **ops, struct ps
 		}
 		ps_info("no usable GPU (%s); training on the CPU", err[0] ? err : ps_strerror(rc));
 	}
-	*ops = ps_compute_find("cpu");
-	rc = (*ops)->create(c, err, sizeof(err));
+	*ops = &ps_compute_cpu_ops;
+	rc = (*ops)->create(c, &opts, err, sizeof(err));
 	if (rc)
 		ps_error("cpu backend: %s", err);
 	return rc;
 }
 
-struct step_ctx {
-	struct ps_client *cli;
-	struct ps_net *net;
-	const struct ps_config *cfg;
-	uint64_t clock;
-	int first_param_tensor;       /* its push ends the clock */
-	int64_t ids[2 * PS_MAX_LAYERS];
-	int nids;
-};
-
-/* Called by backward as each layer's gradients land in host memory. */
-static int push_ready(void *arg, int wt, int bt)
+/* Fills the net's next input slot with the batcher's next batch and starts
+ * its upload. */
+static int stage_batch(struct ps_net *net, struct ps_batcher *bt, int epoch)
 {
-	struct step_ctx *s = arg;
-	struct ps_tensor t[2] = {
-		{ s->cfg->tensors[wt].name, s->net->host_g[wt], s->cfg->tensors[wt].count, 0 },
-		{ s->cfg->tensors[bt].name, s->net->host_g[bt], s->cfg->tensors[bt].count, 0 },
-	};
-	unsigned flags = wt == s->first_param_tensor ? PS_PUSH_END_CLOCK : 0;
-	int64_t id = ps_client_push(s->cli, s->clock, t, 2, flags);
+	float *x;
+	int32_t *y;
+	int rc = ps_net_batch_buffers(net, &x, &y), count;
 
-	if (id < 0)
-		return (int)id;
-	s->ids[s->nids++] = id;
-	return 0;
+	if (rc)
+		return rc;
+	count = ps_batcher_next(bt, x, y);
+	if (count < net->batch) {
+		ps_batcher_epoch(bt, epoch); /* cannot happen with equal parts */
+		count = ps_batcher_next(bt, x, y);
+	}
+	return ps_net_batch_ready(net, count);
 }
 
 /* Starts the pull of every tensor into host_w (min_version for sync):
@@ -173,18 +171,24 @@ static int pull_weights(struct ps_client *cli, struct ps_net *net, const struct 
 }
 
 /* Test-set accuracy and mean loss with the weights on the backend. */
-static int evaluate(struct ps_net *net, const struct ps_dataset *test, float *x, int32_t *y,
-		    double *acc, double *loss)
+static int evaluate(struct ps_net *net, const struct ps_dataset *test, double *acc, double *loss)
 {
 	int correct_total = 0;
 	double loss_sum = 0;
 
 	for (int first = 0; first < test->n; first += net->batch) {
 		int count = test->n - first < net->batch ? test->n - first : net->batch;
-		float l;
-		int correct, rc;
-		ps_dataset_fill(test, first, count, x, y);
-		rc = ps_net_forward(net, x, y, count, &l, &correct);
+		float l, *x;
+		int32_t *y;
+		int correct, rc = ps_net_batch_buffers(net, &x, &y);
+		if (!rc) {
+			ps_dataset_fill(test, first, count, x, y);
+			rc = ps_net_batch_ready(net, count);
+		}
+		if (!rc)
+			rc = ps_net_forward(net);
+		if (!rc)
+			rc = ps_net_loss(net, &l, &correct);
 		if (rc)
 			return rc;
 		correct_total += correct;
@@ -202,13 +206,11 @@ static int eval_saved(const struct ps_config *cfg, const char *path)
 	struct ps_compute *comp = NULL;
 	struct ps_dataset test = { 0 };
 	struct ps_net net = { 0 };
-	float *x = NULL;
-	int32_t *y = NULL;
 	double acc, loss;
 	char err[1024];
 	int rc = 1, batch = 256;
 
-	if (open_backend(cfg->train.device, &ops, &comp))
+	if (open_backend(cfg, &ops, &comp))
 		return 1;
 	if (ps_dataset_load_dir(&test, cfg->train.data_dir, "t10k", cfg->model.classes, err,
 				sizeof(err))) {
@@ -223,9 +225,7 @@ static int eval_saved(const struct ps_config *cfg, const char *path)
 		ps_error("--eval: %s", err);
 		goto out;
 	}
-	x = malloc((size_t)batch * test.rows * test.cols * sizeof(float));
-	y = malloc((size_t)batch * sizeof(int32_t));
-	if (!x || !y || ps_net_upload_weights(&net) || evaluate(&net, &test, x, y, &acc, &loss)) {
+	if (ps_net_upload_weights(&net) || evaluate(&net, &test, &acc, &loss)) {
 		ps_error("evaluation failed: %s", comp->err);
 		goto out;
 	}
@@ -233,8 +233,6 @@ static int eval_saved(const struct ps_config *cfg, const char *path)
 	       test.n, ops->name);
 	rc = 0;
 out:
-	free(x);
-	free(y);
 	ps_net_free(&net);
 	ps_dataset_free(&test);
 	if (comp)
@@ -379,13 +377,12 @@ int main(int argc, char **argv)
 	struct ps_batcher bt = { 0 };
 	struct ps_net net = { 0 };
 	struct ps_client *cli = NULL;
+	struct ps_pusher *pusher = NULL;
 	struct ps_tensor *pt = calloc((size_t)cfg->ntensors, sizeof(*pt));
-	float *x = NULL;
-	int32_t *y = NULL;
 	FILE *metrics = NULL;
 	int classes = cfg->model.classes;
 
-	if (open_backend(cfg->train.device, &ops, &comp))
+	if (open_backend(cfg, &ops, &comp))
 		goto out;
 	if (ps_dataset_load_dir(&train, cfg->train.data_dir, "train", classes, err, sizeof(err)) ||
 	    ps_dataset_load_dir(&test, cfg->train.data_dir, "t10k", classes, err, sizeof(err))) {
@@ -421,9 +418,7 @@ int main(int argc, char **argv)
 		ps_error("%s", err);
 		goto out;
 	}
-	x = malloc((size_t)cfg->train.batch * train.rows * train.cols * sizeof(float));
-	y = malloc((size_t)cfg->train.batch * sizeof(int32_t));
-	if (!x || !y || !pt)
+	if (!pt)
 		goto out;
 	if (cfg->train.metrics_dir[0]) {
 		char path[600];
@@ -452,8 +447,11 @@ int main(int argc, char **argv)
 		ps_error("initial pull: %s", ps_client_error(cli));
 		goto out;
 	}
+	if (ps_pusher_start(&pusher, cli, &net, cfg, err, sizeof(err))) {
+		ps_error("%s", err);
+		goto out;
+	}
 
-	struct step_ctx sc = { .cli = cli, .net = &net, .cfg = cfg, .first_param_tensor = 0 };
 	int tty = isatty(STDERR_FILENO);
 	/* 0, or where the shards resumed from a checkpoint */
 	uint64_t clock = ps_client_clock(cli);
@@ -465,33 +463,51 @@ int main(int argc, char **argv)
 		double t_epoch = ps_now_s(), last_print = 0, loss_sum = 0;
 		long seen = 0, correct_sum = 0;
 		ps_batcher_epoch(&bt, e);
+		if (stage_batch(&net, &bt, e)) {
+			ps_error("batch: %s", comp->err);
+			goto out;
+		}
 		for (int s = 0; s < steps && !g_stop; s++, clock++) {
+			const int64_t *ids;
 			float loss;
-			int correct, count = ps_batcher_next(&bt, x, y);
-			if (count < cfg->train.batch) {
-				ps_batcher_epoch(&bt, e); /* cannot happen with equal parts */
-				count = ps_batcher_next(&bt, x, y);
-			}
-			if (ps_net_forward(&net, x, y, count, &loss, &correct)) {
+			uint64_t gen = net.gen + 1;
+			int correct, nids, count = net.ready_count;
+			if (ps_net_forward(&net)) {
 				ps_error("forward: %s", comp->err);
 				goto out;
 			}
-			sc.clock = clock;
-			sc.nids = 0;
+			ps_pusher_begin(pusher, gen, clock);
 			/* Workers' gradients are summed by the shards: scale by 1/W
 			 * so the update is the mean over the global batch. */
-			if (ps_net_backward(&net, count, 1.0f / (float)cfg->nworkers, push_ready, &sc)) {
-				ps_error("backward/push at step %d: %s %s", s, comp->err, ps_client_error(cli));
+			if (ps_net_backward(&net, 1.0f / (float)cfg->nworkers, &gen)) {
+				ps_pusher_end(pusher, &ids, &nids, err, sizeof(err));
+				ps_error("backward at step %d: %s", s, comp->err);
+				goto out;
+			}
+			/* the next batch, while the device computes and the push
+			 * thread pushes */
+			if (s + 1 < steps && stage_batch(&net, &bt, e)) {
+				ps_error("batch: %s", comp->err);
+				goto out;
+			}
+			if (ps_pusher_end(pusher, &ids, &nids, err, sizeof(err))) {
+				ps_error("step %d: %s", s, err);
+				goto out;
+			}
+			if (ps_net_loss(&net, &loss, &correct)) {
+				ps_error("loss at step %d: %s", s, comp->err);
 				goto out;
 			}
 			/* The pull leaves behind the pushes without waiting for
 			 * their acks: a shard handles one connection's frames in
 			 * order, so it answers the pull after applying them (sync:
-			 * once the clock is complete). */
-			int64_t pid = pull_start(cli, &net, cfg,
+			 * once the clock is complete). The last weights' upload
+			 * has read host_w long ago; the wait only makes sure. */
+			int64_t pid = ps_net_weights_wait(&net) ? -EIO :
+				      pull_start(cli, &net, cfg,
 						 cfg->consistency == PS_SYNC ? clock + 1 : 0, pt);
-			for (int i = 0; i < sc.nids; i++)
-				if (ps_client_wait(cli, sc.ids[i])) {
+			for (int i = 0; i < nids; i++)
+				if (ps_client_wait(cli, ids[i])) {
 					ps_error("push at clock %llu: %s", (unsigned long long)clock,
 						 ps_client_error(cli));
 					goto out;
@@ -521,7 +537,7 @@ int main(int argc, char **argv)
 			fputc('\n', stderr);
 		double elapsed = ps_now_s() - t_epoch, acc = NAN, tloss = NAN;
 		if (rank == 0 && !g_stop) {
-			if (evaluate(&net, &test, x, y, &acc, &tloss)) {
+			if (evaluate(&net, &test, &acc, &tloss)) {
 				ps_error("evaluation: %s", comp->err);
 				goto out;
 			}
@@ -562,6 +578,7 @@ int main(int argc, char **argv)
 out:
 	if (metrics)
 		fclose(metrics);
+	ps_pusher_stop(pusher);
 	ps_client_free(cli);
 	ps_net_free(&net);
 	if (comp)
@@ -569,8 +586,6 @@ out:
 	ps_batcher_free(&bt);
 	ps_dataset_free(&train);
 	ps_dataset_free(&test);
-	free(x);
-	free(y);
 	free(pt);
 	return rc;
 }
