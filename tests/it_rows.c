@@ -306,6 +306,61 @@ START_TEST(test_async_exact)
 }
 END_TEST
 
+
+/* Sync with a worker that leaves: once it has had no connection for
+ * limits.idle_timeout_ms the tables' clocks go on without it, what it
+ * pushed before it left still counted. And the TTL: rows not updated for
+ * ttl seconds go, and read as their initial value again. */
+START_TEST(test_sync_worker_leaves_and_ttl)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c0, *c1, *mon;
+	uint64_t ids[3] = { 11, 12, 13 };
+	float g[3 * DIM], w[3 * DIM];
+
+	start(&cl, 2, "sync", ", ttl: 4", "limits:\n  idle_timeout_ms: 1500\n");
+	c0 = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c0 != NULL, "%s", err);
+	c1 = connect_retry(&cl.cfg, 1, err, sizeof(err));
+	ck_assert_msg(c1 != NULL, "%s", err);
+	for (int i = 0; i < 3 * DIM; i++)
+		g[i] = 1.0f;
+	ck_assert_int_eq(ps_client_push_rows(c1, "e", 0, ids, 3, g, 0), 0);
+	ps_client_free(c1); /* worker 1 leaves after clock 0 */
+	double t0 = ps_now_s();
+	for (int clock = 0; clock < 3; clock++)
+		ck_assert_msg(ps_client_push_rows(c0, "e", (uint64_t)clock, ids, 3, g, 0) == 0, "%s",
+			      ps_client_error(c0));
+	/* clock 1 waits for worker 1 until it is dropped, then goes on */
+	ck_assert_msg(ps_client_pull_rows(c0, "e", 3, ids, 3, w) == 0, "%s", ps_client_error(c0));
+	ck_assert_msg(ps_now_s() - t0 > 1.0, "clock 1 applied without waiting for worker 1");
+	for (int i = 0; i < 3 * DIM; i++) /* worker 0's three clocks and worker 1's one */
+		ck_assert_msg(w[i] == -4.0f, "element %d is %g", i, w[i]);
+	/* no update for the ttl (4 s): the rows expire and read as their initial value */
+	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	uint64_t expired = 0;
+	for (double dl = ps_now_s() + 10 * tu_time_scale(); expired < 3 && ps_now_s() < dl;) {
+		expired = 0;
+		for (int k = 0; k < 2; k++) {
+			struct ps_shard_stats st;
+			ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+			expired += st.tables[0].expired;
+		}
+		if (expired < 3)
+			tu_sleep_ms(100);
+	}
+	ck_assert_uint_eq(expired, 3);
+	ck_assert_int_eq(ps_client_pull_rows(c0, "e", 0, ids, 3, w), 0);
+	for (int i = 0; i < 3 * DIM; i++)
+		ck_assert(w[i] == 0.0f);
+	ps_client_free(mon);
+	ps_client_free(c0);
+	stop(&cl);
+}
+END_TEST
+
 /* ---- checkpoints: kill -9 and restart ---- */
 
 #include "table.h"
@@ -731,6 +786,7 @@ static Suite *rows_suite(void)
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_sync_exact);
 	TU_ADD(tc, test_async_exact);
+	TU_ADD(tc, test_sync_worker_leaves_and_ttl);
 	TU_ADD(tc, test_checkpoint_kill9);
 	TU_ADD(tc, test_incremental_kill9);
 	TU_ADD(tc, test_hostile);
