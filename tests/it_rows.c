@@ -247,6 +247,29 @@ START_TEST(test_sync_exact)
 		rows += st.tables[0].rows;
 	}
 	ck_assert_uint_eq(applied, expect_applied);
+	/* ps-stat shows the same tables, in its text and its JSON */
+	for (int json = 0; json < 2; json++) {
+		char cmd[256], out[16384], want[128];
+		size_t len = 0;
+		snprintf(cmd, sizeof(cmd), "bin/ps-stat --config %s%s 2>&1", cl.path,
+			 json ? " --json" : "");
+		FILE *p = popen(cmd, "r");
+		ck_assert_ptr_nonnull(p);
+		len = fread(out, 1, sizeof(out) - 1, p);
+		out[len] = 0;
+		ck_assert_int_eq(pclose(p), 0);
+		for (int k = 0; k < 2; k++) {
+			struct ps_shard_stats st;
+			ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+			if (json)
+				snprintf(want, sizeof(want), "\"name\":\"e\",\"dim\":4,\"rows\":%" PRIu64
+					 ",", st.tables[0].rows);
+			else
+				snprintf(want, sizeof(want), "e                %-5d %12" PRIu64, k,
+					 st.tables[0].rows);
+			ck_assert_msg(strstr(out, want), "'%s' not in:\n%s", want, out);
+		}
+	}
 	ps_client_free(mon);
 	free(ids);
 	free(seen);
