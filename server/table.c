@@ -44,6 +44,7 @@ int ps_table_init(struct ps_table *tb, const struct ps_config *cfg, int t, int n
 	if (tb->cap > PS_ROW_NIL - 1 || !tb->cap)
 		tb->cap = tb->cap ? PS_ROW_NIL - 1 : 0;
 	tb->epoch = epoch;
+	tb->track_tombs = cfg->checkpoint.dir[0] && cfg->checkpoint.incremental > 0;
 	tb->head = tb->tail = tb->free_head = PS_ROW_NIL;
 	tb->index_mask = 1023;
 	tb->index = calloc(tb->index_mask + 1, sizeof(*tb->index));
@@ -226,22 +227,31 @@ void ps_table_row_reset(const struct ps_table *tb, uint64_t id, float *row)
 				   ? tc->initial_accumulator : 0.0f;
 }
 
+/* Remembers a dropped id for the next incremental checkpoint. Bounded:
+ * past max(2^20, live rows) dropped ids (or out of memory) the list goes
+ * and the next checkpoint is a full one, which needs none. */
 static void add_tomb(struct ps_table *tb, uint64_t id)
 {
+	uint64_t limit = tb->nrows > (1u << 20) ? tb->nrows : (1u << 20);
+
+	if (!tb->track_tombs || tb->ntombs == UINT64_MAX)
+		return;
 	if (tb->ntombs == tb->tomb_cap) {
 		uint64_t n = tb->tomb_cap ? tb->tomb_cap * 2 : 1024;
-		uint64_t *p = realloc(tb->tombs, sizeof(*p) * n);
+		uint64_t *p = tb->ntombs < limit ? realloc(tb->tombs, sizeof(*p) * n) : NULL;
 		if (!p) {
 			/* without the tombstone the next incremental checkpoint would
 			 * bring the row back: force a full one instead */
+			free(tb->tombs);
+			tb->tombs = NULL;
+			tb->tomb_cap = 0;
 			tb->ntombs = UINT64_MAX;
 			return;
 		}
 		tb->tombs = p;
 		tb->tomb_cap = n;
 	}
-	if (tb->ntombs != UINT64_MAX)
-		tb->tombs[tb->ntombs++] = id;
+	tb->tombs[tb->ntombs++] = id;
 }
 
 /* Drops live row r: out of the index and the recency list, its number

@@ -73,8 +73,11 @@ struct ps_table {
 	uint64_t **dirty;          /* per chunk: bit per row changed since the last checkpoint */
 	uint32_t head, tail;       /* most / least recently updated live row */
 	uint32_t free_head;        /* reusable row numbers */
-	uint64_t *tombs;           /* ids dropped since the last checkpoint */
+	uint64_t *tombs;           /* ids dropped since the last checkpoint (only with
+				      incremental checkpoints); ntombs UINT64_MAX: too
+				      many or out of memory, the next one must be full */
 	uint64_t ntombs, tomb_cap;
+	int track_tombs;
 	uint64_t version;          /* sync: clocks applied; async: pushes applied */
 	double ckpt_wall;          /* wall-clock time of the checkpoint restored last */
 	struct ps_admit admit;
