@@ -3,7 +3,7 @@
  *
  *   ps-ctrgen --out FILE[.gz] [--samples N] [--skip N] [--seed S]
  *             [--zipf-min A] [--zipf-max B] [--scale F] [--drift D]
- *             [--missing P] [--signal W] [--json]
+ *             [--missing P] [--signal W] [--admission N] [--json]
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -39,8 +39,57 @@ static void usage(FILE *f)
 		"                      million examples: old ids retire (default 0)\n"
 		"      --missing P     probability of an empty feature (default 0.02)\n"
 		"      --signal W      spread of the hidden weights (default 0.8)\n"
+		"      --admission N   also count the distinct categorical ids and those seen\n"
+		"                      at least N times: the rows a table with admission N\n"
+		"                      would create from these examples\n"
 		"  -j, --json          the summary as one JSON object\n"
 		"  -h, --help          this text\n");
+}
+
+/* --admission: how many distinct categorical ids the examples hold, and
+ * how many of them are seen at least N times (the rows admission N would
+ * create, counting every example). An exact count in an open-addressing
+ * table of (id, count), doubled at half load. */
+struct idcount {
+	uint64_t *id;
+	uint32_t *n;
+	uint64_t mask, used;
+};
+
+static int idcount_add(struct idcount *t, uint64_t id)
+{
+	uint64_t i;
+
+	if ((t->used + 1) * 2 > t->mask + 1) {
+		struct idcount g = { calloc((t->mask + 1) * 2, 8), calloc((t->mask + 1) * 2, 4),
+				     (t->mask + 1) * 2 - 1, 0 };
+		if (!g.id || !g.n) {
+			free(g.id);
+			free(g.n);
+			return -1;
+		}
+		for (uint64_t k = 0; k <= t->mask; k++) {
+			if (!t->n[k])
+				continue;
+			for (i = (t->id[k] * 0x9e3779b97f4a7c15ull) >> 20 & g.mask; g.n[i]; i = (i + 1) & g.mask)
+				;
+			g.id[i] = t->id[k];
+			g.n[i] = t->n[k];
+		}
+		g.used = t->used;
+		free(t->id);
+		free(t->n);
+		*t = g;
+	}
+	for (i = (id * 0x9e3779b97f4a7c15ull) >> 20 & t->mask; t->n[i] && t->id[i] != id;
+	     i = (i + 1) & t->mask)
+		;
+	if (!t->n[i]) {
+		t->id[i] = id;
+		t->used++;
+	}
+	t->n[i]++;
+	return 0;
 }
 
 static int num(const char *flag, const char *s, double lo, double hi, double *out)
@@ -65,6 +114,7 @@ int main(int argc, char **argv)
 		{ "zipf-min", required_argument, NULL, 'a' }, { "zipf-max", required_argument, NULL, 'b' },
 		{ "scale", required_argument, NULL, 'f' }, { "drift", required_argument, NULL, 'd' },
 		{ "missing", required_argument, NULL, 'm' }, { "signal", required_argument, NULL, 'w' },
+		{ "admission", required_argument, NULL, 'A' },
 		{ "json", no_argument, NULL, 'j' }, { "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -73,7 +123,8 @@ int main(int argc, char **argv)
 	struct ps_ctr_example ex;
 	struct ps_auc auc;
 	const char *out = NULL;
-	double n = 100000, skip = 0, seed = 1, t0;
+	double n = 100000, skip = 0, seed = 1, t0, admit = 0;
+	struct idcount ic = { calloc(1024, 8), calloc(1024, 4), 1023, 0 };
 	uint64_t clicks = 0, bytes = 0;
 	int opt, json = 0, gz;
 	char line[1024], mode[8];
@@ -93,6 +144,7 @@ int main(int argc, char **argv)
 		case 'd': bad = num("--drift", optarg, 0, 1e6, &gc.drift); break;
 		case 'm': bad = num("--missing", optarg, 0, 0.99, &gc.missing); break;
 		case 'w': bad = num("--signal", optarg, 0, 10, &gc.signal); break;
+		case 'A': bad = num("--admission", optarg, 2, 255, &admit); break;
 		case 'j': json = 1; break;
 		case 'h': usage(stdout); return 0;
 		default: fprintf(stderr, "Try 'ps-ctrgen --help'.\n"); return 2;
@@ -129,6 +181,12 @@ int main(int argc, char **argv)
 		}
 		bytes += len;
 		clicks += (uint64_t)ex.label;
+		for (int k = 0; admit > 0 && k < PS_CTR_CAT; k++)
+			if (idcount_add(&ic, ps_criteo_id(k, ex.cat[k], (ex.cat_missing >> k) & 1))) {
+				fprintf(stderr, "ps-ctrgen: --admission: out of memory\n");
+				gzclose(f);
+				return 1;
+			}
 		ps_auc_add(&auc, p, ex.label);
 	}
 	if (gzclose(f) != Z_OK) {
@@ -147,6 +205,18 @@ int main(int argc, char **argv)
 		printf("ps-ctrgen: %s: %.0f examples from %.0f, click rate %.4f, best achievable "
 		       "AUC %.4f (the hidden model's), %" PRIu64 " categorical values in all, %.1f s\n",
 		       out, n, skip, (double)clicks / n, best, values, secs);
+	if (admit > 0) {
+		uint64_t kept = 0;
+		for (uint64_t k = 0; k <= ic.mask; k++)
+			kept += ic.n[k] >= (uint32_t)admit;
+		printf(json ? "{\"admission\":%.0f,\"distinct_ids\":%" PRIu64 ",\"admitted_ids\":%"
+		       PRIu64 ",\"ratio\":%.3f}\n"
+			    : "ps-ctrgen: admission %.0f: %" PRIu64 " distinct categorical ids, %" PRIu64
+			      " seen at least that often (%.2fx fewer rows)\n",
+		       admit, ic.used, kept, kept ? (double)ic.used / (double)kept : 0.0);
+	}
+	free(ic.id);
+	free(ic.n);
 	ps_auc_free(&auc);
 	return 0;
 }
