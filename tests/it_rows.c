@@ -384,6 +384,51 @@ START_TEST(test_sync_worker_leaves_and_ttl)
 }
 END_TEST
 
+
+/* Rows and dense tensors in one sync step, the worker's order: rows of
+ * clock c, then the dense push that ends c. A clock ended by a dense push
+ * alone moves the tables on too (an empty clock for them), and rows pushed
+ * for a clock already applied are refused, saying which clocks go. */
+START_TEST(test_sync_rows_with_dense_end_clock)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c;
+	uint64_t ids[2] = { 5, 1ull << 40 };
+	float g[2 * DIM], w[2 * DIM], dw[8] = { 0 }, dg[8];
+	struct ps_tensor tg = { "w", dg, 8, 0 }, tw = { "w", dw, 8, 0 };
+
+	start(&cl, 1, "sync", "", "");
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (int i = 0; i < 2 * DIM; i++)
+		g[i] = (float)(i + 1);
+	for (int i = 0; i < 8; i++)
+		dg[i] = 1.0f;
+	ck_assert_int_eq(ps_client_push_rows(c, "e", 0, ids, 2, g, 0), 0);
+	int64_t id = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c, id), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 1, ids, 2, w), 0);
+	for (int i = 0; i < 2 * DIM; i++)
+		ck_assert(w[i] == -(float)(i + 1));
+	/* clock 1: dense only */
+	id = ps_client_push(c, 1, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c, id), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 2, ids, 2, w), 0);
+	ck_assert(w[0] == -1.0f);
+	id = ps_client_pull(c, 2, &tw, 1);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c, id), 0);
+	/* rows for clock 1 after it ended: refused */
+	ck_assert_int_eq(ps_client_push_rows(c, "e", 1, ids, 2, g, 0), PS_ECLOCK);
+	ck_assert_msg(strstr(ps_client_error(c), "accepting clocks 2.."), "%s", ps_client_error(c));
+	ps_client_free(c);
+	stop(&cl);
+}
+END_TEST
+
 /* ---- checkpoints: kill -9 and restart ---- */
 
 #include "table.h"
@@ -810,6 +855,7 @@ static Suite *rows_suite(void)
 	TU_ADD(tc, test_sync_exact);
 	TU_ADD(tc, test_async_exact);
 	TU_ADD(tc, test_sync_worker_leaves_and_ttl);
+	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
 	TU_ADD(tc, test_checkpoint_kill9);
 	TU_ADD(tc, test_incremental_kill9);
 	TU_ADD(tc, test_hostile);
