@@ -119,6 +119,7 @@ struct ps_checkpoint_cfg {
 	int on_request;             /* peers with the secret may ask for one (ps-stat --checkpoint) */
 	int min_interval_s;         /* at most one on request per this many seconds */
 	int incremental;            /* embedding tables: this many incremental ones after a full one */
+	uint64_t fork_bytes;        /* full checkpoints of a state this big are written by a fork()ed child */
 };
 
 /* Who may talk (docs/security.md). */

@@ -5,6 +5,11 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "ps_time.h"
 #include "checkpoint.h"
@@ -69,7 +74,12 @@ int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *byt
 /* ---- checkpoints in the background ----
  * The loop thread copies the state (ps_checkpoint_snapshot: the shard's
  * only pause, a memcpy) and a libuv pool thread writes the copy, so pushes
- * and pulls go on while the file is written and fsynced. One at a time. */
+ * and pulls go on while the file is written and fsynced. One at a time.
+ * A full checkpoint of a state of checkpoint.fork_bytes or more (big
+ * embedding tables) is written instead by a child made with fork(): it
+ * copies and writes from its copy-on-write view of the shard, so the shard
+ * pauses for the fork (its page tables), not for a copy of every row; the
+ * tick collects the child (ps__srv_ckpt_poll). */
 struct ps_ckpt_job {
 	uv_work_t req;
 	struct ps_server *s;
@@ -84,6 +94,7 @@ struct ps_ckpt_job {
 	char err[512];
 	struct ps_srv_conn *requester; /* answered when done; NULL: none or gone */
 	uint64_t req_id;
+	pid_t child;                   /* the forked writer, 0 when none */
 };
 
 static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
@@ -96,20 +107,19 @@ static void ckpt_work(uv_work_t *req)
 	j->rc = ps_checkpoint_write_image(&j->img, j->path, &j->bytes, j->err, sizeof(j->err));
 }
 
-static void ckpt_done(uv_work_t *req, int status)
+/* A background checkpoint ended (j->rc): bookkeeping, log, answer. */
+static void ckpt_finish(struct ps_ckpt_job *j)
 {
-	struct ps_ckpt_job *j = req->data;
 	struct ps_server *s = j->s;
 
-	(void)status;
 	j->secs = ps_now_s() - j->t0;
 	ckpt_written(s, j->rc, j->seq, &j->img);
 	if (j->rc)
 		ps_error("checkpoint (%s) failed: %s", j->why, j->err);
 	else
 		ps_info("checkpoint (%s): %s, %.1f MiB in %.3f s (the shard paused %.3f s for "
-			"the copy)", j->why, j->path, (double)j->bytes / 1048576.0, j->secs,
-			j->pause_s);
+			"%s)", j->why, j->path, (double)j->bytes / 1048576.0, j->secs,
+			j->pause_s, j->img.buf ? "the copy" : "fork()");
 	ps_checkpoint_image_free(&j->img);
 	s->ckpt_job = NULL;
 	if (j->requester)
@@ -124,6 +134,63 @@ static void ckpt_done(uv_work_t *req, int status)
 			s->exit_status = 1;
 		ps_server_stop(s);
 	}
+}
+
+static void ckpt_done(uv_work_t *req, int status)
+{
+	(void)status;
+	ckpt_finish(req->data);
+}
+
+/* The child: copies its view of the shard and writes it; never returns. */
+static void ckpt_child(struct ps_server *s, const char *path)
+{
+	struct ps_ckpt_image img = { 0 };
+	char err[512];
+	uint64_t bytes;
+	int rc = ps_checkpoint_snapshot(s, &img, err, sizeof(err));
+
+	if (!rc)
+		rc = ps_checkpoint_write_image(&img, path, &bytes, err, sizeof(err));
+	if (rc)
+		ps_error("checkpoint writer (pid %d): %s", (int)getpid(), err);
+	_exit(rc ? 1 : 0);
+}
+
+void ps__srv_ckpt_poll(struct ps_server *s)
+{
+	struct ps_ckpt_job *j = s->ckpt_job;
+	struct stat st;
+	uint32_t crc;
+	int status, fd = -1;
+	pid_t r;
+
+	if (!j || j->child <= 0)
+		return;
+	r = waitpid(j->child, &status, WNOHANG);
+	if (r == 0)
+		return;
+	j->rc = 0;
+	if (r < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) {
+		j->rc = -EIO;
+		snprintf(j->err, sizeof(j->err), "the checkpoint writer (pid %d) %s; the old "
+			 "checkpoint stays", (int)j->child, r < 0 ? "was lost"
+			 : WIFSIGNALED(status) ? "was killed" : "failed (its log line says why)");
+	} else if ((fd = open(j->path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) ||
+		   st.st_size < 4 || pread(fd, &crc, 4, st.st_size - 4) != 4) {
+		/* the CRC of the file is its last 4 bytes: the base of the incremental chain */
+		j->rc = -EIO;
+		snprintf(j->err, sizeof(j->err), "%.400s: cannot read back what the writer wrote",
+			 j->path);
+	} else {
+		j->bytes = (uint64_t)st.st_size;
+		j->img.len = (size_t)st.st_size - 4;
+		j->img.crc = crc;
+	}
+	if (fd >= 0)
+		close(fd);
+	j->child = 0;
+	ckpt_finish(j);
 }
 
 /* Starts a checkpoint in the background; 0, or -EBUSY when one is being
@@ -159,12 +226,22 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 		rc = ps_checkpoint_snapshot_delta(s, j->seq, &j->img, err, errlen);
 	} else {
 		snprintf(j->path, sizeof(j->path), "%s", s->ckpt_path);
-		rc = ps_checkpoint_snapshot(s, &j->img, err, errlen);
+		if (s->cfg->checkpoint.fork_bytes &&
+		    ps_checkpoint_size(s) >= s->cfg->checkpoint.fork_bytes) {
+			j->child = fork();
+			if (j->child == 0)
+				ckpt_child(s, j->path);
+			rc = j->child < 0 ? -errno : 0;
+			if (rc)
+				snprintf(err, errlen, "fork: %s", strerror(-rc));
+		} else {
+			rc = ps_checkpoint_snapshot(s, &j->img, err, errlen);
+		}
 	}
 	if (!rc)
 		ps__rows_ckpt_taken(s);
 	j->pause_s = ps_now_s() - j->t0;
-	if (!rc)
+	if (!rc && !j->child)
 		rc = uv_queue_work(s->loop, &j->req, ckpt_work, ckpt_done);
 	if (rc) {
 		if (!err[0])

@@ -131,6 +131,11 @@ static int snapshot_dense(const struct ps_server *s, struct ps_ckpt_image *img, 
 	return 0;
 }
 
+size_t ps_checkpoint_size(const struct ps_server *s)
+{
+	return image_size(s) + ps__rows_ckpt_size(s);
+}
+
 int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img, char *err,
 			   size_t errlen)
 {

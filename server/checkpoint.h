@@ -36,6 +36,9 @@ struct ps_ckpt_image {
 	uint32_t crc;           /* set by ps_checkpoint_write_image */
 };
 
+/* Bytes a full checkpoint of s takes now (without its CRC). */
+size_t ps_checkpoint_size(const struct ps_server *s);
+
 /* Copies s's state into img (loop thread: the only pause a checkpoint
  * costs the shard, a memcpy of its state). 0 or -ENOMEM with err. */
 int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img, char *err,

@@ -506,6 +506,7 @@ void ps__srv_on_tick(uv_timer_t *t)
 	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
 
 	ps__rows_tick(s, now);
+	ps__srv_ckpt_poll(s);
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
 		if ((sc->state == CONN_HELLO || sc->state == CONN_AUTH) &&
 		    now - sc->accepted > limit) {

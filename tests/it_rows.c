@@ -550,8 +550,9 @@ static int cmp_id(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* A full checkpoint and two incremental ones of a table with a cap
- * (evictions: tombstones), admission and adam; both shards killed with
+/* A full checkpoint (written by a forked child: checkpoint.fork_bytes) and
+ * two incremental ones of a table with a cap (evictions: tombstones),
+ * admission and adam; both shards killed with
  * SIGKILL come back from base + 2 deltas exactly as a table per shard in
  * this process that saw the same updates: rows, state, counts, and the
  * recency order (the next evictions drop the same rows). */
@@ -568,7 +569,7 @@ START_TEST(test_incremental_kill9)
 
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  on_request: true\n"
-		 "  min_interval_s: 0\n  incremental: 5\n", dir);
+		 "  min_interval_s: 0\n  incremental: 5\n  fork_bytes: 1\n", dir);
 	start_def(&cl, 1, "sync", "init: uniform, scale: 0.1, optimizer: adam, lr: 0.01, "
 		  "admission: 2, max_rows: 60", extra);
 	key = ps_rows_table_key(&cl.cfg.tables[0]);
