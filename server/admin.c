@@ -3,11 +3,14 @@
  * checkpoint.c's) and the counters a Stats request asks for (ps-stat; the
  * Prometheus page renders the same counters in metrics_http.c).
  */
+#define _GNU_SOURCE /* close_range */
 #include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -142,13 +145,22 @@ static void ckpt_done(uv_work_t *req, int status)
 	ckpt_finish(req->data);
 }
 
-/* The child: copies its view of the shard and writes it; never returns. */
-static void ckpt_child(struct ps_server *s, const char *path)
+/* The child: copies its view of the shard and writes it; never returns.
+ * It dies with the shard (a shard killed and started again must not have
+ * an old writer rename a file under it later) and holds none of its
+ * sockets (the restarted shard binds the same port at once). */
+static void ckpt_child(struct ps_server *s, const char *path, pid_t parent)
 {
 	struct ps_ckpt_image img = { 0 };
 	char err[512];
 	uint64_t bytes;
-	int rc = ps_checkpoint_snapshot(s, &img, err, sizeof(err));
+	int rc;
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(1);
+	close_range(3, ~0u, 0);
+	rc = ps_checkpoint_snapshot(s, &img, err, sizeof(err));
 
 	if (!rc)
 		rc = ps_checkpoint_write_image(&img, path, &bytes, err, sizeof(err));
@@ -228,9 +240,10 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 		snprintf(j->path, sizeof(j->path), "%s", s->ckpt_path);
 		if (s->cfg->checkpoint.fork_bytes &&
 		    ps_checkpoint_size(s) >= s->cfg->checkpoint.fork_bytes) {
+			pid_t self = getpid();
 			j->child = fork();
 			if (j->child == 0)
-				ckpt_child(s, j->path);
+				ckpt_child(s, j->path, self);
 			rc = j->child < 0 ? -errno : 0;
 			if (rc)
 				snprintf(err, errlen, "fork: %s", strerror(-rc));
