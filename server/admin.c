@@ -78,10 +78,10 @@ int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *byt
  * The loop thread copies the state (ps_checkpoint_snapshot: the shard's
  * only pause, a memcpy) and a libuv pool thread writes the copy, so pushes
  * and pulls go on while the file is written and fsynced. One at a time.
- * A full checkpoint of a state of checkpoint.fork_bytes or more (big
- * embedding tables) is written instead by a child made with fork(): it
- * copies and writes from its copy-on-write view of the shard, so the shard
- * pauses for the fork (its page tables), not for a copy of every row; the
+ * A checkpoint (full or incremental) of a state of checkpoint.fork_bytes
+ * or more (big embedding tables) is written instead by a child made with
+ * fork(): it copies and writes from its copy-on-write view of the shard,
+ * so the shard pauses for the fork (its page tables), not for a copy; the
  * tick collects the child (ps__srv_ckpt_poll). */
 struct ps_ckpt_job {
 	uv_work_t req;
@@ -149,7 +149,7 @@ static void ckpt_done(uv_work_t *req, int status)
  * It dies with the shard (a shard killed and started again must not have
  * an old writer rename a file under it later) and holds none of its
  * sockets (the restarted shard binds the same port at once). */
-static void ckpt_child(struct ps_server *s, const char *path, pid_t parent)
+static void ckpt_child(struct ps_server *s, const char *path, uint32_t seq, pid_t parent)
 {
 	struct ps_ckpt_image img = { 0 };
 	char err[512];
@@ -160,7 +160,8 @@ static void ckpt_child(struct ps_server *s, const char *path, pid_t parent)
 	if (getppid() != parent)
 		_exit(1);
 	close_range(3, ~0u, 0);
-	rc = ps_checkpoint_snapshot(s, &img, err, sizeof(err));
+	rc = seq ? ps_checkpoint_snapshot_delta(s, seq, &img, err, sizeof(err))
+		 : ps_checkpoint_snapshot(s, &img, err, sizeof(err));
 
 	if (!rc)
 		rc = ps_checkpoint_write_image(&img, path, &bytes, err, sizeof(err));
@@ -233,23 +234,23 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 	if (s->cfg->ntables && s->cfg->checkpoint.incremental > 0 && s->ckpt_have_base &&
 	    s->ckpt_seq < (uint32_t)s->cfg->checkpoint.incremental && ps__rows_delta_possible(s))
 		j->seq = s->ckpt_seq + 1;
-	if (j->seq) {
+	if (j->seq)
 		ps_checkpoint_delta_path(s->ckpt_path, j->seq, j->path, sizeof(j->path));
+	else
+		snprintf(j->path, sizeof(j->path), "%s", s->ckpt_path);
+	if (s->cfg->checkpoint.fork_bytes && ps_checkpoint_size(s) >= s->cfg->checkpoint.fork_bytes) {
+		/* a big state: the child copies and writes it (full or incremental) */
+		pid_t self = getpid();
+		j->child = fork();
+		if (j->child == 0)
+			ckpt_child(s, j->path, j->seq, self);
+		rc = j->child < 0 ? -errno : 0;
+		if (rc)
+			snprintf(err, errlen, "fork: %s", strerror(-rc));
+	} else if (j->seq) {
 		rc = ps_checkpoint_snapshot_delta(s, j->seq, &j->img, err, errlen);
 	} else {
-		snprintf(j->path, sizeof(j->path), "%s", s->ckpt_path);
-		if (s->cfg->checkpoint.fork_bytes &&
-		    ps_checkpoint_size(s) >= s->cfg->checkpoint.fork_bytes) {
-			pid_t self = getpid();
-			j->child = fork();
-			if (j->child == 0)
-				ckpt_child(s, j->path, self);
-			rc = j->child < 0 ? -errno : 0;
-			if (rc)
-				snprintf(err, errlen, "fork: %s", strerror(-rc));
-		} else {
-			rc = ps_checkpoint_snapshot(s, &j->img, err, errlen);
-		}
+		rc = ps_checkpoint_snapshot(s, &j->img, err, errlen);
 	}
 	if (!rc)
 		ps__rows_ckpt_taken(s);

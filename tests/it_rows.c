@@ -550,9 +550,10 @@ static int cmp_id(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* A full checkpoint (written by a forked child: checkpoint.fork_bytes) and
- * two incremental ones of a table with a cap (evictions: tombstones),
- * admission and adam; both shards killed with
+/* A full checkpoint and two incremental ones of a table with a cap
+ * (evictions: tombstones), admission and adam, copied on the loop (_i 0)
+ * or written by a forked child (_i 1, checkpoint.fork_bytes); both shards
+ * killed with
  * SIGKILL come back from base + 2 deltas exactly as a table per shard in
  * this process that saw the same updates: rows, state, counts, and the
  * recency order (the next evictions drop the same rows). */
@@ -569,7 +570,7 @@ START_TEST(test_incremental_kill9)
 
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  on_request: true\n"
-		 "  min_interval_s: 0\n  incremental: 5\n  fork_bytes: 1\n", dir);
+		 "  min_interval_s: 0\n  incremental: 5\n  fork_bytes: %s\n", dir, _i ? "1" : "0");
 	start_def(&cl, 1, "sync", "init: uniform, scale: 0.1, optimizer: adam, lr: 0.01, "
 		  "admission: 2, max_rows: 60", extra);
 	key = ps_rows_table_key(&cl.cfg.tables[0]);
@@ -858,7 +859,7 @@ static Suite *rows_suite(void)
 	TU_ADD(tc, test_sync_worker_leaves_and_ttl);
 	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
 	TU_ADD(tc, test_checkpoint_kill9);
-	TU_ADD(tc, test_incremental_kill9);
+	TU_ADD_LOOP(tc, test_incremental_kill9, 0, 2);
 	TU_ADD(tc, test_hostile);
 	suite_add_tcase(s, tc);
 	return s;
