@@ -194,10 +194,10 @@ const struct opt cfg_opts[] = {
 	  "ids dropped as tombstones, the dense state whole), then a full one again; the one at "
 	  "SIGTERM is always full; 0 = every checkpoint is full"),
 	O("checkpoint.fork_bytes", T_SIZE, 0, 0, 1024 * GiB, "256MiB", NULL, C,
-	  checkpoint.fork_bytes, "a background full checkpoint of a shard whose state is at "
-	  "least this big (large embedding tables) is written by a child made with fork() "
-	  "from its copy-on-write view, so the shard pauses for the fork instead of a copy of "
-	  "its state; 0 = always copy"),
+	  checkpoint.fork_bytes, "a background checkpoint (full or incremental) of a shard "
+	  "whose state is at least this big (large embedding tables) is written by a child "
+	  "made with fork() from its copy-on-write view, so the shard pauses for the fork "
+	  "instead of a copy; 0 = always copy"),
 	O("security.auth", T_BOOL, 0, 0, 0, "true", NULL, C, security.auth,
 	  "every connection proves knowledge of the shared secret (libsodium challenge-response, "
 	  "both ways); false only on a trusted network"),
