@@ -183,8 +183,14 @@ static void send_rows(struct ps_server *s, struct rows_wait *w)
 			return;
 		}
 		e = co->encode(out, NULL, vals, &prm, 0, enc, co->max_bytes(vals, &prm));
+		if (e < 0) {
+			ps_msg_send_error(w->sc->conn, w->req_id, (int)e, "fp16 encoding failed");
+			free(enc);
+			free(out);
+			return;
+		}
 		iov.base = enc;
-		iov.len = e > 0 ? (size_t)e : 0;
+		iov.len = (size_t)e;
 	}
 	r.req_id = w->req_id;
 	r.n_rows = (uint32_t)w->n;
