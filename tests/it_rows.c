@@ -429,6 +429,42 @@ START_TEST(test_sync_rows_with_dense_end_clock)
 }
 END_TEST
 
+
+/* compression.pull: fp16: rows come back as half precision (exact for
+ * small integers), half the bytes of float32 on the wire. */
+START_TEST(test_pull_fp16)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c;
+	uint64_t ids[64];
+	float g[64 * DIM], w[64 * DIM];
+	struct ps_shard_stats st;
+	uint64_t raw = 0, wire = 0;
+
+	start(&cl, 1, "async", "", "compression:\n  pull: fp16\n");
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (int i = 0; i < 64; i++)
+		ids[i] = (uint64_t)i * MULT + 3;
+	for (int i = 0; i < 64 * DIM; i++)
+		g[i] = (float)(i % 13) - 6.0f;
+	ck_assert_int_eq(ps_client_push_rows(c, "e", 0, ids, 64, g, 0), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, ids, 64, w), 0);
+	for (int i = 0; i < 64 * DIM; i++)
+		ck_assert_msg(w[i] == -g[i], "element %d: %g, expected %g", i, w[i], -g[i]);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		raw += st.pull_raw_bytes;
+		wire += st.pull_wire_bytes;
+	}
+	ck_assert_uint_eq(raw, 64 * DIM * 4);
+	ck_assert_uint_eq(wire, 64 * DIM * 2);
+	ps_client_free(c);
+	stop(&cl);
+}
+END_TEST
+
 /* ---- checkpoints: kill -9 and restart ---- */
 
 #include "table.h"
@@ -856,6 +892,7 @@ static Suite *rows_suite(void)
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_sync_exact);
 	TU_ADD(tc, test_async_exact);
+	TU_ADD(tc, test_pull_fp16);
 	TU_ADD(tc, test_sync_worker_leaves_and_ttl);
 	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
 	TU_ADD(tc, test_checkpoint_kill9);
