@@ -22,6 +22,7 @@ struct ps_srv_conn;
 struct ps_waiting_pull;
 struct ps_metrics_http;
 struct ps_ckpt_job;
+struct ps_srv_rows;
 
 struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
@@ -72,6 +73,12 @@ struct ps_server {
 	uint64_t boot_id;             /* random per process (HelloReply.boot_id) */
 	uint32_t *seen;               /* per slot: the request that last named it */
 	uint32_t seen_gen;            /* ... numbered by this counter */
+	struct ps_srv_rows *rows;     /* embedding tables (rows.h) */
+	/* Incremental checkpoints: the full file they build on (valid when
+	 * ckpt_have_base), and how many follow it. */
+	int ckpt_have_base;
+	uint32_t ckpt_base_crc, ckpt_seq;
+	uint64_t ckpt_base_len;
 	int stopping;
 };
 
