@@ -66,9 +66,9 @@ PROTO_C   := $(GEN)/ps.pb-c.c
 # libps.a: everything a client program needs (no BLAS, no CUDA).
 LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.c \
              common/config_scalar.c common/config_table.c common/config_dump.c common/layers.c \
-             common/shardmap.c common/wire.c common/msg.c common/transport.c \
+             common/shardmap.c common/rows_wire.c common/wire.c common/msg.c common/transport.c \
              common/transport_tcp.c worker/ps_client.c worker/ps_client_conn.c \
-             worker/ps_client_req.c worker/ps_client_build.c \
+             worker/ps_client_req.c worker/ps_client_build.c worker/ps_client_rows.c \
              common/codec.c common/codec_fp16.c common/codec_q8.c common/codec_topk.c \
              common/codec_sign.c common/codec_lz4.c common/histo.c common/finite.c \
              common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c
@@ -79,6 +79,8 @@ TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/mod
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
 TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN))
+# Click logs: Criteo's format and the synthetic generator (ps-ctrgen).
+CTR_OBJS  := $(patsubst %.c,$(OBJ)/%.o,worker/criteo.c worker/ctr_gen.c)
 TRAIN_LIBS := -lopenblas -lz -ldl
 
 UNIT_SRCS := $(wildcard tests/check_*.c)
@@ -87,7 +89,7 @@ IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 IT_SH     := $(wildcard tests/it_*.sh)
 
-PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_cpu.c)),bin/ps-worker)
+PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_cpu.c)),bin/ps-worker)
 
 .PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc test-rdma demo-rdma
 .SECONDARY:
@@ -134,7 +136,7 @@ bin/ps-server: $(OBJ)/server/main.o $(SRV_OBJS) lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(SRV_LIBS)
 
-bin/ps-bench: $(OBJ)/worker/ps_bench.o lib/libps.a
+bin/ps-bench: $(OBJ)/worker/ps_bench.o $(OBJ)/worker/bench_rows.o lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 
@@ -142,11 +144,15 @@ bin/ps-stat: $(OBJ)/worker/ps_stat.o lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 
+bin/ps-ctrgen: $(OBJ)/worker/ps_ctrgen.o $(CTR_OBJS) lib/libps.a
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) -lz
+
 bin/ps-worker: $(OBJ)/worker/ps_worker.o $(TRAIN_OBJS) lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(TRAIN_LIBS)
 
-$(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(LIB_OBJS)
+$(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(CTR_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(SRV_LIBS) $(TRAIN_LIBS) $(CHECK_LIBS)
 
 # Tests: install what is missing, build, run every unit test then every

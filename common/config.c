@@ -167,6 +167,69 @@ static int set_tensors(struct ctx *c, const struct opt *o, struct ps_config *cfg
 	return 0;
 }
 
+/* Parses one model.embeddings entry into cfg->tables[i]. */
+static int set_table(struct ctx *c, struct ps_config *cfg, size_t i, const struct ynode *m,
+		     const char *key)
+{
+	const struct ynode *seen[NTABLE] = { 0 };
+	struct table_tmp tt;
+	char disp[2 * KEY_MAX + 24], got[100];
+	int rc, init, uses_scale;
+
+	snprintf(disp, sizeof(disp), "%s[%zu]", key, i);
+	if (m->kind != YN_MAP)
+		return cfg_fail(c, m->line, "key '%s': expected a mapping with name and dim, got %s",
+				disp, cfg_what(m, got, sizeof(got)));
+	memset(&tt, 0, sizeof(tt));
+	cfg_apply_defaults(cfg_table_opts, NTABLE, &tt);
+	rc = walk_map(c, cfg_table_opts, NTABLE, &tt, seen, "", disp, m);
+	if (rc)
+		return rc;
+	for (int k = 0; k < NTABLE; k++)
+		if ((cfg_table_opts[k].flags & F_REQUIRED) && !seen[k])
+			return cfg_fail(c, m->line, "missing required key '%s.%s'", disp,
+					cfg_table_opts[k].key);
+	init = tt.t.init;
+	uses_scale = init == PS_INIT_UNIFORM || init == PS_INIT_NORMAL;
+	if (init == PS_INIT_ARANGE)
+		return cfg_fail(c, seen[EO_INIT]->line, "key '%s.init': expected zeros, const, uniform "
+				"or normal, got 'arange' (rows have no element index)", disp);
+	if (seen[EO_SCALE] && !uses_scale)
+		return cfg_fail(c, seen[EO_SCALE]->line, "key '%s.scale': not used by init '%s'", disp,
+				cfg_init_names[init]);
+	if (seen[EO_VALUE] && init != PS_INIT_CONST)
+		return cfg_fail(c, seen[EO_VALUE]->line, "key '%s.value': not used by init '%s'", disp,
+				cfg_init_names[init]);
+	if (tt.t.optimizer == PS_ROPT_FTRL && init != PS_INIT_ZEROS)
+		return cfg_fail(c, seen[EO_INIT] ? seen[EO_INIT]->line : m->line,
+				"key '%s.init': optimizer ftrl derives the weights from its state "
+				"and starts them at 0; expected init: zeros, got '%s'", disp,
+				cfg_init_names[init]);
+	tt.t.init_value = init == PS_INIT_CONST ? tt.value : uses_scale ? tt.scale : 0.0f;
+	for (size_t j = 0; j < i; j++)
+		if (!strcmp(cfg->tables[j].name, tt.t.name))
+			return cfg_fail(c, seen[EO_NAME]->line, "key '%s.name': duplicate table name "
+					"'%s' (entry %zu)", disp, tt.t.name, j);
+	cfg->tables[i] = tt.t;
+	return 0;
+}
+
+static int set_tables(struct ctx *c, const struct opt *o, struct ps_config *cfg,
+		      const struct ynode *v, const char *key)
+{
+	int rc;
+
+	if (v->kind != YN_SEQ || v->nkids < o->min || v->nkids > o->max)
+		return bad_value(c, o, v, key, v->kind == YN_SEQ ? "wrong number of entries" : NULL);
+	for (size_t i = 0; i < v->nkids; i++) {
+		rc = set_table(c, cfg, i, v->kids[i], key);
+		if (rc)
+			return rc;
+	}
+	cfg->ntables = (int)v->nkids;
+	return 0;
+}
+
 /* Parses one model.layers entry: a mapping with type and the keys that
  * kind takes, or a bare kind name for layers without keys of their own. */
 static int set_layer(struct ctx *c, struct ps_config *cfg, size_t i, const struct ynode *m,
@@ -303,6 +366,8 @@ static int set_node(struct ctx *c, const struct opt *o, void *base, const struct
 		return set_dims3(c, base, o, v, key);
 	case T_OVERRIDES:
 		return set_overrides(c, o, v, key);
+	case T_TABLES:
+		return set_tables(c, o, base, v, key);
 	default:
 		if (v->kind != YN_SCALAR || cfg_parse_scalar(o, base, v->text, &why)) {
 			if (o->names == cfg_pull_names && v->kind == YN_SCALAR)
@@ -506,6 +571,15 @@ static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *ro
 		if (!cfg->replicas)
 			return cfg_fail(c, bk->line, "key 'cluster.backups': given, but "
 				    "cluster.replicas is 0 (set it to 1 to start backups)");
+		if (cfg->ntables) {
+			const struct ynode *em = seen[find_opt(cfg_opts, NCFG, "model.embeddings")];
+			/* replication forwards the dense slices' changes only: a
+			 * backup would not hold the rows, so refuse rather than
+			 * promise a copy that is not there */
+			return cfg_fail(c, em ? em->line : re->line, "key 'model.embeddings': "
+				    "cluster.replicas: 1 does not replicate embedding tables yet; "
+				    "use replicas: 0 with them, or drop the tables");
+		}
 		for (int i = 0; i < cfg->nbackups; i++)
 			for (int j = 0; j < cfg->nshards; j++)
 				if (!strcmp(cfg->backups[i].host, cfg->shards[j].host) &&

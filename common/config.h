@@ -18,6 +18,8 @@
 #define PS_MAX_DIMS 8
 #define PS_NAME_MAX 64
 #define PS_HOST_MAX 256
+#define PS_MAX_TABLES 64
+#define PS_MAX_ROW_DIM 4096
 
 enum ps_consistency { PS_SYNC, PS_ASYNC };
 enum ps_transport_kind { PS_TRANSPORT_TCP, PS_TRANSPORT_RDMA };
@@ -47,6 +49,27 @@ struct ps_tensor_cfg {
 	 * compression.tensors entry naming it (resolved by the loader). */
 	int codec;                /* enum ps_codec_kind (codec.h) */
 	float ratio;              /* topk: fraction kept */
+};
+
+/* Update rules of embedding rows (docs/embeddings.md): the optimizer state
+ * each keeps beside a row's dim weights is ps_row_optim_nstate() floats. */
+enum ps_row_optim { PS_ROPT_SGD, PS_ROPT_ADAGRAD, PS_ROPT_ROWWISE_ADAGRAD, PS_ROPT_ADAM,
+		    PS_ROPT_FTRL, PS_ROPT_COUNT };
+
+/* One model.embeddings entry: a sparse table of rows keyed by uint64 ids,
+ * created on first (admitted) push, hash-partitioned over the shards. */
+struct ps_table_cfg {
+	char name[PS_NAME_MAX];
+	int dim;                  /* floats per row */
+	enum ps_init_kind init;   /* zeros, const, uniform, normal (arange is refused) */
+	float init_value;         /* const value, or scale for uniform/normal */
+	int optimizer;            /* enum ps_row_optim */
+	float lr, eps, beta1, beta2, initial_accumulator;
+	float l1, l2, ftrl_beta;  /* ftrl */
+	int admission;            /* pushes of an id before its row is created; 0 and 1: at once */
+	int ttl_s;                /* rows not updated for this long are dropped; 0 = never */
+	int64_t max_rows;         /* rows of the whole table (each shard keeps its share); 0 = no cap */
+	int64_t filter_ids;       /* admission filter: ids counted per shard before counts decay */
 };
 
 enum ps_lz4_mode { PS_LZ4_OFF, PS_LZ4_ON, PS_LZ4_AUTO };
@@ -87,6 +110,7 @@ struct ps_limits {
 	uint64_t max_queued_bytes;  /* the same for every peer together */
 	int drop_timeout_ms;        /* shard: a worker without a connection this long leaves the live set; 0 = idle_timeout_ms */
 	int reconnect_timeout_ms;   /* client: keeps reconnecting to a lost shard this long; 0 = never */
+	int max_request_rows;       /* ids in one pull_rows / push_rows frame */
 };
 
 struct ps_checkpoint_cfg {
@@ -94,6 +118,8 @@ struct ps_checkpoint_cfg {
 	int every_s;                /* write one every this many seconds; 0 = only on SIGTERM / request */
 	int on_request;             /* peers with the secret may ask for one (ps-stat --checkpoint) */
 	int min_interval_s;         /* at most one on request per this many seconds */
+	int incremental;            /* embedding tables: this many incremental ones after a full one */
+	uint64_t fork_bytes;        /* full checkpoints of a state this big are written by a fork()ed child */
 };
 
 /* Who may talk (docs/security.md). */
@@ -153,6 +179,8 @@ struct ps_config {
 	char log_level[16];
 	struct ps_compress_cfg compress;
 	struct ps_model_cfg model;  /* layers; nlayers 0 when only tensors are given */
+	int ntables;                /* model.embeddings */
+	struct ps_table_cfg tables[PS_MAX_TABLES];
 	struct ps_train_cfg train;
 };
 
@@ -178,6 +206,13 @@ int ps_config_load_string(struct ps_config *cfg, const char *yaml, const char *n
 
 /* Index of the tensor named name, or PS_ENOTENSOR. */
 int ps_config_find_tensor(const struct ps_config *cfg, const char *name);
+
+/* Index of the embedding table named name, or PS_ENOTENSOR. */
+int ps_config_find_table(const struct ps_config *cfg, const char *name);
+
+/* Floats of optimizer state a row of table t keeps beside its weights. */
+int ps_row_optim_nstate(const struct ps_table_cfg *t);
+const char *ps_row_optim_name(int k);
 
 /* Writes the effective configuration as YAML that ps_config_load accepts. */
 void ps_config_dump(const struct ps_config *cfg, FILE *out);

@@ -63,12 +63,41 @@ static void dump_overrides(const struct ps_config *cfg, FILE *out)
 		fputs(" []\n", out);
 }
 
+/* model.embeddings: every key of every entry, so the dump loads back the same. */
+static void dump_tables(const struct ps_config *cfg, FILE *out)
+{
+	char b[16][32];
+
+	fputs(cfg->ntables ? "\n" : "[]\n", out);
+	for (int i = 0; i < cfg->ntables; i++) {
+		const struct ps_table_cfg *t = &cfg->tables[i];
+
+		fprintf(out, "    - name: \"%s\"\n      dim: %d\n      init: %s\n", t->name, t->dim,
+			cfg_init_names[t->init]);
+		if (t->init == PS_INIT_CONST || t->init == PS_INIT_UNIFORM || t->init == PS_INIT_NORMAL)
+			fprintf(out, "      %s: %s\n", t->init == PS_INIT_CONST ? "value" : "scale",
+				cfg_fmt_float(t->init_value, b[0], sizeof(b[0])));
+		fprintf(out, "      optimizer: %s\n      lr: %s\n      eps: %s\n      beta1: %s\n"
+			"      beta2: %s\n      initial_accumulator: %s\n      l1: %s\n      l2: %s\n"
+			"      ftrl_beta: %s\n      admission: %d\n      ttl: %d\n"
+			"      max_rows: %" PRId64 "\n      filter_ids: %" PRId64 "\n",
+			cfg_row_optim_names[t->optimizer], cfg_fmt_float(t->lr, b[1], 32),
+			cfg_fmt_float(t->eps, b[2], 32), cfg_fmt_float(t->beta1, b[3], 32),
+			cfg_fmt_float(t->beta2, b[4], 32),
+			cfg_fmt_float(t->initial_accumulator, b[5], 32),
+			cfg_fmt_float(t->l1, b[6], 32), cfg_fmt_float(t->l2, b[7], 32),
+			cfg_fmt_float(t->ftrl_beta, b[8], 32), t->admission, t->ttl_s, t->max_rows,
+			t->filter_ids);
+	}
+}
+
 static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *out)
 {
 	const char *src = (const char *)cfg + o->off;
 	char buf[PS_HOST_MAX + 16];
 
-	if ((o->type != T_TENSORS || !cfg->ntensors) && o->type != T_OVERRIDES)
+	if ((o->type != T_TENSORS || !cfg->ntensors) && o->type != T_OVERRIDES &&
+	    (o->type != T_TABLES || !cfg->ntables))
 		fputc(' ', out);
 	switch (o->type) {
 	case T_INT:
@@ -134,6 +163,9 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 	case T_OVERRIDES:
 		dump_overrides(cfg, out);
 		break;
+	case T_TABLES:
+		dump_tables(cfg, out);
+		break;
 	default:
 		fputs("~\n", out);
 		break;
@@ -198,6 +230,9 @@ void ps_config_help(FILE *out)
 		if (cfg_opts[i].type == T_LAYERS)
 			for (size_t j = 0; j < NLAYER; j++)
 				help_opt(out, &cfg_layer_opts[j], "model.layers[].");
+		if (cfg_opts[i].type == T_TABLES)
+			for (size_t j = 0; j < NTABLE; j++)
+				help_opt(out, &cfg_table_opts[j], "model.embeddings[].");
 		if (cfg_opts[i].type == T_OVERRIDES)
 			for (size_t j = 0; j < NOVR; j++)
 				help_opt(out, &cfg_override_opts[j], "compression.tensors[].");
@@ -207,4 +242,33 @@ void ps_config_help(FILE *out)
 const char *ps_optim_name(enum ps_optim_kind k)
 {
 	return (unsigned)k <= PS_OPT_ADAGRAD ? cfg_optim_names[k] : "unknown";
+}
+
+const char *ps_row_optim_name(int k)
+{
+	return k >= 0 && k < PS_ROPT_COUNT ? cfg_row_optim_names[k] : "unknown";
+}
+
+int ps_row_optim_nstate(const struct ps_table_cfg *t)
+{
+	switch (t->optimizer) {
+	case PS_ROPT_ADAGRAD:
+		return t->dim;
+	case PS_ROPT_ROWWISE_ADAGRAD:
+		return 1;
+	case PS_ROPT_ADAM:
+		return 2 * t->dim + 1; /* m, v, and the row's step count */
+	case PS_ROPT_FTRL:
+		return 2 * t->dim;     /* z, n */
+	default:
+		return 0;
+	}
+}
+
+int ps_config_find_table(const struct ps_config *cfg, const char *name)
+{
+	for (int i = 0; i < cfg->ntables; i++)
+		if (!strcmp(cfg->tables[i].name, name))
+			return i;
+	return PS_ENOTENSOR;
 }

@@ -38,6 +38,7 @@ enum opt_type {
 	T_LAYERS,  /* list of layers (mappings walked against layer_opts, or a bare kind) */
 	T_DIMS3,   /* int[3]: a list of three positive integers */
 	T_OVERRIDES, /* list of mappings walked against override_opts, kept in ctx */
+	T_TABLES,  /* list of mappings walked against table_opts (model.embeddings) */
 };
 
 #define F_REQUIRED 1
@@ -119,6 +120,15 @@ struct tensor_tmp {
 	float scale, value;
 };
 
+/* One model.embeddings entry while it is parsed (scale and value as for tensors). */
+struct table_tmp {
+	struct ps_table_cfg t;
+	float scale, value;
+};
+
+enum { EO_NAME, EO_DIM, EO_INIT, EO_SCALE, EO_VALUE, EO_OPTIMIZER, EO_LR, EO_EPS, EO_BETA1,
+       EO_BETA2, EO_ACC, EO_L1, EO_L2, EO_FTRL_BETA, EO_ADMISSION, EO_TTL, EO_MAX_ROWS,
+       EO_FILTER, NTABLE };
 enum { TO_NAME, TO_SHAPE, TO_INIT, TO_SCALE, TO_VALUE, NTENSOR };
 enum { VO_NAME, VO_CODEC, VO_RATIO, NOVR };
 enum { LO_TYPE, LO_OUT, LO_KERNEL, LO_PAD, LO_STRIDE, LO_SIZE, NLAYER };
@@ -127,12 +137,13 @@ extern const char *const cfg_transport_names[], *const cfg_consistency_names[],
 	*const cfg_optim_names[], *const cfg_init_names[], *const cfg_level_names[],
 	*const cfg_preset_names[], *const cfg_device_names[], *const cfg_tf32_names[],
 	*const cfg_layer_names[], *const cfg_codec_names[], *const cfg_pull_names[],
-	*const cfg_lz4_names[], *const cfg_forward_names[];
+	*const cfg_lz4_names[], *const cfg_row_optim_names[], *const cfg_forward_names[];
 extern const struct opt cfg_opts[];
 extern const size_t cfg_nopts;
 #define NCFG cfg_nopts
 #define CFG_MAX_OPTS 128 /* bound on cfg_nopts, for arrays sized by it */
-extern const struct opt cfg_tensor_opts[NTENSOR], cfg_override_opts[NOVR], cfg_layer_opts[NLAYER];
+extern const struct opt cfg_tensor_opts[NTENSOR], cfg_override_opts[NOVR], cfg_layer_opts[NLAYER],
+	cfg_table_opts[NTABLE];
 /* Keys each layer kind takes (bit i = cfg_layer_opts[i]). */
 extern const unsigned cfg_layer_keys[];
 /* Applies the defaults of table tab (n options) to the struct at base. */

@@ -233,6 +233,9 @@ const char *cfg_describe(const struct opt *o, char *buf, size_t len)
 		snprintf(buf, len, "a list of %.0f..%.0f mappings with name and codec or ratio",
 			 o->min, o->max);
 		break;
+	case T_TABLES:
+		snprintf(buf, len, "a list of %.0f..%.0f mappings with name and dim", o->min, o->max);
+		break;
 	}
 	return buf;
 }

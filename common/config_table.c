@@ -31,6 +31,9 @@ const char *const cfg_pull_names[] = { "none", "fp16", NULL };
 /* in enum ps_lz4_mode order */
 const char *const cfg_lz4_names[] = { "off", "on", "auto", NULL };
 const char *const cfg_forward_names[] = { "aggregated", "every_push", NULL };
+/* in enum ps_row_optim order */
+const char *const cfg_row_optim_names[] = { "sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl",
+					    NULL };
 _Static_assert(PS_CODEC_NONE == 0 && PS_CODEC_FP16 == 1 && PS_CODEC_Q8 == 2 &&
 	       PS_CODEC_TOPK == 3 && PS_CODEC_SIGN == 4 && PS_CODEC_COUNT == 5, "cfg_codec_names");
 _Static_assert(PS_LZ4_OFF == 0 && PS_LZ4_ON == 1 && PS_LZ4_AUTO == 2, "cfg_lz4_names");
@@ -83,6 +86,10 @@ const struct opt cfg_opts[] = {
 	  "outputs of the last layer (labels 0..classes-1)"),
 	O("model.tensors", T_TENSORS, 0, 1, PS_MAX_TENSORS, NULL, NULL, C, tensors,
 	  "raw parameter tensors without layers (for ps-bench and tests), see model.tensors[].*"),
+	O("model.embeddings", T_TABLES, 0, 0, PS_MAX_TABLES, NULL, NULL, C, tables,
+	  "sparse embedding tables beside the dense tensors: rows keyed by 64-bit ids, created "
+	  "on first push, spread over the shards by a hash of (table, id); see "
+	  "model.embeddings[].* below and docs/embeddings.md"),
 	O("optimizer.name", T_ENUM, 0, 0, 0, "sgd", cfg_optim_names, C, optim.kind,
 	  "update rule applied by the shards"),
 	O("optimizer.lr", T_FLOAT, F_OPEN_MIN, 0, 1e6, "0.01", NULL, C, optim.lr, "learning rate"),
@@ -155,6 +162,9 @@ const struct opt cfg_opts[] = {
 	  limits.reconnect_timeout_ms, "client: after a lost connection, reconnect (backoff 0.1 "
 	  "to 2 s) and resend what was not answered for this long; pushes are applied exactly "
 	  "once; 0 = fail at once"),
+	O("limits.max_request_rows", T_INT, 0, 1, 1 << 28, "1048576", NULL, C,
+	  limits.max_request_rows, "ids in one pull_rows / push_rows frame to one shard; more "
+	  "are refused (by the client before sending, by the shard before decoding)"),
 	O("limits.wait_spin_us", T_INT, 0, 0, 100000, "50", NULL, C, limits.wait_spin_us,
 	  "client: a wait for a reply polls the shards' sockets this long (reading the reply "
 	  "itself) before sleeping, which takes the I/O thread's wake-up off short round trips; "
@@ -194,6 +204,16 @@ const struct opt cfg_opts[] = {
 	O("checkpoint.min_interval_s", T_INT, 0, 0, 86400, "10", NULL, C,
 	  checkpoint.min_interval_s, "at most one checkpoint on request per this many seconds; "
 	  "requests sooner are refused"),
+	O("checkpoint.incremental", T_INT, 0, 0, 1000000, "0", NULL, C, checkpoint.incremental,
+	  "with embedding tables: after a full checkpoint, this many periodic or requested ones "
+	  "are incremental (shard-K.ckpt.delta-N: the rows changed since the previous one, the "
+	  "ids dropped as tombstones, the dense state whole), then a full one again; the one at "
+	  "SIGTERM is always full; 0 = every checkpoint is full"),
+	O("checkpoint.fork_bytes", T_SIZE, 0, 0, 1024 * GiB, "256MiB", NULL, C,
+	  checkpoint.fork_bytes, "a background checkpoint (full or incremental) of a shard "
+	  "whose state is at least this big (large embedding tables) is written by a child "
+	  "made with fork() from its copy-on-write view, so the shard pauses for the fork "
+	  "instead of a copy; 0 = always copy"),
 	O("security.auth", T_BOOL, 0, 0, 0, "true", NULL, C, security.auth,
 	  "every connection proves knowledge of the shared secret (libsodium challenge-response, "
 	  "both ways); false only on a trusted network"),
@@ -231,6 +251,44 @@ const struct opt cfg_tensor_opts[NTENSOR] = {
 	O("value", T_FLOAT, 0, -1e30, 1e30, "0", NULL, T, value, "const: every element's value"),
 };
 #undef T
+
+#define E struct table_tmp
+const struct opt cfg_table_opts[NTABLE] = {
+	O("name", T_NAME, F_REQUIRED, 1, PS_NAME_MAX - 1, NULL, NULL, E, t.name,
+	  "unique name of the table (clients name it in pull_rows / push_rows)"),
+	O("dim", T_INT, F_REQUIRED, 1, PS_MAX_ROW_DIM, NULL, NULL, E, t.dim, "floats per row"),
+	O("init", T_ENUM, 0, 0, 0, "uniform", cfg_init_names, E, t.init,
+	  "initial row values, from (seed, table, id) so a row re-created anywhere starts the "
+	  "same: zeros, const (value), uniform in [-scale, scale], normal (std scale)"),
+	O("scale", T_FLOAT, 0, 0, 1e6, "0.01", NULL, E, scale, "uniform, normal: the scale"),
+	O("value", T_FLOAT, 0, -1e30, 1e30, "0", NULL, E, value, "const: every element's value"),
+	O("optimizer", T_ENUM, 0, 0, 0, "rowwise_adagrad", cfg_row_optim_names, E, t.optimizer,
+	  "update rule of the rows: sgd, adagrad, rowwise_adagrad (one accumulator per row), "
+	  "adam, ftrl (FTRL-Proximal; init must be zeros)"),
+	O("lr", T_FLOAT, F_OPEN_MIN, 0, 1e6, "0.01", NULL, E, t.lr, "learning rate (ftrl: alpha)"),
+	O("eps", T_FLOAT, F_OPEN_MIN, 0, 1, "1e-8", NULL, E, t.eps,
+	  "adam, adagrad, rowwise_adagrad: added to the denominator"),
+	O("beta1", T_FLOAT, F_OPEN_MAX, 0, 1, "0.9", NULL, E, t.beta1, "adam: decay of the first moment"),
+	O("beta2", T_FLOAT, F_OPEN_MAX, 0, 1, "0.999", NULL, E, t.beta2,
+	  "adam: decay of the second moment"),
+	O("initial_accumulator", T_FLOAT, 0, 0, 1e6, "0", NULL, E, t.initial_accumulator,
+	  "adagrad, rowwise_adagrad: initial value of the squared-gradient sum"),
+	O("l1", T_FLOAT, 0, 0, 1e6, "0", NULL, E, t.l1, "ftrl: L1 strength"),
+	O("l2", T_FLOAT, 0, 0, 1e6, "0", NULL, E, t.l2, "ftrl: L2 strength"),
+	O("ftrl_beta", T_FLOAT, 0, 0, 1e6, "1", NULL, E, t.ftrl_beta, "ftrl: beta of the learning rate"),
+	O("admission", T_INT, 0, 0, 255, "0", NULL, E, t.admission,
+	  "a row is created at the Nth push naming its id (pushes before it only count, in a "
+	  "filter of 4 bytes per id; pulls return the initial value); 0 or 1: at the first"),
+	O("ttl", T_INT, 0, 0, 1 << 30, "0", NULL, E, t.ttl_s,
+	  "seconds: a row not updated for this long is dropped (checked every second); 0 = never"),
+	O("max_rows", T_INT, 0, 0, 1ll << 40, "0", NULL, E, t.max_rows,
+	  "rows of the whole table; each shard keeps at most its share (max_rows / shards, "
+	  "rounded up) and drops its least recently updated rows past it; 0 = no cap"),
+	O("filter_ids", T_INT, 0, 1024, 1ll << 32, "1048576", NULL, E, t.filter_ids,
+	  "admission: ids each shard counts before every count is halved to make room "
+	  "(4 bytes each)"),
+};
+#undef E
 
 /* One compression.tensors entry; codec and ratio default to the section's. */
 #define V struct cfg_override

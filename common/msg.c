@@ -20,6 +20,9 @@ const ProtobufCMessageDescriptor *ps_msg_descriptor(unsigned type)
 	case PS_MSG_HEARTBEAT: return &ps__heartbeat__descriptor;
 	case PS_MSG_AUTH_CHALLENGE: return &ps__auth_challenge__descriptor;
 	case PS_MSG_AUTH: return &ps__auth__descriptor;
+	case PS_MSG_PULL_ROWS: return &ps__pull_rows__descriptor;
+	case PS_MSG_PULL_ROWS_REPLY: return &ps__pull_rows_reply__descriptor;
+	case PS_MSG_PUSH_ROWS: return &ps__push_rows__descriptor;
 	case PS_MSG_REPL_BATCH: return &ps__repl_batch__descriptor;
 	case PS_MSG_REPL_ACK: return &ps__repl_ack__descriptor;
 	case PS_MSG_REPL_SNAPSHOT: return &ps__repl_snapshot__descriptor;

@@ -47,6 +47,8 @@ const char *ps_wire_type_name(unsigned type)
 		[PS_MSG_ERROR] = "error", [PS_MSG_STATS_REQUEST] = "stats-request",
 		[PS_MSG_STATS] = "stats", [PS_MSG_HEARTBEAT] = "heartbeat",
 		[PS_MSG_AUTH_CHALLENGE] = "auth-challenge", [PS_MSG_AUTH] = "auth",
+		[PS_MSG_PULL_ROWS] = "pull-rows", [PS_MSG_PULL_ROWS_REPLY] = "pull-rows-reply",
+		[PS_MSG_PUSH_ROWS] = "push-rows",
 		[PS_MSG_REPL_BATCH] = "repl-batch", [PS_MSG_REPL_ACK] = "repl-ack",
 		[PS_MSG_REPL_SNAPSHOT] = "repl-snapshot",
 	};

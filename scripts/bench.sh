@@ -55,6 +55,18 @@ for m in "pushpull 4K 1 p50_us" "push 1M 2 gb_per_s" "push 16M 2 gb_per_s"; do
 done
 rm -rf "$tmpc"
 echo
+echo "-- embedding rows (docs/embeddings.md): 106,496 ids a request, Zipf 1.05 over 1M rows of dim 16,"
+echo "   rowwise adagrad; ratio: requests/s against a dense push of the same 6.5 MiB of values"
+dense=$(bin/ps-bench --config $CFG --local --op push --size 6815744 --seconds "$S" --no-baseline --json 2>/dev/null | field ops_per_s)
+for op in pull-rows push-rows; do
+  out=$(bin/ps-bench --config $CFG --local --op $op --rows 1000000 --dim 16 --zipf 1.05 --seconds "$S" --json 2>/dev/null)
+  awk -v op=$op -v d="$dense" -v r="$(printf '%s' "$out" | field rows_per_s)" \
+      -v q="$(printf '%s' "$out" | field requests_per_s)" -v dd="$(printf '%s' "$out" | field dedup_bytes_ratio)" \
+      -v b="$(printf '%s' "$out" | field table_bytes_per_row)" 'BEGIN {
+    printf "%-9s %10.0f rows/s, %6.1f requests/s (dense push %.1f/s: ratio %.3f), dedup %.2f, %.1f bytes a row held\n",
+      op, r, q, d, (d > 0 ? q / d : 0), dd, b }'
+done
+echo
 echo "-- replication (cluster.replicas: 1: every shard has a backup process, a push is acknowledged"
 echo "   once the backup has it), same run; ratios to replicas: 0"
 tmpr=$(mktemp -d /tmp/ps-bench-repl.XXXXXX)

@@ -3,22 +3,68 @@
  * checkpoint.c's) and the counters a Stats request asks for (ps-stat; the
  * Prometheus page renders the same counters in metrics_http.c).
  */
+#define _GNU_SOURCE /* close_range */
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include "ps_time.h"
 #include "checkpoint.h"
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "rows.h"
+#include "table_ckpt.h"
 #include "replica.h"
 #include "server_int.h"
 
-/* Writes the checkpoint now and logs the outcome; 0 or a negative code. */
+/* A checkpoint was written: a full one (seq 0) is the new base of the
+ * incremental ones, whose older files go; an incremental one extends the
+ * chain. A failed one (rc) makes the next a full one, since the changes it
+ * held are no longer marked. */
+static void ckpt_written(struct ps_server *s, int rc, uint32_t seq, const struct ps_ckpt_image *img)
+{
+	char dp[700];
+
+	if (rc) {
+		s->ckpt_have_base = 0;
+		return;
+	}
+	if (seq) {
+		s->ckpt_seq = seq;
+		return;
+	}
+	/* the deltas of the old base would not apply to the new one */
+	for (uint32_t n = 1; n <= s->ckpt_seq + 1; n++) {
+		ps_checkpoint_delta_path(s->ckpt_path, n, dp, sizeof(dp));
+		unlink(dp);
+	}
+	s->ckpt_have_base = 1;
+	s->ckpt_base_crc = img->crc;
+	s->ckpt_base_len = img->len + sizeof(uint32_t);
+	s->ckpt_seq = 0;
+}
+
+/* Writes a full checkpoint now and logs the outcome; 0 or a negative code. */
 int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *bytes,
 			     double *secs, char *err, size_t errlen)
 {
 	double t0 = ps_now_s();
-	int rc = ps_checkpoint_write(s, s->ckpt_path, bytes, err, errlen);
+	struct ps_ckpt_image img = { 0 };
+	int rc = ps_checkpoint_snapshot(s, &img, err, errlen);
+
+	if (!rc) {
+		ps__rows_ckpt_taken(s);
+		rc = ps_checkpoint_write_image(&img, s->ckpt_path, bytes, err, errlen);
+		ckpt_written(s, rc, 0, &img);
+	}
+	ps_checkpoint_image_free(&img);
 
 	*secs = ps_now_s() - t0;
 	if (rc)
@@ -32,11 +78,18 @@ int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *byt
 /* ---- checkpoints in the background ----
  * The loop thread copies the state (ps_checkpoint_snapshot: the shard's
  * only pause, a memcpy) and a libuv pool thread writes the copy, so pushes
- * and pulls go on while the file is written and fsynced. One at a time. */
+ * and pulls go on while the file is written and fsynced. One at a time.
+ * A checkpoint (full or incremental) of a state of checkpoint.fork_bytes
+ * or more (big embedding tables) is written instead by a child made with
+ * fork(): it copies and writes from its copy-on-write view of the shard,
+ * so the shard pauses for the fork (its page tables), not for a copy; the
+ * tick collects the child (ps__srv_ckpt_poll). */
 struct ps_ckpt_job {
 	uv_work_t req;
 	struct ps_server *s;
 	struct ps_ckpt_image img;
+	uint32_t seq;                  /* 0: full; else its place in the incremental chain */
+	char path[700];
 	const char *why;
 	double t0, pause_s;
 	int rc;
@@ -45,6 +98,7 @@ struct ps_ckpt_job {
 	char err[512];
 	struct ps_srv_conn *requester; /* answered when done; NULL: none or gone */
 	uint64_t req_id;
+	pid_t child;                   /* the forked writer, 0 when none */
 };
 
 static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
@@ -54,23 +108,22 @@ static void ckpt_work(uv_work_t *req)
 {
 	struct ps_ckpt_job *j = req->data;
 
-	j->rc = ps_checkpoint_write_image(&j->img, j->s->ckpt_path, &j->bytes, j->err,
-					  sizeof(j->err));
+	j->rc = ps_checkpoint_write_image(&j->img, j->path, &j->bytes, j->err, sizeof(j->err));
 }
 
-static void ckpt_done(uv_work_t *req, int status)
+/* A background checkpoint ended (j->rc): bookkeeping, log, answer. */
+static void ckpt_finish(struct ps_ckpt_job *j)
 {
-	struct ps_ckpt_job *j = req->data;
 	struct ps_server *s = j->s;
 
-	(void)status;
 	j->secs = ps_now_s() - j->t0;
+	ckpt_written(s, j->rc, j->seq, &j->img);
 	if (j->rc)
 		ps_error("checkpoint (%s) failed: %s", j->why, j->err);
 	else
 		ps_info("checkpoint (%s): %s, %.1f MiB in %.3f s (the shard paused %.3f s for "
-			"the copy)", j->why, s->ckpt_path, (double)j->bytes / 1048576.0, j->secs,
-			j->pause_s);
+			"%s)", j->why, j->path, (double)j->bytes / 1048576.0, j->secs,
+			j->pause_s, j->img.buf ? "the copy" : "fork()");
 	ps_checkpoint_image_free(&j->img);
 	s->ckpt_job = NULL;
 	if (j->requester)
@@ -85,6 +138,73 @@ static void ckpt_done(uv_work_t *req, int status)
 			s->exit_status = 1;
 		ps_server_stop(s);
 	}
+}
+
+static void ckpt_done(uv_work_t *req, int status)
+{
+	(void)status;
+	ckpt_finish(req->data);
+}
+
+/* The child: copies its view of the shard and writes it; never returns.
+ * It dies with the shard (a shard killed and started again must not have
+ * an old writer rename a file under it later) and holds none of its
+ * sockets (the restarted shard binds the same port at once). */
+static void ckpt_child(struct ps_server *s, const char *path, uint32_t seq, pid_t parent)
+{
+	struct ps_ckpt_image img = { 0 };
+	char err[512];
+	uint64_t bytes;
+	int rc;
+
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(1);
+	close_range(3, ~0u, 0);
+	rc = seq ? ps_checkpoint_snapshot_delta(s, seq, &img, err, sizeof(err))
+		 : ps_checkpoint_snapshot(s, &img, err, sizeof(err));
+
+	if (!rc)
+		rc = ps_checkpoint_write_image(&img, path, &bytes, err, sizeof(err));
+	if (rc)
+		ps_error("checkpoint writer (pid %d): %s", (int)getpid(), err);
+	_exit(rc ? 1 : 0);
+}
+
+void ps__srv_ckpt_poll(struct ps_server *s)
+{
+	struct ps_ckpt_job *j = s->ckpt_job;
+	struct stat st;
+	uint32_t crc;
+	int status, fd = -1;
+	pid_t r;
+
+	if (!j || j->child <= 0)
+		return;
+	r = waitpid(j->child, &status, WNOHANG);
+	if (r == 0)
+		return;
+	j->rc = 0;
+	if (r < 0 || !WIFEXITED(status) || WEXITSTATUS(status)) {
+		j->rc = -EIO;
+		snprintf(j->err, sizeof(j->err), "the checkpoint writer (pid %d) %s; the old "
+			 "checkpoint stays", (int)j->child, r < 0 ? "was lost"
+			 : WIFSIGNALED(status) ? "was killed" : "failed (its log line says why)");
+	} else if ((fd = open(j->path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) ||
+		   st.st_size < 4 || pread(fd, &crc, 4, st.st_size - 4) != 4) {
+		/* the CRC of the file is its last 4 bytes: the base of the incremental chain */
+		j->rc = -EIO;
+		snprintf(j->err, sizeof(j->err), "%.400s: cannot read back what the writer wrote",
+			 j->path);
+	} else {
+		j->bytes = (uint64_t)st.st_size;
+		j->img.len = (size_t)st.st_size - 4;
+		j->img.crc = crc;
+	}
+	if (fd >= 0)
+		close(fd);
+	j->child = 0;
+	ckpt_finish(j);
 }
 
 /* Starts a checkpoint in the background; 0, or -EBUSY when one is being
@@ -110,9 +230,33 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 	j->req_id = req_id;
 	j->req.data = j;
 	j->t0 = ps_now_s();
-	rc = ps_checkpoint_snapshot(s, &j->img, err, errlen);
-	j->pause_s = ps_now_s() - j->t0;
+	/* incremental when the tables have a base to build on and the chain
+	 * is not at its length yet */
+	if (s->cfg->ntables && s->cfg->checkpoint.incremental > 0 && s->ckpt_have_base &&
+	    s->ckpt_seq < (uint32_t)s->cfg->checkpoint.incremental && ps__rows_delta_possible(s))
+		j->seq = s->ckpt_seq + 1;
+	if (j->seq)
+		ps_checkpoint_delta_path(s->ckpt_path, j->seq, j->path, sizeof(j->path));
+	else
+		snprintf(j->path, sizeof(j->path), "%s", s->ckpt_path);
+	if (s->cfg->checkpoint.fork_bytes && ps_checkpoint_size(s) >= s->cfg->checkpoint.fork_bytes) {
+		/* a big state: the child copies and writes it (full or incremental) */
+		pid_t self = getpid();
+		j->child = fork();
+		if (j->child == 0)
+			ckpt_child(s, j->path, j->seq, self);
+		rc = j->child < 0 ? -errno : 0;
+		if (rc)
+			snprintf(err, errlen, "fork: %s", strerror(-rc));
+	} else if (j->seq) {
+		rc = ps_checkpoint_snapshot_delta(s, j->seq, &j->img, err, errlen);
+	} else {
+		rc = ps_checkpoint_snapshot(s, &j->img, err, errlen);
+	}
 	if (!rc)
+		ps__rows_ckpt_taken(s);
+	j->pause_s = ps_now_s() - j->t0;
+	if (!rc && !j->child)
 		rc = uv_queue_work(s->loop, &j->req, ckpt_work, ckpt_done);
 	if (rc) {
 		if (!err[0])
@@ -120,6 +264,7 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 		ps_error("checkpoint (%s) failed: %s", why, err);
 		ps_checkpoint_image_free(&j->img);
 		free(j);
+		s->ckpt_have_base = 0; /* the changes it took are not marked any more */
 		return rc < 0 ? rc : -rc;
 	}
 	s->ckpt_job = j;
@@ -201,7 +346,7 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	}
 	if (ck_err) {
 		st.checkpoint_status = ck_status;
-		st.checkpoint_path = s->ckpt_path;
+		st.checkpoint_path = ck ? (char *)ck->path : s->ckpt_path;
 		st.checkpoint_error = (char *)(ck_status ? ck_err : "");
 		if (ck) {
 			st.checkpoint_bytes = ck->bytes;
@@ -247,9 +392,14 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	st.n_pull_latency_log2us = PS_HISTO_BUCKETS;
 	st.pull_latency_log2us = s->c.pull_lat.count;
 	st.pull_latency_sum_s = s->c.pull_lat.sum_s;
+	if (ps__rows_stats(s, &st)) {
+		ps_msg_send_error(sc->conn, req_id, -ENOMEM, "out of memory");
+		goto out_free;
+	}
 	char partner[320];
 	ps__repl_stats(s, &st, partner, sizeof(partner));
 	ps_msg_send(sc->conn, PS_MSG_STATS, &st.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	ps__rows_stats_free(&st);
 out_free:
 	free(wc);
 	free(wp);

@@ -21,9 +21,11 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "server.h"
+#include "table_ckpt.h"
 #include "wire.h"
 
 #define CKPT_MAGIC "PSCKPT01"
+#define CKPT_DELTA "PSDELTA1"
 #define CKPT_ENDIAN 0x01020304u
 
 struct ckpt_hdr {
@@ -94,14 +96,17 @@ static size_t image_size(const struct ps_server *s)
 	return n;
 }
 
-int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img, char *err,
-			   size_t errlen)
+/* Allocates img (len bytes) and copies the dense state into its start
+ * (image_size bytes). */
+static int snapshot_dense(const struct ps_server *s, struct ps_ckpt_image *img, size_t len,
+			  char *err, size_t errlen)
 {
 	size_t pos;
 	struct ckpt_hdr h;
 	uint8_t *b;
 
-	img->len = image_size(s);
+	img->len = len;
+	img->crc = 0;
 	img->buf = b = malloc(img->len);
 	if (!b) {
 		snprintf(err, errlen, "out of memory for a %zu-byte checkpoint image", img->len);
@@ -126,6 +131,46 @@ int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img,
 	return 0;
 }
 
+size_t ps_checkpoint_size(const struct ps_server *s)
+{
+	return image_size(s) + ps__rows_ckpt_size(s);
+}
+
+int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img, char *err,
+			   size_t errlen)
+{
+	size_t dense = image_size(s);
+	int rc = snapshot_dense(s, img, dense + ps__rows_ckpt_size(s), err, errlen);
+
+	if (!rc)
+		ps__rows_ckpt_snapshot(s, img->buf + dense);
+	return rc;
+}
+
+void ps_checkpoint_delta_path(const char *path, uint32_t seq, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s.delta-%u", path, seq);
+}
+
+int ps_checkpoint_snapshot_delta(const struct ps_server *s, uint32_t seq,
+				 struct ps_ckpt_image *img, char *err, size_t errlen)
+{
+	size_t dense = image_size(s);
+	struct ckpt_hdr h;
+	int rc;
+
+	/* the dense part is small next to the tables: copied whole, as in a
+	 * full file, then the tables' changes in place of the tables */
+	rc = snapshot_dense(s, img, dense + ps__rows_delta_size(s), err, errlen);
+	if (rc)
+		return rc;
+	memcpy(&h, img->buf, sizeof(h));
+	memcpy(h.magic, CKPT_DELTA, 8);
+	memcpy(img->buf, &h, sizeof(h));
+	ps__rows_delta_snapshot(s, img->buf + dense, seq, s->ckpt_base_crc, s->ckpt_base_len);
+	return 0;
+}
+
 void ps_checkpoint_image_free(struct ps_ckpt_image *img)
 {
 	free(img->buf);
@@ -147,7 +192,7 @@ static int write_all(int fd, const uint8_t *b, size_t n)
 	return 0;
 }
 
-int ps_checkpoint_write_image(const struct ps_ckpt_image *img, const char *path,
+int ps_checkpoint_write_image(struct ps_ckpt_image *img, const char *path,
 			      uint64_t *bytes, char *err, size_t errlen)
 {
 	char tmp[4200], dirbuf[4200];
@@ -193,6 +238,7 @@ int ps_checkpoint_write_image(const struct ps_ckpt_image *img, const char *path,
 		close(dfd);
 	}
 	*bytes = img->len + sizeof(crc);
+	img->crc = crc;
 	return 0;
 }
 
@@ -233,18 +279,6 @@ int ps_checkpoint_check_dir(const char *dir, const char *path, char *err, size_t
 	return 0;
 }
 
-int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, char *err,
-			size_t errlen)
-{
-	struct ps_ckpt_image img;
-	int rc = ps_checkpoint_snapshot(s, &img, err, errlen);
-
-	if (!rc)
-		rc = ps_checkpoint_write_image(&img, path, bytes, err, errlen);
-	ps_checkpoint_image_free(&img);
-	return rc;
-}
-
 /* Reads exactly n bytes at offset off; 0 or -1 with errno (EIO at the end). */
 static int read_at(int fd, void *p, size_t n, uint64_t off)
 {
@@ -264,7 +298,10 @@ static int read_at(int fd, void *p, size_t n, uint64_t off)
 
 #define FAIL(code, ...) do { snprintf(err, errlen, __VA_ARGS__); rc = (code); goto out; } while (0)
 
-int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t errlen)
+/* Loads a full checkpoint (delta 0) or incremental checkpoint delta of
+ * the chain: the checks, then the restore, as ps_checkpoint_load says. */
+static int load_file(struct ps_server *s, const char *path, uint32_t delta, char *err,
+		     size_t errlen)
 {
 	enum { CHUNK = 1 << 20 };
 	struct ckpt_hdr h, want;
@@ -291,8 +328,9 @@ int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t 
 		     len);
 	if (read_at(fd, &h, sizeof(h), 0))
 		FAIL(PS_EPROTO, "%s: cannot read its header: %s", path, strerror(errno));
-	if (memcmp(h.magic, CKPT_MAGIC, 8))
-		FAIL(PS_EPROTO, "%s: not a ps-server checkpoint (bad magic)", path);
+	if (memcmp(h.magic, delta ? CKPT_DELTA : CKPT_MAGIC, 8))
+		FAIL(PS_EPROTO, "%s: not a ps-server %scheckpoint (bad magic)", path,
+		     delta ? "incremental " : "");
 	if (h.endian != CKPT_ENDIAN)
 		FAIL(PS_EPROTO, "%s: written on a machine of the other byte order", path);
 	fill_hdr(s, &want);
@@ -320,7 +358,9 @@ int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t 
 	/* the header matches this shard, so the file's size is known before
 	 * anything big is read or allocated */
 	need = image_size(s) + sizeof(crc);
-	if (len != need)
+	/* embedding tables follow, their size known only from their headers
+	 * (checked after the checksum) */
+	if (s->cfg->ntables ? len < need : len != need)
 		FAIL(PS_EPROTO, "%s: %" PRIu64 " bytes, a checkpoint of this shard has %" PRIu64
 		     " (truncated or damaged)", path, len, need);
 	/* pass 1: the checksum of every byte (64-bit lengths: files over 4 GiB
@@ -374,6 +414,21 @@ int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t 
 		FAIL(PS_EPROTO, "%s: a slice is at version %" PRIu64 " but no worker finished "
 		     "more than %" PRIu64 " clocks (damaged or edited?)", path, max_version,
 		     max_finished);
+	if (s->cfg->ntables) {
+		char why[300];
+		if (delta)
+			rc = ps__rows_delta_check(s, fd, need - sizeof(crc), len - sizeof(crc), delta,
+						  s->ckpt_base_crc, s->ckpt_base_len, why,
+						  sizeof(why));
+		else
+			rc = ps__rows_ckpt_check(s, fd, need - sizeof(crc), len - sizeof(crc), why,
+						 sizeof(why));
+		if (rc)
+			FAIL(rc, "%s: %s", path, why);
+	} else if (delta) {
+		FAIL(PS_ECONFIG, "%s: an incremental checkpoint, but the config has no embedding "
+		     "tables", path);
+	}
 	/* pass 2: everything checked, restore */
 	pos = sizeof(h);
 	for (int k = 0; k < s->store.nslots; k++) {
@@ -395,9 +450,44 @@ int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t 
 		sl->steps = cs.steps;
 	}
 	memcpy(s->finished, fin, (size_t)nw * sizeof(uint64_t));
+	if (s->cfg->ntables) {
+		char why[300];
+		rc = delta ? ps__rows_delta_restore(s, fd, need - sizeof(crc), why, sizeof(why))
+			   : ps__rows_ckpt_restore(s, fd, need - sizeof(crc), why, sizeof(why));
+		if (rc)
+			FAIL(rc, "%s: %s", path, why);
+	}
+	if (!delta) {
+		s->ckpt_have_base = 1;
+		s->ckpt_base_crc = crc;
+		s->ckpt_base_len = len;
+		s->ckpt_seq = 0;
+	} else {
+		s->ckpt_seq = delta;
+	}
 out:
 	free(chunk);
 	free(fin);
 	close(fd);
 	return rc;
+}
+
+int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t errlen)
+{
+	return load_file(s, path, 0, err, errlen);
+}
+
+int ps_checkpoint_load_deltas(struct ps_server *s, const char *path, char *err, size_t errlen)
+{
+	char dp[4200];
+	int rc;
+
+	for (uint32_t n = 1;; n++) {
+		ps_checkpoint_delta_path(path, n, dp, sizeof(dp));
+		rc = load_file(s, dp, n, err, errlen);
+		if (rc == -ENOENT)
+			return (int)n - 1;
+		if (rc)
+			return rc;
+	}
 }

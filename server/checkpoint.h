@@ -33,18 +33,36 @@ void ps_checkpoint_path(const char *dir, int shard, char *buf, size_t len);
 struct ps_ckpt_image {
 	uint8_t *buf;
 	size_t len;
+	uint32_t crc;           /* set by ps_checkpoint_write_image */
 };
+
+/* Bytes a full checkpoint of s takes now (without its CRC). */
+size_t ps_checkpoint_size(const struct ps_server *s);
 
 /* Copies s's state into img (loop thread: the only pause a checkpoint
  * costs the shard, a memcpy of its state). 0 or -ENOMEM with err. */
 int ps_checkpoint_snapshot(const struct ps_server *s, struct ps_ckpt_image *img, char *err,
 			   size_t errlen);
 
+/* An incremental checkpoint (embedding tables, checkpoint.incremental):
+ * the dense state whole, and of the tables the rows changed and the ids
+ * dropped since the last snapshot, as number seq after the full file
+ * s->ckpt_base_*. Its path is ps_checkpoint_delta_path(path, seq). */
+int ps_checkpoint_snapshot_delta(const struct ps_server *s, uint32_t seq,
+				 struct ps_ckpt_image *img, char *err, size_t errlen);
+void ps_checkpoint_delta_path(const char *path, uint32_t seq, char *buf, size_t len);
+
+/* After ps_checkpoint_load of the full file: applies path.delta-1, -2, ...
+ * in order while they exist. Returns how many, or a negative code with the
+ * reason in err (one that does not build on that full file, or damaged). */
+int ps_checkpoint_load_deltas(struct ps_server *s, const char *path, char *err,
+			      size_t errlen);
+
 /* Writes img to path (any thread): a temporary file created exclusively
  * with mode 0600 next to it, fsynced, renamed over path, the folder
  * fsynced. 0, or a negative code with the reason in err. *bytes gets the
  * file size. */
-int ps_checkpoint_write_image(const struct ps_ckpt_image *img, const char *path,
+int ps_checkpoint_write_image(struct ps_ckpt_image *img, const char *path,
 			      uint64_t *bytes, char *err, size_t errlen);
 void ps_checkpoint_image_free(struct ps_ckpt_image *img);
 
@@ -53,10 +71,6 @@ void ps_checkpoint_image_free(struct ps_ckpt_image *img);
  * made and removed). Else a negative code with the reason in err, so a
  * shard that could not write its checkpoint at stop does not start. */
 int ps_checkpoint_check_dir(const char *dir, const char *path, char *err, size_t errlen);
-
-/* Both at once: writes s's state to path and blocks (loop thread). */
-int ps_checkpoint_write(struct ps_server *s, const char *path, uint64_t *bytes, char *err,
-			size_t errlen);
 
 /* Restores s's state from path (call before serving). 0; -ENOENT when
  * there is no file; else a negative code with the reason in err (damaged,

@@ -23,6 +23,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "replica.h"
+#include "rows.h"
 #include "server_int.h"
 
 static void close_after_send(struct ps_conn *c, int status, void *arg)
@@ -184,6 +185,7 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 			s->finished[sc->rank] = sc->done_clock;
 			ps__repl_note_finished(s, sc->rank);
 			ps_store_advance(&s->store);
+			ps__rows_advance(s);
 			if (s->waiting)
 				ps__srv_answer_pulls(s);
 		}
@@ -430,6 +432,16 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 	case PS_MSG_PULL:
 		ps__srv_handle_pull(s, sc, (Ps__Pull *)m);
 		break;
+	case PS_MSG_PULL_ROWS:
+		ps__rows_handle_pull(s, sc, (Ps__PullRows *)m, f);
+		break;
+	case PS_MSG_PUSH_ROWS:
+		if (sc->rank < 0) {
+			ps_warn("closing connection from %s: row push from a non-worker", c->peer);
+			goto err_free_msg;
+		}
+		ps__rows_handle_push(s, sc, (Ps__PushRows *)m, f);
+		break;
 	case PS_MSG_STATS_REQUEST:
 		ps__srv_handle_stats(s, sc, (Ps__StatsRequest *)m);
 		break;
@@ -482,6 +494,7 @@ static void drop_worker(struct ps_server *s, int rank)
 	ps_warn("worker %d left the live set; %d of %d workers remain", rank, nlive,
 		s->cfg->nworkers);
 	ps_store_advance(&s->store);
+	ps__rows_advance(s);
 	if (s->waiting)
 		ps__srv_answer_pulls(s);
 }
@@ -513,6 +526,7 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 			pp = &p->next;
 		}
 	}
+	ps__rows_forget(s, sc);
 	if (sc->state == CONN_READY)
 		s->nready--;
 	if (sc->rank >= 0 && sc->state == CONN_READY) {
@@ -541,6 +555,8 @@ void ps__srv_on_tick(uv_timer_t *t)
 	double now = ps_now_s(), limit = s->cfg->limits.handshake_timeout_ms / 1000.0;
 	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
 
+	ps__rows_tick(s, now);
+	ps__srv_ckpt_poll(s);
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
 		if ((sc->state == CONN_HELLO || sc->state == CONN_AUTH) &&
 		    now - sc->accepted > limit) {

@@ -20,6 +20,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "ps_time.h"
+#include "rows.h"
 #include "server.h"
 
 #define LOOP_WAIT_S 2
@@ -69,6 +70,44 @@ static void histogram(FILE *f, const char *name, const char *help, const struct 
 			fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
 	}
 	fprintf(f, "%s_sum %.17g\n%s_count %" PRIu64 "\n", name, h->sum_s, name, cum);
+}
+
+/* Embedding tables: one sample per table of each family. */
+static void render_tables(const struct ps_server *s, FILE *f)
+{
+	static const struct {
+		const char *name, *type, *help;
+	} fam[] = {
+		{ "ps_table_rows", "gauge", "Live rows of the embedding table on this shard." },
+		{ "ps_table_bytes", "gauge", "Bytes the table holds (index, rows, metadata, filter)." },
+		{ "ps_table_bytes_per_row", "gauge", "Bytes held per live row." },
+		{ "ps_table_admitted_total", "counter", "Rows created (admitted)." },
+		{ "ps_table_evicted_total", "counter", "Rows dropped for max_rows." },
+		{ "ps_table_expired_total", "counter", "Rows dropped by the ttl." },
+		{ "ps_table_filter_ids", "gauge", "Ids counted in the admission filter." },
+		{ "ps_table_filter_bytes", "gauge", "Bytes of the admission filter." },
+		{ "ps_table_filter_hit_ratio", "gauge",
+		  "Pushes of ids without a row whose id was already counted, over all of them." },
+		{ "ps_table_pulled_rows_total", "counter", "Rows read by pulls." },
+		{ "ps_table_pushed_rows_total", "counter", "Row gradients applied." },
+	};
+
+	for (size_t k = 0; s->rows && s->rows->ntables && k < sizeof(fam) / sizeof(fam[0]); k++) {
+		fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", fam[k].name, fam[k].help, fam[k].name,
+			fam[k].type);
+		for (int t = 0; t < s->rows->ntables; t++) {
+			const struct ps_table *tb = &s->rows->t[t].tb;
+			double bytes = (double)ps_table_bytes(tb);
+			double v[] = { (double)tb->nrows, bytes, tb->nrows ? bytes / tb->nrows : 0,
+				       (double)tb->c.admitted, (double)tb->c.evicted,
+				       (double)tb->c.expired, (double)tb->admit.used,
+				       (double)ps_admit_bytes(&tb->admit),
+				       tb->admit.lookups ? (double)tb->admit.hits / tb->admit.lookups : 0,
+				       (double)tb->c.pulled, (double)tb->c.pushed };
+			/* table names are [A-Za-z0-9_.:/-]: nothing to escape in a label */
+			fprintf(f, "%s{table=\"%s\"} %.17g\n", fam[k].name, tb->tc->name, v[k]);
+		}
+	}
 }
 
 void ps_metrics_render(const struct ps_server *s, FILE *f)
@@ -166,6 +205,7 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 	histogram(f, "ps_push_latency_seconds", "Push from its decoding to its ack.", &c->push_lat);
 	histogram(f, "ps_pull_latency_seconds",
 		  "Pull from its arrival to its reply (consistency wait included).", &c->pull_lat);
+	render_tables(s, f);
 }
 
 /* Loop thread: renders the page for every request asked so far. */

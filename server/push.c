@@ -14,6 +14,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "replica.h"
+#include "rows.h"
 #include "server_int.h"
 
 static void send_ack(struct ps_srv_conn *sc, uint64_t req_id)
@@ -191,6 +192,7 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	if (m->end_clock && m->clock + 1 > s->finished[sc->rank]) {
 		s->finished[sc->rank] = m->clock + 1;
 		ps_store_advance(&s->store); /* a clock ended with no push for some slice */
+		ps__rows_advance(s);
 		changed = 1;
 	}
 	if (m->seq)

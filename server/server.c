@@ -16,6 +16,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "replica.h"
+#include "rows.h"
 #include "server_int.h"
 
 /* The slowest finished clock over the live workers (the fastest when none
@@ -186,6 +187,9 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 	s->gone_since = calloc((size_t)cfg->nworkers, sizeof(*s->gone_since));
 	s->dedup = calloc((size_t)cfg->nworkers, sizeof(*s->dedup));
 	s->seen = calloc((size_t)(s->store.nslots ? s->store.nslots : 1), sizeof(*s->seen));
+	rc = ps__rows_init(s);
+	if (rc)
+		goto err_free_store;
 	ps_auth_random((uint8_t *)&s->boot_id, sizeof(s->boot_id));
 	if (!s->finished || !s->connected || !s->live || !s->gone_since || !s->dedup || !s->seen) {
 		rc = -ENOMEM;
@@ -223,7 +227,14 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 			ps_error("refusing to start: %s", err);
 			goto err_free_store;
 		} else {
-			ps_info("resumed from %s: clock %" PRIu64, s->ckpt_path, ps__srv_resume_clock(s));
+			rc = ps_checkpoint_load_deltas(s, s->ckpt_path, err, sizeof(err));
+			if (rc < 0) {
+				ps_error("refusing to start: %s", err);
+				goto err_free_store;
+			}
+			ps_info("resumed from %s%s%.0d%s: clock %" PRIu64, s->ckpt_path,
+				rc ? " and " : "", rc, rc ? " incremental checkpoints" : "",
+				ps__srv_resume_clock(s));
 		}
 	}
 	rc = ops->create(loop, &cbs, &hs, s, &s->transport);
@@ -298,6 +309,7 @@ err_free_store:
 	free(s->gone_since);
 	free(s->dedup);
 	free(s->seen);
+	ps__rows_free(s);
 	ps_store_free(&s->store);
 err_free_map:
 	ps_shardmap_free(&s->map);
@@ -334,6 +346,7 @@ void ps_server_free(struct ps_server *s)
 	free(s->dedup);
 	free(s->seen);
 	ps__repl_free(s);
+	ps__rows_free(s);
 	ps_store_free(&s->store);
 	ps_shardmap_free(&s->map);
 }

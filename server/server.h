@@ -23,6 +23,7 @@ struct ps_waiting_pull;
 struct ps_metrics_http;
 struct ps_ckpt_job;
 struct ps_repl;
+struct ps_srv_rows;
 
 struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
@@ -75,6 +76,12 @@ struct ps_server {
 	uint32_t seen_gen;            /* ... numbered by this counter */
 	int replica;                  /* 0: at cluster.servers[shard], 1: at cluster.backups[shard] */
 	struct ps_repl *repl;         /* cluster.replicas: 1 (replica.h), else NULL */
+	struct ps_srv_rows *rows;     /* embedding tables (rows.h) */
+	/* Incremental checkpoints: the full file they build on (valid when
+	 * ckpt_have_base), and how many follow it. */
+	int ckpt_have_base;
+	uint32_t ckpt_base_crc, ckpt_seq;
+	uint64_t ckpt_base_len;
 	int stopping;
 };
 

@@ -98,5 +98,7 @@ int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *byt
 void ps__srv_on_ckpt_timer(uv_timer_t *t);
 /* sc is closing: a checkpoint it asked for will not be answered. */
 void ps__srv_ckpt_forget(struct ps_server *s, struct ps_srv_conn *sc);
+/* Tick: collects the forked checkpoint writer once it has exited. */
+void ps__srv_ckpt_poll(struct ps_server *s);
 
 #endif

@@ -662,6 +662,10 @@ static const struct ecase ecases[] = {
 	{ "duplicate backup", CL("[a:1, b:2]", "1") "  backups: [c:1, c:1]\n  replicas: 1\n"
 	  MODEL(T1), { "t.yaml:4: key 'cluster.backups[1]': duplicate server address 'c:1' "
 		       "(also backup 0)" } },
+	{ "replicas with embedding tables", CL("[a:1]", "1") "  backups: [c:1]\n  replicas: 1\n"
+	  MODEL(T1) "  embeddings:\n    - {name: user, dim: 4}\n",
+	  { "t.yaml:10: key 'model.embeddings': cluster.replicas: 1 does not replicate embedding "
+	    "tables yet" } },
 	{ "replicas 2", CL("[a:1]", "1") "  backups: [c:1]\n  replicas: 2\n" MODEL(T1),
 	  { "t.yaml:5: key 'cluster.replicas'", "0..1", "got '2'" } },
 	{ "replication timeout too short", CL("[a:1]", "1") "  backups: [c:1]\n  replicas: 1\n"

@@ -5,6 +5,8 @@
  *
  *   ps-bench --config F --op push|pull|pushpull --size BYTES --seconds S
  *            [--inflight K] [--workers W] [--local] [--json]
+ *   ps-bench --config F --op pull-rows|push-rows --rows N --dim D --zipf S
+ *            [--batch B] ... (bench_rows.c)
  */
 #include <arpa/inet.h>
 #include <getopt.h>
@@ -23,12 +25,13 @@
 #include <unistd.h>
 #include "ps_time.h"
 #include "auth.h"
+#include "bench_rows.h"
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_log.h"
 
-enum op { OP_PUSH, OP_PULL, OP_PUSHPULL };
+enum op { OP_PUSH, OP_PULL, OP_PUSHPULL, OP_PULL_ROWS, OP_PUSH_ROWS };
 
 struct opts {
 	const char *config;
@@ -40,6 +43,7 @@ struct opts {
 	int local;
 	int json;
 	int baseline;
+	struct bench_rows_opts rows; /* --op pull-rows / push-rows */
 };
 
 struct worker_res {
@@ -319,6 +323,40 @@ out:
 
 /* ---- local servers ---- */
 
+/* --local with security.auth on and no secret named: a fresh one in a
+ * temporary file (mode 0600) that the local shards and the clients share,
+ * removed at the end. path gets its name ("" when none was made). */
+static int make_secret(struct ps_config *cfg, char *path, size_t len)
+{
+	char have[600];
+	uint8_t key[32];
+	FILE *f;
+	int fd;
+
+	path[0] = 0;
+	ps_auth_secret_path(cfg, have, sizeof(have));
+	if (!cfg->security.auth || have[0])
+		return 0;
+	snprintf(path, len, "/tmp/ps-bench-secret-XXXXXX");
+	fd = mkstemp(path); /* mode 0600 */
+	if (fd < 0 || !(f = fdopen(fd, "w"))) {
+		if (fd >= 0)
+			close(fd);
+		path[0] = 0;
+		return -1;
+	}
+	ps_auth_random(key, sizeof(key));
+	for (size_t i = 0; i < sizeof(key); i++)
+		fprintf(f, "%02x", key[i]);
+	fputc('\n', f);
+	if (fclose(f) || ps_auth_set_secret_file(cfg, path)) {
+		unlink(path);
+		path[0] = 0;
+		return -1;
+	}
+	return 0;
+}
+
 static pid_t *start_local(const struct ps_config *cfg, const char *self, char *cfgpath)
 {
 	char dir[1024], exe[1200];
@@ -391,7 +429,15 @@ static void usage(FILE *out)
 		"  -c, --config FILE    cluster configuration (YAML), required\n"
 		"  -o, --op OP          push, pull or pushpull (default pushpull: a push and\n"
 		"                       the pull of the clock it ends, sent together with\n"
-		"                       ps_client_pushpull)\n"
+		"                       ps_client_pushpull); pull-rows or push-rows: rows\n"
+		"                       of an embedding table 'bench' (it replaces the\n"
+		"                       config's tables), printing rows/s\n"
+		"      --rows N         pull-rows/push-rows: distinct ids of the table\n"
+		"                       (default 1000000)\n"
+		"      --dim D          floats per row (default 16)\n"
+		"      --zipf S         ids drawn Zipf(S) over the rows (default 1.05)\n"
+		"      --batch B        ids per request (default 106496 = 4096 x 26)\n"
+		"      --fp16           push-rows: gradients sent as fp16\n"
 		"  -s, --size BYTES     bytes per push or pull (K/M/G suffixes). The model\n"
 		"                       becomes one tensor 'bench' of that size: servers\n"
 		"                       not started with --local must run the config that\n"
@@ -401,6 +447,8 @@ static void usage(FILE *out)
 		"  -k, --inflight K     operations outstanding per worker (default 1)\n"
 		"  -w, --workers W      worker threads, one client each (default: the config's)\n"
 		"  -L, --local          start the config's shards here and stop them afterwards\n"
+		"                       (with security.auth and no secret named, a temporary\n"
+		"                       one is made for them)\n"
 		"  -j, --json           one JSON object instead of text\n"
 		"      --no-baseline    skip the raw TCP baseline\n"
 		"      --secret-file F  the cluster secret (default: the config's\n"
@@ -442,12 +490,16 @@ int main(int argc, char **argv)
 		{ "local", no_argument, NULL, 'L' }, { "json", no_argument, NULL, 'j' },
 		{ "no-baseline", no_argument, NULL, 'B' }, { "dump-config", no_argument, NULL, 'D' },
 		{ "secret-file", required_argument, NULL, 'K' },
+		{ "rows", required_argument, NULL, 'R' }, { "dim", required_argument, NULL, 'd' },
+		{ "zipf", required_argument, NULL, 'z' }, { "batch", required_argument, NULL, 'b' },
+		{ "fp16", no_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .op = OP_PUSHPULL, .size = 0, .seconds = 3, .inflight = 1,
-			  .baseline = 1 };
+			  .baseline = 1, .rows = { .rows = 1000000, .dim = 16, .zipf = 1.05,
+						   .batch = 4096 * 26 } };
 	struct ps_config *cfg = malloc(sizeof(*cfg));
-	char err[1024], cfgpath[64] = "", *end;
+	char err[1024], cfgpath[64] = "", secretpath[64] = "", *end;
 	const char *secret = NULL;
 	int opt, dump = 0, rc = 1;
 	pid_t *pids = NULL;
@@ -461,8 +513,11 @@ int main(int argc, char **argv)
 			if (!strcmp(optarg, "push")) o.op = OP_PUSH;
 			else if (!strcmp(optarg, "pull")) o.op = OP_PULL;
 			else if (!strcmp(optarg, "pushpull")) o.op = OP_PUSHPULL;
+			else if (!strcmp(optarg, "pull-rows")) o.op = OP_PULL_ROWS;
+			else if (!strcmp(optarg, "push-rows")) o.op = OP_PUSH_ROWS;
 			else {
-				fprintf(stderr, "ps-bench: --op: expected push, pull or pushpull, got '%s'\n", optarg);
+				fprintf(stderr, "ps-bench: --op: expected push, pull, pushpull, pull-rows "
+					"or push-rows, got '%s'\n", optarg);
 				return 2;
 			}
 			break;
@@ -493,6 +548,36 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'R':
+			o.rows.rows = strtoull(optarg, &end, 10);
+			if (*end || o.rows.rows < 1 || o.rows.rows > (1ull << 40)) {
+				fprintf(stderr, "ps-bench: --rows: expected 1..2^40, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'd':
+			o.rows.dim = (int)strtol(optarg, &end, 10);
+			if (*end || o.rows.dim < 1 || o.rows.dim > PS_MAX_ROW_DIM) {
+				fprintf(stderr, "ps-bench: --dim: expected 1..%d, got '%s'\n",
+					PS_MAX_ROW_DIM, optarg);
+				return 2;
+			}
+			break;
+		case 'z':
+			o.rows.zipf = strtod(optarg, &end);
+			if (*end || !(o.rows.zipf > 0 && o.rows.zipf <= 5)) {
+				fprintf(stderr, "ps-bench: --zipf: expected 0 < S <= 5, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'b':
+			o.rows.batch = (int)strtol(optarg, &end, 10);
+			if (*end || o.rows.batch < 1 || o.rows.batch > (1 << 24)) {
+				fprintf(stderr, "ps-bench: --batch: expected 1..2^24, got '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'F': o.rows.fp16 = 1; break;
 		case 'L': o.local = 1; break;
 		case 'j': o.json = 1; break;
 		case 'K': secret = optarg; break;
@@ -514,6 +599,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ps-bench: --secret-file: name too long\n");
 		return 2;
 	}
+	if (o.op == OP_PULL_ROWS || o.op == OP_PUSH_ROWS) {
+		o.rows.push = o.op == OP_PUSH_ROWS;
+		ps_bench_rows_config(cfg, &o.rows);
+		if (o.workers)
+			cfg->nworkers = o.workers;
+		goto rows_ready;
+	}
 	/* --size: the bench model is one tensor of that many bytes; without
 	 * it, the config's own model is pushed and pulled whole. */
 	if (!o.size) {
@@ -533,6 +625,11 @@ model_ready:
 		cfg->nworkers = o.workers;
 	if (o.size + 65536 > cfg->limits.max_frame_bytes)
 		cfg->limits.max_frame_bytes = o.size + 65536;
+rows_ready:
+	if (cfg->limits.max_write_queue < cfg->limits.max_frame_bytes)
+		cfg->limits.max_write_queue = cfg->limits.max_frame_bytes;
+	if (cfg->limits.max_queued_bytes < cfg->limits.max_write_queue)
+		cfg->limits.max_queued_bytes = cfg->limits.max_write_queue;
 	if (dump) {
 		ps_config_dump(cfg, stdout);
 		return 0;
@@ -541,6 +638,10 @@ model_ready:
 	ps_log_set_level(PS_LOG_WARN);
 	signal(SIGPIPE, SIG_IGN);
 	if (o.local) {
+		if (make_secret(cfg, secretpath, sizeof(secretpath))) {
+			fprintf(stderr, "ps-bench: cannot make a temporary secret for --local\n");
+			return 1;
+		}
 		pids = start_local(cfg, argv[0], cfgpath);
 		if (!pids) {
 			fprintf(stderr, "ps-bench: cannot start local servers\n");
@@ -548,6 +649,23 @@ model_ready:
 		}
 	}
 
+	if (o.op == OP_PULL_ROWS || o.op == OP_PUSH_ROWS) {
+		double bw = NAN, dummy;
+		o.rows.seconds = o.seconds;
+		o.rows.inflight = o.inflight;
+		o.rows.local = o.local;
+		o.rows.json = o.json;
+		/* baseline: a raw TCP stream of one request's row values */
+		if (o.baseline)
+			raw_tcp((uint64_t)o.rows.batch * (uint64_t)o.rows.dim * 4, 1,
+				o.seconds < 2 ? o.seconds : 2, &bw, &dummy);
+		rc = ps_bench_rows_run(cfg, &o.rows, bw, stdout) ? 1 : 0;
+		stop_local(cfg, pids, cfgpath);
+		if (secretpath[0])
+			unlink(secretpath);
+		free(cfg);
+		return rc;
+	}
 	int nw = cfg->nworkers;
 	struct worker_arg *wa = calloc((size_t)nw, sizeof(*wa));
 	pthread_t *th = calloc((size_t)nw, sizeof(*th));
@@ -579,6 +697,8 @@ model_ready:
 		}
 	}
 	stop_local(cfg, pids, cfgpath);
+	if (secretpath[0])
+		unlink(secretpath);
 
 	uint64_t ops = 0;
 	size_t nlat = 0;
@@ -611,16 +731,22 @@ model_ready:
 	}
 	static const char *const opname[] = { "push", "pull", "pushpull" };
 	if (o.json) {
+		/* numbers that could not be measured (no baseline, a pull applies
+		 * nothing) are null: the object stays valid JSON */
+		char b[10][32];
 		printf("{\"op\":\"%s\",\"size\":%" PRIu64 ",\"seconds\":%.3f,\"inflight\":%d,"
 		       "\"workers\":%d,\"shards\":%d,\"consistency\":\"%s\",\"optimizer\":\"%s\","
-		       "\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"gb_per_s\":%.4f,"
-		       "\"p50_us\":%.2f,\"p99_us\":%.2f,\"raw_p50_us\":%.2f,\"raw_p99_us\":%.2f,"
-		       "\"raw_gb_per_s\":%.4f,\"p50_ratio\":%.3f,\"gb_ratio\":%.3f,"
-		       "\"apply_gb_per_s\":%.3f}\n",
+		       "\"ops\":%" PRIu64 ",\"ops_per_s\":%s,\"gb_per_s\":%s,"
+		       "\"p50_us\":%s,\"p99_us\":%s,\"raw_p50_us\":%s,\"raw_p99_us\":%s,"
+		       "\"raw_gb_per_s\":%s,\"p50_ratio\":%s,\"gb_ratio\":%s,"
+		       "\"apply_gb_per_s\":%s}\n",
 		       opname[o.op], o.size, o.seconds, o.inflight, nw, cfg->nshards,
 		       cfg->consistency == PS_SYNC ? "sync" : "async", ps_optim_name(cfg->optim.kind),
-		       ops, ops_s, gbs, p50 * 1e6, p99 * 1e6, raw_p50 * 1e6, raw_p99 * 1e6, raw_gbs,
-		       p50 / raw_p50, gbs / raw_gbs, apply_gbs);
+		       ops, ps_bench_jnum(b[0], ops_s, 1), ps_bench_jnum(b[1], gbs, 4),
+		       ps_bench_jnum(b[2], p50 * 1e6, 2), ps_bench_jnum(b[3], p99 * 1e6, 2),
+		       ps_bench_jnum(b[4], raw_p50 * 1e6, 2), ps_bench_jnum(b[5], raw_p99 * 1e6, 2),
+		       ps_bench_jnum(b[6], raw_gbs, 4), ps_bench_jnum(b[7], p50 / raw_p50, 3),
+		       ps_bench_jnum(b[8], gbs / raw_gbs, 3), ps_bench_jnum(b[9], apply_gbs, 3));
 	} else {
 		printf("ps-bench: %s, %" PRIu64 " bytes, %d worker(s), %d shard(s), inflight %d, %s, %s, %.1f s\n",
 		       opname[o.op], o.size, nw, cfg->nshards, o.inflight,

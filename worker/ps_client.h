@@ -43,7 +43,19 @@ enum {
 	/* This push completes the worker's clock: shards advance its clock
 	 * (every shard is told, even those that get no slice of this push). */
 	PS_PUSH_END_CLOCK = 1u << 0,
+	/* push_rows: send the gradients as fp16 (half the bytes) */
+	PS_PUSH_ROWS_FP16 = 1u << 1,
 };
+
+/* One embedding table on one shard (ps_client_stats). */
+struct ps_table_stats {
+	char name[64];
+	unsigned dim;
+	uint64_t rows, bytes, admitted, evicted, expired;
+	uint64_t filter_ids, filter_bytes, filter_lookups, filter_hits;
+	uint64_t pulled_rows, pushed_rows, version;
+};
+#define PS_STATS_MAX_TABLES 16
 
 /* Per-shard counters, as returned by ps_client_stats. */
 struct ps_shard_stats {
@@ -89,6 +101,8 @@ struct ps_shard_stats {
 	int nworkers;
 	uint64_t worker_clock[64];    /* the first 64 workers' finished clocks */
 	unsigned char worker_up[64];  /* and whether each is connected now */
+	int ntables;                  /* embedding tables (the first PS_STATS_MAX_TABLES) */
+	struct ps_table_stats tables[PS_STATS_MAX_TABLES];
 };
 
 /* Connects to every shard and completes the handshakes (within
@@ -126,6 +140,41 @@ int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tens
 int ps_client_pushpull(struct ps_client *c, uint64_t clock, const struct ps_tensor *grad,
 		       int ngrad, unsigned flags, uint64_t min_version, struct ps_tensor *out,
 		       int nout, int64_t ids[2]);
+
+/* Embedding tables (model.embeddings; docs/embeddings.md).
+ *
+ * Pulls the rows of ids[0..n) of table into out (n * dim floats, row i at
+ * out + i * dim). Ids may repeat; each distinct id is asked for once, from
+ * the shard its (table, id) hash names, sorted and delta-varint coded. A
+ * row that does not exist reads as its initial value. Sync: answered once
+ * the table's version on each shard is >= min_version (clocks applied);
+ * async: once the slowest worker has finished the caller's clock minus
+ * the staleness. Returns a request id (> 0) for ps_client_wait, or a
+ * negative code: PS_ENOTENSOR (unknown table), PS_ETOOBIG (more distinct
+ * ids for one shard than limits.max_request_rows). out must stay valid
+ * until the wait returns. */
+int64_t ps_client_pull_rows_async(struct ps_client *c, const char *table, uint64_t min_version,
+				  const uint64_t *ids, size_t n, float *out);
+int ps_client_pull_rows(struct ps_client *c, const char *table, uint64_t min_version,
+			const uint64_t *ids, size_t n, float *out);
+
+/* Pushes row gradients (n * dim floats, row i for ids[i]) for clock. The
+ * gradients of repeated ids are summed here (in input order) and each
+ * distinct id is sent once, to its shard. Sync: every shard gets a frame
+ * (with no ids when none of them are its own), and each worker pushes a
+ * table at most once per clock: a clock of the table is applied once every
+ * live worker pushed it or ended it. Push rows before the dense push that
+ * ends the clock. Flags: PS_PUSH_ROWS_FP16. grads is copied before the
+ * call returns. Returns a request id, or a negative code as pull_rows. */
+int64_t ps_client_push_rows_async(struct ps_client *c, const char *table, uint64_t clock,
+				  const uint64_t *ids, size_t n, const float *grads,
+				  unsigned flags);
+int ps_client_push_rows(struct ps_client *c, const char *table, uint64_t clock,
+			const uint64_t *ids, size_t n, const float *grads, unsigned flags);
+
+/* Bytes row requests sent so far: ids and values as the caller gave them
+ * (8 bytes an id, 4 a value), and as sent after deduplication and coding. */
+void ps_client_rows_bytes(struct ps_client *c, uint64_t *given, uint64_t *sent);
 
 /* Blocks until request id completes; returns 0 or its negative code. */
 int ps_client_wait(struct ps_client *c, int64_t id);

@@ -246,6 +246,7 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 static int is_reply(unsigned type)
 {
 	return type == PS_MSG_HEARTBEAT || type == PS_MSG_PUSH_ACK || type == PS_MSG_PULL_REPLY ||
+	       type == PS_MSG_PULL_ROWS_REPLY ||
 	       type == PS_MSG_STATS || type == PS_MSG_ERROR;
 }
 
@@ -282,6 +283,9 @@ static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, Pro
 	}
 	case PS_MSG_PULL_REPLY:
 		ps__client_on_pull_reply(c, k, (Ps__PullReply *)m, f);
+		return 1;
+	case PS_MSG_PULL_ROWS_REPLY:
+		ps__client_on_rows_reply(c, k, (Ps__PullRowsReply *)m, f);
 		return 1;
 	case PS_MSG_STATS:
 		ps__client_on_stats_reply(c, k, (Ps__Stats *)m);

@@ -25,7 +25,8 @@
 #include "ps_client.h"
 #include "shardmap.h"
 
-enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS };
+enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS, REQ_PULL_ROWS, REQ_PUSH_ROWS };
+struct rows_req;
 enum shard_state { SH_CONNECTING, SH_HELLO, SH_READY, SH_FAILED, SH_RETRY };
 
 struct part {               /* what one request sends to one shard */
@@ -53,6 +54,7 @@ struct req {
 	struct ps_shard_stats *stats;
 	uint64_t clock;         /* push: its clock, and whether it ends it */
 	int end_clock;
+	struct rows_req *rows;  /* pull_rows: where each shard's rows go (ps_client_rows.c) */
 	struct req *next;
 	struct req *send_next;  /* queue of requests for the I/O thread to send */
 	struct part parts[];    /* one per shard */
@@ -114,6 +116,7 @@ struct ps_client {
 	 * float32 and as sent. Touched by the pushing thread only. */
 	float **resid;
 	uint64_t push_raw, push_wire;
+	uint64_t rows_given, rows_sent; /* row requests: bytes as given, as sent (c->mu) */
 	int64_t next_id;
 	double spin_s;          /* ps_client_wait spins this long before sleeping */
 	int sleepers;           /* threads blocked in pthread_cond_wait on cv */
@@ -138,6 +141,13 @@ void ps__client_on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m
 			      const struct ps_frame *f);
 void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m);
 int ps__client_send_part(struct ps_client *c, struct req *r, int k);
+/* Submits r built with code rc: its id, or the negative code. */
+int64_t ps__client_submit_built(struct ps_client *c, int rc, struct req *r);
+
+/* ps_client_rows.c: embedding rows */
+void ps__client_on_rows_reply(struct ps_client *c, int k, const Ps__PullRowsReply *m,
+			      const struct ps_frame *f);
+void ps__client_rows_free(struct rows_req *rr);
 
 /* ps_client_build.c: building a request */
 int ps__client_pack_part(struct part *p, const ProtobufCMessage *msg);

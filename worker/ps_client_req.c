@@ -174,6 +174,25 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 		o->pull_lat[i] = m->pull_latency_log2us[i];
 	o->push_lat_sum_s = m->push_latency_sum_s;
 	o->pull_lat_sum_s = m->pull_latency_sum_s;
+	for (size_t i = 0; i < m->n_tables && i < PS_STATS_MAX_TABLES; i++) {
+		const Ps__TableStats *t = m->tables[i];
+		struct ps_table_stats *ts = &o->tables[i];
+		snprintf(ts->name, sizeof(ts->name), "%s", t->name ? t->name : "");
+		ts->dim = t->dim;
+		ts->rows = t->rows;
+		ts->bytes = t->bytes;
+		ts->admitted = t->admitted;
+		ts->evicted = t->evicted;
+		ts->expired = t->expired;
+		ts->filter_ids = t->filter_ids;
+		ts->filter_bytes = t->filter_bytes;
+		ts->filter_lookups = t->filter_lookups;
+		ts->filter_hits = t->filter_hits;
+		ts->pulled_rows = t->pulled_rows;
+		ts->pushed_rows = t->pushed_rows;
+		ts->version = t->version;
+		o->ntables = (int)i + 1;
+	}
 	o->checkpoint_status = m->checkpoint_status;
 	o->checkpoint_bytes = m->checkpoint_bytes;
 	o->checkpoint_seconds = m->checkpoint_seconds;
@@ -194,6 +213,7 @@ void ps__client_req_free(struct ps_client *c, struct req *r)
 		free(r->parts[k].enc);
 	}
 	free(r->tidx);
+	ps__client_rows_free(r->rows);
 	free(r);
 }
 
@@ -208,8 +228,13 @@ struct req *ps__client_req_new(struct ps_client *c, enum req_kind kind)
 
 static uint8_t req_msg_type(const struct req *r)
 {
-	return r->kind == REQ_PUSH ? PS_MSG_PUSH
-	     : r->kind == REQ_PULL ? PS_MSG_PULL : PS_MSG_STATS_REQUEST;
+	switch (r->kind) {
+	case REQ_PUSH: return PS_MSG_PUSH;
+	case REQ_PULL: return PS_MSG_PULL;
+	case REQ_PULL_ROWS: return PS_MSG_PULL_ROWS;
+	case REQ_PUSH_ROWS: return PS_MSG_PUSH_ROWS;
+	default: return PS_MSG_STATS_REQUEST;
+	}
 }
 
 /* Hands r's part for ready shard k to the transport (I/O thread, c->mu
@@ -321,7 +346,7 @@ static int submit(struct ps_client *c, struct req *const *rs, int nr)
 }
 
 /* Submits r, built with code rc: its id, or the negative code. */
-static int64_t submit_built(struct ps_client *c, int rc, struct req *r)
+int64_t ps__client_submit_built(struct ps_client *c, int rc, struct req *r)
 {
 	int64_t id;
 
@@ -338,7 +363,7 @@ int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tens
 	struct req *r = NULL;
 	int rc = ps__client_build_push(c, clock, t, n, flags, &r); /* before r is read */
 
-	return submit_built(c, rc, r);
+	return ps__client_submit_built(c, rc, r);
 }
 
 int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n)
@@ -346,7 +371,7 @@ int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tens
 	struct req *r = NULL;
 	int rc = ps__client_build_pull(c, min_version, t, n, UINT64_MAX, &r);
 
-	return submit_built(c, rc, r);
+	return ps__client_submit_built(c, rc, r);
 }
 
 int ps_client_pushpull(struct ps_client *c, uint64_t clock, const struct ps_tensor *grad,
@@ -485,6 +510,6 @@ int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_sh
 		ps__client_req_free(c, r);
 		return -ENOMEM;
 	}
-	id = submit_built(c, 0, r);
+	id = ps__client_submit_built(c, 0, r);
 	return id < 0 ? (int)id : ps_client_wait(c, id);
 }

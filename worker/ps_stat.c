@@ -341,6 +341,29 @@ static void print_row(FILE *f, const char *name, const struct row *r)
 		100.0 * r->apply_share, r->rejected, r->conns, r->workers_up, r->nworkers);
 }
 
+/* Embedding tables: one line per table and shard (counters since start). */
+static void print_tables(FILE *f, const struct ps_config *cfg, const struct snap *b)
+{
+	int any = 0;
+
+	for (int k = 0; k < cfg->nshards; k++) {
+		for (int t = 0; b[k].up && t < b[k].st.ntables; t++) {
+			const struct ps_table_stats *ts = &b[k].st.tables[t];
+			if (!any++)
+				fprintf(f, "\n%-16s %-5s %12s %9s %12s %10s %10s %10s %7s %12s %12s\n",
+					"table", "shard", "rows", "bytes/row", "admitted", "evicted",
+					"expired", "filter ids", "hit %", "pulled", "pushed");
+			fprintf(f, "%-16s %-5d %12" PRIu64 " %9.1f %12" PRIu64 " %10" PRIu64 " %10"
+				PRIu64 " %10" PRIu64 " %7.1f %12" PRIu64 " %12" PRIu64 "\n", ts->name, k,
+				ts->rows, ts->rows ? (double)ts->bytes / (double)ts->rows : 0.0,
+				ts->admitted, ts->evicted, ts->expired, ts->filter_ids,
+				ts->filter_lookups ? 100.0 * (double)ts->filter_hits /
+							     (double)ts->filter_lookups : 0.0,
+				ts->pulled_rows, ts->pushed_rows);
+		}
+	}
+}
+
 static void print_table(FILE *f, const struct ps_config *cfg, const struct snap *b,
 			const struct row *rows, const struct row *tot, double dt, int workers)
 {
@@ -363,6 +386,7 @@ static void print_table(FILE *f, const struct ps_config *cfg, const struct snap 
 		print_row(f, "total", tot);
 	else
 		fprintf(f, "%-6s %-4s no shard answered\n", "total", "down");
+	print_tables(f, cfg, b);
 	if (cfg->replicas) {
 		static const char *const role[] = { "off", "joining", "backup", "primary" };
 		fprintf(f, "\n%-6s %-22s %-8s %6s %-22s %-8s %9s %9s\n", "shard", "process", "role",
@@ -483,6 +507,22 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 			fprintf(f, ",\"reason\":");
 			json_str(f, b[k].why);
 		}
+		fprintf(f, ",\"tables\":[");
+		for (int t = 0; rows[k].up && t < b[k].st.ntables; t++) {
+			const struct ps_table_stats *ts = &b[k].st.tables[t];
+			fprintf(f, "%s{\"name\":", t ? "," : "");
+			json_str(f, ts->name);
+			fprintf(f, ",\"dim\":%u,\"rows\":%" PRIu64 ",\"bytes\":%" PRIu64
+				",\"admitted\":%" PRIu64 ",\"evicted\":%" PRIu64 ",\"expired\":%" PRIu64
+				",\"filter_ids\":%" PRIu64 ",\"filter_bytes\":%" PRIu64
+				",\"filter_lookups\":%" PRIu64 ",\"filter_hits\":%" PRIu64
+				",\"pulled_rows\":%" PRIu64 ",\"pushed_rows\":%" PRIu64
+				",\"version\":%" PRIu64 "}", ts->dim, ts->rows, ts->bytes, ts->admitted,
+				ts->evicted, ts->expired, ts->filter_ids, ts->filter_bytes,
+				ts->filter_lookups, ts->filter_hits, ts->pulled_rows, ts->pushed_rows,
+				ts->version);
+		}
+		fputc(']', f);
 		if (cfg->replicas) {
 			static const char *const role[] = { "off", "joining", "backup", "primary" };
 			fprintf(f, ",\"replicas\":[");

@@ -1,0 +1,640 @@
+/* rows.c - a shard's embedding requests: row pushes (checked whole, then
+ * applied or kept for their sync clock), row pulls (answered or held),
+ * the sync clocks of each table, TTL and the tables' counters (rows.h).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "codec.h"
+#include "finite.h"
+#include "msg.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "ps_time.h"
+#include "rows.h"
+#include "rows_wire.h"
+#include "server_int.h"
+
+/* Sync: one worker's row gradients of one clock, copied out of its frame. */
+struct rows_push {
+	size_t n;
+	uint64_t *ids;          /* ascending */
+	float *g;               /* n * dim */
+};
+
+struct rows_clock {
+	uint64_t clock;
+	struct rows_push **by_rank; /* nworkers entries, NULL = not pushed */
+	struct rows_clock *next;
+};
+
+struct rows_wait {
+	struct ps_srv_conn *sc;
+	uint64_t req_id, min_version, clock;
+	int table, codec;
+	double arrived;
+	size_t n;
+	struct rows_wait *next;
+	uint64_t ids[];
+};
+
+int ps__rows_init(struct ps_server *s)
+{
+	const struct ps_config *cfg = s->cfg;
+	struct ps_srv_rows *R = calloc(1, sizeof(*R));
+	int rc = -ENOMEM;
+
+	if (!R)
+		return rc;
+	s->rows = R;
+	R->t = calloc((size_t)(cfg->ntables ? cfg->ntables : 1), sizeof(*R->t));
+	R->scratch = malloc(sizeof(float) * PS_MAX_ROW_DIM * 2);
+	if (!R->t || !R->scratch)
+		return rc;
+	for (int t = 0; t < cfg->ntables; t++) {
+		rc = ps_table_init(&R->t[t].tb, cfg, t, cfg->nshards, ps_now_s());
+		if (rc)
+			return rc;
+		R->ntables = t + 1;
+	}
+	return 0;
+}
+
+static void push_free(struct rows_push *p)
+{
+	if (p) {
+		free(p->ids);
+		free(p->g);
+		free(p);
+	}
+}
+
+static void clock_free(const struct ps_server *s, struct rows_clock *k)
+{
+	for (int r = 0; r < s->cfg->nworkers; r++)
+		push_free(k->by_rank[r]);
+	free(k->by_rank);
+	free(k);
+}
+
+void ps__rows_free(struct ps_server *s)
+{
+	struct ps_srv_rows *R = s->rows;
+	struct rows_wait *w;
+
+	if (!R)
+		return;
+	for (int t = 0; t < R->ntables; t++) {
+		struct rows_clock *k;
+		while ((k = R->t[t].pending)) {
+			R->t[t].pending = k->next;
+			clock_free(s, k);
+		}
+		ps_table_free(&R->t[t].tb);
+	}
+	while ((w = R->waiting)) {
+		R->waiting = w->next;
+		free(w);
+	}
+	free(R->t);
+	free(R->scratch);
+	free(R);
+	s->rows = NULL;
+}
+
+int ps__rows_find(const struct ps_server *s, const char *name)
+{
+	for (int t = 0; t < s->rows->ntables; t++)
+		if (!strcmp(s->cfg->tables[t].name, name))
+			return t;
+	return -1;
+}
+
+/* The table named by a request, checked against the client's dim; -1 (and
+ * the error sent) when unknown or another dim. */
+static int request_table(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+			 const char *name, uint32_t dim, size_t n_ids)
+{
+	int t = ps__rows_find(s, name ? name : "");
+	char shown[80];
+
+	snprintf(shown, sizeof(shown), "%s", name ? name : "");
+	for (char *p = shown; *p; p++)
+		if ((unsigned char)*p < 0x20 || (unsigned char)*p > 0x7e)
+			*p = '?';
+	if (t < 0) {
+		ps_msg_send_error(sc->conn, req_id, PS_ENOTENSOR, "no embedding table '%s' on "
+				  "this shard (model.embeddings)", shown);
+		return -1;
+	}
+	if (dim != (uint32_t)s->cfg->tables[t].dim) {
+		ps_msg_send_error(sc->conn, req_id, PS_ESHAPE, "table '%s' has dim %d, the request "
+				  "says %u", shown, s->cfg->tables[t].dim, dim);
+		return -1;
+	}
+	if (n_ids > (size_t)s->cfg->limits.max_request_rows) {
+		ps_msg_send_error(sc->conn, req_id, PS_ETOOBIG, "%zu ids in one request to table "
+				  "'%s'; at most %d (limits.max_request_rows)", n_ids, shown,
+				  s->cfg->limits.max_request_rows);
+		return -1;
+	}
+	return t;
+}
+
+/* ---- pulls ---- */
+
+static int pull_ready(const struct ps_server *s, const struct rows_wait *w)
+{
+	if (s->rows->t[w->table].tb.version < w->min_version)
+		return 0;
+	if (s->cfg->consistency == PS_ASYNC && w->clock > (uint64_t)s->cfg->staleness &&
+	    ps__srv_min_finished(s) < w->clock - (uint64_t)s->cfg->staleness)
+		return 0;
+	return 1;
+}
+
+static void send_rows(struct ps_server *s, struct rows_wait *w)
+{
+	struct ps_table *tb = &s->rows->t[w->table].tb;
+	Ps__PullRowsReply r = PS__PULL_ROWS_REPLY__INIT;
+	size_t vals = w->n * (size_t)tb->dim, bytes = vals * (w->codec ? 2 : 4);
+	float *out = malloc(sizeof(float) * (vals ? vals : 1));
+	uint8_t *enc = NULL;
+	struct ps_iov iov;
+	int rc;
+
+	if (!out) {
+		ps_msg_send_error(w->sc->conn, w->req_id, -ENOMEM, "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < w->n; i++)
+		ps_table_read(tb, w->ids[i], out + i * (size_t)tb->dim);
+	iov.base = out;
+	iov.len = bytes;
+	if (w->codec == PS_CODEC_FP16) {
+		const struct ps_codec_ops *co = ps_codec_get(PS_CODEC_FP16);
+		struct ps_codec_params prm = { 1.0f, 0 };
+		ssize_t e;
+		enc = malloc(co->max_bytes(vals, &prm) + 1);
+		if (!enc) {
+			ps_msg_send_error(w->sc->conn, w->req_id, -ENOMEM, "out of memory");
+			free(out);
+			return;
+		}
+		e = co->encode(out, NULL, vals, &prm, 0, enc, co->max_bytes(vals, &prm));
+		if (e < 0) {
+			ps_msg_send_error(w->sc->conn, w->req_id, (int)e, "fp16 encoding failed");
+			free(enc);
+			free(out);
+			return;
+		}
+		iov.base = enc;
+		iov.len = (size_t)e;
+	}
+	r.req_id = w->req_id;
+	r.n_rows = (uint32_t)w->n;
+	r.dim = (uint32_t)tb->dim;
+	r.codec = (uint32_t)w->codec;
+	r.version = tb->version;
+	rc = ps_msg_send(w->sc->conn, PS_MSG_PULL_ROWS_REPLY, &r.base, &iov, 1, PS_SEND_VOLATILE,
+			 NULL, NULL);
+	if (rc)
+		ps_debug("row pull reply to %s not sent: %s", w->sc->conn->peer, ps_strerror(rc));
+	s->c.pull_raw += vals * sizeof(float);
+	s->c.pull_wire += iov.len;
+	s->c.bytes_out += iov.len;
+	ps_histo_add(&s->c.pull_lat, ps_now_s() - w->arrived);
+	free(enc);
+	free(out);
+}
+
+static void answer_pulls(struct ps_server *s)
+{
+	struct rows_wait **pp = &s->rows->waiting, *w;
+
+	while ((w = *pp)) {
+		if (pull_ready(s, w)) {
+			*pp = w->next;
+			w->sc->nwaiting--;
+			send_rows(s, w);
+			ps__srv_check_backlog(s, w->sc);
+			free(w);
+		} else {
+			pp = &w->next;
+		}
+	}
+}
+
+void ps__rows_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PullRows *m,
+			  const struct ps_frame *f)
+{
+	struct rows_wait *w;
+	char why[200];
+	int t, rc;
+
+	s->c.pulls++;
+	t = request_table(s, sc, m->req_id, m->table, m->dim, m->n_ids);
+	if (t < 0)
+		goto err;
+	if (m->codec != PS_CODEC_NONE && m->codec != PS_CODEC_FP16) {
+		ps_msg_send_error(sc->conn, m->req_id, PS_EPROTO, "row pull replies can be raw (0) "
+				  "or fp16 (1), not codec %u", m->codec);
+		goto err;
+	}
+	if ((uint64_t)m->n_ids * (uint64_t)s->cfg->tables[t].dim * 4 + 65536 >
+	    s->cfg->limits.max_frame_bytes) {
+		ps_msg_send_error(sc->conn, m->req_id, PS_ETOOBIG, "a reply of %u rows of dim %d "
+				  "would pass limits.max_frame_bytes", m->n_ids,
+				  s->cfg->tables[t].dim);
+		goto err;
+	}
+	w = malloc(sizeof(*w) + sizeof(uint64_t) * m->n_ids);
+	if (!w) {
+		ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
+		goto err;
+	}
+	rc = ps_rows_ids_decode(f->payload, f->hdr.payload_len, m->n_ids, w->ids, why, sizeof(why));
+	if (rc) {
+		ps_msg_send_error(sc->conn, m->req_id, rc, "row pull: %s", why);
+		free(w);
+		goto err;
+	}
+	w->sc = sc;
+	w->req_id = m->req_id;
+	w->min_version = m->min_version;
+	w->clock = m->clock;
+	w->table = t;
+	w->codec = (int)m->codec;
+	w->arrived = ps_now_s();
+	w->n = m->n_ids;
+	if (pull_ready(s, w)) {
+		send_rows(s, w);
+		free(w);
+		return;
+	}
+	if (sc->nwaiting >= s->cfg->limits.max_waiting_pulls) {
+		ps_msg_send_error(sc->conn, m->req_id, PS_ETOOBIG, "%d pulls of this connection "
+				  "wait for their clock already (limits.max_waiting_pulls)",
+				  sc->nwaiting);
+		free(w);
+		goto err;
+	}
+	sc->nwaiting++;
+	w->next = s->rows->waiting;
+	s->rows->waiting = w;
+	return;
+
+err:
+	s->c.errors++;
+}
+
+void ps__rows_forget(struct ps_server *s, struct ps_srv_conn *sc)
+{
+	struct rows_wait **pp, *w;
+
+	if (!s->rows)
+		return;
+	for (pp = &s->rows->waiting; (w = *pp);) {
+		if (w->sc == sc) {
+			*pp = w->next;
+			free(w);
+		} else {
+			pp = &w->next;
+		}
+	}
+}
+
+/* ---- pushes ---- */
+
+/* Sync: applies clock k of table st, summing each id's gradients over the
+ * ranks in rank order (each rank's ids are sorted: a merge). */
+static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct rows_clock *k)
+{
+	int nw = s->cfg->nworkers, dim = st->tb.dim;
+	size_t *pos = calloc((size_t)nw, sizeof(*pos));
+	float *sum = s->rows->scratch;
+	double now = ps_now_s(), t0 = now;
+
+	if (!pos) {
+		ps_error("table %s: out of memory applying clock %" PRIu64 "; its gradients are "
+			 "lost", st->tb.tc->name, k->clock);
+		return;
+	}
+	for (;;) {
+		uint64_t id = UINT64_MAX;
+		int any = 0, seen = 0;
+		for (int r = 0; r < nw; r++) {
+			struct rows_push *p = k->by_rank[r];
+			if (p && pos[r] < p->n && (!any || p->ids[pos[r]] < id)) {
+				id = p->ids[pos[r]];
+				any = 1;
+			}
+		}
+		if (!any)
+			break;
+		for (int r = 0; r < nw; r++) {
+			struct rows_push *p = k->by_rank[r];
+			if (!p || pos[r] >= p->n || p->ids[pos[r]] != id)
+				continue;
+			const float *g = p->g + pos[r] * (size_t)dim;
+			if (!seen++)
+				memcpy(sum, g, sizeof(float) * (size_t)dim);
+			else
+				for (int j = 0; j < dim; j++)
+					sum[j] += g[j];
+			pos[r]++;
+		}
+		if (ps_table_push(&st->tb, id, sum, seen, now) < 0)
+			ps_error("table %s: out of memory creating row %" PRIu64, st->tb.tc->name, id);
+	}
+	free(pos);
+	s->store.applies++;
+	s->store.apply_seconds += ps_now_s() - t0;
+}
+
+/* Sync: whether every live worker pushed or ended clock k (and one did). */
+static int clock_complete(const struct ps_server *s, const struct rows_clock *k, uint64_t c)
+{
+	int any = 0;
+
+	for (int r = 0; r < s->cfg->nworkers; r++) {
+		int done = (k && k->by_rank[r]) || s->finished[r] > c;
+		if (!done && s->live[r])
+			return 0;
+		any |= done;
+	}
+	return any;
+}
+
+void ps__rows_advance(struct ps_server *s)
+{
+	int changed = 0;
+
+	if (!s->rows)
+		return;
+	for (int t = 0; s->cfg->consistency == PS_SYNC && t < s->rows->ntables; t++) {
+		struct ps_srv_table *st = &s->rows->t[t];
+		for (;;) {
+			struct rows_clock *k = st->pending;
+			uint64_t c = st->tb.version;
+			if (k && k->clock != c)
+				k = NULL;
+			if (!clock_complete(s, k, c))
+				break;
+			if (k) {
+				apply_clock(s, st, k);
+				st->pending = k->next;
+				clock_free(s, k);
+			}
+			st->tb.version = c + 1;
+			changed = 1;
+		}
+	}
+	if (s->rows->waiting && (changed || s->cfg->consistency == PS_ASYNC))
+		answer_pulls(s);
+}
+
+/* Checks a push whole: ids decoded into *ids, values (float32) into *g. */
+static int check_push(struct ps_server *s, const Ps__PushRows *m, const struct ps_frame *f,
+		      int t, uint64_t **ids, float **g, char *why, size_t whylen)
+{
+	size_t dim = (size_t)s->cfg->tables[t].dim, vals = m->n_ids * dim;
+	uint64_t off = (m->ids_bytes + 3) & ~(uint64_t)3, vbytes = vals * (m->codec ? 2 : 4);
+	int rc;
+
+	if (m->codec != PS_CODEC_NONE && m->codec != PS_CODEC_FP16) {
+		snprintf(why, whylen, "row gradients can be raw (0) or fp16 (1), not codec %u",
+			 m->codec);
+		return PS_EPROTO;
+	}
+	if (m->ids_bytes > f->hdr.payload_len || off > f->hdr.payload_len ||
+	    f->hdr.payload_len - off != vbytes) {
+		snprintf(why, whylen, "payload of %" PRIu64 " bytes does not hold %" PRIu64 " bytes "
+			 "of ids and %u rows of dim %zu", f->hdr.payload_len, m->ids_bytes, m->n_ids,
+			 dim);
+		return PS_ESHAPE;
+	}
+	*ids = malloc(sizeof(uint64_t) * (m->n_ids ? m->n_ids : 1));
+	*g = malloc(sizeof(float) * (vals ? vals : 1));
+	if (!*ids || !*g) {
+		snprintf(why, whylen, "out of memory");
+		return -ENOMEM;
+	}
+	rc = ps_rows_ids_decode(f->payload, m->ids_bytes, m->n_ids, *ids, why, whylen);
+	if (rc)
+		return rc;
+	if (m->codec == PS_CODEC_FP16) {
+		rc = ps_codec_get(PS_CODEC_FP16)->decode(f->payload + off, vbytes, vals, *g, why,
+							  whylen);
+		if (rc)
+			return rc;
+	} else {
+		memcpy(*g, f->payload + off, vbytes);
+	}
+	if (!ps_words_finite(*g, vals)) {
+		snprintf(why, whylen, "gradients that are not finite");
+		return PS_ENOFINITE;
+	}
+	return 0;
+}
+
+/* Sync: keeps rank's gradients for clock c of table st. */
+static int keep_push(struct ps_server *s, struct ps_srv_table *st, int rank, uint64_t c,
+		     struct rows_push *p)
+{
+	struct rows_clock **kk = &st->pending, *k;
+
+	while (*kk && (*kk)->clock < c)
+		kk = &(*kk)->next;
+	k = *kk;
+	if (!k || k->clock != c) {
+		k = calloc(1, sizeof(*k));
+		if (!k || !(k->by_rank = calloc((size_t)s->cfg->nworkers, sizeof(*k->by_rank)))) {
+			free(k);
+			return -ENOMEM;
+		}
+		k->clock = c;
+		k->next = *kk;
+		*kk = k;
+	}
+	if (k->by_rank[rank])
+		return PS_EDUP;
+	k->by_rank[rank] = p;
+	return 0;
+}
+
+void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m,
+			  const struct ps_frame *f)
+{
+	const struct ps_config *cfg = s->cfg;
+	struct rows_push *p = NULL;
+	uint64_t *ids = NULL;
+	float *g = NULL;
+	char why[256];
+	int t, rc, code;
+	double arrived = ps_now_s();
+
+	s->c.pushes++;
+	if (m->seq) {
+		ps_dedup_incarnation(&s->dedup[sc->rank], sc->incarnation);
+		switch (ps_dedup_check(&s->dedup[sc->rank], m->seq, &code)) {
+		case PS_DEDUP_NEW:
+			break;
+		case PS_DEDUP_SEEN:
+			s->c.duplicate_pushes++;
+			if (code)
+				ps_msg_send_error(sc->conn, m->req_id, code, "row push %" PRIu64 " was "
+						  "refused when it first came: %s", m->seq,
+						  ps_strerror(code));
+			else {
+				Ps__PushAck ack = PS__PUSH_ACK__INIT;
+				ack.req_id = m->req_id;
+				ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0,
+					    PS_SEND_VOLATILE, NULL, NULL);
+			}
+			return;
+		case PS_DEDUP_TOO_OLD:
+			ps_msg_send_error(sc->conn, m->req_id, PS_EDUP, "row push %" PRIu64 " is older "
+					  "than the pushes this shard remembers", m->seq);
+			s->c.errors++;
+			return;
+		}
+	}
+	t = request_table(s, sc, m->req_id, m->table, m->dim, m->n_ids);
+	if (t < 0) {
+		rc = PS_ENOTENSOR;
+		goto err_reject;
+	}
+	if (cfg->consistency == PS_SYNC) {
+		uint64_t v = s->rows->t[t].tb.version;
+		if (m->clock < v || m->clock >= v + (uint64_t)cfg->limits.max_clock_ahead) {
+			rc = PS_ECLOCK;
+			ps_msg_send_error(sc->conn, m->req_id, rc, "row push for clock %" PRIu64 " but "
+					  "table '%s' is at version %" PRIu64 " (accepting clocks %"
+					  PRIu64 "..%" PRIu64 ")", m->clock, cfg->tables[t].name, v, v,
+					  v + (uint64_t)cfg->limits.max_clock_ahead - 1);
+			goto err_reject;
+		}
+	}
+	rc = check_push(s, m, f, t, &ids, &g, why, sizeof(why));
+	if (rc) {
+		ps_msg_send_error(sc->conn, m->req_id, rc, "row push to table '%s': %s; nothing of "
+				  "it was applied", cfg->tables[t].name, why);
+		goto err_reject;
+	}
+	s->c.push_raw[m->codec] += (uint64_t)m->n_ids * (uint64_t)cfg->tables[t].dim * 4;
+	s->c.push_wire[m->codec] += f->hdr.payload_len;
+	s->c.bytes_in += f->hdr.payload_len;
+	if (cfg->consistency == PS_SYNC) {
+		p = malloc(sizeof(*p));
+		if (!p) {
+			rc = -ENOMEM;
+			ps_msg_send_error(sc->conn, m->req_id, rc, "out of memory");
+			goto err_reject;
+		}
+		*p = (struct rows_push){ m->n_ids, ids, g };
+		ids = NULL;
+		g = NULL;
+		rc = keep_push(s, &s->rows->t[t], sc->rank, m->clock, p);
+		if (rc) {
+			ps_msg_send_error(sc->conn, m->req_id, rc, rc == PS_EDUP
+					  ? "worker %d already pushed rows of table '%s' for clock %"
+					    PRIu64 " to this shard (one push per table, shard and clock)"
+					  : "out of memory (worker %d, table '%s', clock %" PRIu64 ")",
+					  sc->rank, cfg->tables[t].name, m->clock);
+			push_free(p);
+			goto err_reject;
+		}
+	} else {
+		struct ps_table *tb = &s->rows->t[t].tb;
+		double t0 = ps_now_s();
+		for (size_t i = 0; i < m->n_ids; i++)
+			if (ps_table_push(tb, ids[i], g + i * (size_t)tb->dim, 1, t0) < 0)
+				ps_error("table %s: out of memory creating row %" PRIu64,
+					 tb->tc->name, ids[i]);
+		tb->version++;
+		s->store.applies++;
+		s->store.apply_seconds += ps_now_s() - t0;
+	}
+	free(ids);
+	free(g);
+	if (m->seq)
+		ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
+	{
+		Ps__PushAck ack = PS__PUSH_ACK__INIT;
+		ack.req_id = m->req_id;
+		ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL,
+			    NULL);
+	}
+	ps_histo_add(&s->c.push_lat, ps_now_s() - arrived);
+	s->c.acks++;
+	ps__rows_advance(s);
+	return;
+
+err_reject:
+	s->c.errors++;
+	if (m->seq && rc != PS_EDUP)
+		ps_dedup_mark(&s->dedup[sc->rank], m->seq, rc < 0 ? rc : PS_EPROTO);
+	free(ids);
+	free(g);
+}
+
+/* ---- time-to-live and counters ---- */
+
+void ps__rows_tick(struct ps_server *s, double now)
+{
+	for (int t = 0; s->rows && t < s->rows->ntables; t++) {
+		uint64_t n = ps_table_expire(&s->rows->t[t].tb, now);
+		if (n)
+			ps_debug("table %s: %" PRIu64 " rows expired (ttl %d s)",
+				 s->cfg->tables[t].name, n, s->cfg->tables[t].ttl_s);
+	}
+}
+
+int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
+{
+	int n = s->rows ? s->rows->ntables : 0;
+	Ps__TableStats *ts;
+
+	if (!n)
+		return 0;
+	m->tables = calloc((size_t)n, sizeof(*m->tables));
+	ts = calloc((size_t)n, sizeof(*ts));
+	if (!m->tables || !ts) {
+		free(m->tables);
+		free(ts);
+		m->tables = NULL;
+		return -ENOMEM;
+	}
+	for (int t = 0; t < n; t++) {
+		const struct ps_table *tb = &s->rows->t[t].tb;
+		ps__table_stats__init(&ts[t]);
+		ts[t].name = (char *)s->cfg->tables[t].name;
+		ts[t].dim = (uint32_t)tb->dim;
+		ts[t].rows = tb->nrows;
+		ts[t].bytes = ps_table_bytes(tb);
+		ts[t].admitted = tb->c.admitted;
+		ts[t].evicted = tb->c.evicted;
+		ts[t].expired = tb->c.expired;
+		ts[t].filter_ids = tb->admit.used;
+		ts[t].filter_bytes = ps_admit_bytes(&tb->admit);
+		ts[t].filter_lookups = tb->admit.lookups;
+		ts[t].filter_hits = tb->admit.hits;
+		ts[t].pulled_rows = tb->c.pulled;
+		ts[t].pushed_rows = tb->c.pushed;
+		ts[t].version = tb->version;
+		m->tables[t] = &ts[t];
+	}
+	m->n_tables = (size_t)n;
+	return 0;
+}
+
+void ps__rows_stats_free(Ps__Stats *m)
+{
+	if (m->n_tables)
+		free(m->tables[0]);
+	free(m->tables);
+	m->tables = NULL;
+	m->n_tables = 0;
+}

@@ -1,0 +1,63 @@
+/* rows.h - a shard's embedding tables and their requests (not a public
+ * API; docs/embeddings.md).
+ *
+ * Each table of the config has a struct ps_table here (table.h) holding the
+ * rows whose (table, id) hash names this shard. Row pushes follow the
+ * dense rules (docs/consistency.md):
+ *  - sync: each worker's push of clock c (one per table and shard; the
+ *    client sends one with no ids when it has none here) is copied and
+ *    kept; when every live worker has pushed c, or ended it, the gradients
+ *    are summed per id in rank order, applied once, and the table's version
+ *    becomes c + 1;
+ *  - async: applied on arrival; the version counts applied pushes.
+ * Row pulls wait for min_version (sync) or the staleness bound (async),
+ * like dense pulls. Everything runs on the shard's loop thread.
+ */
+#ifndef PS_ROWS_H
+#define PS_ROWS_H
+
+#include "ps.pb-c.h"
+#include "table.h"
+
+struct ps_server;
+struct ps_srv_conn;
+struct ps_frame;
+struct rows_clock;
+struct rows_wait;
+
+struct ps_srv_table {
+	struct ps_table tb;
+	struct rows_clock *pending;  /* sync: clocks not applied yet, ascending */
+	uint64_t pending_bytes;      /* gradient bytes they hold */
+};
+
+struct ps_srv_rows {
+	int ntables;
+	struct ps_srv_table *t;
+	struct rows_wait *waiting;   /* row pulls held for their condition */
+	float *scratch;              /* PS_MAX_ROW_DIM floats: sums, decoded rows */
+};
+
+int ps__rows_init(struct ps_server *s);
+void ps__rows_free(struct ps_server *s);
+/* Index of the table named name, or -1. */
+int ps__rows_find(const struct ps_server *s, const char *name);
+
+/* Request handlers (conn.c dispatch); f stays the caller's. */
+void ps__rows_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PullRows *m,
+			  const struct ps_frame *f);
+void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m,
+			  const struct ps_frame *f);
+
+/* After the live set or a worker's finished clock changed: applies the
+ * sync clocks that became complete and answers the row pulls that may go. */
+void ps__rows_advance(struct ps_server *s);
+/* sc is closing: its held row pulls go. */
+void ps__rows_forget(struct ps_server *s, struct ps_srv_conn *sc);
+/* Periodic: drops rows past their table's ttl. */
+void ps__rows_tick(struct ps_server *s, double now);
+/* Fills m->tables (allocated; free with ps__rows_stats_free). */
+int ps__rows_stats(const struct ps_server *s, Ps__Stats *m);
+void ps__rows_stats_free(Ps__Stats *m);
+
+#endif

@@ -1,0 +1,159 @@
+/* table.h - one sparse embedding table's rows on one shard
+ * (docs/embeddings.md).
+ *
+ * Layout (apart, as HierarchicalKV keeps them): an open-addressing index
+ * of 4-byte row numbers (linear probing, grown at 80% load), per-row
+ * metadata (id, recency links, last update time) and the values: each
+ * row's dim weights and its optimizer state in one contiguous run of
+ * floats. Rows live in chunks of PS_TABLE_CHUNK, so growing never copies
+ * them and untouched capacity costs no memory. Two ids never share a row.
+ *
+ * Rows are kept in order of their last update (a doubly linked list of row
+ * numbers): the memory cap drops the least recently updated row, and the
+ * time-to-live drops rows from the same end. A dropped row's number is
+ * reused; a reused row starts from its id's deterministic initial values
+ * and fresh optimizer state. Rows changed since the last checkpoint are
+ * marked in a bitmap and dropped ids are remembered (tombstones), so an
+ * incremental checkpoint writes only those.
+ *
+ * Rows are created only by an admitted push (table_admit.c); a pull of an
+ * id without a row returns its initial value and creates nothing. Every
+ * call runs on the shard's loop thread; nothing blocks.
+ */
+#ifndef PS_TABLE_H
+#define PS_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "config.h"
+
+#define PS_TABLE_CHUNK_BITS 16
+#define PS_TABLE_CHUNK (1u << PS_TABLE_CHUNK_BITS)
+#define PS_ROW_NIL UINT32_MAX
+
+/* Admission filter: up to 4-byte slots (24-bit fingerprint, 8-bit count)
+ * in buckets of 8, two candidate buckets per id (table_admit.c). */
+struct ps_admit {
+	uint32_t *slots;
+	uint64_t nbuckets;         /* a power of two */
+	uint64_t used;             /* slots holding a count */
+	uint64_t lookups, hits;    /* pushes of ids without a row; of them, already counted */
+	uint64_t decays;           /* times every count was halved to make room */
+	uint64_t salt;
+};
+
+struct ps_row_meta {
+	uint32_t id_lo, id_hi;
+	uint32_t prev, next;       /* recency list (newer toward head); free list: next */
+	uint32_t stamp;            /* last update, seconds since the table's epoch */
+};
+
+struct ps_table_counters {
+	uint64_t admitted;         /* rows created */
+	uint64_t evicted;          /* rows dropped for the memory cap */
+	uint64_t expired;          /* rows dropped by the time-to-live */
+	uint64_t pulled, pushed;   /* rows read by pulls, row gradients applied */
+};
+
+struct ps_table {
+	const struct ps_config *cfg;
+	const struct ps_table_cfg *tc;
+	int t;                     /* index in cfg->tables */
+	uint64_t tkey;             /* ps_rows_table_key */
+	int dim, nstate, row_floats;
+	uint64_t cap;              /* rows this shard keeps at most; 0 = no cap */
+	double epoch;              /* time of stamp 0 */
+	uint32_t *index;           /* slots: row number + 1, 0 = empty */
+	uint64_t index_mask;
+	uint64_t nrows;            /* live rows */
+	uint64_t nalloc;           /* row numbers handed out (live + free) */
+	uint32_t nchunks, chunk_cap;
+	float **vals;              /* per chunk: PS_TABLE_CHUNK * row_floats */
+	struct ps_row_meta **meta; /* per chunk */
+	uint64_t **dirty;          /* per chunk: bit per row changed since the last checkpoint */
+	uint32_t head, tail;       /* most / least recently updated live row */
+	uint32_t free_head;        /* reusable row numbers */
+	uint64_t *tombs;           /* ids dropped since the last checkpoint (only with
+				      incremental checkpoints); ntombs UINT64_MAX: too
+				      many or out of memory, the next one must be full */
+	uint64_t ntombs, tomb_cap;
+	int track_tombs;
+	uint64_t version;          /* sync: clocks applied; async: pushes applied */
+	double ckpt_wall;          /* wall-clock time of the checkpoint restored last */
+	struct ps_admit admit;
+	struct ps_table_counters c;
+};
+
+/* Sets up table t of cfg for a shard of a cluster of nshards; epoch is the
+ * time (ps_now_s) of stamp 0. 0 or -ENOMEM. */
+int ps_table_init(struct ps_table *tb, const struct ps_config *cfg, int t, int nshards,
+		  double epoch);
+void ps_table_free(struct ps_table *tb);
+
+/* The row number of id, or PS_ROW_NIL. */
+uint32_t ps_table_find(const struct ps_table *tb, uint64_t id);
+
+static inline float *ps_table_vals(const struct ps_table *tb, uint32_t r)
+{
+	return tb->vals[r >> PS_TABLE_CHUNK_BITS] +
+	       (size_t)(r & (PS_TABLE_CHUNK - 1)) * (size_t)tb->row_floats;
+}
+
+static inline struct ps_row_meta *ps_table_meta(const struct ps_table *tb, uint32_t r)
+{
+	return &tb->meta[r >> PS_TABLE_CHUNK_BITS][r & (PS_TABLE_CHUNK - 1)];
+}
+
+static inline uint64_t ps_row_id(const struct ps_row_meta *m)
+{
+	return (uint64_t)m->id_hi << 32 | m->id_lo;
+}
+
+/* Copies the dim weights of id into out: its row's, or its initial values
+ * when it has none. */
+void ps_table_read(struct ps_table *tb, uint64_t id, float *out);
+
+/* One push's gradient (dim floats) for id, seen by `sightings` pushes (the
+ * workers whose gradients g sums). Counts them in the admission filter
+ * while id has no row; creates the row when they reach the table's
+ * admission (dropping the least recently updated row at the cap), applies
+ * the optimizer and makes the row the most recent. 1 when applied, 0 when
+ * only counted, -ENOMEM. */
+int ps_table_push(struct ps_table *tb, uint64_t id, const float *g, int sightings, double now);
+
+/* Drops rows not updated for the table's ttl; returns how many. */
+uint64_t ps_table_expire(struct ps_table *tb, double now);
+
+/* The row for id with its initial values, fresh state and the given stamp,
+ * made the most recent (checkpoint restore, and ps_table_push). Existing
+ * rows are returned as they are. PS_ROW_NIL when out of memory. */
+uint32_t ps_table_insert(struct ps_table *tb, uint64_t id, uint32_t stamp);
+
+/* Drops id's row (restoring a tombstone): 1 when there was one. */
+int ps_table_remove(struct ps_table *tb, uint64_t id);
+
+/* Forgets which rows changed and which ids were dropped (after a
+ * checkpoint restore: the file is the new base). */
+void ps_table_clear_changes(struct ps_table *tb);
+
+/* Bytes the table holds (index, rows, metadata, bitmap, filter). */
+uint64_t ps_table_bytes(const struct ps_table *tb);
+
+/* Row's weights and state at creation (initial values, fresh state). */
+void ps_table_row_reset(const struct ps_table *tb, uint64_t id, float *row);
+
+/* table_optim.c: one update of a row (dim weights then nstate floats). */
+void ps_row_optim_apply(const struct ps_table_cfg *tc, float *restrict row,
+			const float *restrict g);
+
+/* table_admit.c */
+int ps_admit_init(struct ps_admit *a, uint64_t ids, uint64_t salt);
+void ps_admit_free(struct ps_admit *a);
+/* Adds k sightings of id; 1 (and forgets id) when its count reaches need,
+ * else 0. */
+int ps_admit_sight(struct ps_admit *a, uint64_t id, int k, int need);
+/* id's count now (0 when not counted). */
+int ps_admit_count(const struct ps_admit *a, uint64_t id);
+uint64_t ps_admit_bytes(const struct ps_admit *a);
+
+#endif

@@ -1,0 +1,913 @@
+/* it_rows.c - embedding tables across real ps-server processes on
+ * loopback: exact sums in sync mode (several workers, repeated ids, rows
+ * on both shards), async sums, admission seen through pulls and counters,
+ * hostile row requests (10 million ids, repeated or unsorted ids, unknown
+ * table, another dim, non-finite gradients) refused with a clear error
+ * while the connection and the shard go on, and a shard killed with
+ * SIGKILL coming back from its checkpoint with its rows and admission
+ * counts bit-exact. PS_ROWS_LONG=1 runs more clocks and ids.
+ */
+#include <check.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include "config.h"
+#include "msg.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "ps_time.h"
+#include "rows_wire.h"
+#include "shardmap.h"
+#include "test_util.h"
+#include "wire.h"
+
+#define DIM 4
+
+static int long_run(void)
+{
+	return getenv("PS_ROWS_LONG") != NULL;
+}
+
+static struct ps_client *connect_retry(const struct ps_config *cfg, int rank, char *err, size_t n)
+{
+	struct ps_client *c = NULL;
+
+	for (int i = 0; i < 100; i++) {
+		int rc = ps_client_init(&c, cfg, rank, err, n);
+		if (rc == 0)
+			return c;
+		if (rc != -ECONNREFUSED)
+			return NULL;
+		tu_sleep_ms(100);
+	}
+	return NULL;
+}
+
+struct cluster {
+	char path[64];
+	struct ps_config cfg;
+	pid_t srv[2];
+	int port[2];
+};
+
+/* Two shards; table e (dim DIM, zeros, sgd lr 1: a row is minus the sum
+ * of its gradients) and whatever extra adds to the model section. */
+static void start_def(struct cluster *cl, int workers, const char *mode, const char *e_def,
+		      const char *extra)
+{
+	char yaml[4096], err[512];
+
+	cl->port[0] = tu_free_port();
+	cl->port[1] = tu_free_port();
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  workers: %d\n"
+		 "consistency:\n  mode: %s\n"
+		 "model:\n  tensors:\n    - {name: w, shape: [8], init: zeros}\n"
+		 "  embeddings:\n    - {name: e, dim: %d, %s}\n"
+		 "    - {name: f, dim: 8, init: uniform, scale: 0.5}\n"
+		 "%slog:\n  level: warn\n",
+		 tu_transport_yaml(), tu_host(), cl->port[0], tu_host(), cl->port[1], workers, mode,
+		 DIM, e_def, extra);
+	ck_assert_int_eq(tu_write_temp(cl->path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cl->cfg, cl->path, err, sizeof(err)) == 0, "%s", err);
+	cl->srv[0] = tu_start_server(cl->path, 0);
+	cl->srv[1] = tu_start_server(cl->path, 1);
+}
+
+static void start(struct cluster *cl, int workers, const char *mode, const char *table_extra,
+		  const char *extra)
+{
+	char def[256];
+
+	snprintf(def, sizeof(def), "init: zeros, optimizer: sgd, lr: 1%s", table_extra);
+	start_def(cl, workers, mode, def, extra);
+}
+
+static void stop(struct cluster *cl)
+{
+	ck_assert_int_eq(tu_stop_server(cl->srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(cl->srv[1]), 0);
+	unlink(cl->path);
+}
+
+/* ---- exact sums ---- */
+
+static uint64_t rng_next(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Worker rank's push at clock: n ids out of a universe of nid (with
+ * repeats: ids are drawn, not dealt), spread over the 64-bit space by a
+ * multiplier, and small integer gradients. */
+#define MULT 0x9e3779b97f4a7c15ull
+#define MULT_INV 0xf1de83e19937733dull /* MULT * MULT_INV = 1 mod 2^64 */
+
+/* The index in 0..nid-1 of a test id. */
+static size_t uidx(uint64_t id)
+{
+	return (size_t)(id * MULT_INV);
+}
+
+static size_t make_push(int rank, int clock, size_t nid, uint64_t *ids, float *g, size_t max)
+{
+	uint64_t s = (uint64_t)rank * 1000003u + (uint64_t)clock * 7919u + 17;
+	size_t n = 1 + rng_next(&s) % max;
+
+	for (size_t i = 0; i < n; i++) {
+		ids[i] = (rng_next(&s) % nid) * MULT;
+		for (int j = 0; j < DIM; j++)
+			g[i * DIM + j] = (float)((int)(rng_next(&s) % 9) - 4);
+	}
+	return n;
+}
+
+struct worker_arg {
+	const struct cluster *cl;
+	int rank, nworkers, clocks;
+	size_t nid, max;
+	int failures;
+	char why[600];
+};
+
+static void *worker_main(void *p)
+{
+	struct worker_arg *a = p;
+	char err[512];
+	struct ps_client *c = connect_retry(&a->cl->cfg, a->rank, err, sizeof(err));
+	uint64_t *ids = malloc(sizeof(uint64_t) * a->max), *all = malloc(sizeof(uint64_t) * a->nid);
+	float *g = malloc(sizeof(float) * DIM * a->max), *w = malloc(sizeof(float) * DIM * a->nid);
+	double *expect = calloc(a->nid * DIM, sizeof(double));
+
+	if (!c) {
+		snprintf(a->why, sizeof(a->why), "connect: %s", err);
+		a->failures++;
+		goto out;
+	}
+	for (size_t i = 0; i < a->nid; i++)
+		all[i] = i * MULT;
+	for (int clock = 0; clock < a->clocks && !a->failures; clock++) {
+		size_t n = make_push(a->rank, clock, a->nid, ids, g, a->max);
+		int rc = ps_client_push_rows(c, "e", (uint64_t)clock, ids, n, g, 0);
+		if (rc) {
+			snprintf(a->why, sizeof(a->why), "push clock %d: %s", clock, ps_client_error(c));
+			a->failures++;
+			break;
+		}
+		/* every worker's gradients of this clock, summed exactly */
+		for (int r = 0; r < a->nworkers; r++) {
+			size_t m = make_push(r, clock, a->nid, ids, g, a->max);
+			for (size_t i = 0; i < m; i++)
+				for (int j = 0; j < DIM; j++)
+					expect[uidx(ids[i]) * DIM + j] -= g[i * DIM + j];
+		}
+		rc = ps_client_pull_rows(c, "e", (uint64_t)clock + 1, all, a->nid, w);
+		if (rc) {
+			snprintf(a->why, sizeof(a->why), "pull clock %d: %s", clock, ps_client_error(c));
+			a->failures++;
+			break;
+		}
+		for (size_t i = 0; i < a->nid * DIM; i++)
+			if ((double)w[i] != expect[i]) {
+				snprintf(a->why, sizeof(a->why), "clock %d: row %zu element %zu is %g, "
+					 "expected %g", clock, i / DIM, i % DIM, w[i], expect[i]);
+				a->failures++;
+				break;
+			}
+	}
+out:
+	if (c)
+		ps_client_free(c);
+	free(ids);
+	free(all);
+	free(g);
+	free(w);
+	free(expect);
+	return NULL;
+}
+
+/* Sync, 3 workers, 2 shards: after every clock each row is exactly minus
+ * the sum of every gradient pushed for it, repeats within one push summed
+ * on the client; and each (clock, distinct id) was applied once. */
+START_TEST(test_sync_exact)
+{
+	struct cluster cl;
+	struct worker_arg a[3];
+	pthread_t th[3];
+	int clocks = long_run() ? 200 : 12;
+	size_t nid = long_run() ? 20000 : 300, max = long_run() ? 4000 : 120;
+	uint64_t applied = 0, expect_applied = 0;
+	char err[512];
+
+	start(&cl, 3, "sync", "", "");
+	for (int r = 0; r < 3; r++) {
+		a[r] = (struct worker_arg){ &cl, r, 3, clocks, nid, max, 0, "" };
+		ck_assert_int_eq(pthread_create(&th[r], NULL, worker_main, &a[r]), 0);
+	}
+	for (int r = 0; r < 3; r++) {
+		pthread_join(th[r], NULL);
+		ck_assert_msg(a[r].failures == 0, "worker %d: %s", r, a[r].why);
+	}
+	/* distinct ids per clock over all workers = row updates applied */
+	uint64_t *ids = malloc(sizeof(uint64_t) * max), *seen = calloc(nid, sizeof(uint64_t));
+	float *g = malloc(sizeof(float) * DIM * max);
+	for (int clock = 0; clock < clocks; clock++)
+		for (int r = 0; r < 3; r++) {
+			size_t m = make_push(r, clock, nid, ids, g, max);
+			for (size_t i = 0; i < m; i++) {
+				size_t u = uidx(ids[i]);
+				if (seen[u] != (uint64_t)clock + 1) {
+					seen[u] = (uint64_t)clock + 1;
+					expect_applied++;
+				}
+			}
+		}
+	struct ps_client *mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	uint64_t rows = 0;
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		ck_assert_int_eq(st.ntables, 2);
+		ck_assert_str_eq(st.tables[0].name, "e");
+		ck_assert_uint_eq(st.tables[0].version, (uint64_t)clocks);
+		/* both shards hold rows: the hash spreads them */
+		ck_assert_uint_gt(st.tables[0].rows, nid / 4);
+		applied += st.tables[0].pushed_rows;
+		rows += st.tables[0].rows;
+	}
+	ck_assert_uint_eq(applied, expect_applied);
+	/* ps-stat shows the same tables, in its text and its JSON */
+	for (int json = 0; json < 2; json++) {
+		char cmd[256], out[16384], want[128];
+		size_t len = 0;
+		snprintf(cmd, sizeof(cmd), "bin/ps-stat --config %s%s 2>&1", cl.path,
+			 json ? " --json" : "");
+		FILE *p = popen(cmd, "r");
+		ck_assert_ptr_nonnull(p);
+		len = fread(out, 1, sizeof(out) - 1, p);
+		out[len] = 0;
+		ck_assert_int_eq(pclose(p), 0);
+		for (int k = 0; k < 2; k++) {
+			struct ps_shard_stats st;
+			ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+			if (json)
+				snprintf(want, sizeof(want), "\"name\":\"e\",\"dim\":4,\"rows\":%" PRIu64
+					 ",", st.tables[0].rows);
+			else
+				snprintf(want, sizeof(want), "e                %-5d %12" PRIu64, k,
+					 st.tables[0].rows);
+			ck_assert_msg(strstr(out, want), "'%s' not in:\n%s", want, out);
+		}
+	}
+	ps_client_free(mon);
+	free(ids);
+	free(seen);
+	free(g);
+	stop(&cl);
+	(void)rows;
+}
+END_TEST
+
+/* Async: pushes apply as they come; once every push was acknowledged each
+ * row is exactly minus its gradients' sum (integers: order does not matter). */
+START_TEST(test_async_exact)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c[2];
+	size_t nid = 200, max = 80;
+	uint64_t ids[80], all[200];
+	float g[80 * DIM], w[200 * DIM];
+	double expect[200 * DIM] = { 0 };
+
+	start(&cl, 2, "async", "", "");
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cl.cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int clock = 0; clock < 10; clock++)
+		for (int r = 0; r < 2; r++) {
+			size_t n = make_push(r, clock, nid, ids, g, max);
+			int64_t id = ps_client_push_rows_async(c[r], "e", (uint64_t)clock, ids, n, g,
+							       clock % 2 ? PS_PUSH_ROWS_FP16 : 0);
+			ck_assert_msg(id > 0, "%s", ps_client_error(c[r]));
+			ck_assert_int_eq(ps_client_wait(c[r], id), 0);
+			for (size_t i = 0; i < n; i++)
+				for (int j = 0; j < DIM; j++)
+					expect[uidx(ids[i]) * DIM + j] -= g[i * DIM + j];
+		}
+	for (size_t i = 0; i < nid; i++)
+		all[i] = i * MULT;
+	ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 0, all, nid, w), 0);
+	for (size_t i = 0; i < nid * DIM; i++)
+		ck_assert_msg((double)w[i] == expect[i], "row %zu: %g, expected %g", i / DIM, w[i],
+			      expect[i]);
+	/* a row never pushed reads as its initial value, the same on both
+	 * shards' side of the hash and from the shared rule */
+	uint64_t fresh[3] = { 12345, 1ull << 63, 7 };
+	float fw[3 * 8], init[8];
+	ck_assert_int_eq(ps_client_pull_rows(c[1], "f", 0, fresh, 3, fw), 0);
+	for (int i = 0; i < 3; i++) {
+		ps_rows_init(&cl.cfg, 1, fresh[i], init);
+		ck_assert_int_eq(memcmp(fw + i * 8, init, sizeof(init)), 0);
+		ck_assert(fabsf(init[0]) <= 0.5f && init[0] != init[1]);
+	}
+	for (int r = 0; r < 2; r++)
+		ps_client_free(c[r]);
+	stop(&cl);
+}
+END_TEST
+
+
+/* Sync with a worker that leaves: once it has had no connection for
+ * limits.idle_timeout_ms the tables' clocks go on without it, what it
+ * pushed before it left still counted. And the TTL: rows not updated for
+ * ttl seconds go, and read as their initial value again. */
+START_TEST(test_sync_worker_leaves_and_ttl)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c0, *c1, *mon;
+	uint64_t ids[3] = { 11, 12, 13 };
+	float g[3 * DIM], w[3 * DIM];
+
+	start(&cl, 2, "sync", ", ttl: 4", "limits:\n  idle_timeout_ms: 1500\n");
+	c0 = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c0 != NULL, "%s", err);
+	c1 = connect_retry(&cl.cfg, 1, err, sizeof(err));
+	ck_assert_msg(c1 != NULL, "%s", err);
+	for (int i = 0; i < 3 * DIM; i++)
+		g[i] = 1.0f;
+	ck_assert_int_eq(ps_client_push_rows(c1, "e", 0, ids, 3, g, 0), 0);
+	ps_client_free(c1); /* worker 1 leaves after clock 0 */
+	double t0 = ps_now_s();
+	for (int clock = 0; clock < 3; clock++)
+		ck_assert_msg(ps_client_push_rows(c0, "e", (uint64_t)clock, ids, 3, g, 0) == 0, "%s",
+			      ps_client_error(c0));
+	/* clock 1 waits for worker 1 until it is dropped, then goes on */
+	ck_assert_msg(ps_client_pull_rows(c0, "e", 3, ids, 3, w) == 0, "%s", ps_client_error(c0));
+	ck_assert_msg(ps_now_s() - t0 > 1.0, "clock 1 applied without waiting for worker 1");
+	for (int i = 0; i < 3 * DIM; i++) /* worker 0's three clocks and worker 1's one */
+		ck_assert_msg(w[i] == -4.0f, "element %d is %g", i, w[i]);
+	/* no update for the ttl (4 s): the rows expire and read as their initial value */
+	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	uint64_t expired = 0;
+	for (double dl = ps_now_s() + 10 * tu_time_scale(); expired < 3 && ps_now_s() < dl;) {
+		expired = 0;
+		for (int k = 0; k < 2; k++) {
+			struct ps_shard_stats st;
+			ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+			expired += st.tables[0].expired;
+		}
+		if (expired < 3)
+			tu_sleep_ms(100);
+	}
+	ck_assert_uint_eq(expired, 3);
+	ck_assert_int_eq(ps_client_pull_rows(c0, "e", 0, ids, 3, w), 0);
+	for (int i = 0; i < 3 * DIM; i++)
+		ck_assert(w[i] == 0.0f);
+	ps_client_free(mon);
+	ps_client_free(c0);
+	stop(&cl);
+}
+END_TEST
+
+
+/* Rows and dense tensors in one sync step, the worker's order: rows of
+ * clock c, then the dense push that ends c. A clock ended by a dense push
+ * alone moves the tables on too (an empty clock for them), and rows pushed
+ * for a clock already applied are refused, saying which clocks go. */
+START_TEST(test_sync_rows_with_dense_end_clock)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c;
+	uint64_t ids[2] = { 5, 1ull << 40 };
+	float g[2 * DIM], w[2 * DIM], dw[8] = { 0 }, dg[8];
+	struct ps_tensor tg = { "w", dg, 8, 0 }, tw = { "w", dw, 8, 0 };
+
+	start(&cl, 1, "sync", "", "");
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (int i = 0; i < 2 * DIM; i++)
+		g[i] = (float)(i + 1);
+	for (int i = 0; i < 8; i++)
+		dg[i] = 1.0f;
+	ck_assert_int_eq(ps_client_push_rows(c, "e", 0, ids, 2, g, 0), 0);
+	int64_t id = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c, id), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 1, ids, 2, w), 0);
+	for (int i = 0; i < 2 * DIM; i++)
+		ck_assert(w[i] == -(float)(i + 1));
+	/* clock 1: dense only */
+	id = ps_client_push(c, 1, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c, id), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 2, ids, 2, w), 0);
+	ck_assert(w[0] == -1.0f);
+	id = ps_client_pull(c, 2, &tw, 1);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c, id), 0);
+	/* rows for clock 1 after it ended: refused */
+	ck_assert_int_eq(ps_client_push_rows(c, "e", 1, ids, 2, g, 0), PS_ECLOCK);
+	ck_assert_msg(strstr(ps_client_error(c), "accepting clocks 2.."), "%s", ps_client_error(c));
+	ps_client_free(c);
+	stop(&cl);
+}
+END_TEST
+
+
+/* compression.pull: fp16: rows come back as half precision (exact for
+ * small integers), half the bytes of float32 on the wire. */
+START_TEST(test_pull_fp16)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c;
+	uint64_t ids[64];
+	float g[64 * DIM], w[64 * DIM];
+	struct ps_shard_stats st;
+	uint64_t raw = 0, wire = 0;
+
+	start(&cl, 1, "async", "", "compression:\n  pull: fp16\n");
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (int i = 0; i < 64; i++)
+		ids[i] = (uint64_t)i * MULT + 3;
+	for (int i = 0; i < 64 * DIM; i++)
+		g[i] = (float)(i % 13) - 6.0f;
+	ck_assert_int_eq(ps_client_push_rows(c, "e", 0, ids, 64, g, 0), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, ids, 64, w), 0);
+	for (int i = 0; i < 64 * DIM; i++)
+		ck_assert_msg(w[i] == -g[i], "element %d: %g, expected %g", i, w[i], -g[i]);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		raw += st.pull_raw_bytes;
+		wire += st.pull_wire_bytes;
+	}
+	ck_assert_uint_eq(raw, 64 * DIM * 4);
+	ck_assert_uint_eq(wire, 64 * DIM * 2);
+	ps_client_free(c);
+	stop(&cl);
+}
+END_TEST
+
+/* ---- checkpoints: kill -9 and restart ---- */
+
+#include "table.h"
+
+static void stats_of(struct ps_client *mon, int k, struct ps_shard_stats *st)
+{
+	ck_assert_int_eq(ps_client_stats(mon, k, st), 0);
+	ck_assert_int_eq(st->ntables, 2);
+}
+
+/* Rows, optimizer state (rowwise adagrad on table f), versions and the
+ * admission counts of ids not admitted yet come back from the checkpoint
+ * after both shards are killed with SIGKILL; checked bit for bit against
+ * the same updates made on a table in this process. */
+START_TEST(test_checkpoint_kill9)
+{
+	struct cluster cl;
+	char dir[] = "/tmp/ps-rows-ckpt-XXXXXX", extra[256], err[512];
+	struct ps_client *c, *mon;
+	struct ps_table model;
+	enum { N = 64 };
+	uint64_t ids[N];
+	float g[N * 8], got[N * 8], want[8], ones[N * DIM];
+	struct ps_shard_stats before[2], after[2];
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  on_request: true\n"
+		 "  min_interval_s: 0\n", dir);
+	start(&cl, 1, "sync", ", admission: 3", extra);
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	ck_assert_int_eq(ps_table_init(&model, &cl.cfg, 1, 1, ps_now_s()), 0);
+	for (int i = 0; i < N; i++)
+		ids[i] = (uint64_t)(i + 1) * MULT;
+	for (int i = 0; i < N * DIM; i++)
+		ones[i] = 1.0f;
+	/* clock k pushes ids 0..N-1 to f, and to e the first N - 16 k ids
+	 * (admission 3: ids pushed 3 times get rows, the rest only counts) */
+	for (int k = 0; k < 4; k++) {
+		for (int i = 0; i < N * 8; i++)
+			g[i] = (float)((i * 7 + k * 3) % 11) - 5.0f;
+		ck_assert_msg(ps_client_push_rows(c, "f", (uint64_t)k, ids, N, g, 0) == 0, "%s",
+			      ps_client_error(c));
+		for (int i = 0; i < N; i++)
+			ck_assert_int_eq(ps_table_push(&model, ids[i], g + i * 8, 1, ps_now_s()), 1);
+		ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)k, ids, (size_t)(N - 16 * k), ones,
+						  0) == 0, "%s", ps_client_error(c));
+	}
+	/* e: ids 0..15 pushed 4 times, 16..31 3 times (rows), 32..47 twice (counted) */
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 4, ids, N, got), 0);
+	/* a row counts from its admission: pushed 4 times, 2 applied; 3 times, 1 */
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(got[i * DIM] == (i < 16 ? -2.0f : i < 32 ? -1.0f : 0.0f), "e row %d: %g",
+			      i, got[i * DIM]);
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_checkpoint(mon, k, 1, &st), 0);
+		ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+		stats_of(mon, k, &before[k]);
+	}
+	ck_assert_uint_eq(before[0].tables[0].rows + before[1].tables[0].rows, 32);
+	ck_assert_uint_eq(before[0].tables[0].filter_ids + before[1].tables[0].filter_ids, 32);
+	ps_client_free(c);
+	ps_client_free(mon);
+	for (int k = 0; k < 2; k++) {
+		kill(cl.srv[k], SIGKILL);
+		ck_assert_int_eq(tu_wait_child(cl.srv[k]), 128 + SIGKILL);
+		cl.srv[k] = tu_start_server(cl.path, k);
+	}
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	for (int k = 0; k < 2; k++) {
+		stats_of(mon, k, &after[k]);
+		for (int t = 0; t < 2; t++) {
+			ck_assert_uint_eq(after[k].tables[t].rows, before[k].tables[t].rows);
+			ck_assert_uint_eq(after[k].tables[t].version, 4);
+			ck_assert_uint_eq(after[k].tables[t].filter_ids, before[k].tables[t].filter_ids);
+			ck_assert_uint_eq(after[k].tables[t].admitted, before[k].tables[t].admitted);
+		}
+	}
+	/* f: weights restored bit for bit; one more update proves the state was too */
+	for (int i = 0; i < N * 8; i++)
+		g[i] = (float)(i % 5) - 2.0f;
+	ck_assert_msg(ps_client_push_rows(c, "f", 4, ids, N, g, 0) == 0, "%s", ps_client_error(c));
+	for (int i = 0; i < N; i++)
+		ps_table_push(&model, ids[i], g + i * 8, 1, ps_now_s());
+	ck_assert_int_eq(ps_client_pull_rows(c, "f", 5, ids, N, got), 0);
+	for (int i = 0; i < N; i++) {
+		ps_table_read(&model, ids[i], want);
+		ck_assert_msg(memcmp(got + i * 8, want, sizeof(want)) == 0, "f row %d: %.9g, expected "
+			      "%.9g", i, got[i * 8], want[0]);
+	}
+	/* e: ids 32..47 had 2 sightings before the crash: one more admits them */
+	ck_assert_msg(ps_client_push_rows(c, "e", 4, ids + 32, 16, ones, 0) == 0, "%s",
+		      ps_client_error(c));
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 5, ids, N, got), 0);
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(got[i * DIM] == (i < 16 ? -2.0f : i < 48 ? -1.0f : 0.0f),
+			      "e row %d after restart: %g", i, got[i * DIM]);
+	ps_table_free(&model);
+	ps_client_free(c);
+	ps_client_free(mon);
+	stop(&cl);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+
+static int cmp_id(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* A full checkpoint and two incremental ones of a table with a cap
+ * (evictions: tombstones), admission and adam, copied on the loop (_i 0)
+ * or written by a forked child (_i 1, checkpoint.fork_bytes); both shards
+ * killed with
+ * SIGKILL come back from base + 2 deltas exactly as a table per shard in
+ * this process that saw the same updates: rows, state, counts, and the
+ * recency order (the next evictions drop the same rows). */
+START_TEST(test_incremental_kill9)
+{
+	struct cluster cl;
+	char dir[] = "/tmp/ps-rows-inc-XXXXXX", extra[256], err[512];
+	struct ps_client *c, *mon;
+	struct ps_table model[2];
+	enum { U = 120, PER = 40 };
+	uint64_t all[U], ids[PER], s = 5, key;
+	float g[PER * DIM], got[U * DIM], want[DIM];
+	int clock = 0;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  on_request: true\n"
+		 "  min_interval_s: 0\n  incremental: 5\n  fork_bytes: %s\n", dir, _i ? "1" : "0");
+	start_def(&cl, 1, "sync", "init: uniform, scale: 0.1, optimizer: adam, lr: 0.01, "
+		  "admission: 2, max_rows: 60", extra);
+	key = ps_rows_table_key(&cl.cfg.tables[0]);
+	for (int k = 0; k < 2; k++)
+		ck_assert_int_eq(ps_table_init(&model[k], &cl.cfg, 0, 2, ps_now_s()), 0);
+	for (int i = 0; i < U; i++)
+		all[i] = (uint64_t)(i + 1) * MULT;
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	for (int phase = 0; phase < 6; phase++) {
+		if (phase == 3) { /* after the full file and two deltas: kill -9 */
+			ps_client_free(c);
+			ps_client_free(mon);
+			for (int k = 0; k < 2; k++) {
+				kill(cl.srv[k], SIGKILL);
+				ck_assert_int_eq(tu_wait_child(cl.srv[k]), 128 + SIGKILL);
+				cl.srv[k] = tu_start_server(cl.path, k);
+			}
+			c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+			ck_assert_msg(c != NULL, "%s", err);
+			mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
+			ck_assert_msg(mon != NULL, "%s", err);
+		}
+		if (phase >= 3) { /* the shards equal the models, before and after more updates */
+			ck_assert_int_eq(ps_client_pull_rows(c, "e", (uint64_t)clock, all, U, got), 0);
+			for (int i = 0; i < U; i++) {
+				ps_table_read(&model[ps_rows_shard(key, all[i], 2)], all[i], want);
+				ck_assert_msg(memcmp(got + i * DIM, want, sizeof(want)) == 0, "phase %d: "
+					      "row %d is %.9g, the model has %.9g", phase, i,
+					      got[i * DIM], want[0]);
+			}
+			for (int k = 0; k < 2; k++) {
+				struct ps_shard_stats st;
+				ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+				ck_assert_uint_eq(st.tables[0].rows, model[k].nrows);
+				ck_assert_uint_eq(st.tables[0].evicted, model[k].c.evicted);
+				ck_assert_uint_eq(st.tables[0].admitted, model[k].c.admitted);
+				ck_assert_uint_eq(st.tables[0].filter_ids, model[k].admit.used);
+			}
+		}
+		for (int step = 0; step < 4; step++, clock++) {
+			for (int i = 0; i < PER; i++) /* distinct ids: a partial shuffle */
+				ids[i] = all[(i * 3 + (int)(rng_next(&s) % 3) * 41 + clock * 7) % U];
+			qsort(ids, PER, sizeof(ids[0]), cmp_id);
+			int n = 0;
+			for (int i = 0; i < PER; i++)
+				if (!n || ids[n - 1] != ids[i])
+					ids[n++] = ids[i];
+			for (int i = 0; i < n * DIM; i++)
+				g[i] = (float)((int)(rng_next(&s) % 9) - 4) * 0.25f;
+			ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)clock, ids, (size_t)n, g, 0)
+				      == 0, "%s", ps_client_error(c));
+			for (int i = 0; i < n; i++) /* each shard applies its ids in order */
+				ps_table_push(&model[ps_rows_shard(key, ids[i], 2)], ids[i], g + i * DIM, 1,
+					      ps_now_s());
+		}
+		if (phase < 3)
+			for (int k = 0; k < 2; k++) {
+				struct ps_shard_stats st;
+				ck_assert_int_eq(ps_client_checkpoint(mon, k, 1, &st), 0);
+				ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+				const char *tail = strrchr(st.checkpoint_path, '.');
+				if (phase == 0)
+					ck_assert_str_eq(tail, ".ckpt");
+				else
+					ck_assert_msg(!strcmp(tail, phase == 1 ? ".delta-1" : ".delta-2"),
+						      "phase %d wrote %s", phase, st.checkpoint_path);
+			}
+	}
+	ck_assert_uint_gt(model[0].c.evicted + model[1].c.evicted, 20);
+	for (int k = 0; k < 2; k++)
+		ps_table_free(&model[k]);
+	ps_client_free(c);
+	ps_client_free(mon);
+	stop(&cl);
+	char cmd[128];
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* ---- hostile row requests ---- */
+
+static int raw_connect(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+	for (int i = 0; i < 100; i++) {
+		if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
+			return fd;
+		tu_sleep_ms(100);
+	}
+	return -1;
+}
+
+static int raw_send(int fd, uint8_t type, const ProtobufCMessage *m, const void *pay, size_t plen)
+{
+	size_t mlen = protobuf_c_message_get_packed_size(m);
+	uint8_t *b = malloc(PS_WIRE_HDR_LEN + mlen + plen);
+	struct ps_frame_hdr h = { .version = PS_PROTOCOL_VERSION, .type = type,
+				  .meta_len = (uint32_t)mlen, .payload_len = plen };
+	size_t len = PS_WIRE_HDR_LEN + mlen + plen, off = 0;
+
+	ps_wire_encode_hdr(b, &h);
+	protobuf_c_message_pack(m, b + PS_WIRE_HDR_LEN);
+	if (plen)
+		memcpy(b + PS_WIRE_HDR_LEN + mlen, pay, plen);
+	while (off < len) {
+		ssize_t k = write(fd, b + off, len - off);
+		if (k <= 0) {
+			free(b);
+			return -1;
+		}
+		off += (size_t)k;
+	}
+	free(b);
+	return 0;
+}
+
+static int raw_read(int fd, void *b, size_t n)
+{
+	for (size_t got = 0; got < n;) {
+		struct pollfd p = { fd, POLLIN, 0 };
+		if (poll(&p, 1, (int)(5000 * tu_time_scale())) != 1)
+			return -1;
+		ssize_t k = read(fd, (uint8_t *)b + got, n - got);
+		if (k <= 0)
+			return -1;
+		got += (size_t)k;
+	}
+	return 0;
+}
+
+/* The next frame's type and message (NULL when the connection is gone). */
+static ProtobufCMessage *raw_recv(int fd, unsigned *type)
+{
+	uint8_t h[PS_WIRE_HDR_LEN], *body;
+	struct ps_wire_limits lim = { .max_frame = 1 << 26, .max_meta = 1 << 20 };
+	struct ps_frame f = { 0 };
+	char why[200];
+	ProtobufCMessage *m;
+
+	if (raw_read(fd, h, sizeof(h)) || ps_wire_decode_hdr(h, &lim, &f.hdr, why, sizeof(why)))
+		return NULL;
+	body = malloc(f.hdr.meta_len + f.hdr.payload_len + 1);
+	if (raw_read(fd, body, f.hdr.meta_len + f.hdr.payload_len)) {
+		free(body);
+		return NULL;
+	}
+	f.meta = body;
+	f.payload = body + f.hdr.meta_len;
+	*type = f.hdr.type;
+	m = ps_msg_unpack(&f, why, sizeof(why));
+	free(body);
+	return m;
+}
+
+/* Sends a row request and expects an Error with code: its message. */
+static void expect_error(int fd, uint8_t type, const ProtobufCMessage *m, const void *pay,
+			 size_t plen, int code, const char *words)
+{
+	unsigned t = 0;
+	ProtobufCMessage *r;
+
+	ck_assert_int_eq(raw_send(fd, type, m, pay, plen), 0);
+	r = raw_recv(fd, &t);
+	ck_assert_msg(r != NULL, "no answer (connection closed?) expecting '%s'", words);
+	ck_assert_msg(t == PS_MSG_ERROR, "got a %s frame, expected an error about '%s'",
+		      ps_wire_type_name(t), words);
+	ck_assert_int_eq(((Ps__Error *)r)->code, code);
+	ck_assert_msg(strstr(((Ps__Error *)r)->message, words), "'%s' does not say '%s'",
+		      ((Ps__Error *)r)->message, words);
+	protobuf_c_message_free_unpacked(r, NULL);
+}
+
+START_TEST(test_hostile)
+{
+	struct cluster cl;
+	struct ps_shardmap map;
+	char err[512];
+	int fd;
+	unsigned t;
+
+	start(&cl, 1, "async", "", "security:\n  auth: false\n");
+	ck_assert_int_eq(ps_shardmap_init(&map, &cl.cfg), 0);
+	fd = raw_connect(cl.port[0]);
+	ck_assert_int_ge(fd, 0);
+	{
+		Ps__Hello h = PS__HELLO__INIT;
+		h.protocol_version = PS_PROTOCOL_VERSION;
+		h.role = PS__ROLE__ROLE_WORKER;
+		h.rank = 0;
+		h.shard_map_hash = map.hash;
+		h.shard = 0;
+		h.incarnation = 42;
+		ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
+		ProtobufCMessage *r = raw_recv(fd, &t);
+		ck_assert_ptr_nonnull(r);
+		ck_assert_int_eq(t, PS_MSG_HELLO_REPLY);
+		ck_assert_msg(((Ps__HelloReply *)r)->ok, "%s", ((Ps__HelloReply *)r)->error);
+		protobuf_c_message_free_unpacked(r, NULL);
+	}
+	/* ten million ids: refused on the count, before anything is decoded */
+	Ps__PullRows p = PS__PULL_ROWS__INIT;
+	uint8_t ids[64];
+	uint64_t two[2] = { 5, 9 };
+	p.req_id = 1;
+	p.table = "e";
+	p.dim = DIM;
+	p.n_ids = 10000000;
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, 8, PS_ETOOBIG, "limits.max_request_rows");
+	/* unknown table, another dim */
+	p.n_ids = 2;
+	size_t il = ps_rows_ids_encode(two, 2, ids);
+	p.table = "nosuch";
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ENOTENSOR, "no embedding table");
+	p.table = "e";
+	p.dim = DIM + 1;
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ESHAPE, "has dim 4");
+	p.dim = DIM;
+	/* repeated ids (a delta of 0), truncated ids, bytes left over */
+	uint8_t rep[2] = { 5, 0 };
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, rep, 2, PS_EPROTO, "sorted and unique");
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, 1, PS_EPROTO, "ids end");
+	uint8_t more[3] = { 5, 4, 1 };
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, more, 3, PS_EPROTO, "after the 2 ids");
+	/* a push: values of the wrong size, and a NaN */
+	Ps__PushRows q = PS__PUSH_ROWS__INIT;
+	uint8_t pay[4 + 2 * DIM * 4];
+	float vals[2 * DIM] = { 1, 2, 3, 4, 5, 6, 7, NAN };
+	q.req_id = 2;
+	q.table = "e";
+	q.dim = DIM;
+	q.n_ids = 2;
+	q.ids_bytes = il;
+	memset(pay, 0, sizeof(pay));
+	memcpy(pay, ids, il);
+	memcpy(pay + 4, vals, sizeof(vals));
+	expect_error(fd, PS_MSG_PUSH_ROWS, &q.base, pay, sizeof(pay) - 4, PS_ESHAPE, "does not hold");
+	expect_error(fd, PS_MSG_PUSH_ROWS, &q.base, pay, sizeof(pay), PS_ENOFINITE, "not finite");
+	/* the connection still works: a good pull is answered */
+	p.req_id = 3;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL_ROWS, &p.base, ids, il), 0);
+	ProtobufCMessage *r = raw_recv(fd, &t);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(t, PS_MSG_PULL_ROWS_REPLY);
+	ck_assert_uint_eq(((Ps__PullRowsReply *)r)->n_rows, 2);
+	protobuf_c_message_free_unpacked(r, NULL);
+	close(fd);
+	/* the client refuses a call past the limit without sending it */
+	struct ps_client *c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	size_t big = (size_t)cl.cfg.limits.max_request_rows * 3;
+	uint64_t *many = malloc(sizeof(uint64_t) * big);
+	float *out = malloc(sizeof(float) * 4);
+	for (size_t i = 0; i < big; i++)
+		many[i] = i;
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, many, big, out), PS_ETOOBIG);
+	ck_assert_int_eq(ps_client_pull_rows(c, "nosuch", 0, many, 1, out), PS_ENOTENSOR);
+	/* and the shard serves as before, its rejections counted */
+	float w[DIM];
+	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, two, 1, w), 0);
+	struct ps_shard_stats st;
+	ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
+	ck_assert_uint_ge(st.errors, 8);
+	free(many);
+	free(out);
+	ps_client_free(c);
+	ps_shardmap_free(&map);
+	stop(&cl);
+}
+END_TEST
+
+static Suite *rows_suite(void)
+{
+	Suite *s = suite_create("it_rows");
+	TCase *tc = tcase_create("rows");
+
+	tcase_set_timeout(tc, 120);
+	TU_ADD(tc, test_sync_exact);
+	TU_ADD(tc, test_async_exact);
+	TU_ADD(tc, test_pull_fp16);
+	TU_ADD(tc, test_sync_worker_leaves_and_ttl);
+	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
+	TU_ADD(tc, test_checkpoint_kill9);
+	TU_ADD_LOOP(tc, test_incremental_kill9, 0, 2);
+	TU_ADD(tc, test_hostile);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	int failed;
+
+	tu_secret_setup();
+	failed = tu_run_suite(rows_suite());
+	tu_secret_cleanup();
+	return failed ? 1 : 0;
+}
