@@ -105,11 +105,43 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 	return 0;
 }
 
+/* Whether host names this machine by a loopback address. */
+static int loopback(const char *host)
+{
+	return !strncmp(host, "127.", 4) || !strcmp(host, "localhost") || !strcmp(host, "::1");
+}
+
+/* The cpu backend's compute threads (train.threads; docs/architecture.md,
+ * Training): as set, or for 0 the cores divided among the workers on this
+ * machine. A config whose shards are all on loopback runs every worker
+ * here too (scripts/ps-local.sh); otherwise a worker is taken to have the
+ * machine to itself. OMP_NUM_THREADS, where set, is the backend's own
+ * default and wins over the guess (0 passed on). */
+static int compute_threads(const struct ps_config *cfg)
+{
+	const char *env = getenv("OMP_NUM_THREADS");
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int here = 1, all_local = cfg->nshards > 0;
+
+	if (cfg->train.threads > 0)
+		return cfg->train.threads;
+	if (env && *env)
+		return 0;
+	for (int i = 0; i < cfg->nshards; i++)
+		all_local &= loopback(cfg->shards[i].host);
+	if (all_local && cfg->nworkers > 1)
+		here = cfg->nworkers;
+	if (cores < 1)
+		cores = 1;
+	return cores / here > 0 ? (int)(cores / here) : 1;
+}
+
 /* Picks and creates the backend; prints one line when falling back. */
 static int open_backend(const struct ps_config *cfg, const struct ps_compute_ops **ops,
 			struct ps_compute **c)
 {
-	struct ps_compute_opts opts = { .tf32 = (enum ps_tf32)cfg->train.tf32 };
+	struct ps_compute_opts opts = { .tf32 = (enum ps_tf32)cfg->train.tf32,
+					.threads = compute_threads(cfg) };
 	int device = cfg->train.device;
 	char err[512] = "";
 	int rc;
@@ -130,6 +162,11 @@ static int open_backend(const struct ps_config *cfg, const struct ps_compute_ops
 	rc = (*ops)->create(c, &opts, err, sizeof(err));
 	if (rc)
 		ps_error("cpu backend: %s", err);
+	else if (opts.threads)
+		ps_info("cpu backend (oneDNN): %d compute thread(s)", opts.threads);
+	else
+		ps_info("cpu backend (oneDNN): OMP_NUM_THREADS=%s compute thread(s)",
+			getenv("OMP_NUM_THREADS"));
 	return rc;
 }
 
