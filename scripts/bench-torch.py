@@ -18,6 +18,9 @@ DistributedDataParallel, 1 thread each, batch 64 per process, each model of
 Fashion-MNIST (--data; each process a shuffled half, momentum --momentum,
 lr --lr) and reports samples/s over the epoch and the test accuracy after it
 ("test_accuracy"), as a 2-shard 2-worker cluster of ours reports its own.
+--init ours: weights uniform in +-sqrt(6 / fan_in) and zero biases, the
+presets' initialization (PyTorch's default draws from +-1/sqrt(fan_in)), so
+that one epoch of each trains the same model the same way.
 
 --device cuda (scripts/gpu-check.sh): the same models on the GPU, eager
 mode, batches uploaded from pinned host memory each step (non_blocking, as a
@@ -66,6 +69,18 @@ try:
 except ImportError:
     sys.exit("bench-torch.py: PyTorch missing: apt-get install -y python3-torch "
              "(and run this script with /usr/bin/python3)")
+
+
+def init_ours(model):
+    """Our presets' initialization: U(+-sqrt(6 / fan_in)) weights, zero biases."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            fan_in = m.weight[0].numel()
+            bound = (6.0 / fan_in) ** 0.5
+            with torch.no_grad():
+                m.weight.uniform_(-bound, bound)
+                m.bias.zero_()
+    return model
 
 
 def make_model(name):
@@ -211,7 +226,10 @@ def ddp_worker(rank, world, port, args, queue, name):
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(make_model(name))
+    net = make_model(name)
+    if args.init == "ours":
+        init_ours(net)
+    model = nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     if args.epoch:
         ddp_epoch(rank, world, model, opt, args, queue)
@@ -300,6 +318,9 @@ def main():
                     "total samples/s")
     ap.add_argument("--epoch", action="store_true",
                     help="--ddp: one whole epoch of --data, then the test accuracy")
+    ap.add_argument("--init", choices=["torch", "ours"], default="torch",
+                    help="--ddp: PyTorch's default initialization or our presets' "
+                    "(uniform +-sqrt(6/fan_in), zero biases)")
     ap.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="single-process models on the CPU (default) or the GPU")

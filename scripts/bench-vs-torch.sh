@@ -14,7 +14,8 @@
 #      on free ports, CPU, momentum 0.9 lr 0.01, train.threads auto: the
 #      cores shared by the two workers) against PyTorch
 #      DistributedDataParallel, gloo, 2 processes of 1 thread, the same
-#      optimizer: one whole epoch of Fashion-MNIST each (--limit 0, the
+#      optimizer and initialization (bench-torch.py --init ours): one whole
+#      epoch of Fashion-MNIST each (--limit 0, the
 #      default), samples/s over the epoch summed over the processes, and the
 #      test accuracy after it. --limit N trains ours on N images only and
 #      times PyTorch for S seconds (speed only, no accuracy).
@@ -142,7 +143,7 @@ print(json.dumps(d))' "$model" "$LIMIT" | tag "$r" "$dist"
     echo "round $r: pytorch DDP (gloo), 2 processes, $model" >&2
     if [ "$LIMIT" = 0 ]; then
       "$PY" "$here/scripts/bench-torch.py" --ddp --epoch --data "$DATA" --momentum 0.9 \
-        --models "$model" | tag "$r" "$dist"
+        --init ours --models "$model" | tag "$r" "$dist"
     else
       "$PY" "$here/scripts/bench-torch.py" --ddp --seconds "$SECONDS_PER" --momentum 0.9 \
         --models "$model" | tag "$r" "$dist"
