@@ -202,6 +202,9 @@ struct dn_entry *ps__dn_cache_get(struct dn_backend *b, enum dn_kind kind, const
 	memcpy(k, key, (size_t)nkey * sizeof(int));
 	*fresh = 0;
 	b->tick++;
+	/* before any primitive is made: oneDNN fixes a primitive's thread
+	 * count when it creates it, not when it runs */
+	ps__dn_enter(b);
 	for (int i = 0; i < b->ncache; i++) {
 		if (b->cache[i].kind == kind && !memcmp(b->cache[i].key, k, sizeof(k))) {
 			b->cache[i].used = b->tick;

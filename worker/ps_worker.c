@@ -498,6 +498,13 @@ int main(int argc, char **argv)
 			(unsigned long long)clock);
 	for (int e = 0; e < cfg->train.epochs && !g_stop; e++) {
 		double t_epoch = ps_now_s(), last_print = 0, loss_sum = 0;
+		/* Where the epoch's steps spent their time on this thread:
+		 * computing (forward, backward, the next batch, reading the
+		 * loss), waiting for the push thread to hand the gradients to
+		 * the client, waiting for the network (push acks and the pull,
+		 * which in sync mode includes waiting for the other workers'
+		 * pushes), and uploading the pulled weights. */
+		double t_compute = 0, t_push = 0, t_net = 0, t_upload = 0, t_mark, t_end;
 		long seen = 0, correct_sum = 0;
 		ps_batcher_epoch(&bt, e);
 		if (stage_batch(&net, &bt, e)) {
@@ -509,6 +516,7 @@ int main(int argc, char **argv)
 			float loss;
 			uint64_t gen = net.gen + 1;
 			int correct, nids, count = net.ready_count;
+			t_mark = ps_now_s();
 			if (ps_net_forward(&net)) {
 				ps_error("forward: %s", comp->err);
 				goto out;
@@ -527,14 +535,22 @@ int main(int argc, char **argv)
 				ps_error("batch: %s", comp->err);
 				goto out;
 			}
+			t_end = ps_now_s();
+			t_compute += t_end - t_mark;
 			if (ps_pusher_end(pusher, &ids, &nids, err, sizeof(err))) {
 				ps_error("step %d: %s", s, err);
 				goto out;
 			}
+			t_mark = ps_now_s();
+			t_push += t_mark - t_end;
 			if (ps_net_loss(&net, &loss, &correct)) {
 				ps_error("loss at step %d: %s", s, comp->err);
 				goto out;
 			}
+			/* on cuda reading the loss waits for the device: compute */
+			t_end = ps_now_s();
+			t_compute += t_end - t_mark;
+			t_mark = t_end;
 			/* The pull leaves behind the pushes without waiting for
 			 * their acks: a shard handles one connection's frames in
 			 * order, so it answers the pull after applying them (sync:
@@ -549,10 +565,17 @@ int main(int argc, char **argv)
 						 ps_client_error(cli));
 					goto out;
 				}
-			if (pid < 0 || ps_client_wait(cli, pid) || ps_net_upload_weights(&net)) {
+			if (pid < 0 || ps_client_wait(cli, pid)) {
 				ps_error("pull at clock %llu: %s", (unsigned long long)clock, ps_client_error(cli));
 				goto out;
 			}
+			t_end = ps_now_s();
+			t_net += t_end - t_mark;
+			if (ps_net_upload_weights(&net)) {
+				ps_error("upload at clock %llu: %s", (unsigned long long)clock, comp->err);
+				goto out;
+			}
+			t_upload += ps_now_s() - t_end;
 			loss_sum += loss * count;
 			correct_sum += correct;
 			seen += count;
@@ -590,10 +613,13 @@ int main(int argc, char **argv)
 			fprintf(metrics,
 				"\"rank\":%d,\"epoch\":%d,\"steps\":%d,\"time_s\":%.3f,\"train_loss\":%.6f,"
 				"\"train_accuracy\":%.6f,\"samples_per_s\":%.1f,\"mb_pushed\":%.3f,"
-				"\"device\":\"%s\",\"consistency\":\"%s\"",
+				"\"device\":\"%s\",\"consistency\":\"%s\",\"compute_s\":%.3f,"
+				"\"push_wait_s\":%.3f,\"net_wait_s\":%.3f,\"upload_s\":%.3f,"
+				"\"net_wait_fraction\":%.4f",
 				rank, e + 1, steps, ps_now_s() - t_start, seen ? loss_sum / seen : NAN,
 				seen ? (double)correct_sum / seen : NAN, seen / elapsed, raw / 1e6,
-				ops->name, cfg->consistency == PS_SYNC ? "sync" : "async");
+				ops->name, cfg->consistency == PS_SYNC ? "sync" : "async", t_compute,
+				t_push, t_net, t_upload, elapsed > 0 ? (t_push + t_net) / elapsed : 0.0);
 			if (!isnan(acc))
 				fprintf(metrics, ",\"test_accuracy\":%.6f,\"test_loss\":%.6f", acc, tloss);
 			fprintf(metrics, "}\n");
