@@ -20,7 +20,8 @@ lr --lr) and reports samples/s over the epoch and the test accuracy after it
 ("test_accuracy"), as a 2-shard 2-worker cluster of ours reports its own.
 --init ours: weights uniform in +-sqrt(6 / fan_in) and zero biases, the
 presets' initialization (PyTorch's default draws from +-1/sqrt(fan_in)), so
-that one epoch of each trains the same model the same way.
+that one epoch of each trains the same model the same way; --normalize
+MEAN,STD feeds (pixel / 255 - MEAN) / STD as ps-worker does (worker/dataset.h).
 
 --device cuda (scripts/gpu-check.sh): the same models on the GPU, eager
 mode, batches uploaded from pinned host memory each step (non_blocking, as a
@@ -185,6 +186,14 @@ def single(args):
                           "torch": torch.__version__, **extra}), flush=True)
 
 
+def normalize(x, args):
+    """(x - mean) / std for --normalize MEAN,STD, else x."""
+    if not args.normalize:
+        return x
+    mean, std = (float(v) for v in args.normalize.split(","))
+    return x.sub_(mean).div_(std)
+
+
 def ddp_epoch(rank, world, model, opt, args, queue):
     """One epoch over this rank's half of the training set, then the test
     accuracy (rank 0 evaluates, the other waits at the barrier)."""
@@ -195,7 +204,7 @@ def ddp_epoch(rank, world, model, opt, args, queue):
     order = torch.randperm(xs.shape[0], generator=g)
     part = order[rank::world]
     steps = part.shape[0] // args.batch
-    x_all = xs.float().div_(255.0).reshape(-1, 1, 28, 28)
+    x_all = normalize(xs.float().div_(255.0).reshape(-1, 1, 28, 28), args)
     y_all = ys.long()
     dist.barrier()
     t0 = time.perf_counter()
@@ -207,7 +216,8 @@ def ddp_epoch(rank, world, model, opt, args, queue):
     t = time.perf_counter() - t0
     acc = -1.0
     if rank == 0:
-        tx = read_idx(os.path.join(args.data, "t10k-images-idx3-ubyte.gz")).float().div_(255.0)
+        tx = normalize(read_idx(os.path.join(args.data, "t10k-images-idx3-ubyte.gz"))
+                       .float().div_(255.0), args)
         ty = read_idx(os.path.join(args.data, "t10k-labels-idx1-ubyte.gz")).long()
         right = 0
         with torch.no_grad():
@@ -321,6 +331,8 @@ def main():
     ap.add_argument("--init", choices=["torch", "ours"], default="torch",
                     help="--ddp: PyTorch's default initialization or our presets' "
                     "(uniform +-sqrt(6/fan_in), zero biases)")
+    ap.add_argument("--normalize", metavar="MEAN,STD", default="",
+                    help="--epoch: feed (pixel/255 - MEAN) / STD (default: pixel/255)")
     ap.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="single-process models on the CPU (default) or the GPU")

@@ -14,7 +14,8 @@
 #      on free ports, CPU, momentum 0.9 lr 0.01, train.threads auto: the
 #      cores shared by the two workers) against PyTorch
 #      DistributedDataParallel, gloo, 2 processes of 1 thread, the same
-#      optimizer and initialization (bench-torch.py --init ours): one whole
+#      optimizer, initialization and input normalization (bench-torch.py
+#      --init ours --normalize): one whole
 #      epoch of Fashion-MNIST each (--limit 0, the
 #      default), samples/s over the epoch summed over the processes, and the
 #      test accuracy after it. --limit N trains ours on N images only and
@@ -83,6 +84,8 @@ for model in $MODELS; do
       -e "s/^\( *level:\).*/\1 warn/" -e "s/^\( *preset:\).*/\1 $model/" \
       "$here/conf/local.yaml" >"$work/cluster-$model.yaml"
 done
+# ps-worker's input normalization (worker/dataset.h), for PyTorch's epoch
+NORM=$(sed -n 's/^#define PS_DATASET_MEAN *\([0-9.]*\)f.*/\1/p' "$here/worker/dataset.h"),$(sed -n 's/^#define PS_DATASET_STD *\([0-9.]*\)f.*/\1/p' "$here/worker/dataset.h")
 DATA=$(sed -n 's/^ *data_dir: *\([^ #]*\).*/\1/p' "$here/conf/local.yaml" | head -1)
 
 tag() { # tag ROUND SETUP: JSON lines on stdin -> results, with "round", "impl", "setup" set
@@ -143,7 +146,7 @@ print(json.dumps(d))' "$model" "$LIMIT" | tag "$r" "$dist"
     echo "round $r: pytorch DDP (gloo), 2 processes, $model" >&2
     if [ "$LIMIT" = 0 ]; then
       "$PY" "$here/scripts/bench-torch.py" --ddp --epoch --data "$DATA" --momentum 0.9 \
-        --init ours --models "$model" | tag "$r" "$dist"
+        --init ours --normalize "$NORM" --models "$model" | tag "$r" "$dist"
     else
       "$PY" "$here/scripts/bench-torch.py" --ddp --seconds "$SECONDS_PER" --momentum 0.9 \
         --models "$model" | tag "$r" "$dist"
