@@ -200,7 +200,7 @@ def ddp_epoch(rank, world, model, opt, args, queue):
     import torch.distributed as dist
     xs = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz"))
     ys = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz"))
-    g = torch.Generator().manual_seed(42)
+    g = torch.Generator().manual_seed(42 + args.seed)
     order = torch.randperm(xs.shape[0], generator=g)
     part = order[rank::world]
     steps = part.shape[0] // args.batch
@@ -235,7 +235,7 @@ def ddp_worker(rank, world, port, args, queue, name):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     net = make_model(name)
     if args.init == "ours":
         init_ours(net)
@@ -333,6 +333,8 @@ def main():
                     "(uniform +-sqrt(6/fan_in), zero biases)")
     ap.add_argument("--normalize", metavar="MEAN,STD", default="",
                     help="--epoch: feed (pixel/255 - MEAN) / STD (default: pixel/255)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="--ddp: seed of the initial weights and of --epoch's shuffle (default 0)")
     ap.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="single-process models on the CPU (default) or the GPU")
