@@ -9,8 +9,8 @@
 #
 #   kernels/*.cu  device kernels, one op per .cu/.cuh pair, built by nvcc
 #   kernels/*.c   host side (the ops table, cuBLAS and cuDNN calls), built by
-#                 $(CC) against the CUDA and cuDNN headers; compute_cpu.c,
-#                 the cpu backend, is not part of it
+#                 $(CC) against the CUDA and cuDNN headers; compute_ref.c
+#                 and compute_dnnl*.c, the ref and cpu backends, are not part of it
 #
 # Overridable: CUDA_ARCH (the -gencode list), CUDNN_HOME (where cuDNN lives
 # when it is not inside the toolkit: a tarball, or the nvidia-cudnn pip
