@@ -74,14 +74,15 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
-COMPUTE   := $(wildcard common/compute.c kernels/compute_cpu.c)
+# cpu: oneDNN (kernels/compute_dnnl*.c); ref: the plain reference (compute_ref.c).
+COMPUTE   := $(wildcard common/compute.c kernels/compute_ref.c kernels/compute_dnnl*.c)
 TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/model_file.c)
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
 TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN))
 # Click logs: Criteo's format and the synthetic generator (ps-ctrgen).
 CTR_OBJS  := $(patsubst %.c,$(OBJ)/%.o,worker/criteo.c worker/ctr_gen.c)
-TRAIN_LIBS := -lopenblas -lz -ldl
+TRAIN_LIBS := -ldnnl -lgomp -lopenblas -lz -ldl
 
 UNIT_SRCS := $(wildcard tests/check_*.c)
 UNIT_BINS := $(patsubst tests/%.c,$(OBJ)/tests/%,$(UNIT_SRCS))
@@ -89,7 +90,7 @@ IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 IT_SH     := $(wildcard tests/it_*.sh)
 
-PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_cpu.c)),bin/ps-worker)
+PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_ref.c)),bin/ps-worker)
 
 .PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc test-rdma demo-rdma
 .SECONDARY:

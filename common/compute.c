@@ -1,5 +1,6 @@
 /* compute.c - finding compute backends by name (docs/architecture.md,
- * Interfaces): "cpu" is built in, "cuda" is the plug-in
+ * Interfaces): "cpu" (oneDNN) and "ref" (the reference) are built in,
+ * "cuda" is the plug-in
  * ps-compute-cuda.so, opened with dlopen the first time it is asked for.
  *
  * Why a plug-in: the cuda backend links cuDNN, cuBLAS and the CUDA runtime.
@@ -122,9 +123,13 @@ int ps_compute_load(const char *name, const struct ps_compute_ops **ops, char *e
 		*ops = &ps_compute_cpu_ops;
 		return 0;
 	}
+	if (name && strcmp(name, "ref") == 0) {
+		*ops = &ps_compute_ref_ops;
+		return 0;
+	}
 	if (!name || strcmp(name, "cuda") != 0) {
 		if (err && errlen)
-			snprintf(err, errlen, "no compute backend named '%s' (cpu, cuda)",
+			snprintf(err, errlen, "no compute backend named '%s' (cpu, ref, cuda)",
 				 name ? name : "(null)");
 		return -ENOENT;
 	}

@@ -1,7 +1,8 @@
 /* compute.h - the compute backends a worker trains with (docs/architecture.md, Interfaces).
  *
- * A backend is a const struct ps_compute_ops found by name ("cpu", "cuda")
- * through ps_compute_load(): cpu is built in, cuda is the plug-in
+ * A backend is a const struct ps_compute_ops found by name ("cpu", "ref",
+ * "cuda") through ps_compute_load(): cpu (oneDNN) and ref (the plain
+ * reference) are built in, cuda is the plug-in
  * lib/ps-compute-cuda.so, opened with dlopen on first use so that a worker
  * runs on machines without the CUDA libraries. Every float pointer an op
  * takes is backend memory from alloc() (device memory for cuda, host memory
@@ -190,7 +191,7 @@ struct ps_compute_ops {
 			    int n, int classes, float *dlogits, struct ps_xent_stats *st);
 };
 
-/* Finds backend name ("cpu", "cuda") into *ops; the cuda plug-in is opened
+/* Finds backend name ("cpu", "ref", "cuda") into *ops; the cuda plug-in is opened
  * on the first call (PS_COMPUTE_PLUGIN_DIR, then the folder lib/ beside the
  * program's bin/, then the install path). PS_ENOTSUP with the one-line
  * reason in err when it cannot be loaded (not built, a library missing);
@@ -210,8 +211,10 @@ int ps_compute_xent_read(const struct ps_xent_stats *st, int classes, float *los
 int ps_compute_xent(struct ps_compute *c, const float *logits, const int32_t *labels, int n,
 		    int classes, float *dlogits, float *loss, int *correct);
 
-/* The built-in reference backend. */
+/* The built-in backends: "cpu" on oneDNN (the default), and "ref", the plain
+ * C + OpenBLAS reference every other backend is tested against. */
 extern const struct ps_compute_ops ps_compute_cpu_ops;
+extern const struct ps_compute_ops ps_compute_ref_ops;
 
 /* The symbol the cuda plug-in exports: its ops, and the ABI version of this
  * header it was built against (a plug-in of another version is refused). */

@@ -145,6 +145,7 @@ struct ps_train_cfg {
 	int64_t test_limit;         /* test accuracy on the first N test images (0 = all) */
 	int device;                 /* enum ps_device */
 	int tf32;                   /* enum ps_tf32 (compute.h): conv, off, all */
+	int threads;                /* cpu compute threads; 0 = auto (ps_worker.c) */
 	char metrics_dir[512];      /* worker-R.jsonl files go here */
 };
 

@@ -185,6 +185,11 @@ const struct opt cfg_opts[] = {
 	  "cuda: TF32 tensor-core math for conv (convolutions only, matrix products in full "
 	  "fp32: PyTorch's default), all (matrix products too: faster, about 3 fewer "
 	  "decimal digits) or off (fp32 throughout, as the cpu backend); no effect on the cpu"),
+	O("train.threads", T_INT, 0, 0, 1024, "0", NULL, C, train.threads,
+	  "compute threads per worker on the cpu backend (oneDNN); 0 = auto: OMP_NUM_THREADS "
+	  "if set, else the machine's cores shared among the workers on it (cluster.workers "
+	  "when every shard address is loopback, as scripts/ps-local.sh runs them; else this "
+	  "worker alone), at least 1; no effect on cuda"),
 	O("train.metrics_dir", T_PATH, 0, 0, 0, "metrics", NULL, C, train.metrics_dir,
 	  "folder for worker-R.jsonl metrics logs (created if missing); \"\" = none"),
 	O("stats.token_file", T_PATH, 0, 0, 0, "", NULL, C, stats.token_file,

@@ -9,8 +9,8 @@
 #
 #   kernels/*.cu  device kernels, one op per .cu/.cuh pair, built by nvcc
 #   kernels/*.c   host side (the ops table, cuBLAS and cuDNN calls), built by
-#                 $(CC) against the CUDA and cuDNN headers; compute_cpu.c,
-#                 the cpu backend, is not part of it
+#                 $(CC) against the CUDA and cuDNN headers; compute_ref.c
+#                 and compute_dnnl*.c, the ref and cpu backends, are not part of it
 #
 # Overridable: CUDA_ARCH (the -gencode list), CUDNN_HOME (where cuDNN lives
 # when it is not inside the toolkit: a tarball, or the nvidia-cudnn pip
@@ -52,8 +52,8 @@ NVCCFLAGS ?= -O2
 NVCC_BASE := -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-fPIC,-fvisibility=hidden
 
 CUDA_CU_OBJS := $(patsubst %.cu,$(OBJ)/%.o,$(wildcard kernels/*.cu))
-# kernels/ also holds the cpu backend: not CUDA host code.
-CUDA_C_SRCS  := $(filter-out kernels/compute_cpu.c,$(wildcard kernels/*.c))
+# kernels/ also holds the cpu and ref backends: not CUDA host code.
+CUDA_C_SRCS  := $(filter-out kernels/compute_ref.c kernels/compute_dnnl%.c,$(wildcard kernels/*.c))
 CUDA_C_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(CUDA_C_SRCS))
 CUDA_OBJS    := $(CUDA_C_OBJS) $(CUDA_CU_OBJS)
 

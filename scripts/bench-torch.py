@@ -12,8 +12,16 @@ forward, loss, backward, optimizer.step(); a few warm-up steps, then timed
 for --seconds.
 
 --ddp: 2 processes (torch.distributed, gloo, 127.0.0.1 on a free port),
-DistributedDataParallel, 1 thread each, batch 64 per process, cnn; prints
-the total samples/s of both processes ("model":"cnn","mode":"ddp").
+DistributedDataParallel, 1 thread each, batch 64 per process, each model of
+--models; prints the total samples/s of both processes ("mode":"ddp").
+--ddp --epoch: instead of timing --seconds, trains one whole epoch of
+Fashion-MNIST (--data; each process a shuffled half, momentum --momentum,
+lr --lr) and reports samples/s over the epoch and the test accuracy after it
+("test_accuracy"), as a 2-shard 2-worker cluster of ours reports its own.
+--init ours: weights uniform in +-sqrt(6 / fan_in) and zero biases, the
+presets' initialization (PyTorch's default draws from +-1/sqrt(fan_in)), so
+that one epoch of each trains the same model the same way; --normalize
+MEAN,STD feeds (pixel / 255 - MEAN) / STD as ps-worker does (worker/dataset.h).
 
 --device cuda (scripts/gpu-check.sh): the same models on the GPU, eager
 mode, batches uploaded from pinned host memory each step (non_blocking, as a
@@ -62,6 +70,18 @@ try:
 except ImportError:
     sys.exit("bench-torch.py: PyTorch missing: apt-get install -y python3-torch "
              "(and run this script with /usr/bin/python3)")
+
+
+def init_ours(model):
+    """Our presets' initialization: U(+-sqrt(6 / fan_in)) weights, zero biases."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            fan_in = m.weight[0].numel()
+            bound = (6.0 / fan_in) ** 0.5
+            with torch.no_grad():
+                m.weight.uniform_(-bound, bound)
+                m.bias.zero_()
+    return model
 
 
 def make_model(name):
@@ -166,15 +186,65 @@ def single(args):
                           "torch": torch.__version__, **extra}), flush=True)
 
 
-def ddp_worker(rank, world, port, args, queue):
+def normalize(x, args):
+    """(x - mean) / std for --normalize MEAN,STD, else x."""
+    if not args.normalize:
+        return x
+    mean, std = (float(v) for v in args.normalize.split(","))
+    return x.sub_(mean).div_(std)
+
+
+def ddp_epoch(rank, world, model, opt, args, queue):
+    """One epoch over this rank's half of the training set, then the test
+    accuracy (rank 0 evaluates, the other waits at the barrier)."""
+    import torch.distributed as dist
+    xs = read_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz"))
+    ys = read_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz"))
+    g = torch.Generator().manual_seed(42 + args.seed)
+    order = torch.randperm(xs.shape[0], generator=g)
+    part = order[rank::world]
+    steps = part.shape[0] // args.batch
+    x_all = normalize(xs.float().div_(255.0).reshape(-1, 1, 28, 28), args)
+    y_all = ys.long()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        idx = part[i * args.batch:(i + 1) * args.batch]
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
+        opt.step()
+    t = time.perf_counter() - t0
+    acc = -1.0
+    if rank == 0:
+        tx = normalize(read_idx(os.path.join(args.data, "t10k-images-idx3-ubyte.gz"))
+                       .float().div_(255.0), args)
+        ty = read_idx(os.path.join(args.data, "t10k-labels-idx1-ubyte.gz")).long()
+        right = 0
+        with torch.no_grad():
+            for i in range(0, tx.shape[0], 1000):
+                out = model.module(tx[i:i + 1000].reshape(-1, 1, 28, 28))
+                right += int((out.argmax(1) == ty[i:i + 1000]).sum())
+        acc = right / tx.shape[0]
+    queue.put((rank, steps, t, acc))
+    dist.barrier()
+
+
+def ddp_worker(rank, world, port, args, queue, name):
     import torch.distributed as dist
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(make_model("cnn"))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=args.momentum)
+    torch.manual_seed(args.seed)
+    net = make_model(name)
+    if args.init == "ours":
+        init_ours(net)
+    model = nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    if args.epoch:
+        ddp_epoch(rank, world, model, opt, args, queue)
+        dist.destroy_process_group()
+        return
     batches = load_batches(args.data, args.batch, count=16)
     if args.data:   # each rank its own part of the data
         batches = batches[rank::world]
@@ -202,7 +272,7 @@ def ddp_worker(rank, world, port, args, queue):
         F.cross_entropy(model(x), y).backward()
         opt.step()
     t = time.perf_counter() - t0
-    queue.put((rank, n, t))
+    queue.put((rank, n, t, -1.0))
     dist.destroy_process_group()
 
 
@@ -216,26 +286,28 @@ def ddp(args):
     import torch.multiprocessing as mp
     world = 2
     ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=ddp_worker, args=(r, world, port, args, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    if any(p.exitcode != 0 for p in procs):
-        sys.exit("bench-torch.py: a DDP process failed")
-    res = sorted(queue.get() for _ in range(world))
-    steps = res[0][1]
-    t = max(r[2] for r in res)
-    per = [round(r[1] * args.batch / r[2], 1) for r in res]
-    print(json.dumps({"impl": "pytorch", "model": "cnn", "mode": "ddp", "backend": "gloo",
-                      "processes": world, "batch": args.batch, "steps": steps,
-                      "ms_per_step": round(t * 1e3 / steps, 3),
-                      "samples_per_s": round(world * steps * args.batch / t, 1),
-                      "per_process_samples_per_s": per,
-                      "torch": torch.__version__}), flush=True)
+    for name in args.models:
+        queue = ctx.SimpleQueue()
+        port = free_port()
+        procs = [ctx.Process(target=ddp_worker, args=(r, world, port, args, queue, name))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        if any(p.exitcode != 0 for p in procs):
+            sys.exit("bench-torch.py: a DDP process failed")
+        res = sorted(queue.get() for _ in range(world))
+        steps = res[0][1]
+        t = max(r[2] for r in res)
+        per = [round(r[1] * args.batch / r[2], 1) for r in res]
+        extra = {"epochs": 1, "test_accuracy": res[0][3]} if args.epoch else {}
+        print(json.dumps({"impl": "pytorch", "model": name, "mode": "ddp", "backend": "gloo",
+                          "processes": world, "batch": args.batch, "steps": steps,
+                          "ms_per_step": round(t * 1e3 / steps, 3),
+                          "samples_per_s": round(world * steps * args.batch / t, 1),
+                          "per_process_samples_per_s": per, **extra,
+                          "torch": torch.__version__}), flush=True)
 
 
 def main():
@@ -252,7 +324,18 @@ def main():
                     default=None, help="Fashion-MNIST IDX .gz folder instead of random data "
                     "(default folder /usr/share/datasets/fashion-mnist)")
     ap.add_argument("--ddp", action="store_true",
-                    help="2 processes, gloo, DistributedDataParallel, cnn; total samples/s")
+                    help="2 processes, gloo, DistributedDataParallel, each of --models; "
+                    "total samples/s")
+    ap.add_argument("--epoch", action="store_true",
+                    help="--ddp: one whole epoch of --data, then the test accuracy")
+    ap.add_argument("--init", choices=["torch", "ours"], default="torch",
+                    help="--ddp: PyTorch's default initialization or our presets' "
+                    "(uniform +-sqrt(6/fan_in), zero biases)")
+    ap.add_argument("--normalize", metavar="MEAN,STD", default="",
+                    help="--epoch: feed (pixel/255 - MEAN) / STD (default: pixel/255)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="--ddp: seed of the initial weights and of --epoch's shuffle (default 0)")
+    ap.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="single-process models on the CPU (default) or the GPU")
     ap.add_argument("--steps", type=int, default=0,
@@ -270,6 +353,8 @@ def main():
         ap.error("--seconds must be > 0, --batch and --threads >= 1, --steps >= 0")
     if args.ddp and args.device != "cpu":
         ap.error("--ddp runs on the CPU only")
+    if args.epoch and not (args.ddp and args.data):
+        ap.error("--epoch needs --ddp and --data")
     ddp(args) if args.ddp else single(args)
 
 

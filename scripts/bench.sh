@@ -109,8 +109,8 @@ fi
 if [ $# -ge 2 ] && [ -x "$2" ] && [ -x bin/ps-worker ]; then
   echo
   echo "-- training: 2 shards + 2 workers (sync, loopback) against compute alone"
-  echo "   baseline: one process, forward + backward + gradient download, no servers, 1 BLAS thread"
-  base=$(OPENBLAS_NUM_THREADS=1 "$2" --seconds "$S" --json)
+  echo "   baseline: one process, forward + backward + gradient download, no servers, 1 compute thread"
+  base=$(OPENBLAS_NUM_THREADS=1 "$2" --seconds "$S" --backend cpu --threads 1 --json)
   printf '%s\n' "$base" | sed 's/^/   /'
   tmp=$(mktemp -d /tmp/ps-bench-train.XXXXXX)
   for m in "mlp 25600" "cnn 5120"; do

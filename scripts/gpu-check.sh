@@ -444,7 +444,7 @@ else
   fi
 fi
 if [ -x "$T_BT" ] && [ "$(limit 40)" -gt 0 ]; then
-  OPENBLAS_NUM_THREADS=$THREADS timeout -k 5 "$(limit 40)" "$T_BT" --seconds 2 --batch "$BATCH" --json \
+  OPENBLAS_NUM_THREADS=$THREADS timeout -k 5 "$(limit 40)" "$T_BT" --seconds 2 --batch "$BATCH" --backend cpu --backend cuda --json \
     >"$W/bench_train.log" 2>&1
   grep '^{' "$W/bench_train.log" | "$HPY" -c '
 import json, sys

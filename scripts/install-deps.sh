@@ -11,7 +11,7 @@ PKGS=(
   libyaml-dev
   check
   zlib1g-dev
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   libsodium-dev libssl-dev
   libibverbs-dev librdmacm-dev
   libmicrohttpd-dev

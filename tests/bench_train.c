@@ -1,12 +1,15 @@
 /* bench_train.c - compute-only training speed of the model presets: the
  * baseline that distributed training is compared with in `make bench`.
  *
- * For each preset (mlp, cnn) and backend (cpu; cuda when a GPU is usable)
+ * For each preset (mlp, cnn) and backend (cpu on oneDNN, ref the plain
+ * reference, cuda when a GPU is usable)
  * one process runs forward, backward and the download of every gradient to
  * host memory, exactly as ps-worker does, with no servers: what a step costs
  * before any push or pull. Reported as samples/s and ms per step.
  *
- * Usage: bench_train [--seconds S] [--batch B] [--json]
+ * Usage: bench_train [--seconds S] [--batch B] [--threads T] [--backend NAME]... [--json]
+ * --threads: compute threads (ps_compute_opts.threads; 0, the default, is
+ * the backend's own: OMP_NUM_THREADS or the cores for cpu).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,8 +46,10 @@ static int step(struct ps_net *net, const float *x, const int32_t *y, int batch)
 	return 0;
 }
 
-static int bench(const char *preset, const char *backend, int batch, double seconds, int json)
+static int bench(const char *preset, const char *backend, int batch, int threads,
+		 double seconds, int json)
 {
+	struct ps_compute_opts opts = { .threads = threads };
 	const struct ps_compute_ops *ops = NULL;
 	struct ps_compute *c = NULL;
 	struct ps_config *cfg = calloc(1, sizeof(*cfg));
@@ -68,7 +73,7 @@ static int bench(const char *preset, const char *backend, int batch, double seco
 		 "model: {preset: %s}\n", preset);
 	if (ps_config_load_string(cfg, yaml, "bench", err, sizeof(err)))
 		goto out;
-	if (ops->create(&c, NULL, err, sizeof(err))) {
+	if (ops->create(&c, &opts, err, sizeof(err))) {
 		printf("%-4s %-5s skipped: %s\n", preset, backend, err);
 		rc = 0;
 		goto out;
@@ -98,9 +103,10 @@ static int bench(const char *preset, const char *backend, int batch, double seco
 		t = ps_now_s();
 	} while (t - t0 < seconds);
 	if (json)
-		printf("{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%d,\"steps\":%d,"
-		       "\"ms_per_step\":%.3f,\"samples_per_s\":%.1f}\n", preset, backend, batch, steps,
-		       (t - t0) * 1e3 / steps, steps * batch / (t - t0));
+		printf("{\"model\":\"%s\",\"backend\":\"%s\",\"batch\":%d,\"threads\":%d,"
+		       "\"steps\":%d,\"ms_per_step\":%.3f,\"samples_per_s\":%.1f}\n", preset,
+		       backend, batch, threads, steps, (t - t0) * 1e3 / steps,
+		       steps * batch / (t - t0));
 	else
 		printf("%-4s %-5s batch %d: %8.2f ms/step  %9.0f samples/s  (%d steps)\n", preset,
 		       backend, batch, (t - t0) * 1e3 / steps, steps * batch / (t - t0), steps);
@@ -121,28 +127,38 @@ out:
 int main(int argc, char **argv)
 {
 	double seconds = 3;
-	int batch = 64, json = 0, rc = 0;
+	int batch = 64, json = 0, rc = 0, threads = 0, nb = 0;
+	const char *backends[8];
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
 			seconds = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
 			batch = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			threads = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--backend") && i + 1 < argc && nb < 8)
+			backends[nb++] = argv[++i];
 		else if (!strcmp(argv[i], "--json"))
 			json = 1;
 		else {
-			fprintf(stderr, "usage: bench_train [--seconds S] [--batch B] [--json]\n");
+			fprintf(stderr, "usage: bench_train [--seconds S] [--batch B] [--threads T] "
+				"[--backend NAME]... [--json]\n");
 			return 2;
 		}
 	}
-	if (seconds <= 0 || batch < 1 || batch > 65536) {
-		fprintf(stderr, "bench_train: --seconds must be > 0 and --batch 1..65536\n");
+	if (seconds <= 0 || batch < 1 || batch > 65536 || threads < 0) {
+		fprintf(stderr, "bench_train: --seconds must be > 0, --batch 1..65536, --threads >= 0\n");
 		return 2;
 	}
 	static const char *const presets[] = { "mlp", "cnn" };
-	static const char *const backends[] = { "cpu", "cuda" };
+	if (!nb) {
+		backends[nb++] = "cpu";
+		backends[nb++] = "ref";
+		backends[nb++] = "cuda";
+	}
 	for (int p = 0; p < 2; p++)
-		for (int b = 0; b < 2; b++)
-			rc |= bench(presets[p], backends[b], batch, seconds, json);
+		for (int b = 0; b < nb; b++)
+			rc |= bench(presets[p], backends[b], batch, threads, seconds, json);
 	return rc ? 1 : 0;
 }

@@ -1,7 +1,10 @@
 /* check_compute.c - the compute backends (docs/architecture.md, Interfaces): every backward op
- * of the cpu reference against central differences of its forward op,
- * forward ops against naive loops, softmax cross-entropy on inputs whose
- * answer is known, and the registry by name.
+ * against central differences of its forward op, forward ops against naive
+ * loops, softmax cross-entropy on inputs whose answer is known, and the
+ * registry by name. The op cases run twice: on "ref" (the plain reference
+ * the other backends are compared with, so it is the one these checks must
+ * hold for first) and on "cpu" (oneDNN; check_compute_dnnl compares it with
+ * ref much more tightly).
  *
  * The gradient checks use the scalar loss L = sum(y * r) for a fixed random
  * r, so dL/dy = r is what backward receives. Inputs are built away from the
@@ -24,15 +27,25 @@ static const struct ps_compute_ops *ops;
 static struct ps_compute *cc;
 static uint64_t rng_state;
 
-static void setup(void)
+static void setup(const char *backend)
 {
 	char err[256] = "";
 
-	ck_assert_int_eq(ps_compute_load("cpu", &ops, err, sizeof(err)), 0);
+	ck_assert_int_eq(ps_compute_load(backend, &ops, err, sizeof(err)), 0);
 	ck_assert_ptr_nonnull(ops);
 	ck_assert_int_eq(ops->create(&cc, NULL, err, sizeof(err)), 0);
 	ck_assert_ptr_nonnull(cc);
 	rng_state = 0x9e3779b97f4a7c15ull;
+}
+
+static void setup_ref(void)
+{
+	setup("ref");
+}
+
+static void setup_cpu(void)
+{
+	setup("cpu");
 }
 
 static void teardown(void)
@@ -755,6 +768,9 @@ START_TEST(test_registry)
 	ck_assert_int_eq(ps_compute_load("cpu", &cpu, err, sizeof(err)), 0);
 	ck_assert_str_eq(cpu->name, "cpu");
 	ck_assert_ptr_eq(cpu, &ps_compute_cpu_ops);
+	ck_assert_int_eq(ps_compute_load("ref", &cpu, err, sizeof(err)), 0);
+	ck_assert_str_eq(cpu->name, "ref");
+	ck_assert_ptr_eq(cpu, &ps_compute_ref_ops);
 	ck_assert_int_eq(ps_compute_load("nope", &none, err, sizeof(err)), -ENOENT);
 	ck_assert_ptr_null(none);
 	ck_assert_msg(strstr(err, "'nope'"), "%s", err);
@@ -788,17 +804,12 @@ START_TEST(test_registry)
 }
 END_TEST
 
-static Suite *compute_suite(void)
+/* Every op case on one backend, as its own test case. */
+static void add_op_cases(Suite *s, const char *name, void (*fixture)(void))
 {
-	Suite *s = suite_create("compute");
-	TCase *reg = tcase_create("registry");
-	TCase *ops_tc = tcase_create("cpu");
+	TCase *ops_tc = tcase_create(name);
 
-	/* generous: sanitizer builds on a loaded 2-core machine */
-	tcase_set_timeout(reg, 60);
-	tcase_add_test(reg, test_registry);
-	suite_add_tcase(s, reg);
-	tcase_add_checked_fixture(ops_tc, setup, teardown);
+	tcase_add_checked_fixture(ops_tc, fixture, teardown);
 	tcase_set_timeout(ops_tc, 60);
 	tcase_add_test(ops_tc, test_grad_dense);
 	tcase_add_loop_test(ops_tc, test_grad_conv2d, 0,
@@ -813,6 +824,19 @@ static Suite *compute_suite(void)
 	tcase_add_test(ops_tc, test_memory_and_misc);
 	tcase_add_test(ops_tc, test_maxpool_bad_index);
 	suite_add_tcase(s, ops_tc);
+}
+
+static Suite *compute_suite(void)
+{
+	Suite *s = suite_create("compute");
+	TCase *reg = tcase_create("registry");
+
+	/* generous: sanitizer builds on a loaded 2-core machine */
+	tcase_set_timeout(reg, 60);
+	tcase_add_test(reg, test_registry);
+	suite_add_tcase(s, reg);
+	add_op_cases(s, "ref", setup_ref);
+	add_op_cases(s, "cpu", setup_cpu);
 	return s;
 }
 

@@ -1,5 +1,6 @@
 /* check_compute_cuda.c - the cuda compute backend (the plug-in
- * lib/ps-compute-cuda.so) against the cpu reference, op by op and on whole
+ * lib/ps-compute-cuda.so) against the reference backend "ref" (called cpu
+ * below: the plain C + OpenBLAS code), op by op and on whole
  * forward and backward passes (docs/architecture.md, Interfaces; docs/gpu.md).
  *
  * Each case runs the same op on random inputs through both backends, the
@@ -60,7 +61,7 @@ static int pair_open_tf32(struct pair *p, const char *what, enum ps_tf32 tf32)
 	int rc;
 
 	memset(p, 0, sizeof(*p));
-	p->co = &ps_compute_cpu_ops;
+	p->co = &ps_compute_ref_ops;
 	rc = p->co->create(&p->cpu, NULL, err, sizeof(err));
 	ck_assert_msg(rc == 0, "cpu create: %s", err);
 	rc = ps_compute_load("cuda", &p->go, err, sizeof(err));

@@ -1,5 +1,5 @@
 /* check_net.c - a training step through ps_net_* as the worker runs it
- * (worker/net.h), on the cpu backend.
+ * (worker/net.h), on the cpu (oneDNN) and ref backends.
  *
  *   - backward makes no host synchronization (the backend's host_syncs
  *     counter does not move), for mlp, cnn and a model with layers of
@@ -28,7 +28,22 @@
 #include "ps_err.h"
 #include "test_util.h"
 
+/* The backend under test: every case runs on cpu (oneDNN) and on ref. */
 static const struct ps_compute_ops *ops = &ps_compute_cpu_ops;
+
+static void use_cpu(void)
+{
+	ops = &ps_compute_cpu_ops;
+}
+
+static void use_ref(void)
+{
+	ops = &ps_compute_ref_ops;
+}
+
+static void no_teardown(void)
+{
+}
 
 /* Every layer kind: conv, relu, maxpool, flatten in the middle, dense. */
 static const char *const mixed_model =
@@ -345,11 +360,11 @@ START_TEST(test_double_buffered_input)
 }
 END_TEST
 
-int main(void)
+static void add_cases(Suite *s, const char *name, void (*fixture)(void))
 {
-	Suite *s = suite_create("net");
-	TCase *tc = tcase_create("cpu");
+	TCase *tc = tcase_create(name);
 
+	tcase_add_checked_fixture(tc, fixture, no_teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_loop_test(tc, test_backward_no_host_sync, 0, 3);
 	tcase_add_loop_test(tc, test_push_order_and_values, 0, 3);
@@ -357,5 +372,13 @@ int main(void)
 	tcase_add_test(tc, test_bad_label_and_nonfinite_loss);
 	tcase_add_test(tc, test_double_buffered_input);
 	suite_add_tcase(s, tc);
+}
+
+int main(void)
+{
+	Suite *s = suite_create("net");
+
+	add_cases(s, "cpu", use_cpu);
+	add_cases(s, "ref", use_ref);
 	return tu_run_suite(s) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -105,11 +105,43 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 	return 0;
 }
 
+/* Whether host names this machine by a loopback address. */
+static int loopback(const char *host)
+{
+	return !strncmp(host, "127.", 4) || !strcmp(host, "localhost") || !strcmp(host, "::1");
+}
+
+/* The cpu backend's compute threads (train.threads; docs/architecture.md,
+ * Training): as set, or for 0 the cores divided among the workers on this
+ * machine. A config whose shards are all on loopback runs every worker
+ * here too (scripts/ps-local.sh); otherwise a worker is taken to have the
+ * machine to itself. OMP_NUM_THREADS, where set, is the backend's own
+ * default and wins over the guess (0 passed on). */
+static int compute_threads(const struct ps_config *cfg)
+{
+	const char *env = getenv("OMP_NUM_THREADS");
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	int here = 1, all_local = cfg->nshards > 0;
+
+	if (cfg->train.threads > 0)
+		return cfg->train.threads;
+	if (env && *env)
+		return 0;
+	for (int i = 0; i < cfg->nshards; i++)
+		all_local &= loopback(cfg->shards[i].host);
+	if (all_local && cfg->nworkers > 1)
+		here = cfg->nworkers;
+	if (cores < 1)
+		cores = 1;
+	return cores / here > 0 ? (int)(cores / here) : 1;
+}
+
 /* Picks and creates the backend; prints one line when falling back. */
 static int open_backend(const struct ps_config *cfg, const struct ps_compute_ops **ops,
 			struct ps_compute **c)
 {
-	struct ps_compute_opts opts = { .tf32 = (enum ps_tf32)cfg->train.tf32 };
+	struct ps_compute_opts opts = { .tf32 = (enum ps_tf32)cfg->train.tf32,
+					.threads = compute_threads(cfg) };
 	int device = cfg->train.device;
 	char err[512] = "";
 	int rc;
@@ -130,6 +162,11 @@ static int open_backend(const struct ps_config *cfg, const struct ps_compute_ops
 	rc = (*ops)->create(c, &opts, err, sizeof(err));
 	if (rc)
 		ps_error("cpu backend: %s", err);
+	else if (opts.threads)
+		ps_info("cpu backend (oneDNN): %d compute thread(s)", opts.threads);
+	else
+		ps_info("cpu backend (oneDNN): OMP_NUM_THREADS=%s compute thread(s)",
+			getenv("OMP_NUM_THREADS"));
 	return rc;
 }
 
@@ -461,6 +498,13 @@ int main(int argc, char **argv)
 			(unsigned long long)clock);
 	for (int e = 0; e < cfg->train.epochs && !g_stop; e++) {
 		double t_epoch = ps_now_s(), last_print = 0, loss_sum = 0;
+		/* Where the epoch's steps spent their time on this thread:
+		 * computing (forward, backward, the next batch, reading the
+		 * loss), waiting for the push thread to hand the gradients to
+		 * the client, waiting for the network (push acks and the pull,
+		 * which in sync mode includes waiting for the other workers'
+		 * pushes), and uploading the pulled weights. */
+		double t_compute = 0, t_push = 0, t_net = 0, t_upload = 0, t_mark, t_end;
 		long seen = 0, correct_sum = 0;
 		ps_batcher_epoch(&bt, e);
 		if (stage_batch(&net, &bt, e)) {
@@ -472,6 +516,7 @@ int main(int argc, char **argv)
 			float loss;
 			uint64_t gen = net.gen + 1;
 			int correct, nids, count = net.ready_count;
+			t_mark = ps_now_s();
 			if (ps_net_forward(&net)) {
 				ps_error("forward: %s", comp->err);
 				goto out;
@@ -490,14 +535,22 @@ int main(int argc, char **argv)
 				ps_error("batch: %s", comp->err);
 				goto out;
 			}
+			t_end = ps_now_s();
+			t_compute += t_end - t_mark;
 			if (ps_pusher_end(pusher, &ids, &nids, err, sizeof(err))) {
 				ps_error("step %d: %s", s, err);
 				goto out;
 			}
+			t_mark = ps_now_s();
+			t_push += t_mark - t_end;
 			if (ps_net_loss(&net, &loss, &correct)) {
 				ps_error("loss at step %d: %s", s, comp->err);
 				goto out;
 			}
+			/* on cuda reading the loss waits for the device: compute */
+			t_end = ps_now_s();
+			t_compute += t_end - t_mark;
+			t_mark = t_end;
 			/* The pull leaves behind the pushes without waiting for
 			 * their acks: a shard handles one connection's frames in
 			 * order, so it answers the pull after applying them (sync:
@@ -512,10 +565,17 @@ int main(int argc, char **argv)
 						 ps_client_error(cli));
 					goto out;
 				}
-			if (pid < 0 || ps_client_wait(cli, pid) || ps_net_upload_weights(&net)) {
+			if (pid < 0 || ps_client_wait(cli, pid)) {
 				ps_error("pull at clock %llu: %s", (unsigned long long)clock, ps_client_error(cli));
 				goto out;
 			}
+			t_end = ps_now_s();
+			t_net += t_end - t_mark;
+			if (ps_net_upload_weights(&net)) {
+				ps_error("upload at clock %llu: %s", (unsigned long long)clock, comp->err);
+				goto out;
+			}
+			t_upload += ps_now_s() - t_end;
 			loss_sum += loss * count;
 			correct_sum += correct;
 			seen += count;
@@ -553,10 +613,13 @@ int main(int argc, char **argv)
 			fprintf(metrics,
 				"\"rank\":%d,\"epoch\":%d,\"steps\":%d,\"time_s\":%.3f,\"train_loss\":%.6f,"
 				"\"train_accuracy\":%.6f,\"samples_per_s\":%.1f,\"mb_pushed\":%.3f,"
-				"\"device\":\"%s\",\"consistency\":\"%s\"",
+				"\"device\":\"%s\",\"consistency\":\"%s\",\"compute_s\":%.3f,"
+				"\"push_wait_s\":%.3f,\"net_wait_s\":%.3f,\"upload_s\":%.3f,"
+				"\"net_wait_fraction\":%.4f",
 				rank, e + 1, steps, ps_now_s() - t_start, seen ? loss_sum / seen : NAN,
 				seen ? (double)correct_sum / seen : NAN, seen / elapsed, raw / 1e6,
-				ops->name, cfg->consistency == PS_SYNC ? "sync" : "async");
+				ops->name, cfg->consistency == PS_SYNC ? "sync" : "async", t_compute,
+				t_push, t_net, t_upload, elapsed > 0 ? (t_push + t_net) / elapsed : 0.0);
 			if (!isnan(acc))
 				fprintf(metrics, ",\"test_accuracy\":%.6f,\"test_loss\":%.6f", acc, tloss);
 			fprintf(metrics, "}\n");

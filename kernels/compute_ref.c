@@ -1,7 +1,7 @@
-/* compute_cpu.c - the reference compute backend: host memory and OpenBLAS.
+/* compute_ref.c - the reference compute backend "ref": host memory and OpenBLAS.
  *
- * Every other backend is checked against this one, so it favours plain,
- * obviously correct loops; the heavy work (dense layers, convolutions as
+ * Every other backend ("cpu" on oneDNN, "cuda") is checked against this
+ * one, so it favours plain, obviously correct loops; the heavy work (dense layers, convolutions as
  * im2col + GEMM) goes to cblas_sgemm. A training step of the cnn preset
  * (batch 64) is about 4.3 GFLOP, nearly all in sgemm: about 95 ms on one
  * AVX2 core that runs sgemm at 68 GFLOPS. Ops run synchronously on the
@@ -20,16 +20,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include "compute.h"
+#include "compute_ref.h"
 #include "ps_err.h"
 
 #define ALIGN 256
 
-struct cpu {
+struct ref {
 	struct ps_compute base;     /* first: ops receive &base */
 };
 
 /* Records the reason for a failed op in c->err and returns rc. */
-static int fail(struct ps_compute *c, int rc, const char *fmt, ...)
+int ps__ref_fail(struct ps_compute *c, int rc, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -39,57 +40,57 @@ static int fail(struct ps_compute *c, int rc, const char *fmt, ...)
 	return rc;
 }
 
-static int cpu_create(struct ps_compute **out, const struct ps_compute_opts *opts, char *err,
+static int ref_create(struct ps_compute **out, const struct ps_compute_opts *opts, char *err,
 		      size_t errlen)
 {
-	struct cpu *b = calloc(1, sizeof(*b));
+	struct ref *b = calloc(1, sizeof(*b));
 
 	(void)opts;  /* fp32 always; threads: OpenBLAS's own setting */
 	*out = NULL;
 	if (!b) {
 		if (err && errlen)
-			snprintf(err, errlen, "out of memory creating the cpu backend");
+			snprintf(err, errlen, "out of memory creating the ref backend");
 		return -ENOMEM;
 	}
-	b->base.ops = &ps_compute_cpu_ops;
+	b->base.ops = &ps_compute_ref_ops;
 	*out = &b->base;
 	return 0;
 }
 
-static void cpu_destroy(struct ps_compute *c)
+static void ref_destroy(struct ps_compute *c)
 {
-	free(c);  /* base is the first member of struct cpu */
+	free(c);  /* base is the first member of struct ref */
 }
 
 /* aligned_alloc wants a multiple of the alignment; 0 bytes still gives a
  * distinct pointer so callers can tell success from failure. */
-static float *cpu_alloc(struct ps_compute *c, size_t bytes)
+float *ps__ref_alloc(struct ps_compute *c, size_t bytes)
 {
 	size_t rounded = bytes ? (bytes + ALIGN - 1) / ALIGN * ALIGN : ALIGN;
 	float *p;
 
 	if (rounded < bytes) {
-		fail(c, -ENOMEM, "allocation of %zu bytes is too large", bytes);
+		ps__ref_fail(c, -ENOMEM, "allocation of %zu bytes is too large", bytes);
 		return NULL;
 	}
 	p = aligned_alloc(ALIGN, rounded);
 	if (!p)
-		fail(c, -ENOMEM, "out of memory allocating %zu bytes", bytes);
+		ps__ref_fail(c, -ENOMEM, "out of memory allocating %zu bytes", bytes);
 	return p;
 }
 
-static void cpu_free(struct ps_compute *c, void *p)
+void ps__ref_free(struct ps_compute *c, void *p)
 {
 	(void)c;
 	free(p);
 }
 
-static void *cpu_host_alloc(struct ps_compute *c, size_t bytes)
+void *ps__ref_host_alloc(struct ps_compute *c, size_t bytes)
 {
-	return cpu_alloc(c, bytes);
+	return ps__ref_alloc(c, bytes);
 }
 
-static int cpu_copy(struct ps_compute *c, void *dst, const void *src, size_t bytes)
+int ps__ref_copy(struct ps_compute *c, void *dst, const void *src, size_t bytes)
 {
 	(void)c;
 	if (bytes)
@@ -97,7 +98,7 @@ static int cpu_copy(struct ps_compute *c, void *dst, const void *src, size_t byt
 	return 0;
 }
 
-static int cpu_sync(struct ps_compute *c)
+int ps__ref_sync(struct ps_compute *c)
 {
 	c->host_syncs++;
 	return 0;
@@ -109,41 +110,41 @@ struct ps_compute_event {
 	char unused;
 };
 
-static int cpu_event_create(struct ps_compute *c, struct ps_compute_event **ev)
+int ps__ref_event_create(struct ps_compute *c, struct ps_compute_event **ev)
 {
 	*ev = calloc(1, sizeof(**ev));
-	return *ev ? 0 : fail(c, -ENOMEM, "out of memory creating an event");
+	return *ev ? 0 : ps__ref_fail(c, -ENOMEM, "out of memory creating an event");
 }
 
-static void cpu_event_free(struct ps_compute *c, struct ps_compute_event *ev)
+void ps__ref_event_free(struct ps_compute *c, struct ps_compute_event *ev)
 {
 	(void)c;
 	free(ev);
 }
 
-static int cpu_event_noop(struct ps_compute *c, struct ps_compute_event *ev)
+int ps__ref_event_noop(struct ps_compute *c, struct ps_compute_event *ev)
 {
 	(void)c;
 	(void)ev;
 	return 0;
 }
 
-static int cpu_download_async(struct ps_compute *c, void *dst, const void *src, size_t bytes,
+int ps__ref_download_async(struct ps_compute *c, void *dst, const void *src, size_t bytes,
 			      struct ps_compute_event *ev)
 {
 	(void)ev;
-	return cpu_copy(c, dst, src, bytes);
+	return ps__ref_copy(c, dst, src, bytes);
 }
 
-static int cpu_upload_async(struct ps_compute *c, void *dst, const void *src, size_t bytes,
+int ps__ref_upload_async(struct ps_compute *c, void *dst, const void *src, size_t bytes,
 			    struct ps_compute_event *after, struct ps_compute_event *ev)
 {
 	(void)after;
 	(void)ev;
-	return cpu_copy(c, dst, src, bytes);
+	return ps__ref_copy(c, dst, src, bytes);
 }
 
-static int cpu_zero(struct ps_compute *c, float *x, size_t n)
+int ps__ref_zero(struct ps_compute *c, float *x, size_t n)
 {
 	(void)c;
 	if (n)
@@ -151,7 +152,7 @@ static int cpu_zero(struct ps_compute *c, float *x, size_t n)
 	return 0;
 }
 
-static int cpu_scale(struct ps_compute *c, float *y, const float *x, float a, size_t n)
+int ps__ref_scale(struct ps_compute *c, float *y, const float *x, float a, size_t n)
 {
 	(void)c;
 	for (size_t i = 0; i < n; i++)
@@ -162,20 +163,20 @@ static int cpu_scale(struct ps_compute *c, float *y, const float *x, float a, si
 /* ---- convolution ---- */
 
 /* Checks that s is a usable convolution shape with oh, ow from ps_conv_out(). */
-static int conv_check(struct ps_compute *c, const struct ps_conv_shape *s)
+int ps__ref_conv_check(struct ps_compute *c, const struct ps_conv_shape *s)
 {
 	if (s->n < 1 || s->c < 1 || s->h < 1 || s->w < 1 || s->k < 1 || s->kh < 1 ||
 	    s->kw < 1 || s->pad < 0 || s->stride < 1)
-		return fail(c, -EINVAL, "conv2d: bad shape n=%d c=%d h=%d w=%d k=%d kernel=%dx%d "
+		return ps__ref_fail(c, -EINVAL, "conv2d: bad shape n=%d c=%d h=%d w=%d k=%d kernel=%dx%d "
 			    "pad=%d stride=%d", s->n, s->c, s->h, s->w, s->k, s->kh, s->kw,
 			    s->pad, s->stride);
 	struct ps_conv_shape t = *s;
 	ps_conv_out(&t);
 	if (t.oh < 1 || t.ow < 1 || s->h + 2 * s->pad < s->kh || s->w + 2 * s->pad < s->kw)
-		return fail(c, -EINVAL, "conv2d: kernel %dx%d larger than padded input %dx%d",
+		return ps__ref_fail(c, -EINVAL, "conv2d: kernel %dx%d larger than padded input %dx%d",
 			    s->kh, s->kw, s->h + 2 * s->pad, s->w + 2 * s->pad);
 	if (t.oh != s->oh || t.ow != s->ow)
-		return fail(c, -EINVAL, "conv2d: output %dx%d given, shape gives %dx%d "
+		return ps__ref_fail(c, -EINVAL, "conv2d: output %dx%d given, shape gives %dx%d "
 			    "(call ps_conv_out)", s->oh, s->ow, t.oh, t.ow);
 	return 0;
 }
@@ -186,7 +187,7 @@ static size_t conv_col_bytes(const struct ps_conv_shape *s)
 	return (size_t)s->c * s->kh * s->kw * (size_t)s->oh * s->ow * sizeof(float);
 }
 
-static int cpu_conv2d_workspace(struct ps_compute *c, const struct ps_conv_shape *s,
+static int ref_conv2d_workspace(struct ps_compute *c, const struct ps_conv_shape *s,
 				size_t *bytes)
 {
 	struct ps_conv_shape t = *s;
@@ -194,7 +195,7 @@ static int cpu_conv2d_workspace(struct ps_compute *c, const struct ps_conv_shape
 
 	*bytes = 0;
 	ps_conv_out(&t);  /* callers may not have filled oh, ow */
-	if ((rc = conv_check(c, &t)))
+	if ((rc = ps__ref_conv_check(c, &t)))
 		return rc;
 	*bytes = conv_col_bytes(&t);
 	return 0;
@@ -206,7 +207,7 @@ static int conv_check_ws(struct ps_compute *c, const struct ps_conv_shape *s, co
 	size_t need = conv_col_bytes(s);
 
 	if (!ws || ws_bytes < need)
-		return fail(c, -EINVAL, "conv2d: workspace of %zu bytes, %zu needed",
+		return ps__ref_fail(c, -EINVAL, "conv2d: workspace of %zu bytes, %zu needed",
 			    ws ? ws_bytes : 0, need);
 	return 0;
 }
@@ -300,10 +301,10 @@ static void col2im(const struct ps_conv_shape *s, const float *restrict col, flo
 }
 
 /* Per image: y_i[k, oh*ow] = W[k, c*kh*kw] x col_i + b. */
-static int cpu_conv2d_fwd(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
+static int ref_conv2d_fwd(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
 			  const float *W, const float *b, float *y, void *ws, size_t ws_bytes)
 {
-	int rc = conv_check(c, s);
+	int rc = ps__ref_conv_check(c, s);
 
 	if (!rc)
 		rc = conv_check_ws(c, s, ws, ws_bytes);
@@ -328,11 +329,11 @@ static int cpu_conv2d_fwd(struct ps_compute *c, const struct ps_conv_shape *s, c
 /* Per image, sharing the one col buffer: dW += alpha dy_i x col_i^T,
  * then col = W^T x dy_i folded back into dx_i; db = alpha times the sum of
  * dy over n, oh, ow. */
-static int cpu_conv2d_bwd(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
+static int ref_conv2d_bwd(struct ps_compute *c, const struct ps_conv_shape *s, const float *x,
 			  const float *W, const float *dy, float *dx, float *dW, float *db,
 			  void *ws, size_t ws_bytes, float alpha)
 {
-	int rc = conv_check(c, s);
+	int rc = ps__ref_conv_check(c, s);
 
 	if (!rc)
 		rc = conv_check_ws(c, s, ws, ws_bytes);
@@ -369,17 +370,17 @@ static int cpu_conv2d_bwd(struct ps_compute *c, const struct ps_conv_shape *s, c
 
 /* ---- dense ---- */
 
-static int dense_check(struct ps_compute *c, int n, int in, int out)
+int ps__ref_dense_check(struct ps_compute *c, int n, int in, int out)
 {
 	if (n < 1 || in < 1 || out < 1)
-		return fail(c, -EINVAL, "dense: bad shape n=%d in=%d out=%d", n, in, out);
+		return ps__ref_fail(c, -EINVAL, "dense: bad shape n=%d in=%d out=%d", n, in, out);
 	return 0;
 }
 
-static int cpu_dense_fwd(struct ps_compute *c, const float *x, const float *W, const float *b,
+int ps__ref_dense_fwd(struct ps_compute *c, const float *x, const float *W, const float *b,
 			 float *y, int n, int in, int out)
 {
-	int rc = dense_check(c, n, in, out);
+	int rc = ps__ref_dense_check(c, n, in, out);
 
 	if (rc)
 		return rc;
@@ -391,10 +392,10 @@ static int cpu_dense_fwd(struct ps_compute *c, const float *x, const float *W, c
 }
 
 /* dW = alpha x^T dy, db = alpha times the column sums of dy, dx = dy W^T. */
-static int cpu_dense_bwd(struct ps_compute *c, const float *x, const float *W, const float *dy,
+int ps__ref_dense_bwd(struct ps_compute *c, const float *x, const float *W, const float *dy,
 			 float *dx, float *dW, float *db, int n, int in, int out, float alpha)
 {
-	int rc = dense_check(c, n, in, out);
+	int rc = ps__ref_dense_check(c, n, in, out);
 
 	if (rc)
 		return rc;
@@ -419,15 +420,15 @@ static int cpu_dense_bwd(struct ps_compute *c, const float *x, const float *W, c
 static int pool_check(struct ps_compute *c, const struct ps_pool_shape *s)
 {
 	if (s->n < 1 || s->c < 1 || s->size < 1 || s->h < s->size || s->w < s->size)
-		return fail(c, -EINVAL, "maxpool: bad shape n=%d c=%d h=%d w=%d size=%d",
+		return ps__ref_fail(c, -EINVAL, "maxpool: bad shape n=%d c=%d h=%d w=%d size=%d",
 			    s->n, s->c, s->h, s->w, s->size);
 	if (s->oh != s->h / s->size || s->ow != s->w / s->size)
-		return fail(c, -EINVAL, "maxpool: output %dx%d given, shape gives %dx%d",
+		return ps__ref_fail(c, -EINVAL, "maxpool: output %dx%d given, shape gives %dx%d",
 			    s->oh, s->ow, s->h / s->size, s->w / s->size);
 	return 0;
 }
 
-static int cpu_maxpool_fwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *x,
+int ps__ref_maxpool_fwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *x,
 			   float *y, int32_t *idx)
 {
 	int rc = pool_check(c, s);
@@ -478,7 +479,7 @@ static inline int in_window(const struct ps_pool_shape *s, int32_t at, int oy, i
 /* Every index is checked before anything is written: one maxpool_fwd
  * cannot have produced (outside its own window) refuses the call and
  * leaves dx as it was. */
-static int cpu_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *dy,
+int ps__ref_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, const float *dy,
 			   const int32_t *idx, float *dx)
 {
 	int rc = pool_check(c, s), ok = 1;
@@ -495,7 +496,7 @@ static int cpu_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, 
 	for (size_t o = 0; !ok && o < planes * out_plane; o++) {
 		int oo = (int)(o % out_plane);
 		if (!in_window(s, idx[o], oo / s->ow, oo % s->ow))
-			return fail(c, -EINVAL, "maxpool: index %d outside its %dx%d window of the "
+			return ps__ref_fail(c, -EINVAL, "maxpool: index %d outside its %dx%d window of the "
 				    "%dx%d input (not from maxpool_fwd of this shape?)", idx[o],
 				    s->size, s->size, s->h, s->w);
 	}
@@ -513,7 +514,7 @@ static int cpu_maxpool_bwd(struct ps_compute *c, const struct ps_pool_shape *s, 
 /* Branch-free and vectorized (O3 versions the loops for aliasing, so in
  * place still works): a branch per element mispredicts on half the values
  * and cost a fifth of a cnn step. */
-__attribute__((optimize("O3"))) static int cpu_relu_fwd(struct ps_compute *c, const float *x,
+__attribute__((optimize("O3"))) int ps__ref_relu_fwd(struct ps_compute *c, const float *x,
 							 float *y, size_t n)
 {
 	(void)c;
@@ -524,7 +525,7 @@ __attribute__((optimize("O3"))) static int cpu_relu_fwd(struct ps_compute *c, co
 	return 0;
 }
 
-__attribute__((optimize("O3"))) static int cpu_relu_bwd(struct ps_compute *c, const float *y,
+__attribute__((optimize("O3"))) int ps__ref_relu_bwd(struct ps_compute *c, const float *y,
 							 const float *dy, float *dx, size_t n)
 {
 	(void)c;
@@ -540,14 +541,14 @@ __attribute__((optimize("O3"))) static int cpu_relu_bwd(struct ps_compute *c, co
 /* Per example: subtract the max logit so exp() cannot overflow; loss is
  * log(sum exp) - (logit[label] - max); dlogits = softmax - onehot. Labels
  * are all checked first so a bad batch writes nothing but the stats. */
-static int cpu_softmax_xent(struct ps_compute *c, const float *logits, const int32_t *labels,
+int ps__ref_softmax_xent(struct ps_compute *c, const float *logits, const int32_t *labels,
 			    int n, int classes, float *dlogits, struct ps_xent_stats *st)
 {
 	double total = 0.0;
 	int right = 0;
 
 	if (n < 1 || classes < 1)
-		return fail(c, -EINVAL, "softmax_xent: bad shape n=%d classes=%d", n, classes);
+		return ps__ref_fail(c, -EINVAL, "softmax_xent: bad shape n=%d classes=%d", n, classes);
 	*st = (struct ps_xent_stats){ .bad_row = -1, .n = n };
 	for (int i = 0; i < n; i++)
 		if (labels[i] < 0 || labels[i] >= classes) {
@@ -580,34 +581,34 @@ static int cpu_softmax_xent(struct ps_compute *c, const float *logits, const int
 	return 0;
 }
 
-const struct ps_compute_ops ps_compute_cpu_ops = {
-	.name = "cpu",
-	.create = cpu_create,
-	.destroy = cpu_destroy,
-	.alloc = cpu_alloc,
-	.free = cpu_free,
-	.host_alloc = cpu_host_alloc,
-	.host_free = cpu_free,
-	.upload = cpu_copy,
-	.download = cpu_copy,
-	.sync = cpu_sync,
-	.event_create = cpu_event_create,
-	.event_free = cpu_event_free,
-	.event_record = cpu_event_noop,
-	.stream_wait = cpu_event_noop,
-	.event_wait = cpu_event_noop,
-	.download_async = cpu_download_async,
-	.upload_async = cpu_upload_async,
-	.zero = cpu_zero,
-	.scale = cpu_scale,
-	.conv2d_workspace = cpu_conv2d_workspace,
-	.dense_fwd = cpu_dense_fwd,
-	.dense_bwd = cpu_dense_bwd,
-	.conv2d_fwd = cpu_conv2d_fwd,
-	.conv2d_bwd = cpu_conv2d_bwd,
-	.maxpool_fwd = cpu_maxpool_fwd,
-	.maxpool_bwd = cpu_maxpool_bwd,
-	.relu_fwd = cpu_relu_fwd,
-	.relu_bwd = cpu_relu_bwd,
-	.softmax_xent = cpu_softmax_xent,
+const struct ps_compute_ops ps_compute_ref_ops = {
+	.name = "ref",
+	.create = ref_create,
+	.destroy = ref_destroy,
+	.alloc = ps__ref_alloc,
+	.free = ps__ref_free,
+	.host_alloc = ps__ref_host_alloc,
+	.host_free = ps__ref_free,
+	.upload = ps__ref_copy,
+	.download = ps__ref_copy,
+	.sync = ps__ref_sync,
+	.event_create = ps__ref_event_create,
+	.event_free = ps__ref_event_free,
+	.event_record = ps__ref_event_noop,
+	.stream_wait = ps__ref_event_noop,
+	.event_wait = ps__ref_event_noop,
+	.download_async = ps__ref_download_async,
+	.upload_async = ps__ref_upload_async,
+	.zero = ps__ref_zero,
+	.scale = ps__ref_scale,
+	.conv2d_workspace = ref_conv2d_workspace,
+	.dense_fwd = ps__ref_dense_fwd,
+	.dense_bwd = ps__ref_dense_bwd,
+	.conv2d_fwd = ref_conv2d_fwd,
+	.conv2d_bwd = ref_conv2d_bwd,
+	.maxpool_fwd = ps__ref_maxpool_fwd,
+	.maxpool_bwd = ps__ref_maxpool_bwd,
+	.relu_fwd = ps__ref_relu_fwd,
+	.relu_bwd = ps__ref_relu_bwd,
+	.softmax_xent = ps__ref_softmax_xent,
 };
