@@ -52,7 +52,7 @@ done
 # gpu-check does not run), plus make and pkgconf's pkg-config.
 TOP=(make pkgconf libuv1-dev libprotobuf-c-dev protobuf-c-compiler libyaml-dev liblz4-dev
      check libsodium-dev libssl-dev libibverbs-dev librdmacm-dev libmicrohttpd-dev
-     zlib1g-dev libopenblas-pthread-dev)
+     zlib1g-dev libopenblas-pthread-dev libdnnl-dev)
 # Present on any image with a C compiler (the GPU machines build CUDA code).
 BASE=" libc6 libc6-dev libc-dev-bin linux-libc-dev libcrypt1 libcrypt-dev libnsl2 libnsl-dev
  libtirpc3 libtirpc-dev libtirpc-common rpcsvc-proto libgcc-s1 libstdc++6 gcc-12-base libgomp1
