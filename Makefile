@@ -74,7 +74,7 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
-COMPUTE   := $(wildcard common/compute.c kernels/compute_cpu.c)
+COMPUTE   := $(wildcard common/compute.c kernels/compute_cpu.c kernels/embedding_bag_cpu.c)
 TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/model_file.c)
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))

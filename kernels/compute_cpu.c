@@ -610,4 +610,6 @@ const struct ps_compute_ops ps_compute_cpu_ops = {
 	.relu_fwd = cpu_relu_fwd,
 	.relu_bwd = cpu_relu_bwd,
 	.softmax_xent = cpu_softmax_xent,
+	.embedding_bag_fwd = ps__cpu_embedding_bag_fwd,
+	.embedding_bag_bwd = ps__cpu_embedding_bag_bwd,
 };
