@@ -602,10 +602,6 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 	char err[1024];
 	int64_t did = 0, rid = 0;
 
-	if (!cfg->train.train_file[0] || (rank == 0 && !cfg->train.test_file[0])) {
-		ps_error("the ctr preset reads click logs: set train.train_file and train.test_file");
-		return 1;
-	}
 	if (ps_ctr_load(&train, cfg->train.train_file, cfg->train.train_limit, err, sizeof(err)) ||
 	    (rank == 0 && ps_ctr_load(&test, cfg->train.test_file, cfg->train.test_limit, err,
 				      sizeof(err)))) {

@@ -284,6 +284,11 @@ static int run_ctr(const struct ps_config *cfg, int rank)
 	FILE *metrics = NULL;
 	int rc = 1;
 
+	if (!cfg->train.train_file[0] || !cfg->train.test_file[0]) {
+		ps_error("%s: the ctr preset reads click logs: set train.train_file and "
+			 "train.test_file (Criteo's format; ps-ctrgen writes them)", cfg->path);
+		return 2;
+	}
 	if (open_backend(cfg, &ops, &comp))
 		return 1;
 	metrics = open_metrics(cfg, rank);
