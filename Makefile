@@ -74,9 +74,10 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
-# cpu: oneDNN (kernels/compute_dnnl*.c); ref: the plain reference (compute_ref.c).
-COMPUTE   := $(wildcard common/compute.c kernels/compute_ref.c kernels/compute_dnnl*.c)
-TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/model_file.c)
+# cpu: oneDNN (kernels/compute_dnnl*.c); ref: the plain reference (compute_ref.c);
+# both take the embedding bag ops of kernels/embedding_bag_cpu.c.
+COMPUTE   := $(wildcard common/compute.c kernels/compute_ref.c kernels/compute_dnnl*.c kernels/embedding_bag_cpu.c)
+TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/model_file.c worker/ctr_train.c)
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
 TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN))
@@ -149,7 +150,7 @@ bin/ps-ctrgen: $(OBJ)/worker/ps_ctrgen.o $(CTR_OBJS) lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) -lz
 
-bin/ps-worker: $(OBJ)/worker/ps_worker.o $(TRAIN_OBJS) lib/libps.a
+bin/ps-worker: $(OBJ)/worker/ps_worker.o $(TRAIN_OBJS) $(CTR_OBJS) lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(TRAIN_LIBS)
 

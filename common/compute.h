@@ -31,12 +31,14 @@
  *   maxpool x[n, c, h, w] -> y[n, c, h / size, w / size], window = stride = size
  *   relu    elementwise max(x, 0)
  *   softmax_xent  logits[n, classes], labels[n] (int32, backend memory)
+ *   embedding_bag rows[nrows, dim] -> y[examples, ldy], see struct ps_bag_shape
  */
 #ifndef PS_COMPUTE_H
 #define PS_COMPUTE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Tensor-core TF32 math on the cuda backend (train.tf32). PyTorch's default
  * is CONV: convolutions may use TF32, matrix products stay full fp32. The
@@ -77,6 +79,22 @@ struct ps_conv_shape {
 	int k, kh, kw;            /* filters */
 	int pad, stride;
 	int oh, ow;               /* output, from ps_conv_out() */
+};
+
+/* An embedding bag batch. The batch's rows (each unique id once, pulled
+ * from the shards) are rows[nrows, dim]. There are nbags = examples x
+ * fields bags; bag b is example b / fields, field b % fields, and holds
+ * the entries offsets[b] .. offsets[b + 1] - 1 of idx, each an index into
+ * rows (offsets has nbags + 1 int32, idx has offsets[nbags], both backend
+ * memory). Its result goes to y[(b / fields) * ldy + (b % fields) * dim],
+ * dim floats: a batch's bags are the first fields x dim columns of a
+ * [examples, ldy] matrix whose other columns (the numeric features) the
+ * bag ops never touch. */
+enum ps_bag_mode { PS_BAG_SUM = 0, PS_BAG_MEAN = 1 };
+struct ps_bag_shape {
+	int nbags, fields, dim, ldy;
+	int nrows;                /* rows pulled: idx values are 0..nrows-1 */
+	enum ps_bag_mode mode;
 };
 
 struct ps_pool_shape {
@@ -189,6 +207,27 @@ struct ps_compute_ops {
 	 * -EINVAL and a loss that is not finite into PS_ENOFINITE. */
 	int (*softmax_xent)(struct ps_compute *c, const float *logits, const int32_t *labels,
 			    int n, int classes, float *dlogits, struct ps_xent_stats *st);
+
+	/* Bags rows into y (struct ps_bag_shape): the sum of the bag's rows,
+	 * or their mean; an empty bag gives zeros. Only the bags' columns of
+	 * y are written. An idx value outside 0..nrows-1 is refused with
+	 * -EINVAL by the cpu backend (nothing written); the cuda backend, which
+	 * does not read idx on the host, leaves such an entry out. */
+	int (*embedding_bag_fwd)(struct ps_compute *c, const struct ps_bag_shape *s,
+				 const float *rows, const int32_t *offsets, const int32_t *idx,
+				 float *y);
+	/* The rows' gradients from dy (same layout as y): drows[r, dim] (nrows
+	 * x dim, overwritten) = alpha x the sum, over the bags naming row r, of
+	 * the bag's dy slot (divided by the bag's size for PS_BAG_MEAN), once
+	 * per entry naming r. The caller gives the transpose of idx: row r's
+	 * bags are row_bags[row_offsets[r] .. row_offsets[r + 1] - 1]
+	 * (row_offsets: nrows + 1 int32; row_bags: offsets[nbags] int32, each
+	 * row's bags in increasing order). Every backend adds each row's terms
+	 * in that order, without atomics: the result is the same every run. */
+	int (*embedding_bag_bwd)(struct ps_compute *c, const struct ps_bag_shape *s,
+				 const float *dy, const int32_t *offsets,
+				 const int32_t *row_offsets, const int32_t *row_bags,
+				 float *drows, float alpha);
 };
 
 /* Finds backend name ("cpu", "ref", "cuda") into *ops; the cuda plug-in is opened
@@ -216,9 +255,32 @@ int ps_compute_xent(struct ps_compute *c, const float *logits, const int32_t *la
 extern const struct ps_compute_ops ps_compute_cpu_ops;
 extern const struct ps_compute_ops ps_compute_ref_ops;
 
+/* The cpu backend's embedding bag ops (kernels/embedding_bag_cpu.c), also
+ * usable by any host-memory backend. */
+int ps__cpu_embedding_bag_fwd(struct ps_compute *c, const struct ps_bag_shape *s,
+			      const float *rows, const int32_t *offsets, const int32_t *idx,
+			      float *y);
+int ps__cpu_embedding_bag_bwd(struct ps_compute *c, const struct ps_bag_shape *s,
+			      const float *dy, const int32_t *offsets, const int32_t *row_offsets,
+			      const int32_t *row_bags, float *drows, float alpha);
+/* Shape checks of the bag ops, shared by the backends: 0, or -EINVAL
+ * (-22) with the reason in err. */
+static inline int ps__bag_shape_check(const struct ps_bag_shape *s, char *err, size_t errlen)
+{
+	if (s->fields < 1 || s->dim < 1 || s->nbags < 0 || s->nbags % s->fields ||
+	    s->nrows < 0 || s->ldy < s->fields * s->dim ||
+	    (s->mode != PS_BAG_SUM && s->mode != PS_BAG_MEAN)) {
+		snprintf(err, errlen, "embedding_bag: bad shape nbags=%d fields=%d dim=%d ldy=%d "
+			 "nrows=%d mode=%d", s->nbags, s->fields, s->dim, s->ldy, s->nrows,
+			 (int)s->mode);
+		return -22;
+	}
+	return 0;
+}
+
 /* The symbol the cuda plug-in exports: its ops, and the ABI version of this
  * header it was built against (a plug-in of another version is refused). */
-#define PS_COMPUTE_ABI 2
+#define PS_COMPUTE_ABI 3
 struct ps_compute_plugin {
 	int abi;
 	const struct ps_compute_ops *ops;

@@ -637,7 +637,7 @@ static int resolve_model(struct ctx *c, struct ps_config *cfg, const struct ynod
 	at = lay ? lay : pre;
 	if (!pre && !lay && !ten)
 		return cfg_fail(c, section_line(root, "model.x"), "missing the model: give "
-				"'model.preset' (mlp, cnn), 'model.layers' or 'model.tensors'");
+				"'model.preset' (mlp, cnn, ctr), 'model.layers' or 'model.tensors'");
 	if (pre && lay)
 		return cfg_fail(c, lay->line, "key 'model.layers': give either 'model.preset' "
 				"(line %d) or 'model.layers', not both", pre->line);
@@ -651,6 +651,16 @@ static int resolve_model(struct ctx *c, struct ps_config *cfg, const struct ynod
 
 		memcpy(name, cfg->model.preset, sizeof(name)); /* the preset writes its name back */
 		ps_layers_preset(&cfg->model, name);
+		if (!strcmp(name, "ctr")) {
+			if (cfg->ntables < 1)
+				return cfg_fail(c, pre->line, "key 'model.preset': ctr bags its "
+						"categorical fields from an embedding table: give "
+						"'model.embeddings' (the first table is used)");
+			/* the dense part's input: the bags, then the numeric features */
+			cfg->model.input[0] = cfg->model.input[1] = 1;
+			cfg->model.input[2] = PS_CTR_FIELDS * cfg->tables[0].dim + PS_CTR_NUMERIC;
+			cfg->model.classes = 2;
+		}
 	}
 	if (ps_layers_infer(&cfg->model, shapes, why, sizeof(why)))
 		return cfg_fail(c, at->line, "%s: %s", pre ? "model.preset" : "model.layers", why);

@@ -139,6 +139,8 @@ struct ps_stats_cfg {
 /* Training: what ps-worker does (the data, batches, where metrics go). */
 struct ps_train_cfg {
 	char data_dir[512];         /* IDX files: train-* and t10k-* */
+	char train_file[512];       /* ctr: Criteo-format training log */
+	char test_file[512];        /* ctr: Criteo-format held-out log */
 	int batch;                  /* examples per step per worker */
 	int epochs;
 	int64_t train_limit;        /* use the first N training images (0 = all) */

@@ -19,7 +19,8 @@ const char *const cfg_consistency_names[] = { "sync", "async", NULL };
 const char *const cfg_optim_names[] = { "sgd", "momentum", "adam", "adagrad", NULL };
 const char *const cfg_init_names[] = { "zeros", "const", "uniform", "normal", "arange", NULL };
 const char *const cfg_level_names[] = { "debug", "info", "warn", "error", "off", NULL };
-const char *const cfg_preset_names[] = { "none", "mlp", "cnn", NULL };
+const char *const cfg_preset_names[] = { "none", "mlp", "cnn", "ctr", NULL };
+const char *const cfg_bag_names[] = { "sum", "mean", NULL };
 const char *const cfg_device_names[] = { "auto", "cpu", "cuda", NULL };
 /* in enum ps_tf32 order (compute.h) */
 const char *const cfg_tf32_names[] = { "conv", "off", "all", NULL };
@@ -77,7 +78,11 @@ const struct opt cfg_opts[] = {
 	O("slice_bytes", T_SIZE, 0, 64, GiB, "1MiB", NULL, C, slice_bytes,
 	  "tensors are cut into slices of at most this size, spread over the shards; multiple of 4"),
 	O("model.preset", T_ENUMSTR, 0, 0, 0, "none", cfg_preset_names, C, model.preset,
-	  "a built-in model: mlp (784-256-128-10) or cnn (2 conv 5x5 + pool, dense 256, 10)"),
+	  "a built-in model: mlp (784-256-128-10), cnn (2 conv 5x5 + pool, dense 256, 10) or ctr "
+	  "(click logs: 26 categorical fields bagged from model.embeddings[0], 13 numeric "
+	  "features, dense 256-128-2, logistic loss; docs/embeddings.md)"),
+	O("model.bag", T_ENUM, 0, 0, 0, "sum", cfg_bag_names, C, model.bag,
+	  "ctr: how a field's embedding bag combines its ids' rows: sum or mean"),
 	O("model.layers", T_LAYERS, 0, 1, PS_MAX_LAYERS, NULL, NULL, C, model.layers,
 	  "the model as a list of layers, see model.layers[].* below (instead of a preset)"),
 	O("model.input", T_DIMS3, 0, 0, 0, NULL, NULL, C, model.input,
@@ -171,6 +176,10 @@ const struct opt cfg_opts[] = {
 	  "0 always sleeps"),
 	O("train.data_dir", T_PATH, 0, 0, 0, "/usr/share/datasets/fashion-mnist", NULL, C,
 	  train.data_dir, "folder of the IDX files train-{images,labels}-* and t10k-* (gzip or plain)"),
+	O("train.train_file", T_PATH, 0, 0, 0, "", NULL, C, train.train_file,
+	  "ctr: the training click log in Criteo's format (plain or gzip; ps-ctrgen writes one)"),
+	O("train.test_file", T_PATH, 0, 0, 0, "", NULL, C, train.test_file,
+	  "ctr: the held-out click log for the per-epoch logloss and AUC"),
 	O("train.batch", T_INT, 0, 1, 65536, "64", NULL, C, train.batch,
 	  "examples per step on each worker"),
 	O("train.epochs", T_INT, 0, 1, 1000000, "1", NULL, C, train.epochs,

@@ -46,6 +46,14 @@ int ps_layers_preset(struct ps_model_cfg *m, const char *name)
 		add(m, PS_LAYER_DENSE, 256, 0, 0, 0);
 		add(m, PS_LAYER_RELU, 0, 0, 0, 0);
 		add(m, PS_LAYER_DENSE, 10, 0, 0, 0);
+	} else if (strcmp(name, "ctr") == 0) {
+		/* [26 bags | 13 numeric] - 256 - 128 - 2 logits (logistic loss
+		 * as a 2-class softmax: the same function of their difference) */
+		add(m, PS_LAYER_DENSE, 256, 0, 0, 0);
+		add(m, PS_LAYER_RELU, 0, 0, 0, 0);
+		add(m, PS_LAYER_DENSE, 128, 0, 0, 0);
+		add(m, PS_LAYER_RELU, 0, 0, 0, 0);
+		add(m, PS_LAYER_DENSE, 2, 0, 0, 0);
 	} else {
 		return PS_ECONFIG;
 	}

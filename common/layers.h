@@ -27,11 +27,12 @@ struct ps_layer_cfg {
 };
 
 struct ps_model_cfg {
-	char preset[16];  /* "" (explicit layers), "mlp" or "cnn" */
+	char preset[16];  /* "" (explicit layers), "mlp", "cnn" or "ctr" */
 	int nlayers;
 	struct ps_layer_cfg layers[PS_MAX_LAYERS];
 	int input[3];     /* channels, height, width of one example */
 	int classes;      /* outputs of the last layer */
+	int bag;          /* ctr: enum ps_bag_mode (compute.h) of the fields' bags */
 };
 
 /* Shapes of one layer for one example (c x h x w; dense output is out x 1 x 1). */
@@ -41,7 +42,13 @@ struct ps_layer_shape {
 	int weight, bias; /* tensor indices in ps_layers_tensors order, -1 if none */
 };
 
-/* Fills m->layers from a preset name; PS_ECONFIG if unknown. */
+/* ctr: categorical fields bagged from the first embedding table and
+ * numeric features, the dense part's input being fields x dim + numeric. */
+#define PS_CTR_FIELDS 26
+#define PS_CTR_NUMERIC 13
+
+/* Fills m->layers from a preset name; PS_ECONFIG if unknown. ctr's input
+ * shape depends on the table's dim: the config sets it (config.c). */
 int ps_layers_preset(struct ps_model_cfg *m, const char *name);
 
 /* Computes every layer's shapes. Fails (PS_ECONFIG, reason in err naming the

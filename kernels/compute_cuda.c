@@ -466,6 +466,8 @@ static const struct ps_compute_ops cuda_ops = {
 	.relu_fwd = ps__cuda_relu_fwd_op,
 	.relu_bwd = ps__cuda_relu_bwd_op,
 	.softmax_xent = ps__cuda_softmax_xent_op,
+	.embedding_bag_fwd = ps__cuda_bag_fwd_op,
+	.embedding_bag_bwd = ps__cuda_bag_bwd_op,
 };
 
 /* What common/compute.c's loader looks up with dlsym. */

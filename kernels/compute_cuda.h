@@ -90,6 +90,11 @@ int ps__cuda_maxpool_bwd_op(struct ps_compute *c, const struct ps_pool_shape *s,
 int ps__cuda_relu_fwd_op(struct ps_compute *c, const float *x, float *y, size_t n);
 int ps__cuda_relu_bwd_op(struct ps_compute *c, const float *y, const float *dy, float *dx,
 			 size_t n);
+int ps__cuda_bag_fwd_op(struct ps_compute *c, const struct ps_bag_shape *s, const float *rows,
+			const int32_t *offsets, const int32_t *idx, float *y);
+int ps__cuda_bag_bwd_op(struct ps_compute *c, const struct ps_bag_shape *s, const float *dy,
+			const int32_t *offsets, const int32_t *row_offsets,
+			const int32_t *row_bags, float *drows, float alpha);
 int ps__cuda_softmax_xent_op(struct ps_compute *c, const float *logits, const int32_t *labels,
 			     int n, int classes, float *dlogits, struct ps_xent_stats *st);
 

@@ -532,4 +532,6 @@ const struct ps_compute_ops ps_compute_cpu_ops = {
 	.relu_fwd = dn_relu_fwd,
 	.relu_bwd = dn_relu_bwd,
 	.softmax_xent = ps__ref_softmax_xent,
+	.embedding_bag_fwd = ps__cpu_embedding_bag_fwd,  /* host loops, as on ref */
+	.embedding_bag_bwd = ps__cpu_embedding_bag_bwd,
 };

@@ -611,4 +611,6 @@ const struct ps_compute_ops ps_compute_ref_ops = {
 	.relu_fwd = ps__ref_relu_fwd,
 	.relu_bwd = ps__ref_relu_bwd,
 	.softmax_xent = ps__ref_softmax_xent,
+	.embedding_bag_fwd = ps__cpu_embedding_bag_fwd,
+	.embedding_bag_bwd = ps__cpu_embedding_bag_bwd,
 };

@@ -53,7 +53,7 @@ NVCC_BASE := -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-fPIC,-fvisibility
 
 CUDA_CU_OBJS := $(patsubst %.cu,$(OBJ)/%.o,$(wildcard kernels/*.cu))
 # kernels/ also holds the cpu and ref backends: not CUDA host code.
-CUDA_C_SRCS  := $(filter-out kernels/compute_ref.c kernels/compute_dnnl%.c,$(wildcard kernels/*.c))
+CUDA_C_SRCS  := $(filter-out kernels/compute_ref.c kernels/compute_dnnl%.c kernels/embedding_bag_cpu.c,$(wildcard kernels/*.c))
 CUDA_C_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(CUDA_C_SRCS))
 CUDA_OBJS    := $(CUDA_C_OBJS) $(CUDA_CU_OBJS)
 

@@ -1,5 +1,6 @@
 /* cuda_layers.c - the cuda backend's ops other than convolutions: dense
- * layers through cuBLAS, max pooling, relu and the loss through our kernels.
+ * layers through cuBLAS, max pooling, relu, embedding bags and the loss
+ * through our kernels.
  * Shape checks and their messages are the cpu backend's, so a bad call
  * reads the same on both.
  *
@@ -16,6 +17,7 @@
 #include "compute_cuda.h"
 #include "cuda_check.h"
 #include "bias.cuh"
+#include "embedding_bag.cuh"
 #include "maxpool.cuh"
 #include "relu.cuh"
 #include "softmax_xent.cuh"
@@ -122,6 +124,36 @@ int ps__cuda_relu_bwd_op(struct ps_compute *c, const float *y, const float *dy, 
 
 	CUDA_CHECK(c->err, ps__cuda_relu_bwd(cu->stream, y, dy, dx, n));
 	return ps__cuda_done(cu, "relu_bwd", 0);
+}
+
+/* ---- embedding bags ---- */
+
+int ps__cuda_bag_fwd_op(struct ps_compute *c, const struct ps_bag_shape *s, const float *rows,
+			const int32_t *offsets, const int32_t *idx, float *y)
+{
+	struct ps_cuda *cu = ps__cuda_of(c);
+	int rc = ps__bag_shape_check(s, c->err, sizeof(c->err));
+
+	if (rc)
+		return rc;
+	CUDA_CHECK(c->err, ps__cuda_bag_fwd(cu->stream, s->nbags, s->fields, s->dim, s->ldy,
+					    s->nrows, s->mode == PS_BAG_MEAN, rows, offsets, idx, y));
+	return ps__cuda_done(cu, "embedding_bag_fwd", 0);
+}
+
+int ps__cuda_bag_bwd_op(struct ps_compute *c, const struct ps_bag_shape *s, const float *dy,
+			const int32_t *offsets, const int32_t *row_offsets,
+			const int32_t *row_bags, float *drows, float alpha)
+{
+	struct ps_cuda *cu = ps__cuda_of(c);
+	int rc = ps__bag_shape_check(s, c->err, sizeof(c->err));
+
+	if (rc)
+		return rc;
+	CUDA_CHECK(c->err, ps__cuda_bag_bwd(cu->stream, s->nbags, s->fields, s->dim, s->ldy,
+					    s->nrows, s->mode == PS_BAG_MEAN, dy, offsets,
+					    row_offsets, row_bags, drows, alpha));
+	return ps__cuda_done(cu, "embedding_bag_bwd", 0);
 }
 
 /* ---- loss ---- */

@@ -595,6 +595,83 @@ START_TEST(test_maxpool)
 }
 END_TEST
 
+/* ------------------------------------------------------ embedding bags */
+
+/* Random bags (0..5 entries, rows repeated) over nrows rows, sum or mean,
+ * y wider than the bags: both directions against the cpu, the columns
+ * beyond the bags untouched, and the backward repeated bit for bit (no
+ * atomics: each row sums its bags in the order given). */
+START_TEST(test_embedding_bag)
+{
+	const int examples = 300, fields = 26, dim = 16, pad = 13, nrows = 700;
+	const int nbags = examples * fields, ldy = fields * dim + pad;
+	struct ps_bag_shape s = { nbags, fields, dim, ldy, nrows, _i ? PS_BAG_MEAN : PS_BAG_SUM };
+	char what[64];
+	struct pair p;
+
+	snprintf(what, sizeof(what), "embedding_bag %s", _i ? "mean" : "sum");
+	if (!pair_open(&p, what))
+		return;
+	struct ps_compute *g = p.gpu, *c = p.cpu;
+	const struct ps_compute_ops *go = p.go, *co = p.co;
+	int32_t *off = malloc(sizeof(int32_t) * (nbags + 1)), *idx = malloc(sizeof(int32_t) * nbags * 5);
+	int32_t *roff = calloc(nrows + 1, sizeof(int32_t)), *rbags = malloc(sizeof(int32_t) * nbags * 5);
+	int32_t *cnt = calloc(nrows + 1, sizeof(int32_t));
+	int nent = 0;
+
+	for (int b = 0; b < nbags; b++) {
+		int size = (int)((frand() + 1.0f) * 3.0f) % 6;
+		off[b] = nent;
+		for (int e = 0; e < size; e++)
+			idx[nent++] = (int32_t)((frand() + 1.0f) * 0.5f * (nrows - 1));
+	}
+	off[nbags] = nent;
+	for (int e = 0; e < nent; e++)
+		cnt[idx[e] + 1]++;
+	for (int r = 0; r < nrows; r++)
+		roff[r + 1] = roff[r] + cnt[r + 1];
+	memcpy(cnt, roff, sizeof(int32_t) * nrows);
+	for (int b = 0; b < nbags; b++)
+		for (int e = off[b]; e < off[b + 1]; e++)
+			rbags[cnt[idx[e]]++] = b;
+	float *hrows = randv((size_t)nrows * dim), *hdy = randv((size_t)examples * ldy);
+	float *hy = malloc(sizeof(float) * examples * ldy);
+	for (int i = 0; i < examples * ldy; i++)
+		hy[i] = 7.0f;
+	struct buf rows = b_new(&p, hrows, (size_t)nrows * dim), dy = b_new(&p, hdy, (size_t)examples * ldy);
+	struct buf y = b_new(&p, hy, (size_t)examples * ldy), dr = b_new(&p, NULL, (size_t)nrows * dim);
+	/* the int32 arrays ride in float buffers of the same size */
+	struct buf boff = b_new(&p, (float *)off, nbags + 1), bidx = b_new(&p, (float *)idx, nent);
+	struct buf broff = b_new(&p, (float *)roff, nrows + 1), brb = b_new(&p, (float *)rbags, nent);
+
+	OK(&p, go->embedding_bag_fwd(g, &s, rows.g, (int32_t *)boff.g, (int32_t *)bidx.g, y.g),
+	   co->embedding_bag_fwd(c, &s, rows.c, (int32_t *)boff.c, (int32_t *)bidx.c, y.c));
+	compare(&p, "embedding_bag y", &y, TOL);
+	float *gy = keep(&p, &y);
+	for (int ex = 0; ex < examples; ex++)
+		for (int j = fields * dim; j < ldy; j++)
+			ck_assert_msg(gy[ex * ldy + j] == 7.0f, "y[%d][%d] written", ex, j);
+	free(gy);
+	OK(&p, go->embedding_bag_bwd(g, &s, dy.g, (int32_t *)boff.g, (int32_t *)broff.g,
+				     (int32_t *)brb.g, dr.g, 0.125f),
+	   co->embedding_bag_bwd(c, &s, dy.c, (int32_t *)boff.c, (int32_t *)broff.c,
+				 (int32_t *)brb.c, dr.c, 0.125f));
+	compare(&p, "embedding_bag drows", &dr, TOL);
+	float *first = keep(&p, &dr);
+	b_garbage(&p, &dr);
+	OK(&p, go->embedding_bag_bwd(g, &s, dy.g, (int32_t *)boff.g, (int32_t *)broff.g,
+				     (int32_t *)brb.g, dr.g, 0.125f), 0);
+	same_bits(&p, "embedding_bag drows", &dr, first);
+	free(first);
+
+	struct buf *all[] = { &rows, &dy, &y, &dr, &boff, &bidx, &broff, &brb };
+	for (int i = 0; i < 8; i++)
+		b_free(&p, all[i]);
+	free(off), free(idx), free(roff), free(rbags), free(cnt), free(hrows), free(hdy), free(hy);
+	pair_close(&p);
+}
+END_TEST
+
 /* ------------------------------------------------ relu, scale and zero */
 
 START_TEST(test_elementwise)
@@ -945,6 +1022,7 @@ static Suite *compute_cuda_suite(void)
 	tcase_add_test(tc, test_conv_plan_eviction);
 	tcase_add_loop_test(tc, test_maxpool, 0, (int)(sizeof(pool_shapes) / sizeof(pool_shapes[0])));
 	tcase_add_test(tc, test_elementwise);
+	tcase_add_loop_test(tc, test_embedding_bag, 0, 2);
 	tcase_add_loop_test(tc, test_softmax_xent, 0,
 			    (int)(sizeof(xent_shapes) / sizeof(xent_shapes[0])));
 	tcase_add_test(tc, test_events);

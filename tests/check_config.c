@@ -728,7 +728,7 @@ static const struct ecase ecases[] = {
 	{ "missing cluster", "seed: 1\n" MODEL(T1),
 	  { "t.yaml:1: missing required key 'cluster.servers'" } },
 	{ "missing tensors", CL("[a:1]", "1") "seed: 3\n",
-	  { "t.yaml:1: missing the model: give 'model.preset' (mlp, cnn), 'model.layers' or 'model.tensors'" } },
+	  { "t.yaml:1: missing the model: give 'model.preset' (mlp, cnn, ctr), 'model.layers' or 'model.tensors'" } },
 	{ "missing tensors, empty model", CL("[a:1]", "1") "model:\n",
 	  { "t.yaml:4: missing the model" } },
 	/* checks across options */
@@ -775,7 +775,7 @@ static const struct ecase ecases[] = {
 	{ "preset and tensors", CL("[a:1]", "1") "model:\n  preset: cnn\n  tensors:\n" T1,
 	  { "t.yaml:7: key 'model.tensors': the tensors are derived", "(line 5)" } },
 	{ "unknown preset", CL("[a:1]", "1") "model: {preset: resnet}\n",
-	  { "t.yaml:4: key 'model.preset': expected one of none, mlp, cnn, got 'resnet'" } },
+	  { "t.yaml:4: key 'model.preset': expected one of none, mlp, cnn, ctr, got 'resnet'" } },
 	{ "unknown layer", CL("[a:1]", "1") "model:\n  layers: [flatten, softmax]\n",
 	  { "t.yaml:5: key 'model.layers[1]': expected a layer type", "got 'softmax'" } },
 	{ "layer key not used", CL("[a:1]", "1") "model:\n  layers: [{type: relu, out: 3}]\n",

@@ -2,7 +2,8 @@
  *
  *   ps-worker --config F --rank R [--epochs N] [--batch B] [--device cpu|cuda|auto]
  *
- * Per step: forward and backward are queued on the compute backend; the
+ * The ctr preset (click logs, an embedding table) has its own loop in
+ * ctr_train.c. Otherwise, per step: forward and backward are queued on the compute backend; the
  * push thread (pusher.c) pushes each layer's gradients as soon as they are
  * in host memory (the first layer's push ends the clock) while this thread
  * prepares the next batch; then the next weights are pulled (sync: the
@@ -25,6 +26,7 @@
 #include "config.h"
 #include "dataset.h"
 #include "model_file.h"
+#include "ctr_train.h"
 #include "net.h"
 #include "ps_client.h"
 #include "pusher.h"
@@ -68,7 +70,10 @@ static void usage(FILE *out)
 		"       ps-worker --config FILE --eval MODEL [--device D]\n"
 		"\n"
 		"Trains the config's model on its part of the training data, pushing\n"
-		"gradients to and pulling weights from the config's shards.\n"
+		"gradients to and pulling weights from the config's shards. The ctr\n"
+		"preset reads train.train_file and train.test_file (click logs in\n"
+		"Criteo's format) and pulls and pushes embedding rows as well; its\n"
+		"epochs report held-out AUC and logloss instead of accuracy.\n"
 		"\n"
 		"Options:\n"
 		"  -c, --config FILE    cluster configuration (YAML), required\n"
@@ -277,6 +282,65 @@ out:
 	return rc;
 }
 
+/* Connects to the shards, retrying while they are still starting. */
+static int connect_client(const struct ps_config *cfg, int rank, struct ps_client **cli)
+{
+	char err[1024];
+	int rc;
+
+	for (double t0 = ps_now_s();; sleep(1)) {
+		rc = ps_client_init(cli, cfg, rank, err, sizeof(err));
+		if (rc == 0 || rc != -ECONNREFUSED || ps_now_s() - t0 > cfg->limits.connect_timeout_ms / 1000.0 || g_stop)
+			break;
+	}
+	if (rc)
+		ps_error("%s", err);
+	return rc;
+}
+
+/* train.metrics_dir/worker-R.jsonl for appending, or NULL (none, or not
+ * writable: a warning). */
+static FILE *open_metrics(const struct ps_config *cfg, int rank)
+{
+	char path[600];
+	FILE *f;
+
+	if (!cfg->train.metrics_dir[0])
+		return NULL;
+	mkdir(cfg->train.metrics_dir, 0755);
+	snprintf(path, sizeof(path), "%s/worker-%d.jsonl", cfg->train.metrics_dir, rank);
+	f = fopen(path, "a");
+	if (!f)
+		ps_warn("cannot write metrics to %s: %m", path);
+	return f;
+}
+
+/* The ctr preset: click logs and an embedding table (ctr_train.c). */
+static int run_ctr(const struct ps_config *cfg, int rank)
+{
+	const struct ps_compute_ops *ops;
+	struct ps_compute *comp = NULL;
+	struct ps_client *cli = NULL;
+	FILE *metrics = NULL;
+	int rc = 1;
+
+	if (!cfg->train.train_file[0] || !cfg->train.test_file[0]) {
+		ps_error("%s: the ctr preset reads click logs: set train.train_file and "
+			 "train.test_file (Criteo's format; ps-ctrgen writes them)", cfg->path);
+		return 2;
+	}
+	if (open_backend(cfg, &ops, &comp))
+		return 1;
+	metrics = open_metrics(cfg, rank);
+	if (connect_client(cfg, rank, &cli) == 0)
+		rc = ps_ctr_train(cfg, rank, ops, comp, cli, metrics, &g_stop);
+	if (metrics)
+		fclose(metrics);
+	ps_client_free(cli);
+	ops->destroy(comp);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -380,7 +444,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (cfg->model.nlayers == 0) {
-		fprintf(stderr, "ps-worker: %s: the model has no layers; set model.preset (mlp, cnn) or model.layers\n", config);
+		fprintf(stderr, "ps-worker: %s: the model has no layers; set model.preset (mlp, cnn, ctr) or model.layers\n", config);
 		return 2;
 	}
 	enum ps_log_level lvl;
@@ -405,6 +469,14 @@ int main(int argc, char **argv)
 	signal(SIGTERM, on_signal);
 	signal(SIGALRM, on_alarm);
 	signal(SIGPIPE, SIG_IGN);
+	if (!strcmp(cfg->model.preset, "ctr")) {
+		if (eval_model || save_model) {
+			fprintf(stderr, "ps-worker: --eval and --save-model take dense models only; "
+				"ctr's embedding rows stay on the shards (their checkpoints keep them)\n");
+			return 2;
+		}
+		return run_ctr(cfg, rank);
+	}
 	if (eval_model)
 		return eval_saved(cfg, eval_model);
 
@@ -457,21 +529,8 @@ int main(int argc, char **argv)
 	}
 	if (!pt)
 		goto out;
-	if (cfg->train.metrics_dir[0]) {
-		char path[600];
-		mkdir(cfg->train.metrics_dir, 0755);
-		snprintf(path, sizeof(path), "%s/worker-%d.jsonl", cfg->train.metrics_dir, rank);
-		metrics = fopen(path, "a");
-		if (!metrics)
-			ps_warn("cannot write metrics to %s: %m", path);
-	}
-	for (double t0 = ps_now_s();; sleep(1)) {
-		rc = ps_client_init(&cli, cfg, rank, err, sizeof(err));
-		if (rc == 0 || rc != -ECONNREFUSED || ps_now_s() - t0 > cfg->limits.connect_timeout_ms / 1000.0 || g_stop)
-			break;
-	}
-	if (rc) {
-		ps_error("%s", err);
+	metrics = open_metrics(cfg, rank);
+	if (connect_client(cfg, rank, &cli)) {
 		rc = 1;
 		goto out;
 	}

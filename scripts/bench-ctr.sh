@@ -1,0 +1,51 @@
+#!/bin/bash
+# bench-ctr.sh - the ctr preset's figures (BENCHMARKS.md): samples/s with 2
+# shards and 2 workers on loopback, and what admission N does to the
+# table's rows and the held-out AUC, in one run:
+#
+#   scripts/bench-ctr.sh [N=10] [SAMPLES=1000000] [SCALE=0.1]
+#
+# Writes a click log and a held-out continuation with ps-ctrgen, then
+# trains one epoch without admission and one with admission N on the same
+# data (sync, batch 1024, dim 16, rowwise adagrad) and prints, for each:
+# the two workers' samples/s (training steps only, summed), the table's
+# rows on the shards at the end, the held-out AUC and logloss, and the
+# generator's best achievable AUC. Run from the repository root after make.
+set -eu
+N=${1:-10}; SAMPLES=${2:-1000000}; SCALE=${3:-0.1}
+D=$(mktemp -d /tmp/ps-bench-ctr-XXXXXX)
+trap 'kill $S0 $S1 2>/dev/null; rm -rf "$D"' EXIT
+S0=; S1=
+bin/ps-ctrgen --out "$D/train.tsv" --samples "$SAMPLES" --scale "$SCALE" --seed 5 --admission "$N"
+best=$(bin/ps-ctrgen --out "$D/test.tsv" --samples $((SAMPLES / 10)) --skip "$SAMPLES" \
+	--scale "$SCALE" --seed 5 --json | sed -n 's/.*"best_auc":\([0-9.]*\).*/\1/p')
+run() { # run ADMISSION
+  local p0 p1 w0
+  p0=$(( (RANDOM % 20000) + 30000 )); p1=$((p0 + 1))
+  cat > "$D/c.yaml" <<YAML
+cluster: {servers: [127.0.0.1:$p0, 127.0.0.1:$p1], workers: 2}
+consistency: {mode: sync}
+security: {auth: false}
+model:
+  preset: ctr
+  embeddings:
+    - {name: cat, dim: 16, init: uniform, scale: 0.01, optimizer: rowwise_adagrad, lr: 0.05, admission: $1}
+optimizer: {name: adam, lr: 0.001}
+train: {train_file: '$D/train.tsv', test_file: '$D/test.tsv', batch: 1024, epochs: 1, metrics_dir: '$D/m$1'}
+log: {level: warn}
+YAML
+  bin/ps-server --config "$D/c.yaml" --shard 0 & S0=$!
+  bin/ps-server --config "$D/c.yaml" --shard 1 & S1=$!
+  sleep 0.3
+  OPENBLAS_NUM_THREADS=1 bin/ps-worker --config "$D/c.yaml" --rank 0 > "$D/w0.out" 2>/dev/null & w0=$!
+  OPENBLAS_NUM_THREADS=1 bin/ps-worker --config "$D/c.yaml" --rank 1 2>/dev/null
+  wait $w0
+  rows=$(bin/ps-stat --config "$D/c.yaml" --json | grep -o '"rows":[0-9]*' | awk -F: '{s += $2} END {print s}')
+  kill $S0 $S1; wait $S0 $S1 2>/dev/null || true
+  sps=$(cat "$D/m$1"/worker-*.jsonl | sed -n 's/.*"samples_per_s":\([0-9.]*\).*/\1/p' | awk '{s += $1} END {printf "%.0f", s}')
+  auc=$(sed -n 's/^epoch 1 test auc \([0-9.]*\) logloss \([0-9.]*\)/\1 \2/p' "$D/w0.out")
+  printf "admission %-3s %8s samples/s (2 workers)  %9s rows  held-out auc/logloss %s\n" "$1" "$sps" "$rows" "$auc"
+}
+run 0
+run "$N"
+echo "best achievable held-out AUC: $best"

@@ -1,0 +1,202 @@
+/* it_ctr.c - the ctr preset end to end: ps-ctrgen writes a click log and
+ * a held-out continuation, 2 real shards and 2 ps-worker processes train
+ * on it over loopback (embedding rows through pull_rows / push_rows), and
+ * worker 0's held-out AUC after one epoch must be within 0.01 of the best
+ * achievable AUC that ps-ctrgen prints for the held-out file: sync, then
+ * async. Also: the config is refused without an embedding table, and
+ * without its click-log paths.
+ *
+ * Size: 600,000 training examples (scale 0.001: 9,266 categorical values)
+ * and 50,000 held out; one epoch, batch 1024: about 12 s per run on the
+ * 2-core test machine. Fewer examples leave the AUC short of the bound
+ * (200,000: 0.013 below), more epochs overfit. */
+#include <check.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include "config.h"
+#include "ps_err.h"
+#include "test_util.h"
+
+static char tmpdir[64];
+static double best_auc;         /* ps-ctrgen's ceiling for the held-out file */
+
+static char *slurp(const char *path)
+{
+	static char buf[1 << 16];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	return buf;
+}
+
+/* Runs argv (stdout and stderr into out) to the end: its exit status. */
+static pid_t spawn(const char *const *argv, const char *out)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		setenv("OPENBLAS_NUM_THREADS", "1", 1);
+		execv(argv[0], (char *const *)argv);
+		perror("exec");
+		_exit(127);
+	}
+	return pid;
+}
+
+/* Writes the click logs once (suite setup): train.tsv and test.tsv. */
+static void make_data(void)
+{
+	char train[128], test[128], out[128];
+	const char *a1[] = { "bin/ps-ctrgen", "--out", train, "--samples", "600000", "--scale",
+			     "0.001", "--seed", "3", NULL };
+	const char *a2[] = { "bin/ps-ctrgen", "--out", test, "--samples", "50000", "--skip",
+			     "600000", "--scale", "0.001", "--seed", "3", NULL };
+	const char *p;
+
+	snprintf(train, sizeof(train), "%s/train.tsv", tmpdir);
+	snprintf(test, sizeof(test), "%s/test.tsv", tmpdir);
+	snprintf(out, sizeof(out), "%s/gen.out", tmpdir);
+	ck_assert_int_eq(tu_wait_child(spawn(a1, out)), 0);
+	ck_assert_int_eq(tu_wait_child(spawn(a2, out)), 0);
+	p = strstr(slurp(out), "best achievable AUC ");
+	ck_assert_msg(p, "no AUC in ps-ctrgen's output: %s", slurp(out));
+	best_auc = strtod(p + strlen("best achievable AUC "), NULL);
+	ck_assert(best_auc > 0.6 && best_auc < 1.0);
+}
+
+/* A 2-shard, 2-worker ctr config on fresh ports; model adds keys to the
+ * model section, train to the train section. */
+static void write_cfg(char *path, const char *mode, const char *model, const char *train)
+{
+	char y[2048];
+
+	snprintf(y, sizeof(y),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
+		 "consistency: {mode: %s}\nseed: 7\n"
+		 "model:\n  preset: ctr\n%s"
+		 "optimizer: {name: adam, lr: 0.001}\n"
+		 "train: {batch: 1024, epochs: 1, metrics_dir: '%s', %s}\n"
+		 "log: {level: warn}\n",
+		 tu_free_port(), tu_free_port(), mode, model, tmpdir, train);
+	ck_assert_int_eq(tu_write_temp(path, y), 0);
+}
+
+#define TABLE "  embeddings:\n    - {name: cat, dim: 16, init: uniform, scale: 0.01, " \
+	      "optimizer: rowwise_adagrad, lr: 0.05}\n"
+
+/* Trains mode with 2 shards and 2 workers; worker 0's held-out AUC. */
+static double train(const char *mode, char *metrics, size_t mlen)
+{
+	char cfg[64], tr[300], out[2][128], mpath[128], rank[2][4];
+	const char *argv[2][6];
+	pid_t srv[2], w[2];
+	const char *p;
+	double auc;
+
+	snprintf(tr, sizeof(tr), "train_file: '%s/train.tsv', test_file: '%s/test.tsv'", tmpdir,
+		 tmpdir);
+	write_cfg(cfg, mode, TABLE, tr);
+	for (int i = 0; i < 2; i++)
+		srv[i] = tu_start_server(cfg, i);
+	for (int r = 0; r < 2; r++) {
+		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", tmpdir, r);
+		snprintf(rank[r], sizeof(rank[r]), "%d", r);
+		const char *a[] = { "bin/ps-worker", "--config", cfg, "--rank", rank[r], NULL };
+		memcpy(argv[r], a, sizeof(a));
+		w[r] = spawn(argv[r], out[r]);
+	}
+	for (int r = 0; r < 2; r++) {
+		int st = tu_wait_child(w[r]);
+		ck_assert_msg(st == 0, "worker %d exited %d:\n%s", r, st, slurp(out[r]));
+	}
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(tu_stop_server(srv[i]), 0);
+	p = strstr(slurp(out[0]), "epoch 1 test auc ");
+	ck_assert_msg(p, "no AUC line:\n%s", slurp(out[0]));
+	auc = strtod(p + strlen("epoch 1 test auc "), NULL);
+	snprintf(mpath, sizeof(mpath), "%s/worker-0.jsonl", tmpdir);
+	snprintf(metrics, mlen, "%.*s", (int)mlen - 1, slurp(mpath));
+	ck_assert_msg(strstr(metrics, "\"test_auc\":") && strstr(metrics, "\"test_logloss\":") &&
+		      strstr(metrics, "\"samples_per_s\":"), "metrics: %s", metrics);
+	unlink(mpath);
+	snprintf(mpath, sizeof(mpath), "%s/worker-1.jsonl", tmpdir);
+	unlink(mpath);
+	unlink(cfg);
+	return auc;
+}
+
+START_TEST(test_sync_and_async_reach_the_ceiling)
+{
+	char m[4096];
+	double auc;
+
+	make_data();
+	auc = train("sync", m, sizeof(m));
+	fprintf(stderr, "ctr sync: held-out AUC %.4f, best achievable %.4f\n", auc, best_auc);
+	ck_assert_msg(auc >= best_auc - 0.01, "sync AUC %.4f, ceiling %.4f", auc, best_auc);
+	auc = train("async", m, sizeof(m));
+	fprintf(stderr, "ctr async: held-out AUC %.4f, best achievable %.4f\n", auc, best_auc);
+	ck_assert_msg(auc >= best_auc - 0.01, "async AUC %.4f, ceiling %.4f", auc, best_auc);
+}
+END_TEST
+
+/* ctr without a table, or without its files: refused with a reason. */
+START_TEST(test_config_errors)
+{
+	char cfg[64], out[128], err[512];
+	static struct ps_config c;
+	const char *argv[] = { "bin/ps-worker", "--config", cfg, "--rank", "0", NULL };
+
+	write_cfg(cfg, "sync", "", "");
+	ck_assert_int_eq(ps_config_load(&c, cfg, err, sizeof(err)), PS_ECONFIG);
+	ck_assert_msg(strstr(err, ":7: key 'model.preset': ctr bags its categorical fields"),
+		      "%s", err);
+	unlink(cfg);
+	write_cfg(cfg, "sync", TABLE, "");
+	ck_assert_int_eq(ps_config_load(&c, cfg, err, sizeof(err)), 0);
+	ck_assert_int_eq(c.model.input[2], 26 * 16 + 13);
+	ck_assert_int_eq(c.model.classes, 2);
+	ck_assert_int_eq(c.ntensors, 6);
+	snprintf(out, sizeof(out), "%s/nofile.out", tmpdir);
+	ck_assert_int_ne(tu_wait_child(spawn(argv, out)), 0);
+	ck_assert_msg(strstr(slurp(out), "set train.train_file and train.test_file"), "%s",
+		      slurp(out));
+	unlink(cfg);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("ctr");
+	TCase *tc = tcase_create("cluster");
+	int failed;
+
+	tu_secret_setup();
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ps-it-ctr-XXXXXX");
+	if (!mkdtemp(tmpdir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test_config_errors);
+	tcase_add_test(tc, test_sync_and_async_reach_the_ceiling);
+	suite_add_tcase(s, tc);
+	failed = tu_run_suite_as(s, 1);
+	{
+		char cmd[128];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+		if (system(cmd))
+			fprintf(stderr, "could not remove %s\n", tmpdir);
+	}
+	tu_secret_cleanup();
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,734 @@
+/* ctr_train.c - the ctr preset's training loop (ctr_train.h).
+ *
+ * A step on one worker, for a batch of B examples:
+ *   host: the batch's 26 B ids are deduplicated (a hash table, first-seen
+ *         order) into the unique ids U, each field's bag pointing at its
+ *         row of U, and the transpose (per unique row, its bags in order)
+ *         built for the deterministic backward; the numeric features go to
+ *         the last 13 columns of the input x.
+ *   pull: the rows of U (sync: the table's version after the last clock)
+ *         and, with them, the dense weights.
+ *   backend: upload, embedding_bag_fwd writes the bags into x's first
+ *         26 x dim columns, dense/relu layers, 2-class softmax
+ *         cross-entropy (the logistic loss of the logits' difference: its
+ *         mean is the binary logloss), backward to dx of the input, and
+ *         embedding_bag_bwd gives each unique row its gradient.
+ *   push: the rows' gradients, then the dense gradients with the flag
+ *         that ends the clock (sync: a clock's rows must reach a shard
+ *         before the push that ends it; a connection's frames are handled
+ *         in order), then the pulls of the next batch, which the shards
+ *         answer once the clock is complete.
+ * The pulls of step s + 1 overlap the host work of step s + 1's batch
+ * (it is built before they are waited for). Gradients are scaled by
+ * 1 / (B x workers) in the backward ops: the shards sum the workers'.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "ctr_train.h"
+#include "criteo.h"
+#include "layers.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "ps_time.h"
+
+#define F PS_CTR_FIELDS
+#define NUMF PS_CTR_NUMERIC
+
+/* ---- data ---- */
+
+int ps_ctr_load(struct ps_ctr_data *d, const char *path, int64_t limit, char *err,
+		size_t errlen)
+{
+	struct ps_criteo *r = NULL;
+	struct ps_ctr_example ex;
+	int cap = 0, rc;
+
+	memset(d, 0, sizeof(*d));
+	rc = ps_criteo_open(&r, path, err, errlen);
+	if (rc)
+		return rc;
+	while ((limit <= 0 || d->n < limit) && (rc = ps_criteo_next(r, &ex, err, errlen)) == 1) {
+		if (d->n == cap) {
+			int ncap = cap ? cap * 2 : 65536;
+			uint64_t *ids = realloc(d->ids, sizeof(*ids) * F * (size_t)ncap);
+			if (ids)
+				d->ids = ids;
+			float *num = realloc(d->num, sizeof(*num) * NUMF * (size_t)ncap);
+			if (num)
+				d->num = num;
+			int32_t *label = realloc(d->label, sizeof(*label) * (size_t)ncap);
+			if (label)
+				d->label = label;
+			if (!ids || !num || !label) {
+				snprintf(err, errlen, "%s: out of memory at %d examples", path, d->n);
+				rc = -ENOMEM;
+				goto fail;
+			}
+			cap = ncap;
+		}
+		for (int f = 0; f < F; f++)
+			d->ids[(size_t)d->n * F + f] = ps_criteo_id(f, ex.cat[f], (ex.cat_missing >> f) & 1);
+		for (int k = 0; k < NUMF; k++)
+			d->num[(size_t)d->n * NUMF + k] = ex.num[k] > 0 ? (float)log1p((double)ex.num[k]) : 0.0f;
+		d->label[d->n++] = ex.label;
+	}
+	if (rc < 0)
+		goto fail;
+	ps_criteo_close(r);
+	if (d->n == 0) {
+		snprintf(err, errlen, "%s: no examples", path);
+		ps_ctr_data_free(d);
+		return PS_ECONFIG;
+	}
+	return 0;
+fail:
+	ps_criteo_close(r);
+	ps_ctr_data_free(d);
+	return rc;
+}
+
+void ps_ctr_data_free(struct ps_ctr_data *d)
+{
+	free(d->ids);
+	free(d->num);
+	free(d->label);
+	memset(d, 0, sizeof(*d));
+}
+
+/* ---- AUC ---- */
+
+struct scored {
+	float s;
+	int32_t y;
+};
+
+static int by_score(const void *a, const void *b)
+{
+	float x = ((const struct scored *)a)->s, y = ((const struct scored *)b)->s;
+	return (x > y) - (x < y);
+}
+
+double ps_ctr_auc(float *score, int32_t *label, int n)
+{
+	struct scored *v = malloc(sizeof(*v) * (size_t)(n > 0 ? n : 1));
+	double pos = 0, neg = 0, rank_sum = 0;
+
+	if (!v)
+		return NAN;
+	for (int i = 0; i < n; i++)
+		v[i] = (struct scored){ score[i], label[i] };
+	qsort(v, (size_t)n, sizeof(*v), by_score);
+	for (int i = 0; i < n;) {
+		int j = i, p = 0;
+		while (j < n && v[j].s == v[i].s)
+			p += v[j++].y != 0;
+		/* ranks i+1..j share their mean (i + 1 + j) / 2 */
+		rank_sum += p * (i + 1 + j) / 2.0;
+		pos += p;
+		neg += (j - i) - p;
+		i = j;
+	}
+	free(v);
+	if (pos == 0 || neg == 0)
+		return NAN;
+	return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg);
+}
+
+/* ---- the model on the backend ---- */
+
+struct layer {
+	enum ps_layer_kind kind;
+	int in, out;                 /* per example */
+	float *W, *b, *dW, *db;      /* dense */
+	float *y, *dy;               /* batch x out */
+	int wt;                      /* dense: weight tensor index (bias wt + 1) */
+};
+
+/* One batch's ids, on the host (pinned) and on the backend. */
+struct bags {
+	int nu;                      /* unique ids */
+	uint64_t *uniq;              /* B x F */
+	int32_t *h_off, *h_idx, *h_roff, *h_rbags; /* host mirrors */
+	int32_t *off, *idx, *roff, *rbags;        /* backend */
+};
+
+struct ctr {
+	const struct ps_config *cfg;
+	const struct ps_compute_ops *ops;
+	struct ps_compute *c;
+	int B, in, dim, nl;
+	struct layer l[PS_MAX_LAYERS];
+	float *x, *dx;               /* B x in */
+	float *h_x;                  /* pinned */
+	int32_t *labels, *h_labels;
+	float *rows, *drows, *h_rows, *h_drows; /* B*F x dim */
+	float *h_logits;             /* B x 2 */
+	struct ps_xent_stats *st;
+	float **h_w, **h_g;          /* per dense tensor */
+	struct bags bg[2];           /* this step's and the next's */
+	/* dedup hash: slot -> unique index, valid when stamp matches */
+	int hbits;
+	uint64_t *hkey;
+	int32_t *hval;
+	uint32_t *hstamp, stamp;
+	int32_t *count;              /* per unique row: entries (transpose) */
+	struct ps_tensor *pt;        /* per tensor, for pulls and pushes */
+};
+
+static float *dalloc(struct ctr *m, size_t bytes)
+{
+	return m->ops->alloc(m->c, bytes ? bytes : 4);
+}
+
+static void ctr_free(struct ctr *m)
+{
+	const struct ps_compute_ops *o = m->ops;
+	struct ps_compute *c = m->c;
+
+	if (!o)
+		return;
+	for (int i = 0; i < m->nl; i++) {
+		o->free(c, m->l[i].W);
+		o->free(c, m->l[i].b);
+		o->free(c, m->l[i].dW);
+		o->free(c, m->l[i].db);
+		o->free(c, m->l[i].y);
+		o->free(c, m->l[i].dy);
+	}
+	o->free(c, m->x);
+	o->free(c, m->dx);
+	o->free(c, m->labels);
+	o->free(c, m->rows);
+	o->free(c, m->drows);
+	o->host_free(c, m->h_x);
+	o->host_free(c, m->h_labels);
+	o->host_free(c, m->h_rows);
+	o->host_free(c, m->h_drows);
+	o->host_free(c, m->h_logits);
+	o->host_free(c, m->st);
+	for (int k = 0; k < 2; k++) {
+		struct bags *g = &m->bg[k];
+		free(g->uniq);
+		o->host_free(c, g->h_off);
+		o->host_free(c, g->h_idx);
+		o->host_free(c, g->h_roff);
+		o->host_free(c, g->h_rbags);
+		o->free(c, g->off);
+		o->free(c, g->idx);
+		o->free(c, g->roff);
+		o->free(c, g->rbags);
+	}
+	for (int t = 0; m->h_w && t < m->cfg->ntensors; t++) {
+		o->host_free(c, m->h_w[t]);
+		o->host_free(c, m->h_g[t]);
+	}
+	free(m->h_w);
+	free(m->h_g);
+	free(m->hkey);
+	free(m->hval);
+	free(m->hstamp);
+	free(m->count);
+	free(m->pt);
+}
+
+static int ctr_init(struct ctr *m, const struct ps_config *cfg, const struct ps_compute_ops *ops,
+		    struct ps_compute *c, int B, char *err, size_t errlen)
+{
+	struct ps_layer_shape sh[PS_MAX_LAYERS];
+	size_t nent = (size_t)B * F;
+	int rc = ps_layers_infer(&cfg->model, sh, err, errlen);
+
+	memset(m, 0, sizeof(*m));
+	m->cfg = cfg;
+	m->ops = ops;
+	m->c = c;
+	m->B = B;
+	m->dim = cfg->tables[0].dim;
+	m->in = F * m->dim + NUMF;
+	m->nl = cfg->model.nlayers;
+	if (rc)
+		return rc;
+	if (!ops->embedding_bag_fwd || !ops->embedding_bag_bwd) {
+		snprintf(err, errlen, "backend %s has no embedding_bag ops", ops->name);
+		return PS_ENOTSUP;
+	}
+	for (int i = 0; i < m->nl; i++) {
+		struct layer *L = &m->l[i];
+		L->kind = cfg->model.layers[i].kind;
+		L->in = sh[i].in_c * sh[i].in_h * sh[i].in_w;
+		L->out = sh[i].out_c * sh[i].out_h * sh[i].out_w;
+		L->wt = sh[i].weight;
+		if (L->kind != PS_LAYER_DENSE && L->kind != PS_LAYER_RELU) {
+			snprintf(err, errlen, "ctr: layer %d is %s; only dense and relu", i + 1,
+				 ps_layer_kind_name(L->kind));
+			return PS_ECONFIG;
+		}
+		L->y = dalloc(m, sizeof(float) * (size_t)B * L->out);
+		L->dy = dalloc(m, sizeof(float) * (size_t)B * L->out);
+		if (L->kind == PS_LAYER_DENSE) {
+			size_t w = (size_t)L->in * L->out;
+			L->W = dalloc(m, sizeof(float) * w);
+			L->dW = dalloc(m, sizeof(float) * w);
+			L->b = dalloc(m, sizeof(float) * L->out);
+			L->db = dalloc(m, sizeof(float) * L->out);
+			if (!L->W || !L->dW || !L->b || !L->db)
+				goto nomem;
+		}
+		if (!L->y || !L->dy)
+			goto nomem;
+	}
+	m->x = dalloc(m, sizeof(float) * (size_t)B * m->in);
+	m->dx = dalloc(m, sizeof(float) * (size_t)B * m->in);
+	m->h_x = ops->host_alloc(c, sizeof(float) * (size_t)B * m->in);
+	m->labels = (int32_t *)dalloc(m, sizeof(int32_t) * B);
+	m->h_labels = ops->host_alloc(c, sizeof(int32_t) * B);
+	m->rows = dalloc(m, sizeof(float) * nent * m->dim);
+	m->drows = dalloc(m, sizeof(float) * nent * m->dim);
+	m->h_rows = ops->host_alloc(c, sizeof(float) * nent * m->dim);
+	m->h_drows = ops->host_alloc(c, sizeof(float) * nent * m->dim);
+	m->h_logits = ops->host_alloc(c, sizeof(float) * (size_t)B * 2);
+	m->st = ops->host_alloc(c, sizeof(*m->st));
+	if (!m->x || !m->dx || !m->h_x || !m->labels || !m->h_labels || !m->rows || !m->drows ||
+	    !m->h_rows || !m->h_drows || !m->h_logits || !m->st)
+		goto nomem;
+	for (int k = 0; k < 2; k++) {
+		struct bags *g = &m->bg[k];
+		g->uniq = malloc(sizeof(uint64_t) * nent);
+		g->h_off = ops->host_alloc(c, sizeof(int32_t) * (nent + 1));
+		g->h_idx = ops->host_alloc(c, sizeof(int32_t) * nent);
+		g->h_roff = ops->host_alloc(c, sizeof(int32_t) * (nent + 1));
+		g->h_rbags = ops->host_alloc(c, sizeof(int32_t) * nent);
+		g->off = (int32_t *)dalloc(m, sizeof(int32_t) * (nent + 1));
+		g->idx = (int32_t *)dalloc(m, sizeof(int32_t) * nent);
+		g->roff = (int32_t *)dalloc(m, sizeof(int32_t) * (nent + 1));
+		g->rbags = (int32_t *)dalloc(m, sizeof(int32_t) * nent);
+		if (!g->uniq || !g->h_off || !g->h_idx || !g->h_roff || !g->h_rbags || !g->off ||
+		    !g->idx || !g->roff || !g->rbags)
+			goto nomem;
+	}
+	for (m->hbits = 4; ((size_t)1 << m->hbits) < 2 * nent; m->hbits++)
+		;
+	m->hkey = malloc(sizeof(uint64_t) << m->hbits);
+	m->hval = malloc(sizeof(int32_t) << m->hbits);
+	m->hstamp = calloc((size_t)1 << m->hbits, sizeof(uint32_t));
+	m->count = malloc(sizeof(int32_t) * (nent + 1));
+	m->h_w = calloc((size_t)cfg->ntensors, sizeof(float *));
+	m->h_g = calloc((size_t)cfg->ntensors, sizeof(float *));
+	m->pt = calloc((size_t)cfg->ntensors, sizeof(*m->pt));
+	if (!m->hkey || !m->hval || !m->hstamp || !m->count || !m->h_w || !m->h_g || !m->pt)
+		goto nomem;
+	for (int t = 0; t < cfg->ntensors; t++) {
+		m->h_w[t] = ops->host_alloc(c, sizeof(float) * (size_t)cfg->tensors[t].count);
+		m->h_g[t] = ops->host_alloc(c, sizeof(float) * (size_t)cfg->tensors[t].count);
+		if (!m->h_w[t] || !m->h_g[t])
+			goto nomem;
+	}
+	return 0;
+nomem:
+	snprintf(err, errlen, "ctr: out of memory for batch %d (%s)", B, c->err);
+	return -ENOMEM;
+}
+
+/* Fills bags k with examples first..first+n-1 of d (order[] maps positions
+ * to examples when not NULL) and the host input x and labels. */
+static void build_batch(struct ctr *m, int k, const struct ps_ctr_data *d, const int *order,
+			int first, int n)
+{
+	struct bags *g = &m->bg[k];
+	uint64_t mask = ((uint64_t)1 << m->hbits) - 1;
+	int nent = n * F;
+
+	if (++m->stamp == 0) { /* wrapped: forget every slot */
+		memset(m->hstamp, 0, sizeof(uint32_t) << m->hbits);
+		m->stamp = 1;
+	}
+	g->nu = 0;
+	for (int i = 0; i < n; i++) {
+		int ex = order ? order[first + i] : first + i;
+		const uint64_t *ids = d->ids + (size_t)ex * F;
+		float *xr = m->h_x + (size_t)i * m->in;
+
+		memcpy(xr + F * m->dim, d->num + (size_t)ex * NUMF, sizeof(float) * NUMF);
+		m->h_labels[i] = d->label[ex];
+		for (int f = 0; f < F; f++) {
+			uint64_t id = ids[f], h = (id * 0x9E3779B97F4A7C15ull) >> (64 - m->hbits);
+			while (m->hstamp[h] == m->stamp && m->hkey[h] != id)
+				h = (h + 1) & mask;
+			if (m->hstamp[h] != m->stamp) {
+				m->hstamp[h] = m->stamp;
+				m->hkey[h] = id;
+				m->hval[h] = g->nu;
+				g->uniq[g->nu++] = id;
+			}
+			/* one id per bag: bag b = i * F + f is entry b */
+			g->h_idx[i * F + f] = m->hval[h];
+			g->h_off[i * F + f] = i * F + f;
+		}
+	}
+	g->h_off[nent] = nent;
+	/* the transpose: row r's bags in increasing order */
+	memset(m->count, 0, sizeof(int32_t) * (size_t)(g->nu + 1));
+	for (int e = 0; e < nent; e++)
+		m->count[g->h_idx[e] + 1]++;
+	g->h_roff[0] = 0;
+	for (int r = 0; r < g->nu; r++)
+		g->h_roff[r + 1] = g->h_roff[r] + m->count[r + 1];
+	memcpy(m->count, g->h_roff, sizeof(int32_t) * (size_t)g->nu);
+	for (int b = 0; b < nent; b++)
+		g->h_rbags[m->count[g->h_idx[b]]++] = b;
+}
+
+/* Starts the pull of the dense weights (when dense) into h_w, and of bags
+ * k's rows into h_rows (when k >= 0); their request ids or 0. */
+static int pull_start(struct ctr *m, struct ps_client *cli, int k, int dense,
+		      uint64_t min_version, int64_t *dense_id, int64_t *rows_id)
+{
+	const struct ps_config *cfg = m->cfg;
+
+	*dense_id = *rows_id = 0;
+	if (dense) {
+		for (int t = 0; t < cfg->ntensors; t++)
+			m->pt[t] = (struct ps_tensor){ cfg->tensors[t].name, m->h_w[t],
+						      cfg->tensors[t].count, 0 };
+		*dense_id = ps_client_pull(cli, min_version, m->pt, cfg->ntensors);
+		if (*dense_id < 0)
+			return (int)*dense_id;
+	}
+	if (k >= 0) {
+		*rows_id = ps_client_pull_rows_async(cli, cfg->tables[0].name, min_version,
+						     m->bg[k].uniq, (size_t)m->bg[k].nu, m->h_rows);
+		if (*rows_id < 0)
+			return (int)*rows_id;
+	}
+	return 0;
+}
+
+/* Waits for the requests of pull_start (0 ids are none). */
+static int pull_wait(struct ps_client *cli, int64_t dense_id, int64_t rows_id)
+{
+	int rc = dense_id ? ps_client_wait(cli, dense_id) : 0, rc2 = rows_id ? ps_client_wait(cli, rows_id) : 0;
+	return rc ? rc : rc2;
+}
+
+/* Uploads the pulled dense weights. */
+static int upload_dense(struct ctr *m)
+{
+	const struct ps_compute_ops *o = m->ops;
+	struct ps_compute *c = m->c;
+	int rc = 0;
+
+	for (int i = 0; !rc && i < m->nl; i++) {
+		struct layer *L = &m->l[i];
+		if (L->kind != PS_LAYER_DENSE)
+			continue;
+		rc = o->upload(c, L->W, m->h_w[L->wt], sizeof(float) * (size_t)L->in * L->out);
+		if (!rc)
+			rc = o->upload(c, L->b, m->h_w[L->wt + 1], sizeof(float) * (size_t)L->out);
+	}
+	return rc;
+}
+
+/* Uploads bags k with its rows, the input and labels of n examples, and
+ * queues the bags into x. */
+static int upload(struct ctr *m, int k, int n)
+{
+	const struct ps_compute_ops *o = m->ops;
+	struct ps_compute *c = m->c;
+	struct bags *g = &m->bg[k];
+	size_t nent = (size_t)n * F;
+	struct ps_bag_shape s = { n * F, F, m->dim, m->in, g->nu, (enum ps_bag_mode)m->cfg->model.bag };
+	int rc = o->upload(c, m->x, m->h_x, sizeof(float) * (size_t)n * m->in);
+	if (!rc)
+		rc = o->upload(c, m->labels, m->h_labels, sizeof(int32_t) * (size_t)n);
+	if (!rc)
+		rc = o->upload(c, m->rows, m->h_rows, sizeof(float) * (size_t)g->nu * m->dim);
+	if (!rc)
+		rc = o->upload(c, g->off, g->h_off, sizeof(int32_t) * (nent + 1));
+	if (!rc)
+		rc = o->upload(c, g->idx, g->h_idx, sizeof(int32_t) * nent);
+	if (!rc)
+		rc = o->upload(c, g->roff, g->h_roff, sizeof(int32_t) * (size_t)(g->nu + 1));
+	if (!rc)
+		rc = o->upload(c, g->rbags, g->h_rbags, sizeof(int32_t) * nent);
+	if (!rc)
+		rc = o->embedding_bag_fwd(c, &s, m->rows, g->off, g->idx, m->x);
+	return rc;
+}
+
+/* Queues the forward pass of n examples and the loss (dlogits into the
+ * last layer's dy when train). */
+static int forward(struct ctr *m, int n, int train)
+{
+	const struct ps_compute_ops *o = m->ops;
+	const float *x = m->x;
+	int rc = 0;
+
+	for (int i = 0; !rc && i < m->nl; i++) {
+		struct layer *L = &m->l[i];
+		if (L->kind == PS_LAYER_DENSE)
+			rc = o->dense_fwd(m->c, x, L->W, L->b, L->y, n, L->in, L->out);
+		else
+			rc = o->relu_fwd(m->c, x, L->y, (size_t)n * L->out);
+		x = L->y;
+	}
+	if (!rc)
+		rc = o->softmax_xent(m->c, x, m->labels, n, 2, train ? m->l[m->nl - 1].dy : NULL, m->st);
+	return rc;
+}
+
+/* Queues the backward pass (bags k) and the copies of every gradient to
+ * the host; alpha = 1 / (n x workers). */
+static int backward(struct ctr *m, int k, int n, float alpha)
+{
+	const struct ps_compute_ops *o = m->ops;
+	struct ps_compute *c = m->c;
+	struct bags *g = &m->bg[k];
+	struct ps_bag_shape s = { n * F, F, m->dim, m->in, g->nu, (enum ps_bag_mode)m->cfg->model.bag };
+	int rc = 0;
+
+	for (int i = m->nl - 1; !rc && i >= 0; i--) {
+		struct layer *L = &m->l[i];
+		const float *x = i ? m->l[i - 1].y : m->x;
+		float *dx = i ? m->l[i - 1].dy : m->dx;
+		if (L->kind == PS_LAYER_DENSE) {
+			rc = o->dense_bwd(c, x, L->W, L->dy, dx, L->dW, L->db, n, L->in, L->out, alpha);
+			if (!rc)
+				rc = o->download(c, m->h_g[L->wt], L->dW,
+						 sizeof(float) * (size_t)L->in * L->out);
+			if (!rc)
+				rc = o->download(c, m->h_g[L->wt + 1], L->db, sizeof(float) * (size_t)L->out);
+		} else {
+			rc = o->relu_bwd(c, L->y, L->dy, dx, (size_t)n * L->out);
+		}
+	}
+	if (!rc)
+		rc = o->embedding_bag_bwd(c, &s, m->dx, g->off, g->roff, g->rbags, m->drows, alpha);
+	if (!rc)
+		rc = o->download(c, m->h_drows, m->drows, sizeof(float) * (size_t)g->nu * m->dim);
+	if (!rc)
+		rc = o->sync(c);
+	return rc;
+}
+
+/* Held-out logloss and AUC with the weights on the backend (rows pulled
+ * as they are now). */
+static int evaluate(struct ctr *m, struct ps_client *cli, const struct ps_ctr_data *test,
+		    double *auc, double *logloss)
+{
+	float *score = malloc(sizeof(float) * (size_t)test->n);
+	double loss_sum = 0;
+	int rc = score ? 0 : -ENOMEM;
+
+	for (int first = 0; !rc && first < test->n; first += m->B) {
+		int n = test->n - first < m->B ? test->n - first : m->B, correct;
+		int64_t did, rid;
+		float loss;
+
+		build_batch(m, 1, test, NULL, first, n);
+		rc = pull_start(m, cli, 1, 0, 0, &did, &rid);
+		if (!rc)
+			rc = pull_wait(cli, did, rid);
+		if (!rc)
+			rc = upload(m, 1, n);
+		if (!rc)
+			rc = forward(m, n, 0);
+		if (!rc)
+			rc = m->ops->download(m->c, m->h_logits, m->l[m->nl - 1].y, sizeof(float) * 2 * (size_t)n);
+		if (!rc)
+			rc = m->ops->sync(m->c);
+		if (!rc)
+			rc = ps_compute_xent_read(m->st, 2, &loss, &correct, m->c->err, sizeof(m->c->err));
+		if (rc)
+			break;
+		loss_sum += (double)loss * n;
+		for (int i = 0; i < n; i++) /* P(click) = sigmoid(l1 - l0) */
+			score[first + i] = 1.0f / (1.0f + expf(m->h_logits[2 * i] - m->h_logits[2 * i + 1]));
+	}
+	if (!rc) {
+		*logloss = loss_sum / test->n;
+		*auc = ps_ctr_auc(score, test->label, test->n);
+	}
+	free(score);
+	return rc;
+}
+
+/* A deterministic shuffle of this worker's examples for an epoch. */
+static void shuffle(int *order, int n, uint64_t seed)
+{
+	uint64_t s = seed;
+
+	for (int i = n - 1; i > 0; i--) {
+		s += 0x9E3779B97F4A7C15ull;
+		uint64_t z = s;
+		z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+		z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+		z ^= z >> 31;
+		int j = (int)(z % (uint64_t)(i + 1)), t = order[i];
+		order[i] = order[j];
+		order[j] = t;
+	}
+}
+
+/* One line of the metrics file per epoch. */
+static void write_metrics(FILE *f, const struct ctr *m, struct ps_client *cli, int rank, int epoch,
+			  int steps, double t, double loss, double sps, double auc, double tloss)
+{
+	uint64_t given, sent, raw, wire;
+
+	ps_client_push_bytes(cli, &raw, &wire);
+	ps_client_rows_bytes(cli, &given, &sent);
+	fprintf(f, "{\"rank\":%d,\"epoch\":%d,\"steps\":%d,\"time_s\":%.3f,\"preset\":\"ctr\","
+		"\"train_logloss\":%.6f,\"samples_per_s\":%.1f,\"mb_pushed\":%.3f,"
+		"\"mb_rows_sent\":%.3f,\"device\":\"%s\",\"consistency\":\"%s\"",
+		rank, epoch, steps, t, loss, sps, raw / 1e6, sent / 1e6, m->ops->name,
+		m->cfg->consistency == PS_SYNC ? "sync" : "async");
+	if (!isnan(tloss))
+		fprintf(f, ",\"test_logloss\":%.6f,\"test_auc\":%.6f", tloss, auc);
+	fprintf(f, "}\n");
+	fflush(f);
+}
+
+int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_ops *ops,
+		 struct ps_compute *c, struct ps_client *cli, FILE *metrics,
+		 volatile sig_atomic_t *stop)
+{
+	struct ps_ctr_data train = { 0 }, test = { 0 };
+	struct ctr m = { 0 };
+	int *order = NULL, nmine = 0, rc = 1, W = cfg->nworkers, B = cfg->train.batch;
+	int sync = cfg->consistency == PS_SYNC;
+	const char *table = cfg->tables[0].name;
+	char err[1024];
+	int64_t did = 0, rid = 0;
+
+	if (ps_ctr_load(&train, cfg->train.train_file, cfg->train.train_limit, err, sizeof(err)) ||
+	    (rank == 0 && ps_ctr_load(&test, cfg->train.test_file, cfg->train.test_limit, err,
+				      sizeof(err)))) {
+		ps_error("%s", err);
+		goto out;
+	}
+	/* every worker takes the same number of steps (a sync barrier would
+	 * wait for one that has finished its epoch) */
+	int steps = train.n / W / B;
+	if (steps < 1) {
+		ps_error("%d examples over %d workers give no full batch of %d", train.n, W, B);
+		goto out;
+	}
+	order = malloc(sizeof(int) * (size_t)(train.n / W + 1));
+	if (!order)
+		goto out;
+	for (int i = rank; i < train.n; i += W)
+		order[nmine++] = i;
+	if (ctr_init(&m, cfg, ops, c, B, err, sizeof(err))) {
+		ps_error("%s", err);
+		goto out;
+	}
+	ps_info("training ctr (table %s, dim %d, %s bags, %d tensors) on %s: %d epoch(s) of %d "
+		"steps, batch %d, %s; %d training examples, %d held out", table, m.dim,
+		cfg->model.bag == PS_BAG_MEAN ? "mean" : "sum", cfg->ntensors, ops->name,
+		cfg->train.epochs, steps, B, sync ? "sync" : "async", train.n, test.n);
+
+	uint64_t clock = ps_client_clock(cli);
+	double t_start = ps_now_s();
+	int tty = isatty(2);
+	for (int e = 0; e < cfg->train.epochs && !*stop; e++) {
+		double t_epoch = ps_now_s(), last_print = 0, loss_sum = 0;
+		long seen = 0;
+		int cur = 0;
+
+		shuffle(order, nmine, cfg->seed ^ ((uint64_t)(e + 1) << 32) ^ (uint64_t)rank);
+		build_batch(&m, cur, &train, order, 0, B);
+		if (pull_start(&m, cli, cur, 1, sync ? clock : 0, &did, &rid))
+			goto fail_req;
+		for (int s = 0; s < steps && !*stop; s++) {
+			float loss;
+			int correct;
+			int64_t rpid, dpid;
+
+			if (pull_wait(cli, did, rid))
+				goto fail_req;
+			did = rid = 0;
+			if (upload_dense(&m) || upload(&m, cur, B) || forward(&m, B, 1) ||
+			    backward(&m, cur, B, 1.0f / ((float)B * (float)W)) ||
+			    ps_compute_xent_read(m.st, 2, &loss, &correct, c->err, sizeof(c->err))) {
+				ps_error("step %d: %s", s, c->err);
+				goto out;
+			}
+			/* the rows first: in sync mode the dense push ends the clock */
+			rpid = ps_client_push_rows_async(cli, table, clock, m.bg[cur].uniq,
+							 (size_t)m.bg[cur].nu, m.h_drows, 0);
+			for (int t = 0; t < cfg->ntensors; t++)
+				m.pt[t] = (struct ps_tensor){ cfg->tensors[t].name, m.h_g[t],
+							     cfg->tensors[t].count, 0 };
+			dpid = rpid < 0 ? rpid : ps_client_push(cli, clock, m.pt, cfg->ntensors,
+								PS_PUSH_END_CLOCK);
+			if (dpid < 0) {
+				ps_error("push at clock %llu: %s", (unsigned long long)clock,
+					 ps_client_error(cli));
+				goto out;
+			}
+			clock++;
+			/* the next batch and its pulls while the shards apply */
+			if (s + 1 < steps) {
+				build_batch(&m, cur ^ 1, &train, order, (s + 1) * B, B);
+				if (pull_start(&m, cli, cur ^ 1, 1, sync ? clock : 0, &did, &rid))
+					goto fail_req;
+			}
+			if (ps_client_wait(cli, rpid) || ps_client_wait(cli, dpid)) {
+				ps_error("push at clock %llu: %s", (unsigned long long)clock - 1,
+					 ps_client_error(cli));
+				goto out;
+			}
+			cur ^= 1;
+			loss_sum += (double)loss * B;
+			seen += B;
+			double now = ps_now_s();
+			if (now - last_print > (tty ? 0.25 : 10.0) || s == steps - 1) {
+				last_print = now;
+				fprintf(stderr, "%sepoch %d/%d  step %d/%d  logloss %.4f  %.0f samples/s%s",
+					tty ? "\r" : "", e + 1, cfg->train.epochs, s + 1, steps,
+					loss_sum / seen, seen / (now - t_epoch), tty ? "\033[K" : "\n");
+			}
+		}
+		if (tty)
+			fputc('\n', stderr);
+		if (did || rid) { /* stopped with pulls under way */
+			pull_wait(cli, did, rid);
+			did = rid = 0;
+		}
+		double elapsed = ps_now_s() - t_epoch, auc = NAN, tloss = NAN;
+		if (rank == 0 && !*stop) {
+			/* the dense weights after the epoch's last clock */
+			if (pull_start(&m, cli, -1, 1, sync ? clock : 0, &did, &rid) ||
+			    pull_wait(cli, did, rid))
+				goto fail_req;
+			did = rid = 0;
+			if (upload_dense(&m) || evaluate(&m, cli, &test, &auc, &tloss)) {
+				ps_error("evaluation: %s / %s", c->err, ps_client_error(cli));
+				goto out;
+			}
+			ps_info("epoch %d: test auc %.4f, test logloss %.4f (%d examples), %.0f samples/s",
+				e + 1, auc, tloss, test.n, seen / elapsed);
+			printf("epoch %d test auc %.6f logloss %.6f\n", e + 1, auc, tloss);
+			fflush(stdout);
+		}
+		if (metrics)
+			write_metrics(metrics, &m, cli, rank, e + 1, steps, ps_now_s() - t_start,
+				      seen ? loss_sum / seen : NAN, seen / elapsed, auc, tloss);
+	}
+	rc = *stop ? 130 : 0;
+	if (*stop)
+		ps_info("stopped by signal");
+	goto out;
+fail_req:
+	ps_error("pull at clock %llu: %s", (unsigned long long)clock, ps_client_error(cli));
+	if (did || rid)
+		pull_wait(cli, did, rid);
+out:
+	ctr_free(&m);
+	free(order);
+	ps_ctr_data_free(&train);
+	ps_ctr_data_free(&test);
+	return rc;
+}
