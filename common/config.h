@@ -137,6 +137,9 @@ struct ps_stats_cfg {
 };
 
 /* Training: what ps-worker does (the data, batches, where metrics go). */
+/* train.pull: when a worker pulls the next step's weights. */
+enum ps_pull_when { PS_PULL_LAYER = 0, PS_PULL_STEP = 1 };
+
 struct ps_train_cfg {
 	char data_dir[512];         /* IDX files: train-* and t10k-* */
 	char train_file[512];       /* ctr: Criteo-format training log */
@@ -148,6 +151,7 @@ struct ps_train_cfg {
 	int device;                 /* enum ps_device */
 	int tf32;                   /* enum ps_tf32 (compute.h): conv, off, all */
 	int threads;                /* cpu compute threads; 0 = auto (ps_worker.c) */
+	int pull;                   /* enum ps_pull_when: per layer or per step */
 	char metrics_dir[512];      /* worker-R.jsonl files go here */
 };
 

@@ -135,7 +135,8 @@ enum { LO_TYPE, LO_OUT, LO_KERNEL, LO_PAD, LO_STRIDE, LO_SIZE, NLAYER };
 
 extern const char *const cfg_transport_names[], *const cfg_consistency_names[],
 	*const cfg_optim_names[], *const cfg_init_names[], *const cfg_level_names[],
-	*const cfg_preset_names[], *const cfg_bag_names[], *const cfg_device_names[], *const cfg_tf32_names[],
+	*const cfg_preset_names[], *const cfg_bag_names[], *const cfg_device_names[],
+	*const cfg_tf32_names[], *const cfg_pull_when_names[],
 	*const cfg_layer_names[], *const cfg_codec_names[], *const cfg_pull_names[],
 	*const cfg_lz4_names[], *const cfg_row_optim_names[], *const cfg_forward_names[];
 extern const struct opt cfg_opts[];

@@ -24,6 +24,7 @@ const char *const cfg_bag_names[] = { "sum", "mean", NULL };
 const char *const cfg_device_names[] = { "auto", "cpu", "cuda", NULL };
 /* in enum ps_tf32 order (compute.h) */
 const char *const cfg_tf32_names[] = { "conv", "off", "all", NULL };
+const char *const cfg_pull_when_names[] = { "layer", "step", NULL };
 /* in enum ps_layer_kind order */
 const char *const cfg_layer_names[] = { "dense", "conv2d", "maxpool", "relu", "flatten", NULL };
 /* in enum ps_codec_kind order; pull replies (weights) take only the first two */
@@ -143,7 +144,8 @@ const struct opt cfg_opts[] = {
 	  "security.auth is on)"),
 	O("limits.max_waiting_pulls", T_INT, 0, 1, 1000000, "64", NULL, C,
 	  limits.max_waiting_pulls, "shard: pulls one connection may have waiting for their "
-	  "clock (a worker has one or two); more are refused with an error"),
+	  "clock (a worker has one per weighted layer with train.pull: layer); more are "
+	  "refused with an error"),
 	O("limits.max_handshakes", T_INT, 0, 1, 100000, "64", NULL, C, limits.max_handshakes,
 	  "connections per shard still in the handshake; a new one past it closes the oldest of "
 	  "the address that has the most, so a flood without the secret cannot keep workers out"),
@@ -199,6 +201,12 @@ const struct opt cfg_opts[] = {
 	  "if set, else the machine's cores shared among the workers on it (cluster.workers "
 	  "when every shard address is loopback, as scripts/ps-local.sh runs them; else this "
 	  "worker alone), at least 1; no effect on cuda"),
+	O("train.pull", T_ENUM, 0, 0, 0, "layer", cfg_pull_when_names, C, train.pull,
+	  "when a worker pulls the next step's weights: layer (each layer's with its "
+	  "gradients' push, as soon as backward has them, so the pull of the last layers "
+	  "overlaps the backward and pushes of the first; sync shards answer it once that "
+	  "layer's clock is complete) or step (every tensor in one pull after the step's "
+	  "last push); the same weights either way"),
 	O("train.metrics_dir", T_PATH, 0, 0, 0, "metrics", NULL, C, train.metrics_dir,
 	  "folder for worker-R.jsonl metrics logs (created if missing); \"\" = none"),
 	O("stats.token_file", T_PATH, 0, 0, 0, "", NULL, C, stats.token_file,

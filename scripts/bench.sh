@@ -109,19 +109,35 @@ fi
 if [ $# -ge 2 ] && [ -x "$2" ] && [ -x bin/ps-worker ]; then
   echo
   echo "-- training: 2 shards + 2 workers (sync, loopback) against compute alone"
-  echo "   baseline: one process, forward + backward + gradient download, no servers, 1 compute thread"
+  echo "   baseline: one process, forward + backward + gradient download, no servers, 1 compute thread;"
+  echo "   and each layer's weights pulled with its push (train.pull: layer, the default) against one"
+  echo "   pull of every tensor after the step's last push (train.pull: step), alternated, same run"
   base=$(OPENBLAS_NUM_THREADS=1 "$2" --seconds "$S" --backend cpu --threads 1 --json)
   printf '%s\n' "$base" | sed 's/^/   /'
   tmp=$(mktemp -d /tmp/ps-bench-train.XXXXXX)
+  sum_sps() { cat "$1"/worker-*.jsonl | sed -n 's/.*"samples_per_s":\([0-9.]*\).*/\1/p' | awk '{s += $1} END {print s + 0}'; }
   for m in "mlp 25600" "cnn 5120"; do
     set -- $m
-    sed -e "s/preset: cnn/preset: $1/" conf/local.yaml > "$tmp/$1.yaml"
-    scripts/ps-local.sh "$tmp/$1.yaml" --logs "$tmp/logs-$1" -- --limit "$2" \
-      --metrics-dir "$tmp/m-$1" >/dev/null 2>&1 || { echo "   $1: training run failed (logs in $tmp/logs-$1)"; continue; }
-    dist=$(cat "$tmp/m-$1"/worker-*.jsonl | sed -n 's/.*"samples_per_s":\([0-9.]*\).*/\1/p' | awk '{s += $1} END {print s}')
+    sed -e "s/preset: cnn/preset: $1/" conf/local.yaml > "$tmp/$1-layer.yaml"
+    sed -e 's/^\( *\)batch: \(.*\)/\1batch: \2\n\1pull: step/' "$tmp/$1-layer.yaml" > "$tmp/$1-step.yaml"
+    declare -A got=()
+    for round in 1 2; do
+      for mode in layer step; do
+        rm -rf "$tmp/m-$1-$mode"
+        scripts/ps-local.sh "$tmp/$1-$mode.yaml" --logs "$tmp/logs-$1-$mode" -- --limit "$2" \
+          --metrics-dir "$tmp/m-$1-$mode" >/dev/null 2>&1 || { echo "   $1 ($mode): training run failed (logs in $tmp/logs-$1-$mode)"; continue; }
+        got[$mode]="${got[$mode]:-} $(sum_sps "$tmp/m-$1-$mode")"
+      done
+    done
+    waits=$(sed -n 's/.*"net_wait_layers_s":{\([^}]*\)}.*/\1/p' "$tmp/m-$1-layer/worker-0.jsonl" | tr -d '"')
     single=$(printf '%s\n' "$base" | sed -n "s/.*\"model\":\"$1\",\"backend\":\"cpu\".*\"samples_per_s\":\([0-9.]*\).*/\1/p")
-    awk -v m="$1" -v d="$dist" -v s="$single" 'BEGIN {
-      printf "   %s: 2 workers %.0f samples/s in all, compute alone %.0f samples/s per process, ratio to 2x alone %.2f\n", m, d, s, d / (2 * s) }'
+    awk -v m="$1" -v l="${got[layer]:-}" -v st="${got[step]:-}" -v s="$single" -v w="$waits" 'BEGIN {
+      nl = split(l, a, " "); ns = split(st, b, " "); la = 0; sa = 0
+      for (i = 1; i <= nl; i++) la += a[i] / nl
+      for (i = 1; i <= ns; i++) sa += b[i] / ns
+      printf "   %s: 2 workers %.0f samples/s in all (rounds%s), compute alone %.0f samples/s per process, ratio to 2x alone %.2f\n", m, la, l, s, (s > 0 ? la / (2 * s) : 0)
+      printf "   %s: pull per step %.0f samples/s (rounds%s): per layer / per step %.2f; worker 0 net wait per layer (s, push order): %s\n", m, sa, st, (sa > 0 ? la / sa : 0), w }'
+    unset got
   done
   rm -rf "$tmp"
 fi

@@ -457,7 +457,7 @@ START_TEST(test_model)
 	static const char cnn[] = CL("[127.0.0.1:7000, 127.0.0.1:7001]", "2")
 		"model: {preset: cnn}\n"
 		"train: {batch: 32, epochs: 3, limit: 6000, device: cpu, threads: 3, data_dir: /d, "
-		"metrics_dir: ''}\n";
+		"metrics_dir: '', pull: step}\n";
 	static const char layers[] = CL("[127.0.0.1:7000]", "1")
 		"model:\n  input: [3, 8, 8]\n  classes: 4\n  layers:\n"
 		"    - {type: conv2d, out: 2, kernel: 3, pad: 1, stride: 2}\n"
@@ -482,6 +482,7 @@ START_TEST(test_model)
 	ck_assert_int_eq(cfg.train.train_limit, 6000);
 	ck_assert_int_eq(cfg.train.device, PS_DEVICE_CPU);
 	ck_assert_int_eq(cfg.train.threads, 3);
+	ck_assert_int_eq(cfg.train.pull, PS_PULL_STEP);
 	ck_assert_str_eq(cfg.train.data_dir, "/d");
 	ck_assert_str_eq(cfg.train.metrics_dir, "");
 	roundtrip();
@@ -503,6 +504,7 @@ START_TEST(test_model)
 	ck_assert_int_eq(cfg.train.batch, 64);
 	ck_assert_int_eq(cfg.train.device, PS_DEVICE_AUTO);
 	ck_assert_int_eq(cfg.train.threads, 0);  /* auto */
+	ck_assert_int_eq(cfg.train.pull, PS_PULL_LAYER);
 	ck_assert_int_eq(cfg.model.input[1], 28);
 }
 END_TEST
@@ -795,6 +797,8 @@ static const struct ecase ecases[] = {
 	  { "t.yaml:5: key 'train.batch': expected an integer in 1..65536, got '0'" } },
 	{ "threads negative", CL("[a:1]", "1") "model: {preset: mlp}\ntrain: {threads: -1}\n",
 	  { "t.yaml:5: key 'train.threads': expected an integer in 0..1024, got '-1'" } },
+	{ "pull when", CL("[a:1]", "1") "model: {preset: mlp}\ntrain: {pull: epoch}\n",
+	  { "t.yaml:5: key 'train.pull': expected one of layer, step, got 'epoch'" } },
 	{ "device", CL("[a:1]", "1") "model: {preset: mlp}\ntrain: {device: tpu}\n",
 	  { "t.yaml:5: key 'train.device': expected one of auto, cpu, cuda, got 'tpu'" } },
 	/* compression */

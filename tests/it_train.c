@@ -132,7 +132,10 @@ static double run_cluster_x(const char *cfg, char *metrics, size_t mlen,
 }
 
 /* Same seed, same data, sync: the summed gradients are applied in rank
- * order, so two runs end with the same model and the same test loss. */
+ * order, so two runs end with the same model and the same test loss, and
+ * whether the weights are pulled per layer with each push (the default) or
+ * all at once after the step (train.pull: step) changes only when they
+ * travel, never which version a step computes with. */
 START_TEST(test_sync_mlp_learns_and_is_deterministic)
 {
 	char cfg[64], m1[4096], m2[4096];
@@ -142,9 +145,16 @@ START_TEST(test_sync_mlp_learns_and_is_deterministic)
 	a1 = run_cluster(cfg, m1, sizeof(m1));
 	printf("sync mlp test accuracy %.4f\n", a1);
 	ck_assert_msg(a1 >= 0.75, "sync mlp test accuracy %.4f < 0.75", a1);
+	/* the per-layer waits, one per dense layer, in push order */
+	const char *wl = strstr(m1, "\"net_wait_layers_s\":{\"fc3.weight\":");
+	ck_assert_msg(wl && strstr(wl, "\"fc2.weight\":") && strstr(wl, "\"fc1.weight\":"), "%s", m1);
+	unlink(cfg);
+	write_cfg(cfg, "mlp", "limit: 6000, pull: step",
+		  "optimizer: {name: momentum, lr: 0.05, momentum: 0.5}\n");
 	a2 = run_cluster(cfg, m2, sizeof(m2));
 	ck_assert_msg(a1 == a2, "two sync runs differ: %.4f vs %.4f", a1, a2);
 	ck_assert_str_eq(strstr(m1, "\"test_loss\""), strstr(m2, "\"test_loss\""));
+	ck_assert_msg(!strstr(m2, "net_wait_layers_s"), "%s", m2);
 	unlink(cfg);
 }
 END_TEST

@@ -479,9 +479,14 @@ int ps_net_grad_wait(struct ps_net *n, uint64_t gen, int k, int *wt, int *bt)
 		if (rc)
 			return rc;
 	}
+	ps_net_pair(n, k, wt, bt);
+	return 0;
+}
+
+void ps_net_pair(const struct ps_net *n, int k, int *wt, int *bt)
+{
 	*wt = n->l[n->grad_layer[k]].sh.weight;
 	*bt = n->l[n->grad_layer[k]].sh.bias;
-	return 0;
 }
 
 int ps_net_upload_weights(struct ps_net *n)
@@ -494,6 +499,24 @@ int ps_net_upload_weights(struct ps_net *n)
 		if (rc)
 			return rc;
 	}
+	return ps_net_upload_mark(n);
+}
+
+int ps_net_upload_pair(struct ps_net *n, int k)
+{
+	int t[2], rc = 0;
+
+	if (k < 0 || k >= n->ngrads)
+		return -EINVAL;
+	ps_net_pair(n, k, &t[0], &t[1]);
+	for (int i = 0; i < 2 && !rc; i++)
+		rc = n->ops->upload(n->c, n->dev_w[t[i]], n->host_w[t[i]],
+				    (size_t)n->count_of[t[i]] * sizeof(float));
+	return rc;
+}
+
+int ps_net_upload_mark(struct ps_net *n)
+{
 	return n->ops->event_record(n->c, n->e_wup);
 }
 

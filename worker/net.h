@@ -17,7 +17,9 @@
  *   (another thread) ps_net_grad_wait(n, gen, k, ...) for k = 0..ngrads-1,
  *                                      pushing each pair as it lands
  *   ps_net_loss(n, ...)                the step's one read of the loss
- *   ps_net_upload_weights(n)           after the pull; ps_net_weights_wait()
+ *   ps_net_upload_weights(n)           after the pull (or ps_net_upload_pair
+ *                                      as each layer's pull lands, then
+ *                                      ps_net_upload_mark); ps_net_weights_wait()
  *                                      before the next pull writes host_w
  *
  * The next batch can be filled and readied while the current step runs
@@ -121,7 +123,15 @@ int ps_net_grad_wait(struct ps_net *n, uint64_t gen, int k, int *wt, int *bt);
 
 /* Queues the copy of host_w of every tensor to the backend. */
 int ps_net_upload_weights(struct ps_net *n);
-/* Waits until that copy has read host_w (before a pull overwrites it). */
+/* The same piecewise, as per-layer pulls land: queues the copy of gradient
+ * pair k's two tensors (ps_net_pair), and marks the end of a step's
+ * uploads (what ps_net_weights_wait waits for). */
+int ps_net_upload_pair(struct ps_net *n, int k);
+int ps_net_upload_mark(struct ps_net *n);
+/* Waits until the copies marked last have read host_w (before a pull
+ * overwrites it). */
 int ps_net_weights_wait(struct ps_net *n);
+/* The weight and bias tensors of gradient pair k (push order). */
+void ps_net_pair(const struct ps_net *n, int k, int *wt, int *bt);
 
 #endif

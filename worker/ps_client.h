@@ -45,6 +45,11 @@ enum {
 	PS_PUSH_END_CLOCK = 1u << 0,
 	/* push_rows: send the gradients as fp16 (half the bytes) */
 	PS_PUSH_ROWS_FP16 = 1u << 1,
+	/* pushpull without END_CLOCK: the pull is for the step after this
+	 * clock, which a later push of the same pass will end, so async
+	 * shards bound its staleness as if the clock had ended (a per-layer
+	 * pull gets the same bound as a whole pull after the last push). */
+	PS_PULL_AFTER_CLOCK = 1u << 2,
 };
 
 /* One embedding table on one shard (ps_client_stats). */

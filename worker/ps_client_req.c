@@ -382,7 +382,8 @@ int ps_client_pushpull(struct ps_client *c, uint64_t clock, const struct ps_tens
 	/* The pull first: a push built (its clock counted as ended) must be
 	 * sent, so nothing may fail after it. */
 	int rc = ps__client_build_pull(c, min_version, out, nout,
-				       flags & PS_PUSH_END_CLOCK ? clock : UINT64_MAX, &r[1]);
+				       flags & (PS_PUSH_END_CLOCK | PS_PULL_AFTER_CLOCK) ? clock
+				       : UINT64_MAX, &r[1]);
 
 	if (rc)
 		return rc;

@@ -488,6 +488,9 @@ int main(int argc, char **argv)
 	struct ps_client *cli = NULL;
 	struct ps_pusher *pusher = NULL;
 	struct ps_tensor *pt = calloc((size_t)cfg->ntensors, sizeof(*pt));
+	/* per gradient pair: the epoch's wait for its pull (train.pull: layer) */
+	double *t_layer = NULL;
+	int per_layer = cfg->train.pull == PS_PULL_LAYER;
 	FILE *metrics = NULL;
 	int classes = cfg->model.classes;
 
@@ -527,7 +530,8 @@ int main(int argc, char **argv)
 		ps_error("%s", err);
 		goto out;
 	}
-	if (!pt)
+	t_layer = calloc((size_t)net.ngrads + 1, sizeof(*t_layer));
+	if (!pt || !t_layer)
 		goto out;
 	metrics = open_metrics(cfg, rank);
 	if (connect_client(cfg, rank, &cli)) {
@@ -535,10 +539,11 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	rc = 1;
-	ps_info("training %s (%d tensors) on %s: %d epoch(s) of %d steps, batch %d, %s",
+	ps_info("training %s (%d tensors) on %s: %d epoch(s) of %d steps, batch %d, %s, "
+		"weights pulled per %s",
 		cfg->model.preset[0] ? cfg->model.preset : "model", cfg->ntensors, ops->name,
 		cfg->train.epochs, steps, cfg->train.batch,
-		cfg->consistency == PS_SYNC ? "sync" : "async");
+		cfg->consistency == PS_SYNC ? "sync" : "async", per_layer ? "layer" : "step");
 	if (pull_weights(cli, &net, cfg, 0, pt)) {
 		ps_error("initial pull: %s", ps_client_error(cli));
 		goto out;
@@ -564,6 +569,8 @@ int main(int argc, char **argv)
 		 * which in sync mode includes waiting for the other workers'
 		 * pushes), and uploading the pulled weights. */
 		double t_compute = 0, t_push = 0, t_net = 0, t_upload = 0, t_mark, t_end;
+		for (int k = 0; k < net.ngrads; k++)
+			t_layer[k] = 0;
 		long seen = 0, correct_sum = 0;
 		ps_batcher_epoch(&bt, e);
 		if (stage_batch(&net, &bt, e)) {
@@ -571,7 +578,7 @@ int main(int argc, char **argv)
 			goto out;
 		}
 		for (int s = 0; s < steps && !g_stop; s++, clock++) {
-			const int64_t *ids;
+			const int64_t *ids, *pids;
 			float loss;
 			uint64_t gen = net.gen + 1;
 			int correct, nids, count = net.ready_count;
@@ -584,7 +591,7 @@ int main(int argc, char **argv)
 			/* Workers' gradients are summed by the shards: scale by 1/W
 			 * so the update is the mean over the global batch. */
 			if (ps_net_backward(&net, 1.0f / (float)cfg->nworkers, &gen)) {
-				ps_pusher_end(pusher, &ids, &nids, err, sizeof(err));
+				ps_pusher_end(pusher, &ids, &pids, &nids, err, sizeof(err));
 				ps_error("backward at step %d: %s", s, comp->err);
 				goto out;
 			}
@@ -596,7 +603,7 @@ int main(int argc, char **argv)
 			}
 			t_end = ps_now_s();
 			t_compute += t_end - t_mark;
-			if (ps_pusher_end(pusher, &ids, &nids, err, sizeof(err))) {
+			if (ps_pusher_end(pusher, &ids, &pids, &nids, err, sizeof(err))) {
 				ps_error("step %d: %s", s, err);
 				goto out;
 			}
@@ -610,31 +617,64 @@ int main(int argc, char **argv)
 			t_end = ps_now_s();
 			t_compute += t_end - t_mark;
 			t_mark = t_end;
-			/* The pull leaves behind the pushes without waiting for
-			 * their acks: a shard handles one connection's frames in
-			 * order, so it answers the pull after applying them (sync:
-			 * once the clock is complete). The last weights' upload
-			 * has read host_w long ago; the wait only makes sure. */
-			int64_t pid = ps_net_weights_wait(&net) ? -EIO :
-				      pull_start(cli, &net, cfg,
-						 cfg->consistency == PS_SYNC ? clock + 1 : 0, pt);
-			for (int i = 0; i < nids; i++)
-				if (ps_client_wait(cli, ids[i])) {
-					ps_error("push at clock %llu: %s", (unsigned long long)clock,
+			if (per_layer) {
+				/* Each pair's pull went out with its push (pusher.c):
+				 * wait for them in push order, uploading each pair as
+				 * it lands. A pair's wait is what remained after the
+				 * pairs before it had arrived. */
+				for (int k = 0; k < nids; k++) {
+					int push_rc = ps_client_wait(cli, ids[k]);
+					if (push_rc || ps_client_wait(cli, pids[k])) {
+						ps_error("%s at clock %llu: %s", push_rc ? "push" : "pull",
+							 (unsigned long long)clock, ps_client_error(cli));
+						goto out;
+					}
+					t_mark = ps_now_s();
+					t_layer[k] += t_mark - t_end;
+					t_net += t_mark - t_end;
+					if (ps_net_upload_pair(&net, k)) {
+						ps_error("upload at clock %llu: %s",
+							 (unsigned long long)clock, comp->err);
+						goto out;
+					}
+					t_end = ps_now_s();
+					t_upload += t_end - t_mark;
+				}
+				if (ps_net_upload_mark(&net)) {
+					ps_error("upload at clock %llu: %s", (unsigned long long)clock,
+						 comp->err);
+					goto out;
+				}
+			} else {
+				/* The pull leaves behind the pushes without waiting
+				 * for their acks: a shard handles one connection's
+				 * frames in order, so it answers the pull after
+				 * applying them (sync: once the clock is complete).
+				 * The last weights' upload has read host_w long ago;
+				 * the wait only makes sure. */
+				int64_t pid = ps_net_weights_wait(&net) ? -EIO :
+					      pull_start(cli, &net, cfg,
+							 cfg->consistency == PS_SYNC ? clock + 1 : 0, pt);
+				for (int i = 0; i < nids; i++)
+					if (ps_client_wait(cli, ids[i])) {
+						ps_error("push at clock %llu: %s",
+							 (unsigned long long)clock, ps_client_error(cli));
+						goto out;
+					}
+				if (pid < 0 || ps_client_wait(cli, pid)) {
+					ps_error("pull at clock %llu: %s", (unsigned long long)clock,
 						 ps_client_error(cli));
 					goto out;
 				}
-			if (pid < 0 || ps_client_wait(cli, pid)) {
-				ps_error("pull at clock %llu: %s", (unsigned long long)clock, ps_client_error(cli));
-				goto out;
+				t_end = ps_now_s();
+				t_net += t_end - t_mark;
+				if (ps_net_upload_weights(&net)) {
+					ps_error("upload at clock %llu: %s", (unsigned long long)clock,
+						 comp->err);
+					goto out;
+				}
+				t_upload += ps_now_s() - t_end;
 			}
-			t_end = ps_now_s();
-			t_net += t_end - t_mark;
-			if (ps_net_upload_weights(&net)) {
-				ps_error("upload at clock %llu: %s", (unsigned long long)clock, comp->err);
-				goto out;
-			}
-			t_upload += ps_now_s() - t_end;
 			loss_sum += loss * count;
 			correct_sum += correct;
 			seen += count;
@@ -679,6 +719,17 @@ int main(int argc, char **argv)
 				seen ? (double)correct_sum / seen : NAN, seen / elapsed, raw / 1e6,
 				ops->name, cfg->consistency == PS_SYNC ? "sync" : "async", t_compute,
 				t_push, t_net, t_upload, elapsed > 0 ? (t_push + t_net) / elapsed : 0.0);
+			if (per_layer) {
+				/* keyed by each layer's weight tensor, in push order */
+				fputs(",\"net_wait_layers_s\":{", metrics);
+				for (int k = 0; k < net.ngrads; k++) {
+					int wt, bt;
+					ps_net_pair(&net, k, &wt, &bt);
+					fprintf(metrics, "%s\"%s\":%.3f", k ? "," : "",
+						cfg->tensors[wt].name, t_layer[k]);
+				}
+				fputc('}', metrics);
+			}
 			if (!isnan(acc))
 				fprintf(metrics, ",\"test_accuracy\":%.6f,\"test_loss\":%.6f", acc, tloss);
 			fprintf(metrics, "}\n");
@@ -709,5 +760,6 @@ out:
 	ps_dataset_free(&train);
 	ps_dataset_free(&test);
 	free(pt);
+	free(t_layer);
 	return rc;
 }

@@ -3,7 +3,16 @@
  * One job at a time: begin() publishes (gen, clock), the thread waits for
  * each gradient pair of that backward pass in push order (last layer
  * first), pushes it, and end() waits for the job to finish. The first
- * layer's pair is pushed last and ends the clock (PS_PUSH_END_CLOCK). */
+ * layer's pair is pushed last and ends the clock (PS_PUSH_END_CLOCK).
+ *
+ * With train.pull: layer each pair goes out as a pushpull: the same write
+ * carries the pull of that pair's weights for the next step (sync: version
+ * clock + 1, which a shard reaches once every worker pushed the layer;
+ * async: after this push, staleness bounded as for the next clock). So the
+ * last layers' new weights travel while the first layers are still being
+ * differentiated and pushed. Tensors no layer owns ride with the last
+ * pair's pull. Before the first pull of a pass overwrites host_w, the
+ * previous step's upload must have read it (ps_net_weights_wait). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +33,10 @@ struct ps_pusher {
 	int rc;                       /* the job's outcome */
 	char err[512];
 	struct ps_tensor (*t)[2];     /* per pair: must outlive the push */
-	int64_t *ids;
+	struct ps_tensor *w;          /* pulls: pair k's at w + 2k, then the extra */
+	int *extra;                   /* tensors no layer owns (pulled last) */
+	int nextra;
+	int64_t *ids, *pids;          /* per pair: push and pull requests */
 	int nids;
 };
 
@@ -33,10 +45,17 @@ static int push_pass(struct ps_pusher *p, uint64_t gen, uint64_t clock)
 {
 	const struct ps_config *cfg = p->cfg;
 	struct ps_net *net = p->net;
+	int per_layer = cfg->train.pull == PS_PULL_LAYER;
+	uint64_t min_version = cfg->consistency == PS_SYNC ? clock + 1 : 0;
 	int wt, bt, rc;
 
 	p->nids = 0;
+	if (per_layer && (rc = ps_net_weights_wait(net))) {
+		snprintf(p->err, sizeof(p->err), "weights upload: %.230s", net->c->err);
+		return rc;
+	}
 	for (int k = 0; k < net->ngrads; k++) {
+		int last = k == net->ngrads - 1;
 		if ((rc = ps_net_grad_wait(net, gen, k, &wt, &bt))) {
 			snprintf(p->err, sizeof(p->err), "%s", net->err);
 			return rc;
@@ -45,13 +64,32 @@ static int push_pass(struct ps_pusher *p, uint64_t gen, uint64_t clock)
 						 cfg->tensors[wt].count, 0 };
 		p->t[k][1] = (struct ps_tensor){ cfg->tensors[bt].name, net->host_g[bt],
 						 cfg->tensors[bt].count, 0 };
-		unsigned flags = k == net->ngrads - 1 ? PS_PUSH_END_CLOCK : 0;
-		int64_t id = ps_client_push(p->cli, clock, p->t[k], 2, flags);
+		unsigned flags = last ? PS_PUSH_END_CLOCK : PS_PULL_AFTER_CLOCK;
+		int64_t id, ids[2] = { 0, 0 };
+		if (per_layer) {
+			struct ps_tensor *w = p->w + 2 * k;
+			int nw = 2 + (last ? p->nextra : 0);
+			w[0] = (struct ps_tensor){ cfg->tensors[wt].name, net->host_w[wt],
+						   cfg->tensors[wt].count, 0 };
+			w[1] = (struct ps_tensor){ cfg->tensors[bt].name, net->host_w[bt],
+						   cfg->tensors[bt].count, 0 };
+			for (int i = 0; last && i < p->nextra; i++) {
+				int x = p->extra[i];
+				w[2 + i] = (struct ps_tensor){ cfg->tensors[x].name, net->host_w[x],
+							       cfg->tensors[x].count, 0 };
+			}
+			rc = ps_client_pushpull(p->cli, clock, p->t[k], 2, flags, min_version, w, nw,
+						ids);
+			id = rc ? rc : ids[0];
+		} else {
+			id = ps_client_push(p->cli, clock, p->t[k], 2, flags & PS_PUSH_END_CLOCK);
+		}
 		if (id < 0) {
 			snprintf(p->err, sizeof(p->err), "push at clock %llu: %s",
 				 (unsigned long long)clock, ps_client_error(p->cli));
 			return (int)id;
 		}
+		p->pids[p->nids] = ids[1];
 		p->ids[p->nids++] = id;
 	}
 	return 0;
@@ -79,6 +117,16 @@ static void *run(void *arg)
 	return NULL;
 }
 
+static void free_pusher(struct ps_pusher *p)
+{
+	free(p->t);
+	free(p->w);
+	free(p->extra);
+	free(p->ids);
+	free(p->pids);
+	free(p);
+}
+
 int ps_pusher_start(struct ps_pusher **out, struct ps_client *cli, struct ps_net *net,
 		    const struct ps_config *cfg, char *err, size_t errlen)
 {
@@ -93,8 +141,14 @@ int ps_pusher_start(struct ps_pusher **out, struct ps_client *cli, struct ps_net
 	p->cfg = cfg;
 	p->t = calloc((size_t)net->ngrads + 1, sizeof(*p->t));
 	p->ids = calloc((size_t)net->ngrads + 1, sizeof(*p->ids));
-	if (!p->t || !p->ids)
+	p->pids = calloc((size_t)net->ngrads + 1, sizeof(*p->pids));
+	p->w = calloc(2 * (size_t)net->ngrads + (size_t)cfg->ntensors, sizeof(*p->w));
+	p->extra = calloc((size_t)cfg->ntensors + 1, sizeof(*p->extra));
+	if (!p->t || !p->ids || !p->pids || !p->w || !p->extra)
 		goto err_free_p;
+	for (int i = 0; i < cfg->ntensors; i++)
+		if (!net->dev_w[i])
+			p->extra[p->nextra++] = i;
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->cv, NULL);
 	rc = pthread_create(&p->thread, NULL, run, p);
@@ -102,18 +156,14 @@ int ps_pusher_start(struct ps_pusher **out, struct ps_client *cli, struct ps_net
 		snprintf(err, errlen, "cannot start the push thread: %s", strerror(rc));
 		pthread_cond_destroy(&p->cv);
 		pthread_mutex_destroy(&p->mu);
-		free(p->t);
-		free(p->ids);
-		free(p);
+		free_pusher(p);
 		return -rc;
 	}
 	*out = p;
 	return 0;
 
 err_free_p:
-	free(p->t);
-	free(p->ids);
-	free(p);
+	free_pusher(p);
 err_nomem:
 	snprintf(err, errlen, "out of memory");
 	return -ENOMEM;
@@ -128,7 +178,8 @@ void ps_pusher_begin(struct ps_pusher *p, uint64_t gen, uint64_t clock)
 	pthread_mutex_unlock(&p->mu);
 }
 
-int ps_pusher_end(struct ps_pusher *p, const int64_t **ids, int *nids, char *err, size_t errlen)
+int ps_pusher_end(struct ps_pusher *p, const int64_t **ids, const int64_t **pulls, int *nids,
+		  char *err, size_t errlen)
 {
 	int rc;
 
@@ -139,6 +190,8 @@ int ps_pusher_end(struct ps_pusher *p, const int64_t **ids, int *nids, char *err
 	if (rc)
 		snprintf(err, errlen, "%s", p->err);
 	*ids = p->ids;
+	if (pulls)
+		*pulls = p->pids;
 	*nids = p->nids;
 	pthread_mutex_unlock(&p->mu);
 	return rc;
@@ -155,7 +208,5 @@ void ps_pusher_stop(struct ps_pusher *p)
 	pthread_join(p->thread, NULL);
 	pthread_cond_destroy(&p->cv);
 	pthread_mutex_destroy(&p->mu);
-	free(p->t);
-	free(p->ids);
-	free(p);
+	free_pusher(p);
 }
