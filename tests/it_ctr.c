@@ -38,25 +38,6 @@ static char *slurp(const char *path)
 	return buf;
 }
 
-/* Runs argv (stdout and stderr into out) to the end: its exit status. */
-static pid_t spawn(const char *const *argv, const char *out)
-{
-	pid_t pid = fork();
-
-	if (pid == 0) {
-		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fd >= 0) {
-			dup2(fd, 1);
-			dup2(fd, 2);
-		}
-		setenv("OPENBLAS_NUM_THREADS", "1", 1);
-		execv(argv[0], (char *const *)argv);
-		perror("exec");
-		_exit(127);
-	}
-	return pid;
-}
-
 /* Writes the click logs once (suite setup): train.tsv and test.tsv. */
 static void make_data(void)
 {
@@ -70,8 +51,8 @@ static void make_data(void)
 	snprintf(train, sizeof(train), "%s/train.tsv", tmpdir);
 	snprintf(test, sizeof(test), "%s/test.tsv", tmpdir);
 	snprintf(out, sizeof(out), "%s/gen.out", tmpdir);
-	ck_assert_int_eq(tu_wait_child(spawn(a1, out)), 0);
-	ck_assert_int_eq(tu_wait_child(spawn(a2, out)), 0);
+	ck_assert_int_eq(tu_wait_child(tu_spawn(a1, out)), 0);
+	ck_assert_int_eq(tu_wait_child(tu_spawn(a2, out)), 0);
 	p = strstr(slurp(out), "best achievable AUC ");
 	ck_assert_msg(p, "no AUC in ps-ctrgen's output: %s", slurp(out));
 	best_auc = strtod(p + strlen("best achievable AUC "), NULL);
@@ -152,7 +133,7 @@ static double train(const char *mode, const char *tables, int ntables, uint64_t 
 		snprintf(rank[r], sizeof(rank[r]), "%d", r);
 		const char *a[] = { "bin/ps-worker", "--config", cfg, "--rank", rank[r], NULL };
 		memcpy(argv[r], a, sizeof(a));
-		w[r] = spawn(argv[r], out[r]);
+		w[r] = tu_spawn(argv[r], out[r]);
 	}
 	for (int r = 0; r < 2; r++) {
 		int st = tu_wait_child(w[r]);
@@ -229,7 +210,7 @@ START_TEST(test_config_errors)
 	ck_assert_int_eq(c.model.classes, 2);
 	ck_assert_int_eq(c.ntensors, 6);
 	snprintf(out, sizeof(out), "%s/nofile.out", tmpdir);
-	ck_assert_int_ne(tu_wait_child(spawn(argv, out)), 0);
+	ck_assert_int_ne(tu_wait_child(tu_spawn(argv, out)), 0);
 	ck_assert_msg(strstr(slurp(out), "set train.train_file and train.test_file"), "%s",
 		      slurp(out));
 	unlink(cfg);
@@ -243,6 +224,7 @@ int main(void)
 	int failed;
 
 	tu_secret_setup();
+	setenv("OPENBLAS_NUM_THREADS", "1", 1); /* the workers inherit it */
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ps-it-ctr-XXXXXX");
 	if (!mkdtemp(tmpdir)) {
 		perror("mkdtemp");
@@ -253,13 +235,7 @@ int main(void)
 	tcase_add_test(tc, test_sync_and_async_reach_the_ceiling);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite_as(s, 1);
-	{
-		char cmd[128];
-
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-		if (system(cmd))
-			fprintf(stderr, "could not remove %s\n", tmpdir);
-	}
+	tu_rmtree(tmpdir);
 	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

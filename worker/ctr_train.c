@@ -689,8 +689,9 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 	}
 	ps_info("training ctr (tables %s, %s bags, %d tensors) on %s: %d epoch(s) of %d "
 		"steps, batch %d, %s; %d training examples, %d held out",
-		tables_text(&m, tabs, sizeof(tabs)), cfg->model.bag == PS_BAG_MEAN ? "mean" : "sum", cfg->ntensors, ops->name,
-		cfg->train.epochs, steps, B, sync ? "sync" : "async", train.n, test.n);
+		tables_text(&m, tabs, sizeof(tabs)), cfg->model.bag == PS_BAG_MEAN ? "mean" : "sum",
+		cfg->ntensors, ops->name, cfg->train.epochs, steps, B, sync ? "sync" : "async",
+		train.n, test.n);
 
 	uint64_t clock = ps_client_clock(cli);
 	double t_start = ps_now_s();
