@@ -65,7 +65,8 @@ endif
 PROTO_C   := $(GEN)/ps.pb-c.c
 # libps.a: everything a client program needs (no BLAS, no CUDA).
 LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.c \
-             common/config_scalar.c common/config_table.c common/config_dump.c common/layers.c \
+             common/config_scalar.c common/config_table.c common/config_dump.c common/config_ctr.c \
+             common/layers.c \
              common/shardmap.c common/rows_wire.c common/wire.c common/msg.c common/transport.c \
              common/transport_tcp.c worker/ps_client.c worker/ps_client_conn.c \
              worker/ps_client_req.c worker/ps_client_build.c worker/ps_client_rows.c \
@@ -77,7 +78,7 @@ SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # cpu: oneDNN (kernels/compute_dnnl*.c); ref: the plain reference (compute_ref.c);
 # both take the embedding bag ops of kernels/embedding_bag_cpu.c.
 COMPUTE   := $(wildcard common/compute.c kernels/compute_ref.c kernels/compute_dnnl*.c kernels/embedding_bag_cpu.c)
-TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/model_file.c worker/ctr_train.c)
+TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/model_file.c worker/ctr_data.c worker/ctr_train.c)
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
 TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN))

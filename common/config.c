@@ -210,6 +210,8 @@ static int set_table(struct ctx *c, struct ps_config *cfg, size_t i, const struc
 		if (!strcmp(cfg->tables[j].name, tt.t.name))
 			return cfg_fail(c, seen[EO_NAME]->line, "key '%s.name': duplicate table name "
 					"'%s' (entry %zu)", disp, tt.t.name, j);
+	c->fields_at[i] = seen[EO_FIELDS];
+	c->table_line[i] = m->line;
 	cfg->tables[i] = tt.t;
 	return 0;
 }
@@ -368,6 +370,8 @@ static int set_node(struct ctx *c, const struct opt *o, void *base, const struct
 		return set_overrides(c, o, v, key);
 	case T_TABLES:
 		return set_tables(c, o, base, v, key);
+	case T_FIELDS:
+		return cfg_set_fields(c, o, base, v, key);
 	default:
 		if (v->kind != YN_SCALAR || cfg_parse_scalar(o, base, v->text, &why)) {
 			if (o->names == cfg_pull_names && v->kind == YN_SCALAR)
@@ -644,6 +648,8 @@ static int resolve_model(struct ctx *c, struct ps_config *cfg, const struct ynod
 	if (ten && at)
 		return cfg_fail(c, ten->line, "key 'model.tensors': the tensors are derived from the "
 				"model's layers (line %d); give one or the other", at->line);
+	if (strcmp(cfg->model.preset, "ctr") && (rc = cfg_fields_unused(c, cfg)))
+		return rc;
 	if (ten)
 		return 0;
 	if (pre) {
@@ -652,13 +658,15 @@ static int resolve_model(struct ctx *c, struct ps_config *cfg, const struct ynod
 		memcpy(name, cfg->model.preset, sizeof(name)); /* the preset writes its name back */
 		ps_layers_preset(&cfg->model, name);
 		if (!strcmp(name, "ctr")) {
-			if (cfg->ntables < 1)
-				return cfg_fail(c, pre->line, "key 'model.preset': ctr bags its "
-						"categorical fields from an embedding table: give "
-						"'model.embeddings' (the first table is used)");
+			const struct ynode *em = seen[find_opt(cfg_opts, NCFG, "model.embeddings")];
+			int width;
+
+			rc = cfg_ctr_fields(c, cfg, pre, em, &width);
+			if (rc)
+				return rc;
 			/* the dense part's input: the bags, then the numeric features */
 			cfg->model.input[0] = cfg->model.input[1] = 1;
-			cfg->model.input[2] = PS_CTR_FIELDS * cfg->tables[0].dim + PS_CTR_NUMERIC;
+			cfg->model.input[2] = width + PS_CTR_NUMERIC;
 			cfg->model.classes = 2;
 		}
 	}

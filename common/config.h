@@ -70,6 +70,8 @@ struct ps_table_cfg {
 	int ttl_s;                /* rows not updated for this long are dropped; 0 = never */
 	int64_t max_rows;         /* rows of the whole table (each shard keeps its share); 0 = no cap */
 	int64_t filter_ids;       /* admission filter: ids counted per shard before counts decay */
+	uint32_t fields;          /* ctr: bit f set = categorical field f bags from this table
+				     (resolved: every field in exactly one table); else 0 */
 };
 
 enum ps_lz4_mode { PS_LZ4_OFF, PS_LZ4_ON, PS_LZ4_AUTO };

@@ -88,6 +88,13 @@ static void dump_tables(const struct ps_config *cfg, FILE *out)
 			cfg_fmt_float(t->l1, b[6], 32), cfg_fmt_float(t->l2, b[7], 32),
 			cfg_fmt_float(t->ftrl_beta, b[8], 32), t->admission, t->ttl_s, t->max_rows,
 			t->filter_ids);
+		if (!strcmp(cfg->model.preset, "ctr")) { /* as resolved: which fields bag from it */
+			fputs("      fields: [", out);
+			for (int f = 0, n = 0; f < PS_CTR_FIELDS; f++)
+				if (t->fields & (1u << f))
+					fprintf(out, "%s%d", n++ ? ", " : "", f);
+			fputs("]\n", out);
+		}
 	}
 }
 

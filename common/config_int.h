@@ -39,6 +39,7 @@ enum opt_type {
 	T_DIMS3,   /* int[3]: a list of three positive integers */
 	T_OVERRIDES, /* list of mappings walked against override_opts, kept in ctx */
 	T_TABLES,  /* list of mappings walked against table_opts (model.embeddings) */
+	T_FIELDS,  /* uint32_t bit set: a list of ctr field numbers 0..PS_CTR_FIELDS-1 */
 };
 
 #define F_REQUIRED 1
@@ -88,6 +89,8 @@ struct ctx {
 	int name_line[PS_MAX_TENSORS]; /* line of each tensor's name, for duplicates */
 	struct cfg_override *ovr;  /* compression.tensors entries (malloc'd), novr of them */
 	size_t novr;
+	const struct ynode *fields_at[PS_MAX_TABLES]; /* model.embeddings[i].fields, when given */
+	int table_line[PS_MAX_TABLES]; /* line of model.embeddings[i] */
 };
 
 /* Writes "NAME:LINE: message" into the caller's buffer; returns PS_ECONFIG. */
@@ -128,7 +131,7 @@ struct table_tmp {
 
 enum { EO_NAME, EO_DIM, EO_INIT, EO_SCALE, EO_VALUE, EO_OPTIMIZER, EO_LR, EO_EPS, EO_BETA1,
        EO_BETA2, EO_ACC, EO_L1, EO_L2, EO_FTRL_BETA, EO_ADMISSION, EO_TTL, EO_MAX_ROWS,
-       EO_FILTER, NTABLE };
+       EO_FILTER, EO_FIELDS, NTABLE };
 enum { TO_NAME, TO_SHAPE, TO_INIT, TO_SCALE, TO_VALUE, NTENSOR };
 enum { VO_NAME, VO_CODEC, VO_RATIO, NOVR };
 enum { LO_TYPE, LO_OUT, LO_KERNEL, LO_PAD, LO_STRIDE, LO_SIZE, NLAYER };
@@ -147,6 +150,14 @@ extern const struct opt cfg_tensor_opts[NTENSOR], cfg_override_opts[NOVR], cfg_l
 	cfg_table_opts[NTABLE];
 /* Keys each layer kind takes (bit i = cfg_layer_opts[i]). */
 extern const unsigned cfg_layer_keys[];
+/* config_ctr.c: the ctr preset's fields to tables (cfg->tables[].fields),
+ * or the refusal of 'fields' without it; *width is the bags' columns. */
+int cfg_ctr_fields(struct ctx *c, struct ps_config *cfg, const struct ynode *pre,
+		   const struct ynode *em, int *width);
+int cfg_fields_unused(struct ctx *c, const struct ps_config *cfg);
+/* Parses a model.embeddings[].fields list into the bit set at o's member. */
+int cfg_set_fields(struct ctx *c, const struct opt *o, void *base, const struct ynode *v,
+		   const char *key);
 /* Applies the defaults of table tab (n options) to the struct at base. */
 void cfg_apply_defaults(const struct opt *tab, size_t n, void *base);
 

@@ -236,6 +236,9 @@ const char *cfg_describe(const struct opt *o, char *buf, size_t len)
 	case T_TABLES:
 		snprintf(buf, len, "a list of %.0f..%.0f mappings with name and dim", o->min, o->max);
 		break;
+	case T_FIELDS:
+		snprintf(buf, len, "a list of distinct field numbers 0..%d", PS_CTR_FIELDS - 1);
+		break;
 	}
 	return buf;
 }

@@ -80,7 +80,8 @@ const struct opt cfg_opts[] = {
 	  "tensors are cut into slices of at most this size, spread over the shards; multiple of 4"),
 	O("model.preset", T_ENUMSTR, 0, 0, 0, "none", cfg_preset_names, C, model.preset,
 	  "a built-in model: mlp (784-256-128-10), cnn (2 conv 5x5 + pool, dense 256, 10) or ctr "
-	  "(click logs: 26 categorical fields bagged from model.embeddings[0], 13 numeric "
+	  "(click logs: 26 categorical fields bagged from model.embeddings (one table for all, "
+	  "one per field, or model.embeddings[].fields), 13 numeric "
 	  "features, dense 256-128-2, logistic loss; docs/embeddings.md)"),
 	O("model.bag", T_ENUM, 0, 0, 0, "sum", cfg_bag_names, C, model.bag,
 	  "ctr: how a field's embedding bag combines its ids' rows: sum or mean"),
@@ -309,6 +310,10 @@ const struct opt cfg_table_opts[NTABLE] = {
 	O("filter_ids", T_INT, 0, 1024, 1ll << 32, "1048576", NULL, E, t.filter_ids,
 	  "admission: ids each shard counts before every count is halved to make room "
 	  "(4 bytes each)"),
+	O("fields", T_FIELDS, 0, 0, PS_CTR_FIELDS, NULL, NULL, E, t.fields,
+	  "ctr: the categorical fields (0..25) whose bags take their rows from this table, "
+	  "e.g. [0, 1, 2]; every field in exactly one table, [] for a table the model does not "
+	  "use; optional with 1 table (all fields) or 26 (field i in table i)"),
 };
 #undef E
 

@@ -27,6 +27,10 @@ static char err[1024];
 #define MODEL(t) "model:\n  tensors:\n" t
 #define T1 "    - {name: w, shape: [4]}\n"
 #define BASE CL("[127.0.0.1:7000]", "1") MODEL(T1) /* lines 1-6 */
+/* The ctr preset: its tables from line 7. */
+#define CTR(t) CL("[a:1]", "1") "model:\n  preset: ctr\n  embeddings:\n" t
+#define F0_12 "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]"
+#define F13_25 "[13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]"
 
 /* Every option set to something other than its default. */
 static const char full_yaml[] =
@@ -450,6 +454,40 @@ START_TEST(test_compression)
 }
 END_TEST
 
+/* ctr's fields: one table for all, one per field, or lists (dims may
+ * differ, a table may serve other clients with fields: []); the input is
+ * the bags' width plus the 13 numeric features, and the dump loads back
+ * the same fields. */
+START_TEST(test_ctr_fields)
+{
+	char y[4096];
+	int n = snprintf(y, sizeof(y), CTR(""));
+
+	ck_assert_msg(load(CTR("    - {name: a, dim: 8}\n")) == 0, "%s", err);
+	ck_assert_uint_eq(cfg.tables[0].fields, (1u << 26) - 1);
+	ck_assert_int_eq(cfg.model.input[2], 26 * 8 + 13);
+	roundtrip();
+	/* 26 tables, dims 1..26: field i in table i */
+	for (int t = 0; t < 26; t++)
+		n += snprintf(y + n, sizeof(y) - (size_t)n, "    - {name: t%d, dim: %d}\n", t, t + 1);
+	ck_assert_msg(load(y) == 0, "%s", err);
+	for (int t = 0; t < 26; t++)
+		ck_assert_uint_eq(cfg.tables[t].fields, 1u << t);
+	ck_assert_int_eq(cfg.model.input[2], 26 * 27 / 2 + 13);
+	roundtrip();
+	ck_assert_msg(load(CTR("    - {name: probe, dim: 2, fields: []}\n"
+			       "    - {name: b, dim: 4, fields: " F13_25 "}\n"
+			       "    - {name: a, dim: 16, fields: [12, 11, 10, 9, 8, 7, 6, 5, 4, 3, "
+			       "2, 1, 0]}\n")) == 0, "%s", err);
+	ck_assert_uint_eq(cfg.tables[0].fields, 0);
+	ck_assert_uint_eq(cfg.tables[1].fields, ((1u << 13) - 1) << 13);
+	ck_assert_uint_eq(cfg.tables[2].fields, (1u << 13) - 1);
+	ck_assert_int_eq(cfg.model.input[2], 13 * 4 + 13 * 16 + 13);
+	ck_assert_int_eq(cfg.tensors[0].count, 256 * (13 * 4 + 13 * 16 + 13)); /* fc1: in x 256 */
+	roundtrip();
+}
+END_TEST
+
 /* Models from presets and layer lists: the tensors the shards hold are
  * derived from the layers, with He-uniform weights and zero biases. */
 START_TEST(test_model)
@@ -522,6 +560,7 @@ START_TEST(test_help)
 		"limits.max_frame_bytes", "limits.max_meta_bytes", "limits.connect_timeout_ms",
 		"limits.request_timeout_ms", "limits.handshake_timeout_ms",
 		"limits.max_clock_ahead", "limits.max_connections", "stats.http", "log.level",
+		"model.embeddings[].fields", "model.embeddings[].max_rows",
 		"compression.codec", "compression.ratio", "compression.error_feedback",
 		"compression.lz4", "compression.pull", "compression.tensors",
 		"compression.tensors[].name", "compression.tensors[].codec",
@@ -670,6 +709,39 @@ static const struct ecase ecases[] = {
 	  MODEL(T1) "  embeddings:\n    - {name: user, dim: 4}\n",
 	  { "t.yaml:10: key 'model.embeddings': cluster.replicas: 1 does not replicate embedding "
 	    "tables yet" } },
+	/* ctr: which table each categorical field bags from */
+	{ "ctr without tables", CL("[a:1]", "1") "model:\n  preset: ctr\n",
+	  { "t.yaml:5: key 'model.preset': ctr bags its categorical fields from embedding "
+	    "tables: give 'model.embeddings'" } },
+	{ "ctr with 2 tables, no fields", CTR("    - {name: a, dim: 4}\n    - {name: b, dim: 4}\n"),
+	  { "t.yaml:7: key 'model.embeddings': ctr with 2 tables: give 1 table", "26 (field i "
+	    "from table i), or 'fields' on each table" } },
+	{ "ctr table without fields", CTR("    - {name: a, dim: 4, fields: " F0_12 "}\n"
+					  "    - {name: b, dim: 4, fields: " F13_25 "}\n"
+					  "    - {name: c, dim: 4}\n"),
+	  { "t.yaml:9: key 'model.embeddings[2]': table 'c' has no 'fields' while table 'b' has "
+	    "(line 8)", "or 'fields: []' for a table the ctr model does not use" } },
+	{ "ctr field in two tables", CTR("    - {name: a, dim: 4, fields: " F0_12 "}\n"
+					 "    - {name: b, dim: 4, fields: [12, 13]}\n"),
+	  { "t.yaml:8: key 'model.embeddings[1].fields': field 12 is already in table 'a' "
+	    "(line 7)" } },
+	{ "ctr fields uncovered", CTR("    - {name: a, dim: 4, fields: " F0_12 "}\n"
+				      "    - {name: b, dim: 4, fields: [13, 14, 15, 16, 17, 18, "
+				      "19, 20, 21, 22, 24]}\n"),
+	  { "t.yaml:7: key 'model.embeddings': fields 23, 25 in no table's 'fields'; each of "
+	    "the fields 0..25 bags from exactly one table" } },
+	{ "ctr field out of range", CTR("    - {name: a, dim: 4, fields: [0, 26]}\n"),
+	  { "t.yaml:7: key 'model.embeddings[0].fields[1]': expected a categorical field number "
+	    "0..25, got '26'" } },
+	{ "ctr field repeated", CTR("    - {name: a, dim: 4, fields: [3, 1, 3]}\n"),
+	  { "t.yaml:7: key 'model.embeddings[0].fields[2]': field 3 is listed twice" } },
+	{ "ctr fields not a list", CTR("    - {name: a, dim: 4, fields: 3}\n"),
+	  { "t.yaml:7: key 'model.embeddings[0].fields': expected a list of distinct field "
+	    "numbers 0..25, got '3'" } },
+	{ "fields without ctr", BASE "  embeddings:\n    - {name: a, dim: 4}\n"
+	  "    - name: b\n      dim: 4\n      fields: [1]\n",
+	  { "t.yaml:11: key 'model.embeddings[1].fields': only the ctr preset bags fields from "
+	    "tables (model.preset is 'none')" } },
 	{ "replicas 2", CL("[a:1]", "1") "  backups: [c:1]\n  replicas: 2\n" MODEL(T1),
 	  { "t.yaml:5: key 'cluster.replicas'", "0..1", "got '2'" } },
 	{ "replication timeout too short", CL("[a:1]", "1") "  backups: [c:1]\n  replicas: 1\n"
@@ -1033,6 +1105,7 @@ static Suite *config_suite(void)
 	tcase_add_test(tc, test_roundtrip);
 	tcase_add_test(tc, test_compression);
 	tcase_add_test(tc, test_model);
+	tcase_add_test(tc, test_ctr_fields);
 	tcase_add_test(tc, test_help);
 	tcase_add_loop_test(tc, test_errors, 0, (int)(sizeof(ecases) / sizeof(ecases[0])));
 	tcase_add_test(tc, test_deep_nesting);

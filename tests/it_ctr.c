@@ -3,17 +3,23 @@
  * on it over loopback (embedding rows through pull_rows / push_rows), and
  * worker 0's held-out AUC after one epoch must be within 0.01 of the best
  * achievable AUC that ps-ctrgen prints for the held-out file: sync, then
- * async. Also: the config is refused without an embedding table, and
- * without its click-log paths.
+ * async. Then the fields spread over tables of different dims (even
+ * fields in one of dim 16, odd ones in one of dim 8, and a third table
+ * that the model does not use): the same AUC bound, rows in both tables
+ * the fields use on the shards (ps_client_stats), none in the third.
+ * Also: the config is refused without an embedding table, and without its
+ * click-log paths.
  *
  * Size: 600,000 training examples (scale 0.001: 9,266 categorical values)
  * and 50,000 held out; one epoch, batch 1024: about 12 s per run on the
  * 2-core test machine. Fewer examples leave the AUC short of the bound
  * (200,000: 0.013 below), more epochs overfit. */
 #include <check.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include "config.h"
+#include "ps_client.h"
 #include "ps_err.h"
 #include "test_util.h"
 
@@ -32,25 +38,6 @@ static char *slurp(const char *path)
 	return buf;
 }
 
-/* Runs argv (stdout and stderr into out) to the end: its exit status. */
-static pid_t spawn(const char *const *argv, const char *out)
-{
-	pid_t pid = fork();
-
-	if (pid == 0) {
-		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-		if (fd >= 0) {
-			dup2(fd, 1);
-			dup2(fd, 2);
-		}
-		setenv("OPENBLAS_NUM_THREADS", "1", 1);
-		execv(argv[0], (char *const *)argv);
-		perror("exec");
-		_exit(127);
-	}
-	return pid;
-}
-
 /* Writes the click logs once (suite setup): train.tsv and test.tsv. */
 static void make_data(void)
 {
@@ -64,8 +51,8 @@ static void make_data(void)
 	snprintf(train, sizeof(train), "%s/train.tsv", tmpdir);
 	snprintf(test, sizeof(test), "%s/test.tsv", tmpdir);
 	snprintf(out, sizeof(out), "%s/gen.out", tmpdir);
-	ck_assert_int_eq(tu_wait_child(spawn(a1, out)), 0);
-	ck_assert_int_eq(tu_wait_child(spawn(a2, out)), 0);
+	ck_assert_int_eq(tu_wait_child(tu_spawn(a1, out)), 0);
+	ck_assert_int_eq(tu_wait_child(tu_spawn(a2, out)), 0);
 	p = strstr(slurp(out), "best achievable AUC ");
 	ck_assert_msg(p, "no AUC in ps-ctrgen's output: %s", slurp(out));
 	best_auc = strtod(p + strlen("best achievable AUC "), NULL);
@@ -92,8 +79,43 @@ static void write_cfg(char *path, const char *mode, const char *model, const cha
 #define TABLE "  embeddings:\n    - {name: cat, dim: 16, init: uniform, scale: 0.01, " \
 	      "optimizer: rowwise_adagrad, lr: 0.05}\n"
 
-/* Trains mode with 2 shards and 2 workers; worker 0's held-out AUC. */
-static double train(const char *mode, char *metrics, size_t mlen)
+/* The even fields in table ev (dim 16), the odd ones in od (dim 8), and a
+ * table the ctr model leaves to other clients. */
+#define TABLES3 "  embeddings:\n" \
+	"    - {name: ev, dim: 16, init: uniform, scale: 0.01, optimizer: rowwise_adagrad, " \
+	"lr: 0.05, fields: [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24]}\n" \
+	"    - {name: od, dim: 8, init: uniform, scale: 0.01, optimizer: rowwise_adagrad, " \
+	"lr: 0.05, fields: [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25]}\n" \
+	"    - {name: other, dim: 4, fields: []}\n"
+
+/* Rows and rows pushed of each table (at most 4), summed over the 2 shards
+ * of cfg, through a monitor connection. */
+static void table_rows(const char *cfg, int ntables, uint64_t *rows, uint64_t *pushed)
+{
+	static struct ps_config c;
+	struct ps_client *mon = NULL;
+	char err[512];
+
+	ck_assert_msg(ps_config_load(&c, cfg, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_client_init(&mon, &c, -1, err, sizeof(err)) == 0, "%s", err);
+	for (int t = 0; t < ntables; t++)
+		rows[t] = pushed[t] = 0;
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		ck_assert_int_eq(st.ntables, ntables);
+		for (int t = 0; t < ntables; t++) {
+			rows[t] += st.tables[t].rows;
+			pushed[t] += st.tables[t].pushed_rows;
+		}
+	}
+	ps_client_free(mon);
+}
+
+/* Trains mode with 2 shards and 2 workers and the model's tables; worker
+ * 0's held-out AUC, and per table (ntables) its rows and rows pushed. */
+static double train(const char *mode, const char *tables, int ntables, uint64_t *rows,
+		    uint64_t *pushed, char *metrics, size_t mlen)
 {
 	char cfg[64], tr[300], out[2][128], mpath[128], rank[2][4];
 	const char *argv[2][6];
@@ -103,7 +125,7 @@ static double train(const char *mode, char *metrics, size_t mlen)
 
 	snprintf(tr, sizeof(tr), "train_file: '%s/train.tsv', test_file: '%s/test.tsv'", tmpdir,
 		 tmpdir);
-	write_cfg(cfg, mode, TABLE, tr);
+	write_cfg(cfg, mode, tables, tr);
 	for (int i = 0; i < 2; i++)
 		srv[i] = tu_start_server(cfg, i);
 	for (int r = 0; r < 2; r++) {
@@ -111,12 +133,13 @@ static double train(const char *mode, char *metrics, size_t mlen)
 		snprintf(rank[r], sizeof(rank[r]), "%d", r);
 		const char *a[] = { "bin/ps-worker", "--config", cfg, "--rank", rank[r], NULL };
 		memcpy(argv[r], a, sizeof(a));
-		w[r] = spawn(argv[r], out[r]);
+		w[r] = tu_spawn(argv[r], out[r]);
 	}
 	for (int r = 0; r < 2; r++) {
 		int st = tu_wait_child(w[r]);
 		ck_assert_msg(st == 0, "worker %d exited %d:\n%s", r, st, slurp(out[r]));
 	}
+	table_rows(cfg, ntables, rows, pushed);
 	for (int i = 0; i < 2; i++)
 		ck_assert_int_eq(tu_stop_server(srv[i]), 0);
 	p = strstr(slurp(out[0]), "epoch 1 test auc ");
@@ -136,15 +159,32 @@ static double train(const char *mode, char *metrics, size_t mlen)
 START_TEST(test_sync_and_async_reach_the_ceiling)
 {
 	char m[4096];
+	uint64_t rows[4], pushed[4];
 	double auc;
 
 	make_data();
-	auc = train("sync", m, sizeof(m));
+	auc = train("sync", TABLE, 1, rows, pushed, m, sizeof(m));
 	fprintf(stderr, "ctr sync: held-out AUC %.4f, best achievable %.4f\n", auc, best_auc);
 	ck_assert_msg(auc >= best_auc - 0.01, "sync AUC %.4f, ceiling %.4f", auc, best_auc);
-	auc = train("async", m, sizeof(m));
+	auc = train("async", TABLE, 1, rows, pushed, m, sizeof(m));
 	fprintf(stderr, "ctr async: held-out AUC %.4f, best achievable %.4f\n", auc, best_auc);
 	ck_assert_msg(auc >= best_auc - 0.01, "async AUC %.4f, ceiling %.4f", auc, best_auc);
+	ck_assert_uint_gt(rows[0], 0);
+	/* the fields over two tables of different dims, and one unused */
+	auc = train("sync", TABLES3, 3, rows, pushed, m, sizeof(m));
+	fprintf(stderr, "ctr sync, 3 tables: held-out AUC %.4f, best achievable %.4f; rows %"
+		PRIu64 " (dim 16), %" PRIu64 " (dim 8), %" PRIu64 " (unused)\n", auc, best_auc,
+		rows[0], rows[1], rows[2]);
+	ck_assert_msg(auc >= best_auc - 0.01, "3 tables: AUC %.4f, ceiling %.4f", auc, best_auc);
+	/* every even field's values in ev, every odd one's in od: with ids
+	 * mixed with the field (ps_criteo_id), two tables of about half the
+	 * categorical values each, both trained */
+	ck_assert_uint_gt(rows[0], 1000);
+	ck_assert_uint_gt(rows[1], 1000);
+	ck_assert_uint_gt(pushed[0], 0);
+	ck_assert_uint_gt(pushed[1], 0);
+	ck_assert_uint_eq(rows[2], 0);
+	ck_assert_uint_eq(pushed[2], 0);
 }
 END_TEST
 
@@ -163,10 +203,14 @@ START_TEST(test_config_errors)
 	write_cfg(cfg, "sync", TABLE, "");
 	ck_assert_int_eq(ps_config_load(&c, cfg, err, sizeof(err)), 0);
 	ck_assert_int_eq(c.model.input[2], 26 * 16 + 13);
+	unlink(cfg);
+	write_cfg(cfg, "sync", TABLES3, "");
+	ck_assert_int_eq(ps_config_load(&c, cfg, err, sizeof(err)), 0);
+	ck_assert_int_eq(c.model.input[2], 13 * 16 + 13 * 8 + 13);
 	ck_assert_int_eq(c.model.classes, 2);
 	ck_assert_int_eq(c.ntensors, 6);
 	snprintf(out, sizeof(out), "%s/nofile.out", tmpdir);
-	ck_assert_int_ne(tu_wait_child(spawn(argv, out)), 0);
+	ck_assert_int_ne(tu_wait_child(tu_spawn(argv, out)), 0);
 	ck_assert_msg(strstr(slurp(out), "set train.train_file and train.test_file"), "%s",
 		      slurp(out));
 	unlink(cfg);
@@ -180,6 +224,7 @@ int main(void)
 	int failed;
 
 	tu_secret_setup();
+	setenv("OPENBLAS_NUM_THREADS", "1", 1); /* the workers inherit it */
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ps-it-ctr-XXXXXX");
 	if (!mkdtemp(tmpdir)) {
 		perror("mkdtemp");
@@ -190,13 +235,7 @@ int main(void)
 	tcase_add_test(tc, test_sync_and_async_reach_the_ceiling);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite_as(s, 1);
-	{
-		char cmd[128];
-
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-		if (system(cmd))
-			fprintf(stderr, "could not remove %s\n", tmpdir);
-	}
+	tu_rmtree(tmpdir);
 	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

@@ -454,13 +454,7 @@ int main(void)
 	}
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite_as(s, 1);
-	{
-		char cmd[128];
-
-		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-		if (system(cmd))
-			fprintf(stderr, "could not remove %s\n", tmpdir);
-	}
+	tu_rmtree(tmpdir);
 	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }

@@ -157,6 +157,35 @@ static inline int tu_wait_child(pid_t pid)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* Starts argv[0] (a path) with argv, its stdout and stderr into the file
+ * out (created or truncated); its pid. The child only redirects and execs,
+ * so a test with threads may call it. */
+static inline pid_t tu_spawn(const char *const *argv, const char *out)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* Removes folder dir and what is in it (a test's scratch folder). */
+static inline void tu_rmtree(const char *dir)
+{
+	char cmd[256];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd))
+		fprintf(stderr, "could not remove %s\n", dir);
+}
+
 /* Writes a fresh secret (64 hex digits from /dev/urandom, mode 0600) to a
  * new file; its name goes to path (64 bytes). 0 or -1. */
 static inline int tu_write_secret(char *path)

@@ -1,23 +1,30 @@
 /* ctr_train.c - the ctr preset's training loop (ctr_train.h).
  *
+ * The 26 fields bag from one or more tables (cfg->tables[t].fields,
+ * resolved by config_ctr.c): each table with fields is a group, and the
+ * input x holds the groups' bags side by side, in table order, each
+ * table's fields in increasing order (nf x dim columns per group, dims may
+ * differ), then the 13 numeric features.
+ *
  * A step on one worker, for a batch of B examples:
- *   host: the batch's 26 B ids are deduplicated (a hash table, first-seen
- *         order) into the unique ids U, each field's bag pointing at its
- *         row of U, and the transpose (per unique row, its bags in order)
- *         built for the deterministic backward; the numeric features go to
- *         the last 13 columns of the input x.
- *   pull: the rows of U (sync: the table's version after the last clock)
- *         and, with them, the dense weights.
- *   backend: upload, embedding_bag_fwd writes the bags into x's first
- *         26 x dim columns, dense/relu layers, 2-class softmax
- *         cross-entropy (the logistic loss of the logits' difference: its
- *         mean is the binary logloss), backward to dx of the input, and
- *         embedding_bag_bwd gives each unique row its gradient.
- *   push: the rows' gradients, then the dense gradients with the flag
- *         that ends the clock (sync: a clock's rows must reach a shard
- *         before the push that ends it; a connection's frames are handled
- *         in order), then the pulls of the next batch, which the shards
- *         answer once the clock is complete.
+ *   host: per group, the batch's B x nf ids are deduplicated (a hash
+ *         table, first-seen order) into that table's unique ids U, each
+ *         bag pointing at its row of U, and the transpose (per unique row,
+ *         its bags in order) built for the deterministic backward; the
+ *         numeric features go to the last 13 columns of the input x.
+ *   pull: each group's rows of U from its table (sync: the table's
+ *         version after the last clock) and, with them, the dense weights.
+ *   backend: upload, embedding_bag_fwd per group into its columns of x
+ *         (the op's row stride ldy is x's width, y starts at the group's
+ *         column), dense/relu layers, 2-class softmax cross-entropy (the
+ *         logistic loss of the logits' difference: its mean is the binary
+ *         logloss), backward to dx of the input, and embedding_bag_bwd per
+ *         group gives each unique row its gradient.
+ *   push: every group's row gradients to its table, then the dense
+ *         gradients with the flag that ends the clock (sync: a clock's rows
+ *         must reach a shard before the push that ends it; a connection's
+ *         frames are handled in order), then the pulls of the next batch,
+ *         which the shards answer once the clock is complete.
  * The pulls of step s + 1 overlap the host work of step s + 1's batch
  * (it is built before they are waited for). Gradients are scaled by
  * 1 / (B x workers) in the backward ops: the shards sum the workers'.
@@ -27,7 +34,6 @@
 #include <string.h>
 #include <unistd.h>
 #include "ctr_train.h"
-#include "criteo.h"
 #include "layers.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -35,106 +41,6 @@
 
 #define F PS_CTR_FIELDS
 #define NUMF PS_CTR_NUMERIC
-
-/* ---- data ---- */
-
-int ps_ctr_load(struct ps_ctr_data *d, const char *path, int64_t limit, char *err,
-		size_t errlen)
-{
-	struct ps_criteo *r = NULL;
-	struct ps_ctr_example ex;
-	int cap = 0, rc;
-
-	memset(d, 0, sizeof(*d));
-	rc = ps_criteo_open(&r, path, err, errlen);
-	if (rc)
-		return rc;
-	while ((limit <= 0 || d->n < limit) && (rc = ps_criteo_next(r, &ex, err, errlen)) == 1) {
-		if (d->n == cap) {
-			int ncap = cap ? cap * 2 : 65536;
-			uint64_t *ids = realloc(d->ids, sizeof(*ids) * F * (size_t)ncap);
-			if (ids)
-				d->ids = ids;
-			float *num = realloc(d->num, sizeof(*num) * NUMF * (size_t)ncap);
-			if (num)
-				d->num = num;
-			int32_t *label = realloc(d->label, sizeof(*label) * (size_t)ncap);
-			if (label)
-				d->label = label;
-			if (!ids || !num || !label) {
-				snprintf(err, errlen, "%s: out of memory at %d examples", path, d->n);
-				rc = -ENOMEM;
-				goto fail;
-			}
-			cap = ncap;
-		}
-		for (int f = 0; f < F; f++)
-			d->ids[(size_t)d->n * F + f] = ps_criteo_id(f, ex.cat[f], (ex.cat_missing >> f) & 1);
-		for (int k = 0; k < NUMF; k++)
-			d->num[(size_t)d->n * NUMF + k] = ex.num[k] > 0 ? (float)log1p((double)ex.num[k]) : 0.0f;
-		d->label[d->n++] = ex.label;
-	}
-	if (rc < 0)
-		goto fail;
-	ps_criteo_close(r);
-	if (d->n == 0) {
-		snprintf(err, errlen, "%s: no examples", path);
-		ps_ctr_data_free(d);
-		return PS_ECONFIG;
-	}
-	return 0;
-fail:
-	ps_criteo_close(r);
-	ps_ctr_data_free(d);
-	return rc;
-}
-
-void ps_ctr_data_free(struct ps_ctr_data *d)
-{
-	free(d->ids);
-	free(d->num);
-	free(d->label);
-	memset(d, 0, sizeof(*d));
-}
-
-/* ---- AUC ---- */
-
-struct scored {
-	float s;
-	int32_t y;
-};
-
-static int by_score(const void *a, const void *b)
-{
-	float x = ((const struct scored *)a)->s, y = ((const struct scored *)b)->s;
-	return (x > y) - (x < y);
-}
-
-double ps_ctr_auc(float *score, int32_t *label, int n)
-{
-	struct scored *v = malloc(sizeof(*v) * (size_t)(n > 0 ? n : 1));
-	double pos = 0, neg = 0, rank_sum = 0;
-
-	if (!v)
-		return NAN;
-	for (int i = 0; i < n; i++)
-		v[i] = (struct scored){ score[i], label[i] };
-	qsort(v, (size_t)n, sizeof(*v), by_score);
-	for (int i = 0; i < n;) {
-		int j = i, p = 0;
-		while (j < n && v[j].s == v[i].s)
-			p += v[j++].y != 0;
-		/* ranks i+1..j share their mean (i + 1 + j) / 2 */
-		rank_sum += p * (i + 1 + j) / 2.0;
-		pos += p;
-		neg += (j - i) - p;
-		i = j;
-	}
-	free(v);
-	if (pos == 0 || neg == 0)
-		return NAN;
-	return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg);
-}
 
 /* ---- the model on the backend ---- */
 
@@ -146,7 +52,7 @@ struct layer {
 	int wt;                      /* dense: weight tensor index (bias wt + 1) */
 };
 
-/* One batch's ids, on the host (pinned) and on the backend. */
+/* One batch's ids of one group, on the host (pinned) and on the backend. */
 struct bags {
 	int nu;                      /* unique ids */
 	uint64_t *uniq;              /* B x F */
@@ -154,20 +60,31 @@ struct bags {
 	int32_t *off, *idx, *roff, *rbags;        /* backend */
 };
 
+/* The fields that bag from one table. */
+struct group {
+	int t;                       /* index in cfg->tables */
+	int nf, dim, col;            /* fields, floats per row, first column of its bags in x */
+	int field[F];                /* its fields, increasing */
+	float *rows, *drows, *h_rows, *h_drows; /* B*nf x dim */
+	struct bags bg[2];           /* this step's and the next's */
+	int64_t rid, pid;            /* its rows' pull and push in flight, 0 = none */
+};
+
 struct ctr {
 	const struct ps_config *cfg;
 	const struct ps_compute_ops *ops;
 	struct ps_compute *c;
-	int B, in, dim, nl;
+	int B, in, bagw, nl;         /* bagw: the bags' columns of x (in - 13) */
 	struct layer l[PS_MAX_LAYERS];
 	float *x, *dx;               /* B x in */
 	float *h_x;                  /* pinned */
 	int32_t *labels, *h_labels;
-	float *rows, *drows, *h_rows, *h_drows; /* B*F x dim */
 	float *h_logits;             /* B x 2 */
 	struct ps_xent_stats *st;
 	float **h_w, **h_g;          /* per dense tensor */
-	struct bags bg[2];           /* this step's and the next's */
+	int ng;
+	struct group g[F];
+	int64_t did;                 /* the dense pull in flight, 0 = none */
 	/* dedup hash: slot -> unique index, valid when stamp matches */
 	int hbits;
 	uint64_t *hkey;
@@ -200,25 +117,28 @@ static void ctr_free(struct ctr *m)
 	o->free(c, m->x);
 	o->free(c, m->dx);
 	o->free(c, m->labels);
-	o->free(c, m->rows);
-	o->free(c, m->drows);
 	o->host_free(c, m->h_x);
 	o->host_free(c, m->h_labels);
-	o->host_free(c, m->h_rows);
-	o->host_free(c, m->h_drows);
 	o->host_free(c, m->h_logits);
 	o->host_free(c, m->st);
-	for (int k = 0; k < 2; k++) {
-		struct bags *g = &m->bg[k];
-		free(g->uniq);
-		o->host_free(c, g->h_off);
-		o->host_free(c, g->h_idx);
-		o->host_free(c, g->h_roff);
-		o->host_free(c, g->h_rbags);
-		o->free(c, g->off);
-		o->free(c, g->idx);
-		o->free(c, g->roff);
-		o->free(c, g->rbags);
+	for (int i = 0; i < m->ng; i++) {
+		struct group *gr = &m->g[i];
+		o->free(c, gr->rows);
+		o->free(c, gr->drows);
+		o->host_free(c, gr->h_rows);
+		o->host_free(c, gr->h_drows);
+		for (int k = 0; k < 2; k++) {
+			struct bags *g = &gr->bg[k];
+			free(g->uniq);
+			o->host_free(c, g->h_off);
+			o->host_free(c, g->h_idx);
+			o->host_free(c, g->h_roff);
+			o->host_free(c, g->h_rbags);
+			o->free(c, g->off);
+			o->free(c, g->idx);
+			o->free(c, g->roff);
+			o->free(c, g->rbags);
+		}
 	}
 	for (int t = 0; m->h_w && t < m->cfg->ntensors; t++) {
 		o->host_free(c, m->h_w[t]);
@@ -233,6 +153,37 @@ static void ctr_free(struct ctr *m)
 	free(m->pt);
 }
 
+/* Allocates group gr's rows and bags for batch B. 0 or -ENOMEM. */
+static int group_alloc(struct ctr *m, struct group *gr, int B)
+{
+	const struct ps_compute_ops *ops = m->ops;
+	struct ps_compute *c = m->c;
+	size_t nent = (size_t)B * gr->nf, vals = nent * (size_t)gr->dim;
+
+	gr->rows = dalloc(m, sizeof(float) * vals);
+	gr->drows = dalloc(m, sizeof(float) * vals);
+	gr->h_rows = ops->host_alloc(c, sizeof(float) * vals);
+	gr->h_drows = ops->host_alloc(c, sizeof(float) * vals);
+	if (!gr->rows || !gr->drows || !gr->h_rows || !gr->h_drows)
+		return -ENOMEM;
+	for (int k = 0; k < 2; k++) {
+		struct bags *g = &gr->bg[k];
+		g->uniq = malloc(sizeof(uint64_t) * nent);
+		g->h_off = ops->host_alloc(c, sizeof(int32_t) * (nent + 1));
+		g->h_idx = ops->host_alloc(c, sizeof(int32_t) * nent);
+		g->h_roff = ops->host_alloc(c, sizeof(int32_t) * (nent + 1));
+		g->h_rbags = ops->host_alloc(c, sizeof(int32_t) * nent);
+		g->off = (int32_t *)dalloc(m, sizeof(int32_t) * (nent + 1));
+		g->idx = (int32_t *)dalloc(m, sizeof(int32_t) * nent);
+		g->roff = (int32_t *)dalloc(m, sizeof(int32_t) * (nent + 1));
+		g->rbags = (int32_t *)dalloc(m, sizeof(int32_t) * nent);
+		if (!g->uniq || !g->h_off || !g->h_idx || !g->h_roff || !g->h_rbags || !g->off ||
+		    !g->idx || !g->roff || !g->rbags)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
 static int ctr_init(struct ctr *m, const struct ps_config *cfg, const struct ps_compute_ops *ops,
 		    struct ps_compute *c, int B, char *err, size_t errlen)
 {
@@ -245,11 +196,30 @@ static int ctr_init(struct ctr *m, const struct ps_config *cfg, const struct ps_
 	m->ops = ops;
 	m->c = c;
 	m->B = B;
-	m->dim = cfg->tables[0].dim;
-	m->in = F * m->dim + NUMF;
 	m->nl = cfg->model.nlayers;
+	/* the groups, in table order: their bags' columns side by side */
+	for (int t = 0; t < cfg->ntables; t++) {
+		struct group *gr = &m->g[m->ng];
+
+		if (!cfg->tables[t].fields)
+			continue; /* fields: [], a table for other clients */
+		gr->t = t;
+		gr->dim = cfg->tables[t].dim;
+		gr->col = m->bagw;
+		for (int f = 0; f < F; f++)
+			if (cfg->tables[t].fields & (1u << f))
+				gr->field[gr->nf++] = f;
+		m->bagw += gr->nf * gr->dim;
+		m->ng++;
+	}
+	m->in = m->bagw + NUMF;
 	if (rc)
 		return rc;
+	if (m->in != cfg->model.input[2]) { /* config_ctr.c sized the input the same way */
+		snprintf(err, errlen, "ctr: the bags take %d columns and the numeric features %d, "
+			 "but the model's input is %d wide", m->bagw, NUMF, cfg->model.input[2]);
+		return PS_ECONFIG;
+	}
 	if (!ops->embedding_bag_fwd || !ops->embedding_bag_bwd) {
 		snprintf(err, errlen, "backend %s has no embedding_bag ops", ops->name);
 		return PS_ENOTSUP;
@@ -284,30 +254,14 @@ static int ctr_init(struct ctr *m, const struct ps_config *cfg, const struct ps_
 	m->h_x = ops->host_alloc(c, sizeof(float) * (size_t)B * m->in);
 	m->labels = (int32_t *)dalloc(m, sizeof(int32_t) * B);
 	m->h_labels = ops->host_alloc(c, sizeof(int32_t) * B);
-	m->rows = dalloc(m, sizeof(float) * nent * m->dim);
-	m->drows = dalloc(m, sizeof(float) * nent * m->dim);
-	m->h_rows = ops->host_alloc(c, sizeof(float) * nent * m->dim);
-	m->h_drows = ops->host_alloc(c, sizeof(float) * nent * m->dim);
 	m->h_logits = ops->host_alloc(c, sizeof(float) * (size_t)B * 2);
 	m->st = ops->host_alloc(c, sizeof(*m->st));
-	if (!m->x || !m->dx || !m->h_x || !m->labels || !m->h_labels || !m->rows || !m->drows ||
-	    !m->h_rows || !m->h_drows || !m->h_logits || !m->st)
+	if (!m->x || !m->dx || !m->h_x || !m->labels || !m->h_labels || !m->h_logits || !m->st)
 		goto nomem;
-	for (int k = 0; k < 2; k++) {
-		struct bags *g = &m->bg[k];
-		g->uniq = malloc(sizeof(uint64_t) * nent);
-		g->h_off = ops->host_alloc(c, sizeof(int32_t) * (nent + 1));
-		g->h_idx = ops->host_alloc(c, sizeof(int32_t) * nent);
-		g->h_roff = ops->host_alloc(c, sizeof(int32_t) * (nent + 1));
-		g->h_rbags = ops->host_alloc(c, sizeof(int32_t) * nent);
-		g->off = (int32_t *)dalloc(m, sizeof(int32_t) * (nent + 1));
-		g->idx = (int32_t *)dalloc(m, sizeof(int32_t) * nent);
-		g->roff = (int32_t *)dalloc(m, sizeof(int32_t) * (nent + 1));
-		g->rbags = (int32_t *)dalloc(m, sizeof(int32_t) * nent);
-		if (!g->uniq || !g->h_off || !g->h_idx || !g->h_roff || !g->h_rbags || !g->off ||
-		    !g->idx || !g->roff || !g->rbags)
+	for (int i = 0; i < m->ng; i++)
+		if (group_alloc(m, &m->g[i], B))
 			goto nomem;
-	}
+	/* the dedup hash serves one group at a time: at most B x 26 ids */
 	for (m->hbits = 4; ((size_t)1 << m->hbits) < 2 * nent; m->hbits++)
 		;
 	m->hkey = malloc(sizeof(uint64_t) << m->hbits);
@@ -331,14 +285,15 @@ nomem:
 	return -ENOMEM;
 }
 
-/* Fills bags k with examples first..first+n-1 of d (order[] maps positions
- * to examples when not NULL) and the host input x and labels. */
-static void build_batch(struct ctr *m, int k, const struct ps_ctr_data *d, const int *order,
-			int first, int n)
+/* Deduplicates group gr's ids of examples first..first+n-1 of d (order[]
+ * maps positions to examples when not NULL) into its bags k: the unique
+ * ids, each bag's entry and the transpose. */
+static void build_bags(struct ctr *m, struct group *gr, int k, const struct ps_ctr_data *d,
+		       const int *order, int first, int n)
 {
-	struct bags *g = &m->bg[k];
+	struct bags *g = &gr->bg[k];
 	uint64_t mask = ((uint64_t)1 << m->hbits) - 1;
-	int nent = n * F;
+	int nf = gr->nf, nent = n * nf;
 
 	if (++m->stamp == 0) { /* wrapped: forget every slot */
 		memset(m->hstamp, 0, sizeof(uint32_t) << m->hbits);
@@ -348,12 +303,9 @@ static void build_batch(struct ctr *m, int k, const struct ps_ctr_data *d, const
 	for (int i = 0; i < n; i++) {
 		int ex = order ? order[first + i] : first + i;
 		const uint64_t *ids = d->ids + (size_t)ex * F;
-		float *xr = m->h_x + (size_t)i * m->in;
 
-		memcpy(xr + F * m->dim, d->num + (size_t)ex * NUMF, sizeof(float) * NUMF);
-		m->h_labels[i] = d->label[ex];
-		for (int f = 0; f < F; f++) {
-			uint64_t id = ids[f], h = (id * 0x9E3779B97F4A7C15ull) >> (64 - m->hbits);
+		for (int j = 0; j < nf; j++) {
+			uint64_t id = ids[gr->field[j]], h = (id * 0x9E3779B97F4A7C15ull) >> (64 - m->hbits);
 			while (m->hstamp[h] == m->stamp && m->hkey[h] != id)
 				h = (h + 1) & mask;
 			if (m->hstamp[h] != m->stamp) {
@@ -362,9 +314,9 @@ static void build_batch(struct ctr *m, int k, const struct ps_ctr_data *d, const
 				m->hval[h] = g->nu;
 				g->uniq[g->nu++] = id;
 			}
-			/* one id per bag: bag b = i * F + f is entry b */
-			g->h_idx[i * F + f] = m->hval[h];
-			g->h_off[i * F + f] = i * F + f;
+			/* one id per bag: bag b = i * nf + j is entry b */
+			g->h_idx[i * nf + j] = m->hval[h];
+			g->h_off[i * nf + j] = i * nf + j;
 		}
 	}
 	g->h_off[nent] = nent;
@@ -380,36 +332,78 @@ static void build_batch(struct ctr *m, int k, const struct ps_ctr_data *d, const
 		g->h_rbags[m->count[g->h_idx[b]]++] = b;
 }
 
-/* Starts the pull of the dense weights (when dense) into h_w, and of bags
- * k's rows into h_rows (when k >= 0); their request ids or 0. */
+/* Fills bags k of every group with examples first..first+n-1 of d (order[]
+ * maps positions to examples when not NULL), and the host input x's
+ * numeric columns and the labels. */
+static void build_batch(struct ctr *m, int k, const struct ps_ctr_data *d, const int *order,
+			int first, int n)
+{
+	for (int i = 0; i < n; i++) {
+		int ex = order ? order[first + i] : first + i;
+
+		memcpy(m->h_x + (size_t)i * m->in + m->bagw, d->num + (size_t)ex * NUMF,
+		       sizeof(float) * NUMF);
+		m->h_labels[i] = d->label[ex];
+	}
+	for (int i = 0; i < m->ng; i++)
+		build_bags(m, &m->g[i], k, d, order, first, n);
+}
+
+/* Starts the pull of the dense weights (when dense) into h_w, and of every
+ * group's rows of bags k into its h_rows (when k >= 0); the requests' ids
+ * go to m->did and the groups' rid. */
 static int pull_start(struct ctr *m, struct ps_client *cli, int k, int dense,
-		      uint64_t min_version, int64_t *dense_id, int64_t *rows_id)
+		      uint64_t min_version)
 {
 	const struct ps_config *cfg = m->cfg;
 
-	*dense_id = *rows_id = 0;
 	if (dense) {
 		for (int t = 0; t < cfg->ntensors; t++)
 			m->pt[t] = (struct ps_tensor){ cfg->tensors[t].name, m->h_w[t],
 						      cfg->tensors[t].count, 0 };
-		*dense_id = ps_client_pull(cli, min_version, m->pt, cfg->ntensors);
-		if (*dense_id < 0)
-			return (int)*dense_id;
+		m->did = ps_client_pull(cli, min_version, m->pt, cfg->ntensors);
+		if (m->did < 0) {
+			int rc = (int)m->did;
+			m->did = 0;
+			return rc;
+		}
 	}
-	if (k >= 0) {
-		*rows_id = ps_client_pull_rows_async(cli, cfg->tables[0].name, min_version,
-						     m->bg[k].uniq, (size_t)m->bg[k].nu, m->h_rows);
-		if (*rows_id < 0)
-			return (int)*rows_id;
+	for (int i = 0; k >= 0 && i < m->ng; i++) {
+		struct group *gr = &m->g[i];
+		gr->rid = ps_client_pull_rows_async(cli, cfg->tables[gr->t].name, min_version,
+						    gr->bg[k].uniq, (size_t)gr->bg[k].nu, gr->h_rows);
+		if (gr->rid < 0) {
+			int rc = (int)gr->rid;
+			gr->rid = 0;
+			return rc;
+		}
 	}
 	return 0;
 }
 
-/* Waits for the requests of pull_start (0 ids are none). */
-static int pull_wait(struct ps_client *cli, int64_t dense_id, int64_t rows_id)
+/* Whether pulls of pull_start are under way. */
+static int pulls_pending(const struct ctr *m)
 {
-	int rc = dense_id ? ps_client_wait(cli, dense_id) : 0, rc2 = rows_id ? ps_client_wait(cli, rows_id) : 0;
-	return rc ? rc : rc2;
+	int n = m->did != 0;
+
+	for (int i = 0; i < m->ng; i++)
+		n += m->g[i].rid != 0;
+	return n;
+}
+
+/* Waits for the requests of pull_start: 0 or the first error. */
+static int pull_wait(struct ctr *m, struct ps_client *cli)
+{
+	int rc = m->did ? ps_client_wait(cli, m->did) : 0;
+
+	m->did = 0;
+	for (int i = 0; i < m->ng; i++) {
+		int r = m->g[i].rid ? ps_client_wait(cli, m->g[i].rid) : 0;
+		m->g[i].rid = 0;
+		if (!rc)
+			rc = r;
+	}
+	return rc;
 }
 
 /* Uploads the pulled dense weights. */
@@ -430,30 +424,35 @@ static int upload_dense(struct ctr *m)
 	return rc;
 }
 
-/* Uploads bags k with its rows, the input and labels of n examples, and
- * queues the bags into x. */
+/* Uploads the input and labels of n examples and every group's bags k
+ * with its rows, and queues the bags into their columns of x. */
 static int upload(struct ctr *m, int k, int n)
 {
 	const struct ps_compute_ops *o = m->ops;
 	struct ps_compute *c = m->c;
-	struct bags *g = &m->bg[k];
-	size_t nent = (size_t)n * F;
-	struct ps_bag_shape s = { n * F, F, m->dim, m->in, g->nu, (enum ps_bag_mode)m->cfg->model.bag };
 	int rc = o->upload(c, m->x, m->h_x, sizeof(float) * (size_t)n * m->in);
+
 	if (!rc)
 		rc = o->upload(c, m->labels, m->h_labels, sizeof(int32_t) * (size_t)n);
-	if (!rc)
-		rc = o->upload(c, m->rows, m->h_rows, sizeof(float) * (size_t)g->nu * m->dim);
-	if (!rc)
-		rc = o->upload(c, g->off, g->h_off, sizeof(int32_t) * (nent + 1));
-	if (!rc)
-		rc = o->upload(c, g->idx, g->h_idx, sizeof(int32_t) * nent);
-	if (!rc)
-		rc = o->upload(c, g->roff, g->h_roff, sizeof(int32_t) * (size_t)(g->nu + 1));
-	if (!rc)
-		rc = o->upload(c, g->rbags, g->h_rbags, sizeof(int32_t) * nent);
-	if (!rc)
-		rc = o->embedding_bag_fwd(c, &s, m->rows, g->off, g->idx, m->x);
+	for (int i = 0; !rc && i < m->ng; i++) {
+		struct group *gr = &m->g[i];
+		struct bags *g = &gr->bg[k];
+		size_t nent = (size_t)n * gr->nf;
+		struct ps_bag_shape s = { n * gr->nf, gr->nf, gr->dim, m->in, g->nu,
+					  (enum ps_bag_mode)m->cfg->model.bag };
+
+		rc = o->upload(c, gr->rows, gr->h_rows, sizeof(float) * (size_t)g->nu * gr->dim);
+		if (!rc)
+			rc = o->upload(c, g->off, g->h_off, sizeof(int32_t) * (nent + 1));
+		if (!rc)
+			rc = o->upload(c, g->idx, g->h_idx, sizeof(int32_t) * nent);
+		if (!rc)
+			rc = o->upload(c, g->roff, g->h_roff, sizeof(int32_t) * (size_t)(g->nu + 1));
+		if (!rc)
+			rc = o->upload(c, g->rbags, g->h_rbags, sizeof(int32_t) * nent);
+		if (!rc)
+			rc = o->embedding_bag_fwd(c, &s, gr->rows, g->off, g->idx, m->x + gr->col);
+	}
 	return rc;
 }
 
@@ -484,8 +483,6 @@ static int backward(struct ctr *m, int k, int n, float alpha)
 {
 	const struct ps_compute_ops *o = m->ops;
 	struct ps_compute *c = m->c;
-	struct bags *g = &m->bg[k];
-	struct ps_bag_shape s = { n * F, F, m->dim, m->in, g->nu, (enum ps_bag_mode)m->cfg->model.bag };
 	int rc = 0;
 
 	for (int i = m->nl - 1; !rc && i >= 0; i--) {
@@ -503,10 +500,18 @@ static int backward(struct ctr *m, int k, int n, float alpha)
 			rc = o->relu_bwd(c, L->y, L->dy, dx, (size_t)n * L->out);
 		}
 	}
-	if (!rc)
-		rc = o->embedding_bag_bwd(c, &s, m->dx, g->off, g->roff, g->rbags, m->drows, alpha);
-	if (!rc)
-		rc = o->download(c, m->h_drows, m->drows, sizeof(float) * (size_t)g->nu * m->dim);
+	for (int i = 0; !rc && i < m->ng; i++) {
+		struct group *gr = &m->g[i];
+		struct bags *g = &gr->bg[k];
+		struct ps_bag_shape s = { n * gr->nf, gr->nf, gr->dim, m->in, g->nu,
+					  (enum ps_bag_mode)m->cfg->model.bag };
+
+		rc = o->embedding_bag_bwd(c, &s, m->dx + gr->col, g->off, g->roff, g->rbags,
+					  gr->drows, alpha);
+		if (!rc)
+			rc = o->download(c, gr->h_drows, gr->drows,
+					 sizeof(float) * (size_t)g->nu * gr->dim);
+	}
 	if (!rc)
 		rc = o->sync(c);
 	return rc;
@@ -522,14 +527,14 @@ static int evaluate(struct ctr *m, struct ps_client *cli, const struct ps_ctr_da
 	int rc = score ? 0 : -ENOMEM;
 
 	for (int first = 0; !rc && first < test->n; first += m->B) {
-		int n = test->n - first < m->B ? test->n - first : m->B, correct;
-		int64_t did, rid;
+		int n = test->n - first < m->B ? test->n - first : m->B, correct, wrc;
 		float loss;
 
 		build_batch(m, 1, test, NULL, first, n);
-		rc = pull_start(m, cli, 1, 0, 0, &did, &rid);
+		rc = pull_start(m, cli, 1, 0, 0);
+		wrc = pull_wait(m, cli); /* also those started before a failure */
 		if (!rc)
-			rc = pull_wait(cli, did, rid);
+			rc = wrc;
 		if (!rc)
 			rc = upload(m, 1, n);
 		if (!rc)
@@ -590,6 +595,66 @@ static void write_metrics(FILE *f, const struct ctr *m, struct ps_client *cli, i
 	fflush(f);
 }
 
+/* "cat 26x16" or "a 13x8, b 13x4": each table that bags fields, with its
+ * fields x dim, into buf. */
+static const char *tables_text(const struct ctr *m, char *buf, size_t len)
+{
+	size_t off = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < m->ng && off < len; i++) {
+		int n = snprintf(buf + off, len - off, "%s%s %dx%d", i ? ", " : "",
+				 m->cfg->tables[m->g[i].t].name, m->g[i].nf, m->g[i].dim);
+		off = n < 0 ? len : off + (size_t)n;
+	}
+	return buf;
+}
+
+/* Starts the push of every group's row gradients (bags k) for clock, then
+ * the dense gradients that end it: the dense push's id, or a negative
+ * code (the row pushes already started are left to push_wait). */
+static int64_t push_start(struct ctr *m, struct ps_client *cli, int k, uint64_t clock)
+{
+	const struct ps_config *cfg = m->cfg;
+
+	/* the rows first: in sync mode the dense push ends the clock */
+	for (int i = 0; i < m->ng; i++) {
+		struct group *gr = &m->g[i];
+		gr->pid = ps_client_push_rows_async(cli, cfg->tables[gr->t].name, clock,
+						    gr->bg[k].uniq, (size_t)gr->bg[k].nu,
+						    gr->h_drows, 0);
+		if (gr->pid < 0) {
+			int64_t rc = gr->pid;
+			gr->pid = 0;
+			return rc;
+		}
+	}
+	for (int t = 0; t < cfg->ntensors; t++)
+		m->pt[t] = (struct ps_tensor){ cfg->tensors[t].name, m->h_g[t], cfg->tensors[t].count,
+					      0 };
+	return ps_client_push(cli, clock, m->pt, cfg->ntensors, PS_PUSH_END_CLOCK);
+}
+
+/* Waits for the row pushes of push_start and the dense push dpid (when
+ * positive): 0 or the first error. */
+static int push_wait(struct ctr *m, struct ps_client *cli, int64_t dpid)
+{
+	int rc = 0;
+
+	for (int i = 0; i < m->ng; i++) {
+		int r = m->g[i].pid ? ps_client_wait(cli, m->g[i].pid) : 0;
+		m->g[i].pid = 0;
+		if (!rc)
+			rc = r;
+	}
+	if (dpid > 0) {
+		int r = ps_client_wait(cli, dpid);
+		if (!rc)
+			rc = r;
+	}
+	return rc;
+}
+
 int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_ops *ops,
 		 struct ps_compute *c, struct ps_client *cli, FILE *metrics,
 		 volatile sig_atomic_t *stop)
@@ -598,9 +663,7 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 	struct ctr m = { 0 };
 	int *order = NULL, nmine = 0, rc = 1, W = cfg->nworkers, B = cfg->train.batch;
 	int sync = cfg->consistency == PS_SYNC;
-	const char *table = cfg->tables[0].name;
-	char err[1024];
-	int64_t did = 0, rid = 0;
+	char err[1024], tabs[256];
 
 	if (ps_ctr_load(&train, cfg->train.train_file, cfg->train.train_limit, err, sizeof(err)) ||
 	    (rank == 0 && ps_ctr_load(&test, cfg->train.test_file, cfg->train.test_limit, err,
@@ -624,10 +687,11 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 		ps_error("%s", err);
 		goto out;
 	}
-	ps_info("training ctr (table %s, dim %d, %s bags, %d tensors) on %s: %d epoch(s) of %d "
-		"steps, batch %d, %s; %d training examples, %d held out", table, m.dim,
-		cfg->model.bag == PS_BAG_MEAN ? "mean" : "sum", cfg->ntensors, ops->name,
-		cfg->train.epochs, steps, B, sync ? "sync" : "async", train.n, test.n);
+	ps_info("training ctr (tables %s, %s bags, %d tensors) on %s: %d epoch(s) of %d "
+		"steps, batch %d, %s; %d training examples, %d held out",
+		tables_text(&m, tabs, sizeof(tabs)), cfg->model.bag == PS_BAG_MEAN ? "mean" : "sum",
+		cfg->ntensors, ops->name, cfg->train.epochs, steps, B, sync ? "sync" : "async",
+		train.n, test.n);
 
 	uint64_t clock = ps_client_clock(cli);
 	double t_start = ps_now_s();
@@ -639,43 +703,38 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 
 		shuffle(order, nmine, cfg->seed ^ ((uint64_t)(e + 1) << 32) ^ (uint64_t)rank);
 		build_batch(&m, cur, &train, order, 0, B);
-		if (pull_start(&m, cli, cur, 1, sync ? clock : 0, &did, &rid))
+		if (pull_start(&m, cli, cur, 1, sync ? clock : 0))
 			goto fail_req;
 		for (int s = 0; s < steps && !*stop; s++) {
 			float loss;
 			int correct;
-			int64_t rpid, dpid;
+			int64_t dpid;
 
-			if (pull_wait(cli, did, rid))
+			if (pull_wait(&m, cli))
 				goto fail_req;
-			did = rid = 0;
 			if (upload_dense(&m) || upload(&m, cur, B) || forward(&m, B, 1) ||
 			    backward(&m, cur, B, 1.0f / ((float)B * (float)W)) ||
 			    ps_compute_xent_read(m.st, 2, &loss, &correct, c->err, sizeof(c->err))) {
 				ps_error("step %d: %s", s, c->err);
 				goto out;
 			}
-			/* the rows first: in sync mode the dense push ends the clock */
-			rpid = ps_client_push_rows_async(cli, table, clock, m.bg[cur].uniq,
-							 (size_t)m.bg[cur].nu, m.h_drows, 0);
-			for (int t = 0; t < cfg->ntensors; t++)
-				m.pt[t] = (struct ps_tensor){ cfg->tensors[t].name, m.h_g[t],
-							     cfg->tensors[t].count, 0 };
-			dpid = rpid < 0 ? rpid : ps_client_push(cli, clock, m.pt, cfg->ntensors,
-								PS_PUSH_END_CLOCK);
+			dpid = push_start(&m, cli, cur, clock);
 			if (dpid < 0) {
 				ps_error("push at clock %llu: %s", (unsigned long long)clock,
 					 ps_client_error(cli));
+				push_wait(&m, cli, 0);
 				goto out;
 			}
 			clock++;
 			/* the next batch and its pulls while the shards apply */
 			if (s + 1 < steps) {
 				build_batch(&m, cur ^ 1, &train, order, (s + 1) * B, B);
-				if (pull_start(&m, cli, cur ^ 1, 1, sync ? clock : 0, &did, &rid))
+				if (pull_start(&m, cli, cur ^ 1, 1, sync ? clock : 0)) {
+					push_wait(&m, cli, dpid);
 					goto fail_req;
+				}
 			}
-			if (ps_client_wait(cli, rpid) || ps_client_wait(cli, dpid)) {
+			if (push_wait(&m, cli, dpid)) {
 				ps_error("push at clock %llu: %s", (unsigned long long)clock - 1,
 					 ps_client_error(cli));
 				goto out;
@@ -693,17 +752,13 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 		}
 		if (tty)
 			fputc('\n', stderr);
-		if (did || rid) { /* stopped with pulls under way */
-			pull_wait(cli, did, rid);
-			did = rid = 0;
-		}
+		if (pulls_pending(&m)) /* stopped with pulls under way */
+			pull_wait(&m, cli);
 		double elapsed = ps_now_s() - t_epoch, auc = NAN, tloss = NAN;
 		if (rank == 0 && !*stop) {
 			/* the dense weights after the epoch's last clock */
-			if (pull_start(&m, cli, -1, 1, sync ? clock : 0, &did, &rid) ||
-			    pull_wait(cli, did, rid))
+			if (pull_start(&m, cli, -1, 1, sync ? clock : 0) || pull_wait(&m, cli))
 				goto fail_req;
-			did = rid = 0;
 			if (upload_dense(&m) || evaluate(&m, cli, &test, &auc, &tloss)) {
 				ps_error("evaluation: %s / %s", c->err, ps_client_error(cli));
 				goto out;
@@ -723,8 +778,8 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 	goto out;
 fail_req:
 	ps_error("pull at clock %llu: %s", (unsigned long long)clock, ps_client_error(cli));
-	if (did || rid)
-		pull_wait(cli, did, rid);
+	if (pulls_pending(&m))
+		pull_wait(&m, cli);
 out:
 	ctr_free(&m);
 	free(order);
