@@ -178,6 +178,34 @@ int ps__rows_ckpt_check(const struct ps_server *s, int fd, uint64_t pos, uint64_
 	return 0;
 }
 
+/* The admission filter's slots of a table record at pos (full or
+ * incremental), and its count of used slots. 0, or -1 with errno. */
+static int read_filter(int fd, struct ps_table *tb, const struct ckpt_table *ct, uint64_t pos)
+{
+	if (!ct->filter_slots)
+		return 0;
+	if (read_at(fd, tb->admit.slots, ct->filter_slots * sizeof(uint32_t), pos))
+		return -1;
+	tb->admit.used = 0;
+	for (uint64_t i = 0; i < ct->filter_slots; i++)
+		tb->admit.used += tb->admit.slots[i] != 0;
+	return 0;
+}
+
+/* A table's version and counters as a checkpoint recorded them; nothing
+ * loaded counts as changed since. */
+static void restore_counters(struct ps_table *tb, const struct ckpt_table *ct)
+{
+	tb->version = ct->version;
+	tb->c.admitted = ct->admitted;
+	tb->c.evicted = ct->evicted;
+	tb->c.expired = ct->expired;
+	tb->admit.lookups = ct->filter_lookups;
+	tb->admit.hits = ct->filter_hits;
+	tb->admit.decays = ct->filter_decays;
+	ps_table_clear_changes(tb);
+}
+
 int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, size_t errlen)
 {
 	uint8_t *buf = NULL;
@@ -229,23 +257,11 @@ int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, 
 			done += n;
 			pos += n * rb;
 		}
-		if (ct.filter_slots) {
-			if (read_at(fd, tb->admit.slots, ct.filter_slots * sizeof(uint32_t), pos))
-				goto err_read;
-			tb->admit.used = 0;
-			for (uint64_t i = 0; i < ct.filter_slots; i++)
-				tb->admit.used += tb->admit.slots[i] != 0;
-		}
+		if (read_filter(fd, tb, &ct, pos))
+			goto err_read;
 		pos += ct.filter_slots * sizeof(uint32_t);
-		tb->version = ct.version;
 		tb->ckpt_wall = ct.wall;
-		tb->c.admitted = ct.admitted;
-		tb->c.evicted = ct.evicted;
-		tb->c.expired = ct.expired;
-		tb->admit.lookups = ct.filter_lookups;
-		tb->admit.hits = ct.filter_hits;
-		tb->admit.decays = ct.filter_decays;
-		ps_table_clear_changes(tb);
+		restore_counters(tb, &ct);
 	}
 	goto out;
 
@@ -444,13 +460,8 @@ int ps__rows_delta_restore(struct ps_server *s, int fd, uint64_t pos, char *err,
 			memcpy(ps_table_vals(tb, r), buf + sizeof(struct ckpt_row),
 			       sizeof(float) * (size_t)tb->row_floats);
 		}
-		if (ct.filter_slots) {
-			if (read_at(fd, tb->admit.slots, ct.filter_slots * sizeof(uint32_t), pos))
-				goto err_read;
-			tb->admit.used = 0;
-			for (uint64_t i = 0; i < ct.filter_slots; i++)
-				tb->admit.used += tb->admit.slots[i] != 0;
-		}
+		if (read_filter(fd, tb, &ct, pos))
+			goto err_read;
 		pos += ct.filter_slots * sizeof(uint32_t);
 		if (tb->nrows != ct.live_rows) {
 			snprintf(err, errlen, "table '%s' has %" PRIu64 " rows after the incremental "
@@ -459,14 +470,7 @@ int ps__rows_delta_restore(struct ps_server *s, int fd, uint64_t pos, char *err,
 			rc = PS_EPROTO;
 			goto out;
 		}
-		tb->version = ct.version;
-		tb->c.admitted = ct.admitted;
-		tb->c.evicted = ct.evicted;
-		tb->c.expired = ct.expired;
-		tb->admit.lookups = ct.filter_lookups;
-		tb->admit.hits = ct.filter_hits;
-		tb->admit.decays = ct.filter_decays;
-		ps_table_clear_changes(tb);
+		restore_counters(tb, &ct);
 	}
 	goto out;
 

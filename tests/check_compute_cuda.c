@@ -39,6 +39,7 @@
 #include "config.h"
 #include "net.h"
 #include "ps_err.h"
+#include "backend_compare.h"
 #include "test_util.h"
 
 #define TOL 1e-5        /* normalized L2 error, every op and whole passes */
@@ -86,37 +87,11 @@ static void pair_close(struct pair *p)
 	p->co->destroy(p->cpu);
 }
 
-/* Deterministic uniform values in [-1, 1). */
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static float frand(void)
-{
-	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-	return (float)((rng_state >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
-}
-
-static float *randv(size_t n)
-{
-	float *v = malloc((n ? n : 1) * sizeof(float));
-
-	ck_assert_ptr_nonnull(v);
-	for (size_t i = 0; i < n; i++)
-		v[i] = frand();
-	return v;
-}
-
 /* One tensor on both backends: g (cuda) and c (cpu), n floats. */
 struct buf {
 	float *g, *c;
 	size_t n;
 };
-
-static void fill(const struct ps_compute_ops *o, struct ps_compute *c, void *d, const void *h,
-		 size_t bytes)
-{
-	ck_assert_msg(o->upload(c, d, h, bytes) == 0, "%s upload: %s", o->name, c->err);
-	ck_assert_msg(o->sync(c) == 0, "%s sync: %s", o->name, c->err);
-}
 
 /* Sets both copies to GARBAGE. */
 static void b_garbage(struct pair *p, struct buf *b)
@@ -154,45 +129,12 @@ static void b_free(struct pair *p, struct buf *b)
 	memset(b, 0, sizeof(*b));
 }
 
-/* Host copy of bytes of backend memory; caller frees. */
-static void *get(const struct ps_compute_ops *o, struct ps_compute *c, const void *d,
-		 size_t bytes)
-{
-	void *h = malloc(bytes ? bytes : 1);
-
-	ck_assert_ptr_nonnull(h);
-	ck_assert_msg(o->download(c, h, d, bytes) == 0, "%s download: %s", o->name, c->err);
-	ck_assert_msg(o->sync(c) == 0, "%s sync: %s", o->name, c->err);
-	return h;
-}
-
-/* got against want (n floats, host memory): finite, normalized error below
- * tol, largest difference below MAXABS (scaled like tol) times max |want|. */
+/* got (cuda) against want (cpu), n host floats: normalized error below tol,
+ * largest difference below MAXABS (scaled like tol) times max |want|. */
 static void check_close(const char *what, const float *got, const float *want, size_t n,
 			double tol)
 {
-	double d = 0.0, r = 0.0, dmax = 0.0, wmax = 0.0;
-	size_t at = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		ck_assert_msg(isfinite(got[i]), "%s: cuda value %zu is %g (cpu %g)", what, i,
-			      got[i], want[i]);
-		ck_assert_msg(isfinite(want[i]), "%s: cpu value %zu is %g", what, i, want[i]);
-		double e = fabs((double)got[i] - want[i]);
-		d += e * e;
-		r += (double)want[i] * want[i];
-		if (e > dmax) {
-			dmax = e;
-			at = i;
-		}
-		if (fabs(want[i]) > wmax)
-			wmax = fabs(want[i]);
-	}
-	double ne = r > 0.0 ? sqrt(d / r) : sqrt(d);
-	double abs_bound = MAXABS * (tol / TOL) * (wmax > 0.0 ? wmax : 1.0);
-	ck_assert_msg(ne < tol, "%s: normalized error %.3g, bound %.1g", what, ne, tol);
-	ck_assert_msg(dmax <= abs_bound, "%s: value %zu differs by %.3g (cuda %.9g, cpu %.9g), "
-		      "bound %.3g", what, at, dmax, got[at], want[at], abs_bound);
+	bc_check_close(what, "cuda", "cpu", got, want, n, tol, MAXABS * (tol / TOL));
 }
 
 /* Downloads a buffer's first n floats from each backend and compares them. */

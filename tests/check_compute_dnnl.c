@@ -33,6 +33,7 @@
 #include "config.h"
 #include "net.h"
 #include "ps_err.h"
+#include "backend_compare.h"
 #include "test_util.h"
 
 #define TOL 1e-5        /* normalized L2 error, every op and whole passes */
@@ -65,37 +66,11 @@ static void pair_close(struct pair *p)
 	p->ro->destroy(p->ref);
 }
 
-/* Deterministic uniform values in [-1, 1). */
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-
-static float frand(void)
-{
-	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-	return (float)((rng_state >> 40) * (1.0 / (1ull << 24))) * 2.0f - 1.0f;
-}
-
-static float *randv(size_t n)
-{
-	float *v = malloc((n ? n : 1) * sizeof(float));
-
-	ck_assert_ptr_nonnull(v);
-	for (size_t i = 0; i < n; i++)
-		v[i] = frand();
-	return v;
-}
-
 /* One tensor on both backends: f (cpu) and r (ref), n floats. */
 struct buf {
 	float *f, *r;
 	size_t n;
 };
-
-static void fill(const struct ps_compute_ops *o, struct ps_compute *c, void *d, const void *h,
-		 size_t bytes)
-{
-	ck_assert_msg(o->upload(c, d, h, bytes) == 0, "%s upload: %s", o->name, c->err);
-	ck_assert_msg(o->sync(c) == 0, "%s sync: %s", o->name, c->err);
-}
 
 static void b_garbage(struct pair *p, struct buf *b)
 {
@@ -132,46 +107,10 @@ static void b_free(struct pair *p, struct buf *b)
 	memset(b, 0, sizeof(*b));
 }
 
-static void *get(const struct ps_compute_ops *o, struct ps_compute *c, const void *d,
-		 size_t bytes)
-{
-	void *h = malloc(bytes ? bytes : 1);
-
-	ck_assert_ptr_nonnull(h);
-	ck_assert_msg(o->download(c, h, d, bytes) == 0, "%s download: %s", o->name, c->err);
-	ck_assert_msg(o->sync(c) == 0, "%s sync: %s", o->name, c->err);
-	return h;
-}
-
-/* got against want (n floats): finite, normalized error below TOL, largest
- * difference below MAXABS times max |want|. */
+/* got (cpu) against want (ref), n floats: TOL and MAXABS. */
 static void check_close(const char *what, const float *got, const float *want, size_t n)
 {
-	double d = 0.0, r = 0.0, dmax = 0.0, wmax = 0.0;
-	size_t at = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		/* ck_abort only on failure: Check sends a message per passing
-		 * assertion, millions of them over these loops */
-		if (!isfinite(got[i]))
-			ck_abort_msg("%s: cpu value %zu is %g (ref %g)", what, i, got[i], want[i]);
-		if (!isfinite(want[i]))
-			ck_abort_msg("%s: ref value %zu is %g", what, i, want[i]);
-		double e = fabs((double)got[i] - want[i]);
-		d += e * e;
-		r += (double)want[i] * want[i];
-		if (e > dmax) {
-			dmax = e;
-			at = i;
-		}
-		if (fabs(want[i]) > wmax)
-			wmax = fabs(want[i]);
-	}
-	double ne = r > 0.0 ? sqrt(d / r) : sqrt(d);
-	double abs_bound = MAXABS * (wmax > 0.0 ? wmax : 1.0);
-	ck_assert_msg(ne < TOL, "%s: normalized error %.3g, bound %.1g", what, ne, TOL);
-	ck_assert_msg(dmax <= abs_bound, "%s: value %zu differs by %.3g (cpu %.9g, ref %.9g), "
-		      "bound %.3g", what, at, dmax, got[at], want[at], abs_bound);
+	bc_check_close(what, "cpu", "ref", got, want, n, TOL, MAXABS);
 }
 
 static void compare_n(struct pair *p, const char *what, const struct buf *b, size_t n)

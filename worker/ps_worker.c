@@ -212,6 +212,64 @@ static int pull_weights(struct ps_client *cli, struct ps_net *net, const struct 
 	return rc ? rc : ps_net_upload_weights(net);
 }
 
+/* After a step's pushes were handed to the client: waits for their acks
+ * and for the next step's weights, uploads them, and adds the time waited
+ * for the network to *t_net (and per gradient pair to t_layer[k]) and the
+ * uploads' to *t_upload. train.pull: layer: pair k's pull went out with its
+ * push (pids[k], pusher.c); they are waited for in push order and each
+ * pair is uploaded as it lands. step: one pull of every tensor starts here,
+ * behind the pushes without waiting for their acks (a shard handles one
+ * connection's frames in order, so it answers the pull after applying
+ * them; sync: once the clock is complete). 0, or -1 with the error logged. */
+static int await_weights(struct ps_client *cli, struct ps_net *net, const struct ps_config *cfg,
+			 uint64_t clock, const int64_t *ids, const int64_t *pids, int nids,
+			 struct ps_tensor *pt, double *t_net, double *t_upload, double *t_layer)
+{
+	int whole = cfg->train.pull == PS_PULL_STEP;
+	const char *what = "push";
+	double t0 = ps_now_s(), t1;
+	int64_t pid = 0;
+
+	/* the last weights' upload has read host_w long ago; the wait only
+	 * makes sure before the pull overwrites it */
+	if (whole)
+		pid = ps_net_weights_wait(net) ? -EIO :
+		      pull_start(cli, net, cfg, cfg->consistency == PS_SYNC ? clock + 1 : 0, pt);
+	for (int k = 0; k < nids; k++) {
+		what = "push";
+		if (ps_client_wait(cli, ids[k]))
+			goto err_net;
+		if (!pids[k])
+			continue;
+		what = "pull";
+		if (ps_client_wait(cli, pids[k]))
+			goto err_net;
+		t1 = ps_now_s();
+		t_layer[k] += t1 - t0;
+		*t_net += t1 - t0;
+		if (ps_net_upload_pair(net, k))
+			goto err_upload;
+		t0 = ps_now_s();
+		*t_upload += t0 - t1;
+	}
+	what = "pull";
+	if (whole && (pid < 0 || ps_client_wait(cli, pid)))
+		goto err_net;
+	t1 = ps_now_s();
+	*t_net += t1 - t0;
+	if (whole ? ps_net_upload_weights(net) : ps_net_upload_mark(net))
+		goto err_upload;
+	*t_upload += ps_now_s() - t1;
+	return 0;
+
+err_net:
+	ps_error("%s at clock %llu: %s", what, (unsigned long long)clock, ps_client_error(cli));
+	return -1;
+err_upload:
+	ps_error("upload at clock %llu: %s", (unsigned long long)clock, net->c->err);
+	return -1;
+}
+
 /* Test-set accuracy and mean loss with the weights on the backend. */
 static int evaluate(struct ps_net *net, const struct ps_dataset *test, double *acc, double *loss)
 {
@@ -614,67 +672,10 @@ int main(int argc, char **argv)
 				goto out;
 			}
 			/* on cuda reading the loss waits for the device: compute */
-			t_end = ps_now_s();
-			t_compute += t_end - t_mark;
-			t_mark = t_end;
-			if (per_layer) {
-				/* Each pair's pull went out with its push (pusher.c):
-				 * wait for them in push order, uploading each pair as
-				 * it lands. A pair's wait is what remained after the
-				 * pairs before it had arrived. */
-				for (int k = 0; k < nids; k++) {
-					int push_rc = ps_client_wait(cli, ids[k]);
-					if (push_rc || ps_client_wait(cli, pids[k])) {
-						ps_error("%s at clock %llu: %s", push_rc ? "push" : "pull",
-							 (unsigned long long)clock, ps_client_error(cli));
-						goto out;
-					}
-					t_mark = ps_now_s();
-					t_layer[k] += t_mark - t_end;
-					t_net += t_mark - t_end;
-					if (ps_net_upload_pair(&net, k)) {
-						ps_error("upload at clock %llu: %s",
-							 (unsigned long long)clock, comp->err);
-						goto out;
-					}
-					t_end = ps_now_s();
-					t_upload += t_end - t_mark;
-				}
-				if (ps_net_upload_mark(&net)) {
-					ps_error("upload at clock %llu: %s", (unsigned long long)clock,
-						 comp->err);
-					goto out;
-				}
-			} else {
-				/* The pull leaves behind the pushes without waiting
-				 * for their acks: a shard handles one connection's
-				 * frames in order, so it answers the pull after
-				 * applying them (sync: once the clock is complete).
-				 * The last weights' upload has read host_w long ago;
-				 * the wait only makes sure. */
-				int64_t pid = ps_net_weights_wait(&net) ? -EIO :
-					      pull_start(cli, &net, cfg,
-							 cfg->consistency == PS_SYNC ? clock + 1 : 0, pt);
-				for (int i = 0; i < nids; i++)
-					if (ps_client_wait(cli, ids[i])) {
-						ps_error("push at clock %llu: %s",
-							 (unsigned long long)clock, ps_client_error(cli));
-						goto out;
-					}
-				if (pid < 0 || ps_client_wait(cli, pid)) {
-					ps_error("pull at clock %llu: %s", (unsigned long long)clock,
-						 ps_client_error(cli));
-					goto out;
-				}
-				t_end = ps_now_s();
-				t_net += t_end - t_mark;
-				if (ps_net_upload_weights(&net)) {
-					ps_error("upload at clock %llu: %s", (unsigned long long)clock,
-						 comp->err);
-					goto out;
-				}
-				t_upload += ps_now_s() - t_end;
-			}
+			t_compute += ps_now_s() - t_mark;
+			if (await_weights(cli, &net, cfg, clock, ids, pids, nids, pt, &t_net, &t_upload,
+					  t_layer))
+				goto out;
 			loss_sum += loss * count;
 			correct_sum += correct;
 			seen += count;
