@@ -1089,6 +1089,8 @@ err_unlock:
  * stayed full. */
 static int finish_frame(int fd, struct iovec *iov, int n, size_t skip, int timeout_ms)
 {
+	uint64_t deadline = uv_hrtime() + (uint64_t)timeout_ms * 1000000u;
+
 	for (;;) {
 		while (n > 0 && skip >= iov[0].iov_len) {
 			skip -= iov[0].iov_len;
@@ -1099,6 +1101,7 @@ static int finish_frame(int fd, struct iovec *iov, int n, size_t skip, int timeo
 			return 0;
 		iov[0].iov_base = (char *)iov[0].iov_base + skip;
 		iov[0].iov_len -= skip;
+		skip = 0; /* taken into iov[0]: a retry must not skip it again */
 		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
 		ssize_t w = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (w >= 0) {
@@ -1107,8 +1110,12 @@ static int finish_frame(int fd, struct iovec *iov, int n, size_t skip, int timeo
 		}
 		if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
 			return -1;
+		if (errno == EINTR)
+			continue;
+		uint64_t now = uv_hrtime();
 		struct pollfd pfd = { .fd = fd, .events = POLLOUT };
-		if (errno != EINTR && poll(&pfd, 1, timeout_ms) <= 0)
+		if (now >= deadline ||
+		    poll(&pfd, 1, (int)((deadline - now + 999999u) / 1000000u)) <= 0)
 			return -1;
 	}
 }

@@ -27,6 +27,8 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <openssl/evp.h>
 #include "frame_aead.h"
 #include "frame_mac.h"
@@ -976,6 +978,17 @@ END_TEST
  * while a loop-thread write is still queued are refused with -EAGAIN and
  * nothing written. */
 #define NNOW 2000
+/* tcp: the reader's socket buffer, and a pause of STALL_US every
+ * STALL_EVERY loop turns (see test_send_now_from_thread) */
+#define STALL_RCVBUF 262144
+#define STALL_EVERY 4
+#define STALL_US 10000
+
+
+
+
+
+
 
 struct now_arg {
 	struct ps_conn *c;
@@ -985,6 +998,26 @@ struct now_arg {
 static uint64_t now_len(uint32_t i)
 {
 	return (uint64_t)(i * 2654435761u) % 6000;
+}
+
+/* Sets a socket buffer (opt: SO_RCVBUF or SO_SNDBUF) of this process's
+ * TCP sockets of the main pair on port: the accepted (server) side, or the
+ * client side. 1 when such a socket was found (rdma has none). */
+static int set_sockbuf(int port, int server_side, int opt, int bytes)
+{
+	int found = 0;
+
+	for (int fd = 3; fd < 4096; fd++) {
+		struct sockaddr_storage me, peer;
+		socklen_t ml = sizeof(me), pl = sizeof(peer);
+		if (getsockname(fd, (struct sockaddr *)&me, &ml) ||
+		    getpeername(fd, (struct sockaddr *)&peer, &pl) || me.ss_family != AF_INET)
+			continue; /* not a connected IPv4 socket (the listener has no peer) */
+		struct sockaddr_in *side = (struct sockaddr_in *)(server_side ? &me : &peer);
+		if (ntohs(side->sin_port) == port)
+			found |= !setsockopt(fd, SOL_SOCKET, opt, &bytes, sizeof(bytes));
+	}
+	return found;
 }
 
 /* Frames go in groups of 1, 2 or 3 per call (one sendmsg each). */
@@ -1056,10 +1089,19 @@ START_TEST(test_send_now_from_thread)
 	bytes += PS_WIRE_HDR_LEN + big + E.tag;
 	free(bigbuf);
 
+	/* A bounded receive buffer and a reader that stops now and then: the
+	 * writer fills the socket, many writes are partial and a frame's rest
+	 * waits for room (a retry after such a wait once skipped bytes and
+	 * broke the stream). */
+	int slow = !strcmp(E.ops->name, "tcp"), iters = 0;
+	if (slow)
+		ck_assert(set_sockbuf(E.port, 1, SO_RCVBUF, STALL_RCVBUF));
 	a.c = E.k->c;
 	ck_assert_int_eq(pthread_create(&th, NULL, now_thread, &a), 0);
-	ck_assert(RUN_UNTIL(count_frames(E.s) == 1 + NNOW || a.bad, 20000));
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 1 + NNOW || a.bad || !E.s->c ||
+				(slow && ++iters % STALL_EVERY == 0 && usleep(STALL_US) && 0), 20000));
 	pthread_join(th, NULL);
+	ck_assert_msg(E.s->c, "the reader closed the connection: the stream broke");
 	ck_assert_int_eq(a.bad, 0);
 	ck_assert_int_eq(a.sent, NNOW);
 	ck_assert_int_eq(a.too_big_ok, 1);
