@@ -18,10 +18,14 @@
 #      --init ours --normalize): one whole
 #      epoch of Fashion-MNIST each (--limit 0, the
 #      default), samples/s over the epoch summed over the processes, and the
-#      test accuracy after it. --limit N trains ours on N images only and
-#      times PyTorch for S seconds (speed only, no accuracy).
+#      test accuracy after it; round r seeds ours with 41+r and PyTorch
+#      with r-1 (initial weights and shuffle), so the rounds compare the
+#      spread of seeds on both sides, not one seed against one. --limit N
+#      trains ours on N images only and times PyTorch for S seconds (speed
+#      only, no accuracy).
 # Then prints every measurement, the mean per row and the ratio ours/torch,
-# and for 3. both test accuracies and their difference in points.
+# and for 3. both test accuracies and the difference of their means in
+# points.
 # Defaults: S=5, R=1, N=0. Needs no root; needs Debian's python3-torch
 # (apt-get install -y python3-torch), dataset-fashion-mnist and a built tree
 # (make -j2 && make build/rel/tests/bench_train).
@@ -30,7 +34,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-/usr/bin/python3}
 SECONDS_PER=5 ROUNDS=1 LIMIT=0 KEEP="" MODELS="mlp cnn"
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) SECONDS_PER=$2; shift 2 ;;
@@ -125,8 +129,9 @@ for l in sys.stdin:
     echo "round $r: ours, 2 shards + 2 workers, $model" >&2
     m=$work/metrics-$model-$r
     rm -rf "$m"
+    sed "s/^seed:.*/seed: $((41 + r))/" "$work/cluster-$model.yaml" >"$work/cluster-$model-$r.yaml"
     # train.threads auto (OMP_NUM_THREADS unset): the cores shared by the two workers
-    if env -u OMP_NUM_THREADS "$here/scripts/ps-local.sh" "$work/cluster-$model.yaml" \
+    if env -u OMP_NUM_THREADS "$here/scripts/ps-local.sh" "$work/cluster-$model-$r.yaml" \
          --logs "$work/logs-$model-$r" -- --limit "$LIMIT" --metrics-dir "$m" \
          >"$work/ps-local-$model-$r.out" 2>&1; then
       cat "$m"/worker-*.jsonl | "$PY" -c '
@@ -146,7 +151,7 @@ print(json.dumps(d))' "$model" "$LIMIT" | tag "$r" "$dist"
     echo "round $r: pytorch DDP (gloo), 2 processes, $model" >&2
     if [ "$LIMIT" = 0 ]; then
       "$PY" "$here/scripts/bench-torch.py" --ddp --epoch --data "$DATA" --momentum 0.9 \
-        --init ours --normalize "$NORM" --models "$model" | tag "$r" "$dist"
+        --init ours --normalize "$NORM" --seed $((r - 1)) --models "$model" | tag "$r" "$dist"
     else
       "$PY" "$here/scripts/bench-torch.py" --ddp --seconds "$SECONDS_PER" --momentum 0.9 \
         --models "$model" | tag "$r" "$dist"
@@ -172,7 +177,7 @@ for k in keys:
     print(f"{k[0]:5} {k[1]:34} {fmt(o):>16} {fmt(t):>16} {om:10.0f} {tm:10.0f} {om / tm if tm else float('nan'):6.2f}")
 acc = [d for d in rows if "test_accuracy" in d]
 if acc:
-    print("test accuracy after one epoch (2 workers / DDP 2 processes; rounds in order), ours - pytorch in points")
+    print("test accuracy after one epoch (2 workers / DDP 2 processes; rounds in order, a seed each), mean ours - mean pytorch in points")
     for m in sorted({d["model"] for d in acc}, key=lambda m: m != "mlp"):
         o = [d["test_accuracy"] for d in acc if d["model"] == m and d["impl"] == "ours"]
         t = [d["test_accuracy"] for d in acc if d["model"] == m and d["impl"] == "pytorch"]

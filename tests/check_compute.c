@@ -598,6 +598,63 @@ START_TEST(test_maxpool_vs_naive)
 }
 END_TEST
 
+/* Ties and NaNs: idx names the first maximum in scan order (row by row)
+ * and a NaN first in its window stays, for the 2x2 windows (their own
+ * loop) and size 3 alike, checked against a plain scan. */
+START_TEST(test_maxpool_ties_first)
+{
+	static const int sizes[] = { 2, 3 };
+	struct ps_pool_shape s = { .n = 2, .c = 3, .h = 9, .w = 7 };
+	size_t nx = (size_t)s.n * s.c * s.h * s.w;
+	float *x = malloc(nx * sizeof(float)), *y = malloc(nx * sizeof(float));
+	int32_t *idx = malloc(nx * sizeof(int32_t));
+	float *xd = ops->alloc(cc, nx * sizeof(float)), *yd = ops->alloc(cc, nx * sizeof(float));
+	int32_t *idxd = (int32_t *)ops->alloc(cc, nx * sizeof(int32_t));
+	uint32_t r = 12345;
+
+	ck_assert(x && y && idx && xd && yd && idxd);
+	for (size_t i = 0; i < nx; i++) {
+		r = r * 1664525u + 1013904223u;
+		x[i] = (float)((r >> 24) % 3); /* 0, 1, 2: ties in most windows */
+		if ((r >> 8) % 23 == 0)
+			x[i] = NAN;
+	}
+	ck_assert_int_eq(ops->upload(cc, xd, x, nx * sizeof(float)), 0);
+	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		s.size = sizes[k];
+		s.oh = s.h / s.size;
+		s.ow = s.w / s.size;
+		size_t no = (size_t)s.n * s.c * s.oh * s.ow;
+		ck_assert_int_eq(ops->maxpool_fwd(cc, &s, xd, yd, idxd), 0);
+		ck_assert_int_eq(ops->download(cc, y, yd, no * sizeof(float)), 0);
+		ck_assert_int_eq(ops->download(cc, idx, idxd, no * sizeof(int32_t)), 0);
+		for (int p = 0; p < s.n * s.c; p++)
+			for (int oy = 0; oy < s.oh; oy++)
+				for (int ox = 0; ox < s.ow; ox++) {
+					const float *xp = x + (size_t)p * s.h * s.w;
+					int best = oy * s.size * s.w + ox * s.size;
+					for (int i = 0; i < s.size; i++)
+						for (int j = 0; j < s.size; j++) {
+							int at = (oy * s.size + i) * s.w + ox * s.size + j;
+							if (xp[at] > xp[best])
+								best = at;
+						}
+					size_t o = ((size_t)p * s.oh + oy) * s.ow + ox;
+					ck_assert_msg(idx[o] == best, "size %d plane %d (%d,%d): idx %d, "
+						      "first maximum at %d", s.size, p, oy, ox, idx[o], best);
+					ck_assert_msg(memcmp(&y[o], &xp[best], sizeof(float)) == 0,
+						      "size %d plane %d (%d,%d): value", s.size, p, oy, ox);
+				}
+	}
+	ops->free(cc, xd);
+	ops->free(cc, yd);
+	ops->free(cc, idxd);
+	free(x);
+	free(y);
+	free(idx);
+}
+END_TEST
+
 /* ---- softmax cross-entropy on known answers ---- */
 
 START_TEST(test_softmax_known)
@@ -820,6 +877,7 @@ static void add_op_cases(Suite *s, const char *name, void (*fixture)(void))
 	tcase_add_test(ops_tc, test_conv2d_vs_naive);
 	tcase_add_test(ops_tc, test_dense_vs_naive);
 	tcase_add_test(ops_tc, test_maxpool_vs_naive);
+	tcase_add_test(ops_tc, test_maxpool_ties_first);
 	tcase_add_test(ops_tc, test_softmax_known);
 	tcase_add_test(ops_tc, test_memory_and_misc);
 	tcase_add_test(ops_tc, test_maxpool_bad_index);
