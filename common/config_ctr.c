@@ -58,8 +58,7 @@ int cfg_fields_unused(struct ctx *c, const struct ps_config *cfg)
 	return 0;
 }
 
-/* Writes the fields of set (a bit set) as "3, 7, 12" into buf. */
-static const char *field_list(uint32_t set, char *buf, size_t len)
+const char *cfg_field_list(uint32_t set, char *buf, size_t len)
 {
 	size_t off = 0;
 
@@ -124,7 +123,7 @@ int cfg_ctr_fields(struct ctx *c, struct ps_config *cfg, const struct ynode *pre
 		return cfg_fail(c, line, "key 'model.embeddings': field%s %s in no table's "
 				"'fields'; each of the fields 0..%d bags from exactly one table",
 				__builtin_popcount(ALL_FIELDS & ~covered) > 1 ? "s" : "",
-				field_list(ALL_FIELDS & ~covered, list, sizeof(list)),
+				cfg_field_list(ALL_FIELDS & ~covered, list, sizeof(list)),
 				PS_CTR_FIELDS - 1);
 	*width = 0;
 	for (int t = 0; t < cfg->ntables; t++)

@@ -89,11 +89,9 @@ static void dump_tables(const struct ps_config *cfg, FILE *out)
 			cfg_fmt_float(t->ftrl_beta, b[8], 32), t->admission, t->ttl_s, t->max_rows,
 			t->filter_ids);
 		if (!strcmp(cfg->model.preset, "ctr")) { /* as resolved: which fields bag from it */
-			fputs("      fields: [", out);
-			for (int f = 0, n = 0; f < PS_CTR_FIELDS; f++)
-				if (t->fields & (1u << f))
-					fprintf(out, "%s%d", n++ ? ", " : "", f);
-			fputs("]\n", out);
+			char list[100];
+			fprintf(out, "      fields: [%s]\n",
+				cfg_field_list(t->fields, list, sizeof(list)));
 		}
 	}
 }

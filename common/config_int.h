@@ -155,6 +155,8 @@ extern const unsigned cfg_layer_keys[];
 int cfg_ctr_fields(struct ctx *c, struct ps_config *cfg, const struct ynode *pre,
 		   const struct ynode *em, int *width);
 int cfg_fields_unused(struct ctx *c, const struct ps_config *cfg);
+/* Writes the fields of set (a bit set) as "3, 7, 12" into buf (len bytes). */
+const char *cfg_field_list(uint32_t set, char *buf, size_t len);
 /* Parses a model.embeddings[].fields list into the bit set at o's member. */
 int cfg_set_fields(struct ctx *c, const struct opt *o, void *base, const struct ynode *v,
 		   const char *key);

@@ -469,16 +469,19 @@ par_wait
 bound=() failed=0
 for ((k = 0; k < nsrv; k++)); do
   h=${shost[$k]} out=$(par_out "shard-$k") log=$RUN/$(slog $k).log
-  case "$out" in
-    LISTENING\ *) bound[$k]=${out#LISTENING }; sel_shards+=("$k") ;;
+  # The loop's answer is the last line: whatever the login printed before
+  # it (a banner, a warning) must not hide it.
+  last=$(tail -n 1 <<< "$out")
+  case "$last" in
+    LISTENING\ *) bound[$k]=${last#LISTENING }; sel_shards+=("$k") ;;
     EXITED\ *)
-      echo "$me: $(sname $k) on $h exited at start (status ${out#EXITED }); the end of $log there:" >&2
+      echo "$me: $(sname $k) on $h exited at start (status ${last#EXITED }); the end of $log there:" >&2
       sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
     TIMEOUT*)
       echo "$me: $(sname $k) on $h did not listen within ${WAIT}s (--wait); the end of $log there:" >&2
       sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
     *)
-      echo "$me: cannot start $(sname $k) on $h over ssh: $(tail -n 1 <<< "$out")" >&2
+      echo "$me: cannot start $(sname $k) on $h over ssh: $last" >&2
       [ "$(par_rc "shard-$k")" -eq 255 ] || sel_shards+=("$k") # 255: ssh never ran it
       failed=1; continue ;;
   esac

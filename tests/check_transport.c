@@ -984,12 +984,6 @@ END_TEST
 #define STALL_EVERY 4
 #define STALL_US 10000
 
-
-
-
-
-
-
 struct now_arg {
 	struct ps_conn *c;
 	int sent, too_big_ok, bad;
@@ -1000,24 +994,32 @@ static uint64_t now_len(uint32_t i)
 	return (uint64_t)(i * 2654435761u) % 6000;
 }
 
-/* Sets a socket buffer (opt: SO_RCVBUF or SO_SNDBUF) of this process's
- * TCP sockets of the main pair on port: the accepted (server) side, or the
- * client side. 1 when such a socket was found (rdma has none). */
-static int set_sockbuf(int port, int server_side, int opt, int bytes)
+/* Bounds the receive buffer of this process's accepted TCP socket on port
+ * (the server side of the main pair) to bytes: 1 when one was found (rdma
+ * has none). */
+static int set_rcvbuf(int port, int bytes)
 {
 	int found = 0;
 
 	for (int fd = 3; fd < 4096; fd++) {
-		struct sockaddr_storage me, peer;
+		struct sockaddr_in me, peer;
 		socklen_t ml = sizeof(me), pl = sizeof(peer);
 		if (getsockname(fd, (struct sockaddr *)&me, &ml) ||
-		    getpeername(fd, (struct sockaddr *)&peer, &pl) || me.ss_family != AF_INET)
+		    getpeername(fd, (struct sockaddr *)&peer, &pl) || me.sin_family != AF_INET)
 			continue; /* not a connected IPv4 socket (the listener has no peer) */
-		struct sockaddr_in *side = (struct sockaddr_in *)(server_side ? &me : &peer);
-		if (ntohs(side->sin_port) == port)
-			found |= !setsockopt(fd, SOL_SOCKET, opt, &bytes, sizeof(bytes));
+		if (ntohs(me.sin_port) == port)
+			found |= !setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 	}
 	return found;
+}
+
+/* When stall is set, stops the reader for STALL_US every STALL_EVERY calls
+ * (loop turns); always 0, a condition RUN_UNTIL can carry. */
+static int stall_reader(int stall, int *turns)
+{
+	if (stall && ++*turns % STALL_EVERY == 0)
+		usleep(STALL_US);
+	return 0;
 }
 
 /* Frames go in groups of 1, 2 or 3 per call (one sendmsg each). */
@@ -1093,13 +1095,13 @@ START_TEST(test_send_now_from_thread)
 	 * writer fills the socket, many writes are partial and a frame's rest
 	 * waits for room (a retry after such a wait once skipped bytes and
 	 * broke the stream). */
-	int slow = !strcmp(E.ops->name, "tcp"), iters = 0;
+	int slow = !strcmp(E.ops->name, "tcp"), turns = 0;
 	if (slow)
-		ck_assert(set_sockbuf(E.port, 1, SO_RCVBUF, STALL_RCVBUF));
+		ck_assert(set_rcvbuf(E.port, STALL_RCVBUF));
 	a.c = E.k->c;
 	ck_assert_int_eq(pthread_create(&th, NULL, now_thread, &a), 0);
 	ck_assert(RUN_UNTIL(count_frames(E.s) == 1 + NNOW || a.bad || !E.s->c ||
-				(slow && ++iters % STALL_EVERY == 0 && usleep(STALL_US) && 0), 20000));
+				stall_reader(slow, &turns), 20000));
 	pthread_join(th, NULL);
 	ck_assert_msg(E.s->c, "the reader closed the connection: the stream broke");
 	ck_assert_int_eq(a.bad, 0);

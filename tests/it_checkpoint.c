@@ -297,8 +297,7 @@ START_TEST(test_checkpoint_resume)
 	kill(srv[0], SIGKILL);
 	tu_wait_child(srv[0]);
 
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(tu_rmtree(dir), 0);
 	unlink(path);
 }
 END_TEST
@@ -306,10 +305,7 @@ END_TEST
 /* Removes the folder and config. */
 static void stop_files(void)
 {
-	char cmd[200];
-
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(tu_rmtree(dir), 0);
 	unlink(path);
 	path[0] = 0;
 }

@@ -572,9 +572,7 @@ START_TEST(test_checkpoint_kill9)
 	ps_client_free(c);
 	ps_client_free(mon);
 	stop(&cl);
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(tu_rmtree(dir), 0);
 }
 END_TEST
 
@@ -684,9 +682,7 @@ START_TEST(test_incremental_kill9)
 	ps_client_free(c);
 	ps_client_free(mon);
 	stop(&cl);
-	char cmd[128];
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_int_eq(tu_rmtree(dir), 0);
 }
 END_TEST
 

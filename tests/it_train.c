@@ -50,28 +50,14 @@ static void write_cfg(char *path, const char *model, const char *train, const ch
 static pid_t start_worker(const char *cfg, int rank, const char *out, const char *const *extra)
 {
 	char r[16];
-	const char *argv[24] = { "ps-worker", "--config", cfg, "--rank", r };
+	const char *argv[24] = { "bin/ps-worker", "--config", cfg, "--rank", r };
 	int n = 5;
-	pid_t pid;
 
 	snprintf(r, sizeof(r), "%d", rank);
 	for (; extra && *extra && n < 22; extra++)
 		argv[n++] = *extra;
 	argv[n] = NULL;
-	pid = fork();
-	if (pid == 0) {
-		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		if (fd >= 0) {
-			dup2(fd, 1);
-			dup2(fd, 2);
-		}
-		setenv("OPENBLAS_NUM_THREADS", "1", 1);
-		execv("bin/ps-worker", (char *const *)argv);
-		perror("exec bin/ps-worker");
-		_exit(127);
-	}
-	return pid;
+	return tu_spawn(argv, out);
 }
 
 static char *slurp(const char *path)
@@ -230,24 +216,12 @@ END_TEST
 /* ps-worker --config cfg --eval model (no servers); exit status, output in out. */
 static int run_eval(const char *cfg, const char *model, char *out, size_t outlen)
 {
+	const char *argv[] = { "bin/ps-worker", "--config", cfg, "--eval", model, NULL };
 	char path[128];
 	int st;
-	pid_t pid;
 
 	snprintf(path, sizeof(path), "%s/eval.out", tmpdir);
-	pid = fork();
-	if (pid == 0) {
-		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		if (fd >= 0) {
-			dup2(fd, 1);
-			dup2(fd, 2);
-		}
-		setenv("OPENBLAS_NUM_THREADS", "1", 1);
-		execl("bin/ps-worker", "ps-worker", "--config", cfg, "--eval", model, (char *)NULL);
-		_exit(127);
-	}
-	st = tu_wait_child(pid);
+	st = tu_wait_child(tu_spawn(argv, path));
 	snprintf(out, outlen, "%.*s", (int)outlen - 1, slurp(path));
 	return st;
 }
@@ -433,6 +407,7 @@ int main(void)
 	int failed;
 
 	tu_secret_setup();
+	setenv("OPENBLAS_NUM_THREADS", "1", 1); /* before any thread: the workers inherit it */
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ps-it-train-XXXXXX");
 	if (!mkdtemp(tmpdir)) {
 		perror("mkdtemp");

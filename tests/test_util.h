@@ -176,14 +176,17 @@ static inline pid_t tu_spawn(const char *const *argv, const char *out)
 	return pid;
 }
 
-/* Removes folder dir and what is in it (a test's scratch folder). */
-static inline void tu_rmtree(const char *dir)
+/* Removes folder dir and what is in it (a test's scratch folder): 0, or
+ * -1 having said so on stderr. */
+static inline int tu_rmtree(const char *dir)
 {
 	char cmd[256];
 
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd))
-		fprintf(stderr, "could not remove %s\n", dir);
+	if (system(cmd) == 0)
+		return 0;
+	fprintf(stderr, "could not remove %s\n", dir);
+	return -1;
 }
 
 /* Writes a fresh secret (64 hex digits from /dev/urandom, mode 0600) to a

@@ -359,8 +359,7 @@ static int pull_start(struct ctr *m, struct ps_client *cli, int k, int dense,
 
 	if (dense) {
 		for (int t = 0; t < cfg->ntensors; t++)
-			m->pt[t] = (struct ps_tensor){ cfg->tensors[t].name, m->h_w[t],
-						      cfg->tensors[t].count, 0 };
+			m->pt[t] = ps_tensor_of(cfg, t, m->h_w[t]);
 		m->did = ps_client_pull(cli, min_version, m->pt, cfg->ntensors);
 		if (m->did < 0) {
 			int rc = (int)m->did;
@@ -381,17 +380,8 @@ static int pull_start(struct ctr *m, struct ps_client *cli, int k, int dense,
 	return 0;
 }
 
-/* Whether pulls of pull_start are under way. */
-static int pulls_pending(const struct ctr *m)
-{
-	int n = m->did != 0;
-
-	for (int i = 0; i < m->ng; i++)
-		n += m->g[i].rid != 0;
-	return n;
-}
-
-/* Waits for the requests of pull_start: 0 or the first error. */
+/* Waits for the requests of pull_start under way (none: returns at once):
+ * 0 or the first error. */
 static int pull_wait(struct ctr *m, struct ps_client *cli)
 {
 	int rc = m->did ? ps_client_wait(cli, m->did) : 0;
@@ -424,6 +414,14 @@ static int upload_dense(struct ctr *m)
 	return rc;
 }
 
+/* The embedding-bag shape of group gr's bags k for n examples: one id per
+ * bag, written into its columns of x (row stride: x's width). */
+static struct ps_bag_shape bag_shape(const struct ctr *m, const struct group *gr, int k, int n)
+{
+	return (struct ps_bag_shape){ n * gr->nf, gr->nf, gr->dim, m->in, gr->bg[k].nu,
+				      (enum ps_bag_mode)m->cfg->model.bag };
+}
+
 /* Uploads the input and labels of n examples and every group's bags k
  * with its rows, and queues the bags into their columns of x. */
 static int upload(struct ctr *m, int k, int n)
@@ -438,8 +436,7 @@ static int upload(struct ctr *m, int k, int n)
 		struct group *gr = &m->g[i];
 		struct bags *g = &gr->bg[k];
 		size_t nent = (size_t)n * gr->nf;
-		struct ps_bag_shape s = { n * gr->nf, gr->nf, gr->dim, m->in, g->nu,
-					  (enum ps_bag_mode)m->cfg->model.bag };
+		struct ps_bag_shape s = bag_shape(m, gr, k, n);
 
 		rc = o->upload(c, gr->rows, gr->h_rows, sizeof(float) * (size_t)g->nu * gr->dim);
 		if (!rc)
@@ -503,8 +500,7 @@ static int backward(struct ctr *m, int k, int n, float alpha)
 	for (int i = 0; !rc && i < m->ng; i++) {
 		struct group *gr = &m->g[i];
 		struct bags *g = &gr->bg[k];
-		struct ps_bag_shape s = { n * gr->nf, gr->nf, gr->dim, m->in, g->nu,
-					  (enum ps_bag_mode)m->cfg->model.bag };
+		struct ps_bag_shape s = bag_shape(m, gr, k, n);
 
 		rc = o->embedding_bag_bwd(c, &s, m->dx + gr->col, g->off, g->roff, g->rbags,
 					  gr->drows, alpha);
@@ -630,8 +626,7 @@ static int64_t push_start(struct ctr *m, struct ps_client *cli, int k, uint64_t 
 		}
 	}
 	for (int t = 0; t < cfg->ntensors; t++)
-		m->pt[t] = (struct ps_tensor){ cfg->tensors[t].name, m->h_g[t], cfg->tensors[t].count,
-					      0 };
+		m->pt[t] = ps_tensor_of(cfg, t, m->h_g[t]);
 	return ps_client_push(cli, clock, m->pt, cfg->ntensors, PS_PUSH_END_CLOCK);
 }
 
@@ -752,8 +747,7 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 		}
 		if (tty)
 			fputc('\n', stderr);
-		if (pulls_pending(&m)) /* stopped with pulls under way */
-			pull_wait(&m, cli);
+		pull_wait(&m, cli); /* stopped with pulls under way */
 		double elapsed = ps_now_s() - t_epoch, auc = NAN, tloss = NAN;
 		if (rank == 0 && !*stop) {
 			/* the dense weights after the epoch's last clock */
@@ -778,8 +772,7 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 	goto out;
 fail_req:
 	ps_error("pull at clock %llu: %s", (unsigned long long)clock, ps_client_error(cli));
-	if (pulls_pending(&m))
-		pull_wait(&m, cli);
+	pull_wait(&m, cli);
 out:
 	ctr_free(&m);
 	free(order);

@@ -38,6 +38,12 @@ struct ps_tensor {
 	uint64_t version;     /* pull: set to the lowest slice version received */
 };
 
+/* Tensor i of cfg's model over data (its name and element count). */
+static inline struct ps_tensor ps_tensor_of(const struct ps_config *cfg, int i, float *data)
+{
+	return (struct ps_tensor){ cfg->tensors[i].name, data, cfg->tensors[i].count, 0 };
+}
+
 /* Push flags. */
 enum {
 	/* This push completes the worker's clock: shards advance its clock

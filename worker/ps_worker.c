@@ -199,7 +199,7 @@ static int64_t pull_start(struct ps_client *cli, struct ps_net *net, const struc
 			  uint64_t min_version, struct ps_tensor *t)
 {
 	for (int i = 0; i < cfg->ntensors; i++)
-		t[i] = (struct ps_tensor){ cfg->tensors[i].name, net->host_w[i], cfg->tensors[i].count, 0 };
+		t[i] = ps_tensor_of(cfg, i, net->host_w[i]);
 	return ps_client_pull(cli, min_version, t, cfg->ntensors);
 }
 

@@ -60,24 +60,17 @@ static int push_pass(struct ps_pusher *p, uint64_t gen, uint64_t clock)
 			snprintf(p->err, sizeof(p->err), "%s", net->err);
 			return rc;
 		}
-		p->t[k][0] = (struct ps_tensor){ cfg->tensors[wt].name, net->host_g[wt],
-						 cfg->tensors[wt].count, 0 };
-		p->t[k][1] = (struct ps_tensor){ cfg->tensors[bt].name, net->host_g[bt],
-						 cfg->tensors[bt].count, 0 };
+		p->t[k][0] = ps_tensor_of(cfg, wt, net->host_g[wt]);
+		p->t[k][1] = ps_tensor_of(cfg, bt, net->host_g[bt]);
 		unsigned flags = last ? PS_PUSH_END_CLOCK : PS_PULL_AFTER_CLOCK;
 		int64_t id, ids[2] = { 0, 0 };
 		if (per_layer) {
 			struct ps_tensor *w = p->w + 2 * k;
 			int nw = 2 + (last ? p->nextra : 0);
-			w[0] = (struct ps_tensor){ cfg->tensors[wt].name, net->host_w[wt],
-						   cfg->tensors[wt].count, 0 };
-			w[1] = (struct ps_tensor){ cfg->tensors[bt].name, net->host_w[bt],
-						   cfg->tensors[bt].count, 0 };
-			for (int i = 0; last && i < p->nextra; i++) {
-				int x = p->extra[i];
-				w[2 + i] = (struct ps_tensor){ cfg->tensors[x].name, net->host_w[x],
-							       cfg->tensors[x].count, 0 };
-			}
+			w[0] = ps_tensor_of(cfg, wt, net->host_w[wt]);
+			w[1] = ps_tensor_of(cfg, bt, net->host_w[bt]);
+			for (int i = 0; last && i < p->nextra; i++)
+				w[2 + i] = ps_tensor_of(cfg, p->extra[i], net->host_w[p->extra[i]]);
 			rc = ps_client_pushpull(p->cli, clock, p->t[k], 2, flags, min_version, w, nw,
 						ids);
 			id = rc ? rc : ids[0];
