@@ -139,15 +139,20 @@ sandbox=()
 [ "$(id -u)" -eq 0 ] && sandbox=(-o APT::Sandbox::User=root)
 (cd "$tmp" && apt-get -q "${sandbox[@]}" download "${want[@]}" >/dev/null) ||
   { echo "gpu-bundle.sh: apt-get download failed (network? apt-get update?)" >&2; exit 1; }
-# Trim: static libraries (the build links shared ones), documentation and
+# Trim: static libraries that have a shared twin (the build links shared
+# ones; check has only static ones, kept), documentation and
 # manual pages out, recompressed with xz; what is left is unchanged.
 for f in "$tmp"/*.deb; do
   case "$f" in */dataset-*) continue ;; esac
   if dpkg-deb -c "$f" | awk '{ print $6 }' | grep -E '\.a$|^\./usr/share/(doc|man)/' >/dev/null; then
     r=$tmp/raw
     rm -rf "$r" && dpkg-deb -R "$f" "$r"
-    find "$r" \( -name '*.a' -o -path "$r/usr/share/doc" -o -path "$r/usr/share/man" \) -prune \
-      -exec rm -rf {} +
+    find "$r" \( -path "$r/usr/share/doc" -o -path "$r/usr/share/man" \) -prune -exec rm -rf {} +
+    # a static library goes only where a shared one of the same name is
+    # beside it: check ships libcheck_pic.a alone, and the tests link it
+    find "$r" -name '*.a' -print0 | while IFS= read -r -d '' a; do
+      [ -e "${a%.a}.so" ] && rm -f "$a"
+    done
     rm -f "$r/DEBIAN/md5sums"
     dpkg-deb --root-owner-group -Zxz -z9 -b "$r" "$f" >/dev/null
   fi

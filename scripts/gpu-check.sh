@@ -195,6 +195,13 @@ else
     [ -x "$P/usr/bin/protoc-c" ] && wrap protoc-c "$P/usr/bin/protoc-c"
     command -v pkg-config >/dev/null || wrap pkg-config "$P/usr/bin/pkgconf"
     command -v make >/dev/null || wrap make "$P/usr/bin/make"
+    # absolute links (zlib1g-dev's libz.so -> /lib/.../libz.so.1.2.13) point
+    # at the host's files: into the prefix, where the bundle has the target
+    find "$P" -type l -lname '/*' -print0 | while IFS= read -r -d '' l; do
+      t=$(readlink "$l")
+      if [ -e "$P$t" ]; then ln -sfn "$P$t" "$l"
+      elif [ -e "$P/usr$t" ]; then ln -sfn "$P/usr$t" "$l"; fi
+    done
     dangling=$(find "$P/usr" -xtype l -name '*.so*' | sed "s|^$P||")
     [ -z "$dangling" ] || echo "dangling links: $dangling"
   ) >"$W/unpack.log" 2>&1
