@@ -189,6 +189,7 @@ static int cuda_create(struct ps_compute **out, const struct ps_compute_opts *op
 	cu->base.ops = &cuda_ops;
 	cu->tf32 = opts ? opts->tf32 : PS_TF32_CONV;
 	cu->sync_each = sync_env && strcmp(sync_env, "1") == 0;
+	cu->log_plans = getenv("PS_CUDA_PLANS") && strcmp(getenv("PS_CUDA_PLANS"), "1") == 0;
 	CUDA_CHECK_GOTO(cu->base.err, cudaGetDevice(&cu->device), rc, err_release);
 	CUDA_CHECK_GOTO(cu->base.err, cudaDeviceGetAttribute(&cu->sms,
 							     cudaDevAttrMultiProcessorCount,

@@ -60,6 +60,7 @@ struct ps_cuda {
 	cudnnConvolutionDescriptor_t conv_desc;
 	struct ps__conv_plan plans[PS__CONV_PLANS];
 	int next_plan;                /* round-robin victim when all are used */
+	int log_plans;                /* PS_CUDA_PLANS=1: each new plan to stderr */
 	void *xent_scratch;           /* softmax_xent's partials and result */
 	float *bias_scratch;          /* bias gradients' partials */
 	struct ps__cuda_flags *flags_dev, *flags_host;  /* kernel-found faults */

@@ -8,6 +8,8 @@
  *   - reports success for the shape,
  *   - uses the math allowed: FMA (fp32 throughout) when train.tf32 is off,
  *     else FMA or cuDNN's default math, which may run on TF32 tensor cores,
+ *   - with train.tf32 off, does not work in a transformed domain (FFT,
+ *     Winograd): their error is TF32's, not fp32's (see acceptable()),
  *   - is deterministic: bit-identical sync runs depend on it, so a
  *     non-deterministic algorithm (backward ALGO_0 among them) is never
  *     taken, whatever its speed,
@@ -108,14 +110,42 @@ static int set_descs(struct ps_cuda *cu, const struct ps_conv_shape *s)
 	return 0;
 }
 
-/* Whether a heuristic entry may be taken. */
+/* Whether a heuristic entry may be taken. transform: the algorithm works
+ * in a transformed domain (FFT, Winograd). Those run on FMA math but were
+ * measured on an H100 at 7.5e-4 normalized error in dW for the cnn's first
+ * layer (reductions over 50,000 products): TF32's accuracy, not fp32's, so
+ * with train.tf32 off they are not taken. */
 static int acceptable(struct ps_cuda *cu, cudnnStatus_t st, cudnnMathType_t math,
-		      cudnnDeterminism_t det)
+		      cudnnDeterminism_t det, int transform)
 {
 	int math_ok = math == CUDNN_FMA_MATH ||
 		      (cu->tf32 != PS_TF32_OFF && math == CUDNN_DEFAULT_MATH);
 
+	if (transform && cu->tf32 == PS_TF32_OFF)
+		return 0;
 	return st == CUDNN_STATUS_SUCCESS && math_ok && det == CUDNN_DETERMINISTIC;
+}
+
+static int fwd_transform(cudnnConvolutionFwdAlgo_t a)
+{
+	return a == CUDNN_CONVOLUTION_FWD_ALGO_FFT || a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+	       a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+	       a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
+}
+
+static int data_transform(cudnnConvolutionBwdDataAlgo_t a)
+{
+	return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT ||
+	       a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING ||
+	       a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD ||
+	       a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED;
+}
+
+static int filter_transform(cudnnConvolutionBwdFilterAlgo_t a)
+{
+	return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT ||
+	       a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING ||
+	       a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED;
 }
 
 /* A workspace query's outcome: 1 usable within limit, 0 not (too big, or
@@ -149,7 +179,8 @@ static int pick_fwd(struct ps_cuda *cu, size_t limit, struct ps__conv_plan *p)
 		cu->dnn, cu->x_desc, cu->w_desc, cu->conv_desc, cu->y_desc,
 		CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
 	for (int i = 0; i < got; i++) {
-		if (!acceptable(cu, perf[i].status, perf[i].mathType, perf[i].determinism))
+		if (!acceptable(cu, perf[i].status, perf[i].mathType, perf[i].determinism,
+				fwd_transform(perf[i].algo)))
 			continue;
 		/* sized under the math it will run with */
 		CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
@@ -189,7 +220,8 @@ static int pick_bwd_data(struct ps_cuda *cu, size_t limit, struct ps__conv_plan 
 		cu->dnn, cu->w_desc, cu->y_desc, cu->conv_desc, cu->x_desc,
 		CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf));
 	for (int i = 0; i < got; i++) {
-		if (!acceptable(cu, perf[i].status, perf[i].mathType, perf[i].determinism))
+		if (!acceptable(cu, perf[i].status, perf[i].mathType, perf[i].determinism,
+				data_transform(perf[i].algo)))
 			continue;
 		/* sized under the math it will run with */
 		CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
@@ -230,7 +262,8 @@ static int pick_bwd_filter(struct ps_cuda *cu, size_t limit, struct ps__conv_pla
 		cu->dnn, cu->x_desc, cu->y_desc, cu->conv_desc, cu->w_desc,
 		CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf));
 	for (int i = 0; i < got; i++) {
-		if (!acceptable(cu, perf[i].status, perf[i].mathType, perf[i].determinism))
+		if (!acceptable(cu, perf[i].status, perf[i].mathType, perf[i].determinism,
+				filter_transform(perf[i].algo)))
 			continue;
 		/* sized under the math it will run with */
 		CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
@@ -284,6 +317,14 @@ static int get_plan(struct ps_cuda *cu, const struct ps_conv_shape *s, size_t li
 	p->shape = *s;
 	p->limit = limit;
 	p->used = 1;
+	if (cu->log_plans)  /* PS_CUDA_PLANS=1: which algorithms cuDNN's ranking gave */
+		fprintf(stderr, "ps-compute-cuda: conv plan n=%d c=%d %dx%d k=%d %dx%d pad %d "
+			"stride %d, workspace limit %zu: fwd algo %d (math %d, %zu B), bwd data "
+			"algo %d (math %d, %zu B), bwd filter algo %d (math %d, %zu B)\n",
+			s->n, s->c, s->h, s->w, s->k, s->kh, s->kw, s->pad, s->stride, limit,
+			(int)p->fwd, (int)p->fwd_math, p->fwd_ws, (int)p->bwd_data,
+			(int)p->data_math, p->data_ws, (int)p->bwd_filter, (int)p->filter_math,
+			p->filter_ws);
 	*out = p;
 	return 0;
 }

@@ -356,9 +356,9 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}protect_shadow_gap=0
 # test programs live under build/, not beside lib/ as bin/ps-worker does:
 # where the plug-in is (as scripts/run-tests.sh says it)
 export PS_COMPUTE_PLUGIN_DIR=${PS_COMPUTE_PLUGIN_DIR:-$here/lib}
-run_test check_compute_cuda 180 "$T_CC"
+run_test check_compute_cuda 180 "$T_CC" env PS_CUDA_PLANS=1
 if [ $GPU -eq 1 ]; then
-  run_test it_train_cuda 180 "$T_IT" env PS_TEST_DEVICE=cuda
+  run_test it_train_cuda 180 "$T_IT" env PS_TEST_DEVICE=cuda PS_TEST_DATA="$DATA"
 else
   record it_train_cuda SKIP 0 "no GPU (it_train with PS_TEST_DEVICE=cuda needs one)"
 fi
@@ -482,7 +482,7 @@ sanitize() { # STEP TIMEOUT BINARY [ENV...]
   fi
 }
 sanitize memcheck_check_compute_cuda 240 "$T_CC" PS_TEST_DEVICE=cuda
-sanitize memcheck_it_train 240 "$T_IT" PS_TEST_DEVICE=cuda
+sanitize memcheck_it_train 240 "$T_IT" PS_TEST_DEVICE=cuda PS_TEST_DATA="$DATA"
 
 if [ $ASAN -eq 1 ]; then
   t=$SECONDS
