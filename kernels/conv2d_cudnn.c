@@ -173,6 +173,7 @@ static int pick_fwd(struct ps_cuda *cu, size_t limit, struct ps__conv_plan *p)
 	cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
 	int got = 0, ok;
 	size_t need = 0;
+	cudnnStatus_t st;
 
 	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, base_math(cu)));
 	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionForwardAlgorithm_v7(
@@ -185,9 +186,12 @@ static int pick_fwd(struct ps_cuda *cu, size_t limit, struct ps__conv_plan *p)
 		/* sized under the math it will run with */
 		CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
 								      perf[i].mathType));
-		ok = ws_fits(cu, cudnnGetConvolutionForwardWorkspaceSize(
-				     cu->dnn, cu->x_desc, cu->w_desc, cu->conv_desc, cu->y_desc,
-				     perf[i].algo, &need), need, limit);
+		/* the query first: as an argument beside need, its write to need
+		 * could come after need was read (unspecified order) */
+		st = cudnnGetConvolutionForwardWorkspaceSize(
+			cu->dnn, cu->x_desc, cu->w_desc, cu->conv_desc, cu->y_desc,
+			perf[i].algo, &need);
+		ok = ws_fits(cu, st, need, limit);
 		if (ok < 0)
 			return ok;
 		if (ok && perf[i].memory > need) {  /* the heuristic's figure, if larger */
@@ -214,6 +218,7 @@ static int pick_bwd_data(struct ps_cuda *cu, size_t limit, struct ps__conv_plan 
 	cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
 	int got = 0, ok;
 	size_t need = 0;
+	cudnnStatus_t st;
 
 	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, base_math(cu)));
 	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -226,9 +231,10 @@ static int pick_bwd_data(struct ps_cuda *cu, size_t limit, struct ps__conv_plan 
 		/* sized under the math it will run with */
 		CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
 								      perf[i].mathType));
-		ok = ws_fits(cu, cudnnGetConvolutionBackwardDataWorkspaceSize(
-				     cu->dnn, cu->w_desc, cu->y_desc, cu->conv_desc, cu->x_desc,
-				     perf[i].algo, &need), need, limit);
+		st = cudnnGetConvolutionBackwardDataWorkspaceSize(
+			cu->dnn, cu->w_desc, cu->y_desc, cu->conv_desc, cu->x_desc,
+			perf[i].algo, &need);
+		ok = ws_fits(cu, st, need, limit);
 		if (ok < 0)
 			return ok;
 		if (ok && perf[i].memory > need) {  /* the heuristic's figure, if larger */
@@ -256,6 +262,7 @@ static int pick_bwd_filter(struct ps_cuda *cu, size_t limit, struct ps__conv_pla
 	cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
 	int got = 0, ok;
 	size_t need = 0;
+	cudnnStatus_t st;
 
 	CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc, base_math(cu)));
 	CUDNN_CHECK(cu->base.err, cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -268,9 +275,10 @@ static int pick_bwd_filter(struct ps_cuda *cu, size_t limit, struct ps__conv_pla
 		/* sized under the math it will run with */
 		CUDNN_CHECK(cu->base.err, cudnnSetConvolutionMathType(cu->conv_desc,
 								      perf[i].mathType));
-		ok = ws_fits(cu, cudnnGetConvolutionBackwardFilterWorkspaceSize(
-				     cu->dnn, cu->x_desc, cu->y_desc, cu->conv_desc, cu->w_desc,
-				     perf[i].algo, &need), need, limit);
+		st = cudnnGetConvolutionBackwardFilterWorkspaceSize(
+			cu->dnn, cu->x_desc, cu->y_desc, cu->conv_desc, cu->w_desc,
+			perf[i].algo, &need);
+		ok = ws_fits(cu, st, need, limit);
 		if (ok < 0)
 			return ok;
 		if (ok && perf[i].memory > need) {  /* the heuristic's figure, if larger */
