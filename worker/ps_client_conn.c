@@ -232,7 +232,6 @@ static int resend(struct ps_client *c, int k)
 static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 {
 	struct shard_conn *sh = &c->shards[k];
-
 	char said[200];
 
 	if (sh->state != SH_HELLO)
