@@ -62,3 +62,29 @@ void ps_log(enum ps_log_level lvl, const char *fmt, ...)
 	line[n++] = '\n';
 	(void)!write(STDERR_FILENO, line, n);
 }
+
+char *ps_log_escape(char *out, size_t cap, const char *text, size_t len)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t n = 0;
+
+	if (!cap)
+		return out;
+	for (size_t i = 0; text && i < len; i++) {
+		unsigned char ch = (unsigned char)text[i];
+		if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
+			if (n + 1 >= cap)
+				break;
+			out[n++] = (char)ch;
+		} else {
+			if (n + 4 >= cap)
+				break;
+			out[n++] = '\\';
+			out[n++] = 'x';
+			out[n++] = hex[ch >> 4];
+			out[n++] = hex[ch & 15];
+		}
+	}
+	out[n] = 0;
+	return out;
+}

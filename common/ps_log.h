@@ -7,6 +7,8 @@
 #ifndef PS_LOG_H
 #define PS_LOG_H
 
+#include <stddef.h>
+
 enum ps_log_level { PS_LOG_DEBUG, PS_LOG_INFO, PS_LOG_WARN, PS_LOG_ERROR, PS_LOG_OFF };
 
 void ps_log_init(const char *role, int id);
@@ -16,6 +18,13 @@ enum ps_log_level ps_log_get_level(void);
 int ps_log_parse_level(const char *s, enum ps_log_level *out);
 void ps_log(enum ps_log_level lvl, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* Copies the len bytes of text (peer-supplied: a refusal's words, say)
+ * into out (cap bytes, NUL-terminated, truncated to fit) with every byte
+ * that is not printable ASCII, and the backslash, written as \xHH, so a
+ * peer cannot put terminal escape sequences or extra lines into a log.
+ * NULL text is "". Returns out. */
+char *ps_log_escape(char *out, size_t cap, const char *text, size_t len);
 
 #define ps_debug(...) ps_log(PS_LOG_DEBUG, __VA_ARGS__)
 #define ps_info(...)  ps_log(PS_LOG_INFO, __VA_ARGS__)

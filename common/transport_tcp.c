@@ -110,6 +110,7 @@ struct tcp_conn {
 	void *take_arg;
 	int ntaken;
 	int nwrites;              /* uv_write requests not completed, under wmu */
+	int write_failed;         /* a write failed and was logged (once per connection) */
 	int in_read;              /* frames of one read are being delivered */
 	int paused;               /* reading stopped by backpressure (loop thread) */
 	size_t q_counted;         /* this connection's part of tt->queued */
@@ -831,6 +832,8 @@ static void on_written(uv_write_t *req, int status)
 	pthread_mutex_lock(&c->wmu);
 	c->nwrites--;
 	pthread_mutex_unlock(&c->wmu);
+	if (status < 0 && status != UV_ECANCELED && !c->write_failed++)
+		ps_info("connection %s: write: %s", c->base.peer, uv_strerror(status));
 	if (w->cb)
 		w->cb(&c->base, status < 0 ? PS_ECLOSED : 0, w->arg);
 	write_free(w);
@@ -849,8 +852,13 @@ static int write_volatile(struct tcp_conn *c, struct tcp_write *w, uv_buf_t *buf
 	size_t done = n > 0 ? (size_t)n : 0, off = 0, skip = done;
 	uv_buf_t rest;
 
-	if (n < 0 && n != UV_EAGAIN)
+	if (n < 0 && n != UV_EAGAIN) {
+		/* the peer reset or closed it (EPIPE, ECONNRESET): named here, as
+		 * a failed read is; the caller closes with PS_ECLOSED */
+		if (!c->write_failed++)
+			ps_info("connection %s: write: %s", c->base.peer, uv_strerror(n));
 		return PS_ECLOSED;
+	}
 	if (done == total) {
 		write_free(w);
 		return 0;

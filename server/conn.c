@@ -26,11 +26,12 @@
 #include "rows.h"
 #include "server_int.h"
 
+/* A refusal went out (or failed to: the peer reset the connection, and
+ * ps__srv_on_close then logs that close with its reason). */
 static void close_after_send(struct ps_conn *c, int status, void *arg)
 {
-	(void)status;
 	(void)arg;
-	c->t->ops->close(c, PS_EREFUSED);
+	c->t->ops->close(c, status ? status : PS_EREFUSED);
 }
 
 /* ---- room for handshakes ---- */
@@ -531,10 +532,19 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 		s->nready--;
 	if (sc->rank >= 0 && sc->state == CONN_READY) {
 		s->connected[sc->rank]--;
-		ps_info("worker %d disconnected (%s)", sc->rank,
-			status == PS_ECLOSED || status == 0 ? "closed" : ps_strerror(status));
+		ps_info("worker %d disconnected (%s), connection from %s", sc->rank,
+			status == PS_ECLOSED || status == 0 ? "closed" : ps_strerror(status), c->peer);
 		if (s->connected[sc->rank] == 0)
 			s->gone_since[sc->rank] = ps_now_s(); /* dropped by ps__srv_on_tick if it stays away */
+	} else if (status == PS_ECLOSED || (status < 0 && status > -4096)) {
+		/* closed by the peer, or reset under a write: the other closes
+		 * (refusals, timeouts, protocol errors) were logged by whoever
+		 * closed, a ready worker's just above */
+		ps_info("%sconnection from %s closed%s (%s)",
+			sc->is_replica ? "replication " : sc->state == CONN_READY ? "monitor " : "",
+			c->peer, sc->is_replica || sc->state == CONN_READY ? ""
+			: sc->state == CONN_REFUSED ? " after its refusal" : " during the handshake",
+			ps_strerror(status));
 	}
 	if (sc->prev)
 		sc->prev->next = sc->next;

@@ -3,6 +3,7 @@
  *   ps-server --config FILE --shard I [--log-level L] [--dump-config] [--help]
  */
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,10 @@ int main(int argc, char **argv)
 	enum ps_log_level lvl;
 	char err[1024];
 
+	/* A write to a connection the peer has just reset must fail with EPIPE,
+	 * not end the shard (and lose everything since the last checkpoint):
+	 * libuv writes with plain writev, which raises SIGPIPE. */
+	signal(SIGPIPE, SIG_IGN);
 	while ((opt = getopt_long(argc, argv, "c:s:r:l:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config = optarg; break;

@@ -131,15 +131,15 @@ static int fake_recv(struct fake *fk, ProtobufCMessage **m, uint8_t *meta, size_
 	return f.hdr.type;
 }
 
-/* Sends a frame: header, m packed, payload and, once keyed, the MAC. */
-static int fake_send(struct fake *fk, unsigned type, const ProtobufCMessage *m, const void *pay,
-		     uint64_t plen)
+/* A frame's bytes (malloc'ed, *len of them): header, m packed, payload
+ * and, once keyed, the MAC. */
+static uint8_t *fake_frame(struct fake *fk, unsigned type, const ProtobufCMessage *m,
+			   const void *pay, uint64_t plen, size_t *len)
 {
-	size_t mlen = protobuf_c_message_get_packed_size(m), len;
+	size_t mlen = protobuf_c_message_get_packed_size(m);
 	struct ps_frame_hdr fh = { .type = (uint8_t)type, .meta_len = (uint32_t)mlen,
 				   .payload_len = plen };
 	uint8_t *b = malloc(PS_WIRE_HDR_LEN + mlen + plen + PS_MAC_TAG_LEN);
-	int rc = 0;
 
 	if (fk->keyed) {
 		fh.flags |= PS_FRAME_F_MAC;
@@ -149,16 +149,27 @@ static int fake_send(struct fake *fk, unsigned type, const ProtobufCMessage *m, 
 	protobuf_c_message_pack(m, b + PS_WIRE_HDR_LEN);
 	if (plen)
 		memcpy(b + PS_WIRE_HDR_LEN + mlen, pay, plen);
-	len = PS_WIRE_HDR_LEN + mlen + plen;
+	*len = PS_WIRE_HDR_LEN + mlen + plen;
 	if (fk->keyed) {
 		struct ps_mac mac;
 		ck_assert_int_eq(ps_mac_init(&mac), 0);
 		ps_mac_begin(&mac, fk->keys.send, fk->sseq++);
-		ps_mac_update(&mac, b, len);
-		ps_mac_end(&mac, b + len);
+		ps_mac_update(&mac, b, *len);
+		ps_mac_end(&mac, b + *len);
 		ps_mac_free(&mac);
-		len += PS_MAC_TAG_LEN;
+		*len += PS_MAC_TAG_LEN;
 	}
+	return b;
+}
+
+/* Sends a frame (fake_frame's bytes). */
+static int fake_send(struct fake *fk, unsigned type, const ProtobufCMessage *m, const void *pay,
+		     uint64_t plen)
+{
+	size_t len;
+	uint8_t *b = fake_frame(fk, type, m, pay, plen, &len);
+	int rc = 0;
+
 	for (size_t off = 0; off < len;) {
 		ssize_t k = write(fk->fd, b + off, len - off);
 		if (k < 0 && errno == EINTR)
@@ -404,6 +415,159 @@ START_TEST(test_reconnect_nothing_pending)
 }
 END_TEST
 
+/* After its shard died, a worker meets a stranger on the shard's port who
+ * answers its Hello the ways only the real shard may end a handshake: a
+ * refusal (its words laced with terminal escape sequences), a challenge
+ * with a wrong proof, an ok without any challenge. None of it comes from a
+ * peer that proved the secret: each time the worker must close the
+ * connection and dial again, its push and pull still pending, and both
+ * complete exactly once the real shard is back. The stranger's words reach
+ * the log escaped. */
+START_TEST(test_stranger_cannot_stop_retries)
+{
+	static float g[N], w[N];
+	static const char evil[] = "\x1b]0;owned\x07\x1b[2Jgo away";
+	static const char *const after[] = { "its shard died", "an unauthenticated refusal",
+					     "a challenge with a wrong proof" };
+	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	int port = tu_free_port();
+	pid_t pid;
+
+	write_cfg(1, &port);
+	setenv("PS_TEST_LOG", "info", 1);
+	tu_capture_begin();
+	pid = tu_start_server(path, 0);
+	ck_assert_int_gt(pid, 0);
+	struct ps_client *c = connect_retry();
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+
+	int lfd = fake_listen(port);
+	for (int i = 0; i < N; i++) {
+		g[i] = (float)(i % 5 - 2);
+		w[i] = -7.0f;
+	}
+	int64_t p = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
+	int64_t q = ps_client_pull(c, 1, &tw, 1);
+	ck_assert_int_gt(p, 0);
+	ck_assert_int_gt(q, 0);
+	for (int round = 0; round < 3; round++) {
+		struct fake fk = { .fd = fake_accept(lfd, 10000) };
+		ProtobufCMessage *m = NULL;
+		ck_assert_msg(fk.fd >= 0, "the worker did not dial again within 10 s after %s",
+			      after[round]);
+		ck_assert_int_eq(fake_recv(&fk, &m, NULL, NULL, 5000), PS_MSG_HELLO);
+		protobuf_c_message_free_unpacked(m, NULL);
+		if (round == 1) {
+			uint8_t nonce[PS_AUTH_NONCE_LEN], proof[PS_AUTH_PROOF_LEN];
+			Ps__AuthChallenge ch = PS__AUTH_CHALLENGE__INIT;
+			ps_auth_random(nonce, sizeof(nonce));
+			ps_auth_random(proof, sizeof(proof)); /* not made with the secret */
+			ch.nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
+			ch.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+			ck_assert_int_eq(fake_send(&fk, PS_MSG_AUTH_CHALLENGE, &ch.base, NULL, 0), 0);
+		} else {
+			Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+			r.protocol_version = PS_PROTOCOL_VERSION;
+			r.shard_map_hash = map.hash;
+			r.ok = round == 2;
+			r.error = round == 2 ? "" : (char *)evil;
+			ck_assert_int_eq(fake_send(&fk, PS_MSG_HELLO_REPLY, &r.base, NULL, 0), 0);
+		}
+		ck_assert_msg(fake_wait_closed(fk.fd, 5000) >= 0, "round %d: the worker kept the "
+			      "stranger's connection", round);
+		close(fk.fd);
+	}
+	close(lfd);
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(w[i] == -7.0f, "w[%d] = %g written without the real shard", i,
+			      (double)w[i]);
+
+	/* the real shard again (fresh: arange weights): nothing was given up */
+	pid = tu_start_server(path, 0);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_msg(ps_client_wait(c, p) == 0, "push: %s", ps_client_error(c));
+	ck_assert_msg(ps_client_wait(c, q) == 0, "pull: %s", ps_client_error(c));
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(w[i] == (float)(i % 1024) - g[i], "w[%d] = %g, want %g", i,
+			      (double)w[i], (double)((float)(i % 1024) - g[i]));
+	struct ps_shard_stats st;
+	ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
+	ck_assert_uint_eq(st.pushes, 1);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(pid), 0);
+	unsetenv("PS_TEST_LOG");
+	char *log = tu_capture_end();
+	ck_assert_msg(!strchr(log, '\x1b'), "an escape sequence from the stranger reached the log");
+	ck_assert_msg(strstr(log, "refused the handshake before proving the secret: "
+			     "\\x1b]0;owned\\x07\\x1b[2Jgo away; closing the connection and dialing "
+			     "again"), "%s", log);
+	ck_assert_msg(strstr(log, "the shard's proof does not match"), "%s", log);
+	ck_assert_msg(strstr(log, "the shard accepted this process without authentication"),
+		      "%s", log);
+	ck_assert_msg(strstr(log, "to a restarted shard; 2 request(s) sent again"), "%s", log);
+	free(log);
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+END_TEST
+
+/* A program on libps that leaves SIGPIPE as it is (its default action ends
+ * the process) and a shard that resets the connection just as the client
+ * answers its challenge: the client's write fails, ps_client_init reports
+ * the lost connection, and the program lives on to handle it. */
+START_TEST(test_client_survives_reset_under_write)
+{
+	int port = tu_free_port();
+
+	write_cfg(1, &port);
+	int lfd = fake_listen(port);
+	pid_t child = fork();
+	ck_assert_int_ge(child, 0);
+	if (child == 0) {
+		struct ps_client *c = NULL;
+		char err[512];
+		signal(SIGPIPE, SIG_DFL);
+		if (ps_client_init(&c, &cfg, 0, err, sizeof(err)) == 0) {
+			ps_client_free(c);
+			_exit(0);
+		}
+		fprintf(stderr, "ps_client_init: %s\n", err);
+		_exit(strstr(err, "shard 0") ? 3 : 4);
+	}
+	struct fake fk = { .fd = fake_accept(lfd, 10000) };
+	uint8_t hello[1024], nonce[PS_AUTH_NONCE_LEN], t[32], proof[PS_AUTH_PROOF_LEN];
+	size_t hlen = sizeof(hello), len;
+	ProtobufCMessage *m = NULL;
+	ck_assert_msg(fk.fd >= 0, "the client did not connect");
+	ck_assert_int_eq(fake_recv(&fk, &m, hello, &hlen, 5000), PS_MSG_HELLO);
+	protobuf_c_message_free_unpacked(m, NULL);
+	/* a challenge with the right proof: the client answers it at once */
+	ps_auth_random(nonce, sizeof(nonce));
+	ps_auth_transcript(hello, hlen, nonce, t);
+	ps_auth_proof(secret, t, 1, proof);
+	Ps__AuthChallenge ch = PS__AUTH_CHALLENGE__INIT;
+	ch.nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
+	ch.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+	uint8_t *b = fake_frame(&fk, PS_MSG_AUTH_CHALLENGE, &ch.base, NULL, 0, &len);
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof(sa);
+	ck_assert_int_eq(getpeername(fk.fd, (struct sockaddr *)&sa, &sl), 0);
+	int gone = tu_reset_while_stopped(child, ntohs(sa.sin_port), fk.fd, b, len);
+	free(b);
+	close(lfd);
+	ck_assert_msg(gone > 0, "the reset did not reach the client's socket");
+	int st = tu_wait_child(child);
+	ck_assert_msg(st != 128 + SIGPIPE, "the libps program died of SIGPIPE: its client "
+		      "wrote into the connection the shard had reset");
+	ck_assert_msg(st == 3, "the libps program exited with %d, expected 3 (ps_client_init "
+		      "failing, naming shard 0)", st);
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+END_TEST
+
 /* Two fake shards that hold the secret: each completes the handshake
  * (proof, session keys, MACed frames) and answers pulls as `mode` says. */
 enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE };
@@ -567,6 +731,8 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_replies_before_handshake_ignored);
 	tcase_add_test(tc, test_reconnect_nothing_pending);
+	tcase_add_test(tc, test_stranger_cannot_stop_retries);
+	tcase_add_test(tc, test_client_survives_reset_under_write);
 	tcase_add_test(tc, test_fake_shards_answer_right);
 	tcase_add_test(tc, test_foreign_slice_refused);
 	suite_add_tcase(s, tc);

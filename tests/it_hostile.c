@@ -440,12 +440,15 @@ static Ps__Hello good_hello(int rank)
 	return h;
 }
 
-/* Sends the Hello and, when the shard challenges, proves the secret
- * (raw_proof_hook, when a test sets it, changes the proof before it goes);
- * returns the HelloReply. */
+/* Sends the Hello and, when the shard challenges, builds the Auth frame
+ * that proves the secret (raw_proof_hook, when a test sets it, changes the
+ * proof before it goes) and keys fd as the shard will once it has it.
+ * Returns that frame, unsent (malloc'ed, *len bytes), or NULL with the
+ * shard's answer in *reply (a HelloReply without a challenge, or NULL). */
 static void (*raw_proof_hook)(uint8_t proof[PS_AUTH_PROOF_LEN]);
 
-static Ps__HelloReply *raw_hello(int fd, const Ps__Hello *h)
+static uint8_t *raw_auth_frame(int fd, const Ps__Hello *h, size_t *len,
+			       Ps__HelloReply **reply)
 {
 	struct raw_auth *ra = &RA[fd];
 	unsigned type;
@@ -454,15 +457,16 @@ static Ps__HelloReply *raw_hello(int fd, const Ps__Hello *h)
 	ra->hello_len = protobuf_c_message_get_packed_size(&h->base);
 	ck_assert_uint_le(ra->hello_len, sizeof(ra->hello));
 	protobuf_c_message_pack(&h->base, ra->hello);
-	size_t len;
-	uint8_t *b = raw_frame(fd, PS_MSG_HELLO, ra->hello, ra->hello_len, NULL, 0, &len);
-	ck_assert_int_eq(raw_write(fd, b, len), 0);
+	uint8_t *b = raw_frame(fd, PS_MSG_HELLO, ra->hello, ra->hello_len, NULL, 0, len);
+	ck_assert_int_eq(raw_write(fd, b, *len), 0);
 	free(b);
 	m = raw_expect2(fd, PS_MSG_AUTH_CHALLENGE, PS_MSG_HELLO_REPLY, &type);
-	if (!m || type == PS_MSG_HELLO_REPLY)
-		return (Ps__HelloReply *)m;
+	if (!m || type == PS_MSG_HELLO_REPLY) {
+		*reply = (Ps__HelloReply *)m;
+		return NULL;
+	}
 	Ps__AuthChallenge *ch = (Ps__AuthChallenge *)m;
-	uint8_t t[32], proof[PS_AUTH_PROOF_LEN];
+	uint8_t t[32], proof[PS_AUTH_PROOF_LEN], meta[64];
 	ck_assert_uint_eq(ch->nonce.len, PS_AUTH_NONCE_LEN);
 	ps_auth_transcript(ra->hello, ra->hello_len, ch->nonce.data, t);
 	ck_assert_msg(ps_auth_proof_ok(F.secret, t, 1, ch->proof.data, ch->proof.len),
@@ -473,13 +477,29 @@ static Ps__HelloReply *raw_hello(int fd, const Ps__Hello *h)
 		raw_proof_hook(proof);
 	Ps__Auth a = PS__AUTH__INIT;
 	a.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
-	ck_assert_int_eq(raw_send(fd, PS_MSG_AUTH, &a.base, NULL, 0), 0);
+	ck_assert_uint_le(protobuf_c_message_get_packed_size(&a.base), sizeof(meta));
+	b = raw_frame(fd, PS_MSG_AUTH, meta, protobuf_c_message_pack(&a.base, meta), NULL, 0, len);
 	if (h->auth_mac) {
 		ps_auth_session_keys(F.secret, t, 0, &ra->keys);
 		ra->keyed = 1;
 		ra->enc = h->auth_cipher != 0;
 		ra->keys.cipher = (int)h->auth_cipher - 1;
 	}
+	return b;
+}
+
+/* Sends the Hello and, when the shard challenges, proves the secret;
+ * returns the HelloReply. */
+static Ps__HelloReply *raw_hello(int fd, const Ps__Hello *h)
+{
+	Ps__HelloReply *r = NULL;
+	size_t len;
+	uint8_t *b = raw_auth_frame(fd, h, &len, &r);
+
+	if (!b)
+		return r;
+	ck_assert_int_eq(raw_write(fd, b, len), 0);
+	free(b);
 	return (Ps__HelloReply *)raw_expect(fd, PS_MSG_HELLO_REPLY, 3000);
 }
 
@@ -2277,6 +2297,215 @@ START_TEST(test_secret_file_checks)
 }
 END_TEST
 
+/* ---- peers that reset the connection under the shard's write ---- */
+
+/* Waits (at most 10 s) until the captured log holds a line with both
+ * needles; whether it does. Fails the case at once, naming the stage, if
+ * the shard died. */
+static int log_has(const char *stage, const char *a, const char *b)
+{
+	double deadline = now_ms() + 10000 * tu_time_scale();
+	char line[2048];
+	int status;
+
+	for (;;) {
+		FILE *f = fopen(tu_capture_path, "r");
+		int found = 0;
+		while (f && !found && fgets(line, sizeof(line), f))
+			found = strstr(line, a) && strstr(line, b);
+		if (f)
+			fclose(f);
+		if (found)
+			return 1;
+		if (waitpid(F.pid, &status, WNOHANG) == F.pid)
+			ck_abort_msg("%s: ps-server died (%s %d) after a peer reset the connection "
+				     "it wrote to, before logging '%s' for %s", stage,
+				     WIFSIGNALED(status) ? "signal" : "exit status",
+				     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), b, a);
+		if (now_ms() > deadline)
+			return 0;
+		tu_sleep_ms(10);
+	}
+}
+
+/* fd's peer goes away with the shard about to answer frame (b, n bytes):
+ * the shard must write into the reset connection (the transport logs the
+ * failed write), stay alive, and log the close, naming the peer and what
+ * stage it was at (close_words). */
+static void reset_under_write(int fd, uint8_t *b, size_t n, const char *stage,
+			      const char *close_words)
+{
+	char peer[64];
+	int port = tu_reset_while_stopped(F.pid, F.port, fd, b, n);
+
+	free(b);
+	ck_assert_msg(port > 0, "%s: the reset did not reach the shard's socket", stage);
+	snprintf(peer, sizeof(peer), "127.0.0.1:%d", port);
+	ck_assert_msg(log_has(stage, peer, ": write: broken pipe"), "%s: the shard did not write into "
+		      "the reset connection (no failed write logged for %s)", stage, peer);
+	ck_assert_msg(log_has(stage, peer, close_words), "%s: no '%s' line for %s", stage, close_words,
+		      peer);
+	assert_alive();
+}
+
+/* A Hello and the frames of a worker past the handshake, each answered by
+ * the shard into a connection the peer has just reset (a FIN, then a
+ * reset): the challenge, a refusal before and after the proof, a push's
+ * ack, a pull's reply. Unless the shard ignores SIGPIPE, the first of
+ * those writes ends it (status 141, nothing logged). It must live, log
+ * each close, and go on serving exactly. */
+START_TEST(test_reset_under_write)
+{
+	struct pref p[8];
+	uint64_t plen;
+	size_t len, mlen;
+	uint8_t *b;
+	int fd;
+
+	setenv("PS_TEST_LOG", "info", 1); /* the close lines are info */
+	tu_capture_begin();
+	fx_start();
+	/* the challenge */
+	fd = raw_connect();
+	ck_assert_uint_eq(wait_connections(2, 2000), 2); /* accepted: the shard has its socket */
+	Ps__Hello h = good_hello(0);
+	mlen = protobuf_c_message_get_packed_size(&h.base);
+	uint8_t meta[512];
+	protobuf_c_message_pack(&h.base, meta);
+	b = raw_frame(fd, PS_MSG_HELLO, meta, mlen, NULL, 0, &len);
+	reset_under_write(fd, b, len, "challenge", "closed during the handshake");
+	/* a refusal before the proof (another protocol version) */
+	fd = raw_connect();
+	ck_assert_uint_eq(wait_connections(2, 2000), 2);
+	h = good_hello(0);
+	h.protocol_version = PS_PROTOCOL_VERSION + 1;
+	mlen = protobuf_c_message_get_packed_size(&h.base);
+	protobuf_c_message_pack(&h.base, meta);
+	b = raw_frame(fd, PS_MSG_HELLO, meta, mlen, NULL, 0, &len);
+	reset_under_write(fd, b, len, "refusal", "closed after its refusal");
+	/* a refusal after the proof (another shard map): the Auth is the frame */
+	fd = raw_connect();
+	h = good_hello(0);
+	h.shard_map_hash ^= 1;
+	Ps__HelloReply *r = NULL;
+	b = raw_auth_frame(fd, &h, &len, &r);
+	ck_assert_msg(b != NULL, "no challenge for a Hello with another map hash");
+	reset_under_write(fd, b, len, "refusal after the proof", "closed after its refusal");
+	/* a push's ack: the clock of worker 0 with a gradient of zeros, so the
+	 * weights stay what the honest worker expects */
+	fd = raw_worker();
+	all_slices(p, &plen);
+	push_fill = 0.0f;
+	b = push_frame(fd, 900, F.clock, 1, p, (int)F.map.nslices, plen, &len, &mlen);
+	push_fill = 1.0f;
+	reset_under_write(fd, b, len, "ack", "worker 0 disconnected");
+	F.clock++;
+	/* a pull's reply (every slice, 12 KB) */
+	fd = raw_worker();
+	Ps__Pull pl = PS__PULL__INIT;
+	uint32_t ids[8];
+	for (uint32_t i = 0; i < F.map.nslices; i++)
+		ids[i] = i;
+	pl.req_id = 901;
+	pl.n_slices = F.map.nslices;
+	pl.slices = ids;
+	mlen = protobuf_c_message_get_packed_size(&pl.base);
+	protobuf_c_message_pack(&pl.base, meta);
+	b = raw_frame(fd, PS_MSG_PULL, meta, mlen, NULL, 0, &len);
+	reset_under_write(fd, b, len, "pull reply", "worker 0 disconnected");
+	ck_assert_uint_eq(wait_connections(1, 2000), 1);
+	/* the zeros counted as applies, and changed nothing */
+	ck_assert_uint_eq(stats().param_checksum, F.st.param_checksum);
+	snapshot();
+	after_attack("resets under writes");
+	fx_stop();
+	unsetenv("PS_TEST_LOG");
+	free(tu_capture_end());
+}
+END_TEST
+
+/* The same for replication: a peer that says it is the shard's other
+ * process (replica 1, joining) proves the secret, and resets the
+ * connection as its Auth arrives, so the shard (replica 0, which then
+ * serves) writes its answer and its state (the snapshot) into it. It must
+ * live, log the close, go on serving workers, and take the next backup. */
+START_TEST(test_reset_under_replication)
+{
+	char yaml[1024], err[512];
+	int backup = tu_free_port();
+	size_t len;
+	uint8_t *b;
+	int fd;
+
+	memset(&F, 0, sizeof(F));
+	F.port = tu_free_port();
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  backups: [127.0.0.1:%d]\n"
+		 "  replicas: 1\n  workers: 1\n"
+		 "consistency:\n  mode: sync\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n"
+		 "    - {name: a, shape: [%d], init: arange}\n"
+		 "    - {name: c, shape: [%d], init: arange}\n"
+		 "limits:\n  connect_timeout_ms: %d\n  request_timeout_ms: %d\n"
+		 "log:\n  level: info\n",
+		 F.port, backup, NA, NC, (int)(5000 * tu_time_scale()),
+		 (int)(5000 * tu_time_scale()));
+	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
+	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_auth_load_secret(&F.cfg, F.secret, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps_shardmap_init(&F.map, &F.cfg), 0);
+	setenv("PS_TEST_LOG", "info", 1);
+	tu_capture_begin();
+	F.pid = tu_start_server(F.path, 0); /* replica 0; nobody at the backup address */
+	ck_assert_int_gt(F.pid, 0);
+	for (int round = 0; round < 2; round++) {
+		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)F.port),
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		fd = socket(AF_INET, SOCK_STREAM, 0);
+		for (int i = 0; i < 200 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)); i++) {
+			ck_assert_int_eq(errno, ECONNREFUSED); /* not listening yet */
+			close(fd);
+			assert_alive();
+			tu_sleep_ms(50);
+			fd = socket(AF_INET, SOCK_STREAM, 0);
+		}
+		ck_assert_int_lt(fd, 1024);
+		memset(&RA[fd], 0, sizeof(RA[fd]));
+		Ps__Hello h = good_hello(-1);
+		h.role = PS__ROLE__ROLE_REPLICA;
+		h.replica = 1;
+		h.repl_state = PS__REPL_STATE__REPL_JOINING;
+		Ps__HelloReply *r = NULL;
+		b = raw_auth_frame(fd, &h, &len, &r);
+		ck_assert_msg(b != NULL, "no challenge for the replica's Hello");
+		if (round == 0) {
+			reset_under_write(fd, b, len, "replication", "replication connection from");
+			continue;
+		}
+		/* the next one is taken: the shard serves and sends its state */
+		ck_assert_int_eq(raw_write(fd, b, len), 0);
+		free(b);
+		r = (Ps__HelloReply *)raw_expect(fd, PS_MSG_HELLO_REPLY, 3000);
+		ck_assert_ptr_nonnull(r);
+		ck_assert_msg(r->ok && r->repl_state == PS__REPL_STATE__REPL_PRIMARY,
+			      "the second backup was not taken: %s", r->error);
+		protobuf_c_message_free_unpacked(&r->base, NULL);
+		Ps__ReplSnapshot *sn = (Ps__ReplSnapshot *)raw_expect(fd, PS_MSG_REPL_SNAPSHOT, 3000);
+		ck_assert_ptr_nonnull(sn);
+		protobuf_c_message_free_unpacked(&sn->base, NULL);
+		close(fd);
+	}
+	assert_alive();
+	ck_assert_int_eq(tu_stop_server(F.pid), 0);
+	ps_shardmap_free(&F.map);
+	unlink(F.path);
+	unsetenv("PS_TEST_LOG");
+	free(tu_capture_end());
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("hostile");
@@ -2313,6 +2542,12 @@ int main(void)
 	tcase_add_test(tc, test_lz4_push_odd_length);
 	tcase_add_test(tc, test_secret_file_checks);
 	suite_add_tcase(s, tc);
+	/* a case of its own: CK_RUN_CASE=resets runs it alone */
+	TCase *tr = tcase_create("resets");
+	tcase_set_timeout(tr, 60);
+	TU_ADD(tr, test_reset_under_write);
+	TU_ADD(tr, test_reset_under_replication);
+	suite_add_tcase(s, tr);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();
 	return failed ? 1 : 0;

@@ -108,6 +108,10 @@ static inline pid_t tu_start_server_log(const char *cfgpath, int shard, const ch
 	pid = fork();
 	if (pid == 0) {
 		const char *lvl = getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "warn";
+		/* as a shell or a service manager starts it: an ignored SIGPIPE
+		 * (the tests ignore it) would be inherited, and hide a shard
+		 * that dies of one */
+		signal(SIGPIPE, SIG_DFL);
 		if (log) {
 			int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 			if (fd < 0 || dup2(fd, 2) < 0) {
@@ -166,6 +170,7 @@ static inline pid_t tu_spawn(const char *const *argv, const char *out)
 
 	if (pid == 0) {
 		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		signal(SIGPIPE, SIG_DFL); /* as tu_start_server_log */
 		if (fd >= 0) {
 			dup2(fd, 1);
 			dup2(fd, 2);
@@ -366,6 +371,63 @@ static inline void tu_sleep_ms(int ms)
 {
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
 	nanosleep(&ts, NULL);
+}
+
+/* Whether the kernel holds no TCP socket from 127.0.0.1:port to
+ * 127.0.0.1:peer_port (IPv4, /proc/net/tcp): a socket reset by its peer
+ * leaves the table at once, even while its owner has not closed it. */
+static inline int tu_tcp_gone(int port, int peer_port)
+{
+	char line[512];
+	unsigned lp, rp;
+	int found = 0;
+	FILE *f = fopen("/proc/net/tcp", "r");
+
+	if (!f)
+		return 0;
+	while (!found && fgets(line, sizeof(line), f))
+		if (sscanf(line, " %*d: %*x:%x %*x:%x", &lp, &rp) == 2)
+			found = (int)lp == port && (int)rp == peer_port;
+	fclose(f);
+	return !found;
+}
+
+/* A peer that goes away while the process pid (a child of this one) is
+ * about to write to it: with pid stopped (SIGSTOP), writes the n bytes b
+ * on fd, closes it with a FIN and then a reset, waits until the kernel has
+ * taken the reset (pid's end of the connection, port to fd's local port,
+ * is gone; at most 5 s), and lets pid go on (SIGCONT). The first thing pid
+ * does is read b and answer it, into a connection reset after a FIN: that
+ * write fails with EPIPE and raises SIGPIPE, which ends pid unless it
+ * ignores or blocks the signal. Returns fd's local port, or -1 when the
+ * reset did not arrive. */
+static inline int tu_reset_while_stopped(pid_t pid, int port, int fd, const void *b, size_t n)
+{
+	struct sockaddr_in sa;
+	socklen_t sl = sizeof(sa);
+	struct linger l = { 1, 0 };
+	int st, me, gone = 0;
+
+	if (getsockname(fd, (struct sockaddr *)&sa, &sl))
+		return -1;
+	me = ntohs(sa.sin_port);
+	kill(pid, SIGSTOP);
+	waitpid(pid, &st, WUNTRACED);
+	for (size_t off = 0; off < n;) {
+		ssize_t k = write(fd, (const char *)b + off, n - off);
+		if (k <= 0)
+			break;
+		off += (size_t)k;
+	}
+	shutdown(fd, SHUT_WR);
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+	close(fd);
+	for (int i = 0; i < 500 && !(gone = tu_tcp_gone(port, me)); i++) {
+		struct timespec ts = { 0, 10000000L };
+		nanosleep(&ts, NULL);
+	}
+	kill(pid, SIGCONT);
+	return gone ? me : -1;
 }
 
 /* SANITIZED: 1 in a build with AddressSanitizer, whose quarantine keeps

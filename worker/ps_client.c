@@ -8,6 +8,7 @@
  * tick for heartbeats, request deadlines and reconnects.
  * ps_client_int.h says how the files of the client share the work.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -125,10 +126,20 @@ static void on_tick(uv_timer_t *t)
 	pthread_mutex_unlock(&c->mu);
 }
 
+/* The I/O thread: all the client's writes through libuv happen here (the
+ * callers' direct sends use MSG_NOSIGNAL). libuv writes with plain writev,
+ * so a write to a connection the shard has just reset raises SIGPIPE, whose
+ * default action would end the program that links libps: blocked in this
+ * thread (and so left pending on it, never delivered), the write fails with
+ * EPIPE instead, whatever the program did with the signal. */
 static void *io_main(void *arg)
 {
 	struct ps_client *c = arg;
+	sigset_t pipe;
 
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe, NULL);
 	uv_run(&c->loop, UV_RUN_DEFAULT);
 	return NULL;
 }
@@ -260,9 +271,11 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		for (int k = 0; k < cfg->nshards; k++)
 			if (c->shards[k].state != SH_READY) {
 				snprintf(err, errlen,
-					 "shard %d (%s:%d): no handshake within %d ms (limits.connect_timeout_ms)",
+					 "shard %d (%s:%d): no handshake within %d ms (limits.connect_timeout_ms)%s%s",
 					 k, cfg->shards[k].host, cfg->shards[k].port,
-					 cfg->limits.connect_timeout_ms);
+					 cfg->limits.connect_timeout_ms, c->shards[k].untrusted[0] ?
+					 "; the last answer, from a peer that had not proven the secret: "
+					 : "", c->shards[k].untrusted);
 				break;
 			}
 		rc = PS_ETIMEDOUT;

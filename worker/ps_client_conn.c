@@ -22,10 +22,20 @@
  * on), so it follows a failover; the pushes the old primary did not
  * acknowledge are resent to the new one, which applies each once (the
  * dedup windows are replicated, server/replica.h).
+ *
+ * While a worker reconnects, whoever holds a shard's port may answer, and
+ * nothing it says before it proves the secret (with security.auth: false
+ * nothing is ever proven) ends the attempt for good: a refusal, a wrong
+ * proof, an ok without a challenge close that connection and the worker
+ * dials again, its requests still waiting, for limits.reconnect_timeout_ms
+ * (untrusted_failure). Only ps_client_init's first connection fails at
+ * once on them, with the reason, as misconfiguration is its likely cause.
+ * Text a shard sends is escaped before it reaches a log or an error.
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sodium.h>
 #include "ps_time.h"
 #include "ps_client_int.h"
@@ -100,6 +110,45 @@ static void fail_handshake(struct ps_client *c, int k, int status, const char *f
 	pthread_cond_broadcast(&c->cv);
 }
 
+/* Whether on_close would try shard k again if its connection closed now:
+ * a worker's shard that was ready once (with replicas, from the first
+ * attempt on), reconnects allowed, the client not stopping. c->mu held. */
+static int will_retry(const struct ps_client *c, const struct shard_conn *sh)
+{
+	return sh->state != SH_FAILED && !c->stopping && c->rank >= 0 &&
+	       c->cfg->limits.reconnect_timeout_ms > 0 &&
+	       ((sh->gen > 0 && c->started) || c->cfg->replicas);
+}
+
+/* Shard k's peer said, before it proved the secret, something that ends
+ * the handshake (what: why, printf-style, peer text already escaped).
+ * Reconnecting, it may be a stranger on a dead shard's port: the
+ * connection closes and on_close dials again, the requests kept waiting;
+ * the words are kept for the error if the reconnects time out. Otherwise
+ * (ps_client_init's first connection) the handshake fails with them.
+ * c->mu held. */
+static void untrusted_failure(struct ps_client *c, int k, int status, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void untrusted_failure(struct ps_client *c, int k, int status, const char *fmt, ...)
+{
+	struct shard_conn *sh = &c->shards[k];
+	const struct ps_endpoint *ep = ps_config_replica_addr(c->cfg, k, sh->alt);
+	char what[sizeof(sh->untrusted)];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	if (!will_retry(c, sh)) {
+		fail_handshake(c, k, status, "%s", what);
+		return;
+	}
+	memcpy(sh->untrusted, what, sizeof(what));
+	ps_warn("shard %d (%s:%d): %s; closing the connection and dialing again (the peer has "
+		"not proven the secret: it may not be the shard)", k, ep->host, ep->port, what);
+	sh->conn->t->ops->close(sh->conn, status);
+}
+
 /* The shard's nonce and proof: check the proof, answer with ours, and
  * switch to the session keys. c->mu held. */
 static void on_auth_challenge(struct ps_client *c, int k, const Ps__AuthChallenge *m)
@@ -110,23 +159,23 @@ static void on_auth_challenge(struct ps_client *c, int k, const Ps__AuthChalleng
 	struct ps_frame_keys keys;
 
 	if (sh->state != SH_HELLO || sh->authed || !sh->hello) {
-		fail_handshake(c, k, PS_EPROTO, "unexpected auth-challenge");
+		untrusted_failure(c, k, PS_EPROTO, "unexpected auth-challenge");
 		return;
 	}
 	if (!c->cfg->security.auth) {
-		fail_handshake(c, k, PS_EAUTH, "the shard requires authentication and this process "
-			       "has security.auth: false; the two configs must agree");
+		untrusted_failure(c, k, PS_EAUTH, "the shard requires authentication and this "
+				  "process has security.auth: false; the two configs must agree");
 		return;
 	}
 	if (m->nonce.len != PS_AUTH_NONCE_LEN) {
-		fail_handshake(c, k, PS_EPROTO, "auth-challenge with a %zu-byte nonce",
-			       m->nonce.len);
+		untrusted_failure(c, k, PS_EPROTO, "auth-challenge with a %zu-byte nonce",
+				  m->nonce.len);
 		return;
 	}
 	ps_auth_transcript(sh->hello, sh->hello_len, m->nonce.data, t);
 	if (!ps_auth_proof_ok(c->secret, t, 1, m->proof.data, m->proof.len)) {
-		fail_handshake(c, k, PS_EAUTH, "authentication failed: the shard's proof does not "
-			       "match this process's secret (the secret files differ)");
+		untrusted_failure(c, k, PS_EAUTH, "authentication failed: the shard's proof does "
+				  "not match this process's secret (the secret files differ)");
 		return;
 	}
 	sh->authed = 1;
@@ -183,28 +232,36 @@ static int resend(struct ps_client *c, int k)
 static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 {
 	struct shard_conn *sh = &c->shards[k];
+	char said[200];
 
 	if (sh->state != SH_HELLO)
 		return;
+	/* the shard's words, whoever it is: no terminal escapes into the log */
+	ps_log_escape(said, sizeof(said), m->error, m->error ? strlen(m->error) : 0);
 	if (m->ok && c->cfg->security.auth && !sh->authed) {
-		fail_handshake(c, k, PS_EAUTH, "the shard accepted this process without "
-			       "authentication (security.auth: false there, true here); refusing it, "
-			       "the two configs must agree");
+		untrusted_failure(c, k, PS_EAUTH, "the shard accepted this process without "
+				  "authentication (security.auth: false there, true here); refusing "
+				  "it, the two configs must agree");
 		return;
 	}
 	if (!m->ok && m->retry && c->cfg->replicas && c->rank >= 0) {
 		/* the backup, or a process joining: try the shard's other address */
 		const struct ps_endpoint *ep = ps_config_replica_addr(c->cfg, k, sh->alt);
-		snprintf(sh->why, sizeof(sh->why), "shard %d: %s:%d is not serving (%s)", k,
-			 ep->host, ep->port, m->error);
+		snprintf(sh->why, sizeof(sh->why), "shard %d: %s:%d is not serving (%.80s)", k,
+			 ep->host, ep->port, said);
 		sh->conn->t->ops->close(sh->conn, PS_EREFUSED);
+		return;
+	}
+	if (!m->ok && !sh->authed) {
+		untrusted_failure(c, k, PS_EREFUSED, "refused the handshake%s: %s",
+				  c->cfg->security.auth ? " before proving the secret" : "", said);
 		return;
 	}
 	if (!m->ok) {
 		sh->state = SH_FAILED;
 		sh->status = PS_EREFUSED;
 		snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d) refused the handshake: %s", k,
-			 c->cfg->shards[k].host, c->cfg->shards[k].port, m->error);
+			 c->cfg->shards[k].host, c->cfg->shards[k].port, said);
 		c->nfailed++;
 	} else {
 		struct ps_wire_limits lim = {
@@ -231,6 +288,7 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 			sh->why[0] = 0;
 			sh->status = 0;
 		}
+		sh->untrusted[0] = 0;
 		if (c->cfg->replicas && sh->epoch && m->epoch != sh->epoch && c->started)
 			ps_info("shard %d: served by %s:%d now (epoch %llu)", k,
 				ps_config_replica_addr(c->cfg, k, sh->alt)->host,
@@ -384,9 +442,7 @@ void ps__client_on_close(struct ps_conn *pc, int status)
 	pthread_mutex_lock(&c->mu);
 	if (sh->state == SH_READY)
 		c->nready--;
-	if (sh->state != SH_FAILED && !c->stopping && c->rank >= 0 &&
-	    c->cfg->limits.reconnect_timeout_ms > 0 &&
-	    ((sh->gen > 0 && c->started) || c->cfg->replicas)) {
+	if (will_retry(c, sh)) {
 		/* a worker's shard that was ready once: try again, keeping its
 		 * requests waiting (a monitor reports the shard down instead);
 		 * with replicas, from the first attempt on and at the other
@@ -416,9 +472,13 @@ void ps__client_on_close(struct ps_conn *pc, int status)
 		}
 		sh->status = PS_ETIMEDOUT;
 		sh->lost_at = 0; /* given up: new requests fail at once */
-		snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d): unreachable for %d ms "
-			 "(limits.reconnect_timeout_ms)", k, c->cfg->shards[k].host,
-			 c->cfg->shards[k].port, c->cfg->limits.reconnect_timeout_ms);
+		int n = snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d): unreachable for %d ms "
+				 "(limits.reconnect_timeout_ms)", k, c->cfg->shards[k].host,
+				 c->cfg->shards[k].port, c->cfg->limits.reconnect_timeout_ms);
+		if (sh->untrusted[0] && n > 0 && (size_t)n < sizeof(sh->why))
+			/* what kept it out, if a peer without the secret answered */
+			snprintf(sh->why + n, sizeof(sh->why) - (size_t)n, "; the last answer, from "
+				 "a peer that had not proven the secret: %s", sh->untrusted);
 	}
 	if (sh->state != SH_FAILED) {
 		sh->state = SH_FAILED;

@@ -77,6 +77,10 @@ struct shard_conn {
 	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
 	size_t hello_len;
 	char why[400];
+	/* While reconnecting: the last answer that would have ended the
+	 * handshake but came from a peer that had not proven the secret
+	 * (escaped), named if the reconnects time out; "" when none. */
+	char untrusted[300];
 	/* The shard's last word on a pull it holds (a heartbeat reply's
 	 * held: the workers it waits for), and when it came; "" when none. */
 	char held[300];

@@ -8,6 +8,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,6 +131,9 @@ int main(int argc, char **argv)
 	char line[1024], mode[8];
 	gzFile f;
 
+	/* --out to a pipe or FIFO whose reader went away: "write failed" and
+	 * exit 1, not a silent death by SIGPIPE */
+	signal(SIGPIPE, SIG_IGN);
 	ps_ctr_gen_default(&gc);
 	while ((opt = getopt_long(argc, argv, "o:n:s:jh", lo, NULL)) != -1) {
 		int bad = 0;
