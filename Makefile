@@ -1,13 +1,15 @@
 # Makefile - builds the parameter server, its client library and tests.
 #
 #   make                 bin/ps-server, bin/ps-bench, bin/ps-stat, bin/ps-worker, lib/libps.a,
+#                        lib/libps.so (soname libps.so.1, only the public API exported),
 #                        and the CUDA plug-in lib/ps-compute-cuda.so where nvcc and
 #                        cuDNN are found (kernels/cuda.mk)
 #   make test            unit tests (Check), integration tests on loopback, and
 #                        the rdma tests in a soft-RoCE VM (make test-rdma)
 #   make bench           ps-bench figures as ratios to baselines of the same run
 #   make demo            a local 2-shard cluster and a short benchmark
-#   make install PREFIX=/usr/local
+#   make install PREFIX=/usr/local   (programs, libps.a/.so, public headers, ps.pc)
+#   make test-python     the Python package (python/) built in a venv and its pytest suite
 #   make SANITIZE=address,undefined test
 #   make valgrind        the integration tests with every shard and the test
 #                        itself under valgrind memcheck (about 6 minutes)
@@ -41,8 +43,9 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 SRV_LIBS   := $(shell pkg-config --libs libmicrohttpd zlib 2>/dev/null)
 
 CFLAGS   ?= -O2 -g
-CFLAGS   += -std=gnu11 -Wall -Wextra -pthread -fno-strict-aliasing
-CPPFLAGS += -Icommon -Iserver -Iworker -I$(GEN) $(PKG_CFLAGS)
+# -fPIC: the library's objects go into lib/libps.so as well as lib/libps.a.
+CFLAGS   += -std=gnu11 -Wall -Wextra -pthread -fno-strict-aliasing -fPIC
+CPPFLAGS += -Icommon -Iserver -Iworker -Iworker/client -I$(GEN) $(PKG_CFLAGS)
 LDLIBS   += $(PKG_LIBS) -lm -pthread
 ifneq ($(SANITIZE),)
 CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -68,8 +71,7 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/config_scalar.c common/config_table.c common/config_dump.c common/config_ctr.c \
              common/layers.c \
              common/shardmap.c common/rows_wire.c common/wire.c common/msg.c common/transport.c \
-             common/transport_tcp.c worker/ps_client.c worker/ps_client_conn.c \
-             worker/ps_client_req.c worker/ps_client_build.c worker/ps_client_rows.c \
+             common/transport_tcp.c $(wildcard worker/client/*.c) \
              common/codec.c common/codec_fp16.c common/codec_q8.c common/codec_topk.c \
              common/codec_sign.c common/codec_lz4.c common/histo.c common/finite.c \
              common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c
@@ -97,7 +99,7 @@ PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen $(if $(and $(wi
 .PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc test-rdma demo-rdma
 .SECONDARY:
 
-all: $(PROGRAMS) lib/libps.a $(CUDA_PLUGIN)
+all: $(PROGRAMS) lib/libps.a lib/libps.so lib/ps.pc $(CUDA_PLUGIN)
 
 # Where the worker looks for the plug-in once installed (common/compute.c).
 $(OBJ)/common/compute.o: CPPFLAGS += -DPS_PLUGIN_INSTALL_DIR='"$(PREFIX)/lib/ps"'
@@ -134,6 +136,24 @@ $(OBJ)/gen/ps.pb-c.o: $(PROTO_C) $(OBJ)/.flags
 lib/libps.a: $(LIB_OBJS) build/variant
 	@mkdir -p lib
 	rm -f $@ && ar rcs $@ $(LIB_OBJS)
+
+# The shared library: soname libps.so.1; worker/client/libps.map exports the
+# public API of ps_client.h and ps_err.h and makes every other symbol local.
+SO_MAJOR := 1
+SO_FULL  := libps.so.$(SO_MAJOR).0.0
+lib/$(SO_FULL): $(LIB_OBJS) worker/client/libps.map build/variant
+	@mkdir -p lib
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libps.so.$(SO_MAJOR) \
+		-Wl,--version-script=worker/client/libps.map -Wl,--no-undefined \
+		-o $@ $(LIB_OBJS) $(LDLIBS)
+
+lib/libps.so: lib/$(SO_FULL)
+	ln -sf $(SO_FULL) lib/libps.so.$(SO_MAJOR) && ln -sf $(SO_FULL) $@
+
+# pkg-config file for PREFIX (make install puts it in lib/pkgconfig).
+lib/ps.pc: worker/client/ps.pc.in Makefile
+	@mkdir -p lib
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(SO_MAJOR).0|g' $< > $@
 
 bin/ps-server: $(OBJ)/server/main.o $(SRV_OBJS) lib/libps.a
 	@mkdir -p bin
@@ -208,10 +228,14 @@ install: all
 		$(DESTDIR)$(PREFIX)/share/doc/ps $(DESTDIR)$(PREFIX)/lib/systemd/system
 	install -m 755 $(PROGRAMS) scripts/ps-keygen $(DESTDIR)$(PREFIX)/bin
 	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
+	install -m 755 lib/$(SO_FULL) $(DESTDIR)$(PREFIX)/lib
+	ln -sf $(SO_FULL) $(DESTDIR)$(PREFIX)/lib/libps.so.$(SO_MAJOR)
+	ln -sf $(SO_FULL) $(DESTDIR)$(PREFIX)/lib/libps.so
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 lib/ps.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	$(if $(CUDA_PLUGIN),install -d $(DESTDIR)$(PREFIX)/lib/ps && \
 		install -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/ps)
-	install -m 644 worker/ps_client.h common/config.h common/layers.h common/ps_err.h \
-		common/codec.h common/histo.h $(DESTDIR)$(PREFIX)/include/ps
+	install -m 644 worker/client/ps_client.h common/ps_err.h $(DESTDIR)$(PREFIX)/include/ps
 	install -m 644 README.md docs/*.md conf/example-full.yaml $(DESTDIR)$(PREFIX)/share/doc/ps
 	for u in scripts/systemd/*.service; do \
 		sed 's|/usr/local/|$(PREFIX)/|g' $$u > $(DESTDIR)$(PREFIX)/lib/systemd/system/$$(basename $$u) && \

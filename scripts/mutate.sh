@@ -40,7 +40,7 @@ T=build/rel/tests
 # The files in scope: the shard, the client library, and the common code
 # every frame and gradient passes through.
 default_files() {
-  ls server/*.c worker/ps_client*.c common/transport*.c common/wire*.c \
+  ls server/*.c worker/client/ps_client*.c common/transport*.c common/wire*.c \
      common/codec*.c common/auth*.c common/frame_mac*.c 2>/dev/null | grep -v '^server/main.c$'
 }
 
@@ -58,7 +58,7 @@ suites_for() {
     server/admin.c)            echo it_stat it_checkpoint it_hostile ;;   # it_hostile reads the queue figures
     server/metrics_http.c)     echo it_stat ;;
     server/*)                  echo it_cluster it_checkpoint it_hostile ;;
-    worker/ps_client*)         echo it_fake_shard it_cluster it_checkpoint it_hostile ;;
+    worker/client/ps_client*)         echo it_fake_shard it_cluster it_checkpoint it_hostile ;;
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
     common/transport*)         echo check_transport it_hostile ;;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "bench_rows.h"
+#include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_time.h"

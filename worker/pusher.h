@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include "net.h"
+#include "config.h"
 #include "ps_client.h"
 
 struct ps_pusher;

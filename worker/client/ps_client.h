@@ -1,4 +1,9 @@
-/* ps_client.h - the client API of the parameter server (libps.a).
+/* ps_client.h - the client API of the parameter server (libps.so, libps.a).
+ *
+ * This header and ps_err.h are the whole public API: `pkg-config --cflags
+ * --libs ps` finds them and the library. The configuration is opaque here
+ * (ps_config_open and the accessors below); programs built inside this tree
+ * may include config.h for the full struct.
  *
  * A client connects to every shard of a config as worker `rank` (or as a
  * monitor, rank -1), cuts tensors into slices by the shard map and talks to
@@ -26,10 +31,37 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "config.h"
-#include "histo.h"
+#include "ps_err.h"
+
+/* The library's version (also in the soname: libps.so.PS_VERSION_MAJOR). */
+#define PS_VERSION_MAJOR 1
+#define PS_VERSION_MINOR 0
+/* "1.0" as built; compare with PS_VERSION_* to catch a header/library mix. */
+const char *ps_version(void);
 
 struct ps_client;
+struct ps_config;
+
+/* Reads and validates a YAML config into a new opaque *out. On failure
+ * returns PS_ECONFIG (or -errno) and writes "file:line: reason" into err.
+ * A config given to ps_client_init must outlive the client. */
+int ps_config_open(struct ps_config **out, const char *path, char *err, size_t errlen);
+void ps_config_close(struct ps_config *cfg);
+/* The model's dense tensors in config order: name and element count. */
+int ps_config_ntensors(const struct ps_config *cfg);
+const char *ps_config_tensor_name(const struct ps_config *cfg, int i);
+int64_t ps_config_tensor_count(const struct ps_config *cfg, int i);
+/* The model's embedding tables: name and row width in floats. */
+int ps_config_ntables(const struct ps_config *cfg);
+const char *ps_config_table_name(const struct ps_config *cfg, int i);
+int ps_config_table_dim(const struct ps_config *cfg, int i);
+/* Shards, and the consistency mode: 1 sync, 0 async; and the async
+ * staleness bound. */
+int ps_config_nshards(const struct ps_config *cfg);
+int ps_config_sync(const struct ps_config *cfg);
+int ps_config_staleness(const struct ps_config *cfg);
+/* The file the config was loaded from. */
+const char *ps_config_path(const struct ps_config *cfg);
 
 struct ps_tensor {
 	const char *name;     /* a tensor of the config's model */
@@ -39,10 +71,7 @@ struct ps_tensor {
 };
 
 /* Tensor i of cfg's model over data (its name and element count). */
-static inline struct ps_tensor ps_tensor_of(const struct ps_config *cfg, int i, float *data)
-{
-	return (struct ps_tensor){ cfg->tensors[i].name, data, cfg->tensors[i].count, 0 };
-}
+struct ps_tensor ps_tensor_of(const struct ps_config *cfg, int i, float *data);
 
 /* Push flags. */
 enum {
@@ -67,6 +96,8 @@ struct ps_table_stats {
 	uint64_t pulled_rows, pushed_rows, version;
 };
 #define PS_STATS_MAX_TABLES 16
+/* Latency histogram buckets (the same value as histo.h's). */
+#define PS_HISTO_BUCKETS 28
 
 /* Per-shard counters, as returned by ps_client_stats. */
 struct ps_shard_stats {
@@ -189,6 +220,15 @@ void ps_client_rows_bytes(struct ps_client *c, uint64_t *given, uint64_t *sent);
 
 /* Blocks until request id completes; returns 0 or its negative code. */
 int ps_client_wait(struct ps_client *c, int64_t id);
+
+/* ps_client_wait with a limit: PS_ETIMEDOUT when id has not completed
+ * within timeout_s seconds (id then stays pending: wait for it again),
+ * else what ps_client_wait returns. */
+int ps_client_wait_timeout(struct ps_client *c, int64_t id, double timeout_s);
+
+/* 1 when request id has completed (ps_client_wait will not block), 0 when
+ * it is still in flight, -EINVAL when it is not pending on c. */
+int ps_client_done(struct ps_client *c, int64_t id);
 
 /* Text of the last failure seen by ps_client_wait or a call on this client. */
 const char *ps_client_error(struct ps_client *c);

@@ -21,6 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "auth.h"
+#include "config.h"
+#include "histo.h"
 #include "msg.h"
 #include "ps_client.h"
 #include "shardmap.h"
