@@ -1,0 +1,95 @@
+/* pyps.h - what the files of the ps._ps extension share.
+ *
+ * The extension is written against CPython's stable ABI (Py_LIMITED_API
+ * 3.11: the buffer protocol is part of it from 3.11), so one build serves
+ * every CPython from 3.11 on, and it links only libps.so: no numpy C API,
+ * no framework. Arrays come in through the buffer protocol, without copies.
+ *
+ *   pyps.c     module init, the exception classes, the Config type
+ *   client.c   the Client type: connect, push, pull, rows, close, fork guard
+ *   handle.c   the Handle of an asynchronous call: wait, done, timeout
+ *   stats.c    struct ps_shard_stats as a dict
+ *
+ * Threads: every call that can wait runs with the GIL released; libps's
+ * own threads never call into Python (no callbacks are registered).
+ */
+#ifndef PYPS_H
+#define PYPS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdio.h>
+#include <sys/types.h>
+#include "ps_client.h"
+
+/* The exception classes (pyps.c): ps.Error and its subclasses. */
+extern PyObject *pyps_Error, *pyps_ForkError, *pyps_ArrayError;
+
+/* Raises the class for code (a negative PS_E* or -errno) with the message
+ * "PS_EXXX: what" and e.code = code; returns NULL. */
+PyObject *pyps_raise(int code, const char *fmt, ...);
+/* The name of code: "PS_EAUTH", "ECONNREFUSED", ... */
+const char *pyps_code_name(int code);
+
+/* ps.Config: an opened config file. */
+typedef struct {
+	PyObject_HEAD
+	struct ps_config *cfg;
+} pyps_config;
+extern PyTypeObject *pyps_ConfigType;
+
+/* ps.Client: one connection to every shard. busy counts the calls and
+ * handles using c right now; close() frees c once busy reaches 0, so a
+ * thread inside a call never sees c freed under it. */
+typedef struct {
+	PyObject_HEAD
+	struct ps_client *c;
+	pyps_config *config;
+	int rank;
+	pid_t pid;     /* the process that connected: in a forked child c is unusable */
+	int closed;
+	long busy;
+} pyps_client;
+extern PyTypeObject *pyps_ClientType;
+
+/* Checks c may be used (not closed, not in a forked child) and counts one
+ * user; 0 or -1 with an exception set. */
+int pyps_client_enter(pyps_client *self);
+/* Drops that user; frees c when the client was closed meanwhile. */
+void pyps_client_leave(pyps_client *self);
+/* The client's last error text, copied into buf (any thread). */
+void pyps_client_errtext(pyps_client *self, char *buf, size_t len);
+
+/* ps.Handle of an asynchronous call. It owns the buffers the call reads
+ * or writes (released when it completes) and one user of the client. */
+typedef struct {
+	PyObject_HEAD
+	pyps_client *client;
+	int64_t ids[2];          /* 0 once waited for */
+	int nids;
+	int status;              /* first failure */
+	char err[512];
+	int waiting;             /* a thread is in wait() */
+	int finished;
+	Py_buffer *views;
+	int nviews;
+	struct ps_tensor *tensors; /* pull: versions land here */
+	int ntensors;
+	PyObject *result;        /* returned by wait() */
+	const char *what;        /* "push", "pull", ... for messages */
+} pyps_handle;
+extern PyTypeObject *pyps_HandleType;
+
+/* A new handle over what a call submitted; takes views, tensors
+ * (PyMem_Malloc'ed) and a reference to result. */
+PyObject *pyps_handle_new(pyps_client *client, const char *what, const int64_t *ids, int nids,
+			  Py_buffer *views, int nviews, struct ps_tensor *tensors, int ntensors,
+			  PyObject *result);
+
+/* The stats of one shard as a dict. */
+PyObject *pyps_stats_dict(const struct ps_shard_stats *s);
+
+int pyps_init_client(PyObject *m);
+int pyps_init_handle(PyObject *m);
+
+#endif
