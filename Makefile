@@ -184,8 +184,17 @@ test: deps
 	@$(MAKE) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
 		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec
 	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS) $(IT_SH)
+	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory test-rdma
+
+# The Python package (python/): pip-installed into build/pyvenv (made from
+# Debian's /usr/bin/python3, offline) and its pytest suite against real
+# shards (scripts/test-python.sh; docs/python.md).
+.PHONY: test-python
+test-python: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/test-python.sh
 
 # RDMA over soft-RoCE in a VM (docs/rdma.md): the host packages, virtme-ng
 # and Debian's kernel are fetched once into build/rdma-vm; exit 77 = skipped
