@@ -21,6 +21,9 @@
 #                            checkpoint included (default 300); a worker
 #                            gets at most 15, then SIGKILL
 #   --dry-run                print the commands that start would run
+#   --worker-cmd CMD         start: each worker runs CMD (e.g. "python3
+#                            train.py") through ps-worker --exec, with
+#                            PS_CONFIG, PS_RANK and PS_NUM_WORKERS set
 #   -- WORKER_ARGS...        more ps-worker flags (--epochs 5, ...)
 #
 # start: checks every host over ssh first (reachable, programs and config
@@ -53,7 +56,7 @@ CONFIG=$1 ACTION=$2; shift 2
 case "$ACTION" in start|stop|status) ;; *)
   die "unknown action '$ACTION' (start, stop or status)" ;;
 esac
-DIR=$here LOGS="" WHOSTS="" DRY=0 WAIT=""
+DIR=$here LOGS="" WHOSTS="" DRY=0 WAIT="" WCMD=()
 SSH=${PS_SSH:-ssh -o BatchMode=yes -o ConnectTimeout=10}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -65,11 +68,12 @@ while [ $# -gt 0 ]; do
       esac
       shift 2 ;;
     --dry-run) DRY=1; shift ;;
+    --worker-cmd) [ $# -ge 2 ] || die "$1 needs a value"; WCMD=(--exec "$2"); shift 2 ;;
     --) shift; break ;;
     *) die "unknown option '$1' (--help lists them)" ;;
   esac
 done
-WARGS=("$@")
+WARGS=(${WCMD[@]+"${WCMD[@]}"} "$@")
 LOGS=${LOGS:-$DIR/logs}
 case "$WAIT" in
   "") WAIT=$([ "$ACTION" = stop ] && echo 300 || echo 30) ;;

@@ -2,7 +2,11 @@
 # ps-local.sh - runs every shard and worker of a config on this machine.
 #
 #   scripts/ps-local.sh CONFIG [--logs DIR] [--workers-only|--servers-only] [-- WORKER_ARGS...]
+#   scripts/ps-local.sh CONFIG --worker-cmd "python3 train.py" [...]
 #
+# --worker-cmd runs CMD (with bash -c) as each worker instead of ps-worker,
+# with PS_CONFIG (the config's absolute path), PS_RANK and PS_NUM_WORKERS
+# in its environment (the Python package reads them: docs/python.md).
 # Shards start first (with cluster.replicas: 1 each shard's backup process
 # too, --replica 1, logging to server-K-r1.log); workers start once every
 # one listens. Worker 0's
@@ -19,14 +23,15 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/scripts/ps-lib.sh"
 BIN=${PS_BIN:-$here/bin}
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 case "$1" in -h|--help) usage; exit 0 ;; esac
 CONFIG=$1; shift
-LOGDIR="" MODE=all
+LOGDIR="" MODE=all WORKER_CMD=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --logs) LOGDIR=$2; shift 2 ;;
+    --worker-cmd) WORKER_CMD=${2:?--worker-cmd needs a command}; shift 2 ;;
     --servers-only) MODE=servers; shift ;;
     --workers-only) MODE=workers; shift ;;
     --) shift; break ;;
@@ -34,7 +39,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -r "$CONFIG" ] || { echo "ps-local.sh: cannot read $CONFIG" >&2; exit 2; }
-for b in ps-server ps-worker; do
+for b in ps-server $([ -z "$WORKER_CMD" ] && echo ps-worker); do
   [ -x "$BIN/$b" ] || { echo "ps-local.sh: $BIN/$b missing; run 'make' first" >&2; exit 2; }
 done
 LOGDIR=${LOGDIR:-$(mktemp -d /tmp/ps-local.XXXXXX)}
@@ -129,11 +134,20 @@ if [ "$MODE" = servers ]; then
   while :; do sleep 1; done
 fi
 
+# A worker: ps-worker, or --worker-cmd with the config and rank in its environment.
+run_worker() { # RANK ARGS...
+  local r=$1; shift
+  if [ -n "$WORKER_CMD" ]; then
+    PS_CONFIG=$(realpath "$CONFIG") PS_RANK=$r PS_NUM_WORKERS=$nworkers bash -c "$WORKER_CMD"
+  else
+    "$BIN/ps-worker" --config "$CONFIG" --rank "$r" "$@"
+  fi
+}
 for ((r = 0; r < nworkers; r++)); do
   if [ $r -eq 0 ]; then
-    "$BIN/ps-worker" --config "$CONFIG" --rank 0 "$@" 2> >(tee "$LOGDIR/worker-0.log" >&2) &
+    run_worker 0 "$@" 2> >(tee "$LOGDIR/worker-0.log" >&2) &
   else
-    "$BIN/ps-worker" --config "$CONFIG" --rank "$r" "$@" >"$LOGDIR/worker-$r.log" 2>&1 &
+    run_worker "$r" "$@" >"$LOGDIR/worker-$r.log" 2>&1 &
   fi
   worker_pids+=($!)
 done

@@ -30,6 +30,7 @@
 #include "net.h"
 #include "ps_client.h"
 #include "pusher.h"
+#include "worker_cmd.h"
 #include "ps_err.h"
 #include "ps_log.h"
 
@@ -92,6 +93,10 @@ static void usage(FILE *out)
 		"  -l, --log-level L    debug, info, warn, error or off\n"
 		"      --secret-file F  the cluster secret (default: the config's\n"
 		"                       security.secret_file, else $PS_SECRET_FILE)\n"
+		"  -x, --exec CMD       no training here: run CMD (with /bin/sh -c) as this\n"
+		"                       worker, with PS_CONFIG, PS_RANK, PS_NUM_WORKERS (and\n"
+		"                       PS_SECRET_FILE from --secret-file) in its environment,\n"
+		"                       signals passed on; exits with its status\n"
 		"  -h, --help           this text\n"
 		"\n"
 		"Progress goes to stderr: one updating line on a terminal, plain lines\n"
@@ -410,17 +415,18 @@ int main(int argc, char **argv)
 		{ "save-model", required_argument, NULL, 's' },
 		{ "eval", required_argument, NULL, 'E' },
 		{ "secret-file", required_argument, NULL, 'K' },
+		{ "exec", required_argument, NULL, 'x' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *device = NULL, *metrics_dir = NULL;
-	const char *save_model = NULL, *eval_model = NULL, *secret = NULL;
+	const char *save_model = NULL, *eval_model = NULL, *secret = NULL, *exec_cmd = NULL;
 	int rank = -1, epochs = 0, batch = 0, limit = -1, opt, rc = 1;
 	/* large (tensors table): static, so early exits on bad flags free nothing */
 	static struct ps_config cfg_storage;
 	struct ps_config *cfg = &cfg_storage;
 	char err[1024];
 
-	while ((opt = getopt_long(argc, argv, "c:r:e:b:d:l:m:n:s:E:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "c:r:e:b:d:l:m:n:s:E:x:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c': config = optarg; break;
 		case 'r':
@@ -452,6 +458,7 @@ int main(int argc, char **argv)
 		case 's': save_model = optarg; break;
 		case 'E': eval_model = optarg; break;
 		case 'K': secret = optarg; break;
+		case 'x': exec_cmd = optarg; break;
 		case 'm':
 			metrics_dir = optarg;
 			if (strlen(optarg) >= sizeof(cfg->train.metrics_dir)) {
@@ -501,6 +508,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ps-worker: --rank %d: %s has workers 0..%d\n", rank, config, cfg->nworkers - 1);
 		return 2;
 	}
+	if (exec_cmd)
+		return ps__worker_exec(exec_cmd, config, rank, cfg->nworkers, secret);
 	if (cfg->model.nlayers == 0) {
 		fprintf(stderr, "ps-worker: %s: the model has no layers; set model.preset (mlp, cnn, ctr) or model.layers\n", config);
 		return 2;

@@ -19,6 +19,8 @@ ap.add_argument("--rank", type=int)
 ap.add_argument("--clocks", type=int, default=3)
 ap.add_argument("--async-calls", action="store_true")
 ap.add_argument("--rows", action="store_true")
+ap.add_argument("--check-workers", type=int, default=0,
+                help="sync: at the end, check the weights are the exact sum of N workers' pushes")
 a = ap.parse_args()
 
 with ps.Client(a.config, a.rank) as c:
@@ -46,4 +48,10 @@ with ps.Client(a.config, a.rank) as c:
             v = c.pull(w, min_version=clock + 1 if sync else 0)
         if sync:
             assert v >= clock + 1, f"pulled version {v} after clock {clock}"
-    print("worker", rank, "done at clock", c.clock())
+    if a.check_workers:
+        for i, n in enumerate(names):
+            want = -sum(gradient(i, r, k, c.config.tensors[n])
+                        for r in range(a.check_workers) for k in range(a.clocks))
+            assert np.array_equal(w[n], want), f"tensor {n}: {w[n][:4]} != {want[:4]}"
+        print("worker", rank, "checked the sums of", a.check_workers, "workers")
+    print("worker", rank, "done at clock", c.clock(), "env rank", os.environ.get("PS_RANK"))

@@ -1,0 +1,94 @@
+"""The launchers start Python workers: ps-local.sh --worker-cmd runs the
+command as each worker with PS_CONFIG and PS_RANK set (the package reads
+them); ps.sbatch --worker-cmd puts them on each worker's srun line."""
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, free_port
+
+HERE = os.path.dirname(__file__)
+
+
+def write_config(tmp_path, workers):
+    path = tmp_path / "local.yaml"
+    path.write_text(
+        "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: %d\n"
+        "optimizer:\n  name: sgd\n  lr: 1\n"
+        "model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
+        "    - {name: c, shape: [5], init: zeros}\n"
+        "log:\n  level: warn\n" % (free_port(), free_port(), workers))
+    return str(path)
+
+
+def test_ps_local_worker_cmd(tmp_path):
+    cfg = write_config(tmp_path, 2)
+    cmd = f"{sys.executable} {HERE}/pyworker.py --clocks 3 --check-workers 2"
+    logs = tmp_path / "logs"
+    p = subprocess.run([os.path.join(ROOT, "scripts", "ps-local.sh"), cfg, "--logs", str(logs),
+                        "--worker-cmd", cmd], cwd=str(tmp_path), capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(2):
+        # worker 0's output goes to the terminal (its stderr to the log too)
+        log = p.stdout if r == 0 else (logs / f"worker-{r}.log").read_text()
+        assert f"worker {r} checked the sums of 2 workers" in log, log
+        assert f"worker {r} done at clock 3 env rank {r}" in log, log
+
+
+def test_ps_local_worker_cmd_failure(tmp_path):
+    cfg = write_config(tmp_path, 2)
+    p = subprocess.run([os.path.join(ROOT, "scripts", "ps-local.sh"), cfg, "--logs",
+                        str(tmp_path / "logs"), "--worker-cmd", "exit $((3 + PS_RANK))"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert "exited with status" in p.stderr
+
+
+def test_sbatch_worker_cmd_dry_run(tmp_path):
+    cfg = write_config(tmp_path, 2)
+    env = dict(os.environ, PS_NODES="n1 n2", PS_DRY_RUN="1", PS_LOGS=str(tmp_path / "sb"))
+    p = subprocess.run([os.path.join(ROOT, "scripts", "ps.sbatch"), cfg, "--worker-cmd",
+                        "python3 train.py"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    derived = str(tmp_path / "sb" / "cluster.yaml")
+    lines = [ln for ln in p.stdout.splitlines() if "bash -c" in ln]
+    assert len(lines) == 2, p.stdout
+    for r, ln in enumerate(lines):
+        assert f"--nodelist=n{r + 1}" in ln
+        assert f"env PS_CONFIG={derived} PS_RANK={r}" in ln, ln
+        assert "PS_NUM_WORKERS=2 bash -c python3 train.py" in ln, ln
+    assert "ps-worker" not in "\n".join(lines)
+
+
+def test_ps_worker_exec(tmp_path):
+    cfg = write_config(tmp_path, 2)
+    worker = os.path.join(ROOT, "bin", "ps-worker")
+    p = subprocess.run([worker, "--config", os.path.relpath(cfg), "--rank", "1", "--secret-file",
+                        "/s", "--exec", 'echo "$PS_CONFIG $PS_RANK $PS_NUM_WORKERS $PS_SECRET_FILE"'],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == [cfg, "1", "2", "/s"]
+    p = subprocess.run([worker, "--config", cfg, "--rank", "0", "--exec", "exit 5"], timeout=30)
+    assert p.returncode == 5
+    p = subprocess.run([worker, "--config", cfg, "--rank", "2", "--exec", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "workers 0..1" in p.stderr
+
+
+def test_ps_cluster_worker_cmd_dry_run(tmp_path):
+    cfg = write_config(tmp_path, 2)
+    text = open(cfg).read().replace("127.0.0.1:", "s1:", 1).replace("127.0.0.1:", "s2:", 1)
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(text + "security: {secret_file: c.secret}\n")
+    p = subprocess.run([os.path.join(ROOT, "scripts", "ps-cluster.sh"), str(hosts), "start",
+                        "--dry-run", "--worker-hosts", "w1,w2", "--logs", str(tmp_path / "logs"),
+                        "--worker-cmd", "python3 train.py"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if "ps-worker" in ln]
+    assert len(lines) == 2, p.stdout
+    for r, ln in enumerate(lines):
+        assert f" w{r + 1} " in ln, ln
+        assert f"ps-worker --config {hosts} --rank {r} --exec " in ln, ln
+        assert "--exec python3\\ train.py;" in ln, ln
