@@ -134,13 +134,15 @@ if [ "$MODE" = servers ]; then
   while :; do sleep 1; done
 fi
 
-# A worker: ps-worker, or --worker-cmd with the config and rank in its environment.
+# A worker: ps-worker, or --worker-cmd with the config and rank in its
+# environment. Run as `run_worker ... &`: exec, so that $! is the worker
+# itself (signals reach it, not a subshell).
 run_worker() { # RANK ARGS...
   local r=$1; shift
   if [ -n "$WORKER_CMD" ]; then
-    PS_CONFIG=$(realpath "$CONFIG") PS_RANK=$r PS_NUM_WORKERS=$nworkers bash -c "$WORKER_CMD"
+    PS_CONFIG=$(realpath "$CONFIG") PS_RANK=$r PS_NUM_WORKERS=$nworkers exec bash -c "$WORKER_CMD"
   else
-    "$BIN/ps-worker" --config "$CONFIG" --rank "$r" "$@"
+    exec "$BIN/ps-worker" --config "$CONFIG" --rank "$r" "$@"
   fi
 }
 for ((r = 0; r < nworkers; r++)); do
