@@ -188,6 +188,19 @@ test: deps
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory test-rdma
 
+# Python against C (ps-bench) in one run: python/bench/bench_py.py, the
+# figures BENCHMARKS.md records (exit 1 when a target is missed).
+.PHONY: bench-python
+bench-python: test-python-venv
+	@secret=$$(mktemp -u /tmp/ps-bench-secret.XXXXXX) && scripts/ps-keygen $$secret 2>/dev/null && \
+	  PS_SECRET_FILE=$$secret build/pyvenv/bin/python python/bench/bench_py.py; \
+	  rc=$$?; rm -f $$secret; exit $$rc
+
+.PHONY: test-python-venv
+test-python-venv: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/test-python.sh --install-only
+
 # The Python package (python/): pip-installed into build/pyvenv (made from
 # Debian's /usr/bin/python3, offline) and its pytest suite against real
 # shards (scripts/test-python.sh; docs/python.md).

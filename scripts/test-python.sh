@@ -6,6 +6,7 @@
 # Debian's setuptools (--no-build-isolation --no-index).
 #
 #   scripts/test-python.sh [PYTEST ARGS...]     e.g. -k fork -x
+#   scripts/test-python.sh --install-only       the venv and the package only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -17,6 +18,7 @@ fi
 $venv/bin/python -m pip install -q --no-build-isolation --no-index --no-deps \
   --force-reinstall ./python >build/pyvenv-install.log 2>&1 ||
   { cat build/pyvenv-install.log >&2; echo "test-python: pip install ./python failed" >&2; exit 1; }
+[ "${1:-}" = --install-only ] && exit 0
 if [ -z "${PS_SECRET_FILE:-}" ]; then
   secret=$(mktemp /tmp/ps-pytest-secret.XXXXXX)
   trap 'rm -f "$secret"' EXIT
