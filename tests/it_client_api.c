@@ -1,0 +1,152 @@
+/* it_client_api.c - the parts of the public client API a binding relies
+ * on (worker/client/ps_client_api.c), against a real shard: the opaque
+ * config handle and its accessors (and the file:line error), and the waits
+ * of ps_client_wait_timeout and ps_client_done on a pull that cannot be
+ * answered until a second worker pushes: the timeout leaves the request
+ * pending, done says 0 then 1, and the request is waited for once.
+ */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include "ps_client.h"
+#include "ps_time.h"
+#include "test_util.h"
+
+static char path[64];
+static pid_t srv = -1;
+
+/* One shard, two workers, sync; tensors a (10) and c (5), table e (dim 4);
+ * with start, its shard is started. */
+static struct ps_config *start_cluster(int start)
+{
+	char yaml[1024], err[512];
+	struct ps_config *cfg;
+
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 2\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [10], init: zeros}\n"
+		 "    - {name: c, shape: [5], init: zeros}\n"
+		 "  embeddings:\n    - {name: e, dim: 4, init: zeros}\n"
+		 "log:\n  level: warn\n", tu_free_port());
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_open(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	if (start)
+		srv = tu_start_server(path, 0);
+	return cfg;
+}
+
+static struct ps_client *connect_rank(const struct ps_config *cfg, int rank)
+{
+	struct ps_client *c = NULL;
+	char err[512];
+	int rc;
+
+	for (double t0 = ps_now_s(); ; tu_sleep_ms(20)) {
+		rc = ps_client_init(&c, cfg, rank, err, sizeof(err));
+		if (rc != -ECONNREFUSED || ps_now_s() - t0 > 10)
+			break;
+	}
+	ck_assert_msg(rc == 0, "rank %d: %s", rank, err);
+	return c;
+}
+
+START_TEST(test_config_handle)
+{
+	struct ps_config *cfg = start_cluster(0);
+	char bad[64], err[512];
+	struct ps_config *none = (struct ps_config *)1;
+
+	ck_assert_int_eq(ps_config_ntensors(cfg), 2);
+	ck_assert_str_eq(ps_config_tensor_name(cfg, 1), "c");
+	ck_assert_int_eq(ps_config_tensor_count(cfg, 0), 10);
+	ck_assert_ptr_null(ps_config_tensor_name(cfg, 2));
+	ck_assert_int_eq(ps_config_tensor_count(cfg, -1), PS_ENOTENSOR);
+	ck_assert_int_eq(ps_config_ntables(cfg), 1);
+	ck_assert_str_eq(ps_config_table_name(cfg, 0), "e");
+	ck_assert_int_eq(ps_config_table_dim(cfg, 0), 4);
+	ck_assert_int_eq(ps_config_nshards(cfg), 1);
+	ck_assert_int_eq(ps_config_sync(cfg), 1);
+	ck_assert_str_eq(ps_config_path(cfg), path);
+	struct ps_tensor t = ps_tensor_of(cfg, 1, NULL);
+	ck_assert_str_eq(t.name, "c");
+	ck_assert_int_eq(t.count, 5);
+	ck_assert_str_eq(ps_version(), "1.0");
+	ps_config_close(cfg);
+
+	ck_assert_int_eq(tu_write_temp(bad, "cluster:\n  servers: [127.0.0.1:1]\n  nonsense: 3\n"), 0);
+	ck_assert_int_eq(ps_config_open(&none, bad, err, sizeof(err)), PS_ECONFIG);
+	ck_assert_ptr_null(none);
+	char want[80];
+	snprintf(want, sizeof(want), "%s:3", bad);
+	ck_assert_msg(strstr(err, want), "%s", err);
+	unlink(bad);
+	ck_assert_int_eq(ps_config_open(&none, "/nonexistent/x.yaml", err, sizeof(err)), -ENOENT);
+	unlink(path);
+}
+END_TEST
+
+START_TEST(test_wait_timeout_and_done)
+{
+	struct ps_config *cfg = start_cluster(1);
+	struct ps_client *c0 = connect_rank(cfg, 0), *c1 = connect_rank(cfg, 1);
+	float g[5] = { 1, 2, 3, 4, 5 }, g1[5] = { 10, 10, 10, 10, 10 }, w[5] = { 0 };
+	struct ps_tensor tg = ps_tensor_of(cfg, 1, g), tw = ps_tensor_of(cfg, 1, w);
+	struct ps_tensor tg1 = ps_tensor_of(cfg, 1, g1);
+	int64_t pull;
+
+	ck_assert_int_eq(ps_client_wait(c0, ps_client_push(c0, 0, &tg, 1, PS_PUSH_END_CLOCK)), 0);
+	pull = ps_client_pull(c0, 1, &tw, 1); /* needs rank 1's clock 0 too */
+	ck_assert_int_gt(pull, 0);
+	ck_assert_int_eq(ps_client_done(c0, pull), 0);
+	double t0 = ps_now_s();
+	ck_assert_int_eq(ps_client_wait_timeout(c0, pull, 0.2), PS_ETIMEDOUT);
+	double waited = ps_now_s() - t0;
+	ck_assert_msg(waited >= 0.19 && waited < 5, "waited %.3f s", waited);
+	ck_assert_msg(strstr(ps_client_error(c0), "not complete within"), "%s", ps_client_error(c0));
+	ck_assert_int_eq(ps_client_done(c0, pull), 0); /* still pending */
+	ck_assert_int_eq(ps_client_wait_timeout(c0, pull, 0), PS_ETIMEDOUT);
+
+	ck_assert_int_eq(ps_client_wait(c1, ps_client_push(c1, 0, &tg1, 1, PS_PUSH_END_CLOCK)), 0);
+	for (int i = 0; i < 500 && ps_client_done(c0, pull) == 0; i++)
+		tu_sleep_ms(10);
+	ck_assert_int_eq(ps_client_done(c0, pull), 1);
+	ck_assert_int_eq(ps_client_wait_timeout(c0, pull, 5), 0);
+	ck_assert_uint_eq(tw.version, 1);
+	for (int i = 0; i < 5; i++)
+		ck_assert_msg(w[i] == -(g[i] + g1[i]), "w[%d] = %g", i, w[i]);
+	/* waited once: no longer pending */
+	ck_assert_int_eq(ps_client_done(c0, pull), -EINVAL);
+	ck_assert_int_eq(ps_client_wait_timeout(c0, pull, 1), -EINVAL);
+	ck_assert_int_eq(ps_client_wait(c0, pull), -EINVAL);
+	/* a negative timeout waits as ps_client_wait does */
+	pull = ps_client_pull(c0, 1, &tw, 1);
+	ck_assert_int_eq(ps_client_wait_timeout(c0, pull, -1), 0);
+
+	ps_client_free(c1);
+	ps_client_free(c0);
+	ps_config_close(cfg);
+	ck_assert_int_eq(tu_stop_server(srv), 0);
+	unlink(path);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("client_api");
+	TCase *tc = tcase_create("client_api");
+	int failed;
+
+	tu_secret_setup();
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_config_handle);
+	tcase_add_test(tc, test_wait_timeout_and_done);
+	suite_add_tcase(s, tc);
+	failed = tu_run_suite(s);
+	tu_secret_cleanup();
+	return failed ? 1 : 0;
+}
