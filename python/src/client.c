@@ -27,7 +27,7 @@ int pyps_client_enter(pyps_client *self)
 			   (int)getpid());
 		return -1;
 	}
-	if (!self->c) {
+	if (!self->c || self->closed) {
 		pyps_raise(PS_ESTATE, self->closed ? "the client is closed" :
 			   "the client is not connected");
 		return -1;
@@ -521,8 +521,15 @@ static PyObject *client_pushpull(pyps_client *self, PyObject *args, PyObject *kw
 		g.v = v;
 		memcpy(g.v + g.n, o.v, sizeof(*v) * (size_t)o.n);
 		PyMem_Free(o.v);
-		PyMem_Free(g.t);
-		return pyps_handle_new(self, "pushpull", ids, 2, g.v, g.n + o.n, o.t, o.n, NULL);
+		/* both tensor arrays stay where libps was given them until the
+		 * wait (ps_client.h): the push's goes with the handle too */
+		PyObject *h = pyps_handle_new(self, "pushpull", ids, 2, g.v, g.n + o.n, o.t, o.n,
+					      NULL);
+		if (h)
+			((pyps_handle *)h)->extra = g.t;
+		else
+			PyMem_Free(g.t); /* pyps_handle_new waited for both */
+		return h;
 	}
 	uint64_t version = min_version_of(&o);
 	tset_free(&o);

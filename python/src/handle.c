@@ -50,6 +50,7 @@ PyObject *pyps_handle_new(pyps_client *client, const char *what, const int64_t *
 	h->ntensors = ntensors;
 	h->result = result;
 	h->what = what;
+	h->extra = NULL;
 	return (PyObject *)h;
 }
 
@@ -72,8 +73,10 @@ static void finish(pyps_handle *h)
 		PyBuffer_Release(&h->views[i]);
 	PyMem_Free(h->views);
 	PyMem_Free(h->tensors);
+	PyMem_Free(h->extra);
 	h->views = NULL;
 	h->tensors = NULL;
+	h->extra = NULL;
 	h->nviews = h->ntensors = 0;
 	pyps_client_leave(h->client);
 }

@@ -75,6 +75,7 @@ typedef struct {
 	int nviews;
 	struct ps_tensor *tensors; /* pull: versions land here */
 	int ntensors;
+	void *extra;             /* another array libps reads until completion (pushpull's grads) */
 	PyObject *result;        /* returned by wait() */
 	const char *what;        /* "push", "pull", ... for messages */
 } pyps_handle;

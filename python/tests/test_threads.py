@@ -127,3 +127,25 @@ def test_handle_timeout_and_done(cluster):
         assert h.wait(timeout=10) == 1
         assert h.done() and h.wait() == 1             # a finished handle answers again
         np.testing.assert_array_equal(w, np.full(5, -2, np.float32))
+
+
+def test_close_with_a_call_in_flight(cluster):
+    """close() refuses new calls at once; a handle in flight still completes
+    (the client is freed after it)."""
+    cl = cluster(workers=2, tensors={"c": 5})
+    c0, c1 = ps.Client(cl.path, 0), ps.Client(cl.path, 1)
+    c0.push({"c": np.ones(5, np.float32)})
+    w = np.zeros(5, np.float32)
+    g = np.full(5, 7, np.float32)
+    h = c0.pushpull_async({"c": g}, {"c": w}, clock=1, min_version=1)
+    c0.close()
+    assert c0.closed
+    try:
+        c0.pull({"c": w})
+        raise AssertionError("a closed client answered")
+    except ps.StateError as e:
+        assert "closed" in str(e)
+    c1.push({"c": np.ones(5, np.float32)})
+    assert h.wait(timeout=10) >= 1
+    np.testing.assert_array_equal(w[:1], [-2])
+    c1.close()
