@@ -48,4 +48,4 @@ ext = Extension(
     extra_compile_args=["-std=gnu11", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
 )
 
-setup(ext_modules=[ext], options={"bdist_wheel": {"py_limited_api": "cp311"}})
+setup(packages=["ps"], ext_modules=[ext], options={"bdist_wheel": {"py_limited_api": "cp311"}})
