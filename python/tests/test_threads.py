@@ -149,3 +149,27 @@ def test_close_with_a_call_in_flight(cluster):
     assert h.wait(timeout=10) >= 1
     np.testing.assert_array_equal(w[:1], [-2])
     c1.close()
+
+
+def test_async_arrays_kept_alive(cluster):
+    """A handle holds the arrays of its call until it completes; a handle
+    dropped without wait() waits in its destructor."""
+    import sys
+    cl = cluster(workers=2, tensors={"c": 5})
+    with ps.Client(cl.path, 0) as c0, ps.Client(cl.path, 1) as c1:
+        c0.push({"c": np.ones(5, np.float32)})
+        w = np.zeros(5, np.float32)
+        before = sys.getrefcount(w)
+        h = c0.pull_async({"c": w}, min_version=1)      # pending until rank 1 pushes
+        assert sys.getrefcount(w) > before, "the handle does not hold the array"
+        c1.push({"c": np.ones(5, np.float32)})
+        assert h.wait(timeout=10) == 1
+        assert sys.getrefcount(w) == before, "the array is still held after completion"
+        g = np.full(5, 3, np.float32)
+        h = c0.push_async({"c": g})
+        del h, g                                           # waits; nothing leaks or breaks
+        assert c0.clock() == 2
+        c1.push({"c": np.zeros(5, np.float32)})
+        out = np.zeros(5, np.float32)
+        assert c0.pull({"c": out}) == 2
+        np.testing.assert_array_equal(out, np.full(5, -5, np.float32))
