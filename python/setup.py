@@ -38,7 +38,7 @@ def find_libps():
 incs, libdirs = find_libps()
 ext = Extension(
     "ps._ps",
-    sources=[os.path.join("src", f) for f in ("pyps.c", "client.c", "handle.c", "stats.c")],
+    sources=[os.path.join("src", f) for f in ("pyps.c", "client.c", "arrays.c", "handle.c", "stats.c")],
     include_dirs=incs,
     library_dirs=libdirs,
     runtime_library_dirs=libdirs,

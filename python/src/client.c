@@ -1,5 +1,6 @@
 /* client.c - ps._ps.Client: one connection to every shard of a config, as
- * worker rank R or as a monitor (rank -1).
+ * worker rank R or as a monitor (rank -1). arrays.c turns the arguments
+ * into libps's tensors.
  *
  * Every method checks the client is open and used in the process that
  * connected it (a forked child gets ps.ForkError: the connections and the
@@ -123,217 +124,6 @@ static PyObject *client_close(pyps_client *self, PyObject *noarg)
 	Py_RETURN_NONE;
 }
 
-/* ---- arrays ---- */
-
-/* The reason the buffer protocol gave, as text (clears the error). */
-static void take_reason(char *buf, size_t len)
-{
-	PyObject *type, *value, *tb, *s = NULL;
-	Py_ssize_t n;
-	const char *t = NULL;
-
-	PyErr_Fetch(&type, &value, &tb);
-	if (value && (s = PyObject_Str(value)))
-		t = PyUnicode_AsUTF8AndSize(s, &n);
-	snprintf(buf, len, "%s", t ? t : "no buffer interface");
-	PyErr_Clear();
-	Py_XDECREF(s);
-	Py_XDECREF(type);
-	Py_XDECREF(value);
-	Py_XDECREF(tb);
-}
-
-/* The device of a framework tensor ("cuda:0"), or "" for host memory. */
-static void device_of(PyObject *obj, char *buf, size_t len)
-{
-	PyObject *dev, *s;
-	const char *t;
-	Py_ssize_t n;
-
-	buf[0] = 0;
-	if (PyObject_HasAttrString(obj, "__cuda_array_interface__"))
-		snprintf(buf, len, "cuda");
-	dev = PyObject_GetAttrString(obj, "device");
-	if (!dev) {
-		PyErr_Clear();
-		return;
-	}
-	s = PyObject_Str(dev);
-	Py_DECREF(dev);
-	if (!s) {
-		PyErr_Clear();
-		return;
-	}
-	t = PyUnicode_AsUTF8AndSize(s, &n);
-	if (t && strcmp(t, "cpu") != 0 && strncmp(t, "cpu:", 4) != 0)
-		snprintf(buf, len, "%s", t);
-	Py_DECREF(s);
-}
-
-static int is_f32(const Py_buffer *v)
-{
-	const char *f = v->format ? v->format : "B";
-
-	if (*f == '<' || *f == '=' || *f == '@')
-		f++;
-	return v->itemsize == 4 && f[0] == 'f' && f[1] == 0;
-}
-
-/* Takes obj's memory as count float32 for tensor what ('name' or a table's
- * part); writable for pulls. 0, or -1 with ps.ArrayError set. */
-static int get_f32(PyObject *obj, const char *what, int64_t count, int writable, Py_buffer *v)
-{
-	int flags = PyBUF_FORMAT | PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-	char reason[256], dev[64];
-
-	if (PyObject_GetBuffer(obj, v, flags) < 0) {
-		PyObject *np, *det;
-
-		take_reason(reason, sizeof(reason));
-		device_of(obj, dev, sizeof(dev));
-		if (dev[0]) {
-			pyps_raise(PS_ESHAPE, "%s is on device %s; libps reads and writes host "
-				   "memory: pass a CPU float32 array (t.detach().cpu().numpy(), "
-				   "and copy pulled weights back)", what, dev);
-			return -1;
-		}
-		/* A torch CPU tensor: its numpy() view shares the memory. */
-		det = PyObject_HasAttrString(obj, "detach") ?
-			PyObject_CallMethod(obj, "detach", NULL) : NULL;
-		np = det && PyObject_HasAttrString(det, "numpy") ?
-			PyObject_CallMethod(det, "numpy", NULL) : NULL;
-		Py_XDECREF(det);
-		PyErr_Clear();
-		if (!np || PyObject_GetBuffer(np, v, flags) < 0) {
-			if (np)
-				take_reason(reason, sizeof(reason));
-			Py_XDECREF(np);
-			PyObject *tn = PyType_GetName(Py_TYPE(obj));
-			const char *tname = tn ? PyUnicode_AsUTF8AndSize(tn, NULL) : NULL;
-			PyErr_Clear();
-			pyps_raise(PS_ESHAPE, "%s: a %s was given (%s): a C-contiguous%s float32 "
-				   "array of %lld elements expected", what, tname ? tname : "?",
-				   reason, writable ? ", writable" : "", (long long)count);
-			Py_XDECREF(tn);
-			return -1;
-		}
-		Py_DECREF(np); /* v->obj holds it */
-	}
-	if (!is_f32(v)) {
-		pyps_raise(PS_ESHAPE, "%s: items of format '%s' (%zd bytes) given, float32 "
-			   "expected", what, v->format ? v->format : "B", v->itemsize);
-		goto err_release;
-	}
-	if (v->len / 4 != count) {
-		pyps_raise(PS_ESHAPE, "%s: %zd float32 given, %lld expected", what, v->len / 4,
-			   (long long)count);
-		goto err_release;
-	}
-	return 0;
-err_release:
-	PyBuffer_Release(v);
-	return -1;
-}
-
-/* The tensors of one call: a mapping {name: array}. */
-struct tset {
-	struct ps_tensor *t;
-	Py_buffer *v;
-	int n;
-};
-
-static void tset_free(struct tset *s)
-{
-	for (int i = 0; i < s->n; i++)
-		PyBuffer_Release(&s->v[i]);
-	PyMem_Free(s->t);
-	PyMem_Free(s->v);
-	s->t = NULL;
-	s->v = NULL;
-	s->n = 0;
-}
-
-static int find_tensor(const struct ps_config *cfg, const char *name)
-{
-	for (int i = 0; i < ps_config_ntensors(cfg); i++)
-		if (strcmp(ps_config_tensor_name(cfg, i), name) == 0)
-			return i;
-	return -1;
-}
-
-/* Fills s from mapping arg (what: "push", "pull") against cfg. */
-static int tset_get(struct tset *s, PyObject *map, const struct ps_config *cfg, int writable,
-		    const char *call)
-{
-	PyObject *items = NULL;
-	Py_ssize_t n;
-
-	memset(s, 0, sizeof(*s));
-	if (!PyDict_Check(map)) {
-		if (!PyMapping_Check(map) || !(items = PyMapping_Items(map))) {
-			PyErr_Clear();
-			pyps_raise(-EINVAL, "%s: tensors are a mapping {name: float32 array}, got "
-				   "a %s", call, Py_TYPE(map) ? "non-mapping" : "?");
-			return -1;
-		}
-		n = PyList_Size(items);
-	} else {
-		n = PyDict_Size(map);
-	}
-	if (n == 0) {
-		Py_XDECREF(items);
-		pyps_raise(-EINVAL, "%s: no tensors given", call);
-		return -1;
-	}
-	s->t = PyMem_Calloc((size_t)n, sizeof(*s->t));
-	s->v = PyMem_Calloc((size_t)n, sizeof(*s->v));
-	if (!s->t || !s->v) {
-		Py_XDECREF(items);
-		tset_free(s);
-		PyErr_NoMemory();
-		return -1;
-	}
-	Py_ssize_t pos = 0;
-	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *key, *val;
-		const char *name;
-		char what[200];
-		int k;
-
-		if (items) {
-			PyObject *kv = PyList_GetItem(items, i);
-			key = PyTuple_GetItem(kv, 0);
-			val = PyTuple_GetItem(kv, 1);
-		} else if (!PyDict_Next(map, &pos, &key, &val)) {
-			break;
-		}
-		if (!PyUnicode_Check(key) || !(name = PyUnicode_AsUTF8AndSize(key, NULL))) {
-			PyErr_Clear();
-			pyps_raise(-EINVAL, "%s: tensor names are str", call);
-			goto err_free;
-		}
-		k = find_tensor(cfg, name);
-		if (k < 0) {
-			pyps_raise(PS_ENOTENSOR, "%s: tensor '%s' is not in the model of %s "
-				   "(Config.tensors lists them)", call, name, ps_config_path(cfg));
-			goto err_free;
-		}
-		snprintf(what, sizeof(what), "%s: tensor '%s'", call, name);
-		if (get_f32(val, what, ps_config_tensor_count(cfg, k), writable, &s->v[i]) < 0)
-			goto err_free;
-		s->n = (int)i + 1;
-		s->t[i].name = ps_config_tensor_name(cfg, k); /* lives as long as cfg */
-		s->t[i].data = s->v[i].buf;
-		s->t[i].count = ps_config_tensor_count(cfg, k);
-	}
-	Py_XDECREF(items);
-	return 0;
-err_free:
-	Py_XDECREF(items);
-	tset_free(s);
-	return -1;
-}
-
 /* ---- dense calls ---- */
 
 static int get_u64(PyObject *o, uint64_t dflt, uint64_t *out)
@@ -358,7 +148,7 @@ static PyObject *fail(pyps_client *self, int rc, const char *call, const char *e
 	return pyps_raise(rc, "%s: %s", call, err);
 }
 
-static uint64_t min_version_of(const struct tset *s)
+static uint64_t min_version_of(const struct pyps_tset *s)
 {
 	uint64_t v = UINT64_MAX;
 
@@ -376,14 +166,14 @@ static PyObject *client_push(pyps_client *self, PyObject *args, PyObject *kw)
 	int end_clock = 1, async = 0, rc = 0;
 	uint64_t clock;
 	int64_t id;
-	struct tset s;
+	struct pyps_tset s;
 	char err[600] = "";
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Opp:push", kwlist, &map, &clk, &end_clock,
 					 &async) || pyps_client_enter(self) < 0)
 		return NULL;
 	if (get_u64(clk, ps_client_clock(self->c), &clock) < 0 ||
-	    tset_get(&s, map, self->config->cfg, 0, "push") < 0)
+	    pyps_tset_get(&s, map, self->config->cfg, 0, "push") < 0)
 		goto err_leave;
 	Py_BEGIN_ALLOW_THREADS
 	id = ps_client_push(self->c, clock, s.t, s.n, end_clock ? PS_PUSH_END_CLOCK : 0);
@@ -393,13 +183,13 @@ static PyObject *client_push(pyps_client *self, PyObject *args, PyObject *kw)
 		pyps_client_errtext(self, err, sizeof(err));
 	Py_END_ALLOW_THREADS
 	if (id < 0) {
-		tset_free(&s);
+		pyps_tset_free(&s);
 		fail(self, (int)id, "push", err);
 		goto err_leave;
 	}
 	if (async) /* the handle takes the buffers and this use of the client */
 		return pyps_handle_new(self, "push", &id, 1, s.v, s.n, s.t, 0, NULL);
-	tset_free(&s);
+	pyps_tset_free(&s);
 	pyps_client_leave(self);
 	if (rc < 0)
 		return fail(self, rc, "push", err);
@@ -417,14 +207,14 @@ static PyObject *client_pull(pyps_client *self, PyObject *args, PyObject *kw)
 	int async = 0, rc = 0;
 	uint64_t minv;
 	int64_t id;
-	struct tset s;
+	struct pyps_tset s;
 	char err[600] = "";
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Op:pull", kwlist, &map, &mv, &async) ||
 	    pyps_client_enter(self) < 0)
 		return NULL;
 	if (get_u64(mv, ps_config_sync(self->config->cfg) ? ps_client_clock(self->c) : 0,
-		    &minv) < 0 || tset_get(&s, map, self->config->cfg, 1, "pull") < 0)
+		    &minv) < 0 || pyps_tset_get(&s, map, self->config->cfg, 1, "pull") < 0)
 		goto err_leave;
 	Py_BEGIN_ALLOW_THREADS
 	id = ps_client_pull(self->c, minv, s.t, s.n);
@@ -434,14 +224,14 @@ static PyObject *client_pull(pyps_client *self, PyObject *args, PyObject *kw)
 		pyps_client_errtext(self, err, sizeof(err));
 	Py_END_ALLOW_THREADS
 	if (id < 0) {
-		tset_free(&s);
+		pyps_tset_free(&s);
 		fail(self, (int)id, "pull", err);
 		goto err_leave;
 	}
 	if (async)
 		return pyps_handle_new(self, "pull", &id, 1, s.v, s.n, s.t, s.n, NULL);
 	uint64_t version = min_version_of(&s);
-	tset_free(&s);
+	pyps_tset_free(&s);
 	pyps_client_leave(self);
 	if (rc < 0)
 		return fail(self, rc, "pull", err);
@@ -469,7 +259,7 @@ static PyObject *client_pushpull(pyps_client *self, PyObject *args, PyObject *kw
 	int end_clock = 1, after = 0, async = 0, rc = 0, rc2 = 0;
 	uint64_t clock, minv;
 	int64_t ids[2];
-	struct tset g, o;
+	struct pyps_tset g, o;
 	char err[600] = "";
 	unsigned flags;
 
@@ -482,9 +272,9 @@ static PyObject *client_pushpull(pyps_client *self, PyObject *args, PyObject *kw
 	if (get_u64(mv, !ps_config_sync(self->config->cfg) ? 0 :
 			(end_clock || after) ? clock + 1 : clock, &minv) < 0)
 		goto err_leave;
-	if (tset_get(&g, gmap, self->config->cfg, 0, "pushpull grads") < 0)
+	if (pyps_tset_get(&g, gmap, self->config->cfg, 0, "pushpull grads") < 0)
 		goto err_leave;
-	if (tset_get(&o, omap, self->config->cfg, 1, "pushpull out") < 0)
+	if (pyps_tset_get(&o, omap, self->config->cfg, 1, "pushpull out") < 0)
 		goto err_free_g;
 	for (int i = 0; i < g.n; i++)
 		for (int j = 0; j < o.n; j++)
@@ -532,16 +322,16 @@ static PyObject *client_pushpull(pyps_client *self, PyObject *args, PyObject *kw
 		return h;
 	}
 	uint64_t version = min_version_of(&o);
-	tset_free(&o);
-	tset_free(&g);
+	pyps_tset_free(&o);
+	pyps_tset_free(&g);
 	pyps_client_leave(self);
 	if (rc < 0)
 		return fail(self, rc, "pushpull", err);
 	return PyLong_FromUnsignedLongLong(version);
 err_free_o:
-	tset_free(&o);
+	pyps_tset_free(&o);
 err_free_g:
-	tset_free(&g);
+	pyps_tset_free(&g);
 err_leave:
 	pyps_client_leave(self);
 	return NULL;
@@ -554,42 +344,6 @@ static int find_table(const struct ps_config *cfg, const char *name)
 	for (int i = 0; i < ps_config_ntables(cfg); i++)
 		if (strcmp(ps_config_table_name(cfg, i), name) == 0)
 			return i;
-	return -1;
-}
-
-/* ids: a C-contiguous buffer of 8-byte integers (uint64 or int64 >= 0). */
-static int get_ids(PyObject *obj, const char *call, const char *table, Py_buffer *v)
-{
-	char reason[256];
-	const char *f;
-
-	if (PyObject_GetBuffer(obj, v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
-		take_reason(reason, sizeof(reason));
-		pyps_raise(PS_ESHAPE, "%s '%s': ids: %s: a C-contiguous uint64 or int64 array "
-			   "expected", call, table, reason);
-		return -1;
-	}
-	f = v->format ? v->format : "B";
-	if (*f == '<' || *f == '=' || *f == '@')
-		f++;
-	if (v->itemsize != 8 || !strchr("lqLQ", f[0]) || f[1]) {
-		pyps_raise(PS_ESHAPE, "%s '%s': ids of format '%s' (%zd bytes) given, uint64 or "
-			   "int64 expected", call, table, v->format ? v->format : "B",
-			   v->itemsize);
-		goto err_release;
-	}
-	if (f[0] == 'l' || f[0] == 'q') {
-		const int64_t *p = v->buf;
-		for (Py_ssize_t i = 0; i < v->len / 8; i++)
-			if (p[i] < 0) {
-				pyps_raise(PS_ESHAPE, "%s '%s': ids[%zd] = %lld: ids are 0 or more",
-					   call, table, i, (long long)p[i]);
-				goto err_release;
-			}
-	}
-	return 0;
-err_release:
-	PyBuffer_Release(v);
 	return -1;
 }
 
@@ -629,13 +383,13 @@ static PyObject *rows_call(pyps_client *self, PyObject *args, PyObject *kw, int 
 		PyErr_NoMemory();
 		goto err_leave;
 	}
-	if (get_ids(idobj, call, table, &v[0]) < 0)
+	if (pyps_get_ids(idobj, call, table, &v[0]) < 0)
 		goto err_free;
 	size_t n = (size_t)(v[0].len / 8);
 	int dim = ps_config_table_dim(self->config->cfg, k);
 	snprintf(what, sizeof(what), "%s '%s' %s (%zu ids x dim %d)", call, table,
 		 push ? "grads" : "out", n, dim);
-	if (get_f32(arr, what, (int64_t)n * dim, !push, &v[1]) < 0)
+	if (pyps_get_f32(arr, what, (int64_t)n * dim, !push, &v[1]) < 0)
 		goto err_release_ids;
 	Py_BEGIN_ALLOW_THREADS
 	if (push)

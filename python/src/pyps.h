@@ -7,6 +7,7 @@
  *
  *   pyps.c     module init, the exception classes, the Config type
  *   client.c   the Client type: connect, push, pull, rows, close, fork guard
+ *   arrays.c   arrays in: buffers checked for dtype, layout, size, device
  *   handle.c   the Handle of an asynchronous call: wait, done, timeout
  *   stats.c    struct ps_shard_stats as a dict
  *
@@ -59,6 +60,22 @@ int pyps_client_enter(pyps_client *self);
 void pyps_client_leave(pyps_client *self);
 /* The client's last error text, copied into buf (any thread). */
 void pyps_client_errtext(pyps_client *self, char *buf, size_t len);
+
+/* arrays.c: the tensors of one dense call, from a mapping {name: array}. */
+struct pyps_tset {
+	struct ps_tensor *t;
+	Py_buffer *v;
+	int n;
+};
+/* Fills s from map against cfg (writable: for pulls); call names the call
+ * in messages. 0, or -1 with an exception set and nothing held. */
+int pyps_tset_get(struct pyps_tset *s, PyObject *map, const struct ps_config *cfg, int writable,
+		  const char *call);
+void pyps_tset_free(struct pyps_tset *s);
+/* obj's memory as count float32 (what names it in messages). */
+int pyps_get_f32(PyObject *obj, const char *what, int64_t count, int writable, Py_buffer *v);
+/* An id array: C-contiguous uint64, or int64 >= 0. */
+int pyps_get_ids(PyObject *obj, const char *call, const char *table, Py_buffer *v);
 
 /* ps.Handle of an asynchronous call. It owns the buffers the call reads
  * or writes (released when it completes) and one user of the client. */
