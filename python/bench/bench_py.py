@@ -72,6 +72,24 @@ def c_bench(tmp, op, size, seconds):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def build_cloop(tmp):
+    exe = os.path.join(tmp, "cloop")
+    lib = os.path.join(ROOT, "lib")
+    subprocess.run(["gcc", "-O2", "-std=gnu11", "-Wall", "-o", exe,
+                    os.path.join(os.path.dirname(__file__), "cloop.c"),
+                    "-I" + os.path.join(ROOT, "worker", "client"), "-I" + os.path.join(ROOT, "common"),
+                    "-L" + lib, "-Wl,-rpath," + lib, "-lps"], check=True)
+    return exe
+
+
+def cloop_bench(tmp, exe, op, size, seconds):
+    """The Python loop's calls in C (cloop.c): a stricter baseline."""
+    with Shard(tmp, size) as sh:
+        out = subprocess.run([exe, sh.path, op, str(seconds)], check=True, capture_output=True,
+                             text=True).stdout
+    return json.loads(out)
+
+
 def py_bench(tmp, op, size, seconds):
     with Shard(tmp, size) as sh, ps.Client(sh.path, 0) as c:
         n = c.config.tensors["bench"]
@@ -128,20 +146,26 @@ def main():
         raise SystemExit("bench_py.py: set PS_SECRET_FILE (scripts/ps-keygen FILE)")
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
+        exe = build_cloop(tmp)
         for op, size in (("pushpull", "4K"), ("push", "1M")):
-            cs, pys = [], []
-            for r in range(a.rounds):  # C, Python, C, ..., C: drift hits both
+            cs, pys, ls = [], [], []
+            for r in range(a.rounds):  # C, loop, Python, C, ..., C: drift hits all
                 cs.append(c_bench(tmp, op, size, a.seconds))
+                ls.append(cloop_bench(tmp, exe, op, size, a.seconds))
                 pys.append(py_bench(tmp, op, size, a.seconds))
             cs.append(c_bench(tmp, op, size, a.seconds))
             med = statistics.median
             c_p50, py_p50 = med(x["p50_us"] for x in cs), med(x["p50_us"] for x in pys)
             c_gb, py_gb = med(x["gb_per_s"] for x in cs), med(x["gb_per_s"] for x in pys)
+            l_p50, l_gb = med(x["p50_us"] for x in ls), med(x["gb_per_s"] for x in ls)
             res[f"{op}_{size}"] = {
                 "c_p50_us": c_p50, "py_p50_us": py_p50, "c_gb_per_s": c_gb, "py_gb_per_s": py_gb,
                 "p50_ratio": py_p50 / c_p50, "gb_ratio": py_gb / c_gb,
                 "overhead_us": py_p50 - c_p50,
+                "loop_p50_us": l_p50, "loop_gb_per_s": l_gb,
+                "p50_ratio_loop": py_p50 / l_p50, "gb_ratio_loop": py_gb / l_gb,
                 "runs": {"c": [(x["p50_us"], x["gb_per_s"]) for x in cs],
+                         "loop": [(x["p50_us"], x["gb_per_s"]) for x in ls],
                          "py": [(x["p50_us"], x["gb_per_s"]) for x in pys]}}
         res["binding_us"] = dict(zip(("clock_call", "refused_push"), binding_cost(tmp)))
     if a.json:
@@ -153,6 +177,9 @@ def main():
           f"{pp['p50_ratio']:.3f} (target <= 1.15), {pp['overhead_us']:+.1f} us a call")
     print(f"push 1 MiB: python {pu['py_gb_per_s']:.3f} GB/s, C {pu['c_gb_per_s']:.3f} GB/s: "
           f"ratio {pu['gb_ratio']:.3f} (target >= 0.95)")
+    print(f"against the same loop in C (cloop.c): pushpull 4 KiB p50 {pp['loop_p50_us']:.1f} us, "
+          f"ratio {pp['p50_ratio_loop']:.3f}; push 1 MiB {pu['loop_gb_per_s']:.3f} GB/s, "
+          f"ratio {pu['gb_ratio_loop']:.3f}")
     b = res["binding_us"]
     print(f"binding alone: {b['clock_call']:.3f} us a call (c.clock()), "
           f"{b['refused_push']:.3f} us for a push refused before libps")

@@ -288,8 +288,10 @@ static PyObject *client_pushpull(pyps_client *self, PyObject *args, PyObject *kw
 	Py_BEGIN_ALLOW_THREADS
 	rc = ps_client_pushpull(self->c, clock, g.t, g.n, flags, minv, o.t, o.n, ids);
 	if (rc == 0 && !async) {
-		rc = ps_client_wait(self->c, ids[0]);
+		/* the pull is answered after the push is applied: waiting for
+		 * it first saves a wake-up (as ps-bench does) */
 		rc2 = ps_client_wait(self->c, ids[1]);
+		rc = ps_client_wait(self->c, ids[0]);
 		if (!rc)
 			rc = rc2;
 	}

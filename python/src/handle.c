@@ -91,7 +91,9 @@ static int wait_ids(pyps_handle *h, double timeout_s)
 	int rc;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (int i = 0; i < h->nids; i++) {
+	/* the last id first: a pushpull's pull is answered after its push is
+	 * applied, so waiting for it first saves a wake-up */
+	for (int i = h->nids - 1; i >= 0; i--) {
 		if (!h->ids[i])
 			continue;
 		rc = ps_client_wait_timeout(c, h->ids[i], left);
