@@ -20,7 +20,8 @@
  *  - A partner that does hold the replication key is believed (control)
  *    but its snapshot and batch contents are range-checked: versions past
  *    2^53 and NaN weights or gradients close the link, and nothing of
- *    them is applied.
+ *    them is applied. With security.mac: false the link is MACed all the
+ *    same: a frame in clear after the handshake is not believed.
  */
 #include <check.h>
 #include <errno.h>
@@ -72,7 +73,7 @@ static int low_port(int avoid)
 	return tu_free_port();
 }
 
-static void setup(int timeout_ms)
+static void setup(int timeout_ms, const char *extra)
 {
 	char yaml[1024], err[512], path[1100];
 
@@ -86,9 +87,10 @@ static void setup(int timeout_ms)
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
 		 "limits:\n  connect_timeout_ms: 10000\n  reconnect_timeout_ms: 30000\n"
+		 "%s"
 		 "model:\n  tensors:\n"
 		 "    - {name: a, shape: [3000]}\n",
-		 port[0], port[1], timeout_ms);
+		 port[0], port[1], timeout_ms, extra);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
@@ -489,7 +491,7 @@ START_TEST(test_impostor_partner_not_believed)
 	struct peer p;
 	int lfd, got;
 
-	setup(500);
+	setup(500, "");
 	lfd = listen_at(port[1]);
 	srv[0] = start_replica(0);
 
@@ -616,7 +618,7 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 {
 	struct ps_shard_stats a0, b0, a1, b1;
 
-	setup(500);
+	setup(500, "");
 	srv[0] = start_replica(0);
 	srv[1] = start_replica(1);
 	int pr = wait_pair(), bk = !pr;
@@ -701,7 +703,7 @@ START_TEST(test_partner_contents_range_checked)
 	unsigned type;
 	int lfd, got, rc;
 
-	setup(5000); /* the backup waits 10 s before taking over: the test is done by then */
+	setup(5000, ""); /* the backup waits 10 s before taking over: the test is done by then */
 	lfd = listen_at(port[1]);
 	srv[0] = start_replica(0);
 
@@ -799,6 +801,47 @@ START_TEST(test_partner_contents_range_checked)
 }
 END_TEST
 
+/* security.mac: false: the replication link is MACed all the same. A
+ * partner that proved the key but then sends a frame without a MAC is not
+ * believed; with MACs it is, and the dialer's own frames carry them. */
+START_TEST(test_link_maced_without_security_mac)
+{
+	struct peer p;
+	unsigned type;
+	int lfd, got, rc;
+
+	setup(5000, "security:\n  mac: false\n");
+	ck_assert_int_eq(cfg.security.mac, 0);
+	lfd = listen_at(port[1]);
+	srv[0] = start_replica(0);
+
+	p = accept_dial(lfd, 0);
+	ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+	p.keyed = 0; /* the reply in clear, as security.mac: false would send it */
+	ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+	send_snapshot(&p, 3, 40, 5.0f, 5);
+	p.keyed = 1;
+	got = first_frame_before_close(&p, 5000);
+	ck_assert_msg(got == 0, "a HelloReply without a MAC after the handshake got a %s frame",
+		      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
+	close(p.fd);
+	ck_assert_int_eq(stats_ok(0).repl_state, 1);
+
+	p = accept_dial(lfd, 0);
+	ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+	ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+	send_snapshot(&p, 3, 40, 5.0f, 5);
+	ProtobufCMessage *m = recv_msg(&p, 5000, &type, &rc); /* checks its MAC */
+	ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of a MACed snapshot (logs in %s)",
+		      logdir);
+	protobuf_c_message_free_unpacked(m, NULL);
+	ck_assert_int_eq(stats_ok(0).repl_state, 2);
+	close(p.fd);
+	close(lfd);
+	teardown();
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("replica_auth");
@@ -808,6 +851,7 @@ static Suite *suite(void)
 	TU_ADD(tc, test_impostor_partner_not_believed);
 	TU_ADD(tc, test_cluster_secret_cannot_pose_as_replica);
 	TU_ADD(tc, test_partner_contents_range_checked);
+	TU_ADD(tc, test_link_maced_without_security_mac);
 	suite_add_tcase(s, tc);
 	return s;
 }
