@@ -837,6 +837,7 @@ static void cfg_resolve_path(const struct ps_config *cfg, char *f, size_t size)
 static void cfg_resolve_secret(struct ps_config *cfg)
 {
 	cfg_resolve_path(cfg, cfg->security.secret_file, sizeof(cfg->security.secret_file));
+	cfg_resolve_path(cfg, cfg->security.repl_key_file, sizeof(cfg->security.repl_key_file));
 	cfg_resolve_path(cfg, cfg->stats.token_file, sizeof(cfg->stats.token_file));
 }
 

@@ -253,6 +253,10 @@ const struct opt cfg_opts[] = {
 	O("security.secret_file", T_PATH, 0, 0, 0, "", NULL, C, security.secret_file,
 	  "file of at least 32 random bytes (64 hex digits), mode 0600 (scripts/ps-keygen FILE); "
 	  "relative to the config file's folder; \"\" = $PS_SECRET_FILE; --secret-file overrides"),
+	O("security.repl_key_file", T_PATH, 0, 0, 0, "", NULL, C, security.repl_key_file,
+	  "cluster.replicas: 1 with auth: the replication key, a file like the secret's that only "
+	  "the shard processes hold (the replication link proves it, not the secret); relative "
+	  "to the config file's folder; \"\" = $PS_REPL_KEY_FILE; --repl-key-file overrides"),
 	O("log.level", T_ENUMSTR, 0, 0, 0, "info", cfg_level_names, C, log_level,
 	  "least severe log level written to stderr"),
 };

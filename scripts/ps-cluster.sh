@@ -39,6 +39,8 @@
 # check failed, 2 for usage or a config that cannot work on these hosts.
 # The cluster secret (security.secret_file) must be at the same path on
 # every host, mode 0600: scripts/ps-keygen FILE, then copy it (scp -p).
+# With cluster.replicas: 1 so must the replication key
+# (security.repl_key_file), on the shards' hosts only.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/scripts/ps-lib.sh"
@@ -93,6 +95,11 @@ secret=$(cfg_key "$dump" security secret_file)
 if [ "$ACTION" = start ] && [ "$auth" = true ] && [ -z "$secret" ]; then
   die "$CONFIG has security.auth on but names no security.secret_file;" \
       "create one (scripts/ps-keygen FILE), copy it to every host and name it there"
+fi
+if [ "$ACTION" = start ] && [ "$auth" = true ] && [ "$(cfg_key "$dump" cluster replicas)" = 1 ] &&
+   [ -z "$(cfg_key "$dump" security repl_key_file)" ]; then
+  die "$CONFIG has cluster.replicas: 1 but names no security.repl_key_file;" \
+      "create one (scripts/ps-keygen FILE), copy it to the shards' hosts only and name it there"
 fi
 mapfile -t shost < <(printf '%s\n' "$shard_lines" | awk '{print $2}')
 mapfile -t sport < <(printf '%s\n' "$shard_lines" | awk '{print $3}')

@@ -13,12 +13,16 @@
  *
  * The backup side applies batches and the snapshot (state transfer) the
  * same way, checking every number against what it holds, so a batch that
- * does not follow is refused and the state transferred again.
+ * does not follow is refused and the state transferred again. As a
+ * checkpoint's are when it is loaded, versions, step counts, ended clocks,
+ * batch numbers and epochs must be below 2^53 and every float finite;
+ * a batch is checked whole before any of it is applied.
  */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ps_time.h"
+#include "finite.h"
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -459,6 +463,13 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 	size_t nw = (size_t)s->cfg->nworkers;
 
 	*done = 0;
+	if (m->lsn >= PS_MAX_CLOCK || m->epoch >= PS_MAX_CLOCK || m->version >= PS_MAX_CLOCK ||
+	    m->steps >= PS_MAX_CLOCK) {
+		ps_warn("replication: snapshot frame at batch %" PRIu64 " of epoch %" PRIu64 " with "
+			"version %" PRIu64 " and %" PRIu64 " steps: out of range (at most 2^53 - 1)",
+			m->lsn, m->epoch, m->version, m->steps);
+		return PS_EPROTO;
+	}
 	if (m->last) {
 		if (m->n_finished != nw || f->hdr.payload_len != nw * sizeof(*s->dedup)) {
 			ps_warn("replication: snapshot end with %zu clocks and %" PRIu64 " dedup bytes "
@@ -483,6 +494,11 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			"not match this shard", m->slice, m->which, f->hdr.payload_len);
 		return PS_EPROTO;
 	}
+	if (!f->payload_finite && !ps_words_finite(f->payload, (size_t)sl->slice->count)) {
+		ps_warn("replication: snapshot frame for slice %u array %u holds NaN or infinite "
+			"values", m->slice, m->which);
+		return PS_EPROTO;
+	}
 	memcpy(m->which ? sl->state[m->which - 1] : sl->w, f->payload, f->hdr.payload_len);
 	sl->version = m->version;
 	sl->steps = m->steps;
@@ -504,6 +520,30 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	}
 	if (m->n_finished && m->n_finished != nw)
 		return PS_EPROTO;
+	if (m->lsn >= PS_MAX_CLOCK || m->epoch >= PS_MAX_CLOCK) {
+		ps_warn("replication: batch %" PRIu64 " of epoch %" PRIu64 ": out of range (at most "
+			"2^53 - 1)", m->lsn, m->epoch);
+		return PS_EPROTO;
+	}
+	for (size_t i = 0; i < m->n_slots; i++) {
+		const Ps__ReplSlot *x = m->slots[i];
+		struct ps_slot *sl = ps_store_slot(&s->store, x->slice);
+		uint64_t n = sl ? (uint64_t)sl->slice->count : 0;
+
+		if (x->version >= PS_MAX_CLOCK || x->steps >= PS_MAX_CLOCK) {
+			ps_warn("replication: batch %" PRIu64 " sets slice %u to version %" PRIu64
+				" and %" PRIu64 " steps: out of range (at most 2^53 - 1)", m->lsn,
+				x->slice, x->version, x->steps);
+			return PS_EPROTO;
+		}
+		if (sl && x->has_grad && x->length == n * sizeof(float) && !(x->offset % 4) &&
+		    x->offset <= f->hdr.payload_len && x->length <= f->hdr.payload_len - x->offset &&
+		    !f->payload_finite && !ps_words_finite(f->payload + x->offset, (size_t)n)) {
+			ps_warn("replication: batch %" PRIu64 " holds NaN or infinite gradient values "
+				"for slice %u", m->lsn, x->slice);
+			return PS_EPROTO;
+		}
+	}
 	for (size_t i = 0; i < m->n_marks; i++)
 		if (m->marks[i]->rank < 0 || (size_t)m->marks[i]->rank >= nw || !m->marks[i]->seq)
 			return PS_EPROTO;

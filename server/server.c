@@ -201,6 +201,8 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 	s->store.finished = s->finished;
 	if (cfg->security.auth) {
 		rc = ps_auth_load_secret(cfg, s->secret, err, sizeof(err));
+		if (!rc && cfg->replicas)
+			rc = ps_auth_load_repl_key(cfg, s->secret, s->repl_key, err, sizeof(err));
 		if (rc) {
 			ps_error("refusing to start: %s", err);
 			goto err_free_store;

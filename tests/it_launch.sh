@@ -171,6 +171,10 @@ awk -v s="  servers: [127.0.0.1:$(low_port), 127.0.0.1:$(low_port)]" \
   -v b="  backups: [127.0.0.1:$(low_port), 127.0.0.1:$(low_port)]" \
   '/^  servers:/ { print s; print b; print "  replicas: 1"; next } { print }' "$tmp/c.yaml" > "$tmp/r.yaml"
 cp "$tmp/c.secret" "$tmp/r.secret" 2>/dev/null; sed -i 's/secret_file: c.secret/secret_file: r.secret/' "$tmp/r.yaml"
+PS_REPL_KEY_FILE= scripts/ps-cluster.sh "$tmp/r.yaml" start --dry-run --ssh "$tmp/ssh" >/dev/null 2>"$tmp/norepl.err"
+expect "ps-cluster.sh refuses replicas without a replication key" grep -q "names no security.repl_key_file" "$tmp/norepl.err"
+scripts/ps-keygen "$tmp/r.replkey" 2>/dev/null
+sed -i 's/secret_file: r.secret/secret_file: r.secret, repl_key_file: r.replkey/' "$tmp/r.yaml"
 scripts/ps-cluster.sh "$tmp/r.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs" -- --epochs 1 > "$tmp/r.out" 2>&1
 expect "replicas: start succeeds: $(tail -3 "$tmp/r.out")" [ $? -eq 0 ]
 expect "replicas: the backups started" [ "$(grep -c '^  backup [01] on 127.0.0.1, listening on' "$tmp/r.out")" -eq 2 ]
