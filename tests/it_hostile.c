@@ -49,6 +49,7 @@ static struct fx {
 	int port;
 	struct ps_client *c;
 	uint8_t secret[PS_AUTH_KEY_LEN]; /* the cluster secret, hashed */
+	uint8_t repl_key[PS_AUTH_KEY_LEN]; /* the replication key, for replica Hellos */
 	uint64_t clock;        /* next clock the honest worker pushes */
 	int rounds;            /* unit gradients applied to every weight so far */
 	struct ps_shard_stats st; /* stats taken by snapshot() */
@@ -469,17 +470,28 @@ static uint8_t *raw_auth_frame(int fd, const Ps__Hello *h, size_t *len,
 	uint8_t t[32], proof[PS_AUTH_PROOF_LEN], meta[64];
 	ck_assert_uint_eq(ch->nonce.len, PS_AUTH_NONCE_LEN);
 	ps_auth_transcript(ra->hello, ra->hello_len, ch->nonce.data, t);
-	ck_assert_msg(ps_auth_proof_ok(F.secret, t, 1, ch->proof.data, ch->proof.len),
+	/* a replica Hello is answered in the replication key's domain */
+	int repl = h->role == PS__ROLE__ROLE_REPLICA;
+	ck_assert_msg(repl ? ps_auth_repl_proof_ok(F.repl_key, t, 1, ch->proof.data, ch->proof.len)
+			   : ps_auth_proof_ok(F.secret, t, 1, ch->proof.data, ch->proof.len),
 		      "the shard's proof is wrong");
 	protobuf_c_message_free_unpacked(m, NULL);
-	ps_auth_proof(F.secret, t, 0, proof);
+	if (repl)
+		ps_auth_repl_proof(F.repl_key, t, 0, proof);
+	else
+		ps_auth_proof(F.secret, t, 0, proof);
 	if (raw_proof_hook)
 		raw_proof_hook(proof);
 	Ps__Auth a = PS__AUTH__INIT;
 	a.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
 	ck_assert_uint_le(protobuf_c_message_get_packed_size(&a.base), sizeof(meta));
 	b = raw_frame(fd, PS_MSG_AUTH, meta, protobuf_c_message_pack(&a.base, meta), NULL, 0, len);
-	if (h->auth_mac) {
+	if (repl) { /* the replication link is MACed whatever security.mac says */
+		ps_auth_repl_session_keys(F.repl_key, t, 0, &ra->keys);
+		ra->keyed = 1;
+		ra->enc = h->auth_cipher != 0;
+		ra->keys.cipher = (int)h->auth_cipher - 1;
+	} else if (h->auth_mac) {
 		ps_auth_session_keys(F.secret, t, 0, &ra->keys);
 		ra->keyed = 1;
 		ra->enc = h->auth_cipher != 0;
@@ -2460,6 +2472,8 @@ START_TEST(test_reset_under_replication)
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
 	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(ps_auth_load_secret(&F.cfg, F.secret, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_auth_load_repl_key(&F.cfg, F.secret, F.repl_key, err, sizeof(err)) == 0,
+		      "%s", err);
 	ck_assert_int_eq(ps_shardmap_init(&F.map, &F.cfg), 0);
 	setenv("PS_TEST_LOG", "info", 1);
 	tu_capture_begin();
