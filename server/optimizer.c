@@ -26,6 +26,7 @@
 
 #include <math.h>
 #include <string.h>
+#include "finite.h"
 #include "optimizer.h"
 
 /* Every kernel is written once with its cases as int parameters (use_wd,
@@ -313,4 +314,31 @@ const struct ps_optimizer_ops *ps_optimizer_find(const char *name)
 		if (strcmp(optimizers[i]->name, name) == 0)
 			return optimizers[i];
 	return NULL;
+}
+
+/* Elements per block of ps_optimizer_finite_after: the copies (weights and
+ * two state arrays) stay in L1. */
+#define PROBE_BLOCK 512
+
+int ps_optimizer_finite_after(const struct ps_optimizer_ops *op, const struct ps_optim_cfg *cfg,
+			      const float *w, const float *g, float *const *state, size_t n,
+			      uint64_t step)
+{
+	float bw[PROBE_BLOCK], bs[PS_OPTIM_MAX_STATE][PROBE_BLOCK];
+	float *bst[PS_OPTIM_MAX_STATE] = { bs[0], bs[1] };
+
+	for (size_t i = 0; i < n; i += PROBE_BLOCK) {
+		size_t k = n - i < PROBE_BLOCK ? n - i : PROBE_BLOCK;
+
+		memcpy(bw, w + i, k * sizeof(float));
+		for (int j = 0; j < op->nstate; j++)
+			memcpy(bs[j], state[j] + i, k * sizeof(float));
+		op->apply(cfg, bw, g + i, bst, k, step);
+		if (!ps_words_finite(bw, k))
+			return 0;
+		for (int j = 0; j < op->nstate; j++)
+			if (!ps_words_finite(bs[j], k))
+				return 0;
+	}
+	return 1;
 }

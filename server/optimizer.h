@@ -33,4 +33,14 @@ const struct ps_optimizer_ops *ps_optimizer_get(enum ps_optim_kind kind);
 /* NULL when no optimizer has that name. */
 const struct ps_optimizer_ops *ps_optimizer_find(const char *name);
 
+/* 1 when one op->apply() of these arguments would leave every weight and
+ * every state value finite, else 0; changes nothing. Runs the rule itself
+ * on copies, a block at a time (every rule is elementwise, so the copies
+ * get exactly the values the real call writes): a shard calls it before
+ * an update and refuses the update when it says 0, so a push of finite but
+ * huge gradients cannot make weights or state NaN or infinite. */
+int ps_optimizer_finite_after(const struct ps_optimizer_ops *op, const struct ps_optim_cfg *cfg,
+			      const float *w, const float *g, float *const *state, size_t n,
+			      uint64_t step);
+
 #endif

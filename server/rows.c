@@ -50,7 +50,8 @@ int ps__rows_init(struct ps_server *s)
 	s->rows = R;
 	R->t = calloc((size_t)(cfg->ntables ? cfg->ntables : 1), sizeof(*R->t));
 	R->scratch = malloc(sizeof(float) * PS_MAX_ROW_DIM * 2);
-	if (!R->t || !R->scratch)
+	R->probe = malloc(sizeof(float) * (PS_MAX_ROW_DIM * 4 + 4));
+	if (!R->t || !R->scratch || !R->probe)
 		return rc;
 	for (int t = 0; t < cfg->ntables; t++) {
 		rc = ps_table_init(&R->t[t].tb, cfg, t, cfg->nshards, ps_now_s());
@@ -99,6 +100,7 @@ void ps__rows_free(struct ps_server *s)
 	}
 	free(R->t);
 	free(R->scratch);
+	free(R->probe);
 	free(R);
 	s->rows = NULL;
 }
@@ -307,50 +309,76 @@ void ps__rows_forget(struct ps_server *s, struct ps_srv_conn *sc)
 
 /* ---- pushes ---- */
 
-/* Sync: applies clock k of table st, summing each id's gradients over the
- * ranks in rank order (each rank's ids are sorted: a merge). */
+/* Sync: the next id of clock k in ascending order and the sum of its
+ * gradients over the ranks in rank order (each rank's ids are sorted: a
+ * merge); pos[] holds each rank's place. 0 at the end, else the number of
+ * ranks summed. */
+static int clock_next(const struct ps_server *s, const struct rows_clock *k, int dim,
+		      size_t *pos, uint64_t *idp, float *sum)
+{
+	int nw = s->cfg->nworkers, any = 0, seen = 0;
+	uint64_t id = UINT64_MAX;
+
+	for (int r = 0; r < nw; r++) {
+		const struct rows_push *p = k->by_rank[r];
+		if (p && pos[r] < p->n && (!any || p->ids[pos[r]] < id)) {
+			id = p->ids[pos[r]];
+			any = 1;
+		}
+	}
+	if (!any)
+		return 0;
+	for (int r = 0; r < nw; r++) {
+		const struct rows_push *p = k->by_rank[r];
+		if (!p || pos[r] >= p->n || p->ids[pos[r]] != id)
+			continue;
+		const float *g = p->g + pos[r] * (size_t)dim;
+		if (!seen++)
+			memcpy(sum, g, sizeof(float) * (size_t)dim);
+		else
+			for (int j = 0; j < dim; j++)
+				sum[j] += g[j];
+		pos[r]++;
+	}
+	*idp = id;
+	return seen;
+}
+
+/* Sync: applies clock k of table st, all of it or, when a sum or the
+ * update of a row would not be finite, none of it (logged and counted as
+ * an error; the version moves on all the same). */
 static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct rows_clock *k)
 {
-	int nw = s->cfg->nworkers, dim = st->tb.dim;
+	int nw = s->cfg->nworkers, dim = st->tb.dim, seen;
 	size_t *pos = calloc((size_t)nw, sizeof(*pos));
 	float *sum = s->rows->scratch;
 	double now = ps_now_s(), t0 = now;
+	uint64_t id;
 
 	if (!pos) {
 		ps_error("table %s: out of memory applying clock %" PRIu64 "; its gradients are "
 			 "lost", st->tb.tc->name, k->clock);
 		return;
 	}
-	for (;;) {
-		uint64_t id = UINT64_MAX;
-		int any = 0, seen = 0;
-		for (int r = 0; r < nw; r++) {
-			struct rows_push *p = k->by_rank[r];
-			if (p && pos[r] < p->n && (!any || p->ids[pos[r]] < id)) {
-				id = p->ids[pos[r]];
-				any = 1;
-			}
+	/* first pass: every row's update is probed, nothing changes */
+	while ((seen = clock_next(s, k, dim, pos, &id, sum)))
+		if (!ps_table_update_finite(&st->tb, id, sum, s->rows->probe)) {
+			ps_error("table %s: the gradients of clock %" PRIu64 " for row %" PRIu64
+				 " sum to values that are not finite, or its update would leave "
+				 "weights or optimizer state that are not finite; that clock is not "
+				 "applied to the table (no row changed)", st->tb.tc->name, k->clock, id);
+			s->c.errors++;
+			s->rows->refused++;
+			goto out_free_pos;
 		}
-		if (!any)
-			break;
-		for (int r = 0; r < nw; r++) {
-			struct rows_push *p = k->by_rank[r];
-			if (!p || pos[r] >= p->n || p->ids[pos[r]] != id)
-				continue;
-			const float *g = p->g + pos[r] * (size_t)dim;
-			if (!seen++)
-				memcpy(sum, g, sizeof(float) * (size_t)dim);
-			else
-				for (int j = 0; j < dim; j++)
-					sum[j] += g[j];
-			pos[r]++;
-		}
+	memset(pos, 0, sizeof(*pos) * (size_t)nw);
+	while ((seen = clock_next(s, k, dim, pos, &id, sum)))
 		if (ps_table_push(&st->tb, id, sum, seen, now) < 0)
 			ps_error("table %s: out of memory creating row %" PRIu64, st->tb.tc->name, id);
-	}
-	free(pos);
 	s->store.applies++;
 	s->store.apply_seconds += ps_now_s() - t0;
+out_free_pos:
+	free(pos);
 }
 
 /* Sync: whether every live worker pushed or ended clock k (and one did). */
@@ -549,6 +577,19 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	} else {
 		struct ps_table *tb = &s->rows->t[t].tb;
 		double t0 = ps_now_s();
+		/* every row's update is probed before any is applied */
+		for (size_t i = 0; i < m->n_ids; i++)
+			if (!ps_table_update_finite(tb, ids[i], g + i * (size_t)tb->dim,
+						    s->rows->probe)) {
+				rc = PS_ENOFINITE;
+				ps_msg_send_error(sc->conn, m->req_id, rc, "row push to table '%s': "
+						  "the update of row %" PRIu64 " by these finite "
+						  "gradients would leave weights or optimizer state that "
+						  "are not finite (values too large); nothing of it was "
+						  "applied", cfg->tables[t].name, ids[i]);
+				s->rows->refused++;
+				goto err_reject;
+			}
 		for (size_t i = 0; i < m->n_ids; i++)
 			if (ps_table_push(tb, ids[i], g + i * (size_t)tb->dim, 1, t0) < 0)
 				ps_error("table %s: out of memory creating row %" PRIu64,

@@ -36,6 +36,9 @@ struct ps_srv_rows {
 	struct ps_srv_table *t;
 	struct rows_wait *waiting;   /* row pulls held for their condition */
 	float *scratch;              /* PS_MAX_ROW_DIM floats: sums, decoded rows */
+	float *probe;                /* a row's copy for ps_table_update_finite */
+	uint64_t refused;            /* pushes (async) and clocks (sync) not applied because
+					an update would not be finite */
 };
 
 int ps__rows_init(struct ps_server *s);

@@ -146,6 +146,13 @@ void ps_table_row_reset(const struct ps_table *tb, uint64_t id, float *row);
 void ps_row_optim_apply(const struct ps_table_cfg *tc, float *restrict row,
 			const float *restrict g);
 
+/* Whether ps_table_push of g for id would leave the row's weights and
+ * optimizer state finite, g included (a sum of finite gradients can
+ * overflow, and so can FTRL's or adagrad's g*g). Updates a copy in
+ * scratch (row_floats floats) of id's row, or of its initial values when
+ * it has none; changes nothing in the table. */
+int ps_table_update_finite(const struct ps_table *tb, uint64_t id, const float *g, float *scratch);
+
 /* table_admit.c */
 int ps_admit_init(struct ps_admit *a, uint64_t ids, uint64_t salt);
 void ps_admit_free(struct ps_admit *a);

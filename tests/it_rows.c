@@ -880,6 +880,85 @@ START_TEST(test_hostile)
 }
 END_TEST
 
+/* Finite row gradients whose update is not finite. Async, FTRL: a push of
+ * 1e20 (g*g overflows) is refused with PS_ENOFINITE, whole (a good row in
+ * the same push stays as it was), and the rows read as before; before the
+ * check the row became NaN. Sync, sgd lr 1, two workers pushing 3e38 for
+ * one id: both are acknowledged, their sum overflows, and the clock is
+ * not applied to the table (no row changes, counted as an error); before
+ * the check the row became -inf. */
+START_TEST(test_huge_finite_rows)
+{
+	struct cluster cl;
+	struct ps_client *c[2];
+	struct ps_shard_stats st[2], st1[2];
+	uint64_t ids[2] = { 3 * MULT, 5 * MULT };
+	float g[2 * DIM], before[2 * DIM], after[2 * DIM];
+	char err[512];
+
+	/* async, ftrl */
+	start_def(&cl, 1, "async", "init: zeros, optimizer: ftrl, lr: 0.1", "");
+	c[0] = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c[0] != NULL, "%s", err);
+	for (int j = 0; j < 2 * DIM; j++)
+		g[j] = 1.0f;
+	ck_assert_int_eq(ps_client_push_rows(c[0], "e", 0, ids, 2, g, 0), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 0, ids, 2, before), 0);
+	ck_assert(before[0] != 0.0f); /* the control: a push of ones applied */
+	for (int k = 0; k < 2; k++)
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st[k]), 0);
+	for (int j = DIM; j < 2 * DIM; j++)
+		g[j] = 1e20f; /* the second row's update overflows, the first's does not */
+	ck_assert_int_eq(ps_client_push_rows(c[0], "e", 1, ids, 2, g, 0), PS_ENOFINITE);
+	ck_assert_msg(strstr(ps_client_error(c[0]), "nothing of it was applied"), "%s",
+		      ps_client_error(c[0]));
+	ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 0, ids, 2, after), 0);
+	for (int j = 0; j < 2 * DIM; j++)
+		ck_assert_msg(isfinite(after[j]) && after[j] == before[j], "value %d: %g, was %g",
+			      j, after[j], before[j]);
+	uint64_t errs = 0;
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st1[k]), 0);
+		errs += st1[k].errors - st[k].errors;
+	}
+	ck_assert_uint_ge(errs, 1);
+	ps_client_free(c[0]);
+	stop(&cl);
+
+	/* sync, sgd, the sum of two workers' 3e38 */
+	start(&cl, 2, "sync", "", "");
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cl.cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int j = 0; j < DIM; j++)
+		g[j] = 3e38f;
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(ps_client_push_rows(c[r], "e", 0, ids, 1, g, 0), 0);
+	/* the clock completed (the version moved on) without changing the row */
+	ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 1, ids, 1, after), 0);
+	for (int j = 0; j < DIM; j++)
+		ck_assert_msg(after[j] == 0.0f, "value %d: %g after a sum past FLT_MAX", j, after[j]);
+	errs = 0;
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st1[k]), 0);
+		errs += st1[k].errors;
+	}
+	ck_assert_uint_eq(errs, 1);
+	/* and the next clock applies */
+	for (int j = 0; j < DIM; j++)
+		g[j] = 1.0f;
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(ps_client_push_rows(c[r], "e", 1, ids, 1, g, 0), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c[1], "e", 2, ids, 1, after), 0);
+	for (int j = 0; j < DIM; j++)
+		ck_assert_msg(after[j] == -2.0f, "value %d: %g", j, after[j]);
+	for (int r = 0; r < 2; r++)
+		ps_client_free(c[r]);
+	stop(&cl);
+}
+END_TEST
+
 static Suite *rows_suite(void)
 {
 	Suite *s = suite_create("it_rows");
@@ -894,6 +973,7 @@ static Suite *rows_suite(void)
 	TU_ADD(tc, test_checkpoint_kill9);
 	TU_ADD_LOOP(tc, test_incremental_kill9, 0, 2);
 	TU_ADD(tc, test_hostile);
+	TU_ADD(tc, test_huge_finite_rows);
 	suite_add_tcase(s, tc);
 	return s;
 }
