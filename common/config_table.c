@@ -147,6 +147,13 @@ const struct opt cfg_opts[] = {
 	  limits.max_waiting_pulls, "shard: pulls one connection may have waiting for their "
 	  "clock (a worker has one per weighted layer with train.pull: layer); more are "
 	  "refused with an error"),
+	O("limits.max_waiting_bytes", T_SIZE, 0, 4 * KiB, 64 * GiB, "16MiB", NULL, C,
+	  limits.max_waiting_bytes, "shard: bytes the row pulls of one connection waiting for "
+	  "their clock may hold (each holds its ids as they came, at most its frame); more are "
+	  "refused with an error"),
+	O("limits.max_waiting_bytes_total", T_SIZE, 0, 4 * KiB, 1024 * GiB, "256MiB", NULL, C,
+	  limits.max_waiting_bytes_total, "shard: the same for every connection together, so "
+	  "their number does not matter"),
 	O("limits.max_handshakes", T_INT, 0, 1, 100000, "64", NULL, C, limits.max_handshakes,
 	  "connections per shard still in the handshake; a new one past it closes the oldest of "
 	  "the address that has the most, so a flood without the secret cannot keep workers out"),

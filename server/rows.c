@@ -29,15 +29,34 @@ struct rows_clock {
 	struct rows_clock *next;
 };
 
+/* A row pull held for its condition. It keeps its ids as they came
+ * (delta-varint bytes, already checked), not decoded: a parked pull costs
+ * its frame's id bytes and this struct, where 8 bytes per id would let a
+ * 1 MB frame of small deltas hold 8 MB. */
 struct rows_wait {
 	struct ps_srv_conn *sc;
 	uint64_t req_id, min_version, clock;
 	int table, codec;
 	double arrived;
 	size_t n;
+	size_t enc_len;
 	struct rows_wait *next;
-	uint64_t ids[];
+	uint8_t enc[];
 };
+
+/* Bytes a parked pull counts against limits.max_waiting_bytes(_total). */
+static uint64_t wait_cost(const struct rows_wait *w)
+{
+	return sizeof(*w) + w->enc_len;
+}
+
+/* Unlinks nothing: forgets w's bytes and frees it. */
+static void wait_free(struct ps_srv_rows *R, struct rows_wait *w)
+{
+	R->waiting_bytes -= wait_cost(w);
+	w->sc->waiting_bytes -= wait_cost(w);
+	free(w);
+}
 
 int ps__rows_init(struct ps_server *s)
 {
@@ -156,7 +175,8 @@ static int pull_ready(const struct ps_server *s, const struct rows_wait *w)
 	return 1;
 }
 
-static void send_rows(struct ps_server *s, struct rows_wait *w)
+/* Answers w with the rows of ids (its w->n ids, decoded). */
+static void send_rows(struct ps_server *s, struct rows_wait *w, const uint64_t *ids)
 {
 	struct ps_table *tb = &s->rows->t[w->table].tb;
 	Ps__PullRowsReply r = PS__PULL_ROWS_REPLY__INIT;
@@ -171,7 +191,7 @@ static void send_rows(struct ps_server *s, struct rows_wait *w)
 		return;
 	}
 	for (size_t i = 0; i < w->n; i++)
-		ps_table_read(tb, w->ids[i], out + i * (size_t)tb->dim);
+		ps_table_read(tb, ids[i], out + i * (size_t)tb->dim);
 	iov.base = out;
 	iov.len = bytes;
 	if (w->codec == PS_CODEC_FP16) {
@@ -211,6 +231,23 @@ static void send_rows(struct ps_server *s, struct rows_wait *w)
 	free(out);
 }
 
+/* Answers a parked pull: its ids decoded again (they were checked when it
+ * came, so this cannot fail but for memory). */
+static void send_parked(struct ps_server *s, struct rows_wait *w)
+{
+	uint64_t *ids = malloc(sizeof(uint64_t) * (w->n ? w->n : 1));
+	char why[200];
+	int rc = ids ? ps_rows_ids_decode(w->enc, w->enc_len, w->n, ids, why, sizeof(why))
+		     : -ENOMEM;
+
+	if (rc)
+		ps_msg_send_error(w->sc->conn, w->req_id, rc, "row pull: %s",
+				  ids ? why : "out of memory");
+	else
+		send_rows(s, w, ids);
+	free(ids);
+}
+
 static void answer_pulls(struct ps_server *s)
 {
 	struct rows_wait **pp = &s->rows->waiting, *w;
@@ -219,9 +256,9 @@ static void answer_pulls(struct ps_server *s)
 		if (pull_ready(s, w)) {
 			*pp = w->next;
 			w->sc->nwaiting--;
-			send_rows(s, w);
+			send_parked(s, w);
 			ps__srv_check_backlog(s, w->sc);
-			free(w);
+			wait_free(s->rows, w);
 		} else {
 			pp = &w->next;
 		}
@@ -231,7 +268,8 @@ static void answer_pulls(struct ps_server *s)
 void ps__rows_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PullRows *m,
 			  const struct ps_frame *f)
 {
-	struct rows_wait *w;
+	struct rows_wait *w, now;
+	uint64_t *ids, cost;
 	char why[200];
 	int t, rc;
 
@@ -251,17 +289,17 @@ void ps__rows_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 				  s->cfg->tables[t].dim);
 		goto err;
 	}
-	w = malloc(sizeof(*w) + sizeof(uint64_t) * m->n_ids);
-	if (!w) {
+	ids = malloc(sizeof(uint64_t) * (m->n_ids ? m->n_ids : 1));
+	if (!ids) {
 		ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
 		goto err;
 	}
-	rc = ps_rows_ids_decode(f->payload, f->hdr.payload_len, m->n_ids, w->ids, why, sizeof(why));
+	rc = ps_rows_ids_decode(f->payload, f->hdr.payload_len, m->n_ids, ids, why, sizeof(why));
 	if (rc) {
 		ps_msg_send_error(sc->conn, m->req_id, rc, "row pull: %s", why);
-		free(w);
-		goto err;
+		goto err_free_ids;
 	}
+	w = &now;
 	w->sc = sc;
 	w->req_id = m->req_id;
 	w->min_version = m->min_version;
@@ -270,23 +308,52 @@ void ps__rows_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	w->codec = (int)m->codec;
 	w->arrived = ps_now_s();
 	w->n = m->n_ids;
+	w->enc_len = f->hdr.payload_len;
 	if (pull_ready(s, w)) {
-		send_rows(s, w);
-		free(w);
+		send_rows(s, w, ids);
+		free(ids);
 		return;
 	}
+	free(ids);
+	ids = NULL;
 	if (sc->nwaiting >= s->cfg->limits.max_waiting_pulls) {
 		ps_msg_send_error(sc->conn, m->req_id, PS_ETOOBIG, "%d pulls of this connection "
 				  "wait for their clock already (limits.max_waiting_pulls)",
 				  sc->nwaiting);
-		free(w);
 		goto err;
 	}
+	cost = wait_cost(&now);
+	if (sc->waiting_bytes + cost > s->cfg->limits.max_waiting_bytes) {
+		ps_msg_send_error(sc->conn, m->req_id, PS_ETOOBIG, "the row pulls of this "
+				  "connection that wait for their clock hold %" PRIu64 " bytes; "
+				  "this one would add %" PRIu64 " (limits.max_waiting_bytes %" PRIu64
+				  ")", sc->waiting_bytes, cost, s->cfg->limits.max_waiting_bytes);
+		goto err;
+	}
+	if (s->rows->waiting_bytes + cost > s->cfg->limits.max_waiting_bytes_total) {
+		ps_msg_send_error(sc->conn, m->req_id, PS_ETOOBIG, "the row pulls waiting for their "
+				  "clock on this shard hold %" PRIu64 " bytes; this one would add %"
+				  PRIu64 " (limits.max_waiting_bytes_total %" PRIu64 ")",
+				  s->rows->waiting_bytes, cost,
+				  s->cfg->limits.max_waiting_bytes_total);
+		goto err;
+	}
+	w = malloc(sizeof(*w) + now.enc_len);
+	if (!w) {
+		ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
+		goto err;
+	}
+	*w = now;
+	memcpy(w->enc, f->payload, w->enc_len);
 	sc->nwaiting++;
+	sc->waiting_bytes += cost;
+	s->rows->waiting_bytes += cost;
 	w->next = s->rows->waiting;
 	s->rows->waiting = w;
 	return;
 
+err_free_ids:
+	free(ids);
 err:
 	s->c.errors++;
 }
@@ -300,7 +367,7 @@ void ps__rows_forget(struct ps_server *s, struct ps_srv_conn *sc)
 	for (pp = &s->rows->waiting; (w = *pp);) {
 		if (w->sc == sc) {
 			*pp = w->next;
-			free(w);
+			wait_free(s->rows, w);
 		} else {
 			pp = &w->next;
 		}

@@ -35,6 +35,7 @@ struct ps_srv_rows {
 	int ntables;
 	struct ps_srv_table *t;
 	struct rows_wait *waiting;   /* row pulls held for their condition */
+	uint64_t waiting_bytes;      /* what they hold (limits.max_waiting_bytes_total) */
 	float *scratch;              /* PS_MAX_ROW_DIM floats: sums, decoded rows */
 	float *probe;                /* a row's copy for ps_table_update_finite */
 	uint64_t refused;            /* pushes (async) and clocks (sync) not applied because

@@ -959,6 +959,141 @@ START_TEST(test_huge_finite_rows)
 }
 END_TEST
 
+/* ---- parked pulls hold at most their frames, within byte limits ---- */
+
+/* A raw worker connection (security.auth off) to port, rank 0. */
+static int raw_join(int port, const struct ps_shardmap *map, int shard)
+{
+	Ps__Hello h = PS__HELLO__INIT;
+	unsigned t;
+	int fd = raw_connect(port);
+
+	ck_assert_int_ge(fd, 0);
+	h.protocol_version = PS_PROTOCOL_VERSION;
+	h.role = PS__ROLE__ROLE_WORKER;
+	h.rank = 0;
+	h.shard_map_hash = map->hash;
+	h.shard = (uint32_t)shard;
+	h.incarnation = 77;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
+	ProtobufCMessage *r = raw_recv(fd, &t);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(t, PS_MSG_HELLO_REPLY);
+	ck_assert_msg(((Ps__HelloReply *)r)->ok, "%s", ((Ps__HelloReply *)r)->error);
+	protobuf_c_message_free_unpacked(r, NULL);
+	return fd;
+}
+
+static long vm_hwm_kb(pid_t pid)
+{
+	char path[64], line[256];
+	long kb = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb;
+}
+
+/* Sends n row pulls of table e for clock 1 (they wait: no clock is
+ * applied) and then a stats request, and reads every answer up to the
+ * stats: how many were refused; each refusal must name limit. */
+static int park_pulls(int fd, int n, const uint8_t *enc, size_t elen, uint32_t nids,
+		      const char *limit)
+{
+	Ps__PullRows p = PS__PULL_ROWS__INIT;
+	Ps__StatsRequest q = PS__STATS_REQUEST__INIT;
+	int refused = 0;
+	unsigned t;
+
+	p.table = "e";
+	p.dim = DIM;
+	p.n_ids = nids;
+	p.min_version = 1;
+	for (int i = 0; i < n; i++) {
+		p.req_id = (uint64_t)i + 1;
+		ck_assert_int_eq(raw_send(fd, PS_MSG_PULL_ROWS, &p.base, enc, elen), 0);
+	}
+	q.req_id = 1000;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
+	for (;;) {
+		ProtobufCMessage *r = raw_recv(fd, &t);
+		ck_assert_msg(r != NULL, "connection closed before the stats reply");
+		if (t == PS_MSG_STATS) {
+			protobuf_c_message_free_unpacked(r, NULL);
+			return refused;
+		}
+		ck_assert_msg(t == PS_MSG_ERROR, "a %s frame", ps_wire_type_name(t));
+		ck_assert_int_eq(((Ps__Error *)r)->code, PS_ETOOBIG);
+		ck_assert_msg(strstr(((Ps__Error *)r)->message, limit), "'%s' does not name %s",
+			      ((Ps__Error *)r)->message, limit);
+		refused++;
+		protobuf_c_message_free_unpacked(r, NULL);
+	}
+}
+
+/* The issue's attack: 64 row pulls of a million ids each (1 MB frames of
+ * delta-coded ids) parked for a clock that does not come. Each holds its
+ * frame's id bytes, not 8 bytes per id, and one connection at most
+ * limits.max_waiting_bytes of them (4 MiB here: 4 pulls park, 60 are
+ * refused naming it), so the shard's peak memory grows by a few frames
+ * (before: 558 MB). A second connection parks only up to
+ * limits.max_waiting_bytes_total (6 MiB: 2 more), whatever the number of
+ * connections, and the bytes of a closed connection's pulls are free
+ * again. */
+START_TEST(test_parked_pulls_bounded)
+{
+	struct cluster cl;
+	struct ps_shardmap map;
+	enum { NIDS = 1000000, NPULL = 64 };
+	uint64_t *ids = malloc(sizeof(uint64_t) * NIDS);
+	uint8_t *enc = malloc((size_t)NIDS * 10);
+	size_t elen;
+	int a, b;
+
+	start(&cl, 1, "sync", "", "security:\n  auth: false\nlimits:\n  max_waiting_bytes: 4MiB\n"
+	      "  max_waiting_bytes_total: 6MiB\n");
+	ck_assert_int_eq(ps_shardmap_init(&map, &cl.cfg), 0);
+	for (size_t i = 0; i < NIDS; i++)
+		ids[i] = i + 1;
+	elen = ps_rows_ids_encode(ids, NIDS, enc);
+	ck_assert_uint_eq(elen, NIDS); /* one byte per id */
+	a = raw_join(cl.port[0], &map, 0);
+	long hwm0 = vm_hwm_kb(cl.srv[0]);
+	int refused = park_pulls(a, NPULL, enc, elen, NIDS, "limits.max_waiting_bytes");
+	long grew_mb = (vm_hwm_kb(cl.srv[0]) - hwm0) / 1024;
+	printf("test_parked_pulls_bounded: %d pulls of %zu-byte frames, %d parked: the shard's "
+	       "peak memory grew by %ld MiB\n", NPULL, elen, NPULL - refused, grew_mb);
+	ck_assert_msg(grew_mb < 48, "%d parked pulls of 1 MB frames grew the shard by %ld MiB",
+		      NPULL - refused, grew_mb);
+	ck_assert_int_eq(refused, NPULL - 4);
+	/* another connection: the shard's total is the bound */
+	b = raw_join(cl.port[0], &map, 0);
+	ck_assert_int_eq(park_pulls(b, 3, enc, elen, NIDS, "limits.max_waiting_bytes_total"), 1);
+	/* a's pulls go with a: b parks again, once the shard has seen the close */
+	close(a);
+	int parked = 0;
+	for (int i = 0; i < 200 && !parked; i++) {
+		parked = park_pulls(b, 1, enc, elen, NIDS, "limits.max_waiting_bytes_total") == 0;
+		if (!parked)
+			tu_sleep_ms(20);
+	}
+	ck_assert_msg(parked, "the closed connection's parked pulls still count");
+	/* and b's own bound holds: 3 parked, 1 more fits, then its limit */
+	ck_assert_int_eq(park_pulls(b, 2, enc, elen, NIDS, "limits.max_waiting_bytes"), 1);
+	close(b);
+	free(ids);
+	free(enc);
+	ps_shardmap_free(&map);
+	stop(&cl);
+}
+END_TEST
+
 static Suite *rows_suite(void)
 {
 	Suite *s = suite_create("it_rows");
@@ -974,6 +1109,7 @@ static Suite *rows_suite(void)
 	TU_ADD_LOOP(tc, test_incremental_kill9, 0, 2);
 	TU_ADD(tc, test_hostile);
 	TU_ADD(tc, test_huge_finite_rows);
+	TU_ADD(tc, test_parked_pulls_bounded);
 	suite_add_tcase(s, tc);
 	return s;
 }
