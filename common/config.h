@@ -115,6 +115,7 @@ struct ps_limits {
 	int drop_timeout_ms;        /* shard: a worker without a connection this long leaves the live set; 0 = idle_timeout_ms */
 	int reconnect_timeout_ms;   /* client: keeps reconnecting to a lost shard this long; 0 = never */
 	int max_request_rows;       /* ids in one pull_rows / push_rows frame */
+	uint64_t max_table_bytes;   /* shard: memory of all its embedding tables (table.c) */
 };
 
 struct ps_checkpoint_cfg {

@@ -177,6 +177,10 @@ const struct opt cfg_opts[] = {
 	  limits.reconnect_timeout_ms, "client: after a lost connection, reconnect (backoff 0.1 "
 	  "to 2 s) and resend what was not answered for this long; pushes are applied exactly "
 	  "once; 0 = fail at once"),
+	O("limits.max_table_bytes", T_SIZE, 0, MiB, 1024 * 1024 * GiB, "4GiB", NULL, C,
+	  limits.max_table_bytes, "shard: memory its embedding tables may hold, shared evenly "
+	  "by the tables; a table at its share drops its least recently updated row for each "
+	  "new one (logged, counted in evicted), so no peer can run a shard out of memory"),
 	O("limits.max_request_rows", T_INT, 0, 1, 1 << 28, "1048576", NULL, C,
 	  limits.max_request_rows, "ids in one pull_rows / push_rows frame to one shard; more "
 	  "are refused (by the client before sending, by the shard before decoding)"),

@@ -73,10 +73,16 @@ int ps__rows_init(struct ps_server *s)
 	if (!R->t || !R->scratch || !R->probe)
 		return rc;
 	for (int t = 0; t < cfg->ntables; t++) {
-		rc = ps_table_init(&R->t[t].tb, cfg, t, cfg->nshards, ps_now_s());
+		struct ps_table *tb = &R->t[t].tb;
+
+		rc = ps_table_init(tb, cfg, t, cfg->nshards, ps_now_s());
 		if (rc)
 			return rc;
 		R->ntables = t + 1;
+		ps_info("table %s: at most %" PRIu64 " rows on this shard (%" PRIu64 " bytes a row; "
+			"%s), the least recently updated dropped past it", cfg->tables[t].name,
+			tb->cap, ps_table_row_cost(tb), tb->cap == tb->budget_rows
+			? "its share of limits.max_table_bytes" : "its share of max_rows");
 	}
 	return 0;
 }
@@ -376,6 +382,21 @@ void ps__rows_forget(struct ps_server *s, struct ps_srv_conn *sc)
 
 /* ---- pushes ---- */
 
+/* After rows were created in table st: says once when the table reached
+ * its cap and began to drop rows (counted in its evicted). */
+static void note_evictions(struct ps_srv_table *st)
+{
+	const struct ps_table *tb = &st->tb;
+
+	if (!tb->c.evicted || st->evict_logged)
+		return;
+	st->evict_logged = 1;
+	ps_warn("table %s: %" PRIu64 " rows, its cap on this shard (%s); every new row drops the "
+		"least recently updated one from now on (counted in evicted)", tb->tc->name,
+		tb->nrows, tb->cap == tb->budget_rows ? "its share of limits.max_table_bytes"
+		: "its share of max_rows");
+}
+
 /* Sync: the next id of clock k in ascending order and the sum of its
  * gradients over the ranks in rank order (each rank's ids are sorted: a
  * merge); pos[] holds each rank's place. 0 at the end, else the number of
@@ -442,6 +463,7 @@ static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct row
 	while ((seen = clock_next(s, k, dim, pos, &id, sum)))
 		if (ps_table_push(&st->tb, id, sum, seen, now) < 0)
 			ps_error("table %s: out of memory creating row %" PRIu64, st->tb.tc->name, id);
+	note_evictions(st);
 	s->store.applies++;
 	s->store.apply_seconds += ps_now_s() - t0;
 out_free_pos:
@@ -662,6 +684,7 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 				ps_error("table %s: out of memory creating row %" PRIu64,
 					 tb->tc->name, ids[i]);
 		tb->version++;
+		note_evictions(&s->rows->t[t]);
 		s->store.applies++;
 		s->store.apply_seconds += ps_now_s() - t0;
 	}
@@ -724,6 +747,7 @@ int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 		ts[t].bytes = ps_table_bytes(tb);
 		ts[t].admitted = tb->c.admitted;
 		ts[t].evicted = tb->c.evicted;
+		ts[t].cap_rows = tb->cap;
 		ts[t].expired = tb->c.expired;
 		ts[t].filter_ids = tb->admit.used;
 		ts[t].filter_bytes = ps_admit_bytes(&tb->admit);

@@ -29,6 +29,7 @@ struct ps_srv_table {
 	struct ps_table tb;
 	struct rows_clock *pending;  /* sync: clocks not applied yet, ascending */
 	uint64_t pending_bytes;      /* gradient bytes they hold */
+	int evict_logged;            /* the cap was reached and said so in the log */
 };
 
 struct ps_srv_rows {

@@ -61,7 +61,9 @@ struct ps_table {
 	int t;                     /* index in cfg->tables */
 	uint64_t tkey;             /* ps_rows_table_key */
 	int dim, nstate, row_floats;
-	uint64_t cap;              /* rows this shard keeps at most; 0 = no cap */
+	uint64_t cap;              /* rows this shard keeps at most: the lower of max_rows'
+				      share and budget_rows; 0 = no cap */
+	uint64_t budget_rows;      /* rows its share of limits.max_table_bytes holds */
 	double epoch;              /* time of stamp 0 */
 	uint32_t *index;           /* slots: row number + 1, 0 = empty */
 	uint64_t index_mask;
@@ -135,6 +137,10 @@ int ps_table_remove(struct ps_table *tb, uint64_t id);
 /* Forgets which rows changed and which ids were dropped (after a
  * checkpoint restore: the file is the new base). */
 void ps_table_clear_changes(struct ps_table *tb);
+
+/* Bytes one row costs against limits.max_table_bytes (values, metadata,
+ * index and bitmap). */
+uint64_t ps_table_row_cost(const struct ps_table *tb);
 
 /* Bytes the table holds (index, rows, metadata, bitmap, filter). */
 uint64_t ps_table_bytes(const struct ps_table *tb);

@@ -1094,6 +1094,83 @@ START_TEST(test_parked_pulls_bounded)
 }
 END_TEST
 
+/* ---- the tables' memory budget ---- */
+
+/* Bytes a row of dim weights and nstate floats of state costs against
+ * limits.max_table_bytes (table.c: values, 20 bytes of metadata, 10 of
+ * index, 1 of bitmap). */
+static uint64_t row_cost(int floats)
+{
+	return 4 * (uint64_t)floats + 20 + 10 + 1;
+}
+
+/* The issue's attack, scaled: one worker pushes 20 x 200,000 fresh ids.
+ * With limits.max_table_bytes 8 MiB (4 MiB for each of the two tables) a
+ * shard keeps at most 4 MiB / 47 bytes rows of table e, drops the least
+ * recently updated past it (counted in evicted, its cap in the stats) and
+ * its peak memory stays within a few tens of MiB (before: every row kept,
+ * 2 million a shard). Without the option a shard still has a budget:
+ * 4 GiB by default. */
+START_TEST(test_table_memory_budget)
+{
+	enum { NPUSH = 20, NIDS = 200000 };
+	struct cluster cl;
+	struct ps_client *c;
+	struct ps_shard_stats st;
+	uint64_t *ids = malloc(sizeof(uint64_t) * NIDS);
+	float *g = malloc(sizeof(float) * NIDS * DIM);
+	uint64_t cap = (8ull << 20) / 2 / row_cost(DIM); /* sgd: no state */
+	char err[512];
+	long hwm0[2];
+
+	start(&cl, 1, "async", "", "limits:\n  max_table_bytes: 8MiB\n");
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (int k = 0; k < 2; k++)
+		hwm0[k] = vm_hwm_kb(cl.srv[k]);
+	for (size_t i = 0; i < (size_t)NIDS * DIM; i++)
+		g[i] = 1.0f;
+	for (int p = 0; p < NPUSH; p++) {
+		for (size_t i = 0; i < NIDS; i++)
+			ids[i] = ((uint64_t)p * NIDS + i) * MULT;
+		ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)p, ids, NIDS, g, 0) == 0, "%s",
+			      ps_client_error(c));
+	}
+	for (int k = 0; k < 2; k++) {
+		long grew_mb;
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		ck_assert_str_eq(st.tables[0].name, "e");
+		const struct ps_table_stats *ts = &st.tables[0];
+		grew_mb = (vm_hwm_kb(cl.srv[k]) - hwm0[k]) / 1024;
+		printf("test_table_memory_budget: shard %d: %" PRIu64 " rows admitted, %" PRIu64
+		       " kept (cap %" PRIu64 "), %" PRIu64 " evicted, %" PRIu64 " table bytes, peak "
+		       "memory +%ld MiB\n", k, ts->admitted, ts->rows, ts->cap_rows, ts->evicted,
+		       ts->bytes, grew_mb);
+		fflush(stdout);
+		ck_assert_msg(ts->rows <= cap, "shard %d keeps %" PRIu64 " rows (peak memory +%ld "
+			      "MiB), its cap is %" PRIu64, k, ts->rows, grew_mb, cap);
+		ck_assert_msg(grew_mb < 64, "shard %d grew by %ld MiB", k, grew_mb);
+		ck_assert_uint_eq(ts->cap_rows, cap);
+		ck_assert_uint_gt(ts->admitted, cap); /* the control: the cap was reached */
+		ck_assert_uint_eq(ts->evicted, ts->admitted - ts->rows);
+	}
+	ps_client_free(c);
+	stop(&cl);
+	/* by default: 4 GiB shared by the two tables */
+	start(&cl, 1, "async", "", "");
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
+	for (int t = 0; t < 2; t++)
+		ck_assert_uint_eq(st.tables[t].cap_rows, (4ull << 30) / 2 /
+			row_cost(cl.cfg.tables[t].dim + ps_row_optim_nstate(&cl.cfg.tables[t])));
+	ps_client_free(c);
+	stop(&cl);
+	free(ids);
+	free(g);
+}
+END_TEST
+
 static Suite *rows_suite(void)
 {
 	Suite *s = suite_create("it_rows");
@@ -1110,6 +1187,7 @@ static Suite *rows_suite(void)
 	TU_ADD(tc, test_hostile);
 	TU_ADD(tc, test_huge_finite_rows);
 	TU_ADD(tc, test_parked_pulls_bounded);
+	TU_ADD(tc, test_table_memory_budget);
 	suite_add_tcase(s, tc);
 	return s;
 }
