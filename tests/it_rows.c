@@ -1069,8 +1069,10 @@ START_TEST(test_parked_pulls_bounded)
 	long grew_mb = (vm_hwm_kb(cl.srv[0]) - hwm0) / 1024;
 	printf("test_parked_pulls_bounded: %d pulls of %zu-byte frames, %d parked: the shard's "
 	       "peak memory grew by %ld MiB\n", NPULL, elen, NPULL - refused, grew_mb);
-	ck_assert_msg(grew_mb < 48, "%d parked pulls of 1 MB frames grew the shard by %ld MiB",
-		      NPULL - refused, grew_mb);
+	/* ASan's quarantine keeps freed memory, valgrind its own: measured natively */
+	if (!getenv("PS_TEST_VALGRIND") && !SANITIZED)
+		ck_assert_msg(grew_mb < 48, "%d parked pulls of 1 MB frames grew the shard by %ld "
+			      "MiB", NPULL - refused, grew_mb);
 	ck_assert_int_eq(refused, NPULL - 4);
 	/* another connection: the shard's total is the bound */
 	b = raw_join(cl.port[0], &map, 0);
@@ -1149,7 +1151,8 @@ START_TEST(test_table_memory_budget)
 		fflush(stdout);
 		ck_assert_msg(ts->rows <= cap, "shard %d keeps %" PRIu64 " rows (peak memory +%ld "
 			      "MiB), its cap is %" PRIu64, k, ts->rows, grew_mb, cap);
-		ck_assert_msg(grew_mb < 64, "shard %d grew by %ld MiB", k, grew_mb);
+		if (!getenv("PS_TEST_VALGRIND") && !SANITIZED) /* as in test_parked_pulls_bounded */
+			ck_assert_msg(grew_mb < 64, "shard %d grew by %ld MiB", k, grew_mb);
 		ck_assert_uint_eq(ts->cap_rows, cap);
 		ck_assert_uint_gt(ts->admitted, cap); /* the control: the cap was reached */
 		ck_assert_uint_eq(ts->evicted, ts->admitted - ts->rows);
