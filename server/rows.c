@@ -456,7 +456,6 @@ static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct row
 				 "weights or optimizer state that are not finite; that clock is not "
 				 "applied to the table (no row changed)", st->tb.tc->name, k->clock, id);
 			s->c.errors++;
-			s->rows->refused++;
 			goto out_free_pos;
 		}
 	memset(pos, 0, sizeof(*pos) * (size_t)nw);
@@ -676,7 +675,6 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 						  "gradients would leave weights or optimizer state that "
 						  "are not finite (values too large); nothing of it was "
 						  "applied", cfg->tables[t].name, ids[i]);
-				s->rows->refused++;
 				goto err_reject;
 			}
 		for (size_t i = 0; i < m->n_ids; i++)

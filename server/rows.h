@@ -39,8 +39,6 @@ struct ps_srv_rows {
 	uint64_t waiting_bytes;      /* what they hold (limits.max_waiting_bytes_total) */
 	float *scratch;              /* PS_MAX_ROW_DIM floats: sums, decoded rows */
 	float *probe;                /* a row's copy for ps_table_update_finite */
-	uint64_t refused;            /* pushes (async) and clocks (sync) not applied because
-					an update would not be finite */
 };
 
 int ps__rows_init(struct ps_server *s);
