@@ -181,6 +181,7 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 	rc = ps_store_init(&s->store, cfg, &s->map, shard);
 	if (rc)
 		goto err_free_map;
+	s->store.errors = &s->c.errors; /* clocks refused as not finite count there */
 	s->finished = calloc((size_t)cfg->nworkers, sizeof(*s->finished));
 	s->connected = calloc((size_t)cfg->nworkers, sizeof(*s->connected));
 	s->live = malloc((size_t)cfg->nworkers);

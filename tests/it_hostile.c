@@ -138,6 +138,7 @@ static void after_attack(const char *what)
 
 static const char *fx_limits = ""; /* more limits: lines for the next fx_start */
 static const char *fx_extra = "";  /* more top-level sections for the next fx_start */
+static const char *fx_mode = "sync"; /* consistency.mode of the next fx_start */
 
 static void fx_start(void)
 {
@@ -147,7 +148,7 @@ static void fx_start(void)
 	F.port = tu_free_port();
 	snprintf(yaml, sizeof(yaml),
 		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
-		 "consistency:\n  mode: sync\n"
+		 "consistency:\n  mode: %s\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
 		 "model:\n  tensors:\n"
@@ -157,7 +158,7 @@ static void fx_start(void)
 		 "  max_frame_bytes: 1MiB\n  max_meta_bytes: 64KiB\n  max_clock_ahead: 4\n"
 		 "  connect_timeout_ms: %d\n  request_timeout_ms: %d\n%s"
 		 "log:\n  level: warn\n%s",
-		 F.port, NA, NC, HANDSHAKE_DEADLINE_MS, MAX_CONNS, (int)(5000 * tu_time_scale()),
+		 F.port, fx_mode, NA, NC, HANDSHAKE_DEADLINE_MS, MAX_CONNS, (int)(5000 * tu_time_scale()),
 		 (int)(5000 * tu_time_scale()), fx_limits, fx_extra);
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
 	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
@@ -1234,6 +1235,62 @@ START_TEST(test_lz4_push_with_nan_refused)
 	ck_assert_msg(memcmp(before, after, sizeof(before)) == 0, "weights changed");
 	close(fd);
 	after_attack("NaN in an LZ4 push");
+	fx_stop();
+}
+END_TEST
+
+/* Every weight of the honest worker's pull is finite. */
+static void assert_all_finite(const float *w, const char *when)
+{
+	for (int i = 0; i < NA + NC; i++)
+		ck_assert_msg(isfinite(w[i]), "%s: weight %d is %g", when, i, w[i]);
+}
+
+/* Finite gradients whose update is not finite: with sgd at lr 1, a push of
+ * 3e38 takes a weight near -3e38, a second one would take it past
+ * FLT_MAX. In sync mode the push is acknowledged (the sum is made when the
+ * clock completes) and the clock is refused whole on every slice, weights
+ * unchanged, counted as errors; in async mode the second push is refused
+ * with PS_ENOFINITE before any slice of it applies. Before the check, two
+ * acknowledged pushes left every weight -inf. */
+START_TEST(test_huge_finite_pushes_keep_weights_finite)
+{
+	static float first[NA + NC], after[NA + NC];
+	struct pref p[8];
+	uint64_t plen;
+	int n, fd, async = _i;
+
+	fx_mode = async ? "async" : "sync";
+	fx_start();
+	fx_mode = "sync";
+	fd = raw_worker();
+	n = all_slices(p, &plen);
+	push_fill = 3e38f;
+	ck_assert_int_eq(raw_push(fd, 1, F.clock, 1, p, n, plen), 0);
+	expect_ack(fd, 1);
+	F.clock++;
+	pull_all(first);
+	assert_all_finite(first, "after one push of 3e38");
+	ck_assert(first[0] < -1e38f); /* the control: the first push applied */
+	snapshot();
+	ck_assert_int_eq(raw_push(fd, 2, F.clock, 1, p, n, plen), 0);
+	if (async) {
+		expect_error(fd, 2, PS_ENOFINITE, "not finite");
+	} else {
+		expect_ack(fd, 2);
+		F.clock++;
+	}
+	push_fill = 1.0f;
+	pull_all(after);
+	assert_all_finite(after, "after a second push of 3e38");
+	ck_assert_msg(memcmp(first, after, sizeof(first)) == 0, "weights changed");
+	Ps__Stats *s = raw_stats(fd, 3);
+	ck_assert_uint_eq(s->param_checksum, F.st.param_checksum);
+	ck_assert_uint_eq(s->applies, F.st.applies);
+	ck_assert_uint_ge(s->errors, F.st.errors + (async ? 1 : F.map.nslices));
+	protobuf_c_message_free_unpacked(&s->base, NULL);
+	close(fd);
+	assert_alive();
 	fx_stop();
 }
 END_TEST
@@ -2559,6 +2616,7 @@ int main(void)
 	tcase_add_test(tc, test_released_pulls_over_queue_close);
 	tcase_add_test(tc, test_push_frames_freed);
 	tcase_add_test(tc, test_lz4_push_odd_length);
+	TU_ADD_LOOP(tc, test_huge_finite_pushes_keep_weights_finite, 0, 2);
 	tcase_add_test(tc, test_secret_file_checks);
 	suite_add_tcase(s, tc);
 	/* a case of its own: CK_RUN_CASE=resets runs it alone */
