@@ -386,6 +386,43 @@ START_TEST(test_roundtrip)
 }
 END_TEST
 
+/* --dump-config writes every string so that it loads back the same (the
+ * derived config ps.sbatch writes is made from it): paths holding '"',
+ * '\', ':', '#', '[', leading and trailing spaces, non-ASCII, and what
+ * YAML reads as a line break (U+0085, U+2028, U+2029) reload to the same
+ * config. A newline, which a path in a file cannot hold (refused) but a
+ * path resolved next to the config file could, stays escaped on its line:
+ * the reload refuses it naming the key, never reads another config (it
+ * used to fold into a space, or make the next line a key of its own). */
+START_TEST(test_dump_odd_paths)
+{
+	static const char odd[] = BASE
+		"checkpoint:\n  dir: '/tmp/a\"b\\c: #d'\n"
+		"train:\n  data_dir: '  lead and trail  '\n"
+		"  metrics_dir: \"/x/\\u00e9\\u4e2d\\U0001F600/\\u0085\\u2028\\u2029/'\"\n"
+		"security:\n  secret_file: '/s/#no comment/\"q\"/\\\\/end\\'\n"
+		"stats:\n  token_file: '/t/a: b/- c/[d]/{e}/&f *g !h |i >j %k @l `m ''n'''\n";
+	char *text;
+
+	ck_assert_msg(load(odd) == 0, "%s", err);
+	ck_assert_str_eq(cfg.checkpoint.dir, "/tmp/a\"b\\c: #d");
+	ck_assert_str_eq(cfg.train.data_dir, "  lead and trail  ");
+	ck_assert_str_eq(cfg.train.metrics_dir,
+			 "/x/\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80/\xc2\x85\xe2\x80\xa8\xe2\x80\xa9/'");
+	ck_assert_str_eq(cfg.security.secret_file, "/s/#no comment/\"q\"/\\\\/end\\");
+	ck_assert_str_eq(cfg.stats.token_file, "/t/a: b/- c/[d]/{e}/&f *g !h |i >j %k @l `m 'n'");
+	roundtrip();
+
+	/* a newline (with what would be a key after it) */
+	snprintf(cfg.checkpoint.dir, sizeof(cfg.checkpoint.dir), "/tmp/x\nseed: 5");
+	text = dump_text();
+	ck_assert_msg(strstr(text, "  dir: \"/tmp/x\\nseed: 5\"\n"), "%s", text);
+	ck_assert_int_ne(ps_config_load_string(&cfg2, text, "dump.yaml", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "checkpoint.dir") && strstr(err, "dump.yaml:"), "%s", err);
+	free(text);
+}
+END_TEST
+
 /* compression.tensors: entries name tensors derived from a preset or layers
  * (the section may come before the model), codec and ratio default to the
  * section's, and the dump lists only the tensors that differ from it. */
@@ -1103,6 +1140,7 @@ static Suite *config_suite(void)
 	tcase_add_test(tc, test_local_yaml);
 	tcase_add_test(tc, test_example_full_yaml);
 	tcase_add_test(tc, test_roundtrip);
+	tcase_add_test(tc, test_dump_odd_paths);
 	tcase_add_test(tc, test_compression);
 	tcase_add_test(tc, test_model);
 	tcase_add_test(tc, test_ctr_fields);
