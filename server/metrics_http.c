@@ -432,7 +432,7 @@ static int load_token(struct ps_metrics_http *h, const char *path)
 	char buf[514];
 	struct stat st;
 	ssize_t n;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not hang the start */
 
 	if (fd < 0) {
 		ps_error("stats.token_file %s: %s", path, strerror(errno));
