@@ -15,6 +15,7 @@ expect() { # DESCRIPTION COMMAND...
   if "$@"; then ok; else bad "$what"; fi
 }
 
+. scripts/ps-lib.sh # cfg_key
 tmp=$(mktemp -d /tmp/ps-launch.XXXXXX)
 cleanup() {
   pkill -TERM -f -- "--config $tmp/" 2>/dev/null
@@ -257,6 +258,15 @@ expect "derived secret_file absolute: $(grep secret_file "$tmp/sbrel/cluster.yam
   grep -q "^  secret_file: \"$tmp/c.secret\"" "$tmp/sbrel/cluster.yaml"
 expect "derived checkpoint.dir absolute: $(grep '  dir:' "$tmp/sbrel/cluster.yaml")" \
   grep -q "^  dir: \"$tmp/ckpt\"" "$tmp/sbrel/cluster.yaml"
+# the same from a folder whose name holds a quote, a backslash, a colon and
+# a hash: the dump escapes them, and so does ps.sbatch where it prefixes
+# the working directory (a '"' there used to break the derived config)
+odd="$tmp/sub \"q\\ b: #c"
+mkdir -p "$odd" && cp "$tmp/rel.yaml" "$tmp/c.secret" "$odd/"
+(cd "$odd" && PS_NODES="n1 n2" PS_DRY_RUN=1 PS_LOGS="$tmp/sbodd" "$OLDPWD/scripts/ps.sbatch" rel.yaml > /dev/null 2>&1)
+dump=$(bin/ps-server --config "$tmp/sbodd/cluster.yaml" --dump-config 2>&1)
+expect "derived config of a config in '$odd' loads: $dump" [ "$(cfg_key "$dump" checkpoint dir)" = "$odd/ckpt" ]
+expect "... naming its secret there" [ "$(cfg_key "$dump" security secret_file)" = "$odd/c.secret" ]
 # as Slurm runs it: a copy of the script in a spool folder, submitted from
 # elsewhere; the project folder is found from the job's Command (scontrol)
 mkdir -p "$tmp/spool" "$tmp/fakebin"
