@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "codec.h"
 #include "config.h"
@@ -420,6 +421,35 @@ START_TEST(test_dump_odd_paths)
 	ck_assert_int_ne(ps_config_load_string(&cfg2, text, "dump.yaml", err, sizeof(err)), 0);
 	ck_assert_msg(strstr(err, "checkpoint.dir") && strstr(err, "dump.yaml:"), "%s", err);
 	free(text);
+
+	/* a secret named next to a config in a folder with such a name: the
+	 * resolved path dumps and reloads the same; where the name holds a
+	 * newline, the config is refused at load (no file could name that
+	 * path, and its dump would not load) */
+	static const char *const folders[2] = { "/q\"b\\s: #h", "/nl\nx" };
+	char top[] = "/tmp/ps-cfg-XXXXXX", sub[128], file[160];
+	ck_assert_ptr_nonnull(mkdtemp(top));
+	for (int i = 0; i < 2; i++) {
+		snprintf(sub, sizeof(sub), "%s%s", top, folders[i]);
+		ck_assert_int_eq(mkdir(sub, 0700), 0);
+		snprintf(file, sizeof(file), "%s/c.yaml", sub);
+		FILE *f = fopen(file, "w");
+		ck_assert_ptr_nonnull(f);
+		fputs(BASE "security:\n  secret_file: s\n", f);
+		fclose(f);
+		int rc = ps_config_load(&cfg, file, err, sizeof(err));
+		if (i == 0) {
+			ck_assert_msg(rc == 0, "%s", err);
+			snprintf(file, sizeof(file), "%s/s", sub);
+			ck_assert_str_eq(cfg.security.secret_file, file);
+			roundtrip();
+		} else {
+			ck_assert_int_ne(rc, 0);
+			ck_assert_msg(strstr(err, "security.secret_file: resolved next to this file"),
+				      "%s", err);
+		}
+	}
+	ck_assert_int_eq(tu_rmtree(top), 0);
 }
 END_TEST
 
