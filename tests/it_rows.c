@@ -5,7 +5,7 @@
  * table, another dim, non-finite gradients) refused with a clear error
  * while the connection and the shard go on, and a shard killed with
  * SIGKILL coming back from its checkpoint with its rows and admission
- * counts bit-exact. PS_ROWS_LONG=1 runs more clocks and ids.
+ * counts bit-exact, also when killed at each step of writing one. PS_ROWS_LONG=1 runs more clocks and ids.
  */
 #include <check.h>
 #include <inttypes.h>
@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include "config.h"
 #include "msg.h"
@@ -686,6 +687,193 @@ START_TEST(test_incremental_kill9)
 }
 END_TEST
 
+/* ---- a shard killed at each step of writing a checkpoint ---- */
+
+struct ckpt_asker {
+	struct ps_client *c;
+	struct ps_shard_stats st;
+	int rc;
+};
+
+static void *ask_ckpt(void *p)
+{
+	struct ckpt_asker *a = p;
+
+	a->rc = ps_client_checkpoint(a->c, 0, 1, &a->st);
+	return NULL;
+}
+
+/* 0 for shard 0's full checkpoint file, else its place in the chain. */
+static uint32_t ckpt_seq_of(const char *path)
+{
+	const char *d = strstr(path, ".delta-");
+
+	return d ? (uint32_t)strtoul(d + 7, NULL, 10) : 0;
+}
+
+static int file_exists(const char *dir, const char *name)
+{
+	char p[256];
+	struct stat st;
+
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	return lstat(p, &st) == 0;
+}
+
+/* The whole of file f, 0-terminated (free it), or NULL. */
+static char *read_text(const char *f)
+{
+	FILE *in = fopen(f, "r");
+	char *b = NULL;
+	size_t cap = 0;
+	ssize_t n;
+
+	if (!in)
+		return NULL;
+	n = getdelim(&b, &cap, '\0', in);
+	fclose(in);
+	if (n < 0) {
+		free(b);
+		return NULL;
+	}
+	return b;
+}
+
+/* Clock k's push to e: 40 of the U ids (sorted), small integer gradients. */
+static void crash_push(struct ps_client *c, const uint64_t *all, int u, int k)
+{
+	uint64_t ids[40];
+	float g[40 * DIM];
+
+	for (int i = 0; i < 40; i++)
+		ids[i] = all[(k * 13 + i * 3) % u];
+	qsort(ids, 40, sizeof(ids[0]), cmp_id);
+	for (int i = 0; i < 40 * DIM; i++)
+		g[i] = (float)((i + k) % 5 - 2);
+	ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)k, ids, 40, g, 0) == 0, "%s",
+		      ps_client_error(c));
+}
+
+/* Every crash point of a checkpoint of shard 0 (PS_FAULT_CHECKPOINT): of a
+ * full one replacing a chain of two incremental ones (half way through
+ * the data, after its fsync, after its rename with the old chain still
+ * there, after the first old file is removed) and of an incremental one
+ * (the same first three). Every time, the shard starts again (it used to
+ * refuse to after the full file's rename: the old delta-1 did not build
+ * on it) with the rows of its last whole checkpoint or of the crash, and
+ * an old chain's files left behind are set aside as .stale with a log
+ * line. */
+START_TEST(test_checkpoint_crash_points)
+{
+	static const struct {
+		const char *step;
+		int full;
+	} pts[] = { { "write", 1 }, { "fsync", 1 }, { "rename", 1 }, { "retire", 1 },
+		    { "write", 0 }, { "fsync", 0 }, { "rename", 0 } };
+	enum { U = 100 };
+	struct cluster cl;
+	char dir[] = "/tmp/ps-rows-crash-XXXXXX", extra[256], err[512], logf[300];
+	uint64_t all[U], key;
+	static float old[U * DIM], now[U * DIM], got[U * DIM];
+	struct ps_client *c;
+	uint32_t seq = 0;
+	int k = 0;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(logf, sizeof(logf), "%s/shard-0.log", dir);
+	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  on_request: true\n"
+		 "  min_interval_s: 0\n  incremental: 2\n", dir);
+	start(&cl, 1, "async", "", extra);
+	key = ps_rows_table_key(&cl.cfg.tables[0]);
+	for (int i = 0; i < U; i++)
+		all[i] = (uint64_t)(i + 1) * MULT;
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (size_t p = 0; p < sizeof(pts) / sizeof(pts[0]); p++) {
+		struct ps_shard_stats st;
+		struct ckpt_asker a = { .c = NULL };
+		pthread_t th;
+		char name[128];
+
+		/* the chain where the next checkpoint is the kind wanted: full
+		 * after two incremental ones, else incremental */
+		do {
+			crash_push(c, all, U, k++);
+			ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
+			ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+			seq = ckpt_seq_of(st.checkpoint_path);
+		} while (pts[p].full ? seq != 2 : seq == 2);
+		ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, all, U, old), 0);
+
+		for (int n = 1; n <= 2; n++) { /* what an earlier case set aside */
+			snprintf(name, sizeof(name), "%s/shard-0.ckpt.delta-%d.stale", dir, n);
+			unlink(name);
+		}
+		/* shard 0 again, with the fault armed; it comes back from the chain */
+		ps_client_free(c);
+		kill(cl.srv[0], SIGKILL);
+		ck_assert_int_eq(tu_wait_child(cl.srv[0]), 128 + SIGKILL);
+		setenv("PS_FAULT_CHECKPOINT", pts[p].step, 1);
+		cl.srv[0] = tu_start_server_log(cl.path, 0, logf);
+		unsetenv("PS_FAULT_CHECKPOINT");
+		c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+		ck_assert_msg(c != NULL, "%s", err);
+		ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, all, U, got), 0);
+		ck_assert_msg(memcmp(got, old, sizeof(old)) == 0, "%s: not restored", pts[p].step);
+		crash_push(c, all, U, k++);
+		ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, all, U, now), 0);
+		ck_assert(memcmp(now, old, sizeof(old)) != 0);
+
+		a.c = c;
+		ck_assert_int_eq(pthread_create(&th, NULL, ask_ckpt, &a), 0);
+		ck_assert_int_eq(tu_wait_child(cl.srv[0]), 128 + SIGKILL); /* died at the step */
+		/* what the crash left: the scenario really happened */
+		if (pts[p].full && !strcmp(pts[p].step, "rename"))
+			ck_assert(file_exists(dir, "shard-0.ckpt.delta-1") &&
+				  file_exists(dir, "shard-0.ckpt.delta-2"));
+		if (pts[p].full && !strcmp(pts[p].step, "retire"))
+			ck_assert(file_exists(dir, "shard-0.ckpt.delta-1") &&
+				  !file_exists(dir, "shard-0.ckpt.delta-2"));
+		snprintf(name, sizeof(name), "shard-0.ckpt.delta-%u", seq + 1);
+		if (!pts[p].full)
+			ck_assert_int_eq(file_exists(dir, name), !strcmp(pts[p].step, "rename"));
+
+		cl.srv[0] = tu_start_server_log(cl.path, 0, logf);
+		pthread_join(th, NULL);
+		ck_assert_msg(a.rc == 0, "%s %s: the checkpoint request after the restart: %s",
+			      pts[p].full ? "full" : "incremental", pts[p].step, ps_client_error(c));
+		ck_assert_msg(a.st.checkpoint_status == 0, "%s", a.st.checkpoint_error);
+		/* the last whole checkpoint, or the crash's: never a refusal or a mix */
+		int written = !strcmp(pts[p].step, "rename") || !strcmp(pts[p].step, "retire");
+		ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, all, U, got), 0);
+		for (int i = 0; i < U; i++) { /* shard 1 kept everything */
+			const float *want = written || ps_rows_shard(key, all[i], 2) ? now : old;
+			ck_assert_msg(memcmp(got + i * DIM, want + i * DIM, DIM * sizeof(float)) == 0,
+				      "%s %s: shard 0 came back with other rows than %s (row %d: %g, "
+				      "expected %g)", pts[p].full ? "full" : "incremental", pts[p].step,
+				      written ? "at the crash" : "of its last checkpoint", i,
+				      got[i * DIM], want[i * DIM]);
+		}
+		if (pts[p].full && written) {
+			char *log;
+			ck_assert(file_exists(dir, "shard-0.ckpt.delta-1.stale"));
+			ck_assert_int_eq(file_exists(dir, "shard-0.ckpt.delta-2.stale"),
+					 !strcmp(pts[p].step, "rename"));
+			/* the log says so, naming the file (written before it listened) */
+			log = read_text(logf);
+			ck_assert_msg(log && strstr(log, "shard-0.ckpt.delta-1 builds on the full "
+						    "checkpoint before the present one") &&
+				      strstr(log, "set aside as"), "%s", log ? log : "(no log)");
+			free(log);
+		}
+		seq = ckpt_seq_of(a.st.checkpoint_path);
+	}
+	ps_client_free(c);
+	stop(&cl);
+	ck_assert_int_eq(tu_rmtree(dir), 0);
+}
+END_TEST
+
 /* ---- hostile row requests ---- */
 
 static int raw_connect(int port)
@@ -1187,6 +1375,7 @@ static Suite *rows_suite(void)
 	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
 	TU_ADD(tc, test_checkpoint_kill9);
 	TU_ADD_LOOP(tc, test_incremental_kill9, 0, 2);
+	TU_ADD(tc, test_checkpoint_crash_points);
 	TU_ADD(tc, test_hostile);
 	TU_ADD(tc, test_huge_finite_rows);
 	TU_ADD(tc, test_parked_pulls_bounded);
