@@ -411,11 +411,28 @@ void ps__repl_adopt_committed(struct ps_server *s)
 
 /* ---- state transfer ---- */
 
+struct kept {
+	struct ps_server *s;
+	uint64_t n, bytes;
+};
+
+/* A gradient waiting in the primary's barrier, forwarded to a new backup
+ * as it was to the old one (every_push). */
+static void resend_kept(void *arg, struct ps_slot *sl, int rank, uint64_t clock, const float *g)
+{
+	struct kept *k = arg;
+
+	note(k->s, sl, g, rank, clock);
+	k->n++;
+	k->bytes += (uint64_t)sl->slice->count * sizeof(float);
+}
+
 int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	struct ps_repl *r = s->repl;
 	const struct ps_optimizer_ops *opt = s->store.opt;
 	Ps__ReplSnapshot m = PS__REPL_SNAPSHOT__INIT;
+	struct kept kept = { s, 0, 0 };
 	uint64_t bytes = 0;
 	int rc;
 
@@ -449,10 +466,25 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 			 NULL);
 	if (rc)
 		return rc;
+	/* every_push: the gradients kept in the barriers of clocks not summed
+	 * yet were forwarded to the backup before this one; the new backup
+	 * gets them again in the batch right after the state, else it would
+	 * sum those clocks without them when they complete */
+	if (s->cfg->repl_every_push && s->cfg->consistency == PS_SYNC) {
+		ps_store_each_kept(&s->store, resend_kept, &kept);
+		if (r->b.nslots)
+			send_batch(s, 1);
+	}
 	r->snap_lsn = r->lsn;
 	r->last_sent = ps_now_s();
-	ps_info("replication: state sent to the new backup %s: %" PRIu64 " bytes at batch %" PRIu64,
-		sc->conn->peer, bytes, r->lsn);
+	if (kept.n)
+		ps_info("replication: state sent to the new backup %s: %" PRIu64 " bytes, and %"
+			PRIu64 " pushed slices waiting for their clock's sum (%" PRIu64
+			" bytes), at batch %" PRIu64, sc->conn->peer, bytes, kept.n, kept.bytes,
+			r->lsn);
+	else
+		ps_info("replication: state sent to the new backup %s: %" PRIu64 " bytes at batch %"
+			PRIu64, sc->conn->peer, bytes, r->lsn);
 	return 0;
 }
 

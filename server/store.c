@@ -417,6 +417,24 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	return apply_ready(st, s, all_ended(st));
 }
 
+void ps_store_each_kept(struct ps_store *st,
+			void (*fn)(void *arg, struct ps_slot *s, int rank, uint64_t clock,
+				   const float *g),
+			void *arg)
+{
+	if (st->cfg->consistency != PS_SYNC)
+		return;
+	for (int k = 0; k < st->nslots; k++) {
+		struct ps_slot *s = &st->slots[k];
+		size_t n = (size_t)s->slice->count;
+
+		for (struct ps_bucket *b = s->pending; b; b = b->next)
+			for (int r = 0; r < st->cfg->nworkers; r++)
+				if (b->g[r].data)
+					fn(arg, s, r, b->clock, grad_floats(&b->g[r], n, st->check));
+	}
+}
+
 uint64_t ps_store_checksum(const struct ps_store *st)
 {
 	uint64_t h = PS_FNV_OFFSET;

@@ -125,6 +125,15 @@ int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps
  * applied. */
 void ps_store_drop_pending(struct ps_store *st);
 
+/* Sync: calls fn with every gradient kept in a barrier (pushed for a clock
+ * not applied yet), decoded (count floats, valid during the call only), in
+ * slot, clock and rank order: what a backup that joins must be told of
+ * again under replication.forward: every_push (server/replica_log.c). */
+void ps_store_each_kept(struct ps_store *st,
+			void (*fn)(void *arg, struct ps_slot *s, int rank, uint64_t clock,
+				   const float *g),
+			void *arg);
+
 /* FNV-1a over every owned slice's weights, in slice order. */
 uint64_t ps_store_checksum(const struct ps_store *st);
 

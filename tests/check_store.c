@@ -419,6 +419,63 @@ START_TEST(test_bsp_refuses_nonfinite_update)
 }
 END_TEST
 
+/* ps_store_each_kept: what waits in the barriers, in slot, clock and rank
+ * order, each gradient as pushed (a backup that joins is sent these under
+ * replication.forward: every_push); nothing once the clocks are applied. */
+static struct {
+	int n, rank[8];
+	uint64_t clock[8];
+	float first[8];
+} kept;
+
+static void note_kept(void *arg, struct ps_slot *s, int rank, uint64_t clock, const float *g)
+{
+	(void)arg;
+	(void)s;
+	ck_assert_int_lt(kept.n, 8);
+	kept.rank[kept.n] = rank;
+	kept.clock[kept.n] = clock;
+	kept.first[kept.n++] = g[0];
+}
+
+START_TEST(test_bsp_each_kept)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	float g[200];
+
+	make_cfg(&cfg, 2, PS_SYNC);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	/* rank 1 at clock 1, rank 0 at clock 0, rank 0 at clock 1: all wait */
+	const int order[3][2] = { { 1, 1 }, { 0, 0 }, { 0, 1 } };
+	for (int k = 0; k < 3; k++) {
+		for (int i = 0; i < 200; i++)
+			g[i] = (float)(10 * order[k][0] + order[k][1]);
+		ck_assert_int_eq(offer(&st, s, order[k][0], (uint64_t)order[k][1], g), 0);
+	}
+	memset(&kept, 0, sizeof(kept));
+	ps_store_each_kept(&st, note_kept, NULL);
+	ck_assert_int_eq(kept.n, 3);
+	const int want[3][2] = { { 0, 0 }, { 0, 1 }, { 1, 1 } }; /* (rank, clock) */
+	for (int k = 0; k < 3; k++) {
+		ck_assert_int_eq(kept.rank[k], want[k][0]);
+		ck_assert_uint_eq(kept.clock[k], (uint64_t)want[k][1]);
+		ck_assert_float_eq(kept.first[k], (float)(10 * want[k][0] + want[k][1]));
+	}
+	/* rank 1's clock 0 completes clocks 0 and 1: nothing waits */
+	ck_assert_int_eq(offer(&st, s, 1, 0, g), 1);
+	ck_assert_uint_eq(s->version, 2);
+	memset(&kept, 0, sizeof(kept));
+	ps_store_each_kept(&st, note_kept, NULL);
+	ck_assert_int_eq(kept.n, 0);
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 START_TEST(test_checksum_tracks_weights)
 {
 	static struct ps_config cfg;
@@ -715,6 +772,7 @@ int main(void)
 	tcase_add_test(tc, test_bsp_live_set);
 	tcase_add_test(tc, test_bsp_ended_clocks);
 	tcase_add_test(tc, test_bsp_ended_clock_is_the_minimum);
+	tcase_add_test(tc, test_bsp_each_kept);
 	tcase_add_loop_test(tc, test_optimizer_state_through_store, 0,
 			    (int)(sizeof(opt_cases) / sizeof(opt_cases[0])));
 	suite_add_tcase(s, tc);
