@@ -1,5 +1,5 @@
-/* auth.c - loading the cluster secret; proofs and session keys of the
- * handshake (auth.h). BLAKE2b (crypto_generichash) throughout, keyed with
+/* auth.c - loading the cluster secret and the replication key; proofs and
+ * session keys of the handshake (auth.h). BLAKE2b (crypto_generichash) throughout, keyed with
  * the secret's hash, each use under its own label. */
 #include <errno.h>
 #include <fcntl.h>
@@ -78,10 +78,12 @@ static int looks_random(const uint8_t *p, size_t n, int hex)
 	return sym >= (hex ? 10 : 16) && (size_t)pairs * 10 >= (n - 1) * 6;
 }
 
-int ps_auth_load_secret_file(const char *path, uint8_t key[PS_AUTH_KEY_LEN], char *err,
-			     size_t errlen)
+/* Reads and checks a key file (what: "secret file" or "replication key
+ * file", for the messages) into buf; *len its bytes without a trailing
+ * newline. 0 or PS_EAUTH with the reason in err. */
+static int read_key_file(const char *path, const char *what, uint8_t buf[PS_SECRET_MAX_BYTES + 1],
+			 size_t *lenp, char *err, size_t errlen)
 {
-	uint8_t buf[PS_SECRET_MAX_BYTES + 1];
 	struct stat st;
 	ssize_t n;
 	size_t len = 0;
@@ -90,55 +92,131 @@ int ps_auth_load_secret_file(const char *path, uint8_t key[PS_AUTH_KEY_LEN], cha
 	ensure_init();
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
-		snprintf(err, errlen, "secret file %s: %s (create one with scripts/ps-keygen %s)",
+		snprintf(err, errlen, "%s %s: %s (create one with scripts/ps-keygen %s)", what,
 			 path, strerror(errno), path);
 		return PS_EAUTH;
 	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-		snprintf(err, errlen, "secret file %s: not a regular file", path);
+		snprintf(err, errlen, "%s %s: not a regular file", what, path);
 		goto out;
 	}
 	if (st.st_mode & 077) {
-		snprintf(err, errlen, "secret file %s has mode %04o: others may read it; it must "
-			 "be 0600 or stricter (chmod 600 %s)", path, (unsigned)(st.st_mode & 07777),
-			 path);
+		snprintf(err, errlen, "%s %s has mode %04o: others may read it; it must "
+			 "be 0600 or stricter (chmod 600 %s)", what, path,
+			 (unsigned)(st.st_mode & 07777), path);
 		goto out;
 	}
-	while (len < sizeof(buf) && (n = read(fd, buf + len, sizeof(buf) - len)) != 0) {
+	while (len < PS_SECRET_MAX_BYTES + 1 &&
+	       (n = read(fd, buf + len, PS_SECRET_MAX_BYTES + 1 - len)) != 0) {
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0) {
-			snprintf(err, errlen, "secret file %s: %s", path, strerror(errno));
+			snprintf(err, errlen, "%s %s: %s", what, path, strerror(errno));
 			goto out;
 		}
 		len += (size_t)n;
 	}
 	if (len > PS_SECRET_MAX_BYTES) {
-		snprintf(err, errlen, "secret file %s is longer than %d bytes; is it the right file?",
+		snprintf(err, errlen, "%s %s is longer than %d bytes; is it the right file?", what,
 			 path, PS_SECRET_MAX_BYTES);
 		goto out;
 	}
 	while (len && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' '))
 		len--; /* a text editor's newline is not part of the secret */
 	if (len < PS_SECRET_MIN_BYTES || (all_hex(buf, len) && len < 2 * PS_SECRET_MIN_BYTES)) {
-		snprintf(err, errlen, "secret file %s holds %zu %s; it needs at least %d random "
-			 "bytes (%d hex digits): scripts/ps-keygen writes one", path, len,
+		snprintf(err, errlen, "%s %s holds %zu %s; it needs at least %d random "
+			 "bytes (%d hex digits): scripts/ps-keygen writes one", what, path, len,
 			 all_hex(buf, len) && len ? "hex digits" : "bytes", PS_SECRET_MIN_BYTES,
 			 2 * PS_SECRET_MIN_BYTES);
 		goto out;
 	}
 	if (!looks_random(buf, len, all_hex(buf, len))) {
-		snprintf(err, errlen, "secret file %s does not look random (its characters repeat); "
+		snprintf(err, errlen, "%s %s does not look random (its characters repeat); "
 			 "a guessable secret lets anyone who sees one handshake find it offline: "
-			 "scripts/ps-keygen writes a random one", path);
+			 "scripts/ps-keygen writes a random one", what, path);
 		goto out;
 	}
-	crypto_generichash(key, PS_AUTH_KEY_LEN, buf, len, (const uint8_t *)"ps-secret-v1", 12);
+	*lenp = len;
 	rc = 0;
 out:
-	sodium_memzero(buf, sizeof(buf));
 	close(fd);
 	return rc;
+}
+
+int ps_auth_load_secret_file(const char *path, uint8_t key[PS_AUTH_KEY_LEN], char *err,
+			     size_t errlen)
+{
+	uint8_t buf[PS_SECRET_MAX_BYTES + 1];
+	size_t len = 0;
+	int rc = read_key_file(path, "secret file", buf, &len, err, errlen);
+
+	if (!rc)
+		crypto_generichash(key, PS_AUTH_KEY_LEN, buf, len, (const uint8_t *)"ps-secret-v1", 12);
+	sodium_memzero(buf, sizeof(buf));
+	return rc;
+}
+
+void ps_auth_repl_key_path(const struct ps_config *cfg, char *out, size_t outlen)
+{
+	const char *f = cfg->security.repl_key_file, *env = getenv("PS_REPL_KEY_FILE");
+
+	snprintf(out, outlen, "%s", f[0] ? f : env ? env : "");
+}
+
+int ps_auth_set_repl_key_file(struct ps_config *cfg, const char *path)
+{
+	char cwd[512];
+	int n;
+
+	if (path[0] == '/' || !getcwd(cwd, sizeof(cwd)))
+		n = snprintf(cfg->security.repl_key_file, sizeof(cfg->security.repl_key_file), "%s",
+			     path);
+	else
+		n = snprintf(cfg->security.repl_key_file, sizeof(cfg->security.repl_key_file),
+			     "%s/%s", cwd, path);
+	return n < (int)sizeof(cfg->security.repl_key_file) ? 0 : -ENAMETOOLONG;
+}
+
+int ps_auth_load_repl_key_file(const char *path, const uint8_t secret[PS_AUTH_KEY_LEN],
+			       uint8_t key[PS_AUTH_KEY_LEN], char *err, size_t errlen)
+{
+	uint8_t buf[PS_SECRET_MAX_BYTES + 1], same[PS_AUTH_KEY_LEN];
+	size_t len = 0;
+	int rc = read_key_file(path, "replication key file", buf, &len, err, errlen);
+
+	if (!rc && secret) {
+		/* the cluster secret's bytes would give every worker the key */
+		crypto_generichash(same, sizeof(same), buf, len, (const uint8_t *)"ps-secret-v1", 12);
+		if (crypto_verify_32(same, secret) == 0) {
+			snprintf(err, errlen, "replication key file %s holds the cluster secret; "
+				 "workers and monitors hold that one: the replication key must be a "
+				 "key of its own (scripts/ps-keygen FILE)", path);
+			rc = PS_EAUTH;
+		}
+		sodium_memzero(same, sizeof(same));
+	}
+	if (!rc)
+		crypto_generichash(key, PS_AUTH_KEY_LEN, buf, len, (const uint8_t *)"ps-replkey-v1",
+				   13);
+	sodium_memzero(buf, sizeof(buf));
+	return rc;
+}
+
+int ps_auth_load_repl_key(const struct ps_config *cfg, const uint8_t secret[PS_AUTH_KEY_LEN],
+			  uint8_t key[PS_AUTH_KEY_LEN], char *err, size_t errlen)
+{
+	char path[1100];
+
+	ps_auth_repl_key_path(cfg, path, sizeof(path));
+	if (!path[0]) {
+		snprintf(err, errlen, "%s: cluster.replicas is 1 and security.auth is on, but no "
+			 "replication key file is named: set security.repl_key_file (or "
+			 "PS_REPL_KEY_FILE, or --repl-key-file) on the shard processes, and create "
+			 "the file with scripts/ps-keygen FILE; workers and monitors do not get it",
+			 cfg->path[0] ? cfg->path : "config");
+		return PS_EAUTH;
+	}
+	return ps_auth_load_repl_key_file(path, secret, key, err, errlen);
 }
 
 int ps_auth_load_secret(const struct ps_config *cfg, uint8_t key[PS_AUTH_KEY_LEN], char *err,
@@ -194,18 +272,41 @@ void ps_auth_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int 
 	labelled(key, from_server ? "proof server" : "proof client", t, proof, PS_AUTH_PROOF_LEN);
 }
 
-int ps_auth_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
-		     const uint8_t *proof, size_t len)
+void ps_auth_repl_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
+			uint8_t proof[PS_AUTH_PROOF_LEN])
+{
+	ensure_init();
+	labelled(key, from_server ? "replication proof server" : "replication proof client", t,
+		 proof, PS_AUTH_PROOF_LEN);
+}
+
+static int proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
+		    int repl, const uint8_t *proof, size_t len)
 {
 	uint8_t want[PS_AUTH_PROOF_LEN];
 	int ok;
 
 	if (len != PS_AUTH_PROOF_LEN || !proof)
 		return 0;
-	ps_auth_proof(key, t, from_server, want);
+	if (repl)
+		ps_auth_repl_proof(key, t, from_server, want);
+	else
+		ps_auth_proof(key, t, from_server, want);
 	ok = crypto_verify_32(want, proof) == 0;
 	sodium_memzero(want, sizeof(want));
 	return ok;
+}
+
+int ps_auth_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
+		     const uint8_t *proof, size_t len)
+{
+	return proof_ok(key, t, from_server, 0, proof, len);
+}
+
+int ps_auth_repl_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+			  int from_server, const uint8_t *proof, size_t len)
+{
+	return proof_ok(key, t, from_server, 1, proof, len);
 }
 
 int ps_auth_cipher(const struct ps_security_cfg *sec)
@@ -213,17 +314,30 @@ int ps_auth_cipher(const struct ps_security_cfg *sec)
 	return sec->encrypt ? sec->cipher : -1;
 }
 
-void ps_auth_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int server,
-			  struct ps_frame_keys *out)
+static void session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int server,
+			 const char *c2s_label, const char *s2c_label, struct ps_frame_keys *out)
 {
 	uint8_t c2s[PS_MAC_KEY_LEN], s2c[PS_MAC_KEY_LEN];
 
 	ensure_init();
-	labelled(key, "frames client to server", t, c2s, sizeof(c2s));
-	labelled(key, "frames server to client", t, s2c, sizeof(s2c));
+	labelled(key, c2s_label, t, c2s, sizeof(c2s));
+	labelled(key, s2c_label, t, s2c, sizeof(s2c));
 	memcpy(out->send, server ? s2c : c2s, PS_MAC_KEY_LEN);
 	memcpy(out->recv, server ? c2s : s2c, PS_MAC_KEY_LEN);
 	out->cipher = -1; /* MACs; the caller sets the cipher of security.encrypt */
 	sodium_memzero(c2s, sizeof(c2s));
 	sodium_memzero(s2c, sizeof(s2c));
+}
+
+void ps_auth_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int server,
+			  struct ps_frame_keys *out)
+{
+	session_keys(key, t, server, "frames client to server", "frames server to client", out);
+}
+
+void ps_auth_repl_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+			       int server, struct ps_frame_keys *out)
+{
+	session_keys(key, t, server, "replication frames client to server",
+		     "replication frames server to client", out);
 }

@@ -15,6 +15,13 @@
  * shard without the secret learns nothing usable; the shard checks proof_c,
  * which a replayed Auth cannot match because Ns is fresh. Both sides then
  * derive one key per direction from key and T (frame_mac.h).
+ *
+ * The two processes of a replicated shard (cluster.replicas: 1) prove a
+ * key of their own instead, the replication key, which workers and
+ * monitors do not hold: a Hello with the replica role is challenged with
+ * proofs and frame keys under that key and labels of their own
+ * ("replication proof server", ...), so neither the cluster secret nor a
+ * proof made with it can pass for it.
  */
 #ifndef PS_AUTH_H
 #define PS_AUTH_H
@@ -51,6 +58,24 @@ int ps_auth_load_secret(const struct ps_config *cfg, uint8_t key[PS_AUTH_KEY_LEN
 int ps_auth_load_secret_file(const char *path, uint8_t key[PS_AUTH_KEY_LEN], char *err,
 			     size_t errlen);
 
+/* The replication key file cfg uses: security.repl_key_file (made
+ * relative to the config file's folder), else $PS_REPL_KEY_FILE; "" when
+ * neither names one. */
+void ps_auth_repl_key_path(const struct ps_config *cfg, char *out, size_t outlen);
+
+/* --repl-key-file: as ps_auth_set_secret_file, for the replication key. */
+int ps_auth_set_repl_key_file(struct ps_config *cfg, const char *path);
+
+/* Reads the replication key file of cfg and hashes it into key, under the
+ * secret file's rules (and messages naming the replication key file).
+ * Also refused: a file that holds the cluster secret (secret: its hash as
+ * ps_auth_load_secret gives it; NULL skips the comparison). 0 or
+ * PS_EAUTH. */
+int ps_auth_load_repl_key(const struct ps_config *cfg, const uint8_t secret[PS_AUTH_KEY_LEN],
+			  uint8_t key[PS_AUTH_KEY_LEN], char *err, size_t errlen);
+int ps_auth_load_repl_key_file(const char *path, const uint8_t secret[PS_AUTH_KEY_LEN],
+			       uint8_t key[PS_AUTH_KEY_LEN], char *err, size_t errlen);
+
 /* n bytes from the system's random source. */
 void ps_auth_random(uint8_t *p, size_t n);
 
@@ -66,6 +91,13 @@ void ps_auth_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int 
 int ps_auth_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
 		     const uint8_t *proof, size_t len);
 
+/* The same two for the replication link, keyed with the replication key:
+ * a proof of one domain never passes for the other's. */
+void ps_auth_repl_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
+			uint8_t proof[PS_AUTH_PROOF_LEN]);
+int ps_auth_repl_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+			  int from_server, const uint8_t *proof, size_t len);
+
 /* What protects frames after the handshake, from security: -1 for MACs (or
  * nothing, without mac), else the enum ps_cipher of security.encrypt. The
  * Hello carries it + 1 (0: not encrypted); both ends must agree. */
@@ -75,5 +107,9 @@ int ps_auth_cipher(const struct ps_security_cfg *sec);
  * client's send key is the server's receive key and the other way round. */
 void ps_auth_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int server,
 			  struct ps_frame_keys *out);
+
+/* The frame keys of the replication link (its own labels). */
+void ps_auth_repl_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+			       int server, struct ps_frame_keys *out);
 
 #endif

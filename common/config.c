@@ -834,10 +834,29 @@ static void cfg_resolve_path(const struct ps_config *cfg, char *f, size_t size)
 		memcpy(f, tmp, strlen(tmp) + 1);
 }
 
-static void cfg_resolve_secret(struct ps_config *cfg)
+/* The files named relative to the config, resolved; a resolved path with a
+ * control character (from the config folder's name: a path in the file
+ * cannot hold one) is refused, since no config file could name it and
+ * the dump would not load back. 0 or PS_ECONFIG with c's error. */
+static int cfg_resolve_secret(struct ctx *c, struct ps_config *cfg)
 {
-	cfg_resolve_path(cfg, cfg->security.secret_file, sizeof(cfg->security.secret_file));
-	cfg_resolve_path(cfg, cfg->stats.token_file, sizeof(cfg->stats.token_file));
+	static const char *const key[3] = { "security.secret_file", "security.repl_key_file",
+					     "stats.token_file" };
+	char *f[3] = { cfg->security.secret_file, cfg->security.repl_key_file,
+		       cfg->stats.token_file };
+	size_t size[3] = { sizeof(cfg->security.secret_file),
+			   sizeof(cfg->security.repl_key_file), sizeof(cfg->stats.token_file) };
+
+	for (int i = 0; i < 3; i++) {
+		int rel = f[i][0] && f[i][0] != '/';
+		cfg_resolve_path(cfg, f[i], size[i]);
+		for (const char *q = f[i]; rel && *q; q++)
+			if ((unsigned char)*q < 0x20 || *q == 0x7f)
+				return cfg_fail(c, 0, "%s: resolved next to this file, the path would "
+						"hold a control character (from the folder's name); name "
+						"it by an absolute path", key[i]);
+	}
+	return 0;
 }
 
 int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t errlen)
@@ -884,7 +903,7 @@ int ps_config_load(struct ps_config *cfg, const char *path, char *err, size_t er
 	}
 	rc = load_buffer(cfg, buf, len, path, err, errlen);
 	if (rc == 0)
-		cfg_resolve_secret(cfg);
+		rc = cfg_resolve_secret(&c, cfg);
 
 err_free_buf:
 	free(buf);

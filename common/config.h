@@ -106,6 +106,8 @@ struct ps_limits {
 	int max_handshakes;         /* connections still in the handshake, per shard */
 	int max_handshakes_per_source; /* the same from one address */
 	int max_waiting_pulls;      /* pulls one connection may have waiting for their clock */
+	uint64_t max_waiting_bytes; /* bytes the waiting row pulls of one connection hold */
+	uint64_t max_waiting_bytes_total; /* the same for every connection together */
 	int wait_spin_us;           /* client: ps_client_wait polls this long before sleeping */
 	int idle_timeout_ms;        /* a connection silent this long is closed; 0 = never */
 	uint64_t max_write_queue;   /* reply bytes queued to a peer before its requests wait (backpressure) */
@@ -113,6 +115,7 @@ struct ps_limits {
 	int drop_timeout_ms;        /* shard: a worker without a connection this long leaves the live set; 0 = idle_timeout_ms */
 	int reconnect_timeout_ms;   /* client: keeps reconnecting to a lost shard this long; 0 = never */
 	int max_request_rows;       /* ids in one pull_rows / push_rows frame */
+	uint64_t max_table_bytes;   /* shard: memory of all its embedding tables (table.c) */
 };
 
 struct ps_checkpoint_cfg {
@@ -131,6 +134,7 @@ struct ps_security_cfg {
 	int encrypt;                /* with mac: frames are AEAD records (frame_aead.h) */
 	int cipher;                 /* enum ps_cipher */
 	char secret_file[512];      /* relative: from the config file's folder; "" = $PS_SECRET_FILE */
+	char repl_key_file[512];    /* replicas: the shard processes' own key; "" = $PS_REPL_KEY_FILE */
 };
 
 struct ps_stats_cfg {

@@ -12,6 +12,68 @@
 #include "config_int.h"
 #include "ps_err.h"
 
+/* Writes s as a YAML double-quoted scalar that loads back as the same
+ * bytes: '"' and '\' escaped, control characters (which would end the
+ * line or be refused by the YAML reader) as escapes, valid UTF-8 as it is
+ * but for what YAML reads as a line break or does not allow raw (C1
+ * controls, U+2028, U+2029, the BOM), written as \u escapes. A byte that
+ * is not UTF-8 has no YAML spelling: it is written as a \x escape (the code
+ * point of that byte), so the reloaded text differs there. */
+static void yaml_str(FILE *out, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+
+	fputc('"', out);
+	while (*p) {
+		unsigned c = *p, cp, n;
+
+		if (c == '"' || c == '\\') {
+			fputc('\\', out);
+			fputc((int)c, out);
+			p++;
+			continue;
+		}
+		if (c < 0x80) {
+			if (c == '\n')
+				fputs("\\n", out);
+			else if (c == '\t')
+				fputs("\\t", out);
+			else if (c < 0x20 || c == 0x7f)
+				fprintf(out, "\\x%02x", c);
+			else
+				fputc((int)c, out);
+			p++;
+			continue;
+		}
+		/* a UTF-8 sequence: its length and code point, or an odd byte */
+		n = c >= 0xf0 && c < 0xf5 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 0;
+		if (c >= 0xf5)
+			n = 0;
+		cp = n == 4 ? c & 0x07 : n == 3 ? c & 0x0f : c & 0x1f;
+		for (unsigned k = 1; k < n; k++) {
+			if ((p[k] & 0xc0) != 0x80) {
+				n = 0;
+				break;
+			}
+			cp = cp << 6 | (p[k] & 0x3f);
+		}
+		if (n && ((n == 3 && (cp < 0x800 || (cp >= 0xd800 && cp < 0xe000))) ||
+			  (n == 4 && (cp < 0x10000 || cp > 0x10ffff))))
+			n = 0; /* overlong, a surrogate, or past Unicode */
+		if (!n) {
+			fprintf(out, "\\x%02x", c);
+			p++;
+		} else if (cp < 0xa0 || cp == 0x2028 || cp == 0x2029 || cp == 0xfeff) {
+			fprintf(out, "\\u%04x", cp);
+			p += n;
+		} else {
+			fwrite(p, 1, n, out);
+			p += n;
+		}
+	}
+	fputc('"', out);
+}
+
 /* Layers given explicitly are written out; a preset's are not (the preset
  * line says it), so that the dump loads back as the same configuration. */
 static void dump_layers(const struct ps_config *cfg, FILE *out)
@@ -53,8 +115,9 @@ static void dump_overrides(const struct ps_config *cfg, FILE *out)
 
 		if (t->codec == cc->codec && !ratio)
 			continue;
-		fprintf(out, "%s    - {name: \"%s\", codec: %s", n++ ? "" : "\n", t->name,
-			cfg_codec_names[t->codec]);
+		fprintf(out, "%s    - {name: ", n++ ? "" : "\n");
+		yaml_str(out, t->name);
+		fprintf(out, ", codec: %s", cfg_codec_names[t->codec]);
 		if (ratio)
 			fprintf(out, ", ratio: %s", cfg_fmt_float(t->ratio, buf, sizeof(buf)));
 		fputs("}\n", out);
@@ -72,8 +135,9 @@ static void dump_tables(const struct ps_config *cfg, FILE *out)
 	for (int i = 0; i < cfg->ntables; i++) {
 		const struct ps_table_cfg *t = &cfg->tables[i];
 
-		fprintf(out, "    - name: \"%s\"\n      dim: %d\n      init: %s\n", t->name, t->dim,
-			cfg_init_names[t->init]);
+		fputs("    - name: ", out);
+		yaml_str(out, t->name);
+		fprintf(out, "\n      dim: %d\n      init: %s\n", t->dim, cfg_init_names[t->init]);
 		if (t->init == PS_INIT_CONST || t->init == PS_INIT_UNIFORM || t->init == PS_INIT_NORMAL)
 			fprintf(out, "      %s: %s\n", t->init == PS_INIT_CONST ? "value" : "scale",
 				cfg_fmt_float(t->init_value, b[0], sizeof(b[0])));
@@ -128,14 +192,17 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 		fprintf(out, "%s\n", *src ? src : o->names[0]);
 		break;
 	case T_ADDR:
-		fprintf(out, "\"%s\"\n", src);
+	case T_PATH:
+		yaml_str(out, src);
+		fputc('\n', out);
 		break;
 	case T_SERVERS: {
 		int backups = o->off == offsetof(struct ps_config, backups);
 		fputc('[', out);
 		for (int i = 0; i < (backups ? cfg->nbackups : cfg->nshards); i++) {
 			cfg_fmt_endpoint(backups ? &cfg->backups[i] : &cfg->shards[i], buf, sizeof(buf));
-			fprintf(out, "%s\"%s\"", i ? ", " : "", buf);
+			fputs(i ? ", " : "", out);
+			yaml_str(out, buf);
 		}
 		fputs("]\n", out);
 		break;
@@ -145,7 +212,9 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 		for (int i = 0; i < cfg->ntensors; i++) {
 			const struct ps_tensor_cfg *t = &cfg->tensors[i];
 
-			fprintf(out, "    - name: \"%s\"\n      shape: [", t->name);
+			fputs("    - name: ", out);
+			yaml_str(out, t->name);
+			fputs("\n      shape: [", out);
 			for (int d = 0; d < t->ndims; d++)
 				fprintf(out, "%s%" PRId64, d ? ", " : "", t->dims[d]);
 			fprintf(out, "]\n      init: %s\n", cfg_init_names[t->init]);
@@ -154,9 +223,6 @@ static void dump_value(const struct ps_config *cfg, const struct opt *o, FILE *o
 				fprintf(out, "      %s: %s\n", t->init == PS_INIT_CONST ? "value" : "scale",
 					cfg_fmt_float(t->init_value, buf, sizeof(buf)));
 		}
-		break;
-	case T_PATH:
-		fprintf(out, "\"%s\"\n", src);
 		break;
 	case T_DIMS3:
 		fprintf(out, "[%d, %d, %d]\n", cfg->model.input[0], cfg->model.input[1],

@@ -147,6 +147,13 @@ const struct opt cfg_opts[] = {
 	  limits.max_waiting_pulls, "shard: pulls one connection may have waiting for their "
 	  "clock (a worker has one per weighted layer with train.pull: layer); more are "
 	  "refused with an error"),
+	O("limits.max_waiting_bytes", T_SIZE, 0, 4 * KiB, 64 * GiB, "16MiB", NULL, C,
+	  limits.max_waiting_bytes, "shard: bytes the row pulls of one connection waiting for "
+	  "their clock may hold (each holds its ids as they came, at most its frame); more are "
+	  "refused with an error"),
+	O("limits.max_waiting_bytes_total", T_SIZE, 0, 4 * KiB, 1024 * GiB, "256MiB", NULL, C,
+	  limits.max_waiting_bytes_total, "shard: the same for every connection together, so "
+	  "their number does not matter"),
 	O("limits.max_handshakes", T_INT, 0, 1, 100000, "64", NULL, C, limits.max_handshakes,
 	  "connections per shard still in the handshake; a new one past it closes the oldest of "
 	  "the address that has the most, so a flood without the secret cannot keep workers out"),
@@ -170,6 +177,10 @@ const struct opt cfg_opts[] = {
 	  limits.reconnect_timeout_ms, "client: after a lost connection, reconnect (backoff 0.1 "
 	  "to 2 s) and resend what was not answered for this long; pushes are applied exactly "
 	  "once; 0 = fail at once"),
+	O("limits.max_table_bytes", T_SIZE, 0, MiB, 1024 * 1024 * GiB, "4GiB", NULL, C,
+	  limits.max_table_bytes, "shard: memory its embedding tables may hold, shared evenly "
+	  "by the tables; a table at its share drops its least recently updated row for each "
+	  "new one (logged, counted in evicted), so no peer can run a shard out of memory"),
 	O("limits.max_request_rows", T_INT, 0, 1, 1 << 28, "1048576", NULL, C,
 	  limits.max_request_rows, "ids in one pull_rows / push_rows frame to one shard; more "
 	  "are refused (by the client before sending, by the shard before decoding)"),
@@ -253,6 +264,10 @@ const struct opt cfg_opts[] = {
 	O("security.secret_file", T_PATH, 0, 0, 0, "", NULL, C, security.secret_file,
 	  "file of at least 32 random bytes (64 hex digits), mode 0600 (scripts/ps-keygen FILE); "
 	  "relative to the config file's folder; \"\" = $PS_SECRET_FILE; --secret-file overrides"),
+	O("security.repl_key_file", T_PATH, 0, 0, 0, "", NULL, C, security.repl_key_file,
+	  "cluster.replicas: 1 with auth: the replication key, a file like the secret's that only "
+	  "the shard processes hold (the replication link proves it, not the secret); relative "
+	  "to the config file's folder; \"\" = $PS_REPL_KEY_FILE; --repl-key-file overrides"),
 	O("log.level", T_ENUMSTR, 0, 0, 0, "info", cfg_level_names, C, log_level,
 	  "least severe log level written to stderr"),
 };

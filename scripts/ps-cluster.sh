@@ -15,7 +15,8 @@
 #                            same, they find the run there)
 #   --ssh CMD                the ssh command, split into words as the shell
 #                            does (quotes work); default $PS_SSH, else
-#                            ssh -o BatchMode=yes -o ConnectTimeout=10
+#                            ssh -o BatchMode=yes -o ConnectTimeout=10;
+#                            run as CMD -- HOST SCRIPT (SCRIPT: POSIX sh)
 #   --wait S                 start: seconds a shard has to listen (default
 #                            30); stop: seconds a shard has to exit, its
 #                            checkpoint included (default 300); a worker
@@ -32,7 +33,8 @@
 # every shard answers (ps-stat); then starts the workers. Every start gets
 # its own run folder, LOGS/NAME-DATE-TIME (NAME: CONFIG without .yaml),
 # with each process's log and exit status, made on every host; here it also
-# holds run.env, the hosts of the run, and LOGS/NAME.run points at it. When
+# holds run.env, the hosts of the run (KEY=VALUE lines, read as data, never
+# run), and LOGS/NAME.run points at it. When
 # a step fails, what was started is stopped again, the failing process's
 # log is shown, and start exits 1.
 # stop: SIGTERM to the workers, then to the shards (which write their
@@ -42,6 +44,11 @@
 # check failed, 2 for usage or a config that cannot work on these hosts.
 # The cluster secret (security.secret_file) must be at the same path on
 # every host, mode 0600: scripts/ps-keygen FILE, then copy it (scp -p).
+# With cluster.replicas: 1 so must the replication key
+# (security.repl_key_file), on the shards' hosts only.
+# Every value put in a remote command is quoted for POSIX sh; a host name
+# starting with '-' is refused (ssh would read it as an option), and so is
+# a newline in a path or host (run.env holds one value a line).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/scripts/ps-lib.sh"
@@ -75,6 +82,9 @@ while [ $# -gt 0 ]; do
 done
 WARGS=(${WCMD[@]+"${WCMD[@]}"} "$@")
 LOGS=${LOGS:-$DIR/logs}
+for v in "$CONFIG" "$DIR" "$LOGS" "$WHOSTS"; do
+  case "$v" in *$'\n'*) die "a newline in '$v': not allowed in a path or host name" ;; esac
+done
 case "$WAIT" in
   "") WAIT=$([ "$ACTION" = stop ] && echo 300 || echo 30) ;;
   *[!0-9]*) die "--wait: expected whole seconds, got '$WAIT'" ;;
@@ -98,6 +108,11 @@ if [ "$ACTION" = start ] && [ "$auth" = true ] && [ -z "$secret" ]; then
   die "$CONFIG has security.auth on but names no security.secret_file;" \
       "create one (scripts/ps-keygen FILE), copy it to every host and name it there"
 fi
+if [ "$ACTION" = start ] && [ "$auth" = true ] && [ "$(cfg_key "$dump" cluster replicas)" = 1 ] &&
+   [ -z "$(cfg_key "$dump" security repl_key_file)" ]; then
+  die "$CONFIG has cluster.replicas: 1 but names no security.repl_key_file;" \
+      "create one (scripts/ps-keygen FILE), copy it to the shards' hosts only and name it there"
+fi
 mapfile -t shost < <(printf '%s\n' "$shard_lines" | awk '{print $2}')
 mapfile -t sport < <(printf '%s\n' "$shard_lines" | awk '{print $3}')
 nshards=${#shost[@]}
@@ -112,7 +127,6 @@ nsrv=${#shost[@]}
 NAME=$(basename "$CONFIG"); NAME=${NAME%.yaml}; NAME=${NAME%.yml}
 POINTER=$LOGS/$NAME.run
 
-q() { printf '%q' "$1"; }
 sq() { printf "'%s'" "${1//\'/\'\\\'\'}"; } # one word for a POSIX shell
 # An extended regex matching s literally.
 re() { printf '%s' "$1" | sed 's/[][\.*^$+?(){}|]/\\&/g'; }
@@ -120,7 +134,16 @@ is_loopback() { case "$1" in 127.*|::1|localhost|localhost.*|ip6-localhost) retu
 is_wildcard() { case "$1" in 0.0.0.0|::|'*'|'') return 0 ;; esac; return 1; }
 
 # ssh HOST SCRIPT: runs SCRIPT there (POSIX sh), stdin closed; its status.
-on() { "${SSHV[@]}" "$1" "$2" < /dev/null; }
+# "--": nothing after it is an option of ssh's, whatever the host's name.
+on() { "${SSHV[@]}" -- "$1" "$2" < /dev/null; }
+# Refuses (exit 2) a host whose name starts with '-' or holds a newline;
+# where: what names it.
+check_host() { # HOST WHERE
+  case "$1" in
+    -*) die "$2 names host '$1', which starts with '-': refused (ssh would take it for an option)" ;;
+    *$'\n'*|'') die "$2 names an empty host, or one with a newline" ;;
+  esac
+}
 # Many hosts at once: par ID HOST SCRIPT starts `on` in the background,
 # par_wait waits for all of them, then par_out ID is what it printed and
 # par_rc ID its status (255: ssh itself failed).
@@ -138,11 +161,11 @@ par_rc() { cat "$PAR/$1.rc" 2> /dev/null || echo 255; }
 sname() { if [ "$1" -lt "$nshards" ]; then echo "shard $1"; else echo "backup $(($1 - nshards))"; fi; }
 slog() { if [ "$1" -lt "$nshards" ]; then echo "server-$1"; else echo "server-$(($1 - nshards))-r1"; fi; }
 sargs() { if [ "$1" -lt "$nshards" ]; then echo "--shard $1"; else echo "--shard $(($1 - nshards)) --replica 1"; fi; }
-server_cmd() { echo "$DIR/bin/ps-server --config $(q "$RCONFIG") $(sargs "$1")"; }
+server_cmd() { echo "$(sq "$DIR/bin/ps-server") --config $(sq "$RCONFIG") $(sargs "$1")"; }
 worker_cmd() {
   local extra="" a
-  for a in "${WARGS[@]+"${WARGS[@]}"}"; do extra+=" $(q "$a")"; done
-  echo "$DIR/bin/ps-worker --config $(q "$RCONFIG") --rank $1$extra"
+  for a in "${WARGS[@]+"${WARGS[@]}"}"; do extra+=" $(sq "$a")"; done
+  echo "$(sq "$DIR/bin/ps-worker") --config $(sq "$RCONFIG") --rank $1$extra"
 }
 server_pat() { echo "^$(re "$DIR/bin/ps-server --config $RCONFIG $(sargs "$1")")\$"; }
 worker_pat() { echo "^$(re "$DIR/bin/ps-worker --config $RCONFIG --rank $1")( |\$)"; }
@@ -283,12 +306,39 @@ stop_or_status() {
 }
 
 # Reads a run record (run.env) into RUN, RUN_SHARD_HOSTS, RUN_WORKER_HOSTS;
-# 1 when there is none.
+# 1 when there is none. It is data: KEY=VALUE lines, the value as it is
+# (an older ps-cluster.sh wrote the hosts as RUN_SHARD_HOSTS=(h1 h2 ),
+# read as plain words); nothing in it is run. Another line, or a host
+# starting with '-', stops with status 2 naming it.
 load_run() {
-  local f=$POINTER/run.env
+  local f=$POINTER/run.env line key val n=0 h
+  local -a words
   [ -r "$f" ] || return 1
-  # shellcheck disable=SC1090
-  . "$f" || return 1
+  RUN_CONFIG="" RUN_DIR="" RUN_SHARD_HOSTS=() RUN_WORKER_HOSTS=()
+  while IFS= read -r line || [ -n "$line" ]; do
+    n=$((n + 1))
+    case "$line" in ''|'#'*) continue ;; esac
+    key=${line%%=*} val=${line#*=}
+    case "$key" in
+      RUN_CONFIG) RUN_CONFIG=$val ;;
+      RUN_DIR) RUN_DIR=$val ;;
+      RUN_SHARD_HOST) RUN_SHARD_HOSTS+=("$val") ;;
+      RUN_WORKER_HOST) RUN_WORKER_HOSTS+=("$val") ;;
+      RUN_SHARD_HOSTS|RUN_WORKER_HOSTS)
+        case "$val" in
+          \(*\)) val=${val#(} val=${val%)} ;;
+          *) die "$f:$n: $key: expected (HOST ...), got '$val'" ;;
+        esac
+        case "$val" in *[\\\'\"\$\`]*)
+          die "$f:$n: $key holds quoted words, which this reader does not undo; give --worker-hosts, or start again" ;;
+        esac
+        read -r -a words <<< "$val"
+        if [ "$key" = RUN_SHARD_HOSTS ]; then RUN_SHARD_HOSTS+=("${words[@]}"); else RUN_WORKER_HOSTS+=("${words[@]}"); fi ;;
+      RUN_STATE) ;;
+      *) die "$f:$n: not a line of a run record: '$line'" ;;
+    esac
+  done < "$f"
+  for h in "${RUN_SHARD_HOSTS[@]}" "${RUN_WORKER_HOSTS[@]}"; do check_host "$h" "$f"; done
   [ "$RUN_CONFIG" = "$RCONFIG" ] || {
     echo "$me: $POINTER is a run of $RUN_CONFIG, not $RCONFIG: give another --logs" >&2; exit 2; }
   RUN=$RUN_DIR
@@ -308,9 +358,10 @@ if [ "$ACTION" != start ]; then
            "(give --worker-hosts if they run elsewhere)" >&2
     fi
   fi
+  for h in "${shost[@]}" "${whost[@]}"; do check_host "$h" "--worker-hosts or the config"; done
   if [ $DRY -eq 1 ]; then
-    for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} $(whost_of $r) $(sq "pkill -TERM -f -- $(sq "$(worker_pat $r)")")"; done
-    for ((k = 0; k < nsrv; k++)); do echo "${SSHV[*]} ${shost[$k]} $(sq "pkill -TERM -f -- $(sq "$(server_pat $k)")")"; done
+    for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} -- $(whost_of $r) $(sq "pkill -TERM -f -- $(sq "$(worker_pat $r)")")"; done
+    for ((k = 0; k < nsrv; k++)); do echo "${SSHV[*]} -- ${shost[$k]} $(sq "pkill -TERM -f -- $(sq "$(server_pat $k)")")"; done
     exit 0
   fi
   mapfile -t sel_shards < <(seq 0 $((nsrv - 1)))
@@ -331,6 +382,7 @@ fi
 
 if [ -n "$WHOSTS" ]; then IFS=, read -r -a whost <<< "$WHOSTS"; else whost=("${shost[@]}"); fi
 [ ${#whost[@]} -gt 0 ] || die "--worker-hosts: no host given"
+for h in "${shost[@]}" "${whost[@]}"; do check_host "$h" "--worker-hosts or the config"; done
 
 # Addresses that cannot work: a wildcard is no address to reach, and a
 # loopback address is reachable from its own host only.
@@ -355,18 +407,18 @@ done
 # process to end), its exit status written when it ends.
 shard_start() {
   local log=$RUN/$(slog "$1")
-  echo "mkdir -p $(q "$RUN") && cd $(q "$DIR") && { nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(q "$log.exit")") > $(q "$log.log") 2>&1 < /dev/null & }"
+  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && { nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
 }
 worker_start() {
   local log=$RUN/worker-$1
-  echo "mkdir -p $(q "$RUN") && cd $(q "$DIR") && { nohup sh -c $(sq "$(worker_cmd "$1"); echo \$? > $(q "$log.exit")") > $(q "$log.log") 2>&1 < /dev/null & }"
+  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && { nohup sh -c $(sq "$(worker_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
 }
 
 stamp=$(date +%Y%m%d-%H%M%S)
 RUN=$LOGS/$NAME-$stamp
 if [ $DRY -eq 1 ]; then
-  for ((k = 0; k < nsrv; k++)); do echo "${SSHV[*]} ${shost[$k]} $(sq "$(shard_start $k)")"; done
-  for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} $(whost_of $r) $(sq "$(worker_start $r)")"; done
+  for ((k = 0; k < nsrv; k++)); do echo "${SSHV[*]} -- ${shost[$k]} $(sq "$(shard_start $k)")"; done
+  for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} -- $(whost_of $r) $(sq "$(worker_start $r)")"; done
   exit 0
 fi
 mapfile -t uwhost < <(for ((r = 0; r < nworkers; r++)); do whost_of $r; done | awk '!seen[$0]++')
@@ -378,9 +430,9 @@ for ((n = 0; n < ${#hosts[@]}; n++)); do
   h=${hosts[$n]} need=""
   for ((k = 0; k < nsrv; k++)); do [ "${shost[$k]}" = "$h" ] && need+=" ps-server"; done
   for ((r = 0; r < nworkers; r++)); do [ "$(whost_of $r)" = "$h" ] && need+=" ps-worker ps-stat"; done
-  par "pre-$n" "$h" "cd $(q "$DIR") 2> /dev/null || { echo 'ERR no folder $(q "$DIR") (--dir)'; echo OK; exit 0; }
-for b in $(printf '%s\n' $need | sort -u | tr '\n' ' '); do [ -x bin/\$b ] || echo \"ERR no $(q "$DIR")/bin/\$b (make there, or --dir)\"; done
-[ -r $(q "$RCONFIG") ] || echo 'ERR cannot read $(q "$RCONFIG")'
+  par "pre-$n" "$h" "cd $(sq "$DIR") 2> /dev/null || { printf 'ERR no folder %s (--dir)\\n' $(sq "$DIR"); echo OK; exit 0; }
+for b in $(printf '%s\n' $need | sort -u | tr '\n' ' '); do [ -x bin/\$b ] || printf 'ERR no %s/bin/%s (make there, or --dir)\\n' $(sq "$DIR") \"\$b\"; done
+[ -r $(sq "$RCONFIG") ] || printf 'ERR cannot read %s\\n' $(sq "$RCONFIG")
 pgrep -af -- $(sq "$(any_pat)") | sed 's/^/RUNNING /'
 echo OK"
 done
@@ -417,12 +469,12 @@ fi
 n=1
 while [ -e "$RUN" ]; do n=$((n + 1)); RUN=$LOGS/$NAME-$stamp-$n; done
 mkdir -p "$RUN" || { echo "$me: cannot make the run folder $RUN here" >&2; exit 1; }
-{
-  echo "# ps-cluster.sh run of $CONFIG, started $(date -Is)"
-  echo "RUN_CONFIG=$(q "$RCONFIG")"
-  echo "RUN_DIR=$(q "$RUN")"
-  echo "RUN_SHARD_HOSTS=($(for h in "${shost[@]}"; do printf '%q ' "$h"; done))"
-  echo "RUN_WORKER_HOSTS=($(for h in "${whost[@]}"; do printf '%q ' "$h"; done))"
+{ # data, one value a line (load_run)
+  echo "# ps-cluster.sh run, started $(date -Is)"
+  printf 'RUN_CONFIG=%s\n' "$RCONFIG"
+  printf 'RUN_DIR=%s\n' "$RUN"
+  printf 'RUN_SHARD_HOST=%s\n' "${shost[@]}"
+  printf 'RUN_WORKER_HOST=%s\n' "${whost[@]}"
 } > "$RUN/run.env"
 ln -sfn "$(basename "$RUN")" "$POINTER"
 
@@ -503,10 +555,10 @@ done
 # 4. From every worker host, every shard must answer (a monitor handshake:
 # ps-stat), or the workers would fail there the same way.
 for ((n = 0; n < ${#uwhost[@]}; n++)); do
-  par "stat-$n" "${uwhost[$n]}" "cd $(q "$DIR") || exit 3
+  par "stat-$n" "${uwhost[$n]}" "cd $(sq "$DIR") || exit 3
 i=0
 while :; do
-  out=\$(bin/ps-stat --config $(q "$RCONFIG") --interval 0.05 2>&1); rc=\$?
+  out=\$(bin/ps-stat --config $(sq "$RCONFIG") --interval 0.05 2>&1); rc=\$?
   if [ \$rc -eq 0 ]; then echo ANSWERED; break; fi
   i=\$((i + 1))
   if [ \$rc -ne 1 ] || [ \$i -ge 4 ]; then echo \"FAILED \$rc\"; printf '%s\n' \"\$out\"; break; fi

@@ -17,7 +17,10 @@
 # Authentication (security.auth, on by default): when the config's secret
 # file (security.secret_file, else $PS_SECRET_FILE) does not exist yet, a
 # new one is generated there (scripts/ps-keygen); when neither names one,
-# in DIR/ps.secret, handed to every process through PS_SECRET_FILE.
+# in DIR/ps.secret, handed to every process through PS_SECRET_FILE. With
+# cluster.replicas: 1 the shards' replication key likewise
+# (security.repl_key_file, else $PS_REPL_KEY_FILE, else DIR/ps.replkey),
+# handed to the ps-server processes alone (--repl-key-file).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 . "$here/scripts/ps-lib.sh"
@@ -63,6 +66,16 @@ if [ "$auth" = true ]; then
     "$here/scripts/ps-keygen" "$secret" || exit 2
   fi
 fi
+# the replication key: only the shard processes get it (workers never do)
+repl_key_args=()
+if [ "$auth" = true ] && [ -n "$backup_lines" ]; then
+  repl_key=$(cfg_key "$dump" security repl_key_file)
+  repl_key=${repl_key:-${PS_REPL_KEY_FILE:-$LOGDIR/ps.replkey}}
+  if [ ! -e "$repl_key" ]; then
+    "$here/scripts/ps-keygen" "$repl_key" || exit 2
+  fi
+  repl_key_args=(--repl-key-file "$repl_key")
+fi
 
 # Workers share this machine's cores: give each one BLAS thread per core it
 # can have, unless the caller chose (OPENBLAS_NUM_THREADS).
@@ -95,13 +108,14 @@ trap on_signal INT TERM
 echo "ps-local.sh: $nshards shard(s), $nworkers worker(s) from $CONFIG; logs in $LOGDIR"
 if [ "$MODE" != workers ]; then
   while read -r idx host port; do
-    "$BIN/ps-server" --config "$CONFIG" --shard "$idx" >"$LOGDIR/server-$idx.log" 2>&1 &
+    "$BIN/ps-server" --config "$CONFIG" --shard "$idx" ${repl_key_args[@]+"${repl_key_args[@]}"} \
+      >"$LOGDIR/server-$idx.log" 2>&1 &
     server_pids+=($!)
   done <<<"$shard_lines"
   if [ -n "$backup_lines" ]; then
     while read -r idx host port; do
       "$BIN/ps-server" --config "$CONFIG" --shard "$idx" --replica 1 \
-        >"$LOGDIR/server-$idx-r1.log" 2>&1 &
+        ${repl_key_args[@]+"${repl_key_args[@]}"} >"$LOGDIR/server-$idx-r1.log" 2>&1 &
       server_pids+=($!)
     done <<<"$backup_lines"
   fi

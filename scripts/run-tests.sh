@@ -24,6 +24,11 @@ if [ -z "${PS_SECRET_FILE:-}" ]; then
   export PS_SECRET_FILE=$logdir/ps.secret
   scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
 fi
+# ... and the shards of replicated tests one replication key of their own
+if [ -z "${PS_REPL_KEY_FILE:-}" ]; then
+  export PS_REPL_KEY_FILE=$logdir/ps.replkey
+  scripts/ps-keygen "$PS_REPL_KEY_FILE" 2>/dev/null || exit 1
+fi
 # The CUDA plug-in of this tree (lib/ps-compute-cuda.so, where it was built):
 # test programs live under build/, not beside lib/ as bin/ps-worker does.
 export PS_COMPUTE_PLUGIN_DIR=${PS_COMPUTE_PLUGIN_DIR:-$PWD/lib}

@@ -25,13 +25,12 @@
 #include "server_int.h"
 
 /* A checkpoint was written: a full one (seq 0) is the new base of the
- * incremental ones, whose older files go; an incremental one extends the
- * chain. A failed one (rc) makes the next a full one, since the changes it
- * held are no longer marked. */
+ * incremental ones (the writer removed the old chain's files after its
+ * rename: write_ckpt); an incremental one extends the chain. A failed one
+ * (rc) makes the next a full one, since the changes it held are no longer
+ * marked. */
 static void ckpt_written(struct ps_server *s, int rc, uint32_t seq, const struct ps_ckpt_image *img)
 {
-	char dp[700];
-
 	if (rc) {
 		s->ckpt_have_base = 0;
 		return;
@@ -40,15 +39,24 @@ static void ckpt_written(struct ps_server *s, int rc, uint32_t seq, const struct
 		s->ckpt_seq = seq;
 		return;
 	}
-	/* the deltas of the old base would not apply to the new one */
-	for (uint32_t n = 1; n <= s->ckpt_seq + 1; n++) {
-		ps_checkpoint_delta_path(s->ckpt_path, n, dp, sizeof(dp));
-		unlink(dp);
-	}
 	s->ckpt_have_base = 1;
 	s->ckpt_base_crc = img->crc;
 	s->ckpt_base_len = img->len + sizeof(uint32_t);
 	s->ckpt_seq = 0;
+}
+
+/* Writes img as a checkpoint at path (any thread); a full one (seq 0)
+ * then removes the files of the chain it replaces, delta-1..retire and any
+ * after (the deltas of the old base would not apply to the new one; a
+ * crash before they are gone leaves them for the loader to set aside). */
+static int write_ckpt(struct ps_ckpt_image *img, const char *path, uint32_t seq,
+		      uint32_t retire, uint64_t *bytes, char *err, size_t errlen)
+{
+	int rc = ps_checkpoint_write_image(img, path, bytes, err, errlen);
+
+	if (!rc && !seq)
+		ps_checkpoint_retire_deltas(path, retire);
+	return rc;
 }
 
 /* Writes a full checkpoint now and logs the outcome; 0 or a negative code. */
@@ -61,7 +69,7 @@ int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *byt
 
 	if (!rc) {
 		ps__rows_ckpt_taken(s);
-		rc = ps_checkpoint_write_image(&img, s->ckpt_path, bytes, err, errlen);
+		rc = write_ckpt(&img, s->ckpt_path, 0, s->ckpt_seq + 1, bytes, err, errlen);
 		ckpt_written(s, rc, 0, &img);
 	}
 	ps_checkpoint_image_free(&img);
@@ -89,6 +97,7 @@ struct ps_ckpt_job {
 	struct ps_server *s;
 	struct ps_ckpt_image img;
 	uint32_t seq;                  /* 0: full; else its place in the incremental chain */
+	uint32_t retire;               /* full: the last delta of the chain it replaces */
 	char path[700];
 	const char *why;
 	double t0, pause_s;
@@ -108,7 +117,7 @@ static void ckpt_work(uv_work_t *req)
 {
 	struct ps_ckpt_job *j = req->data;
 
-	j->rc = ps_checkpoint_write_image(&j->img, j->path, &j->bytes, j->err, sizeof(j->err));
+	j->rc = write_ckpt(&j->img, j->path, j->seq, j->retire, &j->bytes, j->err, sizeof(j->err));
 }
 
 /* A background checkpoint ended (j->rc): bookkeeping, log, answer. */
@@ -150,7 +159,8 @@ static void ckpt_done(uv_work_t *req, int status)
  * It dies with the shard (a shard killed and started again must not have
  * an old writer rename a file under it later) and holds none of its
  * sockets (the restarted shard binds the same port at once). */
-static void ckpt_child(struct ps_server *s, const char *path, uint32_t seq, pid_t parent)
+static void ckpt_child(struct ps_server *s, const char *path, uint32_t seq, uint32_t retire,
+		       pid_t parent)
 {
 	struct ps_ckpt_image img = { 0 };
 	char err[512];
@@ -165,7 +175,7 @@ static void ckpt_child(struct ps_server *s, const char *path, uint32_t seq, pid_
 		 : ps_checkpoint_snapshot(s, &img, err, sizeof(err));
 
 	if (!rc)
-		rc = ps_checkpoint_write_image(&img, path, &bytes, err, sizeof(err));
+		rc = write_ckpt(&img, path, seq, retire, &bytes, err, sizeof(err));
 	if (rc)
 		ps_error("checkpoint writer (pid %d): %s", (int)getpid(), err);
 	_exit(rc ? 1 : 0);
@@ -190,7 +200,7 @@ void ps__srv_ckpt_poll(struct ps_server *s)
 		snprintf(j->err, sizeof(j->err), "the checkpoint writer (pid %d) %s; the old "
 			 "checkpoint stays", (int)j->child, r < 0 ? "was lost"
 			 : WIFSIGNALED(status) ? "was killed" : "failed (its log line says why)");
-	} else if ((fd = open(j->path, O_RDONLY | O_CLOEXEC)) < 0 || fstat(fd, &st) ||
+	} else if ((fd = open(j->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0 || fstat(fd, &st) ||
 		   st.st_size < 4 || pread(fd, &crc, 4, st.st_size - 4) != 4) {
 		/* the CRC of the file is its last 4 bytes: the base of the incremental chain */
 		j->rc = -EIO;
@@ -235,6 +245,7 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 	if (s->cfg->ntables && s->cfg->checkpoint.incremental > 0 && s->ckpt_have_base &&
 	    s->ckpt_seq < (uint32_t)s->cfg->checkpoint.incremental && ps__rows_delta_possible(s))
 		j->seq = s->ckpt_seq + 1;
+	j->retire = s->ckpt_seq + 1; /* one past the chain: a write that failed after its rename */
 	if (j->seq)
 		ps_checkpoint_delta_path(s->ckpt_path, j->seq, j->path, sizeof(j->path));
 	else
@@ -244,7 +255,7 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 		pid_t self = getpid();
 		j->child = fork();
 		if (j->child == 0)
-			ckpt_child(s, j->path, j->seq, self);
+			ckpt_child(s, j->path, j->seq, j->retire, self);
 		rc = j->child < 0 ? -errno : 0;
 		if (rc)
 			snprintf(err, errlen, "fork: %s", strerror(-rc));

@@ -68,10 +68,12 @@ static void fill_hdr(const struct ps_server *s, struct ckpt_hdr *h)
 	h->nslots = (uint32_t)s->store.nslots;
 }
 
-/* Fault injection for the crash tests (tests/it_checkpoint.c): with
- * PS_FAULT_CHECKPOINT=write|fsync|rename in its environment the shard
- * kills itself (SIGKILL, as kill -9 would) half way through writing the
- * file, after its fsync, or after the rename. Never set in production. */
+/* Fault injection for the crash tests (tests/it_checkpoint.c, it_rows.c):
+ * with PS_FAULT_CHECKPOINT=write|fsync|rename|retire in its environment
+ * the shard kills itself (SIGKILL, as kill -9 would) half way through
+ * writing the file, after its fsync, after the rename, or (a full
+ * checkpoint replacing a chain of incremental ones) after the first of the
+ * old chain's files is removed. Never set in production. */
 static void fault_point(const char *step)
 {
 	const char *f = getenv("PS_FAULT_CHECKPOINT");
@@ -177,6 +179,23 @@ void ps_checkpoint_image_free(struct ps_ckpt_image *img)
 	img->buf = NULL;
 }
 
+/* Fsyncs the folder holding path, so renames and removals in it are
+ * durable; 0 or -errno. */
+static int sync_dir_of(const char *path)
+{
+	char dirbuf[4200];
+	int dfd, rc = 0;
+
+	snprintf(dirbuf, sizeof(dirbuf), "%s", path);
+	dfd = open(dirname(dirbuf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return -errno;
+	if (fsync(dfd))
+		rc = -errno;
+	close(dfd);
+	return rc;
+}
+
 /* Writes n bytes, retrying short writes; 0 or -errno. */
 static int write_all(int fd, const uint8_t *b, size_t n)
 {
@@ -195,9 +214,9 @@ static int write_all(int fd, const uint8_t *b, size_t n)
 int ps_checkpoint_write_image(struct ps_ckpt_image *img, const char *path,
 			      uint64_t *bytes, char *err, size_t errlen)
 {
-	char tmp[4200], dirbuf[4200];
+	char tmp[4200];
 	uint32_t crc = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0), img->buf, img->len);
-	int fd, dfd, rc;
+	int fd, rc;
 
 	/* a new file under a fresh name, mode 0600, created exclusively: a
 	 * file or symlink planted in a shared folder is never written through */
@@ -231,15 +250,41 @@ int ps_checkpoint_write_image(struct ps_ckpt_image *img, const char *path,
 	}
 	fault_point("rename");
 	/* the rename is durable once the folder is synced */
-	snprintf(dirbuf, sizeof(dirbuf), "%s", path);
-	dfd = open(dirname(dirbuf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		fsync(dfd);
-		close(dfd);
-	}
+	sync_dir_of(path);
 	*bytes = img->len + sizeof(crc);
 	img->crc = crc;
 	return 0;
+}
+
+void ps_checkpoint_retire_deltas(const char *path, uint32_t upto)
+{
+	char dp[4200];
+	uint32_t hi = upto;
+	struct stat st;
+	int removed = 0;
+
+	/* files past the ones the shard knows of (left by a crash) go too */
+	for (;;) {
+		ps_checkpoint_delta_path(path, hi + 1, dp, sizeof(dp));
+		if (lstat(dp, &st))
+			break;
+		hi++;
+	}
+	/* the last first: a crash part way leaves delta-1..k, a chain the
+	 * loader finds whole (and sets aside, as it builds on the old file) */
+	for (uint32_t n = hi; n >= 1; n--) {
+		ps_checkpoint_delta_path(path, n, dp, sizeof(dp));
+		if (unlink(dp) == 0) {
+			if (!removed++)
+				fault_point("retire");
+		} else if (errno != ENOENT) {
+			ps_warn("%s: cannot remove it (%s); it builds on the checkpoint just "
+				"replaced, so the next start sets it aside", dp, strerror(errno));
+		}
+	}
+	if (removed && sync_dir_of(path))
+		ps_warn("%s: cannot sync its folder after removing the old incremental "
+			"checkpoints: %s", path, strerror(errno));
 }
 
 int ps_checkpoint_check_dir(const char *dir, const char *path, char *err, size_t errlen)
@@ -312,16 +357,25 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 	uLong crc_run = crc32(0L, Z_NULL, 0);
 	uint32_t crc;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* a link is not followed (it could roll the shard back to another
+	 * file) and the open does not wait (a FIFO would block it forever):
+	 * only a regular file is read */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
 	if (fd < 0) {
 		if (errno == ENOENT)
 			return -ENOENT;
 		rc = -errno;
-		snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+		if (errno == ELOOP)
+			snprintf(err, errlen, "%s: a symbolic link: a checkpoint is read only from a "
+				 "regular file, never through a link (put the file itself there)", path);
+		else
+			snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
 		return rc;
 	}
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode))
-		FAIL(PS_EPROTO, "%s: not a regular file", path);
+		FAIL(PS_EPROTO, "%s: not a regular file (%s): a checkpoint is read only from a "
+		     "regular file", path, S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISDIR(st.st_mode) ?
+		     "a folder" : S_ISSOCK(st.st_mode) ? "a socket" : "a device or other");
 	len = (uint64_t)st.st_size;
 	if (len < sizeof(h) + sizeof(crc))
 		FAIL(PS_EPROTO, "%s: %" PRIu64 " bytes, too short for a checkpoint (truncated?)", path,
@@ -477,17 +531,53 @@ int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t 
 	return load_file(s, path, 0, err, errlen);
 }
 
+/* Renames the incremental checkpoint dp to dp.stale (replacing an older
+ * one of that name) and says so; why: the reason. */
+static void set_aside(const char *dp, const char *why)
+{
+	char to[4300];
+
+	snprintf(to, sizeof(to), "%s.stale", dp);
+	if (rename(dp, to))
+		ps_warn("%s %s; it cannot be set aside as %s (%s), so it is not loaded", dp, why,
+			to, strerror(errno));
+	else
+		ps_warn("%s %s: not loaded, set aside as %s", dp, why, to);
+}
+
 int ps_checkpoint_load_deltas(struct ps_server *s, const char *path, char *err, size_t errlen)
 {
 	char dp[4200];
+	struct stat st;
+	uint32_t n, applied, aside = 0;
 	int rc;
 
-	for (uint32_t n = 1;; n++) {
+	for (n = 1;; n++) {
 		ps_checkpoint_delta_path(path, n, dp, sizeof(dp));
 		rc = load_file(s, dp, n, err, errlen);
 		if (rc == -ENOENT)
-			return (int)n - 1;
+			break;
+		if (rc == -ESTALE) {
+			/* a crash after a full checkpoint replaced the base, before
+			 * the old chain was removed: that chain is history */
+			set_aside(dp, "builds on the full checkpoint before the present one (a "
+				  "crash came before it was removed)");
+			aside++;
+			break;
+		}
 		if (rc)
 			return rc;
 	}
+	applied = n - 1;
+	/* whatever follows cannot apply without the one before it */
+	for (n++;; n++) {
+		ps_checkpoint_delta_path(path, n, dp, sizeof(dp));
+		if (lstat(dp, &st))
+			break;
+		set_aside(dp, "follows an incremental checkpoint that is missing or set aside");
+		aside++;
+	}
+	if (aside)
+		sync_dir_of(path);
+	return (int)applied;
 }

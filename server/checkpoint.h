@@ -53,10 +53,21 @@ int ps_checkpoint_snapshot_delta(const struct ps_server *s, uint32_t seq,
 void ps_checkpoint_delta_path(const char *path, uint32_t seq, char *buf, size_t len);
 
 /* After ps_checkpoint_load of the full file: applies path.delta-1, -2, ...
- * in order while they exist. Returns how many, or a negative code with the
- * reason in err (one that does not build on that full file, or damaged). */
+ * in order while they exist. One that builds on an older full file (a
+ * crash came between a full checkpoint's rename and the removal of the
+ * old chain), and every one after it or after a gap, is renamed to
+ * <name>.stale with a log line, not loaded. Returns how many were applied,
+ * or a negative code with the reason in err (damaged, not a regular file,
+ * another configuration). */
 int ps_checkpoint_load_deltas(struct ps_server *s, const char *path, char *err,
 			      size_t errlen);
+
+/* After a full checkpoint reached path (any thread): removes the
+ * incremental checkpoints of the chain it replaces, path.delta-upto and
+ * any after it first, down to delta-1 (a crash part way leaves a chain
+ * the loader sets aside whole), then fsyncs the folder. Failures are
+ * logged only: the loader sets such files aside. */
+void ps_checkpoint_retire_deltas(const char *path, uint32_t upto);
 
 /* Writes img to path (any thread): a temporary file created exclusively
  * with mode 0600 next to it, fsynced, renamed over path, the folder
@@ -77,7 +88,9 @@ int ps_checkpoint_check_dir(const char *dir, const char *path, char *err, size_t
  * made by another configuration, counts out of range), and s is left as
  * it was unless the file changed while it was read. The size is checked
  * against the configuration before anything big is read; the file is read
- * twice (checked, then restored), never held in memory whole. */
+ * twice (checked, then restored), never held in memory whole. Only a
+ * regular file is read: a symbolic link is not followed and a FIFO or
+ * device is refused without waiting on it. */
 int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t errlen);
 
 #endif

@@ -143,7 +143,13 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 		return;
 	}
 	if (sc->is_replica) {
-		/* the shard's other process: replica.c decides who serves */
+		/* the shard's other process: replica.c decides who serves; with
+		 * security.auth only a peer that proved the replication key gets
+		 * here (handle_auth), never one that proved the cluster secret */
+		if (s->cfg->security.auth && !sc->repl_auth) {
+			refuse(sc, "the replica role needs the replication key");
+			return;
+		}
 		sc->state = CONN_READY;
 		s->nready++;
 		ps__repl_on_partner(s, sc);
@@ -290,18 +296,30 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		return;
 	}
 	if (h->auth_cipher != (uint32_t)(ps_auth_cipher(sec) + 1)) {
-		snprintf(err, sizeof(err), "encryption: the client has security.encrypt: %s%s, this "
-			 "shard %s%s; the two configs must agree (security.encrypt, security.cipher)",
+		/* before any proof: the client's own setting, not the shard's
+		 * (docs/security.md; the shard's log names both) */
+		snprintf(err, sizeof(err), "encryption: the client has security.encrypt: %s%s and "
+			 "this shard's setting differs; the two configs must agree "
+			 "(security.encrypt, security.cipher)",
 			 h->auth_cipher ? "true with " : "false",
-			 h->auth_cipher ? ps_cipher_name((int)h->auth_cipher - 1) : "",
-			 sec->encrypt ? "true with " : "false",
-			 sec->encrypt ? ps_cipher_name(sec->cipher) : "");
+			 h->auth_cipher ? ps_cipher_name((int)h->auth_cipher - 1) : "");
+		ps_warn("refusing %s: it has security.encrypt: %s%s, this shard %s%s", sc->conn->peer,
+			h->auth_cipher ? "true with " : "false",
+			h->auth_cipher ? ps_cipher_name((int)h->auth_cipher - 1) : "",
+			sec->encrypt ? "true with " : "false",
+			sec->encrypt ? ps_cipher_name(sec->cipher) : "");
 		refuse(sc, err);
 		return;
 	}
 	ps_auth_random(nonce, sizeof(nonce));
 	ps_auth_transcript(hello, hello_len, nonce, sc->transcript);
-	ps_auth_proof(s->secret, sc->transcript, 1, proof);
+	/* the replica role is proven with the replication key, which workers
+	 * and monitors do not hold; every other role with the secret */
+	sc->repl_auth = h->role == PS__ROLE__ROLE_REPLICA && s->cfg->replicas;
+	if (sc->repl_auth)
+		ps_auth_repl_proof(s->repl_key, sc->transcript, 1, proof);
+	else
+		ps_auth_proof(s->secret, sc->transcript, 1, proof);
 	ch.nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
 	ch.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
 	sc->state = CONN_AUTH;
@@ -314,12 +332,24 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 {
 	struct ps_frame_keys keys;
 
-	if (!ps_auth_proof_ok(s->secret, sc->transcript, 0, a->proof.data, a->proof.len)) {
+	if (sc->repl_auth ? !ps_auth_repl_proof_ok(s->repl_key, sc->transcript, 0, a->proof.data,
+						   a->proof.len)
+			  : !ps_auth_proof_ok(s->secret, sc->transcript, 0, a->proof.data,
+					      a->proof.len)) {
 		ps_warn("refusing %s: authentication failed: its proof does not match (another "
-			"secret, or a replayed handshake)", sc->conn->peer);
+			"%s, or a replayed handshake)", sc->conn->peer, sc->repl_auth ?
+			"replication key: a replica Hello must prove security.repl_key_file, "
+			"not the cluster secret" : "secret");
 		return 1; /* counted by ps__srv_on_close */
 	}
-	if (s->cfg->security.mac) {
+	if (sc->repl_auth) {
+		/* the replication link is MACed even without security.mac: the
+		 * backup applies every byte its primary sends */
+		ps_auth_repl_session_keys(s->repl_key, sc->transcript, 1, &keys);
+		keys.cipher = ps_auth_cipher(&s->cfg->security);
+		sc->conn->t->ops->set_keys(sc->conn, &keys);
+		sodium_memzero(&keys, sizeof(keys));
+	} else if (s->cfg->security.mac) {
 		ps_auth_session_keys(s->secret, sc->transcript, 1, &keys);
 		keys.cipher = ps_auth_cipher(&s->cfg->security);
 		sc->conn->t->ops->set_keys(sc->conn, &keys);

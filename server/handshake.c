@@ -29,6 +29,10 @@ int ps_hello_check(const struct ps_config *cfg, uint64_t map_hash, int shard, co
 		 (h->replica < 0 || h->replica > 1 || h->repl_state > PS__REPL_STATE__REPL_PRIMARY))
 		snprintf(err, errlen, "replica %d in state %u: expected replica 0 or 1", h->replica,
 			 h->repl_state);
+	else if (h->role == PS__ROLE__ROLE_REPLICA &&
+		 (h->epoch >= PS_MAX_CLOCK || h->lsn >= PS_MAX_CLOCK))
+		snprintf(err, errlen, "replica %d at epoch %" PRIu64 ", batch %" PRIu64 ": out of "
+			 "range (at most 2^53 - 1)", h->replica, h->epoch, h->lsn);
 	else if (h->role != PS__ROLE__ROLE_WORKER && h->role != PS__ROLE__ROLE_STAT &&
 		 h->role != PS__ROLE__ROLE_REPLICA)
 		snprintf(err, errlen, "unknown role %d", (int)h->role);

@@ -31,6 +31,10 @@ static void usage(FILE *out)
 		"  -l, --log-level L    debug, info, warn, error or off (default: the config's log.level)\n"
 		"      --secret-file F  the cluster secret (default: the config's\n"
 		"                       security.secret_file, else $PS_SECRET_FILE)\n"
+		"      --repl-key-file F\n"
+		"                       cluster.replicas: 1: the replication key, which only\n"
+		"                       the shard processes hold (default: the config's\n"
+		"                       security.repl_key_file, else $PS_REPL_KEY_FILE)\n"
 		"      --dump-config    print the effective configuration and exit\n"
 		"      --list-shards    print 'INDEX HOST PORT' for every shard and exit\n"
 		"      --list-backups   the same for every shard's backup address (cluster.backups)\n"
@@ -57,13 +61,14 @@ int main(int argc, char **argv)
 		{ "log-level", required_argument, NULL, 'l' },
 		{ "dump-config", no_argument, NULL, 'D' },
 		{ "secret-file", required_argument, NULL, 'K' },
+		{ "repl-key-file", required_argument, NULL, 'R' },
 		{ "list-shards", no_argument, NULL, 'S' },
 		{ "list-backups", no_argument, NULL, 'B' },
 		{ "replica", required_argument, NULL, 'r' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *config = NULL, *level = NULL, *secret = NULL;
+	const char *config = NULL, *level = NULL, *secret = NULL, *repl_key = NULL;
 	int shard = -1, replica = 0, dump = 0, list = 0, opt, rc;
 	struct ps_config *cfg;
 	struct ps_server srv;
@@ -95,6 +100,7 @@ int main(int argc, char **argv)
 		case 'l': level = optarg; break;
 		case 'D': dump = 1; break;
 		case 'K': secret = optarg; break;
+		case 'R': repl_key = optarg; break;
 		case 'S': list = 1; break;
 		case 'h':
 			usage(stdout);
@@ -124,6 +130,11 @@ int main(int argc, char **argv)
 	}
 	if (secret && ps_auth_set_secret_file(cfg, secret)) {
 		fprintf(stderr, "ps-server: --secret-file: name too long\n");
+		free(cfg);
+		return 2;
+	}
+	if (repl_key && ps_auth_set_repl_key_file(cfg, repl_key)) {
+		fprintf(stderr, "ps-server: --repl-key-file: name too long\n");
 		free(cfg);
 		return 2;
 	}

@@ -1,5 +1,13 @@
 /* metrics_http.c - a shard's Prometheus /metrics and /healthz over
- * libmicrohttpd (metrics_http.h). */
+ * libmicrohttpd (metrics_http.h).
+ *
+ * Held by nobody: one client address may hold PER_ADDR_CONNS of the
+ * MAX_CONNS connections, and a connection whose request header is not in
+ * HEADER_DEADLINE_S after it opened (or after its last reply) is cut, a
+ * byte a second or not; /healthz reads the loop's liveness beat, never
+ * the loop itself, so no flood of it reaches the training loop. */
+#include <stdatomic.h>
+#include <sys/socket.h>
 #include <inttypes.h>
 #include <math.h>
 #include <fcntl.h>
@@ -23,11 +31,30 @@
 #include "rows.h"
 #include "server.h"
 
-#define LOOP_WAIT_S 2
+#define LOOP_WAIT_S 2           /* /metrics waits this for the loop; /healthz: beat age */
+#define BEAT_MS 250             /* the loop's liveness beat (and deadline scan) */
+#define MAX_CONNS 64
+#define PER_ADDR_CONNS 8        /* connections one client address may hold */
+#define HEADER_DEADLINE_S 5     /* for a request's header, from the connection or last reply */
+
+/* One HTTP connection, for the header deadline (under conn_mu). */
+struct http_conn {
+	struct http_conn *prev, *next;
+	int fd;
+	double since;               /* opened, or its last reply ended */
+	int in_request;             /* its header is in: being answered */
+	int cut;                    /* shut down for the deadline */
+};
 
 struct ps_metrics_http {
 	struct ps_server *s;
 	struct MHD_Daemon *d;
+	uv_timer_t beat_timer;      /* loop: the liveness beat, and the deadline scan */
+	_Atomic uint64_t beat_us;   /* when the loop last ran the beat (ps_now_s, in us) */
+	pthread_mutex_t conn_mu;
+	struct http_conn *conns;    /* open connections, under conn_mu */
+	uint64_t cut_total;         /* connections cut for the deadline (loop thread) */
+	int nclosed;                /* handles closed at stop (2: free) */
 	uv_async_t async;           /* the HTTP thread asks the loop to render */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -289,6 +316,97 @@ static char *fetch_page(struct ps_metrics_http *h, size_t *len)
 	return copy;
 }
 
+static uint64_t now_us(void)
+{
+	return (uint64_t)(ps_now_s() * 1e6);
+}
+
+/* Loop thread, every BEAT_MS: the loop is alive; connections past their
+ * header deadline are shut down (libmicrohttpd then closes them: the fd
+ * stays theirs until MHD_CONNECTION_NOTIFY_CLOSED, which takes conn_mu). */
+static void on_beat(uv_timer_t *t)
+{
+	struct ps_metrics_http *h = t->data;
+	double now = ps_now_s();
+	int cut = 0;
+
+	atomic_store(&h->beat_us, now_us());
+	pthread_mutex_lock(&h->conn_mu);
+	for (struct http_conn *c = h->conns; c; c = c->next)
+		if (!c->in_request && !c->cut && now - c->since > HEADER_DEADLINE_S) {
+			shutdown(c->fd, SHUT_RDWR);
+			c->cut = 1;
+			cut++;
+		}
+	pthread_mutex_unlock(&h->conn_mu);
+	if (cut && !h->cut_total)
+		ps_warn("stats.http: %d connection(s) sent no whole request within %d s: cut (so "
+			"is every such one from now on)", cut, HEADER_DEADLINE_S);
+	h->cut_total += (uint64_t)cut;
+}
+
+/* HTTP thread: a connection opened or closed. */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+			  enum MHD_ConnectionNotificationCode toe)
+{
+	struct ps_metrics_http *h = cls;
+	struct http_conn *c = *socket_context;
+
+	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci =
+			MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+		c = calloc(1, sizeof(*c));
+		if (!c || !ci) { /* no deadline for it; the idle timeout still holds */
+			free(c);
+			*socket_context = NULL;
+			return;
+		}
+		c->fd = ci->connect_fd;
+		c->since = ps_now_s();
+		pthread_mutex_lock(&h->conn_mu);
+		c->next = h->conns;
+		if (h->conns)
+			h->conns->prev = c;
+		h->conns = c;
+		pthread_mutex_unlock(&h->conn_mu);
+		*socket_context = c;
+	} else if (c) {
+		pthread_mutex_lock(&h->conn_mu);
+		if (c->prev)
+			c->prev->next = c->next;
+		else
+			h->conns = c->next;
+		if (c->next)
+			c->next->prev = c->prev;
+		pthread_mutex_unlock(&h->conn_mu);
+		free(c);
+		*socket_context = NULL;
+	}
+}
+
+/* HTTP thread: the connection's request is in (in 1) or answered (0). */
+static void conn_request(struct ps_metrics_http *h, struct MHD_Connection *conn, int in)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	struct http_conn *c = ci ? ci->socket_context : NULL;
+
+	if (!c)
+		return;
+	pthread_mutex_lock(&h->conn_mu);
+	c->in_request = in;
+	c->since = ps_now_s();
+	pthread_mutex_unlock(&h->conn_mu);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+			 enum MHD_RequestTerminationCode toe)
+{
+	(void)con_cls;
+	(void)toe;
+	conn_request(cls, conn, 0);
+}
+
 /* Whether the request carries the bearer token: its hash against the
  * token's, so neither the comparison nor its length shows in the timing. */
 static int token_ok(const struct ps_metrics_http *h, struct MHD_Connection *conn)
@@ -314,7 +432,7 @@ static int load_token(struct ps_metrics_http *h, const char *path)
 	char buf[514];
 	struct stat st;
 	ssize_t n;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not hang the start */
 
 	if (fd < 0) {
 		ps_error("stats.token_file %s: %s", path, strerror(errno));
@@ -354,13 +472,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	(void)version;
 	(void)upload_data;
 	(void)con_cls;
+	conn_request(h, conn, 1);
 	if (strcmp(method, "GET") && strcmp(method, "HEAD"))
 		return reply_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
 	if (*upload_size)
 		return reply_text(conn, MHD_HTTP_BAD_REQUEST, "no body expected\n");
 	if (strcmp(url, "/metrics") && strcmp(url, "/healthz"))
 		return reply_text(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics or /healthz\n");
-	if (!strcmp(url, "/metrics") && !token_ok(h, conn)) {
+	if (!strcmp(url, "/healthz")) {
+		/* the loop's beat, not the loop: nothing here costs the shard */
+		double age = (double)(now_us() - atomic_load(&h->beat_us)) * 1e-6;
+		char msg[96];
+		if (age <= LOOP_WAIT_S)
+			return reply_text(conn, MHD_HTTP_OK, "ok\n");
+		snprintf(msg, sizeof(msg), "the shard's loop has not run for %.1f s\n", age);
+		return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
+	}
+	if (!token_ok(h, conn)) {
 		struct MHD_Response *r;
 		enum MHD_Result rc;
 		char *b = strdup("401 unauthorized: /metrics needs the bearer token of "
@@ -382,21 +510,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	if (!page)
 		return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE,
 				  "the shard's loop did not answer within 2 s\n");
-	if (!strcmp(url, "/healthz")) {
-		free(page);
-		return reply_text(conn, MHD_HTTP_OK, "ok\n");
-	}
 	return reply(conn, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", page, len);
 }
 
-static void on_async_closed(uv_handle_t *a)
+/* Both handles closed: h goes. */
+static void on_handle_closed(uv_handle_t *a)
 {
 	struct ps_metrics_http *h = a->data;
 
+	if (++h->nclosed < 2)
+		return;
 	pthread_cond_destroy(&h->cv);
 	pthread_mutex_destroy(&h->mu);
+	pthread_mutex_destroy(&h->conn_mu);
 	free(h->page);
 	free(h);
+}
+
+static void close_handles(struct ps_metrics_http *h)
+{
+	uv_timer_stop(&h->beat_timer);
+	uv_close((uv_handle_t *)&h->beat_timer, on_handle_closed);
+	uv_close((uv_handle_t *)&h->async, on_handle_closed);
 }
 
 int ps_metrics_http_start(struct ps_server *s, const char *host, int port,
@@ -426,24 +561,33 @@ int ps_metrics_http_start(struct ps_server *s, const char *host, int port,
 		return rc;
 	}
 	pthread_mutex_init(&h->mu, NULL);
+	pthread_mutex_init(&h->conn_mu, NULL);
+	atomic_init(&h->beat_us, now_us());
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&h->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	uv_async_init(s->loop, &h->async, on_render);
 	h->async.data = h;
+	uv_timer_init(s->loop, &h->beat_timer);
+	h->beat_timer.data = h;
+	uv_timer_start(&h->beat_timer, on_beat, BEAT_MS, BEAT_MS);
+	uv_unref((uv_handle_t *)&h->beat_timer);
 	h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
 					(ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0),
 				(uint16_t)port, NULL, NULL, on_request, h,
 				MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-				MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+				MHD_OPTION_CONNECTION_LIMIT, (unsigned)MAX_CONNS,
+				MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PER_ADDR_CONNS,
+				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HEADER_DEADLINE_S,
+				MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
+				MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
 				MHD_OPTION_END);
 	freeaddrinfo(ai);
 	if (!h->d) {
 		ps_error("stats.http: cannot serve metrics on %s:%d (address in use or not local?)",
 			 host, port);
-		uv_close((uv_handle_t *)&h->async, on_async_closed);
+		close_handles(h);
 		return -EADDRINUSE;
 	}
 	ps_info("shard %d: Prometheus metrics on http://%s:%d/metrics%s", s->shard, host, port,
@@ -461,5 +605,5 @@ void ps_metrics_http_stop(struct ps_metrics_http *h)
 	pthread_cond_broadcast(&h->cv);
 	pthread_mutex_unlock(&h->mu);
 	MHD_stop_daemon(h->d); /* joins the HTTP thread */
-	uv_close((uv_handle_t *)&h->async, on_async_closed);
+	close_handles(h);
 }

@@ -4,8 +4,10 @@
  * GET /healthz from its own thread. The counters belong to the shard's loop
  * thread, so a request never reads them directly: it asks the loop (a
  * uv_async_t) to render the page, waits for it (at most 2 s), and serves
- * that copy. /healthz is therefore a real liveness check of the loop: 200
- * "ok" when the loop answered, 503 when it did not.
+ * that copy. /healthz reads a beat the loop sets every 250 ms instead: 200
+ * "ok" while it is under 2 s old, 503 after, and nothing asked of the loop.
+ * One client address holds at most 8 of the 64 connections; a request
+ * header must be in within 5 s of its connection or last reply.
  */
 #ifndef PS_METRICS_HTTP_H
 #define PS_METRICS_HTTP_H

@@ -29,9 +29,11 @@
 #include "optimizer.h"
 
 /* Every kernel is written once with its cases as int parameters (use_wd,
- * nesterov) and always inlined into apply(), which passes them as
+ * nesterov, dry) and always inlined into apply(), which passes them as
  * constants: gcc folds the tests away and each call site gets its own
- * branch-free loop. */
+ * branch-free loop. dry: nothing is stored; the kernel computes the same
+ * values with the same operations and returns whether any would not be
+ * finite (finite_after(): reads what apply() reads, writes nothing). */
 #define KERNEL static inline __attribute__((always_inline))
 
 /* Not under ThreadSanitizer: it instruments the ifunc resolvers, which run
@@ -71,20 +73,53 @@ static inline v4f sqrt4(v4f x)
 {
 	return __builtin_ia32_sqrtps(x);
 }
+
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+/* Lanes whose exponent bits are all ones (NaN, infinity): -1, others 0. */
+static inline v4i nonfinite4(v4f x)
+{
+	const v4i e = { 0x7f800000, 0x7f800000, 0x7f800000, 0x7f800000 };
+
+	return ((v4i)x & e) == e;
+}
+
+static inline int any4(v4i m)
+{
+	return (m[0] | m[1] | m[2] | m[3]) != 0;
+}
 #endif
+
+/* 1 when x is NaN or infinite: its exponent bits all ones (bit tests, which
+ * gcc vectorizes, where isfinite() would not be). */
+static inline int nonfinite(float x)
+{
+	uint32_t u;
+
+	memcpy(&u, &x, sizeof(u));
+	return (u & 0x7f800000u) == 0x7f800000u;
+}
 
 /* ---- sgd: g' = g + wd*w; w -= lr*g' ---- */
 
-KERNEL void sgd_kernel(float *restrict w, const float *restrict g, size_t n,
-		       float lr, float wd, int use_wd)
+KERNEL int sgd_kernel(float *restrict w, const float *restrict g, size_t n,
+		      float lr, float wd, int use_wd, int dry)
 {
+	int bad = 0;
+
 	for (size_t i = 0; i < n; i++) {
 		float gi = g[i];
 
 		if (use_wd)
 			gi += wd * w[i];
-		w[i] -= lr * gi;
+		float wi = w[i] - lr * gi;
+
+		if (dry)
+			bad |= nonfinite(wi);
+		else
+			w[i] = wi;
 	}
+	return bad;
 }
 
 AVX2_CLONES static void sgd_apply(const struct ps_optim_cfg *cfg, float *restrict w,
@@ -95,9 +130,24 @@ AVX2_CLONES static void sgd_apply(const struct ps_optim_cfg *cfg, float *restric
 	(void)state;
 	(void)step;
 	if (wd == 0.0f)
-		sgd_kernel(w, g, n, lr, wd, 0);
+		sgd_kernel(w, g, n, lr, wd, 0, 0);
 	else
-		sgd_kernel(w, g, n, lr, wd, 1);
+		sgd_kernel(w, g, n, lr, wd, 1, 0);
+}
+
+/* The finite_after() of each rule: its kernel with dry set, which never
+ * stores, so casting the const away from w and the state is safe. */
+AVX2_CLONES static int sgd_finite_after(const struct ps_optim_cfg *cfg, const float *w,
+					const float *g, float *const *state, size_t n,
+					uint64_t step)
+{
+	const float lr = cfg->lr, wd = cfg->weight_decay;
+
+	(void)state;
+	(void)step;
+	if (wd == 0.0f)
+		return !sgd_kernel((float *)w, g, n, lr, wd, 0, 1);
+	return !sgd_kernel((float *)w, g, n, lr, wd, 1, 1);
 }
 
 /* ---- momentum: g' = g + wd*w; v = mu*v + g';
@@ -105,23 +155,28 @@ AVX2_CLONES static void sgd_apply(const struct ps_optim_cfg *cfg, float *restric
  * Starting from v = 0 the first step gives v = g', which is what PyTorch's
  * SGD (dampening 0) does when it creates the buffer. */
 
-KERNEL void momentum_kernel(float *restrict w, const float *restrict g,
-			    float *restrict v, size_t n, float lr, float mu, float wd,
-			    int use_wd, int nesterov)
+KERNEL int momentum_kernel(float *restrict w, const float *restrict g,
+			   float *restrict v, size_t n, float lr, float mu, float wd,
+			   int use_wd, int nesterov, int dry)
 {
+	int bad = 0;
+
 	for (size_t i = 0; i < n; i++) {
 		float gi = g[i];
 
 		if (use_wd)
 			gi += wd * w[i];
 		float vi = mu * v[i] + gi;
+		float wi = nesterov ? w[i] - lr * (gi + mu * vi) : w[i] - lr * vi;
 
-		v[i] = vi;
-		if (nesterov)
-			w[i] -= lr * (gi + mu * vi);
-		else
-			w[i] -= lr * vi;
+		if (dry) {
+			bad |= nonfinite(vi) | nonfinite(wi);
+		} else {
+			v[i] = vi;
+			w[i] = wi;
+		}
 	}
+	return bad;
 }
 
 AVX2_CLONES static void momentum_apply(const struct ps_optim_cfg *cfg, float *restrict w,
@@ -133,15 +188,30 @@ AVX2_CLONES static void momentum_apply(const struct ps_optim_cfg *cfg, float *re
 	(void)step;
 	if (cfg->nesterov) {
 		if (wd == 0.0f)
-			momentum_kernel(w, g, v, n, lr, mu, wd, 0, 1);
+			momentum_kernel(w, g, v, n, lr, mu, wd, 0, 1, 0);
 		else
-			momentum_kernel(w, g, v, n, lr, mu, wd, 1, 1);
+			momentum_kernel(w, g, v, n, lr, mu, wd, 1, 1, 0);
 	} else {
 		if (wd == 0.0f)
-			momentum_kernel(w, g, v, n, lr, mu, wd, 0, 0);
+			momentum_kernel(w, g, v, n, lr, mu, wd, 0, 0, 0);
 		else
-			momentum_kernel(w, g, v, n, lr, mu, wd, 1, 0);
+			momentum_kernel(w, g, v, n, lr, mu, wd, 1, 0, 0);
 	}
+}
+
+AVX2_CLONES static int momentum_finite_after(const struct ps_optim_cfg *cfg, const float *w,
+					     const float *g, float *const *state, size_t n,
+					     uint64_t step)
+{
+	const float lr = cfg->lr, mu = cfg->momentum, wd = cfg->weight_decay;
+	float *wm = (float *)w, *v = state[0];
+
+	(void)step;
+	if (cfg->nesterov)
+		return !(wd == 0.0f ? momentum_kernel(wm, g, v, n, lr, mu, wd, 0, 1, 1)
+				    : momentum_kernel(wm, g, v, n, lr, mu, wd, 1, 1, 1));
+	return !(wd == 0.0f ? momentum_kernel(wm, g, v, n, lr, mu, wd, 0, 0, 1)
+			    : momentum_kernel(wm, g, v, n, lr, mu, wd, 1, 0, 1));
 }
 
 /* ---- adam: g' = g + wd*w; m = b1*m + (1-b1)*g'; v = b2*v + (1-b2)*g'^2;
@@ -158,13 +228,16 @@ struct adam_k {
 	float wd;
 };
 
-KERNEL void adam_kernel(float *restrict w, const float *restrict g,
-			float *restrict m, float *restrict v, size_t n,
-			struct adam_k k, int use_wd)
+KERNEL int adam_kernel(float *restrict w, const float *restrict g,
+		       float *restrict m, float *restrict v, size_t n,
+		       struct adam_k k, int use_wd, int dry)
 {
 	size_t i = 0;
+	int bad = 0;
 
 #ifdef HAVE_V4
+	v4i bad4 = { 0, 0, 0, 0 };
+
 	for (; i + 4 <= n; i += 4) {
 		v4f wi = load4(w + i), gi = load4(g + i);
 
@@ -172,11 +245,17 @@ KERNEL void adam_kernel(float *restrict w, const float *restrict g,
 			gi += k.wd * wi;
 		v4f mi = k.b1 * load4(m + i) + k.omb1 * gi;
 		v4f vi = k.b2 * load4(v + i) + k.omb2 * (gi * gi);
+		v4f wn = wi - k.a * mi / (sqrt4(vi) * k.c + k.eps);
 
-		store4(m + i, mi);
-		store4(v + i, vi);
-		store4(w + i, wi - k.a * mi / (sqrt4(vi) * k.c + k.eps));
+		if (dry) {
+			bad4 |= nonfinite4(mi) | nonfinite4(vi) | nonfinite4(wn);
+		} else {
+			store4(m + i, mi);
+			store4(v + i, vi);
+			store4(w + i, wn);
+		}
 	}
+	bad = any4(bad4);
 #endif
 	for (; i < n; i++) {
 		float gi = g[i];
@@ -185,15 +264,21 @@ KERNEL void adam_kernel(float *restrict w, const float *restrict g,
 			gi += k.wd * w[i];
 		float mi = k.b1 * m[i] + k.omb1 * gi;
 		float vi = k.b2 * v[i] + k.omb2 * (gi * gi);
+		float wn = w[i] - k.a * mi / (sqrtf(vi) * k.c + k.eps);
 
-		m[i] = mi;
-		v[i] = vi;
-		w[i] -= k.a * mi / (sqrtf(vi) * k.c + k.eps);
+		if (dry) {
+			bad |= nonfinite(mi) | nonfinite(vi) | nonfinite(wn);
+		} else {
+			m[i] = mi;
+			v[i] = vi;
+			w[i] = wn;
+		}
 	}
+	return bad;
 }
 
-static void adam_apply(const struct ps_optim_cfg *cfg, float *restrict w,
-		       const float *restrict g, float **state, size_t n, uint64_t step)
+/* The scalars of one adam step (bias corrections of step + 1). */
+static struct adam_k adam_consts(const struct ps_optim_cfg *cfg, uint64_t step)
 {
 	/* t = step + 1 >= 1, so both corrections are > 0 for betas in [0, 1). */
 	double t = (double)step + 1.0;
@@ -208,31 +293,58 @@ static void adam_apply(const struct ps_optim_cfg *cfg, float *restrict w,
 		.wd = cfg->weight_decay,
 	};
 
+	return k;
+}
+
+static void adam_apply(const struct ps_optim_cfg *cfg, float *restrict w,
+		       const float *restrict g, float **state, size_t n, uint64_t step)
+{
+	struct adam_k k = adam_consts(cfg, step);
+
 	if (k.wd == 0.0f)
-		adam_kernel(w, g, state[0], state[1], n, k, 0);
+		adam_kernel(w, g, state[0], state[1], n, k, 0, 0);
 	else
-		adam_kernel(w, g, state[0], state[1], n, k, 1);
+		adam_kernel(w, g, state[0], state[1], n, k, 1, 0);
+}
+
+static int adam_finite_after(const struct ps_optim_cfg *cfg, const float *w, const float *g,
+			     float *const *state, size_t n, uint64_t step)
+{
+	struct adam_k k = adam_consts(cfg, step);
+
+	if (k.wd == 0.0f)
+		return !adam_kernel((float *)w, g, state[0], state[1], n, k, 0, 1);
+	return !adam_kernel((float *)w, g, state[0], state[1], n, k, 1, 1);
 }
 
 /* ---- adagrad: g' = g + wd*w; acc += g'^2; w -= lr*g'/(sqrt(acc) + eps) ---- */
 
-KERNEL void adagrad_kernel(float *restrict w, const float *restrict g,
-			   float *restrict acc, size_t n, float lr, float eps,
-			   float wd, int use_wd)
+KERNEL int adagrad_kernel(float *restrict w, const float *restrict g,
+			  float *restrict acc, size_t n, float lr, float eps,
+			  float wd, int use_wd, int dry)
 {
 	size_t i = 0;
+	int bad = 0;
 
 #ifdef HAVE_V4
+	v4i bad4 = { 0, 0, 0, 0 };
+
 	for (; i + 4 <= n; i += 4) {
 		v4f wi = load4(w + i), gi = load4(g + i);
 
 		if (use_wd)
 			gi += wd * wi;
 		v4f ai = load4(acc + i) + gi * gi;
+		v4f wn = wi - lr * gi / (sqrt4(ai) + eps);
 
-		store4(acc + i, ai);
-		store4(w + i, wi - lr * gi / (sqrt4(ai) + eps));
+		if (dry) {
+			bad4 |= nonfinite4(ai) | nonfinite4(wn);
+		} else {
+			store4(acc + i, ai);
+			store4(w + i, wn);
+		}
 	}
+	bad = any4(bad4);
 #endif
 	for (; i < n; i++) {
 		float gi = g[i];
@@ -240,10 +352,16 @@ KERNEL void adagrad_kernel(float *restrict w, const float *restrict g,
 		if (use_wd)
 			gi += wd * w[i];
 		float ai = acc[i] + gi * gi;
+		float wn = w[i] - lr * gi / (sqrtf(ai) + eps);
 
-		acc[i] = ai;
-		w[i] -= lr * gi / (sqrtf(ai) + eps);
+		if (dry) {
+			bad |= nonfinite(ai) | nonfinite(wn);
+		} else {
+			acc[i] = ai;
+			w[i] = wn;
+		}
 	}
+	return bad;
 }
 
 static void adagrad_apply(const struct ps_optim_cfg *cfg, float *restrict w,
@@ -253,9 +371,20 @@ static void adagrad_apply(const struct ps_optim_cfg *cfg, float *restrict w,
 
 	(void)step;
 	if (wd == 0.0f)
-		adagrad_kernel(w, g, state[0], n, lr, eps, wd, 0);
+		adagrad_kernel(w, g, state[0], n, lr, eps, wd, 0, 0);
 	else
-		adagrad_kernel(w, g, state[0], n, lr, eps, wd, 1);
+		adagrad_kernel(w, g, state[0], n, lr, eps, wd, 1, 0);
+}
+
+static int adagrad_finite_after(const struct ps_optim_cfg *cfg, const float *w,
+				const float *g, float *const *state, size_t n, uint64_t step)
+{
+	const float lr = cfg->lr, eps = cfg->eps, wd = cfg->weight_decay;
+
+	(void)step;
+	if (wd == 0.0f)
+		return !adagrad_kernel((float *)w, g, state[0], n, lr, eps, wd, 0, 1);
+	return !adagrad_kernel((float *)w, g, state[0], n, lr, eps, wd, 1, 1);
 }
 
 /* The accumulator starts at initial_accumulator (PyTorch's
@@ -273,16 +402,19 @@ static void adagrad_init_state(const struct ps_optim_cfg *cfg, float **state, si
 
 static const struct ps_optimizer_ops sgd_ops = {
 	.name = "sgd", .nstate = 0, .init_state = NULL, .apply = sgd_apply,
+	.finite_after = sgd_finite_after,
 };
 static const struct ps_optimizer_ops momentum_ops = {
 	.name = "momentum", .nstate = 1, .init_state = NULL, .apply = momentum_apply,
+	.finite_after = momentum_finite_after,
 };
 static const struct ps_optimizer_ops adam_ops = {
 	.name = "adam", .nstate = 2, .init_state = NULL, .apply = adam_apply,
+	.finite_after = adam_finite_after,
 };
 static const struct ps_optimizer_ops adagrad_ops = {
 	.name = "adagrad", .nstate = 1, .init_state = adagrad_init_state,
-	.apply = adagrad_apply,
+	.apply = adagrad_apply, .finite_after = adagrad_finite_after,
 };
 
 /* Indexed by enum ps_optim_kind. */
@@ -313,4 +445,11 @@ const struct ps_optimizer_ops *ps_optimizer_find(const char *name)
 		if (strcmp(optimizers[i]->name, name) == 0)
 			return optimizers[i];
 	return NULL;
+}
+
+int ps_optimizer_finite_after(const struct ps_optimizer_ops *op, const struct ps_optim_cfg *cfg,
+			      const float *w, const float *g, float *const *state, size_t n,
+			      uint64_t step)
+{
+	return op->finite_after(cfg, w, g, state, n, step);
 }

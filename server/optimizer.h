@@ -27,10 +27,24 @@ struct ps_optimizer_ops {
 	 * correction uses step + 1). g is not modified. */
 	void (*apply)(const struct ps_optim_cfg *cfg, float *restrict w,
 		      const float *restrict g, float **state, size_t n, uint64_t step);
+	/* 1 when apply() of the same arguments would leave every weight and
+	 * state value finite; reads what apply() reads, writes nothing. */
+	int (*finite_after)(const struct ps_optim_cfg *cfg, const float *w, const float *g,
+			    float *const *state, size_t n, uint64_t step);
 };
 
 const struct ps_optimizer_ops *ps_optimizer_get(enum ps_optim_kind kind);
 /* NULL when no optimizer has that name. */
 const struct ps_optimizer_ops *ps_optimizer_find(const char *name);
+
+/* 1 when one op->apply() of these arguments would leave every weight and
+ * every state value finite, else 0; changes nothing. It runs the rule's
+ * own kernel without its stores (same operations, same order, so the
+ * values it tests are exactly those apply() would write): a shard calls
+ * it before an update and refuses the update when it says 0, so a push of
+ * finite but huge gradients cannot make weights or state NaN or infinite. */
+int ps_optimizer_finite_after(const struct ps_optimizer_ops *op, const struct ps_optim_cfg *cfg,
+			      const float *w, const float *g, float *const *state, size_t n,
+			      uint64_t step);
 
 #endif

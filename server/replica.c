@@ -33,7 +33,11 @@
 #include "replica.h"
 #include "server_int.h"
 
-enum { OUT_NONE, OUT_CONNECTING, OUT_HELLO, OUT_READY };
+/* The dialing connection: with security.auth the partner's HelloReply
+ * counts only in OUT_AUTH, after the partner proved the replication key
+ * in this connection's challenge and the frames became MACed; anything
+ * else before it closes the connection. */
+enum { OUT_NONE, OUT_CONNECTING, OUT_HELLO, OUT_AUTH, OUT_READY };
 
 const char *ps__repl_state_name(int state)
 {
@@ -317,22 +321,45 @@ static int on_challenge(struct ps_server *s, struct ps_conn *c, const Ps__AuthCh
 	if (!s->cfg->security.auth || m->nonce.len != PS_AUTH_NONCE_LEN || !r->hello)
 		return PS_EPROTO;
 	ps_auth_transcript(r->hello, r->hello_len, m->nonce.data, t);
-	if (!ps_auth_proof_ok(s->secret, t, 1, m->proof.data, m->proof.len)) {
-		ps_warn("replication: the partner at %s does not hold the secret", c->peer);
+	if (!ps_auth_repl_proof_ok(s->repl_key, t, 1, m->proof.data, m->proof.len)) {
+		ps_warn("replication: the partner at %s does not hold the replication key "
+			"(security.repl_key_file): nothing it sends is believed", c->peer);
+		sodium_memzero(t, sizeof(t));
 		return PS_EAUTH;
 	}
-	ps_auth_proof(s->secret, t, 0, proof);
+	ps_auth_repl_proof(s->repl_key, t, 0, proof);
 	a.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
-	if (ps_msg_send(c, PS_MSG_AUTH, &a.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL))
+	if (ps_msg_send(c, PS_MSG_AUTH, &a.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL)) {
+		sodium_memzero(t, sizeof(t));
 		return PS_ECLOSED;
-	if (s->cfg->security.mac) {
-		ps_auth_session_keys(s->secret, t, 0, &keys);
-		keys.cipher = ps_auth_cipher(&s->cfg->security);
-		c->t->ops->set_keys(c, &keys);
-		sodium_memzero(&keys, sizeof(keys));
 	}
+	/* MACed even without security.mac (conn.c does the same on its end):
+	 * every frame from here on must carry a valid tag */
+	ps_auth_repl_session_keys(s->repl_key, t, 0, &keys);
+	keys.cipher = ps_auth_cipher(&s->cfg->security);
+	c->t->ops->set_keys(c, &keys);
+	sodium_memzero(&keys, sizeof(keys));
 	sodium_memzero(t, sizeof(t));
+	r->out_state = OUT_AUTH;
 	return 0;
+}
+
+/* A HelloReply before the partner proved the key (security.auth): nothing
+ * of it is believed. Its text, printable characters only, goes to the log,
+ * since an honest partner refuses a Hello whose settings disagree with its
+ * own this way. */
+static int early_reply(struct ps_conn *c, const Ps__HelloReply *m)
+{
+	char text[160];
+	size_t n = 0;
+
+	for (const char *p = m->error ? m->error : ""; *p && n + 1 < sizeof(text); p++)
+		text[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
+	text[n] = 0;
+	ps_warn("replication: %s answered before proving the replication key (%s%s%s); closing: "
+		"a partner must prove security.repl_key_file before anything it says counts",
+		c->peer, m->ok ? "ok" : "refused", n ? ": " : "", text);
+	return PS_EAUTH;
 }
 
 /* The partner's answer to this process's Hello. */
@@ -341,6 +368,11 @@ static int on_reply(struct ps_server *s, struct ps_conn *c, const Ps__HelloReply
 	struct ps_repl *r = s->repl;
 	char why[200];
 
+	if (m->epoch >= PS_MAX_CLOCK || m->lsn >= PS_MAX_CLOCK) {
+		ps_warn("replication: the partner at %s says epoch %" PRIu64 ", batch %" PRIu64
+			": out of range (at most 2^53 - 1)", c->peer, m->epoch, m->lsn);
+		return PS_EPROTO;
+	}
 	if (m->ok && m->repl_state == PS_REPL_PRIMARY) {
 		struct ps_wire_limits lim = {
 			.max_frame = s->cfg->limits.max_frame_bytes,
@@ -394,7 +426,10 @@ static void on_frame(struct ps_conn *c, struct ps_frame *f)
 		rc = r->out_state == OUT_HELLO ? on_challenge(s, c, (Ps__AuthChallenge *)m) : PS_EPROTO;
 		break;
 	case PS_MSG_HELLO_REPLY:
-		rc = r->out_state == OUT_HELLO ? on_reply(s, c, (Ps__HelloReply *)m) : PS_EPROTO;
+		if (r->out_state == (s->cfg->security.auth ? OUT_AUTH : OUT_HELLO))
+			rc = on_reply(s, c, (Ps__HelloReply *)m);
+		else if (r->out_state == OUT_HELLO)
+			rc = early_reply(c, (Ps__HelloReply *)m);
 		break;
 	case PS_MSG_REPL_SNAPSHOT:
 		if (r->out_state != OUT_READY || r->state == PS_REPL_PRIMARY)

@@ -13,12 +13,16 @@
  *
  * The backup side applies batches and the snapshot (state transfer) the
  * same way, checking every number against what it holds, so a batch that
- * does not follow is refused and the state transferred again.
+ * does not follow is refused and the state transferred again. As a
+ * checkpoint's are when it is loaded, versions, step counts, ended clocks,
+ * batch numbers and epochs must be below 2^53 and every float finite;
+ * a batch is checked whole before any of it is applied.
  */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ps_time.h"
+#include "finite.h"
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -407,11 +411,28 @@ void ps__repl_adopt_committed(struct ps_server *s)
 
 /* ---- state transfer ---- */
 
+struct kept {
+	struct ps_server *s;
+	uint64_t n, bytes;
+};
+
+/* A gradient waiting in the primary's barrier, forwarded to a new backup
+ * as it was to the old one (every_push). */
+static void resend_kept(void *arg, struct ps_slot *sl, int rank, uint64_t clock, const float *g)
+{
+	struct kept *k = arg;
+
+	note(k->s, sl, g, rank, clock);
+	k->n++;
+	k->bytes += (uint64_t)sl->slice->count * sizeof(float);
+}
+
 int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	struct ps_repl *r = s->repl;
 	const struct ps_optimizer_ops *opt = s->store.opt;
 	Ps__ReplSnapshot m = PS__REPL_SNAPSHOT__INIT;
+	struct kept kept = { s, 0, 0 };
 	uint64_t bytes = 0;
 	int rc;
 
@@ -445,10 +466,25 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 			 NULL);
 	if (rc)
 		return rc;
+	/* every_push: the gradients kept in the barriers of clocks not summed
+	 * yet were forwarded to the backup before this one; the new backup
+	 * gets them again in the batch right after the state, else it would
+	 * sum those clocks without them when they complete */
+	if (s->cfg->repl_every_push && s->cfg->consistency == PS_SYNC) {
+		ps_store_each_kept(&s->store, resend_kept, &kept);
+		if (r->b.nslots)
+			send_batch(s, 1);
+	}
 	r->snap_lsn = r->lsn;
 	r->last_sent = ps_now_s();
-	ps_info("replication: state sent to the new backup %s: %" PRIu64 " bytes at batch %" PRIu64,
-		sc->conn->peer, bytes, r->lsn);
+	if (kept.n)
+		ps_info("replication: state sent to the new backup %s: %" PRIu64 " bytes, and %"
+			PRIu64 " pushed slices waiting for their clock's sum (%" PRIu64
+			" bytes), at batch %" PRIu64, sc->conn->peer, bytes, kept.n, kept.bytes,
+			r->lsn);
+	else
+		ps_info("replication: state sent to the new backup %s: %" PRIu64 " bytes at batch %"
+			PRIu64, sc->conn->peer, bytes, r->lsn);
 	return 0;
 }
 
@@ -459,6 +495,13 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 	size_t nw = (size_t)s->cfg->nworkers;
 
 	*done = 0;
+	if (m->lsn >= PS_MAX_CLOCK || m->epoch >= PS_MAX_CLOCK || m->version >= PS_MAX_CLOCK ||
+	    m->steps >= PS_MAX_CLOCK) {
+		ps_warn("replication: snapshot frame at batch %" PRIu64 " of epoch %" PRIu64 " with "
+			"version %" PRIu64 " and %" PRIu64 " steps: out of range (at most 2^53 - 1)",
+			m->lsn, m->epoch, m->version, m->steps);
+		return PS_EPROTO;
+	}
 	if (m->last) {
 		if (m->n_finished != nw || f->hdr.payload_len != nw * sizeof(*s->dedup)) {
 			ps_warn("replication: snapshot end with %zu clocks and %" PRIu64 " dedup bytes "
@@ -483,6 +526,11 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			"not match this shard", m->slice, m->which, f->hdr.payload_len);
 		return PS_EPROTO;
 	}
+	if (!f->payload_finite && !ps_words_finite(f->payload, (size_t)sl->slice->count)) {
+		ps_warn("replication: snapshot frame for slice %u array %u holds NaN or infinite "
+			"values", m->slice, m->which);
+		return PS_EPROTO;
+	}
 	memcpy(m->which ? sl->state[m->which - 1] : sl->w, f->payload, f->hdr.payload_len);
 	sl->version = m->version;
 	sl->steps = m->steps;
@@ -504,6 +552,30 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	}
 	if (m->n_finished && m->n_finished != nw)
 		return PS_EPROTO;
+	if (m->lsn >= PS_MAX_CLOCK || m->epoch >= PS_MAX_CLOCK) {
+		ps_warn("replication: batch %" PRIu64 " of epoch %" PRIu64 ": out of range (at most "
+			"2^53 - 1)", m->lsn, m->epoch);
+		return PS_EPROTO;
+	}
+	for (size_t i = 0; i < m->n_slots; i++) {
+		const Ps__ReplSlot *x = m->slots[i];
+		struct ps_slot *sl = ps_store_slot(&s->store, x->slice);
+		uint64_t n = sl ? (uint64_t)sl->slice->count : 0;
+
+		if (x->version >= PS_MAX_CLOCK || x->steps >= PS_MAX_CLOCK) {
+			ps_warn("replication: batch %" PRIu64 " sets slice %u to version %" PRIu64
+				" and %" PRIu64 " steps: out of range (at most 2^53 - 1)", m->lsn,
+				x->slice, x->version, x->steps);
+			return PS_EPROTO;
+		}
+		if (sl && x->has_grad && x->length == n * sizeof(float) && !(x->offset % 4) &&
+		    x->offset <= f->hdr.payload_len && x->length <= f->hdr.payload_len - x->offset &&
+		    !f->payload_finite && !ps_words_finite(f->payload + x->offset, (size_t)n)) {
+			ps_warn("replication: batch %" PRIu64 " holds NaN or infinite gradient values "
+				"for slice %u", m->lsn, x->slice);
+			return PS_EPROTO;
+		}
+	}
 	for (size_t i = 0; i < m->n_marks; i++)
 		if (m->marks[i]->rank < 0 || (size_t)m->marks[i]->rank >= nw || !m->marks[i]->seq)
 			return PS_EPROTO;

@@ -29,15 +29,34 @@ struct rows_clock {
 	struct rows_clock *next;
 };
 
+/* A row pull held for its condition. It keeps its ids as they came
+ * (delta-varint bytes, already checked), not decoded: a parked pull costs
+ * its frame's id bytes and this struct, where 8 bytes per id would let a
+ * 1 MB frame of small deltas hold 8 MB. */
 struct rows_wait {
 	struct ps_srv_conn *sc;
 	uint64_t req_id, min_version, clock;
 	int table, codec;
 	double arrived;
 	size_t n;
+	size_t enc_len;
 	struct rows_wait *next;
-	uint64_t ids[];
+	uint8_t enc[];
 };
+
+/* Bytes a parked pull counts against limits.max_waiting_bytes(_total). */
+static uint64_t wait_cost(const struct rows_wait *w)
+{
+	return sizeof(*w) + w->enc_len;
+}
+
+/* Unlinks nothing: forgets w's bytes and frees it. */
+static void wait_free(struct ps_srv_rows *R, struct rows_wait *w)
+{
+	R->waiting_bytes -= wait_cost(w);
+	w->sc->waiting_bytes -= wait_cost(w);
+	free(w);
+}
 
 int ps__rows_init(struct ps_server *s)
 {
@@ -50,13 +69,20 @@ int ps__rows_init(struct ps_server *s)
 	s->rows = R;
 	R->t = calloc((size_t)(cfg->ntables ? cfg->ntables : 1), sizeof(*R->t));
 	R->scratch = malloc(sizeof(float) * PS_MAX_ROW_DIM * 2);
-	if (!R->t || !R->scratch)
+	R->probe = malloc(sizeof(float) * (PS_MAX_ROW_DIM * 4 + 4));
+	if (!R->t || !R->scratch || !R->probe)
 		return rc;
 	for (int t = 0; t < cfg->ntables; t++) {
-		rc = ps_table_init(&R->t[t].tb, cfg, t, cfg->nshards, ps_now_s());
+		struct ps_table *tb = &R->t[t].tb;
+
+		rc = ps_table_init(tb, cfg, t, cfg->nshards, ps_now_s());
 		if (rc)
 			return rc;
 		R->ntables = t + 1;
+		ps_info("table %s: at most %" PRIu64 " rows on this shard (%" PRIu64 " bytes a row; "
+			"%s), the least recently updated dropped past it", cfg->tables[t].name,
+			tb->cap, ps_table_row_cost(tb), tb->cap == tb->budget_rows
+			? "its share of limits.max_table_bytes" : "its share of max_rows");
 	}
 	return 0;
 }
@@ -99,6 +125,7 @@ void ps__rows_free(struct ps_server *s)
 	}
 	free(R->t);
 	free(R->scratch);
+	free(R->probe);
 	free(R);
 	s->rows = NULL;
 }
@@ -154,7 +181,8 @@ static int pull_ready(const struct ps_server *s, const struct rows_wait *w)
 	return 1;
 }
 
-static void send_rows(struct ps_server *s, struct rows_wait *w)
+/* Answers w with the rows of ids (its w->n ids, decoded). */
+static void send_rows(struct ps_server *s, struct rows_wait *w, const uint64_t *ids)
 {
 	struct ps_table *tb = &s->rows->t[w->table].tb;
 	Ps__PullRowsReply r = PS__PULL_ROWS_REPLY__INIT;
@@ -169,7 +197,7 @@ static void send_rows(struct ps_server *s, struct rows_wait *w)
 		return;
 	}
 	for (size_t i = 0; i < w->n; i++)
-		ps_table_read(tb, w->ids[i], out + i * (size_t)tb->dim);
+		ps_table_read(tb, ids[i], out + i * (size_t)tb->dim);
 	iov.base = out;
 	iov.len = bytes;
 	if (w->codec == PS_CODEC_FP16) {
@@ -209,6 +237,23 @@ static void send_rows(struct ps_server *s, struct rows_wait *w)
 	free(out);
 }
 
+/* Answers a parked pull: its ids decoded again (they were checked when it
+ * came, so this cannot fail but for memory). */
+static void send_parked(struct ps_server *s, struct rows_wait *w)
+{
+	uint64_t *ids = malloc(sizeof(uint64_t) * (w->n ? w->n : 1));
+	char why[200];
+	int rc = ids ? ps_rows_ids_decode(w->enc, w->enc_len, w->n, ids, why, sizeof(why))
+		     : -ENOMEM;
+
+	if (rc)
+		ps_msg_send_error(w->sc->conn, w->req_id, rc, "row pull: %s",
+				  ids ? why : "out of memory");
+	else
+		send_rows(s, w, ids);
+	free(ids);
+}
+
 static void answer_pulls(struct ps_server *s)
 {
 	struct rows_wait **pp = &s->rows->waiting, *w;
@@ -217,9 +262,9 @@ static void answer_pulls(struct ps_server *s)
 		if (pull_ready(s, w)) {
 			*pp = w->next;
 			w->sc->nwaiting--;
-			send_rows(s, w);
+			send_parked(s, w);
 			ps__srv_check_backlog(s, w->sc);
-			free(w);
+			wait_free(s->rows, w);
 		} else {
 			pp = &w->next;
 		}
@@ -229,7 +274,8 @@ static void answer_pulls(struct ps_server *s)
 void ps__rows_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PullRows *m,
 			  const struct ps_frame *f)
 {
-	struct rows_wait *w;
+	struct rows_wait *w, now;
+	uint64_t *ids, cost;
 	char why[200];
 	int t, rc;
 
@@ -249,17 +295,17 @@ void ps__rows_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 				  s->cfg->tables[t].dim);
 		goto err;
 	}
-	w = malloc(sizeof(*w) + sizeof(uint64_t) * m->n_ids);
-	if (!w) {
+	ids = malloc(sizeof(uint64_t) * (m->n_ids ? m->n_ids : 1));
+	if (!ids) {
 		ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
 		goto err;
 	}
-	rc = ps_rows_ids_decode(f->payload, f->hdr.payload_len, m->n_ids, w->ids, why, sizeof(why));
+	rc = ps_rows_ids_decode(f->payload, f->hdr.payload_len, m->n_ids, ids, why, sizeof(why));
 	if (rc) {
 		ps_msg_send_error(sc->conn, m->req_id, rc, "row pull: %s", why);
-		free(w);
-		goto err;
+		goto err_free_ids;
 	}
+	w = &now;
 	w->sc = sc;
 	w->req_id = m->req_id;
 	w->min_version = m->min_version;
@@ -268,23 +314,52 @@ void ps__rows_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	w->codec = (int)m->codec;
 	w->arrived = ps_now_s();
 	w->n = m->n_ids;
+	w->enc_len = f->hdr.payload_len;
 	if (pull_ready(s, w)) {
-		send_rows(s, w);
-		free(w);
+		send_rows(s, w, ids);
+		free(ids);
 		return;
 	}
+	free(ids);
+	ids = NULL;
 	if (sc->nwaiting >= s->cfg->limits.max_waiting_pulls) {
 		ps_msg_send_error(sc->conn, m->req_id, PS_ETOOBIG, "%d pulls of this connection "
 				  "wait for their clock already (limits.max_waiting_pulls)",
 				  sc->nwaiting);
-		free(w);
 		goto err;
 	}
+	cost = wait_cost(&now);
+	if (sc->waiting_bytes + cost > s->cfg->limits.max_waiting_bytes) {
+		ps_msg_send_error(sc->conn, m->req_id, PS_ETOOBIG, "the row pulls of this "
+				  "connection that wait for their clock hold %" PRIu64 " bytes; "
+				  "this one would add %" PRIu64 " (limits.max_waiting_bytes %" PRIu64
+				  ")", sc->waiting_bytes, cost, s->cfg->limits.max_waiting_bytes);
+		goto err;
+	}
+	if (s->rows->waiting_bytes + cost > s->cfg->limits.max_waiting_bytes_total) {
+		ps_msg_send_error(sc->conn, m->req_id, PS_ETOOBIG, "the row pulls waiting for their "
+				  "clock on this shard hold %" PRIu64 " bytes; this one would add %"
+				  PRIu64 " (limits.max_waiting_bytes_total %" PRIu64 ")",
+				  s->rows->waiting_bytes, cost,
+				  s->cfg->limits.max_waiting_bytes_total);
+		goto err;
+	}
+	w = malloc(sizeof(*w) + now.enc_len);
+	if (!w) {
+		ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
+		goto err;
+	}
+	*w = now;
+	memcpy(w->enc, f->payload, w->enc_len);
 	sc->nwaiting++;
+	sc->waiting_bytes += cost;
+	s->rows->waiting_bytes += cost;
 	w->next = s->rows->waiting;
 	s->rows->waiting = w;
 	return;
 
+err_free_ids:
+	free(ids);
 err:
 	s->c.errors++;
 }
@@ -298,7 +373,7 @@ void ps__rows_forget(struct ps_server *s, struct ps_srv_conn *sc)
 	for (pp = &s->rows->waiting; (w = *pp);) {
 		if (w->sc == sc) {
 			*pp = w->next;
-			free(w);
+			wait_free(s->rows, w);
 		} else {
 			pp = &w->next;
 		}
@@ -307,50 +382,91 @@ void ps__rows_forget(struct ps_server *s, struct ps_srv_conn *sc)
 
 /* ---- pushes ---- */
 
-/* Sync: applies clock k of table st, summing each id's gradients over the
- * ranks in rank order (each rank's ids are sorted: a merge). */
+/* After rows were created in table st: says once when the table reached
+ * its cap and began to drop rows (counted in its evicted). */
+static void note_evictions(struct ps_srv_table *st)
+{
+	const struct ps_table *tb = &st->tb;
+
+	if (!tb->c.evicted || st->evict_logged)
+		return;
+	st->evict_logged = 1;
+	ps_warn("table %s: %" PRIu64 " rows, its cap on this shard (%s); every new row drops the "
+		"least recently updated one from now on (counted in evicted)", tb->tc->name,
+		tb->nrows, tb->cap == tb->budget_rows ? "its share of limits.max_table_bytes"
+		: "its share of max_rows");
+}
+
+/* Sync: the next id of clock k in ascending order and the sum of its
+ * gradients over the ranks in rank order (each rank's ids are sorted: a
+ * merge); pos[] holds each rank's place. 0 at the end, else the number of
+ * ranks summed. */
+static int clock_next(const struct ps_server *s, const struct rows_clock *k, int dim,
+		      size_t *pos, uint64_t *idp, float *sum)
+{
+	int nw = s->cfg->nworkers, any = 0, seen = 0;
+	uint64_t id = UINT64_MAX;
+
+	for (int r = 0; r < nw; r++) {
+		const struct rows_push *p = k->by_rank[r];
+		if (p && pos[r] < p->n && (!any || p->ids[pos[r]] < id)) {
+			id = p->ids[pos[r]];
+			any = 1;
+		}
+	}
+	if (!any)
+		return 0;
+	for (int r = 0; r < nw; r++) {
+		const struct rows_push *p = k->by_rank[r];
+		if (!p || pos[r] >= p->n || p->ids[pos[r]] != id)
+			continue;
+		const float *g = p->g + pos[r] * (size_t)dim;
+		if (!seen++)
+			memcpy(sum, g, sizeof(float) * (size_t)dim);
+		else
+			for (int j = 0; j < dim; j++)
+				sum[j] += g[j];
+		pos[r]++;
+	}
+	*idp = id;
+	return seen;
+}
+
+/* Sync: applies clock k of table st, all of it or, when a sum or the
+ * update of a row would not be finite, none of it (logged and counted as
+ * an error; the version moves on all the same). */
 static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct rows_clock *k)
 {
-	int nw = s->cfg->nworkers, dim = st->tb.dim;
+	int nw = s->cfg->nworkers, dim = st->tb.dim, seen;
 	size_t *pos = calloc((size_t)nw, sizeof(*pos));
 	float *sum = s->rows->scratch;
 	double now = ps_now_s(), t0 = now;
+	uint64_t id;
 
 	if (!pos) {
 		ps_error("table %s: out of memory applying clock %" PRIu64 "; its gradients are "
 			 "lost", st->tb.tc->name, k->clock);
 		return;
 	}
-	for (;;) {
-		uint64_t id = UINT64_MAX;
-		int any = 0, seen = 0;
-		for (int r = 0; r < nw; r++) {
-			struct rows_push *p = k->by_rank[r];
-			if (p && pos[r] < p->n && (!any || p->ids[pos[r]] < id)) {
-				id = p->ids[pos[r]];
-				any = 1;
-			}
+	/* first pass: every row's update is probed, nothing changes */
+	while ((seen = clock_next(s, k, dim, pos, &id, sum)))
+		if (!ps_table_update_finite(&st->tb, id, sum, s->rows->probe)) {
+			ps_error("table %s: the gradients of clock %" PRIu64 " for row %" PRIu64
+				 " sum to values that are not finite, or its update would leave "
+				 "weights or optimizer state that are not finite; that clock is not "
+				 "applied to the table (no row changed)", st->tb.tc->name, k->clock, id);
+			s->c.errors++;
+			goto out_free_pos;
 		}
-		if (!any)
-			break;
-		for (int r = 0; r < nw; r++) {
-			struct rows_push *p = k->by_rank[r];
-			if (!p || pos[r] >= p->n || p->ids[pos[r]] != id)
-				continue;
-			const float *g = p->g + pos[r] * (size_t)dim;
-			if (!seen++)
-				memcpy(sum, g, sizeof(float) * (size_t)dim);
-			else
-				for (int j = 0; j < dim; j++)
-					sum[j] += g[j];
-			pos[r]++;
-		}
+	memset(pos, 0, sizeof(*pos) * (size_t)nw);
+	while ((seen = clock_next(s, k, dim, pos, &id, sum)))
 		if (ps_table_push(&st->tb, id, sum, seen, now) < 0)
 			ps_error("table %s: out of memory creating row %" PRIu64, st->tb.tc->name, id);
-	}
-	free(pos);
+	note_evictions(st);
 	s->store.applies++;
 	s->store.apply_seconds += ps_now_s() - t0;
+out_free_pos:
+	free(pos);
 }
 
 /* Sync: whether every live worker pushed or ended clock k (and one did). */
@@ -549,11 +665,24 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	} else {
 		struct ps_table *tb = &s->rows->t[t].tb;
 		double t0 = ps_now_s();
+		/* every row's update is probed before any is applied */
+		for (size_t i = 0; i < m->n_ids; i++)
+			if (!ps_table_update_finite(tb, ids[i], g + i * (size_t)tb->dim,
+						    s->rows->probe)) {
+				rc = PS_ENOFINITE;
+				ps_msg_send_error(sc->conn, m->req_id, rc, "row push to table '%s': "
+						  "the update of row %" PRIu64 " by these finite "
+						  "gradients would leave weights or optimizer state that "
+						  "are not finite (values too large); nothing of it was "
+						  "applied", cfg->tables[t].name, ids[i]);
+				goto err_reject;
+			}
 		for (size_t i = 0; i < m->n_ids; i++)
 			if (ps_table_push(tb, ids[i], g + i * (size_t)tb->dim, 1, t0) < 0)
 				ps_error("table %s: out of memory creating row %" PRIu64,
 					 tb->tc->name, ids[i]);
 		tb->version++;
+		note_evictions(&s->rows->t[t]);
 		s->store.applies++;
 		s->store.apply_seconds += ps_now_s() - t0;
 	}
@@ -616,6 +745,7 @@ int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 		ts[t].bytes = ps_table_bytes(tb);
 		ts[t].admitted = tb->c.admitted;
 		ts[t].evicted = tb->c.evicted;
+		ts[t].cap_rows = tb->cap;
 		ts[t].expired = tb->c.expired;
 		ts[t].filter_ids = tb->admit.used;
 		ts[t].filter_bytes = ps_admit_bytes(&tb->admit);

@@ -29,13 +29,16 @@ struct ps_srv_table {
 	struct ps_table tb;
 	struct rows_clock *pending;  /* sync: clocks not applied yet, ascending */
 	uint64_t pending_bytes;      /* gradient bytes they hold */
+	int evict_logged;            /* the cap was reached and said so in the log */
 };
 
 struct ps_srv_rows {
 	int ntables;
 	struct ps_srv_table *t;
 	struct rows_wait *waiting;   /* row pulls held for their condition */
+	uint64_t waiting_bytes;      /* what they hold (limits.max_waiting_bytes_total) */
 	float *scratch;              /* PS_MAX_ROW_DIM floats: sums, decoded rows */
+	float *probe;                /* a row's copy for ps_table_update_finite */
 };
 
 int ps__rows_init(struct ps_server *s);

@@ -181,6 +181,7 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 	rc = ps_store_init(&s->store, cfg, &s->map, shard);
 	if (rc)
 		goto err_free_map;
+	s->store.errors = &s->c.errors; /* clocks refused as not finite count there */
 	s->finished = calloc((size_t)cfg->nworkers, sizeof(*s->finished));
 	s->connected = calloc((size_t)cfg->nworkers, sizeof(*s->connected));
 	s->live = malloc((size_t)cfg->nworkers);
@@ -201,6 +202,8 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 	s->store.finished = s->finished;
 	if (cfg->security.auth) {
 		rc = ps_auth_load_secret(cfg, s->secret, err, sizeof(err));
+		if (!rc && cfg->replicas)
+			rc = ps_auth_load_repl_key(cfg, s->secret, s->repl_key, err, sizeof(err));
 		if (rc) {
 			ps_error("refusing to start: %s", err);
 			goto err_free_store;

@@ -70,6 +70,7 @@ struct ps_server {
 	double ckpt_last_request;     /* when the last one on request started */
 	const char *ckpt_final;       /* a signal came while one was written: its name */
 	uint8_t secret[32];           /* hashed cluster secret (security.auth) */
+	uint8_t repl_key[32];         /* hashed replication key (replicas with security.auth) */
 	struct ps_dedup *dedup;       /* per worker rank: pushes already handled */
 	uint64_t boot_id;             /* random per process (HelloReply.boot_id) */
 	uint32_t *seen;               /* per slot: the request that last named it */

@@ -32,9 +32,11 @@ struct ps_srv_conn {
 	double last_rx;            /* ps_now_s() of the last frame received */
 	int evicted;               /* closed to make room for a newer handshake */
 	int nwaiting;              /* its pulls parked in s->waiting */
+	uint64_t waiting_bytes;    /* bytes its parked row pulls hold (rows.c) */
 	int authed;                /* proved the secret (or security.auth is off) */
 	char *refusal;             /* CONN_AUTH: why the Hello is refused, told once proven */
 	int is_replica;            /* the shard's other process dialed (Hello ROLE_REPLICA) */
+	int repl_auth;             /* the handshake proves the replication key, not the secret */
 	int is_link;               /* ... and is this primary's backup now (replica.h) */
 	int peer_state;            /* its Hello: ReplState, epoch, last batch */
 	uint64_t peer_epoch, peer_lsn;

@@ -7,6 +7,7 @@
 #include "codec.h"
 #include "finite.h"
 #include "ps_err.h"
+#include "ps_log.h"
 #include "store.h"
 
 struct ps_bucket {
@@ -129,11 +130,40 @@ struct ps_slot *ps_store_slot(struct ps_store *st, uint32_t slice)
 	return &st->slots[st->slot_of[slice]];
 }
 
-static void apply(struct ps_store *st, struct ps_slot *s, const float *g)
+/* Whether applying g (n floats) to s now leaves every weight and every
+ * optimizer state value finite, g included (a sum of finite gradients can
+ * overflow). Changes nothing. */
+static int update_finite(const struct ps_store *st, const struct ps_slot *s, const float *g)
+{
+	size_t n = (size_t)s->slice->count;
+
+	return ps_words_finite(g, n) &&
+	       ps_optimizer_finite_after(st->opt, &st->cfg->optim, s->w, g, s->state, n, s->steps);
+}
+
+/* One optimizer step of g on s. Unless checked (ps_store_check probed this
+ * very update), an update that would leave a value that is not finite is
+ * refused whole: the weights and state stay as they were, the version
+ * moves on as for a clock passed over, and the refusal is logged and
+ * counted. 1 when applied, 0 when refused. */
+static int apply(struct ps_store *st, struct ps_slot *s, const float *g, int checked)
 {
 	double t0 = ps_now_s();
 	size_t n = (size_t)s->slice->count;
 
+	if (!checked && !update_finite(st, s, g)) {
+		ps_error("slice %u: the gradients of clock %" PRIu64 " sum to values that are not "
+			 "finite, or the %s update of them would leave weights or optimizer state "
+			 "that are not finite; that clock is not applied to this slice (weights "
+			 "and state unchanged)", s->slice->id, s->version, st->opt->name);
+		st->refused++;
+		if (st->errors)
+			(*st->errors)++;
+		s->version++;
+		if (st->on_version)
+			st->on_version(st->hook_arg, s);
+		return 0;
+	}
 	st->opt->apply(&st->cfg->optim, s->w, g, s->state, n, s->steps);
 	s->steps++;
 	s->version++;
@@ -142,6 +172,7 @@ static void apply(struct ps_store *st, struct ps_slot *s, const float *g)
 	st->apply_seconds += ps_now_s() - t0;
 	if (st->on_apply)
 		st->on_apply(st->hook_arg, s, g);
+	return 1;
 }
 
 /* The floats of g: the raw data itself, or decoded into buf. */
@@ -204,7 +235,7 @@ static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucke
 			first = r;
 	}
 	if (np == 1) {
-		apply(st, s, grad_floats(&b->g[first], n, acc));
+		apply(st, s, grad_floats(&b->g[first], n, acc), 0);
 		return;
 	}
 	if (raw) {
@@ -242,7 +273,7 @@ static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucke
 			}
 		}
 	}
-	apply(st, s, acc);
+	apply(st, s, acc, 0);
 }
 
 /* Applies every complete bucket that is next in clock order; 1 if any.
@@ -317,6 +348,15 @@ int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps
 		snprintf(err, errlen, "gradient holds NaN or infinite values");
 		return PS_ENOFINITE;
 	}
+	/* async: the update follows at once, so it is probed now and a push
+	 * whose update would not be finite is refused before any of it applies */
+	if (st->cfg->consistency == PS_ASYNC &&
+	    !ps_optimizer_finite_after(st->opt, &st->cfg->optim, s->w,
+				       g->codec ? st->check : g->data, s->state, n, s->steps)) {
+		snprintf(err, errlen, "the %s update of these finite gradients would leave weights "
+			 "or optimizer state that are not finite (values too large)", st->opt->name);
+		return PS_ENOFINITE;
+	}
 	return 0;
 }
 
@@ -325,6 +365,9 @@ int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t cl
 {
 	struct ps_grad gr = { g, (uint64_t)s->slice->count * sizeof(float), 0, 0 };
 
+	/* async applies at once, and g has not been through ps_store_check */
+	if (st->cfg->consistency == PS_ASYNC && !update_finite(st, s, g))
+		return PS_ENOFINITE;
 	return ps_store_offer_grad(st, s, rank, clock, &gr, fr);
 }
 
@@ -336,7 +379,7 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	size_t n = (size_t)s->slice->count;
 
 	if (cfg->consistency == PS_ASYNC) {
-		apply(st, s, grad_floats(g, n, st->scratch));
+		apply(st, s, grad_floats(g, n, st->scratch), 1);
 		return 1;
 	}
 	if (clock < s->version || clock >= s->version + (uint64_t)cfg->limits.max_clock_ahead)
@@ -345,7 +388,7 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 		const float *f = grad_floats(g, n, st->scratch);
 		if (st->on_offer)
 			st->on_offer(st->hook_arg, s, rank, clock, f);
-		apply(st, s, f);
+		apply(st, s, f, 0);
 		return 1;
 	}
 	for (pp = &s->pending; *pp && (*pp)->clock < clock; pp = &(*pp)->next)
@@ -372,6 +415,24 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 		st->on_offer(st->hook_arg, s, rank, clock, grad_floats(g, n, st->check));
 	/* Apply every complete bucket that is next in clock order. */
 	return apply_ready(st, s, all_ended(st));
+}
+
+void ps_store_each_kept(struct ps_store *st,
+			void (*fn)(void *arg, struct ps_slot *s, int rank, uint64_t clock,
+				   const float *g),
+			void *arg)
+{
+	if (st->cfg->consistency != PS_SYNC)
+		return;
+	for (int k = 0; k < st->nslots; k++) {
+		struct ps_slot *s = &st->slots[k];
+		size_t n = (size_t)s->slice->count;
+
+		for (struct ps_bucket *b = s->pending; b; b = b->next)
+			for (int r = 0; r < st->cfg->nworkers; r++)
+				if (b->g[r].data)
+					fn(arg, s, r, b->clock, grad_floats(&b->g[r], n, st->check));
+	}
 }
 
 uint64_t ps_store_checksum(const struct ps_store *st)

@@ -65,6 +65,10 @@ struct ps_store {
 	float *scratch;         /* one slice of sum space */
 	float *check;           /* one slice: decoding done to validate a push */
 	uint64_t applies;
+	uint64_t refused;       /* sync: clocks of a slot not applied, their sum or its
+				   update not finite (async pushes are refused by
+				   ps_store_check instead) */
+	uint64_t *errors;       /* counted there too when set (the shard's errors) */
 	double apply_seconds;
 	uint64_t bytes_applied;
 	/* Told of every change, in order (replication, server/replica_log.c):
@@ -109,8 +113,10 @@ int ps_store_advance(struct ps_store *st);
 
 /* Validates g for slot s before anything is accepted: the length of a raw
  * slice, the whole encoding of an encoded one (decoded into st->check), and
- * that every value is finite. 0, or PS_ESHAPE / PS_EPROTO / PS_ENOFINITE
- * with the reason in err. */
+ * that every value is finite; in async mode also that the optimizer's
+ * update of s by g, which follows at once, leaves every weight and state
+ * value finite. 0, or PS_ESHAPE / PS_EPROTO / PS_ENOFINITE with the reason
+ * in err. */
 int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps_grad *g,
 		   char *err, size_t errlen);
 
@@ -118,6 +124,15 @@ int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps
  * frames: a shard that stops serving (replication) drops what it had not
  * applied. */
 void ps_store_drop_pending(struct ps_store *st);
+
+/* Sync: calls fn with every gradient kept in a barrier (pushed for a clock
+ * not applied yet), decoded (count floats, valid during the call only), in
+ * slot, clock and rank order: what a backup that joins must be told of
+ * again under replication.forward: every_push (server/replica_log.c). */
+void ps_store_each_kept(struct ps_store *st,
+			void (*fn)(void *arg, struct ps_slot *s, int rank, uint64_t clock,
+				   const float *g),
+			void *arg);
 
 /* FNV-1a over every owned slice's weights, in slice order. */
 uint64_t ps_store_checksum(const struct ps_store *st);

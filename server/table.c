@@ -25,6 +25,30 @@ static uint64_t home(const struct ps_table *tb, uint64_t id)
 	return mix64(id + tb->tkey) & tb->index_mask;
 }
 
+uint64_t ps_table_row_cost(const struct ps_table *tb)
+{
+	/* weights and state, metadata, index slots (at worst 40% load after
+	 * a doubling: 2.5 slots of 4 bytes), a bit of the dirty bitmap */
+	return sizeof(float) * (uint64_t)tb->row_floats + sizeof(struct ps_row_meta) + 10 + 1;
+}
+
+/* Rows table tb may keep within its share of limits.max_table_bytes, its
+ * admission filter (a fixed size) taken out first; at least 1. */
+static uint64_t budget_rows(const struct ps_table *tb, const struct ps_config *cfg)
+{
+	uint64_t share = cfg->limits.max_table_bytes / (uint64_t)(cfg->ntables ? cfg->ntables : 1);
+	uint64_t filter = 0, n;
+
+	if (tb->tc->admission > 1) {
+		uint64_t nb = 1;
+		while (nb * 8 < (uint64_t)tb->tc->filter_ids)
+			nb *= 2;
+		filter = nb * 8 * sizeof(uint32_t);
+	}
+	n = share > filter ? (share - filter) / ps_table_row_cost(tb) : 0;
+	return n < 1 ? 1 : n > PS_ROW_NIL - 1 ? PS_ROW_NIL - 1 : n;
+}
+
 int ps_table_init(struct ps_table *tb, const struct ps_config *cfg, int t, int nshards,
 		  double epoch)
 {
@@ -43,6 +67,10 @@ int ps_table_init(struct ps_table *tb, const struct ps_config *cfg, int t, int n
 			       : 0;
 	if (tb->cap > PS_ROW_NIL - 1 || !tb->cap)
 		tb->cap = tb->cap ? PS_ROW_NIL - 1 : 0;
+	/* the shard's memory budget, shared evenly by the tables */
+	tb->budget_rows = budget_rows(tb, cfg);
+	if (!tb->cap || tb->budget_rows < tb->cap)
+		tb->cap = tb->budget_rows;
 	tb->epoch = epoch;
 	tb->track_tombs = cfg->checkpoint.dir[0] && cfg->checkpoint.incremental > 0;
 	tb->head = tb->tail = tb->free_head = PS_ROW_NIL;

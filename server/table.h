@@ -61,7 +61,9 @@ struct ps_table {
 	int t;                     /* index in cfg->tables */
 	uint64_t tkey;             /* ps_rows_table_key */
 	int dim, nstate, row_floats;
-	uint64_t cap;              /* rows this shard keeps at most; 0 = no cap */
+	uint64_t cap;              /* rows this shard keeps at most: the lower of max_rows'
+				      share and budget_rows; 0 = no cap */
+	uint64_t budget_rows;      /* rows its share of limits.max_table_bytes holds */
 	double epoch;              /* time of stamp 0 */
 	uint32_t *index;           /* slots: row number + 1, 0 = empty */
 	uint64_t index_mask;
@@ -136,6 +138,10 @@ int ps_table_remove(struct ps_table *tb, uint64_t id);
  * checkpoint restore: the file is the new base). */
 void ps_table_clear_changes(struct ps_table *tb);
 
+/* Bytes one row costs against limits.max_table_bytes (values, metadata,
+ * index and bitmap). */
+uint64_t ps_table_row_cost(const struct ps_table *tb);
+
 /* Bytes the table holds (index, rows, metadata, bitmap, filter). */
 uint64_t ps_table_bytes(const struct ps_table *tb);
 
@@ -145,6 +151,13 @@ void ps_table_row_reset(const struct ps_table *tb, uint64_t id, float *row);
 /* table_optim.c: one update of a row (dim weights then nstate floats). */
 void ps_row_optim_apply(const struct ps_table_cfg *tc, float *restrict row,
 			const float *restrict g);
+
+/* Whether ps_table_push of g for id would leave the row's weights and
+ * optimizer state finite, g included (a sum of finite gradients can
+ * overflow, and so can FTRL's or adagrad's g*g). Updates a copy in
+ * scratch (row_floats floats) of id's row, or of its initial values when
+ * it has none; changes nothing in the table. */
+int ps_table_update_finite(const struct ps_table *tb, uint64_t id, const float *g, float *scratch);
 
 /* table_admit.c */
 int ps_admit_init(struct ps_admit *a, uint64_t ids, uint64_t salt);

@@ -369,7 +369,7 @@ int ps__rows_delta_check(const struct ps_server *s, int fd, uint64_t pos, uint64
 		snprintf(err, errlen, "builds on another full checkpoint (CRC %08x, %" PRIu64
 			 " bytes; the full file has %08x, %" PRIu64 ")", dh.base_crc, dh.base_len,
 			 base_crc, base_len);
-		return PS_ECONFIG;
+		return -ESTALE; /* the loader sets such a file aside */
 	}
 	pos += sizeof(dh);
 	for (int t = 0; s->rows && t < s->rows->ntables; t++) {

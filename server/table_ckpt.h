@@ -28,6 +28,9 @@ void ps__rows_delta_snapshot(const struct ps_server *s, uint8_t *b, uint32_t seq
 			     uint32_t base_crc, uint64_t base_len);
 /* After any snapshot: the next incremental one starts from here. */
 void ps__rows_ckpt_taken(struct ps_server *s);
+/* Checks incremental checkpoint seq (its tables' part, bytes pos..end of
+ * fd) against the full file it must build on; 0, -ESTALE when it builds
+ * on another full file, or another negative code with err. */
 int ps__rows_delta_check(const struct ps_server *s, int fd, uint64_t pos, uint64_t end,
 			 uint32_t seq, uint32_t base_crc, uint64_t base_len, char *err,
 			 size_t errlen);

@@ -12,6 +12,8 @@
  * Plain loops over one row: rows are short and the compiler vectorises them.
  */
 #include <math.h>
+#include <string.h>
+#include "finite.h"
 #include "table.h"
 
 static void adagrad(const struct ps_table_cfg *tc, float *restrict w, const float *restrict g)
@@ -91,4 +93,19 @@ void ps_row_optim_apply(const struct ps_table_cfg *tc, float *restrict row,
 			row[j] -= tc->lr * g[j];
 		break;
 	}
+}
+
+int ps_table_update_finite(const struct ps_table *tb, uint64_t id, const float *g, float *scratch)
+{
+	uint32_t r;
+
+	if (!ps_words_finite(g, (size_t)tb->dim))
+		return 0;
+	r = ps_table_find(tb, id);
+	if (r == PS_ROW_NIL)
+		ps_table_row_reset(tb, id, scratch);
+	else
+		memcpy(scratch, ps_table_vals(tb, r), sizeof(float) * (size_t)tb->row_floats);
+	ps_row_optim_apply(tb->tc, scratch, g);
+	return ps_words_finite(scratch, (size_t)tb->row_floats);
 }

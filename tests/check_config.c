@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "codec.h"
 #include "config.h"
@@ -383,6 +384,72 @@ START_TEST(test_roundtrip)
 	roundtrip();
 	ck_assert_int_eq(ps_config_load(&cfg, "conf/example-full.yaml", err, sizeof(err)), 0);
 	roundtrip();
+}
+END_TEST
+
+/* --dump-config writes every string so that it loads back the same (the
+ * derived config ps.sbatch writes is made from it): paths holding '"',
+ * '\', ':', '#', '[', leading and trailing spaces, non-ASCII, and what
+ * YAML reads as a line break (U+0085, U+2028, U+2029) reload to the same
+ * config. A newline, which a path in a file cannot hold (refused) but a
+ * path resolved next to the config file could, stays escaped on its line:
+ * the reload refuses it naming the key, never reads another config (it
+ * used to fold into a space, or make the next line a key of its own). */
+START_TEST(test_dump_odd_paths)
+{
+	static const char odd[] = BASE
+		"checkpoint:\n  dir: '/tmp/a\"b\\c: #d'\n"
+		"train:\n  data_dir: '  lead and trail  '\n"
+		"  metrics_dir: \"/x/\\u00e9\\u4e2d\\U0001F600/\\u0085\\u2028\\u2029/'\"\n"
+		"security:\n  secret_file: '/s/#no comment/\"q\"/\\\\/end\\'\n"
+		"stats:\n  token_file: '/t/a: b/- c/[d]/{e}/&f *g !h |i >j %k @l `m ''n'''\n";
+	char *text;
+
+	ck_assert_msg(load(odd) == 0, "%s", err);
+	ck_assert_str_eq(cfg.checkpoint.dir, "/tmp/a\"b\\c: #d");
+	ck_assert_str_eq(cfg.train.data_dir, "  lead and trail  ");
+	ck_assert_str_eq(cfg.train.metrics_dir,
+			 "/x/\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80/\xc2\x85\xe2\x80\xa8\xe2\x80\xa9/'");
+	ck_assert_str_eq(cfg.security.secret_file, "/s/#no comment/\"q\"/\\\\/end\\");
+	ck_assert_str_eq(cfg.stats.token_file, "/t/a: b/- c/[d]/{e}/&f *g !h |i >j %k @l `m 'n'");
+	roundtrip();
+
+	/* a newline (with what would be a key after it) */
+	snprintf(cfg.checkpoint.dir, sizeof(cfg.checkpoint.dir), "/tmp/x\nseed: 5");
+	text = dump_text();
+	ck_assert_msg(strstr(text, "  dir: \"/tmp/x\\nseed: 5\"\n"), "%s", text);
+	ck_assert_int_ne(ps_config_load_string(&cfg2, text, "dump.yaml", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "checkpoint.dir") && strstr(err, "dump.yaml:"), "%s", err);
+	free(text);
+
+	/* a secret named next to a config in a folder with such a name: the
+	 * resolved path dumps and reloads the same; where the name holds a
+	 * newline, the config is refused at load (no file could name that
+	 * path, and its dump would not load) */
+	static const char *const folders[2] = { "/q\"b\\s: #h", "/nl\nx" };
+	char top[] = "/tmp/ps-cfg-XXXXXX", sub[128], file[160];
+	ck_assert_ptr_nonnull(mkdtemp(top));
+	for (int i = 0; i < 2; i++) {
+		snprintf(sub, sizeof(sub), "%s%s", top, folders[i]);
+		ck_assert_int_eq(mkdir(sub, 0700), 0);
+		snprintf(file, sizeof(file), "%s/c.yaml", sub);
+		FILE *f = fopen(file, "w");
+		ck_assert_ptr_nonnull(f);
+		fputs(BASE "security:\n  secret_file: s\n", f);
+		fclose(f);
+		int rc = ps_config_load(&cfg, file, err, sizeof(err));
+		if (i == 0) {
+			ck_assert_msg(rc == 0, "%s", err);
+			snprintf(file, sizeof(file), "%s/s", sub);
+			ck_assert_str_eq(cfg.security.secret_file, file);
+			roundtrip();
+		} else {
+			ck_assert_int_ne(rc, 0);
+			ck_assert_msg(strstr(err, "security.secret_file: resolved next to this file"),
+				      "%s", err);
+		}
+	}
+	ck_assert_int_eq(tu_rmtree(top), 0);
 }
 END_TEST
 
@@ -1103,6 +1170,7 @@ static Suite *config_suite(void)
 	tcase_add_test(tc, test_local_yaml);
 	tcase_add_test(tc, test_example_full_yaml);
 	tcase_add_test(tc, test_roundtrip);
+	tcase_add_test(tc, test_dump_odd_paths);
 	tcase_add_test(tc, test_compression);
 	tcase_add_test(tc, test_model);
 	tcase_add_test(tc, test_ctr_fields);

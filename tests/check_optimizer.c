@@ -7,6 +7,7 @@
  * tails of every kernel are both checked.
  */
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -555,6 +556,56 @@ START_TEST(test_zero_length)
 }
 END_TEST
 
+/* ps_optimizer_finite_after tells, without changing anything, whether an
+ * update leaves every weight and state value finite: yes for ordinary
+ * values over several of its blocks (and then the real update is indeed
+ * finite), no when one element's update overflows (sgd and momentum past
+ * FLT_MAX, adam's and adagrad's g*g). */
+START_TEST(test_finite_after)
+{
+	const struct ps_optim_cfg *cfg = &long_cfgs[_i];
+	const struct ps_optimizer_ops *ops = ps_optimizer_get(cfg->kind);
+	enum { N = 1300 };
+	float *w = alloc_floats(N), *g = alloc_floats(N), *w0 = alloc_floats(N);
+	float *st[PS_OPTIM_MAX_STATE] = { alloc_floats(N), alloc_floats(N) };
+	float *st0[PS_OPTIM_MAX_STATE] = { alloc_floats(N), alloc_floats(N) };
+	uint64_t seed = 99 + (uint64_t)_i;
+
+	for (size_t i = 0; i < N; i++) {
+		w[i] = rnd(&seed, -1, 1);
+		g[i] = rnd(&seed, -1, 1);
+		st[0][i] = st[1][i] = 0.0f;
+	}
+	if (ops->init_state)
+		ops->init_state(cfg, st, N);
+	for (int bad = 0; bad < 2; bad++) {
+		w[1200] = bad ? -FLT_MAX : 0.0f;
+		g[1200] = bad ? 3e38f : 0.0f;
+		memcpy(w0, w, N * sizeof(float));
+		for (int j = 0; j < ops->nstate; j++)
+			memcpy(st0[j], st[j], N * sizeof(float));
+		ck_assert_int_eq(ps_optimizer_finite_after(ops, cfg, w, g, st, N, 3), !bad);
+		ck_assert_int_eq(memcmp(w, w0, N * sizeof(float)), 0);
+		for (int j = 0; j < ops->nstate; j++)
+			ck_assert_int_eq(memcmp(st[j], st0[j], N * sizeof(float)), 0);
+	}
+	/* the good update, made for real, is finite */
+	g[1200] = 0.0f;
+	w[1200] = 0.0f;
+	ck_assert_int_eq(ps_optimizer_finite_after(ops, cfg, w, g, st, N, 3), 1);
+	ops->apply(cfg, w, g, st, N, 3);
+	for (size_t i = 0; i < N; i++)
+		ck_assert_msg(isfinite(w[i]), "%s: w[%zu] = %g", ops->name, i, w[i]);
+	free(w);
+	free(g);
+	free(w0);
+	for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) {
+		free(st[j]);
+		free(st0[j]);
+	}
+}
+END_TEST
+
 static Suite *optimizer_suite(void)
 {
 	Suite *s = suite_create("optimizer");
@@ -582,6 +633,7 @@ static Suite *optimizer_suite(void)
 	tcase_set_timeout(tl, 60);
 	tcase_add_loop_test(tl, test_short_lengths, 0, (int)NLONG_CFGS);
 	tcase_add_loop_test(tl, test_long_vector, 0, (int)NLONG_CFGS);
+	tcase_add_loop_test(tl, test_finite_after, 0, (int)NLONG_CFGS);
 	suite_add_tcase(s, tl);
 	return s;
 }

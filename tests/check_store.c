@@ -351,6 +351,131 @@ START_TEST(test_ssp_applies_on_arrival)
 }
 END_TEST
 
+/* A sync clock whose sum overflows (two workers' 3e38), or whose update
+ * would (adagrad's g*g of one worker's 1e20), is not applied: weights and
+ * optimizer state stay bit for bit, the version moves on as for a clock
+ * passed over (on_version, for a backup), and the refusal is counted in
+ * the store and in the errors the server gave it. The next clock applies.
+ * Before the check the weights became -inf (sum) and the accumulator inf. */
+static int versions_passed;
+
+static void count_version(void *arg, struct ps_slot *s)
+{
+	(void)arg;
+	(void)s;
+	versions_passed++;
+}
+
+START_TEST(test_bsp_refuses_nonfinite_update)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	float g[200], w0[200], a0[200];
+	uint64_t errors = 0;
+	int adagrad = _i;
+
+	make_cfg(&cfg, 2, PS_SYNC);
+	if (adagrad) {
+		cfg.optim.kind = PS_OPT_ADAGRAD;
+		cfg.optim.eps = 1e-10f;
+		cfg.optim.initial_accumulator = 0.1f;
+	}
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	st.errors = &errors;
+	st.on_version = count_version;
+	versions_passed = 0;
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	memcpy(w0, s->w, sizeof(w0));
+	if (adagrad)
+		memcpy(a0, s->state[0], sizeof(a0));
+	for (int i = 0; i < 200; i++)
+		g[i] = adagrad ? (i == 150 ? 1e20f : 1.0f) : 3e38f;
+	ck_assert_int_eq(offer(&st, s, 0, 0, g), 0);
+	if (adagrad)
+		g[150] = 1.0f; /* rank 1's own gradient is harmless */
+	ck_assert_int_eq(offer(&st, s, 1, 0, g), 1);
+	ck_assert_uint_eq(s->version, 1);
+	ck_assert_uint_eq(s->steps, 0);
+	ck_assert_int_eq(memcmp(s->w, w0, sizeof(w0)), 0);
+	if (adagrad)
+		ck_assert_int_eq(memcmp(s->state[0], a0, sizeof(a0)), 0);
+	ck_assert_uint_eq(st.refused, 1);
+	ck_assert_uint_eq(errors, 1);
+	ck_assert_int_eq(versions_passed, 1);
+	ck_assert_uint_eq(st.applies, 0);
+	/* the next clock, finite, applies */
+	for (int i = 0; i < 200; i++)
+		g[i] = 1.0f;
+	ck_assert_int_eq(offer(&st, s, 0, 1, g), 0);
+	ck_assert_int_eq(offer(&st, s, 1, 1, g), 1);
+	ck_assert_uint_eq(s->version, 2);
+	ck_assert_uint_eq(st.applies, 1);
+	for (int i = 0; i < 200; i++)
+		ck_assert_msg(isfinite(s->w[i]) && s->w[i] < w0[i], "w[%d] = %g", i, s->w[i]);
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
+/* ps_store_each_kept: what waits in the barriers, in slot, clock and rank
+ * order, each gradient as pushed (a backup that joins is sent these under
+ * replication.forward: every_push); nothing once the clocks are applied. */
+static struct {
+	int n, rank[8];
+	uint64_t clock[8];
+	float first[8];
+} kept;
+
+static void note_kept(void *arg, struct ps_slot *s, int rank, uint64_t clock, const float *g)
+{
+	(void)arg;
+	(void)s;
+	ck_assert_int_lt(kept.n, 8);
+	kept.rank[kept.n] = rank;
+	kept.clock[kept.n] = clock;
+	kept.first[kept.n++] = g[0];
+}
+
+START_TEST(test_bsp_each_kept)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	float g[200];
+
+	make_cfg(&cfg, 2, PS_SYNC);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	/* rank 1 at clock 1, rank 0 at clock 0, rank 0 at clock 1: all wait */
+	const int order[3][2] = { { 1, 1 }, { 0, 0 }, { 0, 1 } };
+	for (int k = 0; k < 3; k++) {
+		for (int i = 0; i < 200; i++)
+			g[i] = (float)(10 * order[k][0] + order[k][1]);
+		ck_assert_int_eq(offer(&st, s, order[k][0], (uint64_t)order[k][1], g), 0);
+	}
+	memset(&kept, 0, sizeof(kept));
+	ps_store_each_kept(&st, note_kept, NULL);
+	ck_assert_int_eq(kept.n, 3);
+	const int want[3][2] = { { 0, 0 }, { 0, 1 }, { 1, 1 } }; /* (rank, clock) */
+	for (int k = 0; k < 3; k++) {
+		ck_assert_int_eq(kept.rank[k], want[k][0]);
+		ck_assert_uint_eq(kept.clock[k], (uint64_t)want[k][1]);
+		ck_assert_float_eq(kept.first[k], (float)(10 * want[k][0] + want[k][1]));
+	}
+	/* rank 1's clock 0 completes clocks 0 and 1: nothing waits */
+	ck_assert_int_eq(offer(&st, s, 1, 0, g), 1);
+	ck_assert_uint_eq(s->version, 2);
+	memset(&kept, 0, sizeof(kept));
+	ps_store_each_kept(&st, note_kept, NULL);
+	ck_assert_int_eq(kept.n, 0);
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 START_TEST(test_checksum_tracks_weights)
 {
 	static struct ps_config cfg;
@@ -641,11 +766,13 @@ int main(void)
 			    (int)(sizeof(enc_mixes) / sizeof(enc_mixes[0])));
 	tcase_add_test(tc, test_bsp_windows_and_duplicates);
 	tcase_add_test(tc, test_ssp_applies_on_arrival);
+	tcase_add_loop_test(tc, test_bsp_refuses_nonfinite_update, 0, 2);
 	tcase_add_test(tc, test_checksum_tracks_weights);
 	tcase_add_test(tc, test_all_finite_every_position);
 	tcase_add_test(tc, test_bsp_live_set);
 	tcase_add_test(tc, test_bsp_ended_clocks);
 	tcase_add_test(tc, test_bsp_ended_clock_is_the_minimum);
+	tcase_add_test(tc, test_bsp_each_kept);
 	tcase_add_loop_test(tc, test_optimizer_state_through_store, 0,
 			    (int)(sizeof(opt_cases) / sizeof(opt_cases[0])));
 	suite_add_tcase(s, tc);

@@ -742,7 +742,8 @@ static void copy_file(const char *from, const char *to)
  * the name a temporary file used to have, redirect nothing; on load the
  * size is checked against the configuration before anything is read, and
  * versions, step counts and finished clocks must be in range (each edit
- * below carries a valid checksum, so only these checks can refuse it). */
+ * below carries a valid checksum, so only these checks can refuse it); a
+ * FIFO or a symbolic link at the checkpoint's name is refused at start. */
 START_TEST(test_checkpoint_files)
 {
 	static float w[N], w2[N];
@@ -829,7 +830,25 @@ START_TEST(test_checkpoint_files)
 	ck_assert_int_eq(ps_client_wait(c, q), 0);
 	ck_assert(memcmp(w, w2, sizeof(w)) == 0);
 	ps_client_free(c);
-	stop_and_clean();
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+
+	/* loading reads only a regular file: a FIFO at the checkpoint's name
+	 * is refused at once (opening it used to wait forever), a symbolic
+	 * link is not followed (it used to load the file it names: a roll
+	 * back to another checkpoint) */
+	copy_file(ck0, saved);
+	unlink(ck0);
+	ck_assert_int_eq(mkfifo(ck0, 0600), 0);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "not a regular file (a FIFO)") && strstr(out, ck0), "%s", out);
+	unlink(ck0);
+	ck_assert_int_eq(symlink(saved, ck0), 0);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "a symbolic link") && strstr(out, ck0), "%s", out);
+	ck_assert_int_eq(lstat(ck0, &st), 0);
+	ck_assert(S_ISLNK(st.st_mode)); /* refused, left alone */
+	stop_files();
 }
 END_TEST
 

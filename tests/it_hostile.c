@@ -49,6 +49,7 @@ static struct fx {
 	int port;
 	struct ps_client *c;
 	uint8_t secret[PS_AUTH_KEY_LEN]; /* the cluster secret, hashed */
+	uint8_t repl_key[PS_AUTH_KEY_LEN]; /* the replication key, for replica Hellos */
 	uint64_t clock;        /* next clock the honest worker pushes */
 	int rounds;            /* unit gradients applied to every weight so far */
 	struct ps_shard_stats st; /* stats taken by snapshot() */
@@ -137,6 +138,7 @@ static void after_attack(const char *what)
 
 static const char *fx_limits = ""; /* more limits: lines for the next fx_start */
 static const char *fx_extra = "";  /* more top-level sections for the next fx_start */
+static const char *fx_mode = "sync"; /* consistency.mode of the next fx_start */
 
 static void fx_start(void)
 {
@@ -146,7 +148,7 @@ static void fx_start(void)
 	F.port = tu_free_port();
 	snprintf(yaml, sizeof(yaml),
 		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
-		 "consistency:\n  mode: sync\n"
+		 "consistency:\n  mode: %s\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
 		 "model:\n  tensors:\n"
@@ -156,7 +158,7 @@ static void fx_start(void)
 		 "  max_frame_bytes: 1MiB\n  max_meta_bytes: 64KiB\n  max_clock_ahead: 4\n"
 		 "  connect_timeout_ms: %d\n  request_timeout_ms: %d\n%s"
 		 "log:\n  level: warn\n%s",
-		 F.port, NA, NC, HANDSHAKE_DEADLINE_MS, MAX_CONNS, (int)(5000 * tu_time_scale()),
+		 F.port, fx_mode, NA, NC, HANDSHAKE_DEADLINE_MS, MAX_CONNS, (int)(5000 * tu_time_scale()),
 		 (int)(5000 * tu_time_scale()), fx_limits, fx_extra);
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
 	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
@@ -469,17 +471,28 @@ static uint8_t *raw_auth_frame(int fd, const Ps__Hello *h, size_t *len,
 	uint8_t t[32], proof[PS_AUTH_PROOF_LEN], meta[64];
 	ck_assert_uint_eq(ch->nonce.len, PS_AUTH_NONCE_LEN);
 	ps_auth_transcript(ra->hello, ra->hello_len, ch->nonce.data, t);
-	ck_assert_msg(ps_auth_proof_ok(F.secret, t, 1, ch->proof.data, ch->proof.len),
+	/* a replica Hello is answered in the replication key's domain */
+	int repl = h->role == PS__ROLE__ROLE_REPLICA;
+	ck_assert_msg(repl ? ps_auth_repl_proof_ok(F.repl_key, t, 1, ch->proof.data, ch->proof.len)
+			   : ps_auth_proof_ok(F.secret, t, 1, ch->proof.data, ch->proof.len),
 		      "the shard's proof is wrong");
 	protobuf_c_message_free_unpacked(m, NULL);
-	ps_auth_proof(F.secret, t, 0, proof);
+	if (repl)
+		ps_auth_repl_proof(F.repl_key, t, 0, proof);
+	else
+		ps_auth_proof(F.secret, t, 0, proof);
 	if (raw_proof_hook)
 		raw_proof_hook(proof);
 	Ps__Auth a = PS__AUTH__INIT;
 	a.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
 	ck_assert_uint_le(protobuf_c_message_get_packed_size(&a.base), sizeof(meta));
 	b = raw_frame(fd, PS_MSG_AUTH, meta, protobuf_c_message_pack(&a.base, meta), NULL, 0, len);
-	if (h->auth_mac) {
+	if (repl) { /* the replication link is MACed whatever security.mac says */
+		ps_auth_repl_session_keys(F.repl_key, t, 0, &ra->keys);
+		ra->keyed = 1;
+		ra->enc = h->auth_cipher != 0;
+		ra->keys.cipher = (int)h->auth_cipher - 1;
+	} else if (h->auth_mac) {
 		ps_auth_session_keys(F.secret, t, 0, &ra->keys);
 		ra->keyed = 1;
 		ra->enc = h->auth_cipher != 0;
@@ -871,6 +884,9 @@ static void refused(Ps__Hello *h, const char *want1, const char *want2)
 	ck_assert_msg(!r->ok, "hello accepted (expected: %s)", want1);
 	ck_assert_msg(strstr(r->error, want1), "'%s' not in '%s'", want1, r->error);
 	ck_assert_msg(strstr(r->error, want2), "'%s' not in '%s'", want2, r->error);
+	if (!RA[fd].keyed && F.cfg.security.encrypt) /* told before the proof */
+		ck_assert_msg(!strstr(r->error, ps_cipher_name(F.cfg.security.cipher)),
+			      "a refusal before the proof names the shard's cipher: '%s'", r->error);
 	ck_assert_uint_eq(r->protocol_version, PS_PROTOCOL_VERSION);
 	/* the map hash goes only to a peer that proved the secret: not when
 	 * the refusal came before (no nonce, MACs disagree, another version) */
@@ -1219,6 +1235,62 @@ START_TEST(test_lz4_push_with_nan_refused)
 	ck_assert_msg(memcmp(before, after, sizeof(before)) == 0, "weights changed");
 	close(fd);
 	after_attack("NaN in an LZ4 push");
+	fx_stop();
+}
+END_TEST
+
+/* Every weight of the honest worker's pull is finite. */
+static void assert_all_finite(const float *w, const char *when)
+{
+	for (int i = 0; i < NA + NC; i++)
+		ck_assert_msg(isfinite(w[i]), "%s: weight %d is %g", when, i, w[i]);
+}
+
+/* Finite gradients whose update is not finite: with sgd at lr 1, a push of
+ * 3e38 takes a weight near -3e38, a second one would take it past
+ * FLT_MAX. In sync mode the push is acknowledged (the sum is made when the
+ * clock completes) and the clock is refused whole on every slice, weights
+ * unchanged, counted as errors; in async mode the second push is refused
+ * with PS_ENOFINITE before any slice of it applies. Before the check, two
+ * acknowledged pushes left every weight -inf. */
+START_TEST(test_huge_finite_pushes_keep_weights_finite)
+{
+	static float first[NA + NC], after[NA + NC];
+	struct pref p[8];
+	uint64_t plen;
+	int n, fd, async = _i;
+
+	fx_mode = async ? "async" : "sync";
+	fx_start();
+	fx_mode = "sync";
+	fd = raw_worker();
+	n = all_slices(p, &plen);
+	push_fill = 3e38f;
+	ck_assert_int_eq(raw_push(fd, 1, F.clock, 1, p, n, plen), 0);
+	expect_ack(fd, 1);
+	F.clock++;
+	pull_all(first);
+	assert_all_finite(first, "after one push of 3e38");
+	ck_assert(first[0] < -1e38f); /* the control: the first push applied */
+	snapshot();
+	ck_assert_int_eq(raw_push(fd, 2, F.clock, 1, p, n, plen), 0);
+	if (async) {
+		expect_error(fd, 2, PS_ENOFINITE, "not finite");
+	} else {
+		expect_ack(fd, 2);
+		F.clock++;
+	}
+	push_fill = 1.0f;
+	pull_all(after);
+	assert_all_finite(after, "after a second push of 3e38");
+	ck_assert_msg(memcmp(first, after, sizeof(first)) == 0, "weights changed");
+	Ps__Stats *s = raw_stats(fd, 3);
+	ck_assert_uint_eq(s->param_checksum, F.st.param_checksum);
+	ck_assert_uint_eq(s->applies, F.st.applies);
+	ck_assert_uint_ge(s->errors, F.st.errors + (async ? 1 : F.map.nslices));
+	protobuf_c_message_free_unpacked(&s->base, NULL);
+	close(fd);
+	assert_alive();
 	fx_stop();
 }
 END_TEST
@@ -2143,15 +2215,17 @@ START_TEST(test_auth_encrypted)
 	ck_assert_int_eq(raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
 	ck_assert_int_ge(raw_wait_closed(fd, 3000), 0);
 	close(fd);
+	/* refused before any proof: the client's setting is named, the
+	 * shard's cipher is not (docs/security.md) */
 	h = good_hello(0);
-	refused(&h, "the client has security.encrypt: false", "this shard true with aes-256-gcm");
+	refused(&h, "the client has security.encrypt: false", "this shard's setting differs");
 	h = good_hello(0);
 	h.auth_cipher = PS_CIPHER_CHACHA20POLY1305 + 1;
 	refused(&h, "client has security.encrypt: true with chacha20-poly1305",
-		"this shard true with aes-256-gcm");
+		"this shard's setting differs");
 	h = good_hello(0);
 	h.auth_cipher = 77;
-	refused(&h, "true with an unknown cipher", "this shard true with aes-256-gcm");
+	refused(&h, "true with an unknown cipher", "this shard's setting differs");
 	struct ps_config cfg = F.cfg;
 	cfg.security.encrypt = 0;
 	client_refused(&cfg, "the two configs must agree");
@@ -2455,6 +2529,8 @@ START_TEST(test_reset_under_replication)
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
 	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(ps_auth_load_secret(&F.cfg, F.secret, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_auth_load_repl_key(&F.cfg, F.secret, F.repl_key, err, sizeof(err)) == 0,
+		      "%s", err);
 	ck_assert_int_eq(ps_shardmap_init(&F.map, &F.cfg), 0);
 	setenv("PS_TEST_LOG", "info", 1);
 	tu_capture_begin();
@@ -2540,6 +2616,7 @@ int main(void)
 	tcase_add_test(tc, test_released_pulls_over_queue_close);
 	tcase_add_test(tc, test_push_frames_freed);
 	tcase_add_test(tc, test_lz4_push_odd_length);
+	TU_ADD_LOOP(tc, test_huge_finite_pushes_keep_weights_finite, 0, 2);
 	tcase_add_test(tc, test_secret_file_checks);
 	suite_add_tcase(s, tc);
 	/* a case of its own: CK_RUN_CASE=resets runs it alone */

@@ -15,6 +15,7 @@ expect() { # DESCRIPTION COMMAND...
   if "$@"; then ok; else bad "$what"; fi
 }
 
+. scripts/ps-lib.sh # cfg_key
 tmp=$(mktemp -d /tmp/ps-launch.XXXXXX)
 cleanup() {
   pkill -TERM -f -- "--config $tmp/" 2>/dev/null
@@ -71,10 +72,16 @@ awk '/servers:/ { sub(/127\.0\.0\.1:/, "s1:"); sub(/127\.0\.0\.1:/, "s2:") } { p
   "$tmp/c.yaml" > "$tmp/hosts.yaml"
 out=$(scripts/ps-cluster.sh "$tmp/hosts.yaml" start --dry-run --worker-hosts w1,w2 -- --epochs 1)
 expect "dry-run start prints 4 commands: $out" [ "$(printf '%s\n' "$out" | wc -l)" -eq 4 ]
-expect "shard 1 on its host: $out" grep -q "^ssh -o BatchMode=yes -o ConnectTimeout=10 s2 .*nohup sh -c .*ps-server --config $tmp/hosts.yaml --shard 1; " <<< "$out"
-expect "worker 1 on w2 with the extra flag" grep -q "^ssh -o BatchMode=yes -o ConnectTimeout=10 w2 .*ps-worker --config $tmp/hosts.yaml --rank 1 --epochs 1; " <<< "$out"
+expect "shard 1 on its host: $out" grep -q "^ssh -o BatchMode=yes -o ConnectTimeout=10 -- s2 .*nohup sh -c .*ps-server[^ ]* --config [^ ]*$tmp/hosts.yaml[^ ]* --shard 1; " <<< "$out"
+expect "worker 1 on w2 with the extra flag" grep -q "^ssh -o BatchMode=yes -o ConnectTimeout=10 -- w2 .*ps-worker[^ ]* --config [^ ]*$tmp/hosts.yaml[^ ]* --rank 1 [^ ]*--epochs[^ ]* [^ ]*1[^ ]*; " <<< "$out"
 out=$(scripts/ps-cluster.sh "$tmp/hosts.yaml" stop --dry-run --worker-hosts w1,w2)
 expect "stop: workers before shards" [ "$(printf '%s\n' "$out" | head -1 | grep -c 'ps-worker')" -eq 1 ]
+expect "stop: ssh gets -- before the host: $out" grep -q "^ssh -o BatchMode=yes -o ConnectTimeout=10 -- s1 'pkill " <<< "$out"
+# a host starting with '-' would be an option of ssh's: refused
+scripts/ps-cluster.sh "$tmp/hosts.yaml" start --dry-run --worker-hosts w1,-oProxyCommand=x > /dev/null 2> "$tmp/dash.err"
+rc=$?
+expect "--worker-hosts -oProxyCommand=x refused (status $rc): $(cat "$tmp/dash.err")" \
+  grep -q "names host '-oProxyCommand=x', which starts with '-': refused" "$tmp/dash.err"
 scripts/ps-cluster.sh "$tmp/c.yaml" launch >/dev/null 2>&1
 expect "unknown action refused with status 2" [ $? -eq 2 ]
 # loopback servers with workers elsewhere cannot work: refused, nothing run
@@ -82,13 +89,16 @@ scripts/ps-cluster.sh "$tmp/c.yaml" start --dry-run --worker-hosts w1,w2 > /dev/
 expect "loopback servers with remote workers refused (status $?)" grep -q "a loopback address, but the cluster spans other hosts (w1, w2)" "$tmp/lo.err"
 # --ssh is split into words like the shell does: a quoted argument stays one
 out=$(scripts/ps-cluster.sh "$tmp/hosts.yaml" start --dry-run --ssh "ssh -F '/x y/cfg'" -- --epochs 1)
-expect "--ssh with a quoted path" grep -q "^ssh -F /x y/cfg s1 " <<< "$out"
+expect "--ssh with a quoted path" grep -q "^ssh -F /x y/cfg -- s1 " <<< "$out"
 
-# real processes through an ssh stand-in (host ignored, command run here)
+# real processes through an ssh stand-in (host ignored, command run here
+# by sh, as ssh would: POSIX sh, dash on Debian); it insists on "--"
+# before the host, as the real one gets
 cat > "$tmp/ssh" <<'EOF'
 #!/usr/bin/env bash
-shift   # the host
-exec bash -c "$1"
+[ "$1" = -- ] || { echo "ssh stand-in: '$1' where -- belongs" >&2; exit 255; }
+shift 2 # -- and the host
+exec sh -c "$1"
 EOF
 chmod +x "$tmp/ssh"
 export OPENBLAS_NUM_THREADS=1
@@ -118,11 +128,11 @@ expect "shard 0 logged its stop" grep -q "stopped:" "$tmp/logs/c.run/server-0.lo
 # worker 1, "localhost", unreachable by then): what it started is stopped
 cat > "$tmp/ssh-flaky" <<'EOF'
 #!/usr/bin/env bash
-host=$1; shift
+host=$2; shift 2
 case "$host:$1" in localhost:*nohup*ps-worker*)
   echo "ssh: connect to host $host port 22: Connection refused" >&2; exit 255 ;;
 esac
-exec bash -c "$1"
+exec sh -c "$1"
 EOF
 chmod +x "$tmp/ssh-flaky"
 scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh-flaky" --logs "$tmp/logs" \
@@ -134,6 +144,44 @@ expect "... stops worker 0, which started" grep -q "worker 0 on 127.0.0.1: not r
 expect "... stops the shards and worker 0 again" grep -q "nothing of this start is left running" "$tmp/flaky.out"
 for _ in $(seq 20); do [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ] && break; sleep 0.25; done
 expect "... and nothing is left" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ]
+
+# Every value in a remote command is quoted for POSIX sh: a project folder
+# named with $(...) and quotes starts and stops like any other (its name
+# used to run as a command in the remote sh -c: a --dir of $(id>file) ran)
+weird="$tmp/p \$(touch pwned)'\"q"
+mkdir -p "$weird" && ln -s "$PWD/bin" "$weird/bin"
+scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs-q" --dir "$weird" \
+  -- --epochs 1 > "$tmp/q.out" 2>&1
+expect "start with --dir '$weird' (status $?): $(tail -4 "$tmp/q.out")" grep -q "^ps-cluster.sh: started 2 shard" "$tmp/q.out"
+scripts/ps-cluster.sh "$tmp/c.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/logs-q" --dir "$weird" > "$tmp/qstop.out" 2>&1
+expect "... and stops (status $?): $(cat "$tmp/qstop.out")" [ "$(grep -c ': not running' "$tmp/qstop.out")" -eq 4 ]
+expect "... nothing in its name ran" test ! -e "$weird/pwned" -a ! -e "$tmp/pwned" -a ! -e pwned
+for _ in $(seq 20); do [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ] && break; sleep 0.25; done
+expect "... nothing left running" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 0 ]
+# The run record is data, read, never run: a value holding $(...) stays a
+# value, a line of code is refused naming it, and a host starting with
+# '-' is refused (it reached ssh as an option)
+mkdir -p "$tmp/logs-r/c-1"
+ln -sfn c-1 "$tmp/logs-r/c.run"
+record() { # EXTRA LINE: a run record of c.yaml on 127.0.0.1 with it
+  printf '%s\n' "RUN_CONFIG=$tmp/c.yaml" "RUN_DIR=$tmp/logs-r/c-1 \$(touch $tmp/pwned2)" \
+    RUN_SHARD_HOST=127.0.0.1 RUN_SHARD_HOST=127.0.0.1 RUN_WORKER_HOST=127.0.0.1 "$1" \
+    > "$tmp/logs-r/c-1/run.env"
+}
+record "RUN_STATE=stopped"
+out=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs-r" 2>&1)
+expect "a run record with \$(...) in a value: read as data: $out" [ "$(grep -c ': not running' <<< "$out")" -eq 4 ]
+record "touch $tmp/pwned3"
+out=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs-r" 2>&1)
+rc=$?
+expect "a line of code in run.env is refused (status $rc): $out" \
+  grep -q "run.env:6: not a line of a run record: 'touch $tmp/pwned3'" <<< "$out"
+record "RUN_WORKER_HOST=-oProxyCommand=touch $tmp/pwned4"
+out=$(scripts/ps-cluster.sh "$tmp/c.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/logs-r" 2>&1)
+rc=$?
+expect "a host starting with '-' in run.env is refused (status $rc): $out" \
+  grep -q "names host '-oProxyCommand=touch $tmp/pwned4', which starts with '-': refused" <<< "$out"
+expect "... none of it ran" test ! -e "$tmp/pwned2" -a ! -e "$tmp/pwned3" -a ! -e "$tmp/pwned4"
 
 # ps-local.sh: a whole run ends with status 0 and no process left; a run
 # stopped by SIGTERM in the middle stops every process too
@@ -171,6 +219,10 @@ awk -v s="  servers: [127.0.0.1:$(low_port), 127.0.0.1:$(low_port)]" \
   -v b="  backups: [127.0.0.1:$(low_port), 127.0.0.1:$(low_port)]" \
   '/^  servers:/ { print s; print b; print "  replicas: 1"; next } { print }' "$tmp/c.yaml" > "$tmp/r.yaml"
 cp "$tmp/c.secret" "$tmp/r.secret" 2>/dev/null; sed -i 's/secret_file: c.secret/secret_file: r.secret/' "$tmp/r.yaml"
+PS_REPL_KEY_FILE= scripts/ps-cluster.sh "$tmp/r.yaml" start --dry-run --ssh "$tmp/ssh" >/dev/null 2>"$tmp/norepl.err"
+expect "ps-cluster.sh refuses replicas without a replication key" grep -q "names no security.repl_key_file" "$tmp/norepl.err"
+scripts/ps-keygen "$tmp/r.replkey" 2>/dev/null
+sed -i 's/secret_file: r.secret/secret_file: r.secret, repl_key_file: r.replkey/' "$tmp/r.yaml"
 scripts/ps-cluster.sh "$tmp/r.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs" -- --epochs 1 > "$tmp/r.out" 2>&1
 expect "replicas: start succeeds: $(tail -3 "$tmp/r.out")" [ $? -eq 0 ]
 expect "replicas: the backups started" [ "$(grep -c '^  backup [01] on 127.0.0.1, listening on' "$tmp/r.out")" -eq 2 ]
@@ -210,6 +262,15 @@ expect "derived secret_file absolute: $(grep secret_file "$tmp/sbrel/cluster.yam
   grep -q "^  secret_file: \"$tmp/c.secret\"" "$tmp/sbrel/cluster.yaml"
 expect "derived checkpoint.dir absolute: $(grep '  dir:' "$tmp/sbrel/cluster.yaml")" \
   grep -q "^  dir: \"$tmp/ckpt\"" "$tmp/sbrel/cluster.yaml"
+# the same from a folder whose name holds a quote, a backslash, a colon and
+# a hash: the dump escapes them, and so does ps.sbatch where it prefixes
+# the working directory (a '"' there used to break the derived config)
+odd="$tmp/sub \"q\\ b: #c"
+mkdir -p "$odd" && cp "$tmp/rel.yaml" "$tmp/c.secret" "$odd/"
+(cd "$odd" && PS_NODES="n1 n2" PS_DRY_RUN=1 PS_LOGS="$tmp/sbodd" "$OLDPWD/scripts/ps.sbatch" rel.yaml > /dev/null 2>&1)
+dump=$(bin/ps-server --config "$tmp/sbodd/cluster.yaml" --dump-config 2>&1)
+expect "derived config of a config in '$odd' loads: $dump" [ "$(cfg_key "$dump" checkpoint dir)" = "$odd/ckpt" ]
+expect "... naming its secret there" [ "$(cfg_key "$dump" security secret_file)" = "$odd/c.secret" ]
 # as Slurm runs it: a copy of the script in a spool folder, submitted from
 # elsewhere; the project folder is found from the job's Command (scontrol)
 mkdir -p "$tmp/spool" "$tmp/fakebin"

@@ -697,6 +697,84 @@ START_TEST(test_every_push_exact)
 }
 END_TEST
 
+/* One worker's push of clock (G_INT gradients, ending the clock) from a
+ * client of this process: the request id, not waited for. */
+static int64_t push_clock(struct ps_client *c, int rank, int clock, struct ps_tensor *g)
+{
+	for (int t = 0; t < NT; t++)
+		for (int64_t i = 0; i < g[t].count; i++)
+			g[t].data[i] = grad_value(rank, clock, t, i);
+	return ps_client_push(c, (uint64_t)clock, g, NT, PS_PUSH_END_CLOCK);
+}
+
+/* every_push: a backup that joins while a clock waits in the primary's
+ * barrier (worker 0 pushed it, worker 1 not yet) must get worker 0's
+ * gradient with the state; it summed that clock without it, and once it
+ * took over, the weights lacked an acknowledged push. The backup of shard
+ * 0 is killed and restarted between the two pushes, so its state transfer
+ * falls there every time; then the pair's checksums must agree, and after
+ * the primary is killed, the weights the backup serves are exact. */
+START_TEST(test_every_push_backup_joins_mid_clock)
+{
+	struct ps_tensor g[NWORKERS][NT], w[NT];
+	struct ps_client *c[NWORKERS] = { NULL };
+	struct ps_shard_stats a, b;
+	char err[512];
+	int64_t id[NWORKERS];
+
+	sh = shared_new();
+	gmode = G_INT;
+	g_nc = 1;
+	forward = "every_push";
+	write_config("sync", "name: sgd\n  lr: 1", 500, 60000);
+	start_all();
+	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	int p = primary_of(0);
+	ck_assert_int_ge(p, 0);
+	for (int r = 0; r < NWORKERS; r++) {
+		ck_assert_msg(ps_client_init(&c[r], &cfg, r, err, sizeof(err)) == 0, "%s", err);
+		alloc_w(g[r]);
+	}
+	id[0] = push_clock(c[0], 0, 0, g[0]);
+	ck_assert_int_ge(id[0], 0);
+	/* worker 0's push is in shard 0's barrier (its ack waits for worker 1) */
+	double t0 = ps_now_s();
+	while (!(replica_stats(0, p, &a) == 0 && a.pushes >= 1) &&
+	       ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(10);
+	ck_assert_uint_ge(a.pushes, 1);
+	kill(srv[!p][0], SIGKILL);
+	tu_wait_child(srv[!p][0]);
+	srv[!p][0] = start_replica(0, !p);
+	ck_assert_msg(wait_healthy(20) >= 0, "the restarted backup did not join (logs in %s)",
+		      logdir);
+	id[1] = push_clock(c[1], 1, 0, g[1]);
+	ck_assert_int_ge(id[1], 0);
+	for (int r = 0; r < NWORKERS; r++) {
+		ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d: %s", r,
+			      ps_client_error(c[r]));
+		ps_client_free(c[r]);
+		free_w(g[r]);
+	}
+	/* acknowledged: the backup confirmed the clock's sum */
+	ck_assert_int_eq(replica_stats(0, p, &a), 0);
+	ck_assert_int_eq(replica_stats(0, !p, &b), 0);
+	ck_assert_msg(a.param_checksum == b.param_checksum, "shard 0: the backup's weights differ "
+		      "from the primary's (logs in %s)", logdir);
+	/* the backup serves: the weights must hold both pushes once */
+	kill(srv[p][0], SIGKILL);
+	tu_wait_child(srv[p][0]);
+	srv[p][0] = start_replica(0, p);
+	ck_assert_msg(wait_healthy(20) >= 0, "the pair did not form again (logs in %s)", logdir);
+	ck_assert_int_eq(primary_of(0), !p);
+	alloc_w(w);
+	pull_weights(w);
+	check_oracle(w, 1);
+	free_w(w);
+	stop_all();
+}
+END_TEST
+
 /* GET path from 127.0.0.1:port into body; the HTTP status or -1. */
 static int http_get(int port, const char *path, char *body, size_t n)
 {
@@ -814,6 +892,7 @@ static Suite *suite(void)
 	TU_ADD(tc, test_async_faults_counter);
 	TU_ADD(tc, test_sync_adam_bit_identical);
 	TU_ADD(tc, test_every_push_exact);
+	TU_ADD(tc, test_every_push_backup_joins_mid_clock);
 	TU_ADD(tc, test_backup_killed_primary_alone);
 	suite_add_tcase(s, tc);
 	return s;

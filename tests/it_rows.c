@@ -5,7 +5,7 @@
  * table, another dim, non-finite gradients) refused with a clear error
  * while the connection and the shard go on, and a shard killed with
  * SIGKILL coming back from its checkpoint with its rows and admission
- * counts bit-exact. PS_ROWS_LONG=1 runs more clocks and ids.
+ * counts bit-exact, also when killed at each step of writing one. PS_ROWS_LONG=1 runs more clocks and ids.
  */
 #include <check.h>
 #include <inttypes.h>
@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include "config.h"
 #include "msg.h"
@@ -686,6 +687,193 @@ START_TEST(test_incremental_kill9)
 }
 END_TEST
 
+/* ---- a shard killed at each step of writing a checkpoint ---- */
+
+struct ckpt_asker {
+	struct ps_client *c;
+	struct ps_shard_stats st;
+	int rc;
+};
+
+static void *ask_ckpt(void *p)
+{
+	struct ckpt_asker *a = p;
+
+	a->rc = ps_client_checkpoint(a->c, 0, 1, &a->st);
+	return NULL;
+}
+
+/* 0 for shard 0's full checkpoint file, else its place in the chain. */
+static uint32_t ckpt_seq_of(const char *path)
+{
+	const char *d = strstr(path, ".delta-");
+
+	return d ? (uint32_t)strtoul(d + 7, NULL, 10) : 0;
+}
+
+static int file_exists(const char *dir, const char *name)
+{
+	char p[256];
+	struct stat st;
+
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	return lstat(p, &st) == 0;
+}
+
+/* The whole of file f, 0-terminated (free it), or NULL. */
+static char *read_text(const char *f)
+{
+	FILE *in = fopen(f, "r");
+	char *b = NULL;
+	size_t cap = 0;
+	ssize_t n;
+
+	if (!in)
+		return NULL;
+	n = getdelim(&b, &cap, '\0', in);
+	fclose(in);
+	if (n < 0) {
+		free(b);
+		return NULL;
+	}
+	return b;
+}
+
+/* Clock k's push to e: 40 of the U ids (sorted), small integer gradients. */
+static void crash_push(struct ps_client *c, const uint64_t *all, int u, int k)
+{
+	uint64_t ids[40];
+	float g[40 * DIM];
+
+	for (int i = 0; i < 40; i++)
+		ids[i] = all[(k * 13 + i * 3) % u];
+	qsort(ids, 40, sizeof(ids[0]), cmp_id);
+	for (int i = 0; i < 40 * DIM; i++)
+		g[i] = (float)((i + k) % 5 - 2);
+	ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)k, ids, 40, g, 0) == 0, "%s",
+		      ps_client_error(c));
+}
+
+/* Every crash point of a checkpoint of shard 0 (PS_FAULT_CHECKPOINT): of a
+ * full one replacing a chain of two incremental ones (half way through
+ * the data, after its fsync, after its rename with the old chain still
+ * there, after the first old file is removed) and of an incremental one
+ * (the same first three). Every time, the shard starts again (it used to
+ * refuse to after the full file's rename: the old delta-1 did not build
+ * on it) with the rows of its last whole checkpoint or of the crash, and
+ * an old chain's files left behind are set aside as .stale with a log
+ * line. */
+START_TEST(test_checkpoint_crash_points)
+{
+	static const struct {
+		const char *step;
+		int full;
+	} pts[] = { { "write", 1 }, { "fsync", 1 }, { "rename", 1 }, { "retire", 1 },
+		    { "write", 0 }, { "fsync", 0 }, { "rename", 0 } };
+	enum { U = 100 };
+	struct cluster cl;
+	char dir[] = "/tmp/ps-rows-crash-XXXXXX", extra[256], err[512], logf[300];
+	uint64_t all[U], key;
+	static float old[U * DIM], now[U * DIM], got[U * DIM];
+	struct ps_client *c;
+	uint32_t seq = 0;
+	int k = 0;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(logf, sizeof(logf), "%s/shard-0.log", dir);
+	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  on_request: true\n"
+		 "  min_interval_s: 0\n  incremental: 2\n", dir);
+	start(&cl, 1, "async", "", extra);
+	key = ps_rows_table_key(&cl.cfg.tables[0]);
+	for (int i = 0; i < U; i++)
+		all[i] = (uint64_t)(i + 1) * MULT;
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (size_t p = 0; p < sizeof(pts) / sizeof(pts[0]); p++) {
+		struct ps_shard_stats st;
+		struct ckpt_asker a = { .c = NULL };
+		pthread_t th;
+		char name[128];
+
+		/* the chain where the next checkpoint is the kind wanted: full
+		 * after two incremental ones, else incremental */
+		do {
+			crash_push(c, all, U, k++);
+			ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
+			ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+			seq = ckpt_seq_of(st.checkpoint_path);
+		} while (pts[p].full ? seq != 2 : seq == 2);
+		ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, all, U, old), 0);
+
+		for (int n = 1; n <= 2; n++) { /* what an earlier case set aside */
+			snprintf(name, sizeof(name), "%s/shard-0.ckpt.delta-%d.stale", dir, n);
+			unlink(name);
+		}
+		/* shard 0 again, with the fault armed; it comes back from the chain */
+		ps_client_free(c);
+		kill(cl.srv[0], SIGKILL);
+		ck_assert_int_eq(tu_wait_child(cl.srv[0]), 128 + SIGKILL);
+		setenv("PS_FAULT_CHECKPOINT", pts[p].step, 1);
+		cl.srv[0] = tu_start_server_log(cl.path, 0, logf);
+		unsetenv("PS_FAULT_CHECKPOINT");
+		c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+		ck_assert_msg(c != NULL, "%s", err);
+		ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, all, U, got), 0);
+		ck_assert_msg(memcmp(got, old, sizeof(old)) == 0, "%s: not restored", pts[p].step);
+		crash_push(c, all, U, k++);
+		ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, all, U, now), 0);
+		ck_assert(memcmp(now, old, sizeof(old)) != 0);
+
+		a.c = c;
+		ck_assert_int_eq(pthread_create(&th, NULL, ask_ckpt, &a), 0);
+		ck_assert_int_eq(tu_wait_child(cl.srv[0]), 128 + SIGKILL); /* died at the step */
+		/* what the crash left: the scenario really happened */
+		if (pts[p].full && !strcmp(pts[p].step, "rename"))
+			ck_assert(file_exists(dir, "shard-0.ckpt.delta-1") &&
+				  file_exists(dir, "shard-0.ckpt.delta-2"));
+		if (pts[p].full && !strcmp(pts[p].step, "retire"))
+			ck_assert(file_exists(dir, "shard-0.ckpt.delta-1") &&
+				  !file_exists(dir, "shard-0.ckpt.delta-2"));
+		snprintf(name, sizeof(name), "shard-0.ckpt.delta-%u", seq + 1);
+		if (!pts[p].full)
+			ck_assert_int_eq(file_exists(dir, name), !strcmp(pts[p].step, "rename"));
+
+		cl.srv[0] = tu_start_server_log(cl.path, 0, logf);
+		pthread_join(th, NULL);
+		ck_assert_msg(a.rc == 0, "%s %s: the checkpoint request after the restart: %s",
+			      pts[p].full ? "full" : "incremental", pts[p].step, ps_client_error(c));
+		ck_assert_msg(a.st.checkpoint_status == 0, "%s", a.st.checkpoint_error);
+		/* the last whole checkpoint, or the crash's: never a refusal or a mix */
+		int written = !strcmp(pts[p].step, "rename") || !strcmp(pts[p].step, "retire");
+		ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, all, U, got), 0);
+		for (int i = 0; i < U; i++) { /* shard 1 kept everything */
+			const float *want = written || ps_rows_shard(key, all[i], 2) ? now : old;
+			ck_assert_msg(memcmp(got + i * DIM, want + i * DIM, DIM * sizeof(float)) == 0,
+				      "%s %s: shard 0 came back with other rows than %s (row %d: %g, "
+				      "expected %g)", pts[p].full ? "full" : "incremental", pts[p].step,
+				      written ? "at the crash" : "of its last checkpoint", i,
+				      got[i * DIM], want[i * DIM]);
+		}
+		if (pts[p].full && written) {
+			char *log;
+			ck_assert(file_exists(dir, "shard-0.ckpt.delta-1.stale"));
+			ck_assert_int_eq(file_exists(dir, "shard-0.ckpt.delta-2.stale"),
+					 !strcmp(pts[p].step, "rename"));
+			/* the log says so, naming the file (written before it listened) */
+			log = read_text(logf);
+			ck_assert_msg(log && strstr(log, "shard-0.ckpt.delta-1 builds on the full "
+						    "checkpoint before the present one") &&
+				      strstr(log, "set aside as"), "%s", log ? log : "(no log)");
+			free(log);
+		}
+		seq = ckpt_seq_of(a.st.checkpoint_path);
+	}
+	ps_client_free(c);
+	stop(&cl);
+	ck_assert_int_eq(tu_rmtree(dir), 0);
+}
+END_TEST
+
 /* ---- hostile row requests ---- */
 
 static int raw_connect(int port)
@@ -880,6 +1068,300 @@ START_TEST(test_hostile)
 }
 END_TEST
 
+/* Finite row gradients whose update is not finite. Async, FTRL: a push of
+ * 1e20 (g*g overflows) is refused with PS_ENOFINITE, whole (a good row in
+ * the same push stays as it was), and the rows read as before; before the
+ * check the row became NaN. Sync, sgd lr 1, two workers pushing 3e38 for
+ * one id: both are acknowledged, their sum overflows, and the clock is
+ * not applied to the table (no row changes, counted as an error); before
+ * the check the row became -inf. */
+START_TEST(test_huge_finite_rows)
+{
+	struct cluster cl;
+	struct ps_client *c[2];
+	struct ps_shard_stats st[2], st1[2];
+	uint64_t ids[2] = { 3 * MULT, 5 * MULT };
+	float g[2 * DIM], before[2 * DIM], after[2 * DIM];
+	char err[512];
+
+	/* async, ftrl */
+	start_def(&cl, 1, "async", "init: zeros, optimizer: ftrl, lr: 0.1", "");
+	c[0] = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c[0] != NULL, "%s", err);
+	for (int j = 0; j < 2 * DIM; j++)
+		g[j] = 1.0f;
+	ck_assert_int_eq(ps_client_push_rows(c[0], "e", 0, ids, 2, g, 0), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 0, ids, 2, before), 0);
+	ck_assert(before[0] != 0.0f); /* the control: a push of ones applied */
+	for (int k = 0; k < 2; k++)
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st[k]), 0);
+	for (int j = DIM; j < 2 * DIM; j++)
+		g[j] = 1e20f; /* the second row's update overflows, the first's does not */
+	ck_assert_int_eq(ps_client_push_rows(c[0], "e", 1, ids, 2, g, 0), PS_ENOFINITE);
+	ck_assert_msg(strstr(ps_client_error(c[0]), "nothing of it was applied"), "%s",
+		      ps_client_error(c[0]));
+	ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 0, ids, 2, after), 0);
+	for (int j = 0; j < 2 * DIM; j++)
+		ck_assert_msg(isfinite(after[j]) && after[j] == before[j], "value %d: %g, was %g",
+			      j, after[j], before[j]);
+	uint64_t errs = 0;
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st1[k]), 0);
+		errs += st1[k].errors - st[k].errors;
+	}
+	ck_assert_uint_ge(errs, 1);
+	ps_client_free(c[0]);
+	stop(&cl);
+
+	/* sync, sgd, the sum of two workers' 3e38 */
+	start(&cl, 2, "sync", "", "");
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cl.cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int j = 0; j < DIM; j++)
+		g[j] = 3e38f;
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(ps_client_push_rows(c[r], "e", 0, ids, 1, g, 0), 0);
+	/* the clock completed (the version moved on) without changing the row */
+	ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 1, ids, 1, after), 0);
+	for (int j = 0; j < DIM; j++)
+		ck_assert_msg(after[j] == 0.0f, "value %d: %g after a sum past FLT_MAX", j, after[j]);
+	errs = 0;
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st1[k]), 0);
+		errs += st1[k].errors;
+	}
+	ck_assert_uint_eq(errs, 1);
+	/* and the next clock applies */
+	for (int j = 0; j < DIM; j++)
+		g[j] = 1.0f;
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(ps_client_push_rows(c[r], "e", 1, ids, 1, g, 0), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c[1], "e", 2, ids, 1, after), 0);
+	for (int j = 0; j < DIM; j++)
+		ck_assert_msg(after[j] == -2.0f, "value %d: %g", j, after[j]);
+	for (int r = 0; r < 2; r++)
+		ps_client_free(c[r]);
+	stop(&cl);
+}
+END_TEST
+
+/* ---- parked pulls hold at most their frames, within byte limits ---- */
+
+/* A raw worker connection (security.auth off) to port, rank 0. */
+static int raw_join(int port, const struct ps_shardmap *map, int shard)
+{
+	Ps__Hello h = PS__HELLO__INIT;
+	unsigned t;
+	int fd = raw_connect(port);
+
+	ck_assert_int_ge(fd, 0);
+	h.protocol_version = PS_PROTOCOL_VERSION;
+	h.role = PS__ROLE__ROLE_WORKER;
+	h.rank = 0;
+	h.shard_map_hash = map->hash;
+	h.shard = (uint32_t)shard;
+	h.incarnation = 77;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
+	ProtobufCMessage *r = raw_recv(fd, &t);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(t, PS_MSG_HELLO_REPLY);
+	ck_assert_msg(((Ps__HelloReply *)r)->ok, "%s", ((Ps__HelloReply *)r)->error);
+	protobuf_c_message_free_unpacked(r, NULL);
+	return fd;
+}
+
+static long vm_hwm_kb(pid_t pid)
+{
+	char path[64], line[256];
+	long kb = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmHWM: %ld kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb;
+}
+
+/* Sends n row pulls of table e for clock 1 (they wait: no clock is
+ * applied) and then a stats request, and reads every answer up to the
+ * stats: how many were refused; each refusal must name limit. */
+static int park_pulls(int fd, int n, const uint8_t *enc, size_t elen, uint32_t nids,
+		      const char *limit)
+{
+	Ps__PullRows p = PS__PULL_ROWS__INIT;
+	Ps__StatsRequest q = PS__STATS_REQUEST__INIT;
+	int refused = 0;
+	unsigned t;
+
+	p.table = "e";
+	p.dim = DIM;
+	p.n_ids = nids;
+	p.min_version = 1;
+	for (int i = 0; i < n; i++) {
+		p.req_id = (uint64_t)i + 1;
+		ck_assert_int_eq(raw_send(fd, PS_MSG_PULL_ROWS, &p.base, enc, elen), 0);
+	}
+	q.req_id = 1000;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
+	for (;;) {
+		ProtobufCMessage *r = raw_recv(fd, &t);
+		ck_assert_msg(r != NULL, "connection closed before the stats reply");
+		if (t == PS_MSG_STATS) {
+			protobuf_c_message_free_unpacked(r, NULL);
+			return refused;
+		}
+		ck_assert_msg(t == PS_MSG_ERROR, "a %s frame", ps_wire_type_name(t));
+		ck_assert_int_eq(((Ps__Error *)r)->code, PS_ETOOBIG);
+		ck_assert_msg(strstr(((Ps__Error *)r)->message, limit), "'%s' does not name %s",
+			      ((Ps__Error *)r)->message, limit);
+		refused++;
+		protobuf_c_message_free_unpacked(r, NULL);
+	}
+}
+
+/* The issue's attack: 64 row pulls of a million ids each (1 MB frames of
+ * delta-coded ids) parked for a clock that does not come. Each holds its
+ * frame's id bytes, not 8 bytes per id, and one connection at most
+ * limits.max_waiting_bytes of them (4 MiB here: 4 pulls park, 60 are
+ * refused naming it), so the shard's peak memory grows by a few frames
+ * (before: 558 MB). A second connection parks only up to
+ * limits.max_waiting_bytes_total (6 MiB: 2 more), whatever the number of
+ * connections, and the bytes of a closed connection's pulls are free
+ * again. */
+START_TEST(test_parked_pulls_bounded)
+{
+	struct cluster cl;
+	struct ps_shardmap map;
+	enum { NIDS = 1000000, NPULL = 64 };
+	uint64_t *ids = malloc(sizeof(uint64_t) * NIDS);
+	uint8_t *enc = malloc((size_t)NIDS * 10);
+	size_t elen;
+	int a, b;
+
+	start(&cl, 1, "sync", "", "security:\n  auth: false\nlimits:\n  max_waiting_bytes: 4MiB\n"
+	      "  max_waiting_bytes_total: 6MiB\n");
+	ck_assert_int_eq(ps_shardmap_init(&map, &cl.cfg), 0);
+	for (size_t i = 0; i < NIDS; i++)
+		ids[i] = i + 1;
+	elen = ps_rows_ids_encode(ids, NIDS, enc);
+	ck_assert_uint_eq(elen, NIDS); /* one byte per id */
+	a = raw_join(cl.port[0], &map, 0);
+	long hwm0 = vm_hwm_kb(cl.srv[0]);
+	int refused = park_pulls(a, NPULL, enc, elen, NIDS, "limits.max_waiting_bytes");
+	long grew_mb = (vm_hwm_kb(cl.srv[0]) - hwm0) / 1024;
+	printf("test_parked_pulls_bounded: %d pulls of %zu-byte frames, %d parked: the shard's "
+	       "peak memory grew by %ld MiB\n", NPULL, elen, NPULL - refused, grew_mb);
+	/* ASan's quarantine keeps freed memory, valgrind its own: measured natively */
+	if (!getenv("PS_TEST_VALGRIND") && !SANITIZED)
+		ck_assert_msg(grew_mb < 48, "%d parked pulls of 1 MB frames grew the shard by %ld "
+			      "MiB", NPULL - refused, grew_mb);
+	ck_assert_int_eq(refused, NPULL - 4);
+	/* another connection: the shard's total is the bound */
+	b = raw_join(cl.port[0], &map, 0);
+	ck_assert_int_eq(park_pulls(b, 3, enc, elen, NIDS, "limits.max_waiting_bytes_total"), 1);
+	/* a's pulls go with a: b parks again, once the shard has seen the close */
+	close(a);
+	int parked = 0;
+	for (int i = 0; i < 200 && !parked; i++) {
+		parked = park_pulls(b, 1, enc, elen, NIDS, "limits.max_waiting_bytes_total") == 0;
+		if (!parked)
+			tu_sleep_ms(20);
+	}
+	ck_assert_msg(parked, "the closed connection's parked pulls still count");
+	/* and b's own bound holds: 3 parked, 1 more fits, then its limit */
+	ck_assert_int_eq(park_pulls(b, 2, enc, elen, NIDS, "limits.max_waiting_bytes"), 1);
+	close(b);
+	free(ids);
+	free(enc);
+	ps_shardmap_free(&map);
+	stop(&cl);
+}
+END_TEST
+
+/* ---- the tables' memory budget ---- */
+
+/* Bytes a row of dim weights and nstate floats of state costs against
+ * limits.max_table_bytes (table.c: values, 20 bytes of metadata, 10 of
+ * index, 1 of bitmap). */
+static uint64_t row_cost(int floats)
+{
+	return 4 * (uint64_t)floats + 20 + 10 + 1;
+}
+
+/* The issue's attack, scaled: one worker pushes 20 x 200,000 fresh ids.
+ * With limits.max_table_bytes 8 MiB (4 MiB for each of the two tables) a
+ * shard keeps at most 4 MiB / 47 bytes rows of table e, drops the least
+ * recently updated past it (counted in evicted, its cap in the stats) and
+ * its peak memory stays within a few tens of MiB (before: every row kept,
+ * 2 million a shard). Without the option a shard still has a budget:
+ * 4 GiB by default. */
+START_TEST(test_table_memory_budget)
+{
+	enum { NPUSH = 20, NIDS = 200000 };
+	struct cluster cl;
+	struct ps_client *c;
+	struct ps_shard_stats st;
+	uint64_t *ids = malloc(sizeof(uint64_t) * NIDS);
+	float *g = malloc(sizeof(float) * NIDS * DIM);
+	uint64_t cap = (8ull << 20) / 2 / row_cost(DIM); /* sgd: no state */
+	char err[512];
+	long hwm0[2];
+
+	start(&cl, 1, "async", "", "limits:\n  max_table_bytes: 8MiB\n");
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (int k = 0; k < 2; k++)
+		hwm0[k] = vm_hwm_kb(cl.srv[k]);
+	for (size_t i = 0; i < (size_t)NIDS * DIM; i++)
+		g[i] = 1.0f;
+	for (int p = 0; p < NPUSH; p++) {
+		for (size_t i = 0; i < NIDS; i++)
+			ids[i] = ((uint64_t)p * NIDS + i) * MULT;
+		ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)p, ids, NIDS, g, 0) == 0, "%s",
+			      ps_client_error(c));
+	}
+	for (int k = 0; k < 2; k++) {
+		long grew_mb;
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		ck_assert_str_eq(st.tables[0].name, "e");
+		const struct ps_table_stats *ts = &st.tables[0];
+		grew_mb = (vm_hwm_kb(cl.srv[k]) - hwm0[k]) / 1024;
+		printf("test_table_memory_budget: shard %d: %" PRIu64 " rows admitted, %" PRIu64
+		       " kept (cap %" PRIu64 "), %" PRIu64 " evicted, %" PRIu64 " table bytes, peak "
+		       "memory +%ld MiB\n", k, ts->admitted, ts->rows, ts->cap_rows, ts->evicted,
+		       ts->bytes, grew_mb);
+		fflush(stdout);
+		ck_assert_msg(ts->rows <= cap, "shard %d keeps %" PRIu64 " rows (peak memory +%ld "
+			      "MiB), its cap is %" PRIu64, k, ts->rows, grew_mb, cap);
+		if (!getenv("PS_TEST_VALGRIND") && !SANITIZED) /* as in test_parked_pulls_bounded */
+			ck_assert_msg(grew_mb < 64, "shard %d grew by %ld MiB", k, grew_mb);
+		ck_assert_uint_eq(ts->cap_rows, cap);
+		ck_assert_uint_gt(ts->admitted, cap); /* the control: the cap was reached */
+		ck_assert_uint_eq(ts->evicted, ts->admitted - ts->rows);
+	}
+	ps_client_free(c);
+	stop(&cl);
+	/* by default: 4 GiB shared by the two tables */
+	start(&cl, 1, "async", "", "");
+	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
+	for (int t = 0; t < 2; t++)
+		ck_assert_uint_eq(st.tables[t].cap_rows, (4ull << 30) / 2 /
+			row_cost(cl.cfg.tables[t].dim + ps_row_optim_nstate(&cl.cfg.tables[t])));
+	ps_client_free(c);
+	stop(&cl);
+	free(ids);
+	free(g);
+}
+END_TEST
+
 static Suite *rows_suite(void)
 {
 	Suite *s = suite_create("it_rows");
@@ -893,7 +1375,11 @@ static Suite *rows_suite(void)
 	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
 	TU_ADD(tc, test_checkpoint_kill9);
 	TU_ADD_LOOP(tc, test_incremental_kill9, 0, 2);
+	TU_ADD(tc, test_checkpoint_crash_points);
 	TU_ADD(tc, test_hostile);
+	TU_ADD(tc, test_huge_finite_rows);
+	TU_ADD(tc, test_parked_pulls_bounded);
+	TU_ADD(tc, test_table_memory_budget);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -5,9 +5,12 @@
  * bad configs exit 2 with a message naming the fault. The shards' Prometheus
  * endpoints (stats.http) serve counters that match the traffic, histograms,
  * /healthz, 404 and 405, pass `promtool check metrics` when it is
- * installed, and a port already taken stops the shard with a clear error. */
+ * installed, and a port already taken stops the shard with a clear error;
+ * one address holding slow connections cannot take the endpoint from
+ * others, and /healthz does not cost the shard's loop. */
 #include <check.h>
 #include <inttypes.h>
+#include <errno.h>
 #include <pthread.h>
 #include <regex.h>
 #include <sys/stat.h>
@@ -279,19 +282,25 @@ START_TEST(test_stat_bad_usage)
 }
 END_TEST
 
-/* method path to 127.0.0.1:port with a plain socket, with one more header
- * line when hdr is not NULL; returns the HTTP status and the body in body
- * (NUL-terminated), or -1. */
-static int http_req(int port, const char *method, const char *path, const char *hdr,
-		    char *body, size_t n)
+/* method path to 127.0.0.1:port with a plain socket from address src (NULL:
+ * any), with one more header line when hdr is not NULL; returns the HTTP
+ * status and the body in body (NUL-terminated), or -1. */
+static int http_req_from(const char *src, int port, const char *method, const char *path,
+			 const char *hdr, char *body, size_t n)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
 				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in from = { .sin_family = AF_INET };
 	char req[512];
 	size_t len = 0;
 	ssize_t r;
 	int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
 
+	if (fd >= 0 && src && (inet_pton(AF_INET, src, &from.sin_addr) != 1 ||
+			       bind(fd, (struct sockaddr *)&from, sizeof(from)))) {
+		close(fd);
+		return -1;
+	}
 	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
 		if (fd >= 0)
 			close(fd);
@@ -313,6 +322,12 @@ static int http_req(int port, const char *method, const char *path, const char *
 	if (b)
 		memmove(body, b + 4, strlen(b + 4) + 1);
 	return status;
+}
+
+static int http_req(int port, const char *method, const char *path, const char *hdr,
+		    char *body, size_t n)
+{
+	return http_req_from(NULL, port, method, path, hdr, body, n);
 }
 
 static int http_get(int port, const char *method, const char *path, char *body, size_t n)
@@ -453,6 +468,118 @@ START_TEST(test_metrics_http)
 }
 END_TEST
 
+/* CPU time (ms) thread tid of process pid has used, or -1. */
+static double thread_cpu_ms(pid_t pid, pid_t tid)
+{
+	char path[96], buf[1024], *p;
+	unsigned long ut, st;
+	size_t n;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", (int)pid, (int)tid);
+	if (!(f = fopen(path, "r")))
+		return -1;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	if (!(p = strrchr(buf, ')')) ||
+	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return -1;
+	return (double)(ut + st) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* A connection to 127.0.0.1:port from 127.0.0.1 that has sent the first
+ * line of a request and no more; -1 when refused. */
+static int slow_conn(int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	static const char line[] = "GET /healthz HTTP/1.1\r\n";
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
+	    write(fd, line, strlen(line)) != (ssize_t)strlen(line)) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* The endpoint is held by nobody (docs/security.md): 64 connections from
+ * one address, each trickling its request header a byte at a time, leave
+ * /healthz answering another address at once (they used to take every
+ * one of the 64 slots), and the shard cuts each of them once its header
+ * is 5 s late, bytes coming or not (they used to stay while bytes came);
+ * 2,000 /healthz requests cost the shard's loop thread next to nothing
+ * (each used to render the whole metrics page on it: about 70 us each). */
+START_TEST(test_metrics_http_held)
+{
+	enum { SLOW = 64, PROBES = 2000 };
+	static char body[4096];
+	char path[64], extra[64];
+	struct ps_config cfg;
+	pid_t srv[2];
+	int hp = tu_free_port(), fds[SLOW], st = -1, open_now = 0;
+
+	snprintf(extra, sizeof(extra), "stats:\n  http: 127.0.0.1:%d\n", hp);
+	start_shards(path, &cfg, tu_free_port(), tu_free_port(), extra, srv);
+	for (int i = 0; i < 100 && (st = http_get(hp, "GET", "/healthz", body, sizeof(body))) != 200;
+	     i++)
+		tu_sleep_ms(50);
+	ck_assert_int_eq(st, 200);
+
+	double t0 = ps_now_s();
+	for (int i = 0; i < SLOW; i++)
+		fds[i] = slow_conn(hp);
+	st = http_req_from("127.0.0.2", hp, "GET", "/healthz", NULL, body, sizeof(body));
+	ck_assert_msg(st == 200, "/healthz from 127.0.0.2 while 127.0.0.1 holds %d connections: %d",
+		      SLOW, st);
+	ck_assert_str_eq(body, "ok\n");
+	/* a byte every 200 ms to each: every one is closed by the shard by
+	 * the deadline (5 s) and a beat or two after it */
+	double until = t0 + (5.0 + 3.0) * tu_time_scale();
+	do {
+		tu_sleep_ms(200);
+		open_now = 0;
+		for (int i = 0; i < SLOW; i++) {
+			char b;
+			if (fds[i] < 0)
+				continue;
+			ssize_t r = recv(fds[i], &b, 1, MSG_DONTWAIT);
+			if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+			    send(fds[i], "X", 1, MSG_NOSIGNAL) != 1) {
+				close(fds[i]);
+				fds[i] = -1;
+				continue;
+			}
+			open_now++;
+		}
+	} while (open_now && ps_now_s() < until);
+	ck_assert_msg(open_now == 0, "%d slow connections still open %.1f s after they opened",
+		      open_now, ps_now_s() - t0);
+	ck_assert_msg(ps_now_s() - t0 >= 4.5, "the slow connections were cut after %.1f s, before "
+		      "the 5 s deadline", ps_now_s() - t0);
+	ck_assert_int_eq(http_get(hp, "GET", "/healthz", body, sizeof(body)), 200);
+
+	/* /healthz does not reach the loop (thread id = pid) */
+	double cpu0 = thread_cpu_ms(srv[0], srv[0]);
+	ck_assert(cpu0 >= 0);
+	for (int i = 0; i < PROBES; i++) {
+		st = http_get(hp, "GET", "/healthz", body, sizeof(body));
+		ck_assert_msg(st == 200, "probe %d: %d", i, st);
+	}
+	double loop_ms = thread_cpu_ms(srv[0], srv[0]) - cpu0;
+	printf("measured: %d /healthz requests cost the shard's loop thread %.0f ms of CPU\n",
+	       PROBES, loop_ms);
+	ck_assert_msg(loop_ms <= 40 * tu_time_scale(), "%d /healthz requests took %.0f ms of the "
+		      "loop thread's CPU", PROBES, loop_ms);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+}
+END_TEST
+
 /* Shard k serves /metrics on the configured port + k: shard 1 of a
  * cluster whose stats.http port is 65535 would need 65536, so it stops at
  * start (status 1) saying so, and shard 0 starts. */
@@ -549,6 +676,7 @@ int main(void)
 	tcase_add_test(tc, test_stat_bad_usage);
 	tcase_add_test(tc, test_metrics_http);
 	tcase_add_test(tc, test_metrics_token);
+	tcase_add_test(tc, test_metrics_http_held);
 	tcase_add_test(tc, test_metrics_port_past_65535);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);

@@ -224,10 +224,13 @@ static inline int tu_write_secret(char *path)
  * caller set PS_SECRET_FILE, points it (inherited by the ps-server
  * processes started) at a fresh secret that tu_secret_cleanup removes.
  * Call both from main(), not from a test (Check forks tests). */
-static char tu_secret_path[64];
+static char tu_secret_path[64], tu_repl_key_path[64];
 
 static inline void tu_secret_setup(void)
 {
+	/* the replicated shards' own key (security.repl_key_file) likewise */
+	if (!getenv("PS_REPL_KEY_FILE") && tu_write_secret(tu_repl_key_path) == 0)
+		setenv("PS_REPL_KEY_FILE", tu_repl_key_path, 1);
 	if (getenv("PS_SECRET_FILE"))
 		return;
 	if (tu_write_secret(tu_secret_path) == 0)
@@ -238,6 +241,8 @@ static inline void tu_secret_cleanup(void)
 {
 	if (tu_secret_path[0])
 		unlink(tu_secret_path);
+	if (tu_repl_key_path[0])
+		unlink(tu_repl_key_path);
 }
 
 /* Skipped cases. A case that cannot run here (no GPU, no such transport

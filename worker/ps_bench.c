@@ -323,21 +323,15 @@ out:
 
 /* ---- local servers ---- */
 
-/* --local with security.auth on and no secret named: a fresh one in a
- * temporary file (mode 0600) that the local shards and the clients share,
- * removed at the end. path gets its name ("" when none was made). */
-static int make_secret(struct ps_config *cfg, char *path, size_t len)
+/* A fresh key in a temporary file (mode 0600) named like
+ * /tmp/ps-bench-NAME-XXXXXX; its name to path. 0 or -1 (path ""). */
+static int temp_key(const char *name, char *path, size_t len)
 {
-	char have[600];
 	uint8_t key[32];
 	FILE *f;
 	int fd;
 
-	path[0] = 0;
-	ps_auth_secret_path(cfg, have, sizeof(have));
-	if (!cfg->security.auth || have[0])
-		return 0;
-	snprintf(path, len, "/tmp/ps-bench-secret-XXXXXX");
+	snprintf(path, len, "/tmp/ps-bench-%s-XXXXXX", name);
 	fd = mkstemp(path); /* mode 0600 */
 	if (fd < 0 || !(f = fdopen(fd, "w"))) {
 		if (fd >= 0)
@@ -349,11 +343,44 @@ static int make_secret(struct ps_config *cfg, char *path, size_t len)
 	for (size_t i = 0; i < sizeof(key); i++)
 		fprintf(f, "%02x", key[i]);
 	fputc('\n', f);
-	if (fclose(f) || ps_auth_set_secret_file(cfg, path)) {
+	if (fclose(f)) {
 		unlink(path);
 		path[0] = 0;
 		return -1;
 	}
+	return 0;
+}
+
+/* The temporary keys make_secret made, removed at the end. */
+static char temp_secret[64], temp_repl_key[64];
+
+static void remove_temp_keys(void)
+{
+	if (temp_secret[0])
+		unlink(temp_secret);
+	if (temp_repl_key[0])
+		unlink(temp_repl_key);
+}
+
+/* --local with security.auth on and no secret named: a fresh one that the
+ * local shards and the clients share; with cluster.replicas: 1 and no
+ * replication key named, a fresh one of those too (the shards alone read
+ * it). Removed by remove_temp_keys. 0 or -1. */
+static int make_secret(struct ps_config *cfg)
+{
+	char have[600];
+
+	if (!cfg->security.auth)
+		return 0;
+	ps_auth_secret_path(cfg, have, sizeof(have));
+	if (!have[0] && (temp_key("secret", temp_secret, sizeof(temp_secret)) ||
+			 ps_auth_set_secret_file(cfg, temp_secret)))
+		return -1;
+	ps_auth_repl_key_path(cfg, have, sizeof(have));
+	if (cfg->replicas && !have[0] &&
+	    (temp_key("replkey", temp_repl_key, sizeof(temp_repl_key)) ||
+	     ps_auth_set_repl_key_file(cfg, temp_repl_key)))
+		return -1;
 	return 0;
 }
 
@@ -448,7 +475,8 @@ static void usage(FILE *out)
 		"  -w, --workers W      worker threads, one client each (default: the config's)\n"
 		"  -L, --local          start the config's shards here and stop them afterwards\n"
 		"                       (with security.auth and no secret named, a temporary\n"
-		"                       one is made for them)\n"
+		"                       one is made for them; with cluster.replicas: 1 and no\n"
+		"                       replication key named, one of those too)\n"
 		"  -j, --json           one JSON object instead of text\n"
 		"      --no-baseline    skip the raw TCP baseline\n"
 		"      --secret-file F  the cluster secret (default: the config's\n"
@@ -499,7 +527,7 @@ int main(int argc, char **argv)
 			  .baseline = 1, .rows = { .rows = 1000000, .dim = 16, .zipf = 1.05,
 						   .batch = 4096 * 26 } };
 	struct ps_config *cfg = malloc(sizeof(*cfg));
-	char err[1024], cfgpath[64] = "", secretpath[64] = "", *end;
+	char err[1024], cfgpath[64] = "", *end;
 	const char *secret = NULL;
 	int opt, dump = 0, rc = 1;
 	pid_t *pids = NULL;
@@ -638,13 +666,15 @@ rows_ready:
 	ps_log_set_level(PS_LOG_WARN);
 	signal(SIGPIPE, SIG_IGN);
 	if (o.local) {
-		if (make_secret(cfg, secretpath, sizeof(secretpath))) {
+		if (make_secret(cfg)) {
 			fprintf(stderr, "ps-bench: cannot make a temporary secret for --local\n");
+			remove_temp_keys();
 			return 1;
 		}
 		pids = start_local(cfg, argv[0], cfgpath);
 		if (!pids) {
 			fprintf(stderr, "ps-bench: cannot start local servers\n");
+			remove_temp_keys();
 			return 1;
 		}
 	}
@@ -661,8 +691,7 @@ rows_ready:
 				o.seconds < 2 ? o.seconds : 2, &bw, &dummy);
 		rc = ps_bench_rows_run(cfg, &o.rows, bw, stdout) ? 1 : 0;
 		stop_local(cfg, pids, cfgpath);
-		if (secretpath[0])
-			unlink(secretpath);
+		remove_temp_keys();
 		free(cfg);
 		return rc;
 	}
@@ -697,8 +726,7 @@ rows_ready:
 		}
 	}
 	stop_local(cfg, pids, cfgpath);
-	if (secretpath[0])
-		unlink(secretpath);
+	remove_temp_keys();
 
 	uint64_t ops = 0;
 	size_t nlat = 0;

@@ -513,12 +513,13 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 			fprintf(f, "%s{\"name\":", t ? "," : "");
 			json_str(f, ts->name);
 			fprintf(f, ",\"dim\":%u,\"rows\":%" PRIu64 ",\"bytes\":%" PRIu64
-				",\"admitted\":%" PRIu64 ",\"evicted\":%" PRIu64 ",\"expired\":%" PRIu64
+				",\"admitted\":%" PRIu64 ",\"evicted\":%" PRIu64 ",\"cap_rows\":%"
+				PRIu64 ",\"expired\":%" PRIu64
 				",\"filter_ids\":%" PRIu64 ",\"filter_bytes\":%" PRIu64
 				",\"filter_lookups\":%" PRIu64 ",\"filter_hits\":%" PRIu64
 				",\"pulled_rows\":%" PRIu64 ",\"pushed_rows\":%" PRIu64
 				",\"version\":%" PRIu64 "}", ts->dim, ts->rows, ts->bytes, ts->admitted,
-				ts->evicted, ts->expired, ts->filter_ids, ts->filter_bytes,
+				ts->evicted, ts->cap_rows, ts->expired, ts->filter_ids, ts->filter_bytes,
 				ts->filter_lookups, ts->filter_hits, ts->pulled_rows, ts->pushed_rows,
 				ts->version);
 		}

@@ -92,6 +92,7 @@ struct ps_table_stats {
 	char name[64];
 	unsigned dim;
 	uint64_t rows, bytes, admitted, evicted, expired;
+	uint64_t cap_rows;         /* rows the shard keeps at most (evicted past it) */
 	uint64_t filter_ids, filter_bytes, filter_lookups, filter_hits;
 	uint64_t pulled_rows, pushed_rows, version;
 };

@@ -183,6 +183,7 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 		ts->bytes = t->bytes;
 		ts->admitted = t->admitted;
 		ts->evicted = t->evicted;
+		ts->cap_rows = t->cap_rows;
 		ts->expired = t->expired;
 		ts->filter_ids = t->filter_ids;
 		ts->filter_bytes = t->filter_bytes;
