@@ -36,9 +36,17 @@ def find_libps():
 
 
 incs, libdirs = find_libps()
+# Rebuilt whenever a header it reads changed, not only its .c files: the
+# structs of ps_client.h (ps_shard_stats) are filled by libps.so, and an
+# extension left compiled against an older layout writes past its buffers.
+HEADERS = [os.path.join(d, h) for d in incs for h in ("ps_client.h", "ps_err.h")
+           if os.path.exists(os.path.join(d, h))]
+HEADERS += [os.path.join("src", f) for f in sorted(os.listdir(os.path.join(HERE, "src")))
+            if f.endswith(".h")]
 ext = Extension(
     "ps._ps",
     sources=[os.path.join("src", f) for f in ("pyps.c", "client.c", "arrays.c", "handle.c", "stats.c")],
+    depends=HEADERS,
     include_dirs=incs,
     library_dirs=libdirs,
     runtime_library_dirs=libdirs,

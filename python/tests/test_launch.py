@@ -2,6 +2,7 @@
 command as each worker with PS_CONFIG and PS_RANK set (the package reads
 them); ps.sbatch --worker-cmd puts them on each worker's srun line."""
 import os
+import shlex
 import subprocess
 import sys
 
@@ -89,6 +90,14 @@ def test_ps_cluster_worker_cmd_dry_run(tmp_path):
     lines = [ln for ln in p.stdout.splitlines() if "ps-worker" in ln]
     assert len(lines) == 2, p.stdout
     for r, ln in enumerate(lines):
-        assert f" w{r + 1} " in ln, ln
-        assert f"ps-worker --config {hosts} --rank {r} --exec " in ln, ln
-        assert "--exec python3\\ train.py;" in ln, ln
+        # ssh ... -- HOST SCRIPT; SCRIPT runs `nohup sh -c INNER`, each level
+        # quoted for POSIX sh: unquote them as the remote shells will
+        words = shlex.split(ln)
+        assert words[words.index("--") + 1] == f"w{r + 1}", ln
+        script = shlex.split(words[-1])
+        lex = shlex.shlex(script[script.index("-c") + 1], posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        inner = list(lex)
+        cmd = inner[:inner.index(";")] if ";" in inner else inner
+        assert cmd[0].endswith("/ps-worker"), inner
+        assert cmd[1:] == ["--config", str(hosts), "--rank", str(r), "--exec", "python3 train.py"], inner
