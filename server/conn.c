@@ -113,6 +113,43 @@ static void make_room(struct ps_server *s, const char *peer)
 	victim->conn->t->ops->close(victim->conn, PS_EREFUSED);
 }
 
+/* ---- failed authentications: logged, at most PS_AUTH_LOG_BURST lines a
+ * window, so that a flood of wrong proofs cannot fill the disk; the rest
+ * are counted (auth_failures) and summed up once the window ends. */
+
+#define PS_AUTH_LOG_BURST 5
+#define PS_AUTH_LOG_WINDOW_S 60.0
+
+/* The window ended: one line for the failures it did not log. */
+static void auth_log_flush(struct ps_server *s, double now)
+{
+	if (now - s->authlog_since < PS_AUTH_LOG_WINDOW_S)
+		return;
+	if (s->authlog_quiet)
+		ps_warn("%" PRIu64 " more failed authentications in the last %.0f s were not logged "
+			"(the last from %s; ps_auth_failures_total counts them all)",
+			s->authlog_quiet, now - s->authlog_since, s->authlog_last);
+	s->authlog_since = now;
+	s->authlog_lines = 0;
+	s->authlog_quiet = 0;
+}
+
+static void auth_log(struct ps_server *s, const char *peer, const char *why)
+{
+	double now = ps_now_s();
+
+	auth_log_flush(s, now);
+	snprintf(s->authlog_last, sizeof(s->authlog_last), "%s", peer);
+	if (s->authlog_lines < PS_AUTH_LOG_BURST) {
+		s->authlog_lines++;
+		ps_warn("authentication failed for %s: %s%s", peer, why,
+			s->authlog_lines == PS_AUTH_LOG_BURST ? "; more failures within the next "
+			"minute are counted but not logged one by one" : "");
+		return;
+	}
+	s->authlog_quiet++;
+}
+
 static void refuse(struct ps_srv_conn *sc, const char *err)
 {
 	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
@@ -128,6 +165,45 @@ static void refuse(struct ps_srv_conn *sc, const char *err)
 	if (ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_STABLE,
 			close_after_send, NULL))
 		sc->conn->t->ops->close(sc->conn, PS_EREFUSED);
+}
+
+/* Another ready connection holds sc's rank. The same process reconnecting
+ * (same incarnation: its old connection broke on its side), or a new
+ * process of the rank whose old connection has been silent for two of its
+ * heartbeat periods (2/3 of limits.idle_timeout_ms: its host died without
+ * closing it), takes over: the old connection is closed. A second process
+ * whose rank-mate still talks is refused naming the rank: both would train
+ * the same share of the data (async) or push one clock twice (sync).
+ * Returns 1 when sc was refused. */
+static int duplicate_rank(struct ps_server *s, struct ps_srv_conn *sc)
+{
+	double now = ps_now_s(), idle = s->cfg->limits.idle_timeout_ms / 1000.0;
+	char err[400];
+
+	for (struct ps_srv_conn *o = s->conns, *next; o; o = next) {
+		next = o->next; /* o may be gone once closed */
+		if (o == sc || o->rank != sc->rank || o->state != CONN_READY || o->is_replica ||
+		    o->evicted)
+			continue;
+		if (o->incarnation != sc->incarnation && (idle <= 0 || now - o->last_rx <=
+							   idle * 2 / 3)) {
+			snprintf(err, sizeof(err), "worker %d is connected already (from %s, heard "
+				 "from %.1f s ago): two processes with the same rank? A restarted "
+				 "worker takes over once the old one's connection closes or stays "
+				 "silent for %.0f ms (2/3 of limits.idle_timeout_ms)", sc->rank,
+				 o->conn->peer, now - o->last_rx, idle * 2000 / 3);
+			refuse(sc, err);
+			return 1;
+		}
+		ps_warn("worker %d %s from %s: closing its old connection from %s%s", sc->rank,
+			o->incarnation == sc->incarnation ? "reconnected" : "restarted",
+			sc->conn->peer, o->conn->peer, o->incarnation == sc->incarnation ? ""
+			: " (silent: its process is presumed dead)");
+		o->evicted = 1; /* not counted again while it closes */
+		s->nevicted++;
+		o->conn->t->ops->close(o->conn, PS_ECLOSED);
+	}
+	return 0;
 }
 
 /* The handshake succeeded (and authenticated when required). */
@@ -155,6 +231,8 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 		ps__repl_on_partner(s, sc);
 		return;
 	}
+	if (sc->rank >= 0 && s->connected[sc->rank] && duplicate_rank(s, sc))
+		return;
 	if (sc->rank >= 0 && !ps__repl_serving(s)) {
 		/* a backup or joining process: the worker tries the other address */
 		Ps__HelloReply no = PS__HELLO_REPLY__INIT;
@@ -336,11 +414,7 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 						   a->proof.len)
 			  : !ps_auth_proof_ok(s->secret, sc->transcript, 0, a->proof.data,
 					      a->proof.len)) {
-		ps_warn("refusing %s: authentication failed: its proof does not match (another "
-			"%s, or a replayed handshake)", sc->conn->peer, sc->repl_auth ?
-			"replication key: a replica Hello must prove security.repl_key_file, "
-			"not the cluster secret" : "secret");
-		return 1; /* counted by ps__srv_on_close */
+		return 1; /* counted and logged by ps__srv_on_close */
 	}
 	if (sc->repl_auth) {
 		/* the replication link is MACed even without security.mac: the
@@ -535,6 +609,7 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 	struct ps_srv_conn *sc = c->data;
 	struct ps_server *s;
 	struct ps_waiting_pull **pp, *p;
+	int logged = 0;
 
 	if (!sc)
 		return;
@@ -548,6 +623,23 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 	if (status == PS_EAUTH) { /* a wrong proof, or a frame failing its MAC or number */
 		s->c.auth_failures++;
 		s->c.rejected_frames++;
+		auth_log(s, c->peer, sc->state == CONN_AUTH ? sc->repl_auth ?
+			 "its proof does not match (another replication key: a replica Hello must "
+			 "prove security.repl_key_file, not the cluster secret)" : "its proof does "
+			 "not match (another secret, or a replayed handshake)" : "a frame failed its "
+			 "MAC or sequence number (another secret, or frames altered on the way)");
+	} else if (sc->state == CONN_AUTH && !sc->evicted &&
+		   (status == PS_ECLOSED || (status < 0 && status > -4096))) {
+		/* the peer hung up between the shard's proof and its own: an
+		 * honest client checks the shard's proof first, so it holds
+		 * another secret (or another replication key) */
+		s->c.auth_failures++;
+		auth_log(s, c->peer, sc->repl_auth ? "it closed the connection instead of proving "
+			 "the replication key (its security.repl_key_file differs from this "
+			 "shard's?)" : "it closed the connection instead of proving the secret (it "
+			 "holds another one: its security.secret_file or PS_SECRET_FILE differs "
+			 "from this shard's?)");
+		logged = 1;
 	}
 	for (pp = &s->waiting; (p = *pp);) {
 		if (p->sc == sc) {
@@ -566,7 +658,7 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 			status == PS_ECLOSED || status == 0 ? "closed" : ps_strerror(status), c->peer);
 		if (s->connected[sc->rank] == 0)
 			s->gone_since[sc->rank] = ps_now_s(); /* dropped by ps__srv_on_tick if it stays away */
-	} else if (status == PS_ECLOSED || (status < 0 && status > -4096)) {
+	} else if (!logged && (status == PS_ECLOSED || (status < 0 && status > -4096))) {
 		/* closed by the peer, or reset under a write: the other closes
 		 * (refusals, timeouts, protocol errors) were logged by whoever
 		 * closed, a ready worker's just above */
@@ -597,6 +689,7 @@ void ps__srv_on_tick(uv_timer_t *t)
 
 	ps__rows_tick(s, now);
 	ps__srv_ckpt_poll(s);
+	auth_log_flush(s, now);
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
 		if ((sc->state == CONN_HELLO || sc->state == CONN_AUTH) &&
 		    now - sc->accepted > limit) {

@@ -26,6 +26,7 @@
 #include "codec.h"
 #include "finite.h"
 #include "config.h"
+#include "config_agree.h"
 #include "msg.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -439,6 +440,9 @@ static Ps__Hello good_hello(int rank)
 	h.shard_map_hash = F.map.hash;
 	h.shard = 0;
 	h.incarnation = 12345;
+	static char settings[PS_AGREE_MAX];
+	ps_config_agreement(&F.cfg, settings, sizeof(settings));
+	h.settings = settings;
 	return h;
 }
 

@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include "auth.h"
 #include "config.h"
+#include "config_agree.h"
 #include "dedup.h"
 #include "frame_mac.h"
 #include "msg.h"
@@ -660,6 +661,9 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 		h.rank = 0;
 		h.shard_map_hash = map.hash;
 		h.incarnation = 98;
+		static char settings[PS_AGREE_MAX];
+		ps_config_agreement(&cfg, settings, sizeof(settings));
+		h.settings = settings;
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
 		h.auth_mac = 1;
 		p.hello_len = protobuf_c_message_get_packed_size(&h.base);

@@ -175,6 +175,7 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->rank = rank;
 	c->spin_s = cfg->limits.wait_spin_us / 1e6;
 	ps_auth_random((uint8_t *)&c->incarnation, sizeof(c->incarnation));
+	ps_config_agreement(cfg, c->settings, sizeof(c->settings));
 	if (cfg->security.auth && (rc = ps_auth_load_secret(cfg, c->secret, err, errlen))) {
 		free(c);
 		return rc;

@@ -64,6 +64,8 @@ void ps__client_on_connect(struct ps_conn *pc, int status)
 	h.shard = k;
 	h.incarnation = c->incarnation;
 	h.done_clock = c->shards[k].done_clock;
+	if (c->rank >= 0)
+		h.settings = c->settings; /* config_agree.h */
 	if (c->cfg->security.auth) {
 		ps_auth_random(nonce, sizeof(nonce));
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };

@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "auth.h"
+#include "config_agree.h"
 #include "msg.h"
 #include "ps_client.h"
 #include "shardmap.h"
@@ -129,6 +130,7 @@ struct ps_client {
 	int nready, nfailed;
 	uint8_t secret[PS_AUTH_KEY_LEN]; /* hashed cluster secret (security.auth) */
 	uint64_t incarnation;   /* random per client, the same across reconnects */
+	char settings[PS_AGREE_MAX]; /* Hello.settings (config_agree.h) */
 	char err[512];
 };
 
