@@ -288,6 +288,8 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 	r.error = "";
 	r.clock = ps__srv_resume_clock(s);
 	r.boot_id = s->boot_id;
+	r.fresh = s->c.pushes == 0 && (!s->repl || s->repl->lsn == 0);
+	r.from_checkpoint = s->ckpt_loaded;
 	if (s->repl) {
 		r.repl_state = (uint32_t)s->repl->state;
 		r.epoch = s->repl->epoch;

@@ -276,6 +276,9 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		sh->gen++;
 		if (m->clock > c->clock)
 			c->clock = m->clock; /* a shard resumed from a checkpoint */
+		sh->hello_clock = m->clock;
+		sh->fresh = m->fresh;
+		sh->from_ckpt = m->from_checkpoint;
 		c->nready++;
 		if (sh->lost_at > 0) {
 			int n = resend(c, k);
