@@ -1179,12 +1179,15 @@ START_TEST(test_resume_different_clocks)
 	static float g[N];
 	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
 	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
-	int ok = 1;
+	/* as ps-worker does: the weights at the clock it continues from
+	 * first, then the pushes */
+	int64_t q = ps_client_pull(c, at, &tw, 1);
+	int ok = q > 0 && ps_client_wait(c, q) == 0;
 	for (uint64_t k = at; k < at + 3 && ok; k++) {
 		int64_t p = ps_client_push(c, k, &tg, 1, PS_PUSH_END_CLOCK);
 		ok = p > 0 && ps_client_wait(c, p) == 0;
 	}
-	int64_t q = ok ? ps_client_pull(c, at + 3, &tw, 1) : -1;
+	q = ok ? ps_client_pull(c, at + 3, &tw, 1) : -1;
 	ok = ok && q > 0 && ps_client_wait(c, q) == 0;
 	char why[600];
 	snprintf(why, sizeof(why), "%s", ps_client_error(c));
