@@ -171,10 +171,10 @@ const struct opt cfg_opts[] = {
 	O("limits.max_queued_bytes", T_SIZE, 0, 64 * KiB, 1024 * GiB, "4GiB", NULL, C,
 	  limits.max_queued_bytes, "shard: the same for every peer together: past this many "
 	  "queued reply bytes no peer's requests are read; >= limits.max_write_queue_bytes"),
-	O("limits.drop_timeout_ms", T_INT, 0, 0, 86400000, "5000", NULL, C, limits.drop_timeout_ms,
+	O("limits.drop_timeout_ms", T_INT, 0, 0, 86400000, "0", NULL, C, limits.drop_timeout_ms,
 	  "sync/async: a worker with no connection for this long (a killed process's closes at "
 	  "once) leaves the live set, so the others go on without it; it rejoins when it "
-	  "connects again; 0 = limits.idle_timeout_ms"),
+	  "connects again; 0 = limits.idle_timeout_ms, at most 5 s"),
 	O("limits.reconnect_timeout_ms", T_INT, 0, 0, 86400000, "60000", NULL, C,
 	  limits.reconnect_timeout_ms, "client: after a lost connection, reconnect (backoff 0.1 "
 	  "to 2 s) and resend what was not answered for this long; pushes are applied exactly "

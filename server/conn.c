@@ -168,10 +168,11 @@ static void refuse(struct ps_srv_conn *sc, const char *err)
 }
 
 /* Another ready connection holds sc's rank. The same process reconnecting
- * (same incarnation: its old connection broke on its side), or a new
+ * (same incarnation: its old connection broke on its side) is accepted
+ * beside it, as before (the old one closes at the idle timeout). A new
  * process of the rank whose old connection has been silent for two of its
  * heartbeat periods (2/3 of limits.idle_timeout_ms: its host died without
- * closing it), takes over: the old connection is closed. A second process
+ * closing it) takes over: the old connection is closed. A second process
  * whose rank-mate still talks is refused naming the rank: both would train
  * the same share of the data (async) or push one clock twice (sync).
  * Returns 1 when sc was refused. */
@@ -183,10 +184,9 @@ static int duplicate_rank(struct ps_server *s, struct ps_srv_conn *sc)
 	for (struct ps_srv_conn *o = s->conns, *next; o; o = next) {
 		next = o->next; /* o may be gone once closed */
 		if (o == sc || o->rank != sc->rank || o->state != CONN_READY || o->is_replica ||
-		    o->evicted)
+		    o->evicted || o->incarnation == sc->incarnation)
 			continue;
-		if (o->incarnation != sc->incarnation && (idle <= 0 || now - o->last_rx <=
-							   idle * 2 / 3)) {
+		if (idle <= 0 || now - o->last_rx <= idle * 2 / 3) {
 			snprintf(err, sizeof(err), "worker %d is connected already (from %s, heard "
 				 "from %.1f s ago): two processes with the same rank? A restarted "
 				 "worker takes over once the old one's connection closes or stays "
@@ -195,10 +195,9 @@ static int duplicate_rank(struct ps_server *s, struct ps_srv_conn *sc)
 			refuse(sc, err);
 			return 1;
 		}
-		ps_warn("worker %d %s from %s: closing its old connection from %s%s", sc->rank,
-			o->incarnation == sc->incarnation ? "reconnected" : "restarted",
-			sc->conn->peer, o->conn->peer, o->incarnation == sc->incarnation ? ""
-			: " (silent: its process is presumed dead)");
+		ps_warn("worker %d restarted (from %s): closing its old connection from %s, "
+			"silent for %.1f s (its process is presumed dead)", sc->rank, sc->conn->peer,
+			o->conn->peer, now - o->last_rx);
 		o->evicted = 1; /* not counted again while it closes */
 		s->nevicted++;
 		o->conn->t->ops->close(o->conn, PS_ECLOSED);
@@ -587,6 +586,9 @@ err_close:
 	c->t->ops->close(c, PS_EPROTO);
 }
 
+/* limits.drop_timeout_ms 0: the idle timeout, at most this (seconds). */
+#define PS_DROP_DEFAULT_S 5.0
+
 /* A worker has had no connection for limits.drop_timeout_ms: the barrier
  * and the slowest-clock rule stop waiting for it (docs/consistency.md), so the
  * others go on. What it pushed before it went still counts. It rejoins by
@@ -630,8 +632,7 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 			 "prove security.repl_key_file, not the cluster secret)" : "its proof does "
 			 "not match (another secret, or a replayed handshake)" : "a frame failed its "
 			 "MAC or sequence number (another secret, or frames altered on the way)");
-	} else if (sc->state == CONN_AUTH && !sc->evicted &&
-		   (status == PS_ECLOSED || (status < 0 && status > -4096))) {
+	} else if (sc->state == CONN_AUTH && !sc->evicted && status == PS_ECLOSED) {
 		/* the peer hung up between the shard's proof and its own: an
 		 * honest client checks the shard's proof first, so it holds
 		 * another secret (or another replication key) */
@@ -724,7 +725,11 @@ void ps__srv_on_tick(uv_timer_t *t)
 	ps__repl_tick(s);
 	if (!ps__repl_serving(s))
 		return; /* a backup's barriers are its primary's */
-	double drop = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0 : idle;
+	/* a closed connection is known at once: a killed worker stops the
+	 * others for the drop timeout, by default the idle one but at most
+	 * PS_DROP_DEFAULT_S (a worker restarted later rejoins all the same) */
+	double drop = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0
+			: idle > 0 && idle < PS_DROP_DEFAULT_S ? idle : PS_DROP_DEFAULT_S;
 	for (int r = 0; drop > 0 && r < s->cfg->nworkers; r++)
 		if (s->live[r] && !s->connected[r] && s->gone_since[r] > 0 &&
 		    now - s->gone_since[r] > drop)

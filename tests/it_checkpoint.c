@@ -13,6 +13,8 @@
 #include <math.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
 #include <zlib.h>
 #include "config.h"
 #include "ps_time.h"
@@ -1205,6 +1207,36 @@ START_TEST(test_resume_different_clocks)
 }
 END_TEST
 
+/* GET /metrics from 127.0.0.1:port (HTTP/1.0): the whole answer into out. */
+static void get_metrics(int port, char *out, size_t n)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	const char *req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	size_t got = 0;
+	ssize_t k;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	while (got + 1 < n && (k = read(fd, out + got, n - 1 - got)) > 0)
+		got += (size_t)k;
+	out[got] = 0;
+	close(fd);
+}
+
+/* The value of the sample `name ` in a /metrics page; -1 when absent. */
+static double sample(const char *text, const char *name)
+{
+	char pat[100];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\n%s ", name);
+	p = strstr(text, pat);
+	return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
 /* Checkpoints that stop (the folder gone: a full disk fails alike) are
  * seen in the stats, /metrics and ps-stat: the age of the last good one
  * grows, failures are counted, ps-stat flags the shard once the age passes
@@ -1218,7 +1250,9 @@ START_TEST(test_checkpoint_health)
 	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	path[0] = 0;
-	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  every_s: 1\n", dir);
+	int hp = tu_free_port();
+	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  every_s: 1\nstats:\n  http: "
+		 "127.0.0.1:%d\n", dir, hp);
 	write_cfg_extra(p0, p1, extra);
 	srv[0] = tu_start_server(path, 0);
 	srv[1] = tu_start_server(path, 1);
@@ -1256,6 +1290,11 @@ START_TEST(test_checkpoint_health)
 	snprintf(cmd, sizeof(cmd), "bin/ps-stat --config %s --json 2>&1", path);
 	ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 0);
 	ck_assert_msg(strstr(out, "\"checkpoint_stale\":true"), "%s", out);
+	static char page[65536];
+	get_metrics(hp, page, sizeof(page));
+	ck_assert_msg(sample(page, "ps_checkpoint_age_seconds") > 2.0 &&
+		      sample(page, "ps_checkpoint_failures_total") >= 2 &&
+		      sample(page, "ps_checkpoint_every_seconds") == 1, "%s", page);
 	ps_client_free(c);
 	/* the stop's checkpoint fails too: the shards exit 1, saying why */
 	ck_assert_int_eq(tu_stop_server(srv[0]), 1);

@@ -29,6 +29,7 @@
 #include "config_agree.h"
 #include "msg.h"
 #include "ps_client.h"
+#include "ps_client_int.h" /* the honest worker's incarnation */
 #include "ps_err.h"
 #include "shardmap.h"
 #include "test_util.h"
@@ -439,7 +440,9 @@ static Ps__Hello good_hello(int rank)
 	h.rank = rank;
 	h.shard_map_hash = F.map.hash;
 	h.shard = 0;
-	h.incarnation = 12345;
+	/* the honest worker's process (as a reconnect of it): another live
+	 * process of rank 0 would be refused as a duplicate */
+	h.incarnation = F.c ? F.c->incarnation : 12345;
 	static char settings[PS_AGREE_MAX];
 	ps_config_agreement(&F.cfg, settings, sizeof(settings));
 	h.settings = settings;
