@@ -20,6 +20,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sodium.h>
+#include "auth.h"
 #include "config_agree.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -89,6 +91,69 @@ size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len)
 	return at;
 }
 
+/* The form of one value on the wire: itself, or with key "#" and 16 hex
+ * digits of a BLAKE2b keyed with the cluster secret over "name=value", so
+ * that the Hello, sent before any encryption, shows no hyper-parameter to
+ * a listener and lets nobody without the secret test guesses. */
+static void wire_value(const uint8_t *key, const char *line, size_t linelen, const char *v,
+		       size_t vlen, char *out, size_t outlen)
+{
+	uint8_t h[8];
+
+	if (!key) {
+		snprintf(out, outlen, "%.*s", (int)vlen, v);
+		return;
+	}
+	crypto_generichash_state st;
+
+	/* its own domain: no other use of the secret hashes these bytes */
+	crypto_generichash_init(&st, key, PS_AUTH_KEY_LEN, sizeof(h));
+	crypto_generichash_update(&st, (const uint8_t *)"ps settings\0", 12);
+	crypto_generichash_update(&st, (const uint8_t *)line, linelen);
+	crypto_generichash_final(&st, h, sizeof(h));
+	snprintf(out, outlen, "#%02x%02x%02x%02x%02x%02x%02x%02x", h[0], h[1], h[2], h[3], h[4],
+		 h[5], h[6], h[7]);
+}
+
+size_t ps_config_agreement_wire(const char *plain, const uint8_t *key, char *out, size_t len)
+{
+	size_t at = 0;
+
+	if (!len)
+		return 0;
+	out[0] = 0;
+	for (const char *s = plain; *s;) {
+		const char *eq = strchr(s, '='), *nl = strchr(s, '\n');
+		char v[PS_AGREE_MAX];
+
+		if (!eq || !nl || eq > nl)
+			break;
+		wire_value(key, s, (size_t)(nl - s), eq + 1, (size_t)(nl - eq) - 1, v, sizeof(v));
+		put(out, len, &at, "%.*s=%s\n", (int)(eq - s), s, v);
+		s = nl + 1;
+	}
+	return at;
+}
+
+void ps_config_agreement_own(const char *plain, const char *refusal, char *out, size_t len)
+{
+	const char *colon = strchr(refusal, ':');
+	size_t keylen = colon ? (size_t)(colon - refusal) : 0;
+
+	out[0] = 0;
+	for (const char *s = plain; keylen && *s;) {
+		const char *eq = strchr(s, '='), *nl = strchr(s, '\n');
+
+		if (!eq || !nl || eq > nl)
+			break;
+		if ((size_t)(eq - s) == keylen && memcmp(s, refusal, keylen) == 0) {
+			snprintf(out, len, "; this worker has %.*s", (int)(nl - eq) - 1, eq + 1);
+			return;
+		}
+		s = nl + 1;
+	}
+}
+
 /* The value of key (keylen bytes, "key=" included) in lines s (n bytes);
  * NULL when absent. *vlen gets its length. */
 static const char *value_of(const char *s, size_t n, const char *key, size_t keylen,
@@ -109,8 +174,8 @@ static const char *value_of(const char *s, size_t n, const char *key, size_t key
 	return NULL;
 }
 
-int ps_config_agreement_diff(const char *mine, const char *theirs, size_t theirs_len,
-			     int shard, int own_only, char *err, size_t errlen)
+int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *theirs,
+			     size_t theirs_len, int shard, char *err, size_t errlen)
 {
 	const char *s = mine;
 
@@ -124,25 +189,28 @@ int ps_config_agreement_diff(const char *mine, const char *theirs, size_t theirs
 		const char *eq = strchr(s, '='), *nl = strchr(s, '\n');
 		size_t keylen, vlen = 0, mylen;
 		const char *v;
-		char said[100];
+		char said[100], want[PS_AGREE_MAX];
 
 		if (!eq || !nl || eq > nl)
 			break;
 		keylen = (size_t)(eq - s) + 1;
-		mylen = (size_t)(nl - eq) - 1;
+		wire_value(key, s, (size_t)(nl - s), eq + 1, (size_t)(nl - eq) - 1, want,
+			   sizeof(want));
+		mylen = strlen(want);
 		v = value_of(theirs, theirs_len, s, keylen, &vlen);
-		if (!v || vlen != mylen || memcmp(v, eq + 1, mylen) != 0) {
-			/* the peer's bytes, escaped: no terminal codes into logs */
-			if (v)
+		if (!v || vlen != mylen || memcmp(v, want, mylen) != 0) {
+			if (key || !v)
+				/* digests: the worker names its own value (it knows it) */
+				snprintf(err, errlen, "%.*s: shard %d has %.*s%s; the two configs must "
+					 "agree", (int)keylen - 1, s, shard, (int)(nl - eq) - 1, eq + 1,
+					 v ? "" : ", the worker sent none");
+			else {
+				/* the peer's bytes, escaped: no terminal codes into logs */
 				ps_log_escape(said, sizeof(said), v, vlen);
-			if (own_only)
-				snprintf(err, errlen, "%.*s: the worker has %s, shard %d's setting "
-					 "differs; the two configs must agree", (int)keylen - 1, s,
-					 v ? said : "nothing", shard);
-			else
 				snprintf(err, errlen, "%.*s: the worker has %s, shard %d has %.*s; the "
-					 "two configs must agree", (int)keylen - 1, s,
-					 v ? said : "nothing", shard, (int)mylen, eq + 1);
+					 "two configs must agree", (int)keylen - 1, s, said, shard,
+					 (int)(nl - eq) - 1, eq + 1);
+			}
 			return PS_ECONFIG;
 		}
 		s = nl + 1;

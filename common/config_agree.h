@@ -12,6 +12,7 @@
 #define PS_CONFIG_AGREE_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "config.h"
 
 /* Room for the lines of ps_config_agreement. */
@@ -21,12 +22,23 @@
  * least PS_AGREE_MAX). Returns the length written. */
 size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len);
 
-/* Compares a peer's lines (theirs, as received: untrusted, any bytes) with
- * mine. 0 when they agree; else PS_ECONFIG with the first key that differs
- * and both values in err ("KEY: the worker has A, shard N has B"). With
- * own_only the shard's value is left out (for a peer that has not proved
- * the secret yet: docs/security.md). */
-int ps_config_agreement_diff(const char *mine, const char *theirs, size_t theirs_len,
-			     int shard, int own_only, char *err, size_t errlen);
+/* The lines as sent (Hello.settings): with key (the hashed cluster
+ * secret, security.auth) each value is replaced by "#" and a keyed digest
+ * of its line, so the Hello shows no setting to a listener; with key NULL
+ * (no secret to key it with) the values themselves. Returns the length. */
+size_t ps_config_agreement_wire(const char *plain, const uint8_t *key, char *out, size_t len);
+
+/* Compares a peer's lines as sent (theirs: untrusted, any bytes) with
+ * mine (plain lines, made wire form with key as above). 0 when they agree;
+ * else PS_ECONFIG with the first key that differs in err: "KEY: shard N has
+ * B" (digests: the worker adds its own value, ps_config_agreement_own), or
+ * "KEY: the worker has A, shard N has B" (plain values). The shard's value
+ * may be told only to a peer that proved the secret (docs/security.md). */
+int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *theirs,
+			     size_t theirs_len, int shard, char *err, size_t errlen);
+
+/* A refusal of ps_config_agreement_diff: "; this worker has A" for its key
+ * from the plain lines, or "" when it names none of them. */
+void ps_config_agreement_own(const char *plain, const char *refusal, char *out, size_t len);
 
 #endif

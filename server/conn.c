@@ -17,6 +17,7 @@
 #include <sodium.h>
 #include "ps_time.h"
 #include "auth.h"
+#include "config_agree.h"
 #include "frame_aead.h"
 #include "handshake.h"
 #include "msg.h"
@@ -308,6 +309,21 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer, how);
 }
 
+/* A worker whose cluster.workers, consistency or optimizer differs from
+ * the shard's would train on another data split or update rule without a
+ * word: its Hello's settings must match (config_agree.h), compared as
+ * digests keyed with the secret under security.auth. */
+static int settings_differ(const struct ps_server *s, const Ps__Hello *h, char *err,
+			   size_t errlen)
+{
+	char mine[PS_AGREE_MAX];
+
+	ps_config_agreement(s->cfg, mine, sizeof(mine));
+	return ps_config_agreement_diff(mine, s->cfg->security.auth ? s->secret : NULL,
+					h->settings ? h->settings : "",
+					h->settings ? strlen(h->settings) : 0, s->shard, err, errlen);
+}
+
 /* hello is the Hello's metadata as received: the transcript covers it. */
 static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Hello *h,
 			 const uint8_t *hello, size_t hello_len)
@@ -318,6 +334,9 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	char err[400] = "";
 
 	int bad = ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err));
+
+	if (!bad && h->role == PS__ROLE__ROLE_WORKER)
+		bad = settings_differ(s, h, err, sizeof(err));
 
 	if (bad && (h->protocol_version != PS_PROTOCOL_VERSION || !sec->auth)) {
 		/* another protocol version (public, and the handshake may differ),
@@ -613,7 +632,6 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 	struct ps_srv_conn *sc = c->data;
 	struct ps_server *s;
 	struct ps_waiting_pull **pp, *p;
-	int logged = 0;
 
 	if (!sc)
 		return;
@@ -642,7 +660,6 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 			 "shard's?)" : "it closed the connection instead of proving the secret (it "
 			 "holds another one: its security.secret_file or PS_SECRET_FILE differs "
 			 "from this shard's?)");
-		logged = 1;
 	}
 	for (pp = &s->waiting; (p = *pp);) {
 		if (p->sc == sc) {
@@ -661,7 +678,7 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 			status == PS_ECLOSED || status == 0 ? "closed" : ps_strerror(status), c->peer);
 		if (s->connected[sc->rank] == 0)
 			s->gone_since[sc->rank] = ps_now_s(); /* dropped by ps__srv_on_tick if it stays away */
-	} else if (!logged && (status == PS_ECLOSED || (status < 0 && status > -4096))) {
+	} else if (status == PS_ECLOSED || (status < 0 && status > -4096)) {
 		/* closed by the peer, or reset under a write: the other closes
 		 * (refusals, timeouts, protocol errors) were logged by whoever
 		 * closed, a ready worker's just above */

@@ -1,24 +1,9 @@
 /* handshake.c - whether a shard accepts a client's Hello (handshake.h). */
 #include <inttypes.h>
 #include <stdio.h>
-#include <string.h>
-#include "config_agree.h"
 #include "handshake.h"
 #include "ps_err.h"
 #include "wire.h"
-
-/* A worker whose cluster.workers, consistency or optimizer differs from
- * the shard's would train on another data split or update rule without a
- * word: its Hello's settings must match (config_agree.h). */
-static int settings_differ(const struct ps_config *cfg, int shard, const Ps__Hello *h, char *err,
-			   size_t errlen)
-{
-	char mine[PS_AGREE_MAX];
-
-	ps_config_agreement(cfg, mine, sizeof(mine));
-	return ps_config_agreement_diff(mine, h->settings ? h->settings : "",
-					h->settings ? strlen(h->settings) : 0, shard, 0, err, errlen);
-}
 
 int ps_hello_check(const struct ps_config *cfg, uint64_t map_hash, int shard, const Ps__Hello *h,
 		   char *err, size_t errlen)
@@ -51,8 +36,6 @@ int ps_hello_check(const struct ps_config *cfg, uint64_t map_hash, int shard, co
 	else if (h->role != PS__ROLE__ROLE_WORKER && h->role != PS__ROLE__ROLE_STAT &&
 		 h->role != PS__ROLE__ROLE_REPLICA)
 		snprintf(err, errlen, "unknown role %d", (int)h->role);
-	else if (h->role == PS__ROLE__ROLE_WORKER && settings_differ(cfg, shard, h, err, errlen))
-		; /* err says which setting */
 	else if (h->done_clock >= PS_MAX_CLOCK)
 		/* the shard adopts it as the worker's finished clock: bounded so
 		 * that no clock arithmetic built on it can wrap */

@@ -314,6 +314,8 @@ START_TEST(test_rejoin_at_told_clock)
 	/* a's slices are at 4 now, b's at 3 */
 	w1 = join_ok(&o.cfg, 1);
 	ck_assert_uint_eq(ps_client_clock(w1), 3);
+	/* the shard kept running: no checkpoint to claim (ps-worker says so) */
+	ck_assert_msg(!ps_client_from_checkpoint(w1), "clock 3 taken for a checkpoint");
 	p = ps_client_push(w1, 3, gab, 2, PS_PUSH_END_CLOCK);
 	ck_assert_msg(ps_client_wait(w1, p) == 0, "the rejoined worker's push at the clock it was "
 		      "told: %s", ps_client_error(w1));

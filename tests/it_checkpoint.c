@@ -1177,6 +1177,7 @@ START_TEST(test_resume_different_clocks)
 	srv[1] = tu_start_server(path, 1);
 	c = connect_retry(0);
 	uint64_t at = ps_client_clock(c);
+	ck_assert(ps_client_from_checkpoint(c));
 	/* the run goes on from the newest clock */
 	static float g[N];
 	struct ps_tensor tg = { .name = "a", .data = g, .count = N };

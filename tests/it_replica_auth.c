@@ -210,7 +210,7 @@ struct peer {
 	int keyed;
 	struct ps_frame_keys keys;
 	uint64_t sseq, rseq;
-	uint8_t hello[512];
+	uint8_t hello[2048];
 	size_t hello_len;
 };
 
@@ -661,8 +661,9 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 		h.rank = 0;
 		h.shard_map_hash = map.hash;
 		h.incarnation = 98;
-		static char settings[PS_AGREE_MAX];
-		ps_config_agreement(&cfg, settings, sizeof(settings));
+		static char plain[PS_AGREE_MAX], settings[PS_AGREE_MAX];
+		ps_config_agreement(&cfg, plain, sizeof(plain));
+		ps_config_agreement_wire(plain, secret, settings, sizeof(settings));
 		h.settings = settings;
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
 		h.auth_mac = 1;

@@ -229,11 +229,14 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->rank = rank;
 	c->spin_s = cfg->limits.wait_spin_us / 1e6;
 	ps_auth_random((uint8_t *)&c->incarnation, sizeof(c->incarnation));
-	ps_config_agreement(cfg, c->settings, sizeof(c->settings));
+	ps_config_agreement(cfg, c->settings_plain, sizeof(c->settings_plain));
 	if (cfg->security.auth && (rc = ps_auth_load_secret(cfg, c->secret, err, errlen))) {
 		free(c);
 		return rc;
 	}
+	/* as sent: digests keyed with the secret (config_agree.h) */
+	ps_config_agreement_wire(c->settings_plain, cfg->security.auth ? c->secret : NULL,
+				 c->settings, sizeof(c->settings));
 	c->shards = calloc((size_t)cfg->nshards, sizeof(*c->shards));
 	c->resid = calloc((size_t)(cfg->ntensors > 0 ? cfg->ntensors : 1), sizeof(*c->resid));
 	if (!c->shards || !c->resid) {

@@ -260,10 +260,15 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		return;
 	}
 	if (!m->ok) {
+		char own[120];
+
+		/* a setting that differs: the shard names its value, this
+		 * process adds its own (config_agree.h) */
+		ps_config_agreement_own(c->settings_plain, said, own, sizeof(own));
 		sh->state = SH_FAILED;
 		sh->status = PS_EREFUSED;
-		snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d) refused the handshake: %s", k,
-			 c->cfg->shards[k].host, c->cfg->shards[k].port, said);
+		snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d) refused the handshake: %s%s", k,
+			 c->cfg->shards[k].host, c->cfg->shards[k].port, said, own);
 		c->nfailed++;
 	} else {
 		struct ps_wire_limits lim = {

@@ -132,7 +132,8 @@ struct ps_client {
 	int nready, nfailed;
 	uint8_t secret[PS_AUTH_KEY_LEN]; /* hashed cluster secret (security.auth) */
 	uint64_t incarnation;   /* random per client, the same across reconnects */
-	char settings[PS_AGREE_MAX]; /* Hello.settings (config_agree.h) */
+	char settings[PS_AGREE_MAX]; /* Hello.settings as sent (config_agree.h) */
+	char settings_plain[PS_AGREE_MAX]; /* ... and their values */
 	char err[512];
 };
 
