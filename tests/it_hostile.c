@@ -2465,7 +2465,7 @@ START_TEST(test_reset_under_write)
 	ck_assert_uint_eq(wait_connections(2, 2000), 2); /* accepted: the shard has its socket */
 	Ps__Hello h = good_hello(0);
 	mlen = protobuf_c_message_get_packed_size(&h.base);
-	uint8_t meta[512];
+	uint8_t meta[2048];
 	protobuf_c_message_pack(&h.base, meta);
 	b = raw_frame(fd, PS_MSG_HELLO, meta, mlen, NULL, 0, &len);
 	reset_under_write(fd, b, len, "challenge", "closed during the handshake");
