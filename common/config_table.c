@@ -160,9 +160,10 @@ const struct opt cfg_opts[] = {
 	O("limits.max_handshakes_per_source", T_INT, 0, 1, 100000, "8", NULL, C,
 	  limits.max_handshakes_per_source, "the same from one address: a new one past it "
 	  "closes that address's oldest"),
-	O("limits.idle_timeout_ms", T_INT, 0, 0, 86400000, "60000", NULL, C,
+	O("limits.idle_timeout_ms", T_INT, 0, 0, 86400000, "30000", NULL, C,
 	  limits.idle_timeout_ms, "a connection that sends nothing for this long is closed; "
-	  "clients send heartbeats every third of it, so only dead or hung peers hit it; 0 = never"),
+	  "clients send heartbeats every third of it, so only dead or hung peers hit it (a "
+	  "host lost without closing its connections); 0 = never"),
 	O("limits.max_write_queue_bytes", T_SIZE, 0, 64 * KiB, 64 * GiB, "1GiB", NULL, C,
 	  limits.max_write_queue, "shard: while more reply bytes than this wait for a peer, its "
 	  "requests are not read (backpressure; one that never reads is dropped after "
@@ -171,8 +172,9 @@ const struct opt cfg_opts[] = {
 	  limits.max_queued_bytes, "shard: the same for every peer together: past this many "
 	  "queued reply bytes no peer's requests are read; >= limits.max_write_queue_bytes"),
 	O("limits.drop_timeout_ms", T_INT, 0, 0, 86400000, "0", NULL, C, limits.drop_timeout_ms,
-	  "sync/async: a worker with no connection for this long leaves the live set, so the "
-	  "others go on without it; 0 = limits.idle_timeout_ms"),
+	  "sync/async: a worker with no connection for this long (a killed process's closes at "
+	  "once) leaves the live set, so the others go on without it; it rejoins when it "
+	  "connects again; 0 = limits.idle_timeout_ms, at most 5 s"),
 	O("limits.reconnect_timeout_ms", T_INT, 0, 0, 86400000, "60000", NULL, C,
 	  limits.reconnect_timeout_ms, "client: after a lost connection, reconnect (backoff 0.1 "
 	  "to 2 s) and resend what was not answered for this long; pushes are applied exactly "

@@ -4,6 +4,7 @@
  * Prometheus page renders the same counters in metrics_http.c).
  */
 #define _GNU_SOURCE /* close_range */
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
@@ -33,8 +34,10 @@ static void ckpt_written(struct ps_server *s, int rc, uint32_t seq, const struct
 {
 	if (rc) {
 		s->ckpt_have_base = 0;
+		s->ckpt_failures++;
 		return;
 	}
+	s->ckpt_last_ok = ps_now_s();
 	if (seq) {
 		s->ckpt_seq = seq;
 		return;
@@ -276,6 +279,7 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 		ps_checkpoint_image_free(&j->img);
 		free(j);
 		s->ckpt_have_base = 0; /* the changes it took are not marked any more */
+		s->ckpt_failures++;
 		return rc < 0 ? rc : -rc;
 	}
 	s->ckpt_job = j;
@@ -326,8 +330,37 @@ static void checkpoint_request(struct ps_server *s, struct ps_srv_conn *sc,
 	send_stats(s, sc, m->req_id, NULL, rc, err);
 }
 
+/* A worker found the other shards resumed at a newer clock than this
+ * fresh one (HelloReply.fresh): without this, its pushes would wait at
+ * this shard's clock for clocks nobody will push again (a deadlock). Every
+ * worker's finished clock moves up to the others' clock, so the slices'
+ * versions do too; the updates of the clocks between, which this shard's
+ * checkpoint did not hold, are lost, and the log says so once. */
+static void bring_forward(struct ps_server *s, struct ps_srv_conn *sc, uint64_t clock)
+{
+	uint64_t from = ps__srv_resume_clock(s);
+
+	if (clock <= from || clock >= PS_MAX_CLOCK || s->c.pushes)
+		return; /* another worker did it already, or the shard has moved on */
+	for (int r = 0; r < s->cfg->nworkers; r++)
+		if (s->finished[r] < clock) {
+			s->finished[r] = clock;
+			ps__repl_note_finished(s, r);
+		}
+	ps_store_advance(&s->store);
+	ps__rows_advance(s);
+	if (s->waiting)
+		ps__srv_answer_pulls(s);
+	ps_warn("resumed at clock %" PRIu64 " but the other shards' checkpoints are at clock %"
+		PRIu64 " (worker %d found): brought forward to %" PRIu64 "; this shard's updates "
+		"of clocks %" PRIu64 "..%" PRIu64 " are lost (they came after its checkpoint)", from,
+		clock, sc->rank, ps__srv_resume_clock(s), from, clock - 1);
+}
+
 void ps__srv_handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m)
 {
+	if (m->resume_clock && sc->rank >= 0)
+		bring_forward(s, sc, m->resume_clock);
 	if (m->checkpoint)
 		checkpoint_request(s, sc, m);
 	else
@@ -384,6 +417,12 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	st.rejected_frames = s->c.rejected_frames;
 	st.auth_failures = s->c.auth_failures;
 	st.duplicate_pushes = s->c.duplicate_pushes;
+	if (s->ckpt_path[0]) {
+		st.checkpoint_on = 1;
+		st.checkpoint_age_s = ps_now_s() - (s->ckpt_last_ok ? s->ckpt_last_ok : s->started);
+		st.checkpoint_failures = s->ckpt_failures;
+		st.checkpoint_every_s = (uint32_t)s->cfg->checkpoint.every_s;
+	}
 	st.connections = (uint32_t)s->nconns;
 	if (s->transport->ops->queue_stats) {
 		struct ps_queue_stats q;

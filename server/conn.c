@@ -17,6 +17,7 @@
 #include <sodium.h>
 #include "ps_time.h"
 #include "auth.h"
+#include "config_agree.h"
 #include "frame_aead.h"
 #include "handshake.h"
 #include "msg.h"
@@ -113,6 +114,43 @@ static void make_room(struct ps_server *s, const char *peer)
 	victim->conn->t->ops->close(victim->conn, PS_EREFUSED);
 }
 
+/* ---- failed authentications: logged, at most PS_AUTH_LOG_BURST lines a
+ * window, so that a flood of wrong proofs cannot fill the disk; the rest
+ * are counted (auth_failures) and summed up once the window ends. */
+
+#define PS_AUTH_LOG_BURST 5
+#define PS_AUTH_LOG_WINDOW_S 60.0
+
+/* The window ended: one line for the failures it did not log. */
+static void auth_log_flush(struct ps_server *s, double now)
+{
+	if (now - s->authlog_since < PS_AUTH_LOG_WINDOW_S)
+		return;
+	if (s->authlog_quiet)
+		ps_warn("%" PRIu64 " more failed authentications in the last %.0f s were not logged "
+			"(the last from %s; ps_auth_failures_total counts them all)",
+			s->authlog_quiet, now - s->authlog_since, s->authlog_last);
+	s->authlog_since = now;
+	s->authlog_lines = 0;
+	s->authlog_quiet = 0;
+}
+
+static void auth_log(struct ps_server *s, const char *peer, const char *why)
+{
+	double now = ps_now_s();
+
+	auth_log_flush(s, now);
+	snprintf(s->authlog_last, sizeof(s->authlog_last), "%s", peer);
+	if (s->authlog_lines < PS_AUTH_LOG_BURST) {
+		s->authlog_lines++;
+		ps_warn("authentication failed for %s: %s%s", peer, why,
+			s->authlog_lines == PS_AUTH_LOG_BURST ? "; more failures within the next "
+			"minute are counted but not logged one by one" : "");
+		return;
+	}
+	s->authlog_quiet++;
+}
+
 static void refuse(struct ps_srv_conn *sc, const char *err)
 {
 	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
@@ -128,6 +166,44 @@ static void refuse(struct ps_srv_conn *sc, const char *err)
 	if (ps_msg_send(sc->conn, PS_MSG_HELLO_REPLY, &r.base, NULL, 0, PS_SEND_STABLE,
 			close_after_send, NULL))
 		sc->conn->t->ops->close(sc->conn, PS_EREFUSED);
+}
+
+/* Another ready connection holds sc's rank. The same process reconnecting
+ * (same incarnation: its old connection broke on its side) is accepted
+ * beside it, as before (the old one closes at the idle timeout). A new
+ * process of the rank whose old connection has been silent for two of its
+ * heartbeat periods (2/3 of limits.idle_timeout_ms: its host died without
+ * closing it) takes over: the old connection is closed. A second process
+ * whose rank-mate still talks is refused naming the rank: both would train
+ * the same share of the data (async) or push one clock twice (sync).
+ * Returns 1 when sc was refused. */
+static int duplicate_rank(struct ps_server *s, struct ps_srv_conn *sc)
+{
+	double now = ps_now_s(), idle = s->cfg->limits.idle_timeout_ms / 1000.0;
+	char err[400];
+
+	for (struct ps_srv_conn *o = s->conns, *next; o; o = next) {
+		next = o->next; /* o may be gone once closed */
+		if (o == sc || o->rank != sc->rank || o->state != CONN_READY || o->is_replica ||
+		    o->evicted || o->incarnation == sc->incarnation)
+			continue;
+		if (idle <= 0 || now - o->last_rx <= idle * 2 / 3) {
+			snprintf(err, sizeof(err), "worker %d is connected already (from %s, heard "
+				 "from %.1f s ago): two processes with the same rank? A restarted "
+				 "worker takes over once the old one's connection closes or stays "
+				 "silent for %.0f ms (2/3 of limits.idle_timeout_ms)", sc->rank,
+				 o->conn->peer, now - o->last_rx, idle * 2000 / 3);
+			refuse(sc, err);
+			return 1;
+		}
+		ps_warn("worker %d restarted (from %s): closing its old connection from %s, "
+			"silent for %.1f s (its process is presumed dead)", sc->rank, sc->conn->peer,
+			o->conn->peer, now - o->last_rx);
+		o->evicted = 1; /* not counted again while it closes */
+		s->nevicted++;
+		o->conn->t->ops->close(o->conn, PS_ECLOSED);
+	}
+	return 0;
 }
 
 /* The handshake succeeded (and authenticated when required). */
@@ -155,6 +231,8 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 		ps__repl_on_partner(s, sc);
 		return;
 	}
+	if (sc->rank >= 0 && s->connected[sc->rank] && duplicate_rank(s, sc))
+		return;
 	if (sc->rank >= 0 && !ps__repl_serving(s)) {
 		/* a backup or joining process: the worker tries the other address */
 		Ps__HelloReply no = PS__HELLO_REPLY__INIT;
@@ -210,6 +288,8 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 	r.error = "";
 	r.clock = ps__srv_resume_clock(s);
 	r.boot_id = s->boot_id;
+	r.fresh = s->c.pushes == 0 && (!s->repl || s->repl->lsn == 0);
+	r.from_checkpoint = s->ckpt_loaded;
 	if (s->repl) {
 		r.repl_state = (uint32_t)s->repl->state;
 		r.epoch = s->repl->epoch;
@@ -229,6 +309,21 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 		sc->rank >= 0 ? sc->rank : 0, sc->conn->peer, how);
 }
 
+/* A worker whose cluster.workers, consistency or optimizer differs from
+ * the shard's would train on another data split or update rule without a
+ * word: its Hello's settings must match (config_agree.h), compared as
+ * digests keyed with the secret under security.auth. */
+static int settings_differ(const struct ps_server *s, const Ps__Hello *h, char *err,
+			   size_t errlen)
+{
+	char mine[PS_AGREE_MAX];
+
+	ps_config_agreement(s->cfg, mine, sizeof(mine));
+	return ps_config_agreement_diff(mine, s->cfg->security.auth ? s->secret : NULL,
+					h->settings ? h->settings : "",
+					h->settings ? strlen(h->settings) : 0, s->shard, err, errlen);
+}
+
 /* hello is the Hello's metadata as received: the transcript covers it. */
 static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Hello *h,
 			 const uint8_t *hello, size_t hello_len)
@@ -239,6 +334,9 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	char err[400] = "";
 
 	int bad = ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err));
+
+	if (!bad && h->role == PS__ROLE__ROLE_WORKER)
+		bad = settings_differ(s, h, err, sizeof(err));
 
 	if (bad && (h->protocol_version != PS_PROTOCOL_VERSION || !sec->auth)) {
 		/* another protocol version (public, and the handshake may differ),
@@ -336,11 +434,7 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 						   a->proof.len)
 			  : !ps_auth_proof_ok(s->secret, sc->transcript, 0, a->proof.data,
 					      a->proof.len)) {
-		ps_warn("refusing %s: authentication failed: its proof does not match (another "
-			"%s, or a replayed handshake)", sc->conn->peer, sc->repl_auth ?
-			"replication key: a replica Hello must prove security.repl_key_file, "
-			"not the cluster secret" : "secret");
-		return 1; /* counted by ps__srv_on_close */
+		return 1; /* counted and logged by ps__srv_on_close */
 	}
 	if (sc->repl_auth) {
 		/* the replication link is MACed even without security.mac: the
@@ -511,6 +605,9 @@ err_close:
 	c->t->ops->close(c, PS_EPROTO);
 }
 
+/* limits.drop_timeout_ms 0: the idle timeout, at most this (seconds). */
+#define PS_DROP_DEFAULT_S 5.0
+
 /* A worker has had no connection for limits.drop_timeout_ms: the barrier
  * and the slowest-clock rule stop waiting for it (docs/consistency.md), so the
  * others go on. What it pushed before it went still counts. It rejoins by
@@ -548,6 +645,21 @@ void ps__srv_on_close(struct ps_conn *c, int status)
 	if (status == PS_EAUTH) { /* a wrong proof, or a frame failing its MAC or number */
 		s->c.auth_failures++;
 		s->c.rejected_frames++;
+		auth_log(s, c->peer, sc->state == CONN_AUTH ? sc->repl_auth ?
+			 "its proof does not match (another replication key: a replica Hello must "
+			 "prove security.repl_key_file, not the cluster secret)" : "its proof does "
+			 "not match (another secret, or a replayed handshake)" : "a frame failed its "
+			 "MAC or sequence number (another secret, or frames altered on the way)");
+	} else if (sc->state == CONN_AUTH && !sc->evicted && status == PS_ECLOSED) {
+		/* the peer hung up between the shard's proof and its own: an
+		 * honest client checks the shard's proof first, so it holds
+		 * another secret (or another replication key) */
+		s->c.auth_failures++;
+		auth_log(s, c->peer, sc->repl_auth ? "it closed the connection instead of proving "
+			 "the replication key (its security.repl_key_file differs from this "
+			 "shard's?)" : "it closed the connection instead of proving the secret (it "
+			 "holds another one: its security.secret_file or PS_SECRET_FILE differs "
+			 "from this shard's?)");
 	}
 	for (pp = &s->waiting; (p = *pp);) {
 		if (p->sc == sc) {
@@ -597,6 +709,7 @@ void ps__srv_on_tick(uv_timer_t *t)
 
 	ps__rows_tick(s, now);
 	ps__srv_ckpt_poll(s);
+	auth_log_flush(s, now);
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
 		if ((sc->state == CONN_HELLO || sc->state == CONN_AUTH) &&
 		    now - sc->accepted > limit) {
@@ -629,7 +742,11 @@ void ps__srv_on_tick(uv_timer_t *t)
 	ps__repl_tick(s);
 	if (!ps__repl_serving(s))
 		return; /* a backup's barriers are its primary's */
-	double drop = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0 : idle;
+	/* a closed connection is known at once: a killed worker stops the
+	 * others for the drop timeout, by default the idle one but at most
+	 * PS_DROP_DEFAULT_S (a worker restarted later rejoins all the same) */
+	double drop = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0
+			: idle > 0 && idle < PS_DROP_DEFAULT_S ? idle : PS_DROP_DEFAULT_S;
 	for (int r = 0; drop > 0 && r < s->cfg->nworkers; r++)
 		if (s->live[r] && !s->connected[r] && s->gone_since[r] > 0 &&
 		    now - s->gone_since[r] > drop)

@@ -182,6 +182,17 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 		"Pushes resent after a reconnect and answered without applying them again.",
 		c->duplicate_pushes);
 	gauge(f, "ps_connections", "Open connections.", s->nconns);
+	if (s->ckpt_path[0]) {
+		/* an alert on the age catches checkpoints that stopped (a full
+		 * disk): training goes on, and what came after is lost at a crash */
+		gauge(f, "ps_checkpoint_age_seconds", "Seconds since the last checkpoint written "
+		      "(or loaded at the start; since the start when none was).",
+		      ps_now_s() - (s->ckpt_last_ok ? s->ckpt_last_ok : s->started));
+		counter(f, "ps_checkpoint_failures_total", "Checkpoints that failed since the start.",
+			s->ckpt_failures);
+		gauge(f, "ps_checkpoint_every_seconds", "checkpoint.every_s (0: periodic ones off).",
+		      s->cfg->checkpoint.every_s);
+	}
 	if (s->transport->ops->queue_stats) {
 		struct ps_queue_stats q;
 		s->transport->ops->queue_stats(s->transport, &q);

@@ -52,6 +52,18 @@ static int expand_payload(struct ps_server *s, const Ps__Push *m, const struct p
 	return 0;
 }
 
+/* Sync: slice sl applied clock m->clock without this worker (it was out
+ * of the live set then, and rejoined at a clock some slices had passed:
+ * the HelloReply's clock is the lowest of the slices' versions). The
+ * worker has not ended that clock here, so this is no resend: its part for
+ * sl is set aside, the rest of the push applies. */
+static int late_slice(const struct ps_server *s, const struct ps_srv_conn *sc, const Ps__Push *m,
+		      const struct ps_slot *sl)
+{
+	return s->cfg->consistency == PS_SYNC && m->clock < sl->version &&
+	       m->clock >= s->finished[sc->rank];
+}
+
 void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m,
 			 struct ps_frame *f)
 {
@@ -60,7 +72,7 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	uint8_t *payload = f->payload, *expanded = NULL;
 	uint64_t plen = f->hdr.payload_len;
 	char why[256];
-	int changed = 0, rc;
+	int changed = 0, rc, nlate = 0;
 	double arrived = ps_now_s();
 
 	s->c.pushes++;
@@ -128,6 +140,8 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 					  r->slice, r->length, r->offset, sl->slice->count, plen);
 			goto err_reject;
 		}
+		if (late_slice(s, sc, m, sl))
+			continue; /* passed over below */
 		if (cfg->consistency == PS_SYNC &&
 		    (m->clock < sl->version ||
 		     m->clock >= sl->version + (uint64_t)cfg->limits.max_clock_ahead)) {
@@ -175,6 +189,10 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		struct ps_slot *sl = ps_store_slot(&s->store, r->slice);
 		struct ps_grad g = { payload + r->offset, r->length, (int)r->codec, 0 };
 
+		if (late_slice(s, sc, m, sl)) {
+			nlate++;
+			continue;
+		}
 		s->c.push_raw[r->codec] += (uint64_t)sl->slice->count * sizeof(float);
 		s->c.push_wire[r->codec] += plen ? r->length * f->hdr.payload_len / plen : 0;
 		rc = ps_store_offer_grad(&s->store, sl, sc->rank, m->clock, &g, fr);
@@ -195,6 +213,10 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		ps__rows_advance(s);
 		changed = 1;
 	}
+	if (nlate)
+		ps_debug("worker %d: clock %" PRIu64 ": %d slice(s) had gone on without it (it "
+			 "rejoined after they applied that clock): their part set aside", sc->rank,
+			 m->clock, nlate);
 	if (m->seq)
 		ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
 	if (s->repl && ps__repl_push_accepted(s, sc, m->req_id, m, sc->rank, sc->incarnation)) {

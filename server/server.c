@@ -235,6 +235,8 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 				ps_error("refusing to start: %s", err);
 				goto err_free_store;
 			}
+			s->ckpt_loaded = 1;
+			s->ckpt_last_ok = ps_now_s();
 			ps_info("resumed from %s%s%.0d%s: clock %" PRIu64, s->ckpt_path,
 				rc ? " and " : "", rc, rc ? " incremental checkpoints" : "",
 				ps__srv_resume_clock(s));

@@ -84,6 +84,17 @@ struct ps_server {
 	uint32_t ckpt_base_crc, ckpt_seq;
 	uint64_t ckpt_base_len;
 	int stopping;
+	/* Checkpoint health (Stats, /metrics): when the last one was written
+	 * (or loaded at the start; 0 = none), failures since the start. */
+	double ckpt_last_ok;
+	uint64_t ckpt_failures;
+	int ckpt_loaded;              /* started from a checkpoint */
+	/* Failed authentications logged (conn.c): at most PS_AUTH_LOG_BURST
+	 * lines per PS_AUTH_LOG_WINDOW_S, the rest counted and summed up. */
+	double authlog_since;
+	int authlog_lines;
+	uint64_t authlog_quiet;
+	char authlog_last[96];
 };
 
 /* Builds the shard's state and starts listening on its configured address.

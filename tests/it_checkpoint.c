@@ -13,6 +13,8 @@
 #include <math.h>
 #include <pthread.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
 #include <zlib.h>
 #include "config.h"
 #include "ps_time.h"
@@ -484,8 +486,20 @@ START_TEST(test_async_resume_clocks)
 	for (int k = 0; k < 2; k++)
 		srv[k] = tu_start_server_log(path, k, log[k]);
 
-	/* a fresh client starts at clock 5 */
-	struct ps_client *c = connect_retry(0);
+	/* the worker that ended clocks 0..4 reconnects (its pull resends),
+	 * then stops (a second live process of rank 0 would be refused) */
+	id = ps_client_pull(old, 0, &tw, 1);
+	ck_assert_msg(id > 0 && ps_client_wait(old, id) == 0, "pull: %s", ps_client_error(old));
+	ps_client_free(old);
+	/* a fresh client starts at clock 5 (retried while the shards see the
+	 * old one's connections close) */
+	struct ps_client *c = NULL;
+	for (int i = 0; i < 100; i++) {
+		if (ps_client_init(&c, &cfg, 0, err, sizeof(err)) == 0)
+			break;
+		tu_sleep_ms(20);
+	}
+	ck_assert_msg(c != NULL, "%s", err);
 	ck_assert_uint_eq(ps_client_clock(c), 5);
 	for (int k = 0; k < 2; k++) {
 		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
@@ -493,10 +507,6 @@ START_TEST(test_async_resume_clocks)
 		ck_assert_msg(st.worker_clock[0] == 5, "shard %d: worker 0 at clock %" PRIu64
 			      " after the restart, 5 before", k, st.worker_clock[0]);
 	}
-	/* the worker that ended clocks 0..4 reconnects (its pull resends) */
-	id = ps_client_pull(old, 0, &tw, 1);
-	ck_assert_msg(id > 0 && ps_client_wait(old, id) == 0, "pull: %s", ps_client_error(old));
-	ps_client_free(old);
 	/* training goes on from clock 5 with the restored weights */
 	for (uint64_t k = 5; k < 8; k++) {
 		for (int i = 0; i < N; i++)
@@ -1116,6 +1126,194 @@ START_TEST(test_sigterm_during_checkpoint)
 }
 END_TEST
 
+/* A config of two shards (sync, 1 worker) on p0, p1 with extra YAML at
+ * the end (checkpoint and limits). */
+static void write_cfg_extra(int p0, int p1, const char *extra)
+{
+	char yaml[2048], err[512];
+
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 1\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 0.5\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
+		 "log:\n  level: warn\n%s", p0, p1, N, extra);
+	if (!path[0])
+		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(yaml, f);
+	fclose(f);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+}
+
+/* The shards checkpoint on their own (here: on request, shard 0 at clock
+ * 5, shard 1 at clock 10); both are killed with -9 and started again. A
+ * new run of the workers resumes (at clock 10: shard 0 is brought forward,
+ * losing its updates of clocks 5..9) instead of waiting at shard 0's clock
+ * for pushes nobody sends, and the log says so in one line. */
+START_TEST(test_resume_different_clocks)
+{
+	static float w[N];
+	struct ps_shard_stats st;
+	int p0 = tu_free_port(), p1 = tu_free_port();
+	char extra[512];
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	path[0] = 0;
+	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  on_request: true\n"
+		 "  min_interval_s: 0\nlimits:\n  request_timeout_ms: 5000\n", dir);
+	write_cfg_extra(p0, p1, extra);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	struct ps_client *c = connect_retry(0);
+	train(c, 0, 5, w);
+	ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
+	ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+	train(c, 5, 10, w);
+	ck_assert_int_eq(ps_client_checkpoint(c, 1, 1, &st), 0);
+	ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+	train(c, 10, 12, w);
+	ps_client_free(c);
+	for (int k = 0; k < 2; k++) {
+		kill(srv[k], SIGKILL);
+		tu_wait_child(srv[k]);
+	}
+	tu_capture_begin();
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	c = connect_retry(0);
+	uint64_t at = ps_client_clock(c);
+	ck_assert(ps_client_from_checkpoint(c));
+	/* the run goes on from the newest clock */
+	static float g[N];
+	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	/* as ps-worker does: the weights at the clock it continues from
+	 * first, then the pushes */
+	int64_t q = ps_client_pull(c, at, &tw, 1);
+	int ok = q > 0 && ps_client_wait(c, q) == 0;
+	for (uint64_t k = at; k < at + 3 && ok; k++) {
+		int64_t p = ps_client_push(c, k, &tg, 1, PS_PUSH_END_CLOCK);
+		ok = p > 0 && ps_client_wait(c, p) == 0;
+	}
+	q = ok ? ps_client_pull(c, at + 3, &tw, 1) : -1;
+	ok = ok && q > 0 && ps_client_wait(c, q) == 0;
+	char why[600];
+	snprintf(why, sizeof(why), "%s", ps_client_error(c));
+	ps_client_free(c);
+	tu_sleep_ms(100); /* the shards' lines are written before the stop below */
+	char *log = tu_capture_end();
+	ck_assert_msg(at == 10, "the worker continues at clock %" PRIu64 ", expected 10", at);
+	ck_assert_msg(ok, "a restarted cluster whose shards checkpointed at clocks 5 and 10 did "
+		      "not resume: %s", why);
+	ck_assert_msg(strstr(log, "shard 0 at 5") && strstr(log, "clocks 5..9 are lost"),
+		      "the worker says what happened in one line: %s", log);
+	ck_assert_msg(strstr(log, "brought forward to 10"), "the shard says so too: %s", log);
+	free(log);
+	stop_and_clean();
+}
+END_TEST
+
+/* GET /metrics from 127.0.0.1:port (HTTP/1.0): the whole answer into out. */
+static void get_metrics(int port, char *out, size_t n)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	const char *req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	size_t got = 0;
+	ssize_t k;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(write(fd, req, strlen(req)), (ssize_t)strlen(req));
+	while (got + 1 < n && (k = read(fd, out + got, n - 1 - got)) > 0)
+		got += (size_t)k;
+	out[got] = 0;
+	close(fd);
+}
+
+/* The value of the sample `name ` in a /metrics page; -1 when absent. */
+static double sample(const char *text, const char *name)
+{
+	char pat[100];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\n%s ", name);
+	p = strstr(text, pat);
+	return p ? strtod(p + strlen(pat), NULL) : -1;
+}
+
+/* Checkpoints that stop (the folder gone: a full disk fails alike) are
+ * seen in the stats, /metrics and ps-stat: the age of the last good one
+ * grows, failures are counted, ps-stat flags the shard once the age passes
+ * twice checkpoint.every_s. */
+START_TEST(test_checkpoint_health)
+{
+	struct ps_shard_stats st;
+	int p0 = tu_free_port(), p1 = tu_free_port();
+	char extra[512], moved[80], out[8192], cmd[300];
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	path[0] = 0;
+	int hp = tu_free_port();
+	snprintf(extra, sizeof(extra), "checkpoint:\n  dir: %s\n  every_s: 1\nstats:\n  http: "
+		 "127.0.0.1:%d\n", dir, hp);
+	write_cfg_extra(p0, p1, extra);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	struct ps_client *c = connect_retry(0);
+	/* a periodic checkpoint is written: its age stays under the period */
+	double t0 = ps_now_s();
+	do {
+		ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
+		ck_assert_msg(st.checkpoint_on, "the stats say whether checkpoints are on");
+		ck_assert_msg(ps_now_s() - t0 < 10 * tu_time_scale(), "no checkpoint written");
+		tu_sleep_ms(100);
+	} while (st.uptime_s < 1.5);
+	ck_assert_msg(st.checkpoint_age_s < 1.5 && st.checkpoint_failures == 0,
+		      "age %.2f s, %" PRIu64 " failures", st.checkpoint_age_s,
+		      st.checkpoint_failures);
+	ck_assert_uint_eq(st.checkpoint_every_s, 1);
+	snprintf(cmd, sizeof(cmd), "bin/ps-stat --config %s 2>&1", path);
+	ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "checkpoint age") && !strstr(out, "STALE"), "%s", out);
+	/* the folder goes: every checkpoint fails from now on */
+	snprintf(moved, sizeof(moved), "%s.moved", dir);
+	ck_assert_int_eq(rename(dir, moved), 0);
+	FILE *f = fopen(dir, "w"); /* a file where the folder was */
+	ck_assert_ptr_nonnull(f);
+	fclose(f);
+	t0 = ps_now_s();
+	do {
+		ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
+		ck_assert_msg(ps_now_s() - t0 < 15 * tu_time_scale(), "age %.2f s, %" PRIu64
+			      " failures", st.checkpoint_age_s, st.checkpoint_failures);
+		tu_sleep_ms(100);
+	} while (st.checkpoint_failures < 2 || st.checkpoint_age_s <= 2.0);
+	ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "STALE"), "ps-stat flags the stale checkpoints: %s", out);
+	snprintf(cmd, sizeof(cmd), "bin/ps-stat --config %s --json 2>&1", path);
+	ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "\"checkpoint_stale\":true"), "%s", out);
+	static char page[65536];
+	get_metrics(hp, page, sizeof(page));
+	ck_assert_msg(sample(page, "ps_checkpoint_age_seconds") > 2.0 &&
+		      sample(page, "ps_checkpoint_failures_total") >= 2 &&
+		      sample(page, "ps_checkpoint_every_seconds") == 1, "%s", page);
+	ps_client_free(c);
+	/* the stop's checkpoint fails too: the shards exit 1, saying why */
+	ck_assert_int_eq(tu_stop_server(srv[0]), 1);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 1);
+	unlink(dir);
+	ck_assert_int_eq(rename(moved, dir), 0);
+	stop_files();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("checkpoint");
@@ -1133,6 +1331,8 @@ int main(void)
 	TU_ADD(tc, test_checkpoint_on_request);
 	TU_ADD(tc, test_sigterm_during_checkpoint);
 	TU_ADD(tc, test_checkpoint_over_4gib);
+	TU_ADD(tc, test_resume_different_clocks);
+	TU_ADD(tc, test_checkpoint_health);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();

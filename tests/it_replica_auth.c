@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include "auth.h"
 #include "config.h"
+#include "config_agree.h"
 #include "dedup.h"
 #include "frame_mac.h"
 #include "msg.h"
@@ -209,7 +210,7 @@ struct peer {
 	int keyed;
 	struct ps_frame_keys keys;
 	uint64_t sseq, rseq;
-	uint8_t hello[512];
+	uint8_t hello[2048];
 	size_t hello_len;
 };
 
@@ -660,6 +661,10 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 		h.rank = 0;
 		h.shard_map_hash = map.hash;
 		h.incarnation = 98;
+		static char plain[PS_AGREE_MAX], settings[PS_AGREE_MAX];
+		ps_config_agreement(&cfg, plain, sizeof(plain));
+		ps_config_agreement_wire(plain, secret, settings, sizeof(settings));
+		h.settings = settings;
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
 		h.auth_mac = 1;
 		p.hello_len = protobuf_c_message_get_packed_size(&h.base);

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include "config.h"
+#include "config_agree.h"
 #include "msg.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -990,6 +991,9 @@ START_TEST(test_hostile)
 		h.shard_map_hash = map.hash;
 		h.shard = 0;
 		h.incarnation = 42;
+		static char settings[PS_AGREE_MAX];
+		ps_config_agreement(&cl.cfg, settings, sizeof(settings));
+		h.settings = settings;
 		ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
 		ProtobufCMessage *r = raw_recv(fd, &t);
 		ck_assert_ptr_nonnull(r);
@@ -1150,8 +1154,10 @@ END_TEST
 /* ---- parked pulls hold at most their frames, within byte limits ---- */
 
 /* A raw worker connection (security.auth off) to port, rank 0. */
-static int raw_join(int port, const struct ps_shardmap *map, int shard)
+static int raw_join(int port, const struct ps_config *cfg, const struct ps_shardmap *map,
+		    int shard)
 {
+	static char settings[PS_AGREE_MAX];
 	Ps__Hello h = PS__HELLO__INIT;
 	unsigned t;
 	int fd = raw_connect(port);
@@ -1163,6 +1169,8 @@ static int raw_join(int port, const struct ps_shardmap *map, int shard)
 	h.shard_map_hash = map->hash;
 	h.shard = (uint32_t)shard;
 	h.incarnation = 77;
+	ps_config_agreement(cfg, settings, sizeof(settings));
+	h.settings = settings;
 	ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
 	ProtobufCMessage *r = raw_recv(fd, &t);
 	ck_assert_ptr_nonnull(r);
@@ -1251,7 +1259,7 @@ START_TEST(test_parked_pulls_bounded)
 		ids[i] = i + 1;
 	elen = ps_rows_ids_encode(ids, NIDS, enc);
 	ck_assert_uint_eq(elen, NIDS); /* one byte per id */
-	a = raw_join(cl.port[0], &map, 0);
+	a = raw_join(cl.port[0], &cl.cfg, &map, 0);
 	long hwm0 = vm_hwm_kb(cl.srv[0]);
 	int refused = park_pulls(a, NPULL, enc, elen, NIDS, "limits.max_waiting_bytes");
 	long grew_mb = (vm_hwm_kb(cl.srv[0]) - hwm0) / 1024;
@@ -1263,7 +1271,7 @@ START_TEST(test_parked_pulls_bounded)
 			      "MiB", NPULL - refused, grew_mb);
 	ck_assert_int_eq(refused, NPULL - 4);
 	/* another connection: the shard's total is the bound */
-	b = raw_join(cl.port[0], &map, 0);
+	b = raw_join(cl.port[0], &cl.cfg, &map, 0);
 	ck_assert_int_eq(park_pulls(b, 3, enc, elen, NIDS, "limits.max_waiting_bytes_total"), 1);
 	/* a's pulls go with a: b parks again, once the shard has seen the close */
 	close(a);

@@ -64,6 +64,11 @@ struct row {
 	double apply_share;                                         /* 0..1 */
 	uint64_t rejected, errors, auth_failures, dups;
 	unsigned conns, workers_up, nworkers;
+	/* checkpoint.dir set: age of the last good checkpoint, failures, and
+	 * stale: older than twice checkpoint.every_s (the totals: any shard) */
+	int ckpt_on, ckpt_stale;
+	double ckpt_age;
+	uint64_t ckpt_failures;
 };
 
 static volatile sig_atomic_t stop;
@@ -249,6 +254,11 @@ static void make_row(const struct snap *a, const struct snap *b, double dt, int 
 	r->dups = y->duplicate_pushes;
 	r->errors = y->errors;
 	r->conns = y->connections;
+	r->ckpt_on = y->checkpoint_on;
+	r->ckpt_age = y->checkpoint_age_s;
+	r->ckpt_failures = y->checkpoint_failures;
+	r->ckpt_stale = y->checkpoint_on && y->checkpoint_every_s &&
+			y->checkpoint_age_s > 2.0 * y->checkpoint_every_s;
 	r->nworkers = (unsigned)nworkers;
 	for (int w = 0; w < y->nworkers && w < 64; w++) {
 		uint64_t c = y->worker_clock[w];
@@ -290,6 +300,12 @@ static void add_row(struct row *t, const struct row *r)
 	t->auth_failures += r->auth_failures;
 	t->dups += r->dups;
 	t->errors += r->errors;
+	if (r->ckpt_on) {
+		t->ckpt_age = !t->ckpt_on || r->ckpt_age > t->ckpt_age ? r->ckpt_age : t->ckpt_age;
+		t->ckpt_on = 1;
+		t->ckpt_failures += r->ckpt_failures;
+		t->ckpt_stale |= r->ckpt_stale;
+	}
 	t->conns += r->conns;
 	if (r->workers_up > t->workers_up)
 		t->workers_up = r->workers_up;
@@ -308,6 +324,33 @@ static const char *fmt_dur(double s, char *buf, size_t n)
 	else
 		snprintf(buf, n, "%.2fs", s);
 	return buf;
+}
+
+/* The shards' checkpoints (checkpoint.dir set): age of the last good one,
+ * failures, and a flag on a shard whose checkpoint is older than twice
+ * checkpoint.every_s (they stopped: a full disk? training goes on, and
+ * what came after is lost when the shard stops or dies). */
+static void print_checkpoints(FILE *f, const struct ps_config *cfg, const struct snap *b,
+			      const struct row *rows)
+{
+	char age[32];
+
+	if (!cfg->checkpoint.dir[0])
+		return;
+	fprintf(f, "\n%-6s %-16s %8s\n", "shard", "checkpoint age", "failed");
+	for (int k = 0; k < cfg->nshards; k++) {
+		const struct row *r = &rows[k];
+
+		if (!b[k].up || !r->ckpt_on) {
+			fprintf(f, "%-6d %-16s %8s\n", k, b[k].up ? "off" : "-", "-");
+			continue;
+		}
+		snprintf(age, sizeof(age), "%.1f s", r->ckpt_age);
+		fprintf(f, "%-6d %-16s %8" PRIu64 "%s\n", k, age,
+			r->ckpt_failures, r->ckpt_stale ? "  STALE: older than twice "
+			"checkpoint.every_s (the shard's log says why they fail)"
+			: r->ckpt_failures ? "  (some failed: the shard's log says why)" : "");
+	}
 }
 
 static const char *fmt_uptime(double s, char *buf, size_t n)
@@ -387,6 +430,7 @@ static void print_table(FILE *f, const struct ps_config *cfg, const struct snap 
 	else
 		fprintf(f, "%-6s %-4s no shard answered\n", "total", "down");
 	print_tables(f, cfg, b);
+	print_checkpoints(f, cfg, b, rows);
 	if (cfg->replicas) {
 		static const char *const role[] = { "off", "joining", "backup", "primary" };
 		fprintf(f, "\n%-6s %-22s %-8s %6s %-22s %-8s %9s %9s\n", "shard", "process", "role",
@@ -493,6 +537,10 @@ static void json_row(FILE *f, const struct row *r)
 		   ",\"connections\":%u,\"workers_connected\":%u",
 		r->rejected, r->auth_failures, r->dups, r->errors, r->conns,
 		r->workers_up);
+	if (r->ckpt_on)
+		fprintf(f, ",\"checkpoint_age_s\":%.3f,\"checkpoint_failures\":%" PRIu64
+			   ",\"checkpoint_stale\":%s", r->ckpt_age, r->ckpt_failures,
+			r->ckpt_stale ? "true" : "false");
 }
 
 static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *b,

@@ -624,8 +624,12 @@ int main(int argc, char **argv)
 	/* 0, or where the shards resumed from a checkpoint */
 	uint64_t clock = ps_client_clock(cli);
 	double t_start = ps_now_s();
-	if (clock)
+	if (clock && ps_client_from_checkpoint(cli))
 		ps_info("shards resumed from a checkpoint: continuing at clock %llu",
+			(unsigned long long)clock);
+	else if (clock)
+		ps_info("the shards are at clock %llu already (they kept running since an earlier "
+			"run of the workers; no checkpoint was loaded): continuing there",
 			(unsigned long long)clock);
 	for (int e = 0; e < cfg->train.epochs && !g_stop; e++) {
 		double t_epoch = ps_now_s(), last_print = 0, loss_sum = 0;

@@ -16,6 +16,7 @@
 #include "ps_time.h"
 #include "ps_client_int.h"
 #include "ps_err.h"
+#include "ps_log.h"
 
 /* ---- I/O thread ---- */
 
@@ -146,6 +147,59 @@ static void *io_main(void *arg)
 
 /* ---- life cycle ---- */
 
+/* Shards that resumed from checkpoints of different clocks (each writes
+ * its own, on its own timer; one was killed between two): the workers
+ * continue at the newest (c->clock), and a fresh shard behind it is brought
+ * forward to it (StatsRequest.resume_clock), else its barrier would wait
+ * for clocks nobody pushes again. Said in one line. A shard behind that is
+ * not fresh has taken pushes since it started: it is only a clock behind
+ * in a running cluster (its slices wait for a slow worker), not to be
+ * moved. Returns 0 or the failed request's code, with err. */
+static int resume_together(struct ps_client *c, char *err, size_t errlen)
+{
+	char behind[300] = "";
+	size_t at = 0;
+	uint64_t lo = UINT64_MAX;
+	int rc;
+
+	for (int k = 0; k < c->cfg->nshards; k++) {
+		struct shard_conn *sh = &c->shards[k];
+
+		if (!sh->fresh || sh->hello_clock >= c->clock)
+			continue;
+		rc = ps__client_resume(c, k, c->clock);
+		if (rc) {
+			snprintf(err, errlen, "shard %d resumed at clock %llu, another at %llu; "
+				 "bringing it forward failed: %s", k,
+				 (unsigned long long)sh->hello_clock, (unsigned long long)c->clock,
+				 ps_client_error(c));
+			return rc;
+		}
+		if (at < sizeof(behind))
+			at += (size_t)snprintf(behind + at, sizeof(behind) - at, "%sshard %d at %llu",
+					       at ? ", " : "", k, (unsigned long long)sh->hello_clock);
+		lo = sh->hello_clock < lo ? sh->hello_clock : lo;
+	}
+	if (at)
+		ps_warn("the shards resumed from checkpoints of different clocks: %s, the others "
+			"at %llu; continuing at %llu: those shards were brought forward and their "
+			"updates of clocks %llu..%llu are lost", behind, (unsigned long long)c->clock,
+			(unsigned long long)c->clock, (unsigned long long)lo,
+			(unsigned long long)c->clock - 1);
+	return 0;
+}
+
+int ps_client_from_checkpoint(struct ps_client *c)
+{
+	int v = 0;
+
+	pthread_mutex_lock(&c->mu);
+	for (int k = 0; k < c->cfg->nshards; k++)
+		v |= c->shards[k].from_ckpt;
+	pthread_mutex_unlock(&c->mu);
+	return v;
+}
+
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
 		   size_t errlen)
 {
@@ -175,10 +229,14 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->rank = rank;
 	c->spin_s = cfg->limits.wait_spin_us / 1e6;
 	ps_auth_random((uint8_t *)&c->incarnation, sizeof(c->incarnation));
+	ps_config_agreement(cfg, c->settings_plain, sizeof(c->settings_plain));
 	if (cfg->security.auth && (rc = ps_auth_load_secret(cfg, c->secret, err, errlen))) {
 		free(c);
 		return rc;
 	}
+	/* as sent: digests keyed with the secret (config_agree.h) */
+	ps_config_agreement_wire(c->settings_plain, cfg->security.auth ? c->secret : NULL,
+				 c->settings, sizeof(c->settings));
 	c->shards = calloc((size_t)cfg->nshards, sizeof(*c->shards));
 	c->resid = calloc((size_t)(cfg->ntensors > 0 ? cfg->ntensors : 1), sizeof(*c->resid));
 	if (!c->shards || !c->resid) {
@@ -283,6 +341,10 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->started = rc == 0;
 	pthread_mutex_unlock(&c->mu);
 	if (rc) {
+		ps_client_free(c);
+		return rc;
+	}
+	if (rank >= 0 && (rc = resume_together(c, err, errlen))) {
 		ps_client_free(c);
 		return rc;
 	}

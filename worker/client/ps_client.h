@@ -131,6 +131,14 @@ struct ps_shard_stats {
 	uint64_t checkpoint_bytes;
 	double checkpoint_seconds;
 	char checkpoint_error[600];
+	/* Checkpoint health, when checkpoint.dir is set (checkpoint_on):
+	 * seconds since the last checkpoint written (or loaded at the start;
+	 * since the start when none was), checkpoints failed since the start,
+	 * and checkpoint.every_s (0: periodic ones are off). */
+	int checkpoint_on;
+	double checkpoint_age_s;
+	uint64_t checkpoint_failures;
+	unsigned checkpoint_every_s;
 	/* cluster.replicas: 1 (server/replica.h): this process's state (0 off,
 	 * 1 joining, 2 backup, 3 primary), epoch, partner address, whether the
 	 * pair is connected with the state, batches not yet confirmed, its
@@ -156,6 +164,11 @@ struct ps_shard_stats {
  * values) into err. cfg must outlive the client. */
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
 		   size_t errlen);
+
+/* 1 when a shard this worker connected to had started from a checkpoint
+ * (else the shards' clock, ps_client_clock, is where they went on from an
+ * earlier run of the workers, or 0). */
+int ps_client_from_checkpoint(struct ps_client *c);
 
 /* Closes every connection, fails requests still in flight, frees c. */
 void ps_client_free(struct ps_client *c);

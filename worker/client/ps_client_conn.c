@@ -64,6 +64,8 @@ void ps__client_on_connect(struct ps_conn *pc, int status)
 	h.shard = k;
 	h.incarnation = c->incarnation;
 	h.done_clock = c->shards[k].done_clock;
+	if (c->rank >= 0)
+		h.settings = c->settings; /* config_agree.h */
 	if (c->cfg->security.auth) {
 		ps_auth_random(nonce, sizeof(nonce));
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
@@ -258,10 +260,15 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		return;
 	}
 	if (!m->ok) {
+		char own[120];
+
+		/* a setting that differs: the shard names its value, this
+		 * process adds its own (config_agree.h) */
+		ps_config_agreement_own(c->settings_plain, said, own, sizeof(own));
 		sh->state = SH_FAILED;
 		sh->status = PS_EREFUSED;
-		snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d) refused the handshake: %s", k,
-			 c->cfg->shards[k].host, c->cfg->shards[k].port, said);
+		snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d) refused the handshake: %s%s", k,
+			 c->cfg->shards[k].host, c->cfg->shards[k].port, said, own);
 		c->nfailed++;
 	} else {
 		struct ps_wire_limits lim = {
@@ -274,6 +281,9 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		sh->gen++;
 		if (m->clock > c->clock)
 			c->clock = m->clock; /* a shard resumed from a checkpoint */
+		sh->hello_clock = m->clock;
+		sh->fresh = m->fresh;
+		sh->from_ckpt = m->from_checkpoint;
 		c->nready++;
 		if (sh->lost_at > 0) {
 			int n = resend(c, k);

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include "auth.h"
 #include "config.h"
+#include "config_agree.h"
 #include "histo.h"
 #include "msg.h"
 #include "ps_client.h"
@@ -76,6 +77,8 @@ struct shard_conn {
 	int alt;                  /* cluster.replicas: 1: dialing cluster.backups[k], not servers[k] */
 	uint64_t epoch;           /* the shard's takeovers, from its HelloReply */
 	uint64_t done_clock;      /* clocks whose ending push this shard acknowledged */
+	uint64_t hello_clock;     /* its HelloReply: clock, fresh, from_checkpoint */
+	int fresh, from_ckpt;
 	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
 	size_t hello_len;
 	char why[400];
@@ -131,8 +134,14 @@ struct ps_client {
 	int nready, nfailed;
 	uint8_t secret[PS_AUTH_KEY_LEN]; /* hashed cluster secret (security.auth) */
 	uint64_t incarnation;   /* random per client, the same across reconnects */
+	char settings[PS_AGREE_MAX]; /* Hello.settings as sent (config_agree.h) */
+	char settings_plain[PS_AGREE_MAX]; /* ... and their values */
 	char err[512];
 };
+
+/* ps_client_req.c: a StatsRequest with resume_clock to shard k (proto
+ * StatsRequest), waited for; 0 or a negative code. */
+int ps__client_resume(struct ps_client *c, int k, uint64_t clock);
 
 /* ps_client_req.c: requests and their completion */
 void ps__client_set_err(struct ps_client *c, const char *fmt, ...)

@@ -157,6 +157,10 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->repl_failovers = m->repl_failovers;
 	o->repl_lsn = m->repl_lsn;
 	o->repl_replica = m->repl_replica;
+	o->checkpoint_on = m->checkpoint_on;
+	o->checkpoint_age_s = m->checkpoint_age_s;
+	o->checkpoint_failures = m->checkpoint_failures;
+	o->checkpoint_every_s = m->checkpoint_every_s;
 	for (size_t i = 0; i < m->n_push_raw_bytes && i < 8; i++)
 		o->push_raw_bytes[i] = m->push_raw_bytes[i];
 	for (size_t i = 0; i < m->n_push_wire_bytes && i < 8; i++)
@@ -491,6 +495,27 @@ const char *ps_client_error(struct ps_client *c)
 int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out)
 {
 	return ps_client_checkpoint(c, shard, 0, out);
+}
+
+int ps__client_resume(struct ps_client *c, int k, uint64_t clock)
+{
+	static __thread struct ps_shard_stats st; /* the answer, not needed */
+	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
+	struct req *r = ps__client_req_new(c, REQ_STATS);
+	int64_t id;
+
+	if (!r)
+		return -ENOMEM;
+	r->stats = &st;
+	r->id = ps__client_reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	m.resume_clock = clock;
+	if (ps__client_pack_part(&r->parts[k], &m.base)) {
+		ps__client_req_free(c, r);
+		return -ENOMEM;
+	}
+	id = ps__client_submit_built(c, 0, r);
+	return id < 0 ? (int)id : ps_client_wait(c, id);
 }
 
 int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)

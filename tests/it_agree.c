@@ -1,0 +1,419 @@
+/* it_agree.c - what a worker and its shards must agree on, with real
+ * processes: a worker whose config differs in the settings they share
+ * (cluster.workers, consistency, optimizer) is refused naming the key and
+ * both values; a second live connection of one rank is refused naming the
+ * rank, while a restarted worker takes over; a worker that rejoins a sync
+ * cluster is accepted at the clock it is told even where some slices went
+ * on without it; a killed worker stalls the others for seconds, not a
+ * minute; failed authentications are logged, rate-limited, with the
+ * peer's address. */
+#include <check.h>
+#include <inttypes.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include "config.h"
+#include "config_agree.h"
+#include "msg.h"
+#include "shardmap.h"
+#include "wire.h"
+#include "ps_time.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "test_util.h"
+
+/* One shard on a free port; extra is YAML added at the end; with log the
+ * shard's stderr goes there. */
+struct one {
+	char path[64], log[64];
+	struct ps_config cfg;
+	int port;
+	pid_t pid;
+};
+
+static void write_yaml(const char *path, int port, int workers, const char *extra)
+{
+	FILE *f = fopen(path, "w");
+
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "%scluster:\n  servers: [%s:%d]\n  workers: %d\n"
+		"slice_bytes: 4096\n"
+		"model:\n  tensors:\n"
+		"    - {name: a, shape: [1000], init: arange}\n"
+		"    - {name: b, shape: [1000], init: arange}\n"
+		"%s%s", tu_transport_yaml(), tu_host(), port, workers, extra,
+		strstr(extra, "optimizer:") ? "" : "optimizer:\n  name: sgd\n  lr: 0.5\n");
+	fclose(f);
+}
+
+static void start_one(struct one *o, int workers, const char *extra)
+{
+	char err[512];
+
+	o->port = tu_free_port();
+	ck_assert_int_eq(tu_write_temp(o->path, ""), 0);
+	write_yaml(o->path, o->port, workers, extra);
+	ck_assert_msg(ps_config_load(&o->cfg, o->path, err, sizeof(err)) == 0, "%s", err);
+	strcpy(o->log, "/tmp/ps-agree-log-XXXXXX");
+	int fd = mkstemp(o->log);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	o->pid = tu_start_server_log(o->path, 0, o->log);
+}
+
+static void stop_one(struct one *o)
+{
+	ck_assert_int_eq(tu_stop_server(o->pid), 0);
+	unlink(o->path);
+	unlink(o->log);
+}
+
+/* ps_client_init of cfg as rank, retried while the shard starts (10 s):
+ * its return code; the error into err. */
+static int join(const struct ps_config *cfg, int rank, struct ps_client **c, char *err,
+		size_t n)
+{
+	int rc = -1;
+
+	for (int i = 0; i < 100; i++) {
+		rc = ps_client_init(c, cfg, rank, err, n);
+		if (rc != -ECONNREFUSED)
+			break;
+		tu_sleep_ms(100);
+	}
+	return rc;
+}
+
+static struct ps_client *join_ok(const struct ps_config *cfg, int rank)
+{
+	struct ps_client *c = NULL;
+	char err[512];
+
+	ck_assert_msg(join(cfg, rank, &c, err, sizeof(err)) == 0, "rank %d: %s", rank, err);
+	return c;
+}
+
+/* The shard's log (malloc'ed). */
+static char *read_log(const char *log)
+{
+	FILE *f = fopen(log, "rb");
+	char *text;
+	long n;
+
+	ck_assert_ptr_nonnull(f);
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	rewind(f);
+	text = malloc((size_t)n + 1);
+	ck_assert_ptr_nonnull(text);
+	n = (long)fread(text, 1, (size_t)n, f);
+	text[n] = 0;
+	fclose(f);
+	return text;
+}
+
+static int count_of(const char *text, const char *what)
+{
+	int n = 0;
+
+	for (const char *p = text; (p = strstr(p, what)); p += strlen(what))
+		n++;
+	return n;
+}
+
+/* A worker whose config differs from the shard's in one setting they
+ * share is refused, the refusal naming the key and both values. */
+static void expect_refused(struct one *o, const char *key, const char *extra,
+			   const char *mine, const char *theirs, int workers)
+{
+	char wpath[64], err[512];
+	struct ps_config wcfg;
+	struct ps_client *c = NULL;
+
+	ck_assert_int_eq(tu_write_temp(wpath, ""), 0);
+	write_yaml(wpath, o->port, workers, extra);
+	ck_assert_msg(ps_config_load(&wcfg, wpath, err, sizeof(err)) == 0, "%s", err);
+	int rc = join(&wcfg, 0, &c, err, sizeof(err));
+	ck_assert_msg(rc != 0, "a worker with another %s was accepted", key);
+	ps_client_free(c);
+	ck_assert_msg(strstr(err, key) && strstr(err, mine) && strstr(err, theirs),
+		      "the refusal names %s, %s and %s: %s", key, mine, theirs, err);
+	unlink(wpath);
+}
+
+START_TEST(test_settings_must_agree)
+{
+	struct one o;
+
+	start_one(&o, 2, "consistency:\n  mode: sync\n");
+	expect_refused(&o, "cluster.workers", "consistency:\n  mode: sync\n", "has 3", "has 2", 3);
+	expect_refused(&o, "consistency.mode", "consistency:\n  mode: async\n", "async", "sync", 2);
+	expect_refused(&o, "optimizer.lr", "consistency:\n  mode: sync\noptimizer:\n  name: sgd\n  lr: 0.25\n",
+		       "0.25", "0.5", 2);
+	expect_refused(&o, "optimizer.name",
+		       "consistency:\n  mode: sync\noptimizer:\n  name: adam\n  lr: 0.5\n", "adam", "sgd", 2);
+	/* the same config is accepted */
+	struct ps_client *c = join_ok(&o.cfg, 0);
+	ps_client_free(c);
+	stop_one(&o);
+}
+END_TEST
+
+/* Two live processes of one rank: the second is refused naming the rank;
+ * once the first is gone a new process of that rank takes over. */
+START_TEST(test_duplicate_rank_refused)
+{
+	struct one o;
+	struct ps_client *a, *b = NULL;
+	char err[512];
+
+	start_one(&o, 2, "consistency:\n  mode: async\n");
+	a = join_ok(&o.cfg, 0);
+	int rc = join(&o.cfg, 0, &b, err, sizeof(err));
+	ck_assert_msg(rc != 0, "a second live worker of rank 0 was accepted");
+	ps_client_free(b);
+	b = NULL;
+	ck_assert_msg(strstr(err, "rank 0") || strstr(err, "worker 0"), "%s", err);
+	ck_assert_msg(strstr(err, "already"), "%s", err);
+	/* rank 1 is not affected */
+	struct ps_client *c1 = join_ok(&o.cfg, 1);
+	ps_client_free(c1);
+	/* the first one stops (its connection closes): a restart takes over */
+	ps_client_free(a);
+	b = join_ok(&o.cfg, 0);
+	ps_client_free(b);
+	stop_one(&o);
+}
+END_TEST
+
+/* A raw worker Hello of rank on port (security.auth off): the connection,
+ * answered ok, which then stays silent (as one whose host died). */
+static int raw_worker(const struct ps_config *cfg, int port, int rank)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	static char settings[PS_AGREE_MAX];
+	Ps__Hello h = PS__HELLO__INIT;
+	struct ps_shardmap map;
+	uint8_t buf[4096], hdr[PS_WIRE_HDR_LEN];
+	struct ps_frame_hdr fh = { .version = PS_PROTOCOL_VERSION, .type = PS_MSG_HELLO };
+	struct ps_wire_limits lim = { .max_frame = 1 << 20, .max_meta = 1 << 16 };
+	char why[200];
+
+	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(ps_shardmap_init(&map, cfg), 0);
+	ps_config_agreement(cfg, settings, sizeof(settings));
+	h.protocol_version = PS_PROTOCOL_VERSION;
+	h.role = PS__ROLE__ROLE_WORKER;
+	h.rank = rank;
+	h.shard_map_hash = map.hash;
+	h.incarnation = 4242;
+	h.settings = settings;
+	ps_shardmap_free(&map);
+	fh.meta_len = (uint32_t)protobuf_c_message_get_packed_size(&h.base);
+	ps_wire_encode_hdr(buf, &fh);
+	protobuf_c_message_pack(&h.base, buf + PS_WIRE_HDR_LEN);
+	ck_assert_int_eq(write(fd, buf, PS_WIRE_HDR_LEN + fh.meta_len),
+			 (ssize_t)(PS_WIRE_HDR_LEN + fh.meta_len));
+	/* the HelloReply: ok */
+	ck_assert_int_eq(read(fd, hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+	ck_assert_int_eq(ps_wire_decode_hdr(hdr, &lim, &fh, why, sizeof(why)), 0);
+	ck_assert_uint_eq(fh.type, PS_MSG_HELLO_REPLY);
+	ck_assert_uint_lt(fh.meta_len + fh.payload_len, sizeof(buf));
+	size_t got = 0;
+	while (got < fh.meta_len + fh.payload_len) {
+		ssize_t k = read(fd, buf + got, fh.meta_len + fh.payload_len - got);
+		ck_assert_int_gt(k, 0);
+		got += (size_t)k;
+	}
+	Ps__HelloReply *r = ps__hello_reply__unpack(NULL, fh.meta_len, buf);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_msg(r->ok, "%s", r->error);
+	ps__hello_reply__free_unpacked(r, NULL);
+	return fd;
+}
+
+/* A worker restarted while its old connection is still open but silent
+ * (its host died: no FIN) takes over once the old one has missed its
+ * heartbeats; while the old one still talks, the new one is refused. */
+START_TEST(test_restart_takes_over_silent_connection)
+{
+	struct one o;
+	struct ps_client *b = NULL;
+	char err[512];
+
+	start_one(&o, 1, "consistency:\n  mode: async\nsecurity:\n  auth: false\n"
+		  "limits:\n  idle_timeout_ms: 1500\n");
+	/* the shard listens once a worker can join */
+	b = join_ok(&o.cfg, 0);
+	ps_client_free(b);
+	b = NULL;
+	int fd = raw_worker(&o.cfg, o.port, 0);
+	/* it just spoke: a second rank 0 is a duplicate */
+	ck_assert_int_ne(join(&o.cfg, 0, &b, err, sizeof(err)), 0);
+	ps_client_free(b);
+	b = NULL;
+	ck_assert_msg(strstr(err, "worker 0") && strstr(err, "already"), "%s", err);
+	/* silent past two heartbeat periods (2/3 of the idle timeout): a
+	 * restart takes over, well before the idle timeout closes it */
+	double t0 = ps_now_s();
+	int rc;
+	while ((rc = ps_client_init(&b, &o.cfg, 0, err, sizeof(err))) != 0) {
+		ck_assert_msg(ps_now_s() - t0 < 10 * tu_time_scale(), "never taken over: %s", err);
+		tu_sleep_ms(100);
+	}
+	printf("measured: a restart took over a silent connection after %.2f s\n",
+	       ps_now_s() - t0);
+	ps_client_free(b);
+	close(fd);
+	stop_one(&o);
+}
+END_TEST
+
+/* Sync, 2 workers: worker 1 leaves and is dropped; worker 0 pushes clock
+ * k for tensor a only, so a's slices move to k + 1 and b's stay at k. A
+ * new worker 1 joins: told clock k, its push for clock k of both tensors
+ * is accepted (a's part came too late and is set aside), and the cluster
+ * goes on. */
+START_TEST(test_rejoin_at_told_clock)
+{
+	struct one o;
+	static float g[1000], w[1000];
+	struct ps_tensor ga = { .name = "a", .data = g, .count = 1000 };
+	struct ps_tensor gab[2] = { { .name = "a", .data = g, .count = 1000 },
+				    { .name = "b", .data = g, .count = 1000 } };
+	struct ps_tensor wb = { .name = "b", .data = w, .count = 1000 };
+
+	start_one(&o, 2, "consistency:\n  mode: sync\nlimits:\n  drop_timeout_ms: 200\n"
+		  "log:\n  level: info\n");
+	struct ps_client *w0 = join_ok(&o.cfg, 0), *w1 = join_ok(&o.cfg, 1);
+	for (uint64_t k = 0; k < 3; k++) {
+		int64_t p0 = ps_client_push(w0, k, gab, 2, PS_PUSH_END_CLOCK);
+		int64_t p1 = ps_client_push(w1, k, gab, 2, PS_PUSH_END_CLOCK);
+		ck_assert(p0 > 0 && p1 > 0);
+		ck_assert_int_eq(ps_client_wait(w0, p0), 0);
+		ck_assert_int_eq(ps_client_wait(w1, p1), 0);
+	}
+	ps_client_free(w1);
+	/* worker 1 dropped: wait for the shard to say so */
+	double t0 = ps_now_s();
+	char *log = NULL;
+	for (;;) {
+		free(log);
+		log = read_log(o.log);
+		if (strstr(log, "worker 1 left the live set"))
+			break;
+		ck_assert_msg(ps_now_s() - t0 < 10 * tu_time_scale(), "worker 1 never dropped: %s",
+			      log);
+		tu_sleep_ms(20);
+	}
+	free(log);
+	int64_t p = ps_client_push(w0, 3, &ga, 1, 0);
+	ck_assert_int_eq(ps_client_wait(w0, p), 0);
+	/* a's slices are at 4 now, b's at 3 */
+	w1 = join_ok(&o.cfg, 1);
+	ck_assert_uint_eq(ps_client_clock(w1), 3);
+	/* the shard kept running: no checkpoint to claim (ps-worker says so) */
+	ck_assert_msg(!ps_client_from_checkpoint(w1), "clock 3 taken for a checkpoint");
+	p = ps_client_push(w1, 3, gab, 2, PS_PUSH_END_CLOCK);
+	ck_assert_msg(ps_client_wait(w1, p) == 0, "the rejoined worker's push at the clock it was "
+		      "told: %s", ps_client_error(w1));
+	p = ps_client_push(w0, 3, &gab[1], 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_eq(ps_client_wait(w0, p), 0);
+	p = ps_client_pull(w1, 4, &wb, 1);
+	ck_assert_msg(ps_client_wait(w1, p) == 0, "pull: %s", ps_client_error(w1));
+	ps_client_free(w0);
+	ps_client_free(w1);
+	stop_one(&o);
+}
+END_TEST
+
+/* With the default limits, a killed worker (its connection closed) stops
+ * a sync cluster for seconds: the survivor's next pull is answered well
+ * within the old default's minute. */
+START_TEST(test_dead_worker_default_drop)
+{
+	struct one o;
+	static float g[1000], w[1000];
+	struct ps_tensor gab[2] = { { .name = "a", .data = g, .count = 1000 },
+				    { .name = "b", .data = g, .count = 1000 } };
+	struct ps_tensor wa = { .name = "a", .data = w, .count = 1000 };
+
+	start_one(&o, 2, "consistency:\n  mode: sync\n");
+	struct ps_client *w0 = join_ok(&o.cfg, 0), *w1 = join_ok(&o.cfg, 1);
+	ps_client_free(w1); /* as a killed process's: the connection closes */
+	double t0 = ps_now_s();
+	int64_t p = ps_client_push(w0, 0, gab, 2, PS_PUSH_END_CLOCK);
+	ck_assert_int_eq(ps_client_wait(w0, p), 0);
+	p = ps_client_pull(w0, 1, &wa, 1);
+	int rc = ps_client_wait(w0, p);
+	double took = ps_now_s() - t0;
+	printf("measured: a sync pull waited %.1f s for a killed worker (default limits)\n", took);
+	ck_assert_msg(rc == 0, "pull: %s", ps_client_error(w0));
+	ck_assert_msg(took < 15 * tu_time_scale(), "the pull waited %.1f s for a dead worker",
+		      took);
+	ps_client_free(w0);
+	stop_one(&o);
+}
+END_TEST
+
+/* Wrong secrets: each failure is counted, the log names the peer's
+ * address, and a flood of them writes a bounded number of lines. */
+START_TEST(test_auth_failures_logged)
+{
+	struct one o;
+	char wrong[64], err[512];
+	struct ps_config wcfg;
+	struct ps_shard_stats st;
+	const int tries = 40;
+
+	start_one(&o, 1, "");
+	ps_client_free(join_ok(&o.cfg, 0)); /* the shard is up */
+	struct ps_client *mon = NULL;
+	ck_assert_msg(join(&o.cfg, -1, &mon, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(tu_write_secret(wrong), 0);
+	wcfg = o.cfg;
+	snprintf(wcfg.security.secret_file, sizeof(wcfg.security.secret_file), "%s", wrong);
+	for (int i = 0; i < tries; i++) {
+		struct ps_client *c = NULL;
+		ck_assert_int_ne(ps_client_init(&c, &wcfg, 0, err, sizeof(err)), 0);
+		ps_client_free(c);
+	}
+	ck_assert_int_eq(ps_client_stats(mon, 0, &st), 0);
+	ck_assert_uint_eq(st.auth_failures, tries);
+	ps_client_free(mon);
+	ck_assert_int_eq(tu_stop_server(o.pid), 0);
+	char *log = read_log(o.log);
+	int lines = count_of(log, "authentication failed");
+	printf("measured: %d failed authentications, %d log lines\n", tries, lines);
+	ck_assert_msg(lines >= 1 && strstr(log, "127.0.0.1:"), "%s", log);
+	ck_assert_msg(lines <= 10, "%d lines for %d failures: not rate-limited", lines, tries);
+	ck_assert_msg(strstr(log, "not logged"), "the log says how many were left out: %s", log);
+	free(log);
+	unlink(wrong);
+	unlink(o.path);
+	unlink(o.log);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("agree");
+	TCase *tc = tcase_create("agree");
+	int failed;
+
+	tu_secret_setup();
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 120);
+	TU_ADD(tc, test_settings_must_agree);
+	TU_ADD(tc, test_duplicate_rank_refused);
+	TU_ADD(tc, test_restart_takes_over_silent_connection);
+	TU_ADD(tc, test_rejoin_at_told_clock);
+	TU_ADD(tc, test_dead_worker_default_drop);
+	TU_ADD(tc, test_auth_failures_logged);
+	suite_add_tcase(s, tc);
+	failed = tu_run_suite(s);
+	tu_secret_cleanup();
+	return failed ? 1 : 0;
+}
