@@ -39,6 +39,11 @@ else bad "libps.so exports differ from worker/client/libps.map: $(tr '\n' ' ' <"
 # ... and each public function is declared in the installed headers
 missing=$(for f in $(cat "$tmp/public"); do grep -q "\b$f(" "$dest$prefix"/include/ps/*.h || echo "$f"; done)
 [ -z "$missing" ] && ok || bad "exported but not in the public headers: $missing"
+# ... and each function the public headers declare is exported (a call a
+# libps.so user could write must link)
+declared=$(sed -n 's/^[a-z].*[ *]\(ps_[a-z_0-9]*\)(.*/\1/p' "$dest$prefix"/include/ps/*.h | sort -u)
+unexported=$(for f in $declared; do grep -qx "$f" "$tmp/public" || echo "$f"; done)
+[ -z "$unexported" ] && ok || bad "declared in the public headers but not exported: $unexported"
 
 cat >"$tmp/tiny.c" <<'C'
 #include <stdio.h>
