@@ -42,7 +42,7 @@ static PyObject *table_dict(const struct ps_table_stats *t)
 	if (!d)
 		return NULL;
 	if (STR(d, t, name) || INT(d, t, dim) || U64(d, t, rows) || U64(d, t, bytes) ||
-	    U64(d, t, admitted) || U64(d, t, evicted) || U64(d, t, expired) ||
+	    U64(d, t, admitted) || U64(d, t, evicted) || U64(d, t, cap_rows) || U64(d, t, expired) ||
 	    U64(d, t, filter_ids) || U64(d, t, filter_bytes) || U64(d, t, filter_lookups) ||
 	    U64(d, t, filter_hits) || U64(d, t, pulled_rows) || U64(d, t, pushed_rows) ||
 	    U64(d, t, version)) {
@@ -75,7 +75,9 @@ PyObject *pyps_stats_dict(const struct ps_shard_stats *s)
 	    DBL(d, s, push_lat_sum_s) || DBL(d, s, pull_lat_sum_s) ||
 	    INT(d, s, checkpoint_status) || STR(d, s, checkpoint_path) ||
 	    U64(d, s, checkpoint_bytes) || DBL(d, s, checkpoint_seconds) ||
-	    STR(d, s, checkpoint_error) || INT(d, s, repl_state) || U64(d, s, repl_epoch) ||
+	    STR(d, s, checkpoint_error) || INT(d, s, checkpoint_on) ||
+	    DBL(d, s, checkpoint_age_s) || U64(d, s, checkpoint_failures) ||
+	    INT(d, s, checkpoint_every_s) || INT(d, s, repl_state) || U64(d, s, repl_epoch) ||
 	    STR(d, s, repl_partner) || INT(d, s, repl_partner_up) || U64(d, s, repl_lag) ||
 	    U64(d, s, repl_failovers) || U64(d, s, repl_lsn) || INT(d, s, repl_replica) ||
 	    INT(d, s, nworkers) || put(d, "worker_clock", u64_list(s->worker_clock, nw)))

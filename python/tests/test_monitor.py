@@ -34,6 +34,10 @@ def test_stats_and_checkpoint(cluster, tmp_path):
             assert r["checkpoint_status"] == 0, r["checkpoint_error"]
             assert r["checkpoint_path"].startswith(str(ck)) and os.path.exists(r["checkpoint_path"])
             assert r["checkpoint_bytes"] > 0
+        for s in m.stats():   # the health ps-stat shows: on, fresh, no failures
+            assert s["checkpoint_on"] == 1 and s["checkpoint_failures"] == 0
+            assert 0 <= s["checkpoint_age_s"] < 60, s["checkpoint_age_s"]
+            assert s["tables"][0]["cap_rows"] > 0   # the table's budget, in rows
         try:
             m.stats(2)
             raise AssertionError("shard 2 of 2 answered")
