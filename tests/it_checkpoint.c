@@ -1016,8 +1016,13 @@ START_TEST(test_checkpoint_on_request)
 	ck_assert_msg(pp && sscanf(pp, "(the shard paused %lf s", &paused) == 1, "%s", l);
 	printf("measured: the copy paused the shard %.0f ms of the %.0f ms checkpoint\n",
 	       paused * 1e3, secs_done * 1e3);
-	ck_assert_msg(max_during <= (paused * 1e3 + 150) * tu_time_scale(), "a pull waited %.0f "
-		      "ms, the copy took %.0f ms", max_during, paused * 1e3);
+	/* the bound leaves half of the write's own time as slack for a busy
+	 * machine (a pull queued behind other processes); a pull that waited
+	 * for the write and fsync, as before, waits nearly all of it */
+	double bound = paused * 1e3 + 150 + 0.5 * (secs_done - paused) * 1e3;
+	ck_assert_msg(max_during <= bound * tu_time_scale(), "a pull waited %.0f ms, the copy "
+		      "took %.0f ms of the %.0f ms checkpoint (bound %.0f ms)", max_during,
+		      paused * 1e3, secs_done * 1e3, bound);
 	ck_assert_msg(paused < secs_done, "copy %.3f s, checkpoint %.3f s", paused, secs_done);
 	free(log);
 	/* SIGTERM still writes the last checkpoint, and it loads */
