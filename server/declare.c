@@ -72,8 +72,8 @@ static int parse_list(const Ps__Declare *m, struct ps_tensor_cfg *list, char *wh
 		for (int j = 0; j < t->ndims; j++, d++) {
 			int64_t v = m->dims[d];
 			if (v < 1 || v > PS_DECL_MAX_COUNT || t->count > PS_DECL_MAX_COUNT / v) {
-				snprintf(why, wl, "tensor %zu ('%s'): dim %d is %" PRId64 ", expected 1.."
-					 "with at most %" PRId64 " elements a tensor", i, nm, j, v,
+				snprintf(why, wl, "tensor %zu ('%s'): dim %d is %" PRId64 ", expected >= 1 "
+					 "and at most %" PRId64 " elements in a tensor", i, nm, j, v,
 					 PS_DECL_MAX_COUNT);
 				return PS_ETOOBIG;
 			}
