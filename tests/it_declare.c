@@ -544,7 +544,18 @@ START_TEST(test_declare_config)
 	ck_assert_int_eq(ps_config_open(&c, p, err, sizeof(err)), 0);
 	ck_assert_int_eq(ps_config_declared(c), 1);
 	ck_assert_int_eq(ps_config_ntensors(c), 0);
+	/* --dump-config of it loads back, still without a model */
+	char d[64] = "";
+	ck_assert_int_eq(tu_write_temp(d, ""), 0);
+	FILE *f = fopen(d, "w");
+	ck_assert_ptr_nonnull(f);
+	ps_config_dump(c, f);
+	fclose(f);
 	ps_config_close(c);
+	ck_assert_msg(ps_config_open(&c, d, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps_config_declared(c), 1);
+	ps_config_close(c);
+	unlink(d);
 	unlink(p);
 	p[0] = 0;
 	ck_assert_int_eq(tu_write_temp(p, "cluster:\n  servers: [127.0.0.1:1]\n  workers: 1\n"
