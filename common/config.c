@@ -639,9 +639,27 @@ static int resolve_model(struct ctx *c, struct ps_config *cfg, const struct ynod
 	if (pre && !cfg->model.preset[0])
 		pre = NULL;
 	at = lay ? lay : pre;
-	if (!pre && !lay && !ten)
-		return cfg_fail(c, section_line(root, "model.x"), "missing the model: give "
-				"'model.preset' (mlp, cnn, ctr), 'model.layers' or 'model.tensors'");
+	if (!pre && !lay && !ten) {
+		/* no dense model: workers declare its tensors at run time
+		 * (ps_client_declare); what cannot follow a declaration is
+		 * refused here */
+		const struct ynode *rep = seen[find_opt(cfg_opts, NCFG, "cluster.replicas")];
+
+		(void)root;
+		cfg->declare = 1;
+		cfg->ntensors = 0;
+		if (cfg->replicas)
+			return cfg_fail(c, rep ? rep->line : 1, "key 'cluster.replicas': "
+					"a config without a model (tensors declared by the workers) "
+					"cannot have replicas yet; give 'model.preset', 'model.layers' "
+					"or 'model.tensors', or set cluster.replicas: 0");
+		if (c->novr)
+			return cfg_fail(c, c->ovr[0].name_at->line, "key 'compression.tensors': "
+					"needs a model in the config (tensors declared by the workers "
+					"take compression.codec); give 'model.preset', 'model.layers' "
+					"or 'model.tensors'");
+		return 0;
+	}
 	if (pre && lay)
 		return cfg_fail(c, lay->line, "key 'model.layers': give either 'model.preset' "
 				"(line %d) or 'model.layers', not both", pre->line);

@@ -14,7 +14,9 @@
 #include "layers.h"
 
 #define PS_MAX_SHARDS 256
-#define PS_MAX_TENSORS 1024
+/* dense tensors of one model: a config's, or a declaration's (thousands of
+ * parameters in real models) */
+#define PS_MAX_TENSORS 8192
 #define PS_MAX_DIMS 8
 #define PS_NAME_MAX 64
 #define PS_HOST_MAX 256
@@ -181,6 +183,10 @@ struct ps_config {
 	int staleness;              /* async only */
 	uint64_t seed;
 	uint64_t slice_bytes;       /* max bytes of one slice */
+	/* 1 when the config names no dense model (no model.preset, .layers or
+	 * .tensors): workers declare the tensors at run time (ps_client_declare,
+	 * server/declare.c), and tensors[] is filled from the declaration. */
+	int declare;
 	int ntensors;
 	struct ps_tensor_cfg tensors[PS_MAX_TENSORS];
 	struct ps_optim_cfg optim;

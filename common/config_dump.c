@@ -261,6 +261,11 @@ void ps_config_dump(const struct ps_config *cfg, FILE *out)
 			if (sl)
 				fprintf(out, "%s:\n", section);
 		}
+		if (o->type == T_TENSORS && cfg->declare) {
+			/* left out, so that the dump loads back without a model */
+			fprintf(out, "  # tensors: declared by the workers at run time\n");
+			continue;
+		}
 		if (o->type == T_TENSORS && cfg->model.nlayers) {
 			fprintf(out, "  # tensors: derived from the layers:");
 			for (int t = 0; t < cfg->ntensors; t++)

@@ -83,11 +83,17 @@ int ps_shardmap_init(struct ps_shardmap *m, const struct ps_config *cfg)
 	/* The hash covers everything that decides where a byte lives. */
 	h = hash_u64(h, (uint64_t)cfg->nshards);
 	h = hash_u64(h, cfg->slice_bytes);
-	for (int t = 0; t < cfg->ntensors; t++) {
+	/* Declared tensors (cfg->declare) are left out: a worker connects
+	 * before it declares, and the declaration itself is compared with the
+	 * shard's tensors (server/declare.c), so the same config gives the
+	 * same hash before and after. */
+	if (cfg->declare)
+		h = hash_u64(h, 1);
+	for (int t = 0; !cfg->declare && t < cfg->ntensors; t++) {
 		h = ps_fnv1a(h, cfg->tensors[t].name, strlen(cfg->tensors[t].name) + 1);
 		h = hash_u64(h, (uint64_t)cfg->tensors[t].count);
 	}
-	for (uint32_t i = 0; i < m->nslices; i++)
+	for (uint32_t i = 0; !cfg->declare && i < m->nslices; i++)
 		h = hash_u64(h, (uint64_t)m->slices[i].shard);
 	/* Embedding tables: their names place the rows; dim and optimizer
 	 * decide what a row is (a client with another dim is refused at the

@@ -146,6 +146,7 @@ struct tcp_write {
 	void *arg;
 	uint8_t *copy;            /* volatile remainder, freed after the write */
 	uint8_t *sealed;          /* an encrypted frame, whole, freed after the write */
+	uint8_t *gathered;        /* payload pieces past MAX_IOV, copied together */
 	uint8_t tag[PS_MAC_TAG_LEN];
 	uint8_t head[];           /* header + meta */
 };
@@ -168,6 +169,7 @@ static void write_free(struct tcp_write *w)
 {
 	free(w->copy);
 	free(w->sealed);
+	free(w->gathered);
 	free(w);
 }
 
@@ -1014,17 +1016,42 @@ static int tcp_send(struct ps_conn *pc, uint8_t type, const void *meta, uint32_t
 
 	if (c->closing || !c->connected)
 		return PS_ECLOSED;
-	if (npayload > MAX_IOV || ((flags & PS_SEND_VOLATILE) && cb))
+	struct ps_iov one;
+	uint8_t *gathered = NULL;
+
+	if ((flags & PS_SEND_VOLATILE) && cb)
 		return -EINVAL;
+	if (npayload > MAX_IOV) {
+		/* more pieces than one write takes (a model of thousands of
+		 * small tensors): copied into one buffer of the write's own */
+		size_t n = 0;
+		for (int i = 0; i < npayload; i++)
+			n += payload[i].len;
+		gathered = malloc(n ? n : 1);
+		if (!gathered)
+			return -ENOMEM;
+		n = 0;
+		for (int i = 0; i < npayload; i++) {
+			memcpy(gathered + n, payload[i].base, payload[i].len);
+			n += payload[i].len;
+		}
+		one = (struct ps_iov){ gathered, n };
+		payload = &one;
+		npayload = 1;
+	}
 	for (int i = 0; i < npayload; i++) {
-		if (payload[i].len > UINT32_MAX)
+		if (payload[i].len > UINT32_MAX) {
+			free(gathered);
 			return -EINVAL; /* uv_buf_t lengths are unsigned int */
+		}
 		h.payload_len += payload[i].len;
 	}
 	w = malloc(sizeof(*w) + PS_WIRE_HDR_LEN + meta_len);
-	if (!w)
+	if (!w) {
+		free(gathered);
 		return -ENOMEM;
-	*w = (struct tcp_write){ .conn = c, .cb = cb, .arg = arg };
+	}
+	*w = (struct tcp_write){ .conn = c, .cb = cb, .arg = arg, .gathered = gathered };
 	if (meta_len)
 		memcpy(w->head + PS_WIRE_HDR_LEN, meta, meta_len);
 	bufs[0] = uv_buf_init((char *)w->head, PS_WIRE_HDR_LEN + meta_len);

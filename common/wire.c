@@ -50,7 +50,7 @@ const char *ps_wire_type_name(unsigned type)
 		[PS_MSG_PULL_ROWS] = "pull-rows", [PS_MSG_PULL_ROWS_REPLY] = "pull-rows-reply",
 		[PS_MSG_PUSH_ROWS] = "push-rows",
 		[PS_MSG_REPL_BATCH] = "repl-batch", [PS_MSG_REPL_ACK] = "repl-ack",
-		[PS_MSG_REPL_SNAPSHOT] = "repl-snapshot",
+		[PS_MSG_REPL_SNAPSHOT] = "repl-snapshot", [PS_MSG_DECLARE] = "declare",
 	};
 	return type < PS_MSG_MAX_ && names[type] ? names[type] : "unknown";
 }

@@ -48,7 +48,8 @@ enum ps_msg_type {
 	PS_MSG_REPL_BATCH = 16,
 	PS_MSG_REPL_ACK = 17,
 	PS_MSG_REPL_SNAPSHOT = 18,
-	PS_MSG_MAX_ = 19
+	PS_MSG_DECLARE = 19,
+	PS_MSG_MAX_ = 20
 };
 
 enum {

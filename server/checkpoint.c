@@ -1,6 +1,9 @@
 /* checkpoint.c - a shard's state on disk (checkpoint.h).
  *
- * Layout: a fixed header (struct ckpt_hdr), then per owned slice, in slot
+ * Layout: a fixed header (struct ckpt_hdr), then, for a config without a
+ * model, the ndeclared tensors the workers declared (struct ckpt_decl, in
+ * declaration order: the shard rebuilds its map from them before anything
+ * else is read, server/declare.c), then per owned slice, in slot
  * order, a struct ckpt_slot followed by count floats of weights and nstate
  * times count floats of optimizer state, then nworkers uint64 finished
  * clocks, then a uint32 CRC-32 (zlib) of every byte before it.
@@ -21,6 +24,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "server.h"
+#include "server_int.h"
 #include "table_ckpt.h"
 #include "wire.h"
 
@@ -38,7 +42,14 @@ struct ckpt_hdr {
 	uint32_t nworkers;
 	uint32_t consistency;
 	uint32_t nslots;
-	uint32_t reserved;
+	uint32_t ndeclared;         /* struct ckpt_decl entries after the header */
+};
+
+struct ckpt_decl {
+	char name[PS_NAME_MAX];
+	int32_t ndims;
+	int32_t reserved;
+	int64_t dims[PS_MAX_DIMS];
 };
 
 struct ckpt_slot {
@@ -66,6 +77,13 @@ static void fill_hdr(const struct ps_server *s, struct ckpt_hdr *h)
 	h->nworkers = (uint32_t)s->cfg->nworkers;
 	h->consistency = (uint32_t)s->cfg->consistency;
 	h->nslots = (uint32_t)s->store.nslots;
+	h->ndeclared = s->cfg->declare ? (uint32_t)s->cfg->ntensors : 0;
+}
+
+/* Bytes of the declared tensors' list. */
+static size_t decl_size(const struct ps_server *s)
+{
+	return s->cfg->declare ? (size_t)s->cfg->ntensors * sizeof(struct ckpt_decl) : 0;
 }
 
 /* Fault injection for the crash tests (tests/it_checkpoint.c, it_rows.c):
@@ -90,7 +108,7 @@ static void fault_point(const char *step)
 
 static size_t image_size(const struct ps_server *s)
 {
-	size_t n = sizeof(struct ckpt_hdr) + (size_t)s->cfg->nworkers * sizeof(uint64_t);
+	size_t n = sizeof(struct ckpt_hdr) + decl_size(s) + (size_t)s->cfg->nworkers * sizeof(uint64_t);
 
 	for (int k = 0; k < s->store.nslots; k++)
 		n += sizeof(struct ckpt_slot) + (size_t)s->store.slots[k].slice->count *
@@ -117,6 +135,16 @@ static int snapshot_dense(const struct ps_server *s, struct ps_ckpt_image *img, 
 	fill_hdr(s, &h);
 	memcpy(b, &h, sizeof(h));
 	pos = sizeof(h);
+	for (uint32_t i = 0; i < h.ndeclared; i++, pos += sizeof(struct ckpt_decl)) {
+		const struct ps_tensor_cfg *t = &s->cfg->tensors[i];
+		struct ckpt_decl d;
+
+		memset(&d, 0, sizeof(d));
+		memcpy(d.name, t->name, sizeof(d.name));
+		d.ndims = t->ndims;
+		memcpy(d.dims, t->dims, sizeof(d.dims));
+		memcpy(b + pos, &d, sizeof(d));
+	}
 	for (int k = 0; k < s->store.nslots; k++) {
 		const struct ps_slot *sl = &s->store.slots[k];
 		struct ckpt_slot cs = { .slice = sl->slice->id, .count = (uint64_t)sl->slice->count,
@@ -343,6 +371,66 @@ static int read_at(int fd, void *p, size_t n, uint64_t off)
 
 #define FAIL(code, ...) do { snprintf(err, errlen, __VA_ARGS__); rc = (code); goto out; } while (0)
 
+/* The declared tensors of checkpoint h (h->ndeclared of them): checked
+ * whole, then made the shard's tensors when it has none yet (at the start,
+ * before any worker declared), else compared with them (an incremental
+ * checkpoint after its full one). */
+static int load_declared(struct ps_server *s, int fd, const struct ckpt_hdr *h, uint64_t len,
+			 const char *path, char *err, size_t errlen)
+{
+	struct ps_tensor_cfg *list = NULL;
+	uint32_t n = h->ndeclared;
+	char why[300];
+	int rc = 0;
+
+	if (!s->cfg->declare)
+		FAIL(PS_ECONFIG, "%s: holds %u tensors declared by workers, but the config names its "
+		     "model (model.preset, .layers or .tensors)", path, n);
+	if (n > PS_MAX_TENSORS || len < sizeof(*h) + (uint64_t)n * sizeof(struct ckpt_decl))
+		FAIL(PS_EPROTO, "%s: %u declared tensors: more than %d, or more than the file holds "
+		     "(damaged?)", path, n, PS_MAX_TENSORS);
+	list = calloc(n ? n : 1, sizeof(*list));
+	if (!list)
+		FAIL(-ENOMEM, "%s: out of memory", path);
+	for (uint32_t i = 0; i < n; i++) {
+		struct ckpt_decl d;
+		struct ps_tensor_cfg *t = &list[i];
+
+		if (read_at(fd, &d, sizeof(d), sizeof(*h) + (uint64_t)i * sizeof(d)))
+			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
+		if (!memchr(d.name, 0, sizeof(d.name)) || !d.name[0] || d.ndims < 0 ||
+		    d.ndims > PS_MAX_DIMS)
+			FAIL(PS_EPROTO, "%s: declared tensor %u is damaged", path, i);
+		memcpy(t->name, d.name, sizeof(t->name));
+		t->ndims = d.ndims;
+		t->count = 1;
+		for (int j = 0; j < d.ndims; j++) {
+			if (d.dims[j] < 1 || d.dims[j] > (INT64_C(1) << 36) ||
+			    t->count > (INT64_C(1) << 36) / d.dims[j])
+				FAIL(PS_EPROTO, "%s: declared tensor '%s' has a damaged shape", path,
+				     t->name);
+			t->dims[j] = d.dims[j];
+			t->count *= d.dims[j];
+		}
+	}
+	if (!s->cfg->ntensors) {
+		if (n && (rc = ps__srv_declare_adopt(s, list, (int)n, NULL, 0, why, sizeof(why))))
+			FAIL(rc, "%s: its declared tensors: %s", path, why);
+	} else {
+		int same = (int)n == s->cfg->ntensors;
+		for (uint32_t i = 0; same && i < n; i++)
+			same = !strcmp(list[i].name, s->cfg->tensors[i].name) &&
+			       list[i].ndims == s->cfg->tensors[i].ndims &&
+			       !memcmp(list[i].dims, s->cfg->tensors[i].dims,
+				       sizeof(list[i].dims[0]) * (size_t)list[i].ndims);
+		if (!same)
+			FAIL(PS_ECONFIG, "%s: declares other tensors than its full checkpoint", path);
+	}
+out:
+	free(list);
+	return rc;
+}
+
 /* Loads a full checkpoint (delta 0) or incremental checkpoint delta of
  * the chain: the checks, then the restore, as ps_checkpoint_load says. */
 static int load_file(struct ps_server *s, const char *path, uint32_t delta, char *err,
@@ -387,6 +475,11 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 		     delta ? "incremental " : "");
 	if (h.endian != CKPT_ENDIAN)
 		FAIL(PS_EPROTO, "%s: written on a machine of the other byte order", path);
+	if (h.ndeclared || s->cfg->declare) {
+		rc = load_declared(s, fd, &h, len, path, err, errlen);
+		if (rc)
+			goto out;
+	}
 	fill_hdr(s, &want);
 	if (h.shard != want.shard)
 		FAIL(PS_ECONFIG, "%s: belongs to shard %d, this is shard %d", path, h.shard,
@@ -434,7 +527,7 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 		FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
 	if ((uint32_t)crc_run != crc)
 		FAIL(PS_EPROTO, "%s: checksum mismatch: the file is damaged (or truncated)", path);
-	pos = sizeof(h);
+	pos = sizeof(h) + decl_size(s);
 	for (int k = 0; k < s->store.nslots; k++) {
 		struct ckpt_slot cs;
 		const struct ps_slot *sl = &s->store.slots[k];
@@ -484,7 +577,7 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 		     "tables", path);
 	}
 	/* pass 2: everything checked, restore */
-	pos = sizeof(h);
+	pos = sizeof(h) + decl_size(s);
 	for (int k = 0; k < s->store.nslots; k++) {
 		struct ps_slot *sl = &s->store.slots[k];
 		struct ckpt_slot cs;

@@ -567,6 +567,9 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 		}
 		ps__rows_handle_push(s, sc, (Ps__PushRows *)m, f);
 		break;
+	case PS_MSG_DECLARE:
+		ps__srv_handle_declare(s, sc, (Ps__Declare *)m, f);
+		break;
 	case PS_MSG_STATS_REQUEST:
 		ps__srv_handle_stats(s, sc, (Ps__StatsRequest *)m);
 		break;

@@ -354,4 +354,6 @@ void ps_server_free(struct ps_server *s)
 	ps__rows_free(s);
 	ps_store_free(&s->store);
 	ps_shardmap_free(&s->map);
+	free(s->decl_cfg);
+	s->decl_cfg = NULL;
 }

@@ -39,6 +39,10 @@ struct ps_server_counters {
 
 struct ps_server {
 	const struct ps_config *cfg;
+	/* A config without a model (cfg->declare): the shard's own copy with
+	 * the declared tensors once a worker (or the checkpoint) declared
+	 * them, and then cfg points here (declare.c); else NULL. */
+	struct ps_config *decl_cfg;
 	struct ps_shardmap map;
 	struct ps_store store;
 	int shard;

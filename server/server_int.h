@@ -75,6 +75,16 @@ void ps__srv_on_tick(uv_timer_t *t);
 void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m,
 			 struct ps_frame *f);
 
+/* declare.c: a worker's Declare (tensors of a config without a model) */
+void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Declare *m,
+			    const struct ps_frame *f);
+/* Makes list (n tensors) the shard's tensors: its own config copy, map and
+ * store, the owned slices' weights from values (values_len bytes, in slice
+ * id order) or zeros when values is NULL (a checkpoint fills them next).
+ * 0, or a negative code with the reason in why; the shard is unchanged then. */
+int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list, int n,
+			  const void *values, uint64_t values_len, char *why, size_t wl);
+
 /* pull.c */
 void ps__srv_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Pull *m);
 /* Answers every waiting pull whose condition now holds. */

@@ -857,7 +857,7 @@ static const struct ecase ecases[] = {
 	{ "value with uniform", CL("[a:1]", "1") MODEL("    - {name: w, shape: [4], value: 1}\n"),
 	  { "t.yaml:6: key 'model.tensors[0].value': not used by init 'uniform' (use 'scale')" } },
 	{ "tensors empty", CL("[a:1]", "1") MODEL("    []\n"),
-	  { "t.yaml:6: key 'model.tensors': expected a list of 1..1024 mappings",
+	  { "t.yaml:6: key 'model.tensors': expected a list of 1..8192 mappings",
 	    "wrong number of entries" } },
 	{ "tensors mapping", CL("[a:1]", "1") MODEL("    w: 1\n"),
 	  { "t.yaml:6: key 'model.tensors': expected a list", "got a mapping" } },
@@ -868,10 +868,15 @@ static const struct ecase ecases[] = {
 	  { "t.yaml:4: missing required key 'cluster.workers'" } },
 	{ "missing cluster", "seed: 1\n" MODEL(T1),
 	  { "t.yaml:1: missing required key 'cluster.servers'" } },
-	{ "missing tensors", CL("[a:1]", "1") "seed: 3\n",
-	  { "t.yaml:1: missing the model: give 'model.preset' (mlp, cnn, ctr), 'model.layers' or 'model.tensors'" } },
-	{ "missing tensors, empty model", CL("[a:1]", "1") "model:\n",
-	  { "t.yaml:4: missing the model" } },
+	/* no model: the workers declare it (ps_client_declare), which replicas
+	 * and per-tensor codecs cannot follow yet */
+	{ "no model with replicas", "cluster:\n  servers: [a:1]\n  workers: 1\n  replicas: 1\n"
+	  "  backups: [b:1]\n",
+	  { "t.yaml:4: key 'cluster.replicas': a config without a model (tensors declared by the "
+	    "workers) cannot have replicas yet" } },
+	{ "no model with codec overrides", CL("[a:1]", "1") "compression:\n  tensors:\n"
+	  "    - {name: w, codec: fp16}\n",
+	  { "t.yaml:6: key 'compression.tensors': needs a model in the config" } },
 	/* checks across options */
 	{ "slice not multiple of 4", BASE "slice_bytes: 1001\n",
 	  { "t.yaml:7: key 'slice_bytes': expected a multiple of 4, got '1001'" } },
@@ -995,7 +1000,7 @@ static const struct ecase ecases[] = {
 	  { "t.yaml:9: key 'compression.tensors[0]': expected a mapping with name and codec or "
 	    "ratio, got 'w'" } },
 	{ "overrides not a list", BASE "compression:\n  tensors: w\n",
-	  { "t.yaml:8: key 'compression.tensors': expected a list of 0..1024 mappings", "got 'w'" } },
+	  { "t.yaml:8: key 'compression.tensors': expected a list of 0..8192 mappings", "got 'w'" } },
 	/* encryption needs the authenticated handshake's keys */
 	{ "encrypt without auth", BASE "security:\n  auth: false\n  encrypt: true\n",
 	  { "t.yaml:9: key 'security.encrypt': true needs security.auth: true and security.mac: "

@@ -7,6 +7,10 @@
         c.push(g)                # ends this worker's clock
         c.pull(w)                # sync: waits for every worker's push of that clock
 
+With a config that names no model, the workers declare it first:
+c.declare({name: array, ...}) in the model's order (rank 0's arrays seed the
+shards; every rank's arrays then hold the shards' values; docs/python.md).
+
 Arrays are any C-contiguous float32 buffer (numpy arrays; torch CPU tensors
 are taken through their .numpy() view), passed without copies. Every call
 that can wait releases the GIL; libps's threads never call Python. The

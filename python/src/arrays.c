@@ -92,9 +92,15 @@ int pyps_get_f32(PyObject *obj, const char *what, int64_t count, int writable, P
 			PyObject *tn = PyType_GetName(Py_TYPE(obj));
 			const char *tname = tn ? PyUnicode_AsUTF8AndSize(tn, NULL) : NULL;
 			PyErr_Clear();
-			pyps_raise(PS_ESHAPE, "%s: a %s was given (%s): a C-contiguous%s float32 "
-				   "array of %lld elements expected", what, tname ? tname : "?",
-				   reason, writable ? ", writable" : "", (long long)count);
+			if (count < 0)
+				pyps_raise(PS_ESHAPE, "%s: a %s was given (%s): a C-contiguous%s "
+					   "float32 array expected", what, tname ? tname : "?", reason,
+					   writable ? ", writable" : "");
+			else
+				pyps_raise(PS_ESHAPE, "%s: a %s was given (%s): a C-contiguous%s "
+					   "float32 array of %lld elements expected", what,
+					   tname ? tname : "?", reason, writable ? ", writable" : "",
+					   (long long)count);
 			Py_XDECREF(tn);
 			return -1;
 		}
@@ -105,7 +111,7 @@ int pyps_get_f32(PyObject *obj, const char *what, int64_t count, int writable, P
 			   "expected", what, v->format ? v->format : "B", v->itemsize);
 		goto err_release;
 	}
-	if (v->len / 4 != count) {
+	if (count >= 0 && v->len / 4 != count) {
 		pyps_raise(PS_ESHAPE, "%s: %zd float32 given, %lld expected", what, v->len / 4,
 			   (long long)count);
 		goto err_release;

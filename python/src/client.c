@@ -173,7 +173,7 @@ static PyObject *client_push(pyps_client *self, PyObject *args, PyObject *kw)
 					 &async) || pyps_client_enter(self) < 0)
 		return NULL;
 	if (get_u64(clk, ps_client_clock(self->c), &clock) < 0 ||
-	    pyps_tset_get(&s, map, self->config->cfg, 0, "push") < 0)
+	    pyps_tset_get(&s, map, ps_client_config(self->c), 0, "push") < 0)
 		goto err_leave;
 	Py_BEGIN_ALLOW_THREADS
 	id = ps_client_push(self->c, clock, s.t, s.n, end_clock ? PS_PUSH_END_CLOCK : 0);
@@ -214,7 +214,7 @@ static PyObject *client_pull(pyps_client *self, PyObject *args, PyObject *kw)
 	    pyps_client_enter(self) < 0)
 		return NULL;
 	if (get_u64(mv, ps_config_sync(self->config->cfg) ? ps_client_clock(self->c) : 0,
-		    &minv) < 0 || pyps_tset_get(&s, map, self->config->cfg, 1, "pull") < 0)
+		    &minv) < 0 || pyps_tset_get(&s, map, ps_client_config(self->c), 1, "pull") < 0)
 		goto err_leave;
 	Py_BEGIN_ALLOW_THREADS
 	id = ps_client_pull(self->c, minv, s.t, s.n);
@@ -272,9 +272,9 @@ static PyObject *client_pushpull(pyps_client *self, PyObject *args, PyObject *kw
 	if (get_u64(mv, !ps_config_sync(self->config->cfg) ? 0 :
 			(end_clock || after) ? clock + 1 : clock, &minv) < 0)
 		goto err_leave;
-	if (pyps_tset_get(&g, gmap, self->config->cfg, 0, "pushpull grads") < 0)
+	if (pyps_tset_get(&g, gmap, ps_client_config(self->c), 0, "pushpull grads") < 0)
 		goto err_leave;
-	if (pyps_tset_get(&o, omap, self->config->cfg, 1, "pushpull out") < 0)
+	if (pyps_tset_get(&o, omap, ps_client_config(self->c), 1, "pushpull out") < 0)
 		goto err_free_g;
 	for (int i = 0; i < g.n; i++)
 		for (int j = 0; j < o.n; j++)
@@ -539,6 +539,115 @@ static PyObject *client_clock(pyps_client *self, PyObject *noarg)
 	return PyLong_FromUnsignedLongLong(clock);
 }
 
+/* declare(params): params maps each parameter's name to its array, in the
+ * model's order (a dict, or a sequence of (name, array) pairs); the shapes
+ * are the arrays' own. The arrays are read (rank 0's initial values) and
+ * then overwritten with the shards' values. */
+static PyObject *client_declare(pyps_client *self, PyObject *params)
+{
+	PyObject *items = NULL, *seq = NULL;
+	Py_buffer *v = NULL;
+	struct ps_param *p = NULL;
+	int64_t (*dims)[8] = NULL;
+	Py_ssize_t n = 0, got = 0;
+	char err[600] = "";
+	int rc = 0;
+
+	if (pyps_client_enter(self) < 0)
+		return NULL;
+	items = PyDict_Check(params) ? PyDict_Items(params) :
+		PyMapping_Check(params) && !PySequence_Check(params) ? PyMapping_Items(params) :
+		(Py_INCREF(params), params);
+	if (!items)
+		goto err_leave;
+	seq = PySequence_Check(items) ? PySequence_List(items) : NULL;
+	if (!seq) {
+		PyErr_Clear();
+		pyps_raise(-EINVAL, "declare: a dict {name: array} or (name, array) pairs expected");
+		goto err_leave;
+	}
+	n = PyList_Size(seq);
+	if (n < 1 || n > 8192) {
+		pyps_raise(PS_ETOOBIG, "declare: %zd parameters given, 1..8192 expected", n);
+		goto err_leave;
+	}
+	v = PyMem_Calloc((size_t)n, sizeof(*v));
+	p = PyMem_Calloc((size_t)n, sizeof(*p));
+	dims = PyMem_Calloc((size_t)n, sizeof(*dims));
+	if (!v || !p || !dims) {
+		PyErr_NoMemory();
+		goto err_release;
+	}
+	for (; got < n; got++) {
+		PyObject *it = PyList_GetItem(seq, got), *name, *arr;
+		char what[100];
+
+		if (!PyTuple_Check(it) || PyTuple_Size(it) != 2) {
+			pyps_raise(-EINVAL, "declare: item %zd is not a (name, array) pair", got);
+			goto err_release;
+		}
+		name = PyTuple_GetItem(it, 0);
+		arr = PyTuple_GetItem(it, 1);
+		p[got].name = PyUnicode_Check(name) ? PyUnicode_AsUTF8AndSize(name, NULL) : NULL;
+		if (!p[got].name) {
+			PyErr_Clear();
+			pyps_raise(-EINVAL, "declare: the name of item %zd is not a str", got);
+			goto err_release;
+		}
+		snprintf(what, sizeof(what), "parameter '%.64s'", p[got].name);
+		if (pyps_get_f32(arr, what, -1, 1, &v[got]) < 0)
+			goto err_release;
+		if (v[got].ndim > 8) {
+			pyps_raise(PS_ETOOBIG, "declare: %s has %d dims, at most 8", what, v[got].ndim);
+			got++;
+			goto err_release;
+		}
+		p[got].ndims = v[got].ndim;
+		for (int j = 0; j < v[got].ndim; j++)
+			dims[got][j] = v[got].shape ? (int64_t)v[got].shape[j] : 0;
+		if (v[got].ndim == 1 && !v[got].shape)
+			dims[got][0] = v[got].len / 4;
+		p[got].dims = dims[got];
+		p[got].data = v[got].buf;
+	}
+	Py_BEGIN_ALLOW_THREADS
+	rc = ps_client_declare(self->c, p, (int)n);
+	if (rc < 0)
+		pyps_client_errtext(self, err, sizeof(err));
+	Py_END_ALLOW_THREADS
+err_release:
+	for (Py_ssize_t i = 0; i < got; i++)
+		PyBuffer_Release(&v[i]);
+	PyMem_Free(v);
+	PyMem_Free(p);
+	PyMem_Free(dims);
+	Py_XDECREF(seq);
+	Py_XDECREF(items);
+	pyps_client_leave(self);
+	if (PyErr_Occurred())
+		return NULL;
+	if (rc < 0)
+		return fail(self, rc, "declare", err);
+	Py_RETURN_NONE;
+err_leave:
+	Py_XDECREF(seq);
+	Py_XDECREF(items);
+	pyps_client_leave(self);
+	return NULL;
+}
+
+static PyObject *client_get_tensors(pyps_client *self, void *closure)
+{
+	PyObject *d;
+
+	(void)closure;
+	if (pyps_client_enter(self) < 0)
+		return NULL;
+	d = pyps_tensors_dict(ps_client_config(self->c));
+	pyps_client_leave(self);
+	return d;
+}
+
 static PyObject *client_get_rank(pyps_client *self, void *closure)
 {
 	(void)closure;
@@ -578,6 +687,9 @@ static PyMethodDef client_methods[] = {
 	  METH_VARARGS | METH_KEYWORDS, "checkpoint(shard, write=True) -> dict" },
 	{ "shard_error", (PyCFunction)client_shard_error, METH_O,
 	  "shard_error(shard) -> None when connected, else why not" },
+	{ "declare", (PyCFunction)client_declare, METH_O,
+	  "declare(params): the model's tensors, {name: float32 array} in the model's order "
+	  "(a config without a model); the arrays get the shards' values" },
 	{ "clock", (PyCFunction)client_clock, METH_NOARGS,
 	  "the clock the next push belongs to (clocks finished so far)" },
 	{ "close", (PyCFunction)client_close, METH_NOARGS,
@@ -589,6 +701,8 @@ static PyGetSetDef client_getset[] = {
 	{ "rank", (getter)client_get_rank, NULL, "worker rank, -1 for a monitor", NULL },
 	{ "config", (getter)client_get_config, NULL, "the ps.Config connected with", NULL },
 	{ "closed", (getter)client_get_closed, NULL, "True once close() was called", NULL },
+	{ "tensors", (getter)client_get_tensors, NULL, "{name: element count}: the config's "
+	  "tensors, or the declared ones", NULL },
 	{ NULL, NULL, NULL, NULL, NULL },
 };
 

@@ -142,17 +142,17 @@ static int config_ok(pyps_config *self)
 	return 0;
 }
 
-/* tensors: {name: element count} in config order */
-static PyObject *config_tensors(pyps_config *self, void *closure)
+/* {name: element count} of cfg's tensors, in order (Config.tensors, and
+ * Client.tensors with the declared ones). */
+PyObject *pyps_tensors_dict(const struct ps_config *cfg)
 {
-	PyObject *d;
+	PyObject *d = PyDict_New();
 
-	(void)closure;
-	if (!config_ok(self) || !(d = PyDict_New()))
+	if (!d)
 		return NULL;
-	for (int i = 0; i < ps_config_ntensors(self->cfg); i++) {
-		PyObject *v = PyLong_FromLongLong(ps_config_tensor_count(self->cfg, i));
-		if (!v || PyDict_SetItemString(d, ps_config_tensor_name(self->cfg, i), v) < 0) {
+	for (int i = 0; i < ps_config_ntensors(cfg); i++) {
+		PyObject *v = PyLong_FromLongLong(ps_config_tensor_count(cfg, i));
+		if (!v || PyDict_SetItemString(d, ps_config_tensor_name(cfg, i), v) < 0) {
 			Py_XDECREF(v);
 			Py_DECREF(d);
 			return NULL;
@@ -160,6 +160,19 @@ static PyObject *config_tensors(pyps_config *self, void *closure)
 		Py_DECREF(v);
 	}
 	return d;
+}
+
+/* tensors: {name: element count} in config order */
+static PyObject *config_tensors(pyps_config *self, void *closure)
+{
+	(void)closure;
+	return config_ok(self) ? pyps_tensors_dict(self->cfg) : NULL;
+}
+
+static PyObject *config_declared(pyps_config *self, void *closure)
+{
+	(void)closure;
+	return config_ok(self) ? PyBool_FromLong(ps_config_declared(self->cfg)) : NULL;
 }
 
 /* tables: {name: row width} */
@@ -209,6 +222,8 @@ static PyObject *config_path(pyps_config *self, void *closure)
 static PyGetSetDef config_getset[] = {
 	{ "tensors", (getter)config_tensors, NULL, "{name: element count} in config order", NULL },
 	{ "tables", (getter)config_tables, NULL, "{name: row width} of model.embeddings", NULL },
+	{ "declared", (getter)config_declared, NULL, "True when the config names no model: "
+	  "workers declare its tensors (Client.declare)", NULL },
 	{ "nshards", (getter)config_nshards, NULL, "number of shards", NULL },
 	{ "sync", (getter)config_sync, NULL, "True for consistency: sync", NULL },
 	{ "staleness", (getter)config_staleness, NULL, "async staleness bound", NULL },

@@ -72,7 +72,8 @@ struct pyps_tset {
 int pyps_tset_get(struct pyps_tset *s, PyObject *map, const struct ps_config *cfg, int writable,
 		  const char *call);
 void pyps_tset_free(struct pyps_tset *s);
-/* obj's memory as count float32 (what names it in messages). */
+/* obj's memory as count float32 (what names it in messages); count < 0:
+ * any number of them, and v's shape is filled. */
 int pyps_get_f32(PyObject *obj, const char *what, int64_t count, int writable, Py_buffer *v);
 /* An id array: C-contiguous uint64, or int64 >= 0. */
 int pyps_get_ids(PyObject *obj, const char *call, const char *table, Py_buffer *v);
@@ -103,6 +104,9 @@ extern PyTypeObject *pyps_HandleType;
 PyObject *pyps_handle_new(pyps_client *client, const char *what, const int64_t *ids, int nids,
 			  Py_buffer *views, int nviews, struct ps_tensor *tensors, int ntensors,
 			  PyObject *result);
+
+/* {name: element count} of cfg's tensors, in order (pyps.c). */
+PyObject *pyps_tensors_dict(const struct ps_config *cfg);
 
 /* The stats of one shard as a dict. */
 PyObject *pyps_stats_dict(const struct ps_shard_stats *s);

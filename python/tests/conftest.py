@@ -30,7 +30,7 @@ def free_port():
 
 
 class Cluster:
-    def __init__(self, tmp_path, shards, workers, mode, tensors, tables, extra):
+    def __init__(self, tmp_path, shards, workers, mode, tensors, tables, extra, declare=False):
         self.dir = str(tmp_path)
         self.ports = [free_port() for _ in range(shards)]
         self.tensors = tensors
@@ -39,8 +39,11 @@ class Cluster:
                  f"  workers: {workers}", "consistency:", f"  mode: {mode}",
                  "slice_bytes: 4096", "optimizer:", "  name: sgd", "  lr: 1",
                  "limits:", "  connect_timeout_ms: 3000", "  request_timeout_ms: 10000",
-                 "  reconnect_timeout_ms: 0", "model:", "  tensors:"]
-        lines += [f"    - {{name: {n}, shape: [{k}], init: zeros}}" for n, k in tensors.items()]
+                 "  reconnect_timeout_ms: 0"]
+        # declare: no model in the config, the workers declare it
+        lines += ["model:"] if tables or not declare else []
+        lines += [] if declare else ["  tensors:"] + [
+            f"    - {{name: {n}, shape: [{k}], init: zeros}}" for n, k in tensors.items()]
         if tables:
             lines.append("  embeddings:")
             lines += [f"    - {{name: {n}, dim: {d}, init: zeros, optimizer: sgd, lr: 1}}"
@@ -85,9 +88,10 @@ class Cluster:
 def cluster(tmp_path):
     made = []
 
-    def make(shards=2, workers=1, mode="sync", tensors=None, tables=None, extra=()):
+    def make(shards=2, workers=1, mode="sync", tensors=None, tables=None, extra=(),
+             declare=False):
         c = Cluster(tmp_path / f"c{len(made)}", shards, workers, mode,
-                    tensors or {"a": 3000, "b": 561, "c": 5}, tables or {}, extra)
+                    tensors or {"a": 3000, "b": 561, "c": 5}, tables or {}, extra, declare)
         made.append(c)
         return c
 

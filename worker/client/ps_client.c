@@ -398,6 +398,7 @@ void ps_client_free(struct ps_client *c)
 		free(c->shards[k].hello);
 	sodium_memzero(c->secret, sizeof(c->secret));
 	free(c->shards);
+	free(c->own_cfg);
 	free(c);
 }
 

@@ -60,6 +60,9 @@ int ps_config_table_dim(const struct ps_config *cfg, int i);
 int ps_config_nshards(const struct ps_config *cfg);
 int ps_config_sync(const struct ps_config *cfg);
 int ps_config_staleness(const struct ps_config *cfg);
+/* 1 when the config names no dense model (no model.preset, .layers or
+ * .tensors): its workers declare the tensors with ps_client_declare. */
+int ps_config_declared(const struct ps_config *cfg);
 /* The file the config was loaded from. */
 const char *ps_config_path(const struct ps_config *cfg);
 
@@ -268,5 +271,39 @@ void ps_client_push_bytes(struct ps_client *c, uint64_t *raw, uint64_t *wire);
  * or after connecting, the clock the shards continue from (more than 0
  * when they resumed from a checkpoint: a worker starts its steps there). */
 uint64_t ps_client_clock(struct ps_client *c);
+
+/* Tensors declared at run time (a config without a model; docs/python.md,
+ * docs/protocol.md). One parameter of the model: */
+struct ps_param {
+	const char *name;      /* unique, 1..63 bytes */
+	int ndims;             /* 0..8 (0: a scalar) */
+	const int64_t *dims;   /* ndims sizes, each >= 1 */
+	float *data;           /* product of dims floats: rank 0's initial values
+				  in; the shards' values out */
+};
+
+/* Declares the model's dense tensors p[0..n) (n <= 8192), in the model's
+ * order: every worker must declare the same names and shapes in the same
+ * order, from which each derives the same shard map. The first declaration
+ * the shards accept is rank 0's, and creates the tensors with the values in
+ * its p[i].data; other ranks wait for it (up to limits.request_timeout_ms).
+ * A declaration that differs from the shards' tensors (a name or a shape;
+ * a worker restarted with another model) is refused with PS_ECONFIG and
+ * ps_client_error naming the first difference and both lists. On success
+ * every p[i].data is overwritten with the shards' current values (rank 0's
+ * initial values in a new run; the trained weights after a restart of the
+ * worker or of the cluster from checkpoints), and the tensors are known
+ * by name to push and pull (ps_client_config). Call once, after init and
+ * before any push or pull, as a worker (rank >= 0). Returns 0 or a
+ * negative code: PS_ECONFIG (the config names its model, or the
+ * declaration differs), PS_ESTATE (declared already, or a monitor),
+ * PS_ETOOBIG / -EINVAL (a bad list: the reason in ps_client_error),
+ * PS_ETIMEDOUT (rank 0 never declared). */
+int ps_client_declare(struct ps_client *c, const struct ps_param *p, int n);
+
+/* The config the client works with: the one given to init, or after
+ * ps_client_declare its copy with the declared tensors (ps_config_ntensors
+ * and ps_tensor_of see them). Valid until ps_client_free. */
+const struct ps_config *ps_client_config(struct ps_client *c);
 
 #endif

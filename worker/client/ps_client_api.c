@@ -47,6 +47,11 @@ void ps_config_close(struct ps_config *cfg)
 	free(cfg);
 }
 
+int ps_config_declared(const struct ps_config *cfg)
+{
+	return cfg->declare;
+}
+
 int ps_config_ntensors(const struct ps_config *cfg)
 {
 	return cfg->ntensors;

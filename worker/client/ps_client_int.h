@@ -28,7 +28,7 @@
 #include "ps_client.h"
 #include "shardmap.h"
 
-enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS, REQ_PULL_ROWS, REQ_PUSH_ROWS };
+enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS, REQ_PULL_ROWS, REQ_PUSH_ROWS, REQ_DECLARE };
 struct rows_req;
 enum shard_state { SH_CONNECTING, SH_HELLO, SH_READY, SH_FAILED, SH_RETRY };
 
@@ -101,6 +101,9 @@ struct deferred {           /* a frame ps__client_take() leaves to the I/O threa
 
 struct ps_client {
 	const struct ps_config *cfg;
+	/* After ps_client_declare: the client's own copy of the config with
+	 * the declared tensors (cfg then points here); else NULL. */
+	struct ps_config *own_cfg;
 	struct ps_shardmap map;
 	int rank;
 	uint64_t clock;

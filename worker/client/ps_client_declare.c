@@ -1,0 +1,274 @@
+/* ps_client_declare.c - declaring the model's tensors at run time.
+ *
+ * With a config that names no dense model (cfg->declare), a worker tells
+ * the shards the model's tensors (ps_client_declare): the client checks
+ * the list, builds its own copy of the config with those tensors and the
+ * shard map it gives, and sends every shard a Declare (names and shapes;
+ * from rank 0 also the initial values of the slices that shard owns, from
+ * the caller's arrays without a copy). A shard answers with an ack, with
+ * PS_ECONFIG naming the first difference from the tensors it has, or with
+ * -EAGAIN while rank 0 has not declared yet: those shards are asked again
+ * every 20 ms until limits.request_timeout_ms. Once every shard accepted,
+ * the client switches to the new config and map and pulls every tensor
+ * into the caller's arrays, so every rank starts from the shards' values.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "ps_client_int.h"
+#include "ps_err.h"
+#include "ps_time.h"
+
+/* Largest element count of one declared tensor (as server/declare.c). */
+#define DECL_MAX_COUNT (INT64_C(1) << 36)
+
+const struct ps_config *ps_client_config(struct ps_client *c)
+{
+	return c->cfg;
+}
+
+/* The config copy with p[0..n) as its tensors, or NULL with the reason
+ * set on c (*rc the code). */
+static struct ps_config *declared_cfg(struct ps_client *c, const struct ps_param *p, int n,
+				      int *rc)
+{
+	struct ps_config *cfg = malloc(sizeof(*cfg));
+
+	*rc = -ENOMEM;
+	if (!cfg) {
+		ps__client_set_err(c, "out of memory");
+		return NULL;
+	}
+	memcpy(cfg, c->cfg, sizeof(*cfg));
+	*rc = -EINVAL;
+	for (int i = 0; i < n; i++) {
+		struct ps_tensor_cfg *t = &cfg->tensors[i];
+		size_t len = p[i].name ? strlen(p[i].name) : 0;
+
+		memset(t, 0, sizeof(*t));
+		if (!len || len >= PS_NAME_MAX) {
+			ps__client_set_err(c, "parameter %d: name of %zu bytes, expected 1..%d", i, len,
+					   PS_NAME_MAX - 1);
+			goto err_free_cfg;
+		}
+		memcpy(t->name, p[i].name, len + 1);
+		if (p[i].ndims < 0 || p[i].ndims > PS_MAX_DIMS || (p[i].ndims && !p[i].dims) ||
+		    !p[i].data) {
+			ps__client_set_err(c, "parameter '%s': %d dims (expected 0..%d), dims and data "
+					   "given", t->name, p[i].ndims, PS_MAX_DIMS);
+			goto err_free_cfg;
+		}
+		t->ndims = p[i].ndims;
+		t->count = 1;
+		for (int j = 0; j < t->ndims; j++) {
+			int64_t v = p[i].dims[j];
+			if (v < 1 || v > DECL_MAX_COUNT || t->count > DECL_MAX_COUNT / v) {
+				ps__client_set_err(c, "parameter '%s': dim %d is %" PRId64 ", expected "
+						   ">= 1 and at most %" PRId64 " elements", t->name, j,
+						   v, DECL_MAX_COUNT);
+				*rc = PS_ETOOBIG;
+				goto err_free_cfg;
+			}
+			t->dims[j] = v;
+			t->count *= v;
+		}
+		t->init = PS_INIT_ZEROS;
+		t->codec = cfg->compress.codec;
+		t->ratio = cfg->compress.ratio;
+		for (int k = 0; k < i; k++)
+			if (!strcmp(cfg->tensors[k].name, t->name)) {
+				ps__client_set_err(c, "parameter '%s' declared twice (#%d and #%d)",
+						   t->name, k, i);
+				goto err_free_cfg;
+			}
+	}
+	cfg->ntensors = n;
+	*rc = 0;
+	return cfg;
+
+err_free_cfg:
+	free(cfg);
+	return NULL;
+}
+
+/* Submits a Declare to shard k alone: its request id, or a negative code. */
+static int64_t send_declare(struct ps_client *c, const struct ps_config *cfg,
+			    const struct ps_shardmap *map, const struct ps_param *p, int k)
+{
+	Ps__Declare m = PS__DECLARE__INIT;
+	struct req *r = ps__client_req_new(c, REQ_DECLARE);
+	int n = cfg->ntensors, rc = -ENOMEM;
+	size_t nd = 0;
+	uint32_t *ndims = malloc(sizeof(*ndims) * (size_t)n);
+	int64_t *dims = malloc(sizeof(*dims) * ((size_t)n * PS_MAX_DIMS + 1));
+	char **names = malloc(sizeof(*names) * (size_t)n);
+	struct part *pt;
+
+	if (!r || !ndims || !dims || !names)
+		goto out;
+	for (int i = 0; i < n; i++) {
+		names[i] = (char *)cfg->tensors[i].name;
+		ndims[i] = (uint32_t)cfg->tensors[i].ndims;
+		for (int j = 0; j < cfg->tensors[i].ndims; j++)
+			dims[nd++] = cfg->tensors[i].dims[j];
+	}
+	r->id = ps__client_reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	m.n_names = (size_t)n;
+	m.names = names;
+	m.n_ndims = (size_t)n;
+	m.ndims = ndims;
+	m.n_dims = nd;
+	m.dims = dims;
+	m.values = c->rank == 0;
+	pt = &r->parts[k];
+	if (m.values) {
+		/* copied into one piece: a model of thousands of small tensors
+		 * would otherwise be as many pieces in one write */
+		size_t bytes = (size_t)map->shard_bytes[k], pos = 0;
+		pt->enc = malloc(bytes ? bytes : 1);
+		pt->iov = malloc(sizeof(*pt->iov));
+		if (!pt->enc || !pt->iov)
+			goto out;
+		for (uint32_t s = 0; s < map->nslices; s++) {
+			const struct ps_slice *sl = &map->slices[s];
+			if (sl->shard != k)
+				continue;
+			memcpy(pt->enc + pos, p[sl->tensor].data + sl->offset,
+			       (size_t)sl->count * sizeof(float));
+			pos += (size_t)sl->count * sizeof(float);
+		}
+		pt->iov[0].base = pt->enc;
+		pt->iov[0].len = bytes;
+		pt->niov = bytes ? 1 : 0;
+	}
+	if (ps__client_pack_part(pt, &m.base))
+		goto out;
+	rc = 0;
+out:
+	free(ndims);
+	free(dims);
+	free(names);
+	if (rc) {
+		if (r)
+			ps__client_req_free(c, r);
+		return rc;
+	}
+	return ps__client_submit_built(c, 0, r);
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+
+	nanosleep(&ts, NULL);
+}
+
+int ps_client_declare(struct ps_client *c, const struct ps_param *p, int n)
+{
+	struct ps_config *cfg;
+	struct ps_shardmap map;
+	struct ps_tensor *t = NULL;
+	float **resid, **old_resid;
+	int nsh = c->cfg->nshards, left = nsh, rc;
+	int *done = NULL;
+	double deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
+	char why[600] = "";
+
+	if (!c->cfg->declare) {
+		ps__client_set_err(c, "%s names its model (model.preset, .layers or .tensors): "
+				   "there is nothing to declare", c->cfg->path);
+		return PS_ECONFIG;
+	}
+	if (c->own_cfg) {
+		ps__client_set_err(c, "this client has declared its tensors already");
+		return PS_ESTATE;
+	}
+	if (n < 1 || n > PS_MAX_TENSORS || !p) {
+		ps__client_set_err(c, "declaring %d tensors: expected 1..%d", n, PS_MAX_TENSORS);
+		return PS_ETOOBIG;
+	}
+	cfg = declared_cfg(c, p, n, &rc);
+	if (!cfg)
+		return rc;
+	rc = ps_shardmap_init(&map, cfg);
+	if (rc) {
+		ps__client_set_err(c, "cannot build the shard map: %s", ps_strerror(rc));
+		goto err_free_cfg;
+	}
+	done = calloc((size_t)nsh, sizeof(*done));
+	t = calloc((size_t)n, sizeof(*t));
+	resid = calloc((size_t)n, sizeof(*resid));
+	if (!done || !t || !resid) {
+		free(resid);
+		rc = -ENOMEM;
+		ps__client_set_err(c, "out of memory");
+		goto err_free_map;
+	}
+	while (left) {
+		int64_t ids[PS_MAX_SHARDS];
+		int again = 0;
+
+		for (int k = 0; k < nsh; k++)
+			ids[k] = done[k] ? 0 : send_declare(c, cfg, &map, p, k);
+		rc = 0;
+		for (int k = 0; k < nsh; k++) {
+			int st;
+			if (done[k])
+				continue;
+			st = ids[k] < 0 ? (int)ids[k] : ps_client_wait(c, ids[k]);
+			if (st == 0) {
+				done[k] = 1;
+				left--;
+			} else if (st == -EAGAIN) {
+				again = 1;
+			} else if (!rc) {
+				rc = st;
+				snprintf(why, sizeof(why), "%s", ps_client_error(c));
+			}
+		}
+		if (rc)
+			break;
+		if (left && again && ps_now_s() > deadline) {
+			rc = PS_ETIMEDOUT;
+			snprintf(why, sizeof(why), "no declaration from rank 0 reached every shard within "
+				 "%d ms (limits.request_timeout_ms): is rank 0 running?",
+				 c->cfg->limits.request_timeout_ms);
+			break;
+		}
+		if (left)
+			sleep_ms(20);
+	}
+	if (rc) {
+		free(resid);
+		ps__client_set_err(c, "declaring %d tensors: %s", n, why);
+		goto err_free_map;
+	}
+	/* every shard has the tensors: the client takes the new config */
+	pthread_mutex_lock(&c->mu);
+	old_resid = c->resid;
+	ps_shardmap_free(&c->map);
+	c->map = map;
+	c->resid = resid;
+	c->own_cfg = cfg;
+	c->cfg = cfg;
+	pthread_mutex_unlock(&c->mu);
+	free(old_resid);
+	free(done);
+	for (int i = 0; i < n; i++)
+		t[i] = ps_tensor_of(cfg, i, p[i].data);
+	int64_t id = ps_client_pull(c, 0, t, n);
+	rc = id < 0 ? (int)id : ps_client_wait(c, id);
+	free(t);
+	return rc;
+
+err_free_map:
+	ps_shardmap_free(&map);
+	free(done);
+	free(t);
+err_free_cfg:
+	free(cfg);
+	return rc;
+}
