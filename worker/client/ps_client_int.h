@@ -48,6 +48,9 @@ struct req {
 	enum req_kind kind;
 	int pending;            /* shards still to answer */
 	int status;
+	char *why;              /* the first failure's text (malloc'ed), given to c->err
+				 * by ps_client_wait in the waiting thread: the I/O
+				 * thread never writes c->err under a caller reading it */
 	int done;
 	int queued;             /* not yet handed to the I/O thread */
 	double deadline;

@@ -54,7 +54,7 @@ void ps__client_part_done(struct ps_client *c, struct req *r, int shard, int sta
 	if (status && !r->status) {
 		r->status = status;
 		if (why)
-			ps__client_set_err(c, "%s", why);
+			r->why = strdup(why);  /* NULL when out of memory: the code alone */
 	}
 	if (--r->pending == 0) {
 		r->done = 1; /* read under c->mu, like everything of r */
@@ -218,6 +218,7 @@ void ps__client_req_free(struct ps_client *c, struct req *r)
 		free(r->parts[k].enc);
 	}
 	free(r->tidx);
+	free(r->why);
 	ps__client_rows_free(r->rows);
 	free(r);
 }
@@ -467,6 +468,8 @@ int ps_client_wait(struct ps_client *c, int64_t id)
 		}
 	}
 	status = r->status;
+	if (status)
+		ps__client_set_err(c, "%s", r->why ? r->why : ps_strerror(status));
 	pthread_mutex_unlock(&c->mu);
 	ps__client_req_free(c, r);
 	return status;
