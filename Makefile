@@ -74,7 +74,8 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/transport_tcp.c $(wildcard worker/client/*.c) \
              common/codec.c common/codec_fp16.c common/codec_q8.c common/codec_topk.c \
              common/codec_sign.c common/codec_lz4.c common/histo.c common/finite.c \
-             common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c
+             common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c \
+             common/version.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
 # cpu: oneDNN (kernels/compute_dnnl*.c); ref: the plain reference (compute_ref.c);
@@ -102,7 +103,7 @@ PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen $(if $(and $(wi
 all: $(PROGRAMS) lib/libps.a lib/libps.so lib/ps.pc $(CUDA_PLUGIN)
 
 # Where the worker looks for the plug-in once installed (common/compute.c).
-$(OBJ)/common/compute.o: CPPFLAGS += -DPS_PLUGIN_INSTALL_DIR='"$(PREFIX)/lib/ps"'
+$(OBJ)/common/compute.o $(OBJ)/common/version.o: CPPFLAGS += -DPS_PLUGIN_INSTALL_DIR='"$(PREFIX)/lib/ps"'
 
 # Installs missing Debian packages; silent when everything is present.
 deps:

@@ -30,6 +30,7 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "version.h"
 
 enum op { OP_PUSH, OP_PULL, OP_PUSHPULL, OP_PULL_ROWS, OP_PUSH_ROWS };
 
@@ -482,7 +483,8 @@ static void usage(FILE *out)
 		"      --secret-file F  the cluster secret (default: the config's\n"
 		"                       security.secret_file, else $PS_SECRET_FILE)\n"
 		"      --dump-config    print the derived configuration and exit\n"
-		"  -h, --help           this text\n");
+		"  -h, --help           this text\n"
+		"      --version        version, wire protocol, rdma and CUDA plug-in of this build\n");
 }
 
 static int parse_size(const char *s, uint64_t *out)
@@ -521,7 +523,8 @@ int main(int argc, char **argv)
 		{ "rows", required_argument, NULL, 'R' }, { "dim", required_argument, NULL, 'd' },
 		{ "zipf", required_argument, NULL, 'z' }, { "batch", required_argument, NULL, 'b' },
 		{ "fp16", no_argument, NULL, 'F' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' }, { NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .op = OP_PUSHPULL, .size = 0, .seconds = 3, .inflight = 1,
 			  .baseline = 1, .rows = { .rows = 1000000, .dim = 16, .zipf = 1.05,
@@ -611,6 +614,7 @@ int main(int argc, char **argv)
 		case 'K': secret = optarg; break;
 		case 'B': o.baseline = 0; break;
 		case 'D': dump = 1; break;
+		case 'V': ps__version_print(stdout, "ps-bench"); return 0;
 		case 'h': usage(stdout); return 0;
 		default: fprintf(stderr, "Try 'ps-bench --help'.\n"); return 2;
 		}

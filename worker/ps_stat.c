@@ -28,6 +28,7 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "version.h"
 
 struct opts {
 	const char *config;
@@ -101,6 +102,7 @@ static void usage(FILE *f)
 		"                        (config checkpoint.dir; the shards must have\n"
 		"                        checkpoint.on_request: true) and report each file\n"
 		"  -h, --help            this text\n"
+		"      --version         version, wire protocol, rdma and CUDA plug-in of this build\n"
 		"\n"
 		"Exit status: 0 when every shard answered (and, with --checkpoint, wrote\n"
 		"its file), 1 when any was down or failed, 2 for a usage or\n"
@@ -622,6 +624,7 @@ int main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' }, { "watch", required_argument, NULL, 'w' },
 		{ "interval", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
 		{ "workers", no_argument, NULL, 'W' }, { "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ "checkpoint", no_argument, NULL, 'C' },
 		{ "secret-file", required_argument, NULL, 'K' },
 		{ NULL, 0, NULL, 0 },
@@ -652,6 +655,7 @@ int main(int argc, char **argv)
 		case 'W': o.workers = 1; break;
 		case 'C': o.checkpoint = 1; break;
 		case 'K': o.secret = optarg; break;
+		case 'V': ps__version_print(stdout, "ps-stat"); rc = 0; goto out;
 		case 'h': usage(stdout); rc = 0; goto out;
 		default: fprintf(stderr, "Try 'ps-stat --help'.\n"); goto out;
 		}
