@@ -243,21 +243,27 @@ demo: deps
 gpu-check:
 	@scripts/gpu-check.sh
 
+# The launchers run from PREFIX/bin as from scripts/ (programs beside them,
+# their shared shell helpers in PREFIX/lib/ps).
+LAUNCHERS := scripts/ps-keygen scripts/ps-local.sh scripts/ps-cluster.sh scripts/ps.sbatch \
+	     scripts/ps-plot
+
 # The systemd units go where systemd looks for local ones, with their
 # paths (programs, Documentation=) under PREFIX; the docs they point at go
 # to share/doc/ps.
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/ps \
 		$(DESTDIR)$(PREFIX)/share/doc/ps $(DESTDIR)$(PREFIX)/lib/systemd/system
-	install -m 755 $(PROGRAMS) scripts/ps-keygen $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(PROGRAMS) $(LAUNCHERS) $(DESTDIR)$(PREFIX)/bin
+	install -d $(DESTDIR)$(PREFIX)/lib/ps
+	install -m 644 scripts/ps-lib.sh $(DESTDIR)$(PREFIX)/lib/ps
 	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
 	install -m 755 lib/$(SO_FULL) $(DESTDIR)$(PREFIX)/lib
 	ln -sf $(SO_FULL) $(DESTDIR)$(PREFIX)/lib/libps.so.$(SO_MAJOR)
 	ln -sf $(SO_FULL) $(DESTDIR)$(PREFIX)/lib/libps.so
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 lib/ps.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	$(if $(CUDA_PLUGIN),install -d $(DESTDIR)$(PREFIX)/lib/ps && \
-		install -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/ps)
+	$(if $(CUDA_PLUGIN),install -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/ps)
 	install -m 644 worker/client/ps_client.h common/ps_err.h $(DESTDIR)$(PREFIX)/include/ps
 	install -m 644 README.md docs/*.md conf/example-full.yaml $(DESTDIR)$(PREFIX)/share/doc/ps
 	for u in scripts/systemd/*.service; do \

@@ -16,6 +16,7 @@
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,9 @@ struct worker_arg {
 	int rank;
 	struct worker_res res;
 	pthread_barrier_t *start;
+	/* sync: the clock every worker pushes up to (not including), set once
+	 * by the first worker whose time is up (UINT64_MAX until then) */
+	_Atomic uint64_t *stop_clock;
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -155,9 +159,25 @@ static void *worker_main(void *p)
 		goto out_free;
 	}
 	end = ps_now_s() + o->seconds;
-	/* Keep `inflight` operations outstanding; retire the oldest first. */
+	/* Keep `inflight` operations outstanding; retire the oldest first.
+	 * Sync pushes: a worker's pull of clock c waits for every worker's
+	 * push of c, so all must end at the same clock, or the one that
+	 * stopped first leaves the others' last pulls waiting until
+	 * limits.request_timeout_ms. The first worker whose time is up at
+	 * clock k fixes the end at k + inflight: no worker can have submitted
+	 * beyond it (each retired its pull of clock c - inflight, which needed
+	 * everyone's push of it, before submitting c). Operations submitted
+	 * after the time was up are waited for but not counted. */
+	int barrier = cfg->consistency == PS_SYNC && o->op != OP_PULL;
 	for (;;) {
-		int submit = ps_now_s() < end;
+		int in_time = ps_now_s() < end, submit = in_time;
+		if (barrier) {
+			uint64_t expect = UINT64_MAX;
+			if (!in_time)
+				atomic_compare_exchange_strong(a->stop_clock, &expect,
+							       clock + (uint64_t)o->inflight);
+			submit = clock < atomic_load(a->stop_clock);
+		}
 		if (nin == o->inflight || (!submit && nin > 0)) {
 			struct slot *s = &slots[head];
 			/* The pull is answered after the push is applied: waiting
@@ -166,8 +186,10 @@ static void *worker_main(void *p)
 				break;
 			if (s->push_id > 0 && (rc = ps_client_wait(c, s->push_id)))
 				break;
-			add_lat(res, ps_now_s() - s->t0);
-			res->ops++;
+			if (s->t0 < end) {
+				add_lat(res, ps_now_s() - s->t0);
+				res->ops++;
+			}
 			s->push_id = s->pull_id = 0;
 			head = (head + 1) % o->inflight;
 			nin--;
@@ -645,6 +667,10 @@ int main(int argc, char **argv)
 			o.size += (uint64_t)cfg->tensors[t].count * sizeof(float);
 		goto model_ready;
 	}
+	/* the bench tensor replaces the model: a preset or layers would give
+	 * the shards --local starts (from the dumped config) their tensors */
+	cfg->model.preset[0] = '\0';
+	cfg->model.nlayers = 0;
 	memset(&cfg->tensors[0], 0, sizeof(cfg->tensors[0]));
 	snprintf(cfg->tensors[0].name, sizeof(cfg->tensors[0].name), "bench");
 	cfg->tensors[0].ndims = 1;
@@ -700,6 +726,7 @@ rows_ready:
 		return rc;
 	}
 	int nw = cfg->nworkers;
+	_Atomic uint64_t stop_clock = UINT64_MAX;
 	struct worker_arg *wa = calloc((size_t)nw, sizeof(*wa));
 	pthread_t *th = calloc((size_t)nw, sizeof(*th));
 	pthread_barrier_t start;
@@ -710,6 +737,7 @@ rows_ready:
 		wa[w].o = &o;
 		wa[w].rank = w;
 		wa[w].start = &start;
+		wa[w].stop_clock = &stop_clock;
 		pthread_create(&th[w], NULL, worker_main, &wa[w]);
 	}
 	for (int w = 0; w < nw; w++)
