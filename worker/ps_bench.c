@@ -636,8 +636,8 @@ int main(int argc, char **argv)
 		case 'K': secret = optarg; break;
 		case 'B': o.baseline = 0; break;
 		case 'D': dump = 1; break;
-		case 'V': ps__version_print(stdout, "ps-bench"); return 0;
-		case 'h': usage(stdout); return 0;
+		case 'V': ps__version_print(stdout, "ps-bench"); free(cfg); return 0;
+		case 'h': usage(stdout); free(cfg); return 0;
 		default: fprintf(stderr, "Try 'ps-bench --help'.\n"); return 2;
 		}
 	}

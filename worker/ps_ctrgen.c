@@ -153,8 +153,8 @@ int main(int argc, char **argv)
 		case 'w': bad = num("--signal", optarg, 0, 10, &gc.signal); break;
 		case 'A': bad = num("--admission", optarg, 2, 255, &admit); break;
 		case 'j': json = 1; break;
-		case 'V': ps__version_print(stdout, "ps-ctrgen"); return 0;
-		case 'h': usage(stdout); return 0;
+		case 'V': ps__version_print(stdout, "ps-ctrgen"); goto out_help;
+		case 'h': usage(stdout); goto out_help;
 		default: fprintf(stderr, "Try 'ps-ctrgen --help'.\n"); return 2;
 		}
 		if (bad)
@@ -226,5 +226,10 @@ int main(int argc, char **argv)
 	free(ic.id);
 	free(ic.n);
 	ps_auc_free(&auc);
+	return 0;
+
+out_help: /* --help, --version: nothing else was allocated yet */
+	free(ic.id);
+	free(ic.n);
 	return 0;
 }
