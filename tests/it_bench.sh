@@ -3,7 +3,7 @@
 # preset model (the shards it starts get the one 'bench' tensor too, not
 # the preset's), and several sync workers (pushpull, 1 and 4 in flight)
 # ending together with a result instead of leaving the last pulls to time
-# out. Each run has 30 s (it needs about 1.5); the result is checked.
+# out, and pushing alone without running past the shards' clock window. Each run has 30 s (it needs about 1.5); the result is checked.
 # Prints Check-style "N%: Checks" so scripts/run-tests.sh summarises it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -55,6 +55,9 @@ for k in 1 4; do
     bad "2 sync workers: '$(cat "$tmp/sync2-inflight$k.json")'"
 done
 bench sync2-model "$tmp/two.yaml" --workers 2
+# push alone: the workers keep within limits.max_clock_ahead of each other
+# (a fast one used to push past it and be refused)
+bench sync2-push "$tmp/two.yaml" --op push --size 4096 --inflight 4
 
 pct=$(( checks ? (checks - fails) * 100 / checks : 0 ))
 echo "$pct%: Checks: $checks, Failures: $fails, Errors: 0"

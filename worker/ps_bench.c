@@ -56,6 +56,40 @@ struct worker_res {
 	char err[512];
 };
 
+/* Sync --op push with several workers: nothing else keeps a fast worker
+ * within limits.max_clock_ahead of the slowest (the shard refuses a push
+ * past it), so each waits before pushing clock c until every worker has
+ * had its pushes up to c - max_clock_ahead / 2 acknowledged. */
+#define PS_MAX_WORKERS_BENCH 4096
+struct lockstep {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t acked[PS_MAX_WORKERS_BENCH]; /* clocks acknowledged; UINT64_MAX once done */
+	int n;
+};
+
+static void lockstep_set(struct lockstep *l, int rank, uint64_t acked)
+{
+	pthread_mutex_lock(&l->mu);
+	l->acked[rank] = acked;
+	pthread_cond_broadcast(&l->cv);
+	pthread_mutex_unlock(&l->mu);
+}
+
+static void lockstep_wait(struct lockstep *l, uint64_t clock, uint64_t slack)
+{
+	pthread_mutex_lock(&l->mu);
+	for (;;) {
+		uint64_t lo = UINT64_MAX;
+		for (int w = 0; w < l->n; w++)
+			lo = l->acked[w] < lo ? l->acked[w] : lo;
+		if (lo == UINT64_MAX || lo + slack > clock)
+			break;
+		pthread_cond_wait(&l->cv, &l->mu);
+	}
+	pthread_mutex_unlock(&l->mu);
+}
+
 struct worker_arg {
 	const struct ps_config *cfg;
 	const struct opts *o;
@@ -65,6 +99,7 @@ struct worker_arg {
 	/* sync: the clock every worker pushes up to (not including), set once
 	 * by the first worker whose time is up (UINT64_MAX until then) */
 	_Atomic uint64_t *stop_clock;
+	struct lockstep *lockstep;   /* sync --op push with several workers, else NULL */
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -98,6 +133,7 @@ static void add_lat(struct worker_res *r, double s)
 
 struct slot {
 	int64_t push_id, pull_id;
+	uint64_t clock;         /* of the push */
 	double t0;
 	struct ps_tensor *pt;   /* pull destination, one buffer per tensor */
 };
@@ -187,7 +223,9 @@ static void *worker_main(void *p)
 			if (s->push_id > 0 && (rc = ps_client_wait(c, s->push_id)))
 				break;
 			if (s->t0 < end) {
-				add_lat(res, ps_now_s() - s->t0);
+				if (a->lockstep && s->push_id > 0)
+				lockstep_set(a->lockstep, a->rank, s->clock + 1);
+			add_lat(res, ps_now_s() - s->t0);
 				res->ops++;
 			}
 			s->push_id = s->pull_id = 0;
@@ -211,6 +249,10 @@ static void *worker_main(void *p)
 			s->pull_id = ids[1];
 			clock++;
 		} else if (o->op == OP_PUSH) {
+			if (a->lockstep)
+				lockstep_wait(a->lockstep, clock,
+					      (uint64_t)cfg->limits.max_clock_ahead / 2);
+			s->clock = clock;
 			s->push_id = ps_client_push(c, clock, grad, nt, PS_PUSH_END_CLOCK);
 			if (s->push_id < 0) {
 				rc = (int)s->push_id;
@@ -231,6 +273,8 @@ static void *worker_main(void *p)
 		snprintf(res->err, sizeof(res->err), "%s", ps_client_error(c));
 	}
 out_free:
+	if (a->lockstep)  /* the others wait for this worker no more */
+		lockstep_set(a->lockstep, a->rank, UINT64_MAX);
 	ps_client_free(c);
 	for (int k = 0; slots && k < o->inflight; k++)
 		tensors_free(cfg, slots[k].pt);
@@ -727,6 +771,10 @@ rows_ready:
 	}
 	int nw = cfg->nworkers;
 	_Atomic uint64_t stop_clock = UINT64_MAX;
+	static struct lockstep lockstep = { .mu = PTHREAD_MUTEX_INITIALIZER,
+					    .cv = PTHREAD_COND_INITIALIZER };
+	int use_lockstep = cfg->consistency == PS_SYNC && o.op == OP_PUSH && nw > 1;
+	lockstep.n = nw;
 	struct worker_arg *wa = calloc((size_t)nw, sizeof(*wa));
 	pthread_t *th = calloc((size_t)nw, sizeof(*th));
 	pthread_barrier_t start;
@@ -738,6 +786,7 @@ rows_ready:
 		wa[w].rank = w;
 		wa[w].start = &start;
 		wa[w].stop_clock = &stop_clock;
+		wa[w].lockstep = use_lockstep ? &lockstep : NULL;
 		pthread_create(&th[w], NULL, worker_main, &wa[w]);
 	}
 	for (int w = 0; w < nw; w++)
