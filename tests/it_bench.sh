@@ -13,10 +13,12 @@ bad() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
 
 tmp=$(mktemp -d /tmp/ps-bench-it.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
+# free_port [TAKEN...]: a port nothing listens on, none of TAKEN
 free_port() {
   local p
   for _ in $(seq 100); do
     p=$((20000 + RANDOM % 30000))
+    [[ " $* " == *" $p "* ]] && continue
     (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
   done
 }
@@ -47,8 +49,9 @@ done
 
 # (a model of plain tensors here, so that this part does not hang on the
 # preset one above)
+q0=$(free_port); q1=$(free_port $q0)
 printf 'cluster:\n  servers: [127.0.0.1:%s, 127.0.0.1:%s]\n  workers: 2\nmodel: {tensors: [{name: w, shape: [300000]}]}\n' \
-  "$(free_port)" "$(free_port)" >"$tmp/two.yaml"
+  "$q0" "$q1" >"$tmp/two.yaml"
 for k in 1 4; do
   bench "sync2-inflight$k" "$tmp/two.yaml" --size 4096 --inflight $k
   grep -q '"workers":2,"shards":2,"consistency":"sync"' "$tmp/sync2-inflight$k.json" && ok ||

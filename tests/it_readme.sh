@@ -23,10 +23,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# free_port [TAKEN...]: a port nothing listens on, none of TAKEN
 free_port() {
   local p
   for _ in $(seq 100); do
     p=$((20000 + RANDOM % 30000))
+    [[ " $* " == *" $p "* ]] && continue
     (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
   done
 }
@@ -56,7 +58,8 @@ if (cd "$tmp" && eval "${ccline/cc /cc -Werror }") >"$tmp/cc.log" 2>&1; then ok
 else bad "README's '$ccline' failed: $(head -20 "$tmp/cc.log")"; fi
 
 # conf/local.yaml with free ports and the secret in $tmp
-sed -e "s|servers: \[.*\]|servers: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]|" \
+p0=$(free_port); p1=$(free_port $p0)
+sed -e "s|servers: \[.*\]|servers: [127.0.0.1:$p0, 127.0.0.1:$p1]|" \
     -e "s|metrics_dir: .*|metrics_dir: $tmp/m|" conf/local.yaml >"$tmp/local.yaml"
 scripts/ps-keygen "$tmp/local.secret" 2>/dev/null
 ports=$(sed -n 's/.*servers: \[127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\)\].*/\1 \2/p' "$tmp/local.yaml")
