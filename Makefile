@@ -75,7 +75,8 @@ LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.
              common/transport_tcp.c $(wildcard worker/client/*.c) \
              common/codec.c common/codec_fp16.c common/codec_q8.c common/codec_topk.c \
              common/codec_sign.c common/codec_lz4.c common/histo.c common/finite.c \
-             common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c
+             common/frame_mac.c common/frame_aead.c common/auth.c common/rdma_proto.c common/transport_rdma.c \
+             common/version.c
 SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # Training: compute backends and the worker's model and data code.
 # cpu: oneDNN (kernels/compute_dnnl*.c); ref: the plain reference (compute_ref.c);
@@ -103,7 +104,7 @@ PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen $(if $(and $(wi
 all: $(PROGRAMS) lib/libps.a lib/libps.so lib/ps.pc $(CUDA_PLUGIN)
 
 # Where the worker looks for the plug-in once installed (common/compute.c).
-$(OBJ)/common/compute.o: CPPFLAGS += -DPS_PLUGIN_INSTALL_DIR='"$(PREFIX)/lib/ps"'
+$(OBJ)/common/compute.o $(OBJ)/common/version.o: CPPFLAGS += -DPS_PLUGIN_INSTALL_DIR='"$(PREFIX)/lib/ps"'
 
 # Installs missing Debian packages; silent when everything is present.
 deps:
@@ -243,21 +244,27 @@ demo: deps
 gpu-check:
 	@scripts/gpu-check.sh
 
+# The launchers run from PREFIX/bin as from scripts/ (programs beside them,
+# their shared shell helpers in PREFIX/lib/ps).
+LAUNCHERS := scripts/ps-keygen scripts/ps-local.sh scripts/ps-cluster.sh scripts/ps.sbatch \
+	     scripts/ps-plot
+
 # The systemd units go where systemd looks for local ones, with their
 # paths (programs, Documentation=) under PREFIX; the docs they point at go
 # to share/doc/ps.
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/ps \
 		$(DESTDIR)$(PREFIX)/share/doc/ps $(DESTDIR)$(PREFIX)/lib/systemd/system
-	install -m 755 $(PROGRAMS) scripts/ps-keygen $(DESTDIR)$(PREFIX)/bin
+	install -m 755 $(PROGRAMS) $(LAUNCHERS) $(DESTDIR)$(PREFIX)/bin
+	install -d $(DESTDIR)$(PREFIX)/lib/ps
+	install -m 644 scripts/ps-lib.sh $(DESTDIR)$(PREFIX)/lib/ps
 	install -m 644 lib/libps.a $(DESTDIR)$(PREFIX)/lib
 	install -m 755 lib/$(SO_FULL) $(DESTDIR)$(PREFIX)/lib
 	ln -sf $(SO_FULL) $(DESTDIR)$(PREFIX)/lib/libps.so.$(SO_MAJOR)
 	ln -sf $(SO_FULL) $(DESTDIR)$(PREFIX)/lib/libps.so
 	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 lib/ps.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig
-	$(if $(CUDA_PLUGIN),install -d $(DESTDIR)$(PREFIX)/lib/ps && \
-		install -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/ps)
+	$(if $(CUDA_PLUGIN),install -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/ps)
 	install -m 644 worker/client/ps_client.h common/ps_err.h $(DESTDIR)$(PREFIX)/include/ps
 	install -m 644 README.md docs/*.md conf/example-full.yaml $(DESTDIR)$(PREFIX)/share/doc/ps
 	for u in scripts/systemd/*.service; do \

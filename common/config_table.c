@@ -66,8 +66,9 @@ const struct opt cfg_opts[] = {
 	  "gradient, once per slice whatever the number of workers) or every_push (each "
 	  "worker's gradient, summed by the backup; costs more, kept to measure the difference)"),
 	O("transport", T_ENUM, 0, 0, 0, "tcp", cfg_transport_names, C, transport,
-	  "wire transport between workers and shards: tcp; rdma (verbs) is refused at start "
-	  "with the reason until its data path exists (docs/rdma.md)"),
+	  "wire transport between workers and shards: tcp, or rdma (RC verbs queue pairs set "
+	  "up with rdma_cm; a shard or worker without an RDMA device stops at start with the "
+	  "reason; docs/rdma.md)"),
 	O("rdma.device", T_PATH, 0, 0, 0, "", NULL, C, rdma_device,
 	  "transport rdma: the verbs device to use (as ibv_devices lists it); \"\" = the first"),
 	O("consistency.mode", T_ENUM, 0, 0, 0, "sync", cfg_consistency_names, C, consistency,

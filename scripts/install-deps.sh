@@ -22,6 +22,7 @@ PKGS=(
   clang libclang-rt-14-dev
   valgrind
   python3-dev python3-numpy python3-pytest python3-venv python3-setuptools python3-pip python3-wheel
+  python3-yaml
 )
 
 missing=()

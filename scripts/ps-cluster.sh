@@ -8,11 +8,16 @@
 #   --worker-hosts H1,H2,..  where workers run (start; default: the shards'
 #                            hosts). stop and status use the hosts recorded
 #                            at start; given there, it overrides them
-#   --dir DIR                the project folder on every host (default: this
-#                            one; CONFIG is given relative to it or absolute)
+#   --dir DIR                the project folder or install prefix on every
+#                            host, holding bin/ps-server and bin/ps-worker
+#                            (default: this one: the source tree, or PREFIX
+#                            for PREFIX/bin/ps-cluster.sh); a relative CONFIG
+#                            is taken relative to it in a source tree, to the
+#                            current folder when installed
 #   --logs DIR               where run folders go, on every host and here
-#                            (default: DIR/logs; give stop and status the
-#                            same, they find the run there)
+#                            (default: DIR/logs in a source tree,
+#                            $HOME/.local/state/ps/logs when installed; give
+#                            stop and status the same, they find the run there)
 #   --ssh CMD                the ssh command, split into words as the shell
 #                            does (quotes work); default $PS_SSH, else
 #                            ssh -o BatchMode=yes -o ConnectTimeout=10;
@@ -50,14 +55,25 @@
 # starting with '-' is refused (ssh would read it as an option), and so is
 # a newline in a path or host (run.env holds one value a line).
 set -uo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
-. "$here/scripts/ps-lib.sh"
+# In the source tree this is scripts/ps-cluster.sh (programs in ../bin);
+# installed, PREFIX/bin/ps-cluster.sh (programs beside it, ps-lib.sh in
+# PREFIX/lib/ps).
+self=$(cd "$(dirname "$0")" && pwd)
+here=$(cd "$self/.." && pwd)
+installed=0
+[ "$self" = "$here/bin" ] && installed=1
+lib=$self/ps-lib.sh
+[ -r "$lib" ] || lib=$here/lib/ps/ps-lib.sh
+. "$lib"
 
 me=ps-cluster.sh
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 die() { echo "$me: $*" >&2; exit 2; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
-case "$1" in -h|--help) usage; exit 0 ;; esac
+case "$1" in
+  -h|--help) usage; exit 0 ;;
+  --version) "$here/bin/ps-server" --version | sed "1s/^ps-server/$me/"; exit "${PIPESTATUS[0]}" ;;
+esac
 [ $# -ge 2 ] || die "give an action: start, stop or status"
 CONFIG=$1 ACTION=$2; shift 2
 case "$ACTION" in start|stop|status) ;; *)
@@ -81,6 +97,10 @@ while [ $# -gt 0 ]; do
   esac
 done
 WARGS=(${WCMD[@]+"${WCMD[@]}"} "$@")
+if [ $installed -eq 1 ]; then
+  LOGS=${LOGS:-$HOME/.local/state/ps/logs}
+  case "$CONFIG" in /*) ;; *) CONFIG=$PWD/$CONFIG ;; esac
+fi
 LOGS=${LOGS:-$DIR/logs}
 for v in "$CONFIG" "$DIR" "$LOGS" "$WHOSTS"; do
   case "$v" in *$'\n'*) die "a newline in '$v': not allowed in a path or host name" ;; esac

@@ -13,7 +13,15 @@
 # progress is shown on this terminal; every process logs to DIR (default a
 # new folder under /tmp, printed at the start). When the workers finish, the
 # shards are stopped with SIGTERM. Ctrl-C or SIGTERM stops everything cleanly.
-# Exit status: 0 when every process succeeded, 1 otherwise.
+# Shards are not supervised: one that dies while the workers run is reported
+# at once (its exit status and log) and not restarted; restart it by hand
+# with the same command (its checkpoint, when configured, brings its state
+# back and the workers reconnect). At the end, a shard of the config running
+# under ps-local.sh's own command line but not started by it (restarted by
+# hand) is stopped with the others and named.
+# Exit status: 0 when every worker succeeded and every shard running at the
+# end stopped cleanly (a shard that died during the run and was restarted
+# is reported, not counted against the run); 1 otherwise.
 # Authentication (security.auth, on by default): when the config's secret
 # file (security.secret_file, else $PS_SECRET_FILE) does not exist yet, a
 # new one is generated there (scripts/ps-keygen); when neither names one,
@@ -22,13 +30,22 @@
 # (security.repl_key_file, else $PS_REPL_KEY_FILE, else DIR/ps.replkey),
 # handed to the ps-server processes alone (--repl-key-file).
 set -uo pipefail
-here=$(cd "$(dirname "$0")/.." && pwd)
-. "$here/scripts/ps-lib.sh"
+# In the source tree this is scripts/ps-local.sh (programs in ../bin); once
+# installed, PREFIX/bin/ps-local.sh (programs beside it, ps-lib.sh in
+# PREFIX/lib/ps).
+self=$(cd "$(dirname "$0")" && pwd)
+here=$(cd "$self/.." && pwd)
+lib=$self/ps-lib.sh
+[ -r "$lib" ] || lib=$here/lib/ps/ps-lib.sh
+. "$lib"
 BIN=${PS_BIN:-$here/bin}
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
-case "$1" in -h|--help) usage; exit 0 ;; esac
+case "$1" in
+  -h|--help) usage; exit 0 ;;
+  --version) "$BIN/ps-server" --version | sed '1s/^ps-server/ps-local.sh/'; exit "${PIPESTATUS[0]}" ;;
+esac
 CONFIG=$1; shift
 LOGDIR="" MODE=all WORKER_CMD=""
 while [ $# -gt 0 ]; do
@@ -63,7 +80,7 @@ if [ "$auth" = true ]; then
   fi
   secret=${secret:-$PS_SECRET_FILE}
   if [ ! -e "$secret" ]; then
-    "$here/scripts/ps-keygen" "$secret" || exit 2
+    "$self/ps-keygen" "$secret" || exit 2
   fi
 fi
 # the replication key: only the shard processes get it (workers never do)
@@ -72,7 +89,7 @@ if [ "$auth" = true ] && [ -n "$backup_lines" ]; then
   repl_key=$(cfg_key "$dump" security repl_key_file)
   repl_key=${repl_key:-${PS_REPL_KEY_FILE:-$LOGDIR/ps.replkey}}
   if [ ! -e "$repl_key" ]; then
-    "$here/scripts/ps-keygen" "$repl_key" || exit 2
+    "$self/ps-keygen" "$repl_key" || exit 2
   fi
   repl_key_args=(--repl-key-file "$repl_key")
 fi
@@ -84,15 +101,52 @@ if [ -z "${OPENBLAS_NUM_THREADS:-}" ]; then
   export OPENBLAS_NUM_THREADS=$(( t > 0 ? t : 1 ))
 fi
 
-server_pids=() worker_pids=()
+server_pids=() server_names=() worker_pids=()
+declare -A server_died=() # pid -> exit status, for shards that died during the run
 status=0
-stop_servers() {
-  for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for p in "${server_pids[@]}"; do
-    wait "$p"; rc=$?
-    [ $rc -eq 0 ] || { echo "ps-local.sh: a shard exited with status $rc" >&2; status=1; }
+# The shards of this config that run now but were not started here: a
+# shard restarted by hand with the command ps-local.sh used.
+adopted_servers() {
+  local i pid args idx want
+  for i in "${!server_pids[@]}"; do
+    [ -n "${server_died[${server_pids[$i]}]:-}" ] || continue
+    idx=${server_names[$i]#shard }; idx=${idx% r1}
+    for pid in $(pgrep -x ps-server 2>/dev/null); do
+      args=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+      case " $args" in *" --config $CONFIG --shard $idx "*) ;; *) continue ;; esac
+      want=0; [[ ${server_names[$i]} == *r1 ]] && want=1
+      have=0; [[ " $args" == *" --replica 1 "* ]] && have=1
+      [ $want -eq $have ] && echo "$pid ${server_names[$i]}"
+    done
   done
-  server_pids=()
+}
+stop_servers() {
+  local p i rc adopted
+  adopted=$(adopted_servers)
+  for i in "${!server_pids[@]}"; do
+    p=${server_pids[$i]}
+    [ -n "${server_died[$p]:-}" ] || kill -TERM "$p" 2>/dev/null
+  done
+  while read -r p name; do
+    [ -n "$p" ] || continue
+    echo "ps-local.sh: $name was restarted outside ps-local.sh (pid $p): stopping it too" >&2
+    kill -TERM "$p" 2>/dev/null
+  done <<<"$adopted"
+  for i in "${!server_pids[@]}"; do
+    p=${server_pids[$i]}
+    if [ -n "${server_died[$p]:-}" ]; then
+      echo "ps-local.sh: ${server_names[$i]} had died during the run (status ${server_died[$p]})" >&2
+      continue
+    fi
+    wait "$p"; rc=$?
+    [ $rc -eq 0 ] || { echo "ps-local.sh: ${server_names[$i]} exited with status $rc" >&2; status=1; }
+  done
+  while read -r p name; do # not our child: wait until it is gone (60 s at most)
+    [ -n "$p" ] || continue
+    for ((t = 0; t < 600; t++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$p" 2>/dev/null && { echo "ps-local.sh: $name (pid $p) did not stop" >&2; status=1; }
+  done <<<"$adopted"
+  server_pids=() server_names=()
 }
 on_signal() {
   echo >&2
@@ -110,13 +164,13 @@ if [ "$MODE" != workers ]; then
   while read -r idx host port; do
     "$BIN/ps-server" --config "$CONFIG" --shard "$idx" ${repl_key_args[@]+"${repl_key_args[@]}"} \
       >"$LOGDIR/server-$idx.log" 2>&1 &
-    server_pids+=($!)
+    server_pids+=($!) server_names+=("shard $idx")
   done <<<"$shard_lines"
   if [ -n "$backup_lines" ]; then
     while read -r idx host port; do
       "$BIN/ps-server" --config "$CONFIG" --shard "$idx" --replica 1 \
         ${repl_key_args[@]+"${repl_key_args[@]}"} >"$LOGDIR/server-$idx-r1.log" 2>&1 &
-      server_pids+=($!)
+      server_pids+=($!) server_names+=("shard $idx r1")
     done <<<"$backup_lines"
   fi
   # Wait (up to 10 s) until every shard (and backup) accepts connections on its port.
@@ -168,10 +222,26 @@ for ((r = 0; r < nworkers; r++)); do
   worker_pids+=($!)
 done
 # A failed worker would leave the others waiting at a sync barrier: stop them.
+# A shard that dies meanwhile is reported at once (not restarted).
 running=("${worker_pids[@]}")
+watched=("${server_pids[@]}")
 while [ ${#running[@]} -gt 0 ]; do
-  wait -n -p done_pid "${running[@]}"; rc=$?
+  done_pid=""
+  wait -n -p done_pid "${running[@]}" "${watched[@]}"; rc=$?
   [ -n "${done_pid:-}" ] || break
+  for i in "${!server_pids[@]}"; do
+    [ "${server_pids[$i]}" = "$done_pid" ] || continue
+    server_died[$done_pid]=$rc
+    log=$LOGDIR/server-${server_names[$i]#shard }.log; log=${log// r1/-r1}
+    echo "ps-local.sh: ${server_names[$i]} died with status $rc while the workers ran (log: $log);" \
+      "it is not restarted: restart it by hand with the same command and the workers reconnect" >&2
+  done
+  if [ -n "${server_died[$done_pid]:-}" ]; then
+    rest=()
+    for p in "${watched[@]}"; do [ "$p" = "$done_pid" ] || rest+=("$p"); done
+    watched=(${rest[@]+"${rest[@]}"})
+    continue
+  fi
   rest=()
   for p in "${running[@]}"; do [ "$p" = "$done_pid" ] || rest+=("$p"); done
   running=("${rest[@]}")

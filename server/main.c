@@ -12,6 +12,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "server.h"
+#include "version.h"
 
 static void usage(FILE *out)
 {
@@ -39,6 +40,7 @@ static void usage(FILE *out)
 		"      --list-shards    print 'INDEX HOST PORT' for every shard and exit\n"
 		"      --list-backups   the same for every shard's backup address (cluster.backups)\n"
 		"  -h, --help           this text, followed by every configuration option\n"
+		"      --version        version, wire protocol, rdma and CUDA plug-in of this build\n"
 		"\n");
 }
 
@@ -66,6 +68,7 @@ int main(int argc, char **argv)
 		{ "list-backups", no_argument, NULL, 'B' },
 		{ "replica", required_argument, NULL, 'r' },
 		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *secret = NULL, *repl_key = NULL;
@@ -102,6 +105,7 @@ int main(int argc, char **argv)
 		case 'K': secret = optarg; break;
 		case 'R': repl_key = optarg; break;
 		case 'S': list = 1; break;
+		case 'V': ps__version_print(stdout, "ps-server"); return 0;
 		case 'h':
 			usage(stdout);
 			ps_config_help(stdout);

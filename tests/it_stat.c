@@ -258,6 +258,75 @@ START_TEST(test_stat_live_and_down)
 }
 END_TEST
 
+/* async, staleness 2: rank 0 runs as far ahead of a rank 1 that finished
+ * nothing as the bound lets it (its pull for clock 3 is held), so the
+ * finished clocks differ by 3 = staleness + 1: ps-stat shows that gap out
+ * of the most the mode allows, "0..3 (3/3)", not a bare 3 that reads as
+ * the bound of 2 broken (and "clock_gap_max":3 in its JSON). */
+START_TEST(test_stat_gap_under_staleness)
+{
+	static char out[65536];
+	char path[64], args[256], err[512];
+	struct ps_config cfg;
+	struct ps_client *c[2] = { NULL, NULL };
+	float *g = calloc(3000, sizeof(float)), *w = calloc(3000, sizeof(float));
+	struct ps_tensor tg = { .name = "a", .data = g, .count = 3000 };
+	struct ps_tensor tw = { .name = "a", .data = w, .count = 3000 };
+	pid_t srv[2];
+	int p0 = tu_free_port(), p1 = tu_free_port(), rc;
+
+	start_shards(path, &cfg, p0, p1, "consistency: {mode: async, staleness: 2}\n", srv);
+	for (int r = 0; r < 2; r++) {
+		for (int i = 0; i < 100; i++) {
+			rc = ps_client_init(&c[r], &cfg, r, err, sizeof(err));
+			if (rc != -ECONNREFUSED)
+				break;
+			tu_sleep_ms(100); /* the shards are still starting */
+		}
+		ck_assert_msg(rc == 0, "rank %d: %s", r, err);
+	}
+	int64_t pull = 0;
+	for (uint64_t clock = 0; clock < 3; clock++) {
+		int64_t push = ps_client_push(c[0], clock, &tg, 1, PS_PUSH_END_CLOCK);
+		ck_assert_int_gt(push, 0);
+		ck_assert_int_eq(ps_client_wait(c[0], push), 0);
+		pull = ps_client_pull(c[0], 0, &tw, 1);
+		ck_assert_int_gt(pull, 0);
+		if (clock < 2)
+			ck_assert_msg(ps_client_wait(c[0], pull) == 0, "%s", ps_client_error(c[0]));
+	}
+	/* the pull for clock 3 waits for rank 1 to finish clock 1 */
+	ck_assert_int_eq(ps_client_wait_timeout(c[0], pull, 0.3), PS_ETIMEDOUT);
+
+	snprintf(args, sizeof(args), "--config %s --interval 0.1", path);
+	rc = run_stat(args, out, sizeof(out), 0);
+	ck_assert_msg(rc == 0, "ps-stat exited %d: %s", rc, out);
+	ck_assert_msg(strstr(out, "clock min..max (gap/max)"), "%s", out);
+	ck_assert_msg(strstr(out, "\ntotal  up") && strstr(strstr(out, "\ntotal  up"), " 0..3 (3/3) "),
+		      "no '0..3 (3/3)' in the totals row: %s", out);
+	snprintf(args, sizeof(args), "--config %s --json --interval 0.1", path);
+	rc = run_stat(args, out, sizeof(out), 0);
+	ck_assert_msg(rc == 0, "ps-stat exited %d: %s", rc, out);
+	const char *tot = strstr(out, "\"totals\"");
+	ck_assert_ptr_nonnull(tot);
+	ck_assert_msg(jnum(tot, "staleness") == 3 && jnum(tot, "clock_gap_max") == 3, "%s", out);
+
+	/* rank 1 catches up: the held pull is answered */
+	for (uint64_t clock = 0; clock < 2; clock++) {
+		int64_t push = ps_client_push(c[1], clock, &tg, 1, PS_PUSH_END_CLOCK);
+		ck_assert_int_eq(ps_client_wait(c[1], push), 0);
+	}
+	ck_assert_msg(ps_client_wait_timeout(c[0], pull, 10) == 0, "%s", ps_client_error(c[0]));
+	ps_client_free(c[0]);
+	ps_client_free(c[1]);
+	free(g);
+	free(w);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+}
+END_TEST
+
 START_TEST(test_stat_bad_usage)
 {
 	static char out[8192];
@@ -673,6 +742,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_stat_live_and_down);
+	tcase_add_test(tc, test_stat_gap_under_staleness);
 	tcase_add_test(tc, test_stat_bad_usage);
 	tcase_add_test(tc, test_metrics_http);
 	tcase_add_test(tc, test_metrics_token);

@@ -16,6 +16,7 @@
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +31,7 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "version.h"
 
 enum op { OP_PUSH, OP_PULL, OP_PUSHPULL, OP_PULL_ROWS, OP_PUSH_ROWS };
 
@@ -54,12 +56,50 @@ struct worker_res {
 	char err[512];
 };
 
+/* Sync --op push with several workers: nothing else keeps a fast worker
+ * within limits.max_clock_ahead of the slowest (the shard refuses a push
+ * past it), so each waits before pushing clock c until every worker has
+ * had its pushes up to c - max_clock_ahead / 2 acknowledged. */
+#define PS_MAX_WORKERS_BENCH 4096
+struct lockstep {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t acked[PS_MAX_WORKERS_BENCH]; /* clocks acknowledged; UINT64_MAX once done */
+	int n;
+};
+
+static void lockstep_set(struct lockstep *l, int rank, uint64_t acked)
+{
+	pthread_mutex_lock(&l->mu);
+	l->acked[rank] = acked;
+	pthread_cond_broadcast(&l->cv);
+	pthread_mutex_unlock(&l->mu);
+}
+
+static void lockstep_wait(struct lockstep *l, uint64_t clock, uint64_t slack)
+{
+	pthread_mutex_lock(&l->mu);
+	for (;;) {
+		uint64_t lo = UINT64_MAX;
+		for (int w = 0; w < l->n; w++)
+			lo = l->acked[w] < lo ? l->acked[w] : lo;
+		if (lo == UINT64_MAX || lo + slack > clock)
+			break;
+		pthread_cond_wait(&l->cv, &l->mu);
+	}
+	pthread_mutex_unlock(&l->mu);
+}
+
 struct worker_arg {
 	const struct ps_config *cfg;
 	const struct opts *o;
 	int rank;
 	struct worker_res res;
 	pthread_barrier_t *start;
+	/* sync: the clock every worker pushes up to (not including), set once
+	 * by the first worker whose time is up (UINT64_MAX until then) */
+	_Atomic uint64_t *stop_clock;
+	struct lockstep *lockstep;   /* sync --op push with several workers, else NULL */
 };
 
 static int cmp_double(const void *a, const void *b)
@@ -93,6 +133,7 @@ static void add_lat(struct worker_res *r, double s)
 
 struct slot {
 	int64_t push_id, pull_id;
+	uint64_t clock;         /* of the push */
 	double t0;
 	struct ps_tensor *pt;   /* pull destination, one buffer per tensor */
 };
@@ -154,9 +195,25 @@ static void *worker_main(void *p)
 		goto out_free;
 	}
 	end = ps_now_s() + o->seconds;
-	/* Keep `inflight` operations outstanding; retire the oldest first. */
+	/* Keep `inflight` operations outstanding; retire the oldest first.
+	 * Sync pushes: a worker's pull of clock c waits for every worker's
+	 * push of c, so all must end at the same clock, or the one that
+	 * stopped first leaves the others' last pulls waiting until
+	 * limits.request_timeout_ms. The first worker whose time is up at
+	 * clock k fixes the end at k + inflight: no worker can have submitted
+	 * beyond it (each retired its pull of clock c - inflight, which needed
+	 * everyone's push of it, before submitting c). Operations submitted
+	 * after the time was up are waited for but not counted. */
+	int barrier = cfg->consistency == PS_SYNC && o->op != OP_PULL;
 	for (;;) {
-		int submit = ps_now_s() < end;
+		int in_time = ps_now_s() < end, submit = in_time;
+		if (barrier) {
+			uint64_t expect = UINT64_MAX;
+			if (!in_time)
+				atomic_compare_exchange_strong(a->stop_clock, &expect,
+							       clock + (uint64_t)o->inflight);
+			submit = clock < atomic_load(a->stop_clock);
+		}
 		if (nin == o->inflight || (!submit && nin > 0)) {
 			struct slot *s = &slots[head];
 			/* The pull is answered after the push is applied: waiting
@@ -165,8 +222,12 @@ static void *worker_main(void *p)
 				break;
 			if (s->push_id > 0 && (rc = ps_client_wait(c, s->push_id)))
 				break;
+			if (s->t0 < end) {
+				if (a->lockstep && s->push_id > 0)
+				lockstep_set(a->lockstep, a->rank, s->clock + 1);
 			add_lat(res, ps_now_s() - s->t0);
-			res->ops++;
+				res->ops++;
+			}
 			s->push_id = s->pull_id = 0;
 			head = (head + 1) % o->inflight;
 			nin--;
@@ -188,6 +249,10 @@ static void *worker_main(void *p)
 			s->pull_id = ids[1];
 			clock++;
 		} else if (o->op == OP_PUSH) {
+			if (a->lockstep)
+				lockstep_wait(a->lockstep, clock,
+					      (uint64_t)cfg->limits.max_clock_ahead / 2);
+			s->clock = clock;
 			s->push_id = ps_client_push(c, clock, grad, nt, PS_PUSH_END_CLOCK);
 			if (s->push_id < 0) {
 				rc = (int)s->push_id;
@@ -208,6 +273,8 @@ static void *worker_main(void *p)
 		snprintf(res->err, sizeof(res->err), "%s", ps_client_error(c));
 	}
 out_free:
+	if (a->lockstep)  /* the others wait for this worker no more */
+		lockstep_set(a->lockstep, a->rank, UINT64_MAX);
 	ps_client_free(c);
 	for (int k = 0; slots && k < o->inflight; k++)
 		tensors_free(cfg, slots[k].pt);
@@ -482,7 +549,8 @@ static void usage(FILE *out)
 		"      --secret-file F  the cluster secret (default: the config's\n"
 		"                       security.secret_file, else $PS_SECRET_FILE)\n"
 		"      --dump-config    print the derived configuration and exit\n"
-		"  -h, --help           this text\n");
+		"  -h, --help           this text\n"
+		"      --version        version, wire protocol, rdma and CUDA plug-in of this build\n");
 }
 
 static int parse_size(const char *s, uint64_t *out)
@@ -521,7 +589,8 @@ int main(int argc, char **argv)
 		{ "rows", required_argument, NULL, 'R' }, { "dim", required_argument, NULL, 'd' },
 		{ "zipf", required_argument, NULL, 'z' }, { "batch", required_argument, NULL, 'b' },
 		{ "fp16", no_argument, NULL, 'F' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' }, { NULL, 0, NULL, 0 },
 	};
 	struct opts o = { .op = OP_PUSHPULL, .size = 0, .seconds = 3, .inflight = 1,
 			  .baseline = 1, .rows = { .rows = 1000000, .dim = 16, .zipf = 1.05,
@@ -611,7 +680,8 @@ int main(int argc, char **argv)
 		case 'K': secret = optarg; break;
 		case 'B': o.baseline = 0; break;
 		case 'D': dump = 1; break;
-		case 'h': usage(stdout); return 0;
+		case 'V': ps__version_print(stdout, "ps-bench"); free(cfg); return 0;
+		case 'h': usage(stdout); free(cfg); return 0;
 		default: fprintf(stderr, "Try 'ps-bench --help'.\n"); return 2;
 		}
 	}
@@ -641,6 +711,10 @@ int main(int argc, char **argv)
 			o.size += (uint64_t)cfg->tensors[t].count * sizeof(float);
 		goto model_ready;
 	}
+	/* the bench tensor replaces the model: a preset or layers would give
+	 * the shards --local starts (from the dumped config) their tensors */
+	cfg->model.preset[0] = '\0';
+	cfg->model.nlayers = 0;
 	memset(&cfg->tensors[0], 0, sizeof(cfg->tensors[0]));
 	snprintf(cfg->tensors[0].name, sizeof(cfg->tensors[0].name), "bench");
 	cfg->tensors[0].ndims = 1;
@@ -696,6 +770,11 @@ rows_ready:
 		return rc;
 	}
 	int nw = cfg->nworkers;
+	_Atomic uint64_t stop_clock = UINT64_MAX;
+	static struct lockstep lockstep = { .mu = PTHREAD_MUTEX_INITIALIZER,
+					    .cv = PTHREAD_COND_INITIALIZER };
+	int use_lockstep = cfg->consistency == PS_SYNC && o.op == OP_PUSH && nw > 1;
+	lockstep.n = nw;
 	struct worker_arg *wa = calloc((size_t)nw, sizeof(*wa));
 	pthread_t *th = calloc((size_t)nw, sizeof(*th));
 	pthread_barrier_t start;
@@ -706,6 +785,8 @@ rows_ready:
 		wa[w].o = &o;
 		wa[w].rank = w;
 		wa[w].start = &start;
+		wa[w].stop_clock = &stop_clock;
+		wa[w].lockstep = use_lockstep ? &lockstep : NULL;
 		pthread_create(&th[w], NULL, worker_main, &wa[w]);
 	}
 	for (int w = 0; w < nw; w++)

@@ -15,6 +15,7 @@
 #include <zlib.h>
 #include "ctr_gen.h"
 #include "ps_time.h"
+#include "version.h"
 
 static void usage(FILE *f)
 {
@@ -44,7 +45,8 @@ static void usage(FILE *f)
 		"                      at least N times: the rows a table with admission N\n"
 		"                      would create from these examples\n"
 		"  -j, --json          the summary as one JSON object\n"
-		"  -h, --help          this text\n");
+		"  -h, --help          this text\n"
+		"      --version       version, wire protocol, rdma and CUDA plug-in of this build\n");
 }
 
 /* --admission: how many distinct categorical ids the examples hold, and
@@ -117,6 +119,7 @@ int main(int argc, char **argv)
 		{ "missing", required_argument, NULL, 'm' }, { "signal", required_argument, NULL, 'w' },
 		{ "admission", required_argument, NULL, 'A' },
 		{ "json", no_argument, NULL, 'j' }, { "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct ps_ctr_gen_cfg gc;
@@ -150,7 +153,8 @@ int main(int argc, char **argv)
 		case 'w': bad = num("--signal", optarg, 0, 10, &gc.signal); break;
 		case 'A': bad = num("--admission", optarg, 2, 255, &admit); break;
 		case 'j': json = 1; break;
-		case 'h': usage(stdout); return 0;
+		case 'V': ps__version_print(stdout, "ps-ctrgen"); goto out_help;
+		case 'h': usage(stdout); goto out_help;
 		default: fprintf(stderr, "Try 'ps-ctrgen --help'.\n"); return 2;
 		}
 		if (bad)
@@ -222,5 +226,10 @@ int main(int argc, char **argv)
 	free(ic.id);
 	free(ic.n);
 	ps_auc_free(&auc);
+	return 0;
+
+out_help: /* --help, --version: nothing else was allocated yet */
+	free(ic.id);
+	free(ic.n);
 	return 0;
 }

@@ -28,6 +28,7 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "version.h"
 
 struct opts {
 	const char *config;
@@ -89,7 +90,9 @@ static void usage(FILE *f)
 		"gradients) and out (pulled weights) as float32 and as sent on the wire,\n"
 		"push and pull latency p50/p99 at the shard (pull latency includes the wait\n"
 		"for the consistency condition), slowest and fastest worker clock and the\n"
-		"staleness between them, share of time spent applying the optimizer,\n"
+		"gap between them out of the most the consistency mode allows (sync 1,\n"
+		"async staleness + 1: clocks are counted when finished), share of time\n"
+		"spent applying the optimizer,\n"
 		"rejected frames and connections. Rates cover the interval between two\n"
 		"samples. A shard that cannot be reached shows as down with the reason.\n"
 		"\n"
@@ -106,6 +109,7 @@ static void usage(FILE *f)
 		"                        (config checkpoint.dir; the shards must have\n"
 		"                        checkpoint.on_request: true) and report each file\n"
 		"  -h, --help            this text\n"
+		"      --version         version, wire protocol, rdma and CUDA plug-in of this build\n"
 		"\n"
 		"Exit status: 0 when every shard answered (and, with --checkpoint, wrote\n"
 		"its file), 1 when any was down or failed, 2 for a usage or\n"
@@ -366,17 +370,26 @@ static const char *fmt_uptime(double s, char *buf, size_t n)
 	return buf;
 }
 
-static void print_row(FILE *f, const char *name, const struct row *r)
+/* The most the finished clocks of two workers can differ by: a worker
+ * that has finished clock c pulls for c + 1 once the slowest has finished
+ * c + 1 - staleness (sync: all of c + 1), then finishes c + 1 itself: so
+ * staleness + 1 (sync: 1). The gap column shows the gap against it. */
+static uint64_t gap_limit(const struct ps_config *cfg)
 {
-	char up[32], a[16], b[16], c[16], d[16], clk[48];
+	return cfg->consistency == PS_SYNC ? 1 : (uint64_t)cfg->staleness + 1;
+}
+
+static void print_row(FILE *f, const char *name, const struct row *r, uint64_t limit)
+{
+	char up[32], a[16], b[16], c[16], d[16], clk[64];
 
 	if (!r->have_clock)
 		snprintf(clk, sizeof(clk), "-");
 	else
-		snprintf(clk, sizeof(clk), "%" PRIu64 "..%" PRIu64 " (%" PRIu64 ")", r->clk_min,
-			 r->clk_max, r->clk_max - r->clk_min);
+		snprintf(clk, sizeof(clk), "%" PRIu64 "..%" PRIu64 " (%" PRIu64 "/%" PRIu64 ")",
+			 r->clk_min, r->clk_max, r->clk_max - r->clk_min, limit);
 	fprintf(f, "%-6s %-4s %8s %8.0f %8.0f %7.1f/%-7.1f %7.1f/%-7.1f %7s/%-7s %7s/%-7s "
-		   "%-20s %5.1f%% %6" PRIu64 " %5u %3u/%-3u\n",
+		   "%-24s %5.1f%% %6" PRIu64 " %5u %3u/%-3u\n",
 		name, "up", fmt_uptime(r->uptime_s, up, sizeof(up)), r->push_s, r->pull_s,
 		r->in_raw, r->in_wire, r->out_raw, r->out_wire,
 		fmt_dur(r->push_p50, a, sizeof(a)), fmt_dur(r->push_p99, b, sizeof(b)),
@@ -412,21 +425,21 @@ static void print_table(FILE *f, const struct ps_config *cfg, const struct snap 
 {
 	fprintf(f, "ps-stat: %d shard(s), %d worker(s), %s, rates over %.1f s\n", cfg->nshards,
 		cfg->nworkers, cfg->consistency == PS_SYNC ? "sync" : "async", dt);
-	fprintf(f, "%-6s %-4s %8s %8s %8s %15s %15s %15s %15s %-20s %6s %6s %5s %7s\n", "shard",
+	fprintf(f, "%-6s %-4s %8s %8s %8s %15s %15s %15s %15s %-24s %6s %6s %5s %7s\n", "shard",
 		"st", "uptime", "push/s", "pull/s", "in MB/s raw/wire", "out MB/s raw/wire",
-		"push p50/p99", "pull p50/p99", "clock min..max (gap)", "apply", "reject", "conns",
+		"push p50/p99", "pull p50/p99", "clock min..max (gap/max)", "apply", "reject", "conns",
 		"workers");
 	for (int k = 0; k < cfg->nshards; k++) {
 		char name[16];
 
 		snprintf(name, sizeof(name), "%d", k);
 		if (rows[k].up)
-			print_row(f, name, &rows[k]);
+			print_row(f, name, &rows[k], gap_limit(cfg));
 		else
 			fprintf(f, "%-6s %-4s %s\n", name, "down", b[k].why);
 	}
 	if (tot->up)
-		print_row(f, "total", tot);
+		print_row(f, "total", tot, gap_limit(cfg));
 	else
 		fprintf(f, "%-6s %-4s no shard answered\n", "total", "down");
 	print_tables(f, cfg, b);
@@ -511,7 +524,7 @@ static void json_str(FILE *f, const char *s)
 	fputc('"', f);
 }
 
-static void json_row(FILE *f, const struct row *r)
+static void json_row(FILE *f, const struct row *r, uint64_t limit)
 {
 	const struct { const char *key; double v; } nums[] = {
 		{ "uptime_s", r->uptime_s }, { "pushes_per_s", r->push_s },
@@ -527,10 +540,11 @@ static void json_row(FILE *f, const struct row *r)
 		json_num(f, nums[i].key, nums[i].v);
 	if (r->have_clock)
 		fprintf(f, "\"clock_min\":%" PRIu64 ",\"clock_max\":%" PRIu64
-			   ",\"staleness\":%" PRIu64 ",", r->clk_min, r->clk_max,
-			r->clk_max - r->clk_min);
+			   ",\"staleness\":%" PRIu64 ",\"clock_gap_max\":%" PRIu64 ",", r->clk_min,
+			r->clk_max, r->clk_max - r->clk_min, limit);
 	else
-		fprintf(f, "\"clock_min\":null,\"clock_max\":null,\"staleness\":null,");
+		fprintf(f, "\"clock_min\":null,\"clock_max\":null,\"staleness\":null,"
+			   "\"clock_gap_max\":%" PRIu64 ",", limit);
 	json_num(f, "apply_share", r->apply_share);
 	fprintf(f, "\"rejected_frames\":%" PRIu64 ",\"auth_failures\":%" PRIu64
 		   ",\"duplicate_pushes\":%" PRIu64 ",\"errors\":%" PRIu64
@@ -550,7 +564,7 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 	for (int k = 0; k < cfg->nshards; k++) {
 		fprintf(f, "%s{\"shard\":%d,\"address\":\"%s:%d\",", k ? "," : "", k,
 			cfg->shards[k].host, cfg->shards[k].port);
-		json_row(f, &rows[k]);
+		json_row(f, &rows[k], gap_limit(cfg));
 		if (!rows[k].up) {
 			fprintf(f, ",\"reason\":");
 			json_str(f, b[k].why);
@@ -593,7 +607,7 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 		fputc('}', f);
 	}
 	fprintf(f, "],\"totals\":{");
-	json_row(f, tot);
+	json_row(f, tot, gap_limit(cfg));
 	fputc('}', f);
 	if (workers) {
 		fprintf(f, ",\"workers\":[");
@@ -670,6 +684,7 @@ int main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' }, { "watch", required_argument, NULL, 'w' },
 		{ "interval", required_argument, NULL, 'i' }, { "json", no_argument, NULL, 'j' },
 		{ "workers", no_argument, NULL, 'W' }, { "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
 		{ "checkpoint", no_argument, NULL, 'C' },
 		{ "secret-file", required_argument, NULL, 'K' },
 		{ NULL, 0, NULL, 0 },
@@ -700,6 +715,7 @@ int main(int argc, char **argv)
 		case 'W': o.workers = 1; break;
 		case 'C': o.checkpoint = 1; break;
 		case 'K': o.secret = optarg; break;
+		case 'V': ps__version_print(stdout, "ps-stat"); rc = 0; goto out;
 		case 'h': usage(stdout); rc = 0; goto out;
 		default: fprintf(stderr, "Try 'ps-stat --help'.\n"); goto out;
 		}

@@ -33,6 +33,7 @@
 #include "worker_cmd.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "version.h"
 
 static volatile sig_atomic_t g_stop;
 
@@ -98,6 +99,7 @@ static void usage(FILE *out)
 		"                       PS_SECRET_FILE from --secret-file) in its environment,\n"
 		"                       signals passed on; exits with its status\n"
 		"  -h, --help           this text\n"
+		"      --version        version, wire protocol, rdma and CUDA plug-in of this build\n"
 		"\n"
 		"Progress goes to stderr: one updating line on a terminal, plain lines\n"
 		"otherwise. Each epoch appends a JSON line (loss, test accuracy, samples/s,\n"
@@ -416,7 +418,8 @@ int main(int argc, char **argv)
 		{ "eval", required_argument, NULL, 'E' },
 		{ "secret-file", required_argument, NULL, 'K' },
 		{ "exec", required_argument, NULL, 'x' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' }, { NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *device = NULL, *metrics_dir = NULL;
 	const char *save_model = NULL, *eval_model = NULL, *secret = NULL, *exec_cmd = NULL;
@@ -474,6 +477,7 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'V': ps__version_print(stdout, "ps-worker"); return 0;
 		case 'h':
 			usage(stdout);
 			return 0;
