@@ -624,6 +624,24 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	}
 	if (cfg->consistency == PS_SYNC) {
 		uint64_t v = s->rows->t[t].tb.version;
+		if (m->clock < v && m->clock >= s->finished[sc->rank]) {
+			/* A worker that rejoined at the clock it was told (the
+			 * lowest of the dense slices' versions) while this table
+			 * had applied that clock without it, as the dense path's
+			 * late slices: not a resend (it has not ended the clock
+			 * here), so its rows for that clock are set aside */
+			Ps__PushAck ack = PS__PUSH_ACK__INIT;
+			ps_debug("worker %d: row push for clock %" PRIu64 " of table '%s', which "
+				 "had gone on without it (version %" PRIu64 "): set aside", sc->rank,
+				 m->clock, cfg->tables[t].name, v);
+			if (m->seq)
+				ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
+			ack.req_id = m->req_id;
+			ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE,
+				    NULL, NULL);
+			s->c.acks++;
+			return;
+		}
 		if (m->clock < v || m->clock >= v + (uint64_t)cfg->limits.max_clock_ahead) {
 			rc = PS_ECLOCK;
 			ps_msg_send_error(sc->conn, m->req_id, rc, "row push for clock %" PRIu64 " but "

@@ -329,6 +329,75 @@ START_TEST(test_rejoin_at_told_clock)
 }
 END_TEST
 
+/* The same with an embedding table: the table applied clock 3 with worker
+ * 0 alone, and the rejoined worker's rows for clock 3 are set aside, not
+ * refused (the dense parts as above). */
+START_TEST(test_rejoin_rows_at_told_clock)
+{
+	struct one o;
+	static float g[1000], w[1000], rg[2 * 4];
+	static const uint64_t ids[2] = { 3, 11 };
+	struct ps_tensor gab[2] = { { .name = "a", .data = g, .count = 1000 },
+				    { .name = "b", .data = g, .count = 1000 } };
+	struct ps_tensor ga = { .name = "a", .data = g, .count = 1000 };
+	struct ps_tensor wb = { .name = "b", .data = w, .count = 1000 };
+	float rows[2 * 4];
+
+	for (int i = 0; i < 8; i++)
+		rg[i] = 1.0f;
+	start_one(&o, 2, "  embeddings:\n    - {name: e, dim: 4}\n"
+		  "consistency:\n  mode: sync\nlimits:\n  drop_timeout_ms: 200\n"
+		  "log:\n  level: info\n");
+	struct ps_client *w0 = join_ok(&o.cfg, 0), *w1 = join_ok(&o.cfg, 1);
+	for (uint64_t k = 0; k < 3; k++) {
+		ck_assert_int_eq(ps_client_push_rows(w0, "e", k, ids, 2, rg, 0), 0);
+		ck_assert_int_eq(ps_client_push_rows(w1, "e", k, ids, 2, rg, 0), 0);
+		int64_t p0 = ps_client_push(w0, k, gab, 2, PS_PUSH_END_CLOCK);
+		int64_t p1 = ps_client_push(w1, k, gab, 2, PS_PUSH_END_CLOCK);
+		ck_assert(p0 > 0 && p1 > 0);
+		ck_assert_int_eq(ps_client_wait(w0, p0), 0);
+		ck_assert_int_eq(ps_client_wait(w1, p1), 0);
+	}
+	ps_client_free(w1);
+	double t0 = ps_now_s();
+	char *log = NULL;
+	for (;;) {
+		free(log);
+		log = read_log(o.log);
+		if (strstr(log, "worker 1 left the live set"))
+			break;
+		ck_assert_msg(ps_now_s() - t0 < 10 * tu_time_scale(), "worker 1 never dropped: %s",
+			      log);
+		tu_sleep_ms(20);
+	}
+	free(log);
+	/* worker 0 alone: table e and a's slices apply clock 3, b waits */
+	ck_assert_int_eq(ps_client_push_rows(w0, "e", 3, ids, 2, rg, 0), 0);
+	int64_t p = ps_client_push(w0, 3, &ga, 1, 0);
+	ck_assert_int_eq(ps_client_wait(w0, p), 0);
+	ck_assert_int_eq(ps_client_pull_rows(w0, "e", 4, ids, 2, rows), 0);
+	w1 = join_ok(&o.cfg, 1);
+	ck_assert_uint_eq(ps_client_clock(w1), 3);
+	int rc = ps_client_push_rows(w1, "e", 3, ids, 2, rg, 0);
+	ck_assert_msg(rc == 0, "the rejoined worker's rows at the clock it was told: %s",
+		      ps_client_error(w1));
+	p = ps_client_push(w1, 3, gab, 2, PS_PUSH_END_CLOCK);
+	ck_assert_msg(ps_client_wait(w1, p) == 0, "dense push: %s", ps_client_error(w1));
+	p = ps_client_push(w0, 3, &gab[1], 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_eq(ps_client_wait(w0, p), 0);
+	p = ps_client_pull(w1, 4, &wb, 1);
+	ck_assert_msg(ps_client_wait(w1, p) == 0, "pull: %s", ps_client_error(w1));
+	/* the set-aside rows changed nothing: the table is where worker 0's
+	 * clock 3 left it */
+	float after[2 * 4];
+	ck_assert_int_eq(ps_client_pull_rows(w1, "e", 4, ids, 2, after), 0);
+	ck_assert_int_eq(memcmp(rows, after, sizeof(rows)), 0);
+	ps_client_free(w0);
+	ps_client_free(w1);
+	stop_one(&o);
+}
+END_TEST
+
 /* With the default limits, a killed worker (its connection closed) stops
  * a sync cluster for seconds: the survivor's next pull is answered well
  * within the old default's minute. */
@@ -410,6 +479,7 @@ int main(void)
 	TU_ADD(tc, test_duplicate_rank_refused);
 	TU_ADD(tc, test_restart_takes_over_silent_connection);
 	TU_ADD(tc, test_rejoin_at_told_clock);
+	TU_ADD(tc, test_rejoin_rows_at_told_clock);
 	TU_ADD(tc, test_dead_worker_default_drop);
 	TU_ADD(tc, test_auth_failures_logged);
 	suite_add_tcase(s, tc);
