@@ -41,7 +41,8 @@ T=build/rel/tests
 # every frame and gradient passes through.
 default_files() {
   ls server/*.c worker/client/ps_client*.c common/transport*.c common/wire*.c \
-     common/codec*.c common/auth*.c common/frame_mac*.c 2>/dev/null | grep -v '^server/main.c$'
+     common/codec*.c common/auth*.c common/frame_mac*.c common/config_agree.c \
+     common/version.c worker/worker_cmd.c 2>/dev/null | grep -v '^server/main.c$'
 }
 
 # The narrowest suites that exercise a file, fastest first.
@@ -57,8 +58,14 @@ suites_for() {
     server/conn.c)             echo it_hostile it_cluster ;;
     server/admin.c)            echo it_stat it_checkpoint it_hostile ;;   # it_hostile reads the queue figures
     server/metrics_http.c)     echo it_stat ;;
+    server/declare.c)          echo it_declare ;;
     server/*)                  echo it_cluster it_checkpoint it_hostile ;;
+    worker/client/ps_client_declare.c) echo it_declare ;;
+    worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
     worker/client/ps_client*)         echo it_fake_shard it_cluster it_checkpoint it_hostile ;;
+    common/config_agree.c)     echo it_agree ;;
+    common/version.c)          echo it_docs.sh ;;        # every program's --version
+    worker/worker_cmd.c)       echo it_launch.sh ;;      # ps-worker --exec under ps-cluster.sh
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
     common/transport*)         echo check_transport it_hostile ;;
@@ -83,7 +90,10 @@ export PS_TEST_QUICK=1   # it_checkpoint leaves out its minute-long 4.4 GB case
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
 
 echo "mutate: building the unmutated tree and its tests" >&2
-make -s -j2 all $(for f in $files; do for s in $(suites_for "$f"); do echo $T/$s; done; done | sort -u) \
+# a suite is a test program of $T, or a script tests/NAME.sh (run as it is)
+suite_target() { case "$1" in *.sh) ;; *) echo "$T/$1" ;; esac; }
+suite_cmd() { case "$1" in *.sh) echo "tests/$1" ;; *) echo "$T/$1" ;; esac; }
+make -s -j2 all $(for f in $files; do for s in $(suites_for "$f"); do suite_target "$s"; done; done | sort -u) \
   >/dev/null || { echo "mutate: the unmutated tree does not build" >&2; exit 1; }
 
 CC_LINE=$(make -s print-cc) || exit 1
@@ -146,11 +156,11 @@ print('\n'.join(m))")
     current=$f
     cp "$dir/$m" "$f"
     outcome=""
-    if ! make -s -j2 all $(for s in $suites; do echo $T/$s; done) >"$OUT/build.log" 2>&1; then
+    if ! make -s -j2 all $(for s in $suites; do suite_target "$s"; done) >"$OUT/build.log" 2>&1; then
       outcome="uncompilable"
     else
       for s in $suites; do
-        timeout "$TMO" "$T/$s" >"$OUT/run.log" 2>&1
+        timeout "$TMO" "$(suite_cmd "$s")" >"$OUT/run.log" 2>&1
         rc=$?
         if [ $rc -eq 124 ]; then outcome="killed:$s(timeout)"; break; fi
         if [ $rc -ne 0 ]; then outcome="killed:$s"; break; fi

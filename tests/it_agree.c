@@ -112,6 +112,25 @@ static char *read_log(const char *log)
 	return text;
 }
 
+/* Waits (10 s at most) until the shard's log says rank left the live set. */
+static void wait_dropped(struct one *o, int rank)
+{
+	char want[64], *log = NULL;
+	double t0 = ps_now_s();
+
+	snprintf(want, sizeof(want), "worker %d left the live set", rank);
+	for (;;) {
+		free(log);
+		log = read_log(o->log);
+		if (strstr(log, want))
+			break;
+		ck_assert_msg(ps_now_s() - t0 < 10 * tu_time_scale(), "worker %d never dropped: %s",
+			      rank, log);
+		tu_sleep_ms(20);
+	}
+	free(log);
+}
+
 static int count_of(const char *text, const char *what)
 {
 	int n = 0;
@@ -297,18 +316,7 @@ START_TEST(test_rejoin_at_told_clock)
 	}
 	ps_client_free(w1);
 	/* worker 1 dropped: wait for the shard to say so */
-	double t0 = ps_now_s();
-	char *log = NULL;
-	for (;;) {
-		free(log);
-		log = read_log(o.log);
-		if (strstr(log, "worker 1 left the live set"))
-			break;
-		ck_assert_msg(ps_now_s() - t0 < 10 * tu_time_scale(), "worker 1 never dropped: %s",
-			      log);
-		tu_sleep_ms(20);
-	}
-	free(log);
+	wait_dropped(&o, 1);
 	int64_t p = ps_client_push(w0, 3, &ga, 1, 0);
 	ck_assert_int_eq(ps_client_wait(w0, p), 0);
 	/* a's slices are at 4 now, b's at 3 */
@@ -359,18 +367,7 @@ START_TEST(test_rejoin_rows_at_told_clock)
 		ck_assert_int_eq(ps_client_wait(w1, p1), 0);
 	}
 	ps_client_free(w1);
-	double t0 = ps_now_s();
-	char *log = NULL;
-	for (;;) {
-		free(log);
-		log = read_log(o.log);
-		if (strstr(log, "worker 1 left the live set"))
-			break;
-		ck_assert_msg(ps_now_s() - t0 < 10 * tu_time_scale(), "worker 1 never dropped: %s",
-			      log);
-		tu_sleep_ms(20);
-	}
-	free(log);
+	wait_dropped(&o, 1);
 	/* worker 0 alone: table e and a's slices apply clock 3, b waits */
 	ck_assert_int_eq(ps_client_push_rows(w0, "e", 3, ids, 2, rg, 0), 0);
 	int64_t p = ps_client_push(w0, 3, &ga, 1, 0);
