@@ -201,6 +201,12 @@ static PyObject *config_nshards(pyps_config *self, void *closure)
 	return config_ok(self) ? PyLong_FromLong(ps_config_nshards(self->cfg)) : NULL;
 }
 
+static PyObject *config_nworkers(pyps_config *self, void *closure)
+{
+	(void)closure;
+	return config_ok(self) ? PyLong_FromLong(ps_config_nworkers(self->cfg)) : NULL;
+}
+
 static PyObject *config_sync(pyps_config *self, void *closure)
 {
 	(void)closure;
@@ -225,6 +231,7 @@ static PyGetSetDef config_getset[] = {
 	{ "declared", (getter)config_declared, NULL, "True when the config names no model: "
 	  "workers declare its tensors (Client.declare)", NULL },
 	{ "nshards", (getter)config_nshards, NULL, "number of shards", NULL },
+	{ "nworkers", (getter)config_nworkers, NULL, "number of workers (cluster.workers)", NULL },
 	{ "sync", (getter)config_sync, NULL, "True for consistency: sync", NULL },
 	{ "staleness", (getter)config_staleness, NULL, "async staleness bound", NULL },
 	{ "path", (getter)config_path, NULL, "the file it was loaded from", NULL },

@@ -30,16 +30,17 @@ def free_port():
 
 
 class Cluster:
-    def __init__(self, tmp_path, shards, workers, mode, tensors, tables, extra, declare=False):
+    def __init__(self, tmp_path, shards, workers, mode, tensors, tables, extra, declare=False,
+                 limits=(), consistency=()):
         self.dir = str(tmp_path)
         self.ports = [free_port() for _ in range(shards)]
         self.tensors = tensors
         self.path = os.path.join(self.dir, "cluster.yaml")
         lines = ["cluster:", "  servers: [%s]" % ", ".join(f"127.0.0.1:{p}" for p in self.ports),
-                 f"  workers: {workers}", "consistency:", f"  mode: {mode}",
+                 f"  workers: {workers}", "consistency:", f"  mode: {mode}"] + list(consistency) + [
                  "slice_bytes: 4096", "optimizer:", "  name: sgd", "  lr: 1",
                  "limits:", "  connect_timeout_ms: 3000", "  request_timeout_ms: 10000",
-                 "  reconnect_timeout_ms: 0"]
+                 "  reconnect_timeout_ms: 0"] + list(limits)
         # declare: no model in the config, the workers declare it
         lines += ["model:"] if tables or not declare else []
         lines += [] if declare else ["  tensors:"] + [
@@ -89,9 +90,10 @@ def cluster(tmp_path):
     made = []
 
     def make(shards=2, workers=1, mode="sync", tensors=None, tables=None, extra=(),
-             declare=False):
+             declare=False, limits=(), consistency=()):
         c = Cluster(tmp_path / f"c{len(made)}", shards, workers, mode,
-                    tensors or {"a": 3000, "b": 561, "c": 5}, tables or {}, extra, declare)
+                    tensors or {"a": 3000, "b": 561, "c": 5}, tables or {}, extra, declare,
+                    limits, consistency)
         made.append(c)
         return c
 

@@ -58,6 +58,8 @@ int ps_config_table_dim(const struct ps_config *cfg, int i);
 /* Shards, and the consistency mode: 1 sync, 0 async; and the async
  * staleness bound. */
 int ps_config_nshards(const struct ps_config *cfg);
+/* cluster.workers: the number of worker ranks. */
+int ps_config_nworkers(const struct ps_config *cfg);
 int ps_config_sync(const struct ps_config *cfg);
 int ps_config_staleness(const struct ps_config *cfg);
 /* 1 when the config names no dense model (no model.preset, .layers or

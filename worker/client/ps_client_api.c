@@ -92,6 +92,11 @@ int ps_config_sync(const struct ps_config *cfg)
 	return cfg->consistency == PS_SYNC;
 }
 
+int ps_config_nworkers(const struct ps_config *cfg)
+{
+	return cfg->nworkers;
+}
+
 int ps_config_staleness(const struct ps_config *cfg)
 {
 	return cfg->staleness;

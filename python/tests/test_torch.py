@@ -1,0 +1,331 @@
+"""ps.torch.DistributedOptimizer against real shards (python/ps/torch.py).
+
+Equivalence: N workers of batch b in BSP give the parameters one process
+gets running the unwrapped torch.optim optimizer on batch N*b (the same
+schedule, the same parameter groups), within 1e-5 relative after 20 steps.
+Also: SSP's staleness bound as the pulled weights show it, the declaration
+(a differing model refused, a killed worker restarted, a shard restarted
+from its checkpoint), buffers, and each misuse guard's message.
+
+The workers of the equivalence tests are threads of this process, each with
+its own ps.Client, model and optimizer (the shards are real processes);
+the restart tests run workers as processes (torchworker.py) so they can be
+killed.
+"""
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian: python3-torch)")
+import ps  # noqa: E402
+import ps.torch as pst  # noqa: E402
+
+torch.set_num_threads(1)
+HERE = os.path.dirname(__file__)
+TORCHWORKER = [sys.executable, os.path.join(HERE, "torchworker.py")]
+STEPS, BATCH, NIN, NHID, NOUT = 20, 8, 12, 16, 5
+
+
+def make_model(seed=1):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(NIN, NHID), torch.nn.Tanh(),
+                               torch.nn.Linear(NHID, NOUT))
+
+
+def data(nworkers, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(STEPS, nworkers * BATCH, NIN, generator=g)
+    y = torch.randint(0, NOUT, (STEPS, nworkers * BATCH), generator=g)
+    return x, y
+
+
+def make_optimizer(model, spec):
+    """spec: (kind, kwargs, groups?, schedule)."""
+    kind, kw, two_groups, _ = spec
+    if two_groups:   # biases without weight decay, at half the learning rate
+        decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        plain = [p for n, p in model.named_parameters() if n.endswith("bias")]
+        params = [{"params": decay},
+                  {"params": plain, "weight_decay": 0.0, "lr": kw["lr"] / 2}]
+    else:
+        params = model.parameters()
+    return getattr(torch.optim, kind)(params, **kw)
+
+
+def make_schedule(opt, spec):
+    if spec[3] == "step":
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+    if spec[3] == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=STEPS)
+    return None
+
+
+def reference(spec, nworkers):
+    """One process, plain torch, batch nworkers * BATCH."""
+    model = make_model()
+    opt = make_optimizer(model, spec)
+    sched = make_schedule(opt, spec)
+    x, y = data(nworkers)
+    for s in range(STEPS):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[s]), y[s]).backward()
+        opt.step()
+        if sched:
+            sched.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def worker(path, rank, nworkers, spec, out, errors, mode="server", clip=None, **kw):
+    try:
+        c = ps.Client(path, rank)
+        model = make_model(seed=1 if rank == 0 else 100 + rank)  # rank 0's values win
+        opt = pst.DistributedOptimizer(make_optimizer(model, spec),
+                                       named_parameters=model.named_parameters(), client=c,
+                                       mode=mode, **kw)
+        sched = make_schedule(opt, spec)
+        x, y = data(nworkers)
+        part = slice(rank * BATCH, (rank + 1) * BATCH)
+        for s in range(STEPS):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[s][part]), y[s][part]).backward()
+            if clip:
+                opt.synchronize()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+            if sched:
+                sched.step()
+        out[rank] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        c.close()
+    except Exception as e:  # noqa: BLE001  (reported by the test)
+        errors.append((rank, e))
+
+
+def run_workers(path, nworkers, spec, **kw):
+    out, errors = {}, []
+    ts = [threading.Thread(target=worker, args=(path, r, nworkers, spec, out, errors), kwargs=kw)
+          for r in range(nworkers)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors, errors
+    assert len(out) == nworkers
+    return out
+
+
+def relerr(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def declared_cluster(cluster, shards=2, workers=2, mode="sync", **kw):
+    return cluster(shards=shards, workers=workers, mode=mode, declare=True, **kw)
+
+
+SPECS = {
+    "sgd-momentum-wd-step": ("SGD", {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}, False,
+                             "step"),
+    "sgd-nesterov-dampening-2groups": ("SGD", {"lr": 0.1, "momentum": 0.8, "nesterov": True,
+                                               "weight_decay": 1e-3}, True, "cosine"),
+    "sgd-dampening": ("SGD", {"lr": 0.05, "momentum": 0.9, "dampening": 0.3}, False, "step"),
+    "adam-wd-cosine": ("Adam", {"lr": 0.01, "weight_decay": 1e-3}, False, "cosine"),
+    "adamw-2groups-step": ("AdamW", {"lr": 0.01, "weight_decay": 0.05, "betas": (0.8, 0.99)},
+                           True, "step"),
+    "adagrad-2groups": ("Adagrad", {"lr": 0.1, "lr_decay": 0.01, "weight_decay": 1e-3,
+                                    "initial_accumulator_value": 0.1}, True, "cosine"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_equivalent_to_one_process_on_the_combined_batch(cluster, name):
+    spec = SPECS[name]
+    cl = declared_cluster(cluster)
+    ref = reference(spec, 2)
+    # small buckets: several pushes and per-bucket pulls per step
+    got = run_workers(cl.path, 2, spec, bucket_bytes=256)
+    start = {n: p.detach() for n, p in make_model().named_parameters()}
+    for r in (0, 1):
+        for n, want in ref.items():
+            assert relerr(got[r][n], want) <= 1e-5, (name, r, n, relerr(got[r][n], want))
+            assert relerr(start[n], want) > 1e-3, (name, n, "did not train")
+
+
+def test_local_mode_with_clipping_equals_one_process(cluster):
+    """mode='local': the shards average the gradients; synchronize() gives
+    them to clip_grad_norm_ before the wrapped optimizer's step."""
+    spec = ("RMSprop", {"lr": 0.01}, False, "step")   # not mappable to the shards: local runs it
+    cl = declared_cluster(cluster)
+    got = run_workers(cl.path, 2, spec, mode="local", clip=0.5)
+    model = make_model()
+    opt = make_optimizer(model, spec)
+    sched = make_schedule(opt, spec)
+    x, y = data(2)
+    for s in range(STEPS):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[s]), y[s]).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        sched.step()
+    for n, p in model.named_parameters():
+        for r in (0, 1):
+            assert relerr(got[r][n], p.detach()) <= 1e-5, (r, n)
+
+
+def test_ssp_pulled_weights_within_the_staleness_bound(cluster):
+    """Async, staleness 2, op=Sum, SGD lr 1 on loss = sum(w): every push
+    moves w by -1, so 10 - w counts the updates a worker's pull saw. After
+    step t a worker must have seen at least every worker's first t+1-2
+    pushes (the slowest worker sleeps to stretch the gap)."""
+    cl = declared_cluster(cluster, shards=1, mode="async", consistency=["  staleness: 2"])
+    seen, errors = {0: [], 1: []}, []
+
+    def run(rank):
+        try:
+            c = ps.Client(cl.path, rank)
+            w = torch.nn.Parameter(torch.full((4,), 10.0))
+            opt = pst.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), [("w", w)], client=c,
+                                           op=pst.Sum)
+            for _ in range(12):
+                opt.zero_grad()
+                w.sum().backward()
+                opt.step()
+                seen[rank].append(10.0 - float(w[0]))
+                if rank == 1:
+                    time.sleep(0.05)
+            c.close()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors
+    for rank in (0, 1):
+        for t, applied in enumerate(seen[rank]):
+            assert applied >= 2 * (t + 1 - 2), (rank, t, applied, seen[rank])
+            assert applied <= 24
+    # worker 0 ran ahead of the sleeping worker 1, but not past the bound
+    assert min(seen[0][t] - 2 * (t + 1 - 2) for t in range(12)) < 2
+
+
+# ---- declaration: refused, restarted ----
+
+def test_differing_model_refused_naming_both(cluster):
+    cl = declared_cluster(cluster)
+    c0, c1 = ps.Client(cl.path, 0), ps.Client(cl.path, 1)
+    m0 = make_model()
+    pst.DistributedOptimizer(torch.optim.SGD(m0.parameters(), lr=0.1), m0.named_parameters(),
+                             client=c0)
+    m1 = torch.nn.Sequential(torch.nn.Linear(NIN, NHID + 1), torch.nn.Tanh(),
+                             torch.nn.Linear(NHID + 1, NOUT))
+    with pytest.raises(ps.ConfigError, match=r"the shard has 0.weight\[16,12\], this worker "
+                       r"declares 0.weight\[17,12\]"):
+        pst.DistributedOptimizer(torch.optim.SGD(m1.parameters(), lr=0.1), m1.named_parameters(),
+                                 client=c1)
+    c1.close()
+    c1 = ps.Client(cl.path, 1)
+    with pytest.raises(ps.ConfigError, match="momentum"):
+        m2 = make_model()
+        pst.DistributedOptimizer(torch.optim.SGD(m2.parameters(), lr=0.1, momentum=0.5),
+                                 m2.named_parameters(), client=c1)
+
+
+def torchworker(path, rank, steps, out, *extra):
+    return subprocess.Popen(TORCHWORKER + [path, str(rank), str(steps), out] + list(extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def finish(p, timeout=90):
+    out, _ = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out.decode(errors="replace")
+    return out.decode()
+
+
+def test_worker_killed_and_restarted_continues(cluster, tmp_path):
+    """Worker 1 dies after 5 steps; worker 0 waits for it (drop_timeout
+    long); the restarted worker 1 declares again, gets the shards' weights,
+    goes on from clock 5, and both end on the same weights."""
+    cl = declared_cluster(cluster, limits=["  drop_timeout_ms: 60000"])
+    a = torchworker(cl.path, 0, 12, str(tmp_path / "w0.pt"))
+    b = torchworker(cl.path, 1, 12, str(tmp_path / "w1.pt"), "--die-after", "5")
+    out_b = b.communicate(timeout=90)[0].decode()
+    assert b.returncode == -signal.SIGKILL, out_b
+    b = torchworker(cl.path, 1, 12, str(tmp_path / "w1.pt"))
+    out_b = finish(b)
+    finish(a)
+    assert "resumed at clock 5" in out_b, out_b
+    w0, w1 = torch.load(tmp_path / "w0.pt"), torch.load(tmp_path / "w1.pt")
+    for n in w0:
+        assert torch.equal(w0[n], w1[n]), n
+
+
+def test_shard_restarted_from_checkpoint_keeps_the_declared_tensors(cluster, tmp_path):
+    """6 steps, a checkpoint, shard 0 killed and started again from it, 4
+    more steps: the restarted cluster hands the workers the weights of clock
+    6 and ends bit-identical to a cluster that ran 10 steps uninterrupted
+    (so the optimizer state came back too)."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    cl = declared_cluster(cluster, extra=["checkpoint:", f"  dir: {ck}",
+                                                          "  on_request: true", "  min_interval_s: 0"])
+    ps_ = [torchworker(cl.path, r, 6, str(tmp_path / f"a{r}.pt"), "--checkpoint")
+           for r in (0, 1)]
+    for p in ps_:
+        finish(p)
+    cl.stop(0, signal.SIGKILL)
+    cl.start(0)
+    ps_ = [torchworker(cl.path, r, 10, str(tmp_path / f"b{r}.pt"), "--save-start",
+                       str(tmp_path / f"s{r}.pt")) for r in (0, 1)]
+    outs = [finish(p) for p in ps_]
+    assert all("resumed at clock 6" in o for o in outs), outs
+    a0, s0 = torch.load(tmp_path / "a0.pt"), torch.load(tmp_path / "s0.pt")
+    for n in a0:
+        assert torch.equal(a0[n], s0[n]), n
+    ref = declared_cluster(cluster)
+    ps_ = [torchworker(ref.path, r, 10, str(tmp_path / f"r{r}.pt")) for r in (0, 1)]
+    for p in ps_:
+        finish(p)
+    b0, r0 = torch.load(tmp_path / "b0.pt"), torch.load(tmp_path / "r0.pt")
+    for n in b0:
+        assert torch.equal(b0[n], r0[n]), n
+
+
+def test_misuse_guards(cluster):
+    cl = declared_cluster(cluster, workers=1)
+    c = ps.Client(cl.path, 0)
+    model = make_model()
+    with pytest.raises(ps.ConfigError, match=r"cannot apply torch.optim.rmsprop.RMSprop; "
+                       r"supported: torch.optim.SGD"):
+        pst.DistributedOptimizer(torch.optim.RMSprop(model.parameters(), lr=0.1),
+                                 model.named_parameters(), client=c)
+    with pytest.raises(ps.ConfigError, match="amsgrad=True is not supported"):
+        pst.DistributedOptimizer(torch.optim.Adam(model.parameters(), amsgrad=True),
+                                 model.named_parameters(), client=c)
+    opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   model.named_parameters(), client=c)
+    assert isinstance(opt, torch.optim.SGD)
+    x, y = data(1)
+    loss = lambda: torch.nn.functional.cross_entropy(model(x[0]), y[0])  # noqa: E731
+    loss().backward()
+    with pytest.raises(ps.StateError, match=r"zero_grad\(\) was called after loss.backward\(\)"):
+        opt.zero_grad()
+    with pytest.raises(Exception, match="computed more than backward_passes_per_step=1 times"):
+        loss().backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="without skip_synchronize"):
+        opt.step()
+    opt.zero_grad()
+    with pytest.raises(ps.StateError, match=r"under skip_synchronize\(\) before synchronize"):
+        with opt.skip_synchronize():
+            opt.step()
+    c.close()
