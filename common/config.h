@@ -25,7 +25,13 @@
 
 enum ps_consistency { PS_SYNC, PS_ASYNC };
 enum ps_transport_kind { PS_TRANSPORT_TCP, PS_TRANSPORT_RDMA };
-enum ps_optim_kind { PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_ADAGRAD };
+/* Dense update rules. adamw: adam with decoupled weight decay; reduce: the
+ * tensor's value becomes the (averaged) gradient of the clock (declared
+ * groups only, sync only: workers that run their optimizer locally). */
+enum ps_optim_kind { PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_ADAGRAD, PS_OPT_ADAMW,
+		     PS_OPT_REDUCE, PS_OPT_COUNT };
+/* Optimizer groups of declared tensors (ps_client_declare_groups). */
+#define PS_MAX_GROUPS 64
 /* How a tensor's initial values are derived from (seed, tensor, element):
  * zeros; const (value); uniform in [-scale, scale]; normal with std scale;
  * arange (element index mod 1024, exact integers: for tests). */
@@ -51,6 +57,7 @@ struct ps_tensor_cfg {
 	 * compression.tensors entry naming it (resolved by the loader). */
 	int codec;                /* enum ps_codec_kind (codec.h) */
 	float ratio;              /* topk: fraction kept */
+	int group;                /* declared with groups: its optimizer group (ps_config.groups) */
 };
 
 /* Update rules of embedding rows (docs/embeddings.md): the optimizer state
@@ -95,6 +102,10 @@ struct ps_optim_cfg {
 	float beta1, beta2, eps;  /* adam (eps also adagrad) */
 	float weight_decay;       /* L2 added to the gradient, all optimizers */
 	float initial_accumulator; /* adagrad */
+	float dampening;          /* momentum: buf = mu*buf + (1-dampening)*g' after the first step */
+	float lr_decay;           /* adagrad: step lr = lr / (1 + (t-1)*lr_decay) */
+	int average;              /* sync: apply the mean of a clock's gradients, not their sum;
+				     async: each gradient scaled by 1/nworkers */
 };
 
 struct ps_limits {
@@ -190,6 +201,11 @@ struct ps_config {
 	int ntensors;
 	struct ps_tensor_cfg tensors[PS_MAX_TENSORS];
 	struct ps_optim_cfg optim;
+	/* Declared with optimizer groups (ps_client_declare_groups): ngroups
+	 * (1..PS_MAX_GROUPS) rules, tensor i updated by groups[tensors[i].group].
+	 * 0: every tensor is updated by optim. */
+	int ngroups;
+	struct ps_optim_cfg groups[PS_MAX_GROUPS];
 	struct ps_limits limits;
 	struct ps_stats_cfg stats;
 	struct ps_checkpoint_cfg checkpoint;

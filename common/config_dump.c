@@ -317,7 +317,7 @@ void ps_config_help(FILE *out)
 
 const char *ps_optim_name(enum ps_optim_kind k)
 {
-	return (unsigned)k <= PS_OPT_ADAGRAD ? cfg_optim_names[k] : "unknown";
+	return (unsigned)k <= PS_OPT_ADAMW ? cfg_optim_names[k] : k == PS_OPT_REDUCE ? "reduce" : "unknown";
 }
 
 const char *ps_row_optim_name(int k)

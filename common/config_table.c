@@ -16,7 +16,7 @@
 
 const char *const cfg_transport_names[] = { "tcp", "rdma", NULL };
 const char *const cfg_consistency_names[] = { "sync", "async", NULL };
-const char *const cfg_optim_names[] = { "sgd", "momentum", "adam", "adagrad", NULL };
+const char *const cfg_optim_names[] = { "sgd", "momentum", "adam", "adagrad", "adamw", NULL };
 const char *const cfg_init_names[] = { "zeros", "const", "uniform", "normal", "arange", NULL };
 const char *const cfg_level_names[] = { "debug", "info", "warn", "error", "off", NULL };
 const char *const cfg_preset_names[] = { "none", "mlp", "cnn", "ctr", NULL };
@@ -105,6 +105,8 @@ const struct opt cfg_opts[] = {
 	  "momentum: the factor mu of the velocity"),
 	O("optimizer.nesterov", T_BOOL, 0, 0, 0, "false", NULL, C, optim.nesterov,
 	  "momentum: use the Nesterov variant"),
+	O("optimizer.dampening", T_FLOAT, 0, 0, 1, "0", NULL, C, optim.dampening,
+	  "momentum: the velocity takes (1 - dampening) of the gradient after the first step"),
 	O("optimizer.beta1", T_FLOAT, F_OPEN_MAX, 0, 1, "0.9", NULL, C, optim.beta1,
 	  "adam: decay of the first moment"),
 	O("optimizer.beta2", T_FLOAT, F_OPEN_MAX, 0, 1, "0.999", NULL, C, optim.beta2,
@@ -112,9 +114,12 @@ const struct opt cfg_opts[] = {
 	O("optimizer.eps", T_FLOAT, F_OPEN_MIN, 0, 1, "1e-8", NULL, C, optim.eps,
 	  "adam, adagrad: added to the denominator"),
 	O("optimizer.weight_decay", T_FLOAT, 0, 0, 1e3, "0", NULL, C, optim.weight_decay,
-	  "L2 penalty added to the gradient, every optimizer"),
+	  "L2 penalty added to the gradient (adamw: decoupled, w *= 1 - lr*weight_decay first)"),
 	O("optimizer.initial_accumulator", T_FLOAT, 0, 0, 1e6, "0.1", NULL, C,
 	  optim.initial_accumulator, "adagrad: initial value of the squared-gradient sum"),
+	O("optimizer.average", T_BOOL, 0, 0, 0, "false", NULL, C, optim.average,
+	  "apply the mean of a clock's gradients (sync) or each gradient over cluster.workers "
+	  "(async) instead of their sum"),
 	O("compression.codec", T_ENUM, 0, 0, 0, "none", cfg_codec_names, C, compress.codec,
 	  "codec of pushed gradients: none, fp16 (half), q8 (8 bits), topk (the largest ratio), "
 	  "sign (1 bit); per tensor: compression.tensors"),

@@ -41,7 +41,7 @@ T=build/rel/tests
 # every frame and gradient passes through.
 default_files() {
   ls server/*.c worker/client/ps_client*.c common/transport*.c common/wire*.c \
-     common/codec*.c common/auth*.c common/frame_mac*.c common/config_agree.c \
+     common/codec*.c common/auth*.c common/frame_mac*.c common/config_agree.c common/optim_group.c \
      common/version.c worker/worker_cmd.c 2>/dev/null | grep -v '^server/main.c$'
 }
 
@@ -64,6 +64,7 @@ suites_for() {
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
     worker/client/ps_client*)         echo it_fake_shard it_cluster it_checkpoint it_hostile ;;
     common/config_agree.c)     echo it_agree ;;
+    common/optim_group.c)      echo it_declare ;;
     common/version.c)          echo it_docs.sh ;;        # every program's --version
     worker/worker_cmd.c)       echo it_launch.sh ;;      # ps-worker --exec under ps-cluster.sh
     common/transport_rdma.c)   echo check_rdma check_transport ;;

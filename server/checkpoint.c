@@ -414,7 +414,7 @@ static int load_declared(struct ps_server *s, int fd, const struct ckpt_hdr *h, 
 		}
 	}
 	if (!s->cfg->ntensors) {
-		if (n && (rc = ps__srv_declare_adopt(s, list, (int)n, NULL, 0, why, sizeof(why))))
+		if (n && (rc = ps__srv_declare_adopt(s, list, (int)n, NULL, 0, NULL, 0, why, sizeof(why))))
 			FAIL(rc, "%s: its declared tensors: %s", path, why);
 	} else {
 		int same = (int)n == s->cfg->ntensors;

@@ -12,10 +12,17 @@
  * again). A checkpoint carries the declared list (checkpoint.c), so a
  * restarted shard has its tensors back before any worker declares.
  *
+ * A declaration may carry optimizer groups (ps_client_declare_groups): the
+ * update rule of each group and each tensor's group are then part of the
+ * declaration, compared like the shapes (every setting but the learning
+ * rate, which pushes carry).
+ *
  * Everything a peer sends is bounded before anything is allocated: the
  * tensor count (PS_MAX_TENSORS), dims per tensor (PS_MAX_DIMS), each dim
- * and every tensor's element count (PS_DECL_MAX_COUNT), the slices of the
- * map, and the payload, which must be exactly this shard's share.
+ * and every tensor's element count (PS_DECL_MAX_COUNT), the groups (1..
+ * PS_MAX_GROUPS, known kinds, settings in torch's ranges, every tensor's
+ * group in range), the slices of the map, and the payload, which must be
+ * exactly this shard's share.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -23,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "msg.h"
+#include "optim_group.h"
 #include "ps_err.h"
 #include "ps_log.h"
 #include "server_int.h"
@@ -110,6 +118,71 @@ static int parse_list(const Ps__Declare *m, struct ps_tensor_cfg *list, char *wh
 	return 0;
 }
 
+/* Checks and converts m's optimizer groups into groups (*ngroups of them,
+ * 0 when m has none) and every tensor's group into list[i].group. 0, or
+ * PS_EPROTO / PS_ECONFIG with the reason in why. */
+static int parse_groups(const struct ps_server *s, const Ps__Declare *m,
+			struct ps_tensor_cfg *list, struct ps_optim_cfg *groups, int *ngroups,
+			char *why, size_t wl)
+{
+	int rc;
+
+	*ngroups = 0;
+	if (!m->n_groups && !m->n_group_of)
+		return 0;
+	if (m->n_groups < 1 || m->n_groups > PS_MAX_GROUPS || m->n_group_of != m->n_names) {
+		snprintf(why, wl, "%zu optimizer groups and %zu group indices for %zu tensors: "
+			 "expected 1..%d groups and one index per tensor", m->n_groups,
+			 m->n_group_of, m->n_names, PS_MAX_GROUPS);
+		return PS_EPROTO;
+	}
+	for (size_t g = 0; g < m->n_groups; g++) {
+		rc = ps_optim_group_from_msg((int)g, m->groups[g],
+					     s->cfg->consistency == PS_ASYNC, &groups[g], why, wl);
+		if (rc)
+			return rc;
+	}
+	for (size_t i = 0; i < m->n_names; i++) {
+		if (m->group_of[i] >= m->n_groups) {
+			snprintf(why, wl, "tensor %zu ('%s'): optimizer group %u, only %zu groups", i,
+				 list[i].name, m->group_of[i], m->n_groups);
+			return PS_EPROTO;
+		}
+		list[i].group = (int)m->group_of[i];
+	}
+	*ngroups = (int)m->n_groups;
+	return 0;
+}
+
+/* 0 when groups (ngroups) and list's group indices (n) equal the shard's;
+ * else PS_ECONFIG naming the tensor or group and the differing field with
+ * both values in why. Called once the shapes agree. */
+static int compare_groups(const struct ps_server *s, const struct ps_tensor_cfg *list, int n,
+			  const struct ps_optim_cfg *groups, int ngroups, char *why, size_t wl)
+{
+	const struct ps_config *cfg = s->cfg;
+	char d[300];
+
+	if (ngroups != cfg->ngroups) {
+		snprintf(why, wl, "the shard's tensors have %d optimizer groups, this declaration %d "
+			 "(0: the config's optimizer section)", cfg->ngroups, ngroups);
+		return PS_ECONFIG;
+	}
+	for (int g = 0; g < ngroups; g++)
+		if (ps_optim_group_diff(g, &cfg->groups[g], &groups[g], d, sizeof(d))) {
+			snprintf(why, wl, "declaration differs from the shard's: %s", d);
+			return PS_ECONFIG;
+		}
+	for (int i = 0; ngroups && i < n; i++)
+		if (list[i].group != cfg->tensors[i].group) {
+			snprintf(why, wl, "declaration differs from the shard's: tensor #%d ('%s') is in "
+				 "optimizer group %d on the shard, %d in this declaration", i,
+				 list[i].name, cfg->tensors[i].group, list[i].group);
+			return PS_ECONFIG;
+		}
+	return 0;
+}
+
 /* "name[d0,d1]" of t into buf. */
 static void shape_text(const struct ps_tensor_cfg *t, char *buf, size_t len)
 {
@@ -167,7 +240,8 @@ static int compare(const struct ps_server *s, const struct ps_tensor_cfg *list, 
 }
 
 int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list, int n,
-			  const void *values, uint64_t values_len, char *why, size_t wl)
+			  const struct ps_optim_cfg *groups, int ngroups, const void *values,
+			  uint64_t values_len, char *why, size_t wl)
 {
 	struct ps_config *cfg = malloc(sizeof(*cfg));
 	struct ps_shardmap map;
@@ -183,6 +257,9 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 	memcpy(cfg, s->cfg, sizeof(*cfg));
 	memcpy(cfg->tensors, list, sizeof(*list) * (size_t)n);
 	cfg->ntensors = n;
+	cfg->ngroups = ngroups;
+	if (ngroups)
+		memcpy(cfg->groups, groups, sizeof(*groups) * (size_t)ngroups);
 	for (int i = 0; i < n; i++) {
 		cfg->tensors[i].codec = cfg->compress.codec;
 		cfg->tensors[i].ratio = cfg->compress.ratio;
@@ -257,8 +334,9 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 			    const struct ps_frame *f)
 {
 	struct ps_tensor_cfg *list = NULL;
+	struct ps_optim_cfg *groups = NULL;
 	char why[600];
-	int rc, n = (int)m->n_names;
+	int rc, n = (int)m->n_names, ngroups = 0;
 
 	if (sc->rank < 0) {
 		rc = PS_EAUTH;
@@ -281,18 +359,28 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 		goto refuse;
 	}
 	list = calloc((size_t)n, sizeof(*list));
-	if (!list) {
+	groups = calloc(PS_MAX_GROUPS, sizeof(*groups));
+	if (!list || !groups) {
 		rc = -ENOMEM;
 		snprintf(why, sizeof(why), "out of memory");
 		goto refuse;
 	}
 	rc = parse_list(m, list, why, sizeof(why));
+	if (!rc)
+		rc = parse_groups(s, m, list, groups, &ngroups, why, sizeof(why));
 	if (rc)
 		goto refuse;
+	if (ngroups && s->cfg->replicas > 1) {
+		rc = PS_ECONFIG;
+		snprintf(why, sizeof(why), "optimizer groups need cluster.replicas 1");
+		goto refuse;
+	}
 	if (s->cfg->ntensors) {
 		/* declared before (or restored from the checkpoint): the
 		 * values of a re-declaring rank 0 are not used */
 		rc = compare(s, list, n, why, sizeof(why));
+		if (!rc)
+			rc = compare_groups(s, list, n, groups, ngroups, why, sizeof(why));
 		if (rc)
 			goto refuse;
 	} else if (sc->rank != 0 || !m->values) {
@@ -300,15 +388,16 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 		snprintf(why, sizeof(why), "no tensors declared yet: waiting for rank 0's declaration");
 		goto refuse;
 	} else {
-		rc = ps__srv_declare_adopt(s, list, n, f->payload, f->hdr.payload_len, why,
-					   sizeof(why));
+		rc = ps__srv_declare_adopt(s, list, n, groups, ngroups, f->payload,
+					   f->hdr.payload_len, why, sizeof(why));
 		if (rc)
 			goto refuse;
-		ps_info("rank 0 declared %d tensors: %d slices here, %.1f MiB, map %016" PRIx64, n,
-			s->store.nslots, (double)s->map.shard_bytes[s->shard] / 1048576.0,
+		ps_info("rank 0 declared %d tensors (%d optimizer groups): %d slices here, %.1f MiB, "
+			"map %016" PRIx64, n, ngroups, s->store.nslots, (double)s->map.shard_bytes[s->shard] / 1048576.0,
 			s->map.hash);
 	}
 	free(list);
+	free(groups);
 	Ps__PushAck ack = PS__PUSH_ACK__INIT;
 	ack.req_id = m->req_id;
 	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
@@ -316,6 +405,7 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 
 refuse:
 	free(list);
+	free(groups);
 	if (rc != -EAGAIN) {
 		s->c.errors++;
 		ps_warn("declaration from %s (rank %d) refused: %s", sc->conn->peer, sc->rank, why);

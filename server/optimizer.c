@@ -1,6 +1,8 @@
 /* optimizer.c - the update rules a shard applies to its parameter slices:
- * sgd, momentum (PyTorch semantics, optional Nesterov), adam (L2 weight
- * decay, not AdamW) and adagrad.
+ * sgd, momentum (PyTorch semantics: dampening, optional Nesterov), adam (L2
+ * weight decay), adamw (decoupled weight decay), adagrad (lr_decay) and
+ * reduce (the weights become the gradient), each in PyTorch's order of
+ * operations.
  *
  * Speed: the server applies these to every pushed gradient, so each rule is
  * a set of straight-line kernels that gcc auto-vectorizes. The cases that
@@ -25,6 +27,8 @@
 #pragma GCC optimize("O3")
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "optimizer.h"
 
@@ -100,6 +104,33 @@ static inline int nonfinite(float x)
 	return (u & 0x7f800000u) == 0x7f800000u;
 }
 
+double ps_optim_exact(float x)
+{
+	/* a few recent answers: every apply() of adam asks for both betas */
+	static __thread uint32_t in[4];
+	static __thread double out[4];
+	static __thread unsigned next;
+	char buf[32];
+	uint32_t u;
+	double d = (double)x;
+
+	memcpy(&u, &x, sizeof(u));
+	for (int i = 0; i < 4; i++)
+		if (in[i] == u)
+			return out[i]; /* (the zero entries answer 0.0f with 0.0) */
+	for (int p = 1; p <= 9; p++) {
+		snprintf(buf, sizeof(buf), "%.*g", p, (double)x);
+		if (strtof(buf, NULL) == x) {
+			d = strtod(buf, NULL);
+			break;
+		}
+	}
+	in[next % 4] = u;
+	out[next % 4] = d;
+	next++;
+	return d;
+}
+
 /* ---- sgd: g' = g + wd*w; w -= lr*g' ---- */
 
 KERNEL int sgd_kernel(float *restrict w, const float *restrict g, size_t n,
@@ -150,13 +181,16 @@ AVX2_CLONES static int sgd_finite_after(const struct ps_optim_cfg *cfg, const fl
 	return !sgd_kernel((float *)w, g, n, lr, wd, 1, 1);
 }
 
-/* ---- momentum: g' = g + wd*w; v = mu*v + g';
- *      w -= lr*v, or with Nesterov w -= lr*(g' + mu*v) ----
- * Starting from v = 0 the first step gives v = g', which is what PyTorch's
- * SGD (dampening 0) does when it creates the buffer. */
+/* ---- momentum: g' = g + wd*w; v = mu*v + (1-dampening)*g', the first
+ *      step v = g'; w -= lr*v, or with Nesterov w -= lr*(g' + mu*v) ----
+ * PyTorch's SGD with momentum: the first step makes the buffer a copy of
+ * g' (no dampening). From the zero state that is mu*0 + 1*g', so the first
+ * step runs the same kernel with the gradient's factor omd = 1 (and later
+ * steps with omd = 1 - dampening; 1*g' is exact, so dampening 0 costs
+ * nothing in accuracy). */
 
 KERNEL int momentum_kernel(float *restrict w, const float *restrict g,
-			   float *restrict v, size_t n, float lr, float mu, float wd,
+			   float *restrict v, size_t n, float lr, float mu, float omd, float wd,
 			   int use_wd, int nesterov, int dry)
 {
 	int bad = 0;
@@ -166,7 +200,7 @@ KERNEL int momentum_kernel(float *restrict w, const float *restrict g,
 
 		if (use_wd)
 			gi += wd * w[i];
-		float vi = mu * v[i] + gi;
+		float vi = mu * v[i] + omd * gi;
 		float wi = nesterov ? w[i] - lr * (gi + mu * vi) : w[i] - lr * vi;
 
 		if (dry) {
@@ -179,23 +213,29 @@ KERNEL int momentum_kernel(float *restrict w, const float *restrict g,
 	return bad;
 }
 
+/* The gradient's factor in the velocity at this step (see above). */
+static float momentum_omd(const struct ps_optim_cfg *cfg, uint64_t step)
+{
+	return step == 0 ? 1.0f : (float)(1.0 - ps_optim_exact(cfg->dampening));
+}
+
 AVX2_CLONES static void momentum_apply(const struct ps_optim_cfg *cfg, float *restrict w,
 			   const float *restrict g, float **state, size_t n, uint64_t step)
 {
 	const float lr = cfg->lr, mu = cfg->momentum, wd = cfg->weight_decay;
+	const float omd = momentum_omd(cfg, step);
 	float *v = state[0];
 
-	(void)step;
 	if (cfg->nesterov) {
 		if (wd == 0.0f)
-			momentum_kernel(w, g, v, n, lr, mu, wd, 0, 1, 0);
+			momentum_kernel(w, g, v, n, lr, mu, omd, wd, 0, 1, 0);
 		else
-			momentum_kernel(w, g, v, n, lr, mu, wd, 1, 1, 0);
+			momentum_kernel(w, g, v, n, lr, mu, omd, wd, 1, 1, 0);
 	} else {
 		if (wd == 0.0f)
-			momentum_kernel(w, g, v, n, lr, mu, wd, 0, 0, 0);
+			momentum_kernel(w, g, v, n, lr, mu, omd, wd, 0, 0, 0);
 		else
-			momentum_kernel(w, g, v, n, lr, mu, wd, 1, 0, 0);
+			momentum_kernel(w, g, v, n, lr, mu, omd, wd, 1, 0, 0);
 	}
 }
 
@@ -204,33 +244,38 @@ AVX2_CLONES static int momentum_finite_after(const struct ps_optim_cfg *cfg, con
 					     uint64_t step)
 {
 	const float lr = cfg->lr, mu = cfg->momentum, wd = cfg->weight_decay;
+	const float omd = momentum_omd(cfg, step);
 	float *wm = (float *)w, *v = state[0];
 
-	(void)step;
 	if (cfg->nesterov)
-		return !(wd == 0.0f ? momentum_kernel(wm, g, v, n, lr, mu, wd, 0, 1, 1)
-				    : momentum_kernel(wm, g, v, n, lr, mu, wd, 1, 1, 1));
-	return !(wd == 0.0f ? momentum_kernel(wm, g, v, n, lr, mu, wd, 0, 0, 1)
-			    : momentum_kernel(wm, g, v, n, lr, mu, wd, 1, 0, 1));
+		return !(wd == 0.0f ? momentum_kernel(wm, g, v, n, lr, mu, omd, wd, 0, 1, 1)
+				    : momentum_kernel(wm, g, v, n, lr, mu, omd, wd, 1, 1, 1));
+	return !(wd == 0.0f ? momentum_kernel(wm, g, v, n, lr, mu, omd, wd, 0, 0, 1)
+			    : momentum_kernel(wm, g, v, n, lr, mu, omd, wd, 1, 0, 1));
 }
 
 /* ---- adam: g' = g + wd*w; m = b1*m + (1-b1)*g'; v = b2*v + (1-b2)*g'^2;
- *      w -= lr * mhat / (sqrt(vhat) + eps), mhat = m/(1-b1^t),
- *      vhat = v/(1-b2^t), t = step + 1 ----
- * The bias corrections are per call, not per element: they are computed
- * once in double and folded into two scalars, as PyTorch does:
- *   w -= a * m / (sqrt(v) * c + eps),  a = lr/(1-b1^t),  c = 1/sqrt(1-b2^t). */
+ *      w -= (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps), bc1 = 1-b1^t,
+ *      bc2 = 1-b2^t, t = step + 1 ----
+ * In PyTorch's order of operations (_single_tensor_adam): the bias
+ * corrections are per call, computed once in double from the
+ * hyperparameters as the user wrote them (ps_optim_exact) and folded into
+ * two scalars, a = lr/bc1 and c = sqrt(bc2):
+ *   w += ((-a) * m) / (sqrt(v) / c + eps)   (addcdiv)
+ *   v = b2*v + ((1-b2)*g')*g'              (addcmul).
+ * adamw first scales the weights by 1 - lr*wd (decoupled decay) and adds
+ * no L2 term. */
 
 struct adam_k {
 	float b1, omb1;   /* beta1, 1 - beta1 */
 	float b2, omb2;   /* beta2, 1 - beta2 */
-	float a, c, eps;  /* folded step size and 1/sqrt(bias correction 2) */
-	float wd;
+	float a, c, eps;  /* folded step size and sqrt(bias correction 2) */
+	float wd;         /* adam: L2 factor; adamw: the weights' factor 1 - lr*wd */
 };
 
 KERNEL int adam_kernel(float *restrict w, const float *restrict g,
 		       float *restrict m, float *restrict v, size_t n,
-		       struct adam_k k, int use_wd, int dry)
+		       struct adam_k k, int use_wd, int decoupled, int dry)
 {
 	size_t i = 0;
 	int bad = 0;
@@ -241,11 +286,13 @@ KERNEL int adam_kernel(float *restrict w, const float *restrict g,
 	for (; i + 4 <= n; i += 4) {
 		v4f wi = load4(w + i), gi = load4(g + i);
 
-		if (use_wd)
+		if (decoupled)
+			wi = wi * k.wd;
+		else if (use_wd)
 			gi += k.wd * wi;
 		v4f mi = k.b1 * load4(m + i) + k.omb1 * gi;
-		v4f vi = k.b2 * load4(v + i) + k.omb2 * (gi * gi);
-		v4f wn = wi - k.a * mi / (sqrt4(vi) * k.c + k.eps);
+		v4f vi = k.b2 * load4(v + i) + (k.omb2 * gi) * gi;
+		v4f wn = wi + ((-k.a) * mi) / (sqrt4(vi) / k.c + k.eps);
 
 		if (dry) {
 			bad4 |= nonfinite4(mi) | nonfinite4(vi) | nonfinite4(wn);
@@ -258,13 +305,15 @@ KERNEL int adam_kernel(float *restrict w, const float *restrict g,
 	bad = any4(bad4);
 #endif
 	for (; i < n; i++) {
-		float gi = g[i];
+		float gi = g[i], wi = w[i];
 
-		if (use_wd)
-			gi += k.wd * w[i];
+		if (decoupled)
+			wi = wi * k.wd;
+		else if (use_wd)
+			gi += k.wd * wi;
 		float mi = k.b1 * m[i] + k.omb1 * gi;
-		float vi = k.b2 * v[i] + k.omb2 * (gi * gi);
-		float wn = w[i] - k.a * mi / (sqrtf(vi) * k.c + k.eps);
+		float vi = k.b2 * v[i] + (k.omb2 * gi) * gi;
+		float wn = wi + ((-k.a) * mi) / (sqrtf(vi) / k.c + k.eps);
 
 		if (dry) {
 			bad |= nonfinite(mi) | nonfinite(vi) | nonfinite(wn);
@@ -282,17 +331,20 @@ static struct adam_k adam_consts(const struct ps_optim_cfg *cfg, uint64_t step)
 {
 	/* t = step + 1 >= 1, so both corrections are > 0 for betas in [0, 1). */
 	double t = (double)step + 1.0;
-	double bc1 = 1.0 - pow((double)cfg->beta1, t);
-	double bc2 = 1.0 - pow((double)cfg->beta2, t);
+	double b1 = ps_optim_exact(cfg->beta1), b2 = ps_optim_exact(cfg->beta2);
+	double bc1 = 1.0 - pow(b1, t);
+	double bc2 = 1.0 - pow(b2, t);
 	struct adam_k k = {
-		.b1 = cfg->beta1, .omb1 = 1.0f - cfg->beta1,
-		.b2 = cfg->beta2, .omb2 = 1.0f - cfg->beta2,
+		.b1 = cfg->beta1, .omb1 = (float)(1.0 - b1),
+		.b2 = cfg->beta2, .omb2 = (float)(1.0 - b2),
 		.a = (float)((double)cfg->lr / bc1),
-		.c = (float)(1.0 / sqrt(bc2)),
+		.c = (float)sqrt(bc2),
 		.eps = cfg->eps,
 		.wd = cfg->weight_decay,
 	};
 
+	if (cfg->kind == PS_OPT_ADAMW)
+		k.wd = (float)(1.0 - (double)cfg->lr * ps_optim_exact(cfg->weight_decay));
 	return k;
 }
 
@@ -301,10 +353,12 @@ static void adam_apply(const struct ps_optim_cfg *cfg, float *restrict w,
 {
 	struct adam_k k = adam_consts(cfg, step);
 
-	if (k.wd == 0.0f)
-		adam_kernel(w, g, state[0], state[1], n, k, 0, 0);
+	if (cfg->kind == PS_OPT_ADAMW)
+		adam_kernel(w, g, state[0], state[1], n, k, 0, 1, 0);
+	else if (k.wd == 0.0f)
+		adam_kernel(w, g, state[0], state[1], n, k, 0, 0, 0);
 	else
-		adam_kernel(w, g, state[0], state[1], n, k, 1, 0);
+		adam_kernel(w, g, state[0], state[1], n, k, 1, 0, 0);
 }
 
 static int adam_finite_after(const struct ps_optim_cfg *cfg, const float *w, const float *g,
@@ -312,12 +366,16 @@ static int adam_finite_after(const struct ps_optim_cfg *cfg, const float *w, con
 {
 	struct adam_k k = adam_consts(cfg, step);
 
+	if (cfg->kind == PS_OPT_ADAMW)
+		return !adam_kernel((float *)w, g, state[0], state[1], n, k, 0, 1, 1);
 	if (k.wd == 0.0f)
-		return !adam_kernel((float *)w, g, state[0], state[1], n, k, 0, 1);
-	return !adam_kernel((float *)w, g, state[0], state[1], n, k, 1, 1);
+		return !adam_kernel((float *)w, g, state[0], state[1], n, k, 0, 0, 1);
+	return !adam_kernel((float *)w, g, state[0], state[1], n, k, 1, 0, 1);
 }
 
-/* ---- adagrad: g' = g + wd*w; acc += g'^2; w -= lr*g'/(sqrt(acc) + eps) ---- */
+/* ---- adagrad: g' = g + wd*w; acc += g'^2; w -= clr*g'/(sqrt(acc) + eps),
+ *      clr = lr / (1 + (t-1)*lr_decay), t = step + 1 ----
+ * PyTorch's order: w += ((-clr) * g') / (sqrt(acc) + eps) (addcdiv). */
 
 KERNEL int adagrad_kernel(float *restrict w, const float *restrict g,
 			  float *restrict acc, size_t n, float lr, float eps,
@@ -364,12 +422,20 @@ KERNEL int adagrad_kernel(float *restrict w, const float *restrict g,
 	return bad;
 }
 
+/* The step's learning rate (lr itself when lr_decay is 0). */
+static float adagrad_clr(const struct ps_optim_cfg *cfg, uint64_t step)
+{
+	if (cfg->lr_decay == 0.0f)
+		return cfg->lr;
+	return (float)((double)cfg->lr /
+		       (1.0 + (double)step * ps_optim_exact(cfg->lr_decay)));
+}
+
 static void adagrad_apply(const struct ps_optim_cfg *cfg, float *restrict w,
 			  const float *restrict g, float **state, size_t n, uint64_t step)
 {
-	const float lr = cfg->lr, eps = cfg->eps, wd = cfg->weight_decay;
+	const float lr = adagrad_clr(cfg, step), eps = cfg->eps, wd = cfg->weight_decay;
 
-	(void)step;
 	if (wd == 0.0f)
 		adagrad_kernel(w, g, state[0], n, lr, eps, wd, 0, 0);
 	else
@@ -379,9 +445,8 @@ static void adagrad_apply(const struct ps_optim_cfg *cfg, float *restrict w,
 static int adagrad_finite_after(const struct ps_optim_cfg *cfg, const float *w,
 				const float *g, float *const *state, size_t n, uint64_t step)
 {
-	const float lr = cfg->lr, eps = cfg->eps, wd = cfg->weight_decay;
+	const float lr = adagrad_clr(cfg, step), eps = cfg->eps, wd = cfg->weight_decay;
 
-	(void)step;
 	if (wd == 0.0f)
 		return !adagrad_kernel((float *)w, g, state[0], n, lr, eps, wd, 0, 1);
 	return !adagrad_kernel((float *)w, g, state[0], n, lr, eps, wd, 1, 1);
@@ -396,6 +461,33 @@ static void adagrad_init_state(const struct ps_optim_cfg *cfg, float **state, si
 
 	for (size_t i = 0; i < n; i++)
 		acc[i] = a0;
+}
+
+/* ---- reduce: w = g (the clock's gradient, averaged by the store when the
+ *      group says so, becomes the tensor's value: workers that run their
+ *      optimizer locally pull it back) ---- */
+
+static void reduce_apply(const struct ps_optim_cfg *cfg, float *restrict w,
+			 const float *restrict g, float **state, size_t n, uint64_t step)
+{
+	(void)cfg;
+	(void)state;
+	(void)step;
+	memcpy(w, g, n * sizeof(float));
+}
+
+static int reduce_finite_after(const struct ps_optim_cfg *cfg, const float *w, const float *g,
+			       float *const *state, size_t n, uint64_t step)
+{
+	int bad = 0;
+
+	(void)cfg;
+	(void)w;
+	(void)state;
+	(void)step;
+	for (size_t i = 0; i < n; i++)
+		bad |= nonfinite(g[i]);
+	return !bad;
 }
 
 /* ---- registry ---- */
@@ -416,6 +508,14 @@ static const struct ps_optimizer_ops adagrad_ops = {
 	.name = "adagrad", .nstate = 1, .init_state = adagrad_init_state,
 	.apply = adagrad_apply, .finite_after = adagrad_finite_after,
 };
+static const struct ps_optimizer_ops adamw_ops = {
+	.name = "adamw", .nstate = 2, .init_state = NULL, .apply = adam_apply,
+	.finite_after = adam_finite_after,
+};
+static const struct ps_optimizer_ops reduce_ops = {
+	.name = "reduce", .nstate = 0, .init_state = NULL, .apply = reduce_apply,
+	.finite_after = reduce_finite_after,
+};
 
 /* Indexed by enum ps_optim_kind. */
 static const struct ps_optimizer_ops *const optimizers[] = {
@@ -423,6 +523,8 @@ static const struct ps_optimizer_ops *const optimizers[] = {
 	[PS_OPT_MOMENTUM] = &momentum_ops,
 	[PS_OPT_ADAM] = &adam_ops,
 	[PS_OPT_ADAGRAD] = &adagrad_ops,
+	[PS_OPT_ADAMW] = &adamw_ops,
+	[PS_OPT_REDUCE] = &reduce_ops,
 };
 
 #define NOPTIMIZERS (sizeof(optimizers) / sizeof(optimizers[0]))

@@ -47,4 +47,11 @@ int ps_optimizer_finite_after(const struct ps_optimizer_ops *op, const struct ps
 			      const float *w, const float *g, float *const *state, size_t n,
 			      uint64_t step);
 
+/* The double the user most likely wrote for x: the shortest decimal that
+ * rounds to x (0.999f gives 0.999, not 0.99900001287...). PyTorch computes
+ * 1 - beta and the bias corrections from the Python double; computing them
+ * from this instead of (double)x keeps the shard within float rounding of
+ * it (1 - 0.999f is 1.3e-5 away from 1 - 0.999 in relative terms). */
+double ps_optim_exact(float x);
+
 #endif

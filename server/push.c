@@ -1,7 +1,8 @@
 /* push.c - a shard's push requests: a resent push is answered as the
  * first time without applying it again (dedup.h); an LZ4 payload is
- * expanded; every slice is checked (owner, offsets, clock window, codec,
- * finiteness) before any is offered to the store, so a push is applied
+ * expanded; the groups' learning rates (finite, >= 0) and every slice
+ * (owner, offsets, clock window, codec, finiteness) are checked before any
+ * is offered to the store, so a push is applied
  * whole or not at all; then the ack, and the pulls the push completed.
  */
 #include <inttypes.h>
@@ -11,6 +12,7 @@
 #include "ps_time.h"
 #include "codec.h"
 #include "msg.h"
+#include "optim_group.h"
 #include "ps_err.h"
 #include "ps_log.h"
 #include "replica.h"
@@ -64,6 +66,18 @@ static int late_slice(const struct ps_server *s, const struct ps_srv_conn *sc, c
 	       m->clock >= s->finished[sc->rank];
 }
 
+/* The learning rate m gives sl's optimizer group, if it gives one. */
+static void group_lr(const struct ps_config *cfg, const Ps__Push *m, const struct ps_slot *sl,
+		     struct ps_grad *g)
+{
+	int grp = cfg->ngroups ? cfg->tensors[sl->slice->tensor].group : -1;
+
+	if (grp >= 0 && (size_t)grp < m->n_group_lr) {
+		g->has_lr = 1;
+		g->lr = m->group_lr[grp];
+	}
+}
+
 void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m,
 			 struct ps_frame *f)
 {
@@ -114,6 +128,21 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		plen = m->raw_length;
 	}
 	/* Check everything first: a push is applied whole or not at all. */
+	if (m->n_group_lr && (int)m->n_group_lr != cfg->ngroups) {
+		rc = PS_EPROTO;
+		ps_msg_send_error(sc->conn, m->req_id, rc, "push carries %zu group learning rates, "
+				  "the declared tensors have %d optimizer groups", m->n_group_lr,
+				  cfg->ngroups);
+		goto err_reject;
+	}
+	for (size_t k = 0; k < m->n_group_lr; k++) {
+		rc = ps_optim_group_lr_check((int)k, m->group_lr[k], why, sizeof(why));
+		if (rc) {
+			ps_msg_send_error(sc->conn, m->req_id, rc, "push: %s; nothing of this push was "
+					  "applied", why);
+			goto err_reject;
+		}
+	}
 	ps__srv_seen_reset(s);
 	for (size_t i = 0; i < m->n_slices; i++) {
 		const Ps__SliceRef *r = m->slices[i];
@@ -155,7 +184,8 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		}
 		/* length, encoding, codec id and finiteness: the store's one check */
 		g = (struct ps_grad){ payload + r->offset, r->length, (int)r->codec,
-				      !expanded && f->payload_finite };
+				      !expanded && f->payload_finite, 0, 0 };
+		group_lr(cfg, m, sl, &g);
 		rc = ps_store_check(&s->store, sl, &g, why, sizeof(why));
 		if (rc) {
 			const struct ps_codec_ops *co = ps_codec_get(g.codec);
@@ -187,7 +217,9 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	for (size_t i = 0; i < m->n_slices; i++) {
 		const Ps__SliceRef *r = m->slices[i];
 		struct ps_slot *sl = ps_store_slot(&s->store, r->slice);
-		struct ps_grad g = { payload + r->offset, r->length, (int)r->codec, 0 };
+		struct ps_grad g = { payload + r->offset, r->length, (int)r->codec, 0, 0, 0 };
+
+		group_lr(cfg, m, sl, &g);
 
 		if (late_slice(s, sc, m, sl)) {
 			nlate++;

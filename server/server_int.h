@@ -80,10 +80,12 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 			    const struct ps_frame *f);
 /* Makes list (n tensors) the shard's tensors: its own config copy, map and
  * store, the owned slices' weights from values (values_len bytes, in slice
- * id order) or zeros when values is NULL (a checkpoint fills them next).
- * 0, or a negative code with the reason in why; the shard is unchanged then. */
+ * id order) or zeros when values is NULL (a checkpoint fills them next),
+ * updated by the optimizer groups groups[0..ngroups) (list[i].group each;
+ * ngroups 0: the config's optimizer). 0, or a negative code with the reason in why; the shard is unchanged then. */
 int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list, int n,
-			  const void *values, uint64_t values_len, char *why, size_t wl);
+			  const struct ps_optim_cfg *groups, int ngroups, const void *values,
+			  uint64_t values_len, char *why, size_t wl);
 
 /* pull.c */
 void ps__srv_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Pull *m);

@@ -65,13 +65,19 @@ int ps_store_init(struct ps_store *st, const struct ps_config *cfg,
 			goto err_free_store;
 		for (int64_t e = 0; e < sl->count; e++)
 			s->w[e] = ps_init_value(cfg, sl->tensor, sl->offset + e);
-		for (int j = 0; j < st->opt->nstate; j++) {
+		s->ocfg = cfg->ngroups ? &cfg->groups[cfg->tensors[sl->tensor].group] : &cfg->optim;
+		s->opt = ps_optimizer_get(s->ocfg->kind);
+		if (!s->opt) {
+			ps_store_free(st);
+			return PS_ECONFIG;
+		}
+		for (int j = 0; j < s->opt->nstate; j++) {
 			s->state[j] = calloc((size_t)sl->count, sizeof(float));
 			if (!s->state[j])
 				goto err_free_store;
 		}
-		if (st->opt->init_state)
-			st->opt->init_state(&cfg->optim, s->state, (size_t)sl->count);
+		if (s->opt->init_state)
+			s->opt->init_state(s->ocfg, s->state, (size_t)sl->count);
 	}
 	st->scratch = aligned_alloc(64, ((size_t)maxcount * sizeof(float) + 63) & ~(size_t)63 ?: 64);
 	st->check = aligned_alloc(64, ((size_t)maxcount * sizeof(float) + 63) & ~(size_t)63 ?: 64);
@@ -130,32 +136,44 @@ struct ps_slot *ps_store_slot(struct ps_store *st, uint32_t slice)
 	return &st->slots[st->slot_of[slice]];
 }
 
+/* The rule's settings for one update of s: its group's, with the learning
+ * rate the push gave when it gave one. */
+static struct ps_optim_cfg step_cfg(const struct ps_slot *s, const struct ps_grad *g)
+{
+	struct ps_optim_cfg oc = *s->ocfg;
+
+	if (g && g->has_lr)
+		oc.lr = g->lr;
+	return oc;
+}
+
 /* Whether applying g (n floats) to s now leaves every weight and every
  * optimizer state value finite, g included (a sum of finite gradients can
  * overflow). Changes nothing. */
-static int update_finite(const struct ps_store *st, const struct ps_slot *s, const float *g)
+static int update_finite(const struct ps_slot *s, const struct ps_optim_cfg *oc, const float *g)
 {
 	size_t n = (size_t)s->slice->count;
 
 	return ps_words_finite(g, n) &&
-	       ps_optimizer_finite_after(st->opt, &st->cfg->optim, s->w, g, s->state, n, s->steps);
+	       ps_optimizer_finite_after(s->opt, oc, s->w, g, s->state, n, s->steps);
 }
 
-/* One optimizer step of g on s. Unless checked (ps_store_check probed this
- * very update), an update that would leave a value that is not finite is
- * refused whole: the weights and state stay as they were, the version
- * moves on as for a clock passed over, and the refusal is logged and
- * counted. 1 when applied, 0 when refused. */
-static int apply(struct ps_store *st, struct ps_slot *s, const float *g, int checked)
+/* One optimizer step of g on s with settings oc. Unless checked
+ * (ps_store_check probed this very update), an update that would leave a
+ * value that is not finite is refused whole: the weights and state stay as
+ * they were, the version moves on as for a clock passed over, and the
+ * refusal is logged and counted. 1 when applied, 0 when refused. */
+static int apply(struct ps_store *st, struct ps_slot *s, const struct ps_optim_cfg *oc,
+		 const float *g, int checked)
 {
 	double t0 = ps_now_s();
 	size_t n = (size_t)s->slice->count;
 
-	if (!checked && !update_finite(st, s, g)) {
+	if (!checked && !update_finite(s, oc, g)) {
 		ps_error("slice %u: the gradients of clock %" PRIu64 " sum to values that are not "
 			 "finite, or the %s update of them would leave weights or optimizer state "
 			 "that are not finite; that clock is not applied to this slice (weights "
-			 "and state unchanged)", s->slice->id, s->version, st->opt->name);
+			 "and state unchanged)", s->slice->id, s->version, s->opt->name);
 		st->refused++;
 		if (st->errors)
 			(*st->errors)++;
@@ -164,7 +182,7 @@ static int apply(struct ps_store *st, struct ps_slot *s, const float *g, int che
 			st->on_version(st->hook_arg, s);
 		return 0;
 	}
-	st->opt->apply(&st->cfg->optim, s->w, g, s->state, n, s->steps);
+	s->opt->apply(oc, s->w, g, s->state, n, s->steps);
 	s->steps++;
 	s->version++;
 	st->applies++;
@@ -173,6 +191,21 @@ static int apply(struct ps_store *st, struct ps_slot *s, const float *g, int che
 	if (st->on_apply)
 		st->on_apply(st->hook_arg, s, g);
 	return 1;
+}
+
+/* Async with an averaging rule: g (n floats) scaled by 1/nworkers into
+ * out (which may be g). */
+static const float *async_scaled(const struct ps_store *st, const struct ps_slot *s,
+				 const float *g, float *out)
+{
+	size_t n = (size_t)s->slice->count;
+	const float k = (float)st->cfg->nworkers;
+
+	if (!s->ocfg->average || st->cfg->nworkers == 1)
+		return g;
+	for (size_t i = 0; i < n; i++)
+		out[i] = g[i] / k;
+	return out;
 }
 
 /* The floats of g: the raw data itself, or decoded into buf. */
@@ -218,7 +251,8 @@ static uint64_t all_ended(const struct ps_store *st)
 
 /* Sums a complete bucket in rank order (ranks that pushed) and applies it.
  * Encoded gradients are decoded straight into the sum (decode_add), never
- * expanded apart. */
+ * expanded apart. An averaging rule gets the sum over the number of ranks
+ * that pushed. */
 static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucket *b)
 {
 	size_t n = (size_t)s->slice->count;
@@ -234,8 +268,11 @@ static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucke
 		if (first < 0)
 			first = r;
 	}
+	/* the learning rate of the lowest rank that pushed: deterministic */
+	struct ps_optim_cfg oc = step_cfg(s, &b->g[first]);
+
 	if (np == 1) {
-		apply(st, s, grad_floats(&b->g[first], n, acc), 0);
+		apply(st, s, &oc, grad_floats(&b->g[first], n, acc), 0);
 		return;
 	}
 	if (raw) {
@@ -273,7 +310,14 @@ static void apply_bucket(struct ps_store *st, struct ps_slot *s, struct ps_bucke
 			}
 		}
 	}
-	apply(st, s, acc, 0);
+	if (oc.average) {
+		/* the mean: the sum over how many pushed (not over nworkers: a
+		 * dropped worker's share is not there) */
+		const float k = (float)np;
+		for (size_t i = 0; i < n; i++)
+			acc[i] /= k;
+	}
+	apply(st, s, &oc, acc, 0);
 }
 
 /* Applies every complete bucket that is next in clock order; 1 if any.
@@ -350,12 +394,16 @@ int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps
 	}
 	/* async: the update follows at once, so it is probed now and a push
 	 * whose update would not be finite is refused before any of it applies */
-	if (st->cfg->consistency == PS_ASYNC &&
-	    !ps_optimizer_finite_after(st->opt, &st->cfg->optim, s->w,
-				       g->codec ? st->check : g->data, s->state, n, s->steps)) {
-		snprintf(err, errlen, "the %s update of these finite gradients would leave weights "
-			 "or optimizer state that are not finite (values too large)", st->opt->name);
-		return PS_ENOFINITE;
+	if (st->cfg->consistency == PS_ASYNC) {
+		struct ps_optim_cfg oc = step_cfg(s, g);
+		const float *f = async_scaled(st, s, g->codec ? st->check : g->data, st->check);
+
+		if (!ps_optimizer_finite_after(s->opt, &oc, s->w, f, s->state, n, s->steps)) {
+			snprintf(err, errlen, "the %s update of these finite gradients would leave "
+				 "weights or optimizer state that are not finite (values too large)",
+				 s->opt->name);
+			return PS_ENOFINITE;
+		}
 	}
 	return 0;
 }
@@ -363,10 +411,12 @@ int ps_store_check(struct ps_store *st, const struct ps_slot *s, const struct ps
 int ps_store_offer(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
 		   const float *g, struct ps_frame_ref *fr)
 {
-	struct ps_grad gr = { g, (uint64_t)s->slice->count * sizeof(float), 0, 0 };
+	struct ps_grad gr = { g, (uint64_t)s->slice->count * sizeof(float), 0, 0, 0, 0 };
+	struct ps_optim_cfg oc = step_cfg(s, NULL);
 
 	/* async applies at once, and g has not been through ps_store_check */
-	if (st->cfg->consistency == PS_ASYNC && !update_finite(st, s, g))
+	if (st->cfg->consistency == PS_ASYNC &&
+	    !update_finite(s, &oc, async_scaled(st, s, g, st->check)))
 		return PS_ENOFINITE;
 	return ps_store_offer_grad(st, s, rank, clock, &gr, fr);
 }
@@ -379,16 +429,20 @@ int ps_store_offer_grad(struct ps_store *st, struct ps_slot *s, int rank, uint64
 	size_t n = (size_t)s->slice->count;
 
 	if (cfg->consistency == PS_ASYNC) {
-		apply(st, s, grad_floats(g, n, st->scratch), 1);
+		struct ps_optim_cfg oc = step_cfg(s, g);
+		const float *f = grad_floats(g, n, st->scratch);
+
+		apply(st, s, &oc, async_scaled(st, s, f, st->scratch), 1);
 		return 1;
 	}
 	if (clock < s->version || clock >= s->version + (uint64_t)cfg->limits.max_clock_ahead)
 		return PS_ECLOCK;
 	if (cfg->nworkers == 1 && clock == s->version && !s->pending) {
 		const float *f = grad_floats(g, n, st->scratch);
+		struct ps_optim_cfg oc = step_cfg(s, g);
 		if (st->on_offer)
 			st->on_offer(st->hook_arg, s, rank, clock, f);
-		apply(st, s, f, 0);
+		apply(st, s, &oc, f, 0);
 		return 1;
 	}
 	for (pp = &s->pending; *pp && (*pp)->clock < clock; pp = &(*pp)->next)

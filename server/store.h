@@ -4,13 +4,18 @@
  * the optimizer state and a version. Updates arrive per (worker, clock):
  *  - sync (BSP): gradients of clock c are kept (as references into the
  *    received frames, no copy) until every live worker has pushed clock c
- *    for the slice; they are then summed in rank order, so the result is
+ *    for the slice; they are then summed in rank order (and divided by how
+ *    many pushed when the slot's optimizer averages), so the result is
  *    the same bit for bit whatever the arrival order, the optimizer runs
- *    once and the version becomes c + 1. Clocks complete in order. A worker
+ *    once, with the learning rate the lowest pushing rank gave (declared
+ *    groups; else the config's), and the version becomes c + 1. Clocks complete in order. A worker
  *    dropped from the live set (live[r] == 0, its connection gone) is not
  *    waited for; what it pushed before it went is still summed.
- *  - async (SSP): each gradient is applied on arrival; the version counts
- *    applied updates.
+ *  - async (SSP): each gradient is applied on arrival (scaled by
+ *    1/nworkers when the optimizer averages, with the push's learning
+ *    rate); the version counts applied updates.
+ * Each slot has its own update rule (ps_slot.opt, .ocfg): the config's
+ * optimizer, or the group of its declared tensor.
  * The store never blocks and runs on the shard's loop thread only.
  */
 #ifndef PS_STORE_H
@@ -36,6 +41,8 @@ struct ps_grad {
 	uint64_t len;
 	int codec;
 	int finite_known;       /* raw: the transport found every value finite */
+	int has_lr;             /* lr: the learning rate the push gave the slot's group */
+	float lr;
 };
 
 struct ps_bucket; /* gradients of one clock, one slice (store.c) */
@@ -44,6 +51,10 @@ struct ps_slot {
 	const struct ps_slice *slice;
 	float *w;
 	float *state[PS_OPTIM_MAX_STATE];
+	/* its update rule: the config's optimizer, or its tensor's group
+	 * (cfg->groups, declared tensors); state has opt->nstate arrays */
+	const struct ps_optimizer_ops *opt;
+	const struct ps_optim_cfg *ocfg;
 	uint64_t version;       /* sync: clocks applied; async: updates applied */
 	uint64_t steps;         /* optimizer steps taken */
 	struct ps_bucket *pending; /* sync: clocks waiting for workers, ascending */
@@ -52,7 +63,7 @@ struct ps_slot {
 struct ps_store {
 	const struct ps_config *cfg;
 	const struct ps_shardmap *map;
-	const struct ps_optimizer_ops *opt;
+	const struct ps_optimizer_ops *opt; /* the config's optimizer (cfg->optim) */
 	int shard;
 	int nslots;
 	struct ps_slot *slots;

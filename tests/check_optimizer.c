@@ -54,6 +54,8 @@ START_TEST(test_registry)
 		{ PS_OPT_MOMENTUM, "momentum", 1 },
 		{ PS_OPT_ADAM, "adam", 2 },
 		{ PS_OPT_ADAGRAD, "adagrad", 1 },
+		{ PS_OPT_ADAMW, "adamw", 2 },
+		{ PS_OPT_REDUCE, "reduce", 0 },
 	};
 
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
@@ -75,10 +77,10 @@ START_TEST(test_registry)
 	ck_assert_ptr_null(ps_optimizer_find("nope"));
 	ck_assert_ptr_null(ps_optimizer_find(""));
 	ck_assert_ptr_null(ps_optimizer_find("SGD"));      /* names are case-sensitive */
-	ck_assert_ptr_null(ps_optimizer_find("adamw"));
+	ck_assert_ptr_null(ps_optimizer_find("adamW"));
 	ck_assert_ptr_null(ps_optimizer_find("ada"));
 	ck_assert_ptr_null(ps_optimizer_find(NULL));
-	ck_assert_ptr_null(ps_optimizer_get((enum ps_optim_kind)4));
+	ck_assert_ptr_null(ps_optimizer_get(PS_OPT_COUNT));
 	ck_assert_ptr_null(ps_optimizer_get((enum ps_optim_kind)-1));
 }
 END_TEST
@@ -286,22 +288,22 @@ START_TEST(test_adam_bias_correction)
 	 * whatever the size of g (eps 1e-8 is < 1e-6 of every |g| here).
 	 * Far later (step 99999, t 1e5) both corrections are 1, so from zero
 	 * state the move is lr * (1-b1) g / sqrt((1-b2) g^2). With betas exact
-	 * in binary, b1 = 0.875, b2 = 1 - 2^-10 (b2^1e5 ~ e^-98), that is
-	 * lr * 0.125/sqrt(2^-10) = lr * 0.125*32 = 4 lr * sign(g). (0.9f/0.999f
-	 * would give 0.100000024/sqrt(0.000999987) = 3.1622984, not sqrt(10).)
-	 * Here sqrt(vhat) = |g|/32 >= 0.000625, so eps is 1e-10 to stay below
+	 * in binary and in short decimals (the shard takes 1 - beta from the
+	 * decimal the user wrote, ps_optim_exact), b1 = 0.875, b2 = 0.9375
+	 * (b2^1e5 ~ e^-6454), that is lr * 0.125/sqrt(0.0625) = 0.5 lr * sign(g).
+	 * Here sqrt(vhat) = |g|/4 >= 0.005, so eps is 1e-10 to stay below
 	 * 1e-6 of it. */
 	const struct ps_optimizer_ops *ops = ps_optimizer_get(PS_OPT_ADAM);
 	const struct ps_optim_cfg cfgs[2] = {
 		{ .kind = PS_OPT_ADAM, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f },
-		{ .kind = PS_OPT_ADAM, .lr = 1e-3f, .beta1 = 0.875f, .beta2 = 0.9990234375f,
+		{ .kind = PS_OPT_ADAM, .lr = 1e-3f, .beta1 = 0.875f, .beta2 = 0.9375f,
 		  .eps = 1e-10f },
 	};
 	const float g[5] = { 3.0f, -0.02f, 0.5f, -50.0f, 0.07f };
 	float w[5], m[5], v[5];
 	float *state[PS_OPTIM_MAX_STATE] = { m, v };
 	const uint64_t steps[2] = { 0, 99999 };
-	const double gain[2] = { 1.0, 4.0 };
+	const double gain[2] = { 1.0, 0.5 };
 
 	for (int k = 0; k < 2; k++) {
 		memset(w, 0, sizeof(w));
@@ -314,6 +316,93 @@ START_TEST(test_adam_bias_correction)
 			check_rel(w[i], want, REL_TOL, k ? "w late" : "w first", i);
 		}
 	}
+}
+END_TEST
+
+/* torch.optim.SGD(momentum 0.9, dampening 0.5), lr 0.1, from w = (1, -2):
+ * the first step's buffer is the gradient (1, 2) itself (no dampening):
+ * w = (0.9, -2.2); the second, with g = (0.5, -1):
+ * buf = 0.9*(1, 2) + 0.5*(0.5, -1) = (1.15, 1.3), w = (0.785, -2.33). */
+START_TEST(test_momentum_dampening)
+{
+	const struct ps_optimizer_ops *ops = ps_optimizer_get(PS_OPT_MOMENTUM);
+	const struct ps_optim_cfg cfg = { .kind = PS_OPT_MOMENTUM, .lr = 0.1f, .momentum = 0.9f,
+					  .dampening = 0.5f };
+	float w[2] = { 1.0f, -2.0f }, v[2] = { 0 };
+	float *state[PS_OPTIM_MAX_STATE] = { v, NULL };
+	const float g[2][2] = { { 1.0f, 2.0f }, { 0.5f, -1.0f } };
+	const double want_v[2][2] = { { 1.0, 2.0 }, { 1.15, 1.3 } };
+	const double want_w[2][2] = { { 0.9, -2.2 }, { 0.785, -2.33 } };
+
+	for (int s = 0; s < 2; s++) {
+		step_once(ops, &cfg, w, g[s], state, 2, (uint64_t)s);
+		check_vec(v, want_v[s], 2, "v");
+		check_vec(w, want_w[s], 2, "w");
+	}
+}
+END_TEST
+
+/* torch.optim.AdamW(lr 0.1, weight_decay 0.1), w = 1, g = 0.5: the weight
+ * first shrinks to 1 * (1 - 0.01) = 0.99; then the first adam step (mhat =
+ * g, vhat = g^2) moves it by lr * sign(g): 0.89. The second step, g = -0.25:
+ * w = 0.89 * 0.99 - 0.1 * mhat / (sqrt(vhat) + eps) with m = 0.9*0.05 -
+ * 0.025 = 0.02, v = 0.999*0.00025 + 0.001*0.0625 = 0.000312, mhat = m/0.19,
+ * vhat = v/0.001999. */
+START_TEST(test_adamw)
+{
+	const struct ps_optimizer_ops *ops = ps_optimizer_get(PS_OPT_ADAMW);
+	const struct ps_optim_cfg cfg = { .kind = PS_OPT_ADAMW, .lr = 0.1f, .beta1 = 0.9f,
+					  .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f };
+	float w[1] = { 1.0f }, m[1] = { 0 }, v[1] = { 0 };
+	float *state[PS_OPTIM_MAX_STATE] = { m, v };
+	const float g1[1] = { 0.5f }, g2[1] = { -0.25f };
+	const double m2 = 0.9 * 0.05 + 0.1 * -0.25, v2 = 0.999 * 0.00025 + 0.001 * 0.0625;
+	const double want1[1] = { 0.89 };
+	const double want2[1] = { 0.89 * 0.99 - 0.1 * (m2 / 0.19) / (sqrt(v2 / 0.001999) + 1e-8) };
+
+	step_once(ops, &cfg, w, g1, state, 1, 0);
+	check_vec(w, want1, 1, "w first");
+	step_once(ops, &cfg, w, g2, state, 1, 1);
+	check_vec(w, want2, 1, "w second");
+}
+END_TEST
+
+/* torch.optim.Adagrad(lr 0.1, lr_decay 0.5, initial_accumulator_value 0):
+ * step t uses lr / (1 + (t-1)*0.5). w = 1, g = 2: acc 4, w = 1 - 0.1*2/2 =
+ * 0.9; then g = 1: acc 5, w = 0.9 - (0.1/1.5)*1/sqrt(5). */
+START_TEST(test_adagrad_lr_decay)
+{
+	const struct ps_optimizer_ops *ops = ps_optimizer_get(PS_OPT_ADAGRAD);
+	const struct ps_optim_cfg cfg = { .kind = PS_OPT_ADAGRAD, .lr = 0.1f, .eps = 1e-10f,
+					  .lr_decay = 0.5f };
+	float w[1] = { 1.0f }, acc[1] = { 0 };
+	float *state[PS_OPTIM_MAX_STATE] = { acc, NULL };
+	const float g1[1] = { 2.0f }, g2[1] = { 1.0f };
+	const double want1[1] = { 0.9 }, want2[1] = { 0.9 - (0.1 / 1.5) / sqrt(5.0) };
+
+	ops->init_state(&cfg, state, 1);
+	step_once(ops, &cfg, w, g1, state, 1, 0);
+	check_vec(w, want1, 1, "w first");
+	step_once(ops, &cfg, w, g2, state, 1, 1);
+	check_vec(w, want2, 1, "w second");
+}
+END_TEST
+
+/* reduce: the weights become the gradient, whatever they were; no state;
+ * finite exactly when the gradient is. */
+START_TEST(test_reduce)
+{
+	const struct ps_optimizer_ops *ops = ps_optimizer_get(PS_OPT_REDUCE);
+	const struct ps_optim_cfg cfg = { .kind = PS_OPT_REDUCE, .lr = 5.0f };
+	float w[5] = { 1, 2, 3, 4, 5 }, g[5] = { -0.5f, 0, 7, 1e30f, -2 };
+	float *state[PS_OPTIM_MAX_STATE] = { NULL };
+
+	ck_assert_int_eq(ops->nstate, 0);
+	ck_assert_int_eq(ps_optimizer_finite_after(ops, &cfg, w, g, state, 5, 3), 1);
+	ops->apply(&cfg, w, g, state, 5, 3);
+	ck_assert_int_eq(memcmp(w, g, sizeof(w)), 0);
+	g[2] = NAN;
+	ck_assert_int_eq(ps_optimizer_finite_after(ops, &cfg, w, g, state, 5, 4), 0);
 }
 END_TEST
 
@@ -390,6 +479,14 @@ static const struct ps_optim_cfg long_cfgs[] = {
 	{ .kind = PS_OPT_ADAGRAD, .lr = 0.05f, .eps = 1e-10f, .initial_accumulator = 0.1f },
 	{ .kind = PS_OPT_ADAGRAD, .lr = 0.05f, .eps = 1e-10f, .initial_accumulator = 0.1f,
 	  .weight_decay = 0.01f },
+	{ .kind = PS_OPT_MOMENTUM, .lr = 0.05f, .momentum = 0.9f, .dampening = 0.3f },
+	{ .kind = PS_OPT_MOMENTUM, .lr = 0.05f, .momentum = 0.9f, .dampening = 0.3f,
+	  .weight_decay = 0.01f },
+	{ .kind = PS_OPT_ADAMW, .lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+	  .weight_decay = 0.05f },
+	{ .kind = PS_OPT_ADAGRAD, .lr = 0.05f, .eps = 1e-10f, .initial_accumulator = 0.1f,
+	  .lr_decay = 0.25f, .weight_decay = 0.01f },
+	{ .kind = PS_OPT_REDUCE },
 };
 #define NLONG_CFGS (sizeof(long_cfgs) / sizeof(long_cfgs[0]))
 
@@ -405,20 +502,23 @@ static void ref_step(const struct ps_optim_cfg *c, double *w, const float *g,
 		     double *s0, double *s1, size_t n, uint64_t step)
 {
 	const double lr = c->lr, wd = c->weight_decay, mu = c->momentum;
-	const double b1 = c->beta1, b2 = c->beta2, eps = c->eps;
+	const double b1 = c->beta1, b2 = c->beta2, eps = c->eps, damp = c->dampening;
 	const double t = (double)step + 1.0;
 
 	for (size_t i = 0; i < n; i++) {
-		double gi = (double)g[i] + wd * w[i];
+		double gi = (double)g[i] + (c->kind == PS_OPT_ADAMW ? 0.0 : wd * w[i]);
 
 		switch (c->kind) {
 		case PS_OPT_SGD:
 			w[i] -= lr * gi;
 			break;
-		case PS_OPT_MOMENTUM:
-			s0[i] = mu * s0[i] + gi;
+		case PS_OPT_MOMENTUM: /* torch: the first step's buffer is g' itself */
+			s0[i] = step == 0 && damp != 0 ? gi : mu * s0[i] + (1 - damp) * gi;
 			w[i] -= lr * (c->nesterov ? gi + mu * s0[i] : s0[i]);
 			break;
+		case PS_OPT_ADAMW: /* decoupled: the weights shrink first */
+			w[i] *= 1 - lr * wd;
+			/* fall through */
 		case PS_OPT_ADAM:
 			s0[i] = b1 * s0[i] + (1 - b1) * gi;
 			s1[i] = b2 * s1[i] + (1 - b2) * gi * gi;
@@ -427,8 +527,13 @@ static void ref_step(const struct ps_optim_cfg *c, double *w, const float *g,
 			break;
 		case PS_OPT_ADAGRAD:
 			s0[i] += gi * gi;
-			w[i] -= lr * gi / (sqrt(s0[i]) + eps);
+			w[i] -= lr / (1 + (t - 1) * c->lr_decay) * gi / (sqrt(s0[i]) + eps);
 			break;
+		case PS_OPT_REDUCE:
+			w[i] = g[i];
+			break;
+		default:
+			ck_abort_msg("no reference for kind %d", (int)c->kind);
 		}
 	}
 }
@@ -470,7 +575,11 @@ static void run_long(size_t ci, size_t n)
 	double *rs[PS_OPTIM_MAX_STATE] = { NULL };
 	float *w = wbuf + 1, *g = gbuf + 3;
 	uint64_t seed = 0x9e3779b97f4a7c15ull + ci;
-	uint64_t first_step = cfg->kind == PS_OPT_ADAM ? 7 : 0;
+	/* adam: late steps (bias corrections below 1); dampened momentum from a
+	 * random state: a step past the first (whose buffer is g' alone, which
+	 * the kernel gets from the zero state a first step always has) */
+	uint64_t first_step = cfg->kind == PS_OPT_ADAM || cfg->kind == PS_OPT_ADAMW ? 7 :
+			      cfg->dampening != 0.0f ? 2 : 0;
 
 	ck_assert_ptr_nonnull(ops);
 	ck_assert(wbuf && gbuf && gcopy && rw);
@@ -494,7 +603,7 @@ static void run_long(size_t ci, size_t n)
 		for (size_t i = 0; i < n; i++) {
 			if (cfg->kind == PS_OPT_MOMENTUM) {
 				state[0][i] = rnd(&seed, -1.0f, 1.0f);
-			} else if (cfg->kind == PS_OPT_ADAM) {
+			} else if (cfg->kind == PS_OPT_ADAM || cfg->kind == PS_OPT_ADAMW) {
 				state[0][i] = rnd(&seed, -0.1f, 0.1f);
 				state[1][i] = rnd(&seed, 1e-4f, 1e-2f);
 			}
@@ -545,7 +654,7 @@ START_TEST(test_zero_length)
 				    .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f };
 	float *state[PS_OPTIM_MAX_STATE] = { NULL };
 
-	for (int k = PS_OPT_SGD; k <= PS_OPT_ADAGRAD; k++) {
+	for (int k = PS_OPT_SGD; k < PS_OPT_COUNT; k++) {
 		const struct ps_optimizer_ops *ops = ps_optimizer_get((enum ps_optim_kind)k);
 
 		cfg.kind = (enum ps_optim_kind)k;
@@ -580,7 +689,8 @@ START_TEST(test_finite_after)
 		ops->init_state(cfg, st, N);
 	for (int bad = 0; bad < 2; bad++) {
 		w[1200] = bad ? -FLT_MAX : 0.0f;
-		g[1200] = bad ? 3e38f : 0.0f;
+		/* reduce: w = g, so only a g that is not finite makes it so */
+		g[1200] = bad ? (cfg->kind == PS_OPT_REDUCE ? INFINITY : 3e38f) : 0.0f;
 		memcpy(w0, w, N * sizeof(float));
 		for (int j = 0; j < ops->nstate; j++)
 			memcpy(st0[j], st[j], N * sizeof(float));
@@ -627,6 +737,10 @@ static Suite *optimizer_suite(void)
 	tcase_add_test(tc, test_adagrad);
 	tcase_add_test(tc, test_adagrad_wd);
 	tcase_add_test(tc, test_zero_length);
+	tcase_add_test(tc, test_momentum_dampening);
+	tcase_add_test(tc, test_adamw);
+	tcase_add_test(tc, test_adagrad_lr_decay);
+	tcase_add_test(tc, test_reduce);
 	suite_add_tcase(s, tc);
 
 	/* Sanitizer builds of a million-element run take a few seconds. */

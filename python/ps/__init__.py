@@ -72,6 +72,44 @@ def _rank_arg(rank):
     return rank
 
 
+# torch.optim's defaults per kind (SGD's lr as torch 2.x: 1e-3).
+_GROUP_DEFAULTS = {
+    "sgd": dict(lr=1e-3, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0),
+    "adam": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
+    "adamw": dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2),
+    "adagrad": dict(lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0,
+                    eps=1e-10),
+    "reduce": dict(lr=0.0),
+}
+_GROUP_KEYS = ("kind", "lr", "momentum", "dampening", "nesterov", "betas", "eps",
+               "weight_decay", "lr_decay", "initial_accumulator_value", "average")
+
+
+def _group_tuple(i, g):
+    """Optimizer group i (a dict) as the settings tuple _ps.Client.declare takes."""
+    if not isinstance(g, dict):
+        raise ConfigError(f"declare: optimizer group {i} is not a dict")
+    for k in g:
+        if k not in _GROUP_KEYS:
+            raise ConfigError(f"declare: optimizer group {i}: unknown key {k!r} (known: "
+                              f"{', '.join(_GROUP_KEYS)})")
+    kind = g.get("kind")
+    if kind not in _GROUP_DEFAULTS:
+        raise ConfigError(f"declare: optimizer group {i}: kind {kind!r}, expected one of "
+                          f"{', '.join(_GROUP_DEFAULTS)}")
+    d = dict(_GROUP_DEFAULTS[kind])
+    d.update(g)
+    try:
+        b1, b2 = d.get("betas", (0.0, 0.0))
+        return (kind, float(d["lr"]), float(d.get("momentum", 0.0)),
+                float(d.get("dampening", 0.0)), bool(d.get("nesterov", False)), float(b1),
+                float(b2), float(d.get("eps", 0.0)), float(d.get("weight_decay", 0.0)),
+                float(d.get("lr_decay", 0.0)), float(d.get("initial_accumulator_value", 0.0)),
+                bool(d.get("average", True)))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"declare: optimizer group {i}: {e}") from None
+
+
 class Client(_ps.Client):
     """A connection to every shard of a config, as worker `rank`.
 
@@ -131,6 +169,25 @@ class Client(_ps.Client):
     def push_rows_async(self, table, ids, grads, clock=None, fp16=False):
         """push_rows() without waiting: a Handle whose wait() returns None."""
         return self.push_rows(table, ids, grads, clock, fp16, True)
+
+    def declare(self, params, groups=None, group_of=None):
+        """Declares the model's tensors: params {name: float32 array} in the model's order
+        (a config without a model); every array then holds the shards' values.
+
+        groups: optimizer groups the shards apply (torch param_groups), a list of dicts with
+        keys kind ("sgd", "adam", "adamw", "adagrad", "reduce"), lr, momentum, dampening,
+        nesterov, betas, eps, weight_decay, lr_decay, initial_accumulator_value, average;
+        a missing key takes torch's default for the kind (average: True, the mean of the
+        workers' gradients). group_of: each parameter's group index (default all 0 when
+        there is one group). None: the config's optimizer section updates every tensor."""
+        if groups is None:
+            if group_of is not None:
+                raise ConfigError("declare: group_of given without groups")
+            return super().declare(params)
+        if isinstance(groups, dict):
+            groups = [groups]
+        return super().declare(params, [_group_tuple(i, g) for i, g in enumerate(groups)],
+                               None if group_of is None else [int(x) for x in group_of])
 
     def stats(self, shard=None):
         """The counters of shard (a dict), or a list of every shard's when None."""

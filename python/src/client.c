@@ -11,6 +11,7 @@
  * that keeps the arrays alive until the call completes.
  */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <string.h>
 #include <unistd.h>
 #include "pyps.h"
@@ -539,20 +540,97 @@ static PyObject *client_clock(pyps_client *self, PyObject *noarg)
 	return PyLong_FromUnsignedLongLong(clock);
 }
 
-/* declare(params): params maps each parameter's name to its array, in the
- * model's order (a dict, or a sequence of (name, array) pairs); the shapes
- * are the arrays' own. The arrays are read (rank 0's initial values) and
- * then overwritten with the shards' values. */
-static PyObject *client_declare(pyps_client *self, PyObject *params)
+/* The optimizer groups of declare(): groups, a sequence of tuples (kind,
+ * lr, momentum, dampening, nesterov, beta1, beta2, eps, weight_decay,
+ * lr_decay, initial_accumulator, average) that ps.Client.declare made from
+ * the user's dicts, into og (*ng of them, at most 64); group_of, one int
+ * per parameter (n), into gof. -1 with an exception set. The kind strings
+ * point into groups, which the caller keeps. */
+static int parse_groups(PyObject *groups, PyObject *group_of, Py_ssize_t n,
+			struct ps_optim_group *og, int *ng, int *gof)
 {
+	Py_ssize_t k;
+
+	if (!PySequence_Check(groups) || (k = PySequence_Size(groups)) < 1 || k > 64) {
+		PyErr_Clear();
+		pyps_raise(-EINVAL, "declare: groups must be a list of 1..64 optimizer groups");
+		return -1;
+	}
+	for (Py_ssize_t g = 0; g < k; g++) {
+		PyObject *t = PySequence_GetItem(groups, g);
+		struct ps_optim_group *o = &og[g];
+		int ok;
+
+		if (!t)
+			return -1;
+		memset(o, 0, sizeof(*o));
+		ok = PyTuple_Check(t) &&
+		     PyArg_ParseTuple(t, "sfffpffffffp", &o->kind, &o->lr, &o->momentum,
+				      &o->dampening, &o->nesterov, &o->beta1, &o->beta2, &o->eps,
+				      &o->weight_decay, &o->lr_decay, &o->initial_accumulator,
+				      &o->average);
+		Py_DECREF(t);
+		if (!ok) {
+			PyErr_Clear();
+			pyps_raise(-EINVAL, "declare: optimizer group %zd is not a settings tuple "
+				   "(use ps.Client.declare)", g);
+			return -1;
+		}
+	}
+	*ng = (int)k;
+	if (group_of == Py_None) {
+		if (k != 1) {
+			pyps_raise(-EINVAL, "declare: %zd optimizer groups need group_of, one group "
+				   "index per parameter", k);
+			return -1;
+		}
+		for (Py_ssize_t i = 0; i < n; i++)
+			gof[i] = 0;
+		return 0;
+	}
+	if (!PySequence_Check(group_of) || PySequence_Size(group_of) != n) {
+		PyErr_Clear();
+		pyps_raise(-EINVAL, "declare: group_of must hold one group index per parameter (%zd)",
+			   n);
+		return -1;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *x = PySequence_GetItem(group_of, i);
+		long v = x ? PyLong_AsLong(x) : -1;
+
+		Py_XDECREF(x);
+		if (v == -1 && PyErr_Occurred()) {
+			PyErr_Clear();
+			pyps_raise(-EINVAL, "declare: group_of[%zd] is not an int", i);
+			return -1;
+		}
+		gof[i] = v < INT_MIN ? INT_MIN : v > INT_MAX ? INT_MAX : (int)v;
+	}
+	return 0;
+}
+
+/* declare(params, groups=None, group_of=None): params maps each
+ * parameter's name to its array, in the model's order (a dict, or a
+ * sequence of (name, array) pairs); the shapes are the arrays' own. The
+ * arrays are read (rank 0's initial values) and then overwritten with the
+ * shards' values. groups: optimizer groups as parse_groups takes them. */
+static PyObject *client_declare(pyps_client *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "params", "groups", "group_of", NULL };
+	PyObject *params, *groups = Py_None, *group_of = Py_None;
 	PyObject *items = NULL, *seq = NULL;
 	Py_buffer *v = NULL;
 	struct ps_param *p = NULL;
+	struct ps_optim_group og[64];
+	int *gof = NULL, ng = 0;
 	int64_t (*dims)[8] = NULL;
 	Py_ssize_t n = 0, got = 0;
 	char err[600] = "";
 	int rc = 0;
 
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:declare", kwlist, &params, &groups,
+					 &group_of))
+		return NULL;
 	if (pyps_client_enter(self) < 0)
 		return NULL;
 	items = PyDict_Check(params) ? PyDict_Items(params) :
@@ -574,10 +652,13 @@ static PyObject *client_declare(pyps_client *self, PyObject *params)
 	v = PyMem_Calloc((size_t)n, sizeof(*v));
 	p = PyMem_Calloc((size_t)n, sizeof(*p));
 	dims = PyMem_Calloc((size_t)n, sizeof(*dims));
-	if (!v || !p || !dims) {
+	gof = PyMem_Calloc((size_t)n, sizeof(*gof));
+	if (!v || !p || !dims || !gof) {
 		PyErr_NoMemory();
 		goto err_release;
 	}
+	if (groups != Py_None && parse_groups(groups, group_of, n, og, &ng, gof) < 0)
+		goto err_release;
 	for (; got < n; got++) {
 		PyObject *it = PyList_GetItem(seq, got), *name, *arr;
 		char what[100];
@@ -611,7 +692,8 @@ static PyObject *client_declare(pyps_client *self, PyObject *params)
 		p[got].data = v[got].buf;
 	}
 	Py_BEGIN_ALLOW_THREADS
-	rc = ps_client_declare(self->c, p, (int)n);
+	rc = ng ? ps_client_declare_groups(self->c, p, (int)n, og, ng, gof)
+		: ps_client_declare(self->c, p, (int)n);
 	if (rc < 0)
 		pyps_client_errtext(self, err, sizeof(err));
 	Py_END_ALLOW_THREADS
@@ -621,6 +703,7 @@ err_release:
 	PyMem_Free(v);
 	PyMem_Free(p);
 	PyMem_Free(dims);
+	PyMem_Free(gof);
 	Py_XDECREF(seq);
 	Py_XDECREF(items);
 	pyps_client_leave(self);
@@ -634,6 +717,27 @@ err_leave:
 	Py_XDECREF(items);
 	pyps_client_leave(self);
 	return NULL;
+}
+
+/* set_lr(group, lr): the learning rate of an optimizer group from this
+ * client's next pushes on. Takes a lock only, so it keeps the GIL. */
+static PyObject *client_set_lr(pyps_client *self, PyObject *args)
+{
+	int group, rc;
+	float lr;
+	char err[300] = "";
+
+	if (!PyArg_ParseTuple(args, "if:set_lr", &group, &lr))
+		return NULL;
+	if (pyps_client_enter(self) < 0)
+		return NULL;
+	rc = ps_client_set_lr(self->c, group, lr);
+	if (rc < 0)
+		pyps_client_errtext(self, err, sizeof(err));
+	pyps_client_leave(self);
+	if (rc < 0)
+		return fail(self, rc, "set_lr", err);
+	Py_RETURN_NONE;
 }
 
 static PyObject *client_get_tensors(pyps_client *self, void *closure)
@@ -687,9 +791,12 @@ static PyMethodDef client_methods[] = {
 	  METH_VARARGS | METH_KEYWORDS, "checkpoint(shard, write=True) -> dict" },
 	{ "shard_error", (PyCFunction)client_shard_error, METH_O,
 	  "shard_error(shard) -> None when connected, else why not" },
-	{ "declare", (PyCFunction)client_declare, METH_O,
-	  "declare(params): the model's tensors, {name: float32 array} in the model's order "
-	  "(a config without a model); the arrays get the shards' values" },
+	{ "declare", (PyCFunction)(void (*)(void))client_declare, METH_VARARGS | METH_KEYWORDS,
+	  "declare(params, groups=None, group_of=None): the model's tensors, {name: float32 "
+	  "array} in the model's order (a config without a model); the arrays get the shards' "
+	  "values" },
+	{ "set_lr", (PyCFunction)client_set_lr, METH_VARARGS,
+	  "set_lr(group, lr): the learning rate of an optimizer group from the next push on" },
 	{ "clock", (PyCFunction)client_clock, METH_NOARGS,
 	  "the clock the next push belongs to (clocks finished so far)" },
 	{ "close", (PyCFunction)client_close, METH_NOARGS,

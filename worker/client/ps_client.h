@@ -303,6 +303,41 @@ struct ps_param {
  * PS_ETIMEDOUT (rank 0 never declared). */
 int ps_client_declare(struct ps_client *c, const struct ps_param *p, int n);
 
+/* One optimizer group of declared tensors (a torch param_group), with
+ * PyTorch's meanings (docs/python.md). */
+struct ps_optim_group {
+	const char *kind;        /* "sgd", "adam", "adamw", "adagrad", "reduce" */
+	float lr;                /* initial learning rate (ps_client_set_lr changes it per step) */
+	float momentum, dampening; int nesterov;     /* sgd (momentum 0: plain sgd) */
+	float beta1, beta2, eps;                      /* adam, adamw; eps also adagrad */
+	float weight_decay;      /* sgd/adam/adagrad: L2 added to the gradient (torch); adamw:
+				    decoupled, w *= 1 - lr*wd first */
+	float lr_decay, initial_accumulator;         /* adagrad (torch's lr_decay,
+							initial_accumulator_value) */
+	int average;             /* sync: apply the MEAN of the gradients pushed for a clock (sum
+				    / how many workers pushed it), not their sum; async: each
+				    gradient scaled by 1/nworkers */
+};
+
+/* ps_client_declare with optimizer groups: groups[0..ngroups) (1..64),
+ * group_of[i] the group of p[i]. The shards update each tensor by its
+ * group's rule instead of the config's optimizer section; "reduce" makes
+ * a tensor's value the clock's (averaged) gradient, sync mode only. The
+ * groups (every field but lr) and group_of are part of the declaration: a
+ * worker whose groups differ from the shards' is refused with PS_ECONFIG
+ * naming the group or tensor, the field and both values. Settings outside
+ * torch's valid ranges, an unknown kind or a group_of out of range:
+ * PS_ECONFIG / -EINVAL before anything is sent. Otherwise as
+ * ps_client_declare. */
+int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int n,
+			     const struct ps_optim_group *groups, int ngroups, const int *group_of);
+
+/* The learning rate group's tensors get from this client's next pushes on
+ * (an LR schedule's value each step; every push carries every group's
+ * rate; in sync mode a clock's update uses the rates of the lowest rank
+ * that pushed it). 0 or -EINVAL (no such group, lr not finite or < 0). */
+int ps_client_set_lr(struct ps_client *c, int group, float lr);
+
 /* The config the client works with: the one given to init, or after
  * ps_client_declare its copy with the declared tensors (ps_config_ntensors
  * and ps_tensor_of see them). Valid until ps_client_free. */

@@ -199,9 +199,17 @@ int ps__client_build_push(struct ps_client *c, uint64_t clock, const struct ps_t
 	Ps__SliceRef *refs = NULL, **ptrs = NULL;
 	struct req *r = ps__client_req_new(c, REQ_PUSH);
 	uint32_t total = 0, base = 0;
+	int ngroups = c->cfg->ngroups;
+	float lrs[PS_MAX_GROUPS];
 
 	if (!tidx || !cnt || !r)
 		goto err_free;
+	if (ngroups) {
+		/* the groups' rates now (another thread may set them) */
+		pthread_mutex_lock(&c->mu);
+		memcpy(lrs, c->group_lr, sizeof(float) * (size_t)ngroups);
+		pthread_mutex_unlock(&c->mu);
+	}
 	rc = resolve_tensors(c, t, n, tidx);
 	if (rc)
 		goto err_free;
@@ -235,6 +243,8 @@ int ps__client_build_push(struct ps_client *c, uint64_t clock, const struct ps_t
 		m.end_clock = (flags & PS_PUSH_END_CLOCK) != 0;
 		m.n_slices = (size_t)p->niov;
 		m.slices = ptrs + base;
+		m.n_group_lr = (size_t)ngroups;
+		m.group_lr = lrs;
 		base += (uint32_t)p->niov;
 		if (off && c->cfg->compress.lz4 != PS_LZ4_OFF) {
 			rc = lz4_part(c, p, off, &m.raw_length,

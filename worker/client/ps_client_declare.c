@@ -5,7 +5,9 @@
  * the list, builds its own copy of the config with those tensors and the
  * shard map it gives, and sends every shard a Declare (names and shapes;
  * from rank 0 also the initial values of the slices that shard owns, from
- * the caller's arrays without a copy). A shard answers with an ack, with
+ * the caller's arrays without a copy; with optimizer groups
+ * (ps_client_declare_groups) the groups and each tensor's group, which the
+ * shards compare like the shapes). A shard answers with an ack, with
  * PS_ECONFIG naming the first difference from the tensors it has, or with
  * -EAGAIN while rank 0 has not declared yet: those shards are asked again
  * every 20 ms until limits.request_timeout_ms. Once every shard accepted,
@@ -17,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "optim_group.h"
 #include "ps_client_int.h"
 #include "ps_err.h"
 #include "ps_time.h"
@@ -27,6 +30,59 @@
 const struct ps_config *ps_client_config(struct ps_client *c)
 {
 	return c->cfg;
+}
+
+/* Converts and checks the caller's groups into cfg->groups and
+ * group_of into the tensors' group. 0, or -EINVAL / PS_ECONFIG with the
+ * reason set on c. */
+static int declared_groups(struct ps_client *c, struct ps_config *cfg,
+			   const struct ps_optim_group *groups, int ngroups, const int *group_of,
+			   int n)
+{
+	char why[300];
+
+	if (ngroups < 1 || ngroups > PS_MAX_GROUPS || !groups || !group_of) {
+		ps__client_set_err(c, "%d optimizer groups: expected 1..%d, with groups and group_of "
+				   "given", ngroups, PS_MAX_GROUPS);
+		return -EINVAL;
+	}
+	for (int g = 0; g < ngroups; g++) {
+		const struct ps_optim_group *u = &groups[g];
+		struct ps_optim_cfg *o = &cfg->groups[g];
+
+		memset(o, 0, sizeof(*o));
+		if (ps_optim_group_kind(u->kind, u->momentum, &o->kind)) {
+			ps__client_set_err(c, "optimizer group %d: unknown kind '%.40s' (expected sgd, "
+					   "adam, adamw, adagrad or reduce)", g,
+					   u->kind ? u->kind : "(null)");
+			return PS_ECONFIG;
+		}
+		o->lr = u->lr;
+		o->momentum = u->momentum;
+		o->dampening = u->dampening;
+		o->nesterov = u->nesterov != 0;
+		o->beta1 = u->beta1;
+		o->beta2 = u->beta2;
+		o->eps = u->eps;
+		o->weight_decay = u->weight_decay;
+		o->lr_decay = u->lr_decay;
+		o->initial_accumulator = u->initial_accumulator;
+		o->average = u->average != 0;
+		if (ps_optim_group_check(g, o, cfg->consistency == PS_ASYNC, why, sizeof(why))) {
+			ps__client_set_err(c, "%s", why);
+			return PS_ECONFIG;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		if (group_of[i] < 0 || group_of[i] >= ngroups) {
+			ps__client_set_err(c, "parameter '%s': optimizer group %d, expected 0..%d",
+					   cfg->tensors[i].name, group_of[i], ngroups - 1);
+			return -EINVAL;
+		}
+		cfg->tensors[i].group = group_of[i];
+	}
+	cfg->ngroups = ngroups;
+	return 0;
 }
 
 /* The config copy with p[0..n) as its tensors, or NULL with the reason
@@ -104,10 +160,22 @@ static int64_t send_declare(struct ps_client *c, const struct ps_config *cfg,
 	uint32_t *ndims = malloc(sizeof(*ndims) * (size_t)n);
 	int64_t *dims = malloc(sizeof(*dims) * ((size_t)n * PS_MAX_DIMS + 1));
 	char **names = malloc(sizeof(*names) * (size_t)n);
+	uint32_t *group_of = cfg->ngroups ? malloc(sizeof(*group_of) * (size_t)n) : NULL;
+	Ps__OptimGroup groups[PS_MAX_GROUPS], *gptr[PS_MAX_GROUPS];
 	struct part *pt;
 
-	if (!r || !ndims || !dims || !names)
+	if (!r || !ndims || !dims || !names || (cfg->ngroups && !group_of))
 		goto out;
+	for (int g = 0; g < cfg->ngroups; g++) {
+		ps_optim_group_to_msg(&cfg->groups[g], &groups[g]);
+		gptr[g] = &groups[g];
+	}
+	for (int i = 0; cfg->ngroups && i < n; i++)
+		group_of[i] = (uint32_t)cfg->tensors[i].group;
+	m.n_groups = (size_t)cfg->ngroups;
+	m.groups = gptr;
+	m.n_group_of = cfg->ngroups ? (size_t)n : 0;
+	m.group_of = group_of;
 	for (int i = 0; i < n; i++) {
 		names[i] = (char *)cfg->tensors[i].name;
 		ndims[i] = (uint32_t)cfg->tensors[i].ndims;
@@ -148,6 +216,7 @@ static int64_t send_declare(struct ps_client *c, const struct ps_config *cfg,
 		goto out;
 	rc = 0;
 out:
+	free(group_of);
 	free(ndims);
 	free(dims);
 	free(names);
@@ -167,6 +236,31 @@ static void sleep_ms(int ms)
 }
 
 int ps_client_declare(struct ps_client *c, const struct ps_param *p, int n)
+{
+	return ps_client_declare_groups(c, p, n, NULL, 0, NULL);
+}
+
+int ps_client_set_lr(struct ps_client *c, int group, float lr)
+{
+	char why[200];
+
+	if (group < 0 || group >= c->cfg->ngroups) {
+		ps__client_set_err(c, "optimizer group %d: the declared tensors have %d groups", group,
+				   c->cfg->ngroups);
+		return -EINVAL;
+	}
+	if (ps_optim_group_lr_check(group, lr, why, sizeof(why))) {
+		ps__client_set_err(c, "%s", why);
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&c->mu);
+	c->group_lr[group] = lr;
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
+
+int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int n,
+			     const struct ps_optim_group *groups, int ngroups, const int *group_of)
 {
 	struct ps_config *cfg;
 	struct ps_shardmap map;
@@ -193,6 +287,9 @@ int ps_client_declare(struct ps_client *c, const struct ps_param *p, int n)
 	cfg = declared_cfg(c, p, n, &rc);
 	if (!cfg)
 		return rc;
+	if ((groups || ngroups) &&
+	    (rc = declared_groups(c, cfg, groups, ngroups, group_of, n)))
+		goto err_free_cfg;
 	rc = ps_shardmap_init(&map, cfg);
 	if (rc) {
 		ps__client_set_err(c, "cannot build the shard map: %s", ps_strerror(rc));
@@ -254,6 +351,8 @@ int ps_client_declare(struct ps_client *c, const struct ps_param *p, int n)
 	c->resid = resid;
 	c->own_cfg = cfg;
 	c->cfg = cfg;
+	for (int g = 0; g < cfg->ngroups; g++)
+		c->group_lr[g] = cfg->groups[g].lr;
 	pthread_mutex_unlock(&c->mu);
 	free(old_resid);
 	free(done);

@@ -107,6 +107,10 @@ struct ps_client {
 	/* After ps_client_declare: the client's own copy of the config with
 	 * the declared tensors (cfg then points here); else NULL. */
 	struct ps_config *own_cfg;
+	/* Declared with optimizer groups (own_cfg->ngroups of them): the
+	 * learning rate of each that every push carries (ps_client_set_lr;
+	 * under mu). */
+	float group_lr[PS_MAX_GROUPS];
 	struct ps_shardmap map;
 	int rank;
 	uint64_t clock;
