@@ -38,7 +38,9 @@ module imports torch; the rest of the package does not, and nothing links
 libtorch.
 """
 import contextlib
+import errno
 import os
+import time
 import warnings
 
 import numpy as np
@@ -117,6 +119,7 @@ _MUST_BE = {"maximize": False, "amsgrad": False}
 def _group_of(optimizer, group, index, average):
     """The shards' settings for torch param_group `group` (a dict for
     Client.declare), or ps.ConfigError naming what cannot be mapped."""
+    base = type(optimizer).__mro__[1]   # the script's class (optimizer is the wrapper)
     if isinstance(optimizer, torch.optim.AdamW):       # before Adam: 2.x derives it from Adam
         kind, keys = "adamw", {"lr", "betas", "eps", "weight_decay"}
     elif isinstance(optimizer, torch.optim.Adam):
@@ -128,7 +131,7 @@ def _group_of(optimizer, group, index, average):
                                  "eps"}
     else:
         raise ConfigError(f"DistributedOptimizer(mode='server'): the shards cannot apply "
-                          f"{type(optimizer).__module__}.{type(optimizer).__name__}; supported: "
+                          f"{base.__module__}.{base.__name__}; supported: "
                           f"{_supported_text()}; or use mode='local' (the shards average the "
                           "gradients and each worker runs its own optimizer)")
     out = {"kind": kind, "average": average}
@@ -492,20 +495,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return self._ps
 
     def checkpoint(self, path=None, **extra):
-        """Asks every shard to write its checkpoint now (the weights and the
-        optimizer state live there) and, when path is given, saves this
-        worker's own part there (torch.save): the clock, each group's
-        learning rate and `extra` (a scheduler's state_dict(), the epoch).
-        Raises ps.StateError when a shard's write failed. A cluster
-        restarted from the checkpoints resumes: the workers declare again
-        and get the shards' weights; load_checkpoint(path) gives back
-        `extra`."""
+        """Rank 0 asks every shard to write its checkpoint now (the weights
+        and the optimizer state live there; after step() every shard has
+        applied this worker's last clock, and in sync mode every worker's).
+        Every rank, when path is given, saves its own part there
+        (torch.save): the clock, each group's learning rate and `extra` (a
+        scheduler's state_dict(), the epoch). Raises ps.StateError when a
+        shard's write failed. A cluster restarted from the checkpoints
+        resumes: the workers declare again and get the shards' weights;
+        load_checkpoint(path) gives back `extra`."""
         if self._clock is not None or self._npushed:
             raise StateError("checkpoint() between backward and step()")
-        for st in self._ps.checkpoint():
-            if st.get("checkpoint_status", 0):
-                raise StateError(f"shard {st.get('shard')}: checkpoint failed: "
-                                 f"{st.get('checkpoint_error')}")
+        if self._ps.rank == 0:
+            for k in range(self._ps.config.nshards):
+                deadline = time.monotonic() + 60
+                while True:
+                    st = self._ps.checkpoint(k)
+                    code = st.get("checkpoint_status", 0)
+                    # -EBUSY: a periodic checkpoint is being written: ask again
+                    if code != -errno.EBUSY or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+                if code:
+                    raise StateError(f"shard {k}: checkpoint failed: "
+                                     f"{st.get('checkpoint_error')}")
         if path is not None:
             state = {"clock": self._ps.clock(), "lrs": [_lr(g) for g in self.param_groups],
                      "extra": extra}
