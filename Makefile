@@ -198,6 +198,13 @@ bench-python: test-python-venv
 	  PS_SECRET_FILE=$$secret build/pyvenv/bin/python python/bench/bench_py.py; \
 	  rc=$$?; rm -f $$secret; exit $$rc
 
+# The PyTorch path against DDP (gloo) and the C worker, one epoch of the
+# Fashion-MNIST cnn each: python/bench/bench_torch.py (BENCHMARKS.md).
+# BENCH_TORCH_ARGS="--limit 12800" for a shorter run.
+.PHONY: bench-pytorch
+bench-pytorch: test-python-venv
+	@build/pyvenv/bin/python python/bench/bench_torch.py $(BENCH_TORCH_ARGS)
+
 .PHONY: test-python-venv
 test-python-venv: deps
 	@$(MAKE) --no-print-directory all

@@ -40,6 +40,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64, help="per worker and step")
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--limit", type=int, default=0, help="train on the first N samples only")
+    ap.add_argument("--test-limit", type=int, default=0, help="test on the first N samples only")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
     if args.threads:
@@ -53,6 +54,8 @@ def main():
         x, y = x[:args.limit], y[:args.limit]
     x, y = x[rank::size], y[rank::size]                 # ps: this worker's part
     tx, ty = load("t10k")
+    if args.test_limit:
+        tx, ty = tx[:args.test_limit], ty[:args.test_limit]
 
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -61,9 +61,13 @@ def main():
     ap.add_argument("--batch", type=int, default=64, help="per worker and step")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--limit", type=int, default=0, help="train on the first N samples only")
+    ap.add_argument("--test-limit", type=int, default=0, help="test on the first N samples only")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--buffers-every", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     torch.manual_seed(0)
 
@@ -74,6 +78,8 @@ def main():
         x, y = x[:args.limit], y[:args.limit]
     x, y = x[rank::size], y[rank::size]                 # ps: this worker's part
     tx, ty = load("t10k")
+    if args.test_limit:
+        tx, ty = tx[:args.test_limit], ty[:args.test_limit]
 
     model = ResNet().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)

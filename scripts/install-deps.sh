@@ -23,6 +23,7 @@ PKGS=(
   valgrind
   python3-dev python3-numpy python3-pytest python3-venv python3-setuptools python3-pip python3-wheel
   python3-yaml
+  python3-torch
 )
 
 missing=()

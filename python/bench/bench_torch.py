@@ -1,0 +1,144 @@
+"""The PyTorch path against DDP and against the C worker, in one run.
+
+    build/pyvenv/bin/python python/bench/bench_torch.py [--limit N] [--epochs E]
+        [--mode sync|async] [--json FILE]
+
+(`make bench-pytorch` runs it; BENCHMARKS.md records the figures.) Three
+runs of the Fashion-MNIST cnn, batch 64 per worker, SGD momentum 0.9 lr 0.01,
+one torch/oneDNN thread per worker, on this machine:
+
+  ddp   torch DistributedDataParallel, gloo, 2 processes (ddp_cnn.py)
+  ps    2 shards + 2 Python workers (examples/cnn_fashion_mnist.py under
+        scripts/ps-local.sh, conf/pytorch.yaml's cluster)
+  c     2 shards + 2 ps-worker processes (preset cnn, the same optimizer)
+
+and prints each one's samples/s per worker (the mean of the workers) and
+test accuracy, then ps/ddp and ps/c. Each run's own figures come from the
+same machine minutes apart: compare ratios, not absolute numbers, across
+machines.
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PY = sys.executable
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def config(tmp, args, model):
+    ports = free_ports(2)
+    lines = ["cluster:", f"  servers: [127.0.0.1:{ports[0]}, 127.0.0.1:{ports[1]}]",
+             "  workers: 2", "consistency:", f"  mode: {args.mode}"]
+    if args.mode == "async":
+        lines.append(f"  staleness: {args.staleness}")
+    lines += ["seed: 42", "security:", f"  secret_file: {tmp}/ps.secret", "log:", "  level: warn"]
+    if model:
+        lines += ["model:", "  preset: cnn", "train:", "  batch: 64", f"  epochs: {args.epochs}",
+                  f"  limit: {args.limit}", "  threads: 1", "  device: cpu",
+                  f"  metrics_dir: {tmp}/metrics", "optimizer:", "  name: momentum",
+                  "  lr: 0.01", "  momentum: 0.9", "  average: true"]
+    path = os.path.join(tmp, "c.yaml" if model else "py.yaml")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
+def run(cmd, env=None, timeout=1800):
+    p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=timeout)
+    out = p.stdout.decode(errors="replace")
+    if p.returncode:
+        sys.exit(f"bench_torch: {' '.join(cmd)} exited {p.returncode}:\n{out[-3000:]}")
+    return out
+
+
+def ddp(args):
+    out = run([PY, "python/bench/ddp_cnn.py", "--world", "2", "--epochs", str(args.epochs),
+               "--limit", str(args.limit), "--threads", "1"])
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return (sum(r["samples_per_s"] for r in rows) / len(rows),
+            sum(r["test_accuracy"] for r in rows) / len(rows))
+
+
+def ps_path(args, tmp):
+    cfg = config(tmp, args, False)
+    env = dict(os.environ, PS_SECRET_FILE="")
+    out = run(["scripts/ps-local.sh", cfg, "--logs", os.path.join(tmp, "pylogs"), "--worker-cmd",
+               f"{PY} examples/cnn_fashion_mnist.py --epochs {args.epochs} --limit {args.limit} "
+               "--threads 1"], env)
+    rows = {}
+    texts = [out] + [open(f).read() for f in glob.glob(os.path.join(tmp, "pylogs", "worker-*"))]
+    for text in texts:   # worker 0 prints on ps-local.sh's terminal, the others in their logs
+        for m in re.finditer(r"worker (\d+): epoch (\d+): loss \S+ test accuracy ([\d.]+)% "
+                             r"(\d+) samples/s", text):
+            if int(m.group(2)) == args.epochs:
+                rows[m.group(1)] = (float(m.group(4)), float(m.group(3)))
+    rows = list(rows.values())
+    if len(rows) != 2:
+        sys.exit(f"bench_torch: the Python workers' results not found:\n{out[-3000:]}")
+    return sum(r[0] for r in rows) / 2, sum(r[1] for r in rows) / 2
+
+
+def c_path(args, tmp):
+    cfg = config(tmp, args, True)
+    env = dict(os.environ, PS_SECRET_FILE="")
+    run(["scripts/ps-local.sh", cfg, "--logs", os.path.join(tmp, "clogs")], env)
+    rows = []
+    for f in sorted(glob.glob(os.path.join(tmp, "metrics", "worker-*.jsonl"))):
+        last = [json.loads(line) for line in open(f) if line.strip()][-1]
+        rows.append((last["samples_per_s"], 100.0 * last.get("test_accuracy", float("nan"))))
+    return sum(r[0] for r in rows) / len(rows), rows[0][1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--limit", type=int, default=0, help="first N training images (0: all)")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--mode", default="sync", choices=("sync", "async"))
+    ap.add_argument("--staleness", type=int, default=1)
+    ap.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-torch.") as tmp:
+        res = {}
+        print("bench_torch: ddp (gloo, 2 processes) ...", flush=True)
+        res["ddp"] = ddp(args)
+        print(f"  {res['ddp'][0]:.0f} samples/s per worker, test accuracy {res['ddp'][1]:.2f}%",
+              flush=True)
+        print(f"bench_torch: ps (2 shards, 2 Python workers, {args.mode}) ...", flush=True)
+        res["ps"] = ps_path(args, tmp)
+        print(f"  {res['ps'][0]:.0f} samples/s per worker, test accuracy {res['ps'][1]:.2f}%",
+              flush=True)
+        print("bench_torch: c (2 shards, 2 ps-worker) ...", flush=True)
+        res["c"] = c_path(args, tmp)
+        print(f"  {res['c'][0]:.0f} samples/s per worker, test accuracy {res['c'][1]:.2f}%",
+              flush=True)
+    r1, r2 = res["ps"][0] / res["ddp"][0], res["ps"][0] / res["c"][0]
+    print(f"ps / ddp samples/s: {r1:.3f} (target >= 1.1); accuracy {res['ps'][1]:.2f}% vs "
+          f"{res['ddp'][1]:.2f}% ({res['ps'][1] - res['ddp'][1]:+.2f} points; target within 0.5)")
+    print(f"ps / c   samples/s: {r2:.3f} (target >= 0.85)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"mode": args.mode, "limit": args.limit, "epochs": args.epochs,
+                       **{k: {"samples_per_s": v[0], "test_accuracy": v[1]}
+                          for k, v in res.items()},
+                       "ps_over_ddp": r1, "ps_over_c": r2}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
