@@ -260,10 +260,11 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 	cfg->ngroups = ngroups;
 	if (ngroups)
 		memcpy(cfg->groups, groups, sizeof(*groups) * (size_t)ngroups);
-	for (int i = 0; i < n; i++) {
-		cfg->tensors[i].codec = cfg->compress.codec;
-		cfg->tensors[i].ratio = cfg->compress.ratio;
-	}
+	/* every tensor's codec: compression.tensors by declared name, as the
+	 * client does */
+	rc = ps_config_declared_codecs(cfg, why, wl);
+	if (rc)
+		goto err_free_cfg;
 	rc = ps_shardmap_init(&map, cfg);
 	if (rc) {
 		snprintf(why, wl, "cannot build the shard map: %s", ps_strerror(rc));

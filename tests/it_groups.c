@@ -20,6 +20,7 @@
 #include "msg.h"
 #include "ps_client.h"
 #include "ps_client_int.h" /* raw Declare frames, a push with a bad rate */
+#include "codec.h"
 #include "ps_err.h"
 #include "test_util.h"
 
@@ -31,7 +32,7 @@ static int port[2];
 /* A config without a model: 2 shards, 2 workers, sync, slices of 16
  * floats (tensors cut over both shards), checkpoints on request. The
  * optimizer section (sgd) is what the groups replace. */
-static void start(void)
+static void start_with(const char *extra)
 {
 	char yaml[1024], err[512];
 
@@ -45,12 +46,17 @@ static void start(void)
 		 "optimizer:\n  name: sgd\n  lr: 0.5\n"
 		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
 		 "limits:\n  request_timeout_ms: 5000\n"
-		 "log:\n  level: error\n", port[0], port[1], dir);
+		 "log:\n  level: error\n%s", port[0], port[1], dir, extra);
 	path[0] = 0;
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
 	srv[0] = tu_start_server(path, 0);
 	srv[1] = tu_start_server(path, 1);
+}
+
+static void start(void)
+{
+	start_with("");
 }
 
 static void stop(void)
@@ -328,7 +334,8 @@ START_TEST(test_groups_train_and_restart)
 END_TEST
 
 /* A raw Declare of one tensor "a"[4] with the given groups and group_of,
- * to shard k: the shard's answer. */
+ * to shard k, as rank 0's with values (but no payload: every check before
+ * the payload's length refuses first): the shard's answer. */
 static int raw_declare(struct ps_client *c, int k, Ps__OptimGroup **gs, size_t ng,
 		       uint32_t *gof, size_t ngof)
 {
@@ -348,6 +355,7 @@ static int raw_declare(struct ps_client *c, int k, Ps__OptimGroup **gs, size_t n
 	m.ndims = nd;
 	m.n_dims = 1;
 	m.dims = dims;
+	m.values = 1;
 	m.n_groups = ng;
 	m.groups = gs;
 	m.n_group_of = ngof;
@@ -462,6 +470,61 @@ START_TEST(test_groups_refused)
 }
 END_TEST
 
+/* compression.tensors of a config without a model apply by declared name,
+ * on the client and on the shards alike; an entry that names no declared
+ * tensor refuses the declaration (the client's, and a peer's at the shard). */
+START_TEST(test_declared_codec_overrides)
+{
+	struct model m0, m1, *ms[2] = { &m0, &m1 };
+	struct ps_client *cs[2], *c;
+	struct ps_shard_stats st;
+	const char *e;
+	int rc;
+
+	start_with("compression:\n  tensors:\n    - {name: adam, codec: fp16}\n");
+	c = connect_retry(0);
+	/* the client: "adam" missing from the list */
+	model_init(&m0, 1.0f);
+	m0.p[2].name = "adam2";
+	ck_assert_int_eq(ps_client_declare_groups(c, m0.p, NT, groups, NT, group_of), PS_ECONFIG);
+	e = ps_client_error(c);
+	ck_assert_msg(strstr(e, path) && strstr(e, "compression.tensors[0] names 'adam', which is "
+						   "not a declared tensor"), "%s", e);
+	/* a peer's Declare of "a" alone: the shard refuses it the same way */
+	Ps__OptimGroup g0 = PS__OPTIM_GROUP__INIT, *gp[1] = { &g0 };
+	static char sgd[] = "sgd";
+	uint32_t zero = 0;
+	g0.kind = sgd;
+	g0.lr = 0.1f;
+	ps_client_free(c);
+	c = connect_retry(0);
+	for (int k = 0; k < 2; k++) {
+		rc = raw_declare(c, k, gp, 1, &zero, 1);
+		e = ps_client_error(c);
+		ck_assert_msg(rc == PS_ECONFIG && strstr(e, "compression.tensors[0] names 'adam'"),
+			      "shard %d: %d %s", k, rc, e);
+	}
+	ps_client_free(c);
+	/* the honest declaration: "adam" is pushed as fp16, the rest raw, and
+	 * the shards take both */
+	cs[0] = connect_retry(0);
+	cs[1] = connect_retry(1);
+	declare_both(cs, ms);
+	ck_assert_int_eq(ps_client_config(cs[0])->tensors[2].codec, PS_CODEC_FP16);
+	ck_assert_int_eq(ps_client_config(cs[0])->tensors[0].codec, PS_CODEC_NONE);
+	step(cs, ms, 0);
+	uint64_t raw16 = 0;
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(cs[0], k, &st), 0);
+		raw16 += st.push_raw_bytes[PS_CODEC_FP16];
+	}
+	ck_assert_uint_eq(raw16, 2 * 10 * sizeof(float)); /* both ranks' adam[10] */
+	ps_client_free(cs[0]);
+	ps_client_free(cs[1]);
+	stop();
+}
+END_TEST
+
 /* Async mode: a reduce group is refused (no clock to combine), by the
  * client and by the shard. */
 START_TEST(test_groups_reduce_async)
@@ -517,6 +580,7 @@ int main(void)
 	TU_ADD(tc, test_groups_train_and_restart);
 	TU_ADD(tc, test_groups_refused);
 	TU_ADD(tc, test_groups_reduce_async);
+	TU_ADD(tc, test_declared_codec_overrides);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();
