@@ -473,7 +473,8 @@ static void reduce_apply(const struct ps_optim_cfg *cfg, float *restrict w,
 	(void)cfg;
 	(void)state;
 	(void)step;
-	memcpy(w, g, n * sizeof(float));
+	if (n)
+		memcpy(w, g, n * sizeof(float));
 }
 
 static int reduce_finite_after(const struct ps_optim_cfg *cfg, const float *w, const float *g,
