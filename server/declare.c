@@ -371,11 +371,6 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 		rc = parse_groups(s, m, list, groups, &ngroups, why, sizeof(why));
 	if (rc)
 		goto refuse;
-	if (ngroups && s->cfg->replicas > 1) {
-		rc = PS_ECONFIG;
-		snprintf(why, sizeof(why), "optimizer groups need cluster.replicas 1");
-		goto refuse;
-	}
 	if (s->cfg->ntensors) {
 		/* declared before (or restored from the checkpoint): the
 		 * values of a re-declaring rank 0 are not used */
