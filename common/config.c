@@ -622,6 +622,8 @@ static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *ro
  * layers, the shapes are checked and the parameter tensors derived from
  * them, so servers and workers agree on the tensors by construction:
  * weights uniform in +-sqrt(6 / fan_in) (He/Kaiming for ReLU nets), biases 0. */
+static int keep_overrides(struct ctx *c, struct ps_config *cfg);
+
 static int resolve_model(struct ctx *c, struct ps_config *cfg, const struct ynode *root,
 			 const struct ynode **seen)
 {
@@ -653,12 +655,7 @@ static int resolve_model(struct ctx *c, struct ps_config *cfg, const struct ynod
 					"a config without a model (tensors declared by the workers) "
 					"cannot have replicas yet; give 'model.preset', 'model.layers' "
 					"or 'model.tensors', or set cluster.replicas: 0");
-		if (c->novr)
-			return cfg_fail(c, c->ovr[0].name_at->line, "key 'compression.tensors': "
-					"needs a model in the config (tensors declared by the workers "
-					"take compression.codec); give 'model.preset', 'model.layers' "
-					"or 'model.tensors'");
-		return 0;
+		return keep_overrides(c, cfg);
 	}
 	if (pre && lay)
 		return cfg_fail(c, lay->line, "key 'model.layers': give either 'model.preset' "
@@ -715,6 +712,60 @@ out:
 	return rc;
 }
 
+/* A config without a model: its compression.tensors entries are kept in
+ * cfg->decl_ovr and applied by name to the tensors the workers declare
+ * (ps_config_declared_codecs); what can be checked without the tensors
+ * (a ratio for a codec other than topk) is checked here. */
+static int keep_overrides(struct ctx *c, struct ps_config *cfg)
+{
+	if (c->novr > PS_MAX_DECL_OVERRIDES)
+		return cfg_fail(c, c->ovr[PS_MAX_DECL_OVERRIDES].name_at->line, "key "
+				"'compression.tensors': at most %d entries in a config without a "
+				"model", PS_MAX_DECL_OVERRIDES);
+	for (size_t k = 0; k < c->novr; k++) {
+		const struct cfg_override *e = &c->ovr[k];
+		struct ps_decl_override *d = &cfg->decl_ovr[k];
+		int codec = e->codec_at ? e->codec : cfg->compress.codec;
+
+		if (e->ratio_at && codec != PS_CODEC_TOPK)
+			return cfg_fail(c, e->ratio_at->line, "key 'compression.tensors[%zu].ratio': "
+					"only topk uses a ratio (this tensor's codec is %s%s)", k,
+					cfg_codec_names[codec], e->codec_at ? "" : ", from compression.codec");
+		memset(d, 0, sizeof(*d));
+		memcpy(d->name, e->name, sizeof(d->name));
+		d->has_codec = e->codec_at != NULL;
+		d->codec = e->codec;
+		d->has_ratio = e->ratio_at != NULL;
+		d->ratio = e->ratio;
+	}
+	cfg->ndecl_ovr = (int)c->novr;
+	return 0;
+}
+
+int ps_config_declared_codecs(struct ps_config *cfg, char *why, size_t wl)
+{
+	const struct ps_compress_cfg *cc = &cfg->compress;
+
+	for (int i = 0; i < cfg->ntensors; i++) {
+		cfg->tensors[i].codec = cc->codec;
+		cfg->tensors[i].ratio = cc->ratio;
+	}
+	for (int k = 0; k < cfg->ndecl_ovr; k++) {
+		const struct ps_decl_override *d = &cfg->decl_ovr[k];
+		int t = ps_config_find_tensor(cfg, d->name);
+
+		if (t < 0) {
+			snprintf(why, wl, "%s: compression.tensors[%d] names '%s', which is not a "
+				 "declared tensor", cfg->path, k, d->name);
+			return PS_ECONFIG;
+		}
+		cfg->tensors[t].codec = d->has_codec ? d->codec : cc->codec;
+		if (d->has_ratio)
+			cfg->tensors[t].ratio = d->ratio;
+	}
+	return 0;
+}
+
 /* Refuses compression.tensors entry k, which names no tensor of the model:
  * suggests the closest name, or lists the first ones when none is close. */
 static int unknown_tensor(struct ctx *c, const struct ps_config *cfg, size_t k)
@@ -750,6 +801,8 @@ static int resolve_compression(struct ctx *c, struct ps_config *cfg)
 {
 	const struct ps_compress_cfg *cc = &cfg->compress;
 
+	if (cfg->declare)
+		return 0; /* kept by keep_overrides for the declared names */
 	for (int i = 0; i < cfg->ntensors; i++) {
 		cfg->tensors[i].codec = cc->codec;
 		cfg->tensors[i].ratio = cc->ratio;

@@ -32,6 +32,17 @@ enum ps_optim_kind { PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_ADAGRAD, P
 		     PS_OPT_REDUCE, PS_OPT_COUNT };
 /* Optimizer groups of declared tensors (ps_client_declare_groups). */
 #define PS_MAX_GROUPS 64
+/* compression.tensors entries a config without a model may hold. */
+#define PS_MAX_DECL_OVERRIDES 256
+
+/* A compression.tensors entry of a config without a model, applied by name
+ * once the tensors are declared (ps_config_declared_codecs). */
+struct ps_decl_override {
+	char name[PS_NAME_MAX];
+	int has_codec, has_ratio;
+	int codec;                /* enum ps_codec_kind, when has_codec */
+	float ratio;              /* when has_ratio */
+};
 /* How a tensor's initial values are derived from (seed, tensor, element):
  * zeros; const (value); uniform in [-scale, scale]; normal with std scale;
  * arange (element index mod 1024, exact integers: for tests). */
@@ -206,6 +217,9 @@ struct ps_config {
 	 * 0: every tensor is updated by optim. */
 	int ngroups;
 	struct ps_optim_cfg groups[PS_MAX_GROUPS];
+	/* A config without a model: its compression.tensors entries. */
+	int ndecl_ovr;
+	struct ps_decl_override decl_ovr[PS_MAX_DECL_OVERRIDES];
 	struct ps_limits limits;
 	struct ps_stats_cfg stats;
 	struct ps_checkpoint_cfg checkpoint;
@@ -226,6 +240,12 @@ static inline const struct ps_endpoint *ps_config_replica_addr(const struct ps_c
 {
 	return r ? &cfg->backups[k] : &cfg->shards[k];
 }
+
+/* Declared tensors (cfg->tensors, ntensors): sets every tensor's push
+ * codec and ratio from compression.codec / .ratio and the
+ * compression.tensors entries naming it (cfg->decl_ovr). 0, or PS_ECONFIG
+ * with the entry that names no declared tensor (and the file) in why. */
+int ps_config_declared_codecs(struct ps_config *cfg, char *why, size_t wl);
 
 /* Fills cfg with every default (no shards, no tensors). */
 void ps_config_defaults(struct ps_config *cfg);

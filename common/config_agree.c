@@ -27,7 +27,7 @@
 #include "ps_log.h"
 
 static const char *const consistency_names[] = { "sync", "async" };
-static const char *const optim_names[] = { "sgd", "momentum", "adam", "adagrad" };
+static const char *const optim_names[] = { "sgd", "momentum", "adam", "adagrad", "adamw" };
 static const char *const row_optim_names[] = { "sgd", "adagrad", "rowwise_adagrad", "adam",
 					       "ftrl" };
 
@@ -66,10 +66,16 @@ size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len)
 	    "optimizer.weight_decay=%.9g\noptimizer.initial_accumulator=%.9g\n",
 	    cfg->nworkers, cfg->replicas,
 	    name_of(consistency_names, 2, (int)cfg->consistency), cfg->staleness,
-	    cfg->limits.max_clock_ahead, name_of(optim_names, 4, (int)o->kind), (double)o->lr,
+	    cfg->limits.max_clock_ahead, name_of(optim_names, 5, (int)o->kind), (double)o->lr,
 	    (double)o->momentum, o->nesterov ? "true" : "false", (double)o->beta1,
 	    (double)o->beta2, (double)o->eps, (double)o->weight_decay,
 	    (double)o->initial_accumulator);
+	/* newer keys only when set, so a config without them agrees with a
+	 * peer built before they existed */
+	if (o->dampening != 0.0f)
+		put(buf, len, &at, "optimizer.dampening=%.9g\n", (double)o->dampening);
+	if (o->average)
+		put(buf, len, &at, "optimizer.average=true\n");
 	if (cfg->ntables) {
 		/* a Hello is at most PS_WIRE_HANDSHAKE_MAX bytes: the tables'
 		 * settings travel as one digest of their lines */

@@ -109,7 +109,19 @@ static void dump_overrides(const struct ps_config *cfg, FILE *out)
 	char buf[32];
 	int n = 0;
 
-	for (int i = 0; i < cfg->ntensors; i++) {
+	/* a config without a model: its entries, applied once declared */
+	for (int k = 0; cfg->declare && k < cfg->ndecl_ovr; k++) {
+		const struct ps_decl_override *d = &cfg->decl_ovr[k];
+
+		fprintf(out, "%s    - {name: ", n++ ? "" : "\n");
+		yaml_str(out, d->name);
+		if (d->has_codec)
+			fprintf(out, ", codec: %s", cfg_codec_names[d->codec]);
+		if (d->has_ratio)
+			fprintf(out, ", ratio: %s", cfg_fmt_float(d->ratio, buf, sizeof(buf)));
+		fputs("}\n", out);
+	}
+	for (int i = 0; !cfg->declare && i < cfg->ntensors; i++) {
 		const struct ps_tensor_cfg *t = &cfg->tensors[i];
 		int ratio = t->codec == PS_CODEC_TOPK && t->ratio != cc->ratio;
 

@@ -51,20 +51,20 @@ suites_for() {
     server/store.c)            echo check_store it_cluster ;;
     server/optimizer.c)        echo check_optimizer check_store ;;
     server/dedup.c)            echo check_dedup it_cluster ;;
-    server/checkpoint.c)       echo it_checkpoint ;;
+    server/checkpoint.c)       echo it_checkpoint it_groups ;;
     server/handshake.c)        echo it_hostile ;;
     server/push.c)             echo it_hostile it_cluster ;;
     server/pull.c)             echo it_cluster it_hostile ;;
     server/conn.c)             echo it_hostile it_cluster ;;
     server/admin.c)            echo it_stat it_checkpoint it_hostile ;;   # it_hostile reads the queue figures
     server/metrics_http.c)     echo it_stat ;;
-    server/declare.c)          echo it_declare ;;
+    server/declare.c)          echo it_declare it_groups ;;
     server/*)                  echo it_cluster it_checkpoint it_hostile ;;
-    worker/client/ps_client_declare.c) echo it_declare ;;
+    worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
     worker/client/ps_client*)         echo it_fake_shard it_cluster it_checkpoint it_hostile ;;
     common/config_agree.c)     echo it_agree ;;
-    common/optim_group.c)      echo it_declare ;;
+    common/optim_group.c)      echo it_groups ;;
     common/version.c)          echo it_docs.sh ;;        # every program's --version
     worker/worker_cmd.c)       echo it_launch.sh ;;      # ps-worker --exec under ps-cluster.sh
     common/transport_rdma.c)   echo check_rdma check_transport ;;

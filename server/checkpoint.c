@@ -7,6 +7,13 @@
  * order, a struct ckpt_slot followed by count floats of weights and nstate
  * times count floats of optimizer state, then nworkers uint64 finished
  * clocks, then a uint32 CRC-32 (zlib) of every byte before it.
+ *
+ * Version 2 (magic PSCKPT02 / PSDELTA2), written when the declared tensors
+ * have optimizer groups (ps_client_declare_groups): each ckpt_decl holds
+ * its tensor's group, the list is followed by a struct ckpt_groups and
+ * ngroups struct ckpt_group, and each slice's state is the nstate arrays
+ * of its own group's rule. Version 1 files (no groups) are written and
+ * read as before.
  */
 #define _GNU_SOURCE /* mkostemp */
 #include <errno.h>
@@ -22,6 +29,7 @@
 #include <zlib.h>
 #include "checkpoint.h"
 #include "ps_err.h"
+#include "optim_group.h"
 #include "ps_log.h"
 #include "server.h"
 #include "server_int.h"
@@ -30,6 +38,8 @@
 
 #define CKPT_MAGIC "PSCKPT01"
 #define CKPT_DELTA "PSDELTA1"
+#define CKPT_MAGIC2 "PSCKPT02"
+#define CKPT_DELTA2 "PSDELTA2"
 #define CKPT_ENDIAN 0x01020304u
 
 struct ckpt_hdr {
@@ -48,8 +58,21 @@ struct ckpt_hdr {
 struct ckpt_decl {
 	char name[PS_NAME_MAX];
 	int32_t ndims;
-	int32_t reserved;
+	int32_t group;              /* version 2: its optimizer group; else 0 */
 	int64_t dims[PS_MAX_DIMS];
+};
+
+/* Version 2: the optimizer groups, after the declared list. */
+struct ckpt_groups {
+	uint32_t ngroups;
+	uint32_t reserved;
+};
+
+struct ckpt_group {
+	uint32_t kind;              /* enum ps_optim_kind */
+	uint32_t nesterov, average, reserved;
+	float lr, momentum, dampening, beta1, beta2, eps, weight_decay, lr_decay;
+	float initial_accumulator, pad;
 };
 
 struct ckpt_slot {
@@ -68,7 +91,7 @@ void ps_checkpoint_path(const char *dir, int shard, char *buf, size_t len)
 static void fill_hdr(const struct ps_server *s, struct ckpt_hdr *h)
 {
 	memset(h, 0, sizeof(*h));
-	memcpy(h->magic, CKPT_MAGIC, 8);
+	memcpy(h->magic, s->cfg->ngroups ? CKPT_MAGIC2 : CKPT_MAGIC, 8);
 	h->endian = CKPT_ENDIAN;
 	h->shard = s->shard;
 	h->map_hash = s->map.hash;
@@ -80,10 +103,14 @@ static void fill_hdr(const struct ps_server *s, struct ckpt_hdr *h)
 	h->ndeclared = s->cfg->declare ? (uint32_t)s->cfg->ntensors : 0;
 }
 
-/* Bytes of the declared tensors' list. */
+/* Bytes of the declared tensors' list (and of their groups). */
 static size_t decl_size(const struct ps_server *s)
 {
-	return s->cfg->declare ? (size_t)s->cfg->ntensors * sizeof(struct ckpt_decl) : 0;
+	if (!s->cfg->declare)
+		return 0;
+	return (size_t)s->cfg->ntensors * sizeof(struct ckpt_decl) +
+	       (s->cfg->ngroups ? sizeof(struct ckpt_groups) +
+				  (size_t)s->cfg->ngroups * sizeof(struct ckpt_group) : 0);
 }
 
 /* Fault injection for the crash tests (tests/it_checkpoint.c, it_rows.c):
@@ -112,7 +139,7 @@ static size_t image_size(const struct ps_server *s)
 
 	for (int k = 0; k < s->store.nslots; k++)
 		n += sizeof(struct ckpt_slot) + (size_t)s->store.slots[k].slice->count *
-			sizeof(float) * (size_t)(1 + s->store.opt->nstate);
+			sizeof(float) * (size_t)(1 + s->store.slots[k].opt->nstate);
 	return n;
 }
 
@@ -142,8 +169,26 @@ static int snapshot_dense(const struct ps_server *s, struct ps_ckpt_image *img, 
 		memset(&d, 0, sizeof(d));
 		memcpy(d.name, t->name, sizeof(d.name));
 		d.ndims = t->ndims;
+		d.group = s->cfg->ngroups ? t->group : 0;
 		memcpy(d.dims, t->dims, sizeof(d.dims));
 		memcpy(b + pos, &d, sizeof(d));
+	}
+	if (h.ndeclared && s->cfg->ngroups) {
+		struct ckpt_groups gh = { .ngroups = (uint32_t)s->cfg->ngroups };
+
+		memcpy(b + pos, &gh, sizeof(gh));
+		pos += sizeof(gh);
+		for (int g = 0; g < s->cfg->ngroups; g++, pos += sizeof(struct ckpt_group)) {
+			const struct ps_optim_cfg *o = &s->cfg->groups[g];
+			struct ckpt_group cg = {
+				.kind = (uint32_t)o->kind, .nesterov = (uint32_t)o->nesterov,
+				.average = (uint32_t)o->average, .lr = o->lr, .momentum = o->momentum,
+				.dampening = o->dampening, .beta1 = o->beta1, .beta2 = o->beta2,
+				.eps = o->eps, .weight_decay = o->weight_decay, .lr_decay = o->lr_decay,
+				.initial_accumulator = o->initial_accumulator,
+			};
+			memcpy(b + pos, &cg, sizeof(cg));
+		}
 	}
 	for (int k = 0; k < s->store.nslots; k++) {
 		const struct ps_slot *sl = &s->store.slots[k];
@@ -154,7 +199,7 @@ static int snapshot_dense(const struct ps_server *s, struct ps_ckpt_image *img, 
 		pos += sizeof(cs);
 		memcpy(b + pos, sl->w, n);
 		pos += n;
-		for (int j = 0; j < s->store.opt->nstate; j++, pos += n)
+		for (int j = 0; j < sl->opt->nstate; j++, pos += n)
 			memcpy(b + pos, sl->state[j], n);
 	}
 	memcpy(b + pos, s->finished, (size_t)s->cfg->nworkers * sizeof(uint64_t));
@@ -195,7 +240,7 @@ int ps_checkpoint_snapshot_delta(const struct ps_server *s, uint32_t seq,
 	if (rc)
 		return rc;
 	memcpy(&h, img->buf, sizeof(h));
-	memcpy(h.magic, CKPT_DELTA, 8);
+	memcpy(h.magic, s->cfg->ngroups ? CKPT_DELTA2 : CKPT_DELTA, 8);
 	memcpy(img->buf, &h, sizeof(h));
 	ps__rows_delta_snapshot(s, img->buf + dense, seq, s->ckpt_base_crc, s->ckpt_base_len);
 	return 0;
@@ -371,15 +416,70 @@ static int read_at(int fd, void *p, size_t n, uint64_t off)
 
 #define FAIL(code, ...) do { snprintf(err, errlen, __VA_ARGS__); rc = (code); goto out; } while (0)
 
+/* Version 2: the optimizer groups at pos (after the declared list), each
+ * checked as a worker's would be, and list's (n) group indices in range,
+ * into *groups (malloc'd) and *ngroups. */
+static int load_groups(struct ps_server *s, int fd, uint64_t pos, uint64_t len,
+		       const struct ps_tensor_cfg *list, uint32_t n, struct ps_optim_cfg **groups,
+		       int *ngroups, const char *path, char *err, size_t errlen)
+{
+	struct ckpt_groups gh;
+	struct ps_optim_cfg *gs = NULL;
+	char why[300];
+	int rc = 0;
+
+	if (read_at(fd, &gh, sizeof(gh), pos))
+		FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
+	pos += sizeof(gh);
+	if (gh.ngroups < 1 || gh.ngroups > PS_MAX_GROUPS ||
+	    len < pos + (uint64_t)gh.ngroups * sizeof(struct ckpt_group))
+		FAIL(PS_EPROTO, "%s: %u optimizer groups: expected 1..%d (damaged?)", path,
+		     gh.ngroups, PS_MAX_GROUPS);
+	gs = calloc(gh.ngroups, sizeof(*gs));
+	if (!gs)
+		FAIL(-ENOMEM, "%s: out of memory", path);
+	for (uint32_t g = 0; g < gh.ngroups; g++, pos += sizeof(struct ckpt_group)) {
+		struct ckpt_group cg;
+		struct ps_optim_cfg *o = &gs[g];
+
+		if (read_at(fd, &cg, sizeof(cg), pos))
+			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
+		*o = (struct ps_optim_cfg){
+			.kind = (enum ps_optim_kind)cg.kind, .nesterov = cg.nesterov != 0,
+			.average = cg.average != 0, .lr = cg.lr, .momentum = cg.momentum,
+			.dampening = cg.dampening, .beta1 = cg.beta1, .beta2 = cg.beta2, .eps = cg.eps,
+			.weight_decay = cg.weight_decay, .lr_decay = cg.lr_decay,
+			.initial_accumulator = cg.initial_accumulator,
+		};
+		if (cg.kind >= PS_OPT_COUNT || cg.nesterov > 1 || cg.average > 1 ||
+		    ps_optim_group_check((int)g, o, s->cfg->consistency == PS_ASYNC, why,
+					 sizeof(why)))
+			FAIL(PS_EPROTO, "%s: optimizer group %u is damaged or does not fit this "
+			     "config: %s", path, g, cg.kind >= PS_OPT_COUNT ? "unknown kind" : why);
+	}
+	for (uint32_t i = 0; i < n; i++)
+		if (list[i].group < 0 || (uint32_t)list[i].group >= gh.ngroups)
+			FAIL(PS_EPROTO, "%s: declared tensor '%s' has optimizer group %d of %u "
+			     "(damaged?)", path, list[i].name, list[i].group, gh.ngroups);
+	*groups = gs;
+	*ngroups = (int)gh.ngroups;
+	gs = NULL;
+out:
+	free(gs);
+	return rc;
+}
+
 /* The declared tensors of checkpoint h (h->ndeclared of them): checked
  * whole, then made the shard's tensors when it has none yet (at the start,
  * before any worker declared), else compared with them (an incremental
  * checkpoint after its full one). */
 static int load_declared(struct ps_server *s, int fd, const struct ckpt_hdr *h, uint64_t len,
-			 const char *path, char *err, size_t errlen)
+			 int version, const char *path, char *err, size_t errlen)
 {
 	struct ps_tensor_cfg *list = NULL;
+	struct ps_optim_cfg *groups = NULL;
 	uint32_t n = h->ndeclared;
+	int ngroups = 0;
 	char why[300];
 	int rc = 0;
 
@@ -412,22 +512,36 @@ static int load_declared(struct ps_server *s, int fd, const struct ckpt_hdr *h, 
 			t->dims[j] = d.dims[j];
 			t->count *= d.dims[j];
 		}
+		t->group = d.group;
+	}
+	if (version == 2) {
+		rc = load_groups(s, fd, sizeof(*h) + (uint64_t)n * sizeof(struct ckpt_decl), len,
+				 list, n, &groups, &ngroups, path, err, errlen);
+		if (rc)
+			goto out;
 	}
 	if (!s->cfg->ntensors) {
-		if (n && (rc = ps__srv_declare_adopt(s, list, (int)n, NULL, 0, NULL, 0, why, sizeof(why))))
+		if (n && (rc = ps__srv_declare_adopt(s, list, (int)n, groups, ngroups, NULL, 0, why,
+						     sizeof(why))))
 			FAIL(rc, "%s: its declared tensors: %s", path, why);
 	} else {
-		int same = (int)n == s->cfg->ntensors;
+		int same = (int)n == s->cfg->ntensors && ngroups == s->cfg->ngroups;
 		for (uint32_t i = 0; same && i < n; i++)
 			same = !strcmp(list[i].name, s->cfg->tensors[i].name) &&
 			       list[i].ndims == s->cfg->tensors[i].ndims &&
 			       !memcmp(list[i].dims, s->cfg->tensors[i].dims,
-				       sizeof(list[i].dims[0]) * (size_t)list[i].ndims);
+				       sizeof(list[i].dims[0]) * (size_t)list[i].ndims) &&
+			       (!ngroups || list[i].group == s->cfg->tensors[i].group);
+		for (int g = 0; same && g < ngroups; g++)
+			same = !ps_optim_group_diff(g, &s->cfg->groups[g], &groups[g], why,
+						    sizeof(why));
 		if (!same)
-			FAIL(PS_ECONFIG, "%s: declares other tensors than its full checkpoint", path);
+			FAIL(PS_ECONFIG, "%s: declares other tensors or optimizer groups than its "
+			     "full checkpoint", path);
 	}
 out:
 	free(list);
+	free(groups);
 	return rc;
 }
 
@@ -440,7 +554,7 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 	struct ckpt_hdr h, want;
 	struct stat st;
 	uint64_t len, pos, need, max_finished = 0, max_version = 0, *fin = NULL;
-	int nstate = s->store.opt->nstate, nw = s->cfg->nworkers, rc = 0, fd;
+	int nw = s->cfg->nworkers, rc = 0, fd, version;
 	uint8_t *chunk = NULL;
 	uLong crc_run = crc32(0L, Z_NULL, 0);
 	uint32_t crc;
@@ -470,17 +584,25 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 		     len);
 	if (read_at(fd, &h, sizeof(h), 0))
 		FAIL(PS_EPROTO, "%s: cannot read its header: %s", path, strerror(errno));
-	if (memcmp(h.magic, delta ? CKPT_DELTA : CKPT_MAGIC, 8))
+	version = !memcmp(h.magic, delta ? CKPT_DELTA : CKPT_MAGIC, 8) ? 1 :
+		  !memcmp(h.magic, delta ? CKPT_DELTA2 : CKPT_MAGIC2, 8) ? 2 : 0;
+	if (!version)
 		FAIL(PS_EPROTO, "%s: not a ps-server %scheckpoint (bad magic)", path,
 		     delta ? "incremental " : "");
 	if (h.endian != CKPT_ENDIAN)
 		FAIL(PS_EPROTO, "%s: written on a machine of the other byte order", path);
+	if (version == 2 && (!h.ndeclared || !s->cfg->declare))
+		FAIL(PS_EPROTO, "%s: a version 2 checkpoint (optimizer groups) without declared "
+		     "tensors (damaged?), or the config names its model", path);
 	if (h.ndeclared || s->cfg->declare) {
-		rc = load_declared(s, fd, &h, len, path, err, errlen);
+		rc = load_declared(s, fd, &h, len, version, path, err, errlen);
 		if (rc)
 			goto out;
 	}
 	fill_hdr(s, &want);
+	if (version != (s->cfg->ngroups ? 2 : 1))
+		FAIL(PS_ECONFIG, "%s: a version %d checkpoint, this shard's tensors %s optimizer "
+		     "groups", path, version, s->cfg->ngroups ? "have" : "have no");
 	if (h.shard != want.shard)
 		FAIL(PS_ECONFIG, "%s: belongs to shard %d, this is shard %d", path, h.shard,
 		     want.shard);
@@ -544,7 +666,7 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 			     cs.steps);
 		if (cs.version > max_version)
 			max_version = cs.version;
-		pos += sizeof(cs) + cs.count * sizeof(float) * (uint64_t)(1 + nstate);
+		pos += sizeof(cs) + cs.count * sizeof(float) * (uint64_t)(1 + sl->opt->nstate);
 	}
 	if (read_at(fd, fin, (size_t)nw * sizeof(uint64_t), pos))
 		FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
@@ -590,7 +712,7 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 		if (read_at(fd, sl->w, n, pos))
 			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
 		pos += n;
-		for (int j = 0; j < nstate; j++, pos += n)
+		for (int j = 0; j < sl->opt->nstate; j++, pos += n)
 			if (read_at(fd, sl->state[j], n, pos))
 				FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
 		sl->version = cs.version;

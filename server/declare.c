@@ -260,10 +260,11 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 	cfg->ngroups = ngroups;
 	if (ngroups)
 		memcpy(cfg->groups, groups, sizeof(*groups) * (size_t)ngroups);
-	for (int i = 0; i < n; i++) {
-		cfg->tensors[i].codec = cfg->compress.codec;
-		cfg->tensors[i].ratio = cfg->compress.ratio;
-	}
+	/* every tensor's codec: compression.tensors by declared name, as the
+	 * client does */
+	rc = ps_config_declared_codecs(cfg, why, wl);
+	if (rc)
+		goto err_free_cfg;
 	rc = ps_shardmap_init(&map, cfg);
 	if (rc) {
 		snprintf(why, wl, "cannot build the shard map: %s", ps_strerror(rc));
@@ -370,11 +371,6 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 		rc = parse_groups(s, m, list, groups, &ngroups, why, sizeof(why));
 	if (rc)
 		goto refuse;
-	if (ngroups && s->cfg->replicas > 1) {
-		rc = PS_ECONFIG;
-		snprintf(why, sizeof(why), "optimizer groups need cluster.replicas 1");
-		goto refuse;
-	}
 	if (s->cfg->ntensors) {
 		/* declared before (or restored from the checkpoint): the
 		 * values of a re-declaring rank 0 are not used */

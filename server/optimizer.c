@@ -104,7 +104,7 @@ static inline int nonfinite(float x)
 	return (u & 0x7f800000u) == 0x7f800000u;
 }
 
-double ps_optim_exact(float x)
+double ps_optimizer_exact(float x)
 {
 	/* a few recent answers: every apply() of adam asks for both betas */
 	static __thread uint32_t in[4];
@@ -216,7 +216,7 @@ KERNEL int momentum_kernel(float *restrict w, const float *restrict g,
 /* The gradient's factor in the velocity at this step (see above). */
 static float momentum_omd(const struct ps_optim_cfg *cfg, uint64_t step)
 {
-	return step == 0 ? 1.0f : (float)(1.0 - ps_optim_exact(cfg->dampening));
+	return step == 0 ? 1.0f : (float)(1.0 - ps_optimizer_exact(cfg->dampening));
 }
 
 AVX2_CLONES static void momentum_apply(const struct ps_optim_cfg *cfg, float *restrict w,
@@ -259,7 +259,7 @@ AVX2_CLONES static int momentum_finite_after(const struct ps_optim_cfg *cfg, con
  *      bc2 = 1-b2^t, t = step + 1 ----
  * In PyTorch's order of operations (_single_tensor_adam): the bias
  * corrections are per call, computed once in double from the
- * hyperparameters as the user wrote them (ps_optim_exact) and folded into
+ * hyperparameters as the user wrote them (ps_optimizer_exact) and folded into
  * two scalars, a = lr/bc1 and c = sqrt(bc2):
  *   w += ((-a) * m) / (sqrt(v) / c + eps)   (addcdiv)
  *   v = b2*v + ((1-b2)*g')*g'              (addcmul).
@@ -331,7 +331,7 @@ static struct adam_k adam_consts(const struct ps_optim_cfg *cfg, uint64_t step)
 {
 	/* t = step + 1 >= 1, so both corrections are > 0 for betas in [0, 1). */
 	double t = (double)step + 1.0;
-	double b1 = ps_optim_exact(cfg->beta1), b2 = ps_optim_exact(cfg->beta2);
+	double b1 = ps_optimizer_exact(cfg->beta1), b2 = ps_optimizer_exact(cfg->beta2);
 	double bc1 = 1.0 - pow(b1, t);
 	double bc2 = 1.0 - pow(b2, t);
 	struct adam_k k = {
@@ -344,7 +344,7 @@ static struct adam_k adam_consts(const struct ps_optim_cfg *cfg, uint64_t step)
 	};
 
 	if (cfg->kind == PS_OPT_ADAMW)
-		k.wd = (float)(1.0 - (double)cfg->lr * ps_optim_exact(cfg->weight_decay));
+		k.wd = (float)(1.0 - (double)cfg->lr * ps_optimizer_exact(cfg->weight_decay));
 	return k;
 }
 
@@ -428,7 +428,7 @@ static float adagrad_clr(const struct ps_optim_cfg *cfg, uint64_t step)
 	if (cfg->lr_decay == 0.0f)
 		return cfg->lr;
 	return (float)((double)cfg->lr /
-		       (1.0 + (double)step * ps_optim_exact(cfg->lr_decay)));
+		       (1.0 + (double)step * ps_optimizer_exact(cfg->lr_decay)));
 }
 
 static void adagrad_apply(const struct ps_optim_cfg *cfg, float *restrict w,
@@ -473,7 +473,8 @@ static void reduce_apply(const struct ps_optim_cfg *cfg, float *restrict w,
 	(void)cfg;
 	(void)state;
 	(void)step;
-	memcpy(w, g, n * sizeof(float));
+	if (n)
+		memcpy(w, g, n * sizeof(float));
 }
 
 static int reduce_finite_after(const struct ps_optim_cfg *cfg, const float *w, const float *g,

@@ -52,6 +52,6 @@ int ps_optimizer_finite_after(const struct ps_optimizer_ops *op, const struct ps
  * 1 - beta and the bias corrections from the Python double; computing them
  * from this instead of (double)x keeps the shard within float rounding of
  * it (1 - 0.999f is 1.3e-5 away from 1 - 0.999 in relative terms). */
-double ps_optim_exact(float x);
+double ps_optimizer_exact(float x);
 
 #endif

@@ -511,6 +511,39 @@ START_TEST(test_compression)
 	ck_assert_float_eq(cfg.tensors[t].ratio, 0.5f);
 	roundtrip();
 
+	/* a config without a model keeps its entries for the declared names
+	 * (ps_config_declared_codecs; the dump loads back the same); an entry
+	 * that names no declared tensor refuses the declaration */
+	ck_assert_msg(load(CL("[127.0.0.1:7000]", "1") "compression:\n  codec: q8\n  tensors:\n"
+			   "    - {name: w, codec: topk, ratio: 0.25}\n    - {name: b, codec: none}\n")
+		      == 0, "%s", err);
+	ck_assert_int_eq(cfg.declare, 1);
+	ck_assert_int_eq(cfg.ndecl_ovr, 2);
+	text = dump_text();
+	ck_assert_msg(strstr(text, "  tensors:\n    - {name: \"w\", codec: topk, ratio: 0.25}\n"
+			     "    - {name: \"b\", codec: none}\n"), "%s", text);
+	free(text);
+	roundtrip();
+	{
+		char why[300];
+		static const char *const dn[] = { "x", "w", "b" };
+
+		cfg.ntensors = 3;
+		for (int i = 0; i < 3; i++) {
+			memset(&cfg.tensors[i], 0, sizeof(cfg.tensors[i]));
+			strcpy(cfg.tensors[i].name, dn[i]);
+		}
+		ck_assert_int_eq(ps_config_declared_codecs(&cfg, why, sizeof(why)), 0);
+		ck_assert_int_eq(cfg.tensors[0].codec, PS_CODEC_Q8);
+		ck_assert_int_eq(cfg.tensors[1].codec, PS_CODEC_TOPK);
+		ck_assert_float_eq(cfg.tensors[1].ratio, 0.25f);
+		ck_assert_int_eq(cfg.tensors[2].codec, PS_CODEC_NONE);
+		strcpy(cfg.tensors[2].name, "bias");
+		ck_assert_int_eq(ps_config_declared_codecs(&cfg, why, sizeof(why)), PS_ECONFIG);
+		ck_assert_msg(strstr(why, "t.yaml: compression.tensors[1] names 'b', which is not a "
+				     "declared tensor"), "%s", why);
+	}
+
 	/* no entries: the dump says so, and an empty list loads */
 	ck_assert_msg(load(BASE "compression: {tensors: []}\n") == 0, "%s", err);
 	ck_assert_int_eq(cfg.tensors[0].codec, PS_CODEC_NONE);
@@ -709,7 +742,7 @@ static const struct ecase ecases[] = {
 	  { "t.yaml:8: key 'consistency.mode': expected one of sync, async, got 'eventual'" } },
 	{ "bad optimizer", BASE "optimizer:\n  name: rmsprop\n",
 	  { "t.yaml:8: key 'optimizer.name': expected one of sgd, momentum, adam, adagrad, "
-	    "got 'rmsprop'" } },
+	    "adamw, got 'rmsprop'" } },
 	{ "bad log level", BASE "log:\n  level: verbose\n",
 	  { "t.yaml:8: key 'log.level': expected one of debug, info, warn, error, off, "
 	    "got 'verbose'" } },
@@ -869,14 +902,15 @@ static const struct ecase ecases[] = {
 	{ "missing cluster", "seed: 1\n" MODEL(T1),
 	  { "t.yaml:1: missing required key 'cluster.servers'" } },
 	/* no model: the workers declare it (ps_client_declare), which replicas
-	 * and per-tensor codecs cannot follow yet */
+	 * cannot follow yet; per-tensor codecs are kept for the declared names,
+	 * and what needs no tensor is checked at once */
 	{ "no model with replicas", "cluster:\n  servers: [a:1]\n  workers: 1\n  replicas: 1\n"
 	  "  backups: [b:1]\n",
 	  { "t.yaml:4: key 'cluster.replicas': a config without a model (tensors declared by the "
 	    "workers) cannot have replicas yet" } },
-	{ "no model with codec overrides", CL("[a:1]", "1") "compression:\n  tensors:\n"
-	  "    - {name: w, codec: fp16}\n",
-	  { "t.yaml:6: key 'compression.tensors': needs a model in the config" } },
+	{ "no model with a codec override's stray ratio", CL("[a:1]", "1") "compression:\n  tensors:\n"
+	  "    - {name: w, codec: fp16, ratio: 0.5}\n",
+	  { "t.yaml:6: key 'compression.tensors[0].ratio': only topk uses a ratio" } },
 	/* checks across options */
 	{ "slice not multiple of 4", BASE "slice_bytes: 1001\n",
 	  { "t.yaml:7: key 'slice_bytes': expected a multiple of 4, got '1001'" } },

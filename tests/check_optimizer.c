@@ -289,7 +289,7 @@ START_TEST(test_adam_bias_correction)
 	 * Far later (step 99999, t 1e5) both corrections are 1, so from zero
 	 * state the move is lr * (1-b1) g / sqrt((1-b2) g^2). With betas exact
 	 * in binary and in short decimals (the shard takes 1 - beta from the
-	 * decimal the user wrote, ps_optim_exact), b1 = 0.875, b2 = 0.9375
+	 * decimal the user wrote, ps_optimizer_exact), b1 = 0.875, b2 = 0.9375
 	 * (b2^1e5 ~ e^-6454), that is lr * 0.125/sqrt(0.0625) = 0.5 lr * sign(g).
 	 * Here sqrt(vhat) = |g|/4 >= 0.005, so eps is 1e-10 to stay below
 	 * 1e-6 of it. */

@@ -351,6 +351,130 @@ START_TEST(test_ssp_applies_on_arrival)
 }
 END_TEST
 
+/* Offers g (200 floats) with the learning rate lr, as a push of a client
+ * that declared optimizer groups: ps_store_offer_grad's result. */
+static int offer_lr(struct ps_store *st, struct ps_slot *s, int rank, uint64_t clock,
+		    const float *g, float lr)
+{
+	struct ps_frame_ref *fr = make_frame(g, 200);
+	struct ps_grad gr = { fr->frame->payload, 200 * sizeof(float), 0, 0, 1, lr };
+	char err[200];
+	int rc = ps_store_check(st, s, &gr, err, sizeof(err));
+
+	ck_assert_msg(rc == 0, "%s", err);
+	rc = ps_store_offer_grad(st, s, rank, clock, &gr, fr);
+	ps_frame_ref_put(fr);
+	return rc;
+}
+
+/* optimizer.average: sync applies the sum over the ranks that pushed the
+ * clock (3, then 2 when rank 2 has ended the clock without pushing), with
+ * the learning rate of the lowest of them (pushed rates: rank 1's when rank
+ * 0 did not push); async scales each gradient by 1/nworkers and uses its
+ * own push's rate. Without average (the YAML default) the sum applies. */
+START_TEST(test_average_and_pushed_lr)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	float g[3][200];
+	uint64_t finished[3] = { 0, 0, 0 };
+	uint8_t live[3] = { 1, 1, 1 };
+
+	make_cfg(&cfg, 3, PS_SYNC);
+	cfg.tensors[0].init = PS_INIT_ZEROS;
+	cfg.optim.average = 1;
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	st.live = live;
+	st.finished = finished;
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	for (int r = 0; r < 3; r++)
+		for (int i = 0; i < 200; i++)
+			g[r][i] = (float)(r + 1) * 0.5f + (float)i; /* mean: 1 + i */
+	/* clock 0: all three; rates 0.25 (rank 0), others ignored */
+	ck_assert_int_eq(offer_lr(&st, s, 2, 0, g[2], 8.0f), 0);
+	ck_assert_int_eq(offer_lr(&st, s, 1, 0, g[1], 4.0f), 0);
+	ck_assert_int_eq(offer_lr(&st, s, 0, 0, g[0], 0.25f), 1);
+	for (int i = 0; i < 200; i++)
+		ck_assert_float_eq(s->w[i], -0.25f * (((g[0][i] + g[1][i]) + g[2][i]) / 3.0f));
+	/* clock 1: rank 0 ended it without pushing this slice, ranks 1 and 2
+	 * push: their mean, rank 1's rate */
+	float w1[200];
+	memcpy(w1, s->w, sizeof(w1));
+	finished[0] = 2;
+	ck_assert_int_eq(offer_lr(&st, s, 2, 1, g[2], 8.0f), 0);
+	ck_assert_int_eq(offer_lr(&st, s, 1, 1, g[1], 0.5f), 1);
+	for (int i = 0; i < 200; i++)
+		ck_assert_float_eq(s->w[i], w1[i] - 0.5f * ((g[1][i] + g[2][i]) / 2.0f));
+	ps_store_free(&st);
+
+	/* async: each push on its own, over cluster.workers, at its own rate */
+	cfg.consistency = PS_ASYNC;
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	s = ps_store_slot(&st, 0);
+	ck_assert_int_eq(offer_lr(&st, s, 1, 0, g[1], 0.5f), 1);
+	ck_assert_int_eq(offer_lr(&st, s, 0, 0, g[0], 2.0f), 1);
+	for (int i = 0; i < 200; i++)
+		ck_assert_float_eq(s->w[i], (0.0f - 0.5f * (g[1][i] / 3.0f)) - 2.0f * (g[0][i] / 3.0f));
+	ps_store_free(&st);
+
+	/* no average: the sum, at the config's rate (no rate pushed) */
+	cfg.consistency = PS_SYNC;
+	cfg.optim.average = 0;
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	s = ps_store_slot(&st, 0);
+	for (int r = 0; r < 3; r++)
+		ck_assert_int_eq(offer(&st, s, r, 0, g[r]), r == 2);
+	for (int i = 0; i < 200; i++)
+		ck_assert_float_eq(s->w[i], -0.1f * ((g[0][i] + g[1][i]) + g[2][i]));
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
+/* Declared optimizer groups: each slot takes its tensor's group's rule and
+ * state (adam's two arrays beside sgd's none), not the config's. */
+START_TEST(test_slots_take_their_group)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+
+	make_cfg(&cfg, 1, PS_SYNC);
+	cfg.ntensors = 2;
+	cfg.tensors[1] = cfg.tensors[0];
+	strcpy(cfg.tensors[1].name, "v");
+	cfg.ngroups = 2;
+	cfg.groups[0] = (struct ps_optim_cfg){ .kind = PS_OPT_ADAM, .lr = 0.1f, .beta1 = 0.9f,
+					      .beta2 = 0.999f, .eps = 1e-8f };
+	cfg.groups[1] = (struct ps_optim_cfg){ .kind = PS_OPT_REDUCE };
+	cfg.tensors[0].group = 1;
+	cfg.tensors[1].group = 0;
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	ck_assert_int_eq(st.nslots, 2);
+	for (int k = 0; k < 2; k++) {
+		struct ps_slot *s = &st.slots[k];
+		int t = s->slice->tensor;
+
+		ck_assert_ptr_eq(s->ocfg, &cfg.groups[t ? 0 : 1]);
+		ck_assert_str_eq(s->opt->name, t ? "adam" : "reduce");
+		ck_assert(t ? s->state[0] && s->state[1] : !s->state[0]);
+		float g[200];
+		for (int i = 0; i < 200; i++)
+			g[i] = 3.0f;
+		ck_assert_int_eq(offer(&st, s, 0, 0, g), 1);
+		/* reduce: w = g; adam's first step: w -= lr * sign(g) */
+		for (int i = 0; i < 200; i++)
+			ck_assert_float_eq_tol(s->w[i], t ? ps_init_value(&cfg, 1, i) - 0.1f : 3.0f,
+					       1e-6f);
+	}
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 /* A sync clock whose sum overflows (two workers' 3e38), or whose update
  * would (adagrad's g*g of one worker's 1e20), is not applied: weights and
  * optimizer state stay bit for bit, the version moves on as for a clock
@@ -766,6 +890,8 @@ int main(void)
 			    (int)(sizeof(enc_mixes) / sizeof(enc_mixes[0])));
 	tcase_add_test(tc, test_bsp_windows_and_duplicates);
 	tcase_add_test(tc, test_ssp_applies_on_arrival);
+	tcase_add_test(tc, test_average_and_pushed_lr);
+	tcase_add_test(tc, test_slots_take_their_group);
 	tcase_add_loop_test(tc, test_bsp_refuses_nonfinite_update, 0, 2);
 	tcase_add_test(tc, test_checksum_tracks_weights);
 	tcase_add_test(tc, test_all_finite_every_position);

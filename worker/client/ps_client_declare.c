@@ -131,8 +131,6 @@ static struct ps_config *declared_cfg(struct ps_client *c, const struct ps_param
 			t->count *= v;
 		}
 		t->init = PS_INIT_ZEROS;
-		t->codec = cfg->compress.codec;
-		t->ratio = cfg->compress.ratio;
 		for (int k = 0; k < i; k++)
 			if (!strcmp(cfg->tensors[k].name, t->name)) {
 				ps__client_set_err(c, "parameter '%s' declared twice (#%d and #%d)",
@@ -141,7 +139,13 @@ static struct ps_config *declared_cfg(struct ps_client *c, const struct ps_param
 			}
 	}
 	cfg->ntensors = n;
-	*rc = 0;
+	/* compression.tensors by declared name, as the shards do */
+	char why[400];
+	*rc = ps_config_declared_codecs(cfg, why, sizeof(why));
+	if (*rc) {
+		ps__client_set_err(c, "%s", why);
+		goto err_free_cfg;
+	}
 	return cfg;
 
 err_free_cfg:
