@@ -25,6 +25,12 @@
 #            bench_train (our forward+backward alone, no shard)
 #   memcheck_check_compute_cuda, memcheck_it_train: the same tests under
 #            compute-sanitizer --tool memcheck (SKIP when it refuses the device)
+#   pytorch  the PyTorch path (ps.torch) with this machine's torch: the ps
+#            package built for $PY (or the abi3 build carried in build/pyvenv
+#            when $PY cannot build extensions), python/tests/test_torch.py's
+#            equivalence, local-mode, SSP and misuse cases when $PY has pytest,
+#            then the ResNet example on the GPU through 2 shards against DDP
+#            (NCCL) on the same GPU (python/bench/bench_torch.py --model resnet)
 #   asan     (--asan) the plug-in and check_compute_cuda built with
 #            SANITIZE=address,undefined (bin/ and lib/ stay that variant)
 # Writes build/gpu-check/summary.txt and summary.json (and copies them, with
@@ -41,13 +47,15 @@
 #   --jobs N       make -j (default: the number of CPUs)
 #   --require-gpu  no usable GPU is a failure, not a SKIP
 #   --asan         add the sanitizer build of check_compute_cuda (about 2 min)
+#   --only LIST    of the steps after build, run only these (comma-separated:
+#                  cuda_tests, timing, pytorch, memcheck); the rest SKIP
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here" || exit 2
 
 BUNDLE=$here/gpu-bundle STEPS=300 BATCH=64 TF32=conv BUDGET=540 JOBS=$(nproc)
-REQUIRE_GPU=0 ASAN=0 SYSTEM=0 CPU_STEPS=50
-usage() { sed -n '2,43p' "$0" | sed 's/^# \{0,1\}//'; }
+REQUIRE_GPU=0 ASAN=0 SYSTEM=0 CPU_STEPS=50 ONLY=""
+usage() { sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; }
 need() { [ "$2" -ge 2 ] || { echo "gpu-check.sh: $1 needs a value" >&2; exit 2; }; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -60,6 +68,7 @@ while [ $# -gt 0 ]; do
     --require-gpu) REQUIRE_GPU=1; shift ;;
     --asan) ASAN=1; shift ;;
     --system) SYSTEM=1; shift ;;
+    --only) need "$1" $#; ONLY=",$2,"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-check.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -95,6 +104,8 @@ limit() {
   [ "$1" -lt "$l" ] && echo "$1" || echo "$l"
 }
 tail_of() { tail -n "${2:-15}" "$1" 2>/dev/null | cut -c1-200; }
+# want STEP: 0 when STEP runs (no --only, or --only names it)
+want() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
 
 # A python3 with torch: $PYTHON, the PATH's, the GPU image's venv, Debian's.
 PY=""
@@ -356,14 +367,16 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}protect_shadow_gap=0
 # test programs live under build/, not beside lib/ as bin/ps-worker does:
 # where the plug-in is (as scripts/run-tests.sh says it)
 export PS_COMPUTE_PLUGIN_DIR=${PS_COMPUTE_PLUGIN_DIR:-$here/lib}
-run_test check_compute_cuda 180 "$T_CC" env PS_CUDA_PLANS=1
-if [ $GPU -eq 1 ]; then
+if ! want cuda_tests; then
+  record check_compute_cuda SKIP 0 "not in --only"
+elif run_test check_compute_cuda 180 "$T_CC" env PS_CUDA_PLANS=1; [ $GPU -eq 1 ]; then
   run_test it_train_cuda 180 "$T_IT" env PS_TEST_DEVICE=cuda PS_TEST_DATA="$DATA"
 else
   record it_train_cuda SKIP 0 "no GPU (it_train with PS_TEST_DEVICE=cuda needs one)"
 fi
 
 # ---- timing --------------------------------------------------------------
+if want timing; then
 free_port() {
   "$HPY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
@@ -465,6 +478,54 @@ elif [ -z "$terr" ]; then
 else
   record timing FAIL $((SECONDS - t)) "$terr"
 fi
+else
+  record timing SKIP 0 "not in --only"
+fi
+
+# ---- the PyTorch path ----------------------------------------------------
+pytorch_step() {
+  local t=$SECONDS l pyd=$W/py how carried
+  if [ -z "$PY" ]; then record pytorch SKIP 0 "no python3 with torch"; return; fi
+  if [ $GPU -eq 0 ]; then record pytorch SKIP 0 "no GPU (make bench-pytorch measures the CPU)"; return; fi
+  if [ ! -e lib/libps.so.1 ] || [ ! -x bin/ps-server ]; then
+    record pytorch FAIL 0 "lib/libps.so.1 or bin/ps-server not built"; return
+  fi
+  l=$(limit 300)
+  [ "$l" -eq 0 ] && { record pytorch SKIP 0 "no time left (--budget $BUDGET)"; return; }
+  rm -rf "$pyd"
+  # the package for $PY: built here when it can build extensions (Python.h,
+  # setuptools), else the stable-ABI build carried from the Debian machine
+  if "$PY" -m pip install -q --no-build-isolation --no-index --no-deps --target "$pyd" ./python \
+      >"$W/pytorch-install.log" 2>&1; then
+    how="built for $("$PY" -V 2>&1)"
+  elif carried=$(ls -d build/pyvenv/lib/python3*/site-packages/ps 2>/dev/null | head -1) &&
+       [ -n "$carried" ]; then
+    mkdir -p "$pyd" && cp -r "$carried" "$pyd/" && how="the abi3 build carried in ${carried%/ps}"
+  else
+    record pytorch FAIL $((SECONDS - t)) "the ps package neither builds for $PY ($(tail_of "$W/pytorch-install.log" 2)) nor was carried (build/pyvenv)"
+    return
+  fi
+  local tests="no pytest for $PY: the tests did not run" figures rc
+  if "$PY" -c 'import pytest' 2>/dev/null; then
+    PYTHONPATH=$pyd LD_LIBRARY_PATH=$here/lib:$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      timeout -k 5 "$(limit 120)" "$PY" -m pytest -q -p no:cacheprovider python/tests/test_torch.py \
+      -k "equivalent or local_mode or ssp or misuse" >"$W/pytorch-tests.log" 2>&1
+    rc=$?
+    tests="test_torch: $(grep -E '[0-9]+ (passed|failed)' "$W/pytorch-tests.log" | tail -1)"
+    [ $rc -eq 0 ] || { record pytorch FAIL $((SECONDS - t)) "$how; $tests: $(tail_of "$W/pytorch-tests.log" 6)"; return; }
+  fi
+  PS_DATA_DIR=$DATA PYTHONPATH=$pyd LD_LIBRARY_PATH=$here/lib:$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+    timeout -k 5 "$(limit 240)" "$PY" python/bench/bench_torch.py --model resnet --device cuda \
+    --workers 1 --limit 20000 --json "$W/pytorch.json" >"$W/pytorch.log" 2>&1
+  rc=$?
+  figures=$(grep -E 'samples/s per worker|ps / ddp' "$W/pytorch.log" | tr -s ' ' | tr '\n' ';')
+  if [ $rc -eq 0 ]; then
+    record pytorch PASS $((SECONDS - t)) "$how; torch $("$PY" -c 'import torch; print(torch.__version__)'); $tests; resnet on cuda, 1 worker, 20000 samples: $figures"
+  else
+    record pytorch FAIL $((SECONDS - t)) "$how; $tests; bench_torch exit $rc: $(tail_of "$W/pytorch.log" 8)"
+  fi
+}
+if want pytorch; then pytorch_step; else record pytorch SKIP 0 "not in --only"; fi
 
 # ---- compute-sanitizer ---------------------------------------------------
 MC=()
@@ -481,8 +542,10 @@ sanitize() { # STEP TIMEOUT BINARY [ENV...]
     record "$step" SKIP 0 "compute-sanitizer refused the device: $(grep -m1 -iE 'not supported|unable to' "$W/$step.log" | cut -c1-160)"
   fi
 }
-sanitize memcheck_check_compute_cuda 240 "$T_CC" PS_TEST_DEVICE=cuda
-sanitize memcheck_it_train 240 "$T_IT" PS_TEST_DEVICE=cuda PS_TEST_DATA="$DATA"
+if want memcheck; then
+  sanitize memcheck_check_compute_cuda 240 "$T_CC" PS_TEST_DEVICE=cuda
+  sanitize memcheck_it_train 240 "$T_IT" PS_TEST_DEVICE=cuda PS_TEST_DATA="$DATA"
+fi
 
 if [ $ASAN -eq 1 ]; then
   t=$SECONDS
