@@ -176,8 +176,9 @@ static int stage(struct ps_server *s, struct ps_slot *sl, const Ps__ReplSlot *x,
 	return 0;
 }
 
-/* The rank-ordered sum of the gradients kept for sl at clock, into
- * s->store.scratch, as the primary's store summed them; NULL when none. */
+/* The rank-ordered sum (optimizer.average: the mean) of the gradients kept
+ * for sl at clock, into s->store.scratch, as the primary's store took it;
+ * NULL when none. */
 static const float *staged_sum(struct ps_server *s, struct ps_slot *sl, uint64_t clock)
 {
 	size_t n = (size_t)sl->slice->count;
@@ -194,6 +195,12 @@ static const float *staged_sum(struct ps_server *s, struct ps_slot *sl, uint64_t
 						acc[i] += x->g[i];
 				break;
 			}
+	if (have > 1 && s->cfg->optim.average) {
+		/* optimizer.average: the mean, as the primary's store took it */
+		const float k = (float)have;
+		for (size_t i = 0; i < n; i++)
+			acc[i] /= k;
+	}
 	return have ? acc : NULL;
 }
 

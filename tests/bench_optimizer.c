@@ -36,6 +36,8 @@ static const struct variant variants[] = {
 	{ "adam", PS_OPT_ADAM, 0, 0.0f },
 	{ "adam-wd", PS_OPT_ADAM, 0, 1e-4f },
 	{ "adagrad", PS_OPT_ADAGRAD, 0, 0.0f },
+	{ "adamw", PS_OPT_ADAMW, 0, 1e-2f },
+	{ "reduce", PS_OPT_REDUCE, 0, 0.0f },
 };
 
 static float *alloc_floats(size_t n, float value)

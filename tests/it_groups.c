@@ -6,10 +6,12 @@
  * gradients and change the learning rates each clock (rank 1 with other
  * rates, which the shards do not use: the lowest rank's apply); the pulled
  * weights equal the torch formulas applied to the mean gradient, computed
- * here in double. A shard killed and restarted from its checkpoint keeps
- * the groups and the optimizer state (the run goes on as if uninterrupted);
+ * here in double. Shards killed and restarted from their checkpoints keep
+ * the groups and the optimizer state (the weights after further clocks are
+ * those of an uninterrupted run, bit for bit);
  * a worker declaring other groups is refused naming the field; bad groups,
- * learning rates and pushes are refused.
+ * learning rates and pushes are refused; compression.tensors entries apply
+ * by declared name.
  */
 #include <check.h>
 #include <errno.h>
@@ -330,6 +332,23 @@ START_TEST(test_groups_train_and_restart)
 	ps_client_free(cs[0]);
 	ps_client_free(cs[1]);
 	stop();
+
+	/* and bit for bit as a run that was never interrupted */
+	float restarted[NT][MAXN];
+	memcpy(restarted, m0.v, sizeof(restarted));
+	start();
+	cs[0] = connect_retry(0);
+	cs[1] = connect_retry(1);
+	declare_both(cs, ms);
+	for (k = 0; k < 6; k++)
+		step(cs, ms, k);
+	for (int t = 0; t < NT; t++)
+		for (int i = 0; i < counts[t]; i++)
+			ck_assert_msg(m0.v[t][i] == restarted[t][i], "%s[%d]: %a uninterrupted, %a "
+				      "through the restart", names[t], i, m0.v[t][i], restarted[t][i]);
+	ps_client_free(cs[0]);
+	ps_client_free(cs[1]);
+	stop();
 }
 END_TEST
 
@@ -455,6 +474,15 @@ START_TEST(test_groups_refused)
 	ck_assert_int_eq(ps_client_wait(cs[0], id), -EINVAL);
 	e = ps_client_error(cs[0]);
 	ck_assert_msg(strstr(e, "optimizer group 4: learning rate nan"), "%s", e);
+	/* a push with rates for 2 groups of the 6: refused whole too */
+	cs[0]->own_cfg->ngroups = 2;
+	id = ps_client_push(cs[0], 0, gt, NT, 0);
+	cs[0]->own_cfg->ngroups = NT;
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(cs[0], id), PS_EPROTO);
+	e = ps_client_error(cs[0]);
+	ck_assert_msg(strstr(e, "push carries 2 group learning rates, the declared tensors have 6 "
+			     "optimizer groups"), "%s", e);
 	/* nothing of it applied: a normal clock 0 still gives the reference */
 	pthread_mutex_lock(&cs[0]->mu);
 	cs[0]->group_lr[4] = groups[4].lr;
