@@ -37,6 +37,7 @@ results are pulled as its push completes, and step() waits for them. This
 module imports torch; the rest of the package does not, and nothing links
 libtorch.
 """
+import collections
 import contextlib
 import errno
 import os
@@ -50,7 +51,7 @@ from torch.optim.optimizer import required as _required
 from . import Client, ConfigError, StateError
 
 __all__ = ["init", "shutdown", "client", "rank", "size", "DistributedOptimizer",
-           "Average", "Sum", "supported_optimizers"]
+           "Average", "Sum", "supported_optimizers", "Embedding", "EmbeddingBag", "Prefetch"]
 
 #: How a sync clock's gradients are combined (hvd.Average, hvd.Sum).
 Average = "average"
@@ -254,6 +255,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     q = _Param("buffer:" + name, b, len(self.param_groups))
                     self._buffers.append(q)
         self._buffers_every = int(buffers_every)
+        # embedding modules (ps.torch.Embedding, EmbeddingBag) in the model:
+        # their row gradients are pushed by step(), before the push that
+        # ends the clock, once per table
+        self._embeddings = []
+        if model is not None:
+            self._embeddings = [m for m in model.modules() if isinstance(m, _TableModule)]
+        for m in self._embeddings:
+            m._attach(self)
+        self._rowgrads = {}
+        self._row_scale = 1.0 / cfg.nworkers if op == Average else 1.0
         self._declare()
         self._lrs = [None] * len(self.param_groups)
         self._send_lrs()
@@ -347,7 +358,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._bucket.append((q, self._grad_array(q, q.p.grad)))
         self._bucket_size += 4 * q.count
         self._npushed += 1
-        if self._npushed == len(self._params) and not self._buffer_step():
+        if self._npushed == len(self._params) and not self._buffer_step() and \
+                not self._embeddings:
             self._flush(last=True)
         elif self._bucket_size >= self._bucket_bytes:
             self._flush(last=False)
@@ -375,6 +387,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles.append(h)
         self._bucket, self._bucket_size = [], 0
 
+    def _row_grad(self, table, ids, grad):
+        """An embedding module's gradient for its rows ids (unique), from
+        autograd: kept until synchronize() pushes each table once."""
+        if self._clock is None:
+            self._begin()
+        g = grad.detach()
+        if g.device.type != "cpu":
+            g = g.cpu()
+        g = g.to(torch.float32).numpy()
+        if self._row_scale != 1.0:
+            g = g * np.float32(self._row_scale)
+        self._rowgrads.setdefault(table, []).append((ids, g))
+
     # ---- the optimizer's API ----
     def synchronize(self):
         """Pushes what backward has not (zeros for parameters that got no
@@ -395,7 +420,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._bucket.append((q, self._grad_array(q, q.p.grad)))
             self._npushed += 1
         bufstep = self._buffer_step()
-        if missing or bufstep or self._bucket:
+        for table, parts in self._rowgrads.items():
+            ids = np.concatenate([i for i, _ in parts])
+            grads = np.ascontiguousarray(np.concatenate([g for _, g in parts]), np.float32)
+            self._handles.append(self._ps.push_rows_async(table, ids, grads, clock=self._clock))
+        self._rowgrads = {}
+        if missing or bufstep or self._bucket or self._embeddings:
             if bufstep:
                 for b in self._buffers:
                     self._bucket.append((b, np.ascontiguousarray(
@@ -464,7 +494,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=None):
         """The wrapped optimizer's zero_grad(); refused between backward and
         step(), where it would zero gradients still being pushed."""
-        if self._handles or self._bucket or self._npushed:
+        if self._handles or self._bucket or self._npushed or self._rowgrads:
             raise StateError("optimizer.zero_grad() was called after loss.backward() and "
                              "before optimizer.step() or optimizer.synchronize(): the "
                              "gradients are still being pushed")
@@ -534,6 +564,185 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             g["lr"] = lr
         self._send_lrs()
         return state["extra"]
+
+
+# ---- embedding tables as modules ----
+
+class _TableModule(torch.nn.Module):
+    """What Embedding and EmbeddingBag share: a table of the shards looked
+    up by id. forward() pulls the batch's rows (each distinct id once) into
+    a leaf tensor; autograd's gradient for it (already summed per id) goes
+    to the DistributedOptimizer the module is part of (model=), which
+    pushes each table once per step, before the push that ends the clock,
+    so the shards' row optimizer (the table's, from the config) applies it.
+    With op=Average the row gradients are divided by the number of workers,
+    as the dense ones are averaged."""
+
+    def __init__(self, table, client=None):
+        super().__init__()
+        self.table = table
+        self._client = client
+        self._opt = None
+        self._pending = collections.deque()    # prefetched: (ids, handle, rows)
+        tables = self._ps().config.tables
+        if table not in tables:
+            raise ConfigError(f"ps.torch: no embedding table {table!r} in "
+                              f"{self._ps().config.path} (model.embeddings: "
+                              f"{', '.join(sorted(tables)) or 'none'})")
+        self.embedding_dim = tables[table]
+
+    def _ps(self):
+        return self._client if self._client is not None else client()
+
+    def _attach(self, opt):
+        if self._opt is not None and self._opt is not opt:
+            raise StateError(f"embedding module of table {self.table!r} is part of another "
+                             "DistributedOptimizer")
+        self._opt = opt
+        if self._client is None:
+            self._client = opt.client
+
+    @staticmethod
+    def _unique(ids):
+        """(distinct ids as int64 numpy, inverse indices as a torch tensor)."""
+        if isinstance(ids, np.ndarray):
+            if ids.dtype.kind not in "iu":
+                raise TypeError(f"embedding ids: integers expected, got {ids.dtype}")
+            if ids.dtype.kind == "i" and ids.size and ids.min() < 0:
+                raise ValueError("embedding ids must be >= 0")
+            u, inv = np.unique(ids.reshape(-1), return_inverse=True)
+            return u, torch.from_numpy(inv.reshape(ids.shape).astype(np.int64))
+        if ids.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"embedding ids: int64 or int32 expected, got {ids.dtype}")
+        flat = ids.reshape(-1)
+        if flat.numel() and int(flat.min()) < 0:
+            raise ValueError("embedding ids must be >= 0")
+        u, inv = torch.unique(flat.cpu(), sorted=True, return_inverse=True)
+        return u.to(torch.int64).numpy(), inv.reshape(ids.shape)
+
+    def _prefetch(self, ids, min_version):
+        """Asks for ids' rows now (ps.torch.Prefetch): the next forward with
+        the same ids takes them without waiting."""
+        u, _ = self._unique(ids)
+        rows = np.empty((len(u), self.embedding_dim), np.float32)
+        h = self._ps().pull_rows_async(self.table, u, rows, min_version=min_version)
+        self._pending.append((u, h, rows))
+
+    def _rows(self, u):
+        while self._pending:
+            pu, h, rows = self._pending.popleft()
+            h.wait()
+            if pu.shape == u.shape and np.array_equal(pu, u):
+                return rows
+        rows = np.empty((len(u), self.embedding_dim), np.float32)
+        if len(u):
+            self._ps().pull_rows(self.table, u, rows)
+        return rows
+
+    def _lookup(self, ids):
+        """(inverse indices on ids' device, the rows as a leaf tensor)."""
+        u, inv = self._unique(ids)
+        dev = ids.device if torch.is_tensor(ids) else torch.device("cpu")
+        rows = torch.from_numpy(self._rows(u))
+        if dev.type != "cpu":
+            rows, inv = rows.to(dev), inv.to(dev)
+        if self.training and torch.is_grad_enabled():
+            if self._opt is None:
+                raise StateError(f"ps.torch embedding of table {self.table!r} in training but "
+                                 "part of no DistributedOptimizer: pass model= to "
+                                 "DistributedOptimizer (or call model.eval())")
+            rows.requires_grad_()
+            table, opt = self.table, self._opt
+            rows.register_hook(lambda g: opt._row_grad(table, u, g))
+        return inv, rows
+
+
+class EmbeddingBag(_TableModule):
+    """torch.nn.EmbeddingBag over a table of the shards.
+
+    EmbeddingBag(table, mode="mean", include_last_offset=False, client=None)
+    forward(input, offsets=None, per_sample_weights=None): as
+    torch.nn.EmbeddingBag (a 2-D input is one bag per row; a 1-D input with
+    offsets; "sum", "mean" or "max"), ids int64 or int32 tensors >= 0, or a
+    numpy uint64/int64 array. The table (dim, initializer, row optimizer,
+    admission, TTL, row cap) is the config's model.embeddings entry."""
+
+    def __init__(self, table, mode="mean", include_last_offset=False, client=None):
+        super().__init__(table, client)
+        if mode not in ("sum", "mean", "max"):
+            raise ConfigError(f"EmbeddingBag: mode={mode!r}: expected sum, mean or max")
+        self.mode = mode
+        self.include_last_offset = include_last_offset
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        inv, rows = self._lookup(input)
+        if offsets is not None and torch.is_tensor(offsets) and offsets.device != inv.device:
+            offsets = offsets.to(inv.device)
+        elif offsets is not None and not torch.is_tensor(offsets):
+            offsets = torch.as_tensor(np.asarray(offsets, np.int64), device=inv.device)
+        return torch.nn.functional.embedding_bag(
+            inv, rows, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset)
+
+    def extra_repr(self):
+        return f"table={self.table!r}, dim={self.embedding_dim}, mode={self.mode!r}"
+
+
+class Embedding(_TableModule):
+    """torch.nn.Embedding over a table of the shards: forward(ids) gives
+    ids.shape + (dim,)."""
+
+    def forward(self, input):
+        inv, rows = self._lookup(input)
+        return torch.nn.functional.embedding(inv, rows)
+
+    def extra_repr(self):
+        return f"table={self.table!r}, dim={self.embedding_dim}"
+
+
+class Prefetch:
+    """Pulls the next batch's rows while the current batch computes.
+
+        for batch in pst.Prefetch(loader, lambda b: {model.user: b["user"],
+                                                     model.item: b["item"]}):
+            ...                           # the loop body as before
+
+    ids_of(batch) names, for each embedding module, the ids its forward()
+    will look up. When batch k is handed out, the rows of batch k+1 are
+    asked for at once: in sync mode with min_version k+1, so each shard
+    answers as soon as it has applied clock k (during step k's own wait)
+    and the rows are exactly those a pull at step k+1 would get: training
+    is the same with and without prefetch. In async mode the rows satisfy
+    the staleness bound of the clock they were asked at, one before the
+    step that uses them: at most one clock staler than without prefetch.
+    A forward whose ids differ from the prefetched ones pulls them itself."""
+
+    def __init__(self, iterable, ids_of):
+        self.iterable, self.ids_of = iterable, ids_of
+
+    def _issue(self, batch, ahead):
+        for module, ids in self.ids_of(batch).items():
+            if not isinstance(module, _TableModule):
+                raise TypeError("Prefetch: ids_of must map ps.torch embedding modules to ids")
+            c = module._ps()
+            clock = c.clock()
+            module._prefetch(ids, clock + 1 if ahead and c.config.sync else None)
+
+    def __iter__(self):
+        it = iter(self.iterable)
+        end = object()
+        cur = next(it, end)
+        if cur is end:
+            return
+        self._issue(cur, False)
+        while True:
+            nxt = next(it, end)
+            if nxt is not end:
+                self._issue(nxt, True)
+            yield cur
+            if nxt is end:
+                return
+            cur = nxt
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, *, client=None,

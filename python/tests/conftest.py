@@ -60,11 +60,12 @@ class Cluster:
         log = open(os.path.join(self.dir, f"shard{k}.log"), "wb")
         self.procs[k] = subprocess.Popen([SERVER, "--config", self.path, "--shard", str(k),
                                           "--log-level", "warn"], stderr=log, cwd=ROOT)
+        log.close()  # the child has its own descriptor
         deadline = time.monotonic() + 10
         while True:  # until it accepts connections (or exited)
             if self.procs[k].poll() is not None:
                 raise RuntimeError(f"ps-server shard {k} exited {self.procs[k].returncode}: "
-                                   + open(log.name).read())
+                                   + open(log.name).read())  # noqa: SIM115
             try:
                 socket.create_connection(("127.0.0.1", self.ports[k]), timeout=1).close()
                 return

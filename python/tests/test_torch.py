@@ -182,6 +182,122 @@ def test_local_mode_with_clipping_equals_one_process(cluster):
             assert relerr(got[r][n], p.detach()) <= 1e-5, (r, n)
 
 
+def test_backward_passes_per_step_accumulates_locally(cluster):
+    """backward_passes_per_step=2: each worker's two half batches (loss
+    halved, as one accumulates in plain torch) are pushed once: the same
+    parameters as one process on the combined batch."""
+    spec = SPECS["sgd-momentum-wd-step"]
+    cl = declared_cluster(cluster)
+    ref = reference(spec, 2)
+    out, errors = {}, []
+    models = [make_model(1), make_model(5)]
+
+    def run(rank):
+        try:
+            c = ps.Client(cl.path, rank)
+            model = models[rank]
+            opt = pst.DistributedOptimizer(make_optimizer(model, spec), model.named_parameters(),
+                                           client=c, backward_passes_per_step=2)
+            sched = make_schedule(opt, spec)
+            x, y = data(2)
+            for s in range(STEPS):
+                opt.zero_grad()
+                for h in (0, 1):
+                    part = slice(rank * BATCH + h * BATCH // 2, rank * BATCH + (h + 1) * BATCH // 2)
+                    (torch.nn.functional.cross_entropy(model(x[s][part]), y[s][part]) / 2).backward()
+                opt.step()
+                sched.step()
+            out[rank] = {n: p.detach().clone() for n, p in model.named_parameters()}
+            c.close()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors, errors
+    for r in (0, 1):
+        for n, want in ref.items():
+            assert relerr(out[r][n], want) <= 1e-5, (r, n, relerr(out[r][n], want))
+
+
+def test_compression_overrides_by_parameter_name(cluster):
+    """compression.codec fp16 for every parameter but the one
+    compression.tensors names (raw): the shards receive fp16 bytes for the
+    others, raw float32 for it, and training matches the uncompressed
+    reference to fp16's precision."""
+    cl = declared_cluster(cluster, extra=["compression:", "  codec: fp16", "  lz4: off",
+                                          "  tensors:", "    - {name: 2.bias, codec: none}"])
+    spec = ("SGD", {"lr": 0.1, "momentum": 0.9}, False, None)
+    got = run_workers(cl.path, 2, spec)
+    ref = reference(spec, 2)
+    for n, want in ref.items():
+        assert relerr(got[0][n], want) < 1e-2, (n, relerr(got[0][n], want))
+    with ps.Client(cl.path, monitor=True) as m:
+        st = m.stats()
+    raw = sum(s["push_raw_bytes"][0] for s in st)      # codec 0: none
+    f16 = sum(s["push_raw_bytes"][1] for s in st)      # codec 1: fp16
+    # 2.bias: 5 floats, 2 workers, STEPS clocks, raw; everything else fp16
+    assert raw == 2 * STEPS * NOUT * 4, raw
+    assert f16 == 2 * STEPS * 4 * (NIN * NHID + NHID + NHID * NOUT), f16
+    wire16 = sum(s["push_wire_bytes"][1] for s in st)
+    assert wire16 <= f16 // 2 + 1024 * len(st) * STEPS, (wire16, f16)
+
+
+def test_batchnorm_buffers_averaged(cluster):
+    """model=: BatchNorm's running mean and variance are averaged through
+    the shards at the buffer steps and by sync_buffers(); the integer
+    num_batches_tracked stays local."""
+    cl = declared_cluster(cluster)
+    torch.manual_seed(3)
+    models = [torch.nn.Sequential(torch.nn.Linear(NIN, NHID), torch.nn.BatchNorm1d(NHID),
+                                  torch.nn.Linear(NHID, NOUT)) for _ in (0, 1)]
+    seen, errors = {}, []
+
+    def run(rank):
+        try:
+            c = ps.Client(cl.path, rank)
+            model = models[rank]
+            opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                           model.named_parameters(), client=c, model=model,
+                                           buffers_every=3)
+            x, y = data(2)
+            bn = model[1]
+            for s in range(5):
+                opt.zero_grad()
+                xs = x[s][rank * BATCH:(rank + 1) * BATCH] * (1 + 3 * rank)  # other statistics
+                torch.nn.functional.cross_entropy(model(xs), y[s][:BATCH]).backward()
+                before = bn.running_mean.clone()
+                opt.step()
+                seen[(rank, s)] = (before, bn.running_mean.clone())
+            local = bn.running_var.clone()
+            opt.sync_buffers()
+            seen[(rank, "sync")] = (local, bn.running_var.clone())
+            c.close()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors
+    # clock 2 ends a buffer step (every 3): each worker's value becomes the mean
+    b0, a0 = seen[(0, 2)]
+    b1, a1 = seen[(1, 2)]
+    assert not torch.allclose(b0, b1)
+    torch.testing.assert_close(a0, (b0 + b1) / 2)
+    torch.testing.assert_close(a1, a0)
+    # other steps leave them alone
+    assert torch.equal(seen[(0, 1)][0], seen[(0, 1)][1])
+    l0, s0 = seen[(0, "sync")]
+    l1, s1 = seen[(1, "sync")]
+    torch.testing.assert_close(s0, (l0 + l1) / 2)
+    torch.testing.assert_close(s1, s0)
+    assert models[0][1].num_batches_tracked.item() == 5
+
+
 def test_ssp_pulled_weights_within_the_staleness_bound(cluster):
     """Async, staleness 2, op=Sum, SGD lr 1 on loss = sum(w): every push
     moves w by -1, so 10 - w counts the updates a worker's pull saw. After
@@ -273,31 +389,38 @@ def test_worker_killed_and_restarted_continues(cluster, tmp_path):
         assert torch.equal(w0[n], w1[n]), n
 
 
-def test_shard_restarted_from_checkpoint_keeps_the_declared_tensors(cluster, tmp_path):
-    """6 steps, a checkpoint, shard 0 killed and started again from it, 4
-    more steps: the restarted cluster hands the workers the weights of clock
-    6 and ends bit-identical to a cluster that ran 10 steps uninterrupted
-    (so the optimizer state came back too)."""
+def test_cluster_restarted_from_checkpoints_resumes(cluster, tmp_path):
+    """6 steps, opt.checkpoint() (rank 0 has every shard write its
+    checkpoint; each rank saves its own part), every shard SIGKILLed and
+    started again from its checkpoint, 4 more steps: the restarted cluster
+    hands the workers the weights of clock 6, load_checkpoint() gives each
+    rank its own part back, and the run ends bit-identical to a cluster
+    that ran 10 steps uninterrupted (so the optimizer state came back too)."""
     ck = tmp_path / "ck"
     ck.mkdir()
     cl = declared_cluster(cluster, extra=["checkpoint:", f"  dir: {ck}",
-                                                          "  on_request: true", "  min_interval_s: 0"])
-    ps_ = [torchworker(cl.path, r, 6, str(tmp_path / f"a{r}.pt"), "--checkpoint")
-           for r in (0, 1)]
-    for p in ps_:
+                                          "  on_request: true", "  min_interval_s: 0"])
+    procs = [torchworker(cl.path, r, 6, str(tmp_path / f"a{r}.pt"), "--checkpoint")
+             for r in (0, 1)]
+    for p in procs:
         finish(p)
-    cl.stop(0, signal.SIGKILL)
-    cl.start(0)
-    ps_ = [torchworker(cl.path, r, 10, str(tmp_path / f"b{r}.pt"), "--save-start",
-                       str(tmp_path / f"s{r}.pt")) for r in (0, 1)]
-    outs = [finish(p) for p in ps_]
-    assert all("resumed at clock 6" in o for o in outs), outs
+    for k in (0, 1):
+        cl.stop(k, signal.SIGKILL)
+    for k in (0, 1):
+        cl.start(k)
+    procs = [torchworker(cl.path, r, 10, str(tmp_path / f"b{r}.pt"), "--save-start",
+                         str(tmp_path / f"s{r}.pt"), "--load-local",
+                         str(tmp_path / f"a{r}.pt.local")) for r in (0, 1)]
+    outs = [finish(p) for p in procs]
+    for r, o in enumerate(outs):
+        assert "resumed at clock 6" in o, o
+        assert f"local state [('epoch', 7), ('note', 'rank {r}')]" in o, o
     a0, s0 = torch.load(tmp_path / "a0.pt"), torch.load(tmp_path / "s0.pt")
     for n in a0:
         assert torch.equal(a0[n], s0[n]), n
     ref = declared_cluster(cluster)
-    ps_ = [torchworker(ref.path, r, 10, str(tmp_path / f"r{r}.pt")) for r in (0, 1)]
-    for p in ps_:
+    procs = [torchworker(ref.path, r, 10, str(tmp_path / f"r{r}.pt")) for r in (0, 1)]
+    for p in procs:
         finish(p)
     b0, r0 = torch.load(tmp_path / "b0.pt"), torch.load(tmp_path / "r0.pt")
     for n in b0:

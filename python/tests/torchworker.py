@@ -1,15 +1,16 @@
 """A PyTorch worker process for test_torch.py's restart tests.
 
     torchworker.py CONFIG RANK UNTIL_CLOCK OUT [--die-after N] [--checkpoint]
-                   [--save-start FILE]
+                   [--save-start FILE] [--load-local FILE]
 
 Trains test_torch's model with SGD (momentum 0.9) through the shards until
 the cluster's clock reaches UNTIL_CLOCK (a restarted worker goes on from the
 clock the shards give it, printing "resumed at clock K"), then saves its
 parameters to OUT (torch.save of a name -> tensor dict). --die-after N:
-SIGKILLs itself after N steps. --checkpoint: asks the shards to checkpoint
-at the end. --save-start: saves the parameters it got from the shards'
-declaration before training.
+SIGKILLs itself after N steps. --checkpoint: opt.checkpoint(OUT.local,
+epoch=7, note=...) at the end. --load-local FILE: opt.load_checkpoint(FILE)
+after the declaration, printing what it gives back. --save-start: saves the
+parameters it got from the shards' declaration before training.
 """
 import os
 import signal
@@ -36,6 +37,9 @@ def main(argv):
         torch.save({n: p.detach().clone() for n, p in model.named_parameters()},
                    argv[argv.index("--save-start") + 1])
     print(f"resumed at clock {c.clock()}", flush=True)
+    if "--load-local" in argv:
+        extra = opt.load_checkpoint(argv[argv.index("--load-local") + 1])
+        print(f"local state {sorted(extra.items())}", flush=True)
     x, y = data(nworkers)
     part = slice(rank * BATCH, (rank + 1) * BATCH)
     steps = 0
@@ -48,7 +52,7 @@ def main(argv):
         if die is not None and steps == die:
             os.kill(os.getpid(), signal.SIGKILL)
     if "--checkpoint" in argv:
-        opt.checkpoint()
+        opt.checkpoint(out + ".local", epoch=7, note=f"rank {rank}")
     torch.save({n: p.detach().clone() for n, p in model.named_parameters()}, out)
     c.close()
     print(f"done at clock {c.clock() if not c.closed else until}", flush=True)

@@ -1,0 +1,196 @@
+"""ps.torch.Embedding / EmbeddingBag / Prefetch against real shards.
+
+The module's gradient equals torch.nn.EmbeddingBag's for the same weights
+and ids (sum, mean, max, repeated ids, empty bags, per-sample weights), the
+pooling over the module's distinct-id mapping passes gradcheck, integer
+gradients from several workers leave every row at its exact sum, a model
+mixing tables and dense layers trains under one DistributedOptimizer, and
+sync training gives bit-identical weights with and without Prefetch.
+"""
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian: python3-torch)")
+import ps  # noqa: E402
+import ps.torch as pst  # noqa: E402
+
+F = torch.nn.functional
+torch.set_num_threads(1)
+DIM, V = 4, 50
+
+
+def table_cluster(cluster, workers=1, init="uniform", optimizer="sgd", lr=1.0, mode="sync"):
+    # a config with a table and no dense model: the dense part is declared
+    cl = cluster(shards=2, workers=workers, mode=mode, declare=True,
+                 tables={"t": DIM})
+    with open(cl.path) as f:
+        text = f.read()
+    text = text.replace(
+        "init: zeros, optimizer: sgd, lr: 1",
+        f"init: {init}{', scale: 0.5' if init != 'zeros' else ''}, optimizer: {optimizer}, "
+        f"lr: {lr}")
+    with open(cl.path, "w") as f:
+        f.write(text)
+    for k in range(len(cl.procs)):      # restart with the edited table
+        cl.stop(k)
+        cl.start(k)
+    return cl
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self, client, mode="sum", seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.emb = pst.EmbeddingBag("t", mode=mode, client=client)
+        self.fc = torch.nn.Linear(DIM, 1)
+
+    def forward(self, ids, offsets=None, psw=None):
+        return self.fc(self.emb(ids, offsets, psw))
+
+
+CASES = {
+    "sum-repeats-empty": ("sum", [3, 7, 3, 3, 9, 7], [0, 2, 2, 5], None),
+    "mean-repeats-empty": ("mean", [3, 7, 3, 3, 9, 7], [0, 2, 2, 5], None),
+    "max": ("max", [1, 2, 3, 2, 1], [0, 3], None),
+    "sum-weights": ("sum", [4, 4, 5, 6], [0, 1], [0.5, 2.0, -1.0, 3.0]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gradient_equals_torch_embedding_bag(cluster, case):
+    mode, ids, offsets, psw = CASES[case]
+    cl = table_cluster(cluster)
+    c = ps.Client(cl.path, 0)
+    model = Tiny(c, mode)
+    opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   model.named_parameters(), client=c, model=model, op=pst.Sum)
+    # torch's own module over the same weights: every row of the table
+    ref = torch.nn.EmbeddingBag(V, DIM, mode=mode)
+    with torch.no_grad():
+        ref.weight.copy_(torch.from_numpy(c.pull_rows("t", np.arange(V))))
+    ids_t, off_t = torch.tensor(ids), torch.tensor(offsets)
+    psw_t = torch.tensor(psw) if psw else None
+    out = model.emb(ids_t, off_t, psw_t)
+    want = ref(ids_t, off_t, per_sample_weights=psw_t)
+    torch.testing.assert_close(out, want)
+    up = torch.randn(out.shape)
+    (out * up).sum().backward()
+    (want * up).sum().backward()
+    (u, g), = opt._rowgrads["t"]
+    assert list(u) == sorted(set(ids))
+    torch.testing.assert_close(torch.from_numpy(g), ref.weight.grad[torch.from_numpy(u)])
+    assert ref.weight.grad[[i for i in range(V) if i not in ids]].abs().sum() == 0
+    opt.synchronize()
+    opt.step()
+    c.close()
+
+
+def test_pooling_over_the_distinct_ids_gradcheck():
+    ids = torch.tensor([5, 1, 5, 9, 1, 1])
+    offsets = torch.tensor([0, 2, 2, 4])
+    u, inv = pst.EmbeddingBag._unique(ids)
+    w = torch.randn(10, 3, dtype=torch.float64, requires_grad=True)
+    for mode in ("sum", "mean"):
+        def via_rows(rows):
+            return F.embedding_bag(inv, rows, offsets, mode=mode)
+        rows = w.detach()[torch.from_numpy(u)].clone().requires_grad_()
+        assert torch.autograd.gradcheck(via_rows, (rows,))
+        torch.testing.assert_close(via_rows(rows), F.embedding_bag(ids, w, offsets, mode=mode))
+
+
+def test_integer_gradients_from_three_workers_exact(cluster):
+    """zeros, sgd lr 1, op=Sum: after one step each row is minus the sum of
+    every worker's integer gradient for it."""
+    cl = table_cluster(cluster, workers=3, init="zeros")
+    want = np.zeros((V, DIM), np.float64)
+    ids_of = {r: np.array([r, 7, 7, 11 + r, 7, 30], np.int64) for r in range(3)}
+    coef = {r: torch.arange(1, 7, dtype=torch.float32).unsqueeze(1) * (r + 1) for r in range(3)}
+    for r in range(3):
+        for i, k in zip(ids_of[r], coef[r][:, 0].tolist()):
+            want[i] -= k
+    errors = []
+
+    def run(rank):
+        try:
+            c = ps.Client(cl.path, rank)
+            emb = pst.Embedding("t", client=c)
+            model = torch.nn.ModuleDict({"emb": emb, "fc": torch.nn.Linear(1, 1)})
+            opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                           model.named_parameters(), client=c, model=model,
+                                           op=pst.Sum)
+            opt.zero_grad()
+            out = emb(torch.from_numpy(ids_of[rank]))
+            ((out * coef[rank]).sum() + 0 * model["fc"].weight.sum()).backward()
+            opt.step()
+            c.close()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(r,)) for r in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors
+    with ps.Client(cl.path, 0) as c:
+        got = c.pull_rows("t", np.arange(V), min_version=1)
+    np.testing.assert_array_equal(got, want.astype(np.float32))
+
+
+def train(path, rank, steps, prefetch, out, errors, seed=0):
+    try:
+        c = ps.Client(path, rank)
+        torch.manual_seed(seed)
+        model = Tiny(c, "mean", seed)
+        opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                       model.named_parameters(), client=c, model=model)
+        g = torch.Generator().manual_seed(100 + rank)
+        batches = [(torch.randint(0, V, (24,), generator=g), torch.randn(6, 1, generator=g))
+                   for _ in range(steps)]
+        offsets = torch.arange(0, 24, 4)
+        it = pst.Prefetch(batches, lambda b: {model.emb: b[0]}) if prefetch else batches
+        for ids, y in it:
+            opt.zero_grad()
+            F.mse_loss(model(ids, offsets), y).backward()
+            opt.step()
+        out[rank] = ({n: p.detach().clone() for n, p in model.named_parameters()},
+                     c.pull_rows("t", np.arange(V)))
+        c.close()
+    except Exception as e:  # noqa: BLE001
+        errors.append(e)
+
+
+def test_prefetch_gives_the_same_training(cluster):
+    results = []
+    for prefetch in (False, True):
+        cl = table_cluster(cluster, workers=2, optimizer="adagrad", lr=0.1)
+        out, errors = {}, []
+        ts = [threading.Thread(target=train, args=(cl.path, r, 12, prefetch, out, errors))
+              for r in (0, 1)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert not errors, errors
+        results.append(out)
+    (d0, r0), (d1, r1) = results[0][0], results[1][0]
+    np.testing.assert_array_equal(r0, r1)
+    for n in d0:
+        assert torch.equal(d0[n], d1[n]), n
+    assert np.abs(r0).sum() > 0
+
+
+def test_embedding_without_optimizer_refused(cluster):
+    cl = table_cluster(cluster)
+    c = ps.Client(cl.path, 0)
+    emb = pst.EmbeddingBag("t", client=c)
+    with pytest.raises(ps.StateError, match="part of no DistributedOptimizer"):
+        emb(torch.tensor([[1, 2]]))
+    emb.eval()
+    assert emb(torch.tensor([[1, 2]])).shape == (1, DIM)
+    with pytest.raises(ps.ConfigError, match=r"no embedding table 'x'.*model.embeddings: t"):
+        pst.Embedding("x", client=c)
+    with pytest.raises(ValueError, match=">= 0"):
+        emb(torch.tensor([[1, -2]]))
+    c.close()
