@@ -205,6 +205,12 @@ bench-python: test-python-venv
 bench-pytorch: test-python-venv
 	@build/pyvenv/bin/python python/bench/bench_torch.py $(BENCH_TORCH_ARGS)
 
+# The DLRM-style example (ps.torch.Embedding) against the C ctr preset and
+# DDP with sparse gradients: python/bench/bench_dlrm.py (BENCHMARKS.md).
+.PHONY: bench-dlrm
+bench-dlrm: test-python-venv
+	@build/pyvenv/bin/python python/bench/bench_dlrm.py $(BENCH_DLRM_ARGS)
+
 .PHONY: test-python-venv
 test-python-venv: deps
 	@$(MAKE) --no-print-directory all
