@@ -36,7 +36,11 @@ class DLRM(nn.Module):
         self.bottom = nn.Sequential(nn.Linear(NUM, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
         self.emb = emb if emb is not None else pst.Embedding(table)   # ps: the shards' table
         n = CAT + 1
-        self.pairs = torch.triu_indices(n, n, 1)
+        # the pairs i < j of the n x n dot products, as positions in the
+        # flattened matrix: index_select's backward is a fraction of
+        # advanced indexing's (14 against 33 ms at batch 1024 on one core)
+        iu = torch.triu_indices(n, n, 1)
+        self.register_buffer("pairs", iu[0] * n + iu[1], persistent=False)
         self.top = nn.Sequential(nn.Linear(dim + n * (n - 1) // 2, 128), nn.ReLU(),
                                  nn.Linear(128, 1))
 
@@ -44,7 +48,7 @@ class DLRM(nn.Module):
         b = self.bottom(dense)                          # [B, dim]
         e = self.emb(cats)                              # [B, 26, dim]
         z = torch.cat([b.unsqueeze(1), e], 1)           # [B, 27, dim]
-        dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
+        dots = torch.bmm(z, z.transpose(1, 2)).flatten(1).index_select(1, self.pairs)
         return self.top(torch.cat([b, dots], 1)).squeeze(1)
 
 
