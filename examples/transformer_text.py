@@ -69,7 +69,7 @@ def main():
     dev = torch.device(args.device)
 
     pst.init()                                          # ps:
-    rank, size = pst.rank(), pst.size()                 # ps:
+    rank = pst.rank()                                   # ps:
     data = read_corpus(args.corpus)
     cut = len(data) * 9 // 10
     train, test = data[:cut], data[cut:]

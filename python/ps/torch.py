@@ -43,6 +43,7 @@ import errno
 import os
 import time
 import warnings
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -60,7 +61,7 @@ Sum = "sum"
 _client = None
 
 
-def init(config=None, rank=None):
+def init(config: "str | os.PathLike | None" = None, rank: "int | None" = None) -> Client:
     """Connects this process to the shards (ps.Client(config, rank); the
     launchers' $PS_CONFIG and $PS_RANK when None) and returns the client.
     DistributedOptimizer uses it unless given another."""
@@ -70,7 +71,7 @@ def init(config=None, rank=None):
     return _client
 
 
-def shutdown():
+def shutdown() -> None:
     """Closes the client init() opened."""
     global _client
     if _client is not None:
@@ -78,26 +79,26 @@ def shutdown():
         _client = None
 
 
-def client():
+def client() -> Client:
     """The client init() opened (ps.StateError before init())."""
     if _client is None or _client.closed:
         raise StateError("ps.torch.init() has not been called")
     return _client
 
 
-def rank():
+def rank() -> int:
     """This worker's rank."""
     return client().rank
 
 
-def size():
+def size() -> int:
     """The number of workers (cluster.workers)."""
     return client().config.nworkers
 
 
 # ---- mapping torch optimizers to the shards' rules ----
 
-def supported_optimizers():
+def supported_optimizers() -> "dict[str, str]":
     """The torch optimizers mode="server" maps, with the options they may use."""
     return {
         "SGD": "lr, momentum, dampening, nesterov, weight_decay",
@@ -667,14 +668,15 @@ class EmbeddingBag(_TableModule):
     numpy uint64/int64 array. The table (dim, initializer, row optimizer,
     admission, TTL, row cap) is the config's model.embeddings entry."""
 
-    def __init__(self, table, mode="mean", include_last_offset=False, client=None):
+    def __init__(self, table: str, mode: str = "mean", include_last_offset: bool = False,
+                 client: "Client | None" = None):
         super().__init__(table, client)
         if mode not in ("sum", "mean", "max"):
             raise ConfigError(f"EmbeddingBag: mode={mode!r}: expected sum, mean or max")
         self.mode = mode
         self.include_last_offset = include_last_offset
 
-    def forward(self, input, offsets=None, per_sample_weights=None):
+    def forward(self, input, offsets=None, per_sample_weights=None) -> torch.Tensor:
         inv, rows = self._lookup(input)
         if offsets is not None and torch.is_tensor(offsets) and offsets.device != inv.device:
             offsets = offsets.to(inv.device)
@@ -717,7 +719,7 @@ class Prefetch:
     step that uses them: at most one clock staler than without prefetch.
     A forward whose ids differ from the prefetched ones pulls them itself."""
 
-    def __init__(self, iterable, ids_of):
+    def __init__(self, iterable: Iterable, ids_of: Callable[[Any], dict]):
         self.iterable, self.ids_of = iterable, ids_of
 
     def _issue(self, batch, ahead):
@@ -745,9 +747,12 @@ class Prefetch:
             cur = nxt
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, *, client=None,
-                         backward_passes_per_step=1, bucket_bytes=1 << 20, mode="server",
-                         op=Average, model=None, buffers_every=100):
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: "Iterable[tuple[str, torch.Tensor]] | None" = None, *,
+                         client: "Client | None" = None, backward_passes_per_step: int = 1,
+                         bucket_bytes: int = 1 << 20, mode: str = "server", op: str = Average,
+                         model: "torch.nn.Module | None" = None,
+                         buffers_every: int = 100) -> torch.optim.Optimizer:
     """Wraps a torch optimizer so that a step trains through the shards.
 
     optimizer: the script's torch.optim optimizer (its param_groups, their

@@ -12,7 +12,6 @@ its own ps.Client, model and optimizer (the shards are real processes);
 the restart tests run workers as processes (torchworker.py) so they can be
 killed.
 """
-import math
 import os
 import signal
 import subprocess
@@ -20,7 +19,6 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian: python3-torch)")
