@@ -624,27 +624,37 @@ class _TableModule(torch.nn.Module):
     def _prefetch(self, ids, min_version):
         """Asks for ids' rows now (ps.torch.Prefetch): the next forward with
         the same ids takes them without waiting."""
-        u, _ = self._unique(ids)
+        u, inv = self._unique(ids)
         rows = np.empty((len(u), self.embedding_dim), np.float32)
         h = self._ps().pull_rows_async(self.table, u, rows, min_version=min_version)
-        self._pending.append((u, h, rows))
+        self._pending.append((ids, u, inv, h, rows))
 
-    def _rows(self, u):
+    def _rows(self, ids):
+        """(distinct ids, inverse indices, their rows): the prefetched ones
+        when they are for these ids (the same object: its distinct ids are
+        not computed again; else compared), else pulled now."""
+        u = inv = None
         while self._pending:
-            pu, h, rows = self._pending.popleft()
+            pids, pu, pinv, h, rows = self._pending.popleft()
             h.wait()
+            if pids is ids:
+                return pu, pinv, rows
+            if u is None:
+                u, inv = self._unique(ids)
             if pu.shape == u.shape and np.array_equal(pu, u):
-                return rows
+                return u, inv, rows
+        if u is None:
+            u, inv = self._unique(ids)
         rows = np.empty((len(u), self.embedding_dim), np.float32)
         if len(u):
             self._ps().pull_rows(self.table, u, rows)
-        return rows
+        return u, inv, rows
 
     def _lookup(self, ids):
         """(inverse indices on ids' device, the rows as a leaf tensor)."""
-        u, inv = self._unique(ids)
+        u, inv, rows = self._rows(ids)
         dev = ids.device if torch.is_tensor(ids) else torch.device("cpu")
-        rows = torch.from_numpy(self._rows(u))
+        rows = torch.from_numpy(rows)
         if dev.type != "cpu":
             rows, inv = rows.to(dev), inv.to(dev)
         if self.training and torch.is_grad_enabled():
