@@ -264,6 +264,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._embeddings = [m for m in model.modules() if isinstance(m, _TableModule)]
         for m in self._embeddings:
             m._attach(self)
+        self._declare_tables()
         self._rowgrads = {}
         self._row_scale = 1.0 / cfg.nworkers if op == Average else 1.0
         self._declare()
@@ -276,6 +277,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._hook(q)
 
     # ---- declaration ----
+    def _declare_tables(self):
+        """Declares the tables of the model's embedding modules that were
+        given dim= (in one call: a client declares its tables once)."""
+        decls = {}
+        for m in self._embeddings:
+            if m._decl is None:
+                continue
+            if m.table in decls and decls[m.table] != m._decl:
+                raise ConfigError(f"DistributedOptimizer: table {m.table!r} declared twice with "
+                                  f"different settings: {decls[m.table]} and {m._decl}")
+            decls[m.table] = m._decl
+        if decls:
+            self._ps.declare_tables([decls[t] for t in sorted(decls)])
+
     def _declare(self):
         avg = self._op == Average
         if self._mode == "server":
@@ -579,18 +594,33 @@ class _TableModule(torch.nn.Module):
     With op=Average the row gradients are divided by the number of workers,
     as the dense ones are averaged."""
 
-    def __init__(self, table, client=None):
+    def __init__(self, table, client=None, dim=None, **options):
         super().__init__()
         self.table = table
         self._client = client
         self._opt = None
-        self._pending = collections.deque()    # prefetched: (ids, handle, rows)
-        tables = self._ps().config.tables
+        self._pending = collections.deque()    # prefetched: (ids, u, inv, handle, rows)
+        # dim given: a table declared at run time (by the DistributedOptimizer
+        # this module joins, with the options: model.embeddings' keys)
+        self._decl = None
+        if dim is not None:
+            self._decl = dict(options, name=table, dim=int(dim))
+            self.embedding_dim = int(dim)
+            return
+        if options:
+            raise ConfigError(f"ps.torch: table {table!r}: options {sorted(options)} need dim= "
+                              "(a table declared at run time)")
+        tables = self._tables()
         if table not in tables:
             raise ConfigError(f"ps.torch: no embedding table {table!r} in "
                               f"{self._ps().config.path} (model.embeddings: "
-                              f"{', '.join(sorted(tables)) or 'none'})")
+                              f"{', '.join(sorted(tables)) or 'none'}); give dim= (and the "
+                              "table's options) to declare it at run time")
         self.embedding_dim = tables[table]
+
+    def _tables(self):
+        c = self._ps()
+        return c.tables if hasattr(c, "tables") else c.config.tables
 
     def _ps(self):
         return self._client if self._client is not None else client()
@@ -676,11 +706,14 @@ class EmbeddingBag(_TableModule):
     torch.nn.EmbeddingBag (a 2-D input is one bag per row; a 1-D input with
     offsets; "sum", "mean" or "max"), ids int64 or int32 tensors >= 0, or a
     numpy uint64/int64 array. The table (dim, initializer, row optimizer,
-    admission, TTL, row cap) is the config's model.embeddings entry."""
+    admission, TTL, row cap) is the config's model.embeddings entry, or,
+    given dim= and model.embeddings' other keys as options (init, scale,
+    optimizer, lr, admission, ttl, max_rows, ...), a table declared at run
+    time by the DistributedOptimizer the module joins."""
 
     def __init__(self, table: str, mode: str = "mean", include_last_offset: bool = False,
-                 client: "Client | None" = None):
-        super().__init__(table, client)
+                 client: "Client | None" = None, dim: "int | None" = None, **options):
+        super().__init__(table, client, dim, **options)
         if mode not in ("sum", "mean", "max"):
             raise ConfigError(f"EmbeddingBag: mode={mode!r}: expected sum, mean or max")
         self.mode = mode

@@ -100,10 +100,15 @@ def test_pooling_over_the_distinct_ids_gradcheck():
         torch.testing.assert_close(via_rows(rows), F.embedding_bag(ids, w, offsets, mode=mode))
 
 
-def test_integer_gradients_from_three_workers_exact(cluster):
+@pytest.mark.parametrize("declared", [False, True], ids=["yaml-table", "declared-table"])
+def test_integer_gradients_from_three_workers_exact(cluster, declared):
     """zeros, sgd lr 1, op=Sum: after one step each row is minus the sum of
-    every worker's integer gradient for it."""
-    cl = table_cluster(cluster, workers=3, init="zeros")
+    every worker's integer gradient for it; the table from the YAML, or
+    declared at run time by the modules' dim= and options."""
+    if declared:
+        cl = cluster(shards=2, workers=3, declare=True)
+    else:
+        cl = table_cluster(cluster, workers=3, init="zeros")
     want = np.zeros((V, DIM), np.float64)
     ids_of = {r: np.array([r, 7, 7, 11 + r, 7, 30], np.int64) for r in range(3)}
     coef = {r: torch.arange(1, 7, dtype=torch.float32).unsqueeze(1) * (r + 1) for r in range(3)}
@@ -115,7 +120,8 @@ def test_integer_gradients_from_three_workers_exact(cluster):
     def run(rank):
         try:
             c = ps.Client(cl.path, rank)
-            emb = pst.Embedding("t", client=c)
+            emb = pst.Embedding("t", client=c, **(dict(dim=DIM, init="zeros", optimizer="sgd",
+                                                       lr=1.0) if declared else {}))
             model = torch.nn.ModuleDict({"emb": emb, "fc": torch.nn.Linear(1, 1)})
             opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                            model.named_parameters(), client=c, model=model,
