@@ -27,12 +27,23 @@ from ._ps import (  # noqa: F401  (re-exported)
     UnknownNameError, strerror, version,
 )
 
+_EXPORT_NAMES = ("Export", "ExportLookup", "ExportTable", "export_lookup", "load_export")
+
+
+def __getattr__(name):
+    # ps.load_export & co. (ps/export.py) import numpy, so only when used
+    if name in _EXPORT_NAMES:
+        from . import export
+        return getattr(export, name)
+    raise AttributeError(f"module 'ps' has no attribute {name!r}")
+
 __all__ = [
     "Client", "Config", "Handle", "connect", "monitor", "strerror", "version",
     "Error", "ArrayError", "AuthError", "ClosedError", "ConfigError", "ConnectionError",
     "ForkError", "NotFiniteError", "ProtocolError", "RefusedError", "StateError",
     "TimeoutError", "TooBigError", "UnknownNameError",
     "ENV_CONFIG", "ENV_RANK",
+    "Export", "ExportLookup", "ExportTable", "export_lookup", "load_export",
 ]
 
 #: The environment variables the launchers (ps-local.sh, ps-cluster.sh,
