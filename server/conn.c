@@ -206,6 +206,52 @@ static int duplicate_rank(struct ps_server *s, struct ps_srv_conn *sc)
 	return 0;
 }
 
+/* A reader's request that would change the shard (push, row push,
+ * declare, a checkpoint or a resume clock in a stats request): answered
+ * with an Error naming it, counted (reader_refused), logged; nothing is
+ * applied and the connection stays open. Returns 1 when refused. */
+static int reader_refuses(struct ps_server *s, struct ps_srv_conn *sc, int type,
+			  const ProtobufCMessage *m)
+{
+	const char *what = NULL;
+	uint64_t req_id = 0;
+
+	switch (type) {
+	case PS_MSG_PUSH:
+		what = "push";
+		req_id = ((const Ps__Push *)m)->req_id;
+		break;
+	case PS_MSG_PUSH_ROWS:
+		what = "row push";
+		req_id = ((const Ps__PushRows *)m)->req_id;
+		break;
+	case PS_MSG_DECLARE:
+		what = "declare";
+		req_id = ((const Ps__Declare *)m)->req_id;
+		break;
+	case PS_MSG_STATS_REQUEST: {
+		const Ps__StatsRequest *r = (const Ps__StatsRequest *)m;
+		if (r->checkpoint)
+			what = "checkpoint";
+		else if (r->resume_clock)
+			what = "resume clock";
+		req_id = r->req_id;
+		break;
+	}
+	default:
+		break;
+	}
+	if (!what)
+		return 0;
+	s->c.reader_refused++;
+	if (s->c.reader_refused <= 16 || !(s->c.reader_refused & (s->c.reader_refused - 1)))
+		ps_warn("reader %s: %s refused (a reader may only pull; %" PRIu64 " refused so far)",
+			sc->conn->peer, what, s->c.reader_refused);
+	ps_msg_send_error(sc->conn, req_id, PS_EREFUSED, "a reader may only pull: %s refused",
+			  what);
+	return 1;
+}
+
 /* The handshake succeeded (and authenticated when required). */
 static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 {
@@ -355,6 +401,7 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		}
 	} else {
 		sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
+		sc->is_reader = h->role == PS__ROLE__ROLE_READER;
 		sc->incarnation = h->incarnation;
 		sc->done_clock = h->done_clock;
 		if (h->role == PS__ROLE__ROLE_REPLICA) {
@@ -368,6 +415,11 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 			sc->peer_epoch = h->epoch;
 			sc->peer_lsn = h->lsn;
 		}
+	}
+	if (sc->is_reader && sec->auth && !s->have_reader_key) {
+		refuse(sc, "this shard has no reader key: readers are refused until the shards "
+		       "get one (security.reader_key_file, PS_READER_KEY_FILE or --reader-key-file)");
+		return;
 	}
 	if (!sec->auth) {
 		sc->authed = 1;
@@ -416,6 +468,8 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	sc->repl_auth = h->role == PS__ROLE__ROLE_REPLICA && s->cfg->replicas;
 	if (sc->repl_auth)
 		ps_auth_repl_proof(s->repl_key, sc->transcript, 1, proof);
+	else if (sc->is_reader)
+		ps_auth_reader_proof(s->reader_key, sc->transcript, 1, proof);
 	else
 		ps_auth_proof(s->secret, sc->transcript, 1, proof);
 	ch.nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
@@ -432,6 +486,8 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 
 	if (sc->repl_auth ? !ps_auth_repl_proof_ok(s->repl_key, sc->transcript, 0, a->proof.data,
 						   a->proof.len)
+	    : sc->is_reader ? !ps_auth_reader_proof_ok(s->reader_key, sc->transcript, 0,
+						       a->proof.data, a->proof.len)
 			  : !ps_auth_proof_ok(s->secret, sc->transcript, 0, a->proof.data,
 					      a->proof.len)) {
 		return 1; /* counted and logged by ps__srv_on_close */
@@ -440,6 +496,11 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 		/* the replication link is MACed even without security.mac: the
 		 * backup applies every byte its primary sends */
 		ps_auth_repl_session_keys(s->repl_key, sc->transcript, 1, &keys);
+		keys.cipher = ps_auth_cipher(&s->cfg->security);
+		sc->conn->t->ops->set_keys(sc->conn, &keys);
+		sodium_memzero(&keys, sizeof(keys));
+	} else if (s->cfg->security.mac && sc->is_reader) {
+		ps_auth_reader_session_keys(s->reader_key, sc->transcript, 1, &keys);
 		keys.cipher = ps_auth_cipher(&s->cfg->security);
 		sc->conn->t->ops->set_keys(sc->conn, &keys);
 		sodium_memzero(&keys, sizeof(keys));
@@ -526,6 +587,11 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 	}
 	if (sc->is_replica && sc->state == CONN_READY) {
 		ps__repl_on_link_frame(s, sc, f->hdr.type, m);
+		protobuf_c_message_free_unpacked(m, NULL);
+		ps_frame_release(f);
+		return;
+	}
+	if (sc->is_reader && sc->state == CONN_READY && reader_refuses(s, sc, f->hdr.type, m)) {
 		protobuf_c_message_free_unpacked(m, NULL);
 		ps_frame_release(f);
 		return;

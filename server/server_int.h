@@ -37,6 +37,7 @@ struct ps_srv_conn {
 	char *refusal;             /* CONN_AUTH: why the Hello is refused, told once proven */
 	int is_replica;            /* the shard's other process dialed (Hello ROLE_REPLICA) */
 	int repl_auth;             /* the handshake proves the replication key, not the secret */
+	int is_reader;             /* a reader (Hello ROLE_READER): pulls only, rank -1 */
 	int is_link;               /* ... and is this primary's backup now (replica.h) */
 	int peer_state;            /* its Hello: ReplState, epoch, last batch */
 	uint64_t peer_epoch, peer_lsn;

@@ -83,8 +83,9 @@ static int client_init(pyps_client *self, PyObject *args, PyObject *kw)
 		pyps_raise(PS_ESTATE, "the Config was not opened");
 		return -1;
 	}
-	if (rank < -1) {
-		pyps_raise(-EINVAL, "rank %d: a worker rank is 0 or more, -1 is a monitor", rank);
+	if (rank < PS_RANK_READER) {
+		pyps_raise(-EINVAL, "rank %d: a worker rank is 0 or more, -1 is a monitor, -2 a "
+			   "reader", rank);
 		return -1;
 	}
 	err[0] = 0;
@@ -805,7 +806,7 @@ static PyMethodDef client_methods[] = {
 };
 
 static PyGetSetDef client_getset[] = {
-	{ "rank", (getter)client_get_rank, NULL, "worker rank, -1 for a monitor", NULL },
+	{ "rank", (getter)client_get_rank, NULL, "worker rank, -1 for a monitor, -2 for a reader", NULL },
 	{ "config", (getter)client_get_config, NULL, "the ps.Config connected with", NULL },
 	{ "closed", (getter)client_get_closed, NULL, "True once close() was called", NULL },
 	{ "tensors", (getter)client_get_tensors, NULL, "{name: element count}: the config's "

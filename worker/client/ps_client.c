@@ -214,6 +214,11 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	int rc;
 
 	*out = NULL;
+	if (rank < PS_RANK_READER) {
+		snprintf(err, errlen, "rank %d: a worker rank is 0 or more, -1 is a monitor, %d "
+			 "(PS_RANK_READER) a reader", rank, PS_RANK_READER);
+		return -EINVAL;
+	}
 	if (rank >= cfg->nworkers) {
 		snprintf(err, errlen, "rank %d outside 0..%d (cluster.workers is %d)", rank,
 			 cfg->nworkers - 1, cfg->nworkers);
@@ -230,7 +235,10 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->spin_s = cfg->limits.wait_spin_us / 1e6;
 	ps_auth_random((uint8_t *)&c->incarnation, sizeof(c->incarnation));
 	ps_config_agreement(cfg, c->settings_plain, sizeof(c->settings_plain));
-	if (cfg->security.auth && (rc = ps_auth_load_secret(cfg, c->secret, err, errlen))) {
+	/* a reader proves the reader key (auth.h), every other role the secret */
+	if (cfg->security.auth && (rc = rank == PS_RANK_READER
+			? ps_auth_load_reader_key(cfg, NULL, c->secret, err, errlen)
+			: ps_auth_load_secret(cfg, c->secret, err, errlen))) {
 		free(c);
 		return rc;
 	}
