@@ -128,7 +128,7 @@ def _group_tuple(i, g):
 class Client(_ps.Client):
     """A connection to every shard of a config, as worker `rank`.
 
-    Client(config=None, rank=None, *, monitor=False)
+    Client(config=None, rank=None, *, monitor=False, reader=False)
 
     config: a path or a ps.Config ($PS_CONFIG when None); rank: the worker
     rank ($PS_RANK when None); monitor=True connects as a monitor (rank -1)

@@ -307,15 +307,15 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		until.tv_nsec -= 1000000000L;
 	}
 	pthread_mutex_lock(&c->mu);
-	/* A worker needs every shard: it stops at the first failure. A
-	 * monitor (rank < 0) waits for every answer and starts with whatever
-	 * it reached; the others report their reason through
+	/* A worker or a reader needs every shard: it stops at the first
+	 * failure. A monitor (rank -1) waits for every answer and starts with
+	 * whatever it reached; the others report their reason through
 	 * ps_client_shard_error and fail their requests. */
-	while ((rank < 0 || c->nfailed == 0) && c->nready + c->nfailed < cfg->nshards)
+	while ((rank == -1 || c->nfailed == 0) && c->nready + c->nfailed < cfg->nshards)
 		if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT)
 			break;
 	rc = 0;
-	if (rank < 0) {
+	if (rank == -1) {
 		for (int k = 0; k < cfg->nshards; k++) {
 			struct shard_conn *sh = &c->shards[k];
 			if (sh->state != SH_READY && sh->state != SH_FAILED && !sh->why[0]) {

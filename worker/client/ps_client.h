@@ -169,14 +169,15 @@ struct ps_shard_stats {
  * its pushes, row pushes, declarations and checkpoint requests with
  * PS_EREFUSED ("a reader may only pull: push refused") and change
  * nothing. It is not a worker: no clock, no barrier waits for it. Like a
- * monitor, its init succeeds with shards down (ps_client_shard_error). */
+ * worker's, its init fails when a shard cannot be reached or refuses it;
+ * unlike a worker it does not reconnect: after a shard restarts, its
+ * requests fail (PS_ECLOSED) and a new client is made. */
 #define PS_RANK_READER (-2)
 
 /* Connects to every shard and completes the handshakes (within
  * limits.connect_timeout_ms). rank is the worker rank, -1 for a monitor
- * that only reads statistics, or PS_RANK_READER: a monitor's or reader's
- * init succeeds even when shards are unreachable (see
- * ps_client_shard_error). On failure returns a negative code and writes
+ * that only reads statistics, or PS_RANK_READER: a monitor's init succeeds
+ * even when shards are unreachable (see ps_client_shard_error). On failure returns a negative code and writes
  * the reason (naming the shard and, for a refused handshake, both sides'
  * values) into err. cfg must outlive the client. */
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
