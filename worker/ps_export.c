@@ -823,7 +823,8 @@ static int write_table(struct exporter *ex, struct ps_npz *z, int t, uint64_t *r
 			rc = fail(ex, -ENOMEM, "out of memory");
 			goto out;
 		}
-		qsort(a->dropped, a->ndropped, sizeof(uint64_t), cmp_u64);
+		if (a->ndropped)
+			qsort(a->dropped, a->ndropped, sizeof(uint64_t), cmp_u64);
 		for (uint64_t i = 0; i < a->ndropped; i++) {
 			uint64_t at = tacc_find(a, a->dropped[i]);
 			if ((i && a->dropped[i] == a->dropped[i - 1]) ||
