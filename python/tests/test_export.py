@@ -162,3 +162,39 @@ def test_export_refuses_damaged_files(trained, tmp_path):
     d2.write_bytes(dgood)
     export(cl.path, out)
     assert ps.load_export(out).meta["shards"][0]["deltas"] == 2
+
+
+def test_export_dropped_rows(cluster, tmp_path):
+    """Rows evicted by the cap after the full checkpoint: gone from the full export,
+    listed in a --since export's dropped ids."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    # max_rows 40 over 2 shards: each keeps at most 20 rows, evicting the oldest
+    cl = cluster(shards=2, workers=1, tables={"g": "2, max_rows: 40"},
+                 extra=["checkpoint:", f"  dir: {ck}", "  on_request: true",
+                        "  min_interval_s: 0", "  incremental: 5"])
+    old = np.arange(1, 31, dtype=np.uint64)
+    new = np.arange(100, 140, dtype=np.uint64)
+    everything = np.concatenate([old, new])
+    with ps.Client(cl.path, 0) as c:
+        g = {n: np.zeros(k, np.float32) for n, k in cl.tensors.items()}
+        c.push_rows("g", old, np.ones((30, 2), np.float32))
+        c.push(g)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # full
+        live0 = old[c.pull_rows("g", old).any(axis=1)]   # rows never pushed pull as zeros
+        for i in range(0, 40, 10):   # in steps, so that the cap evicts as they come
+            c.push_rows("g", new[i:i + 10], np.full((10, 2), 2, np.float32))
+            c.push(g)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-1
+        pulled = c.pull_rows("g", everything)
+    live = everything[pulled.any(axis=1)]
+    assert len(live) <= 40 and len(np.setdiff1d(live0, live)) > 0   # some were evicted
+    assert [cl.stop(k, signal.SIGKILL) for k in range(2)] == [-signal.SIGKILL] * 2
+    export(cl.path, tmp_path / "all.npz")
+    t = ps.load_export(tmp_path / "all.npz").tables["g"]
+    np.testing.assert_array_equal(t.ids, np.sort(live))
+    assert t.rows.tobytes() == pulled[np.searchsorted(everything, t.ids)].tobytes()
+    export(cl.path, tmp_path / "d.npz", "--since", "0")
+    d = ps.load_export(tmp_path / "d.npz").tables["g"]
+    np.testing.assert_array_equal(d.ids, np.intersect1d(live, new))
+    np.testing.assert_array_equal(d.dropped, np.setdiff1d(np.union1d(live0, new), live))
