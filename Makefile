@@ -172,7 +172,7 @@ bin/ps-stat: $(OBJ)/worker/ps_stat.o lib/libps.a
 
 # ps-export reads checkpoints offline: the optimizer table for the state
 # sizes, nothing else of the shard.
-bin/ps-export: $(OBJ)/worker/ps_export.o $(OBJ)/worker/npz.o $(OBJ)/server/optimizer.o lib/libps.a
+bin/ps-export: $(OBJ)/worker/ps_export.o $(OBJ)/worker/export_read.o $(OBJ)/worker/npz.o $(OBJ)/server/optimizer.o lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) -lz
 

@@ -61,6 +61,7 @@ suites_for() {
     server/metrics_http.c)     echo it_stat ;;
     server/declare.c)          echo it_declare it_groups ;;
     server/table_ckpt.c)       echo it_rows it_export.sh ;;
+    server/reader.c)           echo it_reader ;;
     server/*)                  echo it_cluster it_checkpoint it_hostile ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;

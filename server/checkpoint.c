@@ -8,6 +8,8 @@
  * times count floats of optimizer state, then nworkers uint64 finished
  * clocks, then a uint32 CRC-32 (zlib) of every byte before it.
  *
+ * The records are declared in ckpt_format.h (shared with ps-export).
+ *
  * Version 2 (magic PSCKPT02 / PSDELTA2), written when the declared tensors
  * have optimizer groups (ps_client_declare_groups): each ckpt_decl holds
  * its tensor's group, the list is followed by a struct ckpt_groups and

@@ -206,52 +206,6 @@ static int duplicate_rank(struct ps_server *s, struct ps_srv_conn *sc)
 	return 0;
 }
 
-/* A reader's request that would change the shard (push, row push,
- * declare, a checkpoint or a resume clock in a stats request): answered
- * with an Error naming it, counted (reader_refused), logged; nothing is
- * applied and the connection stays open. Returns 1 when refused. */
-static int reader_refuses(struct ps_server *s, struct ps_srv_conn *sc, int type,
-			  const ProtobufCMessage *m)
-{
-	const char *what = NULL;
-	uint64_t req_id = 0;
-
-	switch (type) {
-	case PS_MSG_PUSH:
-		what = "push";
-		req_id = ((const Ps__Push *)m)->req_id;
-		break;
-	case PS_MSG_PUSH_ROWS:
-		what = "row push";
-		req_id = ((const Ps__PushRows *)m)->req_id;
-		break;
-	case PS_MSG_DECLARE:
-		what = "declare";
-		req_id = ((const Ps__Declare *)m)->req_id;
-		break;
-	case PS_MSG_STATS_REQUEST: {
-		const Ps__StatsRequest *r = (const Ps__StatsRequest *)m;
-		if (r->checkpoint)
-			what = "checkpoint";
-		else if (r->resume_clock)
-			what = "resume clock";
-		req_id = r->req_id;
-		break;
-	}
-	default:
-		break;
-	}
-	if (!what)
-		return 0;
-	s->c.reader_refused++;
-	if (s->c.reader_refused <= 16 || !(s->c.reader_refused & (s->c.reader_refused - 1)))
-		ps_warn("reader %s: %s refused (a reader may only pull; %" PRIu64 " refused so far)",
-			sc->conn->peer, what, s->c.reader_refused);
-	ps_msg_send_error(sc->conn, req_id, PS_EREFUSED, "a reader may only pull: %s refused",
-			  what);
-	return 1;
-}
-
 /* The handshake succeeded (and authenticated when required). */
 static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 {
@@ -591,7 +545,7 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 		ps_frame_release(f);
 		return;
 	}
-	if (sc->is_reader && sc->state == CONN_READY && reader_refuses(s, sc, f->hdr.type, m)) {
+	if (sc->is_reader && sc->state == CONN_READY && ps__srv_reader_refuses(s, sc, f->hdr.type, m)) {
 		protobuf_c_message_free_unpacked(m, NULL);
 		ps_frame_release(f);
 		return;
