@@ -198,3 +198,42 @@ def test_export_dropped_rows(cluster, tmp_path):
     d = ps.load_export(tmp_path / "d.npz").tables["g"]
     np.testing.assert_array_equal(d.ids, np.intersect1d(live, new))
     np.testing.assert_array_equal(d.dropped, np.setdiff1d(np.union1d(live0, new), live))
+
+
+@pytest.mark.parametrize("groups", [False, True])
+def test_export_declared_tensors(cluster, tmp_path, groups):
+    """A config without a model: the tensors rank 0 declared (with optimizer groups:
+    a version 2 checkpoint) come out with their names and shapes, bit for bit."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    cl = cluster(shards=2, workers=1, declare=True, tables={"e": 3},
+                 extra=["checkpoint:", f"  dir: {ck}", "  on_request: true",
+                        "  min_interval_s: 0"])
+    rng = np.random.default_rng(3)
+    model = {"emb.proj": rng.standard_normal((40, 30)).astype(np.float32),
+             "fc.weight": rng.standard_normal((7, 300)).astype(np.float32),
+             "fc.bias": rng.standard_normal(7).astype(np.float32)}
+    with ps.Client(cl.path, 0) as c:
+        if groups:
+            c.declare(model, [dict(kind="adam", lr=0.01), dict(kind="sgd", lr=0.1, momentum=0.9)],
+                      [0, 1, 1])
+        else:
+            c.declare(model)
+        for _ in range(3):
+            c.push({n: rng.standard_normal(v.shape).astype(np.float32) for n, v in model.items()})
+        c.push_rows("e", np.array([1, 2], np.uint64), np.ones((2, 3), np.float32))
+        c.push({n: np.zeros(v.shape, np.float32) for n, v in model.items()})
+        c.pull(model)
+        rows = c.pull_rows("e", np.array([1, 2], np.uint64))
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())
+    assert cl.close() == [0, 0]
+    export(cl.path, tmp_path / "m.npz")
+    exp = ps.load_export(tmp_path / "m.npz")
+    assert list(exp.dense) == list(model)          # declaration order
+    for n, v in model.items():
+        assert exp.dense[n].shape == v.shape and exp.dense[n].tobytes() == v.tobytes(), n
+    assert exp.tables["e"].rows.tobytes() == rows.tobytes()
+    assert exp.meta["shards"][0]["checkpoint_version"] == (2 if groups else 1)
+    if groups:
+        assert [exp.meta["dense"][n]["optimizer"] for n in model] == ["adam", "momentum",
+                                                                      "momentum"]
