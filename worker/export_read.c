@@ -26,6 +26,9 @@
 #include "rows_wire.h"
 #include "shardmap.h"
 
+/* The error (ps__export_fail) of a function whose exporter is ex. */
+#define FAIL(...) ps__export_fail(ex, __VA_ARGS__)
+
 /* One checkpoint file, mapped. */
 struct file {
 	const char *path;
@@ -33,6 +36,7 @@ struct file {
 	uint64_t len, end;      /* end: where the CRC starts */
 	int shard;
 	uint32_t seq;           /* 0: the full file */
+	int stale;              /* an incremental one naming another full file */
 };
 
 int ps__export_fail(struct exporter *ex, int rc, const char *fmt, ...)
@@ -51,7 +55,7 @@ static int need(struct exporter *ex, const struct file *f, uint64_t pos, uint64_
 {
 	if (pos <= f->end && n <= f->end - pos)
 		return 0;
-	return ps__export_fail(ex, PS_EPROTO, "%s: truncated or damaged at offset %" PRIu64 ": %s needs %"
+	return FAIL(PS_EPROTO, "%s: truncated or damaged at offset %" PRIu64 ": %s needs %"
 		    PRIu64 " bytes, the records end at %" PRIu64 " (file of %" PRIu64 " bytes)",
 		    f->path, pos, what, n, f->end, f->len);
 }
@@ -148,11 +152,11 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 	int rc = 0, ngroups = 0;
 
 	if (!ex->cfg->declare)
-		return ps__export_fail(ex, PS_ECONFIG, "%s: holds %u tensors declared by workers, but the config "
+		return FAIL(PS_ECONFIG, "%s: holds %u tensors declared by workers, but the config "
 			    "names its model (model.preset, .layers or .tensors): another config?",
 			    f->path, h->ndeclared);
 	if (h->ndeclared > PS_MAX_TENSORS)
-		return ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset %zu: %u declared tensors, at most %d",
+		return FAIL(PS_EPROTO, "%s: damaged at offset %zu: %u declared tensors, at most %d",
 			    f->path, offsetof(struct ckpt_hdr, ndeclared), h->ndeclared,
 			    PS_MAX_TENSORS);
 	if ((rc = need(ex, f, *pos, (uint64_t)h->ndeclared * sizeof(struct ckpt_decl),
@@ -160,7 +164,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 		return rc;
 	c = malloc(sizeof(*c));
 	if (!c)
-		return ps__export_fail(ex, -ENOMEM, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	memcpy(c, ex->cfg, sizeof(*c));
 	c->ntensors = (int)h->ndeclared;
 	for (uint32_t i = 0; i < h->ndeclared; i++, *pos += sizeof(struct ckpt_decl)) {
@@ -170,7 +174,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 		memcpy(&d, f->p + *pos, sizeof(d));
 		if (!memchr(d.name, 0, sizeof(d.name)) || !d.name[0] || d.ndims < 0 ||
 		    d.ndims > PS_MAX_DIMS) {
-			rc = ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset %" PRIu64 ": declared tensor %u "
+			rc = FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": declared tensor %u "
 				  "has no name or %d dimensions", f->path, *pos, i, d.ndims);
 			goto out;
 		}
@@ -181,7 +185,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 		for (int j = 0; j < d.ndims; j++) {
 			if (d.dims[j] < 1 || d.dims[j] > (INT64_C(1) << 36) ||
 			    t->count > (INT64_C(1) << 36) / d.dims[j]) {
-				rc = ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset %" PRIu64 ": declared "
+				rc = FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": declared "
 					  "tensor '%s' has a damaged shape", f->path, *pos, t->name);
 				goto out;
 			}
@@ -196,7 +200,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 			goto out;
 		memcpy(&gh, f->p + *pos, sizeof(gh));
 		if (gh.ngroups < 1 || gh.ngroups > PS_MAX_GROUPS) {
-			rc = ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset %" PRIu64 ": %u optimizer "
+			rc = FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": %u optimizer "
 				  "groups, expected 1..%d", f->path, *pos, gh.ngroups, PS_MAX_GROUPS);
 			goto out;
 		}
@@ -208,7 +212,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 			struct ckpt_group cg;
 			memcpy(&cg, f->p + *pos, sizeof(cg));
 			if (cg.kind >= PS_OPT_COUNT) {
-				rc = ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset %" PRIu64 ": optimizer "
+				rc = FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": optimizer "
 					  "group %u of unknown kind %u", f->path, *pos, g, cg.kind);
 				goto out;
 			}
@@ -223,7 +227,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 		ngroups = (int)gh.ngroups;
 		for (int i = 0; i < c->ntensors; i++)
 			if (c->tensors[i].group < 0 || c->tensors[i].group >= ngroups) {
-				rc = ps__export_fail(ex, PS_EPROTO, "%s: declared tensor '%s' has optimizer group %d "
+				rc = FAIL(PS_EPROTO, "%s: declared tensor '%s' has optimizer group %d "
 					  "of %d (damaged?)", f->path, c->tensors[i].name,
 					  c->tensors[i].group, ngroups);
 				goto out;
@@ -242,12 +246,12 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 		for (int g = 0; same && g < c->ngroups; g++)
 			same = c->groups[g].kind == ex->ecfg->groups[g].kind;
 		if (!same)
-			rc = ps__export_fail(ex, PS_ECONFIG, "%s: declares other tensors or optimizer groups than "
+			rc = FAIL(PS_ECONFIG, "%s: declares other tensors or optimizer groups than "
 				  "%s (files of different runs?)", f->path, ex->sh[0].path);
 		goto out;
 	}
 	if ((rc = ps_config_declared_codecs(c, why, sizeof(why)))) {
-		rc = ps__export_fail(ex, rc, "%s: its declared tensors: %s", f->path, why);
+		rc = FAIL(rc, "%s: its declared tensors: %s", f->path, why);
 		goto out;
 	}
 	ex->ecfg = c;
@@ -267,14 +271,14 @@ static int build_map(struct exporter *ex)
 		return 0;
 	rc = ps_shardmap_init(&ex->map, c);
 	if (rc)
-		return ps__export_fail(ex, rc, "cannot build the shard map: %s", ps_strerror(rc));
+		return FAIL(rc, "cannot build the shard map: %s", ps_strerror(rc));
 	ex->have_map = 1;
 	ex->dense = calloc((size_t)(c->ntensors ? c->ntensors : 1), sizeof(*ex->dense));
 	if (!ex->dense)
-		return ps__export_fail(ex, -ENOMEM, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	for (int t = 0; t < c->ntensors; t++)
 		if (!(ex->dense[t] = calloc((size_t)c->tensors[t].count, sizeof(float))))
-			return ps__export_fail(ex, -ENOMEM, "out of memory for tensor '%s'", c->tensors[t].name);
+			return FAIL(-ENOMEM, "out of memory for tensor '%s'", c->tensors[t].name);
 	return 0;
 }
 
@@ -290,7 +294,7 @@ static int slot_nstate(const struct exporter *ex, int version, int tensor, uint3
 /* The records after the header and the declared list, walked twice: with
  * apply == 0 every length and value is checked (nothing used), with
  * apply == 1, after the CRC matched, the data is copied out. */
-static int walk_records(struct exporter *ex, const struct file *f, const struct ckpt_hdr *h,
+static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_hdr *h,
 			int version, uint64_t pos, int apply, uint8_t *seen)
 {
 	const struct ps_config *c = ex->ecfg ? ex->ecfg : ex->cfg;
@@ -312,12 +316,12 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 		memcpy(&cs, f->p + pos, sizeof(cs));
 		if (cs.slice >= ex->map.nslices || ex->map.slices[cs.slice].shard != f->shard ||
 		    cs.count != (uint64_t)ex->map.slices[cs.slice].count)
-			return ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset %" PRIu64 ": slice record %u "
+			return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": slice record %u "
 				    "names slice %u of %" PRIu64 " values, which is not one of this "
 				    "shard's", f->path, pos, k, cs.slice, cs.count);
 		sl = &ex->map.slices[cs.slice];
 		if (!apply && seen[cs.slice]++)
-			return ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset %" PRIu64 ": slice %u "
+			return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": slice %u "
 				    "appears twice", f->path, pos, cs.slice);
 		ns = slot_nstate(ex, version, sl->tensor, h->nstate);
 		pos += sizeof(cs);
@@ -340,7 +344,7 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 		memcpy(si->finished, f->p + pos, (size_t)c->nworkers * 8);
 	pos += (uint64_t)c->nworkers * 8;
 	if (!c->ntables && f->seq)
-		return ps__export_fail(ex, PS_ECONFIG, "%s: an incremental checkpoint, but the config has no "
+		return FAIL(PS_ECONFIG, "%s: an incremental checkpoint, but the config has no "
 			    "embedding tables", f->path);
 	if (f->seq && c->ntables) {
 		struct ckpt_delta_head dh;
@@ -348,10 +352,10 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 			return rc;
 		memcpy(&dh, f->p + pos, sizeof(dh));
 		if (dh.magic != CKPT_DELTA_MAGIC || dh.seq != f->seq)
-			return ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset %" PRIu64 ": not incremental "
+			return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": not incremental "
 				    "checkpoint %u of the chain", f->path, pos, f->seq);
 		if (dh.base_crc != si->base_crc || dh.base_len != si->base_len)
-			return -ESTALE;
+			f->stale = 1; /* told after the CRC: damage is no staleness */
 		pos += sizeof(dh);
 	}
 	for (int t = 0; t < c->ntables; t++) {
@@ -367,7 +371,7 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 		memcpy(&ct, f->p + pos, sizeof(ct));
 		if (ct.key != ps_rows_table_key(tc) || ct.dim != (uint32_t)dim ||
 		    ct.row_floats != (uint32_t)rf)
-			return ps__export_fail(ex, PS_EPROTO, "%s: at offset %" PRIu64 ": table %d is not '%s' of "
+			return FAIL(PS_EPROTO, "%s: at offset %" PRIu64 ": table %d is not '%s' of "
 				    "dim %d with %d floats of optimizer state as configured (damaged, or "
 				    "name, dim or optimizer changed)", f->path, pos, t, tc->name, dim,
 				    rf - dim);
@@ -380,7 +384,7 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 				return rc ? rc : need(ex, f, pos, UINT64_MAX / 2, what);
 			if (apply && ct.ntombs) {
 				if ((rc = ps__tacc_hash_sync(a)))
-					return ps__export_fail(ex, rc, "out of memory");
+					return FAIL(rc, "out of memory");
 				for (uint64_t i = 0; i < ct.ntombs; i++) {
 					uint64_t id, at;
 					memcpy(&id, f->p + pos + i * 8, 8);
@@ -388,7 +392,7 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 					if (at != UINT64_MAX)
 						a->flags[at] &= (uint8_t)~F_LIVE;
 					if (changed && tacc_drop(a, id))
-						return ps__export_fail(ex, -ENOMEM, "out of memory");
+						return FAIL(-ENOMEM, "out of memory");
 				}
 			}
 			pos += ct.ntombs * 8;
@@ -405,14 +409,14 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 				uint64_t id;
 				memcpy(&id, f->p + rows_at + i * rb, 8);
 				if (ps_rows_shard(ct.key, id, c->nshards) != f->shard)
-					return ps__export_fail(ex, PS_EPROTO, "%s: at offset %" PRIu64 ": row %" PRIu64
+					return FAIL(PS_EPROTO, "%s: at offset %" PRIu64 ": row %" PRIu64
 						    " of table '%s' has id %" PRIu64 ", which lives on "
 						    "another shard (damaged?)", f->path, rows_at + i * rb,
 						    i, tc->name, id);
 			}
 		} else if (!f->seq) {
 			if (tacc_reserve(a, ct.nrows, dim))
-				return ps__export_fail(ex, -ENOMEM, "out of memory for table '%s'", tc->name);
+				return FAIL(-ENOMEM, "out of memory for table '%s'", tc->name);
 			for (uint64_t i = 0; i < ct.nrows; i++) {
 				const uint8_t *r = f->p + rows_at + i * rb;
 				memcpy(&a->ids[a->n], r, 8);
@@ -422,7 +426,7 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 			}
 		} else if (ct.nrows) {
 			if (tacc_reserve(a, ct.nrows, dim) || ps__tacc_hash_sync(a))
-				return ps__export_fail(ex, -ENOMEM, "out of memory for table '%s'", tc->name);
+				return FAIL(-ENOMEM, "out of memory for table '%s'", tc->name);
 			for (uint64_t i = 0; i < ct.nrows; i++) {
 				const uint8_t *r = f->p + rows_at + i * rb;
 				uint64_t id, at;
@@ -433,7 +437,7 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 					a->ids[at] = id;
 					a->flags[at] = 0;
 					if (ps__tacc_hash_sync(a))
-						return ps__export_fail(ex, -ENOMEM, "out of memory");
+						return FAIL(-ENOMEM, "out of memory");
 				}
 				memcpy(a->w + at * (uint64_t)dim, r + sizeof(struct ckpt_row),
 				       (size_t)dim * sizeof(float));
@@ -451,19 +455,19 @@ static int walk_records(struct exporter *ex, const struct file *f, const struct 
 			si->table_version[t] = ct.version;
 	}
 	if (pos != f->end)
-		return ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset %" PRIu64 ": %" PRIu64 " bytes after "
+		return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": %" PRIu64 " bytes after "
 			    "the last record (made with other tables?)", f->path, pos, f->end - pos);
 	return 0;
 }
 
-static int walk(struct exporter *ex, const struct file *f, const struct ckpt_hdr *h, int version,
+static int walk(struct exporter *ex, struct file *f, const struct ckpt_hdr *h, int version,
 		uint64_t pos, int apply)
 {
 	uint8_t *seen = apply ? NULL : calloc(ex->map.nslices + 1, 1);
 	int rc;
 
 	if (!apply && !seen)
-		return ps__export_fail(ex, -ENOMEM, "out of memory");
+		return FAIL(-ENOMEM, "out of memory");
 	rc = walk_records(ex, f, h, version, pos, apply, seen);
 	free(seen);
 	return rc;
@@ -486,25 +490,25 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 	if (fd < 0) {
 		if (errno == ENOENT && seq)
 			return -ENOENT;
-		return ps__export_fail(ex, -errno, "%s: cannot read: %s%s", path, strerror(errno),
+		return FAIL(-errno, "%s: cannot read: %s%s", path, strerror(errno),
 			    errno == ENOENT ? " (no checkpoint of this shard: is checkpoint.dir, or "
 			    "--dir, right?)" : errno == ELOOP ? " (a symbolic link: give the file "
 			    "itself)" : "");
 	}
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
-		rc = ps__export_fail(ex, PS_EPROTO, "%s: not a regular file", path);
+		rc = FAIL(PS_EPROTO, "%s: not a regular file", path);
 		goto out;
 	}
 	f.len = (uint64_t)st.st_size;
 	if (f.len < sizeof(h) + 4) {
-		rc = ps__export_fail(ex, PS_EPROTO, "%s: %" PRIu64 " bytes, too short for a checkpoint "
+		rc = FAIL(PS_EPROTO, "%s: %" PRIu64 " bytes, too short for a checkpoint "
 			  "(truncated?)", path, f.len);
 		goto out;
 	}
 	f.end = f.len - 4;
 	map = mmap(NULL, (size_t)f.len, PROT_READ, MAP_PRIVATE, fd, 0);
 	if (map == MAP_FAILED) {
-		rc = ps__export_fail(ex, -errno, "%s: cannot map it: %s", path, strerror(errno));
+		rc = FAIL(-errno, "%s: cannot map it: %s", path, strerror(errno));
 		goto out;
 	}
 	f.p = map;
@@ -513,23 +517,23 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 	version = !memcmp(h.magic, seq ? CKPT_DELTA : CKPT_MAGIC, 8) ? 1 :
 		  !memcmp(h.magic, seq ? CKPT_DELTA2 : CKPT_MAGIC2, 8) ? 2 : 0;
 	if (!version) {
-		rc = ps__export_fail(ex, PS_EPROTO, "%s: damaged at offset 0: not a ps-server %scheckpoint "
+		rc = FAIL(PS_EPROTO, "%s: damaged at offset 0: not a ps-server %scheckpoint "
 			  "(bad magic)", path, seq ? "incremental " : "");
 		goto out;
 	}
 	if (h.endian != CKPT_ENDIAN) {
-		rc = ps__export_fail(ex, PS_EPROTO, "%s: written on a machine of the other byte order, or "
+		rc = FAIL(PS_EPROTO, "%s: written on a machine of the other byte order, or "
 			  "damaged at offset 8", path);
 		goto out;
 	}
 	if (h.shard != k) {
-		rc = ps__export_fail(ex, PS_ECONFIG, "%s: belongs to shard %d (offset 12), expected shard %d",
+		rc = FAIL(PS_ECONFIG, "%s: belongs to shard %d (offset 12), expected shard %d",
 			  path, h.shard, k);
 		goto out;
 	}
 	pos = sizeof(h);
 	if (version == 2 && !h.ndeclared) {
-		rc = ps__export_fail(ex, PS_EPROTO, "%s: a version 2 checkpoint without declared tensors "
+		rc = FAIL(PS_EPROTO, "%s: a version 2 checkpoint without declared tensors "
 			  "(damaged?)", path);
 		goto out;
 	}
@@ -542,32 +546,32 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 	if (!seq) {
 		ex->sh[k].version = version;
 	} else if (version != ex->sh[k].version) {
-		rc = ps__export_fail(ex, PS_EPROTO, "%s: a version %d checkpoint after a version %d full one",
+		rc = FAIL(PS_EPROTO, "%s: a version %d checkpoint after a version %d full one",
 			  path, version, ex->sh[k].version);
 		goto out;
 	}
 	if (h.map_hash != ex->map.hash) {
-		rc = ps__export_fail(ex, PS_ECONFIG, "%s: made with another configuration: shard map %016"
+		rc = FAIL(PS_ECONFIG, "%s: made with another configuration: shard map %016"
 			  PRIx64 " there, %016" PRIx64 " here (servers, tensors, tables or "
 			  "slice_bytes changed)", path, h.map_hash, ex->map.hash);
 		goto out;
 	}
 	nstate = (uint64_t)ps_optimizer_get(ex->cfg->optim.kind)->nstate;
 	if (h.optimizer != (uint32_t)ex->cfg->optim.kind || h.nstate != nstate) {
-		rc = ps__export_fail(ex, PS_ECONFIG, "%s: made with optimizer %s, the config says %s", path,
+		rc = FAIL(PS_ECONFIG, "%s: made with optimizer %s, the config says %s", path,
 			  h.optimizer < PS_OPT_COUNT ? ps_optim_name((enum ps_optim_kind)h.optimizer) :
 			  "(damaged)", ps_optim_name(ex->cfg->optim.kind));
 		goto out;
 	}
 	if (h.nworkers != (uint32_t)ex->cfg->nworkers) {
-		rc = ps__export_fail(ex, PS_ECONFIG, "%s: made for %u workers, the config says %d", path,
+		rc = FAIL(PS_ECONFIG, "%s: made for %u workers, the config says %d", path,
 			  h.nworkers, ex->cfg->nworkers);
 		goto out;
 	}
 	for (uint32_t i = 0; i < ex->map.nslices; i++)
 		want_slots += ex->map.slices[i].shard == k;
 	if (h.nslots != want_slots) {
-		rc = ps__export_fail(ex, PS_EPROTO, "%s: holds %u slices, shard %d owns %u (damaged?)", path,
+		rc = FAIL(PS_EPROTO, "%s: holds %u slices, shard %d owns %u (damaged?)", path,
 			  h.nslots, k, want_slots);
 		goto out;
 	}
@@ -578,11 +582,15 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 	{
 		uint32_t got = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0), f.p, (size_t)f.end);
 		if (got != crc) {
-			rc = ps__export_fail(ex, PS_EPROTO, "%s: checksum mismatch: the CRC-32 of bytes 0..%"
+			rc = FAIL(PS_EPROTO, "%s: checksum mismatch: the CRC-32 of bytes 0..%"
 				  PRIu64 " is %08x, the file's last 4 bytes (offset %" PRIu64 ") say "
 				  "%08x: the file is damaged", path, f.end, got, f.end, crc);
 			goto out;
 		}
+	}
+	if (f.stale) {
+		rc = -ESTALE;
+		goto out;
 	}
 	if (!seq) {
 		ex->sh[k].base_crc = crc;
@@ -623,7 +631,7 @@ int ps__export_read_shard(struct exporter *ex, const char *dir, int k, int quiet
 		si->deltas = n;
 	}
 	if (ex->since >= 0 && si->deltas < (uint32_t)ex->since)
-		return ps__export_fail(ex, -EINVAL, "--since %d: shard %d has only %u incremental checkpoints "
+		return FAIL(-EINVAL, "--since %d: shard %d has only %u incremental checkpoints "
 			    "after its full one %s (a newer full checkpoint restarted the chain: "
 			    "export everything)", ex->since, k, si->deltas, si->path);
 	return 0;
