@@ -13,7 +13,7 @@
 /* One table's rows from every shard, in the order read. */
 struct tacc {
 	uint64_t *ids;
-	float *w;               /* n x dim */
+	const uint8_t **row;    /* n: the row's dim floats, inside a mapped checkpoint */
 	uint8_t *flags;         /* F_LIVE, F_CHANGED */
 	uint64_t n, cap;
 	uint64_t *hash;         /* index + 1, 0 = empty; built when a delta needs it */
@@ -43,6 +43,10 @@ struct exporter {
 	float **dense;                /* per tensor */
 	struct tacc *tab;
 	struct shard_info *sh;
+	/* the checkpoints read, mapped until the export is written: the
+	 * tables' rows are taken from there, not copied */
+	struct ps_export_map { void *p; size_t len; } *maps;
+	int nmaps, mapcap;
 	char err[1024];
 };
 

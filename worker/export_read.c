@@ -70,7 +70,7 @@ static uint64_t mix64(uint64_t z)
 
 /* ---- rows of a table ---- */
 
-static int tacc_reserve(struct tacc *a, uint64_t more, int dim)
+static int tacc_reserve(struct tacc *a, uint64_t more)
 {
 	uint64_t cap = a->cap ? a->cap : 1024;
 
@@ -81,13 +81,13 @@ static int tacc_reserve(struct tacc *a, uint64_t more, int dim)
 	uint64_t *ids = realloc(a->ids, cap * sizeof(*ids));
 	if (ids)
 		a->ids = ids;
-	float *w = realloc(a->w, cap * (size_t)dim * sizeof(*w));
-	if (w)
-		a->w = w;
+	const uint8_t **row = realloc(a->row, cap * sizeof(*row));
+	if (row)
+		a->row = row;
 	uint8_t *fl = realloc(a->flags, cap);
 	if (fl)
 		a->flags = fl;
-	if (!ids || !w || !fl)
+	if (!ids || !row || !fl)
 		return -ENOMEM;
 	a->cap = cap;
 	return 0;
@@ -415,17 +415,16 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 						    i, tc->name, id);
 			}
 		} else if (!f->seq) {
-			if (tacc_reserve(a, ct.nrows, dim))
+			if (tacc_reserve(a, ct.nrows))
 				return FAIL(-ENOMEM, "out of memory for table '%s'", tc->name);
 			for (uint64_t i = 0; i < ct.nrows; i++) {
 				const uint8_t *r = f->p + rows_at + i * rb;
 				memcpy(&a->ids[a->n], r, 8);
-				memcpy(a->w + a->n * (uint64_t)dim, r + sizeof(struct ckpt_row),
-				       (size_t)dim * sizeof(float));
+				a->row[a->n] = r + sizeof(struct ckpt_row);
 				a->flags[a->n++] = F_LIVE;
 			}
 		} else if (ct.nrows) {
-			if (tacc_reserve(a, ct.nrows, dim) || ps__tacc_hash_sync(a))
+			if (tacc_reserve(a, ct.nrows) || ps__tacc_hash_sync(a))
 				return FAIL(-ENOMEM, "out of memory for table '%s'", tc->name);
 			for (uint64_t i = 0; i < ct.nrows; i++) {
 				const uint8_t *r = f->p + rows_at + i * rb;
@@ -439,8 +438,7 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 					if (ps__tacc_hash_sync(a))
 						return FAIL(-ENOMEM, "out of memory");
 				}
-				memcpy(a->w + at * (uint64_t)dim, r + sizeof(struct ckpt_row),
-				       (size_t)dim * sizeof(float));
+				a->row[at] = r + sizeof(struct ckpt_row);
 				a->flags[at] |= F_LIVE | (changed ? F_CHANGED : 0);
 			}
 		}
@@ -512,7 +510,17 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 		goto out;
 	}
 	f.p = map;
-	madvise(map, (size_t)f.len, MADV_SEQUENTIAL);
+	/* kept until the export is written (the rows are read from it) */
+	if (ex->nmaps == ex->mapcap) {
+		int cap = ex->mapcap ? ex->mapcap * 2 : 16;
+		struct ps_export_map *m = realloc(ex->maps, (size_t)cap * sizeof(*m));
+		if (!m) {
+			rc = FAIL(-ENOMEM, "out of memory");
+			goto out;
+		}
+		ex->maps = m;
+		ex->mapcap = cap;
+	}
 	memcpy(&h, f.p, sizeof(h));
 	version = !memcmp(h.magic, seq ? CKPT_DELTA : CKPT_MAGIC, 8) ? 1 :
 		  !memcmp(h.magic, seq ? CKPT_DELTA2 : CKPT_MAGIC2, 8) ? 2 : 0;
@@ -597,6 +605,10 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 		ex->sh[k].base_len = f.len;
 	}
 	rc = walk(ex, &f, &h, version, pos, 1);
+	if (!rc) {
+		ex->maps[ex->nmaps++] = (struct ps_export_map){ map, (size_t)f.len };
+		map = MAP_FAILED;
+	}
 out:
 	if (map != MAP_FAILED)
 		munmap(map, (size_t)f.len);

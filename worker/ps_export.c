@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include "config.h"
 #include "config_agree.h"
 #include "export.h"
@@ -156,7 +157,7 @@ static int write_table(struct exporter *ex, struct ps_npz *z, int t, uint64_t *r
 	for (uint64_t i = 0; !rc && i < n; i += CHUNK) {
 		uint64_t m = n - i < CHUNK ? n - i : CHUNK;
 		for (uint64_t j = 0; j < m; j++)
-			memcpy(wbuf + j * (uint64_t)dim, a->w + s[i + j].at * (uint64_t)dim,
+			memcpy(wbuf + j * (uint64_t)dim, a->row[s[i + j].at],
 			       (size_t)dim * sizeof(float));
 		rc = ps__npz_write(z, wbuf, m * (uint64_t)dim * sizeof(float));
 	}
@@ -449,12 +450,15 @@ out:
 	free(ex.dense);
 	for (int t = 0; ex.tab && t < cfg->ntables; t++) {
 		free(ex.tab[t].ids);
-		free(ex.tab[t].w);
+		free(ex.tab[t].row);
 		free(ex.tab[t].flags);
 		free(ex.tab[t].hash);
 		free(ex.tab[t].dropped);
 	}
 	free(ex.tab);
+	for (int i = 0; i < ex.nmaps; i++)
+		munmap(ex.maps[i].p, ex.maps[i].len);
+	free(ex.maps);
 	for (int k = 0; ex.sh && k < cfg->nshards; k++) {
 		free(ex.sh[k].finished);
 		free(ex.sh[k].table_version);
