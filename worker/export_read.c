@@ -49,15 +49,19 @@ int ps__export_fail(struct exporter *ex, int rc, const char *fmt, ...)
 	return rc;
 }
 
-/* 0 when n bytes at pos lie before the CRC; else the error naming both. */
-static int need(struct exporter *ex, const struct file *f, uint64_t pos, uint64_t n,
-		const char *what)
+/* 0 when count records of size bytes at pos lie before the CRC; else the
+ * error naming the file, the offset and what did not fit. */
+static int need(struct exporter *ex, const struct file *f, uint64_t pos, uint64_t count,
+		uint64_t size, const char *what)
 {
-	if (pos <= f->end && n <= f->end - pos)
+	if (pos <= f->end && count <= (f->end - pos) / size)
 		return 0;
-	return FAIL(PS_EPROTO, "%s: truncated or damaged at offset %" PRIu64 ": %s needs %"
-		    PRIu64 " bytes, the records end at %" PRIu64 " (file of %" PRIu64 " bytes)",
-		    f->path, pos, what, n, f->end, f->len);
+	if (count > UINT64_MAX / size)
+		return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": %s: more than any file "
+			    "holds", f->path, pos, what);
+	return FAIL(PS_EPROTO, "%s: truncated or damaged: %" PRIu64 " bytes for %s from "
+		    "offset %" PRIu64 ", but the records end at %" PRIu64 " (file of %" PRIu64
+		    " bytes)", f->path, count * size, what, pos, f->end, f->len);
 }
 
 static uint64_t mix64(uint64_t z)
@@ -159,7 +163,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 		return FAIL(PS_EPROTO, "%s: damaged at offset %zu: %u declared tensors, at most %d",
 			    f->path, offsetof(struct ckpt_hdr, ndeclared), h->ndeclared,
 			    PS_MAX_TENSORS);
-	if ((rc = need(ex, f, *pos, (uint64_t)h->ndeclared * sizeof(struct ckpt_decl),
+	if ((rc = need(ex, f, *pos, h->ndeclared, sizeof(struct ckpt_decl),
 		       "the declared tensors' list")))
 		return rc;
 	c = malloc(sizeof(*c));
@@ -196,7 +200,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 	}
 	if (version == 2) {
 		struct ckpt_groups gh;
-		if ((rc = need(ex, f, *pos, sizeof(gh), "the optimizer groups' header")))
+		if ((rc = need(ex, f, *pos, 1, sizeof(gh), "the optimizer groups' header")))
 			goto out;
 		memcpy(&gh, f->p + *pos, sizeof(gh));
 		if (gh.ngroups < 1 || gh.ngroups > PS_MAX_GROUPS) {
@@ -205,7 +209,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 			goto out;
 		}
 		*pos += sizeof(gh);
-		if ((rc = need(ex, f, *pos, (uint64_t)gh.ngroups * sizeof(struct ckpt_group),
+		if ((rc = need(ex, f, *pos, gh.ngroups, sizeof(struct ckpt_group),
 			       "the optimizer groups")))
 			goto out;
 		for (uint32_t g = 0; g < gh.ngroups; g++, *pos += sizeof(struct ckpt_group)) {
@@ -311,7 +315,7 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 		const struct ps_slice *sl;
 		int ns;
 
-		if ((rc = need(ex, f, pos, sizeof(cs), "a slice record")))
+		if ((rc = need(ex, f, pos, 1, sizeof(cs), "a slice record")))
 			return rc;
 		memcpy(&cs, f->p + pos, sizeof(cs));
 		if (cs.slice >= ex->map.nslices || ex->map.slices[cs.slice].shard != f->shard ||
@@ -326,7 +330,7 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 		ns = slot_nstate(ex, version, sl->tensor, h->nstate);
 		pos += sizeof(cs);
 		snprintf(what, sizeof(what), "slice %u's weights and optimizer state", cs.slice);
-		if ((rc = need(ex, f, pos, cs.count * sizeof(float) * (uint64_t)(1 + ns), what)))
+		if ((rc = need(ex, f, pos, cs.count, sizeof(float) * (uint64_t)(1 + ns), what)))
 			return rc;
 		if (apply) {
 			memcpy(ex->dense[sl->tensor] + sl->offset, f->p + pos,
@@ -338,7 +342,7 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 		}
 		pos += cs.count * sizeof(float) * (uint64_t)(1 + ns);
 	}
-	if ((rc = need(ex, f, pos, (uint64_t)c->nworkers * 8, "the workers' finished clocks")))
+	if ((rc = need(ex, f, pos, (uint64_t)c->nworkers, 8, "the workers' finished clocks")))
 		return rc;
 	if (apply)
 		memcpy(si->finished, f->p + pos, (size_t)c->nworkers * 8);
@@ -348,7 +352,7 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 			    "embedding tables", f->path);
 	if (f->seq && c->ntables) {
 		struct ckpt_delta_head dh;
-		if ((rc = need(ex, f, pos, sizeof(dh), "the incremental header")))
+		if ((rc = need(ex, f, pos, 1, sizeof(dh), "the incremental header")))
 			return rc;
 		memcpy(&dh, f->p + pos, sizeof(dh));
 		if (dh.magic != CKPT_DELTA_MAGIC || dh.seq != f->seq)
@@ -365,8 +369,8 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 		uint64_t rb, rows_at;
 		int dim = tc->dim, rf = tc->dim + ps_row_optim_nstate(tc);
 
-		snprintf(what, sizeof(what), "table '%s''s header", tc->name);
-		if ((rc = need(ex, f, pos, sizeof(ct), what)))
+		snprintf(what, sizeof(what), "the header of table '%s'", tc->name);
+		if ((rc = need(ex, f, pos, 1, sizeof(ct), what)))
 			return rc;
 		memcpy(&ct, f->p + pos, sizeof(ct));
 		if (ct.key != ps_rows_table_key(tc) || ct.dim != (uint32_t)dim ||
@@ -378,10 +382,10 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 		pos += sizeof(ct);
 		rb = sizeof(struct ckpt_row) + (uint64_t)rf * sizeof(float);
 		if (f->seq) {
-			snprintf(what, sizeof(what), "table '%s''s %" PRIu64 " dropped ids", tc->name,
-				 ct.ntombs);
-			if (ct.ntombs > f->end / 8 || (rc = need(ex, f, pos, ct.ntombs * 8, what)))
-				return rc ? rc : need(ex, f, pos, UINT64_MAX / 2, what);
+			snprintf(what, sizeof(what), "the %" PRIu64 " dropped ids of table '%s'",
+				 ct.ntombs, tc->name);
+			if ((rc = need(ex, f, pos, ct.ntombs, 8, what)))
+				return rc;
 			if (apply && ct.ntombs) {
 				if ((rc = ps__tacc_hash_sync(a)))
 					return FAIL(rc, "out of memory");
@@ -397,10 +401,8 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 			}
 			pos += ct.ntombs * 8;
 		}
-		snprintf(what, sizeof(what), "table '%s''s %" PRIu64 " rows", tc->name, ct.nrows);
-		if (ct.nrows > f->end / rb)
-			return need(ex, f, pos, UINT64_MAX / 2, what);
-		if ((rc = need(ex, f, pos, ct.nrows * rb, what)))
+		snprintf(what, sizeof(what), "the %" PRIu64 " rows of table '%s'", ct.nrows, tc->name);
+		if ((rc = need(ex, f, pos, ct.nrows, rb, what)))
 			return rc;
 		rows_at = pos;
 		if (!apply) {
@@ -443,10 +445,8 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 			}
 		}
 		pos += ct.nrows * rb;
-		snprintf(what, sizeof(what), "table '%s''s admission filter", tc->name);
-		if (ct.filter_slots > f->end / 4)
-			return need(ex, f, pos, UINT64_MAX / 2, what);
-		if ((rc = need(ex, f, pos, ct.filter_slots * 4, what)))
+		snprintf(what, sizeof(what), "the admission filter of table '%s'", tc->name);
+		if ((rc = need(ex, f, pos, ct.filter_slots, 4, what)))
 			return rc;
 		pos += ct.filter_slots * 4;
 		if (apply)
