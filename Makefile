@@ -1,6 +1,7 @@
 # Makefile - builds the parameter server, its client library and tests.
 #
-#   make                 bin/ps-server, bin/ps-bench, bin/ps-stat, bin/ps-worker, lib/libps.a,
+#   make                 bin/ps-server, bin/ps-bench, bin/ps-stat, bin/ps-worker, bin/ps-export,
+#                        lib/libps.a,
 #                        lib/libps.so (soname libps.so.1, only the public API exported),
 #                        and the CUDA plug-in lib/ps-compute-cuda.so where nvcc and
 #                        cuDNN are found (kernels/cuda.mk)
@@ -96,7 +97,7 @@ IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 IT_SH     := $(wildcard tests/it_*.sh)
 
-PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_ref.c)),bin/ps-worker)
+PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen bin/ps-export $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_ref.c)),bin/ps-worker)
 
 .PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc test-rdma demo-rdma
 .SECONDARY:
@@ -168,6 +169,12 @@ bin/ps-bench: $(OBJ)/worker/ps_bench.o $(OBJ)/worker/bench_rows.o lib/libps.a
 bin/ps-stat: $(OBJ)/worker/ps_stat.o lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
+
+# ps-export reads checkpoints offline: the optimizer table for the state
+# sizes, nothing else of the shard.
+bin/ps-export: $(OBJ)/worker/ps_export.o $(OBJ)/worker/export_read.o $(OBJ)/worker/npz.o $(OBJ)/server/optimizer.o lib/libps.a
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) -lz
 
 bin/ps-ctrgen: $(OBJ)/worker/ps_ctrgen.o $(CTR_OBJS) lib/libps.a
 	@mkdir -p bin

@@ -219,6 +219,68 @@ int ps_auth_load_repl_key(const struct ps_config *cfg, const uint8_t secret[PS_A
 	return ps_auth_load_repl_key_file(path, secret, key, err, errlen);
 }
 
+void ps_auth_reader_key_path(const struct ps_config *cfg, char *out, size_t outlen)
+{
+	const char *f = cfg->security.reader_key_file, *env = getenv("PS_READER_KEY_FILE");
+
+	snprintf(out, outlen, "%s", f[0] ? f : env ? env : "");
+}
+
+int ps_auth_set_reader_key_file(struct ps_config *cfg, const char *path)
+{
+	char cwd[512];
+	int n;
+
+	if (path[0] == '/' || !getcwd(cwd, sizeof(cwd)))
+		n = snprintf(cfg->security.reader_key_file, sizeof(cfg->security.reader_key_file),
+			     "%s", path);
+	else
+		n = snprintf(cfg->security.reader_key_file, sizeof(cfg->security.reader_key_file),
+			     "%s/%s", cwd, path);
+	return n < (int)sizeof(cfg->security.reader_key_file) ? 0 : -ENAMETOOLONG;
+}
+
+int ps_auth_load_reader_key_file(const char *path, const uint8_t secret[PS_AUTH_KEY_LEN],
+				 uint8_t key[PS_AUTH_KEY_LEN], char *err, size_t errlen)
+{
+	uint8_t buf[PS_SECRET_MAX_BYTES + 1], same[PS_AUTH_KEY_LEN];
+	size_t len = 0;
+	int rc = read_key_file(path, "reader key file", buf, &len, err, errlen);
+
+	if (!rc && secret) {
+		/* a reader holding the cluster secret could push: the two differ */
+		crypto_generichash(same, sizeof(same), buf, len, (const uint8_t *)"ps-secret-v1", 12);
+		if (crypto_verify_32(same, secret) == 0) {
+			snprintf(err, errlen, "reader key file %s holds the cluster secret; the reader "
+				 "key must be a key of its own (scripts/ps-keygen FILE), so that a "
+				 "reader cannot act as a worker", path);
+			rc = PS_EAUTH;
+		}
+		sodium_memzero(same, sizeof(same));
+	}
+	if (!rc)
+		crypto_generichash(key, PS_AUTH_KEY_LEN, buf, len, (const uint8_t *)"ps-readerkey-v1",
+				   15);
+	sodium_memzero(buf, sizeof(buf));
+	return rc;
+}
+
+int ps_auth_load_reader_key(const struct ps_config *cfg, const uint8_t secret[PS_AUTH_KEY_LEN],
+			    uint8_t key[PS_AUTH_KEY_LEN], char *err, size_t errlen)
+{
+	char path[1100];
+
+	ps_auth_reader_key_path(cfg, path, sizeof(path));
+	if (!path[0]) {
+		snprintf(err, errlen, "%s: a reader with security.auth on needs the reader key: set "
+			 "security.reader_key_file (or PS_READER_KEY_FILE, or --reader-key-file) "
+			 "to the file the shards use (scripts/ps-keygen FILE makes one)",
+			 cfg->path[0] ? cfg->path : "config");
+		return PS_EAUTH;
+	}
+	return ps_auth_load_reader_key_file(path, secret, key, err, errlen);
+}
+
 int ps_auth_load_secret(const struct ps_config *cfg, uint8_t key[PS_AUTH_KEY_LEN], char *err,
 			size_t errlen)
 {
@@ -280,6 +342,16 @@ void ps_auth_repl_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
 		 proof, PS_AUTH_PROOF_LEN);
 }
 
+void ps_auth_reader_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+			  int from_server, uint8_t proof[PS_AUTH_PROOF_LEN])
+{
+	ensure_init();
+	labelled(key, from_server ? "reader proof server" : "reader proof client", t, proof,
+		 PS_AUTH_PROOF_LEN);
+}
+
+/* repl: 0 the cluster secret's proofs, 1 the replication key's, 2 the
+ * reader key's */
 static int proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int from_server,
 		    int repl, const uint8_t *proof, size_t len)
 {
@@ -288,7 +360,9 @@ static int proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32], int
 
 	if (len != PS_AUTH_PROOF_LEN || !proof)
 		return 0;
-	if (repl)
+	if (repl == 2)
+		ps_auth_reader_proof(key, t, from_server, want);
+	else if (repl)
 		ps_auth_repl_proof(key, t, from_server, want);
 	else
 		ps_auth_proof(key, t, from_server, want);
@@ -307,6 +381,12 @@ int ps_auth_repl_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32
 			  int from_server, const uint8_t *proof, size_t len)
 {
 	return proof_ok(key, t, from_server, 1, proof, len);
+}
+
+int ps_auth_reader_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+			    int from_server, const uint8_t *proof, size_t len)
+{
+	return proof_ok(key, t, from_server, 2, proof, len);
 }
 
 int ps_auth_cipher(const struct ps_security_cfg *sec)
@@ -340,4 +420,11 @@ void ps_auth_repl_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t
 {
 	session_keys(key, t, server, "replication frames client to server",
 		     "replication frames server to client", out);
+}
+
+void ps_auth_reader_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+				 int server, struct ps_frame_keys *out)
+{
+	session_keys(key, t, server, "reader frames client to server",
+		     "reader frames server to client", out);
 }

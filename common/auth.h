@@ -22,6 +22,14 @@
  * proofs and frame keys under that key and labels of their own
  * ("replication proof server", ...), so neither the cluster secret nor a
  * proof made with it can pass for it.
+ *
+ * The read-only role (Hello ROLE_READER, ps_client_init with
+ * PS_RANK_READER) proves a third key, the reader key
+ * (security.reader_key_file), held by the shards and the readers, under
+ * labels of its own ("reader proof server", ...): a process with the
+ * cluster secret cannot pass for a reader, and a reader's key cannot pass
+ * for a worker or a monitor. A shard refuses every state-changing request
+ * of a reader's connection.
  */
 #ifndef PS_AUTH_H
 #define PS_AUTH_H
@@ -76,6 +84,17 @@ int ps_auth_load_repl_key(const struct ps_config *cfg, const uint8_t secret[PS_A
 int ps_auth_load_repl_key_file(const char *path, const uint8_t secret[PS_AUTH_KEY_LEN],
 			       uint8_t key[PS_AUTH_KEY_LEN], char *err, size_t errlen);
 
+/* The reader key, as the replication key's functions: the path cfg uses
+ * (security.reader_key_file, else $PS_READER_KEY_FILE; "" when neither),
+ * --reader-key-file, and the load (secret: the cluster secret's hash, a
+ * file holding it is refused; NULL skips that). 0 or PS_EAUTH. */
+void ps_auth_reader_key_path(const struct ps_config *cfg, char *out, size_t outlen);
+int ps_auth_set_reader_key_file(struct ps_config *cfg, const char *path);
+int ps_auth_load_reader_key(const struct ps_config *cfg, const uint8_t secret[PS_AUTH_KEY_LEN],
+			    uint8_t key[PS_AUTH_KEY_LEN], char *err, size_t errlen);
+int ps_auth_load_reader_key_file(const char *path, const uint8_t secret[PS_AUTH_KEY_LEN],
+				 uint8_t key[PS_AUTH_KEY_LEN], char *err, size_t errlen);
+
 /* n bytes from the system's random source. */
 void ps_auth_random(uint8_t *p, size_t n);
 
@@ -98,6 +117,12 @@ void ps_auth_repl_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
 int ps_auth_repl_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
 			  int from_server, const uint8_t *proof, size_t len);
 
+/* And for the reader role, keyed with the reader key. */
+void ps_auth_reader_proof(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+			  int from_server, uint8_t proof[PS_AUTH_PROOF_LEN]);
+int ps_auth_reader_proof_ok(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+			    int from_server, const uint8_t *proof, size_t len);
+
 /* What protects frames after the handshake, from security: -1 for MACs (or
  * nothing, without mac), else the enum ps_cipher of security.encrypt. The
  * Hello carries it + 1 (0: not encrypted); both ends must agree. */
@@ -111,5 +136,9 @@ void ps_auth_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32
 /* The frame keys of the replication link (its own labels). */
 void ps_auth_repl_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
 			       int server, struct ps_frame_keys *out);
+
+/* The frame keys of a reader's connection (its own labels). */
+void ps_auth_reader_session_keys(const uint8_t key[PS_AUTH_KEY_LEN], const uint8_t t[32],
+				 int server, struct ps_frame_keys *out);
 
 #endif

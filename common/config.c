@@ -911,14 +911,15 @@ static void cfg_resolve_path(const struct ps_config *cfg, char *f, size_t size)
  * the dump would not load back. 0 or PS_ECONFIG with c's error. */
 static int cfg_resolve_secret(struct ctx *c, struct ps_config *cfg)
 {
-	static const char *const key[3] = { "security.secret_file", "security.repl_key_file",
-					     "stats.token_file" };
-	char *f[3] = { cfg->security.secret_file, cfg->security.repl_key_file,
-		       cfg->stats.token_file };
-	size_t size[3] = { sizeof(cfg->security.secret_file),
-			   sizeof(cfg->security.repl_key_file), sizeof(cfg->stats.token_file) };
+	static const char *const key[4] = { "security.secret_file", "security.repl_key_file",
+					     "stats.token_file", "security.reader_key_file" };
+	char *f[4] = { cfg->security.secret_file, cfg->security.repl_key_file,
+		       cfg->stats.token_file, cfg->security.reader_key_file };
+	size_t size[4] = { sizeof(cfg->security.secret_file),
+			   sizeof(cfg->security.repl_key_file), sizeof(cfg->stats.token_file),
+			   sizeof(cfg->security.reader_key_file) };
 
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 4; i++) {
 		int rel = f[i][0] && f[i][0] != '/';
 		cfg_resolve_path(cfg, f[i], size[i]);
 		for (const char *q = f[i]; rel && *q; q++)

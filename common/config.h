@@ -159,6 +159,7 @@ struct ps_security_cfg {
 	int cipher;                 /* enum ps_cipher */
 	char secret_file[512];      /* relative: from the config file's folder; "" = $PS_SECRET_FILE */
 	char repl_key_file[512];    /* replicas: the shard processes' own key; "" = $PS_REPL_KEY_FILE */
+	char reader_key_file[512];  /* the read-only role's key (shards and readers); "" = $PS_READER_KEY_FILE */
 };
 
 struct ps_stats_cfg {

@@ -276,6 +276,11 @@ const struct opt cfg_opts[] = {
 	  "cluster.replicas: 1 with auth: the replication key, a file like the secret's that only "
 	  "the shard processes hold (the replication link proves it, not the secret); relative "
 	  "to the config file's folder; \"\" = $PS_REPL_KEY_FILE; --repl-key-file overrides"),
+	O("security.reader_key_file", T_PATH, 0, 0, 0, "", NULL, C, security.reader_key_file,
+	  "with auth: the key of the read-only role (readers pull rows and tensors, never change "
+	  "anything), a file like the secret's held by the shards and the readers, not by "
+	  "workers; relative to the config file's folder; \"\" = $PS_READER_KEY_FILE (no key: "
+	  "the shards refuse readers); --reader-key-file overrides"),
 	O("log.level", T_ENUMSTR, 0, 0, 0, "info", cfg_level_names, C, log_level,
 	  "least severe log level written to stderr"),
 };

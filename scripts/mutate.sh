@@ -42,7 +42,8 @@ T=build/rel/tests
 default_files() {
   ls server/*.c worker/client/ps_client*.c common/transport*.c common/wire*.c \
      common/codec*.c common/auth*.c common/frame_mac*.c common/config_agree.c common/optim_group.c \
-     common/version.c worker/worker_cmd.c 2>/dev/null | grep -v '^server/main.c$'
+     common/version.c worker/worker_cmd.c worker/ps_export.c worker/npz.c 2>/dev/null |
+    grep -v '^server/main.c$'
 }
 
 # The narrowest suites that exercise a file, fastest first.
@@ -52,13 +53,15 @@ suites_for() {
     server/optimizer.c)        echo check_optimizer check_store ;;
     server/dedup.c)            echo check_dedup it_cluster ;;
     server/checkpoint.c)       echo it_checkpoint it_groups ;;
-    server/handshake.c)        echo it_hostile ;;
+    server/handshake.c)        echo it_hostile it_reader ;;
     server/push.c)             echo it_hostile it_cluster ;;
     server/pull.c)             echo it_cluster it_hostile ;;
-    server/conn.c)             echo it_hostile it_cluster ;;
+    server/conn.c)             echo it_reader it_hostile it_cluster ;;   # it_reader: the reader's refusals
     server/admin.c)            echo it_stat it_checkpoint it_hostile ;;   # it_hostile reads the queue figures
     server/metrics_http.c)     echo it_stat ;;
     server/declare.c)          echo it_declare it_groups ;;
+    server/table_ckpt.c)       echo it_rows it_export.sh ;;
+    server/reader.c)           echo it_reader ;;
     server/*)                  echo it_cluster it_checkpoint it_hostile ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
@@ -67,12 +70,13 @@ suites_for() {
     common/optim_group.c)      echo it_groups ;;
     common/version.c)          echo it_docs.sh ;;        # every program's --version
     worker/worker_cmd.c)       echo it_launch.sh ;;      # ps-worker --exec under ps-cluster.sh
+    worker/ps_export.c|worker/npz.c) echo it_export.sh ;;  # ps-export on real checkpoints, damaged ones
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
     common/transport*)         echo check_transport it_hostile ;;
     common/wire*)              echo check_wire it_hostile ;;
     common/codec*)             echo check_store check_codec ;;
-    common/auth*)              echo check_auth check_transport it_hostile ;;
+    common/auth*)              echo check_auth check_transport it_hostile it_reader ;;
     common/frame_mac*)         echo check_auth check_transport ;;
     *)                         echo check_transport it_cluster ;;
   esac

@@ -417,6 +417,7 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	st.rejected_frames = s->c.rejected_frames;
 	st.auth_failures = s->c.auth_failures;
 	st.duplicate_pushes = s->c.duplicate_pushes;
+	st.reader_refused = s->c.reader_refused;
 	if (s->ckpt_path[0]) {
 		st.checkpoint_on = 1;
 		st.checkpoint_age_s = ps_now_s() - (s->ckpt_last_ok ? s->ckpt_last_ok : s->started);

@@ -8,6 +8,8 @@
  * times count floats of optimizer state, then nworkers uint64 finished
  * clocks, then a uint32 CRC-32 (zlib) of every byte before it.
  *
+ * The records are declared in ckpt_format.h (shared with ps-export).
+ *
  * Version 2 (magic PSCKPT02 / PSDELTA2), written when the declared tensors
  * have optimizer groups (ps_client_declare_groups): each ckpt_decl holds
  * its tensor's group, the list is followed by a struct ckpt_groups and
@@ -28,6 +30,7 @@
 #include <unistd.h>
 #include <zlib.h>
 #include "checkpoint.h"
+#include "ckpt_format.h"
 #include "ps_err.h"
 #include "optim_group.h"
 #include "ps_log.h"
@@ -35,53 +38,6 @@
 #include "server_int.h"
 #include "table_ckpt.h"
 #include "wire.h"
-
-#define CKPT_MAGIC "PSCKPT01"
-#define CKPT_DELTA "PSDELTA1"
-#define CKPT_MAGIC2 "PSCKPT02"
-#define CKPT_DELTA2 "PSDELTA2"
-#define CKPT_ENDIAN 0x01020304u
-
-struct ckpt_hdr {
-	char magic[8];
-	uint32_t endian;
-	int32_t shard;
-	uint64_t map_hash;
-	uint32_t optimizer;
-	uint32_t nstate;
-	uint32_t nworkers;
-	uint32_t consistency;
-	uint32_t nslots;
-	uint32_t ndeclared;         /* struct ckpt_decl entries after the header */
-};
-
-struct ckpt_decl {
-	char name[PS_NAME_MAX];
-	int32_t ndims;
-	int32_t group;              /* version 2: its optimizer group; else 0 */
-	int64_t dims[PS_MAX_DIMS];
-};
-
-/* Version 2: the optimizer groups, after the declared list. */
-struct ckpt_groups {
-	uint32_t ngroups;
-	uint32_t reserved;
-};
-
-struct ckpt_group {
-	uint32_t kind;              /* enum ps_optim_kind */
-	uint32_t nesterov, average, reserved;
-	float lr, momentum, dampening, beta1, beta2, eps, weight_decay, lr_decay;
-	float initial_accumulator, pad;
-};
-
-struct ckpt_slot {
-	uint32_t slice;
-	uint32_t reserved;
-	uint64_t count;
-	uint64_t version;
-	uint64_t steps;
-};
 
 void ps_checkpoint_path(const char *dir, int shard, char *buf, size_t len)
 {

@@ -355,6 +355,7 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		}
 	} else {
 		sc->rank = h->role == PS__ROLE__ROLE_WORKER ? h->rank : -1;
+		sc->is_reader = h->role == PS__ROLE__ROLE_READER;
 		sc->incarnation = h->incarnation;
 		sc->done_clock = h->done_clock;
 		if (h->role == PS__ROLE__ROLE_REPLICA) {
@@ -368,6 +369,11 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 			sc->peer_epoch = h->epoch;
 			sc->peer_lsn = h->lsn;
 		}
+	}
+	if (sc->is_reader && sec->auth && !s->have_reader_key) {
+		refuse(sc, "this shard has no reader key: readers are refused until the shards "
+		       "get one (security.reader_key_file, PS_READER_KEY_FILE or --reader-key-file)");
+		return;
 	}
 	if (!sec->auth) {
 		sc->authed = 1;
@@ -416,6 +422,8 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	sc->repl_auth = h->role == PS__ROLE__ROLE_REPLICA && s->cfg->replicas;
 	if (sc->repl_auth)
 		ps_auth_repl_proof(s->repl_key, sc->transcript, 1, proof);
+	else if (sc->is_reader)
+		ps_auth_reader_proof(s->reader_key, sc->transcript, 1, proof);
 	else
 		ps_auth_proof(s->secret, sc->transcript, 1, proof);
 	ch.nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
@@ -432,6 +440,8 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 
 	if (sc->repl_auth ? !ps_auth_repl_proof_ok(s->repl_key, sc->transcript, 0, a->proof.data,
 						   a->proof.len)
+	    : sc->is_reader ? !ps_auth_reader_proof_ok(s->reader_key, sc->transcript, 0,
+						       a->proof.data, a->proof.len)
 			  : !ps_auth_proof_ok(s->secret, sc->transcript, 0, a->proof.data,
 					      a->proof.len)) {
 		return 1; /* counted and logged by ps__srv_on_close */
@@ -440,6 +450,11 @@ static int handle_auth(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Au
 		/* the replication link is MACed even without security.mac: the
 		 * backup applies every byte its primary sends */
 		ps_auth_repl_session_keys(s->repl_key, sc->transcript, 1, &keys);
+		keys.cipher = ps_auth_cipher(&s->cfg->security);
+		sc->conn->t->ops->set_keys(sc->conn, &keys);
+		sodium_memzero(&keys, sizeof(keys));
+	} else if (s->cfg->security.mac && sc->is_reader) {
+		ps_auth_reader_session_keys(s->reader_key, sc->transcript, 1, &keys);
 		keys.cipher = ps_auth_cipher(&s->cfg->security);
 		sc->conn->t->ops->set_keys(sc->conn, &keys);
 		sodium_memzero(&keys, sizeof(keys));
@@ -526,6 +541,11 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 	}
 	if (sc->is_replica && sc->state == CONN_READY) {
 		ps__repl_on_link_frame(s, sc, f->hdr.type, m);
+		protobuf_c_message_free_unpacked(m, NULL);
+		ps_frame_release(f);
+		return;
+	}
+	if (sc->is_reader && sc->state == CONN_READY && ps__srv_reader_refuses(s, sc, f->hdr.type, m)) {
 		protobuf_c_message_free_unpacked(m, NULL);
 		ps_frame_release(f);
 		return;

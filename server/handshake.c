@@ -34,7 +34,7 @@ int ps_hello_check(const struct ps_config *cfg, uint64_t map_hash, int shard, co
 		snprintf(err, errlen, "replica %d at epoch %" PRIu64 ", batch %" PRIu64 ": out of "
 			 "range (at most 2^53 - 1)", h->replica, h->epoch, h->lsn);
 	else if (h->role != PS__ROLE__ROLE_WORKER && h->role != PS__ROLE__ROLE_STAT &&
-		 h->role != PS__ROLE__ROLE_REPLICA)
+		 h->role != PS__ROLE__ROLE_REPLICA && h->role != PS__ROLE__ROLE_READER)
 		snprintf(err, errlen, "unknown role %d", (int)h->role);
 	else if (h->done_clock >= PS_MAX_CLOCK)
 		/* the shard adopts it as the worker's finished clock: bounded so

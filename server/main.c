@@ -36,6 +36,10 @@ static void usage(FILE *out)
 		"                       cluster.replicas: 1: the replication key, which only\n"
 		"                       the shard processes hold (default: the config's\n"
 		"                       security.repl_key_file, else $PS_REPL_KEY_FILE)\n"
+		"      --reader-key-file F\n"
+		"                       the key readers (read-only clients) prove; without one\n"
+		"                       readers are refused (default: the config's\n"
+		"                       security.reader_key_file, else $PS_READER_KEY_FILE)\n"
 		"      --dump-config    print the effective configuration and exit\n"
 		"      --list-shards    print 'INDEX HOST PORT' for every shard and exit\n"
 		"      --list-backups   the same for every shard's backup address (cluster.backups)\n"
@@ -64,6 +68,7 @@ int main(int argc, char **argv)
 		{ "dump-config", no_argument, NULL, 'D' },
 		{ "secret-file", required_argument, NULL, 'K' },
 		{ "repl-key-file", required_argument, NULL, 'R' },
+		{ "reader-key-file", required_argument, NULL, 'E' },
 		{ "list-shards", no_argument, NULL, 'S' },
 		{ "list-backups", no_argument, NULL, 'B' },
 		{ "replica", required_argument, NULL, 'r' },
@@ -72,6 +77,7 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *secret = NULL, *repl_key = NULL;
+	const char *reader_key = NULL;
 	int shard = -1, replica = 0, dump = 0, list = 0, opt, rc;
 	struct ps_config *cfg;
 	struct ps_server srv;
@@ -104,6 +110,7 @@ int main(int argc, char **argv)
 		case 'D': dump = 1; break;
 		case 'K': secret = optarg; break;
 		case 'R': repl_key = optarg; break;
+		case 'E': reader_key = optarg; break;
 		case 'S': list = 1; break;
 		case 'V': ps__version_print(stdout, "ps-server"); return 0;
 		case 'h':
@@ -139,6 +146,11 @@ int main(int argc, char **argv)
 	}
 	if (repl_key && ps_auth_set_repl_key_file(cfg, repl_key)) {
 		fprintf(stderr, "ps-server: --repl-key-file: name too long\n");
+		free(cfg);
+		return 2;
+	}
+	if (reader_key && ps_auth_set_reader_key_file(cfg, reader_key)) {
+		fprintf(stderr, "ps-server: --reader-key-file: name too long\n");
 		free(cfg);
 		return 2;
 	}

@@ -181,6 +181,9 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 	counter(f, "ps_duplicate_pushes_total",
 		"Pushes resent after a reconnect and answered without applying them again.",
 		c->duplicate_pushes);
+	counter(f, "ps_reader_refused_total",
+		"Requests of readers that would have changed state (push, declare, checkpoint), "
+		"refused.", c->reader_refused);
 	gauge(f, "ps_connections", "Open connections.", s->nconns);
 	if (s->ckpt_path[0]) {
 		/* an alert on the age catches checkpoints that stopped (a full

@@ -151,6 +151,7 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 	const char *host = listen_host(cfg, shard, replica);
 	const struct ps_endpoint *addr;
 	char err[1200], bound[PS_HOST_MAX + 16];
+	char path_buf[1100];
 	int rc;
 
 	memset(s, 0, sizeof(*s));
@@ -204,6 +205,11 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 		rc = ps_auth_load_secret(cfg, s->secret, err, sizeof(err));
 		if (!rc && cfg->replicas)
 			rc = ps_auth_load_repl_key(cfg, s->secret, s->repl_key, err, sizeof(err));
+		ps_auth_reader_key_path(cfg, path_buf, sizeof(path_buf));
+		if (!rc && path_buf[0]) {
+			rc = ps_auth_load_reader_key(cfg, s->secret, s->reader_key, err, sizeof(err));
+			s->have_reader_key = !rc;
+		}
 		if (rc) {
 			ps_error("refusing to start: %s", err);
 			goto err_free_store;

@@ -29,6 +29,7 @@ struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
 	uint64_t auth_failures;    /* handshakes refused for a wrong proof, frames failing their MAC */
 	uint64_t duplicate_pushes; /* resent pushes answered without applying them again */
+	uint64_t reader_refused;   /* state-changing requests of readers, refused */
 	uint64_t bytes_in, bytes_out;
 	uint64_t max_clock_gap;    /* largest (pull clock - slowest finished clock) answered */
 	uint64_t push_raw[PS_CODEC_COUNT];  /* pushed gradient bytes by codec, as float32 */
@@ -75,6 +76,8 @@ struct ps_server {
 	const char *ckpt_final;       /* a signal came while one was written: its name */
 	uint8_t secret[32];           /* hashed cluster secret (security.auth) */
 	uint8_t repl_key[32];         /* hashed replication key (replicas with security.auth) */
+	uint8_t reader_key[32];       /* hashed reader key (security.reader_key_file) */
+	int have_reader_key;          /* readers can prove one (else they are refused) */
 	struct ps_dedup *dedup;       /* per worker rank: pushes already handled */
 	uint64_t boot_id;             /* random per process (HelloReply.boot_id) */
 	uint32_t *seen;               /* per slot: the request that last named it */

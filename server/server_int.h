@@ -37,6 +37,7 @@ struct ps_srv_conn {
 	char *refusal;             /* CONN_AUTH: why the Hello is refused, told once proven */
 	int is_replica;            /* the shard's other process dialed (Hello ROLE_REPLICA) */
 	int repl_auth;             /* the handshake proves the replication key, not the secret */
+	int is_reader;             /* a reader (Hello ROLE_READER): pulls only, rank -1 */
 	int is_link;               /* ... and is this primary's backup now (replica.h) */
 	int peer_state;            /* its Hello: ReplState, epoch, last batch */
 	uint64_t peer_epoch, peer_lsn;
@@ -53,6 +54,16 @@ struct ps_waiting_pull {
 	struct ps_waiting_pull *next;
 	struct ps_slot *slots[];
 };
+
+/* reader.c */
+/* A reader's request of frame type `type` (message m) that would change
+ * the shard (push, row push, declare, a checkpoint or a resume clock in a
+ * stats request): answered with an Error "a reader may only pull: push
+ * refused" (PS_EREFUSED), counted in c.reader_refused, logged (the first
+ * 16, then at powers of two); nothing is applied and the connection stays
+ * open. Returns 1 when refused, 0 for a request a reader may make. */
+int ps__srv_reader_refuses(struct ps_server *s, struct ps_srv_conn *sc, int type,
+			   const ProtobufCMessage *m);
 
 /* server.c */
 /* The slowest finished clock over the live workers (the fastest when none

@@ -29,38 +29,13 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "ckpt_format.h"
 #include "ps_err.h"
 #include "ps_time.h"
 #include "rows.h"
 #include "rows_wire.h"
 #include "server.h"
 #include "table_ckpt.h"
-
-struct ckpt_table {
-	uint64_t key;           /* ps_rows_table_key */
-	uint32_t dim, row_floats;
-	uint64_t version, nrows, filter_slots;
-	uint64_t admitted, evicted, expired;
-	uint64_t filter_lookups, filter_hits, filter_decays;
-	uint64_t ntombs;        /* incremental only: dropped ids that follow */
-	uint64_t live_rows;     /* rows the table holds (incremental: after applying it) */
-	double wall;            /* time of the snapshot (time(2), fractional) */
-};
-
-struct ckpt_delta_head {
-	uint32_t magic;         /* CKPT_DELTA_MAGIC */
-	uint32_t seq;           /* 1 for the first after the full file */
-	uint32_t base_crc;
-	uint32_t reserved;
-	uint64_t base_len;
-};
-#define CKPT_DELTA_MAGIC 0x31544c44u /* "DLT1" */
-
-struct ckpt_row {
-	uint64_t id;
-	uint32_t age;           /* seconds since its last update, at the snapshot */
-	uint32_t reserved;
-};
 
 #define ROWS_PER_READ 4096
 

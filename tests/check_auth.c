@@ -268,6 +268,74 @@ START_TEST(test_repl_key)
 }
 END_TEST
 
+/* The reader key: refused when it holds the cluster secret, hashed in a
+ * domain of its own, named by config, flag or environment, and its proofs
+ * and frame keys pass for no other role's (nor theirs for it). */
+START_TEST(test_reader_key)
+{
+	static const char hex64b[] =
+		"0d9a01c7e2b84d56a0f1937c5e2d8b64190ace7d3b5f2864c0e9a7d1b3f50611";
+	uint8_t secret[32], k[32], k2[32], t[32], n[32], p[32];
+	struct ps_frame_keys a, b;
+	struct ps_config cfg;
+	char path[64], spath[64], got[1100], err[1024];
+
+	put_file(spath, hex64, 64, 0600);
+	ck_assert_int_eq(ps_auth_load_secret_file(spath, secret, err, sizeof(err)), 0);
+	ck_assert_int_eq(ps_auth_load_reader_key_file(spath, secret, k, err, sizeof(err)),
+			 PS_EAUTH);
+	ck_assert_msg(strstr(err, "holds the cluster secret") && strstr(err, spath), "%s", err);
+	put_file(path, hex64b, 64, 0600);
+	ck_assert_int_eq(ps_auth_load_reader_key_file(path, secret, k, err, sizeof(err)), 0);
+	ck_assert_int_eq(ps_auth_load_secret_file(path, k2, err, sizeof(err)), 0);
+	ck_assert(memcmp(k, k2, 32) != 0);
+	ck_assert_int_eq(ps_auth_load_repl_key_file(path, NULL, k2, err, sizeof(err)), 0);
+	ck_assert(memcmp(k, k2, 32) != 0);
+	unlink(path);
+	unlink(spath);
+
+	ck_assert_int_eq(tu_write_temp(path, "cluster:\n  servers: [127.0.0.1:1]\n  workers: 1\n"
+				       "model:\n  tensors:\n    - {name: a, shape: [1]}\n"
+				       "security:\n  reader_key_file: keys/reader.key\n"), 0);
+	ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
+	unlink(path);
+	ps_auth_reader_key_path(&cfg, got, sizeof(got));
+	ck_assert_str_eq(got, "/tmp/keys/reader.key");
+	ck_assert_int_eq(ps_auth_set_reader_key_file(&cfg, "/etc/ps/reader-key"), 0);
+	ps_auth_reader_key_path(&cfg, got, sizeof(got));
+	ck_assert_str_eq(got, "/etc/ps/reader-key");
+	cfg.security.reader_key_file[0] = 0;
+	setenv("PS_READER_KEY_FILE", "/run/rd", 1);
+	ps_auth_reader_key_path(&cfg, got, sizeof(got));
+	ck_assert_str_eq(got, "/run/rd");
+	unsetenv("PS_READER_KEY_FILE");
+	ck_assert_int_eq(ps_auth_load_reader_key(&cfg, NULL, k, err, sizeof(err)), PS_EAUTH);
+	ck_assert_msg(strstr(err, "security.reader_key_file"), "%s", err);
+
+	ps_auth_random(n, sizeof(n));
+	ps_auth_transcript((const uint8_t *)"hello", 5, n, t);
+	for (int from_server = 0; from_server < 2; from_server++) {
+		ps_auth_reader_proof(k, t, from_server, p);
+		ck_assert(ps_auth_reader_proof_ok(k, t, from_server, p, 32));
+		ck_assert(!ps_auth_reader_proof_ok(k, t, !from_server, p, 32));
+		ck_assert(!ps_auth_proof_ok(k, t, from_server, p, 32));
+		ck_assert(!ps_auth_repl_proof_ok(k, t, from_server, p, 32));
+		ps_auth_proof(k, t, from_server, p);
+		ck_assert(!ps_auth_reader_proof_ok(k, t, from_server, p, 32));
+		ps_auth_repl_proof(k, t, from_server, p);
+		ck_assert(!ps_auth_reader_proof_ok(k, t, from_server, p, 32));
+	}
+	ps_auth_reader_session_keys(k, t, 1, &a);
+	ps_auth_reader_session_keys(k, t, 0, &b);
+	ck_assert_mem_eq(a.send, b.recv, 32);
+	ck_assert_mem_eq(a.recv, b.send, 32);
+	ps_auth_session_keys(k, t, 1, &b);
+	ck_assert(memcmp(a.send, b.send, 32) != 0 && memcmp(a.recv, b.recv, 32) != 0);
+	ps_auth_repl_session_keys(k, t, 1, &b);
+	ck_assert(memcmp(a.send, b.send, 32) != 0 && memcmp(a.recv, b.recv, 32) != 0);
+}
+END_TEST
+
 /* Every byte of a proof counts, in both directions: one flipped bit in any
  * of the 32 bytes (the second half included) is refused. */
 START_TEST(test_proof_every_byte)
@@ -356,6 +424,7 @@ int main(void)
 	tcase_add_test(tc, test_secret_path);
 	tcase_add_test(tc, test_proofs_and_keys);
 	tcase_add_test(tc, test_repl_key);
+	tcase_add_test(tc, test_reader_key);
 	tcase_add_test(tc, test_proof_every_byte);
 	tcase_add_test(tc, test_frame_mac);
 	suite_add_tcase(s, tc);

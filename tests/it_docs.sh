@@ -24,7 +24,7 @@ bin/ps-server --config conf/example-full.yaml --shard 0 --dump-config >/dev/null
   ok || bad "conf/example-full.yaml does not load: $(cat "$tmp/dump.err")"
 
 # Help texts of every program, beside the pages
-for p in ps-server ps-worker ps-stat ps-bench ps-ctrgen; do
+for p in ps-server ps-worker ps-stat ps-bench ps-ctrgen ps-export; do
   bin/$p --help >"$tmp/help-$p.txt" 2>&1
   [ -s "$tmp/help-$p.txt" ] && ok || bad "$p --help printed nothing"
 done
@@ -34,7 +34,7 @@ want_ver=$(sed -n 's/^#define PS_VERSION_MAJOR \([0-9]*\)/\1/p' worker/client/ps
 want_proto=$(sed -n 's/^#define PS_PROTOCOL_VERSION \([0-9]*\)/\1/p' common/wire.h)
 if [ -e lib/ps-compute-cuda.so ]; then want_cuda="cuda plug-in: $(realpath lib/ps-compute-cuda.so)"
 else want_cuda="cuda plug-in: absent"; fi
-for p in ps-server ps-worker ps-stat ps-bench ps-ctrgen; do
+for p in ps-server ps-worker ps-stat ps-bench ps-ctrgen ps-export; do
   out=$(bin/$p --version 2>&1); rc=$?
   [ $rc -eq 0 ] && [ "$(head -1 <<<"$out")" = "$p $want_ver" ] && ok ||
     bad "$p --version (status $rc): '$(head -1 <<<"$out")', expected '$p $want_ver'"

@@ -27,12 +27,24 @@ from ._ps import (  # noqa: F401  (re-exported)
     UnknownNameError, strerror, version,
 )
 
+_EXPORT_NAMES = ("Export", "ExportLookup", "ExportTable", "export_lookup", "load_export")
+
+
+def __getattr__(name):
+    # ps.load_export & co. (ps/export.py) import numpy, so only when used
+    if name in _EXPORT_NAMES:
+        from . import export
+        return getattr(export, name)
+    raise AttributeError(f"module 'ps' has no attribute {name!r}")
+
 __all__ = [
-    "Client", "Config", "Handle", "connect", "monitor", "strerror", "version",
+    "Client", "Config", "Handle", "connect", "monitor", "reader", "strerror", "version",
+    "RANK_READER",
     "Error", "ArrayError", "AuthError", "ClosedError", "ConfigError", "ConnectionError",
     "ForkError", "NotFiniteError", "ProtocolError", "RefusedError", "StateError",
     "TimeoutError", "TooBigError", "UnknownNameError",
     "ENV_CONFIG", "ENV_RANK",
+    "Export", "ExportLookup", "ExportTable", "export_lookup", "load_export",
 ]
 
 #: The environment variables the launchers (ps-local.sh, ps-cluster.sh,
@@ -40,6 +52,9 @@ __all__ = [
 #: is given no config or rank.
 ENV_CONFIG = "PS_CONFIG"
 ENV_RANK = "PS_RANK"
+
+#: The rank of a reader (Client(config, reader=True)), PS_RANK_READER in C.
+RANK_READER = -2
 
 # The PS_E* codes, as ps.PS_ECONFIG etc.
 globals().update({k: v for k, v in vars(_ps).items() if k.startswith("PS_E")})
@@ -113,21 +128,28 @@ def _group_tuple(i, g):
 class Client(_ps.Client):
     """A connection to every shard of a config, as worker `rank`.
 
-    Client(config=None, rank=None, *, monitor=False)
+    Client(config=None, rank=None, *, monitor=False, reader=False)
 
     config: a path or a ps.Config ($PS_CONFIG when None); rank: the worker
     rank ($PS_RANK when None); monitor=True connects as a monitor (rank -1)
     that only reads stats and asks for checkpoints, and succeeds with shards
-    down (shard_error(k) says why). Raises ps.ConfigError (file:line),
+    down (shard_error(k) says why). reader=True connects as a reader (rank
+    -2, ps.RANK_READER): it proves the reader key (security.reader_key_file
+    or $PS_READER_KEY_FILE) instead of the cluster secret, may pull tensors
+    and rows and read stats, and every push, row push, declaration or
+    checkpoint request it makes is refused by the shards (ps.RefusedError,
+    "a reader may only pull: push refused"); it is not a worker (no clock). Raises ps.ConfigError (file:line),
     ps.AuthError, ps.RefusedError, ps.ConnectionError, ps.TimeoutError.
 
     Use it in the process that created it: after fork() the child gets
     ps.ForkError (start workers with the 'spawn' or 'forkserver' method).
     """
 
-    def __init__(self, config=None, rank=None, *, monitor=False):
+    def __init__(self, config=None, rank=None, *, monitor=False, reader=False):
         cfg = _config_arg(config)
-        super().__init__(cfg, -1 if monitor else _rank_arg(rank))
+        if monitor and reader:
+            raise ConfigError("Client: monitor=True and reader=True: choose one role")
+        super().__init__(cfg, RANK_READER if reader else -1 if monitor else _rank_arg(rank))
 
     def __enter__(self):
         return self
@@ -206,6 +228,11 @@ class Client(_ps.Client):
 def connect(config=None, rank=None):
     """Client(config, rank): a worker's connection."""
     return Client(config, rank)
+
+
+def reader(config=None):
+    """Client(config, reader=True): a read-only connection (pulls tensors and rows)."""
+    return Client(config, reader=True)
 
 
 def monitor(config=None):

@@ -83,8 +83,9 @@ static int client_init(pyps_client *self, PyObject *args, PyObject *kw)
 		pyps_raise(PS_ESTATE, "the Config was not opened");
 		return -1;
 	}
-	if (rank < -1) {
-		pyps_raise(-EINVAL, "rank %d: a worker rank is 0 or more, -1 is a monitor", rank);
+	if (rank < PS_RANK_READER) {
+		pyps_raise(-EINVAL, "rank %d: a worker rank is 0 or more, -1 is a monitor, -2 a "
+			   "reader", rank);
 		return -1;
 	}
 	err[0] = 0;
@@ -214,8 +215,10 @@ static PyObject *client_pull(pyps_client *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|Op:pull", kwlist, &map, &mv, &async) ||
 	    pyps_client_enter(self) < 0)
 		return NULL;
-	if (get_u64(mv, ps_config_sync(self->config->cfg) ? ps_client_clock(self->c) : 0,
-		    &minv) < 0 || pyps_tset_get(&s, map, ps_client_config(self->c), 1, "pull") < 0)
+	/* a worker in sync mode waits for its own clock by default; a monitor or
+	 * a reader, which have none, read what the shards hold now */
+	if (get_u64(mv, ps_config_sync(self->config->cfg) && self->rank >= 0 ?
+			ps_client_clock(self->c) : 0, &minv) < 0 || pyps_tset_get(&s, map, ps_client_config(self->c), 1, "pull") < 0)
 		goto err_leave;
 	Py_BEGIN_ALLOW_THREADS
 	id = ps_client_pull(self->c, minv, s.t, s.n);
@@ -378,8 +381,8 @@ static PyObject *rows_call(pyps_client *self, PyObject *args, PyObject *kw, int 
 			   ps_config_path(self->config->cfg));
 		goto err_leave;
 	}
-	if (get_u64(num, push || ps_config_sync(self->config->cfg) ? ps_client_clock(self->c) : 0,
-		    &number) < 0)
+	if (get_u64(num, push || (ps_config_sync(self->config->cfg) && self->rank >= 0) ?
+			ps_client_clock(self->c) : 0, &number) < 0)
 		goto err_leave;
 	v = PyMem_Calloc(2, sizeof(*v));
 	if (!v) {
@@ -805,7 +808,7 @@ static PyMethodDef client_methods[] = {
 };
 
 static PyGetSetDef client_getset[] = {
-	{ "rank", (getter)client_get_rank, NULL, "worker rank, -1 for a monitor", NULL },
+	{ "rank", (getter)client_get_rank, NULL, "worker rank, -1 for a monitor, -2 for a reader", NULL },
 	{ "config", (getter)client_get_config, NULL, "the ps.Config connected with", NULL },
 	{ "closed", (getter)client_get_closed, NULL, "True once close() was called", NULL },
 	{ "tensors", (getter)client_get_tensors, NULL, "{name: element count}: the config's "

@@ -63,7 +63,7 @@ PyObject *pyps_stats_dict(const struct ps_shard_stats *s)
 	if (INT(d, s, shard) || DBL(d, s, uptime_s) || U64(d, s, pushes) || U64(d, s, pulls) ||
 	    U64(d, s, bytes_in) || U64(d, s, bytes_out) || U64(d, s, applies) ||
 	    U64(d, s, errors) || U64(d, s, rejected_frames) || U64(d, s, auth_failures) ||
-	    U64(d, s, duplicate_pushes) || U64(d, s, reply_queue_bytes) ||
+	    U64(d, s, duplicate_pushes) || U64(d, s, reader_refused) || U64(d, s, reply_queue_bytes) ||
 	    U64(d, s, reply_queue_peak) || U64(d, s, reply_queue_total_peak) ||
 	    INT(d, s, paused_connections) || DBL(d, s, apply_seconds) || U64(d, s, apply_bytes) ||
 	    INT(d, s, connections) || U64(d, s, max_clock_gap) || U64(d, s, param_checksum) ||

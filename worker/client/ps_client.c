@@ -214,6 +214,11 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	int rc;
 
 	*out = NULL;
+	if (rank < PS_RANK_READER) {
+		snprintf(err, errlen, "rank %d: a worker rank is 0 or more, -1 is a monitor, %d "
+			 "(PS_RANK_READER) a reader", rank, PS_RANK_READER);
+		return -EINVAL;
+	}
 	if (rank >= cfg->nworkers) {
 		snprintf(err, errlen, "rank %d outside 0..%d (cluster.workers is %d)", rank,
 			 cfg->nworkers - 1, cfg->nworkers);
@@ -230,7 +235,10 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	c->spin_s = cfg->limits.wait_spin_us / 1e6;
 	ps_auth_random((uint8_t *)&c->incarnation, sizeof(c->incarnation));
 	ps_config_agreement(cfg, c->settings_plain, sizeof(c->settings_plain));
-	if (cfg->security.auth && (rc = ps_auth_load_secret(cfg, c->secret, err, errlen))) {
+	/* a reader proves the reader key (auth.h), every other role the secret */
+	if (cfg->security.auth && (rc = rank == PS_RANK_READER
+			? ps_auth_load_reader_key(cfg, NULL, c->secret, err, errlen)
+			: ps_auth_load_secret(cfg, c->secret, err, errlen))) {
 		free(c);
 		return rc;
 	}
@@ -299,15 +307,15 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		until.tv_nsec -= 1000000000L;
 	}
 	pthread_mutex_lock(&c->mu);
-	/* A worker needs every shard: it stops at the first failure. A
-	 * monitor (rank < 0) waits for every answer and starts with whatever
-	 * it reached; the others report their reason through
+	/* A worker or a reader needs every shard: it stops at the first
+	 * failure. A monitor (rank -1) waits for every answer and starts with
+	 * whatever it reached; the others report their reason through
 	 * ps_client_shard_error and fail their requests. */
-	while ((rank < 0 || c->nfailed == 0) && c->nready + c->nfailed < cfg->nshards)
+	while ((rank == -1 || c->nfailed == 0) && c->nready + c->nfailed < cfg->nshards)
 		if (pthread_cond_timedwait(&c->cv, &c->mu, &until) == ETIMEDOUT)
 			break;
 	rc = 0;
-	if (rank < 0) {
+	if (rank == -1) {
 		for (int k = 0; k < cfg->nshards; k++) {
 			struct shard_conn *sh = &c->shards[k];
 			if (sh->state != SH_READY && sh->state != SH_FAILED && !sh->why[0]) {

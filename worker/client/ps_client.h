@@ -159,12 +159,25 @@ struct ps_shard_stats {
 	unsigned char worker_up[64];  /* and whether each is connected now */
 	int ntables;                  /* embedding tables (the first PS_STATS_MAX_TABLES) */
 	struct ps_table_stats tables[PS_STATS_MAX_TABLES];
+	/* state-changing requests of readers (PS_RANK_READER), refused */
+	uint64_t reader_refused;
 };
 
+/* The rank of a reader: a read-only client that proves the reader key
+ * (security.reader_key_file or $PS_READER_KEY_FILE) instead of the cluster
+ * secret. It may pull tensors and rows and read stats; the shards refuse
+ * its pushes, row pushes, declarations and checkpoint requests with
+ * PS_EREFUSED ("a reader may only pull: push refused") and change
+ * nothing. It is not a worker: no clock, no barrier waits for it. Like a
+ * worker's, its init fails when a shard cannot be reached or refuses it;
+ * unlike a worker it does not reconnect: after a shard restarts, its
+ * requests fail (PS_ECLOSED) and a new client is made. */
+#define PS_RANK_READER (-2)
+
 /* Connects to every shard and completes the handshakes (within
- * limits.connect_timeout_ms). rank is the worker rank, or -1 for a monitor
- * that only reads statistics: a monitor's init succeeds even when shards
- * are unreachable (see ps_client_shard_error). On failure returns a negative code and writes
+ * limits.connect_timeout_ms). rank is the worker rank, -1 for a monitor
+ * that only reads statistics, or PS_RANK_READER: a monitor's init succeeds
+ * even when shards are unreachable (see ps_client_shard_error). On failure returns a negative code and writes
  * the reason (naming the shard and, for a refused handshake, both sides'
  * values) into err. cfg must outlive the client. */
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,

@@ -258,7 +258,8 @@ int ps__client_build_push(struct ps_client *c, uint64_t clock, const struct ps_t
 		for (int i = 0; i < p->niov; i++)
 			c->push_wire += p->iov[i].len;
 	}
-	if (flags & PS_PUSH_END_CLOCK) {
+	if ((flags & PS_PUSH_END_CLOCK) && c->rank >= 0) {
+		/* only a worker has a clock (a reader's push is refused) */
 		pthread_mutex_lock(&c->mu);
 		if (clock + 1 > c->clock)
 			c->clock = clock + 1;

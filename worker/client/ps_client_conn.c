@@ -58,7 +58,8 @@ void ps__client_on_connect(struct ps_conn *pc, int status)
 		return; /* on_close follows */
 	}
 	h.protocol_version = PS_PROTOCOL_VERSION;
-	h.role = c->rank >= 0 ? PS__ROLE__ROLE_WORKER : PS__ROLE__ROLE_STAT;
+	h.role = c->rank >= 0 ? PS__ROLE__ROLE_WORKER : c->rank == PS_RANK_READER ?
+		 PS__ROLE__ROLE_READER : PS__ROLE__ROLE_STAT;
 	h.rank = c->rank;
 	h.shard_map_hash = c->map.hash;
 	h.shard = k;
@@ -175,20 +176,31 @@ static void on_auth_challenge(struct ps_client *c, int k, const Ps__AuthChalleng
 		return;
 	}
 	ps_auth_transcript(sh->hello, sh->hello_len, m->nonce.data, t);
-	if (!ps_auth_proof_ok(c->secret, t, 1, m->proof.data, m->proof.len)) {
-		untrusted_failure(c, k, PS_EAUTH, "authentication failed: the shard's proof does "
+	if (c->rank == PS_RANK_READER
+	    ? !ps_auth_reader_proof_ok(c->secret, t, 1, m->proof.data, m->proof.len)
+	    : !ps_auth_proof_ok(c->secret, t, 1, m->proof.data, m->proof.len)) {
+		untrusted_failure(c, k, PS_EAUTH, c->rank == PS_RANK_READER ?
+				  "authentication failed: the shard's proof does not match this "
+				  "reader's key (the reader key files differ)" :
+				  "authentication failed: the shard's proof does "
 				  "not match this process's secret (the secret files differ)");
 		return;
 	}
 	sh->authed = 1;
-	ps_auth_proof(c->secret, t, 0, proof);
+	if (c->rank == PS_RANK_READER)
+		ps_auth_reader_proof(c->secret, t, 0, proof);
+	else
+		ps_auth_proof(c->secret, t, 0, proof);
 	a.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
 	if (ps_msg_send(sh->conn, PS_MSG_AUTH, &a.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL)) {
 		fail_handshake(c, k, PS_ECLOSED, "connection lost during authentication");
 		return;
 	}
 	if (c->cfg->security.mac) {
-		ps_auth_session_keys(c->secret, t, 0, &keys);
+		if (c->rank == PS_RANK_READER)
+			ps_auth_reader_session_keys(c->secret, t, 0, &keys);
+		else
+			ps_auth_session_keys(c->secret, t, 0, &keys);
 		keys.cipher = ps_auth_cipher(&c->cfg->security);
 		sh->conn->t->ops->set_keys(sh->conn, &keys);
 		sodium_memzero(&keys, sizeof(keys));

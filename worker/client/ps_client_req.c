@@ -141,6 +141,7 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->rejected_frames = m->rejected_frames;
 	o->auth_failures = m->auth_failures;
 	o->duplicate_pushes = m->duplicate_pushes;
+	o->reader_refused = m->reader_refused;
 	o->reply_queue_bytes = m->reply_queue_bytes;
 	o->reply_queue_peak = m->reply_queue_peak;
 	o->reply_queue_total_peak = m->reply_queue_total_peak;

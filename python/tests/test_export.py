@@ -1,0 +1,239 @@
+"""ps-export and ps.load_export: checkpoints of real shards, read offline,
+equal bit for bit to what the shards served; a --since export holds exactly
+the rows changed after that incremental checkpoint; damaged files are
+refused naming the file and the offset."""
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+import ps
+from conftest import ROOT
+
+EXPORT = os.path.join(ROOT, "bin", "ps-export")
+
+
+def export(cfg, out, *args, check=True):
+    r = subprocess.run([EXPORT, "--config", cfg, "--out", str(out), *args],
+                       capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def train_rows(c, rng, names, tensors, ids_by_table, dims):
+    """One clock: random row gradients for each table's ids, then a dense push."""
+    for t, ids in ids_by_table.items():
+        ids = np.ascontiguousarray(ids)
+        c.push_rows(t, ids, rng.standard_normal((len(ids), dims[t])).astype(np.float32))
+    c.push({n: rng.standard_normal(tensors[n]).astype(np.float32) for n in names})
+
+
+@pytest.fixture
+def trained(cluster, tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    dims = {"e": 4, "f": 3}
+    cl = cluster(shards=2, workers=1, tables=dims,
+                 extra=["checkpoint:", f"  dir: {ck}", "  on_request: true",
+                        "  min_interval_s: 0", "  incremental: 5"])
+    rng = np.random.default_rng(5)
+    names = list(cl.tensors)
+    e_ids = np.unique(rng.integers(0, 2**64, 300, dtype=np.uint64))
+    f_ids = np.arange(1, 90, dtype=np.uint64) * 1000003
+    with ps.Client(cl.path, 0) as c:
+        train_rows(c, rng, names, cl.tensors, {"e": e_ids, "f": f_ids}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # full
+        train_rows(c, rng, names, cl.tensors, {"e": e_ids[:50]}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-1
+        new_e = np.array([5, 2**63 + 11], np.uint64)
+        changed = {"e": np.union1d(e_ids[40:60], new_e), "f": f_ids[::7]}
+        train_rows(c, rng, names, cl.tensors, {"e": np.concatenate([e_ids[40:60], new_e]),
+                                               "f": f_ids[::7]}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-2
+        dense = {n: np.zeros(k, np.float32) for n, k in cl.tensors.items()}
+        c.pull(dense)
+        all_ids = {"e": np.union1d(e_ids, new_e), "f": f_ids}
+        rows = {t: c.pull_rows(t, ids) for t, ids in all_ids.items()}
+    # SIGKILL: at SIGTERM a shard writes a full checkpoint, which retires the deltas
+    assert [cl.stop(k, signal.SIGKILL) for k in range(2)] == [-signal.SIGKILL] * 2
+    return cl, dense, all_ids, rows, changed, ck
+
+
+def test_export_round_trip(trained, tmp_path):
+    cl, dense, all_ids, rows, _, ck = trained
+    assert os.path.exists(ck / "shard-0.ckpt.delta-2")
+    out = tmp_path / "model.npz"
+    export(cl.path, out)
+    exp = ps.load_export(out)
+    assert sorted(exp.dense) == sorted(dense)
+    for n, v in dense.items():
+        assert exp.dense[n].dtype == np.float32 and exp.dense[n].shape == v.shape
+        assert exp.dense[n].tobytes() == v.tobytes(), n
+    for t, ids in all_ids.items():
+        tb = exp.tables[t]
+        np.testing.assert_array_equal(tb.ids, np.sort(ids))
+        assert tb.rows.tobytes() == rows[t].tobytes(), t   # all_ids are sorted already
+    assert exp.meta["format"] == "ps-export" and exp.meta["since"] is None
+    assert [s["deltas"] for s in exp.meta["shards"]] == [2, 2]
+    assert exp.meta["tables"]["e"]["rows"] == len(all_ids["e"])
+    # plain numpy reads it too: no project code needed
+    with np.load(out) as z:
+        assert z["tables/f/ids"].dtype == np.uint64
+        assert z["tables/f/rows"].shape == (len(all_ids["f"]), 3)
+    # the lookup: exported ids to their rows, others to the zero row
+    lk = ps.export_lookup(out, "e")
+    q = np.array([all_ids["e"][3], 12345, all_ids["e"][0]], np.uint64)
+    got = lk.lookup(q)
+    assert got[0].tobytes() == rows["e"][3].tobytes() and not got[1].any()
+    assert lk.index(q.view(np.int64))[1] == len(all_ids["e"])
+    # the same bytes twice (no time stamps)
+    out2 = tmp_path / "again.npz"
+    export(cl.path, out2, "--quiet")
+    assert out.read_bytes() == out2.read_bytes()
+
+
+def test_export_since_holds_exactly_the_changed_rows(trained, tmp_path):
+    cl, _, all_ids, rows, changed, _ = trained
+    out = tmp_path / "delta.npz"
+    export(cl.path, out, "--since", "1")
+    exp = ps.load_export(out)
+    assert exp.meta["since"] == 1
+    for t, ids in changed.items():
+        tb = exp.tables[t]
+        np.testing.assert_array_equal(tb.ids, np.sort(ids))
+        at = np.searchsorted(all_ids[t], tb.ids)
+        assert tb.rows.tobytes() == rows[t][at].tobytes()
+        assert len(tb.dropped) == 0
+    # since the full checkpoint: every row delta-1 or delta-2 touched
+    exp0 = ps.load_export(export(cl.path, tmp_path / "d0.npz", "--since", "0") and
+                          tmp_path / "d0.npz")
+    assert len(exp0.tables["e"]) == 60 + 2
+    # a chain shorter than asked for: refused
+    r = export(cl.path, tmp_path / "d9.npz", "--since", "9", check=False)
+    assert r.returncode == 1 and "only 2 incremental" in r.stderr
+    assert not os.path.exists(tmp_path / "d9.npz")
+
+
+def test_export_torch_embedding_bag(trained, tmp_path):
+    torch = pytest.importorskip("torch")
+    cl, _, all_ids, rows, _, _ = trained
+    out = tmp_path / "model.npz"
+    export(cl.path, out, "--quiet")
+    lk = ps.export_lookup(ps.load_export(out), "f")
+    bag = lk.embedding_bag(mode="sum")
+    ids = np.array([all_ids["f"][1], all_ids["f"][2], 77], np.uint64)
+    got = bag(torch.from_numpy(lk.index(ids)), torch.tensor([0, 2])).detach().numpy()
+    np.testing.assert_allclose(got[0], rows["f"][1] + rows["f"][2], rtol=1e-6)
+    assert not got[1].any()
+
+
+def test_export_refuses_damaged_files(trained, tmp_path):
+    cl, _, _, _, _, ck = trained
+    full = ck / "shard-1.ckpt"
+    good = full.read_bytes()
+    out = tmp_path / "x.npz"
+    # truncated at many offsets, and single flipped bytes: a clear error, no crash
+    step = max(1, len(good) // 97)
+    cuts = list(range(0, len(good), step)) + [len(good) - 1, len(good) - 4]
+    for cut in cuts:
+        full.write_bytes(good[:cut])
+        r = export(cl.path, out, check=False)
+        assert r.returncode == 1, (cut, r.stderr)
+        assert str(full) in r.stderr and ("offset" in r.stderr or "too short" in r.stderr), \
+            (cut, r.stderr)
+    for at in list(range(0, len(good), step)) + [len(good) - 2]:
+        bad = bytearray(good)
+        bad[at] ^= 0x5a
+        full.write_bytes(bytes(bad))
+        r = export(cl.path, out, check=False)
+        assert r.returncode == 1, (at, r.stderr)
+        assert str(full) in r.stderr and "offset" in r.stderr, (at, r.stderr)
+    assert not os.path.exists(out)
+    full.write_bytes(good)
+    # a damaged incremental checkpoint names itself
+    d2 = ck / "shard-0.ckpt.delta-2"
+    dgood = d2.read_bytes()
+    d2.write_bytes(dgood[:-9])
+    r = export(cl.path, out, check=False)
+    assert r.returncode == 1 and str(d2) in r.stderr, r.stderr
+    d2.write_bytes(dgood)
+    export(cl.path, out)
+    assert ps.load_export(out).meta["shards"][0]["deltas"] == 2
+
+
+def test_export_dropped_rows(cluster, tmp_path):
+    """Rows evicted by the cap after the full checkpoint: gone from the full export,
+    listed in a --since export's dropped ids."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    # max_rows 40 over 2 shards: each keeps at most 20 rows, evicting the oldest
+    cl = cluster(shards=2, workers=1, tables={"g": "2, max_rows: 40"},
+                 extra=["checkpoint:", f"  dir: {ck}", "  on_request: true",
+                        "  min_interval_s: 0", "  incremental: 5"])
+    old = np.arange(1, 31, dtype=np.uint64)
+    new = np.arange(100, 140, dtype=np.uint64)
+    everything = np.concatenate([old, new])
+    with ps.Client(cl.path, 0) as c:
+        g = {n: np.zeros(k, np.float32) for n, k in cl.tensors.items()}
+        c.push_rows("g", old, np.ones((30, 2), np.float32))
+        c.push(g)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # full
+        live0 = old[c.pull_rows("g", old).any(axis=1)]   # rows never pushed pull as zeros
+        for i in range(0, 40, 10):   # in steps, so that the cap evicts as they come
+            c.push_rows("g", new[i:i + 10], np.full((10, 2), 2, np.float32))
+            c.push(g)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-1
+        pulled = c.pull_rows("g", everything)
+    live = everything[pulled.any(axis=1)]
+    assert len(live) <= 40 and len(np.setdiff1d(live0, live)) > 0   # some were evicted
+    assert [cl.stop(k, signal.SIGKILL) for k in range(2)] == [-signal.SIGKILL] * 2
+    export(cl.path, tmp_path / "all.npz")
+    t = ps.load_export(tmp_path / "all.npz").tables["g"]
+    np.testing.assert_array_equal(t.ids, np.sort(live))
+    assert t.rows.tobytes() == pulled[np.searchsorted(everything, t.ids)].tobytes()
+    export(cl.path, tmp_path / "d.npz", "--since", "0")
+    d = ps.load_export(tmp_path / "d.npz").tables["g"]
+    np.testing.assert_array_equal(d.ids, np.intersect1d(live, new))
+    np.testing.assert_array_equal(d.dropped, np.setdiff1d(np.union1d(live0, new), live))
+
+
+@pytest.mark.parametrize("groups", [False, True])
+def test_export_declared_tensors(cluster, tmp_path, groups):
+    """A config without a model: the tensors rank 0 declared (with optimizer groups:
+    a version 2 checkpoint) come out with their names and shapes, bit for bit."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    cl = cluster(shards=2, workers=1, declare=True, tables={"e": 3},
+                 extra=["checkpoint:", f"  dir: {ck}", "  on_request: true",
+                        "  min_interval_s: 0"])
+    rng = np.random.default_rng(3)
+    model = {"emb.proj": rng.standard_normal((40, 30)).astype(np.float32),
+             "fc.weight": rng.standard_normal((7, 300)).astype(np.float32),
+             "fc.bias": rng.standard_normal(7).astype(np.float32)}
+    with ps.Client(cl.path, 0) as c:
+        if groups:
+            c.declare(model, [dict(kind="adam", lr=0.01), dict(kind="sgd", lr=0.1, momentum=0.9)],
+                      [0, 1, 1])
+        else:
+            c.declare(model)
+        for _ in range(3):
+            c.push({n: rng.standard_normal(v.shape).astype(np.float32) for n, v in model.items()})
+        c.push_rows("e", np.array([1, 2], np.uint64), np.ones((2, 3), np.float32))
+        c.push({n: np.zeros(v.shape, np.float32) for n, v in model.items()})
+        c.pull(model)
+        rows = c.pull_rows("e", np.array([1, 2], np.uint64))
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())
+    assert cl.close() == [0, 0]
+    export(cl.path, tmp_path / "m.npz")
+    exp = ps.load_export(tmp_path / "m.npz")
+    assert list(exp.dense) == list(model)          # declaration order
+    for n, v in model.items():
+        assert exp.dense[n].shape == v.shape and exp.dense[n].tobytes() == v.tobytes(), n
+    assert exp.tables["e"].rows.tobytes() == rows.tobytes()
+    assert exp.meta["shards"][0]["checkpoint_version"] == (2 if groups else 1)
+    if groups:
+        assert [exp.meta["dense"][n]["optimizer"] for n in model] == ["adam", "momentum",
+                                                                      "momentum"]
