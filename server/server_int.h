@@ -87,6 +87,15 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 			  const struct ps_optim_cfg *groups, int ngroups, const void *values,
 			  uint64_t values_len, char *why, size_t wl);
 
+/* decl_tables.c: a worker's DeclareTables (embedding tables at run time) */
+void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
+				   const Ps__DeclareTables *m);
+/* Appends list (n definitions, checked) to the shard's tables, in its own
+ * config copy, and sets up their rows. 0, or a negative code with the
+ * reason in why; the shard is unchanged then. */
+int ps__srv_tables_adopt(struct ps_server *s, const struct ps_table_cfg *list, int n, char *why,
+			 size_t wl);
+
 /* pull.c */
 void ps__srv_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Pull *m);
 /* Answers every waiting pull whose condition now holds. */
