@@ -29,7 +29,7 @@ static int port[2];
 
 /* 2 shards, 2 workers, sync; one YAML table (yaml_t, dim 2, sgd lr 1,
  * zeros), no dense model; checkpoints on request. */
-static void start(void)
+static void start_with(const char *ckpt_extra)
 {
 	char yaml[1024], err[512];
 
@@ -41,14 +41,19 @@ static void start(void)
 		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
 		 "model:\n  embeddings:\n    - {name: yaml_t, dim: 2, init: zeros, optimizer: sgd, "
 		 "lr: 1}\n"
-		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
+		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n%s"
 		 "limits:\n  request_timeout_ms: 5000\n"
-		 "log:\n  level: warn\n", port[0], port[1], dir);
+		 "log:\n  level: warn\n", port[0], port[1], dir, ckpt_extra);
 	path[0] = 0;
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
 	srv[0] = tu_start_server(path, 0);
 	srv[1] = tu_start_server(path, 1);
+}
+
+static void start(void)
+{
+	start_with("");
 }
 
 static void stop(void)
@@ -457,6 +462,49 @@ START_TEST(test_decl_tables_shard_restart)
 }
 END_TEST
 
+/* Tables declared after a full checkpoint reach an incremental one (a
+ * version 3 file after a version 1 one): both shards killed and restarted
+ * have them and their rows. */
+START_TEST(test_decl_tables_incremental)
+{
+	struct ps_client *c0, *c1;
+	struct ps_shard_stats st;
+	char ck[128];
+	struct stat sb;
+
+	start_with("  incremental: 3\n");
+	c0 = connect_retry(0);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_checkpoint(c0, k, 1, &st), 0);
+		ck_assert_msg(st.checkpoint_status == 0, "shard %d: %s", k, st.checkpoint_error);
+	}
+	c1 = connect_retry(1);
+	decl_init();
+	declare_both(c0, c1);
+	for (uint64_t k = 0; k < 2; k++)
+		clock_step(c0, c1, k);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_checkpoint(c0, k, 1, &st), 0);
+		ck_assert_msg(st.checkpoint_status == 0, "shard %d: %s", k, st.checkpoint_error);
+		snprintf(ck, sizeof(ck), "%s/shard-%d.ckpt.delta-1", dir, k);
+		ck_assert_msg(stat(ck, &sb) == 0, "%s: no incremental checkpoint", ck);
+	}
+	ps_client_free(c0);
+	ps_client_free(c1);
+	for (int k = 0; k < 2; k++) {
+		kill(srv[k], SIGKILL);
+		ck_assert_int_eq(tu_wait_child(srv[k]), 128 + SIGKILL);
+		srv[k] = tu_start_server(path, k);
+	}
+	c1 = connect_retry(1);
+	ck_assert_msg(ps_client_declare_tables(c1, decl, NT) == 0, "rank 1: %s",
+		      ps_client_error(c1));
+	check_rows(c1, 2, "rank 1 after the restart from the incremental checkpoint");
+	ps_client_free(c1);
+	stop();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("decl_tables");
@@ -470,6 +518,7 @@ int main(void)
 	TU_ADD(tc, test_decl_tables_refused);
 	TU_ADD(tc, test_decl_tables_hostile);
 	TU_ADD(tc, test_decl_tables_shard_restart);
+	TU_ADD(tc, test_decl_tables_incremental);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();
