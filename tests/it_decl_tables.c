@@ -7,7 +7,9 @@
  * field and both values; bad declarations (dim 0, unknown optimizer, the
  * name of a YAML table, too many tables) are refused, by the client and
  * by the shards; a restarted worker re-declares; a shard restarted from
- * its checkpoint has the tables and their rows before anyone declares.
+ * its checkpoint (or from an incremental one, or with declared tensors and
+ * optimizer groups beside the tables) has the tables and their rows
+ * before anyone declares.
  */
 #include <check.h>
 #include <errno.h>
@@ -505,6 +507,80 @@ START_TEST(test_decl_tables_incremental)
 }
 END_TEST
 
+struct dense_declarer {
+	struct ps_client *c;
+	struct ps_param *p;
+	int rc;
+};
+
+static void *dense_thread(void *arg)
+{
+	static const struct ps_optim_group g = { .kind = "sgd", .lr = 0.5f };
+	static const int group_of[1] = { 0 };
+	struct dense_declarer *d = arg;
+
+	d->rc = ps_client_declare_groups(d->c, d->p, 1, &g, 1, group_of);
+	return NULL;
+}
+
+/* Declared tensors with optimizer groups and declared tables in one
+ * checkpoint (version 4): a shard killed and restarted has both back. */
+START_TEST(test_decl_tables_with_groups_restart)
+{
+	static const int64_t dw[] = { 6 };
+	float w0[6], w1[6];
+	struct ps_param p0 = { "w", 1, dw, w0 }, p1 = { "w", 1, dw, w1 };
+	struct ps_client *c0, *c1;
+	struct ps_shard_stats st;
+	pthread_t th;
+
+	start();
+	c0 = connect_retry(0);
+	c1 = connect_retry(1);
+	for (int i = 0; i < 6; i++) {
+		w0[i] = (float)i;
+		w1[i] = 100.0f;
+	}
+	struct dense_declarer d1 = { c1, &p1, -1 };
+	ck_assert_int_eq(pthread_create(&th, NULL, dense_thread, &d1), 0);
+	struct dense_declarer d0 = { c0, &p0, -1 };
+	dense_thread(&d0);
+	pthread_join(th, NULL);
+	ck_assert_msg(d0.rc == 0 && d1.rc == 0, "%s / %s", ps_client_error(c0),
+		      ps_client_error(c1));
+	ck_assert(w1[5] == 5.0f);
+	decl_init();
+	declare_both(c0, c1);
+	for (uint64_t k = 0; k < 2; k++)
+		clock_step(c0, c1, k);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_checkpoint(c0, k, 1, &st), 0);
+		ck_assert_msg(st.checkpoint_status == 0, "shard %d: %s", k, st.checkpoint_error);
+	}
+	ps_client_free(c0);
+	ps_client_free(c1);
+	for (int k = 0; k < 2; k++) {
+		kill(srv[k], SIGKILL);
+		ck_assert_int_eq(tu_wait_child(srv[k]), 128 + SIGKILL);
+		srv[k] = tu_start_server(path, k);
+	}
+	/* rank 1 alone: tensors, groups and tables all came back */
+	c1 = connect_retry(1);
+	for (int i = 0; i < 6; i++)
+		w1[i] = 100.0f;
+	d1 = (struct dense_declarer){ c1, &p1, -1 };
+	dense_thread(&d1);
+	ck_assert_msg(d1.rc == 0, "rank 1 tensors: %s", ps_client_error(c1));
+	for (int i = 0; i < 6; i++)
+		ck_assert_msg(w1[i] == (float)i, "w[%d] = %g", i, w1[i]);
+	ck_assert_msg(ps_client_declare_tables(c1, decl, NT) == 0, "rank 1 tables: %s",
+		      ps_client_error(c1));
+	check_rows(c1, 2, "rank 1 after the restart");
+	ps_client_free(c1);
+	stop();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("decl_tables");
@@ -519,6 +595,7 @@ int main(void)
 	TU_ADD(tc, test_decl_tables_hostile);
 	TU_ADD(tc, test_decl_tables_shard_restart);
 	TU_ADD(tc, test_decl_tables_incremental);
+	TU_ADD(tc, test_decl_tables_with_groups_restart);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();
