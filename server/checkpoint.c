@@ -19,9 +19,10 @@
  * written when the shard has embedding tables declared at run time
  * (ps_client_declare_tables, server/decl_tables.c): version 3 is version 1
  * and version 4 is version 2 with, after the declared tensors and groups
- * (right after the header when there are none) and before the slices, a
- * struct ckpt_tables_head and ntables struct ckpt_table_decl, the declared
- * tables in declaration order. So the version's bit 0 (version - 1) says
+ * (right after the header when there are none) and before the slices, the
+ * declared tables' section: a struct ckpt_tables_head and ntables struct
+ * ckpt_table_decl, the declared tables in declaration order (layout and
+ * code in decl_tables.c). So the version's bit 0 (version - 1) says
  * optimizer groups and bit 1 declared tables. The tables' rows follow the
  * finished clocks as for the config's tables (table_ckpt.c), the config's
  * tables first, then the declared ones in this order.
@@ -45,7 +46,6 @@
 #include "server.h"
 #include "server_int.h"
 #include "table_ckpt.h"
-#include "table_decl.h"
 #include "wire.h"
 
 /* The magic of version v: "PSCKPT0" v for a full file, "PSDELTA" v for
@@ -86,25 +86,6 @@ struct ckpt_group {
 	float lr, momentum, dampening, beta1, beta2, eps, weight_decay, lr_decay;
 	float initial_accumulator, pad;
 };
-
-/* Versions 3 and 4: the declared embedding tables, after the declared
- * tensors' list and groups. */
-struct ckpt_tables_head {
-	uint32_t ntables;
-	uint32_t reserved;
-};
-
-/* One declared table: model.embeddings[]'s keys (enums as in config.h:
- * init 0 zeros, 1 const, 2 uniform, 3 normal; optimizer 0 sgd, 1 adagrad,
- * 2 rowwise_adagrad, 3 adam, 4 ftrl). 136 bytes. */
-struct ckpt_table_decl {
-	char name[PS_NAME_MAX];     /* NUL-terminated */
-	uint32_t dim, init, optimizer, admission;
-	float init_value, lr, eps, beta1, beta2, initial_accumulator, l1, l2, ftrl_beta;
-	uint32_t ttl_s;
-	uint64_t max_rows, filter_ids;
-};
-_Static_assert(sizeof(struct ckpt_table_decl) == 136, "ckpt_table_decl layout");
 
 struct ckpt_slot {
 	uint32_t slice;
@@ -159,52 +140,10 @@ static size_t dense_decl_size(const struct ps_server *s)
 				  (size_t)s->cfg->ngroups * sizeof(struct ckpt_group) : 0);
 }
 
-/* Bytes of the declared tables' section (versions 3 and 4). */
-static size_t tables_decl_size(const struct ps_server *s)
-{
-	return s->cfg->ndecl_tables ? sizeof(struct ckpt_tables_head) +
-		(size_t)s->cfg->ndecl_tables * sizeof(struct ckpt_table_decl) : 0;
-}
-
 /* Bytes between the header and the first slice. */
 static size_t decl_size(const struct ps_server *s)
 {
-	return dense_decl_size(s) + tables_decl_size(s);
-}
-
-/* Writes the declared tables' section at b (tables_decl_size bytes). */
-static void put_tables(const struct ps_server *s, uint8_t *b)
-{
-	const struct ps_config *cfg = s->cfg;
-	struct ckpt_tables_head th = { .ntables = (uint32_t)cfg->ndecl_tables };
-	size_t pos = sizeof(th);
-
-	memcpy(b, &th, sizeof(th));
-	for (int t = cfg->ntables - cfg->ndecl_tables; t < cfg->ntables; t++) {
-		const struct ps_table_cfg *tc = &cfg->tables[t];
-		struct ckpt_table_decl d;
-
-		memset(&d, 0, sizeof(d));
-		memcpy(d.name, tc->name, sizeof(d.name));
-		d.dim = (uint32_t)tc->dim;
-		d.init = (uint32_t)tc->init;
-		d.optimizer = (uint32_t)tc->optimizer;
-		d.admission = (uint32_t)tc->admission;
-		d.init_value = tc->init_value;
-		d.lr = tc->lr;
-		d.eps = tc->eps;
-		d.beta1 = tc->beta1;
-		d.beta2 = tc->beta2;
-		d.initial_accumulator = tc->initial_accumulator;
-		d.l1 = tc->l1;
-		d.l2 = tc->l2;
-		d.ftrl_beta = tc->ftrl_beta;
-		d.ttl_s = (uint32_t)tc->ttl_s;
-		d.max_rows = (uint64_t)tc->max_rows;
-		d.filter_ids = (uint64_t)tc->filter_ids;
-		memcpy(b + pos, &d, sizeof(d));
-		pos += sizeof(d);
-	}
+	return dense_decl_size(s) + ps__srv_tables_ckpt_size(s);
 }
 
 /* Fault injection for the crash tests (tests/it_checkpoint.c, it_rows.c):
@@ -285,8 +224,8 @@ static int snapshot_dense(const struct ps_server *s, struct ps_ckpt_image *img, 
 		}
 	}
 	if (s->cfg->ndecl_tables) {
-		put_tables(s, b + pos);
-		pos += tables_decl_size(s);
+		ps__srv_tables_ckpt_put(s, b + pos);
+		pos += ps__srv_tables_ckpt_size(s);
 	}
 	for (int k = 0; k < s->store.nslots; k++) {
 		const struct ps_slot *sl = &s->store.slots[k];
@@ -643,84 +582,6 @@ out:
 	return rc;
 }
 
-/* Versions 3 and 4: the declared tables at pos, each checked as a
- * worker's declaration is (table_decl.c), made the shard's when it has
- * none yet (at the start, before any worker declared), else compared with
- * them (an incremental checkpoint after its full one). */
-static int load_tables(struct ps_server *s, int fd, uint64_t pos, uint64_t len, const char *path,
-		       char *err, size_t errlen)
-{
-	const struct ps_config *cfg = s->cfg;
-	int nyaml = cfg->ntables - cfg->ndecl_tables, rc = 0;
-	struct ps_table_cfg *list = NULL;
-	struct ckpt_tables_head th;
-	char why[400];
-
-	if (read_at(fd, &th, sizeof(th), pos))
-		FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
-	pos += sizeof(th);
-	if (th.ntables < 1 || th.ntables > (uint32_t)(PS_MAX_TABLES - nyaml) ||
-	    len < pos + (uint64_t)th.ntables * sizeof(struct ckpt_table_decl))
-		FAIL(PS_EPROTO, "%s: %u declared tables: expected 1..%d beside the config's %d, "
-		     "within the file (damaged?)", path, th.ntables, PS_MAX_TABLES - nyaml, nyaml);
-	list = calloc(th.ntables, sizeof(*list));
-	if (!list)
-		FAIL(-ENOMEM, "%s: out of memory", path);
-	for (uint32_t i = 0; i < th.ntables; i++, pos += sizeof(struct ckpt_table_decl)) {
-		struct ckpt_table_decl d;
-		struct ps_table_cfg *t = &list[i];
-
-		if (read_at(fd, &d, sizeof(d), pos))
-			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
-		if (!memchr(d.name, 0, sizeof(d.name)) || d.dim > PS_MAX_ROW_DIM ||
-		    d.init > PS_INIT_NORMAL || d.optimizer >= PS_ROPT_COUNT || d.admission > 255 ||
-		    d.ttl_s > (1u << 30) || d.max_rows > (UINT64_C(1) << 40) ||
-		    d.filter_ids > (UINT64_C(1) << 32))
-			FAIL(PS_EPROTO, "%s: declared table %u is damaged", path, i);
-		memcpy(t->name, d.name, sizeof(t->name));
-		t->dim = (int)d.dim;
-		t->init = (enum ps_init_kind)d.init;
-		t->optimizer = (int)d.optimizer;
-		t->admission = (int)d.admission;
-		t->init_value = d.init_value;
-		t->lr = d.lr;
-		t->eps = d.eps;
-		t->beta1 = d.beta1;
-		t->beta2 = d.beta2;
-		t->initial_accumulator = d.initial_accumulator;
-		t->l1 = d.l1;
-		t->l2 = d.l2;
-		t->ftrl_beta = d.ftrl_beta;
-		t->ttl_s = (int)d.ttl_s;
-		t->max_rows = (int64_t)d.max_rows;
-		t->filter_ids = (int64_t)d.filter_ids;
-		if (ps_table_decl_check(t, why, sizeof(why)))
-			FAIL(PS_EPROTO, "%s: declared table %u is damaged: %s", path, i, why);
-		for (int j = 0; j < nyaml; j++)
-			if (!strcmp(cfg->tables[j].name, t->name))
-				FAIL(PS_ECONFIG, "%s: declared table '%s' is now a table of the config "
-				     "(model.embeddings)", path, t->name);
-		for (uint32_t j = 0; j < i; j++)
-			if (!strcmp(list[j].name, t->name))
-				FAIL(PS_EPROTO, "%s: declared table '%s' twice (damaged?)", path, t->name);
-	}
-	if (!cfg->ndecl_tables) {
-		rc = ps__srv_tables_adopt(s, list, (int)th.ntables, why, sizeof(why));
-		if (rc)
-			FAIL(rc, "%s: its declared tables: %s", path, why);
-	} else {
-		int same = (int)th.ntables == cfg->ndecl_tables;
-		for (uint32_t i = 0; same && i < th.ntables; i++)
-			same = !ps_table_decl_diff(&cfg->tables[nyaml + (int)i], &list[i], "", "", why,
-						   sizeof(why));
-		if (!same)
-			FAIL(PS_ECONFIG, "%s: declares other tables than its full checkpoint", path);
-	}
-out:
-	free(list);
-	return rc;
-}
-
 /* Loads a full checkpoint (delta 0) or incremental checkpoint delta of
  * the chain: the checks, then the restore, as ps_checkpoint_load says. */
 static int load_file(struct ps_server *s, const char *path, uint32_t delta, char *err,
@@ -782,7 +643,8 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 	}
 	if ((version - 1) & CKPT_V_TABLES) {
 		/* the declared tensors are the shard's now: the tables follow them */
-		rc = load_tables(s, fd, sizeof(h) + dense_decl_size(s), len, path, err, errlen);
+		rc = ps__srv_tables_ckpt_load(s, fd, sizeof(h) + dense_decl_size(s), len, path, err,
+					      errlen);
 		if (rc)
 			goto out;
 	}

@@ -89,38 +89,6 @@ int ps__rows_init(struct ps_server *s)
 	return 0;
 }
 
-int ps__rows_add_tables(struct ps_server *s, int first)
-{
-	const struct ps_config *cfg = s->cfg;
-	struct ps_srv_rows *R = s->rows;
-	int rc;
-
-	for (int t = first; t < cfg->ntables; t++) {
-		rc = ps_table_init(&R->t[t].tb, cfg, t, cfg->nshards, ps_now_s());
-		if (rc) {
-			while (--t >= first)
-				ps_table_free(&R->t[t].tb);
-			return rc;
-		}
-	}
-	R->ntables = cfg->ntables;
-	/* the memory budget is shared by more tables now */
-	for (int t = 0; t < R->ntables; t++)
-		ps_table_set_cap(&R->t[t].tb, cfg, cfg->nshards);
-	/* sync: a new table's version catches up with the clocks every live
-	 * worker has finished */
-	ps__rows_advance(s);
-	return 0;
-}
-
-void ps__rows_rebind(struct ps_server *s)
-{
-	for (int t = 0; s->rows && t < s->rows->ntables; t++) {
-		s->rows->t[t].tb.cfg = s->cfg;
-		s->rows->t[t].tb.tc = &s->cfg->tables[t];
-	}
-}
-
 static void push_free(struct rows_push *p)
 {
 	if (p) {

@@ -43,7 +43,7 @@ struct ps_srv_rows {
 
 int ps__rows_init(struct ps_server *s);
 void ps__rows_free(struct ps_server *s);
-/* Tables cfg->tables[first..ntables) were just declared (decl_tables.c):
+/* decl_tables.c: tables cfg->tables[first..ntables) were just declared:
  * sets them up, every table's cap again (they share the memory budget)
  * and, sync, their versions up to the finished clocks. 0 or -ENOMEM (the
  * new tables are not set up then; the caller undoes the declaration). */
