@@ -70,7 +70,7 @@ PROTO_C   := $(GEN)/ps.pb-c.c
 # libps.a: everything a client program needs (no BLAS, no CUDA).
 LIB_SRCS  := common/ps_err.c common/ps_log.c common/config.c common/config_yaml.c \
              common/config_scalar.c common/config_table.c common/config_dump.c common/config_ctr.c \
-             common/config_agree.c common/optim_group.c \
+             common/config_agree.c common/optim_group.c common/table_decl.c \
              common/layers.c \
              common/shardmap.c common/rows_wire.c common/wire.c common/msg.c common/transport.c \
              common/transport_tcp.c $(wildcard worker/client/*.c) \

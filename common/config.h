@@ -229,8 +229,12 @@ struct ps_config {
 	char log_level[16];
 	struct ps_compress_cfg compress;
 	struct ps_model_cfg model;  /* layers; nlayers 0 when only tensors are given */
-	int ntables;                /* model.embeddings */
+	int ntables;                /* model.embeddings, then the declared tables */
 	struct ps_table_cfg tables[PS_MAX_TABLES];
+	/* Tables declared at run time (ps_client_declare_tables): the last
+	 * ndecl_tables of tables[]; left out of the shard-map hash, as
+	 * declared tensors are (the declaration itself is compared). */
+	int ndecl_tables;
 	struct ps_train_cfg train;
 };
 

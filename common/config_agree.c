@@ -76,13 +76,15 @@ size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len)
 		put(buf, len, &at, "optimizer.dampening=%.9g\n", (double)o->dampening);
 	if (o->average)
 		put(buf, len, &at, "optimizer.average=true\n");
-	if (cfg->ntables) {
+	if (cfg->ntables - cfg->ndecl_tables) {
 		/* a Hello is at most PS_WIRE_HANDSHAKE_MAX bytes: the tables'
-		 * settings travel as one digest of their lines */
+		 * settings travel as one digest of their lines; declared tables
+		 * are left out (a worker says hello before it declares them,
+		 * and the declaration is compared, server/decl_tables.c) */
 		uint64_t h = 1469598103934665603ULL;
 		char line[PS_NAME_MAX + 300];
 
-		for (int t = 0; t < cfg->ntables; t++) {
+		for (int t = 0; t < cfg->ntables - cfg->ndecl_tables; t++) {
 			const struct ps_table_cfg *tb = &cfg->tables[t];
 			int n = snprintf(line, sizeof(line), "%s:%s:%.9g:%.9g:%.9g:%.9g:%.9g:%.9g:%.9g:"
 					 "%.9g;", tb->name, name_of(row_optim_names, 5, tb->optimizer),

@@ -27,6 +27,7 @@ const ProtobufCMessageDescriptor *ps_msg_descriptor(unsigned type)
 	case PS_MSG_REPL_ACK: return &ps__repl_ack__descriptor;
 	case PS_MSG_REPL_SNAPSHOT: return &ps__repl_snapshot__descriptor;
 	case PS_MSG_DECLARE: return &ps__declare__descriptor;
+	case PS_MSG_DECLARE_TABLES: return &ps__declare_tables__descriptor;
 	default: return NULL;
 	}
 }

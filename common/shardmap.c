@@ -97,8 +97,11 @@ int ps_shardmap_init(struct ps_shardmap *m, const struct ps_config *cfg)
 		h = hash_u64(h, (uint64_t)m->slices[i].shard);
 	/* Embedding tables: their names place the rows; dim and optimizer
 	 * decide what a row is (a client with another dim is refused at the
-	 * handshake instead of at its first request). */
-	for (int t = 0; t < cfg->ntables; t++) {
+	 * handshake instead of at its first request). Declared tables are
+	 * left out, like declared tensors: a worker connects before it
+	 * declares them, and the declaration is compared instead
+	 * (server/decl_tables.c). */
+	for (int t = 0; t < cfg->ntables - cfg->ndecl_tables; t++) {
 		h = ps_fnv1a(h, cfg->tables[t].name, strlen(cfg->tables[t].name) + 1);
 		h = hash_u64(h, (uint64_t)cfg->tables[t].dim);
 		h = hash_u64(h, (uint64_t)cfg->tables[t].optimizer);

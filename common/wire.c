@@ -51,6 +51,7 @@ const char *ps_wire_type_name(unsigned type)
 		[PS_MSG_PUSH_ROWS] = "push-rows",
 		[PS_MSG_REPL_BATCH] = "repl-batch", [PS_MSG_REPL_ACK] = "repl-ack",
 		[PS_MSG_REPL_SNAPSHOT] = "repl-snapshot", [PS_MSG_DECLARE] = "declare",
+		[PS_MSG_DECLARE_TABLES] = "declare-tables",
 	};
 	return type < PS_MSG_MAX_ && names[type] ? names[type] : "unknown";
 }

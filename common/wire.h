@@ -49,7 +49,8 @@ enum ps_msg_type {
 	PS_MSG_REPL_ACK = 17,
 	PS_MSG_REPL_SNAPSHOT = 18,
 	PS_MSG_DECLARE = 19,
-	PS_MSG_MAX_ = 20
+	PS_MSG_DECLARE_TABLES = 20,
+	PS_MSG_MAX_ = 21
 };
 
 enum {

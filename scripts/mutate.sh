@@ -42,7 +42,7 @@ T=build/rel/tests
 default_files() {
   ls server/*.c worker/client/ps_client*.c common/transport*.c common/wire*.c \
      common/codec*.c common/auth*.c common/frame_mac*.c common/config_agree.c common/optim_group.c \
-     common/version.c worker/worker_cmd.c worker/ps_export.c worker/npz.c 2>/dev/null |
+     common/table_decl.c common/version.c worker/worker_cmd.c worker/ps_export.c worker/npz.c 2>/dev/null |
     grep -v '^server/main.c$'
 }
 
@@ -52,7 +52,7 @@ suites_for() {
     server/store.c)            echo check_store it_cluster ;;
     server/optimizer.c)        echo check_optimizer check_store ;;
     server/dedup.c)            echo check_dedup it_cluster ;;
-    server/checkpoint.c)       echo it_checkpoint it_groups ;;
+    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables ;;
     server/handshake.c)        echo it_hostile it_reader ;;
     server/push.c)             echo it_hostile it_cluster ;;
     server/pull.c)             echo it_cluster it_hostile ;;
@@ -62,12 +62,15 @@ suites_for() {
     server/declare.c)          echo it_declare it_groups ;;
     server/table_ckpt.c)       echo it_rows it_export.sh ;;
     server/reader.c)           echo it_reader ;;
+    server/decl_tables.c)      echo it_decl_tables ;;
     server/*)                  echo it_cluster it_checkpoint it_hostile ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
+    worker/client/ps_client_tables.c)  echo it_decl_tables ;;
     worker/client/ps_client*)         echo it_fake_shard it_cluster it_checkpoint it_hostile ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
+    common/table_decl.c)       echo it_decl_tables ;;
     common/version.c)          echo it_docs.sh ;;        # every program's --version
     worker/worker_cmd.c)       echo it_launch.sh ;;      # ps-worker --exec under ps-cluster.sh
     worker/ps_export.c|worker/npz.c) echo it_export.sh ;;  # ps-export on real checkpoints, damaged ones

@@ -16,6 +16,18 @@
  * ngroups struct ckpt_group, and each slice's state is the nstate arrays
  * of its own group's rule. Version 1 files (no groups) are written and
  * read as before.
+ *
+ * Versions 3 and 4 (magic PSCKPT03 / PSDELTA3, PSCKPT04 / PSDELTA4),
+ * written when the shard has embedding tables declared at run time
+ * (ps_client_declare_tables, server/decl_tables.c): version 3 is version 1
+ * and version 4 is version 2 with, after the declared tensors and groups
+ * (right after the header when there are none) and before the slices, the
+ * declared tables' section: a struct ckpt_tables_head and ntables struct
+ * ckpt_table_decl, the declared tables in declaration order (layout and
+ * code in decl_tables.c). So the version's bit 0 (version - 1) says
+ * optimizer groups and bit 1 declared tables. The tables' rows follow the
+ * finished clocks as for the config's tables (table_ckpt.c), the config's
+ * tables first, then the declared ones in this order.
  */
 #define _GNU_SOURCE /* mkostemp */
 #include <errno.h>
@@ -44,10 +56,25 @@ void ps_checkpoint_path(const char *dir, int shard, char *buf, size_t len)
 	snprintf(buf, len, "%s/shard-%d.ckpt", dir, shard);
 }
 
+/* The file version s's state takes: 1..4 (see the head of this file). */
+static int file_version(const struct ps_server *s)
+{
+	return 1 + (s->cfg->ngroups ? CKPT_V_GROUPS : 0) + (s->cfg->ndecl_tables ? CKPT_V_TABLES : 0);
+}
+
+/* The magic of version v, full or incremental (8 bytes, no NUL). */
+static void magic_of(int v, int delta, char out[8])
+{
+	char b[9];
+
+	snprintf(b, sizeof(b), "%s%d", delta ? "PSDELTA" : "PSCKPT0", v);
+	memcpy(out, b, 8);
+}
+
 static void fill_hdr(const struct ps_server *s, struct ckpt_hdr *h)
 {
 	memset(h, 0, sizeof(*h));
-	memcpy(h->magic, s->cfg->ngroups ? CKPT_MAGIC2 : CKPT_MAGIC, 8);
+	magic_of(file_version(s), 0, h->magic);
 	h->endian = CKPT_ENDIAN;
 	h->shard = s->shard;
 	h->map_hash = s->map.hash;
@@ -60,13 +87,19 @@ static void fill_hdr(const struct ps_server *s, struct ckpt_hdr *h)
 }
 
 /* Bytes of the declared tensors' list (and of their groups). */
-static size_t decl_size(const struct ps_server *s)
+static size_t dense_decl_size(const struct ps_server *s)
 {
 	if (!s->cfg->declare)
 		return 0;
 	return (size_t)s->cfg->ntensors * sizeof(struct ckpt_decl) +
 	       (s->cfg->ngroups ? sizeof(struct ckpt_groups) +
 				  (size_t)s->cfg->ngroups * sizeof(struct ckpt_group) : 0);
+}
+
+/* Bytes between the header and the first slice. */
+static size_t decl_size(const struct ps_server *s)
+{
+	return dense_decl_size(s) + ps__srv_tables_ckpt_size(s);
 }
 
 /* Fault injection for the crash tests (tests/it_checkpoint.c, it_rows.c):
@@ -146,6 +179,10 @@ static int snapshot_dense(const struct ps_server *s, struct ps_ckpt_image *img, 
 			memcpy(b + pos, &cg, sizeof(cg));
 		}
 	}
+	if (s->cfg->ndecl_tables) {
+		ps__srv_tables_ckpt_put(s, b + pos);
+		pos += ps__srv_tables_ckpt_size(s);
+	}
 	for (int k = 0; k < s->store.nslots; k++) {
 		const struct ps_slot *sl = &s->store.slots[k];
 		struct ckpt_slot cs = { .slice = sl->slice->id, .count = (uint64_t)sl->slice->count,
@@ -196,7 +233,7 @@ int ps_checkpoint_snapshot_delta(const struct ps_server *s, uint32_t seq,
 	if (rc)
 		return rc;
 	memcpy(&h, img->buf, sizeof(h));
-	memcpy(h.magic, s->cfg->ngroups ? CKPT_DELTA2 : CKPT_DELTA, 8);
+	magic_of(file_version(s), 1, h.magic);
 	memcpy(img->buf, &h, sizeof(h));
 	ps__rows_delta_snapshot(s, img->buf + dense, seq, s->ckpt_base_crc, s->ckpt_base_len);
 	return 0;
@@ -470,7 +507,7 @@ static int load_declared(struct ps_server *s, int fd, const struct ckpt_hdr *h, 
 		}
 		t->group = d.group;
 	}
-	if (version == 2) {
+	if ((version - 1) & CKPT_V_GROUPS) {
 		rc = load_groups(s, fd, sizeof(*h) + (uint64_t)n * sizeof(struct ckpt_decl), len,
 				 list, n, &groups, &ngroups, path, err, errlen);
 		if (rc)
@@ -540,25 +577,39 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 		     len);
 	if (read_at(fd, &h, sizeof(h), 0))
 		FAIL(PS_EPROTO, "%s: cannot read its header: %s", path, strerror(errno));
-	version = !memcmp(h.magic, delta ? CKPT_DELTA : CKPT_MAGIC, 8) ? 1 :
-		  !memcmp(h.magic, delta ? CKPT_DELTA2 : CKPT_MAGIC2, 8) ? 2 : 0;
+	version = 0;
+	for (int v = 1; v <= 4 && !version; v++) {
+		char mg[8];
+		magic_of(v, delta != 0, mg);
+		if (!memcmp(h.magic, mg, 8))
+			version = v;
+	}
 	if (!version)
 		FAIL(PS_EPROTO, "%s: not a ps-server %scheckpoint (bad magic)", path,
 		     delta ? "incremental " : "");
 	if (h.endian != CKPT_ENDIAN)
 		FAIL(PS_EPROTO, "%s: written on a machine of the other byte order", path);
-	if (version == 2 && (!h.ndeclared || !s->cfg->declare))
-		FAIL(PS_EPROTO, "%s: a version 2 checkpoint (optimizer groups) without declared "
-		     "tensors (damaged?), or the config names its model", path);
+	if (((version - 1) & CKPT_V_GROUPS) && (!h.ndeclared || !s->cfg->declare))
+		FAIL(PS_EPROTO, "%s: a version %d checkpoint (optimizer groups) without declared "
+		     "tensors (damaged?), or the config names its model", path, version);
 	if (h.ndeclared || s->cfg->declare) {
 		rc = load_declared(s, fd, &h, len, version, path, err, errlen);
 		if (rc)
 			goto out;
 	}
+	if ((version - 1) & CKPT_V_TABLES) {
+		/* the declared tensors are the shard's now: the tables follow them */
+		rc = ps__srv_tables_ckpt_load(s, fd, sizeof(h) + dense_decl_size(s), len, path, err,
+					      errlen);
+		if (rc)
+			goto out;
+	}
 	fill_hdr(s, &want);
-	if (version != (s->cfg->ngroups ? 2 : 1))
+	if (version != file_version(s))
 		FAIL(PS_ECONFIG, "%s: a version %d checkpoint, this shard's tensors %s optimizer "
-		     "groups", path, version, s->cfg->ngroups ? "have" : "have no");
+		     "groups and it %s declared tables (version %d)", path, version,
+		     s->cfg->ngroups ? "have" : "have no", s->cfg->ndecl_tables ? "has" : "has no",
+		     file_version(s));
 	if (h.shard != want.shard)
 		FAIL(PS_ECONFIG, "%s: belongs to shard %d, this is shard %d", path, h.shard,
 		     want.shard);

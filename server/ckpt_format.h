@@ -17,6 +17,11 @@
 #define CKPT_MAGIC2 "PSCKPT02"
 #define CKPT_DELTA2 "PSDELTA2"
 #define CKPT_ENDIAN 0x01020304u
+/* Versions 1..4: bits of version - 1 (checkpoint.c's head): optimizer
+ * groups, declared tables (a section after the declared tensors and groups,
+ * server/decl_tables.c). The magic of version v: "PSCKPT0" v, "PSDELTA" v. */
+#define CKPT_V_GROUPS 1
+#define CKPT_V_TABLES 2
 
 struct ckpt_hdr {
 	char magic[8];

@@ -590,6 +590,9 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 	case PS_MSG_DECLARE:
 		ps__srv_handle_declare(s, sc, (Ps__Declare *)m, f);
 		break;
+	case PS_MSG_DECLARE_TABLES:
+		ps__srv_handle_declare_tables(s, sc, (Ps__DeclareTables *)m);
+		break;
 	case PS_MSG_STATS_REQUEST:
 		ps__srv_handle_stats(s, sc, (Ps__StatsRequest *)m);
 		break;

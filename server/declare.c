@@ -33,6 +33,7 @@
 #include "optim_group.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "rows.h"
 #include "server_int.h"
 
 /* Largest element count of one declared tensor, and of all together
@@ -320,6 +321,8 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 	free(s->decl_cfg);
 	s->decl_cfg = cfg;
 	s->cfg = cfg;
+	/* the embedding tables (declared ones among them) live on */
+	ps__rows_rebind(s);
 	return 0;
 
 err_free_store:

@@ -67,7 +67,9 @@ int ps__rows_init(struct ps_server *s)
 	if (!R)
 		return rc;
 	s->rows = R;
-	R->t = calloc((size_t)(cfg->ntables ? cfg->ntables : 1), sizeof(*R->t));
+	/* room for every table a worker may declare later
+	 * (ps__rows_add_tables), so the entries never move */
+	R->t = calloc(PS_MAX_TABLES, sizeof(*R->t));
 	R->scratch = malloc(sizeof(float) * PS_MAX_ROW_DIM * 2);
 	R->probe = malloc(sizeof(float) * (PS_MAX_ROW_DIM * 4 + 4));
 	if (!R->t || !R->scratch || !R->probe)

@@ -43,6 +43,13 @@ struct ps_srv_rows {
 
 int ps__rows_init(struct ps_server *s);
 void ps__rows_free(struct ps_server *s);
+/* decl_tables.c: tables cfg->tables[first..ntables) were just declared:
+ * sets them up, every table's cap again (they share the memory budget)
+ * and, sync, their versions up to the finished clocks. 0 or -ENOMEM (the
+ * new tables are not set up then; the caller undoes the declaration). */
+int ps__rows_add_tables(struct ps_server *s, int first);
+/* s->cfg was replaced by a copy (declare.c): the tables point into it. */
+void ps__rows_rebind(struct ps_server *s);
 /* Index of the table named name, or -1. */
 int ps__rows_find(const struct ps_server *s, const char *name);
 

@@ -98,6 +98,26 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 			  const struct ps_optim_cfg *groups, int ngroups, const void *values,
 			  uint64_t values_len, char *why, size_t wl);
 
+/* decl_tables.c: a worker's DeclareTables (embedding tables at run time) */
+void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
+				   const Ps__DeclareTables *m);
+/* Appends list (n definitions, checked) to the shard's tables, in its own
+ * config copy, and sets up their rows. 0, or a negative code with the
+ * reason in why; the shard is unchanged then. */
+int ps__srv_tables_adopt(struct ps_server *s, const struct ps_table_cfg *list, int n, char *why,
+			 size_t wl);
+
+/* The checkpoint's section of declared tables (file versions 3 and 4,
+ * checkpoint.c; layout in decl_tables.c): its bytes now (0 without
+ * declared tables), its copy into b, and its load from fd at pos (a file
+ * of len bytes, path for messages): the shard's tables when it has none
+ * declared yet, else compared with them. 0, or a negative code with the
+ * reason in err. */
+size_t ps__srv_tables_ckpt_size(const struct ps_server *s);
+void ps__srv_tables_ckpt_put(const struct ps_server *s, uint8_t *b);
+int ps__srv_tables_ckpt_load(struct ps_server *s, int fd, uint64_t pos, uint64_t len,
+			     const char *path, char *err, size_t errlen);
+
 /* pull.c */
 void ps__srv_handle_pull(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Pull *m);
 /* Answers every waiting pull whose condition now holds. */

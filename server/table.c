@@ -49,6 +49,20 @@ static uint64_t budget_rows(const struct ps_table *tb, const struct ps_config *c
 	return n < 1 ? 1 : n > PS_ROW_NIL - 1 ? PS_ROW_NIL - 1 : n;
 }
 
+void ps_table_set_cap(struct ps_table *tb, const struct ps_config *cfg, int nshards)
+{
+	const struct ps_table_cfg *tc = tb->tc;
+
+	tb->cap = tc->max_rows ? ((uint64_t)tc->max_rows + (uint64_t)nshards - 1) / (uint64_t)nshards
+			       : 0;
+	if (tb->cap > PS_ROW_NIL - 1 || !tb->cap)
+		tb->cap = tb->cap ? PS_ROW_NIL - 1 : 0;
+	/* the shard's memory budget, shared evenly by the tables */
+	tb->budget_rows = budget_rows(tb, cfg);
+	if (!tb->cap || tb->budget_rows < tb->cap)
+		tb->cap = tb->budget_rows;
+}
+
 int ps_table_init(struct ps_table *tb, const struct ps_config *cfg, int t, int nshards,
 		  double epoch)
 {
@@ -63,14 +77,7 @@ int ps_table_init(struct ps_table *tb, const struct ps_config *cfg, int t, int n
 	tb->dim = tc->dim;
 	tb->nstate = ps_row_optim_nstate(tc);
 	tb->row_floats = tb->dim + tb->nstate;
-	tb->cap = tc->max_rows ? ((uint64_t)tc->max_rows + (uint64_t)nshards - 1) / (uint64_t)nshards
-			       : 0;
-	if (tb->cap > PS_ROW_NIL - 1 || !tb->cap)
-		tb->cap = tb->cap ? PS_ROW_NIL - 1 : 0;
-	/* the shard's memory budget, shared evenly by the tables */
-	tb->budget_rows = budget_rows(tb, cfg);
-	if (!tb->cap || tb->budget_rows < tb->cap)
-		tb->cap = tb->budget_rows;
+	ps_table_set_cap(tb, cfg, nshards);
 	tb->epoch = epoch;
 	tb->track_tombs = cfg->checkpoint.dir[0] && cfg->checkpoint.incremental > 0;
 	tb->head = tb->tail = tb->free_head = PS_ROW_NIL;

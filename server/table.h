@@ -92,6 +92,12 @@ int ps_table_init(struct ps_table *tb, const struct ps_config *cfg, int t, int n
 		  double epoch);
 void ps_table_free(struct ps_table *tb);
 
+/* Sets tb's row cap from its max_rows' share and its share of
+ * limits.max_table_bytes among cfg's tables (again when tables are
+ * declared: the budget is shared by more). Rows past a lowered cap are
+ * dropped as new ones come, least recently updated first. */
+void ps_table_set_cap(struct ps_table *tb, const struct ps_config *cfg, int nshards);
+
 /* The row number of id, or PS_ROW_NIL. */
 uint32_t ps_table_find(const struct ps_table *tb, uint64_t id);
 

@@ -130,7 +130,8 @@ START_TEST(test_type_names)
 	const char *names[] = { NULL, "hello", "hello-reply", "push", "push-ack", "pull",
 				"pull-reply", "error", "stats-request", "stats", "heartbeat",
 				"auth-challenge", "auth", "pull-rows", "pull-rows-reply",
-				"push-rows", "repl-batch", "repl-ack", "repl-snapshot", "declare" };
+				"push-rows", "repl-batch", "repl-ack", "repl-snapshot", "declare",
+				"declare-tables" };
 	_Static_assert(sizeof(names) / sizeof(names[0]) == PS_MSG_MAX_, "a name per type");
 
 	for (unsigned t = 1; t < PS_MSG_MAX_; t++) {

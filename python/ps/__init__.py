@@ -125,6 +125,45 @@ def _group_tuple(i, g):
         raise ConfigError(f"declare: optimizer group {i}: {e}") from None
 
 
+# model.embeddings[]'s keys a declared table takes (docs/embeddings.md).
+_TABLE_KEYS = ("name", "dim", "init", "scale", "value", "optimizer", "lr", "eps", "beta1",
+               "beta2", "initial_accumulator", "l1", "l2", "ftrl_beta", "admission", "ttl",
+               "max_rows")
+_TABLE_FLOATS = ("lr", "eps", "beta1", "beta2", "initial_accumulator", "l1", "l2", "ftrl_beta")
+
+
+def _table_tuple(i, t):
+    """Table i (a dict of model.embeddings keys) as the tuple _ps.Client.declare_tables takes."""
+    if not isinstance(t, dict):
+        raise ConfigError(f"declare_tables: table {i} is not a dict")
+    for k in t:
+        if k not in _TABLE_KEYS:
+            raise ConfigError(f"declare_tables: table {i}: unknown key {k!r} (known: "
+                              f"{', '.join(_TABLE_KEYS)})")
+    name = t.get("name")
+    if not isinstance(name, str):
+        raise ConfigError(f"declare_tables: table {i}: name must be a str, got {name!r}")
+    init = t.get("init", "uniform")
+    if "scale" in t and init not in ("uniform", "normal"):
+        raise ConfigError(f"declare_tables: table {name!r}: scale is not used by init {init!r}")
+    if "value" in t and init != "const":
+        raise ConfigError(f"declare_tables: table {name!r}: value is not used by init {init!r}")
+    ints = {}
+    for k, hi in (("dim", 4096), ("admission", 255), ("ttl", 1 << 30), ("max_rows", 1 << 40)):
+        v = t.get(k, 0 if k != "dim" else None)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= hi:
+            raise ConfigError(f"declare_tables: table {name!r}: {k} must be an integer in "
+                              f"{1 if k == 'dim' else 0}..{hi}, got {v!r}")
+        ints[k] = v
+    try:
+        fl = [float(t.get(k, 0.0)) for k in _TABLE_FLOATS]
+        init_value = float(t.get("scale", t.get("value", 0.0)))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"declare_tables: table {name!r}: {e}") from None
+    return (name, ints["dim"], init, init_value, t.get("optimizer"), *fl, ints["admission"],
+            ints["ttl"], ints["max_rows"])
+
+
 class Client(_ps.Client):
     """A connection to every shard of a config, as worker `rank`.
 
@@ -180,8 +219,9 @@ class Client(_ps.Client):
         """Rows of table for ids into out (len(ids) x dim float32, allocated when None)."""
         if out is None:
             import numpy
-            out = numpy.empty((len(ids), self.config.tables[table]
-                               if table in self.config.tables else 0), numpy.float32)
+            tables = self.tables  # the config's and the declared ones
+            out = numpy.empty((len(ids), tables[table] if table in tables else 0),
+                              numpy.float32)
         return super().pull_rows(table, ids, out, min_version, asynchronous)
 
     def pull_rows_async(self, table, ids, out=None, min_version=None):
@@ -210,6 +250,21 @@ class Client(_ps.Client):
             groups = [groups]
         return super().declare(params, [_group_tuple(i, g) for i, g in enumerate(groups)],
                                None if group_of is None else [int(x) for x in group_of])
+
+    def declare_tables(self, tables):
+        """Declares embedding tables beside the config's model.embeddings: tables is a list
+        of dicts with model.embeddings[]'s keys (name, dim, init, scale or value, optimizer,
+        lr, eps, beta1, beta2, initial_accumulator, l1, l2, ftrl_beta, admission, ttl,
+        max_rows), a missing key taking its YAML default. Every worker declares the same
+        list (rank 0's creates the tables; the others wait for it); then pull_rows and
+        push_rows take the tables by name and Client.tables lists them with their dim.
+        Raises ps.ConfigError (an unknown key, a value out of bounds, a name of the config's
+        tables, a declaration that differs from the shards': the table, field and both
+        values named), ps.StateError (declared already), ps.TimeoutError (rank 0 never
+        declared)."""
+        if isinstance(tables, dict):
+            tables = [tables]
+        return super().declare_tables([_table_tuple(i, t) for i, t in enumerate(tables)])
 
     def stats(self, shard=None):
         """The counters of shard (a dict), or a list of every shard's when None."""

@@ -374,10 +374,11 @@ static PyObject *rows_call(pyps_client *self, PyObject *args, PyObject *kw, int 
 		return NULL;
 	if (pyps_client_enter(self) < 0)
 		return NULL;
-	k = find_table(self->config->cfg, table);
+	/* the client's config: the file's tables and the declared ones */
+	k = find_table(ps_client_config(self->c), table);
 	if (k < 0) {
-		pyps_raise(PS_ENOTENSOR, "%s: table '%s' is not in model.embeddings of %s "
-			   "(Config.tables lists them)", call, table,
+		pyps_raise(PS_ENOTENSOR, "%s: table '%s' is not in model.embeddings of %s nor "
+			   "declared (Client.tables lists them)", call, table,
 			   ps_config_path(self->config->cfg));
 		goto err_leave;
 	}
@@ -392,7 +393,7 @@ static PyObject *rows_call(pyps_client *self, PyObject *args, PyObject *kw, int 
 	if (pyps_get_ids(idobj, call, table, &v[0]) < 0)
 		goto err_free;
 	size_t n = (size_t)(v[0].len / 8);
-	int dim = ps_config_table_dim(self->config->cfg, k);
+	int dim = ps_config_table_dim(ps_client_config(self->c), k);
 	snprintf(what, sizeof(what), "%s '%s' %s (%zu ids x dim %d)", call, table,
 		 push ? "grads" : "out", n, dim);
 	if (pyps_get_f32(arr, what, (int64_t)n * dim, !push, &v[1]) < 0)
@@ -722,6 +723,96 @@ err_leave:
 	return NULL;
 }
 
+/* declare_tables(tables): embedding tables declared at run time, a list
+ * of settings tuples (name, dim, init, init_value, optimizer, lr, eps,
+ * beta1, beta2, initial_accumulator, l1, l2, ftrl_beta, admission, ttl_s,
+ * max_rows) that ps.Client.declare_tables made from the caller's dicts
+ * (None / 0: the key's default). */
+static PyObject *client_declare_tables(pyps_client *self, PyObject *args)
+{
+	PyObject *list, *seq = NULL;
+	struct ps_table_decl *t = NULL;
+	Py_ssize_t n;
+	char err[600] = "";
+	int rc = 0;
+
+	if (!PyArg_ParseTuple(args, "O:declare_tables", &list))
+		return NULL;
+	seq = PySequence_Check(list) ? PySequence_List(list) : NULL;
+	if (!seq) {
+		PyErr_Clear();
+		return pyps_raise(-EINVAL, "declare_tables: a list of tables expected");
+	}
+	n = PyList_Size(seq);
+	if (n < 1 || n > 64) {
+		Py_DECREF(seq);
+		return pyps_raise(PS_ETOOBIG, "declare_tables: %zd tables given, 1..64 expected", n);
+	}
+	t = PyMem_Calloc((size_t)n, sizeof(*t));
+	if (!t) {
+		Py_DECREF(seq);
+		return PyErr_NoMemory();
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		struct ps_table_decl *d = &t[i];
+		unsigned long long ttl, max_rows;
+
+		if (!PyTuple_Check(PyList_GetItem(seq, i)) ||
+		    !PyArg_ParseTuple(PyList_GetItem(seq, i), "sIzfzffffffffIKK", &d->name,
+				      &d->dim, &d->init, &d->init_value, &d->optimizer, &d->lr,
+				      &d->eps, &d->beta1, &d->beta2, &d->initial_accumulator,
+				      &d->l1, &d->l2, &d->ftrl_beta, &d->admission, &ttl,
+				      &max_rows)) {
+			PyErr_Clear();
+			pyps_raise(-EINVAL, "declare_tables: table %zd is not a settings tuple (use "
+				   "ps.Client.declare_tables)", i);
+			goto out;
+		}
+		d->ttl_s = ttl;
+		d->max_rows = max_rows;
+	}
+	if (pyps_client_enter(self) < 0)
+		goto out;
+	Py_BEGIN_ALLOW_THREADS
+	rc = ps_client_declare_tables(self->c, t, (int)n);
+	if (rc < 0)
+		pyps_client_errtext(self, err, sizeof(err));
+	Py_END_ALLOW_THREADS
+	pyps_client_leave(self);
+out:
+	/* the names point into seq's tuples: released after the call */
+	PyMem_Free(t);
+	Py_DECREF(seq);
+	if (PyErr_Occurred())
+		return NULL;
+	if (rc < 0)
+		return fail(self, rc, "declare_tables", err);
+	Py_RETURN_NONE;
+}
+
+static PyObject *client_get_tables(pyps_client *self, void *closure)
+{
+	const struct ps_config *cfg;
+	PyObject *d;
+
+	(void)closure;
+	if (pyps_client_enter(self) < 0)
+		return NULL;
+	cfg = ps_client_config(self->c);
+	d = PyDict_New();
+	for (int i = 0; d && i < ps_config_ntables(cfg); i++) {
+		PyObject *v = PyLong_FromLong(ps_config_table_dim(cfg, i));
+		if (!v || PyDict_SetItemString(d, ps_config_table_name(cfg, i), v) < 0) {
+			Py_XDECREF(v);
+			Py_CLEAR(d);
+			break;
+		}
+		Py_DECREF(v);
+	}
+	pyps_client_leave(self);
+	return d;
+}
+
 /* set_lr(group, lr): the learning rate of an optimizer group from this
  * client's next pushes on. Takes a lock only, so it keeps the GIL. */
 static PyObject *client_set_lr(pyps_client *self, PyObject *args)
@@ -794,6 +885,8 @@ static PyMethodDef client_methods[] = {
 	  METH_VARARGS | METH_KEYWORDS, "checkpoint(shard, write=True) -> dict" },
 	{ "shard_error", (PyCFunction)client_shard_error, METH_O,
 	  "shard_error(shard) -> None when connected, else why not" },
+	{ "declare_tables", (PyCFunction)client_declare_tables, METH_VARARGS,
+	  "declare_tables(tables): embedding tables at run time (use ps.Client.declare_tables)" },
 	{ "declare", (PyCFunction)(void (*)(void))client_declare, METH_VARARGS | METH_KEYWORDS,
 	  "declare(params, groups=None, group_of=None): the model's tensors, {name: float32 "
 	  "array} in the model's order (a config without a model); the arrays get the shards' "
@@ -811,6 +904,8 @@ static PyGetSetDef client_getset[] = {
 	{ "rank", (getter)client_get_rank, NULL, "worker rank, -1 for a monitor, -2 for a reader", NULL },
 	{ "config", (getter)client_get_config, NULL, "the ps.Config connected with", NULL },
 	{ "closed", (getter)client_get_closed, NULL, "True once close() was called", NULL },
+	{ "tables", (getter)client_get_tables, NULL, "{name: row width}: the config's "
+	  "model.embeddings and the declared tables", NULL },
 	{ "tensors", (getter)client_get_tensors, NULL, "{name: element count}: the config's "
 	  "tensors, or the declared ones", NULL },
 	{ NULL, NULL, NULL, NULL, NULL },

@@ -407,6 +407,7 @@ void ps_client_free(struct ps_client *c)
 	sodium_memzero(c->secret, sizeof(c->secret));
 	free(c->shards);
 	free(c->own_cfg);
+	free(c->old_cfg);
 	free(c);
 }
 

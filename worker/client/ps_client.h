@@ -351,9 +351,44 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
  * that pushed it). 0 or -EINVAL (no such group, lr not finite or < 0). */
 int ps_client_set_lr(struct ps_client *c, int group, float lr);
 
+/* An embedding table declared at run time (docs/embeddings.md): the keys
+ * of a model.embeddings entry, with its defaults, bounds and rules. A zero
+ * or NULL field takes that key's default (init uniform with scale 0.01,
+ * optimizer rowwise_adagrad, lr 0.01, eps 1e-8, beta1 0.9, beta2 0.999,
+ * ftrl_beta 1; the others 0). */
+struct ps_table_decl {
+	const char *name;        /* 1..63 bytes, not a table of the config */
+	unsigned dim;            /* floats per row, 1..4096 */
+	const char *init;        /* "zeros", "const", "uniform", "normal" */
+	float init_value;        /* const: the value; uniform/normal: the scale */
+	const char *optimizer;   /* "sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl" */
+	float lr, eps, beta1, beta2, initial_accumulator, l1, l2, ftrl_beta; /* as model.embeddings */
+	uint32_t admission;      /* 0: every row at once */
+	uint64_t ttl_s;          /* 0: never expire */
+	uint64_t max_rows;       /* 0: no cap beyond limits.max_table_bytes */
+};
+
+/* Declares embedding tables t[0..n) beside the config's model.embeddings
+ * (with or without declared tensors, before or after them). As with
+ * ps_client_declare: rank 0's declaration creates the tables on every
+ * shard, other ranks wait for it (up to limits.request_timeout_ms) and
+ * must declare the same list (else PS_ECONFIG naming the table, the field
+ * and both values); a restarted worker re-declares and is acked, and a
+ * shard restarted from its checkpoint has the tables (and rows) back. On
+ * success the tables are known by name to ps_client_pull_rows and
+ * ps_client_push_rows and listed by ps_client_config (ps_config_ntables).
+ * Call once, as a worker. Returns 0 or a negative code: PS_ECONFIG (a
+ * value out of model.embeddings[]'s bounds, an unknown init or optimizer,
+ * a name of the config's tables or twice, the declaration differs, or
+ * cluster.replicas: 1), PS_ETOOBIG (n < 1, or more than 64 tables with
+ * the config's), PS_ESTATE (declared already, or a monitor), PS_ETIMEDOUT
+ * (rank 0 never declared); the reason in ps_client_error. */
+int ps_client_declare_tables(struct ps_client *c, const struct ps_table_decl *t, int n);
+
 /* The config the client works with: the one given to init, or after
- * ps_client_declare its copy with the declared tensors (ps_config_ntensors
- * and ps_tensor_of see them). Valid until ps_client_free. */
+ * ps_client_declare / ps_client_declare_tables its copy with the declared
+ * tensors and tables (ps_config_ntensors, ps_tensor_of and
+ * ps_config_ntables see them). Valid until ps_client_free. */
 const struct ps_config *ps_client_config(struct ps_client *c);
 
 #endif

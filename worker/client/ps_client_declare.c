@@ -280,7 +280,7 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 				   "there is nothing to declare", c->cfg->path);
 		return PS_ECONFIG;
 	}
-	if (c->own_cfg) {
+	if (c->declared_tensors) {
 		ps__client_set_err(c, "this client has declared its tensors already");
 		return PS_ESTATE;
 	}
@@ -353,8 +353,10 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 	ps_shardmap_free(&c->map);
 	c->map = map;
 	c->resid = resid;
+	c->old_cfg = c->own_cfg; /* tables declared first: kept until ps_client_free */
 	c->own_cfg = cfg;
 	c->cfg = cfg;
+	c->declared_tensors = 1;
 	for (int g = 0; g < cfg->ngroups; g++)
 		c->group_lr[g] = cfg->groups[g].lr;
 	pthread_mutex_unlock(&c->mu);

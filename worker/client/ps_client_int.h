@@ -28,7 +28,8 @@
 #include "ps_client.h"
 #include "shardmap.h"
 
-enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS, REQ_PULL_ROWS, REQ_PUSH_ROWS, REQ_DECLARE };
+enum req_kind { REQ_PUSH, REQ_PULL, REQ_STATS, REQ_PULL_ROWS, REQ_PUSH_ROWS, REQ_DECLARE,
+		REQ_DECLARE_TABLES };
 struct rows_req;
 enum shard_state { SH_CONNECTING, SH_HELLO, SH_READY, SH_FAILED, SH_RETRY };
 
@@ -107,6 +108,11 @@ struct ps_client {
 	/* After ps_client_declare: the client's own copy of the config with
 	 * the declared tensors (cfg then points here); else NULL. */
 	struct ps_config *own_cfg;
+	/* A copy replaced by a later declaration (tensors after tables or
+	 * tables after tensors): kept, as other threads may still read it,
+	 * until ps_client_free. */
+	struct ps_config *old_cfg;
+	int declared_tensors, declared_tables;
 	/* Declared with optimizer groups (own_cfg->ngroups of them): the
 	 * learning rate of each that every push carries (ps_client_set_lr;
 	 * under mu). */

@@ -241,6 +241,7 @@ static uint8_t req_msg_type(const struct req *r)
 	case REQ_PULL_ROWS: return PS_MSG_PULL_ROWS;
 	case REQ_PUSH_ROWS: return PS_MSG_PUSH_ROWS;
 	case REQ_DECLARE: return PS_MSG_DECLARE;
+	case REQ_DECLARE_TABLES: return PS_MSG_DECLARE_TABLES;
 	default: return PS_MSG_STATS_REQUEST;
 	}
 }

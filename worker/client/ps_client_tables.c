@@ -1,0 +1,253 @@
+/* ps_client_tables.c - declaring embedding tables at run time
+ * (ps_client_declare_tables; docs/embeddings.md).
+ *
+ * The client turns the caller's definitions into model.embeddings entries
+ * (zero and NULL fields take that key's default), checks them with the
+ * config's own rules (table_decl.c), and sends every shard the whole list
+ * in a DeclareTables. A shard answers with an ack, with PS_ECONFIG naming
+ * the table and the differing field, or with -EAGAIN while rank 0 has not
+ * declared yet: those shards are asked again every 20 ms until
+ * limits.request_timeout_ms, as ps_client_declare does. Once every shard
+ * accepted, the client switches to its own config copy with the tables
+ * appended, so pull_rows and push_rows find them by name; their rows are
+ * placed by the same (table, id) hash as a YAML table's.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "config_int.h"
+#include "ps_client_int.h"
+#include "ps_err.h"
+#include "ps_time.h"
+#include "table_decl.h"
+
+/* Index of name in names (NULL-terminated), or -1. */
+static int name_index(const char *const *names, const char *name)
+{
+	for (int i = 0; names[i]; i++)
+		if (!strcmp(names[i], name))
+			return i;
+	return -1;
+}
+
+/* The caller's t as a model.embeddings entry into out, defaults applied
+ * and checked. 0, or PS_ECONFIG with the reason set on c. */
+static int table_of(struct ps_client *c, int i, const struct ps_table_decl *t,
+		    struct ps_table_cfg *out)
+{
+	size_t len = t->name ? strlen(t->name) : 0;
+	char why[300];
+	int k;
+
+	ps_table_decl_defaults(out);
+	if (!len || len >= PS_NAME_MAX) {
+		ps__client_set_err(c, "table %d: name of %zu bytes, expected 1..%d", i, len,
+				   PS_NAME_MAX - 1);
+		return PS_ECONFIG;
+	}
+	memcpy(out->name, t->name, len + 1);
+	if (t->dim > PS_MAX_ROW_DIM || !t->dim) {
+		ps__client_set_err(c, "table '%s': dim is %u, expected an integer in 1..%d",
+				   out->name, t->dim, PS_MAX_ROW_DIM);
+		return PS_ECONFIG;
+	}
+	out->dim = (int)t->dim;
+	if (t->init) {
+		k = name_index(cfg_init_names, t->init);
+		if (k < 0 || k == PS_INIT_ARANGE) {
+			ps__client_set_err(c, "table '%s': init '%.40s', expected zeros, const, "
+					   "uniform or normal", out->name, t->init);
+			return PS_ECONFIG;
+		}
+		out->init = (enum ps_init_kind)k;
+	}
+	if (t->optimizer) {
+		k = name_index(cfg_row_optim_names, t->optimizer);
+		if (k < 0) {
+			ps__client_set_err(c, "table '%s': optimizer '%.40s', expected sgd, adagrad, "
+					   "rowwise_adagrad, adam or ftrl", out->name, t->optimizer);
+			return PS_ECONFIG;
+		}
+		out->optimizer = k;
+	}
+	/* init_value: 0 means the default scale for uniform and normal, the
+	 * value 0 for const, nothing for zeros */
+	if (out->init == PS_INIT_UNIFORM || out->init == PS_INIT_NORMAL)
+		out->init_value = t->init_value != 0.0f ? t->init_value : 0.01f;
+	else
+		out->init_value = out->init == PS_INIT_CONST ? t->init_value : 0.0f;
+	if (out->init == PS_INIT_ZEROS && t->init_value != 0.0f) {
+		ps__client_set_err(c, "table '%s': init_value %g is not used by init zeros",
+				   out->name, (double)t->init_value);
+		return PS_ECONFIG;
+	}
+#define DEF(f) do { if (t->f != 0.0f) out->f = t->f; } while (0)
+	DEF(lr);
+	DEF(eps);
+	DEF(beta1);
+	DEF(beta2);
+	DEF(initial_accumulator);
+	DEF(l1);
+	DEF(l2);
+	DEF(ftrl_beta);
+#undef DEF
+	if (t->admission > 255 || t->ttl_s > (1u << 30) || t->max_rows > (UINT64_C(1) << 40)) {
+		ps__client_set_err(c, "table '%s': admission %u (0..255), ttl %llu s (0..%u) or "
+				   "max_rows %llu (0..2^40) out of range", out->name, t->admission,
+				   (unsigned long long)t->ttl_s, 1u << 30,
+				   (unsigned long long)t->max_rows);
+		return PS_ECONFIG;
+	}
+	out->admission = (int)t->admission;
+	out->ttl_s = (int)t->ttl_s;
+	out->max_rows = (int64_t)t->max_rows;
+	if (ps_table_decl_check(out, why, sizeof(why))) {
+		ps__client_set_err(c, "%s", why);
+		return PS_ECONFIG;
+	}
+	for (int j = 0; j < c->cfg->ntables; j++)
+		if (!strcmp(c->cfg->tables[j].name, out->name)) {
+			ps__client_set_err(c, "table '%s' is a table of %s (model.embeddings): a "
+					   "declared table needs a name of its own", out->name,
+					   c->cfg->path);
+			return PS_ECONFIG;
+		}
+	return 0;
+}
+
+/* Submits a DeclareTables of list (n) to shard k alone: its request id,
+ * or a negative code. */
+static int64_t send_tables(struct ps_client *c, const struct ps_table_cfg *list, int n, int k)
+{
+	Ps__DeclareTables m = PS__DECLARE_TABLES__INIT;
+	Ps__TableDef *defs = calloc((size_t)n, sizeof(*defs));
+	Ps__TableDef **ptrs = calloc((size_t)n, sizeof(*ptrs));
+	struct req *r = ps__client_req_new(c, REQ_DECLARE_TABLES);
+	int rc = -ENOMEM;
+
+	if (!defs || !ptrs || !r)
+		goto out;
+	for (int i = 0; i < n; i++) {
+		ps_table_decl_to_msg(&list[i], &defs[i]);
+		ptrs[i] = &defs[i];
+	}
+	r->id = ps__client_reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	m.n_tables = (size_t)n;
+	m.tables = ptrs;
+	if (ps__client_pack_part(&r->parts[k], &m.base))
+		goto out;
+	rc = 0;
+out:
+	free(defs);
+	free(ptrs);
+	if (rc) {
+		if (r)
+			ps__client_req_free(c, r);
+		return rc;
+	}
+	return ps__client_submit_built(c, 0, r);
+}
+
+int ps_client_declare_tables(struct ps_client *c, const struct ps_table_decl *t, int n)
+{
+	struct ps_table_cfg *list;
+	struct ps_config *cfg;
+	int nsh = c->cfg->nshards, left = nsh, rc = 0, nyaml = c->cfg->ntables;
+	int done[PS_MAX_SHARDS] = { 0 };
+	double deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
+	char why[600] = "";
+
+	if (c->rank < 0) {
+		ps__client_set_err(c, "a monitor cannot declare tables");
+		return PS_ESTATE;
+	}
+	if (c->declared_tables) {
+		ps__client_set_err(c, "this client has declared its tables already");
+		return PS_ESTATE;
+	}
+	if (n < 1 || n > PS_MAX_TABLES - nyaml || !t) {
+		ps__client_set_err(c, "declaring %d tables: expected 1..%d (at most %d with the "
+				   "config's %d)", n, PS_MAX_TABLES - nyaml, PS_MAX_TABLES, nyaml);
+		return PS_ETOOBIG;
+	}
+	if (c->cfg->replicas) {
+		ps__client_set_err(c, "cluster.replicas: 1 does not replicate embedding tables yet; "
+				   "declared tables need replicas: 0");
+		return PS_ECONFIG;
+	}
+	list = calloc((size_t)n, sizeof(*list));
+	cfg = malloc(sizeof(*cfg));
+	if (!list || !cfg) {
+		rc = -ENOMEM;
+		ps__client_set_err(c, "out of memory");
+		goto out;
+	}
+	for (int i = 0; i < n && !rc; i++) {
+		rc = table_of(c, i, &t[i], &list[i]);
+		for (int j = 0; !rc && j < i; j++)
+			if (!strcmp(list[j].name, list[i].name)) {
+				ps__client_set_err(c, "table '%s' declared twice (#%d and #%d)",
+						   list[i].name, j, i);
+				rc = PS_ECONFIG;
+			}
+	}
+	if (rc)
+		goto out;
+	while (left) {
+		int64_t ids[PS_MAX_SHARDS];
+		int again = 0;
+
+		for (int k = 0; k < nsh; k++)
+			ids[k] = done[k] ? 0 : send_tables(c, list, n, k);
+		for (int k = 0; k < nsh; k++) {
+			int st;
+			if (done[k])
+				continue;
+			st = ids[k] < 0 ? (int)ids[k] : ps_client_wait(c, ids[k]);
+			if (st == 0) {
+				done[k] = 1;
+				left--;
+			} else if (st == -EAGAIN) {
+				again = 1;
+			} else if (!rc) {
+				rc = st;
+				snprintf(why, sizeof(why), "%s", ps_client_error(c));
+			}
+		}
+		if (rc)
+			break;
+		if (left && again && ps_now_s() > deadline) {
+			rc = PS_ETIMEDOUT;
+			snprintf(why, sizeof(why), "no declaration from rank 0 reached every shard within "
+				 "%d ms (limits.request_timeout_ms): is rank 0 running?",
+				 c->cfg->limits.request_timeout_ms);
+			break;
+		}
+		if (left) {
+			struct timespec ts = { 0, 20 * 1000000L };
+			nanosleep(&ts, NULL);
+		}
+	}
+	if (rc) {
+		ps__client_set_err(c, "declaring %d tables: %s", n, why);
+		goto out;
+	}
+	/* every shard has the tables: the client takes its copy with them */
+	pthread_mutex_lock(&c->mu);
+	memcpy(cfg, c->cfg, sizeof(*cfg));
+	memcpy(&cfg->tables[nyaml], list, sizeof(*list) * (size_t)n);
+	cfg->ntables = nyaml + n;
+	cfg->ndecl_tables = n;
+	c->old_cfg = c->own_cfg; /* tensors declared first: kept until ps_client_free */
+	c->own_cfg = cfg;
+	c->cfg = cfg;
+	c->declared_tables = 1;
+	pthread_mutex_unlock(&c->mu);
+	cfg = NULL;
+out:
+	free(cfg);
+	free(list);
+	return rc;
+}
