@@ -141,6 +141,9 @@ def test_integer_gradients_from_three_workers_exact(cluster, declared):
         t.join(60)
     assert not errors, errors
     with ps.Client(cl.path, 0) as c:
+        if declared:   # a new client knows a declared table once it declares it too
+            c.declare_tables([{"name": "t", "dim": DIM, "init": "zeros", "optimizer": "sgd",
+                               "lr": 1.0}])
         got = c.pull_rows("t", np.arange(V), min_version=1)
     np.testing.assert_array_equal(got, want.astype(np.float32))
 
