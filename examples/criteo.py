@@ -29,13 +29,19 @@ def criteo_id(field, value, missing):
         return z ^ (z >> np.uint64(31))
 
 
-def load(path, limit=0):
+def load(path, limit=0, part=(0, 1)):
+    """(labels, dense, cats) of the first `limit` examples (0: all); part
+    (k, n): only every n-th example from the k-th (a worker's share: the
+    other lines are not parsed)."""
     opener = gzip.open if path.endswith(".gz") else open
     labels, nums, vals, miss = [], [], [], []
+    k, n = part
     with opener(path, "rt") as f:
         for ln, line in enumerate(f, 1):
             if limit and ln > limit:
                 break
+            if (ln - 1) % n != k:
+                continue
             parts = line.rstrip("\n").split("\t")
             if len(parts) != 1 + NUM + CAT:
                 raise ValueError(f"{path}:{ln}: {len(parts)} fields, expected {1 + NUM + CAT}")

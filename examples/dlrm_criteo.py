@@ -76,12 +76,11 @@ def main():
     pst.init()                                          # ps:
     rank, size = pst.rank(), pst.size()                 # ps:
     t0 = time.time()
-    y, dense, cats = load(args.train, args.limit)
-    y, dense, cats = y[rank::size], dense[rank::size], cats[rank::size]   # ps: this worker's part
+    y, dense, cats = load(args.train, args.limit, part=(rank, size))   # ps: this worker's part
     ty, tdense, tcats = load(args.test)
     if rank == 0:
-        print(f"read {len(y) * size} training and {len(ty)} test examples in "
-              f"{time.time() - t0:.1f} s", flush=True)
+        print(f"read {len(y)} training examples (this worker's part) and {len(ty)} test "
+              f"examples in {time.time() - t0:.1f} s", flush=True)
 
     model = DLRM()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)

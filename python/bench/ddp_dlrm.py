@@ -42,8 +42,7 @@ def run(rank, args, port):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.world)
     torch.manual_seed(0)
-    y, dense, cats = load(args.train, args.limit)
-    y, dense, cats = y[rank::args.world], dense[rank::args.world], cats[rank::args.world]
+    y, dense, cats = load(args.train, args.limit, part=(rank, args.world))
     ty, tdense, tcats = load(args.test)
     net = DLRM(emb=Hashed(args.rows, 16))
     model = torch.nn.parallel.DistributedDataParallel(net)
