@@ -201,8 +201,10 @@ def test_backward_passes_per_step_accumulates_locally(cluster):
             for s in range(STEPS):
                 opt.zero_grad()
                 for h in (0, 1):
-                    part = slice(rank * BATCH + h * BATCH // 2, rank * BATCH + (h + 1) * BATCH // 2)
-                    (torch.nn.functional.cross_entropy(model(x[s][part]), y[s][part]) / 2).backward()
+                    lo = rank * BATCH + h * BATCH // 2
+                    part = slice(lo, lo + BATCH // 2)
+                    loss = torch.nn.functional.cross_entropy(model(x[s][part]), y[s][part])
+                    (loss / 2).backward()
                 opt.step()
                 sched.step()
             out[rank] = {n: p.detach().clone() for n, p in model.named_parameters()}
