@@ -7,8 +7,9 @@
 
 A bottom MLP over the 13 numeric features, the 26 categorical fields looked
 up in the shards' embedding table `cat` (conf/pytorch-ctr.yaml: dim 16,
-rowwise adagrad on the shards), pairwise dot products of the 27 vectors
-(DLRM's interaction), a top MLP, the logistic loss. The dense layers train
+rowwise adagrad on the shards), the 27 vectors concatenated (or, with
+--interaction dot, their pairwise dot products: DLRM's interaction), a top
+MLP, the logistic loss. The dense layers train
 with Adam through DistributedOptimizer, the table's rows through the
 ps.torch.Embedding module, both in the same clocks; ps.torch.Prefetch asks
 for the next batch's rows while the current one computes. Prints progress
@@ -31,23 +32,30 @@ class DLRM(nn.Module):
     """emb: the module that maps a [B, 26] batch of ids to [B, 26, dim]
     (the shards' table by default)."""
 
-    def __init__(self, table="cat", dim=16, emb=None):
+    def __init__(self, table="cat", dim=16, emb=None, interaction="cat"):
         super().__init__()
+        if interaction not in ("cat", "dot"):
+            raise ValueError(f"interaction {interaction!r}: cat or dot")
+        self.interaction = interaction
         self.bottom = nn.Sequential(nn.Linear(NUM, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
         self.emb = emb if emb is not None else pst.Embedding(table)   # ps: the shards' table
         n = CAT + 1
-        # the pairs i < j of the n x n dot products, as positions in the
+        # dot: the pairs i < j of the n x n dot products, as positions in the
         # flattened matrix: index_select's backward is a fraction of
         # advanced indexing's (14 against 33 ms at batch 1024 on one core)
         iu = torch.triu_indices(n, n, 1)
         self.register_buffer("pairs", iu[0] * n + iu[1], persistent=False)
-        self.top = nn.Sequential(nn.Linear(dim + n * (n - 1) // 2, 128), nn.ReLU(),
-                                 nn.Linear(128, 1))
+        width = dim + n * (n - 1) // 2 if interaction == "dot" else n * dim
+        self.top = nn.Sequential(nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, 1))
 
     def forward(self, dense, cats):
         b = self.bottom(dense)                          # [B, dim]
         e = self.emb(cats)                              # [B, 26, dim]
+        if self.interaction == "cat":                   # the 27 vectors side by side
+            return self.top(torch.cat([b, e.flatten(1)], 1)).squeeze(1)
         z = torch.cat([b.unsqueeze(1), e], 1)           # [B, 27, dim]
+        # torch 1.13's CPU bmm loops over the batch: the pairwise dots cost
+        # 3 bmm of 1024 27x16 matrices a step, most of the step on one core
         dots = torch.bmm(z, z.transpose(1, 2)).flatten(1).index_select(1, self.pairs)
         return self.top(torch.cat([b, dots], 1)).squeeze(1)
 
@@ -67,6 +75,9 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3, help="Adam's, for the dense layers")
     ap.add_argument("--limit", type=int, default=0, help="first N training examples only")
     ap.add_argument("--no-prefetch", action="store_true")
+    ap.add_argument("--interaction", default="cat", choices=("cat", "dot"),
+                    help="how the 27 vectors meet: concatenated (default) or DLRM's pairwise "
+                         "dot products")
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
     if args.threads:
@@ -82,7 +93,7 @@ def main():
         print(f"read {len(y)} training examples (this worker's part) and {len(ty)} test "
               f"examples in {time.time() - t0:.1f} s", flush=True)
 
-    model = DLRM()
+    model = DLRM(interaction=args.interaction)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     opt = pst.DistributedOptimizer(opt, named_parameters=model.named_parameters(),  # ps:
                                    model=model)                                     # ps:

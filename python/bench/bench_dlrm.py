@@ -2,7 +2,7 @@
 plain PyTorch, in one run (`make bench-dlrm`; BENCHMARKS.md).
 
     build/pyvenv/bin/python python/bench/bench_dlrm.py [--samples N] [--scale F]
-        [--mode sync|async] [--json FILE]
+        [--mode sync|async] [--interaction cat|dot] [--json FILE]
 
 Writes a ps-ctrgen log of N examples (default 200,000, --scale 0.01) and a
 held-out tenth, then trains one epoch, batch 1024 per worker, one torch or
@@ -68,6 +68,8 @@ def main():
     ap.add_argument("--samples", type=int, default=200000)
     ap.add_argument("--scale", type=float, default=0.01)
     ap.add_argument("--mode", default="sync", choices=("sync", "async"))
+    ap.add_argument("--interaction", default="cat", choices=("cat", "dot"),
+                    help="the DLRM model's (examples/dlrm_criteo.py)")
     ap.add_argument("--json")
     args = ap.parse_args()
     res = {}
@@ -84,7 +86,8 @@ def main():
 
         cfg = config(tmp, "ps.yaml", args, ["model:", "  embeddings:", f"    - {TABLE}"])
         out = run(["scripts/ps-local.sh", cfg, "--logs", f"{tmp}/pslogs", "--worker-cmd",
-                   f"{PY} examples/dlrm_criteo.py --train {train} --test {test} --threads 1"])
+                   f"{PY} examples/dlrm_criteo.py --train {train} --test {test} --threads 1 "
+                   f"--interaction {args.interaction}"])
         text = out + "".join(open(f).read() for f in glob.glob(f"{tmp}/pslogs/worker-*.log"))
         rows = {w: (float(s), float(a)) for w, a, s in re.findall(
             r"worker (\d+): epoch 1: test AUC ([\d.]+) logloss \S+ (\d+) samples/s", text)}
@@ -105,7 +108,8 @@ def main():
                     ms[0].get("test_auc", float("nan")))
         print(f"  c   {res['c'][0]:8.0f} samples/s per worker, AUC {res['c'][1]:.4f}", flush=True)
 
-        out = run([PY, "python/bench/ddp_dlrm.py", "--train", train, "--test", test])
+        out = run([PY, "python/bench/ddp_dlrm.py", "--train", train, "--test", test,
+                   "--interaction", args.interaction])
         rs = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
         res["ddp"] = (sum(r["samples_per_s"] for r in rs) / len(rs), rs[0]["auc"])
         print(f"  ddp {res['ddp'][0]:8.0f} samples/s per worker, AUC {res['ddp'][1]:.4f}",
@@ -116,6 +120,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"samples": args.samples, "scale": args.scale, "mode": args.mode,
+                       "interaction": args.interaction,
                        "best_auc": best, **{k: {"samples_per_s": v[0], "auc": v[1]}
                                             for k, v in res.items()}}, f, indent=1)
 

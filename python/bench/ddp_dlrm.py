@@ -44,7 +44,7 @@ def run(rank, args, port):
     torch.manual_seed(0)
     y, dense, cats = load(args.train, args.limit, part=(rank, args.world))
     ty, tdense, tcats = load(args.test)
-    net = DLRM(emb=Hashed(args.rows, 16))
+    net = DLRM(emb=Hashed(args.rows, 16), interaction=args.interaction)
     model = torch.nn.parallel.DistributedDataParallel(net)
     emb_params = list(net.emb.parameters())
     dense_params = [p for p in net.parameters() if all(p is not q for q in emb_params)]
@@ -82,6 +82,7 @@ def main():
     ap.add_argument("--rows", type=int, default=1 << 20)
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--interaction", default="cat", choices=("cat", "dot"))
     args = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
