@@ -42,6 +42,7 @@ struct file {
 	int ntables;            /* tables it holds: the config's, then its declared ones */
 	struct ps_table_cfg *decl;  /* its declared tables (ndecl), checked */
 	int ndecl;
+	uint64_t decl_at;       /* offset of its first declared table's record */
 	int decl_differs;       /* not those registered: why in decl_why, told after the CRC */
 	char decl_why[600];
 };
@@ -331,8 +332,9 @@ static int read_tables(struct exporter *ex, struct file *f, uint64_t *pos)
 	}
 	f->ndecl = (int)th.ntables;
 	f->ntables = nyaml + f->ndecl;
+	f->decl_at = *pos - th.ntables * sizeof(struct ckpt_table_decl);
 	if (e && e->ndecl_tables) {
-		uint64_t at = *pos - th.ntables * sizeof(struct ckpt_table_decl);
+		uint64_t at = f->decl_at;
 		if (f->ndecl != e->ndecl_tables) {
 			f->decl_differs = 1;
 			snprintf(f->decl_why, sizeof(f->decl_why), "%d declared tables at offset %"
@@ -478,6 +480,13 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 		if ((rc = need(ex, f, pos, 1, sizeof(ct), what)))
 			return rc;
 		memcpy(&ct, f->p + pos, sizeof(ct));
+		if ((ct.key != ps_rows_table_key(tc) || ct.dim != (uint32_t)dim ||
+		     ct.row_floats != (uint32_t)rf) && t >= ex->cfg->ntables)
+			return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": table %d is not "
+				    "'%s' of dim %d with %d floats of optimizer state as its declaration "
+				    "at offset %" PRIu64 " says", f->path, pos, t, tc->name, dim, rf - dim,
+				    f->decl_at + (uint64_t)(t - ex->cfg->ntables) *
+				    sizeof(struct ckpt_table_decl));
 		if (ct.key != ps_rows_table_key(tc) || ct.dim != (uint32_t)dim ||
 		    ct.row_floats != (uint32_t)rf)
 			return FAIL(PS_EPROTO, "%s: at offset %" PRIu64 ": table %d is not '%s' of "

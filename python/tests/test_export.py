@@ -364,3 +364,49 @@ def test_export_declared_tables_damaged(declared_trained, tmp_path):
         f.write_bytes(good)
     assert not os.path.exists(out)
     export(cl.path, out)
+
+
+def test_export_tables_declared_after_the_full_checkpoint(cluster, tmp_path):
+    """A full checkpoint before the declaration (version 1), incremental ones after it
+    (version 3): the declared tables' rows come from the deltas alone, as a restarted
+    shard loads them; --since 0 holds every one of them."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    cl = cluster(shards=2, workers=1, tables={"y": 2},
+                 extra=["checkpoint:", f"  dir: {ck}", "  on_request: true",
+                        "  min_interval_s: 0", "  incremental: 5"])
+    rng = np.random.default_rng(4)
+    names = list(cl.tensors)
+    tensors = {n: (k,) for n, k in cl.tensors.items()}
+    dims = {"y": 2, "decl_sgd": 4, "decl_adam": 3}
+    ids = np.arange(1, 60, dtype=np.uint64) * 104729
+    odd = np.ascontiguousarray(ids[::2])
+    with ps.Client(cl.path, 0) as c:
+        train_rows(c, rng, names, tensors, {"y": ids[:10]}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # full, v1
+        c.declare_tables(DECL_TABLES)
+        train_rows(c, rng, names, tensors, {"decl_sgd": ids, "decl_adam": odd}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-1, v3
+        train_rows(c, rng, names, tensors, {"decl_sgd": ids[:5]}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-2, v3
+        want = {"y": ids[:10], "decl_sgd": ids, "decl_adam": odd}
+        rows = {t: c.pull_rows(t, v) for t, v in want.items()}
+    assert [cl.stop(k, signal.SIGKILL) for k in range(2)] == [-signal.SIGKILL] * 2
+    assert (ck / "shard-0.ckpt").read_bytes()[:8] == b"PSCKPT01"
+    assert (ck / "shard-0.ckpt.delta-1").read_bytes()[:8] == b"PSDELTA3"
+    export(cl.path, tmp_path / "m.npz")
+    exp = ps.load_export(tmp_path / "m.npz")
+    for t, v in want.items():
+        np.testing.assert_array_equal(exp.tables[t].ids, v)
+        assert exp.tables[t].rows.tobytes() == rows[t].tobytes(), t
+    assert exp.meta["tables"]["decl_adam"]["declared"] is True
+    export(cl.path, tmp_path / "d0.npz", "--since", "0")
+    d0 = ps.load_export(tmp_path / "d0.npz")
+    assert len(d0.tables["y"]) == 0 and len(d0.tables["decl_sgd"]) == len(ids)
+    # a restarted shard agrees: the same rows (a new worker declares the same tables)
+    for k in range(2):
+        cl.start(k)
+    with ps.Client(cl.path, 0) as c:
+        c.declare_tables(DECL_TABLES)
+        for t, v in want.items():
+            assert c.pull_rows(t, v).tobytes() == rows[t].tobytes(), t
