@@ -340,7 +340,8 @@ static int read_tables(struct exporter *ex, struct file *f, uint64_t *pos)
 			snprintf(f->decl_why, sizeof(f->decl_why), "%d declared tables at offset %"
 				 PRIu64 ", that file has %d", f->ndecl, at, e->ndecl_tables);
 		}
-		for (int i = 0; !f->decl_differs && i < f->ndecl; i++, at += sizeof(struct ckpt_table_decl))
+		for (int i = 0; !f->decl_differs && i < f->ndecl;
+		     i++, at += sizeof(struct ckpt_table_decl))
 			if (ps_table_decl_diff(&f->decl[i], &e->tables[nyaml + i], "here",
 					       "there", why, sizeof(why))) {
 				f->decl_differs = 1;
