@@ -10,6 +10,7 @@
 #define PS_CKPT_FORMAT_H
 
 #include <stdint.h>
+#include <string.h>
 #include "config.h"
 
 #define CKPT_MAGIC "PSCKPT01"
@@ -63,6 +64,59 @@ struct ckpt_slot {
 	uint64_t version;
 	uint64_t steps;
 };
+
+/* ---- versions 3 and 4: the declared tables (server/decl_tables.c) ---- */
+
+/* After the declared tensors and groups (right after the header when
+ * there are none), before the slices. */
+struct ckpt_tables_head {
+	uint32_t ntables;
+	uint32_t reserved;
+};
+
+/* One declared table: model.embeddings[]'s keys (enums as in config.h:
+ * init 0 zeros, 1 const, 2 uniform, 3 normal; optimizer 0 sgd, 1 adagrad,
+ * 2 rowwise_adagrad, 3 adam, 4 ftrl). 136 bytes. */
+struct ckpt_table_decl {
+	char name[PS_NAME_MAX];     /* NUL-terminated */
+	uint32_t dim, init, optimizer, admission;
+	float init_value, lr, eps, beta1, beta2, initial_accumulator, l1, l2, ftrl_beta;
+	uint32_t ttl_s;
+	uint64_t max_rows, filter_ids;
+};
+_Static_assert(sizeof(struct ckpt_table_decl) == 136, "ckpt_table_decl layout");
+
+/* d into t (zeroed first): 0, or -1 when a field is out of what any
+ * declaration holds (a name without its NUL, dim, an enum, a bound); the
+ * rest is ps_table_decl_check's (table_decl.h). One decoder, so the shard's
+ * loader and ps-export refuse the same records. */
+static inline int ckpt_table_decl_get(const struct ckpt_table_decl *d, struct ps_table_cfg *t)
+{
+	if (!memchr(d->name, 0, sizeof(d->name)) || d->dim > PS_MAX_ROW_DIM ||
+	    d->init > PS_INIT_NORMAL || d->optimizer >= PS_ROPT_COUNT || d->admission > 255 ||
+	    d->ttl_s > (1u << 30) || d->max_rows > (UINT64_C(1) << 40) ||
+	    d->filter_ids > (UINT64_C(1) << 32))
+		return -1;
+	memset(t, 0, sizeof(*t));
+	memcpy(t->name, d->name, sizeof(t->name));
+	t->dim = (int)d->dim;
+	t->init = (enum ps_init_kind)d->init;
+	t->optimizer = (int)d->optimizer;
+	t->admission = (int)d->admission;
+	t->init_value = d->init_value;
+	t->lr = d->lr;
+	t->eps = d->eps;
+	t->beta1 = d->beta1;
+	t->beta2 = d->beta2;
+	t->initial_accumulator = d->initial_accumulator;
+	t->l1 = d->l1;
+	t->l2 = d->l2;
+	t->ftrl_beta = d->ftrl_beta;
+	t->ttl_s = (int)d->ttl_s;
+	t->max_rows = (int64_t)d->max_rows;
+	t->filter_ids = (int64_t)d->filter_ids;
+	return 0;
+}
 
 /* ---- the embedding tables' part (table_ckpt.c) ---- */
 

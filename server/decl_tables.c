@@ -25,7 +25,8 @@
  * The checkpoint's section of declared tables (file versions 3 and 4,
  * checkpoint.c) is written and read here too: the definitions, in
  * declaration order, before the slices; the rows follow with the other
- * tables' (table_ckpt.c).
+ * tables' (table_ckpt.c). The records are ckpt_format.h's (shared with
+ * ps-export).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -33,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "ckpt_format.h"
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -229,25 +231,6 @@ refuse:
 
 /* ---- the checkpoint's section ---- */
 
-/* Versions 3 and 4: the declared embedding tables, after the declared
- * tensors' list and groups. */
-struct ckpt_tables_head {
-	uint32_t ntables;
-	uint32_t reserved;
-};
-
-/* One declared table: model.embeddings[]'s keys (enums as in config.h:
- * init 0 zeros, 1 const, 2 uniform, 3 normal; optimizer 0 sgd, 1 adagrad,
- * 2 rowwise_adagrad, 3 adam, 4 ftrl). 136 bytes. */
-struct ckpt_table_decl {
-	char name[PS_NAME_MAX];     /* NUL-terminated */
-	uint32_t dim, init, optimizer, admission;
-	float init_value, lr, eps, beta1, beta2, initial_accumulator, l1, l2, ftrl_beta;
-	uint32_t ttl_s;
-	uint64_t max_rows, filter_ids;
-};
-_Static_assert(sizeof(struct ckpt_table_decl) == 136, "ckpt_table_decl layout");
-
 /* Reads exactly n bytes at offset off; 0 or -1 with errno (EIO at the end). */
 static int read_at(int fd, void *p, size_t n, uint64_t off)
 {
@@ -336,28 +319,8 @@ int ps__srv_tables_ckpt_load(struct ps_server *s, int fd, uint64_t pos, uint64_t
 
 		if (read_at(fd, &d, sizeof(d), pos))
 			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
-		if (!memchr(d.name, 0, sizeof(d.name)) || d.dim > PS_MAX_ROW_DIM ||
-		    d.init > PS_INIT_NORMAL || d.optimizer >= PS_ROPT_COUNT || d.admission > 255 ||
-		    d.ttl_s > (1u << 30) || d.max_rows > (UINT64_C(1) << 40) ||
-		    d.filter_ids > (UINT64_C(1) << 32))
+		if (ckpt_table_decl_get(&d, t))
 			FAIL(PS_EPROTO, "%s: declared table %u is damaged", path, i);
-		memcpy(t->name, d.name, sizeof(t->name));
-		t->dim = (int)d.dim;
-		t->init = (enum ps_init_kind)d.init;
-		t->optimizer = (int)d.optimizer;
-		t->admission = (int)d.admission;
-		t->init_value = d.init_value;
-		t->lr = d.lr;
-		t->eps = d.eps;
-		t->beta1 = d.beta1;
-		t->beta2 = d.beta2;
-		t->initial_accumulator = d.initial_accumulator;
-		t->l1 = d.l1;
-		t->l2 = d.l2;
-		t->ftrl_beta = d.ftrl_beta;
-		t->ttl_s = (int)d.ttl_s;
-		t->max_rows = (int64_t)d.max_rows;
-		t->filter_ids = (int64_t)d.filter_ids;
 		if (ps_table_decl_check(t, why, sizeof(why)))
 			FAIL(PS_EPROTO, "%s: declared table %u is damaged: %s", path, i, why);
 		for (int j = 0; j < nyaml; j++)

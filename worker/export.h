@@ -25,23 +25,28 @@ struct tacc {
 /* What meta.json says of a shard. */
 struct shard_info {
 	char path[4200];
-	int version;            /* 1 or 2 (optimizer groups) */
+	int version;            /* of the full file: 1..4 (ckpt_format.h's CKPT_V_* bits) */
+	int last_version;       /* of the last file applied (a delta may add the tables bit) */
 	uint32_t deltas;        /* incremental checkpoints applied */
 	uint32_t base_crc;
 	uint64_t base_len;
 	uint64_t min_version, max_version;
 	uint64_t *finished;
-	uint64_t *table_version;
+	uint64_t *table_version;      /* PS_MAX_TABLES */
 };
 
 struct exporter {
 	const struct ps_config *cfg;  /* as loaded */
-	struct ps_config *ecfg;       /* with the declared tensors (cfg->declare) */
+	/* with the declared tensors (cfg->declare) and the declared tables
+	 * (versions 3 and 4: after the config's, in declaration order); NULL
+	 * while the files read had neither */
+	struct ps_config *ecfg;
 	struct ps_shardmap map;
 	int have_map;
 	int since;                    /* -1: everything */
 	float **dense;                /* per tensor */
-	struct tacc *tab;
+	struct tacc *tab;             /* PS_MAX_TABLES */
+	char decl_from[4300];         /* the file whose declared tables were registered */
 	struct shard_info *sh;
 	/* the checkpoints read, mapped until the export is written: the
 	 * tables' rows are taken from there, not copied */

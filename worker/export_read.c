@@ -4,7 +4,8 @@
  * file and the offset), then the file's CRC-32, and only then its dense
  * slices copied into the tensors and its rows into the tables (an
  * incremental one's dropped ids and changed rows applied in order). The
- * layout is that of server/checkpoint.c and server/table_ckpt.c, whose
+ * layout is that of server/checkpoint.c, server/decl_tables.c (versions 3
+ * and 4: the tables declared at run time) and server/table_ckpt.c, whose
  * records server/ckpt_format.h shares.
  */
 #include <errno.h>
@@ -25,6 +26,7 @@
 #include "ps_err.h"
 #include "rows_wire.h"
 #include "shardmap.h"
+#include "table_decl.h"
 
 /* The error (ps__export_fail) of a function whose exporter is ex. */
 #define FAIL(...) ps__export_fail(ex, __VA_ARGS__)
@@ -37,7 +39,20 @@ struct file {
 	int shard;
 	uint32_t seq;           /* 0: the full file */
 	int stale;              /* an incremental one naming another full file */
+	int ntables;            /* tables it holds: the config's, then its declared ones */
+	struct ps_table_cfg *decl;  /* its declared tables (ndecl), checked */
+	int ndecl;
+	uint64_t decl_at;       /* offset of its first declared table's record */
+	int decl_differs;       /* not those registered: why in decl_why, told after the CRC */
+	char decl_why[600];
 };
+
+/* Table t of file f: the config's, or one the file declares. */
+static const struct ps_table_cfg *file_table(const struct exporter *ex, const struct file *f,
+					     int t)
+{
+	return t < ex->cfg->ntables ? &ex->cfg->tables[t] : &f->decl[t - ex->cfg->ntables];
+}
 
 int ps__export_fail(struct exporter *ex, int rc, const char *fmt, ...)
 {
@@ -149,7 +164,7 @@ static int tacc_drop(struct tacc *a, uint64_t id)
  * export's config when it has none yet, else compared with it. *pos moves
  * past them. */
 static int read_declared(struct exporter *ex, const struct file *f, const struct ckpt_hdr *h,
-			 int version, uint64_t *pos)
+			 int groups, uint64_t *pos)
 {
 	struct ps_config *c = NULL;
 	char why[300];
@@ -198,7 +213,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 		}
 		t->group = d.group;
 	}
-	if (version == 2) {
+	if (groups) {
 		struct ckpt_groups gh;
 		if ((rc = need(ex, f, *pos, 1, sizeof(gh), "the optimizer groups' header")))
 			goto out;
@@ -238,7 +253,7 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 			}
 	}
 	c->ngroups = ngroups;
-	if (ex->ecfg) {
+	if (ex->ecfg && ex->ecfg->declare) {
 		/* another shard's file, or an incremental one: the same list */
 		int same = c->ntensors == ex->ecfg->ntensors && c->ngroups == ex->ecfg->ngroups;
 		for (int i = 0; same && i < c->ntensors; i++) {
@@ -263,6 +278,99 @@ static int read_declared(struct exporter *ex, const struct file *f, const struct
 out:
 	free(c);
 	return rc;
+}
+
+/* Versions 3 and 4: the declared tables' section at *pos, checked as the
+ * shard's loader checks it (decl_tables.c: the count against the config's
+ * tables and the bytes left, each record's bounds and ps_table_decl_check,
+ * no name of the config's tables, none twice) into f->decl; *pos moves past
+ * it. Compared with the tables registered from an earlier file (another
+ * shard's, or the full one of this chain): a difference is noted in f and
+ * told after the CRC, so that damage reads as damage. */
+static int read_tables(struct exporter *ex, struct file *f, uint64_t *pos)
+{
+	const struct ps_config *e = ex->ecfg;
+	int nyaml = ex->cfg->ntables, rc;
+	struct ckpt_tables_head th;
+	char why[400];
+
+	if ((rc = need(ex, f, *pos, 1, sizeof(th), "the declared tables' header")))
+		return rc;
+	memcpy(&th, f->p + *pos, sizeof(th));
+	if (th.ntables < 1 || th.ntables > (uint32_t)(PS_MAX_TABLES - nyaml))
+		return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": %u declared tables, "
+			    "expected 1..%d beside the config's %d", f->path, *pos, th.ntables,
+			    PS_MAX_TABLES - nyaml, nyaml);
+	*pos += sizeof(th);
+	if ((rc = need(ex, f, *pos, th.ntables, sizeof(struct ckpt_table_decl),
+		       "the declared tables")))
+		return rc;
+	f->decl = calloc(th.ntables, sizeof(*f->decl));
+	if (!f->decl)
+		return FAIL(-ENOMEM, "out of memory");
+	for (uint32_t i = 0; i < th.ntables; i++, *pos += sizeof(struct ckpt_table_decl)) {
+		struct ckpt_table_decl d;
+		struct ps_table_cfg *t = &f->decl[i];
+
+		memcpy(&d, f->p + *pos, sizeof(d));
+		if (ckpt_table_decl_get(&d, t))
+			return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": declared table %u "
+				    "has a name without its end or a value out of bounds", f->path,
+				    *pos, i);
+		if (ps_table_decl_check(t, why, sizeof(why)))
+			return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": declared table %u: "
+				    "%s", f->path, *pos, i, why);
+		for (int j = 0; j < nyaml; j++)
+			if (!strcmp(ex->cfg->tables[j].name, t->name))
+				return FAIL(PS_ECONFIG, "%s: at offset %" PRIu64 ": declared table '%s' "
+					    "is a table of the config (model.embeddings): another "
+					    "config, or damaged?", f->path, *pos, t->name);
+		for (uint32_t j = 0; j < i; j++)
+			if (!strcmp(f->decl[j].name, t->name))
+				return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": declared "
+					    "table '%s' twice", f->path, *pos, t->name);
+	}
+	f->ndecl = (int)th.ntables;
+	f->ntables = nyaml + f->ndecl;
+	f->decl_at = *pos - th.ntables * sizeof(struct ckpt_table_decl);
+	if (e && e->ndecl_tables) {
+		uint64_t at = f->decl_at;
+		if (f->ndecl != e->ndecl_tables) {
+			f->decl_differs = 1;
+			snprintf(f->decl_why, sizeof(f->decl_why), "%d declared tables at offset %"
+				 PRIu64 ", that file has %d", f->ndecl, at, e->ndecl_tables);
+		}
+		for (int i = 0; !f->decl_differs && i < f->ndecl;
+		     i++, at += sizeof(struct ckpt_table_decl))
+			if (ps_table_decl_diff(&f->decl[i], &e->tables[nyaml + i], "here",
+					       "there", why, sizeof(why))) {
+				f->decl_differs = 1;
+				snprintf(f->decl_why, sizeof(f->decl_why), "declared table %d at offset %"
+					 PRIu64 " differs: %s", i, at, why);
+			}
+	}
+	return 0;
+}
+
+/* Registers f's declared tables as the export's (after its CRC matched):
+ * the config's tables, then these, in declaration order. */
+static int register_tables(struct exporter *ex, const struct file *f)
+{
+	struct ps_config *e = ex->ecfg;
+
+	if (!e) {
+		/* a config naming its tensors: a copy for the tables alone */
+		e = malloc(sizeof(*e));
+		if (!e)
+			return FAIL(-ENOMEM, "out of memory");
+		memcpy(e, ex->cfg, sizeof(*e));
+		ex->ecfg = e;
+	}
+	memcpy(&e->tables[ex->cfg->ntables], f->decl, sizeof(*f->decl) * (size_t)f->ndecl);
+	e->ntables = ex->cfg->ntables + f->ndecl;
+	e->ndecl_tables = f->ndecl;
+	snprintf(ex->decl_from, sizeof(ex->decl_from), "%s", f->path);
+	return 0;
 }
 
 /* The map of the config (or of the declared tensors), built once. */
@@ -290,7 +398,7 @@ static int build_map(struct exporter *ex)
 
 static int slot_nstate(const struct exporter *ex, int version, int tensor, uint32_t hdr_nstate)
 {
-	if (version == 2)
+	if ((version - 1) & CKPT_V_GROUPS)
 		return ps_optimizer_get(ex->ecfg->groups[ex->ecfg->tensors[tensor].group].kind)->nstate;
 	return (int)hdr_nstate;
 }
@@ -347,10 +455,10 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 	if (apply)
 		memcpy(si->finished, f->p + pos, (size_t)c->nworkers * 8);
 	pos += (uint64_t)c->nworkers * 8;
-	if (!c->ntables && f->seq)
+	if (!f->ntables && f->seq)
 		return FAIL(PS_ECONFIG, "%s: an incremental checkpoint, but the config has no "
-			    "embedding tables", f->path);
-	if (f->seq && c->ntables) {
+			    "embedding tables and it declares none", f->path);
+	if (f->seq && f->ntables) {
 		struct ckpt_delta_head dh;
 		if ((rc = need(ex, f, pos, 1, sizeof(dh), "the incremental header")))
 			return rc;
@@ -362,8 +470,8 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 			f->stale = 1; /* told after the CRC: damage is no staleness */
 		pos += sizeof(dh);
 	}
-	for (int t = 0; t < c->ntables; t++) {
-		const struct ps_table_cfg *tc = &c->tables[t];
+	for (int t = 0; t < f->ntables; t++) {
+		const struct ps_table_cfg *tc = file_table(ex, f, t);
 		struct tacc *a = &ex->tab[t];
 		struct ckpt_table ct;
 		uint64_t rb, rows_at;
@@ -373,6 +481,13 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 		if ((rc = need(ex, f, pos, 1, sizeof(ct), what)))
 			return rc;
 		memcpy(&ct, f->p + pos, sizeof(ct));
+		if ((ct.key != ps_rows_table_key(tc) || ct.dim != (uint32_t)dim ||
+		     ct.row_floats != (uint32_t)rf) && t >= ex->cfg->ntables)
+			return FAIL(PS_EPROTO, "%s: damaged at offset %" PRIu64 ": table %d is not "
+				    "'%s' of dim %d with %d floats of optimizer state as its declaration "
+				    "at offset %" PRIu64 " says", f->path, pos, t, tc->name, dim, rf - dim,
+				    f->decl_at + (uint64_t)(t - ex->cfg->ntables) *
+				    sizeof(struct ckpt_table_decl));
 		if (ct.key != ps_rows_table_key(tc) || ct.dim != (uint32_t)dim ||
 		    ct.row_floats != (uint32_t)rf)
 			return FAIL(PS_EPROTO, "%s: at offset %" PRIu64 ": table %d is not '%s' of "
@@ -476,7 +591,8 @@ static int walk(struct exporter *ex, struct file *f, const struct ckpt_hdr *h, i
  * full file; else an error in ex->err. */
 static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 {
-	struct file f = { .path = path, .shard = k, .seq = seq };
+	struct file f = { .path = path, .shard = k, .seq = seq, .ntables = ex->cfg->ntables };
+	struct shard_info *si = &ex->sh[k];
 	struct ckpt_hdr h;
 	struct stat st;
 	void *map = MAP_FAILED;
@@ -522,8 +638,9 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 		ex->mapcap = cap;
 	}
 	memcpy(&h, f.p, sizeof(h));
-	version = !memcmp(h.magic, seq ? CKPT_DELTA : CKPT_MAGIC, 8) ? 1 :
-		  !memcmp(h.magic, seq ? CKPT_DELTA2 : CKPT_MAGIC2, 8) ? 2 : 0;
+	/* "PSCKPT0" v or "PSDELTA" v, v 1..4 */
+	version = !memcmp(h.magic, seq ? "PSDELTA" : "PSCKPT0", 7) && h.magic[7] >= '1' &&
+		  h.magic[7] <= '4' ? h.magic[7] - '0' : 0;
 	if (!version) {
 		rc = FAIL(PS_EPROTO, "%s: damaged at offset 0: not a ps-server %scheckpoint "
 			  "(bad magic)", path, seq ? "incremental " : "");
@@ -540,22 +657,25 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 		goto out;
 	}
 	pos = sizeof(h);
-	if (version == 2 && !h.ndeclared) {
-		rc = FAIL(PS_EPROTO, "%s: a version 2 checkpoint without declared tensors "
-			  "(damaged?)", path);
+	if (((version - 1) & CKPT_V_GROUPS) && !h.ndeclared) {
+		rc = FAIL(PS_EPROTO, "%s: a version %d checkpoint (optimizer groups) without "
+			  "declared tensors (damaged?)", path, version);
 		goto out;
 	}
 	if (h.ndeclared || ex->cfg->declare) {
-		if ((rc = read_declared(ex, &f, &h, version, &pos)))
+		if ((rc = read_declared(ex, &f, &h, (version - 1) & CKPT_V_GROUPS, &pos)))
 			goto out;
 	}
+	if (((version - 1) & CKPT_V_TABLES) && (rc = read_tables(ex, &f, &pos)))
+		goto out;
 	if ((rc = build_map(ex)))
 		goto out;
-	if (!seq) {
-		ex->sh[k].version = version;
-	} else if (version != ex->sh[k].version) {
-		rc = FAIL(PS_EPROTO, "%s: a version %d checkpoint after a version %d full one",
-			  path, version, ex->sh[k].version);
+	/* along a chain the groups stay; declared tables may appear (declared
+	 * after the full checkpoint) but never go, as the shard's loader says */
+	if (seq && ((((version - 1) ^ (si->last_version - 1)) & CKPT_V_GROUPS) ||
+		    (((si->last_version - 1) & CKPT_V_TABLES) && !((version - 1) & CKPT_V_TABLES)))) {
+		rc = FAIL(PS_EPROTO, "%s: a version %d checkpoint after a version %d one", path,
+			  version, si->last_version);
 		goto out;
 	}
 	if (h.map_hash != ex->map.hash) {
@@ -600,10 +720,20 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 		rc = -ESTALE;
 		goto out;
 	}
-	if (!seq) {
-		ex->sh[k].base_crc = crc;
-		ex->sh[k].base_len = f.len;
+	if (f.decl_differs) {
+		/* whole and not damaged: another run's tables */
+		rc = FAIL(PS_ECONFIG, "%s: declares other tables than %s (files of different "
+			  "runs?): %s", path, ex->decl_from, f.decl_why);
+		goto out;
 	}
+	if (f.ndecl && !(ex->ecfg && ex->ecfg->ndecl_tables) && (rc = register_tables(ex, &f)))
+		goto out;
+	if (!seq) {
+		si->version = version;
+		si->base_crc = crc;
+		si->base_len = f.len;
+	}
+	si->last_version = version;
 	rc = walk(ex, &f, &h, version, pos, 1);
 	if (!rc) {
 		ex->maps[ex->nmaps++] = (struct ps_export_map){ map, (size_t)f.len };
@@ -613,6 +743,7 @@ out:
 	if (map != MAP_FAILED)
 		munmap(map, (size_t)f.len);
 	close(fd);
+	free(f.decl);
 	return rc;
 }
 

@@ -10,7 +10,9 @@
  * config (shard, shard map, optimizer, slices, tables) and every byte
  * against the file's CRC-32 before anything is used, and writes:
  *   dense/<tensor>.npy        float32, the tensor's shape
- *   tables/<table>/ids.npy    uint64 [n], sorted
+ *   tables/<table>/ids.npy    uint64 [n], sorted (the config's tables and
+ *                             those workers declared, checkpoint versions 3
+ *                             and 4)
  *   tables/<table>/rows.npy   float32 [n, dim], row i belongs to ids[i]
  *   tables/<table>/dropped.npy uint64 (--since only): ids dropped since
  *   meta.json                 config and map hash, per shard its files,
@@ -104,7 +106,7 @@ static void json_str(FILE *o, const char *s)
 static int write_table(struct exporter *ex, struct ps_npz *z, int t, uint64_t *rows,
 		       uint64_t *ndropped)
 {
-	const struct ps_table_cfg *tc = &ex->cfg->tables[t];
+	const struct ps_table_cfg *tc = &(ex->ecfg ? ex->ecfg : ex->cfg)->tables[t];
 	struct tacc *a = &ex->tab[t];
 	uint8_t want = ex->since >= 0 ? (F_LIVE | F_CHANGED) : F_LIVE;
 	struct keyed *k = NULL, *tmp = NULL, *s;
@@ -256,8 +258,9 @@ static int write_meta(struct exporter *ex, struct ps_npz *z, const char *cfgpath
 		fprintf(o, "%s\n    ", t ? "," : "");
 		json_str(o, tc->name);
 		fprintf(o, ": {\"dim\": %d, \"rows\": %" PRIu64 ", \"dtype\": \"float32\", "
-			"\"id_dtype\": \"uint64\", \"optimizer\": \"%s\"", tc->dim, rows[t],
-			ps_row_optim_name(tc->optimizer));
+			"\"id_dtype\": \"uint64\", \"optimizer\": \"%s\", \"declared\": %s", tc->dim,
+			rows[t], ps_row_optim_name(tc->optimizer),
+			t >= c->ntables - c->ndecl_tables ? "true" : "false");
 		if (ex->since >= 0)
 			fprintf(o, ", \"dropped\": %" PRIu64, dropped[t]);
 		fprintf(o, "}");
@@ -418,14 +421,15 @@ int main(int argc, char **argv)
 	}
 	ex.cfg = cfg;
 	ex.sh = calloc((size_t)cfg->nshards, sizeof(*ex.sh));
-	ex.tab = calloc((size_t)cfg->ntables + 1, sizeof(*ex.tab));
+	/* room for the tables declared at run time (versions 3 and 4) */
+	ex.tab = calloc(PS_MAX_TABLES, sizeof(*ex.tab));
 	if (!ex.sh || !ex.tab) {
 		fprintf(stderr, "ps-export: out of memory\n");
 		goto out;
 	}
 	for (int k = 0; k < cfg->nshards; k++) {
 		ex.sh[k].finished = calloc((size_t)cfg->nworkers + 1, 8);
-		ex.sh[k].table_version = calloc((size_t)cfg->ntables + 1, 8);
+		ex.sh[k].table_version = calloc(PS_MAX_TABLES, 8);
 		if (!ex.sh[k].finished || !ex.sh[k].table_version) {
 			fprintf(stderr, "ps-export: out of memory\n");
 			goto out;
@@ -448,7 +452,7 @@ out:
 	for (int t = 0; ex.dense && t < (ex.ecfg ? ex.ecfg : cfg)->ntensors; t++)
 		free(ex.dense[t]);
 	free(ex.dense);
-	for (int t = 0; ex.tab && t < cfg->ntables; t++) {
+	for (int t = 0; ex.tab && t < PS_MAX_TABLES; t++) {
 		free(ex.tab[t].ids);
 		free(ex.tab[t].row);
 		free(ex.tab[t].flags);

@@ -237,3 +237,176 @@ def test_export_declared_tensors(cluster, tmp_path, groups):
     if groups:
         assert [exp.meta["dense"][n]["optimizer"] for n in model] == ["adam", "momentum",
                                                                       "momentum"]
+
+
+DECL_TABLES = [
+    {"name": "decl_sgd", "dim": 4, "init": "zeros", "optimizer": "sgd", "lr": 1.0},
+    {"name": "decl_adam", "dim": 3, "init": "const", "value": 0.5, "optimizer": "adam",
+     "lr": 0.01},
+]
+
+
+@pytest.fixture(params=[3, 4], ids=["v3", "v4"])
+def declared_trained(request, cluster, tmp_path):
+    """Tables declared at run time (version 3: a config naming its tensors, no YAML
+    table; version 4: declared tensors with optimizer groups and a YAML table beside
+    the declared ones), trained through push_rows over a full checkpoint and two
+    incremental ones, pulled, then the shards killed."""
+    v4 = request.param == 4
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    extra = ["checkpoint:", f"  dir: {ck}", "  on_request: true", "  min_interval_s: 0",
+             "  incremental: 5"]
+    cl = cluster(shards=2, workers=1, declare=v4, tables={"y": 2} if v4 else None,
+                 extra=extra)
+    rng = np.random.default_rng(11)
+    dims = {"decl_sgd": 4, "decl_adam": 3, **({"y": 2} if v4 else {})}
+    ids = {"decl_sgd": np.unique(rng.integers(0, 2**64, 200, dtype=np.uint64)),
+           "decl_adam": np.arange(1, 80, dtype=np.uint64) * 7919}
+    if v4:
+        ids["y"] = np.arange(1, 30, dtype=np.uint64)
+    with ps.Client(cl.path, 0) as c:
+        if v4:
+            model = {"fc.weight": np.zeros((5, 40), np.float32), "fc.bias": np.zeros(5, np.float32)}
+            c.declare(model, [dict(kind="adam", lr=0.01), dict(kind="sgd", lr=0.1)], [0, 1])
+            tensors = {n: v.shape for n, v in model.items()}
+        else:
+            tensors = {n: (k,) for n, k in cl.tensors.items()}
+        c.declare_tables(DECL_TABLES)
+        names = list(tensors)
+        train_rows(c, rng, names, tensors, ids, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # full
+        train_rows(c, rng, names, tensors, {"decl_sgd": ids["decl_sgd"][:30]}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-1
+        new = np.array([3, 2**63 + 5], np.uint64)
+        step = {"decl_sgd": np.concatenate([ids["decl_sgd"][20:50], new]),
+                "decl_adam": ids["decl_adam"][::5]}
+        train_rows(c, rng, names, tensors, step, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-2
+        changed = {t: np.unique(v) for t, v in step.items()}
+        all_ids = {t: np.union1d(v, new) if t == "decl_sgd" else np.sort(v)
+                   for t, v in ids.items()}
+        rows = {t: c.pull_rows(t, v) for t, v in all_ids.items()}
+        dense = {n: np.zeros(s, np.float32) for n, s in tensors.items()}
+        c.pull(dense)
+    assert [cl.stop(k, signal.SIGKILL) for k in range(2)] == [-signal.SIGKILL] * 2
+    return request.param, cl, dense, all_ids, rows, changed, ck
+
+
+def decl_section(data):
+    """The declared tables' section of a checkpoint: (start, end), found by the first
+    declared table's name (the section's head, 8 bytes, is before it)."""
+    at = data.index(b"decl_sgd\0")
+    start = at - 8
+    assert int.from_bytes(data[start:start + 4], "little") == len(DECL_TABLES)
+    return start, start + 8 + 136 * len(DECL_TABLES)
+
+
+def test_export_declared_tables(declared_trained, tmp_path):
+    version, cl, dense, all_ids, rows, changed, ck = declared_trained
+    assert os.path.exists(ck / "shard-1.ckpt.delta-2")
+    out = tmp_path / "model.npz"
+    export(cl.path, out)
+    exp = ps.load_export(out)
+    assert sorted(exp.tables) == sorted(all_ids)
+    for t, ids in all_ids.items():
+        np.testing.assert_array_equal(exp.tables[t].ids, ids)
+        assert exp.tables[t].rows.tobytes() == rows[t].tobytes(), t
+    for n, v in dense.items():
+        assert exp.dense[n].tobytes() == v.tobytes(), n
+    assert [s["checkpoint_version"] for s in exp.meta["shards"]] == [version] * 2
+    assert [s["deltas"] for s in exp.meta["shards"]] == [2, 2]
+    meta_t = exp.meta["tables"]
+    assert list(meta_t) == (["y"] if version == 4 else []) + ["decl_sgd", "decl_adam"]
+    assert meta_t["decl_sgd"]["declared"] is True and meta_t["decl_adam"]["optimizer"] == "adam"
+    assert meta_t["decl_adam"]["dim"] == 3 and meta_t["decl_sgd"]["rows"] == len(all_ids["decl_sgd"])
+    if version == 4:
+        assert meta_t["y"]["declared"] is False
+    # --since 1: exactly the rows delta-2 changed
+    export(cl.path, tmp_path / "d1.npz", "--since", "1")
+    d1 = ps.load_export(tmp_path / "d1.npz")
+    for t in all_ids:
+        tb = d1.tables[t]
+        np.testing.assert_array_equal(tb.ids, changed.get(t, np.zeros(0, np.uint64)))
+        at = np.searchsorted(all_ids[t], tb.ids)
+        assert tb.rows.tobytes() == rows[t][at].tobytes(), t
+        assert len(tb.dropped) == 0
+    export(cl.path, tmp_path / "d0.npz", "--since", "0")
+    assert len(ps.load_export(tmp_path / "d0.npz").tables["decl_sgd"]) == 50 + 2
+
+
+def test_export_declared_tables_damaged(declared_trained, tmp_path):
+    _, cl, _, _, _, _, ck = declared_trained
+    out = tmp_path / "x.npz"
+    for f in (ck / "shard-1.ckpt", ck / "shard-0.ckpt.delta-1"):
+        good = f.read_bytes()
+        start, end = decl_section(good)
+        for cut in range(start, end, 5):
+            f.write_bytes(good[:cut])
+            r = export(cl.path, out, check=False)
+            assert r.returncode == 1, (f, cut, r.stderr)
+            assert str(f) in r.stderr and ("offset" in r.stderr or "too short" in r.stderr), \
+                (f, cut, r.stderr)
+        for at in range(start, end, 3):
+            bad = bytearray(good)
+            bad[at] ^= 0x41
+            f.write_bytes(bytes(bad))
+            r = export(cl.path, out, check=False)
+            assert r.returncode == 1, (f, at, r.stderr)
+            assert str(f) in r.stderr and "offset" in r.stderr, (f, at, r.stderr)
+        # a count beyond the file, and a name without its NUL: named with their offset
+        for patch, off in ((b"\xff\x00\x00\x00", start), (b"x" * 64, start + 8)):
+            bad = bytearray(good)
+            bad[off:off + len(patch)] = patch
+            f.write_bytes(bytes(bad))
+            r = export(cl.path, out, check=False)
+            assert r.returncode == 1 and f"offset {off}" in r.stderr, (f, off, r.stderr)
+        f.write_bytes(good)
+    assert not os.path.exists(out)
+    export(cl.path, out)
+
+
+def test_export_tables_declared_after_the_full_checkpoint(cluster, tmp_path):
+    """A full checkpoint before the declaration (version 1), incremental ones after it
+    (version 3): the declared tables' rows come from the deltas alone, as a restarted
+    shard loads them; --since 0 holds every one of them."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    cl = cluster(shards=2, workers=1, tables={"y": 2},
+                 extra=["checkpoint:", f"  dir: {ck}", "  on_request: true",
+                        "  min_interval_s: 0", "  incremental: 5"])
+    rng = np.random.default_rng(4)
+    names = list(cl.tensors)
+    tensors = {n: (k,) for n, k in cl.tensors.items()}
+    dims = {"y": 2, "decl_sgd": 4, "decl_adam": 3}
+    ids = np.arange(1, 60, dtype=np.uint64) * 104729
+    odd = np.ascontiguousarray(ids[::2])
+    with ps.Client(cl.path, 0) as c:
+        train_rows(c, rng, names, tensors, {"y": ids[:10]}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # full, v1
+        c.declare_tables(DECL_TABLES)
+        train_rows(c, rng, names, tensors, {"decl_sgd": ids, "decl_adam": odd}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-1, v3
+        train_rows(c, rng, names, tensors, {"decl_sgd": ids[:5]}, dims)
+        assert all(r["checkpoint_status"] == 0 for r in c.checkpoint())      # delta-2, v3
+        want = {"y": ids[:10], "decl_sgd": ids, "decl_adam": odd}
+        rows = {t: c.pull_rows(t, v) for t, v in want.items()}
+    assert [cl.stop(k, signal.SIGKILL) for k in range(2)] == [-signal.SIGKILL] * 2
+    assert (ck / "shard-0.ckpt").read_bytes()[:8] == b"PSCKPT01"
+    assert (ck / "shard-0.ckpt.delta-1").read_bytes()[:8] == b"PSDELTA3"
+    export(cl.path, tmp_path / "m.npz")
+    exp = ps.load_export(tmp_path / "m.npz")
+    for t, v in want.items():
+        np.testing.assert_array_equal(exp.tables[t].ids, v)
+        assert exp.tables[t].rows.tobytes() == rows[t].tobytes(), t
+    assert exp.meta["tables"]["decl_adam"]["declared"] is True
+    export(cl.path, tmp_path / "d0.npz", "--since", "0")
+    d0 = ps.load_export(tmp_path / "d0.npz")
+    assert len(d0.tables["y"]) == 0 and len(d0.tables["decl_sgd"]) == len(ids)
+    # a restarted shard agrees: the same rows (a new worker declares the same tables)
+    for k in range(2):
+        cl.start(k)
+    with ps.Client(cl.path, 0) as c:
+        c.declare_tables(DECL_TABLES)
+        for t, v in want.items():
+            assert c.pull_rows(t, v).tobytes() == rows[t].tobytes(), t
