@@ -23,17 +23,28 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SERVER = os.path.join(ROOT, "bin", "ps-server")
 
 
+def free_ports(n):
+    """n distinct ports free now: all bound at once (one at a time, the
+    kernel may hand the same port out twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 class Cluster:
     def __init__(self, tmp_path, shards, workers, mode, tensors, tables, extra, declare=False,
                  limits=(), consistency=()):
         self.dir = str(tmp_path)
-        self.ports = [free_port() for _ in range(shards)]
+        self.ports = free_ports(shards)
         self.tensors = tensors
         self.path = os.path.join(self.dir, "cluster.yaml")
         lines = ["cluster:", "  servers: [%s]" % ", ".join(f"127.0.0.1:{p}" for p in self.ports),

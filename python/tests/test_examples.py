@@ -10,15 +10,16 @@ import sys
 import pytest
 
 pytest.importorskip("torch", reason="PyTorch is not installed (Debian: python3-torch)")
-from conftest import ROOT, free_port  # noqa: E402
+from conftest import ROOT, free_ports  # noqa: E402
 
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
 def run_example(tmp_path, args, timeout=300, extra=(), mode="sync"):
     cfg = tmp_path / "pytorch.yaml"
+    p0, p1 = free_ports(2)
     cfg.write_text("\n".join([
-        "cluster:", f"  servers: [127.0.0.1:{free_port()}, 127.0.0.1:{free_port()}]",
+        "cluster:", f"  servers: [127.0.0.1:{p0}, 127.0.0.1:{p1}]",
         "  workers: 2", "consistency:", f"  mode: {mode}", "seed: 42", "log:", "  level: warn",
     ] + list(extra)) + "\n")
     logs = tmp_path / "logs"

@@ -6,7 +6,7 @@ import shlex
 import subprocess
 import sys
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_ports
 
 HERE = os.path.dirname(__file__)
 
@@ -18,7 +18,7 @@ def write_config(tmp_path, workers):
         "optimizer:\n  name: sgd\n  lr: 1\n"
         "model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
         "    - {name: c, shape: [5], init: zeros}\n"
-        "log:\n  level: warn\n" % (free_port(), free_port(), workers))
+        "log:\n  level: warn\n" % (*free_ports(2), workers))
     return str(path)
 
 
