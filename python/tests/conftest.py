@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -127,6 +128,28 @@ def secret(tmp_path_factory):
                        stderr=subprocess.DEVNULL)
         os.environ["PS_SECRET_FILE"] = path
     yield os.environ["PS_SECRET_FILE"]
+
+
+def in_threads(fn, ranks, timeout=120):
+    """Runs fn(rank) for each rank in a thread of its own (a test's workers,
+    each with its own client); raises what the first failing one raised,
+    naming its rank, or fails when one still runs after timeout seconds."""
+    errors = []
+
+    def run(r):
+        try:
+            fn(r)
+        except BaseException as e:  # noqa: BLE001  (raised below, in the test's thread)
+            errors.append((r, e))
+    ts = [threading.Thread(target=run, args=(r,), daemon=True) for r in ranks]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in ts), f"a worker thread still runs after {timeout} s"
+    if errors:
+        r, e = errors[0]
+        raise AssertionError(f"worker {r}: {e!r}") from e
 
 
 def run_workers(cmds, timeout=60):

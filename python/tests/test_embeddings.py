@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian: python3-torch)")
 import ps  # noqa: E402
 import ps.torch as pst  # noqa: E402
+from conftest import in_threads  # noqa: E402
 
 F = torch.nn.functional
 MODEL_LOCK = threading.Lock()
@@ -116,30 +117,21 @@ def test_integer_gradients_from_three_workers_exact(cluster, declared):
     for r in range(3):
         for i, k in zip(ids_of[r], coef[r][:, 0].tolist()):
             want[i] -= k
-    errors = []
 
     def run(rank):
-        try:
-            c = ps.Client(cl.path, rank)
-            emb = pst.Embedding("t", client=c, **(dict(dim=DIM, init="zeros", optimizer="sgd",
-                                                       lr=1.0) if declared else {}))
-            model = torch.nn.ModuleDict({"emb": emb, "fc": torch.nn.Linear(1, 1)})
-            opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                           model.named_parameters(), client=c, model=model,
-                                           op=pst.Sum)
-            opt.zero_grad()
-            out = emb(torch.from_numpy(ids_of[rank]))
-            ((out * coef[rank]).sum() + 0 * model["fc"].weight.sum()).backward()
-            opt.step()
-            c.close()
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    ts = [threading.Thread(target=run, args=(r,)) for r in range(3)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    assert not errors, errors
+        c = ps.Client(cl.path, rank)
+        emb = pst.Embedding("t", client=c, **(dict(dim=DIM, init="zeros", optimizer="sgd",
+                                                   lr=1.0) if declared else {}))
+        model = torch.nn.ModuleDict({"emb": emb, "fc": torch.nn.Linear(1, 1)})
+        opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                       model.named_parameters(), client=c, model=model,
+                                       op=pst.Sum)
+        opt.zero_grad()
+        out = emb(torch.from_numpy(ids_of[rank]))
+        ((out * coef[rank]).sum() + 0 * model["fc"].weight.sum()).backward()
+        opt.step()
+        c.close()
+    in_threads(run, range(3), 60)
     with ps.Client(cl.path, 0) as c:
         if declared:   # a new client knows a declared table once it declares it too
             c.declare_tables([{"name": "t", "dim": DIM, "init": "zeros", "optimizer": "sgd",
@@ -148,41 +140,32 @@ def test_integer_gradients_from_three_workers_exact(cluster, declared):
     np.testing.assert_array_equal(got, want.astype(np.float32))
 
 
-def train(path, rank, steps, prefetch, out, errors, seed=0):
-    try:
-        c = ps.Client(path, rank)
-        with MODEL_LOCK:   # torch.manual_seed is the process's, not the thread's
-            model = Tiny(c, "mean", seed)
-        opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                       model.named_parameters(), client=c, model=model)
-        g = torch.Generator().manual_seed(100 + rank)
-        batches = [(torch.randint(0, V, (24,), generator=g), torch.randn(6, 1, generator=g))
-                   for _ in range(steps)]
-        offsets = torch.arange(0, 24, 4)
-        it = pst.Prefetch(batches, lambda b: {model.emb: b[0]}) if prefetch else batches
-        for ids, y in it:
-            opt.zero_grad()
-            F.mse_loss(model(ids, offsets), y).backward()
-            opt.step()
-        out[rank] = ({n: p.detach().clone() for n, p in model.named_parameters()},
-                     c.pull_rows("t", np.arange(V)))
-        c.close()
-    except Exception as e:  # noqa: BLE001
-        errors.append(e)
+def train(path, rank, steps, prefetch, out, seed=0):
+    c = ps.Client(path, rank)
+    with MODEL_LOCK:   # torch.manual_seed is the process's, not the thread's
+        model = Tiny(c, "mean", seed)
+    opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   model.named_parameters(), client=c, model=model)
+    g = torch.Generator().manual_seed(100 + rank)
+    batches = [(torch.randint(0, V, (24,), generator=g), torch.randn(6, 1, generator=g))
+               for _ in range(steps)]
+    offsets = torch.arange(0, 24, 4)
+    it = pst.Prefetch(batches, lambda b: {model.emb: b[0]}) if prefetch else batches
+    for ids, y in it:
+        opt.zero_grad()
+        F.mse_loss(model(ids, offsets), y).backward()
+        opt.step()
+    out[rank] = ({n: p.detach().clone() for n, p in model.named_parameters()},
+                 c.pull_rows("t", np.arange(V)))
+    c.close()
 
 
 def test_prefetch_gives_the_same_training(cluster):
     results = []
     for prefetch in (False, True):
         cl = table_cluster(cluster, workers=2, optimizer="adagrad", lr=0.1)
-        out, errors = {}, []
-        ts = [threading.Thread(target=train, args=(cl.path, r, 12, prefetch, out, errors))
-              for r in (0, 1)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(120)
-        assert not errors, errors
+        out = {}
+        in_threads(lambda r: train(cl.path, r, 12, prefetch, out), (0, 1))
         results.append(out)
     (d0, r0), (d1, r1) = results[0][0], results[1][0]
     np.testing.assert_array_equal(r0, r1)

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -24,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian: python3-torch)")
 import ps  # noqa: E402
 import ps.torch as pst  # noqa: E402
+from conftest import in_threads  # noqa: E402
 
 torch.set_num_threads(1)
 HERE = os.path.dirname(__file__)
@@ -80,45 +80,36 @@ def reference(spec, nworkers):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def worker(path, rank, nworkers, spec, model, out, errors, mode="server", clip=None, **kw):
-    try:
-        c = ps.Client(path, rank)
-        opt = pst.DistributedOptimizer(make_optimizer(model, spec),
-                                       named_parameters=model.named_parameters(), client=c,
-                                       mode=mode, **kw)
-        sched = make_schedule(opt, spec)
-        x, y = data(nworkers)
-        part = slice(rank * BATCH, (rank + 1) * BATCH)
-        for s in range(STEPS):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x[s][part]), y[s][part]).backward()
-            if clip:
-                opt.synchronize()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                with opt.skip_synchronize():
-                    opt.step()
-            else:
+def worker(path, rank, nworkers, spec, model, out, mode="server", clip=None, **kw):
+    c = ps.Client(path, rank)
+    opt = pst.DistributedOptimizer(make_optimizer(model, spec),
+                                   named_parameters=model.named_parameters(), client=c,
+                                   mode=mode, **kw)
+    sched = make_schedule(opt, spec)
+    x, y = data(nworkers)
+    part = slice(rank * BATCH, (rank + 1) * BATCH)
+    for s in range(STEPS):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[s][part]), y[s][part]).backward()
+        if clip:
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            with opt.skip_synchronize():
                 opt.step()
-            if sched:
-                sched.step()
-        out[rank] = {n: p.detach().clone() for n, p in model.named_parameters()}
-        c.close()
-    except Exception as e:  # noqa: BLE001  (reported by the test)
-        errors.append((rank, e))
+        else:
+            opt.step()
+        if sched:
+            sched.step()
+    out[rank] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    c.close()
 
 
 def run_workers(path, nworkers, spec, **kw):
-    out, errors = {}, []
+    out = {}
     # made here: torch.manual_seed is the process's, not the thread's;
     # rank 0's values win, the others' are overwritten by the declaration
     models = [make_model(seed=1 if r == 0 else 100 + r) for r in range(nworkers)]
-    ts = [threading.Thread(target=worker, args=(path, r, nworkers, spec, models[r], out, errors),
-                           kwargs=kw) for r in range(nworkers)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    assert not errors, errors
+    in_threads(lambda r: worker(path, r, nworkers, spec, models[r], out, **kw), range(nworkers))
     assert len(out) == nworkers
     return out
 
@@ -187,36 +178,28 @@ def test_backward_passes_per_step_accumulates_locally(cluster):
     spec = SPECS["sgd-momentum-wd-step"]
     cl = declared_cluster(cluster)
     ref = reference(spec, 2)
-    out, errors = {}, []
+    out = {}
     models = [make_model(1), make_model(5)]
 
     def run(rank):
-        try:
-            c = ps.Client(cl.path, rank)
-            model = models[rank]
-            opt = pst.DistributedOptimizer(make_optimizer(model, spec), model.named_parameters(),
-                                           client=c, backward_passes_per_step=2)
-            sched = make_schedule(opt, spec)
-            x, y = data(2)
-            for s in range(STEPS):
-                opt.zero_grad()
-                for h in (0, 1):
-                    lo = rank * BATCH + h * BATCH // 2
-                    part = slice(lo, lo + BATCH // 2)
-                    loss = torch.nn.functional.cross_entropy(model(x[s][part]), y[s][part])
-                    (loss / 2).backward()
-                opt.step()
-                sched.step()
-            out[rank] = {n: p.detach().clone() for n, p in model.named_parameters()}
-            c.close()
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    ts = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(120)
-    assert not errors, errors
+        c = ps.Client(cl.path, rank)
+        model = models[rank]
+        opt = pst.DistributedOptimizer(make_optimizer(model, spec), model.named_parameters(),
+                                       client=c, backward_passes_per_step=2)
+        sched = make_schedule(opt, spec)
+        x, y = data(2)
+        for s in range(STEPS):
+            opt.zero_grad()
+            for h in (0, 1):
+                lo = rank * BATCH + h * BATCH // 2
+                part = slice(lo, lo + BATCH // 2)
+                loss = torch.nn.functional.cross_entropy(model(x[s][part]), y[s][part])
+                (loss / 2).backward()
+            opt.step()
+            sched.step()
+        out[rank] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        c.close()
+    in_threads(run, (0, 1), 120)
     for r in (0, 1):
         for n, want in ref.items():
             assert relerr(out[r][n], want) <= 1e-5, (r, n, relerr(out[r][n], want))
@@ -253,36 +236,28 @@ def test_batchnorm_buffers_averaged(cluster):
     torch.manual_seed(3)
     models = [torch.nn.Sequential(torch.nn.Linear(NIN, NHID), torch.nn.BatchNorm1d(NHID),
                                   torch.nn.Linear(NHID, NOUT)) for _ in (0, 1)]
-    seen, errors = {}, []
+    seen = {}
 
     def run(rank):
-        try:
-            c = ps.Client(cl.path, rank)
-            model = models[rank]
-            opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                           model.named_parameters(), client=c, model=model,
-                                           buffers_every=3)
-            x, y = data(2)
-            bn = model[1]
-            for s in range(5):
-                opt.zero_grad()
-                xs = x[s][rank * BATCH:(rank + 1) * BATCH] * (1 + 3 * rank)  # other statistics
-                torch.nn.functional.cross_entropy(model(xs), y[s][:BATCH]).backward()
-                before = bn.running_mean.clone()
-                opt.step()
-                seen[(rank, s)] = (before, bn.running_mean.clone())
-            local = bn.running_var.clone()
-            opt.sync_buffers()
-            seen[(rank, "sync")] = (local, bn.running_var.clone())
-            c.close()
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    ts = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    assert not errors, errors
+        c = ps.Client(cl.path, rank)
+        model = models[rank]
+        opt = pst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                       model.named_parameters(), client=c, model=model,
+                                       buffers_every=3)
+        x, y = data(2)
+        bn = model[1]
+        for s in range(5):
+            opt.zero_grad()
+            xs = x[s][rank * BATCH:(rank + 1) * BATCH] * (1 + 3 * rank)  # other statistics
+            torch.nn.functional.cross_entropy(model(xs), y[s][:BATCH]).backward()
+            before = bn.running_mean.clone()
+            opt.step()
+            seen[(rank, s)] = (before, bn.running_mean.clone())
+        local = bn.running_var.clone()
+        opt.sync_buffers()
+        seen[(rank, "sync")] = (local, bn.running_var.clone())
+        c.close()
+    in_threads(run, (0, 1), 60)
     # clock 2 ends a buffer step (every 3): each worker's value becomes the mean
     b0, a0 = seen[(0, 2)]
     b1, a1 = seen[(1, 2)]
@@ -304,30 +279,22 @@ def test_ssp_pulled_weights_within_the_staleness_bound(cluster):
     its step t (t+1 pushes) a worker must have seen its own pushes and the
     other's first t+1-2 at least (the other sleeps to stretch the gap)."""
     cl = declared_cluster(cluster, shards=1, mode="async", consistency=["  staleness: 2"])
-    seen, errors = {0: [], 1: []}, []
+    seen = {0: [], 1: []}
 
     def run(rank):
-        try:
-            c = ps.Client(cl.path, rank)
-            w = torch.nn.Parameter(torch.full((4,), 10.0))
-            opt = pst.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), [("w", w)], client=c,
-                                           op=pst.Sum)
-            for _ in range(12):
-                opt.zero_grad()
-                w.sum().backward()
-                opt.step()
-                seen[rank].append(10.0 - float(w[0]))
-                if rank == 1:
-                    time.sleep(0.05)
-            c.close()
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-    ts = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
-    assert not errors, errors
+        c = ps.Client(cl.path, rank)
+        w = torch.nn.Parameter(torch.full((4,), 10.0))
+        opt = pst.DistributedOptimizer(torch.optim.SGD([w], lr=1.0), [("w", w)], client=c,
+                                       op=pst.Sum)
+        for _ in range(12):
+            opt.zero_grad()
+            w.sum().backward()
+            opt.step()
+            seen[rank].append(10.0 - float(w[0]))
+            if rank == 1:
+                time.sleep(0.05)
+        c.close()
+    in_threads(run, (0, 1), 60)
     for rank in (0, 1):
         for t, applied in enumerate(seen[rank]):
             # its own t+1 pushes, and the other's first t+1-2 at least
