@@ -42,7 +42,8 @@ T=build/rel/tests
 default_files() {
   ls server/*.c worker/client/ps_client*.c common/transport*.c common/wire*.c \
      common/codec*.c common/auth*.c common/frame_mac*.c common/config_agree.c common/optim_group.c \
-     common/table_decl.c common/version.c worker/worker_cmd.c worker/ps_export.c worker/npz.c 2>/dev/null |
+     common/table_decl.c common/version.c worker/worker_cmd.c worker/ps_export.c worker/npz.c \
+     worker/export_read.c 2>/dev/null |
     grep -v '^server/main.c$'
 }
 
@@ -74,6 +75,9 @@ suites_for() {
     common/version.c)          echo it_docs.sh ;;        # every program's --version
     worker/worker_cmd.c)       echo it_launch.sh ;;      # ps-worker --exec under ps-cluster.sh
     worker/ps_export.c|worker/npz.c) echo it_export.sh ;;  # ps-export on real checkpoints, damaged ones
+    # reading checkpoints: versions 1-2 and damage in it_export.sh; declared
+    # tensors and tables (versions 2-4), --since and cut sections in pytest's
+    worker/export_read.c)      echo it_export.sh test_export.py ;;
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
     common/transport*)         echo check_transport it_hostile ;;
@@ -98,9 +102,16 @@ export PS_TEST_QUICK=1   # it_checkpoint leaves out its minute-long 4.4 GB case
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
 
 echo "mutate: building the unmutated tree and its tests" >&2
-# a suite is a test program of $T, or a script tests/NAME.sh (run as it is)
-suite_target() { case "$1" in *.sh) ;; *) echo "$T/$1" ;; esac; }
-suite_cmd() { case "$1" in *.sh) echo "tests/$1" ;; *) echo "$T/$1" ;; esac; }
+# a suite is a test program of $T, a script tests/NAME.sh (run as it is),
+# or a pytest file python/tests/NAME.py (its tests, by scripts/test-python.sh)
+suite_target() { case "$1" in *.sh|*.py) ;; *) echo "$T/$1" ;; esac; }
+run_suite() {
+  case "$1" in
+    *.sh) timeout "$TMO" "tests/$1" ;;
+    *.py) timeout "$TMO" scripts/test-python.sh -x -k "${1%.py}" ;;
+    *)    timeout "$TMO" "$T/$1" ;;
+  esac
+}
 make -s -j2 all $(for f in $files; do for s in $(suites_for "$f"); do suite_target "$s"; done; done | sort -u) \
   >/dev/null || { echo "mutate: the unmutated tree does not build" >&2; exit 1; }
 
@@ -168,7 +179,7 @@ print('\n'.join(m))")
       outcome="uncompilable"
     else
       for s in $suites; do
-        timeout "$TMO" "$(suite_cmd "$s")" >"$OUT/run.log" 2>&1
+        run_suite "$s" >"$OUT/run.log" 2>&1
         rc=$?
         if [ $rc -eq 124 ]; then outcome="killed:$s(timeout)"; break; fi
         if [ $rc -ne 0 ]; then outcome="killed:$s"; break; fi

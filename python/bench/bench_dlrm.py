@@ -23,37 +23,23 @@ import glob
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 import tempfile
+
+import bench_torch   # the helpers both benchmarks use (free_ports, run)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PY = sys.executable
 TABLE = "{name: cat, dim: 16, init: uniform, scale: 0.01, optimizer: rowwise_adagrad, lr: 0.05}"
 
 
-def ports():
-    socks = [socket.socket() for _ in range(2)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    out = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return out
-
-
-def run(cmd, timeout=3600):
-    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       timeout=timeout, env=dict(os.environ, PS_SECRET_FILE=""))
-    out = p.stdout.decode(errors="replace")
-    if p.returncode:
-        sys.exit(f"bench_dlrm: {' '.join(cmd)} exited {p.returncode}:\n{out[-3000:]}")
-    return out
+def run(cmd):
+    """bench_torch.run with the configs' own secret (not the caller's)."""
+    return bench_torch.run(cmd, env=dict(os.environ, PS_SECRET_FILE=""), timeout=3600)
 
 
 def config(tmp, name, args, extra):
-    p0, p1 = ports()
+    p0, p1 = bench_torch.free_ports(2)
     lines = ["cluster:", f"  servers: [127.0.0.1:{p0}, 127.0.0.1:{p1}]", "  workers: 2",
              "consistency:", f"  mode: {args.mode}", "seed: 42", "security:",
              f"  secret_file: {tmp}/ps.secret", "log:", "  level: warn"] + extra

@@ -246,7 +246,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if q.p.is_sparse:
                 raise ConfigError(f"DistributedOptimizer: parameter {q.name!r} is sparse")
         self._params = params
-        self._by_param = {q.p: q for q in params}
         # buffers (BatchNorm running statistics): averaged through the
         # shards every buffers_every steps and by sync_buffers()
         self._buffers = []
@@ -272,6 +271,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._send_lrs()
         self._reset_step()
         self._synchronized = False
+        self._pending_weights = False   # server mode: pulled weights not yet in the parameters
         self._should_synchronize = True
         for q in params:
             self._hook(q)
@@ -310,8 +310,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for q in self._params + self._buffers:
                 q.p.copy_(torch.from_numpy(q.out))
-        if self._mode == "local":
-            self._counts = None
 
     def _send_lrs(self):
         if self._mode != "server":
@@ -335,6 +333,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _reset_step(self):
         self._clock = None
+        self._ended = False          # the push that ends this step's clock has gone
         self._bucket, self._bucket_size = [], 0
         self._handles = []
         self._npushed = 0
@@ -402,6 +401,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                         after_clock=not last)
         self._handles.append(h)
         self._bucket, self._bucket_size = [], 0
+        self._ended = self._ended or last
 
     def _row_grad(self, table, ids, grad):
         """An embedding module's gradient for its rows ids (unique), from
@@ -441,7 +441,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grads = np.ascontiguousarray(np.concatenate([g for _, g in parts]), np.float32)
             self._handles.append(self._ps.push_rows_async(table, ids, grads, clock=self._clock))
         self._rowgrads = {}
-        if missing or bufstep or self._bucket or self._embeddings:
+        if not self._ended:   # deferred (buffers, rows) or parameters pushed just now
             if bufstep:
                 for b in self._buffers:
                     self._bucket.append((b, np.ascontiguousarray(
@@ -464,7 +464,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 for b in self._buffers:
                     b.p.copy_(torch.from_numpy(b.out))
         self._synchronized = True
-        self._clock_done = True
         self._pending_weights = self._mode == "server"
         self._clock = None
 
@@ -496,7 +495,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise StateError("optimizer.step() under skip_synchronize() before synchronize(): "
                              "call optimizer.synchronize() first")
         if self._mode == "server":
-            if getattr(self, "_pending_weights", False):
+            if self._pending_weights:
                 with torch.no_grad():
                     for q in self._params:
                         q.p.copy_(torch.from_numpy(q.out))
@@ -610,17 +609,13 @@ class _TableModule(torch.nn.Module):
         if options:
             raise ConfigError(f"ps.torch: table {table!r}: options {sorted(options)} need dim= "
                               "(a table declared at run time)")
-        tables = self._tables()
+        tables = self._ps().tables      # the config's and the declared ones
         if table not in tables:
             raise ConfigError(f"ps.torch: no embedding table {table!r} in "
                               f"{self._ps().config.path} (model.embeddings: "
                               f"{', '.join(sorted(tables)) or 'none'}); give dim= (and the "
                               "table's options) to declare it at run time")
         self.embedding_dim = tables[table]
-
-    def _tables(self):
-        c = self._ps()
-        return c.tables if hasattr(c, "tables") else c.config.tables
 
     def _ps(self):
         return self._client if self._client is not None else client()

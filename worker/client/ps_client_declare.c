@@ -239,6 +239,63 @@ static void sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
+int ps__client_declare_all(struct ps_client *c,
+			   int64_t (*send)(struct ps_client *c, void *arg, int k), void *arg,
+			   char *why, size_t whylen)
+{
+	int nsh = c->cfg->nshards, left = nsh, rc = 0;
+	int done[PS_MAX_SHARDS] = { 0 };
+	double deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
+
+	while (left) {
+		int64_t ids[PS_MAX_SHARDS];
+		int again = 0;
+
+		for (int k = 0; k < nsh; k++)
+			ids[k] = done[k] ? 0 : send(c, arg, k);
+		for (int k = 0; k < nsh; k++) {
+			int st;
+			if (done[k])
+				continue;
+			st = ids[k] < 0 ? (int)ids[k] : ps_client_wait(c, ids[k]);
+			if (st == 0) {
+				done[k] = 1;
+				left--;
+			} else if (st == -EAGAIN) {
+				again = 1;
+			} else if (!rc) {
+				rc = st;
+				snprintf(why, whylen, "%s", ps_client_error(c));
+			}
+		}
+		if (rc)
+			return rc;
+		if (left && again && ps_now_s() > deadline) {
+			snprintf(why, whylen, "no declaration from rank 0 reached every shard within "
+				 "%d ms (limits.request_timeout_ms): is rank 0 running?",
+				 c->cfg->limits.request_timeout_ms);
+			return PS_ETIMEDOUT;
+		}
+		if (left)
+			sleep_ms(20);
+	}
+	return 0;
+}
+
+/* send_declare() for ps__client_declare_all. */
+struct decl_arg {
+	const struct ps_config *cfg;
+	const struct ps_shardmap *map;
+	const struct ps_param *p;
+};
+
+static int64_t send_declare_arg(struct ps_client *c, void *arg, int k)
+{
+	const struct decl_arg *a = arg;
+
+	return send_declare(c, a->cfg, a->map, a->p, k);
+}
+
 int ps_client_declare(struct ps_client *c, const struct ps_param *p, int n)
 {
 	return ps_client_declare_groups(c, p, n, NULL, 0, NULL);
@@ -270,9 +327,7 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 	struct ps_shardmap map;
 	struct ps_tensor *t = NULL;
 	float **resid, **old_resid;
-	int nsh = c->cfg->nshards, left = nsh, rc;
-	int *done = NULL;
-	double deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
+	int rc;
 	char why[600] = "";
 
 	if (!c->cfg->declare) {
@@ -299,49 +354,17 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 		ps__client_set_err(c, "cannot build the shard map: %s", ps_strerror(rc));
 		goto err_free_cfg;
 	}
-	done = calloc((size_t)nsh, sizeof(*done));
 	t = calloc((size_t)n, sizeof(*t));
 	resid = calloc((size_t)n, sizeof(*resid));
-	if (!done || !t || !resid) {
+	if (!t || !resid) {
 		free(resid);
 		rc = -ENOMEM;
 		ps__client_set_err(c, "out of memory");
 		goto err_free_map;
 	}
-	while (left) {
-		int64_t ids[PS_MAX_SHARDS];
-		int again = 0;
+	struct decl_arg a = { cfg, &map, p };
 
-		for (int k = 0; k < nsh; k++)
-			ids[k] = done[k] ? 0 : send_declare(c, cfg, &map, p, k);
-		rc = 0;
-		for (int k = 0; k < nsh; k++) {
-			int st;
-			if (done[k])
-				continue;
-			st = ids[k] < 0 ? (int)ids[k] : ps_client_wait(c, ids[k]);
-			if (st == 0) {
-				done[k] = 1;
-				left--;
-			} else if (st == -EAGAIN) {
-				again = 1;
-			} else if (!rc) {
-				rc = st;
-				snprintf(why, sizeof(why), "%s", ps_client_error(c));
-			}
-		}
-		if (rc)
-			break;
-		if (left && again && ps_now_s() > deadline) {
-			rc = PS_ETIMEDOUT;
-			snprintf(why, sizeof(why), "no declaration from rank 0 reached every shard within "
-				 "%d ms (limits.request_timeout_ms): is rank 0 running?",
-				 c->cfg->limits.request_timeout_ms);
-			break;
-		}
-		if (left)
-			sleep_ms(20);
-	}
+	rc = ps__client_declare_all(c, send_declare_arg, &a, why, sizeof(why));
 	if (rc) {
 		free(resid);
 		ps__client_set_err(c, "declaring %d tensors: %s", n, why);
@@ -361,7 +384,6 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 		c->group_lr[g] = cfg->groups[g].lr;
 	pthread_mutex_unlock(&c->mu);
 	free(old_resid);
-	free(done);
 	for (int i = 0; i < n; i++)
 		t[i] = ps_tensor_of(cfg, i, p[i].data);
 	int64_t id = ps_client_pull(c, 0, t, n);
@@ -371,7 +393,6 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 
 err_free_map:
 	ps_shardmap_free(&map);
-	free(done);
 	free(t);
 err_free_cfg:
 	free(cfg);

@@ -155,6 +155,15 @@ struct ps_client {
 	char err[512];
 };
 
+/* ps_client_declare.c: sends a declaration to every shard (send returns
+ * the request id for shard k, or a negative code) and waits for each; a
+ * shard that answers -EAGAIN (rank 0 has not declared yet) is asked again
+ * every 20 ms, up to limits.request_timeout_ms (then PS_ETIMEDOUT). 0, or
+ * the first refusal's code with the reason in why. Tensors and tables. */
+int ps__client_declare_all(struct ps_client *c,
+			   int64_t (*send)(struct ps_client *c, void *arg, int k), void *arg,
+			   char *why, size_t whylen);
+
 /* ps_client_req.c: a StatsRequest with resume_clock to shard k (proto
  * StatsRequest), waited for; 0 or a negative code. */
 int ps__client_resume(struct ps_client *c, int k, uint64_t clock);

@@ -150,13 +150,24 @@ out:
 	return ps__client_submit_built(c, 0, r);
 }
 
+/* send_tables() for ps__client_declare_all. */
+struct tables_arg {
+	const struct ps_table_cfg *list;
+	int n;
+};
+
+static int64_t send_tables_arg(struct ps_client *c, void *arg, int k)
+{
+	const struct tables_arg *a = arg;
+
+	return send_tables(c, a->list, a->n, k);
+}
+
 int ps_client_declare_tables(struct ps_client *c, const struct ps_table_decl *t, int n)
 {
 	struct ps_table_cfg *list;
 	struct ps_config *cfg;
-	int nsh = c->cfg->nshards, left = nsh, rc = 0, nyaml = c->cfg->ntables;
-	int done[PS_MAX_SHARDS] = { 0 };
-	double deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
+	int rc = 0, nyaml = c->cfg->ntables;
 	char why[600] = "";
 
 	if (c->rank < 0) {
@@ -195,41 +206,9 @@ int ps_client_declare_tables(struct ps_client *c, const struct ps_table_decl *t,
 	}
 	if (rc)
 		goto out;
-	while (left) {
-		int64_t ids[PS_MAX_SHARDS];
-		int again = 0;
+	struct tables_arg a = { list, n };
 
-		for (int k = 0; k < nsh; k++)
-			ids[k] = done[k] ? 0 : send_tables(c, list, n, k);
-		for (int k = 0; k < nsh; k++) {
-			int st;
-			if (done[k])
-				continue;
-			st = ids[k] < 0 ? (int)ids[k] : ps_client_wait(c, ids[k]);
-			if (st == 0) {
-				done[k] = 1;
-				left--;
-			} else if (st == -EAGAIN) {
-				again = 1;
-			} else if (!rc) {
-				rc = st;
-				snprintf(why, sizeof(why), "%s", ps_client_error(c));
-			}
-		}
-		if (rc)
-			break;
-		if (left && again && ps_now_s() > deadline) {
-			rc = PS_ETIMEDOUT;
-			snprintf(why, sizeof(why), "no declaration from rank 0 reached every shard within "
-				 "%d ms (limits.request_timeout_ms): is rank 0 running?",
-				 c->cfg->limits.request_timeout_ms);
-			break;
-		}
-		if (left) {
-			struct timespec ts = { 0, 20 * 1000000L };
-			nanosleep(&ts, NULL);
-		}
-	}
+	rc = ps__client_declare_all(c, send_tables_arg, &a, why, sizeof(why));
 	if (rc) {
 		ps__client_set_err(c, "declaring %d tables: %s", n, why);
 		goto out;
