@@ -45,7 +45,8 @@ HEADERS += [os.path.join("src", f) for f in sorted(os.listdir(os.path.join(HERE,
             if f.endswith(".h")]
 ext = Extension(
     "ps._ps",
-    sources=[os.path.join("src", f) for f in ("pyps.c", "client.c", "arrays.c", "handle.c", "stats.c")],
+    sources=[os.path.join("src", f) for f in ("pyps.c", "client.c", "arrays.c", "handle.c", "stats.c",
+                                                      "unique.c")],
     depends=HEADERS,
     include_dirs=incs,
     library_dirs=libdirs,

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch.optim.optimizer import required as _required
 
-from . import Client, ConfigError, StateError
+from . import Client, ConfigError, StateError, _ps
 
 __all__ = ["init", "shutdown", "client", "rank", "size", "DistributedOptimizer",
            "Average", "Sum", "supported_optimizers", "Embedding", "EmbeddingBag", "Prefetch"]
@@ -630,21 +630,25 @@ class _TableModule(torch.nn.Module):
 
     @staticmethod
     def _unique(ids):
-        """(distinct ids as int64 numpy, inverse indices as a torch tensor)."""
+        """(distinct ids as a numpy array, in the order of their first
+        occurrence; inverse indices as a torch tensor of ids' shape): one
+        hashing pass in the extension (ps._ps.unique_ids), not a sort."""
         if isinstance(ids, np.ndarray):
             if ids.dtype.kind not in "iu":
                 raise TypeError(f"embedding ids: integers expected, got {ids.dtype}")
-            if ids.dtype.kind == "i" and ids.size and ids.min() < 0:
-                raise ValueError("embedding ids must be >= 0")
-            u, inv = np.unique(ids.reshape(-1), return_inverse=True)
-            return u, torch.from_numpy(inv.reshape(ids.shape).astype(np.int64))
-        if ids.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"embedding ids: int64 or int32 expected, got {ids.dtype}")
-        flat = ids.reshape(-1)
-        if flat.numel() and int(flat.min()) < 0:
+            flat = ids.reshape(-1)
+            if flat.dtype.itemsize != 8:
+                flat = flat.astype(np.int64)
+        else:
+            if ids.dtype not in (torch.int64, torch.int32):
+                raise TypeError(f"embedding ids: int64 or int32 expected, got {ids.dtype}")
+            flat = ids.reshape(-1).cpu().to(torch.int64).numpy()
+        flat = np.ascontiguousarray(flat)
+        if flat.dtype.kind == "i" and flat.size and flat.min() < 0:
             raise ValueError("embedding ids must be >= 0")
-        u, inv = torch.unique(flat.cpu(), sorted=True, return_inverse=True)
-        return u.to(torch.int64).numpy(), inv.reshape(ids.shape)
+        u, inv = np.empty(flat.size, flat.dtype), np.empty(flat.size, np.int64)
+        k = _ps.unique_ids(flat, u, inv)
+        return u[:k], torch.from_numpy(inv).reshape(ids.shape)
 
     def _prefetch(self, ids, min_version):
         """Asks for ids' rows now (ps.torch.Prefetch): the next forward with

@@ -273,6 +273,9 @@ static PyObject *mod_version(PyObject *m, PyObject *noarg)
 static PyMethodDef mod_methods[] = {
 	{ "strerror", mod_strerror, METH_O, "strerror(code): libps's text for a code" },
 	{ "version", mod_version, METH_NOARGS, "the version of the libps.so in use" },
+	{ "unique_ids", pyps_unique_ids, METH_VARARGS,
+	  "unique_ids(ids, u, inv) -> k: the distinct ids into u[:k] (first occurrence "
+	  "order), ids[i] == u[inv[i]]" },
 	{ NULL, NULL, 0, NULL },
 };
 

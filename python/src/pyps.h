@@ -10,6 +10,7 @@
  *   arrays.c   arrays in: buffers checked for dtype, layout, size, device
  *   handle.c   the Handle of an asynchronous call: wait, done, timeout
  *   stats.c    struct ps_shard_stats as a dict
+ *   unique.c   unique_ids: a batch's distinct ids for the embedding modules
  *
  * Threads: every call that can wait runs with the GIL released; libps's
  * own threads never call into Python (no callbacks are registered).
@@ -77,6 +78,8 @@ void pyps_tset_free(struct pyps_tset *s);
 int pyps_get_f32(PyObject *obj, const char *what, int64_t count, int writable, Py_buffer *v);
 /* An id array: C-contiguous uint64, or int64 >= 0. */
 int pyps_get_ids(PyObject *obj, const char *call, const char *table, Py_buffer *v);
+/* unique.c: ps._ps.unique_ids(ids, u, inv) -> k. */
+PyObject *pyps_unique_ids(PyObject *m, PyObject *args);
 
 /* ps.Handle of an asynchronous call. It owns the buffers the call reads
  * or writes (released when it completes) and one user of the client. */

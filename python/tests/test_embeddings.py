@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (Debian: python3-torch)")
 import ps  # noqa: E402
+from ps import _ps  # noqa: E402
 import ps.torch as pst  # noqa: E402
 from conftest import in_threads  # noqa: E402
 
@@ -81,7 +82,7 @@ def test_gradient_equals_torch_embedding_bag(cluster, case):
     (out * up).sum().backward()
     (want * up).sum().backward()
     (u, g), = opt._rowgrads["t"]
-    assert list(u) == sorted(set(ids))
+    assert sorted(u) == sorted(set(ids)) and len(u) == len(set(ids))
     torch.testing.assert_close(torch.from_numpy(g), ref.weight.grad[torch.from_numpy(u)])
     assert ref.weight.grad[[i for i in range(V) if i not in ids]].abs().sum() == 0
     opt.synchronize()
@@ -254,3 +255,36 @@ def test_export_round_trip_same_auc(cluster, tmp_path):
     np.testing.assert_allclose(served, live, rtol=0, atol=1e-6)
     assert abs(auc(ty, served) - auc(ty, live)) <= 1e-6
     assert auc(ty, live) > 0.55   # it learned something (16 steps)
+
+
+@pytest.mark.parametrize("n,high,dtype", [(0, 10, np.int64), (1, 10, np.int64),
+                                         (26624, 100000, np.int64), (5000, 7, np.int64),
+                                         (3000, 2**64 - 1, np.uint64)])
+def test_unique_ids_against_numpy(n, high, dtype):
+    """The extension's hashing unique: the same distinct ids as np.unique,
+    in first-occurrence order, and ids == u[inv] at every position."""
+    rng = np.random.default_rng(n)
+    ids = rng.integers(0, high, n, dtype=dtype, endpoint=dtype is np.uint64)
+    if n > 3 and dtype is np.uint64:
+        ids[:3] = [0, 2**64 - 1, 2**63]   # the extremes hash like the rest
+    u, inv = np.empty(n, dtype), np.empty(n, np.int64)
+    k = _ps.unique_ids(ids, u, inv)
+    assert k == len(np.unique(ids))
+    assert np.array_equal(np.sort(u[:k]), np.unique(ids))
+    assert np.array_equal(u[:k][inv], ids)
+    first = {}
+    for i, x in enumerate(ids.tolist()):
+        first.setdefault(x, i)
+    assert u[:k].tolist() == sorted(first, key=first.get)
+
+
+def test_unique_ids_refusals():
+    u, inv = np.empty(4, np.int64), np.empty(4, np.int64)
+    with pytest.raises(ps.ArrayError, match=r"ids\[2\] = -5"):
+        _ps.unique_ids(np.array([1, 2, -5], np.int64), u, inv)
+    with pytest.raises(ps.ArrayError, match="int64 expected"):
+        _ps.unique_ids(np.array([1, 2], np.float64), u, inv)
+    with pytest.raises(ps.ArrayError, match="at least 6 elements"):
+        _ps.unique_ids(np.arange(6, dtype=np.int64), u, inv)
+    with pytest.raises(ValueError, match=">= 0"):
+        pst.EmbeddingBag._unique(torch.tensor([3, -1]))
