@@ -195,7 +195,7 @@ test: deps
 	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS) $(IT_SH)
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory fuzz
-	@$(MAKE) --no-print-directory test-rdma
+	@$(MAKE) --no-print-directory test-rdma RDMA_TEST_ONLY=1
 
 # Python against C (ps-bench) in one run: python/bench/bench_py.py, the
 # figures BENCHMARKS.md records (exit 1 when a target is missed).
@@ -236,10 +236,13 @@ test-python: deps
 # with the reason printed (no qemu, no kernel package to be had).
 RDMA_BINS := $(OBJ)/tests/check_rdma $(OBJ)/tests/check_transport $(OBJ)/tests/it_cluster \
 	     $(OBJ)/tests/it_checkpoint
+# RDMA_TEST_ONLY=1 (what `make test` sets): the tests alone, without the
+# perftest smoke pair and the figures step, which measure rather than test.
 test-rdma: deps
 	@$(MAKE) --no-print-directory all $(RDMA_BINS)
-	@tests/rdma-vm.sh $(if $(filter 0,$(shell id -u)),--install-deps) -- \
-	  tests/rdma-suite.sh $(OBJ); \
+	@tests/rdma-vm.sh $(if $(filter 0,$(shell id -u)),--install-deps) \
+	  $(if $(RDMA_TEST_ONLY),--no-perftest) -- \
+	  tests/rdma-suite.sh $(if $(RDMA_TEST_ONLY),--no-figures) $(OBJ); \
 	  rc=$$?; [ $$rc -eq 77 ] && echo "test-rdma: SKIP (reason above)" && rc=0; exit $$rc
 
 demo-rdma: deps

@@ -15,9 +15,11 @@
 #   6. figures          ps-bench over rdma against ib_send_lat/ib_write_bw
 #                       of the same VM, as ratios (a smoke figure: emulated)
 #
-#   rdma-suite.sh [--demo] [--images N] [BUILD_DIR]
+#   rdma-suite.sh [--demo] [--no-figures] [--images N] [BUILD_DIR]
 #
 #   --demo        run scripts/demo.sh over rdma instead (make demo-rdma)
+#   --no-figures  leave out step 6, a measurement rather than a test (make
+#                 test leaves it out; make test-rdma runs it)
 #   --images N    images the training step (or the demo) uses (default 2048; the cnn
 #                 of --demo computes a few images a second here: try 256)
 #   BUILD_DIR     where the test binaries are (default build/rel)
@@ -28,10 +30,12 @@ set -u
 cd "$(dirname "$0")/.."
 
 DEMO=0
+FIGURES=1
 IMAGES=2048
 while [ $# -gt 0 ]; do
 	case $1 in
 	--demo) DEMO=1; shift ;;
+	--no-figures) FIGURES=0; shift ;;
 	--images) IMAGES=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d;s/^# \{0,1\}//'; exit 0 ;;
 	*) break ;;
@@ -128,7 +132,7 @@ print(f"ps-bench push 1 MiB           {pb['gb_per_s']:8.3f} GB/s ratio to ib_wri
 print("(soft-RoCE under qemu without KVM: proof that the paths run, not speed)")
 EOF
 }
-step figures figures
+[ $FIGURES = 1 ] && step figures figures
 
 echo
 echo "==== rdma-suite summary"
