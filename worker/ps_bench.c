@@ -615,41 +615,41 @@ int main(int argc, char **argv)
 			else {
 				fprintf(stderr, "ps-bench: --op: expected push, pull, pushpull, pull-rows "
 					"or push-rows, got '%s'\n", optarg);
-				return 2;
+				goto err_usage;
 			}
 			break;
 		case 's':
 			if (parse_size(optarg, &o.size) || o.size < 4) {
 				fprintf(stderr, "ps-bench: --size: expected bytes >= 4 (e.g. 4096, 1M), got '%s'\n", optarg);
-				return 2;
+				goto err_usage;
 			}
 			break;
 		case 't':
 			o.seconds = strtod(optarg, &end);
 			if (*end || !(o.seconds > 0 && o.seconds <= 3600)) {
 				fprintf(stderr, "ps-bench: --seconds: expected 0 < S <= 3600, got '%s'\n", optarg);
-				return 2;
+				goto err_usage;
 			}
 			break;
 		case 'k':
 			o.inflight = (int)strtol(optarg, &end, 10);
 			if (*end || o.inflight < 1 || o.inflight > 1024) {
 				fprintf(stderr, "ps-bench: --inflight: expected 1..1024, got '%s'\n", optarg);
-				return 2;
+				goto err_usage;
 			}
 			break;
 		case 'w':
 			o.workers = (int)strtol(optarg, &end, 10);
 			if (*end || o.workers < 1 || o.workers > 256) {
 				fprintf(stderr, "ps-bench: --workers: expected 1..256, got '%s'\n", optarg);
-				return 2;
+				goto err_usage;
 			}
 			break;
 		case 'R':
 			o.rows.rows = strtoull(optarg, &end, 10);
 			if (*end || o.rows.rows < 1 || o.rows.rows > (1ull << 40)) {
 				fprintf(stderr, "ps-bench: --rows: expected 1..2^40, got '%s'\n", optarg);
-				return 2;
+				goto err_usage;
 			}
 			break;
 		case 'd':
@@ -657,21 +657,21 @@ int main(int argc, char **argv)
 			if (*end || o.rows.dim < 1 || o.rows.dim > PS_MAX_ROW_DIM) {
 				fprintf(stderr, "ps-bench: --dim: expected 1..%d, got '%s'\n",
 					PS_MAX_ROW_DIM, optarg);
-				return 2;
+				goto err_usage;
 			}
 			break;
 		case 'z':
 			o.rows.zipf = strtod(optarg, &end);
 			if (*end || !(o.rows.zipf > 0 && o.rows.zipf <= 5)) {
 				fprintf(stderr, "ps-bench: --zipf: expected 0 < S <= 5, got '%s'\n", optarg);
-				return 2;
+				goto err_usage;
 			}
 			break;
 		case 'b':
 			o.rows.batch = (int)strtol(optarg, &end, 10);
 			if (*end || o.rows.batch < 1 || o.rows.batch > (1 << 24)) {
 				fprintf(stderr, "ps-bench: --batch: expected 1..2^24, got '%s'\n", optarg);
-				return 2;
+				goto err_usage;
 			}
 			break;
 		case 'F': o.rows.fp16 = 1; break;
@@ -682,20 +682,20 @@ int main(int argc, char **argv)
 		case 'D': dump = 1; break;
 		case 'V': ps__version_print(stdout, "ps-bench"); free(cfg); return 0;
 		case 'h': usage(stdout); free(cfg); return 0;
-		default: fprintf(stderr, "Try 'ps-bench --help'.\n"); return 2;
+		default: fprintf(stderr, "Try 'ps-bench --help'.\n"); goto err_usage;
 		}
 	}
 	if (!o.config) {
 		fprintf(stderr, "ps-bench: --config FILE is required\nTry 'ps-bench --help'.\n");
-		return 2;
+		goto err_usage;
 	}
 	if (ps_config_load(cfg, o.config, err, sizeof(err))) {
 		fprintf(stderr, "ps-bench: %s\n", err);
-		return 2;
+		goto err_usage;
 	}
 	if (secret && ps_auth_set_secret_file(cfg, secret)) {
 		fprintf(stderr, "ps-bench: --secret-file: name too long\n");
-		return 2;
+		goto err_usage;
 	}
 	if (o.op == OP_PULL_ROWS || o.op == OP_PUSH_ROWS) {
 		o.rows.push = o.op == OP_PUSH_ROWS;
@@ -734,6 +734,7 @@ rows_ready:
 		cfg->limits.max_queued_bytes = cfg->limits.max_write_queue;
 	if (dump) {
 		ps_config_dump(cfg, stdout);
+		free(cfg);
 		return 0;
 	}
 	ps_log_init("bench", -1);
@@ -888,4 +889,7 @@ out:
 	free(cfg);
 	pthread_barrier_destroy(&start);
 	return rc;
+err_usage: /* a flag or the config at fault: the message is out */
+	free(cfg);
+	return 2;
 }
