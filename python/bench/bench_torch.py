@@ -12,6 +12,8 @@ one torch/oneDNN thread per worker, on this machine:
   ps    2 shards + 2 Python workers (examples/cnn_fashion_mnist.py under
         scripts/ps-local.sh, conf/pytorch.yaml's cluster)
   c     2 shards + 2 ps-worker processes (preset cnn, the same optimizer)
+  alone the ddp processes with no communication at all (ddp_bench.py
+        --no-comm): the most any method computing with torch reaches here
 
 and prints each one's samples/s per worker (the mean of the workers) and
 test accuracy, then ps/ddp and ps/c. --model resnet (examples/
@@ -73,10 +75,11 @@ def run(cmd, env=None, timeout=1800):
     return out
 
 
-def ddp(args):
+def ddp(args, no_comm=False):
     out = run([PY, "python/bench/ddp_bench.py", "--world", str(args.workers), "--epochs",
                str(args.epochs), "--limit", str(args.limit), "--threads", "1", "--model",
-               args.model, "--device", args.device, "--test-limit", str(args.test_limit)])
+               args.model, "--device", args.device, "--test-limit", str(args.test_limit)]
+              + (["--no-comm"] if no_comm else []))
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return (sum(r["samples_per_s"] for r in rows) / len(rows),
             sum(r["test_accuracy"] for r in rows) / len(rows))
@@ -143,6 +146,11 @@ def main():
             res["c"] = c_path(args, tmp)
             print(f"  {res['c'][0]:.0f} samples/s per worker, test accuracy {res['c'][1]:.2f}%",
                   flush=True)
+        if args.device == "cpu":
+            print(f"bench_torch: alone ({args.workers} processes, no communication) ...",
+                  flush=True)
+            res["alone"] = ddp(args, no_comm=True)
+            print(f"  {res['alone'][0]:.0f} samples/s per worker", flush=True)
     r1 = res["ps"][0] / res["ddp"][0]
     print(f"ps / ddp samples/s: {r1:.3f} (target >= 1.1 on the CPU); accuracy "
           f"{res['ps'][1]:.2f}% vs {res['ddp'][1]:.2f}% ({res['ps'][1] - res['ddp'][1]:+.2f} "
@@ -151,6 +159,10 @@ def main():
     if "c" in res:
         figures["ps_over_c"] = res["ps"][0] / res["c"][0]
         print(f"ps / c   samples/s: {figures['ps_over_c']:.3f} (target >= 0.85)")
+    if "alone" in res:
+        figures["alone_over_ddp"] = res["alone"][0] / res["ddp"][0]
+        print(f"alone / ddp samples/s: {figures['alone_over_ddp']:.3f} (the ceiling of ps / ddp "
+              "for torch's compute on this machine)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "device": args.device, "workers": args.workers,

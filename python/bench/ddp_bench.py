@@ -5,7 +5,11 @@ machine (gloo on the CPU, NCCL on a GPU).
     python3 ddp_bench.py --world 2 [--model cnn|resnet] [--device cpu|cuda]
                          [--epochs 1] [--batch 64] [--limit N] [--threads 1]
 
-Prints one JSON line per rank: samples/s and test accuracy. The model, the
+Prints one JSON line per rank: samples/s and test accuracy. --no-comm runs
+the same processes, data split, model and steps with no communication at all
+(no process group, no DDP): each rank trains alone on its part. Its samples/s
+bound what any distributed method that computes with torch can reach on this
+machine. The model, the
 data split (every world-th sample from the rank), the optimizer and the
 batch are the example's (examples/cnn_fashion_mnist.py: SGD momentum 0.9
 lr 0.01; examples/resnet_fashion_mnist.py: SGD momentum 0.9, weight decay
@@ -34,8 +38,10 @@ def run(rank, args, port):
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=args.world)
+    if not args.no_comm:
+        dist.init_process_group("nccl" if cuda else "gloo",
+                                init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=args.world)
     dev = torch.device(args.device)
     torch.manual_seed(0)
     x, y = load("train")
@@ -46,8 +52,8 @@ def run(rank, args, port):
     if args.test_limit:
         tx, ty = tx[:args.test_limit], ty[:args.test_limit]
     net = (Net() if args.model == "cnn" else ResNet()).to(dev)
-    model = torch.nn.parallel.DistributedDataParallel(net, device_ids=[dev.index or 0]
-                                                      if cuda else None)
+    model = net if args.no_comm else torch.nn.parallel.DistributedDataParallel(
+        net, device_ids=[dev.index or 0] if cuda else None)
     steps = len(x) // args.batch
     if args.model == "cnn":
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -71,10 +77,11 @@ def run(rank, args, port):
     if cuda:
         torch.cuda.synchronize()
     dt = time.time() - t0
-    acc = evaluate(model.module, tx, ty)
+    acc = evaluate(net, tx, ty)
     print(json.dumps({"rank": rank, "samples_per_s": seen / dt, "test_accuracy": acc,
                       "samples": seen, "seconds": dt}), flush=True)
-    dist.destroy_process_group()
+    if not args.no_comm:
+        dist.destroy_process_group()
 
 
 def main():
@@ -88,6 +95,8 @@ def main():
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--test-limit", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-comm", action="store_true",
+                    help="each rank trains alone: the compute-only ceiling")
     args = ap.parse_args()
     if args.lr is None:
         args.lr = 0.01 if args.model == "cnn" else 0.05
