@@ -20,7 +20,10 @@
 # shard takes its index from its host name and each worker its rank from
 # JOB_COMPLETION_INDEX; /healthz, /readyz and /metrics (with the Secret's
 # token only) answer; SIGTERM checkpoints and exits 0; restarted, a shard
-# answers /healthz only once its checkpoint is loaded; a host name
+# answers /healthz only once its checkpoint is loaded; with replicas (the
+# overlay's config and backup command, cut to one shard), a shard whose
+# backup's name does not exist yet says so, is live but not ready, and
+# both are ready once the backup's pod is there; a host name
 # without an ordinal, an ordinal or an index the config lacks exit 2
 # naming the cause; a worker whose shard names never appear gives up
 # after limits.connect_timeout_ms naming the shard (exit 1).
@@ -84,6 +87,7 @@ unshare --uts true 2> /dev/null || skip "cannot make a UTS namespace (unshare --
 # 127.0.0.1:53 is refused at once), so a name absent there does not resolve.
 [ -d /etc/netns ] || { mkdir /etc/netns && made_etc_netns=1; } || skip "cannot make /etc/netns"
 names=0 # 1: the shards' names resolve (their pods exist)
+backup_names=0
 write_hosts() { # POD: its hosts file, rewritten in place (what runs there sees the change)
   local d=/etc/netns/${NS[$1]}
   mkdir -p "$d" && printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' > "$d/resolv.conf" &&
@@ -91,6 +95,10 @@ write_hosts() { # POD: its hosts file, rewritten in place (what runs there sees 
       echo "127.0.0.1 localhost"
       if [ $names -eq 1 ]; then
         printf '%s ps-shard-0.ps-shards\n%s ps-shard-1.ps-shards\n' "${IP[s0]}" "${IP[s1]}"
+      fi
+      # the replicated phase: shard 0 in pod s0, its backup ps-backup-0 in s1
+      if [ $backup_names -eq 1 ]; then
+        printf '%s ps-shard-0.ps-shards\n%s ps-backup-0.ps-backups\n' "${IP[s0]}" "${IP[s1]}"
       fi
     } > "$d/hosts"
 }
@@ -125,15 +133,24 @@ cfg["log"]["level"] = "info"
 yaml.safe_dump(cfg, open(root + "/etc/ps/config/cluster.yaml", "w"))
 cfg["limits"]["connect_timeout_ms"] = 1500
 yaml.safe_dump(cfg, open(tmp + "/short.yaml", "w"))
-for f in ("statefulset-shards.yaml", "job-workers.yaml"):
-    d = yaml.safe_load(open(base + f))
+# the replicated phase: the overlay's config cut to shard 0 and its backup,
+# its own checkpoint folder (the map differs)
+rep = yaml.safe_load(fix(open("deploy/kubernetes/overlays/replicas/cluster.yaml").read()))
+rep["cluster"]["servers"] = rep["cluster"]["servers"][:1]
+rep["cluster"]["backups"] = rep["cluster"]["backups"][:1]
+rep["checkpoint"]["dir"] = root + "/var/lib/ps-replicas"
+yaml.safe_dump(rep, open(tmp + "/replicas.yaml", "w"))
+for f in (base + "statefulset-shards.yaml", base + "job-workers.yaml",
+          "deploy/kubernetes/overlays/replicas/statefulset-backups.yaml"):
+    d = yaml.safe_load(open(f))
     c = d["spec"]["template"]["spec"]["containers"][0]
     print(" ".join(fix(a) for a in c["command"] + c.get("args", [])))
 EOF
   echo "FAIL: cannot read deploy/kubernetes/base: $(cat "$tmp/py.err")"
   exit 1
 fi
-{ read -r -a shard_cmd && read -r -a worker_cmd; } < "$tmp/cmds"
+{ read -r -a shard_cmd && read -r -a worker_cmd && read -r -a backup_cmd; } < "$tmp/cmds"
+mkdir -p "$root/var/lib/ps-replicas"
 [ "${shard_cmd[0]}" = ps-server ] && [ "${worker_cmd[0]}" = ps-worker ] ||
   { echo "FAIL: the manifests run '${shard_cmd[*]}' and '${worker_cmd[*]}'"; exit 1; }
 
@@ -266,6 +283,49 @@ for s in s0 s1; do
 done
 sigterm_shards "restarted" .2
 
+# ---- replicas: a shard waits for its backup's name, not ready till then ----
+with_config() { # CONFIG CMD...: CMD with --config CONFIG
+  local a=("${@:2}") i
+  for i in "${!a[@]}"; do [ "${a[$i]}" = --config ] && a[$((i + 1))]=$1; done
+  printf '%s\n' "${a[@]}"
+}
+mapfile -t rshard < <(with_config "$tmp/replicas.yaml" "${shard_cmd[@]}")
+mapfile -t rbackup < <(with_config "$tmp/replicas.yaml" "${backup_cmd[@]}")
+pod s0 ps-shard-0 "$tmp/logs/r0.log" -- "${rshard[@]}"
+s0=$!
+if wait_for 20 in_log "$tmp/logs/r0.log" \
+  "replication: partner ps-backup-0.ps-backups:7000: the name does not resolve yet"; then ok; else
+  bad "a replicated shard does not say it waits for its partner's name: $(cat "$tmp/logs/r0.log")"
+fi
+if wait_for 10 answers s0 /healthz 200 && answers s0 /readyz 503; then ok; else
+  bad "a shard whose partner is not there: /healthz $(http s0 /healthz) (want 200), /readyz $(http s0 /readyz) (want 503)"
+fi
+backup_names=1
+write_hosts s0
+write_hosts s1
+pod s1 ps-backup-0 "$tmp/logs/r1.log" -- "${rbackup[@]}"
+s1=$!
+for s in s0 s1; do
+  if wait_for 20 answers $s /readyz 200; then ok; else
+    bad "pod $s of a replicated shard not ready once both exist: $(cat "$tmp/logs/r${s#s}.log")"
+  fi
+done
+if in_log "$tmp/logs/r1.log" "server.r1\[0\] shard 0 of 1 listening"; then ok; else
+  bad "pod ps-backup-0 is not shard 0's replica 1: $(head -5 "$tmp/logs/r1.log")"
+fi
+kill -TERM "$s0" "$s1"
+for s in s0 s1; do
+  if wait_for 30 exited "${!s}"; then
+    wait "${!s}"
+    st=$?
+    [ "$st" = 0 ] && ok || bad "replicated pod $s exited $st after SIGTERM: $(tail -3 "$tmp/logs/r${s#s}.log")"
+  else
+    bad "replicated pod $s still running 30 s after SIGTERM"
+    kill -KILL "${!s}"
+  fi
+done
+backup_names=0
+
 # ---- what a wrong pod gets: exit 2 naming the cause ----
 expect_exit() { # WHAT STATUS TEXT POD HOST LOG [VAR=V...] -- CMD...
   local what=$1 want=$2 text=$3 st; shift 3
@@ -290,8 +350,7 @@ expect_exit "a worker index the config lacks" 2 "rank 2: " \
   w0 ps-workers-2 "$tmp/logs/bad3.log" JOB_COMPLETION_INDEX=2 -- "${worker_cmd[@]}"
 names=0
 write_hosts w1
-short=("${worker_cmd[@]}")
-for i in "${!short[@]}"; do [ "${short[$i]}" = --config ] && short[$((i + 1))]=$tmp/short.yaml; done
+mapfile -t short < <(with_config "$tmp/short.yaml" "${worker_cmd[@]}")
 expect_exit "a worker whose shards never appear" 1 \
   "ps-shard-0.ps-shards:7000): the name did not resolve within 1500 ms (limits.connect_timeout_ms)" \
   w1 ps-workers-1 "$tmp/logs/bad4.log" JOB_COMPLETION_INDEX=1 -- "${short[@]}"
