@@ -25,7 +25,8 @@
 # backup's name does not exist yet says so, is live but not ready, and
 # both are ready once the backup's pod is there; a host name
 # without an ordinal, an ordinal or an index the config lacks exit 2
-# naming the cause; a worker whose shard names never appear gives up
+# naming the cause (and show the precedence of $PS_SHARD, $PS_RANK and
+# --rank); a worker whose shard names never appear gives up
 # after limits.connect_timeout_ms naming the shard (exit 1).
 #
 # Needs root (namespaces); without it, or without ip/unshare, prints the
@@ -348,6 +349,18 @@ expect_exit "a third shard pod for a config of two" 2 "shard 2 does not exist" \
   s0 ps-shard-2 "$tmp/logs/bad2.log" -- "${shard_cmd[@]}"
 expect_exit "a worker index the config lacks" 2 "rank 2: " \
   w0 ps-workers-2 "$tmp/logs/bad3.log" JOB_COMPLETION_INDEX=2 -- "${worker_cmd[@]}"
+expect_exit "a host name ending in - and no digits" 2 "host name 'ps-shard-x' does not end in -N" \
+  s0 ps-shard-x "$tmp/logs/bad5.log" -- "${shard_cmd[@]}"
+# the precedence: $PS_SHARD without --shard (auto: the host name again);
+# $PS_RANK before the index, --rank before both (seen by the ranks refused)
+no_shard=()
+for a in "${shard_cmd[@]}"; do [ "$a" = --shard ] || [ "$a" = auto ] || no_shard+=("$a"); done
+expect_exit "\$PS_SHARD=auto" 2 "\$PS_SHARD=auto (the host name's ordinal): shard 7 does not exist" \
+  s0 ps-shard-7 "$tmp/logs/bad6.log" PS_SHARD=auto -- "${no_shard[@]}"
+expect_exit "\$PS_RANK before the index" 2 "rank 7: " \
+  w0 ps-workers-0 "$tmp/logs/bad7.log" PS_RANK=7 JOB_COMPLETION_INDEX=0 -- "${worker_cmd[@]}"
+expect_exit "--rank before both" 2 "rank 9: " \
+  w0 ps-workers-0 "$tmp/logs/bad8.log" PS_RANK=0 JOB_COMPLETION_INDEX=0 -- "${worker_cmd[@]}" --rank 9
 names=0
 write_hosts w1
 mapfile -t short < <(with_config "$tmp/short.yaml" "${worker_cmd[@]}")
