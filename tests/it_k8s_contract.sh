@@ -357,6 +357,8 @@ no_shard=()
 for a in "${shard_cmd[@]}"; do [ "$a" = --shard ] || [ "$a" = auto ] || no_shard+=("$a"); done
 expect_exit "\$PS_SHARD=auto" 2 "\$PS_SHARD=auto (the host name's ordinal): shard 7 does not exist" \
   s0 ps-shard-7 "$tmp/logs/bad6.log" PS_SHARD=auto -- "${no_shard[@]}"
+expect_exit "--shard before \$PS_SHARD" 2 "--shard auto (the host name's ordinal): shard 7 does not exist" \
+  s0 ps-shard-7 "$tmp/logs/bad9.log" PS_SHARD=bogus -- "${shard_cmd[@]}"
 expect_exit "\$PS_RANK before the index" 2 "rank 7: " \
   w0 ps-workers-0 "$tmp/logs/bad7.log" PS_RANK=7 JOB_COMPLETION_INDEX=0 -- "${worker_cmd[@]}"
 expect_exit "--rank before both" 2 "rank 9: " \
