@@ -192,7 +192,7 @@ w0=$!
 pod w1 ps-workers-1 "$tmp/logs/w1.log" JOB_COMPLETION_INDEX=1 -- "${worker_cmd[@]}"
 w1=$!
 for w in w0 w1; do
-  if wait_for 15 in_log "$tmp/logs/$w.log" "ps-shard-0.ps-shards:7000): the name does not resolve yet"; then
+  if wait_for 30 in_log "$tmp/logs/$w.log" "ps-shard-0.ps-shards:7000): the name does not resolve yet"; then
     ok
   else
     bad "worker $w does not say it waits for the shard's name: $(cat "$tmp/logs/$w.log")"
