@@ -216,23 +216,28 @@ int main(int argc, char **argv)
 		free(cfg);
 		return 0;
 	}
-	if (!shard_arg && getenv("PS_SHARD") && getenv("PS_SHARD")[0]) {
-		shard = parse_shard(getenv("PS_SHARD"), "$PS_SHARD");
+	/* --shard, else $PS_SHARD: named so in the errors */
+	const char *env = getenv("PS_SHARD"), *from = "--shard ", *val = shard_arg;
+
+	if (!shard_arg && env && env[0]) {
+		from = "$PS_SHARD=";
+		val = env;
+		shard = parse_shard(env, "$PS_SHARD");
 		if (shard < 0) {
 			free(cfg);
 			return 2;
 		}
 	}
 	if (shard < 0) {
-		fprintf(stderr, "ps-server: --shard I is required (0..%d for %s)\n", cfg->nshards - 1, config);
+		fprintf(stderr, "ps-server: --shard I|auto (or $PS_SHARD) is required (0..%d for %s)\n",
+			cfg->nshards - 1, config);
 		free(cfg);
 		return 2;
 	}
 	if (shard >= cfg->nshards) {
 		fprintf(stderr, "ps-server: %s%s%s: shard %d does not exist: %s names shards 0..%d\n",
-			shard_arg ? "--shard " : "$PS_SHARD=", shard_arg ? shard_arg : getenv("PS_SHARD"),
-			(shard_arg ? strcmp(shard_arg, "auto") : strcmp(getenv("PS_SHARD"), "auto")) ? ""
-			: " (the host name's ordinal)", shard, config, cfg->nshards - 1);
+			from, val, strcmp(val, "auto") ? "" : " (the host name's ordinal)", shard,
+			config, cfg->nshards - 1);
 		free(cfg);
 		return 2;
 	}
