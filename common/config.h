@@ -165,6 +165,7 @@ struct ps_security_cfg {
 struct ps_stats_cfg {
 	char http[PS_HOST_MAX + 8]; /* "host:port" for /metrics, empty = off */
 	char token_file[512];       /* bearer token /metrics requires; "" = open */
+	int port_per_shard;         /* shard k serves on port + k (one host); 0: on port itself */
 };
 
 /* Training: what ps-worker does (the data, batches, where metrics go). */

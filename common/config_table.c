@@ -234,7 +234,11 @@ const struct opt cfg_opts[] = {
 	  "mode 0600; relative to the config file); /healthz stays open; \"\" = no token"),
 	O("stats.http", T_ADDR, 0, 0, 0, "", NULL, C, stats.http,
 	  "host:port of the Prometheus /metrics and /healthz endpoint (libmicrohttpd); "
-	  "shard k serves on port + k; empty = off"),
+	  "shard k serves on port + k (see stats.port_per_shard); empty = off"),
+	O("stats.port_per_shard", T_BOOL, 0, 0, 0, "true", NULL, C, stats.port_per_shard,
+	  "true: shard k serves /metrics on the stats.http port + k (a backup on port + "
+	  "shards + k), so shards on one host do not collide; false: every shard on the port "
+	  "itself, for shards on hosts of their own (Kubernetes pods: one probe and scrape port)"),
 	O("checkpoint.dir", T_PATH, 0, 0, 0, "", NULL, C, checkpoint.dir,
 	  "folder of each shard's checkpoint (shard-K.ckpt): written on SIGTERM, every "
 	  "checkpoint.every_s and on `ps-stat --checkpoint`, resumed from at start; \"\" = off"),

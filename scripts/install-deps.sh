@@ -25,6 +25,8 @@ PKGS=(
   python3-yaml
   python3-torch
 )
+# kubectl (kustomize) for tests/it_k8s_manifests.sh: Debian's, unless one is installed
+command -v kubectl > /dev/null || PKGS+=(kubernetes-client)
 
 missing=()
 for p in "${PKGS[@]}"; do

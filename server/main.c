@@ -1,12 +1,14 @@
 /* main.c - ps-server: one shard of the parameter server.
  *
- *   ps-server --config FILE --shard I [--log-level L] [--dump-config] [--help]
+ *   ps-server --config FILE --shard I|auto [--log-level L] [--dump-config] [--help]
  */
 #include <getopt.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "auth.h"
 #include "config.h"
 #include "ps_err.h"
@@ -17,7 +19,7 @@
 static void usage(FILE *out)
 {
 	fprintf(out,
-		"Usage: ps-server --config FILE --shard I [options]\n"
+		"Usage: ps-server --config FILE --shard I|auto [options]\n"
 		"\n"
 		"Runs shard I of the parameter server described by FILE: owns the parameter\n"
 		"slices the shard map gives it, applies pushed gradients with the configured\n"
@@ -25,7 +27,10 @@ static void usage(FILE *out)
 		"\n"
 		"Options:\n"
 		"  -c, --config FILE    cluster configuration (YAML), required\n"
-		"  -s, --shard I        which shard this process is (0-based), required\n"
+		"  -s, --shard I        which shard this process is (0-based), required; 'auto':\n"
+		"                       the number after the last '-' of the host name (a\n"
+		"                       StatefulSet pod ps-shard-2 is shard 2); default:\n"
+		"                       $PS_SHARD (a number or 'auto')\n"
 		"  -r, --replica R      cluster.replicas: 1: 0 runs at the shard's cluster.servers\n"
 		"                       address, 1 at its cluster.backups address (default 0);\n"
 		"                       either may become the primary\n"
@@ -45,7 +50,58 @@ static void usage(FILE *out)
 		"      --list-backups   the same for every shard's backup address (cluster.backups)\n"
 		"  -h, --help           this text, followed by every configuration option\n"
 		"      --version        version, wire protocol, rdma and CUDA plug-in of this build\n"
+		"\n"
+		"Exit status: 0 stopped by SIGTERM or SIGINT with its checkpoint written (or none\n"
+		"configured); 1 could not start (listen, keys, checkpoint) or the last checkpoint\n"
+		"failed: worth a restart; 2 bad flags or config: a restart changes nothing.\n"
 		"\n");
+}
+
+/* The shard a host name gives: the decimal digits after its last '-'
+ * (a StatefulSet names its pods NAME-ORDINAL: ps-shard-2 is shard 2).
+ * -1 with the reason in why when the name does not end that way. */
+static int shard_from_hostname(char *name, size_t len, char *why, size_t whylen)
+{
+	const char *dash, *p;
+	long v = 0;
+
+	if (gethostname(name, len) != 0) {
+		snprintf(why, whylen, "cannot read the host name");
+		return -1;
+	}
+	name[len - 1] = '\0';
+	dash = strrchr(name, '-');
+	for (p = dash ? dash + 1 : ""; *p >= '0' && *p <= '9' && v <= 1000000; p++)
+		v = v * 10 + (*p - '0');
+	if (!dash || dash[1] == '\0' || *p || v > 1000000) {
+		snprintf(why, whylen, "host name '%s' does not end in -N, the ordinal a StatefulSet "
+			 "gives its pods (ps-shard-0, ps-shard-1, ...)", name);
+		return -1;
+	}
+	return (int)v;
+}
+
+/* --shard's value (or $PS_SHARD's): a number, or "auto" for the host
+ * name's ordinal. -1 after printing the error naming what (the flag or
+ * the variable). */
+static int parse_shard(const char *s, const char *what)
+{
+	char host[HOST_NAME_MAX + 1], why[HOST_NAME_MAX + 128];
+	char *end;
+	long v;
+
+	if (!strcmp(s, "auto")) {
+		v = shard_from_hostname(host, sizeof(host), why, sizeof(why));
+		if (v < 0)
+			fprintf(stderr, "ps-server: %s auto: %s; give the shard as a number\n", what, why);
+		return (int)v;
+	}
+	v = strtol(s, &end, 10);
+	if (!*s || *end || v < 0 || v > 1000000) {
+		fprintf(stderr, "ps-server: %s: expected a shard index or 'auto', got '%s'\n", what, s);
+		return -1;
+	}
+	return (int)v;
 }
 
 /* Parses a non-negative int flag value fully; -1 on error. */
@@ -77,7 +133,7 @@ int main(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *secret = NULL, *repl_key = NULL;
-	const char *reader_key = NULL;
+	const char *reader_key = NULL, *shard_arg = NULL;
 	int shard = -1, replica = 0, dump = 0, list = 0, opt, rc;
 	struct ps_config *cfg;
 	struct ps_server srv;
@@ -99,13 +155,7 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'B': list = 2; break;
-		case 's':
-			shard = parse_index(optarg);
-			if (shard < 0) {
-				fprintf(stderr, "ps-server: --shard: expected a shard index, got '%s'\n", optarg);
-				return 2;
-			}
-			break;
+		case 's': shard_arg = optarg; break;
 		case 'l': level = optarg; break;
 		case 'D': dump = 1; break;
 		case 'K': secret = optarg; break;
@@ -130,6 +180,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ps-server: --config FILE is required\nTry 'ps-server --help'.\n");
 		return 2;
 	}
+	if (shard_arg && (shard = parse_shard(shard_arg, "--shard")) < 0)
+		return 2;
 	cfg = malloc(sizeof(*cfg));
 	if (!cfg)
 		return 1;
@@ -164,8 +216,28 @@ int main(int argc, char **argv)
 		free(cfg);
 		return 0;
 	}
+	/* --shard, else $PS_SHARD: named so in the errors */
+	const char *env = getenv("PS_SHARD"), *from = "--shard ", *val = shard_arg;
+
+	if (!shard_arg && env && env[0]) {
+		from = "$PS_SHARD=";
+		val = env;
+		shard = parse_shard(env, "$PS_SHARD");
+		if (shard < 0) {
+			free(cfg);
+			return 2;
+		}
+	}
 	if (shard < 0) {
-		fprintf(stderr, "ps-server: --shard I is required (0..%d for %s)\n", cfg->nshards - 1, config);
+		fprintf(stderr, "ps-server: --shard I|auto (or $PS_SHARD) is required (0..%d for %s)\n",
+			cfg->nshards - 1, config);
+		free(cfg);
+		return 2;
+	}
+	if (shard >= cfg->nshards) {
+		fprintf(stderr, "ps-server: %s%s%s: shard %d does not exist: %s names shards 0..%d\n",
+			from, val, strcmp(val, "auto") ? "" : " (the host name's ordinal)", shard,
+			config, cfg->nshards - 1);
 		free(cfg);
 		return 2;
 	}

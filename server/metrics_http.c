@@ -1,11 +1,12 @@
-/* metrics_http.c - a shard's Prometheus /metrics and /healthz over
- * libmicrohttpd (metrics_http.h).
+/* metrics_http.c - a shard's Prometheus /metrics, /healthz and /readyz
+ * over libmicrohttpd (metrics_http.h).
  *
  * Held by nobody: one client address may hold PER_ADDR_CONNS of the
  * MAX_CONNS connections, and a connection whose request header is not in
  * HEADER_DEADLINE_S after it opened (or after its last reply) is cut, a
- * byte a second or not; /healthz reads the loop's liveness beat, never
- * the loop itself, so no flood of it reaches the training loop. */
+ * byte a second or not; /healthz and /readyz read the loop's liveness beat
+ * and the readiness it notes with it, never the loop itself, so no flood
+ * of them reaches the training loop. */
 #include <stdatomic.h>
 #include <sys/socket.h>
 #include <inttypes.h>
@@ -51,6 +52,7 @@ struct ps_metrics_http {
 	struct MHD_Daemon *d;
 	uv_timer_t beat_timer;      /* loop: the liveness beat, and the deadline scan */
 	_Atomic uint64_t beat_us;   /* when the loop last ran the beat (ps_now_s, in us) */
+	_Atomic int joining;        /* at the beat: replication has not settled who serves */
 	pthread_mutex_t conn_mu;
 	struct http_conn *conns;    /* open connections, under conn_mu */
 	uint64_t cut_total;         /* connections cut for the deadline (loop thread) */
@@ -344,6 +346,7 @@ static void on_beat(uv_timer_t *t)
 	double now = ps_now_s();
 	int cut = 0;
 
+	atomic_store(&h->joining, h->s->repl && h->s->repl->state == PS_REPL_JOINING);
 	atomic_store(&h->beat_us, now_us());
 	pthread_mutex_lock(&h->conn_mu);
 	for (struct http_conn *c = h->conns; c; c = c->next)
@@ -491,16 +494,26 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		return reply_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "only GET\n");
 	if (*upload_size)
 		return reply_text(conn, MHD_HTTP_BAD_REQUEST, "no body expected\n");
-	if (strcmp(url, "/metrics") && strcmp(url, "/healthz"))
-		return reply_text(conn, MHD_HTTP_NOT_FOUND, "not found: try /metrics or /healthz\n");
-	if (!strcmp(url, "/healthz")) {
-		/* the loop's beat, not the loop: nothing here costs the shard */
+	if (strcmp(url, "/metrics") && strcmp(url, "/healthz") && strcmp(url, "/readyz"))
+		return reply_text(conn, MHD_HTTP_NOT_FOUND,
+				  "not found: try /metrics, /healthz or /readyz\n");
+	if (!strcmp(url, "/healthz") || !strcmp(url, "/readyz")) {
+		/* the loop's beat, not the loop: nothing here costs the shard.
+		 * Both exist only once the state is loaded and the shard
+		 * listens (ps_server_init starts this server after both);
+		 * /readyz also wants replication to have settled who serves. */
 		double age = (double)(now_us() - atomic_load(&h->beat_us)) * 1e-6;
-		char msg[96];
-		if (age <= LOOP_WAIT_S)
-			return reply_text(conn, MHD_HTTP_OK, "ok\n");
-		snprintf(msg, sizeof(msg), "the shard's loop has not run for %.1f s\n", age);
-		return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
+		char msg[440];
+		if (age > LOOP_WAIT_S) {
+			snprintf(msg, sizeof(msg), "the shard's loop has not run for %.1f s\n", age);
+			return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
+		}
+		if (url[1] == 'r' && atomic_load(&h->joining)) {
+			snprintf(msg, sizeof(msg), "joining: not yet agreed with its partner %s which "
+				 "of the two serves\n", h->s->repl->partner);
+			return reply_text(conn, MHD_HTTP_SERVICE_UNAVAILABLE, msg);
+		}
+		return reply_text(conn, MHD_HTTP_OK, url[1] == 'r' ? "ready\n" : "ok\n");
 	}
 	if (!token_ok(h, conn)) {
 		struct MHD_Response *r;
@@ -576,6 +589,7 @@ int ps_metrics_http_start(struct ps_server *s, const char *host, int port,
 	}
 	pthread_mutex_init(&h->mu, NULL);
 	pthread_mutex_init(&h->conn_mu, NULL);
+	atomic_init(&h->joining, s->repl && s->repl->state == PS_REPL_JOINING);
 	atomic_init(&h->beat_us, now_us());
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

@@ -6,6 +6,10 @@
  * uv_async_t) to render the page, waits for it (at most 2 s), and serves
  * that copy. /healthz reads a beat the loop sets every 250 ms instead: 200
  * "ok" while it is under 2 s old, 503 after, and nothing asked of the loop.
+ * /readyz (a Kubernetes readiness probe) is /healthz and, with
+ * cluster.replicas, a settled role (primary, or a backup holding the
+ * primary's state): 503 naming the partner while joining. Neither exists
+ * before the shard has loaded its checkpoint and listens.
  * One client address holds at most 8 of the 64 connections; a request
  * header must be in within 5 s of its connection or last reply.
  */

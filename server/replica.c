@@ -489,6 +489,24 @@ static void dial(struct ps_server *s)
 		r->out = NULL;
 		r->out_state = OUT_NONE;
 	}
+	/* A partner named by a DNS name that exists only once its process
+	 * does (a Kubernetes pod behind a headless Service): dialed again
+	 * every 0.2 s as long as it takes, which this says at once and every
+	 * 10 s. */
+	if (rc == PS_ERESOLVE) {
+		if (!r->unresolved_since)
+			r->unresolved_since = now;
+		if (now - r->unresolved_said >= 10) {
+			ps_warn("replication: partner %s: the name does not resolve yet (for %.0f s); "
+				"dialing again every 0.2 s until it does", r->partner,
+				now - r->unresolved_since);
+			r->unresolved_said = now;
+		}
+	} else if (r->unresolved_since) {
+		ps_info("replication: partner %s resolves now, after %.1f s", r->partner,
+			now - r->unresolved_since);
+		r->unresolved_since = r->unresolved_said = 0;
+	}
 }
 
 /* ---- life cycle ---- */

@@ -86,6 +86,7 @@ struct ps_repl {
 	struct ps_conn *out;
 	int out_state;              /* enum in replica.c */
 	double next_dial, dial_at;
+	double unresolved_since, unresolved_said; /* the partner's name: not resolving since, last said */
 	uint8_t *hello;
 	size_t hello_len;
 	int snap_frames;            /* snapshot frames received so far */

@@ -267,15 +267,18 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 	}
 	if (cfg->stats.http[0]) {
 		/* shard k serves its metrics on the configured port + k, its
-		 * backup on port + shards + k (the loader checked the address) */
+		 * backup on port + shards + k, unless stats.port_per_shard is
+		 * off (a host each); the loader checked the address */
 		struct ps_endpoint ep = { .port = 0 };
 		const char *why;
 		int port = 0;
 
+		int off = cfg->stats.port_per_shard ? shard + replica * cfg->nshards : 0;
+
 		if (ps_endpoint_parse(cfg->stats.http, &ep, &why) ||
-		    (port = ep.port + shard + replica * cfg->nshards) > 65535) {
+		    (port = ep.port + off) > 65535) {
 			ps_error("stats.http '%s': shard %d would serve on port %d, outside 1..65535",
-				 cfg->stats.http, shard, ep.port + shard + replica * cfg->nshards);
+				 cfg->stats.http, shard, ep.port + off);
 			rc = -EINVAL;
 			goto err_destroy_transport;
 		}

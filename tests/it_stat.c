@@ -515,6 +515,9 @@ START_TEST(test_metrics_http)
 	}
 	ck_assert_int_eq(http_get(hp, "GET", "/healthz", body, sizeof(body)), 200);
 	ck_assert_str_eq(body, "ok\n");
+	/* readiness, without replicas: loaded and listening, as it serves */
+	ck_assert_int_eq(http_get(hp, "GET", "/readyz", body, sizeof(body)), 200);
+	ck_assert_str_eq(body, "ready\n");
 	ck_assert_int_eq(http_get(hp, "GET", "/nope", body, sizeof(body)), 404);
 	ck_assert_int_eq(http_get(hp, "POST", "/metrics", body, sizeof(body)), 405);
 

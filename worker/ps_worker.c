@@ -79,7 +79,8 @@ static void usage(FILE *out)
 		"\n"
 		"Options:\n"
 		"  -c, --config FILE    cluster configuration (YAML), required\n"
-		"  -r, --rank R         this worker's rank, 0..workers-1, required\n"
+		"  -r, --rank R         this worker's rank, 0..workers-1; default: $PS_RANK,\n"
+		"                       else $JOB_COMPLETION_INDEX (a Kubernetes Indexed Job)\n"
 		"  -e, --epochs N       epochs to train (default: train.epochs)\n"
 		"  -b, --batch B        examples per step (default: train.batch)\n"
 		"  -d, --device D       cpu, cuda or auto (default: train.device); auto uses\n"
@@ -114,6 +115,28 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 	if (!*s || *end || v < lo || v > hi)
 		return -1;
 	*out = (int)v;
+	return 0;
+}
+
+/* The rank the environment gives when --rank is absent: $PS_RANK (the
+ * launchers' --worker-cmd variable), else $JOB_COMPLETION_INDEX (what a
+ * Kubernetes Indexed Job gives each pod). *rank untouched when neither is
+ * set; -1 after printing the error when the one set is not a rank. */
+static int rank_from_env(int *rank)
+{
+	static const char *const vars[] = { "PS_RANK", "JOB_COMPLETION_INDEX" };
+
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *v = getenv(vars[i]);
+
+		if (!v || !*v)
+			continue;
+		if (parse_int(v, 0, 1 << 20, rank)) {
+			fprintf(stderr, "ps-worker: $%s: expected a worker rank, got '%s'\n", vars[i], v);
+			return -1;
+		}
+		return 0;
+	}
 	return 0;
 }
 
@@ -496,8 +519,10 @@ int main(int argc, char **argv)
 	}
 	if (eval_model)
 		rank = 0;
+	if (rank < 0 && rank_from_env(&rank))
+		return 2;
 	if (!config || rank < 0) {
-		fprintf(stderr, "ps-worker: --config FILE and --rank R are required\nTry 'ps-worker --help'.\n");
+		fprintf(stderr, "ps-worker: --config FILE and --rank R (or $PS_RANK or $JOB_COMPLETION_INDEX) are required\nTry 'ps-worker --help'.\n");
 		return 2;
 	}
 	if (ps_config_load(cfg, config, err, sizeof(err))) {
@@ -509,7 +534,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (rank >= cfg->nworkers) {
-		fprintf(stderr, "ps-worker: --rank %d: %s has workers 0..%d\n", rank, config, cfg->nworkers - 1);
+		fprintf(stderr, "ps-worker: rank %d: %s has workers 0..%d\n", rank, config, cfg->nworkers - 1);
 		return 2;
 	}
 	if (exec_cmd)

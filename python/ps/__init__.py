@@ -52,6 +52,9 @@ __all__ = [
 #: is given no config or rank.
 ENV_CONFIG = "PS_CONFIG"
 ENV_RANK = "PS_RANK"
+#: A Kubernetes Indexed Job's pod index: the rank when neither rank nor
+#: $PS_RANK is given.
+ENV_JOB_INDEX = "JOB_COMPLETION_INDEX"
 
 #: The rank of a reader (Client(config, reader=True)), PS_RANK_READER in C.
 RANK_READER = -2
@@ -72,18 +75,24 @@ def _config_arg(config):
 
 
 def _rank_arg(rank):
+    """The rank given, else $PS_RANK, else $JOB_COMPLETION_INDEX (what a
+    Kubernetes Indexed Job gives each pod), as ps-worker takes it."""
     if rank is not None:
         return int(rank)
-    text = os.environ.get(ENV_RANK)
-    if text is None:
-        raise ConfigError(f"no rank given and ${ENV_RANK} is not set "
-                          "(the launchers set it for --worker-cmd; monitor=True for a monitor)")
+    for name in (ENV_RANK, ENV_JOB_INDEX):
+        text = os.environ.get(name)
+        if text:
+            break
+    else:
+        raise ConfigError(f"no rank given and neither ${ENV_RANK} nor ${ENV_JOB_INDEX} is set "
+                          "(the launchers set PS_RANK for --worker-cmd, a Kubernetes Indexed "
+                          "Job JOB_COMPLETION_INDEX; monitor=True for a monitor)")
     try:
         rank = int(text)
     except ValueError:
-        raise ConfigError(f"${ENV_RANK}={text!r}: a worker rank (0, 1, ...) expected") from None
+        raise ConfigError(f"${name}={text!r}: a worker rank (0, 1, ...) expected") from None
     if rank < 0:
-        raise ConfigError(f"${ENV_RANK}={text!r}: a worker rank is 0 or more")
+        raise ConfigError(f"${name}={text!r}: a worker rank is 0 or more")
     return rank
 
 
@@ -170,7 +179,7 @@ class Client(_ps.Client):
     Client(config=None, rank=None, *, monitor=False, reader=False)
 
     config: a path or a ps.Config ($PS_CONFIG when None); rank: the worker
-    rank ($PS_RANK when None); monitor=True connects as a monitor (rank -1)
+    rank ($PS_RANK, else $JOB_COMPLETION_INDEX, when None); monitor=True connects as a monitor (rank -1)
     that only reads stats and asks for checkpoints, and succeeds with shards
     down (shard_error(k) says why). reader=True connects as a reader (rank
     -2, ps.RANK_READER): it proves the reader key (security.reader_key_file

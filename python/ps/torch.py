@@ -63,7 +63,7 @@ _client = None
 
 def init(config: "str | os.PathLike | None" = None, rank: "int | None" = None) -> Client:
     """Connects this process to the shards (ps.Client(config, rank); the
-    launchers' $PS_CONFIG and $PS_RANK when None) and returns the client.
+    launchers' $PS_CONFIG and $PS_RANK, else $JOB_COMPLETION_INDEX, when None) and returns the client.
     DistributedOptimizer uses it unless given another."""
     global _client
     if _client is None or _client.closed:

@@ -115,7 +115,7 @@ def test_config_errors(tmp_path, monkeypatch):
 
 
 def test_env_config_and_rank(cluster, monkeypatch):
-    cl = cluster()
+    cl = cluster(workers=2, mode="async")
     monkeypatch.setenv("PS_CONFIG", cl.path)
     monkeypatch.setenv("PS_RANK", "zero")
     with pytest.raises(ps.ConfigError, match="PS_RANK='zero'"):
@@ -123,6 +123,22 @@ def test_env_config_and_rank(cluster, monkeypatch):
     monkeypatch.setenv("PS_RANK", "0")
     with ps.Client() as c:
         assert c.rank == 0 and c.config.path == cl.path
+    # a Kubernetes Indexed Job's index is the rank when PS_RANK is not set;
+    # PS_RANK, then an explicit rank, come first
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "1")
+    with ps.Client() as c:
+        assert c.rank == 0
+    with ps.Client(rank=0) as c:
+        assert c.rank == 0
+    monkeypatch.delenv("PS_RANK")
+    with ps.Client() as c:
+        assert c.rank == 1
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "x")
+    with pytest.raises(ps.ConfigError, match="JOB_COMPLETION_INDEX='x'"):
+        ps.Client()
+    monkeypatch.delenv("JOB_COMPLETION_INDEX")
+    with pytest.raises(ps.ConfigError, match="neither .PS_RANK nor .JOB_COMPLETION_INDEX"):
+        ps.Client()
 
 
 def test_wrong_secret(cluster, tmp_path, monkeypatch):

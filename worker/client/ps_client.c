@@ -1,6 +1,8 @@
 /* ps_client.c - the client's life cycle and its I/O thread.
  *
- * ps_client_init connects to every shard and waits for the handshakes;
+ * ps_client_init waits for the shards' names to resolve (a worker may
+ * start before the servers' DNS names exist), connects to every shard and
+ * waits for the handshakes;
  * ps_client_free stops the I/O thread and frees what is left. The I/O
  * thread runs the libuv loop: the transport's callbacks
  * (ps_client_conn.c), a uv_async_t woken to send what the calling threads
@@ -200,6 +202,63 @@ int ps_client_from_checkpoint(struct ps_client *c)
 	return v;
 }
 
+/* Whether shard k has an address that resolves now (its cluster.servers
+ * entry, or with replicas its backup's). */
+static int shard_resolves(const struct ps_config *cfg, int k)
+{
+	struct sockaddr_storage ss;
+
+	for (int r = 0; r <= cfg->replicas; r++) {
+		const struct ps_endpoint *ep = ps_config_replica_addr(cfg, k, r);
+		if (ps_transport_resolve(ep->host, ep->port, &ss) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+/* Waits until every shard's name resolves, for up to
+ * limits.connect_timeout_ms: where servers are named by DNS names that
+ * exist only once their process does (a Kubernetes StatefulSet's pods
+ * behind a headless Service), a worker may start first. Says what it
+ * waits for at once and every 10 s. 0, or PS_ERESOLVE with the shard in
+ * err. */
+static int wait_for_names(const struct ps_config *cfg, char *err, size_t errlen)
+{
+	double t0 = ps_now_s(), limit = cfg->limits.connect_timeout_ms / 1000.0, said = -10;
+	double pause = 0.05;
+
+	for (int k = 0; k < cfg->nshards;) {
+		double now;
+		struct timespec ts;
+
+		if (shard_resolves(cfg, k)) {
+			k++;
+			continue;
+		}
+		now = ps_now_s();
+		if (now - t0 >= limit) {
+			snprintf(err, errlen, "shard %d (%s:%d): the name did not resolve within %d ms "
+				 "(limits.connect_timeout_ms): %s", k, cfg->shards[k].host,
+				 cfg->shards[k].port, cfg->limits.connect_timeout_ms,
+				 ps_strerror(PS_ERESOLVE));
+			return PS_ERESOLVE;
+		}
+		if (now - said >= 10) {
+			ps_warn("shard %d (%s:%d): the name does not resolve yet; waiting for it "
+				"(%.0f of %d s, limits.connect_timeout_ms)", k, cfg->shards[k].host,
+				cfg->shards[k].port, now - t0, cfg->limits.connect_timeout_ms / 1000);
+			said = now;
+		}
+		pause = pause * 2 < 1 ? pause * 2 : 1;
+		if (pause > t0 + limit - now)
+			pause = t0 + limit - now;
+		ts.tv_sec = (time_t)pause;
+		ts.tv_nsec = (long)((pause - (double)ts.tv_sec) * 1e9);
+		nanosleep(&ts, NULL);
+	}
+	return 0;
+}
+
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
 		   size_t errlen)
 {
@@ -226,6 +285,9 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	}
 	ops = ps_transport_for(cfg, err, errlen, &rc);
 	if (!ops)
+		return rc;
+	/* a monitor starts with whatever it reaches, so it waits for no name */
+	if (rank != -1 && (rc = wait_for_names(cfg, err, errlen)))
 		return rc;
 	c = calloc(1, sizeof(*c));
 	if (!c)

@@ -175,7 +175,11 @@ struct ps_shard_stats {
 #define PS_RANK_READER (-2)
 
 /* Connects to every shard and completes the handshakes (within
- * limits.connect_timeout_ms). rank is the worker rank, -1 for a monitor
+ * limits.connect_timeout_ms). A worker or reader first waits, for up to
+ * limits.connect_timeout_ms as well, until every shard's host name
+ * resolves (servers named by DNS names that appear only once their
+ * process starts, as a Kubernetes StatefulSet's pods), logging what it
+ * waits for; then PS_ERESOLVE names the shard. rank is the worker rank, -1 for a monitor
  * that only reads statistics, or PS_RANK_READER: a monitor's init succeeds
  * even when shards are unreachable (see ps_client_shard_error). On failure returns a negative code and writes
  * the reason (naming the shard and, for a refused handshake, both sides'
