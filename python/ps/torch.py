@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch.optim.optimizer import required as _required
 
-from . import Client, ConfigError, StateError, _ps
+from . import Client, ConfigError, ConnectionError, StateError, _config_arg, _ps
 
 __all__ = ["init", "shutdown", "client", "rank", "size", "DistributedOptimizer",
            "Average", "Sum", "supported_optimizers", "Embedding", "EmbeddingBag", "Prefetch"]
@@ -63,11 +63,23 @@ _client = None
 
 def init(config: "str | os.PathLike | None" = None, rank: "int | None" = None) -> Client:
     """Connects this process to the shards (ps.Client(config, rank); the
-    launchers' $PS_CONFIG and $PS_RANK, else $JOB_COMPLETION_INDEX, when None) and returns the client.
-    DistributedOptimizer uses it unless given another."""
+    launchers' $PS_CONFIG and $PS_RANK, else $JOB_COMPLETION_INDEX, when
+    None) and returns the client. DistributedOptimizer uses it unless given
+    another. Shards that refuse the connection (still starting, as pods of
+    a StatefulSet do after their names resolve) are asked again every
+    second for limits.connect_timeout_ms, as ps-worker does."""
     global _client
     if _client is None or _client.closed:
-        _client = Client(config, rank)
+        cfg = _config_arg(config)
+        deadline = time.monotonic() + cfg.connect_timeout
+        while True:
+            try:
+                _client = Client(cfg, rank)
+                break
+            except ConnectionError as e:
+                if e.code != -errno.ECONNREFUSED or time.monotonic() + 1 > deadline:
+                    raise
+                time.sleep(1)
     return _client
 
 

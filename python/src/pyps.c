@@ -219,6 +219,13 @@ static PyObject *config_staleness(pyps_config *self, void *closure)
 	return config_ok(self) ? PyLong_FromLong(ps_config_staleness(self->cfg)) : NULL;
 }
 
+static PyObject *config_connect_timeout(pyps_config *self, void *closure)
+{
+	(void)closure;
+	return config_ok(self) ?
+		PyFloat_FromDouble(ps_config_connect_timeout_ms(self->cfg) / 1000.0) : NULL;
+}
+
 static PyObject *config_path(pyps_config *self, void *closure)
 {
 	(void)closure;
@@ -234,6 +241,9 @@ static PyGetSetDef config_getset[] = {
 	{ "nworkers", (getter)config_nworkers, NULL, "number of workers (cluster.workers)", NULL },
 	{ "sync", (getter)config_sync, NULL, "True for consistency: sync", NULL },
 	{ "staleness", (getter)config_staleness, NULL, "async staleness bound", NULL },
+	{ "connect_timeout", (getter)config_connect_timeout, NULL,
+	  "limits.connect_timeout_ms in seconds: how long to wait for the shards to come up",
+	  NULL },
 	{ "path", (getter)config_path, NULL, "the file it was loaded from", NULL },
 	{ NULL, NULL, NULL, NULL, NULL },
 };

@@ -423,3 +423,26 @@ def test_misuse_guards(cluster):
         with opt.skip_synchronize():
             opt.step()
     c.close()
+
+
+def test_init_waits_for_shards_that_start_late(cluster):
+    """pst.init() asks again while a shard refuses the connection (a pod
+    whose name resolves before its process listens), for as long as
+    limits.connect_timeout_ms; then gives up with ps.ConnectionError."""
+    import threading
+    cl = declared_cluster(cluster, shards=1, workers=1)   # connect_timeout_ms: 3000
+    assert cl.stop(0) == 0
+    assert ps.Config(cl.path).connect_timeout == 3.0
+    t0 = time.monotonic()
+    with pytest.raises(ps.ConnectionError, match="refused"):
+        pst.init(cl.path, 0)
+    assert 2.0 <= time.monotonic() - t0 < 8.0
+    late = threading.Timer(1.2, cl.start, (0,))
+    late.start()
+    try:
+        t0 = time.monotonic()
+        c = pst.init(cl.path, 0)
+        assert time.monotonic() - t0 >= 1.0 and c.rank == 0 and not c.closed
+    finally:
+        late.join()
+        pst.shutdown()

@@ -62,6 +62,9 @@ int ps_config_nshards(const struct ps_config *cfg);
 int ps_config_nworkers(const struct ps_config *cfg);
 int ps_config_sync(const struct ps_config *cfg);
 int ps_config_staleness(const struct ps_config *cfg);
+/* limits.connect_timeout_ms: how long a client waits for the shards to
+ * come up (ps-worker and ps.torch.init retry refused connections as long). */
+int ps_config_connect_timeout_ms(const struct ps_config *cfg);
 /* 1 when the config names no dense model (no model.preset, .layers or
  * .tensors): its workers declare the tensors with ps_client_declare. */
 int ps_config_declared(const struct ps_config *cfg);

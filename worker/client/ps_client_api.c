@@ -102,6 +102,11 @@ int ps_config_staleness(const struct ps_config *cfg)
 	return cfg->staleness;
 }
 
+int ps_config_connect_timeout_ms(const struct ps_config *cfg)
+{
+	return cfg->limits.connect_timeout_ms;
+}
+
 const char *ps_config_path(const struct ps_config *cfg)
 {
 	return cfg->path;
