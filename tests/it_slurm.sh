@@ -187,7 +187,7 @@ if [ -n "$job" ]; then
   # ps-stat from h3 while the job runs: both shards up, every worker seen
   for _ in $(seq 600); do
     [ -s "$tmp/logs/cluster.yaml" ] &&
-      on 3 bin/ps-stat --config "$tmp/logs/cluster.yaml" --workers > "$tmp/stat.out" 2>&1 &&
+      on 3 bin/ps-stat --config "$tmp/logs/cluster.yaml" --workers --interval 0.2 > "$tmp/stat.out" 2>&1 &&
       [ "$(grep -cE '^[01] +up ' "$tmp/stat.out")" -eq 2 ] &&
       [ "$(grep -cE '^[012] +[a-z]+ +[1-9][0-9]* [1-9][0-9]* ' "$tmp/stat.out")" -eq 3 ] && { stat_ok=1; break; }
     case "$(state "$job")" in PENDING|CONFIGURING|RUNNING) sleep 0.1 ;; *) break ;; esac
