@@ -18,6 +18,7 @@ PKGS=(
   dataset-fashion-mnist
   iproute2 nftables
   openssh-server openssh-client procps
+  slurmctld slurmd slurm-client munge
   gnuplot-nox
   clang libclang-rt-14-dev
   valgrind
