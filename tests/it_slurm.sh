@@ -13,8 +13,10 @@
 # shards on h1 and h2, three workers over h1..h3, ps-stat from h3 while
 # they train, the job COMPLETED with every worker through its epoch,
 # checkpoints written, nothing left. Then scancel in the middle of a long
-# run (the shards checkpoint and exit 0, the job CANCELLED), and a port in
-# use on h2 (the job FAILED, its output naming shard 1's log and reason).
+# run (the shards checkpoint and exit 0, the job CANCELLED), the same with
+# scancel --signal=TERM (the steps only: the job FAILED, as its workers
+# were stopped), and a port in use on h2 (the job FAILED, its output
+# naming shard 1's log and reason).
 #
 # Needs root (namespaces), slurmctld, slurmd, slurm-client and munge
 # (scripts/install-deps.sh installs them); without them it prints the
@@ -237,6 +239,24 @@ if [ -n "$job" ]; then
   expect "ps.sbatch reported the shards' exit: $(cat "$tmp/job/$job.out")" \
     grep -q "ps.sbatch: cancelled; shard 0 exited with status 0, shard 1 exited with status 0" "$tmp/job/$job.out"
   expect_nothing_left "after scancel"
+fi
+rm -rf "$tmp"/ckpt/* "$tmp/logs"
+
+# ---- scancel --signal=TERM: the steps only; the script ends the job ----
+submit --epochs 1000
+if [ -n "$job" ]; then
+  for _ in $(seq 600); do
+    grep -q "training mlp" "$tmp/logs/worker-2.log" 2> /dev/null && break
+    sleep 0.1
+  done
+  on 3 scancel --signal=TERM "$job"
+  wait_end "$job" 60
+  expect "the job ended FAILED, its workers stopped (state $st)" [ "$st" = FAILED ]
+  expect "the shards checkpointed and exited 0: $(cat "$tmp/job/$job.out")" \
+    grep -q "ps.sbatch: the workers finished; shard 0 exited with status 0, shard 1 exited with status 0" "$tmp/job/$job.out"
+  expect "... their files written" test -s "$tmp/ckpt/shard-0.ckpt" -a -s "$tmp/ckpt/shard-1.ckpt"
+  expect "... the script reported the workers' failure" grep -q "ps.sbatch: done (status 1)" "$tmp/job/$job.out"
+  expect_nothing_left "after scancel --signal=TERM"
 fi
 rm -rf "$tmp"/ckpt/* "$tmp/logs"
 
