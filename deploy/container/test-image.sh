@@ -64,7 +64,7 @@ rc=$?
 echo "== ps-local.sh in the image: status $rc"; sed 's/^/   /' <<< "$out" | tail -n 15
 expect "ps-local.sh with 2 shards and 2 workers succeeded in the image (status $rc)" [ $rc -eq 0 ]
 expect "worker 0 trained and evaluated: $(tail -n 3 "$tmp/logs/worker-0.log" 2>&1)" \
-  grep -q "epoch 1 test accuracy" "$tmp/logs/worker-0.log"
+  grep -q "epoch 1: test accuracy" "$tmp/logs/worker-0.log"
 expect "worker 1 trained its 20 steps" grep -q "step 20/20" "$tmp/logs/worker-1.log"
 expect "both shards wrote their checkpoint" test -s "$tmp/ckpt/shard-0.ckpt" -a -s "$tmp/ckpt/shard-1.ckpt"
 expect "nothing of the image's runs is left" [ -z "$($ENGINE ps -q --filter ancestor="$TAG")" ]
