@@ -92,7 +92,7 @@ ReturnToService=2
 SlurmctldTimeout=10
 SlurmdTimeout=10
 MessageTimeout=5
-KillWait=10
+KillWait=5
 MinJobAge=600
 InactiveLimit=0
 NodeName=h[1-3] NodeAddr=${A[1]},${A[2]},${A[3]} CPUs=2 State=UNKNOWN
@@ -159,7 +159,7 @@ submit() {
   out=$(cd "$tmp" && on 3 sbatch --parsable --nodes=3 --output="$tmp/job/%j.out" \
           --export=ALL,PS_LOGS="$tmp/logs",OPENBLAS_NUM_THREADS=1 \
           "$root/scripts/ps.sbatch" c.yaml "$@" 2>&1)
-  job=${out%%;*}
+  job=${out%%;*} tsub=$SECONDS
   echo "== sbatch ... scripts/ps.sbatch c.yaml $* -> $out"
   [[ $job =~ ^[0-9]+$ ]] || { bad "sbatch failed: $out"; job=""; }
 }
@@ -171,7 +171,7 @@ wait_end() { # JOB SECONDS: until the job is neither pending nor running
     case "$s" in PENDING|RUNNING|CONFIGURING|COMPLETING|"") sleep 0.1 ;; *) break ;; esac
   done
   st=$s
-  echo "== job $1: $st"
+  echo "== job $1: $st, $((SECONDS - tsub)) s after its submission"
   sed 's/^/   /' "$tmp/job/$1.out" 2> /dev/null
 }
 all_procs() { local i; for i in 1 2 3; do nh_procs_on $i | sed "s/^/h$i: /"; done; }
@@ -228,6 +228,7 @@ if [ -n "$job" ]; then
     sleep 0.1
   done
   expect "the long job trains" grep -q "training mlp" "$tmp/logs/worker-2.log"
+  echo "== scancel $job, $((SECONDS - tsub)) s after its submission"
   on 3 scancel "$job"
   wait_end "$job" 60
   expect "the job was cancelled (state $st)" [ "$st" = CANCELLED ]
@@ -249,6 +250,7 @@ if [ -n "$job" ]; then
     grep -q "training mlp" "$tmp/logs/worker-2.log" 2> /dev/null && break
     sleep 0.1
   done
+  echo "== scancel --signal=TERM $job, $((SECONDS - tsub)) s after its submission"
   on 3 scancel --signal=TERM "$job"
   wait_end "$job" 60
   expect "the job ended FAILED, its workers stopped (state $st)" [ "$st" = FAILED ]
