@@ -7,8 +7,8 @@
 # `ps-worker --version` (the CUDA plug-in folder it looks in), the Python
 # package imported, and a training run of two shards and two workers with
 # ps-local.sh inside one container (no network but its own loopback; the
-# config, secret, logs and checkpoints in a host folder mounted at /work,
-# Fashion-MNIST from the host's /usr/share/datasets, read-only): both
+# config, secret, logs and checkpoints in a host folder mounted at /work;
+# Fashion-MNIST the image's, else the host's mounted read-only): both
 # workers through their epoch, both shards' checkpoints written. Exit 77
 # (skipped, the reason printed) where no engine runs containers here.
 set -u
@@ -23,10 +23,15 @@ skip() { echo "SKIP: test-image: $*"; exit 77; }
 . deploy/container/container-flags.sh
 $ENGINE image exists "$TAG" 2> /dev/null || skip "no image $TAG: run make image first"
 probe_flags "$TAG" || skip "$ENGINE cannot run containers here (above)"
-data=/usr/share/datasets/fashion-mnist
-[ -r $data/t10k-labels-idx1-ubyte.gz ] || [ -r $data/t10k-labels-idx1-ubyte ] ||
-  skip "Fashion-MNIST missing (scripts/install-deps.sh installs dataset-fashion-mnist)"
 run() { $ENGINE run --rm --network none "${RUN_FLAGS[@]}" "$@"; }
+# Fashion-MNIST: the image's own (EXTRA_PACKAGES, by default), else the host's mounted
+data=/usr/share/datasets/fashion-mnist mount_data=()
+if ! run "$TAG" sh -c "ls $data/t10k-labels-idx1-ubyte*" > /dev/null 2>&1; then
+  [ -r $data/t10k-labels-idx1-ubyte.gz ] || [ -r $data/t10k-labels-idx1-ubyte ] ||
+    skip "Fashion-MNIST is neither in the image nor here (apt-get install dataset-fashion-mnist)"
+  mount_data=(-v "$data:$data:ro")
+  echo "test-image: the image has no Fashion-MNIST; the host's is mounted"
+fi
 tmp=$(mktemp -d /tmp/ps-image.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 t0=$SECONDS
@@ -58,7 +63,7 @@ train: {batch: 32, limit: 1280}
 checkpoint: {dir: /work/ckpt}
 security: {secret_file: /work/c.secret}
 YAML
-out=$(timeout 300 $ENGINE run --rm --network none "${RUN_FLAGS[@]}" -v "$tmp:/work" -v "$data:$data:ro" \
+out=$(timeout 300 $ENGINE run --rm --network none "${RUN_FLAGS[@]}" -v "$tmp:/work" "${mount_data[@]}" \
         -e OPENBLAS_NUM_THREADS=1 "$TAG" ps-local.sh /work/c.yaml --logs /work/logs -- --epochs 1 2>&1)
 rc=$?
 echo "== ps-local.sh in the image: status $rc"; sed 's/^/   /' <<< "$out" | tail -n 15
