@@ -215,6 +215,11 @@ if [ -n "$job" ]; then
       grep -q "listening on ${A[$((k + 1))]}:700$k" "$tmp/logs/server-$k.log"
     expect "shard $k wrote its checkpoint at the end" test -s "$tmp/ckpt/shard-$k.ckpt"
   done
+  # worker R on node R mod 3: the shards saw each from its host's address
+  for r in 0 1 2; do
+    expect "worker $r connected from h$((r + 1)) (${A[$((r + 1))]}): $(grep -h 'connected from' "$tmp"/logs/server-*.log)" \
+      grep -q "worker $r connected from ${A[$((r + 1))]}:" "$tmp/logs/server-0.log"
+  done
   expect "the job's output reports success" grep -q "ps.sbatch: the workers finished; shard 0 exited with status 0, shard 1 exited with status 0" "$tmp/job/$job.out"
   expect_nothing_left "after the job"
 fi
