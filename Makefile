@@ -251,6 +251,18 @@ demo-rdma: deps
 	  -- tests/rdma-suite.sh --demo --images 256; \
 	  rc=$$?; [ $$rc -eq 77 ] && echo "demo-rdma: SKIP (reason above)" && rc=0; exit $$rc
 
+# The container image (deploy/container/Containerfile), built from Debian
+# packages on a debootstrap base (no registry), then run: ps-server --help and
+# a two-shard, two-worker training run inside it. Minutes; not in `make test`.
+# IMAGE=name:tag names it (default localhost/ps:latest).
+.PHONY: image test-image
+image:
+	@deploy/container/build-image.sh $(if $(IMAGE),--tag $(IMAGE))
+
+test-image: image
+	@deploy/container/test-image.sh $(if $(IMAGE),--tag $(IMAGE)); \
+	  rc=$$?; [ $$rc -eq 77 ] && echo "test-image: SKIP (reason above)" && rc=0; exit $$rc
+
 bench: deps
 	@$(MAKE) --no-print-directory all $(OBJ)/tests/bench_optimizer $(OBJ)/tests/bench_train \
 		$(OBJ)/tests/bench_codec

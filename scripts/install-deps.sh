@@ -18,6 +18,10 @@ PKGS=(
   dataset-fashion-mnist
   iproute2 nftables
   openssh-server openssh-client procps
+  # tests/it_slurm.sh runs its own daemons with its own slurm.conf and key;
+  # under systemd Debian enables munge, and slurmd/slurmctld only start
+  # once /etc/slurm/slurm.conf exists
+  slurmctld slurmd slurm-client munge
   gnuplot-nox
   clang libclang-rt-14-dev
   valgrind

@@ -41,56 +41,25 @@ done
   [ -r /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte ] ||
   skip "Fashion-MNIST missing (scripts/install-deps.sh installs dataset-fashion-mnist)"
 
-tag=psmh$$
-BR=$tag-br H=("" "$tag-h1" "$tag-h2" "$tag-h3")
-A=("" 10.217.0.1 10.217.0.2 10.217.0.3)
+. tests/netns-hosts.sh
 tmp=$(mktemp -d /tmp/ps-multihost.XXXXXX)
 chmod 755 "$tmp"
-made_run_sshd=0 made_etc_netns=0
+made_run_sshd=0
 cleanup() {
-  local n p
   # every process in the namespaces: sshd and whatever ps-cluster.sh left
-  for n in "${H[@]:1}"; do
-    p=$(ip netns pids "$n" 2> /dev/null)
-    [ -n "$p" ] && kill -TERM $p 2> /dev/null
-  done
-  sleep 0.3
-  for n in "${H[@]:1}"; do
-    p=$(ip netns pids "$n" 2> /dev/null)
-    [ -n "$p" ] && kill -KILL $p 2> /dev/null
-  done
-  for n in "${H[@]:1}" "$BR"; do ip netns del "$n" 2> /dev/null; done
-  for n in "${H[@]:1}"; do rm -rf "/etc/netns/$n"; done
-  [ $made_etc_netns -eq 1 ] && rmdir /etc/netns 2> /dev/null
+  nh_down
   [ $made_run_sshd -eq 1 ] && rmdir /run/sshd 2> /dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-# ---- three hosts on a bridge ----
-err=$(ip netns add "$BR" 2>&1) || skip "cannot create a network namespace here: $err"
-ip -n "$BR" link add br0 type bridge && ip -n "$BR" link set br0 up || skip "cannot make a bridge"
-for i in 1 2 3; do
-  ip netns add "${H[$i]}" &&
-    ip -n "$BR" link add "h$i" type veth peer name eth0 netns "${H[$i]}" &&
-    ip -n "$BR" link set "h$i" master br0 up &&
-    ip -n "${H[$i]}" addr add "${A[$i]}/24" dev eth0 &&
-    ip -n "${H[$i]}" link set eth0 up &&
-    ip -n "${H[$i]}" link set lo up || skip "cannot set up host h$i's namespace"
-done
-on() { local i=$1; shift; ip netns exec "${H[$i]}" "$@"; } # on HOST# COMMAND...
-# Names: each host's /etc/hosts (ip netns exec mounts /etc/netns/NS/hosts
-# over it for what runs in the namespace) names the three hosts h1..h3.
-# write_hosts N [LINE]: host N's file, LINE first (rewritten in place, so
-# what already runs there sees the change).
-[ -d /etc/netns ] || { mkdir /etc/netns && made_etc_netns=1; } || skip "cannot make /etc/netns"
-write_hosts() {
-  mkdir -p "/etc/netns/${H[$1]}" &&
-    printf '%s\n' ${2:+"$2"} "127.0.0.1 localhost" "${A[1]} h1" "${A[2]} h2" "${A[3]} h3" \
-      > "/etc/netns/${H[$1]}/hosts"
-}
-for i in 1 2 3; do write_hosts $i || skip "cannot write /etc/netns/${H[$i]}/hosts"; done
+# ---- three hosts on a bridge (tests/netns-hosts.sh) ----
+nh_up psmh$$ 10.217.0.1 10.217.0.2 10.217.0.3 || skip "$nh_err"
+on() { nh_on "$@"; } # on HOST# COMMAND...
+# write_hosts N [LINE]: host N's /etc/hosts, LINE first (rewritten in
+# place, so what already runs there sees the change).
+write_hosts() { nh_write_hosts "$@"; }
 
 # ---- an sshd on each host, a key for root ----
 ssh-keygen -q -t ed25519 -N '' -C ps-multihost-host -f "$tmp/host_key" &&
@@ -195,14 +164,7 @@ cluster() { # ACTION [ARGS...]: ps-cluster.sh on h1, output in $out, status in $
   echo "== ps-cluster.sh $(basename "$cfg") $action $* -> status $rc, $((SECONDS - t)) s"
   sed 's/^/   /' <<< "$out"
 }
-# The ps-server / ps-worker processes running on host i (namespace), one a line.
-procs_on() { # HOST#
-  local p
-  for p in $(ip netns pids "${H[$1]}"); do
-    { tr '\0' ' ' < "/proc/$p/cmdline"; } 2> /dev/null | grep -E '^[^ ]*bin/ps-(server|worker) ' |
-      sed 's/ $//'
-  done
-}
+procs_on() { nh_procs_on "$@"; } # the ps-server / ps-worker processes on host I
 all_procs() { for i in 1 2 3; do procs_on $i | sed "s/^/h$i: /"; done; }
 expect_nothing_left() { # WHAT
   local left
