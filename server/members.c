@@ -227,16 +227,16 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 		snprintf(err, errlen, "only a worker may join");
 		return;
 	}
+	if ((v = open_ivl(m, r))) {
+		st->member_status = 1; /* a member already: nothing to do */
+		st->member_clock = v->from;
+		return;
+	}
 	if (s->cfg->replicas) {
 		/* a backup taking over would not know who joined */
 		st->member_status = PS_EREFUSED;
 		snprintf(err, errlen, "worker %d may not join: cluster.replicas is 1 and the "
 			 "membership is not replicated yet", r);
-		return;
-	}
-	if ((v = open_ivl(m, r))) {
-		st->member_status = 1; /* a member already: nothing to do */
-		st->member_clock = v->from;
 		return;
 	}
 	if (q->member_op == PS__MEMBER_OP__MEMBER_HOLD) {
