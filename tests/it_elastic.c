@@ -507,6 +507,121 @@ START_TEST(test_async_join_resend_once)
 }
 END_TEST
 
+/* ---- ps-worker: every example once per epoch ---- */
+
+#define FMNIST "/usr/share/datasets/fashion-mnist"
+
+/* Lines of a file (0 when it is missing). */
+static int count_lines(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	int n = 0, ch;
+
+	if (!f)
+		return 0;
+	while ((ch = fgetc(f)) != EOF)
+		n += ch == '\n';
+	fclose(f);
+	return n;
+}
+
+/* Waits until path has at least n lines (at most 60 s): 0, or -1. */
+static int wait_lines(const char *path, int n)
+{
+	for (double t0 = ps_now_s(); ps_now_s() - t0 < 60; tu_sleep_ms(20))
+		if (count_lines(path) >= n)
+			return 0;
+	return -1;
+}
+
+/* ps-worker ranks 0 and 1 train (cluster.initial_workers 2), rank 2 starts
+ * once they have trained a few steps and joins, and rank 1 gets SIGTERM
+ * once rank 2 has trained a few: over every epoch the recorded batches
+ * (--record-examples) hold each of the 1,200 training images exactly once,
+ * the join came after clock 0 and the leave before the last clock. */
+START_TEST(test_worker_data_once)
+{
+	char path[64], dir[] = "/tmp/ps-elastic-XXXXXX", rec[3][128], out[3][128], yaml[1024];
+	pid_t srv[2], w[3];
+	enum { limit = 1200, batch = 20, epochs = 12 };
+	char p[300];
+
+	snprintf(p, sizeof(p), "%s/train-images-idx3-ubyte.gz", FMNIST);
+	if (access(p, R_OK)) {
+		tu_skip("ps-worker data division: %s not readable (Debian's dataset-fashion-mnist)",
+			p);
+		return;
+	}
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 3\n"
+		 "  initial_workers: 2\nseed: 7\nslice_bytes: 64KiB\nmodel: {preset: mlp}\n"
+		 "train: {batch: %d, limit: %d, epochs: %d, data_dir: '%s', metrics_dir: '%s'}\n"
+		 "optimizer: {name: sgd, lr: 0.05}\nlog: {level: info}\n",
+		 tu_free_port(), tu_free_port(), batch, limit, epochs, FMNIST, dir);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	for (int r = 0; r < 3; r++) {
+		snprintf(rec[r], sizeof(rec[r]), "%s/rec-%d.txt", dir, r);
+		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", dir, r);
+	}
+	for (int r = 0; r < 3; r++) {
+		char rk[8];
+		snprintf(rk, sizeof(rk), "%d", r);
+		const char *argv[] = { "bin/ps-worker", "--config", path, "--rank", rk,
+				       "--record-examples", rec[r], NULL };
+		if (r == 2)
+			ck_assert_msg(wait_lines(rec[0], 10) == 0, "rank 0 trains no steps");
+		w[r] = tu_spawn(argv, out[r]);
+	}
+	ck_assert_msg(wait_lines(rec[2], 10) == 0, "rank 2 never trained");
+	kill(w[1], SIGTERM);
+	int st1 = tu_wait_child(w[1]), st0 = tu_wait_child(w[0]), st2 = tu_wait_child(w[2]);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	ck_assert_msg(st0 == 0 && st2 == 0 && st1 == 130, "exit statuses %d %d %d", st0, st1,
+		      st2);
+
+	/* seen[e][i]: how often epoch e trained image i */
+	static unsigned char seen[epochs][limit];
+	uint64_t first[3] = { UINT64_MAX, UINT64_MAX, UINT64_MAX }, last[3] = { 0 }, top = 0;
+	memset(seen, 0, sizeof(seen));
+	for (int r = 0; r < 3; r++) {
+		FILE *f = fopen(rec[r], "r");
+		unsigned long long clock;
+		long e, g;
+		ck_assert_ptr_nonnull(f);
+		while (fscanf(f, "%llu %ld %ld", &clock, &e, &g) == 3) {
+			ck_assert_msg(e >= 0 && e < epochs, "epoch %ld recorded", e);
+			for (int k = 0; k < batch; k++) {
+				int i;
+				ck_assert_int_eq(fscanf(f, "%d", &i), 1);
+				ck_assert_msg(i >= 0 && i < limit, "image %d", i);
+				seen[e][i]++;
+			}
+			first[r] = clock < first[r] ? clock : first[r];
+			last[r] = clock > last[r] ? clock : last[r];
+			top = clock > top ? clock : top;
+		}
+		fclose(f);
+	}
+	for (int e = 0; e < epochs; e++)
+		for (int i = 0; i < limit; i++)
+			ck_assert_msg(seen[e][i] == 1, "epoch %d trained image %d %d times", e, i,
+				      seen[e][i]);
+	printf("measured: ps-worker data: rank 2 joined at clock %llu, rank 1 left after clock "
+	       "%llu, %llu clocks; each of %d images once in each of %d epochs\n",
+	       (unsigned long long)first[2], (unsigned long long)last[1],
+	       (unsigned long long)top + 1, limit, epochs);
+	ck_assert_uint_gt(first[2], 0);
+	ck_assert_uint_lt(last[1], top);
+	ck_assert_uint_lt(first[2], last[1]); /* three members for a while */
+	unlink(path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* ---- refusals ---- */
 
 /* A worker that left is refused naming the clock it left at; a config
@@ -560,6 +675,7 @@ int main(void)
 	TU_ADD_LOOP(tc, test_leave_delay, 0, 2);
 	TU_ADD(tc, test_async_join_resend_once);
 	TU_ADD(tc, test_refusals);
+	TU_ADD(tc, test_worker_data_once);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

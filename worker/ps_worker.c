@@ -778,6 +778,8 @@ int main(int argc, char **argv)
 			if (ea.e >= 0 && end_epoch(cfg, rank, &net, &test, ops, metrics, cli, &ea,
 						   t_start, t_layer, tty))
 				goto out;
+			/* rank 0's evaluation ran batches through the net: stage again */
+			staged = -1;
 			ea = (struct epoch_acc){ .e = (int)(g / slots), .t_epoch = ps_now_s() };
 			last_print = 0;
 			for (int k = 0; k < net.ngrads; k++)
