@@ -268,6 +268,21 @@ START_TEST(test_sync_join_leave_exact)
 		ck_assert_int_eq(st.nmembers, 2); /* ranks 0 and 1 */
 	}
 	ps_client_free(mon);
+	/* ps-stat shows the membership */
+	char outp[] = "/tmp/ps-elastic-stat-XXXXXX";
+	int fd = mkstemp(outp);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	const char *argv[] = { "bin/ps-stat", "--config", path, "--interval", "0.2", NULL };
+	ck_assert_int_eq(tu_wait_child(tu_spawn(argv, outp)), 0);
+	FILE *f = fopen(outp, "r");
+	char text[8192] = "";
+	size_t n = fread(text, 1, sizeof(text) - 1, f);
+	text[n] = '\0';
+	fclose(f);
+	unlink(outp);
+	ck_assert_msg(strstr(text, "epoch at clock  joins leaves members") &&
+		      strstr(text, "     4       30      2      2 2: 0 1"), "%s", text);
 	stop_cluster(path, srv);
 }
 END_TEST
