@@ -21,12 +21,20 @@
  *    shard closed clock J - 1 before it knew of the join: a worker that
  *    starts clock J (after version J from every shard) learns the members
  *    of J in its pull replies, and no worker has started J without them.
+ * With checkpoint.dir set, the intervals are kept in a file beside the
+ * checkpoint (shard-K.members), written before a join or leave is
+ * answered: they are facts about clocks the whole cluster agreed on, not
+ * state of this shard, so a shard restarted from an older checkpoint takes
+ * all of them back, those after its checkpoint's clock included.
  * Everything here runs on the shard's loop thread.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "members.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -70,6 +78,102 @@ static struct ivl *open_ivl(const struct ps_members *m, int rank)
 		if (m->iv[i].rank == rank)
 			return m->iv[i].to == NONE ? &m->iv[i] : NULL;
 	return NULL;
+}
+
+/* The membership file beside the checkpoint ("" when checkpoints are off). */
+static void file_path(const struct ps_server *s, char *buf, size_t len)
+{
+	size_t n = strlen(s->ckpt_path);
+
+	buf[0] = '\0';
+	if (n > 5 && n + 4 < len && !strcmp(s->ckpt_path + n - 5, ".ckpt"))
+		snprintf(buf, len, "%.*s.members", (int)(n - 5), s->ckpt_path);
+}
+
+/* Writes every interval (a temporary file renamed over the last one,
+ * synced): "joins J leaves L" then one "rank from to" line each (to -1:
+ * open). A failure is logged; the membership in memory stays right. */
+static void save(const struct ps_server *s)
+{
+	const struct ps_members *m = s->members;
+	char path[700], tmp[720];
+	FILE *f;
+	int ok;
+
+	file_path(s, path, sizeof(path));
+	if (!path[0])
+		return;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	f = fopen(tmp, "w");
+	if (!f) {
+		ps_warn("cannot write %s: %s (a restart would forget the membership)", tmp,
+			strerror(errno));
+		return;
+	}
+	fprintf(f, "joins %" PRIu64 " leaves %" PRIu64 "\n", m->joins, m->leaves);
+	for (int i = 0; i < m->niv; i++)
+		fprintf(f, "%d %" PRIu64 " %" PRId64 "\n", m->iv[i].rank, m->iv[i].from,
+			m->iv[i].to == NONE ? (int64_t)-1 : (int64_t)m->iv[i].to);
+	ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+	ok = fclose(f) == 0 && ok;
+	if (!ok || rename(tmp, path)) {
+		ps_warn("cannot write %s: %s (a restart would forget the membership)", path,
+			strerror(errno));
+		unlink(tmp);
+	}
+}
+
+int ps__members_load(struct ps_server *s, char *err, size_t errlen)
+{
+	struct ps_members *m = s->members;
+	char path[700], line[200];
+	int nw = s->cfg->nworkers, ln = 1, rank;
+	unsigned long long from;
+	long long to;
+	FILE *f;
+
+	file_path(s, path, sizeof(path));
+	if (!path[0] || !s->ckpt_loaded)
+		return 0; /* a fresh start: the initial membership */
+	f = fopen(path, "r");
+	if (!f)
+		return errno == ENOENT ? 0 : (snprintf(err, errlen, "%s: %s", path, strerror(errno)),
+					      -errno);
+	line[0] = '\0';
+	if (!fgets(line, sizeof(line), f) || (line[strcspn(line, "\n")] = '\0') ||
+	    sscanf(line, "joins %" SCNu64 " leaves %" SCNu64, &m->joins, &m->leaves) != 2)
+		goto err_bad;
+	m->niv = 0;
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = '\0';
+		ln++;
+		if (sscanf(line, "%d %llu %lld", &rank, &from, &to) != 3 || rank < 0 || rank >= nw ||
+		    from >= PS_MAX_CLOCK || to < -1 || (to >= 0 && (unsigned long long)to < from) ||
+		    add_ivl(m, rank, from))
+			goto err_bad;
+		if (to >= 0)
+			m->iv[m->niv - 1].to = (uint64_t)to;
+	}
+	fclose(f);
+	/* who is waited for now: open members only, not before their joins */
+	for (int r = 0; r < nw; r++) {
+		struct ivl *v = open_ivl(m, r);
+
+		s->live[r] = v != NULL;
+		if (v && s->finished[r] < v->from)
+			s->finished[r] = v->from;
+	}
+	ps_info("membership from %s: %" PRIu64 " joins, %" PRIu64 " leaves, epoch %" PRIu64
+		" at clock %" PRIu64, path, m->joins, m->leaves,
+		ps__members_epoch(s, ps__srv_resume_clock(s)), ps__srv_resume_clock(s));
+	return 0;
+
+err_bad:
+	fclose(f);
+	snprintf(err, errlen, "%s:%d: not a membership line (\"joins J leaves L\", then \"rank "
+		 "from to\" with rank 0..%d and from <= to, to -1 when open): '%.60s'", path, ln,
+		 nw - 1, line);
+	return PS_ECONFIG;
 }
 
 int ps__members_init(struct ps_server *s)
@@ -183,6 +287,7 @@ void ps__members_leave(struct ps_server *s, int rank, uint64_t clock)
 	v->to = clock > v->from ? clock : v->from;
 	s->members->leaves++;
 	s->live[rank] = 0;
+	save(s);
 	ps_info("worker %d left at clock %" PRIu64 " (it ended clock %" PRIu64 "); membership "
 		"epoch %" PRIu64 " from clock %" PRIu64, rank, v->to, v->to - 1,
 		ps__members_epoch(s, v->to), v->to);
@@ -267,6 +372,7 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 	}
 	m->hold[r] = NONE;
 	m->joins++;
+	save(s);
 	s->finished[r] = q->member_clock;
 	s->live[r] = 1;
 	st->member_clock = q->member_clock;

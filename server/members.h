@@ -18,6 +18,12 @@ struct ps_srv_conn;
 int ps__members_init(struct ps_server *s);
 void ps__members_free(struct ps_server *s);
 
+/* A shard that resumed from its checkpoint: the intervals from the file
+ * beside it (shard-K.members, written at every join and leave), the live
+ * set and the joined ranks' clocks set from them. 0 (no file: the initial
+ * membership), or a negative code with the file, line and text in err. */
+int ps__members_load(struct ps_server *s, char *err, size_t errlen);
+
 /* 1 when the cluster is elastic (initial_workers below workers) or a
  * membership change happened: pull replies then carry the members. */
 int ps__members_active(const struct ps_server *s);

@@ -247,6 +247,11 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 			}
 			s->ckpt_loaded = 1;
 			s->ckpt_last_ok = ps_now_s();
+			rc = ps__members_load(s, err, sizeof(err));
+			if (rc) {
+				ps_error("refusing to start: %s", err);
+				goto err_free_store;
+			}
 			ps_info("resumed from %s%s%.0d%s: clock %" PRIu64, s->ckpt_path,
 				rc ? " and " : "", rc, rc ? " incremental checkpoints" : "",
 				ps__srv_resume_clock(s));

@@ -637,6 +637,83 @@ START_TEST(test_worker_data_once)
 }
 END_TEST
 
+/* ---- a shard restarted from its checkpoint keeps the membership ---- */
+
+/* Pushes (rank + 1) everywhere for clock with c, waited for. */
+static void push_const(struct ps_client *c, const struct ps_config *cfg, int rank, int clock)
+{
+	struct ps_tensor g[NT];
+
+	tensors_new(cfg, g);
+	for (int k = 0; k < NT; k++)
+		for (int64_t i = 0; i < g[k].count; i++)
+			g[k].data[i] = (float)(rank + 1);
+	int64_t id = ps_client_push(c, (uint64_t)clock, g, NT, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "rank %d clock %d: %s", rank, clock,
+		      ps_client_error(c));
+	tensors_free(g);
+}
+
+/* Rank 2 joins (at clock 2), then both shards stop (writing their
+ * checkpoints) and start again: they take the membership back from the
+ * file beside the checkpoint, so rank 2's push for clock 3 is accepted and
+ * the sums are exact; before, the restarted shards refused it as a rank
+ * that never joined. */
+START_TEST(test_restart_keeps_membership)
+{
+	char path[64], err[512], dir[] = "/tmp/ps-elastic-ck-XXXXXX", extra[300];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_client *c[3];
+	struct ps_tensor w[NT], w0[NT];
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(extra, sizeof(extra), "  initial_workers: 2\ncheckpoint:\n  dir: %s\n", dir);
+	start_cluster(path, &cfg, "sync", extra, srv);
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	tensors_new(&cfg, w0);
+	int64_t id = ps_client_pull(c[0], 0, w0, NT);
+	ck_assert_msg(id > 0 && ps_client_wait(c[0], id) == 0, "%s", ps_client_error(c[0]));
+	push_const(c[0], &cfg, 0, 0);
+	push_const(c[1], &cfg, 1, 0);
+	c[2] = connect_retry(&cfg, 2, err, sizeof(err));
+	ck_assert_msg(c[2] != NULL, "%s", err);
+	ck_assert_uint_eq(ps_client_clock(c[2]), 2);
+	push_const(c[0], &cfg, 0, 1);
+	push_const(c[1], &cfg, 1, 1);
+	for (int r = 0; r < 3; r++)
+		push_const(c[r], &cfg, r, 2);
+	/* both shards stop (checkpoint at clock 3) and start again */
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+		srv[k] = tu_start_server(path, k);
+	}
+	for (int r = 0; r < 3; r++)
+		push_const(c[r], &cfg, r, 3);
+	tensors_new(&cfg, w);
+	id = ps_client_pull(c[0], 4, w, NT);
+	ck_assert_msg(id > 0 && ps_client_wait(c[0], id) == 0, "%s", ps_client_error(c[0]));
+	for (int k = 0; k < NT; k++)
+		for (int64_t i = 0; i < w[k].count; i++)
+			ck_assert_msg(w[k].data[i] == w0[k].data[i] - (4 * 1 + 4 * 2 + 2 * 3),
+				      "%s[%lld] = %g, want %g", w[k].name, (long long)i,
+				      (double)w[k].data[i], (double)(w0[k].data[i] - 18));
+	struct ps_shard_stats st;
+	ck_assert_int_eq(ps_client_stats(c[0], 1, &st), 0);
+	ck_assert_uint_eq(st.joins, 1);
+	ck_assert_int_eq(st.nmembers, 3);
+	tensors_free(w);
+	tensors_free(w0);
+	for (int r = 0; r < 3; r++)
+		ps_client_free(c[r]);
+	stop_cluster(path, srv);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* ---- refusals ---- */
 
 /* A worker that left is refused naming the clock it left at; a config
@@ -690,6 +767,7 @@ int main(void)
 	TU_ADD_LOOP(tc, test_leave_delay, 0, 2);
 	TU_ADD(tc, test_async_join_resend_once);
 	TU_ADD(tc, test_refusals);
+	TU_ADD(tc, test_restart_keeps_membership);
 	TU_ADD(tc, test_worker_data_once);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);

@@ -38,7 +38,7 @@ int ps_client_join(struct ps_client *c)
 {
 	static __thread struct ps_shard_stats st;
 	int nsh = c->cfg->nshards, held = 0, rc;
-	uint64_t join = 0, member_from = UINT64_MAX;
+	uint64_t join = 0, hold_max = 0, member_from = 0;
 	int member_shard = -1;
 
 	if (c->rank < 0)
@@ -55,27 +55,43 @@ int ps_client_join(struct ps_client *c)
 			return rc;
 		}
 		if (st.member_status == 1) {
+			if (member_shard >= 0 && st.member_clock != member_from) {
+				ps__client_set_err(c, "cannot join: shards %d and %d count worker %d "
+						   "from clocks %llu and %llu", member_shard, k, c->rank,
+						   (unsigned long long)member_from,
+						   (unsigned long long)st.member_clock);
+				return PS_EREFUSED;
+			}
 			member_shard = k;
 			member_from = st.member_clock;
 		} else {
 			held++;
-			join = st.member_clock + 1 > join ? st.member_clock + 1 : join;
+			hold_max = st.member_clock > hold_max ? st.member_clock : hold_max;
 		}
 	}
-	if (!held)
-		return 0; /* a member everywhere already */
+	join = hold_max + 1;
 	if (member_shard >= 0) {
-		/* half a join survived a crash: that shard counts this worker from
-		 * member_from; the others can take it from `join` only */
-		if (member_from < join) {
-			ps__client_set_err(c, "cannot join: shard %d has worker %d as a member from "
-					   "clock %llu, the other shards can take it from clock %llu "
-					   "only (restart that shard, or wait for its drop timeout)",
+		/* a member already (of some shards, when half a join survived a
+		 * crash): from member_from, which the holding shards can still take
+		 * when none has passed it */
+		if (held && hold_max > member_from) {
+			ps__client_set_err(c, "cannot join: shard %d counts worker %d from clock %llu, "
+					   "another shard has passed that clock (it is at %llu): "
+					   "restart that shard, or wait for its drop timeout",
 					   member_shard, c->rank, (unsigned long long)member_from,
-					   (unsigned long long)join);
+					   (unsigned long long)hold_max);
 			return PS_EREFUSED;
 		}
 		join = member_from;
+	}
+	if (!held) {
+		/* a member everywhere: it pushes from the clock it joined at on
+		 * (after the shards restarted from checkpoints older than its join) */
+		pthread_mutex_lock(&c->mu);
+		if (c->clock < member_from)
+			c->clock = member_from;
+		pthread_mutex_unlock(&c->mu);
+		return 0;
 	}
 	/* 2: every shard counts it from `join`; none closed join - 1 yet */
 	for (int k = 0; k < nsh; k++) {
@@ -89,7 +105,8 @@ int ps_client_join(struct ps_client *c)
 			return rc;
 	}
 	pthread_mutex_lock(&c->mu);
-	c->clock = join;
+	if (c->clock < join)
+		c->clock = join;
 	pthread_mutex_unlock(&c->mu);
 	ps_info("worker %d joined the cluster at clock %llu", c->rank, (unsigned long long)join);
 	return 0;
