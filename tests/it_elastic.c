@@ -90,12 +90,15 @@ static float grad_value(int rank, int clock, int t, int64_t i)
  * carrying leave when `leave`. */
 struct session {
 	int rank, after, last, leave;
+	int idx;
+	int gate[2], gated[2]; /* rank 0: before pushing clock gate, wait for session gated's join */
 	const struct ps_config *cfg;
 	char err[600];
 	int first;
 };
 
 static _Atomic int progress;               /* rank 0's current clock */
+static _Atomic int joined[4];              /* each session has joined (connected) */
 static int pushed[END][NW];                /* who pushed which clock */
 static struct ps_members_info told[END][NW]; /* what each was told for it */
 static float *w0[NT], *wend[NT];           /* initial and final weights (rank 0) */
@@ -113,6 +116,7 @@ static void *session_run(void *arg)
 	c = connect_retry(s->cfg, s->rank, s->err, sizeof(s->err));
 	if (!c)
 		return NULL;
+	atomic_store(&joined[s->idx], 1);
 	tensors_new(s->cfg, g);
 	tensors_new(s->cfg, w);
 	s->first = (int)ps_client_clock(c);
@@ -132,6 +136,12 @@ static void *session_run(void *arg)
 		for (int k = 0; k < NT; k++)
 			for (int64_t i = 0; i < g[k].count; i++)
 				g[k].data[i] = grad_value(s->rank, clock, k, i);
+		/* rank 0 alone would outrun a joiner: its clock waits (so the
+		 * join lands before it) */
+		for (int q = 0; q < 2; q++)
+			while (s->gate[q] == clock && !atomic_load(&joined[s->gated[q]]) &&
+			       ps_now_s() < deadline)
+				tu_sleep_ms(2);
 		id = ps_client_push(c, (uint64_t)clock, g, NT, PS_PUSH_END_CLOCK |
 				    (s->leave && clock == s->last ? PS_PUSH_LEAVE : 0));
 		if (id < 0 || ps_client_wait(c, id)) {
@@ -178,16 +188,23 @@ START_TEST(test_sync_join_leave_exact)
 	struct ps_config cfg;
 	pid_t srv[2];
 	pthread_t th[4];
+	/* rank 0 waits before pushing clocks 12 and 22 until the joins of
+	 * sessions 2 and 3 are done, so they land before it (between 6 and 13,
+	 * 17 and 23) */
 	struct session ss[4] = {
-		{ .rank = 0, .after = 0, .last = END - 1 },
-		{ .rank = 1, .after = 0, .last = 9, .leave = 1 },
-		{ .rank = 2, .after = 5, .last = END - 1, .leave = 1 },
-		{ .rank = 1, .after = 16, .last = END - 1 },
+		{ .rank = 0, .after = 0, .last = END - 1, .gate = { 12, 22 }, .gated = { 2, 3 } },
+		{ .rank = 1, .after = 0, .last = 9, .leave = 1, .gate = { -1, -1 } },
+		{ .rank = 2, .after = 5, .last = END - 1, .leave = 1, .gate = { -1, -1 } },
+		{ .rank = 1, .after = 16, .last = END - 1, .gate = { -1, -1 } },
 	};
 
 	start_cluster(path, &cfg, "sync", "  initial_workers: 2\n", srv);
 	memset(pushed, 0, sizeof(pushed));
 	atomic_store(&progress, 0);
+	for (int i = 0; i < 4; i++) {
+		ss[i].idx = i;
+		atomic_store(&joined[i], 0);
+	}
 	for (int k = 0; k < NT; k++) {
 		w0[k] = calloc((size_t)cfg.tensors[k].count, 4);
 		wend[k] = calloc((size_t)cfg.tensors[k].count, 4);
@@ -207,7 +224,9 @@ START_TEST(test_sync_join_leave_exact)
 		ck_assert_msg(!ss[i].err[0], "session %d: %s", i, ss[i].err);
 	/* the joins happened at clocks after the starts */
 	ck_assert_int_gt(ss[2].first, 5);
+	ck_assert_int_le(ss[2].first, 13);
 	ck_assert_int_gt(ss[3].first, 16);
+	ck_assert_int_le(ss[3].first, 23);
 	printf("measured: rank 2 joined at clock %d (started after clock 5), rank 1 left after "
 	       "clock 9 and joined again at clock %d (started after clock 16)\n", ss[2].first,
 	       ss[3].first);
