@@ -235,8 +235,8 @@ static int member_of(const struct ps_members *m, int rank, uint64_t c, char *why
 		const struct ivl *v = &m->iv[i];
 		if (v->rank != rank)
 			continue;
-		if (v->from <= c && c < v->to)
-			return 1;
+		if (v->from <= c && (c < v->to || v->to == NONE))
+			return 1; /* open: every later clock, UINT64_MAX too */
 		if (v->to <= c)
 			last_to = v->to;
 		if (v->from > c && next_from == NONE)
