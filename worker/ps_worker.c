@@ -883,6 +883,21 @@ int main(int argc, char **argv)
 	rc = g_stop ? 130 : 0;
 	if (g_stop)
 		ps_info("stopped by signal");
+	if (save_model && !g_stop && cfg->consistency == PS_SYNC) {
+		/* members that got the epochs' last batches may train after this
+		 * worker left: the weights after the last clock anyone trained
+		 * (whose members are none, or all past the end) */
+		for (uint64_t v = clock + 1;; v++) {
+			if (pull_weights(cli, &net, cfg, v, pt) || ps_client_members(cli, &mi)) {
+				ps_error("--save-model: pulling the final weights: %s",
+					 ps_client_error(cli));
+				rc = 1;
+				goto out;
+			}
+			if (mi.count == 0 || mi.before >= (uint64_t)(slots * cfg->train.epochs))
+				break;
+		}
+	}
 	if (save_model && !g_stop) {
 		/* host_w holds the weights of the last pull: after the last clock */
 		if (ps_model_save(save_model, cfg, net.host_w, err, sizeof(err))) {
