@@ -25,6 +25,7 @@
 #include "auth.h"
 #include "config.h"
 #include "dataset.h"
+#include "epoch.h"
 #include "model_file.h"
 #include "ctr_train.h"
 #include "net.h"
@@ -267,35 +268,6 @@ err_upload:
 	return -1;
 }
 
-/* Test-set accuracy and mean loss with the weights on the backend. */
-static int evaluate(struct ps_net *net, const struct ps_dataset *test, double *acc, double *loss)
-{
-	int correct_total = 0;
-	double loss_sum = 0;
-
-	for (int first = 0; first < test->n; first += net->batch) {
-		int count = test->n - first < net->batch ? test->n - first : net->batch;
-		float l, *x;
-		int32_t *y;
-		int correct, rc = ps_net_batch_buffers(net, &x, &y);
-		if (!rc) {
-			ps_dataset_fill(test, first, count, x, y);
-			rc = ps_net_batch_ready(net, count);
-		}
-		if (!rc)
-			rc = ps_net_forward(net);
-		if (!rc)
-			rc = ps_net_loss(net, &l, &correct);
-		if (rc)
-			return rc;
-		correct_total += correct;
-		loss_sum += (double)l * count;
-	}
-	*acc = (double)correct_total / test->n;
-	*loss = loss_sum / test->n;
-	return 0;
-}
-
 /* --eval: the test accuracy of saved weights, without servers. */
 static int eval_saved(const struct ps_config *cfg, const char *path)
 {
@@ -322,7 +294,7 @@ static int eval_saved(const struct ps_config *cfg, const char *path)
 		ps_error("--eval: %s", err);
 		goto out;
 	}
-	if (ps_net_upload_weights(&net) || evaluate(&net, &test, &acc, &loss)) {
+	if (ps_net_upload_weights(&net) || ps_epoch_evaluate(&net, &test, &acc, &loss)) {
 		ps_error("evaluation failed: %s", comp->err);
 		goto out;
 	}
@@ -335,125 +307,6 @@ out:
 	if (comp)
 		ops->destroy(comp);
 	return rc;
-}
-
-/* What a worker's epoch counts: its steps, examples and loss, and where
- * its steps spent their time on the main thread: computing (forward,
- * backward, the next batch, reading the loss), waiting for the push thread
- * to hand the gradients to the client, waiting for the network (push acks
- * and the pull, which in sync mode includes waiting for the other workers'
- * pushes), and uploading the pulled weights. */
-struct epoch_acc {
-	int e, steps;
-	long seen, correct;
-	double loss_sum, t_epoch, t_compute, t_push, t_net, t_upload;
-};
-
-/* The batches of an epoch's slots (slot i: images order[i * batch ...]
- * of the epoch's order) and, with --record-examples, the images of the
- * batch staged last, written out when it is trained. */
-struct slot_stage {
-	struct ps_batcher *bt;
-	int epoch;          /* the epoch the batcher's order is for */
-	long slots;         /* per epoch */
-	FILE *record;
-	long slot;          /* staged last */
-	int idx[65536];
-	int n;
-};
-
-/* Stages global slot g (epoch g / slots) for the next forward. */
-static int stage_slot(struct ps_net *net, struct slot_stage *st, long g)
-{
-	float *x;
-	int32_t *y;
-	int e = (int)(g / st->slots), rc = ps_net_batch_buffers(net, &x, &y), count;
-
-	if (rc)
-		return rc;
-	if (e != st->epoch) {
-		ps_batcher_epoch(st->bt, e);
-		st->epoch = e;
-	}
-	ps_batcher_seek(st->bt, (int)(g % st->slots) * st->bt->batch);
-	if (st->record) {
-		st->n = st->bt->batch;
-		memcpy(st->idx, ps_batcher_peek(st->bt), (size_t)st->n * sizeof(int));
-	}
-	st->slot = g;
-	count = ps_batcher_next(st->bt, x, y);
-	return ps_net_batch_ready(net, count);
-}
-
-/* --record-examples: "clock epoch slot image..." of the batch about to be
- * trained (tests check that an epoch trains every image once). */
-static void record_slot(const struct slot_stage *st, uint64_t clock, long g)
-{
-	if (!st->record)
-		return;
-	fprintf(st->record, "%llu %ld %ld", (unsigned long long)clock, g / st->slots, g);
-	for (int i = 0; i < st->n; i++)
-		fprintf(st->record, " %d", st->idx[i]);
-	fputc('\n', st->record);
-	fflush(st->record);
-}
-
-/* The end of this worker's part of epoch ea->e: rank 0 reports the test
- * accuracy (not after a stop signal), and the epoch's JSON line goes to
- * the metrics file. 0, or -1 with the error logged. */
-static int end_epoch(const struct ps_config *cfg, int rank, struct ps_net *net,
-		     const struct ps_dataset *test, const struct ps_compute_ops *ops,
-		     FILE *metrics, struct ps_client *cli, const struct epoch_acc *ea,
-		     double t_start, const double *t_layer, int tty)
-{
-	double elapsed = ps_now_s() - ea->t_epoch, acc = NAN, tloss = NAN;
-
-	if (tty)
-		fputc('\n', stderr);
-	if (rank == 0 && !g_stop) {
-		if (evaluate(net, test, &acc, &tloss)) {
-			ps_error("evaluation: %s", net->c->err);
-			return -1;
-		}
-		ps_info("epoch %d: test accuracy %.4f, test loss %.4f (%d images)", ea->e + 1, acc,
-			tloss, test->n);
-		printf("epoch %d test accuracy %.4f\n", ea->e + 1, acc);
-		fflush(stdout);
-	}
-	if (!metrics)
-		return 0;
-	uint64_t raw, wire;
-	ps_client_push_bytes(cli, &raw, &wire);
-	fprintf(metrics, "{\"mb_pushed_raw\":%.3f,\"mb_pushed_wire\":%.3f,\"codec\":\"%s\",",
-		raw / 1e6, wire / 1e6, ps_codec_get(cfg->compress.codec)->name);
-	fprintf(metrics,
-		"\"rank\":%d,\"epoch\":%d,\"steps\":%d,\"time_s\":%.3f,\"train_loss\":%.6f,"
-		"\"train_accuracy\":%.6f,\"samples_per_s\":%.1f,\"mb_pushed\":%.3f,"
-		"\"device\":\"%s\",\"consistency\":\"%s\",\"compute_s\":%.3f,"
-		"\"push_wait_s\":%.3f,\"net_wait_s\":%.3f,\"upload_s\":%.3f,"
-		"\"net_wait_fraction\":%.4f",
-		rank, ea->e + 1, ea->steps, ps_now_s() - t_start,
-		ea->seen ? ea->loss_sum / ea->seen : NAN,
-		ea->seen ? (double)ea->correct / ea->seen : NAN, ea->seen / elapsed, raw / 1e6,
-		ops->name, cfg->consistency == PS_SYNC ? "sync" : "async", ea->t_compute,
-		ea->t_push, ea->t_net, ea->t_upload,
-		elapsed > 0 ? (ea->t_push + ea->t_net) / elapsed : 0.0);
-	if (cfg->train.pull == PS_PULL_LAYER) {
-		/* keyed by each layer's weight tensor, in push order */
-		fputs(",\"net_wait_layers_s\":{", metrics);
-		for (int k = 0; k < net->ngrads; k++) {
-			int wt, bt;
-			ps_net_pair(net, k, &wt, &bt);
-			fprintf(metrics, "%s\"%s\":%.3f", k ? "," : "", cfg->tensors[wt].name,
-				t_layer[k]);
-		}
-		fputc('}', metrics);
-	}
-	if (!isnan(acc))
-		fprintf(metrics, ",\"test_accuracy\":%.6f,\"test_loss\":%.6f", acc, tloss);
-	fprintf(metrics, "}\n");
-	fflush(metrics);
-	return 0;
 }
 
 /* Connects to the shards, retrying while they are still starting. */
@@ -677,7 +530,7 @@ int main(int argc, char **argv)
 	struct ps_batcher bt = { 0 };
 	struct ps_net net = { 0 };
 	/* a big buffer (the last staged batch's images): static */
-	static struct slot_stage st;
+	static struct ps_slot_stage st;
 	FILE *record = NULL;
 	struct ps_client *cli = NULL;
 	struct ps_pusher *pusher = NULL;
@@ -769,7 +622,7 @@ int main(int argc, char **argv)
 	st.slots = slots;
 	st.record = record;
 	struct ps_members_info mi;
-	struct epoch_acc ea = { .e = -1 };
+	struct ps_epoch_acc ea = { .e = -1 };
 	int leaving = 0;
 	long staged = -1; /* the slot whose batch is ready for the next forward */
 	double last_print = 0, t_mark, t_end;
@@ -781,12 +634,12 @@ int main(int argc, char **argv)
 		}
 		long g = (long)(mi.before + (uint64_t)mi.index);
 		if (g / slots != ea.e) { /* this worker's first slot of a new epoch */
-			if (ea.e >= 0 && end_epoch(cfg, rank, &net, &test, ops, metrics, cli, &ea,
-						   t_start, t_layer, tty))
+			if (ea.e >= 0 && ps_epoch_end(cfg, rank, &net, &test, ops, metrics, cli, &ea,
+						     t_start, t_layer, tty, g_stop))
 				goto out;
 			/* rank 0's evaluation ran batches through the net: stage again */
 			staged = -1;
-			ea = (struct epoch_acc){ .e = (int)(g / slots), .t_epoch = ps_now_s() };
+			ea = (struct ps_epoch_acc){ .e = (int)(g / slots), .t_epoch = ps_now_s() };
 			last_print = 0;
 			for (int k = 0; k < net.ngrads; k++)
 				t_layer[k] = 0;
@@ -803,12 +656,12 @@ int main(int argc, char **argv)
 			leaving = 1;
 			ps_info("stop signal: leaving after clock %llu", (unsigned long long)clock);
 		}
-		if (staged != g && stage_slot(&net, &st, g)) {
+		if (staged != g && ps_slot_stage(&net, &st, g)) {
 			ps_error("batch: %s", comp->err);
 			goto out;
 		}
 		staged = -1;
-		record_slot(&st, clock, g);
+		ps_slot_record(&st, clock, g);
 		const int64_t *ids, *pids;
 		float loss;
 		uint64_t gen = net.gen + 1;
@@ -831,7 +684,7 @@ int main(int argc, char **argv)
 		 * pushes: the slot this worker gets next if the members stay */
 		long next = g + mi.count;
 		if (!leaving && next / slots < cfg->train.epochs) {
-			if (stage_slot(&net, &st, next)) {
+			if (ps_slot_stage(&net, &st, next)) {
 				ps_error("batch: %s", comp->err);
 				goto out;
 			}
@@ -878,7 +731,8 @@ int main(int argc, char **argv)
 	}
 	/* stopped by a signal: the epoch so far (no evaluation) */
 	if (leaving && ea.seen &&
-	    end_epoch(cfg, rank, &net, &test, ops, metrics, cli, &ea, t_start, t_layer, tty))
+	    ps_epoch_end(cfg, rank, &net, &test, ops, metrics, cli, &ea, t_start, t_layer, tty,
+			 g_stop))
 		goto out;
 	rc = g_stop ? 130 : 0;
 	if (g_stop)
