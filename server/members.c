@@ -284,6 +284,15 @@ void ps__members_leave(struct ps_server *s, int rank, uint64_t clock)
 
 	if (!v)
 		return; /* a resent leave, already applied */
+	if (s->cfg->replicas) {
+		/* the backup would not know: both keep the worker, and it is
+		 * dropped when its connections have been gone for the drop
+		 * timeout, as a worker that only went away */
+		ps_warn("worker %d leaves after clock %" PRIu64 ": not applied under "
+			"cluster.replicas: 1 (the membership is not replicated yet); it is dropped "
+			"after limits.drop_timeout_ms instead", rank, clock - 1);
+		return;
+	}
 	v->to = clock > v->from ? clock : v->from;
 	s->members->leaves++;
 	s->live[rank] = 0;
