@@ -674,12 +674,8 @@ int main(int argc, char **argv)
 		ps_pusher_begin(pusher, gen, clock, leaving);
 		/* Workers' gradients are summed by the shards: scale by 1/W so
 		 * the update is the mean over the global batch (W: this clock's
-		 * members that train a batch; at the end of the last epoch some
-		 * only leave). */
-		long trainers = slots * cfg->train.epochs - (long)mi.before;
-		if (trainers > mi.count)
-			trainers = mi.count;
-		if (ps_net_backward(&net, 1.0f / (float)trainers, &gen)) {
+		 * members). */
+		if (ps_net_backward(&net, 1.0f / (float)mi.count, &gen)) {
 			ps_pusher_end(pusher, &ids, &pids, &nids, err, sizeof(err));
 			ps_error("backward at step %d: %s", ea.steps, comp->err);
 			goto out;
