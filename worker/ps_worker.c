@@ -674,7 +674,10 @@ int main(int argc, char **argv)
 		ps_pusher_begin(pusher, gen, clock, leaving);
 		/* Workers' gradients are summed by the shards: scale by 1/W so
 		 * the update is the mean over the global batch (W: this clock's
-		 * members). */
+		 * members; at the end of the last epoch those with no batch left
+		 * only leave, and count as zero gradients: a full-size step on
+		 * the one batch left measured 2-4 points less test accuracy in
+		 * it_train). */
 		if (ps_net_backward(&net, 1.0f / (float)mi.count, &gen)) {
 			ps_pusher_end(pusher, &ids, &pids, &nids, err, sizeof(err));
 			ps_error("backward at step %d: %s", ea.steps, comp->err);
