@@ -759,6 +759,7 @@ void ps__srv_on_tick(uv_timer_t *t)
 	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
 
 	ps__rows_tick(s, now);
+	ps__members_tick(s, now);
 	ps__srv_ckpt_poll(s);
 	auth_log_flush(s, now);
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {

@@ -38,6 +38,7 @@
 #include "members.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "ps_time.h"
 #include "rows.h"
 #include "server_int.h"
 
@@ -53,6 +54,7 @@ struct ps_members {
 	struct ivl *iv;
 	int niv, cap;
 	uint64_t *hold;    /* per rank: the clock a join holds, NONE when none */
+	double *hold_at;   /* ... since when (a hold not followed by its join expires) */
 	uint64_t joins, leaves;
 };
 
@@ -181,7 +183,8 @@ int ps__members_init(struct ps_server *s)
 	int nw = s->cfg->nworkers;
 	struct ps_members *m = calloc(1, sizeof(*m));
 
-	if (!m || !(m->hold = malloc((size_t)nw * sizeof(*m->hold))))
+	if (!m || !(m->hold = malloc((size_t)nw * sizeof(*m->hold))) ||
+	    !(m->hold_at = calloc((size_t)nw, sizeof(*m->hold_at))))
 		goto err_free;
 	m->initial = s->cfg->initial_workers > 0 && s->cfg->initial_workers < nw
 			? s->cfg->initial_workers : nw;
@@ -197,7 +200,7 @@ int ps__members_init(struct ps_server *s)
 
 err_free:
 	if (m)
-		free(m->hold), free(m->iv);
+		free(m->hold), free(m->hold_at), free(m->iv);
 	free(m);
 	return -ENOMEM;
 }
@@ -208,6 +211,7 @@ void ps__members_free(struct ps_server *s)
 		return;
 	free(s->members->iv);
 	free(s->members->hold);
+	free(s->members->hold_at);
 	free(s->members);
 	s->members = NULL;
 }
@@ -357,6 +361,7 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 		uint64_t p = first_open(s, r);
 
 		m->hold[r] = p;
+		m->hold_at[r] = ps_now_s();
 		s->finished[r] = p;
 		s->live[r] = 1;
 		st->member_clock = p;
@@ -389,6 +394,25 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 		PRIu64, r, q->member_clock, ps__members_epoch(s, q->member_clock),
 		q->member_clock);
 	advance(s);
+}
+
+void ps__members_tick(struct ps_server *s, double now)
+{
+	struct ps_members *m = s->members;
+	double limit = s->cfg->limits.request_timeout_ms / 1000.0;
+	int gone = 0;
+
+	for (int r = 0; m && r < s->cfg->nworkers; r++)
+		if (m->hold[r] != NONE && limit > 0 && now - m->hold_at[r] > limit) {
+			ps_warn("worker %d held clock %" PRIu64 " for %.0f s without joining "
+				"(limits.request_timeout_ms): the hold is given up and the clock goes "
+				"on without it", r, m->hold[r], now - m->hold_at[r]);
+			m->hold[r] = NONE;
+			s->live[r] = 0;
+			gone = 1;
+		}
+	if (gone)
+		advance(s);
 }
 
 void ps__members_cancel(struct ps_server *s, int rank)

@@ -42,6 +42,11 @@ int ps__members_check_push(struct ps_server *s, int rank, uint64_t clock, int en
  * clock - 1 and taken out of the live set at once. */
 void ps__members_leave(struct ps_server *s, int rank, uint64_t clock);
 
+/* The periodic tick: a hold not followed by its join within
+ * limits.request_timeout_ms is given up (the joining client is stuck or
+ * gone), so the clock it held goes on. */
+void ps__members_tick(struct ps_server *s, double now);
+
 /* Rank's connections are gone: a join it held is given up. */
 void ps__members_cancel(struct ps_server *s, int rank);
 
