@@ -399,13 +399,16 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 void ps__members_tick(struct ps_server *s, double now)
 {
 	struct ps_members *m = s->members;
-	double limit = s->cfg->limits.request_timeout_ms / 1000.0;
+	/* as long as a worker without a connection is waited for (conn.c) */
+	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
+	double limit = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0
+		       : idle > 0 && idle < 5.0 ? idle : 5.0;
 	int gone = 0;
 
 	for (int r = 0; m && r < s->cfg->nworkers; r++)
 		if (m->hold[r] != NONE && limit > 0 && now - m->hold_at[r] > limit) {
-			ps_warn("worker %d held clock %" PRIu64 " for %.0f s without joining "
-				"(limits.request_timeout_ms): the hold is given up and the clock goes "
+			ps_warn("worker %d held clock %" PRIu64 " for %.1f s without joining "
+				"(limits.drop_timeout_ms): the hold is given up and the clock goes "
 				"on without it", r, m->hold[r], now - m->hold_at[r]);
 			m->hold[r] = NONE;
 			s->live[r] = 0;

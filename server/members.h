@@ -43,7 +43,7 @@ int ps__members_check_push(struct ps_server *s, int rank, uint64_t clock, int en
 void ps__members_leave(struct ps_server *s, int rank, uint64_t clock);
 
 /* The periodic tick: a hold not followed by its join within
- * limits.request_timeout_ms is given up (the joining client is stuck or
+ * limits.drop_timeout_ms (its default as conn.c's) is given up (the joining client is stuck or
  * gone), so the clock it held goes on. */
 void ps__members_tick(struct ps_server *s, double now);
 

@@ -11,6 +11,7 @@
 #include "ps_time.h"
 #include "config.h"
 #include "ps_client.h"
+#include "ps_client_int.h"
 #include "ps_err.h"
 #include "test_util.h"
 
@@ -733,6 +734,66 @@ START_TEST(test_restart_keeps_membership)
 }
 END_TEST
 
+/* ---- a hold without its join expires ---- */
+
+/* Only the first step of a join: shard k holds its first open clock for
+ * c's rank (what a client that hangs between the steps leaves behind). */
+static void hold_only(struct ps_client *c, int k)
+{
+	static struct ps_shard_stats st;
+	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
+	struct req *r = ps__client_req_new(c, REQ_STATS);
+
+	ck_assert_ptr_nonnull(r);
+	r->stats = &st;
+	r->id = ps__client_reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	m.member_op = PS__MEMBER_OP__MEMBER_HOLD;
+	ck_assert_int_eq(ps__client_pack_part(&r->parts[k], &m.base), 0);
+	int64_t id = ps__client_submit_built(c, 0, r);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
+	ck_assert_int_eq(st.member_status, 0);
+}
+
+/* Rank 2 leaves after clock 0 and then only holds clock 1 on both shards
+ * (it never sends the join): the others' clock 1 waits for it about
+ * limits.drop_timeout_ms (0.8 s), then goes on without it. */
+START_TEST(test_hold_expires)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_client *c[3];
+	struct ps_tensor w[NT];
+
+	start_cluster(path, &cfg, "sync", "limits:\n  drop_timeout_ms: 800\n"
+		      "  request_timeout_ms: 20000\n", srv);
+	for (int r = 0; r < 3; r++) {
+		c[r] = connect_retry(&cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	push_const(c[0], &cfg, 0, 0);
+	push_const(c[1], &cfg, 1, 0);
+	ck_assert_int_eq(ps_client_leave(c[2], 0), 0);
+	for (int k = 0; k < 2; k++)
+		hold_only(c[2], k);
+	push_const(c[0], &cfg, 0, 1);
+	push_const(c[1], &cfg, 1, 1);
+	tensors_new(&cfg, w);
+	double t0 = ps_now_s();
+	int64_t id = ps_client_pull(c[0], 2, w, NT);
+	ck_assert_msg(id > 0 && ps_client_wait(c[0], id) == 0, "%s", ps_client_error(c[0]));
+	double dt = ps_now_s() - t0;
+	printf("measured: a hold without its join held clock 1 for %.2f s (drop timeout 0.8 s)\n",
+	       dt);
+	ck_assert_msg(dt > 0.6 && dt < 5, "clock 1 closed after %.2f s", dt);
+	tensors_free(w);
+	for (int r = 0; r < 3; r++)
+		ps_client_free(c[r]);
+	stop_cluster(path, srv);
+}
+END_TEST
+
 /* ---- refusals ---- */
 
 /* A worker that left is refused naming the clock it left at; a config
@@ -787,6 +848,7 @@ int main(void)
 	TU_ADD(tc, test_async_join_resend_once);
 	TU_ADD(tc, test_refusals);
 	TU_ADD(tc, test_restart_keeps_membership);
+	TU_ADD(tc, test_hold_expires);
 	TU_ADD(tc, test_worker_data_once);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
