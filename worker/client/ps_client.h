@@ -306,10 +306,14 @@ uint64_t ps_client_clock(struct ps_client *c);
  * Makes this worker a member of the running cluster from a clock every
  * shard agrees on: each shard holds its first open clock for it, then all
  * are told the largest plus one, and ps_client_clock() becomes that clock
- * (pull it, then push it). ps_client_init calls it for every worker, so
- * a rank above cluster.initial_workers, or one that left, joins by
- * starting; for a member already it does nothing. 0 or a negative code
- * (PS_EREFUSED with the shard's reason, e.g. under cluster.replicas: 1). */
+ * (pull it, then push it). In an elastic cluster (cluster.initial_workers
+ * below cluster.workers) ps_client_init calls it for every worker, so a
+ * rank that is not a member joins by starting; ps-worker calls it in any
+ * cluster (a rank that left comes back). For a member already it does
+ * nothing but start ps_client_clock() at its join clock. 0 or a negative
+ * code (PS_EREFUSED with the shard's reason, e.g. under
+ * cluster.replicas: 1, or when half a join survived a crash and a shard
+ * passed its clock; reason in ps_client_error). */
 int ps_client_join(struct ps_client *c);
 
 /* Ends clock (the worker's last; what it pushed for it counts) and leaves:
