@@ -194,6 +194,10 @@ struct ps_config {
 	int nshards;
 	struct ps_endpoint shards[PS_MAX_SHARDS];
 	int nworkers;
+	/* cluster.initial_workers: ranks below it are members from clock 0,
+	 * the others join at run time (server/members.c); == nworkers unless
+	 * the cluster is elastic */
+	int initial_workers;
 	/* cluster.replicas: 1 gives every shard a second process at
 	 * backups[k] that holds the same state (server/replica.h) */
 	int replicas;

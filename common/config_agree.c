@@ -76,6 +76,8 @@ size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len)
 		put(buf, len, &at, "optimizer.dampening=%.9g\n", (double)o->dampening);
 	if (o->average)
 		put(buf, len, &at, "optimizer.average=true\n");
+	if (cfg->initial_workers && cfg->initial_workers != cfg->nworkers)
+		put(buf, len, &at, "cluster.initial_workers=%d\n", cfg->initial_workers);
 	if (cfg->ntables - cfg->ndecl_tables) {
 		/* a Hello is at most PS_WIRE_HANDSHAKE_MAX bytes: the tables'
 		 * settings travel as one digest of their lines; declared tables

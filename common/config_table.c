@@ -45,7 +45,12 @@ const struct opt cfg_opts[] = {
 	O("cluster.servers", T_SERVERS, F_REQUIRED, 1, PS_MAX_SHARDS, NULL, NULL, C, shards,
 	  "listen address of each shard; the position in the list is the shard id"),
 	O("cluster.workers", T_INT, F_REQUIRED, 1, 4096, NULL, NULL, C, nworkers,
-	  "number of worker processes (ranks 0..workers-1)"),
+	  "number of worker ranks (0..workers-1): the most workers the cluster may ever have "
+	  "at once (every per-worker table of a shard and its checkpoint is sized by it)"),
+	O("cluster.initial_workers", T_INT, 0, 0, 4096, "0", NULL, C, initial_workers,
+	  "elastic membership: ranks below it are members from clock 0, the others join a "
+	  "running cluster (ps-worker with their rank; docs/reliability.md); 0: every rank "
+	  "(cluster.workers), as with a fixed worker count"),
 	O("cluster.replicas", T_INT, 0, 0, 1, "0", NULL, C, replicas,
 	  "1: every shard has a backup process (at cluster.backups) holding the same state; a "
 	  "push is acknowledged once the backup has it, and the backup takes over when the "

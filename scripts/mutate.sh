@@ -64,10 +64,12 @@ suites_for() {
     server/table_ckpt.c)       echo it_rows it_export.sh ;;
     server/reader.c)           echo it_reader ;;
     server/decl_tables.c)      echo it_decl_tables ;;
+    server/members.c)          echo it_elastic ;;
     server/*)                  echo it_cluster it_checkpoint it_hostile ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables ;;
+    worker/client/ps_client_members.c) echo it_elastic ;;
     worker/client/ps_client*)         echo it_fake_shard it_cluster it_checkpoint it_hostile ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;

@@ -23,6 +23,7 @@
 #include "rows.h"
 #include "table_ckpt.h"
 #include "replica.h"
+#include "members.h"
 #include "server_int.h"
 
 /* A checkpoint was written: a full one (seq 0) is the new base of the
@@ -114,7 +115,8 @@ struct ps_ckpt_job {
 };
 
 static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
-		       const struct ps_ckpt_job *ck, int ck_status, const char *ck_err);
+		       const struct ps_ckpt_job *ck, int ck_status, const char *ck_err,
+		       const Ps__StatsRequest *q);
 
 static void ckpt_work(uv_work_t *req)
 {
@@ -139,7 +141,7 @@ static void ckpt_finish(struct ps_ckpt_job *j)
 	ps_checkpoint_image_free(&j->img);
 	s->ckpt_job = NULL;
 	if (j->requester)
-		send_stats(s, j->requester, j->req_id, j, j->rc, j->err);
+		send_stats(s, j->requester, j->req_id, j, j->rc, j->err, NULL);
 	free(j);
 	if (s->ckpt_final) {
 		/* a signal came meanwhile: the last checkpoint has every update */
@@ -327,7 +329,7 @@ static void checkpoint_request(struct ps_server *s, struct ps_srv_conn *sc,
 	if (rc == -EBUSY)
 		rc = PS_ESTATE;
 	ps_warn("checkpoint asked by %s refused: %s", sc->conn->peer, err);
-	send_stats(s, sc, m->req_id, NULL, rc, err);
+	send_stats(s, sc, m->req_id, NULL, rc, err, NULL);
 }
 
 /* A worker found the other shards resumed at a newer clock than this
@@ -364,15 +366,18 @@ void ps__srv_handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	if (m->checkpoint)
 		checkpoint_request(s, sc, m);
 	else
-		send_stats(s, sc, m->req_id, NULL, 0, NULL);
+		send_stats(s, sc, m->req_id, NULL, 0, NULL, m);
 }
 
 /* The counters; with ck_err set, also a checkpoint's outcome (ck the
- * written one, or NULL when it was refused with ck_status). */
+ * written one, or NULL when it was refused with ck_status); with q, the
+ * answer to its membership request (members.h). */
 static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
-		       const struct ps_ckpt_job *ck, int ck_status, const char *ck_err)
+		       const struct ps_ckpt_job *ck, int ck_status, const char *ck_err,
+		       const Ps__StatsRequest *q)
 {
 	Ps__Stats st = PS__STATS__INIT;
+	char member_err[300];
 	int nw = s->cfg->nworkers;
 	Ps__WorkerClock *wc = calloc((size_t)nw, sizeof(*wc));
 	Ps__WorkerClock **wp = calloc((size_t)nw, sizeof(*wp));
@@ -443,7 +448,8 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	st.n_pull_latency_log2us = PS_HISTO_BUCKETS;
 	st.pull_latency_log2us = s->c.pull_lat.count;
 	st.pull_latency_sum_s = s->c.pull_lat.sum_s;
-	if (ps__rows_stats(s, &st)) {
+	if (ps__members_stats(s, sc, q, &st, member_err, sizeof(member_err)) ||
+	    ps__rows_stats(s, &st)) {
 		ps_msg_send_error(sc->conn, req_id, -ENOMEM, "out of memory");
 		goto out_free;
 	}
@@ -452,6 +458,7 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	ps_msg_send(sc->conn, PS_MSG_STATS, &st.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 	ps__rows_stats_free(&st);
 out_free:
+	free(st.members);
 	free(wc);
 	free(wp);
 }

@@ -25,6 +25,7 @@
 #include "ps_log.h"
 #include "replica.h"
 #include "rows.h"
+#include "members.h"
 #include "server_int.h"
 
 /* A refusal went out (or failed to: the peer reset the connection, and
@@ -254,7 +255,7 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 	if (sc->rank >= 0) {
 		s->connected[sc->rank]++;
 		s->gone_since[sc->rank] = 0;
-		if (!s->live[sc->rank]) {
+		if (!s->live[sc->rank] && ps__members_current(s, sc->rank)) {
 			s->live[sc->rank] = 1;
 			ps_warn("worker %d rejoined (incarnation %016" PRIx64 ") at clock %" PRIu64,
 				sc->rank, sc->incarnation, ps__srv_resume_clock(s));
@@ -509,6 +510,23 @@ void ps__srv_on_accept(struct ps_transport *t, struct ps_conn *c)
 	ps_debug("connection from %s", c->peer);
 }
 
+/* A push (or row push) from a worker that is not a member of its clock
+ * (it left, has not joined, or joined at a later clock): refused with an
+ * Error naming why (members.h); nothing of it is applied. 1 when refused. */
+static int refused_push(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+			uint64_t clock, int end, int leave)
+{
+	char why[200];
+	int rc = ps__members_check_push(s, sc->rank, clock, end, leave, why, sizeof(why));
+
+	if (!rc)
+		return 0;
+	s->c.errors++;
+	ps_warn("worker %d: push for clock %" PRIu64 " refused: %s", sc->rank, clock, why);
+	ps_msg_send_error(sc->conn, req_id, rc, "%s", why);
+	return 1;
+}
+
 void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 {
 	struct ps_srv_conn *sc = c->data;
@@ -571,6 +589,9 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 			ps_warn("closing connection from %s: push from a non-worker", c->peer);
 			goto err_free_msg;
 		}
+		if (refused_push(s, sc, ((Ps__Push *)m)->req_id, ((Ps__Push *)m)->clock,
+				 ((Ps__Push *)m)->end_clock, ((Ps__Push *)m)->leave))
+			break;
 		ps__srv_handle_push(s, sc, (Ps__Push *)m, f);
 		keep = 1;
 		break;
@@ -585,6 +606,9 @@ void ps__srv_on_frame(struct ps_conn *c, struct ps_frame *f)
 			ps_warn("closing connection from %s: row push from a non-worker", c->peer);
 			goto err_free_msg;
 		}
+		if (refused_push(s, sc, ((Ps__PushRows *)m)->req_id, ((Ps__PushRows *)m)->clock,
+				 0, 0))
+			break;
 		ps__rows_handle_push(s, sc, (Ps__PushRows *)m, f);
 		break;
 	case PS_MSG_DECLARE:
@@ -643,6 +667,7 @@ static void drop_worker(struct ps_server *s, int rank)
 	int nlive = 0;
 
 	s->live[rank] = 0;
+	ps__members_cancel(s, rank);
 	for (int r = 0; r < s->cfg->nworkers; r++)
 		nlive += s->live[r];
 	ps_warn("worker %d left the live set; %d of %d workers remain", rank, nlive,
@@ -734,6 +759,7 @@ void ps__srv_on_tick(uv_timer_t *t)
 	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
 
 	ps__rows_tick(s, now);
+	ps__members_tick(s, now);
 	ps__srv_ckpt_poll(s);
 	auth_log_flush(s, now);
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {

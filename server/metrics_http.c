@@ -24,6 +24,7 @@
 #include <uv.h>
 #include "codec.h"
 #include "histo.h"
+#include "members.h"
 #include "metrics_http.h"
 #include "replica.h"
 #include "ps_err.h"
@@ -31,6 +32,7 @@
 #include "ps_time.h"
 #include "rows.h"
 #include "server.h"
+#include "server_int.h"
 
 #define LOOP_WAIT_S 2           /* /metrics waits this for the loop; /healthz: beat age */
 #define BEAT_MS 250             /* the loop's liveness beat (and deadline scan) */
@@ -221,6 +223,17 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 		   "# TYPE ps_worker_connected gauge\n");
 	for (int r = 0; r < nw; r++)
 		fprintf(f, "ps_worker_connected{worker=\"%d\"} %d\n", r, s->connected[r] > 0);
+	{
+		uint64_t joins, leaves;
+
+		ps__members_counts(s, &joins, &leaves);
+		counter(f, "ps_member_joins_total", "Workers that joined the running cluster.",
+			joins);
+		counter(f, "ps_member_leaves_total", "Workers that left on purpose (not dropped).",
+			leaves);
+		gauge(f, "ps_member_epoch", "Membership changes in effect at the shard's clock.",
+		      (double)ps__members_epoch(s, ps__srv_resume_clock(s)));
+	}
 	gauge(f, "ps_clock_staleness", "Fastest minus slowest worker clock.",
 	      nw ? (double)(hi - lo) : 0.0);
 	gauge(f, "ps_max_clock_gap", "Largest clock gap a pull was answered with.",

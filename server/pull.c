@@ -13,6 +13,7 @@
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "members.h"
 #include "server_int.h"
 
 static int pull_ready(const struct ps_server *s, const struct ps_waiting_pull *p)
@@ -90,6 +91,12 @@ static void send_pull_reply(struct ps_server *s, struct ps_waiting_pull *p)
 	r.req_id = p->req_id;
 	r.n_slices = p->n;
 	r.slices = ptrs;
+	/* sync: the members of the clock the puller starts next */
+	if (ps__members_fill_pull(s, s->cfg->consistency == PS_SYNC ? p->min_version : p->clock,
+				  &r)) {
+		ps_msg_send_error(p->sc->conn, p->req_id, -ENOMEM, "out of memory");
+		goto out_free;
+	}
 	/* The weights change with the next apply: volatile send. */
 	rc = ps_msg_send(p->sc->conn, PS_MSG_PULL_REPLY, &r.base, iov, (int)p->n, PS_SEND_VOLATILE,
 			 NULL, NULL);
@@ -99,6 +106,7 @@ static void send_pull_reply(struct ps_server *s, struct ps_waiting_pull *p)
 	if (p->clock > fin && p->clock - fin > s->c.max_clock_gap)
 		s->c.max_clock_gap = p->clock - fin;
 	s->c.bytes_out += off;
+	free(r.members);
 out_free:
 	free(enc);
 	if (refs != refs_small) {

@@ -15,6 +15,7 @@
 #include "optim_group.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "members.h"
 #include "replica.h"
 #include "rows.h"
 #include "server_int.h"
@@ -245,6 +246,8 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		ps__rows_advance(s);
 		changed = 1;
 	}
+	if (m->leave)
+		ps__members_leave(s, sc->rank, m->clock + 1); /* checked: it ends the clock */
 	if (nlate)
 		ps_debug("worker %d: clock %" PRIu64 ": %d slice(s) had gone on without it (it "
 			 "rejoined after they applied that clock): their part set aside", sc->rank,

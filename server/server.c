@@ -17,6 +17,7 @@
 #include "ps_log.h"
 #include "replica.h"
 #include "rows.h"
+#include "members.h"
 #include "server_int.h"
 
 /* The slowest finished clock over the live workers (the fastest when none
@@ -199,6 +200,9 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 	}
 	/* every rank is waited for until it has been seen to leave */
 	memset(s->live, 1, (size_t)cfg->nworkers);
+	rc = ps__members_init(s); /* ranks that join later are not */
+	if (rc)
+		goto err_free_store;
 	s->store.live = s->live;
 	s->store.finished = s->finished;
 	if (cfg->security.auth) {
@@ -243,6 +247,11 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 			}
 			s->ckpt_loaded = 1;
 			s->ckpt_last_ok = ps_now_s();
+			rc = ps__members_load(s, err, sizeof(err));
+			if (rc) {
+				ps_error("refusing to start: %s", err);
+				goto err_free_store;
+			}
 			ps_info("resumed from %s%s%.0d%s: clock %" PRIu64, s->ckpt_path,
 				rc ? " and " : "", rc, rc ? " incremental checkpoints" : "",
 				ps__srv_resume_clock(s));
@@ -323,6 +332,7 @@ err_free_store:
 	free(s->gone_since);
 	free(s->dedup);
 	free(s->seen);
+	ps__members_free(s);
 	ps__rows_free(s);
 	ps_store_free(&s->store);
 err_free_map:
@@ -359,6 +369,7 @@ void ps_server_free(struct ps_server *s)
 	free(s->gone_since);
 	free(s->dedup);
 	free(s->seen);
+	ps__members_free(s);
 	ps__repl_free(s);
 	ps__rows_free(s);
 	ps_store_free(&s->store);

@@ -24,6 +24,7 @@ struct ps_metrics_http;
 struct ps_ckpt_job;
 struct ps_repl;
 struct ps_srv_rows;
+struct ps_members;
 
 struct ps_server_counters {
 	uint64_t pushes, pulls, acks, errors, rejected_frames;
@@ -85,6 +86,7 @@ struct ps_server {
 	int replica;                  /* 0: at cluster.servers[shard], 1: at cluster.backups[shard] */
 	struct ps_repl *repl;         /* cluster.replicas: 1 (replica.h), else NULL */
 	struct ps_srv_rows *rows;     /* embedding tables (rows.h) */
+	struct ps_members *members;   /* who counts at which clock (members.h) */
 	/* Incremental checkpoints: the full file they build on (valid when
 	 * ckpt_have_base), and how many follow it. */
 	int ckpt_have_base;

@@ -513,6 +513,16 @@ int ps_batcher_batches(const struct ps_batcher *b)
 	return b->batch ? b->count / b->batch : 0;
 }
 
+void ps_batcher_seek(struct ps_batcher *b, int pos)
+{
+	b->pos = pos >= 0 && pos <= b->count ? pos : b->count;
+}
+
+const int *ps_batcher_peek(const struct ps_batcher *b)
+{
+	return b->order + b->pos;
+}
+
 void ps_batcher_free(struct ps_batcher *b)
 {
 	free(b->order);

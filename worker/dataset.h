@@ -91,6 +91,11 @@ int ps_batcher_next(struct ps_batcher *b, float *x, int32_t *y);
 /* Full batches per epoch. */
 int ps_batcher_batches(const struct ps_batcher *b);
 
+/* The next batch is read from position pos of this epoch's order (a
+ * multiple of the batch below count), and the image indices it holds. */
+void ps_batcher_seek(struct ps_batcher *b, int pos);
+const int *ps_batcher_peek(const struct ps_batcher *b);
+
 /* Frees the order and empties b; safe on an empty batcher. */
 void ps_batcher_free(struct ps_batcher *b);
 

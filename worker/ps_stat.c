@@ -93,7 +93,9 @@ static void usage(FILE *f)
 		"gap between them out of the most the consistency mode allows (sync 1,\n"
 		"async staleness + 1: clocks are counted when finished), share of time\n"
 		"spent applying the optimizer,\n"
-		"rejected frames and connections. Rates cover the interval between two\n"
+		"rejected frames and connections; with workers joining or leaving (an\n"
+		"elastic cluster), each shard's membership epoch, members and joins and\n"
+		"leaves. Rates cover the interval between two\n"
 		"samples. A shard that cannot be reached shows as down with the reason.\n"
 		"\n"
 		"Options:\n"
@@ -420,6 +422,45 @@ static void print_tables(FILE *f, const struct ps_config *cfg, const struct snap
 	}
 }
 
+/* The member list of st ("0 1 3", the first 64) into buf. */
+static void member_list(const struct ps_shard_stats *st, char *buf, size_t len)
+{
+	size_t at = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < st->nmembers && i < 64 && at < len; i++)
+		at += (size_t)snprintf(buf + at, len - at, "%s%d", i ? " " : "", st->members[i]);
+	if (st->nmembers > 64 && at < len)
+		snprintf(buf + at, len - at, " ...");
+}
+
+/* Elastic membership (docs/reliability.md): per shard, the epoch at its
+ * clock, the members of that clock, the joins and leaves so far. Shown when
+ * the cluster is elastic or a worker joined or left. */
+static void print_members(FILE *f, const struct ps_config *cfg, const struct snap *b)
+{
+	int any = cfg->initial_workers && cfg->initial_workers < cfg->nworkers;
+
+	for (int k = 0; k < cfg->nshards; k++)
+		any |= b[k].up && (b[k].st.joins || b[k].st.leaves);
+	if (!any)
+		return;
+	fprintf(f, "\n%-6s %6s %8s %6s %6s %s\n", "shard", "epoch", "at clock", "joins", "leaves",
+		"members");
+	for (int k = 0; k < cfg->nshards; k++) {
+		char list[400];
+
+		if (!b[k].up) {
+			fprintf(f, "%-6d down\n", k);
+			continue;
+		}
+		member_list(&b[k].st, list, sizeof(list));
+		fprintf(f, "%-6d %6" PRIu64 " %8" PRIu64 " %6" PRIu64 " %6" PRIu64 " %d: %s\n", k,
+			b[k].st.member_epoch, b[k].st.member_current, b[k].st.joins, b[k].st.leaves,
+			b[k].st.nmembers, list);
+	}
+}
+
 static void print_table(FILE *f, const struct ps_config *cfg, const struct snap *b,
 			const struct row *rows, const struct row *tot, double dt, int workers)
 {
@@ -444,6 +485,7 @@ static void print_table(FILE *f, const struct ps_config *cfg, const struct snap 
 		fprintf(f, "%-6s %-4s no shard answered\n", "total", "down");
 	print_tables(f, cfg, b);
 	print_checkpoints(f, cfg, b, rows);
+	print_members(f, cfg, b);
 	if (cfg->replicas) {
 		static const char *const role[] = { "off", "joining", "backup", "primary" };
 		fprintf(f, "\n%-6s %-22s %-8s %6s %-22s %-8s %9s %9s\n", "shard", "process", "role",
@@ -586,6 +628,16 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 				ts->version);
 		}
 		fputc(']', f);
+		if (rows[k].up) {
+			const struct ps_shard_stats *x = &b[k].st;
+			fprintf(f, ",\"membership\":{\"epoch\":%" PRIu64 ",\"clock\":%" PRIu64
+				",\"joins\":%" PRIu64 ",\"leaves\":%" PRIu64 ",\"count\":%d,"
+				"\"members\":[", x->member_epoch, x->member_current, x->joins, x->leaves,
+				x->nmembers);
+			for (int i = 0; i < x->nmembers && i < 64; i++)
+				fprintf(f, "%s%d", i ? "," : "", x->members[i]);
+			fprintf(f, "]}");
+		}
 		if (cfg->replicas) {
 			static const char *const role[] = { "off", "joining", "backup", "primary" };
 			fprintf(f, ",\"replicas\":[");

@@ -28,6 +28,7 @@ struct ps_pusher {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	uint64_t gen, clock;          /* the job: pass gen, pushed at clock */
+	int leave;                    /* ... whose clock-ending push leaves (PS_PUSH_LEAVE) */
 	uint64_t done;                /* the last pass finished */
 	int stop;
 	int rc;                       /* the job's outcome */
@@ -41,7 +42,7 @@ struct ps_pusher {
 };
 
 /* Pushes the pairs of pass gen; 0 or the first error (reason in p->err). */
-static int push_pass(struct ps_pusher *p, uint64_t gen, uint64_t clock)
+static int push_pass(struct ps_pusher *p, uint64_t gen, uint64_t clock, int leave)
 {
 	const struct ps_config *cfg = p->cfg;
 	struct ps_net *net = p->net;
@@ -62,7 +63,8 @@ static int push_pass(struct ps_pusher *p, uint64_t gen, uint64_t clock)
 		}
 		p->t[k][0] = ps_tensor_of(cfg, wt, net->host_g[wt]);
 		p->t[k][1] = ps_tensor_of(cfg, bt, net->host_g[bt]);
-		unsigned flags = last ? PS_PUSH_END_CLOCK : PS_PULL_AFTER_CLOCK;
+		unsigned flags = last ? PS_PUSH_END_CLOCK | (leave ? PS_PUSH_LEAVE : 0)
+				      : PS_PULL_AFTER_CLOCK;
 		int64_t id, ids[2] = { 0, 0 };
 		if (per_layer) {
 			struct ps_tensor *w = p->w + 2 * k;
@@ -75,7 +77,8 @@ static int push_pass(struct ps_pusher *p, uint64_t gen, uint64_t clock)
 						ids);
 			id = rc ? rc : ids[0];
 		} else {
-			id = ps_client_push(p->cli, clock, p->t[k], 2, flags & PS_PUSH_END_CLOCK);
+			id = ps_client_push(p->cli, clock, p->t[k], 2,
+					    flags & (PS_PUSH_END_CLOCK | PS_PUSH_LEAVE));
 		}
 		if (id < 0) {
 			snprintf(p->err, sizeof(p->err), "push at clock %llu: %s",
@@ -99,8 +102,9 @@ static void *run(void *arg)
 		if (p->stop)
 			break;
 		uint64_t gen = p->gen, clock = p->clock;
+		int leave = p->leave;
 		pthread_mutex_unlock(&p->mu);
-		int rc = push_pass(p, gen, clock);
+		int rc = push_pass(p, gen, clock, leave);
 		pthread_mutex_lock(&p->mu);
 		p->rc = rc;
 		p->done = gen;
@@ -162,11 +166,12 @@ err_nomem:
 	return -ENOMEM;
 }
 
-void ps_pusher_begin(struct ps_pusher *p, uint64_t gen, uint64_t clock)
+void ps_pusher_begin(struct ps_pusher *p, uint64_t gen, uint64_t clock, int leave)
 {
 	pthread_mutex_lock(&p->mu);
 	p->gen = gen;
 	p->clock = clock;
+	p->leave = leave;
 	pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
 }

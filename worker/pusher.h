@@ -17,9 +17,11 @@ struct ps_pusher;
 /* Starts the thread for net's gradients through cli. */
 int ps_pusher_start(struct ps_pusher **out, struct ps_client *cli, struct ps_net *net,
 		    const struct ps_config *cfg, char *err, size_t errlen);
-/* Hands over backward pass gen (from ps_net_backward) to push at clock;
- * returns at once. May be called before ps_net_backward(gen) itself. */
-void ps_pusher_begin(struct ps_pusher *p, uint64_t gen, uint64_t clock);
+/* Hands over backward pass gen (from ps_net_backward) to push at clock,
+ * its clock-ending push leaving the membership when leave is set
+ * (PS_PUSH_LEAVE); returns at once. May be called before
+ * ps_net_backward(gen) itself. */
+void ps_pusher_begin(struct ps_pusher *p, uint64_t gen, uint64_t clock, int leave);
 /* Waits until every gradient pair of the pass has been handed to the
  * client; *ids, *nids: the push requests to ps_client_wait for, in push
  * order, and (pulls not NULL) *pulls: with train.pull: layer the pull of

@@ -51,7 +51,7 @@ from torch.optim.optimizer import required as _required
 
 from . import Client, ConfigError, ConnectionError, StateError, _config_arg, _ps
 
-__all__ = ["init", "shutdown", "client", "rank", "size", "DistributedOptimizer",
+__all__ = ["init", "shutdown", "client", "rank", "size", "index", "members", "DistributedOptimizer",
            "Average", "Sum", "supported_optimizers", "Embedding", "EmbeddingBag", "Prefetch"]
 
 #: How a sync clock's gradients are combined (hvd.Average, hvd.Sum).
@@ -104,8 +104,25 @@ def rank() -> int:
 
 
 def size() -> int:
-    """The number of workers (cluster.workers)."""
-    return client().config.nworkers
+    """The number of workers that are members of this worker's next clock
+    (cluster.workers in a cluster whose membership never changed; fewer or
+    more once workers joined or left: docs/reliability.md)."""
+    return client().members()["count"]
+
+
+def index() -> int:
+    """This worker's place among the members of its next clock (ascending
+    ranks; its rank in a cluster whose membership never changed), -1 when it
+    is not one (it left)."""
+    return client().members()["index"]
+
+
+def members() -> dict:
+    """The membership of this worker's next clock as the last pull told it:
+    {"clock", "epoch", "before", "count", "index"}. A data loader that takes
+    batch slot before + index of each step trains every slot of its order
+    once, whoever joins or leaves (docs/python.md)."""
+    return client().members()
 
 
 # ---- mapping torch optimizers to the shards' rules ----

@@ -544,6 +544,71 @@ static PyObject *client_clock(pyps_client *self, PyObject *noarg)
 	return PyLong_FromUnsignedLongLong(clock);
 }
 
+/* join(): ps_client_join (a member already: nothing to do). */
+static PyObject *client_join(pyps_client *self, PyObject *noarg)
+{
+	char err[600] = "";
+	int rc;
+
+	(void)noarg;
+	if (pyps_client_enter(self) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = ps_client_join(self->c);
+	if (rc)
+		pyps_client_errtext(self, err, sizeof(err));
+	Py_END_ALLOW_THREADS
+	pyps_client_leave(self);
+	if (rc)
+		return fail(self, rc, "join", err);
+	Py_RETURN_NONE;
+}
+
+/* leave(clock=None): ps_client_leave at clock (default: the client's). */
+static PyObject *client_leave_cluster(pyps_client *self, PyObject *args, PyObject *kw)
+{
+	static char *kws[] = { "clock", NULL };
+	PyObject *clk = Py_None;
+	char err[600] = "";
+	uint64_t clock;
+	int rc;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kws, &clk) ||
+	    pyps_client_enter(self) < 0)
+		return NULL;
+	if (get_u64(clk, ps_client_clock(self->c), &clock) < 0) {
+		pyps_client_leave(self);
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS
+	rc = ps_client_leave(self->c, clock);
+	if (rc)
+		pyps_client_errtext(self, err, sizeof(err));
+	Py_END_ALLOW_THREADS
+	pyps_client_leave(self);
+	if (rc)
+		return fail(self, rc, "leave", err);
+	Py_RETURN_NONE;
+}
+
+/* members() -> dict: ps_client_members. */
+static PyObject *client_members(pyps_client *self, PyObject *noarg)
+{
+	struct ps_members_info mi;
+	int rc;
+
+	(void)noarg;
+	if (pyps_client_enter(self) < 0)
+		return NULL;
+	rc = ps_client_members(self->c, &mi);
+	pyps_client_leave(self);
+	if (rc)
+		return fail(self, rc, "members", "not a worker");
+	return Py_BuildValue("{s:K,s:K,s:K,s:i,s:i}", "clock", (unsigned long long)mi.clock,
+			     "epoch", (unsigned long long)mi.epoch, "before",
+			     (unsigned long long)mi.before, "count", mi.count, "index", mi.index);
+}
+
 /* The optimizer groups of declare(): groups, a sequence of tuples (kind,
  * lr, momentum, dampening, nesterov, beta1, beta2, eps, weight_decay,
  * lr_decay, initial_accumulator, average) that ps.Client.declare made from
@@ -895,6 +960,13 @@ static PyMethodDef client_methods[] = {
 	  "set_lr(group, lr): the learning rate of an optimizer group from the next push on" },
 	{ "clock", (PyCFunction)client_clock, METH_NOARGS,
 	  "the clock the next push belongs to (clocks finished so far)" },
+	{ "join", (PyCFunction)client_join, METH_NOARGS,
+	  "join(): become a member of the running cluster (nothing for a member)" },
+	{ "leave", (PyCFunction)(void (*)(void))client_leave_cluster, METH_VARARGS | METH_KEYWORDS,
+	  "leave(clock=None): end clock (default: the current one) and leave the membership" },
+	{ "members", (PyCFunction)client_members, METH_NOARGS,
+	  "members() -> {clock, epoch, before, count, index}: the membership the last pull "
+	  "told" },
 	{ "close", (PyCFunction)client_close, METH_NOARGS,
 	  "closes every connection (once calls and handles in flight are done)" },
 	{ NULL, NULL, 0, NULL },

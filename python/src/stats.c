@@ -89,6 +89,13 @@ PyObject *pyps_stats_dict(const struct ps_shard_stats *s)
 		}
 	if (put(d, "worker_up", l))
 		goto err;
+	l = PyList_New(s->nmembers < 64 ? s->nmembers : 64);
+	for (int i = 0; l && i < s->nmembers && i < 64; i++)
+		if (PyList_SetItem(l, i, PyLong_FromLong(s->members[i])) < 0)
+			Py_CLEAR(l);
+	if (put(d, "members", l) || U64(d, s, member_epoch) || U64(d, s, member_current) ||
+	    U64(d, s, joins) || U64(d, s, leaves))
+		goto err;
 	l = PyList_New(nt);
 	for (int i = 0; l && i < nt; i++) {
 		PyObject *t = table_dict(&s->tables[i]);

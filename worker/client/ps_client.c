@@ -418,6 +418,14 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		ps_client_free(c);
 		return rc;
 	}
+	/* an elastic cluster: a rank that is not a member (above
+	 * cluster.initial_workers, or one that left) joins by starting */
+	if (rank >= 0 && cfg->initial_workers && cfg->initial_workers < cfg->nworkers &&
+	    (rc = ps_client_join(c))) {
+		snprintf(err, errlen, "%s", c->err);
+		ps_client_free(c);
+		return rc;
+	}
 	*out = c;
 	return 0;
 

@@ -93,6 +93,9 @@ enum {
 	 * shards bound its staleness as if the clock had ended (a per-layer
 	 * pull gets the same bound as a whole pull after the last push). */
 	PS_PULL_AFTER_CLOCK = 1u << 2,
+	/* With PS_PUSH_END_CLOCK: this clock is the worker's last, it leaves
+	 * the membership from the next one (ps_client_leave). */
+	PS_PUSH_LEAVE = 1u << 3,
 };
 
 /* One embedding table on one shard (ps_client_stats). */
@@ -164,6 +167,17 @@ struct ps_shard_stats {
 	struct ps_table_stats tables[PS_STATS_MAX_TABLES];
 	/* state-changing requests of readers (PS_RANK_READER), refused */
 	uint64_t reader_refused;
+	/* Membership (docs/reliability.md): the shard's current clock, the
+	 * changes in effect there (epoch), how many workers are members of
+	 * it and the first 64 of them, joins and leaves since the start. */
+	uint64_t member_current, member_epoch, joins, leaves;
+	int nmembers;
+	int members[64];
+	/* the answer to a join step (ps_client_join): 0, 1 (a member
+	 * already) or a negative code with the reason; the clock named */
+	int member_status;
+	uint64_t member_clock;
+	char member_error[300];
 };
 
 /* The rank of a reader: a read-only client that proves the reader key
@@ -293,6 +307,44 @@ void ps_client_push_bytes(struct ps_client *c, uint64_t *raw, uint64_t *wire);
  * or after connecting, the clock the shards continue from (more than 0
  * when they resumed from a checkpoint: a worker starts its steps there). */
 uint64_t ps_client_clock(struct ps_client *c);
+
+/* Elastic membership (cluster.initial_workers; docs/reliability.md).
+ *
+ * Makes this worker a member of the running cluster from a clock every
+ * shard agrees on: each shard holds its first open clock for it, then all
+ * are told the largest plus one, and ps_client_clock() becomes that clock
+ * (pull it, then push it). In an elastic cluster (cluster.initial_workers
+ * below cluster.workers) ps_client_init calls it for every worker, so a
+ * rank that is not a member joins by starting; ps-worker calls it in any
+ * cluster (a rank that left comes back). For a member already it does
+ * nothing but start ps_client_clock() at its join clock. 0 or a negative
+ * code (PS_EREFUSED with the shard's reason, e.g. under
+ * cluster.replicas: 1, or when half a join survived a crash and a shard
+ * passed its clock; reason in ps_client_error). */
+int ps_client_join(struct ps_client *c);
+
+/* Ends clock (the worker's last; what it pushed for it counts) and leaves:
+ * no barrier waits for this worker from clock + 1 on, at once (no drop
+ * timeout). The same as ps_client_push(c, clock, NULL, 0,
+ * PS_PUSH_END_CLOCK | PS_PUSH_LEAVE) and waiting for it. Later pushes are
+ * refused until ps_client_join. 0 or a negative code. */
+int ps_client_leave(struct ps_client *c, uint64_t clock);
+
+/* The membership of a clock, as the last pull reply told it. */
+struct ps_members_info {
+	uint64_t clock;   /* the clock it is for (the one the worker computes next) */
+	uint64_t epoch;   /* membership changes in effect at that clock */
+	uint64_t before;  /* sum over clocks 0..clock-1 of each clock's member count */
+	int count;        /* members of that clock */
+	int index;        /* this worker's place among them (ascending ranks), -1 if none */
+};
+
+/* Fills out from the latest pull reply (a fixed cluster that never
+ * changed: count cluster.workers, index the rank, before clock times the
+ * count). A data loader takes batch slot before + index of clock's
+ * before..before+count-1 (ps-worker does): over any run of clocks every
+ * slot is taken once, whoever joined or left. 0 or -EINVAL (not a worker). */
+int ps_client_members(struct ps_client *c, struct ps_members_info *out);
 
 /* Tensors declared at run time (a config without a model; docs/python.md,
  * docs/protocol.md). One parameter of the model: */

@@ -241,6 +241,7 @@ int ps__client_build_push(struct ps_client *c, uint64_t clock, const struct ps_t
 		m.seq = (uint64_t)r->id; /* increasing: the shard's duplicate check */
 		m.clock = clock;
 		m.end_clock = (flags & PS_PUSH_END_CLOCK) != 0;
+		m.leave = (flags & PS_PUSH_LEAVE) != 0;
 		m.n_slices = (size_t)p->niov;
 		m.slices = ptrs + base;
 		m.n_group_lr = (size_t)ngroups;

@@ -153,6 +153,11 @@ struct ps_client {
 	char settings[PS_AGREE_MAX]; /* Hello.settings as sent (config_agree.h) */
 	char settings_plain[PS_AGREE_MAX]; /* ... and their values */
 	char err[512];
+	/* The membership the last pull reply told (PullReply.has_members;
+	 * under mu): for clock mem_clock, the latest seen. */
+	int mem_have;
+	uint64_t mem_clock, mem_epoch, mem_before;
+	int mem_count, mem_index;
 };
 
 /* ps_client_declare.c: sends a declaration to every shard (send returns
@@ -167,6 +172,9 @@ int ps__client_declare_all(struct ps_client *c,
 /* ps_client_req.c: a StatsRequest with resume_clock to shard k (proto
  * StatsRequest), waited for; 0 or a negative code. */
 int ps__client_resume(struct ps_client *c, int k, uint64_t clock);
+
+/* ps_client_members.c: a pull reply's membership noted (under c->mu). */
+void ps__client_note_members(struct ps_client *c, const Ps__PullReply *m);
 
 /* ps_client_req.c: requests and their completion */
 void ps__client_set_err(struct ps_client *c, const char *fmt, ...)

@@ -116,6 +116,8 @@ void ps__client_on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m
 		if (s->version < r->t[j].version)
 			r->t[j].version = s->version;
 	}
+	if (!status && m->has_members)
+		ps__client_note_members(c, m);
 	ps__client_part_done(c, r, k, status, why[0] ? why : NULL);
 }
 
@@ -142,6 +144,17 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->auth_failures = m->auth_failures;
 	o->duplicate_pushes = m->duplicate_pushes;
 	o->reader_refused = m->reader_refused;
+	o->member_current = m->member_current;
+	o->member_epoch = m->member_epoch;
+	o->joins = m->joins;
+	o->leaves = m->leaves;
+	o->nmembers = (int)m->n_members;
+	for (size_t i = 0; i < m->n_members && i < 64; i++)
+		o->members[i] = m->members[i];
+	o->member_status = m->member_status;
+	o->member_clock = m->member_clock;
+	snprintf(o->member_error, sizeof(o->member_error), "%s",
+		 m->member_error ? m->member_error : "");
 	o->reply_queue_bytes = m->reply_queue_bytes;
 	o->reply_queue_peak = m->reply_queue_peak;
 	o->reply_queue_total_peak = m->reply_queue_total_peak;

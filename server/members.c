@@ -1,0 +1,507 @@
+/* members.c - elastic membership: which workers a shard counts at which
+ * clock (docs/reliability.md, "Workers joining and leaving").
+ *
+ * A rank is a member of clock c when one of its intervals [from, to)
+ * holds c. Ranks below cluster.initial_workers start with [0, inf); the
+ * others have none until they join. Membership acts on the barrier
+ * through the two per-rank arrays it already reads (store.c, rows.c,
+ * pull.c): a rank is waited for at clock c when live[r] and finished[r]
+ * <= c. So:
+ *  - leave at L (the flag on the worker's push that ends clock L - 1):
+ *    finished[r] is L already, and live[r] becomes 0 at once, so no clock
+ *    from L on waits for it (no drop timeout);
+ *  - join, in two steps the worker drives over every shard:
+ *    HOLD: the shard answers P, its first clock not closed yet (the
+ *    highest slice or table version, or the rank's own finished clock),
+ *    and waits for the rank at P (finished[r] = P, live[r] = 1): no clock
+ *    from P on can close without it;
+ *    JOIN at J = max over shards of P, plus 1: finished[r] = J, so clocks
+ *    below J close without it and J waits for it.
+ *    Every shard held its P <= J - 1 before any of them was told J, so no
+ *    shard closed clock J - 1 before it knew of the join: a worker that
+ *    starts clock J (after version J from every shard) learns the members
+ *    of J in its pull replies, and no worker has started J without them.
+ * With checkpoint.dir set, the intervals are kept in a file beside the
+ * checkpoint (shard-K.members), written before a join or leave is
+ * answered: they are facts about clocks the whole cluster agreed on, not
+ * state of this shard, so a shard restarted from an older checkpoint takes
+ * all of them back, those after its checkpoint's clock included.
+ * Everything here runs on the shard's loop thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "members.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "ps_time.h"
+#include "rows.h"
+#include "server_int.h"
+
+#define NONE UINT64_MAX
+
+struct ivl {
+	int rank;
+	uint64_t from, to; /* member of clocks from..to-1; to NONE while open */
+};
+
+struct ps_members {
+	int initial;       /* cluster.initial_workers */
+	struct ivl *iv;
+	int niv, cap;
+	uint64_t *hold;    /* per rank: the clock a join holds, NONE when none */
+	double *hold_at;   /* ... since when (a hold not followed by its join expires) */
+	uint64_t joins, leaves;
+};
+
+static int add_ivl(struct ps_members *m, int rank, uint64_t from)
+{
+	if (m->niv == m->cap) {
+		int cap = m->cap ? 2 * m->cap : 16;
+		struct ivl *iv = realloc(m->iv, (size_t)cap * sizeof(*iv));
+
+		if (!iv)
+			return -ENOMEM;
+		m->iv = iv;
+		m->cap = cap;
+	}
+	m->iv[m->niv++] = (struct ivl){ rank, from, NONE };
+	return 0;
+}
+
+/* The rank's open interval (a member now and on), or NULL. */
+static struct ivl *open_ivl(const struct ps_members *m, int rank)
+{
+	for (int i = m->niv - 1; i >= 0; i--)
+		if (m->iv[i].rank == rank)
+			return m->iv[i].to == NONE ? &m->iv[i] : NULL;
+	return NULL;
+}
+
+/* The membership file beside the checkpoint ("" when checkpoints are off). */
+static void file_path(const struct ps_server *s, char *buf, size_t len)
+{
+	size_t n = strlen(s->ckpt_path);
+
+	buf[0] = '\0';
+	if (n > 5 && n + 4 < len && !strcmp(s->ckpt_path + n - 5, ".ckpt"))
+		snprintf(buf, len, "%.*s.members", (int)(n - 5), s->ckpt_path);
+}
+
+/* Writes every interval (a temporary file renamed over the last one,
+ * synced): "joins J leaves L" then one "rank from to" line each (to -1:
+ * open). A failure is logged; the membership in memory stays right. */
+static void save(const struct ps_server *s)
+{
+	const struct ps_members *m = s->members;
+	char path[700], tmp[720];
+	FILE *f;
+	int ok;
+
+	file_path(s, path, sizeof(path));
+	if (!path[0])
+		return;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	f = fopen(tmp, "w");
+	if (!f) {
+		ps_warn("cannot write %s: %s (a restart would forget the membership)", tmp,
+			strerror(errno));
+		return;
+	}
+	fprintf(f, "joins %" PRIu64 " leaves %" PRIu64 "\n", m->joins, m->leaves);
+	for (int i = 0; i < m->niv; i++)
+		fprintf(f, "%d %" PRIu64 " %" PRId64 "\n", m->iv[i].rank, m->iv[i].from,
+			m->iv[i].to == NONE ? (int64_t)-1 : (int64_t)m->iv[i].to);
+	ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+	ok = fclose(f) == 0 && ok;
+	if (!ok || rename(tmp, path)) {
+		ps_warn("cannot write %s: %s (a restart would forget the membership)", path,
+			strerror(errno));
+		unlink(tmp);
+	}
+}
+
+int ps__members_load(struct ps_server *s, char *err, size_t errlen)
+{
+	struct ps_members *m = s->members;
+	char path[700], line[200];
+	int nw = s->cfg->nworkers, ln = 1, rank;
+	unsigned long long from;
+	long long to;
+	FILE *f;
+
+	file_path(s, path, sizeof(path));
+	if (!path[0] || !s->ckpt_loaded)
+		return 0; /* a fresh start: the initial membership */
+	f = fopen(path, "r");
+	if (!f)
+		return errno == ENOENT ? 0 : (snprintf(err, errlen, "%s: %s", path, strerror(errno)),
+					      -errno);
+	line[0] = '\0';
+	if (!fgets(line, sizeof(line), f) || (line[strcspn(line, "\n")] = '\0') ||
+	    sscanf(line, "joins %" SCNu64 " leaves %" SCNu64, &m->joins, &m->leaves) != 2)
+		goto err_bad;
+	m->niv = 0;
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = '\0';
+		ln++;
+		if (sscanf(line, "%d %llu %lld", &rank, &from, &to) != 3 || rank < 0 || rank >= nw ||
+		    from >= PS_MAX_CLOCK || to < -1 || (to >= 0 && (unsigned long long)to < from) ||
+		    add_ivl(m, rank, from))
+			goto err_bad;
+		if (to >= 0)
+			m->iv[m->niv - 1].to = (uint64_t)to;
+	}
+	fclose(f);
+	/* who is waited for now: open members only, not before their joins */
+	for (int r = 0; r < nw; r++) {
+		struct ivl *v = open_ivl(m, r);
+
+		s->live[r] = v != NULL;
+		if (v && s->finished[r] < v->from)
+			s->finished[r] = v->from;
+	}
+	ps_info("membership from %s: %" PRIu64 " joins, %" PRIu64 " leaves, epoch %" PRIu64
+		" at clock %" PRIu64, path, m->joins, m->leaves,
+		ps__members_epoch(s, ps__srv_resume_clock(s)), ps__srv_resume_clock(s));
+	return 0;
+
+err_bad:
+	fclose(f);
+	snprintf(err, errlen, "%s:%d: not a membership line (\"joins J leaves L\", then \"rank "
+		 "from to\" with rank 0..%d and from <= to, to -1 when open): '%.60s'", path, ln,
+		 nw - 1, line);
+	return PS_ECONFIG;
+}
+
+int ps__members_init(struct ps_server *s)
+{
+	int nw = s->cfg->nworkers;
+	struct ps_members *m = calloc(1, sizeof(*m));
+
+	if (!m || !(m->hold = malloc((size_t)nw * sizeof(*m->hold))) ||
+	    !(m->hold_at = calloc((size_t)nw, sizeof(*m->hold_at))))
+		goto err_free;
+	m->initial = s->cfg->initial_workers > 0 && s->cfg->initial_workers < nw
+			? s->cfg->initial_workers : nw;
+	for (int r = 0; r < nw; r++) {
+		m->hold[r] = NONE;
+		if (r < m->initial && add_ivl(m, r, 0))
+			goto err_free;
+		if (r >= m->initial)
+			s->live[r] = 0; /* not waited for before it joins */
+	}
+	s->members = m;
+	return 0;
+
+err_free:
+	if (m)
+		free(m->hold), free(m->hold_at), free(m->iv);
+	free(m);
+	return -ENOMEM;
+}
+
+void ps__members_free(struct ps_server *s)
+{
+	if (!s->members)
+		return;
+	free(s->members->iv);
+	free(s->members->hold);
+	free(s->members->hold_at);
+	free(s->members);
+	s->members = NULL;
+}
+
+int ps__members_active(const struct ps_server *s)
+{
+	const struct ps_members *m = s->members;
+
+	return m && (m->initial < s->cfg->nworkers || m->joins || m->leaves);
+}
+
+int ps__members_current(const struct ps_server *s, int rank)
+{
+	const struct ps_members *m = s->members;
+
+	return !m || open_ivl(m, rank) || m->hold[rank] != NONE;
+}
+
+/* 1 when rank is a member of clock c; else 0 with why it is not in why. */
+static int member_of(const struct ps_members *m, int rank, uint64_t c, char *why, size_t len)
+{
+	uint64_t last_to = NONE, next_from = NONE;
+
+	for (int i = 0; i < m->niv; i++) {
+		const struct ivl *v = &m->iv[i];
+		if (v->rank != rank)
+			continue;
+		if (v->from <= c && (c < v->to || v->to == NONE))
+			return 1; /* open: every later clock, UINT64_MAX too */
+		if (v->to <= c)
+			last_to = v->to;
+		if (v->from > c && next_from == NONE)
+			next_from = v->from;
+	}
+	if (next_from != NONE)
+		snprintf(why, len, "worker %d is a member from clock %" PRIu64 " only (it joined "
+			 "there), not at clock %" PRIu64, rank, next_from, c);
+	else if (last_to != NONE)
+		snprintf(why, len, "worker %d left the cluster at clock %" PRIu64 " (push at clock %"
+			 PRIu64 "): it must join again first", rank, last_to, c);
+	else if (m->hold[rank] != NONE)
+		snprintf(why, len, "worker %d is joining (held at clock %" PRIu64 "): it pushes "
+			 "once its join is done", rank, m->hold[rank]);
+	else
+		snprintf(why, len, "worker %d is not a member (cluster.initial_workers is %d): it "
+			 "must join first", rank, m->initial);
+	return 0;
+}
+
+int ps__members_check_push(struct ps_server *s, int rank, uint64_t clock, int end, int leave,
+			   char *why, size_t len)
+{
+	if (!s->members)
+		return 0;
+	if (leave && !end) {
+		snprintf(why, len, "a push that leaves must also end its clock (end_clock)");
+		return PS_EPROTO;
+	}
+	return member_of(s->members, rank, clock, why, len) ? 0 : PS_EREFUSED;
+}
+
+/* The barriers and held pulls look again after live or finished changed. */
+static void advance(struct ps_server *s)
+{
+	ps_store_advance(&s->store);
+	ps__rows_advance(s);
+	if (s->waiting)
+		ps__srv_answer_pulls(s);
+}
+
+void ps__members_leave(struct ps_server *s, int rank, uint64_t clock)
+{
+	struct ivl *v = s->members ? open_ivl(s->members, rank) : NULL;
+
+	if (!v)
+		return; /* a resent leave, already applied */
+	if (s->cfg->replicas) {
+		/* the backup would not know: both keep the worker, and it is
+		 * dropped when its connections have been gone for the drop
+		 * timeout, as a worker that only went away */
+		ps_warn("worker %d leaves after clock %" PRIu64 ": not applied under "
+			"cluster.replicas: 1 (the membership is not replicated yet); it is dropped "
+			"after limits.drop_timeout_ms instead", rank, clock - 1);
+		return;
+	}
+	v->to = clock > v->from ? clock : v->from;
+	s->members->leaves++;
+	s->live[rank] = 0;
+	save(s);
+	ps_info("worker %d left at clock %" PRIu64 " (it ended clock %" PRIu64 "); membership "
+		"epoch %" PRIu64 " from clock %" PRIu64, rank, v->to, v->to - 1,
+		ps__members_epoch(s, v->to), v->to);
+	advance(s);
+}
+
+/* The shard's first clock not closed yet: the highest version of its
+ * slices and tables (sync), or the slowest member's clock (async); at
+ * least the rank's own finished clock. */
+static uint64_t first_open(struct ps_server *s, int rank)
+{
+	uint64_t p = s->finished[rank];
+
+	if (s->cfg->consistency == PS_SYNC) {
+		Ps__Stats st = PS__STATS__INIT;
+
+		for (int k = 0; k < s->store.nslots; k++)
+			p = s->store.slots[k].version > p ? s->store.slots[k].version : p;
+		if (!ps__rows_stats(s, &st)) {
+			for (size_t t = 0; t < st.n_tables; t++)
+				p = st.tables[t]->version > p ? st.tables[t]->version : p;
+			ps__rows_stats_free(&st);
+		}
+	} else {
+		uint64_t slow = ps__srv_min_finished(s);
+		p = slow > p ? slow : p;
+	}
+	return p;
+}
+
+/* HOLD and JOIN (StatsRequest.member_op); the answer goes in st. */
+static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *q,
+		    Ps__Stats *st, char *err, size_t errlen)
+{
+	struct ps_members *m = s->members;
+	int r = sc->rank;
+	struct ivl *v;
+
+	st->member_status = 0;
+	if (r < 0) {
+		st->member_status = PS_EREFUSED;
+		snprintf(err, errlen, "only a worker may join");
+		return;
+	}
+	if ((v = open_ivl(m, r))) {
+		st->member_status = 1; /* a member already: nothing to do */
+		st->member_clock = v->from;
+		return;
+	}
+	if (s->cfg->replicas) {
+		/* a backup taking over would not know who joined */
+		st->member_status = PS_EREFUSED;
+		snprintf(err, errlen, "worker %d may not join: cluster.replicas is 1 and the "
+			 "membership is not replicated yet", r);
+		return;
+	}
+	if (q->member_op == PS__MEMBER_OP__MEMBER_HOLD) {
+		uint64_t p = first_open(s, r);
+
+		m->hold[r] = p;
+		m->hold_at[r] = ps_now_s();
+		s->finished[r] = p;
+		s->live[r] = 1;
+		st->member_clock = p;
+		ps_info("worker %d joining: held at clock %" PRIu64, r, p);
+		return;
+	}
+	if (m->hold[r] == NONE || q->member_clock < m->hold[r] || q->member_clock >= PS_MAX_CLOCK) {
+		st->member_status = PS_EPROTO;
+		if (m->hold[r] == NONE)
+			snprintf(err, errlen, "worker %d joins at clock %" PRIu64 " without a hold "
+				 "on this shard (ask for one first)", r, q->member_clock);
+		else
+			snprintf(err, errlen, "worker %d joins at clock %" PRIu64 ", below the "
+				 "clock %" PRIu64 " this shard holds for it", r, q->member_clock,
+				 m->hold[r]);
+		return;
+	}
+	if (add_ivl(m, r, q->member_clock)) {
+		st->member_status = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		return;
+	}
+	m->hold[r] = NONE;
+	m->joins++;
+	save(s);
+	s->finished[r] = q->member_clock;
+	s->live[r] = 1;
+	st->member_clock = q->member_clock;
+	ps_info("worker %d joined at clock %" PRIu64 "; membership epoch %" PRIu64 " from clock %"
+		PRIu64, r, q->member_clock, ps__members_epoch(s, q->member_clock),
+		q->member_clock);
+	advance(s);
+}
+
+void ps__members_tick(struct ps_server *s, double now)
+{
+	struct ps_members *m = s->members;
+	/* as long as a worker without a connection is waited for (conn.c) */
+	double idle = s->cfg->limits.idle_timeout_ms / 1000.0;
+	double limit = s->cfg->limits.drop_timeout_ms ? s->cfg->limits.drop_timeout_ms / 1000.0
+		       : idle > 0 && idle < 5.0 ? idle : 5.0;
+	int gone = 0;
+
+	for (int r = 0; m && r < s->cfg->nworkers; r++)
+		if (m->hold[r] != NONE && limit > 0 && now - m->hold_at[r] > limit) {
+			ps_warn("worker %d held clock %" PRIu64 " for %.1f s without joining "
+				"(limits.drop_timeout_ms): the hold is given up and the clock goes "
+				"on without it", r, m->hold[r], now - m->hold_at[r]);
+			m->hold[r] = NONE;
+			s->live[r] = 0;
+			gone = 1;
+		}
+	if (gone)
+		advance(s);
+}
+
+void ps__members_cancel(struct ps_server *s, int rank)
+{
+	if (s->members && s->members->hold[rank] != NONE) {
+		ps_info("worker %d's join (held at clock %" PRIu64 ") given up: it went away",
+			rank, s->members->hold[rank]);
+		s->members->hold[rank] = NONE;
+	}
+}
+
+uint64_t ps__members_epoch(const struct ps_server *s, uint64_t c)
+{
+	const struct ps_members *m = s->members;
+	uint64_t e = 0;
+
+	for (int i = 0; m && i < m->niv; i++)
+		e += (m->iv[i].from > 0 && m->iv[i].from <= c) + (m->iv[i].to <= c);
+	return e;
+}
+
+/* Ranks that are members of clock c, ascending, into out (nworkers
+ * entries); returns how many. */
+static size_t members_at(const struct ps_server *s, uint64_t c, int32_t *out)
+{
+	size_t n = 0;
+
+	for (int r = 0; r < s->cfg->nworkers; r++)
+		for (int i = 0; i < s->members->niv; i++) {
+			const struct ivl *v = &s->members->iv[i];
+			if (v->rank == r && v->from <= c && c < v->to) {
+				out[n++] = r;
+				break;
+			}
+		}
+	return n;
+}
+
+/* Sum over clocks 0..c-1 of each clock's member count. */
+static uint64_t member_clocks_before(const struct ps_members *m, uint64_t c)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < m->niv; i++)
+		if (m->iv[i].from < c)
+			n += (m->iv[i].to < c ? m->iv[i].to : c) - m->iv[i].from;
+	return n;
+}
+
+int ps__members_fill_pull(const struct ps_server *s, uint64_t clock, Ps__PullReply *r)
+{
+	if (!ps__members_active(s))
+		return 0;
+	r->members = malloc((size_t)s->cfg->nworkers * sizeof(*r->members));
+	if (!r->members)
+		return -ENOMEM;
+	r->has_members = 1;
+	r->member_clock = clock;
+	r->member_epoch = ps__members_epoch(s, clock);
+	r->n_members = members_at(s, clock, r->members);
+	r->member_before = member_clocks_before(s->members, clock);
+	return 0;
+}
+
+int ps__members_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *q,
+		      Ps__Stats *st, char *err, size_t errlen)
+{
+	uint64_t cur = ps__srv_resume_clock(s);
+
+	err[0] = '\0';
+	if (q && q->member_op != PS__MEMBER_OP__MEMBER_NONE)
+		request(s, sc, q, st, err, errlen);
+	st->member_error = err;
+	st->members = malloc((size_t)s->cfg->nworkers * sizeof(*st->members));
+	if (!st->members)
+		return -ENOMEM;
+	st->n_members = members_at(s, cur, st->members);
+	st->member_current = cur;
+	st->member_epoch = ps__members_epoch(s, cur);
+	st->joins = s->members->joins;
+	st->leaves = s->members->leaves;
+	return 0;
+}
+
+void ps__members_counts(const struct ps_server *s, uint64_t *joins, uint64_t *leaves)
+{
+	*joins = s->members ? s->members->joins : 0;
+	*leaves = s->members ? s->members->leaves : 0;
+}

@@ -1,0 +1,855 @@
+/* it_elastic.c - workers joining and leaving a running cluster (two real
+ * ps-server processes on loopback, worker clients in threads): exact sync
+ * sums over the members of each clock, the membership every worker is told
+ * for the clock it computes, the data slots it gives (each taken once), a
+ * leave's delay to the others, async joins with resent pushes, refusals. */
+#include <check.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include "ps_time.h"
+#include "config.h"
+#include "ps_client.h"
+#include "ps_client_int.h"
+#include "ps_err.h"
+#include "test_util.h"
+
+#define END 30           /* clocks of the sync run */
+#define NW 3             /* worker ranks */
+#define NT 3             /* tensors */
+
+static struct ps_client *connect_retry(const struct ps_config *cfg, int rank, char *err, size_t n)
+{
+	struct ps_client *c = NULL;
+
+	/* the shards may still be starting: any failure is tried again */
+	for (int i = 0; i < 100; i++) {
+		if (ps_client_init(&c, cfg, rank, err, n) == 0) {
+			err[0] = '\0';
+			return c;
+		}
+		tu_sleep_ms(100);
+	}
+	return NULL;
+}
+
+static void start_cluster(char *path, struct ps_config *cfg, const char *mode, const char *extra,
+			  pid_t srv[2])
+{
+	char yaml[2048], err[512];
+
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  workers: %d\n%s"
+		 "consistency:\n  mode: %s\n  staleness: 1000\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n"
+		 "    - {name: a, shape: [3000], init: arange}\n"
+		 "    - {name: b, shape: [17, 33], init: arange}\n"
+		 "    - {name: c, shape: [5], init: arange}\n"
+		 "log:\n  level: warn\n",
+		 tu_transport_yaml(), tu_host(), tu_free_port(), tu_host(), tu_free_port(), NW,
+		 extra, mode);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(cfg, path, err, sizeof(err)) == 0, "%s", err);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+}
+
+static void stop_cluster(const char *path, const pid_t srv[2])
+{
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+}
+
+static void tensors_new(const struct ps_config *cfg, struct ps_tensor *t)
+{
+	for (int k = 0; k < NT; k++)
+		t[k] = (struct ps_tensor){ cfg->tensors[k].name, calloc((size_t)cfg->tensors[k].count, 4),
+					   cfg->tensors[k].count, 0 };
+}
+
+static void tensors_free(struct ps_tensor *t)
+{
+	for (int k = 0; k < NT; k++)
+		free(t[k].data);
+}
+
+/* Integer gradient of worker rank at clock for element i of tensor t:
+ * every sum is exact in float32. */
+static float grad_value(int rank, int clock, int t, int64_t i)
+{
+	return (float)((rank + 1) * (int)((clock + i + t) % 7 - 3));
+}
+
+/* ---- sync: join, leave, rejoin ---- */
+
+/* One run of a worker rank: starts once rank 0 has begun clock `after`,
+ * pushes from the clock it is given to `last`, the push of `last`
+ * carrying leave when `leave`. */
+struct session {
+	int rank, after, last, leave;
+	int idx;
+	int gate[2], gated[2]; /* rank 0: before pushing clock gate, wait for session gated's join */
+	const struct ps_config *cfg;
+	char err[600];
+	int first;
+};
+
+static _Atomic int progress;               /* rank 0's current clock */
+static _Atomic int joined[4];              /* each session has joined (connected) */
+static int pushed[END][NW];                /* who pushed which clock */
+static struct ps_members_info told[END][NW]; /* what each was told for it */
+static float *w0[NT], *wend[NT];           /* initial and final weights (rank 0) */
+static pthread_mutex_t rec_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *session_run(void *arg)
+{
+	struct session *s = arg;
+	struct ps_tensor g[NT], w[NT];
+	struct ps_client *c;
+	double deadline = ps_now_s() + 60;
+
+	while (atomic_load(&progress) < s->after && ps_now_s() < deadline)
+		tu_sleep_ms(5);
+	c = connect_retry(s->cfg, s->rank, s->err, sizeof(s->err));
+	if (!c)
+		return NULL;
+	atomic_store(&joined[s->idx], 1);
+	tensors_new(s->cfg, g);
+	tensors_new(s->cfg, w);
+	s->first = (int)ps_client_clock(c);
+	for (int clock = s->first; clock <= s->last; clock++) {
+		int64_t id = ps_client_pull(c, (uint64_t)clock, w, NT);
+		struct ps_members_info mi;
+
+		if (id < 0 || ps_client_wait(c, id)) {
+			snprintf(s->err, sizeof(s->err), "rank %d pull %d: %s", s->rank, clock,
+				 ps_client_error(c));
+			goto out;
+		}
+		ps_client_members(c, &mi);
+		if (s->rank == 0 && clock == 0)
+			for (int k = 0; k < NT; k++)
+				memcpy(w0[k], w[k].data, (size_t)w[k].count * 4);
+		for (int k = 0; k < NT; k++)
+			for (int64_t i = 0; i < g[k].count; i++)
+				g[k].data[i] = grad_value(s->rank, clock, k, i);
+		/* rank 0 alone would outrun a joiner: its clock waits (so the
+		 * join lands before it) */
+		for (int q = 0; q < 2; q++)
+			while (s->gate[q] == clock && !atomic_load(&joined[s->gated[q]]) &&
+			       ps_now_s() < deadline)
+				tu_sleep_ms(2);
+		id = ps_client_push(c, (uint64_t)clock, g, NT, PS_PUSH_END_CLOCK |
+				    (s->leave && clock == s->last ? PS_PUSH_LEAVE : 0));
+		if (id < 0 || ps_client_wait(c, id)) {
+			snprintf(s->err, sizeof(s->err), "rank %d push %d: %s", s->rank, clock,
+				 ps_client_error(c));
+			goto out;
+		}
+		pthread_mutex_lock(&rec_mu);
+		pushed[clock][s->rank] = 1;
+		told[clock][s->rank] = mi;
+		pthread_mutex_unlock(&rec_mu);
+		if (s->rank == 0)
+			atomic_store(&progress, clock + 1);
+	}
+	if (s->rank == 0) {
+		int64_t id = ps_client_pull(c, END, w, NT);
+		if (id < 0 || ps_client_wait(c, id))
+			snprintf(s->err, sizeof(s->err), "final pull: %s", ps_client_error(c));
+		for (int k = 0; k < NT; k++)
+			memcpy(wend[k], w[k].data, (size_t)w[k].count * 4);
+	}
+out:
+	tensors_free(g);
+	tensors_free(w);
+	ps_client_free(c);
+	return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Rank 2 (not among cluster.initial_workers: 2) joins while ranks 0 and 1
+ * train, rank 1 leaves after clock 9 and joins again later, rank 2 leaves
+ * after the last clock. Every clock's update is exactly the sum of the
+ * gradients of the ranks that pushed it, which are exactly the members the
+ * pull replies named for it; the data slots (before + index) of every
+ * (rank, clock) are 0..n-1, each once. */
+START_TEST(test_sync_join_leave_exact)
+{
+	char path[64];
+	struct ps_config cfg;
+	pid_t srv[2];
+	pthread_t th[4];
+	/* rank 0 waits before pushing clocks 12 and 22 until the joins of
+	 * sessions 2 and 3 are done, so they land before it (between 6 and 13,
+	 * 17 and 23) */
+	struct session ss[4] = {
+		{ .rank = 0, .after = 0, .last = END - 1, .gate = { 12, 22 }, .gated = { 2, 3 } },
+		{ .rank = 1, .after = 0, .last = 9, .leave = 1, .gate = { -1, -1 } },
+		{ .rank = 2, .after = 5, .last = END - 1, .leave = 1, .gate = { -1, -1 } },
+		{ .rank = 1, .after = 16, .last = END - 1, .gate = { -1, -1 } },
+	};
+
+	start_cluster(path, &cfg, "sync", "  initial_workers: 2\n", srv);
+	memset(pushed, 0, sizeof(pushed));
+	atomic_store(&progress, 0);
+	for (int i = 0; i < 4; i++) {
+		ss[i].idx = i;
+		atomic_store(&joined[i], 0);
+	}
+	for (int k = 0; k < NT; k++) {
+		w0[k] = calloc((size_t)cfg.tensors[k].count, 4);
+		wend[k] = calloc((size_t)cfg.tensors[k].count, 4);
+	}
+	for (int i = 0; i < 3; i++) {
+		ss[i].cfg = &cfg;
+		ck_assert_int_eq(pthread_create(&th[i], NULL, session_run, &ss[i]), 0);
+	}
+	/* rank 1's second run starts once its first has left */
+	ck_assert_int_eq(pthread_join(th[1], NULL), 0);
+	ss[3].cfg = &cfg;
+	ck_assert_int_eq(pthread_create(&th[3], NULL, session_run, &ss[3]), 0);
+	for (int i = 0; i < 4; i++)
+		if (i != 1)
+			ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+	for (int i = 0; i < 4; i++)
+		ck_assert_msg(!ss[i].err[0], "session %d: %s", i, ss[i].err);
+	/* the joins happened at clocks after the starts */
+	ck_assert_int_gt(ss[2].first, 5);
+	ck_assert_int_le(ss[2].first, 13);
+	ck_assert_int_gt(ss[3].first, 16);
+	ck_assert_int_le(ss[3].first, 23);
+	printf("measured: rank 2 joined at clock %d (started after clock 5), rank 1 left after "
+	       "clock 9 and joined again at clock %d (started after clock 16)\n", ss[2].first,
+	       ss[3].first);
+
+	/* the membership each worker was told for a clock is who pushed it */
+	uint64_t slots[END * NW];
+	int nslots = 0;
+	for (int c = 0; c < END; c++) {
+		int n = 0, idx[NW];
+		for (int r = 0; r < NW; r++)
+			idx[r] = pushed[c][r] ? n++ : -1;
+		ck_assert_int_ge(n, 1);
+		for (int r = 0; r < NW; r++) {
+			if (!pushed[c][r])
+				continue;
+			ck_assert_uint_eq(told[c][r].clock, (uint64_t)c);
+			ck_assert_msg(told[c][r].count == n && told[c][r].index == idx[r],
+				      "clock %d rank %d: told %d members, index %d; %d pushed, its "
+				      "index %d", c, r, told[c][r].count, told[c][r].index, n, idx[r]);
+			slots[nslots++] = told[c][r].before + (uint64_t)told[c][r].index;
+		}
+	}
+	qsort(slots, (size_t)nslots, sizeof(*slots), cmp_u64);
+	for (int i = 0; i < nslots; i++)
+		ck_assert_msg(slots[i] == (uint64_t)i, "data slot %d is %" PRIu64 ": one taken twice "
+			      "or skipped", i, slots[i]);
+
+	/* weights: the initial ones minus exactly the gradients pushed */
+	for (int k = 0; k < NT; k++) {
+		for (int64_t i = 0; i < cfg.tensors[k].count; i++) {
+			float want = w0[k][i];
+			for (int c = 0; c < END; c++) {
+				float sum = 0;
+				for (int r = 0; r < NW; r++)
+					if (pushed[c][r])
+						sum += grad_value(r, c, k, i);
+				want -= sum;
+			}
+			ck_assert_msg(wend[k][i] == want, "%s[%lld] = %g, want %g",
+				      cfg.tensors[k].name, (long long)i, (double)wend[k][i],
+				      (double)want);
+		}
+		free(w0[k]);
+		free(wend[k]);
+	}
+
+	/* the shards count two joins and two leaves; epoch 4 at clock END */
+	char err[512];
+	struct ps_client *mon = connect_retry(&cfg, -1, err, sizeof(err));
+	ck_assert_msg(mon != NULL, "%s", err);
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		ck_assert_uint_eq(st.joins, 2);
+		ck_assert_uint_eq(st.leaves, 2);
+		ck_assert_uint_eq(st.member_current, END);
+		ck_assert_uint_eq(st.member_epoch, 4);
+		ck_assert_int_eq(st.nmembers, 2); /* ranks 0 and 1 */
+	}
+	ps_client_free(mon);
+	/* ps-stat shows the membership */
+	char outp[] = "/tmp/ps-elastic-stat-XXXXXX";
+	int fd = mkstemp(outp);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	const char *argv[] = { "bin/ps-stat", "--config", path, "--interval", "0.2", NULL };
+	ck_assert_int_eq(tu_wait_child(tu_spawn(argv, outp)), 0);
+	FILE *f = fopen(outp, "r");
+	char text[8192] = "";
+	size_t n = fread(text, 1, sizeof(text) - 1, f);
+	text[n] = '\0';
+	fclose(f);
+	unlink(outp);
+	ck_assert_msg(strstr(text, "epoch at clock  joins leaves members") &&
+		      strstr(text, "     4       30      2      2 2: 0 1"), "%s", text);
+	stop_cluster(path, srv);
+}
+END_TEST
+
+/* ---- a leave's delay to the others ---- */
+
+#define DCLOCKS 40
+#define DLEAVE 19
+
+struct dworker {
+	int rank, vanish; /* rank 2: leave after DLEAVE, or just go away */
+	const struct ps_config *cfg;
+	double step_s[DCLOCKS];
+	char err[300];
+};
+
+static void *dworker_run(void *arg)
+{
+	struct dworker *d = arg;
+	struct ps_tensor g[NT], w[NT];
+	struct ps_client *c = connect_retry(d->cfg, d->rank, d->err, sizeof(d->err));
+	int last = d->rank == 2 ? DLEAVE : DCLOCKS - 1;
+
+	if (!c)
+		return NULL;
+	tensors_new(d->cfg, g);
+	tensors_new(d->cfg, w);
+	for (int clock = 0; clock <= last; clock++) {
+		double t0 = ps_now_s();
+		int64_t id = ps_client_pull(c, (uint64_t)clock, w, NT);
+		unsigned fl = PS_PUSH_END_CLOCK;
+
+		if (d->rank == 2 && clock == last && !d->vanish)
+			fl |= PS_PUSH_LEAVE;
+		if (id < 0 || ps_client_wait(c, id) ||
+		    (id = ps_client_push(c, (uint64_t)clock, g, NT, fl)) < 0 ||
+		    ps_client_wait(c, id)) {
+			snprintf(d->err, sizeof(d->err), "clock %d: %s", clock, ps_client_error(c));
+			break;
+		}
+		d->step_s[clock] = ps_now_s() - t0;
+	}
+	tensors_free(g);
+	tensors_free(w);
+	ps_client_free(c);
+	return NULL;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Three sync workers; rank 2 leaves after clock 19 with the leave flag
+ * (_i 0), or goes away without it (_i 1: its connections close, the
+ * others wait limits.drop_timeout_ms). The others' clock 20 (the barrier
+ * their step 21 pulls after) takes at most
+ * a heartbeat interval (idle_timeout_ms / 3) more than their median clock
+ * when it leaves; the drop timeout when it vanishes. */
+START_TEST(test_leave_delay)
+{
+	char path[64];
+	struct ps_config cfg;
+	pid_t srv[2];
+	pthread_t th[3];
+	struct dworker d[3];
+	const double hb_s = 1.0, drop_s = 1.5;
+
+	start_cluster(path, &cfg, "sync", "limits:\n  idle_timeout_ms: 3000\n"
+		      "  drop_timeout_ms: 1500\n", srv);
+	for (int r = 0; r < 3; r++) {
+		d[r] = (struct dworker){ .rank = r, .vanish = _i, .cfg = &cfg };
+		ck_assert_int_eq(pthread_create(&th[r], NULL, dworker_run, &d[r]), 0);
+	}
+	for (int r = 0; r < 3; r++)
+		ck_assert_int_eq(pthread_join(th[r], NULL), 0);
+	for (int r = 0; r < 2; r++) {
+		double sorted[DCLOCKS];
+		ck_assert_msg(!d[r].err[0], "rank %d: %s", r, d[r].err);
+		ck_assert_msg(d[r].step_s[DCLOCKS - 1] > 0, "rank %d did not finish", r);
+		memcpy(sorted, d[r].step_s, sizeof(sorted));
+		qsort(sorted, DCLOCKS, sizeof(double), cmp_d);
+		/* a step pulls the clock before it: clock 20's barrier is waited
+		 * for in step 21 */
+		double slow = d[r].step_s[DLEAVE + 1] > d[r].step_s[DLEAVE + 2]
+				? d[r].step_s[DLEAVE + 1] : d[r].step_s[DLEAVE + 2];
+		double delay = slow - sorted[DCLOCKS / 2];
+		printf("measured: %s: rank %d's steps %d-%d took at most %.1f ms, its median step "
+		       "%.1f ms: delay %.1f ms (heartbeat interval %.0f ms)\n",
+		       _i ? "rank 2 went away without leaving" : "rank 2 left", r, DLEAVE + 1,
+		       DLEAVE + 2, slow * 1e3, sorted[DCLOCKS / 2] * 1e3, delay * 1e3, hb_s * 1e3);
+		if (!_i)
+			ck_assert_msg(delay < hb_s, "a leave delayed rank %d by %.0f ms", r,
+				      delay * 1e3);
+		else
+			ck_assert_msg(delay > drop_s * 0.8, "a vanished worker delayed rank %d by "
+				      "%.0f ms only: no drop timeout?", r, delay * 1e3);
+	}
+	stop_cluster(path, srv);
+}
+END_TEST
+
+/* ---- async: a joining worker's resent pushes apply once ---- */
+
+static char nft_table[32];
+
+static int nft(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int nft(const char *fmt, ...)
+{
+	char cmd[1024];
+	va_list ap;
+	int n = snprintf(cmd, sizeof(cmd), "nft ");
+
+	va_start(ap, fmt);
+	vsnprintf(cmd + n, sizeof(cmd) - (size_t)n, fmt, ap);
+	va_end(ap);
+	strncat(cmd, " 2>/dev/null", sizeof(cmd) - strlen(cmd) - 1);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+static int nft_table_up(void)
+{
+	return nft("add table inet %s", nft_table) ||
+	       nft("add chain inet %s out '{ type filter hook output priority 0; }'", nft_table)
+	       ? -1 : 0;
+}
+
+/* Why nftables cannot be used here, or NULL when it can. */
+static const char *nft_unusable(void)
+{
+	if (geteuid() != 0)
+		return "not root";
+	snprintf(nft_table, sizeof(nft_table), "ps_el_%d", (int)getpid());
+	if (nft_table_up())
+		return "nft cannot create a table (nftables missing, or no permission)";
+	nft("delete table inet %s", nft_table);
+	return NULL;
+}
+
+/* Client ports of the established connections to the shards' ports. */
+static int client_ports(int p0, int p1, int *out, int max)
+{
+	FILE *f = fopen("/proc/net/tcp", "r");
+	char line[512];
+	int n = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f) && n < max) {
+		unsigned lp, rp, st;
+		if (sscanf(line, " %*d: %*x:%x %*x:%x %x", &lp, &rp, &st) == 3 && st == 1 &&
+		    ((int)lp == p0 || (int)lp == p1))
+			out[n++] = (int)rp;
+	}
+	fclose(f);
+	return n;
+}
+
+/* Async, cluster.initial_workers 1: rank 1 joins and pushes 20 clocks;
+ * the shards' answers to its clock-5 push are dropped (nftables) until it
+ * gives its connections up, reconnects and resends the push. The weights
+ * are exactly the initial ones minus every push once, and both shards
+ * recognised the resent push. */
+START_TEST(test_async_join_resend_once)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_tensor g[NT], w[NT], init[NT];
+	const char *why = nft_unusable();
+
+	if (why) {
+		tu_skip("async join with a resent push: %s", why);
+		return;
+	}
+	start_cluster(path, &cfg, "async", "  initial_workers: 1\n"
+		      "limits:\n  idle_timeout_ms: 800\n  reconnect_timeout_ms: 20000\n"
+		      "  request_timeout_ms: 20000\n", srv);
+	struct ps_client *c0 = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(c0 != NULL, "%s", err);
+	tensors_new(&cfg, init);
+	int64_t id = ps_client_pull(c0, 0, init, NT);
+	ck_assert_msg(id > 0 && ps_client_wait(c0, id) == 0, "%s", ps_client_error(c0));
+	ps_client_free(c0); /* the joiner's connections are then the only ones */
+	struct ps_client *c1 = connect_retry(&cfg, 1, err, sizeof(err));
+	ck_assert_msg(c1 != NULL, "%s", err);
+	uint64_t first = ps_client_clock(c1);
+	int p0 = cfg.shards[0].port, p1 = cfg.shards[1].port;
+	tensors_new(&cfg, g);
+	tensors_new(&cfg, w);
+	for (int clock = 0; clock < 20; clock++) {
+		for (int k = 0; k < NT; k++)
+			for (int64_t i = 0; i < g[k].count; i++)
+				g[k].data[i] = grad_value(1, clock, k, i);
+		if (clock == 5) {
+			int ports[8], n = client_ports(p0, p1, ports, 8);
+			ck_assert_int_eq(n, 2);
+			ck_assert_int_eq(nft_table_up(), 0);
+			for (int i = 0; i < n; i++)
+				ck_assert_int_eq(nft("add rule inet %s out tcp sport { %d, %d } "
+						     "tcp dport %d drop", nft_table, p0, p1, ports[i]), 0);
+		}
+		id = ps_client_push(c1, first + (uint64_t)clock, g, NT, PS_PUSH_END_CLOCK);
+		ck_assert_msg(id > 0, "%s", ps_client_error(c1));
+		ck_assert_msg(ps_client_wait(c1, id) == 0, "push %d: %s", clock,
+			      ps_client_error(c1));
+		if (clock == 5)
+			ck_assert_int_eq(nft("delete table inet %s", nft_table), 0);
+	}
+	id = ps_client_pull(c1, 0, w, NT);
+	ck_assert_msg(id > 0 && ps_client_wait(c1, id) == 0, "%s", ps_client_error(c1));
+	for (int k = 0; k < NT; k++)
+		for (int64_t i = 0; i < w[k].count; i++) {
+			float want = init[k].data[i];
+			for (int clock = 0; clock < 20; clock++)
+				want -= grad_value(1, clock, k, i);
+			ck_assert_msg(w[k].data[i] == want, "%s[%lld] = %g, want %g: a push lost "
+				      "or applied twice", w[k].name, (long long)i,
+				      (double)w[k].data[i], (double)want);
+		}
+	uint64_t dups = 0;
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c1, k, &st), 0);
+		ck_assert_uint_eq(st.joins, 1);
+		dups += st.duplicate_pushes;
+	}
+	printf("measured: async join at clock %" PRIu64 ": %" PRIu64 " resent pushes recognised\n",
+	       first, dups);
+	ck_assert_uint_ge(dups, 2);
+	tensors_free(g);
+	tensors_free(w);
+	tensors_free(init);
+	ps_client_free(c1);
+	stop_cluster(path, srv);
+}
+END_TEST
+
+/* ---- ps-worker: every example once per epoch ---- */
+
+#define FMNIST "/usr/share/datasets/fashion-mnist"
+
+/* Lines of a file (0 when it is missing). */
+static int count_lines(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	int n = 0, ch;
+
+	if (!f)
+		return 0;
+	while ((ch = fgetc(f)) != EOF)
+		n += ch == '\n';
+	fclose(f);
+	return n;
+}
+
+/* Waits until path has at least n lines (at most 60 s): 0, or -1. */
+static int wait_lines(const char *path, int n)
+{
+	for (double t0 = ps_now_s(); ps_now_s() - t0 < 60; tu_sleep_ms(20))
+		if (count_lines(path) >= n)
+			return 0;
+	return -1;
+}
+
+/* ps-worker ranks 0 and 1 train (cluster.initial_workers 2), rank 2 starts
+ * once they have trained a few steps and joins, and rank 1 gets SIGTERM
+ * once rank 2 has trained a few: over every epoch the recorded batches
+ * (--record-examples) hold each of the 1,200 training images exactly once,
+ * the join came after clock 0 and the leave before the last clock. */
+START_TEST(test_worker_data_once)
+{
+	char path[64], dir[] = "/tmp/ps-elastic-XXXXXX", rec[3][128], out[3][128], yaml[1024];
+	pid_t srv[2], w[3];
+	enum { limit = 1200, batch = 20, epochs = 12 };
+	char p[300];
+
+	snprintf(p, sizeof(p), "%s/train-images-idx3-ubyte.gz", FMNIST);
+	if (access(p, R_OK)) {
+		tu_skip("ps-worker data division: %s not readable (Debian's dataset-fashion-mnist)",
+			p);
+		return;
+	}
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 3\n"
+		 "  initial_workers: 2\nseed: 7\nslice_bytes: 64KiB\nmodel: {preset: mlp}\n"
+		 "train: {batch: %d, limit: %d, epochs: %d, data_dir: '%s', metrics_dir: '%s'}\n"
+		 "optimizer: {name: sgd, lr: 0.05}\nlog: {level: info}\n",
+		 tu_free_port(), tu_free_port(), batch, limit, epochs, FMNIST, dir);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	for (int r = 0; r < 3; r++) {
+		snprintf(rec[r], sizeof(rec[r]), "%s/rec-%d.txt", dir, r);
+		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", dir, r);
+	}
+	for (int r = 0; r < 3; r++) {
+		char rk[8];
+		snprintf(rk, sizeof(rk), "%d", r);
+		const char *argv[] = { "bin/ps-worker", "--config", path, "--rank", rk,
+				       "--record-examples", rec[r], NULL };
+		if (r == 2)
+			ck_assert_msg(wait_lines(rec[0], 10) == 0, "rank 0 trains no steps");
+		w[r] = tu_spawn(argv, out[r]);
+	}
+	ck_assert_msg(wait_lines(rec[2], 10) == 0, "rank 2 never trained");
+	kill(w[1], SIGTERM);
+	int st1 = tu_wait_child(w[1]), st0 = tu_wait_child(w[0]), st2 = tu_wait_child(w[2]);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	ck_assert_msg(st0 == 0 && st2 == 0 && st1 == 130, "exit statuses %d %d %d", st0, st1,
+		      st2);
+
+	/* seen[e][i]: how often epoch e trained image i */
+	static unsigned char seen[epochs][limit];
+	uint64_t first[3] = { UINT64_MAX, UINT64_MAX, UINT64_MAX }, last[3] = { 0 }, top = 0;
+	memset(seen, 0, sizeof(seen));
+	for (int r = 0; r < 3; r++) {
+		FILE *f = fopen(rec[r], "r");
+		unsigned long long clock;
+		long e, g;
+		ck_assert_ptr_nonnull(f);
+		while (fscanf(f, "%llu %ld %ld", &clock, &e, &g) == 3) {
+			ck_assert_msg(e >= 0 && e < epochs, "epoch %ld recorded", e);
+			for (int k = 0; k < batch; k++) {
+				int i;
+				ck_assert_int_eq(fscanf(f, "%d", &i), 1);
+				ck_assert_msg(i >= 0 && i < limit, "image %d", i);
+				seen[e][i]++;
+			}
+			first[r] = clock < first[r] ? clock : first[r];
+			last[r] = clock > last[r] ? clock : last[r];
+			top = clock > top ? clock : top;
+		}
+		fclose(f);
+	}
+	for (int e = 0; e < epochs; e++)
+		for (int i = 0; i < limit; i++)
+			ck_assert_msg(seen[e][i] == 1, "epoch %d trained image %d %d times", e, i,
+				      seen[e][i]);
+	printf("measured: ps-worker data: rank 2 joined at clock %llu, rank 1 left after clock "
+	       "%llu, %llu clocks; each of %d images once in each of %d epochs\n",
+	       (unsigned long long)first[2], (unsigned long long)last[1],
+	       (unsigned long long)top + 1, limit, epochs);
+	ck_assert_uint_gt(first[2], 0);
+	ck_assert_uint_lt(last[1], top);
+	ck_assert_uint_lt(first[2], last[1]); /* three members for a while */
+	unlink(path);
+	tu_rmtree(dir);
+}
+END_TEST
+
+/* ---- a shard restarted from its checkpoint keeps the membership ---- */
+
+/* Pushes (rank + 1) everywhere for clock with c, waited for. */
+static void push_const(struct ps_client *c, const struct ps_config *cfg, int rank, int clock)
+{
+	struct ps_tensor g[NT];
+
+	tensors_new(cfg, g);
+	for (int k = 0; k < NT; k++)
+		for (int64_t i = 0; i < g[k].count; i++)
+			g[k].data[i] = (float)(rank + 1);
+	int64_t id = ps_client_push(c, (uint64_t)clock, g, NT, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "rank %d clock %d: %s", rank, clock,
+		      ps_client_error(c));
+	tensors_free(g);
+}
+
+/* Rank 2 joins (at clock 2), then both shards stop (writing their
+ * checkpoints) and start again: they take the membership back from the
+ * file beside the checkpoint, so rank 2's push for clock 3 is accepted and
+ * the sums are exact; before, the restarted shards refused it as a rank
+ * that never joined. */
+START_TEST(test_restart_keeps_membership)
+{
+	char path[64], err[512], dir[] = "/tmp/ps-elastic-ck-XXXXXX", extra[300];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_client *c[3];
+	struct ps_tensor w[NT], w0[NT];
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(extra, sizeof(extra), "  initial_workers: 2\ncheckpoint:\n  dir: %s\n", dir);
+	start_cluster(path, &cfg, "sync", extra, srv);
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	tensors_new(&cfg, w0);
+	int64_t id = ps_client_pull(c[0], 0, w0, NT);
+	ck_assert_msg(id > 0 && ps_client_wait(c[0], id) == 0, "%s", ps_client_error(c[0]));
+	push_const(c[0], &cfg, 0, 0);
+	push_const(c[1], &cfg, 1, 0);
+	c[2] = connect_retry(&cfg, 2, err, sizeof(err));
+	ck_assert_msg(c[2] != NULL, "%s", err);
+	ck_assert_uint_eq(ps_client_clock(c[2]), 2);
+	push_const(c[0], &cfg, 0, 1);
+	push_const(c[1], &cfg, 1, 1);
+	for (int r = 0; r < 3; r++)
+		push_const(c[r], &cfg, r, 2);
+	/* both shards stop (checkpoint at clock 3) and start again */
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+		srv[k] = tu_start_server(path, k);
+	}
+	for (int r = 0; r < 3; r++)
+		push_const(c[r], &cfg, r, 3);
+	tensors_new(&cfg, w);
+	id = ps_client_pull(c[0], 4, w, NT);
+	ck_assert_msg(id > 0 && ps_client_wait(c[0], id) == 0, "%s", ps_client_error(c[0]));
+	for (int k = 0; k < NT; k++)
+		for (int64_t i = 0; i < w[k].count; i++)
+			ck_assert_msg(w[k].data[i] == w0[k].data[i] - (4 * 1 + 4 * 2 + 2 * 3),
+				      "%s[%lld] = %g, want %g", w[k].name, (long long)i,
+				      (double)w[k].data[i], (double)(w0[k].data[i] - 18));
+	struct ps_shard_stats st;
+	ck_assert_int_eq(ps_client_stats(c[0], 1, &st), 0);
+	ck_assert_uint_eq(st.joins, 1);
+	ck_assert_int_eq(st.nmembers, 3);
+	tensors_free(w);
+	tensors_free(w0);
+	for (int r = 0; r < 3; r++)
+		ps_client_free(c[r]);
+	stop_cluster(path, srv);
+	tu_rmtree(dir);
+}
+END_TEST
+
+/* ---- a hold without its join expires ---- */
+
+/* Only the first step of a join: shard k holds its first open clock for
+ * c's rank (what a client that hangs between the steps leaves behind). */
+static void hold_only(struct ps_client *c, int k)
+{
+	static struct ps_shard_stats st;
+	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
+	struct req *r = ps__client_req_new(c, REQ_STATS);
+
+	ck_assert_ptr_nonnull(r);
+	r->stats = &st;
+	r->id = ps__client_reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	m.member_op = PS__MEMBER_OP__MEMBER_HOLD;
+	ck_assert_int_eq(ps__client_pack_part(&r->parts[k], &m.base), 0);
+	int64_t id = ps__client_submit_built(c, 0, r);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
+	ck_assert_int_eq(st.member_status, 0);
+}
+
+/* Rank 2 leaves after clock 0 and then only holds clock 1 on both shards
+ * (it never sends the join): the others' clock 1 waits for it about
+ * limits.drop_timeout_ms (0.8 s), then goes on without it. */
+START_TEST(test_hold_expires)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_client *c[3];
+	struct ps_tensor w[NT];
+
+	start_cluster(path, &cfg, "sync", "limits:\n  drop_timeout_ms: 800\n"
+		      "  request_timeout_ms: 20000\n", srv);
+	for (int r = 0; r < 3; r++) {
+		c[r] = connect_retry(&cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	push_const(c[0], &cfg, 0, 0);
+	push_const(c[1], &cfg, 1, 0);
+	ck_assert_int_eq(ps_client_leave(c[2], 0), 0);
+	for (int k = 0; k < 2; k++)
+		hold_only(c[2], k);
+	push_const(c[0], &cfg, 0, 1);
+	push_const(c[1], &cfg, 1, 1);
+	tensors_new(&cfg, w);
+	double t0 = ps_now_s();
+	int64_t id = ps_client_pull(c[0], 2, w, NT);
+	ck_assert_msg(id > 0 && ps_client_wait(c[0], id) == 0, "%s", ps_client_error(c[0]));
+	double dt = ps_now_s() - t0;
+	printf("measured: a hold without its join held clock 1 for %.2f s (drop timeout 0.8 s)\n",
+	       dt);
+	ck_assert_msg(dt > 0.6 && dt < 5, "clock 1 closed after %.2f s", dt);
+	tensors_free(w);
+	for (int r = 0; r < 3; r++)
+		ps_client_free(c[r]);
+	stop_cluster(path, srv);
+}
+END_TEST
+
+/* ---- refusals ---- */
+
+/* A worker that left is refused naming the clock it left at; a config
+ * with more initial workers than ranks names the key. */
+START_TEST(test_refusals)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	struct ps_tensor g[NT];
+
+	start_cluster(path, &cfg, "async", "", srv);
+	struct ps_client *c = connect_retry(&cfg, 2, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	tensors_new(&cfg, g);
+	ck_assert_int_eq(ps_client_leave(c, 0), 0);
+	int64_t id = ps_client_push(c, 1, g, NT, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c, id), PS_EREFUSED);
+	ck_assert_msg(strstr(ps_client_error(c), "left the cluster at clock 1"), "%s",
+		      ps_client_error(c));
+	/* joining again makes it a member from a later clock */
+	ck_assert_msg(ps_client_join(c) == 0, "%s", ps_client_error(c));
+	uint64_t j = ps_client_clock(c);
+	ck_assert_uint_ge(j, 2);
+	id = ps_client_push(c, j, g, NT, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
+	tensors_free(g);
+	ps_client_free(c);
+	stop_cluster(path, srv);
+
+	char yaml[512];
+	struct ps_config bad;
+	snprintf(yaml, sizeof(yaml), "cluster:\n  servers: [127.0.0.1:1]\n  workers: 2\n"
+		 "  initial_workers: 3\nmodel:\n  tensors:\n    - {name: a, shape: [4]}\n");
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_int_ne(ps_config_load(&bad, path, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "cluster.initial_workers") && strstr(err, ":4"), "%s", err);
+	unlink(path);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("elastic");
+	TCase *tc = tcase_create("elastic");
+
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 120);
+	TU_ADD(tc, test_sync_join_leave_exact);
+	TU_ADD_LOOP(tc, test_leave_delay, 0, 2);
+	TU_ADD(tc, test_async_join_resend_once);
+	TU_ADD(tc, test_refusals);
+	TU_ADD(tc, test_restart_keeps_membership);
+	TU_ADD(tc, test_hold_expires);
+	TU_ADD(tc, test_worker_data_once);
+	suite_add_tcase(s, tc);
+	return tu_run_suite(s);
+}

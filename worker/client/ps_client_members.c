@@ -1,0 +1,163 @@
+/* ps_client_members.c - a worker joining and leaving a running cluster,
+ * and the membership its data loader divides the examples by
+ * (server/members.c has the shard's side; docs/reliability.md the
+ * reasoning).
+ */
+#include <stdio.h>
+#include <string.h>
+#include "ps_client_int.h"
+#include "ps_err.h"
+#include "ps_log.h"
+
+/* One join step (StatsRequest.member_op) to shard k, waited for; the
+ * answer in *st. 0 or a negative code. */
+static int member_step(struct ps_client *c, int k, Ps__MemberOp op, uint64_t clock,
+		       struct ps_shard_stats *st)
+{
+	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
+	struct req *r = ps__client_req_new(c, REQ_STATS);
+	int64_t id;
+
+	if (!r)
+		return -ENOMEM;
+	memset(st, 0, sizeof(*st));
+	r->stats = st;
+	r->id = ps__client_reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	m.member_op = op;
+	m.member_clock = clock;
+	if (ps__client_pack_part(&r->parts[k], &m.base)) {
+		ps__client_req_free(c, r);
+		return -ENOMEM;
+	}
+	id = ps__client_submit_built(c, 0, r);
+	return id < 0 ? (int)id : ps_client_wait(c, id);
+}
+
+int ps_client_join(struct ps_client *c)
+{
+	static __thread struct ps_shard_stats st;
+	int nsh = c->cfg->nshards, held = 0, rc;
+	uint64_t join = 0, hold_max = 0, member_from = 0;
+	int member_shard = -1;
+
+	if (c->rank < 0)
+		return -EINVAL;
+	/* 1: every shard holds its first open clock for this worker (or says
+	 * it is a member already, from which clock) */
+	for (int k = 0; k < nsh; k++) {
+		rc = member_step(c, k, PS__MEMBER_OP__MEMBER_HOLD, 0, &st);
+		if (!rc && st.member_status < 0)
+			rc = st.member_status;
+		if (rc) {
+			if (st.member_status < 0)
+				ps__client_set_err(c, "join refused by shard %d: %s", k, st.member_error);
+			return rc;
+		}
+		if (st.member_status == 1) {
+			if (member_shard >= 0 && st.member_clock != member_from) {
+				ps__client_set_err(c, "cannot join: shards %d and %d count worker %d "
+						   "from clocks %llu and %llu", member_shard, k, c->rank,
+						   (unsigned long long)member_from,
+						   (unsigned long long)st.member_clock);
+				return PS_EREFUSED;
+			}
+			member_shard = k;
+			member_from = st.member_clock;
+		} else {
+			held++;
+			hold_max = st.member_clock > hold_max ? st.member_clock : hold_max;
+		}
+	}
+	join = hold_max + 1;
+	if (member_shard >= 0) {
+		/* a member already (of some shards, when half a join survived a
+		 * crash): from member_from, which the holding shards can still take
+		 * when none has passed it */
+		if (held && hold_max > member_from) {
+			ps__client_set_err(c, "cannot join: shard %d counts worker %d from clock %llu, "
+					   "another shard has passed that clock (it is at %llu): "
+					   "restart that shard, or wait for its drop timeout",
+					   member_shard, c->rank, (unsigned long long)member_from,
+					   (unsigned long long)hold_max);
+			return PS_EREFUSED;
+		}
+		join = member_from;
+	}
+	if (!held) {
+		/* a member everywhere: it pushes from the clock it joined at on
+		 * (after the shards restarted from checkpoints older than its join) */
+		pthread_mutex_lock(&c->mu);
+		if (c->clock < member_from)
+			c->clock = member_from;
+		pthread_mutex_unlock(&c->mu);
+		return 0;
+	}
+	/* 2: every shard counts it from `join`; none closed join - 1 yet */
+	for (int k = 0; k < nsh; k++) {
+		rc = member_step(c, k, PS__MEMBER_OP__MEMBER_JOIN, join, &st);
+		if (!rc && st.member_status < 0) {
+			ps__client_set_err(c, "join at clock %llu refused by shard %d: %s",
+					   (unsigned long long)join, k, st.member_error);
+			rc = st.member_status;
+		}
+		if (rc)
+			return rc;
+	}
+	pthread_mutex_lock(&c->mu);
+	if (c->clock < join)
+		c->clock = join;
+	pthread_mutex_unlock(&c->mu);
+	ps_info("worker %d joined the cluster at clock %llu", c->rank, (unsigned long long)join);
+	return 0;
+}
+
+int ps_client_leave(struct ps_client *c, uint64_t clock)
+{
+	int64_t id;
+
+	if (c->rank < 0)
+		return -EINVAL;
+	id = ps_client_push(c, clock, NULL, 0, PS_PUSH_END_CLOCK | PS_PUSH_LEAVE);
+	if (id < 0)
+		return (int)id;
+	return ps_client_wait(c, id);
+}
+
+void ps__client_note_members(struct ps_client *c, const Ps__PullReply *m)
+{
+	if (c->mem_have && m->member_clock < c->mem_clock)
+		return; /* an older clock's answer */
+	c->mem_have = 1;
+	c->mem_clock = m->member_clock;
+	c->mem_epoch = m->member_epoch;
+	c->mem_before = m->member_before;
+	c->mem_count = (int)m->n_members;
+	c->mem_index = -1;
+	for (size_t i = 0; i < m->n_members; i++)
+		if (m->members[i] == c->rank)
+			c->mem_index = (int)i;
+}
+
+int ps_client_members(struct ps_client *c, struct ps_members_info *out)
+{
+	if (c->rank < 0)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	if (c->mem_have) {
+		out->clock = c->mem_clock;
+		out->epoch = c->mem_epoch;
+		out->before = c->mem_before;
+		out->count = c->mem_count;
+		out->index = c->mem_index;
+	} else {
+		/* never told: every rank a member of every clock */
+		out->clock = c->clock;
+		out->epoch = 0;
+		out->count = c->cfg->nworkers;
+		out->before = c->clock * (uint64_t)c->cfg->nworkers;
+		out->index = c->rank;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return 0;
+}
