@@ -46,7 +46,7 @@ HEADERS += [os.path.join("src", f) for f in sorted(os.listdir(os.path.join(HERE,
 ext = Extension(
     "ps._ps",
     sources=[os.path.join("src", f) for f in ("pyps.c", "client.c", "arrays.c", "handle.c", "stats.c",
-                                                      "unique.c")],
+                                                      "declare.c", "unique.c")],
     depends=HEADERS,
     include_dirs=incs,
     library_dirs=libdirs,

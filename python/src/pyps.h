@@ -7,6 +7,7 @@
  *
  *   pyps.c     module init, the exception classes, the Config type
  *   client.c   the Client type: connect, push, pull, rows, close, fork guard
+ *   declare.c  the Client's run-time declarations: tensors, groups, tables
  *   arrays.c   arrays in: buffers checked for dtype, layout, size, device
  *   handle.c   the Handle of an asynchronous call: wait, done, timeout
  *   stats.c    struct ps_shard_stats as a dict
@@ -61,6 +62,14 @@ int pyps_client_enter(pyps_client *self);
 void pyps_client_leave(pyps_client *self);
 /* The client's last error text, copied into buf (any thread). */
 void pyps_client_errtext(pyps_client *self, char *buf, size_t len);
+/* Raises for a libps failure rc (< 0) of call; err NULL: the client's text. */
+PyObject *pyps_client_fail(pyps_client *self, int rc, const char *call, const char *err);
+
+/* declare.c: the Client methods and attribute of run-time declarations. */
+PyObject *pyps_client_declare(pyps_client *self, PyObject *args, PyObject *kw);
+PyObject *pyps_client_declare_tables(pyps_client *self, PyObject *args);
+PyObject *pyps_client_get_tables(pyps_client *self, void *closure);
+PyObject *pyps_client_set_lr(pyps_client *self, PyObject *args);
 
 /* arrays.c: the tensors of one dense call, from a mapping {name: array}. */
 struct pyps_tset {
