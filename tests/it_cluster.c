@@ -628,6 +628,15 @@ START_TEST(test_sync_exact_sum)
 		ck_assert_uint_eq(st.errors, 0);
 		for (int r = 0; r < 3; r++)
 			ck_assert_uint_eq(st.worker_clock[r], NCLOCKS);
+		/* the byte counters: what the pushes carried in, the pull
+		 * replies out, as the per-codec figures count them */
+		uint64_t pw = 0;
+		for (int x = 0; x < 8; x++)
+			pw += st.push_wire_bytes[x];
+		ck_assert_uint_gt(st.bytes_out, 0);
+		ck_assert_uint_eq(st.bytes_out, st.pull_wire_bytes);
+		ck_assert_uint_eq(st.bytes_in, pw);
+		ck_assert_uint_ge(st.pull_raw_bytes, st.pulls * 4);
 	}
 	ps_shardmap_free(&map);
 	ps_client_free(mon);
@@ -743,6 +752,15 @@ START_TEST(test_async_exact_sum)
 		ck_assert_uint_eq(st.errors, 0);
 		for (int r = 0; r < 3; r++)
 			ck_assert_uint_eq(st.worker_clock[r], NCLOCKS);
+		/* the byte counters: what the pushes carried in, the pull
+		 * replies out, as the per-codec figures count them */
+		uint64_t pw = 0;
+		for (int x = 0; x < 8; x++)
+			pw += st.push_wire_bytes[x];
+		ck_assert_uint_gt(st.bytes_out, 0);
+		ck_assert_uint_eq(st.bytes_out, st.pull_wire_bytes);
+		ck_assert_uint_eq(st.bytes_in, pw);
+		ck_assert_uint_ge(st.pull_raw_bytes, st.pulls * 4);
 	}
 	ps_shardmap_free(&map);
 	ps_client_free(c);
