@@ -415,6 +415,52 @@ START_TEST(test_reconnect_nothing_pending)
 }
 END_TEST
 
+/* A shard killed and not restarted: a pull waiting for it fails once
+ * limits.reconnect_timeout_ms (1 s here) has passed since the connection
+ * was lost, long before its request timeout (15 s), naming the limit.
+ * Case 0: nothing listens on the port (each attempt refused); case 1: a
+ * listener that never answers (each attempt hangs until
+ * connect_timeout_ms, 400 ms). */
+START_TEST(test_reconnect_gives_up)
+{
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	int port = tu_free_port(), lfd = -1;
+	pid_t pid;
+
+	write_cfg(1, &port);
+	pid = tu_start_server(path, 0);
+	struct ps_client *c = connect_retry();
+	/* the client's own copy of the limits is what it goes by */
+	cfg.limits.reconnect_timeout_ms = 1000;
+	cfg.limits.connect_timeout_ms = 400;
+	cfg.limits.request_timeout_ms = 15000;
+	ps_client_free(c);
+	c = connect_retry();
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	double t0 = ps_now_s();
+	if (_i == 1)
+		lfd = fake_listen(port);
+	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	int rc = q > 0 ? ps_client_wait(c, q) : (int)q;
+	double took = ps_now_s() - t0;
+	fprintf(stderr, "it_fake_shard: reconnect given up after %.2f s (%s)\n", took,
+		_i ? "a hung listener" : "refused");
+	ck_assert_int_ne(rc, 0);
+	ck_assert_msg(strstr(ps_client_error(c), "unreachable for 1000 ms "
+			     "(limits.reconnect_timeout_ms)"), "%s", ps_client_error(c));
+	ck_assert_msg(took >= 0.9, "given up after %.2f s, before the reconnect timeout", took);
+	ck_assert_msg(took < 5.0 * tu_time_scale(), "given up after %.2f s: the reconnect timeout "
+		      "is 1 s, the connect timeout 0.4 s", took);
+	ps_client_free(c);
+	if (lfd >= 0)
+		close(lfd);
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+END_TEST
+
 /* After its shard died, a worker meets a stranger on the shard's port who
  * answers its Hello the ways only the real shard may end a handshake: a
  * refusal (its words laced with terminal escape sequences), a challenge
@@ -770,6 +816,7 @@ int main(void)
 	tcase_add_test(tc, test_fake_shards_answer_right);
 	tcase_add_test(tc, test_foreign_slice_refused);
 	tcase_add_test(tc, test_unexpected_frame_logged);
+	tcase_add_loop_test(tc, test_reconnect_gives_up, 0, 2);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();
