@@ -14,7 +14,10 @@
  *  - A backup that is killed and rejoins does not make its primary take
  *    over again: its epoch stays, its log has no second "now the primary".
  *  - With one direction between the two processes blocked (nftables, as
- *    root), the pair still elects a primary within a bound, whichever way.
+ *    root), the pair still elects a primary within a bound, whichever way;
+ *    and when the packets to a serving primary are dropped, its backup
+ *    takes over as soon as the stepped-down primary dials it, not after
+ *    its own silence timeout.
  *  - The replication figures of stats and /metrics follow the operations
  *    that made them: the batch number counts the applied clocks, the lag
  *    is 0 once the backup confirmed, the takeover counted once.
@@ -25,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -49,11 +53,14 @@ static pid_t start_replica(int replica)
 	snprintf(log, sizeof(log), "%s/r%d.log", logdir, replica);
 	pid = fork();
 	if (pid == 0) {
+		/* a failed assertion ends the case's process: the shard's go with it */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
 		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 		if (fd >= 0)
 			dup2(fd, 2);
 		execl("bin/ps-server", "ps-server", "--config", cfg_path, "--shard", "0",
-		      "--replica", r, "--log-level", "info", (char *)NULL);
+		      "--replica", r, "--log-level",
+		      getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "info", (char *)NULL);
 		_exit(127);
 	}
 	return pid;
@@ -412,6 +419,54 @@ START_TEST(test_one_way_blocked_elects)
 }
 END_TEST
 
+/* A formed pair, then the packets to the primary's port dropped: its
+ * backup no longer reaches it, while it still reaches the backup. The
+ * primary hears nothing from its backup and steps down, then dials it as
+ * a joining process: the backup must take over then (1.2 s or so), not
+ * wait out its own 2 s of silence (it heard the primary until it stepped
+ * down, so that is 3 s). */
+START_TEST(test_primary_cut_one_way)
+{
+	struct ps_shard_stats st;
+	int ok = 0;
+
+	write_config(0);
+	srv[0] = start_replica(0);
+	srv[1] = start_replica(1);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	if (nft_block(ports[p])) {
+		nft_unblock();
+		stop_all();
+		tu_rmtree(logdir);
+		tu_skip("test_primary_cut_one_way needs root and nftables (nft) to drop the "
+			"packets of one direction");
+		return;
+	}
+	double t0 = ps_now_s(), took;
+	memset(&st, 0, sizeof(st));
+	while (!ok && ps_now_s() - t0 < 6 * tu_time_scale()) {
+		ok = replica_stats(!p, &st) == 0 && st.repl_state == 3;
+		if (!ok)
+			tu_sleep_ms(20);
+	}
+	took = ps_now_s() - t0;
+	nft_unblock();
+	ck_assert_msg(ok, "packets to the primary (replica %d) dropped: replica %d does not serve "
+		      "after %.1f s (state %d; logs in %s)", p, !p, took, st.repl_state, logdir);
+	fprintf(stderr, "it_replica_cases: packets to the primary dropped: replica %d serves "
+		"after %.2f s\n", !p, took);
+	/* it took over when the stepped-down primary dialed it (about 1.2 s),
+	 * not after its own 2 s of silence (3 s): the primary still reaches it */
+	ck_assert_msg(log_count(!p, "has restarted or stepped down") == 1 &&
+		      log_count(!p, "nothing from the primary") == 0, "replica %d did not take over "
+		      "when the stepped-down primary dialed it (logs in %s)", !p, logdir);
+	ck_assert_msg(wait_pair(20) == !p, "the pair did not form again (logs in %s)", logdir);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
 /* GET path from 127.0.0.1:port into body; the HTTP status or -1. */
 static int http_get(int port, const char *path, char *body, size_t n)
 {
@@ -518,6 +573,7 @@ int main(void)
 	TU_ADD(tc, test_ack_waits_for_sum_across_failover);
 	TU_ADD(tc, test_backup_rejoin_keeps_primary);
 	TU_ADD_LOOP(tc, test_one_way_blocked_elects, 0, 2);
+	TU_ADD(tc, test_primary_cut_one_way);
 	TU_ADD(tc, test_replication_figures);
 	suite_add_tcase(s, tc);
 	tu_secret_setup();
