@@ -133,7 +133,7 @@ if [ ! -x "$VENV/bin/mutate" ]; then
     echo "mutate: cannot install universalmutator from PyPI (network?)" >&2; exit 1; }
 fi
 
-export PS_SECRET_FILE=$OUT/ps.secret
+export PS_SECRET_FILE=$PWD/$OUT/ps.secret   # absolute: pytest runs in python/tests
 export PS_TEST_QUICK=1   # it_checkpoint leaves out its minute-long 4.4 GB case
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
 
@@ -172,12 +172,17 @@ run_suite() {       # suite, seconds
   case "$n" in *@*) only=${n#*@}; n=${n%%@*} ;; esac
   case "$n" in
     *.sh) timeout "$2" "tests/$n" ;;
-    *.py) timeout "$2" scripts/test-python.sh -x -k "${n%.py}" ;;
+    *.py) (cd python/tests && timeout "$2" ../../build/pyvenv/bin/python -m pytest -q -x \
+             -p no:cacheprovider "$n") ;;
     *)    PS_TEST_ONLY=$only timeout "$2" "$(suite_target "$1")" ;;
   esac
 }
 
 echo "mutate: building the unmutated tree and its tests (release and sanitizer builds)" >&2
+case "$all_suites" in *.py*)   # the package, installed once into build/pyvenv
+  scripts/test-python.sh --install-only >/dev/null || {
+    echo "mutate: cannot install the Python package (scripts/test-python.sh)" >&2; exit 1; } ;;
+esac
 san_targets=$(for s in $all_suites; do [ "$(variant_of "$s")" = san ] && suite_target "$s"; done | sort -u)
 if [ -n "$san_targets" ]; then
   build_variant san $san_targets >/dev/null || {
