@@ -351,24 +351,30 @@ END_TEST
 /* nftables, as root: packets to one process's port dropped, so that only
  * the other can dial. */
 static int nft_table_made;
+static char nft_table[32]; /* this process's own: runs side by side do not clash */
 static int nft_block(int port)
 {
 	char cmd[256];
 
 	if (geteuid() != 0)
 		return -1;
-	if (system("nft add table inet ps_replc_test 2>/dev/null") != 0 ||
-	    system("nft add chain inet ps_replc_test out '{ type filter hook output priority 0; }' "
-		   "2>/dev/null") != 0)
+	snprintf(nft_table, sizeof(nft_table), "ps_replc_%d", (int)getpid());
+	snprintf(cmd, sizeof(cmd), "nft add table inet %s 2>/dev/null", nft_table);
+	if (system(cmd) != 0)
 		return -1;
 	nft_table_made = 1;
-	snprintf(cmd, sizeof(cmd), "nft add rule inet ps_replc_test out tcp dport %d drop", port);
+	snprintf(cmd, sizeof(cmd), "nft add chain inet %s out '{ type filter hook output "
+		 "priority 0; }' 2>/dev/null && nft add rule inet %s out tcp dport %d drop",
+		 nft_table, nft_table, port);
 	return system(cmd) == 0 ? 0 : -1;
 }
 
 static void nft_unblock(void)
 {
-	if (nft_table_made && system("nft delete table inet ps_replc_test") != 0)
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "nft delete table inet %s", nft_table);
+	if (nft_table_made && system(cmd) != 0)
 		fprintf(stderr, "it_replica_cases: nft delete table failed\n");
 	nft_table_made = 0;
 }
