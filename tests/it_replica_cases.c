@@ -533,6 +533,11 @@ START_TEST(test_replication_figures)
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	ck_assert_int_eq(replica_stats(p, &a), 0);
 	uint64_t lsn0 = a.repl_lsn;
+	/* the backup's log names the batch and epoch of the state it got */
+	char line[128];
+	snprintf(line, sizeof(line), "at batch %llu of epoch %llu", (unsigned long long)lsn0,
+		 (unsigned long long)a.repl_epoch);
+	ck_assert_msg(log_count(!p, line) == 1, "no \"%s\" in the backup's log (%s)", line, logdir);
 	for (int r = 0; r < NWORKERS; r++)
 		c[r] = worker(r);
 	for (int clock = 0; clock < 5; clock++) {
