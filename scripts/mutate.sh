@@ -10,8 +10,8 @@
 #
 # Environment:
 #   MUTATE_FILES     files to mutate (default: every file of the list below)
-#   MUTATE_PER_FILE  mutants tested per file (default 10, about an hour here;
-#                    0 = all of them, days); drawn mutants that fail a
+#   MUTATE_PER_FILE  mutants tested per file (default 10: most of a day here
+#                    over every file; 0 = all of them, weeks); drawn mutants that fail a
 #                    syntax check are set aside and the draw goes on
 #   MUTATE_SEED      seed of the draw (default 1): the same seed, the same mutants
 #   MUTATE_TIMEOUT   seconds one suite may run before the mutant counts as
