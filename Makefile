@@ -20,9 +20,9 @@
 #   make demo-rdma       the demo's cnn trained over transport: rdma in that VM
 #                        (on 256 images: emulation computes a few a second)
 #   make mutate          mutation testing of server/, the client library and
-#                        the transport, wire, codec and auth code against
-#                        their narrowest suites (scripts/mutate.sh --help;
-#                        about an hour; docs/testing.md has the score)
+#                        the transport, wire, codec, auth and encryption code
+#                        against the suites that exercise them (scripts/mutate.sh
+#                        --help; most of a day; docs/testing.md has the score)
 #   make gpu-check       on a lent GPU machine: unpack gpu-bundle/ (scripts/gpu-bundle.sh),
 #                        build, the CUDA tests, timings against PyTorch; docs/gpu.md
 #   make clean

@@ -10,12 +10,26 @@
 #
 # Environment:
 #   MUTATE_FILES     files to mutate (default: every file of the list below)
-#   MUTATE_PER_FILE  mutants tested per file (default 10, about an hour here;
-#                    0 = all of them, days); drawn mutants that fail a
+#   MUTATE_PER_FILE  mutants tested per file (default 10: most of a day here
+#                    over every file; 0 = all of them, weeks); drawn mutants that fail a
 #                    syntax check are set aside and the draw goes on
 #   MUTATE_SEED      seed of the draw (default 1): the same seed, the same mutants
 #   MUTATE_TIMEOUT   seconds one suite may run before the mutant counts as
-#                    killed by a hang (default 120)
+#                    killed by a hang (default: three times the suite's own
+#                    unmutated time, at least 30 s; see below)
+#   MUTATE_REMEASURE 1: time every suite again instead of using
+#                    build/mutate/times.tsv
+#
+# Suites: a test program of build/rel/tests; `san:NAME`, the same program of
+# the sanitizer build (make SANITIZE=address,undefined, build/san/tests), so
+# that memory mutants count; `NAME@CASE,CASE`, only those cases
+# (PS_TEST_ONLY); a script tests/NAME.sh; a pytest file python/tests/NAME.py.
+# Before the mutants, every suite the run needs is run once on the
+# unmutated tree and timed (kept in build/mutate/times.tsv for later runs):
+# a suite that fails there is left out with a warning (it would kill every
+# mutant), a file's suites run fastest first, and each gets three times its
+# own time. A file of the scope without an entry in suites_for gets the
+# default suites and a warning.
 #
 # universalmutator (PyPI) is installed once into build/mutate/venv. Results
 # go to build/mutate/: results.tsv (one line per mutant) and report.md (the
@@ -34,60 +48,83 @@ OUT=build/mutate
 VENV=$OUT/venv
 PER_FILE=${MUTATE_PER_FILE:-10}
 SEED=${MUTATE_SEED:-1}
-TMO=${MUTATE_TIMEOUT:-120}
 T=build/rel/tests
 
 # The files in scope: the shard, the client library, and the common code
-# every frame and gradient passes through.
+# every frame, gradient and row passes through. Globs, so that a new file
+# of server/ or worker/client/ is in by default.
 default_files() {
-  ls server/*.c worker/client/ps_client*.c common/transport*.c common/wire*.c \
-     common/codec*.c common/auth*.c common/frame_mac*.c common/config_agree.c common/optim_group.c \
+  ls server/*.c worker/client/*.c common/transport*.c common/wire.c common/msg.c \
+     common/codec*.c common/auth.c common/frame_mac.c common/frame_aead.c common/finite.c \
+     common/rows_wire.c common/shardmap.c common/config_agree.c common/optim_group.c \
      common/table_decl.c common/version.c worker/worker_cmd.c worker/ps_export.c worker/npz.c \
-     worker/export_read.c 2>/dev/null |
+     worker/export_read.c worker/epoch.c 2>/dev/null |
     grep -v '^server/main.c$'
 }
 
-# The narrowest suites that exercise a file, fastest first.
+# The suites that exercise a file, those that kill its mutants soonest
+# first (the run orders them by measured time anyway); san: suites for the
+# files whose mistakes are often memory errors a release build survives.
 suites_for() {
   case "$1" in
-    server/store.c)            echo check_store it_cluster ;;
+    server/store.c)            echo check_store it_cluster san:check_store ;;
     server/optimizer.c)        echo check_optimizer check_store ;;
     server/dedup.c)            echo check_dedup it_cluster ;;
-    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables ;;
-    server/handshake.c)        echo it_hostile it_reader ;;
-    server/push.c)             echo it_hostile it_cluster ;;
-    server/pull.c)             echo it_cluster it_hostile ;;
-    server/conn.c)             echo it_reader it_hostile it_cluster ;;   # it_reader: the reader's refusals
+    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables san:it_checkpoint ;;
+    server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
+    server/push.c)             echo it_hostile it_cluster san:it_hostile ;;
+    server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
+    server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard ;;   # it_reader: the reader's refusals
     server/admin.c)            echo it_stat it_checkpoint it_hostile ;;   # it_hostile reads the queue figures
-    server/metrics_http.c)     echo it_stat ;;
+    server/metrics_http.c)     echo it_stat it_replica_cases ;;           # the replication figures
     server/declare.c)          echo it_declare it_groups ;;
-    server/table_ckpt.c)       echo it_rows it_export.sh ;;
+    server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;
     server/reader.c)           echo it_reader ;;
-    server/decl_tables.c)      echo it_decl_tables ;;
+    server/decl_tables.c)      echo it_decl_tables test_decl_tables.py ;;
     server/members.c)          echo it_elastic ;;
-    server/*)                  echo it_cluster it_checkpoint it_hostile ;;
+    # replication: the scripted cases first, then the fault runs
+    server/replica.c|server/replica_log.c)
+                               echo it_replica_cases it_replica_auth it_replica san:it_replica_cases ;;
+    # tables and rows: the model checks without a network, then two shards
+    server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
+    server/table.c|server/table_admit.c)
+                               echo check_rows it_rows_model it_rows san:check_rows ;;
+    server/table_ckpt.c)       echo it_rows it_rows_model it_export.sh test_export.py ;;
+    server/rows.c)             echo it_rows it_rows_model it_replica_cases san:it_rows ;;
+    worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
-    worker/client/ps_client_tables.c)  echo it_decl_tables ;;
-    worker/client/ps_client_members.c) echo it_elastic ;;
-    worker/client/ps_client*)         echo it_fake_shard it_cluster it_checkpoint it_hostile ;;
+    worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
+    worker/client/ps_client_members.c) echo it_elastic test_elastic.py ;;
+    worker/client/ps_client.c|worker/client/ps_client_build.c|worker/client/ps_client_conn.c|worker/client/ps_client_req.c)
+                               echo it_fake_shard it_cluster it_checkpoint it_hostile it_replica_cases san:it_fake_shard ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables ;;
     common/version.c)          echo it_docs.sh ;;        # every program's --version
     worker/worker_cmd.c)       echo it_launch.sh ;;      # ps-worker --exec under ps-cluster.sh
+    worker/epoch.c)            echo it_elastic it_train ;;  # each example once per epoch
     worker/ps_export.c|worker/npz.c) echo it_export.sh ;;  # ps-export on real checkpoints, damaged ones
     # reading checkpoints: versions 1-2 and damage in it_export.sh; declared
     # tensors and tables (versions 2-4), --since and cut sections in pytest's
     worker/export_read.c)      echo it_export.sh test_export.py ;;
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
-    common/transport*)         echo check_transport it_hostile ;;
-    common/wire*)              echo check_wire it_hostile ;;
-    common/codec*)             echo check_store check_codec ;;
-    common/auth*)              echo check_auth check_transport it_hostile it_reader ;;
-    common/frame_mac*)         echo check_auth check_transport ;;
-    *)                         echo check_transport it_cluster ;;
+    common/transport_tcp.c)    echo check_transport it_hostile san:check_transport ;;
+    common/wire.c|common/msg.c) echo check_wire it_hostile san:check_wire ;;
+    common/codec*)             echo check_store check_codec san:check_codec ;;
+    common/finite.c)           echo check_store it_hostile check_rows ;;
+    common/auth.c)             echo check_auth check_transport it_hostile it_reader ;;
+    common/frame_mac.c)        echo check_auth check_transport san:check_transport ;;
+    # the encrypted conformance runs: frames sealed under each cipher
+    # (check_transport), the sync sums over encrypted links (it_cluster),
+    # hand-sealed records from a hostile peer (it_hostile)
+    common/frame_aead.c)       echo check_transport it_cluster@test_sync_exact_sum it_hostile san:check_transport ;;
+    common/rows_wire.c)        echo check_rows it_rows ;;
+    common/shardmap.c)         echo check_shardmap it_cluster it_rows ;;
+    *) echo "mutate: $1 has no suites of its own in suites_for; it runs against the" \
+            "defaults (it_cluster it_checkpoint it_hostile)" >&2
+       echo it_cluster it_checkpoint it_hostile ;;
   esac
 }
 
@@ -99,23 +136,102 @@ if [ ! -x "$VENV/bin/mutate" ]; then
     echo "mutate: cannot install universalmutator from PyPI (network?)" >&2; exit 1; }
 fi
 
-export PS_SECRET_FILE=$OUT/ps.secret
+export PS_SECRET_FILE=$PWD/$OUT/ps.secret   # absolute: pytest runs in python/tests
 export PS_TEST_QUICK=1   # it_checkpoint leaves out its minute-long 4.4 GB case
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
 
-echo "mutate: building the unmutated tree and its tests" >&2
-# a suite is a test program of $T, a script tests/NAME.sh (run as it is),
-# or a pytest file python/tests/NAME.py (its tests, by scripts/test-python.sh)
-suite_target() { case "$1" in *.sh|*.py) ;; *) echo "$T/$1" ;; esac; }
-run_suite() {
-  case "$1" in
-    *.sh) timeout "$TMO" "tests/$1" ;;
-    *.py) timeout "$TMO" scripts/test-python.sh -x -k "${1%.py}" ;;
-    *)    timeout "$TMO" "$T/$1" ;;
+SAN=address,undefined
+declare -A SUITES
+for f in $files; do SUITES[$f]=$(suites_for "$f"); done
+all_suites=$(for f in $files; do printf '%s\n' ${SUITES[$f]}; done | sort -u)
+
+# A suite's variant (rel or san), its program's make target, and its run:
+# a test program of build/VARIANT/tests (PS_TEST_ONLY for NAME@CASES), a
+# script tests/NAME.sh (run as it is), or a pytest file python/tests/NAME.py
+# (its tests, by scripts/test-python.sh).
+variant_of() { case "$1" in san:*) echo san ;; *) echo rel ;; esac; }
+suite_target() {
+  local n=${1#san:}
+  n=${n%%@*}
+  case "$n" in *.sh|*.py) ;; *) echo "build/$(variant_of "$1")/tests/$n" ;; esac
+}
+# bin/ and lib/ are shared by the two builds: building one variant relinks
+# them for it, so a suite's variant is built (the changed objects and a
+# link) before it runs.
+built=""
+build_variant() {   # variant, then the make targets of its suites
+  local v=$1; shift
+  if [ "$v" = san ]; then make -s -j2 SANITIZE=$SAN all "$@"; else make -s -j2 all "$@"; fi
+}
+ensure_built() {    # the variant of suite $1, built with the tree as it is now
+  local v
+  v=$(variant_of "$1")
+  [ "$built" = "$v" ] && return 0
+  build_variant "$v" $(suite_target "$1") >>"$OUT/build.log" 2>&1 || return 1
+  built=$v
+}
+run_suite() {       # suite, seconds
+  local n=${1#san:} only=""
+  case "$n" in *@*) only=${n#*@}; n=${n%%@*} ;; esac
+  case "$n" in
+    *.sh) timeout "$2" "tests/$n" ;;
+    *.py) (cd python/tests && timeout "$2" ../../build/pyvenv/bin/python -m pytest -q -x \
+             -p no:cacheprovider "$n") ;;
+    *)    PS_TEST_ONLY=$only timeout "$2" "$(suite_target "$1")" ;;
   esac
 }
-make -s -j2 all $(for f in $files; do for s in $(suites_for "$f"); do suite_target "$s"; done; done | sort -u) \
+
+echo "mutate: building the unmutated tree and its tests (release and sanitizer builds)" >&2
+case "$all_suites" in *.py*)   # the package, installed once into build/pyvenv
+  scripts/test-python.sh --install-only >/dev/null || {
+    echo "mutate: cannot install the Python package (scripts/test-python.sh)" >&2; exit 1; } ;;
+esac
+san_targets=$(for s in $all_suites; do [ "$(variant_of "$s")" = san ] && suite_target "$s"; done | sort -u)
+if [ -n "$san_targets" ]; then
+  build_variant san $san_targets >/dev/null || {
+    echo "mutate: the unmutated tree does not build with SANITIZE=$SAN" >&2; exit 1; }
+fi
+build_variant rel $(for s in $all_suites; do [ "$(variant_of "$s")" = rel ] && suite_target "$s"; done | sort -u) \
   >/dev/null || { echo "mutate: the unmutated tree does not build" >&2; exit 1; }
+built=rel
+
+# Each suite's unmutated time (build/mutate/times.tsv: suite, seconds), so
+# that its limit follows it: three times its time, at least 30 s. A suite
+# that fails unmutated is left out (it would count every mutant as killed).
+TIMES=$OUT/times.tsv
+[ "${MUTATE_REMEASURE:-0}" = 1 ] && rm -f "$TIMES"
+touch "$TIMES"
+declare -A SECS
+while IFS=$'\t' read -r s t; do [ -n "$s" ] && SECS[$s]=$t; done <"$TIMES"
+for s in $all_suites; do
+  [ -n "${SECS[$s]:-}" ] && continue
+  ensure_built "$s" || { echo "mutate: $s does not build" >&2; exit 1; }
+  echo "mutate: timing $s on the unmutated tree" >&2
+  t0=$EPOCHREALTIME
+  run_suite "$s" 1800 >"$OUT/run.log" 2>&1
+  rc=$?
+  t=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a + 0.5 }')
+  if [ $rc -ne 0 ]; then
+    echo "mutate: WARNING: $s fails on the unmutated tree (exit $rc, $OUT/run.log); left out" >&2
+    cp "$OUT/run.log" "$OUT/unmutated-fail-${s//[:@\/]/_}.log"
+    SECS[$s]=fail
+    continue   # not recorded: measured again by the next run
+  fi
+  SECS[$s]=$t
+  printf '%s\t%s\n' "$s" "$t" >>"$TIMES"
+done
+limit_of() {
+  if [ -n "${MUTATE_TIMEOUT:-}" ]; then echo "$MUTATE_TIMEOUT"; return; fi
+  local t=${SECS[$1]}
+  [ $((3 * t)) -gt 30 ] && echo $((3 * t)) || echo 30
+}
+# a file's suites, fastest first, without those that fail unmutated
+ordered_suites() {
+  for s in ${SUITES[$1]}; do
+    [ "${SECS[$s]}" = fail ] && continue
+    printf '%s\t%s\n' "${SECS[$s]}" "$s"
+  done | sort -n -s -k1,1 | cut -f2 | tr '\n' ' '
+}
 
 CC_LINE=$(make -s print-cc) || exit 1
 syntax_rejected=0
@@ -160,8 +276,9 @@ print('\n'.join(m))")
     fi
   done
   syntax_rejected=$((syntax_rejected + rejected))
-  suites=$(suites_for "$f")
-  echo "== $f: ${#all[@]} mutants, $rejected drawn did not compile, testing ${#pick[@]} against: $suites" >&2
+  suites=$(ordered_suites "$f")
+  echo "== $f: ${#all[@]} mutants, $rejected drawn did not compile, testing ${#pick[@]} against:" \
+    "$(for x in $suites; do printf '%s (%ss) ' "$x" "$(limit_of "$x")"; done)" >&2
   cp "$f" "$OUT/orig"
   for m in "${pick[@]}"; do
     [ -n "$m" ] || continue
@@ -177,11 +294,16 @@ print('\n'.join(m))")
     current=$f
     cp "$dir/$m" "$f"
     outcome=""
-    if ! make -s -j2 all $(for s in $suites; do suite_target "$s"; done) >"$OUT/build.log" 2>&1; then
+    : >"$OUT/build.log"
+    built=""
+    if ! build_variant rel $(for s in $suites; do [ "$(variant_of "$s")" = rel ] && suite_target "$s"; done) \
+        >"$OUT/build.log" 2>&1; then
       outcome="uncompilable"
     else
+      built=rel
       for s in $suites; do
-        run_suite "$s" >"$OUT/run.log" 2>&1
+        if ! ensure_built "$s"; then outcome="uncompilable"; break; fi
+        run_suite "$s" "$(limit_of "$s")" >"$OUT/run.log" 2>&1
         rc=$?
         if [ $rc -eq 124 ]; then outcome="killed:$s(timeout)"; break; fi
         if [ $rc -ne 0 ]; then outcome="killed:$s"; break; fi
@@ -196,6 +318,7 @@ done
 trap - EXIT INT TERM
 echo "mutate: rebuilding the unmutated tree" >&2
 touch $files
+[ -n "$san_targets" ] && build_variant san $san_targets >/dev/null
 make -s -j2 all >/dev/null
 
 python3 - "$results" "$OUT/report.md" "$SEED" "$PER_FILE" "$(( $(date +%s) - start ))" "$syntax_rejected" <<'EOF'

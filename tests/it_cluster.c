@@ -327,7 +327,8 @@ END_TEST
 /* A pull held by the sync barrier for a worker that never connected: the
  * shard says so in its heartbeat replies, and the worker's timeout names
  * the missing worker instead of blaming the shard ("waiting for workers 1
- * of 2 at clock 0 (worker 1 never connected)"). */
+ * of 2 at clock 0 (worker 1 never connected)"). With consistency.staleness
+ * 2, which sync ignores: the message must not count clocks as async does. */
 START_TEST(test_timeout_names_missing_worker)
 {
 	char path[64], err[512], extra[160];
@@ -338,7 +339,8 @@ START_TEST(test_timeout_names_missing_worker)
 
 	/* heartbeats every third of the idle timeout: several before the pull
 	 * times out */
-	snprintf(extra, sizeof(extra), "limits:\n  request_timeout_ms: %d\n  idle_timeout_ms: %d\n",
+	snprintf(extra, sizeof(extra), "  staleness: 2\nlimits:\n  request_timeout_ms: %d\n"
+		 "  idle_timeout_ms: %d\n",
 		 (int)(2000 * scale), (int)(600 * scale));
 	start_cluster(path, &cfg, 2, "sync", extra, srv);
 	struct ps_client *c0 = connect_retry(&cfg, 0, err, sizeof(err));
@@ -626,6 +628,15 @@ START_TEST(test_sync_exact_sum)
 		ck_assert_uint_eq(st.errors, 0);
 		for (int r = 0; r < 3; r++)
 			ck_assert_uint_eq(st.worker_clock[r], NCLOCKS);
+		/* the byte counters: what the pushes carried in, the pull
+		 * replies out, as the per-codec figures count them */
+		uint64_t pw = 0;
+		for (int x = 0; x < 8; x++)
+			pw += st.push_wire_bytes[x];
+		ck_assert_uint_gt(st.bytes_out, 0);
+		ck_assert_uint_eq(st.bytes_out, st.pull_wire_bytes);
+		ck_assert_uint_eq(st.bytes_in, pw);
+		ck_assert_uint_ge(st.pull_raw_bytes, st.pulls * 4);
 	}
 	ps_shardmap_free(&map);
 	ps_client_free(mon);
@@ -741,6 +752,15 @@ START_TEST(test_async_exact_sum)
 		ck_assert_uint_eq(st.errors, 0);
 		for (int r = 0; r < 3; r++)
 			ck_assert_uint_eq(st.worker_clock[r], NCLOCKS);
+		/* the byte counters: what the pushes carried in, the pull
+		 * replies out, as the per-codec figures count them */
+		uint64_t pw = 0;
+		for (int x = 0; x < 8; x++)
+			pw += st.push_wire_bytes[x];
+		ck_assert_uint_gt(st.bytes_out, 0);
+		ck_assert_uint_eq(st.bytes_out, st.pull_wire_bytes);
+		ck_assert_uint_eq(st.bytes_in, pw);
+		ck_assert_uint_ge(st.pull_raw_bytes, st.pulls * 4);
 	}
 	ps_shardmap_free(&map);
 	ps_client_free(c);

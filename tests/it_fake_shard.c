@@ -415,6 +415,52 @@ START_TEST(test_reconnect_nothing_pending)
 }
 END_TEST
 
+/* A shard killed and not restarted: a pull waiting for it fails once
+ * limits.reconnect_timeout_ms (1 s here) has passed since the connection
+ * was lost, long before its request timeout (15 s), naming the limit.
+ * Case 0: nothing listens on the port (each attempt refused); case 1: a
+ * listener that never answers (each attempt hangs until
+ * connect_timeout_ms, 400 ms). */
+START_TEST(test_reconnect_gives_up)
+{
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	int port = tu_free_port(), lfd = -1;
+	pid_t pid;
+
+	write_cfg(1, &port);
+	pid = tu_start_server(path, 0);
+	struct ps_client *c = connect_retry();
+	/* the client's own copy of the limits is what it goes by */
+	cfg.limits.reconnect_timeout_ms = 1000;
+	cfg.limits.connect_timeout_ms = 400;
+	cfg.limits.request_timeout_ms = 15000;
+	ps_client_free(c);
+	c = connect_retry();
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	double t0 = ps_now_s();
+	if (_i == 1)
+		lfd = fake_listen(port);
+	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	int rc = q > 0 ? ps_client_wait(c, q) : (int)q;
+	double took = ps_now_s() - t0;
+	fprintf(stderr, "it_fake_shard: reconnect given up after %.2f s (%s)\n", took,
+		_i ? "a hung listener" : "refused");
+	ck_assert_int_ne(rc, 0);
+	ck_assert_msg(strstr(ps_client_error(c), "unreachable for 1000 ms "
+			     "(limits.reconnect_timeout_ms)"), "%s", ps_client_error(c));
+	ck_assert_msg(took >= 0.9, "given up after %.2f s, before the reconnect timeout", took);
+	ck_assert_msg(took < 5.0 * tu_time_scale(), "given up after %.2f s: the reconnect timeout "
+		      "is 1 s, the connect timeout 0.4 s", took);
+	ps_client_free(c);
+	if (lfd >= 0)
+		close(lfd);
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+END_TEST
+
 /* After its shard died, a worker meets a stranger on the shard's port who
  * answers its Hello the ways only the real shard may end a handshake: a
  * refusal (its words laced with terminal escape sequences), a challenge
@@ -570,7 +616,7 @@ END_TEST
 
 /* Two fake shards that hold the secret: each completes the handshake
  * (proof, session keys, MACed frames) and answers pulls as `mode` says. */
-enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE };
+enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE, ANSWER_AFTER_UNEXPECTED };
 
 struct fake_shard {
 	int port, shard, mode, lfd;
@@ -634,6 +680,11 @@ static void *fake_shard_main(void *arg)
 			int n = 0;
 			for (size_t i = 0; i < q->n_slices && n < 8; i++)
 				sl[n++] = q->slices[i];
+			if (fs->mode == ANSWER_AFTER_UNEXPECTED) {
+				/* a request type no shard sends, before the reply */
+				Ps__Pull x = PS__PULL__INIT;
+				ck_assert_int_eq(fake_send(&fk, PS_MSG_PULL, &x.base, NULL, 0), 0);
+			}
 			if (fs->mode == ANSWER_FOREIGN_SLICE)
 				for (int i = 0; i < n; i++)
 					sl[i] = (uint32_t)(map.slices[0].shard == fs->shard ? 1 : 0);
@@ -720,6 +771,35 @@ START_TEST(test_foreign_slice_refused)
 }
 END_TEST
 
+/* An authenticated shard sends a frame of a type no shard sends (a pull
+ * request) before its pull reply: the client logs it by name and goes on;
+ * the pull completes with the shard's values. */
+START_TEST(test_unexpected_frame_logged)
+{
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	struct fake_shard fs[2];
+	char *log;
+
+	fake_shards_start(fs, ANSWER_AFTER_UNEXPECTED);
+	struct ps_client *c = connect_retry();
+	tu_capture_begin();
+	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	int rc = q > 0 ? ps_client_wait(c, q) : (int)q;
+	log = tu_capture_end();
+	ck_assert_msg(rc == 0, "%s", ps_client_error(c));
+	ck_assert_msg(strstr(log, "shard 1 sent an unexpected pull frame"), "no warning: %s", log);
+	ck_assert_msg(!strstr(log, "shard 0 sent an unexpected"), "%s", log);
+	for (int i = 0; i < N; i++) {
+		const struct ps_slice *sl = &map.slices[i < (int)map.slices[0].count ? 0 : 1];
+		ck_assert_msg(w[i] == 100.0f + (float)sl->shard, "w[%d] = %g", i, (double)w[i]);
+	}
+	free(log);
+	ps_client_free(c);
+	fake_shards_stop(fs);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("fake_shard");
@@ -735,6 +815,8 @@ int main(void)
 	tcase_add_test(tc, test_client_survives_reset_under_write);
 	tcase_add_test(tc, test_fake_shards_answer_right);
 	tcase_add_test(tc, test_foreign_slice_refused);
+	tcase_add_test(tc, test_unexpected_frame_logged);
+	tcase_add_loop_test(tc, test_reconnect_gives_up, 0, 2);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();

@@ -12,7 +12,8 @@
  * PS_TEST_REPL_CLOCKS sets the clocks of the fault runs (default 1000),
  * PS_TEST_REPL_PACE_MS the pause of a worker between clocks (default 30,
  * so that the faults fall inside the run); PS_TEST_REPL_SOAK=1 runs three
- * times as many clocks.
+ * times as many clocks; PS_TEST_QUICK=1 (scripts/mutate.sh) 400 by default,
+ * still long enough for the faults to land inside the run.
  */
 #include <check.h>
 #include <errno.h>
@@ -51,7 +52,7 @@ static char logdir[64];
 static int nclocks(void)
 {
 	const char *e = getenv("PS_TEST_REPL_CLOCKS");
-	int n = e && *e ? atoi(e) : 1000;
+	int n = e && *e ? atoi(e) : getenv("PS_TEST_QUICK") ? 400 : 1000;
 
 	if (getenv("PS_TEST_REPL_SOAK"))
 		n *= 3;
@@ -643,8 +644,9 @@ START_TEST(test_backup_stopped_catches_up)
 	pid_t wk[NWORKERS];
 	for (int r = 0; r < NWORKERS; r++)
 		wk[r] = start_worker(r, nc, 1);
-	while (sh->clock[0] < 20)
+	for (double t0 = ps_now_s(); sh->clock[0] < 20 && ps_now_s() - t0 < 30 * tu_time_scale();)
 		tu_sleep_ms(5);
+	ck_assert_msg(sh->clock[0] >= 20, "the workers did not reach clock 20 (logs in %s)", logdir);
 	kill(srv[!p][0], SIGSTOP);
 	int at = sh->clock[0];
 	tu_sleep_ms(3000);
@@ -840,8 +842,9 @@ START_TEST(test_backup_killed_primary_alone)
 	pid_t wk[NWORKERS];
 	for (int r = 0; r < NWORKERS; r++)
 		wk[r] = start_worker(r, nc, 0);
-	while (sh->clock[0] < 20)
+	for (double t0 = ps_now_s(); sh->clock[0] < 20 && ps_now_s() - t0 < 30 * tu_time_scale();)
 		tu_sleep_ms(5);
+	ck_assert_msg(sh->clock[0] >= 20, "the workers did not reach clock 20 (logs in %s)", logdir);
 	kill(srv[!p][0], SIGKILL);
 	tu_wait_child(srv[!p][0]);
 	double t0 = ps_now_s();

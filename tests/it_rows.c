@@ -432,6 +432,86 @@ START_TEST(test_sync_rows_with_dense_end_clock)
 END_TEST
 
 
+/* A worker with two row pulls waiting for the sync barrier disconnects:
+ * both pulls go with its connection. When the other worker then ends the
+ * clock, the shard answers the pulls still waiting and must not touch the
+ * freed connection of either (under the sanitizer build, ASan aborts the
+ * shard on such a use; here each shard must go on answering and exit 0),
+ * and the rows hold both workers' gradients. */
+START_TEST(test_waiting_row_pulls_of_closed_worker)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c[2];
+	uint64_t ids[2] = { 5, 1ull << 40 };
+	float g[2 * DIM], w[2][2 * DIM], dg[8] = { 0 };
+	struct ps_tensor tg = { "w", dg, 8, 0 };
+	struct ps_shard_stats st[2];
+
+	start(&cl, 2, "sync", "", "");
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cl.cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int i = 0; i < 2 * DIM; i++)
+		g[i] = (float)(i + 1);
+	/* worker 0 ends clock 0 and pulls for version 1 twice: both wait */
+	ck_assert_int_eq(ps_client_push_rows(c[0], "e", 0, ids, 2, g, 0), 0);
+	int64_t id = ps_client_push(c[0], 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c[0], id), 0);
+	uint64_t pulls0 = 0;
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c[1], k, &st[k]), 0);
+		pulls0 += st[k].pulls;
+	}
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_gt(ps_client_pull_rows_async(c[0], "e", 1, ids, 2, w[i]), 0);
+	uint64_t pulls = 0;
+	double t0 = ps_now_s();
+	while (pulls < pulls0 + 2 && ps_now_s() - t0 < 10 * tu_time_scale()) {
+		pulls = 0;
+		for (int k = 0; k < 2; k++) {
+			ck_assert_int_eq(ps_client_stats(c[1], k, &st[k]), 0);
+			pulls += st[k].pulls;
+		}
+		if (pulls < pulls0 + 2)
+			tu_sleep_ms(10);
+	}
+	ck_assert_msg(pulls >= pulls0 + 2, "the shards got %llu row pulls of 2",
+		      (unsigned long long)(pulls - pulls0));
+	ps_client_free(c[0]);
+	/* until both shards have seen worker 0 go */
+	int up = 1;
+	for (t0 = ps_now_s(); up && ps_now_s() - t0 < 10 * tu_time_scale();) {
+		up = 0;
+		for (int k = 0; k < 2; k++) {
+			ck_assert_int_eq(ps_client_stats(c[1], k, &st[k]), 0);
+			up |= st[k].worker_up[0];
+		}
+		if (up)
+			tu_sleep_ms(10);
+	}
+	ck_assert_msg(!up, "the shards still see worker 0 connected");
+	/* worker 1 ends clock 0: the barrier opens */
+	ck_assert_int_eq(ps_client_push_rows(c[1], "e", 0, ids, 2, g, 0), 0);
+	id = ps_client_push(c[1], 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c[1], id), 0);
+	ck_assert_msg(ps_client_pull_rows(c[1], "e", 1, ids, 2, w[0]) == 0, "%s",
+		      ps_client_error(c[1]));
+	for (int i = 0; i < 2 * DIM; i++)
+		ck_assert_msg(w[0][i] == -2.0f * (float)(i + 1), "row float %d: %g", i,
+			      (double)w[0][i]);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c[1], k, &st[k]), 0);
+		ck_assert_uint_eq(st[k].errors, 0);
+	}
+	ps_client_free(c[1]);
+	stop(&cl);
+}
+END_TEST
+
 /* compression.pull: fp16: rows come back as half precision (exact for
  * small integers), half the bytes of float32 on the wire. */
 START_TEST(test_pull_fp16)
@@ -1381,6 +1461,7 @@ static Suite *rows_suite(void)
 	TU_ADD(tc, test_pull_fp16);
 	TU_ADD(tc, test_sync_worker_leaves_and_ttl);
 	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
+	TU_ADD(tc, test_waiting_row_pulls_of_closed_worker);
 	TU_ADD(tc, test_checkpoint_kill9);
 	TU_ADD_LOOP(tc, test_incremental_kill9, 0, 2);
 	TU_ADD(tc, test_checkpoint_crash_points);

@@ -1,0 +1,595 @@
+/* it_replica_cases.c - scripted cases of replicated shards
+ * (cluster.replicas: 1): one shard, its two ps-server processes, and two
+ * workers driven step by step from this process, so that each fault lands
+ * in the one window where a mistake would show (it_replica's random kills
+ * rarely hit it).
+ *
+ *  - A sync push is acknowledged only once its clock's sum is applied and
+ *    the backup holds it: worker 0's push stays unacknowledged while worker
+ *    1 holds back; then the primary is killed -9, worker 1 pushes, and the
+ *    weights the backup serves hold both pushes exactly once. Before the
+ *    kill, the backup's finished clocks of every worker equal the
+ *    primary's; after the takeover too, and the new primary does not warn
+ *    that updates are lost.
+ *  - A backup that is killed and rejoins does not make its primary take
+ *    over again: its epoch stays, its log has no second "now the primary".
+ *  - With one direction between the two processes blocked (nftables, as
+ *    root), the pair still elects a primary within a bound, whichever way;
+ *    and when the packets to a serving primary are dropped, its backup
+ *    takes over as soon as the stepped-down primary dials it, not after
+ *    its own silence timeout.
+ *  - The replication figures of stats and /metrics follow the operations
+ *    that made them: the batch number counts the applied clocks, the lag
+ *    is 0 once the backup confirmed, the takeover counted once.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include "config.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "ps_time.h"
+#include "test_util.h"
+
+#define NWORKERS 2
+#define NA 3000 /* floats of tensor a: several slices */
+
+static char cfg_path[64];
+static struct ps_config cfg;
+static int ports[2];
+static pid_t srv[2];
+static char logdir[64];
+
+static pid_t start_replica(int replica)
+{
+	char r[16], log[128];
+	pid_t pid;
+
+	snprintf(r, sizeof(r), "%d", replica);
+	snprintf(log, sizeof(log), "%s/r%d.log", logdir, replica);
+	pid = fork();
+	if (pid == 0) {
+		/* a failed assertion ends the case's process: the shard's go with it */
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd >= 0)
+			dup2(fd, 2);
+		execl("bin/ps-server", "ps-server", "--config", cfg_path, "--shard", "0",
+		      "--replica", r, "--log-level",
+		      getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "info", (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* A free port below the ephemeral range (a restarted process must not
+ * find its port taken as the source port of the partner's dial). */
+static int low_free_port(int other)
+{
+	unsigned seed = (unsigned)getpid() * 2654435761u + (unsigned)other;
+
+	for (int i = 0; i < 1000; i++) {
+		int p = 20000 + (int)(rand_r(&seed) % 12000);
+		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)p),
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+
+		ok = p != other && p != other + 1 && fd >= 0 &&
+		     bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+		if (fd >= 0)
+			close(fd);
+		if (ok)
+			return p;
+	}
+	return tu_free_port();
+}
+
+/* One shard, two processes, sync, SGD lr 1; stats.http on http (0: none). */
+static void write_config(int http)
+{
+	char yaml[2048], err[512], stats[64] = "";
+
+	ports[0] = low_free_port(0);
+	ports[1] = low_free_port(ports[0]);
+	if (http)
+		snprintf(stats, sizeof(stats), "stats:\n  http: 127.0.0.1:%d\n", http);
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n"
+		 "  replicas: 1\n  workers: %d\n"
+		 "replication:\n  timeout_ms: 1000\n"
+		 "consistency:\n  mode: sync\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n%s"
+		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
+		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
+		 "  request_timeout_ms: 60000\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n",
+		 tu_transport_yaml(), tu_host(), ports[0], tu_host(), ports[1], NWORKERS, stats, NA);
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	strcpy(logdir, "/tmp/ps-test-replc-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(logdir));
+}
+
+static void stop_all(void)
+{
+	for (int r = 0; r < 2; r++)
+		if (srv[r] > 0) {
+			int st = tu_stop_server(srv[r]);
+			ck_assert_msg(st == 0, "replica %d exited with %d (logs in %s)", r, st, logdir);
+			srv[r] = 0;
+		}
+	unlink(cfg_path);
+}
+
+/* Stats of replica r (a monitor connection of its own); 0 or negative. */
+static int replica_stats(int r, struct ps_shard_stats *out)
+{
+	struct ps_config *c = malloc(sizeof(*c));
+	struct ps_client *cl = NULL;
+	char err[512];
+	int rc;
+
+	memcpy(c, &cfg, sizeof(*c));
+	if (r)
+		memcpy(c->shards, c->backups, sizeof(c->shards));
+	c->limits.connect_timeout_ms = 500;
+	c->limits.request_timeout_ms = 1000;
+	rc = ps_client_init(&cl, c, -1, err, sizeof(err));
+	if (!rc) {
+		rc = ps_client_stats(cl, 0, out);
+		ps_client_free(cl);
+	}
+	free(c);
+	return rc;
+}
+
+/* Until one process is the primary with its backup holding the state:
+ * which one, or -1 after limit_s. */
+static int wait_pair(double limit_s)
+{
+	double t0 = ps_now_s();
+
+	while (ps_now_s() - t0 < limit_s * tu_time_scale()) {
+		struct ps_shard_stats a, b;
+		if (replica_stats(0, &a) == 0 && replica_stats(1, &b) == 0) {
+			if (a.repl_state == 3 && a.repl_partner_up && b.repl_state == 2)
+				return 0;
+			if (b.repl_state == 3 && b.repl_partner_up && a.repl_state == 2)
+				return 1;
+		}
+		tu_sleep_ms(50);
+	}
+	return -1;
+}
+
+/* How often text occurs in replica r's log. */
+static int log_count(int r, const char *text)
+{
+	char path[160];
+	static char buf[1 << 20];
+	FILE *f;
+	size_t n;
+	int count = 0;
+
+	snprintf(path, sizeof(path), "%s/r%d.log", logdir, r);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	for (char *p = buf; (p = strstr(p, text)); p += strlen(text))
+		count++;
+	return count;
+}
+
+/* worker rank's integer gradient of clock, element i */
+static float grad(int rank, int clock, int i)
+{
+	return (float)((rank + 1) * ((clock * 3 + i) % 7 - 3));
+}
+
+static struct ps_client *worker(int rank)
+{
+	struct ps_client *c = NULL;
+	char err[512];
+
+	ck_assert_msg(ps_client_init(&c, &cfg, rank, err, sizeof(err)) == 0, "worker %d: %s", rank,
+		      err);
+	return c;
+}
+
+static int64_t push(struct ps_client *c, int rank, int clock, float *g)
+{
+	struct ps_tensor t = { "a", g, NA, 0 };
+
+	for (int i = 0; i < NA; i++)
+		g[i] = grad(rank, clock, i);
+	return ps_client_push(c, (uint64_t)clock, &t, 1, PS_PUSH_END_CLOCK);
+}
+
+static void pull(struct ps_client *c, uint64_t version, float *w)
+{
+	struct ps_tensor t = { "a", w, NA, 0 };
+	int64_t id = ps_client_pull(c, version, &t, 1);
+
+	ck_assert_msg(id >= 0 && ps_client_wait(c, id) == 0, "pull: %s", ps_client_error(c));
+}
+
+/* Until replica r reports both workers' finished clock as want (the
+ * backup learns it with the batch that follows the ack); its stats. */
+static struct ps_shard_stats wait_clocks(int r, uint64_t want)
+{
+	struct ps_shard_stats st;
+	double t0 = ps_now_s();
+	int ok = 0;
+
+	memset(&st, 0, sizeof(st));
+	while (!ok && ps_now_s() - t0 < 10 * tu_time_scale()) {
+		ok = replica_stats(r, &st) == 0 && st.worker_clock[0] == want &&
+		     st.worker_clock[1] == want;
+		if (!ok)
+			tu_sleep_ms(20);
+	}
+	ck_assert_msg(ok, "replica %d (%s): finished clocks %llu and %llu, %llu due (logs in %s)",
+		      r, st.repl_state == 3 ? "primary" : "backup",
+		      (unsigned long long)st.worker_clock[0], (unsigned long long)st.worker_clock[1],
+		      (unsigned long long)want, logdir);
+	return st;
+}
+
+/* Sync: three clocks; the backup's finished clocks equal the primary's.
+ * Clock 3: worker 0's push waits, unacknowledged, while worker 1 holds
+ * back; the primary is killed -9; worker 1 pushes; both acknowledged (worker
+ * 0's push sent again to the new primary), and the weights are exactly the
+ * initial ones minus every push once. */
+START_TEST(test_ack_waits_for_sum_across_failover)
+{
+	static float g[NWORKERS][NA], w0[NA], w[NA];
+	struct ps_client *c[NWORKERS];
+	struct ps_shard_stats a, b;
+	int64_t id[NWORKERS];
+
+	write_config(0);
+	srv[0] = start_replica(0);
+	srv[1] = start_replica(1);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		c[r] = worker(r);
+	pull(c[0], 0, w0);
+	for (int clock = 0; clock < 3; clock++) {
+		for (int r = 0; r < NWORKERS; r++)
+			id[r] = push(c[r], r, clock, g[r]);
+		for (int r = 0; r < NWORKERS; r++)
+			ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock %d: %s", r,
+				      clock, ps_client_error(c[r]));
+	}
+	a = wait_clocks(p, 3);
+	b = wait_clocks(!p, 3);
+	ck_assert_uint_eq(a.repl_lsn, b.repl_lsn);
+	ck_assert_uint_eq(a.param_checksum, b.param_checksum);
+
+	/* clock 3: worker 0 alone */
+	id[0] = push(c[0], 0, 3, g[0]);
+	ck_assert_int_ge(id[0], 0);
+	double t0 = ps_now_s();
+	while (!(replica_stats(p, &a) == 0 && a.pushes >= 7) && ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(10);
+	ck_assert_msg(a.pushes >= 7, "worker 0's push of clock 3 did not arrive (%llu pushes)",
+		      (unsigned long long)a.pushes);
+	tu_sleep_ms(300); /* time for an acknowledgement that must not come */
+	ck_assert_msg(!ps_client_done(c[0], id[0]), "worker 0's push of clock 3 was acknowledged "
+		      "while worker 1 had not pushed it: its sum is not applied anywhere yet");
+	kill(srv[p], SIGKILL);
+	tu_wait_child(srv[p]);
+	srv[p] = 0;
+	id[1] = push(c[1], 1, 3, g[1]);
+	for (int r = 0; r < NWORKERS; r++)
+		ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock 3: %s", r,
+			      ps_client_error(c[r]));
+	pull(c[0], 4, w);
+	for (int i = 0; i < NA; i++) {
+		float want = w0[i];
+		for (int clock = 0; clock < 4; clock++)
+			for (int r = 0; r < NWORKERS; r++)
+				want -= grad(r, clock, i);
+		ck_assert_msg(w[i] == want, "a[%d] = %g after the takeover, %g due (every push "
+			      "once; logs in %s)", i, (double)w[i], (double)want, logdir);
+	}
+	b = wait_clocks(!p, 4);
+	ck_assert_int_eq(b.repl_state, 3);
+	ck_assert_uint_eq(b.repl_failovers, 1);
+	ck_assert_msg(log_count(!p, "now the primary") == 1, "logs in %s", logdir);
+	ck_assert_msg(log_count(!p, "are lost") == 0, "the new primary warns that updates are "
+		      "lost (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		ps_client_free(c[r]);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
+/* The backup killed -9 and restarted, twice: it joins as the backup each
+ * time, and the primary neither takes over again nor changes its epoch. */
+START_TEST(test_backup_rejoin_keeps_primary)
+{
+	struct ps_shard_stats a, a2;
+
+	write_config(0);
+	srv[0] = start_replica(0);
+	srv[1] = start_replica(1);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	ck_assert_int_eq(replica_stats(p, &a), 0);
+	int lines = log_count(p, "now the primary");
+	ck_assert_int_eq(lines, 1);
+	for (int round = 0; round < 2; round++) {
+		kill(srv[!p], SIGKILL);
+		tu_wait_child(srv[!p]);
+		srv[!p] = start_replica(!p);
+		ck_assert_msg(wait_pair(20) == p, "round %d: the restarted backup did not join "
+			      "(logs in %s)", round, logdir);
+		ck_assert_int_eq(replica_stats(p, &a2), 0);
+		ck_assert_msg(a2.repl_epoch == a.repl_epoch, "round %d: the primary's epoch went "
+			      "from %llu to %llu when its backup rejoined", round,
+			      (unsigned long long)a.repl_epoch, (unsigned long long)a2.repl_epoch);
+		ck_assert_uint_eq(a2.repl_failovers, a.repl_failovers);
+		ck_assert_msg(log_count(p, "now the primary") == lines, "round %d: the primary "
+			      "logs \"now the primary\" again (logs in %s)", round, logdir);
+	}
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
+/* nftables, as root: packets to one process's port dropped, so that only
+ * the other can dial. */
+static int nft_table_made;
+static char nft_table[32]; /* this process's own: runs side by side do not clash */
+static int nft_block(int port)
+{
+	char cmd[256];
+
+	if (geteuid() != 0)
+		return -1;
+	snprintf(nft_table, sizeof(nft_table), "ps_replc_%d", (int)getpid());
+	snprintf(cmd, sizeof(cmd), "nft add table inet %s 2>/dev/null", nft_table);
+	if (system(cmd) != 0)
+		return -1;
+	nft_table_made = 1;
+	snprintf(cmd, sizeof(cmd), "nft add chain inet %s out '{ type filter hook output "
+		 "priority 0; }' 2>/dev/null && nft add rule inet %s out tcp dport %d drop",
+		 nft_table, nft_table, port);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+static void nft_unblock(void)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "nft delete table inet %s", nft_table);
+	if (nft_table_made && system(cmd) != 0)
+		fprintf(stderr, "it_replica_cases: nft delete table failed\n");
+	nft_table_made = 0;
+}
+
+/* One direction blocked: nothing reaches replica _i's port, so only it
+ * can dial its partner. One process must take the primary's role within
+ * 5 s (0.3 s is usual), and only one: read from the logs, as the blocked
+ * process cannot be asked. (With replica 0 blocked, replica 1 cannot dial
+ * the primary and stays joining: a backup must reach its primary.) Once
+ * the rule is gone, the pair forms. */
+START_TEST(test_one_way_blocked_elects)
+{
+	int blocked = _i, n = 0;
+
+	write_config(0);
+	if (nft_block(ports[blocked])) {
+		nft_unblock();
+		unlink(cfg_path);
+		tu_rmtree(logdir);
+		tu_skip("test_one_way_blocked_elects needs root and nftables (nft) to drop the "
+			"packets of one direction");
+		return;
+	}
+	srv[0] = start_replica(0);
+	srv[1] = start_replica(1);
+	double t0 = ps_now_s(), took;
+	while (n == 0 && ps_now_s() - t0 < 5 * tu_time_scale()) {
+		n = log_count(0, "now the primary") + log_count(1, "now the primary");
+		if (!n)
+			tu_sleep_ms(20);
+	}
+	took = ps_now_s() - t0;
+	tu_sleep_ms(500); /* a second takeover would come now */
+	n = log_count(0, "now the primary") + log_count(1, "now the primary");
+	int who = log_count(0, "now the primary") ? 0 : 1;
+	nft_unblock();
+	ck_assert_msg(n >= 1, "packets to replica %d dropped: no primary after %.1f s (logs in %s)",
+		      blocked, took, logdir);
+	ck_assert_msg(n == 1, "packets to replica %d dropped: %d takeovers (logs in %s)", blocked, n,
+		      logdir);
+	fprintf(stderr, "it_replica_cases: packets to replica %d dropped: replica %d the primary "
+		"after %.2f s\n", blocked, who, took);
+	/* and with the way open again, the pair is whole, the primary the same */
+	ck_assert_msg(wait_pair(20) == who, "the pair did not form after the rule went (logs in %s)",
+		      logdir);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
+/* A formed pair, then the packets to the primary's port dropped: its
+ * backup no longer reaches it, while it still reaches the backup. The
+ * primary hears nothing from its backup and steps down, then dials it as
+ * a joining process: the backup must take over then (1.2 s or so), not
+ * wait out its own 2 s of silence (it heard the primary until it stepped
+ * down, so that is 3 s). */
+START_TEST(test_primary_cut_one_way)
+{
+	struct ps_shard_stats st;
+	int ok = 0;
+
+	write_config(0);
+	srv[0] = start_replica(0);
+	srv[1] = start_replica(1);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	if (nft_block(ports[p])) {
+		nft_unblock();
+		stop_all();
+		tu_rmtree(logdir);
+		tu_skip("test_primary_cut_one_way needs root and nftables (nft) to drop the "
+			"packets of one direction");
+		return;
+	}
+	double t0 = ps_now_s(), took;
+	memset(&st, 0, sizeof(st));
+	while (!ok && ps_now_s() - t0 < 6 * tu_time_scale()) {
+		ok = replica_stats(!p, &st) == 0 && st.repl_state == 3;
+		if (!ok)
+			tu_sleep_ms(20);
+	}
+	took = ps_now_s() - t0;
+	nft_unblock();
+	ck_assert_msg(ok, "packets to the primary (replica %d) dropped: replica %d does not serve "
+		      "after %.1f s (state %d; logs in %s)", p, !p, took, st.repl_state, logdir);
+	fprintf(stderr, "it_replica_cases: packets to the primary dropped: replica %d serves "
+		"after %.2f s\n", !p, took);
+	/* it took over when the stepped-down primary dialed it (about 1.2 s),
+	 * not after its own 2 s of silence (3 s): the primary still reaches it */
+	ck_assert_msg(log_count(!p, "has restarted or stepped down") == 1 &&
+		      log_count(!p, "nothing from the primary") == 0, "replica %d did not take over "
+		      "when the stepped-down primary dialed it (logs in %s)", !p, logdir);
+	ck_assert_msg(wait_pair(20) == !p, "the pair did not form again (logs in %s)", logdir);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
+/* GET path from 127.0.0.1:port into body; the HTTP status or -1. */
+static int http_get(int port, const char *path, char *body, size_t n)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	char req[256];
+	size_t len = 0;
+	ssize_t r;
+	int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
+
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
+	if (write(fd, req, strlen(req)) == (ssize_t)strlen(req))
+		while (len + 1 < n && (r = read(fd, body + len, n - 1 - len)) > 0)
+			len += (size_t)r;
+	body[len] = 0;
+	close(fd);
+	if (sscanf(body, "HTTP/1.%*d %d", &status) != 1)
+		return -1;
+	return status;
+}
+
+/* The value of metric name (a line "name value") in body, or -1. */
+static double metric(const char *body, const char *name)
+{
+	char key[128];
+	const char *p;
+
+	snprintf(key, sizeof(key), "\n%s ", name);
+	p = strstr(body, key);
+	return p ? atof(p + strlen(key)) : -1;
+}
+
+/* Five clocks of two workers: the batch number (repl_lsn) is the same on
+ * both processes and at least the clocks applied, the lag 0 once the
+ * backup confirmed, the primary's /metrics says so, and the partner of
+ * each is the other's address. */
+START_TEST(test_replication_figures)
+{
+	static float g[NWORKERS][NA];
+	struct ps_client *c[NWORKERS];
+	struct ps_shard_stats a, b;
+	static char body[1 << 16];
+	int64_t id[NWORKERS];
+	/* stats.http: replica r on port + r (ephemeral ports: no restarts here) */
+	int http = tu_free_port();
+
+	write_config(http);
+	ck_assert_msg(http != ports[0] && http != ports[1] && http + 1 != ports[0] &&
+		      http + 1 != ports[1], "port clash");
+	srv[0] = start_replica(0);
+	srv[1] = start_replica(1);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	ck_assert_int_eq(replica_stats(p, &a), 0);
+	uint64_t lsn0 = a.repl_lsn;
+	/* the backup's log names the batch and epoch of the state it got */
+	char line[128];
+	snprintf(line, sizeof(line), "at batch %llu of epoch %llu", (unsigned long long)lsn0,
+		 (unsigned long long)a.repl_epoch);
+	ck_assert_msg(log_count(!p, line) == 1, "no \"%s\" in the backup's log (%s)", line, logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		c[r] = worker(r);
+	for (int clock = 0; clock < 5; clock++) {
+		for (int r = 0; r < NWORKERS; r++)
+			id[r] = push(c[r], r, clock, g[r]);
+		for (int r = 0; r < NWORKERS; r++)
+			ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d: %s", r,
+				      ps_client_error(c[r]));
+	}
+	a = wait_clocks(p, 5);
+	b = wait_clocks(!p, 5);
+	ck_assert_msg(a.repl_lsn >= lsn0 + 5, "batch %llu after 5 clocks from batch %llu",
+		      (unsigned long long)a.repl_lsn, (unsigned long long)lsn0);
+	ck_assert_uint_eq(a.repl_lsn, b.repl_lsn);
+	ck_assert_uint_eq(a.repl_lag, 0);
+	ck_assert_uint_eq(a.repl_failovers, 0);
+	ck_assert_uint_eq(b.repl_failovers, 0);
+	ck_assert_int_eq(a.repl_replica, p);
+	ck_assert_int_eq(b.repl_replica, !p);
+	ck_assert_uint_eq(a.repl_epoch, b.repl_epoch);
+	ck_assert_uint_eq(a.applies, b.applies);
+	ck_assert_uint_eq(a.param_checksum, b.param_checksum);
+	char want[64];
+	snprintf(want, sizeof(want), ":%d", ports[!p]);
+	ck_assert_msg(strstr(a.repl_partner, want), "the primary's partner is %s", a.repl_partner);
+	/* shard k replica r serves /metrics on port + k + r * shards (one here) */
+	ck_assert_int_eq(http_get(http + p, "/metrics", body, sizeof(body)), 200);
+	ck_assert_msg(metric(body, "ps_replica_primary") == 1 &&
+		      metric(body, "ps_replica_partner_up") == 1, "%s", body);
+	for (int r = 0; r < NWORKERS; r++)
+		ps_client_free(c[r]);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("replica_cases");
+	TCase *tc = tcase_create("processes");
+	int rc;
+
+	tcase_set_timeout(tc, 120);
+	TU_ADD(tc, test_ack_waits_for_sum_across_failover);
+	TU_ADD(tc, test_backup_rejoin_keeps_primary);
+	TU_ADD_LOOP(tc, test_one_way_blocked_elects, 0, 2);
+	TU_ADD(tc, test_primary_cut_one_way);
+	TU_ADD(tc, test_replication_figures);
+	suite_add_tcase(s, tc);
+	tu_secret_setup();
+	rc = tu_run_suite(s);
+	tu_secret_cleanup();
+	nft_unblock();
+	return rc;
+}
