@@ -18,16 +18,24 @@
  * batch numbers and epochs must be below 2^53 and every float finite;
  * a batch is checked whole before any of it is applied.
  */
+#define _GNU_SOURCE /* memfd_create */
+#include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "ps_time.h"
 #include "finite.h"
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
 #include "replica.h"
+#include "rows.h"
 #include "server_int.h"
+#include "ckpt_format.h"
+#include "table_ckpt.h"
 
 struct ps_repl_pending {
 	struct ps_srv_conn *sc;     /* NULL once the connection closed */
@@ -38,6 +46,8 @@ struct ps_repl_pending {
 	int end_clock;
 	uint64_t lsn;               /* the batch that holds it; 0 = not committed yet */
 	double arrived;
+	int table;                  /* a sync row push: its table, committed once the
+				       table applied clock; else -1 */
 	uint32_t nslots;
 	struct ps_repl_pending *next;
 	int32_t slots[];            /* store slot indices the push named */
@@ -83,7 +93,7 @@ static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int ra
 	}
 	bytes = g ? (size_t)sl->slice->count * sizeof(float) : 0;
 	/* a frame holds half the frame limit of gradients at most */
-	if (b->plen && b->plen + bytes > s->cfg->limits.max_frame_bytes / 2)
+	if ((b->plen || b->rplen) && b->plen + b->rplen + bytes > s->cfg->limits.max_frame_bytes / 2)
 		send_batch(s, 0);
 	if (grow((void **)&b->slots, &b->cap, b->nslots + 1, sizeof(*b->slots)) ||
 	    grow((void **)&b->payload, &b->pcap, b->plen + bytes, 1)) {
@@ -131,6 +141,180 @@ void ps__repl_log_init_hooks(struct ps_server *s)
 	if (s->cfg->repl_every_push && s->cfg->consistency == PS_SYNC)
 		s->store.on_offer = on_offer;
 	s->store.hook_arg = s;
+}
+
+/* ---- embedding tables: row changes (primary) ---- */
+
+/* Bytes of one row record: id, sightings, dim gradients. */
+static size_t row_rec(int dim)
+{
+	return sizeof(uint64_t) + sizeof(uint32_t) + sizeof(float) * (size_t)dim;
+}
+
+/* The group of table t (kind, stamp) at the batch's end, a new one when
+ * the last group is another's; NULL when out of memory (the link is then
+ * closed: this primary steps down). */
+static Ps__ReplRows *rows_group(struct ps_server *s, int t, uint32_t kind, uint32_t stamp,
+				int fresh)
+{
+	struct ps_repl_batch *b = &s->repl->b;
+	Ps__ReplRows *g = b->nrows ? &b->rows[b->nrows - 1] : NULL;
+
+	if (!fresh && g && g->table == (uint32_t)t && g->kind == kind && g->stamp == stamp)
+		return g;
+	if (grow((void **)&b->rows, &b->rcap, b->nrows + 1, sizeof(*b->rows))) {
+		ps_error("replication: out of memory gathering a batch; stepping down");
+		if (s->repl->link)
+			s->repl->link->conn->t->ops->close(s->repl->link->conn, -ENOMEM);
+		return NULL;
+	}
+	g = &b->rows[b->nrows++];
+	ps__repl_rows__init(g);
+	g->table = (uint32_t)t;
+	g->kind = kind;
+	g->stamp = stamp;
+	g->offset = b->rplen;
+	g->version = s->rows->t[t].tb.version;
+	return g;
+}
+
+void ps__repl_note_row(struct ps_server *s, int t, uint64_t id, const float *g, int sightings,
+		       uint32_t stamp)
+{
+	struct ps_repl *r = s->repl;
+	struct ps_repl_batch *b;
+	Ps__ReplRows *x;
+	size_t rec = row_rec(s->rows->t[t].tb.dim);
+	uint32_t k = (uint32_t)sightings;
+
+	if (!r || r->state != PS_REPL_PRIMARY)
+		return;
+	b = &r->b;
+	if ((b->plen || b->rplen) && b->plen + b->rplen + rec > s->cfg->limits.max_frame_bytes / 2)
+		send_batch(s, 0);
+	if (!(x = rows_group(s, t, 0, stamp, 0)))
+		return;
+	if (grow((void **)&b->rpayload, &b->rpcap, b->rplen + rec, 1)) {
+		b->nrows--; /* forgotten with the batch: the primary steps down */
+		ps_error("replication: out of memory gathering a batch; stepping down");
+		if (r->link)
+			r->link->conn->t->ops->close(r->link->conn, -ENOMEM);
+		return;
+	}
+	memcpy(b->rpayload + b->rplen, &id, sizeof(id));
+	memcpy(b->rpayload + b->rplen + sizeof(id), &k, sizeof(k));
+	memcpy(b->rpayload + b->rplen + sizeof(id) + sizeof(k), g, rec - sizeof(id) - sizeof(k));
+	b->rplen += rec;
+	x->n++;
+	x->length += rec;
+	x->version = s->rows->t[t].tb.version;
+}
+
+void ps__repl_note_rows_done(struct ps_server *s, int t)
+{
+	struct ps_repl *r = s->repl;
+	Ps__ReplRows *x;
+
+	if (!r || r->state != PS_REPL_PRIMARY)
+		return;
+	x = r->b.nrows ? &r->b.rows[r->b.nrows - 1] : NULL;
+	if (!x || x->table != (uint32_t)t || x->kind != 0)
+		x = rows_group(s, t, 0, 0, 1);
+	if (x)
+		x->version = s->rows->t[t].tb.version;
+}
+
+void ps__repl_note_expired(struct ps_server *s, int t, uint32_t stamp, uint64_t n)
+{
+	struct ps_repl *r = s->repl;
+	Ps__ReplRows *x;
+
+	if (!r || r->state != PS_REPL_PRIMARY)
+		return;
+	if ((x = rows_group(s, t, 1, stamp, 1)))
+		x->n = n;
+}
+
+/* ---- embedding tables: row changes (backup) ---- */
+
+/* Checks a batch's row groups against this shard's tables and the frame. */
+static int rows_check(const struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f)
+{
+	for (size_t i = 0; i < m->n_rows; i++) {
+		const Ps__ReplRows *x = m->rows[i];
+		const struct ps_table *tb;
+		size_t rec;
+
+		if (!s->rows || x->table >= (uint32_t)s->rows->ntables || x->kind > 1 ||
+		    x->version >= PS_MAX_CLOCK) {
+			ps_warn("replication: batch %" PRIu64 " changes table %u (kind %u, version %"
+				PRIu64 "): not this shard's", m->lsn, x->table, x->kind, x->version);
+			return PS_EPROTO;
+		}
+		if (x->kind == 1)
+			continue;
+		tb = &s->rows->t[x->table].tb;
+		rec = row_rec(tb->dim);
+		if (x->n > f->hdr.payload_len / rec || x->length != x->n * rec ||
+		    x->offset > f->hdr.payload_len || x->length > f->hdr.payload_len - x->offset) {
+			ps_warn("replication: batch %" PRIu64 " holds %" PRIu64 " rows of table '%s' "
+				"in %" PRIu64 " bytes at %" PRIu64 ": not in its %" PRIu64 " bytes",
+				m->lsn, x->n, tb->tc->name, x->length, x->offset, f->hdr.payload_len);
+			return PS_EPROTO;
+		}
+		for (uint64_t j = 0; j < x->n; j++) {
+			float g[PS_MAX_ROW_DIM];
+			uint32_t k;
+			const uint8_t *p = f->payload + x->offset + j * rec;
+			memcpy(&k, p + sizeof(uint64_t), sizeof(k));
+			memcpy(g, p + sizeof(uint64_t) + sizeof(k), sizeof(float) * (size_t)tb->dim);
+			if (!k || k > (uint32_t)s->cfg->nworkers ||
+			    !ps_words_finite(g, (size_t)tb->dim)) {
+				ps_warn("replication: batch %" PRIu64 " updates a row of table '%s' with "
+					"%u sightings or gradients that are not finite", m->lsn,
+					tb->tc->name, k);
+				return PS_EPROTO;
+			}
+		}
+	}
+	return 0;
+}
+
+/* Applies a batch's row groups (checked by rows_check) as the primary
+ * made them. */
+static int rows_apply(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f)
+{
+	for (size_t i = 0; i < m->n_rows; i++) {
+		const Ps__ReplRows *x = m->rows[i];
+		struct ps_table *tb = &s->rows->t[x->table].tb;
+		size_t rec = row_rec(tb->dim);
+
+		if (x->kind == 1) {
+			uint64_t n = ps_table_expire_at(tb, x->stamp);
+			if (n != x->n) {
+				ps_warn("replication: table '%s': %" PRIu64 " rows expired here, %" PRIu64
+					" on the primary: the copies differ; the state is transferred "
+					"again", tb->tc->name, n, x->n);
+				return PS_EPROTO;
+			}
+		}
+		for (uint64_t j = 0; x->kind == 0 && j < x->n; j++) {
+			float *g = s->rows->scratch;
+			const uint8_t *p = f->payload + x->offset + j * rec;
+			uint64_t id;
+			uint32_t k;
+			memcpy(&id, p, sizeof(id));
+			memcpy(&k, p + sizeof(id), sizeof(k));
+			memcpy(g, p + sizeof(id) + sizeof(k), sizeof(float) * (size_t)tb->dim);
+			if (ps_table_push_at(tb, id, g, (int)k, x->stamp) < 0) {
+				ps_error("replication: table '%s': out of memory creating row %" PRIu64
+					 "; the state is transferred again", tb->tc->name, id);
+				return -ENOMEM;
+			}
+		}
+		tb->version = x->version;
+	}
+	return 0;
 }
 
 /* ---- every_push: the workers' gradients the backup keeps until the sum ---- */
@@ -214,14 +398,21 @@ static void send_batch(struct ps_server *s, int with_state)
 	Ps__ReplBatch m = PS__REPL_BATCH__INIT;
 	Ps__ReplSlot **sp = NULL;
 	Ps__ReplMark **mp = NULL;
-	struct ps_iov iov = { b->payload, b->plen };
+	Ps__ReplRows **rp = NULL;
+	struct ps_iov iov[2];
+	int niov = 0;
 
+	if (b->plen)
+		iov[niov++] = (struct ps_iov){ b->payload, b->plen };
+	if (b->rplen)
+		iov[niov++] = (struct ps_iov){ b->rpayload, b->rplen };
 	r->lsn++;
 	if (r->link) {
 		sp = malloc(sizeof(*sp) * (b->nslots + 1));
 		mp = malloc(sizeof(*mp) * (b->nmarks + 1));
+		rp = malloc(sizeof(*rp) * (b->nrows + 1));
 	}
-	if (r->link && (!sp || !mp)) {
+	if (r->link && (!sp || !mp || !rp)) {
 		/* the batch cannot be forwarded: closing the link (not by the
 		 * peer) makes this primary step down rather than acknowledge
 		 * what its backup lacks (ps__repl_link_closed) */
@@ -231,6 +422,13 @@ static void send_batch(struct ps_server *s, int with_state)
 			sp[i] = &b->slots[i];
 		for (size_t i = 0; i < b->nmarks; i++)
 			mp[i] = &b->marks[i];
+		for (size_t i = 0; i < b->nrows; i++) {
+			/* the rows' records follow the slices' gradients */
+			b->rows[i].offset += b->plen;
+			rp[i] = &b->rows[i];
+		}
+		m.n_rows = b->nrows;
+		m.rows = rp;
 		m.lsn = r->lsn;
 		m.epoch = r->epoch;
 		m.n_slots = b->nslots;
@@ -241,16 +439,19 @@ static void send_batch(struct ps_server *s, int with_state)
 			m.n_finished = (size_t)s->cfg->nworkers;
 			m.finished = r->cfinished;
 		}
-		if (ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &m.base, &iov, b->plen ? 1 : 0,
+		if (ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &m.base, iov, niov,
 				PS_SEND_VOLATILE, NULL, NULL))
 			r->link->conn->t->ops->close(r->link->conn, PS_ECLOSED);
 		r->last_sent = ps_now_s();
 	}
 	free(sp);
 	free(mp);
+	free(rp);
 	b->nslots = 0;
 	b->plen = 0;
 	b->nmarks = 0;
+	b->nrows = 0;
+	b->rplen = 0;
 }
 
 /* ---- pending acks ---- */
@@ -273,6 +474,7 @@ int ps__repl_push_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t
 	p->clock = m->clock;
 	p->end_clock = m->end_clock;
 	p->arrived = ps_now_s();
+	p->table = -1;
 	p->nslots = n;
 	for (uint32_t i = 0; i < n; i++)
 		p->slots[i] = s->store.slot_of[m->slices[i]->slice]; /* checked by push.c */
@@ -302,8 +504,31 @@ void ps__repl_conn_gone(struct ps_server *s, struct ps_srv_conn *sc)
 			p->sc = NULL;
 }
 
+int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+			   int rank, uint64_t incarnation, uint64_t seq, uint64_t clock, int t)
+{
+	struct ps_repl *r = s->repl;
+	struct ps_repl_pending *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return -ENOMEM;
+	p->sc = sc;
+	p->req_id = req_id;
+	p->rank = rank;
+	p->incarnation = incarnation;
+	p->seq = seq;
+	p->clock = clock;
+	p->arrived = ps_now_s();
+	p->table = t;
+	*r->pending_tail = p;
+	r->pending_tail = &p->next;
+	return 0;
+}
+
 static int committed(const struct ps_server *s, const struct ps_repl_pending *p)
 {
+	if (p->table >= 0)
+		return s->rows->t[p->table].tb.version > p->clock;
 	for (uint32_t i = 0; i < p->nslots; i++)
 		if (s->store.slots[p->slots[i]].version <= p->clock)
 			return 0;
@@ -356,7 +581,7 @@ void ps__repl_flush(struct ps_server *s)
 			}
 			commits++;
 		}
-	if (r->b.nslots || r->b.nmarks || commits)
+	if (r->b.nslots || r->b.nmarks || r->b.nrows || commits)
 		send_batch(s, 1);
 	ps__repl_release(s);
 }
@@ -397,6 +622,7 @@ void ps__repl_drop_pending(struct ps_server *s)
 	}
 	r->pending_tail = &r->pending;
 	r->b.nslots = r->b.plen = r->b.nmarks = 0;
+	r->b.nrows = r->b.rplen = 0;
 }
 
 void ps__repl_adopt_committed(struct ps_server *s)
@@ -434,6 +660,36 @@ static void resend_kept(void *arg, struct ps_slot *sl, int rank, uint64_t clock,
 	k->bytes += (uint64_t)sl->slice->count * sizeof(float);
 }
 
+/* The embedding tables whole, in a checkpoint's layout (table_ckpt.c:
+ * rows least recently updated first with their ages, state, admission
+ * filter, counters), in frames of half the frame limit; stamps[t] gets
+ * each table's stamp at the instant the ages were taken. */
+static int send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSnapshot *m,
+		       uint32_t *stamps)
+{
+	size_t len = ps__rows_ckpt_size(s), chunk = s->cfg->limits.max_frame_bytes / 2;
+	uint8_t *img = malloc(len ? len : 1);
+	double now = ps_now_s();
+	int rc = 0;
+
+	if (!img)
+		return -ENOMEM;
+	ps__rows_ckpt_snapshot_at(s, img, now);
+	for (int t = 0; t < s->rows->ntables; t++)
+		stamps[t] = ps_table_stamp(&s->rows->t[t].tb, now);
+	m->tables = 1;
+	m->tables_total = len;
+	for (size_t off = 0; off < len && !rc; off += chunk) {
+		struct ps_iov iov = { img + off, len - off < chunk ? len - off : chunk };
+		m->tables_offset = off;
+		rc = ps_msg_send(sc->conn, PS_MSG_REPL_SNAPSHOT, &m->base, &iov, 1,
+				 PS_SEND_VOLATILE, NULL, NULL);
+	}
+	m->tables = 0;
+	free(img);
+	return rc;
+}
+
 int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	struct ps_repl *r = s->repl;
@@ -463,12 +719,23 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 			bytes += iov.len;
 		}
 	}
+	uint32_t stamps[PS_MAX_TABLES];
+	int ntables = s->rows ? s->rows->ntables : 0;
+	if (ntables) {
+		rc = send_tables(s, sc, &m, stamps);
+		if (rc)
+			return rc;
+		bytes += ps__rows_ckpt_size(s);
+	}
 	struct ps_iov dd = { r->cdedup, sizeof(*r->cdedup) * (size_t)s->cfg->nworkers };
 	m.slice = 0;
 	m.which = 0;
 	m.last = 1;
+	m.tables = 0;
 	m.n_finished = (size_t)s->cfg->nworkers;
 	m.finished = r->cfinished;
+	m.n_stamps = (size_t)ntables;
+	m.stamps = stamps;
 	rc = ps_msg_send(sc->conn, PS_MSG_REPL_SNAPSHOT, &m.base, &dd, 1, PS_SEND_VOLATILE, NULL,
 			 NULL);
 	if (rc)
@@ -495,6 +762,112 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	return 0;
 }
 
+/* A part of the tables' image: kept until the snapshot's last frame. */
+static int tables_part(struct ps_server *s, const Ps__ReplSnapshot *m, const struct ps_frame *f)
+{
+	struct ps_repl *r = s->repl;
+	int ntables = s->rows ? s->rows->ntables : 0;
+	/* the image holds at most the rows the tables' budget allows */
+	uint64_t most = s->cfg->limits.max_table_bytes + (uint64_t)ntables * 4096;
+
+	if (!m->tables_offset) {
+		free(r->snap_tables);
+		r->snap_tables = NULL;
+		r->snap_tables_got = 0;
+		r->snap_tables_len = m->tables_total;
+		if (!ntables || m->tables_total > most || !m->tables_total) {
+			ps_warn("replication: snapshot with %" PRIu64 " bytes of embedding tables; "
+				"this shard has %d tables and keeps at most %" PRIu64 " bytes of them",
+				m->tables_total, ntables, most);
+			return PS_EPROTO;
+		}
+		r->snap_tables = malloc(m->tables_total);
+		if (!r->snap_tables)
+			return -ENOMEM;
+	}
+	if (!r->snap_tables || m->tables_total != r->snap_tables_len ||
+	    m->tables_offset != r->snap_tables_got ||
+	    f->hdr.payload_len > r->snap_tables_len - r->snap_tables_got) {
+		ps_warn("replication: snapshot frame with bytes %" PRIu64 "..+%" PRIu64 " of the "
+			"tables' %" PRIu64 " after %" PRIu64 ": out of order", m->tables_offset,
+			f->hdr.payload_len, m->tables_total, r->snap_tables_got);
+		return PS_EPROTO;
+	}
+	memcpy(r->snap_tables + r->snap_tables_got, f->payload, f->hdr.payload_len);
+	r->snap_tables_got += f->hdr.payload_len;
+	return 0;
+}
+
+/* Each table's rows, from the image's position pos: their stamps become the
+ * primary's (now minus age, now its stamps[t]) and the table's epoch
+ * follows, so rows updated here after a takeover get the stamps the primary
+ * would have given them. */
+static void tables_restamp(struct ps_server *s, const uint32_t *stamps)
+{
+	const uint8_t *b = s->repl->snap_tables;
+	double now = ps_now_s();
+
+	for (int t = 0; t < s->rows->ntables; t++) {
+		struct ps_table *tb = &s->rows->t[t].tb;
+		struct ckpt_table ct;
+		size_t rb = sizeof(struct ckpt_row) + sizeof(float) * (size_t)tb->row_floats;
+		uint32_t r = tb->tail;
+
+		memcpy(&ct, b, sizeof(ct));
+		b += sizeof(ct);
+		for (uint64_t i = 0; i < ct.nrows && r != PS_ROW_NIL; i++, b += rb) {
+			struct ckpt_row cr;
+			struct ps_row_meta *mt = ps_table_meta(tb, r);
+			memcpy(&cr, b, sizeof(cr));
+			mt->stamp = cr.age <= stamps[t] ? stamps[t] - cr.age : 0;
+			r = mt->prev;
+		}
+		b += ct.filter_slots * sizeof(uint32_t);
+		tb->epoch = now - stamps[t];
+	}
+}
+
+/* The tables' image received whole: checked, then every table emptied and
+ * restored from it (through a memory file: table_ckpt.c reads files). */
+static int tables_restore(struct ps_server *s, const uint32_t *stamps)
+{
+	struct ps_repl *r = s->repl;
+	char err[300];
+	int fd = memfd_create("ps-repl-tables", MFD_CLOEXEC), rc = 0;
+
+	if (fd < 0)
+		return -errno;
+	for (uint64_t off = 0; off < r->snap_tables_len;) {
+		ssize_t n = write(fd, r->snap_tables + off, r->snap_tables_len - off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			rc = -errno;
+			goto out_close;
+		}
+		off += (uint64_t)n;
+	}
+	rc = ps__rows_ckpt_check(s, fd, 0, r->snap_tables_len, err, sizeof(err));
+	if (!rc && (rc = ps__rows_reset(s)))
+		snprintf(err, sizeof(err), "out of memory");
+	if (!rc)
+		rc = ps__rows_ckpt_restore(s, fd, 0, err, sizeof(err));
+	if (rc) {
+		ps_warn("replication: the snapshot's embedding tables: %s", err);
+		goto out_close;
+	}
+	tables_restamp(s, stamps);
+	/* the rows are all new here: the next checkpoint is a full one */
+	s->tables_gen++;
+	s->ckpt_have_base = 0;
+out_close:
+	close(fd);
+	free(r->snap_tables);
+	r->snap_tables = NULL;
+	r->snap_tables_got = r->snap_tables_len = 0;
+	return rc;
+}
+
 int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			 const struct ps_frame *f, int *done)
 {
@@ -509,7 +882,17 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			m->lsn, m->epoch, m->version, m->steps);
 		return PS_EPROTO;
 	}
+	if (m->tables)
+		return tables_part(s, m, f);
 	if (m->last) {
+		int ntables = s->rows ? s->rows->ntables : 0;
+		if (m->n_stamps != (size_t)ntables ||
+		    (ntables && r->snap_tables_got != r->snap_tables_len)) {
+			ps_warn("replication: snapshot end with %zu tables and %" PRIu64 " of %" PRIu64
+				" bytes of them; this shard has %d tables", m->n_stamps,
+				r->snap_tables_got, r->snap_tables_len, ntables);
+			return PS_EPROTO;
+		}
 		if (m->n_finished != nw || f->hdr.payload_len != nw * sizeof(*s->dedup)) {
 			ps_warn("replication: snapshot end with %zu clocks and %" PRIu64 " dedup bytes "
 				"for %zu workers", m->n_finished, f->hdr.payload_len, nw);
@@ -518,6 +901,11 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 		for (size_t i = 0; i < nw; i++)
 			if (m->finished[i] >= PS_MAX_CLOCK)
 				return PS_EPROTO;
+		if (ntables) {
+			int rc = tables_restore(s, m->stamps);
+			if (rc)
+				return rc;
+		}
 		memcpy(s->finished, m->finished, nw * sizeof(*s->finished));
 		memcpy(s->dedup, f->payload, nw * sizeof(*s->dedup));
 		r->lsn = m->lsn;
@@ -550,7 +938,7 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	const struct ps_optimizer_ops *opt = s->store.opt;
 	size_t nw = (size_t)s->cfg->nworkers;
 
-	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks)
+	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks && !m->n_rows)
 		return 0; /* a heartbeat */
 	if (m->lsn != r->lsn + 1) {
 		ps_warn("replication: batch %" PRIu64 " after batch %" PRIu64 ": a gap", m->lsn,
@@ -589,6 +977,11 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	for (size_t i = 0; i < m->n_finished; i++)
 		if (m->finished[i] >= PS_MAX_CLOCK)
 			return PS_EPROTO;
+	if (m->n_rows) {
+		int rc = rows_check(s, m, f);
+		if (rc)
+			return rc;
+	}
 	for (size_t i = 0; i < m->n_slots; i++) {
 		const Ps__ReplSlot *x = m->slots[i];
 		struct ps_slot *sl = ps_store_slot(&s->store, x->slice);
@@ -630,6 +1023,11 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 		sl->version = x->version;
 		if (s->repl->staged)
 			ps__repl_staged_free(s, sl, sl->version);
+	}
+	if (m->n_rows) {
+		int rc = rows_apply(s, m, f);
+		if (rc)
+			return rc;
 	}
 	for (size_t i = 0; i < m->n_finished; i++)
 		s->finished[i] = m->finished[i];
