@@ -662,10 +662,10 @@ static void resend_kept(void *arg, struct ps_slot *sl, int rank, uint64_t clock,
 
 /* The embedding tables whole, in a checkpoint's layout (table_ckpt.c:
  * rows least recently updated first with their ages, state, admission
- * filter, counters), in frames of half the frame limit; stamps[t] gets
- * each table's stamp at the instant the ages were taken. */
+ * filter, counters), in frames of half the frame limit; clocks[t] gets
+ * the seconds since each table's epoch at the instant the ages were taken. */
 static int send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSnapshot *m,
-		       uint32_t *stamps)
+		       double *clocks)
 {
 	size_t len = ps__rows_ckpt_size(s), chunk = s->cfg->limits.max_frame_bytes / 2;
 	uint8_t *img = malloc(len ? len : 1);
@@ -676,7 +676,7 @@ static int send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSnap
 		return -ENOMEM;
 	ps__rows_ckpt_snapshot_at(s, img, now);
 	for (int t = 0; t < s->rows->ntables; t++)
-		stamps[t] = ps_table_stamp(&s->rows->t[t].tb, now);
+		clocks[t] = now - s->rows->t[t].tb.epoch;
 	m->tables = 1;
 	m->tables_total = len;
 	for (size_t off = 0; off < len && !rc; off += chunk) {
@@ -719,10 +719,10 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 			bytes += iov.len;
 		}
 	}
-	uint32_t stamps[PS_MAX_TABLES];
+	double clocks[PS_MAX_TABLES];
 	int ntables = s->rows ? s->rows->ntables : 0;
 	if (ntables) {
-		rc = send_tables(s, sc, &m, stamps);
+		rc = send_tables(s, sc, &m, clocks);
 		if (rc)
 			return rc;
 		bytes += ps__rows_ckpt_size(s);
@@ -734,8 +734,8 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	m.tables = 0;
 	m.n_finished = (size_t)s->cfg->nworkers;
 	m.finished = r->cfinished;
-	m.n_stamps = (size_t)ntables;
-	m.stamps = stamps;
+	m.n_table_clocks = (size_t)ntables;
+	m.table_clocks = clocks;
 	rc = ps_msg_send(sc->conn, PS_MSG_REPL_SNAPSHOT, &m.base, &dd, 1, PS_SEND_VOLATILE, NULL,
 			 NULL);
 	if (rc)
@@ -798,11 +798,11 @@ static int tables_part(struct ps_server *s, const Ps__ReplSnapshot *m, const str
 	return 0;
 }
 
-/* Each table's rows, from the image's position pos: their stamps become the
- * primary's (now minus age, now its stamps[t]) and the table's epoch
- * follows, so rows updated here after a takeover get the stamps the primary
- * would have given them. */
-static void tables_restamp(struct ps_server *s, const uint32_t *stamps)
+/* Each table's rows in the image: their stamps become the primary's (its
+ * stamp at the image minus the age) and the table's epoch the primary's,
+ * so rows updated here after a takeover get the stamps the primary would
+ * have given them and expire when they would have there. */
+static void tables_restamp(struct ps_server *s, const double *clocks)
 {
 	const uint8_t *b = s->repl->snap_tables;
 	double now = ps_now_s();
@@ -811,7 +811,7 @@ static void tables_restamp(struct ps_server *s, const uint32_t *stamps)
 		struct ps_table *tb = &s->rows->t[t].tb;
 		struct ckpt_table ct;
 		size_t rb = sizeof(struct ckpt_row) + sizeof(float) * (size_t)tb->row_floats;
-		uint32_t r = tb->tail;
+		uint32_t r = tb->tail, cur = (uint32_t)clocks[t];
 
 		memcpy(&ct, b, sizeof(ct));
 		b += sizeof(ct);
@@ -819,17 +819,17 @@ static void tables_restamp(struct ps_server *s, const uint32_t *stamps)
 			struct ckpt_row cr;
 			struct ps_row_meta *mt = ps_table_meta(tb, r);
 			memcpy(&cr, b, sizeof(cr));
-			mt->stamp = cr.age <= stamps[t] ? stamps[t] - cr.age : 0;
+			mt->stamp = cr.age <= cur ? cur - cr.age : 0;
 			r = mt->prev;
 		}
 		b += ct.filter_slots * sizeof(uint32_t);
-		tb->epoch = now - stamps[t];
+		tb->epoch = now - clocks[t];
 	}
 }
 
 /* The tables' image received whole: checked, then every table emptied and
  * restored from it (through a memory file: table_ckpt.c reads files). */
-static int tables_restore(struct ps_server *s, const uint32_t *stamps)
+static int tables_restore(struct ps_server *s, const double *clocks)
 {
 	struct ps_repl *r = s->repl;
 	char err[300];
@@ -856,7 +856,7 @@ static int tables_restore(struct ps_server *s, const uint32_t *stamps)
 		ps_warn("replication: the snapshot's embedding tables: %s", err);
 		goto out_close;
 	}
-	tables_restamp(s, stamps);
+	tables_restamp(s, clocks);
 	/* the rows are all new here: the next checkpoint is a full one */
 	s->tables_gen++;
 	s->ckpt_have_base = 0;
@@ -886,10 +886,10 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 		return tables_part(s, m, f);
 	if (m->last) {
 		int ntables = s->rows ? s->rows->ntables : 0;
-		if (m->n_stamps != (size_t)ntables ||
+		if (m->n_table_clocks != (size_t)ntables ||
 		    (ntables && r->snap_tables_got != r->snap_tables_len)) {
 			ps_warn("replication: snapshot end with %zu tables and %" PRIu64 " of %" PRIu64
-				" bytes of them; this shard has %d tables", m->n_stamps,
+				" bytes of them; this shard has %d tables", m->n_table_clocks,
 				r->snap_tables_got, r->snap_tables_len, ntables);
 			return PS_EPROTO;
 		}
@@ -902,7 +902,13 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			if (m->finished[i] >= PS_MAX_CLOCK)
 				return PS_EPROTO;
 		if (ntables) {
-			int rc = tables_restore(s, m->stamps);
+			for (int t = 0; t < ntables; t++)
+				if (!(m->table_clocks[t] >= 0 && m->table_clocks[t] < 4e9)) {
+					ps_warn("replication: snapshot with table %d at %g s since its "
+						"epoch: out of range", t, m->table_clocks[t]);
+					return PS_EPROTO;
+				}
+			int rc = tables_restore(s, m->table_clocks);
 			if (rc)
 				return rc;
 		}
