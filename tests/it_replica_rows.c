@@ -56,6 +56,7 @@ struct shared {
 	double last_ack[NWORKERS];     /* ps_now_s() of each worker's last acked clock */
 	int clock[NWORKERS];           /* clocks done */
 	int done[NWORKERS];
+	int exited[NWORKERS];          /* the worker process ended (done or failed) */
 	int stop_at[NPHASE];           /* the checkpoint case: clocks to pause before */
 	int resume;                    /* phases released; -1: exit */
 	int paused[NWORKERS];          /* the clock a worker waits before, else -1 */
@@ -140,7 +141,7 @@ static int low_free_port(int n)
 	return tu_free_port();
 }
 
-static void write_config(const char *mode, int with_ckpt)
+static void write_config(const char *mode, int with_ckpt, int timeout_ms)
 {
 	char yaml[3072], err[512], ck[256] = "";
 
@@ -158,7 +159,7 @@ static void write_config(const char *mode, int with_ckpt)
 	snprintf(yaml, sizeof(yaml),
 		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  backups: [%s:%d, %s:%d]\n"
 		 "  replicas: 1\n  workers: %d\n"
-		 "replication:\n  timeout_ms: 500\n"
+		 "replication:\n  timeout_ms: %d\n"
 		 "consistency:\n  mode: %s\n  staleness: 2\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
 		 "%s"
@@ -172,7 +173,8 @@ static void write_config(const char *mode, int with_ckpt)
 		 "    - {name: f, dim: %d, init: zeros, optimizer: sgd, lr: 1, admission: 2}\n"
 		 "    - {name: g, dim: %d, optimizer: rowwise_adagrad, lr: 0.5}\n",
 		 tu_transport_yaml(), tu_host(), ports[0][0], tu_host(), ports[0][1], tu_host(),
-		 ports[1][0], tu_host(), ports[1][1], NWORKERS, mode, ck, NDENSE, DE, DF, DG);
+		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, mode, ck, NDENSE, DE, DF,
+		 DG);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 	sync_mode = !strcmp(mode, "sync");
@@ -531,18 +533,27 @@ static pid_t start_worker(int rank, int nc)
 {
 	pid_t pid = fork();
 
-	if (pid == 0)
-		_exit(worker(rank, nc));
+	if (pid == 0) {
+		int rc = worker(rank, nc);
+		sh->exited[rank] = 1;
+		_exit(rc);
+	}
 	return pid;
 }
 
+/* Waits for both workers; fails naming the first that failed with a
+ * reason (one killed because the other failed has none). */
 static void wait_workers(pid_t *w)
 {
+	int st[NWORKERS], bad = -1;
+
 	for (int r = 0; r < NWORKERS; r++) {
-		int st = tu_wait_child(w[r]);
-		ck_assert_msg(st == 0, "worker %d exited with %d: %s (logs in %s)", r, st, sh->why[r],
-			      logdir);
+		st[r] = tu_wait_child(w[r]);
+		if (st[r] && (bad < 0 || (!sh->why[bad][0] && sh->why[r][0])))
+			bad = r;
 	}
+	ck_assert_msg(bad < 0, "worker %d exited with %d: %s (logs in %s)", bad,
+		      bad < 0 ? 0 : st[bad], bad < 0 ? "" : sh->why[bad], logdir);
 }
 
 /* ---- faults ---- */
@@ -592,9 +603,23 @@ static uint64_t rnd(uint64_t *x)
 	return (*x * 2685821657736338717ull) >> 33;
 }
 
+/* Both workers finished, or one ended early (failed: wait_workers says
+ * why), or the run passed its deadline (4 minutes at this machine's
+ * speed). */
+static double run_t0;
+static int failed(int r)
+{
+	return sh->exited[r] && !sh->done[r];
+}
+
+static int past_deadline(void)
+{
+	return ps_now_s() - run_t0 > 240 * tu_time_scale();
+}
+
 static int all_done(void)
 {
-	return sh->done[0] && sh->done[1];
+	return (sh->done[0] && sh->done[1]) || failed(0) || failed(1) || past_deadline();
 }
 
 /* Runs the workers while faults come every 1.2-2 s (the first a primary;
@@ -606,6 +631,7 @@ static int run_with_faults(int nc, double *ft, int *nft_out)
 	int n = 0, parted = 0;
 	uint64_t seed = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull | 1;
 
+	run_t0 = ps_now_s();
 	for (int r = 0; r < NWORKERS; r++)
 		w[r] = start_worker(r, nc);
 	*nft_out = 0;
@@ -650,6 +676,13 @@ static int run_with_faults(int nc, double *ft, int *nft_out)
 				ft[(*nft_out)++] = ps_now_s() - t0;
 		}
 	}
+	for (int r = 0; r < NWORKERS; r++)
+		if (!sh->exited[r] && !sh->done[r] && (failed(1 - r) || past_deadline())) {
+			if (!failed(1 - r))
+				snprintf(sh->why[r], sizeof(sh->why[r]), "still at clock %d after %.0f s",
+					 sh->clock[r], ps_now_s() - run_t0);
+			kill(w[r], SIGKILL);
+		}
 	wait_workers(w);
 	return n;
 }
@@ -669,8 +702,9 @@ static void report_failovers(const char *what, double *ft, int n)
 /* ---- the checks at the end ---- */
 
 /* The two processes of every shard hold the same tables and dense state:
- * waits (10 s) for the backup to confirm everything, then compares. */
-static void check_pairs_equal(void)
+ * waits (10 s) for the backup to confirm everything, then compares (with
+ * need_rows, every table must hold rows). */
+static void check_pairs_equal(int need_rows)
 {
 	for (int k = 0; k < NSHARDS; k++) {
 		struct ps_shard_stats a, b;
@@ -702,7 +736,8 @@ static void check_pairs_equal(void)
 				      (unsigned long long)b.tables[t].rows,
 				      (unsigned long long)b.tables[t].version,
 				      (unsigned long long)b.tables[t].checksum);
-			ck_assert_uint_gt(a.tables[t].rows, 0);
+			if (need_rows)
+				ck_assert_uint_gt(a.tables[t].rows, 0);
 		}
 	}
 }
@@ -762,7 +797,7 @@ static void faults_case(const char *mode)
 	int nf, nc = nclocks();
 
 	sh = shared_new();
-	write_config(mode, 0);
+	write_config(mode, 0, 500);
 	start_all();
 	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
 	double t0 = ps_now_s();
@@ -774,7 +809,7 @@ static void faults_case(const char *mode)
 	report_failovers(mode, ft, nf);
 	ck_assert_msg(wait_healthy(30) >= 0, "the pairs did not form again (logs in %s)", logdir);
 	check_final(nc);
-	check_pairs_equal();
+	check_pairs_equal(1);
 	stop_all();
 	munmap(sh, sizeof(*sh));
 }
@@ -793,6 +828,59 @@ END_TEST
 START_TEST(test_rows_async_faults_exact)
 {
 	faults_case("async");
+}
+END_TEST
+
+/* A row push is acknowledged only once the backup has it: with both
+ * backups stopped (SIGSTOP; replication.timeout_ms 5000, so no primary
+ * gives them up) the push stays unacknowledged, and is acknowledged once
+ * they run again; then the rows are exact on both processes. */
+START_TEST(test_rows_ack_waits_for_backup)
+{
+	char err[512], why[256];
+	struct ps_client *c = NULL;
+	struct oracle *o = calloc(1, sizeof(*o));
+	uint64_t ids[K];
+	float g[K * DE], rows[K * DE];
+	int b[NSHARDS];
+
+	sh = shared_new();
+	write_config("async", 0, 5000);
+	start_all();
+	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	ck_assert_int_eq(ps_client_init(&c, &cfg, 0, err, sizeof(err)), 0);
+	for (int j = 0; j < K; j++) {
+		ids[j] = row_id(0, 0, 0, j);
+		for (int d = 0; d < DE; d++)
+			g[j * DE + d] = row_grad(0, 0, 0, j, d);
+	}
+	for (int k = 0; k < NSHARDS; k++) {
+		b[k] = 1 - primary_of(k);
+		ck_assert_int_le(b[k], 1);
+		kill(srv[b[k]][k], SIGSTOP);
+	}
+	int64_t id = ps_client_push_rows_async(c, "e", 0, ids, K, g, 0);
+	ck_assert_int_gt(id, 0);
+	int rc = ps_client_wait_timeout(c, id, 1.0);
+	for (int k = 0; k < NSHARDS; k++)
+		kill(srv[b[k]][k], SIGCONT);
+	ck_assert_msg(rc == PS_ETIMEDOUT, "the row push was answered (%s) while the backups were "
+		      "stopped", rc ? ps_strerror(rc) : "acknowledged");
+	ck_assert_msg(ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
+	oracle_push_async(o, 0, 0);
+	ck_assert_msg(ps_client_pull_rows(c, "e", 0, ids, K, rows) == 0, "%s", ps_client_error(c));
+	ck_assert_msg(oracle_check(o, 0, ids, K, rows, why, sizeof(why)) == 0, "%s", why);
+	ps_client_free(c);
+	for (int k = 0; k < NSHARDS; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(replica_stats(k, 1 - b[k], &st), 0);
+		ck_assert_uint_eq(st.repl_failovers, 0);
+	}
+	check_pairs_equal(0);
+	stop_all();
+	free(o);
+	tu_rmtree(logdir);
+	munmap(sh, sizeof(*sh));
 }
 END_TEST
 
@@ -838,7 +926,7 @@ START_TEST(test_rows_takeover_mid_checkpoint_chain)
 	sh = shared_new();
 	for (int i = 0; i < 3; i++)
 		sh->stop_at[i] = 30 * (i + 1);
-	write_config("sync", 1);
+	write_config("sync", 1, 500);
 	start_all();
 	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
 	for (int r = 0; r < NWORKERS; r++)
@@ -877,7 +965,7 @@ START_TEST(test_rows_takeover_mid_checkpoint_chain)
 	srv[p][0] = start_replica(0, p);
 	ck_assert_msg(wait_healthy(30) >= 0, "the pair did not form again (logs in %s)", logdir);
 	ck_assert_int_eq(primary_of(0), q);
-	check_pairs_equal();
+	check_pairs_equal(1);
 	checkpoint_is(0, p, 0, &after);
 	/* both killed; the new primary restarted from its chain (full,
 	 * delta-1, and delta-2 written after the takeover): the tables bit for
@@ -920,6 +1008,7 @@ static Suite *suite(void)
 	TCase *tc = tcase_create("processes");
 
 	tcase_set_timeout(tc, 600);
+	TU_ADD(tc, test_rows_ack_waits_for_backup);
 	TU_ADD(tc, test_rows_takeover_mid_checkpoint_chain);
 	TU_ADD(tc, test_rows_sync_faults_exact);
 	TU_ADD(tc, test_rows_async_faults_exact);
