@@ -430,17 +430,12 @@ uint64_t ps_table_checksum(const struct ps_table *tb)
 {
 	uint64_t h = 0xcbf29ce484222325ull;
 
-	uint32_t base = tb->tail != PS_ROW_NIL ? ps_table_meta(tb, tb->tail)->stamp : 0;
-
 	h = fnv(h, &tb->version, sizeof(tb->version));
 	h = fnv(h, &tb->nrows, sizeof(tb->nrows));
 	for (uint32_t r = tb->tail; r != PS_ROW_NIL; r = ps_table_meta(tb, r)->prev) {
 		const struct ps_row_meta *m = ps_table_meta(tb, r);
 		uint64_t id = ps_row_id(m);
-		/* stamps relative to the oldest row's: a checkpoint keeps ages */
-		uint32_t rel = m->stamp - base;
 		h = fnv(h, &id, sizeof(id));
-		h = fnv(h, &rel, sizeof(rel));
 		h = fnv(h, ps_table_vals(tb, r), sizeof(float) * (size_t)tb->row_floats);
 	}
 	if (tb->admit.slots)

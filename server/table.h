@@ -140,10 +140,11 @@ int ps_table_push_at(struct ps_table *tb, uint64_t id, const float *g, int sight
 		     uint32_t stamp);
 uint64_t ps_table_expire_at(struct ps_table *tb, uint32_t stamp);
 
-/* FNV-1a of the rows (id, stamp relative to the oldest row's, weights and
- * state, least recently updated first), the admission filter's slots and
- * the version: what a primary and its backup must agree on, and what a
- * restart from a checkpoint restores (TableStats.checksum). */
+/* FNV-1a of the rows (id, weights and state, least recently updated
+ * first), the admission filter's slots and the version: what a primary and
+ * its backup must agree on, and what a restart from a checkpoint restores
+ * (TableStats.checksum). Stamps are not in it: a checkpoint keeps ages in
+ * whole seconds, so a restart may move a stamp by a second. */
 uint64_t ps_table_checksum(const struct ps_table *tb);
 
 /* The row for id with its initial values, fresh state and the given stamp,

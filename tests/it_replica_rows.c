@@ -12,15 +12,18 @@
  * ids being each pushed by one worker only). In sync mode every worker
  * checks the rows it pushed after each clock against the oracle, whatever
  * process answered, so a takeover that changed anything a worker can see
- * fails the run. Table g (rowwise adagrad, float gradients) has no oracle;
- * its optimizer state is compared: at the end the two processes of each
- * shard must show the same checksum of every table (rows, optimizer
- * state, recency order, stamps, admission filter) and of the dense state.
+ * fails the run. Table g (rowwise adagrad, float gradients) and table h
+ * (ttl 1 s, max_rows 100: rows expire and are evicted all the time) have
+ * no oracle: at the end the two processes of each shard must show the
+ * same checksum of every table (rows, optimizer state, recency order,
+ * admission filter), the same counts of rows admitted, evicted and
+ * expired, and the same dense state.
  *
  * A third case takes over in the middle of an incremental checkpoint
  * chain: full and delta-1 written by both processes, the primary killed,
  * delta-2 written by the new primary, which is then killed and restarted
- * from its chain: the tables must come back bit for bit (checksums).
+ * from its chain: the tables must come back bit for bit (checksums). A
+ * fourth stops both backups: a row push must wait for them before its ack.
  *
  * PS_TEST_REPL_CLOCKS sets the clocks of the fault runs (default 400;
  * 150 with PS_TEST_QUICK), PS_TEST_REPL_PACE_MS a worker's pause between
@@ -48,6 +51,8 @@
 #define DE 4          /* dims of e, f, g */
 #define DF 2
 #define DG 3
+#define DH 2
+#define NT 4          /* tables e, f, g, h */
 #define NPHASE 8
 
 /* What the workers tell the test process (shared memory), and when they
@@ -171,10 +176,12 @@ static void write_config(const char *mode, int with_ckpt, int timeout_ms)
 		 "  embeddings:\n"
 		 "    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n"
 		 "    - {name: f, dim: %d, init: zeros, optimizer: sgd, lr: 1, admission: 2}\n"
-		 "    - {name: g, dim: %d, optimizer: rowwise_adagrad, lr: 0.5}\n",
+		 "    - {name: g, dim: %d, optimizer: rowwise_adagrad, lr: 0.5}\n"
+		 "    - {name: h, dim: %d, init: zeros, optimizer: sgd, lr: 1, ttl: 1, "
+		 "max_rows: 100}\n",
 		 tu_transport_yaml(), tu_host(), ports[0][0], tu_host(), ports[0][1], tu_host(),
 		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, mode, ck, NDENSE, DE, DF,
-		 DG);
+		 DG, DH);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 	sync_mode = !strcmp(mode, "sync");
@@ -416,14 +423,14 @@ static int oracle_check(const struct oracle *o, int t, const uint64_t *ids, int 
 	return 0;
 }
 
-/* Pushes the rows of tables e, f, g for clock c (waited for). */
+/* Pushes the rows of tables e, f, g, h for clock c (waited for). */
 static int push_tables(struct ps_client *cl, int rank, int c)
 {
-	static const char *names[3] = { "e", "f", "g" };
-	static const int dims[3] = { DE, DF, DG };
-	int64_t id[3];
+	static const char *names[NT] = { "e", "f", "g", "h" };
+	static const int dims[NT] = { DE, DF, DG, DH };
+	int64_t id[NT];
 
-	for (int t = 0; t < 3; t++) {
+	for (int t = 0; t < NT; t++) {
 		uint64_t ids[K];
 		float g[K * DE];
 		for (int j = 0; j < K; j++) {
@@ -435,7 +442,7 @@ static int push_tables(struct ps_client *cl, int rank, int c)
 		if (id[t] < 0)
 			return (int)id[t];
 	}
-	for (int t = 0; t < 3; t++) {
+	for (int t = 0; t < NT; t++) {
 		int rc = ps_client_wait(cl, id[t]);
 		if (rc)
 			return rc;
@@ -701,9 +708,27 @@ static void report_failovers(const char *what, double *ft, int n)
 
 /* ---- the checks at the end ---- */
 
+/* Whether the two stats show the same dense state and tables. */
+static int pair_same(const struct ps_shard_stats *a, const struct ps_shard_stats *b)
+{
+	if (a->repl_lsn != b->repl_lsn || a->repl_lag || b->repl_lag ||
+	    a->param_checksum != b->param_checksum || a->ntables != NT || b->ntables != NT)
+		return 0;
+	for (int t = 0; t < NT; t++)
+		if (a->tables[t].checksum != b->tables[t].checksum ||
+		    a->tables[t].rows != b->tables[t].rows ||
+		    a->tables[t].version != b->tables[t].version ||
+		    a->tables[t].admitted != b->tables[t].admitted ||
+		    a->tables[t].evicted != b->tables[t].evicted ||
+		    a->tables[t].expired != b->tables[t].expired)
+			return 0;
+	return 1;
+}
+
 /* The two processes of every shard hold the same tables and dense state:
- * waits (10 s) for the backup to confirm everything, then compares (with
- * need_rows, every table must hold rows). */
+ * waits (10 s) until the backup confirmed everything and the two agree
+ * (table h's rows expire meanwhile: a batch may come between the two
+ * reads), then compares (with need_rows, e, f and g must hold rows). */
 static void check_pairs_equal(int need_rows)
 {
 	for (int k = 0; k < NSHARDS; k++) {
@@ -713,30 +738,33 @@ static void check_pairs_equal(int need_rows)
 		while (!same && ps_now_s() - t0 < 10 * tu_time_scale()) {
 			ck_assert_int_eq(replica_stats(k, 0, &a), 0);
 			ck_assert_int_eq(replica_stats(k, 1, &b), 0);
-			same = a.repl_lsn == b.repl_lsn && a.repl_lag == 0 && b.repl_lag == 0;
+			same = pair_same(&a, &b);
 			if (!same)
 				tu_sleep_ms(50);
 		}
-		ck_assert_msg(same, "shard %d: batches %llu and %llu after 10 s", k,
-			      (unsigned long long)a.repl_lsn, (unsigned long long)b.repl_lsn);
+		ck_assert_msg(a.repl_lsn == b.repl_lsn, "shard %d: batches %llu and %llu after 10 s",
+			      k, (unsigned long long)a.repl_lsn, (unsigned long long)b.repl_lsn);
 		ck_assert_uint_eq(a.param_checksum, b.param_checksum);
-		ck_assert_int_eq(a.ntables, 3);
-		ck_assert_int_eq(b.ntables, 3);
-		for (int t = 0; t < 3; t++) {
+		ck_assert_int_eq(a.ntables, NT);
+		ck_assert_int_eq(b.ntables, NT);
+		for (int t = 0; t < NT; t++) {
 			ck_assert_str_eq(a.tables[t].name, b.tables[t].name);
-			ck_assert_msg(a.tables[t].checksum == b.tables[t].checksum &&
-				      a.tables[t].rows == b.tables[t].rows &&
-				      a.tables[t].version == b.tables[t].version &&
-				      a.tables[t].admitted == b.tables[t].admitted,
-				      "shard %d table %s: replica 0 has %llu rows at version %llu "
-				      "(checksum %016llx), replica 1 %llu at %llu (%016llx)", k,
+			ck_assert_msg(same, "shard %d table %s: replica 0 has %llu rows at version %llu "
+				      "(checksum %016llx; admitted %llu, evicted %llu, expired %llu), "
+				      "replica 1 %llu at %llu (%016llx; %llu, %llu, %llu)", k,
 				      a.tables[t].name, (unsigned long long)a.tables[t].rows,
 				      (unsigned long long)a.tables[t].version,
 				      (unsigned long long)a.tables[t].checksum,
+				      (unsigned long long)a.tables[t].admitted,
+				      (unsigned long long)a.tables[t].evicted,
+				      (unsigned long long)a.tables[t].expired,
 				      (unsigned long long)b.tables[t].rows,
 				      (unsigned long long)b.tables[t].version,
-				      (unsigned long long)b.tables[t].checksum);
-			if (need_rows)
+				      (unsigned long long)b.tables[t].checksum,
+				      (unsigned long long)b.tables[t].admitted,
+				      (unsigned long long)b.tables[t].evicted,
+				      (unsigned long long)b.tables[t].expired);
+			if (need_rows && t < 3)
 				ck_assert_uint_gt(a.tables[t].rows, 0);
 		}
 	}
@@ -957,7 +985,7 @@ START_TEST(test_rows_takeover_mid_checkpoint_chain)
 	 * in its middle: delta-2 */
 	checkpoint_is(0, q, 2, &st);
 	ck_assert_int_eq(replica_stats(0, q, &st), 0);
-	ck_assert_int_eq(st.ntables, 3);
+	ck_assert_int_eq(st.ntables, NT);
 	for (int t = 0; t < 3; t++)
 		ck_assert_uint_eq(st.tables[t].version, (uint64_t)nc);
 	/* its partner back: it joins the new primary, gets the tables whole
@@ -980,7 +1008,8 @@ START_TEST(test_rows_takeover_mid_checkpoint_chain)
 	while (replica_stats(0, q, &after) && ps_now_s() - t0 < 10 * tu_time_scale())
 		tu_sleep_ms(50);
 	ck_assert_int_eq(replica_stats(0, q, &after), 0);
-	ck_assert_int_eq(after.ntables, 3);
+	ck_assert_int_eq(after.ntables, NT);
+	/* e, f, g (h's rows expire meanwhile: ttl 1 s) */
 	ck_assert_uint_eq(after.param_checksum, st.param_checksum);
 	for (int t = 0; t < 3; t++) {
 		ck_assert_msg(after.tables[t].checksum == st.tables[t].checksum &&
