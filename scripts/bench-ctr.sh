@@ -18,7 +18,7 @@
 # root after make.
 set -eu
 REPL=0
-if [ "${1:-}" = --replicas ]; then REPL=1; shift; set -- 0 "$@"; fi
+if [ "${1:-}" = --replicas ]; then REPL=1; shift; set -- 10 "$@"; fi
 N=${1:-10}; SAMPLES=${2:-1000000}; SCALE=${3:-0.1}
 D=$(mktemp -d /tmp/ps-bench-ctr-XXXXXX)
 trap 'kill $S0 $S1 $B0 $B1 2>/dev/null; rm -rf "$D"' EXIT
