@@ -954,7 +954,11 @@ START_TEST(test_rows_takeover_mid_checkpoint_chain)
 	sh = shared_new();
 	for (int i = 0; i < 3; i++)
 		sh->stop_at[i] = 30 * (i + 1);
-	write_config("sync", 1, 500);
+	/* a longer replication timeout than the fault cases': a slow build
+	 * (sanitizers) must not see a pair change roles on its own here,
+	 * which would start a process's chain afresh (a state transfer makes
+	 * its next checkpoint a full one) */
+	write_config("sync", 1, 2000);
 	start_all();
 	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
 	for (int r = 0; r < NWORKERS; r++)
