@@ -839,6 +839,7 @@ static void faults_case(const char *mode)
 	check_final(nc);
 	check_pairs_equal(1);
 	stop_all();
+	tu_rmtree(logdir);
 	munmap(sh, sizeof(*sh));
 }
 
