@@ -591,15 +591,6 @@ static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *ro
 		if (!cfg->replicas)
 			return cfg_fail(c, bk->line, "key 'cluster.backups': given, but "
 				    "cluster.replicas is 0 (set it to 1 to start backups)");
-		if (cfg->ntables) {
-			const struct ynode *em = seen[find_opt(cfg_opts, NCFG, "model.embeddings")];
-			/* replication forwards the dense slices' changes only: a
-			 * backup would not hold the rows, so refuse rather than
-			 * promise a copy that is not there */
-			return cfg_fail(c, em ? em->line : re->line, "key 'model.embeddings': "
-				    "cluster.replicas: 1 does not replicate embedding tables yet; "
-				    "use replicas: 0 with them, or drop the tables");
-		}
 		for (int i = 0; i < cfg->nbackups; i++)
 			for (int j = 0; j < cfg->nshards; j++)
 				if (!strcmp(cfg->backups[i].host, cfg->shards[j].host) &&

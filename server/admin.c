@@ -39,6 +39,12 @@ static void ckpt_written(struct ps_server *s, int rc, uint32_t seq, const struct
 		return;
 	}
 	s->ckpt_last_ok = ps_now_s();
+	if (img->tables_gen != s->tables_gen) {
+		/* a replication snapshot replaced the tables since it was
+		 * taken: the next checkpoint is a full one */
+		s->ckpt_have_base = 0;
+		return;
+	}
 	if (seq) {
 		s->ckpt_seq = seq;
 		return;
@@ -71,6 +77,7 @@ int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *byt
 	struct ps_ckpt_image img = { 0 };
 	int rc = ps_checkpoint_snapshot(s, &img, err, errlen);
 
+	img.tables_gen = s->tables_gen;
 	if (!rc) {
 		ps__rows_ckpt_taken(s);
 		rc = write_ckpt(&img, s->ckpt_path, 0, s->ckpt_seq + 1, bytes, err, errlen);
@@ -271,6 +278,7 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 	}
 	if (!rc)
 		ps__rows_ckpt_taken(s);
+	j->img.tables_gen = s->tables_gen;
 	j->pause_s = ps_now_s() - j->t0;
 	if (!rc && !j->child)
 		rc = uv_queue_work(s->loop, &j->req, ckpt_work, ckpt_done);

@@ -34,6 +34,7 @@ struct ps_ckpt_image {
 	uint8_t *buf;
 	size_t len;
 	uint32_t crc;           /* set by ps_checkpoint_write_image */
+	uint64_t tables_gen;    /* the server's tables_gen when it was taken */
 };
 
 /* Bytes a full checkpoint of s takes now (without its CRC). */

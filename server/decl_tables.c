@@ -175,8 +175,9 @@ void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
 	}
 	if (s->cfg->replicas) {
 		rc = PS_ECONFIG;
-		snprintf(why, sizeof(why), "cluster.replicas: 1 does not replicate embedding tables "
-			 "yet; declared tables need replicas: 0");
+		snprintf(why, sizeof(why), "cluster.replicas: 1 does not replicate tables declared "
+			 "at run time (a joining backup's state does not carry declarations); give "
+			 "them in model.embeddings, or use replicas: 0");
 		goto refuse;
 	}
 	if (m->n_tables < 1 ||

@@ -31,6 +31,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "replica.h"
+#include "rows.h"
 #include "server_int.h"
 
 /* The dialing connection: with security.auth the partner's HelloReply
@@ -106,6 +107,7 @@ static void step_down(struct ps_server *s, const char *why)
 	ps__repl_adopt_committed(s);
 	ps__repl_drop_pending(s);
 	ps_store_drop_pending(&s->store);
+	ps__rows_drop_pending(s);
 	r->state = PS_REPL_JOINING;
 	if (r->link) {
 		struct ps_srv_conn *l = r->link;
@@ -632,6 +634,9 @@ void ps__repl_free(struct ps_server *s)
 	free(r->b.slots);
 	free(r->b.payload);
 	free(r->b.marks);
+	free(r->b.rows);
+	free(r->b.rpayload);
+	free(r->snap_tables);
 	free(r->hello);
 	free(r->cfinished);
 	free(r->cdedup);

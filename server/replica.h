@@ -28,6 +28,9 @@
  * goes on alone until a new backup joins. docs/reliability.md gives the
  * rule and why no acknowledged push is lost.
  *
+ * Embedding tables (replica_rows.c) follow the same path: row updates
+ * and expiries in the batches, the tables whole in the snapshot.
+ *
  * Everything runs on the shard's loop thread.
  */
 #ifndef PS_REPLICA_H
@@ -63,6 +66,12 @@ struct ps_repl_batch {
 	size_t plen, pcap;
 	Ps__ReplMark *marks;
 	size_t nmarks, mcap;
+	/* embedding tables: groups of row changes, their records in a payload
+	 * of their own sent after the slices' (offsets relative to it here) */
+	Ps__ReplRows *rows;
+	size_t nrows, rcap;
+	uint8_t *rpayload;
+	size_t rplen, rpcap;
 };
 
 struct ps_repl {
@@ -91,6 +100,8 @@ struct ps_repl {
 	size_t hello_len;
 	int snap_frames;            /* snapshot frames received so far */
 	double snap_started;
+	uint8_t *snap_tables;       /* joining: the tables' image received so far */
+	uint64_t snap_tables_len, snap_tables_got;
 	/* committed state, as the backup has it: ended clocks, dedup windows */
 	uint64_t *cfinished;
 	struct ps_dedup *cdedup;
@@ -154,6 +165,32 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 /* The committed state becomes the working state (takeover) and back. */
 void ps__repl_adopt_committed(struct ps_server *s);
 void ps__repl_note_finished(struct ps_server *s, int rank);
+/* Embedding tables (rows.c): a row update of table t made by the
+ * primary's ps_table_push_at (g: dim floats), the end of a push or clock
+ * (the table's version is now what the batch carries), rows expired at
+ * stamp; and a row push accepted: acknowledged once committed (t >= 0,
+ * sync: table t has applied clock; t -1: at once) and confirmed. */
+void ps__repl_note_row(struct ps_server *s, int t, uint64_t id, const float *g, int sightings,
+		       uint32_t stamp);
+void ps__repl_note_rows_done(struct ps_server *s, int t);
+void ps__repl_note_expired(struct ps_server *s, int t, uint32_t stamp, uint64_t n);
+int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+			   int rank, uint64_t incarnation, uint64_t seq, uint64_t clock, int t);
+/* replica_log.c, for replica_rows.c: grows an array to need elements;
+ * sends the batch gathered (with_state: the ended clocks too). */
+int ps__repl_grow(void **p, size_t *cap, size_t need, size_t elem);
+void ps__repl_send_batch(struct ps_server *s, int with_state);
+/* replica_rows.c: a batch's row groups checked (all first) and applied;
+ * the tables' image sent (clocks[t]: each table's seconds since its
+ * epoch), a part of it received, and restored at the snapshot's end. */
+int ps__repl_rows_check(const struct ps_server *s, const Ps__ReplBatch *m,
+			const struct ps_frame *f);
+int ps__repl_rows_apply(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f);
+int ps__repl_send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSnapshot *m,
+			  double *clocks);
+int ps__repl_tables_part(struct ps_server *s, const Ps__ReplSnapshot *m,
+			 const struct ps_frame *f);
+int ps__repl_tables_restore(struct ps_server *s, const double *clocks);
 /* Backup, every_push: forgets the kept gradients of sl below clock `below`
  * (all of them with sl NULL). */
 void ps__repl_staged_free(struct ps_server *s, const struct ps_slot *sl, uint64_t below);

@@ -18,7 +18,9 @@
  * batch numbers and epochs must be below 2^53 and every float finite;
  * a batch is checked whole before any of it is applied.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ps_time.h"
@@ -27,7 +29,9 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "replica.h"
+#include "rows.h"
 #include "server_int.h"
+#include "table_ckpt.h"
 
 struct ps_repl_pending {
 	struct ps_srv_conn *sc;     /* NULL once the connection closed */
@@ -38,6 +42,8 @@ struct ps_repl_pending {
 	int end_clock;
 	uint64_t lsn;               /* the batch that holds it; 0 = not committed yet */
 	double arrived;
+	int table;                  /* a sync row push: its table, committed once the
+				       table applied clock; else -1 */
 	uint32_t nslots;
 	struct ps_repl_pending *next;
 	int32_t slots[];            /* store slot indices the push named */
@@ -45,7 +51,7 @@ struct ps_repl_pending {
 
 /* ---- gathering the batch (primary) ---- */
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
+int ps__repl_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
 	size_t n = *cap ? *cap : 16;
 	void *q;
@@ -62,7 +68,6 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem)
 	return 0;
 }
 
-static void send_batch(struct ps_server *s, int with_state);
 
 /* A record for slot sl: its version and steps now, with the gradient the
  * optimizer took (g, or NULL for a version passed over); with rank >= 0 a
@@ -83,10 +88,10 @@ static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int ra
 	}
 	bytes = g ? (size_t)sl->slice->count * sizeof(float) : 0;
 	/* a frame holds half the frame limit of gradients at most */
-	if (b->plen && b->plen + bytes > s->cfg->limits.max_frame_bytes / 2)
-		send_batch(s, 0);
-	if (grow((void **)&b->slots, &b->cap, b->nslots + 1, sizeof(*b->slots)) ||
-	    grow((void **)&b->payload, &b->pcap, b->plen + bytes, 1)) {
+	if ((b->plen || b->rplen) && b->plen + b->rplen + bytes > s->cfg->limits.max_frame_bytes / 2)
+		ps__repl_send_batch(s, 0);
+	if (ps__repl_grow((void **)&b->slots, &b->cap, b->nslots + 1, sizeof(*b->slots)) ||
+	    ps__repl_grow((void **)&b->payload, &b->pcap, b->plen + bytes, 1)) {
 		/* the backup can no longer follow: closing the link makes this
 		 * primary step down (ps__repl_link_closed); the pair forms again */
 		ps_error("replication: out of memory gathering a batch; stepping down");
@@ -207,21 +212,28 @@ static const float *staged_sum(struct ps_server *s, struct ps_slot *sl, uint64_t
 /* Sends what is gathered as batch lsn + 1 (with_state: the ended clocks
  * and the marks too) to the backup, if there is one; the batch is numbered
  * either way, so lsn counts what this primary applied. */
-static void send_batch(struct ps_server *s, int with_state)
+void ps__repl_send_batch(struct ps_server *s, int with_state)
 {
 	struct ps_repl *r = s->repl;
 	struct ps_repl_batch *b = &r->b;
 	Ps__ReplBatch m = PS__REPL_BATCH__INIT;
 	Ps__ReplSlot **sp = NULL;
 	Ps__ReplMark **mp = NULL;
-	struct ps_iov iov = { b->payload, b->plen };
+	Ps__ReplRows **rp = NULL;
+	struct ps_iov iov[2];
+	int niov = 0;
 
+	if (b->plen)
+		iov[niov++] = (struct ps_iov){ b->payload, b->plen };
+	if (b->rplen)
+		iov[niov++] = (struct ps_iov){ b->rpayload, b->rplen };
 	r->lsn++;
 	if (r->link) {
 		sp = malloc(sizeof(*sp) * (b->nslots + 1));
 		mp = malloc(sizeof(*mp) * (b->nmarks + 1));
+		rp = malloc(sizeof(*rp) * (b->nrows + 1));
 	}
-	if (r->link && (!sp || !mp)) {
+	if (r->link && (!sp || !mp || !rp)) {
 		/* the batch cannot be forwarded: closing the link (not by the
 		 * peer) makes this primary step down rather than acknowledge
 		 * what its backup lacks (ps__repl_link_closed) */
@@ -231,6 +243,13 @@ static void send_batch(struct ps_server *s, int with_state)
 			sp[i] = &b->slots[i];
 		for (size_t i = 0; i < b->nmarks; i++)
 			mp[i] = &b->marks[i];
+		for (size_t i = 0; i < b->nrows; i++) {
+			/* the rows' records follow the slices' gradients */
+			b->rows[i].offset += b->plen;
+			rp[i] = &b->rows[i];
+		}
+		m.n_rows = b->nrows;
+		m.rows = rp;
 		m.lsn = r->lsn;
 		m.epoch = r->epoch;
 		m.n_slots = b->nslots;
@@ -241,16 +260,19 @@ static void send_batch(struct ps_server *s, int with_state)
 			m.n_finished = (size_t)s->cfg->nworkers;
 			m.finished = r->cfinished;
 		}
-		if (ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &m.base, &iov, b->plen ? 1 : 0,
+		if (ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &m.base, iov, niov,
 				PS_SEND_VOLATILE, NULL, NULL))
 			r->link->conn->t->ops->close(r->link->conn, PS_ECLOSED);
 		r->last_sent = ps_now_s();
 	}
 	free(sp);
 	free(mp);
+	free(rp);
 	b->nslots = 0;
 	b->plen = 0;
 	b->nmarks = 0;
+	b->nrows = 0;
+	b->rplen = 0;
 }
 
 /* ---- pending acks ---- */
@@ -273,6 +295,7 @@ int ps__repl_push_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t
 	p->clock = m->clock;
 	p->end_clock = m->end_clock;
 	p->arrived = ps_now_s();
+	p->table = -1;
 	p->nslots = n;
 	for (uint32_t i = 0; i < n; i++)
 		p->slots[i] = s->store.slot_of[m->slices[i]->slice]; /* checked by push.c */
@@ -302,8 +325,31 @@ void ps__repl_conn_gone(struct ps_server *s, struct ps_srv_conn *sc)
 			p->sc = NULL;
 }
 
+int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+			   int rank, uint64_t incarnation, uint64_t seq, uint64_t clock, int t)
+{
+	struct ps_repl *r = s->repl;
+	struct ps_repl_pending *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return -ENOMEM;
+	p->sc = sc;
+	p->req_id = req_id;
+	p->rank = rank;
+	p->incarnation = incarnation;
+	p->seq = seq;
+	p->clock = clock;
+	p->arrived = ps_now_s();
+	p->table = t;
+	*r->pending_tail = p;
+	r->pending_tail = &p->next;
+	return 0;
+}
+
 static int committed(const struct ps_server *s, const struct ps_repl_pending *p)
 {
+	if (p->table >= 0)
+		return s->rows->t[p->table].tb.version > p->clock;
 	for (uint32_t i = 0; i < p->nslots; i++)
 		if (s->store.slots[p->slots[i]].version <= p->clock)
 			return 0;
@@ -317,7 +363,7 @@ static int commit(struct ps_server *s, struct ps_repl_pending *p, uint64_t lsn)
 	struct ps_repl_batch *b = &r->b;
 
 	if (p->seq) {
-		if (grow((void **)&b->marks, &b->mcap, b->nmarks + 1, sizeof(*b->marks)))
+		if (ps__repl_grow((void **)&b->marks, &b->mcap, b->nmarks + 1, sizeof(*b->marks)))
 			return -ENOMEM;
 		Ps__ReplMark x = PS__REPL_MARK__INIT;
 		x.rank = p->rank;
@@ -356,8 +402,8 @@ void ps__repl_flush(struct ps_server *s)
 			}
 			commits++;
 		}
-	if (r->b.nslots || r->b.nmarks || commits)
-		send_batch(s, 1);
+	if (r->b.nslots || r->b.nmarks || r->b.nrows || commits)
+		ps__repl_send_batch(s, 1);
 	ps__repl_release(s);
 }
 
@@ -397,6 +443,7 @@ void ps__repl_drop_pending(struct ps_server *s)
 	}
 	r->pending_tail = &r->pending;
 	r->b.nslots = r->b.plen = r->b.nmarks = 0;
+	r->b.nrows = r->b.rplen = 0;
 }
 
 void ps__repl_adopt_committed(struct ps_server *s)
@@ -463,12 +510,23 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 			bytes += iov.len;
 		}
 	}
+	double clocks[PS_MAX_TABLES];
+	int ntables = s->rows ? s->rows->ntables : 0;
+	if (ntables) {
+		rc = ps__repl_send_tables(s, sc, &m, clocks);
+		if (rc)
+			return rc;
+		bytes += ps__rows_ckpt_size(s);
+	}
 	struct ps_iov dd = { r->cdedup, sizeof(*r->cdedup) * (size_t)s->cfg->nworkers };
 	m.slice = 0;
 	m.which = 0;
 	m.last = 1;
+	m.tables = 0;
 	m.n_finished = (size_t)s->cfg->nworkers;
 	m.finished = r->cfinished;
+	m.n_table_clocks = (size_t)ntables;
+	m.table_clocks = clocks;
 	rc = ps_msg_send(sc->conn, PS_MSG_REPL_SNAPSHOT, &m.base, &dd, 1, PS_SEND_VOLATILE, NULL,
 			 NULL);
 	if (rc)
@@ -480,7 +538,7 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	if (s->cfg->repl_every_push && s->cfg->consistency == PS_SYNC) {
 		ps_store_each_kept(&s->store, resend_kept, &kept);
 		if (r->b.nslots)
-			send_batch(s, 1);
+			ps__repl_send_batch(s, 1);
 	}
 	r->snap_lsn = r->lsn;
 	r->last_sent = ps_now_s();
@@ -509,7 +567,17 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			m->lsn, m->epoch, m->version, m->steps);
 		return PS_EPROTO;
 	}
+	if (m->tables)
+		return ps__repl_tables_part(s, m, f);
 	if (m->last) {
+		int ntables = s->rows ? s->rows->ntables : 0;
+		if (m->n_table_clocks != (size_t)ntables ||
+		    (ntables && r->snap_tables_got != r->snap_tables_len)) {
+			ps_warn("replication: snapshot end with %zu tables and %" PRIu64 " of %" PRIu64
+				" bytes of them; this shard has %d tables", m->n_table_clocks,
+				r->snap_tables_got, r->snap_tables_len, ntables);
+			return PS_EPROTO;
+		}
 		if (m->n_finished != nw || f->hdr.payload_len != nw * sizeof(*s->dedup)) {
 			ps_warn("replication: snapshot end with %zu clocks and %" PRIu64 " dedup bytes "
 				"for %zu workers", m->n_finished, f->hdr.payload_len, nw);
@@ -518,6 +586,17 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 		for (size_t i = 0; i < nw; i++)
 			if (m->finished[i] >= PS_MAX_CLOCK)
 				return PS_EPROTO;
+		if (ntables) {
+			for (int t = 0; t < ntables; t++)
+				if (!(m->table_clocks[t] >= 0 && m->table_clocks[t] < 4e9)) {
+					ps_warn("replication: snapshot with table %d at %g s since its "
+						"epoch: out of range", t, m->table_clocks[t]);
+					return PS_EPROTO;
+				}
+			int rc = ps__repl_tables_restore(s, m->table_clocks);
+			if (rc)
+				return rc;
+		}
 		memcpy(s->finished, m->finished, nw * sizeof(*s->finished));
 		memcpy(s->dedup, f->payload, nw * sizeof(*s->dedup));
 		r->lsn = m->lsn;
@@ -550,7 +629,7 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	const struct ps_optimizer_ops *opt = s->store.opt;
 	size_t nw = (size_t)s->cfg->nworkers;
 
-	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks)
+	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks && !m->n_rows)
 		return 0; /* a heartbeat */
 	if (m->lsn != r->lsn + 1) {
 		ps_warn("replication: batch %" PRIu64 " after batch %" PRIu64 ": a gap", m->lsn,
@@ -589,6 +668,11 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	for (size_t i = 0; i < m->n_finished; i++)
 		if (m->finished[i] >= PS_MAX_CLOCK)
 			return PS_EPROTO;
+	if (m->n_rows) {
+		int rc = ps__repl_rows_check(s, m, f);
+		if (rc)
+			return rc;
+	}
 	for (size_t i = 0; i < m->n_slots; i++) {
 		const Ps__ReplSlot *x = m->slots[i];
 		struct ps_slot *sl = ps_store_slot(&s->store, x->slice);
@@ -630,6 +714,11 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 		sl->version = x->version;
 		if (s->repl->staged)
 			ps__repl_staged_free(s, sl, sl->version);
+	}
+	if (m->n_rows) {
+		int rc = ps__repl_rows_apply(s, m, f);
+		if (rc)
+			return rc;
 	}
 	for (size_t i = 0; i < m->n_finished; i++)
 		s->finished[i] = m->finished[i];

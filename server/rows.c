@@ -12,6 +12,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "ps_time.h"
+#include "replica.h"
 #include "rows.h"
 #include "rows_wire.h"
 #include "server_int.h"
@@ -461,9 +462,13 @@ static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct row
 			goto out_free_pos;
 		}
 	memset(pos, 0, sizeof(*pos) * (size_t)nw);
-	while ((seen = clock_next(s, k, dim, pos, &id, sum)))
-		if (ps_table_push(&st->tb, id, sum, seen, now) < 0)
+	uint32_t stamp = ps_table_stamp(&st->tb, now);
+	int t = (int)(st - s->rows->t);
+	while ((seen = clock_next(s, k, dim, pos, &id, sum))) {
+		if (ps_table_push_at(&st->tb, id, sum, seen, stamp) < 0)
 			ps_error("table %s: out of memory creating row %" PRIu64, st->tb.tc->name, id);
+		ps__repl_note_row(s, t, id, sum, seen, stamp);
+	}
 	note_evictions(st);
 	s->store.applies++;
 	s->store.apply_seconds += ps_now_s() - t0;
@@ -506,6 +511,7 @@ void ps__rows_advance(struct ps_server *s)
 				clock_free(s, k);
 			}
 			st->tb.version = c + 1;
+			ps__repl_note_rows_done(s, t);
 			changed = 1;
 		}
 	}
@@ -582,6 +588,31 @@ static int keep_push(struct ps_server *s, struct ps_srv_table *st, int rank, uin
 	return 0;
 }
 
+static void send_ack(struct ps_srv_conn *sc, uint64_t req_id)
+{
+	Ps__PushAck ack = PS__PUSH_ACK__INIT;
+
+	ack.req_id = req_id;
+	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+}
+
+/* An accepted row push: acknowledged now, or with replicas once it is
+ * committed (sync: table t has applied its clock; t -1: at once) and the
+ * backup confirmed the batch that holds it (replica_log.c). */
+static void acknowledge(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m,
+			int t, double arrived)
+{
+	if (s->repl) {
+		if (ps__repl_rows_accepted(s, sc, m->req_id, sc->rank, sc->incarnation, m->seq,
+					   m->clock, t))
+			ps_msg_send_error(sc->conn, m->req_id, -ENOMEM, "out of memory");
+		return;
+	}
+	send_ack(sc, m->req_id);
+	ps_histo_add(&s->c.push_lat, ps_now_s() - arrived);
+	s->c.acks++;
+}
+
 void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m,
 			  const struct ps_frame *f)
 {
@@ -605,12 +636,9 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 				ps_msg_send_error(sc->conn, m->req_id, code, "row push %" PRIu64 " was "
 						  "refused when it first came: %s", m->seq,
 						  ps_strerror(code));
-			else {
-				Ps__PushAck ack = PS__PUSH_ACK__INIT;
-				ack.req_id = m->req_id;
-				ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0,
-					    PS_SEND_VOLATILE, NULL, NULL);
-			}
+			else if (!s->repl || !ps__repl_resent(s, sc, m->req_id, sc->rank,
+								sc->incarnation, m->seq))
+				send_ack(sc, m->req_id); /* else acked once its batch is confirmed */
 			return;
 		case PS_DEDUP_TOO_OLD:
 			ps_msg_send_error(sc->conn, m->req_id, PS_EDUP, "row push %" PRIu64 " is older "
@@ -632,16 +660,12 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 			 * had applied that clock without it, as the dense path's
 			 * late slices: not a resend (it has not ended the clock
 			 * here), so its rows for that clock are set aside */
-			Ps__PushAck ack = PS__PUSH_ACK__INIT;
 			ps_debug("worker %d: row push for clock %" PRIu64 " of table '%s', which "
 				 "had gone on without it (version %" PRIu64 "): set aside", sc->rank,
 				 m->clock, cfg->tables[t].name, v);
 			if (m->seq)
 				ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
-			ack.req_id = m->req_id;
-			ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE,
-				    NULL, NULL);
-			s->c.acks++;
+			acknowledge(s, sc, m, -1, arrived);
 			return;
 		}
 		if (m->clock < v || m->clock >= v + (uint64_t)cfg->limits.max_clock_ahead) {
@@ -697,11 +721,16 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 						  "applied", cfg->tables[t].name, ids[i]);
 				goto err_reject;
 			}
-		for (size_t i = 0; i < m->n_ids; i++)
-			if (ps_table_push(tb, ids[i], g + i * (size_t)tb->dim, 1, t0) < 0)
+		uint32_t stamp = ps_table_stamp(tb, t0);
+		for (size_t i = 0; i < m->n_ids; i++) {
+			const float *gi = g + i * (size_t)tb->dim;
+			if (ps_table_push_at(tb, ids[i], gi, 1, stamp) < 0)
 				ps_error("table %s: out of memory creating row %" PRIu64,
 					 tb->tc->name, ids[i]);
+			ps__repl_note_row(s, t, ids[i], gi, 1, stamp);
+		}
 		tb->version++;
+		ps__repl_note_rows_done(s, t);
 		note_evictions(&s->rows->t[t]);
 		s->store.applies++;
 		s->store.apply_seconds += ps_now_s() - t0;
@@ -710,14 +739,7 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	free(g);
 	if (m->seq)
 		ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
-	{
-		Ps__PushAck ack = PS__PUSH_ACK__INIT;
-		ack.req_id = m->req_id;
-		ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL,
-			    NULL);
-	}
-	ps_histo_add(&s->c.push_lat, ps_now_s() - arrived);
-	s->c.acks++;
+	acknowledge(s, sc, m, cfg->consistency == PS_SYNC ? t : -1, arrived);
 	ps__rows_advance(s);
 	return;
 
@@ -733,12 +755,46 @@ err_reject:
 
 void ps__rows_tick(struct ps_server *s, double now)
 {
+	/* a backup drops what its primary dropped, when the batch says so */
+	if (s->repl && !ps__repl_serving(s))
+		return;
 	for (int t = 0; s->rows && t < s->rows->ntables; t++) {
-		uint64_t n = ps_table_expire(&s->rows->t[t].tb, now);
-		if (n)
+		struct ps_table *tb = &s->rows->t[t].tb;
+		uint32_t stamp = ps_table_stamp(tb, now);
+		uint64_t n = ps_table_expire_at(tb, stamp);
+		if (n) {
+			ps__repl_note_expired(s, t, stamp, n);
 			ps_debug("table %s: %" PRIu64 " rows expired (ttl %d s)",
 				 s->cfg->tables[t].name, n, s->cfg->tables[t].ttl_s);
+		}
 	}
+}
+
+void ps__rows_drop_pending(struct ps_server *s)
+{
+	for (int t = 0; s->rows && t < s->rows->ntables; t++) {
+		struct rows_clock *k;
+		while ((k = s->rows->t[t].pending)) {
+			s->rows->t[t].pending = k->next;
+			clock_free(s, k);
+		}
+	}
+}
+
+int ps__rows_reset(struct ps_server *s)
+{
+	struct ps_srv_rows *R = s->rows;
+
+	ps__rows_drop_pending(s);
+	for (int t = 0; R && t < R->ntables; t++) {
+		struct ps_table *tb = &R->t[t].tb;
+		ps_table_free(tb);
+		int rc = ps_table_init(tb, s->cfg, t, s->cfg->nshards, ps_now_s());
+		if (rc)
+			return rc;
+		R->t[t].evict_logged = 0;
+	}
+	return 0;
 }
 
 int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
@@ -774,6 +830,7 @@ int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 		ts[t].pulled_rows = tb->c.pulled;
 		ts[t].pushed_rows = tb->c.pushed;
 		ts[t].version = tb->version;
+		ts[t].checksum = ps_table_checksum(tb);
 		m->tables[t] = &ts[t];
 	}
 	m->n_tables = (size_t)n;

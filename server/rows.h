@@ -64,8 +64,15 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 void ps__rows_advance(struct ps_server *s);
 /* sc is closing: its held row pulls go. */
 void ps__rows_forget(struct ps_server *s, struct ps_srv_conn *sc);
-/* Periodic: drops rows past their table's ttl. */
+/* Periodic: drops rows past their table's ttl (not on a backup: it drops
+ * what its primary's batches say). */
 void ps__rows_tick(struct ps_server *s, double now);
+/* Forgets the sync clocks kept and not applied yet (a primary stepping
+ * down: their pushes were not acknowledged and come again). */
+void ps__rows_drop_pending(struct ps_server *s);
+/* Empties every table (and the kept clocks), as at start: before a
+ * replication snapshot is restored into them. 0 or -ENOMEM. */
+int ps__rows_reset(struct ps_server *s);
 /* Fills m->tables (allocated; free with ps__rows_stats_free). */
 int ps__rows_stats(const struct ps_server *s, Ps__Stats *m);
 void ps__rows_stats_free(Ps__Stats *m);

@@ -90,6 +90,9 @@ struct ps_server {
 	/* Incremental checkpoints: the full file they build on (valid when
 	 * ckpt_have_base), and how many follow it. */
 	int ckpt_have_base;
+	/* raised when a replication snapshot replaced the tables: a checkpoint
+	 * taken before it is no base for incremental ones after it */
+	uint64_t tables_gen;
 	uint32_t ckpt_base_crc, ckpt_seq;
 	uint64_t ckpt_base_len;
 	int stopping;

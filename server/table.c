@@ -360,7 +360,7 @@ void ps_table_read(struct ps_table *tb, uint64_t id, float *out)
 	tb->c.pulled++;
 }
 
-static uint32_t stamp_of(const struct ps_table *tb, double now)
+uint32_t ps_table_stamp(const struct ps_table *tb, double now)
 {
 	double s = now - tb->epoch;
 
@@ -369,7 +369,13 @@ static uint32_t stamp_of(const struct ps_table *tb, double now)
 
 int ps_table_push(struct ps_table *tb, uint64_t id, const float *g, int sightings, double now)
 {
-	uint32_t r = ps_table_find(tb, id), st = stamp_of(tb, now);
+	return ps_table_push_at(tb, id, g, sightings, ps_table_stamp(tb, now));
+}
+
+int ps_table_push_at(struct ps_table *tb, uint64_t id, const float *g, int sightings,
+		     uint32_t st)
+{
+	uint32_t r = ps_table_find(tb, id);
 
 	if (r == PS_ROW_NIL) {
 		if (tb->tc->admission > 1 && !ps_admit_sight(&tb->admit, id, sightings,
@@ -392,7 +398,12 @@ int ps_table_push(struct ps_table *tb, uint64_t id, const float *g, int sighting
 
 uint64_t ps_table_expire(struct ps_table *tb, double now)
 {
-	uint32_t st = stamp_of(tb, now), ttl = (uint32_t)tb->tc->ttl_s;
+	return ps_table_expire_at(tb, ps_table_stamp(tb, now));
+}
+
+uint64_t ps_table_expire_at(struct ps_table *tb, uint32_t st)
+{
+	uint32_t ttl = (uint32_t)tb->tc->ttl_s;
 	uint64_t n = 0;
 
 	if (!ttl)
@@ -404,6 +415,32 @@ uint64_t ps_table_expire(struct ps_table *tb, double now)
 	}
 	tb->c.expired += n;
 	return n;
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	return h;
+}
+
+uint64_t ps_table_checksum(const struct ps_table *tb)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	h = fnv(h, &tb->version, sizeof(tb->version));
+	h = fnv(h, &tb->nrows, sizeof(tb->nrows));
+	for (uint32_t r = tb->tail; r != PS_ROW_NIL; r = ps_table_meta(tb, r)->prev) {
+		const struct ps_row_meta *m = ps_table_meta(tb, r);
+		uint64_t id = ps_row_id(m);
+		h = fnv(h, &id, sizeof(id));
+		h = fnv(h, ps_table_vals(tb, r), sizeof(float) * (size_t)tb->row_floats);
+	}
+	if (tb->admit.slots)
+		h = fnv(h, tb->admit.slots, sizeof(uint32_t) * tb->admit.nbuckets * 8);
+	return h;
 }
 
 uint64_t ps_table_bytes(const struct ps_table *tb)

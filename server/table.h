@@ -132,6 +132,21 @@ int ps_table_push(struct ps_table *tb, uint64_t id, const float *g, int sighting
 /* Drops rows not updated for the table's ttl; returns how many. */
 uint64_t ps_table_expire(struct ps_table *tb, double now);
 
+/* The last-update stamp of a row updated at now (seconds since the
+ * table's epoch). The _at forms take the stamp instead of the time, so a
+ * backup repeats the primary's update or expiry exactly (replica_log.c). */
+uint32_t ps_table_stamp(const struct ps_table *tb, double now);
+int ps_table_push_at(struct ps_table *tb, uint64_t id, const float *g, int sightings,
+		     uint32_t stamp);
+uint64_t ps_table_expire_at(struct ps_table *tb, uint32_t stamp);
+
+/* FNV-1a of the rows (id, weights and state, least recently updated
+ * first), the admission filter's slots and the version: what a primary and
+ * its backup must agree on, and what a restart from a checkpoint restores
+ * (TableStats.checksum). Stamps are not in it: a checkpoint keeps ages in
+ * whole seconds, so a restart may move a stamp by a second. */
+uint64_t ps_table_checksum(const struct ps_table *tb);
+
 /* The row for id with its initial values, fresh state and the given stamp,
  * made the most recent (checkpoint restore, and ps_table_push). Existing
  * rows are returned as they are. PS_ROW_NIL when out of memory. */

@@ -71,8 +71,11 @@ size_t ps__rows_ckpt_size(const struct ps_server *s)
 
 void ps__rows_ckpt_snapshot(const struct ps_server *s, uint8_t *b)
 {
-	double now = ps_now_s();
+	ps__rows_ckpt_snapshot_at(s, b, ps_now_s());
+}
 
+void ps__rows_ckpt_snapshot_at(const struct ps_server *s, uint8_t *b, double now)
+{
 	for (int t = 0; s->rows && t < s->rows->ntables; t++) {
 		const struct ps_table *tb = &s->rows->t[t].tb;
 		uint32_t cur = now - tb->epoch > 0 ? (uint32_t)(now - tb->epoch) : 0;

@@ -12,6 +12,9 @@ struct ps_server;
 size_t ps__rows_ckpt_size(const struct ps_server *s);
 /* Copies them to b (ps__rows_ckpt_size bytes; loop thread). */
 void ps__rows_ckpt_snapshot(const struct ps_server *s, uint8_t *b);
+/* The same with the ages taken at now (ps_now_s): a row's stamp is then
+ * ps_table_stamp(now) minus its age (the replication snapshot). */
+void ps__rows_ckpt_snapshot_at(const struct ps_server *s, uint8_t *b, double now);
 /* Checks the tables' part of a file, bytes [pos, end) of fd, against the
  * config: 0, or PS_ECONFIG / PS_EPROTO with the reason in err. */
 int ps__rows_ckpt_check(const struct ps_server *s, int fd, uint64_t pos, uint64_t end,

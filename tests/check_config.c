@@ -644,6 +644,14 @@ START_TEST(test_model)
 	ck_assert_int_eq(cfg.train.threads, 0);  /* auto */
 	ck_assert_int_eq(cfg.train.pull, PS_PULL_LAYER);
 	ck_assert_int_eq(cfg.model.input[1], 28);
+
+	/* replicas with embedding tables: the tables are replicated too */
+	ck_assert_msg(load(CL("[127.0.0.1:7000]", "1") "  backups: [127.0.0.1:7100]\n"
+			   "  replicas: 1\nmodel:\n  tensors:\n    - {name: w, shape: [4]}\n"
+			   "  embeddings:\n    - {name: user, dim: 4}\n") == 0, "%s", err);
+	ck_assert_int_eq(cfg.replicas, 1);
+	ck_assert_int_eq(cfg.ntables, 1);
+	roundtrip();
 }
 END_TEST
 
@@ -805,10 +813,6 @@ static const struct ecase ecases[] = {
 	{ "duplicate backup", CL("[a:1, b:2]", "1") "  backups: [c:1, c:1]\n  replicas: 1\n"
 	  MODEL(T1), { "t.yaml:4: key 'cluster.backups[1]': duplicate server address 'c:1' "
 		       "(also backup 0)" } },
-	{ "replicas with embedding tables", CL("[a:1]", "1") "  backups: [c:1]\n  replicas: 1\n"
-	  MODEL(T1) "  embeddings:\n    - {name: user, dim: 4}\n",
-	  { "t.yaml:10: key 'model.embeddings': cluster.replicas: 1 does not replicate embedding "
-	    "tables yet" } },
 	/* ctr: which table each categorical field bags from */
 	{ "ctr without tables", CL("[a:1]", "1") "model:\n  preset: ctr\n",
 	  { "t.yaml:5: key 'model.preset': ctr bags its categorical fields from embedding "

@@ -575,6 +575,131 @@ static uint64_t trained_rows(struct ps_client *c)
 	return n;
 }
 
+/* ---- replicated shards and their faults (test_rules_across_failovers) ---- */
+
+struct faults {
+	const struct ps_config *cfg;
+	char cfg_path[64];
+	pid_t srv[2][2];            /* [replica][shard] */
+	int stop;                   /* __atomic */
+	int n, primaries;           /* faults injected; of them primaries killed */
+	char why[256];
+};
+
+/* A free port below the kernel's ephemeral range: a restarted process must
+ * not find its port taken as the source port of its partner's dial. */
+static int low_port(int n)
+{
+	static int picked[8];
+	unsigned seed = (unsigned)getpid() * 2654435761u + (unsigned)n * 40503u + 3u;
+
+	for (int i = 0; i < 1000; i++) {
+		int p = 20000 + (int)(rand_r(&seed) % 12000), dup = 0;
+		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)p),
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+		for (int j = 0; j < n; j++)
+			dup |= picked[j] == p;
+		if (!dup && fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+			close(fd);
+			picked[n] = p;
+			return p;
+		}
+		if (fd >= 0)
+			close(fd);
+	}
+	return tu_free_port();
+}
+
+static pid_t start_replica(const char *cfg_path, int shard, int replica)
+{
+	char s[8], r[8], log[128];
+
+	snprintf(s, sizeof(s), "%d", shard);
+	snprintf(r, sizeof(r), "%d", replica);
+	snprintf(log, sizeof(log), "%s/shard%d-r%d.log", tmpdir, shard, replica);
+	const char *a[] = { "bin/ps-server", "--config", cfg_path, "--shard", s, "--replica", r,
+			    "--log-level", "info", NULL };
+	return tu_spawn(a, log);
+}
+
+/* ReplState of replica r of shard k, whether its partner is up; -1 when it
+ * does not answer. */
+static int repl_state(const struct ps_config *cfg, int k, int r, int *up)
+{
+	struct ps_config *c = malloc(sizeof(*c));
+	struct ps_client *cl = NULL;
+	struct ps_shard_stats st;
+	char err[512];
+	int rc = -1;
+
+	memcpy(c, cfg, sizeof(*c));
+	if (r)
+		memcpy(c->shards, c->backups, sizeof(c->shards));
+	c->limits.connect_timeout_ms = 500;
+	c->limits.request_timeout_ms = 1000;
+	if (!ps_client_init(&cl, c, -1, err, sizeof(err))) {
+		if (!ps_client_stats(cl, k, &st)) {
+			rc = (int)st.repl_state;
+			*up = st.repl_partner_up;
+		}
+		ps_client_free(cl);
+	}
+	free(c);
+	return rc;
+}
+
+/* Both shards have a primary whose backup holds the state; waits up to
+ * limit_s. The primary of shard k in prim[k]. */
+static int pairs_formed(const struct ps_config *cfg, double limit_s, int *prim)
+{
+	for (double t0 = ps_now_s(); ps_now_s() - t0 < limit_s * tu_time_scale(); tu_sleep_ms(50)) {
+		int ok = 0;
+		for (int k = 0; k < 2; k++) {
+			int up0 = 0, up1 = 0, a = repl_state(cfg, k, 0, &up0), b = repl_state(cfg, k, 1, &up1);
+			if (a == 3 && up0 && b == 2)
+				prim[k] = 0, ok++;
+			else if (b == 3 && up1 && a == 2)
+				prim[k] = 1, ok++;
+		}
+		if (ok == 2)
+			return 1;
+	}
+	return 0;
+}
+
+/* Until stopped: every 1.5-2.5 s, once both pairs have formed, kill -9 a
+ * primary (every other fault) or a random process and restart it 0.3 s
+ * later. */
+static void *faults_main(void *p)
+{
+	struct faults *f = p;
+	uint64_t seed = (uint64_t)getpid() * 0x9e3779b97f4a7c15ull | 1;
+
+	while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+		int prim[2], pause = 1500 + (int)(rng(&seed) % 1000);
+		for (int t = 0; t < pause && !__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE); t += 10)
+			tu_sleep_ms(10);
+		if (__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE))
+			break;
+		if (!pairs_formed(f->cfg, 30, prim)) {
+			snprintf(f->why, sizeof(f->why), "the pairs did not form again within 30 s "
+				 "(logs in %s)", tmpdir);
+			break;
+		}
+		int k = (int)(rng(&seed) % 2);
+		int r = f->n % 2 == 0 ? prim[k] : (int)(rng(&seed) % 2);
+		kill(f->srv[r][k], SIGKILL);
+		tu_wait_child(f->srv[r][k]);
+		tu_sleep_ms(300);
+		f->srv[r][k] = start_replica(f->cfg_path, k, r);
+		f->n++;
+		f->primaries += r == prim[k];
+	}
+	return NULL;
+}
+
 static long env_long(const char *name, long def)
 {
 	const char *e = getenv(name);
@@ -582,10 +707,67 @@ static long env_long(const char *name, long def)
 	return e && *e ? strtol(e, NULL, 10) : def;
 }
 
-START_TEST(test_rules_under_training)
+/* Both processes of each shard hold the same tables (checksums, rows and
+ * counters), waiting (10 s) for the backup to confirm the last batches and
+ * for rows that expire meanwhile. 0, or -1 (the difference printed). */
+static int pair_tables_equal(const struct ps_config *cfg)
+{
+	for (int k = 0; k < 2; k++) {
+		int same = 0;
+		for (double t0 = ps_now_s(); !same && ps_now_s() - t0 < 10 * tu_time_scale();) {
+			struct ps_shard_stats st[2];
+			for (int r = 0; r < 2; r++) {
+				struct ps_config *c = malloc(sizeof(*c));
+				struct ps_client *cl = NULL;
+				char err[512];
+				memcpy(c, cfg, sizeof(*c));
+				if (r)
+					memcpy(c->shards, c->backups, sizeof(c->shards));
+				memset(&st[r], 0, sizeof(st[r]));
+				if (!ps_client_init(&cl, c, -1, err, sizeof(err))) {
+					ps_client_stats(cl, k, &st[r]);
+					ps_client_free(cl);
+				}
+				free(c);
+			}
+			same = st[0].ntables == 2 && st[1].ntables == 2 &&
+			       st[0].repl_lsn == st[1].repl_lsn &&
+			       st[0].param_checksum == st[1].param_checksum;
+			for (int t = 0; same && t < 2; t++) {
+				const struct ps_table_stats *a = &st[0].tables[t], *b = &st[1].tables[t];
+				same = a->checksum == b->checksum && a->rows == b->rows &&
+				       a->admitted == b->admitted && a->evicted == b->evicted &&
+				       a->expired == b->expired && a->version == b->version;
+			}
+			if (!same && ps_now_s() - t0 >= 10 * tu_time_scale() - 0.1) {
+				fprintf(stderr, "shard %d: the two processes differ: batch %llu and "
+					"%llu, table cat %llu and %llu rows, probe %llu and %llu "
+					"expired\n", k, (unsigned long long)st[0].repl_lsn,
+					(unsigned long long)st[1].repl_lsn,
+					(unsigned long long)st[0].tables[0].rows,
+					(unsigned long long)st[1].tables[0].rows,
+					(unsigned long long)st[0].tables[1].expired,
+					(unsigned long long)st[1].tables[1].expired);
+				return -1;
+			}
+			if (!same)
+				tu_sleep_ms(50);
+		}
+		if (!same)
+			return -1;
+	}
+	return 0;
+}
+
+/* The sequence against the model while the ctr preset trains; with
+ * replicas, on two pairs of processes while faults_main kills them. */
+static void rules_case(int replicas)
 {
 	static struct model m;
 	static struct ps_config cfg;
+	static struct faults fl;
+	char rep[256] = "";
+	pthread_t fth;
 	struct trainer tr = { .stop = 0 };
 	struct checker k = { .m = &m, .table = "probe" };
 	char yaml[2048], train[128], test[128], gen[128], err[512];
@@ -606,8 +788,18 @@ START_TEST(test_rules_under_training)
 	snprintf(gen, sizeof(gen), "%s/gen.out", tmpdir);
 	ck_assert_int_eq(tu_wait_child(tu_spawn(a1, gen)), 0);
 	ck_assert_int_eq(tu_wait_child(tu_spawn(a2, gen)), 0);
+	memset(&m, 0, sizeof(m));
+	memset(&fl, 0, sizeof(fl));
+	int port[2] = { tu_free_port(), tu_free_port() };
+	if (replicas) {
+		for (int i = 0; i < 2; i++)
+			port[i] = low_port(i);
+		snprintf(rep, sizeof(rep), "  backups: [127.0.0.1:%d, 127.0.0.1:%d]\n  replicas: 1\n"
+			 "replication: {timeout_ms: 500}\nlimits: {idle_timeout_ms: 1500}\n",
+			 low_port(2), low_port(3));
+	}
 	snprintf(yaml, sizeof(yaml),
-		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 3\n"
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 3\n%s"
 		 "consistency: {mode: async, staleness: 1000000}\nseed: 5\n"
 		 "model:\n  preset: ctr\n  embeddings:\n"
 		 "    - {name: cat, dim: 8, lr: 0.05, admission: 2, max_rows: 6000, fields: [0, 1, "
@@ -619,23 +811,36 @@ START_TEST(test_rules_under_training)
 		 "optimizer: {name: adam, lr: 0.001}\n"
 		 "train: {batch: 256, epochs: 1, metrics_dir: '', train_file: '%s', test_file: '%s'}\n"
 		 "log: {level: warn}\n",
-		 tu_free_port(), tu_free_port(), D, (double)LR, (double)ACC0, (double)EPS, ADMIT,
-		 2 * CAP, TTL, train, test);
+		 port[0], port[1], rep, D, (double)LR, (double)ACC0, (double)EPS, ADMIT, 2 * CAP, TTL,
+		 train, test);
 	ck_assert_int_eq(tu_write_temp(tr.cfg, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, tr.cfg, err, sizeof(err)) == 0, "%s", err);
 	/* the model: every id's shard, no rows */
 	m.cfg = &cfg;
 	m.t = ps_config_find_table(&cfg, "probe");
 	ck_assert_int_eq(m.t, 1);
-	m.margin = 0.6 * tu_time_scale();
+	/* with replicas, each takeover may start the new primary's epoch a
+	 * few ms later (the state transfer's delay): 0.2 s more of both */
+	m.margin = (replicas ? 0.8 : 0.6) * tu_time_scale();
 	uint64_t tkey = ps_rows_table_key(&cfg.tables[m.t]);
 	for (int i = 0; i < U; i++) {
 		m.r[i].shard = ps_rows_shard(tkey, id_of(i), 2);
 		m.r[i].prev = m.r[i].next = NIL;
 	}
 	m.head[0] = m.head[1] = m.tail[0] = m.tail[1] = NIL;
+	fl.cfg = &cfg;
+	snprintf(fl.cfg_path, sizeof(fl.cfg_path), "%s", tr.cfg);
 	for (int s = 0; s < 2; s++)
-		srv[s] = tu_start_server(tr.cfg, s);
+		if (replicas)
+			for (int r = 0; r < 2; r++)
+				fl.srv[r][s] = start_replica(tr.cfg, s, r);
+		else
+			srv[s] = tu_start_server(tr.cfg, s);
+	if (replicas) {
+		int prim[2];
+		ck_assert_msg(pairs_formed(&cfg, 20, prim), "the pairs did not form (logs in %s)",
+			      tmpdir);
+	}
 	for (int i = 0; i < 100 && !k.c; i++) {
 		rc = ps_client_init(&k.c, &cfg, 2, err, sizeof(err));
 		if (rc && rc != -ECONNREFUSED)
@@ -651,7 +856,7 @@ START_TEST(test_rules_under_training)
 		double t1 = ps_now_s();
 		ck_assert_int_eq(ps_client_stats(k.c, s, &st), 0);
 		m.e_lo[s] = t1 - st.uptime_s;
-		m.e_hi[s] = ps_now_s() - st.uptime_s + 0.05 * tu_time_scale();
+		m.e_hi[s] = ps_now_s() - st.uptime_s + (replicas ? 0.2 : 0.05) * tu_time_scale();
 	}
 	/* training first, then the sequence beside it */
 	ck_assert_int_eq(pthread_create(&th, NULL, train_main, &tr), 0);
@@ -659,14 +864,32 @@ START_TEST(test_rules_under_training)
 	     (before = trained_rows(k.c)) == 0 && ps_now_s() < dl && !tr.failed;)
 		tu_sleep_ms(50);
 	t0 = ps_now_s();
+	if (replicas)
+		ck_assert_int_eq(pthread_create(&fth, NULL, faults_main, &fl), 0);
 	rc = before ? run_checker(&k) : -1;
 	secs = ps_now_s() - t0;
+	if (replicas) {
+		__atomic_store_n(&fl.stop, 1, __ATOMIC_RELEASE);
+		pthread_join(fth, NULL);
+	}
 	after = trained_rows(k.c);
 	__atomic_store_n(&tr.stop, 1, __ATOMIC_RELEASE);
 	pthread_join(th, NULL);
+	if (replicas) {
+		/* the pairs formed again; each backup's tables as its primary's */
+		int prim[2];
+		ck_assert_msg(!fl.why[0], "%s", fl.why);
+		ck_assert_msg(pairs_formed(&cfg, 30, prim), "the pairs did not form again (logs in "
+			      "%s)", tmpdir);
+		ck_assert_int_eq(pair_tables_equal(&cfg), 0);
+	}
 	ps_client_free(k.c);
 	for (int s = 0; s < 2; s++)
-		ck_assert_int_eq(tu_stop_server(srv[s]), 0);
+		if (replicas)
+			for (int r = 0; r < 2; r++)
+				ck_assert_int_eq(tu_stop_server(fl.srv[r][s]), 0);
+		else
+			ck_assert_int_eq(tu_stop_server(srv[s]), 0);
 	unlink(tr.cfg);
 	ck_assert_msg(!tr.failed, "%s", tr.why);
 	ck_assert_msg(before > 0, "the ctr workers pushed no rows");
@@ -685,6 +908,25 @@ START_TEST(test_rules_under_training)
 	ck_assert_uint_gt(m.evicted_sure[0] + m.evicted_sure[1], 10);
 	ck_assert_uint_gt(m.dropped[0] + m.dropped[1] - m.evicted[0] - m.evicted[1], 10);
 	ck_assert_uint_gt(m.init_reads, 100);
+	if (replicas) {
+		fprintf(stderr, "rows model across failovers: %d faults (%d primaries killed)\n",
+			fl.n, fl.primaries);
+		ck_assert_int_ge(fl.primaries, 1);
+	}
+}
+
+START_TEST(test_rules_under_training)
+{
+	rules_case(0);
+}
+END_TEST
+
+/* The same rules with cluster.replicas: 1 while primaries and backups are
+ * killed (kill -9) and restarted: admission, eviction and the TTL exactly
+ * as the model says, whatever process served. */
+START_TEST(test_rules_across_failovers)
+{
+	rules_case(1);
 }
 END_TEST
 
@@ -704,6 +946,7 @@ int main(void)
 	/* a long run is as long as its operations: no deadline of Check's */
 	tcase_set_timeout(tc, env_long("PS_TEST_OPS", 8000) > 100000 ? 36000 : 300);
 	TU_ADD(tc, test_rules_under_training);
+	TU_ADD(tc, test_rules_across_failovers);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_rmtree(tmpdir);

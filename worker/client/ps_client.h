@@ -106,6 +106,11 @@ struct ps_table_stats {
 	uint64_t cap_rows;         /* rows the shard keeps at most (evicted past it) */
 	uint64_t filter_ids, filter_bytes, filter_lookups, filter_hits;
 	uint64_t pulled_rows, pushed_rows, version;
+	/* FNV-1a of the rows (ids, weights, optimizer state, recency order),
+	 * the admission filter and the version: a primary and its backup show
+	 * the same (cluster.replicas: 1), and so does a restart from a
+	 * checkpoint */
+	uint64_t checksum;
 };
 #define PS_STATS_MAX_TABLES 16
 /* Latency histogram buckets (the same value as histo.h's). */

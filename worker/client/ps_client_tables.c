@@ -184,8 +184,9 @@ int ps_client_declare_tables(struct ps_client *c, const struct ps_table_decl *t,
 		return PS_ETOOBIG;
 	}
 	if (c->cfg->replicas) {
-		ps__client_set_err(c, "cluster.replicas: 1 does not replicate embedding tables yet; "
-				   "declared tables need replicas: 0");
+		ps__client_set_err(c, "cluster.replicas: 1 does not replicate tables declared at "
+				   "run time (a joining backup's state does not carry declarations); "
+				   "give them in model.embeddings, or use replicas: 0");
 		return PS_ECONFIG;
 	}
 	list = calloc((size_t)n, sizeof(*list));
