@@ -84,7 +84,9 @@ suites_for() {
     server/members.c)          echo it_elastic ;;
     # replication: the scripted cases first, then the fault runs
     server/replica.c|server/replica_log.c)
-                               echo it_replica_cases it_replica_auth it_replica san:it_replica_cases ;;
+                               echo it_replica_cases it_replica_auth it_replica it_replica_rows san:it_replica_cases ;;
+    # the tables' part of replication: row batches, tables in the snapshot
+    server/replica_rows.c)     echo it_replica_rows it_rows_model san:it_replica_rows ;;
     # tables and rows: the model checks without a network, then two shards
     server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
     server/table.c|server/table_admit.c)
