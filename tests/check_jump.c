@@ -1,10 +1,13 @@
 /* check_jump.c - the jump consistent hash re-sharding would place rows by
  * (common/jump_hash.h, docs/elastic.md): from n to n + 1 shards it moves
- * at most 1.2 / (n + 1) of 10 million rows (2 -> 3; 1 million 8 -> 9), each
+ * at most 1.2 / (n + 1) of 2 million rows from 2 -> 3 (10 million with
+ * PS_TEST_JUMP_ROWS=10000000, BENCHMARKS.md's figure) and of 1 million
+ * from 8 -> 9, each
  * moved row to the new shard, with shards within 1% of each other; the
  * multiply-shift placement rows use today moves about half. */
 #include <check.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include "jump_hash.h"
 #include "rows_wire.h"
 #include "test_util.h"
@@ -18,13 +21,14 @@ static uint64_t mix(uint64_t x)
 	return x ^ (x >> 31);
 }
 
-#define ROWS 10000000
-
-/* 10 million rows 2 -> 3 shards, 1 million 8 -> 9: what moves, and where. */
+/* 2 (or PS_TEST_JUMP_ROWS) million rows 2 -> 3 shards, 1 million 8 -> 9:
+ * what moves, and where. */
 START_TEST(test_jump_moves_few)
 {
 	static const int from[] = { 2, 8 };
-	static const long rows[] = { ROWS, ROWS / 10 };
+	const char *env = getenv("PS_TEST_JUMP_ROWS");
+	long nrows0 = env && atol(env) >= 1000 ? atol(env) : 2000000;
+	const long rows[] = { nrows0, 1000000 };   /* 1 million: shards within 1% */
 
 	for (int t = 0; t < 2; t++) {
 		int n = from[t];
