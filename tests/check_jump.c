@@ -2,9 +2,9 @@
  * (common/jump_hash.h, docs/elastic.md): from n to n + 1 shards it moves
  * at most 1.2 / (n + 1) of 2 million rows from 2 -> 3 (10 million with
  * PS_TEST_JUMP_ROWS=10000000, BENCHMARKS.md's figure) and of 1 million
- * from 8 -> 9, each
- * moved row to the new shard, with shards within 1% of each other; the
- * multiply-shift placement rows use today moves about half. */
+ * from 8 -> 9, each moved row to the new shard, with shards within 1% of
+ * each other; the multiply-shift placement rows use today moves about
+ * half. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
