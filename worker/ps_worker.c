@@ -129,9 +129,10 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 /* The rank the environment gives when --rank is absent: $PS_RANK (the
  * launchers' --worker-cmd variable), else $JOB_COMPLETION_INDEX (what a
- * Kubernetes Indexed Job gives each pod). *rank untouched when neither is
- * set; -1 after printing the error when the one set is not a rank. */
-static int rank_from_env(int *rank)
+ * Kubernetes Indexed Job gives each pod), *src naming it. *rank untouched
+ * when neither is set; -1 after printing the error when the one set is not
+ * a rank. */
+static int rank_from_env(int *rank, const char **src)
 {
 	static const char *const vars[] = { "PS_RANK", "JOB_COMPLETION_INDEX" };
 
@@ -144,6 +145,7 @@ static int rank_from_env(int *rank)
 			fprintf(stderr, "ps-worker: $%s: expected a worker rank, got '%s'\n", vars[i], v);
 			return -1;
 		}
+		*src = vars[i];
 		return 0;
 	}
 	return 0;
@@ -419,6 +421,7 @@ int main(int argc, char **argv)
 	const char *save_model = NULL, *eval_model = NULL, *secret = NULL, *exec_cmd = NULL;
 	const char *record_path = NULL;
 	int rank = -1, epochs = 0, batch = 0, limit = -1, opt, rc = 1;
+	const char *rank_src = "--rank"; /* or the variable the rank came from */
 	/* large (tensors table): static, so early exits on bad flags free nothing */
 	static struct ps_config cfg_storage;
 	struct ps_config *cfg = &cfg_storage;
@@ -492,7 +495,7 @@ int main(int argc, char **argv)
 	}
 	if (eval_model)
 		rank = 0;
-	if (rank < 0 && rank_from_env(&rank))
+	if (rank < 0 && rank_from_env(&rank, &rank_src))
 		return 2;
 	if (!config || rank < 0) {
 		fprintf(stderr, "ps-worker: --config FILE and --rank R (or $PS_RANK or $JOB_COMPLETION_INDEX) are required\nTry 'ps-worker --help'.\n");
@@ -507,7 +510,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (rank >= cfg->nworkers) {
-		fprintf(stderr, "ps-worker: rank %d: %s has workers 0..%d\n", rank, config, cfg->nworkers - 1);
+		fprintf(stderr, "ps-worker: %s%s %d: %s has workers 0..%d\n",
+			strcmp(rank_src, "--rank") ? "$" : "", rank_src, rank, config,
+			cfg->nworkers - 1);
 		return 2;
 	}
 	if (exec_cmd)
