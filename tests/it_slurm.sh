@@ -208,7 +208,7 @@ if [ -n "$job" ]; then
     grep -q "epoch 1 test accuracy" "$tmp/logs/worker-0.log"
   for r in 1 2; do
     expect "worker $r trained its 20 steps: $(tail -n 3 "$tmp/logs/worker-$r.log" 2>&1)" \
-      grep -q "step 20/20" "$tmp/logs/worker-$r.log"
+      grep -q "epoch 1: 20 steps" "$tmp/logs/worker-$r.log"
   done
   for k in 0 1; do
     expect "shard $k ran on h$((k + 1)): $(head -n 3 "$tmp/logs/server-$k.log" 2>&1)" \

@@ -93,6 +93,11 @@ int ps_epoch_end(const struct ps_config *cfg, int rank, struct ps_net *net,
 
 	if (tty)
 		fputc('\n', stderr);
+	/* every worker's own share: with members joining and leaving, the
+	 * steps a rank trained in an epoch are known only at its end */
+	ps_info("epoch %d: %d steps, %ld examples, train loss %.4f, %.0f samples/s", ea->e + 1,
+		ea->steps, (long)ea->seen, ea->seen ? ea->loss_sum / ea->seen : NAN,
+		elapsed > 0 ? ea->seen / elapsed : 0.0);
 	if (rank == 0 && !stopped) {
 		if (ps_epoch_evaluate(net, test, &acc, &tloss)) {
 			ps_error("evaluation: %s", net->c->err);
