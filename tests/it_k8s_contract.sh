@@ -347,7 +347,7 @@ expect_exit "a pod named without an ordinal" 2 "host name 'ps-shard' does not en
   s0 ps-shard "$tmp/logs/bad1.log" -- "${shard_cmd[@]}"
 expect_exit "a third shard pod for a config of two" 2 "shard 2 does not exist" \
   s0 ps-shard-2 "$tmp/logs/bad2.log" -- "${shard_cmd[@]}"
-expect_exit "a worker index the config lacks" 2 "rank 2: " \
+expect_exit "a worker index the config lacks" 2 "\$JOB_COMPLETION_INDEX 2: " \
   w0 ps-workers-2 "$tmp/logs/bad3.log" JOB_COMPLETION_INDEX=2 -- "${worker_cmd[@]}"
 expect_exit "a host name ending in - and no digits" 2 "host name 'ps-shard-x' does not end in -N" \
   s0 ps-shard-x "$tmp/logs/bad5.log" -- "${shard_cmd[@]}"
@@ -359,9 +359,9 @@ expect_exit "\$PS_SHARD=auto" 2 "\$PS_SHARD=auto (the host name's ordinal): shar
   s0 ps-shard-7 "$tmp/logs/bad6.log" PS_SHARD=auto -- "${no_shard[@]}"
 expect_exit "--shard before \$PS_SHARD" 2 "--shard auto (the host name's ordinal): shard 7 does not exist" \
   s0 ps-shard-7 "$tmp/logs/bad9.log" PS_SHARD=bogus -- "${shard_cmd[@]}"
-expect_exit "\$PS_RANK before the index" 2 "rank 7: " \
+expect_exit "\$PS_RANK before the index" 2 "\$PS_RANK 7: " \
   w0 ps-workers-0 "$tmp/logs/bad7.log" PS_RANK=7 JOB_COMPLETION_INDEX=0 -- "${worker_cmd[@]}"
-expect_exit "--rank before both" 2 "rank 9: " \
+expect_exit "--rank before both" 2 "--rank 9: " \
   w0 ps-workers-0 "$tmp/logs/bad8.log" PS_RANK=0 JOB_COMPLETION_INDEX=0 -- "${worker_cmd[@]}" --rank 9
 names=0
 write_hosts w1
