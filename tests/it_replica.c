@@ -26,6 +26,7 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_time.h"
+#include "test_replica.h"
 #include "test_util.h"
 
 #define NSHARDS 2
@@ -66,27 +67,6 @@ static int pace_ms(void)
 	const char *e = getenv("PS_TEST_REPL_PACE_MS");
 
 	return e && *e ? atoi(e) : 30;
-}
-
-static pid_t start_replica(int shard, int replica)
-{
-	char s[16], r[16], log[128];
-	pid_t pid;
-
-	snprintf(s, sizeof(s), "%d", shard);
-	snprintf(r, sizeof(r), "%d", replica);
-	snprintf(log, sizeof(log), "%s/shard%d-r%d.log", logdir, shard, replica);
-	pid = fork();
-	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-		if (fd >= 0)
-			dup2(fd, 2);
-		execl("bin/ps-server", "ps-server", "--config", cfg_path, "--shard", s, "--replica",
-		      r, "--log-level", getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "info",
-		      (char *)NULL);
-		_exit(127);
-	}
-	return pid;
 }
 
 /* A free port below the kernel's ephemeral range (32768 by default): the
@@ -183,7 +163,7 @@ static void start_all(void)
 {
 	for (int k = 0; k < NSHARDS; k++)
 		for (int r = 0; r < 2; r++)
-			srv[r][k] = start_replica(k, r);
+			srv[r][k] = tu_start_replica(cfg_path, logdir, k, r, 0);
 }
 
 /* Stops every process with SIGTERM: each must exit 0 (under the
@@ -199,63 +179,6 @@ static void stop_all(void)
 				srv[r][k] = 0;
 			}
 	unlink(cfg_path);
-}
-
-/* Stats of replica r of shard k (a monitor connection of its own); 0 or
- * negative. */
-static int replica_stats(int k, int r, struct ps_shard_stats *out)
-{
-	struct ps_config *c = malloc(sizeof(*c));
-	struct ps_client *cl = NULL;
-	char err[512];
-	int rc;
-
-	memcpy(c, &cfg, sizeof(*c));
-	if (r)
-		memcpy(c->shards, c->backups, sizeof(c->shards));
-	c->limits.connect_timeout_ms = 500;
-	c->limits.request_timeout_ms = 1000;
-	rc = ps_client_init(&cl, c, -1, err, sizeof(err));
-	if (!rc) {
-		rc = ps_client_stats(cl, k, out);
-		ps_client_free(cl);
-	}
-	free(c);
-	return rc;
-}
-
-/* Waits until every shard has a primary whose backup has the state;
- * returns the seconds it took, or -1 after limit_s. */
-static double wait_healthy(double limit_s)
-{
-	double t0 = ps_now_s();
-
-	limit_s *= tu_time_scale();
-	while (ps_now_s() - t0 < limit_s) {
-		int ok = 0;
-		for (int k = 0; k < NSHARDS; k++) {
-			struct ps_shard_stats a, b;
-			if (replica_stats(k, 0, &a) || replica_stats(k, 1, &b))
-				break;
-			ok += (a.repl_state == 3 && a.repl_partner_up && b.repl_state == 2) ||
-			      (b.repl_state == 3 && b.repl_partner_up && a.repl_state == 2);
-		}
-		if (ok == NSHARDS)
-			return ps_now_s() - t0;
-		tu_sleep_ms(50);
-	}
-	return -1;
-}
-
-/* Which replica of shard k serves now (-1: none answers as primary). */
-static int primary_of(int k)
-{
-	for (int r = 0; r < 2; r++) {
-		struct ps_shard_stats st;
-		if (replica_stats(k, r, &st) == 0 && st.repl_state == 3)
-			return r;
-	}
-	return -1;
 }
 
 enum { G_INT, G_FLOAT, G_MARK };
@@ -373,12 +296,6 @@ static void partition(int port, int on)
 	nft(cmd);
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
 /* Runs the workers while faults are injected every few seconds; returns
  * the number of faults, failover times in ft (seconds). */
 enum { F_ANY, F_PARTITION, F_PRIMARIES };
@@ -402,9 +319,9 @@ static int run_with_faults(int nc, int sync, int faults, double *ft, int *nft_ou
 	*nft_out = 0;
 	while (faults && !(sh->done[0] && sh->done[1])) {
 		tu_sleep_ms(1200 + (int)(rnd(&seed) % 800));
-		if (sh->done[0] || sh->done[1] || wait_healthy(30) < 0)
+		if (sh->done[0] || sh->done[1] || tu_replicas_healthy(&cfg, NSHARDS, 30) < 0)
 			break;
-		int k = (int)(rnd(&seed) % NSHARDS), p = primary_of(k);
+		int k = (int)(rnd(&seed) % NSHARDS), p = tu_replica_primary(&cfg, k);
 		if (p < 0)
 			continue;
 		int do_partition = how == F_PARTITION;
@@ -428,7 +345,7 @@ static int run_with_faults(int nc, int sync, int faults, double *ft, int *nft_ou
 			kill(srv[victim][k], SIGKILL);
 			tu_wait_child(srv[victim][k]);
 			tu_sleep_ms(200 + (int)(rnd(&seed) % 500));
-			srv[victim][k] = start_replica(k, victim);
+			srv[victim][k] = tu_start_replica(cfg_path, logdir, k, victim, 0);
 		}
 		n++;
 		if (victim == p) {
@@ -454,7 +371,7 @@ static void report_failovers(const char *what, double *ft, int n)
 		fprintf(stderr, "it_replica: %s: no primary failed\n", what);
 		return;
 	}
-	qsort(ft, (size_t)n, sizeof(*ft), cmp_d);
+	qsort(ft, (size_t)n, sizeof(*ft), tu_cmp_double);
 	fprintf(stderr, "it_replica: %s: %d primary failures, failover (fault to every worker's "
 		"next ack) median %.2f s, max %.2f s (replication.timeout_ms %d)\n", what, n,
 		ft[n / 2], ft[n - 1], cfg.repl_timeout_ms);
@@ -546,7 +463,7 @@ START_TEST(test_sync_faults_exact)
 	g_nc = nc;
 	write_config("sync", "name: sgd\n  lr: 1", 500, 60000);
 	start_all();
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
 	double t0 = ps_now_s();
 	int n = run_with_faults(nc, 1, 1000, ft, &nf, F_PARTITION);
 	fprintf(stderr, "it_replica: sync: %d clocks, %d faults in %.1f s\n", nc, n,
@@ -558,7 +475,7 @@ START_TEST(test_sync_faults_exact)
 	pull_weights(w);
 	check_oracle(w, nc);
 	free_w(w);
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form again");
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form again");
 	stop_all();
 }
 END_TEST
@@ -577,7 +494,7 @@ START_TEST(test_async_faults_counter)
 	/* requests give up before a failover ends: their outcome is unknown */
 	write_config("async", "name: sgd\n  lr: 1", 500, 800);
 	start_all();
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
 	int n = run_with_faults(nc, 0, 1000, ft, &nf, F_ANY);
 	ck_assert_int_ge(n, 1);
 	fprintf(stderr, "it_replica: async: %d faults, %d pushes of unknown outcome\n", n,
@@ -605,7 +522,7 @@ START_TEST(test_sync_adam_bit_identical)
 		gmode = G_FLOAT;
 		write_config("sync", "name: adam\n  lr: 0.01", 500, 60000);
 		start_all();
-		ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+		ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
 		int n = run_with_faults(nc, 1, run ? 3 : 0, ft, &nf, F_PRIMARIES);
 		if (run) {
 			ck_assert_int_ge(nf, 1);
@@ -638,8 +555,8 @@ START_TEST(test_backup_stopped_catches_up)
 	g_nc = nc;
 	write_config("sync", "name: sgd\n  lr: 1", 5000, 60000);
 	start_all();
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
-	int p = primary_of(0);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	int p = tu_replica_primary(&cfg, 0);
 	ck_assert_int_ge(p, 0);
 	pid_t wk[NWORKERS];
 	for (int r = 0; r < NWORKERS; r++)
@@ -651,17 +568,17 @@ START_TEST(test_backup_stopped_catches_up)
 	int at = sh->clock[0];
 	tu_sleep_ms(3000);
 	struct ps_shard_stats st;
-	ck_assert_int_eq(replica_stats(0, p, &st), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &st), 0);
 	fprintf(stderr, "it_replica: backup stopped 3 s: lag %llu batches, workers went from "
 		"clock %d to %d\n", (unsigned long long)st.repl_lag, at, sh->clock[0]);
 	ck_assert_int_le(sh->clock[0], at + 2); /* acks waited for the backup */
 	kill(srv[!p][0], SIGCONT);
 	for (int r = 0; r < NWORKERS; r++)
 		ck_assert_int_eq(tu_wait_child(wk[r]), 0);
-	ck_assert_int_eq(primary_of(0), p); /* no takeover */
+	ck_assert_int_eq(tu_replica_primary(&cfg, 0), p); /* no takeover */
 	struct ps_shard_stats a, b;
-	ck_assert_int_eq(replica_stats(0, p, &a), 0);
-	ck_assert_int_eq(replica_stats(0, !p, &b), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, !p, -1, &b), 0);
 	ck_assert_uint_eq(a.repl_lag, 0);
 	ck_assert_uint_eq(a.param_checksum, b.param_checksum);
 	ck_assert_uint_eq(a.repl_lsn, b.repl_lsn);
@@ -687,7 +604,7 @@ START_TEST(test_every_push_exact)
 	forward = "every_push";
 	write_config("sync", "name: sgd\n  lr: 1", 500, 60000);
 	start_all();
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
 	run_with_faults(nc, 1, 2, ft, &nf, F_PRIMARIES);
 	ck_assert_int_ge(nf, 1);
 	report_failovers("sync every_push", ft, nf);
@@ -730,8 +647,8 @@ START_TEST(test_every_push_backup_joins_mid_clock)
 	forward = "every_push";
 	write_config("sync", "name: sgd\n  lr: 1", 500, 60000);
 	start_all();
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
-	int p = primary_of(0);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	int p = tu_replica_primary(&cfg, 0);
 	ck_assert_int_ge(p, 0);
 	for (int r = 0; r < NWORKERS; r++) {
 		ck_assert_msg(ps_client_init(&c[r], &cfg, r, err, sizeof(err)) == 0, "%s", err);
@@ -741,14 +658,14 @@ START_TEST(test_every_push_backup_joins_mid_clock)
 	ck_assert_int_ge(id[0], 0);
 	/* worker 0's push is in shard 0's barrier (its ack waits for worker 1) */
 	double t0 = ps_now_s();
-	while (!(replica_stats(0, p, &a) == 0 && a.pushes >= 1) &&
+	while (!(tu_replica_stats(&cfg, 0, p, -1, &a) == 0 && a.pushes >= 1) &&
 	       ps_now_s() - t0 < 10 * tu_time_scale())
 		tu_sleep_ms(10);
 	ck_assert_uint_ge(a.pushes, 1);
 	kill(srv[!p][0], SIGKILL);
 	tu_wait_child(srv[!p][0]);
-	srv[!p][0] = start_replica(0, !p);
-	ck_assert_msg(wait_healthy(20) >= 0, "the restarted backup did not join (logs in %s)",
+	srv[!p][0] = tu_start_replica(cfg_path, logdir, 0, !p, 0);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the restarted backup did not join (logs in %s)",
 		      logdir);
 	id[1] = push_clock(c[1], 1, 0, g[1]);
 	ck_assert_int_ge(id[1], 0);
@@ -759,16 +676,16 @@ START_TEST(test_every_push_backup_joins_mid_clock)
 		free_w(g[r]);
 	}
 	/* acknowledged: the backup confirmed the clock's sum */
-	ck_assert_int_eq(replica_stats(0, p, &a), 0);
-	ck_assert_int_eq(replica_stats(0, !p, &b), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, !p, -1, &b), 0);
 	ck_assert_msg(a.param_checksum == b.param_checksum, "shard 0: the backup's weights differ "
 		      "from the primary's (logs in %s)", logdir);
 	/* the backup serves: the weights must hold both pushes once */
 	kill(srv[p][0], SIGKILL);
 	tu_wait_child(srv[p][0]);
-	srv[p][0] = start_replica(0, p);
-	ck_assert_msg(wait_healthy(20) >= 0, "the pair did not form again (logs in %s)", logdir);
-	ck_assert_int_eq(primary_of(0), !p);
+	srv[p][0] = tu_start_replica(cfg_path, logdir, 0, p, 0);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pair did not form again (logs in %s)", logdir);
+	ck_assert_int_eq(tu_replica_primary(&cfg, 0), !p);
 	alloc_w(w);
 	pull_weights(w);
 	check_oracle(w, 1);
@@ -776,32 +693,6 @@ START_TEST(test_every_push_backup_joins_mid_clock)
 	stop_all();
 }
 END_TEST
-
-/* GET path from 127.0.0.1:port into body; the HTTP status or -1. */
-static int http_get(int port, const char *path, char *body, size_t n)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	char req[256];
-	size_t len = 0;
-	ssize_t r;
-	int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
-
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
-	if (write(fd, req, strlen(req)) == (ssize_t)strlen(req))
-		while (len + 1 < n && (r = read(fd, body + len, n - 1 - len)) > 0)
-			len += (size_t)r;
-	body[len] = 0;
-	close(fd);
-	if (sscanf(body, "HTTP/1.%*d %d", &status) != 1)
-		return -1;
-	return status;
-}
 
 static int log_has(int k, int r, const char *text)
 {
@@ -836,8 +727,8 @@ START_TEST(test_backup_killed_primary_alone)
 	write_config("async", "name: sgd\n  lr: 1", 500, 60000);
 	http_port = 0;
 	start_all();
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
-	int p = primary_of(0);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	int p = tu_replica_primary(&cfg, 0);
 	ck_assert_int_ge(p, 0);
 	pid_t wk[NWORKERS];
 	for (int r = 0; r < NWORKERS; r++)
@@ -850,7 +741,7 @@ START_TEST(test_backup_killed_primary_alone)
 	double t0 = ps_now_s();
 	int alone = 0;
 	while (!alone && ps_now_s() - t0 < 10 * tu_time_scale()) {
-		alone = replica_stats(0, p, &st) == 0 && st.repl_state == 3 && !st.repl_partner_up;
+		alone = tu_replica_stats(&cfg, 0, p, -1, &st) == 0 && st.repl_state == 3 && !st.repl_partner_up;
 		tu_sleep_ms(20);
 	}
 	ck_assert_msg(alone, "the primary does not say it is alone");
@@ -858,7 +749,7 @@ START_TEST(test_backup_killed_primary_alone)
 	struct ps_endpoint ep;
 	const char *why;
 	ck_assert_int_eq(ps_endpoint_parse(cfg.stats.http, &ep, &why), 0);
-	ck_assert_int_eq(http_get(ep.port + 0 + p * NSHARDS, "/metrics", body, sizeof(body)), 200);
+	ck_assert_int_eq(tu_http_get(ep.port + 0 + p * NSHARDS, "/metrics", body, sizeof(body)), 200);
 	ck_assert_msg(strstr(body, "ps_replica_partner_up 0") && strstr(body, "ps_replica_primary 1"),
 		      "%s", body);
 	int at = sh->clock[0];
@@ -866,14 +757,14 @@ START_TEST(test_backup_killed_primary_alone)
 	while (sh->clock[0] < at + 10 && ps_now_s() - t1 < 10 * tu_time_scale())
 		tu_sleep_ms(10);
 	ck_assert_msg(sh->clock[0] >= at + 10, "training stopped without the backup");
-	srv[!p][0] = start_replica(0, !p);
-	ck_assert_msg(wait_healthy(20) >= 0, "the restarted backup did not join");
-	ck_assert_int_eq(http_get(ep.port + 0 + p * NSHARDS, "/metrics", body, sizeof(body)), 200);
+	srv[!p][0] = tu_start_replica(cfg_path, logdir, 0, !p, 0);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the restarted backup did not join");
+	ck_assert_int_eq(tu_http_get(ep.port + 0 + p * NSHARDS, "/metrics", body, sizeof(body)), 200);
 	ck_assert_msg(strstr(body, "ps_replica_partner_up 1"), "%s", body);
 	for (int r = 0; r < NWORKERS; r++)
 		ck_assert_int_eq(tu_wait_child(wk[r]), 0);
-	ck_assert_int_eq(replica_stats(0, p, &a), 0);
-	ck_assert_int_eq(replica_stats(0, !p, &b), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, !p, -1, &b), 0);
 	ck_assert_int_eq(a.repl_state, 3);
 	ck_assert_uint_eq(a.param_checksum, b.param_checksum);
 	alloc_w(w);

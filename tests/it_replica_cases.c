@@ -33,6 +33,7 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_time.h"
+#include "test_replica.h"
 #include "test_util.h"
 
 #define NWORKERS 2
@@ -43,28 +44,6 @@ static struct ps_config cfg;
 static int ports[2];
 static pid_t srv[2];
 static char logdir[64];
-
-static pid_t start_replica(int replica)
-{
-	char r[16], log[128];
-	pid_t pid;
-
-	snprintf(r, sizeof(r), "%d", replica);
-	snprintf(log, sizeof(log), "%s/r%d.log", logdir, replica);
-	pid = fork();
-	if (pid == 0) {
-		/* a failed assertion ends the case's process: the shard's go with it */
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-		if (fd >= 0)
-			dup2(fd, 2);
-		execl("bin/ps-server", "ps-server", "--config", cfg_path, "--shard", "0",
-		      "--replica", r, "--log-level",
-		      getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "info", (char *)NULL);
-		_exit(127);
-	}
-	return pid;
-}
 
 /* A free port below the ephemeral range (a restarted process must not
  * find its port taken as the source port of the partner's dial). */
@@ -126,28 +105,6 @@ static void stop_all(void)
 	unlink(cfg_path);
 }
 
-/* Stats of replica r (a monitor connection of its own); 0 or negative. */
-static int replica_stats(int r, struct ps_shard_stats *out)
-{
-	struct ps_config *c = malloc(sizeof(*c));
-	struct ps_client *cl = NULL;
-	char err[512];
-	int rc;
-
-	memcpy(c, &cfg, sizeof(*c));
-	if (r)
-		memcpy(c->shards, c->backups, sizeof(c->shards));
-	c->limits.connect_timeout_ms = 500;
-	c->limits.request_timeout_ms = 1000;
-	rc = ps_client_init(&cl, c, -1, err, sizeof(err));
-	if (!rc) {
-		rc = ps_client_stats(cl, 0, out);
-		ps_client_free(cl);
-	}
-	free(c);
-	return rc;
-}
-
 /* Until one process is the primary with its backup holding the state:
  * which one, or -1 after limit_s. */
 static int wait_pair(double limit_s)
@@ -156,7 +113,7 @@ static int wait_pair(double limit_s)
 
 	while (ps_now_s() - t0 < limit_s * tu_time_scale()) {
 		struct ps_shard_stats a, b;
-		if (replica_stats(0, &a) == 0 && replica_stats(1, &b) == 0) {
+		if (tu_replica_stats(&cfg, 0, 0, -1, &a) == 0 && tu_replica_stats(&cfg, 0, 1, -1, &b) == 0) {
 			if (a.repl_state == 3 && a.repl_partner_up && b.repl_state == 2)
 				return 0;
 			if (b.repl_state == 3 && b.repl_partner_up && a.repl_state == 2)
@@ -176,7 +133,7 @@ static int log_count(int r, const char *text)
 	size_t n;
 	int count = 0;
 
-	snprintf(path, sizeof(path), "%s/r%d.log", logdir, r);
+	snprintf(path, sizeof(path), "%s/shard0-r%d.log", logdir, r);
 	f = fopen(path, "r");
 	if (!f)
 		return 0;
@@ -231,7 +188,7 @@ static struct ps_shard_stats wait_clocks(int r, uint64_t want)
 
 	memset(&st, 0, sizeof(st));
 	while (!ok && ps_now_s() - t0 < 10 * tu_time_scale()) {
-		ok = replica_stats(r, &st) == 0 && st.worker_clock[0] == want &&
+		ok = tu_replica_stats(&cfg, 0, r, -1, &st) == 0 && st.worker_clock[0] == want &&
 		     st.worker_clock[1] == want;
 		if (!ok)
 			tu_sleep_ms(20);
@@ -256,8 +213,8 @@ START_TEST(test_ack_waits_for_sum_across_failover)
 	int64_t id[NWORKERS];
 
 	write_config(0);
-	srv[0] = start_replica(0);
-	srv[1] = start_replica(1);
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	for (int r = 0; r < NWORKERS; r++)
@@ -279,7 +236,7 @@ START_TEST(test_ack_waits_for_sum_across_failover)
 	id[0] = push(c[0], 0, 3, g[0]);
 	ck_assert_int_ge(id[0], 0);
 	double t0 = ps_now_s();
-	while (!(replica_stats(p, &a) == 0 && a.pushes >= 7) && ps_now_s() - t0 < 10 * tu_time_scale())
+	while (!(tu_replica_stats(&cfg, 0, p, -1, &a) == 0 && a.pushes >= 7) && ps_now_s() - t0 < 10 * tu_time_scale())
 		tu_sleep_ms(10);
 	ck_assert_msg(a.pushes >= 7, "worker 0's push of clock 3 did not arrive (%llu pushes)",
 		      (unsigned long long)a.pushes);
@@ -322,20 +279,20 @@ START_TEST(test_backup_rejoin_keeps_primary)
 	struct ps_shard_stats a, a2;
 
 	write_config(0);
-	srv[0] = start_replica(0);
-	srv[1] = start_replica(1);
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
-	ck_assert_int_eq(replica_stats(p, &a), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
 	int lines = log_count(p, "now the primary");
 	ck_assert_int_eq(lines, 1);
 	for (int round = 0; round < 2; round++) {
 		kill(srv[!p], SIGKILL);
 		tu_wait_child(srv[!p]);
-		srv[!p] = start_replica(!p);
+		srv[!p] = tu_start_replica(cfg_path, logdir, 0, !p, 1);
 		ck_assert_msg(wait_pair(20) == p, "round %d: the restarted backup did not join "
 			      "(logs in %s)", round, logdir);
-		ck_assert_int_eq(replica_stats(p, &a2), 0);
+		ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a2), 0);
 		ck_assert_msg(a2.repl_epoch == a.repl_epoch, "round %d: the primary's epoch went "
 			      "from %llu to %llu when its backup rejoined", round,
 			      (unsigned long long)a.repl_epoch, (unsigned long long)a2.repl_epoch);
@@ -398,8 +355,8 @@ START_TEST(test_one_way_blocked_elects)
 			"packets of one direction");
 		return;
 	}
-	srv[0] = start_replica(0);
-	srv[1] = start_replica(1);
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
 	double t0 = ps_now_s(), took;
 	while (n == 0 && ps_now_s() - t0 < 5 * tu_time_scale()) {
 		n = log_count(0, "now the primary") + log_count(1, "now the primary");
@@ -437,8 +394,8 @@ START_TEST(test_primary_cut_one_way)
 	int ok = 0;
 
 	write_config(0);
-	srv[0] = start_replica(0);
-	srv[1] = start_replica(1);
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	if (nft_block(ports[p])) {
@@ -452,7 +409,7 @@ START_TEST(test_primary_cut_one_way)
 	double t0 = ps_now_s(), took;
 	memset(&st, 0, sizeof(st));
 	while (!ok && ps_now_s() - t0 < 6 * tu_time_scale()) {
-		ok = replica_stats(!p, &st) == 0 && st.repl_state == 3;
+		ok = tu_replica_stats(&cfg, 0, !p, -1, &st) == 0 && st.repl_state == 3;
 		if (!ok)
 			tu_sleep_ms(20);
 	}
@@ -472,32 +429,6 @@ START_TEST(test_primary_cut_one_way)
 	tu_rmtree(logdir);
 }
 END_TEST
-
-/* GET path from 127.0.0.1:port into body; the HTTP status or -1. */
-static int http_get(int port, const char *path, char *body, size_t n)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	char req[256];
-	size_t len = 0;
-	ssize_t r;
-	int fd = socket(AF_INET, SOCK_STREAM, 0), status = -1;
-
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		if (fd >= 0)
-			close(fd);
-		return -1;
-	}
-	snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path);
-	if (write(fd, req, strlen(req)) == (ssize_t)strlen(req))
-		while (len + 1 < n && (r = read(fd, body + len, n - 1 - len)) > 0)
-			len += (size_t)r;
-	body[len] = 0;
-	close(fd);
-	if (sscanf(body, "HTTP/1.%*d %d", &status) != 1)
-		return -1;
-	return status;
-}
 
 /* The value of metric name (a line "name value") in body, or -1. */
 static double metric(const char *body, const char *name)
@@ -527,11 +458,11 @@ START_TEST(test_replication_figures)
 	write_config(http);
 	ck_assert_msg(http != ports[0] && http != ports[1] && http + 1 != ports[0] &&
 		      http + 1 != ports[1], "port clash");
-	srv[0] = start_replica(0);
-	srv[1] = start_replica(1);
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
-	ck_assert_int_eq(replica_stats(p, &a), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
 	uint64_t lsn0 = a.repl_lsn;
 	/* the backup's log names the batch and epoch of the state it got */
 	char line[128];
@@ -564,7 +495,7 @@ START_TEST(test_replication_figures)
 	snprintf(want, sizeof(want), ":%d", ports[!p]);
 	ck_assert_msg(strstr(a.repl_partner, want), "the primary's partner is %s", a.repl_partner);
 	/* shard k replica r serves /metrics on port + k + r * shards (one here) */
-	ck_assert_int_eq(http_get(http + p, "/metrics", body, sizeof(body)), 200);
+	ck_assert_int_eq(tu_http_get(http + p, "/metrics", body, sizeof(body)), 200);
 	ck_assert_msg(metric(body, "ps_replica_primary") == 1 &&
 		      metric(body, "ps_replica_partner_up") == 1, "%s", body);
 	for (int r = 0; r < NWORKERS; r++)

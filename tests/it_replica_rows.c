@@ -41,6 +41,7 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_time.h"
+#include "test_replica.h"
 #include "test_util.h"
 
 #define NSHARDS 2
@@ -97,27 +98,6 @@ static int pace_ms(void)
 	const char *e = getenv("PS_TEST_REPL_PACE_MS");
 
 	return e && *e ? atoi(e) : 20;
-}
-
-static pid_t start_replica(int shard, int replica)
-{
-	char s[16], r[16], log[128];
-	pid_t pid;
-
-	snprintf(s, sizeof(s), "%d", shard);
-	snprintf(r, sizeof(r), "%d", replica);
-	snprintf(log, sizeof(log), "%s/shard%d-r%d.log", logdir, shard, replica);
-	pid = fork();
-	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-		if (fd >= 0)
-			dup2(fd, 2);
-		execl("bin/ps-server", "ps-server", "--config", cfg_path, "--shard", s, "--replica",
-		      r, "--log-level", getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "info",
-		      (char *)NULL);
-		_exit(127);
-	}
-	return pid;
 }
 
 /* A free port below the kernel's ephemeral range: a restarted process must
@@ -191,7 +171,7 @@ static void start_all(void)
 {
 	for (int k = 0; k < NSHARDS; k++)
 		for (int r = 0; r < 2; r++)
-			srv[r][k] = start_replica(k, r);
+			srv[r][k] = tu_start_replica(cfg_path, logdir, k, r, 0);
 }
 
 /* Stops every process with SIGTERM: each must exit 0. */
@@ -206,68 +186,6 @@ static void stop_all(void)
 				srv[r][k] = 0;
 			}
 	unlink(cfg_path);
-}
-
-/* Stats of replica r of shard k (a monitor connection of its own), with
- * write: after writing its checkpoint. 0 or negative. */
-static int replica_stats_w(int k, int r, int write, struct ps_shard_stats *out)
-{
-	struct ps_config *c = malloc(sizeof(*c));
-	struct ps_client *cl = NULL;
-	char err[512];
-	int rc;
-
-	memcpy(c, &cfg, sizeof(*c));
-	if (r)
-		memcpy(c->shards, c->backups, sizeof(c->shards));
-	c->limits.connect_timeout_ms = 500;
-	c->limits.request_timeout_ms = write ? 20000 : 1000;
-	rc = ps_client_init(&cl, c, -1, err, sizeof(err));
-	if (!rc) {
-		rc = ps_client_checkpoint(cl, k, write, out);
-		ps_client_free(cl);
-	}
-	free(c);
-	return rc;
-}
-
-static int replica_stats(int k, int r, struct ps_shard_stats *out)
-{
-	return replica_stats_w(k, r, 0, out);
-}
-
-/* Waits until every shard has a primary whose backup has the state;
- * returns the seconds it took, or -1 after limit_s. */
-static double wait_healthy(double limit_s)
-{
-	double t0 = ps_now_s();
-
-	limit_s *= tu_time_scale();
-	while (ps_now_s() - t0 < limit_s) {
-		int ok = 0;
-		for (int k = 0; k < NSHARDS; k++) {
-			struct ps_shard_stats a, b;
-			if (replica_stats(k, 0, &a) || replica_stats(k, 1, &b))
-				break;
-			ok += (a.repl_state == 3 && a.repl_partner_up && b.repl_state == 2) ||
-			      (b.repl_state == 3 && b.repl_partner_up && a.repl_state == 2);
-		}
-		if (ok == NSHARDS)
-			return ps_now_s() - t0;
-		tu_sleep_ms(50);
-	}
-	return -1;
-}
-
-/* Which replica of shard k serves now (-1: none answers as primary). */
-static int primary_of(int k)
-{
-	for (int r = 0; r < 2; r++) {
-		struct ps_shard_stats st;
-		if (replica_stats(k, r, &st) == 0 && st.repl_state == 3)
-			return r;
-	}
-	return -1;
 }
 
 /* ---- the workload and its oracle ---- */
@@ -596,12 +514,6 @@ static void partition(int port, int on)
 	nft(cmd);
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
 static uint64_t rnd(uint64_t *x)
 {
 	*x ^= *x >> 12;
@@ -646,9 +558,9 @@ static int run_with_faults(int nc, double *ft, int *nft_out)
 		double t1 = ps_now_s(), pause = (1200 + (int)(rnd(&seed) % 800)) / 1000.0;
 		while (!all_done() && ps_now_s() - t1 < pause)
 			tu_sleep_ms(10);
-		if (all_done() || wait_healthy(30) < 0)
+		if (all_done() || tu_replicas_healthy(&cfg, NSHARDS, 30) < 0)
 			break;
-		int k = (int)(rnd(&seed) % NSHARDS), p = primary_of(k);
+		int k = (int)(rnd(&seed) % NSHARDS), p = tu_replica_primary(&cfg, k);
 		if (p < 0)
 			continue;
 		int part = !parted && n == 1 && partition_possible();
@@ -669,7 +581,7 @@ static int run_with_faults(int nc, double *ft, int *nft_out)
 			kill(srv[victim][k], SIGKILL);
 			tu_wait_child(srv[victim][k]);
 			tu_sleep_ms(200 + (int)(rnd(&seed) % 500));
-			srv[victim][k] = start_replica(k, victim);
+			srv[victim][k] = tu_start_replica(cfg_path, logdir, k, victim, 0);
 		}
 		n++;
 		if (victim == p) {
@@ -700,7 +612,7 @@ static void report_failovers(const char *what, double *ft, int n)
 		fprintf(stderr, "it_replica_rows: %s: no primary failed\n", what);
 		return;
 	}
-	qsort(ft, (size_t)n, sizeof(*ft), cmp_d);
+	qsort(ft, (size_t)n, sizeof(*ft), tu_cmp_double);
 	fprintf(stderr, "it_replica_rows: %s: %d primary failures, failover (fault to every "
 		"worker's next ack) median %.2f s, max %.2f s (replication.timeout_ms %d)\n", what,
 		n, ft[n / 2], ft[n - 1], cfg.repl_timeout_ms);
@@ -736,8 +648,8 @@ static void check_pairs_equal(int need_rows)
 		double t0 = ps_now_s();
 		int same = 0;
 		while (!same && ps_now_s() - t0 < 10 * tu_time_scale()) {
-			ck_assert_int_eq(replica_stats(k, 0, &a), 0);
-			ck_assert_int_eq(replica_stats(k, 1, &b), 0);
+			ck_assert_int_eq(tu_replica_stats(&cfg, k, 0, 0, &a), 0);
+			ck_assert_int_eq(tu_replica_stats(&cfg, k, 1, 0, &b), 0);
 			same = pair_same(&a, &b);
 			if (!same)
 				tu_sleep_ms(50);
@@ -827,7 +739,7 @@ static void faults_case(const char *mode)
 	sh = shared_new();
 	write_config(mode, 0, 500);
 	start_all();
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
 	double t0 = ps_now_s();
 	int n = run_with_faults(nc, ft, &nf);
 	fprintf(stderr, "it_replica_rows: %s: %d clocks, %d faults in %.1f s\n", mode, nc, n,
@@ -835,7 +747,7 @@ static void faults_case(const char *mode)
 	ck_assert_int_ge(n, 1);
 	ck_assert_int_ge(nf, 1);
 	report_failovers(mode, ft, nf);
-	ck_assert_msg(wait_healthy(30) >= 0, "the pairs did not form again (logs in %s)", logdir);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 30) >= 0, "the pairs did not form again (logs in %s)", logdir);
 	check_final(nc);
 	check_pairs_equal(1);
 	stop_all();
@@ -876,7 +788,7 @@ START_TEST(test_rows_ack_waits_for_backup)
 	sh = shared_new();
 	write_config("async", 0, 5000);
 	start_all();
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
 	ck_assert_int_eq(ps_client_init(&c, &cfg, 0, err, sizeof(err)), 0);
 	for (int j = 0; j < K; j++) {
 		ids[j] = row_id(0, 0, 0, j);
@@ -884,7 +796,7 @@ START_TEST(test_rows_ack_waits_for_backup)
 			g[j * DE + d] = row_grad(0, 0, 0, j, d);
 	}
 	for (int k = 0; k < NSHARDS; k++) {
-		b[k] = 1 - primary_of(k);
+		b[k] = 1 - tu_replica_primary(&cfg, k);
 		ck_assert_int_le(b[k], 1);
 		kill(srv[b[k]][k], SIGSTOP);
 	}
@@ -902,7 +814,7 @@ START_TEST(test_rows_ack_waits_for_backup)
 	ps_client_free(c);
 	for (int k = 0; k < NSHARDS; k++) {
 		struct ps_shard_stats st;
-		ck_assert_int_eq(replica_stats(k, 1 - b[k], &st), 0);
+		ck_assert_int_eq(tu_replica_stats(&cfg, k, 1 - b[k], 0, &st), 0);
 		ck_assert_uint_eq(st.repl_failovers, 0);
 	}
 	check_pairs_equal(0);
@@ -934,7 +846,7 @@ static void checkpoint_is(int k, int r, int delta, struct ps_shard_stats *st)
 	char want[64];
 	const char *base;
 
-	ck_assert_int_eq(replica_stats_w(k, r, 1, st), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, k, r, 1, st), 0);
 	ck_assert_msg(st->checkpoint_status == 0, "shard %d replica %d: checkpoint failed: %s", k, r,
 		      st->checkpoint_error);
 	base = strrchr(st->checkpoint_path, '/');
@@ -961,7 +873,7 @@ START_TEST(test_rows_takeover_mid_checkpoint_chain)
 	 * its next checkpoint a full one) */
 	write_config("sync", 1, 2000);
 	start_all();
-	ck_assert_msg(wait_healthy(20) >= 0, "the pairs did not form (logs in %s)", logdir);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs in %s)", logdir);
 	for (int r = 0; r < NWORKERS; r++)
 		w[r] = start_worker(r, nc);
 	/* the chain: full, then delta-1, on both processes of both shards */
@@ -974,7 +886,7 @@ START_TEST(test_rows_takeover_mid_checkpoint_chain)
 	}
 	/* the primary of shard 0 killed at clock 90; the backup serves alone */
 	wait_paused(90);
-	p = primary_of(0);
+	p = tu_replica_primary(&cfg, 0);
 	ck_assert_int_ge(p, 0);
 	q = 1 - p;
 	kill(srv[p][0], SIGKILL);
@@ -982,22 +894,22 @@ START_TEST(test_rows_takeover_mid_checkpoint_chain)
 	srv[p][0] = 0;
 	sh->resume = 3;
 	double t0 = ps_now_s();
-	while (primary_of(0) != q && ps_now_s() - t0 < 10 * tu_time_scale())
+	while (tu_replica_primary(&cfg, 0) != q && ps_now_s() - t0 < 10 * tu_time_scale())
 		tu_sleep_ms(20);
-	ck_assert_int_eq(primary_of(0), q);
+	ck_assert_int_eq(tu_replica_primary(&cfg, 0), q);
 	wait_workers(w);
 	/* the new primary's next checkpoint continues its chain, taken over
 	 * in its middle: delta-2 */
 	checkpoint_is(0, q, 2, &st);
-	ck_assert_int_eq(replica_stats(0, q, &st), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, q, 0, &st), 0);
 	ck_assert_int_eq(st.ntables, NT);
 	for (int t = 0; t < 3; t++)
 		ck_assert_uint_eq(st.tables[t].version, (uint64_t)nc);
 	/* its partner back: it joins the new primary, gets the tables whole
 	 * (equal checksums) and its next checkpoint is a full one */
-	srv[p][0] = start_replica(0, p);
-	ck_assert_msg(wait_healthy(30) >= 0, "the pair did not form again (logs in %s)", logdir);
-	ck_assert_int_eq(primary_of(0), q);
+	srv[p][0] = tu_start_replica(cfg_path, logdir, 0, p, 0);
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 30) >= 0, "the pair did not form again (logs in %s)", logdir);
+	ck_assert_int_eq(tu_replica_primary(&cfg, 0), q);
 	check_pairs_equal(1);
 	checkpoint_is(0, p, 0, &after);
 	/* both killed; the new primary restarted from its chain (full,
@@ -1008,11 +920,11 @@ START_TEST(test_rows_takeover_mid_checkpoint_chain)
 		tu_wait_child(srv[r][0]);
 		srv[r][0] = 0;
 	}
-	srv[q][0] = start_replica(0, q);
+	srv[q][0] = tu_start_replica(cfg_path, logdir, 0, q, 0);
 	t0 = ps_now_s();
-	while (replica_stats(0, q, &after) && ps_now_s() - t0 < 10 * tu_time_scale())
+	while (tu_replica_stats(&cfg, 0, q, 0, &after) && ps_now_s() - t0 < 10 * tu_time_scale())
 		tu_sleep_ms(50);
-	ck_assert_int_eq(replica_stats(0, q, &after), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, q, 0, &after), 0);
 	ck_assert_int_eq(after.ntables, NT);
 	/* e, f, g (h's rows expire meanwhile: ttl 1 s) */
 	ck_assert_uint_eq(after.param_checksum, st.param_checksum);
