@@ -96,6 +96,12 @@ UNIT_BINS := $(patsubst tests/%.c,$(OBJ)/tests/%,$(UNIT_SRCS))
 IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 IT_SH     := $(wildcard tests/it_*.sh)
+# Tests that spend their run waiting (paced clocks, drop and failover
+# timeouts: a few percent of a CPU, measured with /usr/bin/time): `make test`
+# runs them in a second lane beside the others (run-tests.sh --beside).
+IT_BESIDE := it_replica,it_replica_rows,it_cluster,it_stat
+# Parallel jobs of `make test`'s and `make demo`'s build step.
+JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
 PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen bin/ps-export $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_ref.c)),bin/ps-worker)
 
@@ -190,9 +196,9 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(CTR_OBJS) $(LIB_OBJ
 # Tests: install what is missing, build, run every unit test then every
 # integration test; the run fails if any of them fails.
 test: deps
-	@$(MAKE) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
-		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec
-	@scripts/run-tests.sh $(UNIT_BINS) $(IT_BINS) $(IT_SH)
+	@$(MAKE) -j$(JOBS) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
+		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec $(FUZZ_BINS)
+	@scripts/run-tests.sh --beside $(IT_BESIDE) $(UNIT_BINS) $(IT_BINS) $(IT_SH)
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory test-rdma RDMA_TEST_ONLY=1
@@ -237,12 +243,14 @@ test-python: deps
 RDMA_BINS := $(OBJ)/tests/check_rdma $(OBJ)/tests/check_transport $(OBJ)/tests/it_cluster \
 	     $(OBJ)/tests/it_checkpoint
 # RDMA_TEST_ONLY=1 (what `make test` sets): the tests alone, without the
-# perftest smoke pair and the figures step, which measure rather than test.
+# perftest smoke pair and the figures step, which measure rather than test,
+# and a training step of 1024 images (its accuracy bar is still far above
+# chance; the default 2048 is for `make test-rdma`).
 test-rdma: deps
 	@$(MAKE) --no-print-directory all $(RDMA_BINS)
 	@tests/rdma-vm.sh $(if $(filter 0,$(shell id -u)),--install-deps) \
 	  $(if $(RDMA_TEST_ONLY),--no-perftest) -- \
-	  tests/rdma-suite.sh $(if $(RDMA_TEST_ONLY),--no-figures) $(OBJ); \
+	  tests/rdma-suite.sh $(if $(RDMA_TEST_ONLY),--no-figures --images 1024) $(OBJ); \
 	  rc=$$?; [ $$rc -eq 77 ] && echo "test-rdma: SKIP (reason above)" && rc=0; exit $$rc
 
 demo-rdma: deps
@@ -270,7 +278,7 @@ bench: deps
 		$(OBJ)/tests/bench_codec
 
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) -j$(JOBS) --no-print-directory all
 	@scripts/demo.sh
 
 # The first minutes on a lent GPU machine (docs/gpu.md): no deps, it has no

@@ -7,9 +7,13 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 secs=$1; shift
-status=0
+# FUZZ_JOBS targets at a time (default: the CPUs), their lines in order
+jobs=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
 mkdir -p build/fuzz/crashes
-for f in "$@"; do
+
+# one target: its line (and a crash's report) into build/fuzz/NAME.out
+fuzz_one() {
+  local f=$1 name corpus log runs cov
   name=$(basename "$f")
   corpus=build/fuzz/corpus/$name
   mkdir -p "$corpus"
@@ -22,9 +26,25 @@ for f in "$@"; do
     printf 'PASS  %-22s %4ss  %s, %s, corpus %s inputs\n' "$name" "$secs" "${runs:-?}" "${cov:-?}" \
       "$(ls "$corpus" | wc -l)"
   else
-    status=1
     printf 'FAIL  %-22s found a crash; input in build/fuzz/crashes/, log %s\n' "$name" "$log"
     grep -m1 -A25 'ERROR\|runtime error\|deadly signal' "$log" | sed 's/^/      | /'
+    return 1
   fi
+}
+
+for f in "$@"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do
+    wait -n
+  done
+  out=build/fuzz/$(basename "$f")
+  { fuzz_one "$f" >"$out.out"; echo $? >"$out.rc"; } &
+done
+wait
+status=0
+for f in "$@"; do
+  out=build/fuzz/$(basename "$f")
+  cat "$out.out"
+  [ "$(cat "$out.rc" 2>/dev/null)" = 0 ] || status=1
+  rm -f "$out.out" "$out.rc"
 done
 exit $status

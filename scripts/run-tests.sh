@@ -14,9 +14,20 @@
 # can only PASS or FAIL, unless it exits 77: then it is SKIP, with its
 # first "SKIP" line as the reason (what cannot run on this machine). The
 # first "SKIP" lines are listed under a PASS line.
+#
+#   run-tests.sh [--beside NAME,...] TEST...
+#
+# --beside: the tests so named (basenames) run in a second lane, one after
+# another, beside the others: for tests that spend their time waiting on
+# paced clocks and timeouts (a few percent of a CPU), so that `make test`
+# does not wait for them in turn. Their lines are printed when each ends.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-pass=0 fail=0 skipped=0 skipcases=0 failed=()
+beside=,
+if [ "${1:-}" = --beside ]; then
+  beside=,$2,
+  shift 2
+fi
 logdir=$(mktemp -d /tmp/ps-tests.XXXXXX)
 # Authentication is on by default: every test process and the shards it
 # starts share one fresh secret (tests that need another make their own).
@@ -32,7 +43,10 @@ fi
 # The CUDA plug-in of this tree (lib/ps-compute-cuda.so, where it was built):
 # test programs live under build/, not beside lib/ as bin/ps-worker does.
 export PS_COMPUTE_PLUGIN_DIR=${PS_COMPUTE_PLUGIN_DIR:-$PWD/lib}
-for t in "$@"; do
+# run_one TEST: runs it, prints its line (and a failure's log), and
+# appends "STATUS NAME SKIPPED-CASES" to $logdir/results.
+run_one() {
+  local t=$1 name start rc secs log skiplines counts ncases nskip reason summary more asan
   name=$(basename "$t")
   start=$EPOCHREALTIME
   # CUDA's driver maps memory where ASan keeps its shadow gap: a sanitizer
@@ -54,18 +68,16 @@ for t in "$@"; do
     nskip=$(printf '%s' "$skiplines" | grep -c '^SKIP' || true)
   fi
   if [ $rc -eq 77 ] && [ -z "$counts" ]; then # a whole script skipped, with its reason
-    skipped=$((skipped + 1))
+    echo "skip $name 0" >>"$logdir/results"
     reason=$(printf '%s\n' "$skiplines" | head -1 | sed 's/^SKIP:* *//')
     printf 'SKIP  %-22s %6ss  %s\n' "$name" "$secs" "${reason:-exit status 77, no reason printed}"
   elif [ $rc -eq 0 ] && [ "$ncases" -gt 0 ] && [ "$nskip" -ge "$ncases" ]; then
-    skipped=$((skipped + 1))
-    skipcases=$((skipcases + nskip))
+    echo "skip $name $nskip" >>"$logdir/results"
     reason=$(printf '%s\n' "$skiplines" | head -1 | sed 's/^SKIP:* *//')
     printf 'SKIP  %-22s %6ss  %d of %d cases skipped: %s\n' "$name" "$secs" "$nskip" \
       "$ncases" "$reason"
   elif [ $rc -eq 0 ]; then
-    pass=$((pass + 1))
-    skipcases=$((skipcases + nskip))
+    echo "pass $name $nskip" >>"$logdir/results"
     summary=$(grep -hE '^[0-9]+%: Checks' "$log" | tail -1)
     if [ "$nskip" -gt 0 ] && [ "$ncases" -ge 0 ]; then
       summary="$summary ($nskip of $ncases cases skipped)"
@@ -79,11 +91,37 @@ for t in "$@"; do
       [ $more -gt 0 ] && echo "      ... and $more more SKIP lines in $log"
     fi
   else
-    fail=$((fail + 1))
-    failed+=("$name")
+    echo "fail $name 0" >>"$logdir/results"
     printf 'FAIL  %-22s %6ss  (exit %d)\n' "$name" "$secs" "$rc"
     sed 's/^/      | /' "$log" | tail -60
   fi
+}
+
+: >"$logdir/results"
+side=()
+main=()
+for t in "$@"; do
+  case $beside in
+    *,"$(basename "$t")",*) side+=("$t") ;;
+    *) main+=("$t") ;;
+  esac
 done
+side_pid=
+if [ ${#side[@]} -gt 0 ]; then
+  # each line is printed whole (one printf, or the failing log after it)
+  ( for t in "${side[@]}"; do
+      run_one "$t" >"$logdir/beside.out" 2>&1
+      cat "$logdir/beside.out"
+    done ) &
+  side_pid=$!
+fi
+for t in "${main[@]}"; do
+  run_one "$t"
+done
+[ -n "$side_pid" ] && wait "$side_pid"
+read -r pass skipped fail skipcases <<<"$(awk '
+  { n[$1]++; c += $3 } END { printf "%d %d %d %d", n["pass"], n["skip"], n["fail"], c }' \
+  "$logdir/results")"
+failed=$(awk '$1 == "fail" { printf "%s%s", sep, $2; sep = " " }' "$logdir/results")
 echo "tests: $pass passed, $skipped skipped, $fail failed, $skipcases skipped cases (logs in $logdir)"
-[ $fail -eq 0 ] || { echo "failed: ${failed[*]}"; exit 1; }
+[ "$fail" -eq 0 ] || { echo "failed: $failed"; exit 1; }

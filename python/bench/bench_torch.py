@@ -6,7 +6,7 @@
 
 (`make bench-pytorch` runs it; BENCHMARKS.md records the figures.) Three
 runs of the Fashion-MNIST cnn, batch 64 per worker, SGD momentum 0.9 lr 0.01,
-one torch/oneDNN thread per worker, on this machine:
+one torch/oneDNN/OpenBLAS thread per worker, on this machine:
 
   ddp   torch DistributedDataParallel, gloo, 2 processes (ddp_cnn.py)
   ps    2 shards + 2 Python workers (examples/cnn_fashion_mnist.py under
@@ -128,6 +128,12 @@ def main():
     ap.add_argument("--test-limit", type=int, default=0)
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
+    # One thread per worker for every run, BLAS included: torch.set_num_threads
+    # does not reach Debian's torch's OpenBLAS (BLAS_INFO=generic), which would
+    # otherwise run the Linear layers on two threads in each of two processes
+    # on two cores.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="bench-torch.") as tmp:
         res = {}
         be = "nccl" if args.device == "cuda" else "gloo"
