@@ -1271,7 +1271,7 @@ START_TEST(test_checkpoint_health)
 	srv[0] = tu_start_server(path, 0);
 	srv[1] = tu_start_server(path, 1);
 	struct ps_client *c = connect_retry(0);
-	/* a periodic checkpoint is written: its age stays under the period */
+	/* a periodic checkpoint is written: its age stays near the period */
 	double t0 = ps_now_s();
 	do {
 		ck_assert_int_eq(ps_client_stats(c, 0, &st), 0);
@@ -1279,7 +1279,10 @@ START_TEST(test_checkpoint_health)
 		ck_assert_msg(ps_now_s() - t0 < 10 * tu_time_scale(), "no checkpoint written");
 		tu_sleep_ms(100);
 	} while (st.uptime_s < 1.5);
-	ck_assert_msg(st.checkpoint_age_s < 1.5 && st.checkpoint_failures == 0,
+	/* under twice the period, where ps-stat calls it stale: the period
+	 * plus one write, which a loaded machine (make test's second lane)
+	 * can stretch past half a second */
+	ck_assert_msg(st.checkpoint_age_s < 2.0 && st.checkpoint_failures == 0,
 		      "age %.2f s, %" PRIu64 " failures", st.checkpoint_age_s,
 		      st.checkpoint_failures);
 	ck_assert_uint_eq(st.checkpoint_every_s, 1);
