@@ -636,6 +636,7 @@ void ps__repl_free(struct ps_server *s)
 	free(r->b.marks);
 	free(r->b.rows);
 	free(r->b.rpayload);
+	ps__repl_decl_clear(&r->b);
 	free(r->snap_tables);
 	free(r->hello);
 	free(r->cfinished);

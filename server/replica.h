@@ -29,7 +29,8 @@
  * rule and why no acknowledged push is lost.
  *
  * Embedding tables (replica_rows.c) follow the same path: row updates
- * and expiries in the batches, the tables whole in the snapshot.
+ * and expiries in the batches, the tables whole in the snapshot; so do
+ * the tensors and tables workers declare at run time (replica_decl.c).
  *
  * Everything runs on the shard's loop thread.
  */
@@ -72,6 +73,16 @@ struct ps_repl_batch {
 	size_t nrows, rcap;
 	uint8_t *rpayload;
 	size_t rplen, rpcap;
+	/* declarations adopted since the last batch (replica_decl.c): copies
+	 * of the workers' messages, the tensors' initial values, and the new
+	 * tables' clocks (seconds since their epochs) and versions */
+	Ps__Declare *decl;
+	uint8_t *decl_values;
+	size_t decl_len;
+	Ps__DeclareTables *decl_tables;
+	double *decl_clocks;
+	uint64_t *decl_versions;
+	size_t ndecl;
 };
 
 struct ps_repl {
@@ -191,6 +202,21 @@ int ps__repl_send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSn
 int ps__repl_tables_part(struct ps_server *s, const Ps__ReplSnapshot *m,
 			 const struct ps_frame *f);
 int ps__repl_tables_restore(struct ps_server *s, const double *clocks);
+/* replica_decl.c: declarations. The primary notes a worker's Declare it
+ * adopted (values: the payload, len bytes) or DeclareTables (the tables
+ * now last in s->rows) for the batch being gathered; the batch's copies
+ * are put into m (the values at offset in its payload) and freed. The
+ * backup applies a batch's declarations (before the rest of it). The state
+ * transfer's first frame (nothing sent without declarations) and its
+ * application. 0 or a negative code. */
+void ps__repl_note_declare(struct ps_server *s, const Ps__Declare *m, const void *values,
+			   uint64_t len);
+void ps__repl_note_declare_tables(struct ps_server *s, const Ps__DeclareTables *m);
+void ps__repl_decl_fill(struct ps_repl_batch *b, Ps__ReplBatch *m, uint64_t offset);
+void ps__repl_decl_clear(struct ps_repl_batch *b);
+int ps__repl_decl_apply(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f);
+int ps__repl_send_decl(struct ps_server *s, struct ps_srv_conn *sc, uint64_t lsn, uint64_t epoch);
+int ps__repl_snapshot_decl(struct ps_server *s, const Ps__ReplSnapshot *m);
 /* Backup, every_push: forgets the kept gradients of sl below clock `below`
  * (all of them with sl NULL). */
 void ps__repl_staged_free(struct ps_server *s, const struct ps_slot *sl, uint64_t below);

@@ -26,6 +26,7 @@
 #include "ps_time.h"
 #include "finite.h"
 #include "msg.h"
+#include "optim_group.h"
 #include "ps_err.h"
 #include "ps_log.h"
 #include "replica.h"
@@ -73,7 +74,7 @@ int ps__repl_grow(void **p, size_t *cap, size_t need, size_t elem)
  * optimizer took (g, or NULL for a version passed over); with rank >= 0 a
  * worker's gradient for clock (every_push), kept by the backup. */
 static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int rank,
-		 uint64_t clock)
+		 uint64_t clock, const struct ps_optim_cfg *oc)
 {
 	struct ps_repl *r = s->repl;
 	struct ps_repl_batch *b = &r->b;
@@ -104,6 +105,11 @@ static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int ra
 	x.steps = sl->steps;
 	x.staged = rank >= 0;
 	x.rank = rank;
+	if (oc && oc->lr != sl->ocfg->lr) {
+		/* the push gave the slot's group this rate (Push.group_lr) */
+		x.has_lr = 1;
+		x.lr = oc->lr;
+	}
 	if (g) {
 		x.has_grad = 1;
 		x.offset = b->plen;
@@ -114,19 +120,20 @@ static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int ra
 	b->slots[b->nslots++] = x;
 }
 
-static void on_apply(void *arg, struct ps_slot *sl, const float *g)
+static void on_apply(void *arg, struct ps_slot *sl, const float *g,
+		     const struct ps_optim_cfg *oc)
 {
-	note(arg, sl, g, -1, 0);
+	note(arg, sl, g, -1, 0, oc);
 }
 
 static void on_version(void *arg, struct ps_slot *sl)
 {
-	note(arg, sl, NULL, -1, 0);
+	note(arg, sl, NULL, -1, 0, NULL);
 }
 
 static void on_offer(void *arg, struct ps_slot *sl, int rank, uint64_t clock, const float *g)
 {
-	note(arg, sl, g, rank, clock);
+	note(arg, sl, g, rank, clock, NULL);
 }
 
 void ps__repl_log_init_hooks(struct ps_server *s)
@@ -200,7 +207,7 @@ static const float *staged_sum(struct ps_server *s, struct ps_slot *sl, uint64_t
 						acc[i] += x->g[i];
 				break;
 			}
-	if (have > 1 && s->cfg->optim.average) {
+	if (have > 1 && sl->ocfg->average) {
 		/* optimizer.average: the mean, as the primary's store took it */
 		const float k = (float)have;
 		for (size_t i = 0; i < n; i++)
@@ -220,13 +227,15 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 	Ps__ReplSlot **sp = NULL;
 	Ps__ReplMark **mp = NULL;
 	Ps__ReplRows **rp = NULL;
-	struct ps_iov iov[2];
+	struct ps_iov iov[3];
 	int niov = 0;
 
 	if (b->plen)
 		iov[niov++] = (struct ps_iov){ b->payload, b->plen };
 	if (b->rplen)
 		iov[niov++] = (struct ps_iov){ b->rpayload, b->rplen };
+	if (b->decl && b->decl_len)
+		iov[niov++] = (struct ps_iov){ b->decl_values, b->decl_len };
 	r->lsn++;
 	if (r->link) {
 		sp = malloc(sizeof(*sp) * (b->nslots + 1));
@@ -256,6 +265,7 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 		m.slots = sp;
 		m.n_marks = b->nmarks;
 		m.marks = mp;
+		ps__repl_decl_fill(b, &m, b->plen + b->rplen);
 		if (with_state) {
 			m.n_finished = (size_t)s->cfg->nworkers;
 			m.finished = r->cfinished;
@@ -273,6 +283,7 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 	b->nmarks = 0;
 	b->nrows = 0;
 	b->rplen = 0;
+	ps__repl_decl_clear(b);
 }
 
 /* ---- pending acks ---- */
@@ -402,7 +413,7 @@ void ps__repl_flush(struct ps_server *s)
 			}
 			commits++;
 		}
-	if (r->b.nslots || r->b.nmarks || r->b.nrows || commits)
+	if (r->b.nslots || r->b.nmarks || r->b.nrows || r->b.decl || r->b.decl_tables || commits)
 		ps__repl_send_batch(s, 1);
 	ps__repl_release(s);
 }
@@ -444,6 +455,7 @@ void ps__repl_drop_pending(struct ps_server *s)
 	r->pending_tail = &r->pending;
 	r->b.nslots = r->b.plen = r->b.nmarks = 0;
 	r->b.nrows = r->b.rplen = 0;
+	ps__repl_decl_clear(&r->b);
 }
 
 void ps__repl_adopt_committed(struct ps_server *s)
@@ -476,7 +488,7 @@ static void resend_kept(void *arg, struct ps_slot *sl, int rank, uint64_t clock,
 {
 	struct kept *k = arg;
 
-	note(k->s, sl, g, rank, clock);
+	note(k->s, sl, g, rank, clock, NULL);
 	k->n++;
 	k->bytes += (uint64_t)sl->slice->count * sizeof(float);
 }
@@ -484,7 +496,6 @@ static void resend_kept(void *arg, struct ps_slot *sl, int rank, uint64_t clock,
 int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	struct ps_repl *r = s->repl;
-	const struct ps_optimizer_ops *opt = s->store.opt;
 	Ps__ReplSnapshot m = PS__REPL_SNAPSHOT__INIT;
 	struct kept kept = { s, 0, 0 };
 	uint64_t bytes = 0;
@@ -493,10 +504,14 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	ps__repl_flush(s); /* the store now stands at batch r->lsn */
 	m.lsn = r->lsn;
 	m.epoch = r->epoch;
+	/* the declared tensors and tables first: the frames below need them */
+	rc = ps__repl_send_decl(s, sc, r->lsn, r->epoch);
+	if (rc)
+		return rc;
 	for (int k = 0; k < s->store.nslots; k++) {
 		const struct ps_slot *sl = &s->store.slots[k];
 
-		for (int j = 0; j <= opt->nstate; j++) {
+		for (int j = 0; j <= sl->opt->nstate; j++) {
 			struct ps_iov iov = { j ? sl->state[j - 1] : sl->w,
 					      (size_t)sl->slice->count * sizeof(float) };
 			m.slice = sl->slice->id;
@@ -567,6 +582,8 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			m->lsn, m->epoch, m->version, m->steps);
 		return PS_EPROTO;
 	}
+	if (m->declare || m->declare_tables)
+		return ps__repl_snapshot_decl(s, m);
 	if (m->tables)
 		return ps__repl_tables_part(s, m, f);
 	if (m->last) {
@@ -606,7 +623,7 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 		return 0;
 	}
 	struct ps_slot *sl = ps_store_slot(&s->store, m->slice);
-	if (!sl || m->which > (uint32_t)s->store.opt->nstate ||
+	if (!sl || m->which > (uint32_t)sl->opt->nstate ||
 	    f->hdr.payload_len != (uint64_t)sl->slice->count * sizeof(float)) {
 		ps_warn("replication: snapshot frame for slice %u array %u (%" PRIu64 " bytes) does "
 			"not match this shard", m->slice, m->which, f->hdr.payload_len);
@@ -626,10 +643,12 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f)
 {
 	struct ps_repl *r = s->repl;
-	const struct ps_optimizer_ops *opt = s->store.opt;
 	size_t nw = (size_t)s->cfg->nworkers;
 
-	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks && !m->n_rows)
+	char why[200];
+
+	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks && !m->n_rows && !m->declare &&
+	    !m->declare_tables)
 		return 0; /* a heartbeat */
 	if (m->lsn != r->lsn + 1) {
 		ps_warn("replication: batch %" PRIu64 " after batch %" PRIu64 ": a gap", m->lsn,
@@ -643,11 +662,22 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 			"2^53 - 1)", m->lsn, m->epoch);
 		return PS_EPROTO;
 	}
+	if (m->declare || m->declare_tables) {
+		/* first: the slices and tables of the rest may be declared here */
+		int rc = ps__repl_decl_apply(s, m, f);
+		if (rc)
+			return rc;
+	}
 	for (size_t i = 0; i < m->n_slots; i++) {
 		const Ps__ReplSlot *x = m->slots[i];
 		struct ps_slot *sl = ps_store_slot(&s->store, x->slice);
 		uint64_t n = sl ? (uint64_t)sl->slice->count : 0;
 
+		if (x->has_lr && ps_optim_group_lr_check(0, x->lr, why, sizeof(why))) {
+			ps_warn("replication: batch %" PRIu64 " applies slice %u with %s", m->lsn,
+				x->slice, why);
+			return PS_EPROTO;
+		}
 		if (x->version >= PS_MAX_CLOCK || x->steps >= PS_MAX_CLOCK) {
 			ps_warn("replication: batch %" PRIu64 " sets slice %u to version %" PRIu64
 				" and %" PRIu64 " steps: out of range (at most 2^53 - 1)", m->lsn,
@@ -705,7 +735,10 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 				return PS_EPROTO;
 			}
 			double t0 = ps_now_s();
-			opt->apply(&s->cfg->optim, sl->w, g, sl->state, (size_t)n, sl->steps);
+			struct ps_optim_cfg oc = *sl->ocfg;
+			if (x->has_lr)
+				oc.lr = x->lr;
+			sl->opt->apply(&oc, sl->w, g, sl->state, (size_t)n, sl->steps);
 			s->store.applies++;
 			s->store.bytes_applied += n * sizeof(float);
 			s->store.apply_seconds += ps_now_s() - t0;
