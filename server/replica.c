@@ -120,14 +120,33 @@ static void step_down(struct ps_server *s, const char *why)
 	r->next_dial = ps_now_s();
 }
 
-/* Of two processes without a role, whether this one serves. */
+/* Of two processes without a role, whether this one (replica me, at
+ * my_epoch and batch my_lsn) serves. */
+static int wins_of(int me, uint64_t my_epoch, uint64_t my_lsn, uint64_t epoch, uint64_t lsn)
+{
+	if (my_epoch != epoch)
+		return my_epoch > epoch;
+	if (my_lsn != lsn)
+		return my_lsn > lsn;
+	return me == 0;
+}
+
 static int wins(const struct ps_repl *r, uint64_t epoch, uint64_t lsn)
 {
-	if (r->epoch != epoch)
-		return r->epoch > epoch;
-	if (r->lsn != lsn)
-		return r->lsn > lsn;
-	return r->me == 0;
+	return wins_of(r->me, r->epoch, r->lsn, epoch, lsn);
+}
+
+int ps__repl_partner_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int peer_state,
+			     uint64_t peer_epoch, uint64_t peer_lsn)
+{
+	if (state == PS_REPL_BACKUP && peer_state != PS_REPL_PRIMARY)
+		return PS_REPL_V_TAKE_OVER;
+	if (state == PS_REPL_JOINING && peer_state == PS_REPL_JOINING &&
+	    wins_of(me, epoch, lsn, peer_epoch, peer_lsn))
+		return PS_REPL_V_TAKE_OVER;
+	if (state == PS_REPL_PRIMARY && peer_state == PS_REPL_PRIMARY && peer_epoch > epoch)
+		return PS_REPL_V_STEP_DOWN;
+	return state == PS_REPL_PRIMARY ? PS_REPL_V_ACCEPT : PS_REPL_V_REFUSE;
 }
 
 /* Why wins() chose this process, for the log. */
@@ -166,18 +185,18 @@ void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	struct ps_repl *r = s->repl;
 	char why[200];
+	int v = ps__repl_partner_verdict(r->state, r->me, r->epoch, r->lsn, sc->peer_state,
+					 sc->peer_epoch, sc->peer_lsn);
 
-	if (r->state == PS_REPL_BACKUP && sc->peer_state != PS_REPL_PRIMARY) {
+	if (v == PS_REPL_V_TAKE_OVER && r->state == PS_REPL_BACKUP) {
 		snprintf(why, sizeof(why), "the process at the primary's address %s has restarted "
 			 "or stepped down (it says it is %s)", sc->conn->peer,
 			 ps__repl_state_name(sc->peer_state));
 		take_over(s, sc->peer_epoch, why);
-	} else if (r->state == PS_REPL_JOINING && sc->peer_state == PS_REPL_JOINING &&
-		   wins(r, sc->peer_epoch, sc->peer_lsn)) {
+	} else if (v == PS_REPL_V_TAKE_OVER) {
 		why_wins(r, sc->peer_epoch, sc->peer_lsn, why, sizeof(why));
 		take_over(s, sc->peer_epoch, why);
-	} else if (r->state == PS_REPL_PRIMARY && sc->peer_state == PS_REPL_PRIMARY &&
-		   sc->peer_epoch > r->epoch) {
+	} else if (v == PS_REPL_V_STEP_DOWN) {
 		step_down(s, "the partner is the primary of a later epoch");
 	}
 	if (r->state != PS_REPL_PRIMARY) {

@@ -135,6 +135,21 @@ void ps__repl_free(struct ps_server *s);
 int ps__repl_serving(const struct ps_server *s);
 /* The periodic tick: heartbeats, silence, dialing, takeover. */
 void ps__repl_tick(struct ps_server *s);
+/* What a process does when its partner dials in (ps__repl_on_partner's
+ * rule, docs/reliability.md), from this process's state, replica index,
+ * epoch and last batch and what the partner's Hello says; pure. */
+enum ps_repl_verdict {
+	PS_REPL_V_ACCEPT,       /* a primary: the partner becomes its backup */
+	PS_REPL_V_TAKE_OVER,    /* serve (epoch + 1), then accept: a backup whose
+				   primary's address is held by a process
+				   without the primary's role, or the joining
+				   process with the newer state (else replica 0) */
+	PS_REPL_V_STEP_DOWN,    /* a primary told of a primary of a later epoch:
+				   stop serving, refuse */
+	PS_REPL_V_REFUSE,       /* not serving: refused, the partner dials again */
+};
+int ps__repl_partner_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int peer_state,
+			     uint64_t peer_epoch, uint64_t peer_lsn);
 /* A ROLE_REPLICA Hello passed the handshake on sc: decide who serves and
  * answer (HelloReply, then the snapshot when this one is the primary). */
 void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc);
