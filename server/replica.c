@@ -554,6 +554,7 @@ void ps__repl_tick(struct ps_server *s)
 			hb.lsn = r->lsn;
 			hb.epoch = r->epoch;
 			r->last_sent = now;
+			r->heartbeats++;
 			ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &hb.base, NULL, 0,
 				    PS_SEND_VOLATILE, NULL, NULL);
 		}
@@ -680,4 +681,7 @@ void ps__repl_stats(const struct ps_server *s, Ps__Stats *st, char *partner, siz
 	st->repl_lag = r->state == PS_REPL_PRIMARY && r->link ? r->lsn - r->acked : 0;
 	st->repl_failovers = r->failovers;
 	st->repl_lsn = r->lsn;
+	st->repl_batches = r->batches;
+	st->repl_bytes = r->bytes;
+	st->repl_heartbeats = r->heartbeats;
 }

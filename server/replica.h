@@ -94,6 +94,9 @@ struct ps_repl {
 	uint64_t acked;             /* primary: last batch its backup confirmed */
 	uint64_t snap_lsn;          /* primary: where the backup's snapshot stands */
 	uint64_t failovers;         /* takeovers by this process */
+	/* traffic (Stats.repl_*): primary: batches sent to a backup, their
+	 * payload bytes, heartbeats sent; backup: applied, and received */
+	uint64_t batches, bytes, heartbeats;
 	char partner[320];
 	/* primary: its backup's connection (accepted), NULL when alone */
 	struct ps_srv_conn *link;

@@ -271,8 +271,12 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 			m.finished = r->cfinished;
 		}
 		if (ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &m.base, iov, niov,
-				PS_SEND_VOLATILE, NULL, NULL))
+				PS_SEND_VOLATILE, NULL, NULL)) {
 			r->link->conn->t->ops->close(r->link->conn, PS_ECLOSED);
+		} else {
+			r->batches++;
+			r->bytes += b->plen + b->rplen + (b->decl ? b->decl_len : 0);
+		}
 		r->last_sent = ps_now_s();
 	}
 	free(sp);
@@ -648,8 +652,10 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	char why[200];
 
 	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks && !m->n_rows && !m->declare &&
-	    !m->declare_tables)
+	    !m->declare_tables) {
+		r->heartbeats++;
 		return 0; /* a heartbeat */
+	}
 	if (m->lsn != r->lsn + 1) {
 		ps_warn("replication: batch %" PRIu64 " after batch %" PRIu64 ": a gap", m->lsn,
 			r->lsn);
@@ -762,5 +768,7 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	}
 	r->lsn = m->lsn;
 	r->epoch = m->epoch > r->epoch ? m->epoch : r->epoch;
+	r->batches++;
+	r->bytes += f->hdr.payload_len;
 	return 0;
 }
