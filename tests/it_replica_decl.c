@@ -9,7 +9,9 @@
  * the primary is killed -9; the new primary serves the declarations and
  * clock 3 with exact sums. The killed process, restarted, joins after the
  * declarations: it gets them in its state transfer, and once the primary
- * is killed again it serves the same tensors and rows, exact.
+ * is killed again it serves the same tensors and rows, exact. With
+ * optimizer groups (and a learning rate set per step), the backup steps
+ * with the rates the pushes gave: the same weights, exact after a kill.
  */
 #include <check.h>
 #include <pthread.h>
@@ -99,6 +101,21 @@ static const struct ps_table_decl decl[2] = {
 	  .lr = 0.5f },
 };
 
+/* test_groups_follow_takeover: w in group 0 (sgd lr 1), b in group 1
+ * (sgd lr 0.5, set to 0.25 by both workers from clock 1 on), no tables */
+static int groups_mode;
+static const struct ps_optim_group groups[2] = {
+	{ .kind = "sgd", .lr = 1.0f },
+	{ .kind = "sgd", .lr = 0.5f },
+};
+static const int group_of[2] = { 0, 1 };
+
+/* The learning rate of tensor i (0 w, 1 b) at clock k. */
+static float dense_lr(int i, uint64_t k)
+{
+	return groups_mode && i ? (k ? 0.25f : 0.5f) : 1.0f;
+}
+
 struct declarer {
 	struct ps_client *c;
 	struct model *m;
@@ -109,6 +126,8 @@ static void *declare_thread(void *arg)
 {
 	struct declarer *d = arg;
 
+	if (groups_mode)
+		return d->rc = ps_client_declare_groups(d->c, d->m->p, 2, groups, 2, group_of), NULL;
 	d->rc = ps_client_declare(d->c, d->m->p, 2);
 	if (!d->rc)
 		d->rc = ps_client_declare_tables(d->c, decl, 2);
@@ -139,11 +158,13 @@ static void clock_step(struct ps_client *c[NW], uint64_t k)
 	 * them again (they stay valid until its ack) */
 	static float g[NW][NA], gb[NW][5], rg[NIDS * 4];
 	uint64_t ids[NIDS];
-	int64_t id[NW][3];
+	int64_t id[NW][3] = { { 0 } };
 
 	for (int r = 0; r < NW; r++) {
 		const struct ps_config *cc = ps_client_config(c[r]);
-		for (int t = 0; t < 2; t++) {
+		if (groups_mode)
+			ck_assert_int_eq(ps_client_set_lr(c[r], 1, dense_lr(1, k)), 0);
+		for (int t = 0; !groups_mode && t < 2; t++) {
 			size_t n = 0;
 			for (int i = 0; i < NIDS; i++) {
 				if (r == 1 && i % 2)
@@ -166,7 +187,7 @@ static void clock_step(struct ps_client *c[NW], uint64_t k)
 	}
 	for (int r = 0; r < NW; r++)
 		for (int x = 0; x < 3; x++)
-			ck_assert_msg(ps_client_wait(c[r], id[r][x]) == 0, "rank %d clock %llu: %s", r,
+			ck_assert_msg(!id[r][x] || ps_client_wait(c[r], id[r][x]) == 0, "rank %d clock %llu: %s", r,
 				      (unsigned long long)k, ps_client_error(c[r]));
 }
 
@@ -189,14 +210,14 @@ static void check_exact(struct ps_client *c, uint64_t clocks, const char *what)
 		int e = i < NA ? i : i - NA + 7;
 		for (uint64_t k = 0; k < clocks; k++)
 			for (int r = 0; r < NW; r++)
-				want -= dgrad(r, e, k);
+				want -= dense_lr(i >= NA, k) * dgrad(r, e, k);
 		ck_assert_msg(got == want, "%s: %s[%d] = %g, %g due (logs in %s)", what,
 			      i < NA ? "w" : "b", i < NA ? i : i - NA, (double)got, (double)want,
 			      logdir);
 	}
 	for (int i = 0; i < NIDS; i++)
 		ids[i] = row_id(i);
-	for (int t = 0; t < 2; t++) {
+	for (int t = 0; !groups_mode && t < 2; t++) {
 		ck_assert_msg(ps_client_pull_rows(c, decl[t].name, clocks, ids, NIDS, out) == 0,
 			      "%s: pull %s: %s", what, decl[t].name, ps_client_error(c));
 		for (int i = 0; i < NIDS; i++)
@@ -237,9 +258,9 @@ static void assert_same(uint64_t want, const char *what)
 	ck_assert_msg(st[0].param_checksum == st[1].param_checksum, "%s: dense checksums %llx "
 		      "and %llx", what, (unsigned long long)st[0].param_checksum,
 		      (unsigned long long)st[1].param_checksum);
-	ck_assert_int_eq(st[0].ntables, 2);
-	ck_assert_int_eq(st[1].ntables, 2);
-	for (int t = 0; t < 2; t++) {
+	ck_assert_int_eq(st[0].ntables, groups_mode ? 0 : 2);
+	ck_assert_int_eq(st[1].ntables, groups_mode ? 0 : 2);
+	for (int t = 0; !groups_mode && t < 2; t++) {
 		ck_assert_str_eq(st[0].tables[t].name, decl[t].name);
 		ck_assert_str_eq(st[1].tables[t].name, decl[t].name);
 		ck_assert_uint_eq(st[0].tables[t].rows, NIDS);
@@ -343,6 +364,50 @@ START_TEST(test_declarations_survive_takeovers)
 }
 END_TEST
 
+/* Declared tensors with optimizer groups: each update the backup applies
+ * takes the learning rate the workers' pushes gave (ps_client_set_lr), so
+ * both processes hold the same weights and the new primary goes on from
+ * them exactly. */
+START_TEST(test_groups_follow_takeover)
+{
+	struct ps_client *c[NW];
+	struct model m[NW];
+	char err[512];
+
+	groups_mode = 1;
+	write_config();
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	for (int r = 0; r < NW; r++) {
+		ck_assert_msg(ps_client_init(&c[r], &cfg, r, err, sizeof(err)) == 0, "%s", err);
+		model_init(&m[r], r);
+	}
+	struct declarer d1 = { c[1], &m[1], -1 };
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, declare_thread, &d1), 0);
+	struct declarer d0 = { c[0], &m[0], -1 };
+	declare_thread(&d0);
+	pthread_join(th, NULL);
+	ck_assert_msg(d0.rc == 0 && d1.rc == 0, "%s / %s", ps_client_error(c[0]),
+		      ps_client_error(c[1]));
+	for (uint64_t k = 0; k < 3; k++)
+		clock_step(c, k);
+	check_exact(c[0], 3, "the first primary after 3 clocks with groups");
+	assert_same(3, "before the kill, with groups");
+	kill_one(p);
+	clock_step(c, 3);
+	check_exact(c[1], 4, "the new primary after clock 3 with groups");
+	for (int r = 0; r < NW; r++)
+		ps_client_free(c[r]);
+	ck_assert_int_eq(tu_stop_server(srv[!p]), 0);
+	srv[!p] = 0;
+	unlink(cfg_path);
+	tu_rmtree(logdir);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("replica_decl");
@@ -351,6 +416,7 @@ int main(void)
 
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_declarations_survive_takeovers);
+	TU_ADD(tc, test_groups_follow_takeover);
 	suite_add_tcase(s, tc);
 	tu_secret_setup();
 	rc = tu_run_suite(s);
