@@ -420,7 +420,7 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 	if (s->repl) {
 		if (adopted)
 			ps__repl_note_declare(s, m, f->payload, f->hdr.payload_len);
-		if (!ps__repl_rows_accepted(s, sc, m->req_id, sc->rank, sc->incarnation, 0, 0, -1))
+		if (!ps__repl_decl_accepted(s, sc, m->req_id))
 			return;
 		rc = -ENOMEM;
 		snprintf(why, sizeof(why), "out of memory");

@@ -205,6 +205,10 @@ void ps__repl_note_rows_done(struct ps_server *s, int t);
 void ps__repl_note_expired(struct ps_server *s, int t, uint32_t stamp, uint64_t n);
 int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
 			   int rank, uint64_t incarnation, uint64_t seq, uint64_t clock, int t);
+/* A declaration accepted (declare.c, decl_tables.c): its ack is sent once
+ * the batch that carries it (or follows it) is confirmed; not counted as a
+ * push's. 0 or -ENOMEM. */
+int ps__repl_decl_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id);
 /* replica_log.c, for replica_rows.c: grows an array to need elements;
  * sends the batch gathered (with_state: the ended clocks too). */
 int ps__repl_grow(void **p, size_t *cap, size_t need, size_t elem);

@@ -45,6 +45,7 @@ struct ps_repl_pending {
 	double arrived;
 	int table;                  /* a sync row push: its table, committed once the
 				       table applied clock; else -1 */
+	int not_push;               /* a declaration's ack: not counted as a push's */
 	uint32_t nslots;
 	struct ps_repl_pending *next;
 	int32_t slots[];            /* store slot indices the push named */
@@ -340,14 +341,16 @@ void ps__repl_conn_gone(struct ps_server *s, struct ps_srv_conn *sc)
 			p->sc = NULL;
 }
 
-int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
-			   int rank, uint64_t incarnation, uint64_t seq, uint64_t clock, int t)
+/* A pending ack without slots (a row push or a declaration), queued. */
+static struct ps_repl_pending *pending_plain(struct ps_server *s, struct ps_srv_conn *sc,
+					     uint64_t req_id, int rank, uint64_t incarnation,
+					     uint64_t seq, uint64_t clock, int t)
 {
 	struct ps_repl *r = s->repl;
 	struct ps_repl_pending *p = calloc(1, sizeof(*p));
 
 	if (!p)
-		return -ENOMEM;
+		return NULL;
 	p->sc = sc;
 	p->req_id = req_id;
 	p->rank = rank;
@@ -358,6 +361,23 @@ int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t
 	p->table = t;
 	*r->pending_tail = p;
 	r->pending_tail = &p->next;
+	return p;
+}
+
+int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+			   int rank, uint64_t incarnation, uint64_t seq, uint64_t clock, int t)
+{
+	return pending_plain(s, sc, req_id, rank, incarnation, seq, clock, t) ? 0 : -ENOMEM;
+}
+
+int ps__repl_decl_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id)
+{
+	struct ps_repl_pending *p = pending_plain(s, sc, req_id, sc->rank, sc->incarnation, 0, 0,
+						  -1);
+
+	if (!p)
+		return -ENOMEM;
+	p->not_push = 1;
 	return 0;
 }
 
@@ -438,8 +458,10 @@ void ps__repl_release(struct ps_server *s)
 			ack.req_id = p->req_id;
 			ps_msg_send(p->sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0,
 				    PS_SEND_VOLATILE, NULL, NULL);
-			s->c.acks++;
-			ps_histo_add(&s->c.push_lat, now - p->arrived);
+			if (!p->not_push) {
+				s->c.acks++;
+				ps_histo_add(&s->c.push_lat, now - p->arrived);
+			}
 		}
 		*pp = p->next;
 		free(p);

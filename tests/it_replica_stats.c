@@ -42,19 +42,6 @@ static struct ps_config cfg;
 static pid_t srv[2];
 static int http;
 
-/* Whether port is free on the loopback now. */
-static int port_free(int port)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-
-	ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-	if (fd >= 0)
-		close(fd);
-	return ok;
-}
-
 /* One shard, two processes, sync, SGD lr 1; table emb (dim 2, admission 2,
  * max_rows 15); /metrics on http + replica. */
 static void start_pair(void)
@@ -63,10 +50,7 @@ static void start_pair(void)
 	int p0 = tu_low_free_port(0), p1 = tu_low_free_port(p0);
 
 	/* /metrics of replica r on http + r: both below the ephemeral range */
-	http = p1;
-	do
-		http = tu_low_free_port(http);
-	while (http == p0 || http == p1 || http + 1 == p0 || http + 1 == p1 || !port_free(http + 1));
+	http = tu_low_free_pair();
 	snprintf(yaml, sizeof(yaml),
 		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n"
 		 "  replicas: 1\n  workers: %d\n"
