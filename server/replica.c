@@ -131,11 +131,6 @@ static int wins_of(int me, uint64_t my_epoch, uint64_t my_lsn, uint64_t epoch, u
 	return me == 0;
 }
 
-static int wins(const struct ps_repl *r, uint64_t epoch, uint64_t lsn)
-{
-	return wins_of(r->me, r->epoch, r->lsn, epoch, lsn);
-}
-
 int ps__repl_partner_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int peer_state,
 			     uint64_t peer_epoch, uint64_t peer_lsn)
 {
@@ -149,7 +144,21 @@ int ps__repl_partner_verdict(int state, int me, uint64_t epoch, uint64_t lsn, in
 	return state == PS_REPL_PRIMARY ? PS_REPL_V_ACCEPT : PS_REPL_V_REFUSE;
 }
 
-/* Why wins() chose this process, for the log. */
+int ps__repl_reply_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int ok,
+			   int peer_state, uint64_t peer_epoch, uint64_t peer_lsn)
+{
+	if (ok)
+		return peer_state == PS_REPL_PRIMARY && state != PS_REPL_PRIMARY
+		       ? PS_REPL_V_ACCEPT : PS_REPL_V_REFUSE;
+	if (state == PS_REPL_BACKUP && peer_state == PS_REPL_JOINING)
+		return PS_REPL_V_TAKE_OVER;
+	if (state == PS_REPL_JOINING && peer_state == PS_REPL_JOINING &&
+	    wins_of(me, epoch, lsn, peer_epoch, peer_lsn))
+		return PS_REPL_V_TAKE_OVER;
+	return PS_REPL_V_REFUSE;
+}
+
+/* Why wins_of() chose this process, for the log. */
 static void why_wins(const struct ps_repl *r, uint64_t epoch, uint64_t lsn, char *buf, size_t len)
 {
 	if (r->epoch == epoch && r->lsn == lsn)
@@ -394,7 +403,12 @@ static int on_reply(struct ps_server *s, struct ps_conn *c, const Ps__HelloReply
 			": out of range (at most 2^53 - 1)", c->peer, m->epoch, m->lsn);
 		return PS_EPROTO;
 	}
-	if (m->ok && m->repl_state == PS_REPL_PRIMARY) {
+	int v = ps__repl_reply_verdict(r->state, r->me, r->epoch, r->lsn, m->ok,
+				       (int)m->repl_state, m->epoch, m->lsn);
+
+	if (m->ok && v != PS_REPL_V_ACCEPT)
+		return PS_EPROTO; /* an ok from no primary, or to a primary (which does not dial) */
+	if (v == PS_REPL_V_ACCEPT) {
 		struct ps_wire_limits lim = {
 			.max_frame = s->cfg->limits.max_frame_bytes,
 			.max_meta = s->cfg->limits.max_meta_bytes,
@@ -405,20 +419,15 @@ static int on_reply(struct ps_server *s, struct ps_conn *c, const Ps__HelloReply
 		r->snap_frames = 0;
 		r->snap_started = ps_now_s();
 		r->link_rx = r->snap_started;
-		if (r->state == PS_REPL_PRIMARY) /* cannot be: primaries do not dial */
-			return PS_EPROTO;
 		ps_info("replication: joining primary %s (epoch %" PRIu64 ") as its backup; "
 			"receiving its state", c->peer, m->epoch);
 		return 0;
 	}
-	if (m->ok)
-		return PS_EPROTO;
-	if (r->state == PS_REPL_BACKUP && m->repl_state == PS_REPL_JOINING) {
+	if (v == PS_REPL_V_TAKE_OVER && r->state == PS_REPL_BACKUP) {
 		snprintf(why, sizeof(why), "the process at the primary's address %s has restarted "
 			 "or stepped down (it is joining)", c->peer);
 		take_over(s, m->epoch, why);
-	} else if (r->state == PS_REPL_JOINING && m->repl_state == PS_REPL_JOINING &&
-		   wins(r, m->epoch, m->lsn)) {
+	} else if (v == PS_REPL_V_TAKE_OVER) {
 		why_wins(r, m->epoch, m->lsn, why, sizeof(why));
 		take_over(s, m->epoch, why);
 	}

@@ -153,6 +153,14 @@ enum ps_repl_verdict {
 };
 int ps__repl_partner_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int peer_state,
 			     uint64_t peer_epoch, uint64_t peer_lsn);
+/* The dialing side's rule (replica.c on_reply): what this process does
+ * with its partner's HelloReply (ok, the partner's state, epoch, batch):
+ * ACCEPT: follow it as its backup (an ok from a primary); TAKE_OVER: a
+ * refusal from a joining partner, and this is a backup (the process at the
+ * primary's address restarted or stepped down) or the joining process
+ * with the newer state (else replica 0); REFUSE: dial again. Pure. */
+int ps__repl_reply_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int ok,
+			   int peer_state, uint64_t peer_epoch, uint64_t peer_lsn);
 /* A ROLE_REPLICA Hello passed the handshake on sc: decide who serves and
  * answer (HelloReply, then the snapshot when this one is the primary). */
 void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc);

@@ -4,7 +4,8 @@
  * process does when its partner dials in, for every pair of states, with
  * the partner's epoch older, the same and newer, and for two joining
  * processes with the same epoch, every order of their batch numbers and
- * both replica indices. The expectations are written out, row by row, from
+ * both replica indices; and the dialing side's rule for the partner's
+ * answer (ps__repl_reply_verdict). The expectations are written out, row by row, from
  * the documented rules:
  *  - a primary takes the partner as its backup, unless the partner is a
  *    primary of a later epoch: then it steps down;
@@ -131,6 +132,51 @@ START_TEST(test_batches_do_not_matter_outside_joining)
 }
 END_TEST
 
+/* The dialing side (ps__repl_reply_verdict): the partner's HelloReply.
+ * An ok from a primary: follow it as its backup (a primary does not dial:
+ * an ok to one is a protocol error, as is an ok from no primary); a
+ * refusal from a joining partner: a backup takes over whatever the
+ * epochs, a joining process when it holds the newer state (else replica
+ * 0); anything else: dial again. */
+static const struct {
+	int state, ok, peer;
+	int v[3]; /* partner's epoch: older, same, newer */
+} replies[] = {
+	{ JOIN, 1, PRIM, { ACC, ACC, ACC } },
+	{ BACK, 1, PRIM, { ACC, ACC, ACC } },
+	{ PRIM, 1, PRIM, { REF, REF, REF } },
+	{ JOIN, 1, JOIN, { REF, REF, REF } },
+	{ JOIN, 1, BACK, { REF, REF, REF } },
+	{ BACK, 0, JOIN, { TAKE, TAKE, TAKE } },
+	{ BACK, 0, BACK, { REF, REF, REF } },
+	{ BACK, 0, PRIM, { REF, REF, REF } },
+	{ JOIN, 0, JOIN, { TAKE, TAKE, REF } },
+	{ JOIN, 0, BACK, { REF, REF, REF } },
+	{ JOIN, 0, PRIM, { REF, REF, REF } },
+	{ OFF, 0, JOIN, { REF, REF, REF } },
+};
+
+START_TEST(test_dialing_side)
+{
+	const uint64_t epoch = 5, lsn = 100, peer_epoch[3] = { 4, 5, 6 };
+
+	for (size_t i = 0; i < sizeof(replies) / sizeof(replies[0]); i++)
+		for (int e = 0; e < 3; e++) {
+			int v = ps__repl_reply_verdict(replies[i].state, 0, epoch, lsn, replies[i].ok,
+						       replies[i].peer, peer_epoch[e], lsn);
+			ck_assert_msg(v == replies[i].v[e], "%s, %s from a %s partner with epoch "
+				      "%llu against %llu: %s, the rule says %s",
+				      sname(replies[i].state), replies[i].ok ? "ok" : "refused",
+				      sname(replies[i].peer), (unsigned long long)peer_epoch[e],
+				      (unsigned long long)epoch, vname(v), vname(replies[i].v[e]));
+		}
+	/* the joining tie-breaks hold on this side too */
+	ck_assert_int_eq(ps__repl_reply_verdict(JOIN, 1, 3, 10, 0, JOIN, 3, 10), REF);
+	ck_assert_int_eq(ps__repl_reply_verdict(JOIN, 1, 3, 11, 0, JOIN, 3, 10), TAKE);
+	ck_assert_int_eq(ps__repl_reply_verdict(JOIN, 0, 3, 10, 0, JOIN, 3, 11), REF);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("repl_rules");
@@ -141,6 +187,7 @@ int main(void)
 	tcase_add_test(tc, test_every_state_pair);
 	tcase_add_test(tc, test_joining_pair);
 	tcase_add_test(tc, test_batches_do_not_matter_outside_joining);
+	tcase_add_test(tc, test_dialing_side);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
