@@ -62,6 +62,10 @@ void ps__repl_note_declare(struct ps_server *s, const Ps__Declare *m, const void
 
 	if (s->repl->state != PS_REPL_PRIMARY)
 		return;
+	/* the values alone fill up to a frame, as the worker's did: what is
+	 * gathered goes first, in a batch of its own */
+	if (b->nslots || b->nrows || b->nmarks)
+		ps__repl_send_batch(s, 1);
 	d = (Ps__Declare *)copy_msg(&m->base);
 	b->decl_values = malloc(len ? len : 1);
 	if (!d || !b->decl_values) {
