@@ -650,18 +650,10 @@ static int resolve_model(struct ctx *c, struct ps_config *cfg, const struct ynod
 	at = lay ? lay : pre;
 	if (!pre && !lay && !ten) {
 		/* no dense model: workers declare its tensors at run time
-		 * (ps_client_declare); what cannot follow a declaration is
-		 * refused here */
-		const struct ynode *rep = seen[find_opt(cfg_opts, NCFG, "cluster.replicas")];
-
+		 * (ps_client_declare) */
 		(void)root;
 		cfg->declare = 1;
 		cfg->ntensors = 0;
-		if (cfg->replicas)
-			return cfg_fail(c, rep ? rep->line : 1, "key 'cluster.replicas': "
-					"a config without a model (tensors declared by the workers) "
-					"cannot have replicas yet; give 'model.preset', 'model.layers' "
-					"or 'model.tensors', or set cluster.replicas: 0");
 		return keep_overrides(c, cfg);
 	}
 	if (pre && lay)

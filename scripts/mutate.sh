@@ -76,7 +76,7 @@ suites_for() {
     server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
     server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard ;;   # it_reader: the reader's refusals
     server/admin.c)            echo it_stat it_checkpoint it_hostile ;;   # it_hostile reads the queue figures
-    server/metrics_http.c)     echo it_stat it_replica_cases ;;           # the replication figures
+    server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
     server/declare.c)          echo it_declare it_groups ;;
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;
     server/reader.c)           echo it_reader ;;
@@ -84,7 +84,8 @@ suites_for() {
     server/members.c)          echo it_elastic ;;
     # replication: the scripted cases first, then the fault runs
     server/replica.c|server/replica_log.c)
-                               echo it_replica_cases it_replica_auth it_replica it_replica_rows san:it_replica_cases ;;
+                               echo check_repl_rules it_replica_cases it_replica_stats it_replica_auth it_replica it_replica_rows san:it_replica_cases ;;
+    server/replica_decl.c)     echo it_replica_decl san:it_replica_decl ;;   # declarations replicated
     # the tables' part of replication: row batches, tables in the snapshot
     server/replica_rows.c)     echo it_replica_rows it_rows_model san:it_replica_rows ;;
     # tables and rows: the model checks without a network, then two shards
@@ -92,7 +93,7 @@ suites_for() {
     server/table.c|server/table_admit.c)
                                echo check_rows it_rows_model it_rows san:check_rows ;;
     server/table_ckpt.c)       echo it_rows it_rows_model it_export.sh test_export.py ;;
-    server/rows.c)             echo it_rows it_rows_model it_replica_cases san:it_rows ;;
+    server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases san:it_rows ;;
     worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;

@@ -399,6 +399,8 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 		wc[r].rank = r;
 		wc[r].clock = s->finished[r];
 		wc[r].connected = s->connected[r] > 0;
+		wc[r].dedup_seq = s->dedup[r].max;
+		wc[r].dedup_digest = ps_dedup_digest(&s->dedup[r]);
 		wp[r] = &wc[r];
 	}
 	if (ck_err) {

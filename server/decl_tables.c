@@ -13,6 +13,10 @@
  * again). The checkpoint carries the definitions (checkpoint.c), so a
  * restarted shard has its tables back before any worker declares.
  *
+ * With cluster.replicas: 1 the primary forwards the tables it adopts to
+ * its backup in its next batch, and a joining backup gets them first in
+ * its state transfer (replica_decl.c); the ack waits for the backup.
+ *
  * Declared tables are left out of the shard-map hash (shardmap.c), as
  * declared tensors are: the same config gives the same hash before and
  * after, and the declaration is compared instead.
@@ -39,6 +43,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "ps_time.h"
+#include "replica.h"
 #include "rows.h"
 #include "server_int.h"
 #include "table_decl.h"
@@ -161,67 +166,79 @@ int ps__srv_tables_adopt(struct ps_server *s, const struct ps_table_cfg *list, i
 	return rc;
 }
 
+int ps__srv_declare_tables_msg(struct ps_server *s, int rank, const Ps__DeclareTables *m,
+			       int *adopted, char *why, size_t wl)
+{
+	struct ps_table_cfg *list = NULL;
+	int rc, n = (int)m->n_tables;
+
+	*adopted = 0;
+	if (m->n_tables < 1 ||
+	    m->n_tables > (size_t)(PS_MAX_TABLES - (s->cfg->ntables - s->cfg->ndecl_tables))) {
+		snprintf(why, wl, "declaration of %zu tables: expected 1..%d (at most %d "
+			 "with the config's %d)", m->n_tables,
+			 PS_MAX_TABLES - (s->cfg->ntables - s->cfg->ndecl_tables), PS_MAX_TABLES,
+			 s->cfg->ntables - s->cfg->ndecl_tables);
+		return PS_ETOOBIG;
+	}
+	list = calloc((size_t)n, sizeof(*list));
+	if (!list) {
+		snprintf(why, wl, "out of memory");
+		return -ENOMEM;
+	}
+	rc = parse_tables(s->cfg, m, list, why, wl);
+	if (rc)
+		goto out;
+	if (s->cfg->ndecl_tables) {
+		/* declared before (or restored from the checkpoint, or sent by
+		 * the primary) */
+		rc = compare(s->cfg, list, n, why, wl);
+	} else if (rank != 0) {
+		rc = -EAGAIN;
+		snprintf(why, wl, "no tables declared yet: waiting for rank 0's declaration");
+	} else {
+		rc = ps__srv_tables_adopt(s, list, n, why, wl);
+		*adopted = !rc;
+	}
+out:
+	free(list);
+	return rc;
+}
+
 void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
 				   const Ps__DeclareTables *m)
 {
-	struct ps_table_cfg *list = NULL;
 	char why[600];
-	int rc, n = (int)m->n_tables;
+	int rc, adopted;
 
 	if (sc->rank < 0) {
 		rc = PS_EAUTH;
 		snprintf(why, sizeof(why), "only a worker may declare tables, not a monitor");
 		goto refuse;
 	}
-	if (s->cfg->replicas) {
-		rc = PS_ECONFIG;
-		snprintf(why, sizeof(why), "cluster.replicas: 1 does not replicate tables declared "
-			 "at run time (a joining backup's state does not carry declarations); give "
-			 "them in model.embeddings, or use replicas: 0");
+	rc = ps__srv_declare_tables_msg(s, sc->rank, m, &adopted, why, sizeof(why));
+	if (rc)
 		goto refuse;
-	}
-	if (m->n_tables < 1 ||
-	    m->n_tables > (size_t)(PS_MAX_TABLES - (s->cfg->ntables - s->cfg->ndecl_tables))) {
-		rc = PS_ETOOBIG;
-		snprintf(why, sizeof(why), "declaration of %zu tables: expected 1..%d (at most %d "
-			 "with the config's %d)", m->n_tables,
-			 PS_MAX_TABLES - (s->cfg->ntables - s->cfg->ndecl_tables), PS_MAX_TABLES,
-			 s->cfg->ntables - s->cfg->ndecl_tables);
-		goto refuse;
-	}
-	list = calloc((size_t)n, sizeof(*list));
-	if (!list) {
+	if (adopted)
+		ps_info("rank 0 declared %zu embedding tables (%d with the config's)", m->n_tables,
+			s->cfg->ntables);
+	/* replicated: the declaration goes to the backup with the next batch,
+	 * and the ack waits until the backup confirmed it */
+	if (s->repl) {
+		if (adopted)
+			ps__repl_note_declare_tables(s, m);
+		if (!ps__repl_decl_accepted(s, sc, m->req_id))
+			return;
 		rc = -ENOMEM;
 		snprintf(why, sizeof(why), "out of memory");
 		goto refuse;
 	}
-	rc = parse_tables(s->cfg, m, list, why, sizeof(why));
-	if (rc)
-		goto refuse;
-	if (s->cfg->ndecl_tables) {
-		/* declared before (or restored from the checkpoint) */
-		rc = compare(s->cfg, list, n, why, sizeof(why));
-		if (rc)
-			goto refuse;
-	} else if (sc->rank != 0) {
-		rc = -EAGAIN;
-		snprintf(why, sizeof(why), "no tables declared yet: waiting for rank 0's declaration");
-		goto refuse;
-	} else {
-		rc = ps__srv_tables_adopt(s, list, n, why, sizeof(why));
-		if (rc)
-			goto refuse;
-		ps_info("rank 0 declared %d embedding tables (%d with the config's)", n,
-			s->cfg->ntables);
-	}
-	free(list);
 	Ps__PushAck ack = PS__PUSH_ACK__INIT;
 	ack.req_id = m->req_id;
 	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 	return;
 
 refuse:
-	free(list);
 	if (rc != -EAGAIN) {
 		s->c.errors++;
 		ps_warn("table declaration from %s (rank %d) refused: %s", sc->conn->peer, sc->rank,

@@ -12,6 +12,11 @@
  * again). A checkpoint carries the declared list (checkpoint.c), so a
  * restarted shard has its tensors back before any worker declares.
  *
+ * With cluster.replicas: 1 the primary forwards a declaration it adopts
+ * to its backup in its next batch, and a joining backup gets the declared
+ * list first in its state transfer (replica_decl.c); declarations are
+ * acknowledged once the backup confirmed them, as pushes are.
+ *
  * A declaration may carry optimizer groups (ps_client_declare_groups): the
  * update rule of each group and each tensor's group are then part of the
  * declaration, compared like the shapes (every setting but the learning
@@ -33,6 +38,7 @@
 #include "optim_group.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "replica.h"
 #include "rows.h"
 #include "server_int.h"
 
@@ -323,6 +329,9 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 	s->cfg = cfg;
 	/* the embedding tables (declared ones among them) live on */
 	ps__rows_rebind(s);
+	/* replicated: the new store tells the primary's batches of its changes */
+	if (s->repl)
+		ps__repl_log_init_hooks(s);
 	return 0;
 
 err_free_store:
@@ -334,77 +343,95 @@ err_free_cfg:
 	return rc;
 }
 
-void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Declare *m,
-			    const struct ps_frame *f)
+int ps__srv_declare_msg(struct ps_server *s, int rank, const Ps__Declare *m, const void *values,
+			uint64_t values_len, int *adopted, char *why, size_t wl)
 {
 	struct ps_tensor_cfg *list = NULL;
 	struct ps_optim_cfg *groups = NULL;
-	char why[600];
 	int rc, n = (int)m->n_names, ngroups = 0;
+
+	*adopted = 0;
+	if (!s->cfg->declare) {
+		snprintf(why, wl, "this shard's config (%.200s) names its model; declared "
+			 "tensors need a config without model.preset, .layers and .tensors",
+			 s->cfg->path);
+		return PS_ECONFIG;
+	}
+	if (m->n_names < 1 || m->n_names > PS_MAX_TENSORS || m->n_ndims != m->n_names ||
+	    m->n_dims > (size_t)PS_MAX_TENSORS * PS_MAX_DIMS) {
+		snprintf(why, wl, "declaration of %zu tensors (%zu shapes, %zu dims): "
+			 "expected 1..%d tensors, one shape each", m->n_names, m->n_ndims, m->n_dims,
+			 PS_MAX_TENSORS);
+		return PS_ETOOBIG;
+	}
+	list = calloc((size_t)n, sizeof(*list));
+	groups = calloc(PS_MAX_GROUPS, sizeof(*groups));
+	if (!list || !groups) {
+		rc = -ENOMEM;
+		snprintf(why, wl, "out of memory");
+		goto out;
+	}
+	rc = parse_list(m, list, why, wl);
+	if (!rc)
+		rc = parse_groups(s, m, list, groups, &ngroups, why, wl);
+	if (rc)
+		goto out;
+	if (s->cfg->ntensors) {
+		/* declared before (or restored from the checkpoint, or sent by
+		 * the primary): the values of a re-declaring rank 0 are not used */
+		rc = compare(s, list, n, why, wl);
+		if (!rc)
+			rc = compare_groups(s, list, n, groups, ngroups, why, wl);
+	} else if (rank != 0 || !m->values) {
+		rc = -EAGAIN;
+		snprintf(why, wl, "no tensors declared yet: waiting for rank 0's declaration");
+	} else {
+		rc = ps__srv_declare_adopt(s, list, n, groups, ngroups, values, values_len, why,
+					   wl);
+		*adopted = !rc;
+	}
+out:
+	free(list);
+	free(groups);
+	return rc;
+}
+
+void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Declare *m,
+			    const struct ps_frame *f)
+{
+	char why[600];
+	int rc, adopted;
 
 	if (sc->rank < 0) {
 		rc = PS_EAUTH;
 		snprintf(why, sizeof(why), "only a worker may declare tensors, not a monitor");
 		goto refuse;
 	}
-	if (!s->cfg->declare) {
-		rc = PS_ECONFIG;
-		snprintf(why, sizeof(why), "this shard's config (%.200s) names its model; declared "
-			 "tensors need a config without model.preset, .layers and .tensors",
-			 s->cfg->path);
+	rc = ps__srv_declare_msg(s, sc->rank, m, f->payload, f->hdr.payload_len, &adopted, why,
+				 sizeof(why));
+	if (rc)
 		goto refuse;
-	}
-	if (m->n_names < 1 || m->n_names > PS_MAX_TENSORS || m->n_ndims != m->n_names ||
-	    m->n_dims > (size_t)PS_MAX_TENSORS * PS_MAX_DIMS) {
-		rc = PS_ETOOBIG;
-		snprintf(why, sizeof(why), "declaration of %zu tensors (%zu shapes, %zu dims): "
-			 "expected 1..%d tensors, one shape each", m->n_names, m->n_ndims, m->n_dims,
-			 PS_MAX_TENSORS);
-		goto refuse;
-	}
-	list = calloc((size_t)n, sizeof(*list));
-	groups = calloc(PS_MAX_GROUPS, sizeof(*groups));
-	if (!list || !groups) {
+	if (adopted)
+		ps_info("rank 0 declared %d tensors (%d optimizer groups): %d slices here, %.1f MiB, "
+			"map %016" PRIx64, s->cfg->ntensors, s->cfg->ngroups, s->store.nslots,
+			(double)s->map.shard_bytes[s->shard] / 1048576.0, s->map.hash);
+	/* replicated: the declaration goes to the backup with the next batch,
+	 * and the ack waits until the backup confirmed it */
+	if (s->repl) {
+		if (adopted)
+			ps__repl_note_declare(s, m, f->payload, f->hdr.payload_len);
+		if (!ps__repl_decl_accepted(s, sc, m->req_id))
+			return;
 		rc = -ENOMEM;
 		snprintf(why, sizeof(why), "out of memory");
 		goto refuse;
 	}
-	rc = parse_list(m, list, why, sizeof(why));
-	if (!rc)
-		rc = parse_groups(s, m, list, groups, &ngroups, why, sizeof(why));
-	if (rc)
-		goto refuse;
-	if (s->cfg->ntensors) {
-		/* declared before (or restored from the checkpoint): the
-		 * values of a re-declaring rank 0 are not used */
-		rc = compare(s, list, n, why, sizeof(why));
-		if (!rc)
-			rc = compare_groups(s, list, n, groups, ngroups, why, sizeof(why));
-		if (rc)
-			goto refuse;
-	} else if (sc->rank != 0 || !m->values) {
-		rc = -EAGAIN;
-		snprintf(why, sizeof(why), "no tensors declared yet: waiting for rank 0's declaration");
-		goto refuse;
-	} else {
-		rc = ps__srv_declare_adopt(s, list, n, groups, ngroups, f->payload,
-					   f->hdr.payload_len, why, sizeof(why));
-		if (rc)
-			goto refuse;
-		ps_info("rank 0 declared %d tensors (%d optimizer groups): %d slices here, %.1f MiB, "
-			"map %016" PRIx64, n, ngroups, s->store.nslots, (double)s->map.shard_bytes[s->shard] / 1048576.0,
-			s->map.hash);
-	}
-	free(list);
-	free(groups);
 	Ps__PushAck ack = PS__PUSH_ACK__INIT;
 	ack.req_id = m->req_id;
 	ps_msg_send(sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
 	return;
 
 refuse:
-	free(list);
-	free(groups);
 	if (rc != -EAGAIN) {
 		s->c.errors++;
 		ps_warn("declaration from %s (rank %d) refused: %s", sc->conn->peer, sc->rank, why);

@@ -55,3 +55,21 @@ void ps_dedup_mark(struct ps_dedup *d, uint64_t seq, int code)
 		d->nerr++;
 	}
 }
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	return h;
+}
+
+uint64_t ps_dedup_digest(const struct ps_dedup *d)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	h = fnv(h, &d->incarnation, sizeof(d->incarnation));
+	h = fnv(h, &d->max, sizeof(d->max));
+	return fnv(h, d->bits, sizeof(d->bits));
+}

@@ -38,4 +38,8 @@ enum ps_dedup_verdict ps_dedup_check(const struct ps_dedup *d, uint64_t seq, int
 /* Records that push seq (> 0) was handled with outcome code (0 = accepted). */
 void ps_dedup_mark(struct ps_dedup *d, uint64_t seq, int code);
 
+/* FNV-1a of the incarnation, the highest number and the window's bits
+ * (not the refused pushes' outcomes): equal windows, equal digests. */
+uint64_t ps_dedup_digest(const struct ps_dedup *d);
+
 #endif

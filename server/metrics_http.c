@@ -257,6 +257,12 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 		      (double)st.repl_lag);
 		counter(f, "ps_replica_failovers_total", "Takeovers made by this process.",
 			st.repl_failovers);
+		counter(f, "ps_replica_batches_total", "Primary: batches sent to its backup; "
+			"backup: batches applied (heartbeats apart).", st.repl_batches);
+		counter(f, "ps_replica_bytes_total", "Payload bytes of those batches (gradients, row "
+			"records, declared values).", st.repl_bytes);
+		counter(f, "ps_replica_heartbeats_total", "Primary: heartbeats sent; backup: "
+			"heartbeats received.", st.repl_heartbeats);
 	}
 	histogram(f, "ps_push_latency_seconds", "Push from its decoding to its ack.", &c->push_lat);
 	histogram(f, "ps_pull_latency_seconds",

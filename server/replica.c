@@ -120,17 +120,45 @@ static void step_down(struct ps_server *s, const char *why)
 	r->next_dial = ps_now_s();
 }
 
-/* Of two processes without a role, whether this one serves. */
-static int wins(const struct ps_repl *r, uint64_t epoch, uint64_t lsn)
+/* Of two processes without a role, whether this one (replica me, at
+ * my_epoch and batch my_lsn) serves. */
+static int wins_of(int me, uint64_t my_epoch, uint64_t my_lsn, uint64_t epoch, uint64_t lsn)
 {
-	if (r->epoch != epoch)
-		return r->epoch > epoch;
-	if (r->lsn != lsn)
-		return r->lsn > lsn;
-	return r->me == 0;
+	if (my_epoch != epoch)
+		return my_epoch > epoch;
+	if (my_lsn != lsn)
+		return my_lsn > lsn;
+	return me == 0;
 }
 
-/* Why wins() chose this process, for the log. */
+int ps__repl_partner_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int peer_state,
+			     uint64_t peer_epoch, uint64_t peer_lsn)
+{
+	if (state == PS_REPL_BACKUP && peer_state != PS_REPL_PRIMARY)
+		return PS_REPL_V_TAKE_OVER;
+	if (state == PS_REPL_JOINING && peer_state == PS_REPL_JOINING &&
+	    wins_of(me, epoch, lsn, peer_epoch, peer_lsn))
+		return PS_REPL_V_TAKE_OVER;
+	if (state == PS_REPL_PRIMARY && peer_state == PS_REPL_PRIMARY && peer_epoch > epoch)
+		return PS_REPL_V_STEP_DOWN;
+	return state == PS_REPL_PRIMARY ? PS_REPL_V_ACCEPT : PS_REPL_V_REFUSE;
+}
+
+int ps__repl_reply_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int ok,
+			   int peer_state, uint64_t peer_epoch, uint64_t peer_lsn)
+{
+	if (ok)
+		return peer_state == PS_REPL_PRIMARY && state != PS_REPL_PRIMARY
+		       ? PS_REPL_V_ACCEPT : PS_REPL_V_REFUSE;
+	if (state == PS_REPL_BACKUP && peer_state == PS_REPL_JOINING)
+		return PS_REPL_V_TAKE_OVER;
+	if (state == PS_REPL_JOINING && peer_state == PS_REPL_JOINING &&
+	    wins_of(me, epoch, lsn, peer_epoch, peer_lsn))
+		return PS_REPL_V_TAKE_OVER;
+	return PS_REPL_V_REFUSE;
+}
+
+/* Why wins_of() chose this process, for the log. */
 static void why_wins(const struct ps_repl *r, uint64_t epoch, uint64_t lsn, char *buf, size_t len)
 {
 	if (r->epoch == epoch && r->lsn == lsn)
@@ -166,18 +194,18 @@ void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	struct ps_repl *r = s->repl;
 	char why[200];
+	int v = ps__repl_partner_verdict(r->state, r->me, r->epoch, r->lsn, sc->peer_state,
+					 sc->peer_epoch, sc->peer_lsn);
 
-	if (r->state == PS_REPL_BACKUP && sc->peer_state != PS_REPL_PRIMARY) {
+	if (v == PS_REPL_V_TAKE_OVER && r->state == PS_REPL_BACKUP) {
 		snprintf(why, sizeof(why), "the process at the primary's address %s has restarted "
 			 "or stepped down (it says it is %s)", sc->conn->peer,
 			 ps__repl_state_name(sc->peer_state));
 		take_over(s, sc->peer_epoch, why);
-	} else if (r->state == PS_REPL_JOINING && sc->peer_state == PS_REPL_JOINING &&
-		   wins(r, sc->peer_epoch, sc->peer_lsn)) {
+	} else if (v == PS_REPL_V_TAKE_OVER) {
 		why_wins(r, sc->peer_epoch, sc->peer_lsn, why, sizeof(why));
 		take_over(s, sc->peer_epoch, why);
-	} else if (r->state == PS_REPL_PRIMARY && sc->peer_state == PS_REPL_PRIMARY &&
-		   sc->peer_epoch > r->epoch) {
+	} else if (v == PS_REPL_V_STEP_DOWN) {
 		step_down(s, "the partner is the primary of a later epoch");
 	}
 	if (r->state != PS_REPL_PRIMARY) {
@@ -375,7 +403,12 @@ static int on_reply(struct ps_server *s, struct ps_conn *c, const Ps__HelloReply
 			": out of range (at most 2^53 - 1)", c->peer, m->epoch, m->lsn);
 		return PS_EPROTO;
 	}
-	if (m->ok && m->repl_state == PS_REPL_PRIMARY) {
+	int v = ps__repl_reply_verdict(r->state, r->me, r->epoch, r->lsn, m->ok,
+				       (int)m->repl_state, m->epoch, m->lsn);
+
+	if (m->ok && v != PS_REPL_V_ACCEPT)
+		return PS_EPROTO; /* an ok from no primary, or to a primary (which does not dial) */
+	if (v == PS_REPL_V_ACCEPT) {
 		struct ps_wire_limits lim = {
 			.max_frame = s->cfg->limits.max_frame_bytes,
 			.max_meta = s->cfg->limits.max_meta_bytes,
@@ -386,20 +419,15 @@ static int on_reply(struct ps_server *s, struct ps_conn *c, const Ps__HelloReply
 		r->snap_frames = 0;
 		r->snap_started = ps_now_s();
 		r->link_rx = r->snap_started;
-		if (r->state == PS_REPL_PRIMARY) /* cannot be: primaries do not dial */
-			return PS_EPROTO;
 		ps_info("replication: joining primary %s (epoch %" PRIu64 ") as its backup; "
 			"receiving its state", c->peer, m->epoch);
 		return 0;
 	}
-	if (m->ok)
-		return PS_EPROTO;
-	if (r->state == PS_REPL_BACKUP && m->repl_state == PS_REPL_JOINING) {
+	if (v == PS_REPL_V_TAKE_OVER && r->state == PS_REPL_BACKUP) {
 		snprintf(why, sizeof(why), "the process at the primary's address %s has restarted "
 			 "or stepped down (it is joining)", c->peer);
 		take_over(s, m->epoch, why);
-	} else if (r->state == PS_REPL_JOINING && m->repl_state == PS_REPL_JOINING &&
-		   wins(r, m->epoch, m->lsn)) {
+	} else if (v == PS_REPL_V_TAKE_OVER) {
 		why_wins(r, m->epoch, m->lsn, why, sizeof(why));
 		take_over(s, m->epoch, why);
 	}
@@ -535,6 +563,7 @@ void ps__repl_tick(struct ps_server *s)
 			hb.lsn = r->lsn;
 			hb.epoch = r->epoch;
 			r->last_sent = now;
+			r->heartbeats++;
 			ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &hb.base, NULL, 0,
 				    PS_SEND_VOLATILE, NULL, NULL);
 		}
@@ -636,6 +665,7 @@ void ps__repl_free(struct ps_server *s)
 	free(r->b.marks);
 	free(r->b.rows);
 	free(r->b.rpayload);
+	ps__repl_decl_clear(&r->b);
 	free(r->snap_tables);
 	free(r->hello);
 	free(r->cfinished);
@@ -660,4 +690,7 @@ void ps__repl_stats(const struct ps_server *s, Ps__Stats *st, char *partner, siz
 	st->repl_lag = r->state == PS_REPL_PRIMARY && r->link ? r->lsn - r->acked : 0;
 	st->repl_failovers = r->failovers;
 	st->repl_lsn = r->lsn;
+	st->repl_batches = r->batches;
+	st->repl_bytes = r->bytes;
+	st->repl_heartbeats = r->heartbeats;
 }

@@ -29,7 +29,8 @@
  * rule and why no acknowledged push is lost.
  *
  * Embedding tables (replica_rows.c) follow the same path: row updates
- * and expiries in the batches, the tables whole in the snapshot.
+ * and expiries in the batches, the tables whole in the snapshot; so do
+ * the tensors and tables workers declare at run time (replica_decl.c).
  *
  * Everything runs on the shard's loop thread.
  */
@@ -72,6 +73,16 @@ struct ps_repl_batch {
 	size_t nrows, rcap;
 	uint8_t *rpayload;
 	size_t rplen, rpcap;
+	/* declarations adopted since the last batch (replica_decl.c): copies
+	 * of the workers' messages, the tensors' initial values, and the new
+	 * tables' clocks (seconds since their epochs) and versions */
+	Ps__Declare *decl;
+	uint8_t *decl_values;
+	size_t decl_len;
+	Ps__DeclareTables *decl_tables;
+	double *decl_clocks;
+	uint64_t *decl_versions;
+	size_t ndecl;
 };
 
 struct ps_repl {
@@ -83,6 +94,9 @@ struct ps_repl {
 	uint64_t acked;             /* primary: last batch its backup confirmed */
 	uint64_t snap_lsn;          /* primary: where the backup's snapshot stands */
 	uint64_t failovers;         /* takeovers by this process */
+	/* traffic (Stats.repl_*): primary: batches sent to a backup, their
+	 * payload bytes, heartbeats sent; backup: applied, and received */
+	uint64_t batches, bytes, heartbeats;
 	char partner[320];
 	/* primary: its backup's connection (accepted), NULL when alone */
 	struct ps_srv_conn *link;
@@ -124,6 +138,29 @@ void ps__repl_free(struct ps_server *s);
 int ps__repl_serving(const struct ps_server *s);
 /* The periodic tick: heartbeats, silence, dialing, takeover. */
 void ps__repl_tick(struct ps_server *s);
+/* What a process does when its partner dials in (ps__repl_on_partner's
+ * rule, docs/reliability.md), from this process's state, replica index,
+ * epoch and last batch and what the partner's Hello says; pure. */
+enum ps_repl_verdict {
+	PS_REPL_V_ACCEPT,       /* a primary: the partner becomes its backup */
+	PS_REPL_V_TAKE_OVER,    /* serve (epoch + 1), then accept: a backup whose
+				   primary's address is held by a process
+				   without the primary's role, or the joining
+				   process with the newer state (else replica 0) */
+	PS_REPL_V_STEP_DOWN,    /* a primary told of a primary of a later epoch:
+				   stop serving, refuse */
+	PS_REPL_V_REFUSE,       /* not serving: refused, the partner dials again */
+};
+int ps__repl_partner_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int peer_state,
+			     uint64_t peer_epoch, uint64_t peer_lsn);
+/* The dialing side's rule (replica.c on_reply): what this process does
+ * with its partner's HelloReply (ok, the partner's state, epoch, batch):
+ * ACCEPT: follow it as its backup (an ok from a primary); TAKE_OVER: a
+ * refusal from a joining partner, and this is a backup (the process at the
+ * primary's address restarted or stepped down) or the joining process
+ * with the newer state (else replica 0); REFUSE: dial again. Pure. */
+int ps__repl_reply_verdict(int state, int me, uint64_t epoch, uint64_t lsn, int ok,
+			   int peer_state, uint64_t peer_epoch, uint64_t peer_lsn);
 /* A ROLE_REPLICA Hello passed the handshake on sc: decide who serves and
  * answer (HelloReply, then the snapshot when this one is the primary). */
 void ps__repl_on_partner(struct ps_server *s, struct ps_srv_conn *sc);
@@ -176,6 +213,10 @@ void ps__repl_note_rows_done(struct ps_server *s, int t);
 void ps__repl_note_expired(struct ps_server *s, int t, uint32_t stamp, uint64_t n);
 int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
 			   int rank, uint64_t incarnation, uint64_t seq, uint64_t clock, int t);
+/* A declaration accepted (declare.c, decl_tables.c): its ack is sent once
+ * the batch that carries it (or follows it) is confirmed; not counted as a
+ * push's. 0 or -ENOMEM. */
+int ps__repl_decl_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id);
 /* replica_log.c, for replica_rows.c: grows an array to need elements;
  * sends the batch gathered (with_state: the ended clocks too). */
 int ps__repl_grow(void **p, size_t *cap, size_t need, size_t elem);
@@ -191,6 +232,21 @@ int ps__repl_send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSn
 int ps__repl_tables_part(struct ps_server *s, const Ps__ReplSnapshot *m,
 			 const struct ps_frame *f);
 int ps__repl_tables_restore(struct ps_server *s, const double *clocks);
+/* replica_decl.c: declarations. The primary notes a worker's Declare it
+ * adopted (values: the payload, len bytes) or DeclareTables (the tables
+ * now last in s->rows) for the batch being gathered; the batch's copies
+ * are put into m (the values at offset in its payload) and freed. The
+ * backup applies a batch's declarations (before the rest of it). The state
+ * transfer's first frame (nothing sent without declarations) and its
+ * application. 0 or a negative code. */
+void ps__repl_note_declare(struct ps_server *s, const Ps__Declare *m, const void *values,
+			   uint64_t len);
+void ps__repl_note_declare_tables(struct ps_server *s, const Ps__DeclareTables *m);
+void ps__repl_decl_fill(struct ps_repl_batch *b, Ps__ReplBatch *m, uint64_t offset);
+void ps__repl_decl_clear(struct ps_repl_batch *b);
+int ps__repl_decl_apply(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f);
+int ps__repl_send_decl(struct ps_server *s, struct ps_srv_conn *sc, uint64_t lsn, uint64_t epoch);
+int ps__repl_snapshot_decl(struct ps_server *s, const Ps__ReplSnapshot *m);
 /* Backup, every_push: forgets the kept gradients of sl below clock `below`
  * (all of them with sl NULL). */
 void ps__repl_staged_free(struct ps_server *s, const struct ps_slot *sl, uint64_t below);

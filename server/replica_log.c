@@ -26,6 +26,7 @@
 #include "ps_time.h"
 #include "finite.h"
 #include "msg.h"
+#include "optim_group.h"
 #include "ps_err.h"
 #include "ps_log.h"
 #include "replica.h"
@@ -44,6 +45,7 @@ struct ps_repl_pending {
 	double arrived;
 	int table;                  /* a sync row push: its table, committed once the
 				       table applied clock; else -1 */
+	int not_push;               /* a declaration's ack: not counted as a push's */
 	uint32_t nslots;
 	struct ps_repl_pending *next;
 	int32_t slots[];            /* store slot indices the push named */
@@ -73,7 +75,7 @@ int ps__repl_grow(void **p, size_t *cap, size_t need, size_t elem)
  * optimizer took (g, or NULL for a version passed over); with rank >= 0 a
  * worker's gradient for clock (every_push), kept by the backup. */
 static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int rank,
-		 uint64_t clock)
+		 uint64_t clock, const struct ps_optim_cfg *oc)
 {
 	struct ps_repl *r = s->repl;
 	struct ps_repl_batch *b = &r->b;
@@ -104,6 +106,11 @@ static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int ra
 	x.steps = sl->steps;
 	x.staged = rank >= 0;
 	x.rank = rank;
+	if (oc && oc->lr != sl->ocfg->lr) {
+		/* the push gave the slot's group this rate (Push.group_lr) */
+		x.has_lr = 1;
+		x.lr = oc->lr;
+	}
 	if (g) {
 		x.has_grad = 1;
 		x.offset = b->plen;
@@ -114,19 +121,20 @@ static void note(struct ps_server *s, struct ps_slot *sl, const float *g, int ra
 	b->slots[b->nslots++] = x;
 }
 
-static void on_apply(void *arg, struct ps_slot *sl, const float *g)
+static void on_apply(void *arg, struct ps_slot *sl, const float *g,
+		     const struct ps_optim_cfg *oc)
 {
-	note(arg, sl, g, -1, 0);
+	note(arg, sl, g, -1, 0, oc);
 }
 
 static void on_version(void *arg, struct ps_slot *sl)
 {
-	note(arg, sl, NULL, -1, 0);
+	note(arg, sl, NULL, -1, 0, NULL);
 }
 
 static void on_offer(void *arg, struct ps_slot *sl, int rank, uint64_t clock, const float *g)
 {
-	note(arg, sl, g, rank, clock);
+	note(arg, sl, g, rank, clock, NULL);
 }
 
 void ps__repl_log_init_hooks(struct ps_server *s)
@@ -200,7 +208,7 @@ static const float *staged_sum(struct ps_server *s, struct ps_slot *sl, uint64_t
 						acc[i] += x->g[i];
 				break;
 			}
-	if (have > 1 && s->cfg->optim.average) {
+	if (have > 1 && sl->ocfg->average) {
 		/* optimizer.average: the mean, as the primary's store took it */
 		const float k = (float)have;
 		for (size_t i = 0; i < n; i++)
@@ -220,13 +228,15 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 	Ps__ReplSlot **sp = NULL;
 	Ps__ReplMark **mp = NULL;
 	Ps__ReplRows **rp = NULL;
-	struct ps_iov iov[2];
+	struct ps_iov iov[3];
 	int niov = 0;
 
 	if (b->plen)
 		iov[niov++] = (struct ps_iov){ b->payload, b->plen };
 	if (b->rplen)
 		iov[niov++] = (struct ps_iov){ b->rpayload, b->rplen };
+	if (b->decl && b->decl_len)
+		iov[niov++] = (struct ps_iov){ b->decl_values, b->decl_len };
 	r->lsn++;
 	if (r->link) {
 		sp = malloc(sizeof(*sp) * (b->nslots + 1));
@@ -256,13 +266,18 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 		m.slots = sp;
 		m.n_marks = b->nmarks;
 		m.marks = mp;
+		ps__repl_decl_fill(b, &m, b->plen + b->rplen);
 		if (with_state) {
 			m.n_finished = (size_t)s->cfg->nworkers;
 			m.finished = r->cfinished;
 		}
 		if (ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &m.base, iov, niov,
-				PS_SEND_VOLATILE, NULL, NULL))
+				PS_SEND_VOLATILE, NULL, NULL)) {
 			r->link->conn->t->ops->close(r->link->conn, PS_ECLOSED);
+		} else {
+			r->batches++;
+			r->bytes += b->plen + b->rplen + (b->decl ? b->decl_len : 0);
+		}
 		r->last_sent = ps_now_s();
 	}
 	free(sp);
@@ -273,6 +288,7 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 	b->nmarks = 0;
 	b->nrows = 0;
 	b->rplen = 0;
+	ps__repl_decl_clear(b);
 }
 
 /* ---- pending acks ---- */
@@ -325,14 +341,16 @@ void ps__repl_conn_gone(struct ps_server *s, struct ps_srv_conn *sc)
 			p->sc = NULL;
 }
 
-int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
-			   int rank, uint64_t incarnation, uint64_t seq, uint64_t clock, int t)
+/* A pending ack without slots (a row push or a declaration), queued. */
+static struct ps_repl_pending *pending_plain(struct ps_server *s, struct ps_srv_conn *sc,
+					     uint64_t req_id, int rank, uint64_t incarnation,
+					     uint64_t seq, uint64_t clock, int t)
 {
 	struct ps_repl *r = s->repl;
 	struct ps_repl_pending *p = calloc(1, sizeof(*p));
 
 	if (!p)
-		return -ENOMEM;
+		return NULL;
 	p->sc = sc;
 	p->req_id = req_id;
 	p->rank = rank;
@@ -343,6 +361,23 @@ int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t
 	p->table = t;
 	*r->pending_tail = p;
 	r->pending_tail = &p->next;
+	return p;
+}
+
+int ps__repl_rows_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
+			   int rank, uint64_t incarnation, uint64_t seq, uint64_t clock, int t)
+{
+	return pending_plain(s, sc, req_id, rank, incarnation, seq, clock, t) ? 0 : -ENOMEM;
+}
+
+int ps__repl_decl_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id)
+{
+	struct ps_repl_pending *p = pending_plain(s, sc, req_id, sc->rank, sc->incarnation, 0, 0,
+						  -1);
+
+	if (!p)
+		return -ENOMEM;
+	p->not_push = 1;
 	return 0;
 }
 
@@ -402,7 +437,7 @@ void ps__repl_flush(struct ps_server *s)
 			}
 			commits++;
 		}
-	if (r->b.nslots || r->b.nmarks || r->b.nrows || commits)
+	if (r->b.nslots || r->b.nmarks || r->b.nrows || r->b.decl || r->b.decl_tables || commits)
 		ps__repl_send_batch(s, 1);
 	ps__repl_release(s);
 }
@@ -423,8 +458,10 @@ void ps__repl_release(struct ps_server *s)
 			ack.req_id = p->req_id;
 			ps_msg_send(p->sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0,
 				    PS_SEND_VOLATILE, NULL, NULL);
-			s->c.acks++;
-			ps_histo_add(&s->c.push_lat, now - p->arrived);
+			if (!p->not_push) {
+				s->c.acks++;
+				ps_histo_add(&s->c.push_lat, now - p->arrived);
+			}
 		}
 		*pp = p->next;
 		free(p);
@@ -444,6 +481,7 @@ void ps__repl_drop_pending(struct ps_server *s)
 	r->pending_tail = &r->pending;
 	r->b.nslots = r->b.plen = r->b.nmarks = 0;
 	r->b.nrows = r->b.rplen = 0;
+	ps__repl_decl_clear(&r->b);
 }
 
 void ps__repl_adopt_committed(struct ps_server *s)
@@ -476,7 +514,7 @@ static void resend_kept(void *arg, struct ps_slot *sl, int rank, uint64_t clock,
 {
 	struct kept *k = arg;
 
-	note(k->s, sl, g, rank, clock);
+	note(k->s, sl, g, rank, clock, NULL);
 	k->n++;
 	k->bytes += (uint64_t)sl->slice->count * sizeof(float);
 }
@@ -484,7 +522,6 @@ static void resend_kept(void *arg, struct ps_slot *sl, int rank, uint64_t clock,
 int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 {
 	struct ps_repl *r = s->repl;
-	const struct ps_optimizer_ops *opt = s->store.opt;
 	Ps__ReplSnapshot m = PS__REPL_SNAPSHOT__INIT;
 	struct kept kept = { s, 0, 0 };
 	uint64_t bytes = 0;
@@ -493,10 +530,14 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	ps__repl_flush(s); /* the store now stands at batch r->lsn */
 	m.lsn = r->lsn;
 	m.epoch = r->epoch;
+	/* the declared tensors and tables first: the frames below need them */
+	rc = ps__repl_send_decl(s, sc, r->lsn, r->epoch);
+	if (rc)
+		return rc;
 	for (int k = 0; k < s->store.nslots; k++) {
 		const struct ps_slot *sl = &s->store.slots[k];
 
-		for (int j = 0; j <= opt->nstate; j++) {
+		for (int j = 0; j <= sl->opt->nstate; j++) {
 			struct ps_iov iov = { j ? sl->state[j - 1] : sl->w,
 					      (size_t)sl->slice->count * sizeof(float) };
 			m.slice = sl->slice->id;
@@ -567,6 +608,8 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			m->lsn, m->epoch, m->version, m->steps);
 		return PS_EPROTO;
 	}
+	if (m->declare || m->declare_tables)
+		return ps__repl_snapshot_decl(s, m);
 	if (m->tables)
 		return ps__repl_tables_part(s, m, f);
 	if (m->last) {
@@ -606,7 +649,7 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 		return 0;
 	}
 	struct ps_slot *sl = ps_store_slot(&s->store, m->slice);
-	if (!sl || m->which > (uint32_t)s->store.opt->nstate ||
+	if (!sl || m->which > (uint32_t)sl->opt->nstate ||
 	    f->hdr.payload_len != (uint64_t)sl->slice->count * sizeof(float)) {
 		ps_warn("replication: snapshot frame for slice %u array %u (%" PRIu64 " bytes) does "
 			"not match this shard", m->slice, m->which, f->hdr.payload_len);
@@ -626,11 +669,15 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f)
 {
 	struct ps_repl *r = s->repl;
-	const struct ps_optimizer_ops *opt = s->store.opt;
 	size_t nw = (size_t)s->cfg->nworkers;
 
-	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks && !m->n_rows)
+	char why[200];
+
+	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks && !m->n_rows && !m->declare &&
+	    !m->declare_tables) {
+		r->heartbeats++;
 		return 0; /* a heartbeat */
+	}
 	if (m->lsn != r->lsn + 1) {
 		ps_warn("replication: batch %" PRIu64 " after batch %" PRIu64 ": a gap", m->lsn,
 			r->lsn);
@@ -643,11 +690,22 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 			"2^53 - 1)", m->lsn, m->epoch);
 		return PS_EPROTO;
 	}
+	if (m->declare || m->declare_tables) {
+		/* first: the slices and tables of the rest may be declared here */
+		int rc = ps__repl_decl_apply(s, m, f);
+		if (rc)
+			return rc;
+	}
 	for (size_t i = 0; i < m->n_slots; i++) {
 		const Ps__ReplSlot *x = m->slots[i];
 		struct ps_slot *sl = ps_store_slot(&s->store, x->slice);
 		uint64_t n = sl ? (uint64_t)sl->slice->count : 0;
 
+		if (x->has_lr && ps_optim_group_lr_check(0, x->lr, why, sizeof(why))) {
+			ps_warn("replication: batch %" PRIu64 " applies slice %u with %s", m->lsn,
+				x->slice, why);
+			return PS_EPROTO;
+		}
 		if (x->version >= PS_MAX_CLOCK || x->steps >= PS_MAX_CLOCK) {
 			ps_warn("replication: batch %" PRIu64 " sets slice %u to version %" PRIu64
 				" and %" PRIu64 " steps: out of range (at most 2^53 - 1)", m->lsn,
@@ -705,7 +763,10 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 				return PS_EPROTO;
 			}
 			double t0 = ps_now_s();
-			opt->apply(&s->cfg->optim, sl->w, g, sl->state, (size_t)n, sl->steps);
+			struct ps_optim_cfg oc = *sl->ocfg;
+			if (x->has_lr)
+				oc.lr = x->lr;
+			sl->opt->apply(&oc, sl->w, g, sl->state, (size_t)n, sl->steps);
 			s->store.applies++;
 			s->store.bytes_applied += n * sizeof(float);
 			s->store.apply_seconds += ps_now_s() - t0;
@@ -729,5 +790,7 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	}
 	r->lsn = m->lsn;
 	r->epoch = m->epoch > r->epoch ? m->epoch : r->epoch;
+	r->batches++;
+	r->bytes += f->hdr.payload_len;
 	return 0;
 }

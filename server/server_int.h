@@ -89,6 +89,13 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 /* declare.c: a worker's Declare (tensors of a config without a model) */
 void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Declare *m,
 			    const struct ps_frame *f);
+/* A declaration from rank (0 on a backup: the primary adopted it) with
+ * values (values_len bytes, the payload) checked and either adopted
+ * (*adopted 1: the shard had no tensors, rank 0) or compared with the
+ * shard's tensors. 0, or a negative code with the reason in why (-EAGAIN:
+ * not rank 0 and nothing declared yet). */
+int ps__srv_declare_msg(struct ps_server *s, int rank, const Ps__Declare *m, const void *values,
+			uint64_t values_len, int *adopted, char *why, size_t wl);
 /* Makes list (n tensors) the shard's tensors: its own config copy, map and
  * store, the owned slices' weights from values (values_len bytes, in slice
  * id order) or zeros when values is NULL (a checkpoint fills them next),
@@ -101,6 +108,10 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 /* decl_tables.c: a worker's DeclareTables (embedding tables at run time) */
 void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
 				   const Ps__DeclareTables *m);
+/* ps__srv_declare_msg's counterpart for tables: adopted (*adopted 1) or
+ * compared. 0, or a negative code with the reason in why. */
+int ps__srv_declare_tables_msg(struct ps_server *s, int rank, const Ps__DeclareTables *m,
+			       int *adopted, char *why, size_t wl);
 /* Appends list (n definitions, checked) to the shard's tables, in its own
  * config copy, and sets up their rows. 0, or a negative code with the
  * reason in why; the shard is unchanged then. */

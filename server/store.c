@@ -189,7 +189,7 @@ static int apply(struct ps_store *st, struct ps_slot *s, const struct ps_optim_c
 	st->bytes_applied += n * sizeof(float);
 	st->apply_seconds += ps_now_s() - t0;
 	if (st->on_apply)
-		st->on_apply(st->hook_arg, s, g);
+		st->on_apply(st->hook_arg, s, g, oc);
 	return 1;
 }
 

@@ -84,8 +84,10 @@ struct ps_store {
 	uint64_t bytes_applied;
 	/* Told of every change, in order (replication, server/replica_log.c):
 	 * an optimizer step on s with gradient g (count floats, valid during
-	 * the call only), or a version passed over without one. NULL = off. */
-	void (*on_apply)(void *arg, struct ps_slot *s, const float *g);
+	 * the call only) and settings oc (s's rule, the push's learning rate),
+	 * or a version passed over without one. NULL = off. */
+	void (*on_apply)(void *arg, struct ps_slot *s, const float *g,
+			 const struct ps_optim_cfg *oc);
 	void (*on_version)(void *arg, struct ps_slot *s);
 	/* sync: rank's gradient g (decoded, count floats) for clock was taken
 	 * into s's barrier, before it is summed (replication.forward:

@@ -905,13 +905,9 @@ static const struct ecase ecases[] = {
 	  { "t.yaml:4: missing required key 'cluster.workers'" } },
 	{ "missing cluster", "seed: 1\n" MODEL(T1),
 	  { "t.yaml:1: missing required key 'cluster.servers'" } },
-	/* no model: the workers declare it (ps_client_declare), which replicas
-	 * cannot follow yet; per-tensor codecs are kept for the declared names,
-	 * and what needs no tensor is checked at once */
-	{ "no model with replicas", "cluster:\n  servers: [a:1]\n  workers: 1\n  replicas: 1\n"
-	  "  backups: [b:1]\n",
-	  { "t.yaml:4: key 'cluster.replicas': a config without a model (tensors declared by the "
-	    "workers) cannot have replicas yet" } },
+	/* no model: the workers declare it (ps_client_declare); per-tensor
+	 * codecs are kept for the declared names, and what needs no tensor is
+	 * checked at once */
 	{ "no model with a codec override's stray ratio", CL("[a:1]", "1") "compression:\n  tensors:\n"
 	  "    - {name: w, codec: fp16, ratio: 0.5}\n",
 	  { "t.yaml:6: key 'compression.tensors[0].ratio': only topk uses a ratio" } },

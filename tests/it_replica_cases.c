@@ -452,8 +452,8 @@ START_TEST(test_replication_figures)
 	struct ps_shard_stats a, b;
 	static char body[1 << 16];
 	int64_t id[NWORKERS];
-	/* stats.http: replica r on port + r (ephemeral ports: no restarts here) */
-	int http = tu_free_port();
+	/* stats.http: replica r on port + r, both free */
+	int http = tu_low_free_pair();
 
 	write_config(http);
 	ck_assert_msg(http != ports[0] && http != ports[1] && http + 1 != ports[0] &&

@@ -137,6 +137,57 @@ static inline int tu_http_get(int port, const char *path, char *body, size_t n)
 	return status;
 }
 
+/* A free port below the ephemeral range, other than other and other + 1
+ * (a restarted process must not find its port taken as the source port of
+ * its partner's dial). */
+static inline int tu_low_free_port(int other)
+{
+	unsigned seed = (unsigned)getpid() * 2654435761u + (unsigned)other;
+
+	for (int i = 0; i < 1000; i++) {
+		int p = 20000 + (int)(rand_r(&seed) % 12000);
+		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)p),
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+
+		ok = p != other && p != other + 1 && fd >= 0 &&
+		     bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+		if (fd >= 0)
+			close(fd);
+		if (ok)
+			return p;
+	}
+	return tu_free_port();
+}
+
+/* Whether port is free on the loopback now. */
+static inline int tu_port_free(int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+
+	ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
+/* A free port p below the ephemeral range with p + 1 free too (stats.http
+ * of a pair: replica r serves on p + r), in 32000..32767 (tu_low_free_port
+ * draws below 32000, so the two never meet). */
+static inline int tu_low_free_pair(void)
+{
+	unsigned seed = (unsigned)getpid() * 40503u + (unsigned)(ps_now_s() * 1e6);
+
+	for (int i = 0; i < 1000; i++) {
+		int p = 32000 + (int)(rand_r(&seed) % 760);
+		if (tu_port_free(p) && tu_port_free(p + 1))
+			return p;
+	}
+	return tu_free_port();
+}
+
 /* qsort's order of doubles, ascending (failover times for a median). */
 static inline int tu_cmp_double(const void *a, const void *b)
 {

@@ -650,9 +650,12 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 				if (b[k].rep_up[r])
 					fprintf(f, ",\"role\":\"%s\",\"epoch\":%" PRIu64 ",\"partner\":"
 						"\"%s\",\"partner_up\":%s,\"lag\":%" PRIu64 ",\"failovers\":%"
-						PRIu64, role[x->repl_state & 3], x->repl_epoch, x->repl_partner,
+						PRIu64 ",\"batch\":%" PRIu64 ",\"repl_batches\":%" PRIu64
+						",\"repl_bytes\":%" PRIu64 ",\"repl_heartbeats\":%" PRIu64,
+						role[x->repl_state & 3], x->repl_epoch, x->repl_partner,
 						x->repl_partner_up ? "true" : "false", x->repl_lag,
-						x->repl_failovers);
+						x->repl_failovers, x->repl_lsn, x->repl_batches, x->repl_bytes,
+						x->repl_heartbeats);
 				fputc('}', f);
 			}
 			fputc(']', f);

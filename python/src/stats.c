@@ -80,7 +80,10 @@ PyObject *pyps_stats_dict(const struct ps_shard_stats *s)
 	    INT(d, s, checkpoint_every_s) || INT(d, s, repl_state) || U64(d, s, repl_epoch) ||
 	    STR(d, s, repl_partner) || INT(d, s, repl_partner_up) || U64(d, s, repl_lag) ||
 	    U64(d, s, repl_failovers) || U64(d, s, repl_lsn) || INT(d, s, repl_replica) ||
-	    INT(d, s, nworkers) || put(d, "worker_clock", u64_list(s->worker_clock, nw)))
+	    U64(d, s, repl_batches) || U64(d, s, repl_bytes) || U64(d, s, repl_heartbeats) ||
+	    INT(d, s, nworkers) || put(d, "worker_clock", u64_list(s->worker_clock, nw)) ||
+	    put(d, "dedup_seq", u64_list(s->dedup_seq, nw)) ||
+	    put(d, "dedup_digest", u64_list(s->dedup_digest, nw)))
 		goto err;
 	l = PyList_New(nw);
 	for (int i = 0; l && i < nw; i++)

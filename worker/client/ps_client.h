@@ -183,6 +183,13 @@ struct ps_shard_stats {
 	int member_status;
 	uint64_t member_clock;
 	char member_error[300];
+	/* cluster.replicas: 1: the primary's batches sent to its backup
+	 * (heartbeats apart), their payload bytes, its heartbeats; a backup's
+	 * batches applied, their bytes, heartbeats received */
+	uint64_t repl_batches, repl_bytes, repl_heartbeats;
+	/* the first 64 workers' dedup windows: the highest push number marked
+	 * and a digest of the window (equal on a primary and its backup) */
+	uint64_t dedup_seq[64], dedup_digest[64];
 };
 
 /* The rank of a reader: a read-only client that proves the reader key

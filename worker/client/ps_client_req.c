@@ -170,6 +170,9 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->repl_lag = m->repl_lag;
 	o->repl_failovers = m->repl_failovers;
 	o->repl_lsn = m->repl_lsn;
+	o->repl_batches = m->repl_batches;
+	o->repl_bytes = m->repl_bytes;
+	o->repl_heartbeats = m->repl_heartbeats;
 	o->repl_replica = m->repl_replica;
 	o->checkpoint_on = m->checkpoint_on;
 	o->checkpoint_age_s = m->checkpoint_age_s;
@@ -185,6 +188,8 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	for (size_t i = 0; i < m->n_workers && i < 64; i++) {
 		o->worker_clock[i] = m->workers[i]->clock;
 		o->worker_up[i] = m->workers[i]->connected;
+		o->dedup_seq[i] = m->workers[i]->dedup_seq;
+		o->dedup_digest[i] = m->workers[i]->dedup_digest;
 	}
 	for (size_t i = 0; i < m->n_push_latency_log2us && i < PS_HISTO_BUCKETS; i++)
 		o->push_lat[i] = m->push_latency_log2us[i];

@@ -183,12 +183,6 @@ int ps_client_declare_tables(struct ps_client *c, const struct ps_table_decl *t,
 				   "config's %d)", n, PS_MAX_TABLES - nyaml, PS_MAX_TABLES, nyaml);
 		return PS_ETOOBIG;
 	}
-	if (c->cfg->replicas) {
-		ps__client_set_err(c, "cluster.replicas: 1 does not replicate tables declared at "
-				   "run time (a joining backup's state does not carry declarations); "
-				   "give them in model.embeddings, or use replicas: 0");
-		return PS_ECONFIG;
-	}
 	list = calloc((size_t)n, sizeof(*list));
 	cfg = malloc(sizeof(*cfg));
 	if (!list || !cfg) {
