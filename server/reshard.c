@@ -264,12 +264,6 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		     "would have to move with its state (docs/elastic.md)");
 	memcpy(ocfg, cfg, sizeof(*ocfg));
 	ocfg->nshards = n;
-	snprintf(first, sizeof(first), "%s/shard-0.ckpt", from->dir);
-	placement = find_placement(ocfg, first, n, err, errlen);
-	if (placement < 0) {
-		rc = placement;
-		goto out;
-	}
 	/* every old file there before any is read: a missing one is told
 	 * first, not after minutes of loading the others */
 	for (int j = 0; j < n; j++) {
@@ -279,6 +273,12 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 			FAIL(-ENOENT, "%s is missing: re-sharding from %d shards needs every old "
 			     "shard's checkpoint, shard-0.ckpt to shard-%d.ckpt in %s", path, n,
 			     n - 1, from->dir);
+	}
+	snprintf(first, sizeof(first), "%s/shard-0.ckpt", from->dir);
+	placement = find_placement(ocfg, first, n, err, errlen);
+	if (placement < 0) {
+		rc = placement;
+		goto out;
 	}
 	/* the tensors and tables workers declared at run time, as the old
 	 * shards had them: this shard's map is built from them */

@@ -1,0 +1,535 @@
+/* it_reshard.c - re-sharding by restart (docs/elastic.md) with real
+ * processes: shards of one shard count stop with their checkpoints, and
+ * shards of another count start from them (ps-server --reshard-from).
+ *
+ *  - sync training, integer gradients, momentum and an adagrad table:
+ *    2 shards for 4 clocks, 3 for 3, 2 again for 3 gives dense weights and
+ *    rows bit-identical to 10 clocks on 2 shards without a re-shard;
+ *  - rows after 2 -> 3, read from the checkpoints the old and the new
+ *    shards wrote: every row on the shard its hash names, its weights and
+ *    optimizer state bit for bit, the rows of each old shard in the same
+ *    recency order, ages never rising toward the newest; ids pushed once
+ *    (admission 2) keep their count in the new owner's filter, and their
+ *    second push after the re-shard creates their rows;
+ *  - refusals, with no checkpoint of the new map written: an old shard's
+ *    file missing, files of different clocks, another model, the old
+ *    files in checkpoint.dir itself; the old placement's checkpoint
+ *    without --reshard-from is refused with how to re-place it.
+ */
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "ckpt_format.h"
+#include "config.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "rows_wire.h"
+#include "table.h"
+#include "test_util.h"
+
+#define NA 3000
+#define NB 1000
+#define DIM 4
+#define NIDS 300
+
+static char dir[64], ck[128], path[64];
+static struct ps_config cfg;
+
+/* The config of an n-shard cluster (fresh ports) at path; nb: tensor b's
+ * size (another model when not NB). */
+static void write_cfg(int n, int nb)
+{
+	char yaml[2048], servers[256] = "", err[512];
+
+	for (int k = 0, o = 0; k < n; k++)
+		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d", k ? ", " : "",
+			      tu_free_port());
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [%s]\n  workers: 1\n"
+		 "slice_bytes: 1024\nseed: 5\n"
+		 "optimizer:\n  name: momentum\n  lr: 0.5\n  momentum: 0.9\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
+		 "    - {name: b, shape: [%d], init: arange}\n"
+		 "  embeddings:\n    - {name: e, dim: %d, init: uniform, scale: 0.5, "
+		 "optimizer: adagrad, lr: 0.25, admission: 2}\n"
+		 "checkpoint:\n  dir: %s\n  every_s: 0\n"
+		 "log:\n  level: warn\n", servers, NA, nb, DIM, ck);
+	if (!path[0])
+		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	FILE *f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(yaml, f);
+	fclose(f);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+}
+
+/* Shard k of the config at path; with old (a folder) re-sharding from
+ * old_n shards' checkpoints there. log: its stderr. */
+static pid_t start_shard(int k, const char *old, int old_n, const char *log)
+{
+	char s[16], n[16];
+	const char *argv[] = { "bin/ps-server", "--config", path, "--shard", s, "--log-level",
+			       "info", old ? "--reshard-from" : NULL, old, "--reshard-shards", n,
+			       NULL };
+
+	snprintf(s, sizeof(s), "%d", k);
+	snprintf(n, sizeof(n), "%d", old_n);
+	return tu_spawn(argv, log);
+}
+
+static struct ps_client *connect_retry(void)
+{
+	struct ps_client *c = NULL;
+	char err[512];
+	int rc = -1;
+
+	for (int i = 0; i < 150; i++) {
+		rc = ps_client_init(&c, &cfg, 0, err, sizeof(err));
+		if (rc != -ECONNREFUSED)
+			break;
+		tu_sleep_ms(100);
+	}
+	ck_assert_msg(rc == 0, "connect: %s", err);
+	return c;
+}
+
+static uint64_t id_of(int i)
+{
+	return (uint64_t)i * 7919u + 11;
+}
+
+/* Clocks [from, to): integer dense gradients; the rows of ids 0..NIDS-1
+ * pushed at clocks 0 and 1 (admitted at the second), of the first half of
+ * them from clock 2 on, and at clock 1 ids NIDS..NIDS+49 once (counted,
+ * not admitted). Then pulls the dense
+ * weights into wa, wb and the rows into rows. */
+static void train(struct ps_client *c, uint64_t from, uint64_t to, float *wa, float *wb,
+		  float *rows)
+{
+	static float ga[NA], gb[NB], gr[(NIDS + 50) * DIM];
+	static uint64_t ids[NIDS + 50];
+	struct ps_tensor tg[2] = { { .name = "a", .data = ga, .count = NA },
+				   { .name = "b", .data = gb, .count = NB } };
+	struct ps_tensor tw[2] = { { .name = "a", .data = wa, .count = NA },
+				   { .name = "b", .data = wb, .count = NB } };
+
+	for (int i = 0; i < NIDS + 50; i++)
+		ids[i] = id_of(i);
+	for (uint64_t k = from; k < to; k++) {
+		int n = k == 1 ? NIDS + 50 : k >= 2 ? NIDS / 2 : NIDS;
+		for (int i = 0; i < NA; i++)
+			ga[i] = (float)((int)((i + k) % 7) - 3);
+		for (int i = 0; i < NB; i++)
+			gb[i] = (float)((int)((i * 3 + k) % 5) - 2);
+		for (int i = 0; i < n * DIM; i++)
+			gr[i] = (float)((int)((i + k) % 3) - 1);
+		ck_assert_msg(ps_client_push_rows(c, "e", k, ids, (size_t)n, gr, 0) == 0,
+			      "push_rows %" PRIu64 ": %s", k, ps_client_error(c));
+		int64_t p = ps_client_push(c, k, tg, 2, PS_PUSH_END_CLOCK);
+		ck_assert_msg(p > 0 && ps_client_wait(c, p) == 0, "push %" PRIu64 ": %s", k,
+			      ps_client_error(c));
+	}
+	int64_t q = ps_client_pull(c, to, tw, 2);
+	ck_assert_msg(q > 0 && ps_client_wait(c, q) == 0, "pull: %s", ps_client_error(c));
+	ck_assert_msg(ps_client_pull_rows(c, "e", to, ids, NIDS + 50, rows) == 0, "pull_rows: %s",
+		      ps_client_error(c));
+}
+
+static void stop_all(pid_t *srv, int n)
+{
+	for (int k = 0; k < n; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+}
+
+/* Moves the n shards' checkpoints of ck into the fresh folder ck/name
+ * (the old checkpoints' own folder, as ps-local.sh reshard makes it). */
+static void move_old(const char *name, int n, char *to, size_t len)
+{
+	char a[256], b[300];
+
+	snprintf(to, len, "%s/%s", ck, name);
+	ck_assert_int_eq(mkdir(to, 0700), 0);
+	for (int k = 0; k < n; k++) {
+		snprintf(a, sizeof(a), "%s/shard-%d.ckpt", ck, k);
+		snprintf(b, sizeof(b), "%s/shard-%d.ckpt", to, k);
+		ck_assert_msg(rename(a, b) == 0, "%s: %s", a, strerror(errno));
+	}
+}
+
+static void setup_dirs(void)
+{
+	strcpy(dir, "/tmp/ps-reshard-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	ck_assert_int_eq(mkdir(ck, 0700), 0);
+	path[0] = 0;
+}
+
+static void cleanup_dirs(void)
+{
+	ck_assert_int_eq(tu_rmtree(dir), 0);
+	unlink(path);
+	path[0] = 0;
+}
+
+START_TEST(test_sync_2_3_2_bit_identical)
+{
+	static float ra[NA], rb[NB], rr[(NIDS + 50) * DIM];
+	static float wa[NA], wb[NB], wr[(NIDS + 50) * DIM];
+	char old1[200], old2[200], log[200];
+	pid_t srv[3];
+	struct ps_client *c;
+
+	setup_dirs();
+	/* the reference: 10 clocks on 2 shards */
+	write_cfg(2, NB);
+	for (int k = 0; k < 2; k++)
+		srv[k] = start_shard(k, NULL, 0, NULL);
+	c = connect_retry();
+	train(c, 0, 10, ra, rb, rr);
+	ps_client_free(c);
+	stop_all(srv, 2);
+	ck_assert_int_eq(tu_rmtree(ck), 0);
+	ck_assert_int_eq(mkdir(ck, 0700), 0);
+
+	/* 4 clocks on 2, 3 on 3, 3 on 2 */
+	for (int k = 0; k < 2; k++)
+		srv[k] = start_shard(k, NULL, 0, NULL);
+	c = connect_retry();
+	train(c, 0, 4, wa, wb, wr);
+	ps_client_free(c);
+	stop_all(srv, 2);
+	move_old("from2", 2, old1, sizeof(old1));
+	write_cfg(3, NB);
+	for (int k = 0; k < 3; k++) {
+		snprintf(log, sizeof(log), "%s/a-%d.log", dir, k);
+		srv[k] = start_shard(k, old1, 2, log);
+	}
+	c = connect_retry();
+	ck_assert_uint_eq(ps_client_clock(c), 4);
+	train(c, 4, 7, wa, wb, wr);
+	ps_client_free(c);
+	stop_all(srv, 3);
+	move_old("from3", 3, old2, sizeof(old2));
+	write_cfg(2, NB);
+	for (int k = 0; k < 2; k++)
+		srv[k] = start_shard(k, old2, 3, NULL);
+	c = connect_retry();
+	ck_assert_uint_eq(ps_client_clock(c), 7);
+	train(c, 7, 10, wa, wb, wr);
+	ps_client_free(c);
+	stop_all(srv, 2);
+	ck_assert_msg(!memcmp(wa, ra, sizeof(ra)) && !memcmp(wb, rb, sizeof(rb)),
+		      "dense weights after 2 -> 3 -> 2 differ from training on 2 throughout");
+	ck_assert_msg(!memcmp(wr, rr, sizeof(rr)),
+		      "rows after 2 -> 3 -> 2 differ from training on 2 throughout");
+	/* the re-sharded shard said what it took */
+	FILE *f = fopen(log, "r");
+	char line[1024];
+	int said = 0;
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		said |= strstr(line, "re-sharded from 2 to 3 shards") != NULL;
+	fclose(f);
+	ck_assert_msg(said, "shard 2's log (%s) does not say it re-sharded", log);
+	cleanup_dirs();
+}
+END_TEST
+
+/* ---- the rows of a checkpoint file ---- */
+
+struct crow {
+	uint64_t id;
+	uint32_t age;
+	float v[DIM * 2];       /* adagrad: dim weights, dim accumulators */
+};
+
+struct ctable {
+	int nrows;
+	struct crow *r;         /* file order: least recently updated first */
+	uint32_t *filter;
+	uint64_t nfilter;
+};
+
+static uint8_t *slurp(const char *f, size_t *len)
+{
+	FILE *fp = fopen(f, "rb");
+	uint8_t *b;
+
+	ck_assert_msg(fp != NULL, "%s: %s", f, strerror(errno));
+	fseek(fp, 0, SEEK_END);
+	*len = (size_t)ftell(fp);
+	fseek(fp, 0, SEEK_SET);
+	b = malloc(*len);
+	ck_assert_ptr_nonnull(b);
+	ck_assert_uint_eq(fread(b, 1, *len, fp), *len);
+	fclose(fp);
+	return b;
+}
+
+/* Table e of the full checkpoint f (its layout: server/checkpoint.c and
+ * table_ckpt.c; no declared tensors or tables). */
+static void read_table(const char *f, struct ctable *t)
+{
+	size_t len, pos;
+	uint8_t *b = slurp(f, &len);
+	struct ckpt_hdr h;
+	struct ckpt_table ct;
+
+	memcpy(&h, b, sizeof(h));
+	ck_assert(!memcmp(h.magic, "PSCKPT01", 8));
+	pos = sizeof(h);
+	for (uint32_t k = 0; k < h.nslots; k++) {
+		struct ckpt_slot cs;
+		memcpy(&cs, b + pos, sizeof(cs));
+		pos += sizeof(cs) + cs.count * 4 * (1 + h.nstate);
+	}
+	pos += h.nworkers * 8;
+	memcpy(&ct, b + pos, sizeof(ct));
+	pos += sizeof(ct);
+	ck_assert_uint_eq(ct.row_floats, DIM * 2);
+	t->nrows = (int)ct.nrows;
+	t->r = calloc(ct.nrows + 1, sizeof(*t->r));
+	for (uint64_t i = 0; i < ct.nrows; i++) {
+		struct ckpt_row cr;
+		memcpy(&cr, b + pos, sizeof(cr));
+		t->r[i].id = cr.id;
+		t->r[i].age = cr.age;
+		memcpy(t->r[i].v, b + pos + sizeof(cr), sizeof(t->r[i].v));
+		pos += sizeof(cr) + sizeof(t->r[i].v);
+	}
+	t->nfilter = ct.filter_slots;
+	t->filter = malloc(ct.filter_slots * 4 + 4);
+	memcpy(t->filter, b + pos, ct.filter_slots * 4);
+	pos += ct.filter_slots * 4;
+	ck_assert_uint_eq(pos + 4, len); /* then the CRC */
+	free(b);
+}
+
+static uint64_t mix64(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* id's count in the filter t holds (the shard's own lookup, table_admit.c). */
+static int admit_count(const struct ctable *t, uint64_t tkey, uint64_t id)
+{
+	struct ps_admit a = { .slots = t->filter, .nbuckets = t->nfilter / 8,
+			      .salt = mix64(cfg.seed ^ tkey) };
+
+	return ps_admit_count(&a, id);
+}
+
+START_TEST(test_rows_after_2_to_3)
+{
+	static float wa[NA], wb[NB], wr[(NIDS + 50) * DIM], init[DIM];
+	struct ctable old[2], neu[3];
+	char old1[200], f[300];
+	pid_t srv[3];
+	struct ps_client *c;
+	uint64_t tkey;
+	int total = 0;
+
+	setup_dirs();
+	write_cfg(2, NB);
+	tkey = ps_rows_table_key(&cfg.tables[0]);
+	for (int k = 0; k < 2; k++)
+		srv[k] = start_shard(k, NULL, 0, NULL);
+	c = connect_retry();
+	/* two rounds, a second apart: the rows only the first updated are
+	 * older by a second */
+	train(c, 0, 2, wa, wb, wr);
+	tu_sleep_ms(1100);
+	train(c, 2, 4, wa, wb, wr);
+	ps_client_free(c);
+	stop_all(srv, 2);
+	move_old("from2", 2, old1, sizeof(old1));
+	for (int j = 0; j < 2; j++) {
+		snprintf(f, sizeof(f), "%s/shard-%d.ckpt", old1, j);
+		read_table(f, &old[j]);
+	}
+	write_cfg(3, NB);
+	for (int k = 0; k < 3; k++)
+		srv[k] = start_shard(k, old1, 2, NULL);
+	c = connect_retry();
+	/* the new shards wrote their checkpoints before serving */
+	for (int k = 0; k < 3; k++) {
+		snprintf(f, sizeof(f), "%s/shard-%d.ckpt", ck, k);
+		read_table(f, &neu[k]);
+		total += neu[k].nrows;
+	}
+	ck_assert_int_eq(total, old[0].nrows + old[1].nrows);
+	ck_assert_int_eq(total, NIDS);
+	for (int k = 0; k < 3; k++)
+		ck_assert_msg(neu[k].r[0].age >= 1 && neu[k].r[neu[k].nrows - 1].age == 0,
+			      "new shard %d: ages %u..%u, expected the oldest row a second older", k,
+			      neu[k].r[0].age, neu[k].r[neu[k].nrows - 1].age);
+	for (int k = 0; k < 3; k++) {
+		int last[2] = { -1, -1 };
+		ck_assert_int_gt(neu[k].nrows, 0);
+		for (int i = 0; i < neu[k].nrows; i++) {
+			const struct crow *r = &neu[k].r[i];
+			int j, at = -1;
+
+			ck_assert_int_eq(ps_rows_shard(tkey, r->id, 3), k);
+			if (i)
+				ck_assert_uint_le(r->age, neu[k].r[i - 1].age);
+			for (j = 0; j < 2 && at < 0; j++)
+				for (int q = 0; q < old[j].nrows && at < 0; q++)
+					if (old[j].r[q].id == r->id)
+						at = q;
+			j--;
+			ck_assert_msg(at >= 0, "row %" PRIu64 " on new shard %d is in no old file",
+				      r->id, k);
+			ck_assert_msg(!memcmp(r->v, old[j].r[at].v, sizeof(r->v)),
+				      "row %" PRIu64 ": weights or adagrad state changed", r->id);
+			/* the rows of one old shard keep their order */
+			ck_assert_msg(at > last[j], "row %" PRIu64 " (old shard %d, place %d) after "
+				      "place %d", r->id, j, at, last[j]);
+			last[j] = at;
+		}
+	}
+	/* ids pushed once: counted on their old shard, and on their new one */
+	for (int i = NIDS; i < NIDS + 50; i++) {
+		uint64_t id = id_of(i);
+		int j = ps_rows_shard(tkey, id, 2), k = ps_rows_shard(tkey, id, 3);
+		ck_assert_int_eq(admit_count(&old[j], tkey, id), 1);
+		ck_assert_msg(admit_count(&neu[k], tkey, id) == 1, "id %" PRIu64 ": count %d on new "
+			      "shard %d", id, admit_count(&neu[k], tkey, id), k);
+	}
+	/* so their second push creates their rows */
+	{
+		static uint64_t ids[50];
+		static float g[50 * DIM], got[50 * DIM], za[NA], zb[NB];
+		struct ps_tensor tz[2] = { { .name = "a", .data = za, .count = NA },
+					   { .name = "b", .data = zb, .count = NB } };
+		for (int i = 0; i < 50; i++)
+			ids[i] = id_of(NIDS + i);
+		for (int i = 0; i < 50 * DIM; i++)
+			g[i] = 1.0f;
+		ck_assert_msg(ps_client_push_rows(c, "e", 4, ids, 50, g, 0) == 0, "%s",
+			      ps_client_error(c));
+		int64_t p = ps_client_push(c, 4, tz, 2, PS_PUSH_END_CLOCK);
+		ck_assert_msg(p > 0 && ps_client_wait(c, p) == 0, "%s", ps_client_error(c));
+		ck_assert_msg(ps_client_pull_rows(c, "e", 5, ids, 50, got) == 0, "%s",
+			      ps_client_error(c));
+		for (int i = 0; i < 50; i++) {
+			ps_rows_init(&cfg, 0, ids[i], init);
+			ck_assert_msg(memcmp(got + i * DIM, init, sizeof(init)) != 0,
+				      "id %" PRIu64 " has no row after its second push", ids[i]);
+		}
+	}
+	ps_client_free(c);
+	stop_all(srv, 3);
+	for (int k = 0; k < 3; k++) {
+		free(neu[k].r);
+		free(neu[k].filter);
+	}
+	for (int j = 0; j < 2; j++) {
+		free(old[j].r);
+		free(old[j].filter);
+	}
+	cleanup_dirs();
+}
+END_TEST
+
+/* Shard k of the config at path must refuse to start (re-sharding from
+ * old, old_n shards) with a message holding want (and want2); re-sharding,
+ * it wrote no checkpoint of its own. */
+static void expect_refused(int k, const char *old, int old_n, const char *want,
+			   const char *want2)
+{
+	char log[200], f[200], buf[8192];
+	size_t len = 0;
+	struct stat st;
+	FILE *fp;
+
+	snprintf(log, sizeof(log), "%s/refused.log", dir);
+	pid_t pid = start_shard(k, old, old_n, log);
+	ck_assert_int_ne(tu_wait_child(pid), 0);
+	fp = fopen(log, "r");
+	ck_assert_ptr_nonnull(fp);
+	len = fread(buf, 1, sizeof(buf) - 1, fp);
+	buf[len] = 0;
+	fclose(fp);
+	ck_assert_msg(strstr(buf, want) && (!want2 || strstr(buf, want2)), "expected '%s' and "
+		      "'%s', got: %s", want, want2 ? want2 : "", buf);
+	snprintf(f, sizeof(f), "%s/shard-%d.ckpt", ck, k);
+	ck_assert_msg(!old || stat(f, &st) != 0, "%s written by a shard that refused to start", f);
+}
+
+START_TEST(test_refusals)
+{
+	static float wa[NA], wb[NB], wr[(NIDS + 50) * DIM];
+	char old1[200], a[300], b[300], early[300];
+	pid_t srv[2];
+	struct ps_client *c;
+
+	setup_dirs();
+	write_cfg(2, NB);
+	for (int k = 0; k < 2; k++)
+		srv[k] = start_shard(k, NULL, 0, NULL);
+	c = connect_retry();
+	train(c, 0, 2, wa, wb, wr);
+	ps_client_free(c);
+	stop_all(srv, 2);
+	/* shard 0's checkpoint of clock 2 kept aside */
+	snprintf(a, sizeof(a), "%s/shard-0.ckpt", ck);
+	snprintf(early, sizeof(early), "%s/early.ckpt", dir);
+	ck_assert_int_eq(link(a, early), 0);
+	for (int k = 0; k < 2; k++)
+		srv[k] = start_shard(k, NULL, 0, NULL);
+	c = connect_retry();
+	train(c, 2, 4, wa, wb, wr);
+	ps_client_free(c);
+	stop_all(srv, 2);
+	move_old("from2", 2, old1, sizeof(old1));
+
+	write_cfg(3, NB);
+	/* the old placement's file is told apart: a plain start of the same
+	 * config names the re-shard, and so does a file of 2 shards on 3 */
+	snprintf(a, sizeof(a), "%s/shard-1.ckpt", old1);
+	snprintf(b, sizeof(b), "%s/shard-1.ckpt", ck);
+	ck_assert_int_eq(link(a, b), 0);
+	expect_refused(1, NULL, 0, "made with another configuration", "reshard NEW_CONFIG");
+	ck_assert_int_eq(unlink(b), 0);
+	/* the old files in checkpoint.dir itself */
+	expect_refused(0, ck, 2, "is checkpoint.dir itself", NULL);
+	/* another model */
+	write_cfg(3, NB + 1);
+	expect_refused(2, old1, 2, "is not that of this config with 2 shards", NULL);
+	/* another old shard count than the files' */
+	write_cfg(3, NB);
+	expect_refused(2, old1, 3, "shard-2.ckpt is missing", NULL);
+	/* a missing old file */
+	ck_assert_int_eq(rename(a, b), 0);
+	expect_refused(2, old1, 2, "shard-1.ckpt is missing", NULL);
+	ck_assert_int_eq(rename(b, a), 0);
+	/* files of different clocks */
+	snprintf(a, sizeof(a), "%s/shard-0.ckpt", old1);
+	ck_assert_int_eq(rename(early, a), 0);
+	expect_refused(1, old1, 2, "the old checkpoints are of different clocks", "shard-1.ckpt");
+	cleanup_dirs();
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("reshard");
+	TCase *tc = tcase_create("reshard");
+
+	signal(SIGPIPE, SIG_IGN);
+	tcase_set_timeout(tc, 120);
+	TU_ADD(tc, test_sync_2_3_2_bit_identical);
+	TU_ADD(tc, test_rows_after_2_to_3);
+	TU_ADD(tc, test_refusals);
+	suite_add_tcase(s, tc);
+	return tu_run_suite(s);
+}
