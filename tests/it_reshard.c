@@ -14,7 +14,10 @@
  *  - refusals, with no checkpoint of the new map written: an old shard's
  *    file missing, files of different clocks, another model, the old
  *    files in checkpoint.dir itself; the old placement's checkpoint
- *    without --reshard-from is refused with how to re-place it.
+ *    without --reshard-from is refused with how to re-place it;
+ *  - checkpoints written as a build before re-sharding placed slices and
+ *    rows (greedy, multiply-shift; made here byte by byte) load by
+ *    re-placing, on 2 shards and on 3, every weight and row as written.
  */
 #include <check.h>
 #include <errno.h>
@@ -23,11 +26,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <zlib.h>
 #include "ckpt_format.h"
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
 #include "rows_wire.h"
+#include "shardmap.h"
 #include "table.h"
 #include "test_util.h"
 
@@ -520,6 +526,148 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* ---- checkpoints of the placement before re-sharding ---- */
+
+/* Known values: element i of tensor t, its momentum, row id's floats. */
+static float dense_val(int t, int64_t i)
+{
+	return (float)(t * 10000 + i) * 0.5f;
+}
+
+static float row_val(uint64_t id, int j)
+{
+	return (float)(id % 1000) + (float)j * 0.25f;
+}
+
+/* Writes shard j's checkpoint of n shards under placement 0 (greedy slices,
+ * multiply-shift rows) into folder d, as a build before re-sharding wrote
+ * it (its layout: server/checkpoint.c, table_ckpt.c): every slice at
+ * version and steps 3, the worker at clock 3, the rows of ids
+ * id_of(0..NIDS-1) this shard held then. */
+static void write_old_placement(const char *d, int j, int n)
+{
+	struct ps_shardmap m;
+	const struct ps_table_cfg *tc = &cfg.tables[0];
+	uint64_t tkey = ps_rows_table_key(tc), nb = 1, nrows = 0, clock = 3;
+	char f[300];
+	FILE *fp;
+	uLong crc = crc32(0L, Z_NULL, 0);
+	uint32_t nslots = 0, c32;
+	float v[NA];
+
+#define PUT(p, len) do { ck_assert_uint_eq(fwrite((p), 1, (len), fp), (len)); \
+			 crc = crc32(crc, (const Bytef *)(p), (uInt)(len)); } while (0)
+	ck_assert_int_eq(cfg.nshards, n);
+	ck_assert_int_eq(ps_shardmap_init_placed(&m, &cfg, PS_PLACE_GREEDY), 0);
+	for (uint32_t i = 0; i < m.nslices; i++)
+		nslots += m.slices[i].shard == j;
+	snprintf(f, sizeof(f), "%s/shard-%d.ckpt", d, j);
+	fp = fopen(f, "wb");
+	ck_assert_ptr_nonnull(fp);
+	struct ckpt_hdr h = { .endian = CKPT_ENDIAN, .shard = j, .map_hash = m.hash,
+			      .optimizer = (uint32_t)cfg.optim.kind, .nstate = 1, .nworkers = 1,
+			      .consistency = (uint32_t)cfg.consistency, .nslots = nslots };
+	memcpy(h.magic, CKPT_MAGIC, 8);
+	PUT(&h, sizeof(h));
+	for (uint32_t i = 0; i < m.nslices; i++) {
+		const struct ps_slice *sl = &m.slices[i];
+		struct ckpt_slot cs = { .slice = i, .count = (uint64_t)sl->count, .version = 3,
+					.steps = 3 };
+		if (sl->shard != j)
+			continue;
+		PUT(&cs, sizeof(cs));
+		for (int64_t e = 0; e < sl->count; e++)
+			v[e] = dense_val(sl->tensor, sl->offset + e);
+		PUT(v, (size_t)sl->count * 4);
+		for (int64_t e = 0; e < sl->count; e++)
+			v[e] = -dense_val(sl->tensor, sl->offset + e);
+		PUT(v, (size_t)sl->count * 4); /* momentum */
+	}
+	PUT(&clock, 8);
+	while (nb * 8 < (uint64_t)tc->filter_ids)
+		nb *= 2;
+	for (int i = 0; i < NIDS; i++)
+		nrows += ps_rows_shard_placed(tkey, id_of(i), n, PS_PLACE_GREEDY) == j;
+	struct ckpt_table ct = { .key = tkey, .dim = DIM, .row_floats = 2 * DIM, .version = 3,
+				 .nrows = nrows, .filter_slots = nb * 8, .live_rows = nrows,
+				 .wall = (double)time(NULL) };
+	PUT(&ct, sizeof(ct));
+	for (int i = 0; i < NIDS; i++) {
+		struct ckpt_row cr = { .id = id_of(i), .age = (uint32_t)(NIDS - i) / 100 };
+		float rv[2 * DIM];
+		if (ps_rows_shard_placed(tkey, cr.id, n, PS_PLACE_GREEDY) != j)
+			continue;
+		for (int q = 0; q < 2 * DIM; q++)
+			rv[q] = row_val(cr.id, q);
+		PUT(&cr, sizeof(cr));
+		PUT(rv, sizeof(rv));
+	}
+	for (uint64_t q = 0; q < nb * 8; q++) {
+		uint32_t zero = 0;
+		PUT(&zero, 4);
+	}
+	c32 = (uint32_t)crc;
+	ck_assert_uint_eq(fwrite(&c32, 1, 4, fp), 4);
+	ck_assert_int_eq(fclose(fp), 0);
+	ps_shardmap_free(&m);
+#undef PUT
+}
+
+START_TEST(test_old_placement_replaced)
+{
+	static float wa[NA], wb[NB], got[NIDS * DIM];
+	static uint64_t ids[NIDS];
+	char old[200], a[300], b[300];
+	pid_t srv[3];
+	struct ps_client *c;
+
+	setup_dirs();
+	write_cfg(2, NB);
+	snprintf(old, sizeof(old), "%s/old", ck);
+	ck_assert_int_eq(mkdir(old, 0700), 0);
+	for (int j = 0; j < 2; j++)
+		write_old_placement(old, j, 2);
+	/* a plain start from such a file says how to re-place it */
+	snprintf(a, sizeof(a), "%s/shard-0.ckpt", old);
+	snprintf(b, sizeof(b), "%s/shard-0.ckpt", ck);
+	ck_assert_int_eq(link(a, b), 0);
+	expect_refused(0, NULL, 0, "made by a build before re-sharding", "reshard CONFIG");
+	ck_assert_int_eq(unlink(b), 0);
+	/* re-placed on the same 2 shards, and on 3 */
+	for (int n = 2; n <= 3; n++) {
+		write_cfg(n, NB);
+		for (int k = 0; k < n; k++)
+			srv[k] = start_shard(k, old, 2, NULL);
+		c = connect_retry();
+		ck_assert_uint_eq(ps_client_clock(c), 3);
+		struct ps_tensor tw[2] = { { .name = "a", .data = wa, .count = NA },
+					   { .name = "b", .data = wb, .count = NB } };
+		int64_t q = ps_client_pull(c, 3, tw, 2);
+		ck_assert_msg(q > 0 && ps_client_wait(c, q) == 0, "pull: %s", ps_client_error(c));
+		for (int i = 0; i < NA; i++)
+			ck_assert_msg(wa[i] == dense_val(0, i), "a[%d] = %g", i, wa[i]);
+		for (int i = 0; i < NB; i++)
+			ck_assert_msg(wb[i] == dense_val(1, i), "b[%d] = %g", i, wb[i]);
+		for (int i = 0; i < NIDS; i++)
+			ids[i] = id_of(i);
+		ck_assert_msg(ps_client_pull_rows(c, "e", 3, ids, NIDS, got) == 0, "%s",
+			      ps_client_error(c));
+		for (int i = 0; i < NIDS; i++)
+			for (int q2 = 0; q2 < DIM; q2++)
+				ck_assert_msg(got[i * DIM + q2] == row_val(ids[i], q2), "row %" PRIu64
+					      "[%d] = %g", ids[i], q2, got[i * DIM + q2]);
+		ps_client_free(c);
+		stop_all(srv, n);
+		/* the next round starts from the old files again */
+		for (int k = 0; k < n; k++) {
+			snprintf(b, sizeof(b), "%s/shard-%d.ckpt", ck, k);
+			ck_assert_int_eq(unlink(b), 0);
+		}
+	}
+	cleanup_dirs();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("reshard");
@@ -530,6 +678,7 @@ int main(void)
 	TU_ADD(tc, test_sync_2_3_2_bit_identical);
 	TU_ADD(tc, test_rows_after_2_to_3);
 	TU_ADD(tc, test_refusals);
+	TU_ADD(tc, test_old_placement_replaced);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
