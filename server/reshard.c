@@ -242,6 +242,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	struct ps_server *o = calloc(1, sizeof(*o));
 	struct gathered *g = calloc(PS_MAX_TABLES, sizeof(*g));
 	uint64_t *fin = calloc((size_t)nw, sizeof(*fin)), slices = 0, rows = 0;
+	uint64_t mslices = 0, mbytes = 0, mrows = 0; /* moved in from another shard index */
 	uint8_t *got = NULL;
 	char path[PATH_MAX + 32], first[PATH_MAX + 32], a[PATH_MAX], b[PATH_MAX];
 	double wall = 0, t0 = ps_now_s();
@@ -348,6 +349,10 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 			ns->steps = os->steps;
 			got[at] = 1;
 			slices++;
+			if (j != s->shard) {
+				mslices++;
+				mbytes += bytes * (size_t)(1 + os->opt->nstate);
+			}
 		}
 		/* rows: those this shard's hash names, with the time of their
 		 * last update (the checkpoint's wall clock less their age) */
@@ -368,6 +373,10 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 					       (uint32_t)j, ps_table_vals(ot, r)))
 					FAIL(-ENOMEM, "out of memory gathering the rows of table '%s'",
 					     tb->tc->name);
+				if (j != s->shard) {
+					mrows++;
+					mbytes += sizeof(float) * (size_t)tb->row_floats;
+				}
 			}
 			if (ot->version > tb->version)
 				tb->version = ot->version;
@@ -431,10 +440,13 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	rc = copy_members(s, from->dir, err, errlen);
 	if (rc)
 		goto out;
-	ps_info("re-sharded from %d to %d shards (%s placement) out of %s: %" PRIu64 " slices, %"
-		PRIu64 " rows in %.2f s, clock %" PRIu64, n, cfg->nshards,
-		placement == PS_PLACE_HRW ? "the same" : "the old greedy/multiply-shift", from->dir,
-		slices, rows, ps_now_s() - t0, clock0);
+	/* one line the launchers sum up (ps-local.sh, ps-cluster.sh reshard),
+	 * at warn so that it is logged at any level but off */
+	ps_warn("re-sharded from %d to %d shards out of %s (%s): %" PRIu64 " slices, %" PRIu64
+		" rows; moved in from another shard: %" PRIu64 " slices, %" PRIu64 " rows, %"
+		PRIu64 " bytes; clock %" PRIu64 ", %.2f s", n, cfg->nshards, from->dir,
+		placement == PS_PLACE_HRW ? "same placement" : "re-placed from placement 0",
+		slices, rows, mslices, mrows, mbytes, clock0, ps_now_s() - t0);
 out:
 	if (o && o->cfg)
 		old_close(o);
