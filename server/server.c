@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "ps_time.h"
 #include "auth.h"
 #include "checkpoint.h"
@@ -156,9 +157,20 @@ static int start_reshard(struct ps_server *s, const struct ps_reshard_from *from
 	int rc = ps_checkpoint_map_hash(s->ckpt_path, &have, err, sizeof(err));
 
 	if (!rc && have == s->map.hash) {
-		ps_info("%s is of this shard map already (an earlier start of this re-shard "
-			"wrote it): resuming from it, not from %s", s->ckpt_path, from->dir);
-		return 0;
+		/* written by an earlier start of this re-shard when newer than
+		 * the old checkpoints; else left by an older run of this map */
+		char old[1100];
+		struct stat a, b;
+
+		snprintf(old, sizeof(old), "%s/shard-0.ckpt", from->dir);
+		if (stat(s->ckpt_path, &a) || stat(old, &b) || a.st_mtim.tv_sec > b.st_mtim.tv_sec ||
+		    (a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec >= b.st_mtim.tv_nsec)) {
+			ps_info("%s is of this shard map and newer than %s (an earlier start of this "
+				"re-shard wrote it): resuming from it", s->ckpt_path, old);
+			return 0;
+		}
+		ps_warn("%s is of this shard map but older than %s: left by an earlier run, "
+			"not this re-shard's; re-sharding over it", s->ckpt_path, old);
 	}
 	if (rc && rc != -ENOENT && rc != PS_EPROTO) {
 		ps_error("refusing to start: %s", err);
