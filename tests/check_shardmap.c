@@ -173,8 +173,8 @@ START_TEST(test_hrw_moves_little)
 	for (int p = 0; p < 3; p++) {
 		for (int z = 0; z < 2; z++) {
 			for (int n = 1; n <= 8; n++) {
-				struct ps_shardmap a, b;
-				uint64_t moved = 0, total = 0, hi = 0, lo = UINT64_MAX, biggest = 0;
+				struct ps_shardmap a, b, ga, gb;
+				uint64_t moved = 0, total = 0, hi = 0, lo = UINT64_MAX, biggest = 0, gmoved = 0;
 				int to_new = 0, nmoved = 0;
 
 				for (int k = 0, o = 0; k <= n; k++)
@@ -189,12 +189,16 @@ START_TEST(test_hrw_moves_little)
 				ck_assert_msg(ps_config_load_string(&cfg, yaml, "t.yaml", err,
 								    sizeof(err)) == 0, "%s", err);
 				ck_assert_int_eq(ps_shardmap_init(&b, &cfg), 0);
+				ck_assert_int_eq(ps_shardmap_init_placed(&gb, &cfg, PS_PLACE_GREEDY), 0);
 				cfg.nshards = n;
 				ck_assert_int_eq(ps_shardmap_init(&a, &cfg), 0);
+				ck_assert_int_eq(ps_shardmap_init_placed(&ga, &cfg, PS_PLACE_GREEDY), 0);
 				for (uint32_t i = 0; i < a.nslices; i++) {
 					uint64_t by = (uint64_t)a.slices[i].count * 4;
 					total += by;
 					biggest = by > biggest ? by : biggest;
+					if (ga.slices[i].shard != gb.slices[i].shard)
+						gmoved += by;
 					if (a.slices[i].shard != b.slices[i].shard) {
 						moved += by;
 						nmoved++;
@@ -207,10 +211,11 @@ START_TEST(test_hrw_moves_little)
 				}
 				printf("measured: %s, slice_bytes %s, %u slices, %d -> %d shards: %.4f of the "
 				       "bytes moved (%d slices, %d to the new shard; 1/(n+1) = %.4f), loads "
-				       "%.3f..%.3f of the mean\n", presets[p], z ? "65536" : "1 MiB",
-				       a.nslices, n, n + 1, (double)moved / (double)total, nmoved, to_new,
-				       1.0 / (n + 1), (double)lo * (n + 1) / (double)total,
-				       (double)hi * (n + 1) / (double)total);
+				       "%.3f..%.3f of the mean; the greedy placement moves %.4f\n",
+				       presets[p], z ? "65536" : "1 MiB", a.nslices, n, n + 1,
+				       (double)moved / (double)total, nmoved, to_new, 1.0 / (n + 1),
+				       (double)lo * (n + 1) / (double)total,
+				       (double)hi * (n + 1) / (double)total, (double)gmoved / (double)total);
 				/* a model of a few big slices cannot spread evenly: the
 				 * bound holds when slices are small next to a shard */
 				if (biggest * 4 * (uint64_t)(n + 1) <= total)
@@ -220,6 +225,8 @@ START_TEST(test_hrw_moves_little)
 						      (unsigned long long)total);
 				ps_shardmap_free(&a);
 				ps_shardmap_free(&b);
+				ps_shardmap_free(&ga);
+				ps_shardmap_free(&gb);
 			}
 		}
 	}
