@@ -15,6 +15,9 @@
  *    file missing, files of different clocks, another model, the old
  *    files in checkpoint.dir itself; the old placement's checkpoint
  *    without --reshard-from is refused with how to re-place it;
+ *  - tensors declared by the worker, and a chain of incremental
+ *    checkpoints (full, two deltas, the shards then killed): 3 shards take
+ *    the declared tensors and the chain's last state;
  *  - checkpoints written as a build before re-sharding placed slices and
  *    rows (greedy, multiply-shift; made here byte by byte) load by
  *    re-placing, on 2 shards and on 3, every weight and row as written.
@@ -45,6 +48,10 @@
 static char dir[64], ck[128], path[64];
 static struct ps_config cfg;
 
+/* Tensors declared by the workers (a config without a model) and
+ * incremental checkpoints: write_cfg's model section and checkpoint keys. */
+static int declared;
+
 /* The config of an n-shard cluster (fresh ports) at path; nb: tensor b's
  * size (another model when not NB). */
 static void write_cfg(int n, int nb)
@@ -54,16 +61,21 @@ static void write_cfg(int n, int nb)
 	for (int k = 0, o = 0; k < n; k++)
 		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d", k ? ", " : "",
 			      tu_free_port());
+	char tensors[200] = "";
+
+	if (!declared)
+		snprintf(tensors, sizeof(tensors), "  tensors:\n    - {name: a, shape: [%d], init: "
+			 "arange}\n    - {name: b, shape: [%d], init: arange}\n", NA, nb);
 	snprintf(yaml, sizeof(yaml),
 		 "cluster:\n  servers: [%s]\n  workers: 1\n"
 		 "slice_bytes: 1024\nseed: 5\n"
 		 "optimizer:\n  name: momentum\n  lr: 0.5\n  momentum: 0.9\n"
-		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
-		 "    - {name: b, shape: [%d], init: arange}\n"
+		 "model:\n%s"
 		 "  embeddings:\n    - {name: e, dim: %d, init: uniform, scale: 0.5, "
 		 "optimizer: adagrad, lr: 0.25, admission: 2}\n"
-		 "checkpoint:\n  dir: %s\n  every_s: 0\n"
-		 "log:\n  level: warn\n", servers, NA, nb, DIM, ck);
+		 "checkpoint:\n  dir: %s\n  every_s: 0\n%s"
+		 "log:\n  level: warn\n", servers, tensors, DIM, ck, declared ?
+		 "  incremental: 5\n  on_request: true\n  min_interval_s: 0\n" : "");
 	if (!path[0])
 		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	FILE *f = fopen(path, "w");
@@ -668,6 +680,97 @@ START_TEST(test_old_placement_replaced)
 }
 END_TEST
 
+/* Declares a and b (rank 0's values: their index) and checks the shards'
+ * values came back into them. */
+static void declare(struct ps_client *c, float *wa, float *wb)
+{
+	static const int64_t da[1] = { NA }, db[1] = { NB };
+	struct ps_param p[2] = { { "a", 1, da, wa }, { "b", 1, db, wb } };
+
+	for (int i = 0; i < NA; i++)
+		wa[i] = (float)i;
+	for (int i = 0; i < NB; i++)
+		wb[i] = (float)i;
+	ck_assert_msg(ps_client_declare(c, p, 2) == 0, "declare: %s", ps_client_error(c));
+}
+
+/* Every shard of c writes its checkpoint now (full, then incremental). */
+static void checkpoint_all(struct ps_client *c, int n)
+{
+	for (int k = 0; k < n; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_checkpoint(c, k, 1, &st), 0);
+		ck_assert_msg(st.checkpoint_status == 0, "shard %d: checkpoint failed", k);
+	}
+}
+
+/* Tensors declared by the worker and a chain of incremental checkpoints:
+ * a full one at clock 4, deltas at 6 and 8, then the shards killed (no
+ * checkpoint at stop): 3 shards start from the chain with the declared
+ * tensors, the weights and rows of clock 8. */
+START_TEST(test_declared_and_incremental)
+{
+	static float wa[NA], wb[NB], wr[(NIDS + 50) * DIM];
+	static float ra[NA], rb[NB], rr[(NIDS + 50) * DIM];
+	static uint64_t ids[NIDS + 50];
+	char old[200], f[300];
+	pid_t srv[3];
+	struct ps_client *c;
+	struct stat st;
+
+	declared = 1;
+	setup_dirs();
+	write_cfg(2, NB);
+	for (int k = 0; k < 2; k++)
+		srv[k] = start_shard(k, NULL, 0, NULL);
+	c = connect_retry();
+	declare(c, wa, wb);
+	train(c, 0, 4, wa, wb, wr);
+	checkpoint_all(c, 2);
+	train(c, 4, 6, wa, wb, wr);
+	checkpoint_all(c, 2);
+	train(c, 6, 8, ra, rb, rr);
+	checkpoint_all(c, 2);
+	ps_client_free(c);
+	for (int k = 0; k < 2; k++) {
+		kill(srv[k], SIGKILL);
+		tu_wait_child(srv[k]);
+		snprintf(f, sizeof(f), "%s/shard-%d.ckpt.delta-2", ck, k);
+		ck_assert_msg(stat(f, &st) == 0, "%s: %s", f, strerror(errno));
+	}
+	snprintf(old, sizeof(old), "%s/old", ck);
+	ck_assert_int_eq(mkdir(old, 0700), 0);
+	for (int k = 0; k < 2; k++)
+		for (int d = 0; d <= 2; d++) {
+			char a[300], b[300];
+			snprintf(a, sizeof(a), "%s/shard-%d.ckpt%s", ck, k, d ? ".delta-" : "");
+			snprintf(b, sizeof(b), "%s/shard-%d.ckpt%s", old, k, d ? ".delta-" : "");
+			if (d) {
+				snprintf(a + strlen(a), sizeof(a) - strlen(a), "%d", d);
+				snprintf(b + strlen(b), sizeof(b) - strlen(b), "%d", d);
+			}
+			ck_assert_msg(rename(a, b) == 0, "%s: %s", a, strerror(errno));
+		}
+	write_cfg(3, NB);
+	for (int k = 0; k < 3; k++)
+		srv[k] = start_shard(k, old, 2, NULL);
+	c = connect_retry();
+	declare(c, wa, wb);
+	ck_assert_uint_eq(ps_client_clock(c), 8);
+	ck_assert_msg(!memcmp(wa, ra, sizeof(ra)) && !memcmp(wb, rb, sizeof(rb)),
+		      "declared tensors after 2 -> 3 differ from clock 8's");
+	for (int i = 0; i < NIDS + 50; i++)
+		ids[i] = id_of(i);
+	ck_assert_msg(ps_client_pull_rows(c, "e", 8, ids, NIDS + 50, wr) == 0, "%s",
+		      ps_client_error(c));
+	ck_assert_msg(!memcmp(wr, rr, sizeof(rr)), "rows after 2 -> 3 differ from clock 8's");
+	ps_client_free(c);
+	stop_all(srv, 3);
+	declared = 0;
+	cleanup_dirs();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("reshard");
@@ -679,6 +782,7 @@ int main(void)
 	TU_ADD(tc, test_rows_after_2_to_3);
 	TU_ADD(tc, test_refusals);
 	TU_ADD(tc, test_old_placement_replaced);
+	TU_ADD(tc, test_declared_and_incremental);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
