@@ -101,7 +101,15 @@ wait_gone() {
   done
   return 1
 }
+# after a failed start of the new shards: where the old checkpoints are
+reshard_hint() {
+  [ ${#reshard_args[@]} -gt 0 ] || return 0
+  echo "ps-local.sh: reshard: the old checkpoints stay in ${reshard_args[1]}; once the cause is" \
+    "fixed, start the new shards from them: ps-server --config $CONFIG --shard K" \
+    "${reshard_args[*]} (or move them back into checkpoint.dir to run $CONFIG_OLD)" >&2
+}
 if [ -n "$RESHARD_TO" ]; then
+  CONFIG_OLD=$CONFIG
   [ -r "$RESHARD_TO" ] || { echo "ps-local.sh: reshard: cannot read $RESHARD_TO" >&2; exit 2; }
   old_dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config) || exit 2
   new_dump=$("$BIN/ps-server" --config "$RESHARD_TO" --dump-config) || exit 2
@@ -294,11 +302,11 @@ if [ "$MODE" != workers ]; then
     done <<<"$all_lines"
     [ "$up" -ge "$nproc_srv" ] && break
     for p in "${server_pids[@]}"; do
-      kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; exit 1; }
+      kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; reshard_hint; exit 1; }
     done
     sleep 0.1
   done
-  [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within $((limit / 10)) s" >&2; stop_servers; exit 1; }
+  [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within $((limit / 10)) s" >&2; stop_servers; reshard_hint; exit 1; }
   if [ ${#reshard_args[@]} -gt 0 ]; then
     echo "ps-local.sh: reshard: $(reshard_summary "$LOGDIR"/server-*.log)"
   fi

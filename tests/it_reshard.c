@@ -20,7 +20,8 @@
  *    the declared tensors and the chain's last state;
  *  - checkpoints written as a build before re-sharding placed slices and
  *    rows (greedy, multiply-shift; made here byte by byte) load by
- *    re-placing, on 2 shards and on 3, every weight and row as written.
+ *    re-placing, on 2 shards and on 3, every weight and row as written;
+ *    ps-export reads them.
  */
 #include <check.h>
 #include <errno.h>
@@ -645,6 +646,14 @@ START_TEST(test_old_placement_replaced)
 	ck_assert_int_eq(link(a, b), 0);
 	expect_refused(0, NULL, 0, "made by a build before re-sharding", "reshard CONFIG");
 	ck_assert_int_eq(unlink(b), 0);
+	/* ps-export reads them with their placement */
+	{
+		char cmd[600];
+		snprintf(cmd, sizeof(cmd), "bin/ps-export --config %s --dir %s --out %s/x.npz "
+			 ">%s/export.log 2>&1", path, old, dir, dir);
+		ck_assert_msg(system(cmd) == 0, "ps-export of placement 0's checkpoints failed "
+			      "(%s/export.log)", dir);
+	}
 	/* re-placed on the same 2 shards, and on 3 */
 	for (int n = 2; n <= 3; n++) {
 		write_cfg(n, NB);
