@@ -87,17 +87,18 @@ static void write_cfg(int n, int nb)
 }
 
 /* Shard k of the config at path; with old (a folder) re-sharding from
- * old_n shards' checkpoints there. log: its stderr. */
+ * old_n shards' checkpoints there. log: its output (NULL: dir/shard-K.log). */
 static pid_t start_shard(int k, const char *old, int old_n, const char *log)
 {
-	char s[16], n[16];
+	char s[16], n[16], def[128];
 	const char *argv[] = { "bin/ps-server", "--config", path, "--shard", s, "--log-level",
 			       "info", old ? "--reshard-from" : NULL, old, "--reshard-shards", n,
 			       NULL };
 
 	snprintf(s, sizeof(s), "%d", k);
 	snprintf(n, sizeof(n), "%d", old_n);
-	return tu_spawn(argv, log);
+	snprintf(def, sizeof(def), "%s/shard-%d.log", dir, k);
+	return tu_spawn(argv, log ? log : def);
 }
 
 static struct ps_client *connect_retry(void)
