@@ -21,7 +21,8 @@
  *  - checkpoints written as a build before re-sharding placed slices and
  *    rows (greedy, multiply-shift; made here byte by byte) load by
  *    re-placing, on 2 shards and on 3, every weight and row as written;
- *    ps-export reads them.
+ *    ps-export reads them; a client whose Hello carries placement 0's map
+ *    hash is refused, told to run a client of this build.
  */
 #include <check.h>
 #include <errno.h>
@@ -30,16 +31,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <time.h>
 #include <zlib.h>
 #include "ckpt_format.h"
 #include "config.h"
+#include "config_agree.h"
+#include "msg.h"
 #include "ps_client.h"
 #include "ps_err.h"
 #include "rows_wire.h"
 #include "shardmap.h"
 #include "table.h"
 #include "test_util.h"
+#include "wire.h"
 
 #define NA 3000
 #define NB 1000
@@ -52,6 +59,8 @@ static struct ps_config cfg;
 /* Tensors declared by the workers (a config without a model) and
  * incremental checkpoints: write_cfg's model section and checkpoint keys. */
 static int declared;
+/* security.auth off (a raw Hello reads the refusal's reason at once) */
+static int noauth;
 
 /* The config of an n-shard cluster (fresh ports) at path; nb: tensor b's
  * size (another model when not NB). */
@@ -75,8 +84,9 @@ static void write_cfg(int n, int nb)
 		 "  embeddings:\n    - {name: e, dim: %d, init: uniform, scale: 0.5, "
 		 "optimizer: adagrad, lr: 0.25, admission: 2}\n"
 		 "checkpoint:\n  dir: %s\n  every_s: 0\n%s"
-		 "log:\n  level: warn\n", servers, tensors, DIM, ck, declared ?
-		 "  incremental: 5\n  on_request: true\n  min_interval_s: 0\n" : "");
+		 "%slog:\n  level: warn\n", servers, tensors, DIM, ck, declared ?
+		 "  incremental: 5\n  on_request: true\n  min_interval_s: 0\n" : "",
+		 noauth ? "security:\n  auth: false\n" : "");
 	if (!path[0])
 		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	FILE *f = fopen(path, "w");
@@ -781,6 +791,72 @@ START_TEST(test_declared_and_incremental)
 }
 END_TEST
 
+/* A client placing slices and rows as builds before re-sharding did (its
+ * Hello carries placement 0's map hash) is refused, told why. */
+START_TEST(test_old_placement_client_refused)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET };
+	static char settings[PS_AGREE_MAX];
+	Ps__Hello h = PS__HELLO__INIT;
+	struct ps_shardmap old;
+	struct ps_frame_hdr fh = { .version = PS_PROTOCOL_VERSION, .type = PS_MSG_HELLO };
+	struct ps_wire_limits lim = { .max_frame = 1 << 20, .max_meta = 1 << 16 };
+	uint8_t buf[8192], hdr[PS_WIRE_HDR_LEN];
+	char why[200];
+	size_t got = 0;
+	pid_t srv;
+	int fd = -1;
+
+	noauth = 1;
+	setup_dirs();
+	write_cfg(1, NB);
+	srv = start_shard(0, NULL, 0, NULL);
+	a.sin_port = htons((uint16_t)cfg.shards[0].port);
+	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+	for (int i = 0; i < 100; i++) {
+		fd = socket(AF_INET, SOCK_STREAM, 0);
+		if (!connect(fd, (struct sockaddr *)&a, sizeof(a)))
+			break;
+		close(fd);
+		fd = -1;
+		tu_sleep_ms(100);
+	}
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ps_shardmap_init_placed(&old, &cfg, PS_PLACE_GREEDY), 0);
+	ps_config_agreement(&cfg, settings, sizeof(settings));
+	h.protocol_version = PS_PROTOCOL_VERSION;
+	h.role = PS__ROLE__ROLE_WORKER;
+	h.shard_map_hash = old.hash;
+	h.incarnation = 77;
+	h.settings = settings;
+	ps_shardmap_free(&old);
+	fh.meta_len = (uint32_t)protobuf_c_message_get_packed_size(&h.base);
+	ps_wire_encode_hdr(buf, &fh);
+	protobuf_c_message_pack(&h.base, buf + PS_WIRE_HDR_LEN);
+	ck_assert_int_eq(write(fd, buf, PS_WIRE_HDR_LEN + fh.meta_len),
+			 (ssize_t)(PS_WIRE_HDR_LEN + fh.meta_len));
+	ck_assert_int_eq(read(fd, hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+	ck_assert_int_eq(ps_wire_decode_hdr(hdr, &lim, &fh, why, sizeof(why)), 0);
+	ck_assert_uint_eq(fh.type, PS_MSG_HELLO_REPLY);
+	ck_assert_uint_lt(fh.meta_len + fh.payload_len, sizeof(buf));
+	while (got < fh.meta_len + fh.payload_len) {
+		ssize_t k = read(fd, buf + got, fh.meta_len + fh.payload_len - got);
+		ck_assert_int_gt(k, 0);
+		got += (size_t)k;
+	}
+	Ps__HelloReply *r = ps__hello_reply__unpack(NULL, fh.meta_len, buf);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_msg(!r->ok && r->error && strstr(r->error, "as builds before re-sharding did") &&
+		      strstr(r->error, "run a client of this build"), "%s",
+		      r->error ? r->error : "(ok)");
+	ps__hello_reply__free_unpacked(r, NULL);
+	close(fd);
+	ck_assert_int_eq(tu_stop_server(srv), 0);
+	noauth = 0;
+	cleanup_dirs();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("reshard");
@@ -793,6 +869,7 @@ int main(void)
 	TU_ADD(tc, test_refusals);
 	TU_ADD(tc, test_old_placement_replaced);
 	TU_ADD(tc, test_declared_and_incremental);
+	TU_ADD(tc, test_old_placement_client_refused);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
