@@ -56,9 +56,10 @@ static uint64_t hrw_weight(uint32_t id, int k)
 }
 
 /* Placement 1: largest slice first (ties by id), each to its
- * highest-weight shard below the load bound. Some shard is always below
- * it: the bytes placed so far are less than the total, which is below
- * nshards times the bound. */
+ * highest-weight shard that stays within the load bound with it; when
+ * none does (slices big next to a shard's share), to the least loaded
+ * (ties by weight). So a shard holds at most the bound, or the mean plus
+ * one slice. */
 static void place_hrw(struct ps_shardmap *m, struct ps_slice **order)
 {
 	uint64_t total = 0, bound;
@@ -69,17 +70,24 @@ static void place_hrw(struct ps_shardmap *m, struct ps_slice **order)
 	qsort(order, m->nslices, sizeof(*order), cmp_slice_size);
 	for (uint32_t i = 0; i < m->nslices; i++) {
 		struct ps_slice *sl = order[i];
-		int best = -1;
-		uint64_t bw = 0;
+		uint64_t size = (uint64_t)sl->count * sizeof(float), bw = 0, lw = 0;
+		int best = -1, least = 0;
 		for (int k = 0; k < m->nshards; k++) {
 			uint64_t w = hrw_weight(sl->id, k);
-			if (m->shard_bytes[k] < bound && (best < 0 || w > bw)) {
+			if (m->shard_bytes[k] + size <= bound && (best < 0 || w > bw)) {
 				best = k;
 				bw = w;
 			}
+			if (!k || m->shard_bytes[k] < m->shard_bytes[least] ||
+			    (m->shard_bytes[k] == m->shard_bytes[least] && w > lw)) {
+				least = k;
+				lw = w;
+			}
 		}
+		if (best < 0)
+			best = least;
 		sl->shard = best;
-		m->shard_bytes[best] += (uint64_t)sl->count * sizeof(float);
+		m->shard_bytes[best] += size;
 	}
 }
 

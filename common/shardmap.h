@@ -3,12 +3,14 @@
  * Each tensor of the config is cut, in config order, into slices of at most
  * slice_bytes; slices get global ids 0..nslices-1 in that order. Slices are
  * assigned to shards by rendezvous (highest random weight) hashing with
- * bounded loads (docs/elastic.md): in id order, each slice goes to the shard
- * of highest weight mix(slice id, shard index) among those holding less than
- * (1 + 1/10) * total / nshards bytes. Computed from the config alone, so
- * every process derives the same map; a shard holds at most 10% over the
- * mean plus one slice; from n to n + 1 shards about 1/(n + 1) of the bytes
- * move. The map's hash, which travels in the handshake, covers the
+ * bounded loads (docs/elastic.md): largest first (ties by id), each slice
+ * goes to the shard of highest weight mix(slice id, shard index) among
+ * those it leaves within (1 + 1/10) * total / nshards bytes, else to the
+ * least loaded. Computed from the config alone, so every process derives
+ * the same map; a shard holds at most 10% over the mean, or the mean plus
+ * one slice when slices are that big; from n to n + 1 shards the slices
+ * whose top choice becomes the new shard move, and those the bound
+ * displaces. The map's hash, which travels in the handshake, covers the
  * placement's id, so a process of another placement is refused.
  *
  * Placement 0 (PS_PLACE_GREEDY) is the one before re-sharding: slices by
@@ -30,8 +32,9 @@ enum ps_placement {
 };
 /* The placement every process uses. */
 #define PS_PLACEMENT PS_PLACE_HRW
-/* The load bound of rendezvous placement: a shard takes a slice only while
- * it holds less than (1 + 1/PS_HRW_SLACK) * total / nshards bytes. */
+/* The load bound of rendezvous placement: a shard takes a slice only when
+ * it then holds at most (1 + 1/PS_HRW_SLACK) * total / nshards bytes
+ * (unless no shard can). */
 #define PS_HRW_SLACK 10
 
 struct ps_slice {
