@@ -9,9 +9,10 @@
 #    boundary (its ps-local.sh gets SIGTERM and ends), its checkpoints set
 #    aside, 3 shards start from them and say what moved, the workers resume
 #    at the checkpoint's clock and finish; the 3 new checkpoints are there;
-#  - ps-cluster.sh (through an ssh stand-in running the commands here, one
-#    shard on "localhost" as another host sharing the folder): 3 -> 2 the
-#    same way, started and stopped again.
+#  - ps-cluster.sh (through an ssh stand-in running the commands here,
+#    shard 2 on "localhost" as another host with its own checkpoint folder):
+#    3 -> 2 the same way, old shard 2's files set aside on its host and
+#    copied to the new shards' host, started and stopped again.
 # Prints Check-style "N%: Checks" so scripts/run-tests.sh summarises it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -90,19 +91,34 @@ expect "and trained to the end" grep -q "epoch 3: test accuracy" "$tmp/l3/worker
 expect "the old checkpoints set aside" test -f "$(echo "$tmp"/ck/reshard-from-2.*/shard-1.ckpt)"
 expect "3 new checkpoints" test -f "$tmp/ck/shard-0.ckpt" -a -f "$tmp/ck/shard-1.ckpt" -a -f "$tmp/ck/shard-2.ckpt"
 
-# ps-cluster.sh: 3 -> 2, the cluster stopped already
+# ps-cluster.sh: 3 -> 2, the cluster stopped already. Host "localhost"
+# (shard 2 of c3.yaml) is another machine: the ssh stand-in runs its
+# commands with its own checkpoint folder (ckb) and config copies, so the
+# old shard 2's files must be copied to the new shards' host
+mkdir -p "$tmp/ckb" "$tmp/b"
+mv "$tmp"/ck/shard-2.* "$tmp/ckb/"
+for c in c2 c3; do sed "s|dir: $tmp/ck}|dir: $tmp/ckb}|" "$tmp/$c.yaml" > "$tmp/b/$c.yaml"; done
 cat > "$tmp/ssh" <<'EOF'
 #!/usr/bin/env bash
 [ "$1" = -- ] || { echo "ssh stand-in: '$1' where -- belongs" >&2; exit 255; }
-shift 2 # -- and the host
-exec sh -c "$1"
+host=$2; shift 2 # -- and the host
+cmd=$1
+if [ "$host" = localhost ]; then
+  cmd=${cmd//$TMPD\/ck/$TMPD\/ckb}
+  cmd=${cmd//$TMPD\/c2.yaml/$TMPD\/b\/c2.yaml}
+  cmd=${cmd//$TMPD\/c3.yaml/$TMPD\/b\/c3.yaml}
+fi
+exec sh -c "$cmd"
 EOF
 chmod +x "$tmp/ssh"
+export TMPD=$tmp
 scripts/ps-cluster.sh "$tmp/c3.yaml" reshard "$tmp/c2.yaml" --ssh "$tmp/ssh" --logs "$tmp/logs" \
   -- --epochs 4 > "$tmp/run4.out" 2>&1; rc=$?
 expect "ps-cluster.sh reshard 3 -> 2 succeeds ($rc): $(tail -8 "$tmp/run4.out")" [ $rc -eq 0 ]
 expect "it says what moved" grep -qE "reshard: 2 shard\(s\) re-sharded: [1-9][0-9]* of 19 slices" "$tmp/run4.out"
-expect "the old checkpoints set aside" test -f "$(echo "$tmp"/ck/reshard-from-3.*/shard-2.ckpt)"
+expect "old shard 2's files set aside on its host" test -f "$(echo "$tmp"/ckb/reshard-from-3.*/shard-2.ckpt)" -a ! -e "$tmp/ckb/shard-2.ckpt"
+expect "and copied to the new shards' host" cmp -s "$(echo "$tmp"/ckb/reshard-from-3.*/shard-2.ckpt)" "$(echo "$tmp"/ck/reshard-from-3.*/shard-2.ckpt)"
+expect "the others set aside there" test -f "$(echo "$tmp"/ck/reshard-from-3.*/shard-1.ckpt)"
 for _ in $(seq 600); do
   st=$(scripts/ps-cluster.sh "$tmp/c2.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs")
   grep -q 'worker .*: running' <<< "$st" || break
