@@ -2,12 +2,11 @@
  * Memory, Consistent Hash Algorithm", 2014): the row placement that
  * re-sharding needs (docs/elastic.md), so that going from n to n + 1 shards
  * moves only the keys that land on the new shard, about 1/(n + 1) of them,
- * instead of the multiply-shift placement's (ps_rows_shard) half or more.
+ * instead of the multiply-shift placement's (used before, placement 0) half
+ * or more.
  *
- * Not used by any placement yet: re-sharding is not built, and switching
- * the rows' placement changes which shard owns every existing row (a
- * checkpoint format change, docs/elastic.md). tests/check_jump.c measures
- * what it moves.
+ * The rows' placement (ps_rows_shard, placement PS_PLACE_HRW of
+ * shardmap.h); tests/check_jump.c measures what it moves.
  */
 #ifndef PS_JUMP_HASH_H
 #define PS_JUMP_HASH_H

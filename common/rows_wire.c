@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "jump_hash.h"
 #include "ps_err.h"
 #include "rows_wire.h"
 #include "shardmap.h"
@@ -26,8 +27,14 @@ uint64_t ps_rows_table_key(const struct ps_table_cfg *t)
 
 int ps_rows_shard(uint64_t tkey, uint64_t id, int nshards)
 {
-	/* multiply-shift instead of a modulo: unbiased and cheap */
-	return (int)(((unsigned __int128)mix64(id ^ mix64(tkey)) * (unsigned)nshards) >> 64);
+	return ps_jump_hash(mix64(id ^ mix64(tkey)), nshards);
+}
+
+int ps_rows_shard_placed(uint64_t tkey, uint64_t id, int nshards, int placement)
+{
+	if (placement == PS_PLACE_GREEDY) /* multiply-shift: unbiased and cheap */
+		return (int)(((unsigned __int128)mix64(id ^ mix64(tkey)) * (unsigned)nshards) >> 64);
+	return ps_rows_shard(tkey, id, nshards);
 }
 
 /* Uniform in (0, 1) from the top 24 bits. */

@@ -2,9 +2,10 @@
  * (docs/embeddings.md): where a row lives, its initial value, and how
  * a request's ids travel.
  *
- * A row's shard is a 64-bit mix of (table key, id), so consecutive or
- * clustered ids, and the few most frequent ones, land on shards
- * independently. Initial values come from (seed, table key, id, element)
+ * A row's shard is the jump consistent hash (jump_hash.h) of a 64-bit mix
+ * of (table key, id), so consecutive or clustered ids, and the few most
+ * frequent ones, land on shards independently, and from n to n + 1 shards
+ * only the rows that land on the new shard move (docs/elastic.md). Initial values come from (seed, table key, id, element)
  * through a counter-based hash, never a shared random stream, so a row
  * created again (after eviction, on another shard count, after a restart)
  * starts from the same values.
@@ -30,6 +31,9 @@ uint64_t ps_rows_table_key(const struct ps_table_cfg *t);
 
 /* The shard (0..nshards-1) holding row id of the table with key tkey. */
 int ps_rows_shard(uint64_t tkey, uint64_t id, int nshards);
+/* The same under placement (enum ps_placement, shardmap.h): placement 0's
+ * multiply-shift places the rows of checkpoints made before jump hashing. */
+int ps_rows_shard_placed(uint64_t tkey, uint64_t id, int nshards, int placement);
 
 /* Writes the dim initial values of row id of table t into out. */
 void ps_rows_init(const struct ps_config *cfg, int t, uint64_t id, float *out);

@@ -32,7 +32,71 @@ static uint64_t hash_u64(uint64_t h, uint64_t v)
 	return ps_fnv1a(h, &v, sizeof(v));
 }
 
+static uint64_t mix64(uint64_t z);
+
+/* Placement 0: longest-processing-time greedy over order (n slices). */
+static void place_greedy(struct ps_shardmap *m, struct ps_slice **order, uint64_t n)
+{
+	qsort(order, n, sizeof(*order), cmp_slice_size);
+	for (uint64_t k = 0; k < n; k++) {
+		int best = 0;
+		for (int s = 1; s < m->nshards; s++)
+			if (m->shard_bytes[s] < m->shard_bytes[best])
+				best = s;
+		order[k]->shard = best;
+		m->shard_bytes[best] += (uint64_t)order[k]->count * sizeof(float);
+	}
+}
+
+/* Rendezvous weight of slice id on shard k: the same for every shard
+ * count, so adding a shard changes only the slices it outweighs. */
+static uint64_t hrw_weight(uint32_t id, int k)
+{
+	return mix64(mix64((uint64_t)id) ^ mix64(0x5348415244ull + (uint64_t)k));
+}
+
+/* Placement 1: largest slice first (ties by id), each to its
+ * highest-weight shard that stays within the load bound with it; when
+ * none does (slices big next to a shard's share), to the least loaded
+ * (ties by weight). So a shard holds at most the bound, or the mean plus
+ * one slice. */
+static void place_hrw(struct ps_shardmap *m, struct ps_slice **order)
+{
+	uint64_t total = 0, bound;
+
+	for (uint32_t i = 0; i < m->nslices; i++)
+		total += (uint64_t)m->slices[i].count * sizeof(float);
+	bound = total / (uint64_t)m->nshards + total / (uint64_t)m->nshards / PS_HRW_SLACK + 1;
+	qsort(order, m->nslices, sizeof(*order), cmp_slice_size);
+	for (uint32_t i = 0; i < m->nslices; i++) {
+		struct ps_slice *sl = order[i];
+		uint64_t size = (uint64_t)sl->count * sizeof(float), bw = 0, lw = 0;
+		int best = -1, least = 0;
+		for (int k = 0; k < m->nshards; k++) {
+			uint64_t w = hrw_weight(sl->id, k);
+			if (m->shard_bytes[k] + size <= bound && (best < 0 || w > bw)) {
+				best = k;
+				bw = w;
+			}
+			if (!k || m->shard_bytes[k] < m->shard_bytes[least] ||
+			    (m->shard_bytes[k] == m->shard_bytes[least] && w > lw)) {
+				least = k;
+				lw = w;
+			}
+		}
+		if (best < 0)
+			best = least;
+		sl->shard = best;
+		m->shard_bytes[best] += size;
+	}
+}
+
 int ps_shardmap_init(struct ps_shardmap *m, const struct ps_config *cfg)
+{
+	return ps_shardmap_init_placed(m, cfg, PS_PLACEMENT);
+}
+
+int ps_shardmap_init_placed(struct ps_shardmap *m, const struct ps_config *cfg, int placement)
 {
 	int64_t per = (int64_t)(cfg->slice_bytes / sizeof(float));
 	struct ps_slice **order = NULL;
@@ -46,6 +110,7 @@ int ps_shardmap_init(struct ps_shardmap *m, const struct ps_config *cfg)
 	if (n > UINT32_MAX)
 		return PS_ETOOBIG;
 	m->nshards = cfg->nshards;
+	m->placement = placement;
 	m->ntensors = cfg->ntensors;
 	m->nslices = (uint32_t)n;
 	m->slices = calloc(n ? n : 1, sizeof(*m->slices));
@@ -69,19 +134,18 @@ int ps_shardmap_init(struct ps_shardmap *m, const struct ps_config *cfg)
 	}
 	m->tensor_first[cfg->ntensors] = id;
 
-	qsort(order, n, sizeof(*order), cmp_slice_size);
-	for (uint64_t k = 0; k < n; k++) {
-		int best = 0;
-		for (int s = 1; s < m->nshards; s++)
-			if (m->shard_bytes[s] < m->shard_bytes[best])
-				best = s;
-		order[k]->shard = best;
-		m->shard_bytes[best] += (uint64_t)order[k]->count * sizeof(float);
-	}
+	if (placement == PS_PLACE_GREEDY)
+		place_greedy(m, order, n);
+	else
+		place_hrw(m, order);
 	free(order);
 
-	/* The hash covers everything that decides where a byte lives. */
+	/* The hash covers everything that decides where a byte lives. The
+	 * placement's id is left out for placement 0, so its hash is the one
+	 * the checkpoints made with it hold. */
 	h = hash_u64(h, (uint64_t)cfg->nshards);
+	if (placement != PS_PLACE_GREEDY)
+		h = hash_u64(h, 0x504c414345ull + (uint64_t)placement); /* "PLACE" + id */
 	h = hash_u64(h, cfg->slice_bytes);
 	/* Declared tensors (cfg->declare) are left out: a worker connects
 	 * before it declares, and the declaration itself is compared with the

@@ -82,6 +82,7 @@ suites_for() {
     server/reader.c)           echo it_reader ;;
     server/decl_tables.c)      echo it_decl_tables test_decl_tables.py ;;
     server/members.c)          echo it_elastic ;;
+    server/reshard.c)          echo it_reshard ;;
     # replication: the scripted cases first, then the fault runs
     server/replica.c|server/replica_log.c)
                                echo check_repl_rules it_replica_cases it_replica_stats it_replica_auth it_replica it_replica_rows san:it_replica_cases ;;
@@ -91,7 +92,7 @@ suites_for() {
     # tables and rows: the model checks without a network, then two shards
     server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
     server/table.c|server/table_admit.c)
-                               echo check_rows it_rows_model it_rows san:check_rows ;;
+                               echo check_rows it_rows_model it_rows it_reshard san:check_rows ;;
     server/table_ckpt.c)       echo it_rows it_rows_model it_export.sh test_export.py ;;
     server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases san:it_rows ;;
     worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py ;;
@@ -123,8 +124,8 @@ suites_for() {
     # (check_transport), the sync sums over encrypted links (it_cluster),
     # hand-sealed records from a hostile peer (it_hostile)
     common/frame_aead.c)       echo check_transport it_cluster@test_sync_exact_sum it_hostile san:check_transport ;;
-    common/rows_wire.c)        echo check_rows it_rows ;;
-    common/shardmap.c)         echo check_shardmap it_cluster it_rows ;;
+    common/rows_wire.c)        echo check_rows check_jump it_rows it_reshard ;;
+    common/shardmap.c)         echo check_shardmap it_cluster it_rows it_reshard ;;
     *) echo "mutate: $1 has no suites of its own in suites_for; it runs against the" \
             "defaults (it_cluster it_checkpoint it_hostile)" >&2
        echo it_cluster it_checkpoint it_hostile ;;

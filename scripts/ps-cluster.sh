@@ -4,6 +4,7 @@
 # worker host R mod (number of worker hosts).
 #
 #   scripts/ps-cluster.sh CONFIG start|stop|status [options] [-- WORKER_ARGS...]
+#   scripts/ps-cluster.sh CONFIG reshard NEW_CONFIG [options] [-- WORKER_ARGS...]
 #
 #   --worker-hosts H1,H2,..  where workers run (start; default: the shards'
 #                            hosts). stop and status use the hosts recorded
@@ -30,6 +31,10 @@
 #   --worker-cmd CMD         start: each worker runs CMD (e.g. "python3
 #                            train.py") through ps-worker --exec, with
 #                            PS_CONFIG, PS_RANK and PS_NUM_WORKERS set
+#   --reshard-from DIR --reshard-shards N
+#                            start: every shard starts from the checkpoints of
+#                            N shards in DIR on its host (ps-server
+#                            --reshard-from; what reshard passes)
 #   -- WORKER_ARGS...        more ps-worker flags (--epochs 5, ...)
 #
 # start: checks every host over ssh first (reachable, programs and config
@@ -45,6 +50,16 @@
 # stop: SIGTERM to the workers, then to the shards (which write their
 # checkpoints when configured); waits for each to exit and reports its
 # exit status. status: for each process, running or its exit status.
+# reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
+# with other cluster.servers (refused naming the first other key that
+# differs; CONFIG needs checkpoint.dir, and cluster.replicas: 1 is
+# refused). Stops CONFIG as stop does (workers, then the shards, which
+# write their checkpoints at one clock); on every old and new shard host
+# moves the old shards' files out of checkpoint.dir into
+# checkpoint.dir/reshard-from-N.TIME and copies every old shard's there
+# through this machine (ssh, tar); then starts NEW_CONFIG as start does,
+# each shard from those files (--reshard-from), and prints what moved.
+# The workers, restarted, resume at the checkpoint's clock.
 # Exit status: 0 when everything succeeded, 1 when a host, a process or a
 # check failed, 2 for usage or a config that cannot work on these hosts.
 # The cluster secret (security.secret_file) must be at the same path on
@@ -76,18 +91,25 @@ case "$1" in
 esac
 [ $# -ge 2 ] || die "give an action: start, stop or status"
 CONFIG=$1 ACTION=$2; shift 2
-case "$ACTION" in start|stop|status) ;; *)
-  die "unknown action '$ACTION' (start, stop or status)" ;;
+case "$ACTION" in start|stop|status|reshard) ;; *)
+  die "unknown action '$ACTION' (start, stop, status or reshard)" ;;
 esac
-DIR=$here LOGS="" WHOSTS="" DRY=0 WAIT="" WCMD=()
+NEW=""
+if [ "$ACTION" = reshard ]; then
+  [ $# -ge 1 ] || die "reshard needs NEW_CONFIG"
+  NEW=$1; shift
+fi
+DIR=$here LOGS="" WHOSTS="" DRY=0 WAIT="" WCMD=() RESHARD_FROM="" RESHARD_N=""
+
 SSH=${PS_SSH:-ssh -o BatchMode=yes -o ConnectTimeout=10}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --worker-hosts|--dir|--logs|--ssh|--wait)
+    --worker-hosts|--dir|--logs|--ssh|--wait|--reshard-from|--reshard-shards)
       [ $# -ge 2 ] || die "$1 needs a value"
       case "$1" in
         --worker-hosts) WHOSTS=$2 ;; --dir) DIR=$2 ;; --logs) LOGS=$2 ;;
-        --ssh) SSH=$2 ;; --wait) WAIT=$2 ;;
+        --ssh) SSH=$2 ;; --wait) WAIT=$2; WAIT_GIVEN=1 ;;
+        --reshard-from) RESHARD_FROM=$2 ;; --reshard-shards) RESHARD_N=$2 ;;
       esac
       shift 2 ;;
     --dry-run) DRY=1; shift ;;
@@ -105,8 +127,13 @@ LOGS=${LOGS:-$DIR/logs}
 for v in "$CONFIG" "$DIR" "$LOGS" "$WHOSTS"; do
   case "$v" in *$'\n'*) die "a newline in '$v': not allowed in a path or host name" ;; esac
 done
+if [ -n "$RESHARD_FROM$RESHARD_N" ]; then
+  [ "$ACTION" = start ] && [ -n "$RESHARD_FROM" ] && [[ $RESHARD_N =~ ^[1-9][0-9]*$ ]] ||
+    die "--reshard-from DIR and --reshard-shards N go together, with start"
+  case "$RESHARD_FROM" in *$'\n'*) die "a newline in '$RESHARD_FROM'" ;; esac
+fi
 case "$WAIT" in
-  "") WAIT=$([ "$ACTION" = stop ] && echo 300 || echo 30) ;;
+  "") WAIT=$([ "$ACTION" = stop ] && echo 300 || { [ -n "$RESHARD_FROM" ] && echo 600 || echo 30; }) ;;
   *[!0-9]*) die "--wait: expected whole seconds, got '$WAIT'" ;;
 esac
 WORKER_GRACE=$((WAIT < 15 ? WAIT : 15)) SHARD_SIGNAL=TERM LOG_TAIL=8 ROLLBACK=0
@@ -181,13 +208,15 @@ par_rc() { cat "$PAR/$1.rc" 2> /dev/null || echo 255; }
 sname() { if [ "$1" -lt "$nshards" ]; then echo "shard $1"; else echo "backup $(($1 - nshards))"; fi; }
 slog() { if [ "$1" -lt "$nshards" ]; then echo "server-$1"; else echo "server-$(($1 - nshards))-r1"; fi; }
 sargs() { if [ "$1" -lt "$nshards" ]; then echo "--shard $1"; else echo "--shard $(($1 - nshards)) --replica 1"; fi; }
-server_cmd() { echo "$(sq "$DIR/bin/ps-server") --config $(sq "$RCONFIG") $(sargs "$1")"; }
+server_cmd() {
+  echo "$(sq "$DIR/bin/ps-server") --config $(sq "$RCONFIG") $(sargs "$1")${RESHARD_FROM:+ --reshard-from $(sq "$RESHARD_FROM") --reshard-shards $RESHARD_N}"
+}
 worker_cmd() {
   local extra="" a
   for a in "${WARGS[@]+"${WARGS[@]}"}"; do extra+=" $(sq "$a")"; done
   echo "$(sq "$DIR/bin/ps-worker") --config $(sq "$RCONFIG") --rank $1$extra"
 }
-server_pat() { echo "^$(re "$DIR/bin/ps-server --config $RCONFIG $(sargs "$1")")\$"; }
+server_pat() { echo "^$(re "$DIR/bin/ps-server --config $RCONFIG $(sargs "$1")")( --reshard-from .*)?\$"; }
 worker_pat() { echo "^$(re "$DIR/bin/ps-worker --config $RCONFIG --rank $1")( |\$)"; }
 any_pat() { echo "^$(re "$DIR/bin/ps-")(server|worker) --config $(re "$RCONFIG") --(shard|rank) [0-9]+( |\$)"; }
 whost_of() { echo "${whost[$(($1 % ${#whost[@]}))]}"; }
@@ -364,6 +393,69 @@ load_run() {
   RUN=$RUN_DIR
   return 0
 }
+
+# ---- reshard: stop CONFIG, gather the old checkpoints, start NEW ----
+if [ "$ACTION" = reshard ]; then
+  [ -r "$NEW" ] || die "reshard: cannot read $NEW"
+  new_dump=$("$SERVER" --config "$NEW" --dump-config) || exit 2
+  key=$(cfg_first_diff "$dump" "$new_dump")
+  [ -z "$key" ] || die "reshard: $NEW differs from $CONFIG in $key: a re-shard changes cluster.servers only"
+  ckdir=$(cfg_key "$dump" checkpoint dir)
+  [ -n "$ckdir" ] || die "reshard: $CONFIG has no checkpoint.dir: the new shards start from the old ones' checkpoints"
+  [ "$(cfg_key "$dump" cluster replicas)" = 0 ] ||
+    die "reshard: cluster.replicas: 1 is not supported: the pairs would have to move (docs/elastic.md)"
+  mapfile -t nhost < <("$SERVER" --config "$NEW" --list-shards | awk '{print $2}')
+  for h in "${shost[@]}" "${nhost[@]}"; do check_host "$h" "$CONFIG or $NEW"; done
+  [ $DRY -eq 0 ] || die "reshard: --dry-run is not supported (it stops the cluster)"
+  echo "$me: reshard: stopping $CONFIG (the workers, then the shards, which write their checkpoints)"
+  "$0" "$CONFIG" stop --ssh "$SSH" --dir "$DIR" --logs "$LOGS" ${WHOSTS:+--worker-hosts "$WHOSTS"} ||
+    { echo "$me: reshard: the stop failed; nothing was moved" >&2; exit 1; }
+  case "$ckdir" in /*) ck=$ckdir ;; *) ck=$DIR/$ckdir ;; esac
+  F=$ck/reshard-from-$nshards.$(date +%Y%m%dT%H%M%S)
+  # A. on each old shard's host, its files into F (one host after the
+  # other: a checkpoint.dir shared by the hosts holds them all); any other
+  # shard's file stays (a new shard takes its own only when written after
+  # the old ones: ps-server --reshard-from)
+  mapfile -t rhosts < <(printf '%s\n' "${shost[@]:0:$nshards}" "${nhost[@]}" | awk '!seen[$0]++')
+  for h in "${rhosts[@]}"; do
+    own=""
+    for ((k = 0; k < nshards; k++)); do [ "${shost[$k]}" = "$h" ] && own+=" $k"; done
+    out=$(on "$h" "mkdir -p $(sq "$F") && cd $(sq "$ck") || exit 3
+for k in$own; do
+  for f in shard-\$k.ckpt shard-\$k.ckpt.delta-* shard-\$k.members; do
+    [ -e \"\$f\" ] && { mv -- \"\$f\" $(sq "$F")/ || exit 3; }
+  done
+done
+echo MOVED" 2>&1)
+    grep -q '^MOVED$' <<< "$out" || {
+      echo "$me: reshard: cannot set the checkpoints aside on $h: $(tail -n 1 <<< "$out")" >&2; exit 1; }
+  done
+  # B. every old shard's files onto every new shard's host that lacks them
+  mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
+  for h in "${uhost[@]}"; do
+    for ((k = 0; k < nshards; k++)); do
+      [ "${shost[$k]}" = "$h" ] && continue
+      on "$h" "[ -f $(sq "$F/shard-$k.ckpt") ]" && continue # a shared folder
+      files="shard-$k.ckpt shard-$k.ckpt.delta-* shard-$k.members"
+      "${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$F") && tar -cf - \$(ls -d $files 2> /dev/null)" < /dev/null |
+        "${SSHV[@]}" -- "$h" "cd $(sq "$F") && tar -xf -" ||
+        { echo "$me: reshard: cannot copy shard $k's checkpoint from ${shost[$k]} to $h; the" \
+            "old checkpoints are in $F on their hosts" >&2; exit 1; }
+    done
+    miss=$(on "$h" "cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || echo \$k; done")
+    [ -z "$miss" ] || { echo "$me: reshard: on $h, $F lacks shard-$(echo $miss | tr ' ' ',').ckpt: every" \
+      "old shard's checkpoint is needed; nothing was started" >&2; exit 1; }
+  done
+  echo "$me: reshard: $nshards -> ${#nhost[@]} shards; the old checkpoints are in $F on each host" \
+    "(kept: remove them once the new shards have checkpointed)"
+  args=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS" --reshard-from "$F" --reshard-shards "$nshards")
+  [ -n "$WHOSTS" ] && args+=(--worker-hosts "$WHOSTS")
+  [ -n "${WAIT_GIVEN:-}" ] && args+=(--wait "$WAIT")
+  "$0" "$NEW" start "${args[@]}" -- ${WARGS[@]+"${WARGS[@]}"}; rc=$?
+  [ $rc -eq 0 ] || echo "$me: reshard: the start failed; start again with: $0 $NEW start" \
+    "--reshard-from '$F' --reshard-shards $nshards (the same options)" >&2
+  exit $rc
+fi
 
 if [ "$ACTION" != start ]; then
   RUN=""
@@ -639,6 +731,13 @@ for ((n = 0; n < ${#uwhost[@]}; n++)); do
 done
 [ $failed -eq 0 ] || rollback
 
+if [ -n "$RESHARD_FROM" ]; then
+  : > "$RUN/reshard.lines"
+  for ((k = 0; k < nshards; k++)); do
+    on "${shost[$k]}" "grep -h 're-sharded from' $(sq "$RUN/$(slog $k).log")" >> "$RUN/reshard.lines" 2>/dev/null
+  done
+  echo "$me: reshard: $(reshard_summary "$RUN/reshard.lines")"
+fi
 echo "$me: started $nshards shard(s) and $nworkers worker(s) of $CONFIG"
 for ((k = 0; k < nsrv; k++)); do echo "  $(sname $k) on ${shost[$k]}, listening on ${bound[$k]}"; done
 for ((r = 0; r < nworkers; r++)); do echo "  worker $r on $(whost_of $r)"; done

@@ -3,6 +3,7 @@
 #
 #   scripts/ps-local.sh CONFIG [--logs DIR] [--workers-only|--servers-only] [-- WORKER_ARGS...]
 #   scripts/ps-local.sh CONFIG --worker-cmd "python3 train.py" [...]
+#   scripts/ps-local.sh CONFIG reshard NEW_CONFIG [same options]
 #
 # --worker-cmd runs CMD (with bash -c) as each worker instead of ps-worker,
 # with PS_CONFIG (the config's absolute path), PS_RANK and PS_NUM_WORKERS
@@ -19,6 +20,17 @@
 # back and the workers reconnect). At the end, a shard of the config running
 # under ps-local.sh's own command line but not started by it (restarted by
 # hand) is stopped with the others and named.
+# reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
+# with other cluster.servers (refused, naming the first other key that
+# differs); CONFIG needs checkpoint.dir. A cluster of CONFIG running on
+# this machine is stopped at a clock boundary as Ctrl-C stops it (its
+# ps-local.sh is sent SIGTERM: the workers end their step, then the
+# shards write their checkpoints; shards and workers of CONFIG run
+# otherwise get the same, workers first); the old shards' files are moved
+# into CKPT_DIR/reshard-from-N.TIME, the new shards start from them
+# (ps-server --reshard-from) and the run goes on as `ps-local.sh
+# NEW_CONFIG` would: the workers, restarted, resume at the checkpoint's
+# clock. What moved is printed once the new shards listen.
 # Exit status: 0 when every worker succeeded and every shard running at the
 # end stopped cleanly (a shard that died during the run and was restarted
 # is reported, not counted against the run); 1 otherwise.
@@ -47,6 +59,10 @@ case "$1" in
   --version) "$BIN/ps-server" --version | sed '1s/^ps-server/ps-local.sh/'; exit "${PIPESTATUS[0]}" ;;
 esac
 CONFIG=$1; shift
+RESHARD_TO=""
+if [ "${1:-}" = reshard ]; then
+  RESHARD_TO=${2:?reshard needs NEW_CONFIG}; shift 2
+fi
 LOGDIR="" MODE=all WORKER_CMD=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -64,6 +80,99 @@ for b in ps-server $([ -z "$WORKER_CMD" ] && echo ps-worker); do
 done
 LOGDIR=${LOGDIR:-$(mktemp -d /tmp/ps-local.XXXXXX)}
 mkdir -p "$LOGDIR"
+
+# ---- reshard: stop CONFIG's cluster, set its checkpoints aside, go on with NEW_CONFIG ----
+reshard_args=()
+# pids of program NAME (ps-server, ps-worker) whose command line names CONFIG
+pids_of() {
+  local pid args
+  for pid in $(pgrep -x "$1" 2>/dev/null); do
+    args=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+    case " $args" in *" --config $2 "*) echo "$pid" ;; esac
+  done
+}
+# waits (300 s at most) until none of the pids runs; 1 when some still do
+wait_gone() {
+  local p t
+  for ((t = 0; t < 3000; t++)); do
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && break; p=""; done
+    [ -z "$p" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+# after a failed start of the new shards: where the old checkpoints are
+reshard_hint() {
+  [ ${#reshard_args[@]} -gt 0 ] || return 0
+  echo "ps-local.sh: reshard: the old checkpoints stay in ${reshard_args[1]}; once the cause is" \
+    "fixed, start the new shards from them: ps-server --config $CONFIG --shard K" \
+    "${reshard_args[*]} (or move them back into checkpoint.dir to run $CONFIG_OLD)" >&2
+}
+if [ -n "$RESHARD_TO" ]; then
+  CONFIG_OLD=$CONFIG
+  [ -r "$RESHARD_TO" ] || { echo "ps-local.sh: reshard: cannot read $RESHARD_TO" >&2; exit 2; }
+  old_dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config) || exit 2
+  new_dump=$("$BIN/ps-server" --config "$RESHARD_TO" --dump-config) || exit 2
+  key=$(cfg_first_diff "$old_dump" "$new_dump")
+  if [ -n "$key" ]; then
+    echo "ps-local.sh: reshard: $RESHARD_TO differs from $CONFIG in $key: a re-shard changes" \
+      "cluster.servers only" >&2
+    exit 2
+  fi
+  ckdir=$(cfg_key "$old_dump" checkpoint dir)
+  [ -n "$ckdir" ] || { echo "ps-local.sh: reshard: $CONFIG has no checkpoint.dir: the new shards" \
+    "start from the old ones' checkpoints" >&2; exit 2; }
+  [ "$(cfg_key "$old_dump" cluster replicas)" = 0 ] || { echo "ps-local.sh: reshard:" \
+    "cluster.replicas: 1 is not supported: the pairs would have to move (docs/elastic.md)" >&2; exit 2; }
+  old_n=$("$BIN/ps-server" --config "$CONFIG" --list-shards | wc -l)
+  new_n=$("$BIN/ps-server" --config "$RESHARD_TO" --list-shards | wc -l)
+  # the running cluster: its ps-local.sh (the shards' parent) stops it as
+  # Ctrl-C would; what else runs of CONFIG, workers first
+  srv=$(pids_of ps-server "$CONFIG") launchers=""
+  for p in $srv; do
+    pp=$(awk '/^PPid:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
+    [ -n "$pp" ] && [[ $(tr '\0' ' ' <"/proc/$pp/cmdline" 2>/dev/null) == *ps-local.sh* ]] &&
+      launchers="$launchers $pp"
+  done
+  launchers=$(tr ' ' '\n' <<<"$launchers" | sort -u | tr '\n' ' ')
+  if [ -n "${launchers// }" ]; then
+    echo "ps-local.sh: reshard: stopping the ps-local.sh of $CONFIG (pid${launchers% }) at a clock boundary"
+    kill -TERM $launchers 2>/dev/null
+    wait_gone $launchers || { echo "ps-local.sh: reshard: ps-local.sh (pid$launchers) still runs" \
+      "after 300 s; nothing was moved" >&2; exit 1; }
+  fi
+  wrk=$(pids_of ps-worker "$CONFIG")
+  if [ -n "$wrk" ]; then
+    echo "ps-local.sh: reshard: stopping the workers of $CONFIG (pid $(echo $wrk))"
+    kill -TERM $wrk 2>/dev/null
+    wait_gone $wrk || { echo "ps-local.sh: reshard: workers still run after 300 s" >&2; exit 1; }
+  fi
+  srv=$(pids_of ps-server "$CONFIG")
+  if [ -n "$srv" ]; then
+    echo "ps-local.sh: reshard: stopping the shards of $CONFIG (pid $(echo $srv)): they write their checkpoints"
+    kill -TERM $srv 2>/dev/null
+    wait_gone $srv || { echo "ps-local.sh: reshard: shards still run after 300 s" >&2; exit 1; }
+  fi
+  for ((k = 0; k < old_n; k++)); do
+    [ -f "$ckdir/shard-$k.ckpt" ] || { echo "ps-local.sh: reshard: $ckdir/shard-$k.ckpt is missing:" \
+      "every one of the $old_n old shards' checkpoints is needed; nothing was moved" >&2; exit 1; }
+  done
+  from=$ckdir/reshard-from-$old_n.$(date +%Y%m%dT%H%M%S)
+  mkdir "$from" || exit 1
+  # the old shards' files, and any other shard's (an older run's: a new
+  # shard would take one of its own map for this re-shard's) beside them
+  mkdir "$from/older"
+  for f in "$ckdir"/shard-*; do
+    [ -e "$f" ] || continue
+    k=${f##*/shard-}; k=${k%%[.-]*}
+    if [[ $k =~ ^[0-9]+$ ]] && [ "$k" -lt "$old_n" ]; then mv "$f" "$from/"; else mv "$f" "$from/older/"; fi
+  done
+  rmdir "$from/older" 2>/dev/null
+  echo "ps-local.sh: reshard: $old_n -> $new_n shards; the old checkpoints are in $from (kept:" \
+    "remove them once the new shards have checkpointed)"
+  reshard_args=(--reshard-from "$from" --reshard-shards "$old_n")
+  CONFIG=$RESHARD_TO
+fi
 
 shard_lines=$("$BIN/ps-server" --config "$CONFIG" --list-shards) || exit 2
 nshards=$(printf '%s\n' "$shard_lines" | wc -l)
@@ -163,7 +272,7 @@ echo "ps-local.sh: $nshards shard(s), $nworkers worker(s) from $CONFIG; logs in 
 if [ "$MODE" != workers ]; then
   while read -r idx host port; do
     "$BIN/ps-server" --config "$CONFIG" --shard "$idx" ${repl_key_args[@]+"${repl_key_args[@]}"} \
-      >"$LOGDIR/server-$idx.log" 2>&1 &
+      ${reshard_args[@]+"${reshard_args[@]}"} >"$LOGDIR/server-$idx.log" 2>&1 &
     server_pids+=($!) server_names+=("shard $idx")
   done <<<"$shard_lines"
   if [ -n "$backup_lines" ]; then
@@ -173,10 +282,12 @@ if [ "$MODE" != workers ]; then
       server_pids+=($!) server_names+=("shard $idx r1")
     done <<<"$backup_lines"
   fi
-  # Wait (up to 10 s) until every shard (and backup) accepts connections on its port.
+  # Wait (up to 10 s; 600 s re-sharding, which loads every old shard's
+  # checkpoint first) until every shard (and backup) accepts connections on its port.
   all_lines=$shard_lines${backup_lines:+$'\n'$backup_lines}
   nproc_srv=$(printf '%s\n' "$all_lines" | wc -l)
-  for ((t = 0; t < 100; t++)); do
+  limit=100; [ ${#reshard_args[@]} -gt 0 ] && limit=6000
+  for ((t = 0; t < limit; t++)); do
     up=0 i=0
     while read -r idx host port; do
       h=${host#[}; h=${h%]}
@@ -191,11 +302,14 @@ if [ "$MODE" != workers ]; then
     done <<<"$all_lines"
     [ "$up" -ge "$nproc_srv" ] && break
     for p in "${server_pids[@]}"; do
-      kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; exit 1; }
+      kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; reshard_hint; exit 1; }
     done
     sleep 0.1
   done
-  [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within 10 s" >&2; stop_servers; exit 1; }
+  [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within $((limit / 10)) s" >&2; stop_servers; reshard_hint; exit 1; }
+  if [ ${#reshard_args[@]} -gt 0 ]; then
+    echo "ps-local.sh: reshard: $(reshard_summary "$LOGDIR"/server-*.log)"
+  fi
 fi
 if [ "$MODE" = servers ]; then
   echo "ps-local.sh: shards running; Ctrl-C stops them"

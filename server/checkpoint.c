@@ -539,9 +539,11 @@ out:
 }
 
 /* Loads a full checkpoint (delta 0) or incremental checkpoint delta of
- * the chain: the checks, then the restore, as ps_checkpoint_load says. */
-static int load_file(struct ps_server *s, const char *path, uint32_t delta, char *err,
-		     size_t errlen)
+ * the chain: the checks, then the restore, as ps_checkpoint_load says.
+ * decl_only: only the tensors and tables it declares (a re-shard gives
+ * the new shard those of an old shard's file, reshard.c). */
+static int load_file(struct ps_server *s, const char *path, uint32_t delta, int decl_only,
+		     char *err, size_t errlen)
 {
 	enum { CHUNK = 1 << 20 };
 	struct ckpt_hdr h, want;
@@ -604,6 +606,8 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 		if (rc)
 			goto out;
 	}
+	if (decl_only)
+		goto out;
 	fill_hdr(s, &want);
 	if (version != file_version(s))
 		FAIL(PS_ECONFIG, "%s: a version %d checkpoint, this shard's tensors %s optimizer "
@@ -613,10 +617,16 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, char
 	if (h.shard != want.shard)
 		FAIL(PS_ECONFIG, "%s: belongs to shard %d, this is shard %d", path, h.shard,
 		     want.shard);
+	if (h.map_hash != want.map_hash && h.map_hash == s->old_place_hash)
+		FAIL(PS_ECONFIG, "%s: made by a build before re-sharding, which placed rows and "
+		     "slices otherwise (placement 0, map %016" PRIx64 "): re-place it once with "
+		     "`ps-local.sh CONFIG reshard CONFIG` (or ps-cluster.sh; docs/elastic.md)", path,
+		     h.map_hash);
 	if (h.map_hash != want.map_hash)
 		FAIL(PS_ECONFIG, "%s: made with another configuration: shard map %016" PRIx64
-		     " there, %016" PRIx64 " here (servers, tensors or slice_bytes changed)",
-		     path, h.map_hash, want.map_hash);
+		     " there, %016" PRIx64 " here (servers, tensors or slice_bytes changed; "
+		     "checkpoints made for another number of shards are loaded by `ps-local.sh "
+		     "CONFIG reshard NEW_CONFIG`, docs/elastic.md)", path, h.map_hash, want.map_hash);
 	if (h.optimizer != want.optimizer || h.nstate != want.nstate)
 		FAIL(PS_ECONFIG, "%s: made with optimizer %s, the config says %s", path,
 		     ps_optim_name((enum ps_optim_kind)h.optimizer),
@@ -750,7 +760,36 @@ out:
 
 int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t errlen)
 {
-	return load_file(s, path, 0, err, errlen);
+	return load_file(s, path, 0, 0, err, errlen);
+}
+
+int ps_checkpoint_load_decl(struct ps_server *s, const char *path, char *err, size_t errlen)
+{
+	return load_file(s, path, 0, 1, err, errlen);
+}
+
+int ps_checkpoint_map_hash(const char *path, uint64_t *hash, char *err, size_t errlen)
+{
+	struct ckpt_hdr h;
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK), rc = 0;
+	struct stat st;
+
+	if (fd < 0) {
+		rc = -errno;
+		if (errno != ENOENT)
+			snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+		return rc;
+	}
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || read_at(fd, &h, sizeof(h), 0) ||
+	    memcmp(h.magic, "PSCKPT0", 7) || h.endian != CKPT_ENDIAN) {
+		snprintf(err, errlen, "%s: not a ps-server checkpoint (not a regular file, too short, "
+			 "bad magic or the other byte order)", path);
+		rc = PS_EPROTO;
+	} else {
+		*hash = h.map_hash;
+	}
+	close(fd);
+	return rc;
 }
 
 /* Renames the incremental checkpoint dp to dp.stale (replacing an older
@@ -776,7 +815,7 @@ int ps_checkpoint_load_deltas(struct ps_server *s, const char *path, char *err, 
 
 	for (n = 1;; n++) {
 		ps_checkpoint_delta_path(path, n, dp, sizeof(dp));
-		rc = load_file(s, dp, n, err, errlen);
+		rc = load_file(s, dp, n, 0, err, errlen);
 		if (rc == -ENOENT)
 			break;
 		if (rc == -ESTALE) {

@@ -94,4 +94,13 @@ int ps_checkpoint_check_dir(const char *dir, const char *path, char *err, size_t
  * device is refused without waiting on it. */
 int ps_checkpoint_load(struct ps_server *s, const char *path, char *err, size_t errlen);
 
+/* Only the tensors and tables the full checkpoint at path declares (a
+ * config without a model, or tables declared at run time), adopted by s
+ * as ps_checkpoint_load would (a re-shard, server/reshard.c). */
+int ps_checkpoint_load_decl(struct ps_server *s, const char *path, char *err, size_t errlen);
+
+/* The shard-map hash a full checkpoint's header records: 0, -ENOENT, or a
+ * negative code with the reason in err. Nothing else is checked. */
+int ps_checkpoint_map_hash(const char *path, uint64_t *hash, char *err, size_t errlen);
+
 #endif

@@ -336,6 +336,13 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 
 	int bad = ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err));
 
+	if (bad && h->protocol_version == PS_PROTOCOL_VERSION && h->shard_map_hash != s->map.hash &&
+	    h->shard_map_hash == s->old_place_hash)
+		snprintf(err, sizeof(err), "shard map mismatch: the client places rows and slices as "
+			 "builds before re-sharding did (placement 0, map %016" PRIx64 "), shard %d "
+			 "by jump and rendezvous hashing (map %016" PRIx64 "): run a client of this "
+			 "build", h->shard_map_hash, s->shard, s->map.hash);
+
 	if (!bad && h->role == PS__ROLE__ROLE_WORKER)
 		bad = settings_differ(s, h, err, sizeof(err));
 

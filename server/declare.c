@@ -272,7 +272,7 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 	rc = ps_config_declared_codecs(cfg, why, wl);
 	if (rc)
 		goto err_free_cfg;
-	rc = ps_shardmap_init(&map, cfg);
+	rc = ps_shardmap_init_placed(&map, cfg, s->map.placement);
 	if (rc) {
 		snprintf(why, wl, "cannot build the shard map: %s", ps_strerror(rc));
 		goto err_free_cfg;

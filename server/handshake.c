@@ -14,7 +14,8 @@ int ps_hello_check(const struct ps_config *cfg, uint64_t map_hash, int shard, co
 	else if (h->shard_map_hash != map_hash)
 		snprintf(err, errlen,
 			 "shard map mismatch: client has %016" PRIx64 ", shard %d has %016" PRIx64
-			 " (the configs differ in servers, tensors, slice_bytes or embedding tables)",
+			 " (the configs differ in servers, tensors, slice_bytes or embedding tables; "
+			 "after a re-shard, start this process again with the new config)",
 			 h->shard_map_hash, shard, map_hash);
 	else if (h->shard != shard)
 		snprintf(err, errlen, "wrong shard: client expected shard %d, this is shard %d",

@@ -1,6 +1,7 @@
 /* main.c - ps-server: one shard of the parameter server.
  *
  *   ps-server --config FILE --shard I|auto [--log-level L] [--dump-config] [--help]
+ *             [--reshard-from DIR --reshard-shards N]
  */
 #include <getopt.h>
 #include <limits.h>
@@ -13,6 +14,7 @@
 #include "config.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "reshard.h"
 #include "server.h"
 #include "version.h"
 
@@ -45,6 +47,16 @@ static void usage(FILE *out)
 		"                       the key readers (read-only clients) prove; without one\n"
 		"                       readers are refused (default: the config's\n"
 		"                       security.reader_key_file, else $PS_READER_KEY_FILE)\n"
+		"      --reshard-from DIR\n"
+		"                       start from the checkpoints of a cluster of another\n"
+		"                       number of shards (or of the placement before\n"
+		"                       re-sharding), which lie in DIR (not checkpoint.dir):\n"
+		"                       this shard takes what it owns under its map and writes\n"
+		"                       its own checkpoint before serving; one whose own\n"
+		"                       checkpoint is of this map and newer than DIR's resumes\n"
+		"                       from it (docs/elastic.md; ps-local.sh CONFIG reshard NEW)\n"
+		"      --reshard-shards N\n"
+		"                       with --reshard-from: how many shards the old cluster had\n"
 		"      --dump-config    print the effective configuration and exit\n"
 		"      --list-shards    print 'INDEX HOST PORT' for every shard and exit\n"
 		"      --list-backups   the same for every shard's backup address (cluster.backups)\n"
@@ -128,6 +140,8 @@ int main(int argc, char **argv)
 		{ "list-shards", no_argument, NULL, 'S' },
 		{ "list-backups", no_argument, NULL, 'B' },
 		{ "replica", required_argument, NULL, 'r' },
+		{ "reshard-from", required_argument, NULL, 'F' },
+		{ "reshard-shards", required_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
@@ -135,6 +149,7 @@ int main(int argc, char **argv)
 	const char *config = NULL, *level = NULL, *secret = NULL, *repl_key = NULL;
 	const char *reader_key = NULL, *shard_arg = NULL;
 	int shard = -1, replica = 0, dump = 0, list = 0, opt, rc;
+	struct ps_reshard_from resh = { NULL, -1 };
 	struct ps_config *cfg;
 	struct ps_server srv;
 	enum ps_log_level lvl;
@@ -155,6 +170,15 @@ int main(int argc, char **argv)
 			}
 			break;
 		case 'B': list = 2; break;
+		case 'F': resh.dir = optarg; break;
+		case 'N':
+			resh.nshards = parse_index(optarg);
+			if (resh.nshards < 1 || resh.nshards > PS_MAX_SHARDS) {
+				fprintf(stderr, "ps-server: --reshard-shards: expected 1..%d, got '%s'\n",
+					PS_MAX_SHARDS, optarg);
+				return 2;
+			}
+			break;
 		case 's': shard_arg = optarg; break;
 		case 'l': level = optarg; break;
 		case 'D': dump = 1; break;
@@ -182,6 +206,10 @@ int main(int argc, char **argv)
 	}
 	if (shard_arg && (shard = parse_shard(shard_arg, "--shard")) < 0)
 		return 2;
+	if (!resh.dir != (resh.nshards < 0)) {
+		fprintf(stderr, "ps-server: --reshard-from DIR and --reshard-shards N go together\n");
+		return 2;
+	}
 	cfg = malloc(sizeof(*cfg));
 	if (!cfg)
 		return 1;
@@ -255,7 +283,7 @@ int main(int argc, char **argv)
 	ps_log_set_level(lvl);
 
 	uv_loop_t *loop = uv_default_loop();
-	rc = ps_server_init_replica(&srv, cfg, shard, replica, loop);
+	rc = ps_server_init_from(&srv, cfg, shard, replica, loop, resh.dir ? &resh : NULL);
 	if (rc) {
 		ps_error("not started: %s", ps_strerror(rc));
 		free(cfg);

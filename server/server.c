@@ -9,9 +9,11 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "ps_time.h"
 #include "auth.h"
 #include "checkpoint.h"
+#include "reshard.h"
 #include "metrics_http.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -138,6 +140,63 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int shard,
 			   int replica, uv_loop_t *loop)
 {
+	return ps_server_init_from(s, cfg, shard, replica, loop, NULL);
+}
+
+/* A re-shard (from): the old cluster's checkpoints give this shard its
+ * state, unless its own checkpoint is of this map already (written by an
+ * earlier start of the same re-shard, which it resumes from). Then the
+ * new map's checkpoint is written at once, before serving. 1 when it
+ * re-sharded, 0 when its own checkpoint is to be loaded, or a negative
+ * code (logged). */
+static int start_reshard(struct ps_server *s, const struct ps_reshard_from *from)
+{
+	char err[1200];
+	uint64_t have = 0, bytes;
+	double secs;
+	int rc = ps_checkpoint_map_hash(s->ckpt_path, &have, err, sizeof(err));
+
+	if (!rc && have == s->map.hash) {
+		/* written by an earlier start of this re-shard when newer than
+		 * the old checkpoints; else left by an older run of this map */
+		char old[1100];
+		struct stat a, b;
+
+		snprintf(old, sizeof(old), "%s/shard-0.ckpt", from->dir);
+		if (stat(s->ckpt_path, &a) || stat(old, &b) || a.st_mtim.tv_sec > b.st_mtim.tv_sec ||
+		    (a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec >= b.st_mtim.tv_nsec)) {
+			ps_info("%s is of this shard map and newer than %s (an earlier start of this "
+				"re-shard wrote it): resuming from it", s->ckpt_path, old);
+			return 0;
+		}
+		ps_warn("%s is of this shard map but older than %s: left by an earlier run, "
+			"not this re-shard's; re-sharding over it", s->ckpt_path, old);
+	}
+	if (rc && rc != -ENOENT && rc != PS_EPROTO) {
+		ps_error("refusing to start: %s", err);
+		return rc;
+	}
+	rc = ps__reshard_load(s, from, err, sizeof(err));
+	if (!rc) {
+		s->ckpt_loaded = 1;
+		s->ckpt_last_ok = ps_now_s();
+		rc = ps__members_load(s, err, sizeof(err));
+	}
+	if (rc) {
+		ps_error("refusing to start: %s", err);
+		return rc;
+	}
+	rc = ps__srv_write_checkpoint(s, "re-shard", &bytes, &secs, err, sizeof(err));
+	if (rc) {
+		ps_error("refusing to start: the re-sharded state's checkpoint: %s", err);
+		return rc;
+	}
+	return 1;
+}
+
+int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int shard,
+			int replica, uv_loop_t *loop, const struct ps_reshard_from *from)
+{
 	const struct ps_transport_ops *ops;
 	struct ps_transport_cbs cbs = {
 		.on_accept = ps__srv_on_accept,
@@ -177,6 +236,11 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 		ps_error("%s", err);
 		return rc;
 	}
+	rc = ps_shardmap_init_placed(&s->map, cfg, PS_PLACE_GREEDY);
+	if (rc)
+		return rc;
+	s->old_place_hash = s->map.hash;
+	ps_shardmap_free(&s->map);
 	rc = ps_shardmap_init(&s->map, cfg);
 	if (rc)
 		return rc;
@@ -222,6 +286,12 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 		ps_warn("security.auth is false: any process that reaches %s:%d may push and pull",
 			cfg->shards[shard].host, cfg->shards[shard].port);
 	}
+	if (from && !cfg->checkpoint.dir[0]) {
+		ps_error("refusing to start: --reshard-from needs checkpoint.dir in the config (the "
+			 "new shards' checkpoints go there)");
+		rc = PS_ECONFIG;
+		goto err_free_store;
+	}
 	if (cfg->checkpoint.dir[0]) {
 		ps_checkpoint_path(cfg->checkpoint.dir, shard, s->ckpt_path, sizeof(s->ckpt_path));
 		if (replica) /* the backup's own file: both may share a folder */
@@ -233,8 +303,13 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 			ps_error("refusing to start: %s", err);
 			goto err_free_store;
 		}
-		rc = ps_checkpoint_load(s, s->ckpt_path, err, sizeof(err));
-		if (rc == -ENOENT) {
+		rc = from ? start_reshard(s, from) : 0;
+		if (rc < 0)
+			goto err_free_store;
+		rc = rc ? 0 : ps_checkpoint_load(s, s->ckpt_path, err, sizeof(err));
+		if (s->ckpt_loaded) {
+			/* re-sharded */
+		} else if (rc == -ENOENT) {
 			ps_info("no checkpoint at %s: starting from the seed", s->ckpt_path);
 		} else if (rc) {
 			ps_error("refusing to start: %s", err);

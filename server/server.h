@@ -81,6 +81,8 @@ struct ps_server {
 	int have_reader_key;          /* readers can prove one (else they are refused) */
 	struct ps_dedup *dedup;       /* per worker rank: pushes already handled */
 	uint64_t boot_id;             /* random per process (HelloReply.boot_id) */
+	uint64_t old_place_hash;      /* this config's map hash under placement 0 (before
+					 re-sharding): a peer sending it is an older build */
 	uint32_t *seen;               /* per slot: the request that last named it */
 	uint32_t seen_gen;            /* ... numbered by this counter */
 	int replica;                  /* 0: at cluster.servers[shard], 1: at cluster.backups[shard] */
@@ -115,6 +117,11 @@ int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, 
 
 /* The same for replica `replica` of the shard (cluster.replicas: 1): 0
  * listens at cluster.servers[shard], 1 at cluster.backups[shard]. */
+struct ps_reshard_from;
+/* The same, re-sharding from another number of shards' checkpoints
+ * (reshard.h; NULL: a plain start). */
+int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int shard,
+			int replica, uv_loop_t *loop, const struct ps_reshard_from *from);
 int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int shard,
 			   int replica, uv_loop_t *loop);
 

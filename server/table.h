@@ -189,5 +189,12 @@ int ps_admit_sight(struct ps_admit *a, uint64_t id, int k, int need);
 /* id's count now (0 when not counted). */
 int ps_admit_count(const struct ps_admit *a, uint64_t id);
 uint64_t ps_admit_bytes(const struct ps_admit *a);
+/* Adds src's counts (a filter of the same size and salt: the same table on
+ * another shard) to a, each in the bucket it sat in or its partner; a
+ * fingerprint a holds there already shares its count, and a full pair of
+ * buckets halves every count as ps_admit_sight does (the count being
+ * added too). A re-shard's new shard gathers its old shards' filters so
+ * (server/reshard.c). 0, or -EINVAL when the filters differ. */
+int ps_admit_merge(struct ps_admit *a, const struct ps_admit *src);
 
 #endif

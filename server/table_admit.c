@@ -148,3 +148,47 @@ uint64_t ps_admit_bytes(const struct ps_admit *a)
 {
 	return a->nbuckets * BUCKET * sizeof(uint32_t);
 }
+
+/* The other bucket an entry with fingerprint fp in bucket b may sit in:
+ * the partner of b1 is b2 and of b2 is b1 (locate's xor). */
+static uint64_t partner(const struct ps_admit *a, uint64_t b, uint32_t fp)
+{
+	return (b ^ mix64(fp)) & (a->nbuckets - 1);
+}
+
+int ps_admit_merge(struct ps_admit *a, const struct ps_admit *src)
+{
+	if (!a->slots || !src->slots)
+		return 0;
+	if (src->nbuckets != a->nbuckets || src->salt != a->salt)
+		return -EINVAL;
+	for (uint64_t b = 0; b < src->nbuckets; b++) {
+		for (int i = 0; i < BUCKET; i++) {
+			uint32_t e = src->slots[b * BUCKET + i], fp = e >> 8, c = e & 0xff, *s;
+			uint64_t p;
+
+			if (!e)
+				continue;
+			p = partner(a, b, fp);
+			s = find(a, b, fp);
+			if (!s)
+				s = find(a, p, fp);
+			if (s) {
+				/* another id of the same fingerprint and buckets: they
+				 * share a count, as at run time (admitted early) */
+				c += *s & 0xff;
+				*s = fp << 8 | (c > 255 ? 255 : c);
+				continue;
+			}
+			while (c && !(s = empty(a, b)) && !(s = empty(a, p))) {
+				decay(a);
+				c >>= 1;
+			}
+			if (c) {
+				*s = fp << 8 | c;
+				a->used++;
+			}
+		}
+	}
+	return 0;
+}

@@ -284,6 +284,68 @@ START_TEST(test_filter_decay_bounded)
 }
 END_TEST
 
+/* ps_admit_merge (a re-shard gathering old shards' filters): every id of
+ * two filters keeps its count in the merged one; the same ids from a third
+ * add their counts (at most 255); a filter of another size is refused;
+ * merging more than a filter holds halves its counts (none grows, the
+ * slots never exceed the filter). */
+START_TEST(test_filter_merge)
+{
+	struct ps_admit a, b, c, small;
+
+	ck_assert_int_eq(ps_admit_init(&a, 4096, 5), 0);
+	ck_assert_int_eq(ps_admit_init(&b, 4096, 5), 0);
+	ck_assert_int_eq(ps_admit_init(&small, 64, 5), 0);
+	for (uint64_t id = 0; id < 600; id++)
+		ck_assert_int_eq(ps_admit_sight(id % 2 ? &a : &b, id, 1 + (int)(id % 7), 100), 0);
+	ck_assert_int_eq(ps_admit_merge(&a, &b), 0);
+	for (uint64_t id = 0; id < 600; id++)
+		ck_assert_msg(ps_admit_count(&a, id) == 1 + (int)(id % 7), "id %" PRIu64 ": %d", id,
+			      ps_admit_count(&a, id));
+	ck_assert_uint_eq(a.used, 600);
+	ck_assert_int_eq(ps_admit_merge(&small, &b), -EINVAL);
+	ck_assert_int_eq(ps_admit_init(&c, 4096, 5), 0);
+	for (uint64_t id = 0; id < 600; id++)
+		ck_assert_int_eq(ps_admit_sight(&c, id, 200, 255), 0);
+	ck_assert_int_eq(ps_admit_merge(&a, &c), 0);
+	for (uint64_t id = 0; id < 600; id++)
+		ck_assert_int_eq(ps_admit_count(&a, id), 200 + 1 + (int)(id % 7) > 255 ? 255
+							: 200 + 1 + (int)(id % 7));
+	ck_assert_uint_eq(a.used, 600);
+	ps_admit_free(&a);
+	ps_admit_free(&b);
+	ps_admit_free(&c);
+	/* two filters of 64 slots, 24 ids each of count 100, then as many as
+	 * fit without a halving: together more than 64, the merge halves */
+	ck_assert_int_eq(ps_admit_init(&a, 64, 5), 0);
+	ck_assert_int_eq(ps_admit_init(&b, 64, 5), 0);
+	for (uint64_t id = 0; id < 24; id++) {
+		ps_admit_sight(&a, id, 100, 255);
+		ps_admit_sight(&b, 1000 + id, 100, 255);
+	}
+	ck_assert_uint_eq(a.decays + b.decays, 0);
+	ck_assert_uint_gt(a.used + b.used, 40);
+	uint64_t used = a.used + b.used;
+	for (uint64_t id = 2000; a.used + b.used <= 64; id++) {
+		struct ps_admit *f = id % 2 ? &a : &b;
+		ps_admit_sight(f, id, 100, 255);
+		ck_assert_uint_eq(f->decays, 0); /* else rerun with another salt */
+		used = a.used + b.used;
+	}
+	ck_assert_uint_gt(used, 64);
+	ck_assert_int_eq(ps_admit_merge(&a, &b), 0);
+	ck_assert_uint_gt(a.decays, 0);
+	ck_assert_uint_le(a.used, 64);
+	for (uint64_t id = 0; id < 24; id++) {
+		ck_assert_int_le(ps_admit_count(&a, id), 100);
+		ck_assert_int_le(ps_admit_count(&a, 1000 + id), 100);
+	}
+	ps_admit_free(&a);
+	ps_admit_free(&b);
+	ps_admit_free(&small);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("rows");
@@ -296,6 +358,7 @@ int main(void)
 	TU_ADD(tc, test_dedup_and_spread);
 	TU_ADD_LOOP(tc, test_table_model, 0, 2);
 	TU_ADD(tc, test_filter_decay_bounded);
+	TU_ADD(tc, test_filter_merge);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	return failed ? 1 : 0;

@@ -43,6 +43,8 @@ struct exporter {
 	struct ps_config *ecfg;
 	struct ps_shardmap map;
 	int have_map;
+	int map_seen;           /* a file's map hash compared with it (the placement
+				   is settled: the first file's, 1 or 0) */
 	int since;                    /* -1: everything */
 	float **dense;                /* per tensor */
 	struct tacc *tab;             /* PS_MAX_TABLES */

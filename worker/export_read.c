@@ -525,7 +525,8 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 			for (uint64_t i = 0; i < ct.nrows; i++) {
 				uint64_t id;
 				memcpy(&id, f->p + rows_at + i * rb, 8);
-				if (ps_rows_shard(ct.key, id, c->nshards) != f->shard)
+				if (ps_rows_shard_placed(ct.key, id, c->nshards, ex->map.placement) !=
+				    f->shard)
 					return FAIL(PS_EPROTO, "%s: at offset %" PRIu64 ": row %" PRIu64
 						    " of table '%s' has id %" PRIu64 ", which lives on "
 						    "another shard (damaged?)", f->path, rows_at + i * rb,
@@ -678,6 +679,21 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 			  version, si->last_version);
 		goto out;
 	}
+	if (h.map_hash != ex->map.hash && !ex->map_seen) {
+		/* a build before re-sharding placed slices and rows otherwise
+		 * (placement 0): its checkpoints are read with its map */
+		const struct ps_config *c = ex->ecfg ? ex->ecfg : ex->cfg;
+		struct ps_shardmap old;
+		if (!ps_shardmap_init_placed(&old, c, PS_PLACE_GREEDY)) {
+			if (old.hash == h.map_hash) {
+				ps_shardmap_free(&ex->map);
+				ex->map = old;
+			} else {
+				ps_shardmap_free(&old);
+			}
+		}
+	}
+	ex->map_seen = 1;
 	if (h.map_hash != ex->map.hash) {
 		rc = FAIL(PS_ECONFIG, "%s: made with another configuration: shard map %016"
 			  PRIx64 " there, %016" PRIx64 " here (servers, tensors, tables or "

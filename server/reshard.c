@@ -1,0 +1,461 @@
+/* reshard.c - a new shard takes what it owns from the checkpoints of a
+ * cluster with another number of shards (reshard.h).
+ *
+ * Each old shard j is rebuilt in a scratch struct ps_server of the old
+ * map (this config with N shards, of the placement its files were made
+ * with) and loaded by ps_checkpoint_load and ps_checkpoint_load_deltas,
+ * so its file gets every check a restart gives it; then what the new map
+ * gives this shard is copied out and the scratch shard freed before the
+ * next is read: memory is this shard plus one old one plus the rows
+ * moving in.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "checkpoint.h"
+#include "ps_err.h"
+#include "ps_log.h"
+#include "ps_time.h"
+#include "reshard.h"
+#include "rows.h"
+#include "rows_wire.h"
+#include "server.h"
+#include "server_int.h"
+
+#define FAIL(code, ...) do { snprintf(err, errlen, __VA_ARGS__); rc = (code); goto out; } while (0)
+
+/* The rows of one table moving into this shard, gathered from every old
+ * shard, then inserted in order of their last update. */
+struct gathered {
+	uint64_t n, cap;
+	uint64_t *id;
+	double *t;              /* last update, wall-clock seconds */
+	uint32_t *from;         /* old shard */
+	float *vals;            /* row_floats each */
+	int row_floats;
+};
+
+/* Sort order: last update, then old shard, then place in its recency
+ * list (the index, gathered in that order). */
+static const struct gathered *sort_g;
+
+static int cmp_rows(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	if (sort_g->t[x] != sort_g->t[y])
+		return sort_g->t[x] < sort_g->t[y] ? -1 : 1;
+	if (sort_g->from[x] != sort_g->from[y])
+		return sort_g->from[x] < sort_g->from[y] ? -1 : 1;
+	return x < y ? -1 : (x > y);
+}
+
+static int gather_add(struct gathered *g, uint64_t id, double t, uint32_t from, const float *v)
+{
+	if (g->n == g->cap) {
+		uint64_t c = g->cap ? g->cap * 2 : 1024;
+		uint64_t *ids = realloc(g->id, c * sizeof(*ids));
+		if (ids)
+			g->id = ids;
+		double *ts = realloc(g->t, c * sizeof(*ts));
+		if (ts)
+			g->t = ts;
+		uint32_t *fr = realloc(g->from, c * sizeof(*fr));
+		if (fr)
+			g->from = fr;
+		float *vs = realloc(g->vals, c * sizeof(*vs) * (size_t)g->row_floats);
+		if (vs)
+			g->vals = vs;
+		if (!ids || !ts || !fr || !vs)
+			return -ENOMEM;
+		g->cap = c;
+	}
+	g->id[g->n] = id;
+	g->t[g->n] = t;
+	g->from[g->n] = from;
+	memcpy(g->vals + g->n * (size_t)g->row_floats, v, sizeof(float) * (size_t)g->row_floats);
+	g->n++;
+	return 0;
+}
+
+static void gather_free(struct gathered *g)
+{
+	free(g->id);
+	free(g->t);
+	free(g->from);
+	free(g->vals);
+	memset(g, 0, sizeof(*g));
+}
+
+/* A shard of the old map, set up only to load its checkpoint. */
+static int old_open(struct ps_server *o, const struct ps_config *cfg, int shard, int placement)
+{
+	int nw = cfg->nworkers, rc;
+
+	memset(o, 0, sizeof(*o));
+	o->cfg = cfg;
+	o->shard = shard;
+	rc = ps_shardmap_init_placed(&o->map, cfg, placement);
+	if (rc)
+		return rc;
+	rc = ps_store_init(&o->store, cfg, &o->map, shard);
+	if (rc)
+		return rc;
+	o->store.errors = &o->c.errors;
+	o->finished = calloc((size_t)nw, sizeof(*o->finished));
+	o->live = malloc((size_t)nw);
+	o->seen = calloc((size_t)(o->store.nslots ? o->store.nslots : 1), sizeof(*o->seen));
+	if (!o->finished || !o->live || !o->seen)
+		return -ENOMEM;
+	memset(o->live, 1, (size_t)nw);
+	o->store.live = o->live;
+	o->store.finished = o->finished;
+	return ps__rows_init(o);
+}
+
+static void old_close(struct ps_server *o)
+{
+	free(o->finished);
+	free(o->live);
+	free(o->seen);
+	ps__rows_free(o);
+	ps_store_free(&o->store);
+	ps_shardmap_free(&o->map);
+	free(o->decl_cfg);
+	memset(o, 0, sizeof(*o));
+}
+
+/* Whether old shard j's admission filters may count ids that are shard
+ * k's now. Jump hashing moves rows from n to n + 1 shards only onto the
+ * new ones, and from n to m < n only off the removed ones; from the
+ * placement before it, any shard may hold anything. */
+static int filter_source(int j, int k, int old_n, int new_n, int old_placement)
+{
+	if (old_placement != PS_PLACE_HRW)
+		return 1;
+	if (new_n >= old_n)
+		return k < old_n ? j == k : 1;
+	return j == k || j >= new_n;
+}
+
+/* The membership file of the old cluster (any old shard's: it holds facts
+ * the whole cluster agreed on; shard 0's) becomes this shard's, so
+ * ps__members_load takes it back. 0 when there is none. */
+static int copy_members(const struct ps_server *s, const char *dir, char *err, size_t errlen)
+{
+	char from[PATH_MAX + 32], to[700], tmp[720];
+	size_t n = strlen(s->ckpt_path), len = 0;
+	char *buf = NULL;
+	FILE *f;
+	int rc = 0;
+
+	snprintf(from, sizeof(from), "%s/shard-0.members", dir);
+	snprintf(to, sizeof(to), "%.*s.members", (int)(n - 5), s->ckpt_path);
+	f = fopen(from, "r");
+	if (!f) {
+		if (errno == ENOENT) {
+			unlink(to); /* an older run's, of another membership */
+			return 0;
+		}
+		snprintf(err, errlen, "%s: %s", from, strerror(errno));
+		return -errno;
+	}
+	buf = malloc(1 << 20);
+	if (buf)
+		len = fread(buf, 1, 1 << 20, f);
+	fclose(f);
+	if (!buf || len == 1 << 20) {
+		free(buf);
+		snprintf(err, errlen, "%s: %s", from, buf ? "over 1 MiB: not a membership file" :
+			 "out of memory");
+		return buf ? PS_EPROTO : -ENOMEM;
+	}
+	snprintf(tmp, sizeof(tmp), "%s.reshard", to);
+	f = fopen(tmp, "w");
+	if (!f || fwrite(buf, 1, len, f) != len || fflush(f) || fsync(fileno(f))) {
+		rc = -errno;
+		snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+	}
+	if (f && fclose(f) && !rc) {
+		rc = -errno;
+		snprintf(err, errlen, "cannot write %s: %s", tmp, strerror(errno));
+	}
+	if (!rc && rename(tmp, to)) {
+		rc = -errno;
+		snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, to, strerror(errno));
+	}
+	free(buf);
+	return rc;
+}
+
+/* The placement old shard 0's file was made with: its map hash is that of
+ * this config with n shards under one of them. */
+static int find_placement(const struct ps_config *ocfg, const char *path, int n, char *err,
+			  size_t errlen)
+{
+	uint64_t h, want[2] = { 0, 0 };
+	int rc = ps_checkpoint_map_hash(path, &h, err, errlen);
+
+	if (rc == -ENOENT)
+		snprintf(err, errlen, "%s is missing: re-sharding from %d shards needs every old "
+			 "shard's checkpoint, shard-0.ckpt to shard-%d.ckpt", path, n, n - 1);
+	if (rc)
+		return rc;
+	for (int p = PS_PLACE_HRW; p >= PS_PLACE_GREEDY; p--) {
+		struct ps_shardmap m;
+		rc = ps_shardmap_init_placed(&m, ocfg, p);
+		if (rc) {
+			snprintf(err, errlen, "cannot build the old shard map: %s", ps_strerror(rc));
+			return rc;
+		}
+		want[p] = m.hash;
+		ps_shardmap_free(&m);
+		if (h == want[p])
+			return p;
+	}
+	snprintf(err, errlen, "%s: its shard map %016" PRIx64 " is not that of this config with %d "
+		 "shards (%016" PRIx64 ", or %016" PRIx64 " as placed before re-sharding): it was "
+		 "made for another number of shards, or the model, slice_bytes or tables differ",
+		 path, h, n, want[PS_PLACE_HRW], want[PS_PLACE_GREEDY]);
+	return PS_ECONFIG;
+}
+
+/* The folder d, resolved, into out; "" when it does not resolve. */
+static void resolve(const char *d, char *out)
+{
+	if (!realpath(d, out))
+		out[0] = '\0';
+}
+
+int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, char *err,
+		     size_t errlen)
+{
+	const struct ps_config *cfg = s->cfg;
+	int n = from->nshards, nw = cfg->nworkers, placement, rc = 0, nt = 0;
+	struct ps_config *ocfg = malloc(sizeof(*ocfg));
+	struct ps_server *o = calloc(1, sizeof(*o));
+	struct gathered *g = calloc(PS_MAX_TABLES, sizeof(*g));
+	uint64_t *fin = calloc((size_t)nw, sizeof(*fin)), slices = 0, rows = 0;
+	uint64_t mslices = 0, mbytes = 0, mrows = 0; /* moved in from another shard index */
+	uint8_t *got = NULL;
+	char path[PATH_MAX + 32], first[PATH_MAX + 32], a[PATH_MAX], b[PATH_MAX];
+	double wall = 0, t0 = ps_now_s();
+	uint64_t clock0 = 0;
+
+	if (!ocfg || !o || !g || !fin)
+		FAIL(-ENOMEM, "out of memory");
+	if (n < 1 || n > PS_MAX_SHARDS)
+		FAIL(PS_ECONFIG, "--reshard-shards %d: expected 1..%d", n, PS_MAX_SHARDS);
+	resolve(from->dir, a);
+	resolve(cfg->checkpoint.dir, b);
+	if (!a[0])
+		FAIL(-ENOENT, "--reshard-from %s: %s", from->dir, strerror(errno));
+	if (!strcmp(a, b))
+		FAIL(PS_ECONFIG, "--reshard-from %s is checkpoint.dir itself: the old checkpoints "
+		     "must lie in a folder of their own, which the new shards do not write to "
+		     "(ps-local.sh CONFIG reshard NEW_CONFIG moves them there)", from->dir);
+	if (cfg->replicas)
+		FAIL(PS_ECONFIG, "re-sharding with cluster.replicas: 1 is not built: each pair "
+		     "would have to move with its state (docs/elastic.md)");
+	memcpy(ocfg, cfg, sizeof(*ocfg));
+	ocfg->nshards = n;
+	/* every old file there before any is read: a missing one is told
+	 * first, not after minutes of loading the others */
+	for (int j = 0; j < n; j++) {
+		struct stat st;
+		snprintf(path, sizeof(path), "%s/shard-%d.ckpt", from->dir, j);
+		if (lstat(path, &st))
+			FAIL(-ENOENT, "%s is missing: re-sharding from %d shards needs every old "
+			     "shard's checkpoint, shard-0.ckpt to shard-%d.ckpt in %s", path, n,
+			     n - 1, from->dir);
+	}
+	snprintf(first, sizeof(first), "%s/shard-0.ckpt", from->dir);
+	placement = find_placement(ocfg, first, n, err, errlen);
+	if (placement < 0) {
+		rc = placement;
+		goto out;
+	}
+	/* the tensors and tables workers declared at run time, as the old
+	 * shards had them: this shard's map is built from them */
+	rc = ps_checkpoint_load_decl(s, first, err, errlen);
+	if (rc)
+		goto out;
+	cfg = s->cfg;
+	got = calloc((size_t)(s->store.nslots ? s->store.nslots : 1), 1);
+	if (!got)
+		FAIL(-ENOMEM, "out of memory");
+	nt = s->rows ? s->rows->ntables : 0;
+	for (int t = 0; t < nt; t++)
+		g[t].row_floats = s->rows->t[t].tb.row_floats;
+	for (int j = 0; j < n; j++) {
+		double now;
+
+		snprintf(path, sizeof(path), "%s/shard-%d.ckpt", from->dir, j);
+		rc = old_open(o, ocfg, j, placement);
+		if (rc)
+			FAIL(rc, "cannot set up old shard %d: %s", j, ps_strerror(rc));
+		rc = ps_checkpoint_load(o, path, err, errlen);
+		if (rc == -ENOENT)
+			FAIL(rc, "%s is missing", path);
+		if (rc)
+			goto out;
+		rc = ps_checkpoint_load_deltas(o, path, err, errlen);
+		if (rc < 0)
+			goto out;
+		rc = 0;
+		now = ps_now_s();
+		/* one clock for all: the finished clocks of every worker agree */
+		if (!j) {
+			memcpy(fin, o->finished, (size_t)nw * sizeof(*fin));
+			clock0 = ps__srv_resume_clock(o);
+		}
+		for (int r = 0; r < nw; r++)
+			if (o->finished[r] != fin[r])
+				FAIL(PS_ECONFIG, "%s: worker %d finished clock %" PRIu64 " there, %" PRIu64
+				     " in %s: the old checkpoints are of different clocks (shard %d at "
+				     "%" PRIu64 ", shard 0 at %" PRIu64 "); a re-shard needs all at one: "
+				     "stop the old shards with SIGTERM after the workers", path, r,
+				     o->finished[r], fin[r], first, j, ps__srv_resume_clock(o), clock0);
+		if (o->cfg->ntensors != cfg->ntensors || (o->rows ? o->rows->ntables : 0) != nt)
+			FAIL(PS_ECONFIG, "%s: declares %d tensors and %d tables, shard-0.ckpt %d and "
+			     "%d", path, o->cfg->ntensors, o->rows ? o->rows->ntables : 0,
+			     cfg->ntensors, nt);
+		/* dense slices: the same ids in both maps (slicing does not
+		 * depend on the shard count) */
+		for (int k = 0; k < o->store.nslots; k++) {
+			const struct ps_slot *os = &o->store.slots[k];
+			int32_t at = s->store.slot_of[os->slice->id];
+			struct ps_slot *ns;
+			size_t bytes = (size_t)os->slice->count * sizeof(float);
+
+			if (at < 0)
+				continue;
+			ns = &s->store.slots[at];
+			if (ns->slice->count != os->slice->count || ns->opt->nstate != os->opt->nstate)
+				FAIL(PS_ECONFIG, "%s: slice %u has %" PRId64 " values and %d state arrays, "
+				     "this shard's %" PRId64 " and %d", path, os->slice->id,
+				     os->slice->count, os->opt->nstate, ns->slice->count,
+				     ns->opt->nstate);
+			memcpy(ns->w, os->w, bytes);
+			for (int q = 0; q < os->opt->nstate; q++)
+				memcpy(ns->state[q], os->state[q], bytes);
+			ns->version = os->version;
+			ns->steps = os->steps;
+			got[at] = 1;
+			slices++;
+			if (j != s->shard) {
+				mslices++;
+				mbytes += bytes * (size_t)(1 + os->opt->nstate);
+			}
+		}
+		/* rows: those this shard's hash names, with the time of their
+		 * last update (the checkpoint's wall clock less their age) */
+		for (int t = 0; t < nt; t++) {
+			struct ps_table *ot = &o->rows->t[t].tb, *tb = &s->rows->t[t].tb;
+
+			if (strcmp(ot->tc->name, tb->tc->name) || ot->row_floats != tb->row_floats)
+				FAIL(PS_ECONFIG, "%s: table %d is '%s' of %d floats a row, here '%s' of "
+				     "%d", path, t, ot->tc->name, ot->row_floats, tb->tc->name,
+				     tb->row_floats);
+			for (uint32_t r = ot->tail; r != PS_ROW_NIL; r = ps_table_meta(ot, r)->prev) {
+				const struct ps_row_meta *m = ps_table_meta(ot, r);
+				uint64_t id = ps_row_id(m);
+
+				if (ps_rows_shard(tb->tkey, id, cfg->nshards) != s->shard)
+					continue;
+				if (gather_add(&g[t], id, ot->ckpt_wall + (ot->epoch + m->stamp - now),
+					       (uint32_t)j, ps_table_vals(ot, r)))
+					FAIL(-ENOMEM, "out of memory gathering the rows of table '%s'",
+					     tb->tc->name);
+				if (j != s->shard) {
+					mrows++;
+					mbytes += sizeof(float) * (size_t)tb->row_floats;
+				}
+			}
+			if (ot->version > tb->version)
+				tb->version = ot->version;
+			if (ot->ckpt_wall > wall)
+				wall = ot->ckpt_wall;
+			if (j == s->shard) {
+				tb->c = ot->c;
+				tb->admit.lookups = ot->admit.lookups;
+				tb->admit.hits = ot->admit.hits;
+				tb->admit.decays += ot->admit.decays;
+			}
+			if (filter_source(j, s->shard, n, cfg->nshards, placement) &&
+			    ps_admit_merge(&tb->admit, &ot->admit))
+				FAIL(PS_ECONFIG, "%s: table '%s' has another admission filter "
+				     "(filter_ids) than this config's", path, tb->tc->name);
+		}
+		old_close(o);
+	}
+	for (int k = 0; k < s->store.nslots; k++)
+		if (!got[k])
+			FAIL(PS_EPROTO, "slice %u of this shard is in none of the old checkpoints "
+			     "(damaged?)", s->store.slots[k].slice->id);
+	/* rows in order of their last update: the oldest first, so the
+	 * recency list is rebuilt; ages as a checkpoint restore keeps them */
+	for (int t = 0; t < nt; t++) {
+		struct ps_table *tb = &s->rows->t[t].tb;
+		struct gathered *gt = &g[t];
+		uint64_t *order = malloc((gt->n ? gt->n : 1) * sizeof(*order));
+		double oldest;
+
+		if (!order)
+			FAIL(-ENOMEM, "out of memory");
+		for (uint64_t i = 0; i < gt->n; i++)
+			order[i] = i;
+		sort_g = gt;
+		qsort(order, gt->n, sizeof(*order), cmp_rows);
+		oldest = gt->n ? gt->t[order[0]] : wall;
+		tb->epoch = ps_now_s() - (wall - oldest > 0 ? wall - oldest : 0);
+		for (uint64_t i = 0; i < gt->n; i++) {
+			uint64_t x = order[i];
+			double st = gt->t[x] - oldest;
+			uint32_t r = ps_table_insert(tb, gt->id[x], st > 0 ? (uint32_t)st : 0);
+
+			if (r == PS_ROW_NIL) {
+				free(order);
+				FAIL(-ENOMEM, "table '%s': out of memory at row %" PRIu64, tb->tc->name, i);
+			}
+			memcpy(ps_table_vals(tb, r), gt->vals + x * (size_t)gt->row_floats,
+			       sizeof(float) * (size_t)gt->row_floats);
+		}
+		free(order);
+		rows += gt->n;
+		tb->ckpt_wall = wall;
+		ps_table_clear_changes(tb);
+		if (tb->cap && gt->n > tb->cap)
+			ps_warn("table '%s': %" PRIu64 " rows moved here, over this shard's cap of %"
+				PRIu64 ": the %" PRIu64 " least recently updated dropped, as the cap "
+				"does", tb->tc->name, gt->n, tb->cap, gt->n - tb->cap);
+	}
+	memcpy(s->finished, fin, (size_t)nw * sizeof(*fin));
+	rc = copy_members(s, from->dir, err, errlen);
+	if (rc)
+		goto out;
+	/* one line the launchers sum up (ps-local.sh, ps-cluster.sh reshard),
+	 * at warn so that it is logged at any level but off */
+	ps_warn("re-sharded from %d to %d shards out of %s (%s): %" PRIu64 " slices, %" PRIu64
+		" rows; moved in from another shard: %" PRIu64 " slices, %" PRIu64 " rows, %"
+		PRIu64 " bytes; clock %" PRIu64 ", %.2f s", n, cfg->nshards, from->dir,
+		placement == PS_PLACE_HRW ? "same placement" : "re-placed from placement 0",
+		slices, rows, mslices, mrows, mbytes, clock0, ps_now_s() - t0);
+out:
+	if (o && o->cfg)
+		old_close(o);
+	for (int t = 0; g && t < PS_MAX_TABLES; t++)
+		gather_free(&g[t]);
+	free(g);
+	free(o);
+	free(ocfg);
+	free(fin);
+	free(got);
+	return rc;
+}

@@ -1,0 +1,45 @@
+/* reshard.h - a shard that starts with another number of shards than the
+ * checkpoints it resumes from were made for (docs/elastic.md, "Re-sharding
+ * by restart").
+ *
+ * The old cluster's checkpoints (shard-0.ckpt .. shard-(N-1).ckpt, their
+ * incremental ones and membership files) lie in a folder of their own,
+ * which nothing writes to; each new shard loads every one of them in turn
+ * (one at a time, as a shard of the old map would, with all its checks)
+ * and keeps what it owns under its own map: the dense slices with their
+ * optimizer state, version and step count; the embedding rows its hash
+ * names, with their optimizer state, in the order of their last update
+ * (the rows of several old shards merged by time); the admission filters'
+ * counts; the tables' versions; the workers' finished clocks; the
+ * tensors and tables declared at run time; the membership. What is not
+ * carried: the per-worker dedup windows (never in a checkpoint: workers
+ * reconnect to a restarted shard as new incarnations and resend what was
+ * not acknowledged) and the tables' monitoring counters of old shards
+ * that are not this one (admitted, evicted, expired, filter lookups).
+ *
+ * Old checkpoints of either placement (shardmap.h) load: the one before
+ * re-sharding is re-placed as another shard count is.
+ */
+#ifndef PS_RESHARD_H
+#define PS_RESHARD_H
+
+#include <stddef.h>
+
+struct ps_server;
+
+/* Where the old checkpoints are: ps-server --reshard-from DIR --reshard-shards N. */
+struct ps_reshard_from {
+	const char *dir;
+	int nshards;
+};
+
+/* Loads into s (set up, not serving, with checkpoint.dir; its own
+ * checkpoint absent or of another map) what it owns of from's
+ * checkpoints. 0, or a negative code with the reason in err naming the
+ * file: one missing, damaged or of another model, files of different
+ * clocks, from->dir being checkpoint.dir itself. On an error s holds a
+ * part of the state: the caller does not serve it. */
+int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, char *err,
+		     size_t errlen);
+
+#endif
