@@ -3,12 +3,17 @@
  * config handle and its accessors (and the file:line error), and the waits
  * of ps_client_wait_timeout and ps_client_done on a pull that cannot be
  * answered until a second worker pushes: the timeout leaves the request
- * pending, done says 0 then 1, and the request is waited for once.
+ * pending, done says 0 then 1, and the request is waited for once; the
+ * stats calls of a program built with an older, shorter struct
+ * ps_shard_stats (ps_client_stats_sized): its fields filled, nothing
+ * written past it.
  */
 #include <check.h>
 #include <errno.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "ps_client.h"
@@ -134,6 +139,48 @@ START_TEST(test_wait_timeout_and_done)
 }
 END_TEST
 
+START_TEST(test_stats_sized)
+{
+	struct ps_config *cfg = start_cluster(1);
+	struct ps_client *c0 = connect_rank(cfg, 0);
+	float g[5] = { 1, 2, 3, 4, 5 };
+	struct ps_tensor tg = ps_tensor_of(cfg, 1, g);
+	/* an older program's struct: it ended before reader_refused */
+	size_t old = offsetof(struct ps_shard_stats, reader_refused);
+	unsigned char *buf = malloc(sizeof(struct ps_shard_stats) + 64);
+	struct ps_shard_stats *st = (struct ps_shard_stats *)buf, whole;
+
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_int_eq(ps_client_wait(c0, ps_client_push(c0, 0, &tg, 1, PS_PUSH_END_CLOCK)), 0);
+	memset(buf, 0xA5, sizeof(struct ps_shard_stats) + 64);
+	ck_assert_int_eq(ps_client_stats_sized(c0, 0, st, old), 0);
+	ck_assert_int_eq(st->shard, 0);
+	ck_assert_uint_eq(st->pushes, 1);
+	ck_assert_msg(st->uptime_s > 0, "uptime %g", st->uptime_s);
+	for (size_t i = old; i < sizeof(struct ps_shard_stats) + 64; i++)
+		ck_assert_msg(buf[i] == 0xA5, "byte %zu past the caller's %zu written", i, old);
+	/* a program built with a longer struct than the library's: the rest zeroed */
+	memset(buf, 0xA5, sizeof(struct ps_shard_stats) + 64);
+	ck_assert_int_eq(ps_client_checkpoint_sized(c0, 0, 0, st, sizeof(*st) + 64), 0);
+	ck_assert_uint_eq(st->pushes, 1);
+	for (size_t i = sizeof(*st); i < sizeof(*st) + 64; i++)
+		ck_assert_msg(buf[i] == 0, "byte %zu past the library's struct not zeroed", i);
+	/* the macro passes the whole struct's size; too small a size is refused */
+	ck_assert_int_eq(ps_client_stats(c0, 0, &whole), 0);
+	ck_assert_uint_eq(whole.pushes, 1);
+	ck_assert_int_eq(ps_client_stats_sized(c0, 0, st, 2), -EINVAL);
+	/* the entry point of programs built before the macros: the whole struct */
+	memset(&whole, 0, sizeof(whole));
+	ck_assert_int_eq((ps_client_stats)(c0, 0, &whole), 0);
+	ck_assert_uint_eq(whole.pushes, 1);
+	free(buf);
+	ps_client_free(c0);
+	ps_config_close(cfg);
+	ck_assert_int_eq(tu_stop_server(srv), 0);
+	unlink(path);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("client_api");
@@ -145,6 +192,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_config_handle);
 	tcase_add_test(tc, test_wait_timeout_and_done);
+	tcase_add_test(tc, test_stats_sized);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();

@@ -298,14 +298,29 @@ int ps_client_done(struct ps_client *c, int64_t id);
 /* Text of the last failure seen by ps_client_wait or a call on this client. */
 const char *ps_client_error(struct ps_client *c);
 
-/* Asks shard for its counters (blocking). */
-int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out);
+/* Asks shard for its counters (blocking).
+ *
+ * struct ps_shard_stats grows at its end from one release of libps.so.1 to
+ * the next, so these two are macros that pass the size of the struct the
+ * program was built with to the _sized calls: the program gets the fields
+ * it knows, and never a write past its struct when the library is newer
+ * than its header. (The plain functions of the same names stay exported
+ * for programs built before the macros: they fill the library's whole
+ * struct.) */
+#define ps_client_stats(c, shard, out) ps_client_stats_sized((c), (shard), (out), sizeof(*(out)))
+int ps_client_stats_sized(struct ps_client *c, int shard, struct ps_shard_stats *out, size_t size);
 
 /* Same as ps_client_stats; with write nonzero the shard first writes its
  * checkpoint (config checkpoint.dir) and reports the outcome in
  * out->checkpoint_*. Returns the request's status (a failed write is not a
  * failed request: look at out->checkpoint_status). */
-int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_shard_stats *out);
+#define ps_client_checkpoint(c, shard, write, out) \
+	ps_client_checkpoint_sized((c), (shard), (write), (out), sizeof(*(out)))
+int ps_client_checkpoint_sized(struct ps_client *c, int shard, int write,
+			       struct ps_shard_stats *out, size_t size);
+/* the plain functions (a call through them fills sizeof the library's struct) */
+int (ps_client_stats)(struct ps_client *c, int shard, struct ps_shard_stats *out);
+int (ps_client_checkpoint)(struct ps_client *c, int shard, int write, struct ps_shard_stats *out);
 
 /* NULL when shard is connected; else why not (copied into buf, len bytes).
  * Useful for monitors (rank -1), whose init succeeds with shards down. */

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ps_time.h"
@@ -517,10 +518,6 @@ const char *ps_client_error(struct ps_client *c)
 	return c->err;
 }
 
-int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out)
-{
-	return ps_client_checkpoint(c, shard, 0, out);
-}
 
 int ps__client_resume(struct ps_client *c, int k, uint64_t clock)
 {
@@ -543,7 +540,8 @@ int ps__client_resume(struct ps_client *c, int k, uint64_t clock)
 	return id < 0 ? (int)id : ps_client_wait(c, id);
 }
 
-int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
+/* The stats request into a whole struct of this library's size. */
+static int stats_request(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
 {
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
 	struct req *r;
@@ -564,4 +562,46 @@ int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_sh
 	}
 	id = ps__client_submit_built(c, 0, r);
 	return id < 0 ? (int)id : ps_client_wait(c, id);
+}
+
+/* struct ps_shard_stats grows at its end from one release to the next: a
+ * program passes the size it was built with (ps_client.h's macros do), and
+ * gets the fields it knows; fields it was built with that this library
+ * lacks are zeroed. */
+int ps_client_checkpoint_sized(struct ps_client *c, int shard, int write,
+			       struct ps_shard_stats *out, size_t size)
+{
+	struct ps_shard_stats *full = out;
+	int rc;
+
+	if (!out || size < offsetof(struct ps_shard_stats, uptime_s))
+		return -EINVAL;
+	if (size != sizeof(*out) && !(full = calloc(1, sizeof(*full))))
+		return -ENOMEM;
+	rc = stats_request(c, shard, write, full);
+	if (full != out) {
+		memcpy(out, full, size < sizeof(*full) ? size : sizeof(*full));
+		if (size > sizeof(*full))
+			memset((char *)out + sizeof(*full), 0, size - sizeof(*full));
+		free(full);
+	}
+	return rc;
+}
+
+int ps_client_stats_sized(struct ps_client *c, int shard, struct ps_shard_stats *out, size_t size)
+{
+	return ps_client_checkpoint_sized(c, shard, 0, out, size);
+}
+
+/* The entry points of programs built before the sized calls existed: the
+ * whole struct as this library knows it (the names in parentheses are not
+ * the header's macros). */
+int (ps_client_checkpoint)(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
+{
+	return stats_request(c, shard, write, out);
+}
+
+int (ps_client_stats)(struct ps_client *c, int shard, struct ps_shard_stats *out)
+{
+	return stats_request(c, shard, 0, out);
 }
