@@ -37,8 +37,8 @@ cfg_first_diff() {
       return key "\t" line
     }
     FNR == 1 { sec = ""; key = "" }
-    NR == FNR { f = flat($0); if (f != "" && f !~ /^cluster\.servers\t/) a[++na] = f; next }
-    { f = flat($0); if (f != "" && f !~ /^cluster\.servers\t/) b[++nb] = f }
+    NR == FNR { f = flat($0); if (f != "" && f !~ /^cluster\.(servers|backups)\t/) a[++na] = f; next }
+    { f = flat($0); if (f != "" && f !~ /^cluster\.(servers|backups)\t/) b[++nb] = f }
     END {
       n = na > nb ? na : nb
       for (i = 1; i <= n; i++)
