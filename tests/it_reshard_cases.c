@@ -4,8 +4,9 @@
  *  - replicated shards (cluster.replicas: 1), sync, two workers, integer
  *    gradients: 2 pairs train; old pair 1's replica 0 writes a checkpoint
  *    at clock 2 and is killed -9, its backup takes over and serves clocks
- *    2 and 3; every process stops. 3 new pairs start from the old files
- *    (each new process from them): the newer of old pair 1's two files is
+ *    2 and 3; every process stops. Without either file of old pair 1 a
+ *    new process refuses, naming both. 3 new pairs start from the old
+ *    files (each new process from them): the newer of old pair 1's two files is
  *    taken (the stale one would be refused as of another clock), the new
  *    pairs form, the workers resume at clock 4 with the exact sums; a
  *    kill -9 of a new primary then loses nothing, and the killed process,
@@ -337,14 +338,36 @@ START_TEST(test_pairs_2_to_3)
 
 	/* 3 pairs, each process from the old files */
 	write_cfg(3, &m);
+	{
+		/* neither file of old pair 1: refused, naming both */
+		char a[2][400], b[2][400];
+		for (int r = 0; r < 2; r++) {
+			snprintf(a[r], sizeof(a[r]), "%s/shard-1%s.ckpt", old, r ? "-r1" : "");
+			snprintf(b[r], sizeof(b[r]), "%s/aside-%d", dir, r);
+			ck_assert_int_eq(rename(a[r], b[r]), 0);
+		}
+		pid_t q = start_proc("refused", 0, 1, old, 2);
+		ck_assert_int_ne(tu_wait_child(q), 0);
+		snprintf(f, sizeof(f), "%s/refused-0-r1.log", dir);
+		ck_assert_msg(file_has(f, "shard-1.ckpt is missing, and so is") &&
+			      file_has(f, "shard-1-r1.ckpt: re-sharding from 2 pairs"),
+			      "%s: no refusal naming both files of old pair 1", f);
+		for (int r = 0; r < 2; r++)
+			ck_assert_int_eq(rename(b[r], a[r]), 0);
+	}
 	for (int k = 0; k < 3; k++)
 		for (int r = 0; r < 2; r++)
 			p[k][r] = start_proc("new", k, r, old, 2);
 	ck_assert_msg(tu_replicas_healthy(&cfg, 3, 60) >= 0, "the 3 new pairs did not form "
 		      "(logs in %s)", dir);
-	snprintf(f, sizeof(f), "%s/new-2-r1.log", dir);
-	ck_assert_msg(file_has(f, "shard-1-r1.ckpt") && file_has(f, "re-sharded from 2 to 3"),
-		      "%s does not say it took old pair 1's backup's file and re-sharded", f);
+	{
+		char took[400];
+		snprintf(f, sizeof(f), "%s/new-2-r1.log", dir);
+		snprintf(took, sizeof(took), "taking %s/shard-1-r1.ckpt", old);
+		ck_assert_msg(file_has(f, took) && file_has(f, "re-sharded from 2 to 3"),
+			      "%s does not say it took old pair 1's backup's file and re-sharded",
+			      f);
+	}
 	for (int k = 0; k < 3; k++) {
 		snprintf(f, sizeof(f), "%s/shard-%d-r1.ckpt", ck, k);
 		ck_assert_msg(stat(f, &sb) == 0, "%s: new backup %d wrote no checkpoint", f, k);
