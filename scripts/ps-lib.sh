@@ -26,7 +26,8 @@ cfg_key() {
 }
 
 # cfg_first_diff OLD_DUMP NEW_DUMP: the first key (SECTION.KEY) whose line
-# differs between two --dump-config outputs, cluster.servers left out;
+# differs between two --dump-config outputs, cluster.servers and
+# cluster.backups left out;
 # empty when they differ in nothing else. What `reshard` allows to change.
 cfg_first_diff() {
   awk '

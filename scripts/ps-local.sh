@@ -21,8 +21,9 @@
 # under ps-local.sh's own command line but not started by it (restarted by
 # hand) is stopped with the others and named.
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
-# with other cluster.servers (refused, naming the first other key that
-# differs); CONFIG needs checkpoint.dir. A cluster of CONFIG running on
+# with other cluster.servers (and cluster.backups: with cluster.replicas: 1
+# the backups start from the old files too; refused, naming the first
+# other key that differs); CONFIG needs checkpoint.dir. A cluster of CONFIG running on
 # this machine is stopped at a clock boundary as Ctrl-C stops it (its
 # ps-local.sh is sent SIGTERM: the workers end their step, then the
 # shards write their checkpoints; shards and workers of CONFIG run
@@ -117,7 +118,7 @@ if [ -n "$RESHARD_TO" ]; then
   key=$(cfg_first_diff "$old_dump" "$new_dump")
   if [ -n "$key" ]; then
     echo "ps-local.sh: reshard: $RESHARD_TO differs from $CONFIG in $key: a re-shard changes" \
-      "cluster.servers only" >&2
+      "cluster.servers (and cluster.backups) only" >&2
     exit 2
   fi
   ckdir=$(cfg_key "$old_dump" checkpoint dir)
