@@ -51,14 +51,15 @@
 # checkpoints when configured); waits for each to exit and reports its
 # exit status. status: for each process, running or its exit status.
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
-# with other cluster.servers (refused naming the first other key that
-# differs; CONFIG needs checkpoint.dir, and cluster.replicas: 1 is
-# refused). Stops CONFIG as stop does (workers, then the shards, which
-# write their checkpoints at one clock); on every old and new shard host
-# moves the old shards' files out of checkpoint.dir into
-# checkpoint.dir/reshard-from-N.TIME and copies every old shard's there
-# through this machine (ssh, tar); then starts NEW_CONFIG as start does,
-# each shard from those files (--reshard-from), and prints what moved.
+# with other cluster.servers (and cluster.backups; refused naming the
+# first other key that differs; CONFIG needs checkpoint.dir). Stops CONFIG
+# as stop does (workers, then the shards, which write their checkpoints at
+# one clock); on every old and new shard host moves the old shards' files
+# (with cluster.replicas: 1 the backups' shard-K-r1 ones too) out of
+# checkpoint.dir into checkpoint.dir/reshard-from-N.TIME and copies every
+# old shard's there through this machine (ssh, tar); then starts
+# NEW_CONFIG as start does, each shard (and backup) from those files
+# (--reshard-from), and prints what moved.
 # The workers, restarted, resume at the checkpoint's clock.
 # Exit status: 0 when everything succeeded, 1 when a host, a process or a
 # check failed, 2 for usage or a config that cannot work on these hosts.
@@ -399,12 +400,13 @@ if [ "$ACTION" = reshard ]; then
   [ -r "$NEW" ] || die "reshard: cannot read $NEW"
   new_dump=$("$SERVER" --config "$NEW" --dump-config) || exit 2
   key=$(cfg_first_diff "$dump" "$new_dump")
-  [ -z "$key" ] || die "reshard: $NEW differs from $CONFIG in $key: a re-shard changes cluster.servers only"
+  [ -z "$key" ] || die "reshard: $NEW differs from $CONFIG in $key: a re-shard changes cluster.servers (and cluster.backups) only"
   ckdir=$(cfg_key "$dump" checkpoint dir)
   [ -n "$ckdir" ] || die "reshard: $CONFIG has no checkpoint.dir: the new shards start from the old ones' checkpoints"
-  [ "$(cfg_key "$dump" cluster replicas)" = 0 ] ||
-    die "reshard: cluster.replicas: 1 is not supported: the pairs would have to move (docs/elastic.md)"
+  # the new shards' hosts, with cluster.replicas: 1 their backups' too
   mapfile -t nhost < <("$SERVER" --config "$NEW" --list-shards | awk '{print $2}')
+  nnew=${#nhost[@]}
+  mapfile -t -O "$nnew" nhost < <("$SERVER" --config "$NEW" --list-backups | awk '{print $2}')
   for h in "${shost[@]}" "${nhost[@]}"; do check_host "$h" "$CONFIG or $NEW"; done
   [ $DRY -eq 0 ] || die "reshard: --dry-run is not supported (it stops the cluster)"
   echo "$me: reshard: stopping $CONFIG (the workers, then the shards, which write their checkpoints)"
@@ -416,13 +418,15 @@ if [ "$ACTION" = reshard ]; then
   # other: a checkpoint.dir shared by the hosts holds them all); any other
   # shard's file stays (a new shard takes its own only when written after
   # the old ones: ps-server --reshard-from)
-  mapfile -t rhosts < <(printf '%s\n' "${shost[@]:0:$nshards}" "${nhost[@]}" | awk '!seen[$0]++')
+  # (server process I's files: shard-K, its backup's shard-K-r1)
+  sfiles() { local b; b=shard-$(($1 % nshards)); [ "$1" -lt "$nshards" ] || b+=-r1; echo "$b"; }
+  mapfile -t rhosts < <(printf '%s\n' "${shost[@]}" "${nhost[@]}" | awk '!seen[$0]++')
   for h in "${rhosts[@]}"; do
     own=""
-    for ((k = 0; k < nshards; k++)); do [ "${shost[$k]}" = "$h" ] && own+=" $k"; done
+    for ((k = 0; k < nsrv; k++)); do [ "${shost[$k]}" = "$h" ] && own+=" $(sfiles $k)"; done
     out=$(on "$h" "mkdir -p $(sq "$F") && cd $(sq "$ck") || exit 3
-for k in$own; do
-  for f in shard-\$k.ckpt shard-\$k.ckpt.delta-* shard-\$k.members; do
+for b in$own; do
+  for f in \$b.ckpt \$b.ckpt.delta-* \$b.members; do
     [ -e \"\$f\" ] && { mv -- \"\$f\" $(sq "$F")/ || exit 3; }
   done
 done
@@ -433,20 +437,24 @@ echo MOVED" 2>&1)
   # B. every old shard's files onto every new shard's host that lacks them
   mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
   for h in "${uhost[@]}"; do
-    for ((k = 0; k < nshards; k++)); do
+    for ((k = 0; k < nsrv; k++)); do
       [ "${shost[$k]}" = "$h" ] && continue
-      on "$h" "[ -f $(sq "$F/shard-$k.ckpt") ]" && continue # a shared folder
-      files="shard-$k.ckpt shard-$k.ckpt.delta-* shard-$k.members"
+      b=$(sfiles $k)
+      on "$h" "[ -f $(sq "$F/$b.ckpt") ]" && continue # a shared folder
+      # a backup that was down may have written none: its partner's will do
+      [ "$k" -ge "$nshards" ] && ! on "${shost[$k]}" "[ -f $(sq "$F/$b.ckpt") ]" && continue
+      files="$b.ckpt $b.ckpt.delta-* $b.members"
       "${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$F") && tar -cf - \$(ls -d $files 2> /dev/null)" < /dev/null |
         "${SSHV[@]}" -- "$h" "cd $(sq "$F") && tar -xf -" ||
-        { echo "$me: reshard: cannot copy shard $k's checkpoint from ${shost[$k]} to $h; the" \
+        { echo "$me: reshard: cannot copy $(sname $k)'s checkpoint from ${shost[$k]} to $h; the" \
             "old checkpoints are in $F on their hosts" >&2; exit 1; }
     done
-    miss=$(on "$h" "cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || echo \$k; done")
+    # with replicas either process's file of a pair will do
+    miss=$(on "$h" "cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || [ -f shard-\$k-r1.ckpt ] || echo \$k; done")
     [ -z "$miss" ] || { echo "$me: reshard: on $h, $F lacks shard-$(echo $miss | tr ' ' ',').ckpt: every" \
       "old shard's checkpoint is needed; nothing was started" >&2; exit 1; }
   done
-  echo "$me: reshard: $nshards -> ${#nhost[@]} shards; the old checkpoints are in $F on each host" \
+  echo "$me: reshard: $nshards -> $nnew shards; the old checkpoints are in $F on each host" \
     "(kept: remove them once the new shards have checkpointed)"
   args=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS" --reshard-from "$F" --reshard-shards "$nshards")
   [ -n "$WHOSTS" ] && args+=(--worker-hosts "$WHOSTS")

@@ -26,7 +26,8 @@ cfg_key() {
 }
 
 # cfg_first_diff OLD_DUMP NEW_DUMP: the first key (SECTION.KEY) whose line
-# differs between two --dump-config outputs, cluster.servers left out;
+# differs between two --dump-config outputs, cluster.servers and
+# cluster.backups left out;
 # empty when they differ in nothing else. What `reshard` allows to change.
 cfg_first_diff() {
   awk '
@@ -37,8 +38,8 @@ cfg_first_diff() {
       return key "\t" line
     }
     FNR == 1 { sec = ""; key = "" }
-    NR == FNR { f = flat($0); if (f != "" && f !~ /^cluster\.servers\t/) a[++na] = f; next }
-    { f = flat($0); if (f != "" && f !~ /^cluster\.servers\t/) b[++nb] = f }
+    NR == FNR { f = flat($0); if (f != "" && f !~ /^cluster\.(servers|backups)\t/) a[++na] = f; next }
+    { f = flat($0); if (f != "" && f !~ /^cluster\.(servers|backups)\t/) b[++nb] = f }
     END {
       n = na > nb ? na : nb
       for (i = 1; i <= n; i++)

@@ -21,8 +21,9 @@
 # under ps-local.sh's own command line but not started by it (restarted by
 # hand) is stopped with the others and named.
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
-# with other cluster.servers (refused, naming the first other key that
-# differs); CONFIG needs checkpoint.dir. A cluster of CONFIG running on
+# with other cluster.servers (and cluster.backups: with cluster.replicas: 1
+# the backups start from the old files too; refused, naming the first
+# other key that differs); CONFIG needs checkpoint.dir. A cluster of CONFIG running on
 # this machine is stopped at a clock boundary as Ctrl-C stops it (its
 # ps-local.sh is sent SIGTERM: the workers end their step, then the
 # shards write their checkpoints; shards and workers of CONFIG run
@@ -106,7 +107,8 @@ reshard_hint() {
   [ ${#reshard_args[@]} -gt 0 ] || return 0
   echo "ps-local.sh: reshard: the old checkpoints stay in ${reshard_args[1]}; once the cause is" \
     "fixed, start the new shards from them: ps-server --config $CONFIG --shard K" \
-    "${reshard_args[*]} (or move them back into checkpoint.dir to run $CONFIG_OLD)" >&2
+    "${reshard_args[*]}${backup_lines:+ (each backup with --replica 1 too)} (or move them back" \
+    "into checkpoint.dir to run $CONFIG_OLD)" >&2
 }
 if [ -n "$RESHARD_TO" ]; then
   CONFIG_OLD=$CONFIG
@@ -116,14 +118,12 @@ if [ -n "$RESHARD_TO" ]; then
   key=$(cfg_first_diff "$old_dump" "$new_dump")
   if [ -n "$key" ]; then
     echo "ps-local.sh: reshard: $RESHARD_TO differs from $CONFIG in $key: a re-shard changes" \
-      "cluster.servers only" >&2
+      "cluster.servers (and cluster.backups) only" >&2
     exit 2
   fi
   ckdir=$(cfg_key "$old_dump" checkpoint dir)
   [ -n "$ckdir" ] || { echo "ps-local.sh: reshard: $CONFIG has no checkpoint.dir: the new shards" \
     "start from the old ones' checkpoints" >&2; exit 2; }
-  [ "$(cfg_key "$old_dump" cluster replicas)" = 0 ] || { echo "ps-local.sh: reshard:" \
-    "cluster.replicas: 1 is not supported: the pairs would have to move (docs/elastic.md)" >&2; exit 2; }
   old_n=$("$BIN/ps-server" --config "$CONFIG" --list-shards | wc -l)
   new_n=$("$BIN/ps-server" --config "$RESHARD_TO" --list-shards | wc -l)
   # the running cluster: its ps-local.sh (the shards' parent) stops it as
@@ -153,9 +153,10 @@ if [ -n "$RESHARD_TO" ]; then
     kill -TERM $srv 2>/dev/null
     wait_gone $srv || { echo "ps-local.sh: reshard: shards still run after 300 s" >&2; exit 1; }
   fi
-  for ((k = 0; k < old_n; k++)); do
-    [ -f "$ckdir/shard-$k.ckpt" ] || { echo "ps-local.sh: reshard: $ckdir/shard-$k.ckpt is missing:" \
-      "every one of the $old_n old shards' checkpoints is needed; nothing was moved" >&2; exit 1; }
+  for ((k = 0; k < old_n; k++)); do # with replicas either process's file of a pair
+    [ -f "$ckdir/shard-$k.ckpt" ] || [ -f "$ckdir/shard-$k-r1.ckpt" ] || { echo "ps-local.sh:" \
+      "reshard: $ckdir/shard-$k.ckpt is missing: every one of the $old_n old shards' checkpoints" \
+      "is needed; nothing was moved" >&2; exit 1; }
   done
   from=$ckdir/reshard-from-$old_n.$(date +%Y%m%dT%H%M%S)
   mkdir "$from" || exit 1
@@ -278,7 +279,8 @@ if [ "$MODE" != workers ]; then
   if [ -n "$backup_lines" ]; then
     while read -r idx host port; do
       "$BIN/ps-server" --config "$CONFIG" --shard "$idx" --replica 1 \
-        ${repl_key_args[@]+"${repl_key_args[@]}"} >"$LOGDIR/server-$idx-r1.log" 2>&1 &
+        ${repl_key_args[@]+"${repl_key_args[@]}"} ${reshard_args[@]+"${reshard_args[@]}"} \
+        >"$LOGDIR/server-$idx-r1.log" 2>&1 &
       server_pids+=($!) server_names+=("shard $idx r1")
     done <<<"$backup_lines"
   fi
@@ -308,7 +310,9 @@ if [ "$MODE" != workers ]; then
   done
   [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within $((limit / 10)) s" >&2; stop_servers; reshard_hint; exit 1; }
   if [ ${#reshard_args[@]} -gt 0 ]; then
-    echo "ps-local.sh: reshard: $(reshard_summary "$LOGDIR"/server-*.log)"
+    logs=() # the backups load the same, so only the primaries' places are summed
+    for ((k = 0; k < nshards; k++)); do logs+=("$LOGDIR/server-$k.log"); done
+    echo "ps-local.sh: reshard: $(reshard_summary "${logs[@]}")"
   fi
 fi
 if [ "$MODE" = servers ]; then

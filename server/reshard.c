@@ -145,17 +145,19 @@ static int filter_source(int j, int k, int old_n, int new_n, int old_placement)
 }
 
 /* The membership file of the old cluster (any old shard's: it holds facts
- * the whole cluster agreed on; shard 0's) becomes this shard's, so
- * ps__members_load takes it back. 0 when there is none. */
-static int copy_members(const struct ps_server *s, const char *dir, char *err, size_t errlen)
+ * the whole cluster agreed on; that beside old shard 0's checkpoint
+ * ckpt0) becomes this shard's, so ps__members_load takes it back. 0 when
+ * there is none. */
+static int copy_members(const struct ps_server *s, const char *ckpt0, char *err, size_t errlen)
 {
 	char from[PATH_MAX + 32], to[700], tmp[720];
-	size_t n = strlen(s->ckpt_path), len = 0;
+	size_t n = strlen(s->ckpt_path), len = 0, n0 = strlen(ckpt0);
 	char *buf = NULL;
 	FILE *f;
 	int rc = 0;
 
-	snprintf(from, sizeof(from), "%s/shard-0.members", dir);
+	/* beside the old shard 0's checkpoint taken (shard-0 or shard-0-r1) */
+	snprintf(from, sizeof(from), "%.*s.members", (int)(n0 - 5), ckpt0);
 	snprintf(to, sizeof(to), "%.*s.members", (int)(n - 5), s->ckpt_path);
 	f = fopen(from, "r");
 	if (!f) {
@@ -226,6 +228,81 @@ static int find_placement(const struct ps_config *ocfg, const char *path, int n,
 	return PS_ECONFIG;
 }
 
+/* How far the state of a loaded old shard has come: its workers' finished
+ * clocks, its slices' versions and its tables' versions summed. Each only
+ * grows, so of the two files of one pair the larger is the newer state. */
+static uint64_t progress_of(const struct ps_server *o)
+{
+	uint64_t p = 0;
+
+	for (int r = 0; r < o->cfg->nworkers; r++)
+		p += o->finished[r];
+	for (int k = 0; k < o->store.nslots; k++)
+		p += o->store.slots[k].version;
+	for (int t = 0; o->rows && t < o->rows->ntables; t++)
+		p += o->rows->t[t].tb.version;
+	return p;
+}
+
+/* Loads old shard j's checkpoint at path (and its incremental ones) into
+ * the scratch shard o, as a shard of the old map would; err names the file. */
+static int old_load(struct ps_server *o, const struct ps_config *ocfg, int j, int placement,
+		    const char *path, char *err, size_t errlen)
+{
+	int rc = old_open(o, ocfg, j, placement);
+
+	if (rc) {
+		snprintf(err, errlen, "cannot set up old shard %d: %s", j, ps_strerror(rc));
+		return rc;
+	}
+	rc = ps_checkpoint_load(o, path, err, errlen);
+	if (rc == -ENOENT)
+		snprintf(err, errlen, "%s is missing", path);
+	if (rc)
+		return rc;
+	rc = ps_checkpoint_load_deltas(o, path, err, errlen);
+	return rc < 0 ? rc : 0;
+}
+
+/* With cluster.replicas: 1 each old shard was a pair, and each process
+ * wrote its own checkpoint: shard-J.ckpt (replica 0) and shard-J-r1.ckpt
+ * (replica 1). Both hold every acknowledged push when the pair was whole
+ * at the stop; a process that was down wrote an older one, or none. The
+ * newer state is taken (progress_of; equal: replica 0's, as a cold start
+ * of the pair would serve it), into path. 0, or a negative code. */
+static int pick_pair_file(struct ps_server *o, const struct ps_config *ocfg, const char *dir,
+			  int j, int placement, char *path, size_t plen, char *err, size_t errlen)
+{
+	char f[2][PATH_MAX + 32];
+	uint64_t p[2] = { 0, 0 };
+	struct stat st;
+	int have[2], rc;
+
+	snprintf(f[0], sizeof(f[0]), "%s/shard-%d.ckpt", dir, j);
+	snprintf(f[1], sizeof(f[1]), "%s/shard-%d-r1.ckpt", dir, j);
+	for (int r = 0; r < 2; r++)
+		have[r] = !lstat(f[r], &st);
+	if (have[0] && have[1]) {
+		for (int r = 0; r < 2; r++) {
+			rc = old_load(o, ocfg, j, placement, f[r], err, errlen);
+			if (rc)
+				return rc;
+			p[r] = progress_of(o);
+			old_close(o);
+		}
+		ps_info("old shard %d: both processes of its pair wrote a checkpoint (%s: %" PRIu64
+			", %s: %" PRIu64 " clocks and versions summed): taking %s", j, f[0], p[0],
+			f[1], p[1], f[p[1] > p[0]]);
+	} else if (have[1]) {
+		ps_warn("old shard %d: only replica 1 wrote a checkpoint (%s): taking it", j, f[1]);
+	}
+	const char *take = f[have[0] && p[1] <= p[0] ? 0 : 1];
+	if (strlen(take) >= plen)
+		return -ENAMETOOLONG;
+	memcpy(path, take, strlen(take) + 1);
+	return 0;
+}
+
 /* The folder d, resolved, into out; "" when it does not resolve. */
 static void resolve(const char *d, char *out)
 {
@@ -244,6 +321,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	uint64_t *fin = calloc((size_t)nw, sizeof(*fin)), slices = 0, rows = 0;
 	uint64_t mslices = 0, mbytes = 0, mrows = 0; /* moved in from another shard index */
 	uint8_t *got = NULL;
+	char (*paths)[PATH_MAX + 32] = NULL; /* the file taken of each old shard */
 	char path[PATH_MAX + 32], first[PATH_MAX + 32], a[PATH_MAX], b[PATH_MAX];
 	double wall = 0, t0 = ps_now_s();
 	uint64_t clock0 = 0;
@@ -260,27 +338,41 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		FAIL(PS_ECONFIG, "--reshard-from %s is checkpoint.dir itself: the old checkpoints "
 		     "must lie in a folder of their own, which the new shards do not write to "
 		     "(ps-local.sh CONFIG reshard NEW_CONFIG moves them there)", from->dir);
-	if (cfg->replicas)
-		FAIL(PS_ECONFIG, "re-sharding with cluster.replicas: 1 is not built: each pair "
-		     "would have to move with its state (docs/elastic.md)");
 	memcpy(ocfg, cfg, sizeof(*ocfg));
 	ocfg->nshards = n;
+	paths = calloc((size_t)n, sizeof(*paths));
+	if (!paths)
+		FAIL(-ENOMEM, "out of memory");
 	/* every old file there before any is read: a missing one is told
-	 * first, not after minutes of loading the others */
+	 * first, not after minutes of loading the others. With replicas
+	 * either process's file of a pair will do (pick_pair_file). */
 	for (int j = 0; j < n; j++) {
 		struct stat st;
-		snprintf(path, sizeof(path), "%s/shard-%d.ckpt", from->dir, j);
-		if (lstat(path, &st))
+		snprintf(paths[j], sizeof(paths[j]), "%s/shard-%d.ckpt", from->dir, j);
+		snprintf(path, sizeof(path), "%s/shard-%d-r1.ckpt", from->dir, j);
+		if (cfg->replicas && lstat(paths[j], &st) && !lstat(path, &st))
+			memcpy(paths[j], path, sizeof(path));
+		else if (lstat(paths[j], &st) && cfg->replicas)
+			FAIL(-ENOENT, "%s is missing, and so is %s: re-sharding from %d pairs needs "
+			     "a checkpoint of every old shard (either process's) in %s", paths[j],
+			     path, n, from->dir);
+		else if (lstat(paths[j], &st))
 			FAIL(-ENOENT, "%s is missing: re-sharding from %d shards needs every old "
-			     "shard's checkpoint, shard-0.ckpt to shard-%d.ckpt in %s", path, n,
+			     "shard's checkpoint, shard-0.ckpt to shard-%d.ckpt in %s", paths[j], n,
 			     n - 1, from->dir);
 	}
-	snprintf(first, sizeof(first), "%s/shard-0.ckpt", from->dir);
-	placement = find_placement(ocfg, first, n, err, errlen);
+	placement = find_placement(ocfg, paths[0], n, err, errlen);
 	if (placement < 0) {
 		rc = placement;
 		goto out;
 	}
+	for (int j = 0; cfg->replicas && j < n; j++) {
+		rc = pick_pair_file(o, ocfg, from->dir, j, placement, paths[j], sizeof(paths[j]),
+				    err, errlen);
+		if (rc)
+			goto out;
+	}
+	snprintf(first, sizeof(first), "%s", paths[0]);
 	/* the tensors and tables workers declared at run time, as the old
 	 * shards had them: this shard's map is built from them */
 	rc = ps_checkpoint_load_decl(s, first, err, errlen);
@@ -296,19 +388,10 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	for (int j = 0; j < n; j++) {
 		double now;
 
-		snprintf(path, sizeof(path), "%s/shard-%d.ckpt", from->dir, j);
-		rc = old_open(o, ocfg, j, placement);
-		if (rc)
-			FAIL(rc, "cannot set up old shard %d: %s", j, ps_strerror(rc));
-		rc = ps_checkpoint_load(o, path, err, errlen);
-		if (rc == -ENOENT)
-			FAIL(rc, "%s is missing", path);
+		snprintf(path, sizeof(path), "%s", paths[j]);
+		rc = old_load(o, ocfg, j, placement, path, err, errlen);
 		if (rc)
 			goto out;
-		rc = ps_checkpoint_load_deltas(o, path, err, errlen);
-		if (rc < 0)
-			goto out;
-		rc = 0;
 		now = ps_now_s();
 		/* one clock for all: the finished clocks of every worker agree */
 		if (!j) {
@@ -437,7 +520,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 				"does", tb->tc->name, gt->n, tb->cap, gt->n - tb->cap);
 	}
 	memcpy(s->finished, fin, (size_t)nw * sizeof(*fin));
-	rc = copy_members(s, from->dir, err, errlen);
+	rc = copy_members(s, first, err, errlen);
 	if (rc)
 		goto out;
 	/* one line the launchers sum up (ps-local.sh, ps-cluster.sh reshard),
@@ -457,5 +540,6 @@ out:
 	free(ocfg);
 	free(fin);
 	free(got);
+	free(paths);
 	return rc;
 }

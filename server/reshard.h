@@ -19,6 +19,12 @@
  *
  * Old checkpoints of either placement (shardmap.h) load: the one before
  * re-sharding is re-placed as another shard count is.
+ *
+ * With cluster.replicas: 1 both processes of every new pair load them,
+ * each writing its own file (shard-K.ckpt, shard-K-r1.ckpt), and of each
+ * old pair the file of the newer state is read: both processes wrote one
+ * when the pair was whole at the stop, a process that was down an older
+ * one or none.
  */
 #ifndef PS_RESHARD_H
 #define PS_RESHARD_H

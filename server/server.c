@@ -163,6 +163,8 @@ static int start_reshard(struct ps_server *s, const struct ps_reshard_from *from
 		struct stat a, b;
 
 		snprintf(old, sizeof(old), "%s/shard-0.ckpt", from->dir);
+		if (s->cfg->replicas && stat(old, &b)) /* the pair's other file */
+			snprintf(old, sizeof(old), "%s/shard-0-r1.ckpt", from->dir);
 		if (stat(s->ckpt_path, &a) || stat(old, &b) || a.st_mtim.tv_sec > b.st_mtim.tv_sec ||
 		    (a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec >= b.st_mtim.tv_nsec)) {
 			ps_info("%s is of this shard map and newer than %s (an earlier start of this "
