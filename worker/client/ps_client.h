@@ -465,8 +465,8 @@ struct ps_table_decl {
  * ps_client_push_rows and listed by ps_client_config (ps_config_ntables).
  * Call once, as a worker. Returns 0 or a negative code: PS_ECONFIG (a
  * value out of model.embeddings[]'s bounds, an unknown init or optimizer,
- * a name of the config's tables or twice, the declaration differs, or
- * cluster.replicas: 1), PS_ETOOBIG (n < 1, or more than 64 tables with
+ * a name of the config's tables or twice, or the declaration differs;
+ * under cluster.replicas: 1 the backup holds them too), PS_ETOOBIG (n < 1, or more than 64 tables with
  * the config's), PS_ESTATE (declared already, or a monitor), PS_ETIMEDOUT
  * (rank 0 never declared); the reason in ps_client_error. */
 int ps_client_declare_tables(struct ps_client *c, const struct ps_table_decl *t, int n);
