@@ -66,4 +66,25 @@ int ps__members_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Sta
 /* Joins and leaves since the start (/metrics). */
 void ps__members_counts(const struct ps_server *s, uint64_t *joins, uint64_t *leaves);
 
+/* Replication (cluster.replicas: 1; replica_log.c). The primary: 1 when
+ * the membership changed since it was last put in a batch; the whole of
+ * it into out (arrays malloc'ed: ps__members_repl_fill_free), which marks
+ * it sent. 0 or -ENOMEM. */
+int ps__members_repl_dirty(const struct ps_server *s);
+int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out);
+void ps__members_repl_fill_free(Ps__ReplMembers *out);
+/* The backup: 1 when m is not a membership this shard can hold (the
+ * reason in why), else 0. */
+int ps__members_repl_check(const struct ps_server *s, const Ps__ReplMembers *m, char *why,
+			   size_t len);
+/* The backup: the primary's membership from a batch or the snapshot
+ * replaces this shard's (live set and finished clocks follow, the file
+ * beside the checkpoint is written). 0, or PS_EPROTO / -ENOMEM with the
+ * reason in why (nothing changed). */
+int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *why,
+			   size_t len);
+/* This process takes over: the live set is the members and the joins
+ * held (their holds expire from now). */
+void ps__members_takeover(struct ps_server *s, double now);
+
 #endif
