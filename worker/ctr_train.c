@@ -25,9 +25,14 @@
  *         must reach a shard before the push that ends it; a connection's
  *         frames are handled in order), then the pulls of the next batch,
  *         which the shards answer once the clock is complete.
- * The pulls of step s + 1 overlap the host work of step s + 1's batch
- * (it is built before they are waited for). Gradients are scaled by
- * 1 / (B x workers) in the backward ops: the shards sum the workers'.
+ * The pulls of the next step overlap the push (its batch is built before
+ * they are waited for). Which batch: at each clock the members take the
+ * next slots of the epoch's shuffled order, one each in rank order
+ * (ps_client_members, as worker/epoch.c for the dense models); the next
+ * batch is guessed as if the members stay, and built again, its rows
+ * pulled again, when the pull reply names other members. Gradients are
+ * scaled by 1 / (B x the clock's members) in the backward ops: the shards
+ * sum the members'.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -555,7 +560,7 @@ static int evaluate(struct ctr *m, struct ps_client *cli, const struct ps_ctr_da
 	return rc;
 }
 
-/* A deterministic shuffle of this worker's examples for an epoch. */
+/* A deterministic shuffle (seed) of order[0..n). */
 static void shuffle(int *order, int n, uint64_t seed)
 {
 	uint64_t s = seed;
@@ -570,6 +575,49 @@ static void shuffle(int *order, int n, uint64_t seed)
 		order[i] = order[j];
 		order[j] = t;
 	}
+}
+
+/* The epochs' batch slots: epoch e's order is every example once,
+ * shuffled by (seed, e) alike on every worker, cut into `slots` batches;
+ * global slot g is batch g % slots of epoch g / slots. */
+struct slots {
+	const struct ps_ctr_data *d;
+	int *order;                  /* d->n: the order of epoch `epoch` */
+	int epoch;
+	long slots;
+	uint64_t seed;
+	FILE *record;                /* --record-examples, or NULL */
+	long slot[2];                /* the slot staged in bags k */
+};
+
+/* Builds bags k with slot g's batch. */
+static void stage(struct ctr *m, struct slots *sl, int k, long g)
+{
+	int e = (int)(g / sl->slots);
+
+	if (e != sl->epoch) {
+		for (int i = 0; i < sl->d->n; i++)
+			sl->order[i] = i;
+		shuffle(sl->order, sl->d->n, sl->seed ^ ((uint64_t)(e + 1) << 32));
+		sl->epoch = e;
+	}
+	build_batch(m, k, sl->d, sl->order, (int)(g % sl->slots) * m->B, m->B);
+	sl->slot[k] = g;
+}
+
+/* --record-examples: "clock epoch slot example..." of the batch in bags k
+ * (a test checks that an epoch trains every example once). */
+static void record(const struct ctr *m, const struct slots *sl, int k, uint64_t clock)
+{
+	long g = sl->slot[k];
+
+	if (!sl->record)
+		return;
+	fprintf(sl->record, "%llu %ld %ld", (unsigned long long)clock, g / sl->slots, g);
+	for (int i = 0; i < m->B; i++)
+		fprintf(sl->record, " %d", sl->order[(g % sl->slots) * m->B + i]);
+	fputc('\n', sl->record);
+	fflush(sl->record);
 }
 
 /* One line of the metrics file per epoch. */
@@ -607,9 +655,10 @@ static const char *tables_text(const struct ctr *m, char *buf, size_t len)
 }
 
 /* Starts the push of every group's row gradients (bags k) for clock, then
- * the dense gradients that end it: the dense push's id, or a negative
- * code (the row pushes already started are left to push_wait). */
-static int64_t push_start(struct ctr *m, struct ps_client *cli, int k, uint64_t clock)
+ * the dense gradients that end it (and leave the cluster when leave): the
+ * dense push's id, or a negative code (the row pushes already started are
+ * left to push_wait). */
+static int64_t push_start(struct ctr *m, struct ps_client *cli, int k, uint64_t clock, int leave)
 {
 	const struct ps_config *cfg = m->cfg;
 
@@ -627,7 +676,8 @@ static int64_t push_start(struct ctr *m, struct ps_client *cli, int k, uint64_t 
 	}
 	for (int t = 0; t < cfg->ntensors; t++)
 		m->pt[t] = ps_tensor_of(cfg, t, m->h_g[t]);
-	return ps_client_push(cli, clock, m->pt, cfg->ntensors, PS_PUSH_END_CLOCK);
+	return ps_client_push(cli, clock, m->pt, cfg->ntensors,
+			      PS_PUSH_END_CLOCK | (leave ? PS_PUSH_LEAVE : 0));
 }
 
 /* Waits for the row pushes of push_start and the dense push dpid (when
@@ -650,13 +700,52 @@ static int push_wait(struct ctr *m, struct ps_client *cli, int64_t dpid)
 	return rc;
 }
 
+/* What a worker's part of an epoch counts. */
+struct ctr_epoch {
+	int e, steps;
+	long seen;
+	double loss_sum, t0;
+};
+
+/* The end of this worker's part of epoch ea->e: its line in the log;
+ * rank 0 (not stopped) evaluates the dense weights pulled last (those
+ * after the epoch's last clock: the members of a clock take slots in rank
+ * order, so rank 0 reaches a new epoch only after every slot of the one
+ * before) and prints the held-out AUC; the metrics line. 0, or -1 logged. */
+static int epoch_end(struct ctr *m, struct ps_client *cli, const struct ps_ctr_data *test,
+		     int rank, FILE *metrics, const struct ctr_epoch *ea, double t_start,
+		     int stopped)
+{
+	double elapsed = ps_now_s() - ea->t0, auc = NAN, tloss = NAN;
+
+	ps_info("epoch %d: %d steps, %ld examples, train logloss %.4f, %.0f samples/s", ea->e + 1,
+		ea->steps, ea->seen, ea->seen ? ea->loss_sum / ea->seen : NAN,
+		elapsed > 0 ? ea->seen / elapsed : 0.0);
+	if (rank == 0 && !stopped) {
+		if (upload_dense(m) || evaluate(m, cli, test, &auc, &tloss)) {
+			ps_error("evaluation: %s / %s", m->c->err, ps_client_error(cli));
+			return -1;
+		}
+		ps_info("epoch %d: test auc %.4f, test logloss %.4f (%d examples)", ea->e + 1, auc,
+			tloss, test->n);
+		printf("epoch %d test auc %.6f logloss %.6f\n", ea->e + 1, auc, tloss);
+		fflush(stdout);
+	}
+	if (metrics)
+		write_metrics(metrics, m, cli, rank, ea->e + 1, ea->steps, ps_now_s() - t_start,
+			      ea->seen ? ea->loss_sum / ea->seen : NAN,
+			      elapsed > 0 ? ea->seen / elapsed : 0.0, auc, tloss);
+	return 0;
+}
+
 int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_ops *ops,
-		 struct ps_compute *c, struct ps_client *cli, FILE *metrics,
+		 struct ps_compute *c, struct ps_client *cli, FILE *metrics, FILE *rec,
 		 volatile sig_atomic_t *stop)
 {
 	struct ps_ctr_data train = { 0 }, test = { 0 };
 	struct ctr m = { 0 };
-	int *order = NULL, nmine = 0, rc = 1, W = cfg->nworkers, B = cfg->train.batch;
+	struct slots sl = { .epoch = -1, .record = rec, .seed = cfg->seed, .slot = { -1, -1 } };
+	int rc = 1, B = cfg->train.batch, E = cfg->train.epochs;
 	int sync = cfg->consistency == PS_SYNC;
 	char err[1024], tabs[256];
 
@@ -666,106 +755,133 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 		ps_error("%s", err);
 		goto out;
 	}
-	/* every worker takes the same number of steps (a sync barrier would
-	 * wait for one that has finished its epoch) */
-	int steps = train.n / W / B;
-	if (steps < 1) {
-		ps_error("%d examples over %d workers give no full batch of %d", train.n, W, B);
+	/* One order of the whole click log per epoch, cut into slots of a
+	 * batch; the members of each clock take the next slots, one each in
+	 * rank order (ps_client_members), so whoever joins or leaves, every
+	 * example of an epoch is trained once (docs/reliability.md). */
+	sl.d = &train;
+	sl.slots = train.n / B;
+	if (sl.slots < 1) {
+		ps_error("%d examples give no full batch of %d", train.n, B);
 		goto out;
 	}
-	order = malloc(sizeof(int) * (size_t)(train.n / W + 1));
-	if (!order)
+	sl.order = malloc(sizeof(int) * (size_t)train.n);
+	if (!sl.order)
 		goto out;
-	for (int i = rank; i < train.n; i += W)
-		order[nmine++] = i;
 	if (ctr_init(&m, cfg, ops, c, B, err, sizeof(err))) {
 		ps_error("%s", err);
 		goto out;
 	}
-	ps_info("training ctr (tables %s, %s bags, %d tensors) on %s: %d epoch(s) of %d "
-		"steps, batch %d, %s; %d training examples, %d held out",
+	ps_info("training ctr (tables %s, %s bags, %d tensors) on %s: %d epoch(s) of %ld "
+		"batches of %d among the workers, %s; %d training examples, %d held out",
 		tables_text(&m, tabs, sizeof(tabs)), cfg->model.bag == PS_BAG_MEAN ? "mean" : "sum",
-		cfg->ntensors, ops->name, cfg->train.epochs, steps, B, sync ? "sync" : "async",
-		train.n, test.n);
+		cfg->ntensors, ops->name, E, sl.slots, B, sync ? "sync" : "async", train.n, test.n);
 
+	/* 0, or the clock of a running cluster this worker joined */
 	uint64_t clock = ps_client_clock(cli);
-	double t_start = ps_now_s();
-	int tty = isatty(2);
-	for (int e = 0; e < cfg->train.epochs && !*stop; e++) {
-		double t_epoch = ps_now_s(), last_print = 0, loss_sum = 0;
-		long seen = 0;
-		int cur = 0;
+	double t_start = ps_now_s(), last_print = 0;
+	int tty = isatty(2), cur = 0, leaving = 0;
+	struct ps_members_info mi;
+	struct ctr_epoch ea = { .e = -1 };
+	long staged = -1; /* the slot in bags cur, its rows pulled */
 
-		shuffle(order, nmine, cfg->seed ^ ((uint64_t)(e + 1) << 32) ^ (uint64_t)rank);
-		build_batch(&m, cur, &train, order, 0, B);
-		if (pull_start(&m, cli, cur, 1, sync ? clock : 0))
+	/* the dense weights of the first clock, whose reply names its members */
+	if (pull_start(&m, cli, -1, 1, sync ? clock : 0))
+		goto fail_req;
+	for (;;) {
+		float loss;
+		int correct;
+		int64_t dpid;
+
+		if (pull_wait(&m, cli))
 			goto fail_req;
-		for (int s = 0; s < steps && !*stop; s++) {
-			float loss;
-			int correct;
-			int64_t dpid;
-
-			if (pull_wait(&m, cli))
-				goto fail_req;
-			if (upload_dense(&m) || upload(&m, cur, B) || forward(&m, B, 1) ||
-			    backward(&m, cur, B, 1.0f / ((float)B * (float)W)) ||
-			    ps_compute_xent_read(m.st, 2, &loss, &correct, c->err, sizeof(c->err))) {
-				ps_error("step %d: %s", s, c->err);
-				goto out;
-			}
-			dpid = push_start(&m, cli, cur, clock);
-			if (dpid < 0) {
-				ps_error("push at clock %llu: %s", (unsigned long long)clock,
-					 ps_client_error(cli));
-				push_wait(&m, cli, 0);
-				goto out;
-			}
-			clock++;
-			/* the next batch and its pulls while the shards apply */
-			if (s + 1 < steps) {
-				build_batch(&m, cur ^ 1, &train, order, (s + 1) * B, B);
-				if (pull_start(&m, cli, cur ^ 1, 1, sync ? clock : 0)) {
-					push_wait(&m, cli, dpid);
-					goto fail_req;
-				}
-			}
-			if (push_wait(&m, cli, dpid)) {
-				ps_error("push at clock %llu: %s", (unsigned long long)clock - 1,
-					 ps_client_error(cli));
-				goto out;
-			}
-			cur ^= 1;
-			loss_sum += (double)loss * B;
-			seen += B;
-			double now = ps_now_s();
-			if (now - last_print > (tty ? 0.25 : 10.0) || s == steps - 1) {
-				last_print = now;
-				fprintf(stderr, "%sepoch %d/%d  step %d/%d  logloss %.4f  %.0f samples/s%s",
-					tty ? "\r" : "", e + 1, cfg->train.epochs, s + 1, steps,
-					loss_sum / seen, seen / (now - t_epoch), tty ? "\033[K" : "\n");
-			}
+		if (ps_client_members(cli, &mi) || mi.index < 0) {
+			ps_error("clock %llu: this worker is not among its members",
+				 (unsigned long long)clock);
+			goto out;
 		}
-		if (tty)
-			fputc('\n', stderr);
-		pull_wait(&m, cli); /* stopped with pulls under way */
-		double elapsed = ps_now_s() - t_epoch, auc = NAN, tloss = NAN;
-		if (rank == 0 && !*stop) {
-			/* the dense weights after the epoch's last clock */
-			if (pull_start(&m, cli, -1, 1, sync ? clock : 0) || pull_wait(&m, cli))
-				goto fail_req;
-			if (upload_dense(&m) || evaluate(&m, cli, &test, &auc, &tloss)) {
-				ps_error("evaluation: %s / %s", c->err, ps_client_error(cli));
+		long g = (long)(mi.before + (uint64_t)mi.index);
+		if (g / sl.slots != ea.e) { /* this worker's first slot of a new epoch */
+			if (ea.e >= 0 && epoch_end(&m, cli, &test, rank, metrics, &ea, t_start, 0))
 				goto out;
-			}
-			ps_info("epoch %d: test auc %.4f, test logloss %.4f (%d examples), %.0f samples/s",
-				e + 1, auc, tloss, test.n, seen / elapsed);
-			printf("epoch %d test auc %.6f logloss %.6f\n", e + 1, auc, tloss);
-			fflush(stdout);
+			if (rank == 0)
+				staged = -1; /* the evaluation used the batch buffers */
+			ea = (struct ctr_epoch){ .e = (int)(g / sl.slots), .t0 = ps_now_s() };
+			last_print = 0;
 		}
-		if (metrics)
-			write_metrics(metrics, &m, cli, rank, e + 1, steps, ps_now_s() - t_start,
-				      seen ? loss_sum / seen : NAN, seen / elapsed, auc, tloss);
+		if (ea.e >= E) {
+			/* done: the clock's other members may still train theirs */
+			if (ps_client_leave(cli, clock))
+				ps_warn("leaving at clock %llu: %s", (unsigned long long)clock,
+					ps_client_error(cli));
+			break;
+		}
+		if (*stop && !leaving) {
+			/* this clock's slot is this worker's: trained, then it leaves */
+			leaving = 1;
+			ps_info("stop signal: leaving after clock %llu", (unsigned long long)clock);
+		}
+		if (staged != g) {
+			/* the members changed since the batch was guessed */
+			stage(&m, &sl, cur, g);
+			if (pull_start(&m, cli, cur, 0, sync ? clock : 0) || pull_wait(&m, cli))
+				goto fail_req;
+		}
+		record(&m, &sl, cur, clock);
+		staged = -1;
+		/* the shards sum the members' gradients: each scaled by 1 / (B x
+		 * members of this clock) for the mean over the clock's examples */
+		if (upload_dense(&m) || upload(&m, cur, B) || forward(&m, B, 1) ||
+		    backward(&m, cur, B, 1.0f / ((float)B * (float)mi.count)) ||
+		    ps_compute_xent_read(m.st, 2, &loss, &correct, c->err, sizeof(c->err))) {
+			ps_error("clock %llu: %s", (unsigned long long)clock, c->err);
+			goto out;
+		}
+		dpid = push_start(&m, cli, cur, clock, leaving);
+		if (dpid < 0) {
+			ps_error("push at clock %llu: %s", (unsigned long long)clock,
+				 ps_client_error(cli));
+			push_wait(&m, cli, 0);
+			goto out;
+		}
+		clock++;
+		/* the next pulls while the shards apply: with the batch of the
+		 * slot this worker gets next if the members stay */
+		long next = g + mi.count;
+		if (!leaving && next / sl.slots < E) {
+			stage(&m, &sl, cur ^ 1, next);
+			staged = next;
+		}
+		if (!leaving && pull_start(&m, cli, staged >= 0 ? cur ^ 1 : -1, 1,
+					   sync ? clock : 0)) {
+			push_wait(&m, cli, dpid);
+			goto fail_req;
+		}
+		if (push_wait(&m, cli, dpid)) {
+			ps_error("push at clock %llu: %s", (unsigned long long)clock - 1,
+				 ps_client_error(cli));
+			goto out;
+		}
+		cur ^= 1;
+		ea.steps++;
+		ea.loss_sum += (double)loss * B;
+		ea.seen += B;
+		double now = ps_now_s();
+		if (now - last_print > (tty ? 0.25 : 10.0)) {
+			last_print = now;
+			fprintf(stderr, "%sepoch %d/%d  step %d  batch %ld/%ld  %d worker(s)  logloss "
+				"%.4f  %.0f samples/s%s", tty ? "\r" : "", ea.e + 1, E, ea.steps,
+				g % sl.slots + 1, sl.slots, mi.count, ea.loss_sum / ea.seen,
+				ea.seen / (now - ea.t0), tty ? "\033[K" : "\n");
+		}
+		if (leaving)
+			break;
 	}
+	if (tty)
+		fputc('\n', stderr);
+	/* stopped by a signal: the epoch so far (no evaluation) */
+	if (leaving && ea.seen && epoch_end(&m, cli, &test, rank, metrics, &ea, t_start, 1))
+		goto out;
 	rc = *stop ? 130 : 0;
 	if (*stop)
 		ps_info("stopped by signal");
@@ -775,7 +891,7 @@ fail_req:
 	pull_wait(&m, cli);
 out:
 	ctr_free(&m);
-	free(order);
+	free(sl.order);
 	ps_ctr_data_free(&train);
 	ps_ctr_data_free(&test);
 	return rc;

@@ -323,9 +323,11 @@ uint64_t ps_client_clock(struct ps_client *c);
  * rank that is not a member joins by starting; ps-worker calls it in any
  * cluster (a rank that left comes back). For a member already it does
  * nothing but start ps_client_clock() at its join clock. 0 or a negative
- * code (PS_EREFUSED with the shard's reason, e.g. under
- * cluster.replicas: 1, or when half a join survived a crash and a shard
- * passed its clock; reason in ps_client_error). */
+ * code (PS_EREFUSED with the shard's reason, e.g. when half a join
+ * survived a crash and a shard passed its clock; reason in
+ * ps_client_error). Under cluster.replicas: 1 each step is answered once
+ * the shard's backup has it, so a failover between the steps loses
+ * neither. */
 int ps_client_join(struct ps_client *c);
 
 /* Ends clock (the worker's last; what it pushed for it counts) and leaves:
