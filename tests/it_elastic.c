@@ -2,7 +2,9 @@
  * ps-server processes on loopback, worker clients in threads): exact sync
  * sums over the members of each clock, the membership every worker is told
  * for the clock it computes, the data slots it gives (each taken once), a
- * leave's delay to the others, async joins with resent pushes, refusals. */
+ * leave's delay to the others, async joins with resent pushes, refusals,
+ * and ps-worker's data division (images and the ctr preset's click log):
+ * every example once per epoch across a join and a leave. */
 #include <check.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -569,15 +571,84 @@ static int wait_lines(const char *path, int n)
 	return -1;
 }
 
-/* ps-worker ranks 0 and 1 train (cluster.initial_workers 2), rank 2 starts
- * once they have trained a few steps and joins, and rank 1 gets SIGTERM
- * once rank 2 has trained a few: over every epoch the recorded batches
- * (--record-examples) hold each of the 1,200 training images exactly once,
- * the join came after clock 0 and the leave before the last clock. */
+/* ps-worker ranks 0 and 1 train the config at path (cluster.initial_workers
+ * 2, shards already started: srv), rank 2 starts once they have trained a
+ * few steps and joins, and rank 1 gets SIGTERM once rank 2 has trained a
+ * few: over every one of `epochs` epochs the recorded batches
+ * (--record-examples) hold each of the `limit` examples exactly once, the
+ * join came after clock 0 and the leave before the last clock. what names
+ * the data in the measured line. */
+static void data_once(const char *what, const char *path, const char *dir, pid_t srv[2],
+		      int limit, int batch, int epochs)
+{
+	char rec[3][128], out[3][128];
+	pid_t w[3];
+
+	for (int r = 0; r < 3; r++) {
+		snprintf(rec[r], sizeof(rec[r]), "%s/rec-%d.txt", dir, r);
+		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", dir, r);
+	}
+	for (int r = 0; r < 3; r++) {
+		char rk[8];
+		snprintf(rk, sizeof(rk), "%d", r);
+		const char *argv[] = { "bin/ps-worker", "--config", path, "--rank", rk,
+				       "--record-examples", rec[r], NULL };
+		if (r == 2)
+			ck_assert_msg(wait_lines(rec[0], 10) == 0, "rank 0 trains no steps");
+		w[r] = tu_spawn(argv, out[r]);
+	}
+	ck_assert_msg(wait_lines(rec[2], 10) == 0, "rank 2 never trained");
+	kill(w[1], SIGTERM);
+	int st1 = tu_wait_child(w[1]), st0 = tu_wait_child(w[0]), st2 = tu_wait_child(w[2]);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	ck_assert_msg(st0 == 0 && st2 == 0 && st1 == 130, "exit statuses %d %d %d (outputs in "
+		      "%s)", st0, st1, st2, dir);
+
+	/* seen[e * limit + i]: how often epoch e trained example i */
+	unsigned char *seen = calloc((size_t)epochs * (size_t)limit, 1);
+	uint64_t first[3] = { UINT64_MAX, UINT64_MAX, UINT64_MAX }, last[3] = { 0 }, top = 0;
+	ck_assert_ptr_nonnull(seen);
+	for (int r = 0; r < 3; r++) {
+		FILE *f = fopen(rec[r], "r");
+		unsigned long long clock;
+		long e, g;
+		ck_assert_ptr_nonnull(f);
+		while (fscanf(f, "%llu %ld %ld", &clock, &e, &g) == 3) {
+			ck_assert_msg(e >= 0 && e < epochs, "epoch %ld recorded", e);
+			for (int k = 0; k < batch; k++) {
+				int i;
+				ck_assert_int_eq(fscanf(f, "%d", &i), 1);
+				ck_assert_msg(i >= 0 && i < limit, "example %d", i);
+				seen[(size_t)e * (size_t)limit + (size_t)i]++;
+			}
+			first[r] = clock < first[r] ? clock : first[r];
+			last[r] = clock > last[r] ? clock : last[r];
+			top = clock > top ? clock : top;
+		}
+		fclose(f);
+	}
+	for (int e = 0; e < epochs; e++)
+		for (int i = 0; i < limit; i++)
+			ck_assert_msg(seen[(size_t)e * (size_t)limit + (size_t)i] == 1, "epoch %d "
+				      "trained example %d %d times", e, i,
+				      seen[(size_t)e * (size_t)limit + (size_t)i]);
+	free(seen);
+	printf("measured: ps-worker %s data: rank 2 joined at clock %llu, rank 1 left after "
+	       "clock %llu, %llu clocks; each of %d examples once in each of %d epochs\n", what,
+	       (unsigned long long)first[2], (unsigned long long)last[1],
+	       (unsigned long long)top + 1, limit, epochs);
+	ck_assert_uint_gt(first[2], 0);
+	ck_assert_uint_lt(last[1], top);
+	ck_assert_uint_lt(first[2], last[1]); /* three members for a while */
+}
+
+/* The images of the dense models (worker/epoch.c): 1,200 Fashion-MNIST
+ * training images, batches of 20, 12 epochs. */
 START_TEST(test_worker_data_once)
 {
-	char path[64], dir[] = "/tmp/ps-elastic-XXXXXX", rec[3][128], out[3][128], yaml[1024];
-	pid_t srv[2], w[3];
+	char path[64], dir[] = "/tmp/ps-elastic-XXXXXX", yaml[1024];
+	pid_t srv[2];
 	enum { limit = 1200, batch = 20, epochs = 12 };
 	char p[300];
 
@@ -597,61 +668,44 @@ START_TEST(test_worker_data_once)
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	srv[0] = tu_start_server(path, 0);
 	srv[1] = tu_start_server(path, 1);
-	for (int r = 0; r < 3; r++) {
-		snprintf(rec[r], sizeof(rec[r]), "%s/rec-%d.txt", dir, r);
-		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", dir, r);
-	}
-	for (int r = 0; r < 3; r++) {
-		char rk[8];
-		snprintf(rk, sizeof(rk), "%d", r);
-		const char *argv[] = { "bin/ps-worker", "--config", path, "--rank", rk,
-				       "--record-examples", rec[r], NULL };
-		if (r == 2)
-			ck_assert_msg(wait_lines(rec[0], 10) == 0, "rank 0 trains no steps");
-		w[r] = tu_spawn(argv, out[r]);
-	}
-	ck_assert_msg(wait_lines(rec[2], 10) == 0, "rank 2 never trained");
-	kill(w[1], SIGTERM);
-	int st1 = tu_wait_child(w[1]), st0 = tu_wait_child(w[0]), st2 = tu_wait_child(w[2]);
-	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
-	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
-	ck_assert_msg(st0 == 0 && st2 == 0 && st1 == 130, "exit statuses %d %d %d", st0, st1,
-		      st2);
+	data_once("image", path, dir, srv, limit, batch, epochs);
+	unlink(path);
+	tu_rmtree(dir);
+}
+END_TEST
 
-	/* seen[e][i]: how often epoch e trained image i */
-	static unsigned char seen[epochs][limit];
-	uint64_t first[3] = { UINT64_MAX, UINT64_MAX, UINT64_MAX }, last[3] = { 0 }, top = 0;
-	memset(seen, 0, sizeof(seen));
-	for (int r = 0; r < 3; r++) {
-		FILE *f = fopen(rec[r], "r");
-		unsigned long long clock;
-		long e, g;
-		ck_assert_ptr_nonnull(f);
-		while (fscanf(f, "%llu %ld %ld", &clock, &e, &g) == 3) {
-			ck_assert_msg(e >= 0 && e < epochs, "epoch %ld recorded", e);
-			for (int k = 0; k < batch; k++) {
-				int i;
-				ck_assert_int_eq(fscanf(f, "%d", &i), 1);
-				ck_assert_msg(i >= 0 && i < limit, "image %d", i);
-				seen[e][i]++;
-			}
-			first[r] = clock < first[r] ? clock : first[r];
-			last[r] = clock > last[r] ? clock : last[r];
-			top = clock > top ? clock : top;
-		}
-		fclose(f);
-	}
-	for (int e = 0; e < epochs; e++)
-		for (int i = 0; i < limit; i++)
-			ck_assert_msg(seen[e][i] == 1, "epoch %d trained image %d %d times", e, i,
-				      seen[e][i]);
-	printf("measured: ps-worker data: rank 2 joined at clock %llu, rank 1 left after clock "
-	       "%llu, %llu clocks; each of %d images once in each of %d epochs\n",
-	       (unsigned long long)first[2], (unsigned long long)last[1],
-	       (unsigned long long)top + 1, limit, epochs);
-	ck_assert_uint_gt(first[2], 0);
-	ck_assert_uint_lt(last[1], top);
-	ck_assert_uint_lt(first[2], last[1]); /* three members for a while */
+/* The ctr preset (worker/ctr_train.c): a click log of 2,000 examples from
+ * ps-ctrgen, an embedding table on the shards, batches of 20, 10 epochs. */
+START_TEST(test_ctr_data_once)
+{
+	char path[64], dir[] = "/tmp/ps-elastic-ctr-XXXXXX", yaml[1400], train[128], test[128];
+	char gen[128];
+	pid_t srv[2];
+	enum { limit = 2000, batch = 20, epochs = 10 };
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(train, sizeof(train), "%s/train.tsv", dir);
+	snprintf(test, sizeof(test), "%s/test.tsv", dir);
+	snprintf(gen, sizeof(gen), "%s/gen.out", dir);
+	const char *a1[] = { "bin/ps-ctrgen", "--out", train, "--samples", "2000", "--scale",
+			     "0.001", "--seed", "3", NULL };
+	const char *a2[] = { "bin/ps-ctrgen", "--out", test, "--samples", "200", "--skip", "2000",
+			     "--scale", "0.001", "--seed", "3", NULL };
+	ck_assert_int_eq(tu_wait_child(tu_spawn(a1, gen)), 0);
+	ck_assert_int_eq(tu_wait_child(tu_spawn(a2, gen)), 0);
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 3\n"
+		 "  initial_workers: 2\nseed: 7\n"
+		 "model:\n  preset: ctr\n  embeddings:\n    - {name: cat, dim: 8, init: uniform, "
+		 "scale: 0.01, optimizer: rowwise_adagrad, lr: 0.05}\n"
+		 "optimizer: {name: adam, lr: 0.001}\n"
+		 "train: {batch: %d, epochs: %d, train_file: '%s', test_file: '%s', "
+		 "metrics_dir: '%s'}\nlog: {level: info}\n",
+		 tu_free_port(), tu_free_port(), batch, epochs, train, test, dir);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	data_once("ctr", path, dir, srv, limit, batch, epochs);
 	unlink(path);
 	tu_rmtree(dir);
 }
@@ -850,6 +904,7 @@ int main(void)
 	TU_ADD(tc, test_restart_keeps_membership);
 	TU_ADD(tc, test_hold_expires);
 	TU_ADD(tc, test_worker_data_once);
+	TU_ADD(tc, test_ctr_data_once);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
