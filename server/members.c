@@ -597,6 +597,35 @@ int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *
 	int nw = s->cfg->nworkers;
 	double now = ps_now_s();
 
+	if (!m) {
+		/* a snapshot without it: the initial membership (no change) */
+		static const Ps__ReplMembers none = PS__REPL_MEMBERS__INIT;
+		uint64_t *hold = calloc((size_t)nw, sizeof(*hold));
+		Ps__ReplMember *iv = calloc((size_t)mb->initial + 1, sizeof(*iv));
+		Ps__ReplMember **ip = calloc((size_t)mb->initial + 1, sizeof(*ip));
+		Ps__ReplMembers init = none;
+		int rc = -ENOMEM;
+
+		if (hold && iv && ip) {
+			for (int r = 0; r < mb->initial; r++) {
+				ps__repl_member__init(&iv[r]);
+				iv[r].rank = r;
+				iv[r].open = 1;
+				ip[r] = &iv[r];
+			}
+			init.n_intervals = (size_t)mb->initial;
+			init.intervals = ip;
+			init.n_hold = (size_t)nw;
+			init.hold = hold;
+			rc = ps__members_repl_apply(s, &init, why, len);
+		} else {
+			snprintf(why, len, "out of memory");
+		}
+		free(hold);
+		free(iv);
+		free(ip);
+		return rc;
+	}
 	if (ps__members_repl_check(s, m, why, len))
 		return PS_EPROTO;
 	if (m->n_intervals > (size_t)mb->cap) {

@@ -79,8 +79,9 @@ int ps__members_repl_check(const struct ps_server *s, const Ps__ReplMembers *m, 
 			   size_t len);
 /* The backup: the primary's membership from a batch or the snapshot
  * replaces this shard's (live set and finished clocks follow, the file
- * beside the checkpoint is written). 0, or PS_EPROTO / -ENOMEM with the
- * reason in why (nothing changed). */
+ * beside the checkpoint is written); m NULL (a snapshot without one): the
+ * initial membership. 0, or PS_EPROTO / -ENOMEM with the reason in why
+ * (nothing changed). */
 int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *why,
 			   size_t len);
 /* This process takes over: the live set is the members and the joins

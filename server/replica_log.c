@@ -434,13 +434,13 @@ void ps__repl_note_finished(struct ps_server *s, int rank)
 		r->cfinished[rank] = s->finished[rank];
 }
 
-void ps__repl_flush(struct ps_server *s)
+/* Commits what is committed and sends the batch gathered (the flush
+ * without the release). */
+static void gather_send(struct ps_server *s)
 {
 	struct ps_repl *r = s->repl;
 	int commits = 0;
 
-	if (!r || r->state != PS_REPL_PRIMARY)
-		return;
 	for (struct ps_repl_pending *p = r->pending; p; p = p->next)
 		if (!p->lsn && committed(s, p)) {
 			if (commit(s, p, r->lsn + 1)) {
@@ -451,6 +451,15 @@ void ps__repl_flush(struct ps_server *s)
 		}
 	if (r->b.nslots || r->b.nmarks || r->b.nrows || commits || ps__members_repl_dirty(s))
 		ps__repl_send_batch(s, 1);
+}
+
+void ps__repl_flush(struct ps_server *s)
+{
+	struct ps_repl *r = s->repl;
+
+	if (!r || r->state != PS_REPL_PRIMARY)
+		return;
+	gather_send(s);
 	ps__repl_release(s);
 }
 
@@ -543,7 +552,12 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	uint64_t bytes = 0;
 	int rc;
 
-	ps__repl_flush(s); /* the store now stands at batch r->lsn */
+	/* the store now stands at batch r->lsn: what this loop turn gathered
+	 * is numbered, not sent (the new backup takes batches only after the
+	 * snapshot, which holds it; its acks wait for the snapshot's) */
+	r->link = NULL;
+	gather_send(s);
+	r->link = sc;
 	m.lsn = r->lsn;
 	m.epoch = r->epoch;
 	for (int k = 0; k < s->store.nslots; k++) {
@@ -646,9 +660,9 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			if (m->finished[i] >= PS_MAX_CLOCK)
 				return PS_EPROTO;
 		char why[200];
-		if (!m->members || ps__members_repl_check(s, m->members, why, sizeof(why))) {
-			ps_warn("replication: snapshot end with %s", m->members ? why
-				: "no membership");
+		if (m->members && ps__members_repl_check(s, m->members, why, sizeof(why))) {
+			ps_warn("replication: snapshot end with a membership this shard cannot "
+				"hold: %s", why);
 			return PS_EPROTO;
 		}
 		if (ntables) {
