@@ -404,6 +404,8 @@ void ps__members_tick(struct ps_server *s, double now)
 		       : idle > 0 && idle < 5.0 ? idle : 5.0;
 	int gone = 0;
 
+	if (!ps__repl_serving(s))
+		return; /* a backup's holds are its primary's to give up */
 	for (int r = 0; m && r < s->cfg->nworkers; r++)
 		if (m->hold[r] != NONE && limit > 0 && now - m->hold_at[r] > limit) {
 			ps_warn("worker %d held clock %" PRIu64 " for %.1f s without joining "
