@@ -365,6 +365,28 @@ START_TEST(test_membership_survives_failover)
 			      "weights differ (logs in %s)", k, logdir);
 		ck_assert_int_eq(st[0].repl_state + st[1].repl_state, 2 + 3);
 	}
+	/* ps-stat --json shows both processes' membership */
+	char outp[] = "/tmp/ps-elrepl-stat-XXXXXX", text[16384] = "";
+	int fd = mkstemp(outp);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	const char *argv[] = { "bin/ps-stat", "--config", cfg_path, "--json", "--interval", "0.2",
+			       NULL };
+	ck_assert_int_eq(tu_wait_child(tu_spawn(argv, outp)), 0);
+	FILE *sf = fopen(outp, "r");
+	ck_assert_ptr_nonnull(sf);
+	text[fread(text, 1, sizeof(text) - 1, sf)] = '\0';
+	fclose(sf);
+	unlink(outp);
+	const char *at = text;
+	/* each shard's, then each of its two processes' */
+	for (int n = 0; n < 3 * NSHARDS; n++) {
+		at = strstr(at, "\"membership\":{\"epoch\":2,\"clock\":10,\"joins\":1,"
+			    "\"leaves\":1,\"count\":2,\"members\":[0,2]}");
+		ck_assert_msg(at, "ps-stat --json: %d of %d entries show the membership: %s", n,
+			      3 * NSHARDS, text);
+		at++;
+	}
 
 	for (int r = 0; r < NW; r++) {
 		ps_client_free(c[r]);
