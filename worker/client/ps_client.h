@@ -317,7 +317,9 @@ uint64_t ps_client_clock(struct ps_client *c);
  *
  * Makes this worker a member of the running cluster from a clock every
  * shard agrees on: each shard holds its first open clock for it, then all
- * are told the largest plus one, and ps_client_clock() becomes that clock
+ * are told the largest plus one (async: plus consistency.staleness more,
+ * past every clock a worker may have started), and ps_client_clock()
+ * becomes that clock
  * (pull it, then push it). In an elastic cluster (cluster.initial_workers
  * below cluster.workers) ps_client_init calls it for every worker, so a
  * rank that is not a member joins by starting; ps-worker calls it in any
