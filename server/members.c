@@ -66,6 +66,10 @@ struct ps_members {
 	double *hold_at;   /* ... since when (a hold not followed by its join expires) */
 	uint64_t joins, leaves;
 	int dirty;         /* changed since the last replication batch */
+	/* async: per rank, the clock a leave froze it at for the slowest-clock
+	 * rule (NONE: none), and the highest clock a pull was answered for */
+	uint64_t *freeze;
+	uint64_t told;
 };
 
 static int add_ivl(struct ps_members *m, int rank, uint64_t from)
@@ -194,12 +198,14 @@ int ps__members_init(struct ps_server *s)
 	struct ps_members *m = calloc(1, sizeof(*m));
 
 	if (!m || !(m->hold = malloc((size_t)nw * sizeof(*m->hold))) ||
-	    !(m->hold_at = calloc((size_t)nw, sizeof(*m->hold_at))))
+	    !(m->hold_at = calloc((size_t)nw, sizeof(*m->hold_at))) ||
+	    !(m->freeze = malloc((size_t)nw * sizeof(*m->freeze))))
 		goto err_free;
 	m->initial = s->cfg->initial_workers > 0 && s->cfg->initial_workers < nw
 			? s->cfg->initial_workers : nw;
 	for (int r = 0; r < nw; r++) {
 		m->hold[r] = NONE;
+		m->freeze[r] = NONE;
 		if (r < m->initial && add_ivl(m, r, 0))
 			goto err_free;
 		if (r >= m->initial)
@@ -210,7 +216,7 @@ int ps__members_init(struct ps_server *s)
 
 err_free:
 	if (m)
-		free(m->hold), free(m->hold_at), free(m->iv);
+		free(m->hold), free(m->hold_at), free(m->freeze), free(m->iv);
 	free(m);
 	return -ENOMEM;
 }
@@ -222,6 +228,7 @@ void ps__members_free(struct ps_server *s)
 	free(s->members->iv);
 	free(s->members->hold);
 	free(s->members->hold_at);
+	free(s->members->freeze);
 	free(s->members);
 	s->members = NULL;
 }
@@ -300,6 +307,7 @@ void ps__members_leave(struct ps_server *s, int rank, uint64_t clock)
 		return; /* a resent leave, already applied */
 	v->to = clock > v->from ? clock : v->from;
 	s->members->leaves++;
+	s->members->freeze[rank] = NONE;
 	s->members->dirty = 1;
 	s->live[rank] = 0;
 	save(s);
@@ -327,13 +335,43 @@ static uint64_t first_open(struct ps_server *s, int rank)
 			ps__rows_stats_free(&st);
 		}
 	} else {
-		uint64_t slow = ps__srv_min_finished(s);
+		/* and no clock a pull was answered for can be past p + staleness
+		 * (a slow worker that came back lowers the slowest clock) */
+		uint64_t slow = ps__srv_min_finished(s), sl = (uint64_t)s->cfg->staleness;
 		p = slow > p ? slow : p;
+		if (s->members->told > sl && s->members->told - sl > p)
+			p = s->members->told - sl;
 	}
 	return p;
 }
 
-/* HOLD and JOIN (StatsRequest.member_op); the answer goes in st. */
+/* MEMBER_FREEZE: rank r (a member) is about to leave; from now on the
+ * slowest-clock rule counts it at most at F, its ended clock or, if
+ * higher, the highest clock this shard told of less the staleness: no
+ * worker is told a clock past F + staleness before it leaves, and it
+ * trains up to there (docs/reliability.md, "Data"). */
+static void freeze(struct ps_server *s, int r, Ps__Stats *st, char *err, size_t errlen)
+{
+	struct ps_members *m = s->members;
+	uint64_t sl = (uint64_t)s->cfg->staleness, f = s->finished[r];
+
+	if (!open_ivl(m, r)) {
+		st->member_status = PS_EREFUSED;
+		snprintf(err, errlen, "worker %d is not a member: it has nothing to leave", r);
+		return;
+	}
+	if (m->freeze[r] == NONE) {
+		if (m->told > sl && m->told - sl > f)
+			f = m->told - sl;
+		m->freeze[r] = f;
+		m->dirty = 1;
+		ps_info("worker %d leaving: counted at clock %" PRIu64 " at most until it leaves, "
+			"so no worker is told a clock past %" PRIu64 " with it", r, f, f + sl);
+	}
+	st->member_clock = m->freeze[r];
+}
+
+/* HOLD, JOIN and FREEZE (StatsRequest.member_op); the answer goes in st. */
 static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *q,
 		    Ps__Stats *st, char *err, size_t errlen)
 {
@@ -344,7 +382,11 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 	st->member_status = 0;
 	if (r < 0) {
 		st->member_status = PS_EREFUSED;
-		snprintf(err, errlen, "only a worker may join");
+		snprintf(err, errlen, "only a worker may join or leave");
+		return;
+	}
+	if (q->member_op == PS__MEMBER_OP__MEMBER_FREEZE) {
+		freeze(s, r, st, err, errlen);
 		return;
 	}
 	if ((v = open_ivl(m, r))) {
@@ -422,6 +464,10 @@ void ps__members_tick(struct ps_server *s, double now)
 
 void ps__members_cancel(struct ps_server *s, int rank)
 {
+	if (s->members && s->members->freeze[rank] != NONE) {
+		s->members->freeze[rank] = NONE; /* dropped: no longer waited for */
+		s->members->dirty = 1;
+	}
 	if (s->members && s->members->hold[rank] != NONE) {
 		ps_info("worker %d's join (held at clock %" PRIu64 ") given up: it went away",
 			rank, s->members->hold[rank]);
@@ -524,7 +570,7 @@ int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out)
 	/* one block: the pointers, then the intervals they point to */
 	Ps__ReplMember **ip = malloc((n + 1) * (sizeof(*ip) + sizeof(**ip)));
 	Ps__ReplMember *iv = ip ? (Ps__ReplMember *)(ip + n + 1) : NULL;
-	uint64_t *hold = calloc((size_t)nw, sizeof(*hold));
+	uint64_t *hold = calloc(2 * (size_t)nw, sizeof(*hold)); /* then the freezes */
 
 	ps__repl_members__init(out);
 	if (!ip || !hold) {
@@ -540,8 +586,12 @@ int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out)
 		iv[i].to = iv[i].open ? 0 : m->iv[i].to;
 		ip[i] = &iv[i];
 	}
-	for (int r = 0; r < nw; r++)
+	for (int r = 0; r < nw; r++) {
 		hold[r] = m->hold[r] == NONE ? 0 : m->hold[r] + 1;
+		hold[nw + r] = m->freeze[r] == NONE ? 0 : m->freeze[r] + 1;
+	}
+	out->n_freeze = (size_t)nw;
+	out->freeze = hold + nw;
 	out->n_intervals = n;
 	out->intervals = ip;
 	out->n_hold = (size_t)nw;
@@ -555,9 +605,10 @@ int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out)
 void ps__members_repl_fill_free(Ps__ReplMembers *out)
 {
 	free(out->intervals);
-	free(out->hold);
+	free(out->hold); /* the freezes too */
 	out->intervals = NULL;
 	out->hold = NULL;
+	out->freeze = NULL;
 }
 
 int ps__members_repl_check(const struct ps_server *s, const Ps__ReplMembers *m, char *why,
@@ -574,10 +625,15 @@ int ps__members_repl_check(const struct ps_server *s, const Ps__ReplMembers *m, 
 			 m->joins, m->leaves);
 		return 1;
 	}
+	if (m->n_freeze && m->n_freeze != (size_t)nw) {
+		snprintf(why, len, "%zu leave clocks for %d workers", m->n_freeze, nw);
+		return 1;
+	}
 	for (int r = 0; r < nw; r++)
-		if (m->hold[r] > PS_MAX_CLOCK) {
-			snprintf(why, len, "worker %d held at %" PRIu64 ": out of range", r,
-				 m->hold[r] - 1);
+		if (m->hold[r] > PS_MAX_CLOCK || (m->n_freeze && m->freeze[r] > PS_MAX_CLOCK)) {
+			snprintf(why, len, "worker %d held at %" PRIu64 " or frozen at %" PRIu64
+				 ": out of range", r, m->hold[r] - 1,
+				 m->n_freeze ? m->freeze[r] - 1 : 0);
 			return 1;
 		}
 	for (size_t i = 0; i < m->n_intervals; i++) {
@@ -654,6 +710,7 @@ int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *
 		if (h != NONE && mb->hold[r] != h)
 			mb->hold_at[r] = now;
 		mb->hold[r] = h;
+		mb->freeze[r] = m->n_freeze && m->freeze[r] ? m->freeze[r] - 1 : NONE;
 		s->live[r] = v || h != NONE;
 		if (v && s->finished[r] < v->from)
 			s->finished[r] = v->from;
@@ -673,4 +730,17 @@ void ps__members_takeover(struct ps_server *s, double now)
 		if (m->hold[r] != NONE)
 			m->hold_at[r] = now; /* the joiner's requests come again: give it time */
 	}
+}
+
+void ps__members_told(struct ps_server *s, uint64_t clock)
+{
+	if (s->members && clock > s->members->told)
+		s->members->told = clock;
+}
+
+uint64_t ps__members_counted(const struct ps_server *s, int rank)
+{
+	const struct ps_members *m = s->members;
+
+	return m && m->freeze[rank] < s->finished[rank] ? m->freeze[rank] : s->finished[rank];
 }

@@ -88,4 +88,12 @@ int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *
  * held (their holds expire from now). */
 void ps__members_takeover(struct ps_server *s, double now);
 
+/* Async: a pull for clock was answered (the highest such clock bounds the
+ * holds and freezes, members.c). */
+void ps__members_told(struct ps_server *s, uint64_t clock);
+
+/* The clock the slowest-clock rule counts rank at: its ended clock, or
+ * the clock a leave froze it at (MEMBER_FREEZE) when lower. */
+uint64_t ps__members_counted(const struct ps_server *s, int rank);
+
 #endif

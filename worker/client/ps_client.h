@@ -339,6 +339,20 @@ int ps_client_join(struct ps_client *c);
  * refused until ps_client_join. 0 or a negative code. */
 int ps_client_leave(struct ps_client *c, uint64_t clock);
 
+/* Starts a leave whose data division stays exact (docs/reliability.md,
+ * "Data"): *last becomes the clock this worker must still train (push it
+ * with PS_PUSH_END_CLOCK | PS_PUSH_LEAVE; the clocks before it as usual).
+ * Sync, or async with consistency.staleness 0: the current clock
+ * (ps_client_clock), nothing asked of the shards. Async with staleness s:
+ * every shard counts this worker at most at its clock now (or the highest
+ * clock it answered a pull for, less s) for the slowest-clock rule until
+ * it leaves, so no worker is told a clock past that plus s with it as a
+ * member; *last is that clock, up to s clocks past the current one. (A
+ * worker that only calls ps_client_leave leaves at once, and with s > 0
+ * the others may have been told up to s clocks with it as a member.) 0 or
+ * a negative code (the reason in ps_client_error). */
+int ps_client_leave_begin(struct ps_client *c, uint64_t *last);
+
 /* The membership of a clock, as the last pull reply told it. */
 struct ps_members_info {
 	uint64_t clock;   /* the clock it is for (the one the worker computes next) */
