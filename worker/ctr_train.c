@@ -181,6 +181,7 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 	uint64_t clock = ps_client_clock(cli);
 	double t_start = ps_now_s(), last_print = 0;
 	int tty = isatty(2), cur = 0, leaving = 0;
+	uint64_t leave_at = UINT64_MAX; /* after a stop signal: the clock whose push leaves */
 	struct ps_members_info mi;
 	struct ctr_epoch ea = { .e = -1 };
 	long staged = -1; /* the slot in bags cur, its rows pulled */
@@ -202,7 +203,8 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 		}
 		long g = (long)(mi.before + (uint64_t)mi.index);
 		if (g / sl.slots != ea.e) { /* this worker's first slot of a new epoch */
-			if (ea.e >= 0 && epoch_end(&m, cli, &test, rank, metrics, &ea, t_start, 0))
+			if (ea.e >= 0 &&
+			    epoch_end(&m, cli, &test, rank, metrics, &ea, t_start, *stop))
 				goto out;
 			if (rank == 0)
 				staged = -1; /* the evaluation used the batch buffers */
@@ -216,11 +218,17 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 					ps_client_error(cli));
 			break;
 		}
-		if (*stop && !leaving) {
-			/* this clock's slot is this worker's: trained, then it leaves */
-			leaving = 1;
-			ps_info("stop signal: leaving after clock %llu", (unsigned long long)clock);
+		if (*stop && leave_at == UINT64_MAX) {
+			/* this clock's slot is this worker's: trained, and in async
+			 * mode with a staleness the clocks the others may be told with
+			 * it as a member (ps_client_leave_begin), then it leaves */
+			if (ps_client_leave_begin(cli, &leave_at)) {
+				ps_warn("leaving: %s; leaving after this clock", ps_client_error(cli));
+				leave_at = clock;
+			}
+			ps_info("stop signal: leaving after clock %llu", (unsigned long long)leave_at);
 		}
+		leaving = clock >= leave_at;
 		if (staged != g) {
 			/* the members changed since the batch was guessed */
 			stage(&m, &sl, cur, g);

@@ -664,6 +664,7 @@ int main(int argc, char **argv)
 	struct ps_members_info mi;
 	struct ps_epoch_acc ea = { .e = -1 };
 	int leaving = 0;
+	uint64_t leave_at = UINT64_MAX; /* after a stop signal: the clock whose push leaves */
 	long staged = -1; /* the slot whose batch is ready for the next forward */
 	double last_print = 0, t_mark, t_end;
 	for (;;) {
@@ -691,11 +692,17 @@ int main(int argc, char **argv)
 					ps_client_error(cli));
 			break;
 		}
-		if (g_stop && !leaving) {
-			/* this clock's slot is this worker's: trained, then it leaves */
-			leaving = 1;
-			ps_info("stop signal: leaving after clock %llu", (unsigned long long)clock);
+		if (g_stop && leave_at == UINT64_MAX) {
+			/* this clock's slot is this worker's: trained, and in async
+			 * mode with a staleness the clocks the others may be told with
+			 * it as a member (ps_client_leave_begin), then it leaves */
+			if (ps_client_leave_begin(cli, &leave_at)) {
+				ps_warn("leaving: %s; leaving after this clock", ps_client_error(cli));
+				leave_at = clock;
+			}
+			ps_info("stop signal: leaving after clock %llu", (unsigned long long)leave_at);
 		}
+		leaving = clock >= leave_at;
 		if (staged != g && ps_slot_stage(&net, &st, g)) {
 			ps_error("batch: %s", comp->err);
 			goto out;
