@@ -21,6 +21,14 @@
  *    shard closed clock J - 1 before it knew of the join: a worker that
  *    starts clock J (after version J from every shard) learns the members
  *    of J in its pull replies, and no worker has started J without them.
+ *    Async: P is the slowest member's clock (at least the highest clock a
+ *    pull was answered for, less the staleness s), the hold makes the
+ *    joiner that slowest member, so no pull past P + s is answered before
+ *    the join, and the client joins at max P + s + 1.
+ *  - a leave in async mode with s > 0 starts with FREEZE: the
+ *    slowest-clock rule counts the leaver at most at F (its ended clock, or
+ *    the highest clock answered less s) until it leaves, so no worker is
+ *    told a clock past F + s; the leaver trains up to there and leaves.
  * With checkpoint.dir set, the intervals are kept in a file beside the
  * checkpoint (shard-K.members), written before a join or leave is
  * answered: they are facts about clocks the whole cluster agreed on, not

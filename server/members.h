@@ -1,6 +1,7 @@
 /* members.h - elastic membership of a shard: which workers count at which
  * clock, joins (two steps over every shard) and leaves (a flag on the push
- * that ends a worker's last clock). members.c says how. Loop thread only.
+ * that ends a worker's last clock; in async mode with a staleness, first a
+ * freeze). members.c says how. Loop thread only.
  */
 #ifndef PS_MEMBERS_H
 #define PS_MEMBERS_H
@@ -57,7 +58,7 @@ uint64_t ps__members_epoch(const struct ps_server *s, uint64_t c);
  * is malloc'ed: the caller frees it. 0 or -ENOMEM. */
 int ps__members_fill_pull(const struct ps_server *s, uint64_t clock, Ps__PullReply *r);
 
-/* Handles q's member_op (HOLD, JOIN; q may be NULL) and fills st's
+/* Handles q's member_op (HOLD, JOIN, FREEZE; q may be NULL) and fills st's
  * member fields; st->members is malloc'ed (the caller frees it) and
  * st->member_error points into err. 0 or -ENOMEM. */
 int ps__members_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *q,
