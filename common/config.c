@@ -572,14 +572,6 @@ static int validate(struct ctx *c, struct ps_config *cfg, const struct ynode *ro
 	}
 	if (cfg->initial_workers == 0)
 		cfg->initial_workers = cfg->nworkers;
-	if (cfg->replicas && cfg->initial_workers < cfg->nworkers) {
-		const struct ynode *iw = seen[find_opt(cfg_opts, NCFG, "cluster.initial_workers")];
-		/* a backup would not know who joined: refused until replication
-		 * carries the membership */
-		return cfg_fail(c, iw ? iw->line : 0, "key 'cluster.initial_workers': workers joining "
-			    "at run time need cluster.replicas: 0 (the membership is not replicated "
-			    "yet: a backup taking over would not know who joined)");
-	}
 	if (cfg->replicas || cfg->nbackups) {
 		const struct ynode *re = seen[find_opt(cfg_opts, NCFG, "cluster.replicas")];
 		const struct ynode *bk = seen[find_opt(cfg_opts, NCFG, "cluster.backups")];

@@ -81,11 +81,11 @@ suites_for() {
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;
     server/reader.c)           echo it_reader ;;
     server/decl_tables.c)      echo it_decl_tables test_decl_tables.py ;;
-    server/members.c)          echo it_elastic ;;
+    server/members.c)          echo it_elastic it_elastic_repl ;;
     server/reshard.c)          echo it_reshard ;;
     # replication: the scripted cases first, then the fault runs
     server/replica.c|server/replica_log.c)
-                               echo check_repl_rules it_replica_cases it_replica_stats it_replica_auth it_replica it_replica_rows san:it_replica_cases ;;
+                               echo check_repl_rules it_replica_cases it_replica_stats it_replica_auth it_elastic_repl it_replica it_replica_rows san:it_replica_cases ;;
     server/replica_decl.c)     echo it_replica_decl san:it_replica_decl ;;   # declarations replicated
     # the tables' part of replication: row batches, tables in the snapshot
     server/replica_rows.c)     echo it_replica_rows it_rows_model san:it_replica_rows ;;

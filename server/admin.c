@@ -465,7 +465,15 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	}
 	char partner[320];
 	ps__repl_stats(s, &st, partner, sizeof(partner));
-	ps_msg_send(sc->conn, PS_MSG_STATS, &st.base, NULL, 0, PS_SEND_VOLATILE, NULL, NULL);
+	if (q && q->member_op != PS__MEMBER_OP__MEMBER_NONE && s->repl && ps__repl_serving(s)) {
+		/* a join step's answer: once the backup has the membership it
+		 * tells of (as a push's ack waits for its batch) */
+		if (ps__repl_reply_later(s, sc, PS_MSG_STATS, &st.base))
+			ps_msg_send_error(sc->conn, req_id, -ENOMEM, "out of memory");
+	} else {
+		ps_msg_send(sc->conn, PS_MSG_STATS, &st.base, NULL, 0, PS_SEND_VOLATILE, NULL,
+			    NULL);
+	}
 	ps__rows_stats_free(&st);
 out_free:
 	free(st.members);

@@ -21,11 +21,27 @@
  *    shard closed clock J - 1 before it knew of the join: a worker that
  *    starts clock J (after version J from every shard) learns the members
  *    of J in its pull replies, and no worker has started J without them.
+ *    Async: P is the slowest member's clock (at least the highest clock a
+ *    pull was answered for, less the staleness s), the hold makes the
+ *    joiner that slowest member, so no pull past P + s is answered before
+ *    the join, and the client joins at max P + s + 1.
+ *  - a leave in async mode with s > 0 starts with FREEZE: the
+ *    slowest-clock rule counts the leaver at most at F (its ended clock, or
+ *    the highest clock answered less s) until it leaves, so no worker is
+ *    told a clock past F + s; the leaver trains up to there and leaves.
  * With checkpoint.dir set, the intervals are kept in a file beside the
  * checkpoint (shard-K.members), written before a join or leave is
  * answered: they are facts about clocks the whole cluster agreed on, not
  * state of this shard, so a shard restarted from an older checkpoint takes
  * all of them back, those after its checkpoint's clock included.
+ * With cluster.replicas: 1 the primary sends the membership whole to its
+ * backup in the replication batch after each change (a hold, a join, a
+ * hold given up, a leave), in order with the slices' and rows' changes
+ * (replica_log.c), and in the snapshot a new backup gets; the answer to a
+ * join step waits, as a push's ack does, until the backup confirmed that
+ * batch. So a backup that takes over has every change a worker was told
+ * of, and a hold or a join the old primary had not got confirmed is one
+ * the worker sends again (its request is resent after the reconnect).
  * Everything here runs on the shard's loop thread.
  */
 #include <errno.h>
@@ -39,6 +55,7 @@
 #include "ps_err.h"
 #include "ps_log.h"
 #include "ps_time.h"
+#include "replica.h"
 #include "rows.h"
 #include "server_int.h"
 
@@ -56,6 +73,11 @@ struct ps_members {
 	uint64_t *hold;    /* per rank: the clock a join holds, NONE when none */
 	double *hold_at;   /* ... since when (a hold not followed by its join expires) */
 	uint64_t joins, leaves;
+	int dirty;         /* changed since the last replication batch */
+	/* async: per rank, the clock a leave froze it at for the slowest-clock
+	 * rule (NONE: none), and the highest clock a pull was answered for */
+	uint64_t *freeze;
+	uint64_t told;
 };
 
 static int add_ivl(struct ps_members *m, int rank, uint64_t from)
@@ -184,12 +206,14 @@ int ps__members_init(struct ps_server *s)
 	struct ps_members *m = calloc(1, sizeof(*m));
 
 	if (!m || !(m->hold = malloc((size_t)nw * sizeof(*m->hold))) ||
-	    !(m->hold_at = calloc((size_t)nw, sizeof(*m->hold_at))))
+	    !(m->hold_at = calloc((size_t)nw, sizeof(*m->hold_at))) ||
+	    !(m->freeze = malloc((size_t)nw * sizeof(*m->freeze))))
 		goto err_free;
 	m->initial = s->cfg->initial_workers > 0 && s->cfg->initial_workers < nw
 			? s->cfg->initial_workers : nw;
 	for (int r = 0; r < nw; r++) {
 		m->hold[r] = NONE;
+		m->freeze[r] = NONE;
 		if (r < m->initial && add_ivl(m, r, 0))
 			goto err_free;
 		if (r >= m->initial)
@@ -200,7 +224,7 @@ int ps__members_init(struct ps_server *s)
 
 err_free:
 	if (m)
-		free(m->hold), free(m->hold_at), free(m->iv);
+		free(m->hold), free(m->hold_at), free(m->freeze), free(m->iv);
 	free(m);
 	return -ENOMEM;
 }
@@ -212,6 +236,7 @@ void ps__members_free(struct ps_server *s)
 	free(s->members->iv);
 	free(s->members->hold);
 	free(s->members->hold_at);
+	free(s->members->freeze);
 	free(s->members);
 	s->members = NULL;
 }
@@ -288,17 +313,10 @@ void ps__members_leave(struct ps_server *s, int rank, uint64_t clock)
 
 	if (!v)
 		return; /* a resent leave, already applied */
-	if (s->cfg->replicas) {
-		/* the backup would not know: both keep the worker, and it is
-		 * dropped when its connections have been gone for the drop
-		 * timeout, as a worker that only went away */
-		ps_warn("worker %d leaves after clock %" PRIu64 ": not applied under "
-			"cluster.replicas: 1 (the membership is not replicated yet); it is dropped "
-			"after limits.drop_timeout_ms instead", rank, clock - 1);
-		return;
-	}
 	v->to = clock > v->from ? clock : v->from;
 	s->members->leaves++;
+	s->members->freeze[rank] = NONE;
+	s->members->dirty = 1;
 	s->live[rank] = 0;
 	save(s);
 	ps_info("worker %d left at clock %" PRIu64 " (it ended clock %" PRIu64 "); membership "
@@ -325,13 +343,43 @@ static uint64_t first_open(struct ps_server *s, int rank)
 			ps__rows_stats_free(&st);
 		}
 	} else {
-		uint64_t slow = ps__srv_min_finished(s);
+		/* and no clock a pull was answered for can be past p + staleness
+		 * (a slow worker that came back lowers the slowest clock) */
+		uint64_t slow = ps__srv_min_finished(s), sl = (uint64_t)s->cfg->staleness;
 		p = slow > p ? slow : p;
+		if (s->members->told > sl && s->members->told - sl > p)
+			p = s->members->told - sl;
 	}
 	return p;
 }
 
-/* HOLD and JOIN (StatsRequest.member_op); the answer goes in st. */
+/* MEMBER_FREEZE: rank r (a member) is about to leave; from now on the
+ * slowest-clock rule counts it at most at F, its ended clock or, if
+ * higher, the highest clock this shard told of less the staleness: no
+ * worker is told a clock past F + staleness before it leaves, and it
+ * trains up to there (docs/reliability.md, "Data"). */
+static void freeze(struct ps_server *s, int r, Ps__Stats *st, char *err, size_t errlen)
+{
+	struct ps_members *m = s->members;
+	uint64_t sl = (uint64_t)s->cfg->staleness, f = s->finished[r];
+
+	if (!open_ivl(m, r)) {
+		st->member_status = PS_EREFUSED;
+		snprintf(err, errlen, "worker %d is not a member: it has nothing to leave", r);
+		return;
+	}
+	if (m->freeze[r] == NONE) {
+		if (m->told > sl && m->told - sl > f)
+			f = m->told - sl;
+		m->freeze[r] = f;
+		m->dirty = 1;
+		ps_info("worker %d leaving: counted at clock %" PRIu64 " at most until it leaves, "
+			"so no worker is told a clock past %" PRIu64 " with it", r, f, f + sl);
+	}
+	st->member_clock = m->freeze[r];
+}
+
+/* HOLD, JOIN and FREEZE (StatsRequest.member_op); the answer goes in st. */
 static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *q,
 		    Ps__Stats *st, char *err, size_t errlen)
 {
@@ -342,7 +390,11 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 	st->member_status = 0;
 	if (r < 0) {
 		st->member_status = PS_EREFUSED;
-		snprintf(err, errlen, "only a worker may join");
+		snprintf(err, errlen, "only a worker may join or leave");
+		return;
+	}
+	if (q->member_op == PS__MEMBER_OP__MEMBER_FREEZE) {
+		freeze(s, r, st, err, errlen);
 		return;
 	}
 	if ((v = open_ivl(m, r))) {
@@ -350,19 +402,14 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 		st->member_clock = v->from;
 		return;
 	}
-	if (s->cfg->replicas) {
-		/* a backup taking over would not know who joined */
-		st->member_status = PS_EREFUSED;
-		snprintf(err, errlen, "worker %d may not join: cluster.replicas is 1 and the "
-			 "membership is not replicated yet", r);
-		return;
-	}
 	if (q->member_op == PS__MEMBER_OP__MEMBER_HOLD) {
 		uint64_t p = first_open(s, r);
 
 		m->hold[r] = p;
 		m->hold_at[r] = ps_now_s();
+		m->dirty = 1;
 		s->finished[r] = p;
+		ps__repl_note_finished(s, r);
 		s->live[r] = 1;
 		st->member_clock = p;
 		ps_info("worker %d joining: held at clock %" PRIu64, r, p);
@@ -386,8 +433,10 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 	}
 	m->hold[r] = NONE;
 	m->joins++;
+	m->dirty = 1;
 	save(s);
 	s->finished[r] = q->member_clock;
+	ps__repl_note_finished(s, r);
 	s->live[r] = 1;
 	st->member_clock = q->member_clock;
 	ps_info("worker %d joined at clock %" PRIu64 "; membership epoch %" PRIu64 " from clock %"
@@ -405,12 +454,15 @@ void ps__members_tick(struct ps_server *s, double now)
 		       : idle > 0 && idle < 5.0 ? idle : 5.0;
 	int gone = 0;
 
+	if (!ps__repl_serving(s))
+		return; /* a backup's holds are its primary's to give up */
 	for (int r = 0; m && r < s->cfg->nworkers; r++)
 		if (m->hold[r] != NONE && limit > 0 && now - m->hold_at[r] > limit) {
 			ps_warn("worker %d held clock %" PRIu64 " for %.1f s without joining "
 				"(limits.drop_timeout_ms): the hold is given up and the clock goes "
 				"on without it", r, m->hold[r], now - m->hold_at[r]);
 			m->hold[r] = NONE;
+			m->dirty = 1;
 			s->live[r] = 0;
 			gone = 1;
 		}
@@ -420,10 +472,15 @@ void ps__members_tick(struct ps_server *s, double now)
 
 void ps__members_cancel(struct ps_server *s, int rank)
 {
+	if (s->members && s->members->freeze[rank] != NONE) {
+		s->members->freeze[rank] = NONE; /* dropped: no longer waited for */
+		s->members->dirty = 1;
+	}
 	if (s->members && s->members->hold[rank] != NONE) {
 		ps_info("worker %d's join (held at clock %" PRIu64 ") given up: it went away",
 			rank, s->members->hold[rank]);
 		s->members->hold[rank] = NONE;
+		s->members->dirty = 1;
 	}
 }
 
@@ -504,4 +561,194 @@ void ps__members_counts(const struct ps_server *s, uint64_t *joins, uint64_t *le
 {
 	*joins = s->members ? s->members->joins : 0;
 	*leaves = s->members ? s->members->leaves : 0;
+}
+
+/* ---- replication (cluster.replicas: 1) ---- */
+
+int ps__members_repl_dirty(const struct ps_server *s)
+{
+	return s->members && s->members->dirty;
+}
+
+int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out)
+{
+	struct ps_members *m = s->members;
+	int nw = s->cfg->nworkers;
+	size_t n = (size_t)m->niv;
+	/* one block: the pointers, then the intervals they point to */
+	Ps__ReplMember **ip = malloc((n + 1) * (sizeof(*ip) + sizeof(**ip)));
+	Ps__ReplMember *iv = ip ? (Ps__ReplMember *)(ip + n + 1) : NULL;
+	uint64_t *hold = calloc(2 * (size_t)nw, sizeof(*hold)); /* then the freezes */
+
+	ps__repl_members__init(out);
+	if (!ip || !hold) {
+		free(ip);
+		free(hold);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		ps__repl_member__init(&iv[i]);
+		iv[i].rank = m->iv[i].rank;
+		iv[i].from = m->iv[i].from;
+		iv[i].open = m->iv[i].to == NONE;
+		iv[i].to = iv[i].open ? 0 : m->iv[i].to;
+		ip[i] = &iv[i];
+	}
+	for (int r = 0; r < nw; r++) {
+		hold[r] = m->hold[r] == NONE ? 0 : m->hold[r] + 1;
+		hold[nw + r] = m->freeze[r] == NONE ? 0 : m->freeze[r] + 1;
+	}
+	out->n_freeze = (size_t)nw;
+	out->freeze = hold + nw;
+	out->n_intervals = n;
+	out->intervals = ip;
+	out->n_hold = (size_t)nw;
+	out->hold = hold;
+	out->joins = m->joins;
+	out->leaves = m->leaves;
+	m->dirty = 0;
+	return 0;
+}
+
+void ps__members_repl_fill_free(Ps__ReplMembers *out)
+{
+	free(out->intervals);
+	free(out->hold); /* the freezes too */
+	out->intervals = NULL;
+	out->hold = NULL;
+	out->freeze = NULL;
+}
+
+int ps__members_repl_check(const struct ps_server *s, const Ps__ReplMembers *m, char *why,
+			   size_t len)
+{
+	int nw = s->cfg->nworkers;
+
+	if (m->n_hold != (size_t)nw) {
+		snprintf(why, len, "%zu holds for %d workers", m->n_hold, nw);
+		return 1;
+	}
+	if (m->joins >= PS_MAX_CLOCK || m->leaves >= PS_MAX_CLOCK) {
+		snprintf(why, len, "%" PRIu64 " joins and %" PRIu64 " leaves: out of range",
+			 m->joins, m->leaves);
+		return 1;
+	}
+	if (m->n_freeze && m->n_freeze != (size_t)nw) {
+		snprintf(why, len, "%zu leave clocks for %d workers", m->n_freeze, nw);
+		return 1;
+	}
+	for (int r = 0; r < nw; r++)
+		if (m->hold[r] > PS_MAX_CLOCK || (m->n_freeze && m->freeze[r] > PS_MAX_CLOCK)) {
+			snprintf(why, len, "worker %d held at %" PRIu64 " or frozen at %" PRIu64
+				 ": out of range", r, m->hold[r] - 1,
+				 m->n_freeze ? m->freeze[r] - 1 : 0);
+			return 1;
+		}
+	for (size_t i = 0; i < m->n_intervals; i++) {
+		const Ps__ReplMember *v = m->intervals[i];
+		if (v->rank < 0 || v->rank >= nw || v->from >= PS_MAX_CLOCK ||
+		    (!v->open && (v->to < v->from || v->to >= PS_MAX_CLOCK))) {
+			snprintf(why, len, "interval %zu: worker %d, clocks %" PRIu64 "..%s%" PRIu64
+				 " (workers 0..%d, from <= to < 2^53)", i, v->rank, v->from,
+				 v->open ? "open " : "", v->to, nw - 1);
+			return 1;
+		}
+	}
+	return 0;
+}
+
+int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *why, size_t len)
+{
+	struct ps_members *mb = s->members;
+	int nw = s->cfg->nworkers;
+	double now = ps_now_s();
+
+	if (!m) {
+		/* a snapshot without it: the initial membership (no change) */
+		static const Ps__ReplMembers none = PS__REPL_MEMBERS__INIT;
+		uint64_t *hold = calloc((size_t)nw, sizeof(*hold));
+		Ps__ReplMember *iv = calloc((size_t)mb->initial + 1, sizeof(*iv));
+		Ps__ReplMember **ip = calloc((size_t)mb->initial + 1, sizeof(*ip));
+		Ps__ReplMembers init = none;
+		int rc = -ENOMEM;
+
+		if (hold && iv && ip) {
+			for (int r = 0; r < mb->initial; r++) {
+				ps__repl_member__init(&iv[r]);
+				iv[r].rank = r;
+				iv[r].open = 1;
+				ip[r] = &iv[r];
+			}
+			init.n_intervals = (size_t)mb->initial;
+			init.intervals = ip;
+			init.n_hold = (size_t)nw;
+			init.hold = hold;
+			rc = ps__members_repl_apply(s, &init, why, len);
+		} else {
+			snprintf(why, len, "out of memory");
+		}
+		free(hold);
+		free(iv);
+		free(ip);
+		return rc;
+	}
+	if (ps__members_repl_check(s, m, why, len))
+		return PS_EPROTO;
+	if (m->n_intervals > (size_t)mb->cap) {
+		struct ivl *iv = realloc(mb->iv, m->n_intervals * sizeof(*iv));
+		if (!iv) {
+			snprintf(why, len, "out of memory");
+			return -ENOMEM;
+		}
+		mb->iv = iv;
+		mb->cap = (int)m->n_intervals;
+	}
+	mb->niv = (int)m->n_intervals;
+	for (int i = 0; i < mb->niv; i++) {
+		const Ps__ReplMember *v = m->intervals[i];
+		mb->iv[i] = (struct ivl){ v->rank, v->from, v->open ? NONE : v->to };
+	}
+	mb->joins = m->joins;
+	mb->leaves = m->leaves;
+	/* who the primary waits for: the same once this process serves */
+	for (int r = 0; r < nw; r++) {
+		struct ivl *v = open_ivl(mb, r);
+		uint64_t h = m->hold[r] ? m->hold[r] - 1 : NONE;
+
+		if (h != NONE && mb->hold[r] != h)
+			mb->hold_at[r] = now;
+		mb->hold[r] = h;
+		mb->freeze[r] = m->n_freeze && m->freeze[r] ? m->freeze[r] - 1 : NONE;
+		s->live[r] = v || h != NONE;
+		if (v && s->finished[r] < v->from)
+			s->finished[r] = v->from;
+		if (h != NONE && s->finished[r] < h)
+			s->finished[r] = h;
+	}
+	save(s);
+	return 0;
+}
+
+void ps__members_takeover(struct ps_server *s, double now)
+{
+	struct ps_members *m = s->members;
+
+	for (int r = 0; m && r < s->cfg->nworkers; r++) {
+		s->live[r] = ps__members_current(s, r);
+		if (m->hold[r] != NONE)
+			m->hold_at[r] = now; /* the joiner's requests come again: give it time */
+	}
+}
+
+void ps__members_told(struct ps_server *s, uint64_t clock)
+{
+	if (s->members && clock > s->members->told)
+		s->members->told = clock;
+}
+
+uint64_t ps__members_counted(const struct ps_server *s, int rank)
+{
+	const struct ps_members *m = s->members;
+
+	return m && m->freeze[rank] < s->finished[rank] ? m->freeze[rank] : s->finished[rank];
 }

@@ -1,6 +1,7 @@
 /* members.h - elastic membership of a shard: which workers count at which
  * clock, joins (two steps over every shard) and leaves (a flag on the push
- * that ends a worker's last clock). members.c says how. Loop thread only.
+ * that ends a worker's last clock; in async mode with a staleness, first a
+ * freeze). members.c says how. Loop thread only.
  */
 #ifndef PS_MEMBERS_H
 #define PS_MEMBERS_H
@@ -57,7 +58,7 @@ uint64_t ps__members_epoch(const struct ps_server *s, uint64_t c);
  * is malloc'ed: the caller frees it. 0 or -ENOMEM. */
 int ps__members_fill_pull(const struct ps_server *s, uint64_t clock, Ps__PullReply *r);
 
-/* Handles q's member_op (HOLD, JOIN; q may be NULL) and fills st's
+/* Handles q's member_op (HOLD, JOIN, FREEZE; q may be NULL) and fills st's
  * member fields; st->members is malloc'ed (the caller frees it) and
  * st->member_error points into err. 0 or -ENOMEM. */
 int ps__members_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *q,
@@ -65,5 +66,35 @@ int ps__members_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Sta
 
 /* Joins and leaves since the start (/metrics). */
 void ps__members_counts(const struct ps_server *s, uint64_t *joins, uint64_t *leaves);
+
+/* Replication (cluster.replicas: 1; replica_log.c). The primary: 1 when
+ * the membership changed since it was last put in a batch; the whole of
+ * it into out (arrays malloc'ed: ps__members_repl_fill_free), which marks
+ * it sent. 0 or -ENOMEM. */
+int ps__members_repl_dirty(const struct ps_server *s);
+int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out);
+void ps__members_repl_fill_free(Ps__ReplMembers *out);
+/* The backup: 1 when m is not a membership this shard can hold (the
+ * reason in why), else 0. */
+int ps__members_repl_check(const struct ps_server *s, const Ps__ReplMembers *m, char *why,
+			   size_t len);
+/* The backup: the primary's membership from a batch or the snapshot
+ * replaces this shard's (live set and finished clocks follow, the file
+ * beside the checkpoint is written); m NULL (a snapshot without one): the
+ * initial membership. 0, or PS_EPROTO / -ENOMEM with the reason in why
+ * (nothing changed). */
+int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *why,
+			   size_t len);
+/* This process takes over: the live set is the members and the joins
+ * held (their holds expire from now). */
+void ps__members_takeover(struct ps_server *s, double now);
+
+/* Async: a pull for clock was answered (the highest such clock bounds the
+ * holds and freezes, members.c). */
+void ps__members_told(struct ps_server *s, uint64_t clock);
+
+/* The clock the slowest-clock rule counts rank at: its ended clock, or
+ * the clock a leave froze it at (MEMBER_FREEZE) when lower. */
+uint64_t ps__members_counted(const struct ps_server *s, int rank);
 
 #endif

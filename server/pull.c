@@ -97,6 +97,8 @@ static void send_pull_reply(struct ps_server *s, struct ps_waiting_pull *p)
 		ps_msg_send_error(p->sc->conn, p->req_id, -ENOMEM, "out of memory");
 		goto out_free;
 	}
+	if (s->cfg->consistency == PS_ASYNC)
+		ps__members_told(s, p->clock); /* it computes that clock now */
 	/* The weights change with the next apply: volatile send. */
 	rc = ps_msg_send(p->sc->conn, PS_MSG_PULL_REPLY, &r.base, iov, (int)p->n, PS_SEND_VOLATILE,
 			 NULL, NULL);

@@ -30,6 +30,7 @@
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "members.h"
 #include "replica.h"
 #include "rows.h"
 #include "server_int.h"
@@ -85,13 +86,14 @@ static void take_over(struct ps_server *s, uint64_t peer_epoch, const char *why)
 		r->failovers++;
 	if (r->out)
 		r->out->t->ops->close(r->out, 0);
-	/* every worker must connect again; one that does not is dropped
-	 * after limits.drop_timeout_ms like any worker that left */
-	for (int k = 0; k < s->cfg->nworkers; k++) {
-		s->live[k] = 1;
+	/* every member must connect again; one that does not is dropped
+	 * after limits.drop_timeout_ms like any worker that went away (the
+	 * ranks not members, or gone before the membership says, are not
+	 * waited for: members.c) */
+	ps__members_takeover(s, now);
+	for (int k = 0; k < s->cfg->nworkers; k++)
 		if (!s->connected[k])
 			s->gone_since[k] = now;
-	}
 	ps_warn("replication: now the primary of shard %d (epoch %" PRIu64 ", batch %" PRIu64
 		"): %s", s->shard, r->epoch, r->lsn, why);
 }

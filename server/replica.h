@@ -183,6 +183,11 @@ int ps__repl_push_accepted(struct ps_server *s, struct ps_srv_conn *sc, uint64_t
  * now goes to sc / req_id), 0 when it was acknowledged (ack it again). */
 int ps__repl_resent(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id, int rank,
 		    uint64_t incarnation, uint64_t seq);
+/* A reply (type, m) telling of state this primary changed (a join step's
+ * answer): sent once the backup confirmed the batch that holds that state
+ * (at the end of this loop turn when alone). 0 or -ENOMEM. */
+int ps__repl_reply_later(struct ps_server *s, struct ps_srv_conn *sc, unsigned type,
+			 const ProtobufCMessage *m);
 /* sc is closing: its pending acks go nowhere. */
 void ps__repl_conn_gone(struct ps_server *s, struct ps_srv_conn *sc);
 /* Builds and sends the batch now (also called by the loop's check handle). */

@@ -9,7 +9,10 @@
  * sync: once every slice it named is past its clock, i.e. the clock's sum
  * was applied) -- then its (worker, incarnation, seq) and its ended clock
  * go into the batch being sent -- and until the backup has confirmed that
- * batch. A primary without a backup acks what is committed at once.
+ * batch. A primary without a backup acks what is committed at once. The
+ * workers' membership (members.c) goes whole into the first batch after it
+ * changed, and the answer to a join step waits in the same list (as a
+ * packed reply) for the batch that holds the state it tells of.
  *
  * The backup side applies batches and the snapshot (state transfer) the
  * same way, checking every number against what it holds, so a batch that
@@ -29,6 +32,7 @@
 #include "optim_group.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "members.h"
 #include "replica.h"
 #include "rows.h"
 #include "server_int.h"
@@ -46,6 +50,11 @@ struct ps_repl_pending {
 	int table;                  /* a sync row push: its table, committed once the
 				       table applied clock; else -1 */
 	int not_push;               /* a declaration's ack: not counted as a push's */
+	uint8_t *reply;             /* a packed reply to send instead of an ack (a join
+				       step's answer), reply_len bytes of frame type
+				       reply_type; NULL for a push */
+	uint32_t reply_len;
+	uint8_t reply_type;
 	uint32_t nslots;
 	struct ps_repl_pending *next;
 	int32_t slots[];            /* store slot indices the push named */
@@ -228,6 +237,8 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 	Ps__ReplSlot **sp = NULL;
 	Ps__ReplMark **mp = NULL;
 	Ps__ReplRows **rp = NULL;
+	Ps__ReplMembers mem;
+	int with_members = 0;
 	struct ps_iov iov[3];
 	int niov = 0;
 
@@ -238,6 +249,14 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 	if (b->decl && b->decl_len)
 		iov[niov++] = (struct ps_iov){ b->decl_values, b->decl_len };
 	r->lsn++;
+	/* the membership as it stands after this batch's changes, once per
+	 * change (also without a backup: a new one gets it in its snapshot) */
+	if (ps__members_repl_dirty(s)) {
+		if (ps__members_repl_fill(s, &mem) == 0)
+			with_members = 1;
+		else if (r->link)
+			r->link->conn->t->ops->close(r->link->conn, -ENOMEM);
+	}
 	if (r->link) {
 		sp = malloc(sizeof(*sp) * (b->nslots + 1));
 		mp = malloc(sizeof(*mp) * (b->nmarks + 1));
@@ -267,10 +286,13 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 		m.n_marks = b->nmarks;
 		m.marks = mp;
 		ps__repl_decl_fill(b, &m, b->plen + b->rplen);
-		if (with_state) {
+		if (with_state || with_members) {
+			/* a hold or a join raised the joiner's ended clock */
 			m.n_finished = (size_t)s->cfg->nworkers;
 			m.finished = r->cfinished;
 		}
+		if (with_members)
+			m.members = &mem;
 		if (ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &m.base, iov, niov,
 				PS_SEND_VOLATILE, NULL, NULL)) {
 			r->link->conn->t->ops->close(r->link->conn, PS_ECLOSED);
@@ -280,6 +302,8 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 		}
 		r->last_sent = ps_now_s();
 	}
+	if (with_members)
+		ps__members_repl_fill_free(&mem);
 	free(sp);
 	free(mp);
 	free(rp);
@@ -339,6 +363,29 @@ void ps__repl_conn_gone(struct ps_server *s, struct ps_srv_conn *sc)
 	for (struct ps_repl_pending *p = s->repl->pending; p; p = p->next)
 		if (p->sc == sc)
 			p->sc = NULL;
+}
+
+int ps__repl_reply_later(struct ps_server *s, struct ps_srv_conn *sc, unsigned type,
+			 const ProtobufCMessage *m)
+{
+	struct ps_repl *r = s->repl;
+	size_t len = protobuf_c_message_get_packed_size(m);
+	struct ps_repl_pending *p = calloc(1, sizeof(*p));
+
+	if (!p || len > UINT32_MAX || !(p->reply = malloc(len ? len : 1))) {
+		free(p);
+		return -ENOMEM;
+	}
+	protobuf_c_message_pack(m, p->reply);
+	p->reply_len = (uint32_t)len;
+	p->reply_type = (uint8_t)type;
+	p->sc = sc;
+	p->rank = sc->rank;
+	p->arrived = ps_now_s();
+	p->table = -1;
+	*r->pending_tail = p;
+	r->pending_tail = &p->next;
+	return 0;
 }
 
 /* A pending ack without slots (a row push or a declaration), queued. */
@@ -422,13 +469,13 @@ void ps__repl_note_finished(struct ps_server *s, int rank)
 		r->cfinished[rank] = s->finished[rank];
 }
 
-void ps__repl_flush(struct ps_server *s)
+/* Commits what is committed and sends the batch gathered (the flush
+ * without the release). */
+static void gather_send(struct ps_server *s)
 {
 	struct ps_repl *r = s->repl;
 	int commits = 0;
 
-	if (!r || r->state != PS_REPL_PRIMARY)
-		return;
 	for (struct ps_repl_pending *p = r->pending; p; p = p->next)
 		if (!p->lsn && committed(s, p)) {
 			if (commit(s, p, r->lsn + 1)) {
@@ -437,8 +484,18 @@ void ps__repl_flush(struct ps_server *s)
 			}
 			commits++;
 		}
-	if (r->b.nslots || r->b.nmarks || r->b.nrows || r->b.decl || r->b.decl_tables || commits)
+	if (r->b.nslots || r->b.nmarks || r->b.nrows || r->b.decl || r->b.decl_tables || commits ||
+	    ps__members_repl_dirty(s))
 		ps__repl_send_batch(s, 1);
+}
+
+void ps__repl_flush(struct ps_server *s)
+{
+	struct ps_repl *r = s->repl;
+
+	if (!r || r->state != PS_REPL_PRIMARY)
+		return;
+	gather_send(s);
 	ps__repl_release(s);
 }
 
@@ -453,7 +510,11 @@ void ps__repl_release(struct ps_server *s)
 			pp = &p->next;
 			continue;
 		}
-		if (p->sc) {
+		if (p->sc && p->reply) {
+			p->sc->conn->t->ops->send(p->sc->conn, p->reply_type, p->reply,
+						  p->reply_len, NULL, 0, PS_SEND_VOLATILE, NULL,
+						  NULL);
+		} else if (p->sc) {
 			Ps__PushAck ack = PS__PUSH_ACK__INIT;
 			ack.req_id = p->req_id;
 			ps_msg_send(p->sc->conn, PS_MSG_PUSH_ACK, &ack.base, NULL, 0,
@@ -464,6 +525,7 @@ void ps__repl_release(struct ps_server *s)
 			}
 		}
 		*pp = p->next;
+		free(p->reply);
 		free(p);
 	}
 	r->pending_tail = pp;
@@ -476,6 +538,7 @@ void ps__repl_drop_pending(struct ps_server *s)
 
 	while ((p = r->pending)) {
 		r->pending = p->next;
+		free(p->reply);
 		free(p);
 	}
 	r->pending_tail = &r->pending;
@@ -527,7 +590,12 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	uint64_t bytes = 0;
 	int rc;
 
-	ps__repl_flush(s); /* the store now stands at batch r->lsn */
+	/* the store now stands at batch r->lsn: what this loop turn gathered
+	 * is numbered, not sent (the new backup takes batches only after the
+	 * snapshot, which holds it; its acks wait for the snapshot's) */
+	r->link = NULL;
+	gather_send(s);
+	r->link = sc;
 	m.lsn = r->lsn;
 	m.epoch = r->epoch;
 	/* the declared tensors and tables first: the frames below need them */
@@ -568,8 +636,14 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	m.finished = r->cfinished;
 	m.n_table_clocks = (size_t)ntables;
 	m.table_clocks = clocks;
+	Ps__ReplMembers mem;
+	rc = ps__members_repl_fill(s, &mem);
+	if (rc)
+		return rc;
+	m.members = &mem;
 	rc = ps_msg_send(sc->conn, PS_MSG_REPL_SNAPSHOT, &m.base, &dd, 1, PS_SEND_VOLATILE, NULL,
 			 NULL);
+	ps__members_repl_fill_free(&mem);
 	if (rc)
 		return rc;
 	/* every_push: the gradients kept in the barriers of clocks not summed
@@ -629,6 +703,12 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 		for (size_t i = 0; i < nw; i++)
 			if (m->finished[i] >= PS_MAX_CLOCK)
 				return PS_EPROTO;
+		char why[200];
+		if (m->members && ps__members_repl_check(s, m->members, why, sizeof(why))) {
+			ps_warn("replication: snapshot end with a membership this shard cannot "
+				"hold: %s", why);
+			return PS_EPROTO;
+		}
 		if (ntables) {
 			for (int t = 0; t < ntables; t++)
 				if (!(m->table_clocks[t] >= 0 && m->table_clocks[t] < 4e9)) {
@@ -642,6 +722,11 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 		}
 		memcpy(s->finished, m->finished, nw * sizeof(*s->finished));
 		memcpy(s->dedup, f->payload, nw * sizeof(*s->dedup));
+		int rc = ps__members_repl_apply(s, m->members, why, sizeof(why));
+		if (rc) {
+			ps_warn("replication: snapshot membership: %s", why);
+			return rc;
+		}
 		r->lsn = m->lsn;
 		r->epoch = m->epoch;
 		ps__repl_staged_free(s, NULL, 0);
@@ -674,7 +759,7 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	char why[200];
 
 	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks && !m->n_rows && !m->declare &&
-	    !m->declare_tables) {
+	    !m->declare_tables && !m->members) {
 		r->heartbeats++;
 		return 0; /* a heartbeat */
 	}
@@ -726,6 +811,11 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	for (size_t i = 0; i < m->n_finished; i++)
 		if (m->finished[i] >= PS_MAX_CLOCK)
 			return PS_EPROTO;
+	if (m->members && ps__members_repl_check(s, m->members, why, sizeof(why))) {
+		ps_warn("replication: batch %" PRIu64 " holds a membership this shard cannot: %s",
+			m->lsn, why);
+		return PS_EPROTO;
+	}
 	if (m->n_rows) {
 		int rc = ps__repl_rows_check(s, m, f);
 		if (rc)
@@ -783,6 +873,11 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	}
 	for (size_t i = 0; i < m->n_finished; i++)
 		s->finished[i] = m->finished[i];
+	if (m->members) {
+		int rc = ps__members_repl_apply(s, m->members, why, sizeof(why));
+		if (rc)
+			return rc; /* out of memory: checked above */
+	}
 	for (size_t i = 0; i < m->n_marks; i++) {
 		const Ps__ReplMark *x = m->marks[i];
 		ps_dedup_incarnation(&s->dedup[x->rank], x->incarnation);

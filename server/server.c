@@ -30,8 +30,8 @@ uint64_t ps__srv_min_finished(const struct ps_server *s)
 	uint64_t m = UINT64_MAX;
 
 	for (int r = 0; r < s->cfg->nworkers; r++)
-		if (s->live[r] && s->finished[r] < m)
-			m = s->finished[r];
+		if (s->live[r] && ps__members_counted(s, r) < m)
+			m = ps__members_counted(s, r); /* a leaving rank: frozen (members.h) */
 	if (m == UINT64_MAX) { /* nobody live: the fastest clock */
 		m = 0;
 		for (int r = 0; r < s->cfg->nworkers; r++)

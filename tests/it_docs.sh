@@ -54,6 +54,8 @@ stale=(
   "are not resent"
   "resending unacknowledged pushes is the"
   "compiled but not run"
+  "membership is not replicated yet"
+  "divides the click log by rank"
 )
 for phrase in "${stale[@]}"; do
   hits=$(grep -n -F -- "$phrase" README.md docs/*.md conf/*.yaml "$tmp"/help-*.txt 2>/dev/null |

@@ -15,11 +15,16 @@
 #include "ps_client.h"
 
 /* Trains cfg's ctr model as worker rank through cli on backend c for
- * cfg->train.epochs; rank 0 reports held-out logloss and AUC each epoch
- * (stdout "epoch E test auc A logloss L", the log and metrics). Stops
- * after the current step once *stop is set. 0, or 1 on failure (logged). */
+ * cfg->train.epochs, counted from clock 0: at each clock the members take
+ * the next batch slots of the epoch's shuffled order, one each in rank
+ * order (ps_client_members), so every example of an epoch is trained once
+ * whoever joins or leaves; rank 0 reports held-out logloss and AUC each
+ * epoch (stdout "epoch E test auc A logloss L", the log and metrics).
+ * Once *stop is set the current step's batch is trained and its push
+ * leaves the cluster. rec (NULL: none) gets one line per step: "clock
+ * epoch slot example...". 0, 130 when stopped, or 1 on failure (logged). */
 int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_ops *ops,
-		 struct ps_compute *c, struct ps_client *cli, FILE *metrics,
+		 struct ps_compute *c, struct ps_client *cli, FILE *metrics, FILE *rec,
 		 volatile sig_atomic_t *stop);
 
 #endif

@@ -434,6 +434,17 @@ static void member_list(const struct ps_shard_stats *st, char *buf, size_t len)
 		snprintf(buf + at, len - at, " ...");
 }
 
+/* ,"membership":{...} of one process's stats (--json). */
+static void json_membership(FILE *f, const struct ps_shard_stats *x)
+{
+	fprintf(f, ",\"membership\":{\"epoch\":%" PRIu64 ",\"clock\":%" PRIu64 ",\"joins\":%"
+		PRIu64 ",\"leaves\":%" PRIu64 ",\"count\":%d,\"members\":[", x->member_epoch,
+		x->member_current, x->joins, x->leaves, x->nmembers);
+	for (int i = 0; i < x->nmembers && i < 64; i++)
+		fprintf(f, "%s%d", i ? "," : "", x->members[i]);
+	fprintf(f, "]}");
+}
+
 /* Elastic membership (docs/reliability.md): per shard, the epoch at its
  * clock, the members of that clock, the joins and leaves so far. Shown when
  * the cluster is elastic or a worker joined or left. */
@@ -629,16 +640,8 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 				ts->checksum);
 		}
 		fputc(']', f);
-		if (rows[k].up) {
-			const struct ps_shard_stats *x = &b[k].st;
-			fprintf(f, ",\"membership\":{\"epoch\":%" PRIu64 ",\"clock\":%" PRIu64
-				",\"joins\":%" PRIu64 ",\"leaves\":%" PRIu64 ",\"count\":%d,"
-				"\"members\":[", x->member_epoch, x->member_current, x->joins, x->leaves,
-				x->nmembers);
-			for (int i = 0; i < x->nmembers && i < 64; i++)
-				fprintf(f, "%s%d", i ? "," : "", x->members[i]);
-			fprintf(f, "]}");
-		}
+		if (rows[k].up)
+			json_membership(f, &b[k].st);
 		if (cfg->replicas) {
 			static const char *const role[] = { "off", "joining", "backup", "primary" };
 			fprintf(f, ",\"replicas\":[");
@@ -656,6 +659,8 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 						x->repl_partner_up ? "true" : "false", x->repl_lag,
 						x->repl_failovers, x->repl_lsn, x->repl_batches, x->repl_bytes,
 						x->repl_heartbeats);
+				if (b[k].rep_up[r]) /* the backup's is the primary's, replicated */
+					json_membership(f, x);
 				fputc('}', f);
 			}
 			fputc(']', f);

@@ -81,8 +81,7 @@ static void usage(FILE *out)
 		"clock 0, so a worker started against running shards goes on from their\n"
 		"clock. The ctr preset reads train.train_file and train.test_file (click\n"
 		"logs in Criteo's format) and pulls and pushes embedding rows as well;\n"
-		"its epochs report held-out AUC and logloss instead of accuracy (it\n"
-		"divides the click log by rank, not by the clocks' members).\n"
+		"its epochs report held-out AUC and logloss instead of accuracy.\n"
 		"\n"
 		"Options:\n"
 		"  -c, --config FILE    cluster configuration (YAML), required\n"
@@ -103,7 +102,8 @@ static void usage(FILE *out)
 		"      --secret-file F  the cluster secret (default: the config's\n"
 		"                       security.secret_file, else $PS_SECRET_FILE)\n"
 		"      --record-examples F  append one line per step to F: clock, epoch,\n"
-		"                       batch slot and the training image indices (tests)\n"
+		"                       batch slot and the training image (ctr: example)\n"
+		"                       indices (tests)\n"
 		"  -x, --exec CMD       no training here: run CMD (with /bin/sh -c) as this\n"
 		"                       worker, with PS_CONFIG, PS_RANK, PS_NUM_WORKERS (and\n"
 		"                       PS_SECRET_FILE from --secret-file) in its environment,\n"
@@ -375,13 +375,14 @@ static FILE *open_metrics(const struct ps_config *cfg, int rank)
 	return f;
 }
 
-/* The ctr preset: click logs and an embedding table (ctr_train.c). */
-static int run_ctr(const struct ps_config *cfg, int rank)
+/* The ctr preset: click logs and an embedding table (ctr_train.c);
+ * record_path: --record-examples, or NULL. */
+static int run_ctr(const struct ps_config *cfg, int rank, const char *record_path)
 {
 	const struct ps_compute_ops *ops;
 	struct ps_compute *comp = NULL;
 	struct ps_client *cli = NULL;
-	FILE *metrics = NULL;
+	FILE *metrics = NULL, *record = NULL;
 	int rc = 1;
 
 	if (!cfg->train.train_file[0] || !cfg->train.test_file[0]) {
@@ -389,13 +390,22 @@ static int run_ctr(const struct ps_config *cfg, int rank)
 			 "train.test_file (Criteo's format; ps-ctrgen writes them)", cfg->path);
 		return 2;
 	}
-	if (open_backend(cfg, &ops, &comp))
+	if (record_path && !(record = fopen(record_path, "a"))) {
+		ps_error("--record-examples %s: %s", record_path, strerror(errno));
 		return 1;
+	}
+	if (open_backend(cfg, &ops, &comp)) {
+		if (record)
+			fclose(record);
+		return 1;
+	}
 	metrics = open_metrics(cfg, rank);
 	if (connect_client(cfg, rank, &cli) == 0)
-		rc = ps_ctr_train(cfg, rank, ops, comp, cli, metrics, &g_stop);
+		rc = ps_ctr_train(cfg, rank, ops, comp, cli, metrics, record, &g_stop);
 	if (metrics)
 		fclose(metrics);
+	if (record)
+		fclose(record);
 	ps_client_free(cli);
 	ops->destroy(comp);
 	return rc;
@@ -549,7 +559,7 @@ int main(int argc, char **argv)
 				"ctr's embedding rows stay on the shards (their checkpoints keep them)\n");
 			return 2;
 		}
-		return run_ctr(cfg, rank);
+		return run_ctr(cfg, rank, record_path);
 	}
 	if (eval_model)
 		return eval_saved(cfg, eval_model);
@@ -654,6 +664,7 @@ int main(int argc, char **argv)
 	struct ps_members_info mi;
 	struct ps_epoch_acc ea = { .e = -1 };
 	int leaving = 0;
+	uint64_t leave_at = UINT64_MAX; /* after a stop signal: the clock whose push leaves */
 	long staged = -1; /* the slot whose batch is ready for the next forward */
 	double last_print = 0, t_mark, t_end;
 	for (;;) {
@@ -681,11 +692,17 @@ int main(int argc, char **argv)
 					ps_client_error(cli));
 			break;
 		}
-		if (g_stop && !leaving) {
-			/* this clock's slot is this worker's: trained, then it leaves */
-			leaving = 1;
-			ps_info("stop signal: leaving after clock %llu", (unsigned long long)clock);
+		if (g_stop && leave_at == UINT64_MAX) {
+			/* this clock's slot is this worker's: trained, and in async
+			 * mode with a staleness the clocks the others may be told with
+			 * it as a member (ps_client_leave_begin), then it leaves */
+			if (ps_client_leave_begin(cli, &leave_at)) {
+				ps_warn("leaving: %s; leaving after this clock", ps_client_error(cli));
+				leave_at = clock;
+			}
+			ps_info("stop signal: leaving after clock %llu", (unsigned long long)leave_at);
 		}
+		leaving = clock >= leave_at;
 		if (staged != g && ps_slot_stage(&net, &st, g)) {
 			ps_error("batch: %s", comp->err);
 			goto out;

@@ -591,6 +591,27 @@ static PyObject *client_leave_cluster(pyps_client *self, PyObject *args, PyObjec
 	Py_RETURN_NONE;
 }
 
+/* leave_begin() -> int: ps_client_leave_begin, the last clock to train. */
+static PyObject *client_leave_begin(pyps_client *self, PyObject *noarg)
+{
+	char err[600] = "";
+	uint64_t last = 0;
+	int rc;
+
+	(void)noarg;
+	if (pyps_client_enter(self) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = ps_client_leave_begin(self->c, &last);
+	if (rc)
+		pyps_client_errtext(self, err, sizeof(err));
+	Py_END_ALLOW_THREADS
+	pyps_client_leave(self);
+	if (rc)
+		return pyps_client_fail(self, rc, "leave_begin", err);
+	return PyLong_FromUnsignedLongLong(last);
+}
+
 /* members() -> dict: ps_client_members. */
 static PyObject *client_members(pyps_client *self, PyObject *noarg)
 {
@@ -674,6 +695,9 @@ static PyMethodDef client_methods[] = {
 	  "join(): become a member of the running cluster (nothing for a member)" },
 	{ "leave", (PyCFunction)(void (*)(void))client_leave_cluster, METH_VARARGS | METH_KEYWORDS,
 	  "leave(clock=None): end clock (default: the current one) and leave the membership" },
+	{ "leave_begin", (PyCFunction)client_leave_begin, METH_NOARGS,
+	  "leave_begin() -> clock: the last clock to train before leaving with its push "
+	  "(async with a staleness: up to that many clocks on; see docs/python.md)" },
 	{ "members", (PyCFunction)client_members, METH_NOARGS,
 	  "members() -> {clock, epoch, before, count, index}: the membership the last pull "
 	  "told" },

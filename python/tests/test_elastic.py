@@ -41,3 +41,35 @@ def test_join_leave_members(cluster):
                 c1.push({"c": ones}, clock=3)
             st = c0.stats(0)
             assert (st["joins"], st["leaves"], st["members"]) == (1, 1, [0, 2])
+
+
+def test_leave_begin_async_staleness(cluster):
+    # async, staleness 2: rank 1 (the slowest) asks to leave at clock 1; the
+    # shards count it at clock 1 at most until it leaves, so rank 0 is told
+    # no clock past 3 with it as a member, and rank 1 trains up to clock 3
+    cl = cluster(workers=2, mode="async", tensors={"c": 5}, consistency=["  staleness: 2"])
+    ones = np.ones(5, np.float32)
+    w = np.zeros(5, np.float32)
+    with ps.Client(cl.path, 0) as c0, ps.Client(cl.path, 1) as c1:
+        c1.push({"c": ones})              # rank 1 ends clock 0
+        last = c1.leave_begin()
+        assert last == 1 + 2
+        for clock in range(0, 4):         # rank 0 runs ahead: clocks 0..3
+            c0.pull({"c": w})
+            assert c0.members()["count"] == 2
+            c0.push({"c": ones})
+        for clock in range(1, last):      # rank 1 trains through its last clock
+            c1.push({"c": ones})
+        c1.push({"c": ones}, end_clock=False)
+        c1.leave(last)
+        c0.pull({"c": w})                 # clock 4: rank 1 has left
+        m = c0.members()
+        assert (m["clock"], m["count"], m["index"]) == (4, 1, 0)
+        np.testing.assert_array_equal(w, -np.full(5, 4 + 4, np.float32))
+        st = c0.stats(0)
+        assert (st["leaves"], st["members"]) == (1, [0])
+    # sync: the current clock, nothing asked of the shards
+    cl2 = cluster(workers=1, tensors={"c": 5})
+    with ps.Client(cl2.path, 0) as c:
+        c.push({"c": ones})
+        assert c.leave_begin() == 1

@@ -339,15 +339,19 @@ uint64_t ps_client_clock(struct ps_client *c);
  *
  * Makes this worker a member of the running cluster from a clock every
  * shard agrees on: each shard holds its first open clock for it, then all
- * are told the largest plus one, and ps_client_clock() becomes that clock
+ * are told the largest plus one (async: plus consistency.staleness more,
+ * past every clock a worker may have started), and ps_client_clock()
+ * becomes that clock
  * (pull it, then push it). In an elastic cluster (cluster.initial_workers
  * below cluster.workers) ps_client_init calls it for every worker, so a
  * rank that is not a member joins by starting; ps-worker calls it in any
  * cluster (a rank that left comes back). For a member already it does
  * nothing but start ps_client_clock() at its join clock. 0 or a negative
- * code (PS_EREFUSED with the shard's reason, e.g. under
- * cluster.replicas: 1, or when half a join survived a crash and a shard
- * passed its clock; reason in ps_client_error). */
+ * code (PS_EREFUSED with the shard's reason, e.g. when half a join
+ * survived a crash and a shard passed its clock; reason in
+ * ps_client_error). Under cluster.replicas: 1 each step is answered once
+ * the shard's backup has it, so a failover between the steps loses
+ * neither. */
 int ps_client_join(struct ps_client *c);
 
 /* Ends clock (the worker's last; what it pushed for it counts) and leaves:
@@ -356,6 +360,22 @@ int ps_client_join(struct ps_client *c);
  * PS_PUSH_END_CLOCK | PS_PUSH_LEAVE) and waiting for it. Later pushes are
  * refused until ps_client_join. 0 or a negative code. */
 int ps_client_leave(struct ps_client *c, uint64_t clock);
+
+/* Starts a leave whose data division stays exact (docs/reliability.md,
+ * "Data"): *last becomes the clock this worker must still train (push it
+ * with PS_PUSH_END_CLOCK | PS_PUSH_LEAVE; the clocks before it as usual).
+ * Sync, or async with consistency.staleness 0: the current clock
+ * (ps_client_clock), nothing asked of the shards. Async with staleness s:
+ * every shard counts this worker at most at its clock now (or the highest
+ * clock it answered a pull for, less s) for the slowest-clock rule until
+ * it leaves, so no worker is told a clock past that plus s with it as a
+ * member; *last is that clock, up to s clocks past the current one, and
+ * the others wait there until this worker's push of *last leaves (or it is
+ * dropped): train through it. (A worker that only calls ps_client_leave
+ * leaves at once, and with s > 0 the others may have been told up to s
+ * clocks with it as a member.) 0 or a negative code (the reason in
+ * ps_client_error). */
+int ps_client_leave_begin(struct ps_client *c, uint64_t *last);
 
 /* The membership of a clock, as the last pull reply told it. */
 struct ps_members_info {

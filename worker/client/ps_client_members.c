@@ -69,7 +69,13 @@ int ps_client_join(struct ps_client *c)
 			hold_max = st.member_clock > hold_max ? st.member_clock : hold_max;
 		}
 	}
-	join = hold_max + 1;
+	/* async: a shard answers a pull at clock c once its slowest member
+	 * ended c - staleness, and the hold makes the joiner that member at
+	 * P: no worker has been told a clock past max P + staleness, so a join
+	 * there changes the members of no clock a worker computes already
+	 * (docs/reliability.md, "Data") */
+	join = hold_max + 1 +
+	       (c->cfg->consistency == PS_ASYNC ? (uint64_t)c->cfg->staleness : 0);
 	if (member_shard >= 0) {
 		/* a member already (of some shards, when half a join survived a
 		 * crash): from member_from, which the holding shards can still take
@@ -109,6 +115,39 @@ int ps_client_join(struct ps_client *c)
 		c->clock = join;
 	pthread_mutex_unlock(&c->mu);
 	ps_info("worker %d joined the cluster at clock %llu", c->rank, (unsigned long long)join);
+	return 0;
+}
+
+int ps_client_leave_begin(struct ps_client *c, uint64_t *last)
+{
+	static __thread struct ps_shard_stats st;
+	uint64_t clock, f = 0, sl = (uint64_t)c->cfg->staleness;
+	int rc;
+
+	if (c->rank < 0)
+		return -EINVAL;
+	pthread_mutex_lock(&c->mu);
+	clock = c->clock;
+	pthread_mutex_unlock(&c->mu);
+	*last = clock;
+	if (c->cfg->consistency != PS_ASYNC || !sl)
+		return 0; /* the members of a clock are final before anyone starts it */
+	/* every shard counts this worker at most at its F for the
+	 * slowest-clock rule: no worker is told a clock past F + staleness
+	 * with it, and it trains up to there */
+	for (int k = 0; k < c->cfg->nshards; k++) {
+		rc = member_step(c, k, PS__MEMBER_OP__MEMBER_FREEZE, 0, &st);
+		if (!rc && st.member_status < 0) {
+			ps__client_set_err(c, "leave refused by shard %d: %s", k, st.member_error);
+			rc = st.member_status;
+		}
+		if (rc)
+			return rc;
+		f = st.member_clock > f ? st.member_clock : f;
+	}
+	*last = f + sl > clock ? f + sl : clock;
+	ps_info("worker %d leaving: it trains up to clock %llu and leaves with that push", c->rank,
+		(unsigned long long)*last);
 	return 0;
 }
 
