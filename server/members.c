@@ -21,10 +21,13 @@
  *    shard closed clock J - 1 before it knew of the join: a worker that
  *    starts clock J (after version J from every shard) learns the members
  *    of J in its pull replies, and no worker has started J without them.
- *    Async: P is the slowest member's clock (at least the highest clock a
- *    pull was answered for, less the staleness s), the hold makes the
- *    joiner that slowest member, so no pull past P + s is answered before
- *    the join, and the client joins at max P + s + 1.
+ *    Async: P is the slowest member's clock, at least the highest clock a
+ *    pull was answered for; while a hold pends no pull for a clock past
+ *    it is answered (ps__members_pull_cap), so no worker is told a clock
+ *    from P + 1 on without the joiner, and the client joins at max P + 1
+ *    (a join at P + s + 1 would be exact too, but puts the joiner s
+ *    clocks ahead, and its pulls wait until every member passes P + 1:
+ *    for ever when s is large and a member is slow).
  *  - a leave in async mode with s > 0 starts with FREEZE: the
  *    slowest-clock rule counts the leaver at most at F (its ended clock, or
  *    the highest clock answered less s) until it leaves, so no worker is
@@ -343,12 +346,12 @@ static uint64_t first_open(struct ps_server *s, int rank)
 			ps__rows_stats_free(&st);
 		}
 	} else {
-		/* and no clock a pull was answered for can be past p + staleness
-		 * (a slow worker that came back lowers the slowest clock) */
-		uint64_t slow = ps__srv_min_finished(s), sl = (uint64_t)s->cfg->staleness;
+		/* and at least the highest clock a pull was answered for: while
+		 * the hold pends no pull past it is answered (ps__members_pull_cap),
+		 * so no worker is told a clock from p + 1 on without the joiner */
+		uint64_t slow = ps__srv_min_finished(s);
 		p = slow > p ? slow : p;
-		if (s->members->told > sl && s->members->told - sl > p)
-			p = s->members->told - sl;
+		p = s->members->told > p ? s->members->told : p;
 	}
 	return p;
 }
@@ -470,6 +473,19 @@ void ps__members_tick(struct ps_server *s, double now)
 		advance(s);
 }
 
+uint64_t ps__members_pull_cap(const struct ps_server *s)
+{
+	const struct ps_members *m = s->members;
+	uint64_t cap = UINT64_MAX;
+
+	if (!m || s->cfg->consistency != PS_ASYNC)
+		return cap;
+	for (int r = 0; r < s->cfg->nworkers; r++)
+		if (m->hold[r] != NONE && m->hold[r] < cap)
+			cap = m->hold[r];
+	return cap;
+}
+
 void ps__members_cancel(struct ps_server *s, int rank)
 {
 	if (s->members && s->members->freeze[rank] != NONE) {
@@ -481,6 +497,8 @@ void ps__members_cancel(struct ps_server *s, int rank)
 			rank, s->members->hold[rank]);
 		s->members->hold[rank] = NONE;
 		s->members->dirty = 1;
+		if (s->waiting) /* pulls the hold kept back (ps__members_pull_cap) */
+			ps__srv_answer_pulls(s);
 	}
 }
 

@@ -48,6 +48,11 @@ void ps__members_leave(struct ps_server *s, int rank, uint64_t clock);
  * gone), so the clock it held goes on. */
 void ps__members_tick(struct ps_server *s, double now);
 
+/* Async: the highest clock a pull may be answered for now: while a join
+ * holds a clock, none past it (so the join's clock is exact); UINT64_MAX
+ * when no hold pends, or in sync mode. */
+uint64_t ps__members_pull_cap(const struct ps_server *s);
+
 /* Rank's connections are gone: a join it held is given up. */
 void ps__members_cancel(struct ps_server *s, int rank);
 

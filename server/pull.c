@@ -24,6 +24,8 @@ static int pull_ready(const struct ps_server *s, const struct ps_waiting_pull *p
 	if (s->cfg->consistency == PS_ASYNC && p->clock > (uint64_t)s->cfg->staleness &&
 	    ps__srv_min_finished(s) < p->clock - (uint64_t)s->cfg->staleness)
 		return 0;
+	if (p->clock > ps__members_pull_cap(s))
+		return 0; /* a worker joins from the held clock plus one */
 	return 1;
 }
 
@@ -169,6 +171,11 @@ void ps__srv_pull_held_why(const struct ps_server *s, const struct ps_waiting_pu
 	for (int r = 0; r < cfg->nworkers; r++)
 		nmiss += s->live[r] && s->finished[r] < need;
 	buf[0] = '\0';
+	if (nmiss == 0 && p->clock > ps__members_pull_cap(s)) {
+		held_add(buf, len, &off, "waiting for a worker's join, which holds clock %" PRIu64,
+			 ps__members_pull_cap(s));
+		return;
+	}
 	if (nmiss == 0 || need == 0) {
 		held_add(buf, len, &off, "waiting for version %" PRIu64 " of its slices",
 			 p->min_version);

@@ -69,13 +69,11 @@ int ps_client_join(struct ps_client *c)
 			hold_max = st.member_clock > hold_max ? st.member_clock : hold_max;
 		}
 	}
-	/* async: a shard answers a pull at clock c once its slowest member
-	 * ended c - staleness, and the hold makes the joiner that member at
-	 * P: no worker has been told a clock past max P + staleness, so a join
-	 * there changes the members of no clock a worker computes already
+	/* no shard closed (sync) or answered a pull for (async: a hold keeps
+	 * pulls past it back) a clock past its P: a join at max P + 1 changes
+	 * the members of no clock a worker computes already
 	 * (docs/reliability.md, "Data") */
-	join = hold_max + 1 +
-	       (c->cfg->consistency == PS_ASYNC ? (uint64_t)c->cfg->staleness : 0);
+	join = hold_max + 1;
 	if (member_shard >= 0) {
 		/* a member already (of some shards, when half a join survived a
 		 * crash): from member_from, which the holding shards can still take
