@@ -190,6 +190,11 @@ struct ps_shard_stats {
 	/* the first 64 workers' dedup windows: the highest push number marked
 	 * and a digest of the window (equal on a primary and its backup) */
 	uint64_t dedup_seq[64], dedup_digest[64];
+	/* a live re-shard's stop (ps_client_stop_at): the clock the shard
+	 * stops at (0: none), whether that was committed, and one more than
+	 * the highest clock of a push it took */
+	uint64_t stop_at, top_clock;
+	int stop_committed;
 };
 
 /* The rank of a reader: a read-only client that proves the reader key
@@ -306,6 +311,19 @@ int ps_client_stats(struct ps_client *c, int shard, struct ps_shard_stats *out);
  * out->checkpoint_*. Returns the request's status (a failed write is not a
  * failed request: look at out->checkpoint_status). */
 int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_shard_stats *out);
+
+/* A live re-shard's stop (monitors only, rank -1; docs/elastic.md): asks
+ * shard to refuse every push for clock and later (the workers' client
+ * keeps such a push and sends it again on the new map), with
+ * PS_STOP_COMMIT also to write its checkpoint and exit once every clock
+ * below is closed; PS_STOP_CANCEL (clock ignored) takes pushes again
+ * before a commit. out as ps_client_stats. PS_ECLOCK when the shard took
+ * a push for clock or later already (out is then not filled: ask again
+ * with a later clock); the reason in ps_client_error. */
+#define PS_STOP_COMMIT 1u
+#define PS_STOP_CANCEL 2u
+int ps_client_stop_at(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
+		      struct ps_shard_stats *out);
 
 /* NULL when shard is connected; else why not (copied into buf, len bytes).
  * Useful for monitors (rank -1), whose init succeeds with shards down. */

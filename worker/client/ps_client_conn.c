@@ -266,6 +266,15 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		sh->conn->t->ops->close(sh->conn, PS_EREFUSED);
 		return;
 	}
+	if (!m->ok && c->follow_path && c->started && m->shard_map_hash &&
+	    m->shard_map_hash != c->map.hash) {
+		/* following re-shards: a shard of another map answers at this
+		 * address; dial again until the pointer file names its config
+		 * (ps_client_follow.c) or the reconnects time out */
+		snprintf(sh->untrusted, sizeof(sh->untrusted), "%s", said);
+		sh->conn->t->ops->close(sh->conn, PS_EMAP);
+		return;
+	}
 	if (!m->ok && !sh->authed) {
 		untrusted_failure(c, k, PS_EREFUSED, "refused the handshake%s: %s",
 				  c->cfg->security.auth ? " before proving the secret" : "", said);
@@ -374,6 +383,16 @@ static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, Pro
 		Ps__Error *e = (Ps__Error *)m;
 		struct req *r = ps__client_find_req(c, (int64_t)e->req_id);
 		char text[600];
+		if (r && e->code == PS_ERESHARD && r->kind == REQ_PUSH && r->parts[k].waiting) {
+			/* the shard stops for a re-shard (server/stop.c): the part
+			 * stays unacknowledged, sent again on the next connection
+			 * (resend) or, if the shard takes pushes again (a later
+			 * stop clock), by the tick in a while */
+			r->parts[k].gen = 0;
+			if (!c->shards[k].stop_retry_at)
+				c->shards[k].stop_retry_at = ps_now_s() + 0.5;
+			return 1;
+		}
 		snprintf(text, sizeof(text), "shard %d: %s", k, e->message);
 		if (r)
 			ps__client_part_done(c, r, k, e->code < 0 ? e->code : PS_EPROTO, text);
@@ -569,6 +588,11 @@ void ps__client_reconnect_due(struct ps_client *c, double now)
 			 * does not answer the handshake): give it up, on_close retries */
 			sh->conn->t->ops->close(sh->conn, PS_ETIMEDOUT);
 			continue;
+		}
+		if (sh->stop_retry_at && now >= sh->stop_retry_at) {
+			sh->stop_retry_at = 0;
+			if (sh->state == SH_READY && sh->conn)
+				resend(c, k); /* pushes refused by a stopping shard */
 		}
 		if (sh->state != SH_RETRY || now < sh->retry_at)
 			continue;
