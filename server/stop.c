@@ -81,7 +81,8 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		ps_info("re-shard: stop at clock %" PRIu64 " committed: checkpoint and exit once "
 			"every clock below it is closed (now at %" PRIu64 ")", s->stop_at,
 			ps__srv_resume_clock(s));
-		ps__srv_stop_poll(s);
+		/* the tick stops the shard (ps__srv_stop_poll), after this
+		 * request's answer */
 	}
 	return 0;
 }
