@@ -16,7 +16,9 @@
  *    workers' gradients (a push for B applied twice or lost would show)
  *    and is bit-identical to 12 clocks on 2 shards without a re-shard;
  *    each shard exited 0 at its stop, and the 3-shard ones say they
- *    re-sharded from 2;
+ *    re-sharded from 2; a new shard killed (kill -9) after it wrote its
+ *    checkpoint of the new map, before the workers were pointed at it,
+ *    and started again with the same flags, loses nothing (the exact sums);
  *  - refusals: a worker asking for a stop (only a monitor may), a stop
  *    below a clock a shard took already (PS_ECLOCK, naming the clock).
  */
@@ -27,8 +29,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
 #include <time.h>
 #include "config.h"
 #include "ps_client.h"
@@ -111,6 +117,25 @@ static int wait_exit(pid_t pid)
 	kill(pid, SIGKILL);
 	waitpid(pid, &st, 0);
 	return -1;
+}
+
+/* Whether something listens on 127.0.0.1:port within 60 s. */
+static int wait_listen(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	for (int i = 0; i < 600; i++) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+		if (fd < 0)
+			return 0;
+		ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+		close(fd);
+		if (ok)
+			return 1;
+		tu_sleep_ms(100);
+	}
+	return 0;
 }
 
 /* Moves the n shards' checkpoints of ck into ck/name. */
@@ -344,15 +369,24 @@ START_TEST(test_workers_stay_2_3_2)
 	write_cfg("c3", 3, c3, sizeof(c3));
 	for (int k = 0; k < 3; k++)
 		srv[k] = start_shard(c3, k, old, 2);
+	/* a new shard killed (kill -9) once it wrote its checkpoint of the
+	 * new map, before the workers are pointed at it: started again with
+	 * the same flags, it takes that checkpoint */
+	struct ps_config *cfg3 = malloc(sizeof(*cfg3));
+	ck_assert_ptr_nonnull(cfg3);
+	ck_assert_msg(ps_config_load(cfg3, c3, err, sizeof(err)) == 0, "%s", err);
+	for (int k = 0; k < 3; k++)
+		ck_assert_msg(wait_listen(cfg3->shards[k].port), "new shard %d does not listen", k);
+	kill(srv[1], SIGKILL);
+	ck_assert_int_eq(wait_exit(srv[1]), 128 + SIGKILL);
+	srv[1] = start_shard(c3, 1, old, 2);
+	ck_assert_msg(wait_listen(cfg3->shards[1].port), "new shard 1 does not listen again");
 	point_at(c3);
 	at = 8;
 	ck_assert_msg(wait_until(all_at, &at) == 0, "the workers did not reach clock 8 on 3 "
 		      "shards: %s %s", wks[0].err, wks[1].err);
 
 	/* 3 -> 2: stopped by hand, the workers let go before the commit */
-	struct ps_config *cfg3 = malloc(sizeof(*cfg3));
-	ck_assert_ptr_nonnull(cfg3);
-	ck_assert_msg(ps_config_load(cfg3, c3, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(ps_client_init(&mon, cfg3, -1, err, sizeof(err)), 0);
 	ck_assert_int_eq(ps_client_stop_at(mon, 0, 3, 0, &st), PS_ECLOCK); /* clock 7 taken */
 	ck_assert_msg(strstr(ps_client_error(mon), "stop at 8 or later"), "%s",

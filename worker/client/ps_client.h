@@ -217,7 +217,12 @@ struct ps_shard_stats {
  * that only reads statistics, or PS_RANK_READER: a monitor's init succeeds
  * even when shards are unreachable (see ps_client_shard_error). On failure returns a negative code and writes
  * the reason (naming the shard and, for a refused handshake, both sides'
- * values) into err. cfg must outlive the client. */
+ * values) into err. cfg must outlive the client. A worker whose
+ * environment has PS_CONFIG_FOLLOW=FILE (FILE: one line, the path of the
+ * cluster's current config) follows a re-shard while it runs: once every
+ * shard is lost and FILE names a config differing in cluster.servers
+ * only, it takes that config's map and sends its waiting pushes and pulls
+ * again to the new shards (docs/elastic.md; ps_client_follow.c). */
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
 		   size_t errlen);
 

@@ -239,6 +239,8 @@ static int recut(struct ps_client *c, struct req *r, struct part *old, int nold)
 	if (!rc)
 		for (int k = 0; k < r->nparts; k++)
 			r->pending += r->parts[k].waiting;
+	/* a new request for the new shards: its full time from now */
+	r->deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
 	if (rc || !r->pending) {
 		r->status = rc;
 		if (rc && !r->why) {
@@ -344,6 +346,15 @@ static int switch_map(struct ps_client *c, struct ps_config *nc, char *why, size
 		free(old);
 	}
 	free(newparts);
+	/* frames a waiting thread read off the old connections: gone with
+	 * them (their shard numbers are of the old map) */
+	while (c->deferred) {
+		struct deferred *d = c->deferred;
+		c->deferred = d->next;
+		ps_frame_release(d->f);
+		free(d);
+	}
+	c->deferred_tail = &c->deferred;
 	/* nothing queued stays for the old map: every part is sent on the
 	 * new connections once they are ready (resend) */
 	for (struct req *r = c->sendq_head; r; r = r->send_next)
