@@ -740,7 +740,8 @@ static void nap(double s)
 }
 
 /* --reshard-stop: every shard stops at one clock B (server/stop.c). B
- * is the highest clock any shard took a push for, plus one; a shard that
+ * is the highest clock any shard took a push for, plus one, or the
+ * highest clock a worker finished there if higher; a shard that
  * took a push for B meanwhile refuses, and every shard is asked again with
  * its top clock (the shards that accepted raise their stop). Once all
  * accepted one B, each is told to commit: it closes the clocks below B,
@@ -770,6 +771,11 @@ static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp)
 				goto err_cancel;
 			if (st->top_clock > b)
 				b = st->top_clock;
+			/* a shard that took no push since it started (from a
+			 * checkpoint) is at its workers' finished clocks */
+			for (int r = 0; r < st->nworkers && r < 64; r++)
+				if (st->worker_clock[r] > b)
+					b = st->worker_clock[r];
 		}
 		for (k = 0; k < cfg->nshards; k++) {
 			int r = ps_client_stop_at(*cp, k, b, 0, st);

@@ -307,6 +307,13 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		sh->from_ckpt = m->from_checkpoint;
 		c->nready++;
 		if (sh->lost_at > 0) {
+			/* after a re-shard: a push cut again for a clock this new
+			 * shard's checkpoint holds (its acks were lost with the old
+			 * shards) is complete here */
+			for (struct req *r = c->reqs; r; r = r->next)
+				if (r->recut && r->kind == REQ_PUSH && r->parts[k].waiting &&
+				    r->clock < m->clock)
+					ps__client_part_done(c, r, k, 0, NULL);
 			int n = resend(c, k);
 			const struct ps_endpoint *ep = ps_config_replica_addr(c->cfg, k, sh->alt);
 			if (c->started)

@@ -24,6 +24,10 @@
  *   - a push with some part acknowledged was for a clock below B, which
  *     every old shard closed before its checkpoint: it is in the new
  *     shards' state, and completes;
+ *     (A push below B whose acknowledgements were all lost as the old
+ *     shards exited is built again too; a new shard's HelloReply clock,
+ *     B, says it holds that clock, and the part completes there unsent:
+ *     ps_client_conn.c.)
  *   - a pull is asked again of the new owners of its slices;
  *   - any other request (rows, declarations, stats) fails with PS_EMAP.
  *
@@ -230,6 +234,7 @@ static int recut(struct ps_client *c, struct req *r, struct part *old, int nold)
 		r->done = 1; /* for a clock below the stop: in the new shards' state */
 		return 0;
 	}
+	r->recut = 1;
 	if (r->kind == REQ_PUSH)
 		rc = ps__client_push_parts(c, r, c->group_lr);
 	else if (r->kind == REQ_PULL)

@@ -68,6 +68,7 @@ struct req {
 	const struct ps_tensor *pt;
 	unsigned push_flags;
 	uint64_t min_version, pull_clock;
+	int recut;              /* cut again by a re-shard (ps_client_follow.c) */
 	struct req *next;
 	struct req *send_next;  /* queue of requests for the I/O thread to send */
 	int nparts;             /* == c->cfg->nshards for every request in c->reqs */
