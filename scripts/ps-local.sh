@@ -318,7 +318,7 @@ realpath "$CONFIG" >"$LOGDIR/current-config"
 reshard_req=0 reshards=0
 trap 'reshard_req=1' USR1
 live_reshard() {
-  local new new_lines new_n old_n=$nshards ckdir from k f p i rc b t up pids=() names=()
+  local new new_lines new_n old_n=$nshards ckdir from k f p i rc b t t0 up pids=() names=()
   local res=$LOGDIR/reshard-result
   answer() { echo "ps-local.sh: reshard: ${*:2}" >&2; printf '%s\n' "$*" >"$res.tmp" && mv "$res.tmp" "$res"; }
   new=$(cat "$LOGDIR/reshard-request" 2>/dev/null); rm -f "$LOGDIR/reshard-request"
@@ -327,6 +327,7 @@ live_reshard() {
   new_n=$(printf '%s\n' "$new_lines" | wc -l)
   ckdir=$(cfg_key "$dump" checkpoint dir)
   echo "ps-local.sh: reshard: stopping the $old_n shard(s) at a clock boundary; the workers keep running" >&2
+  t0=$(date +%s%N)
   if ! "$BIN/ps-stat" --config "$CONFIG" --reshard-stop >"$LOGDIR/reshard-stop.out" 2>&1; then
     answer 1 "$(tail -n 1 "$LOGDIR/reshard-stop.out"); the run goes on with $CONFIG"
     return
@@ -374,7 +375,9 @@ live_reshard() {
   CONFIG=$new shard_lines=$new_lines nshards=$new_n
   dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config)
   realpath "$CONFIG" >"$LOGDIR/current-config.tmp" && mv "$LOGDIR/current-config.tmp" "$LOGDIR/current-config"
-  answer 0 "$old_n -> $new_n shards at clock $b while the workers ran; $(reshard_summary "$LOGDIR"/server-*.log);" \
+  t0=$(( ($(date +%s%N) - t0) / 1000000 ))
+  answer 0 "$old_n -> $new_n shards at clock $b while the workers ran, $((t0 / 1000)).$(printf '%03d' $((t0 % 1000))) s" \
+    "from the stop to the new shards listening; $(reshard_summary "$LOGDIR"/server-*.log);" \
     "the old checkpoints are in $from (kept: remove them once the new shards have checkpointed)"
 }
 

@@ -67,7 +67,7 @@ expect "another optimizer.lr refused with status 2 ($rc): $(cat "$tmp/r0.out")" 
 scripts/ps-local.sh "$tmp/c2.yaml" reshard "$tmp/c3.yaml" > "$tmp/r1.out" 2>&1; rc=$?
 expect "reshard 2 -> 3 while the workers run succeeds ($rc): $(cat "$tmp/r1.out")" [ $rc -eq 0 ]
 expect "it names the stop clock and what moved: $(tail -1 "$tmp/r1.out")" \
-  grep -qE "2 -> 3 shards at clock [0-9]+ while the workers ran; 3 shard\(s\) re-sharded: [1-9][0-9]* of 19 slices" "$tmp/r1.out"
+  grep -qE "2 -> 3 shards at clock [0-9]+ while the workers ran, [0-9.]+ s from the stop to the new shards listening; 3 shard\(s\) re-sharded: [1-9][0-9]* of 19 slices" "$tmp/r1.out"
 expect "the old checkpoints set aside" test -f "$(echo "$tmp"/ck/reshard-from-2.*/shard-1.ckpt)"
 e=$(sed -n 's/^epoch \([0-9]*\)\/.*/\1/p' "$tmp/l/worker-0.log" | tail -1)
 expect "the workers train on 3 shards" wait_for "$tmp/l/worker-0.log" "epoch $((e + 2))/"
@@ -75,7 +75,7 @@ expect "the workers train on 3 shards" wait_for "$tmp/l/worker-0.log" "epoch $((
 scripts/ps-local.sh "$tmp/c3.yaml" reshard "$tmp/c2.yaml" > "$tmp/r2.out" 2>&1; rc=$?
 expect "reshard 3 -> 2 while the workers run succeeds ($rc): $(cat "$tmp/r2.out")" [ $rc -eq 0 ]
 expect "it names what moved: $(tail -1 "$tmp/r2.out")" \
-  grep -qE "3 -> 2 shards at clock [0-9]+ while the workers ran; 2 shard\(s\) re-sharded" "$tmp/r2.out"
+  grep -qE "3 -> 2 shards at clock [0-9]+ while the workers ran, [0-9.]+ s from the stop to the new shards listening; 2 shard\(s\) re-sharded" "$tmp/r2.out"
 expect "the same worker processes ($workers)" \
   [ "$(pgrep -d ' ' -f -- "ps-worker --config $tmp/c2.yaml")" = "$workers" ]
 wait "$run"; rc=$?
