@@ -20,7 +20,10 @@
  *    checkpoint of the new map, before the workers were pointed at it,
  *    and started again with the same flags, loses nothing (the exact sums);
  *  - refusals: a worker asking for a stop (only a monitor may), a stop
- *    below a clock a shard took already (PS_ECLOCK, naming the clock).
+ *    below a clock a shard took already (PS_ECLOCK, naming the clock); a
+ *    worker pointed at a config that differs in optimizer.lr does not
+ *    follow it, and its request fails naming the key once its reconnects
+ *    time out.
  */
 #include <check.h>
 #include <errno.h>
@@ -439,6 +442,62 @@ START_TEST(test_workers_stay_2_3_2)
 }
 END_TEST
 
+/* A worker following a re-shard to a config that differs in more than
+ * cluster.servers: not taken, and its request fails once its reconnects
+ * time out, naming the key. */
+START_TEST(test_other_config_not_followed)
+{
+	char c1[160], bad[160], err[600], yaml[1024];
+	static struct ps_config cfg1;
+	struct ps_client *c = NULL;
+	float w[5] = { 0 };
+	struct ps_tensor t = { .name = "a", .data = w, .count = 5 };
+	pid_t srv;
+	int64_t id;
+	int rc = -1;
+
+	strcpy(dir, "/tmp/ps-reshard-live-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(ptr, sizeof(ptr), "%s/current", dir);
+	for (int i = 0; i < 2; i++) {
+		snprintf(yaml, sizeof(yaml),
+			 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+			 "optimizer:\n  name: sgd\n  lr: %s\n"
+			 "model:\n  tensors:\n    - {name: a, shape: [5], init: zeros}\n"
+			 "limits:\n  reconnect_timeout_ms: 1500\nlog:\n  level: warn\n",
+			 tu_free_port(), i ? "0.5" : "1");
+		snprintf(i ? bad : c1, sizeof(c1), "%s/%s.yaml", dir, i ? "bad" : "c1");
+		FILE *f = fopen(i ? bad : c1, "w");
+		ck_assert_ptr_nonnull(f);
+		fputs(yaml, f);
+		fclose(f);
+	}
+	ck_assert_msg(ps_config_load(&cfg1, c1, err, sizeof(err)) == 0, "%s", err);
+	point_at(c1);
+	setenv("PS_CONFIG_FOLLOW", ptr, 1);
+	srv = start_shard(c1, 0, NULL, 0);
+	for (int i = 0; i < 150 && rc; i++) {
+		rc = ps_client_init(&c, &cfg1, 0, err, sizeof(err));
+		if (rc == -ECONNREFUSED)
+			tu_sleep_ms(100);
+		else
+			ck_assert_msg(rc == 0, "%s", err);
+	}
+	ck_assert_int_eq(rc, 0);
+	ck_assert_int_eq(tu_stop_server(srv), 0);
+	point_at(bad);
+	id = ps_client_pull(c, 0, &t, 1);
+	ck_assert_msg(id > 0, "%s", ps_client_error(c));
+	ck_assert_int_eq(ps_client_wait(c, id), PS_ETIMEDOUT);
+	ck_assert_msg(strstr(ps_client_error(c), "a re-shard was not followed") &&
+		      strstr(ps_client_error(c), "in more than cluster.servers (first: "
+			     "'optimizer.lr: 0.5')"), "%s", ps_client_error(c));
+	ps_client_free(c);
+	unsetenv("PS_CONFIG_FOLLOW");
+	ck_assert_int_eq(tu_rmtree(dir), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("reshard_live");
@@ -446,6 +505,7 @@ int main(void)
 
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_workers_stay_2_3_2);
+	tcase_add_test(tc, test_other_config_not_followed);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

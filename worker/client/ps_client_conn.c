@@ -523,7 +523,13 @@ void ps__client_on_close(struct ps_conn *pc, int status)
 		int n = snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d): unreachable for %d ms "
 				 "(limits.reconnect_timeout_ms)", k, c->cfg->shards[k].host,
 				 c->cfg->shards[k].port, c->cfg->limits.reconnect_timeout_ms);
-		if (sh->untrusted[0] && n > 0 && (size_t)n < sizeof(sh->why))
+		if (c->follow_refused[0] && n > 0 && (size_t)n < sizeof(sh->why))
+			/* a re-shard's config this client would not take
+			 * (ps_client_follow.c; this thread wrote it): the reason,
+			 * before a refusal of the old map would say less */
+			snprintf(sh->why + n, sizeof(sh->why) - (size_t)n, "; a re-shard was not "
+				 "followed: %.400s", c->follow_refused);
+		else if (sh->untrusted[0] && n > 0 && (size_t)n < sizeof(sh->why))
 			/* what kept it out, if a peer without the secret answered */
 			snprintf(sh->why + n, sizeof(sh->why) - (size_t)n, "; the last answer, from "
 				 "a peer that had not proven the secret: %s", sh->untrusted);

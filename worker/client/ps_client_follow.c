@@ -138,13 +138,24 @@ static int first_diff(const struct ps_config *a, const struct ps_config *b, char
 	ps_config_dump(b, fb);
 	fclose(fa);
 	fclose(fb);
+	const char *sec = "";
+	int nsec = 0;
 	for (char *pa = da, *pb = db; pa && pb && *pa && *pb;) {
 		char *ea = strchr(pa, '\n'), *eb = strchr(pb, '\n');
 		size_t na = ea ? (size_t)(ea - pa) : strlen(pa), nb = eb ? (size_t)(eb - pb) : strlen(pb);
 		if (na != nb || memcmp(pa, pb, na)) {
-			snprintf(key, len, "%.*s", (int)(nb < 200 ? nb : 200), pb);
+			/* named as SECTION.KEY: VALUE, the dump's nesting undone */
+			const char *l = pb;
+			while (*l == ' ' && l < pb + nb)
+				l++;
+			snprintf(key, len, "%.*s%s%.*s", l > pb ? nsec : 0, sec, l > pb ? "." : "",
+				 (int)(nb - (size_t)(l - pb) < 200 ? nb - (size_t)(l - pb) : 200), l);
 			diff = 1;
 			break;
+		}
+		if (nb && pb[0] != ' ' && pb[nb - 1] == ':') {
+			sec = pb; /* a section's line: "optimizer:" */
+			nsec = (int)nb - 1;
 		}
 		pa = ea ? ea + 1 : NULL;
 		pb = eb ? eb + 1 : NULL;

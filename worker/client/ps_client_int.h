@@ -94,7 +94,7 @@ struct shard_conn {
 	int fresh, from_ckpt;
 	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
 	size_t hello_len;
-	char why[400];
+	char why[600];
 	/* While reconnecting: the last answer that would have ended the
 	 * handshake but came from a peer that had not proven the secret
 	 * (escaped), named if the reconnects time out; "" when none. */
