@@ -20,18 +20,18 @@
 # back and the workers reconnect). At the end, a shard of the config running
 # under ps-local.sh's own command line but not started by it (restarted by
 # hand) is stopped with the others and named.
-# reshard while a `ps-local.sh CONFIG` runs on this machine: re-sharding
-# while the workers run (docs/elastic.md). That ps-local.sh is asked
-# (SIGUSR1, its DIR/reshard-request) to stop its shards at one clock
-# boundary (ps-stat --reshard-stop: they write their checkpoints there and
-# exit), set the checkpoints aside, start NEW_CONFIG's shards from them and
-# point its workers at NEW_CONFIG (DIR/current-config, which libps follows
-# through $PS_CONFIG_FOLLOW): the workers keep running, their pushes for the
-# stop clock sent again to the new shards. This command prints the outcome
-# and exits with its status; a refusal (embedding tables, cluster.replicas:
-# 1, a shard down) leaves the run going on CONFIG. --restart: the
-# re-sharding by restart below instead.
-# reshard otherwise: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
+# reshard beside a running `ps-local.sh CONFIG` on this machine (without
+# --restart): re-sharding while the workers run (docs/elastic.md). That
+# ps-local.sh is asked (SIGUSR1, its DIR/reshard-request) to stop its
+# shards at one clock boundary (ps-stat --reshard-stop: they write their
+# checkpoints there and exit), set the checkpoints aside, start
+# NEW_CONFIG's shards from them and point its workers at NEW_CONFIG
+# (DIR/current-config, which libps follows through $PS_CONFIG_FOLLOW): the
+# workers keep running, their pushes for the stop clock sent again to the
+# new shards. This command prints the outcome and exits with its status;
+# a refusal (embedding tables, cluster.replicas: 1, a shard down) leaves
+# the run going on CONFIG. Otherwise, or with --restart:
+# reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
 # with other cluster.servers (refused, naming the first other key that
 # differs); CONFIG needs checkpoint.dir. A cluster of CONFIG running on
 # this machine is stopped at a clock boundary as Ctrl-C stops it (its

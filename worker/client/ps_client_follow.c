@@ -1,5 +1,6 @@
 /* ps_client_follow.c - a worker that keeps running across a re-shard
- * (docs/elastic.md, "Re-sharding while the workers run").
+ * (docs/elastic.md, "Re-sharding while the workers run"), and the
+ * monitor's request that stops the shards for one (ps_client_stop_at).
  *
  * $PS_CONFIG_FOLLOW names a small file holding the path of the cluster's
  * current config (one line; relative to the file's folder when
@@ -433,4 +434,32 @@ refused:
 		ps_error("re-shard: not followed: %s", why);
 		snprintf(c->follow_refused, sizeof(c->follow_refused), "%s", why);
 	}
+}
+
+/* ---- the monitor's side: a shard's stop (server/stop.c) ---- */
+
+int ps_client_stop_at(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
+		      struct ps_shard_stats *out)
+{
+	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
+	struct req *r;
+	int64_t id;
+
+	if (shard < 0 || shard >= c->cfg->nshards || (!clock && !(flags & PS_STOP_CANCEL)))
+		return -EINVAL;
+	r = ps__client_req_new(c, REQ_STATS);
+	if (!r)
+		return -ENOMEM;
+	r->stats = out;
+	r->id = ps__client_reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	m.stop_at = flags & PS_STOP_CANCEL ? 0 : clock;
+	m.stop_commit = (flags & PS_STOP_COMMIT) != 0;
+	m.stop_cancel = (flags & PS_STOP_CANCEL) != 0;
+	if (ps__client_pack_part(&r->parts[shard], &m.base)) {
+		ps__client_req_free(c, r);
+		return -ENOMEM;
+	}
+	id = ps__client_submit_built(c, 0, r);
+	return id < 0 ? (int)id : ps_client_wait(c, id);
 }

@@ -606,29 +606,3 @@ int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_sh
 	id = ps__client_submit_built(c, 0, r);
 	return id < 0 ? (int)id : ps_client_wait(c, id);
 }
-
-int ps_client_stop_at(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
-		      struct ps_shard_stats *out)
-{
-	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
-	struct req *r;
-	int64_t id;
-
-	if (shard < 0 || shard >= c->cfg->nshards || (!clock && !(flags & PS_STOP_CANCEL)))
-		return -EINVAL;
-	r = ps__client_req_new(c, REQ_STATS);
-	if (!r)
-		return -ENOMEM;
-	r->stats = out;
-	r->id = ps__client_reserve_id(c);
-	m.req_id = (uint64_t)r->id;
-	m.stop_at = flags & PS_STOP_CANCEL ? 0 : clock;
-	m.stop_commit = (flags & PS_STOP_COMMIT) != 0;
-	m.stop_cancel = (flags & PS_STOP_CANCEL) != 0;
-	if (ps__client_pack_part(&r->parts[shard], &m.base)) {
-		ps__client_req_free(c, r);
-		return -ENOMEM;
-	}
-	id = ps__client_submit_built(c, 0, r);
-	return id < 0 ? (int)id : ps_client_wait(c, id);
-}
