@@ -327,8 +327,12 @@ int ps_client_checkpoint(struct ps_client *c, int shard, int write, struct ps_sh
  * with a later clock); the reason in ps_client_error. */
 #define PS_STOP_COMMIT 1u
 #define PS_STOP_CANCEL 2u
-int ps_client_stop_at(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
-		      struct ps_shard_stats *out);
+/* (out's size goes with it, as the program was built: the library fills
+ * the fields both know and zeroes the rest) */
+#define ps_client_stop_at(c, shard, clock, flags, out) \
+	ps_client_stop_at_sized((c), (shard), (clock), (flags), (out), sizeof(*(out)))
+int ps_client_stop_at_sized(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
+			    struct ps_shard_stats *out, size_t size);
 
 /* NULL when shard is connected; else why not (copied into buf, len bytes).
  * Useful for monitors (rank -1), whose init succeeds with shards down. */

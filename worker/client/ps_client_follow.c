@@ -40,6 +40,7 @@
  * residual twice.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -438,19 +439,26 @@ refused:
 
 /* ---- the monitor's side: a shard's stop (server/stop.c) ---- */
 
-int ps_client_stop_at(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
-		      struct ps_shard_stats *out)
+int ps_client_stop_at_sized(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
+			    struct ps_shard_stats *out, size_t size)
 {
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
+	struct ps_shard_stats *full = out;
 	struct req *r;
 	int64_t id;
+	int rc;
 
-	if (shard < 0 || shard >= c->cfg->nshards || (!clock && !(flags & PS_STOP_CANCEL)))
+	if (!out || size < offsetof(struct ps_shard_stats, uptime_s) || shard < 0 ||
+	    shard >= c->cfg->nshards || (!clock && !(flags & PS_STOP_CANCEL)))
 		return -EINVAL;
-	r = ps__client_req_new(c, REQ_STATS);
-	if (!r)
+	if (size != sizeof(*out) && !(full = calloc(1, sizeof(*full))))
 		return -ENOMEM;
-	r->stats = out;
+	r = ps__client_req_new(c, REQ_STATS);
+	if (!r) {
+		rc = -ENOMEM;
+		goto out_copy;
+	}
+	r->stats = full;
 	r->id = ps__client_reserve_id(c);
 	m.req_id = (uint64_t)r->id;
 	m.stop_at = flags & PS_STOP_CANCEL ? 0 : clock;
@@ -458,8 +466,18 @@ int ps_client_stop_at(struct ps_client *c, int shard, uint64_t clock, unsigned f
 	m.stop_cancel = (flags & PS_STOP_CANCEL) != 0;
 	if (ps__client_pack_part(&r->parts[shard], &m.base)) {
 		ps__client_req_free(c, r);
-		return -ENOMEM;
+		rc = -ENOMEM;
+		goto out_copy;
 	}
 	id = ps__client_submit_built(c, 0, r);
-	return id < 0 ? (int)id : ps_client_wait(c, id);
+	rc = id < 0 ? (int)id : ps_client_wait(c, id);
+out_copy:
+	if (full != out) {
+		/* the program's struct, of another build's size */
+		memcpy(out, full, size < sizeof(*full) ? size : sizeof(*full));
+		if (size > sizeof(*full))
+			memset((char *)out + sizeof(*full), 0, size - sizeof(*full));
+		free(full);
+	}
+	return rc;
 }
