@@ -29,8 +29,9 @@
 # (DIR/current-config, which libps follows through $PS_CONFIG_FOLLOW): the
 # workers keep running, their pushes for the stop clock sent again to the
 # new shards. This command prints the outcome and exits with its status;
-# a refusal (embedding tables, cluster.replicas: 1, a shard down) leaves
-# the run going on CONFIG. Otherwise, or with --restart:
+# a refusal (a shard down) leaves the run going on CONFIG. What is not
+# built live (cluster.replicas: 1, embedding tables) is re-sharded by
+# restart, as it is with --restart or without a running ps-local.sh:
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
 # with other cluster.servers (refused, naming the first other key that
 # differs); CONFIG needs checkpoint.dir. A cluster of CONFIG running on
@@ -127,6 +128,8 @@ reshard_hint() {
 live_reshard_ask() {
   local l s ctl rc msg t
   [ "$RESTART" = 0 ] || return 0
+  # pairs do not stop live (server/stop.c): by restart
+  [ "$(cfg_key "$old_dump" cluster replicas)" = 0 ] || return 0
   l=($1) s=($2)
   [ ${#l[@]} -eq 1 ] && [ ${#s[@]} -gt 0 ] || return 0
   ctl=$(tr '\0' '\n' <"/proc/${s[0]}/environ" 2>/dev/null | sed -n 's/^PS_LOCAL_CTL=//p')
@@ -144,6 +147,8 @@ live_reshard_ask() {
   [ -f "$ctl/reshard-result" ] || { echo "ps-local.sh: reshard: no answer within 600 s; see $ctl" >&2; exit 1; }
   read -r rc msg <"$ctl/reshard-result"
   echo "ps-local.sh: reshard: $msg"
+  # 3: not built live for this config (embedding tables), nothing changed
+  [ "$rc" = 3 ] && { echo "ps-local.sh: reshard: re-sharding by restart instead"; return 0; }
   exit "$rc"
 }
 if [ -n "$RESHARD_TO" ]; then
@@ -329,7 +334,9 @@ live_reshard() {
   echo "ps-local.sh: reshard: stopping the $old_n shard(s) at a clock boundary; the workers keep running" >&2
   t0=$(date +%s%N)
   if ! "$BIN/ps-stat" --config "$CONFIG" --reshard-stop >"$LOGDIR/reshard-stop.out" 2>&1; then
-    answer 1 "$(tail -n 1 "$LOGDIR/reshard-stop.out"); the run goes on with $CONFIG"
+    rc=1 # 3: the shards cannot stop live (not built for this config): nothing changed
+    grep -q "while the workers run is not built" "$LOGDIR/reshard-stop.out" && rc=3
+    answer $rc "$(tail -n 1 "$LOGDIR/reshard-stop.out"); the run goes on with $CONFIG"
     return
   fi
   b=$(sed -n 's/.*stops at clock \([0-9]*\).*/\1/p' "$LOGDIR/reshard-stop.out")
