@@ -40,8 +40,8 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	}
 	if (s->cfg->replicas || s->cfg->ntables) {
 		snprintf(err, errlen, "a re-shard while the workers run is not built with %s: "
-			 "re-shard by restart (ps-local.sh CONFIG reshard NEW_CONFIG with the "
-			 "workers stopped, docs/elastic.md)", s->cfg->replicas ?
+			 "re-shard by restart (ps-local.sh CONFIG reshard NEW_CONFIG --restart, "
+			 "docs/elastic.md)", s->cfg->replicas ?
 			 "cluster.replicas: 1" : "embedding tables");
 		return PS_ENOTSUP;
 	}
