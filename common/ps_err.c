@@ -23,6 +23,7 @@ const char *ps_strerror(int err)
 	case PS_ENOFINITE: return "value not finite";
 	case PS_EAUTH: return "authentication failed";
 	case PS_ERESOLVE: return "the host name did not resolve to an address";
+	case PS_ERESHARD: return "the shard stops for a re-shard (the push is sent again on the new map)";
 	default:
 		break;
 	}

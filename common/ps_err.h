@@ -28,6 +28,7 @@ enum {
 	PS_ENOFINITE,    /* value is NaN or infinite */
 	PS_EAUTH,        /* authentication failed: wrong or missing secret, bad MAC */
 	PS_ERESOLVE,     /* a host name did not resolve to an address */
+	PS_ERESHARD,     /* the shard stops for a re-shard: push again on the new map */
 	PS_ELAST
 };
 

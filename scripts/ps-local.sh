@@ -3,7 +3,7 @@
 #
 #   scripts/ps-local.sh CONFIG [--logs DIR] [--workers-only|--servers-only] [-- WORKER_ARGS...]
 #   scripts/ps-local.sh CONFIG --worker-cmd "python3 train.py" [...]
-#   scripts/ps-local.sh CONFIG reshard NEW_CONFIG [same options]
+#   scripts/ps-local.sh CONFIG reshard NEW_CONFIG [--restart] [same options]
 #
 # --worker-cmd runs CMD (with bash -c) as each worker instead of ps-worker,
 # with PS_CONFIG (the config's absolute path), PS_RANK and PS_NUM_WORKERS
@@ -20,6 +20,18 @@
 # back and the workers reconnect). At the end, a shard of the config running
 # under ps-local.sh's own command line but not started by it (restarted by
 # hand) is stopped with the others and named.
+# reshard beside a running `ps-local.sh CONFIG` on this machine (without
+# --restart): re-sharding while the workers run (docs/elastic.md). That
+# ps-local.sh is asked (SIGUSR1, its DIR/reshard-request) to stop its
+# shards at one clock boundary (ps-stat --reshard-stop: they write their
+# checkpoints there and exit), set the checkpoints aside, start
+# NEW_CONFIG's shards from them and point its workers at NEW_CONFIG
+# (DIR/current-config, which libps follows through $PS_CONFIG_FOLLOW): the
+# workers keep running, their pushes for the stop clock sent again to the
+# new shards. This command prints the outcome and exits with its status;
+# a refusal (a shard down) leaves the run going on CONFIG. What is not
+# built live (cluster.replicas: 1, embedding tables) is re-sharded by
+# restart, as it is with --restart or without a running ps-local.sh:
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
 # with other cluster.servers (and cluster.backups: with cluster.replicas: 1
 # the backups start from the old files too; refused, naming the first
@@ -64,12 +76,13 @@ RESHARD_TO=""
 if [ "${1:-}" = reshard ]; then
   RESHARD_TO=${2:?reshard needs NEW_CONFIG}; shift 2
 fi
-LOGDIR="" MODE=all WORKER_CMD=""
+LOGDIR="" MODE=all WORKER_CMD="" RESTART=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --logs) LOGDIR=$2; shift 2 ;;
     --worker-cmd) WORKER_CMD=${2:?--worker-cmd needs a command}; shift 2 ;;
     --servers-only) MODE=servers; shift ;;
+    --restart) RESTART=1; shift ;;
     --workers-only) MODE=workers; shift ;;
     --) shift; break ;;
     *) echo "ps-local.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -110,6 +123,36 @@ reshard_hint() {
     "${reshard_args[*]}${backup_lines:+ (each backup with --replica 1 too)} (or move them back" \
     "into checkpoint.dir to run $CONFIG_OLD)" >&2
 }
+# The running ps-local.sh of CONFIG (pids in $1, its shards in $2) re-shards
+# while its workers run: asked here, the outcome printed, and this process
+# exits with its status. Returns when it cannot (--restart, none or
+# several running, one of a build without it).
+live_reshard_ask() {
+  local l s ctl rc msg t
+  [ "$RESTART" = 0 ] || return 0
+  # pairs do not stop live (server/stop.c): by restart
+  [ "$(cfg_key "$old_dump" cluster replicas)" = 0 ] || return 0
+  l=($1) s=($2)
+  [ ${#l[@]} -eq 1 ] && [ ${#s[@]} -gt 0 ] || return 0
+  ctl=$(tr '\0' '\n' <"/proc/${s[0]}/environ" 2>/dev/null | sed -n 's/^PS_LOCAL_CTL=//p')
+  [ -n "$ctl" ] && [ -d "$ctl" ] || return 0
+  rm -f "$ctl/reshard-result"
+  realpath "$RESHARD_TO" >"$ctl/reshard-request.tmp" && mv "$ctl/reshard-request.tmp" "$ctl/reshard-request" || exit 1
+  echo "ps-local.sh: reshard: asking the ps-local.sh of $CONFIG (pid ${l[0]}) to re-shard while its workers run (its log: $ctl)"
+  kill -USR1 "${l[0]}" || exit 1
+  for ((t = 0; t < 6000; t++)); do # 600 s: the new shards load every old checkpoint
+    [ -f "$ctl/reshard-result" ] && break
+    kill -0 "${l[0]}" 2>/dev/null || { echo "ps-local.sh: reshard: ps-local.sh (pid ${l[0]}) ended" \
+      "before it answered; see $ctl" >&2; exit 1; }
+    sleep 0.1
+  done
+  [ -f "$ctl/reshard-result" ] || { echo "ps-local.sh: reshard: no answer within 600 s; see $ctl" >&2; exit 1; }
+  read -r rc msg <"$ctl/reshard-result"
+  echo "ps-local.sh: reshard: $msg"
+  # 3: not built live for this config (embedding tables), nothing changed
+  [ "$rc" = 3 ] && { echo "ps-local.sh: reshard: re-sharding by restart instead"; return 0; }
+  exit "$rc"
+}
 if [ -n "$RESHARD_TO" ]; then
   CONFIG_OLD=$CONFIG
   [ -r "$RESHARD_TO" ] || { echo "ps-local.sh: reshard: cannot read $RESHARD_TO" >&2; exit 2; }
@@ -135,6 +178,7 @@ if [ -n "$RESHARD_TO" ]; then
       launchers="$launchers $pp"
   done
   launchers=$(tr ' ' '\n' <<<"$launchers" | sort -u | tr '\n' ' ')
+  live_reshard_ask "$launchers" "$srv" # exits when that ps-local.sh re-shards live
   if [ -n "${launchers// }" ]; then
     echo "ps-local.sh: reshard: stopping the ps-local.sh of $CONFIG (pid${launchers% }) at a clock boundary"
     kill -TERM $launchers 2>/dev/null
@@ -269,6 +313,82 @@ on_signal() {
 }
 trap on_signal INT TERM
 
+# ---- re-sharding while the workers run (docs/elastic.md) ----
+# The workers follow DIR/current-config (libps: $PS_CONFIG_FOLLOW); the
+# shards carry PS_LOCAL_CTL=DIR in their environment, which is how
+# `ps-local.sh CONFIG reshard NEW` finds this process's folder; it writes
+# DIR/reshard-request (NEW's path) and sends SIGUSR1; live_reshard answers
+# in DIR/reshard-result ("STATUS message").
+export PS_LOCAL_CTL=$LOGDIR PS_CONFIG_FOLLOW=$LOGDIR/current-config
+realpath "$CONFIG" >"$LOGDIR/current-config"
+reshard_req=0 reshards=0
+trap 'reshard_req=1' USR1
+live_reshard() {
+  local new new_lines new_n old_n=$nshards ckdir from k f p i rc b t t0 up pids=() names=()
+  local res=$LOGDIR/reshard-result
+  answer() { echo "ps-local.sh: reshard: ${*:2}" >&2; printf '%s\n' "$*" >"$res.tmp" && mv "$res.tmp" "$res"; }
+  new=$(cat "$LOGDIR/reshard-request" 2>/dev/null); rm -f "$LOGDIR/reshard-request"
+  [ -n "$new" ] && [ -r "$new" ] || { answer 2 "cannot read the new config '$new'"; return; }
+  new_lines=$("$BIN/ps-server" --config "$new" --list-shards 2>&1) || { answer 2 "$new: $new_lines"; return; }
+  new_n=$(printf '%s\n' "$new_lines" | wc -l)
+  ckdir=$(cfg_key "$dump" checkpoint dir)
+  echo "ps-local.sh: reshard: stopping the $old_n shard(s) at a clock boundary; the workers keep running" >&2
+  t0=$(date +%s%N)
+  if ! "$BIN/ps-stat" --config "$CONFIG" --reshard-stop >"$LOGDIR/reshard-stop.out" 2>&1; then
+    rc=1 # 3: the shards cannot stop live (not built for this config): nothing changed
+    grep -q "while the workers run is not built" "$LOGDIR/reshard-stop.out" && rc=3
+    answer $rc "$(tail -n 1 "$LOGDIR/reshard-stop.out"); the run goes on with $CONFIG"
+    return
+  fi
+  b=$(sed -n 's/.*stops at clock \([0-9]*\).*/\1/p' "$LOGDIR/reshard-stop.out")
+  # each old shard closes the clocks below b, writes its checkpoint and exits 0
+  for i in "${!server_pids[@]}"; do
+    p=${server_pids[$i]}
+    [ -n "${server_died[$p]:-}" ] && { answer 1 "${server_names[$i]} had died: cannot re-shard"; return; }
+    wait "$p"; rc=$?
+    [ $rc -eq 0 ] || { answer 1 "${server_names[$i]} exited with status $rc at the stop (log:" \
+      "$LOGDIR/server-${server_names[$i]#shard }.log); its checkpoint may be missing: the workers wait for shards"; return; }
+  done
+  server_pids=() server_names=()
+  reshards=$((reshards + 1))
+  from=$ckdir/reshard-from-$old_n.$(date +%Y%m%dT%H%M%S)
+  mkdir -p "$from/older" || { answer 1 "cannot make $from"; return; }
+  for f in "$ckdir"/shard-*; do
+    [ -e "$f" ] || continue
+    k=${f##*/shard-}; k=${k%%[.-]*}
+    if [[ $k =~ ^[0-9]+$ ]] && [ "$k" -lt "$old_n" ]; then mv "$f" "$from/"; else mv "$f" "$from/older/"; fi
+  done
+  rmdir "$from/older" 2>/dev/null
+  for f in "$LOGDIR"/server-*.log; do [ -e "$f" ] && mv "$f" "$f.before-reshard-$reshards"; done
+  while read -r idx host port; do
+    "$BIN/ps-server" --config "$new" --shard "$idx" --reshard-from "$from" --reshard-shards "$old_n" \
+      >"$LOGDIR/server-$idx.log" 2>&1 &
+    pids+=($!) names+=("shard $idx")
+  done <<<"$new_lines"
+  for ((t = 0; t < 6000; t++)); do
+    up=0
+    while read -r idx host port; do
+      h=${host#[}; h=${h%]}
+      (exec 3<>"/dev/tcp/$h/$port") 2>/dev/null && up=$((up + 1))
+    done <<<"$new_lines"
+    [ "$up" -ge "$new_n" ] && break
+    for p in "${pids[@]}"; do
+      kill -0 "$p" 2>/dev/null || { server_pids=("${pids[@]}") server_names=("${names[@]}")
+        answer 1 "a new shard failed to start (logs: $LOGDIR/server-*.log); the old checkpoints are in $from"; return; }
+    done
+    sleep 0.1
+  done
+  server_pids=("${pids[@]}") server_names=("${names[@]}")
+  [ "$up" -ge "$new_n" ] || { answer 1 "the new shards did not listen within 600 s; the old checkpoints are in $from"; return; }
+  CONFIG=$new shard_lines=$new_lines nshards=$new_n
+  dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config)
+  realpath "$CONFIG" >"$LOGDIR/current-config.tmp" && mv "$LOGDIR/current-config.tmp" "$LOGDIR/current-config"
+  t0=$(( ($(date +%s%N) - t0) / 1000000 ))
+  answer 0 "$old_n -> $new_n shards at clock $b while the workers ran, $((t0 / 1000)).$(printf '%03d' $((t0 % 1000))) s" \
+    "from the stop to the new shards listening; $(reshard_summary "$LOGDIR"/server-*.log);" \
+    "the old checkpoints are in $from (kept: remove them once the new shards have checkpointed)"
+}
+
 echo "ps-local.sh: $nshards shard(s), $nworkers worker(s) from $CONFIG; logs in $LOGDIR"
 if [ "$MODE" != workers ]; then
   while read -r idx host port; do
@@ -317,7 +437,10 @@ if [ "$MODE" != workers ]; then
 fi
 if [ "$MODE" = servers ]; then
   echo "ps-local.sh: shards running; Ctrl-C stops them"
-  while :; do sleep 1; done
+  while :; do
+    sleep 1
+    [ "$reshard_req" = 1 ] && { reshard_req=0; live_reshard; }
+  done
 fi
 
 # A worker: ps-worker, or --worker-cmd with the config and rank in its
@@ -344,9 +467,15 @@ done
 running=("${worker_pids[@]}")
 watched=("${server_pids[@]}")
 while [ ${#running[@]} -gt 0 ]; do
+  if [ "$reshard_req" = 1 ]; then
+    reshard_req=0
+    live_reshard
+    watched=(${server_pids[@]+"${server_pids[@]}"})
+    continue
+  fi
   done_pid=""
   wait -n -p done_pid "${running[@]}" "${watched[@]}"; rc=$?
-  [ -n "${done_pid:-}" ] || break
+  [ -n "${done_pid:-}" ] || { [ "$reshard_req" = 1 ] && continue; break; }
   for i in "${!server_pids[@]}"; do
     [ "${server_pids[$i]}" = "$done_pid" ] || continue
     server_died[$done_pid]=$rc

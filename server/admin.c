@@ -371,6 +371,15 @@ void ps__srv_handle_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 {
 	if (m->resume_clock && sc->rank >= 0)
 		bring_forward(s, sc, m->resume_clock);
+	if (m->stop_at || m->stop_commit || m->stop_cancel) {
+		char err[400];
+		int rc = ps__srv_stop_request(s, sc, m, err, sizeof(err));
+		if (rc) {
+			ps_warn("re-shard stop asked by %s refused: %s", sc->conn->peer, err);
+			ps_msg_send_error(sc->conn, m->req_id, rc, "%s", err);
+			return;
+		}
+	}
 	if (m->checkpoint)
 		checkpoint_request(s, sc, m);
 	else
@@ -448,6 +457,9 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 		st.reply_queue_total_peak = q.peak_total;
 		st.paused_connections = (uint32_t)q.paused;
 	}
+	st.stop_at = s->stop_at;
+	st.stop_committed = s->stop_committed;
+	st.top_clock = s->top_clock;
 	st.n_workers = (size_t)nw;
 	st.workers = wp;
 	st.max_clock_gap = s->c.max_clock_gap;

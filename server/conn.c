@@ -768,6 +768,7 @@ void ps__srv_on_tick(uv_timer_t *t)
 	ps__rows_tick(s, now);
 	ps__members_tick(s, now);
 	ps__srv_ckpt_poll(s);
+	ps__srv_stop_poll(s);
 	auth_log_flush(s, now);
 	for (struct ps_srv_conn *sc = s->conns; sc; sc = sc->next) {
 		if ((sc->state == CONN_HELLO || sc->state == CONN_AUTH) &&

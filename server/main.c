@@ -67,7 +67,8 @@ static void usage(FILE *out)
 		"      --version        version, wire protocol, rdma and CUDA plug-in of this build\n"
 		"\n"
 		"Exit status: 0 stopped by SIGTERM or SIGINT with its checkpoint written (or none\n"
-		"configured); 1 could not start (listen, keys, checkpoint) or the last checkpoint\n"
+		"configured), or at a re-shard's stop (ps-stat --reshard-stop) with it written;\n"
+		"1 could not start (listen, keys, checkpoint) or the last checkpoint\n"
 		"failed: worth a restart; 2 bad flags or config: a restart changes nothing.\n"
 		"\n");
 }

@@ -91,6 +91,10 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	double arrived = ps_now_s();
 
 	s->c.pushes++;
+	if (sc->rank >= 0 && ps__srv_stop_refuse(s, sc, m)) {
+		ps_frame_release(f); /* retryable: not marked in the dedup window */
+		return;
+	}
 	if (m->seq && sc->rank >= 0) {
 		/* resent after a reconnect? then answer as the first time */
 		int code;
@@ -212,6 +216,8 @@ void ps__srv_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		ps_msg_send_error(sc->conn, m->req_id, rc, "out of memory");
 		goto err_reject;
 	}
+	if (m->clock + 1 > s->top_clock)
+		s->top_clock = m->clock + 1; /* a re-shard's stop must lie above it (stop.c) */
 	fr->frame = f;
 	fr->expanded = expanded;
 	fr->refs = 1;

@@ -72,6 +72,12 @@ struct ps_server {
 	uv_timer_t ckpt_timer;        /* checkpoint.every_s */
 	char ckpt_path[600];          /* "" when checkpoints are off */
 	int exit_status;              /* 1 when the checkpoint on stopping failed */
+	/* A live re-shard's stop (stop.c): pushes for stop_at and later are
+	 * refused (0: no stop); once committed the shard writes its
+	 * checkpoint and exits when every clock below stop_at is closed.
+	 * top_clock: one more than the highest clock of a push taken. */
+	uint64_t stop_at, top_clock;
+	int stop_committed;
 	struct ps_ckpt_job *ckpt_job; /* the checkpoint being written, NULL if none */
 	double ckpt_last_request;     /* when the last one on request started */
 	const char *ckpt_final;       /* a signal came while one was written: its name */

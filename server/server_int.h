@@ -157,4 +157,16 @@ void ps__srv_ckpt_forget(struct ps_server *s, struct ps_srv_conn *sc);
 /* Tick: collects the forked checkpoint writer once it has exited. */
 void ps__srv_ckpt_poll(struct ps_server *s);
 
+/* stop.c: a live re-shard's stop at a clock boundary */
+/* A StatsRequest with stop_at, stop_commit or stop_cancel: 0 (answer with
+ * Stats), or a negative code with the reason in err (answer with it). */
+int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m,
+			 char *err, size_t errlen);
+/* Push m is for a clock the shard stopped before: refused (answered
+ * here, retryable, nothing marked); 1 when it was. */
+int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m);
+/* Tick: a committed stop whose clocks are all closed checkpoints and
+ * stops the shard. */
+void ps__srv_stop_poll(struct ps_server *s);
+
 #endif

@@ -77,7 +77,7 @@ scripts/ps-local.sh "$tmp/c2.yaml" --logs "$tmp/l2" > "$tmp/run2.out" 2>&1 &
 old=$!
 for _ in $(seq 600); do grep -q "epoch 2/" "$tmp/l2/worker-0.log" 2>/dev/null && break; sleep 0.1; done
 expect "the 2-shard run trained an epoch" grep -q "epoch 2/" "$tmp/l2/worker-0.log"
-scripts/ps-local.sh "$tmp/c2.yaml" reshard "$tmp/c3.yaml" --logs "$tmp/l3" -- --epochs 3 \
+scripts/ps-local.sh "$tmp/c2.yaml" reshard "$tmp/c3.yaml" --restart --logs "$tmp/l3" -- --epochs 3 \
   > "$tmp/run3.out" 2>&1; rc=$?
 wait $old; oldrc=$?
 expect "reshard 2 -> 3 succeeds ($rc): $(tail -5 "$tmp/run3.out")" [ $rc -eq 0 ]

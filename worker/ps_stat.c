@@ -35,7 +35,7 @@ struct opts {
 	const char *secret; /* --secret-file */
 	double watch;       /* seconds between refreshes; 0 = once */
 	double interval;    /* once: seconds between the two samples */
-	int json, workers, checkpoint;
+	int json, workers, checkpoint, reshard_stop;
 };
 
 /* One shard at one moment. */
@@ -110,6 +110,11 @@ static void usage(FILE *f)
 		"  -C, --checkpoint      ask every shard to write its checkpoint now\n"
 		"                        (config checkpoint.dir; the shards must have\n"
 		"                        checkpoint.on_request: true) and report each file\n"
+		"      --reshard-stop    stop every shard at one clock boundary for a re-shard\n"
+		"                        while the workers run (docs/elastic.md): each\n"
+		"                        refuses pushes from that clock on (the workers keep\n"
+		"                        them), closes the clocks below, writes its checkpoint\n"
+		"                        there and exits 0; prints the clock\n"
 		"  -h, --help            this text\n"
 		"      --version         version, wire protocol, rdma and CUDA plug-in of this build\n"
 		"\n"
@@ -739,6 +744,80 @@ static void nap(double s)
 	}
 }
 
+/* --reshard-stop: every shard stops at one clock B (server/stop.c). B
+ * is the highest clock any shard took a push for, plus one, or the
+ * highest clock a worker finished there if higher; a shard that
+ * took a push for B meanwhile refuses, and every shard is asked again with
+ * its top clock (the shards that accepted raise their stop). Once all
+ * accepted one B, each is told to commit: it closes the clocks below B,
+ * writes its checkpoint and exits. 0 done, 1 failed (stops not committed
+ * are cancelled; a commit sent to some shards only is named). */
+static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp)
+{
+	struct ps_shard_stats *st = malloc(sizeof(*st));
+	char err[512];
+	int rc = 1, k = 0;
+	uint64_t b = 1;
+
+	if (!st)
+		return 1;
+	if (ps_client_init(cp, cfg, -1, err, sizeof(err))) {
+		fprintf(stderr, "ps-stat: %s\n", err);
+		goto out_free;
+	}
+	for (k = 0; k < cfg->nshards; k++)
+		if (ps_client_shard_error(*cp, k, err, sizeof(err))) {
+			fprintf(stderr, "ps-stat: reshard-stop: %s: every shard must be up\n", err);
+			goto out_free;
+		}
+	for (int tries = 0; tries < 200 && !stop; tries++) {
+		for (k = 0; k < cfg->nshards; k++) {
+			if (ps_client_stats(*cp, k, st))
+				goto err_cancel;
+			if (st->top_clock > b)
+				b = st->top_clock;
+			/* a shard that took no push since it started (from a
+			 * checkpoint) is at its workers' finished clocks */
+			for (int r = 0; r < st->nworkers && r < 64; r++)
+				if (st->worker_clock[r] > b)
+					b = st->worker_clock[r];
+		}
+		for (k = 0; k < cfg->nshards; k++) {
+			int r = ps_client_stop_at(*cp, k, b, 0, st);
+			if (r == PS_ECLOCK)
+				break; /* a push for b came: again with a later b */
+			if (r)
+				goto err_cancel;
+		}
+		if (k < cfg->nshards) {
+			nap(0.02);
+			continue;
+		}
+		for (k = 0; k < cfg->nshards; k++)
+			if (ps_client_stop_at(*cp, k, b, PS_STOP_COMMIT, st)) {
+				fprintf(stderr, "ps-stat: reshard-stop: shard %d: %s; shards 0..%d were "
+					"told to stop at clock %" PRIu64 " and will: run this again to "
+					"commit the others at the same clock\n", k, ps_client_error(*cp),
+					k - 1, b);
+				goto out_free;
+			}
+		printf("ps-stat: reshard-stop: every shard stops at clock %" PRIu64 ": it closes "
+		       "the clocks below, writes its checkpoint there and exits\n", b);
+		rc = 0;
+		goto out_free;
+	}
+	snprintf(err, sizeof(err), "no clock every shard accepted after 200 tries");
+	k = -1;
+err_cancel:
+	fprintf(stderr, "ps-stat: reshard-stop: %s%s; cancelling the stop\n",
+		k >= 0 ? "" : err, k >= 0 ? ps_client_error(*cp) : "");
+	for (k = 0; k < cfg->nshards; k++)
+		ps_client_stop_at(*cp, k, 0, PS_STOP_CANCEL, st);
+out_free:
+	free(st);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option lopts[] = {
@@ -747,6 +826,7 @@ int main(int argc, char **argv)
 		{ "workers", no_argument, NULL, 'W' }, { "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "checkpoint", no_argument, NULL, 'C' },
+		{ "reshard-stop", no_argument, NULL, 'R' },
 		{ "secret-file", required_argument, NULL, 'K' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -775,6 +855,7 @@ int main(int argc, char **argv)
 		case 'j': o.json = 1; break;
 		case 'W': o.workers = 1; break;
 		case 'C': o.checkpoint = 1; break;
+		case 'R': o.reshard_stop = 1; break;
 		case 'K': o.secret = optarg; break;
 		case 'V': ps__version_print(stdout, "ps-stat"); rc = 0; goto out;
 		case 'h': usage(stdout); rc = 0; goto out;
@@ -812,6 +893,10 @@ int main(int argc, char **argv)
 	}
 	if (o.checkpoint) {
 		rc = checkpoint_all(cfg, &c);
+		goto out;
+	}
+	if (o.reshard_stop) {
+		rc = reshard_stop(cfg, &c);
 		goto out;
 	}
 	sample(cfg, &c, a);

@@ -16,7 +16,7 @@ static PyObject *config_error, *auth_error, *timeout_error, *refused_error, *not
 static const char *const ps_names[] = {
 	"PS_ECONFIG", "PS_EPROTO", "PS_EVERSION", "PS_EMAP", "PS_ETOOBIG", "PS_ENOTSUP",
 	"PS_ECLOSED", "PS_ETIMEDOUT", "PS_EREFUSED", "PS_ENOTENSOR", "PS_ESHAPE", "PS_ESTATE",
-	"PS_ECLOCK", "PS_EDUP", "PS_ENOFINITE", "PS_EAUTH", "PS_ERESOLVE",
+	"PS_ECLOCK", "PS_EDUP", "PS_ENOFINITE", "PS_EAUTH", "PS_ERESOLVE", "PS_ERESHARD",
 };
 _Static_assert(sizeof(ps_names) / sizeof(ps_names[0]) == PS_ELAST - PS_EBASE - 1,
 	       "ps_names must name every PS_E* code of ps_err.h");

@@ -127,6 +127,7 @@ static void on_tick(uv_timer_t *t)
 	}
 	ps__client_reconnect_due(c, now);
 	pthread_mutex_unlock(&c->mu);
+	ps__client_follow_tick(c); /* takes maplock, then c->mu */
 }
 
 /* The I/O thread: all the client's writes through libuv happen here (the
@@ -320,7 +321,13 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		snprintf(err, errlen, "cannot build the shard map: %s", ps_strerror(rc));
 		goto err_free_client;
 	}
+	rc = ps__client_follow_init(c, err, errlen);
+	if (rc) {
+		ps_shardmap_free(&c->map);
+		goto err_free_client;
+	}
 	pthread_mutex_init(&c->mu, NULL);
+	pthread_rwlock_init(&c->maplock, NULL);
 	c->deferred_tail = &c->deferred;
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -433,8 +440,10 @@ err_close_loop:
 	uv_loop_close(&c->loop);
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);
+	pthread_rwlock_destroy(&c->maplock);
 	ps_shardmap_free(&c->map);
 err_free_client:
+	ps__client_follow_free(c);
 	for (int k = 0; k < cfg->nshards; k++)
 		free(c->shards[k].hello);
 	sodium_memzero(c->secret, sizeof(c->secret));
@@ -468,7 +477,9 @@ void ps_client_free(struct ps_client *c)
 	}
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);
+	pthread_rwlock_destroy(&c->maplock);
 	ps_shardmap_free(&c->map);
+	ps__client_follow_free(c);
 	for (int i = 0; c->resid && i < c->cfg->ntensors; i++)
 		free(c->resid[i]);
 	free(c->resid);

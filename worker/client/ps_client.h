@@ -190,6 +190,11 @@ struct ps_shard_stats {
 	/* the first 64 workers' dedup windows: the highest push number marked
 	 * and a digest of the window (equal on a primary and its backup) */
 	uint64_t dedup_seq[64], dedup_digest[64];
+	/* a live re-shard's stop (ps_client_stop_at): the clock the shard
+	 * stops at (0: none), whether that was committed, and one more than
+	 * the highest clock of a push it took */
+	uint64_t stop_at, top_clock;
+	int stop_committed;
 };
 
 /* The rank of a reader: a read-only client that proves the reader key
@@ -212,7 +217,12 @@ struct ps_shard_stats {
  * that only reads statistics, or PS_RANK_READER: a monitor's init succeeds
  * even when shards are unreachable (see ps_client_shard_error). On failure returns a negative code and writes
  * the reason (naming the shard and, for a refused handshake, both sides'
- * values) into err. cfg must outlive the client. */
+ * values) into err. cfg must outlive the client. A worker whose
+ * environment has PS_CONFIG_FOLLOW=FILE (FILE: one line, the path of the
+ * cluster's current config) follows a re-shard while it runs: once every
+ * shard is lost and FILE names a config differing in cluster.servers
+ * only, it takes that config's map and sends its waiting pushes and pulls
+ * again to the new shards (docs/elastic.md; ps_client_follow.c). */
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
 		   size_t errlen);
 
@@ -321,6 +331,23 @@ int ps_client_checkpoint_sized(struct ps_client *c, int shard, int write,
 /* the plain functions (a call through them fills sizeof the library's struct) */
 int (ps_client_stats)(struct ps_client *c, int shard, struct ps_shard_stats *out);
 int (ps_client_checkpoint)(struct ps_client *c, int shard, int write, struct ps_shard_stats *out);
+
+/* A live re-shard's stop (monitors only, rank -1; docs/elastic.md): asks
+ * shard to refuse every push for clock and later (the workers' client
+ * keeps such a push and sends it again on the new map), with
+ * PS_STOP_COMMIT also to write its checkpoint and exit once every clock
+ * below is closed; PS_STOP_CANCEL (clock ignored) takes pushes again
+ * before a commit. out as ps_client_stats. PS_ECLOCK when the shard took
+ * a push for clock or later already (out is then not filled: ask again
+ * with a later clock); the reason in ps_client_error. */
+#define PS_STOP_COMMIT 1u
+#define PS_STOP_CANCEL 2u
+/* (out's size goes with it, as the program was built: the library fills
+ * the fields both know and zeroes the rest) */
+#define ps_client_stop_at(c, shard, clock, flags, out) \
+	ps_client_stop_at_sized((c), (shard), (clock), (flags), (out), sizeof(*(out)))
+int ps_client_stop_at_sized(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
+			    struct ps_shard_stats *out, size_t size);
 
 /* NULL when shard is connected; else why not (copied into buf, len bytes).
  * Useful for monitors (rank -1), whose init succeeds with shards down. */

@@ -193,71 +193,28 @@ int64_t ps__client_reserve_id(struct ps_client *c)
 int ps__client_build_push(struct ps_client *c, uint64_t clock, const struct ps_tensor *t, int n,
 			  unsigned flags, struct req **out)
 {
-	int nsh = c->cfg->nshards, rc = -ENOMEM;
-	int *tidx = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
-	uint32_t *cnt = malloc(sizeof(uint32_t) * (size_t)nsh);
-	Ps__SliceRef *refs = NULL, **ptrs = NULL;
 	struct req *r = ps__client_req_new(c, REQ_PUSH);
-	uint32_t total = 0, base = 0;
-	int ngroups = c->cfg->ngroups;
+	int ngroups = c->cfg->ngroups, rc;
 	float lrs[PS_MAX_GROUPS];
 
-	if (!tidx || !cnt || !r)
-		goto err_free;
+	if (!r)
+		return -ENOMEM;
 	if (ngroups) {
 		/* the groups' rates now (another thread may set them) */
 		pthread_mutex_lock(&c->mu);
 		memcpy(lrs, c->group_lr, sizeof(float) * (size_t)ngroups);
 		pthread_mutex_unlock(&c->mu);
 	}
-	rc = resolve_tensors(c, t, n, tidx);
-	if (rc)
-		goto err_free;
-	rc = -ENOMEM;
-	count_slices(c, tidx, n, cnt);
-	for (int k = 0; k < nsh; k++)
-		total += cnt[k];
-	refs = calloc(total ? total : 1, sizeof(*refs));
-	ptrs = calloc(total ? total : 1, sizeof(*ptrs));
-	if (!refs || !ptrs)
-		goto err_free;
-	r->id = ps__client_reserve_id(c);
 	r->clock = clock;
 	r->end_clock = (flags & PS_PUSH_END_CLOCK) != 0;
-	for (int k = 0; k < nsh; k++) {
-		struct part *p = &r->parts[k];
-		Ps__Push m = PS__PUSH__INIT;
-		uint64_t off = 0;
-		if (!cnt[k] && !(flags & PS_PUSH_END_CLOCK))
-			continue;
-		p->iov = malloc(sizeof(*p->iov) * (cnt[k] ? cnt[k] : 1));
-		if (!p->iov)
-			goto err_free;
-		rc = encode_part(c, p, k, t, tidx, n, clock, refs + base, ptrs + base, &off);
-		if (rc)
-			goto err_free;
-		rc = -ENOMEM;
-		m.req_id = (uint64_t)r->id;
-		m.seq = (uint64_t)r->id; /* increasing: the shard's duplicate check */
-		m.clock = clock;
-		m.end_clock = (flags & PS_PUSH_END_CLOCK) != 0;
-		m.leave = (flags & PS_PUSH_LEAVE) != 0;
-		m.n_slices = (size_t)p->niov;
-		m.slices = ptrs + base;
-		m.n_group_lr = (size_t)ngroups;
-		m.group_lr = lrs;
-		base += (uint32_t)p->niov;
-		if (off && c->cfg->compress.lz4 != PS_LZ4_OFF) {
-			rc = lz4_part(c, p, off, &m.raw_length,
-				      (const Ps__SliceRef *const *)m.slices);
-			if (rc)
-				goto err_free;
-			rc = -ENOMEM;
-		}
-		if (ps__client_pack_part(p, &m.base))
-			goto err_free;
-		for (int i = 0; i < p->niov; i++)
-			c->push_wire += p->iov[i].len;
+	r->pt = t;
+	r->n = n;
+	r->push_flags = flags;
+	r->id = ps__client_reserve_id(c);
+	rc = ps__client_push_parts(c, r, lrs);
+	if (rc) {
+		ps__client_req_free(c, r);
+		return rc;
 	}
 	if ((flags & PS_PUSH_END_CLOCK) && c->rank >= 0) {
 		/* only a worker has a clock (a reader's push is refused) */
@@ -266,20 +223,74 @@ int ps__client_build_push(struct ps_client *c, uint64_t clock, const struct ps_t
 			c->clock = clock + 1;
 		pthread_mutex_unlock(&c->mu);
 	}
-	free(refs);
-	free(ptrs);
-	free(tidx);
-	free(cnt);
 	*out = r;
 	return 0;
+}
 
-err_free:
+int ps__client_push_parts(struct ps_client *c, struct req *r, const float *lrs)
+{
+	const struct ps_tensor *t = r->pt;
+	int n = r->n, nsh = c->cfg->nshards, rc = -ENOMEM;
+	int *tidx = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+	uint32_t *cnt = malloc(sizeof(uint32_t) * (size_t)nsh);
+	Ps__SliceRef *refs = NULL, **ptrs = NULL;
+	uint32_t total = 0, base = 0;
+	unsigned flags = r->push_flags;
+
+	if (!tidx || !cnt)
+		goto out_free;
+	rc = resolve_tensors(c, t, n, tidx);
+	if (rc)
+		goto out_free;
+	rc = -ENOMEM;
+	count_slices(c, tidx, n, cnt);
+	for (int k = 0; k < nsh; k++)
+		total += cnt[k];
+	refs = calloc(total ? total : 1, sizeof(*refs));
+	ptrs = calloc(total ? total : 1, sizeof(*ptrs));
+	if (!refs || !ptrs)
+		goto out_free;
+	for (int k = 0; k < nsh; k++) {
+		struct part *p = &r->parts[k];
+		Ps__Push m = PS__PUSH__INIT;
+		uint64_t off = 0;
+		if (!cnt[k] && !(flags & PS_PUSH_END_CLOCK))
+			continue;
+		p->iov = malloc(sizeof(*p->iov) * (cnt[k] ? cnt[k] : 1));
+		if (!p->iov)
+			goto out_free;
+		rc = encode_part(c, p, k, t, tidx, n, r->clock, refs + base, ptrs + base, &off);
+		if (rc)
+			goto out_free;
+		rc = -ENOMEM;
+		m.req_id = (uint64_t)r->id;
+		m.seq = (uint64_t)r->id; /* increasing: the shard's duplicate check */
+		m.clock = r->clock;
+		m.end_clock = (flags & PS_PUSH_END_CLOCK) != 0;
+		m.leave = (flags & PS_PUSH_LEAVE) != 0;
+		m.n_slices = (size_t)p->niov;
+		m.slices = ptrs + base;
+		m.n_group_lr = (size_t)c->cfg->ngroups;
+		m.group_lr = (float *)lrs;
+		base += (uint32_t)p->niov;
+		if (off && c->cfg->compress.lz4 != PS_LZ4_OFF) {
+			rc = lz4_part(c, p, off, &m.raw_length,
+				      (const Ps__SliceRef *const *)m.slices);
+			if (rc)
+				goto out_free;
+			rc = -ENOMEM;
+		}
+		if (ps__client_pack_part(p, &m.base))
+			goto out_free;
+		for (int i = 0; i < p->niov; i++)
+			c->push_wire += p->iov[i].len;
+	}
+	rc = 0;
+out_free:
 	free(refs);
 	free(ptrs);
 	free(tidx);
 	free(cnt);
-	if (r)
-		ps__client_req_free(c, r);
 	return rc;
 }
 
@@ -290,32 +301,51 @@ err_free:
 int ps__client_build_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n,
 			  uint64_t after_push, struct req **out)
 {
-	int nsh = c->cfg->nshards, rc = -ENOMEM;
-	uint32_t *cnt = malloc(sizeof(uint32_t) * (size_t)nsh);
-	uint32_t *ids = NULL;
 	struct req *r = ps__client_req_new(c, REQ_PULL);
 	uint64_t clock;
+	int rc = -ENOMEM;
 
-	if (!cnt || !r)
-		goto err_free;
+	if (!r)
+		return -ENOMEM;
 	r->tidx = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
 	if (!r->tidx)
 		goto err_free;
 	rc = resolve_tensors(c, t, n, r->tidx);
 	if (rc)
 		goto err_free;
-	rc = -ENOMEM;
 	r->t = t;
 	r->n = n;
-	for (int i = 0; i < n; i++)
-		t[i].version = UINT64_MAX;
-	count_slices(c, r->tidx, n, cnt);
 	pthread_mutex_lock(&c->mu);
 	clock = c->clock;
 	pthread_mutex_unlock(&c->mu);
 	if (after_push != UINT64_MAX && after_push + 1 > clock)
 		clock = after_push + 1;
+	r->min_version = min_version;
+	r->pull_clock = clock;
 	r->id = ps__client_reserve_id(c);
+	rc = ps__client_pull_parts(c, r);
+	if (rc)
+		goto err_free;
+	*out = r;
+	return 0;
+
+err_free:
+	ps__client_req_free(c, r);
+	return rc;
+}
+
+int ps__client_pull_parts(struct ps_client *c, struct req *r)
+{
+	int nsh = c->cfg->nshards, n = r->n;
+	uint32_t *cnt = malloc(sizeof(uint32_t) * (size_t)nsh);
+	uint32_t *ids = NULL;
+	int rc = -ENOMEM;
+
+	if (!cnt)
+		return -ENOMEM;
+	for (int i = 0; i < n; i++)
+		r->t[i].version = UINT64_MAX;
+	count_slices(c, r->tidx, n, cnt);
 	for (int k = 0; k < nsh; k++) {
 		Ps__Pull m = PS__PULL__INIT;
 		uint32_t j = 0;
@@ -324,30 +354,24 @@ int ps__client_build_pull(struct ps_client *c, uint64_t min_version, struct ps_t
 		free(ids);
 		ids = malloc(sizeof(*ids) * cnt[k]);
 		if (!ids)
-			goto err_free;
+			goto out_free;
 		for (int i = 0; i < n; i++)
 			for (uint32_t s = c->map.tensor_first[r->tidx[i]];
 			     s < c->map.tensor_first[r->tidx[i] + 1]; s++)
 				if (c->map.slices[s].shard == k)
 					ids[j++] = s;
 		m.req_id = (uint64_t)r->id;
-		m.min_version = min_version;
+		m.min_version = r->min_version;
 		m.codec = (uint32_t)c->cfg->compress.pull;
-		m.clock = clock;
+		m.clock = r->pull_clock;
 		m.n_slices = j;
 		m.slices = ids;
 		if (ps__client_pack_part(&r->parts[k], &m.base))
-			goto err_free;
+			goto out_free;
 	}
+	rc = 0;
+out_free:
 	free(ids);
 	free(cnt);
-	*out = r;
-	return 0;
-
-err_free:
-	free(ids);
-	free(cnt);
-	if (r)
-		ps__client_req_free(c, r);
 	return rc;
 }

@@ -266,6 +266,15 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		sh->conn->t->ops->close(sh->conn, PS_EREFUSED);
 		return;
 	}
+	if (!m->ok && c->follow_path && c->started && m->shard_map_hash &&
+	    m->shard_map_hash != c->map.hash) {
+		/* following re-shards: a shard of another map answers at this
+		 * address; dial again until the pointer file names its config
+		 * (ps_client_follow.c) or the reconnects time out */
+		snprintf(sh->untrusted, sizeof(sh->untrusted), "%s", said);
+		sh->conn->t->ops->close(sh->conn, PS_EMAP);
+		return;
+	}
 	if (!m->ok && !sh->authed) {
 		untrusted_failure(c, k, PS_EREFUSED, "refused the handshake%s: %s",
 				  c->cfg->security.auth ? " before proving the secret" : "", said);
@@ -298,6 +307,13 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 		sh->from_ckpt = m->from_checkpoint;
 		c->nready++;
 		if (sh->lost_at > 0) {
+			/* after a re-shard: a push cut again for a clock this new
+			 * shard's checkpoint holds (its acks were lost with the old
+			 * shards) is complete here */
+			for (struct req *r = c->reqs; r; r = r->next)
+				if (r->recut && r->kind == REQ_PUSH && r->parts[k].waiting &&
+				    r->clock < m->clock)
+					ps__client_part_done(c, r, k, 0, NULL);
 			int n = resend(c, k);
 			const struct ps_endpoint *ep = ps_config_replica_addr(c->cfg, k, sh->alt);
 			if (c->started)
@@ -374,6 +390,16 @@ static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, Pro
 		Ps__Error *e = (Ps__Error *)m;
 		struct req *r = ps__client_find_req(c, (int64_t)e->req_id);
 		char text[600];
+		if (r && e->code == PS_ERESHARD && r->kind == REQ_PUSH && r->parts[k].waiting) {
+			/* the shard stops for a re-shard (server/stop.c): the part
+			 * stays unacknowledged, sent again on the next connection
+			 * (resend) or, if the shard takes pushes again (a later
+			 * stop clock), by the tick in a while */
+			r->parts[k].gen = 0;
+			if (!c->shards[k].stop_retry_at)
+				c->shards[k].stop_retry_at = ps_now_s() + 0.5;
+			return 1;
+		}
 		snprintf(text, sizeof(text), "shard %d: %s", k, e->message);
 		if (r)
 			ps__client_part_done(c, r, k, e->code < 0 ? e->code : PS_EPROTO, text);
@@ -497,7 +523,13 @@ void ps__client_on_close(struct ps_conn *pc, int status)
 		int n = snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d): unreachable for %d ms "
 				 "(limits.reconnect_timeout_ms)", k, c->cfg->shards[k].host,
 				 c->cfg->shards[k].port, c->cfg->limits.reconnect_timeout_ms);
-		if (sh->untrusted[0] && n > 0 && (size_t)n < sizeof(sh->why))
+		if (c->follow_refused[0] && n > 0 && (size_t)n < sizeof(sh->why))
+			/* a re-shard's config this client would not take
+			 * (ps_client_follow.c; this thread wrote it): the reason,
+			 * before a refusal of the old map would say less */
+			snprintf(sh->why + n, sizeof(sh->why) - (size_t)n, "; a re-shard was not "
+				 "followed: %.400s", c->follow_refused);
+		else if (sh->untrusted[0] && n > 0 && (size_t)n < sizeof(sh->why))
 			/* what kept it out, if a peer without the secret answered */
 			snprintf(sh->why + n, sizeof(sh->why) - (size_t)n, "; the last answer, from "
 				 "a peer that had not proven the secret: %s", sh->untrusted);
@@ -569,6 +601,11 @@ void ps__client_reconnect_due(struct ps_client *c, double now)
 			 * does not answer the handshake): give it up, on_close retries */
 			sh->conn->t->ops->close(sh->conn, PS_ETIMEDOUT);
 			continue;
+		}
+		if (sh->stop_retry_at && now >= sh->stop_retry_at) {
+			sh->stop_retry_at = 0;
+			if (sh->state == SH_READY && sh->conn)
+				resend(c, k); /* pushes refused by a stopping shard */
 		}
 		if (sh->state != SH_RETRY || now < sh->retry_at)
 			continue;

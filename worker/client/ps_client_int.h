@@ -62,9 +62,17 @@ struct req {
 	uint64_t clock;         /* push: its clock, and whether it ends it */
 	int end_clock;
 	struct rows_req *rows;  /* pull_rows: where each shard's rows go (ps_client_rows.c) */
+	/* What a re-shard needs to cut the request again for the new map
+	 * (ps_client_follow.c): a push's tensors (the caller's, valid until
+	 * the wait) and flags; a pull's min_version and clock. */
+	const struct ps_tensor *pt;
+	unsigned push_flags;
+	uint64_t min_version, pull_clock;
+	int recut;              /* cut again by a re-shard (ps_client_follow.c) */
 	struct req *next;
 	struct req *send_next;  /* queue of requests for the I/O thread to send */
-	struct part parts[];    /* one per shard */
+	int nparts;             /* == c->cfg->nshards for every request in c->reqs */
+	struct part *parts;     /* one per shard */
 };
 
 struct shard_conn {
@@ -81,11 +89,12 @@ struct shard_conn {
 	int alt;                  /* cluster.replicas: 1: dialing cluster.backups[k], not servers[k] */
 	uint64_t epoch;           /* the shard's takeovers, from its HelloReply */
 	uint64_t done_clock;      /* clocks whose ending push this shard acknowledged */
+	double stop_retry_at;     /* a push refused with PS_ERESHARD: resend then (0 = none) */
 	uint64_t hello_clock;     /* its HelloReply: clock, fresh, from_checkpoint */
 	int fresh, from_ckpt;
 	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
 	size_t hello_len;
-	char why[400];
+	char why[600];
 	/* While reconnecting: the last answer that would have ended the
 	 * handshake but came from a peer that had not proven the secret
 	 * (escaped), named if the reconnects time out; "" when none. */
@@ -158,6 +167,23 @@ struct ps_client {
 	int mem_have;
 	uint64_t mem_clock, mem_epoch, mem_before;
 	int mem_count, mem_index;
+	/* Following a live re-shard (ps_client_follow.c; workers with
+	 * $PS_CONFIG_FOLLOW): the pointer file, the config path it named
+	 * last and that file's mtime, the config as first loaded from a
+	 * file (what a new one may differ from in cluster.servers only),
+	 * the configs replaced (kept until ps_client_free: other threads may
+	 * still read them), what was last refused (logged once), the
+	 * re-shards followed. maplock: readers build pushes and pulls,
+	 * the I/O thread writes when it changes the map. */
+	pthread_rwlock_t maplock;
+	char *follow_path;
+	char follow_cur[1024];
+	int64_t follow_mtime_ns;
+	struct ps_config *file_cfg;
+	struct ps_config **retired;
+	int nretired;
+	char follow_refused[1200];
+	uint64_t reshards;
 };
 
 /* ps_client_declare.c: sends a declaration to every shard (send returns
@@ -172,6 +198,16 @@ int ps__client_declare_all(struct ps_client *c,
 /* ps_client_req.c: a StatsRequest with resume_clock to shard k (proto
  * StatsRequest), waited for; 0 or a negative code. */
 int ps__client_resume(struct ps_client *c, int k, uint64_t clock);
+
+/* ps_client_follow.c: a live re-shard. init: reads $PS_CONFIG_FOLLOW
+ * (workers); 0 or a negative code with err. tick (I/O thread, c->mu not
+ * held): when every shard is lost and the pointer file names another
+ * config differing in cluster.servers only, the client takes its map,
+ * connections and every request waiting, cut again for the new map.
+ * free: what init and the switches kept. */
+int ps__client_follow_init(struct ps_client *c, char *err, size_t errlen);
+void ps__client_follow_tick(struct ps_client *c);
+void ps__client_follow_free(struct ps_client *c);
 
 /* ps_client_members.c: a pull reply's membership noted (under c->mu). */
 void ps__client_note_members(struct ps_client *c, const Ps__PullReply *m);
@@ -204,6 +240,11 @@ int ps__client_build_push(struct ps_client *c, uint64_t clock, const struct ps_t
 			  int n, unsigned flags, struct req **out);
 int ps__client_build_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t,
 			  int n, uint64_t after_push, struct req **out);
+/* The parts of r (push or pull, its id, tensors, clock set; r->parts all
+ * zero, nparts == c->cfg->nshards) for the current map; lrs: the groups'
+ * rates. Used again by a re-shard. 0 or a negative code. */
+int ps__client_push_parts(struct ps_client *c, struct req *r, const float *lrs);
+int ps__client_pull_parts(struct ps_client *c, struct req *r);
 
 /* ps_client_conn.c: the connections to the shards (the transport's
  * callbacks, and what the I/O thread's tick does for them) */

@@ -146,6 +146,9 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->duplicate_pushes = m->duplicate_pushes;
 	o->reader_refused = m->reader_refused;
 	o->member_current = m->member_current;
+	o->stop_at = m->stop_at;
+	o->top_clock = m->top_clock;
+	o->stop_committed = m->stop_committed;
 	o->member_epoch = m->member_epoch;
 	o->joins = m->joins;
 	o->leaves = m->leaves;
@@ -233,11 +236,13 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 
 void ps__client_req_free(struct ps_client *c, struct req *r)
 {
-	for (int k = 0; k < c->cfg->nshards; k++) {
+	(void)c; /* r->nparts: a re-shard may have changed c's count */
+	for (int k = 0; k < r->nparts; k++) {
 		free(r->parts[k].meta);
 		free(r->parts[k].iov);
 		free(r->parts[k].enc);
 	}
+	free(r->parts);
 	free(r->tidx);
 	free(r->why);
 	ps__client_rows_free(r->rows);
@@ -246,10 +251,20 @@ void ps__client_req_free(struct ps_client *c, struct req *r)
 
 struct req *ps__client_req_new(struct ps_client *c, enum req_kind kind)
 {
-	struct req *r = calloc(1, sizeof(*r) + (size_t)c->cfg->nshards * sizeof(r->parts[0]));
+	struct req *r = calloc(1, sizeof(*r));
 
-	if (r)
-		r->kind = kind;
+	if (!r)
+		return NULL;
+	/* the shard count now: a re-shard before the submit fails the
+	 * request there (submit) unless it is a push or pull built under
+	 * maplock */
+	r->nparts = c->cfg->nshards;
+	r->parts = calloc((size_t)r->nparts, sizeof(r->parts[0]));
+	if (!r->parts) {
+		free(r);
+		return NULL;
+	}
+	r->kind = kind;
 	return r;
 }
 
@@ -337,16 +352,26 @@ static int submit(struct ps_client *c, struct req *const *rs, int nr)
 {
 	int queued = 0;
 
+	int stale = 0;
+
 	for (int i = 0; i < nr; i++)
-		for (int k = 0; k < c->cfg->nshards; k++)
+		for (int k = 0; k < rs[i]->nparts; k++)
 			if (rs[i]->parts[k].waiting)
 				rs[i]->pending++;
 	pthread_mutex_lock(&c->mu);
-	if (c->stopping) {
+	for (int i = 0; i < nr; i++)
+		stale |= rs[i]->nparts != c->cfg->nshards;
+	if (c->stopping || stale) {
+		/* stale: built for the shard count before a re-shard (pushes
+		 * and pulls are built under maplock, which a re-shard waits
+		 * for: only the other kinds) */
+		if (stale)
+			ps__client_set_err(c, "the shards were re-sharded (%d now) while this "
+					   "request was built: make it again", c->cfg->nshards);
 		pthread_mutex_unlock(&c->mu);
 		for (int i = 0; i < nr; i++)
 			ps__client_req_free(c, rs[i]);
-		return PS_ESTATE;
+		return stale ? PS_EMAP : PS_ESTATE;
 	}
 	if (!c->sendq_head)
 		send_direct(c, rs, nr);
@@ -390,17 +415,28 @@ int64_t ps_client_push(struct ps_client *c, uint64_t clock, const struct ps_tens
 		       unsigned flags)
 {
 	struct req *r = NULL;
-	int rc = ps__client_build_push(c, clock, t, n, flags, &r); /* before r is read */
+	int64_t id;
+	int rc;
 
-	return ps__client_submit_built(c, rc, r);
+	/* built and submitted under one map: a re-shard waits (maplock) */
+	pthread_rwlock_rdlock(&c->maplock);
+	rc = ps__client_build_push(c, clock, t, n, flags, &r); /* before r is read */
+	id = ps__client_submit_built(c, rc, r);
+	pthread_rwlock_unlock(&c->maplock);
+	return id;
 }
 
 int64_t ps_client_pull(struct ps_client *c, uint64_t min_version, struct ps_tensor *t, int n)
 {
 	struct req *r = NULL;
-	int rc = ps__client_build_pull(c, min_version, t, n, UINT64_MAX, &r);
+	int64_t id;
+	int rc;
 
-	return ps__client_submit_built(c, rc, r);
+	pthread_rwlock_rdlock(&c->maplock);
+	rc = ps__client_build_pull(c, min_version, t, n, UINT64_MAX, &r);
+	id = ps__client_submit_built(c, rc, r);
+	pthread_rwlock_unlock(&c->maplock);
+	return id;
 }
 
 int ps_client_pushpull(struct ps_client *c, uint64_t clock, const struct ps_tensor *grad,
@@ -408,22 +444,27 @@ int ps_client_pushpull(struct ps_client *c, uint64_t clock, const struct ps_tens
 		       int nout, int64_t ids[2])
 {
 	struct req *r[2];
+	int rc;
+
+	pthread_rwlock_rdlock(&c->maplock);
 	/* The pull first: a push built (its clock counted as ended) must be
 	 * sent, so nothing may fail after it. */
-	int rc = ps__client_build_pull(c, min_version, out, nout,
-				       flags & (PS_PUSH_END_CLOCK | PS_PULL_AFTER_CLOCK) ? clock
-				       : UINT64_MAX, &r[1]);
-
+	rc = ps__client_build_pull(c, min_version, out, nout,
+				   flags & (PS_PUSH_END_CLOCK | PS_PULL_AFTER_CLOCK) ? clock
+				   : UINT64_MAX, &r[1]);
 	if (rc)
-		return rc;
+		goto out_unlock;
 	rc = ps__client_build_push(c, clock, grad, ngrad, flags, &r[0]);
 	if (rc) {
 		ps__client_req_free(c, r[1]);
-		return rc;
+		goto out_unlock;
 	}
 	ids[0] = r[0]->id;
 	ids[1] = r[1]->id;
-	return submit(c, r, 2);
+	rc = submit(c, r, 2);
+out_unlock:
+	pthread_rwlock_unlock(&c->maplock);
+	return rc;
 }
 
 int ps_client_wait(struct ps_client *c, int64_t id)

@@ -1,0 +1,115 @@
+/* stop.c - a live re-shard's stop at a clock boundary (docs/elastic.md,
+ * "Re-sharding while the workers run").
+ *
+ * A monitor (ps-stat --stop-for-reshard, never a worker or a reader)
+ * first asks every shard to stop at clock B: from then on a push for B or
+ * later is refused with PS_ERESHARD, which the client library takes as
+ * "keep it and send it again" (on the new map once the shards change), and
+ * nothing of it is marked in the dedup window, so the push is new to
+ * whichever shard takes it later. A shard that took a push for B or later
+ * already refuses the stop (PS_ECLOCK, its top clock named): the monitor
+ * asks every shard again with a higher B, which the shards that accepted
+ * take (raising their stop). Once every shard accepted the same B the
+ * monitor commits: each shard goes on closing the clocks below B as usual
+ * (pulls answered as usual), then writes its checkpoint, at B on every
+ * shard, and exits 0. Before the commit a stop can be cancelled.
+ *
+ * Sync (BSP) training is what this is built and tested for; a config with
+ * embedding tables or cluster.replicas: 1 is refused (their row pushes and
+ * replicated state are not stopped here).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include "ps_err.h"
+#include "ps_log.h"
+#include "msg.h"
+#include "server_int.h"
+
+int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m,
+			 char *err, size_t errlen)
+{
+	if (sc->rank >= 0 || sc->is_reader || sc->is_replica) {
+		snprintf(err, errlen, "a stop for a re-shard is asked by a monitor (ps-stat), not by "
+			 "a %s", sc->rank >= 0 ? "worker" : sc->is_reader ? "reader" : "replica");
+		return PS_ESTATE;
+	}
+	if (!s->ckpt_path[0]) {
+		snprintf(err, errlen, "a stop for a re-shard needs checkpoint.dir: the new shards "
+			 "start from the checkpoints written at the stop");
+		return PS_ESTATE;
+	}
+	if (s->cfg->replicas || s->cfg->ntables) {
+		snprintf(err, errlen, "a re-shard while the workers run is not built with %s: "
+			 "re-shard by restart (ps-local.sh CONFIG reshard NEW_CONFIG --restart, "
+			 "docs/elastic.md)", s->cfg->replicas ?
+			 "cluster.replicas: 1" : "embedding tables");
+		return PS_ENOTSUP;
+	}
+	if (m->stop_cancel) {
+		if (s->stop_committed) {
+			snprintf(err, errlen, "the stop at clock %" PRIu64 " was committed: the shard "
+				 "exits once that clock is reached", s->stop_at);
+			return PS_ESTATE;
+		}
+		if (s->stop_at)
+			ps_info("re-shard stop at clock %" PRIu64 " cancelled by %s: taking pushes again",
+				s->stop_at, sc->conn->peer);
+		s->stop_at = 0;
+		return 0;
+	}
+	if (!m->stop_at || m->stop_at >= PS_MAX_CLOCK) {
+		snprintf(err, errlen, "stop_at %" PRIu64 " out of range (1 to 2^53 - 1)", m->stop_at);
+		return PS_ECLOCK;
+	}
+	if (s->stop_committed && m->stop_at != s->stop_at) {
+		snprintf(err, errlen, "committed to stop at clock %" PRIu64 " already, not %" PRIu64,
+			 s->stop_at, m->stop_at);
+		return PS_ESTATE;
+	}
+	if (s->top_clock > m->stop_at) {
+		snprintf(err, errlen, "a push for clock %" PRIu64 " was taken already: stop at %"
+			 PRIu64 " or later", s->top_clock - 1, s->top_clock);
+		return PS_ECLOCK;
+	}
+	if (m->stop_at != s->stop_at)
+		ps_info("re-shard: stopping at clock %" PRIu64 " (asked by %s): pushes for it and "
+			"later are refused, to be sent again on the new map", m->stop_at,
+			sc->conn->peer);
+	s->stop_at = m->stop_at;
+	if (m->stop_commit && !s->stop_committed) {
+		s->stop_committed = 1;
+		ps_info("re-shard: stop at clock %" PRIu64 " committed: checkpoint and exit once "
+			"every clock below it is closed (now at %" PRIu64 ")", s->stop_at,
+			ps__srv_resume_clock(s));
+		/* the tick stops the shard (ps__srv_stop_poll), after this
+		 * request's answer */
+	}
+	return 0;
+}
+
+int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m)
+{
+	if (!s->stop_at || m->clock < s->stop_at)
+		return 0;
+	ps_msg_send_error(sc->conn, m->req_id, PS_ERESHARD, "push for clock %" PRIu64 " refused: "
+			  "the shard stops at clock %" PRIu64 " for a re-shard; it is sent again on "
+			  "the new map", m->clock, s->stop_at);
+	return 1;
+}
+
+void ps__srv_stop_poll(struct ps_server *s)
+{
+	char err[512];
+	uint64_t bytes;
+	double secs;
+
+	if (!s->stop_committed || s->stopping || s->ckpt_job ||
+	    ps__srv_resume_clock(s) < s->stop_at)
+		return;
+	if (ps__srv_write_checkpoint(s, "re-shard stop", &bytes, &secs, err, sizeof(err)))
+		s->exit_status = 1;
+	else
+		ps_info("re-shard: stopped at clock %" PRIu64 " with its checkpoint written; exiting",
+			s->stop_at);
+	ps_server_stop(s);
+}
