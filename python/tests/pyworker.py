@@ -6,6 +6,7 @@ $PS_CONFIG / $PS_RANK as the launchers set them."""
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -19,6 +20,8 @@ ap.add_argument("--rank", type=int)
 ap.add_argument("--clocks", type=int, default=3)
 ap.add_argument("--async-calls", action="store_true")
 ap.add_argument("--rows", action="store_true")
+ap.add_argument("--pace-ms", type=float, default=0,
+                help="sleep this long after each clock (a run that lasts while a test acts)")
 ap.add_argument("--check-workers", type=int, default=0,
                 help="sync: at the end, check the weights are the exact sum of N workers' pushes")
 a = ap.parse_args()
@@ -48,6 +51,8 @@ with ps.Client(a.config, a.rank) as c:
             v = c.pull(w, min_version=clock + 1 if sync else 0)
         if sync:
             assert v >= clock + 1, f"pulled version {v} after clock {clock}"
+        if a.pace_ms:
+            time.sleep(a.pace_ms / 1000)
     if a.check_workers:
         for i, n in enumerate(names):
             want = -sum(gradient(i, r, k, c.config.tensors[n])

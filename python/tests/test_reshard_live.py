@@ -14,7 +14,8 @@ from conftest import ROOT, free_ports
 
 HERE = os.path.dirname(__file__)
 LOCAL = os.path.join(ROOT, "scripts", "ps-local.sh")
-CLOCKS = 800
+CLOCKS = 500
+PACE_MS = 10  # 500 clocks last 5 s at least: the re-shard lands inside the run
 
 
 def write(path, ports, ck):
@@ -36,7 +37,8 @@ def test_python_workers_follow_a_reshard(tmp_path):
     c2 = write(tmp_path / "c2.yaml", ports[:2], ck)
     c3 = write(tmp_path / "c3.yaml", ports, ck)
     logs = tmp_path / "logs"
-    cmd = f"{sys.executable} {HERE}/pyworker.py --clocks {CLOCKS} --check-workers 2"
+    cmd = (f"{sys.executable} {HERE}/pyworker.py --clocks {CLOCKS} --pace-ms {PACE_MS} "
+           "--check-workers 2")
     run = subprocess.Popen([LOCAL, c2, "--logs", str(logs), "--worker-cmd", cmd],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
