@@ -1920,6 +1920,12 @@ START_TEST(test_many_entries)
 	ck_assert_uint_lt(protobuf_c_message_get_packed_size(&pl.base), 64 * 1024);
 	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
 	expect_error(fd, 2, PS_EPROTO, "slice 0 is asked for twice in one pull");
+	/* a slice past the map's last, after one that is owned */
+	ids[1] = (uint32_t)F.map.nslices;
+	pl.req_id = 4;
+	pl.n_slices = 2;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	expect_error(fd, 4, PS_ENOTENSOR, "slice 4 is not owned by shard 0");
 	double cpu = tu_cpu_ms(F.pid) - cpu0;
 	printf("measured: 6,000- and 15,000-entry requests refused in %.0f ms, %.0f ms of the "
 	       "shard's CPU time\n", now_ms() - t0, cpu);
