@@ -189,10 +189,6 @@ run_suite() {       # suite, seconds
 }
 
 echo "mutate: building the unmutated tree and its tests (release and sanitizer builds)" >&2
-case "$all_suites" in *.py*)   # the package, installed once into build/pyvenv
-  scripts/test-python.sh --install-only >/dev/null || {
-    echo "mutate: cannot install the Python package (scripts/test-python.sh)" >&2; exit 1; } ;;
-esac
 san_targets=$(for s in $all_suites; do [ "$(variant_of "$s")" = san ] && suite_target "$s"; done | sort -u)
 if [ -n "$san_targets" ]; then
   build_variant san $san_targets >/dev/null || {
@@ -201,6 +197,11 @@ fi
 build_variant rel $(for s in $all_suites; do [ "$(variant_of "$s")" = rel ] && suite_target "$s"; done | sort -u) \
   >/dev/null || { echo "mutate: the unmutated tree does not build" >&2; exit 1; }
 built=rel
+case "$all_suites" in *.py*)   # the package, installed once into build/pyvenv
+                               # (after the release build: it needs lib/libps.so)
+  scripts/test-python.sh --install-only >/dev/null || {
+    echo "mutate: cannot install the Python package (scripts/test-python.sh)" >&2; exit 1; } ;;
+esac
 
 # Each suite's unmutated time (build/mutate/times.tsv: suite, seconds), so
 # that its limit follows it: three times its time, at least 30 s. A suite
