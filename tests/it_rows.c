@@ -1432,6 +1432,11 @@ START_TEST(test_table_memory_budget)
 		ck_assert_uint_eq(ts->cap_rows, cap);
 		ck_assert_uint_gt(ts->admitted, cap); /* the control: the cap was reached */
 		ck_assert_uint_eq(ts->evicted, ts->admitted - ts->rows);
+		/* the bytes the stats report: the rows' weights at least, and
+		 * within the table's share */
+		ck_assert_msg(ts->bytes >= ts->rows * 4 * DIM && ts->bytes <= (4ull << 20),
+			      "shard %d: table bytes %" PRIu64 " for %" PRIu64 " rows of %d floats, "
+			      "share 4 MiB", k, ts->bytes, ts->rows, DIM);
 	}
 	ps_client_free(c);
 	stop(&cl);
