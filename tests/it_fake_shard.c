@@ -375,8 +375,29 @@ START_TEST(test_replies_before_handshake_ignored)
 }
 END_TEST
 
+/* Whether the captured log (tu_capture_begin) holds needle within ms
+ * (times tu_time_scale). */
+static int capture_has(const char *needle, int ms)
+{
+	double deadline = now_ms() + ms * tu_time_scale();
+	static char buf[65536];
+
+	do {
+		FILE *f = fopen(tu_capture_path, "r");
+		size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+		if (f)
+			fclose(f);
+		buf[n] = 0;
+		if (strstr(buf, needle))
+			return 1;
+		tu_sleep_ms(50);
+	} while (now_ms() < deadline);
+	return 0;
+}
+
 /* A worker with nothing pending whose shard was killed and restarted
- * reconnects by itself and says it sent nothing again. */
+ * reconnects by itself and says it sent nothing again. A monitor that
+ * comes and goes is logged as one. */
 START_TEST(test_reconnect_nothing_pending)
 {
 	int port = tu_free_port();
@@ -404,11 +425,17 @@ START_TEST(test_reconnect_nothing_pending)
 		if (!found)
 			tu_sleep_ms(50);
 	}
+	struct ps_client *mon = NULL;
+	char err[512];
+	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
+	ps_client_free(mon);
+	int mon_closed = capture_has("monitor connection from 127.0.0.1:", 5000);
 	ps_client_free(c);
 	ck_assert_int_eq(tu_stop_server(pid), 0);
 	unsetenv("PS_TEST_LOG");
 	log = tu_capture_end();
 	ck_assert_msg(found, "no reconnect within 10 s:\n%s", log);
+	ck_assert_msg(mon_closed, "the monitor's close not logged as a monitor's:\n%s", log);
 	ck_assert_msg(strstr(log, "to a restarted shard; 0 request(s) sent again"), "%s", log);
 	free(log);
 	unlink(path);

@@ -490,8 +490,9 @@ static uint8_t *raw_auth_frame(int fd, const Ps__Hello *h, size_t *len,
 	uint8_t t[32], proof[PS_AUTH_PROOF_LEN], meta[64];
 	ck_assert_uint_eq(ch->nonce.len, PS_AUTH_NONCE_LEN);
 	ps_auth_transcript(ra->hello, ra->hello_len, ch->nonce.data, t);
-	/* a replica Hello is answered in the replication key's domain */
-	int repl = h->role == PS__ROLE__ROLE_REPLICA;
+	/* a replica Hello is answered in the replication key's domain (by a
+	 * shard with replicas; one without proves the cluster secret) */
+	int repl = h->role == PS__ROLE__ROLE_REPLICA && F.cfg.replicas;
 	ck_assert_msg(repl ? ps_auth_repl_proof_ok(F.repl_key, t, 1, ch->proof.data, ch->proof.len)
 			   : ps_auth_proof_ok(F.secret, t, 1, ch->proof.data, ch->proof.len),
 		      "the shard's proof is wrong");
@@ -948,6 +949,10 @@ START_TEST(test_handshake_refused)
 	h = good_hello(0);
 	h.role = (Ps__Role)7;
 	refused(&h, "unknown role 7", "role");
+	h = good_hello(0);
+	h.role = PS__ROLE__ROLE_REPLICA;
+	h.replica = 1;
+	refused(&h, "cluster.replicas is 0 here", "the two configs must agree");
 	ck_assert_uint_eq(wait_connections(1, 2000), 1);
 	/* None of it counts as the worker being connected or done. */
 	ck_assert_uint_eq(stats().worker_clock[0], F.clock);
