@@ -1093,11 +1093,13 @@ START_TEST(test_hostile)
 	/* unknown table, another dim */
 	p.n_ids = 2;
 	size_t il = ps_rows_ids_encode(two, 2, ids);
-	p.table = "nosuch";
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ENOTENSOR, "no embedding table");
+	p.table = "nosuch\x1b[2J"; /* named back, its control character shown as '?' */
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ENOTENSOR,
+		     "no embedding table 'nosuch?[2J' on this shard");
 	p.table = "e";
 	p.dim = DIM + 1;
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ESHAPE, "has dim 4");
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ESHAPE,
+		     "table 'e' has dim 4, the request says 5");
 	p.dim = DIM;
 	/* repeated ids (a delta of 0), truncated ids, bytes left over */
 	uint8_t rep[2] = { 5, 0 };
