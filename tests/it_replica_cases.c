@@ -67,6 +67,8 @@ static int low_free_port(int other)
 	return tu_free_port();
 }
 
+static const char *cfg_mode = "sync"; /* consistency.mode of the next write_config */
+
 /* One shard, two processes, sync, SGD lr 1; stats.http on http (0: none). */
 static void write_config(int http)
 {
@@ -80,14 +82,15 @@ static void write_config(int http)
 		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n"
 		 "  replicas: 1\n  workers: %d\n"
 		 "replication:\n  timeout_ms: 1000\n"
-		 "consistency:\n  mode: sync\n"
+		 "consistency:\n  mode: %s\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n%s"
 		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
 		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
 		 "  request_timeout_ms: 60000\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n",
-		 tu_transport_yaml(), tu_host(), ports[0], tu_host(), ports[1], NWORKERS, stats, NA);
+		 tu_transport_yaml(), tu_host(), ports[0], tu_host(), ports[1], NWORKERS, cfg_mode,
+		 stats, NA);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 	strcpy(logdir, "/tmp/ps-test-replc-XXXXXX");
@@ -505,6 +508,38 @@ START_TEST(test_replication_figures)
 }
 END_TEST
 
+/* Async: a push is acknowledged once applied and held by the backup,
+ * whatever its clock says: worker 0's first push is of clock 5 (a slice's
+ * version then counts 1 apply, less than the clock). */
+START_TEST(test_async_push_past_version_acked)
+{
+	static float g[NA];
+
+	cfg_mode = "async";
+	write_config(0);
+	cfg_mode = "sync";
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	struct ps_client *c = worker(0);
+	double t0 = ps_now_s();
+	int64_t id = push(c, 0, 5, g);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
+	ck_assert_msg(ps_now_s() - t0 < 5 * tu_time_scale(), "acknowledged after %.1f s",
+		      ps_now_s() - t0);
+	/* acknowledged: the backup holds it, as the primary does */
+	struct ps_shard_stats a, b;
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, !p, -1, &b), 0);
+	ck_assert_uint_gt(a.applies, 0);
+	ck_assert_uint_eq(a.param_checksum, b.param_checksum);
+	ps_client_free(c);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("replica_cases");
@@ -517,6 +552,7 @@ int main(void)
 	TU_ADD_LOOP(tc, test_one_way_blocked_elects, 0, 2);
 	TU_ADD(tc, test_primary_cut_one_way);
 	TU_ADD(tc, test_replication_figures);
+	TU_ADD(tc, test_async_push_past_version_acked);
 	suite_add_tcase(s, tc);
 	tu_secret_setup();
 	rc = tu_run_suite(s);
