@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include "config.h"
 #include "ps_client.h"
@@ -540,6 +541,41 @@ START_TEST(test_async_push_past_version_acked)
 }
 END_TEST
 
+/* A partner that accepts the replication dial and never answers: the
+ * joining process gives that dial up after limits.connect_timeout_ms (2 s
+ * here), not before. */
+START_TEST(test_silent_partner_dial_timeout)
+{
+	write_config(0);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)ports[1]),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int one = 1, lfd = socket(AF_INET, SOCK_STREAM, 0), fd = -1;
+	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(lfd, 4), 0);
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	struct pollfd pl = { lfd, POLLIN, 0 };
+	ck_assert_msg(poll(&pl, 1, (int)(10000 * tu_time_scale())) == 1, "no dial within 10 s");
+	fd = accept(lfd, NULL, NULL);
+	double t0 = ps_now_s(), took = -1;
+	while (ps_now_s() - t0 < 10 * tu_time_scale()) {
+		char b[4096];
+		struct pollfd pf = { fd, POLLIN, 0 };
+		if (poll(&pf, 1, 100) == 1 && read(fd, b, sizeof(b)) <= 0) {
+			took = ps_now_s() - t0;
+			break;
+		}
+	}
+	fprintf(stderr, "it_replica_cases: a silent partner's dial given up after %.2f s\n", took);
+	ck_assert_msg(took >= 1.9 && took < 5 * tu_time_scale(), "the dial to a silent partner "
+		      "was given up after %.2f s; limits.connect_timeout_ms is 2000", took);
+	close(fd);
+	close(lfd);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("replica_cases");
@@ -553,6 +589,7 @@ int main(void)
 	TU_ADD(tc, test_primary_cut_one_way);
 	TU_ADD(tc, test_replication_figures);
 	TU_ADD(tc, test_async_push_past_version_acked);
+	TU_ADD(tc, test_silent_partner_dial_timeout);
 	suite_add_tcase(s, tc);
 	tu_secret_setup();
 	rc = tu_run_suite(s);
