@@ -75,7 +75,9 @@ suites_for() {
     server/push.c)             echo it_hostile it_cluster san:it_hostile ;;
     server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
     server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard ;;   # it_reader: the reader's refusals
-    server/admin.c)            echo it_stat it_checkpoint it_hostile ;;   # it_hostile reads the queue figures
+    # it_hostile reads the queue figures; it_decl_tables restarts from a
+    # chain of incremental checkpoints (the base length its deltas name)
+    server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
     server/declare.c)          echo it_declare it_groups ;;
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;
@@ -100,8 +102,11 @@ suites_for() {
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
     worker/client/ps_client_members.c) echo it_elastic test_elastic.py ;;
+    # it_reader: a reader's handshake and its errors; the one elastic case:
+    # a join's clock read from the shards' Stats
     worker/client/ps_client.c|worker/client/ps_client_build.c|worker/client/ps_client_conn.c|worker/client/ps_client_req.c)
-                               echo it_fake_shard it_cluster it_checkpoint it_hostile it_replica_cases san:it_fake_shard ;;
+                               echo it_fake_shard it_cluster it_checkpoint it_hostile it_replica_cases it_reader \
+                                    it_elastic@test_restart_keeps_membership san:it_fake_shard ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables ;;
@@ -186,10 +191,6 @@ run_suite() {       # suite, seconds
 }
 
 echo "mutate: building the unmutated tree and its tests (release and sanitizer builds)" >&2
-case "$all_suites" in *.py*)   # the package, installed once into build/pyvenv
-  scripts/test-python.sh --install-only >/dev/null || {
-    echo "mutate: cannot install the Python package (scripts/test-python.sh)" >&2; exit 1; } ;;
-esac
 san_targets=$(for s in $all_suites; do [ "$(variant_of "$s")" = san ] && suite_target "$s"; done | sort -u)
 if [ -n "$san_targets" ]; then
   build_variant san $san_targets >/dev/null || {
@@ -198,6 +199,11 @@ fi
 build_variant rel $(for s in $all_suites; do [ "$(variant_of "$s")" = rel ] && suite_target "$s"; done | sort -u) \
   >/dev/null || { echo "mutate: the unmutated tree does not build" >&2; exit 1; }
 built=rel
+case "$all_suites" in *.py*)   # the package, installed once into build/pyvenv
+                               # (after the release build: it needs lib/libps.so)
+  scripts/test-python.sh --install-only >/dev/null || {
+    echo "mutate: cannot install the Python package (scripts/test-python.sh)" >&2; exit 1; } ;;
+esac
 
 # Each suite's unmutated time (build/mutate/times.tsv: suite, seconds), so
 # that its limit follows it: three times its time, at least 30 s. A suite

@@ -66,6 +66,9 @@ START_TEST(test_secret_rules)
 		"password-password-password-password-password",
 		/* nine distinct digits only (its pairs vary enough: 43 of 63) */
 		"4580730215736813036426212722003322453832364056224154051454752772",
+		/* nine again, three of them letters, each repeated (all 63 pairs
+		 * differ): symbols past 63 are counted as carefully as digits */
+		"aa0aca1aea2a3a4a500c010e02030405cc1cec2c3c4c511e12131415ee2e3e4e",
 	};
 	for (size_t i = 0; i < sizeof(weak) / sizeof(weak[0]); i++) {
 		ck_assert_int_eq(load(weak[i], strlen(weak[i]), 0600, k2, err, sizeof(err)), PS_EAUTH);

@@ -243,6 +243,11 @@ START_TEST(test_checkpoint_resume)
 	for (int k = 0; k < 2; k++)
 		ck_assert_msg(fds_in(srv[k], dir) == 0, "shard %d keeps %d file(s) of %s open", k,
 			      fds_in(srv[k], dir), dir);
+	/* nor does writing one (the folder, opened to sync the rename) */
+	struct ps_shard_stats cs;
+	ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &cs), 0);
+	ck_assert_msg(fds_in(srv[0], dir) == 0, "after a checkpoint shard 0 keeps %d file(s) of "
+		      "%s open", fds_in(srv[0], dir), dir);
 	struct ps_tensor tw = { .name = "a", .data = w_after, .count = N };
 	int64_t q = ps_client_pull(c, 5, &tw, 1);
 	ck_assert_int_eq(ps_client_wait(c, q), 0);

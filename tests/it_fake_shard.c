@@ -375,8 +375,29 @@ START_TEST(test_replies_before_handshake_ignored)
 }
 END_TEST
 
+/* Whether the captured log (tu_capture_begin) holds needle within ms
+ * (times tu_time_scale). */
+static int capture_has(const char *needle, int ms)
+{
+	double deadline = now_ms() + ms * tu_time_scale();
+	static char buf[65536];
+
+	do {
+		FILE *f = fopen(tu_capture_path, "r");
+		size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+		if (f)
+			fclose(f);
+		buf[n] = 0;
+		if (strstr(buf, needle))
+			return 1;
+		tu_sleep_ms(50);
+	} while (now_ms() < deadline);
+	return 0;
+}
+
 /* A worker with nothing pending whose shard was killed and restarted
- * reconnects by itself and says it sent nothing again. */
+ * reconnects by itself and says it sent nothing again. A monitor that
+ * comes and goes is logged as one. */
 START_TEST(test_reconnect_nothing_pending)
 {
 	int port = tu_free_port();
@@ -404,27 +425,67 @@ START_TEST(test_reconnect_nothing_pending)
 		if (!found)
 			tu_sleep_ms(50);
 	}
+	struct ps_client *mon = NULL;
+	char err[512];
+	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
+	ps_client_free(mon);
+	int mon_closed = capture_has("monitor connection from 127.0.0.1:", 5000);
 	ps_client_free(c);
 	ck_assert_int_eq(tu_stop_server(pid), 0);
 	unsetenv("PS_TEST_LOG");
 	log = tu_capture_end();
 	ck_assert_msg(found, "no reconnect within 10 s:\n%s", log);
+	ck_assert_msg(mon_closed, "the monitor's close not logged as a monitor's:\n%s", log);
 	ck_assert_msg(strstr(log, "to a restarted shard; 0 request(s) sent again"), "%s", log);
 	free(log);
 	unlink(path);
 }
 END_TEST
 
+/* A stranger on a dead shard's port: it refuses every Hello, "go away". */
+struct stranger {
+	int lfd;
+	volatile int stop;
+	pthread_t th;
+};
+
+static void *stranger_main(void *arg)
+{
+	struct stranger *st = arg;
+
+	while (!st->stop) {
+		struct fake fk = { .fd = fake_accept(st->lfd, 100) };
+		ProtobufCMessage *m = NULL;
+		if (fk.fd < 0)
+			continue;
+		if (fake_recv(&fk, &m, NULL, NULL, 2000) == PS_MSG_HELLO) {
+			Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+			r.protocol_version = PS_PROTOCOL_VERSION;
+			r.shard_map_hash = map.hash;
+			r.error = "go away";
+			fake_send(&fk, PS_MSG_HELLO_REPLY, &r.base, NULL, 0);
+			fake_wait_closed(fk.fd, 2000);
+		}
+		if (m)
+			protobuf_c_message_free_unpacked(m, NULL);
+		close(fk.fd);
+	}
+	return NULL;
+}
+
 /* A shard killed and not restarted: a pull waiting for it fails once
  * limits.reconnect_timeout_ms (1 s here) has passed since the connection
  * was lost, long before its request timeout (15 s), naming the limit.
  * Case 0: nothing listens on the port (each attempt refused); case 1: a
  * listener that never answers (each attempt hangs until
- * connect_timeout_ms, 400 ms). */
+ * connect_timeout_ms, 400 ms); case 2: a stranger that refuses each Hello,
+ * whose last words the error quotes. */
 START_TEST(test_reconnect_gives_up)
 {
 	static float w[N];
 	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	static const char *const what[] = { "refused", "a hung listener", "a stranger" };
+	struct stranger sg = { .lfd = -1 };
 	int port = tu_free_port(), lfd = -1;
 	pid_t pid;
 
@@ -442,14 +503,25 @@ START_TEST(test_reconnect_gives_up)
 	double t0 = ps_now_s();
 	if (_i == 1)
 		lfd = fake_listen(port);
+	if (_i == 2) {
+		sg.lfd = fake_listen(port);
+		ck_assert_int_eq(pthread_create(&sg.th, NULL, stranger_main, &sg), 0);
+	}
 	int64_t q = ps_client_pull(c, 0, &tw, 1);
 	int rc = q > 0 ? ps_client_wait(c, q) : (int)q;
 	double took = ps_now_s() - t0;
-	fprintf(stderr, "it_fake_shard: reconnect given up after %.2f s (%s)\n", took,
-		_i ? "a hung listener" : "refused");
+	fprintf(stderr, "it_fake_shard: reconnect given up after %.2f s (%s)\n", took, what[_i]);
+	if (_i == 2) {
+		sg.stop = 1;
+		pthread_join(sg.th, NULL);
+		close(sg.lfd);
+	}
 	ck_assert_int_ne(rc, 0);
 	ck_assert_msg(strstr(ps_client_error(c), "unreachable for 1000 ms "
 			     "(limits.reconnect_timeout_ms)"), "%s", ps_client_error(c));
+	ck_assert_msg(_i != 2 || strstr(ps_client_error(c), "; the last answer, from a peer that "
+					"had not proven the secret: refused the handshake before "
+					"proving the secret: go away"), "%s", ps_client_error(c));
 	ck_assert_msg(took >= 0.9, "given up after %.2f s, before the reconnect timeout", took);
 	ck_assert_msg(took < 5.0 * tu_time_scale(), "given up after %.2f s: the reconnect timeout "
 		      "is 1 s, the connect timeout 0.4 s", took);
@@ -616,13 +688,14 @@ END_TEST
 
 /* Two fake shards that hold the secret: each completes the handshake
  * (proof, session keys, MACed frames) and answers pulls as `mode` says. */
-enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE, ANSWER_AFTER_UNEXPECTED };
+enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE, ANSWER_AFTER_UNEXPECTED, ANSWER_NEVER };
 
 struct fake_shard {
 	int port, shard, mode, lfd;
 	pthread_t th;
 	volatile int stop;
 	int pulls; /* pulls answered */
+	volatile int held; /* pulls left unanswered (ANSWER_NEVER) */
 };
 
 static void fake_handshake(struct fake *fk, int shard)
@@ -678,6 +751,11 @@ static void *fake_shard_main(void *arg)
 			Ps__Pull *q = (Ps__Pull *)m;
 			uint32_t sl[8];
 			int n = 0;
+			if (fs->mode == ANSWER_NEVER) {
+				fs->held++;
+				protobuf_c_message_free_unpacked(m, NULL);
+				continue;
+			}
 			for (size_t i = 0; i < q->n_slices && n < 8; i++)
 				sl[n++] = q->slices[i];
 			if (fs->mode == ANSWER_AFTER_UNEXPECTED) {
@@ -800,6 +878,43 @@ START_TEST(test_unexpected_frame_logged)
 }
 END_TEST
 
+static volatile int freed;
+
+static void *free_main(void *arg)
+{
+	ps_client_free(arg);
+	freed = 1;
+	return NULL;
+}
+
+/* A client freed while a pull waits for a shard that never answers:
+ * ps_client_free returns (within 5 s) and releases the pending request
+ * (the sanitizer build would see a leak). */
+START_TEST(test_free_with_pull_pending)
+{
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	struct fake_shard fs[2];
+	pthread_t th;
+
+	fake_shards_start(fs, ANSWER_NEVER);
+	struct ps_client *c = connect_retry();
+	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	ck_assert_int_gt(q, 0);
+	double deadline = now_ms() + 5000 * tu_time_scale();
+	while ((fs[0].pulls < 1 || fs[1].held < 1) && now_ms() < deadline)
+		tu_sleep_ms(10);
+	ck_assert_msg(fs[0].pulls == 1 && fs[1].held == 1, "the pull did not reach both shards");
+	ck_assert_int_eq(pthread_create(&th, NULL, free_main, c), 0);
+	deadline = now_ms() + 5000 * tu_time_scale();
+	while (!freed && now_ms() < deadline)
+		tu_sleep_ms(10);
+	ck_assert_msg(freed, "ps_client_free did not return within 5 s with a pull pending");
+	pthread_join(th, NULL);
+	fake_shards_stop(fs);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("fake_shard");
@@ -816,7 +931,8 @@ int main(void)
 	tcase_add_test(tc, test_fake_shards_answer_right);
 	tcase_add_test(tc, test_foreign_slice_refused);
 	tcase_add_test(tc, test_unexpected_frame_logged);
-	tcase_add_loop_test(tc, test_reconnect_gives_up, 0, 2);
+	tcase_add_test(tc, test_free_with_pull_pending);
+	tcase_add_loop_test(tc, test_reconnect_gives_up, 0, 3);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();

@@ -141,6 +141,7 @@ static void after_attack(const char *what)
 static const char *fx_limits = ""; /* more limits: lines for the next fx_start */
 static const char *fx_extra = "";  /* more top-level sections for the next fx_start */
 static const char *fx_mode = "sync"; /* consistency.mode of the next fx_start */
+static int fx_workers = 1; /* more: F.c is a monitor and fx_start pushes nothing */
 
 static void fx_start(void)
 {
@@ -149,7 +150,7 @@ static void fx_start(void)
 	memset(&F, 0, sizeof(F));
 	F.port = tu_free_port();
 	snprintf(yaml, sizeof(yaml),
-		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: %d\n"
 		 "consistency:\n  mode: %s\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
@@ -160,7 +161,7 @@ static void fx_start(void)
 		 "  max_frame_bytes: 1MiB\n  max_meta_bytes: 64KiB\n  max_clock_ahead: 4\n"
 		 "  connect_timeout_ms: %d\n  request_timeout_ms: %d\n%s"
 		 "log:\n  level: warn\n%s",
-		 F.port, fx_mode, NA, NC, HANDSHAKE_DEADLINE_MS, MAX_CONNS, (int)(5000 * tu_time_scale()),
+		 F.port, fx_workers, fx_mode, NA, NC, HANDSHAKE_DEADLINE_MS, MAX_CONNS, (int)(5000 * tu_time_scale()),
 		 (int)(5000 * tu_time_scale()), fx_limits, fx_extra);
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
 	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
@@ -171,7 +172,14 @@ static void fx_start(void)
 	F.pid = tu_start_server(F.path, 0);
 	ck_assert_int_gt(F.pid, 0);
 	for (int i = 0; i < 100; i++) {
-		int rc = ps_client_init(&F.c, &F.cfg, 0, err, sizeof(err));
+		int rc = ps_client_init(&F.c, &F.cfg, fx_workers > 1 ? -1 : 0, err, sizeof(err));
+		struct ps_shard_stats st;
+		if (rc == 0 && fx_workers > 1 && ps_client_stats(F.c, 0, &st)) {
+			/* a monitor's init returns with its shard unreachable */
+			ps_client_free(F.c);
+			F.c = NULL;
+			rc = -ECONNREFUSED;
+		}
 		if (rc == 0)
 			break;
 		ck_assert_msg(rc == -ECONNREFUSED, "%s", err);
@@ -179,6 +187,8 @@ static void fx_start(void)
 		tu_sleep_ms(50);
 	}
 	ck_assert_msg(F.c != NULL, "%s", err);
+	if (fx_workers > 1)
+		return;
 	honest_round();
 	snapshot();
 }
@@ -480,8 +490,9 @@ static uint8_t *raw_auth_frame(int fd, const Ps__Hello *h, size_t *len,
 	uint8_t t[32], proof[PS_AUTH_PROOF_LEN], meta[64];
 	ck_assert_uint_eq(ch->nonce.len, PS_AUTH_NONCE_LEN);
 	ps_auth_transcript(ra->hello, ra->hello_len, ch->nonce.data, t);
-	/* a replica Hello is answered in the replication key's domain */
-	int repl = h->role == PS__ROLE__ROLE_REPLICA;
+	/* a replica Hello is answered in the replication key's domain (by a
+	 * shard with replicas; one without proves the cluster secret) */
+	int repl = h->role == PS__ROLE__ROLE_REPLICA && F.cfg.replicas;
 	ck_assert_msg(repl ? ps_auth_repl_proof_ok(F.repl_key, t, 1, ch->proof.data, ch->proof.len)
 			   : ps_auth_proof_ok(F.secret, t, 1, ch->proof.data, ch->proof.len),
 		      "the shard's proof is wrong");
@@ -938,6 +949,10 @@ START_TEST(test_handshake_refused)
 	h = good_hello(0);
 	h.role = (Ps__Role)7;
 	refused(&h, "unknown role 7", "role");
+	h = good_hello(0);
+	h.role = PS__ROLE__ROLE_REPLICA;
+	h.replica = 1;
+	refused(&h, "cluster.replicas is 0 here", "the two configs must agree");
 	ck_assert_uint_eq(wait_connections(1, 2000), 1);
 	/* None of it counts as the worker being connected or done. */
 	ck_assert_uint_eq(stats().worker_clock[0], F.clock);
@@ -1920,6 +1935,12 @@ START_TEST(test_many_entries)
 	ck_assert_uint_lt(protobuf_c_message_get_packed_size(&pl.base), 64 * 1024);
 	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
 	expect_error(fd, 2, PS_EPROTO, "slice 0 is asked for twice in one pull");
+	/* a slice past the map's last, after one that is owned */
+	ids[1] = (uint32_t)F.map.nslices;
+	pl.req_id = 4;
+	pl.n_slices = 2;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	expect_error(fd, 4, PS_ENOTENSOR, "slice 4 is not owned by shard 0");
 	double cpu = tu_cpu_ms(F.pid) - cpu0;
 	printf("measured: 6,000- and 15,000-entry requests refused in %.0f ms, %.0f ms of the "
 	       "shard's CPU time\n", now_ms() - t0, cpu);
@@ -1939,6 +1960,86 @@ START_TEST(test_many_entries)
 	close(fd);
 	ck_assert_uint_eq(wait_connections(1, 2000), 1);
 	after_attack("many entries");
+	fx_stop();
+}
+END_TEST
+
+/* Three workers, raw. Worker 2 comes and goes: once dropped (limits.
+ * drop_timeout_ms) the reason a pull is held names only worker 1, not the
+ * departed one. Then worker 1 says in its Hello that it ended clock 0 here
+ * already (the shard restarted since, from an older state): clock 0 is due
+ * at once, with worker 0's gradient, and worker 0's held pull is answered. */
+START_TEST(test_held_pull_and_worker_ahead)
+{
+	struct pref p[8];
+	uint64_t plen;
+	uint32_t ids[8];
+	double deadline;
+	char held[300] = "";
+
+	fx_workers = 3;
+	fx_limits = "  drop_timeout_ms: 200\n";
+	fx_start();
+	fx_workers = 1;
+	fx_limits = "";
+	int fd2 = raw_connect();
+	Ps__Hello h = good_hello(2);
+	h.incarnation = 2222;
+	Ps__HelloReply *r = raw_hello(fd2, &h);
+	ck_assert_msg(r && r->ok, "worker 2 refused");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	close(fd2);
+
+	int fd = raw_worker();
+	int n = all_slices(p, &plen);
+	ck_assert_int_eq(raw_push(fd, 1, 0, 1, p, n, plen), 0);
+	expect_ack(fd, 1);
+	Ps__Pull pl = PS__PULL__INIT;
+	for (int i = 0; i < n; i++)
+		ids[i] = (uint32_t)i;
+	pl.req_id = 2;
+	pl.n_slices = (size_t)n;
+	pl.slices = ids;
+	pl.min_version = 1;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	deadline = now_ms() + 5000 * tu_time_scale();
+	for (uint64_t seq = 1; now_ms() < deadline; seq++) {
+		Ps__Heartbeat hb = PS__HEARTBEAT__INIT;
+		hb.seq = seq;
+		ck_assert_int_eq(raw_send(fd, PS_MSG_HEARTBEAT, &hb.base, NULL, 0), 0);
+		Ps__Heartbeat *a = (Ps__Heartbeat *)raw_expect(fd, PS_MSG_HEARTBEAT, 3000);
+		ck_assert_ptr_nonnull(a);
+		snprintf(held, sizeof(held), "%s", a->held);
+		protobuf_c_message_free_unpacked(&a->base, NULL);
+		if (!strstr(held, "worker 2"))
+			break;
+		tu_sleep_ms(50);
+	}
+	ck_assert_msg(strcmp(held, "waiting for workers 1 of 3 at clock 0 (worker 1 never "
+			     "connected)") == 0, "held: %s", held);
+
+	int fd1 = raw_connect();
+	h = good_hello(1);
+	h.incarnation = 1111;
+	h.done_clock = 1;
+	r = raw_hello(fd1, &h);
+	ck_assert_msg(r && r->ok, "worker 1 refused");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	Ps__PullReply *pr = (Ps__PullReply *)raw_expect(fd, PS_MSG_PULL_REPLY, 3000);
+	ck_assert_msg(pr != NULL, "the pull of version 1 is still held after worker 1 said it "
+		      "ended clock 0");
+	ck_assert_uint_eq(pr->req_id, 2);
+	for (size_t i = 0; i < pr->n_slices; i++)
+		ck_assert_uint_eq(pr->slices[i]->version, 1);
+	protobuf_c_message_free_unpacked(&pr->base, NULL);
+	float w[NA];
+	struct ps_tensor tw = { "a", w, NA, 0 };
+	int64_t q = ps_client_pull(F.c, 1, &tw, 1);
+	ck_assert_msg(q > 0 && ps_client_wait(F.c, q) == 0, "%s", ps_client_error(F.c));
+	for (int i = 0; i < NA; i++) /* worker 0's ones alone */
+		ck_assert_msg(w[i] == (float)(i % 1024) - 1.0f, "a[%d] = %g", i, (double)w[i]);
+	close(fd1);
+	close(fd);
 	fx_stop();
 }
 END_TEST
@@ -2639,6 +2740,7 @@ int main(void)
 	tcase_add_test(tc, test_lz4_push_odd_length);
 	TU_ADD_LOOP(tc, test_huge_finite_pushes_keep_weights_finite, 0, 2);
 	tcase_add_test(tc, test_secret_file_checks);
+	tcase_add_test(tc, test_held_pull_and_worker_ahead);
 	suite_add_tcase(s, tc);
 	/* a case of its own: CK_RUN_CASE=resets runs it alone */
 	TCase *tr = tcase_create("resets");

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include "config.h"
 #include "ps_client.h"
@@ -67,6 +68,8 @@ static int low_free_port(int other)
 	return tu_free_port();
 }
 
+static const char *cfg_mode = "sync"; /* consistency.mode of the next write_config */
+
 /* One shard, two processes, sync, SGD lr 1; stats.http on http (0: none). */
 static void write_config(int http)
 {
@@ -80,14 +83,15 @@ static void write_config(int http)
 		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n"
 		 "  replicas: 1\n  workers: %d\n"
 		 "replication:\n  timeout_ms: 1000\n"
-		 "consistency:\n  mode: sync\n"
+		 "consistency:\n  mode: %s\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n%s"
 		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
 		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
 		 "  request_timeout_ms: 60000\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n",
-		 tu_transport_yaml(), tu_host(), ports[0], tu_host(), ports[1], NWORKERS, stats, NA);
+		 tu_transport_yaml(), tu_host(), ports[0], tu_host(), ports[1], NWORKERS, cfg_mode,
+		 stats, NA);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 	strcpy(logdir, "/tmp/ps-test-replc-XXXXXX");
@@ -505,6 +509,73 @@ START_TEST(test_replication_figures)
 }
 END_TEST
 
+/* Async: a push is acknowledged once applied and held by the backup,
+ * whatever its clock says: worker 0's first push is of clock 5 (a slice's
+ * version then counts 1 apply, less than the clock). */
+START_TEST(test_async_push_past_version_acked)
+{
+	static float g[NA];
+
+	cfg_mode = "async";
+	write_config(0);
+	cfg_mode = "sync";
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	struct ps_client *c = worker(0);
+	double t0 = ps_now_s();
+	int64_t id = push(c, 0, 5, g);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
+	ck_assert_msg(ps_now_s() - t0 < 5 * tu_time_scale(), "acknowledged after %.1f s",
+		      ps_now_s() - t0);
+	/* acknowledged: the backup holds it, as the primary does */
+	struct ps_shard_stats a, b;
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, !p, -1, &b), 0);
+	ck_assert_uint_gt(a.applies, 0);
+	ck_assert_uint_eq(a.param_checksum, b.param_checksum);
+	ps_client_free(c);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
+/* A partner that accepts the replication dial and never answers: the
+ * joining process gives that dial up after limits.connect_timeout_ms (2 s
+ * here), not before. */
+START_TEST(test_silent_partner_dial_timeout)
+{
+	write_config(0);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)ports[1]),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int one = 1, lfd = socket(AF_INET, SOCK_STREAM, 0), fd = -1;
+	setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(lfd, 4), 0);
+	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+	struct pollfd pl = { lfd, POLLIN, 0 };
+	ck_assert_msg(poll(&pl, 1, (int)(10000 * tu_time_scale())) == 1, "no dial within 10 s");
+	fd = accept(lfd, NULL, NULL);
+	double t0 = ps_now_s(), took = -1;
+	while (ps_now_s() - t0 < 10 * tu_time_scale()) {
+		char b[4096];
+		struct pollfd pf = { fd, POLLIN, 0 };
+		if (poll(&pf, 1, 100) == 1 && read(fd, b, sizeof(b)) <= 0) {
+			took = ps_now_s() - t0;
+			break;
+		}
+	}
+	fprintf(stderr, "it_replica_cases: a silent partner's dial given up after %.2f s\n", took);
+	ck_assert_msg(took >= 1.9 && took < 5 * tu_time_scale(), "the dial to a silent partner "
+		      "was given up after %.2f s; limits.connect_timeout_ms is 2000", took);
+	close(fd);
+	close(lfd);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("replica_cases");
@@ -517,6 +588,8 @@ int main(void)
 	TU_ADD_LOOP(tc, test_one_way_blocked_elects, 0, 2);
 	TU_ADD(tc, test_primary_cut_one_way);
 	TU_ADD(tc, test_replication_figures);
+	TU_ADD(tc, test_async_push_past_version_acked);
+	TU_ADD(tc, test_silent_partner_dial_timeout);
 	suite_add_tcase(s, tc);
 	tu_secret_setup();
 	rc = tu_run_suite(s);

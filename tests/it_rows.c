@@ -1093,11 +1093,13 @@ START_TEST(test_hostile)
 	/* unknown table, another dim */
 	p.n_ids = 2;
 	size_t il = ps_rows_ids_encode(two, 2, ids);
-	p.table = "nosuch";
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ENOTENSOR, "no embedding table");
+	p.table = "nosuch\x1b[2J"; /* named back, its control character shown as '?' */
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ENOTENSOR,
+		     "no embedding table 'nosuch?[2J' on this shard");
 	p.table = "e";
 	p.dim = DIM + 1;
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ESHAPE, "has dim 4");
+	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ESHAPE,
+		     "table 'e' has dim 4, the request says 5");
 	p.dim = DIM;
 	/* repeated ids (a delta of 0), truncated ids, bytes left over */
 	uint8_t rep[2] = { 5, 0 };
@@ -1432,6 +1434,11 @@ START_TEST(test_table_memory_budget)
 		ck_assert_uint_eq(ts->cap_rows, cap);
 		ck_assert_uint_gt(ts->admitted, cap); /* the control: the cap was reached */
 		ck_assert_uint_eq(ts->evicted, ts->admitted - ts->rows);
+		/* the bytes the stats report: the rows' weights at least, and
+		 * within the table's share */
+		ck_assert_msg(ts->bytes >= ts->rows * 4 * DIM && ts->bytes <= (4ull << 20),
+			      "shard %d: table bytes %" PRIu64 " for %" PRIu64 " rows of %d floats, "
+			      "share 4 MiB", k, ts->bytes, ts->rows, DIM);
 	}
 	ps_client_free(c);
 	stop(&cl);

@@ -446,6 +446,31 @@ static double metric(const char *text, const char *series)
 	return p ? strtod(p + strlen(pat), NULL) : NAN;
 }
 
+/* A port for stats.http: free, the next one (shard 1's: shard k serves on
+ * the port + k) free as well, and neither of them a shard's port p0, p1. */
+static int http_port(int p0, int p1)
+{
+	int hp = -1;
+
+	for (int i = 0; i < 50; i++) {
+		struct sockaddr_in sa = { .sin_family = AF_INET,
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+
+		hp = tu_free_port();
+		if (hp == p0 || hp == p1 || hp + 1 == p0 || hp + 1 == p1) {
+			close(fd);
+			continue;
+		}
+		sa.sin_port = htons((uint16_t)(hp + 1));
+		ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+		close(fd);
+		if (ok)
+			break;
+	}
+	return hp;
+}
+
 START_TEST(test_metrics_http)
 {
 	static char body[262144];
@@ -454,21 +479,7 @@ START_TEST(test_metrics_http)
 	struct traffic tr = { .cfg = &cfg };
 	pthread_t th;
 	pid_t srv[2];
-	int p0 = tu_free_port(), p1 = tu_free_port(), hp, st = -1;
-
-	/* two consecutive free ports for the two endpoints */
-	for (int i = 0;; i++) {
-		struct sockaddr_in sa = { .sin_family = AF_INET,
-					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-
-		hp = tu_free_port();
-		sa.sin_port = htons((uint16_t)(hp + 1));
-		ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-		close(fd);
-		if (ok || i == 50)
-			break;
-	}
+	int p0 = tu_free_port(), p1 = tu_free_port(), hp = http_port(p0, p1), st = -1;
 
 	char extra[64];
 	snprintf(extra, sizeof(extra), "stats:\n  http: 127.0.0.1:%d\n", hp);
@@ -592,10 +603,11 @@ START_TEST(test_metrics_http_held)
 	char path[64], extra[64];
 	struct ps_config cfg;
 	pid_t srv[2];
-	int hp = tu_free_port(), fds[SLOW], st = -1, open_now = 0;
+	int p0 = tu_free_port(), p1 = tu_free_port(), hp = http_port(p0, p1);
+	int fds[SLOW], st = -1, open_now = 0;
 
 	snprintf(extra, sizeof(extra), "stats:\n  http: 127.0.0.1:%d\n", hp);
-	start_shards(path, &cfg, tu_free_port(), tu_free_port(), extra, srv);
+	start_shards(path, &cfg, p0, p1, extra, srv);
 	for (int i = 0; i < 100 && (st = http_get(hp, "GET", "/healthz", body, sizeof(body))) != 200;
 	     i++)
 		tu_sleep_ms(50);
@@ -700,7 +712,7 @@ START_TEST(test_metrics_token)
 	const char *token = "3f1c9a7be2d04c58a6f1e0b7d2c94a1e";
 	struct ps_config cfg;
 	pid_t srv[2];
-	int hp = tu_free_port(), st = -1;
+	int p0 = tu_free_port(), p1 = tu_free_port(), hp = http_port(p0, p1), st = -1;
 
 	int fd = mkstemp(tok);
 	ck_assert_int_ge(fd, 0);
@@ -708,7 +720,7 @@ START_TEST(test_metrics_token)
 	ck_assert_int_eq(write(fd, "\n", 1), 1);
 	close(fd);
 	snprintf(extra, sizeof(extra), "stats:\n  http: 127.0.0.1:%d\n  token_file: %s\n", hp, tok);
-	start_shards(path, &cfg, tu_free_port(), tu_free_port(), extra, srv);
+	start_shards(path, &cfg, p0, p1, extra, srv);
 	for (int i = 0; i < 100 && (st = http_get(hp, "GET", "/healthz", body, sizeof(body))) != 200;
 	     i++)
 		tu_sleep_ms(50);
