@@ -17,7 +17,7 @@ trap 'rm -rf "$tmp"' EXIT
 free_port() {
   local p
   for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 30000))
+    p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768 on)
     [[ " $* " == *" $p "* ]] && continue
     (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
   done

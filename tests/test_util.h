@@ -18,19 +18,36 @@
 #include <time.h>
 #include <unistd.h>
 
-/* A TCP port on 127.0.0.1 that was free a moment ago. */
+/* A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's
+ * ephemeral range (32768 on): a port picked there can be taken as the
+ * source port of any connection made before the shard binds it (make
+ * test runs two lanes of tests at once: run-tests.sh --beside). Random,
+ * checked by a bind, and not one of this process's last 64 picks. */
 static inline int tu_free_port(void)
 {
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+	static unsigned seed;
+	static int recent[64], nrecent;
 
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-		port = ntohs(sa.sin_port);
-	if (fd >= 0)
+	if (!seed)
+		seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL) ^ 1u;
+	for (int i = 0; i < 4000; i++) {
+		int p = 10000 + (int)(rand_r(&seed) % 22700), dup = 0, ok = 0;
+		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)p),
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd;
+
+		for (int j = 0; j < nrecent && j < 64; j++)
+			dup |= recent[j] == p;
+		if (dup || (fd = socket(AF_INET, SOCK_STREAM, 0)) < 0)
+			continue;
+		ok = bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
 		close(fd);
-	return port;
+		if (ok) {
+			recent[nrecent++ % 64] = p;
+			return p;
+		}
+	}
+	return -1;
 }
 
 /* Where the integration tests' shards listen and what carries their
