@@ -83,7 +83,7 @@ SERVER    := $(filter-out server/main.c,$(wildcard server/*.c))
 # cpu: oneDNN (kernels/compute_dnnl*.c); ref: the plain reference (compute_ref.c);
 # both take the embedding bag ops of kernels/embedding_bag_cpu.c.
 COMPUTE   := $(wildcard common/compute.c kernels/compute_ref.c kernels/compute_dnnl*.c kernels/embedding_bag_cpu.c)
-TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/epoch.c worker/model_file.c worker/ctr_data.c worker/ctr_model.c worker/ctr_train.c worker/worker_cmd.c)
+TRAIN     := $(wildcard worker/net.c worker/pusher.c worker/dataset.c worker/epoch.c worker/model_file.c worker/ctr_data.c worker/ctr_model.c worker/ctr_train.c worker/worker_cmd.c worker/stop_signal.c)
 LIB_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(LIB_SRCS)) $(OBJ)/gen/ps.pb-c.o
 SRV_OBJS  := $(patsubst %.c,$(OBJ)/%.o,$(SERVER))
 TRAIN_OBJS := $(patsubst %.c,$(OBJ)/%.o,$(COMPUTE) $(TRAIN))

@@ -32,39 +32,12 @@
 #include "ps_client.h"
 #include "pusher.h"
 #include "worker_cmd.h"
+#include "stop_signal.h"
 #include "ps_err.h"
 #include "ps_log.h"
 #include "version.h"
 
 static volatile sig_atomic_t g_stop;
-
-/* Seconds a stopped worker has to reach the end of its step. */
-#define STOP_GRACE_S 10
-#define STR_(x) #x
-#define STR(x) STR_(x)
-
-/* SIGTERM/SIGINT: the worker stops after its current step. One still in a
- * step STOP_GRACE_S later waits for what will not come (a sync barrier
- * whose other workers stopped first, a shard that is gone) and would wait
- * out limits.request_timeout_ms or the shards' drop timeout: the alarm
- * ends it then, with the same status. */
-static void on_alarm(int sig)
-{
-	static const char msg[] = "ps-worker: still in a step " STR(STOP_GRACE_S) " s after the stop signal "
-				  "(waiting for a worker or shard that stopped); exiting\n";
-
-	(void)sig;
-	if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) { /* nothing more to do */ }
-	_exit(130);
-}
-
-static void on_signal(int sig)
-{
-	(void)sig;
-	if (!g_stop)
-		alarm(STOP_GRACE_S);
-	g_stop = 1;
-}
 
 static void usage(FILE *out)
 {
@@ -549,10 +522,12 @@ int main(int argc, char **argv)
 	if (device)
 		cfg->train.device = !strcmp(device, "cpu") ? PS_DEVICE_CPU
 				    : !strcmp(device, "cuda") ? PS_DEVICE_CUDA : PS_DEVICE_AUTO;
-	signal(SIGINT, on_signal);
-	signal(SIGTERM, on_signal);
-	signal(SIGALRM, on_alarm);
-	signal(SIGPIPE, SIG_IGN);
+	/* before any thread starts (stop_signal.c: why no handler may run on
+	 * a thread in oneDNN's kernels) */
+	int src = ps__stop_signal_init(&g_stop);
+	if (src)
+		ps_warn("stop signals: no thread to take them (%s); handled on any thread",
+			strerror(-src));
 	if (!strcmp(cfg->model.preset, "ctr")) {
 		if (eval_model || save_model) {
 			fprintf(stderr, "ps-worker: --eval and --save-model take dense models only; "
