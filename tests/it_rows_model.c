@@ -614,11 +614,13 @@ static int low_port(int n)
 
 static pid_t start_replica(const char *cfg_path, int shard, int replica)
 {
+	static int starts; /* __atomic: each process its own log, none overwritten */
 	char s[8], r[8], log[128];
 
 	snprintf(s, sizeof(s), "%d", shard);
 	snprintf(r, sizeof(r), "%d", replica);
-	snprintf(log, sizeof(log), "%s/shard%d-r%d.log", tmpdir, shard, replica);
+	snprintf(log, sizeof(log), "%s/shard%d-r%d.%d.log", tmpdir, shard, replica,
+		 __atomic_fetch_add(&starts, 1, __ATOMIC_RELAXED));
 	const char *a[] = { "bin/ps-server", "--config", cfg_path, "--shard", s, "--replica", r,
 			    "--log-level", "info", NULL };
 	return tu_spawn(a, log);
@@ -949,7 +951,10 @@ int main(void)
 	TU_ADD(tc, test_rules_across_failovers);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
-	tu_rmtree(tmpdir);
+	if (failed) /* the shards' logs are what a failure is read against */
+		fprintf(stderr, "it_rows_model: kept %s\n", tmpdir);
+	else
+		tu_rmtree(tmpdir);
 	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }
