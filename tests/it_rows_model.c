@@ -760,10 +760,16 @@ static void *faults_main(void *p)
 		 * most the time until the pair has formed, which is before it
 		 * can take over (the next fault waits for the pairs). The delays
 		 * add up along the processes that serve in turn; the model's
-		 * latest epoch takes them all (several a second under load). */
-		if (!pairs_formed(f->cfg, 30, prim)) {
-			snprintf(f->why, sizeof(f->why), "the pairs did not form within 30 s of a "
-				 "restart (logs in %s)", tmpdir);
+		 * latest epoch takes them all. */
+		int st = -1, up;
+		while (st != 2 && st != 3 && ps_now_s() - t0 < 30 * tu_time_scale()) {
+			st = repl_state(f->cfg, k, r, &up);
+			if (st != 2 && st != 3)
+				tu_sleep_ms(10);
+		}
+		if (st != 2 && st != 3) {
+			snprintf(f->why, sizeof(f->why), "shard %d's restarted process %d has no state "
+				 "30 s after its start (logs in %s)", k, r, tmpdir);
 			break;
 		}
 		__atomic_add_fetch(&f->drift_us[k], (int64_t)((ps_now_s() - t0) * 1e6),
