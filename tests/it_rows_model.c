@@ -5,8 +5,9 @@
  * Two ps-server processes serve a probe table (dim 4, rowwise adagrad,
  * admission 3, max_rows 48: 24 a shard, ttl 2 s, fields: []) and the ctr
  * model's table; two ps-worker processes train the ctr preset on a
- * generated click log, round after round, for as long as the checker
- * runs (async mode). The checker, a third worker rank in this process,
+ * generated click log (epochs without end: the members share the epochs,
+ * so only this keeps them training) for as long as the checker runs
+ * (async mode), then are killed. The checker, a third worker rank in this process,
  * runs a seeded random sequence of push_rows and pull_rows on the probe
  * table (hot ids, a window drifting through 4,096 ids, random far ones;
  * repeats within a push) and checks every pulled row against the model:
@@ -51,6 +52,7 @@
  * (docs/testing.md).
  */
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
@@ -58,6 +60,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -95,6 +98,8 @@ struct model {
 	int t;                   /* the probe table's index */
 	double margin;           /* a tick (0.2 s) and the shard's lag */
 	double e_lo[2], e_hi[2];  /* bounds of each shard's time of stamp 0 */
+	const int64_t *drift_us;  /* with replicas: how much later than e_hi it may have
+				     become since (faults_main), __atomic; else NULL */
 	struct mrow r[U];
 	int head[2], tail[2], n[2];
 	uint64_t admitted[2], dropped[2]; /* rows created; dropped, by eviction or age */
@@ -151,6 +156,15 @@ static void drop(struct model *m, int i)
 	m->dropped[r->shard]++;
 }
 
+/* The latest time of shard s's stamp 0 now. A backup sets its tables'
+ * epoch from the primary's clock in the state transfer (replica_rows.c),
+ * so the epoch of a process that took over is later by the transfers'
+ * delays along the chain of processes it came from. */
+static double e_hi(const struct model *m, int s)
+{
+	return m->e_hi[s] + (m->drift_us ? __atomic_load_n(&m->drift_us[s], __ATOMIC_ACQUIRE) / 1e6 : 0);
+}
+
 /* Row r is surely still on its shard at time t (before the first tick
  * that can drop it: the epoch's lower bound + the lowest stamp its push
  * can have + ttl), and surely gone after the last (the upper bounds, a
@@ -159,14 +173,14 @@ static int sure_live(const struct model *m, const struct mrow *r, double t)
 {
 	int s = r->shard;
 
-	return t < m->e_lo[s] + floor(r->sent - m->e_hi[s]) + TTL;
+	return t < m->e_lo[s] + floor(r->sent - e_hi(m, s)) + TTL;
 }
 
 static int sure_gone(const struct model *m, const struct mrow *r, double t)
 {
 	int s = r->shard;
 
-	return t > m->e_hi[s] + floor(r->acked - m->e_lo[s]) + TTL + m->margin;
+	return t > e_hi(m, s) + floor(r->acked - m->e_lo[s]) + TTL + m->margin;
 }
 
 /* Drops the rows surely expired by now (the oldest of each shard first). */
@@ -250,7 +264,7 @@ struct checker {
 	const char *table;
 	uint64_t seed;
 	long ops, pushes, pulls;
-	char why[512];
+	char why[768];
 };
 
 /* Compares a pulled row of id i with the model: 0, or -1 with why set. */
@@ -290,11 +304,15 @@ static int check_row(struct checker *k, int i, const float *got, double sent, do
 		return -1;
 	}
 	if (memcmp(got, r->w, sizeof(r->w))) {
+		int s = r->shard;
 		snprintf(k->why, sizeof(k->why), "op %ld: id %d (shard %d, %d rows there) reads "
-			 "%.9g %.9g %.9g %.9g, the model has %.9g %.9g %.9g %.9g%s", op, i, r->shard,
-			 m->n[r->shard], got[0], got[1], got[2], got[3], r->w[0], r->w[1], r->w[2],
+			 "%.9g %.9g %.9g %.9g, the model has %.9g %.9g %.9g %.9g%s; its last push "
+			 "sent %.3f, acked %.3f, this pull sent %.3f, done %.3f s after the shard's "
+			 "first epoch (%.3f..%.3f s of this process's clock)", op, i, s,
+			 m->n[s], got[0], got[1], got[2], got[3], r->w[0], r->w[1], r->w[2],
 			 r->w[3], !memcmp(got, init, sizeof(init)) ? " (its initial value: dropped "
-			 "too early)" : "");
+			 "too early)" : "", r->sent - m->e_lo[s], r->acked - m->e_lo[s],
+			 sent - m->e_lo[s], done - m->e_lo[s], m->e_lo[s], e_hi(m, s));
 		return -1;
 	}
 	return 0;
@@ -512,7 +530,9 @@ static int run_checker(struct checker *k)
 
 struct trainer {
 	char cfg[64];
-	int stop;                /* __atomic */
+	int stop;                /* under mu */
+	pid_t w[2];              /* the round's workers, under mu; 0 once waited for */
+	pthread_mutex_t mu;
 	int rounds, failed;
 	char why[1200];
 };
@@ -531,23 +551,44 @@ static void tail_of(const char *path, char *buf, size_t len)
 	buf[n] = 0;
 }
 
-/* Rounds of two ps-worker processes training the ctr preset, until stop. */
+/* Rounds of two ps-worker processes training the ctr preset, until stop.
+ * The members share the epochs (a worker's slot follows the clocks the
+ * cluster has trained), so a round trains until train_stop kills its
+ * workers (kill -9: how they leave is not this test's subject, and a
+ * leave on SIGTERM waits up to 10 s for a step whose shard failed over). */
 static void *train_main(void *p)
 {
 	struct trainer *t = p;
 
-	while (!__atomic_load_n(&t->stop, __ATOMIC_ACQUIRE)) {
+	for (;;) {
 		char out[2][128], rank[2][4];
-		pid_t w[2];
+		int stopped;
 
-		for (int r = 0; r < 2; r++) {
+		pthread_mutex_lock(&t->mu);
+		for (int r = 0; r < 2 && !t->stop; r++) {
 			snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", tmpdir, r);
 			snprintf(rank[r], sizeof(rank[r]), "%d", r);
 			const char *a[] = { "bin/ps-worker", "--config", t->cfg, "--rank", rank[r], NULL };
-			w[r] = tu_spawn(a, out[r]);
+			t->w[r] = tu_spawn(a, out[r]);
 		}
+		stopped = t->stop;
+		pthread_mutex_unlock(&t->mu);
+		if (stopped)
+			break;
 		for (int r = 0; r < 2; r++) {
-			int st = tu_wait_child(w[r]);
+			siginfo_t si;
+			pid_t pid = t->w[r];
+			/* waited for, not reaped, until train_stop can no longer
+			 * signal its pid (which reaping frees for reuse) */
+			while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) && errno == EINTR)
+				;
+			pthread_mutex_lock(&t->mu);
+			t->w[r] = 0;
+			stopped = t->stop;
+			pthread_mutex_unlock(&t->mu);
+			int st = tu_wait_child(pid);
+			if (stopped && st == 128 + SIGKILL)
+				st = 0;
 			if (st && !t->failed) {
 				int n = snprintf(t->why, sizeof(t->why), "training round %d: worker %d "
 						 "exited %d:\n", t->rounds + 1, r, st);
@@ -562,15 +603,28 @@ static void *train_main(void *p)
 	return NULL;
 }
 
-/* Rows pushed to table 0 (the ctr model's), both shards. */
-static uint64_t trained_rows(struct ps_client *c)
+/* Stops the rounds: the running workers are killed. */
+static void train_stop(struct trainer *t)
+{
+	pthread_mutex_lock(&t->mu);
+	t->stop = 1;
+	for (int r = 0; r < 2; r++)
+		if (t->w[r] > 0)
+			kill(t->w[r], SIGKILL);
+	pthread_mutex_unlock(&t->mu);
+}
+
+/* Row pushes applied to table 0 (the ctr model's), both shards: the
+ * table's version, which a backup holds as its primary does (a process's
+ * pushed_rows counts from its own start: after takeovers it may be 0). */
+static uint64_t trained_pushes(struct ps_client *c)
 {
 	uint64_t n = 0;
 
 	for (int s = 0; s < 2; s++) {
 		struct ps_shard_stats st;
 		ck_assert_int_eq(ps_client_stats(c, s, &st), 0);
-		n += st.tables[0].pushed_rows;
+		n += st.tables[0].version;
 	}
 	return n;
 }
@@ -583,6 +637,7 @@ struct faults {
 	pid_t srv[2][2];            /* [replica][shard] */
 	int stop;                   /* __atomic */
 	int n, primaries;           /* faults injected; of them primaries killed */
+	int64_t drift_us[2];        /* __atomic: each shard's state transfers' delays, summed */
 	char why[256];
 };
 
@@ -614,11 +669,13 @@ static int low_port(int n)
 
 static pid_t start_replica(const char *cfg_path, int shard, int replica)
 {
+	static int starts; /* __atomic: each process its own log, none overwritten */
 	char s[8], r[8], log[128];
 
 	snprintf(s, sizeof(s), "%d", shard);
 	snprintf(r, sizeof(r), "%d", replica);
-	snprintf(log, sizeof(log), "%s/shard%d-r%d.log", tmpdir, shard, replica);
+	snprintf(log, sizeof(log), "%s/shard%d-r%d.%d.log", tmpdir, shard, replica,
+		 __atomic_fetch_add(&starts, 1, __ATOMIC_RELAXED));
 	const char *a[] = { "bin/ps-server", "--config", cfg_path, "--shard", s, "--replica", r,
 			    "--log-level", "info", NULL };
 	return tu_spawn(a, log);
@@ -693,9 +750,30 @@ static void *faults_main(void *p)
 		kill(f->srv[r][k], SIGKILL);
 		tu_wait_child(f->srv[r][k]);
 		tu_sleep_ms(300);
+		double t0 = ps_now_s();
 		f->srv[r][k] = start_replica(f->cfg_path, k, r);
 		f->n++;
 		f->primaries += r == prim[k];
+		/* The restarted process gets the state from its partner, and its
+		 * tables' epoch is the partner's plus the transfer's delay (the
+		 * clock is read at the image, set at the restore): a delay at
+		 * most the time until the pair has formed, which is before it
+		 * can take over (the next fault waits for the pairs). The delays
+		 * add up along the processes that serve in turn; the model's
+		 * latest epoch takes them all. */
+		int st = -1, up;
+		while (st != 2 && st != 3 && ps_now_s() - t0 < 30 * tu_time_scale()) {
+			st = repl_state(f->cfg, k, r, &up);
+			if (st != 2 && st != 3)
+				tu_sleep_ms(10);
+		}
+		if (st != 2 && st != 3) {
+			snprintf(f->why, sizeof(f->why), "shard %d's restarted process %d has no state "
+				 "30 s after its start (logs in %s)", k, r, tmpdir);
+			break;
+		}
+		__atomic_add_fetch(&f->drift_us[k], (int64_t)((ps_now_s() - t0) * 1e6),
+				   __ATOMIC_RELEASE);
 	}
 	return NULL;
 }
@@ -768,7 +846,7 @@ static void rules_case(int replicas)
 	static struct faults fl;
 	char rep[256] = "";
 	pthread_t fth;
-	struct trainer tr = { .stop = 0 };
+	struct trainer tr = { .stop = 0, .mu = PTHREAD_MUTEX_INITIALIZER };
 	struct checker k = { .m = &m, .table = "probe" };
 	char yaml[2048], train[128], test[128], gen[128], err[512];
 	const char *a1[] = { "bin/ps-ctrgen", "--out", train, "--samples", "40000", "--scale",
@@ -809,7 +887,7 @@ static void rules_case(int replicas)
 		 "lr: %g, initial_accumulator: %g, eps: %g, admission: %d, max_rows: %d, ttl: %d, "
 		 "filter_ids: 65536, fields: []}\n"
 		 "optimizer: {name: adam, lr: 0.001}\n"
-		 "train: {batch: 256, epochs: 1, metrics_dir: '', train_file: '%s', test_file: '%s'}\n"
+		 "train: {batch: 256, epochs: 1000000, metrics_dir: '', train_file: '%s', test_file: '%s'}\n"
 		 "log: {level: warn}\n",
 		 port[0], port[1], rep, D, (double)LR, (double)ACC0, (double)EPS, ADMIT, 2 * CAP, TTL,
 		 train, test);
@@ -819,8 +897,9 @@ static void rules_case(int replicas)
 	m.cfg = &cfg;
 	m.t = ps_config_find_table(&cfg, "probe");
 	ck_assert_int_eq(m.t, 1);
-	/* with replicas, each takeover may start the new primary's epoch a
-	 * few ms later (the state transfer's delay): 0.2 s more of both */
+	/* with replicas, each takeover may start the new primary's epoch
+	 * later (the state transfers' delays, measured: fl.drift_us), and a
+	 * state transfer may hold the tick: 0.2 s more of both */
 	m.margin = (replicas ? 0.8 : 0.6) * tu_time_scale();
 	uint64_t tkey = ps_rows_table_key(&cfg.tables[m.t]);
 	for (int i = 0; i < U; i++) {
@@ -829,6 +908,8 @@ static void rules_case(int replicas)
 	}
 	m.head[0] = m.head[1] = m.tail[0] = m.tail[1] = NIL;
 	fl.cfg = &cfg;
+	if (replicas)
+		m.drift_us = fl.drift_us;
 	snprintf(fl.cfg_path, sizeof(fl.cfg_path), "%s", tr.cfg);
 	for (int s = 0; s < 2; s++)
 		if (replicas)
@@ -857,11 +938,20 @@ static void rules_case(int replicas)
 		ck_assert_int_eq(ps_client_stats(k.c, s, &st), 0);
 		m.e_lo[s] = t1 - st.uptime_s;
 		m.e_hi[s] = ps_now_s() - st.uptime_s + (replicas ? 0.2 : 0.05) * tu_time_scale();
+		/* the wall clock's time of it, to read a failure's times against the logs */
+		struct timespec wt;
+		clock_gettime(CLOCK_REALTIME, &wt);
+		time_t e = (time_t)((double)wt.tv_sec + wt.tv_nsec / 1e9 - (ps_now_s() - m.e_lo[s]));
+		double frac = fmod((double)wt.tv_sec + wt.tv_nsec / 1e9 - (ps_now_s() - m.e_lo[s]), 1.0);
+		struct tm tmv;
+		gmtime_r(&e, &tmv);
+		fprintf(stderr, "shard %d: its first epoch at %02d:%02d:%06.3f UTC\n", s, tmv.tm_hour,
+			tmv.tm_min, tmv.tm_sec + frac);
 	}
 	/* training first, then the sequence beside it */
 	ck_assert_int_eq(pthread_create(&th, NULL, train_main, &tr), 0);
 	for (double dl = ps_now_s() + 120 * tu_time_scale();
-	     (before = trained_rows(k.c)) == 0 && ps_now_s() < dl && !tr.failed;)
+	     (before = trained_pushes(k.c)) == 0 && ps_now_s() < dl && !tr.failed;)
 		tu_sleep_ms(50);
 	t0 = ps_now_s();
 	if (replicas)
@@ -872,8 +962,8 @@ static void rules_case(int replicas)
 		__atomic_store_n(&fl.stop, 1, __ATOMIC_RELEASE);
 		pthread_join(fth, NULL);
 	}
-	after = trained_rows(k.c);
-	__atomic_store_n(&tr.stop, 1, __ATOMIC_RELEASE);
+	after = trained_pushes(k.c);
+	train_stop(&tr);
 	pthread_join(th, NULL);
 	if (replicas) {
 		/* the pairs formed again; each backup's tables as its primary's */
@@ -892,13 +982,13 @@ static void rules_case(int replicas)
 			ck_assert_int_eq(tu_stop_server(srv[s]), 0);
 	unlink(tr.cfg);
 	ck_assert_msg(!tr.failed, "%s", tr.why);
-	ck_assert_msg(before > 0, "the ctr workers pushed no rows");
+	ck_assert_msg(before > 0, "the ctr workers pushed no rows (logs in %s)", tmpdir);
 	ck_assert_msg(rc == 0, "seed %" PRIu64 ": %s", k.seed, k.why);
 	fprintf(stderr, "rows model, seed %" PRIu64 ": %ld pushes and %ld pulls in %.1f s "
 		"(%.0f/s), %" PRIu64 " rows read (%" PRIu64 " as initial values, %" PRIu64
 		" near expiry), %" PRIu64 " admitted, %" PRIu64 "..%" PRIu64 " evicted, %" PRIu64
 		" dropped in all, %" PRIu64 " slow pushes resolved; %d training rounds, %" PRIu64
-		" training rows pushed meanwhile\n", k.seed, k.pushes, k.pulls, secs,
+		" training row pushes meanwhile\n", k.seed, k.pushes, k.pulls, secs,
 		(double)(k.pushes + k.pulls) / secs, m.checked, m.init_reads, m.uncertain_reads,
 		m.admitted[0] + m.admitted[1], m.evicted_sure[0] + m.evicted_sure[1],
 		m.evicted[0] + m.evicted[1], m.dropped[0] + m.dropped[1], m.ambiguous, tr.rounds,
@@ -909,8 +999,9 @@ static void rules_case(int replicas)
 	ck_assert_uint_gt(m.dropped[0] + m.dropped[1] - m.evicted[0] - m.evicted[1], 10);
 	ck_assert_uint_gt(m.init_reads, 100);
 	if (replicas) {
-		fprintf(stderr, "rows model across failovers: %d faults (%d primaries killed)\n",
-			fl.n, fl.primaries);
+		fprintf(stderr, "rows model across failovers: %d faults (%d primaries killed); the "
+			"shards' epochs later by at most %.2f and %.2f s (the state transfers)\n",
+			fl.n, fl.primaries, fl.drift_us[0] / 1e6, fl.drift_us[1] / 1e6);
 		ck_assert_int_ge(fl.primaries, 1);
 	}
 }
@@ -949,7 +1040,10 @@ int main(void)
 	TU_ADD(tc, test_rules_across_failovers);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
-	tu_rmtree(tmpdir);
+	if (failed) /* the shards' logs are what a failure is read against */
+		fprintf(stderr, "it_rows_model: kept %s\n", tmpdir);
+	else
+		tu_rmtree(tmpdir);
 	tu_secret_cleanup();
 	return failed ? 1 : 0;
 }
