@@ -97,9 +97,11 @@ IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 IT_SH     := $(wildcard tests/it_*.sh)
 # Tests that spend their run waiting (paced clocks, drop and failover
-# timeouts: a few percent of a CPU, measured with /usr/bin/time): `make test`
-# runs them in a second lane beside the others (run-tests.sh --beside).
-IT_BESIDE := it_replica,it_replica_rows,it_cluster,it_stat
+# timeouts: a few percent of a CPU, measured with /usr/bin/time), and the
+# two in network namespaces of their own (no port of theirs can meet
+# another test's): `make test` runs them in a second lane beside the
+# others (run-tests.sh --beside).
+IT_BESIDE := it_replica,it_replica_rows,it_cluster,it_stat,it_multihost.sh,it_slurm.sh
 # Parallel jobs of `make test`'s and `make demo`'s build step.
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
