@@ -14,11 +14,12 @@ The figure that counts is the median over the rounds of each Python run's
 ratio to the C runs on either side of it (their geometric mean): on a
 shared machine the round trip drifts by a third from one run to the next,
 and a ratio of neighbours cancels the drift that a ratio of two medians
-keeps. For the round trip, with two or more CPUs, the shard runs on the
-first and the client (ps-bench, the C loop, this process) on the second,
-the same for both sides, so that no run wins or loses by where the
-scheduler put the three threads of a round trip (--no-pin turns it off);
-the 1 MiB push, which wants every CPU for its copies, is not pinned."""
+keeps. --pin runs the round trips' shard on the first CPU and the client
+(ps-bench, the C loop, this process) on the second, the same for both
+sides; it is not the default: with the client's two threads (the caller
+and libps's I/O thread) on one CPU every round trip pays a switch
+between them, which costs Python's caller more than C's (BENCHMARKS.md:
+a ratio of 1.165 pinned against 1.117 unpinned minutes apart)."""
 import argparse
 import json
 import os
@@ -176,18 +177,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--rounds", type=int, default=9, help="Python runs, between C runs")
-    ap.add_argument("--no-pin", action="store_true",
-                    help="leave the shard and the clients where the scheduler puts them")
+    ap.add_argument("--pin", action="store_true",
+                    help="round trips: the shard on the first CPU, the clients on the second")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if not os.environ.get("PS_SECRET_FILE"):
         raise SystemExit("bench_py.py: set PS_SECRET_FILE (scripts/ps-keygen FILE)")
     cpus = sorted(os.sched_getaffinity(0))
-    res = {"pinned": not a.no_pin and len(cpus) >= 2}
+    res = {"pinned": a.pin and len(cpus) >= 2}
     with tempfile.TemporaryDirectory() as tmp:
         exe = build_cloop(tmp)
         for op, size in (("pushpull", "4K"), ("push", "1M")):
-            pin = op == "pushpull" and not a.no_pin and len(cpus) >= 2
+            pin = op == "pushpull" and a.pin and len(cpus) >= 2
             PIN["shard"], PIN["client"] = (cpus[0], cpus[1]) if pin else (None, None)
             cs, pys, ls = [], [], []
             for r in range(a.rounds):  # C, loop, Python, C, ..., C: drift hits all
