@@ -58,7 +58,8 @@ default_files() {
      common/codec*.c common/auth.c common/frame_mac.c common/frame_aead.c common/finite.c \
      common/rows_wire.c common/shardmap.c common/config_agree.c common/optim_group.c \
      common/table_decl.c common/version.c worker/worker_cmd.c worker/ps_export.c worker/npz.c \
-     worker/export_read.c worker/epoch.c 2>/dev/null |
+     worker/export_read.c worker/epoch.c worker/ctr_model.c worker/ctr_train.c \
+     worker/stop_signal.c 2>/dev/null |
     grep -v '^server/main.c$'
 }
 
@@ -102,6 +103,12 @@ suites_for() {
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
     worker/client/ps_client_members.c) echo it_elastic test_elastic.py ;;
+    # the live re-shard: the client following a new map, the shards' stop
+    worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_live.sh test_reshard_live.py ;;
+    server/stop.c)             echo it_reshard_live it_reshard_live.sh ;;
+    # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)
+    worker/ctr_model.c|worker/ctr_train.c) echo it_ctr it_elastic@test_ctr_data_once ;;
+    worker/stop_signal.c)      echo it_elastic@test_ctr_data_once,test_worker_data_once ;;
     # it_reader: a reader's handshake and its errors; the one elastic case:
     # a join's clock read from the shards' Stats
     worker/client/ps_client.c|worker/client/ps_client_build.c|worker/client/ps_client_conn.c|worker/client/ps_client_req.c)
