@@ -52,6 +52,8 @@ def run(rank, args, port):
     if args.test_limit:
         tx, ty = tx[:args.test_limit], ty[:args.test_limit]
     net = (Net() if args.model == "cnn" else ResNet()).to(dev)
+    if args.channels_last:
+        net = net.to(memory_format=torch.channels_last)
     model = net if args.no_comm else torch.nn.parallel.DistributedDataParallel(
         net, device_ids=[dev.index or 0] if cuda else None)
     steps = len(x) // args.batch
@@ -95,6 +97,8 @@ def main():
     ap.add_argument("--limit", type=int, default=0)
     ap.add_argument("--test-limit", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--channels-last", action="store_true",
+                    help="conv weights channels-last, as the example's flag")
     ap.add_argument("--no-comm", action="store_true",
                     help="each rank trains alone: the compute-only ceiling")
     args = ap.parse_args()
