@@ -150,6 +150,57 @@ def test_equivalent_to_one_process_on_the_combined_batch(cluster, name):
             assert relerr(start[n], want) > 1e-3, (name, n, "did not train")
 
 
+def make_conv(seed=1):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, NOUT)
+                               ).to(memory_format=torch.channels_last)
+
+
+def test_channels_last_conv_model_equivalent(cluster):
+    """A conv model kept channels-last (what the cnn example's --channels-last
+    and make bench-pytorch use): its gradients are not C-contiguous, so the
+    wrapper pushes a copy; the weights it writes back keep the layout, and
+    2 workers equal one process on the combined batch, as for the MLP."""
+    spec = SPECS["sgd-momentum-wd-step"]
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(STEPS, 2 * BATCH, 2, 6, 6, generator=g)
+    y = torch.randint(0, NOUT, (STEPS, 2 * BATCH), generator=g)
+
+    def train(model, opt, sched, part):
+        for s in range(STEPS):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[s][part]), y[s][part]).backward()
+            opt.step()
+            sched.step()
+
+    ref = make_conv()
+    opt = make_optimizer(ref, spec)
+    train(ref, opt, make_schedule(opt, spec), slice(None))
+    cl = declared_cluster(cluster)
+    models = [make_conv(seed=1 if r == 0 else 100 + r) for r in range(2)]
+    out = {}
+
+    def run(rank):
+        c = ps.Client(cl.path, rank)
+        model = models[rank]
+        opt = pst.DistributedOptimizer(make_optimizer(model, spec), client=c,
+                                       named_parameters=model.named_parameters())
+        train(model, opt, make_schedule(opt, spec), slice(rank * BATCH, (rank + 1) * BATCH))
+        out[rank] = model
+        c.close()
+    in_threads(run, range(2))
+    start = make_conv()
+    for r in (0, 1):
+        conv = out[r][0].weight
+        assert conv.is_contiguous(memory_format=torch.channels_last), (r, conv.stride())
+        assert not conv.is_contiguous(), (r, "the test's premise: a non-C-contiguous weight")
+        for (n, got), want, first in zip(out[r].named_parameters(), ref.parameters(),
+                                        start.parameters()):
+            assert relerr(got.detach(), want.detach()) <= 1e-5, (r, n)
+            assert relerr(first.detach(), want.detach()) > 1e-3, (n, "did not train")
+
+
 def test_local_mode_with_clipping_equals_one_process(cluster):
     """mode='local': the shards average the gradients; synchronize() gives
     them to clip_grad_norm_ before the wrapped optimizer's step."""
