@@ -968,26 +968,7 @@ START_TEST(test_hostile)
 
 	start(&cl, 1, "async", "", "security:\n  auth: false\n");
 	ck_assert_int_eq(ps_shardmap_init(&map, &cl.cfg), 0);
-	fd = tu_raw_connect(cl.port[0]);
-	ck_assert_int_ge(fd, 0);
-	{
-		Ps__Hello h = PS__HELLO__INIT;
-		h.protocol_version = PS_PROTOCOL_VERSION;
-		h.role = PS__ROLE__ROLE_WORKER;
-		h.rank = 0;
-		h.shard_map_hash = map.hash;
-		h.shard = 0;
-		h.incarnation = 42;
-		static char settings[PS_AGREE_MAX];
-		ps_config_agreement(&cl.cfg, settings, sizeof(settings));
-		h.settings = settings;
-		ck_assert_int_eq(tu_raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
-		ProtobufCMessage *r = tu_raw_recv(fd, &t);
-		ck_assert_ptr_nonnull(r);
-		ck_assert_int_eq(t, PS_MSG_HELLO_REPLY);
-		ck_assert_msg(((Ps__HelloReply *)r)->ok, "%s", ((Ps__HelloReply *)r)->error);
-		protobuf_c_message_free_unpacked(r, NULL);
-	}
+	fd = tu_raw_join(cl.port[0], &cl.cfg, &map, 0, 0);
 	/* ten million ids: refused on the count, before anything is decoded */
 	Ps__PullRows p = PS__PULL_ROWS__INIT;
 	uint8_t ids[64];
