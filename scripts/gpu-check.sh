@@ -377,9 +377,7 @@ fi
 
 # ---- timing --------------------------------------------------------------
 if want timing; then
-free_port() {
-  "$HPY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+. tests/lib-ports.sh # free_port
 DEV=cuda NSTEPS=$STEPS THREADS=$JOBS
 if [ $GPU -eq 0 ] || [ $CUDA_OK -eq 0 ]; then DEV=cpu NSTEPS=$CPU_STEPS; fi
 # ours MODEL: one shard and one worker on this machine, 2 epochs of NSTEPS

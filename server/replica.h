@@ -173,7 +173,7 @@ const char *ps__repl_state_name(int state);
 /* Fills the replication fields of a Stats reply. */
 void ps__repl_stats(const struct ps_server *s, Ps__Stats *st, char *partner, size_t len);
 
-/* replica_log.c: batches, pending acks, snapshots */
+/* replica_log.c: batches, pending acks, the snapshot sent */
 void ps__repl_log_init_hooks(struct ps_server *s);
 /* Gather a push's ack: sent once its clock is applied (sync) and its batch
  * confirmed. sc may close meanwhile (the ack is then dropped). */
@@ -199,8 +199,9 @@ void ps__repl_release(struct ps_server *s);
 void ps__repl_drop_pending(struct ps_server *s);
 /* Sends the snapshot to the new backup on sc. */
 int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc);
-/* Backup: a snapshot or batch frame from the primary; 0 or a negative
- * code (the connection is then closed and the state transferred again). */
+/* replica_apply.c, the backup: a snapshot or batch frame from the
+ * primary; 0 or a negative code (the connection is then closed and the
+ * state transferred again). */
 int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			 const struct ps_frame *f, int *done);
 int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f);
@@ -252,8 +253,8 @@ void ps__repl_decl_clear(struct ps_repl_batch *b);
 int ps__repl_decl_apply(struct ps_server *s, const Ps__ReplBatch *m, const struct ps_frame *f);
 int ps__repl_send_decl(struct ps_server *s, struct ps_srv_conn *sc, uint64_t lsn, uint64_t epoch);
 int ps__repl_snapshot_decl(struct ps_server *s, const Ps__ReplSnapshot *m);
-/* Backup, every_push: forgets the kept gradients of sl below clock `below`
- * (all of them with sl NULL). */
+/* replica_apply.c, the backup, every_push: forgets the kept gradients of
+ * sl below clock `below` (all of them with sl NULL). */
 void ps__repl_staged_free(struct ps_server *s, const struct ps_slot *sl, uint64_t below);
 
 #endif

@@ -13,15 +13,7 @@ bad() { checks=$((checks + 1)); fails=$((fails + 1)); echo "FAIL: $*"; }
 
 tmp=$(mktemp -d /tmp/ps-bench-it.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-# free_port [TAKEN...]: a port nothing listens on, none of TAKEN
-free_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768 on)
-    [[ " $* " == *" $p "* ]] && continue
-    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
-  done
-}
+. tests/lib-ports.sh # free_port
 unset PS_SECRET_FILE
 
 # bench RUN_NAME CONFIG ARGS...: runs ps-bench --local --json, checks its

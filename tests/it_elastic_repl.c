@@ -64,7 +64,7 @@ static int low_port(int *picked, int n, int span)
 
 static void write_config(void)
 {
-	char yaml[2048], err[512];
+	char yaml[2048];
 	int picked[2 * NSHARDS + 1];
 
 	for (int i = 0; i < 2 * NSHARDS; i++) {
@@ -90,10 +90,7 @@ static void write_config(void)
 		 "    - {name: b, shape: [17, 33], init: arange}\n",
 		 tu_transport_yaml(), tu_host(), picked[0], tu_host(), picked[1], tu_host(),
 		 picked[2], tu_host(), picked[3], NW, http_base);
-	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
-	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
-	strcpy(logdir, "/tmp/ps-test-elrepl-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(logdir));
+	tu_replica_config(yaml, cfg_path, &cfg, logdir, "/tmp/ps-test-elrepl-XXXXXX");
 }
 
 /* Integer gradient of worker rank at clock: every sum is exact. */

@@ -20,10 +20,10 @@ mkdir "$tmp/ck"
 if [ -z "${PS_SECRET_FILE:-}" ]; then
   scripts/ps-keygen "$tmp/secret" 2>/dev/null && export PS_SECRET_FILE=$tmp/secret
 fi
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. tests/lib-ports.sh # free_port
 cat >"$tmp/base.yaml" <<EOF2
 cluster:
-  servers: [127.0.0.1:$(port), 127.0.0.1:$(port)]
+  servers: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]
   workers: 1
 model:
   tensors:

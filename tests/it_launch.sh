@@ -25,13 +25,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768 on)
-    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
-  done
-}
+. tests/lib-ports.sh # free_port
 
 unset PS_SECRET_FILE
 cat > "$tmp/c.yaml" <<EOF
@@ -241,15 +235,8 @@ expect "no process left after ps-local.sh" [ "$(pgrep -fc -- "--config $tmp/c.ya
 # (ports below the kernel's ephemeral range: the processes dial each other
 # as they start, and a dial's source port must not take a port another
 # process is about to listen on)
-low_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 12000))
-    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
-  done
-}
-awk -v s="  servers: [127.0.0.1:$(low_port), 127.0.0.1:$(low_port)]" \
-  -v b="  backups: [127.0.0.1:$(low_port), 127.0.0.1:$(low_port)]" \
+awk -v s="  servers: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]" \
+  -v b="  backups: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]" \
   '/^  servers:/ { print s; print b; print "  replicas: 1"; next } { print }' "$tmp/c.yaml" > "$tmp/r.yaml"
 cp "$tmp/c.secret" "$tmp/r.secret" 2>/dev/null; sed -i 's/secret_file: c.secret/secret_file: r.secret/' "$tmp/r.yaml"
 PS_REPL_KEY_FILE= scripts/ps-cluster.sh "$tmp/r.yaml" start --dry-run --ssh "$tmp/ssh" >/dev/null 2>"$tmp/norepl.err"

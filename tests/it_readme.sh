@@ -23,15 +23,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# free_port [TAKEN...]: a port nothing listens on, none of TAKEN
-free_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768 on)
-    [[ " $* " == *" $p "* ]] && continue
-    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
-  done
-}
+. tests/lib-ports.sh # free_port
 # fenced block N (1-based) of README.md whose first line matches $1
 block() {
   awk -v pat="$1" '

@@ -128,7 +128,7 @@ static int http_port; /* 1: stats.http on free ports (shard k replica r on port 
 
 static void write_config(const char *mode, const char *optim, int timeout_ms, int request_ms)
 {
-	char yaml[2048], err[512], http[64] = "";
+	char yaml[2048], http[64] = "";
 
 	for (int r = 0; r < 2; r++)
 		for (int k = 0; k < NSHARDS; k++)
@@ -153,10 +153,7 @@ static void write_config(const char *mode, const char *optim, int timeout_ms, in
 		 tu_transport_yaml(), tu_host(), ports[0][0], tu_host(), ports[0][1], tu_host(),
 		 ports[1][0], tu_host(), ports[1][1], NWORKERS, timeout_ms, forward, mode, optim, http,
 		 request_ms);
-	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
-	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
-	strcpy(logdir, "/tmp/ps-test-repl-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(logdir));
+	tu_replica_config(yaml, cfg_path, &cfg, logdir, "/tmp/ps-test-repl-XXXXXX");
 }
 
 static void start_all(void)

@@ -46,37 +46,15 @@ static int ports[2];
 static pid_t srv[2];
 static char logdir[64];
 
-/* A free port below the ephemeral range (a restarted process must not
- * find its port taken as the source port of the partner's dial). */
-static int low_free_port(int other)
-{
-	unsigned seed = (unsigned)getpid() * 2654435761u + (unsigned)other;
-
-	for (int i = 0; i < 1000; i++) {
-		int p = 20000 + (int)(rand_r(&seed) % 12000);
-		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)p),
-					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-
-		ok = p != other && p != other + 1 && fd >= 0 &&
-		     bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-		if (fd >= 0)
-			close(fd);
-		if (ok)
-			return p;
-	}
-	return tu_free_port();
-}
-
 static const char *cfg_mode = "sync"; /* consistency.mode of the next write_config */
 
 /* One shard, two processes, sync, SGD lr 1; stats.http on http (0: none). */
 static void write_config(int http)
 {
-	char yaml[2048], err[512], stats[64] = "";
+	char yaml[2048], stats[64] = "";
 
-	ports[0] = low_free_port(0);
-	ports[1] = low_free_port(ports[0]);
+	ports[0] = tu_low_free_port(0);
+	ports[1] = tu_low_free_port(ports[0]);
 	if (http)
 		snprintf(stats, sizeof(stats), "stats:\n  http: 127.0.0.1:%d\n", http);
 	snprintf(yaml, sizeof(yaml),
@@ -92,10 +70,7 @@ static void write_config(int http)
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n",
 		 tu_transport_yaml(), tu_host(), ports[0], tu_host(), ports[1], NWORKERS, cfg_mode,
 		 stats, NA);
-	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
-	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
-	strcpy(logdir, "/tmp/ps-test-replc-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(logdir));
+	tu_replica_config(yaml, cfg_path, &cfg, logdir, "/tmp/ps-test-replc-XXXXXX");
 }
 
 static void stop_all(void)
@@ -113,19 +88,7 @@ static void stop_all(void)
  * which one, or -1 after limit_s. */
 static int wait_pair(double limit_s)
 {
-	double t0 = ps_now_s();
-
-	while (ps_now_s() - t0 < limit_s * tu_time_scale()) {
-		struct ps_shard_stats a, b;
-		if (tu_replica_stats(&cfg, 0, 0, -1, &a) == 0 && tu_replica_stats(&cfg, 0, 1, -1, &b) == 0) {
-			if (a.repl_state == 3 && a.repl_partner_up && b.repl_state == 2)
-				return 0;
-			if (b.repl_state == 3 && b.repl_partner_up && a.repl_state == 2)
-				return 1;
-		}
-		tu_sleep_ms(50);
-	}
-	return -1;
+	return tu_wait_pair(&cfg, 0, limit_s);
 }
 
 /* How often text occurs in replica r's log. */
@@ -217,8 +180,7 @@ START_TEST(test_ack_waits_for_sum_across_failover)
 	int64_t id[NWORKERS];
 
 	write_config(0);
-	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
-	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	tu_start_pair(cfg_path, logdir, 0, srv);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	for (int r = 0; r < NWORKERS; r++)
@@ -283,8 +245,7 @@ START_TEST(test_backup_rejoin_keeps_primary)
 	struct ps_shard_stats a, a2;
 
 	write_config(0);
-	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
-	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	tu_start_pair(cfg_path, logdir, 0, srv);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
@@ -359,8 +320,7 @@ START_TEST(test_one_way_blocked_elects)
 			"packets of one direction");
 		return;
 	}
-	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
-	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	tu_start_pair(cfg_path, logdir, 0, srv);
 	double t0 = ps_now_s(), took;
 	while (n == 0 && ps_now_s() - t0 < 5 * tu_time_scale()) {
 		n = log_count(0, "now the primary") + log_count(1, "now the primary");
@@ -398,8 +358,7 @@ START_TEST(test_primary_cut_one_way)
 	int ok = 0;
 
 	write_config(0);
-	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
-	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	tu_start_pair(cfg_path, logdir, 0, srv);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	if (nft_block(ports[p])) {
@@ -462,8 +421,7 @@ START_TEST(test_replication_figures)
 	write_config(http);
 	ck_assert_msg(http != ports[0] && http != ports[1] && http + 1 != ports[0] &&
 		      http + 1 != ports[1], "port clash");
-	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
-	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	tu_start_pair(cfg_path, logdir, 0, srv);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
@@ -519,8 +477,7 @@ START_TEST(test_async_push_past_version_acked)
 	cfg_mode = "async";
 	write_config(0);
 	cfg_mode = "sync";
-	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
-	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	tu_start_pair(cfg_path, logdir, 0, srv);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	struct ps_client *c = worker(0);

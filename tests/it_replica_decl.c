@@ -36,7 +36,7 @@ static pid_t srv[2];
 
 static void write_config(void)
 {
-	char yaml[1024], err[512];
+	char yaml[1024];
 	int p0 = tu_low_free_port(0), p1 = tu_low_free_port(p0);
 
 	snprintf(yaml, sizeof(yaml),
@@ -50,30 +50,14 @@ static void write_config(void)
 		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
 		 "  request_timeout_ms: 60000\n",
 		 tu_transport_yaml(), tu_host(), p0, tu_host(), p1, NW);
-	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
-	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
-	strcpy(logdir, "/tmp/ps-test-repld-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(logdir));
+	tu_replica_config(yaml, cfg_path, &cfg, logdir, "/tmp/ps-test-repld-XXXXXX");
 }
 
 /* Until one process is the primary with its backup holding the state:
  * which one, or -1 after limit_s. */
 static int wait_pair(double limit_s)
 {
-	double t0 = ps_now_s();
-
-	while (ps_now_s() - t0 < limit_s * tu_time_scale()) {
-		struct ps_shard_stats a, b;
-		if (tu_replica_stats(&cfg, 0, 0, -1, &a) == 0 &&
-		    tu_replica_stats(&cfg, 0, 1, -1, &b) == 0) {
-			if (a.repl_state == 3 && a.repl_partner_up && b.repl_state == 2)
-				return 0;
-			if (b.repl_state == 3 && b.repl_partner_up && a.repl_state == 2)
-				return 1;
-		}
-		tu_sleep_ms(50);
-	}
-	return -1;
+	return tu_wait_pair(&cfg, 0, limit_s);
 }
 
 /* The model: w [NA] and b [5]; rank 0's initial values are small
@@ -304,8 +288,7 @@ START_TEST(test_declarations_survive_takeovers)
 	char err[512];
 
 	write_config();
-	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
-	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	tu_start_pair(cfg_path, logdir, 0, srv);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	for (int r = 0; r < NW; r++) {
@@ -376,8 +359,7 @@ START_TEST(test_groups_follow_takeover)
 
 	groups_mode = 1;
 	write_config();
-	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
-	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	tu_start_pair(cfg_path, logdir, 0, srv);
 	int p = wait_pair(20);
 	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
 	for (int r = 0; r < NW; r++) {

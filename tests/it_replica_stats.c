@@ -46,7 +46,7 @@ static int http;
  * max_rows 15); /metrics on http + replica. */
 static void start_pair(void)
 {
-	char yaml[2048], err[512];
+	char yaml[2048];
 	int p0 = tu_low_free_port(0), p1 = tu_low_free_port(p0);
 
 	/* /metrics of replica r on http + r: both below the ephemeral range */
@@ -66,12 +66,8 @@ static void start_pair(void)
 		 "  embeddings:\n    - {name: emb, dim: 2, init: zeros, optimizer: sgd, lr: 1, "
 		 "admission: 2, max_rows: 15}\n",
 		 tu_transport_yaml(), tu_host(), p0, tu_host(), p1, NW, TIMEOUT_MS, http, NA);
-	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
-	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
-	strcpy(logdir, "/tmp/ps-test-repls-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(logdir));
-	srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
-	srv[1] = tu_start_replica(cfg_path, logdir, 0, 1, 1);
+	tu_replica_config(yaml, cfg_path, &cfg, logdir, "/tmp/ps-test-repls-XXXXXX");
+	tu_start_pair(cfg_path, logdir, 0, srv);
 }
 
 static void stop_pair(void)
@@ -91,20 +87,7 @@ static void stop_pair(void)
  * which one, or -1 after limit_s. */
 static int wait_pair(double limit_s)
 {
-	double t0 = ps_now_s();
-
-	while (ps_now_s() - t0 < limit_s * tu_time_scale()) {
-		struct ps_shard_stats a, b;
-		if (tu_replica_stats(&cfg, 0, 0, -1, &a) == 0 &&
-		    tu_replica_stats(&cfg, 0, 1, -1, &b) == 0) {
-			if (a.repl_state == 3 && a.repl_partner_up && b.repl_state == 2)
-				return 0;
-			if (b.repl_state == 3 && b.repl_partner_up && a.repl_state == 2)
-				return 1;
-		}
-		tu_sleep_ms(50);
-	}
-	return -1;
+	return tu_wait_pair(&cfg, 0, limit_s);
 }
 
 static struct ps_shard_stats stats(int r)

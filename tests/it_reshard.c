@@ -45,6 +45,8 @@
 #include "rows_wire.h"
 #include "shardmap.h"
 #include "table.h"
+#define RESHARD_TMPDIR "/tmp/ps-reshard-XXXXXX"
+#include "test_reshard.h"
 #include "test_util.h"
 #include "wire.h"
 
@@ -52,9 +54,6 @@
 #define NB 1000
 #define DIM 4
 #define NIDS 300
-
-static char dir[64], ck[128], path[64];
-static struct ps_config cfg;
 
 /* Tensors declared by the workers (a config without a model) and
  * incremental checkpoints: write_cfg's model section and checkpoint keys. */
@@ -66,7 +65,7 @@ static int noauth;
  * size (another model when not NB). */
 static void write_cfg(int n, int nb)
 {
-	char yaml[2048], servers[256] = "", err[512];
+	char yaml[2048], servers[256] = "";
 
 	for (int k = 0, o = 0; k < n; k++)
 		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d", k ? ", " : "",
@@ -87,13 +86,7 @@ static void write_cfg(int n, int nb)
 		 "%slog:\n  level: warn\n", servers, tensors, DIM, ck, declared ?
 		 "  incremental: 5\n  on_request: true\n  min_interval_s: 0\n" : "",
 		 noauth ? "security:\n  auth: false\n" : "");
-	if (!path[0])
-		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
-	FILE *f = fopen(path, "w");
-	ck_assert_ptr_nonnull(f);
-	fputs(yaml, f);
-	fclose(f);
-	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	write_config(yaml);
 }
 
 /* Shard k of the config at path; with old (a folder) re-sharding from
@@ -109,22 +102,6 @@ static pid_t start_shard(int k, const char *old, int old_n, const char *log)
 	snprintf(n, sizeof(n), "%d", old_n);
 	snprintf(def, sizeof(def), "%s/shard-%d.log", dir, k);
 	return tu_spawn(argv, log ? log : def);
-}
-
-static struct ps_client *connect_retry(void)
-{
-	struct ps_client *c = NULL;
-	char err[512];
-	int rc = -1;
-
-	for (int i = 0; i < 150; i++) {
-		rc = ps_client_init(&c, &cfg, 0, err, sizeof(err));
-		if (rc != -ECONNREFUSED)
-			break;
-		tu_sleep_ms(100);
-	}
-	ck_assert_msg(rc == 0, "connect: %s", err);
-	return c;
 }
 
 static uint64_t id_of(int i)
@@ -190,22 +167,6 @@ static void move_old(const char *name, int n, char *to, size_t len)
 	}
 }
 
-static void setup_dirs(void)
-{
-	strcpy(dir, "/tmp/ps-reshard-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(dir));
-	snprintf(ck, sizeof(ck), "%s/ck", dir);
-	ck_assert_int_eq(mkdir(ck, 0700), 0);
-	path[0] = 0;
-}
-
-static void cleanup_dirs(void)
-{
-	ck_assert_int_eq(tu_rmtree(dir), 0);
-	unlink(path);
-	path[0] = 0;
-}
-
 START_TEST(test_sync_2_3_2_bit_identical)
 {
 	static float ra[NA], rb[NB], rr[(NIDS + 50) * DIM];
@@ -219,7 +180,7 @@ START_TEST(test_sync_2_3_2_bit_identical)
 	write_cfg(2, NB);
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(k, NULL, 0, NULL);
-	c = connect_retry();
+	c = connect_retry(0);
 	train(c, 0, 10, ra, rb, rr);
 	ps_client_free(c);
 	stop_all(srv, 2);
@@ -229,7 +190,7 @@ START_TEST(test_sync_2_3_2_bit_identical)
 	/* 4 clocks on 2, 3 on 3, 3 on 2 */
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(k, NULL, 0, NULL);
-	c = connect_retry();
+	c = connect_retry(0);
 	train(c, 0, 4, wa, wb, wr);
 	ps_client_free(c);
 	stop_all(srv, 2);
@@ -239,7 +200,7 @@ START_TEST(test_sync_2_3_2_bit_identical)
 		snprintf(log, sizeof(log), "%s/a-%d.log", dir, k);
 		srv[k] = start_shard(k, old1, 2, log);
 	}
-	c = connect_retry();
+	c = connect_retry(0);
 	ck_assert_uint_eq(ps_client_clock(c), 4);
 	train(c, 4, 7, wa, wb, wr);
 	ps_client_free(c);
@@ -248,7 +209,7 @@ START_TEST(test_sync_2_3_2_bit_identical)
 	write_cfg(2, NB);
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(k, old2, 3, NULL);
-	c = connect_retry();
+	c = connect_retry(0);
 	ck_assert_uint_eq(ps_client_clock(c), 7);
 	train(c, 7, 10, wa, wb, wr);
 	ps_client_free(c);
@@ -372,7 +333,7 @@ START_TEST(test_rows_after_2_to_3)
 	tkey = ps_rows_table_key(&cfg.tables[0]);
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(k, NULL, 0, NULL);
-	c = connect_retry();
+	c = connect_retry(0);
 	/* two rounds, a second apart: the rows only the first updated are
 	 * older by a second */
 	train(c, 0, 2, wa, wb, wr);
@@ -388,7 +349,7 @@ START_TEST(test_rows_after_2_to_3)
 	write_cfg(3, NB);
 	for (int k = 0; k < 3; k++)
 		srv[k] = start_shard(k, old1, 2, NULL);
-	c = connect_retry();
+	c = connect_retry(0);
 	/* the new shards wrote their checkpoints before serving */
 	for (int k = 0; k < 3; k++) {
 		snprintf(f, sizeof(f), "%s/shard-%d.ckpt", ck, k);
@@ -506,7 +467,7 @@ START_TEST(test_refusals)
 	write_cfg(2, NB);
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(k, NULL, 0, NULL);
-	c = connect_retry();
+	c = connect_retry(0);
 	train(c, 0, 2, wa, wb, wr);
 	ps_client_free(c);
 	stop_all(srv, 2);
@@ -516,7 +477,7 @@ START_TEST(test_refusals)
 	ck_assert_int_eq(link(a, early), 0);
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(k, NULL, 0, NULL);
-	c = connect_retry();
+	c = connect_retry(0);
 	train(c, 2, 4, wa, wb, wr);
 	ps_client_free(c);
 	stop_all(srv, 2);
@@ -670,7 +631,7 @@ START_TEST(test_old_placement_replaced)
 		write_cfg(n, NB);
 		for (int k = 0; k < n; k++)
 			srv[k] = start_shard(k, old, 2, NULL);
-		c = connect_retry();
+		c = connect_retry(0);
 		ck_assert_uint_eq(ps_client_clock(c), 3);
 		struct ps_tensor tw[2] = { { .name = "a", .data = wa, .count = NA },
 					   { .name = "b", .data = wb, .count = NB } };
@@ -743,7 +704,7 @@ START_TEST(test_declared_and_incremental)
 	write_cfg(2, NB);
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(k, NULL, 0, NULL);
-	c = connect_retry();
+	c = connect_retry(0);
 	declare(c, wa, wb);
 	train(c, 0, 4, wa, wb, wr);
 	checkpoint_all(c, 2);
@@ -774,7 +735,7 @@ START_TEST(test_declared_and_incremental)
 	write_cfg(3, NB);
 	for (int k = 0; k < 3; k++)
 		srv[k] = start_shard(k, old, 2, NULL);
-	c = connect_retry();
+	c = connect_retry(0);
 	declare(c, wa, wb);
 	ck_assert_uint_eq(ps_client_clock(c), 8);
 	ck_assert_msg(!memcmp(wa, ra, sizeof(ra)) && !memcmp(wb, rb, sizeof(rb)),

@@ -34,16 +34,15 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "rows_wire.h"
+#define RESHARD_TMPDIR "/tmp/ps-reshard-c-XXXXXX"
 #include "test_replica.h"
+#include "test_reshard.h"
 #include "test_util.h"
 
 #define NA 3000
 #define NIDS 200
 #define DIM 4
 #define NW 2
-
-static char dir[64], ck[128], path[64];
-static struct ps_config cfg;
 
 /* What write_cfg writes besides the servers. */
 struct mode {
@@ -56,7 +55,7 @@ struct mode {
 /* The config of an n-shard cluster (fresh ports) at path. */
 static void write_cfg(int n, const struct mode *m)
 {
-	char yaml[4096], servers[512] = "", backups[512] = "", err[512];
+	char yaml[4096], servers[512] = "", backups[512] = "";
 	int last = 0;
 
 	for (int k = 0, o = 0, b = 0; k < n; k++) {
@@ -89,13 +88,7 @@ static void write_cfg(int n, const struct mode *m)
 		 m->async ? "async" : "sync", NA,
 		 m->table ? "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, "
 			    "lr: 1}\n" : "", ck);
-	if (!path[0])
-		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
-	FILE *f = fopen(path, "w");
-	ck_assert_ptr_nonnull(f);
-	fputs(yaml, f);
-	fclose(f);
-	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	write_config(yaml);
 }
 
 /* Process r (0, or 1: the backup) of shard k; with old (a folder)
@@ -124,22 +117,6 @@ static pid_t start_proc(const char *tag, int k, int r, const char *old, int old_
 	}
 	argv[a] = NULL;
 	return tu_spawn(argv, log);
-}
-
-static struct ps_client *connect_retry(int rank)
-{
-	struct ps_client *c = NULL;
-	char err[512];
-	int rc = -1;
-
-	for (int i = 0; i < 300; i++) {
-		rc = ps_client_init(&c, &cfg, rank, err, sizeof(err));
-		if (rc != -ECONNREFUSED && !strstr(err, "is connected already"))
-			break;
-		tu_sleep_ms(100);
-	}
-	ck_assert_msg(rc == 0, "connect rank %d: %s (logs in %s)", rank, err, dir);
-	return c;
 }
 
 /* A monitor client once each of the n shards answers it (they listen
@@ -186,22 +163,6 @@ static void move_old(const char *name, char *to, size_t len)
 			ck_assert_msg(rename(a, b) == 0, "%s: %s", a, strerror(errno));
 		}
 	closedir(d);
-}
-
-static void setup_dirs(void)
-{
-	strcpy(dir, "/tmp/ps-reshard-c-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(dir));
-	snprintf(ck, sizeof(ck), "%s/ck", dir);
-	ck_assert_int_eq(mkdir(ck, 0700), 0);
-	path[0] = 0;
-}
-
-static void cleanup_dirs(void)
-{
-	ck_assert_int_eq(tu_rmtree(dir), 0);
-	unlink(path);
-	path[0] = 0;
 }
 
 /* Whether the file f holds text. */

@@ -31,13 +31,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-free_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768 on)
-    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
-  done
-}
+. tests/lib-ports.sh # free_port
 unset PS_SECRET_FILE
 export OPENBLAS_NUM_THREADS=1
 p0=$(free_port) p1=$(free_port) p2=$(free_port)

@@ -27,6 +27,7 @@
 #include "ps_time.h"
 #include "rows_wire.h"
 #include "shardmap.h"
+#include "test_raw.h"
 #include "test_util.h"
 #include "wire.h"
 
@@ -957,100 +958,6 @@ END_TEST
 
 /* ---- hostile row requests ---- */
 
-static int raw_connect(int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-
-	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-	for (int i = 0; i < 100; i++) {
-		if (connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0)
-			return fd;
-		tu_sleep_ms(100);
-	}
-	return -1;
-}
-
-static int raw_send(int fd, uint8_t type, const ProtobufCMessage *m, const void *pay, size_t plen)
-{
-	size_t mlen = protobuf_c_message_get_packed_size(m);
-	uint8_t *b = malloc(PS_WIRE_HDR_LEN + mlen + plen);
-	struct ps_frame_hdr h = { .version = PS_PROTOCOL_VERSION, .type = type,
-				  .meta_len = (uint32_t)mlen, .payload_len = plen };
-	size_t len = PS_WIRE_HDR_LEN + mlen + plen, off = 0;
-
-	ps_wire_encode_hdr(b, &h);
-	protobuf_c_message_pack(m, b + PS_WIRE_HDR_LEN);
-	if (plen)
-		memcpy(b + PS_WIRE_HDR_LEN + mlen, pay, plen);
-	while (off < len) {
-		ssize_t k = write(fd, b + off, len - off);
-		if (k <= 0) {
-			free(b);
-			return -1;
-		}
-		off += (size_t)k;
-	}
-	free(b);
-	return 0;
-}
-
-static int raw_read(int fd, void *b, size_t n)
-{
-	for (size_t got = 0; got < n;) {
-		struct pollfd p = { fd, POLLIN, 0 };
-		if (poll(&p, 1, (int)(5000 * tu_time_scale())) != 1)
-			return -1;
-		ssize_t k = read(fd, (uint8_t *)b + got, n - got);
-		if (k <= 0)
-			return -1;
-		got += (size_t)k;
-	}
-	return 0;
-}
-
-/* The next frame's type and message (NULL when the connection is gone). */
-static ProtobufCMessage *raw_recv(int fd, unsigned *type)
-{
-	uint8_t h[PS_WIRE_HDR_LEN], *body;
-	struct ps_wire_limits lim = { .max_frame = 1 << 26, .max_meta = 1 << 20 };
-	struct ps_frame f = { 0 };
-	char why[200];
-	ProtobufCMessage *m;
-
-	if (raw_read(fd, h, sizeof(h)) || ps_wire_decode_hdr(h, &lim, &f.hdr, why, sizeof(why)))
-		return NULL;
-	body = malloc(f.hdr.meta_len + f.hdr.payload_len + 1);
-	if (raw_read(fd, body, f.hdr.meta_len + f.hdr.payload_len)) {
-		free(body);
-		return NULL;
-	}
-	f.meta = body;
-	f.payload = body + f.hdr.meta_len;
-	*type = f.hdr.type;
-	m = ps_msg_unpack(&f, why, sizeof(why));
-	free(body);
-	return m;
-}
-
-/* Sends a row request and expects an Error with code: its message. */
-static void expect_error(int fd, uint8_t type, const ProtobufCMessage *m, const void *pay,
-			 size_t plen, int code, const char *words)
-{
-	unsigned t = 0;
-	ProtobufCMessage *r;
-
-	ck_assert_int_eq(raw_send(fd, type, m, pay, plen), 0);
-	r = raw_recv(fd, &t);
-	ck_assert_msg(r != NULL, "no answer (connection closed?) expecting '%s'", words);
-	ck_assert_msg(t == PS_MSG_ERROR, "got a %s frame, expected an error about '%s'",
-		      ps_wire_type_name(t), words);
-	ck_assert_int_eq(((Ps__Error *)r)->code, code);
-	ck_assert_msg(strstr(((Ps__Error *)r)->message, words), "'%s' does not say '%s'",
-		      ((Ps__Error *)r)->message, words);
-	protobuf_c_message_free_unpacked(r, NULL);
-}
-
 START_TEST(test_hostile)
 {
 	struct cluster cl;
@@ -1061,26 +968,7 @@ START_TEST(test_hostile)
 
 	start(&cl, 1, "async", "", "security:\n  auth: false\n");
 	ck_assert_int_eq(ps_shardmap_init(&map, &cl.cfg), 0);
-	fd = raw_connect(cl.port[0]);
-	ck_assert_int_ge(fd, 0);
-	{
-		Ps__Hello h = PS__HELLO__INIT;
-		h.protocol_version = PS_PROTOCOL_VERSION;
-		h.role = PS__ROLE__ROLE_WORKER;
-		h.rank = 0;
-		h.shard_map_hash = map.hash;
-		h.shard = 0;
-		h.incarnation = 42;
-		static char settings[PS_AGREE_MAX];
-		ps_config_agreement(&cl.cfg, settings, sizeof(settings));
-		h.settings = settings;
-		ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
-		ProtobufCMessage *r = raw_recv(fd, &t);
-		ck_assert_ptr_nonnull(r);
-		ck_assert_int_eq(t, PS_MSG_HELLO_REPLY);
-		ck_assert_msg(((Ps__HelloReply *)r)->ok, "%s", ((Ps__HelloReply *)r)->error);
-		protobuf_c_message_free_unpacked(r, NULL);
-	}
+	fd = tu_raw_join(cl.port[0], &cl.cfg, &map, 0, 0);
 	/* ten million ids: refused on the count, before anything is decoded */
 	Ps__PullRows p = PS__PULL_ROWS__INIT;
 	uint8_t ids[64];
@@ -1089,24 +977,27 @@ START_TEST(test_hostile)
 	p.table = "e";
 	p.dim = DIM;
 	p.n_ids = 10000000;
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, 8, PS_ETOOBIG, "limits.max_request_rows");
+	tu_raw_expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, 8, PS_ETOOBIG,
+			    "limits.max_request_rows", NULL);
 	/* unknown table, another dim */
 	p.n_ids = 2;
 	size_t il = ps_rows_ids_encode(two, 2, ids);
 	p.table = "nosuch\x1b[2J"; /* named back, its control character shown as '?' */
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ENOTENSOR,
-		     "no embedding table 'nosuch?[2J' on this shard");
+	tu_raw_expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ENOTENSOR,
+			    "no embedding table 'nosuch?[2J' on this shard", NULL);
 	p.table = "e";
 	p.dim = DIM + 1;
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ESHAPE,
-		     "table 'e' has dim 4, the request says 5");
+	tu_raw_expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, il, PS_ESHAPE,
+			    "table 'e' has dim 4, the request says 5", NULL);
 	p.dim = DIM;
 	/* repeated ids (a delta of 0), truncated ids, bytes left over */
 	uint8_t rep[2] = { 5, 0 };
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, rep, 2, PS_EPROTO, "sorted and unique");
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, 1, PS_EPROTO, "ids end");
+	tu_raw_expect_error(fd, PS_MSG_PULL_ROWS, &p.base, rep, 2, PS_EPROTO, "sorted and unique",
+			    NULL);
+	tu_raw_expect_error(fd, PS_MSG_PULL_ROWS, &p.base, ids, 1, PS_EPROTO, "ids end", NULL);
 	uint8_t more[3] = { 5, 4, 1 };
-	expect_error(fd, PS_MSG_PULL_ROWS, &p.base, more, 3, PS_EPROTO, "after the 2 ids");
+	tu_raw_expect_error(fd, PS_MSG_PULL_ROWS, &p.base, more, 3, PS_EPROTO, "after the 2 ids",
+			    NULL);
 	/* a push: values of the wrong size, and a NaN */
 	Ps__PushRows q = PS__PUSH_ROWS__INIT;
 	uint8_t pay[4 + 2 * DIM * 4];
@@ -1119,12 +1010,14 @@ START_TEST(test_hostile)
 	memset(pay, 0, sizeof(pay));
 	memcpy(pay, ids, il);
 	memcpy(pay + 4, vals, sizeof(vals));
-	expect_error(fd, PS_MSG_PUSH_ROWS, &q.base, pay, sizeof(pay) - 4, PS_ESHAPE, "does not hold");
-	expect_error(fd, PS_MSG_PUSH_ROWS, &q.base, pay, sizeof(pay), PS_ENOFINITE, "not finite");
+	tu_raw_expect_error(fd, PS_MSG_PUSH_ROWS, &q.base, pay, sizeof(pay) - 4, PS_ESHAPE,
+			    "does not hold", NULL);
+	tu_raw_expect_error(fd, PS_MSG_PUSH_ROWS, &q.base, pay, sizeof(pay), PS_ENOFINITE,
+			    "not finite", NULL);
 	/* the connection still works: a good pull is answered */
 	p.req_id = 3;
-	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL_ROWS, &p.base, ids, il), 0);
-	ProtobufCMessage *r = raw_recv(fd, &t);
+	ck_assert_int_eq(tu_raw_send(fd, PS_MSG_PULL_ROWS, &p.base, ids, il), 0);
+	ProtobufCMessage *r = tu_raw_recv(fd, &t);
 	ck_assert_ptr_nonnull(r);
 	ck_assert_int_eq(t, PS_MSG_PULL_ROWS_REPLY);
 	ck_assert_uint_eq(((Ps__PullRowsReply *)r)->n_rows, 2);
@@ -1235,33 +1128,6 @@ END_TEST
 
 /* ---- parked pulls hold at most their frames, within byte limits ---- */
 
-/* A raw worker connection (security.auth off) to port, rank 0. */
-static int raw_join(int port, const struct ps_config *cfg, const struct ps_shardmap *map,
-		    int shard)
-{
-	static char settings[PS_AGREE_MAX];
-	Ps__Hello h = PS__HELLO__INIT;
-	unsigned t;
-	int fd = raw_connect(port);
-
-	ck_assert_int_ge(fd, 0);
-	h.protocol_version = PS_PROTOCOL_VERSION;
-	h.role = PS__ROLE__ROLE_WORKER;
-	h.rank = 0;
-	h.shard_map_hash = map->hash;
-	h.shard = (uint32_t)shard;
-	h.incarnation = 77;
-	ps_config_agreement(cfg, settings, sizeof(settings));
-	h.settings = settings;
-	ck_assert_int_eq(raw_send(fd, PS_MSG_HELLO, &h.base, NULL, 0), 0);
-	ProtobufCMessage *r = raw_recv(fd, &t);
-	ck_assert_ptr_nonnull(r);
-	ck_assert_int_eq(t, PS_MSG_HELLO_REPLY);
-	ck_assert_msg(((Ps__HelloReply *)r)->ok, "%s", ((Ps__HelloReply *)r)->error);
-	protobuf_c_message_free_unpacked(r, NULL);
-	return fd;
-}
-
 static long vm_hwm_kb(pid_t pid)
 {
 	char path[64], line[256];
@@ -1295,12 +1161,12 @@ static int park_pulls(int fd, int n, const uint8_t *enc, size_t elen, uint32_t n
 	p.min_version = 1;
 	for (int i = 0; i < n; i++) {
 		p.req_id = (uint64_t)i + 1;
-		ck_assert_int_eq(raw_send(fd, PS_MSG_PULL_ROWS, &p.base, enc, elen), 0);
+		ck_assert_int_eq(tu_raw_send(fd, PS_MSG_PULL_ROWS, &p.base, enc, elen), 0);
 	}
 	q.req_id = 1000;
-	ck_assert_int_eq(raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
+	ck_assert_int_eq(tu_raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
 	for (;;) {
-		ProtobufCMessage *r = raw_recv(fd, &t);
+		ProtobufCMessage *r = tu_raw_recv(fd, &t);
 		ck_assert_msg(r != NULL, "connection closed before the stats reply");
 		if (t == PS_MSG_STATS) {
 			protobuf_c_message_free_unpacked(r, NULL);
@@ -1341,7 +1207,7 @@ START_TEST(test_parked_pulls_bounded)
 		ids[i] = i + 1;
 	elen = ps_rows_ids_encode(ids, NIDS, enc);
 	ck_assert_uint_eq(elen, NIDS); /* one byte per id */
-	a = raw_join(cl.port[0], &cl.cfg, &map, 0);
+	a = tu_raw_join(cl.port[0], &cl.cfg, &map, 0, 0);
 	long hwm0 = vm_hwm_kb(cl.srv[0]);
 	int refused = park_pulls(a, NPULL, enc, elen, NIDS, "limits.max_waiting_bytes");
 	long grew_mb = (vm_hwm_kb(cl.srv[0]) - hwm0) / 1024;
@@ -1353,7 +1219,7 @@ START_TEST(test_parked_pulls_bounded)
 			      "MiB", NPULL - refused, grew_mb);
 	ck_assert_int_eq(refused, NPULL - 4);
 	/* another connection: the shard's total is the bound */
-	b = raw_join(cl.port[0], &cl.cfg, &map, 0);
+	b = tu_raw_join(cl.port[0], &cl.cfg, &map, 0, 0);
 	ck_assert_int_eq(park_pulls(b, 3, enc, elen, NIDS, "limits.max_waiting_bytes_total"), 1);
 	/* a's pulls go with a: b parks again, once the shard has seen the close */
 	close(a);

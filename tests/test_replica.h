@@ -1,12 +1,15 @@
 /* test_replica.h - what the tests of replicated shards share (it_replica,
- * it_replica_rows, it_replica_cases): one process of a pair started, one
- * process of a pair asked for its stats, the pair's roles, and a plain HTTP
- * GET of a shard's metrics server.
+ * it_replica_rows, it_replica_cases, it_replica_decl, it_replica_stats,
+ * it_elastic_repl): a pair's config written and loaded, one process of a
+ * pair or both started, one process of a pair asked for its stats, the
+ * pair's roles (waited for), and a plain HTTP GET of a shard's metrics
+ * server.
  */
 #ifndef TEST_REPLICA_H
 #define TEST_REPLICA_H
 
 #include <arpa/inet.h>
+#include <check.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -20,6 +23,20 @@
 #include "ps_client.h"
 #include "ps_time.h"
 #include "test_util.h"
+
+/* The config yaml in a fresh temporary file (its name into cfg_path, 64
+ * bytes), loaded into cfg, and a fresh folder for the processes' logs made
+ * from the mkdtemp template logtmpl (into logdir, 64 bytes). */
+static inline void tu_replica_config(const char *yaml, char *cfg_path, struct ps_config *cfg,
+				     char *logdir, const char *logtmpl)
+{
+	char err[512];
+
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	strcpy(logdir, logtmpl);
+	ck_assert_ptr_nonnull(mkdtemp(logdir));
+}
 
 /* Process replica (0 primary's place in cluster.servers, 1 cluster.backups)
  * of shard `shard`, its stderr appended to LOGDIR/shardK-rR.log; with
@@ -47,6 +64,14 @@ static inline pid_t tu_start_replica(const char *cfg_path, const char *logdir, i
 		_exit(127);
 	}
 	return pid;
+}
+
+/* Both processes of shard k's pair (srv[r]: replica r), killed when the
+ * process that started them ends. */
+static inline void tu_start_pair(const char *cfg_path, const char *logdir, int k, pid_t srv[2])
+{
+	srv[0] = tu_start_replica(cfg_path, logdir, k, 0, 1);
+	srv[1] = tu_start_replica(cfg_path, logdir, k, 1, 1);
 }
 
 /* Shard k's counters from process r of its pair, as a monitor with short
@@ -83,6 +108,27 @@ static inline int tu_replica_primary(const struct ps_config *cfg, int k)
 		struct ps_shard_stats st;
 		if (tu_replica_stats(cfg, k, r, -1, &st) == 0 && st.repl_state == 3)
 			return r;
+	}
+	return -1;
+}
+
+/* Until one process of shard k's pair is the primary, seeing its partner,
+ * with the other its backup holding the state: which one, or -1 after
+ * limit_s (scaled). */
+static inline int tu_wait_pair(const struct ps_config *cfg, int k, double limit_s)
+{
+	double t0 = ps_now_s();
+
+	while (ps_now_s() - t0 < limit_s * tu_time_scale()) {
+		struct ps_shard_stats a, b;
+		if (tu_replica_stats(cfg, k, 0, -1, &a) == 0 &&
+		    tu_replica_stats(cfg, k, 1, -1, &b) == 0) {
+			if (a.repl_state == 3 && a.repl_partner_up && b.repl_state == 2)
+				return 0;
+			if (b.repl_state == 3 && b.repl_partner_up && a.repl_state == 2)
+				return 1;
+		}
+		tu_sleep_ms(50);
 	}
 	return -1;
 }
