@@ -199,7 +199,7 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(CTR_OBJS) $(LIB_OBJ
 # integration test; the run fails if any of them fails.
 test: deps
 	@$(MAKE) -j$(JOBS) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
-		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec $(FUZZ_BINS)
+		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec $(OBJ)/tests/crash_worker $(FUZZ_BINS)
 	@scripts/run-tests.sh --beside $(IT_BESIDE) $(UNIT_BINS) $(IT_BINS) $(IT_SH)
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory fuzz
