@@ -101,7 +101,7 @@ reshard_args=()
 pids_of() {
   local pid args
   for pid in $(pgrep -x "$1" 2>/dev/null); do
-    args=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+    args=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || continue
     case " $args" in *" --config $2 "*) echo "$pid" ;; esac
   done
 }
@@ -134,7 +134,7 @@ live_reshard_ask() {
   [ "$(cfg_key "$old_dump" cluster replicas)" = 0 ] || return 0
   l=($1) s=($2)
   [ ${#l[@]} -eq 1 ] && [ ${#s[@]} -gt 0 ] || return 0
-  ctl=$(tr '\0' '\n' <"/proc/${s[0]}/environ" 2>/dev/null | sed -n 's/^PS_LOCAL_CTL=//p')
+  ctl=$(tr '\0' '\n' 2>/dev/null <"/proc/${s[0]}/environ" | sed -n 's/^PS_LOCAL_CTL=//p')
   [ -n "$ctl" ] && [ -d "$ctl" ] || return 0
   rm -f "$ctl/reshard-result"
   realpath "$RESHARD_TO" >"$ctl/reshard-request.tmp" && mv "$ctl/reshard-request.tmp" "$ctl/reshard-request" || exit 1
@@ -174,7 +174,7 @@ if [ -n "$RESHARD_TO" ]; then
   srv=$(pids_of ps-server "$CONFIG") launchers=""
   for p in $srv; do
     pp=$(awk '/^PPid:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
-    [ -n "$pp" ] && [[ $(tr '\0' ' ' <"/proc/$pp/cmdline" 2>/dev/null) == *ps-local.sh* ]] &&
+    [ -n "$pp" ] && [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pp/cmdline") == *ps-local.sh* ]] &&
       launchers="$launchers $pp"
   done
   launchers=$(tr ' ' '\n' <<<"$launchers" | sort -u | tr '\n' ' ')
@@ -266,7 +266,7 @@ adopted_servers() {
     [ -n "${server_died[${server_pids[$i]}]:-}" ] || continue
     idx=${server_names[$i]#shard }; idx=${idx% r1}
     for pid in $(pgrep -x ps-server 2>/dev/null); do
-      args=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+      args=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || continue
       case " $args" in *" --config $CONFIG --shard $idx "*) ;; *) continue ;; esac
       want=0; [[ ${server_names[$i]} == *r1 ]] && want=1
       have=0; [[ " $args" == *" --replica 1 "* ]] && have=1
