@@ -15,7 +15,11 @@
 #  (c) the coordinator (the ps-local.sh re-sharding) after `stopped`: the
 #      next ps-local.sh (given c3.yaml) rolls back to 2 shards; after
 #      `commit`: the next one (given c2.yaml) rolls forward to 3; exact sums;
-#  (d) a worker during the stop, started again at once: 3 shards, exact sums.
+#  (d) a worker during the stop, started again at once: 3 shards, exact sums;
+#  (e) re-sharding by restart (--restart, the cluster stopped after 20
+#      clocks): the reshard command after `stopped` (the next ps-local.sh,
+#      given c3.yaml, rolls back) and after `commit` (given c2.yaml, rolls
+#      forward); the workers resume at clock 20 and reach 40, exact sums.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -224,6 +228,29 @@ check_end 3 exact
 expect "d: the restarted worker resumed past clock 0: $(grep 'from clock' "$c/w1.err" | tail -n 1)" \
   grep -qE "from clock [1-9]" <<<"$(grep 'from clock' "$c/w1.err" | tail -n 1)"
 stop_coord
+
+# (e) re-sharding by restart (--restart), the coordinator killed after
+# `stopped`, then after `commit`: a run of 20 clocks ended with its
+# checkpoints; the reshard command is killed; the next ps-local.sh (of the
+# other config) rolls back or forward and its workers go on to clock 40
+for step in stopped commit; do
+  case=e-$step; new_case "$case"
+  scripts/ps-local.sh "$c/c2.yaml" --logs "$c/l0" --worker-cmd "$W 20" > "$c/l0.out" 2>&1
+  expect "$case: the first run trained 20 clocks: $(grep final "$c/l0.out")" \
+    grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$c/l0.out"
+  PS_LOCAL_CRASH_AT=$step scripts/ps-local.sh "$c/c2.yaml" reshard "$c/c3.yaml" --restart \
+    --logs "$c/l1" --worker-cmd "$W 40" > "$c/l1.out" 2>&1; rc=$?
+  expect "$case: the reshard command was killed at $step ($rc)" \
+    [ $rc -eq 137 ] && [ "$(tail -n 1 "$c/ck/reshard.intent" | cut -d' ' -f1)" = "$step" ]
+  if [ $step = stopped ]; then n=2 other=c3; else n=3 other=c2; fi
+  scripts/ps-local.sh "$c/$other.yaml" --logs "$c/l2" --worker-cmd "$W 40" > "$c/l2.out" 2>&1; rc=$?
+  expect "$case: the next run ends 0 on $n shards ($rc): $(grep -E "interrupted|shard\(s\)," "$c/l2.out")" \
+    [ $rc -eq 0 ] && grep -q "^ps-local.sh: $n shard(s), 2 worker(s) from $c/c$n.yaml" "$c/l2.out"
+  expect "$case: its workers resumed at 20 and trained to 40, every weight the exact sum: $(grep final "$c/l2.out")" \
+    grep -q "from clock 20" "$c/l2/worker-1.log" && grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$c/l2.out"
+  expect "$case: the intent record is done: $(tr '\n' ';' < "$c/ck/reshard.intent")" \
+    grep -q '^done' "$c/ck/reshard.intent"
+done
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]
