@@ -124,6 +124,17 @@ reshard_hint() {
     "--config $CONFIG --shard K ${reshard_args[*]}${backup_lines:+, each backup with --replica 1 too});" \
     "to go back to $CONFIG_OLD instead, move them back into checkpoint.dir and remove the record" >&2
 }
+# the new shards of a re-shard by restart (or of one rolled forward) did
+# not start and are stopped: roll back when nothing of the new map exists
+reshard_failed() {
+  [ -n "$INTENT" ] && rollback_unstarted "$INTENT" && {
+    echo "ps-local.sh: reshard: rolled back to $CONFIG_OLD: no new shard started or wrote a" \
+      "checkpoint, and the old checkpoints are back in $INTENT; fix the cause (the new shards'" \
+      "logs above) and re-shard again" >&2
+    return
+  }
+  reshard_hint
+}
 # ---- the re-shard's intent record (docs/reliability.md, "Re-sharding
 # interrupted by a crash") ----
 # CKPT_DIR/reshard.intent: the coordinator (the ps-local.sh that re-shards)
@@ -177,6 +188,31 @@ intent_busy() {
       "first (it completes the re-shard or rolls it back)"
   fi
 }
+# Puts the old checkpoints set aside in FROM ($2) back into CKDIR ($1),
+# where they were; 1 (with the reason) when a file of the name is there.
+put_back() {
+  local f
+  [ -n "$2" ] && [ -d "$2" ] || return 0
+  for f in "$2"/* "$2"/older/*; do
+    [ -f "$f" ] || continue
+    [ -e "$1/${f##*/}" ] && { echo "ps-local.sh: $1/reshard.intent: cannot put $f back:" \
+      "$1/${f##*/} exists (docs/reliability.md)" >&2; return 1; }
+    mv "$f" "$1/" || return 1
+  done
+  rmdir "$2/older" "$2" 2>/dev/null
+  return 0
+}
+# After the commit, the new shards all ended without starting: when none
+# wrote a checkpoint of the new map into CKDIR ($1) nothing of it exists
+# (a new shard writes its own before it listens, so no worker used it),
+# and the re-shard rolls back: the old files are put back and the record
+# ended. 0 rolled back, 1 not (the record stays at commit).
+rollback_unstarted() {
+  local f from
+  for f in "$1"/shard-*; do [ -e "$f" ] && return 1; done
+  from=$(intent_get "$1" from)
+  put_back "$1" "$from" && intent_add "$1" "done rolled-back"
+}
 # Finishes the re-shard an unfinished record in CKDIR ($1) describes before
 # this run starts shards: without `commit` the old checkpoints go back where
 # they were and CONFIG becomes the old config; with it CONFIG becomes the new
@@ -211,15 +247,7 @@ intent_recover() {
   [ -z "$busy" ] || { echo "ps-local.sh: $rec: an interrupted re-shard, and a shard still listens at" \
     "$busy: stop it (SIGTERM) and start again" >&2; exit 1; }
   if ! intent_has "$ck" commit; then
-    if [ -n "$from" ] && [ -d "$from" ]; then
-      for f in "$from"/* "$from"/older/*; do
-        [ -f "$f" ] || continue
-        [ -e "$ck/${f##*/}" ] && { echo "ps-local.sh: $rec: cannot put $f back: $ck/${f##*/}" \
-          "exists (docs/reliability.md)" >&2; exit 1; }
-        mv "$f" "$ck/" || exit 1
-      done
-      rmdir "$from/older" "$from" 2>/dev/null
-    fi
+    put_back "$ck" "$from" || exit 1
     [ -n "$follow" ] && [ -f "$follow" ] && point_follow "$follow" "$old"
     intent_add "$ck" "done rolled-back" || exit 1
     echo "ps-local.sh: an interrupted re-shard ($old_n -> $new_n shards, $rec) had not reached its" \
@@ -574,7 +602,22 @@ live_reshard() {
   done
   server_pids=("${pids[@]}") server_names=("${names[@]}")
   if [ -n "$failed" ] || ! wait_listening "$new_lines" "${pids[@]}"; then
-    answer 1 "the new shards did not start (${failed#, }; logs: $LOGDIR/server-*.log); the re-shard" \
+    # none wrote its checkpoint of the new map: stopped, and rolled back
+    if ! compgen -G "$ckdir/shard-*" >/dev/null; then
+      for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+      for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+      server_pids=() server_names=()
+      if rollback_unstarted "$ckdir"; then
+        spawn_shards "$CONFIG" "$shard_lines"
+        server_pids=("${spawned[@]}") server_names=("${spawned_names[@]}")
+        wait_listening "$shard_lines" "${server_pids[@]}"
+        answer 1 "rolled back to $CONFIG: the new shards did not start (${failed:+${failed#, }; }logs:" \
+          "$LOGDIR/server-*.log) and none wrote a checkpoint; the old shards started again from" \
+          "their checkpoints at clock $b; the workers go on with $CONFIG"
+        return
+      fi
+    fi
+    answer 1 "the new shards did not start (${failed:+${failed#, }; }logs: $LOGDIR/server-*.log); the re-shard" \
       "passed its commit ($ckdir/reshard.intent): the old checkpoints are in $from, and the next" \
       "ps-local.sh of either config starts the new shards from them again"
     return
@@ -624,11 +667,11 @@ if [ "$MODE" != workers ]; then
     done <<<"$all_lines"
     [ "$up" -ge "$nproc_srv" ] && break
     for p in "${server_pids[@]}"; do
-      kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; reshard_hint; exit 1; }
+      kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; reshard_failed; exit 1; }
     done
     sleep 0.1
   done
-  [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within $((limit / 10)) s" >&2; stop_servers; reshard_hint; exit 1; }
+  [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within $((limit / 10)) s" >&2; stop_servers; reshard_failed; exit 1; }
   if [ ${#reshard_args[@]} -gt 0 ]; then
     logs=() # the backups load the same, so only the primaries' places are summed
     for ((k = 0; k < nshards; k++)); do logs+=("$LOGDIR/server-$k.log"); done

@@ -19,7 +19,11 @@
 #  (e) re-sharding by restart (--restart, the cluster stopped after 20
 #      clocks): the reshard command after `stopped` (the next ps-local.sh,
 #      given c3.yaml, rolls back) and after `commit` (given c2.yaml, rolls
-#      forward); the workers resume at clock 20 and reach 40, exact sums.
+#      forward); the workers resume at clock 20 and reach 40, exact sums;
+#  (f) re-sharding by restart from old checkpoints of different clocks (as
+#      an old shard killed at its stop leaves them): rolled back past the
+#      commit, nothing of the new map having been written; shard 1's loss
+#      exactly its clocks after its checkpoint.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -251,6 +255,34 @@ for step in stopped commit; do
   expect "$case: the intent record is done: $(tr '\n' ';' < "$c/ck/reshard.intent")" \
     grep -q '^done' "$c/ck/reshard.intent"
 done
+
+# (f) re-sharding by restart from checkpoints of different clocks, as an
+# old shard killed at its stop leaves them (shard 1's checkpoint of clock
+# 20 put back beside shard 0's of 30): the new shards refuse the mix past
+# the commit, before any wrote a checkpoint, so the re-shard rolls back;
+# the next run of c2.yaml resumes at 30 with shard 1 brought forward: its
+# slices short by exactly those 10 clocks, the others exact, none wrong
+case=f; new_case f
+scripts/ps-local.sh "$c/c2.yaml" --logs "$c/l0" --worker-cmd "$W 20" > "$c/l0.out" 2>&1
+cp "$c/ck/shard-1.ckpt" "$c/shard-1.ckpt.20"
+scripts/ps-local.sh "$c/c2.yaml" --logs "$c/l1" --worker-cmd "$W 30" > "$c/l1.out" 2>&1
+expect "f: two runs trained to 30: $(grep final "$c/l1.out")" \
+  grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$c/l1.out"
+cp "$c/shard-1.ckpt.20" "$c/ck/shard-1.ckpt"
+scripts/ps-local.sh "$c/c2.yaml" reshard "$c/c3.yaml" --restart --logs "$c/l2" \
+  --worker-cmd "$W 40" > "$c/l2.out" 2>&1; rc=$?
+expect "f: the reshard rolled back, status 1 ($rc): $(grep -E "rolled|different clocks" "$c/l2.out" | cut -c1-300)" \
+  [ $rc -eq 1 ] && grep -q "reshard: rolled back to $c/c2.yaml: no new shard started" "$c/l2.out" \
+  && grep -q "different clocks" "$c/l2.out"
+expect "f: the record says so: $(tr '\n' ';' < "$c/ck/reshard.intent")" \
+  grep -q '^done rolled-back' "$c/ck/reshard.intent"
+expect "f: the old checkpoints are back" \
+  sh -c "test -f '$c/ck/shard-0.ckpt' && test -f '$c/ck/shard-1.ckpt' && ! ls -d '$c'/ck/reshard-from-* 2>/dev/null"
+scripts/ps-local.sh "$c/c2.yaml" --logs "$c/l3" --worker-cmd "$W 40" > "$c/l3.out" 2>&1; rc=$?
+expect "f: the next run of c2.yaml ends 0 ($rc), resumed at 30: $(grep 'from clock' "$c/l3/worker-1.log")" \
+  [ $rc -eq 0 ] && grep -q "from clock 30" "$c/l3/worker-1.log"
+expect "f: shard 1's slices short by its 10 lost clocks, the others exact: $(grep final "$c/l3.out")" \
+  grep -qE "final: exact [1-9][0-9]* of 4000, short [1-9][0-9]*, wrong 0, deficits: 10\$" "$c/l3.out"
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]
