@@ -44,6 +44,13 @@
 # (ps-server --reshard-from) and the run goes on as `ps-local.sh
 # NEW_CONFIG` would: the workers, restarted, resume at the checkpoint's
 # clock. What moved is printed once the new shards listen.
+# A crash at any step of a re-shard ends on the old map or the new one:
+# before each step a line goes into CKPT_DIR/reshard.intent (stopping,
+# from, stopped, commit, done), and the next ps-local.sh of either config
+# (not --workers-only) finishes an interrupted one before it starts a
+# shard: rolled back to CONFIG before the commit (the old checkpoints put
+# back), forward to NEW_CONFIG after it (docs/reliability.md, "Re-sharding
+# interrupted by a crash"). A reshard while such a record is open is refused.
 # Exit status: 0 when every worker succeeded and every shard running at the
 # end stopped cleanly (a shard that died during the run and was restarted
 # is reported, not counted against the run); 1 otherwise.
