@@ -23,7 +23,10 @@
 #  (f) re-sharding by restart from old checkpoints of different clocks (as
 #      an old shard killed at its stop leaves them): rolled back past the
 #      commit, nothing of the new map having been written; shard 1's loss
-#      exactly its clocks after its checkpoint.
+#      exactly its clocks after its checkpoint;
+#  (g) ps-cluster.sh (ssh stand-in): its reshard killed after `stopped` and
+#      after `commit`; the next start of the other config rolls back or
+#      forward, the workers resume and end with exact sums.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -283,6 +286,47 @@ expect "f: the next run of c2.yaml ends 0 ($rc), resumed at 30: $(grep 'from clo
   [ $rc -eq 0 ] && grep -q "from clock 30" "$c/l3/worker-1.log"
 expect "f: shard 1's slices short by its 10 lost clocks, the others exact: $(grep final "$c/l3.out")" \
   grep -qE "final: exact [1-9][0-9]* of 4000, short [1-9][0-9]*, wrong 0, deficits: 10\$" "$c/l3.out"
+
+# (g) ps-cluster.sh (an ssh stand-in running each command here): its
+# reshard killed after `stopped`, then after `commit`; the next start,
+# given the other config, rolls back or forward; its workers resume at 10
+# and reach 20 with exact sums
+cat > "$tmp/ssh" <<'EOF2'
+#!/usr/bin/env bash
+[ "$1" = -- ] || { echo "ssh stand-in: '$1' where -- belongs" >&2; exit 255; }
+exec sh -c "$3"
+EOF2
+chmod +x "$tmp/ssh"
+cl() { scripts/ps-cluster.sh "$@" --ssh "$tmp/ssh" --logs "$c/logs"; }
+cl_wait() { # CONFIG: until its workers have ended (60 s at most)
+  for _ in $(seq 600); do
+    cl "$c/$1" status 2>/dev/null | grep -q 'worker .*: running' || return 0
+    sleep 0.1
+  done
+  return 1
+}
+for step in stopped commit; do
+  case=g-$step; new_case "$case"
+  cl "$c/c2.yaml" start --worker-cmd "$W 10" > "$c/s0.out" 2>&1
+  cl_wait c2.yaml
+  cl "$c/c2.yaml" stop > /dev/null 2>&1
+  expect "$case: the first run trained 10 clocks: $(grep -h final "$c"/logs/c2.run/worker-0.log)" \
+    grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$c/logs/c2.run/worker-0.log"
+  PS_CLUSTER_CRASH_AT=$step cl "$c/c2.yaml" reshard "$c/c3.yaml" --worker-cmd "$W 20" > "$c/s1.out" 2>&1; rc=$?
+  rec=$(echo "$c"/logs/reshard-*.intent)
+  expect "$case: the reshard command was killed at $step ($rc): $(tail -n 1 "$c/s1.out")" \
+    [ $rc -eq 137 ] && [ "$(tail -n 1 "$rec" | cut -d' ' -f1)" = "$step" ]
+  if [ $step = stopped ]; then n=2 other=c3 how="rolled back"; else n=3 other=c2 how="rolled forward"; fi
+  cl "$c/$other.yaml" start --worker-cmd "$W 20" > "$c/s2.out" 2>&1; rc=$?
+  expect "$case: the next start ($other.yaml) $how to $n shards ($rc): $(grep -E "interrupted|started [0-9]" "$c/s2.out")" \
+    [ $rc -eq 0 ] && grep -q "$how" "$c/s2.out" && grep -q "started $n shard(s) and 2 worker(s) of $c/c$n.yaml" "$c/s2.out"
+  cl_wait "c$n.yaml"
+  expect "$case: its workers resumed at 10 and trained to 20, every weight the exact sum: $(grep -h final "$c/logs/c$n.run/worker-0.log")" \
+    grep -q "from clock 10" "$c/logs/c$n.run/worker-1.log" && \
+    grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$c/logs/c$n.run/worker-0.log"
+  expect "$case: the intent record is done: $(tr '\n' ';' < "$rec")" grep -q '^done' "$rec"
+  cl "$c/c$n.yaml" stop > /dev/null 2>&1
+done
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]
