@@ -60,7 +60,12 @@
 # old shard's there through this machine (ssh, tar); then starts
 # NEW_CONFIG as start does, each shard (and backup) from those files
 # (--reshard-from), and prints what moved.
-# The workers, restarted, resume at the checkpoint's clock.
+# The workers, restarted, resume at the checkpoint's clock. Before each
+# step a line goes into LOGS/reshard-SUM.intent on this machine (stopping,
+# from, stopped, commit, done); a start of either config finishes an
+# interrupted re-shard first: rolled back before the commit (each old
+# shard's files put back on its host), forward after it (docs/reliability.md,
+# "Re-sharding interrupted by a crash"). A reshard while one is open is refused.
 # Exit status: 0 when everything succeeded, 1 when a host, a process or a
 # check failed, 2 for usage or a config that cannot work on these hosts.
 # The cluster secret (security.secret_file) must be at the same path on
@@ -499,7 +504,7 @@ if [ "$ACTION" = reshard ]; then
   crash_point stopping
   echo "$me: reshard: stopping $CONFIG (the workers, then the shards, which write their checkpoints)"
   "$0" "$CONFIG" stop --ssh "$SSH" --dir "$DIR" --logs "$LOGS" ${WHOSTS:+--worker-hosts "$WHOSTS"} ||
-    { echo "$me: reshard: the stop failed; nothing was moved" >&2; exit 1; }
+    { echo "$me: reshard: the stop failed; nothing was moved" >&2; intent_add "done refused"; exit 1; }
   case "$ckdir" in /*) ck=$ckdir ;; *) ck=$DIR/$ckdir ;; esac
   F=$ck/reshard-from-$nshards.$(date +%Y%m%dT%H%M%S)
   intent_add "from $F" || exit 1
