@@ -58,10 +58,12 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+# free_port [TAKEN...]: a port nothing listens on, none of TAKEN
 free_port() {
   local p
   for _ in $(seq 100); do
     p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768 on)
+    [[ " $* " == *" $p "* ]] && continue
     (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
   done
 }
@@ -86,7 +88,7 @@ new_case() {
   c=$tmp/$1
   mkdir -p "$c/ck"
   local p0 p1 p2
-  p0=$(free_port) p1=$(free_port) p2=$(free_port)
+  p0=$(free_port) && p1=$(free_port "$p0") && p2=$(free_port "$p0" "$p1")
   cat > "$c/c2.yaml" <<EOF
 cluster:
   servers: [127.0.0.1:$p0, 127.0.0.1:$p1]
