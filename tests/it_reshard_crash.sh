@@ -34,9 +34,11 @@
 # Prints Check-style "N%: Checks" so scripts/run-tests.sh summarises it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-W=$PWD/${PS_TEST_OBJ:-build/rel}/tests/crash_worker
+# the worker of the build variant bin/ was linked for (build/variant: rel, san)
+obj=build/$(cat build/variant 2>/dev/null || echo rel)
+W=$PWD/$obj/tests/crash_worker
 if [ ! -x "$W" ]; then
-  echo "SKIP: $W is not built (make ${PS_TEST_OBJ:-build/rel}/tests/crash_worker; make test builds it)"
+  echo "SKIP: $W is not built (make $obj/tests/crash_worker; make test builds it)"
   exit 77
 fi
 CLOCKS=60 PACE=50
