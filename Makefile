@@ -101,7 +101,7 @@ IT_SH     := $(wildcard tests/it_*.sh)
 # two in network namespaces of their own (no port of theirs can meet
 # another test's): `make test` runs them in a second lane beside the
 # others (run-tests.sh --beside).
-IT_BESIDE := it_replica,it_replica_rows,it_cluster,it_stat,it_multihost.sh,it_slurm.sh
+IT_BESIDE := it_replica,it_replica_rows,it_cluster,it_stat,it_multihost.sh,it_slurm.sh,it_reshard_crash.sh
 # Parallel jobs of `make test`'s and `make demo`'s build step.
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
@@ -199,7 +199,7 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(CTR_OBJS) $(LIB_OBJ
 # integration test; the run fails if any of them fails.
 test: deps
 	@$(MAKE) -j$(JOBS) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
-		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec $(FUZZ_BINS)
+		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec $(OBJ)/tests/crash_worker $(FUZZ_BINS)
 	@scripts/run-tests.sh --beside $(IT_BESIDE) $(UNIT_BINS) $(IT_BINS) $(IT_SH)
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory fuzz

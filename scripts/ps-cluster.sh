@@ -60,7 +60,12 @@
 # old shard's there through this machine (ssh, tar); then starts
 # NEW_CONFIG as start does, each shard (and backup) from those files
 # (--reshard-from), and prints what moved.
-# The workers, restarted, resume at the checkpoint's clock.
+# The workers, restarted, resume at the checkpoint's clock. Before each
+# step a line goes into LOGS/reshard-SUM.intent on this machine (stopping,
+# from, stopped, commit, done); a start of either config finishes an
+# interrupted re-shard first: rolled back before the commit (each old
+# shard's files put back on its host), forward after it (docs/reliability.md,
+# "Re-sharding interrupted by a crash"). A reshard while one is open is refused.
 # Exit status: 0 when everything succeeded, 1 when a host, a process or a
 # check failed, 2 for usage or a config that cannot work on these hosts.
 # The cluster secret (security.secret_file) must be at the same path on
@@ -92,6 +97,7 @@ case "$1" in
 esac
 [ $# -ge 2 ] || die "give an action: start, stop or status"
 CONFIG=$1 ACTION=$2; shift 2
+OPTS=("$@") # start's own options, for a start that finishes an interrupted re-shard
 case "$ACTION" in start|stop|status|reshard) ;; *)
   die "unknown action '$ACTION' (start, stop, status or reshard)" ;;
 esac
@@ -395,6 +401,82 @@ load_run() {
   return 0
 }
 
+# ---- the re-shard's intent record (docs/reliability.md, "Re-sharding
+# interrupted by a crash"), kept on this machine: LOGS/reshard-SUM.intent,
+# SUM the checksum of checkpoint.dir's path, the lines of ps-local.sh's
+# (stopping, from, stopped, commit, done), each added before its step:
+# written whole, fsynced and renamed into place. A start of either config
+# finishes an interrupted re-shard first: rolled back before `commit` (each
+# old shard's files put back on its host), forward after it.
+INTENT_F=""
+ck0=$(cfg_key "$dump" checkpoint dir)
+if [ -n "$ck0" ]; then
+  case "$ck0" in /*) ;; *) ck0=$DIR/$ck0 ;; esac
+  INTENT_F=$LOGS/reshard-$(printf '%s' "$ck0" | cksum | cut -d' ' -f1).intent
+fi
+intent_add() { # LINE...
+  mkdir -p "$LOGS" && { cat "$INTENT_F" 2>/dev/null; printf '%s\n' "$@"; } > "$INTENT_F.tmp" &&
+    sync "$INTENT_F.tmp" && mv "$INTENT_F.tmp" "$INTENT_F" && sync "$LOGS" && return 0
+  echo "$me: reshard: cannot write the intent record $INTENT_F" >&2
+  return 1
+}
+intent_get() { sed -n "s/^$1 //p" "$INTENT_F" 2>/dev/null | tail -n 1; }
+intent_has() { grep -qE "^$1( |\$)" "$INTENT_F" 2>/dev/null; }
+intent_open() { [ -n "$INTENT_F" ] && [ -f "$INTENT_F" ] && ! intent_has done; }
+# a coordinator of the open record that still runs: its pid
+intent_live() {
+  local pid
+  pid=$(intent_get pid)
+  [ -n "$pid" ] && [[ $(tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline") == *ps-cluster.sh* ]] && echo "$pid"
+}
+# Tests only (it_reshard_crash.sh): $PS_CLUSTER_CRASH_AT names a step at
+# which this process kills itself with SIGKILL, as a crash there would.
+crash_point() {
+  [ "${PS_CLUSTER_CRASH_AT:-}" = "$1" ] || return 0
+  echo "$me: PS_CLUSTER_CRASH_AT=$1: killed here with SIGKILL (a test)" >&2
+  rm -rf "$PAR"
+  kill -KILL $$
+}
+if [ "$ACTION" = start ] && [ -z "$RESHARD_FROM" ] && [ $DRY -eq 0 ] && intent_open; then
+  p=$(intent_live)
+  [ -z "$p" ] || { echo "$me: a re-shard is in progress ($me pid $p, $INTENT_F): wait for it to end" >&2; exit 1; }
+  read -r _ old_n new_n < <(grep '^stopping ' "$INTENT_F")
+  old=$(intent_get old_config) new=$(intent_get new_config) F=$(intent_get from)
+  prog=$(realpath "$0")
+  cd "$(intent_get cwd)" || exit 1
+  if ! intent_has commit; then
+    # each old server process's own files back from F on its host (the
+    # copies made for other hosts stay in F there)
+    lines=$("$SERVER" --config "$old" --list-shards; "$SERVER" --config "$old" --list-backups) || exit 2
+    mapfile -t ohost < <(awk '{print $2}' <<< "$lines")
+    if [ -n "$F" ]; then
+      for ((k = 0; k < ${#ohost[@]}; k++)); do
+        b=shard-$((k % old_n)); [ "$k" -lt "$old_n" ] || b+=-r1
+        out=$(on "${ohost[$k]}" "cd $(sq "$ck0") || exit 3
+for f in $(sq "$F")/$b.ckpt $(sq "$F")/$b.ckpt.delta-* $(sq "$F")/$b.members; do
+  [ -e \"\$f\" ] || continue
+  [ -e \"\${f##*/}\" ] && { echo \"\${f##*/} is there already\"; exit 3; }
+  mv -- \"\$f\" . || exit 3
+done
+rmdir -- $(sq "$F") 2> /dev/null
+echo BACK" 2>&1)
+        grep -q '^BACK$' <<< "$out" || { echo "$me: $INTENT_F: an interrupted re-shard; cannot put" \
+          "$b's files back from $F on ${ohost[$k]}: $(tail -n 1 <<< "$out")" >&2; exit 1; }
+      done
+    fi
+    intent_add "done rolled-back" || exit 1
+    echo "$me: an interrupted re-shard ($old_n -> $new_n shards, $INTENT_F) had not reached its" \
+      "commit: rolled back; starting $old, its shards from their own checkpoints"
+    rm -rf "$PAR"
+    exec "$prog" "$old" start ${OPTS[@]+"${OPTS[@]}"}
+  fi
+  echo "$me: an interrupted re-shard ($old_n -> $new_n shards, $INTENT_F) had passed its commit:" \
+    "rolled forward; starting $new, its shards from the old checkpoints in $F"
+  rm -rf "$PAR"
+  PS_CLUSTER_INTENT=$INTENT_F exec "$prog" "$new" start --reshard-from "$F" --reshard-shards "$old_n" \
+    ${OPTS[@]+"${OPTS[@]}"}
+fi
+
 # ---- reshard: stop CONFIG, gather the old checkpoints, start NEW ----
 if [ "$ACTION" = reshard ]; then
   [ -r "$NEW" ] || die "reshard: cannot read $NEW"
@@ -409,11 +491,23 @@ if [ "$ACTION" = reshard ]; then
   mapfile -t -O "$nnew" nhost < <("$SERVER" --config "$NEW" --list-backups | awk '{print $2}')
   for h in "${shost[@]}" "${nhost[@]}"; do check_host "$h" "$CONFIG or $NEW"; done
   [ $DRY -eq 0 ] || die "reshard: --dry-run is not supported (it stops the cluster)"
+  if intent_open; then
+    p=$(intent_live)
+    [ -n "$p" ] && { echo "$me: reshard: a re-shard is in progress ($me pid $p, $INTENT_F);" \
+      "nothing was done" >&2; exit 1; }
+    echo "$me: reshard: a re-shard was interrupted ($INTENT_F): start either config first (it" \
+      "completes the re-shard or rolls it back); nothing was done" >&2
+    exit 1
+  fi
+  rm -f "$INTENT_F"
+  intent_add "stopping $nshards $nnew" "old_config $CONFIG" "new_config $NEW" "cwd $PWD" "pid $$" || exit 1
+  crash_point stopping
   echo "$me: reshard: stopping $CONFIG (the workers, then the shards, which write their checkpoints)"
   "$0" "$CONFIG" stop --ssh "$SSH" --dir "$DIR" --logs "$LOGS" ${WHOSTS:+--worker-hosts "$WHOSTS"} ||
-    { echo "$me: reshard: the stop failed; nothing was moved" >&2; exit 1; }
+    { echo "$me: reshard: the stop failed; nothing was moved" >&2; intent_add "done refused"; exit 1; }
   case "$ckdir" in /*) ck=$ckdir ;; *) ck=$DIR/$ckdir ;; esac
   F=$ck/reshard-from-$nshards.$(date +%Y%m%dT%H%M%S)
+  intent_add "from $F" || exit 1
   # A. on each old shard's host, its files into F (one host after the
   # other: a checkpoint.dir shared by the hosts holds them all); any other
   # shard's file stays (a new shard takes its own only when written after
@@ -454,14 +548,20 @@ echo MOVED" 2>&1)
     [ -z "$miss" ] || { echo "$me: reshard: on $h, $F lacks shard-$(echo $miss | tr ' ' ',').ckpt: every" \
       "old shard's checkpoint is needed; nothing was started" >&2; exit 1; }
   done
+  intent_add stopped || exit 1
+  crash_point stopped
+  intent_add commit || exit 1
+  crash_point commit
   echo "$me: reshard: $nshards -> $nnew shards; the old checkpoints are in $F on each host" \
     "(kept: remove them once the new shards have checkpointed)"
   args=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS" --reshard-from "$F" --reshard-shards "$nshards")
   [ -n "$WHOSTS" ] && args+=(--worker-hosts "$WHOSTS")
   [ -n "${WAIT_GIVEN:-}" ] && args+=(--wait "$WAIT")
   "$0" "$NEW" start "${args[@]}" -- ${WARGS[@]+"${WARGS[@]}"}; rc=$?
-  [ $rc -eq 0 ] || echo "$me: reshard: the start failed; start again with: $0 $NEW start" \
-    "--reshard-from '$F' --reshard-shards $nshards (the same options)" >&2
+  [ $rc -eq 0 ] && { intent_add done || exit 1; }
+  [ $rc -eq 0 ] || echo "$me: reshard: the start failed past the commit ($INTENT_F): the next" \
+    "start of either config starts the new shards from the old checkpoints again (or by hand: $0" \
+    "$NEW start --reshard-from '$F' --reshard-shards $nshards, the same options)" >&2
   exit $rc
 fi
 
@@ -745,6 +845,11 @@ if [ -n "$RESHARD_FROM" ]; then
     on "${shost[$k]}" "grep -h 're-sharded from' $(sq "$RUN/$(slog $k).log")" >> "$RUN/reshard.lines" 2>/dev/null
   done
   echo "$me: reshard: $(reshard_summary "$RUN/reshard.lines")"
+fi
+# a start that rolled an interrupted re-shard forward ends its record
+if [ -n "${PS_CLUSTER_INTENT:-}" ]; then
+  INTENT_F=$PS_CLUSTER_INTENT
+  intent_add done || exit 1
 fi
 echo "$me: started $nshards shard(s) and $nworkers worker(s) of $CONFIG"
 for ((k = 0; k < nsrv; k++)); do echo "  $(sname $k) on ${shost[$k]}, listening on ${bound[$k]}"; done

@@ -44,6 +44,13 @@
 # (ps-server --reshard-from) and the run goes on as `ps-local.sh
 # NEW_CONFIG` would: the workers, restarted, resume at the checkpoint's
 # clock. What moved is printed once the new shards listen.
+# A crash at any step of a re-shard ends on the old map or the new one:
+# before each step a line goes into CKPT_DIR/reshard.intent (stopping,
+# from, stopped, commit, done), and the next ps-local.sh of either config
+# (not --workers-only) finishes an interrupted one before it starts a
+# shard: rolled back to CONFIG before the commit (the old checkpoints put
+# back), forward to NEW_CONFIG after it (docs/reliability.md, "Re-sharding
+# interrupted by a crash"). A reshard while such a record is open is refused.
 # Exit status: 0 when every worker succeeded and every shard running at the
 # end stopped cleanly (a shard that died during the run and was restarted
 # is reported, not counted against the run); 1 otherwise.
@@ -101,7 +108,7 @@ reshard_args=()
 pids_of() {
   local pid args
   for pid in $(pgrep -x "$1" 2>/dev/null); do
-    args=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+    args=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || continue
     case " $args" in *" --config $2 "*) echo "$pid" ;; esac
   done
 }
@@ -118,10 +125,147 @@ wait_gone() {
 # after a failed start of the new shards: where the old checkpoints are
 reshard_hint() {
   [ ${#reshard_args[@]} -gt 0 ] || return 0
-  echo "ps-local.sh: reshard: the old checkpoints stay in ${reshard_args[1]}; once the cause is" \
-    "fixed, start the new shards from them: ps-server --config $CONFIG --shard K" \
-    "${reshard_args[*]}${backup_lines:+ (each backup with --replica 1 too)} (or move them back" \
-    "into checkpoint.dir to run $CONFIG_OLD)" >&2
+  echo "ps-local.sh: reshard: the re-shard passed its commit (${INTENT:-checkpoint.dir}/reshard.intent):" \
+    "the old checkpoints stay in ${reshard_args[1]}; once the cause is fixed, the next" \
+    "ps-local.sh of either config starts the new shards from them again (by hand: ps-server" \
+    "--config $CONFIG --shard K ${reshard_args[*]}${backup_lines:+, each backup with --replica 1 too});" \
+    "to go back to $CONFIG_OLD instead, move them back into checkpoint.dir and remove the record" >&2
+}
+# the new shards of a re-shard by restart (or of one rolled forward) did
+# not start and are stopped: roll back when nothing of the new map exists
+reshard_failed() {
+  [ -n "$INTENT" ] && rollback_unstarted "$INTENT" && {
+    echo "ps-local.sh: reshard: rolled back to $CONFIG_OLD: no new shard started or wrote a" \
+      "checkpoint, and the old checkpoints are back in $INTENT; fix the cause (the new shards'" \
+      "logs above) and re-shard again" >&2
+    return
+  }
+  reshard_hint
+}
+# ---- the re-shard's intent record (docs/reliability.md, "Re-sharding
+# interrupted by a crash") ----
+# CKPT_DIR/reshard.intent: the coordinator (the ps-local.sh that re-shards)
+# adds a line before each step, the whole record written, fsync'ed and
+# renamed into place (a crash leaves the record before or after a line,
+# never half of one):
+#   stopping OLD_N NEW_N, old_config P, new_config P, follow P (the file the
+#     workers follow, or none), pid P (the coordinator)
+#                      the old shards are about to be stopped at a clock
+#   from DIR           the old checkpoints are about to move into DIR
+#   stopped [B]        every old shard stopped with its checkpoint (at clock
+#                      B), all set aside in DIR
+#   commit             the commit point: the new shards are about to start
+#                      from DIR
+#   done [rolled-back|refused]
+# A record without `done` is finished by the next ps-local.sh of either
+# config (intent_recover): without `commit` it rolls back to the old map,
+# with `commit` it rolls forward to the new one.
+INTENT="" # the checkpoint folder whose record this run ends once its shards listen
+intent_add() { # CKDIR LINE...: the lines appended to the record
+  local d=$1 f=$1/reshard.intent
+  shift
+  { cat "$f" 2>/dev/null; printf '%s\n' "$@"; } >"$f.tmp" && sync "$f.tmp" && mv "$f.tmp" "$f" &&
+    sync "$d" && return 0
+  echo "ps-local.sh: reshard: cannot write the intent record $f" >&2
+  return 1
+}
+intent_new() { rm -f "$1/reshard.intent" && intent_add "$@"; }
+intent_get() { sed -n "s/^$2 //p" "$1/reshard.intent" 2>/dev/null | tail -n 1; }
+intent_has() { grep -qE "^$2( |\$)" "$1/reshard.intent" 2>/dev/null; }
+intent_open() { [ -f "$1/reshard.intent" ] && ! intent_has "$1" done; }
+# the workers' $PS_CONFIG_FOLLOW file FILE pointed at CONFIG (whole, renamed)
+point_follow() { realpath "$2" >"$1.tmp" && mv "$1.tmp" "$1"; }
+# Tests only (it_reshard_crash.sh): $PS_LOCAL_CRASH_AT names a step at which
+# this process kills itself with SIGKILL, as a crash there would.
+crash_point() {
+  [ "${PS_LOCAL_CRASH_AT:-}" = "$1" ] || return 0
+  echo "ps-local.sh: PS_LOCAL_CRASH_AT=$1: killed here with SIGKILL (a test)" >&2
+  kill -KILL $$
+}
+# why the re-shard recorded in CKDIR cannot start now, or nothing: its
+# coordinator still runs, or it was interrupted (the next start finishes it)
+intent_busy() {
+  local pid
+  intent_open "$1" || return 0
+  pid=$(intent_get "$1" pid)
+  if [ -n "$pid" ] && [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") == *ps-local.sh* ]]; then
+    echo "a re-shard is in progress (ps-local.sh pid $pid, $1/reshard.intent)"
+  else
+    echo "a re-shard was interrupted ($1/reshard.intent): start ps-local.sh with either config" \
+      "first (it completes the re-shard or rolls it back)"
+  fi
+}
+# Puts the old checkpoints set aside in FROM ($2) back into CKDIR ($1),
+# where they were; 1 (with the reason) when a file of the name is there.
+put_back() {
+  local f
+  [ -n "$2" ] && [ -d "$2" ] || return 0
+  for f in "$2"/* "$2"/older/*; do
+    [ -f "$f" ] || continue
+    [ -e "$1/${f##*/}" ] && { echo "ps-local.sh: $1/reshard.intent: cannot put $f back:" \
+      "$1/${f##*/} exists (docs/reliability.md)" >&2; return 1; }
+    mv "$f" "$1/" || return 1
+  done
+  rmdir "$2/older" "$2" 2>/dev/null
+  return 0
+}
+# After the commit, the new shards all ended without starting: when none
+# wrote a checkpoint of the new map into CKDIR ($1) nothing of it exists
+# (a new shard writes its own before it listens, so no worker used it),
+# and the re-shard rolls back: the old files are put back and the record
+# ended. 0 rolled back, 1 not (the record stays at commit).
+rollback_unstarted() {
+  local f from
+  for f in "$1"/shard-*; do [ -e "$f" ] && return 1; done
+  from=$(intent_get "$1" from)
+  put_back "$1" "$from" && intent_add "$1" "done rolled-back"
+}
+# Finishes the re-shard an unfinished record in CKDIR ($1) describes before
+# this run starts shards: without `commit` the old checkpoints go back where
+# they were and CONFIG becomes the old config; with it CONFIG becomes the new
+# one and its shards start from the old checkpoints (reshard_args), the
+# record ended once they listen. Either way the workers' follow file is
+# pointed at CONFIG. Exits 1 when the coordinator still runs or a shard of
+# either map still listens.
+intent_recover() {
+  local ck=$1 rec=$1/reshard.intent pid old new from follow f t busy old_n new_n
+  intent_open "$ck" || return 0
+  pid=$(intent_get "$ck" pid)
+  if [ -n "$pid" ] && [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") == *ps-local.sh* ]]; then
+    echo "ps-local.sh: a re-shard is in progress (ps-local.sh pid $pid, $rec): wait for it to end" >&2
+    exit 1
+  fi
+  read -r _ old_n new_n < <(grep '^stopping ' "$rec")
+  old=$(intent_get "$ck" old_config) new=$(intent_get "$ck" new_config)
+  from=$(intent_get "$ck" from) follow=$(intent_get "$ck" follow)
+  [ -r "$old" ] && [ -r "$new" ] || { echo "ps-local.sh: $rec: an interrupted re-shard" \
+    "between $old and $new, one of which cannot be read: finish it by hand (docs/reliability.md)" >&2; exit 1; }
+  # a shard of either map that still runs (its stop committed, not yet
+  # exited) holds its port: 10 s to go, else refused
+  for ((t = 0; t < 100; t++)); do
+    busy=""
+    while read -r _ host port; do
+      h=${host#[}; h=${h%]}
+      (exec 3<>"/dev/tcp/$h/$port") 2>/dev/null && busy="$host:$port"
+    done < <("$BIN/ps-server" --config "$old" --list-shards; "$BIN/ps-server" --config "$new" --list-shards)
+    [ -z "$busy" ] && break
+    sleep 0.1
+  done
+  [ -z "$busy" ] || { echo "ps-local.sh: $rec: an interrupted re-shard, and a shard still listens at" \
+    "$busy: stop it (SIGTERM) and start again" >&2; exit 1; }
+  if ! intent_has "$ck" commit; then
+    put_back "$ck" "$from" || exit 1
+    [ -n "$follow" ] && [ -f "$follow" ] && point_follow "$follow" "$old"
+    intent_add "$ck" "done rolled-back" || exit 1
+    echo "ps-local.sh: an interrupted re-shard ($old_n -> $new_n shards, $rec) had not reached its" \
+      "commit: rolled back; the $old_n old shards start again from their checkpoints with $old"
+    CONFIG=$old
+  else
+    echo "ps-local.sh: an interrupted re-shard ($old_n -> $new_n shards, $rec) had passed its" \
+      "commit: rolled forward; the $new_n new shards start from the old checkpoints in $from with $new"
+    CONFIG=$new CONFIG_OLD=$old INTENT=$ck
+    reshard_args=(--reshard-from "$from" --reshard-shards "$old_n")
+  fi
 }
 # The running ps-local.sh of CONFIG (pids in $1, its shards in $2) re-shards
 # while its workers run: asked here, the outcome printed, and this process
@@ -134,7 +278,7 @@ live_reshard_ask() {
   [ "$(cfg_key "$old_dump" cluster replicas)" = 0 ] || return 0
   l=($1) s=($2)
   [ ${#l[@]} -eq 1 ] && [ ${#s[@]} -gt 0 ] || return 0
-  ctl=$(tr '\0' '\n' <"/proc/${s[0]}/environ" 2>/dev/null | sed -n 's/^PS_LOCAL_CTL=//p')
+  ctl=$(tr '\0' '\n' 2>/dev/null <"/proc/${s[0]}/environ" | sed -n 's/^PS_LOCAL_CTL=//p')
   [ -n "$ctl" ] && [ -d "$ctl" ] || return 0
   rm -f "$ctl/reshard-result"
   realpath "$RESHARD_TO" >"$ctl/reshard-request.tmp" && mv "$ctl/reshard-request.tmp" "$ctl/reshard-request" || exit 1
@@ -169,16 +313,21 @@ if [ -n "$RESHARD_TO" ]; then
     "start from the old ones' checkpoints" >&2; exit 2; }
   old_n=$("$BIN/ps-server" --config "$CONFIG" --list-shards | wc -l)
   new_n=$("$BIN/ps-server" --config "$RESHARD_TO" --list-shards | wc -l)
+  busy=$(intent_busy "$ckdir")
+  [ -z "$busy" ] || { echo "ps-local.sh: reshard: $busy; nothing was done" >&2; exit 1; }
   # the running cluster: its ps-local.sh (the shards' parent) stops it as
   # Ctrl-C would; what else runs of CONFIG, workers first
   srv=$(pids_of ps-server "$CONFIG") launchers=""
   for p in $srv; do
     pp=$(awk '/^PPid:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
-    [ -n "$pp" ] && [[ $(tr '\0' ' ' <"/proc/$pp/cmdline" 2>/dev/null) == *ps-local.sh* ]] &&
+    [ -n "$pp" ] && [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$pp/cmdline") == *ps-local.sh* ]] &&
       launchers="$launchers $pp"
   done
   launchers=$(tr ' ' '\n' <<<"$launchers" | sort -u | tr '\n' ' ')
   live_reshard_ask "$launchers" "$srv" # exits when that ps-local.sh re-shards live
+  intent_new "$ckdir" "stopping $old_n $new_n" "old_config $(realpath "$CONFIG")" \
+    "new_config $(realpath "$RESHARD_TO")" "pid $$" || exit 1
+  crash_point stopping
   if [ -n "${launchers// }" ]; then
     echo "ps-local.sh: reshard: stopping the ps-local.sh of $CONFIG (pid${launchers% }) at a clock boundary"
     kill -TERM $launchers 2>/dev/null
@@ -200,9 +349,10 @@ if [ -n "$RESHARD_TO" ]; then
   for ((k = 0; k < old_n; k++)); do # with replicas either process's file of a pair
     [ -f "$ckdir/shard-$k.ckpt" ] || [ -f "$ckdir/shard-$k-r1.ckpt" ] || { echo "ps-local.sh:" \
       "reshard: $ckdir/shard-$k.ckpt is missing: every one of the $old_n old shards' checkpoints" \
-      "is needed; nothing was moved" >&2; exit 1; }
+      "is needed; nothing was moved" >&2; intent_add "$ckdir" "done refused"; exit 1; }
   done
   from=$ckdir/reshard-from-$old_n.$(date +%Y%m%dT%H%M%S)
+  intent_add "$ckdir" "from $from" || exit 1
   mkdir "$from" || exit 1
   # the old shards' files, and any other shard's (an older run's: a new
   # shard would take one of its own map for this re-shard's) beside them
@@ -213,12 +363,22 @@ if [ -n "$RESHARD_TO" ]; then
     if [[ $k =~ ^[0-9]+$ ]] && [ "$k" -lt "$old_n" ]; then mv "$f" "$from/"; else mv "$f" "$from/older/"; fi
   done
   rmdir "$from/older" 2>/dev/null
+  intent_add "$ckdir" stopped || exit 1
+  crash_point stopped
+  intent_add "$ckdir" commit || exit 1
+  crash_point commit
+  INTENT=$ckdir
   echo "ps-local.sh: reshard: $old_n -> $new_n shards; the old checkpoints are in $from (kept:" \
     "remove them once the new shards have checkpointed)"
   reshard_args=(--reshard-from "$from" --reshard-shards "$old_n")
   CONFIG=$RESHARD_TO
 fi
 
+# an interrupted re-shard of this checkpoint folder is finished first
+if [ -z "$RESHARD_TO" ] && [ "$MODE" != workers ]; then
+  ck0=$(cfg_key "$("$BIN/ps-server" --config "$CONFIG" --dump-config 2>/dev/null)" checkpoint dir)
+  [ -n "$ck0" ] && intent_recover "$ck0"
+fi
 shard_lines=$("$BIN/ps-server" --config "$CONFIG" --list-shards) || exit 2
 nshards=$(printf '%s\n' "$shard_lines" | wc -l)
 # cluster.replicas: 1: each shard's backup process too (--replica 1)
@@ -266,7 +426,7 @@ adopted_servers() {
     [ -n "${server_died[${server_pids[$i]}]:-}" ] || continue
     idx=${server_names[$i]#shard }; idx=${idx% r1}
     for pid in $(pgrep -x ps-server 2>/dev/null); do
-      args=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || continue
+      args=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || continue
       case " $args" in *" --config $CONFIG --shard $idx "*) ;; *) continue ;; esac
       want=0; [[ ${server_names[$i]} == *r1 ]] && want=1
       have=0; [[ " $args" == *" --replica 1 "* ]] && have=1
@@ -323,8 +483,39 @@ export PS_LOCAL_CTL=$LOGDIR PS_CONFIG_FOLLOW=$LOGDIR/current-config
 realpath "$CONFIG" >"$LOGDIR/current-config"
 reshard_req=0 reshards=0
 trap 'reshard_req=1' USR1
+# Starts shard processes of config $1 for the lines of $2 ("idx host port"),
+# with the arguments after, their logs appended to DIR/server-K.log; their
+# pids and names in spawned/spawned_names.
+spawn_shards() {
+  local cfg=$1 lines=$2 idx host port
+  shift 2
+  spawned=() spawned_names=()
+  while read -r idx host port; do
+    "$BIN/ps-server" --config "$cfg" --shard "$idx" "$@" >>"$LOGDIR/server-$idx.log" 2>&1 &
+    spawned+=($!) spawned_names+=("shard $idx")
+  done <<<"$lines"
+}
+# Waits (600 s at most: new shards load every old checkpoint first) until
+# every address of the lines $1 listens; 1 when one of the pids after exits
+# first or the time runs out.
+wait_listening() {
+  local lines=$1 n up t p h idx host port
+  shift
+  n=$(printf '%s\n' "$lines" | wc -l)
+  for ((t = 0; t < 6000; t++)); do
+    up=0
+    while read -r idx host port; do
+      h=${host#[}; h=${h%]}
+      (exec 3<>"/dev/tcp/$h/$port") 2>/dev/null && up=$((up + 1))
+    done <<<"$lines"
+    [ "$up" -ge "$n" ] && return 0
+    for p in "$@"; do kill -0 "$p" 2>/dev/null || return 1; done
+    sleep 0.1
+  done
+  return 1
+}
 live_reshard() {
-  local new new_lines new_n old_n=$nshards ckdir from k f p i rc b t t0 up pids=() names=()
+  local new new_lines new_n old_n=$nshards ckdir from k f p i rc b t t0 failed busy pids=() names=()
   local res=$LOGDIR/reshard-result
   answer() { echo "ps-local.sh: reshard: ${*:2}" >&2; printf '%s\n' "$*" >"$res.tmp" && mv "$res.tmp" "$res"; }
   new=$(cat "$LOGDIR/reshard-request" 2>/dev/null); rm -f "$LOGDIR/reshard-request"
@@ -332,26 +523,54 @@ live_reshard() {
   new_lines=$("$BIN/ps-server" --config "$new" --list-shards 2>&1) || { answer 2 "$new: $new_lines"; return; }
   new_n=$(printf '%s\n' "$new_lines" | wc -l)
   ckdir=$(cfg_key "$dump" checkpoint dir)
+  busy=$(intent_busy "$ckdir")
+  [ -z "$busy" ] || { answer 1 "$busy; the run goes on with $CONFIG"; return; }
+  intent_new "$ckdir" "stopping $old_n $new_n" "old_config $(realpath "$CONFIG")" "new_config $new" \
+    "follow $LOGDIR/current-config" "pid $$" || { answer 1 "cannot write $ckdir/reshard.intent"; return; }
+  crash_point stopping
   echo "ps-local.sh: reshard: stopping the $old_n shard(s) at a clock boundary; the workers keep running" >&2
   t0=$(date +%s%N)
   if ! "$BIN/ps-stat" --config "$CONFIG" --reshard-stop >"$LOGDIR/reshard-stop.out" 2>&1; then
     rc=1 # 3: the shards cannot stop live (not built for this config): nothing changed
     grep -q "while the workers run is not built" "$LOGDIR/reshard-stop.out" && rc=3
+    intent_add "$ckdir" "done refused"
     answer $rc "$(tail -n 1 "$LOGDIR/reshard-stop.out"); the run goes on with $CONFIG"
     return
   fi
   b=$(sed -n 's/.*stops at clock \([0-9]*\).*/\1/p' "$LOGDIR/reshard-stop.out")
+  if [ "${PS_LOCAL_CRASH_AT:-}" = stop-shard ]; then # tests only: an old shard dies at its stop
+    echo "ps-local.sh: PS_LOCAL_CRASH_AT=stop-shard: ${server_names[-1]} killed with SIGKILL (a test)" >&2
+    kill -KILL "${server_pids[-1]}"
+  fi
   # each old shard closes the clocks below b, writes its checkpoint and exits 0
+  failed=""
   for i in "${!server_pids[@]}"; do
-    p=${server_pids[$i]}
-    [ -n "${server_died[$p]:-}" ] && { answer 1 "${server_names[$i]} had died: cannot re-shard"; return; }
-    wait "$p"; rc=$?
-    [ $rc -eq 0 ] || { answer 1 "${server_names[$i]} exited with status $rc at the stop (log:" \
-      "$LOGDIR/server-${server_names[$i]#shard }.log); its checkpoint may be missing: the workers wait for shards"; return; }
+    p=${server_pids[$i]} rc=${server_died[${server_pids[$i]}]:-}
+    [ -n "$rc" ] || { wait "$p"; rc=$?; }
+    [ "$rc" -eq 0 ] || failed="$failed, ${server_names[$i]} with status $rc (log: $LOGDIR/server-${server_names[$i]#shard }.log)"
   done
   server_pids=() server_names=()
+  if [ -n "$failed" ]; then
+    # Roll back (no commit yet): nothing was moved, the old map's shards
+    # start again from their own checkpoints, the workers never left it.
+    spawn_shards "$CONFIG" "$shard_lines"
+    server_pids=("${spawned[@]}") server_names=("${spawned_names[@]}")
+    if ! wait_listening "$shard_lines" "${server_pids[@]}"; then
+      answer 1 "old shard(s) died at the stop (${failed#, }), and the old shards did not start again" \
+        "from their checkpoints (logs: $LOGDIR/server-*.log); the re-shard is not done" \
+        "($ckdir/reshard.intent: the next ps-local.sh of $CONFIG rolls it back)"
+      return
+    fi
+    intent_add "$ckdir" "done rolled-back"
+    answer 1 "rolled back to $CONFIG: an old shard died at the stop at clock $b: ${failed#, }; the" \
+      "$old_n old shards started again from their checkpoints, those that wrote theirs at the stop" \
+      "from clock $b, one that died before from its last one (its updates since are lost, as in any" \
+      "crash of an unreplicated shard); the workers go on with $CONFIG"
+    return
+  fi
   reshards=$((reshards + 1))
   from=$ckdir/reshard-from-$old_n.$(date +%Y%m%dT%H%M%S)
+  intent_add "$ckdir" "from $from" || { answer 1 "cannot write $ckdir/reshard.intent"; return; }
   mkdir -p "$from/older" || { answer 1 "cannot make $from"; return; }
   for f in "$ckdir"/shard-*; do
     [ -e "$f" ] || continue
@@ -359,30 +578,61 @@ live_reshard() {
     if [[ $k =~ ^[0-9]+$ ]] && [ "$k" -lt "$old_n" ]; then mv "$f" "$from/"; else mv "$f" "$from/older/"; fi
   done
   rmdir "$from/older" 2>/dev/null
+  intent_add "$ckdir" "stopped $b" || { answer 1 "cannot write $ckdir/reshard.intent"; return; }
+  crash_point stopped
+  intent_add "$ckdir" commit || { answer 1 "cannot write $ckdir/reshard.intent"; return; }
+  crash_point commit
   for f in "$LOGDIR"/server-*.log; do [ -e "$f" ] && mv "$f" "$f.before-reshard-$reshards"; done
-  while read -r idx host port; do
-    "$BIN/ps-server" --config "$new" --shard "$idx" --reshard-from "$from" --reshard-shards "$old_n" \
-      >"$LOGDIR/server-$idx.log" 2>&1 &
-    pids+=($!) names+=("shard $idx")
-  done <<<"$new_lines"
-  for ((t = 0; t < 6000; t++)); do
-    up=0
-    while read -r idx host port; do
-      h=${host#[}; h=${h%]}
-      (exec 3<>"/dev/tcp/$h/$port") 2>/dev/null && up=$((up + 1))
-    done <<<"$new_lines"
-    [ "$up" -ge "$new_n" ] && break
-    for p in "${pids[@]}"; do
-      kill -0 "$p" 2>/dev/null || { server_pids=("${pids[@]}") server_names=("${names[@]}")
-        answer 1 "a new shard failed to start (logs: $LOGDIR/server-*.log); the old checkpoints are in $from"; return; }
+  spawn_shards "$new" "$new_lines" --reshard-from "$from" --reshard-shards "$old_n"
+  pids=("${spawned[@]}") names=("${spawned_names[@]}")
+  # Past the commit the new map is the only way on: a new shard that dies
+  # before the workers are pointed at it starts again once with the same
+  # flags (from its own checkpoint of the new map when it wrote one, else
+  # from the old files: the same state either way).
+  for t in 0 1; do
+    wait_listening "$new_lines" "${pids[@]}"
+    [ "$t" = 0 ] && [ "${PS_LOCAL_CRASH_AT:-}" = new-shard ] && { # tests only
+      echo "ps-local.sh: PS_LOCAL_CRASH_AT=new-shard: ${names[0]} killed with SIGKILL (a test)" >&2
+      kill -KILL "${pids[0]}"; wait "${pids[0]}" 2>/dev/null; }
+    failed=""
+    for i in "${!pids[@]}"; do
+      kill -0 "${pids[$i]}" 2>/dev/null && continue
+      wait "${pids[$i]}"; rc=$?
+      failed="$failed, ${names[$i]} (status $rc)"
+      [ "$t" = 0 ] || continue
+      echo "ps-local.sh: reshard: new ${names[$i]} ended with status $rc before the workers were" \
+        "pointed at it: starting it again with the same flags" >&2
+      spawn_shards "$new" "$(sed -n "$((i + 1))p" <<<"$new_lines")" --reshard-from "$from" --reshard-shards "$old_n"
+      pids[$i]=${spawned[0]}
     done
-    sleep 0.1
+    [ -z "$failed" ] && break
   done
   server_pids=("${pids[@]}") server_names=("${names[@]}")
-  [ "$up" -ge "$new_n" ] || { answer 1 "the new shards did not listen within 600 s; the old checkpoints are in $from"; return; }
+  if [ -n "$failed" ] || ! wait_listening "$new_lines" "${pids[@]}"; then
+    # none wrote its checkpoint of the new map: stopped, and rolled back
+    if ! compgen -G "$ckdir/shard-*" >/dev/null; then
+      for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+      for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
+      server_pids=() server_names=()
+      if rollback_unstarted "$ckdir"; then
+        spawn_shards "$CONFIG" "$shard_lines"
+        server_pids=("${spawned[@]}") server_names=("${spawned_names[@]}")
+        wait_listening "$shard_lines" "${server_pids[@]}"
+        answer 1 "rolled back to $CONFIG: the new shards did not start (${failed:+${failed#, }; }logs:" \
+          "$LOGDIR/server-*.log) and none wrote a checkpoint; the old shards started again from" \
+          "their checkpoints at clock $b; the workers go on with $CONFIG"
+        return
+      fi
+    fi
+    answer 1 "the new shards did not start (${failed:+${failed#, }; }logs: $LOGDIR/server-*.log); the re-shard" \
+      "passed its commit ($ckdir/reshard.intent): the old checkpoints are in $from, and the next" \
+      "ps-local.sh of either config starts the new shards from them again"
+    return
+  fi
   CONFIG=$new shard_lines=$new_lines nshards=$new_n
   dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config)
-  realpath "$CONFIG" >"$LOGDIR/current-config.tmp" && mv "$LOGDIR/current-config.tmp" "$LOGDIR/current-config"
+  point_follow "$LOGDIR/current-config" "$CONFIG"
+  intent_add "$ckdir" done
   t0=$(( ($(date +%s%N) - t0) / 1000000 ))
   answer 0 "$old_n -> $new_n shards at clock $b while the workers ran, $((t0 / 1000)).$(printf '%03d' $((t0 % 1000))) s" \
     "from the stop to the new shards listening; $(reshard_summary "$LOGDIR"/server-*.log);" \
@@ -424,15 +674,21 @@ if [ "$MODE" != workers ]; then
     done <<<"$all_lines"
     [ "$up" -ge "$nproc_srv" ] && break
     for p in "${server_pids[@]}"; do
-      kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; reshard_hint; exit 1; }
+      kill -0 "$p" 2>/dev/null || { echo "ps-local.sh: a shard failed to start:" >&2; cat "$LOGDIR"/server-*.log >&2; stop_servers; reshard_failed; exit 1; }
     done
     sleep 0.1
   done
-  [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within $((limit / 10)) s" >&2; stop_servers; reshard_hint; exit 1; }
+  [ "$up" -ge "$nproc_srv" ] || { echo "ps-local.sh: shards did not start within $((limit / 10)) s" >&2; stop_servers; reshard_failed; exit 1; }
   if [ ${#reshard_args[@]} -gt 0 ]; then
     logs=() # the backups load the same, so only the primaries' places are summed
     for ((k = 0; k < nshards; k++)); do logs+=("$LOGDIR/server-$k.log"); done
     echo "ps-local.sh: reshard: $(reshard_summary "${logs[@]}")"
+  fi
+  if [ -n "$INTENT" ]; then # the new shards listen: the re-shard is done
+    f=$(intent_get "$INTENT" follow)
+    [ -n "$f" ] && [ -f "$f" ] && point_follow "$f" "$CONFIG"
+    intent_add "$INTENT" done || exit 1
+    INTENT=""
   fi
 fi
 if [ "$MODE" = servers ]; then
