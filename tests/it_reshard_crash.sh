@@ -60,15 +60,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-# free_port [TAKEN...]: a port nothing listens on, none of TAKEN
-free_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768 on)
-    [[ " $* " == *" $p "* ]] && continue
-    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
-  done
-}
+. tests/lib-ports.sh # free_port
 # waits (60 s at most) until file $1 matches pattern $2
 wait_for() {
   for _ in $(seq 600); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
