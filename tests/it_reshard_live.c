@@ -51,6 +51,7 @@
 
 static char dir[64], ck[128], ptr[128];
 static struct ps_config cfg0; /* the workers' first config (2 shards) */
+static const char *extra_yaml = ""; /* appended to every config write_cfg writes */
 
 /* Writes the n-shard config (fresh ports) to dir/NAME.yaml; its path in out. */
 static void write_cfg(const char *name, int n, char *out, size_t len)
@@ -67,8 +68,8 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
 		 "    - {name: b, shape: [%d], init: arange}\n"
 		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: 60000\n"
-		 "checkpoint:\n  dir: %s\n  every_s: 0\nlog:\n  level: warn\n",
-		 servers, NW, NA, NB, ck);
+		 "checkpoint:\n  dir: %s\n  every_s: 0\nlog:\n  level: warn\n%s",
+		 servers, NW, NA, NB, ck, extra_yaml);
 	snprintf(out, len, "%s/%s.yaml", dir, name);
 	FILE *f = fopen(out, "w");
 	ck_assert_ptr_nonnull(f);
@@ -442,6 +443,86 @@ START_TEST(test_workers_stay_2_3_2)
 }
 END_TEST
 
+/* Error feedback through a live re-shard: workers pushing with topk
+ * (tensor a) and q8 (tensor b), compression.error_feedback on and LZ4 on,
+ * follow 2 -> 3 shards at clock 4, their pushes for clock 4 refused at the
+ * stop and cut again for the new map from the bytes they were encoded
+ * into; after 12 clocks the weights are bit-identical to 12 clocks on 2
+ * shards without a re-shard (encoding those pushes again would have added
+ * each tensor's residual twice). */
+START_TEST(test_error_feedback_2_3)
+{
+	static float ref_a[NA], ref_b[NB];
+	char c2[160], c3[160], old[200], err[600], out[200];
+	pid_t srv[3];
+	pthread_t th[NW];
+	uint64_t at = 4;
+
+	extra_yaml = "compression:\n  codec: topk\n  ratio: 0.05\n  error_feedback: true\n"
+		     "  lz4: on\n  tensors:\n    - {name: b, codec: q8}\n";
+	strcpy(dir, "/tmp/ps-reshard-ef-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	ck_assert_int_eq(mkdir(ck, 0700), 0);
+	snprintf(ptr, sizeof(ptr), "%s/current", dir);
+
+	/* the reference: 12 clocks on 2 shards, no re-shard */
+	write_cfg("ref", 2, c2, sizeof(c2));
+	ck_assert_msg(ps_config_load(&cfg0, c2, err, sizeof(err)) == 0, "%s", err);
+	for (int k = 0; k < 2; k++)
+		srv[k] = start_shard(c2, k, NULL, 0);
+	unsetenv("PS_CONFIG_FOLLOW");
+	gate = UINT64_MAX;
+	start_workers(th);
+	join_workers(th);
+	memcpy(ref_a, wks[0].a, sizeof(ref_a));
+	memcpy(ref_b, wks[0].b, sizeof(ref_b));
+	ck_assert_msg(memcmp(ref_a, wks[0].init_a, sizeof(ref_a)), "nothing was trained");
+	free_workers();
+	for (int k = 0; k < 2; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	ck_assert_int_eq(tu_rmtree(ck), 0);
+	ck_assert_int_eq(mkdir(ck, 0700), 0);
+
+	/* the same with the workers following 2 -> 3 at clock 4 */
+	write_cfg("c2", 2, c2, sizeof(c2));
+	ck_assert_msg(ps_config_load(&cfg0, c2, err, sizeof(err)) == 0, "%s", err);
+	point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", ptr, 1);
+	for (int k = 0; k < 2; k++)
+		srv[k] = start_shard(c2, k, NULL, 0);
+	set_gate(4);
+	start_workers(th);
+	ck_assert_msg(wait_until(all_at, &at) == 0, "the workers did not reach clock 4: %s %s",
+		      wks[0].err, wks[1].err);
+	snprintf(out, sizeof(out), "%s/pstat.out", dir);
+	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
+	ck_assert_int_eq(wait_exit(tu_spawn(pstat, out)), 0);
+	ck_assert_msg(log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
+		      "at clock 4", out);
+	set_gate(UINT64_MAX); /* their pushes for 4, encoded once, are refused and kept */
+	for (int k = 0; k < 2; k++)
+		ck_assert_int_eq(wait_exit(srv[k]), 0);
+	move_old("from2", 2, old, sizeof(old));
+	write_cfg("c3", 3, c3, sizeof(c3));
+	for (int k = 0; k < 3; k++)
+		srv[k] = start_shard(c3, k, old, 2);
+	point_at(c3);
+	join_workers(th);
+	for (int r = 0; r < NW; r++)
+		ck_assert_msg(!memcmp(wks[r].a, ref_a, sizeof(ref_a)) &&
+			      !memcmp(wks[r].b, ref_b, sizeof(ref_b)),
+			      "worker %d: weights with topk and q8 error feedback after 2 -> 3 "
+			      "differ from 2 shards throughout", r);
+	free_workers();
+	for (int k = 0; k < 3; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	unsetenv("PS_CONFIG_FOLLOW");
+	extra_yaml = "";
+	ck_assert_int_eq(tu_rmtree(dir), 0);
+}
+END_TEST
+
 /* A worker following a re-shard to a config that differs in more than
  * cluster.servers: not taken, and its request fails once its reconnects
  * time out, naming the key. */
@@ -506,6 +587,7 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_workers_stay_2_3_2);
 	tcase_add_test(tc, test_other_config_not_followed);
+	tcase_add_test(tc, test_error_feedback_2_3);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

@@ -18,8 +18,9 @@
  * new connections (the old ones are all gone), and every request still
  * waiting cut again for the new map under the same id:
  *
- *   - a push none of whose parts was acknowledged is built again from the
- *     caller's tensors (valid until its wait, ps_client.h): it was refused
+ *   - a push none of whose parts was acknowledged is cut again from the
+ *     bytes its slices were encoded into (ps_client_recut.c: an
+ *     error-feedback residual is not counted twice): it was refused
  *     (clock >= B) everywhere, so it was applied nowhere, and the new
  *     shards, starting from the checkpoints at B, apply it once;
  *   - a push with some part acknowledged was for a clock below B, which
@@ -34,10 +35,7 @@
  *
  * Refused here, with the reason in the log and in the error the requests
  * end with once the reconnects time out: a config that differs in more
- * than cluster.servers (the key named), one that does not load, and
- * pushes with an error-feedback codec (topk, sign, q8 with
- * compression.error_feedback): building them again would count the
- * residual twice.
+ * than cluster.servers (the key named) and one that does not load.
  */
 #include <inttypes.h>
 #include <stddef.h>
@@ -202,18 +200,6 @@ static int load_new(struct ps_client *c, const char *path, struct ps_config **ou
 			 "cluster.servers only", path, c->file_cfg->path, key);
 		goto out_free;
 	}
-	for (int i = 0; i < c->cfg->ntensors; i++) {
-		const struct ps_codec_ops *co = ps_codec_get(c->cfg->tensors[i].codec);
-		if (c->cfg->tensors[i].codec != PS_CODEC_NONE && co && co->lossy_ef &&
-		    c->cfg->compress.error_feedback) {
-			rc = PS_ENOTSUP;
-			snprintf(why, wl, "tensor '%s' is pushed with %s and error feedback: "
-				 "following a re-shard would count its residual twice (not built; "
-				 "restart the worker with %s)", c->cfg->tensors[i].name, co->name,
-				 path);
-			goto out_free;
-		}
-	}
 	nc = malloc(sizeof(*nc));
 	if (!nc) {
 		rc = -ENOMEM;
@@ -249,7 +235,7 @@ static int recut(struct ps_client *c, struct req *r, struct part *old, int nold)
 	}
 	r->recut = 1;
 	if (r->kind == REQ_PUSH)
-		rc = ps__client_push_parts(c, r, c->group_lr);
+		rc = ps__client_push_recut(c, r, old, nold);
 	else if (r->kind == REQ_PULL)
 		rc = ps__client_pull_parts(c, r);
 	else

@@ -244,6 +244,10 @@ int ps__client_build_pull(struct ps_client *c, uint64_t min_version, struct ps_t
  * zero, nparts == c->cfg->nshards) for the current map; lrs: the groups'
  * rates. Used again by a re-shard. 0 or a negative code. */
 int ps__client_push_parts(struct ps_client *c, struct req *r, const float *lrs);
+/* ps_client_recut.c: push r's parts for the new map (c->map) cut again from
+ * its old parts' bytes, not encoded again (an error-feedback residual
+ * counted once). 0 or a code. */
+int ps__client_push_recut(struct ps_client *c, struct req *r, const struct part *old, int nold);
 int ps__client_pull_parts(struct ps_client *c, struct req *r);
 
 /* ps_client_conn.c: the connections to the shards (the transport's
