@@ -274,8 +274,6 @@ intent_recover() {
 live_reshard_ask() {
   local l s ctl rc msg t
   [ "$RESTART" = 0 ] || return 0
-  # pairs do not stop live (server/stop.c): by restart
-  [ "$(cfg_key "$old_dump" cluster replicas)" = 0 ] || return 0
   l=($1) s=($2)
   [ ${#l[@]} -eq 1 ] && [ ${#s[@]} -gt 0 ] || return 0
   ctl=$(tr '\0' '\n' 2>/dev/null <"/proc/${s[0]}/environ" | sed -n 's/^PS_LOCAL_CTL=//p')
@@ -483,28 +481,46 @@ export PS_LOCAL_CTL=$LOGDIR PS_CONFIG_FOLLOW=$LOGDIR/current-config
 realpath "$CONFIG" >"$LOGDIR/current-config"
 reshard_req=0 reshards=0
 trap 'reshard_req=1' USR1
-# Starts shard processes of config $1 for the lines of $2 ("idx host port"),
-# with the arguments after, their logs appended to DIR/server-K.log; their
-# pids and names in spawned/spawned_names.
+# Starts shard processes of config $1 for the lines of $2 ("idx host port",
+# or "idx host port r1" for a pair's backup process, --replica 1), with the
+# arguments after, their logs appended to DIR/server-K.log (server-K-r1.log);
+# their pids and names in spawned/spawned_names.
 spawn_shards() {
-  local cfg=$1 lines=$2 idx host port
+  local cfg=$1 lines=$2 idx host port rep
   shift 2
   spawned=() spawned_names=()
-  while read -r idx host port; do
-    "$BIN/ps-server" --config "$cfg" --shard "$idx" "$@" >>"$LOGDIR/server-$idx.log" 2>&1 &
-    spawned+=($!) spawned_names+=("shard $idx")
+  while read -r idx host port rep; do
+    [ -n "$idx" ] || continue
+    if [ "$rep" = r1 ]; then
+      "$BIN/ps-server" --config "$cfg" --shard "$idx" --replica 1 ${repl_key_args[@]+"${repl_key_args[@]}"} \
+        "$@" >>"$LOGDIR/server-$idx-r1.log" 2>&1 &
+      spawned+=($!) spawned_names+=("shard $idx r1")
+    else
+      "$BIN/ps-server" --config "$cfg" --shard "$idx" ${repl_key_args[@]+"${repl_key_args[@]}"} \
+        "$@" >>"$LOGDIR/server-$idx.log" 2>&1 &
+      spawned+=($!) spawned_names+=("shard $idx")
+    fi
   done <<<"$lines"
+}
+# Every process of config $1 as spawn_shards takes them: the shards, then
+# with cluster.replicas: 1 their backups (marked r1).
+process_lines() {
+  local l b
+  l=$("$BIN/ps-server" --config "$1" --list-shards 2>&1) || { echo "$l"; return 1; }
+  b=$("$BIN/ps-server" --config "$1" --list-backups 2>&1) || { echo "$b"; return 1; }
+  printf '%s\n' "$l"
+  [ -z "$b" ] || sed 's/$/ r1/' <<<"$b"
 }
 # Waits (600 s at most: new shards load every old checkpoint first) until
 # every address of the lines $1 listens; 1 when one of the pids after exits
 # first or the time runs out.
 wait_listening() {
-  local lines=$1 n up t p h idx host port
+  local lines=$1 n up t p h idx host port rep
   shift
   n=$(printf '%s\n' "$lines" | wc -l)
   for ((t = 0; t < 6000; t++)); do
     up=0
-    while read -r idx host port; do
+    while read -r idx host port rep; do
       h=${host#[}; h=${h%]}
       (exec 3<>"/dev/tcp/$h/$port") 2>/dev/null && up=$((up + 1))
     done <<<"$lines"
@@ -515,13 +531,18 @@ wait_listening() {
   return 1
 }
 live_reshard() {
-  local new new_lines new_n old_n=$nshards ckdir from k f p i rc b t t0 failed busy pids=() names=()
+  local -a plogs
+  local new new_lines new_all old_all new_n old_n=$nshards ckdir from k f p i rc b t t0 failed busy pids=() names=()
+  local -A pair_ok=() pair_bad=()
   local res=$LOGDIR/reshard-result
   answer() { echo "ps-local.sh: reshard: ${*:2}" >&2; printf '%s\n' "$*" >"$res.tmp" && mv "$res.tmp" "$res"; }
   new=$(cat "$LOGDIR/reshard-request" 2>/dev/null); rm -f "$LOGDIR/reshard-request"
   [ -n "$new" ] && [ -r "$new" ] || { answer 2 "cannot read the new config '$new'"; return; }
   new_lines=$("$BIN/ps-server" --config "$new" --list-shards 2>&1) || { answer 2 "$new: $new_lines"; return; }
   new_n=$(printf '%s\n' "$new_lines" | wc -l)
+  # with cluster.replicas: 1 both processes of every pair (old and new)
+  new_all=$(process_lines "$new") || { answer 2 "$new: $new_all"; return; }
+  old_all=$(process_lines "$CONFIG") || { answer 2 "$CONFIG: $old_all"; return; }
   ckdir=$(cfg_key "$dump" checkpoint dir)
   busy=$(intent_busy "$ckdir")
   [ -z "$busy" ] || { answer 1 "$busy; the run goes on with $CONFIG"; return; }
@@ -542,20 +563,36 @@ live_reshard() {
     echo "ps-local.sh: PS_LOCAL_CRASH_AT=stop-shard: ${server_names[-1]} killed with SIGKILL (a test)" >&2
     kill -KILL "${server_pids[-1]}"
   fi
-  # each old shard closes the clocks below b, writes its checkpoint and exits 0
+  # each old shard closes the clocks below b, writes its checkpoint and
+  # exits 0; with cluster.replicas: 1 both processes of a pair do (the
+  # backup follows its primary's stop through replication, server/stop.c),
+  # and a pair of which one process did is whole: the re-shard reads the
+  # newer file of each pair
   failed=""
   for i in "${!server_pids[@]}"; do
     p=${server_pids[$i]} rc=${server_died[${server_pids[$i]}]:-}
     [ -n "$rc" ] || { wait "$p"; rc=$?; }
-    [ "$rc" -eq 0 ] || failed="$failed, ${server_names[$i]} with status $rc (log: $LOGDIR/server-${server_names[$i]#shard }.log)"
+    k=${server_names[$i]#shard }; k=${k% r1}
+    if [ "$rc" -eq 0 ]; then pair_ok[$k]=1; else
+      f=$LOGDIR/server-${server_names[$i]#shard }.log
+      pair_bad[$k]="${pair_bad[$k]:-}, ${server_names[$i]} with status $rc (log: ${f// r1/-r1})"
+    fi
+  done
+  for k in "${!pair_bad[@]}"; do
+    if [ -n "${pair_ok[$k]:-}" ]; then
+      echo "ps-local.sh: reshard: ${pair_bad[$k]#, } at the stop; its partner wrote the pair's" \
+        "checkpoint at clock $b: going on" >&2
+    else
+      failed="$failed${pair_bad[$k]}"
+    fi
   done
   server_pids=() server_names=()
   if [ -n "$failed" ]; then
     # Roll back (no commit yet): nothing was moved, the old map's shards
     # start again from their own checkpoints, the workers never left it.
-    spawn_shards "$CONFIG" "$shard_lines"
+    spawn_shards "$CONFIG" "$old_all"
     server_pids=("${spawned[@]}") server_names=("${spawned_names[@]}")
-    if ! wait_listening "$shard_lines" "${server_pids[@]}"; then
+    if ! wait_listening "$old_all" "${server_pids[@]}"; then
       answer 1 "old shard(s) died at the stop (${failed#, }), and the old shards did not start again" \
         "from their checkpoints (logs: $LOGDIR/server-*.log); the re-shard is not done" \
         "($ckdir/reshard.intent: the next ps-local.sh of $CONFIG rolls it back)"
@@ -583,14 +620,14 @@ live_reshard() {
   intent_add "$ckdir" commit || { answer 1 "cannot write $ckdir/reshard.intent"; return; }
   crash_point commit
   for f in "$LOGDIR"/server-*.log; do [ -e "$f" ] && mv "$f" "$f.before-reshard-$reshards"; done
-  spawn_shards "$new" "$new_lines" --reshard-from "$from" --reshard-shards "$old_n"
+  spawn_shards "$new" "$new_all" --reshard-from "$from" --reshard-shards "$old_n"
   pids=("${spawned[@]}") names=("${spawned_names[@]}")
   # Past the commit the new map is the only way on: a new shard that dies
   # before the workers are pointed at it starts again once with the same
   # flags (from its own checkpoint of the new map when it wrote one, else
   # from the old files: the same state either way).
   for t in 0 1; do
-    wait_listening "$new_lines" "${pids[@]}"
+    wait_listening "$new_all" "${pids[@]}"
     [ "$t" = 0 ] && [ "${PS_LOCAL_CRASH_AT:-}" = new-shard ] && { # tests only
       echo "ps-local.sh: PS_LOCAL_CRASH_AT=new-shard: ${names[0]} killed with SIGKILL (a test)" >&2
       kill -KILL "${pids[0]}"; wait "${pids[0]}" 2>/dev/null; }
@@ -602,22 +639,22 @@ live_reshard() {
       [ "$t" = 0 ] || continue
       echo "ps-local.sh: reshard: new ${names[$i]} ended with status $rc before the workers were" \
         "pointed at it: starting it again with the same flags" >&2
-      spawn_shards "$new" "$(sed -n "$((i + 1))p" <<<"$new_lines")" --reshard-from "$from" --reshard-shards "$old_n"
+      spawn_shards "$new" "$(sed -n "$((i + 1))p" <<<"$new_all")" --reshard-from "$from" --reshard-shards "$old_n"
       pids[$i]=${spawned[0]}
     done
     [ -z "$failed" ] && break
   done
   server_pids=("${pids[@]}") server_names=("${names[@]}")
-  if [ -n "$failed" ] || ! wait_listening "$new_lines" "${pids[@]}"; then
+  if [ -n "$failed" ] || ! wait_listening "$new_all" "${pids[@]}"; then
     # none wrote its checkpoint of the new map: stopped, and rolled back
     if ! compgen -G "$ckdir/shard-*" >/dev/null; then
       for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
       for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
       server_pids=() server_names=()
       if rollback_unstarted "$ckdir"; then
-        spawn_shards "$CONFIG" "$shard_lines"
+        spawn_shards "$CONFIG" "$old_all"
         server_pids=("${spawned[@]}") server_names=("${spawned_names[@]}")
-        wait_listening "$shard_lines" "${server_pids[@]}"
+        wait_listening "$old_all" "${server_pids[@]}"
         answer 1 "rolled back to $CONFIG: the new shards did not start (${failed:+${failed#, }; }logs:" \
           "$LOGDIR/server-*.log) and none wrote a checkpoint; the old shards started again from" \
           "their checkpoints at clock $b; the workers go on with $CONFIG"
@@ -630,12 +667,15 @@ live_reshard() {
     return
   fi
   CONFIG=$new shard_lines=$new_lines nshards=$new_n
+  backup_lines=$("$BIN/ps-server" --config "$CONFIG" --list-backups)
   dump=$("$BIN/ps-server" --config "$CONFIG" --dump-config)
   point_follow "$LOGDIR/current-config" "$CONFIG"
   intent_add "$ckdir" done
   t0=$(( ($(date +%s%N) - t0) / 1000000 ))
+  plogs=() # the backups load the same: only the primaries' lines are summed
+  for ((k = 0; k < new_n; k++)); do plogs+=("$LOGDIR/server-$k.log"); done
   answer 0 "$old_n -> $new_n shards at clock $b while the workers ran, $((t0 / 1000)).$(printf '%03d' $((t0 % 1000))) s" \
-    "from the stop to the new shards listening; $(reshard_summary "$LOGDIR"/server-*.log);" \
+    "from the stop to the new shards listening; $(reshard_summary "${plogs[@]}");" \
     "the old checkpoints are in $from (kept: remove them once the new shards have checkpointed)"
 }
 

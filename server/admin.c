@@ -477,9 +477,11 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	}
 	char partner[320];
 	ps__repl_stats(s, &st, partner, sizeof(partner));
-	if (q && q->member_op != PS__MEMBER_OP__MEMBER_NONE && s->repl && ps__repl_serving(s)) {
-		/* a join step's answer: once the backup has the membership it
-		 * tells of (as a push's ack waits for its batch) */
+	if (q && (q->member_op != PS__MEMBER_OP__MEMBER_NONE || q->stop_at || q->stop_commit ||
+		  q->stop_cancel) && s->repl && ps__repl_serving(s)) {
+		/* a join step's answer, or a re-shard stop's: once the backup
+		 * has the membership or the stop it tells of (as a push's ack
+		 * waits for its batch) */
 		if (ps__repl_reply_later(s, sc, PS_MSG_STATS, &st.base))
 			ps_msg_send_error(sc->conn, req_id, -ENOMEM, "out of memory");
 	} else {

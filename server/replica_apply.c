@@ -153,6 +153,8 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 			if (rc)
 				return rc;
 		}
+		if (ps__srv_stop_repl_apply(s, m->stop_at, m->stop_committed))
+			return PS_EPROTO; /* a live re-shard's stop (stop.c) */
 		memcpy(s->finished, m->finished, nw * sizeof(*s->finished));
 		memcpy(s->dedup, f->payload, nw * sizeof(*s->dedup));
 		int rc = ps__members_repl_apply(s, m->members, why, sizeof(why));
@@ -192,7 +194,7 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 	char why[200];
 
 	if (m->lsn == r->lsn && !m->n_slots && !m->n_marks && !m->n_rows && !m->declare &&
-	    !m->declare_tables && !m->members) {
+	    !m->declare_tables && !m->members && !m->stop_set) {
 		r->heartbeats++;
 		return 0; /* a heartbeat */
 	}
@@ -254,6 +256,8 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 		if (rc)
 			return rc;
 	}
+	if (m->stop_set && (m->stop_at >= PS_MAX_CLOCK || (m->stop_committed && !m->stop_at)))
+		return PS_EPROTO;
 	for (size_t i = 0; i < m->n_slots; i++) {
 		const Ps__ReplSlot *x = m->slots[i];
 		struct ps_slot *sl = ps_store_slot(&s->store, x->slice);
@@ -316,6 +320,8 @@ int ps__repl_on_batch(struct ps_server *s, const Ps__ReplBatch *m, const struct 
 		ps_dedup_incarnation(&s->dedup[x->rank], x->incarnation);
 		ps_dedup_mark(&s->dedup[x->rank], x->seq, 0);
 	}
+	if (m->stop_set)
+		ps__srv_stop_repl_apply(s, m->stop_at, m->stop_committed); /* checked above */
 	r->lsn = m->lsn;
 	r->epoch = m->epoch > r->epoch ? m->epoch : r->epoch;
 	r->batches++;

@@ -217,6 +217,8 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 		}
 		if (with_members)
 			m.members = &mem;
+		if (s->stop_dirty)
+			ps__srv_stop_repl_fill(s, &m); /* a live re-shard's stop (stop.c) */
 		if (ps_msg_send(r->link->conn, PS_MSG_REPL_BATCH, &m.base, iov, niov,
 				PS_SEND_VOLATILE, NULL, NULL)) {
 			r->link->conn->t->ops->close(r->link->conn, PS_ECLOSED);
@@ -228,6 +230,7 @@ void ps__repl_send_batch(struct ps_server *s, int with_state)
 	}
 	if (with_members)
 		ps__members_repl_fill_free(&mem);
+	s->stop_dirty = 0; /* sent, or a new backup gets it in its snapshot */
 	free(sp);
 	free(mp);
 	free(rp);
@@ -409,7 +412,7 @@ static void gather_send(struct ps_server *s)
 			commits++;
 		}
 	if (r->b.nslots || r->b.nmarks || r->b.nrows || r->b.decl || r->b.decl_tables || commits ||
-	    ps__members_repl_dirty(s))
+	    ps__members_repl_dirty(s) || s->stop_dirty)
 		ps__repl_send_batch(s, 1);
 }
 
@@ -565,6 +568,8 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	if (rc)
 		return rc;
 	m.members = &mem;
+	m.stop_at = s->stop_at;
+	m.stop_committed = s->stop_committed;
 	rc = ps_msg_send(sc->conn, PS_MSG_REPL_SNAPSHOT, &m.base, &dd, 1, PS_SEND_VOLATILE, NULL,
 			 NULL);
 	ps__members_repl_fill_free(&mem);

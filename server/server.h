@@ -78,6 +78,7 @@ struct ps_server {
 	 * top_clock: one more than the highest clock of a push taken. */
 	uint64_t stop_at, top_clock;
 	int stop_committed;
+	int stop_dirty;               /* changed since the last replication batch */
 	struct ps_ckpt_job *ckpt_job; /* the checkpoint being written, NULL if none */
 	double ckpt_last_request;     /* when the last one on request started */
 	const char *ckpt_final;       /* a signal came while one was written: its name */

@@ -168,5 +168,9 @@ int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 /* Tick: a committed stop whose clocks are all closed checkpoints and
  * stops the shard. */
 void ps__srv_stop_poll(struct ps_server *s);
+/* Replication: the stop into batch m (when s->stop_dirty), and a batch's
+ * or snapshot's stop taken by the backup (0, or PS_EPROTO out of range). */
+void ps__srv_stop_repl_fill(struct ps_server *s, Ps__ReplBatch *m);
+int ps__srv_stop_repl_apply(struct ps_server *s, uint64_t stop_at, int committed);
 
 #endif

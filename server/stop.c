@@ -15,14 +15,29 @@
  * shard, and exits 0. Before the commit a stop can be cancelled.
  *
  * Sync (BSP) training is what this is built and tested for; a config with
- * embedding tables or cluster.replicas: 1 is refused (their row pushes and
- * replicated state are not stopped here).
+ * embedding tables is refused (their row pushes are not stopped here).
+ *
+ * With cluster.replicas: 1 the stop reaches both processes of a pair
+ * through replication: the primary puts every change of its stop (asked,
+ * raised, committed, cancelled) into its next batch, and answers the
+ * monitor only once its backup confirmed that batch, as it answers a
+ * join; the backup holds the same stop. So whatever the monitor was told,
+ * the backup has, and a backup that takes over refuses the same pushes
+ * and finishes the stop. Once committed and every clock below the stop
+ * closed, the primary waits until its backup confirmed every batch (the
+ * two hold the same state, at the stop's clock), then writes its
+ * checkpoint and exits; the backup, whose state reaches that clock with
+ * the same batches, writes its own checkpoint (shard-K-r1.ckpt) and exits
+ * by itself. A process that dies meanwhile leaves its partner to write
+ * the pair's state at the stop; the re-shard reads the newer file of each
+ * pair (reshard.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include "ps_err.h"
 #include "ps_log.h"
 #include "msg.h"
+#include "replica.h"
 #include "server_int.h"
 
 int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m,
@@ -38,12 +53,16 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 			 "start from the checkpoints written at the stop");
 		return PS_ESTATE;
 	}
-	if (s->cfg->replicas || s->cfg->ntables) {
+	if (s->cfg->ntables) {
 		snprintf(err, errlen, "a re-shard while the workers run is not built with %s: "
 			 "re-shard by restart (ps-local.sh CONFIG reshard NEW_CONFIG --restart, "
-			 "docs/elastic.md)", s->cfg->replicas ?
-			 "cluster.replicas: 1" : "embedding tables");
+			 "docs/elastic.md)", "embedding tables");
 		return PS_ENOTSUP;
+	}
+	if (!ps__repl_serving(s)) {
+		snprintf(err, errlen, "this process is not its pair's primary: the stop is asked "
+			 "of the primary, which forwards it to its backup");
+		return PS_ESTATE;
 	}
 	if (m->stop_cancel) {
 		if (s->stop_committed) {
@@ -54,6 +73,7 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		if (s->stop_at)
 			ps_info("re-shard stop at clock %" PRIu64 " cancelled by %s: taking pushes again",
 				s->stop_at, sc->conn->peer);
+		s->stop_dirty |= s->stop_at != 0;
 		s->stop_at = 0;
 		return 0;
 	}
@@ -75,9 +95,11 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		ps_info("re-shard: stopping at clock %" PRIu64 " (asked by %s): pushes for it and "
 			"later are refused, to be sent again on the new map", m->stop_at,
 			sc->conn->peer);
+	s->stop_dirty |= s->stop_at != m->stop_at;
 	s->stop_at = m->stop_at;
 	if (m->stop_commit && !s->stop_committed) {
 		s->stop_committed = 1;
+		s->stop_dirty = 1;
 		ps_info("re-shard: stop at clock %" PRIu64 " committed: checkpoint and exit once "
 			"every clock below it is closed (now at %" PRIu64 ")", s->stop_at,
 			ps__srv_resume_clock(s));
@@ -106,10 +128,40 @@ void ps__srv_stop_poll(struct ps_server *s)
 	if (!s->stop_committed || s->stopping || s->ckpt_job ||
 	    ps__srv_resume_clock(s) < s->stop_at)
 		return;
+	if (s->repl && s->repl->state == PS_REPL_JOINING)
+		return; /* no state of its own yet: its partner's comes first */
+	if (s->repl && s->repl->state == PS_REPL_PRIMARY && s->repl->link &&
+	    (s->stop_dirty || s->repl->acked < s->repl->lsn))
+		return; /* the backup confirms every batch first: both at the stop */
 	if (ps__srv_write_checkpoint(s, "re-shard stop", &bytes, &secs, err, sizeof(err)))
 		s->exit_status = 1;
 	else
-		ps_info("re-shard: stopped at clock %" PRIu64 " with its checkpoint written; exiting",
-			s->stop_at);
+		ps_info("re-shard: stopped at clock %" PRIu64 " with its checkpoint written; exiting%s",
+			s->stop_at, s->repl && s->repl->state == PS_REPL_BACKUP ?
+			" (the backup, as its primary does)" : "");
 	ps_server_stop(s);
+}
+
+void ps__srv_stop_repl_fill(struct ps_server *s, Ps__ReplBatch *m)
+{
+	m->stop_set = 1;
+	m->stop_at = s->stop_at;
+	m->stop_committed = s->stop_committed;
+}
+
+int ps__srv_stop_repl_apply(struct ps_server *s, uint64_t stop_at, int committed)
+{
+	if (stop_at >= PS_MAX_CLOCK || (committed && !stop_at)) {
+		ps_warn("replication: a re-shard stop at clock %" PRIu64 "%s: out of range", stop_at,
+			committed ? ", committed" : "");
+		return PS_EPROTO;
+	}
+	if (stop_at && (stop_at != s->stop_at || (committed && !s->stop_committed)))
+		ps_info("re-shard: the primary stops at clock %" PRIu64 "%s: so does this backup",
+			stop_at, committed ? ", committed" : "");
+	else if (!stop_at && s->stop_at)
+		ps_info("re-shard: the primary's stop at clock %" PRIu64 " was cancelled", s->stop_at);
+	s->stop_at = stop_at;
+	s->stop_committed = committed;
+	return 0;
 }

@@ -52,24 +52,30 @@
 static char dir[64], ck[128], ptr[128];
 static struct ps_config cfg0; /* the workers' first config (2 shards) */
 static const char *extra_yaml = ""; /* appended to every config write_cfg writes */
+static int pairs;                   /* write_cfg: cluster.replicas: 1, a backup per shard */
 
 /* Writes the n-shard config (fresh ports) to dir/NAME.yaml; its path in out. */
 static void write_cfg(const char *name, int n, char *out, size_t len)
 {
-	char yaml[2048], servers[256] = "";
+	char yaml[2048], servers[256] = "", backups[300] = "";
 
 	for (int k = 0, o = 0; k < n; k++)
 		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d",
 			      k ? ", " : "", tu_free_port());
+	for (int k = 0, o = 0; pairs && k < n; k++)
+		o += snprintf(backups + o, sizeof(backups) - (size_t)o, "%s127.0.0.1:%d%s",
+			      k ? ", " : "  backups: [", tu_free_port(),
+			      k == n - 1 ? "]\n  replicas: 1\n" : "");
 	snprintf(yaml, sizeof(yaml),
-		 "cluster:\n  servers: [%s]\n  workers: %d\n"
+		 "cluster:\n  servers: [%s]\n%s  workers: %d\n%s"
 		 "slice_bytes: 1024\nseed: 5\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
 		 "    - {name: b, shape: [%d], init: arange}\n"
 		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: 60000\n"
 		 "checkpoint:\n  dir: %s\n  every_s: 0\nlog:\n  level: warn\n%s",
-		 servers, NW, NA, NB, ck, extra_yaml);
+		 servers, backups, NW, pairs ? "replication: {timeout_ms: 600}\n" : "", NA, NB,
+		 ck, extra_yaml);
 	snprintf(out, len, "%s/%s.yaml", dir, name);
 	FILE *f = fopen(out, "w");
 	ck_assert_ptr_nonnull(f);
@@ -92,17 +98,31 @@ static void point_at(const char *path)
 	ck_assert_int_eq(rename(tmp, ptr), 0);
 }
 
-static pid_t start_shard(const char *path, int k, const char *old, int old_n)
+/* Shard k's process of config path (rep 1: its backup, --replica 1). */
+static pid_t start_proc(const char *path, int k, int rep, const char *old, int old_n)
 {
 	char s[16], n[16], log[160];
 	const char *argv[] = { "bin/ps-server", "--config", path, "--shard", s, "--log-level",
-			       "info", old ? "--reshard-from" : NULL, old, "--reshard-shards", n,
-			       NULL };
+			       "info", "--replica", "1", NULL, NULL, NULL, NULL, NULL };
+	int a = rep ? 9 : 7;
 
+	if (old) {
+		argv[a++] = "--reshard-from";
+		argv[a++] = old;
+		argv[a++] = "--reshard-shards";
+		argv[a++] = n;
+	}
+	argv[a] = NULL;
 	snprintf(s, sizeof(s), "%d", k);
 	snprintf(n, sizeof(n), "%d", old_n);
-	snprintf(log, sizeof(log), "%s/%s-shard-%d.log", dir, strrchr(path, '/') + 1, k);
+	snprintf(log, sizeof(log), "%s/%s-shard-%d%s.log", dir, strrchr(path, '/') + 1, k,
+		 rep ? "-r1" : "");
 	return tu_spawn(argv, log);
+}
+
+static pid_t start_shard(const char *path, int k, const char *old, int old_n)
+{
+	return start_proc(path, k, 0, old, old_n);
 }
 
 /* Waits (60 s at most) for child pid to exit: its status, or -1 (killed). */
@@ -149,9 +169,10 @@ static void move_old(const char *name, int n, char *to, size_t len)
 
 	snprintf(to, len, "%s/%s", ck, name);
 	ck_assert_int_eq(mkdir(to, 0700), 0);
-	for (int k = 0; k < n; k++) {
-		snprintf(a, sizeof(a), "%s/shard-%d.ckpt", ck, k);
-		snprintf(b, sizeof(b), "%s/shard-%d.ckpt", to, k);
+	for (int k = 0; k < n * (pairs + 1); k++) {
+		const char *r1 = k >= n ? "-r1" : "";
+		snprintf(a, sizeof(a), "%s/shard-%d%s.ckpt", ck, k % n, r1);
+		snprintf(b, sizeof(b), "%s/shard-%d%s.ckpt", to, k % n, r1);
 		ck_assert_msg(rename(a, b) == 0, "%s: %s", a, strerror(errno));
 	}
 }
@@ -523,6 +544,85 @@ START_TEST(test_error_feedback_2_3)
 }
 END_TEST
 
+/* Replicated shards through a live re-shard: 2 pairs (cluster.replicas:
+ * 1) stopped by ps-stat at clock 4 (the stop reaches each backup through
+ * replication: all 4 processes write their checkpoints at 4 and exit 0),
+ * 3 pairs started from the 4 files, the workers follow; then the primary
+ * of new shard 0 is killed (kill -9) and its backup takes over. After 12
+ * clocks every weight is its initial value minus the exact sum of both
+ * workers' gradients. */
+START_TEST(test_pairs_2_3)
+{
+	char c2[160], c3[160], old[200], err[600], out[200], log[200];
+	pid_t srv[6];
+	pthread_t th[NW];
+	uint64_t at = 4;
+
+	pairs = 1;
+	strcpy(dir, "/tmp/ps-reshard-pairs-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	ck_assert_int_eq(mkdir(ck, 0700), 0);
+	snprintf(ptr, sizeof(ptr), "%s/current", dir);
+	write_cfg("c2", 2, c2, sizeof(c2));
+	ck_assert_msg(ps_config_load(&cfg0, c2, err, sizeof(err)) == 0, "%s", err);
+	point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", ptr, 1);
+	for (int k = 0; k < 4; k++)
+		srv[k] = start_proc(c2, k % 2, k / 2, NULL, 0);
+	set_gate(4);
+	start_workers(th);
+	ck_assert_msg(wait_until(all_at, &at) == 0, "the workers did not reach clock 4: %s %s",
+		      wks[0].err, wks[1].err);
+	snprintf(out, sizeof(out), "%s/pstat.out", dir);
+	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
+	ck_assert_int_eq(wait_exit(tu_spawn(pstat, out)), 0);
+	ck_assert_msg(log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
+		      "at clock 4", out);
+	set_gate(8); /* their pushes for 4 are refused by the primaries, kept */
+	for (int k = 0; k < 4; k++)
+		ck_assert_msg(wait_exit(srv[k]) == 0, "old process %d did not exit 0 at the stop", k);
+	for (int k = 0; k < 2; k++) {
+		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d-r1.log", dir, k);
+		ck_assert_msg(log_says(log, "stopped at clock 4 with its checkpoint written"),
+			      "%s: the backup did not stop at clock 4", log);
+	}
+	move_old("from2", 2, old, sizeof(old)); /* both files of each pair */
+	write_cfg("c3", 3, c3, sizeof(c3));
+	for (int k = 0; k < 6; k++)
+		srv[k] = start_proc(c3, k % 3, k / 3, old, 2);
+	point_at(c3);
+	at = 8;
+	ck_assert_msg(wait_until(all_at, &at) == 0, "the workers did not reach clock 8 on 3 "
+		      "pairs: %s %s", wks[0].err, wks[1].err);
+	/* the primary of new shard 0 (replica 0: equal state at the start) */
+	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0.log", dir);
+	ck_assert_msg(log_says(log, "now the primary of shard 0"), "%s: not the primary", log);
+	kill(srv[0], SIGKILL);
+	ck_assert_int_eq(wait_exit(srv[0]), 128 + SIGKILL);
+	set_gate(UINT64_MAX);
+	join_workers(th);
+	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0-r1.log", dir);
+	ck_assert_msg(log_says(log, "now the primary of shard 0"), "%s: no takeover", log);
+	for (int r = 0; r < NW; r++)
+		for (int i = 0; i < NA + NB; i++) {
+			float want = i < NA ? wks[0].init_a[i] : wks[0].init_b[i - NA];
+			float got = i < NA ? wks[r].a[i] : wks[r].b[i - NA];
+			for (uint64_t k = 0; k < NCLK; k++)
+				for (int q = 0; q < NW; q++)
+					want -= grad(q, k, i < NA ? i : i - NA + 17);
+			ck_assert_msg(got == want, "worker %d: %s[%d] = %g, the exact sum gives %g", r,
+				      i < NA ? "a" : "b", i < NA ? i : i - NA, got, want);
+		}
+	free_workers();
+	for (int k = 1; k < 6; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	unsetenv("PS_CONFIG_FOLLOW");
+	pairs = 0;
+	ck_assert_int_eq(tu_rmtree(dir), 0);
+}
+END_TEST
+
 /* A worker following a re-shard to a config that differs in more than
  * cluster.servers: not taken, and its request fails once its reconnects
  * time out, naming the key. */
@@ -588,6 +688,7 @@ int main(void)
 	tcase_add_test(tc, test_workers_stay_2_3_2);
 	tcase_add_test(tc, test_other_config_not_followed);
 	tcase_add_test(tc, test_error_feedback_2_3);
+	tcase_add_test(tc, test_pairs_2_3);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
