@@ -2,7 +2,7 @@
 # it_reshard_pairs.sh - `ps-local.sh CONFIG reshard NEW_CONFIG` and
 # `ps-cluster.sh CONFIG reshard NEW_CONFIG` with cluster.replicas: 1
 # (docs/elastic.md, re-sharding by restart), real processes:
-#  - ps-local.sh: 2 pairs training mlp (2 workers) are stopped at a clock
+#  - ps-local.sh --restart: 2 pairs training mlp (2 workers) are stopped at a clock
 #    boundary, both processes of each old pair having written a checkpoint;
 #    3 pairs start from them, every one of the 6 new processes says it
 #    re-sharded, the pairs form, the workers resume at the checkpoint's
@@ -57,7 +57,7 @@ scripts/ps-local.sh "$tmp/c2.yaml" --logs "$tmp/l2" > "$tmp/run2.out" 2>&1 &
 old=$!; started+=("$old")
 for _ in $(seq 900); do grep -q "epoch 2/" "$tmp/l2/worker-0.log" 2>/dev/null && break; sleep 0.1; done
 expect "the 2-pair run trained an epoch: $(tail -3 "$tmp/run2.out")" grep -q "epoch 2/" "$tmp/l2/worker-0.log"
-scripts/ps-local.sh "$tmp/c2.yaml" reshard "$tmp/c3.yaml" --logs "$tmp/l3" -- --epochs 3 \
+scripts/ps-local.sh "$tmp/c2.yaml" reshard "$tmp/c3.yaml" --restart --logs "$tmp/l3" -- --epochs 3 \
   > "$tmp/run3.out" 2>&1; rc=$?
 wait $old; oldrc=$?; started=()
 expect "reshard of pairs 2 -> 3 succeeds ($rc): $(tail -5 "$tmp/run3.out")" [ $rc -eq 0 ]
