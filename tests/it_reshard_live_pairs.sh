@@ -3,9 +3,12 @@
 # a `ps-local.sh CONFIG` with cluster.replicas: 1 trains (docs/elastic.md,
 # re-sharding while the workers run), real processes: 2 pairs training mlp
 # with 2 ps-worker processes go to 3 pairs while the same workers run. The
-# reshard command exits 0 naming the stop clock and what moved; both
-# processes of each old pair wrote their checkpoint at the stop and exited
-# 0 (the backup following its primary's stop); all 6 new processes
+# reshard command exits 0 naming the stop clock and what moved; old pair 0's
+# two processes wrote their checkpoints at the stop and exited 0 (the
+# backup following its primary's stop); old pair 1's backup is killed
+# (kill -9, PS_LOCAL_CRASH_AT=stop-shard) as the stop commits, and the
+# re-shard goes on from its primary's file (or the backup had written its
+# checkpoint and exited 0 already: either way pair 1 is whole); all 6 new processes
 # re-sharded from the 4 files and the pairs formed; each worker followed
 # the new map once and never resumed from a checkpoint. Then the primary of
 # new shard 0 is killed (kill -9): its backup takes over and the run's
@@ -56,7 +59,7 @@ sed -e "s/servers: .*/servers: [127.0.0.1:${p[0]}, 127.0.0.1:${p[1]}, 127.0.0.1:
   -e "s/backups: .*/backups: [127.0.0.1:${p[3]}, 127.0.0.1:${p[4]}, 127.0.0.1:${p[5]}]/" \
   "$tmp/c2.yaml" > "$tmp/c3.yaml"
 
-scripts/ps-local.sh "$tmp/c2.yaml" --logs "$tmp/l" > "$tmp/run.out" 2>&1 &
+PS_LOCAL_CRASH_AT=stop-shard scripts/ps-local.sh "$tmp/c2.yaml" --logs "$tmp/l" > "$tmp/run.out" 2>&1 &
 run=$!
 if ! wait_for "$tmp/l/worker-0.log" "epoch 2/"; then
   bad "the 2-pair run did not train an epoch in 60 s: $(tail -5 "$tmp/run.out")"
@@ -71,15 +74,23 @@ expect "reshard of pairs 2 -> 3 while the workers run succeeds ($rc): $(cat "$tm
 expect "it names the stop clock and what moved (the 3 primaries summed): $(tail -1 "$tmp/r1.out")" \
   grep -qE "2 -> 3 shards at clock [0-9]+ while the workers ran, [0-9.]+ s from the stop to the new shards listening; 3 shard\(s\) re-sharded: [1-9][0-9]* of 19 slices" "$tmp/r1.out"
 from=$(echo "$tmp"/ck/reshard-from-2.*)
-expect "both processes of each old pair wrote a checkpoint, set aside" \
-  test -f "$from/shard-0.ckpt" -a -f "$from/shard-0-r1.ckpt" -a -f "$from/shard-1.ckpt" -a -f "$from/shard-1-r1.ckpt"
+expect "the old checkpoints set aside (pair 0's both, pair 1's primary's)" \
+  test -f "$from/shard-0.ckpt" -a -f "$from/shard-0-r1.ckpt" -a -f "$from/shard-1.ckpt"
 b=$(sed -n 's/.* shards at clock \([0-9]*\) while.*/\1/p' "$tmp/r1.out")
-for k in 0 1; do
-  expect "old backup $k followed its primary's stop at clock ${b:-?}" \
-    grep -q "stopped at clock ${b:-x} with its checkpoint written; exiting (the backup" "$tmp/l/server-$k-r1.log.before-reshard-1"
-done
+said="stopped at clock ${b:-x} with its checkpoint written; exiting"
+expect "old backup 0 followed its primary's stop at clock ${b:-?}" \
+  grep -q "$said (the backup" "$tmp/l/server-0-r1.log.before-reshard-1"
+expect "old primary 1 stopped at clock ${b:-?}" grep -q "$said" "$tmp/l/server-1.log.before-reshard-1"
+expect "old backup 1 was killed at the stop and the re-shard went on, or it had stopped: $(grep -h 'shard 1 r1' "$tmp/run.out")" \
+  eval "grep -q 'shard 1 r1 with status 137 .*at the stop; its partner wrote the pair.s checkpoint at clock ${b:-x}: going on' '$tmp/run.out' ||
+    grep -q '$said (the backup' '$tmp/l/server-1-r1.log.before-reshard-1'"
 n=$(grep -l "re-sharded from 2 to 3 shards" "$tmp"/l/server-*.log 2>/dev/null | wc -l)
 expect "each of the 6 new processes re-sharded ($n)" [ "$n" -eq 6 ]
+if grep -q 'shard 1 r1 with status 137' "$tmp/run.out"; then
+  echo "it_reshard_live_pairs: old backup 1 killed at the stop; the re-shard went on from its primary's file"
+else
+  echo "it_reshard_live_pairs: old backup 1 had written its checkpoint and exited before the kill"
+fi
 for k in 0 1 2; do
   expect "new pair $k formed" wait_for "$tmp/l/server-$k-r1.log" "as its backup"
 done
