@@ -29,9 +29,11 @@
 # (DIR/current-config, which libps follows through $PS_CONFIG_FOLLOW): the
 # workers keep running, their pushes for the stop clock sent again to the
 # new shards. This command prints the outcome and exits with its status;
-# a refusal (a shard down) leaves the run going on CONFIG. What is not
-# built live (cluster.replicas: 1, embedding tables) is re-sharded by
-# restart, as it is with --restart or without a running ps-local.sh:
+# a refusal (a shard down) leaves the run going on CONFIG. With
+# cluster.replicas: 1 both processes of every old pair stop (the backup
+# follows its primary's stop) and both of every new pair start. What is
+# not built live (embedding tables) is re-sharded by restart, as it is
+# with --restart or without a running ps-local.sh:
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
 # with other cluster.servers (and cluster.backups: with cluster.replicas: 1
 # the backups start from the old files too; refused, naming the first
