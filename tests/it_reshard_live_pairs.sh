@@ -86,6 +86,7 @@ expect "old backup 1 was killed at the stop and the re-shard went on, or it had 
     grep -q '$said (the backup' '$tmp/l/server-1-r1.log.before-reshard-1'"
 n=$(grep -l "re-sharded from 2 to 3 shards" "$tmp"/l/server-*.log 2>/dev/null | wc -l)
 expect "each of the 6 new processes re-sharded ($n)" [ "$n" -eq 6 ]
+echo "it_reshard_live_pairs: $(tail -1 "$tmp/r1.out")"
 if grep -q 'shard 1 r1 with status 137' "$tmp/run.out"; then
   echo "it_reshard_live_pairs: old backup 1 killed at the stop; the re-shard went on from its primary's file"
 else
