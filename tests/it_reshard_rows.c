@@ -25,8 +25,9 @@
  *    the same way, and each shard holds exactly the rows its jump hash
  *    names (rows counted per shard against ps_rows_shard).
  *
- * Sync (BSP) and async (staleness 2: every push acknowledged, so applied
- * exactly once; the rows checked at the end only).
+ * Sync (BSP) and async (staleness 2, row gradients sent as fp16: every
+ * push acknowledged, so applied exactly once; the rows checked at the end
+ * only).
  */
 #include <check.h>
 #include <errno.h>
@@ -296,7 +297,9 @@ static int one_clock(struct wk *w, uint64_t k)
 	}
 	for (int i = 0; i < NA; i++)
 		ga[i] = dgrad(w->rank, k, i);
-	pid = ps_client_push_rows_async(w->c, "e", k, ids, NPER, g, 0);
+	/* async: as fp16 (small integers are exact), cut again from that */
+	pid = ps_client_push_rows_async(w->c, "e", k, ids, NPER, g,
+					async_mode ? PS_PUSH_ROWS_FP16 : 0);
 	if (pid < 0)
 		return wk_fail(w, (int)pid, "push_rows", k);
 	did = ps_client_push(w->c, k, &tg, 1, PS_PUSH_END_CLOCK);
