@@ -27,7 +27,12 @@
  *
  * Sync (BSP) and async (staleness 2, row gradients sent as fp16: every
  * push acknowledged, so applied exactly once; the rows checked at the end
- * only).
+ * only); and async with limits.request_timeout_ms 250, so that waits time
+ * out during the re-shards' pauses: a push given up that way is of
+ * unknown outcome and the worker pushes its clock again; a counter row
+ * and a[0] (each push adds 1) end between the acknowledged pushes and
+ * those plus the unknown ones (the Jepsen counter rule), and some pushes
+ * must have been of unknown outcome.
  */
 #include <check.h>
 #include <errno.h>
@@ -60,6 +65,14 @@
 static char dir[64], ck[128], ptr[128];
 static struct ps_config cfg0; /* the workers' first config (2 shards) */
 static int async_mode;
+/* async with limits.request_timeout_ms 250: a wait that times out during
+ * a re-shard leaves its push of unknown outcome (the client gives it up:
+ * it was applied once or not at all); the worker pushes that clock again.
+ * Counted on a counter row and a[0] (gradient -1: each applied push adds
+ * 1), which must lie between the acknowledged pushes and those plus the
+ * unknown ones (the Jepsen counter). */
+static int unknown_mode;
+#define COUNTER (NIDS + 5) /* the counter row's index: outside the pool */
 
 static void write_cfg(const char *name, int n, char *out, size_t len)
 {
@@ -75,9 +88,10 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: zeros}\n"
 		 "  embeddings:\n    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n"
-		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: 60000\n"
+		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: %d\n"
 		 "checkpoint:\n  dir: %s\n  every_s: 0\nlog:\n  level: warn\n",
-		 servers, NW, async_mode ? "async" : "sync", NA, DIM, ck);
+		 servers, NW, async_mode ? "async" : "sync", NA, DIM, unknown_mode ? 250 : 60000,
+		 ck);
 	snprintf(out, len, "%s/%s.yaml", dir, name);
 	FILE *f = fopen(out, "w");
 	ck_assert_ptr_nonnull(f);
@@ -229,6 +243,8 @@ struct wk {
 	int rc;
 	char err[900];
 	struct ps_client *c;
+	/* unknown_mode: row and dense pushes acknowledged, of unknown outcome */
+	uint64_t acked_r, unknown_r, acked_d, unknown_d;
 };
 static struct wk wks[NW];
 
@@ -279,7 +295,29 @@ static int wk_fail(struct wk *w, int rc, const char *what, uint64_t k)
 	return -1;
 }
 
-/* One clock k of worker w. */
+/* Waits for request id: 0 done; 1 timed out in unknown_mode (its
+ * outcome unknown: counted in *unknown, when given); -1 failed. Done
+ * counts in *acked, when given. */
+static int outcome(struct wk *w, int64_t id, uint64_t *acked, uint64_t *unknown,
+		   const char *what, uint64_t k)
+{
+	int rc = ps_client_wait(w->c, id);
+
+	if (!rc) {
+		if (acked)
+			++*acked;
+		return 0;
+	}
+	if (rc == PS_ETIMEDOUT && unknown_mode) {
+		if (unknown)
+			++*unknown;
+		return 1;
+	}
+	return wk_fail(w, rc, what, k);
+}
+
+/* One clock k of worker w: 0, 1 to do it again (unknown_mode: a request
+ * timed out), or -1 failed. */
 static int one_clock(struct wk *w, uint64_t k)
 {
 	static __thread uint64_t ids[NPER], nids[NPER];
@@ -287,7 +325,7 @@ static int one_clock(struct wk *w, uint64_t k)
 	struct ps_tensor tg = { .name = "a", .data = ga, .count = NA };
 	struct ps_tensor tw = { .name = "a", .data = w->a, .count = NA };
 	int64_t pid, did, rid, id;
-	int rc;
+	int a, b, c, d;
 
 	for (int j = 0; j < NPER; j++) {
 		ids[j] = id_of(idx_of(w->rank, k, j));
@@ -297,6 +335,12 @@ static int one_clock(struct wk *w, uint64_t k)
 	}
 	for (int i = 0; i < NA; i++)
 		ga[i] = dgrad(w->rank, k, i);
+	if (unknown_mode) {
+		ids[0] = id_of(COUNTER);
+		for (int d = 0; d < DIM; d++)
+			g[d] = -1;
+		ga[0] = -1;
+	}
 	/* async: as fp16 (small integers are exact), cut again from that */
 	pid = ps_client_push_rows_async(w->c, "e", k, ids, NPER, g,
 					async_mode ? PS_PUSH_ROWS_FP16 : 0);
@@ -309,15 +353,19 @@ static int one_clock(struct wk *w, uint64_t k)
 	rid = ps_client_pull_rows_async(w->c, "e", async_mode ? 0 : k + 1, nids, NPER, rows);
 	if (rid < 0)
 		return wk_fail(w, (int)rid, "pull_rows", k);
-	if ((rc = ps_client_wait(w->c, pid)))
-		return wk_fail(w, rc, "push_rows wait", k);
-	if ((rc = ps_client_wait(w->c, did)))
-		return wk_fail(w, rc, "push wait", k);
-	if ((rc = ps_client_wait(w->c, rid)))
-		return wk_fail(w, rc, "pull_rows wait", k);
+	a = outcome(w, pid, &w->acked_r, &w->unknown_r, "push_rows wait", k);
+	b = outcome(w, did, &w->acked_d, &w->unknown_d, "push wait", k);
+	c = outcome(w, rid, NULL, NULL, "pull_rows wait", k);
+	if (a < 0 || b < 0 || c < 0)
+		return -1;
 	id = ps_client_pull(w->c, async_mode ? 0 : k + 1, &tw, 1);
-	if (id < 0 || (rc = ps_client_wait(w->c, id)))
-		return wk_fail(w, id < 0 ? (int)id : rc, "pull", k);
+	if (id < 0)
+		return wk_fail(w, (int)id, "pull", k);
+	d = outcome(w, id, NULL, NULL, "pull", k);
+	if (d < 0)
+		return -1;
+	if (a || b || c || d)
+		return 1;
 	for (int j = 0; j < NPER && !async_mode; j++) {
 		expect_row(idx_of(w->rank, k + 1, j), k + 1, want);
 		if (memcmp(want, rows + j * DIM, sizeof(want))) {
@@ -364,8 +412,16 @@ static void *work(struct wk *w)
 			w->rc = -1;
 			return NULL;
 		}
-		if (one_clock(w, k))
+		int rc, tries = 0;
+		while ((rc = one_clock(w, k)) == 1 && ++tries < 400)
+			;
+		if (rc) {
+			if (!w->rc)
+				snprintf(w->err, sizeof(w->err), "clock %" PRIu64 ": still timing out "
+					 "after %d tries", k, tries);
+			w->rc = w->rc ? w->rc : -1;
 			return NULL;
+		}
 		pthread_mutex_lock(&mu);
 		progress[w->rank] = k + 1;
 		pthread_cond_broadcast(&cv);
@@ -404,8 +460,36 @@ static uint64_t stop_clock(const char *out)
 	return b;
 }
 
-/* The final check: every row and weight the exact sum, each shard holding
- * exactly the rows its jump hash names. */
+/* unknown_mode: the counter row and a[0] between the acknowledged pushes
+ * and those plus the ones of unknown outcome. */
+static void check_counters(struct ps_client *mon, const float *a)
+{
+	uint64_t id = id_of(COUNTER), ar = 0, ur = 0, ad = 0, ud = 0;
+	float row[DIM];
+
+	ck_assert_msg(ps_client_pull_rows(mon, "e", 0, &id, 1, row) == 0, "%s",
+		      ps_client_error(mon));
+	for (int r = 0; r < NW; r++) {
+		ar += wks[r].acked_r;
+		ur += wks[r].unknown_r;
+		ad += wks[r].acked_d;
+		ud += wks[r].unknown_d;
+	}
+	printf("counters: rows %g (%" PRIu64 " acknowledged, %" PRIu64 " unknown), dense %g (%"
+	       PRIu64 ", %" PRIu64 ")\n", row[0], ar, ur, a[0], ad, ud);
+	ck_assert_msg(ur + ud > 0, "no push of unknown outcome: the re-shards' pauses were "
+		      "shorter than the 250 ms request timeout");
+	for (int d = 0; d < DIM; d++)
+		ck_assert_msg(row[d] >= (float)ar && row[d] <= (float)(ar + ur), "counter row[%d] = "
+			      "%g: not within %" PRIu64 " acknowledged and %" PRIu64 " more of unknown "
+			      "outcome", d, row[d], ar, ur);
+	ck_assert_msg(a[0] >= (float)ad && a[0] <= (float)(ad + ud), "a[0] = %g: not within %"
+		      PRIu64 " acknowledged and %" PRIu64 " more of unknown outcome", a[0], ad, ud);
+}
+
+/* The final check: every row and weight the exact sum (unknown_mode: the
+ * counters, check_counters), each shard holding exactly the rows its jump
+ * hash names. */
 static void check_final(const char *path)
 {
 	static float rows[NIDS * DIM], a[NA], want[DIM];
@@ -414,7 +498,7 @@ static void check_final(const char *path)
 	struct ps_client *mon;
 	struct ps_tensor ta = { .name = "a", .data = a, .count = NA };
 	char err[600];
-	int pushed[NIDS] = { 0 };
+	int pushed[COUNTER + 1] = { 0 };
 	uint64_t tkey;
 
 	ck_assert_ptr_nonnull(c);
@@ -424,7 +508,7 @@ static void check_final(const char *path)
 		ids[i] = id_of(i);
 	ck_assert_msg(ps_client_pull_rows(mon, "e", async_mode ? 0 : NCLK, ids, NIDS, rows) == 0,
 		      "%s", ps_client_error(mon));
-	for (int i = 0; i < NIDS; i++) {
+	for (int i = 0; i < NIDS && !unknown_mode; i++) {
 		expect_row(i, NCLK, want);
 		ck_assert_msg(!memcmp(want, rows + i * DIM, sizeof(want)), "row %d: %g %g %g %g, "
 			      "the exact sum gives %g %g %g %g", i, rows[i * DIM], rows[i * DIM + 1],
@@ -433,7 +517,9 @@ static void check_final(const char *path)
 	}
 	ck_assert_int_eq(ps_client_wait(mon, ps_client_pull(mon, async_mode ? 0 : NCLK, &ta, 1)),
 			 0);
-	for (int i = 0; i < NA; i++) {
+	if (unknown_mode)
+		check_counters(mon, a);
+	for (int i = 0; i < NA && !unknown_mode; i++) {
 		float w = 0;
 		for (int r = 0; r < NW; r++)
 			for (uint64_t k = 0; k < NCLK; k++)
@@ -443,12 +529,12 @@ static void check_final(const char *path)
 	for (int r = 0; r < NW; r++)
 		for (uint64_t k = 0; k < NCLK; k++)
 			for (int j = 0; j < NPER; j++)
-				pushed[idx_of(r, k, j)] = 1;
+				pushed[unknown_mode && !j ? COUNTER : idx_of(r, k, j)] = 1;
 	tkey = ps_rows_table_key(&c->tables[0]);
 	for (int k = 0; k < c->nshards; k++) {
 		struct ps_shard_stats st;
 		uint64_t want_n = 0;
-		for (int i = 0; i < NIDS; i++)
+		for (int i = 0; i <= COUNTER; i++)
 			want_n += pushed[i] && ps_rows_shard(tkey, id_of(i), c->nshards) == k;
 		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
 		ck_assert_str_eq(st.tables[0].name, "e");
@@ -460,7 +546,7 @@ static void check_final(const char *path)
 	free(c);
 }
 
-static void run_2_3_2(int async)
+static void run_2_3_2(int async, int unknown)
 {
 	char c2[160], c3[160], c2b[160], old[200], err[600], out[200], log[200];
 	pid_t srv[3];
@@ -471,6 +557,7 @@ static void run_2_3_2(int async)
 	uint64_t at, b1;
 
 	async_mode = async;
+	unknown_mode = unknown;
 	strcpy(dir, "/tmp/ps-reshard-rows-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(ck, sizeof(ck), "%s/ck", dir);
@@ -553,13 +640,20 @@ static void run_2_3_2(int async)
 
 START_TEST(test_rows_sync_2_3_2)
 {
-	run_2_3_2(0);
+	run_2_3_2(0, 0);
 }
 END_TEST
 
 START_TEST(test_rows_async_2_3_2)
 {
-	run_2_3_2(1);
+	run_2_3_2(1, 0);
+}
+END_TEST
+
+/* Async, waits timing out during the re-shards: at most once. */
+START_TEST(test_rows_async_unknown_2_3_2)
+{
+	run_2_3_2(1, 1);
 }
 END_TEST
 
@@ -571,6 +665,7 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_rows_sync_2_3_2);
 	tcase_add_test(tc, test_rows_async_2_3_2);
+	tcase_add_test(tc, test_rows_async_unknown_2_3_2);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
