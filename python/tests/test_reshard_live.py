@@ -109,7 +109,7 @@ def test_torch_embedding_follows_2_3_2(tmp_path):
     c2 = write_emb(tmp_path / "c2.yaml", ports[:2], ck)
     c3 = write_emb(tmp_path / "c3.yaml", ports, ck)
     logs = tmp_path / "logs"
-    cmd = f"{sys.executable} {HERE}/embworker.py --steps 250 --pace-ms 5 --workers 2"
+    cmd = f"{sys.executable} {HERE}/embworker.py --steps 160 --pace-ms 5 --workers 2"
     run = subprocess.Popen([LOCAL, c2, "--logs", str(logs), "--worker-cmd", cmd],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -134,5 +134,5 @@ def test_torch_embedding_follows_2_3_2(tmp_path):
     for k in range(2):
         log = out if k == 0 else (logs / f"worker-{k}.log").read_text()
         assert f"worker {k} checked the rows of 2 workers" in log, log
-        assert f"worker {k} done at clock 250" in log, log
+        assert f"worker {k} done at clock 160" in log, log
         assert log.count("re-shard: following") == 2, log
