@@ -249,12 +249,8 @@ static int recut(struct ps_client *c, struct req *r, struct part *old, int nold)
 	r->pending = 0;
 	if (r->done)
 		return 0;
-	if (r->kind == REQ_PUSH && acked) {
+	if ((r->kind == REQ_PUSH || r->kind == REQ_PUSH_ROWS) && acked) {
 		r->done = 1; /* for a clock below the stop: in the new shards' state */
-		return 0;
-	}
-	if (r->kind == REQ_PUSH_ROWS && acked) {
-		r->done = 1; /* the same: every shard took it for a clock below B */
 		return 0;
 	}
 	r->recut = 1;
