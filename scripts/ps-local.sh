@@ -30,7 +30,7 @@
 # workers keep running, their pushes for the stop clock sent again to the
 # new shards. This command prints the outcome and exits with its status;
 # a refusal (a shard down) leaves the run going on CONFIG. What is not
-# built live (cluster.replicas: 1, embedding tables) is re-sharded by
+# built live (cluster.replicas: 1) is re-sharded by
 # restart, as it is with --restart or without a running ps-local.sh:
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
 # with other cluster.servers (and cluster.backups: with cluster.replicas: 1
@@ -293,7 +293,7 @@ live_reshard_ask() {
   [ -f "$ctl/reshard-result" ] || { echo "ps-local.sh: reshard: no answer within 600 s; see $ctl" >&2; exit 1; }
   read -r rc msg <"$ctl/reshard-result"
   echo "ps-local.sh: reshard: $msg"
-  # 3: not built live for this config (embedding tables), nothing changed
+  # 3: not built live for this config (shards of an earlier build), nothing changed
   [ "$rc" = 3 ] && { echo "ps-local.sh: reshard: re-sharding by restart instead"; return 0; }
   exit "$rc"
 }

@@ -625,6 +625,8 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	double arrived = ps_now_s();
 
 	s->c.pushes++;
+	if (ps__srv_stop_refuse_rows(s, sc, m))
+		return; /* retryable: not marked in the dedup window (stop.c) */
 	if (m->seq) {
 		ps_dedup_incarnation(&s->dedup[sc->rank], sc->incarnation);
 		switch (ps_dedup_check(&s->dedup[sc->rank], m->seq, &code)) {
@@ -737,6 +739,8 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	}
 	free(ids);
 	free(g);
+	if (m->clock + 1 > s->top_clock)
+		s->top_clock = m->clock + 1; /* a re-shard's stop must lie above it (stop.c) */
 	if (m->seq)
 		ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
 	acknowledge(s, sc, m, cfg->consistency == PS_SYNC ? t : -1, arrived);

@@ -14,15 +14,18 @@
  * (pulls answered as usual), then writes its checkpoint, at B on every
  * shard, and exits 0. Before the commit a stop can be cancelled.
  *
- * Sync (BSP) training is what this is built and tested for; a config with
- * embedding tables or cluster.replicas: 1 is refused (their row pushes and
- * replicated state are not stopped here).
+ * Row pushes (embedding tables) are stopped the same way: one for clock B
+ * or later is refused with PS_ERESHARD before its dedup check, and the
+ * clocks of the row pushes taken count in the top clock. Sync and async
+ * training alike; a config with cluster.replicas: 1 is refused (its
+ * replicated state is not stopped here).
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include "ps_err.h"
 #include "ps_log.h"
 #include "msg.h"
+#include "rows.h"
 #include "server_int.h"
 
 int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m,
@@ -38,11 +41,10 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 			 "start from the checkpoints written at the stop");
 		return PS_ESTATE;
 	}
-	if (s->cfg->replicas || s->cfg->ntables) {
+	if (s->cfg->replicas) {
 		snprintf(err, errlen, "a re-shard while the workers run is not built with %s: "
 			 "re-shard by restart (ps-local.sh CONFIG reshard NEW_CONFIG --restart, "
-			 "docs/elastic.md)", s->cfg->replicas ?
-			 "cluster.replicas: 1" : "embedding tables");
+			 "docs/elastic.md)", "cluster.replicas: 1");
 		return PS_ENOTSUP;
 	}
 	if (m->stop_cancel) {
@@ -97,6 +99,28 @@ int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	return 1;
 }
 
+int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m)
+{
+	if (!s->stop_at || m->clock < s->stop_at)
+		return 0;
+	ps_msg_send_error(sc->conn, m->req_id, PS_ERESHARD, "row push for clock %" PRIu64
+			  " refused: the shard stops at clock %" PRIu64 " for a re-shard; it is "
+			  "sent again on the new map", m->clock, s->stop_at);
+	return 1;
+}
+
+/* Sync: whether every table applied the clocks below the stop (the
+ * dense clocks closing imply it: a table's clock is applied once every
+ * live worker ended it; checked, as the checkpoint keeps no pending row
+ * gradients). */
+static int tables_closed(const struct ps_server *s)
+{
+	for (int t = 0; s->rows && s->cfg->consistency == PS_SYNC && t < s->rows->ntables; t++)
+		if (s->rows->t[t].tb.version < s->stop_at)
+			return 0;
+	return 1;
+}
+
 void ps__srv_stop_poll(struct ps_server *s)
 {
 	char err[512];
@@ -104,7 +128,7 @@ void ps__srv_stop_poll(struct ps_server *s)
 	double secs;
 
 	if (!s->stop_committed || s->stopping || s->ckpt_job ||
-	    ps__srv_resume_clock(s) < s->stop_at)
+	    ps__srv_resume_clock(s) < s->stop_at || !tables_closed(s))
 		return;
 	if (ps__srv_write_checkpoint(s, "re-shard stop", &bytes, &secs, err, sizeof(err)))
 		s->exit_status = 1;

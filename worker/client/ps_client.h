@@ -221,8 +221,9 @@ struct ps_shard_stats {
  * environment has PS_CONFIG_FOLLOW=FILE (FILE: one line, the path of the
  * cluster's current config) follows a re-shard while it runs: once every
  * shard is lost and FILE names a config differing in cluster.servers
- * only, it takes that config's map and sends its waiting pushes and pulls
- * again to the new shards (docs/elastic.md; ps_client_follow.c). */
+ * only, it takes that config's map and sends its waiting pushes and pulls,
+ * dense and rows, again to the new shards (docs/elastic.md;
+ * ps_client_follow.c); other requests in flight then fail with PS_EMAP. */
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
 		   size_t errlen);
 
