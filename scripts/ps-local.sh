@@ -104,12 +104,20 @@ mkdir -p "$LOGDIR"
 
 # ---- reshard: stop CONFIG's cluster, set its checkpoints aside, go on with NEW_CONFIG ----
 reshard_args=()
-# pids of program NAME (ps-server, ps-worker) whose command line names CONFIG
+# pids of program NAME (ps-server, ps-worker) whose --config is the file
+# CONFIG, however either path is written (relative to the process's own
+# folder, or through links)
 pids_of() {
-  local pid args
+  local pid got want
+  want=$(realpath -m -- "$2")
   for pid in $(pgrep -x "$1" 2>/dev/null); do
-    args=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || continue
-    case " $args" in *" --config $2 "*) echo "$pid" ;; esac
+    got=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | sed -n '/^--config$/{n;p;q}') || continue
+    [ -n "$got" ] || continue
+    case $got in
+      /*) ;;
+      *) got=$(readlink "/proc/$pid/cwd" 2>/dev/null)/$got || continue ;;
+    esac
+    [ "$(realpath -m -- "$got")" = "$want" ] && echo "$pid"
   done
 }
 # waits (300 s at most) until none of the pids runs; 1 when some still do

@@ -68,7 +68,9 @@ expect "the old checkpoints set aside" test -f "$(echo "$tmp"/ck/reshard-from-2.
 e=$(sed -n 's/^epoch \([0-9]*\)\/.*/\1/p' "$tmp/l/worker-0.log" | tail -1)
 expect "the workers train on 3 shards" wait_for "$tmp/l/worker-0.log" "epoch $((e + 2))/"
 
-scripts/ps-local.sh "$tmp/c3.yaml" reshard "$tmp/c2.yaml" > "$tmp/r2.out" 2>&1; rc=$?
+# relative paths from another folder: the running shards were started with
+# the absolute path, and the command must still find them
+(cd "$tmp" && "$OLDPWD/scripts/ps-local.sh" c3.yaml reshard c2.yaml) > "$tmp/r2.out" 2>&1; rc=$?
 expect "reshard 3 -> 2 while the workers run succeeds ($rc): $(cat "$tmp/r2.out")" [ $rc -eq 0 ]
 expect "it names what moved: $(tail -1 "$tmp/r2.out")" \
   grep -qE "3 -> 2 shards at clock [0-9]+ while the workers ran, [0-9.]+ s from the stop to the new shards listening; 2 shard\(s\) re-sharded" "$tmp/r2.out"
