@@ -195,6 +195,17 @@ struct ps_shard_stats {
 	 * the highest clock of a push it took */
 	uint64_t stop_at, top_clock;
 	int stop_committed;
+	/* Re-sharding (docs/elastic.md, "Operations"): the map epoch (the
+	 * re-shards the shard's state went through, kept in its checkpoint);
+	 * what its --reshard-from start took in from other shard indices'
+	 * files (bytes of weights, optimizer state and rows; slices; rows).
+	 * Membership changes under way: the workers whose join holds a clock
+	 * there (the first 16) with the clock they join at the earliest, and
+	 * those leaving (async) with the clock they are counted at. */
+	uint64_t map_epoch, reshard_in_bytes, reshard_in_slices, reshard_in_rows;
+	int njoining, nleaving;
+	int joining[16], leaving[16];
+	uint64_t joining_clock[16], leaving_clock[16];
 };
 
 /* The rank of a reader: a read-only client that proves the reader key
