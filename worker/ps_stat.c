@@ -526,9 +526,11 @@ static void print_reshard(FILE *f, const struct ps_config *cfg, const struct sna
 			continue;
 		}
 		if (x->reshard_in_slices || x->reshard_in_rows)
-			snprintf(in, sizeof(in), "%" PRIu64 " slices, %" PRIu64 " rows, %.1f MiB",
+			snprintf(in, sizeof(in), "%" PRIu64 " slices, %" PRIu64 " rows, %.1f %s",
 				 x->reshard_in_slices, x->reshard_in_rows,
-				 (double)x->reshard_in_bytes / 1048576.0);
+				 (double)x->reshard_in_bytes / (x->reshard_in_bytes < 1048576 ?
+								 1024.0 : 1048576.0),
+				 x->reshard_in_bytes < 1048576 ? "KiB" : "MiB");
 		else
 			snprintf(in, sizeof(in), "-");
 		changes(x, what, sizeof(what));

@@ -50,7 +50,7 @@ static int again_after_reshard(struct ps_client *c, int k, const char *what, con
 
 	if (!*since) {
 		*since = now;
-		ps_info("worker %d: %s waits: shard %d: %s", c->rank, what, k, why);
+		ps_warn("worker %d: %s waits: shard %d: %s", c->rank, what, k, why);
 	}
 	if (now - *since > limit)
 		return 0;
