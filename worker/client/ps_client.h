@@ -389,7 +389,10 @@ uint64_t ps_client_clock(struct ps_client *c);
  * survived a crash and a shard passed its clock; reason in
  * ps_client_error). Under cluster.replicas: 1 each step is answered once
  * the shard's backup has it, so a failover between the steps loses
- * neither. */
+ * neither. While a re-shard's stop is pending on a shard (docs/elastic.md,
+ * "Operations") the join waits: asked again every 0.2 s for up to
+ * limits.reconnect_timeout_ms, then PS_ERESHARD; ps_client_leave_begin
+ * (async) the same. */
 int ps_client_join(struct ps_client *c);
 
 /* Ends clock (the worker's last; what it pushed for it counts) and leaves:
