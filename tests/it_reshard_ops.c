@@ -8,14 +8,16 @@
  *    ps-stat (text and --json) show epoch 1, then 2, and the bytes,
  *    slices and rows it took in equal its "re-sharded from" log line; a
  *    plain restart keeps epoch 2 (from the checkpoint) with nothing moved
- *    in; old files of two epochs are refused, both files named;
+ *    in; ps-export reads the files and says epoch 2; old files of two
+ *    epochs are refused, both files named;
  *  - one change at a time: a stop prepared by one monitor refuses another
  *    monitor's stop at another clock and `ps-stat --reshard-stop` (shard
  *    and clock named), shows in ps-stat as pending (text and --json); a
  *    worker's join meanwhile is refused and asked again, and completes
  *    once `ps-stat --reshard-cancel` took the stop back; a join holding a
- *    clock refuses a stop (worker and clock named); a shard down refuses
- *    it (shard and address named).
+ *    clock refuses a stop (worker and clock named); a stop committed on
+ *    one shard only is finished by `ps-stat --reshard-stop`; a shard down
+ *    refuses it (shard and address named).
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -389,6 +391,24 @@ START_TEST(test_epoch_2_3_2)
 	check_epoch(c2b, &cfg2b, hp, 2, 0);
 	stop_all(&cfg2b, srv);
 
+	/* ps-export reads the files of epoch 2 (version 5) and says so */
+	snprintf(a, sizeof(a), "%s/m.npz", dir);
+	snprintf(b, sizeof(b), "%s/export.out", dir);
+	const char *exp[] = { "bin/ps-export", "--config", c2b, "--out", a, NULL };
+	ck_assert_int_eq(wait_exit(tu_spawn(exp, b)), 0);
+	out = slurp(a); /* meta.json is stored in the .npz uncompressed */
+	long at = 0, n = 0;
+	FILE *z = fopen(a, "rb");
+	ck_assert_ptr_nonnull(z);
+	fseek(z, 0, SEEK_END);
+	n = ftell(z);
+	fclose(z);
+	for (long i = 0; i + 15 < n && !at; i++)
+		if (!memcmp(out + i, "\"map_epoch\": 2,", 15))
+			at = i;
+	ck_assert_msg(at > 0, "%s: no \"map_epoch\": 2 in its meta.json", a);
+	free(out);
+
 	/* old files of two epochs (2 and 0): refused, both named */
 	snprintf(ckx, sizeof(ckx), "%s/ckx", dir);
 	ck_assert_int_eq(mkdir(ckx, 0700), 0);
@@ -552,7 +572,32 @@ START_TEST(test_one_change_at_a_time)
 	snprintf(want, sizeof(want), "worker 2 joining at clock %" PRIu64, jc);
 	ck_assert_msg(strstr(out, want), "%s", out);
 	free(out);
-	ps_client_free(w2); /* its hold is given up with its connections */
+	/* the join done, nothing is under way */
+	ck_assert_msg(ps_client_join(w2) == 0, "%s", ps_client_error(w2));
+	ps_client_free(w2);
+	ck_assert_msg(ps_client_stats(mb, 0, &st) == 0, "%s", ps_client_error(mb));
+	ck_assert_int_eq(st.njoining, 0);
+	ck_assert_uint_eq(st.joins, 3);
+
+	/* a stop committed on shard 0 only (a ps-stat that died between its
+	 * commits; clock 4 is not closed, so shard 0 waits): ps-stat
+	 * --reshard-stop finishes it at that clock */
+	uint64_t b = 0;
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(ps_client_stats(mb, k, &st) == 0, "%s", ps_client_error(mb));
+		b = st.top_clock > b ? st.top_clock : b;
+	}
+	ck_assert_msg(ps_client_stop_at(ma, 0, b, PS_STOP_COMMIT, &st) == 0, "%s",
+		      ps_client_error(ma));
+	ck_assert_int_eq(ps_stat(path, &out, "--reshard-stop", NULL, NULL), 0);
+	snprintf(want, sizeof(want), "shard 0 committed to stop at clock %" PRIu64 " already", b);
+	ck_assert_msg(strstr(out, want), "%s", out);
+	snprintf(want, sizeof(want), "every shard stops at clock %" PRIu64, b);
+	ck_assert_msg(strstr(out, want), "%s", out);
+	free(out);
+	ck_assert_msg(ps_client_stats(mb, 1, &st) == 0, "%s", ps_client_error(mb));
+	ck_assert_msg(st.stop_at == b && st.stop_committed, "shard 1: stop at %" PRIu64 " (%d)",
+		      st.stop_at, st.stop_committed);
 
 	/* a shard down: named with its address */
 	ps_client_free(ma);
