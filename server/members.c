@@ -676,6 +676,7 @@ int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out)
 	out->hold = hold;
 	out->joins = m->joins;
 	out->leaves = m->leaves;
+	out->map_epoch = s->map_epoch; /* not membership, but sent with it: the snapshot */
 	m->dirty = 0;
 	return 0;
 }
@@ -698,9 +699,9 @@ int ps__members_repl_check(const struct ps_server *s, const Ps__ReplMembers *m, 
 		snprintf(why, len, "%zu holds for %d workers", m->n_hold, nw);
 		return 1;
 	}
-	if (m->joins >= PS_MAX_CLOCK || m->leaves >= PS_MAX_CLOCK) {
-		snprintf(why, len, "%" PRIu64 " joins and %" PRIu64 " leaves: out of range",
-			 m->joins, m->leaves);
+	if (m->joins >= PS_MAX_CLOCK || m->leaves >= PS_MAX_CLOCK || m->map_epoch >= PS_MAX_CLOCK) {
+		snprintf(why, len, "%" PRIu64 " joins and %" PRIu64 " leaves, map epoch %" PRIu64
+			 ": out of range", m->joins, m->leaves, m->map_epoch);
 		return 1;
 	}
 	if (m->n_freeze && m->n_freeze != (size_t)nw) {
@@ -780,6 +781,7 @@ int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *
 	}
 	mb->joins = m->joins;
 	mb->leaves = m->leaves;
+	s->map_epoch = m->map_epoch;
 	/* who the primary waits for: the same once this process serves */
 	for (int r = 0; r < nw; r++) {
 		struct ivl *v = open_ivl(mb, r);

@@ -82,7 +82,8 @@ void ps__members_counts(const struct ps_server *s, uint64_t *joins, uint64_t *le
 /* Replication (cluster.replicas: 1; replica_log.c). The primary: 1 when
  * the membership changed since it was last put in a batch; the whole of
  * it into out (arrays malloc'ed: ps__members_repl_fill_free), which marks
- * it sent. 0 or -ENOMEM. */
+ * it sent; the shard's map epoch goes with it (the backup takes it in
+ * ps__members_repl_apply). 0 or -ENOMEM. */
 int ps__members_repl_dirty(const struct ps_server *s);
 int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out);
 void ps__members_repl_fill_free(Ps__ReplMembers *out);

@@ -641,7 +641,6 @@ int ps__repl_send_snapshot(struct ps_server *s, struct ps_srv_conn *sc)
 	if (rc)
 		return rc;
 	m.members = &mem;
-	m.map_epoch = s->map_epoch;
 	rc = ps_msg_send(sc->conn, PS_MSG_REPL_SNAPSHOT, &m.base, &dd, 1, PS_SEND_VOLATILE, NULL,
 			 NULL);
 	ps__members_repl_fill_free(&mem);
@@ -677,7 +676,7 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 
 	*done = 0;
 	if (m->lsn >= PS_MAX_CLOCK || m->epoch >= PS_MAX_CLOCK || m->version >= PS_MAX_CLOCK ||
-	    m->steps >= PS_MAX_CLOCK || m->map_epoch >= PS_MAX_CLOCK) {
+	    m->steps >= PS_MAX_CLOCK) {
 		ps_warn("replication: snapshot frame at batch %" PRIu64 " of epoch %" PRIu64 " with "
 			"version %" PRIu64 " and %" PRIu64 " steps: out of range (at most 2^53 - 1)",
 			m->lsn, m->epoch, m->version, m->steps);
@@ -730,7 +729,6 @@ int ps__repl_on_snapshot(struct ps_server *s, const Ps__ReplSnapshot *m,
 		}
 		r->lsn = m->lsn;
 		r->epoch = m->epoch;
-		s->map_epoch = m->map_epoch;
 		ps__repl_staged_free(s, NULL, 0);
 		*done = 1;
 		return 0;

@@ -9,7 +9,9 @@
  *    slices and rows it took in equal its "re-sharded from" log line; a
  *    plain restart keeps epoch 2 (from the checkpoint) with nothing moved
  *    in; ps-export reads the files and says epoch 2; old files of two
- *    epochs are refused, both files named;
+ *    epochs are refused, both files named; a backup that joins its
+ *    re-sharded primary with nothing of its own takes the epoch with the
+ *    state and keeps it in its checkpoint;
  *  - one change at a time: a stop prepared by one monitor refuses another
  *    monitor's stop at another clock and `ps-stat --reshard-stop` (shard
  *    and clock named), shows in ps-stat as pending (text and --json); a
@@ -37,6 +39,7 @@
 #include "ps_client.h"
 #include "ps_client_int.h"
 #include "ps_err.h"
+#include "test_replica.h"
 #include "test_util.h"
 
 #define NA 3000
@@ -436,6 +439,66 @@ START_TEST(test_epoch_2_3_2)
 }
 END_TEST
 
+/* ---- replicated: the backup takes the epoch from its primary ---- */
+
+/* Shard 0's pair re-sharded from 1 to 1 shard (a re-placement): replica 0
+ * starts from the old files (epoch 1), replica 1 from nothing; the
+ * snapshot that makes it the backup gives it epoch 1, which its own
+ * checkpoint then keeps (a version 5 file). */
+START_TEST(test_epoch_replicated)
+{
+	char path[160], ck[128], extra[160], from[200], a[300], b[300], n1[8], log[200];
+	static struct ps_config cfg;
+	struct ps_shard_stats st;
+	pid_t p[2];
+
+	strcpy(dir, "/tmp/ps-reshard-ops-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	ck_assert_int_eq(mkdir(ck, 0700), 0);
+	snprintf(extra, sizeof(extra), "  workers: 1\n  replicas: 1\n  backups: [127.0.0.1:%d]\n",
+		 tu_free_port());
+	write_cfg("r", 1, 0, ck, extra, path, sizeof(path));
+	char err[600];
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	for (int r = 0; r < 2; r++)
+		p[r] = tu_start_replica(path, dir, 0, r, 1);
+	ck_assert_msg(tu_replicas_healthy(&cfg, 1, 30) >= 0, "the pair did not form (logs in %s)",
+		      dir);
+	train(&cfg, 2);
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(tu_stop_server(p[r]), 0);
+	move_old(ck, "from1", 1, from, sizeof(from));
+	snprintf(a, sizeof(a), "%s/shard-0-r1.ckpt", ck);
+	snprintf(b, sizeof(b), "%s/shard-0-r1.ckpt", from);
+	ck_assert_int_eq(rename(a, b), 0);
+
+	snprintf(n1, sizeof(n1), "1");
+	snprintf(log, sizeof(log), "%s/new-r0.log", dir);
+	const char *argv[] = { "bin/ps-server", "--config", path, "--shard", "0", "--replica", "0",
+			       "--log-level", "info", "--reshard-from", from, "--reshard-shards", n1,
+			       NULL };
+	p[0] = tu_spawn(argv, log);
+	p[1] = tu_start_replica(path, dir, 0, 1, 1);
+	ck_assert_msg(tu_replicas_healthy(&cfg, 1, 30) >= 0, "the new pair did not form (logs in "
+		      "%s)", dir);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_int_eq(tu_replica_stats(&cfg, 0, r, -1, &st), 0);
+		ck_assert_msg(st.map_epoch == 1, "replica %d: map epoch %" PRIu64 " (logs in %s)", r,
+			      st.map_epoch, dir);
+	}
+	ck_assert_uint_eq(st.reshard_in_bytes, 0); /* the backup moved nothing in */
+	train(&cfg, 1);
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(tu_stop_server(p[r]), 0);
+	char *f = slurp(a);
+	ck_assert_msg(!strncmp(f, "PSCKPT05", 8), "%s: a version %.8s file, not 5 (of a state "
+		      "re-sharded)", a, f);
+	free(f);
+	ck_assert_int_eq(tu_rmtree(dir), 0);
+}
+END_TEST
+
 /* ---- one change at a time ---- */
 
 static struct ps_config lcfg;
@@ -619,6 +682,7 @@ int main(void)
 
 	tcase_set_timeout(tc, 180);
 	tcase_add_test(tc, test_epoch_2_3_2);
+	tcase_add_test(tc, test_epoch_replicated);
 	tcase_add_test(tc, test_one_change_at_a_time);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
