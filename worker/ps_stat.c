@@ -6,8 +6,12 @@
  * out as float32 (raw) and as sent (wire), push and pull latency p50/p99
  * from the difference of the shards' log2 histograms, the slowest and
  * fastest worker clock and the gap between them, the share of time the
- * optimizer ran, rejected frames and connections. A shard that cannot be
- * reached is shown as down with the reason; the rest still print.
+ * optimizer ran, rejected frames and connections; the membership and, once
+ * re-sharded or while a change is under way, each shard's map epoch and
+ * the change in progress. --reshard-stop and --reshard-cancel stop the
+ * shards for a live re-shard (server/stop.c) or take such a stop back. A
+ * shard that cannot be reached is shown as down with the reason; the rest
+ * still print.
  *
  * Exit status: 0 when every shard answered, 1 when one was down, 2 for a
  * usage or config error.
@@ -95,7 +99,9 @@ static void usage(FILE *f)
 		"spent applying the optimizer,\n"
 		"rejected frames and connections; with workers joining or leaving (an\n"
 		"elastic cluster), each shard's membership epoch, members and joins and\n"
-		"leaves. Rates cover the interval between two\n"
+		"leaves; once re-sharded or while a change is under way, each shard's map\n"
+		"epoch, what moved in at its start and the change in progress (a re-shard's\n"
+		"stop, a join, a leave). Rates cover the interval between two\n"
 		"samples. A shard that cannot be reached shows as down with the reason.\n"
 		"\n"
 		"Options:\n"
