@@ -396,6 +396,17 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 		snprintf(err, errlen, "only a worker may join or leave");
 		return;
 	}
+	if (s->stop_at && ((q->member_op == PS__MEMBER_OP__MEMBER_HOLD && !open_ivl(m, r)) ||
+			   (q->member_op == PS__MEMBER_OP__MEMBER_FREEZE && open_ivl(m, r)))) {
+		/* not mixed into a re-shard's stop (stop.c): the client asks
+		 * again once the stop is over (ps_client_members.c) */
+		st->member_status = PS_ERESHARD;
+		snprintf(err, errlen, "a re-shard is in progress: this shard stops at clock %" PRIu64
+			 " (%s); worker %d %s after it", s->stop_at, s->stop_committed ?
+			 "committed" : "prepared", r, q->member_op == PS__MEMBER_OP__MEMBER_HOLD ?
+			 "joins" : "leaves");
+		return;
+	}
 	if (q->member_op == PS__MEMBER_OP__MEMBER_FREEZE) {
 		freeze(s, r, st, err, errlen);
 		return;
@@ -555,18 +566,59 @@ int ps__members_fill_pull(const struct ps_server *s, uint64_t clock, Ps__PullRep
 	return 0;
 }
 
+int ps__members_pending(const struct ps_server *s, char *why, size_t len)
+{
+	const struct ps_members *m = s->members;
+
+	for (int r = 0; m && r < s->cfg->nworkers; r++) {
+		if (m->hold[r] != NONE) {
+			snprintf(why, len, "worker %d is joining at clock %" PRIu64 " (it holds that "
+				 "clock on shard %d): try again after it", r, m->hold[r] + 1, s->shard);
+			return 1;
+		}
+		if (m->freeze[r] != NONE) {
+			snprintf(why, len, "worker %d is leaving (counted at clock %" PRIu64 " on shard "
+				 "%d until it leaves): try again after it", r, m->freeze[r], s->shard);
+			return 1;
+		}
+	}
+	return 0;
+}
+
 int ps__members_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *q,
 		      Ps__Stats *st, char *err, size_t errlen)
 {
+	const struct ps_members *m = s->members;
 	uint64_t cur = ps__srv_resume_clock(s);
+	size_t nw = (size_t)s->cfg->nworkers;
+	uint64_t *clk;
 
 	err[0] = '\0';
 	if (q && q->member_op != PS__MEMBER_OP__MEMBER_NONE)
 		request(s, sc, q, st, err, errlen);
 	st->member_error = err;
-	st->members = malloc((size_t)s->cfg->nworkers * sizeof(*st->members));
+	/* one block, freed as st->members: the members, the joining and
+	 * leaving ranks, then their clocks */
+	st->members = malloc(nw * 3 * sizeof(int32_t) + 8 + nw * 2 * sizeof(uint64_t));
 	if (!st->members)
 		return -ENOMEM;
+	st->joining = st->members + nw;
+	st->leaving = st->joining + nw;
+	clk = (uint64_t *)((char *)st->members + ((nw * 3 * sizeof(int32_t) + 7) & ~(size_t)7));
+	st->joining_clock = clk;
+	st->leaving_clock = clk + nw;
+	for (size_t r = 0; r < nw; r++) {
+		if (m->hold[r] != NONE) {
+			st->joining[st->n_joining] = (int32_t)r;
+			st->joining_clock[st->n_joining++] = m->hold[r] + 1;
+		}
+		if (m->freeze[r] != NONE) {
+			st->leaving[st->n_leaving] = (int32_t)r;
+			st->leaving_clock[st->n_leaving++] = m->freeze[r];
+		}
+	}
+	st->n_joining_clock = st->n_joining;
+	st->n_leaving_clock = st->n_leaving;
 	st->n_members = members_at(s, cur, st->members);
 	st->member_current = cur;
 	st->member_epoch = ps__members_epoch(s, cur);
@@ -624,6 +676,7 @@ int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out)
 	out->hold = hold;
 	out->joins = m->joins;
 	out->leaves = m->leaves;
+	out->map_epoch = s->map_epoch; /* not membership, but sent with it: the snapshot */
 	m->dirty = 0;
 	return 0;
 }
@@ -646,9 +699,9 @@ int ps__members_repl_check(const struct ps_server *s, const Ps__ReplMembers *m, 
 		snprintf(why, len, "%zu holds for %d workers", m->n_hold, nw);
 		return 1;
 	}
-	if (m->joins >= PS_MAX_CLOCK || m->leaves >= PS_MAX_CLOCK) {
-		snprintf(why, len, "%" PRIu64 " joins and %" PRIu64 " leaves: out of range",
-			 m->joins, m->leaves);
+	if (m->joins >= PS_MAX_CLOCK || m->leaves >= PS_MAX_CLOCK || m->map_epoch >= PS_MAX_CLOCK) {
+		snprintf(why, len, "%" PRIu64 " joins and %" PRIu64 " leaves, map epoch %" PRIu64
+			 ": out of range", m->joins, m->leaves, m->map_epoch);
 		return 1;
 	}
 	if (m->n_freeze && m->n_freeze != (size_t)nw) {
@@ -728,6 +781,7 @@ int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *
 	}
 	mb->joins = m->joins;
 	mb->leaves = m->leaves;
+	s->map_epoch = m->map_epoch;
 	/* who the primary waits for: the same once this process serves */
 	for (int r = 0; r < nw; r++) {
 		struct ivl *v = open_ivl(mb, r);

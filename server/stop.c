@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include "ps_err.h"
 #include "ps_log.h"
+#include "members.h"
 #include "msg.h"
 #include "rows.h"
 #include "server_int.h"
@@ -57,8 +58,21 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 			ps_info("re-shard stop at clock %" PRIu64 " cancelled by %s: taking pushes again",
 				s->stop_at, sc->conn->peer);
 		s->stop_at = 0;
+		s->stop_owner = 0;
 		return 0;
 	}
+	/* one change at a time (docs/elastic.md, "Operations"): another
+	 * monitor's stop at another clock is another re-shard (the same clock
+	 * is the same stop, committed by whoever finishes it), and a join or
+	 * leave under way is finished first */
+	if (s->stop_at && m->stop_at != s->stop_at && sc->incarnation != s->stop_owner) {
+		snprintf(err, errlen, "another re-shard is in progress: shard %d holds a stop at "
+			 "clock %" PRIu64 " (%s) asked by another monitor", s->shard, s->stop_at,
+			 s->stop_committed ? "committed" : "prepared");
+		return PS_ESTATE;
+	}
+	if (!s->stop_at && ps__members_pending(s, err, errlen))
+		return PS_ESTATE;
 	if (!m->stop_at || m->stop_at >= PS_MAX_CLOCK) {
 		snprintf(err, errlen, "stop_at %" PRIu64 " out of range (1 to 2^53 - 1)", m->stop_at);
 		return PS_ECLOCK;
@@ -77,6 +91,8 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		ps_info("re-shard: stopping at clock %" PRIu64 " (asked by %s): pushes for it and "
 			"later are refused, to be sent again on the new map", m->stop_at,
 			sc->conn->peer);
+	if (!s->stop_at)
+		s->stop_owner = sc->incarnation;
 	s->stop_at = m->stop_at;
 	if (m->stop_commit && !s->stop_committed) {
 		s->stop_committed = 1;

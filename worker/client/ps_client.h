@@ -195,6 +195,17 @@ struct ps_shard_stats {
 	 * the highest clock of a push it took */
 	uint64_t stop_at, top_clock;
 	int stop_committed;
+	/* Re-sharding (docs/elastic.md, "Operations"): the map epoch (the
+	 * re-shards the shard's state went through, kept in its checkpoint);
+	 * what its --reshard-from start took in from other shard indices'
+	 * files (bytes of weights, optimizer state and rows; slices; rows).
+	 * Membership changes under way: the workers whose join holds a clock
+	 * there (the first 16) with the clock they join at the earliest, and
+	 * those leaving (async) with the clock they are counted at. */
+	uint64_t map_epoch, reshard_in_bytes, reshard_in_slices, reshard_in_rows;
+	int njoining, nleaving;
+	int joining[16], leaving[16];
+	uint64_t joining_clock[16], leaving_clock[16];
 };
 
 /* The rank of a reader: a read-only client that proves the reader key
@@ -379,7 +390,10 @@ uint64_t ps_client_clock(struct ps_client *c);
  * survived a crash and a shard passed its clock; reason in
  * ps_client_error). Under cluster.replicas: 1 each step is answered once
  * the shard's backup has it, so a failover between the steps loses
- * neither. */
+ * neither. While a re-shard's stop is pending on a shard (docs/elastic.md,
+ * "Operations") the join waits: asked again every 0.2 s for up to
+ * limits.reconnect_timeout_ms, then PS_ERESHARD; ps_client_leave_begin
+ * (async) the same. */
 int ps_client_join(struct ps_client *c);
 
 /* Ends clock (the worker's last; what it pushed for it counts) and leaves:
