@@ -800,6 +800,7 @@ int ps__rows_reset(struct ps_server *s)
 int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 {
 	int n = s->rows ? s->rows->ntables : 0;
+	double now = ps_now_s(), wall = ps_wall_s();
 	Ps__TableStats *ts;
 
 	if (!n)
@@ -831,6 +832,7 @@ int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 		ts[t].pushed_rows = tb->c.pushed;
 		ts[t].version = tb->version;
 		ts[t].checksum = ps_table_checksum(tb);
+		ts[t].epoch_unix = wall - (now - tb->epoch);
 		m->tables[t] = &ts[t];
 	}
 	m->n_tables = (size_t)n;

@@ -111,6 +111,11 @@ struct ps_table_stats {
 	 * the same (cluster.replicas: 1), and so does a restart from a
 	 * checkpoint */
 	uint64_t checksum;
+	/* The instant of the table's stamp 0 (the clock its rows' last-update
+	 * stamps and ttl count on) on the shard process's wall clock, seconds
+	 * since 1970: a primary and its backup on one host show the same,
+	 * after any number of takeovers */
+	double epoch_unix;
 };
 #define PS_STATS_MAX_TABLES 16
 /* Latency histogram buckets (the same value as histo.h's). */
