@@ -25,15 +25,20 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# free_port [TAKEN...]: a port nothing listens on, none of TAKEN
-free_port() {
-  local p
-  for _ in $(seq 100); do
-    p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768 on)
-    [[ " $* " == *" $p "* ]] && continue
-    (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
-  done
-}
+. tests/lib-ports.sh # free_port
+
+unset PS_SECRET_FILE
+cat > "$tmp/c.yaml" <<EOF
+cluster:
+  servers: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]
+  workers: 2
+model: {preset: mlp}
+train: {batch: 32, limit: 1280, metrics_dir: "$tmp/m"}
+security: {secret_file: c.secret}
+log: {level: info}
+EOF
+# the same cluster without a secret_file: ps-local.sh makes a secret itself
+sed '/^security:/d' "$tmp/c.yaml" > "$tmp/c2.yaml"
 # fresh_ports: new ports for the shards of c.yaml and c2.yaml, picked right
 # before each run that starts them: a port picked once at the top lies idle
 # between the runs, free to the tests of make test's other lane, and a
@@ -44,20 +49,6 @@ fresh_ports() {
   sed -i "s|^  servers: \[127\.0\.0\.1:.*\]|  servers: [127.0.0.1:$p0, 127.0.0.1:$p1]|" \
     "$tmp/c.yaml" "$tmp/c2.yaml"
 }
-
-unset PS_SECRET_FILE
-cat > "$tmp/c.yaml" <<EOF
-cluster:
-  servers: [127.0.0.1:20000, 127.0.0.1:20001]
-  workers: 2
-model: {preset: mlp}
-train: {batch: 32, limit: 1280, metrics_dir: "$tmp/m"}
-security: {secret_file: c.secret}
-log: {level: info}
-EOF
-# the same cluster without a secret_file: ps-local.sh makes a secret itself
-sed '/^security:/d' "$tmp/c.yaml" > "$tmp/c2.yaml"
-fresh_ports
 
 # ps-keygen: 64 hex digits, mode 0600, no overwriting without --force
 scripts/ps-keygen "$tmp/c.secret" 2>/dev/null
@@ -257,12 +248,11 @@ expect "no process left after ps-local.sh" [ "$(pgrep -fc -- "--config $tmp/c.ya
 
 # cluster.replicas: 1 through ps-cluster.sh: every shard's backup starts
 # too, forms its pair (ps-stat), the workers train, and stop ends all
-# (ports below the kernel's ephemeral range, free_port's, four different
-# ones: the processes dial each other as they start, and a dial's source
-# port must not take a port another process is about to listen on)
-rp0=$(free_port); rp1=$(free_port $rp0); rp2=$(free_port $rp0 $rp1); rp3=$(free_port $rp0 $rp1 $rp2)
-awk -v s="  servers: [127.0.0.1:$rp0, 127.0.0.1:$rp1]" \
-  -v b="  backups: [127.0.0.1:$rp2, 127.0.0.1:$rp3]" \
+# (ports below the kernel's ephemeral range: the processes dial each other
+# as they start, and a dial's source port must not take a port another
+# process is about to listen on)
+awk -v s="  servers: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]" \
+  -v b="  backups: [127.0.0.1:$(free_port), 127.0.0.1:$(free_port)]" \
   '/^  servers:/ { print s; print b; print "  replicas: 1"; next } { print }' "$tmp/c.yaml" > "$tmp/r.yaml"
 cp "$tmp/c.secret" "$tmp/r.secret" 2>/dev/null; sed -i 's/secret_file: c.secret/secret_file: r.secret/' "$tmp/r.yaml"
 PS_REPL_KEY_FILE= scripts/ps-cluster.sh "$tmp/r.yaml" start --dry-run --ssh "$tmp/ssh" >/dev/null 2>"$tmp/norepl.err"
