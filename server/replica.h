@@ -241,11 +241,11 @@ int ps__repl_tables_part(struct ps_server *s, const Ps__ReplSnapshot *m,
 			 const struct ps_frame *f);
 int ps__repl_tables_restore(struct ps_server *s, const double *clocks);
 /* The seconds since the primary read its tables' clocks at `wall` on its
- * wall clock (0: not sent), by this host's wall clock when that lies
- * within a second of [lo, hi], the bounds this process saw of that delay
- * (the margin: the hosts' clock skew); else lo, with a warning naming
- * what (the transfer, a batch) and the difference. */
-double ps__repl_since_wall(double wall, double lo, double hi, const char *what);
+ * wall clock (0: not sent), by this host's wall clock (now wall_now) when
+ * that lies within a second of [lo, hi], the bounds this process saw of
+ * that delay (the margin: the hosts' clock skew); else lo, with a warning
+ * naming what (the transfer, a batch) and the difference. */
+double ps__repl_since_wall(double wall, double wall_now, double lo, double hi, const char *what);
 /* replica_decl.c: declarations. The primary notes a worker's Declare it
  * adopted (values: the payload, len bytes) or DeclareTables (the tables
  * now last in s->rows) for the batch being gathered; the batch's copies

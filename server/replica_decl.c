@@ -85,7 +85,7 @@ void ps__repl_note_declare_tables(struct ps_server *s, const Ps__DeclareTables *
 {
 	struct ps_repl_batch *b = &s->repl->b;
 	int first = s->rows->ntables - (int)m->n_tables;
-	double now = ps_now_s(), wall = ps_wall_s();
+	double now, wall = ps_wall_mono_s(&now);
 	Ps__DeclareTables *d;
 
 	if (s->repl->state != PS_REPL_PRIMARY)
@@ -150,8 +150,9 @@ void ps__repl_decl_fill(struct ps_repl_batch *b, Ps__ReplBatch *m, uint64_t offs
 static void tables_as_primary(struct ps_server *s, int first, size_t n, const double *clocks,
 			      double wall, const uint64_t *versions)
 {
-	double now = ps_now_s() - ps__repl_since_wall(wall, 0, 0, "a declaration of tables");
+	double now, wnow = ps_wall_mono_s(&now);
 
+	now -= ps__repl_since_wall(wall, wnow, 0, 0, "a declaration of tables");
 	for (size_t i = 0; i < n; i++) {
 		struct ps_table *tb = &s->rows->t[first + (int)i].tb;
 		tb->epoch = now - clocks[i];

@@ -33,9 +33,9 @@
 #include "server_int.h"
 #include "table_ckpt.h"
 
-double ps__repl_since_wall(double wall, double lo, double hi, const char *what)
+double ps__repl_since_wall(double wall, double wall_now, double lo, double hi, const char *what)
 {
-	double d = ps_wall_s() - wall;
+	double d = wall_now - wall;
 
 	if (!wall)
 		return lo;
@@ -233,7 +233,7 @@ int ps__repl_send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSn
 {
 	size_t len = ps__rows_ckpt_size(s), chunk = s->cfg->limits.max_frame_bytes / 2;
 	uint8_t *img = malloc(len ? len : 1);
-	double now = ps_now_s(), wall = ps_wall_s();
+	double now, wall = ps_wall_mono_s(&now);
 	int rc = 0;
 
 	if (!img)
@@ -313,8 +313,8 @@ static void tables_restamp(struct ps_server *s, const double *clocks)
 {
 	struct ps_repl *rp = s->repl;
 	const uint8_t *b = rp->snap_tables;
-	double now = ps_now_s();
-	double since = ps__repl_since_wall(rp->snap_tables_wall, now - rp->snap_tables_at,
+	double now, wnow = ps_wall_mono_s(&now);
+	double since = ps__repl_since_wall(rp->snap_tables_wall, wnow, now - rp->snap_tables_at,
 					   now - rp->snap_started, "the state transfer");
 
 	for (int t = 0; t < s->rows->ntables; t++) {

@@ -800,7 +800,7 @@ int ps__rows_reset(struct ps_server *s)
 int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 {
 	int n = s->rows ? s->rows->ntables : 0;
-	double now = ps_now_s(), wall = ps_wall_s();
+	double now, wall = ps_wall_mono_s(&now);
 	Ps__TableStats *ts;
 
 	if (!n)
