@@ -28,10 +28,16 @@
  *    (a join at P + s + 1 would be exact too, but puts the joiner s
  *    clocks ahead, and its pulls wait until every member passes P + 1:
  *    for ever when s is large and a member is slow).
- *  - a leave in async mode with s > 0 starts with FREEZE: the
- *    slowest-clock rule counts the leaver at most at F (its ended clock, or
- *    the highest clock answered less s) until it leaves, so no worker is
- *    told a clock past F + s; the leaver trains up to there and leaves.
+ *  - a leave in async mode with s > 0 starts with FREEZE: F is the
+ *    leaver's ended clock or the highest clock answered for a pull, if
+ *    higher (those may have been told with it), raised by a second FREEZE
+ *    to the highest F of every shard; until it leaves no pull of another
+ *    worker past F is answered (ps__members_pull_cap), so no worker is
+ *    told a later clock with it; the leaver trains up to F and leaves. (F
+ *    + s, counting the leaver at F for the slowest-clock rule and letting
+ *    the others run, was exact too, but beside a member that never ends a
+ *    clock the others could run s clocks on, and the leaver with them: for
+ *    ever when s is large.)
  * With checkpoint.dir set, the intervals are kept in a file beside the
  * checkpoint (shard-K.members), written before a join or leave is
  * answered: they are facts about clocks the whole cluster agreed on, not
@@ -356,28 +362,42 @@ static uint64_t first_open(struct ps_server *s, int rank)
 	return p;
 }
 
-/* MEMBER_FREEZE: rank r (a member) is about to leave; from now on the
- * slowest-clock rule counts it at most at F, its ended clock or, if
- * higher, the highest clock this shard told of less the staleness: no
- * worker is told a clock past F + staleness before it leaves, and it
- * trains up to there (docs/reliability.md, "Data"). */
-static void freeze(struct ps_server *s, int r, Ps__Stats *st, char *err, size_t errlen)
+/* MEMBER_FREEZE: rank r (a member) is about to leave. The first asks
+ * freeze it at F, its ended clock or, if higher, the highest clock this
+ * shard answered a pull for: those clocks may have been told with r as a
+ * member, so r trains up to there; until it leaves, no other worker's pull
+ * past F is answered (ps__members_pull_cap), so no clock after F is told
+ * with it. A FREEZE with member_clock `at` (the client's second round:
+ * the highest F of every shard) raises F to it, never lowers it
+ * (docs/reliability.md, "Data"). */
+static void freeze(struct ps_server *s, int r, uint64_t at, Ps__Stats *st, char *err,
+		   size_t errlen)
 {
 	struct ps_members *m = s->members;
-	uint64_t sl = (uint64_t)s->cfg->staleness, f = s->finished[r];
+	uint64_t f = s->finished[r];
 
 	if (!open_ivl(m, r)) {
 		st->member_status = PS_EREFUSED;
 		snprintf(err, errlen, "worker %d is not a member: it has nothing to leave", r);
 		return;
 	}
+	if (at >= PS_MAX_CLOCK) {
+		st->member_status = PS_EPROTO;
+		snprintf(err, errlen, "worker %d: a leave at clock %" PRIu64 ": out of range (at "
+			 "most 2^53 - 1)", r, at);
+		return;
+	}
 	if (m->freeze[r] == NONE) {
-		if (m->told > sl && m->told - sl > f)
-			f = m->told - sl;
-		m->freeze[r] = f;
+		f = m->told > f ? m->told : f;
+		m->freeze[r] = at > f ? at : f;
 		m->dirty = 1;
-		ps_info("worker %d leaving: counted at clock %" PRIu64 " at most until it leaves, "
-			"so no worker is told a clock past %" PRIu64 " with it", r, f, f + sl);
+		ps_info("worker %d leaving: it trains up to clock %" PRIu64 "; until it leaves no "
+			"other worker is told a later clock", r, m->freeze[r]);
+	} else if (at > m->freeze[r]) {
+		m->freeze[r] = at;
+		m->dirty = 1;
+		ps_info("worker %d leaving: it trains up to clock %" PRIu64 " (another shard's "
+			"clock)", r, at);
 	}
 	st->member_clock = m->freeze[r];
 }
@@ -408,7 +428,7 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 		return;
 	}
 	if (q->member_op == PS__MEMBER_OP__MEMBER_FREEZE) {
-		freeze(s, r, st, err, errlen);
+		freeze(s, r, q->member_clock, st, err, errlen);
 		return;
 	}
 	if ((v = open_ivl(m, r))) {
@@ -484,25 +504,38 @@ void ps__members_tick(struct ps_server *s, double now)
 		advance(s);
 }
 
-uint64_t ps__members_pull_cap(const struct ps_server *s)
+uint64_t ps__members_pull_cap(const struct ps_server *s, int rank)
 {
 	const struct ps_members *m = s->members;
 	uint64_t cap = UINT64_MAX;
 
 	if (!m || s->cfg->consistency != PS_ASYNC)
 		return cap;
-	for (int r = 0; r < s->cfg->nworkers; r++)
+	for (int r = 0; r < s->cfg->nworkers; r++) {
 		if (m->hold[r] != NONE && m->hold[r] < cap)
 			cap = m->hold[r];
+		/* a leaver's own pulls go on to its last clock */
+		if (r != rank && m->freeze[r] != NONE && m->freeze[r] < cap)
+			cap = m->freeze[r];
+	}
 	return cap;
+}
+
+void ps__members_unfreeze(struct ps_server *s, int rank, const char *why)
+{
+	if (!s->members || s->members->freeze[rank] == NONE)
+		return;
+	ps_info("worker %d's leave (at clock %" PRIu64 ") given up: %s", rank,
+		s->members->freeze[rank], why);
+	s->members->freeze[rank] = NONE; /* no longer waited for */
+	s->members->dirty = 1;
+	if (s->waiting) /* pulls the freeze kept back (ps__members_pull_cap) */
+		ps__srv_answer_pulls(s);
 }
 
 void ps__members_cancel(struct ps_server *s, int rank)
 {
-	if (s->members && s->members->freeze[rank] != NONE) {
-		s->members->freeze[rank] = NONE; /* dropped: no longer waited for */
-		s->members->dirty = 1;
-	}
+	ps__members_unfreeze(s, rank, "it went away");
 	if (s->members && s->members->hold[rank] != NONE) {
 		ps_info("worker %d's join (held at clock %" PRIu64 ") given up: it went away",
 			rank, s->members->hold[rank]);
@@ -577,7 +610,7 @@ int ps__members_pending(const struct ps_server *s, char *why, size_t len)
 			return 1;
 		}
 		if (m->freeze[r] != NONE) {
-			snprintf(why, len, "worker %d is leaving (counted at clock %" PRIu64 " on shard "
+			snprintf(why, len, "worker %d is leaving (it trains up to clock %" PRIu64 " on shard "
 				 "%d until it leaves): try again after it", r, m->freeze[r], s->shard);
 			return 1;
 		}

@@ -48,13 +48,18 @@ void ps__members_leave(struct ps_server *s, int rank, uint64_t clock);
  * gone), so the clock it held goes on. */
 void ps__members_tick(struct ps_server *s, double now);
 
-/* Async: the highest clock a pull may be answered for now: while a join
- * holds a clock, none past it (so the join's clock is exact); UINT64_MAX
- * when no hold pends, or in sync mode. */
-uint64_t ps__members_pull_cap(const struct ps_server *s);
+/* Async: the highest clock a pull of rank may be answered for now: while
+ * a join holds a clock, or another rank's leave froze one (MEMBER_FREEZE),
+ * none past it (so the join's and the leave's clocks are exact);
+ * UINT64_MAX when none pends, or in sync mode. */
+uint64_t ps__members_pull_cap(const struct ps_server *s, int rank);
 
-/* Rank's connections are gone: a join it held is given up. */
+/* Rank's connections are gone: a join it held and a leave it began are
+ * given up. */
 void ps__members_cancel(struct ps_server *s, int rank);
+/* A leave rank began is given up (why: for the log); the pulls it held
+ * back are answered. */
+void ps__members_unfreeze(struct ps_server *s, int rank, const char *why);
 
 /* Membership changes in effect at clock c (the epoch of clock c). */
 uint64_t ps__members_epoch(const struct ps_server *s, uint64_t c);

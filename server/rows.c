@@ -804,6 +804,7 @@ int ps__rows_reset(struct ps_server *s)
 int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 {
 	int n = s->rows ? s->rows->ntables : 0;
+	double now, wall = ps_wall_mono_s(&now);
 	Ps__TableStats *ts;
 
 	if (!n)
@@ -835,6 +836,7 @@ int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 		ts[t].pushed_rows = tb->c.pushed;
 		ts[t].version = tb->version;
 		ts[t].checksum = ps_table_checksum(tb);
+		ts[t].epoch_unix = wall - (now - tb->epoch);
 		m->tables[t] = &ts[t];
 	}
 	m->n_tables = (size_t)n;

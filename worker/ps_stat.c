@@ -730,11 +730,12 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 				",\"filter_ids\":%" PRIu64 ",\"filter_bytes\":%" PRIu64
 				",\"filter_lookups\":%" PRIu64 ",\"filter_hits\":%" PRIu64
 				",\"pulled_rows\":%" PRIu64 ",\"pushed_rows\":%" PRIu64
-				",\"version\":%" PRIu64 ",\"checksum\":\"%016" PRIx64 "\"}", ts->dim,
+				",\"version\":%" PRIu64 ",\"checksum\":\"%016" PRIx64 "\","
+				"\"epoch_unix\":%.6f}", ts->dim,
 				ts->rows, ts->bytes, ts->admitted, ts->evicted, ts->cap_rows,
 				ts->expired, ts->filter_ids, ts->filter_bytes, ts->filter_lookups,
 				ts->filter_hits, ts->pulled_rows, ts->pushed_rows, ts->version,
-				ts->checksum);
+				ts->checksum, ts->epoch_unix);
 		}
 		fputc(']', f);
 		if (rows[k].up) {

@@ -45,7 +45,7 @@ static PyObject *table_dict(const struct ps_table_stats *t)
 	    U64(d, t, admitted) || U64(d, t, evicted) || U64(d, t, cap_rows) || U64(d, t, expired) ||
 	    U64(d, t, filter_ids) || U64(d, t, filter_bytes) || U64(d, t, filter_lookups) ||
 	    U64(d, t, filter_hits) || U64(d, t, pulled_rows) || U64(d, t, pushed_rows) ||
-	    U64(d, t, version) || U64(d, t, checksum)) {
+	    U64(d, t, version) || U64(d, t, checksum) || DBL(d, t, epoch_unix)) {
 		Py_DECREF(d);
 		return NULL;
 	}

@@ -111,6 +111,11 @@ struct ps_table_stats {
 	 * the same (cluster.replicas: 1), and so does a restart from a
 	 * checkpoint */
 	uint64_t checksum;
+	/* The instant of the table's stamp 0 (the clock its rows' last-update
+	 * stamps and ttl count on) on the shard process's wall clock, seconds
+	 * since 1970: a primary and its backup on one host show the same,
+	 * after any number of takeovers */
+	double epoch_unix;
 };
 #define PS_STATS_MAX_TABLES 16
 /* Latency histogram buckets (the same value as histo.h's). */
@@ -408,15 +413,14 @@ int ps_client_leave(struct ps_client *c, uint64_t clock);
  * with PS_PUSH_END_CLOCK | PS_PUSH_LEAVE; the clocks before it as usual).
  * Sync, or async with consistency.staleness 0: the current clock
  * (ps_client_clock), nothing asked of the shards. Async with staleness s:
- * every shard counts this worker at most at its clock now (or the highest
- * clock it answered a pull for, less s) for the slowest-clock rule until
- * it leaves, so no worker is told a clock past that plus s with it as a
- * member; *last is that clock, up to s clocks past the current one, and
- * the others wait there until this worker's push of *last leaves (or it is
- * dropped): train through it. (A worker that only calls ps_client_leave
- * leaves at once, and with s > 0 the others may have been told up to s
- * clocks with it as a member.) 0 or a negative code (the reason in
- * ps_client_error). */
+ * *last is the highest clock any shard may have told a worker with this
+ * one as a member (at least the current clock: at most as far as the
+ * fastest worker got), and no shard tells another worker a later clock
+ * until this worker's push of *last leaves (or it is dropped, or another
+ * process of its rank connects): train through it; the others wait
+ * there. (A worker that only calls ps_client_leave leaves at once, and
+ * with s > 0 the others may have been told up to s clocks with it as a
+ * member.) 0 or a negative code (the reason in ps_client_error). */
 int ps_client_leave_begin(struct ps_client *c, uint64_t *last);
 
 /* The membership of a clock, as the last pull reply told it. */

@@ -154,7 +154,7 @@ int ps_client_join(struct ps_client *c)
 int ps_client_leave_begin(struct ps_client *c, uint64_t *last)
 {
 	static __thread struct ps_shard_stats st;
-	uint64_t clock, f = 0, sl = (uint64_t)c->cfg->staleness;
+	uint64_t clock, f, sl = (uint64_t)c->cfg->staleness;
 	double since = 0;
 	int rc;
 
@@ -163,28 +163,31 @@ int ps_client_leave_begin(struct ps_client *c, uint64_t *last)
 	pthread_mutex_lock(&c->mu);
 	clock = c->clock;
 	pthread_mutex_unlock(&c->mu);
-	*last = clock;
+	*last = f = clock;
 	if (c->cfg->consistency != PS_ASYNC || !sl)
 		return 0; /* the members of a clock are final before anyone starts it */
-	/* every shard counts this worker at most at its F for the
-	 * slowest-clock rule: no worker is told a clock past F + staleness
-	 * with it, and it trains up to there */
-	for (int k = 0; k < c->cfg->nshards; k++) {
-		rc = member_step(c, k, PS__MEMBER_OP__MEMBER_FREEZE, 0, &st);
-		if (!rc && st.member_status == PS_ERESHARD &&
-		    again_after_reshard(c, k, "the leave", st.member_error, &since)) {
-			k--; /* this shard again (a freeze taken stays: it only lowers) */
-			continue;
+	/* each shard freezes this worker at F, the highest clock it may have
+	 * told with it as a member, and tells no other worker a later clock
+	 * until it leaves; the second round raises every shard's F to the
+	 * highest, the last clock this worker trains */
+	for (int round = 0; round < 2; round++)
+		for (int k = 0; k < c->cfg->nshards; k++) {
+			rc = member_step(c, k, PS__MEMBER_OP__MEMBER_FREEZE, round ? f : 0, &st);
+			if (!rc && st.member_status == PS_ERESHARD &&
+			    again_after_reshard(c, k, "the leave", st.member_error, &since)) {
+				k--; /* this shard again (a freeze taken stays: it is never lowered) */
+				continue;
+			}
+			if (!rc && st.member_status < 0) {
+				ps__client_set_err(c, "leave refused by shard %d: %s", k,
+						   st.member_error);
+				rc = st.member_status;
+			}
+			if (rc)
+				return rc;
+			f = st.member_clock > f ? st.member_clock : f;
 		}
-		if (!rc && st.member_status < 0) {
-			ps__client_set_err(c, "leave refused by shard %d: %s", k, st.member_error);
-			rc = st.member_status;
-		}
-		if (rc)
-			return rc;
-		f = st.member_clock > f ? st.member_clock : f;
-	}
-	*last = f + sl > clock ? f + sl : clock;
+	*last = f;
 	ps_info("worker %d leaving: it trains up to clock %llu and leaves with that push", c->rank,
 		(unsigned long long)*last);
 	return 0;

@@ -234,6 +234,7 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 		ts->pushed_rows = t->pushed_rows;
 		ts->version = t->version;
 		ts->checksum = t->checksum;
+		ts->epoch_unix = t->epoch_unix;
 		o->ntables = (int)i + 1;
 	}
 	o->checkpoint_status = m->checkpoint_status;
