@@ -501,7 +501,7 @@ static void changes(const struct ps_shard_stats *x, char *buf, size_t len)
 		ADD("%sworker %d joining at clock %" PRIu64, at ? "; " : "", x->joining[i],
 		    x->joining_clock[i]);
 	for (int i = 0; i < x->nleaving && i < 16; i++)
-		ADD("%sworker %d leaving (counted at clock %" PRIu64 ")", at ? "; " : "",
+		ADD("%sworker %d leaving (trains up to clock %" PRIu64 ")", at ? "; " : "",
 		    x->leaving[i], x->leaving_clock[i]);
 	if (!at)
 		ADD("-");
