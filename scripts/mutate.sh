@@ -97,15 +97,15 @@ suites_for() {
     server/table.c|server/table_admit.c)
                                echo check_rows it_rows_model it_rows it_reshard san:check_rows ;;
     server/table_ckpt.c)       echo it_rows it_rows_model it_export.sh test_export.py ;;
-    server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases san:it_rows ;;
-    worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py ;;
+    server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases it_reshard_rows san:it_rows ;;
+    worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
     worker/client/ps_client_members.c) echo it_elastic test_elastic.py ;;
     # the live re-shard: the client following a new map, the shards' stop
-    worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_live.sh test_reshard_live.py ;;
-    server/stop.c)             echo it_reshard_live it_reshard_live.sh ;;
+    worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_live.sh test_reshard_live.py ;;
+    server/stop.c)             echo it_reshard_live it_reshard_rows it_reshard_live.sh ;;
     # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)
     worker/ctr_model.c|worker/ctr_train.c) echo it_ctr it_elastic@test_ctr_data_once ;;
     worker/stop_signal.c)      echo it_elastic@test_ctr_data_once,test_worker_data_once ;;

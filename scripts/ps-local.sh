@@ -31,9 +31,8 @@
 # new shards. This command prints the outcome and exits with its status;
 # a refusal (a shard down) leaves the run going on CONFIG. With
 # cluster.replicas: 1 both processes of every old pair stop (the backup
-# follows its primary's stop) and both of every new pair start. What is
-# not built live (embedding tables) is re-sharded by restart, as it is
-# with --restart or without a running ps-local.sh:
+# follows its primary's stop) and both of every new pair start. It is
+# re-sharded by restart with --restart or without a running ps-local.sh:
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
 # with other cluster.servers (and cluster.backups: with cluster.replicas: 1
 # the backups start from the old files too; refused, naming the first
@@ -106,12 +105,20 @@ mkdir -p "$LOGDIR"
 
 # ---- reshard: stop CONFIG's cluster, set its checkpoints aside, go on with NEW_CONFIG ----
 reshard_args=()
-# pids of program NAME (ps-server, ps-worker) whose command line names CONFIG
+# pids of program NAME (ps-server, ps-worker) whose --config is the file
+# CONFIG, however either path is written (relative to the process's own
+# folder, or through links)
 pids_of() {
-  local pid args
+  local pid got want
+  want=$(realpath -m -- "$2")
   for pid in $(pgrep -x "$1" 2>/dev/null); do
-    args=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || continue
-    case " $args" in *" --config $2 "*) echo "$pid" ;; esac
+    got=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/cmdline" | sed -n '/^--config$/{n;p;q}') || continue
+    [ -n "$got" ] || continue
+    case $got in
+      /*) ;;
+      *) got=$(readlink "/proc/$pid/cwd" 2>/dev/null)/$got || continue ;;
+    esac
+    [ "$(realpath -m -- "$got")" = "$want" ] && echo "$pid"
   done
 }
 # waits (300 s at most) until none of the pids runs; 1 when some still do
@@ -293,7 +300,7 @@ live_reshard_ask() {
   [ -f "$ctl/reshard-result" ] || { echo "ps-local.sh: reshard: no answer within 600 s; see $ctl" >&2; exit 1; }
   read -r rc msg <"$ctl/reshard-result"
   echo "ps-local.sh: reshard: $msg"
-  # 3: not built live for this config (embedding tables), nothing changed
+  # 3: not built live for this config (shards of an earlier build), nothing changed
   [ "$rc" = 3 ] && { echo "ps-local.sh: reshard: re-sharding by restart instead"; return 0; }
   exit "$rc"
 }

@@ -460,6 +460,10 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	st.stop_at = s->stop_at;
 	st.stop_committed = s->stop_committed;
 	st.top_clock = s->top_clock;
+	st.map_epoch = s->map_epoch;
+	st.reshard_in_bytes = s->reshard_in_bytes;
+	st.reshard_in_slices = s->reshard_in_slices;
+	st.reshard_in_rows = s->reshard_in_rows;
 	st.n_workers = (size_t)nw;
 	st.workers = wp;
 	st.max_clock_gap = s->c.max_clock_gap;

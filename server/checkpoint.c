@@ -28,6 +28,11 @@
  * optimizer groups and bit 1 declared tables. The tables' rows follow the
  * finished clocks as for the config's tables (table_ckpt.c), the config's
  * tables first, then the declared ones in this order.
+ *
+ * Versions 5..8 are versions 1..4 of a state that went through a re-shard
+ * (bit 2, CKPT_V_EPOCH): a struct ckpt_map with its map epoch follows the
+ * finished clocks, before the tables' rows. A file without it loads as
+ * epoch 0, and a shard of epoch 0 writes versions 1..4 as before.
  */
 #define _GNU_SOURCE /* mkostemp */
 #include <errno.h>
@@ -56,10 +61,11 @@ void ps_checkpoint_path(const char *dir, int shard, char *buf, size_t len)
 	snprintf(buf, len, "%s/shard-%d.ckpt", dir, shard);
 }
 
-/* The file version s's state takes: 1..4 (see the head of this file). */
+/* The file version s's state takes: 1..8 (see the head of this file). */
 static int file_version(const struct ps_server *s)
 {
-	return 1 + (s->cfg->ngroups ? CKPT_V_GROUPS : 0) + (s->cfg->ndecl_tables ? CKPT_V_TABLES : 0);
+	return 1 + (s->cfg->ngroups ? CKPT_V_GROUPS : 0) + (s->cfg->ndecl_tables ? CKPT_V_TABLES : 0) +
+	       (s->map_epoch ? CKPT_V_EPOCH : 0);
 }
 
 /* The magic of version v, full or incremental (8 bytes, no NUL). */
@@ -122,14 +128,21 @@ static void fault_point(const char *step)
  * under PS_MAX_CLOCK (wire.h). */
 #define CKPT_MAX_COUNT PS_MAX_CLOCK
 
-static size_t image_size(const struct ps_server *s)
+/* The dense part's bytes, with the map epoch's record or without. */
+static size_t image_size_v(const struct ps_server *s, int with_epoch)
 {
-	size_t n = sizeof(struct ckpt_hdr) + decl_size(s) + (size_t)s->cfg->nworkers * sizeof(uint64_t);
+	size_t n = sizeof(struct ckpt_hdr) + decl_size(s) + (size_t)s->cfg->nworkers * sizeof(uint64_t) +
+		   (with_epoch ? sizeof(struct ckpt_map) : 0);
 
 	for (int k = 0; k < s->store.nslots; k++)
 		n += sizeof(struct ckpt_slot) + (size_t)s->store.slots[k].slice->count *
 			sizeof(float) * (size_t)(1 + s->store.slots[k].opt->nstate);
 	return n;
+}
+
+static size_t image_size(const struct ps_server *s)
+{
+	return image_size_v(s, s->map_epoch != 0);
 }
 
 /* Allocates img (len bytes) and copies the dense state into its start
@@ -196,6 +209,11 @@ static int snapshot_dense(const struct ps_server *s, struct ps_ckpt_image *img, 
 			memcpy(b + pos, sl->state[j], n);
 	}
 	memcpy(b + pos, s->finished, (size_t)s->cfg->nworkers * sizeof(uint64_t));
+	pos += (size_t)s->cfg->nworkers * sizeof(uint64_t);
+	if (s->map_epoch) {
+		struct ckpt_map cm = { .epoch = s->map_epoch };
+		memcpy(b + pos, &cm, sizeof(cm));
+	}
 	return 0;
 }
 
@@ -547,6 +565,7 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, int 
 {
 	enum { CHUNK = 1 << 20 };
 	struct ckpt_hdr h, want;
+	struct ckpt_map cmap = { 0, 0 };
 	struct stat st;
 	uint64_t len, pos, need, max_finished = 0, max_version = 0, *fin = NULL;
 	int nw = s->cfg->nworkers, rc = 0, fd, version;
@@ -580,7 +599,7 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, int 
 	if (read_at(fd, &h, sizeof(h), 0))
 		FAIL(PS_EPROTO, "%s: cannot read its header: %s", path, strerror(errno));
 	version = 0;
-	for (int v = 1; v <= 4 && !version; v++) {
+	for (int v = 1; v <= CKPT_V_MAX && !version; v++) {
 		char mg[8];
 		magic_of(v, delta != 0, mg);
 		if (!memcmp(h.magic, mg, 8))
@@ -609,11 +628,12 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, int 
 	if (decl_only)
 		goto out;
 	fill_hdr(s, &want);
-	if (version != file_version(s))
+	/* the map epoch's bit is the file's own (any epoch loads) */
+	if (((version - 1) & ~CKPT_V_EPOCH) != ((file_version(s) - 1) & ~CKPT_V_EPOCH))
 		FAIL(PS_ECONFIG, "%s: a version %d checkpoint, this shard's tensors %s optimizer "
 		     "groups and it %s declared tables (version %d)", path, version,
 		     s->cfg->ngroups ? "have" : "have no", s->cfg->ndecl_tables ? "has" : "has no",
-		     file_version(s));
+		     ((file_version(s) - 1) & ~CKPT_V_EPOCH) + 1 + ((version - 1) & CKPT_V_EPOCH));
 	if (h.shard != want.shard)
 		FAIL(PS_ECONFIG, "%s: belongs to shard %d, this is shard %d", path, h.shard,
 		     want.shard);
@@ -643,7 +663,7 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, int 
 		     want.nslots);
 	/* the header matches this shard, so the file's size is known before
 	 * anything big is read or allocated */
-	need = image_size(s) + sizeof(crc);
+	need = image_size_v(s, (version - 1) & CKPT_V_EPOCH) + sizeof(crc);
 	/* embedding tables follow, their size known only from their headers
 	 * (checked after the checksum) */
 	if (s->cfg->ntables ? len < need : len != need)
@@ -694,6 +714,13 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, int 
 		if (fin[r] > max_finished)
 			max_finished = fin[r];
 	}
+	if ((version - 1) & CKPT_V_EPOCH) {
+		if (read_at(fd, &cmap, sizeof(cmap), pos + (uint64_t)nw * sizeof(uint64_t)))
+			FAIL(PS_EPROTO, "%s: cannot read: %s", path, strerror(errno));
+		if (cmap.epoch >= CKPT_MAX_COUNT)
+			FAIL(PS_EPROTO, "%s: map epoch %" PRIu64 ", more re-shards than any run makes "
+			     "(damaged?)", path, cmap.epoch);
+	}
 	/* sync: a slice's version counts the clocks applied, and a worker
 	 * finished each of them first */
 	if (s->cfg->consistency == PS_SYNC && max_version > max_finished)
@@ -736,6 +763,7 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, int 
 		sl->steps = cs.steps;
 	}
 	memcpy(s->finished, fin, (size_t)nw * sizeof(uint64_t));
+	s->map_epoch = cmap.epoch;
 	if (s->cfg->ntables) {
 		char why[300];
 		rc = delta ? ps__rows_delta_restore(s, fd, need - sizeof(crc), why, sizeof(why))

@@ -18,11 +18,17 @@
 #define CKPT_MAGIC2 "PSCKPT02"
 #define CKPT_DELTA2 "PSDELTA2"
 #define CKPT_ENDIAN 0x01020304u
-/* Versions 1..4: bits of version - 1 (checkpoint.c's head): optimizer
+/* Versions 1..8: bits of version - 1 (checkpoint.c's head): optimizer
  * groups, declared tables (a section after the declared tensors and groups,
- * server/decl_tables.c). The magic of version v: "PSCKPT0" v, "PSDELTA" v. */
+ * server/decl_tables.c), the map epoch. The magic of version v: "PSCKPT0" v, "PSDELTA" v. */
 #define CKPT_V_GROUPS 1
 #define CKPT_V_TABLES 2
+/* Bit 2 (versions 5..8): the state went through a re-shard; a struct
+ * ckpt_map follows the workers' finished clocks (before the tables' rows).
+ * A file without it is of map epoch 0, and a shard of epoch 0 writes none,
+ * so a cluster never re-sharded writes the files of builds before it. */
+#define CKPT_V_EPOCH 4
+#define CKPT_V_MAX 8
 
 struct ckpt_hdr {
 	char magic[8];
@@ -63,6 +69,13 @@ struct ckpt_slot {
 	uint64_t count;
 	uint64_t version;
 	uint64_t steps;
+};
+
+/* Versions 5..8: the map epoch, the number of re-shards the state went
+ * through (server/reshard.c: the old shards' epoch plus one). */
+struct ckpt_map {
+	uint64_t epoch;
+	uint64_t reserved;
 };
 
 /* ---- versions 3 and 4: the declared tables (server/decl_tables.c) ---- */

@@ -255,6 +255,12 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 	if (sc->rank >= 0) {
 		s->connected[sc->rank]++;
 		s->gone_since[sc->rank] = 0;
+		/* a leave the rank's last process began (it died before its
+		 * last clock) holds the others' pulls back: a new process of the
+		 * rank trains on as a member */
+		if (s->dedup[sc->rank].incarnation &&
+		    s->dedup[sc->rank].incarnation != sc->incarnation)
+			ps__members_unfreeze(s, sc->rank, "another process of its rank connected");
 		if (!s->live[sc->rank] && ps__members_current(s, sc->rank)) {
 			s->live[sc->rank] = 1;
 			ps_warn("worker %d rejoined (incarnation %016" PRIx64 ") at clock %" PRIu64,

@@ -28,10 +28,16 @@
  *    (a join at P + s + 1 would be exact too, but puts the joiner s
  *    clocks ahead, and its pulls wait until every member passes P + 1:
  *    for ever when s is large and a member is slow).
- *  - a leave in async mode with s > 0 starts with FREEZE: the
- *    slowest-clock rule counts the leaver at most at F (its ended clock, or
- *    the highest clock answered less s) until it leaves, so no worker is
- *    told a clock past F + s; the leaver trains up to there and leaves.
+ *  - a leave in async mode with s > 0 starts with FREEZE: F is the
+ *    leaver's ended clock or the highest clock answered for a pull, if
+ *    higher (those may have been told with it), raised by a second FREEZE
+ *    to the highest F of every shard; until it leaves no pull of another
+ *    worker past F is answered (ps__members_pull_cap), so no worker is
+ *    told a later clock with it; the leaver trains up to F and leaves. (F
+ *    + s, counting the leaver at F for the slowest-clock rule and letting
+ *    the others run, was exact too, but beside a member that never ends a
+ *    clock the others could run s clocks on, and the leaver with them: for
+ *    ever when s is large.)
  * With checkpoint.dir set, the intervals are kept in a file beside the
  * checkpoint (shard-K.members), written before a join or leave is
  * answered: they are facts about clocks the whole cluster agreed on, not
@@ -356,28 +362,42 @@ static uint64_t first_open(struct ps_server *s, int rank)
 	return p;
 }
 
-/* MEMBER_FREEZE: rank r (a member) is about to leave; from now on the
- * slowest-clock rule counts it at most at F, its ended clock or, if
- * higher, the highest clock this shard told of less the staleness: no
- * worker is told a clock past F + staleness before it leaves, and it
- * trains up to there (docs/reliability.md, "Data"). */
-static void freeze(struct ps_server *s, int r, Ps__Stats *st, char *err, size_t errlen)
+/* MEMBER_FREEZE: rank r (a member) is about to leave. The first asks
+ * freeze it at F, its ended clock or, if higher, the highest clock this
+ * shard answered a pull for: those clocks may have been told with r as a
+ * member, so r trains up to there; until it leaves, no other worker's pull
+ * past F is answered (ps__members_pull_cap), so no clock after F is told
+ * with it. A FREEZE with member_clock `at` (the client's second round:
+ * the highest F of every shard) raises F to it, never lowers it
+ * (docs/reliability.md, "Data"). */
+static void freeze(struct ps_server *s, int r, uint64_t at, Ps__Stats *st, char *err,
+		   size_t errlen)
 {
 	struct ps_members *m = s->members;
-	uint64_t sl = (uint64_t)s->cfg->staleness, f = s->finished[r];
+	uint64_t f = s->finished[r];
 
 	if (!open_ivl(m, r)) {
 		st->member_status = PS_EREFUSED;
 		snprintf(err, errlen, "worker %d is not a member: it has nothing to leave", r);
 		return;
 	}
+	if (at >= PS_MAX_CLOCK) {
+		st->member_status = PS_EPROTO;
+		snprintf(err, errlen, "worker %d: a leave at clock %" PRIu64 ": out of range (at "
+			 "most 2^53 - 1)", r, at);
+		return;
+	}
 	if (m->freeze[r] == NONE) {
-		if (m->told > sl && m->told - sl > f)
-			f = m->told - sl;
-		m->freeze[r] = f;
+		f = m->told > f ? m->told : f;
+		m->freeze[r] = at > f ? at : f;
 		m->dirty = 1;
-		ps_info("worker %d leaving: counted at clock %" PRIu64 " at most until it leaves, "
-			"so no worker is told a clock past %" PRIu64 " with it", r, f, f + sl);
+		ps_info("worker %d leaving: it trains up to clock %" PRIu64 "; until it leaves no "
+			"other worker is told a later clock", r, m->freeze[r]);
+	} else if (at > m->freeze[r]) {
+		m->freeze[r] = at;
+		m->dirty = 1;
+		ps_info("worker %d leaving: it trains up to clock %" PRIu64 " (another shard's "
+			"clock)", r, at);
 	}
 	st->member_clock = m->freeze[r];
 }
@@ -396,8 +416,19 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 		snprintf(err, errlen, "only a worker may join or leave");
 		return;
 	}
+	if (s->stop_at && ((q->member_op == PS__MEMBER_OP__MEMBER_HOLD && !open_ivl(m, r)) ||
+			   (q->member_op == PS__MEMBER_OP__MEMBER_FREEZE && open_ivl(m, r)))) {
+		/* not mixed into a re-shard's stop (stop.c): the client asks
+		 * again once the stop is over (ps_client_members.c) */
+		st->member_status = PS_ERESHARD;
+		snprintf(err, errlen, "a re-shard is in progress: this shard stops at clock %" PRIu64
+			 " (%s); worker %d %s after it", s->stop_at, s->stop_committed ?
+			 "committed" : "prepared", r, q->member_op == PS__MEMBER_OP__MEMBER_HOLD ?
+			 "joins" : "leaves");
+		return;
+	}
 	if (q->member_op == PS__MEMBER_OP__MEMBER_FREEZE) {
-		freeze(s, r, st, err, errlen);
+		freeze(s, r, q->member_clock, st, err, errlen);
 		return;
 	}
 	if ((v = open_ivl(m, r))) {
@@ -473,25 +504,38 @@ void ps__members_tick(struct ps_server *s, double now)
 		advance(s);
 }
 
-uint64_t ps__members_pull_cap(const struct ps_server *s)
+uint64_t ps__members_pull_cap(const struct ps_server *s, int rank)
 {
 	const struct ps_members *m = s->members;
 	uint64_t cap = UINT64_MAX;
 
 	if (!m || s->cfg->consistency != PS_ASYNC)
 		return cap;
-	for (int r = 0; r < s->cfg->nworkers; r++)
+	for (int r = 0; r < s->cfg->nworkers; r++) {
 		if (m->hold[r] != NONE && m->hold[r] < cap)
 			cap = m->hold[r];
+		/* a leaver's own pulls go on to its last clock */
+		if (r != rank && m->freeze[r] != NONE && m->freeze[r] < cap)
+			cap = m->freeze[r];
+	}
 	return cap;
+}
+
+void ps__members_unfreeze(struct ps_server *s, int rank, const char *why)
+{
+	if (!s->members || s->members->freeze[rank] == NONE)
+		return;
+	ps_info("worker %d's leave (at clock %" PRIu64 ") given up: %s", rank,
+		s->members->freeze[rank], why);
+	s->members->freeze[rank] = NONE; /* no longer waited for */
+	s->members->dirty = 1;
+	if (s->waiting) /* pulls the freeze kept back (ps__members_pull_cap) */
+		ps__srv_answer_pulls(s);
 }
 
 void ps__members_cancel(struct ps_server *s, int rank)
 {
-	if (s->members && s->members->freeze[rank] != NONE) {
-		s->members->freeze[rank] = NONE; /* dropped: no longer waited for */
-		s->members->dirty = 1;
-	}
+	ps__members_unfreeze(s, rank, "it went away");
 	if (s->members && s->members->hold[rank] != NONE) {
 		ps_info("worker %d's join (held at clock %" PRIu64 ") given up: it went away",
 			rank, s->members->hold[rank]);
@@ -555,18 +599,59 @@ int ps__members_fill_pull(const struct ps_server *s, uint64_t clock, Ps__PullRep
 	return 0;
 }
 
+int ps__members_pending(const struct ps_server *s, char *why, size_t len)
+{
+	const struct ps_members *m = s->members;
+
+	for (int r = 0; m && r < s->cfg->nworkers; r++) {
+		if (m->hold[r] != NONE) {
+			snprintf(why, len, "worker %d is joining at clock %" PRIu64 " (it holds that "
+				 "clock on shard %d): try again after it", r, m->hold[r] + 1, s->shard);
+			return 1;
+		}
+		if (m->freeze[r] != NONE) {
+			snprintf(why, len, "worker %d is leaving (it trains up to clock %" PRIu64 " on shard "
+				 "%d until it leaves): try again after it", r, m->freeze[r], s->shard);
+			return 1;
+		}
+	}
+	return 0;
+}
+
 int ps__members_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *q,
 		      Ps__Stats *st, char *err, size_t errlen)
 {
+	const struct ps_members *m = s->members;
 	uint64_t cur = ps__srv_resume_clock(s);
+	size_t nw = (size_t)s->cfg->nworkers;
+	uint64_t *clk;
 
 	err[0] = '\0';
 	if (q && q->member_op != PS__MEMBER_OP__MEMBER_NONE)
 		request(s, sc, q, st, err, errlen);
 	st->member_error = err;
-	st->members = malloc((size_t)s->cfg->nworkers * sizeof(*st->members));
+	/* one block, freed as st->members: the members, the joining and
+	 * leaving ranks, then their clocks */
+	st->members = malloc(nw * 3 * sizeof(int32_t) + 8 + nw * 2 * sizeof(uint64_t));
 	if (!st->members)
 		return -ENOMEM;
+	st->joining = st->members + nw;
+	st->leaving = st->joining + nw;
+	clk = (uint64_t *)((char *)st->members + ((nw * 3 * sizeof(int32_t) + 7) & ~(size_t)7));
+	st->joining_clock = clk;
+	st->leaving_clock = clk + nw;
+	for (size_t r = 0; r < nw; r++) {
+		if (m->hold[r] != NONE) {
+			st->joining[st->n_joining] = (int32_t)r;
+			st->joining_clock[st->n_joining++] = m->hold[r] + 1;
+		}
+		if (m->freeze[r] != NONE) {
+			st->leaving[st->n_leaving] = (int32_t)r;
+			st->leaving_clock[st->n_leaving++] = m->freeze[r];
+		}
+	}
+	st->n_joining_clock = st->n_joining;
+	st->n_leaving_clock = st->n_leaving;
 	st->n_members = members_at(s, cur, st->members);
 	st->member_current = cur;
 	st->member_epoch = ps__members_epoch(s, cur);
@@ -624,6 +709,7 @@ int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out)
 	out->hold = hold;
 	out->joins = m->joins;
 	out->leaves = m->leaves;
+	out->map_epoch = s->map_epoch; /* not membership, but sent with it: the snapshot */
 	m->dirty = 0;
 	return 0;
 }
@@ -646,9 +732,9 @@ int ps__members_repl_check(const struct ps_server *s, const Ps__ReplMembers *m, 
 		snprintf(why, len, "%zu holds for %d workers", m->n_hold, nw);
 		return 1;
 	}
-	if (m->joins >= PS_MAX_CLOCK || m->leaves >= PS_MAX_CLOCK) {
-		snprintf(why, len, "%" PRIu64 " joins and %" PRIu64 " leaves: out of range",
-			 m->joins, m->leaves);
+	if (m->joins >= PS_MAX_CLOCK || m->leaves >= PS_MAX_CLOCK || m->map_epoch >= PS_MAX_CLOCK) {
+		snprintf(why, len, "%" PRIu64 " joins and %" PRIu64 " leaves, map epoch %" PRIu64
+			 ": out of range", m->joins, m->leaves, m->map_epoch);
 		return 1;
 	}
 	if (m->n_freeze && m->n_freeze != (size_t)nw) {
@@ -728,6 +814,7 @@ int ps__members_repl_apply(struct ps_server *s, const Ps__ReplMembers *m, char *
 	}
 	mb->joins = m->joins;
 	mb->leaves = m->leaves;
+	s->map_epoch = m->map_epoch;
 	/* who the primary waits for: the same once this process serves */
 	for (int r = 0; r < nw; r++) {
 		struct ivl *v = open_ivl(mb, r);

@@ -48,13 +48,18 @@ void ps__members_leave(struct ps_server *s, int rank, uint64_t clock);
  * gone), so the clock it held goes on. */
 void ps__members_tick(struct ps_server *s, double now);
 
-/* Async: the highest clock a pull may be answered for now: while a join
- * holds a clock, none past it (so the join's clock is exact); UINT64_MAX
- * when no hold pends, or in sync mode. */
-uint64_t ps__members_pull_cap(const struct ps_server *s);
+/* Async: the highest clock a pull of rank may be answered for now: while
+ * a join holds a clock, or another rank's leave froze one (MEMBER_FREEZE),
+ * none past it (so the join's and the leave's clocks are exact);
+ * UINT64_MAX when none pends, or in sync mode. */
+uint64_t ps__members_pull_cap(const struct ps_server *s, int rank);
 
-/* Rank's connections are gone: a join it held is given up. */
+/* Rank's connections are gone: a join it held and a leave it began are
+ * given up. */
 void ps__members_cancel(struct ps_server *s, int rank);
+/* A leave rank began is given up (why: for the log); the pulls it held
+ * back are answered. */
+void ps__members_unfreeze(struct ps_server *s, int rank, const char *why);
 
 /* Membership changes in effect at clock c (the epoch of clock c). */
 uint64_t ps__members_epoch(const struct ps_server *s, uint64_t c);
@@ -69,13 +74,21 @@ int ps__members_fill_pull(const struct ps_server *s, uint64_t clock, Ps__PullRep
 int ps__members_stats(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *q,
 		      Ps__Stats *st, char *err, size_t errlen);
 
+/* 1 when a worker's join holds a clock here or a worker is leaving
+ * (async MEMBER_FREEZE), with which and a way out in why: a re-shard's stop
+ * is refused meanwhile (stop.c); else 0. A HOLD or FREEZE while a stop is
+ * pending is refused in turn, with member_status PS_ERESHARD (the client
+ * asks again after the stop). */
+int ps__members_pending(const struct ps_server *s, char *why, size_t len);
+
 /* Joins and leaves since the start (/metrics). */
 void ps__members_counts(const struct ps_server *s, uint64_t *joins, uint64_t *leaves);
 
 /* Replication (cluster.replicas: 1; replica_log.c). The primary: 1 when
  * the membership changed since it was last put in a batch; the whole of
  * it into out (arrays malloc'ed: ps__members_repl_fill_free), which marks
- * it sent. 0 or -ENOMEM. */
+ * it sent; the shard's map epoch goes with it (the backup takes it in
+ * ps__members_repl_apply). 0 or -ENOMEM. */
 int ps__members_repl_dirty(const struct ps_server *s);
 int ps__members_repl_fill(struct ps_server *s, Ps__ReplMembers *out);
 void ps__members_repl_fill_free(Ps__ReplMembers *out);

@@ -234,6 +234,22 @@ void ps_metrics_render(const struct ps_server *s, FILE *f)
 		gauge(f, "ps_member_epoch", "Membership changes in effect at the shard's clock.",
 		      (double)ps__members_epoch(s, ps__srv_resume_clock(s)));
 	}
+	/* re-sharding (docs/elastic.md, "Operations") */
+	gauge(f, "ps_map_epoch", "Re-shards this shard's state went through (kept in its "
+	      "checkpoint).", (double)s->map_epoch);
+	counter(f, "ps_reshards_total", "Re-shards this shard came out of (its map epoch).",
+		s->map_epoch);
+	counter(f, "ps_reshard_bytes_in_total", "Bytes (weights, optimizer state, rows) this "
+		"process took in from other shard indices' checkpoints at its --reshard-from start.",
+		s->reshard_in_bytes);
+	counter(f, "ps_reshard_slices_in_total", "Dense slices this process took in from other "
+		"shard indices' checkpoints at its --reshard-from start.", s->reshard_in_slices);
+	counter(f, "ps_reshard_rows_in_total", "Embedding rows this process took in from other "
+		"shard indices' checkpoints at its --reshard-from start.", s->reshard_in_rows);
+	gauge(f, "ps_reshard_stop_clock", "The clock a live re-shard's stop holds this shard at "
+	      "(pushes from it on refused); 0 when none.", (double)s->stop_at);
+	gauge(f, "ps_reshard_stop_committed", "1 once that stop is committed (the shard "
+	      "checkpoints and exits at that clock).", s->stop_committed);
 	gauge(f, "ps_clock_staleness", "Fastest minus slowest worker clock.",
 	      nw ? (double)(hi - lo) : 0.0);
 	gauge(f, "ps_max_clock_gap", "Largest clock gap a pull was answered with.",

@@ -24,8 +24,9 @@ static int pull_ready(const struct ps_server *s, const struct ps_waiting_pull *p
 	if (s->cfg->consistency == PS_ASYNC && p->clock > (uint64_t)s->cfg->staleness &&
 	    ps__srv_min_finished(s) < p->clock - (uint64_t)s->cfg->staleness)
 		return 0;
-	if (p->clock > ps__members_pull_cap(s))
-		return 0; /* a worker joins from the held clock plus one */
+	if (p->clock > ps__members_pull_cap(s, p->sc->rank))
+		return 0; /* a worker joins from the held clock plus one, or leaves after
+			     the frozen one */
 	return 1;
 }
 
@@ -171,9 +172,9 @@ void ps__srv_pull_held_why(const struct ps_server *s, const struct ps_waiting_pu
 	for (int r = 0; r < cfg->nworkers; r++)
 		nmiss += s->live[r] && s->finished[r] < need;
 	buf[0] = '\0';
-	if (nmiss == 0 && p->clock > ps__members_pull_cap(s)) {
-		held_add(buf, len, &off, "waiting for a worker's join, which holds clock %" PRIu64,
-			 ps__members_pull_cap(s));
+	if (nmiss == 0 && p->clock > ps__members_pull_cap(s, p->sc->rank)) {
+		held_add(buf, len, &off, "waiting for a worker's join or leave, which holds clock %"
+			 PRIu64, ps__members_pull_cap(s, p->sc->rank));
 		return;
 	}
 	if (nmiss == 0 || need == 0) {

@@ -81,6 +81,7 @@ struct ps_repl_batch {
 	size_t decl_len;
 	Ps__DeclareTables *decl_tables;
 	double *decl_clocks;
+	double decl_wall;           /* the primary's wall clock when decl_clocks were read */
 	uint64_t *decl_versions;
 	size_t ndecl;
 };
@@ -116,6 +117,8 @@ struct ps_repl {
 	double snap_started;
 	uint8_t *snap_tables;       /* joining: the tables' image received so far */
 	uint64_t snap_tables_len, snap_tables_got;
+	double snap_tables_at;      /* joining: when its first frame came (ps_now_s) */
+	double snap_tables_wall;    /* ... and the primary's wall clock at the image (0: not sent) */
 	/* committed state, as the backup has it: ended clocks, dedup windows */
 	uint64_t *cfinished;
 	struct ps_dedup *cdedup;
@@ -238,6 +241,12 @@ int ps__repl_send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSn
 int ps__repl_tables_part(struct ps_server *s, const Ps__ReplSnapshot *m,
 			 const struct ps_frame *f);
 int ps__repl_tables_restore(struct ps_server *s, const double *clocks);
+/* The seconds since the primary read its tables' clocks at `wall` on its
+ * wall clock (0: not sent), by this host's wall clock (now wall_now) when
+ * that lies within a second of [lo, hi], the bounds this process saw of
+ * that delay (the margin: the hosts' clock skew); else lo, with a warning
+ * naming what (the transfer, a batch) and the difference. */
+double ps__repl_since_wall(double wall, double wall_now, double lo, double hi, const char *what);
 /* replica_decl.c: declarations. The primary notes a worker's Declare it
  * adopted (values: the payload, len bytes) or DeclareTables (the tables
  * now last in s->rows) for the batch being gathered; the batch's copies

@@ -85,7 +85,7 @@ void ps__repl_note_declare_tables(struct ps_server *s, const Ps__DeclareTables *
 {
 	struct ps_repl_batch *b = &s->repl->b;
 	int first = s->rows->ntables - (int)m->n_tables;
-	double now = ps_now_s();
+	double now, wall = ps_wall_mono_s(&now);
 	Ps__DeclareTables *d;
 
 	if (s->repl->state != PS_REPL_PRIMARY)
@@ -106,6 +106,7 @@ void ps__repl_note_declare_tables(struct ps_server *s, const Ps__DeclareTables *
 		b->decl_versions[i] = tb->version;
 	}
 	b->ndecl = m->n_tables;
+	b->decl_wall = wall;
 	b->decl_tables = d;
 }
 
@@ -125,6 +126,7 @@ void ps__repl_decl_clear(struct ps_repl_batch *b)
 	b->decl_versions = NULL;
 	b->decl_len = 0;
 	b->ndecl = 0;
+	b->decl_wall = 0;
 }
 
 void ps__repl_decl_fill(struct ps_repl_batch *b, Ps__ReplBatch *m, uint64_t offset)
@@ -137,17 +139,20 @@ void ps__repl_decl_fill(struct ps_repl_batch *b, Ps__ReplBatch *m, uint64_t offs
 	m->decl_table_clocks = b->decl_clocks;
 	m->n_decl_table_versions = b->decl_tables ? b->ndecl : 0;
 	m->decl_table_versions = b->decl_versions;
+	m->decl_table_clocks_wall = b->decl_tables ? b->decl_wall : 0;
 }
 
 /* ---- the backup's side ---- */
 
 /* The tables [first, first + n) were declared here as on the primary:
- * their epochs and versions become the primary's. */
+ * their epochs and versions become the primary's (the epochs on the wall
+ * clock both share: the batch's delay does not move them). */
 static void tables_as_primary(struct ps_server *s, int first, size_t n, const double *clocks,
-			      const uint64_t *versions)
+			      double wall, const uint64_t *versions)
 {
-	double now = ps_now_s();
+	double now, wnow = ps_wall_mono_s(&now);
 
+	now -= ps__repl_since_wall(wall, wnow, 0, 0, "a declaration of tables");
 	for (size_t i = 0; i < n; i++) {
 		struct ps_table *tb = &s->rows->t[first + (int)i].tb;
 		tb->epoch = now - clocks[i];
@@ -187,6 +192,12 @@ int ps__repl_decl_apply(struct ps_server *s, const Ps__ReplBatch *m, const struc
 				m->n_decl_table_versions);
 			return PS_EPROTO;
 		}
+		if (!(m->decl_table_clocks_wall >= 0 && m->decl_table_clocks_wall < 1e11)) {
+			ps_warn("replication: batch %" PRIu64 " declares tables with their clocks read "
+				"at %g s of the primary's wall clock: out of range", m->lsn,
+				m->decl_table_clocks_wall);
+			return PS_EPROTO;
+		}
 		for (size_t i = 0; i < n; i++)
 			if (!(m->decl_table_clocks[i] >= 0 && m->decl_table_clocks[i] < 4e9) ||
 			    m->decl_table_versions[i] >= PS_MAX_CLOCK) {
@@ -203,7 +214,7 @@ int ps__repl_decl_apply(struct ps_server *s, const Ps__ReplBatch *m, const struc
 		}
 		if (adopted) {
 			tables_as_primary(s, s->rows->ntables - (int)n, n, m->decl_table_clocks,
-					  m->decl_table_versions);
+					  m->decl_table_clocks_wall, m->decl_table_versions);
 			ps_info("replication: the primary's %zu declared tables adopted", n);
 		}
 	}

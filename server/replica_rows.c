@@ -9,8 +9,10 @@
  * same arguments, so admission, eviction, the recency order, the stamps
  * and the optimizer state come out bit-identical. The state transfer
  * sends the tables in a checkpoint's layout (table_ckpt.c) with each
- * table's clock, restored through a memory file, and the stamps and epoch
- * set to the primary's.
+ * table's clock and the wall-clock time it was read at, restored through
+ * a memory file, and the stamps and epoch set to the primary's: the epoch
+ * on the wall clock both processes share, so the transfer's delay does
+ * not move it (it would add up over the processes that serve in turn).
  */
 #define _GNU_SOURCE /* memfd_create */
 #include <errno.h>
@@ -30,6 +32,22 @@
 #include "rows.h"
 #include "server_int.h"
 #include "table_ckpt.h"
+
+double ps__repl_since_wall(double wall, double wall_now, double lo, double hi, const char *what)
+{
+	double d = wall_now - wall;
+
+	if (!wall)
+		return lo;
+	if (d >= lo - 1 && d <= hi + 1)
+		return d;
+	ps_warn("replication: %s: the primary read its tables' clocks %.3f s ago by this host's "
+		"wall clock, but %.3f..%.3f s by what this process saw: the two hosts' clocks "
+		"differ by more than a second; the tables' epoch is set %.3f s after the "
+		"primary's at most (keep the hosts' clocks in step, e.g. with NTP)", what, d, lo,
+		hi, hi - lo);
+	return lo;
+}
 
 /* ---- embedding tables: row changes (primary) ---- */
 
@@ -215,7 +233,7 @@ int ps__repl_send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSn
 {
 	size_t len = ps__rows_ckpt_size(s), chunk = s->cfg->limits.max_frame_bytes / 2;
 	uint8_t *img = malloc(len ? len : 1);
-	double now = ps_now_s();
+	double now, wall = ps_wall_mono_s(&now);
 	int rc = 0;
 
 	if (!img)
@@ -225,6 +243,7 @@ int ps__repl_send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSn
 		clocks[t] = now - s->rows->t[t].tb.epoch;
 	m->tables = 1;
 	m->tables_total = len;
+	m->table_clocks_wall = wall;
 	for (size_t off = 0; off < len && !rc; off += chunk) {
 		struct ps_iov iov = { img + off, len - off < chunk ? len - off : chunk };
 		m->tables_offset = off;
@@ -232,6 +251,7 @@ int ps__repl_send_tables(struct ps_server *s, struct ps_srv_conn *sc, Ps__ReplSn
 				 PS_SEND_VOLATILE, NULL, NULL);
 	}
 	m->tables = 0;
+	m->table_clocks_wall = 0;
 	free(img);
 	return rc;
 }
@@ -256,6 +276,15 @@ int ps__repl_tables_part(struct ps_server *s, const Ps__ReplSnapshot *m,
 				m->tables_total, ntables, most);
 			return PS_EPROTO;
 		}
+		if (!(m->table_clocks_wall >= 0 && m->table_clocks_wall < 1e11)) {
+			ps_warn("replication: snapshot with the tables' clocks read at %g s of the "
+				"primary's wall clock: out of range", m->table_clocks_wall);
+			return PS_EPROTO;
+		}
+		/* the image was read before this frame was sent: the delay
+		 * since is at least the time since it came */
+		r->snap_tables_at = ps_now_s();
+		r->snap_tables_wall = m->table_clocks_wall;
 		r->snap_tables = malloc(m->tables_total);
 		if (!r->snap_tables)
 			return -ENOMEM;
@@ -276,11 +305,17 @@ int ps__repl_tables_part(struct ps_server *s, const Ps__ReplSnapshot *m,
 /* Each table's rows in the image: their stamps become the primary's (its
  * stamp at the image minus the age) and the table's epoch the primary's,
  * so rows updated here after a takeover get the stamps the primary would
- * have given them and expire when they would have there. */
+ * have given them and expire when they would have there. The image's
+ * instant on this process's clock is now minus the time since, on the
+ * wall clock: then the epoch is the primary's exactly (one host), not
+ * later by the transfer's delay. */
 static void tables_restamp(struct ps_server *s, const double *clocks)
 {
-	const uint8_t *b = s->repl->snap_tables;
-	double now = ps_now_s();
+	struct ps_repl *rp = s->repl;
+	const uint8_t *b = rp->snap_tables;
+	double now, wnow = ps_wall_mono_s(&now);
+	double since = ps__repl_since_wall(rp->snap_tables_wall, wnow, now - rp->snap_tables_at,
+					   now - rp->snap_started, "the state transfer");
 
 	for (int t = 0; t < s->rows->ntables; t++) {
 		struct ps_table *tb = &s->rows->t[t].tb;
@@ -298,7 +333,7 @@ static void tables_restamp(struct ps_server *s, const double *clocks)
 			r = mt->prev;
 		}
 		b += ct.filter_slots * sizeof(uint32_t);
-		tb->epoch = now - clocks[t];
+		tb->epoch = now - since - clocks[t];
 	}
 }
 

@@ -324,7 +324,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	char (*paths)[PATH_MAX + 32] = NULL; /* the file taken of each old shard */
 	char path[PATH_MAX + 32], first[PATH_MAX + 32], a[PATH_MAX], b[PATH_MAX];
 	double wall = 0, t0 = ps_now_s();
-	uint64_t clock0 = 0;
+	uint64_t clock0 = 0, epoch0 = 0;
 
 	if (!ocfg || !o || !g || !fin)
 		FAIL(-ENOMEM, "out of memory");
@@ -397,7 +397,14 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		if (!j) {
 			memcpy(fin, o->finished, (size_t)nw * sizeof(*fin));
 			clock0 = ps__srv_resume_clock(o);
+			epoch0 = o->map_epoch;
 		}
+		/* one map: files of two epochs are of two clusters' histories */
+		if (o->map_epoch != epoch0)
+			FAIL(PS_ECONFIG, "%s is of map epoch %" PRIu64 " (re-sharded that many times), "
+			     "%s of epoch %" PRIu64 ": the old checkpoints are of different maps; a "
+			     "re-shard needs every old shard's file of the one map they ran", path,
+			     o->map_epoch, first, epoch0);
 		for (int r = 0; r < nw; r++)
 			if (o->finished[r] != fin[r])
 				FAIL(PS_ECONFIG, "%s: worker %d finished clock %" PRIu64 " there, %" PRIu64
@@ -523,13 +530,18 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	rc = copy_members(s, first, err, errlen);
 	if (rc)
 		goto out;
+	/* /metrics and ps-stat show these (docs/elastic.md, "Operations") */
+	s->map_epoch = epoch0 + 1;
+	s->reshard_in_bytes = mbytes;
+	s->reshard_in_slices = mslices;
+	s->reshard_in_rows = mrows;
 	/* one line the launchers sum up (ps-local.sh, ps-cluster.sh reshard),
 	 * at warn so that it is logged at any level but off */
 	ps_warn("re-sharded from %d to %d shards out of %s (%s): %" PRIu64 " slices, %" PRIu64
 		" rows; moved in from another shard: %" PRIu64 " slices, %" PRIu64 " rows, %"
-		PRIu64 " bytes; clock %" PRIu64 ", %.2f s", n, cfg->nshards, from->dir,
-		placement == PS_PLACE_HRW ? "same placement" : "re-placed from placement 0",
-		slices, rows, mslices, mrows, mbytes, clock0, ps_now_s() - t0);
+		PRIu64 " bytes; clock %" PRIu64 ", %.2f s; map epoch %" PRIu64, n, cfg->nshards,
+		from->dir, placement == PS_PLACE_HRW ? "same placement" : "re-placed from placement 0",
+		slices, rows, mslices, mrows, mbytes, clock0, ps_now_s() - t0, s->map_epoch);
 out:
 	if (o && o->cfg)
 		old_close(o);

@@ -625,6 +625,8 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	double arrived = ps_now_s();
 
 	s->c.pushes++;
+	if (ps__srv_stop_refuse_rows(s, sc, m))
+		return; /* retryable: not marked in the dedup window (stop.c) */
 	if (m->seq) {
 		ps_dedup_incarnation(&s->dedup[sc->rank], sc->incarnation);
 		switch (ps_dedup_check(&s->dedup[sc->rank], m->seq, &code)) {
@@ -737,6 +739,8 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 	}
 	free(ids);
 	free(g);
+	if (m->clock + 1 > s->top_clock)
+		s->top_clock = m->clock + 1; /* a re-shard's stop must lie above it (stop.c) */
 	if (m->seq)
 		ps_dedup_mark(&s->dedup[sc->rank], m->seq, 0);
 	acknowledge(s, sc, m, cfg->consistency == PS_SYNC ? t : -1, arrived);
@@ -800,6 +804,7 @@ int ps__rows_reset(struct ps_server *s)
 int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 {
 	int n = s->rows ? s->rows->ntables : 0;
+	double now, wall = ps_wall_mono_s(&now);
 	Ps__TableStats *ts;
 
 	if (!n)
@@ -831,6 +836,7 @@ int ps__rows_stats(const struct ps_server *s, Ps__Stats *m)
 		ts[t].pushed_rows = tb->c.pushed;
 		ts[t].version = tb->version;
 		ts[t].checksum = ps_table_checksum(tb);
+		ts[t].epoch_unix = wall - (now - tb->epoch);
 		m->tables[t] = &ts[t];
 	}
 	m->n_tables = (size_t)n;

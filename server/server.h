@@ -79,6 +79,14 @@ struct ps_server {
 	uint64_t stop_at, top_clock;
 	int stop_committed;
 	int stop_dirty;               /* changed since the last replication batch */
+	/* Re-sharding's bookkeeping (docs/elastic.md, "Operations"): the
+	 * incarnation of the monitor that asked the stop (another one is
+	 * refused a stop at another clock); the map epoch, the re-shards the
+	 * state went through (kept in the checkpoint); what this process's
+	 * --reshard-from start took in from other shard indices' files. */
+	uint64_t stop_owner;
+	uint64_t map_epoch;
+	uint64_t reshard_in_bytes, reshard_in_slices, reshard_in_rows;
 	struct ps_ckpt_job *ckpt_job; /* the checkpoint being written, NULL if none */
 	double ckpt_last_request;     /* when the last one on request started */
 	const char *ckpt_final;       /* a signal came while one was written: its name */

@@ -165,6 +165,8 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 /* Push m is for a clock the shard stopped before: refused (answered
  * here, retryable, nothing marked); 1 when it was. */
 int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m);
+/* The same for a row push (rows.c). */
+int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m);
 /* Tick: a committed stop whose clocks are all closed checkpoints and
  * stops the shard. */
 void ps__srv_stop_poll(struct ps_server *s);

@@ -14,8 +14,10 @@
  * (pulls answered as usual), then writes its checkpoint, at B on every
  * shard, and exits 0. Before the commit a stop can be cancelled.
  *
- * Sync (BSP) training is what this is built and tested for; a config with
- * embedding tables is refused (their row pushes are not stopped here).
+ * Row pushes (embedding tables) are stopped the same way: one for clock B
+ * or later is refused with PS_ERESHARD before its dedup check, and the
+ * clocks of the row pushes taken count in the top clock. Sync and async
+ * training alike.
  *
  * With cluster.replicas: 1 the stop reaches both processes of a pair
  * through replication: the primary puts every change of its stop (asked,
@@ -36,8 +38,10 @@
 #include <stdio.h>
 #include "ps_err.h"
 #include "ps_log.h"
+#include "members.h"
 #include "msg.h"
 #include "replica.h"
+#include "rows.h"
 #include "server_int.h"
 
 int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__StatsRequest *m,
@@ -52,12 +56,6 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		snprintf(err, errlen, "a stop for a re-shard needs checkpoint.dir: the new shards "
 			 "start from the checkpoints written at the stop");
 		return PS_ESTATE;
-	}
-	if (s->cfg->ntables) {
-		snprintf(err, errlen, "a re-shard while the workers run is not built with %s: "
-			 "re-shard by restart (ps-local.sh CONFIG reshard NEW_CONFIG --restart, "
-			 "docs/elastic.md)", "embedding tables");
-		return PS_ENOTSUP;
 	}
 	if (!ps__repl_serving(s)) {
 		snprintf(err, errlen, "this process is not its pair's primary: the stop is asked "
@@ -75,8 +73,21 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 				s->stop_at, sc->conn->peer);
 		s->stop_dirty |= s->stop_at != 0;
 		s->stop_at = 0;
+		s->stop_owner = 0;
 		return 0;
 	}
+	/* one change at a time (docs/elastic.md, "Operations"): another
+	 * monitor's stop at another clock is another re-shard (the same clock
+	 * is the same stop, committed by whoever finishes it), and a join or
+	 * leave under way is finished first */
+	if (s->stop_at && m->stop_at != s->stop_at && sc->incarnation != s->stop_owner) {
+		snprintf(err, errlen, "another re-shard is in progress: shard %d holds a stop at "
+			 "clock %" PRIu64 " (%s) asked by another monitor", s->shard, s->stop_at,
+			 s->stop_committed ? "committed" : "prepared");
+		return PS_ESTATE;
+	}
+	if (!s->stop_at && ps__members_pending(s, err, errlen))
+		return PS_ESTATE;
 	if (!m->stop_at || m->stop_at >= PS_MAX_CLOCK) {
 		snprintf(err, errlen, "stop_at %" PRIu64 " out of range (1 to 2^53 - 1)", m->stop_at);
 		return PS_ECLOCK;
@@ -96,6 +107,8 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 			"later are refused, to be sent again on the new map", m->stop_at,
 			sc->conn->peer);
 	s->stop_dirty |= s->stop_at != m->stop_at;
+	if (!s->stop_at)
+		s->stop_owner = sc->incarnation;
 	s->stop_at = m->stop_at;
 	if (m->stop_commit && !s->stop_committed) {
 		s->stop_committed = 1;
@@ -119,6 +132,28 @@ int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	return 1;
 }
 
+int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m)
+{
+	if (!s->stop_at || m->clock < s->stop_at)
+		return 0;
+	ps_msg_send_error(sc->conn, m->req_id, PS_ERESHARD, "row push for clock %" PRIu64
+			  " refused: the shard stops at clock %" PRIu64 " for a re-shard; it is "
+			  "sent again on the new map", m->clock, s->stop_at);
+	return 1;
+}
+
+/* Sync: whether every table applied the clocks below the stop (the
+ * dense clocks closing imply it: a table's clock is applied once every
+ * live worker ended it; checked, as the checkpoint keeps no pending row
+ * gradients). */
+static int tables_closed(const struct ps_server *s)
+{
+	for (int t = 0; s->rows && s->cfg->consistency == PS_SYNC && t < s->rows->ntables; t++)
+		if (s->rows->t[t].tb.version < s->stop_at)
+			return 0;
+	return 1;
+}
+
 void ps__srv_stop_poll(struct ps_server *s)
 {
 	char err[512];
@@ -126,7 +161,7 @@ void ps__srv_stop_poll(struct ps_server *s)
 	double secs;
 
 	if (!s->stop_committed || s->stopping || s->ckpt_job ||
-	    ps__srv_resume_clock(s) < s->stop_at)
+	    ps__srv_resume_clock(s) < s->stop_at || !tables_closed(s))
 		return;
 	if (s->repl && s->repl->state == PS_REPL_JOINING)
 		return; /* no state of its own yet: its partner's comes first */

@@ -847,6 +847,131 @@ START_TEST(test_ctr_data_once)
 }
 END_TEST
 
+/* Reads one worker's --record-examples file: the clocks it trained (first,
+ * last, and whether they run without a gap) and every slot it took into
+ * taken[slot] (counted), slots below nslots. */
+static void read_slots(const char *path, int batch, unsigned char *taken, long nslots,
+		       uint64_t *first, uint64_t *last, int *gap)
+{
+	FILE *f = fopen(path, "r");
+	unsigned long long clock;
+	long e, g;
+
+	ck_assert_ptr_nonnull(f);
+	*first = UINT64_MAX;
+	*last = 0;
+	*gap = 0;
+	while (fscanf(f, "%llu %ld %ld", &clock, &e, &g) == 3) {
+		for (int k = 0; k < batch; k++) {
+			int i;
+			ck_assert_int_eq(fscanf(f, "%d", &i), 1);
+		}
+		ck_assert_msg(g >= 0 && g < nslots, "%s: slot %ld", path, g);
+		taken[g]++;
+		if (*first != UINT64_MAX && clock != *last + 1)
+			*gap = 1;
+		if (*first == UINT64_MAX)
+			*first = clock;
+		*last = clock;
+	}
+	fclose(f);
+}
+
+/* A member that never trains: rank 2 a client that connects and pushes
+ * nothing (as it_rows_model's checker, which only pushes rows), ranks 0
+ * and 1 ps-worker on the ctr preset, async with a staleness of 10^6, told
+ * to leave (SIGTERM). Rank 2 is the slowest member at clock 0 for ever,
+ * so the slowest-clock rule lets the others run to clock 10^6: a leave
+ * that had to train up to there (its freeze plus the staleness) never
+ * came, and each worker ran on until the 10 s grace alarm ended it
+ * ("still in a step 10 s after the stop signal"). Each leaves now after
+ * the highest clock told with it (the others wait there): by its own
+ * stop, status 130, every clock up to its last trained, no slot taken
+ * twice. */
+START_TEST(test_ctr_idle_member_leave)
+{
+	char path[64], dir[] = "/tmp/ps-elastic-idle-XXXXXX", yaml[1400], train[128], test[128];
+	char gen[128], rec[2][128], out[2][128], err[512];
+	pid_t srv[2], w[2];
+	struct ps_config cfg;
+	enum { batch = 20, nslots = 1 << 20 };
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(train, sizeof(train), "%s/train.tsv", dir);
+	snprintf(test, sizeof(test), "%s/test.tsv", dir);
+	snprintf(gen, sizeof(gen), "%s/gen.out", dir);
+	const char *a1[] = { "bin/ps-ctrgen", "--out", train, "--samples", "2000", "--scale",
+			     "0.001", "--seed", "3", NULL };
+	const char *a2[] = { "bin/ps-ctrgen", "--out", test, "--samples", "200", "--skip", "2000",
+			     "--scale", "0.001", "--seed", "3", NULL };
+	ck_assert_int_eq(tu_wait_child(tu_spawn(a1, gen)), 0);
+	ck_assert_int_eq(tu_wait_child(tu_spawn(a2, gen)), 0);
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 3\nseed: 7\n"
+		 "consistency: {mode: async, staleness: 1000000}\n"
+		 "model:\n  preset: ctr\n  embeddings:\n    - {name: cat, dim: 8, init: uniform, "
+		 "scale: 0.01, optimizer: rowwise_adagrad, lr: 0.05}\n"
+		 "optimizer: {name: adam, lr: 0.001}\n"
+		 "train: {batch: %d, epochs: 1000, train_file: '%s', test_file: '%s', "
+		 "metrics_dir: '%s'}\nlog: {level: info}\n",
+		 tu_free_port(), tu_free_port(), batch, train, test, dir);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	struct ps_client *idle = connect_retry(&cfg, 2, err, sizeof(err));
+	ck_assert_msg(idle, "%s", err);
+	for (int r = 0; r < 2; r++) {
+		char rk[8];
+		snprintf(rec[r], sizeof(rec[r]), "%s/rec-%d.txt", dir, r);
+		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", dir, r);
+		snprintf(rk, sizeof(rk), "%d", r);
+		const char *argv[] = { "bin/ps-worker", "--config", path, "--rank", rk,
+				       "--record-examples", rec[r], NULL };
+		w[r] = tu_spawn(argv, out[r]);
+	}
+	for (int r = 0; r < 2; r++)
+		ck_assert_msg(wait_lines(rec[r], 10) == 0, "rank %d trains no steps", r);
+	for (int r = 0; r < 2; r++)
+		kill(w[r], SIGTERM);
+	int st[2] = { tu_wait_child(w[0]), tu_wait_child(w[1]) };
+	ps_client_free(idle);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+	for (int r = 0; r < 2; r++) {
+		char text[1500];
+		FILE *f = fopen(out[r], "r");
+		ck_assert_ptr_nonnull(f);
+		fseek(f, 0, SEEK_END);
+		long sz = ftell(f); /* the log's tail is what matters */
+		fseek(f, sz > (long)sizeof(text) - 1 ? sz - (long)sizeof(text) + 1 : 0, SEEK_SET);
+		text[fread(text, 1, sizeof(text) - 1, f)] = '\0';
+		fclose(f);
+		ck_assert_msg(st[r] == 130 && !strstr(text, "still in a step") &&
+			      strstr(text, "stopped by signal"), "rank %d: status %d, not its own "
+			      "leave after the stop signal (output in %s):\n%s", r, st[r], out[r],
+			      text);
+	}
+	unsigned char *taken = calloc(nslots, 1);
+	uint64_t first[2], last[2];
+	int gap[2];
+	ck_assert_ptr_nonnull(taken);
+	for (int r = 0; r < 2; r++) {
+		read_slots(rec[r], batch, taken, nslots, &first[r], &last[r], &gap[r]);
+		ck_assert_msg(!gap[r], "rank %d skipped a clock between %llu and %llu", r,
+			      (unsigned long long)first[r], (unsigned long long)last[r]);
+	}
+	for (long g = 0; g < nslots; g++)
+		ck_assert_msg(taken[g] <= 1, "slot %ld trained %d times", g, taken[g]);
+	free(taken);
+	printf("measured: ps-worker ctr beside a member that never trains: ranks 0 and 1 left "
+	       "after clocks %llu and %llu on SIGTERM\n", (unsigned long long)last[0],
+	       (unsigned long long)last[1]);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* ---- a shard restarted from its checkpoint keeps the membership ---- */
 
 /* Pushes (rank + 1) everywhere for clock with c, waited for. */
@@ -1042,6 +1167,7 @@ int main(void)
 	TU_ADD(tc, test_hold_expires);
 	TU_ADD(tc, test_worker_data_once);
 	TU_ADD_LOOP(tc, test_ctr_data_once, 0, 2);
+	TU_ADD(tc, test_ctr_idle_member_leave);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

@@ -39,6 +39,16 @@ log: {level: info}
 EOF
 # the same cluster without a secret_file: ps-local.sh makes a secret itself
 sed '/^security:/d' "$tmp/c.yaml" > "$tmp/c2.yaml"
+# fresh_ports: new ports for the shards of c.yaml and c2.yaml, picked right
+# before each run that starts them: a port picked once at the top lies idle
+# between the runs, free to the tests of make test's other lane, and a
+# shard of a later run then could not bind it
+fresh_ports() {
+  local p0 p1
+  p0=$(free_port); p1=$(free_port "$p0")
+  sed -i "s|^  servers: \[127\.0\.0\.1:.*\]|  servers: [127.0.0.1:$p0, 127.0.0.1:$p1]|" \
+    "$tmp/c.yaml" "$tmp/c2.yaml"
+}
 
 # ps-keygen: 64 hex digits, mode 0600, no overwriting without --force
 scripts/ps-keygen "$tmp/c.secret" 2>/dev/null
@@ -96,6 +106,7 @@ exec sh -c "$1"
 EOF
 chmod +x "$tmp/ssh"
 export OPENBLAS_NUM_THREADS=1
+fresh_ports
 scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs" -- --epochs 1
 expect "start succeeds" [ $? -eq 0 ]
 st=$(scripts/ps-cluster.sh "$tmp/c.yaml" status --ssh "$tmp/ssh" --logs "$tmp/logs")
@@ -129,6 +140,7 @@ esac
 exec sh -c "$1"
 EOF
 chmod +x "$tmp/ssh-flaky"
+fresh_ports
 scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh-flaky" --logs "$tmp/logs" \
   --worker-hosts 127.0.0.1,localhost -- --epochs 50 > "$tmp/flaky.out" 2>&1
 rc=$?
@@ -144,6 +156,7 @@ expect "... and nothing is left" [ "$(pgrep -fc -- "--config $tmp/c.yaml")" -eq 
 # used to run as a command in the remote sh -c: a --dir of $(id>file) ran)
 weird="$tmp/p \$(touch pwned)'\"q"
 mkdir -p "$weird" && ln -s "$PWD/bin" "$weird/bin"
+fresh_ports
 scripts/ps-cluster.sh "$tmp/c.yaml" start --ssh "$tmp/ssh" --logs "$tmp/logs-q" --dir "$weird" \
   -- --epochs 1 > "$tmp/q.out" 2>&1
 expect "start with --dir '$weird' (status $?): $(tail -4 "$tmp/q.out")" grep -q "^ps-cluster.sh: started 2 shard" "$tmp/q.out"
@@ -179,11 +192,13 @@ expect "... none of it ran" test ! -e "$tmp/pwned2" -a ! -e "$tmp/pwned3" -a ! -
 
 # ps-local.sh: a whole run ends with status 0 and no process left; a run
 # stopped by SIGTERM in the middle stops every process too
+fresh_ports
 scripts/ps-local.sh "$tmp/c2.yaml" --logs "$tmp/local" -- --epochs 1 > "$tmp/local.out" 2>&1
 expect "ps-local.sh run succeeded: $(tail -3 "$tmp/local.out")" [ $? -eq 0 ]
 expect "no process left after ps-local.sh" [ "$(pgrep -fc -- "--config $tmp/c2.yaml")" -eq 0 ]
 expect "ps-local.sh generated a secret (mode 600)" [ "$(stat -c %a "$tmp/local/ps.secret" 2>&1)" = 600 ]
 expect "the shards authenticated the workers" grep -q "worker 0 connected from .*(authenticated, frames MACed)" "$tmp/local/server-0.log"
+fresh_ports
 scripts/ps-local.sh "$tmp/c.yaml" --logs "$tmp/local2" -- --epochs 50 > "$tmp/local2.out" 2>&1 &
 lp=$!
 for _ in $(seq 100); do
@@ -203,6 +218,7 @@ expect "no process left after SIGTERM" [ "$(pgrep -fc -- "--config $tmp/c.yaml")
 # status is the workers' (0 here: they wait for a flag, then succeed).
 # The workers are --worker-cmd programs that wait for $tmp/go.
 rm -f "$tmp/go"
+fresh_ports
 scripts/ps-local.sh "$tmp/c.yaml" --logs "$tmp/local3" \
   --worker-cmd "while [ ! -e $tmp/go ]; do sleep 0.05; done" > "$tmp/local3.out" 2>&1 &
 lp=$!

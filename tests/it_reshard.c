@@ -272,7 +272,8 @@ static void read_table(const char *f, struct ctable *t)
 	struct ckpt_table ct;
 
 	memcpy(&h, b, sizeof(h));
-	ck_assert(!memcmp(h.magic, "PSCKPT01", 8));
+	/* version 5: version 1 of a state that went through a re-shard */
+	ck_assert(!memcmp(h.magic, "PSCKPT01", 8) || !memcmp(h.magic, "PSCKPT05", 8));
 	pos = sizeof(h);
 	for (uint32_t k = 0; k < h.nslots; k++) {
 		struct ckpt_slot cs;
@@ -280,6 +281,8 @@ static void read_table(const char *f, struct ctable *t)
 		pos += sizeof(cs) + cs.count * 4 * (1 + h.nstate);
 	}
 	pos += h.nworkers * 8;
+	if (h.magic[7] == '5')
+		pos += sizeof(struct ckpt_map); /* the map epoch */
 	memcpy(&ct, b + pos, sizeof(ct));
 	pos += sizeof(ct);
 	ck_assert_uint_eq(ct.row_floats, DIM * 2);

@@ -8,6 +8,8 @@
 # exits 0 naming the stop clock and what moved; the run's ps-local.sh
 # ends 0 with the workers trained to the end. A NEW_CONFIG differing in
 # more than cluster.servers is refused (status 2) with the run going on.
+# Then the same 2 -> 3 -> 2 for the ctr preset (an embedding table, data
+# from ps-ctrgen): rows moved, the same workers, the run ending 0.
 # Prints Check-style "N%: Checks" so scripts/run-tests.sh summarises it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -66,7 +68,9 @@ expect "the old checkpoints set aside" test -f "$(echo "$tmp"/ck/reshard-from-2.
 e=$(sed -n 's/^epoch \([0-9]*\)\/.*/\1/p' "$tmp/l/worker-0.log" | tail -1)
 expect "the workers train on 3 shards" wait_for "$tmp/l/worker-0.log" "epoch $((e + 2))/"
 
-scripts/ps-local.sh "$tmp/c3.yaml" reshard "$tmp/c2.yaml" > "$tmp/r2.out" 2>&1; rc=$?
+# relative paths from another folder: the running shards were started with
+# the absolute path, and the command must still find them
+(cd "$tmp" && "$OLDPWD/scripts/ps-local.sh" c3.yaml reshard c2.yaml) > "$tmp/r2.out" 2>&1; rc=$?
 expect "reshard 3 -> 2 while the workers run succeeds ($rc): $(cat "$tmp/r2.out")" [ $rc -eq 0 ]
 expect "it names what moved: $(tail -1 "$tmp/r2.out")" \
   grep -qE "3 -> 2 shards at clock [0-9]+ while the workers ran, [0-9.]+ s from the stop to the new shards listening; 2 shard\(s\) re-sharded" "$tmp/r2.out"
@@ -83,6 +87,54 @@ for r in 0 1; do
     sh -c "! grep -q 'continuing at clock' '$tmp/l/worker-$r.log'"
 done
 expect "2 new checkpoints" test -f "$tmp/ck/shard-0.ckpt" -a -f "$tmp/ck/shard-1.ckpt" -a ! -e "$tmp/ck/shard-2.ckpt"
+
+# The ctr preset (an embedding table) the same way: its rows move with
+# the shards, its row pushes and pulls in flight follow the new map.
+bin/ps-ctrgen --out "$tmp/train.tsv" --samples 20000 --seed 7 --scale 0.001 > /dev/null &&
+  bin/ps-ctrgen --out "$tmp/test.tsv" --samples 2000 --skip 20000 --seed 7 --scale 0.001 > /dev/null ||
+  bad "ps-ctrgen failed"
+q0=$(free_port) q1=$(free_port) q2=$(free_port)
+mkdir -p "$tmp/ckc"
+cat > "$tmp/t2.yaml" <<EOF
+cluster:
+  servers: [127.0.0.1:$q0, 127.0.0.1:$q1]
+  workers: 2
+model:
+  preset: ctr
+  embeddings:
+    - {name: cat, dim: 8, init: uniform, scale: 0.01, optimizer: rowwise_adagrad, lr: 0.05}
+optimizer: {name: adam, lr: 0.001}
+train: {batch: 256, epochs: 10, train_file: $tmp/train.tsv, test_file: $tmp/test.tsv}
+checkpoint: {dir: $tmp/ckc}
+security: {auth: false}
+log: {level: info}
+EOF
+sed "s/servers: .*/servers: [127.0.0.1:$q0, 127.0.0.1:$q1, 127.0.0.1:$q2]/" "$tmp/t2.yaml" > "$tmp/t3.yaml"
+scripts/ps-local.sh "$tmp/t2.yaml" --logs "$tmp/lc" > "$tmp/runc.out" 2>&1 &
+run=$!
+expect "the 2-shard ctr run trained an epoch" wait_for "$tmp/lc/worker-0.log" "epoch 2/"
+workers=$(pgrep -d ' ' -f -- "ps-worker --config $tmp/t2.yaml")
+scripts/ps-local.sh "$tmp/t2.yaml" reshard "$tmp/t3.yaml" > "$tmp/rc1.out" 2>&1; rc=$?
+expect "ctr: reshard 2 -> 3 while the workers run succeeds ($rc): $(cat "$tmp/rc1.out")" [ $rc -eq 0 ]
+expect "ctr: rows moved: $(tail -1 "$tmp/rc1.out")" \
+  grep -qE "2 -> 3 shards at clock [0-9]+ while the workers ran, .* and [1-9][0-9]* of [0-9]+ rows moved" "$tmp/rc1.out"
+e=$(sed -n 's/^epoch \([0-9]*\)\/.*/\1/p' "$tmp/lc/worker-0.log" | tail -1)
+expect "ctr: the workers train on 3 shards" wait_for "$tmp/lc/worker-0.log" "epoch $((e + 2))/"
+scripts/ps-local.sh "$tmp/t3.yaml" reshard "$tmp/t2.yaml" > "$tmp/rc2.out" 2>&1; rc=$?
+expect "ctr: reshard 3 -> 2 while the workers run succeeds ($rc): $(cat "$tmp/rc2.out")" \
+  [ $rc -eq 0 ] && grep -q "3 -> 2 shards at clock [0-9]* while the workers ran" "$tmp/rc2.out"
+expect "ctr: the same worker processes ($workers)" \
+  [ "$(pgrep -d ' ' -f -- "ps-worker --config $tmp/t2.yaml")" = "$workers" ]
+wait "$run"; rc=$?
+run=""
+expect "ctr: the run's ps-local.sh ends 0 ($rc): $(tail -3 "$tmp/runc.out")" [ $rc -eq 0 ]
+expect "ctr: its workers trained to the end" grep -q "epoch 10: test auc" "$tmp/lc/worker-0.log"
+for r in 0 1; do
+  n=$(grep -c "re-shard: following" "$tmp/lc/worker-$r.log")
+  expect "ctr: worker $r followed two re-shards ($n)" [ "$n" -eq 2 ]
+  expect "ctr: worker $r never resumed from a checkpoint" \
+    sh -c "! grep -q 'continuing at clock' '$tmp/lc/worker-$r.log'"
+done
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]

@@ -25,7 +25,8 @@ struct tacc {
 /* What meta.json says of a shard. */
 struct shard_info {
 	char path[4200];
-	int version;            /* of the full file: 1..4 (ckpt_format.h's CKPT_V_* bits) */
+	int version;            /* of the full file: 1..8 (ckpt_format.h's CKPT_V_* bits) */
+	uint64_t map_epoch;     /* re-shards the state went through (versions 5..8; else 0) */
 	int last_version;       /* of the last file applied (a delta may add the tables bit) */
 	uint32_t deltas;        /* incremental checkpoints applied */
 	uint32_t base_crc;

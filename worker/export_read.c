@@ -455,6 +455,15 @@ static int walk_records(struct exporter *ex, struct file *f, const struct ckpt_h
 	if (apply)
 		memcpy(si->finished, f->p + pos, (size_t)c->nworkers * 8);
 	pos += (uint64_t)c->nworkers * 8;
+	if ((version - 1) & CKPT_V_EPOCH) {
+		struct ckpt_map cm;
+		if ((rc = need(ex, f, pos, 1, sizeof(cm), "the map epoch")))
+			return rc;
+		memcpy(&cm, f->p + pos, sizeof(cm));
+		if (apply)
+			si->map_epoch = cm.epoch;
+		pos += sizeof(cm);
+	}
 	if (!f->ntables && f->seq)
 		return FAIL(PS_ECONFIG, "%s: an incremental checkpoint, but the config has no "
 			    "embedding tables and it declares none", f->path);
@@ -639,9 +648,9 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 		ex->mapcap = cap;
 	}
 	memcpy(&h, f.p, sizeof(h));
-	/* "PSCKPT0" v or "PSDELTA" v, v 1..4 */
+	/* "PSCKPT0" v or "PSDELTA" v, v 1..8 */
 	version = !memcmp(h.magic, seq ? "PSDELTA" : "PSCKPT0", 7) && h.magic[7] >= '1' &&
-		  h.magic[7] <= '4' ? h.magic[7] - '0' : 0;
+		  h.magic[7] <= '0' + CKPT_V_MAX ? h.magic[7] - '0' : 0;
 	if (!version) {
 		rc = FAIL(PS_EPROTO, "%s: damaged at offset 0: not a ps-server %scheckpoint "
 			  "(bad magic)", path, seq ? "incremental " : "");

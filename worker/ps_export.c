@@ -224,9 +224,10 @@ static int write_meta(struct exporter *ex, struct ps_npz *z, const char *cfgpath
 		const struct shard_info *si = &ex->sh[k];
 		fprintf(o, "%s\n    {\"shard\": %d, \"file\": ", k ? "," : "", k);
 		json_str(o, si->path);
-		fprintf(o, ", \"checkpoint_version\": %d, \"deltas\": %u, \"base_crc\": \"%08x\", "
-			"\"base_len\": %" PRIu64 ", \"slice_versions\": [%" PRIu64 ", %" PRIu64 "], "
-			"\"finished_clocks\": [", si->version, si->deltas, si->base_crc, si->base_len,
+		fprintf(o, ", \"checkpoint_version\": %d, \"map_epoch\": %" PRIu64 ", \"deltas\": %u, "
+			"\"base_crc\": \"%08x\", \"base_len\": %" PRIu64 ", \"slice_versions\": [%"
+			PRIu64 ", %" PRIu64 "], \"finished_clocks\": [", si->version, si->map_epoch,
+			si->deltas, si->base_crc, si->base_len,
 			si->min_version == UINT64_MAX ? 0 : si->min_version, si->max_version);
 		for (int r = 0; r < c->nworkers; r++)
 			fprintf(o, "%s%" PRIu64, r ? ", " : "", si->finished[r]);

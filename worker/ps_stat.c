@@ -6,8 +6,12 @@
  * out as float32 (raw) and as sent (wire), push and pull latency p50/p99
  * from the difference of the shards' log2 histograms, the slowest and
  * fastest worker clock and the gap between them, the share of time the
- * optimizer ran, rejected frames and connections. A shard that cannot be
- * reached is shown as down with the reason; the rest still print.
+ * optimizer ran, rejected frames and connections; the membership and, once
+ * re-sharded or while a change is under way, each shard's map epoch and
+ * the change in progress. --reshard-stop and --reshard-cancel stop the
+ * shards for a live re-shard (server/stop.c) or take such a stop back. A
+ * shard that cannot be reached is shown as down with the reason; the rest
+ * still print.
  *
  * Exit status: 0 when every shard answered, 1 when one was down, 2 for a
  * usage or config error.
@@ -95,7 +99,9 @@ static void usage(FILE *f)
 		"spent applying the optimizer,\n"
 		"rejected frames and connections; with workers joining or leaving (an\n"
 		"elastic cluster), each shard's membership epoch, members and joins and\n"
-		"leaves. Rates cover the interval between two\n"
+		"leaves; once re-sharded or while a change is under way, each shard's map\n"
+		"epoch, what moved in at its start and the change in progress (a re-shard's\n"
+		"stop, a join, a leave). Rates cover the interval between two\n"
 		"samples. A shard that cannot be reached shows as down with the reason.\n"
 		"\n"
 		"Options:\n"
@@ -114,7 +120,10 @@ static void usage(FILE *f)
 		"                        while the workers run (docs/elastic.md): each\n"
 		"                        refuses pushes from that clock on (the workers keep\n"
 		"                        them), closes the clocks below, writes its checkpoint\n"
-		"                        there and exits 0; prints the clock\n"
+		"                        there and exits 0; prints the clock. Refused while\n"
+		"                        another stop or a worker's join or leave is under way\n"
+		"      --reshard-cancel  cancel every shard's re-shard stop not committed yet\n"
+		"                        (one a ps-stat that died left)\n"
 		"  -h, --help            this text\n"
 		"      --version         version, wire protocol, rdma and CUDA plug-in of this build\n"
 		"\n"
@@ -477,6 +486,88 @@ static void print_members(FILE *f, const struct ps_config *cfg, const struct sna
 	}
 }
 
+/* What a shard has under way, into buf: a re-shard's stop, joins,
+ * leaves; "-" when nothing. */
+static void changes(const struct ps_shard_stats *x, char *buf, size_t len)
+{
+	size_t at = 0;
+
+#define ADD(...) (at += (size_t)snprintf(buf + at, at < len ? len - at : 0, __VA_ARGS__))
+	buf[0] = '\0';
+	if (x->stop_at)
+		ADD("re-shard stop pending at clock %" PRIu64 " (%s)", x->stop_at,
+		    x->stop_committed ? "committed" : "prepared");
+	for (int i = 0; i < x->njoining && i < 16; i++)
+		ADD("%sworker %d joining at clock %" PRIu64, at ? "; " : "", x->joining[i],
+		    x->joining_clock[i]);
+	for (int i = 0; i < x->nleaving && i < 16; i++)
+		ADD("%sworker %d leaving (trains up to clock %" PRIu64 ")", at ? "; " : "",
+		    x->leaving[i], x->leaving_clock[i]);
+	if (!at)
+		ADD("-");
+#undef ADD
+}
+
+/* Re-sharding (docs/elastic.md, "Operations"): per shard, its map epoch
+ * (re-shards its state went through), what its --reshard-from start took
+ * in, and the changes under way. Shown once the cluster was re-sharded or
+ * a change is under way. */
+static void print_reshard(FILE *f, const struct ps_config *cfg, const struct snap *b)
+{
+	int any = 0;
+
+	for (int k = 0; k < cfg->nshards; k++)
+		any |= b[k].up && (b[k].st.map_epoch || b[k].st.stop_at || b[k].st.njoining ||
+				   b[k].st.nleaving);
+	if (!any)
+		return;
+	fprintf(f, "\n%-6s %9s %-28s %s\n", "shard", "map epoch", "moved in at its start",
+		"change in progress");
+	for (int k = 0; k < cfg->nshards; k++) {
+		const struct ps_shard_stats *x = &b[k].st;
+		char in[64], what[600];
+
+		if (!b[k].up) {
+			fprintf(f, "%-6d down\n", k);
+			continue;
+		}
+		if (x->reshard_in_slices || x->reshard_in_rows)
+			snprintf(in, sizeof(in), "%" PRIu64 " slices, %" PRIu64 " rows, %.1f %s",
+				 x->reshard_in_slices, x->reshard_in_rows,
+				 (double)x->reshard_in_bytes / (x->reshard_in_bytes < 1048576 ?
+								 1024.0 : 1048576.0),
+				 x->reshard_in_bytes < 1048576 ? "KiB" : "MiB");
+		else
+			snprintf(in, sizeof(in), "-");
+		changes(x, what, sizeof(what));
+		fprintf(f, "%-6d %9" PRIu64 " %-28s %s\n", k, x->map_epoch, in, what);
+	}
+}
+
+/* ,"map_epoch":...,"reshard_in":{...},"reshard_stop":...,"joining":[...],
+ * "leaving":[...] of one shard (--json). */
+static void json_reshard(FILE *f, const struct ps_shard_stats *x)
+{
+	fprintf(f, ",\"map_epoch\":%" PRIu64 ",\"reshard_in\":{\"bytes\":%" PRIu64 ",\"slices\":%"
+		PRIu64 ",\"rows\":%" PRIu64 "},\"reshard_stop\":", x->map_epoch,
+		x->reshard_in_bytes, x->reshard_in_slices, x->reshard_in_rows);
+	if (x->stop_at)
+		fprintf(f, "{\"clock\":%" PRIu64 ",\"committed\":%s}", x->stop_at,
+			x->stop_committed ? "true" : "false");
+	else
+		fprintf(f, "null");
+	for (int w = 0; w < 2; w++) {
+		int n = w ? x->nleaving : x->njoining;
+
+		fprintf(f, ",\"%s\":[", w ? "leaving" : "joining");
+		for (int i = 0; i < n && i < 16; i++)
+			fprintf(f, "%s{\"rank\":%d,\"clock\":%" PRIu64 "}", i ? "," : "",
+				w ? x->leaving[i] : x->joining[i],
+				w ? x->leaving_clock[i] : x->joining_clock[i]);
+		fputc(']', f);
+	}
+}
+
 static void print_table(FILE *f, const struct ps_config *cfg, const struct snap *b,
 			const struct row *rows, const struct row *tot, double dt, int workers)
 {
@@ -502,6 +593,7 @@ static void print_table(FILE *f, const struct ps_config *cfg, const struct snap 
 	print_tables(f, cfg, b);
 	print_checkpoints(f, cfg, b, rows);
 	print_members(f, cfg, b);
+	print_reshard(f, cfg, b);
 	if (cfg->replicas) {
 		static const char *const role[] = { "off", "joining", "backup", "primary" };
 		fprintf(f, "\n%-6s %-22s %-8s %6s %-22s %-8s %9s %9s\n", "shard", "process", "role",
@@ -638,15 +730,18 @@ static void print_json(FILE *f, const struct ps_config *cfg, const struct snap *
 				",\"filter_ids\":%" PRIu64 ",\"filter_bytes\":%" PRIu64
 				",\"filter_lookups\":%" PRIu64 ",\"filter_hits\":%" PRIu64
 				",\"pulled_rows\":%" PRIu64 ",\"pushed_rows\":%" PRIu64
-				",\"version\":%" PRIu64 ",\"checksum\":\"%016" PRIx64 "\"}", ts->dim,
+				",\"version\":%" PRIu64 ",\"checksum\":\"%016" PRIx64 "\","
+				"\"epoch_unix\":%.6f}", ts->dim,
 				ts->rows, ts->bytes, ts->admitted, ts->evicted, ts->cap_rows,
 				ts->expired, ts->filter_ids, ts->filter_bytes, ts->filter_lookups,
 				ts->filter_hits, ts->pulled_rows, ts->pushed_rows, ts->version,
-				ts->checksum);
+				ts->checksum, ts->epoch_unix);
 		}
 		fputc(']', f);
-		if (rows[k].up)
+		if (rows[k].up) {
 			json_membership(f, &b[k].st);
+			json_reshard(f, &b[k].st);
+		}
 		if (cfg->replicas) {
 			static const char *const role[] = { "off", "joining", "backup", "primary" };
 			fprintf(f, ",\"replicas\":[");
@@ -744,33 +839,105 @@ static void nap(double s)
 	}
 }
 
+/* Before a stop: the changes under way that refuse it (docs/elastic.md,
+ * "Operations"). Another re-shard's stop on any shard: committed on some
+ * (a ps-stat that died or failed between its commits), its clock goes
+ * into *finish, to commit the others at it; prepared only, refused. A
+ * worker's join or leave under way: refused (the shard would refuse it
+ * too). 0 to go on, 1 refused (said on stderr). */
+static int reshard_refusals(const struct ps_config *cfg, struct ps_client *c,
+			    struct ps_shard_stats *st, uint64_t *finish)
+{
+	int held = -1, committed = -1;
+	uint64_t held_at = 0;
+
+	*finish = 0;
+	for (int k = 0; k < cfg->nshards; k++) {
+		if (ps_client_stats(c, k, st)) {
+			fprintf(stderr, "ps-stat: reshard-stop: %s\n", ps_client_error(c));
+			return 1;
+		}
+		if (st->stop_at && st->stop_committed && committed < 0) {
+			committed = k;
+			*finish = st->stop_at;
+		} else if (st->stop_at && held < 0) {
+			held = k;
+			held_at = st->stop_at;
+		}
+		if (!st->stop_at && (st->njoining || st->nleaving)) {
+			if (st->njoining)
+				fprintf(stderr, "ps-stat: reshard-stop: refused: worker %d is joining at "
+					"clock %" PRIu64 " (shard %d holds it); try again after it\n",
+					st->joining[0], st->joining_clock[0], k);
+			else
+				fprintf(stderr, "ps-stat: reshard-stop: refused: worker %d is leaving "
+					"(shard %d counts it at clock %" PRIu64 " until it leaves); try "
+					"again after it\n", st->leaving[0], k, st->leaving_clock[0]);
+			return 1;
+		}
+	}
+	if (committed >= 0) {
+		printf("ps-stat: reshard-stop: shard %d committed to stop at clock %" PRIu64
+		       " already (an earlier stop not finished): committing every shard at it\n",
+		       committed, *finish);
+		return 0;
+	}
+	if (held >= 0) {
+		fprintf(stderr, "ps-stat: reshard-stop: refused: another re-shard is in progress: "
+			"shard %d holds a stop at clock %" PRIu64 " (prepared); if none runs (its "
+			"ps-stat died), cancel it with ps-stat --config FILE --reshard-cancel\n", held,
+			held_at);
+		return 1;
+	}
+	return 0;
+}
+
 /* --reshard-stop: every shard stops at one clock B (server/stop.c). B
  * is the highest clock any shard took a push for, plus one, or the
  * highest clock a worker finished there if higher; a shard that
  * took a push for B meanwhile refuses, and every shard is asked again with
  * its top clock (the shards that accepted raise their stop). Once all
  * accepted one B, each is told to commit: it closes the clocks below B,
- * writes its checkpoint and exits. 0 done, 1 failed (stops not committed
- * are cancelled; a commit sent to some shards only is named). */
-static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp)
+ * writes its checkpoint and exits. Refused first while another stop or
+ * a join or leave is under way (reshard_refusals). 0 done, 1 failed
+ * (the stops this run made and did not commit are cancelled; a commit
+ * sent to some shards only is named). --reshard-cancel (cancel): every
+ * shard's stop not committed is cancelled. */
+static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp, int cancel)
 {
 	struct ps_shard_stats *st = malloc(sizeof(*st));
+	unsigned char *mine = calloc((size_t)cfg->nshards, 1); /* stops this run made */
 	char err[512];
 	int rc = 1, k = 0;
-	uint64_t b = 1;
+	uint64_t b = 1, finish = 0;
 
-	if (!st)
-		return 1;
+	if (!st || !mine)
+		goto out_free;
 	if (ps_client_init(cp, cfg, -1, err, sizeof(err))) {
 		fprintf(stderr, "ps-stat: %s\n", err);
 		goto out_free;
 	}
 	for (k = 0; k < cfg->nshards; k++)
 		if (ps_client_shard_error(*cp, k, err, sizeof(err))) {
-			fprintf(stderr, "ps-stat: reshard-stop: %s: every shard must be up\n", err);
+			fprintf(stderr, "ps-stat: reshard-%s: %s: every shard must be up\n",
+				cancel ? "cancel" : "stop", err);
 			goto out_free;
 		}
-	for (int tries = 0; tries < 200 && !stop; tries++) {
+	if (cancel) {
+		rc = 0;
+		for (k = 0; k < cfg->nshards; k++) {
+			if (ps_client_stop_at(*cp, k, 0, PS_STOP_CANCEL, st)) {
+				fprintf(stderr, "ps-stat: reshard-cancel: %s\n", ps_client_error(*cp));
+				rc = 1;
+			} else {
+				printf("ps-stat: reshard-cancel: shard %d takes pushes again\n", k);
+			}
+		}
+		goto out_free;
+	}
+	if (reshard_refusals(cfg, *cp, st, &finish))
+		goto out_free;
+	for (int tries = 0; tries < 200 && !stop && !finish; tries++) {
 		for (k = 0; k < cfg->nshards; k++) {
 			if (ps_client_stats(*cp, k, st))
 				goto err_cancel;
@@ -788,32 +955,38 @@ static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp)
 				break; /* a push for b came: again with a later b */
 			if (r)
 				goto err_cancel;
+			mine[k] = 1;
 		}
-		if (k < cfg->nshards) {
+		if (k == cfg->nshards)
+			finish = b;
+		else
 			nap(0.02);
-			continue;
-		}
-		for (k = 0; k < cfg->nshards; k++)
-			if (ps_client_stop_at(*cp, k, b, PS_STOP_COMMIT, st)) {
-				fprintf(stderr, "ps-stat: reshard-stop: shard %d: %s; shards 0..%d were "
-					"told to stop at clock %" PRIu64 " and will: run this again to "
-					"commit the others at the same clock\n", k, ps_client_error(*cp),
-					k - 1, b);
-				goto out_free;
-			}
-		printf("ps-stat: reshard-stop: every shard stops at clock %" PRIu64 ": it closes "
-		       "the clocks below, writes its checkpoint there and exits\n", b);
-		rc = 0;
-		goto out_free;
 	}
-	snprintf(err, sizeof(err), "no clock every shard accepted after 200 tries");
-	k = -1;
+	if (!finish) {
+		snprintf(err, sizeof(err), "no clock every shard accepted after 200 tries");
+		k = -1;
+		goto err_cancel;
+	}
+	for (k = 0; k < cfg->nshards; k++)
+		if (ps_client_stop_at(*cp, k, finish, PS_STOP_COMMIT, st)) {
+			fprintf(stderr, "ps-stat: reshard-stop: shard %d: %s; shards 0..%d were "
+				"told to stop at clock %" PRIu64 " and will: run this again to "
+				"commit the others at the same clock\n", k, ps_client_error(*cp),
+				k - 1, finish);
+			goto out_free;
+		}
+	printf("ps-stat: reshard-stop: every shard stops at clock %" PRIu64 ": it closes "
+	       "the clocks below, writes its checkpoint there and exits\n", finish);
+	rc = 0;
+	goto out_free;
 err_cancel:
 	fprintf(stderr, "ps-stat: reshard-stop: %s%s; cancelling the stop\n",
 		k >= 0 ? "" : err, k >= 0 ? ps_client_error(*cp) : "");
 	for (k = 0; k < cfg->nshards; k++)
-		ps_client_stop_at(*cp, k, 0, PS_STOP_CANCEL, st);
+		if (mine[k])
+			ps_client_stop_at(*cp, k, 0, PS_STOP_CANCEL, st);
 out_free:
+	free(mine);
 	free(st);
 	return rc;
 }
@@ -827,6 +1000,7 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, 'V' },
 		{ "checkpoint", no_argument, NULL, 'C' },
 		{ "reshard-stop", no_argument, NULL, 'R' },
+		{ "reshard-cancel", no_argument, NULL, 'X' },
 		{ "secret-file", required_argument, NULL, 'K' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -856,6 +1030,7 @@ int main(int argc, char **argv)
 		case 'W': o.workers = 1; break;
 		case 'C': o.checkpoint = 1; break;
 		case 'R': o.reshard_stop = 1; break;
+		case 'X': o.reshard_stop = 2; break;
 		case 'K': o.secret = optarg; break;
 		case 'V': ps__version_print(stdout, "ps-stat"); rc = 0; goto out;
 		case 'h': usage(stdout); rc = 0; goto out;
@@ -896,7 +1071,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (o.reshard_stop) {
-		rc = reshard_stop(cfg, &c);
+		rc = reshard_stop(cfg, &c, o.reshard_stop == 2);
 		goto out;
 	}
 	sample(cfg, &c, a);

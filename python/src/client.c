@@ -697,7 +697,8 @@ static PyMethodDef client_methods[] = {
 	  "leave(clock=None): end clock (default: the current one) and leave the membership" },
 	{ "leave_begin", (PyCFunction)client_leave_begin, METH_NOARGS,
 	  "leave_begin() -> clock: the last clock to train before leaving with its push "
-	  "(async with a staleness: up to that many clocks on; see docs/python.md)" },
+	  "(async with a staleness: the highest clock any shard told with this worker as a "
+	  "member; see docs/python.md)" },
 	{ "members", (PyCFunction)client_members, METH_NOARGS,
 	  "members() -> {clock, epoch, before, count, index}: the membership the last pull "
 	  "told" },

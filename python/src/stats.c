@@ -45,7 +45,7 @@ static PyObject *table_dict(const struct ps_table_stats *t)
 	    U64(d, t, admitted) || U64(d, t, evicted) || U64(d, t, cap_rows) || U64(d, t, expired) ||
 	    U64(d, t, filter_ids) || U64(d, t, filter_bytes) || U64(d, t, filter_lookups) ||
 	    U64(d, t, filter_hits) || U64(d, t, pulled_rows) || U64(d, t, pushed_rows) ||
-	    U64(d, t, version) || U64(d, t, checksum)) {
+	    U64(d, t, version) || U64(d, t, checksum) || DBL(d, t, epoch_unix)) {
 		Py_DECREF(d);
 		return NULL;
 	}
@@ -99,6 +99,29 @@ PyObject *pyps_stats_dict(const struct ps_shard_stats *s)
 	if (put(d, "members", l) || U64(d, s, member_epoch) || U64(d, s, member_current) ||
 	    U64(d, s, joins) || U64(d, s, leaves))
 		goto err;
+	/* re-sharding: the map epoch, what a --reshard-from start took in, a
+	 * live re-shard's stop; the joins and leaves under way, rank: clock */
+	if (U64(d, s, map_epoch) || U64(d, s, reshard_in_bytes) || U64(d, s, reshard_in_slices) ||
+	    U64(d, s, reshard_in_rows) || U64(d, s, stop_at) || INT(d, s, stop_committed) ||
+	    U64(d, s, top_clock))
+		goto err;
+	for (int w = 0; w < 2; w++) {
+		int n = w ? s->nleaving : s->njoining;
+		const int *rk = w ? s->leaving : s->joining;
+		const uint64_t *ck = w ? s->leaving_clock : s->joining_clock;
+		PyObject *m = PyDict_New();
+
+		for (int i = 0; m && i < n && i < 16; i++) {
+			PyObject *k = PyLong_FromLong(rk[i]);
+			PyObject *v = PyLong_FromUnsignedLongLong(ck[i]);
+			if (!k || !v || PyDict_SetItem(m, k, v) < 0)
+				Py_CLEAR(m);
+			Py_XDECREF(k);
+			Py_XDECREF(v);
+		}
+		if (put(d, w ? "leaving" : "joining", m))
+			goto err;
+	}
 	l = PyList_New(nt);
 	for (int i = 0; l && i < nt; i++) {
 		PyObject *t = table_dict(&s->tables[i]);

@@ -2,6 +2,8 @@
 running sync cluster at the clock the shards agree on, one leaves, and
 every clock's sum is over exactly its members; members() tells each worker
 its place for data loading."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -44,28 +46,41 @@ def test_join_leave_members(cluster):
 
 
 def test_leave_begin_async_staleness(cluster):
-    # async, staleness 2: rank 1 (the slowest) asks to leave at clock 1; the
-    # shards count it at clock 1 at most until it leaves, so rank 0 is told
-    # no clock past 3 with it as a member, and rank 1 trains up to clock 3
+    # async, staleness 2: rank 1 (the slowest) asks to leave after ending
+    # clock 0 while rank 0 has been told clock 2: it trains up to clock 2,
+    # the highest clock told with it as a member, and rank 0's pull for
+    # clock 3 waits until it has left (no later clock is told with it)
     cl = cluster(workers=2, mode="async", tensors={"c": 5}, consistency=["  staleness: 2"])
     ones = np.ones(5, np.float32)
     w = np.zeros(5, np.float32)
     with ps.Client(cl.path, 0) as c0, ps.Client(cl.path, 1) as c1:
         c1.push({"c": ones})              # rank 1 ends clock 0
-        last = c1.leave_begin()
-        assert last == 1 + 2
-        for clock in range(0, 4):         # rank 0 runs ahead: clocks 0..3
+        for clock in range(0, 3):         # rank 0 runs ahead: clocks 0..2
             c0.pull({"c": w})
             assert c0.members()["count"] == 2
-            c0.push({"c": ones})
+            if clock < 2:
+                c0.push({"c": ones})
+        last = c1.leave_begin()
+        assert last == 2
+        c0.push({"c": ones})              # rank 0 ends clock 2
+        got = {}
+
+        def pull_clock_3():
+            c0.pull({"c": w})
+            got["m"] = c0.members()
+        t = threading.Thread(target=pull_clock_3)
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), "rank 0 was told clock 3 before rank 1 left"
         for clock in range(1, last):      # rank 1 trains through its last clock
             c1.push({"c": ones})
         c1.push({"c": ones}, end_clock=False)
         c1.leave(last)
-        c0.pull({"c": w})                 # clock 4: rank 1 has left
-        m = c0.members()
-        assert (m["clock"], m["count"], m["index"]) == (4, 1, 0)
-        np.testing.assert_array_equal(w, -np.full(5, 4 + 4, np.float32))
+        t.join(30)
+        assert not t.is_alive()
+        m = got["m"]                      # clock 3: rank 1 has left
+        assert (m["clock"], m["count"], m["index"]) == (3, 1, 0)
+        np.testing.assert_array_equal(w, -np.full(5, 3 + 3, np.float32))
         st = c0.stats(0)
         assert (st["leaves"], st["members"]) == (1, [0])
     # sync: the current clock, nothing asked of the shards

@@ -29,6 +29,10 @@ def test_stats_and_checkpoint(cluster, tmp_path):
             assert len(s["push_lat"]) == len(s["pull_lat"]) > 0
             assert s["tables"][0]["name"] == "e" and s["tables"][0]["dim"] == 4
         assert sum(s["tables"][0]["rows"] for s in stats) == 2
+        for s in stats:   # never re-sharded, no change under way (docs/elastic.md)
+            assert (s["map_epoch"], s["reshard_in_bytes"], s["reshard_in_slices"],
+                    s["reshard_in_rows"], s["stop_at"], s["stop_committed"]) == (0,) * 6
+            assert s["top_clock"] == 4 and s["joining"] == {} and s["leaving"] == {}
         res = m.checkpoint()
         for k, r in enumerate(res):
             assert r["checkpoint_status"] == 0, r["checkpoint_error"]

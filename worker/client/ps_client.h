@@ -111,6 +111,11 @@ struct ps_table_stats {
 	 * the same (cluster.replicas: 1), and so does a restart from a
 	 * checkpoint */
 	uint64_t checksum;
+	/* The instant of the table's stamp 0 (the clock its rows' last-update
+	 * stamps and ttl count on) on the shard process's wall clock, seconds
+	 * since 1970: a primary and its backup on one host show the same,
+	 * after any number of takeovers */
+	double epoch_unix;
 };
 #define PS_STATS_MAX_TABLES 16
 /* Latency histogram buckets (the same value as histo.h's). */
@@ -195,6 +200,17 @@ struct ps_shard_stats {
 	 * the highest clock of a push it took */
 	uint64_t stop_at, top_clock;
 	int stop_committed;
+	/* Re-sharding (docs/elastic.md, "Operations"): the map epoch (the
+	 * re-shards the shard's state went through, kept in its checkpoint);
+	 * what its --reshard-from start took in from other shard indices'
+	 * files (bytes of weights, optimizer state and rows; slices; rows).
+	 * Membership changes under way: the workers whose join holds a clock
+	 * there (the first 16) with the clock they join at the earliest, and
+	 * those leaving (async) with the clock they are counted at. */
+	uint64_t map_epoch, reshard_in_bytes, reshard_in_slices, reshard_in_rows;
+	int njoining, nleaving;
+	int joining[16], leaving[16];
+	uint64_t joining_clock[16], leaving_clock[16];
 };
 
 /* The rank of a reader: a read-only client that proves the reader key
@@ -221,8 +237,9 @@ struct ps_shard_stats {
  * environment has PS_CONFIG_FOLLOW=FILE (FILE: one line, the path of the
  * cluster's current config) follows a re-shard while it runs: once every
  * shard is lost and FILE names a config differing in cluster.servers
- * only, it takes that config's map and sends its waiting pushes and pulls
- * again to the new shards (docs/elastic.md; ps_client_follow.c). */
+ * only, it takes that config's map and sends its waiting pushes and pulls,
+ * dense and rows, again to the new shards (docs/elastic.md;
+ * ps_client_follow.c); other requests in flight then fail with PS_EMAP. */
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
 		   size_t errlen);
 
@@ -378,7 +395,10 @@ uint64_t ps_client_clock(struct ps_client *c);
  * survived a crash and a shard passed its clock; reason in
  * ps_client_error). Under cluster.replicas: 1 each step is answered once
  * the shard's backup has it, so a failover between the steps loses
- * neither. */
+ * neither. While a re-shard's stop is pending on a shard (docs/elastic.md,
+ * "Operations") the join waits: asked again every 0.2 s for up to
+ * limits.reconnect_timeout_ms, then PS_ERESHARD; ps_client_leave_begin
+ * (async) the same. */
 int ps_client_join(struct ps_client *c);
 
 /* Ends clock (the worker's last; what it pushed for it counts) and leaves:
@@ -393,15 +413,14 @@ int ps_client_leave(struct ps_client *c, uint64_t clock);
  * with PS_PUSH_END_CLOCK | PS_PUSH_LEAVE; the clocks before it as usual).
  * Sync, or async with consistency.staleness 0: the current clock
  * (ps_client_clock), nothing asked of the shards. Async with staleness s:
- * every shard counts this worker at most at its clock now (or the highest
- * clock it answered a pull for, less s) for the slowest-clock rule until
- * it leaves, so no worker is told a clock past that plus s with it as a
- * member; *last is that clock, up to s clocks past the current one, and
- * the others wait there until this worker's push of *last leaves (or it is
- * dropped): train through it. (A worker that only calls ps_client_leave
- * leaves at once, and with s > 0 the others may have been told up to s
- * clocks with it as a member.) 0 or a negative code (the reason in
- * ps_client_error). */
+ * *last is the highest clock any shard may have told a worker with this
+ * one as a member (at least the current clock: at most as far as the
+ * fastest worker got), and no shard tells another worker a later clock
+ * until this worker's push of *last leaves (or it is dropped, or another
+ * process of its rank connects): train through it; the others wait
+ * there. (A worker that only calls ps_client_leave leaves at once, and
+ * with s > 0 the others may have been told up to s clocks with it as a
+ * member.) 0 or a negative code (the reason in ps_client_error). */
 int ps_client_leave_begin(struct ps_client *c, uint64_t *last);
 
 /* The membership of a clock, as the last pull reply told it. */

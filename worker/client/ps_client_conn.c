@@ -311,8 +311,8 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 			 * shard's checkpoint holds (its acks were lost with the old
 			 * shards) is complete here */
 			for (struct req *r = c->reqs; r; r = r->next)
-				if (r->recut && r->kind == REQ_PUSH && r->parts[k].waiting &&
-				    r->clock < m->clock)
+				if (r->recut && (r->kind == REQ_PUSH || r->kind == REQ_PUSH_ROWS) &&
+				    r->parts[k].waiting && r->clock < m->clock)
 					ps__client_part_done(c, r, k, 0, NULL);
 			int n = resend(c, k);
 			const struct ps_endpoint *ep = ps_config_replica_addr(c->cfg, k, sh->alt);
@@ -390,7 +390,8 @@ static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, Pro
 		Ps__Error *e = (Ps__Error *)m;
 		struct req *r = ps__client_find_req(c, (int64_t)e->req_id);
 		char text[600];
-		if (r && e->code == PS_ERESHARD && r->kind == REQ_PUSH && r->parts[k].waiting) {
+		if (r && e->code == PS_ERESHARD && (r->kind == REQ_PUSH || r->kind == REQ_PUSH_ROWS) &&
+		    r->parts[k].waiting) {
 			/* the shard stops for a re-shard (server/stop.c): the part
 			 * stays unacknowledged, sent again on the next connection
 			 * (resend) or, if the shard takes pushes again (a later

@@ -31,7 +31,12 @@
  *     B, says it holds that clock, and the part completes there unsent:
  *     ps_client_conn.c.)
  *   - a pull is asked again of the new owners of its slices;
- *   - any other request (rows, declarations, stats) fails with PS_EMAP.
+ *   - row pushes and pulls the same way (ps_client_rows.c): a row push
+ *     none of whose parts was acknowledged is built again from its parts
+ *     as sent (the caller's ids and gradients were copied at the call),
+ *     one with a part acknowledged was for a clock below B and completes,
+ *     and a row pull asks its rows not answered yet of their new owners;
+ *   - any other request (declarations, stats) fails with PS_EMAP.
  *
  * Refused here, with the reason in the log and in the error the requests
  * end with once the reconnects time out: a config that differs in more
@@ -223,13 +228,14 @@ out_free:
 static int recut(struct ps_client *c, struct req *r, struct part *old, int nold)
 {
 	int acked = 0, rc = 0;
+	char rwhy[300] = "";
 
 	for (int k = 0; k < nold; k++)
 		acked |= old[k].meta && !old[k].waiting;
 	r->pending = 0;
 	if (r->done)
 		return 0;
-	if (r->kind == REQ_PUSH && acked) {
+	if ((r->kind == REQ_PUSH || r->kind == REQ_PUSH_ROWS) && acked) {
 		r->done = 1; /* for a clock below the stop: in the new shards' state */
 		return 0;
 	}
@@ -238,6 +244,8 @@ static int recut(struct ps_client *c, struct req *r, struct part *old, int nold)
 		rc = ps__client_push_recut(c, r, old, nold);
 	else if (r->kind == REQ_PULL)
 		rc = ps__client_pull_parts(c, r);
+	else if (r->kind == REQ_PUSH_ROWS || r->kind == REQ_PULL_ROWS)
+		rc = ps__client_rows_recut(c, r, old, nold, rwhy, sizeof(rwhy));
 	else
 		rc = PS_EMAP;
 	if (!rc)
@@ -248,10 +256,11 @@ static int recut(struct ps_client *c, struct req *r, struct part *old, int nold)
 	if (rc || !r->pending) {
 		r->status = rc;
 		if (rc && !r->why) {
-			char why[200];
+			char why[500];
 			snprintf(why, sizeof(why), "the shards were re-sharded (%d now) while this "
-				 "request was in flight%s", c->cfg->nshards,
-				 rc == PS_EMAP ? ": only pushes and pulls are sent again" : "");
+				 "request was in flight%s%.300s", c->cfg->nshards,
+				 rc == PS_EMAP ? ": only pushes and pulls (dense and rows) are sent "
+				 "again" : rwhy[0] ? ": " : "", rc == PS_EMAP ? "" : rwhy);
 			r->why = strdup(why);
 		}
 		r->done = 1;
@@ -339,7 +348,7 @@ static int switch_map(struct ps_client *c, struct ps_config *nc, char *why, size
 		r->parts = newparts[i];
 		r->nparts = nc->nshards;
 		if (recut(c, r, old, nold))
-			r->kind == REQ_PUSH ? npush++ : npull++;
+			r->kind == REQ_PUSH || r->kind == REQ_PUSH_ROWS ? npush++ : npull++;
 		else if (r->status)
 			nfail++;
 		for (int k = 0; k < nold; k++) {

@@ -232,6 +232,12 @@ int64_t ps__client_submit_built(struct ps_client *c, int rc, struct req *r);
 void ps__client_on_rows_reply(struct ps_client *c, int k, const Ps__PullRowsReply *m,
 			      const struct ps_frame *f);
 void ps__client_rows_free(struct rows_req *rr);
+/* A row push none of whose parts was acknowledged, or a row pull waiting
+ * (r, kind REQ_PUSH_ROWS or REQ_PULL_ROWS), cut again for the current map
+ * from its nold old parts as sent (r->parts all zero, r->nparts ==
+ * c->cfg->nshards; c->mu held): 0, or a code with why. */
+int ps__client_rows_recut(struct ps_client *c, struct req *r, const struct part *old, int nold,
+			  char *why, size_t wl);
 
 /* ps_client_build.c: building a request */
 int ps__client_pack_part(struct part *p, const ProtobufCMessage *msg);

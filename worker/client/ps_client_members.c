@@ -5,9 +5,11 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include "ps_client_int.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "ps_time.h"
 
 /* One join step (StatsRequest.member_op) to shard k, waited for; the
  * answer in *st. 0 or a negative code. */
@@ -34,12 +36,35 @@ static int member_step(struct ps_client *c, int k, Ps__MemberOp op, uint64_t clo
 	return id < 0 ? (int)id : ps_client_wait(c, id);
 }
 
+/* A join or leave step that shard k refused while a re-shard's stop is
+ * pending there (member_status PS_ERESHARD, server/members.c): not mixed
+ * into the stop, it is asked again after it, every 0.2 s for up to
+ * limits.reconnect_timeout_ms (60 s when 0) from the first refusal
+ * (*since, 0 before it). 1 to ask again, 0 to give up. */
+static int again_after_reshard(struct ps_client *c, int k, const char *what, const char *why,
+			       double *since)
+{
+	double now = ps_now_s(), limit = c->cfg->limits.reconnect_timeout_ms > 0 ?
+					     c->cfg->limits.reconnect_timeout_ms / 1000.0 : 60.0;
+	struct timespec ts = { 0, 200 * 1000 * 1000 };
+
+	if (!*since) {
+		*since = now;
+		ps_warn("worker %d: %s waits: shard %d: %s", c->rank, what, k, why);
+	}
+	if (now - *since > limit)
+		return 0;
+	nanosleep(&ts, NULL);
+	return 1;
+}
+
 int ps_client_join(struct ps_client *c)
 {
 	static __thread struct ps_shard_stats st;
 	int nsh = c->cfg->nshards, held = 0, rc;
 	uint64_t join = 0, hold_max = 0, member_from = 0;
 	int member_shard = -1;
+	double since = 0;
 
 	if (c->rank < 0)
 		return -EINVAL;
@@ -47,6 +72,16 @@ int ps_client_join(struct ps_client *c)
 	 * it is a member already, from which clock) */
 	for (int k = 0; k < nsh; k++) {
 		rc = member_step(c, k, PS__MEMBER_OP__MEMBER_HOLD, 0, &st);
+		if (!rc && st.member_status == PS_ERESHARD &&
+		    again_after_reshard(c, k, "the join", st.member_error, &since)) {
+			/* from the first shard again: a hold made on another
+			 * shard is taken again (at its clock then) */
+			k = -1;
+			held = 0;
+			hold_max = 0;
+			member_shard = -1;
+			continue;
+		}
 		if (!rc && st.member_status < 0)
 			rc = st.member_status;
 		if (rc) {
@@ -119,7 +154,8 @@ int ps_client_join(struct ps_client *c)
 int ps_client_leave_begin(struct ps_client *c, uint64_t *last)
 {
 	static __thread struct ps_shard_stats st;
-	uint64_t clock, f = 0, sl = (uint64_t)c->cfg->staleness;
+	uint64_t clock, f, sl = (uint64_t)c->cfg->staleness;
+	double since = 0;
 	int rc;
 
 	if (c->rank < 0)
@@ -127,23 +163,31 @@ int ps_client_leave_begin(struct ps_client *c, uint64_t *last)
 	pthread_mutex_lock(&c->mu);
 	clock = c->clock;
 	pthread_mutex_unlock(&c->mu);
-	*last = clock;
+	*last = f = clock;
 	if (c->cfg->consistency != PS_ASYNC || !sl)
 		return 0; /* the members of a clock are final before anyone starts it */
-	/* every shard counts this worker at most at its F for the
-	 * slowest-clock rule: no worker is told a clock past F + staleness
-	 * with it, and it trains up to there */
-	for (int k = 0; k < c->cfg->nshards; k++) {
-		rc = member_step(c, k, PS__MEMBER_OP__MEMBER_FREEZE, 0, &st);
-		if (!rc && st.member_status < 0) {
-			ps__client_set_err(c, "leave refused by shard %d: %s", k, st.member_error);
-			rc = st.member_status;
+	/* each shard freezes this worker at F, the highest clock it may have
+	 * told with it as a member, and tells no other worker a later clock
+	 * until it leaves; the second round raises every shard's F to the
+	 * highest, the last clock this worker trains */
+	for (int round = 0; round < 2; round++)
+		for (int k = 0; k < c->cfg->nshards; k++) {
+			rc = member_step(c, k, PS__MEMBER_OP__MEMBER_FREEZE, round ? f : 0, &st);
+			if (!rc && st.member_status == PS_ERESHARD &&
+			    again_after_reshard(c, k, "the leave", st.member_error, &since)) {
+				k--; /* this shard again (a freeze taken stays: it is never lowered) */
+				continue;
+			}
+			if (!rc && st.member_status < 0) {
+				ps__client_set_err(c, "leave refused by shard %d: %s", k,
+						   st.member_error);
+				rc = st.member_status;
+			}
+			if (rc)
+				return rc;
+			f = st.member_clock > f ? st.member_clock : f;
 		}
-		if (rc)
-			return rc;
-		f = st.member_clock > f ? st.member_clock : f;
-	}
-	*last = f + sl > clock ? f + sl : clock;
+	*last = f;
 	ps_info("worker %d leaving: it trains up to clock %llu and leaves with that push", c->rank,
 		(unsigned long long)*last);
 	return 0;

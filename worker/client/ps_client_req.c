@@ -149,6 +149,20 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->stop_at = m->stop_at;
 	o->top_clock = m->top_clock;
 	o->stop_committed = m->stop_committed;
+	o->map_epoch = m->map_epoch;
+	o->reshard_in_bytes = m->reshard_in_bytes;
+	o->reshard_in_slices = m->reshard_in_slices;
+	o->reshard_in_rows = m->reshard_in_rows;
+	for (size_t i = 0; i < m->n_joining && i < m->n_joining_clock && i < 16; i++) {
+		o->joining[i] = m->joining[i];
+		o->joining_clock[i] = m->joining_clock[i];
+		o->njoining = (int)i + 1;
+	}
+	for (size_t i = 0; i < m->n_leaving && i < m->n_leaving_clock && i < 16; i++) {
+		o->leaving[i] = m->leaving[i];
+		o->leaving_clock[i] = m->leaving_clock[i];
+		o->nleaving = (int)i + 1;
+	}
 	o->member_epoch = m->member_epoch;
 	o->joins = m->joins;
 	o->leaves = m->leaves;
@@ -220,6 +234,7 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 		ts->pushed_rows = t->pushed_rows;
 		ts->version = t->version;
 		ts->checksum = t->checksum;
+		ts->epoch_unix = t->epoch_unix;
 		o->ntables = (int)i + 1;
 	}
 	o->checkpoint_status = m->checkpoint_status;

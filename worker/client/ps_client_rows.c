@@ -6,7 +6,13 @@
  * every run), split by the shard their (table, id) hash names, and each
  * shard's ids sent sorted and delta-varint coded (rows_wire.h). A pull's
  * reply rows are written to every input position that named the id.
+ *
+ * A re-shard the client follows (ps_client_follow.c) cuts a row request
+ * still waiting again for the new map from its parts as sent: a push none
+ * of whose parts was acknowledged from all its ids and gradients (the
+ * caller's were copied at the call), a pull from the ids not answered yet.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "codec.h"
@@ -37,53 +43,190 @@ void ps__client_rows_free(struct rows_req *rr)
 	free(rr);
 }
 
-/* Distinct ids of the call and their shards. */
-struct split {
-	uint64_t *uniq;
-	size_t nuniq;
-	uint32_t *where;         /* input position -> distinct id */
-	int *shard;              /* distinct id -> shard */
-	uint32_t *count;         /* per shard */
+/* A distinct id of a call: the id, its index among the call's distinct
+ * ids (a pull's u) or its row (a push's gradients), and its shard. */
+struct one {
+	uint64_t id;
+	uint32_t u;
+	int shard;
 };
 
-static void split_free(struct split *sp)
+static int by_id(const void *a, const void *b)
 {
-	free(sp->uniq);
-	free(sp->where);
-	free(sp->shard);
-	free(sp->count);
+	uint64_t x = ((const struct one *)a)->id, y = ((const struct one *)b)->id;
+
+	return x < y ? -1 : x > y;
 }
 
-static int split_ids(struct ps_client *c, int t, const uint64_t *ids, size_t n,
-		     struct split *sp)
+/* The shard of each of the n ids of table t under the current map, into
+ * o[i].shard and count (per shard, zeroed by the caller); PS_ETOOBIG with
+ * why when a shard would get more than limits.max_request_rows. */
+static int place(const struct ps_config *cfg, int t, struct one *o, size_t n, uint32_t *count,
+		 char *why, size_t wl)
 {
-	const struct ps_config *cfg = c->cfg;
 	uint64_t tkey = ps_rows_table_key(&cfg->tables[t]);
 
-	memset(sp, 0, sizeof(*sp));
-	if (n > UINT32_MAX) {
-		ps__client_set_err(c, "%zu ids in one call; at most 2^32 - 1", n);
-		return PS_ETOOBIG;
-	}
-	sp->where = malloc(sizeof(uint32_t) * (n ? n : 1));
-	sp->count = calloc((size_t)cfg->nshards, sizeof(uint32_t));
-	if (!sp->where || !sp->count || ps_rows_dedup(ids, n, &sp->uniq, &sp->nuniq, sp->where))
-		return -ENOMEM;
-	sp->shard = malloc(sizeof(int) * (sp->nuniq ? sp->nuniq : 1));
-	if (!sp->shard)
-		return -ENOMEM;
-	for (size_t u = 0; u < sp->nuniq; u++) {
-		sp->shard[u] = ps_rows_shard(tkey, sp->uniq[u], cfg->nshards);
-		sp->count[sp->shard[u]]++;
+	for (size_t i = 0; i < n; i++) {
+		o[i].shard = ps_rows_shard(tkey, o[i].id, cfg->nshards);
+		count[o[i].shard]++;
 	}
 	for (int k = 0; k < cfg->nshards; k++)
-		if (sp->count[k] > (uint32_t)cfg->limits.max_request_rows) {
-			ps__client_set_err(c, "table '%s': %u distinct ids for shard %d in one call; "
-					   "at most %d (limits.max_request_rows)", cfg->tables[t].name,
-					   sp->count[k], k, cfg->limits.max_request_rows);
+		if (count[k] > (uint32_t)cfg->limits.max_request_rows) {
+			snprintf(why, wl, "table '%s': %u distinct ids for shard %d in one call; at "
+				 "most %d (limits.max_request_rows)", cfg->tables[t].name, count[k], k,
+				 cfg->limits.max_request_rows);
 			return PS_ETOOBIG;
 		}
 	return 0;
+}
+
+/* Pull r's parts for the current map (r->parts all zero, r->nparts ==
+ * c->cfg->nshards): the n distinct ids o (ascending) split by the shard
+ * their hash names, r->rows' nper and sidx made anew; every part's
+ * PullRows is m with its n_ids. The bytes of ids sent added to *sent. */
+static int pull_build(struct ps_client *c, struct req *r, int t, struct one *o, size_t n,
+		      Ps__PullRows *m, uint64_t *sent, char *why, size_t wl)
+{
+	struct rows_req *rr = r->rows;
+	int nsh = c->cfg->nshards, rc;
+	uint32_t *nper = calloc((size_t)nsh, sizeof(uint32_t)), **sidx = calloc((size_t)nsh,
+										 sizeof(*sidx));
+	uint32_t *fill = calloc((size_t)nsh, sizeof(uint32_t));
+	uint64_t *sid = malloc(sizeof(uint64_t) * (n ? n : 1));
+
+	rc = -ENOMEM;
+	if (!nper || !sidx || !fill || !sid || !(sidx[0] = malloc(sizeof(uint32_t) * (n ? n : 1))))
+		goto out_free;
+	rc = place(c->cfg, t, o, n, nper, why, wl);
+	if (rc)
+		goto out_free;
+	for (int k = 1; k < nsh; k++)
+		sidx[k] = sidx[k - 1] + nper[k - 1];
+	for (size_t i = 0; i < n; i++)
+		sidx[o[i].shard][fill[o[i].shard]++] = o[i].u;
+	/* the rows_req's split is the new one from here on, built or not */
+	if (rr->sidx)
+		free(rr->sidx[0]);
+	free(rr->sidx);
+	free(rr->nper);
+	rr->nper = nper;
+	rr->sidx = sidx;
+	nper = NULL;
+	sidx = NULL;
+	for (int k = 0; k < nsh; k++) {
+		struct part *p = &r->parts[k];
+		uint32_t j = 0;
+		if (!rr->nper[k])
+			continue;
+		for (size_t i = 0; i < n; i++)
+			if (o[i].shard == k)
+				sid[j++] = o[i].id;
+		p->enc = malloc((size_t)j * PS_VARINT_MAX);
+		p->iov = malloc(sizeof(*p->iov));
+		if (!p->enc || !p->iov) {
+			rc = -ENOMEM;
+			goto out_free;
+		}
+		p->iov[0].base = p->enc;
+		p->iov[0].len = ps_rows_ids_encode(sid, j, p->enc);
+		p->niov = 1;
+		m->n_ids = j;
+		if (ps__client_pack_part(p, &m->base)) {
+			rc = -ENOMEM;
+			goto out_free;
+		}
+		*sent += p->iov[0].len;
+	}
+	rc = 0;
+out_free:
+	if (rc == -ENOMEM)
+		snprintf(why, wl, "out of memory");
+	if (sidx)
+		free(sidx[0]);
+	free(sidx);
+	free(nper);
+	free(fill);
+	free(sid);
+	return rc;
+}
+
+/* Push r's parts for the current map (r->parts all zero, r->nparts ==
+ * c->cfg->nshards; r->id and r->clock set): the n distinct ids o
+ * (ascending) with their summed gradients rows + o[i].u * dim, split by
+ * the shard their hash names; sync: every shard gets a part, with no ids
+ * when none are its own. The bytes sent added to *sent. */
+static int push_build(struct ps_client *c, struct req *r, int t, struct one *o, size_t n,
+		      const float *rows, int fp16, uint64_t *sent, char *why, size_t wl)
+{
+	const struct ps_config *cfg = c->cfg;
+	const struct ps_codec_ops *co = ps_codec_get(PS_CODEC_FP16);
+	size_t dim = (size_t)cfg->tables[t].dim;
+	uint32_t *count = calloc((size_t)cfg->nshards, sizeof(uint32_t));
+	uint64_t *sid = malloc(sizeof(uint64_t) * (n ? n : 1));
+	float *g = malloc(sizeof(float) * (n * dim + 1));
+	int rc = -ENOMEM;
+
+	if (!count || !sid || !g)
+		goto out_free;
+	rc = place(cfg, t, o, n, count, why, wl);
+	if (rc)
+		goto out_free;
+	for (int k = 0; k < cfg->nshards; k++) {
+		Ps__PushRows m = PS__PUSH_ROWS__INIT;
+		struct part *p = &r->parts[k];
+		size_t nk = count[k], ib, vb, j = 0;
+		if (!nk && cfg->consistency != PS_SYNC)
+			continue;
+		for (size_t i = 0; i < n; i++)
+			if (o[i].shard == k) {
+				sid[j] = o[i].id;
+				memcpy(g + j * dim, rows + (size_t)o[i].u * dim, sizeof(float) * dim);
+				j++;
+			}
+		vb = fp16 ? co->max_bytes(nk * dim, NULL) : nk * dim * sizeof(float);
+		p->enc = malloc(nk * PS_VARINT_MAX + 4 + vb);
+		p->iov = malloc(sizeof(*p->iov));
+		rc = -ENOMEM;
+		if (!p->enc || !p->iov)
+			goto out_free;
+		ib = ps_rows_ids_encode(sid, nk, p->enc);
+		m.ids_bytes = ib;
+		while (ib & 3)
+			p->enc[ib++] = 0;
+		if (fp16) {
+			struct ps_codec_params prm = { 1.0f, 0 };
+			ssize_t e = co->encode(g, NULL, nk * dim, &prm, 0, p->enc + ib, vb);
+			if (e < 0) {
+				rc = (int)e;
+				snprintf(why, wl, "fp16 encoding failed");
+				goto out_free;
+			}
+			vb = (size_t)e;
+		} else {
+			memcpy(p->enc + ib, g, vb);
+		}
+		p->iov[0].base = p->enc;
+		p->iov[0].len = ib + vb;
+		p->niov = 1;
+		m.req_id = (uint64_t)r->id;
+		m.seq = (uint64_t)r->id; /* increasing: the shard's duplicate check */
+		m.table = (char *)cfg->tables[t].name;
+		m.n_ids = (uint32_t)nk;
+		m.dim = (uint32_t)dim;
+		m.clock = r->clock;
+		m.codec = fp16 ? PS_CODEC_FP16 : PS_CODEC_NONE;
+		if (ps__client_pack_part(p, &m.base))
+			goto out_free;
+		*sent += p->iov[0].len;
+	}
+	rc = 0;
+out_free:
+	if (rc == -ENOMEM)
+		snprintf(why, wl, "out of memory");
+	free(count);
+	free(sid);
+	free(g);
+	return rc;
 }
 
 static int find_table(struct ps_client *c, const char *table)
@@ -104,19 +247,50 @@ static void count_bytes(struct ps_client *c, uint64_t given, uint64_t sent)
 	pthread_mutex_unlock(&c->mu);
 }
 
-int64_t ps_client_pull_rows_async(struct ps_client *c, const char *table, uint64_t min_version,
-				  const uint64_t *ids, size_t n, float *out)
+/* The distinct ids of a call (ascending) as ones (u: their index), and
+ * each input position's distinct index in *where. */
+static int distinct(struct ps_client *c, const uint64_t *ids, size_t n, struct one **o,
+		    size_t *nuniq, uint32_t **where)
 {
-	int nsh = c->cfg->nshards, t = find_table(c, table), rc;
+	uint64_t *uniq = NULL;
+
+	*o = NULL;
+	if (n > UINT32_MAX) {
+		ps__client_set_err(c, "%zu ids in one call; at most 2^32 - 1", n);
+		return PS_ETOOBIG;
+	}
+	*where = malloc(sizeof(uint32_t) * (n ? n : 1));
+	if (!*where || ps_rows_dedup(ids, n, &uniq, nuniq, *where))
+		return -ENOMEM;
+	*o = malloc(sizeof(**o) * (*nuniq ? *nuniq : 1));
+	if (!*o) {
+		free(uniq);
+		return -ENOMEM;
+	}
+	for (size_t u = 0; u < *nuniq; u++)
+		(*o)[u] = (struct one){ uniq[u], (uint32_t)u, 0 };
+	free(uniq);
+	return 0;
+}
+
+/* Row requests are built and submitted under one map: a re-shard waits
+ * (maplock) and then cuts them again (ps__client_rows_recut). */
+static int64_t pull_rows(struct ps_client *c, const char *table, uint64_t min_version,
+			 const uint64_t *ids, size_t n, float *out)
+{
+	Ps__PullRows m = PS__PULL_ROWS__INIT;
+	int t = find_table(c, table), rc;
 	struct req *r = NULL;
 	struct rows_req *rr = NULL;
-	struct split sp;
-	uint64_t sent = 0, clock;
-	uint32_t *fill = NULL;
+	struct one *o = NULL;
+	uint32_t *where = NULL;
+	size_t nuniq = 0;
+	uint64_t sent = 0;
+	char why[300];
 
 	if (t < 0)
 		return t;
-	rc = split_ids(c, t, ids, n, &sp);
+	rc = distinct(c, ids, n, &o, &nuniq, &where);
 	if (rc)
 		goto err_free;
 	rc = -ENOMEM;
@@ -127,70 +301,38 @@ int64_t ps_client_pull_rows_async(struct ps_client *c, const char *table, uint64
 	r->rows = rr;
 	rr->dim = c->cfg->tables[t].dim;
 	rr->out = out;
-	rr->nper = calloc((size_t)nsh, sizeof(uint32_t));
-	rr->sidx = calloc((size_t)nsh, sizeof(uint32_t *));
-	rr->first = malloc(sizeof(uint32_t) * (sp.nuniq ? sp.nuniq : 1));
+	rr->first = malloc(sizeof(uint32_t) * (nuniq ? nuniq : 1));
 	rr->next = malloc(sizeof(uint32_t) * (n ? n : 1));
-	fill = calloc((size_t)nsh, sizeof(uint32_t));
-	if (!rr->nper || !rr->sidx || !rr->first || !rr->next || !fill)
+	if (!rr->first || !rr->next)
 		goto err_free;
-	rr->sidx[0] = malloc(sizeof(uint32_t) * (sp.nuniq ? sp.nuniq : 1));
-	if (!rr->sidx[0])
-		goto err_free;
-	for (int k = 1; k < nsh; k++)
-		rr->sidx[k] = rr->sidx[k - 1] + sp.count[k - 1];
-	for (size_t u = 0; u < sp.nuniq; u++) {
-		int k = sp.shard[u];
-		rr->sidx[k][fill[k]++] = (uint32_t)u;
+	for (size_t u = 0; u < nuniq; u++)
 		rr->first[u] = UINT32_MAX;
-	}
 	for (size_t i = n; i-- > 0;) {
-		rr->next[i] = rr->first[sp.where[i]];
-		rr->first[sp.where[i]] = (uint32_t)i;
+		rr->next[i] = rr->first[where[i]];
+		rr->first[where[i]] = (uint32_t)i;
 	}
 	pthread_mutex_lock(&c->mu);
-	clock = c->clock;
+	m.clock = c->clock;
 	pthread_mutex_unlock(&c->mu);
 	r->id = ps__client_reserve_id(c);
-	for (int k = 0; k < nsh; k++) {
-		Ps__PullRows m = PS__PULL_ROWS__INIT;
-		struct part *p = &r->parts[k];
-		uint64_t *sid;
-		if (!sp.count[k])
-			continue;
-		rr->nper[k] = sp.count[k];
-		sid = malloc(sizeof(uint64_t) * sp.count[k]);
-		p->enc = malloc((size_t)sp.count[k] * PS_VARINT_MAX);
-		p->iov = malloc(sizeof(*p->iov));
-		if (!sid || !p->enc || !p->iov) {
-			free(sid);
-			goto err_free;
-		}
-		for (uint32_t j = 0; j < sp.count[k]; j++)
-			sid[j] = sp.uniq[rr->sidx[k][j]];
-		p->iov[0].base = p->enc;
-		p->iov[0].len = ps_rows_ids_encode(sid, sp.count[k], p->enc);
-		p->niov = 1;
-		free(sid);
-		m.req_id = (uint64_t)r->id;
-		m.table = (char *)c->cfg->tables[t].name;
-		m.n_ids = sp.count[k];
-		m.dim = (uint32_t)rr->dim;
-		m.min_version = min_version;
-		m.clock = clock;
-		m.codec = (uint32_t)c->cfg->compress.pull;
-		if (ps__client_pack_part(p, &m.base))
-			goto err_free;
-		sent += p->iov[0].len;
+	m.req_id = (uint64_t)r->id;
+	m.table = (char *)c->cfg->tables[t].name;
+	m.dim = (uint32_t)rr->dim;
+	m.min_version = min_version;
+	m.codec = (uint32_t)c->cfg->compress.pull;
+	rc = pull_build(c, r, t, o, nuniq, &m, &sent, why, sizeof(why));
+	if (rc) {
+		ps__client_set_err(c, "%s", why);
+		goto err_free;
 	}
 	count_bytes(c, (uint64_t)n * 8, sent);
-	split_free(&sp);
-	free(fill);
+	free(o);
+	free(where);
 	return ps__client_submit_built(c, 0, r);
 
 err_free:
-	split_free(&sp);
-	free(fill);
+	free(o);
+	free(where);
 	if (r)
 		ps__client_req_free(c, r);
 	else
@@ -198,104 +340,80 @@ err_free:
 	return rc;
 }
 
-int64_t ps_client_push_rows_async(struct ps_client *c, const char *table, uint64_t clock,
-				  const uint64_t *ids, size_t n, const float *grads,
-				  unsigned flags)
+int64_t ps_client_pull_rows_async(struct ps_client *c, const char *table, uint64_t min_version,
+				  const uint64_t *ids, size_t n, float *out)
 {
-	int nsh = c->cfg->nshards, t = find_table(c, table), rc, fp16;
-	const struct ps_codec_ops *co = ps_codec_get(PS_CODEC_FP16);
+	int64_t id;
+
+	pthread_rwlock_rdlock(&c->maplock);
+	id = pull_rows(c, table, min_version, ids, n, out);
+	pthread_rwlock_unlock(&c->maplock);
+	return id;
+}
+
+static int64_t push_rows(struct ps_client *c, const char *table, uint64_t clock,
+			 const uint64_t *ids, size_t n, const float *grads, unsigned flags)
+{
+	int t = find_table(c, table), rc;
 	struct req *r = NULL;
-	struct split sp;
-	float *sum = NULL, *rows = NULL;
-	size_t dim;
+	struct one *o = NULL;
+	uint32_t *where = NULL;
+	float *sum = NULL;
+	size_t dim, nuniq = 0;
 	uint64_t sent = 0;
+	char why[300];
 
 	if (t < 0)
 		return t;
 	dim = (size_t)c->cfg->tables[t].dim;
-	fp16 = (flags & PS_PUSH_ROWS_FP16) != 0;
-	rc = split_ids(c, t, ids, n, &sp);
+	rc = distinct(c, ids, n, &o, &nuniq, &where);
 	if (rc)
 		goto err_free;
 	rc = -ENOMEM;
 	/* the gradients of each distinct id, summed in input order */
-	sum = calloc(sp.nuniq * dim + 1, sizeof(float));
-	rows = malloc(sizeof(float) * (sp.nuniq * dim + 1));
+	sum = calloc(nuniq * dim + 1, sizeof(float));
 	r = ps__client_req_new(c, REQ_PUSH_ROWS);
-	if (!sum || !rows || !r)
+	if (!sum || !r)
 		goto err_free;
 	for (size_t i = 0; i < n; i++) {
-		float *d = sum + (size_t)sp.where[i] * dim;
+		float *d = sum + (size_t)where[i] * dim;
 		const float *g = grads + i * dim;
 		for (size_t j = 0; j < dim; j++)
 			d[j] += g[j];
 	}
 	r->id = ps__client_reserve_id(c);
 	r->clock = clock;
-	for (int k = 0; k < nsh; k++) {
-		Ps__PushRows m = PS__PUSH_ROWS__INIT;
-		struct part *p = &r->parts[k];
-		uint64_t *sid;
-		size_t nk = sp.count[k], ib, vb, j = 0;
-		if (!nk && c->cfg->consistency != PS_SYNC)
-			continue;
-		vb = fp16 ? co->max_bytes(nk * dim, NULL) : nk * dim * sizeof(float);
-		sid = malloc(sizeof(uint64_t) * (nk ? nk : 1));
-		p->enc = malloc(nk * PS_VARINT_MAX + 4 + vb);
-		p->iov = malloc(sizeof(*p->iov));
-		if (!sid || !p->enc || !p->iov) {
-			free(sid);
-			goto err_free;
-		}
-		for (size_t u = 0; u < sp.nuniq; u++)
-			if (sp.shard[u] == k) {
-				sid[j] = sp.uniq[u];
-				memcpy(rows + j * dim, sum + u * dim, sizeof(float) * dim);
-				j++;
-			}
-		ib = ps_rows_ids_encode(sid, nk, p->enc);
-		free(sid);
-		m.ids_bytes = ib;
-		while (ib & 3)
-			p->enc[ib++] = 0;
-		if (fp16) {
-			struct ps_codec_params prm = { 1.0f, 0 };
-			ssize_t e = co->encode(rows, NULL, nk * dim, &prm, 0, p->enc + ib, vb);
-			if (e < 0) {
-				rc = (int)e;
-				goto err_free;
-			}
-			vb = (size_t)e;
-		} else {
-			memcpy(p->enc + ib, rows, vb);
-		}
-		p->iov[0].base = p->enc;
-		p->iov[0].len = ib + vb;
-		p->niov = 1;
-		m.req_id = (uint64_t)r->id;
-		m.seq = (uint64_t)r->id; /* increasing: the shard's duplicate check */
-		m.table = (char *)c->cfg->tables[t].name;
-		m.n_ids = (uint32_t)nk;
-		m.dim = (uint32_t)dim;
-		m.clock = clock;
-		m.codec = fp16 ? PS_CODEC_FP16 : PS_CODEC_NONE;
-		if (ps__client_pack_part(p, &m.base))
-			goto err_free;
-		sent += p->iov[0].len;
+	rc = push_build(c, r, t, o, nuniq, sum, (flags & PS_PUSH_ROWS_FP16) != 0, &sent, why,
+			sizeof(why));
+	if (rc) {
+		ps__client_set_err(c, "%s", why);
+		goto err_free;
 	}
 	count_bytes(c, (uint64_t)n * (8 + 4 * dim), sent);
-	split_free(&sp);
+	free(o);
+	free(where);
 	free(sum);
-	free(rows);
 	return ps__client_submit_built(c, 0, r);
 
 err_free:
-	split_free(&sp);
+	free(o);
+	free(where);
 	free(sum);
-	free(rows);
 	if (r)
 		ps__client_req_free(c, r);
 	return rc;
+}
+
+int64_t ps_client_push_rows_async(struct ps_client *c, const char *table, uint64_t clock,
+				  const uint64_t *ids, size_t n, const float *grads,
+				  unsigned flags)
+{
+	int64_t id;
+
+	pthread_rwlock_rdlock(&c->maplock);
+	id = push_rows(c, table, clock, ids, n, grads, flags);
+	pthread_rwlock_unlock(&c->maplock);
+	return id;
 }
 
 int ps_client_pull_rows(struct ps_client *c, const char *table, uint64_t min_version,
@@ -320,6 +438,151 @@ void ps_client_rows_bytes(struct ps_client *c, uint64_t *given, uint64_t *sent)
 	*given = c->rows_given;
 	*sent = c->rows_sent;
 	pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- a re-shard (ps_client_follow.c) ---- */
+
+/* A pull waiting: the ids of its parts not answered, decoded from what
+ * was sent, asked again of their new owners. */
+static int recut_pull(struct ps_client *c, struct req *r, const struct part *old, int nold,
+		      char *why, size_t wl)
+{
+	struct rows_req *rr = r->rows;
+	Ps__PullRows *m0 = NULL, m = PS__PULL_ROWS__INIT;
+	struct one *o;
+	uint64_t *ids, sent = 0;
+	size_t n = 0, at = 0;
+	int t, rc = 0;
+
+	for (int k = 0; k < nold; k++)
+		if (old[k].waiting && old[k].meta)
+			n += rr->nper[k];
+	o = malloc(sizeof(*o) * (n ? n : 1));
+	ids = malloc(sizeof(*ids) * (n ? n : 1));
+	if (!o || !ids) {
+		rc = -ENOMEM;
+		snprintf(why, wl, "out of memory");
+		goto out_free;
+	}
+	for (int k = 0; k < nold && !rc; k++) {
+		if (!old[k].waiting || !old[k].meta)
+			continue;
+		if (!m0 && !(m0 = ps__pull_rows__unpack(NULL, old[k].meta_len, old[k].meta))) {
+			rc = -ENOMEM;
+			snprintf(why, wl, "cannot read the row pull as sent");
+			break;
+		}
+		rc = ps_rows_ids_decode(old[k].enc, old[k].iov[0].len, rr->nper[k], ids + at, why,
+					wl);
+		for (uint32_t j = 0; !rc && j < rr->nper[k]; j++)
+			o[at + j] = (struct one){ ids[at + j], rr->sidx[k][j], 0 };
+		at += rr->nper[k];
+	}
+	if (rc || !m0)
+		goto out_free;
+	t = ps_config_find_table(c->cfg, m0->table);
+	if (t < 0) {
+		rc = PS_ENOTENSOR;
+		snprintf(why, wl, "no table '%s' in the new config", m0->table);
+		goto out_free;
+	}
+	qsort(o, n, sizeof(*o), by_id);
+	m.req_id = m0->req_id;
+	m.table = (char *)c->cfg->tables[t].name;
+	m.dim = m0->dim;
+	m.min_version = m0->min_version;
+	m.clock = m0->clock;
+	m.codec = m0->codec;
+	rc = pull_build(c, r, t, o, n, &m, &sent, why, wl);
+	c->rows_sent += sent;
+out_free:
+	if (m0)
+		ps__pull_rows__free_unpacked(m0, NULL);
+	free(o);
+	free(ids);
+	return rc;
+}
+
+/* A push none of whose parts was acknowledged: its ids and summed
+ * gradients, decoded from every part as sent (fp16 ones are exact in
+ * fp16 again), split for the new map. */
+static int recut_push(struct ps_client *c, struct req *r, const struct part *old, int nold,
+		      char *why, size_t wl)
+{
+	Ps__PushRows **ms = calloc((size_t)nold, sizeof(*ms));
+	const struct ps_codec_ops *co = ps_codec_get(PS_CODEC_FP16);
+	struct one *o = NULL;
+	uint64_t *ids = NULL, sent = 0;
+	float *g = NULL;
+	size_t n = 0, at = 0, dim = 0;
+	int t = -1, fp16 = 0, rc = -ENOMEM;
+
+	snprintf(why, wl, "out of memory");
+	if (!ms)
+		return rc;
+	for (int k = 0; k < nold; k++) {
+		if (!old[k].meta)
+			continue;
+		if (!(ms[k] = ps__push_rows__unpack(NULL, old[k].meta_len, old[k].meta)))
+			goto out_free;
+		n += ms[k]->n_ids;
+		dim = ms[k]->dim;
+		fp16 |= ms[k]->codec == PS_CODEC_FP16;
+		if (t < 0 && (t = ps_config_find_table(c->cfg, ms[k]->table)) < 0) {
+			rc = PS_ENOTENSOR;
+			snprintf(why, wl, "no table '%s' in the new config", ms[k]->table);
+			goto out_free;
+		}
+	}
+	if (t < 0 || dim != (size_t)c->cfg->tables[t].dim) {
+		rc = PS_EPROTO;
+		snprintf(why, wl, "the row push as sent does not name its table's dim");
+		goto out_free;
+	}
+	o = malloc(sizeof(*o) * (n ? n : 1));
+	ids = malloc(sizeof(*ids) * (n ? n : 1));
+	g = malloc(sizeof(*g) * (n * dim + 1));
+	if (!o || !ids || !g)
+		goto out_free;
+	rc = 0;
+	for (int k = 0; k < nold && !rc; k++) {
+		const Ps__PushRows *m = ms[k];
+		size_t off, vals;
+		if (!m)
+			continue;
+		off = (m->ids_bytes + 3) & ~(uint64_t)3;
+		vals = (size_t)m->n_ids * dim;
+		rc = ps_rows_ids_decode(old[k].enc, m->ids_bytes, m->n_ids, ids + at, why, wl);
+		if (!rc && m->codec == PS_CODEC_FP16)
+			rc = co->decode(old[k].enc + off, old[k].iov[0].len - off, vals, g + at * dim,
+					why, wl);
+		else if (!rc)
+			memcpy(g + at * dim, old[k].enc + off, vals * sizeof(float));
+		for (uint32_t j = 0; !rc && j < m->n_ids; j++)
+			o[at + j] = (struct one){ ids[at + j], (uint32_t)(at + j), 0 };
+		at += m->n_ids;
+	}
+	if (rc)
+		goto out_free;
+	qsort(o, n, sizeof(*o), by_id);
+	rc = push_build(c, r, t, o, n, g, fp16, &sent, why, wl);
+	c->rows_sent += sent;
+out_free:
+	for (int k = 0; k < nold; k++)
+		if (ms[k])
+			ps__push_rows__free_unpacked(ms[k], NULL);
+	free(ms);
+	free(o);
+	free(ids);
+	free(g);
+	return rc;
+}
+
+int ps__client_rows_recut(struct ps_client *c, struct req *r, const struct part *old, int nold,
+			  char *why, size_t wl)
+{
+	return r->kind == REQ_PUSH_ROWS ? recut_push(c, r, old, nold, why, wl)
+					: recut_pull(c, r, old, nold, why, wl);
 }
 
 /* A shard's rows for a pull_rows (I/O thread or a waiting thread, c->mu
