@@ -527,7 +527,7 @@ wait_listening() {
   local lines=$1 n up t p h idx host port rep
   shift
   n=$(printf '%s\n' "$lines" | wc -l)
-  for ((t = 0; t < 6000; t++)); do
+  for ((t = 0; t < 30000; t++)); do # 600 s in steps of 0.02 s: the pause of a re-shard counts them
     up=0
     while read -r idx host port rep; do
       h=${host#[}; h=${h%]}
@@ -535,7 +535,7 @@ wait_listening() {
     done <<<"$lines"
     [ "$up" -ge "$n" ] && return 0
     for p in "$@"; do kill -0 "$p" 2>/dev/null || return 1; done
-    sleep 0.1
+    sleep 0.02
   done
   return 1
 }

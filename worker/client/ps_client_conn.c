@@ -373,6 +373,7 @@ static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, Pro
 		if (r && r->kind == REQ_PUSH && r->end_clock && r->parts[k].waiting &&
 		    r->clock + 1 > c->shards[k].done_clock)
 			c->shards[k].done_clock = r->clock + 1;
+		c->shards[k].stop_retry_gap = 0; /* it takes pushes */
 		if (r)
 			ps__client_part_done(c, r, k, 0, NULL);
 		return 1;
@@ -395,10 +396,21 @@ static int reply_frame(struct ps_client *c, int k, const struct ps_frame *f, Pro
 			/* the shard stops for a re-shard (server/stop.c): the part
 			 * stays unacknowledged, sent again on the next connection
 			 * (resend) or, if the shard takes pushes again (a later
-			 * stop clock), by the tick in a while */
+			 * stop clock: ps-stat raises a stop that a shard had to
+			 * refuse), by the tick in a while: 0.1 s at first, so a
+			 * raised stop costs the pushes it refused little, doubled
+			 * at each refusal up to 1 s, so a long stop does not have
+			 * a large push sent again and again */
+			struct shard_conn *sh = &c->shards[k];
 			r->parts[k].gen = 0;
-			if (!c->shards[k].stop_retry_at)
-				c->shards[k].stop_retry_at = ps_now_s() + 0.5;
+			if (!sh->stop_retry_at) {
+				sh->stop_retry_gap = sh->stop_retry_gap > 0
+							     ? (sh->stop_retry_gap * 2 < 1.0
+									? sh->stop_retry_gap * 2
+									: 1.0)
+							     : 0.1;
+				sh->stop_retry_at = ps_now_s() + sh->stop_retry_gap;
+			}
 			return 1;
 		}
 		snprintf(text, sizeof(text), "shard %d: %s", k, e->message);

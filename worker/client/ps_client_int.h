@@ -90,6 +90,7 @@ struct shard_conn {
 	uint64_t epoch;           /* the shard's takeovers, from its HelloReply */
 	uint64_t done_clock;      /* clocks whose ending push this shard acknowledged */
 	double stop_retry_at;     /* a push refused with PS_ERESHARD: resend then (0 = none) */
+	double stop_retry_gap;    /* its wait: 0.1 s, doubled per refusal up to 1 s; 0 after an ack */
 	uint64_t hello_clock;     /* its HelloReply: clock, fresh, from_checkpoint */
 	int fresh, from_ckpt;
 	uint8_t *hello;           /* the Hello as sent (the transcript covers it) */
