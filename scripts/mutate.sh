@@ -84,7 +84,7 @@ suites_for() {
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;
     server/reader.c)           echo it_reader ;;
     server/decl_tables.c)      echo it_decl_tables test_decl_tables.py ;;
-    server/members.c)          echo it_elastic it_elastic_repl ;;
+    server/members.c)          echo it_elastic it_elastic_repl san:it_elastic_repl ;;
     server/reshard.c)          echo it_reshard ;;
     # replication: the scripted cases first, then the fault runs
     server/replica.c|server/replica_log.c|server/replica_apply.c)

@@ -11,10 +11,15 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "ckpt_format.h"
 #include "config.h"
 #include "ps_err.h"
+#include "ps_time.h"
+#include "rows.h"
 #include "rows_wire.h"
+#include "server.h"
 #include "table.h"
+#include "table_ckpt.h"
 #include "test_util.h"
 
 static uint64_t rng(uint64_t *s)
@@ -346,6 +351,91 @@ START_TEST(test_filter_merge)
 }
 END_TEST
 
+/* The row cap never reaches PS_ROW_NIL, the row number that means "no
+ * row": a memory budget of PS_ROW_NIL rows gives PS_ROW_NIL - 1, the bound
+ * max_rows' share gets too; a budget under it is kept as it is. */
+START_TEST(test_cap_below_nil)
+{
+	struct ps_config cfg;
+	struct ps_table tb;
+	uint64_t cost;
+
+	load(&cfg, "{name: e, dim: 4, init: zeros}");
+	ck_assert_int_eq(ps_table_init(&tb, &cfg, 0, 1, 0.0), 0);
+	cost = ps_table_row_cost(&tb);
+	cfg.limits.max_table_bytes = cost * PS_ROW_NIL;
+	ps_table_set_cap(&tb, &cfg, 1);
+	ck_assert_uint_eq(tb.budget_rows, PS_ROW_NIL - 1);
+	ck_assert_uint_eq(tb.cap, PS_ROW_NIL - 1);
+	cfg.limits.max_table_bytes = cost * (PS_ROW_NIL - 2);
+	ps_table_set_cap(&tb, &cfg, 1);
+	ck_assert_uint_eq(tb.cap, PS_ROW_NIL - 2);
+	ps_table_free(&tb);
+}
+END_TEST
+
+/* A row stamped after the table's clock reads now: a backup applies its
+ * primary's stamps, and its own clock, set from the primary's at the
+ * snapshot, runs behind it by the snapshot's transfer. A checkpoint, full
+ * or incremental, gives that row age 0, not the 136 years an unsigned
+ * difference makes of it (a restart would take it for the oldest row and
+ * expire it first); a row stamped 50 s ago has age 50. */
+START_TEST(test_ckpt_age_of_row_ahead)
+{
+	struct ps_config cfg;
+	struct ps_server s;
+	struct ps_srv_rows rows;
+	struct ps_srv_table st;
+	const float g[4] = { 1, 2, 3, 4 };
+	uint8_t *b;
+	size_t n;
+
+	load(&cfg, "{name: e, dim: 4, init: zeros}");
+	memset(&s, 0, sizeof(s));
+	memset(&rows, 0, sizeof(rows));
+	memset(&st, 0, sizeof(st));
+	/* the table's clock reads 100 s */
+	ck_assert_int_eq(ps_table_init(&st.tb, &cfg, 0, 1, ps_now_s() - 100.0), 0);
+	rows.ntables = 1;
+	rows.t = &st;
+	s.cfg = &cfg;
+	s.rows = &rows;
+	ck_assert_int_eq(ps_table_push_at(&st.tb, 11, g, 1, 50), 1);
+	ck_assert_int_eq(ps_table_push_at(&st.tb, 22, g, 1, 105), 1); /* 5 s ahead */
+	for (int delta = 0; delta < 2; delta++) {
+		const uint8_t *p;
+		struct ckpt_table ct;
+		n = delta ? ps__rows_delta_size(&s) : ps__rows_ckpt_size(&s);
+		b = malloc(n);
+		ck_assert_ptr_nonnull(b);
+		if (delta)
+			ps__rows_delta_snapshot(&s, b, 1, 0, 0);
+		else
+			ps__rows_ckpt_snapshot(&s, b);
+		p = b + (delta ? sizeof(struct ckpt_delta_head) : 0);
+		memcpy(&ct, p, sizeof(ct));
+		ck_assert_uint_eq(ct.nrows, 2);
+		p += sizeof(ct);
+		for (int i = 0; i < 2; i++) { /* least recently updated first */
+			struct ckpt_row cr;
+			memcpy(&cr, p + i * (sizeof(cr) + sizeof(float) * (size_t)st.tb.row_floats),
+			       sizeof(cr));
+			ck_assert_uint_eq(cr.id, i ? 22 : 11);
+			if (i)
+				ck_assert_msg(cr.age == 0, "%s checkpoint: a row stamped 5 s ahead of "
+					      "the table's clock has age %u, 0 expected",
+					      delta ? "an incremental" : "a full", cr.age);
+			else
+				ck_assert_msg(cr.age >= 50 && cr.age <= 52, "%s checkpoint: a row "
+					      "stamped 50 s ago has age %u", delta ? "an incremental"
+					      : "a full", cr.age);
+		}
+		free(b);
+	}
+	ps_table_free(&st.tb);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("rows");
@@ -359,6 +449,8 @@ int main(void)
 	TU_ADD_LOOP(tc, test_table_model, 0, 2);
 	TU_ADD(tc, test_filter_decay_bounded);
 	TU_ADD(tc, test_filter_merge);
+	TU_ADD(tc, test_cap_below_nil);
+	TU_ADD(tc, test_ckpt_age_of_row_ahead);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	return failed ? 1 : 0;

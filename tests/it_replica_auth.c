@@ -392,13 +392,14 @@ static struct peer accept_dial(int lfd, int from)
 	return p;
 }
 
-static int send_reply(struct peer *p, int ok, int state, uint64_t epoch, uint64_t lsn)
+static int send_reply_why(struct peer *p, int ok, int state, uint64_t epoch, uint64_t lsn,
+			  const char *why)
 {
 	Ps__HelloReply m = PS__HELLO_REPLY__INIT;
 
 	m.ok = ok;
 	m.retry = !ok;
-	m.error = ok ? "" : "not serving";
+	m.error = (char *)why;
 	m.protocol_version = PS_PROTOCOL_VERSION;
 	m.shard = 0;
 	m.shard_map_hash = map.hash;
@@ -406,6 +407,11 @@ static int send_reply(struct peer *p, int ok, int state, uint64_t epoch, uint64_
 	m.epoch = epoch;
 	m.lsn = lsn;
 	return send_msg(p, PS_MSG_HELLO_REPLY, &m.base, NULL, 0);
+}
+
+static int send_reply(struct peer *p, int ok, int state, uint64_t epoch, uint64_t lsn)
+{
+	return send_reply_why(p, ok, state, epoch, lsn, ok ? "" : "not serving");
 }
 
 /* A whole snapshot of shard 0 (SGD: weights only), every weight `value`,
@@ -522,6 +528,20 @@ START_TEST(test_impostor_partner_not_believed)
 	st = stats_ok(0);
 	ck_assert_msg(st.repl_state == 1, "an unauthenticated refusal made replica 0 %s",
 		      st.repl_state == 3 ? "the primary" : "change state");
+	/* and a refusal with a reason of 300 characters: the log quotes its
+	 * first 159, what the line's buffer holds */
+	{
+		char why[301], want[200];
+		memset(why, 'x', 300);
+		why[300] = 0;
+		p = accept_dial(lfd, 0);
+		ck_assert_int_eq(send_reply_why(&p, 0, PS__REPL_STATE__REPL_JOINING, 0, 0, why), 0);
+		ck_assert_int_eq(first_frame_before_close(&p, 5000), 0);
+		close(p.fd);
+		snprintf(want, sizeof(want), "(refused: %.159s)", why);
+		ck_assert_msg(log_has(0, want), "the log does not quote the first 159 characters "
+			      "of a refusal of 300 (logs in %s)", logdir);
+	}
 
 	/* 3. the cluster secret, not the replication key: the dialer refuses
 	 * the challenge and proves nothing itself */
@@ -800,6 +820,37 @@ START_TEST(test_partner_contents_range_checked)
 		close(p.fd);
 		st2 = stats_ok(0);
 		ck_assert_uint_eq(st2.param_checksum, st.param_checksum);
+	}
+
+	/* a snapshot frame of state array 1, which SGD does not have */
+	p = accept_dial(lfd, 0);
+	ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+	ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+	{
+		Ps__ReplSnapshot sn = PS__REPL_SNAPSHOT__INIT;
+		uint32_t s0 = 0;
+		char want[100];
+		while (map.slices[s0].shard != 0)
+			s0++;
+		float *w = calloc((size_t)map.slices[s0].count, sizeof(float));
+		sn.lsn = 40;
+		sn.epoch = 3;
+		sn.slice = s0;
+		sn.which = 1;
+		sn.version = 5;
+		sn.steps = 5;
+		ck_assert_int_eq(send_msg(&p, PS_MSG_REPL_SNAPSHOT, &sn.base, w,
+					  (uint64_t)map.slices[s0].count * 4), 0);
+		free(w);
+		got = first_frame_before_close(&p, 5000);
+		ck_assert_msg(got == 0, "a snapshot of state array 1 under SGD got a %s frame",
+			      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
+		close(p.fd);
+		st2 = stats_ok(0);
+		ck_assert_uint_eq(st2.param_checksum, st.param_checksum);
+		snprintf(want, sizeof(want), "snapshot frame for slice %u array 1 ", s0);
+		ck_assert_msg(log_has(0, want), "no \"%s... does not match this shard\" in the log "
+			      "(logs in %s)", want, logdir);
 	}
 	close(lfd);
 	teardown();

@@ -871,6 +871,98 @@ START_TEST(test_rows_ack_waits_for_backup)
 }
 END_TEST
 
+/* ---- a backup's stamps after the state transfer ---- */
+
+/* The rows' stamps a backup receives in a state transfer are its
+ * primary's: rows pushed when the primary's table clock read 6 s (ttl 8 s),
+ * the backup restarted (kill -9) and given the state, then the primary
+ * killed: the new primary keeps them until the clock reads 14, as the old
+ * one would have. (Stamps counted from the oldest row's age instead of the
+ * primary's clock make them 6 s older: gone at 8.) */
+START_TEST(test_rows_backup_keeps_primary_stamps)
+{
+	char yaml[1024], err[512];
+	struct ps_client *c = NULL;
+	struct ps_shard_stats st;
+	uint64_t ids[8];
+	float g[8 * 4], rows[8 * 4];
+	double t0;
+	int port0 = low_free_port(0), port1 = low_free_port(1), p;
+
+	strcpy(logdir, "/tmp/ps-test-replrows-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(logdir));
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n  replicas: 1\n"
+		 "  workers: 1\nreplication:\n  timeout_ms: 500\nconsistency:\n  mode: async\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "limits:\n  connect_timeout_ms: 2000\n  request_timeout_ms: 20000\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [8]}\n  embeddings:\n"
+		 "    - {name: t, dim: 4, init: zeros, optimizer: sgd, lr: 1, ttl: 8}\n",
+		 tu_transport_yaml(), tu_host(), port0, tu_host(), port1);
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	t0 = ps_now_s(); /* the tables' clocks start about now */
+	for (int r = 0; r < 2; r++)
+		srv[r][0] = tu_start_replica(cfg_path, logdir, 0, r, 1);
+	ck_assert_msg(tu_replicas_healthy(&cfg, 1, 20) >= 0, "the pair did not form (logs in %s)",
+		      logdir);
+	p = tu_replica_primary(&cfg, 0);
+	ck_assert_int_ge(p, 0);
+	while (ps_now_s() - t0 < 6.0) /* the table's clock at 6 s */
+		tu_sleep_ms(50);
+	for (int j = 0; j < 8; j++) {
+		ids[j] = 1000 + (uint64_t)j * 7919;
+		for (int d = 0; d < 4; d++)
+			g[j * 4 + d] = 1.0f + (float)d;
+	}
+	ck_assert_int_eq(ps_client_init(&c, &cfg, 0, err, sizeof(err)), 0);
+	ck_assert_msg(ps_client_push_rows(c, "t", 0, ids, 8, g, 0) == 0, "%s", ps_client_error(c));
+	ps_client_free(c);
+	c = NULL;
+	/* the backup restarted: it gets the rows in the state transfer */
+	kill(srv[1 - p][0], SIGKILL);
+	tu_wait_child(srv[1 - p][0]);
+	srv[1 - p][0] = tu_start_replica(cfg_path, logdir, 0, 1 - p, 1);
+	ck_assert_msg(tu_replicas_healthy(&cfg, 1, 20) >= 0, "the pair did not form again (logs "
+		      "in %s)", logdir);
+	kill(srv[p][0], SIGKILL);
+	tu_wait_child(srv[p][0]);
+	srv[p][0] = 0;
+	while (tu_replica_primary(&cfg, 0) != 1 - p && ps_now_s() - t0 < 30 * tu_time_scale())
+		tu_sleep_ms(50);
+	ck_assert_msg(tu_replica_primary(&cfg, 0) == 1 - p, "the backup did not take over (logs "
+		      "in %s)", logdir);
+	if (ps_now_s() - t0 >= 12.0) { /* a ttl is not stretched by PS_TEST_TIME_SCALE */
+		tu_skip("test_rows_backup_keeps_primary_stamps: the takeover was over only %.1f s "
+			"after the start, past the 12 s where the rows are due to be kept and the "
+			"wrong stamps' rows gone (a slow machine)", ps_now_s() - t0);
+		ck_assert_int_eq(tu_stop_server(srv[1 - p][0]), 0);
+		srv[1 - p][0] = 0;
+		unlink(cfg_path);
+		tu_rmtree(logdir);
+		return;
+	}
+	while (ps_now_s() - t0 < 10.0) /* past 8 s plus a tick of the expiry */
+		tu_sleep_ms(50);
+	ck_assert_int_eq(ps_client_init(&c, &cfg, 0, err, sizeof(err)), 0);
+	ck_assert_msg(ps_client_pull_rows(c, "t", 0, ids, 8, rows) == 0, "%s", ps_client_error(c));
+	for (int i = 0; i < 8 * 4; i++)
+		ck_assert_msg(rows[i] == -g[i], "row %d after the takeover, %.1f s after it was "
+			      "pushed at the primary's 6 s (ttl 8): %g, %g expected (expired early: "
+			      "the backup's stamps are not its primary's)", i / 4, ps_now_s() - t0 - 6,
+			      rows[i], -g[i]);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, 1 - p, -1, &st), 0);
+	ck_assert_int_eq(st.ntables, 1);
+	ck_assert_uint_eq(st.tables[0].rows, 8);
+	ck_assert_uint_eq(st.tables[0].expired, 0);
+	ck_assert_int_eq(tu_stop_server(srv[1 - p][0]), 0);
+	srv[1 - p][0] = 0;
+	unlink(cfg_path);
+	tu_rmtree(logdir);
+}
+END_TEST
+
 /* ---- a takeover in the middle of an incremental checkpoint chain ---- */
 
 /* Waits (30 s) until both workers pause before clock c. */
@@ -1001,6 +1093,7 @@ static Suite *suite(void)
 
 	tcase_set_timeout(tc, 600);
 	TU_ADD(tc, test_rows_ack_waits_for_backup);
+	TU_ADD(tc, test_rows_backup_keeps_primary_stamps);
 	TU_ADD(tc, test_rows_takeover_mid_checkpoint_chain);
 	TU_ADD(tc, test_rows_sync_faults_exact);
 	TU_ADD(tc, test_rows_async_faults_exact);

@@ -667,6 +667,26 @@ static int cmp_id(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+static char *read_text(const char *f);
+
+/* The exit status of child pid if it exits within ms (scaled), else -1
+ * (it is then killed and reaped). */
+static int exit_within(pid_t pid, int ms)
+{
+	double t0 = ps_now_s();
+	int st;
+
+	while (waitpid(pid, &st, WNOHANG) == 0) {
+		if ((ps_now_s() - t0) * 1000.0 > ms * tu_time_scale()) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+			return -1;
+		}
+		tu_sleep_ms(20);
+	}
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 /* A full checkpoint and two incremental ones of a table with a cap
  * (evictions: tombstones), admission and adam, copied on the loop (_i 0)
  * or written by a forked child (_i 1, checkpoint.fork_bytes); both shards
@@ -706,8 +726,29 @@ START_TEST(test_incremental_kill9)
 			for (int k = 0; k < 2; k++) {
 				kill(cl.srv[k], SIGKILL);
 				ck_assert_int_eq(tu_wait_child(cl.srv[k]), 128 + SIGKILL);
-				cl.srv[k] = tu_start_server(cl.path, k);
 			}
+			if (!_i) { /* delta-1 copied over delta-2: refused, named */
+				char d1[300], d2[300], keep[300], logf[300], cmd[1000], *log;
+				int rc;
+				snprintf(d1, sizeof(d1), "%s/shard-0.ckpt.delta-1", dir);
+				snprintf(d2, sizeof(d2), "%s/shard-0.ckpt.delta-2", dir);
+				snprintf(keep, sizeof(keep), "%s/delta-2.kept", dir);
+				snprintf(logf, sizeof(logf), "%s/shard-0.log", dir);
+				snprintf(cmd, sizeof(cmd), "cp '%s' '%s'", d1, d2);
+				ck_assert_int_eq(rename(d2, keep), 0);
+				ck_assert_int_eq(system(cmd), 0);
+				rc = exit_within(tu_start_server_log(cl.path, 0, logf), 10000);
+				log = read_text(logf);
+				ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") &&
+					      strstr(log, "shard-0.ckpt.delta-2: not incremental "
+						     "checkpoint 2 of the chain"), "a copy of delta-1 as "
+					      "delta-2: the shard %s (%s)", rc < 0 ? "did not exit" :
+					      "exited", log ? log : "the log is empty");
+				free(log);
+				ck_assert_int_eq(rename(keep, d2), 0);
+			}
+			for (int k = 0; k < 2; k++)
+				cl.srv[k] = tu_start_server(cl.path, k);
 			c = connect_retry(&cl.cfg, 0, err, sizeof(err));
 			ck_assert_msg(c != NULL, "%s", err);
 			mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
