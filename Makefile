@@ -220,6 +220,13 @@ bench-python: test-python-venv
 bench-pytorch: test-python-venv
 	@build/pyvenv/bin/python python/bench/bench_torch.py $(BENCH_TORCH_ARGS)
 
+# The pause of a live re-shard (mlp and ctr, 2 -> 3 -> 2 under ps-local.sh)
+# against the moved bytes over the loopback's bandwidth + 1 s:
+# scripts/bench-reshard.sh (BENCHMARKS.md, "Re-sharding").
+.PHONY: bench-reshard
+bench-reshard: all
+	@scripts/bench-reshard.sh
+
 # The DLRM-style example (ps.torch.Embedding) against the C ctr preset and
 # DDP with sparse gradients: python/bench/bench_dlrm.py (BENCHMARKS.md).
 .PHONY: bench-dlrm
