@@ -878,6 +878,71 @@ START_TEST(test_unexpected_frame_logged)
 }
 END_TEST
 
+/* The same frames read by the waiting thread itself: with a long
+ * limits.wait_spin_us the thread that waits for a pull polls the socket,
+ * reads the unexpected frame before the reply and leaves it to the I/O
+ * thread (a deferred frame). The I/O thread must handle it (the warning)
+ * and go on serving: every pull completes, one warning each. */
+static struct ps_client *spin_client;
+static volatile int spin_done;
+static char spin_err[300];
+
+static void *spin_pulls(void *arg)
+{
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	int n = (int)(intptr_t)arg;
+
+	for (int i = 0; i < n; i++) {
+		int64_t q = ps_client_pull(spin_client, 0, &tw, 1);
+		int rc = q > 0 ? ps_client_wait(spin_client, q) : (int)q;
+		if (rc) {
+			snprintf(spin_err, sizeof(spin_err), "pull %d: %s", i,
+				 ps_client_error(spin_client));
+			break;
+		}
+	}
+	spin_done = 1;
+	return NULL;
+}
+
+START_TEST(test_unexpected_frame_read_by_waiter)
+{
+	enum { PULLS = 20 };
+	struct fake_shard fs[2];
+	pthread_t th;
+	char *log;
+
+	fake_shards_start(fs, ANSWER_AFTER_UNEXPECTED);
+	cfg.limits.wait_spin_us = 100000; /* the waiting thread reads what comes */
+	spin_client = connect_retry();
+	spin_done = 0;
+	spin_err[0] = 0;
+	tu_capture_begin();
+	ck_assert_int_eq(pthread_create(&th, NULL, spin_pulls, (void *)(intptr_t)PULLS), 0);
+	double deadline = now_ms() + 10000 * tu_time_scale();
+	while (!spin_done && now_ms() < deadline)
+		tu_sleep_ms(10);
+	if (!spin_done) {
+		log = tu_capture_end();
+		ck_abort_msg("%d pulls not done within 10 s: the I/O thread stuck on a frame the "
+			     "waiting thread left to it? %s", PULLS, log);
+	}
+	pthread_join(th, NULL);
+	ps_client_free(spin_client); /* handles what is still deferred */
+	log = tu_capture_end();
+	ck_assert_msg(!spin_err[0], "%s", spin_err);
+	int warned = 0;
+	for (const char *p = log; (p = strstr(p, "shard 1 sent an unexpected pull frame")); p++)
+		warned++;
+	ck_assert_msg(warned == PULLS, "%d warnings for %d unexpected frames: %s", warned, PULLS,
+		      log);
+	ck_assert_int_eq(fs[1].pulls, PULLS);
+	free(log);
+	fake_shards_stop(fs);
+}
+END_TEST
+
 static volatile int freed;
 
 static void *free_main(void *arg)
@@ -931,6 +996,7 @@ int main(void)
 	tcase_add_test(tc, test_fake_shards_answer_right);
 	tcase_add_test(tc, test_foreign_slice_refused);
 	tcase_add_test(tc, test_unexpected_frame_logged);
+	tcase_add_test(tc, test_unexpected_frame_read_by_waiter);
 	tcase_add_test(tc, test_free_with_pull_pending);
 	tcase_add_loop_test(tc, test_reconnect_gives_up, 0, 3);
 	suite_add_tcase(s, tc);
