@@ -943,6 +943,71 @@ START_TEST(test_unexpected_frame_read_by_waiter)
 }
 END_TEST
 
+/* A push refused by a stopping shard (PS_ERESHARD) is sent again by the
+ * tick 0.5 s later, or by the reconnect: when the connection broke in
+ * between and the new one is still in its handshake at that tick, the
+ * push waits for the handshake. This fake refuses the push, closes, and
+ * on the reconnect waits 1.2 s before it reads anything: the first frame
+ * must be the Hello, the push only after the handshake (acknowledged). */
+static int stop_port, stop_lfd;
+
+static void *stop_then_slow_shard(void *arg)
+{
+	struct fake fk = { .fd = fake_accept(stop_lfd, 10000) };
+	ProtobufCMessage *m = NULL;
+
+	(void)arg;
+	ck_assert_msg(fk.fd >= 0, "the client did not connect");
+	fake_handshake(&fk, 0);
+	ck_assert_int_eq(fake_recv(&fk, &m, NULL, NULL, 10000), PS_MSG_PUSH);
+	Ps__Error e = PS__ERROR__INIT;
+	e.req_id = ((Ps__Push *)m)->req_id;
+	e.code = PS_ERESHARD;
+	e.message = "stopping for a re-shard at clock 0";
+	protobuf_c_message_free_unpacked(m, NULL);
+	ck_assert_int_eq(fake_send(&fk, PS_MSG_ERROR, &e.base, NULL, 0), 0);
+	close(fk.fd);
+	/* the reconnect (0.1 s later): no answer to its Hello until past the
+	 * tick that sends the refused push again */
+	struct fake fk2 = { .fd = fake_accept(stop_lfd, 10000) };
+	ck_assert_msg(fk2.fd >= 0, "the client did not reconnect");
+	tu_sleep_ms(1200);
+	fake_handshake(&fk2, 0); /* asserts the first frame is the Hello, the next the Auth */
+	ck_assert_int_eq(fake_recv(&fk2, &m, NULL, NULL, 10000), PS_MSG_PUSH);
+	Ps__PushAck ack = PS__PUSH_ACK__INIT;
+	ack.req_id = ((Ps__Push *)m)->req_id;
+	protobuf_c_message_free_unpacked(m, NULL);
+	ck_assert_int_eq(fake_send(&fk2, PS_MSG_PUSH_ACK, &ack.base, NULL, 0), 0);
+	tu_sleep_ms(200); /* the ack read before the close */
+	close(fk2.fd);
+	return NULL;
+}
+
+START_TEST(test_stop_refused_push_waits_for_handshake)
+{
+	static float g[N];
+	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
+	pthread_t th;
+
+	stop_port = tu_free_port();
+	write_cfg(1, &stop_port);
+	stop_lfd = fake_listen(stop_port);
+	ck_assert_int_eq(pthread_create(&th, NULL, stop_then_slow_shard, NULL), 0);
+	struct ps_client *c = connect_retry();
+	for (int i = 0; i < N; i++)
+		g[i] = 1.0f;
+	int64_t p = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(p, 0);
+	int rc = ps_client_wait(c, p);
+	ck_assert_msg(rc == 0, "the push: %s", ps_client_error(c));
+	pthread_join(th, NULL);
+	ps_client_free(c);
+	close(stop_lfd);
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+END_TEST
+
 static volatile int freed;
 
 static void *free_main(void *arg)
@@ -997,6 +1062,7 @@ int main(void)
 	tcase_add_test(tc, test_foreign_slice_refused);
 	tcase_add_test(tc, test_unexpected_frame_logged);
 	tcase_add_test(tc, test_unexpected_frame_read_by_waiter);
+	tcase_add_test(tc, test_stop_refused_push_waits_for_handshake);
 	tcase_add_test(tc, test_free_with_pull_pending);
 	tcase_add_loop_test(tc, test_reconnect_gives_up, 0, 3);
 	suite_add_tcase(s, tc);
