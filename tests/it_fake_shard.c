@@ -744,9 +744,14 @@ static void *fake_shard_main(void *arg)
 	fake_handshake(&fk, fs->shard);
 	while (!fs->stop) {
 		ProtobufCMessage *m = NULL;
-		int type = fake_recv(&fk, &m, NULL, NULL, 100);
+		struct pollfd pfd = { fk.fd, POLLIN, 0 };
+		/* a frame begun within 100 ms gets its own deadline: one whose
+		 * header came just before the poll's end is read whole */
+		if (poll(&pfd, 1, 100) != 1)
+			continue; /* nothing yet */
+		int type = fake_recv(&fk, &m, NULL, NULL, 5000);
 		if (type < 0)
-			continue; /* nothing yet (or the client went: stop ends it) */
+			continue; /* the client went: stop ends it */
 		if (type == PS_MSG_PULL) {
 			Ps__Pull *q = (Ps__Pull *)m;
 			uint32_t sl[8];
