@@ -75,8 +75,8 @@ suites_for() {
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
     server/push.c)             echo it_hostile it_cluster it_groups san:it_hostile ;;   # it_groups: the pushes' group rates
     server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
-    # it_reader: the reader's refusals; it_replica_cases: the replicas' Hellos
-    server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_cases ;;
+    # it_reader: the reader's refusals; it_replica_auth, it_replica_cases: the replicas' Hellos
+    server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_auth it_replica_cases ;;
     # it_hostile reads the queue figures; it_decl_tables restarts from a
     # chain of incremental checkpoints (the base length its deltas name);
     # it_reshard_live: the re-shard stop requests
