@@ -73,12 +73,14 @@ suites_for() {
     server/dedup.c)            echo check_dedup it_cluster ;;
     server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables san:it_checkpoint ;;
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
-    server/push.c)             echo it_hostile it_cluster san:it_hostile ;;
+    server/push.c)             echo it_hostile it_cluster it_groups san:it_hostile ;;   # it_groups: the pushes' group rates
     server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
-    server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard ;;   # it_reader: the reader's refusals
+    # it_reader: the reader's refusals; it_replica_auth, it_replica_cases: the replicas' Hellos
+    server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_auth it_replica_cases ;;
     # it_hostile reads the queue figures; it_decl_tables restarts from a
-    # chain of incremental checkpoints (the base length its deltas name)
-    server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables ;;
+    # chain of incremental checkpoints (the base length its deltas name);
+    # it_reshard_live: the re-shard stop requests
+    server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
     server/declare.c)          echo it_declare it_groups ;;
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;

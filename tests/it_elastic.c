@@ -1040,6 +1040,10 @@ START_TEST(test_restart_keeps_membership)
 	ck_assert_int_eq(ps_client_stats(c[0], 1, &st), 0);
 	ck_assert_uint_eq(st.joins, 1);
 	ck_assert_int_eq(st.nmembers, 3);
+	/* the member list itself, every entry copied to the caller */
+	for (int r = 0; r < 3; r++)
+		ck_assert_msg(st.members[r] == r, "members[%d] is %d, rank %d due", r, st.members[r],
+			      r);
 	tensors_free(w);
 	tensors_free(w0);
 	for (int r = 0; r < 3; r++)

@@ -744,9 +744,14 @@ static void *fake_shard_main(void *arg)
 	fake_handshake(&fk, fs->shard);
 	while (!fs->stop) {
 		ProtobufCMessage *m = NULL;
-		int type = fake_recv(&fk, &m, NULL, NULL, 100);
+		struct pollfd pfd = { fk.fd, POLLIN, 0 };
+		/* a frame begun within 100 ms gets its own deadline: one whose
+		 * header came just before the poll's end is read whole */
+		if (poll(&pfd, 1, 100) != 1)
+			continue; /* nothing yet */
+		int type = fake_recv(&fk, &m, NULL, NULL, 5000);
 		if (type < 0)
-			continue; /* nothing yet (or the client went: stop ends it) */
+			continue; /* the client went: stop ends it */
 		if (type == PS_MSG_PULL) {
 			Ps__Pull *q = (Ps__Pull *)m;
 			uint32_t sl[8];
@@ -878,6 +883,136 @@ START_TEST(test_unexpected_frame_logged)
 }
 END_TEST
 
+/* The same frames read by the waiting thread itself: with a long
+ * limits.wait_spin_us the thread that waits for a pull polls the socket,
+ * reads the unexpected frame before the reply and leaves it to the I/O
+ * thread (a deferred frame). The I/O thread must handle it (the warning)
+ * and go on serving: every pull completes, one warning each. */
+static struct ps_client *spin_client;
+static volatile int spin_done;
+static char spin_err[300];
+
+static void *spin_pulls(void *arg)
+{
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	int n = (int)(intptr_t)arg;
+
+	for (int i = 0; i < n; i++) {
+		int64_t q = ps_client_pull(spin_client, 0, &tw, 1);
+		int rc = q > 0 ? ps_client_wait(spin_client, q) : (int)q;
+		if (rc) {
+			snprintf(spin_err, sizeof(spin_err), "pull %d: %s", i,
+				 ps_client_error(spin_client));
+			break;
+		}
+	}
+	spin_done = 1;
+	return NULL;
+}
+
+START_TEST(test_unexpected_frame_read_by_waiter)
+{
+	enum { PULLS = 20 };
+	struct fake_shard fs[2];
+	pthread_t th;
+	char *log;
+
+	fake_shards_start(fs, ANSWER_AFTER_UNEXPECTED);
+	cfg.limits.wait_spin_us = 100000; /* the waiting thread reads what comes */
+	spin_client = connect_retry();
+	spin_done = 0;
+	spin_err[0] = 0;
+	tu_capture_begin();
+	ck_assert_int_eq(pthread_create(&th, NULL, spin_pulls, (void *)(intptr_t)PULLS), 0);
+	double deadline = now_ms() + 10000 * tu_time_scale();
+	while (!spin_done && now_ms() < deadline)
+		tu_sleep_ms(10);
+	if (!spin_done) {
+		log = tu_capture_end();
+		ck_abort_msg("%d pulls not done within 10 s: the I/O thread stuck on a frame the "
+			     "waiting thread left to it? %s", PULLS, log);
+	}
+	pthread_join(th, NULL);
+	ps_client_free(spin_client); /* handles what is still deferred */
+	log = tu_capture_end();
+	ck_assert_msg(!spin_err[0], "%s", spin_err);
+	int warned = 0;
+	for (const char *p = log; (p = strstr(p, "shard 1 sent an unexpected pull frame")); p++)
+		warned++;
+	ck_assert_msg(warned == PULLS, "%d warnings for %d unexpected frames: %s", warned, PULLS,
+		      log);
+	ck_assert_int_eq(fs[1].pulls, PULLS);
+	free(log);
+	fake_shards_stop(fs);
+}
+END_TEST
+
+/* A push refused by a stopping shard (PS_ERESHARD) is sent again by the
+ * tick 0.5 s later, or by the reconnect: when the connection broke in
+ * between and the new one is still in its handshake at that tick, the
+ * push waits for the handshake. This fake refuses the push, closes, and
+ * on the reconnect waits 1.2 s before it reads anything: the first frame
+ * must be the Hello, the push only after the handshake (acknowledged). */
+static int stop_port, stop_lfd;
+
+static void *stop_then_slow_shard(void *arg)
+{
+	struct fake fk = { .fd = fake_accept(stop_lfd, 10000) };
+	ProtobufCMessage *m = NULL;
+
+	(void)arg;
+	ck_assert_msg(fk.fd >= 0, "the client did not connect");
+	fake_handshake(&fk, 0);
+	ck_assert_int_eq(fake_recv(&fk, &m, NULL, NULL, 10000), PS_MSG_PUSH);
+	Ps__Error e = PS__ERROR__INIT;
+	e.req_id = ((Ps__Push *)m)->req_id;
+	e.code = PS_ERESHARD;
+	e.message = "stopping for a re-shard at clock 0";
+	protobuf_c_message_free_unpacked(m, NULL);
+	ck_assert_int_eq(fake_send(&fk, PS_MSG_ERROR, &e.base, NULL, 0), 0);
+	close(fk.fd);
+	/* the reconnect (0.1 s later): no answer to its Hello until past the
+	 * tick that sends the refused push again */
+	struct fake fk2 = { .fd = fake_accept(stop_lfd, 10000) };
+	ck_assert_msg(fk2.fd >= 0, "the client did not reconnect");
+	tu_sleep_ms(1200);
+	fake_handshake(&fk2, 0); /* asserts the first frame is the Hello, the next the Auth */
+	ck_assert_int_eq(fake_recv(&fk2, &m, NULL, NULL, 10000), PS_MSG_PUSH);
+	Ps__PushAck ack = PS__PUSH_ACK__INIT;
+	ack.req_id = ((Ps__Push *)m)->req_id;
+	protobuf_c_message_free_unpacked(m, NULL);
+	ck_assert_int_eq(fake_send(&fk2, PS_MSG_PUSH_ACK, &ack.base, NULL, 0), 0);
+	tu_sleep_ms(200); /* the ack read before the close */
+	close(fk2.fd);
+	return NULL;
+}
+
+START_TEST(test_stop_refused_push_waits_for_handshake)
+{
+	static float g[N];
+	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
+	pthread_t th;
+
+	stop_port = tu_free_port();
+	write_cfg(1, &stop_port);
+	stop_lfd = fake_listen(stop_port);
+	ck_assert_int_eq(pthread_create(&th, NULL, stop_then_slow_shard, NULL), 0);
+	struct ps_client *c = connect_retry();
+	for (int i = 0; i < N; i++)
+		g[i] = 1.0f;
+	int64_t p = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(p, 0);
+	int rc = ps_client_wait(c, p);
+	ck_assert_msg(rc == 0, "the push: %s", ps_client_error(c));
+	pthread_join(th, NULL);
+	ps_client_free(c);
+	close(stop_lfd);
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+END_TEST
+
 static volatile int freed;
 
 static void *free_main(void *arg)
@@ -931,6 +1066,8 @@ int main(void)
 	tcase_add_test(tc, test_fake_shards_answer_right);
 	tcase_add_test(tc, test_foreign_slice_refused);
 	tcase_add_test(tc, test_unexpected_frame_logged);
+	tcase_add_test(tc, test_unexpected_frame_read_by_waiter);
+	tcase_add_test(tc, test_stop_refused_push_waits_for_handshake);
 	tcase_add_test(tc, test_free_with_pull_pending);
 	tcase_add_loop_test(tc, test_reconnect_gives_up, 0, 3);
 	suite_add_tcase(s, tc);

@@ -715,6 +715,43 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 	ck_assert_int_eq(a1.repl_state, 3);
 	ck_assert_uint_eq(a1.repl_epoch, a0.repl_epoch);
 	ck_assert_int_eq(stats_ok(bk).repl_state, 2);
+
+	/* a replica Hello naming the shard's own replica index (two processes
+	 * started for one address): refused at once, saying so */
+	for (int target = 0; target < 2; target++) {
+		struct sockaddr_in sa = { .sin_family = AF_INET,
+					  .sin_port = htons((uint16_t)port[target]),
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		struct peer p = { .fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) };
+		Ps__Hello h = PS__HELLO__INIT;
+		uint8_t nonce[PS_AUTH_NONCE_LEN];
+		unsigned type;
+		int rc;
+
+		ck_assert_int_eq(connect(p.fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		ps_auth_random(nonce, sizeof(nonce));
+		h.protocol_version = PS_PROTOCOL_VERSION;
+		h.role = PS__ROLE__ROLE_REPLICA;
+		h.rank = -1;
+		h.shard_map_hash = map.hash;
+		h.replica = target;
+		h.repl_state = PS__REPL_STATE__REPL_JOINING;
+		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
+		h.auth_mac = 1;
+		p.hello_len = protobuf_c_message_get_packed_size(&h.base);
+		protobuf_c_message_pack(&h.base, p.hello);
+		ck_assert_int_eq(send_raw(&p, PS_MSG_HELLO, p.hello, p.hello_len, NULL, 0), 0);
+		Ps__HelloReply *r = (Ps__HelloReply *)recv_msg(&p, 5000, &type, &rc);
+		ck_assert_msg(r && type == PS_MSG_HELLO_REPLY && !r->ok && r->error &&
+			      strstr(r->error, "same replica index"), "replica %d answered a Hello "
+			      "with its own index with %s%s", target,
+			      r ? ps_wire_type_name(type) : "nothing",
+			      r && type == PS_MSG_HELLO_REPLY && r->error ? r->error : "");
+		protobuf_c_message_free_unpacked(&r->base, NULL);
+		close(p.fd);
+	}
+	ck_assert_int_eq(stats_ok(pr).repl_state, 3);
+	ck_assert_int_eq(stats_ok(bk).repl_state, 2);
 	teardown();
 }
 END_TEST
