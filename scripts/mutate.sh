@@ -88,9 +88,10 @@ suites_for() {
     server/decl_tables.c)      echo it_decl_tables test_decl_tables.py ;;
     server/members.c)          echo it_elastic it_elastic_repl san:it_elastic_repl ;;
     server/reshard.c)          echo it_reshard ;;
-    # replication: the scripted cases first, then the fault runs
+    # replication: the scripted cases first, then the fault runs;
+    # it_replica_decl: a declaration's ack waits for the backup
     server/replica.c|server/replica_log.c|server/replica_apply.c)
-                               echo check_repl_rules it_replica_cases it_replica_stats it_replica_auth it_elastic_repl it_replica it_replica_rows san:it_replica_cases ;;
+                               echo check_repl_rules it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows san:it_replica_cases ;;
     server/replica_decl.c)     echo it_replica_decl san:it_replica_decl ;;   # declarations replicated
     # the tables' part of replication: row batches, tables in the snapshot
     server/replica_rows.c)     echo it_replica_rows it_rows_model san:it_replica_rows ;;

@@ -24,6 +24,7 @@
  * delta-2 written by the new primary, which is then killed and restarted
  * from its chain: the tables must come back bit for bit (checksums). A
  * fourth stops both backups: a row push must wait for them before its ack.
+ * A fifth pushes 100,000 rows at once: one batch, applied by the backup.
  *
  * PS_TEST_REPL_CLOCKS sets the clocks of the fault runs (default 400;
  * 150 with PS_TEST_QUICK), PS_TEST_REPL_PACE_MS a worker's pause between
@@ -31,6 +32,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -963,6 +965,94 @@ START_TEST(test_rows_backup_keeps_primary_stamps)
 }
 END_TEST
 
+/* ---- one row push larger than a batch's groups could be one by one ---- */
+
+/* A push of 100,000 rows of one table reaches the backup as one batch of
+ * one group (the rows of a table at one stamp gathered together): the
+ * backup applies it, so the pair counts the same batches and bytes, and
+ * the tables are the same. (A group per row would make the batch's
+ * metadata about 1 MB, past limits.max_meta_bytes, 256 KiB here: the
+ * backup closes the link and the state is transferred again.) */
+START_TEST(test_rows_big_push_one_batch)
+{
+	enum { N = 100000, D = 4 };
+	char yaml[1024], err[512];
+	struct ps_client *c = NULL;
+	struct ps_shard_stats a, b;
+	uint64_t *ids = malloc(sizeof(uint64_t) * N), probe[3] = { 0, N / 2, N - 1 };
+	float *g = malloc(sizeof(float) * N * D), rows[3 * D];
+	int port0 = low_free_port(0), port1 = low_free_port(1), p, same = 0;
+	double t0;
+
+	ck_assert_ptr_nonnull(ids);
+	ck_assert_ptr_nonnull(g);
+	strcpy(logdir, "/tmp/ps-test-replrows-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(logdir));
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n  replicas: 1\n"
+		 "  workers: 1\nreplication:\n  timeout_ms: 2000\nconsistency:\n  mode: async\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "limits:\n  connect_timeout_ms: 2000\n  request_timeout_ms: 20000\n"
+		 "  max_meta_bytes: 256KiB\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [8]}\n  embeddings:\n"
+		 "    - {name: t, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n",
+		 tu_transport_yaml(), tu_host(), port0, tu_host(), port1, D);
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	for (int r = 0; r < 2; r++)
+		srv[r][0] = tu_start_replica(cfg_path, logdir, 0, r, 1);
+	ck_assert_msg(tu_replicas_healthy(&cfg, 1, 20) >= 0, "the pair did not form (logs in %s)",
+		      logdir);
+	p = tu_replica_primary(&cfg, 0);
+	ck_assert_int_ge(p, 0);
+	for (int i = 0; i < N; i++) {
+		ids[i] = (uint64_t)i * 7919 + 1;
+		for (int d = 0; d < D; d++)
+			g[i * D + d] = (float)((i + d) % 5 + 1);
+	}
+	ck_assert_int_eq(ps_client_init(&c, &cfg, 0, err, sizeof(err)), 0);
+	ck_assert_msg(ps_client_push_rows(c, "t", 0, ids, N, g, 0) == 0, "%s", ps_client_error(c));
+	for (int j = 0; j < 3; j++)
+		probe[j] = ids[probe[j]];
+	ck_assert_msg(ps_client_pull_rows(c, "t", 0, probe, 3, rows) == 0, "%s",
+		      ps_client_error(c));
+	for (int j = 0; j < 3; j++)
+		for (int d = 0; d < D; d++) {
+			uint64_t i = (probe[j] - 1) / 7919;
+			ck_assert_msg(rows[j * D + d] == -(float)((i + d) % 5 + 1), "row %" PRIu64
+				      " float %d: %g", probe[j], d, rows[j * D + d]);
+		}
+	ps_client_free(c);
+	/* the backup has the batch once the push is acknowledged; the figures
+	 * are read until they agree (10 s at most) */
+	t0 = ps_now_s();
+	while (!same && ps_now_s() - t0 < 10 * tu_time_scale()) {
+		ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+		ck_assert_int_eq(tu_replica_stats(&cfg, 0, 1 - p, -1, &b), 0);
+		same = a.repl_batches == b.repl_batches && a.repl_bytes == b.repl_bytes &&
+		       a.tables[0].checksum == b.tables[0].checksum;
+		if (!same)
+			tu_sleep_ms(50);
+	}
+	ck_assert_msg(same, "the primary sent %" PRIu64 " batches (%" PRIu64 " bytes), the backup "
+		      "applied %" PRIu64 " (%" PRIu64 " bytes); table checksums %016" PRIx64 " and %016"
+		      PRIx64 " (logs in %s)", a.repl_batches, a.repl_bytes, b.repl_batches,
+		      b.repl_bytes, a.tables[0].checksum, b.tables[0].checksum, logdir);
+	ck_assert_uint_ge(a.repl_bytes, (uint64_t)N * (12 + 4 * D));
+	ck_assert_uint_eq(a.tables[0].rows, N);
+	ck_assert_uint_eq(b.tables[0].rows, N);
+	ck_assert_uint_eq(a.repl_failovers, 0);
+	for (int r = 0; r < 2; r++) {
+		ck_assert_int_eq(tu_stop_server(srv[r][0]), 0);
+		srv[r][0] = 0;
+	}
+	free(ids);
+	free(g);
+	unlink(cfg_path);
+	tu_rmtree(logdir);
+}
+END_TEST
+
 /* ---- a takeover in the middle of an incremental checkpoint chain ---- */
 
 /* Waits (30 s) until both workers pause before clock c. */
@@ -1094,6 +1184,7 @@ static Suite *suite(void)
 	tcase_set_timeout(tc, 600);
 	TU_ADD(tc, test_rows_ack_waits_for_backup);
 	TU_ADD(tc, test_rows_backup_keeps_primary_stamps);
+	TU_ADD(tc, test_rows_big_push_one_batch);
 	TU_ADD(tc, test_rows_takeover_mid_checkpoint_chain);
 	TU_ADD(tc, test_rows_sync_faults_exact);
 	TU_ADD(tc, test_rows_async_faults_exact);

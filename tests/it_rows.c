@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <zlib.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -20,6 +21,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include "config.h"
+#include "ckpt_format.h"
 #include "config_agree.h"
 #include "msg.h"
 #include "ps_client.h"
@@ -558,6 +560,73 @@ static void stats_of(struct ps_client *mon, int k, struct ps_shard_stats *st)
 	ck_assert_int_eq(st->ntables, 2);
 }
 
+static char *read_text(const char *f);
+static int exit_within(pid_t pid, int ms);
+
+/* Edits shard 0's checkpoint in dir so that table e claims one row more
+ * than the rest of the file could hold (the checksum made right again, as
+ * by a buggy or hostile writer): the shard must refuse to start naming the
+ * table and its claim, not read on past the file's end; the file is then
+ * put back. */
+static void check_row_claim_refused(const struct cluster *cl, const char *dir, uint64_t nrows)
+{
+	char f[300], keep[300], logf[300], want[160], *log;
+	struct ckpt_table ct;
+	uint64_t key = ps_rows_table_key(&cl->cfg.tables[0]), claim;
+	size_t at = 0, found = 0;
+	struct stat sb;
+	uint8_t *b;
+	FILE *fp;
+	uint32_t crc;
+	int rc;
+
+	snprintf(f, sizeof(f), "%s/shard-0.ckpt", dir);
+	snprintf(keep, sizeof(keep), "%s/shard-0.kept", dir);
+	snprintf(logf, sizeof(logf), "%s/shard-0-claim.log", dir);
+	ck_assert_int_eq(stat(f, &sb), 0);
+	b = malloc((size_t)sb.st_size);
+	ck_assert_ptr_nonnull(b);
+	fp = fopen(f, "rb");
+	ck_assert_ptr_nonnull(fp);
+	ck_assert_uint_eq(fread(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
+	fclose(fp);
+	/* table e's record: its key, dim and row count (the file's order of
+	 * records is the shard's business; the record is found by content) */
+	for (size_t p = 0; p + sizeof(ct) + 4 <= (size_t)sb.st_size; p++) {
+		memcpy(&ct, b + p, sizeof(ct));
+		if (ct.key == key && ct.dim == DIM && ct.row_floats == DIM && ct.nrows == nrows &&
+		    ct.live_rows == nrows) {
+			at = p;
+			found++;
+		}
+	}
+	ck_assert_msg(found == 1, "table e's record (%" PRIu64 " rows) found %zu times in %s",
+		      nrows, found, f);
+	memcpy(&ct, b + at, sizeof(ct));
+	claim = ((size_t)sb.st_size - 4 - at - sizeof(ct)) /
+		(sizeof(struct ckpt_row) + sizeof(float) * DIM) + 1;
+	ct.nrows = claim;
+	memcpy(b + at, &ct, sizeof(ct));
+	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(sb.st_size - 4));
+	memcpy(b + sb.st_size - 4, &crc, 4);
+	ck_assert_int_eq(rename(f, keep), 0);
+	fp = fopen(f, "wb");
+	ck_assert_ptr_nonnull(fp);
+	ck_assert_uint_eq(fwrite(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
+	ck_assert_int_eq(fclose(fp), 0);
+	free(b);
+	rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
+	log = read_text(logf);
+	snprintf(want, sizeof(want), "shard-0.ckpt: table 'e' claims %" PRIu64 " rows: more than "
+		 "the file holds", claim);
+	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") && strstr(log, want),
+		      "table e claiming %" PRIu64 " rows where the file holds %" PRIu64 ": the shard "
+		      "%s, its log: %s (\"%s\" expected)", claim, nrows,
+		      rc < 0 ? "did not exit" : "exited", log ? log : "empty", want);
+	free(log);
+	ck_assert_int_eq(rename(keep, f), 0);
+}
+
 /* Rows, optimizer state (rowwise adagrad on table f), versions and the
  * admission counts of ids not admitted yet come back from the checkpoint
  * after both shards are killed with SIGKILL; checked bit for bit against
@@ -617,8 +686,11 @@ START_TEST(test_checkpoint_kill9)
 	for (int k = 0; k < 2; k++) {
 		kill(cl.srv[k], SIGKILL);
 		ck_assert_int_eq(tu_wait_child(cl.srv[k]), 128 + SIGKILL);
-		cl.srv[k] = tu_start_server(cl.path, k);
 	}
+	ck_assert_uint_gt(before[0].tables[0].rows, 0);
+	check_row_claim_refused(&cl, dir, before[0].tables[0].rows);
+	for (int k = 0; k < 2; k++)
+		cl.srv[k] = tu_start_server(cl.path, k);
 	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
 	ck_assert_msg(c != NULL, "%s", err);
 	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
