@@ -115,7 +115,7 @@ suites_for() {
     # a join's clock read from the shards' Stats
     worker/client/ps_client.c|worker/client/ps_client_build.c|worker/client/ps_client_conn.c|worker/client/ps_client_req.c)
                                echo it_fake_shard it_cluster it_checkpoint it_hostile it_replica_cases it_reader \
-                                    it_elastic@test_restart_keeps_membership san:it_fake_shard ;;
+                                    it_elastic@test_restart_keeps_membership it_client_api san:it_fake_shard ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables ;;
