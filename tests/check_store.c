@@ -543,6 +543,56 @@ START_TEST(test_bsp_refuses_nonfinite_update)
 }
 END_TEST
 
+/* A clock only one rank pushed (the other dropped from the live set) is
+ * applied as that push alone, without a sum; its update is still probed
+ * first: an update that would leave a weight (SGD, lr 10, gradient 3e38)
+ * or an accumulator (AdaGrad, one gradient of 1e20) that is not finite is
+ * refused whole. */
+START_TEST(test_bsp_single_push_refuses_nonfinite_update)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	float g[200], w0[200], a0[200];
+	uint64_t errors = 0;
+	int adagrad = _i;
+
+	static const uint8_t live[2] = { 1, 0 }; /* rank 1 dropped */
+
+	make_cfg(&cfg, 2, PS_SYNC);
+	if (adagrad) {
+		cfg.optim.kind = PS_OPT_ADAGRAD;
+		cfg.optim.eps = 1e-10f;
+		cfg.optim.initial_accumulator = 0.1f;
+	} else {
+		cfg.optim.lr = 10.0f;
+	}
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	st.errors = &errors;
+	st.live = live;
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	memcpy(w0, s->w, sizeof(w0));
+	if (adagrad)
+		memcpy(a0, s->state[0], sizeof(a0));
+	for (int i = 0; i < 200; i++)
+		g[i] = adagrad ? (i == 150 ? 1e20f : 1.0f) : 3e38f;
+	ck_assert_int_eq(offer(&st, s, 0, 0, g), 1);
+	ck_assert_uint_eq(s->version, 1);
+	ck_assert_uint_eq(s->steps, 0);
+	for (int i = 0; i < 200; i++)
+		ck_assert_msg(s->w[i] == w0[i], "%s: w[%d] = %g after a refused update, %g before",
+			      adagrad ? "adagrad" : "sgd", i, s->w[i], w0[i]);
+	if (adagrad)
+		ck_assert_int_eq(memcmp(s->state[0], a0, sizeof(a0)), 0);
+	ck_assert_uint_eq(st.refused, 1);
+	ck_assert_uint_eq(errors, 1);
+	ck_assert_uint_eq(st.applies, 0);
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 /* ps_store_each_kept: what waits in the barriers, in slot, clock and rank
  * order, each gradient as pushed (a backup that joins is sent these under
  * replication.forward: every_push); nothing once the clocks are applied. */
@@ -893,6 +943,7 @@ int main(void)
 	tcase_add_test(tc, test_average_and_pushed_lr);
 	tcase_add_test(tc, test_slots_take_their_group);
 	tcase_add_loop_test(tc, test_bsp_refuses_nonfinite_update, 0, 2);
+	tcase_add_loop_test(tc, test_bsp_single_push_refuses_nonfinite_update, 0, 2);
 	tcase_add_test(tc, test_checksum_tracks_weights);
 	tcase_add_test(tc, test_all_finite_every_position);
 	tcase_add_test(tc, test_bsp_live_set);

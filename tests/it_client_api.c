@@ -6,7 +6,7 @@
  * pending, done says 0 then 1, and the request is waited for once; the
  * stats calls of a program built with an older, shorter struct
  * ps_shard_stats (ps_client_stats_sized): its fields filled, nothing
- * written past it.
+ * written past it; a rank outside the workers refused before connecting.
  */
 #include <check.h>
 #include <errno.h>
@@ -181,6 +181,28 @@ START_TEST(test_stats_sized)
 }
 END_TEST
 
+/* ps_client_init refuses a rank outside the workers at once, naming it and
+ * the range, before it connects to anything (no shard is started): rank 2
+ * of 2 workers (the first past the end), and -3, below the reader's. */
+START_TEST(test_rank_outside_workers)
+{
+	struct ps_config *cfg = start_cluster(0);
+	struct ps_client *c = (struct ps_client *)1;
+	char err[512] = "";
+	double t0 = ps_now_s();
+
+	ck_assert_int_eq(ps_client_init(&c, cfg, 2, err, sizeof(err)), -EINVAL);
+	ck_assert_ptr_null(c);
+	ck_assert_msg(strstr(err, "rank 2 outside 0..1 (cluster.workers is 2)"), "%s", err);
+	err[0] = 0;
+	ck_assert_int_eq(ps_client_init(&c, cfg, PS_RANK_READER - 1, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "rank -3: a worker rank is 0 or more"), "%s", err);
+	ck_assert_msg(ps_now_s() - t0 < 1.0, "refusing a rank took %.2f s", ps_now_s() - t0);
+	ps_config_close(cfg);
+	unlink(path);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("client_api");
@@ -193,6 +215,7 @@ int main(void)
 	tcase_add_test(tc, test_config_handle);
 	tcase_add_test(tc, test_wait_timeout_and_done);
 	tcase_add_test(tc, test_stats_sized);
+	tcase_add_test(tc, test_rank_outside_workers);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();
