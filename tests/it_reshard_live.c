@@ -125,43 +125,6 @@ static pid_t start_shard(const char *path, int k, const char *old, int old_n)
 	return start_proc(path, k, 0, old, old_n);
 }
 
-/* Waits (60 s at most) for child pid to exit: its status, or -1 (killed). */
-static int wait_exit(pid_t pid)
-{
-	int st = 0;
-
-	for (int i = 0; i < 600; i++) {
-		pid_t r = waitpid(pid, &st, WNOHANG);
-		if (r == pid)
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		if (r < 0)
-			return -1;
-		tu_sleep_ms(100);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &st, 0);
-	return -1;
-}
-
-/* Whether something listens on 127.0.0.1:port within 60 s. */
-static int wait_listen(int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	for (int i = 0; i < 600; i++) {
-		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-		if (fd < 0)
-			return 0;
-		ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-		close(fd);
-		if (ok)
-			return 1;
-		tu_sleep_ms(100);
-	}
-	return 0;
-}
-
 /* Moves the n shards' checkpoints of ck into ck/name. */
 static void move_old(const char *name, int n, char *to, size_t len)
 {
@@ -384,12 +347,12 @@ START_TEST(test_workers_stay_2_3_2)
 	/* 2 -> 3: ps-stat stops them at 4 */
 	snprintf(out, sizeof(out), "%s/pstat-1.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
-	ck_assert_int_eq(wait_exit(tu_spawn(pstat, out)), 0);
+	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
 	ck_assert_msg(log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
 		      "at clock 4", out);
 	set_gate(8); /* their pushes for 4 meet stopped or gone shards */
 	for (int k = 0; k < 2; k++)
-		ck_assert_int_eq(wait_exit(srv[k]), 0);
+		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
 	move_old("from2", 2, old, sizeof(old));
 	write_cfg("c3", 3, c3, sizeof(c3));
 	for (int k = 0; k < 3; k++)
@@ -401,11 +364,11 @@ START_TEST(test_workers_stay_2_3_2)
 	ck_assert_ptr_nonnull(cfg3);
 	ck_assert_msg(ps_config_load(cfg3, c3, err, sizeof(err)) == 0, "%s", err);
 	for (int k = 0; k < 3; k++)
-		ck_assert_msg(wait_listen(cfg3->shards[k].port), "new shard %d does not listen", k);
+		ck_assert_msg(tu_wait_listen(cfg3->shards[k].port), "new shard %d does not listen", k);
 	kill(srv[1], SIGKILL);
-	ck_assert_int_eq(wait_exit(srv[1]), 128 + SIGKILL);
+	ck_assert_int_eq(tu_wait_exit(srv[1]), 128 + SIGKILL);
 	srv[1] = start_shard(c3, 1, old, 2);
-	ck_assert_msg(wait_listen(cfg3->shards[1].port), "new shard 1 does not listen again");
+	ck_assert_msg(tu_wait_listen(cfg3->shards[1].port), "new shard 1 does not listen again");
 	point_at(c3);
 	at = 8;
 	ck_assert_msg(wait_until(all_at, &at) == 0, "the workers did not reach clock 8 on 3 "
@@ -429,7 +392,7 @@ START_TEST(test_workers_stay_2_3_2)
 	ps_client_free(mon);
 	free(cfg3);
 	for (int k = 0; k < 3; k++)
-		ck_assert_int_eq(wait_exit(srv[k]), 0);
+		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
 	move_old("from3", 3, old, sizeof(old));
 	write_cfg("c2b", 2, c2b, sizeof(c2b));
 	for (int k = 0; k < 2; k++)
@@ -518,12 +481,12 @@ START_TEST(test_error_feedback_2_3)
 		      wks[0].err, wks[1].err);
 	snprintf(out, sizeof(out), "%s/pstat.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
-	ck_assert_int_eq(wait_exit(tu_spawn(pstat, out)), 0);
+	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
 	ck_assert_msg(log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
 		      "at clock 4", out);
 	set_gate(UINT64_MAX); /* their pushes for 4, encoded once, are refused and kept */
 	for (int k = 0; k < 2; k++)
-		ck_assert_int_eq(wait_exit(srv[k]), 0);
+		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
 	move_old("from2", 2, old, sizeof(old));
 	write_cfg("c3", 3, c3, sizeof(c3));
 	for (int k = 0; k < 3; k++)
@@ -576,12 +539,12 @@ START_TEST(test_pairs_2_3)
 		      wks[0].err, wks[1].err);
 	snprintf(out, sizeof(out), "%s/pstat.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
-	ck_assert_int_eq(wait_exit(tu_spawn(pstat, out)), 0);
+	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
 	ck_assert_msg(log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
 		      "at clock 4", out);
 	set_gate(8); /* their pushes for 4 are refused by the primaries, kept */
 	for (int k = 0; k < 4; k++)
-		ck_assert_msg(wait_exit(srv[k]) == 0, "old process %d did not exit 0 at the stop", k);
+		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old process %d did not exit 0 at the stop", k);
 	for (int k = 0; k < 2; k++) {
 		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d-r1.log", dir, k);
 		ck_assert_msg(log_says(log, "stopped at clock 4 with its checkpoint written"),
@@ -599,7 +562,7 @@ START_TEST(test_pairs_2_3)
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0.log", dir);
 	ck_assert_msg(log_says(log, "now the primary of shard 0"), "%s: not the primary", log);
 	kill(srv[0], SIGKILL);
-	ck_assert_int_eq(wait_exit(srv[0]), 128 + SIGKILL);
+	ck_assert_int_eq(tu_wait_exit(srv[0]), 128 + SIGKILL);
 	set_gate(UINT64_MAX);
 	join_workers(th);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0-r1.log", dir);

@@ -89,43 +89,6 @@ static pid_t start_shard(const char *path, int k, const char *old, int old_n)
 	return tu_spawn(argv, log);
 }
 
-/* Waits (60 s at most) for child pid to exit: its status, or -1. */
-static int wait_exit(pid_t pid)
-{
-	int st = 0;
-
-	for (int i = 0; i < 600; i++) {
-		pid_t r = waitpid(pid, &st, WNOHANG);
-		if (r == pid)
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		if (r < 0)
-			return -1;
-		tu_sleep_ms(100);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &st, 0);
-	return -1;
-}
-
-/* Whether something listens on 127.0.0.1:port within 60 s. */
-static int wait_listen(int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	for (int i = 0; i < 600; i++) {
-		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-		if (fd < 0)
-			return 0;
-		ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-		close(fd);
-		if (ok)
-			return 1;
-		tu_sleep_ms(100);
-	}
-	return 0;
-}
-
 /* Starts every shard of path (from old's n_old checkpoints when old) and
  * waits until each listens; cfg loaded. */
 static void start_all(const char *path, struct ps_config *cfg, pid_t *srv, const char *old,
@@ -137,7 +100,7 @@ static void start_all(const char *path, struct ps_config *cfg, pid_t *srv, const
 	for (int k = 0; k < cfg->nshards; k++)
 		srv[k] = start_shard(path, k, old, n_old);
 	for (int k = 0; k < cfg->nshards; k++)
-		ck_assert_msg(wait_listen(cfg->shards[k].port), "%s: shard %d does not listen",
+		ck_assert_msg(tu_wait_listen(cfg->shards[k].port), "%s: shard %d does not listen",
 			      path, k);
 }
 
@@ -202,7 +165,7 @@ static int ps_stat(const char *path, char **out, const char *a1, const char *a2,
 	int rc;
 
 	snprintf(o, sizeof(o), "%s/ps-stat.out", dir);
-	rc = wait_exit(tu_spawn(argv, o));
+	rc = tu_wait_exit(tu_spawn(argv, o));
 	*out = slurp(o);
 	return rc;
 }
@@ -398,7 +361,7 @@ START_TEST(test_epoch_2_3_2)
 	snprintf(a, sizeof(a), "%s/m.npz", dir);
 	snprintf(b, sizeof(b), "%s/export.out", dir);
 	const char *exp[] = { "bin/ps-export", "--config", c2b, "--out", a, NULL };
-	ck_assert_int_eq(wait_exit(tu_spawn(exp, b)), 0);
+	ck_assert_int_eq(tu_wait_exit(tu_spawn(exp, b)), 0);
 	out = slurp(a); /* meta.json is stored in the .npz uncompressed */
 	long at = 0, n = 0;
 	FILE *z = fopen(a, "rb");
@@ -427,7 +390,7 @@ START_TEST(test_epoch_2_3_2)
 	char err[600];
 	ck_assert_msg(ps_config_load(&cfgx, cx, err, sizeof(err)) == 0, "%s", err);
 	snprintf(a, sizeof(a), "%s/mixed", dir);
-	ck_assert_int_eq(wait_exit(start_shard(cx, 0, a, 2)), 1);
+	ck_assert_int_eq(tu_wait_exit(start_shard(cx, 0, a, 2)), 1);
 	snprintf(a, sizeof(a), "%s/cx.yaml-shard-0.log", dir);
 	out = slurp(a);
 	snprintf(b, sizeof(b), "%s/mixed/shard-1.ckpt is of map epoch 0 (re-sharded that many "

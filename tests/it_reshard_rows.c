@@ -127,43 +127,6 @@ static pid_t start_shard(const char *path, int k, const char *old, int old_n)
 	return tu_spawn(argv, log);
 }
 
-/* Waits (60 s at most) for child pid to exit: its status, or -1. */
-static int wait_exit(pid_t pid)
-{
-	int st = 0;
-
-	for (int i = 0; i < 600; i++) {
-		pid_t r = waitpid(pid, &st, WNOHANG);
-		if (r == pid)
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		if (r < 0)
-			return -1;
-		tu_sleep_ms(100);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &st, 0);
-	return -1;
-}
-
-/* Whether something listens on 127.0.0.1:port within 60 s. */
-static int wait_listen(int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	for (int i = 0; i < 600; i++) {
-		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-		if (fd < 0)
-			return 0;
-		ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-		close(fd);
-		if (ok)
-			return 1;
-		tu_sleep_ms(100);
-	}
-	return 0;
-}
-
 /* Moves the n shards' checkpoints of ck into ck/name; the folder in to. */
 static void move_old(const char *name, int n, char *to, size_t len)
 {
@@ -190,7 +153,7 @@ static void start_new(const char *path, int n, const char *old, int old_n, pid_t
 	for (int k = 0; k < n; k++)
 		srv[k] = start_shard(path, k, old, old_n);
 	for (int k = 0; k < n; k++)
-		ck_assert_msg(wait_listen(c->shards[k].port), "new shard %d does not listen", k);
+		ck_assert_msg(tu_wait_listen(c->shards[k].port), "new shard %d does not listen", k);
 	free(c);
 }
 
@@ -583,11 +546,11 @@ static void run_2_3_2(int async, int unknown)
 	/* 2 -> 3 while they run: ps-stat picks the clock */
 	snprintf(out, sizeof(out), "%s/pstat-1.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
-	ck_assert_int_eq(wait_exit(tu_spawn(pstat, out)), 0);
+	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
 	b1 = stop_clock(out);
 	ck_assert_msg(b1 >= 3 && b1 <= 12, "ps-stat (%s) stopped at clock %" PRIu64, out, b1);
 	for (int k = 0; k < 2; k++)
-		ck_assert_int_eq(wait_exit(srv[k]), 0);
+		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
 	move_old("from2", 2, old, sizeof(old));
 	write_cfg("c3", 3, c3, sizeof(c3));
 	start_new(c3, 3, old, 2, srv);
@@ -615,7 +578,7 @@ static void run_2_3_2(int async, int unknown)
 	ps_client_free(mon);
 	free(cfg3);
 	for (int k = 0; k < 3; k++)
-		ck_assert_int_eq(wait_exit(srv[k]), 0);
+		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
 	move_old("from3", 3, old, sizeof(old));
 	write_cfg("c2b", 2, c2b, sizeof(c2b));
 	start_new(c2b, 2, old, 3, srv);

@@ -395,6 +395,44 @@ static inline void tu_sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
+/* Waits (60 s at most) for child pid to exit: its status (128 + signal
+ * when killed), or -1 (not a child, or still running: then killed). */
+static inline int tu_wait_exit(pid_t pid)
+{
+	int st = 0;
+
+	for (int i = 0; i < 600; i++) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		if (r < 0)
+			return -1;
+		tu_sleep_ms(100);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	return -1;
+}
+
+/* Whether something listens on 127.0.0.1:port within 60 s. */
+static inline int tu_wait_listen(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	for (int i = 0; i < 600; i++) {
+		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+		if (fd < 0)
+			return 0;
+		ok = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+		close(fd);
+		if (ok)
+			return 1;
+		tu_sleep_ms(100);
+	}
+	return 0;
+}
+
 /* Whether the kernel holds no TCP socket from 127.0.0.1:port to
  * 127.0.0.1:peer_port (IPv4, /proc/net/tcp): a socket reset by its peer
  * leaves the table at once, even while its owner has not closed it. */
