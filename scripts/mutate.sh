@@ -108,6 +108,7 @@ suites_for() {
     worker/client/ps_client_members.c) echo it_elastic test_elastic.py ;;
     # the live re-shard: the client following a new map, the shards' stop
     worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_live.sh test_reshard_live.py ;;
+    worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)
     server/stop.c)             echo it_reshard_live it_reshard_rows it_reshard_live.sh ;;
     # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)
     worker/ctr_model.c|worker/ctr_train.c) echo it_ctr it_elastic@test_ctr_data_once ;;
