@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench-reshard.sh - the training pause of a live re-shard against its bound.
 #
-#   scripts/bench-reshard.sh [--help]
+#   scripts/bench-reshard.sh [--rows N] [--help]
 #
 # Issue 35's target: a re-shard pauses training for at most the moved
 # state's bytes over the loopback's measured bandwidth plus one second.
@@ -16,17 +16,30 @@
 #      bytes the new shards say they took from another shard. The
 #      workers' pause is this plus their reconnect (they follow 0.1 s
 #      after the launcher rewrites their config pointer, BENCHMARKS.md).
+#   3. with --rows N (say 10000000) instead: a cluster holding an embedding
+#      table of N rows (dim 16, rowwise adagrad; ps-bench --op pull-rows
+#      fills every row) re-sharded 2 -> 3 -> 2 by hand, as a launcher does:
+#      SIGTERM (each shard writes its checkpoint), then the new shards
+#      started with --reshard-from; the pause is from the SIGTERM to the
+#      last new shard listening (no worker runs: ps-bench only fills the
+#      table), and the rows moved are checked against 1.2 / (N + 1).
 # It prints one line per re-shard: pause, moved bytes, the bound
 # (bytes / bandwidth + 1 s) and pause / bound (met when <= 1).
 # Benchmarks are not tests: nothing here fails on a slow machine; the
 # figures go to BENCHMARKS.md with the machine they came from.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-case "${1:-}" in
-  -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-  "") ;;
-  *) echo "bench-reshard.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
-esac
+rows=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    --rows)
+      [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] ||
+        { echo "bench-reshard.sh: --rows needs a row count, not '${2:-}'" >&2; exit 2; }
+      rows=$2; shift 2 ;;
+    *) echo "bench-reshard.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
+  esac
+done
 for b in ps-server ps-worker ps-bench ps-ctrgen; do
   [ -x "bin/$b" ] || { echo "bench-reshard.sh: bin/$b missing; run 'make' first" >&2; exit 2; }
 done
@@ -74,6 +87,82 @@ reshard() {
     printf "%-16s pause %.3f s, %.2f MiB moved, bound %.3f s: pause/bound %.3f (%s)\n",
            n, p, b / 1048576, o, p / o, p <= o ? "met" : "MISSED" }'
 }
+
+# 3. (--rows N) a table of N rows re-sharded by hand: FROM-N TO-N
+rows_reshard() {
+  local from=$1 to=$2 t0 t1 k port stop start moved bytes
+  t0=$(date +%s.%N)
+  kill -TERM "${srv[@]}" 2>/dev/null
+  for pid in "${srv[@]}"; do
+    for _ in $(seq 6000); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  done
+  t1=$(date +%s.%N)
+  stop=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
+  rm -rf "$tmp/old" && mv "$tmp/ck" "$tmp/old" && mkdir "$tmp/ck"
+  srv=()
+  for ((k = 0; k < to; k++)); do
+    bin/ps-server --config "$tmp/r$to.yaml" --shard "$k" --reshard-from "$tmp/old" \
+      --reshard-shards "$from" > "$tmp/r$to-$k.log" 2>&1 &
+    srv+=($!)
+  done
+  for ((k = 0; k < to; k++)); do
+    port=${rports[$k]}
+    for _ in $(seq 6000); do
+      (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+      kill -0 "${srv[$k]}" 2>/dev/null || { echo "bench-reshard.sh: new shard $k died:" >&2
+        tail -n 3 "$tmp/r$to-$k.log" >&2; return 1; }
+      sleep 0.05
+    done
+  done
+  start=$(awk -v a="$t1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')
+  moved=$(cat "$tmp/r$to-"*.log | sed -n 's/.*another shard: [0-9]* slices, \([0-9]*\) rows.*/\1/p' |
+    awk '{ s += $1 } END { print s + 0 }')
+  bytes=$(cat "$tmp/r$to-"*.log | sed -n 's/.*another shard: [0-9]* slices, [0-9]* rows, \([0-9]*\) bytes.*/\1/p' |
+    awk '{ s += $1 } END { print s + 0 }')
+  awk -v n="rows $from -> $to" -v s="$stop" -v t="$start" -v b="$bytes" -v g="$bw" \
+      -v m="$moved" -v r="$rows" -v f="$from" -v to="$to" 'BEGIN {
+    o = b / (g * 1e9) + 1; p = s + t
+    printf "%-16s pause %.3f s (old shards'"'"' checkpoints %.3f s, new shards up %.3f s), %.2f MiB moved, bound %.3f s: pause/bound %.3f (%s)\n",
+           n, p, s, t, b / 1048576, o, p / o, p <= o ? "met" : "MISSED"
+    lim = (to > f ? 1.2 / to : 1.2 / f)
+    printf "%-16s %d of %d rows moved: %.4f (at most %.4f: %s)\n", n, m, r, m / r, lim,
+           m / r <= lim ? "met" : "MISSED" }'
+}
+rows_run() {
+  local p
+  rports=()
+  for k in 0 1 2; do p=$(free_port "${rports[@]}"); rports+=("$p"); done
+  rm -rf "$tmp/ck" "$tmp/old" && mkdir -p "$tmp/ck"
+  cat > "$tmp/rbase.yaml" <<EOF
+cluster: {servers: [127.0.0.1:${rports[0]}, 127.0.0.1:${rports[1]}], workers: 1}
+model: {tensors: [{name: d, shape: [16]}]}
+checkpoint: {dir: $tmp/ck, every_s: 0}
+security: {auth: false}
+log: {level: info}
+EOF
+  # the servers run the config ps-bench derives (its table 'bench')
+  bin/ps-bench --config "$tmp/rbase.yaml" --op pull-rows --rows "$rows" --dim 16 \
+    --dump-config > "$tmp/r2.yaml" || return 1
+  sed "s/servers: .*/servers: [\"127.0.0.1:${rports[0]}\", \"127.0.0.1:${rports[1]}\", \"127.0.0.1:${rports[2]}\"]/" \
+    "$tmp/r2.yaml" > "$tmp/r3.yaml"
+  srv=()
+  for k in 0 1; do
+    bin/ps-server --config "$tmp/r2.yaml" --shard "$k" > "$tmp/r2-$k.log" 2>&1 &
+    srv+=($!)
+  done
+  echo "filling $rows rows of dim 16 on 2 shards (ps-bench --op pull-rows)..."
+  bin/ps-bench --config "$tmp/r2.yaml" --op pull-rows --rows "$rows" --dim 16 --seconds 1 \
+    --no-baseline > "$tmp/fill.out" 2>&1 || { cat "$tmp/fill.out" >&2; return 1; }
+  rows_reshard 2 3 || return 1
+  rows_reshard 3 2 || return 1
+  kill -KILL "${srv[@]}" 2>/dev/null; wait "${srv[@]}" 2>/dev/null; srv=()
+}
+srv=()
+if [ "$rows" -gt 0 ]; then
+  trap 'kill -KILL "${srv[@]}" 2>/dev/null; cleanup' EXIT
+  rows_run || exit 1
+  exit 0
+fi
 
 # 2. the two presets
 case_run() { # NAME CONFIG-BODY

@@ -93,8 +93,11 @@ static void gather_free(struct gathered *g)
 	memset(g, 0, sizeof(*g));
 }
 
-/* A shard of the old map, set up only to load its checkpoint. */
-static int old_open(struct ps_server *o, const struct ps_config *cfg, int shard, int placement)
+/* A shard of the old map, set up only to load its checkpoint; its tables
+ * keep only the rows shard keep of keep_n (the new map) will own, so a
+ * new shard inserts its share of each old file's rows, not all of them. */
+static int old_open(struct ps_server *o, const struct ps_config *cfg, int shard, int placement,
+		    int keep, int keep_n)
 {
 	int nw = cfg->nworkers, rc;
 
@@ -116,7 +119,12 @@ static int old_open(struct ps_server *o, const struct ps_config *cfg, int shard,
 	memset(o->live, 1, (size_t)nw);
 	o->store.live = o->live;
 	o->store.finished = o->finished;
-	return ps__rows_init(o);
+	rc = ps__rows_init(o);
+	for (int t = 0; !rc && o->rows && t < o->rows->ntables; t++) {
+		o->rows->t[t].tb.keep_shard = keep;
+		o->rows->t[t].tb.keep_nshards = keep_n;
+	}
+	return rc;
 }
 
 static void old_close(struct ps_server *o)
@@ -247,9 +255,9 @@ static uint64_t progress_of(const struct ps_server *o)
 /* Loads old shard j's checkpoint at path (and its incremental ones) into
  * the scratch shard o, as a shard of the old map would; err names the file. */
 static int old_load(struct ps_server *o, const struct ps_config *ocfg, int j, int placement,
-		    const char *path, char *err, size_t errlen)
+		    int keep, int keep_n, const char *path, char *err, size_t errlen)
 {
-	int rc = old_open(o, ocfg, j, placement);
+	int rc = old_open(o, ocfg, j, placement, keep, keep_n);
 
 	if (rc) {
 		snprintf(err, errlen, "cannot set up old shard %d: %s", j, ps_strerror(rc));
@@ -271,7 +279,7 @@ static int old_load(struct ps_server *o, const struct ps_config *ocfg, int j, in
  * newer state is taken (progress_of; equal: replica 0's, as a cold start
  * of the pair would serve it), into path. 0, or a negative code. */
 static int pick_pair_file(struct ps_server *o, const struct ps_config *ocfg, const char *dir,
-			  int j, int placement, char *path, size_t plen, char *err, size_t errlen)
+			  int j, int placement, int keep, int keep_n, char *path, size_t plen, char *err, size_t errlen)
 {
 	char f[2][PATH_MAX + 32];
 	uint64_t p[2] = { 0, 0 };
@@ -284,7 +292,7 @@ static int pick_pair_file(struct ps_server *o, const struct ps_config *ocfg, con
 		have[r] = !lstat(f[r], &st);
 	if (have[0] && have[1]) {
 		for (int r = 0; r < 2; r++) {
-			rc = old_load(o, ocfg, j, placement, f[r], err, errlen);
+			rc = old_load(o, ocfg, j, placement, keep, keep_n, f[r], err, errlen);
 			if (rc)
 				return rc;
 			p[r] = progress_of(o);
@@ -367,7 +375,8 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		goto out;
 	}
 	for (int j = 0; cfg->replicas && j < n; j++) {
-		rc = pick_pair_file(o, ocfg, from->dir, j, placement, paths[j], sizeof(paths[j]),
+		rc = pick_pair_file(o, ocfg, from->dir, j, placement, s->shard, s->cfg->nshards,
+				    paths[j], sizeof(paths[j]),
 				    err, errlen);
 		if (rc)
 			goto out;
@@ -389,7 +398,8 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		double now;
 
 		snprintf(path, sizeof(path), "%s", paths[j]);
-		rc = old_load(o, ocfg, j, placement, path, err, errlen);
+		rc = old_load(o, ocfg, j, placement, s->shard, s->cfg->nshards, path, err,
+			      errlen);
 		if (rc)
 			goto out;
 		now = ps_now_s();
@@ -505,10 +515,15 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		qsort(order, gt->n, sizeof(*order), cmp_rows);
 		oldest = gt->n ? gt->t[order[0]] : wall;
 		tb->epoch = ps_now_s() - (wall - oldest > 0 ? wall - oldest : 0);
+		if (ps_table_reserve(tb, tb->cap && tb->cap < gt->n ? tb->cap : gt->n)) {
+			free(order);
+			FAIL(-ENOMEM, "table '%s': out of memory for %" PRIu64 " rows",
+			     tb->tc->name, gt->n);
+		}
 		for (uint64_t i = 0; i < gt->n; i++) {
 			uint64_t x = order[i];
 			double st = gt->t[x] - oldest;
-			uint32_t r = ps_table_insert(tb, gt->id[x], st > 0 ? (uint32_t)st : 0);
+			uint32_t r = ps_table_insert_raw(tb, gt->id[x], st > 0 ? (uint32_t)st : 0);
 
 			if (r == PS_ROW_NIL) {
 				free(order);

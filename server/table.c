@@ -307,14 +307,13 @@ static void drop_row(struct ps_table *tb, uint32_t r)
 	add_tomb(tb, id);
 }
 
-uint32_t ps_table_insert(struct ps_table *tb, uint64_t id, uint32_t stamp)
+/* A new row for id, absent from the index; its values unset. */
+static uint32_t insert_new(struct ps_table *tb, uint64_t id, uint32_t stamp)
 {
-	uint32_t r = ps_table_find(tb, id);
 	struct ps_row_meta *m;
+	uint32_t r;
 	uint64_t i;
 
-	if (r != PS_ROW_NIL)
-		return r;
 	if ((tb->nrows + 1) * 5 > (tb->index_mask + 1) * 4 && grow_index(tb))
 		return PS_ROW_NIL;
 	if (tb->cap && tb->nrows >= tb->cap) {
@@ -328,7 +327,6 @@ uint32_t ps_table_insert(struct ps_table *tb, uint64_t id, uint32_t stamp)
 	m->id_lo = (uint32_t)id;
 	m->id_hi = (uint32_t)(id >> 32);
 	m->stamp = stamp;
-	ps_table_row_reset(tb, id, ps_table_vals(tb, r));
 	i = home(tb, id);
 	while (tb->index[i])
 		i = (i + 1) & tb->index_mask;
@@ -337,6 +335,39 @@ uint32_t ps_table_insert(struct ps_table *tb, uint64_t id, uint32_t stamp)
 	mark_dirty(tb, r);
 	tb->nrows++;
 	return r;
+}
+
+uint32_t ps_table_insert_raw(struct ps_table *tb, uint64_t id, uint32_t stamp)
+{
+	uint32_t r = ps_table_find(tb, id);
+
+	return r != PS_ROW_NIL ? r : insert_new(tb, id, stamp);
+}
+
+uint32_t ps_table_insert(struct ps_table *tb, uint64_t id, uint32_t stamp)
+{
+	uint32_t r = ps_table_find(tb, id);
+
+	if (r != PS_ROW_NIL)
+		return r;
+	r = insert_new(tb, id, stamp);
+	if (r != PS_ROW_NIL)
+		ps_table_row_reset(tb, id, ps_table_vals(tb, r));
+	return r;
+}
+
+int ps_table_reserve(struct ps_table *tb, uint64_t n)
+{
+	while (n * 5 > (tb->index_mask + 1) * 4)
+		if (grow_index(tb))
+			return -ENOMEM;
+	return 0;
+}
+
+int ps_table_keeps(const struct ps_table *tb, uint64_t id)
+{
+	return tb->keep_nshards <= 0 ||
+	       ps_rows_shard(tb->tkey, id, tb->keep_nshards) == tb->keep_shard;
 }
 
 int ps_table_remove(struct ps_table *tb, uint64_t id)

@@ -213,6 +213,14 @@ int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, 
 			oldest = cr.age;
 		}
 		tb->epoch = ps_now_s() - oldest;
+		/* the index at its final size at once (not in a re-shard's
+		 * scratch table, which keeps a share of the rows) */
+		if (tb->keep_nshards <= 0 && ps_table_reserve(tb, ct.nrows)) {
+			snprintf(err, errlen, "table '%s': out of memory for %" PRIu64 " rows",
+				 tb->tc->name, ct.nrows);
+			rc = -ENOMEM;
+			goto out;
+		}
 		for (uint64_t done = 0; done < ct.nrows;) {
 			size_t n = ct.nrows - done > ROWS_PER_READ ? ROWS_PER_READ
 								  : (size_t)(ct.nrows - done);
@@ -222,7 +230,10 @@ int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, 
 				struct ckpt_row cr;
 				uint32_t r;
 				memcpy(&cr, buf + i * rb, sizeof(cr));
-				r = ps_table_insert(tb, cr.id, cr.age <= oldest ? oldest - cr.age : 0);
+				if (!ps_table_keeps(tb, cr.id))
+					continue;
+				r = ps_table_insert_raw(tb, cr.id,
+							cr.age <= oldest ? oldest - cr.age : 0);
 				if (r == PS_ROW_NIL) {
 					snprintf(err, errlen, "table '%s': out of memory at row %" PRIu64,
 						 tb->tc->name, done + i);
@@ -428,8 +439,10 @@ int ps__rows_delta_restore(struct ps_server *s, int fd, uint64_t pos, char *err,
 				goto err_read;
 			memcpy(&cr, buf, sizeof(cr));
 			st = cr.age < cur ? (uint32_t)(cur - cr.age) : 0;
+			if (!ps_table_keeps(tb, cr.id))
+				continue;
 			ps_table_remove(tb, cr.id); /* so it is reinserted as the newest */
-			r = ps_table_insert(tb, cr.id, st);
+			r = ps_table_insert_raw(tb, cr.id, st);
 			if (r == PS_ROW_NIL) {
 				snprintf(err, errlen, "table '%s': out of memory", tb->tc->name);
 				rc = -ENOMEM;
@@ -441,7 +454,8 @@ int ps__rows_delta_restore(struct ps_server *s, int fd, uint64_t pos, char *err,
 		if (read_filter(fd, tb, &ct, pos))
 			goto err_read;
 		pos += ct.filter_slots * sizeof(uint32_t);
-		if (tb->nrows != ct.live_rows) {
+		/* a re-shard's scratch table holds a share of them: at most */
+		if (tb->keep_nshards > 0 ? tb->nrows > ct.live_rows : tb->nrows != ct.live_rows) {
 			snprintf(err, errlen, "table '%s' has %" PRIu64 " rows after the incremental "
 				 "checkpoint, which says %" PRIu64 " (a checkpoint of the chain is "
 				 "missing?)", tb->tc->name, tb->nrows, ct.live_rows);
