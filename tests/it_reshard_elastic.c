@@ -39,6 +39,7 @@
 #include <unistd.h>
 #include "config.h"
 #include "ps_client.h"
+#include "ps_client_int.h"
 #include "ps_err.h"
 #define RESHARD_TMPDIR "/tmp/ps-reshard-elastic-XXXXXX"
 #include "test_reshard.h"
@@ -470,6 +471,24 @@ static void one_run(int reshard, struct run *out, struct ps_shard_stats *st)
 	unsetenv("PS_CONFIG_FOLLOW");
 }
 
+/* c[i] after clocks 0..nclk-1 whose gradients came from the ranks r with
+ * pushed(r, k): from zeros, momentum 0.5 at lr 1 over the clocks' sums;
+ * every value on the way is a multiple of 2^-13 below 2^10, exact in
+ * float whatever the order. */
+static double c_exact(int i, int nclk, int (*pushed)(int r, int k))
+{
+	double v = 0, w = 0;
+
+	for (int k = 0; k < nclk; k++) {
+		double s = 0;
+		for (int r = 0; r < NW; r++)
+			s += pushed(r, k) ? grad_i(r, k, i) : 0;
+		v = 0.5 * v + s;
+		w -= v;
+	}
+	return w;
+}
+
 /* A run's membership as planned, the ranks' weights alike, c exact. */
 static void check_run(const char *what, const struct run *u)
 {
@@ -504,20 +523,10 @@ static void check_run(const char *what, const struct run *u)
 			      !memcmp(u->b[r], u->b[0], sizeof(u->b[0])) &&
 			      !memcmp(u->c[r], u->c[0], sizeof(u->c[0])),
 			      "%s: rank %d's weights differ from rank 0's", what, r);
-	/* c: from zeros, momentum 0.5 at lr 1 over the members' sums; every
-	 * value on the way is a multiple of 2^-13 below 2^10: exact in float */
-	for (int i = 0; i < NC; i++) {
-		double v = 0, w = 0;
-		for (int k = 0; k < NCLK; k++) {
-			double s = 0;
-			for (int r = 0; r < NW; r++)
-				s += member_of(r, k) ? grad_i(r, k, i) : 0;
-			v = 0.5 * v + s;
-			w -= v;
-		}
-		ck_assert_msg((double)u->c[0][i] == w, "%s: c[%d] = %.9g, exactly %.9g", what, i,
-			      (double)u->c[0][i], w);
-	}
+	for (int i = 0; i < NC; i++)
+		ck_assert_msg((double)u->c[0][i] == c_exact(i, NCLK, member_of), "%s: c[%d] = %.9g, "
+			      "exactly %.9g", what, i, (double)u->c[0][i],
+			      c_exact(i, NCLK, member_of));
 }
 
 START_TEST(test_join_leave_2_3_2_bit_identical)
@@ -572,6 +581,152 @@ START_TEST(test_join_leave_2_3_2_bit_identical)
 }
 END_TEST
 
+/* ---- a join in flight when its client follows a re-shard ---- */
+
+/* Who pushed c's gradient at clock k in test_join_in_flight: rank 0
+ * throughout (rank 1 left with clock 0, with no gradient), rank 1 again
+ * from clock 3. */
+static int pushed_in_flight(int r, int k)
+{
+	return r == 0 || (r == 1 && k >= 3);
+}
+
+/* Rank's push of c's gradient for clock k, waited for. */
+static void push_c(struct ps_client *c, int rank, int k)
+{
+	static float g[NC];
+	struct ps_tensor t = { .name = "c", .data = g, .count = NC };
+	int64_t id;
+
+	for (int i = 0; i < NC; i++)
+		g[i] = grad_i(rank, k, i);
+	id = ps_client_push(c, (uint64_t)k, &t, 1, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "rank %d: push %d: %s", rank, k,
+		      ps_client_error(c));
+}
+
+/* c at clock k into w, waited for. */
+static void pull_c(struct ps_client *c, int k, float *w)
+{
+	struct ps_tensor t = { .name = "c", .data = w, .count = NC };
+	int64_t id = ps_client_pull(c, (uint64_t)k, &t, 1);
+
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "pull %d: %s", k, ps_client_error(c));
+}
+
+struct join_arg {
+	struct ps_client *c;
+	int rc;
+};
+
+static void *join_thread(void *arg)
+{
+	struct join_arg *j = arg;
+
+	j->rc = ps_client_join(j->c);
+	return NULL;
+}
+
+static int in_flight(struct ps_client *c)
+{
+	int n;
+
+	pthread_mutex_lock(&c->mu);
+	n = c->reqs != NULL;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+/* Rank 1 left with clock 0; the shards stop at clock 2 (ps-stat
+ * --reshard-stop) and exit; rank 1 calls ps_client_join, whose first step
+ * waits for the gone shard 0; 3 shards start from the checkpoints and the
+ * follow file names them: the client follows, the step in flight fails
+ * with PS_EMAP there (only pushes and pulls are sent again), and the join
+ * starts again on the new map instead of failing: rank 1 joins at clock
+ * 3 (the 3 shards' first open clock, 2, plus 1) and its gradients count
+ * from there, exactly. */
+START_TEST(test_join_in_flight)
+{
+	char c2[160], c3[160], old[200], err[600];
+	static float w0[NC], w1[NC];
+	struct ps_client *c0, *c1, *mon;
+	struct ps_config *cfg3;
+	struct join_arg ja = { 0 };
+	struct ps_shard_stats st;
+	pthread_t th;
+	pid_t srv[3];
+	int i;
+
+	setup_dirs();
+	write_cfg("c2", 2, c2, sizeof(c2));
+	ck_assert_msg(ps_config_load(&cfg, c2, err, sizeof(err)) == 0, "%s", err);
+	live_point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
+	for (int k = 0; k < 2; k++)
+		srv[k] = live_start(c2, k, 0, NULL, 0);
+	c0 = connect_retry(0);
+	c1 = connect_retry(1);
+	ck_assert_msg(ps_client_leave(c1, 0) == 0, "%s", ps_client_error(c1));
+	push_c(c0, 0, 0);
+	push_c(c0, 0, 1);
+	pull_c(c0, 2, w0);
+	pstat_stop(c2, 2);
+	for (int k = 0; k < 2; k++)
+		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
+
+	/* the join, its first step waiting for the gone shard 0 */
+	ck_assert(!in_flight(c1));
+	ja.c = c1;
+	ck_assert_int_eq(pthread_create(&th, NULL, join_thread, &ja), 0);
+	for (i = 0; i < 300 && !in_flight(c1); i++)
+		tu_sleep_ms(10);
+	ck_assert_msg(in_flight(c1), "rank 1's join sent nothing in 3 s");
+
+	live_move_old("from2", 2, 0, old, sizeof(old));
+	write_cfg("c3", 3, c3, sizeof(c3));
+	for (int k = 0; k < 3; k++)
+		srv[k] = live_start(c3, k, 0, old, 2);
+	cfg3 = malloc(sizeof(*cfg3));
+	ck_assert_ptr_nonnull(cfg3);
+	ck_assert_msg(ps_config_load(cfg3, c3, err, sizeof(err)) == 0, "%s", err);
+	for (int k = 0; k < 3; k++)
+		ck_assert_msg(tu_wait_listen(cfg3->shards[k].port), "new shard %d does not listen", k);
+	ck_assert_msg(ja.rc == 0 && in_flight(c1), "the join ended before the switch: %s",
+		      ps_client_error(c1));
+	live_point_at(c3);
+	pthread_join(th, NULL);
+	ck_assert_msg(ja.rc == 0, "join across the switch: %s (%s)", ps_strerror(ja.rc),
+		      ps_client_error(c1));
+	ck_assert_uint_eq(c1->reshards, 1);
+	ck_assert_uint_eq(ps_client_clock(c1), 3);
+
+	push_c(c0, 0, 2);
+	push_c(c0, 0, 3);
+	push_c(c1, 1, 3);
+	pull_c(c0, 4, w0);
+	pull_c(c1, 4, w1);
+	for (i = 0; i < NC; i++)
+		ck_assert_msg(w0[i] == c_exact(i, 4, pushed_in_flight) && w1[i] == w0[i],
+			      "c[%d] = %.9g (rank 0), %.9g (rank 1), exactly %.9g", i, (double)w0[i],
+			      (double)w1[i], c_exact(i, 4, pushed_in_flight));
+	ck_assert_int_eq(ps_client_init(&mon, cfg3, -1, err, sizeof(err)), 0);
+	for (int k = 0; k < 3; k++) {
+		ck_assert_msg(ps_client_stats(mon, k, &st) == 0, "%s", ps_client_error(mon));
+		ck_assert_uint_eq(st.joins, 1);
+		ck_assert_uint_eq(st.leaves, 1);
+		ck_assert_uint_eq(st.map_epoch, 1);
+	}
+	ps_client_free(mon);
+	ps_client_free(c0);
+	ps_client_free(c1);
+	for (int k = 0; k < 3; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	free(cfg3);
+	unsetenv("PS_CONFIG_FOLLOW");
+	cleanup_dirs();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("reshard_elastic");
@@ -579,6 +734,7 @@ int main(void)
 
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_join_leave_2_3_2_bit_identical);
+	tcase_add_test(tc, test_join_in_flight);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
