@@ -223,7 +223,8 @@ static int pull(struct wk *w, uint64_t k, struct ps_members_info *mi)
 	return 0;
 }
 
-static void *worker_run(struct wk *w)
+/* Rank w->rank's training, its error in w->rc and w->err. */
+static void worker_run(struct wk *w)
 {
 	int r = w->rank;
 	static __thread float ga[NA], gb[NB], gc[NC];
@@ -237,7 +238,7 @@ static void *worker_run(struct wk *w)
 	if (r == 2 && wait_until(go_given, &r)) {
 		snprintf(w->err, sizeof(w->err), "rank 2 was not told to join");
 		w->rc = -1;
-		return NULL;
+		return;
 	}
 	for (int i = 0; i < 150; i++) { /* the shards may not listen yet */
 		w->rc = ps_client_init(&w->c, &cur, r, w->err, sizeof(w->err));
@@ -246,7 +247,7 @@ static void *worker_run(struct wk *w)
 		tu_sleep_ms(100);
 	}
 	if (w->rc)
-		return NULL;
+		return;
 	k = ps_client_clock(w->c); /* rank 2: the clock it joined at */
 	pthread_mutex_lock(&mu);
 	w->out->joined_at[r] = k;
@@ -254,13 +255,13 @@ static void *worker_run(struct wk *w)
 	pthread_cond_broadcast(&cv);
 	pthread_mutex_unlock(&mu);
 	if (pull(w, k, &mi))
-		return NULL;
+		return;
 	while (k < NCLK) {
 		if (wait_until(gate_open, &k)) {
 			snprintf(w->err, sizeof(w->err), "rank %d, clock %" PRIu64 ": the gate stayed "
 				 "shut", r, k);
 			w->rc = -1;
-			return NULL;
+			return;
 		}
 		for (int i = 0; i < NA; i++)
 			ga[i] = grad_f(r, (int)k, 0, i);
@@ -274,7 +275,7 @@ static void *worker_run(struct wk *w)
 			w->rc = w->rc ? w->rc : (int)id;
 			snprintf(w->err, sizeof(w->err), "rank %d: push %" PRIu64 ": %s", r, k,
 				 ps_client_error(w->c));
-			return NULL;
+			return;
 		}
 		pthread_mutex_lock(&mu);
 		w->out->pushed[k][r] = 1;
@@ -286,13 +287,13 @@ static void *worker_run(struct wk *w)
 			if (wait_until(go_given, &r)) {
 				snprintf(w->err, sizeof(w->err), "rank 1 was not told to join again");
 				w->rc = -1;
-				return NULL;
+				return;
 			}
 			w->rc = ps_client_join(w->c);
 			if (w->rc) {
 				snprintf(w->err, sizeof(w->err), "rank 1: join again: %s",
 					 ps_client_error(w->c));
-				return NULL;
+				return;
 			}
 			k = ps_client_clock(w->c);
 			pthread_mutex_lock(&mu);
@@ -302,18 +303,17 @@ static void *worker_run(struct wk *w)
 			pthread_cond_broadcast(&cv);
 			pthread_mutex_unlock(&mu);
 			if (pull(w, k, &mi))
-				return NULL;
+				return;
 			continue;
 		}
 		if (pull(w, k + 1, &mi))
-			return NULL;
+			return;
 		k++;
 		pthread_mutex_lock(&mu);
 		progress[r] = k;
 		pthread_cond_broadcast(&cv);
 		pthread_mutex_unlock(&mu);
 	}
-	return NULL;
 }
 
 static void *worker(void *arg)
@@ -331,8 +331,9 @@ static void *worker(void *arg)
 /* Waits for the planned members of clock k to have pulled it. */
 static void wait_members(uint64_t k)
 {
-	ck_assert_msg(wait_until(members_at, &k) == 0 && !failed, "the members did not reach clock %" PRIu64
-		      " (logs in %s): %s | %s | %s", k, dir, wks[0].err, wks[1].err, wks[2].err);
+	ck_assert_msg(wait_until(members_at, &k) == 0 && !failed, "the members did not reach "
+		      "clock %" PRIu64 " (logs in %s): %s | %s | %s", k, dir, wks[0].err, wks[1].err,
+		      wks[2].err);
 }
 
 /* Rank r's join (its first, or rank 1's second), waited for. */
