@@ -105,7 +105,7 @@ suites_for() {
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
-    worker/client/ps_client_members.c) echo it_elastic test_elastic.py ;;
+    worker/client/ps_client_members.c) echo it_elastic it_reshard_elastic test_elastic.py ;;
     # the live re-shard: the client following a new map, the shards' stop
     worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_live.sh test_reshard_live.py ;;
     worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)

@@ -42,6 +42,8 @@
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
+#define RESHARD_TMPDIR "/tmp/ps-reshard-live-XXXXXX"
+#include "test_reshard.h"
 #include "test_util.h"
 
 #define NA 3000
@@ -49,7 +51,6 @@
 #define NW 2
 #define NCLK 12
 
-static char dir[64], ck[128], ptr[128];
 static struct ps_config cfg0; /* the workers' first config (2 shards) */
 static const char *extra_yaml = ""; /* appended to every config write_cfg writes */
 static int pairs;                   /* write_cfg: cluster.replicas: 1, a backup per shard */
@@ -83,61 +84,9 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 	fclose(f);
 }
 
-/* Points the workers' $PS_CONFIG_FOLLOW file at path (written whole, then
- * renamed into place, as ps-local.sh does). */
-static void point_at(const char *path)
-{
-	char tmp[160];
-	FILE *f;
-
-	snprintf(tmp, sizeof(tmp), "%s.new", ptr);
-	f = fopen(tmp, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "%s\n", path);
-	fclose(f);
-	ck_assert_int_eq(rename(tmp, ptr), 0);
-}
-
-/* Shard k's process of config path (rep 1: its backup, --replica 1). */
-static pid_t start_proc(const char *path, int k, int rep, const char *old, int old_n)
-{
-	char s[16], n[16], log[160];
-	const char *argv[] = { "bin/ps-server", "--config", path, "--shard", s, "--log-level",
-			       "info", "--replica", "1", NULL, NULL, NULL, NULL, NULL };
-	int a = rep ? 9 : 7;
-
-	if (old) {
-		argv[a++] = "--reshard-from";
-		argv[a++] = old;
-		argv[a++] = "--reshard-shards";
-		argv[a++] = n;
-	}
-	argv[a] = NULL;
-	snprintf(s, sizeof(s), "%d", k);
-	snprintf(n, sizeof(n), "%d", old_n);
-	snprintf(log, sizeof(log), "%s/%s-shard-%d%s.log", dir, strrchr(path, '/') + 1, k,
-		 rep ? "-r1" : "");
-	return tu_spawn(argv, log);
-}
-
 static pid_t start_shard(const char *path, int k, const char *old, int old_n)
 {
-	return start_proc(path, k, 0, old, old_n);
-}
-
-/* Moves the n shards' checkpoints of ck into ck/name. */
-static void move_old(const char *name, int n, char *to, size_t len)
-{
-	char a[256], b[300];
-
-	snprintf(to, len, "%s/%s", ck, name);
-	ck_assert_int_eq(mkdir(to, 0700), 0);
-	for (int k = 0; k < n * (pairs + 1); k++) {
-		const char *r1 = k >= n ? "-r1" : "";
-		snprintf(a, sizeof(a), "%s/shard-%d%s.ckpt", ck, k % n, r1);
-		snprintf(b, sizeof(b), "%s/shard-%d%s.ckpt", to, k % n, r1);
-		ck_assert_msg(rename(a, b) == 0, "%s: %s", a, strerror(errno));
-	}
+	return live_start(path, k, 0, old, old_n);
 }
 
 /* ---- the workers: threads, each with its own client ---- */
@@ -279,20 +228,6 @@ static void free_workers(void)
 	}
 }
 
-static int log_says(const char *log, const char *what)
-{
-	FILE *f = fopen(log, "r");
-	char line[2048];
-	int said = 0;
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		said |= strstr(line, what) != NULL;
-	fclose(f);
-	return said;
-}
-
 START_TEST(test_workers_stay_2_3_2)
 {
 	static float ref_a[NA], ref_b[NB];
@@ -306,7 +241,6 @@ START_TEST(test_workers_stay_2_3_2)
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(ck, sizeof(ck), "%s/ck", dir);
 	ck_assert_int_eq(mkdir(ck, 0700), 0);
-	snprintf(ptr, sizeof(ptr), "%s/current", dir);
 
 	/* the reference: 12 clocks on 2 shards, no re-shard, not following */
 	write_cfg("ref", 2, c2, sizeof(c2));
@@ -328,8 +262,8 @@ START_TEST(test_workers_stay_2_3_2)
 	/* the same with the workers following 2 -> 3 -> 2 */
 	write_cfg("c2", 2, c2, sizeof(c2));
 	ck_assert_msg(ps_config_load(&cfg0, c2, err, sizeof(err)) == 0, "%s", err);
-	point_at(c2);
-	setenv("PS_CONFIG_FOLLOW", ptr, 1);
+	live_point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
 	follow = 1;
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(c2, k, NULL, 0);
@@ -348,12 +282,12 @@ START_TEST(test_workers_stay_2_3_2)
 	snprintf(out, sizeof(out), "%s/pstat-1.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
 	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
-	ck_assert_msg(log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
+	ck_assert_msg(live_log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
 		      "at clock 4", out);
 	set_gate(8); /* their pushes for 4 meet stopped or gone shards */
 	for (int k = 0; k < 2; k++)
 		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
-	move_old("from2", 2, old, sizeof(old));
+	live_move_old("from2", 2, pairs, old, sizeof(old));
 	write_cfg("c3", 3, c3, sizeof(c3));
 	for (int k = 0; k < 3; k++)
 		srv[k] = start_shard(c3, k, old, 2);
@@ -369,7 +303,7 @@ START_TEST(test_workers_stay_2_3_2)
 	ck_assert_int_eq(tu_wait_exit(srv[1]), 128 + SIGKILL);
 	srv[1] = start_shard(c3, 1, old, 2);
 	ck_assert_msg(tu_wait_listen(cfg3->shards[1].port), "new shard 1 does not listen again");
-	point_at(c3);
+	live_point_at(c3);
 	at = 8;
 	ck_assert_msg(wait_until(all_at, &at) == 0, "the workers did not reach clock 8 on 3 "
 		      "shards: %s %s", wks[0].err, wks[1].err);
@@ -393,11 +327,11 @@ START_TEST(test_workers_stay_2_3_2)
 	free(cfg3);
 	for (int k = 0; k < 3; k++)
 		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
-	move_old("from3", 3, old, sizeof(old));
+	live_move_old("from3", 3, pairs, old, sizeof(old));
 	write_cfg("c2b", 2, c2b, sizeof(c2b));
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(c2b, k, old, 3);
-	point_at(c2b);
+	live_point_at(c2b);
 	join_workers(th);
 
 	/* exact sums, and bit-identical to the run without re-shards */
@@ -418,9 +352,10 @@ START_TEST(test_workers_stay_2_3_2)
 	for (int k = 0; k < 2; k++)
 		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-2.log", dir);
-	ck_assert_msg(log_says(log, "re-sharded from 2 to 3 shards"), "%s: no re-shard said", log);
+	ck_assert_msg(live_log_says(log, "re-sharded from 2 to 3 shards"), "%s: no re-shard said",
+		      log);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0.log", dir);
-	ck_assert_msg(log_says(log, "stopped at clock 8 with its checkpoint written"),
+	ck_assert_msg(live_log_says(log, "stopped at clock 8 with its checkpoint written"),
 		      "%s: no stop at clock 8 said", log);
 	unsetenv("PS_CONFIG_FOLLOW");
 	ck_assert_int_eq(tu_rmtree(dir), 0);
@@ -448,7 +383,6 @@ START_TEST(test_error_feedback_2_3)
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(ck, sizeof(ck), "%s/ck", dir);
 	ck_assert_int_eq(mkdir(ck, 0700), 0);
-	snprintf(ptr, sizeof(ptr), "%s/current", dir);
 
 	/* the reference: 12 clocks on 2 shards, no re-shard */
 	write_cfg("ref", 2, c2, sizeof(c2));
@@ -471,8 +405,8 @@ START_TEST(test_error_feedback_2_3)
 	/* the same with the workers following 2 -> 3 at clock 4 */
 	write_cfg("c2", 2, c2, sizeof(c2));
 	ck_assert_msg(ps_config_load(&cfg0, c2, err, sizeof(err)) == 0, "%s", err);
-	point_at(c2);
-	setenv("PS_CONFIG_FOLLOW", ptr, 1);
+	live_point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
 	for (int k = 0; k < 2; k++)
 		srv[k] = start_shard(c2, k, NULL, 0);
 	set_gate(4);
@@ -482,16 +416,16 @@ START_TEST(test_error_feedback_2_3)
 	snprintf(out, sizeof(out), "%s/pstat.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
 	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
-	ck_assert_msg(log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
+	ck_assert_msg(live_log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
 		      "at clock 4", out);
 	set_gate(UINT64_MAX); /* their pushes for 4, encoded once, are refused and kept */
 	for (int k = 0; k < 2; k++)
 		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
-	move_old("from2", 2, old, sizeof(old));
+	live_move_old("from2", 2, pairs, old, sizeof(old));
 	write_cfg("c3", 3, c3, sizeof(c3));
 	for (int k = 0; k < 3; k++)
 		srv[k] = start_shard(c3, k, old, 2);
-	point_at(c3);
+	live_point_at(c3);
 	join_workers(th);
 	for (int r = 0; r < NW; r++)
 		ck_assert_msg(!memcmp(wks[r].a, ref_a, sizeof(ref_a)) &&
@@ -526,13 +460,12 @@ START_TEST(test_pairs_2_3)
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(ck, sizeof(ck), "%s/ck", dir);
 	ck_assert_int_eq(mkdir(ck, 0700), 0);
-	snprintf(ptr, sizeof(ptr), "%s/current", dir);
 	write_cfg("c2", 2, c2, sizeof(c2));
 	ck_assert_msg(ps_config_load(&cfg0, c2, err, sizeof(err)) == 0, "%s", err);
-	point_at(c2);
-	setenv("PS_CONFIG_FOLLOW", ptr, 1);
+	live_point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
 	for (int k = 0; k < 4; k++)
-		srv[k] = start_proc(c2, k % 2, k / 2, NULL, 0);
+		srv[k] = live_start(c2, k % 2, k / 2, NULL, 0);
 	set_gate(4);
 	start_workers(th);
 	ck_assert_msg(wait_until(all_at, &at) == 0, "the workers did not reach clock 4: %s %s",
@@ -540,33 +473,33 @@ START_TEST(test_pairs_2_3)
 	snprintf(out, sizeof(out), "%s/pstat.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
 	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
-	ck_assert_msg(log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
+	ck_assert_msg(live_log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
 		      "at clock 4", out);
 	set_gate(8); /* their pushes for 4 are refused by the primaries, kept */
 	for (int k = 0; k < 4; k++)
 		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old process %d did not exit 0 at the stop", k);
 	for (int k = 0; k < 2; k++) {
 		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d-r1.log", dir, k);
-		ck_assert_msg(log_says(log, "stopped at clock 4 with its checkpoint written"),
+		ck_assert_msg(live_log_says(log, "stopped at clock 4 with its checkpoint written"),
 			      "%s: the backup did not stop at clock 4", log);
 	}
-	move_old("from2", 2, old, sizeof(old)); /* both files of each pair */
+	live_move_old("from2", 2, pairs, old, sizeof(old)); /* both files of each pair */
 	write_cfg("c3", 3, c3, sizeof(c3));
 	for (int k = 0; k < 6; k++)
-		srv[k] = start_proc(c3, k % 3, k / 3, old, 2);
-	point_at(c3);
+		srv[k] = live_start(c3, k % 3, k / 3, old, 2);
+	live_point_at(c3);
 	at = 8;
 	ck_assert_msg(wait_until(all_at, &at) == 0, "the workers did not reach clock 8 on 3 "
 		      "pairs: %s %s", wks[0].err, wks[1].err);
 	/* the primary of new shard 0 (replica 0: equal state at the start) */
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0.log", dir);
-	ck_assert_msg(log_says(log, "now the primary of shard 0"), "%s: not the primary", log);
+	ck_assert_msg(live_log_says(log, "now the primary of shard 0"), "%s: not the primary", log);
 	kill(srv[0], SIGKILL);
 	ck_assert_int_eq(tu_wait_exit(srv[0]), 128 + SIGKILL);
 	set_gate(UINT64_MAX);
 	join_workers(th);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0-r1.log", dir);
-	ck_assert_msg(log_says(log, "now the primary of shard 0"), "%s: no takeover", log);
+	ck_assert_msg(live_log_says(log, "now the primary of shard 0"), "%s: no takeover", log);
 	for (int r = 0; r < NW; r++)
 		for (int i = 0; i < NA + NB; i++) {
 			float want = i < NA ? wks[0].init_a[i] : wks[0].init_b[i - NA];
@@ -602,7 +535,6 @@ START_TEST(test_other_config_not_followed)
 
 	strcpy(dir, "/tmp/ps-reshard-live-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
-	snprintf(ptr, sizeof(ptr), "%s/current", dir);
 	for (int i = 0; i < 2; i++) {
 		snprintf(yaml, sizeof(yaml),
 			 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
@@ -617,8 +549,8 @@ START_TEST(test_other_config_not_followed)
 		fclose(f);
 	}
 	ck_assert_msg(ps_config_load(&cfg1, c1, err, sizeof(err)) == 0, "%s", err);
-	point_at(c1);
-	setenv("PS_CONFIG_FOLLOW", ptr, 1);
+	live_point_at(c1);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
 	srv = start_shard(c1, 0, NULL, 0);
 	for (int i = 0; i < 150 && rc; i++) {
 		rc = ps_client_init(&c, &cfg1, 0, err, sizeof(err));
@@ -629,7 +561,7 @@ START_TEST(test_other_config_not_followed)
 	}
 	ck_assert_int_eq(rc, 0);
 	ck_assert_int_eq(tu_stop_server(srv), 0);
-	point_at(bad);
+	live_point_at(bad);
 	id = ps_client_pull(c, 0, &t, 1);
 	ck_assert_msg(id > 0, "%s", ps_client_error(c));
 	ck_assert_int_eq(ps_client_wait(c, id), PS_ETIMEDOUT);

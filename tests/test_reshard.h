@@ -1,9 +1,11 @@
-/* test_reshard.h - the cluster set-up the tests of re-sharding by restart
- * share (it_reshard, it_reshard_cases): each case's folder with its
- * checkpoint folder, the config file a case writes again for every shard
- * count and loads into cfg, and a worker's client that waits for the
- * shards to listen. What the cluster holds (write_cfg) and how its
- * processes start stay with each program.
+/* test_reshard.h - the cluster set-up the tests of re-sharding share
+ * (it_reshard, it_reshard_cases, it_reshard_live, it_reshard_elastic): each
+ * case's folder with its checkpoint folder, the config file a case writes
+ * again for every shard count and loads into cfg, and a worker's client
+ * that waits for the shards to listen; for re-sharding while the workers
+ * run (the live_ helpers), the workers' $PS_CONFIG_FOLLOW file, a shard
+ * process of a given config, the old checkpoints set aside and a log
+ * searched. What the cluster holds (write_cfg) stays with each program.
  *
  * The including file defines RESHARD_TMPDIR, the mkdtemp template of its
  * cases' folders (one name a program, so a failure's logs say whose).
@@ -24,6 +26,87 @@
 
 #ifndef RESHARD_TMPDIR
 #error "define RESHARD_TMPDIR (a mkdtemp template) before including test_reshard.h"
+/* ---- re-sharding while the workers run (it_reshard_live, it_reshard_elastic) ---- */
+
+/* The workers' $PS_CONFIG_FOLLOW file: dir/current once live_point_at ran. */
+static char live_ptr[128];
+
+/* Points the workers' $PS_CONFIG_FOLLOW file (dir/current) at path,
+ * written whole, then renamed into place, as ps-local.sh does. */
+static inline void live_point_at(const char *path)
+{
+	char tmp[160];
+	FILE *f;
+
+	snprintf(live_ptr, sizeof(live_ptr), "%s/current", dir);
+	snprintf(tmp, sizeof(tmp), "%s.new", live_ptr);
+	f = fopen(tmp, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "%s\n", path);
+	fclose(f);
+	ck_assert_int_eq(rename(tmp, live_ptr), 0);
+}
+
+/* Shard k's process of the config at path (rep 1: its backup, --replica
+ * 1), started from the old_n shards' checkpoints in old when old is set;
+ * its log dir/NAME-shard-K[-r1].log, NAME the config file's name. */
+static inline pid_t live_start(const char *path, int k, int rep, const char *old, int old_n)
+{
+	char s[16], n[16], log[160];
+	const char *argv[] = { "bin/ps-server", "--config", path, "--shard", s, "--log-level",
+			       "info", "--replica", "1", NULL, NULL, NULL, NULL, NULL };
+	int a = rep ? 9 : 7;
+
+	if (old) {
+		argv[a++] = "--reshard-from";
+		argv[a++] = old;
+		argv[a++] = "--reshard-shards";
+		argv[a++] = n;
+	}
+	argv[a] = NULL;
+	snprintf(s, sizeof(s), "%d", k);
+	snprintf(n, sizeof(n), "%d", old_n);
+	snprintf(log, sizeof(log), "%s/%s-shard-%d%s.log", dir, strrchr(path, '/') + 1, k,
+		 rep ? "-r1" : "");
+	return tu_spawn(argv, log);
+}
+
+/* Moves the n shards' checkpoints of ck (with replicas 1 their backups'
+ * too) into ck/name, as ps-local.sh does: shard-K[-r1].ckpt, and the
+ * membership files shard-K[-r1].members where there are any (the new
+ * shards take the membership from old shard 0's). */
+static inline void live_move_old(const char *name, int n, int replicas, char *to, size_t len)
+{
+	char a[256], b[300];
+
+	snprintf(to, len, "%s/%s", ck, name);
+	ck_assert_int_eq(mkdir(to, 0700), 0);
+	for (int k = 0; k < n * (replicas + 1); k++) {
+		const char *r1 = k >= n ? "-r1" : "";
+		snprintf(a, sizeof(a), "%s/shard-%d%s.ckpt", ck, k % n, r1);
+		snprintf(b, sizeof(b), "%s/shard-%d%s.ckpt", to, k % n, r1);
+		ck_assert_msg(rename(a, b) == 0, "%s: %s", a, strerror(errno));
+		snprintf(a, sizeof(a), "%s/shard-%d%s.members", ck, k % n, r1);
+		snprintf(b, sizeof(b), "%s/shard-%d%s.members", to, k % n, r1);
+		ck_assert_msg(rename(a, b) == 0 || errno == ENOENT, "%s: %s", a, strerror(errno));
+	}
+}
+
+/* Whether the file at log has a line holding what. */
+static inline int live_log_says(const char *log, const char *what)
+{
+	FILE *f = fopen(log, "r");
+	char line[2048];
+	int said = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		said |= strstr(line, what) != NULL;
+	fclose(f);
+	return said;
+}
+
 #endif
 
 /* The case's folder, its checkpoint folder dir/ck, the config file (made
@@ -78,6 +161,87 @@ static inline void cleanup_dirs(void)
 	ck_assert_int_eq(tu_rmtree(dir), 0);
 	unlink(path);
 	path[0] = 0;
+}
+
+/* ---- re-sharding while the workers run (it_reshard_live, it_reshard_elastic) ---- */
+
+/* The workers' $PS_CONFIG_FOLLOW file: dir/current once live_point_at ran. */
+static char live_ptr[128];
+
+/* Points the workers' $PS_CONFIG_FOLLOW file (dir/current) at path,
+ * written whole, then renamed into place, as ps-local.sh does. */
+static inline void live_point_at(const char *path)
+{
+	char tmp[160];
+	FILE *f;
+
+	snprintf(live_ptr, sizeof(live_ptr), "%s/current", dir);
+	snprintf(tmp, sizeof(tmp), "%s.new", live_ptr);
+	f = fopen(tmp, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "%s\n", path);
+	fclose(f);
+	ck_assert_int_eq(rename(tmp, live_ptr), 0);
+}
+
+/* Shard k's process of the config at path (rep 1: its backup, --replica
+ * 1), started from the old_n shards' checkpoints in old when old is set;
+ * its log dir/NAME-shard-K[-r1].log, NAME the config file's name. */
+static inline pid_t live_start(const char *path, int k, int rep, const char *old, int old_n)
+{
+	char s[16], n[16], log[160];
+	const char *argv[] = { "bin/ps-server", "--config", path, "--shard", s, "--log-level",
+			       "info", "--replica", "1", NULL, NULL, NULL, NULL, NULL };
+	int a = rep ? 9 : 7;
+
+	if (old) {
+		argv[a++] = "--reshard-from";
+		argv[a++] = old;
+		argv[a++] = "--reshard-shards";
+		argv[a++] = n;
+	}
+	argv[a] = NULL;
+	snprintf(s, sizeof(s), "%d", k);
+	snprintf(n, sizeof(n), "%d", old_n);
+	snprintf(log, sizeof(log), "%s/%s-shard-%d%s.log", dir, strrchr(path, '/') + 1, k,
+		 rep ? "-r1" : "");
+	return tu_spawn(argv, log);
+}
+
+/* Moves the n shards' checkpoints of ck (with replicas 1 their backups'
+ * too) into ck/name, as ps-local.sh does: shard-K[-r1].ckpt, and the
+ * membership files shard-K[-r1].members where there are any (the new
+ * shards take the membership from old shard 0's). */
+static inline void live_move_old(const char *name, int n, int replicas, char *to, size_t len)
+{
+	char a[256], b[300];
+
+	snprintf(to, len, "%s/%s", ck, name);
+	ck_assert_int_eq(mkdir(to, 0700), 0);
+	for (int k = 0; k < n * (replicas + 1); k++) {
+		const char *r1 = k >= n ? "-r1" : "";
+		snprintf(a, sizeof(a), "%s/shard-%d%s.ckpt", ck, k % n, r1);
+		snprintf(b, sizeof(b), "%s/shard-%d%s.ckpt", to, k % n, r1);
+		ck_assert_msg(rename(a, b) == 0, "%s: %s", a, strerror(errno));
+		snprintf(a, sizeof(a), "%s/shard-%d%s.members", ck, k % n, r1);
+		snprintf(b, sizeof(b), "%s/shard-%d%s.members", to, k % n, r1);
+		ck_assert_msg(rename(a, b) == 0 || errno == ENOENT, "%s: %s", a, strerror(errno));
+	}
+}
+
+/* Whether the file at log has a line holding what. */
+static inline int live_log_says(const char *log, const char *what)
+{
+	FILE *f = fopen(log, "r");
+	char line[2048];
+	int said = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		said |= strstr(line, what) != NULL;
+	fclose(f);
+	return said;
 }
 
 #endif

@@ -398,7 +398,9 @@ uint64_t ps_client_clock(struct ps_client *c);
  * neither. While a re-shard's stop is pending on a shard (docs/elastic.md,
  * "Operations") the join waits: asked again every 0.2 s for up to
  * limits.reconnect_timeout_ms, then PS_ERESHARD; ps_client_leave_begin
- * (async) the same. */
+ * (async) the same. A join or leave the client's following of a re-shard
+ * ($PS_CONFIG_FOLLOW) interrupts starts again on the new map, within that
+ * time too. */
 int ps_client_join(struct ps_client *c);
 
 /* Ends clock (the worker's last; what it pushed for it counts) and leaves:

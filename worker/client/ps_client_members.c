@@ -22,6 +22,12 @@ static int member_step(struct ps_client *c, int k, Ps__MemberOp op, uint64_t clo
 
 	if (!r)
 		return -ENOMEM;
+	if (k >= r->nparts) {
+		/* the map has fewer shards since the caller counted them (a
+		 * re-shard followed): asked again from the first shard */
+		ps__client_req_free(c, r);
+		return PS_EMAP;
+	}
 	memset(st, 0, sizeof(*st));
 	r->stats = st;
 	r->id = ps__client_reserve_id(c);
@@ -58,30 +64,73 @@ static int again_after_reshard(struct ps_client *c, int k, const char *what, con
 	return 1;
 }
 
+/* The shard count of the map now, and in *gen the re-shards this client
+ * followed (ps_client_follow.c changes both). */
+static int nshards_now(struct ps_client *c, uint64_t *gen)
+{
+	int n;
+
+	pthread_mutex_lock(&c->mu);
+	n = c->cfg->nshards;
+	*gen = c->reshards;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+/* A join or leave step that failed with PS_EMAP after the client followed
+ * a re-shard (gen, the count of them when the attempt began, is behind)
+ * while it was in flight (ps_client_follow.c fails every request but
+ * pushes and pulls then) or between two steps. What the old shards
+ * held for it went with them: a stop is refused while a join holds a
+ * clock or an async leave is under way, and a join or leave step while a
+ * stop is pending, so their checkpoints hold no half of it. It starts
+ * again from the first shard of the new map, for up to
+ * limits.reconnect_timeout_ms from the first time (*since, 0 before it).
+ * 1 to start again, 0 to give up. */
+static int again_on_new_map(struct ps_client *c, const char *what, uint64_t gen, double *since)
+{
+	double now = ps_now_s(), limit = c->cfg->limits.reconnect_timeout_ms > 0 ?
+					     c->cfg->limits.reconnect_timeout_ms / 1000.0 : 60.0;
+	uint64_t now_gen;
+	int n = nshards_now(c, &now_gen);
+
+	if (now_gen == gen)
+		return 0; /* not a map this client followed: the shard's answer */
+	if (!*since)
+		*since = now;
+	if (now - *since > limit)
+		return 0;
+	ps_warn("worker %d: the shards were re-sharded during %s: it starts again on the new map "
+		"(%d shard(s))", c->rank, what, n);
+	return 1;
+}
+
 int ps_client_join(struct ps_client *c)
 {
 	static __thread struct ps_shard_stats st;
-	int nsh = c->cfg->nshards, held = 0, rc;
-	uint64_t join = 0, hold_max = 0, member_from = 0;
-	int member_shard = -1;
-	double since = 0;
+	int nsh, held, rc;
+	uint64_t join, hold_max, member_from;
+	int member_shard;
+	uint64_t gen;
+	double since = 0, since_map = 0;
 
 	if (c->rank < 0)
 		return -EINVAL;
+again:
+	nsh = nshards_now(c, &gen);
+	held = 0;
+	join = hold_max = member_from = 0;
+	member_shard = -1;
 	/* 1: every shard holds its first open clock for this worker (or says
 	 * it is a member already, from which clock) */
 	for (int k = 0; k < nsh; k++) {
 		rc = member_step(c, k, PS__MEMBER_OP__MEMBER_HOLD, 0, &st);
 		if (!rc && st.member_status == PS_ERESHARD &&
-		    again_after_reshard(c, k, "the join", st.member_error, &since)) {
-			/* from the first shard again: a hold made on another
-			 * shard is taken again (at its clock then) */
-			k = -1;
-			held = 0;
-			hold_max = 0;
-			member_shard = -1;
-			continue;
-		}
+		    again_after_reshard(c, k, "the join", st.member_error, &since))
+			goto again; /* from the first shard: a hold made on another
+				     * shard is taken again (at its clock then) */
+		if (rc == PS_EMAP && again_on_new_map(c, "the join", gen, &since_map))
+			goto again;
 		if (!rc && st.member_status < 0)
 			rc = st.member_status;
 		if (rc) {
@@ -135,6 +184,8 @@ int ps_client_join(struct ps_client *c)
 	/* 2: every shard counts it from `join`; none closed join - 1 yet */
 	for (int k = 0; k < nsh; k++) {
 		rc = member_step(c, k, PS__MEMBER_OP__MEMBER_JOIN, join, &st);
+		if (rc == PS_EMAP && again_on_new_map(c, "the join", gen, &since_map))
+			goto again;
 		if (!rc && st.member_status < 0) {
 			ps__client_set_err(c, "join at clock %llu refused by shard %d: %s",
 					   (unsigned long long)join, k, st.member_error);
@@ -154,9 +205,9 @@ int ps_client_join(struct ps_client *c)
 int ps_client_leave_begin(struct ps_client *c, uint64_t *last)
 {
 	static __thread struct ps_shard_stats st;
-	uint64_t clock, f, sl = (uint64_t)c->cfg->staleness;
-	double since = 0;
-	int rc;
+	uint64_t clock, f, gen, sl = (uint64_t)c->cfg->staleness;
+	double since = 0, since_map = 0;
+	int rc, nsh;
 
 	if (c->rank < 0)
 		return -EINVAL;
@@ -166,18 +217,23 @@ int ps_client_leave_begin(struct ps_client *c, uint64_t *last)
 	*last = f = clock;
 	if (c->cfg->consistency != PS_ASYNC || !sl)
 		return 0; /* the members of a clock are final before anyone starts it */
+again:
+	nsh = nshards_now(c, &gen);
+	f = clock;
 	/* each shard freezes this worker at F, the highest clock it may have
 	 * told with it as a member, and tells no other worker a later clock
 	 * until it leaves; the second round raises every shard's F to the
 	 * highest, the last clock this worker trains */
 	for (int round = 0; round < 2; round++)
-		for (int k = 0; k < c->cfg->nshards; k++) {
+		for (int k = 0; k < nsh; k++) {
 			rc = member_step(c, k, PS__MEMBER_OP__MEMBER_FREEZE, round ? f : 0, &st);
 			if (!rc && st.member_status == PS_ERESHARD &&
 			    again_after_reshard(c, k, "the leave", st.member_error, &since)) {
 				k--; /* this shard again (a freeze taken stays: it is never lowered) */
 				continue;
 			}
+			if (rc == PS_EMAP && again_on_new_map(c, "the leave", gen, &since_map))
+				goto again;
 			if (!rc && st.member_status < 0) {
 				ps__client_set_err(c, "leave refused by shard %d: %s", k,
 						   st.member_error);
