@@ -505,6 +505,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		struct ps_table *tb = &s->rows->t[t].tb;
 		struct gathered *gt = &g[t];
 		uint64_t *order = malloc((gt->n ? gt->n : 1) * sizeof(*order));
+		struct ps_table_bulk bulk = { 0 };
 		double oldest;
 
 		if (!order)
@@ -515,24 +516,35 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		qsort(order, gt->n, sizeof(*order), cmp_rows);
 		oldest = gt->n ? gt->t[order[0]] : wall;
 		tb->epoch = ps_now_s() - (wall - oldest > 0 ? wall - oldest : 0);
-		if (ps_table_reserve(tb, tb->cap && tb->cap < gt->n ? tb->cap : gt->n)) {
+		if (ps_table_bulk_begin(tb, &bulk, gt->n)) {
 			free(order);
+			ps_table_bulk_end(&bulk);
 			FAIL(-ENOMEM, "table '%s': out of memory for %" PRIu64 " rows",
 			     tb->tc->name, gt->n);
 		}
 		for (uint64_t i = 0; i < gt->n; i++) {
 			uint64_t x = order[i];
 			double st = gt->t[x] - oldest;
-			uint32_t r = ps_table_insert_raw(tb, gt->id[x], st > 0 ? (uint32_t)st : 0);
+			uint32_t r;
+			int dup;
 
+			if (i + 16 < gt->n)
+				ps_table_bulk_prefetch(tb, &bulk, gt->id[order[i + 16]]);
+			r = ps_table_bulk_insert(tb, &bulk, gt->id[x], st > 0 ? (uint32_t)st : 0, &dup);
 			if (r == PS_ROW_NIL) {
 				free(order);
+				ps_table_bulk_end(&bulk);
+				if (dup)
+					FAIL(PS_EPROTO, "table '%s': row id %" PRIu64 " is in old shard %u's "
+					     "checkpoint and in another's (damaged, or of two clusters?)",
+					     tb->tc->name, gt->id[x], gt->from[x]);
 				FAIL(-ENOMEM, "table '%s': out of memory at row %" PRIu64, tb->tc->name, i);
 			}
 			memcpy(ps_table_vals(tb, r), gt->vals + x * (size_t)gt->row_floats,
 			       sizeof(float) * (size_t)gt->row_floats);
 		}
 		free(order);
+		ps_table_bulk_end(&bulk);
 		rows += gt->n;
 		tb->ckpt_wall = wall;
 		ps_table_clear_changes(tb);

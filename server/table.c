@@ -356,12 +356,68 @@ uint32_t ps_table_insert(struct ps_table *tb, uint64_t id, uint32_t stamp)
 	return r;
 }
 
-int ps_table_reserve(struct ps_table *tb, uint64_t n)
+/* Grows the index at once to the size n live rows would grow it to. */
+static int reserve(struct ps_table *tb, uint64_t n)
 {
 	while (n * 5 > (tb->index_mask + 1) * 4)
 		if (grow_index(tb))
 			return -ENOMEM;
 	return 0;
+}
+
+/* The bitmap's bit for id: a mix unrelated to the index's and the shard's. */
+static uint64_t bulk_bit(const struct ps_table_bulk *b, uint64_t id)
+{
+	return mix64(id ^ UINT64_C(0x5bd1e9955bd1e995)) & b->mask;
+}
+
+int ps_table_bulk_begin(struct ps_table *tb, struct ps_table_bulk *b, uint64_t n)
+{
+	uint64_t bits = 1u << 16;
+
+	while (bits < n * 8)
+		bits *= 2;
+	b->mask = bits - 1;
+	b->seen = calloc(bits / 8, 1);
+	if (!b->seen)
+		return -ENOMEM;
+	/* rows already there (none at a restart) are in no bitmap: look every
+	 * id up then */
+	if (tb->nrows)
+		memset(b->seen, 0xff, bits / 8);
+	/* a re-shard's scratch table keeps a share of the rows, which its
+	 * index grows to as they come */
+	if (tb->keep_nshards > 0)
+		return 0;
+	return reserve(tb, tb->cap && tb->cap < n ? tb->cap : n);
+}
+
+void ps_table_bulk_prefetch(const struct ps_table *tb, const struct ps_table_bulk *b,
+			    uint64_t id)
+{
+	__builtin_prefetch(&tb->index[home(tb, id)]);
+	__builtin_prefetch(&b->seen[bulk_bit(b, id) >> 3]);
+}
+
+uint32_t ps_table_bulk_insert(struct ps_table *tb, struct ps_table_bulk *b, uint64_t id,
+			      uint32_t stamp, int *dup)
+{
+	uint64_t bit = bulk_bit(b, id);
+	uint8_t m = (uint8_t)(1u << (bit & 7));
+
+	*dup = 0;
+	if ((b->seen[bit >> 3] & m) && ps_table_find(tb, id) != PS_ROW_NIL) {
+		*dup = 1;
+		return PS_ROW_NIL;
+	}
+	b->seen[bit >> 3] |= m;
+	return insert_new(tb, id, stamp);
+}
+
+void ps_table_bulk_end(struct ps_table_bulk *b)
+{
+	free(b->seen);
+	b->seen = NULL;
 }
 
 int ps_table_keeps(const struct ps_table *tb, uint64_t id)

@@ -563,12 +563,15 @@ static void stats_of(struct ps_client *mon, int k, struct ps_shard_stats *st)
 static char *read_text(const char *f);
 static int exit_within(pid_t pid, int ms);
 
-/* Edits shard 0's checkpoint in dir so that table e claims one row more
- * than the rest of the file could hold (the checksum made right again, as
- * by a buggy or hostile writer): the shard must refuse to start naming the
- * table and its claim, not read on past the file's end; the file is then
- * put back. */
-static void check_row_claim_refused(const struct cluster *cl, const char *dir, uint64_t nrows)
+/* Edits shard 0's checkpoint in dir (the checksum made right again, as by
+ * a buggy or hostile writer) and checks that the shard refuses to start,
+ * naming the table and what is wrong; the file is then put back.
+ * dup 0: table e claims one row more than the rest of the file could hold
+ * (the shard must not read on past the file's end); dup 1: its second row
+ * holds the first row's id (a restore inserts a checkpoint's rows without
+ * looking each id up, and must still not take an id twice). */
+static void check_row_claim_refused(const struct cluster *cl, const char *dir, uint64_t nrows,
+				    int dup)
 {
 	char f[300], keep[300], logf[300], want[160], *log;
 	struct ckpt_table ct;
@@ -605,8 +608,17 @@ static void check_row_claim_refused(const struct cluster *cl, const char *dir, u
 	memcpy(&ct, b + at, sizeof(ct));
 	claim = ((size_t)sb.st_size - 4 - at - sizeof(ct)) /
 		(sizeof(struct ckpt_row) + sizeof(float) * DIM) + 1;
-	ct.nrows = claim;
-	memcpy(b + at, &ct, sizeof(ct));
+	if (dup) {
+		size_t rb = sizeof(struct ckpt_row) + sizeof(float) * DIM;
+		uint64_t id0;
+		ck_assert_uint_ge(nrows, 2);
+		memcpy(&id0, b + at + sizeof(ct), sizeof(id0));
+		memcpy(b + at + sizeof(ct) + rb, &id0, sizeof(id0));
+		claim = id0;
+	} else {
+		ct.nrows = claim;
+		memcpy(b + at, &ct, sizeof(ct));
+	}
 	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(sb.st_size - 4));
 	memcpy(b + sb.st_size - 4, &crc, 4);
 	ck_assert_int_eq(rename(f, keep), 0);
@@ -617,11 +629,16 @@ static void check_row_claim_refused(const struct cluster *cl, const char *dir, u
 	free(b);
 	rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
 	log = read_text(logf);
-	snprintf(want, sizeof(want), "shard-0.ckpt: table 'e' claims %" PRIu64 " rows: more than "
-		 "the file holds", claim);
+	if (dup)
+		snprintf(want, sizeof(want), "table 'e': row 1 holds id %" PRIu64 ", which an "
+			 "earlier row holds", claim);
+	else
+		snprintf(want, sizeof(want), "shard-0.ckpt: table 'e' claims %" PRIu64 " rows: "
+			 "more than the file holds", claim);
 	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") && strstr(log, want),
-		      "table e claiming %" PRIu64 " rows where the file holds %" PRIu64 ": the shard "
-		      "%s, its log: %s (\"%s\" expected)", claim, nrows,
+		      "table e %s (%" PRIu64 ", the file holds %" PRIu64 " rows): the shard %s, its "
+		      "log: %s (\"%s\" expected)", dup ? "with an id twice" : "claiming more rows",
+		      claim, nrows,
 		      rc < 0 ? "did not exit" : "exited", log ? log : "empty", want);
 	free(log);
 	ck_assert_int_eq(rename(keep, f), 0);
@@ -688,7 +705,8 @@ START_TEST(test_checkpoint_kill9)
 		ck_assert_int_eq(tu_wait_child(cl.srv[k]), 128 + SIGKILL);
 	}
 	ck_assert_uint_gt(before[0].tables[0].rows, 0);
-	check_row_claim_refused(&cl, dir, before[0].tables[0].rows);
+	check_row_claim_refused(&cl, dir, before[0].tables[0].rows, 0);
+	check_row_claim_refused(&cl, dir, before[0].tables[0].rows, 1);
 	for (int k = 0; k < 2; k++)
 		cl.srv[k] = tu_start_server(cl.path, k);
 	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
