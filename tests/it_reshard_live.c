@@ -114,17 +114,7 @@ static float grad(int rank, uint64_t k, int i)
 /* Waits until f(arg) holds under mu, 120 s at most; 0 or -1. */
 static int wait_until(int (*f)(void *), void *arg)
 {
-	struct timespec ts;
-	int rc = 0;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += 120;
-	pthread_mutex_lock(&mu);
-	while (!f(arg) && rc == 0)
-		rc = pthread_cond_timedwait(&cv, &mu, &ts);
-	rc = f(arg) ? 0 : -1;
-	pthread_mutex_unlock(&mu);
-	return rc;
+	return tu_wait_cond(&mu, &cv, f, arg, 120);
 }
 
 static int gate_open(void *arg)

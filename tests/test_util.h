@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -543,6 +544,25 @@ static inline char *tu_capture_end(void)
 	/* shown too, so a failing test still has its log */
 	fputs(text, stderr);
 	return text;
+}
+
+/* Waits until f(arg) holds under mu, woken by cv, secs at most (the
+ * worker threads of the live re-shard tests and their gates); 0, or -1
+ * when it still does not hold at the deadline. */
+static inline int tu_wait_cond(pthread_mutex_t *mu, pthread_cond_t *cv, int (*f)(void *),
+			       void *arg, int secs)
+{
+	struct timespec ts;
+	int rc = 0;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += secs;
+	pthread_mutex_lock(mu);
+	while (!f(arg) && rc == 0)
+		rc = pthread_cond_timedwait(cv, mu, &ts);
+	rc = f(arg) ? 0 : -1;
+	pthread_mutex_unlock(mu);
+	return rc;
 }
 
 #endif
