@@ -106,20 +106,22 @@ if [ "$ACTION" = reshard ]; then
   [ $# -ge 1 ] || die "reshard needs NEW_CONFIG"
   NEW=$1; shift
 fi
-DIR=$here LOGS="" WHOSTS="" DRY=0 WAIT="" WCMD=() RESHARD_FROM="" RESHARD_N=""
+DIR=$here LOGS="" WHOSTS="" DRY=0 WAIT="" WCMD=() RESHARD_FROM="" RESHARD_N="" LIVE_RUN="" RESTART=0
 
 SSH=${PS_SSH:-ssh -o BatchMode=yes -o ConnectTimeout=10}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --worker-hosts|--dir|--logs|--ssh|--wait|--reshard-from|--reshard-shards)
+    --worker-hosts|--dir|--logs|--ssh|--wait|--reshard-from|--reshard-shards|--live-run)
       [ $# -ge 2 ] || die "$1 needs a value"
       case "$1" in
         --worker-hosts) WHOSTS=$2 ;; --dir) DIR=$2 ;; --logs) LOGS=$2 ;;
         --ssh) SSH=$2 ;; --wait) WAIT=$2; WAIT_GIVEN=1 ;;
         --reshard-from) RESHARD_FROM=$2 ;; --reshard-shards) RESHARD_N=$2 ;;
+        --live-run) LIVE_RUN=$2 ;;
       esac
       shift 2 ;;
     --dry-run) DRY=1; shift ;;
+    --restart) RESTART=1; shift ;;
     --worker-cmd) [ $# -ge 2 ] || die "$1 needs a value"; WCMD=(--exec "$2"); shift 2 ;;
     --) shift; break ;;
     *) die "unknown option '$1' (--help lists them)" ;;
@@ -139,6 +141,11 @@ if [ -n "$RESHARD_FROM$RESHARD_N" ]; then
     die "--reshard-from DIR and --reshard-shards N go together, with start"
   case "$RESHARD_FROM" in *$'\n'*) die "a newline in '$RESHARD_FROM'" ;; esac
 fi
+if [ -n "$LIVE_RUN" ]; then
+  [ "$ACTION" = start ] || die "--live-run goes with start"
+  [ -r "$LIVE_RUN/run.env" ] || die "--live-run $LIVE_RUN: no run record (run.env) there"
+fi
+[ "$RESTART" = 0 ] || [ "$ACTION" = reshard ] || die "--restart goes with reshard"
 case "$WAIT" in
   "") WAIT=$([ "$ACTION" = stop ] && echo 300 || { [ -n "$RESHARD_FROM" ] && echo 600 || echo 30; }) ;;
   *[!0-9]*) die "--wait: expected whole seconds, got '$WAIT'" ;;
@@ -153,6 +160,9 @@ SERVER=$here/bin/ps-server
 
 # The config as the remote side sees it.
 case "$CONFIG" in /*) RCONFIG=$CONFIG ;; *) RCONFIG=$DIR/$CONFIG ;; esac
+# The config the run's workers were started with: RCONFIG, or the config of
+# the run before a re-shard while they ran (which they follow since).
+WCONFIG=$RCONFIG
 shard_lines=$("$SERVER" --config "$CONFIG" --list-shards) || exit 2
 dump=$("$SERVER" --config "$CONFIG" --dump-config) || exit 2
 nworkers=$(cfg_key "$dump" cluster workers)
@@ -190,6 +200,8 @@ is_wildcard() { case "$1" in 0.0.0.0|::|'*'|'') return 0 ;; esac; return 1; }
 # ssh HOST SCRIPT: runs SCRIPT there (POSIX sh), stdin closed; its status.
 # "--": nothing after it is an option of ssh's, whatever the host's name.
 on() { "${SSHV[@]}" -- "$1" "$2" < /dev/null; }
+# sh for a worker host: ps-stat of this config with the arguments ($1)
+stat_script() { echo "cd $(sq "$DIR") && bin/ps-stat --config $(sq "$RCONFIG") $1"; }
 # Refuses (exit 2) a host whose name starts with '-' or holds a newline;
 # where: what names it.
 check_host() { # HOST WHERE
@@ -221,11 +233,14 @@ server_cmd() {
 worker_cmd() {
   local extra="" a
   for a in "${WARGS[@]+"${WARGS[@]}"}"; do extra+=" $(sq "$a")"; done
-  echo "$(sq "$DIR/bin/ps-worker") --config $(sq "$RCONFIG") --rank $1$extra"
+  echo "$(sq "$DIR/bin/ps-worker") --config $(sq "$WCONFIG") --rank $1$extra"
 }
 server_pat() { echo "^$(re "$DIR/bin/ps-server --config $RCONFIG $(sargs "$1")")( --reshard-from .*)?\$"; }
-worker_pat() { echo "^$(re "$DIR/bin/ps-worker --config $RCONFIG --rank $1")( |\$)"; }
-any_pat() { echo "^$(re "$DIR/bin/ps-")(server|worker) --config $(re "$RCONFIG") --(shard|rank) [0-9]+( |\$)"; }
+worker_pat() { echo "^$(re "$DIR/bin/ps-worker --config $WCONFIG --rank $1")( |\$)"; }
+any_pat() { # (with --live-run the shards only: the run's workers go on)
+  if [ -n "$LIVE_RUN" ]; then echo "^$(re "$DIR/bin/ps-server --config $RCONFIG") --shard [0-9]+( |\$)"
+  else echo "^$(re "$DIR/bin/ps-")(server|worker) --config $(re "$RCONFIG") --(shard|rank) [0-9]+( |\$)"; fi
+}
 whost_of() { echo "${whost[$(($1 % ${#whost[@]}))]}"; }
 
 
@@ -361,16 +376,19 @@ stop_or_status() {
   done
 }
 
-# Reads a run record (run.env) into RUN, RUN_SHARD_HOSTS, RUN_WORKER_HOSTS;
-# 1 when there is none. It is data: KEY=VALUE lines, the value as it is
-# (an older ps-cluster.sh wrote the hosts as RUN_SHARD_HOSTS=(h1 h2 ),
-# read as plain words); nothing in it is run. Another line, or a host
-# starting with '-', stops with status 2 naming it.
-load_run() {
-  local f=$POINTER/run.env line key val n=0 h
+# Reads a run record (run.env; FILE, else the one POINTER names, which
+# must be of this config) into RUN, RUN_SHARD_HOSTS, RUN_WORKER_HOSTS,
+# RUN_FOLLOW (the workers' $PS_CONFIG_FOLLOW file on their hosts; empty
+# for a run started by a ps-cluster.sh without it) and WCONFIG (the
+# workers' config); 1 when there is none. It is data: KEY=VALUE lines, the
+# value as it is (an older ps-cluster.sh wrote the hosts as
+# RUN_SHARD_HOSTS=(h1 h2 ), read as plain words); nothing in it is run.
+# Another line, or a host starting with '-', stops with status 2 naming it.
+load_run() { # [FILE]
+  local f=${1:-$POINTER/run.env} line key val n=0 h
   local -a words
   [ -r "$f" ] || return 1
-  RUN_CONFIG="" RUN_DIR="" RUN_SHARD_HOSTS=() RUN_WORKER_HOSTS=()
+  RUN_CONFIG="" RUN_DIR="" RUN_SHARD_HOSTS=() RUN_WORKER_HOSTS=() RUN_FOLLOW="" RUN_WORKER_CONFIG=""
   while IFS= read -r line || [ -n "$line" ]; do
     n=$((n + 1))
     case "$line" in ''|'#'*) continue ;; esac
@@ -378,6 +396,8 @@ load_run() {
     case "$key" in
       RUN_CONFIG) RUN_CONFIG=$val ;;
       RUN_DIR) RUN_DIR=$val ;;
+      RUN_FOLLOW) RUN_FOLLOW=$val ;;
+      RUN_WORKER_CONFIG) RUN_WORKER_CONFIG=$val ;;
       RUN_SHARD_HOST) RUN_SHARD_HOSTS+=("$val") ;;
       RUN_WORKER_HOST) RUN_WORKER_HOSTS+=("$val") ;;
       RUN_SHARD_HOSTS|RUN_WORKER_HOSTS)
@@ -395,9 +415,13 @@ load_run() {
     esac
   done < "$f"
   for h in "${RUN_SHARD_HOSTS[@]}" "${RUN_WORKER_HOSTS[@]}"; do check_host "$h" "$f"; done
-  [ "$RUN_CONFIG" = "$RCONFIG" ] || {
-    echo "$me: $POINTER is a run of $RUN_CONFIG, not $RCONFIG: give another --logs" >&2; exit 2; }
-  RUN=$RUN_DIR
+  if [ -z "${1:-}" ] && [ "$RUN_CONFIG" != "$RCONFIG" ]; then
+    [ "$RUN_WORKER_CONFIG" = "$RCONFIG" ] && {
+      echo "$me: the run of $RCONFIG was re-sharded while its workers ran: it runs as" \
+        "$RUN_CONFIG now ($POINTER): $0 $RUN_CONFIG $ACTION" >&2; exit 2; }
+    echo "$me: $POINTER is a run of $RUN_CONFIG, not $RCONFIG: give another --logs" >&2; exit 2
+  fi
+  RUN=$RUN_DIR WCONFIG=${RUN_WORKER_CONFIG:-$RUN_CONFIG}
   return 0
 }
 
@@ -442,6 +466,11 @@ if [ "$ACTION" = start ] && [ -z "$RESHARD_FROM" ] && [ $DRY -eq 0 ] && intent_o
   [ -z "$p" ] || { echo "$me: a re-shard is in progress ($me pid $p, $INTENT_F): wait for it to end" >&2; exit 1; }
   read -r _ old_n new_n < <(grep '^stopping ' "$INTENT_F")
   old=$(intent_get old_config) new=$(intent_get new_config) F=$(intent_get from)
+  # a re-shard while the workers ran: its shards start in that run, whose
+  # workers (still running) are pointed at them
+  lr=$(intent_get live)
+  live=()
+  [ -n "$lr" ] && live=(--live-run "$lr")
   prog=$(realpath "$0")
   cd "$(intent_get cwd)" || exit 1
   if ! intent_has commit; then
@@ -468,12 +497,12 @@ echo BACK" 2>&1)
     echo "$me: an interrupted re-shard ($old_n -> $new_n shards, $INTENT_F) had not reached its" \
       "commit: rolled back; starting $old, its shards from their own checkpoints"
     rm -rf "$PAR"
-    exec "$prog" "$old" start ${OPTS[@]+"${OPTS[@]}"}
+    exec "$prog" "$old" start ${live[@]+"${live[@]}"} ${OPTS[@]+"${OPTS[@]}"}
   fi
   echo "$me: an interrupted re-shard ($old_n -> $new_n shards, $INTENT_F) had passed its commit:" \
     "rolled forward; starting $new, its shards from the old checkpoints in $F"
   rm -rf "$PAR"
-  PS_CLUSTER_INTENT=$INTENT_F exec "$prog" "$new" start --reshard-from "$F" --reshard-shards "$old_n" \
+  PS_CLUSTER_INTENT=$INTENT_F exec "$prog" "$new" start ${live[@]+"${live[@]}"} --reshard-from "$F" --reshard-shards "$old_n" \
     ${OPTS[@]+"${OPTS[@]}"}
 fi
 
@@ -499,15 +528,43 @@ if [ "$ACTION" = reshard ]; then
       "completes the re-shard or rolls it back); nothing was done" >&2
     exit 1
   fi
-  rm -f "$INTENT_F"
-  intent_add "stopping $nshards $nnew" "old_config $CONFIG" "new_config $NEW" "cwd $PWD" "pid $$" || exit 1
-  crash_point stopping
-  echo "$me: reshard: stopping $CONFIG (the workers, then the shards, which write their checkpoints)"
-  "$0" "$CONFIG" stop --ssh "$SSH" --dir "$DIR" --logs "$LOGS" ${WHOSTS:+--worker-hosts "$WHOSTS"} ||
-    { echo "$me: reshard: the stop failed; nothing was moved" >&2; intent_add "done refused"; exit 1; }
+  # Live when the run's workers can follow (docs/elastic.md, "Re-sharding
+  # while the workers run"): its record names their follow file, and one
+  # of them runs; else by restart, saying why.
+  live=0 why=""
+  if [ "$RESTART" = 1 ]; then why="--restart"
+  elif ! load_run; then why="no run record at $POINTER"
+  elif [ -z "$RUN_FOLLOW" ]; then
+    why="its workers were started by an earlier ps-cluster.sh, without a follow file (\$PS_CONFIG_FOLLOW)"
+  else
+    whost=("${RUN_WORKER_HOSTS[@]}")
+    mapfile -t uwhost < <(for ((r = 0; r < nworkers; r++)); do whost_of $r; done | awk '!seen[$0]++')
+    for ((n = 0; n < ${#uwhost[@]}; n++)); do
+      script="[ -f $(sq "$RUN_FOLLOW") ] && echo HASFOLLOW"$'\n'
+      for ((r = 0; r < nworkers; r++)); do
+        [ "$(whost_of $r)" = "${uwhost[$n]}" ] && script+="pgrep -f -- $(sq "$(worker_pat $r)") > /dev/null && echo RUNNING $r"$'\n'
+      done
+      par "wk-$n" "${uwhost[$n]}" "$script"'echo OK'
+    done
+    par_wait
+    nrun=0
+    for ((n = 0; n < ${#uwhost[@]}; n++)); do
+      out=$(par_out "wk-$n")
+      grep -q '^OK$' <<< "$out" || die "reshard: cannot reach ${uwhost[$n]} over ssh: $(tail -n 1 <<< "$out"); nothing was done"
+      r=$(grep -c '^RUNNING ' <<< "$out")
+      nrun=$((nrun + r))
+      [ "$r" -gt 0 ] && ! grep -q '^HASFOLLOW$' <<< "$out" && why="the workers on ${uwhost[$n]} have no follow file ($RUN_FOLLOW)"
+    done
+    [ "$nrun" -gt 0 ] || why="no worker of the run $RUN runs"
+    [ -n "$why" ] || live=1
+  fi
+  [ $live -eq 1 ] || echo "$me: reshard: by restart ($why): the workers are stopped and started again"
   case "$ckdir" in /*) ck=$ckdir ;; *) ck=$DIR/$ckdir ;; esac
   F=$ck/reshard-from-$nshards.$(date +%Y%m%dT%H%M%S)
-  intent_add "from $F" || exit 1
+  # Sets every old shard's files aside in F on their hosts and gives every
+  # new shard's host all of them; 1 (saying why) when it cannot.
+  set_aside() {
+  local h own out b k files miss
   # A. on each old shard's host, its files into F (one host after the
   # other: a checkpoint.dir shared by the hosts holds them all); any other
   # shard's file stays (a new shard takes its own only when written after
@@ -526,7 +583,7 @@ for b in$own; do
 done
 echo MOVED" 2>&1)
     grep -q '^MOVED$' <<< "$out" || {
-      echo "$me: reshard: cannot set the checkpoints aside on $h: $(tail -n 1 <<< "$out")" >&2; exit 1; }
+      echo "$me: reshard: cannot set the checkpoints aside on $h: $(tail -n 1 <<< "$out")" >&2; return 1; }
   done
   # B. every old shard's files onto every new shard's host that lacks them
   mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
@@ -541,22 +598,143 @@ echo MOVED" 2>&1)
       "${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$F") && tar -cf - \$(ls -d $files 2> /dev/null)" < /dev/null |
         "${SSHV[@]}" -- "$h" "cd $(sq "$F") && tar -xf -" ||
         { echo "$me: reshard: cannot copy $(sname $k)'s checkpoint from ${shost[$k]} to $h; the" \
-            "old checkpoints are in $F on their hosts" >&2; exit 1; }
+            "old checkpoints are in $F on their hosts" >&2; return 1; }
     done
     # with replicas either process's file of a pair will do
     miss=$(on "$h" "cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || [ -f shard-\$k-r1.ckpt ] || echo \$k; done")
     [ -z "$miss" ] || { echo "$me: reshard: on $h, $F lacks shard-$(echo $miss | tr ' ' ',').ckpt: every" \
-      "old shard's checkpoint is needed; nothing was started" >&2; exit 1; }
+      "old shard's checkpoint is needed; nothing was started" >&2; return 1; }
   done
+  }
+  common=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS")
+  [ -n "${WAIT_GIVEN:-}" ] && common+=(--wait "$WAIT")
+
+  if [ $live -eq 1 ]; then
+    # NEW on every host that runs a new shard or a worker (which loads it
+    # when it follows), copied from here where it is missing
+    case "$NEW" in /*) RNEW=$NEW ;; *) RNEW=$DIR/$NEW ;; esac
+    mapfile -t chosts < <(printf '%s\n' "${nhost[@]}" "${uwhost[@]}" | awk '!seen[$0]++')
+    for h in "${chosts[@]}"; do
+      on "$h" "[ -r $(sq "$RNEW") ]" && continue
+      "${SSHV[@]}" -- "$h" "mkdir -p $(sq "${RNEW%/*}") && cat > $(sq "$RNEW.tmp") && mv -f $(sq "$RNEW.tmp") $(sq "$RNEW")" < "$NEW" ||
+        { echo "$me: reshard: cannot copy $NEW to $h ($RNEW there); nothing was done" >&2; exit 1; }
+      echo "$me: reshard: copied $NEW to $h ($RNEW)"
+    done
+    rm -f "$INTENT_F"
+    intent_add "stopping $nshards $nnew" "old_config $CONFIG" "new_config $NEW" "cwd $PWD" "pid $$" \
+      "live $RUN" || exit 1
+    crash_point stopping
+    echo "$me: reshard: stopping the $nshards shard(s) of $CONFIG at a clock boundary; the workers keep running"
+    t0=$(date +%s%N)
+    # 1. the stop (refused with the reason while a shard is down or
+    # another change is under way; nothing changed then)
+    out=$(on "$(whost_of 0)" "$(stat_script --reshard-stop)" 2>&1)
+    B=$(sed -n 's/.*stops at clock \([0-9]*\).*/\1/p' <<< "$out")
+    if [ -z "$B" ]; then
+      intent_add "done refused"
+      echo "$me: reshard: refused (ps-stat --reshard-stop on $(whost_of 0)):" \
+        "$(grep -v '^$' <<< "$out" | tail -n 1); the run goes on with $CONFIG" >&2
+      exit 1
+    fi
+    # 2. every old shard closes the clocks below B, writes its checkpoint
+    # and exits 0 (with cluster.replicas: 1 both processes of a pair: a
+    # pair one of which did is whole)
+    swait=300; [ -n "${WAIT_GIVEN:-}" ] && swait=$WAIT
+    mapfile -t ohosts < <(printf '%s\n' "${shost[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#ohosts[@]}; n++)); do
+      waitfor="" rep=""
+      for ((k = 0; k < nsrv; k++)); do
+        [ "${shost[$k]}" = "${ohosts[$n]}" ] || continue
+        waitfor+="${waitfor:+ || }pgrep -f -- $(sq "$(server_pat $k)")"
+        ex=$RUN/$(slog $k).exit
+        rep+="if pgrep -f -- $(sq "$(server_pat $k)") > /dev/null; then echo 'EXIT $k running'; else"
+        rep+=" j=0; while [ ! -e $(sq "$ex") ] && [ \$j -lt 20 ]; do sleep 0.1; j=\$((j + 1)); done;"
+        rep+=" echo \"EXIT $k \$(cat $(sq "$ex") 2> /dev/null || echo none)\"; fi"$'\n'
+      done
+      par "sw-$n" "${ohosts[$n]}" "i=0; while [ \$i -lt $((swait * 10)) ] && { $waitfor; } > /dev/null; do sleep 0.1; i=\$((i + 1)); done"$'\n'"$rep"
+    done
+    par_wait
+    declare -A sx=()
+    for ((n = 0; n < ${#ohosts[@]}; n++)); do
+      while read -r _ k e; do sx[$k]=$e; done < <(par_out "sw-$n" | grep '^EXIT ')
+    done
+    failed="" running=""
+    for ((k = 0; k < nshards; k++)); do
+      [ "${sx[$k]:-}" = 0 ] && continue
+      [ "$nsrv" -gt "$nshards" ] && [ "${sx[$((nshards + k))]:-}" = 0 ] && {
+        echo "$me: reshard: $(sname $k) on ${shost[$k]}: ${sx[$k]:-unknown} at the stop; its backup wrote" \
+          "the pair's checkpoint at clock $B: going on" >&2; continue; }
+      for i in $k $([ "$nsrv" -gt "$nshards" ] && echo $((nshards + k))); do
+        case "${sx[$i]:-}" in
+          running) running+=", $(sname $i) on ${shost[$i]}" ;;
+          *) failed+=", $(sname $i) on ${shost[$i]} (status ${sx[$i]:-unknown}, log $RUN/$(slog $i).log there)" ;;
+        esac
+      done
+    done
+    if [ -n "$running" ]; then
+      echo "$me: reshard: ${running#, } still running ${swait}s after the stop at clock $B;" \
+        "nothing was moved. Once it has exited, the next start of $CONFIG or $NEW rolls the" \
+        "re-shard back ($INTENT_F)" >&2
+      exit 1
+    fi
+    if [ -n "$failed" ]; then
+      # no commit yet: nothing was moved; the old shards start again from
+      # their checkpoints (those that stopped, at B) and the workers, which
+      # never left the old map, go on with it
+      echo "$me: reshard: ${failed#, } did not stop with its checkpoint at clock $B: rolling back" >&2
+      if "$0" "$CONFIG" start --live-run "$RUN" "${common[@]}"; then
+        intent_add "done rolled-back"
+        echo "$me: reshard: rolled back to $CONFIG: its shards started again from their checkpoints" \
+          "(one that died at the stop from its last: its updates since are lost, as in any crash of" \
+          "an unreplicated shard); the workers go on with $CONFIG" >&2
+      else
+        echo "$me: reshard: the old shards did not start again; the next start of $CONFIG rolls" \
+          "the re-shard back ($INTENT_F)" >&2
+      fi
+      exit 1
+    fi
+    # 3. the old checkpoints set aside, every new shard's host given them
+    intent_add "from $F" || exit 1
+    set_aside || { echo "$me: reshard: nothing was started; the next start of $CONFIG or $NEW" \
+      "rolls the re-shard back ($INTENT_F)" >&2; exit 1; }
+    intent_add "stopped $B" || exit 1
+    crash_point stopped
+    intent_add commit || exit 1
+    crash_point commit
+    # 4. the new shards from them, in the same run; once every one answers
+    # from the workers' hosts, the workers' follow file names NEW
+    "$0" "$NEW" start --live-run "$RUN" --reshard-from "$F" --reshard-shards "$nshards" "${common[@]}"; rc=$?
+    if [ $rc -ne 0 ]; then
+      echo "$me: reshard: the new shards did not start, past the commit ($INTENT_F): the old" \
+        "checkpoints are in $F; the next start of either config starts the new shards from them" \
+        "again (the workers, still running, follow them then)" >&2
+      exit $rc
+    fi
+    intent_add done || exit 1
+    t0=$(( ($(date +%s%N) - t0) / 1000000 ))
+    echo "$me: reshard: $nshards -> $nnew shards at clock $B while the workers ran," \
+      "$((t0 / 1000)).$(printf '%03d' $((t0 % 1000))) s from the stop to the workers pointed at the" \
+      "new shards; the old checkpoints are in $F on each host (kept: remove them once the new" \
+      "shards have checkpointed)"
+    exit 0
+  fi
+
+  rm -f "$INTENT_F"
+  intent_add "stopping $nshards $nnew" "old_config $CONFIG" "new_config $NEW" "cwd $PWD" "pid $$" || exit 1
+  crash_point stopping
+  echo "$me: reshard: stopping $CONFIG (the workers, then the shards, which write their checkpoints)"
+  "$0" "$CONFIG" stop --ssh "$SSH" --dir "$DIR" --logs "$LOGS" ${WHOSTS:+--worker-hosts "$WHOSTS"} ||
+    { echo "$me: reshard: the stop failed; nothing was moved" >&2; intent_add "done refused"; exit 1; }
+  intent_add "from $F" || exit 1
+  set_aside || exit 1
   intent_add stopped || exit 1
   crash_point stopped
   intent_add commit || exit 1
   crash_point commit
   echo "$me: reshard: $nshards -> $nnew shards; the old checkpoints are in $F on each host" \
     "(kept: remove them once the new shards have checkpointed)"
-  args=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS" --reshard-from "$F" --reshard-shards "$nshards")
+  args=("${common[@]}" --reshard-from "$F" --reshard-shards "$nshards")
   [ -n "$WHOSTS" ] && args+=(--worker-hosts "$WHOSTS")
-  [ -n "${WAIT_GIVEN:-}" ] && args+=(--wait "$WAIT")
   "$0" "$NEW" start "${args[@]}" -- ${WARGS[@]+"${WARGS[@]}"}; rc=$?
   [ $rc -eq 0 ] && { intent_add done || exit 1; }
   [ $rc -eq 0 ] || echo "$me: reshard: the start failed past the commit ($INTENT_F): the next" \
@@ -600,7 +778,14 @@ fi
 
 # ---- start ----
 
-if [ -n "$WHOSTS" ]; then IFS=, read -r -a whost <<< "$WHOSTS"; else whost=("${shost[@]}"); fi
+if [ -n "$LIVE_RUN" ]; then
+  # the shards of a run whose workers keep running (reshard while they
+  # run, or a start finishing one): its worker hosts, their config, their
+  # follow file
+  load_run "$LIVE_RUN/run.env" || die "--live-run: cannot read $LIVE_RUN/run.env"
+  [ -n "$RUN_FOLLOW" ] || die "--live-run: the run in $LIVE_RUN has no follow file (RUN_FOLLOW)"
+  whost=("${RUN_WORKER_HOSTS[@]}")
+elif [ -n "$WHOSTS" ]; then IFS=, read -r -a whost <<< "$WHOSTS"; else whost=("${shost[@]}"); fi
 [ ${#whost[@]} -gt 0 ] || die "--worker-hosts: no host given"
 for h in "${shost[@]}" "${whost[@]}"; do check_host "$h" "--worker-hosts or the config"; done
 
@@ -625,17 +810,35 @@ done
 # The commands that start shard K / worker R in the run folder: under
 # nohup, the whole background job in braces (else ssh would wait for the
 # process to end), its exit status written when it ends.
+# In a run whose workers go on (--live-run), the log and exit status of
+# the shard process that ran there before are kept, renamed.
 shard_start() {
-  local log=$RUN/$(slog "$1")
-  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && { nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
+  local log=$RUN/$(slog "$1") keep=""
+  [ -n "$LIVE_RUN" ] && keep="for f in $(sq "$log.log") $(sq "$log.exit"); do [ -e \"\$f\" ] && mv -f \"\$f\" \"\$f.before-reshard-$stamp\"; done; "
+  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && ${keep}{ nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
 }
+# Each worker follows a re-shard through the file $PS_CONFIG_FOLLOW names
+# (libps, docs/elastic.md): RUN/current-config on its host, which holds
+# the path of the cluster's current config.
+FOLLOW=""
+[ -n "$LIVE_RUN" ] && FOLLOW=$RUN_FOLLOW
 worker_start() {
   local log=$RUN/worker-$1
-  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && { nohup sh -c $(sq "$(worker_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
+  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && { PS_CONFIG_FOLLOW=$(sq "$FOLLOW") nohup sh -c $(sq "$(worker_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
+}
+# sh for HOST: the follow file there rewritten to name RCONFIG (absolute),
+# whole: written beside it and renamed (a worker reading it meanwhile reads
+# the old path or the new one). The temporary name holds the host's name:
+# hosts sharing the folder do not trip over each other's.
+follow_script() { # HOST
+  local t=$FOLLOW.tmp-${1//[^A-Za-z0-9.-]/_}
+  echo "mkdir -p $(sq "${FOLLOW%/*}") && cd $(sq "$DIR") && case $(sq "$RCONFIG") in /*) c=$(sq "$RCONFIG") ;; *) c=\$PWD/$(sq "$RCONFIG") ;; esac && printf '%s\n' \"\$c\" > $(sq "$t") && mv -f $(sq "$t") $(sq "$FOLLOW") && echo POINTED"
 }
 
 stamp=$(date +%Y%m%d-%H%M%S)
 RUN=$LOGS/$NAME-$stamp
+[ -n "$LIVE_RUN" ] && RUN=$LIVE_RUN
+[ -n "$FOLLOW" ] || FOLLOW=$RUN/current-config
 if [ $DRY -eq 1 ]; then
   for ((k = 0; k < nsrv; k++)); do echo "${SSHV[*]} -- ${shost[$k]} $(sq "$(shard_start $k)")"; done
   for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} -- $(whost_of $r) $(sq "$(worker_start $r)")"; done
@@ -674,6 +877,28 @@ for ((n = 0; n < ${#hosts[@]}; n++)); do
     esac
   done <<< "$out"
 done
+# Points every worker host's follow file at RCONFIG; 1 (saying where) when
+# one cannot be.
+point_workers() {
+  local n h out rc=0
+  for ((n = 0; n < ${#uwhost[@]}; n++)); do par "follow-$n" "${uwhost[$n]}" "$(follow_script "${uwhost[$n]}")"; done
+  par_wait
+  for ((n = 0; n < ${#uwhost[@]}; n++)); do
+    h=${uwhost[$n]} out=$(par_out "follow-$n")
+    grep -q '^POINTED$' <<< "$out" || {
+      echo "$me: cannot point the workers on $h at $RCONFIG ($FOLLOW there): $(tail -n 1 <<< "$out")" >&2; rc=1; }
+  done
+  return $rc
+}
+if [ -n "$LIVE_RUN" ] && [ ${#running[@]} -eq "$nsrv" ] && [ ${#problems[@]} -eq 0 ]; then
+  # an interrupted re-shard rolled back before its old shards stopped:
+  # they run; a stop they may hold (its ps-stat gone) is cancelled
+  echo "$me: every shard of $CONFIG runs already; cancelling any re-shard stop they hold, not committed"
+  on "$(whost_of 0)" "$(stat_script --reshard-cancel)" 2>&1 | sed 's/^/  /'
+  point_workers || exit 1
+  echo "$me: the workers of $LIVE_RUN follow $CONFIG"
+  exit 0
+fi
 if [ ${#running[@]} -gt 0 ]; then
   echo "$me: $CONFIG is running already: $(printf '%s, ' "${running[@]}" | sed 's/, $//')" >&2
   echo "$me: stop it first: $0 $CONFIG stop" >&2
@@ -685,9 +910,11 @@ if [ ${#problems[@]} -gt 0 ]; then
   exit 1
 fi
 
-# 2. The run folder here, with the hosts, so stop and status find them.
+# 2. The run folder here, with the hosts, so stop and status find them
+# (with --live-run, the run's own, its record rewritten for this config).
 n=1
-while [ -e "$RUN" ]; do n=$((n + 1)); RUN=$LOGS/$NAME-$stamp-$n; done
+while [ -z "$LIVE_RUN" ] && [ -e "$RUN" ]; do n=$((n + 1)); RUN=$LOGS/$NAME-$stamp-$n; done
+[ -n "$LIVE_RUN" ] || FOLLOW=$RUN/current-config
 mkdir -p "$RUN" || { echo "$me: cannot make the run folder $RUN here" >&2; exit 1; }
 { # data, one value a line (load_run)
   echo "# ps-cluster.sh run, started $(date -Is)"
@@ -695,7 +922,10 @@ mkdir -p "$RUN" || { echo "$me: cannot make the run folder $RUN here" >&2; exit 
   printf 'RUN_DIR=%s\n' "$RUN"
   printf 'RUN_SHARD_HOST=%s\n' "${shost[@]}"
   printf 'RUN_WORKER_HOST=%s\n' "${whost[@]}"
-} > "$RUN/run.env"
+  printf 'RUN_WORKER_CONFIG=%s\n' "$WCONFIG"
+  printf 'RUN_FOLLOW=%s\n' "$FOLLOW"
+} > "$RUN/run.env.tmp" && mv -f "$RUN/run.env.tmp" "$RUN/run.env" ||
+  { echo "$me: cannot write $RUN/run.env" >&2; exit 1; }
 ln -sfn "$(basename "$RUN")" "$POINTER"
 
 # Stops what this start began (workers, then shards; sel_shards and
@@ -715,7 +945,7 @@ rollback() {
     echo "$me: left running: $(printf '%s, ' "${left[@]}" | sed 's/, $//'); stop them with: $0 $CONFIG stop" >&2
   else
     echo "$me: stopped again; nothing of this start is left running (logs: $RUN on each host)" >&2
-    echo "RUN_STATE=failed" >> "$RUN/run.env"
+    [ -n "$LIVE_RUN" ] || echo "RUN_STATE=failed" >> "$RUN/run.env"
   fi
   exit 1
 }
@@ -810,9 +1040,15 @@ done
 [ $failed -eq 0 ] || rollback
 
 # 5. The workers, each host's at once; a second later, a look at those that
-# ended already (data or secret missing on their host).
+# ended already (data or secret missing on their host). With --live-run
+# they run already: their follow file is pointed at this config, and they
+# follow it.
+if [ -n "$LIVE_RUN" ]; then
+  point_workers || rollback
+  uwhost=()
+fi
 for ((n = 0; n < ${#uwhost[@]}; n++)); do
-  h=${uwhost[$n]} script="" check=""
+  h=${uwhost[$n]} script="$(follow_script "${uwhost[$n]}") > /dev/null || { echo NOFOLLOW; exit 0; }"$'\n' check=""
   for ((r = 0; r < nworkers; r++)); do
     [ "$(whost_of $r)" = "$h" ] || continue
     script+="$(worker_start $r) && echo STARTED $r"$'\n'
@@ -833,6 +1069,7 @@ for ((n = 0; n < ${#uwhost[@]}; n++)); do
       FAILED\ *)
         set -- $line
         echo "$me: worker $2 on $h exited at start (status $3); the end of its log:" >&2; failed=1 ;;
+      NOFOLLOW) echo "$me: cannot write the workers' follow file $FOLLOW on $h; no worker started there" >&2; failed=1 ;;
       '    | '*) echo "$line" >&2 ;;
     esac
   done <<< "$out"
@@ -851,7 +1088,11 @@ if [ -n "${PS_CLUSTER_INTENT:-}" ]; then
   INTENT_F=$PS_CLUSTER_INTENT
   intent_add done || exit 1
 fi
-echo "$me: started $nshards shard(s) and $nworkers worker(s) of $CONFIG"
+if [ -n "$LIVE_RUN" ]; then
+  echo "$me: started $nshards shard(s) of $CONFIG; the $nworkers worker(s) of the run follow them"
+else
+  echo "$me: started $nshards shard(s) and $nworkers worker(s) of $CONFIG"
+fi
 for ((k = 0; k < nsrv; k++)); do echo "  $(sname $k) on ${shost[$k]}, listening on ${bound[$k]}"; done
 for ((r = 0; r < nworkers; r++)); do echo "  worker $r on $(whost_of $r)"; done
 echo "  logs: $RUN (on each host)"
