@@ -561,50 +561,69 @@ if [ "$ACTION" = reshard ]; then
   [ $live -eq 1 ] || echo "$me: reshard: by restart ($why): the workers are stopped and started again"
   case "$ckdir" in /*) ck=$ckdir ;; *) ck=$DIR/$ckdir ;; esac
   F=$ck/reshard-from-$nshards.$(date +%Y%m%dT%H%M%S)
+  # server process I's files: shard-K, its backup's shard-K-r1
+  sfiles() { local b; b=shard-$(($1 % nshards)); [ "$1" -lt "$nshards" ] || b+=-r1; echo "$b"; }
   # Sets every old shard's files aside in F on their hosts and gives every
   # new shard's host all of them; 1 (saying why) when it cannot.
   set_aside() {
-  local h own out b k files miss
-  # A. on each old shard's host, its files into F (one host after the
-  # other: a checkpoint.dir shared by the hosts holds them all); any other
-  # shard's file stays (a new shard takes its own only when written after
-  # the old ones: ps-server --reshard-from)
-  # (server process I's files: shard-K, its backup's shard-K-r1)
-  sfiles() { local b; b=shard-$(($1 % nshards)); [ "$1" -lt "$nshards" ] || b+=-r1; echo "$b"; }
-  mapfile -t rhosts < <(printf '%s\n' "${shost[@]}" "${nhost[@]}" | awk '!seen[$0]++')
-  for h in "${rhosts[@]}"; do
-    own=""
-    for ((k = 0; k < nsrv; k++)); do [ "${shost[$k]}" = "$h" ] && own+=" $(sfiles $k)"; done
-    out=$(on "$h" "mkdir -p $(sq "$F") && cd $(sq "$ck") || exit 3
+    local h own out b k n files miss
+    local -a rhosts uhost
+    # A. on each old shard's host, its files into F (the hosts at once: each
+    # moves its own shards' files, so a checkpoint.dir shared by the hosts
+    # ends up holding them all); any other shard's file stays (a new shard
+    # takes its own only when written after the old ones: ps-server
+    # --reshard-from)
+    mapfile -t rhosts < <(printf '%s\n' "${shost[@]}" "${nhost[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#rhosts[@]}; n++)); do
+      own=""
+      for ((k = 0; k < nsrv; k++)); do [ "${shost[$k]}" = "${rhosts[$n]}" ] && own+=" $(sfiles $k)"; done
+      par "aside-$n" "${rhosts[$n]}" "mkdir -p $(sq "$F") && cd $(sq "$ck") || exit 3
 for b in$own; do
   for f in \$b.ckpt \$b.ckpt.delta-* \$b.members; do
     [ -e \"\$f\" ] && { mv -- \"\$f\" $(sq "$F")/ || exit 3; }
   done
 done
-echo MOVED" 2>&1)
-    grep -q '^MOVED$' <<< "$out" || {
-      echo "$me: reshard: cannot set the checkpoints aside on $h: $(tail -n 1 <<< "$out")" >&2; return 1; }
-  done
-  # B. every old shard's files onto every new shard's host that lacks them
-  mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
-  for h in "${uhost[@]}"; do
-    for ((k = 0; k < nsrv; k++)); do
-      [ "${shost[$k]}" = "$h" ] && continue
-      b=$(sfiles $k)
-      on "$h" "[ -f $(sq "$F/$b.ckpt") ]" && continue # a shared folder
-      # a backup that was down may have written none: its partner's will do
-      [ "$k" -ge "$nshards" ] && ! on "${shost[$k]}" "[ -f $(sq "$F/$b.ckpt") ]" && continue
-      files="$b.ckpt $b.ckpt.delta-* $b.members"
-      "${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$F") && tar -cf - \$(ls -d $files 2> /dev/null)" < /dev/null |
-        "${SSHV[@]}" -- "$h" "cd $(sq "$F") && tar -xf -" ||
-        { echo "$me: reshard: cannot copy $(sname $k)'s checkpoint from ${shost[$k]} to $h; the" \
-            "old checkpoints are in $F on their hosts" >&2; return 1; }
+echo MOVED"
     done
-    # with replicas either process's file of a pair will do
-    miss=$(on "$h" "cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || [ -f shard-\$k-r1.ckpt ] || echo \$k; done")
-    [ -z "$miss" ] || { echo "$me: reshard: on $h, $F lacks shard-$(echo $miss | tr ' ' ',').ckpt: every" \
-      "old shard's checkpoint is needed; nothing was started" >&2; return 1; }
-  done
+    par_wait
+    for ((n = 0; n < ${#rhosts[@]}; n++)); do
+      out=$(par_out "aside-$n")
+      grep -q '^MOVED$' <<< "$out" || {
+        echo "$me: reshard: cannot set the checkpoints aside on ${rhosts[$n]}: $(tail -n 1 <<< "$out")" >&2; return 1; }
+    done
+    # B. every old shard's files onto every new shard's host that lacks
+    # them: each host says which it lacks (none where the folder is shared)
+    mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#uhost[@]}; n++)); do
+      out=""
+      for ((k = 0; k < nsrv; k++)); do
+        [ "${shost[$k]}" = "${uhost[$n]}" ] || out+="[ -f $(sq "$F/$(sfiles $k).ckpt") ] || echo 'LACKS $k'"$'\n'
+      done
+      out+="cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || [ -f shard-\$k-r1.ckpt ] || echo \"MISS \$k\"; done"$'\n'
+      par "lacks-$n" "${uhost[$n]}" "${out}echo CHECKED"
+    done
+    par_wait
+    for ((n = 0; n < ${#uhost[@]}; n++)); do
+      h=${uhost[$n]} out=$(par_out "lacks-$n")
+      grep -q '^CHECKED$' <<< "$out" || {
+        echo "$me: reshard: cannot reach $h over ssh: $(tail -n 1 <<< "$out")" >&2; return 1; }
+      miss=$(sed -n 's/^MISS //p' <<< "$out")
+      for k in $(sed -n 's/^LACKS //p' <<< "$out"); do
+        b=$(sfiles $k)
+        # a backup that was down may have written none: its partner's will do
+        [ "$k" -ge "$nshards" ] && ! on "${shost[$k]}" "[ -f $(sq "$F/$b.ckpt") ]" && continue
+        files="$b.ckpt $b.ckpt.delta-* $b.members"
+        "${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$F") && tar -cf - \$(ls -d $files 2> /dev/null)" < /dev/null |
+          "${SSHV[@]}" -- "$h" "cd $(sq "$F") && tar -xf -" ||
+          { echo "$me: reshard: cannot copy $(sname $k)'s checkpoint from ${shost[$k]} to $h; the" \
+              "old checkpoints are in $F on their hosts" >&2; return 1; }
+      done
+      # with replicas either process's file of a pair will do (asked again
+      # after a copy)
+      [ -n "$(sed -n 's/^LACKS //p' <<< "$out")" ] && miss=$(on "$h" "cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || [ -f shard-\$k-r1.ckpt ] || echo \$k; done")
+      [ -z "$miss" ] || { echo "$me: reshard: on $h, $F lacks shard-$(echo $miss | tr ' ' ',').ckpt: every" \
+        "old shard's checkpoint is needed; nothing was started" >&2; return 1; }
+    done
   }
   common=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS")
   [ -n "${WAIT_GIVEN:-}" ] && common+=(--wait "$WAIT")
@@ -1077,10 +1096,9 @@ done
 [ $failed -eq 0 ] || rollback
 
 if [ -n "$RESHARD_FROM" ]; then
-  : > "$RUN/reshard.lines"
-  for ((k = 0; k < nshards; k++)); do
-    on "${shost[$k]}" "grep -h 're-sharded from' $(sq "$RUN/$(slog $k).log")" >> "$RUN/reshard.lines" 2>/dev/null
-  done
+  for ((k = 0; k < nshards; k++)); do par "lines-$k" "${shost[$k]}" "grep -h 're-sharded from' $(sq "$RUN/$(slog $k).log")"; done
+  par_wait
+  for ((k = 0; k < nshards; k++)); do par_out "lines-$k" | grep 're-sharded from'; done > "$RUN/reshard.lines"
   echo "$me: reshard: $(reshard_summary "$RUN/reshard.lines")"
 fi
 # a start that rolled an interrupted re-shard forward ends its record
