@@ -4,7 +4,7 @@
 # worker host R mod (number of worker hosts).
 #
 #   scripts/ps-cluster.sh CONFIG start|stop|status [options] [-- WORKER_ARGS...]
-#   scripts/ps-cluster.sh CONFIG reshard NEW_CONFIG [options] [-- WORKER_ARGS...]
+#   scripts/ps-cluster.sh CONFIG reshard NEW_CONFIG [--restart] [options] [-- WORKER_ARGS...]
 #
 #   --worker-hosts H1,H2,..  where workers run (start; default: the shards'
 #                            hosts). stop and status use the hosts recorded
@@ -25,8 +25,9 @@
 #                            run as CMD -- HOST SCRIPT (SCRIPT: POSIX sh)
 #   --wait S                 start: seconds a shard has to listen (default
 #                            30); stop: seconds a shard has to exit, its
-#                            checkpoint included (default 300); a worker
-#                            gets at most 15, then SIGKILL
+#                            checkpoint included (default 300), and so
+#                            at a live reshard's stop; a worker gets at
+#                            most 15, then SIGKILL
 #   --dry-run                print the commands that start would run
 #   --worker-cmd CMD         start: each worker runs CMD (e.g. "python3
 #                            train.py") through ps-worker --exec, with
@@ -35,6 +36,11 @@
 #                            start: every shard starts from the checkpoints of
 #                            N shards in DIR on its host (ps-server
 #                            --reshard-from; what reshard passes)
+#   --live-run RUN           start: the shards only, in the run folder RUN
+#                            here, whose workers run on and follow them
+#                            (what reshard passes while the workers run)
+#   --restart                reshard: by restart even where the workers
+#                            could follow
 #   -- WORKER_ARGS...        more ps-worker flags (--epochs 5, ...)
 #
 # start: checks every host over ssh first (reachable, programs and config
@@ -50,6 +56,21 @@
 # stop: SIGTERM to the workers, then to the shards (which write their
 # checkpoints when configured); waits for each to exit and reports its
 # exit status. status: for each process, running or its exit status.
+# Each worker gets PS_CONFIG_FOLLOW=RUN/current-config (RUN: the run
+# folder; the file, on its host, names CONFIG), which libps follows.
+# reshard while workers of the run run (docs/elastic.md, "Re-sharding
+# while the workers run"): the refusals below first; NEW_CONFIG copied to
+# the new shards' and workers' hosts that lack it; ps-stat --reshard-stop
+# on worker 0's host (refused, status 1, with a shard down or another
+# change under way: the run goes on); waits for every old shard to exit
+# at its stop (one that did not exit 0 rolls back: the old shards start
+# again); sets the checkpoints aside as below; starts NEW_CONFIG's shards
+# in the same run (start --live-run), and once they answer points every
+# worker host's RUN/current-config at NEW_CONFIG: the workers follow. It
+# prints the stop clock, what moved and the pause. The run then goes on
+# as NEW_CONFIG (status and stop of it). With --restart, without a run
+# record, for a run whose workers have no follow file (an earlier
+# ps-cluster.sh) or when none of its workers runs:
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
 # with other cluster.servers (and cluster.backups; refused naming the
 # first other key that differs; CONFIG needs checkpoint.dir). Stops CONFIG
@@ -65,7 +86,9 @@
 # from, stopped, commit, done); a start of either config finishes an
 # interrupted re-shard first: rolled back before the commit (each old
 # shard's files put back on its host), forward after it (docs/reliability.md,
-# "Re-sharding interrupted by a crash"). A reshard while one is open is refused.
+# "Re-sharding interrupted by a crash"); one while the workers ran (the
+# record's `live RUN`) starts the shards only, in that run, and points its
+# workers at them. A reshard while one is open is refused.
 # Exit status: 0 when everything succeeded, 1 when a host, a process or a
 # check failed, 2 for usage or a config that cannot work on these hosts.
 # The cluster secret (security.secret_file) must be at the same path on
