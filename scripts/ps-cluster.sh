@@ -573,7 +573,8 @@ if [ "$ACTION" = reshard ]; then
     nrun=0
     for ((n = 0; n < ${#uwhost[@]}; n++)); do
       out=$(par_out "wk-$n")
-      grep -q '^OK$' <<< "$out" || die "reshard: cannot reach ${uwhost[$n]} over ssh: $(tail -n 1 <<< "$out"); nothing was done"
+      grep -q '^OK$' <<< "$out" || { echo "$me: reshard: cannot reach ${uwhost[$n]} over ssh:" \
+        "$(tail -n 1 <<< "$out"); nothing was done" >&2; exit 1; }
       r=$(grep -c '^RUNNING ' <<< "$out")
       nrun=$((nrun + r))
       [ "$r" -gt 0 ] && ! grep -q '^HASFOLLOW$' <<< "$out" && why="the workers on ${uwhost[$n]} have no follow file ($RUN_FOLLOW)"
@@ -656,8 +657,18 @@ echo MOVED"
     # when it follows), copied from here where it is missing
     case "$NEW" in /*) RNEW=$NEW ;; *) RNEW=$DIR/$NEW ;; esac
     mapfile -t chosts < <(printf '%s\n' "${nhost[@]}" "${uwhost[@]}" | awk '!seen[$0]++')
-    for h in "${chosts[@]}"; do
-      on "$h" "[ -r $(sq "$RNEW") ]" && continue
+    # (and ps-server on the new shards' hosts: refused now, not past the commit)
+    for ((n = 0; n < ${#chosts[@]}; n++)); do
+      par "has-$n" "${chosts[$n]}" "cd $(sq "$DIR") && { [ -x bin/ps-server ] && echo SERVER; [ -r $(sq "$RNEW") ] && echo HAS; }; echo OK"
+    done
+    par_wait
+    for ((n = 0; n < ${#chosts[@]}; n++)); do
+      h=${chosts[$n]} out=$(par_out "has-$n")
+      grep -q '^OK$' <<< "$out" || { echo "$me: reshard: cannot reach $h over ssh:" \
+        "$(tail -n 1 <<< "$out"); nothing was done" >&2; exit 1; }
+      printf '%s\n' "${nhost[@]}" | grep -qxF -- "$h" && ! grep -q '^SERVER$' <<< "$out" &&
+        die "reshard: $h, a host of $NEW's shards, has no $DIR/bin/ps-server (make there, or --dir); nothing was done"
+      grep -q '^HAS$' <<< "$out" && continue
       "${SSHV[@]}" -- "$h" "mkdir -p $(sq "${RNEW%/*}") && cat > $(sq "$RNEW.tmp") && mv -f $(sq "$RNEW.tmp") $(sq "$RNEW")" < "$NEW" ||
         { echo "$me: reshard: cannot copy $NEW to $h ($RNEW there); nothing was done" >&2; exit 1; }
       echo "$me: reshard: copied $NEW to $h ($RNEW)"
@@ -753,7 +764,7 @@ echo MOVED"
       exit $rc
     fi
     intent_add done || exit 1
-    t0=$(( ($(date +%s%N) - t0) / 1000000 ))
+    t0=$(( ($(cat "$RUN/pointed" 2> /dev/null || date +%s%N) - t0) / 1000000 ))
     echo "$me: reshard: $nshards -> $nnew shards at clock $B while the workers ran," \
       "$((t0 / 1000)).$(printf '%03d' $((t0 % 1000))) s from the stop to the workers pointed at the" \
       "new shards; the old checkpoints are in $F on each host (kept: remove them once the new" \
@@ -1087,6 +1098,7 @@ done
 # follow it.
 if [ -n "$LIVE_RUN" ]; then
   point_workers || rollback
+  date +%s%N > "$RUN/pointed" # when: the reshard's pause ends here
   uwhost=()
 fi
 for ((n = 0; n < ${#uwhost[@]}; n++)); do
