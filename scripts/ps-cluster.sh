@@ -4,7 +4,7 @@
 # worker host R mod (number of worker hosts).
 #
 #   scripts/ps-cluster.sh CONFIG start|stop|status [options] [-- WORKER_ARGS...]
-#   scripts/ps-cluster.sh CONFIG reshard NEW_CONFIG [options] [-- WORKER_ARGS...]
+#   scripts/ps-cluster.sh CONFIG reshard NEW_CONFIG [--restart] [options] [-- WORKER_ARGS...]
 #
 #   --worker-hosts H1,H2,..  where workers run (start; default: the shards'
 #                            hosts). stop and status use the hosts recorded
@@ -25,8 +25,9 @@
 #                            run as CMD -- HOST SCRIPT (SCRIPT: POSIX sh)
 #   --wait S                 start: seconds a shard has to listen (default
 #                            30); stop: seconds a shard has to exit, its
-#                            checkpoint included (default 300); a worker
-#                            gets at most 15, then SIGKILL
+#                            checkpoint included (default 300), and so
+#                            at a live reshard's stop; a worker gets at
+#                            most 15, then SIGKILL
 #   --dry-run                print the commands that start would run
 #   --worker-cmd CMD         start: each worker runs CMD (e.g. "python3
 #                            train.py") through ps-worker --exec, with
@@ -35,6 +36,11 @@
 #                            start: every shard starts from the checkpoints of
 #                            N shards in DIR on its host (ps-server
 #                            --reshard-from; what reshard passes)
+#   --live-run RUN           start: the shards only, in the run folder RUN
+#                            here, whose workers run on and follow them
+#                            (what reshard passes while the workers run)
+#   --restart                reshard: by restart even where the workers
+#                            could follow
 #   -- WORKER_ARGS...        more ps-worker flags (--epochs 5, ...)
 #
 # start: checks every host over ssh first (reachable, programs and config
@@ -50,6 +56,21 @@
 # stop: SIGTERM to the workers, then to the shards (which write their
 # checkpoints when configured); waits for each to exit and reports its
 # exit status. status: for each process, running or its exit status.
+# Each worker gets PS_CONFIG_FOLLOW=RUN/current-config (RUN: the run
+# folder; the file, on its host, names CONFIG), which libps follows.
+# reshard while workers of the run run (docs/elastic.md, "Re-sharding
+# while the workers run"): the refusals below first; NEW_CONFIG copied to
+# the new shards' and workers' hosts that lack it; ps-stat --reshard-stop
+# on worker 0's host (refused, status 1, with a shard down or another
+# change under way: the run goes on); waits for every old shard to exit
+# at its stop (one that did not exit 0 rolls back: the old shards start
+# again); sets the checkpoints aside as below; starts NEW_CONFIG's shards
+# in the same run (start --live-run), and once they answer points every
+# worker host's RUN/current-config at NEW_CONFIG: the workers follow. It
+# prints the stop clock, what moved and the pause. The run then goes on
+# as NEW_CONFIG (status and stop of it). With --restart, without a run
+# record, for a run whose workers have no follow file (an earlier
+# ps-cluster.sh) or when none of its workers runs:
 # reshard: re-sharding by restart (docs/elastic.md). NEW_CONFIG is CONFIG
 # with other cluster.servers (and cluster.backups; refused naming the
 # first other key that differs; CONFIG needs checkpoint.dir). Stops CONFIG
@@ -65,7 +86,9 @@
 # from, stopped, commit, done); a start of either config finishes an
 # interrupted re-shard first: rolled back before the commit (each old
 # shard's files put back on its host), forward after it (docs/reliability.md,
-# "Re-sharding interrupted by a crash"). A reshard while one is open is refused.
+# "Re-sharding interrupted by a crash"); one while the workers ran (the
+# record's `live RUN`) starts the shards only, in that run, and points its
+# workers at them. A reshard while one is open is refused.
 # Exit status: 0 when everything succeeded, 1 when a host, a process or a
 # check failed, 2 for usage or a config that cannot work on these hosts.
 # The cluster secret (security.secret_file) must be at the same path on
@@ -106,20 +129,22 @@ if [ "$ACTION" = reshard ]; then
   [ $# -ge 1 ] || die "reshard needs NEW_CONFIG"
   NEW=$1; shift
 fi
-DIR=$here LOGS="" WHOSTS="" DRY=0 WAIT="" WCMD=() RESHARD_FROM="" RESHARD_N=""
+DIR=$here LOGS="" WHOSTS="" DRY=0 WAIT="" WCMD=() RESHARD_FROM="" RESHARD_N="" LIVE_RUN="" RESTART=0
 
 SSH=${PS_SSH:-ssh -o BatchMode=yes -o ConnectTimeout=10}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --worker-hosts|--dir|--logs|--ssh|--wait|--reshard-from|--reshard-shards)
+    --worker-hosts|--dir|--logs|--ssh|--wait|--reshard-from|--reshard-shards|--live-run)
       [ $# -ge 2 ] || die "$1 needs a value"
       case "$1" in
         --worker-hosts) WHOSTS=$2 ;; --dir) DIR=$2 ;; --logs) LOGS=$2 ;;
         --ssh) SSH=$2 ;; --wait) WAIT=$2; WAIT_GIVEN=1 ;;
         --reshard-from) RESHARD_FROM=$2 ;; --reshard-shards) RESHARD_N=$2 ;;
+        --live-run) LIVE_RUN=$2 ;;
       esac
       shift 2 ;;
     --dry-run) DRY=1; shift ;;
+    --restart) RESTART=1; shift ;;
     --worker-cmd) [ $# -ge 2 ] || die "$1 needs a value"; WCMD=(--exec "$2"); shift 2 ;;
     --) shift; break ;;
     *) die "unknown option '$1' (--help lists them)" ;;
@@ -139,6 +164,11 @@ if [ -n "$RESHARD_FROM$RESHARD_N" ]; then
     die "--reshard-from DIR and --reshard-shards N go together, with start"
   case "$RESHARD_FROM" in *$'\n'*) die "a newline in '$RESHARD_FROM'" ;; esac
 fi
+if [ -n "$LIVE_RUN" ]; then
+  [ "$ACTION" = start ] || die "--live-run goes with start"
+  [ -r "$LIVE_RUN/run.env" ] || die "--live-run $LIVE_RUN: no run record (run.env) there"
+fi
+[ "$RESTART" = 0 ] || [ "$ACTION" = reshard ] || die "--restart goes with reshard"
 case "$WAIT" in
   "") WAIT=$([ "$ACTION" = stop ] && echo 300 || { [ -n "$RESHARD_FROM" ] && echo 600 || echo 30; }) ;;
   *[!0-9]*) die "--wait: expected whole seconds, got '$WAIT'" ;;
@@ -153,6 +183,9 @@ SERVER=$here/bin/ps-server
 
 # The config as the remote side sees it.
 case "$CONFIG" in /*) RCONFIG=$CONFIG ;; *) RCONFIG=$DIR/$CONFIG ;; esac
+# The config the run's workers were started with: RCONFIG, or the config of
+# the run before a re-shard while they ran (which they follow since).
+WCONFIG=$RCONFIG
 shard_lines=$("$SERVER" --config "$CONFIG" --list-shards) || exit 2
 dump=$("$SERVER" --config "$CONFIG" --dump-config) || exit 2
 nworkers=$(cfg_key "$dump" cluster workers)
@@ -190,6 +223,8 @@ is_wildcard() { case "$1" in 0.0.0.0|::|'*'|'') return 0 ;; esac; return 1; }
 # ssh HOST SCRIPT: runs SCRIPT there (POSIX sh), stdin closed; its status.
 # "--": nothing after it is an option of ssh's, whatever the host's name.
 on() { "${SSHV[@]}" -- "$1" "$2" < /dev/null; }
+# sh for a worker host: ps-stat of this config with the arguments ($1)
+stat_script() { echo "cd $(sq "$DIR") && bin/ps-stat --config $(sq "$RCONFIG") $1"; }
 # Refuses (exit 2) a host whose name starts with '-' or holds a newline;
 # where: what names it.
 check_host() { # HOST WHERE
@@ -221,11 +256,14 @@ server_cmd() {
 worker_cmd() {
   local extra="" a
   for a in "${WARGS[@]+"${WARGS[@]}"}"; do extra+=" $(sq "$a")"; done
-  echo "$(sq "$DIR/bin/ps-worker") --config $(sq "$RCONFIG") --rank $1$extra"
+  echo "$(sq "$DIR/bin/ps-worker") --config $(sq "$WCONFIG") --rank $1$extra"
 }
 server_pat() { echo "^$(re "$DIR/bin/ps-server --config $RCONFIG $(sargs "$1")")( --reshard-from .*)?\$"; }
-worker_pat() { echo "^$(re "$DIR/bin/ps-worker --config $RCONFIG --rank $1")( |\$)"; }
-any_pat() { echo "^$(re "$DIR/bin/ps-")(server|worker) --config $(re "$RCONFIG") --(shard|rank) [0-9]+( |\$)"; }
+worker_pat() { echo "^$(re "$DIR/bin/ps-worker --config $WCONFIG --rank $1")( |\$)"; }
+any_pat() { # (with --live-run the shards only: the run's workers go on)
+  if [ -n "$LIVE_RUN" ]; then echo "^$(re "$DIR/bin/ps-server --config $RCONFIG") --shard [0-9]+( |\$)"
+  else echo "^$(re "$DIR/bin/ps-")(server|worker) --config $(re "$RCONFIG") --(shard|rank) [0-9]+( |\$)"; fi
+}
 whost_of() { echo "${whost[$(($1 % ${#whost[@]}))]}"; }
 
 
@@ -361,16 +399,19 @@ stop_or_status() {
   done
 }
 
-# Reads a run record (run.env) into RUN, RUN_SHARD_HOSTS, RUN_WORKER_HOSTS;
-# 1 when there is none. It is data: KEY=VALUE lines, the value as it is
-# (an older ps-cluster.sh wrote the hosts as RUN_SHARD_HOSTS=(h1 h2 ),
-# read as plain words); nothing in it is run. Another line, or a host
-# starting with '-', stops with status 2 naming it.
-load_run() {
-  local f=$POINTER/run.env line key val n=0 h
+# Reads a run record (run.env; FILE, else the one POINTER names, which
+# must be of this config) into RUN, RUN_SHARD_HOSTS, RUN_WORKER_HOSTS,
+# RUN_FOLLOW (the workers' $PS_CONFIG_FOLLOW file on their hosts; empty
+# for a run started by a ps-cluster.sh without it) and WCONFIG (the
+# workers' config); 1 when there is none. It is data: KEY=VALUE lines, the
+# value as it is (an older ps-cluster.sh wrote the hosts as
+# RUN_SHARD_HOSTS=(h1 h2 ), read as plain words); nothing in it is run.
+# Another line, or a host starting with '-', stops with status 2 naming it.
+load_run() { # [FILE]
+  local f=${1:-$POINTER/run.env} line key val n=0 h
   local -a words
   [ -r "$f" ] || return 1
-  RUN_CONFIG="" RUN_DIR="" RUN_SHARD_HOSTS=() RUN_WORKER_HOSTS=()
+  RUN_CONFIG="" RUN_DIR="" RUN_SHARD_HOSTS=() RUN_WORKER_HOSTS=() RUN_FOLLOW="" RUN_WORKER_CONFIG=""
   while IFS= read -r line || [ -n "$line" ]; do
     n=$((n + 1))
     case "$line" in ''|'#'*) continue ;; esac
@@ -378,6 +419,8 @@ load_run() {
     case "$key" in
       RUN_CONFIG) RUN_CONFIG=$val ;;
       RUN_DIR) RUN_DIR=$val ;;
+      RUN_FOLLOW) RUN_FOLLOW=$val ;;
+      RUN_WORKER_CONFIG) RUN_WORKER_CONFIG=$val ;;
       RUN_SHARD_HOST) RUN_SHARD_HOSTS+=("$val") ;;
       RUN_WORKER_HOST) RUN_WORKER_HOSTS+=("$val") ;;
       RUN_SHARD_HOSTS|RUN_WORKER_HOSTS)
@@ -395,9 +438,13 @@ load_run() {
     esac
   done < "$f"
   for h in "${RUN_SHARD_HOSTS[@]}" "${RUN_WORKER_HOSTS[@]}"; do check_host "$h" "$f"; done
-  [ "$RUN_CONFIG" = "$RCONFIG" ] || {
-    echo "$me: $POINTER is a run of $RUN_CONFIG, not $RCONFIG: give another --logs" >&2; exit 2; }
-  RUN=$RUN_DIR
+  if [ -z "${1:-}" ] && [ "$RUN_CONFIG" != "$RCONFIG" ]; then
+    [ "$RUN_WORKER_CONFIG" = "$RCONFIG" ] && {
+      echo "$me: the run of $RCONFIG was re-sharded while its workers ran: it runs as" \
+        "$RUN_CONFIG now ($POINTER): $0 $RUN_CONFIG $ACTION" >&2; exit 2; }
+    echo "$me: $POINTER is a run of $RUN_CONFIG, not $RCONFIG: give another --logs" >&2; exit 2
+  fi
+  RUN=$RUN_DIR WCONFIG=${RUN_WORKER_CONFIG:-$RUN_CONFIG}
   return 0
 }
 
@@ -442,6 +489,11 @@ if [ "$ACTION" = start ] && [ -z "$RESHARD_FROM" ] && [ $DRY -eq 0 ] && intent_o
   [ -z "$p" ] || { echo "$me: a re-shard is in progress ($me pid $p, $INTENT_F): wait for it to end" >&2; exit 1; }
   read -r _ old_n new_n < <(grep '^stopping ' "$INTENT_F")
   old=$(intent_get old_config) new=$(intent_get new_config) F=$(intent_get from)
+  # a re-shard while the workers ran: its shards start in that run, whose
+  # workers (still running) are pointed at them
+  lr=$(intent_get live)
+  live=()
+  [ -n "$lr" ] && live=(--live-run "$lr")
   prog=$(realpath "$0")
   cd "$(intent_get cwd)" || exit 1
   if ! intent_has commit; then
@@ -468,12 +520,12 @@ echo BACK" 2>&1)
     echo "$me: an interrupted re-shard ($old_n -> $new_n shards, $INTENT_F) had not reached its" \
       "commit: rolled back; starting $old, its shards from their own checkpoints"
     rm -rf "$PAR"
-    exec "$prog" "$old" start ${OPTS[@]+"${OPTS[@]}"}
+    exec "$prog" "$old" start ${live[@]+"${live[@]}"} ${OPTS[@]+"${OPTS[@]}"}
   fi
   echo "$me: an interrupted re-shard ($old_n -> $new_n shards, $INTENT_F) had passed its commit:" \
     "rolled forward; starting $new, its shards from the old checkpoints in $F"
   rm -rf "$PAR"
-  PS_CLUSTER_INTENT=$INTENT_F exec "$prog" "$new" start --reshard-from "$F" --reshard-shards "$old_n" \
+  PS_CLUSTER_INTENT=$INTENT_F exec "$prog" "$new" start ${live[@]+"${live[@]}"} --reshard-from "$F" --reshard-shards "$old_n" \
     ${OPTS[@]+"${OPTS[@]}"}
 fi
 
@@ -499,64 +551,243 @@ if [ "$ACTION" = reshard ]; then
       "completes the re-shard or rolls it back); nothing was done" >&2
     exit 1
   fi
+  # Live when the run's workers can follow (docs/elastic.md, "Re-sharding
+  # while the workers run"): its record names their follow file, and one
+  # of them runs; else by restart, saying why.
+  live=0 why=""
+  if [ "$RESTART" = 1 ]; then why="--restart"
+  elif ! load_run; then why="no run record at $POINTER"
+  elif [ -z "$RUN_FOLLOW" ]; then
+    why="its workers were started by an earlier ps-cluster.sh, without a follow file (\$PS_CONFIG_FOLLOW)"
+  else
+    whost=("${RUN_WORKER_HOSTS[@]}")
+    mapfile -t uwhost < <(for ((r = 0; r < nworkers; r++)); do whost_of $r; done | awk '!seen[$0]++')
+    for ((n = 0; n < ${#uwhost[@]}; n++)); do
+      script="[ -f $(sq "$RUN_FOLLOW") ] && echo HASFOLLOW"$'\n'
+      for ((r = 0; r < nworkers; r++)); do
+        [ "$(whost_of $r)" = "${uwhost[$n]}" ] && script+="pgrep -f -- $(sq "$(worker_pat $r)") > /dev/null && echo RUNNING $r"$'\n'
+      done
+      par "wk-$n" "${uwhost[$n]}" "$script"'echo OK'
+    done
+    par_wait
+    nrun=0
+    for ((n = 0; n < ${#uwhost[@]}; n++)); do
+      out=$(par_out "wk-$n")
+      grep -q '^OK$' <<< "$out" || { echo "$me: reshard: cannot reach ${uwhost[$n]} over ssh:" \
+        "$(tail -n 1 <<< "$out"); nothing was done" >&2; exit 1; }
+      r=$(grep -c '^RUNNING ' <<< "$out")
+      nrun=$((nrun + r))
+      [ "$r" -gt 0 ] && ! grep -q '^HASFOLLOW$' <<< "$out" && why="the workers on ${uwhost[$n]} have no follow file ($RUN_FOLLOW)"
+    done
+    [ "$nrun" -gt 0 ] || why="no worker of the run $RUN runs"
+    [ -n "$why" ] || live=1
+  fi
+  [ $live -eq 1 ] || echo "$me: reshard: by restart ($why): the workers are stopped and started again"
+  case "$ckdir" in /*) ck=$ckdir ;; *) ck=$DIR/$ckdir ;; esac
+  F=$ck/reshard-from-$nshards.$(date +%Y%m%dT%H%M%S)
+  # server process I's files: shard-K, its backup's shard-K-r1
+  sfiles() { local b; b=shard-$(($1 % nshards)); [ "$1" -lt "$nshards" ] || b+=-r1; echo "$b"; }
+  # Sets every old shard's files aside in F on their hosts and gives every
+  # new shard's host all of them; 1 (saying why) when it cannot.
+  set_aside() {
+    local h own out b k n files miss
+    local -a rhosts uhost
+    # A. on each old shard's host, its files into F (the hosts at once: each
+    # moves its own shards' files, so a checkpoint.dir shared by the hosts
+    # ends up holding them all); any other shard's file stays (a new shard
+    # takes its own only when written after the old ones: ps-server
+    # --reshard-from)
+    mapfile -t rhosts < <(printf '%s\n' "${shost[@]}" "${nhost[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#rhosts[@]}; n++)); do
+      own=""
+      for ((k = 0; k < nsrv; k++)); do [ "${shost[$k]}" = "${rhosts[$n]}" ] && own+=" $(sfiles $k)"; done
+      par "aside-$n" "${rhosts[$n]}" "mkdir -p $(sq "$F") && cd $(sq "$ck") || exit 3
+for b in$own; do
+  for f in \$b.ckpt \$b.ckpt.delta-* \$b.members; do
+    [ -e \"\$f\" ] && { mv -- \"\$f\" $(sq "$F")/ || exit 3; }
+  done
+done
+echo MOVED"
+    done
+    par_wait
+    for ((n = 0; n < ${#rhosts[@]}; n++)); do
+      out=$(par_out "aside-$n")
+      grep -q '^MOVED$' <<< "$out" || {
+        echo "$me: reshard: cannot set the checkpoints aside on ${rhosts[$n]}: $(tail -n 1 <<< "$out")" >&2; return 1; }
+    done
+    # B. every old shard's files onto every new shard's host that lacks
+    # them: each host says which it lacks (none where the folder is shared)
+    mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#uhost[@]}; n++)); do
+      out=""
+      for ((k = 0; k < nsrv; k++)); do
+        [ "${shost[$k]}" = "${uhost[$n]}" ] || out+="[ -f $(sq "$F/$(sfiles $k).ckpt") ] || echo 'LACKS $k'"$'\n'
+      done
+      out+="cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || [ -f shard-\$k-r1.ckpt ] || echo \"MISS \$k\"; done"$'\n'
+      par "lacks-$n" "${uhost[$n]}" "${out}echo CHECKED"
+    done
+    par_wait
+    for ((n = 0; n < ${#uhost[@]}; n++)); do
+      h=${uhost[$n]} out=$(par_out "lacks-$n")
+      grep -q '^CHECKED$' <<< "$out" || {
+        echo "$me: reshard: cannot reach $h over ssh: $(tail -n 1 <<< "$out")" >&2; return 1; }
+      miss=$(sed -n 's/^MISS //p' <<< "$out")
+      for k in $(sed -n 's/^LACKS //p' <<< "$out"); do
+        b=$(sfiles $k)
+        # a backup that was down may have written none: its partner's will do
+        [ "$k" -ge "$nshards" ] && ! on "${shost[$k]}" "[ -f $(sq "$F/$b.ckpt") ]" && continue
+        files="$b.ckpt $b.ckpt.delta-* $b.members"
+        "${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$F") && tar -cf - \$(ls -d $files 2> /dev/null)" < /dev/null |
+          "${SSHV[@]}" -- "$h" "cd $(sq "$F") && tar -xf -" ||
+          { echo "$me: reshard: cannot copy $(sname $k)'s checkpoint from ${shost[$k]} to $h; the" \
+              "old checkpoints are in $F on their hosts" >&2; return 1; }
+      done
+      # with replicas either process's file of a pair will do (asked again
+      # after a copy)
+      [ -n "$(sed -n 's/^LACKS //p' <<< "$out")" ] && miss=$(on "$h" "cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || [ -f shard-\$k-r1.ckpt ] || echo \$k; done")
+      [ -z "$miss" ] || { echo "$me: reshard: on $h, $F lacks shard-$(echo $miss | tr ' ' ',').ckpt: every" \
+        "old shard's checkpoint is needed; nothing was started" >&2; return 1; }
+    done
+  }
+  common=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS")
+  [ -n "${WAIT_GIVEN:-}" ] && common+=(--wait "$WAIT")
+
+  if [ $live -eq 1 ]; then
+    # NEW on every host that runs a new shard or a worker (which loads it
+    # when it follows), copied from here where it is missing
+    case "$NEW" in /*) RNEW=$NEW ;; *) RNEW=$DIR/$NEW ;; esac
+    mapfile -t chosts < <(printf '%s\n' "${nhost[@]}" "${uwhost[@]}" | awk '!seen[$0]++')
+    # (and ps-server on the new shards' hosts: refused now, not past the commit)
+    for ((n = 0; n < ${#chosts[@]}; n++)); do
+      par "has-$n" "${chosts[$n]}" "cd $(sq "$DIR") && { [ -x bin/ps-server ] && echo SERVER; [ -r $(sq "$RNEW") ] && echo HAS; }; echo OK"
+    done
+    par_wait
+    for ((n = 0; n < ${#chosts[@]}; n++)); do
+      h=${chosts[$n]} out=$(par_out "has-$n")
+      grep -q '^OK$' <<< "$out" || { echo "$me: reshard: cannot reach $h over ssh:" \
+        "$(tail -n 1 <<< "$out"); nothing was done" >&2; exit 1; }
+      printf '%s\n' "${nhost[@]}" | grep -qxF -- "$h" && ! grep -q '^SERVER$' <<< "$out" &&
+        die "reshard: $h, a host of $NEW's shards, has no $DIR/bin/ps-server (make there, or --dir); nothing was done"
+      grep -q '^HAS$' <<< "$out" && continue
+      "${SSHV[@]}" -- "$h" "mkdir -p $(sq "${RNEW%/*}") && cat > $(sq "$RNEW.tmp") && mv -f $(sq "$RNEW.tmp") $(sq "$RNEW")" < "$NEW" ||
+        { echo "$me: reshard: cannot copy $NEW to $h ($RNEW there); nothing was done" >&2; exit 1; }
+      echo "$me: reshard: copied $NEW to $h ($RNEW)"
+    done
+    rm -f "$INTENT_F"
+    intent_add "stopping $nshards $nnew" "old_config $CONFIG" "new_config $NEW" "cwd $PWD" "pid $$" \
+      "live $RUN" || exit 1
+    crash_point stopping
+    echo "$me: reshard: stopping the $nshards shard(s) of $CONFIG at a clock boundary; the workers keep running"
+    t0=$(date +%s%N)
+    # 1. the stop (refused with the reason while a shard is down or
+    # another change is under way; nothing changed then)
+    out=$(on "$(whost_of 0)" "$(stat_script --reshard-stop)" 2>&1)
+    B=$(sed -n 's/.*stops at clock \([0-9]*\).*/\1/p' <<< "$out")
+    if [ -z "$B" ]; then
+      intent_add "done refused"
+      echo "$me: reshard: refused (ps-stat --reshard-stop on $(whost_of 0)):" \
+        "$(grep -v '^$' <<< "$out" | tail -n 1); the run goes on with $CONFIG" >&2
+      exit 1
+    fi
+    # 2. every old shard closes the clocks below B, writes its checkpoint
+    # and exits 0 (with cluster.replicas: 1 both processes of a pair: a
+    # pair one of which did is whole)
+    swait=300; [ -n "${WAIT_GIVEN:-}" ] && swait=$WAIT
+    mapfile -t ohosts < <(printf '%s\n' "${shost[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#ohosts[@]}; n++)); do
+      waitfor="" rep=""
+      for ((k = 0; k < nsrv; k++)); do
+        [ "${shost[$k]}" = "${ohosts[$n]}" ] || continue
+        waitfor+="${waitfor:+ || }pgrep -f -- $(sq "$(server_pat $k)")"
+        ex=$RUN/$(slog $k).exit
+        rep+="if pgrep -f -- $(sq "$(server_pat $k)") > /dev/null; then echo 'EXIT $k running'; else"
+        rep+=" j=0; while [ ! -e $(sq "$ex") ] && [ \$j -lt 20 ]; do sleep 0.1; j=\$((j + 1)); done;"
+        rep+=" echo \"EXIT $k \$(cat $(sq "$ex") 2> /dev/null || echo none)\"; fi"$'\n'
+      done
+      par "sw-$n" "${ohosts[$n]}" "i=0; while [ \$i -lt $((swait * 10)) ] && { $waitfor; } > /dev/null; do sleep 0.1; i=\$((i + 1)); done"$'\n'"$rep"
+    done
+    par_wait
+    declare -A sx=()
+    for ((n = 0; n < ${#ohosts[@]}; n++)); do
+      while read -r _ k e; do sx[$k]=$e; done < <(par_out "sw-$n" | grep '^EXIT ')
+    done
+    failed="" running=""
+    for ((k = 0; k < nshards; k++)); do
+      [ "${sx[$k]:-}" = 0 ] && continue
+      [ "$nsrv" -gt "$nshards" ] && [ "${sx[$((nshards + k))]:-}" = 0 ] && {
+        echo "$me: reshard: $(sname $k) on ${shost[$k]}: ${sx[$k]:-unknown} at the stop; its backup wrote" \
+          "the pair's checkpoint at clock $B: going on" >&2; continue; }
+      for i in $k $([ "$nsrv" -gt "$nshards" ] && echo $((nshards + k))); do
+        case "${sx[$i]:-}" in
+          running) running+=", $(sname $i) on ${shost[$i]}" ;;
+          *) failed+=", $(sname $i) on ${shost[$i]} (status ${sx[$i]:-unknown}, log $RUN/$(slog $i).log there)" ;;
+        esac
+      done
+    done
+    if [ -n "$running" ]; then
+      echo "$me: reshard: ${running#, } still running ${swait}s after the stop at clock $B;" \
+        "nothing was moved. Once it has exited, the next start of $CONFIG or $NEW rolls the" \
+        "re-shard back ($INTENT_F)" >&2
+      exit 1
+    fi
+    if [ -n "$failed" ]; then
+      # no commit yet: nothing was moved; the old shards start again from
+      # their checkpoints (those that stopped, at B) and the workers, which
+      # never left the old map, go on with it
+      echo "$me: reshard: ${failed#, } did not stop with its checkpoint at clock $B: rolling back" >&2
+      if "$0" "$CONFIG" start --live-run "$RUN" "${common[@]}"; then
+        intent_add "done rolled-back"
+        echo "$me: reshard: rolled back to $CONFIG: its shards started again from their checkpoints" \
+          "(one that died at the stop from its last: its updates since are lost, as in any crash of" \
+          "an unreplicated shard); the workers go on with $CONFIG" >&2
+      else
+        echo "$me: reshard: the old shards did not start again; the next start of $CONFIG rolls" \
+          "the re-shard back ($INTENT_F)" >&2
+      fi
+      exit 1
+    fi
+    # 3. the old checkpoints set aside, every new shard's host given them
+    intent_add "from $F" || exit 1
+    set_aside || { echo "$me: reshard: nothing was started; the next start of $CONFIG or $NEW" \
+      "rolls the re-shard back ($INTENT_F)" >&2; exit 1; }
+    intent_add "stopped $B" || exit 1
+    crash_point stopped
+    intent_add commit || exit 1
+    crash_point commit
+    # 4. the new shards from them, in the same run; once every one answers
+    # from the workers' hosts, the workers' follow file names NEW
+    "$0" "$NEW" start --live-run "$RUN" --reshard-from "$F" --reshard-shards "$nshards" "${common[@]}"; rc=$?
+    if [ $rc -ne 0 ]; then
+      echo "$me: reshard: the new shards did not start, past the commit ($INTENT_F): the old" \
+        "checkpoints are in $F; the next start of either config starts the new shards from them" \
+        "again (the workers, still running, follow them then)" >&2
+      exit $rc
+    fi
+    intent_add done || exit 1
+    t0=$(( ($(cat "$RUN/pointed" 2> /dev/null || date +%s%N) - t0) / 1000000 ))
+    echo "$me: reshard: $nshards -> $nnew shards at clock $B while the workers ran," \
+      "$((t0 / 1000)).$(printf '%03d' $((t0 % 1000))) s from the stop to the workers pointed at the" \
+      "new shards; the old checkpoints are in $F on each host (kept: remove them once the new" \
+      "shards have checkpointed)"
+    exit 0
+  fi
+
   rm -f "$INTENT_F"
   intent_add "stopping $nshards $nnew" "old_config $CONFIG" "new_config $NEW" "cwd $PWD" "pid $$" || exit 1
   crash_point stopping
   echo "$me: reshard: stopping $CONFIG (the workers, then the shards, which write their checkpoints)"
   "$0" "$CONFIG" stop --ssh "$SSH" --dir "$DIR" --logs "$LOGS" ${WHOSTS:+--worker-hosts "$WHOSTS"} ||
     { echo "$me: reshard: the stop failed; nothing was moved" >&2; intent_add "done refused"; exit 1; }
-  case "$ckdir" in /*) ck=$ckdir ;; *) ck=$DIR/$ckdir ;; esac
-  F=$ck/reshard-from-$nshards.$(date +%Y%m%dT%H%M%S)
   intent_add "from $F" || exit 1
-  # A. on each old shard's host, its files into F (one host after the
-  # other: a checkpoint.dir shared by the hosts holds them all); any other
-  # shard's file stays (a new shard takes its own only when written after
-  # the old ones: ps-server --reshard-from)
-  # (server process I's files: shard-K, its backup's shard-K-r1)
-  sfiles() { local b; b=shard-$(($1 % nshards)); [ "$1" -lt "$nshards" ] || b+=-r1; echo "$b"; }
-  mapfile -t rhosts < <(printf '%s\n' "${shost[@]}" "${nhost[@]}" | awk '!seen[$0]++')
-  for h in "${rhosts[@]}"; do
-    own=""
-    for ((k = 0; k < nsrv; k++)); do [ "${shost[$k]}" = "$h" ] && own+=" $(sfiles $k)"; done
-    out=$(on "$h" "mkdir -p $(sq "$F") && cd $(sq "$ck") || exit 3
-for b in$own; do
-  for f in \$b.ckpt \$b.ckpt.delta-* \$b.members; do
-    [ -e \"\$f\" ] && { mv -- \"\$f\" $(sq "$F")/ || exit 3; }
-  done
-done
-echo MOVED" 2>&1)
-    grep -q '^MOVED$' <<< "$out" || {
-      echo "$me: reshard: cannot set the checkpoints aside on $h: $(tail -n 1 <<< "$out")" >&2; exit 1; }
-  done
-  # B. every old shard's files onto every new shard's host that lacks them
-  mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
-  for h in "${uhost[@]}"; do
-    for ((k = 0; k < nsrv; k++)); do
-      [ "${shost[$k]}" = "$h" ] && continue
-      b=$(sfiles $k)
-      on "$h" "[ -f $(sq "$F/$b.ckpt") ]" && continue # a shared folder
-      # a backup that was down may have written none: its partner's will do
-      [ "$k" -ge "$nshards" ] && ! on "${shost[$k]}" "[ -f $(sq "$F/$b.ckpt") ]" && continue
-      files="$b.ckpt $b.ckpt.delta-* $b.members"
-      "${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$F") && tar -cf - \$(ls -d $files 2> /dev/null)" < /dev/null |
-        "${SSHV[@]}" -- "$h" "cd $(sq "$F") && tar -xf -" ||
-        { echo "$me: reshard: cannot copy $(sname $k)'s checkpoint from ${shost[$k]} to $h; the" \
-            "old checkpoints are in $F on their hosts" >&2; exit 1; }
-    done
-    # with replicas either process's file of a pair will do
-    miss=$(on "$h" "cd $(sq "$F") && for k in \$(seq 0 $((nshards - 1))); do [ -f shard-\$k.ckpt ] || [ -f shard-\$k-r1.ckpt ] || echo \$k; done")
-    [ -z "$miss" ] || { echo "$me: reshard: on $h, $F lacks shard-$(echo $miss | tr ' ' ',').ckpt: every" \
-      "old shard's checkpoint is needed; nothing was started" >&2; exit 1; }
-  done
+  set_aside || exit 1
   intent_add stopped || exit 1
   crash_point stopped
   intent_add commit || exit 1
   crash_point commit
   echo "$me: reshard: $nshards -> $nnew shards; the old checkpoints are in $F on each host" \
     "(kept: remove them once the new shards have checkpointed)"
-  args=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS" --reshard-from "$F" --reshard-shards "$nshards")
+  args=("${common[@]}" --reshard-from "$F" --reshard-shards "$nshards")
   [ -n "$WHOSTS" ] && args+=(--worker-hosts "$WHOSTS")
-  [ -n "${WAIT_GIVEN:-}" ] && args+=(--wait "$WAIT")
   "$0" "$NEW" start "${args[@]}" -- ${WARGS[@]+"${WARGS[@]}"}; rc=$?
   [ $rc -eq 0 ] && { intent_add done || exit 1; }
   [ $rc -eq 0 ] || echo "$me: reshard: the start failed past the commit ($INTENT_F): the next" \
@@ -600,7 +831,14 @@ fi
 
 # ---- start ----
 
-if [ -n "$WHOSTS" ]; then IFS=, read -r -a whost <<< "$WHOSTS"; else whost=("${shost[@]}"); fi
+if [ -n "$LIVE_RUN" ]; then
+  # the shards of a run whose workers keep running (reshard while they
+  # run, or a start finishing one): its worker hosts, their config, their
+  # follow file
+  load_run "$LIVE_RUN/run.env" || die "--live-run: cannot read $LIVE_RUN/run.env"
+  [ -n "$RUN_FOLLOW" ] || die "--live-run: the run in $LIVE_RUN has no follow file (RUN_FOLLOW)"
+  whost=("${RUN_WORKER_HOSTS[@]}")
+elif [ -n "$WHOSTS" ]; then IFS=, read -r -a whost <<< "$WHOSTS"; else whost=("${shost[@]}"); fi
 [ ${#whost[@]} -gt 0 ] || die "--worker-hosts: no host given"
 for h in "${shost[@]}" "${whost[@]}"; do check_host "$h" "--worker-hosts or the config"; done
 
@@ -625,17 +863,35 @@ done
 # The commands that start shard K / worker R in the run folder: under
 # nohup, the whole background job in braces (else ssh would wait for the
 # process to end), its exit status written when it ends.
+# In a run whose workers go on (--live-run), the log and exit status of
+# the shard process that ran there before are kept, renamed.
 shard_start() {
-  local log=$RUN/$(slog "$1")
-  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && { nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
+  local log=$RUN/$(slog "$1") keep=""
+  [ -n "$LIVE_RUN" ] && keep="for f in $(sq "$log.log") $(sq "$log.exit"); do [ -e \"\$f\" ] && mv -f \"\$f\" \"\$f.before-reshard-$stamp\"; done; "
+  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && ${keep}{ nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
 }
+# Each worker follows a re-shard through the file $PS_CONFIG_FOLLOW names
+# (libps, docs/elastic.md): RUN/current-config on its host, which holds
+# the path of the cluster's current config.
+FOLLOW=""
+[ -n "$LIVE_RUN" ] && FOLLOW=$RUN_FOLLOW
 worker_start() {
   local log=$RUN/worker-$1
-  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && { nohup sh -c $(sq "$(worker_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
+  echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && { PS_CONFIG_FOLLOW=$(sq "$FOLLOW") nohup sh -c $(sq "$(worker_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
+}
+# sh for HOST: the follow file there rewritten to name RCONFIG (absolute),
+# whole: written beside it and renamed (a worker reading it meanwhile reads
+# the old path or the new one). The temporary name holds the host's name:
+# hosts sharing the folder do not trip over each other's.
+follow_script() { # HOST
+  local t=$FOLLOW.tmp-${1//[^A-Za-z0-9.-]/_}
+  echo "mkdir -p $(sq "${FOLLOW%/*}") && cd $(sq "$DIR") && case $(sq "$RCONFIG") in /*) c=$(sq "$RCONFIG") ;; *) c=\$PWD/$(sq "$RCONFIG") ;; esac && printf '%s\n' \"\$c\" > $(sq "$t") && mv -f $(sq "$t") $(sq "$FOLLOW") && echo POINTED"
 }
 
 stamp=$(date +%Y%m%d-%H%M%S)
 RUN=$LOGS/$NAME-$stamp
+[ -n "$LIVE_RUN" ] && RUN=$LIVE_RUN
+[ -n "$FOLLOW" ] || FOLLOW=$RUN/current-config
 if [ $DRY -eq 1 ]; then
   for ((k = 0; k < nsrv; k++)); do echo "${SSHV[*]} -- ${shost[$k]} $(sq "$(shard_start $k)")"; done
   for ((r = 0; r < nworkers; r++)); do echo "${SSHV[*]} -- $(whost_of $r) $(sq "$(worker_start $r)")"; done
@@ -674,6 +930,28 @@ for ((n = 0; n < ${#hosts[@]}; n++)); do
     esac
   done <<< "$out"
 done
+# Points every worker host's follow file at RCONFIG; 1 (saying where) when
+# one cannot be.
+point_workers() {
+  local n h out rc=0
+  for ((n = 0; n < ${#uwhost[@]}; n++)); do par "follow-$n" "${uwhost[$n]}" "$(follow_script "${uwhost[$n]}")"; done
+  par_wait
+  for ((n = 0; n < ${#uwhost[@]}; n++)); do
+    h=${uwhost[$n]} out=$(par_out "follow-$n")
+    grep -q '^POINTED$' <<< "$out" || {
+      echo "$me: cannot point the workers on $h at $RCONFIG ($FOLLOW there): $(tail -n 1 <<< "$out")" >&2; rc=1; }
+  done
+  return $rc
+}
+if [ -n "$LIVE_RUN" ] && [ ${#running[@]} -eq "$nsrv" ] && [ ${#problems[@]} -eq 0 ]; then
+  # an interrupted re-shard rolled back before its old shards stopped:
+  # they run; a stop they may hold (its ps-stat gone) is cancelled
+  echo "$me: every shard of $CONFIG runs already; cancelling any re-shard stop they hold, not committed"
+  on "$(whost_of 0)" "$(stat_script --reshard-cancel)" 2>&1 | sed 's/^/  /'
+  point_workers || exit 1
+  echo "$me: the workers of $LIVE_RUN follow $CONFIG"
+  exit 0
+fi
 if [ ${#running[@]} -gt 0 ]; then
   echo "$me: $CONFIG is running already: $(printf '%s, ' "${running[@]}" | sed 's/, $//')" >&2
   echo "$me: stop it first: $0 $CONFIG stop" >&2
@@ -685,9 +963,11 @@ if [ ${#problems[@]} -gt 0 ]; then
   exit 1
 fi
 
-# 2. The run folder here, with the hosts, so stop and status find them.
+# 2. The run folder here, with the hosts, so stop and status find them
+# (with --live-run, the run's own, its record rewritten for this config).
 n=1
-while [ -e "$RUN" ]; do n=$((n + 1)); RUN=$LOGS/$NAME-$stamp-$n; done
+while [ -z "$LIVE_RUN" ] && [ -e "$RUN" ]; do n=$((n + 1)); RUN=$LOGS/$NAME-$stamp-$n; done
+[ -n "$LIVE_RUN" ] || FOLLOW=$RUN/current-config
 mkdir -p "$RUN" || { echo "$me: cannot make the run folder $RUN here" >&2; exit 1; }
 { # data, one value a line (load_run)
   echo "# ps-cluster.sh run, started $(date -Is)"
@@ -695,7 +975,10 @@ mkdir -p "$RUN" || { echo "$me: cannot make the run folder $RUN here" >&2; exit 
   printf 'RUN_DIR=%s\n' "$RUN"
   printf 'RUN_SHARD_HOST=%s\n' "${shost[@]}"
   printf 'RUN_WORKER_HOST=%s\n' "${whost[@]}"
-} > "$RUN/run.env"
+  printf 'RUN_WORKER_CONFIG=%s\n' "$WCONFIG"
+  printf 'RUN_FOLLOW=%s\n' "$FOLLOW"
+} > "$RUN/run.env.tmp" && mv -f "$RUN/run.env.tmp" "$RUN/run.env" ||
+  { echo "$me: cannot write $RUN/run.env" >&2; exit 1; }
 ln -sfn "$(basename "$RUN")" "$POINTER"
 
 # Stops what this start began (workers, then shards; sel_shards and
@@ -715,7 +998,7 @@ rollback() {
     echo "$me: left running: $(printf '%s, ' "${left[@]}" | sed 's/, $//'); stop them with: $0 $CONFIG stop" >&2
   else
     echo "$me: stopped again; nothing of this start is left running (logs: $RUN on each host)" >&2
-    echo "RUN_STATE=failed" >> "$RUN/run.env"
+    [ -n "$LIVE_RUN" ] || echo "RUN_STATE=failed" >> "$RUN/run.env"
   fi
   exit 1
 }
@@ -810,9 +1093,16 @@ done
 [ $failed -eq 0 ] || rollback
 
 # 5. The workers, each host's at once; a second later, a look at those that
-# ended already (data or secret missing on their host).
+# ended already (data or secret missing on their host). With --live-run
+# they run already: their follow file is pointed at this config, and they
+# follow it.
+if [ -n "$LIVE_RUN" ]; then
+  point_workers || rollback
+  date +%s%N > "$RUN/pointed" # when: the reshard's pause ends here
+  uwhost=()
+fi
 for ((n = 0; n < ${#uwhost[@]}; n++)); do
-  h=${uwhost[$n]} script="" check=""
+  h=${uwhost[$n]} script="$(follow_script "${uwhost[$n]}") > /dev/null || { echo NOFOLLOW; exit 0; }"$'\n' check=""
   for ((r = 0; r < nworkers; r++)); do
     [ "$(whost_of $r)" = "$h" ] || continue
     script+="$(worker_start $r) && echo STARTED $r"$'\n'
@@ -833,6 +1123,7 @@ for ((n = 0; n < ${#uwhost[@]}; n++)); do
       FAILED\ *)
         set -- $line
         echo "$me: worker $2 on $h exited at start (status $3); the end of its log:" >&2; failed=1 ;;
+      NOFOLLOW) echo "$me: cannot write the workers' follow file $FOLLOW on $h; no worker started there" >&2; failed=1 ;;
       '    | '*) echo "$line" >&2 ;;
     esac
   done <<< "$out"
@@ -840,10 +1131,9 @@ done
 [ $failed -eq 0 ] || rollback
 
 if [ -n "$RESHARD_FROM" ]; then
-  : > "$RUN/reshard.lines"
-  for ((k = 0; k < nshards; k++)); do
-    on "${shost[$k]}" "grep -h 're-sharded from' $(sq "$RUN/$(slog $k).log")" >> "$RUN/reshard.lines" 2>/dev/null
-  done
+  for ((k = 0; k < nshards; k++)); do par "lines-$k" "${shost[$k]}" "grep -h 're-sharded from' $(sq "$RUN/$(slog $k).log")"; done
+  par_wait
+  for ((k = 0; k < nshards; k++)); do par_out "lines-$k" | grep 're-sharded from'; done > "$RUN/reshard.lines"
   echo "$me: reshard: $(reshard_summary "$RUN/reshard.lines")"
 fi
 # a start that rolled an interrupted re-shard forward ends its record
@@ -851,7 +1141,11 @@ if [ -n "${PS_CLUSTER_INTENT:-}" ]; then
   INTENT_F=$PS_CLUSTER_INTENT
   intent_add done || exit 1
 fi
-echo "$me: started $nshards shard(s) and $nworkers worker(s) of $CONFIG"
+if [ -n "$LIVE_RUN" ]; then
+  echo "$me: started $nshards shard(s) of $CONFIG; the $nworkers worker(s) of the run follow them"
+else
+  echo "$me: started $nshards shard(s) and $nworkers worker(s) of $CONFIG"
+fi
 for ((k = 0; k < nsrv; k++)); do echo "  $(sname $k) on ${shost[$k]}, listening on ${bound[$k]}"; done
 for ((r = 0; r < nworkers; r++)); do echo "  worker $r on $(whost_of $r)"; done
 echo "  logs: $RUN (on each host)"

@@ -151,13 +151,15 @@ ${3:-}
 EOF
 }
 write_config "$tmp/c.yaml" "h1:7000, h2:7001"
+sshcfg=ssh_config # what cluster's ps-cluster.sh runs ssh with
 cluster() { # ACTION [ARGS...]: ps-cluster.sh on h1, output in $out, status in $rc
   local cfg=$tmp/c.yaml
   case "${1:-}" in *.yaml) cfg=$1; shift ;; esac
-  local action=$1 t=$SECONDS; shift
+  local action=$1 t=$SECONDS new=(); shift
+  [ "$action" = reshard ] && { new=("$1"); shift; } # reshard NEW_CONFIG [options]
   # (a launcher that hangs, as one did when ssh waited for the shard it
   # started, fails here with status 124 rather than stalling the suite)
-  out=$(on 1 timeout 90 scripts/ps-cluster.sh "$cfg" "$action" --ssh "ssh -F '$tmp/ssh_config'" \
+  out=$(on 1 timeout 90 scripts/ps-cluster.sh "$cfg" "$action" ${new[@]+"${new[@]}"} --ssh "ssh -F '$tmp/$sshcfg'" \
         --logs "$tmp/logs" "$@" 2>&1)
   rc=$?
   # in the test's log (shown when it fails): what a user would see
@@ -212,6 +214,76 @@ expect "both shards wrote their checkpoint at stop" \
 expect_nothing_left "after stop"
 rm -f "$tmp"/ckpt/*
 echo "it_multihost: the run took $((SECONDS - t0)) s"
+
+# ---- reshard 2 -> 3 while the workers run (docs/elastic.md): shard 2 on
+# h3; the same worker processes follow their run's current-config to the
+# new map and train to the end ----
+t1=$SECONDS
+# ssh sharing one connection per host, as docs/elastic.md suggests for
+# the pause (else a dozen handshakes); the masters end with the section
+sed "s|^Host \*\$|Host *\n  ControlMaster auto\n  ControlPath $tmp/cm-%h\n  ControlPersist 60|" \
+  "$tmp/ssh_config" > "$tmp/ssh_config_mux"
+sshcfg=ssh_config_mux
+write_config "$tmp/lv.yaml" "h1:7000, h2:7001"
+sed -i 's/metrics_dir:/test_limit: 500, metrics_dir:/' "$tmp/lv.yaml"
+sed 's/servers: .*/servers: [h1:7000, h2:7001, h3:7002]/' "$tmp/lv.yaml" > "$tmp/lv3.yaml"
+epochs=8
+cluster "$tmp/lv.yaml" start "${WH[@]}" -- --epochs $epochs
+expect "the cluster to re-shard started (status $rc): $out" [ $rc -eq 0 ]
+run=$(readlink -f "$tmp/logs/lv.run")
+expect "each worker host holds the follow file, naming lv.yaml" \
+  [ "$(on 3 cat "$run/current-config" 2>&1)" = "$tmp/lv.yaml" ]
+for _ in $(seq 300); do grep -q "^epoch 1/$epochs" "$run/worker-1.log" 2> /dev/null && break; sleep 0.1; done
+wpids=$(pgrep -f -- "bin/ps-worker --config $tmp/lv.yaml --rank" | sort | tr '\n' ' ')
+cluster "$tmp/lv.yaml" reshard "$tmp/lv3.yaml"
+expect "reshard 2 -> 3 while the workers ran succeeded (status $rc): $out" [ $rc -eq 0 ]
+expect "... saying at which clock and how long the pause was: $out" \
+  grep -qE "reshard: 2 -> 3 shards at clock [1-9][0-9]* while the workers ran, [0-9.]+ s from the stop" <<< "$out"
+# every clock of every worker: epochs x 20 steps, and the leave
+last=$((epochs * 1280 / 32 / 2 + 1))
+B=$(sed -n 's/.*2 -> 3 shards at clock \([0-9]*\) while.*/\1/p' <<< "$out")
+expect "... at a clock the workers trained on from (${B:-none} < $last)" [ "${B:-$last}" -lt "$last" ]
+expect "... and what moved: $out" grep -qE "3 shard\(s\) re-sharded: [1-9][0-9]* of [1-9][0-9]* slices" <<< "$out"
+wpids2=$(pgrep -f -- "bin/ps-worker --config $tmp/lv.yaml --rank" | sort | tr '\n' ' ')
+expect "the same 2 worker processes run on ($wpids, now $wpids2)" \
+  [ "$(wc -w <<< "$wpids")" -eq 2 ] && [ "$wpids2" = "$wpids" ]
+expect "new shard 2 runs on h3, from the old checkpoints: $(all_procs)" \
+  grep -q -- "--shard 2 --reshard-from $tmp/ckpt/reshard-from-2" <<< "$(procs_on 3)"
+expect "the follow file names lv3.yaml" [ "$(on 2 cat "$run/current-config" 2>&1)" = "$tmp/lv3.yaml" ]
+for _ in $(seq 600); do
+  [ "$(cat "$run"/worker-[01].exit 2> /dev/null | wc -l)" -eq 2 ] && break
+  sleep 0.1
+done
+expect "both workers ended with status 0" \
+  [ "$(cat "$run"/worker-[01].exit 2> /dev/null | tr '\n' ' ')" = "0 0 " ]
+expect "... one run of each ($(grep -c 'training mlp' "$run"/worker-[01].log | tr '\n' ' '))" \
+  [ "$(cat "$run"/worker-[01].log | grep -c 'training mlp')" -eq 2 ]
+for r in 0 1; do
+  expect "worker $r followed to 3 shards: $(grep -h 're-shard' "$run/worker-$r.log")" \
+    grep -q "re-shard: following $tmp/lv3.yaml: 3 shard(s), were 2" "$run/worker-$r.log"
+done
+expect "worker 0 trained every epoch: $(tail -n 1 "$run/worker-0.log")" \
+  grep -q "epoch $epochs test accuracy" "$run/worker-0.log"
+expect "every new shard re-sharded from 2 to 3: $(grep -h 're-sharded from' "$run"/server-[0-2].log | cut -c1-90)" \
+  [ "$(grep -l 're-sharded from 2 to 3 shards' "$run"/server-[0-2].log | wc -l)" -eq 3 ]
+on 3 bin/ps-stat --config "$tmp/lv3.yaml" --workers > "$tmp/stat.out" 2>&1
+expect "ps-stat: each worker at clock $last on each of the 3 shards: $(cat "$tmp/stat.out")" \
+  [ "$(grep -cE "^[01] +no +$last $last $last " "$tmp/stat.out")" -eq 2 ]
+expect "ps-stat: the 3 shards at map epoch 1, shard 2 with what moved in" \
+  [ "$(grep -cE '^[01] +1 - +-$' "$tmp/stat.out")" -eq 2 ] && grep -qE '^2 +1 [1-9][0-9]* slices' "$tmp/stat.out"
+cluster "$tmp/lv.yaml" status
+expect "status of lv.yaml points at lv3.yaml (status $rc): $out" \
+  grep -q "re-sharded while its workers ran: it runs as $tmp/lv3.yaml now" <<< "$out"
+cluster "$tmp/lv3.yaml" stop
+expect "stop of lv3.yaml: 3 shards exit 0, the workers found (status $rc): $out" \
+  [ $rc -eq 0 ] && [ "$(grep -c '^shard [012] on .*: not running (exited with status 0)' <<< "$out")" -eq 3 ] &&
+  [ "$(grep -c '^worker [01] on .*: not running (exited with status 0)' <<< "$out")" -eq 2 ]
+expect "3 new checkpoints" test -s "$tmp/ckpt/shard-0.ckpt" -a -s "$tmp/ckpt/shard-1.ckpt" -a -s "$tmp/ckpt/shard-2.ckpt"
+expect_nothing_left "after the live re-shard"
+for i in 1 2 3; do on 1 ssh -F "$tmp/ssh_config_mux" -O exit "h$i" > /dev/null 2>&1; done
+sshcfg=ssh_config
+rm -rf "$tmp"/ckpt/*
+echo "it_multihost: the live re-shard took $((SECONDS - t1)) s"
 
 # ---- starting a running config again; stop with a host's sshd down ----
 cluster start "${WH[@]}" -- --epochs 1000

@@ -27,6 +27,10 @@
 #  (g) ps-cluster.sh (ssh stand-in): its reshard killed after `stopped` and
 #      after `commit`; the next start of the other config rolls back or
 #      forward, the workers resume and end with exact sums.
+#  (h) ps-cluster.sh re-sharding while its workers run (ssh stand-in),
+#      killed after `commit`: the next start of c2.yaml rolls forward in
+#      the run, starting no worker; the same workers follow to 3 shards and
+#      end with exact sums.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -323,6 +327,32 @@ for step in stopped commit; do
   expect "$case: the intent record is done: $(tr '\n' ';' < "$rec")" grep -q '^done' "$rec"
   cl "$c/c$n.yaml" stop > /dev/null 2>&1
 done
+
+# (h) ps-cluster.sh re-sharding while its workers run (ssh stand-in):
+# killed after `commit`, the workers (crash_worker, 60 clocks, following
+# their run's current-config) waiting at the stop; the next start of c2.yaml
+# rolls forward in that run, starting no worker: the same workers follow
+# the 3 new shards and end with exact sums
+case=h-live-commit; new_case "$case"
+cl "$c/c2.yaml" start --worker-cmd "$W 60 100" > "$c/s0.out" 2>&1
+run=$(readlink -f "$c/logs/c2.run")
+wait_for "$run/worker-1.log" "^clock 3$"
+PS_CLUSTER_CRASH_AT=commit cl "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s1.out" 2>&1; rc=$?
+rec=$(echo "$c"/logs/reshard-*.intent)
+expect "$case: the live reshard was killed at commit ($rc): $(tail -n 1 "$c/s1.out")" \
+  [ $rc -eq 137 ] && grep -q "^live $run\$" "$rec" && [ "$(tail -n 1 "$rec")" = commit ]
+cl "$c/c2.yaml" start > "$c/s2.out" 2>&1; rc=$?
+expect "$case: the next start of c2.yaml rolled forward to 3 shards in the run ($rc): $(grep -E "interrupted|started [0-9]" "$c/s2.out")" \
+  [ $rc -eq 0 ] && grep -q "rolled forward" "$c/s2.out" &&
+  grep -q "started 3 shard(s) of $c/c3.yaml; the 2 worker(s) of the run follow them" "$c/s2.out"
+cl_wait c3.yaml
+expect "$case: the same workers followed and trained to 60, every weight the exact sum: $(grep -h final "$run/worker-0.log")" \
+  [ "$(cat "$run"/worker-[01].exit | tr '\n' ' ')" = "0 0 " ] &&
+  grep -q "re-shard: following $c/c3.yaml: 3 shard(s), were 2" "$run/worker-1.log" &&
+  [ "$(grep -c '^final:' "$run/worker-0.log")" -eq 1 ] &&
+  grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$run/worker-0.log"
+expect "$case: the intent record is done: $(tr '\n' ';' < "$rec")" [ "$(tail -n 1 "$rec")" = done ]
+cl "$c/c3.yaml" stop > /dev/null 2>&1
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]

@@ -12,7 +12,9 @@
 #  - ps-cluster.sh (through an ssh stand-in running the commands here,
 #    shard 2 on "localhost" as another host with its own checkpoint folder):
 #    3 -> 2 the same way, old shard 2's files set aside on its host and
-#    copied to the new shards' host, started and stopped again.
+#    copied to the new shards' host, started and stopped again;
+#  - ps-cluster.sh reshard while its workers run, with a shard down:
+#    refused (status 1, ps-stat's reason), the workers going on.
 # Prints Check-style "N%: Checks" so scripts/run-tests.sh summarises it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -121,6 +123,19 @@ done
 expect "its workers trained to the end" grep -q "epoch 4 test accuracy" "$tmp/logs/c2.run/worker-0.log"
 scripts/ps-cluster.sh "$tmp/c2.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/logs" > "$tmp/stop.out" 2>&1
 expect "and its shards stop: $(cat "$tmp/stop.out")" [ "$(grep -c 'shard .*: not running (exited with status 0)' "$tmp/stop.out")" -eq 2 ]
+
+# ps-cluster.sh reshard while its workers run, refused: a shard down
+# (ps-stat --reshard-stop says so); nothing changes and the workers train on
+scripts/ps-cluster.sh "$tmp/c2.yaml" start --ssh "$tmp/ssh" --logs "$tmp/lg" > "$tmp/run5.out" 2>&1
+expect "a long ps-cluster.sh run started: $(tail -3 "$tmp/run5.out")" grep -q "started 2 shard(s) and 2 worker(s)" "$tmp/run5.out"
+pkill -KILL -f -- "bin/ps-server --config $tmp/c2.yaml --shard 1\$"
+scripts/ps-cluster.sh "$tmp/c2.yaml" reshard "$tmp/c3.yaml" --ssh "$tmp/ssh" --logs "$tmp/lg" > "$tmp/run6.out" 2>&1; rc=$?
+expect "live reshard with shard 1 down refused, status 1 ($rc): $(cat "$tmp/run6.out")" \
+  [ $rc -eq 1 ] && grep -q "reshard: refused (ps-stat --reshard-stop on 127.0.0.1): .*shard 1 .*every shard must be up; the run goes on with $tmp/c2.yaml" "$tmp/run6.out"
+expect "its intent record ends done refused" [ "$(tail -n 1 "$tmp"/lg/reshard-*.intent)" = "done refused" ]
+expect "the workers still run, following c2.yaml" \
+  [ "$(pgrep -fc -- "bin/ps-worker --config $tmp/c2.yaml --rank")" -eq 2 ] && [ "$(cat "$tmp/lg/c2.run/current-config")" = "$tmp/c2.yaml" ]
+scripts/ps-cluster.sh "$tmp/c2.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/lg" --wait 5 > /dev/null 2>&1
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]

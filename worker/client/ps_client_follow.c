@@ -175,7 +175,7 @@ static int first_diff(const struct ps_config *a, const struct ps_config *b, char
 }
 
 /* Loads the config at path and checks it differs from c->file_cfg in
- * cluster.servers only: a new config of the client's (its declared
+ * cluster.servers only (train.* aside): a new config of the client's (its declared
  * tensors and tables kept) in *out, or a code with why. */
 static int load_new(struct ps_client *c, const char *path, struct ps_config **out, char *why,
 		    size_t wl)
@@ -198,6 +198,10 @@ static int load_new(struct ps_client *c, const char *path, struct ps_config **ou
 	cmp.nbackups = c->file_cfg->nbackups;
 	memcpy(cmp.backups, c->file_cfg->backups, sizeof(cmp.backups));
 	snprintf(cmp.path, sizeof(cmp.path), "%s", c->file_cfg->path);
+	/* and the train section: this worker's own loop, which its command
+	 * line may have set (ps-worker --epochs, --batch, --limit, --device)
+	 * and which the new config does not change (it takes the servers) */
+	cmp.train = c->file_cfg->train;
 	if (first_diff(c->file_cfg, &cmp, key, sizeof(key))) {
 		rc = PS_ECONFIG;
 		snprintf(why, wl, "the re-shard's config %.400s differs from %.400s in more "
