@@ -284,8 +284,55 @@ START_TEST(test_sync_exact)
 }
 END_TEST
 
+static size_t ndistinct(const uint64_t *ids, size_t n)
+{
+	size_t d = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t j = 0;
+		while (j < i && ids[j] != ids[i])
+			j++;
+		d += j == i;
+	}
+	return d;
+}
+
+/* The bytes a row pull of the n distinct ids sends (each shard's part
+ * delta-varint coded in ascending order): what ps_client_rows_bytes
+ * counts as sent for it. */
+static uint64_t pull_id_bytes(const struct ps_config *cfg, int t, const uint64_t *ids, size_t n)
+{
+	uint64_t key = ps_rows_table_key(&cfg->tables[t]), total = 0;
+	uint64_t *part = malloc(sizeof(uint64_t) * n);
+	uint8_t *enc = malloc(n * PS_VARINT_MAX + 1);
+
+	ck_assert(part && enc);
+	for (int k = 0; k < cfg->nshards; k++) {
+		size_t m = 0;
+		for (size_t i = 0; i < n; i++)
+			if (ps_rows_shard(key, ids[i], cfg->nshards) == k)
+				part[m++] = ids[i];
+		for (size_t i = 1; i < m; i++) /* insertion sort: ascending */
+			for (size_t j = i; j > 0 && part[j - 1] > part[j]; j--) {
+				uint64_t x = part[j];
+				part[j] = part[j - 1];
+				part[j - 1] = x;
+			}
+		if (m)
+			total += ps_rows_ids_encode(part, m, enc);
+	}
+	free(part);
+	free(enc);
+	return total;
+}
+
 /* Async: pushes apply as they come; once every push was acknowledged each
- * row is exactly minus its gradients' sum (integers: order does not matter). */
+ * row is exactly minus its gradients' sum (integers: order does not matter).
+ * And the byte figures of the row path, each against what the calls did:
+ * the shards' push bytes by codec (as float32: distinct ids x dim x 4; as
+ * received: what the clients say they sent), bytes_in, the pull replies'
+ * bytes and bytes_out, the tables' pulled and pushed rows, and each
+ * client's ps_client_rows_bytes (given: ids and gradients as passed in). */
 START_TEST(test_async_exact)
 {
 	struct cluster cl;
@@ -295,6 +342,8 @@ START_TEST(test_async_exact)
 	uint64_t ids[80], all[200];
 	float g[80 * DIM], w[200 * DIM];
 	double expect[200 * DIM] = { 0 };
+	uint64_t raw[2] = { 0, 0 }, given[2] = { 0, 0 }, pushed = 0, sent[2] = { 0, 0 };
+	uint64_t sent_by[2] = { 0, 0 }; /* by codec: raw, fp16 */
 
 	start(&cl, 2, "async", "", "");
 	for (int r = 0; r < 2; r++) {
@@ -311,10 +360,50 @@ START_TEST(test_async_exact)
 			for (size_t i = 0; i < n; i++)
 				for (int j = 0; j < DIM; j++)
 					expect[uidx(ids[i]) * DIM + j] -= g[i * DIM + j];
+			raw[clock % 2] += ndistinct(ids, n) * DIM * 4;
+			pushed += ndistinct(ids, n);
+			given[r] += n * (8 + 4 * DIM);
+			uint64_t gv1, sn1;
+			ps_client_rows_bytes(c[r], &gv1, &sn1);
+			sent_by[clock % 2] += sn1 - sent[r];
+			sent[r] = sn1;
 		}
+	/* the push figures, before any pull */
+	uint64_t sent_push = 0, wire[2] = { 0, 0 }, in = 0, raw_got[2] = { 0, 0 }, gv[2], sn[2];
+	for (int r = 0; r < 2; r++) {
+		ps_client_rows_bytes(c[r], &gv[r], &sn[r]);
+		ck_assert_msg(gv[r] == given[r], "rank %d: ps_client_rows_bytes gives %" PRIu64
+			      " bytes given, %" PRIu64 " were passed in", r, gv[r], given[r]);
+		sent_push += sn[r];
+	}
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st), 0);
+		for (int x = 0; x < 2; x++) {
+			raw_got[x] += st.push_raw_bytes[x];
+			wire[x] += st.push_wire_bytes[x];
+		}
+		in += st.bytes_in;
+		ck_assert_uint_eq(st.pull_raw_bytes, 0);
+	}
+	for (int x = 0; x < 2; x++)
+		ck_assert_msg(raw_got[x] == raw[x], "the shards count %" PRIu64 " bytes of %s row "
+			      "gradients as float32; the pushes held %" PRIu64, raw_got[x],
+			      x ? "fp16" : "raw", raw[x]);
+	for (int x = 0; x < 2; x++)
+		ck_assert_msg(wire[x] == sent_by[x], "the shards received %" PRIu64 " bytes of %s "
+			      "row pushes; the clients sent %" PRIu64, wire[x], x ? "fp16" : "raw",
+			      sent_by[x]);
+	ck_assert_msg(in == sent_push && sent_by[0] + sent_by[1] == sent_push, "the shards' "
+		      "bytes_in: %" PRIu64 "; the clients sent %" PRIu64 " bytes of row pushes", in,
+		      sent_push);
+	ck_assert(sent_by[1] < sent_by[0]); /* fp16: 2 bytes a value */
 	for (size_t i = 0; i < nid; i++)
 		all[i] = i * MULT;
 	ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 0, all, nid, w), 0);
+	ps_client_rows_bytes(c[0], &gv[0], &sn[0]);
+	ck_assert_uint_eq(gv[0], given[0] + nid * 8);
+	ck_assert_uint_eq(sn[0], sent_push - sn[1] + pull_id_bytes(&cl.cfg, 0, all, nid));
 	for (size_t i = 0; i < nid * DIM; i++)
 		ck_assert_msg((double)w[i] == expect[i], "row %zu: %g, expected %g", i / DIM, w[i],
 			      expect[i]);
@@ -328,6 +417,28 @@ START_TEST(test_async_exact)
 		ck_assert_int_eq(memcmp(fw + i * 8, init, sizeof(init)), 0);
 		ck_assert(fabsf(init[0]) <= 0.5f && init[0] != init[1]);
 	}
+	/* the pull replies: raw (compression.pull none), nid rows of e and 3
+	 * of f (dim 8); every row pushed once per push it was named in */
+	uint64_t praw = 0, pwire = 0, out = 0, pulled[2] = { 0, 0 }, pushed_got = 0;
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st), 0);
+		praw += st.pull_raw_bytes;
+		pwire += st.pull_wire_bytes;
+		out += st.bytes_out;
+		for (int t = 0; t < 2; t++)
+			pulled[t] += st.tables[t].pulled_rows;
+		pushed_got += st.tables[0].pushed_rows;
+	}
+	ck_assert_msg(praw == (nid * DIM + 3 * 8) * 4 && pwire == praw && out == praw,
+		      "row pull replies: %" PRIu64 " bytes as float32, %" PRIu64 " sent, bytes_out %"
+		      PRIu64 "; %zu due", praw, pwire, out, (nid * DIM + 3 * 8) * 4);
+	ck_assert_msg(pulled[0] == nid && pulled[1] == 3, "pulled rows: e %" PRIu64 ", f %" PRIu64
+		      "; %zu and 3 due", pulled[0], pulled[1], nid);
+	ck_assert_msg(pushed_got == pushed, "pushed rows of e: %" PRIu64 "; %" PRIu64 " due",
+		      pushed_got, pushed);
+	ps_client_rows_bytes(c[1], &gv[1], &sn[1]);
+	ck_assert_uint_eq(gv[1], given[1] + 3 * 8);
 	for (int r = 0; r < 2; r++)
 		ps_client_free(c[r]);
 	stop(&cl);
@@ -1145,7 +1256,29 @@ START_TEST(test_hostile)
 	for (size_t i = 0; i < big; i++)
 		many[i] = i;
 	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, many, big, out), PS_ETOOBIG);
+	ck_assert_msg(strstr(ps_client_error(c), "table 'e': ") &&
+		      strstr(ps_client_error(c), "distinct ids for shard ") &&
+		      strstr(ps_client_error(c), "(limits.max_request_rows)"), "%s",
+		      ps_client_error(c));
 	ck_assert_int_eq(ps_client_pull_rows(c, "nosuch", 0, many, 1, out), PS_ENOTENSOR);
+	/* the same for a push (its gradients: zeros), and nothing of either
+	 * counted as given or sent */
+	uint64_t given0, sent0, given1, sent1;
+	float *zg = calloc(big * DIM, sizeof(float));
+	ps_client_rows_bytes(c, &given0, &sent0);
+	ck_assert_int_eq(ps_client_push_rows(c, "e", 0, many, big, zg, 0), PS_ETOOBIG);
+	char want[200];
+	snprintf(want, sizeof(want), "at most %d (limits.max_request_rows)",
+		 cl.cfg.limits.max_request_rows);
+	ck_assert_msg(strstr(ps_client_error(c), "table 'e': ") && strstr(ps_client_error(c), want),
+		      "%s", ps_client_error(c));
+	ck_assert_int_eq(ps_client_push_rows(c, "nosuch", 0, many, 1, zg, 0), PS_ENOTENSOR);
+	ck_assert_str_eq(ps_client_error(c), "no embedding table 'nosuch' in the config "
+			 "(model.embeddings)");
+	ps_client_rows_bytes(c, &given1, &sent1);
+	ck_assert_uint_eq(given1, given0);
+	ck_assert_uint_eq(sent1, sent0);
+	free(zg);
 	/* and the shard serves as before, its rejections counted */
 	float w[DIM];
 	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, two, 1, w), 0);
