@@ -1435,7 +1435,8 @@ static int park_pulls(int fd, int n, const uint8_t *enc, size_t elen, uint32_t n
  * (before: 558 MB). A second connection parks only up to
  * limits.max_waiting_bytes_total (6 MiB: 2 more), whatever the number of
  * connections, and the bytes of a closed connection's pulls are free
- * again. */
+ * again. And limits.max_waiting_pulls bounds the count of one
+ * connection's parked pulls, however small. */
 START_TEST(test_parked_pulls_bounded)
 {
 	struct cluster cl;
@@ -1447,7 +1448,7 @@ START_TEST(test_parked_pulls_bounded)
 	int a, b;
 
 	start(&cl, 1, "sync", "", "security:\n  auth: false\nlimits:\n  max_waiting_bytes: 4MiB\n"
-	      "  max_waiting_bytes_total: 6MiB\n");
+	      "  max_waiting_bytes_total: 6MiB\n  max_waiting_pulls: 6\n");
 	ck_assert_int_eq(ps_shardmap_init(&map, &cl.cfg), 0);
 	for (size_t i = 0; i < NIDS; i++)
 		ids[i] = i + 1;
@@ -1479,6 +1480,14 @@ START_TEST(test_parked_pulls_bounded)
 	/* and b's own bound holds: 3 parked, 1 more fits, then its limit */
 	ck_assert_int_eq(park_pulls(b, 2, enc, elen, NIDS, "limits.max_waiting_bytes"), 1);
 	close(b);
+	/* a third connection, small pulls: limits.max_waiting_pulls (6 here)
+	 * park, whatever their bytes; the next are refused naming it */
+	uint8_t small[8];
+	size_t slen = ps_rows_ids_encode(ids, 3, small);
+	int c3 = tu_raw_join(cl.port[0], &cl.cfg, &map, 0, 0);
+	ck_assert_int_eq(park_pulls(c3, 9, small, slen, 3, "6 pulls of this connection wait for "
+				    "their clock already (limits.max_waiting_pulls)"), 3);
+	close(c3);
 	free(ids);
 	free(enc);
 	ps_shardmap_free(&map);
