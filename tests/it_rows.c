@@ -476,9 +476,33 @@ START_TEST(test_sync_worker_leaves_and_ttl)
 	ck_assert_msg(ps_now_s() - t0 > 1.0, "clock 1 applied without waiting for worker 1");
 	for (int i = 0; i < 3 * DIM; i++) /* worker 0's three clocks and worker 1's one */
 		ck_assert_msg(w[i] == -4.0f, "element %d is %g", i, w[i]);
-	/* no update for the ttl (4 s): the rows expire and read as their initial value */
+	/* worker 1 comes back and pushes rows for clock 2, which the tables
+	 * applied without it (it never ended a clock here): acknowledged and
+	 * set aside, not applied and not refused */
 	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
 	ck_assert_msg(mon != NULL, "%s", err);
+	uint64_t errors0 = 0, errors1 = 0;
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		errors0 += st.errors;
+	}
+	c1 = connect_retry(&cl.cfg, 1, err, sizeof(err));
+	ck_assert_msg(c1 != NULL, "%s", err);
+	ck_assert_msg(ps_client_push_rows(c1, "e", 2, ids, 3, g, 0) == 0, "the late push of the "
+		      "worker that came back: %s", ps_client_error(c1));
+	ck_assert_int_eq(ps_client_pull_rows(c1, "e", 3, ids, 3, w), 0);
+	for (int i = 0; i < 3 * DIM; i++)
+		ck_assert_msg(w[i] == -4.0f, "element %d is %g after the late push", i, w[i]);
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		errors1 += st.errors;
+		ck_assert_uint_eq(st.tables[0].version, 3);
+	}
+	ck_assert_uint_eq(errors1, errors0);
+	ps_client_free(c1);
+	/* no update for the ttl (4 s): the rows expire and read as their initial value */
 	uint64_t expired = 0;
 	for (double dl = ps_now_s() + 10 * tu_time_scale(); expired < 3 && ps_now_s() < dl;) {
 		expired = 0;
