@@ -446,6 +446,68 @@ START_TEST(test_async_exact)
 END_TEST
 
 
+/* Async with staleness 1: a row pull is answered once the slowest worker
+ * has ended the caller's clock minus 1, as a dense pull. Worker 0 ends
+ * clocks 0-2 (its pulls carry clock 3) and worker 2 clocks 0-4 (clock 5),
+ * worker 1 none: both pulls wait. Worker 1 ending clock 0 answers
+ * neither; ending clock 1 answers worker 0's (its rows as pushed) and not
+ * worker 2's; once workers 0 and 1 have ended clock 3, worker 2's. */
+static void end_clock(struct ps_client *c, uint64_t clock)
+{
+	int64_t id = ps_client_push(c, clock, NULL, 0, PS_PUSH_END_CLOCK);
+
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
+}
+
+START_TEST(test_async_row_pull_staleness)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c[3];
+	uint64_t ids[2] = { 21, 22 };
+	float g[2 * DIM], w0[2 * DIM], w2[2 * DIM];
+	int64_t p0, p2;
+
+	start(&cl, 3, "async\n  staleness: 1", "", "");
+	for (int r = 0; r < 3; r++) {
+		c[r] = connect_retry(&cl.cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int i = 0; i < 2 * DIM; i++)
+		g[i] = (float)(i + 1);
+	ck_assert_int_eq(ps_client_push_rows(c[2], "e", 0, ids, 2, g, 0), 0);
+	for (uint64_t k = 0; k < 5; k++) {
+		if (k < 3)
+			end_clock(c[0], k);
+		end_clock(c[2], k);
+	}
+	p0 = ps_client_pull_rows_async(c[0], "e", 0, ids, 2, w0);
+	p2 = ps_client_pull_rows_async(c[2], "e", 0, ids, 2, w2);
+	ck_assert(p0 > 0 && p2 > 0);
+	ck_assert_int_eq(ps_client_wait_timeout(c[0], p0, 0.5), PS_ETIMEDOUT);
+	end_clock(c[1], 0);
+	ck_assert_msg(ps_client_wait_timeout(c[0], p0, 0.5) == PS_ETIMEDOUT, "worker 0's pull "
+		      "(clock 3) answered with worker 1 at clock 1");
+	end_clock(c[1], 1);
+	ck_assert_msg(ps_client_wait_timeout(c[0], p0, 10 * tu_time_scale()) == 0, "worker 0's "
+		      "pull (clock 3) with every worker past clock 1: %s", ps_client_error(c[0]));
+	for (int i = 0; i < 2 * DIM; i++)
+		ck_assert_msg(w0[i] == -g[i], "element %d is %g", i, w0[i]);
+	ck_assert_msg(ps_client_done(c[2], p2) == 0, "worker 2's pull (clock 5) answered with "
+		      "workers 0 and 1 at clock 3 and 2");
+	end_clock(c[1], 2);
+	end_clock(c[1], 3);
+	ck_assert_int_eq(ps_client_wait_timeout(c[2], p2, 0.3), PS_ETIMEDOUT);
+	end_clock(c[0], 3);
+	ck_assert_msg(ps_client_wait_timeout(c[2], p2, 10 * tu_time_scale()) == 0, "worker 2's "
+		      "pull (clock 5) with every worker past clock 3: %s", ps_client_error(c[2]));
+	ck_assert_int_eq(memcmp(w2, w0, sizeof(w0)), 0);
+	for (int r = 0; r < 3; r++)
+		ps_client_free(c[r]);
+	stop(&cl);
+}
+END_TEST
+
 /* Sync with a worker that leaves: once it has had no connection for
  * limits.idle_timeout_ms the tables' clocks go on without it, what it
  * pushed before it left still counted. And the TTL: rows not updated for
@@ -1610,6 +1672,7 @@ static Suite *rows_suite(void)
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_sync_exact);
 	TU_ADD(tc, test_async_exact);
+	TU_ADD(tc, test_async_row_pull_staleness);
 	TU_ADD(tc, test_pull_fp16);
 	TU_ADD(tc, test_sync_worker_leaves_and_ttl);
 	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
