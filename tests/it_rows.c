@@ -824,6 +824,36 @@ static void check_row_claim_refused(const struct cluster *cl, const char *dir, u
 	ck_assert_int_eq(rename(keep, f), 0);
 }
 
+/* Shard 0 started on dir's checkpoint with cl's config edited (from ->
+ * to, once): it must refuse to start, its log naming the file and want. */
+static void check_config_change_refused(const struct cluster *cl, const char *dir,
+					const char *from, const char *to, const char *want)
+{
+	char path[64], logf[300], *yaml = read_text(cl->path), *log, *p;
+	char *edited = malloc(strlen(yaml ? yaml : "") + strlen(to) + 1);
+	int rc;
+
+	ck_assert_ptr_nonnull(yaml);
+	p = strstr(yaml, from);
+	ck_assert_msg(p != NULL, "'%s' not in the config", from);
+	memcpy(edited, yaml, (size_t)(p - yaml));
+	strcpy(edited + (p - yaml), to);
+	strcat(edited, p + strlen(from));
+	ck_assert_int_eq(tu_write_temp(path, edited), 0);
+	snprintf(logf, sizeof(logf), "%s/shard-0-config.log", dir);
+	unlink(logf);
+	rc = exit_within(tu_start_server_log(path, 0, logf), 10000);
+	log = read_text(logf);
+	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") &&
+		      strstr(log, "shard-0.ckpt: ") && strstr(log, want), "the config edited "
+		      "('%s' for '%s'): the shard %s, its log: %s (\"%s\" expected)", to, from,
+		      rc < 0 ? "did not exit" : "exited", log ? log : "empty", want);
+	free(log);
+	free(yaml);
+	free(edited);
+	unlink(path);
+}
+
 /* Rows, optimizer state (rowwise adagrad on table f), versions and the
  * admission counts of ids not admitted yet come back from the checkpoint
  * after both shards are killed with SIGKILL; checked bit for bit against
@@ -886,6 +916,12 @@ START_TEST(test_checkpoint_kill9)
 	}
 	ck_assert_uint_gt(before[0].tables[0].rows, 0);
 	check_row_claim_refused(&cl, dir, before[0].tables[0].rows);
+	/* table e's admission filter configured to another size (names, dims
+	 * and optimizers are in the shard map's hash, refused before) */
+	check_config_change_refused(&cl, dir, "admission: 3", "admission: 3, filter_ids: 5000",
+				    "table 0 is not 'e' of dim 4 with 0 floats of state and a filter "
+				    "of 8192 slots as configured (name, dim, optimizer or filter_ids "
+				    "changed)");
 	for (int k = 0; k < 2; k++)
 		cl.srv[k] = tu_start_server(cl.path, k);
 	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
