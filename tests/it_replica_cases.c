@@ -238,6 +238,77 @@ START_TEST(test_ack_waits_for_sum_across_failover)
 }
 END_TEST
 
+/* Sync: worker 0's push of clock 1 waits for worker 1, its ack pending
+ * (the sum is not applied); worker 0's connection closes. Worker 1's push
+ * then completes the clock: the shard releases the pending ack of a
+ * connection that is gone (sent nowhere: under ASan a use after free if it
+ * were not forgotten), the primary goes on, worker 1 is acknowledged, the
+ * backup holds the same weights, and worker 0, back, reads every push
+ * once. */
+START_TEST(test_pending_ack_of_closed_worker)
+{
+	static float g[NWORKERS][NA], w0[NA], w[NA];
+	struct ps_client *c[NWORKERS];
+	struct ps_shard_stats a, b;
+	int64_t id[NWORKERS];
+
+	write_config(0);
+	tu_start_pair(cfg_path, logdir, 0, srv);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		c[r] = worker(r);
+	pull(c[0], 0, w0);
+	for (int r = 0; r < NWORKERS; r++)
+		id[r] = push(c[r], r, 0, g[r]);
+	for (int r = 0; r < NWORKERS; r++)
+		ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock 0: %s", r,
+			      ps_client_error(c[r]));
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	uint64_t pushes = a.pushes;
+	unsigned conns = a.connections;
+	id[0] = push(c[0], 0, 1, g[0]);
+	ck_assert_int_ge(id[0], 0);
+	double t0 = ps_now_s();
+	while (!(tu_replica_stats(&cfg, 0, p, -1, &a) == 0 && a.pushes > pushes) &&
+	       ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(10);
+	ck_assert_msg(a.pushes > pushes, "worker 0's push of clock 1 did not arrive");
+	ck_assert(!ps_client_done(c[0], id[0]));
+	ps_client_free(c[0]);
+	t0 = ps_now_s();
+	while (!(tu_replica_stats(&cfg, 0, p, -1, &a) == 0 && a.connections < conns) &&
+	       ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(10);
+	ck_assert_msg(a.connections < conns, "the primary did not see worker 0's close");
+	id[1] = push(c[1], 1, 1, g[1]);
+	ck_assert_msg(id[1] > 0 && ps_client_wait(c[1], id[1]) == 0, "worker 1 clock 1: %s",
+		      ps_client_error(c[1]));
+	c[0] = worker(0);
+	pull(c[0], 2, w);
+	for (int i = 0; i < NA; i++) {
+		float want = w0[i];
+		for (int clock = 0; clock < 2; clock++)
+			for (int r = 0; r < NWORKERS; r++)
+				want -= grad(r, clock, i);
+		ck_assert_msg(w[i] == want, "a[%d] = %g, %g due (logs in %s)", i, (double)w[i],
+			      (double)want, logdir);
+	}
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	ck_assert_int_eq(a.repl_state, 3);
+	t0 = ps_now_s();
+	while (!(tu_replica_stats(&cfg, 0, !p, -1, &b) == 0 &&
+		 b.param_checksum == a.param_checksum) && ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(20);
+	ck_assert_msg(b.param_checksum == a.param_checksum, "the backup's weights differ from "
+		      "the primary's (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		ps_client_free(c[r]);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
 /* The backup killed -9 and restarted, twice: it joins as the backup each
  * time, and the primary neither takes over again nor changes its epoch. */
 START_TEST(test_backup_rejoin_keeps_primary)
@@ -541,6 +612,7 @@ int main(void)
 
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_ack_waits_for_sum_across_failover);
+	TU_ADD(tc, test_pending_ack_of_closed_worker);
 	TU_ADD(tc, test_backup_rejoin_keeps_primary);
 	TU_ADD_LOOP(tc, test_one_way_blocked_elects, 0, 2);
 	TU_ADD(tc, test_primary_cut_one_way);
