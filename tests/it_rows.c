@@ -632,6 +632,61 @@ START_TEST(test_sync_rows_with_dense_end_clock)
 END_TEST
 
 
+/* Sync, two workers: worker 0 ends clock 0 with a dense push and already
+ * pushes rows for clock 1; worker 1 ends clock 0 with a dense push alone.
+ * Clock 0 is then complete without any row push, while rows of clock 1
+ * are kept: the tables move to version 1 with the rows as they were (an
+ * empty clock) and keep clock 1 for its turn, which adds worker 1's rows
+ * (every gradient once). */
+START_TEST(test_sync_rows_ahead_of_dense_clock)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c[2];
+	uint64_t ids[2] = { 5, 1ull << 40 };
+	float g[3][2 * DIM], w[2 * DIM], dg[8]; /* g[0]: not pushed */
+	struct ps_tensor tg = { "w", dg, 8, 0 };
+	int64_t id;
+
+	start(&cl, 2, "sync", "", "");
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cl.cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int i = 0; i < 2 * DIM; i++) {
+		g[0][i] = (float)(i + 1);
+		g[1][i] = 10.0f * (float)(i + 1);
+		g[2][i] = 100.0f * (float)(i + 1);
+	}
+	for (int i = 0; i < 8; i++)
+		dg[i] = 1.0f;
+	id = ps_client_push(c[0], 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c[0], id), 0);
+	ck_assert_int_eq(ps_client_push_rows(c[0], "e", 1, ids, 2, g[1], 0), 0);
+	id = ps_client_push(c[1], 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c[1], id), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c[1], "e", 1, ids, 2, w), 0);
+	for (int i = 0; i < 2 * DIM; i++)
+		ck_assert_msg(w[i] == 0.0f, "element %d at version 1 is %g; clock 0 had no rows", i,
+			      w[i]);
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c[1], k, &st), 0);
+		ck_assert_uint_eq(st.tables[0].version, 1);
+	}
+	ck_assert_int_eq(ps_client_push_rows(c[1], "e", 1, ids, 2, g[2], 0), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c[1], "e", 2, ids, 2, w), 0);
+	for (int i = 0; i < 2 * DIM; i++)
+		ck_assert_msg(w[i] == -g[1][i] - g[2][i], "element %d at version 2 is %g",
+			      i, w[i]);
+	for (int r = 0; r < 2; r++)
+		ps_client_free(c[r]);
+	stop(&cl);
+}
+END_TEST
+
 /* A worker with two row pulls waiting for the sync barrier disconnects:
  * both pulls go with its connection. When the other worker then ends the
  * clock, the shard answers the pulls still waiting and must not touch the
@@ -1712,6 +1767,7 @@ static Suite *rows_suite(void)
 	TU_ADD(tc, test_pull_fp16);
 	TU_ADD(tc, test_sync_worker_leaves_and_ttl);
 	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
+	TU_ADD(tc, test_sync_rows_ahead_of_dense_clock);
 	TU_ADD(tc, test_waiting_row_pulls_of_closed_worker);
 	TU_ADD(tc, test_checkpoint_kill9);
 	TU_ADD_LOOP(tc, test_incremental_kill9, 0, 2);
