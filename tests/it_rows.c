@@ -939,11 +939,24 @@ START_TEST(test_checkpoint_kill9)
 		ones[i] = 1.0f;
 	/* clock k pushes ids 0..N-1 to f, and to e the first N - 16 k ids
 	 * (admission 3: ids pushed 3 times get rows, the rest only counts) */
+	/* clock 0 also gives f BIG more rows of gradient 1: a shard then
+	 * restores more rows than the loader reads at a time (4,096) */
+	enum { BIG = 12000 };
+	uint64_t *bids = malloc(sizeof(uint64_t) * (N + BIG));
+	float *bg = malloc(sizeof(float) * 8 * (N + BIG));
+	ck_assert(bids && bg);
+	for (int i = 0; i < N + BIG; i++)
+		bids[i] = (uint64_t)(i + 1) * MULT;
 	for (int k = 0; k < 4; k++) {
 		for (int i = 0; i < N * 8; i++)
 			g[i] = (float)((i * 7 + k * 3) % 11) - 5.0f;
-		ck_assert_msg(ps_client_push_rows(c, "f", (uint64_t)k, ids, N, g, 0) == 0, "%s",
-			      ps_client_error(c));
+		if (!k) {
+			memcpy(bg, g, sizeof(float) * N * 8);
+			for (int i = N * 8; i < (N + BIG) * 8; i++)
+				bg[i] = 1.0f;
+		}
+		ck_assert_msg(ps_client_push_rows(c, "f", (uint64_t)k, k ? ids : bids, k ? N : N + BIG,
+						  k ? g : bg, 0) == 0, "%s", ps_client_error(c));
 		for (int i = 0; i < N; i++)
 			ck_assert_int_eq(ps_table_push(&model, ids[i], g + i * 8, 1, ps_now_s()), 1);
 		ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)k, ids, (size_t)(N - 16 * k), ones,
@@ -955,6 +968,9 @@ START_TEST(test_checkpoint_kill9)
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(got[i * DIM] == (i < 16 ? -2.0f : i < 32 ? -1.0f : 0.0f), "e row %d: %g",
 			      i, got[i * DIM]);
+	float *big0 = malloc(sizeof(float) * 8 * BIG), *big1 = malloc(sizeof(float) * 8 * BIG);
+	ck_assert(big0 && big1);
+	ck_assert_int_eq(ps_client_pull_rows(c, "f", 4, bids + N, BIG, big0), 0);
 	for (int k = 0; k < 2; k++) {
 		struct ps_shard_stats st;
 		ck_assert_int_eq(ps_client_checkpoint(mon, k, 1, &st), 0);
@@ -992,6 +1008,16 @@ START_TEST(test_checkpoint_kill9)
 			ck_assert_uint_eq(after[k].tables[t].admitted, before[k].tables[t].admitted);
 		}
 	}
+	/* f's BIG rows (more than 4,096 on each shard) as before */
+	ck_assert_uint_gt(after[0].tables[1].rows, 4096 + N);
+	ck_assert_uint_gt(after[1].tables[1].rows, 4096 + N);
+	ck_assert_int_eq(ps_client_pull_rows(c, "f", 4, bids + N, BIG, big1), 0);
+	ck_assert_msg(memcmp(big0, big1, sizeof(float) * 8 * BIG) == 0, "f's %d rows of clock 0 "
+		      "differ after the restart", BIG);
+	free(big0);
+	free(big1);
+	free(bids);
+	free(bg);
 	/* f: weights restored bit for bit; one more update proves the state was too */
 	for (int i = 0; i < N * 8; i++)
 		g[i] = (float)(i % 5) - 2.0f;
