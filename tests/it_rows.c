@@ -1073,6 +1073,62 @@ static int exit_within(pid_t pid, int ms)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* f, a checkpoint file of cl's shard 0: table t's record (found by its
+ * key, dim and row_floats) given dim + 1 and the file's CRC made right;
+ * shard 0 must refuse to start, its log naming f and want. The file is
+ * put back. */
+static void check_record_dim_refused(const struct cluster *cl, const char *dir, const char *f,
+				     int t, int row_floats, const char *want)
+{
+	char keep[320], logf[300], *log;
+	struct ckpt_table ct;
+	uint64_t key = ps_rows_table_key(&cl->cfg.tables[t]);
+	size_t at = 0, found = 0;
+	struct stat sb;
+	uint8_t *b;
+	FILE *fp;
+	uint32_t crc;
+	int rc;
+
+	snprintf(keep, sizeof(keep), "%s.kept", f);
+	snprintf(logf, sizeof(logf), "%s/shard-0-record.log", dir);
+	ck_assert_int_eq(stat(f, &sb), 0);
+	b = malloc((size_t)sb.st_size);
+	ck_assert_ptr_nonnull(b);
+	fp = fopen(f, "rb");
+	ck_assert_ptr_nonnull(fp);
+	ck_assert_uint_eq(fread(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
+	fclose(fp);
+	for (size_t p = 0; p + sizeof(ct) + 4 <= (size_t)sb.st_size; p++) {
+		memcpy(&ct, b + p, sizeof(ct));
+		if (ct.key == key && ct.dim == (uint32_t)cl->cfg.tables[t].dim &&
+		    ct.row_floats == (uint32_t)row_floats) {
+			at = p;
+			found++;
+		}
+	}
+	ck_assert_msg(found == 1, "table %d's record found %zu times in %s", t, found, f);
+	memcpy(&ct, b + at, sizeof(ct));
+	ct.dim++;
+	memcpy(b + at, &ct, sizeof(ct));
+	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(sb.st_size - 4));
+	memcpy(b + sb.st_size - 4, &crc, 4);
+	ck_assert_int_eq(rename(f, keep), 0);
+	fp = fopen(f, "wb");
+	ck_assert_ptr_nonnull(fp);
+	ck_assert_uint_eq(fwrite(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
+	ck_assert_int_eq(fclose(fp), 0);
+	free(b);
+	rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
+	log = read_text(logf);
+	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") && strstr(log, f) &&
+		      strstr(log, want), "%s with table %d's dim edited: the shard %s, its log: %s "
+		      "(\"%s\" expected)", f, t, rc < 0 ? "did not exit" : "exited",
+		      log ? log : "empty", want);
+	free(log);
+	ck_assert_int_eq(rename(keep, f), 0);
+}
+
 /* A full checkpoint and two incremental ones of a table with a cap
  * (evictions: tombstones), admission and adam, copied on the loop (_i 0)
  * or written by a forked child (_i 1, checkpoint.fork_bytes); both shards
@@ -1132,6 +1188,10 @@ START_TEST(test_incremental_kill9)
 					      "exited", log ? log : "the log is empty");
 				free(log);
 				ck_assert_int_eq(rename(keep, d2), 0);
+				/* delta-2's record of e edited (its CRC made right):
+				 * another dim than the config's, refused, named */
+				check_record_dim_refused(&cl, dir, d2, 0, DIM + 2 * DIM + 1,
+							 "table 0 is not 'e' as configured");
 			}
 			for (int k = 0; k < 2; k++)
 				cl.srv[k] = tu_start_server(cl.path, k);
