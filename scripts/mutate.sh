@@ -99,7 +99,8 @@ suites_for() {
     server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
     server/table.c|server/table_admit.c)
                                echo check_rows it_rows_model it_rows it_reshard san:check_rows ;;
-    server/table_ckpt.c)       echo it_rows it_rows_model it_export.sh test_export.py ;;
+    # it_decl_tables: declared tables through full and incremental checkpoints
+    server/table_ckpt.c)       echo it_rows it_rows_model it_decl_tables it_export.sh test_export.py ;;
     server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases it_reshard_rows san:it_rows ;;
     worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;

@@ -103,17 +103,23 @@ static void expected(int opt, const struct ps_table_cfg *tc, double *r, int s)
 }
 
 /* One optimizer, STEPS steps from the same start: every float of the row
- * (weights and state) within a relative 1e-4 of the formula's after each. */
+ * (weights and state) within a relative 1e-4 of the formula's after each.
+ * The last loop index is FTRL again with an l1 of 1: some of its weights
+ * are then clipped to exactly 0 (|z| <= l1) and others are not, so both
+ * branches of the rule are compared. */
 START_TEST(test_row_optimizer_formula)
 {
 	static const int opts[] = { PS_ROPT_SGD, PS_ROPT_ADAGRAD, PS_ROPT_ROWWISE_ADAGRAD,
-				    PS_ROPT_ADAM, PS_ROPT_FTRL };
+				    PS_ROPT_ADAM, PS_ROPT_FTRL, PS_ROPT_FTRL };
 	int opt = opts[_i];
 	struct ps_table_cfg tc = cfg_of(opt);
-	int n = DIM + ps_row_optim_nstate(&tc);
+	int n = DIM + ps_row_optim_nstate(&tc), clipped = 0, unclipped = 0;
 	float row[MAXROW], g[DIM];
 	double want[MAXROW];
-	static const int nstate[] = { 0, DIM, 1, 2 * DIM + 1, 2 * DIM };
+	static const int nstate[] = { 0, DIM, 1, 2 * DIM + 1, 2 * DIM, 2 * DIM };
+
+	if (_i == 5)
+		tc.l1 = 1.0f;
 
 	ck_assert_int_eq(ps_row_optim_nstate(&tc), nstate[_i]);
 	ck_assert_int_le(n, MAXROW);
@@ -129,7 +135,15 @@ START_TEST(test_row_optimizer_formula)
 				      "%s, step %d, float %d of the row (%s): %.7g where the formula "
 				      "gives %.7g", ps_row_optim_name(opt), s + 1, j,
 				      j < DIM ? "weight" : "state", row[j], want[j]);
+		for (int j = 0; j < DIM; j++) {
+			clipped += want[j] == 0.0;
+			unclipped += want[j] != 0.0;
+		}
 	}
+	if (_i == 5)
+		ck_assert_msg(clipped > 0 && unclipped > 0, "ftrl with l1 %g: %d weights clipped "
+			      "to 0 and %d not over the steps; both are due", tc.l1, clipped,
+			      unclipped);
 	/* the steps moved the weights (the comparison above means something
 	 * only if the formula does not stay put) */
 	double moved = 0;
@@ -144,7 +158,7 @@ int main(void)
 	Suite *s = suite_create("row_optim");
 	TCase *tc = tcase_create("row_optim");
 
-	TU_ADD_LOOP(tc, test_row_optimizer_formula, 0, 5);
+	TU_ADD_LOOP(tc, test_row_optimizer_formula, 0, 6);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s) ? 1 : 0;
 }

@@ -351,6 +351,49 @@ START_TEST(test_filter_merge)
 }
 END_TEST
 
+/* ps_table_checksum (what a primary and its backup, or a restart, are
+ * compared by) covers every row: two tables of the same ids, row count
+ * and version differ in it when one float of one row differs, or when
+ * the recency order differs; the same updates give the same checksum. And
+ * the merge of admission filters where a table has none (the offline
+ * re-shard of a table without admission) is no error. */
+START_TEST(test_checksum_covers_rows)
+{
+	struct ps_config cfg;
+	struct ps_table a, b;
+	float g[4] = { 1, 2, 3, 4 }, h[4] = { 1, 2, 3, 4.5f };
+	struct ps_admit none, none2;
+
+	load(&cfg, "{name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}");
+	ck_assert_int_eq(ps_table_init(&a, &cfg, 0, 1, 0.0), 0);
+	ck_assert_int_eq(ps_table_init(&b, &cfg, 0, 1, 0.0), 0);
+	for (uint64_t id = 1; id <= 5; id++) {
+		ck_assert_int_eq(ps_table_push(&a, id, g, 1, 1.0), 1);
+		ck_assert_int_eq(ps_table_push(&b, id, id == 5 ? h : g, 1, 1.0), 1);
+	}
+	ck_assert_uint_eq(a.nrows, b.nrows);
+	ck_assert_msg(ps_table_checksum(&a) != ps_table_checksum(&b), "the checksum does not see "
+		      "one float of the newest row");
+	ck_assert_int_eq(ps_table_push(&b, 5, g, 1, 1.0), 1); /* b's row 5: g + h */
+	ck_assert_int_eq(ps_table_push(&a, 5, h, 1, 1.0), 1); /* a's row 5: g + h */
+	ck_assert_uint_eq(ps_table_checksum(&a), ps_table_checksum(&b));
+	ck_assert_int_eq(ps_table_push(&a, 1, g, 1, 1.0), 1); /* both: row 1 updated again, */
+	ck_assert_int_eq(ps_table_push(&b, 2, g, 1, 1.0), 1); /* a row 1 newest, b row 2 */
+	ck_assert_int_eq(ps_table_push(&a, 2, g, 1, 1.0), 1);
+	ck_assert_int_eq(ps_table_push(&b, 1, g, 1, 1.0), 1);
+	ck_assert_msg(ps_table_checksum(&a) != ps_table_checksum(&b), "the checksum does not see "
+		      "the recency order");
+	ps_table_free(&a);
+	ps_table_free(&b);
+	memset(&none, 0, sizeof(none));
+	memset(&none2, 0, sizeof(none2));
+	ck_assert_int_eq(ps_admit_merge(&none, &none2), 0);
+	ck_assert_int_eq(ps_admit_init(&none2, 64, 5), 0);
+	ck_assert_int_eq(ps_admit_merge(&none, &none2), 0);
+	ps_admit_free(&none2);
+}
+END_TEST
+
 /* The row cap never reaches PS_ROW_NIL, the row number that means "no
  * row": a memory budget of PS_ROW_NIL rows gives PS_ROW_NIL - 1, the bound
  * max_rows' share gets too; a budget under it is kept as it is. */
@@ -449,6 +492,7 @@ int main(void)
 	TU_ADD_LOOP(tc, test_table_model, 0, 2);
 	TU_ADD(tc, test_filter_decay_bounded);
 	TU_ADD(tc, test_filter_merge);
+	TU_ADD(tc, test_checksum_covers_rows);
 	TU_ADD(tc, test_cap_below_nil);
 	TU_ADD(tc, test_ckpt_age_of_row_ahead);
 	suite_add_tcase(s, tc);

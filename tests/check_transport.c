@@ -1946,6 +1946,74 @@ START_TEST(test_aead_record_past_1gib)
 }
 END_TEST
 
+/* The guards of frame_aead.c, under each cipher: an unknown cipher is
+ * refused (-EINVAL) and what is sealed after it carries a tag of zeros; a
+ * context keyed to seal cannot open (-1, even with the right tag) and one
+ * keyed to open cannot seal (a tag of zeros); a record sealed and opened
+ * with the right direction and tag opens, and one with a tag byte flipped
+ * or another sequence number does not. */
+START_TEST(test_aead_misuse)
+{
+	uint8_t key[PS_AEAD_KEY_LEN], hdr[8] = "hdr", msg[40], buf[40], tag[PS_MAC_TAG_LEN];
+	uint8_t zero[PS_MAC_TAG_LEN] = { 0 }, bad[PS_MAC_TAG_LEN];
+	static const int ciphers[] = { PS_CIPHER_AES256GCM, PS_CIPHER_CHACHA20POLY1305 };
+	struct ps_aead a;
+
+	for (size_t i = 0; i < sizeof(key); i++)
+		key[i] = (uint8_t)(i * 11 + 3);
+	for (size_t i = 0; i < sizeof(msg); i++)
+		msg[i] = (uint8_t)(i * 29 + 1);
+	ck_assert_int_eq(ps_aead_init(&a), 0);
+	ck_assert_int_eq(ps_aead_set_key(&a, 99, key, 1), -EINVAL);
+	ps_aead_begin(&a, 1, hdr, sizeof(hdr));
+	memcpy(buf, msg, sizeof(msg));
+	ps_aead_update(&a, buf, buf, sizeof(buf));
+	memset(tag, 0xa5, sizeof(tag));
+	ps_aead_seal_end(&a, tag);
+	ck_assert_msg(!memcmp(tag, zero, sizeof(tag)), "a tag sealed under an unknown cipher");
+	ps_aead_free(&a);
+	for (int c = 0; c < 2; c++) {
+		/* sealed; then the sealing context asked to open it */
+		ck_assert_int_eq(ps_aead_init(&a), 0);
+		ck_assert_int_eq(ps_aead_set_key(&a, ciphers[c], key, 1), 0);
+		ps_aead_begin(&a, 7, hdr, sizeof(hdr));
+		memcpy(buf, msg, sizeof(msg));
+		ps_aead_update(&a, buf, buf, sizeof(buf));
+		ps_aead_seal_end(&a, tag);
+		ck_assert(memcmp(tag, zero, sizeof(tag)) != 0);
+		ck_assert(memcmp(buf, msg, sizeof(msg)) != 0);
+		ps_aead_begin(&a, 7, hdr, sizeof(hdr));
+		ps_aead_update(&a, msg, msg, 0);
+		ck_assert_msg(ps_aead_open_end(&a, tag) == -1, "cipher %d: a sealing context "
+			      "opened a record", ciphers[c]);
+		ps_aead_free(&a);
+		/* an opening context: the record opens with its tag and
+		 * sequence number, not with a flipped tag or another number,
+		 * and sealing with it gives zeros */
+		ck_assert_int_eq(ps_aead_init(&a), 0);
+		ck_assert_int_eq(ps_aead_set_key(&a, ciphers[c], key, 0), 0);
+		for (int v = 0; v < 3; v++) {
+			uint8_t ct[40];
+			memcpy(ct, buf, sizeof(ct));
+			memcpy(bad, tag, sizeof(bad));
+			bad[PS_MAC_TAG_LEN - 1] ^= (uint8_t)(v == 1);
+			ps_aead_begin(&a, v == 2 ? 8 : 7, hdr, sizeof(hdr));
+			ps_aead_update(&a, ct, ct, sizeof(ct));
+			ck_assert_msg(ps_aead_open_end(&a, bad) == (v ? -1 : 0), "cipher %d, case %d: "
+				      "open gave the wrong answer", ciphers[c], v);
+			if (!v)
+				ck_assert(!memcmp(ct, msg, sizeof(msg)));
+		}
+		ps_aead_begin(&a, 9, hdr, sizeof(hdr));
+		memset(tag, 0xa5, sizeof(tag));
+		ps_aead_seal_end(&a, tag);
+		ck_assert_msg(!memcmp(tag, zero, sizeof(tag)), "cipher %d: an opening context "
+			      "sealed a tag", ciphers[c]);
+		ps_aead_free(&a);
+	}
+}
+END_TEST
+
 /* Registers test for every available transport, runs per transport
  * times each; counts the cases one transport gets. */
 #define ADD(test, runs)                                                          \
@@ -2005,6 +2073,7 @@ int main(void)
 	ADD(test_encrypted_frames_on_the_wire, 2);
 	ADD(test_rdma_bad_peer, 1);
 	TU_ADD(tc, test_aead_record_past_1gib);
+	TU_ADD(tc, test_aead_misuse);
 	suite_add_tcase(s, tc);
 	for (int i = 0; i < nskipped; i++)
 		tu_skip_cases(per_transport, "%s (%d cases): %s", skipped[i], per_transport,

@@ -47,6 +47,8 @@ static pid_t srv[2];
 static char logdir[64];
 
 static const char *cfg_mode = "sync"; /* consistency.mode of the next write_config */
+/* more keys of the replication and optimizer sections of the next write_config */
+static const char *cfg_repl = "", *cfg_optim = "";
 
 /* One shard, two processes, sync, SGD lr 1; stats.http on http (0: none). */
 static void write_config(int http)
@@ -60,16 +62,16 @@ static void write_config(int http)
 	snprintf(yaml, sizeof(yaml),
 		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n"
 		 "  replicas: 1\n  workers: %d\n"
-		 "replication:\n  timeout_ms: 1000\n"
+		 "replication:\n  timeout_ms: 1000\n%s"
 		 "consistency:\n  mode: %s\n"
 		 "slice_bytes: 4096\n"
-		 "optimizer:\n  name: sgd\n  lr: 1\n%s"
+		 "optimizer:\n  name: sgd\n  lr: 1\n%s%s"
 		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
 		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
 		 "  request_timeout_ms: 60000\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n",
-		 tu_transport_yaml(), tu_host(), ports[0], tu_host(), ports[1], NWORKERS, cfg_mode,
-		 stats, NA);
+		 tu_transport_yaml(), tu_host(), ports[0], tu_host(), ports[1], NWORKERS, cfg_repl,
+		 cfg_mode, cfg_optim, stats, NA);
 	tu_replica_config(yaml, cfg_path, &cfg, logdir, "/tmp/ps-test-replc-XXXXXX");
 }
 
@@ -231,6 +233,128 @@ START_TEST(test_ack_waits_for_sum_across_failover)
 	ck_assert_msg(log_count(!p, "now the primary") == 1, "logs in %s", logdir);
 	ck_assert_msg(log_count(!p, "are lost") == 0, "the new primary warns that updates are "
 		      "lost (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		ps_client_free(c[r]);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
+/* Sync: worker 0's push of clock 1 waits for worker 1, its ack pending
+ * (the sum is not applied); worker 0's connection closes. Worker 1's push
+ * then completes the clock: the shard releases the pending ack of a
+ * connection that is gone (sent nowhere: under ASan a use after free if it
+ * were not forgotten), the primary goes on, worker 1 is acknowledged, the
+ * backup holds the same weights, and worker 0, back, reads every push
+ * once. */
+START_TEST(test_pending_ack_of_closed_worker)
+{
+	static float g[NWORKERS][NA], w0[NA], w[NA];
+	struct ps_client *c[NWORKERS];
+	struct ps_shard_stats a, b;
+	int64_t id[NWORKERS];
+
+	write_config(0);
+	tu_start_pair(cfg_path, logdir, 0, srv);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		c[r] = worker(r);
+	pull(c[0], 0, w0);
+	for (int r = 0; r < NWORKERS; r++)
+		id[r] = push(c[r], r, 0, g[r]);
+	for (int r = 0; r < NWORKERS; r++)
+		ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock 0: %s", r,
+			      ps_client_error(c[r]));
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	uint64_t pushes = a.pushes;
+	unsigned conns = a.connections;
+	id[0] = push(c[0], 0, 1, g[0]);
+	ck_assert_int_ge(id[0], 0);
+	double t0 = ps_now_s();
+	while (!(tu_replica_stats(&cfg, 0, p, -1, &a) == 0 && a.pushes > pushes) &&
+	       ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(10);
+	ck_assert_msg(a.pushes > pushes, "worker 0's push of clock 1 did not arrive");
+	ck_assert(!ps_client_done(c[0], id[0]));
+	ps_client_free(c[0]);
+	t0 = ps_now_s();
+	while (!(tu_replica_stats(&cfg, 0, p, -1, &a) == 0 && a.connections < conns) &&
+	       ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(10);
+	ck_assert_msg(a.connections < conns, "the primary did not see worker 0's close");
+	id[1] = push(c[1], 1, 1, g[1]);
+	ck_assert_msg(id[1] > 0 && ps_client_wait(c[1], id[1]) == 0, "worker 1 clock 1: %s",
+		      ps_client_error(c[1]));
+	c[0] = worker(0);
+	pull(c[0], 2, w);
+	for (int i = 0; i < NA; i++) {
+		float want = w0[i];
+		for (int clock = 0; clock < 2; clock++)
+			for (int r = 0; r < NWORKERS; r++)
+				want -= grad(r, clock, i);
+		ck_assert_msg(w[i] == want, "a[%d] = %g, %g due (logs in %s)", i, (double)w[i],
+			      (double)want, logdir);
+	}
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	ck_assert_int_eq(a.repl_state, 3);
+	t0 = ps_now_s();
+	while (!(tu_replica_stats(&cfg, 0, !p, -1, &b) == 0 &&
+		 b.param_checksum == a.param_checksum) && ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(20);
+	ck_assert_msg(b.param_checksum == a.param_checksum, "the backup's weights differ from "
+		      "the primary's (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		ps_client_free(c[r]);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
+/* replication.forward: every_push with optimizer.average: the backup sums
+ * each clock's gradients of the two workers itself and must take their
+ * mean, as the primary's store does. After two clocks both processes hold
+ * the same weights; after the primary's kill -9 the new primary serves
+ * the initial weights minus the two clocks' means, exactly. */
+START_TEST(test_every_push_average_on_backup)
+{
+	static float g[NWORKERS][NA], w0[NA], w[NA];
+	struct ps_client *c[NWORKERS];
+	struct ps_shard_stats a, b;
+	int64_t id[NWORKERS];
+
+	cfg_repl = "  forward: every_push\n";
+	cfg_optim = "  average: true\n";
+	write_config(0);
+	cfg_repl = cfg_optim = "";
+	tu_start_pair(cfg_path, logdir, 0, srv);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		c[r] = worker(r);
+	pull(c[0], 0, w0);
+	for (int clock = 0; clock < 2; clock++) {
+		for (int r = 0; r < NWORKERS; r++)
+			id[r] = push(c[r], r, clock, g[r]);
+		for (int r = 0; r < NWORKERS; r++)
+			ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock %d: %s", r,
+				      clock, ps_client_error(c[r]));
+	}
+	a = wait_clocks(p, 2);
+	b = wait_clocks(!p, 2);
+	ck_assert_msg(a.param_checksum == b.param_checksum, "the backup's weights differ from the "
+		      "primary's after two averaged clocks (logs in %s)", logdir);
+	kill(srv[p], SIGKILL);
+	tu_wait_child(srv[p]);
+	srv[p] = 0;
+	pull(c[0], 2, w);
+	for (int i = 0; i < NA; i++) {
+		float want = w0[i];
+		for (int clock = 0; clock < 2; clock++)
+			want -= (grad(0, clock, i) + grad(1, clock, i)) / 2.0f;
+		ck_assert_msg(w[i] == want, "a[%d] = %g after the takeover, %g due (the mean of "
+			      "each clock; logs in %s)", i, (double)w[i], (double)want, logdir);
+	}
 	for (int r = 0; r < NWORKERS; r++)
 		ps_client_free(c[r]);
 	stop_all();
@@ -541,6 +665,8 @@ int main(void)
 
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_ack_waits_for_sum_across_failover);
+	TU_ADD(tc, test_pending_ack_of_closed_worker);
+	TU_ADD(tc, test_every_push_average_on_backup);
 	TU_ADD(tc, test_backup_rejoin_keeps_primary);
 	TU_ADD_LOOP(tc, test_one_way_blocked_elects, 0, 2);
 	TU_ADD(tc, test_primary_cut_one_way);

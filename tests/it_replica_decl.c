@@ -14,6 +14,7 @@
  * with the rates the pushes gave: the same weights, exact after a kill.
  */
 #include <check.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -220,8 +221,8 @@ static void check_exact(struct ps_client *c, uint64_t clocks, const char *what)
 }
 
 /* Until both processes report every worker's finished clock as `want`;
- * then their dense checksums and every table's name, rows and checksum
- * must agree. */
+ * then their dense checksums and every table's name, rows, checksum and
+ * epoch must agree. */
 static void assert_same(uint64_t want, const char *what)
 {
 	struct ps_shard_stats st[2];
@@ -254,6 +255,11 @@ static void assert_same(uint64_t want, const char *what)
 			      "checksums %llx and %llx", what, decl[t].name,
 			      (unsigned long long)st[0].tables[t].checksum,
 			      (unsigned long long)st[1].tables[t].checksum);
+		/* the instant the rows' stamps and ttl count from: the same on
+		 * both processes (one host, one wall clock) */
+		ck_assert_msg(fabs(st[0].tables[t].epoch_unix - st[1].tables[t].epoch_unix) < 0.5,
+			      "%s: table %s: epochs %.3f and %.3f", what, decl[t].name,
+			      st[0].tables[t].epoch_unix, st[1].tables[t].epoch_unix);
 	}
 }
 

@@ -284,8 +284,55 @@ START_TEST(test_sync_exact)
 }
 END_TEST
 
+static size_t ndistinct(const uint64_t *ids, size_t n)
+{
+	size_t d = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t j = 0;
+		while (j < i && ids[j] != ids[i])
+			j++;
+		d += j == i;
+	}
+	return d;
+}
+
+/* The bytes a row pull of the n distinct ids sends (each shard's part
+ * delta-varint coded in ascending order): what ps_client_rows_bytes
+ * counts as sent for it. */
+static uint64_t pull_id_bytes(const struct ps_config *cfg, int t, const uint64_t *ids, size_t n)
+{
+	uint64_t key = ps_rows_table_key(&cfg->tables[t]), total = 0;
+	uint64_t *part = malloc(sizeof(uint64_t) * n);
+	uint8_t *enc = malloc(n * PS_VARINT_MAX + 1);
+
+	ck_assert(part && enc);
+	for (int k = 0; k < cfg->nshards; k++) {
+		size_t m = 0;
+		for (size_t i = 0; i < n; i++)
+			if (ps_rows_shard(key, ids[i], cfg->nshards) == k)
+				part[m++] = ids[i];
+		for (size_t i = 1; i < m; i++) /* insertion sort: ascending */
+			for (size_t j = i; j > 0 && part[j - 1] > part[j]; j--) {
+				uint64_t x = part[j];
+				part[j] = part[j - 1];
+				part[j - 1] = x;
+			}
+		if (m)
+			total += ps_rows_ids_encode(part, m, enc);
+	}
+	free(part);
+	free(enc);
+	return total;
+}
+
 /* Async: pushes apply as they come; once every push was acknowledged each
- * row is exactly minus its gradients' sum (integers: order does not matter). */
+ * row is exactly minus its gradients' sum (integers: order does not matter).
+ * And the byte figures of the row path, each against what the calls did:
+ * the shards' push bytes by codec (as float32: distinct ids x dim x 4; as
+ * received: what the clients say they sent), bytes_in, the pull replies'
+ * bytes and bytes_out, the tables' pulled and pushed rows, and each
+ * client's ps_client_rows_bytes (given: ids and gradients as passed in). */
 START_TEST(test_async_exact)
 {
 	struct cluster cl;
@@ -295,6 +342,8 @@ START_TEST(test_async_exact)
 	uint64_t ids[80], all[200];
 	float g[80 * DIM], w[200 * DIM];
 	double expect[200 * DIM] = { 0 };
+	uint64_t raw[2] = { 0, 0 }, given[2] = { 0, 0 }, pushed = 0, sent[2] = { 0, 0 };
+	uint64_t sent_by[2] = { 0, 0 }; /* by codec: raw, fp16 */
 
 	start(&cl, 2, "async", "", "");
 	for (int r = 0; r < 2; r++) {
@@ -311,10 +360,50 @@ START_TEST(test_async_exact)
 			for (size_t i = 0; i < n; i++)
 				for (int j = 0; j < DIM; j++)
 					expect[uidx(ids[i]) * DIM + j] -= g[i * DIM + j];
+			raw[clock % 2] += ndistinct(ids, n) * DIM * 4;
+			pushed += ndistinct(ids, n);
+			given[r] += n * (8 + 4 * DIM);
+			uint64_t gv1, sn1;
+			ps_client_rows_bytes(c[r], &gv1, &sn1);
+			sent_by[clock % 2] += sn1 - sent[r];
+			sent[r] = sn1;
 		}
+	/* the push figures, before any pull */
+	uint64_t sent_push = 0, wire[2] = { 0, 0 }, in = 0, raw_got[2] = { 0, 0 }, gv[2], sn[2];
+	for (int r = 0; r < 2; r++) {
+		ps_client_rows_bytes(c[r], &gv[r], &sn[r]);
+		ck_assert_msg(gv[r] == given[r], "rank %d: ps_client_rows_bytes gives %" PRIu64
+			      " bytes given, %" PRIu64 " were passed in", r, gv[r], given[r]);
+		sent_push += sn[r];
+	}
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st), 0);
+		for (int x = 0; x < 2; x++) {
+			raw_got[x] += st.push_raw_bytes[x];
+			wire[x] += st.push_wire_bytes[x];
+		}
+		in += st.bytes_in;
+		ck_assert_uint_eq(st.pull_raw_bytes, 0);
+	}
+	for (int x = 0; x < 2; x++)
+		ck_assert_msg(raw_got[x] == raw[x], "the shards count %" PRIu64 " bytes of %s row "
+			      "gradients as float32; the pushes held %" PRIu64, raw_got[x],
+			      x ? "fp16" : "raw", raw[x]);
+	for (int x = 0; x < 2; x++)
+		ck_assert_msg(wire[x] == sent_by[x], "the shards received %" PRIu64 " bytes of %s "
+			      "row pushes; the clients sent %" PRIu64, wire[x], x ? "fp16" : "raw",
+			      sent_by[x]);
+	ck_assert_msg(in == sent_push && sent_by[0] + sent_by[1] == sent_push, "the shards' "
+		      "bytes_in: %" PRIu64 "; the clients sent %" PRIu64 " bytes of row pushes", in,
+		      sent_push);
+	ck_assert(sent_by[1] < sent_by[0]); /* fp16: 2 bytes a value */
 	for (size_t i = 0; i < nid; i++)
 		all[i] = i * MULT;
 	ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 0, all, nid, w), 0);
+	ps_client_rows_bytes(c[0], &gv[0], &sn[0]);
+	ck_assert_uint_eq(gv[0], given[0] + nid * 8);
+	ck_assert_uint_eq(sn[0], sent_push - sn[1] + pull_id_bytes(&cl.cfg, 0, all, nid));
 	for (size_t i = 0; i < nid * DIM; i++)
 		ck_assert_msg((double)w[i] == expect[i], "row %zu: %g, expected %g", i / DIM, w[i],
 			      expect[i]);
@@ -328,12 +417,96 @@ START_TEST(test_async_exact)
 		ck_assert_int_eq(memcmp(fw + i * 8, init, sizeof(init)), 0);
 		ck_assert(fabsf(init[0]) <= 0.5f && init[0] != init[1]);
 	}
+	/* the pull replies: raw (compression.pull none), nid rows of e and 3
+	 * of f (dim 8); every row pushed once per push it was named in */
+	uint64_t praw = 0, pwire = 0, out = 0, pulled[2] = { 0, 0 }, pushed_got = 0;
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st), 0);
+		praw += st.pull_raw_bytes;
+		pwire += st.pull_wire_bytes;
+		out += st.bytes_out;
+		for (int t = 0; t < 2; t++)
+			pulled[t] += st.tables[t].pulled_rows;
+		pushed_got += st.tables[0].pushed_rows;
+	}
+	ck_assert_msg(praw == (nid * DIM + 3 * 8) * 4 && pwire == praw && out == praw,
+		      "row pull replies: %" PRIu64 " bytes as float32, %" PRIu64 " sent, bytes_out %"
+		      PRIu64 "; %zu due", praw, pwire, out, (nid * DIM + 3 * 8) * 4);
+	ck_assert_msg(pulled[0] == nid && pulled[1] == 3, "pulled rows: e %" PRIu64 ", f %" PRIu64
+		      "; %zu and 3 due", pulled[0], pulled[1], nid);
+	ck_assert_msg(pushed_got == pushed, "pushed rows of e: %" PRIu64 "; %" PRIu64 " due",
+		      pushed_got, pushed);
+	ps_client_rows_bytes(c[1], &gv[1], &sn[1]);
+	ck_assert_uint_eq(gv[1], given[1] + 3 * 8);
 	for (int r = 0; r < 2; r++)
 		ps_client_free(c[r]);
 	stop(&cl);
 }
 END_TEST
 
+
+/* Async with staleness 1: a row pull is answered once the slowest worker
+ * has ended the caller's clock minus 1, as a dense pull. Worker 0 ends
+ * clocks 0-2 (its pulls carry clock 3) and worker 2 clocks 0-4 (clock 5),
+ * worker 1 none: both pulls wait. Worker 1 ending clock 0 answers
+ * neither; ending clock 1 answers worker 0's (its rows as pushed) and not
+ * worker 2's; once workers 0 and 1 have ended clock 3, worker 2's. */
+static void end_clock(struct ps_client *c, uint64_t clock)
+{
+	int64_t id = ps_client_push(c, clock, NULL, 0, PS_PUSH_END_CLOCK);
+
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
+}
+
+START_TEST(test_async_row_pull_staleness)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c[3];
+	uint64_t ids[2] = { 21, 22 };
+	float g[2 * DIM], w0[2 * DIM], w2[2 * DIM];
+	int64_t p0, p2;
+
+	start(&cl, 3, "async\n  staleness: 1", "", "");
+	for (int r = 0; r < 3; r++) {
+		c[r] = connect_retry(&cl.cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int i = 0; i < 2 * DIM; i++)
+		g[i] = (float)(i + 1);
+	ck_assert_int_eq(ps_client_push_rows(c[2], "e", 0, ids, 2, g, 0), 0);
+	for (uint64_t k = 0; k < 5; k++) {
+		if (k < 3)
+			end_clock(c[0], k);
+		end_clock(c[2], k);
+	}
+	p0 = ps_client_pull_rows_async(c[0], "e", 0, ids, 2, w0);
+	p2 = ps_client_pull_rows_async(c[2], "e", 0, ids, 2, w2);
+	ck_assert(p0 > 0 && p2 > 0);
+	ck_assert_int_eq(ps_client_wait_timeout(c[0], p0, 0.5), PS_ETIMEDOUT);
+	end_clock(c[1], 0);
+	ck_assert_msg(ps_client_wait_timeout(c[0], p0, 0.5) == PS_ETIMEDOUT, "worker 0's pull "
+		      "(clock 3) answered with worker 1 at clock 1");
+	end_clock(c[1], 1);
+	ck_assert_msg(ps_client_wait_timeout(c[0], p0, 10 * tu_time_scale()) == 0, "worker 0's "
+		      "pull (clock 3) with every worker past clock 1: %s", ps_client_error(c[0]));
+	for (int i = 0; i < 2 * DIM; i++)
+		ck_assert_msg(w0[i] == -g[i], "element %d is %g", i, w0[i]);
+	ck_assert_msg(ps_client_done(c[2], p2) == 0, "worker 2's pull (clock 5) answered with "
+		      "workers 0 and 1 at clock 3 and 2");
+	end_clock(c[1], 2);
+	end_clock(c[1], 3);
+	ck_assert_int_eq(ps_client_wait_timeout(c[2], p2, 0.3), PS_ETIMEDOUT);
+	end_clock(c[0], 3);
+	ck_assert_msg(ps_client_wait_timeout(c[2], p2, 10 * tu_time_scale()) == 0, "worker 2's "
+		      "pull (clock 5) with every worker past clock 3: %s", ps_client_error(c[2]));
+	ck_assert_int_eq(memcmp(w2, w0, sizeof(w0)), 0);
+	for (int r = 0; r < 3; r++)
+		ps_client_free(c[r]);
+	stop(&cl);
+}
+END_TEST
 
 /* Sync with a worker that leaves: once it has had no connection for
  * limits.idle_timeout_ms the tables' clocks go on without it, what it
@@ -365,9 +538,33 @@ START_TEST(test_sync_worker_leaves_and_ttl)
 	ck_assert_msg(ps_now_s() - t0 > 1.0, "clock 1 applied without waiting for worker 1");
 	for (int i = 0; i < 3 * DIM; i++) /* worker 0's three clocks and worker 1's one */
 		ck_assert_msg(w[i] == -4.0f, "element %d is %g", i, w[i]);
-	/* no update for the ttl (4 s): the rows expire and read as their initial value */
+	/* worker 1 comes back and pushes rows for clock 2, which the tables
+	 * applied without it (it never ended a clock here): acknowledged and
+	 * set aside, not applied and not refused */
 	mon = connect_retry(&cl.cfg, -1, err, sizeof(err));
 	ck_assert_msg(mon != NULL, "%s", err);
+	uint64_t errors0 = 0, errors1 = 0;
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		errors0 += st.errors;
+	}
+	c1 = connect_retry(&cl.cfg, 1, err, sizeof(err));
+	ck_assert_msg(c1 != NULL, "%s", err);
+	ck_assert_msg(ps_client_push_rows(c1, "e", 2, ids, 3, g, 0) == 0, "the late push of the "
+		      "worker that came back: %s", ps_client_error(c1));
+	ck_assert_int_eq(ps_client_pull_rows(c1, "e", 3, ids, 3, w), 0);
+	for (int i = 0; i < 3 * DIM; i++)
+		ck_assert_msg(w[i] == -4.0f, "element %d is %g after the late push", i, w[i]);
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		errors1 += st.errors;
+		ck_assert_uint_eq(st.tables[0].version, 3);
+	}
+	ck_assert_uint_eq(errors1, errors0);
+	ps_client_free(c1);
+	/* no update for the ttl (4 s): the rows expire and read as their initial value */
 	uint64_t expired = 0;
 	for (double dl = ps_now_s() + 10 * tu_time_scale(); expired < 3 && ps_now_s() < dl;) {
 		expired = 0;
@@ -434,6 +631,61 @@ START_TEST(test_sync_rows_with_dense_end_clock)
 }
 END_TEST
 
+
+/* Sync, two workers: worker 0 ends clock 0 with a dense push and already
+ * pushes rows for clock 1; worker 1 ends clock 0 with a dense push alone.
+ * Clock 0 is then complete without any row push, while rows of clock 1
+ * are kept: the tables move to version 1 with the rows as they were (an
+ * empty clock) and keep clock 1 for its turn, which adds worker 1's rows
+ * (every gradient once). */
+START_TEST(test_sync_rows_ahead_of_dense_clock)
+{
+	struct cluster cl;
+	char err[512];
+	struct ps_client *c[2];
+	uint64_t ids[2] = { 5, 1ull << 40 };
+	float g[3][2 * DIM], w[2 * DIM], dg[8]; /* g[0]: not pushed */
+	struct ps_tensor tg = { "w", dg, 8, 0 };
+	int64_t id;
+
+	start(&cl, 2, "sync", "", "");
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cl.cfg, r, err, sizeof(err));
+		ck_assert_msg(c[r] != NULL, "%s", err);
+	}
+	for (int i = 0; i < 2 * DIM; i++) {
+		g[0][i] = (float)(i + 1);
+		g[1][i] = 10.0f * (float)(i + 1);
+		g[2][i] = 100.0f * (float)(i + 1);
+	}
+	for (int i = 0; i < 8; i++)
+		dg[i] = 1.0f;
+	id = ps_client_push(c[0], 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c[0], id), 0);
+	ck_assert_int_eq(ps_client_push_rows(c[0], "e", 1, ids, 2, g[1], 0), 0);
+	id = ps_client_push(c[1], 0, &tg, 1, PS_PUSH_END_CLOCK);
+	ck_assert_int_gt(id, 0);
+	ck_assert_int_eq(ps_client_wait(c[1], id), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c[1], "e", 1, ids, 2, w), 0);
+	for (int i = 0; i < 2 * DIM; i++)
+		ck_assert_msg(w[i] == 0.0f, "element %d at version 1 is %g; clock 0 had no rows", i,
+			      w[i]);
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c[1], k, &st), 0);
+		ck_assert_uint_eq(st.tables[0].version, 1);
+	}
+	ck_assert_int_eq(ps_client_push_rows(c[1], "e", 1, ids, 2, g[2], 0), 0);
+	ck_assert_int_eq(ps_client_pull_rows(c[1], "e", 2, ids, 2, w), 0);
+	for (int i = 0; i < 2 * DIM; i++)
+		ck_assert_msg(w[i] == -g[1][i] - g[2][i], "element %d at version 2 is %g",
+			      i, w[i]);
+	for (int r = 0; r < 2; r++)
+		ps_client_free(c[r]);
+	stop(&cl);
+}
+END_TEST
 
 /* A worker with two row pulls waiting for the sync barrier disconnects:
  * both pulls go with its connection. When the other worker then ends the
@@ -644,6 +896,36 @@ static void check_row_claim_refused(const struct cluster *cl, const char *dir, u
 	ck_assert_int_eq(rename(keep, f), 0);
 }
 
+/* Shard 0 started on dir's checkpoint with cl's config edited (from ->
+ * to, once): it must refuse to start, its log naming the file and want. */
+static void check_config_change_refused(const struct cluster *cl, const char *dir,
+					const char *from, const char *to, const char *want)
+{
+	char path[64], logf[300], *yaml = read_text(cl->path), *log, *p;
+	char *edited = malloc(strlen(yaml ? yaml : "") + strlen(to) + 1);
+	int rc;
+
+	ck_assert_ptr_nonnull(yaml);
+	p = strstr(yaml, from);
+	ck_assert_msg(p != NULL, "'%s' not in the config", from);
+	memcpy(edited, yaml, (size_t)(p - yaml));
+	strcpy(edited + (p - yaml), to);
+	strcat(edited, p + strlen(from));
+	ck_assert_int_eq(tu_write_temp(path, edited), 0);
+	snprintf(logf, sizeof(logf), "%s/shard-0-config.log", dir);
+	unlink(logf);
+	rc = exit_within(tu_start_server_log(path, 0, logf), 10000);
+	log = read_text(logf);
+	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") &&
+		      strstr(log, "shard-0.ckpt: ") && strstr(log, want), "the config edited "
+		      "('%s' for '%s'): the shard %s, its log: %s (\"%s\" expected)", to, from,
+		      rc < 0 ? "did not exit" : "exited", log ? log : "empty", want);
+	free(log);
+	free(yaml);
+	free(edited);
+	unlink(path);
+}
+
 /* Rows, optimizer state (rowwise adagrad on table f), versions and the
  * admission counts of ids not admitted yet come back from the checkpoint
  * after both shards are killed with SIGKILL; checked bit for bit against
@@ -674,11 +956,24 @@ START_TEST(test_checkpoint_kill9)
 		ones[i] = 1.0f;
 	/* clock k pushes ids 0..N-1 to f, and to e the first N - 16 k ids
 	 * (admission 3: ids pushed 3 times get rows, the rest only counts) */
+	/* clock 0 also gives f BIG more rows of gradient 1: a shard then
+	 * restores more rows than the loader reads at a time (4,096) */
+	enum { BIG = 12000 };
+	uint64_t *bids = malloc(sizeof(uint64_t) * (N + BIG));
+	float *bg = malloc(sizeof(float) * 8 * (N + BIG));
+	ck_assert(bids && bg);
+	for (int i = 0; i < N + BIG; i++)
+		bids[i] = (uint64_t)(i + 1) * MULT;
 	for (int k = 0; k < 4; k++) {
 		for (int i = 0; i < N * 8; i++)
 			g[i] = (float)((i * 7 + k * 3) % 11) - 5.0f;
-		ck_assert_msg(ps_client_push_rows(c, "f", (uint64_t)k, ids, N, g, 0) == 0, "%s",
-			      ps_client_error(c));
+		if (!k) {
+			memcpy(bg, g, sizeof(float) * N * 8);
+			for (int i = N * 8; i < (N + BIG) * 8; i++)
+				bg[i] = 1.0f;
+		}
+		ck_assert_msg(ps_client_push_rows(c, "f", (uint64_t)k, k ? ids : bids, k ? N : N + BIG,
+						  k ? g : bg, 0) == 0, "%s", ps_client_error(c));
 		for (int i = 0; i < N; i++)
 			ck_assert_int_eq(ps_table_push(&model, ids[i], g + i * 8, 1, ps_now_s()), 1);
 		ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)k, ids, (size_t)(N - 16 * k), ones,
@@ -690,6 +985,9 @@ START_TEST(test_checkpoint_kill9)
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(got[i * DIM] == (i < 16 ? -2.0f : i < 32 ? -1.0f : 0.0f), "e row %d: %g",
 			      i, got[i * DIM]);
+	float *big0 = malloc(sizeof(float) * 8 * BIG), *big1 = malloc(sizeof(float) * 8 * BIG);
+	ck_assert(big0 && big1);
+	ck_assert_int_eq(ps_client_pull_rows(c, "f", 4, bids + N, BIG, big0), 0);
 	for (int k = 0; k < 2; k++) {
 		struct ps_shard_stats st;
 		ck_assert_int_eq(ps_client_checkpoint(mon, k, 1, &st), 0);
@@ -707,6 +1005,12 @@ START_TEST(test_checkpoint_kill9)
 	ck_assert_uint_gt(before[0].tables[0].rows, 0);
 	check_row_claim_refused(&cl, dir, before[0].tables[0].rows, 0);
 	check_row_claim_refused(&cl, dir, before[0].tables[0].rows, 1);
+	/* table e's admission filter configured to another size (names, dims
+	 * and optimizers are in the shard map's hash, refused before) */
+	check_config_change_refused(&cl, dir, "admission: 3", "admission: 3, filter_ids: 5000",
+				    "table 0 is not 'e' of dim 4 with 0 floats of state and a filter "
+				    "of 8192 slots as configured (name, dim, optimizer or filter_ids "
+				    "changed)");
 	for (int k = 0; k < 2; k++)
 		cl.srv[k] = tu_start_server(cl.path, k);
 	c = connect_retry(&cl.cfg, 0, err, sizeof(err));
@@ -722,6 +1026,16 @@ START_TEST(test_checkpoint_kill9)
 			ck_assert_uint_eq(after[k].tables[t].admitted, before[k].tables[t].admitted);
 		}
 	}
+	/* f's BIG rows (more than 4,096 on each shard) as before */
+	ck_assert_uint_gt(after[0].tables[1].rows, 4096 + N);
+	ck_assert_uint_gt(after[1].tables[1].rows, 4096 + N);
+	ck_assert_int_eq(ps_client_pull_rows(c, "f", 4, bids + N, BIG, big1), 0);
+	ck_assert_msg(memcmp(big0, big1, sizeof(float) * 8 * BIG) == 0, "f's %d rows of clock 0 "
+		      "differ after the restart", BIG);
+	free(big0);
+	free(big1);
+	free(bids);
+	free(bg);
 	/* f: weights restored bit for bit; one more update proves the state was too */
 	for (int i = 0; i < N * 8; i++)
 		g[i] = (float)(i % 5) - 2.0f;
@@ -775,6 +1089,62 @@ static int exit_within(pid_t pid, int ms)
 		tu_sleep_ms(20);
 	}
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* f, a checkpoint file of cl's shard 0: table t's record (found by its
+ * key, dim and row_floats) given dim + 1 and the file's CRC made right;
+ * shard 0 must refuse to start, its log naming f and want. The file is
+ * put back. */
+static void check_record_dim_refused(const struct cluster *cl, const char *dir, const char *f,
+				     int t, int row_floats, const char *want)
+{
+	char keep[320], logf[300], *log;
+	struct ckpt_table ct;
+	uint64_t key = ps_rows_table_key(&cl->cfg.tables[t]);
+	size_t at = 0, found = 0;
+	struct stat sb;
+	uint8_t *b;
+	FILE *fp;
+	uint32_t crc;
+	int rc;
+
+	snprintf(keep, sizeof(keep), "%s.kept", f);
+	snprintf(logf, sizeof(logf), "%s/shard-0-record.log", dir);
+	ck_assert_int_eq(stat(f, &sb), 0);
+	b = malloc((size_t)sb.st_size);
+	ck_assert_ptr_nonnull(b);
+	fp = fopen(f, "rb");
+	ck_assert_ptr_nonnull(fp);
+	ck_assert_uint_eq(fread(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
+	fclose(fp);
+	for (size_t p = 0; p + sizeof(ct) + 4 <= (size_t)sb.st_size; p++) {
+		memcpy(&ct, b + p, sizeof(ct));
+		if (ct.key == key && ct.dim == (uint32_t)cl->cfg.tables[t].dim &&
+		    ct.row_floats == (uint32_t)row_floats) {
+			at = p;
+			found++;
+		}
+	}
+	ck_assert_msg(found == 1, "table %d's record found %zu times in %s", t, found, f);
+	memcpy(&ct, b + at, sizeof(ct));
+	ct.dim++;
+	memcpy(b + at, &ct, sizeof(ct));
+	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(sb.st_size - 4));
+	memcpy(b + sb.st_size - 4, &crc, 4);
+	ck_assert_int_eq(rename(f, keep), 0);
+	fp = fopen(f, "wb");
+	ck_assert_ptr_nonnull(fp);
+	ck_assert_uint_eq(fwrite(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
+	ck_assert_int_eq(fclose(fp), 0);
+	free(b);
+	rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
+	log = read_text(logf);
+	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") && strstr(log, f) &&
+		      strstr(log, want), "%s with table %d's dim edited: the shard %s, its log: %s "
+		      "(\"%s\" expected)", f, t, rc < 0 ? "did not exit" : "exited",
+		      log ? log : "empty", want);
+	free(log);
+	ck_assert_int_eq(rename(keep, f), 0);
 }
 
 /* A full checkpoint and two incremental ones of a table with a cap
@@ -836,6 +1206,10 @@ START_TEST(test_incremental_kill9)
 					      "exited", log ? log : "the log is empty");
 				free(log);
 				ck_assert_int_eq(rename(keep, d2), 0);
+				/* delta-2's record of e edited (its CRC made right):
+				 * another dim than the config's, refused, named */
+				check_record_dim_refused(&cl, dir, d2, 0, DIM + 2 * DIM + 1,
+							 "table 0 is not 'e' as configured");
 			}
 			for (int k = 0; k < 2; k++)
 				cl.srv[k] = tu_start_server(cl.path, k);
@@ -1163,7 +1537,29 @@ START_TEST(test_hostile)
 	for (size_t i = 0; i < big; i++)
 		many[i] = i;
 	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, many, big, out), PS_ETOOBIG);
+	ck_assert_msg(strstr(ps_client_error(c), "table 'e': ") &&
+		      strstr(ps_client_error(c), "distinct ids for shard ") &&
+		      strstr(ps_client_error(c), "(limits.max_request_rows)"), "%s",
+		      ps_client_error(c));
 	ck_assert_int_eq(ps_client_pull_rows(c, "nosuch", 0, many, 1, out), PS_ENOTENSOR);
+	/* the same for a push (its gradients: zeros), and nothing of either
+	 * counted as given or sent */
+	uint64_t given0, sent0, given1, sent1;
+	float *zg = calloc(big * DIM, sizeof(float));
+	ps_client_rows_bytes(c, &given0, &sent0);
+	ck_assert_int_eq(ps_client_push_rows(c, "e", 0, many, big, zg, 0), PS_ETOOBIG);
+	char want[200];
+	snprintf(want, sizeof(want), "at most %d (limits.max_request_rows)",
+		 cl.cfg.limits.max_request_rows);
+	ck_assert_msg(strstr(ps_client_error(c), "table 'e': ") && strstr(ps_client_error(c), want),
+		      "%s", ps_client_error(c));
+	ck_assert_int_eq(ps_client_push_rows(c, "nosuch", 0, many, 1, zg, 0), PS_ENOTENSOR);
+	ck_assert_str_eq(ps_client_error(c), "no embedding table 'nosuch' in the config "
+			 "(model.embeddings)");
+	ps_client_rows_bytes(c, &given1, &sent1);
+	ck_assert_uint_eq(given1, given0);
+	ck_assert_uint_eq(sent1, sent0);
+	free(zg);
 	/* and the shard serves as before, its rejections counted */
 	float w[DIM];
 	ck_assert_int_eq(ps_client_pull_rows(c, "e", 0, two, 1, w), 0);
@@ -1320,7 +1716,8 @@ static int park_pulls(int fd, int n, const uint8_t *enc, size_t elen, uint32_t n
  * (before: 558 MB). A second connection parks only up to
  * limits.max_waiting_bytes_total (6 MiB: 2 more), whatever the number of
  * connections, and the bytes of a closed connection's pulls are free
- * again. */
+ * again. And limits.max_waiting_pulls bounds the count of one
+ * connection's parked pulls, however small. */
 START_TEST(test_parked_pulls_bounded)
 {
 	struct cluster cl;
@@ -1332,7 +1729,7 @@ START_TEST(test_parked_pulls_bounded)
 	int a, b;
 
 	start(&cl, 1, "sync", "", "security:\n  auth: false\nlimits:\n  max_waiting_bytes: 4MiB\n"
-	      "  max_waiting_bytes_total: 6MiB\n");
+	      "  max_waiting_bytes_total: 6MiB\n  max_waiting_pulls: 6\n");
 	ck_assert_int_eq(ps_shardmap_init(&map, &cl.cfg), 0);
 	for (size_t i = 0; i < NIDS; i++)
 		ids[i] = i + 1;
@@ -1364,6 +1761,14 @@ START_TEST(test_parked_pulls_bounded)
 	/* and b's own bound holds: 3 parked, 1 more fits, then its limit */
 	ck_assert_int_eq(park_pulls(b, 2, enc, elen, NIDS, "limits.max_waiting_bytes"), 1);
 	close(b);
+	/* a third connection, small pulls: limits.max_waiting_pulls (6 here)
+	 * park, whatever their bytes; the next are refused naming it */
+	uint8_t small[8];
+	size_t slen = ps_rows_ids_encode(ids, 3, small);
+	int c3 = tu_raw_join(cl.port[0], &cl.cfg, &map, 0, 0);
+	ck_assert_int_eq(park_pulls(c3, 9, small, slen, 3, "6 pulls of this connection wait for "
+				    "their clock already (limits.max_waiting_pulls)"), 3);
+	close(c3);
 	free(ids);
 	free(enc);
 	ps_shardmap_free(&map);
@@ -1462,9 +1867,11 @@ static Suite *rows_suite(void)
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_sync_exact);
 	TU_ADD(tc, test_async_exact);
+	TU_ADD(tc, test_async_row_pull_staleness);
 	TU_ADD(tc, test_pull_fp16);
 	TU_ADD(tc, test_sync_worker_leaves_and_ttl);
 	TU_ADD(tc, test_sync_rows_with_dense_end_clock);
+	TU_ADD(tc, test_sync_rows_ahead_of_dense_clock);
 	TU_ADD(tc, test_waiting_row_pulls_of_closed_worker);
 	TU_ADD(tc, test_checkpoint_kill9);
 	TU_ADD_LOOP(tc, test_incremental_kill9, 0, 2);
