@@ -1941,6 +1941,14 @@ START_TEST(test_many_entries)
 	pl.n_slices = 2;
 	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
 	expect_error(fd, 4, PS_ENOTENSOR, "slice 4 is not owned by shard 0");
+	/* a reply encoding other than raw and fp16 (topk of weights is no
+	 * pull reply) */
+	pl.req_id = 5;
+	pl.n_slices = 1;
+	pl.codec = PS_CODEC_TOPK;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	expect_error(fd, 5, PS_EPROTO, "pull replies can be raw (0) or fp16 (1), not codec 3");
+	pl.codec = 0;
 	double cpu = tu_cpu_ms(F.pid) - cpu0;
 	printf("measured: 6,000- and 15,000-entry requests refused in %.0f ms, %.0f ms of the "
 	       "shard's CPU time\n", now_ms() - t0, cpu);
@@ -1963,6 +1971,29 @@ START_TEST(test_many_entries)
 	fx_stop();
 }
 END_TEST
+
+/* Sends heartbeats on fd until the shard's reason for holding fd's pull
+ * (Heartbeat.held) is want, at most 5 s; fails showing the last one. */
+static void expect_held(int fd, const char *want)
+{
+	static uint64_t seq;
+	char held[300] = "";
+	double deadline = now_ms() + 5000 * tu_time_scale();
+
+	while (now_ms() < deadline) {
+		Ps__Heartbeat hb = PS__HEARTBEAT__INIT;
+		hb.seq = ++seq;
+		ck_assert_int_eq(raw_send(fd, PS_MSG_HEARTBEAT, &hb.base, NULL, 0), 0);
+		Ps__Heartbeat *a = (Ps__Heartbeat *)raw_expect(fd, PS_MSG_HEARTBEAT, 3000);
+		ck_assert_ptr_nonnull(a);
+		snprintf(held, sizeof(held), "%s", a->held);
+		protobuf_c_message_free_unpacked(&a->base, NULL);
+		if (!strcmp(held, want))
+			return;
+		tu_sleep_ms(50);
+	}
+	ck_abort_msg("held: \"%s\", want \"%s\"", held, want);
+}
 
 /* Three workers, raw. Worker 2 comes and goes: once dropped (limits.
  * drop_timeout_ms) the reason a pull is held names only worker 1, not the
@@ -2017,6 +2048,14 @@ START_TEST(test_held_pull_and_worker_ahead)
 	}
 	ck_assert_msg(strcmp(held, "waiting for workers 1 of 3 at clock 0 (worker 1 never "
 			     "connected)") == 0, "held: %s", held);
+	/* worker 1 connected, not having ended clock 0: named as connected */
+	int fd1a = raw_connect();
+	h = good_hello(1);
+	h.incarnation = 1111;
+	r = raw_hello(fd1a, &h);
+	ck_assert_msg(r && r->ok, "worker 1 refused");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	expect_held(fd, "waiting for workers 1 of 3 at clock 0 (worker 1 connected, at clock 0)");
 
 	int fd1 = raw_connect();
 	h = good_hello(1);
@@ -2038,6 +2077,66 @@ START_TEST(test_held_pull_and_worker_ahead)
 	ck_assert_msg(q > 0 && ps_client_wait(F.c, q) == 0, "%s", ps_client_error(F.c));
 	for (int i = 0; i < NA; i++) /* worker 0's ones alone */
 		ck_assert_msg(w[i] == (float)(i % 1024) - 1.0f, "a[%d] = %g", i, (double)w[i]);
+	close(fd1);
+	close(fd1a);
+	close(fd);
+	fx_stop();
+}
+END_TEST
+
+/* Async with staleness 1, two raw workers: worker 0 ends clocks 0..2 and
+ * pulls for clock 3, which waits until every live worker has ended clock 1
+ * (3 - staleness - 1); the reason names worker 1 and that clock; worker 1
+ * ending clocks 0 and 1 releases the pull, with worker 0's three
+ * gradients and worker 1's two applied. */
+START_TEST(test_held_pull_async)
+{
+	struct pref p[8];
+	uint64_t plen;
+	uint32_t ids[8];
+
+	fx_workers = 2;
+	fx_mode = "async\n  staleness: 1";
+	fx_start();
+	fx_workers = 1;
+	fx_mode = "sync";
+	int fd = raw_worker();
+	int n = all_slices(p, &plen);
+	for (uint64_t k = 0; k < 3; k++) {
+		ck_assert_int_eq(raw_push(fd, 10 + k, k, 1, p, n, plen), 0);
+		expect_ack(fd, 10 + k);
+	}
+	Ps__Pull pl = PS__PULL__INIT;
+	for (int i = 0; i < n; i++)
+		ids[i] = (uint32_t)i;
+	pl.req_id = 20;
+	pl.n_slices = (size_t)n;
+	pl.slices = ids;
+	pl.clock = 3;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	expect_held(fd, "waiting for workers 1 of 2 at clock 1 (worker 1 never connected)");
+	int fd1 = raw_connect();
+	Ps__Hello h = good_hello(1);
+	h.incarnation = 1111;
+	Ps__HelloReply *r = raw_hello(fd1, &h);
+	ck_assert_msg(r && r->ok, "worker 1 refused");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	ck_assert_int_eq(raw_push(fd1, 30, 0, 1, p, n, plen), 0);
+	expect_ack(fd1, 30);
+	expect_held(fd, "waiting for workers 1 of 2 at clock 1 (worker 1 connected, at clock 1)");
+	ck_assert_int_eq(raw_push(fd1, 31, 1, 1, p, n, plen), 0);
+	expect_ack(fd1, 31);
+	Ps__PullReply *pr = (Ps__PullReply *)raw_expect(fd, PS_MSG_PULL_REPLY, 3000);
+	ck_assert_msg(pr != NULL, "the pull for clock 3 is still held after worker 1 ended "
+		      "clock 1");
+	ck_assert_uint_eq(pr->req_id, 20);
+	protobuf_c_message_free_unpacked(&pr->base, NULL);
+	float w[NA];
+	struct ps_tensor tw = { "a", w, NA, 0 };
+	int64_t q = ps_client_pull(F.c, 0, &tw, 1);
+	ck_assert_msg(q > 0 && ps_client_wait(F.c, q) == 0, "%s", ps_client_error(F.c));
+	for (int i = 0; i < NA; i++) /* five pushes of ones at lr 1 */
+		ck_assert_msg(w[i] == (float)(i % 1024) - 5.0f, "a[%d] = %g", i, (double)w[i]);
 	close(fd1);
 	close(fd);
 	fx_stop();
@@ -2729,7 +2828,7 @@ int main(void)
 	tcase_add_test(tc, test_idle_and_unread_peers);
 	tcase_add_test(tc, test_backpressure_bounds_queues);
 	tcase_add_test(tc, test_waiting_pulls_bounded);
-	tcase_add_test(tc, test_many_entries);
+	TU_ADD(tc, test_many_entries);
 	tcase_add_test(tc, test_resent_push_applied_once);
 	tcase_add_test(tc, test_auth_refusals);
 	tcase_add_test(tc, test_auth_without_mac);
@@ -2740,7 +2839,8 @@ int main(void)
 	tcase_add_test(tc, test_lz4_push_odd_length);
 	TU_ADD_LOOP(tc, test_huge_finite_pushes_keep_weights_finite, 0, 2);
 	tcase_add_test(tc, test_secret_file_checks);
-	tcase_add_test(tc, test_held_pull_and_worker_ahead);
+	TU_ADD(tc, test_held_pull_and_worker_ahead);
+	TU_ADD(tc, test_held_pull_async);
 	suite_add_tcase(s, tc);
 	/* a case of its own: CK_RUN_CASE=resets runs it alone */
 	TCase *tr = tcase_create("resets");
