@@ -953,6 +953,13 @@ START_TEST(test_handshake_refused)
 	h.role = PS__ROLE__ROLE_REPLICA;
 	h.replica = 1;
 	refused(&h, "cluster.replicas is 0 here", "the two configs must agree");
+	h = good_hello(0);
+	h.done_clock = 1ULL << 53; /* adopted as the worker's finished clock: bounded */
+	refused(&h, "done_clock 9007199254740992 out of range", "at most 2^53 - 1");
+	/* another process of rank 0 while the honest one talks */
+	h = good_hello(0);
+	h.incarnation = F.c->incarnation + 1;
+	refused(&h, "worker 0 is connected already", "two processes with the same rank?");
 	ck_assert_uint_eq(wait_connections(1, 2000), 1);
 	/* None of it counts as the worker being connected or done. */
 	ck_assert_uint_eq(stats().worker_clock[0], F.clock);
