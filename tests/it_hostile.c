@@ -961,8 +961,14 @@ START_TEST(test_handshake_refused)
 	h.incarnation = F.c->incarnation + 1;
 	refused(&h, "worker 0 is connected already", "two processes with the same rank?");
 	ck_assert_uint_eq(wait_connections(1, 2000), 1);
-	/* None of it counts as the worker being connected or done. */
-	ck_assert_uint_eq(stats().worker_clock[0], F.clock);
+	/* None of it counts as the worker being connected or done; the honest
+	 * rank 0 is shown connected (the refused process of rank 0 took
+	 * nothing from it) */
+	struct ps_shard_stats st = stats();
+	ck_assert_uint_eq(st.worker_clock[0], F.clock);
+	ck_assert_int_eq(st.nworkers, 1);
+	ck_assert_msg(st.worker_up[0] == 1, "worker 0 (connected) shown as %d",
+		      st.worker_up[0]);
 	after_attack("refused handshakes");
 	fx_stop();
 }
