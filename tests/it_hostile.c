@@ -960,6 +960,15 @@ START_TEST(test_handshake_refused)
 	h = good_hello(0);
 	h.incarnation = F.c->incarnation + 1;
 	refused(&h, "worker 0 is connected already", "two processes with the same rank?");
+	/* a second Hello on a connection already accepted: closed at once,
+	 * nothing answered (no new challenge) */
+	int fd2 = raw_worker();
+	h = good_hello(0);
+	ck_assert_int_eq(raw_send(fd2, PS_MSG_HELLO, &h.base, NULL, 0), 0);
+	ck_assert_msg(raw_wait_closed(fd2, 3000) >= 0 && raw_dropped == 0, "a second Hello: "
+		      "the connection %s, %zu bytes answered", raw_dropped ? "answered" :
+		      "still open", raw_dropped);
+	close(fd2);
 	ck_assert_uint_eq(wait_connections(1, 2000), 1);
 	/* None of it counts as the worker being connected or done; the honest
 	 * rank 0 is shown connected (the refused process of rank 0 took
@@ -2156,6 +2165,102 @@ START_TEST(test_held_pull_async)
 }
 END_TEST
 
+/* Ten workers, sync: worker 0 ends clock 0 and pulls its result; the
+ * reason names the first eight missing workers, says how many more, and
+ * describes the first four ("never connected"), then "...". */
+START_TEST(test_held_pull_names_many)
+{
+	struct pref p[8];
+	uint64_t plen;
+	uint32_t ids[8];
+
+	fx_workers = 10;
+	fx_start();
+	fx_workers = 1;
+	int fd = raw_worker();
+	int n = all_slices(p, &plen);
+	ck_assert_int_eq(raw_push(fd, 1, 0, 1, p, n, plen), 0);
+	expect_ack(fd, 1);
+	Ps__Pull pl = PS__PULL__INIT;
+	for (int i = 0; i < n; i++)
+		ids[i] = (uint32_t)i;
+	pl.req_id = 2;
+	pl.n_slices = (size_t)n;
+	pl.slices = ids;
+	pl.min_version = 1;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	expect_held(fd, "waiting for workers 1, 2, 3, 4, 5, 6, 7, 8 and 1 more of 10 at clock 0 "
+		    "(worker 1 never connected; worker 2 never connected; worker 3 never "
+		    "connected; worker 4 never connected; ...)");
+	close(fd);
+	fx_stop();
+}
+END_TEST
+
+/* A connection from 127.0.0.src to the shard, still in its handshake (it
+ * sends nothing). */
+static int raw_connect_from(int src)
+{
+	char a[16];
+	struct sockaddr_in from = { .sin_family = AF_INET }, to = {
+		.sin_family = AF_INET, .sin_port = htons((uint16_t)F.port),
+		.sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	snprintf(a, sizeof(a), "127.0.0.%d", src);
+	inet_pton(AF_INET, a, &from.sin_addr);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof(from)), 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&to, sizeof(to)), 0);
+	return fd;
+}
+
+/* 1 when the shard has closed fd (EOF or a reset), 0 while it is open. */
+static int closed_now(int fd)
+{
+	struct pollfd p = { fd, POLLIN, 0 };
+	char b[64];
+
+	return poll(&p, 1, 0) == 1 && read(fd, b, sizeof(b)) <= 0;
+}
+
+/* limits.max_handshakes reached by two addresses holding two handshakes
+ * each: a fifth from a third address closes the oldest handshake of the
+ * two (the tie between the addresses goes to the older connection), and
+ * only that one. The handshake deadline is stretched (time scale 10) so
+ * that none ends on its own meanwhile. */
+START_TEST(test_handshake_room_oldest_of_tie)
+{
+	int fd[5];
+
+	setenv("PS_TEST_TIME_SCALE", "10", 1);
+	fx_limits = "  max_handshakes: 4\n  max_handshakes_per_source: 4\n";
+	fx_start();
+	fx_limits = "";
+	unsetenv("PS_TEST_TIME_SCALE");
+	fd[0] = raw_connect_from(2); /* the oldest */
+	tu_sleep_ms(50);
+	fd[1] = raw_connect_from(2);
+	tu_sleep_ms(50);
+	fd[2] = raw_connect_from(3);
+	tu_sleep_ms(50);
+	fd[3] = raw_connect_from(3);
+	tu_sleep_ms(50);
+	fd[4] = raw_connect_from(4);
+	double deadline = now_ms() + 2000;
+	while (!closed_now(fd[0]) && now_ms() < deadline)
+		tu_sleep_ms(10);
+	tu_sleep_ms(100);
+	for (int i = 0; i < 5; i++)
+		ck_assert_msg(closed_now(fd[i]) == (i == 0), "handshake %d (from 127.0.0.%d) %s", i,
+			      i < 2 ? 2 : i < 4 ? 3 : 4, i == 0 ? "still open: the oldest of the "
+			      "tie should have made room" : "closed: only the oldest should be");
+	for (int i = 0; i < 5; i++)
+		close(fd[i]);
+	fx_stop();
+}
+END_TEST
+
 /* A numbered push sent again, on the same connection and after a
  * reconnect (same incarnation): acknowledged, never applied twice; a
  * refused one gets the same refusal again. */
@@ -2854,6 +2959,8 @@ int main(void)
 	tcase_add_test(tc, test_secret_file_checks);
 	TU_ADD(tc, test_held_pull_and_worker_ahead);
 	TU_ADD(tc, test_held_pull_async);
+	TU_ADD(tc, test_held_pull_names_many);
+	TU_ADD(tc, test_handshake_room_oldest_of_tie);
 	suite_add_tcase(s, tc);
 	/* a case of its own: CK_RUN_CASE=resets runs it alone */
 	TCase *tr = tcase_create("resets");
