@@ -70,8 +70,10 @@ suites_for() {
   case "$1" in
     server/store.c)            echo check_store it_cluster san:check_store ;;
     server/optimizer.c)        echo check_optimizer check_store ;;
-    server/dedup.c)            echo check_dedup it_cluster ;;
-    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables san:it_checkpoint ;;
+    server/dedup.c)            echo check_dedup it_cluster san:check_dedup ;;   # san: shifts past 63
+    # it_rows' two cases: the table sections' refusals (damaged, out of the chain)
+    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables \
+                                    it_rows@test_checkpoint_kill9,test_incremental_kill9 san:it_checkpoint ;;
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
     server/push.c)             echo it_hostile it_cluster it_groups san:it_hostile ;;   # it_groups: the pushes' group rates
     server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
