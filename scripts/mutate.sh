@@ -70,8 +70,10 @@ suites_for() {
   case "$1" in
     server/store.c)            echo check_store it_cluster san:check_store ;;
     server/optimizer.c)        echo check_optimizer check_store ;;
-    server/dedup.c)            echo check_dedup it_cluster ;;
-    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables san:it_checkpoint ;;
+    server/dedup.c)            echo check_dedup it_cluster san:check_dedup ;;   # san: shifts past 63
+    # it_rows' two cases: the table sections' refusals (damaged, out of the chain)
+    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables \
+                                    it_rows@test_checkpoint_kill9,test_incremental_kill9 san:it_checkpoint ;;
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
     server/push.c)             echo it_hostile it_cluster it_groups san:it_hostile ;;   # it_groups: the pushes' group rates
     server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
@@ -116,11 +118,14 @@ suites_for() {
     worker/stop_signal.c)      echo it_elastic@test_ctr_data_once,test_worker_data_once ;;
     # it_reader: a reader's handshake and its errors; the one elastic case:
     # a join's clock read from the shards' Stats; it_client_api: the rank's
-    # range; the one it_reshard_ops case: a waiting join's reason (member_error)
+    # range; the one it_reshard_ops case: a waiting join's reason (member_error);
+    # the two it_replica_stats cases: the replication figures of the Stats
     worker/client/ps_client.c|worker/client/ps_client_build.c|worker/client/ps_client_conn.c|worker/client/ps_client_req.c)
                                echo it_fake_shard it_cluster it_checkpoint it_hostile it_replica_cases it_reader \
                                     it_elastic@test_restart_keeps_membership it_client_api \
-                                    it_reshard_ops@test_one_change_at_a_time san:it_fake_shard ;;
+                                    it_reshard_ops@test_one_change_at_a_time \
+                                    it_replica_stats@test_figures_follow_operations,test_link_timers \
+                                    san:it_fake_shard ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables ;;

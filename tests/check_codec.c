@@ -635,6 +635,53 @@ START_TEST(test_topk_selection)
 }
 END_TEST
 
+/* The sampled threshold overshooting: the large magnitudes sit exactly at
+ * the positions the codec samples (codec_topk.c: the hashed positions of
+ * ps__fmix64), so the threshold it draws passes all but about 4,096
+ * elements, fewer than k; the pass must be repeated with every element a
+ * candidate and still send exactly the k largest. With a residual the
+ * spikes are in the residual: the payload must equal the plain encode of
+ * x + residual, and the residual become 0 where sent and x + r elsewhere. */
+START_TEST(test_topk_sample_overshoot)
+{
+	const struct ps_codec_ops *c = ps_codec_find("topk");
+	const size_t n = 65536; /* 16 x 4,096 samples: the smallest size sampled */
+	struct ps_codec_params p = { .ratio = 0.125f }; /* k = n / 8, the most sampled */
+	float *x = gradient(n, 1.0f), *r = fvec(n), *v = fvec(n);
+	uint8_t *e, *e2;
+	size_t len, len2, k = n / 8, spikes = 0;
+
+	memset(r, 0, n * sizeof(float));
+	for (size_t j = 0; j < 4096; j++) {
+		size_t i = (size_t)(((unsigned __int128)ps__fmix64(j + 1) * n) >> 64);
+
+		spikes += r[i] == 0.0f;
+		r[i] = (j & 1) ? 1000.0f : -1000.0f;
+	}
+	req_msg(spikes < k, "%zu distinct sampled positions, %zu due below k", spikes, k);
+	for (size_t i = 0; i < n; i++)
+		v[i] = x[i] + r[i];
+	check_topk(v, n, p.ratio, k);   /* the plain path */
+	e = enc(c, v, NULL, n, &p, 0, &len);
+	e2 = enc(c, x, r, n, &p, 0, &len2);   /* with error feedback */
+	req_msg(len2 == len && memcmp(e, e2, len) == 0,
+		"topk with a residual: %zu bytes, not those of x + residual (%zu)", len2, len);
+	{
+		float *d = dec(c, e, len, n);
+		for (size_t i = 0; i < n; i++)
+			req_msg(fbits(r[i]) == (d[i] != 0.0f ? fbits(0.0f) : fbits(v[i])),
+				"residual [%zu] %g after the encode (sent %g, x + r %g)", i,
+				(double)r[i], (double)d[i], (double)v[i]);
+		free(d);
+	}
+	free(e);
+	free(e2);
+	free(x);
+	free(r);
+	free(v);
+}
+END_TEST
+
 START_TEST(test_topk_bad_params)
 {
 	const struct ps_codec_ops *c = ps_codec_find("topk");
@@ -1030,6 +1077,7 @@ int main(void)
 	tcase_add_test(tc, test_q8_bound_and_reproducible);
 	tcase_add_test(tc, test_q8_unbiased);
 	tcase_add_test(tc, test_topk_selection);
+	tcase_add_test(tc, test_topk_sample_overshoot);
 	tcase_add_test(tc, test_topk_bad_params);
 	tcase_add_test(tc, test_encode_short_buffer);
 	tcase_add_test(tc, test_sign_values);

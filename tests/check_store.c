@@ -281,6 +281,44 @@ START_TEST(test_bsp_encoded_sum_order_bit_identical)
 }
 END_TEST
 
+/* Encoded sync sums with a rank in the middle out of the live set (rank 1
+ * dropped): ranks 2 and 0 push, the clock applies at the second push, and
+ * the weights are the sum of exactly those two (the rank without a
+ * gradient passed over, not read), for each mix of codecs. */
+START_TEST(test_bsp_encoded_live_set)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	uint8_t live[3] = { 1, 0, 1 };
+	const int *codec = enc_mixes[_i].codec;
+	float g[3][N], w[N];
+
+	make_cfg(&cfg, 3, PS_SYNC);
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	st.live = live;
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	for (int i = 0; i < N; i++)
+		w[i] = s->w[i];
+	for (int clock = 0; clock < 3; clock++) {
+		enc_grads(g, clock, codec);
+		ck_assert_int_eq(offer_enc(&st, s, clock % 2 ? 0 : 2, (uint64_t)clock,
+					   g[clock % 2 ? 0 : 2], codec[clock % 2 ? 0 : 2]), 0);
+		ck_assert_int_eq(offer_enc(&st, s, clock % 2 ? 2 : 0, (uint64_t)clock,
+					   g[clock % 2 ? 2 : 0], codec[clock % 2 ? 2 : 0]), 1);
+		ck_assert_uint_eq(s->version, (uint64_t)clock + 1);
+		for (int i = 0; i < N; i++)
+			w[i] = w[i] - 0.1f * (g[0][i] + g[2][i]);
+	}
+	for (int i = 0; i < N; i++)
+		ck_assert_msg(w[i] == s->w[i], "%s, rank 1 dropped: element %d: %a where ranks 0 "
+			      "and 2 sum to %a", enc_mixes[_i].what, i, s->w[i], w[i]);
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 START_TEST(test_bsp_windows_and_duplicates)
 {
 	static struct ps_config cfg;
@@ -937,6 +975,8 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_bsp_sum_order_bit_identical);
 	tcase_add_loop_test(tc, test_bsp_encoded_sum_order_bit_identical, 0,
+			    (int)(sizeof(enc_mixes) / sizeof(enc_mixes[0])));
+	tcase_add_loop_test(tc, test_bsp_encoded_live_set, 0,
 			    (int)(sizeof(enc_mixes) / sizeof(enc_mixes[0])));
 	tcase_add_test(tc, test_bsp_windows_and_duplicates);
 	tcase_add_test(tc, test_ssp_applies_on_arrival);

@@ -638,6 +638,50 @@ START_TEST(test_large_payload)
 }
 END_TEST
 
+/* Frames of more payload pieces than one write takes (1,024): exactly
+ * 1,024, then 1,025 and 3,000 (a model of thousands of small tensors),
+ * pieces of 0 to 40 bytes, empty ones among them; each arrives as the
+ * pieces' bytes in order, and the stable send's callback fires once. */
+START_TEST(test_many_payload_pieces)
+{
+	static const int counts[] = { 1024, 1025, 3000 };
+	enum { MAXP = 3000 };
+	static struct ps_iov iov[MAXP];
+	uint8_t *src = malloc(MAXP * 40), *want = malloc(MAXP * 40);
+	struct sent st[3] = { { 0 } };
+
+	env_init(_i);
+	for (int k = 0; k < MAXP * 40; k++)
+		src[k] = (uint8_t)(k * 7 + (k >> 8));
+	for (int c = 0; c < 3; c++) {
+		uint64_t off = 0;
+		for (int j = 0; j < counts[c]; j++) {
+			size_t len = (size_t)((j * 13 + c) % 41); /* 0..40, 0 now and then */
+			iov[j] = (struct ps_iov){ src + (size_t)j * 40, len };
+			off += len;
+		}
+		ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, NULL, 0, iov, counts[c], PS_SEND_STABLE,
+				       on_sent, &st[c]), 0);
+		ck_assert(RUN_UNTIL(count_frames(E.s) == c + 1, 10000));
+		ck_assert_int_eq(st[c].fired, 1);
+		ck_assert_int_eq(st[c].status, 0);
+		struct ps_frame *f = E.got[c].f;
+		ck_assert_uint_eq(f->hdr.payload_len, off);
+		off = 0;
+		for (int j = 0; j < counts[c]; j++) {
+			memcpy(want + off, iov[j].base, iov[j].len);
+			off += iov[j].len;
+		}
+		for (uint64_t k = 0; k < off; k++)
+			ck_assert_msg(f->payload[k] == want[k], "%d pieces: byte %llu is %u, %u sent",
+				      counts[c], (unsigned long long)k, f->payload[k], want[k]);
+	}
+	free(src);
+	free(want);
+	env_free();
+}
+END_TEST
+
 /* Empty frames, empty pieces, one byte, and frames exactly at the
  * connection's limits; one byte over closes the connection. */
 START_TEST(test_small_and_limit_frames)
@@ -2058,6 +2102,7 @@ int main(void)
 	ADD(test_many_in_flight, NMODES);
 	ADD(test_large_payload, NMODES);
 	ADD(test_small_and_limit_frames, NMODES);
+	ADD(test_many_payload_pieces, NMODES);
 	ADD(test_send_semantics, NMODES);
 	ADD(test_peer_closes_mid_frame, NMODES);
 	ADD(test_bad_headers_refused, NMODES);

@@ -29,17 +29,25 @@ static char dir[64], path[64];
 static struct ps_config cfg;
 static pid_t srv[2];
 
+/* What write_cfg writes besides its arguments; test_checkpoint_resume
+ * changes each for a start that must refuse the checkpoint. */
+#define CFG_OPTIM "name: momentum\n  lr: 0.5\n  momentum: 0.9"
+static const char *cfg_optim = CFG_OPTIM, *cfg_mode = "sync";
+static int cfg_workers = 1;
+
 static void write_cfg(int p0, int p1, int n, int every_s)
 {
 	char yaml[1024], err[512];
 
 	snprintf(yaml, sizeof(yaml),
-		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 1\n"
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: %d\n"
 		 "slice_bytes: 4096\n"
-		 "optimizer:\n  name: momentum\n  lr: 0.5\n  momentum: 0.9\n"
+		 "consistency:\n  mode: %s\n"
+		 "optimizer:\n  %s\n"
 		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
 		 "checkpoint:\n  dir: %s\n  every_s: %d\n  on_request: true\n  min_interval_s: 0\n"
-		 "log:\n  level: warn\n", p0, p1, n, dir, every_s);
+		 "log:\n  level: warn\n", p0, p1, cfg_workers, cfg_mode, cfg_optim, n, dir,
+		 every_s);
 	if (!path[0])
 		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	FILE *f = fopen(path, "w");
@@ -196,7 +204,7 @@ START_TEST(test_checkpoint_resume)
 {
 	static float w_before[N], w_after[N], w_ref[N], w_cont[N];
 	static char out[8192];
-	char ck0[200], ck1[200], cmd[256];
+	char ck0[200], ck1[200], cmd[512];
 	int p0 = tu_free_port(), p1 = tu_free_port();
 	struct stat st;
 
@@ -287,7 +295,46 @@ START_TEST(test_checkpoint_resume)
 	ck_assert_int_eq(truncate(ck1, 20), 0);
 	ck_assert_int_ne(refused_start(1, out, sizeof(out)), 0);
 	ck_assert_msg(strstr(out, "too short"), "%s", out);
+	/* shard 0's file where shard 1 looks for its own */
+	snprintf(cmd, sizeof(cmd), "cp %s %s", ck0, ck1);
+	ck_assert_int_eq(run_cmd(cmd, out, sizeof(out)), 0);
+	ck_assert_int_ne(refused_start(1, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, ck1) && strstr(out, "belongs to shard 0, this is shard 1"), "%s",
+		      out);
+	/* its first bytes not a checkpoint's */
+	fd = open(ck1, O_WRONLY);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pwrite(fd, "PSCKPTX", 7, 0), 7);
+	close(fd);
+	ck_assert_int_ne(refused_start(1, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, ck1) && strstr(out, "not a ps-server checkpoint (bad magic)"),
+		      "%s", out);
 	unlink(ck1);
+	/* the config changed in what the shard map does not cover: shard 0's
+	 * checkpoint (momentum, 1 worker, sync) refused, naming the file and
+	 * both sides; its bytes left as they were */
+	ck_assert_int_eq(stat(ck0, &st), 0);
+	off_t ck0_size = st.st_size;
+	cfg_optim = "name: adam\n  lr: 0.01";
+	write_cfg(p0, p1, N, 0);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, ck0) && strstr(out, "made with optimizer momentum, the config "
+		      "says adam"), "%s", out);
+	cfg_optim = CFG_OPTIM;
+	cfg_workers = 3;
+	write_cfg(p0, p1, N, 0);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, ck0) && strstr(out, "made for 1 workers, the config says 3"),
+		      "%s", out);
+	cfg_workers = 1;
+	cfg_mode = "async";
+	write_cfg(p0, p1, N, 0);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, ck0) && strstr(out, "made in sync mode, the config says async"),
+		      "%s", out);
+	cfg_mode = "sync";
+	ck_assert_int_eq(stat(ck0, &st), 0);
+	ck_assert_int_eq(st.st_size, ck0_size);
 
 	/* another configuration: a different tensor shape */
 	write_cfg(p0, p1, N + 1, 0);

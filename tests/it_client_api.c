@@ -6,7 +6,9 @@
  * pending, done says 0 then 1, and the request is waited for once; the
  * stats calls of a program built with an older, shorter struct
  * ps_shard_stats (ps_client_stats_sized): its fields filled, nothing
- * written past it; a rank outside the workers refused before connecting.
+ * written past it; a rank outside the workers refused before connecting;
+ * a shard whose name does not resolve, or that never answers the Hello,
+ * named with the limit that ran out.
  */
 #include <check.h>
 #include <errno.h>
@@ -16,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include "ps_client.h"
 #include "ps_time.h"
 #include "test_util.h"
@@ -203,6 +207,79 @@ START_TEST(test_rank_outside_workers)
 }
 END_TEST
 
+/* A socket listening on 127.0.0.1:port that never accepts: the kernel
+ * completes the connections, nobody reads or answers them. */
+static int listen_silent(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+
+	ck_assert_int_ge(fd, 0);
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(fd, 8), 0);
+	return fd;
+}
+
+/* Shards a client cannot reach, each named with the limit that ran out:
+ * a worker whose shard's name never resolves (a .invalid name) fails
+ * after limits.connect_timeout_ms, PS_ERESOLVE, naming the shard, its
+ * address and the limit; a monitor whose shard accepts the connection and
+ * never answers the Hello starts anyway, and that shard's error names the
+ * handshake that did not come within the limit. */
+START_TEST(test_unreachable_shard_named)
+{
+	struct ps_config *cfg;
+	struct ps_client *c = NULL;
+	char yaml[1024], err[512] = "", why[512];
+	int port = tu_free_port();
+	double t0;
+
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [nosuch.invalid:%d]\n  workers: 1\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [10], init: zeros}\n"
+		 "limits:\n  connect_timeout_ms: 1000\n"
+		 "log:\n  level: warn\n", port);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_open(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	t0 = ps_now_s();
+	ck_assert_int_eq(ps_client_init(&c, cfg, 0, err, sizeof(err)), PS_ERESOLVE);
+	double took = ps_now_s() - t0;
+	snprintf(why, sizeof(why), "shard 0 (nosuch.invalid:%d): the name did not resolve within "
+		 "1000 ms (limits.connect_timeout_ms)", port);
+	ck_assert_msg(strstr(err, why), "%s", err);
+	ck_assert_msg(took >= 0.95 && took < 5.0 * tu_time_scale(), "gave up after %.2f s, "
+		      "limits.connect_timeout_ms is 1000", took);
+	ps_config_close(cfg);
+	unlink(path);
+
+	/* a listener that takes the connection and never says a word */
+	int lfd = listen_silent(port);
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [10], init: zeros}\n"
+		 "limits:\n  connect_timeout_ms: 500\n"
+		 "log:\n  level: warn\n", port);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_open(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	t0 = ps_now_s();
+	ck_assert_msg(ps_client_init(&c, cfg, -1, err, sizeof(err)) == 0, "monitor: %s", err);
+	took = ps_now_s() - t0;
+	ck_assert_ptr_nonnull(ps_client_shard_error(c, 0, why, sizeof(why)));
+	ck_assert_msg(strstr(why, "no handshake within 500 ms (limits.connect_timeout_ms)") &&
+		      strstr(why, "shard 0 (127.0.0.1:"), "%s", why);
+	ck_assert_msg(took >= 0.45 && took < 5.0 * tu_time_scale(), "the monitor started after "
+		      "%.2f s, limits.connect_timeout_ms is 500", took);
+	ps_client_free(c);
+	close(lfd);
+	ps_config_close(cfg);
+	unlink(path);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("client_api");
@@ -216,6 +293,7 @@ int main(void)
 	tcase_add_test(tc, test_wait_timeout_and_done);
 	tcase_add_test(tc, test_stats_sized);
 	tcase_add_test(tc, test_rank_outside_workers);
+	tcase_add_test(tc, test_unreachable_shard_named);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();

@@ -619,12 +619,39 @@ START_TEST(test_sync_exact_sum)
 	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
 	for (int k = 0; k < 2; k++) {
 		struct ps_shard_stats st;
-		uint64_t owned = 0;
-		for (uint32_t s = 0; s < map.nslices; s++)
+		uint64_t owned = 0, owned_bytes = 0;
+		for (uint32_t s = 0; s < map.nslices; s++) {
 			owned += map.slices[s].shard == k;
+			if (map.slices[s].shard == k)
+				owned_bytes += (uint64_t)map.slices[s].count * 4;
+		}
 		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
 		ck_assert_uint_gt(owned, 0);
 		ck_assert_uint_eq(st.applies, owned * NCLOCKS);
+		/* what was applied, and how long it took */
+		ck_assert_uint_eq(st.apply_bytes, owned_bytes * NCLOCKS);
+		ck_assert_msg(st.apply_seconds > 0 && st.apply_seconds < 60, "apply_seconds %g",
+			      st.apply_seconds);
+		/* each acknowledged push and each answered pull in the latency
+		 * histograms, once */
+		uint64_t nlat[2] = { 0, 0 };
+		for (int b = 0; b < PS_HISTO_BUCKETS; b++) {
+			nlat[0] += st.push_lat[b];
+			nlat[1] += st.pull_lat[b];
+		}
+		ck_assert_msg(nlat[0] == st.pushes && nlat[1] == st.pulls, "shard %d: %llu push and "
+			      "%llu pull latencies, %llu pushes and %llu pulls", k,
+			      (unsigned long long)nlat[0], (unsigned long long)nlat[1],
+			      (unsigned long long)st.pushes, (unsigned long long)st.pulls);
+		ck_assert_msg(st.push_lat_sum_s > 0 && st.pull_lat_sum_s > 0 &&
+			      st.push_lat_sum_s < 60 && st.pull_lat_sum_s < 60, "latency sums %g, %g",
+			      st.push_lat_sum_s, st.pull_lat_sum_s);
+		/* every worker numbered its pushes: the dedup windows hold them */
+		for (int r = 0; r < 3; r++)
+			ck_assert_msg(st.dedup_seq[r] > 0 && st.dedup_digest[r] != 0, "shard %d: "
+				      "worker %d's dedup window %llu, %llx", k, r,
+				      (unsigned long long)st.dedup_seq[r],
+				      (unsigned long long)st.dedup_digest[r]);
 		ck_assert_uint_eq(st.errors, 0);
 		for (int r = 0; r < 3; r++)
 			ck_assert_uint_eq(st.worker_clock[r], NCLOCKS);

@@ -953,9 +953,31 @@ START_TEST(test_handshake_refused)
 	h.role = PS__ROLE__ROLE_REPLICA;
 	h.replica = 1;
 	refused(&h, "cluster.replicas is 0 here", "the two configs must agree");
+	h = good_hello(0);
+	h.done_clock = 1ULL << 53; /* adopted as the worker's finished clock: bounded */
+	refused(&h, "done_clock 9007199254740992 out of range", "at most 2^53 - 1");
+	/* another process of rank 0 while the honest one talks */
+	h = good_hello(0);
+	h.incarnation = F.c->incarnation + 1;
+	refused(&h, "worker 0 is connected already", "two processes with the same rank?");
+	/* a second Hello on a connection already accepted: closed at once,
+	 * nothing answered (no new challenge) */
+	int fd2 = raw_worker();
+	h = good_hello(0);
+	ck_assert_int_eq(raw_send(fd2, PS_MSG_HELLO, &h.base, NULL, 0), 0);
+	ck_assert_msg(raw_wait_closed(fd2, 3000) >= 0 && raw_dropped == 0, "a second Hello: "
+		      "the connection %s, %zu bytes answered", raw_dropped ? "answered" :
+		      "still open", raw_dropped);
+	close(fd2);
 	ck_assert_uint_eq(wait_connections(1, 2000), 1);
-	/* None of it counts as the worker being connected or done. */
-	ck_assert_uint_eq(stats().worker_clock[0], F.clock);
+	/* None of it counts as the worker being connected or done; the honest
+	 * rank 0 is shown connected (the refused process of rank 0 took
+	 * nothing from it) */
+	struct ps_shard_stats st = stats();
+	ck_assert_uint_eq(st.worker_clock[0], F.clock);
+	ck_assert_int_eq(st.nworkers, 1);
+	ck_assert_msg(st.worker_up[0] == 1, "worker 0 (connected) shown as %d",
+		      st.worker_up[0]);
 	after_attack("refused handshakes");
 	fx_stop();
 }
@@ -1941,6 +1963,14 @@ START_TEST(test_many_entries)
 	pl.n_slices = 2;
 	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
 	expect_error(fd, 4, PS_ENOTENSOR, "slice 4 is not owned by shard 0");
+	/* a reply encoding other than raw and fp16 (topk of weights is no
+	 * pull reply) */
+	pl.req_id = 5;
+	pl.n_slices = 1;
+	pl.codec = PS_CODEC_TOPK;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	expect_error(fd, 5, PS_EPROTO, "pull replies can be raw (0) or fp16 (1), not codec 3");
+	pl.codec = 0;
 	double cpu = tu_cpu_ms(F.pid) - cpu0;
 	printf("measured: 6,000- and 15,000-entry requests refused in %.0f ms, %.0f ms of the "
 	       "shard's CPU time\n", now_ms() - t0, cpu);
@@ -1963,6 +1993,29 @@ START_TEST(test_many_entries)
 	fx_stop();
 }
 END_TEST
+
+/* Sends heartbeats on fd until the shard's reason for holding fd's pull
+ * (Heartbeat.held) is want, at most 5 s; fails showing the last one. */
+static void expect_held(int fd, const char *want)
+{
+	static uint64_t seq;
+	char held[300] = "";
+	double deadline = now_ms() + 5000 * tu_time_scale();
+
+	while (now_ms() < deadline) {
+		Ps__Heartbeat hb = PS__HEARTBEAT__INIT;
+		hb.seq = ++seq;
+		ck_assert_int_eq(raw_send(fd, PS_MSG_HEARTBEAT, &hb.base, NULL, 0), 0);
+		Ps__Heartbeat *a = (Ps__Heartbeat *)raw_expect(fd, PS_MSG_HEARTBEAT, 3000);
+		ck_assert_ptr_nonnull(a);
+		snprintf(held, sizeof(held), "%s", a->held);
+		protobuf_c_message_free_unpacked(&a->base, NULL);
+		if (!strcmp(held, want))
+			return;
+		tu_sleep_ms(50);
+	}
+	ck_abort_msg("held: \"%s\", want \"%s\"", held, want);
+}
 
 /* Three workers, raw. Worker 2 comes and goes: once dropped (limits.
  * drop_timeout_ms) the reason a pull is held names only worker 1, not the
@@ -2017,6 +2070,14 @@ START_TEST(test_held_pull_and_worker_ahead)
 	}
 	ck_assert_msg(strcmp(held, "waiting for workers 1 of 3 at clock 0 (worker 1 never "
 			     "connected)") == 0, "held: %s", held);
+	/* worker 1 connected, not having ended clock 0: named as connected */
+	int fd1a = raw_connect();
+	h = good_hello(1);
+	h.incarnation = 1111;
+	r = raw_hello(fd1a, &h);
+	ck_assert_msg(r && r->ok, "worker 1 refused");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	expect_held(fd, "waiting for workers 1 of 3 at clock 0 (worker 1 connected, at clock 0)");
 
 	int fd1 = raw_connect();
 	h = good_hello(1);
@@ -2039,7 +2100,163 @@ START_TEST(test_held_pull_and_worker_ahead)
 	for (int i = 0; i < NA; i++) /* worker 0's ones alone */
 		ck_assert_msg(w[i] == (float)(i % 1024) - 1.0f, "a[%d] = %g", i, (double)w[i]);
 	close(fd1);
+	close(fd1a);
 	close(fd);
+	fx_stop();
+}
+END_TEST
+
+/* Async with staleness 1, two raw workers: worker 0 ends clocks 0..2 and
+ * pulls for clock 3, which waits until every live worker has ended clock 1
+ * (3 - staleness - 1); the reason names worker 1 and that clock; worker 1
+ * ending clocks 0 and 1 releases the pull, with worker 0's three
+ * gradients and worker 1's two applied. */
+START_TEST(test_held_pull_async)
+{
+	struct pref p[8];
+	uint64_t plen;
+	uint32_t ids[8];
+
+	fx_workers = 2;
+	fx_mode = "async\n  staleness: 1";
+	fx_start();
+	fx_workers = 1;
+	fx_mode = "sync";
+	int fd = raw_worker();
+	int n = all_slices(p, &plen);
+	for (uint64_t k = 0; k < 3; k++) {
+		ck_assert_int_eq(raw_push(fd, 10 + k, k, 1, p, n, plen), 0);
+		expect_ack(fd, 10 + k);
+	}
+	Ps__Pull pl = PS__PULL__INIT;
+	for (int i = 0; i < n; i++)
+		ids[i] = (uint32_t)i;
+	pl.req_id = 20;
+	pl.n_slices = (size_t)n;
+	pl.slices = ids;
+	pl.clock = 3;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	expect_held(fd, "waiting for workers 1 of 2 at clock 1 (worker 1 never connected)");
+	int fd1 = raw_connect();
+	Ps__Hello h = good_hello(1);
+	h.incarnation = 1111;
+	Ps__HelloReply *r = raw_hello(fd1, &h);
+	ck_assert_msg(r && r->ok, "worker 1 refused");
+	protobuf_c_message_free_unpacked(&r->base, NULL);
+	ck_assert_int_eq(raw_push(fd1, 30, 0, 1, p, n, plen), 0);
+	expect_ack(fd1, 30);
+	expect_held(fd, "waiting for workers 1 of 2 at clock 1 (worker 1 connected, at clock 1)");
+	ck_assert_int_eq(raw_push(fd1, 31, 1, 1, p, n, plen), 0);
+	expect_ack(fd1, 31);
+	Ps__PullReply *pr = (Ps__PullReply *)raw_expect(fd, PS_MSG_PULL_REPLY, 3000);
+	ck_assert_msg(pr != NULL, "the pull for clock 3 is still held after worker 1 ended "
+		      "clock 1");
+	ck_assert_uint_eq(pr->req_id, 20);
+	protobuf_c_message_free_unpacked(&pr->base, NULL);
+	float w[NA];
+	struct ps_tensor tw = { "a", w, NA, 0 };
+	int64_t q = ps_client_pull(F.c, 0, &tw, 1);
+	ck_assert_msg(q > 0 && ps_client_wait(F.c, q) == 0, "%s", ps_client_error(F.c));
+	for (int i = 0; i < NA; i++) /* five pushes of ones at lr 1 */
+		ck_assert_msg(w[i] == (float)(i % 1024) - 5.0f, "a[%d] = %g", i, (double)w[i]);
+	close(fd1);
+	close(fd);
+	fx_stop();
+}
+END_TEST
+
+/* Ten workers, sync: worker 0 ends clock 0 and pulls its result; the
+ * reason names the first eight missing workers, says how many more, and
+ * describes the first four ("never connected"), then "...". */
+START_TEST(test_held_pull_names_many)
+{
+	struct pref p[8];
+	uint64_t plen;
+	uint32_t ids[8];
+
+	fx_workers = 10;
+	fx_start();
+	fx_workers = 1;
+	int fd = raw_worker();
+	int n = all_slices(p, &plen);
+	ck_assert_int_eq(raw_push(fd, 1, 0, 1, p, n, plen), 0);
+	expect_ack(fd, 1);
+	Ps__Pull pl = PS__PULL__INIT;
+	for (int i = 0; i < n; i++)
+		ids[i] = (uint32_t)i;
+	pl.req_id = 2;
+	pl.n_slices = (size_t)n;
+	pl.slices = ids;
+	pl.min_version = 1;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_PULL, &pl.base, NULL, 0), 0);
+	expect_held(fd, "waiting for workers 1, 2, 3, 4, 5, 6, 7, 8 and 1 more of 10 at clock 0 "
+		    "(worker 1 never connected; worker 2 never connected; worker 3 never "
+		    "connected; worker 4 never connected; ...)");
+	close(fd);
+	fx_stop();
+}
+END_TEST
+
+/* A connection from 127.0.0.src to the shard, still in its handshake (it
+ * sends nothing). */
+static int raw_connect_from(int src)
+{
+	char a[16];
+	struct sockaddr_in from = { .sin_family = AF_INET }, to = {
+		.sin_family = AF_INET, .sin_port = htons((uint16_t)F.port),
+		.sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	snprintf(a, sizeof(a), "127.0.0.%d", src);
+	inet_pton(AF_INET, a, &from.sin_addr);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof(from)), 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&to, sizeof(to)), 0);
+	return fd;
+}
+
+/* 1 when the shard has closed fd (EOF or a reset), 0 while it is open. */
+static int closed_now(int fd)
+{
+	struct pollfd p = { fd, POLLIN, 0 };
+	char b[64];
+
+	return poll(&p, 1, 0) == 1 && read(fd, b, sizeof(b)) <= 0;
+}
+
+/* limits.max_handshakes reached by two addresses holding two handshakes
+ * each: a fifth from a third address closes the oldest handshake of the
+ * two (the tie between the addresses goes to the older connection), and
+ * only that one. The handshake deadline is stretched (time scale 10) so
+ * that none ends on its own meanwhile. */
+START_TEST(test_handshake_room_oldest_of_tie)
+{
+	int fd[5];
+
+	setenv("PS_TEST_TIME_SCALE", "10", 1);
+	fx_limits = "  max_handshakes: 4\n  max_handshakes_per_source: 4\n";
+	fx_start();
+	fx_limits = "";
+	unsetenv("PS_TEST_TIME_SCALE");
+	fd[0] = raw_connect_from(2); /* the oldest */
+	tu_sleep_ms(50);
+	fd[1] = raw_connect_from(2);
+	tu_sleep_ms(50);
+	fd[2] = raw_connect_from(3);
+	tu_sleep_ms(50);
+	fd[3] = raw_connect_from(3);
+	tu_sleep_ms(50);
+	fd[4] = raw_connect_from(4);
+	double deadline = now_ms() + 2000;
+	while (!closed_now(fd[0]) && now_ms() < deadline)
+		tu_sleep_ms(10);
+	tu_sleep_ms(100);
+	for (int i = 0; i < 5; i++)
+		ck_assert_msg(closed_now(fd[i]) == (i == 0), "handshake %d (from 127.0.0.%d) %s", i,
+			      i < 2 ? 2 : i < 4 ? 3 : 4, i == 0 ? "still open: the oldest of the "
+			      "tie should have made room" : "closed: only the oldest should be");
+	for (int i = 0; i < 5; i++)
+		close(fd[i]);
 	fx_stop();
 }
 END_TEST
@@ -2729,7 +2946,7 @@ int main(void)
 	tcase_add_test(tc, test_idle_and_unread_peers);
 	tcase_add_test(tc, test_backpressure_bounds_queues);
 	tcase_add_test(tc, test_waiting_pulls_bounded);
-	tcase_add_test(tc, test_many_entries);
+	TU_ADD(tc, test_many_entries);
 	tcase_add_test(tc, test_resent_push_applied_once);
 	tcase_add_test(tc, test_auth_refusals);
 	tcase_add_test(tc, test_auth_without_mac);
@@ -2740,7 +2957,10 @@ int main(void)
 	tcase_add_test(tc, test_lz4_push_odd_length);
 	TU_ADD_LOOP(tc, test_huge_finite_pushes_keep_weights_finite, 0, 2);
 	tcase_add_test(tc, test_secret_file_checks);
-	tcase_add_test(tc, test_held_pull_and_worker_ahead);
+	TU_ADD(tc, test_held_pull_and_worker_ahead);
+	TU_ADD(tc, test_held_pull_async);
+	TU_ADD(tc, test_held_pull_names_many);
+	TU_ADD(tc, test_handshake_room_oldest_of_tie);
 	suite_add_tcase(s, tc);
 	/* a case of its own: CK_RUN_CASE=resets runs it alone */
 	TCase *tr = tcase_create("resets");

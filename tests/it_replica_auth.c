@@ -717,8 +717,11 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 	ck_assert_int_eq(stats_ok(bk).repl_state, 2);
 
 	/* a replica Hello naming the shard's own replica index (two processes
-	 * started for one address): refused at once, saying so */
-	for (int target = 0; target < 2; target++) {
+	 * started for one address): refused at once, saying so; so are the
+	 * Hellos with values out of range (replica 2, a state past primary,
+	 * an epoch or batch of 2^53), each naming what is wrong */
+	for (int target = 0; target < 2; target++)
+	for (int bad = 0; bad < 5; bad++) {
 		struct sockaddr_in sa = { .sin_family = AF_INET,
 					  .sin_port = htons((uint16_t)port[target]),
 					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
@@ -734,18 +737,44 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 		h.role = PS__ROLE__ROLE_REPLICA;
 		h.rank = -1;
 		h.shard_map_hash = map.hash;
-		h.replica = target;
-		h.repl_state = PS__REPL_STATE__REPL_JOINING;
+		h.replica = bad == 0 ? target : bad == 1 ? 2 : !target;
+		h.repl_state = bad == 2 ? 9 : PS__REPL_STATE__REPL_JOINING;
+		h.epoch = bad == 3 ? 1ULL << 53 : 0;
+		h.lsn = bad == 4 ? 1ULL << 53 : 0;
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
 		h.auth_mac = 1;
+		char want[120];
+		if (bad == 0)
+			snprintf(want, sizeof(want), "same replica index");
+		else if (bad <= 2)
+			snprintf(want, sizeof(want), "replica %d in state %u: expected replica 0 or 1",
+				 h.replica, h.repl_state);
+		else
+			snprintf(want, sizeof(want), "replica %d at epoch %llu, batch %llu: out of "
+				 "range (at most 2^53 - 1)", h.replica, (unsigned long long)h.epoch,
+				 (unsigned long long)h.lsn);
 		p.hello_len = protobuf_c_message_get_packed_size(&h.base);
 		protobuf_c_message_pack(&h.base, p.hello);
 		ck_assert_int_eq(send_raw(&p, PS_MSG_HELLO, p.hello, p.hello_len, NULL, 0), 0);
+		if (bad) {
+			/* told only to a peer that proves the replication key */
+			uint8_t t[32], proof[PS_AUTH_PROOF_LEN];
+			Ps__AuthChallenge *ch = (Ps__AuthChallenge *)recv_msg(&p, 5000, &type, &rc);
+			ck_assert_msg(ch && type == PS_MSG_AUTH_CHALLENGE, "no challenge (%s due)",
+				      want);
+			ps_auth_transcript(p.hello, p.hello_len, ch->nonce.data, t);
+			protobuf_c_message_free_unpacked(&ch->base, NULL);
+			ps_auth_repl_proof(repl_key, t, 0, proof);
+			Ps__Auth au = PS__AUTH__INIT;
+			au.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+			ck_assert_int_eq(send_msg(&p, PS_MSG_AUTH, &au.base, NULL, 0), 0);
+			ps_auth_repl_session_keys(repl_key, t, 0, &p.keys);
+			p.keyed = 1;
+		}
 		Ps__HelloReply *r = (Ps__HelloReply *)recv_msg(&p, 5000, &type, &rc);
 		ck_assert_msg(r && type == PS_MSG_HELLO_REPLY && !r->ok && r->error &&
-			      strstr(r->error, "same replica index"), "replica %d answered a Hello "
-			      "with its own index with %s%s", target,
-			      r ? ps_wire_type_name(type) : "nothing",
+			      strstr(r->error, want), "replica %d answered a Hello (%s due) with %s%s",
+			      target, want, r ? ps_wire_type_name(type) : "nothing",
 			      r && type == PS_MSG_HELLO_REPLY && r->error ? r->error : "");
 		protobuf_c_message_free_unpacked(&r->base, NULL);
 		close(p.fd);
