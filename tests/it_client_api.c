@@ -289,11 +289,11 @@ int main(void)
 	tu_secret_setup();
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, test_config_handle);
-	tcase_add_test(tc, test_wait_timeout_and_done);
-	tcase_add_test(tc, test_stats_sized);
-	tcase_add_test(tc, test_rank_outside_workers);
-	tcase_add_test(tc, test_unreachable_shard_named);
+	TU_ADD(tc, test_config_handle);
+	TU_ADD(tc, test_wait_timeout_and_done);
+	TU_ADD(tc, test_stats_sized);
+	TU_ADD(tc, test_rank_outside_workers);
+	TU_ADD(tc, test_unreachable_shard_named);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();

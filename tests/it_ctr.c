@@ -231,8 +231,8 @@ int main(void)
 		return 1;
 	}
 	tcase_set_timeout(tc, 300);
-	tcase_add_test(tc, test_config_errors);
-	tcase_add_test(tc, test_sync_and_async_reach_the_ceiling);
+	TU_ADD(tc, test_config_errors);
+	TU_ADD(tc, test_sync_and_async_reach_the_ceiling);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite_as(s, 1);
 	tu_rmtree(tmpdir);

@@ -724,8 +724,8 @@ int main(void)
 	TCase *tc = tcase_create("elastic");
 
 	tcase_set_timeout(tc, 240);
-	tcase_add_test(tc, test_join_leave_2_3_2_bit_identical);
-	tcase_add_test(tc, test_join_in_flight);
+	TU_ADD(tc, test_join_leave_2_3_2_bit_identical);
+	TU_ADD(tc, test_join_in_flight);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

@@ -570,10 +570,10 @@ int main(void)
 	TCase *tc = tcase_create("live");
 
 	tcase_set_timeout(tc, 300);
-	tcase_add_test(tc, test_workers_stay_2_3_2);
-	tcase_add_test(tc, test_other_config_not_followed);
-	tcase_add_test(tc, test_error_feedback_2_3);
-	tcase_add_test(tc, test_pairs_2_3);
+	TU_ADD(tc, test_workers_stay_2_3_2);
+	TU_ADD(tc, test_other_config_not_followed);
+	TU_ADD(tc, test_error_feedback_2_3);
+	TU_ADD(tc, test_pairs_2_3);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

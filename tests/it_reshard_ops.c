@@ -644,9 +644,9 @@ int main(void)
 	TCase *tc = tcase_create("ops");
 
 	tcase_set_timeout(tc, 180);
-	tcase_add_test(tc, test_epoch_2_3_2);
-	tcase_add_test(tc, test_epoch_replicated);
-	tcase_add_test(tc, test_one_change_at_a_time);
+	TU_ADD(tc, test_epoch_2_3_2);
+	TU_ADD(tc, test_epoch_replicated);
+	TU_ADD(tc, test_one_change_at_a_time);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

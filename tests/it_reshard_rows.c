@@ -616,9 +616,9 @@ int main(void)
 	TCase *tc = tcase_create("live");
 
 	tcase_set_timeout(tc, 300);
-	tcase_add_test(tc, test_rows_sync_2_3_2);
-	tcase_add_test(tc, test_rows_async_2_3_2);
-	tcase_add_test(tc, test_rows_async_unknown_2_3_2);
+	TU_ADD(tc, test_rows_sync_2_3_2);
+	TU_ADD(tc, test_rows_async_2_3_2);
+	TU_ADD(tc, test_rows_async_unknown_2_3_2);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

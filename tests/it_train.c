@@ -434,15 +434,15 @@ int main(void)
 		return 1;
 	}
 	tcase_set_timeout(tc, 240);
-	tcase_add_test(tc, test_bad_flags_and_data);
-	tcase_add_test(tc, test_device_cuda_without_gpu);
-	tcase_add_test(tc, test_broken_cuda_plugin);
+	TU_ADD(tc, test_bad_flags_and_data);
+	TU_ADD(tc, test_device_cuda_without_gpu);
+	TU_ADD(tc, test_broken_cuda_plugin);
 	if (have_data()) {
-		tcase_add_test(tc, test_sync_mlp_learns_and_is_deterministic);
-		tcase_add_test(tc, test_async_mlp_learns);
-		tcase_add_test(tc, test_sync_cnn_learns);
-		tcase_add_test(tc, test_topk_lz4_matches_none);
-		tcase_add_test(tc, test_save_model_and_eval);
+		TU_ADD(tc, test_sync_mlp_learns_and_is_deterministic);
+		TU_ADD(tc, test_async_mlp_learns);
+		TU_ADD(tc, test_sync_cnn_learns);
+		TU_ADD(tc, test_topk_lz4_matches_none);
+		TU_ADD(tc, test_save_model_and_eval);
 	} else {
 		tu_skip_cases(5, "training runs (5 cases): %s is missing (Debian's "
 			      "dataset-fashion-mnist; PS_TEST_DATA names another folder)", data_dir());
