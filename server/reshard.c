@@ -455,7 +455,10 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 			}
 		}
 		/* rows: those this shard's hash names, with the time of their
-		 * last update (the checkpoint's wall clock less their age) */
+		 * last update (the checkpoint's wall clock less their age); the
+		 * scratch table kept only those of the tables in the config
+		 * (old_open), but one declared at run time is made by the file's
+		 * load and holds every row */
 		for (int t = 0; t < nt; t++) {
 			struct ps_table *ot = &o->rows->t[t].tb, *tb = &s->rows->t[t].tb;
 
@@ -528,8 +531,9 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 			uint32_t r;
 			int dup;
 
-			if (i + 16 < gt->n)
-				ps_table_bulk_prefetch(tb, &bulk, gt->id[order[i + 16]]);
+			if (i + PS_TABLE_PREFETCH_AHEAD < gt->n)
+				ps_table_bulk_prefetch(tb, &bulk,
+						       gt->id[order[i + PS_TABLE_PREFETCH_AHEAD]]);
 			r = ps_table_bulk_insert(tb, &bulk, gt->id[x], st > 0 ? (uint32_t)st : 0, &dup);
 			if (r == PS_ROW_NIL) {
 				free(order);

@@ -337,11 +337,10 @@ static uint32_t insert_new(struct ps_table *tb, uint64_t id, uint32_t stamp)
 	return r;
 }
 
-uint32_t ps_table_insert_raw(struct ps_table *tb, uint64_t id, uint32_t stamp)
+uint32_t ps_table_insert_newest(struct ps_table *tb, uint64_t id, uint32_t stamp)
 {
-	uint32_t r = ps_table_find(tb, id);
-
-	return r != PS_ROW_NIL ? r : insert_new(tb, id, stamp);
+	ps_table_remove(tb, id);
+	return insert_new(tb, id, stamp);
 }
 
 uint32_t ps_table_insert(struct ps_table *tb, uint64_t id, uint32_t stamp)

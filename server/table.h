@@ -156,10 +156,15 @@ uint64_t ps_table_checksum(const struct ps_table *tb);
  * rows are returned as they are. PS_ROW_NIL when out of memory. */
 uint32_t ps_table_insert(struct ps_table *tb, uint64_t id, uint32_t stamp);
 
-/* As ps_table_insert, but a new row's values are left for the caller to
- * write (a restore, which copies them from the file: computing initial
- * values it overwrites was 8% of a 10-million-row restore). */
-uint32_t ps_table_insert_raw(struct ps_table *tb, uint64_t id, uint32_t stamp);
+/* id's row made again as the most recent one, its values left for the
+ * caller to write (an incremental checkpoint's changed row): an old row
+ * of id is dropped first. PS_ROW_NIL when out of memory. */
+uint32_t ps_table_insert_newest(struct ps_table *tb, uint64_t id, uint32_t stamp);
+
+/* How many ids ahead a loop of insertions or lookups prefetches: enough
+ * loads in flight to hide the memory's latency (a 5-million-row restore
+ * took 2.2 s of CPU without, 1.1-1.5 s with). */
+#define PS_TABLE_PREFETCH_AHEAD 16
 
 /* Bulk insertion of rows that should all be new (a checkpoint restore,
  * the rows a re-shard gathered). A plain insert first looks the id up,
@@ -181,7 +186,7 @@ int ps_table_bulk_begin(struct ps_table *tb, struct ps_table_bulk *b, uint64_t n
 /* Starts the loads the insertion of id will need (call some rows ahead). */
 void ps_table_bulk_prefetch(const struct ps_table *tb, const struct ps_table_bulk *b,
 			    uint64_t id);
-/* The new row for id (values unset, as ps_table_insert_raw), or
+/* The new row for id (values unset, as ps_table_insert_newest), or
  * PS_ROW_NIL: *dup 1 when id has a row already, else out of memory. */
 uint32_t ps_table_bulk_insert(struct ps_table *tb, struct ps_table_bulk *b, uint64_t id,
 			      uint32_t stamp, int *dup);

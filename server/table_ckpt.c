@@ -38,10 +38,6 @@
 #include "table_ckpt.h"
 
 #define ROWS_PER_READ 4096
-/* rows ahead whose index slot a restore prefetches: enough loads in
- * flight to hide the memory's latency (a 5-million-row restore took 2.2 s
- * of CPU without, 1.1-1.5 s with; 4.9-6.0 s before the bulk insertion) */
-#define PREFETCH_AHEAD 16
 
 static size_t row_bytes(const struct ps_table *tb)
 {
@@ -235,9 +231,9 @@ int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, 
 				uint32_t r;
 				int dup;
 				memcpy(&cr, buf + i * rb, sizeof(cr));
-				if (i + PREFETCH_AHEAD < n) {
+				if (i + PS_TABLE_PREFETCH_AHEAD < n) {
 					uint64_t next;
-					memcpy(&next, buf + (i + PREFETCH_AHEAD) * rb, sizeof(next));
+					memcpy(&next, buf + (i + PS_TABLE_PREFETCH_AHEAD) * rb, sizeof(next));
 					ps_table_bulk_prefetch(tb, &bulk, next);
 				}
 				if (!ps_table_keeps(tb, cr.id))
@@ -458,8 +454,7 @@ int ps__rows_delta_restore(struct ps_server *s, int fd, uint64_t pos, char *err,
 			st = cr.age < cur ? (uint32_t)(cur - cr.age) : 0;
 			if (!ps_table_keeps(tb, cr.id))
 				continue;
-			ps_table_remove(tb, cr.id); /* so it is reinserted as the newest */
-			r = ps_table_insert_raw(tb, cr.id, st);
+			r = ps_table_insert_newest(tb, cr.id, st);
 			if (r == PS_ROW_NIL) {
 				snprintf(err, errlen, "table '%s': out of memory", tb->tc->name);
 				rc = -ENOMEM;

@@ -147,6 +147,37 @@ static void pull(struct ps_client *c, uint64_t version, float *w)
 	ck_assert_msg(id >= 0 && ps_client_wait(c, id) == 0, "pull: %s", ps_client_error(c));
 }
 
+/* Starts the pair of the config written last, waits for it to form
+ * (20 s at most), connects every worker into c and pulls the initial
+ * weights into w0; the primary's replica index. */
+static int start_pair_workers(struct ps_client *c[NWORKERS], float *w0)
+{
+	int p;
+
+	tu_start_pair(cfg_path, logdir, 0, srv);
+	p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		c[r] = worker(r);
+	pull(c[0], 0, w0);
+	return p;
+}
+
+/* Every worker pushes each clock from..to-1 (g: one gradient buffer per
+ * worker) and waits for its acknowledgement. */
+static void push_clocks(struct ps_client *c[NWORKERS], float g[NWORKERS][NA], int from, int to)
+{
+	int64_t id[NWORKERS];
+
+	for (int clock = from; clock < to; clock++) {
+		for (int r = 0; r < NWORKERS; r++)
+			id[r] = push(c[r], r, clock, g[r]);
+		for (int r = 0; r < NWORKERS; r++)
+			ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock %d: %s", r,
+				      clock, ps_client_error(c[r]));
+	}
+}
+
 /* Until replica r reports both workers' finished clock as want (the
  * backup learns it with the batch that follows the ack); its stats. */
 static struct ps_shard_stats wait_clocks(int r, uint64_t want)
@@ -182,19 +213,8 @@ START_TEST(test_ack_waits_for_sum_across_failover)
 	int64_t id[NWORKERS];
 
 	write_config(0);
-	tu_start_pair(cfg_path, logdir, 0, srv);
-	int p = wait_pair(20);
-	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
-	for (int r = 0; r < NWORKERS; r++)
-		c[r] = worker(r);
-	pull(c[0], 0, w0);
-	for (int clock = 0; clock < 3; clock++) {
-		for (int r = 0; r < NWORKERS; r++)
-			id[r] = push(c[r], r, clock, g[r]);
-		for (int r = 0; r < NWORKERS; r++)
-			ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock %d: %s", r,
-				      clock, ps_client_error(c[r]));
-	}
+	int p = start_pair_workers(c, w0);
+	push_clocks(c, g, 0, 3);
 	a = wait_clocks(p, 3);
 	b = wait_clocks(!p, 3);
 	ck_assert_uint_eq(a.repl_lsn, b.repl_lsn);
@@ -255,17 +275,8 @@ START_TEST(test_pending_ack_of_closed_worker)
 	int64_t id[NWORKERS];
 
 	write_config(0);
-	tu_start_pair(cfg_path, logdir, 0, srv);
-	int p = wait_pair(20);
-	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
-	for (int r = 0; r < NWORKERS; r++)
-		c[r] = worker(r);
-	pull(c[0], 0, w0);
-	for (int r = 0; r < NWORKERS; r++)
-		id[r] = push(c[r], r, 0, g[r]);
-	for (int r = 0; r < NWORKERS; r++)
-		ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock 0: %s", r,
-			      ps_client_error(c[r]));
+	int p = start_pair_workers(c, w0);
+	push_clocks(c, g, 0, 1);
 	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
 	uint64_t pushes = a.pushes;
 	unsigned conns = a.connections;
@@ -321,25 +332,13 @@ START_TEST(test_every_push_average_on_backup)
 	static float g[NWORKERS][NA], w0[NA], w[NA];
 	struct ps_client *c[NWORKERS];
 	struct ps_shard_stats a, b;
-	int64_t id[NWORKERS];
 
 	cfg_repl = "  forward: every_push\n";
 	cfg_optim = "  average: true\n";
 	write_config(0);
 	cfg_repl = cfg_optim = "";
-	tu_start_pair(cfg_path, logdir, 0, srv);
-	int p = wait_pair(20);
-	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
-	for (int r = 0; r < NWORKERS; r++)
-		c[r] = worker(r);
-	pull(c[0], 0, w0);
-	for (int clock = 0; clock < 2; clock++) {
-		for (int r = 0; r < NWORKERS; r++)
-			id[r] = push(c[r], r, clock, g[r]);
-		for (int r = 0; r < NWORKERS; r++)
-			ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock %d: %s", r,
-				      clock, ps_client_error(c[r]));
-	}
+	int p = start_pair_workers(c, w0);
+	push_clocks(c, g, 0, 2);
 	a = wait_clocks(p, 2);
 	b = wait_clocks(!p, 2);
 	ck_assert_msg(a.param_checksum == b.param_checksum, "the backup's weights differ from the "
@@ -538,7 +537,6 @@ START_TEST(test_replication_figures)
 	struct ps_client *c[NWORKERS];
 	struct ps_shard_stats a, b;
 	static char body[1 << 16];
-	int64_t id[NWORKERS];
 	/* stats.http: replica r on port + r, both free */
 	int http = tu_low_free_pair();
 
@@ -557,13 +555,7 @@ START_TEST(test_replication_figures)
 	ck_assert_msg(log_count(!p, line) == 1, "no \"%s\" in the backup's log (%s)", line, logdir);
 	for (int r = 0; r < NWORKERS; r++)
 		c[r] = worker(r);
-	for (int clock = 0; clock < 5; clock++) {
-		for (int r = 0; r < NWORKERS; r++)
-			id[r] = push(c[r], r, clock, g[r]);
-		for (int r = 0; r < NWORKERS; r++)
-			ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d: %s", r,
-				      ps_client_error(c[r]));
-	}
+	push_clocks(c, g, 0, 5);
 	a = wait_clocks(p, 5);
 	b = wait_clocks(!p, 5);
 	ck_assert_msg(a.repl_lsn >= lsn0 + 5, "batch %llu after 5 clocks from batch %llu",

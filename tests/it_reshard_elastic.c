@@ -129,6 +129,21 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 	fclose(f);
 }
 
+/* The new shards of a re-shard from old_n shards (exited at their stop):
+ * the old checkpoints set aside (live_move_old, as AS), the n-shard config
+ * NAME written (its path in out) and its shards started from them into
+ * srv. */
+static void start_new_shards(const char *as, int old_n, const char *name, int n, char *out,
+			     size_t len, pid_t *srv)
+{
+	char old[200];
+
+	live_move_old(as, old_n, 0, old, sizeof(old));
+	write_cfg(name, n, out, len);
+	for (int k = 0; k < n; k++)
+		srv[k] = live_start(out, k, 0, old, old_n);
+}
+
 /* ---- the workers: threads, each with its own client ---- */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -362,7 +377,7 @@ static void load_cur(const char *p)
  * Stats of shard 0 at the end in *st. */
 static void one_run(int reshard, struct run *out, struct ps_shard_stats *st)
 {
-	char c2[160], c3[160], c2b[160], old[200], err[600];
+	char c2[160], c3[160], c2b[160], err[600];
 	pid_t srv[3];
 	pthread_t th[NW];
 	struct ps_client *mon;
@@ -403,10 +418,7 @@ static void one_run(int reshard, struct run *out, struct ps_shard_stats *st)
 	if (reshard) {
 		for (int k = 0; k < 2; k++)
 			ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
-		live_move_old("from2", 2, 0, old, sizeof(old));
-		write_cfg("c3", 3, c3, sizeof(c3));
-		for (int k = 0; k < 3; k++)
-			srv[k] = live_start(c3, k, 0, old, 2);
+		start_new_shards("from2", 2, "c3", 3, c3, sizeof(c3), srv);
 		nsrv = 3;
 		live_point_at(c3);
 	}
@@ -432,10 +444,7 @@ static void one_run(int reshard, struct run *out, struct ps_shard_stats *st)
 		free(cfg3);
 		for (int k = 0; k < 3; k++)
 			ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
-		live_move_old("from3", 3, 0, old, sizeof(old));
-		write_cfg("c2b", 2, c2b, sizeof(c2b));
-		for (int k = 0; k < 2; k++)
-			srv[k] = live_start(c2b, k, 0, old, 3);
+		start_new_shards("from3", 3, "c2b", 2, c2b, sizeof(c2b), srv);
 		nsrv = 2;
 		live_point_at(c2b);
 	}
@@ -638,7 +647,7 @@ static int in_flight(struct ps_client *c)
  * from there, exactly. */
 START_TEST(test_join_in_flight)
 {
-	char c2[160], c3[160], old[200], err[600];
+	char c2[160], c3[160], err[600];
 	static float w0[NC], w1[NC];
 	struct ps_client *c0, *c1, *mon;
 	struct ps_config *cfg3;
@@ -673,10 +682,7 @@ START_TEST(test_join_in_flight)
 		tu_sleep_ms(10);
 	ck_assert_msg(in_flight(c1), "rank 1's join sent nothing in 3 s");
 
-	live_move_old("from2", 2, 0, old, sizeof(old));
-	write_cfg("c3", 3, c3, sizeof(c3));
-	for (int k = 0; k < 3; k++)
-		srv[k] = live_start(c3, k, 0, old, 2);
+	start_new_shards("from2", 2, "c3", 3, c3, sizeof(c3), srv);
 	cfg3 = malloc(sizeof(*cfg3));
 	ck_assert_ptr_nonnull(cfg3);
 	ck_assert_msg(ps_config_load(cfg3, c3, err, sizeof(err)) == 0, "%s", err);

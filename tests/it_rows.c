@@ -815,6 +815,41 @@ static void stats_of(struct ps_client *mon, int k, struct ps_shard_stats *st)
 static char *read_text(const char *f);
 static int exit_within(pid_t pid, int ms);
 
+/* The whole of file f, malloc'd, its size in *len. */
+static uint8_t *read_file(const char *f, size_t *len)
+{
+	struct stat sb;
+	uint8_t *b;
+	FILE *fp;
+
+	ck_assert_int_eq(stat(f, &sb), 0);
+	*len = (size_t)sb.st_size;
+	b = malloc(*len);
+	ck_assert_ptr_nonnull(b);
+	fp = fopen(f, "rb");
+	ck_assert_ptr_nonnull(fp);
+	ck_assert_uint_eq(fread(b, 1, *len, fp), *len);
+	fclose(fp);
+	return b;
+}
+
+/* Writes the edited checkpoint b (len bytes) as f with its CRC made right
+ * again, as a buggy or hostile writer would, the original kept as keep;
+ * frees b. */
+static void write_edited(const char *f, const char *keep, uint8_t *b, size_t len)
+{
+	uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(len - 4));
+	FILE *fp;
+
+	memcpy(b + len - 4, &crc, 4);
+	ck_assert_int_eq(rename(f, keep), 0);
+	fp = fopen(f, "wb");
+	ck_assert_ptr_nonnull(fp);
+	ck_assert_uint_eq(fwrite(b, 1, len, fp), len);
+	ck_assert_int_eq(fclose(fp), 0);
+	free(b);
+}
+
 /* Edits shard 0's checkpoint in dir (the checksum made right again, as by
  * a buggy or hostile writer) and checks that the shard refuses to start,
  * naming the table and what is wrong; the file is then put back.
@@ -828,26 +863,17 @@ static void check_row_claim_refused(const struct cluster *cl, const char *dir, u
 	char f[300], keep[300], logf[300], want[160], *log;
 	struct ckpt_table ct;
 	uint64_t key = ps_rows_table_key(&cl->cfg.tables[0]), claim;
-	size_t at = 0, found = 0;
-	struct stat sb;
+	size_t at = 0, found = 0, len;
 	uint8_t *b;
-	FILE *fp;
-	uint32_t crc;
 	int rc;
 
 	snprintf(f, sizeof(f), "%s/shard-0.ckpt", dir);
 	snprintf(keep, sizeof(keep), "%s/shard-0.kept", dir);
 	snprintf(logf, sizeof(logf), "%s/shard-0-claim.log", dir);
-	ck_assert_int_eq(stat(f, &sb), 0);
-	b = malloc((size_t)sb.st_size);
-	ck_assert_ptr_nonnull(b);
-	fp = fopen(f, "rb");
-	ck_assert_ptr_nonnull(fp);
-	ck_assert_uint_eq(fread(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
-	fclose(fp);
+	b = read_file(f, &len);
 	/* table e's record: its key, dim and row count (the file's order of
 	 * records is the shard's business; the record is found by content) */
-	for (size_t p = 0; p + sizeof(ct) + 4 <= (size_t)sb.st_size; p++) {
+	for (size_t p = 0; p + sizeof(ct) + 4 <= len; p++) {
 		memcpy(&ct, b + p, sizeof(ct));
 		if (ct.key == key && ct.dim == DIM && ct.row_floats == DIM && ct.nrows == nrows &&
 		    ct.live_rows == nrows) {
@@ -858,7 +884,7 @@ static void check_row_claim_refused(const struct cluster *cl, const char *dir, u
 	ck_assert_msg(found == 1, "table e's record (%" PRIu64 " rows) found %zu times in %s",
 		      nrows, found, f);
 	memcpy(&ct, b + at, sizeof(ct));
-	claim = ((size_t)sb.st_size - 4 - at - sizeof(ct)) /
+	claim = (len - 4 - at - sizeof(ct)) /
 		(sizeof(struct ckpt_row) + sizeof(float) * DIM) + 1;
 	if (dup) {
 		size_t rb = sizeof(struct ckpt_row) + sizeof(float) * DIM;
@@ -871,14 +897,7 @@ static void check_row_claim_refused(const struct cluster *cl, const char *dir, u
 		ct.nrows = claim;
 		memcpy(b + at, &ct, sizeof(ct));
 	}
-	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(sb.st_size - 4));
-	memcpy(b + sb.st_size - 4, &crc, 4);
-	ck_assert_int_eq(rename(f, keep), 0);
-	fp = fopen(f, "wb");
-	ck_assert_ptr_nonnull(fp);
-	ck_assert_uint_eq(fwrite(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
-	ck_assert_int_eq(fclose(fp), 0);
-	free(b);
+	write_edited(f, keep, b, len);
 	rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
 	log = read_text(logf);
 	if (dup)
@@ -1101,23 +1120,14 @@ static void check_record_dim_refused(const struct cluster *cl, const char *dir, 
 	char keep[320], logf[300], *log;
 	struct ckpt_table ct;
 	uint64_t key = ps_rows_table_key(&cl->cfg.tables[t]);
-	size_t at = 0, found = 0;
-	struct stat sb;
+	size_t at = 0, found = 0, len;
 	uint8_t *b;
-	FILE *fp;
-	uint32_t crc;
 	int rc;
 
 	snprintf(keep, sizeof(keep), "%s.kept", f);
 	snprintf(logf, sizeof(logf), "%s/shard-0-record.log", dir);
-	ck_assert_int_eq(stat(f, &sb), 0);
-	b = malloc((size_t)sb.st_size);
-	ck_assert_ptr_nonnull(b);
-	fp = fopen(f, "rb");
-	ck_assert_ptr_nonnull(fp);
-	ck_assert_uint_eq(fread(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
-	fclose(fp);
-	for (size_t p = 0; p + sizeof(ct) + 4 <= (size_t)sb.st_size; p++) {
+	b = read_file(f, &len);
+	for (size_t p = 0; p + sizeof(ct) + 4 <= len; p++) {
 		memcpy(&ct, b + p, sizeof(ct));
 		if (ct.key == key && ct.dim == (uint32_t)cl->cfg.tables[t].dim &&
 		    ct.row_floats == (uint32_t)row_floats) {
@@ -1129,14 +1139,7 @@ static void check_record_dim_refused(const struct cluster *cl, const char *dir, 
 	memcpy(&ct, b + at, sizeof(ct));
 	ct.dim++;
 	memcpy(b + at, &ct, sizeof(ct));
-	crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(sb.st_size - 4));
-	memcpy(b + sb.st_size - 4, &crc, 4);
-	ck_assert_int_eq(rename(f, keep), 0);
-	fp = fopen(f, "wb");
-	ck_assert_ptr_nonnull(fp);
-	ck_assert_uint_eq(fwrite(b, 1, (size_t)sb.st_size, fp), (size_t)sb.st_size);
-	ck_assert_int_eq(fclose(fp), 0);
-	free(b);
+	write_edited(f, keep, b, len);
 	rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
 	log = read_text(logf);
 	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") && strstr(log, f) &&
