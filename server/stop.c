@@ -122,6 +122,30 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 	return 0;
 }
 
+/* A push for clock c >= the stop came from worker rank: the worker has
+ * ended every clock below c (a client sends a clock's pushes before the
+ * next clock's, in order on each connection), so it is done with the
+ * clocks below the stop even when it never said so. A worker that ends
+ * its clocks with PS_PUSH_END_CLOCK has finished them here already; one
+ * that never does (it pushes embedding rows alone, or dense tensors
+ * without the flag) has finished nothing, and without this the commit
+ * would wait for it forever. Its finished clock is raised to the stop, as
+ * an ended clock raises it (push.c), so the clocks below close and the
+ * checkpoint is at the stop, as on every other shard. */
+static void reached_stop(struct ps_server *s, int rank)
+{
+	if (rank < 0 || rank >= s->cfg->nworkers || s->finished[rank] >= s->stop_at)
+		return;
+	ps_debug("re-shard: worker %d pushed for the stop's clock %" PRIu64 " having finished %"
+		 PRIu64 " here: done with the clocks below", rank, s->stop_at, s->finished[rank]);
+	s->finished[rank] = s->stop_at;
+	ps__repl_note_finished(s, rank);
+	ps_store_advance(&s->store); /* its clocks ended with no push for some slice */
+	ps__rows_advance(s);
+	if (s->waiting)
+		ps__srv_answer_pulls(s);
+}
+
 int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m)
 {
 	if (!s->stop_at || m->clock < s->stop_at)
@@ -129,6 +153,7 @@ int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__P
 	ps_msg_send_error(sc->conn, m->req_id, PS_ERESHARD, "push for clock %" PRIu64 " refused: "
 			  "the shard stops at clock %" PRIu64 " for a re-shard; it is sent again on "
 			  "the new map", m->clock, s->stop_at);
+	reached_stop(s, sc->rank);
 	return 1;
 }
 
@@ -139,6 +164,7 @@ int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const 
 	ps_msg_send_error(sc->conn, m->req_id, PS_ERESHARD, "row push for clock %" PRIu64
 			  " refused: the shard stops at clock %" PRIu64 " for a re-shard; it is "
 			  "sent again on the new map", m->clock, s->stop_at);
+	reached_stop(s, sc->rank);
 	return 1;
 }
 

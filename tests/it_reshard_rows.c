@@ -33,6 +33,15 @@
  * and a[0] (each push adds 1) end between the acknowledged pushes and
  * those plus the unknown ones (the Jepsen counter rule), and some pushes
  * must have been of unknown outcome.
+ *
+ * Workers that push rows alone, never a dense tensor and never ending a
+ * clock with PS_PUSH_END_CLOCK (sync with a dense tensor in the config
+ * nobody pushes; async with a config of the table alone): 4 clocks of
+ * rows, ps-stat --reshard-stop stops at clock 4, the workers' row pushes
+ * for 4 are refused, and each old shard exits 0 within 20 s with its
+ * checkpoint at 4 (before the fix in stop.c it waited forever: the
+ * workers had finished no clock there); 2 -> 3, the pushes for 4 cut
+ * again, one more clock, every row the exact sum of 6 clocks.
  */
 #include <check.h>
 #include <errno.h>
@@ -73,6 +82,8 @@ static int async_mode;
  * unknown ones (the Jepsen counter). */
 static int unknown_mode;
 #define COUNTER (NIDS + 5) /* the counter row's index: outside the pool */
+/* the config's model holds the table only, no dense tensor */
+static int rows_only;
 
 static void write_cfg(const char *name, int n, char *out, size_t len)
 {
@@ -86,11 +97,13 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 		 "consistency:\n  mode: %s\n  staleness: 2\n"
 		 "slice_bytes: 512\nseed: 5\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
-		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: zeros}\n"
+		 "model:\n%s%d%s"
 		 "  embeddings:\n    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n"
 		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: %d\n"
 		 "checkpoint:\n  dir: %s\n  every_s: 0\nlog:\n  level: warn\n",
-		 servers, NW, async_mode ? "async" : "sync", NA, DIM, unknown_mode ? 250 : 60000,
+		 servers, NW, async_mode ? "async" : "sync",
+		 rows_only ? "# no dense tensor (" : "  tensors:\n    - {name: a, shape: [", NA,
+		 rows_only ? ")\n" : "], init: zeros}\n", DIM, unknown_mode ? 250 : 60000,
 		 ck);
 	snprintf(out, len, "%s/%s.yaml", dir, name);
 	FILE *f = fopen(out, "w");
@@ -610,6 +623,156 @@ START_TEST(test_rows_async_unknown_2_3_2)
 }
 END_TEST
 
+/* Waits up to secs for child pid to exit: its status (128 + signal), or
+ * -1 (still running: then killed). */
+static int wait_exit_s(pid_t pid, int secs)
+{
+	int st = 0;
+
+	for (int i = 0; i < secs * 10; i++) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+		if (r < 0)
+			return -1;
+		tu_sleep_ms(100);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	return -1;
+}
+
+/* Workers that push rows and never a dense tensor (the clocks end with no
+ * dense push: ps_client_push_rows only): ps-stat --reshard-stop stops
+ * every shard at the top clock of their row pushes, each shard exits 0
+ * with its checkpoint, and the new shards hold the exact rows; the
+ * workers follow and go on pushing rows on the new map. */
+static void run_rows_only(int async, int dense_in_cfg)
+{
+	static uint64_t ids[NPER];
+	static float g[NPER * DIM], rows[NIDS * DIM], want[DIM];
+	static uint64_t all[NIDS], ids4[NW][NPER];
+	static float g4[NW][NPER * DIM];
+	int64_t pid[NW];
+	char c2[160], c3[160], old[200], err[600], out[200];
+	struct ps_client *w[NW], *mon;
+	struct ps_config *c = malloc(sizeof(*c));
+	pid_t srv[3];
+	uint64_t b, k;
+
+	ck_assert_ptr_nonnull(c);
+	async_mode = async;
+	unknown_mode = 0;
+	rows_only = !dense_in_cfg;
+	strcpy(dir, "/tmp/ps-reshard-rows-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	ck_assert_int_eq(mkdir(ck, 0700), 0);
+	snprintf(ptr, sizeof(ptr), "%s/current", dir);
+	write_cfg("c2", 2, c2, sizeof(c2));
+	ck_assert_msg(ps_config_load(&cfg0, c2, err, sizeof(err)) == 0, "%s", err);
+	point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", ptr, 1);
+	for (int r = 0; r < 2; r++)
+		srv[r] = start_shard(c2, r, NULL, 0);
+	for (int r = 0; r < NW; r++) {
+		int rc = -1;
+		for (int i = 0; i < 100 && rc; i++)
+			if ((rc = ps_client_init(&w[r], &cfg0, r, err, sizeof(err))))
+				tu_sleep_ms(100);
+		ck_assert_msg(rc == 0, "%s", err);
+	}
+	/* clocks 0..3 of rows alone */
+	for (k = 0; k < 4; k++)
+		for (int r = 0; r < NW; r++) {
+			for (int j = 0; j < NPER; j++) {
+				ids[j] = id_of(idx_of(r, k, j));
+				for (int d = 0; d < DIM; d++)
+					g[j * DIM + d] = rgrad(r, k, j, d);
+			}
+			ck_assert_msg(ps_client_push_rows(w[r], "e", k, ids, NPER, g, 0) == 0,
+				      "rank %d clock %" PRIu64 ": %s", r, k, ps_client_error(w[r]));
+		}
+	snprintf(out, sizeof(out), "%s/pstat.out", dir);
+	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
+	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
+	b = stop_clock(out);
+	ck_assert_msg(b == 4, "ps-stat (%s) stopped at clock %" PRIu64 ", the rows' top clock is 4",
+		      out, b);
+	/* clock 4 of both: refused by the stopping shards, which only then
+	 * know the workers are done with the clocks below the stop */
+	for (int r = 0; r < NW; r++) {
+		for (int j = 0; j < NPER; j++) {
+			ids4[r][j] = id_of(idx_of(r, 4, j));
+			for (int d = 0; d < DIM; d++)
+				g4[r][j * DIM + d] = rgrad(r, 4, j, d);
+		}
+		pid[r] = ps_client_push_rows_async(w[r], "e", 4, ids4[r], NPER, g4[r], 0);
+		ck_assert_msg(pid[r] > 0, "rank %d: %s", r, ps_client_error(w[r]));
+	}
+	for (int r = 0; r < 2; r++) {
+		char log[200];
+		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d.log", dir, r);
+		ck_assert_msg(wait_exit_s(srv[r], 20) == 0, "old shard %d did not exit 0 within 20 s "
+			      "of its stop (log %s)", r, log);
+		ck_assert_msg(log_says(log, "stopped at clock 4 with its checkpoint written"),
+			      "%s: no stop at clock 4 said", log);
+	}
+	move_old("from2", 2, old, sizeof(old));
+	write_cfg("c3", 3, c3, sizeof(c3));
+	start_new(c3, 3, old, 2, srv);
+	point_at(c3);
+	for (int r = 0; r < NW; r++)
+		ck_assert_msg(ps_client_wait(w[r], pid[r]) == 0, "rank %d clock 4: %s", r,
+			      ps_client_error(w[r]));
+	for (k = 5; k < 6; k++)
+		for (int r = 0; r < NW; r++) {
+			for (int j = 0; j < NPER; j++) {
+				ids[j] = id_of(idx_of(r, k, j));
+				for (int d = 0; d < DIM; d++)
+					g[j * DIM + d] = rgrad(r, k, j, d);
+			}
+			ck_assert_msg(ps_client_push_rows(w[r], "e", k, ids, NPER, g, 0) == 0,
+				      "rank %d clock %" PRIu64 ": %s", r, k, ps_client_error(w[r]));
+		}
+	for (int r = 0; r < NW; r++)
+		ps_client_free(w[r]);
+	unsetenv("PS_CONFIG_FOLLOW");
+	ck_assert_msg(ps_config_load(c, c3, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_client_init(&mon, c, -1, err, sizeof(err)) == 0, "%s", err);
+	for (int i = 0; i < NIDS; i++)
+		all[i] = id_of(i);
+	ck_assert_msg(ps_client_pull_rows(mon, "e", async ? 0 : 6, all, NIDS, rows) == 0, "%s",
+		      ps_client_error(mon));
+	for (int i = 0; i < NIDS; i++) {
+		expect_row(i, 6, want);
+		ck_assert_msg(!memcmp(want, rows + i * DIM, sizeof(want)), "row %d: %g %g %g %g, "
+			      "the exact sum gives %g %g %g %g", i, rows[i * DIM],
+			      rows[i * DIM + 1], rows[i * DIM + 2], rows[i * DIM + 3], want[0],
+			      want[1], want[2], want[3]);
+	}
+	ps_client_free(mon);
+	free(c);
+	for (int r = 0; r < 3; r++)
+		ck_assert_int_eq(tu_stop_server(srv[r]), 0);
+	ck_assert_int_eq(tu_rmtree(dir), 0);
+	rows_only = 0;
+}
+
+/* sync, the config's dense tensor never pushed */
+START_TEST(test_rows_only_sync)
+{
+	run_rows_only(0, 1);
+}
+END_TEST
+
+/* async, a config of the table alone */
+START_TEST(test_rows_only_async)
+{
+	run_rows_only(1, 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("reshard_rows");
@@ -619,6 +782,8 @@ int main(void)
 	TU_ADD(tc, test_rows_sync_2_3_2);
 	TU_ADD(tc, test_rows_async_2_3_2);
 	TU_ADD(tc, test_rows_async_unknown_2_3_2);
+	TU_ADD(tc, test_rows_only_sync);
+	TU_ADD(tc, test_rows_only_async);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
