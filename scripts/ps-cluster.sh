@@ -476,6 +476,28 @@ intent_live() {
   pid=$(intent_get pid)
   [ -n "$pid" ] && [[ $(tr '\0' ' ' 2>/dev/null < "/proc/$pid/cmdline") == *ps-cluster.sh* ]] && echo "$pid"
 }
+# Each old server process's own files back from F on its host (the copies
+# made for other hosts stay in F there): a re-shard rolled back. 1 (saying
+# why) when one cannot be.
+put_back() { # OLD_CONFIG F OLD_N
+  local lines k b out
+  local -a ohost
+  lines=$("$SERVER" --config "$1" --list-shards; "$SERVER" --config "$1" --list-backups) || return 1
+  mapfile -t ohost < <(awk '{print $2}' <<< "$lines")
+  for ((k = 0; k < ${#ohost[@]}; k++)); do
+    b=shard-$((k % $3)); [ "$k" -lt "$3" ] || b+=-r1
+    out=$(on "${ohost[$k]}" "cd $(sq "$ck0") || exit 3
+for f in $(sq "$2")/$b.ckpt $(sq "$2")/$b.ckpt.delta-* $(sq "$2")/$b.members; do
+  [ -e \"\$f\" ] || continue
+  [ -e \"\${f##*/}\" ] && { echo \"\${f##*/} is there already\"; exit 3; }
+  mv -- \"\$f\" . || exit 3
+done
+rmdir -- $(sq "$2") 2> /dev/null
+echo BACK" 2>&1)
+    grep -q '^BACK$' <<< "$out" || { echo "$me: $INTENT_F: cannot put $b's files back from $2" \
+      "on ${ohost[$k]} (rolling a re-shard back): $(tail -n 1 <<< "$out")" >&2; return 1; }
+  done
+}
 # Tests only (it_reshard_crash.sh): $PS_CLUSTER_CRASH_AT names a step at
 # which this process kills itself with SIGKILL, as a crash there would.
 crash_point() {
@@ -497,25 +519,7 @@ if [ "$ACTION" = start ] && [ -z "$RESHARD_FROM" ] && [ $DRY -eq 0 ] && intent_o
   prog=$(realpath "$0")
   cd "$(intent_get cwd)" || exit 1
   if ! intent_has commit; then
-    # each old server process's own files back from F on its host (the
-    # copies made for other hosts stay in F there)
-    lines=$("$SERVER" --config "$old" --list-shards; "$SERVER" --config "$old" --list-backups) || exit 2
-    mapfile -t ohost < <(awk '{print $2}' <<< "$lines")
-    if [ -n "$F" ]; then
-      for ((k = 0; k < ${#ohost[@]}; k++)); do
-        b=shard-$((k % old_n)); [ "$k" -lt "$old_n" ] || b+=-r1
-        out=$(on "${ohost[$k]}" "cd $(sq "$ck0") || exit 3
-for f in $(sq "$F")/$b.ckpt $(sq "$F")/$b.ckpt.delta-* $(sq "$F")/$b.members; do
-  [ -e \"\$f\" ] || continue
-  [ -e \"\${f##*/}\" ] && { echo \"\${f##*/} is there already\"; exit 3; }
-  mv -- \"\$f\" . || exit 3
-done
-rmdir -- $(sq "$F") 2> /dev/null
-echo BACK" 2>&1)
-        grep -q '^BACK$' <<< "$out" || { echo "$me: $INTENT_F: an interrupted re-shard; cannot put" \
-          "$b's files back from $F on ${ohost[$k]}: $(tail -n 1 <<< "$out")" >&2; exit 1; }
-      done
-    fi
+    if [ -n "$F" ]; then put_back "$old" "$F" "$old_n" || exit 1; fi
     intent_add "done rolled-back" || exit 1
     echo "$me: an interrupted re-shard ($old_n -> $new_n shards, $INTENT_F) had not reached its" \
       "commit: rolled back; starting $old, its shards from their own checkpoints"
@@ -649,6 +653,20 @@ echo MOVED"
         "old shard's checkpoint is needed; nothing was started" >&2; return 1; }
     done
   }
+  # Whether a new shard may have written its checkpoint of the new map:
+  # a shard-K.ckpt newer than F (set aside before the new shards started)
+  # in checkpoint.dir on a new shard's host, or a host that cannot tell.
+  new_written() {
+    local n out
+    local -a uhost
+    mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#uhost[@]}; n++)); do
+      out=$(on "${uhost[$n]}" "cd $(sq "$ck") && find . -maxdepth 1 -name 'shard-*.ckpt' -newer $(sq "$F") | sed 's/^/WROTE /'; echo CHECKED" 2>&1)
+      grep -q '^CHECKED$' <<< "$out" || return 0
+      grep -q '^WROTE ' <<< "$out" && return 0
+    done
+    return 1
+  }
   common=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS")
   [ -n "${WAIT_GIVEN:-}" ] && common+=(--wait "$WAIT")
 
@@ -746,6 +764,7 @@ echo MOVED"
       fi
       exit 1
     fi
+    crash_point exited
     # 3. the old checkpoints set aside, every new shard's host given them
     intent_add "from $F" || exit 1
     set_aside || { echo "$me: reshard: nothing was started; the next start of $CONFIG or $NEW" \
@@ -757,6 +776,26 @@ echo MOVED"
     # 4. the new shards from them, in the same run; once every one answers
     # from the workers' hosts, the workers' follow file names NEW
     "$0" "$NEW" start --live-run "$RUN" --reshard-from "$F" --reshard-shards "$nshards" "${common[@]}"; rc=$?
+    if [ $rc -ne 0 ] && ! new_written; then
+      # no new shard wrote its checkpoint of the new map (each writes it
+      # before it listens): none listened, no worker pushed to the new
+      # map, and nothing of it exists. Rolled back: the old files put back
+      # on their hosts, the old shards started again from them (at B), the
+      # workers, which never left the old map, go on with it.
+      echo "$me: reshard: no new shard of $NEW started or wrote a checkpoint: rolling back to" \
+        "$CONFIG" >&2
+      rm -f "$LOGS/$(basename "${NEW%.y*ml}").run"
+      if put_back "$CONFIG" "$F" "$nshards" && intent_add "done rolled-back" &&
+        "$0" "$CONFIG" start --live-run "$RUN" "${common[@]}"; then
+        echo "$me: reshard: rolled back to $CONFIG: the new shards did not start (their logs:" \
+          "$RUN/server-*.log.failed-* and server-*.log on their hosts); the old shards started again" \
+          "from their checkpoints at clock $B; the workers go on with $CONFIG" >&2
+      else
+        echo "$me: reshard: the rollback did not complete ($INTENT_F); the next start of $CONFIG" \
+          "finishes it" >&2
+      fi
+      exit 1
+    fi
     if [ $rc -ne 0 ]; then
       echo "$me: reshard: the new shards did not start, past the commit ($INTENT_F): the old" \
         "checkpoints are in $F; the next start of either config starts the new shards from them" \
@@ -867,7 +906,7 @@ done
 # the shard process that ran there before are kept, renamed.
 shard_start() {
   local log=$RUN/$(slog "$1") keep=""
-  [ -n "$LIVE_RUN" ] && keep="for f in $(sq "$log.log") $(sq "$log.exit"); do [ -e \"\$f\" ] && mv -f \"\$f\" \"\$f.before-reshard-$stamp\"; done; "
+  [ -n "$LIVE_RUN" ] && keep="for f in $(sq "$log.log") $(sq "$log.exit"); do [ -e \"\$f\" ] && mv -f \"\$f\" \"\$f.${RETRY_KEEP:-before-reshard}-$stamp\"; done; "
   echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && ${keep}{ nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
 }
 # Each worker follows a re-shard through the file $PS_CONFIG_FOLLOW names
@@ -1009,10 +1048,14 @@ shard_log_tail() {
 }
 
 # 3. The shards, all at once; each until it listens (or exits, or --wait
-# runs out).
-for ((k = 0; k < nsrv; k++)); do
-  log=$RUN/$(slog $k).log ex=$RUN/$(slog $k).exit
-  par "shard-$k" "${shost[$k]}" "$(shard_start $k)
+# runs out). start_shards K...: those shards; failed=1 when one did not
+# listen, its number in `exited` when it ended.
+start_shards() {
+  local k h out log ex last addr
+  exited=() oddfail=0
+  for k in "$@"; do
+    log=$RUN/$(slog $k).log ex=$RUN/$(slog $k).exit
+    par "shard-$k" "${shost[$k]}" "$(shard_start $k)
 i=0
 while :; do
   if grep -q ' listening on ' $(sq "$log") 2> /dev/null; then
@@ -1023,73 +1066,119 @@ while :; do
   if [ \$i -gt $((WAIT * 10)) ]; then echo TIMEOUT; break; fi
   sleep 0.1
 done"
-done
-par_wait
+  done
+  par_wait
+  for k in "$@"; do
+    h=${shost[$k]} out=$(par_out "shard-$k") log=$RUN/$(slog $k).log
+    # The loop's answer is the last line: whatever the login printed before
+    # it (a banner, a warning) must not hide it.
+    last=$(tail -n 1 <<< "$out")
+    case "$last" in
+      LISTENING\ *) bound[$k]=${last#LISTENING }; sel_shards+=("$k") ;;
+      EXITED\ *)
+        echo "$me: $(sname $k) on $h exited at start (status ${last#EXITED }); the end of $log there:" >&2
+        sel_shards+=("$k"); shard_log_tail $k; failed=1; exited+=("$k"); continue ;;
+      TIMEOUT*)
+        echo "$me: $(sname $k) on $h did not listen within ${WAIT}s (--wait); the end of $log there:" >&2
+        sel_shards+=("$k"); shard_log_tail $k; failed=1; oddfail=1; continue ;;
+      *)
+        echo "$me: cannot start $(sname $k) on $h over ssh: $last" >&2
+        [ "$(par_rc "shard-$k")" -eq 255 ] || sel_shards+=("$k") # 255: ssh never ran it
+        failed=1; oddfail=1; continue ;;
+    esac
+    addr=${bound[$k]%:*}; addr=${addr#[}; addr=${addr%]}
+    if [ -n "$remote" ] && is_loopback "$addr"; then
+      echo "$me: $(sname $k) on $h listens on ${bound[$k]}, a loopback address (${shost[$k]} resolves" \
+           "to it on $h: an /etc/hosts line such as '127.0.1.1 $h'?); workers on other hosts" \
+           "cannot reach it. Name its address in cluster.servers, fix /etc/hosts, or set" \
+           "cluster.listen_any: true" >&2
+      failed=1; oddfail=1
+    fi
+  done
+}
+# A live re-shard's new shards (--live-run with --reshard-from) are past
+# the commit: the new map is the only way on. A new shard that ends before
+# the workers are pointed at it starts again, once, with the same flags
+# (from its own checkpoint of the new map when it wrote one, else from the
+# old files: the same state either way), as ps-local.sh does; its log is
+# kept as server-K.log.failed-STAMP. again_shards K...: those, with what
+# they say.
+RETRIED=0
+again_shards() {
+  local k
+  RETRIED=1
+  for k in "$@"; do
+    echo "$me: reshard: new $(sname $k) on ${shost[$k]} ended before the workers were pointed at" \
+      "it: starting it again with the same flags" >&2
+  done
+  failed=0
+  # (each listed once in sel_shards, for what a rollback stops)
+  mapfile -t sel_shards < <(printf '%s\n' ${sel_shards[@]+"${sel_shards[@]}"} | grep -vxF -f <(printf '%s\n' "$@"))
+  RETRY_KEEP=failed start_shards "$@"
+}
 bound=() failed=0
-for ((k = 0; k < nsrv; k++)); do
-  h=${shost[$k]} out=$(par_out "shard-$k") log=$RUN/$(slog $k).log
-  # The loop's answer is the last line: whatever the login printed before
-  # it (a banner, a warning) must not hide it.
-  last=$(tail -n 1 <<< "$out")
-  case "$last" in
-    LISTENING\ *) bound[$k]=${last#LISTENING }; sel_shards+=("$k") ;;
-    EXITED\ *)
-      echo "$me: $(sname $k) on $h exited at start (status ${last#EXITED }); the end of $log there:" >&2
-      sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
-    TIMEOUT*)
-      echo "$me: $(sname $k) on $h did not listen within ${WAIT}s (--wait); the end of $log there:" >&2
-      sel_shards+=("$k"); shard_log_tail $k; failed=1; continue ;;
-    *)
-      echo "$me: cannot start $(sname $k) on $h over ssh: $last" >&2
-      [ "$(par_rc "shard-$k")" -eq 255 ] || sel_shards+=("$k") # 255: ssh never ran it
-      failed=1; continue ;;
-  esac
-  addr=${bound[$k]%:*}; addr=${addr#[}; addr=${addr%]}
-  if [ -n "$remote" ] && is_loopback "$addr"; then
-    echo "$me: $(sname $k) on $h listens on ${bound[$k]}, a loopback address (${shost[$k]} resolves" \
-         "to it on $h: an /etc/hosts line such as '127.0.1.1 $h'?); workers on other hosts" \
-         "cannot reach it. Name its address in cluster.servers, fix /etc/hosts, or set" \
-         "cluster.listen_any: true" >&2
-    failed=1
-  fi
-done
+mapfile -t all_shards < <(seq 0 $((nsrv - 1)))
+start_shards "${all_shards[@]}"
+live_new=0
+[ -n "$LIVE_RUN" ] && [ -n "$RESHARD_FROM" ] && live_new=1
+[ $failed -eq 1 ] && [ $live_new -eq 1 ] && [ $oddfail -eq 0 ] && again_shards "${exited[@]}"
+if [ $failed -eq 0 ] && [ $live_new -eq 1 ] && [ "${PS_CLUSTER_CRASH_AT:-}" = new-shard ]; then
+  # tests only (it_reshard_crash.sh): new shard 0 killed once it listens
+  echo "$me: PS_CLUSTER_CRASH_AT=new-shard: $(sname 0) killed with SIGKILL (a test)" >&2
+  on "${shost[0]}" "pkill -KILL -f -- $(sq "$(server_pat 0)"); i=0; while [ ! -e $(sq "$RUN/$(slog 0).exit") ] && [ \$i -lt 100 ]; do sleep 0.1; i=\$((i + 1)); done"
+fi
 [ $failed -eq 0 ] || rollback
 
 # 4. From every worker host, every shard must answer (a monitor handshake:
 # ps-stat), or the workers would fail there the same way.
-for ((n = 0; n < ${#uwhost[@]}; n++)); do
-  par "stat-$n" "${uwhost[$n]}" "cd $(sq "$DIR") || exit 3
-i=0
-while :; do
-  out=\$(bin/ps-stat --config $(sq "$RCONFIG") --interval 0.05 2>&1); rc=\$?
-  if [ \$rc -eq 0 ]; then echo ANSWERED; break; fi
-  i=\$((i + 1))
-  if [ \$rc -ne 1 ] || [ \$i -ge 4 ]; then echo \"FAILED \$rc\"; printf '%s\n' \"\$out\"; break; fi
-  sleep 0.5
-done"
-done
-par_wait
-for ((n = 0; n < ${#uwhost[@]}; n++)); do
-  h=${uwhost[$n]} out=$(par_out "stat-$n")
-  case "$out" in
-    ANSWERED*) ;;
-    FAILED\ 1*)
-      echo "$me: from $h, not every shard answers (ps-stat there):" >&2
-      grep -E '^[0-9]+ +down ' <<< "$out" | sed 's/^/    /' >&2
-      for k in $(grep -E '^[0-9]+ +down ' <<< "$out" | awk '{print $1}'); do
-        echo "$me: $(sname $k) on ${shost[$k]} listens on ${bound[$k]}; the end of its log:" >&2
-        shard_log_tail "$k"
-      done
-      failed=1 ;;
-    FAILED*)
-      echo "$me: on $h, ps-stat cannot check the shards (the workers there would fail too):" >&2
-      tail -n +2 <<< "$out" | sed 's/^/    /' >&2
-      failed=1 ;;
-    *)
-      echo "$me: cannot check the shards from $h over ssh: $(tail -n 1 <<< "$out")" >&2
-      failed=1 ;;
-  esac
-done
+check_shards() {
+  local n h out k
+  for ((n = 0; n < ${#uwhost[@]}; n++)); do
+    par "stat-$n" "${uwhost[$n]}" "cd $(sq "$DIR") || exit 3
+  i=0
+  while :; do
+    out=\$(bin/ps-stat --config $(sq "$RCONFIG") --interval 0.05 2>&1); rc=\$?
+    if [ \$rc -eq 0 ]; then echo ANSWERED; break; fi
+    i=\$((i + 1))
+    if [ \$rc -ne 1 ] || [ \$i -ge 4 ]; then echo \"FAILED \$rc\"; printf '%s\n' \"\$out\"; break; fi
+    sleep 0.5
+  done"
+  done
+  par_wait
+  for ((n = 0; n < ${#uwhost[@]}; n++)); do
+    h=${uwhost[$n]} out=$(par_out "stat-$n")
+    case "$out" in
+      ANSWERED*) ;;
+      FAILED\ 1*)
+        echo "$me: from $h, not every shard answers (ps-stat there):" >&2
+        grep -E '^[0-9]+ +down ' <<< "$out" | sed 's/^/    /' >&2
+        for k in $(grep -E '^[0-9]+ +down ' <<< "$out" | awk '{print $1}'); do
+          echo "$me: $(sname $k) on ${shost[$k]} listens on ${bound[$k]}; the end of its log:" >&2
+          shard_log_tail "$k"
+        done
+        failed=1 ;;
+      FAILED*)
+        echo "$me: on $h, ps-stat cannot check the shards (the workers there would fail too):" >&2
+        tail -n +2 <<< "$out" | sed 's/^/    /' >&2
+        failed=1 ;;
+      *)
+        echo "$me: cannot check the shards from $h over ssh: $(tail -n 1 <<< "$out")" >&2
+        failed=1 ;;
+    esac
+  done
+}
+check_shards
+# (a live re-shard's new shard that ended meanwhile: started again, once)
+if [ $failed -eq 1 ] && [ $live_new -eq 1 ] && [ $RETRIED -eq 0 ]; then
+  dead=()
+  for ((k = 0; k < nsrv; k++)); do
+    on "${shost[$k]}" "[ -e $(sq "$RUN/$(slog $k).exit") ]" && dead+=("$k")
+  done
+  if [ ${#dead[@]} -gt 0 ]; then
+    again_shards "${dead[@]}"
+    [ $failed -eq 0 ] && check_shards
+  fi
+fi
 [ $failed -eq 0 ] || rollback
 
 # 5. The workers, each host's at once; a second later, a look at those that

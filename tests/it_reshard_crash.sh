@@ -354,5 +354,81 @@ expect "$case: the same workers followed and trained to 60, every weight the exa
 expect "$case: the intent record is done: $(tr '\n' ';' < "$rec")" [ "$(tail -n 1 "$rec")" = done ]
 cl "$c/c3.yaml" stop > /dev/null 2>&1
 
+# (i) ps-cluster.sh re-sharding while its workers run, one run of the same
+# two workers (crash_worker, 400 clocks, following their run's
+# current-config) through five interrupted re-shards, each after the
+# workers went on a few clocks from the last:
+#  - the reshard killed at `stopping` (before the stop is asked), at
+#    `exited` (the old shards exited at their stop, nothing set aside) and
+#    at `stopped` (the files set aside, no new shard started): the next
+#    start, of c3.yaml, rolls back in the run to c2.yaml's shards (those
+#    still running, or started again from their checkpoints at the stop,
+#    the files put back), starting no worker;
+#  - a new shard killed with SIGKILL once it listens, before the workers
+#    are pointed at it: started again with the same flags, the reshard
+#    completes on 3 shards;
+#  - 3 -> 2 with every new shard dying before its checkpoint of the new
+#    map is written (an ssh stand-in giving the commands that start them
+#    PS_FAULT_CHECKPOINT=write): each started again once, dying again;
+#    none wrote one, so the reshard rolls back to c3.yaml, the old files
+#    put back, status 1 saying so.
+# The workers end on 3 shards with every weight the exact sum.
+case=i-live-steps; new_case "$case"
+cat > "$tmp/ssh-fault" <<'EOF2'
+#!/usr/bin/env bash
+[ "$1" = -- ] || { echo "ssh stand-in: '$1' where -- belongs" >&2; exit 255; }
+case "$3" in *--reshard-from*) export PS_FAULT_CHECKPOINT=write ;; esac
+exec sh -c "$3"
+EOF2
+chmod +x "$tmp/ssh-fault"
+cl "$c/c2.yaml" start --worker-cmd "$W 400 30" > "$c/s0.out" 2>&1
+run=$(readlink -f "$c/logs/c2.run")
+# until worker 1 is 3 clocks past where it is now (60 s at most)
+advance() {
+  local k
+  k=$(grep -c '^clock ' "$run/worker-1.log" 2>/dev/null)
+  for _ in $(seq 600); do
+    [ "$(grep -c '^clock ' "$run/worker-1.log" 2>/dev/null)" -ge $((k + 3)) ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+expect "$case: the workers train" advance
+for step in stopping exited stopped; do
+  PS_CLUSTER_CRASH_AT=$step cl "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s-$step.out" 2>&1; rc=$?
+  rec=$(echo "$c"/logs/reshard-*.intent)
+  expect "$case: the live reshard was killed at $step ($rc): $(tail -n 1 "$c/s-$step.out")" \
+    eval '[ $rc -eq 137 ] && grep -q "^live $run\$" "$rec"'
+  cl "$c/c3.yaml" start > "$c/s-$step-2.out" 2>&1; rc=$?
+  expect "$case: the next start (c3.yaml) rolled back to c2.yaml in the run ($rc): $(grep -E "interrupted|started [0-9]|runs already" "$c/s-$step-2.out" | tr '\n' ' ')" \
+    eval '[ $rc -eq 0 ] && grep -q "had not reached its commit: rolled back" "$c/s-$step-2.out" &&
+    grep -qE "started 2 shard\(s\) of $c/c2.yaml; the 2 worker\(s\) of the run follow them|every shard of $c/c2.yaml runs already" "$c/s-$step-2.out"'
+  expect "$case: the intent record ends rolled back: $(tr '\n' ';' < "$rec")" \
+    [ "$(tail -n 1 "$rec")" = "done rolled-back" ]
+  expect "$case: the old checkpoints are back" sh -c "! ls -d '$c'/ck/reshard-from-* 2>/dev/null"
+  expect "$case: the workers follow c2.yaml and train on after $step" \
+    eval '[ "$(cat "$run/current-config")" = "$c/c2.yaml" ] && advance'
+done
+PS_CLUSTER_CRASH_AT=new-shard cl "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s-new.out" 2>&1; rc=$?
+expect "$case: the reshard with a new shard killed completed ($rc): $(tail -n 1 "$c/s-new.out")" \
+  eval '[ $rc -eq 0 ] && grep -q "reshard: new shard 0 on 127.0.0.1 ended before the workers were pointed at it: starting it again" "$c/s-new.out" &&
+  grep -q "reshard: 2 -> 3 shards at clock" "$c/s-new.out"'
+expect "$case: the workers follow c3.yaml and train on" \
+  eval '[ "$(cat "$run/current-config")" = "$c/c3.yaml" ] && advance'
+scripts/ps-cluster.sh "$c/c3.yaml" reshard "$c/c2.yaml" --ssh "$tmp/ssh-fault" --logs "$c/logs" \
+  > "$c/s-fail.out" 2>&1; rc=$?
+expect "$case: every new shard failed before its checkpoint: rolled back to c3.yaml, status 1 ($rc): $(grep 'reshard:' "$c/s-fail.out" | tail -n 2 | tr '\n' ' ')" \
+  eval '[ $rc -eq 1 ] && [ "$(grep -c "starting it again with the same flags" "$c/s-fail.out")" -eq 2 ] &&
+  grep -q "reshard: rolled back to $c/c3.yaml: the new shards did not start" "$c/s-fail.out"'
+expect "$case: the intent record ends rolled back, the files back: $(tr '\n' ';' < "$rec")" \
+  eval '[ "$(tail -n 1 "$rec")" = "done rolled-back" ] && ! ls -d "$c"/ck/reshard-from-3.* 2>/dev/null'
+cl_wait c3.yaml
+expect "$case: the same workers trained to 400 on 3 shards, every weight the exact sum: $(grep -h final "$run/worker-0.log")" \
+  eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] &&
+  [ "$(cat "$run/current-config")" = "$c/c3.yaml" ] &&
+  [ "$(grep -c "^final:" "$run/worker-0.log")" -eq 1 ] &&
+  grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$run/worker-0.log"'
+cl "$c/c3.yaml" stop > /dev/null 2>&1
+
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]
