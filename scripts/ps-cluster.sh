@@ -65,7 +65,10 @@
 # change under way: the run goes on); waits for every old shard to exit
 # at its stop (one that did not exit 0 rolls back: the old shards start
 # again); sets the checkpoints aside as below; starts NEW_CONFIG's shards
-# in the same run (start --live-run), and once they answer points every
+# in the same run (start --live-run; a new shard that ends before the
+# workers follow starts again once; when they still fail and none wrote
+# its checkpoint, rolled back: the old files put back, the old shards
+# started again, status 1), and once they answer points every
 # worker host's RUN/current-config at NEW_CONFIG: the workers follow. It
 # prints the stop clock, what moved and the pause. The run then goes on
 # as NEW_CONFIG (status and stop of it). With --restart, without a run

@@ -17,7 +17,9 @@
  * Row pushes (embedding tables) are stopped the same way: one for clock B
  * or later is refused with PS_ERESHARD before its dedup check, and the
  * clocks of the row pushes taken count in the top clock. Sync and async
- * training alike.
+ * training alike. A refused push also tells that its worker finished the
+ * clocks below it (reached_stop): a worker that never ends a clock (rows
+ * alone) would otherwise hold a committed stop forever.
  *
  * With cluster.replicas: 1 the stop reaches both processes of a pair
  * through replication: the primary puts every change of its stop (asked,
