@@ -31,6 +31,12 @@
 #      killed after `commit`: the next start of c2.yaml rolls forward in
 #      the run, starting no worker; the same workers follow to 3 shards and
 #      end with exact sums.
+#  (i) ps-cluster.sh live again, one run of the same workers through five
+#      interrupted re-shards: killed at `stopping`, `exited` and `stopped`
+#      (the next start, of c3.yaml, rolls back in the run each time), a new
+#      shard killed once it listens (started again, the reshard completes),
+#      every new shard dying before its first checkpoint (rolled back by
+#      the reshard itself, status 1); exact sums at the end.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -127,7 +133,7 @@ check_end() { # N EXPECT
   for r in 0 1; do
     wait_end "${wpid[$r]}"; rc=$?
     expect "$case: worker $r trained to the end ($rc): $(tail -n 2 "$c/w$r.err")" \
-      [ $rc -eq 0 ] && grep -q "^clock $CLOCKS\$" "$c/w$r.err"
+      eval '[ $rc -eq 0 ] && grep -q "^clock $CLOCKS\$" "$c/w$r.err"'
   done
   cur=$(cat "$c/l/current-config")
   expect "$case: the workers follow c$n.yaml ($cur)" [ "$cur" = "$(realpath "$c/c$n.yaml")" ]
@@ -163,7 +169,7 @@ reshard
 b=$(sed -n 's/.*at the stop at clock \([0-9]*\).*/\1/p' "$c/r.out")
 if grep -q "rolled back to" "$c/r.out"; then
   expect "a: status 1 naming the dead shard: $(tail -n 1 "$c/r.out")" \
-    [ $rrc -eq 1 ] && grep -q "shard 1 with status 137" "$c/r.out"
+    eval '[ $rrc -eq 1 ] && grep -q "shard 1 with status 137" "$c/r.out"'
   check_end 2 "rolled-back $b"
   expect "a: nothing moved aside" sh -c "! ls -d '$c'/ck/reshard-from-* 2>/dev/null"
 else # the shard had written its checkpoint and exited before the kill
@@ -194,12 +200,12 @@ for step in stopped commit; do
   expect "$case: trained 10 clocks" wait_for "$c/w0.err" "^clock 10$"
   reshard
   expect "$case: the reshard command says its coordinator ended ($rrc): $(tail -n 1 "$c/r.out")" \
-    [ $rrc -eq 1 ] && grep -q "ended before it answered" "$c/r.out"
+    eval '[ $rrc -eq 1 ] && grep -q "ended before it answered" "$c/r.out"'
   wait_end "$coord"
   expect "$case: the record stops at $step" [ "$(tail -n 1 "$c/ck/reshard.intent" | cut -d' ' -f1)" = "$step" ]
   scripts/ps-local.sh "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/r2.out" 2>&1; rc=$?
   expect "$case: another reshard is refused until it is finished ($rc): $(cat "$c/r2.out")" \
-    [ $rc -eq 1 ] && grep -q "a re-shard was interrupted .*nothing was done" "$c/r2.out"
+    eval '[ $rc -eq 1 ] && grep -q "a re-shard was interrupted .*nothing was done" "$c/r2.out"'
   # the next ps-local.sh, given the other config than the one it ends on
   if [ $step = stopped ]; then
     start_coord c3.yaml l2
@@ -248,13 +254,13 @@ for step in stopped commit; do
   PS_LOCAL_CRASH_AT=$step scripts/ps-local.sh "$c/c2.yaml" reshard "$c/c3.yaml" --restart \
     --logs "$c/l1" --worker-cmd "$W 40" > "$c/l1.out" 2>&1; rc=$?
   expect "$case: the reshard command was killed at $step ($rc)" \
-    [ $rc -eq 137 ] && [ "$(tail -n 1 "$c/ck/reshard.intent" | cut -d' ' -f1)" = "$step" ]
+    eval '[ $rc -eq 137 ] && [ "$(tail -n 1 "$c/ck/reshard.intent" | cut -d" " -f1)" = "$step" ]'
   if [ $step = stopped ]; then n=2 other=c3; else n=3 other=c2; fi
   scripts/ps-local.sh "$c/$other.yaml" --logs "$c/l2" --worker-cmd "$W 40" > "$c/l2.out" 2>&1; rc=$?
   expect "$case: the next run ends 0 on $n shards ($rc): $(grep -E "interrupted|shard\(s\)," "$c/l2.out")" \
-    [ $rc -eq 0 ] && grep -q "^ps-local.sh: $n shard(s), 2 worker(s) from $c/c$n.yaml" "$c/l2.out"
+    eval '[ $rc -eq 0 ] && grep -q "^ps-local.sh: $n shard(s), 2 worker(s) from $c/c$n.yaml" "$c/l2.out"'
   expect "$case: its workers resumed at 20 and trained to 40, every weight the exact sum: $(grep final "$c/l2.out")" \
-    grep -q "from clock 20" "$c/l2/worker-1.log" && grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$c/l2.out"
+    eval 'grep -q "from clock 20" "$c/l2/worker-1.log" && grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$c/l2.out"'
   expect "$case: the intent record is done: $(tr '\n' ';' < "$c/ck/reshard.intent")" \
     grep -q '^done' "$c/ck/reshard.intent"
 done
@@ -275,15 +281,15 @@ cp "$c/shard-1.ckpt.20" "$c/ck/shard-1.ckpt"
 scripts/ps-local.sh "$c/c2.yaml" reshard "$c/c3.yaml" --restart --logs "$c/l2" \
   --worker-cmd "$W 40" > "$c/l2.out" 2>&1; rc=$?
 expect "f: the reshard rolled back, status 1 ($rc): $(grep -E "rolled|different clocks" "$c/l2.out" | cut -c1-300)" \
-  [ $rc -eq 1 ] && grep -q "reshard: rolled back to $c/c2.yaml: no new shard started" "$c/l2.out" \
-  && grep -q "different clocks" "$c/l2.out"
+  eval '[ $rc -eq 1 ] && grep -q "reshard: rolled back to $c/c2.yaml: no new shard started" "$c/l2.out" \
+  && grep -q "different clocks" "$c/l2.out"'
 expect "f: the record says so: $(tr '\n' ';' < "$c/ck/reshard.intent")" \
   grep -q '^done rolled-back' "$c/ck/reshard.intent"
 expect "f: the old checkpoints are back" \
   sh -c "test -f '$c/ck/shard-0.ckpt' && test -f '$c/ck/shard-1.ckpt' && ! ls -d '$c'/ck/reshard-from-* 2>/dev/null"
 scripts/ps-local.sh "$c/c2.yaml" --logs "$c/l3" --worker-cmd "$W 40" > "$c/l3.out" 2>&1; rc=$?
 expect "f: the next run of c2.yaml ends 0 ($rc), resumed at 30: $(grep 'from clock' "$c/l3/worker-1.log")" \
-  [ $rc -eq 0 ] && grep -q "from clock 30" "$c/l3/worker-1.log"
+  eval '[ $rc -eq 0 ] && grep -q "from clock 30" "$c/l3/worker-1.log"'
 expect "f: shard 1's slices short by its 10 lost clocks, the others exact: $(grep final "$c/l3.out")" \
   grep -qE "final: exact [1-9][0-9]* of 4000, short [1-9][0-9]*, wrong 0, deficits: 10\$" "$c/l3.out"
 
@@ -315,15 +321,15 @@ for step in stopped commit; do
   PS_CLUSTER_CRASH_AT=$step cl "$c/c2.yaml" reshard "$c/c3.yaml" --worker-cmd "$W 20" > "$c/s1.out" 2>&1; rc=$?
   rec=$(echo "$c"/logs/reshard-*.intent)
   expect "$case: the reshard command was killed at $step ($rc): $(tail -n 1 "$c/s1.out")" \
-    [ $rc -eq 137 ] && [ "$(tail -n 1 "$rec" | cut -d' ' -f1)" = "$step" ]
+    eval '[ $rc -eq 137 ] && [ "$(tail -n 1 "$rec" | cut -d" " -f1)" = "$step" ]'
   if [ $step = stopped ]; then n=2 other=c3 how="rolled back"; else n=3 other=c2 how="rolled forward"; fi
   cl "$c/$other.yaml" start --worker-cmd "$W 20" > "$c/s2.out" 2>&1; rc=$?
   expect "$case: the next start ($other.yaml) $how to $n shards ($rc): $(grep -E "interrupted|started [0-9]" "$c/s2.out")" \
-    [ $rc -eq 0 ] && grep -q "$how" "$c/s2.out" && grep -q "started $n shard(s) and 2 worker(s) of $c/c$n.yaml" "$c/s2.out"
+    eval '[ $rc -eq 0 ] && grep -q "$how" "$c/s2.out" && grep -q "started $n shard(s) and 2 worker(s) of $c/c$n.yaml" "$c/s2.out"'
   cl_wait "c$n.yaml"
   expect "$case: its workers resumed at 10 and trained to 20, every weight the exact sum: $(grep -h final "$c/logs/c$n.run/worker-0.log")" \
-    grep -q "from clock 10" "$c/logs/c$n.run/worker-1.log" && \
-    grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$c/logs/c$n.run/worker-0.log"
+    eval 'grep -q "from clock 10" "$c/logs/c$n.run/worker-1.log" && \
+    grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$c/logs/c$n.run/worker-0.log"'
   expect "$case: the intent record is done: $(tr '\n' ';' < "$rec")" grep -q '^done' "$rec"
   cl "$c/c$n.yaml" stop > /dev/null 2>&1
 done
@@ -340,17 +346,17 @@ wait_for "$run/worker-1.log" "^clock 3$"
 PS_CLUSTER_CRASH_AT=commit cl "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s1.out" 2>&1; rc=$?
 rec=$(echo "$c"/logs/reshard-*.intent)
 expect "$case: the live reshard was killed at commit ($rc): $(tail -n 1 "$c/s1.out")" \
-  [ $rc -eq 137 ] && grep -q "^live $run\$" "$rec" && [ "$(tail -n 1 "$rec")" = commit ]
+  eval '[ $rc -eq 137 ] && grep -q "^live $run\$" "$rec" && [ "$(tail -n 1 "$rec")" = commit ]'
 cl "$c/c2.yaml" start > "$c/s2.out" 2>&1; rc=$?
 expect "$case: the next start of c2.yaml rolled forward to 3 shards in the run ($rc): $(grep -E "interrupted|started [0-9]" "$c/s2.out")" \
-  [ $rc -eq 0 ] && grep -q "rolled forward" "$c/s2.out" &&
-  grep -q "started 3 shard(s) of $c/c3.yaml; the 2 worker(s) of the run follow them" "$c/s2.out"
+  eval '[ $rc -eq 0 ] && grep -q "rolled forward" "$c/s2.out" &&
+  grep -q "started 3 shard(s) of $c/c3.yaml; the 2 worker(s) of the run follow them" "$c/s2.out"'
 cl_wait c3.yaml
 expect "$case: the same workers followed and trained to 60, every weight the exact sum: $(grep -h final "$run/worker-0.log")" \
-  [ "$(cat "$run"/worker-[01].exit | tr '\n' ' ')" = "0 0 " ] &&
+  eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] &&
   grep -q "re-shard: following $c/c3.yaml: 3 shard(s), were 2" "$run/worker-1.log" &&
-  [ "$(grep -c '^final:' "$run/worker-0.log")" -eq 1 ] &&
-  grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$run/worker-0.log"
+  [ "$(grep -c "^final:" "$run/worker-0.log")" -eq 1 ] &&
+  grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$run/worker-0.log"'
 expect "$case: the intent record is done: $(tr '\n' ';' < "$rec")" [ "$(tail -n 1 "$rec")" = done ]
 cl "$c/c3.yaml" stop > /dev/null 2>&1
 
