@@ -142,6 +142,10 @@ static void reached_stop(struct ps_server *s, int rank)
 		 PRIu64 " here: done with the clocks below", rank, s->stop_at, s->finished[rank]);
 	s->finished[rank] = s->stop_at;
 	ps__repl_note_finished(s, rank);
+	/* a batch goes out with the finished clocks, and the primary checkpoints
+	 * only once its backup confirmed it (ps__srv_stop_poll): the backup's
+	 * clocks close too, and it writes its own checkpoint at the stop */
+	s->stop_dirty |= s->repl != NULL;
 	ps_store_advance(&s->store); /* its clocks ended with no push for some slice */
 	ps__rows_advance(s);
 	if (s->waiting)

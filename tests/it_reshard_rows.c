@@ -84,16 +84,22 @@ static int unknown_mode;
 #define COUNTER (NIDS + 5) /* the counter row's index: outside the pool */
 /* the config's model holds the table only, no dense tensor */
 static int rows_only;
+/* cluster.replicas: 1, a backup per shard (rows-only cases) */
+static int pairs;
 
 static void write_cfg(const char *name, int n, char *out, size_t len)
 {
-	char yaml[2048], servers[256] = "";
+	char yaml[2048], servers[256] = "", backups[300] = "";
 
 	for (int k = 0, o = 0; k < n; k++)
 		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d",
 			      k ? ", " : "", tu_free_port());
+	for (int k = 0, o = 0; pairs && k < n; k++)
+		o += snprintf(backups + o, sizeof(backups) - (size_t)o, "%s127.0.0.1:%d%s",
+			      k ? ", " : "  backups: [", tu_free_port(),
+			      k == n - 1 ? "]\n  replicas: 1\nreplication: {timeout_ms: 600}\n" : "");
 	snprintf(yaml, sizeof(yaml),
-		 "cluster:\n  servers: [%s]\n  workers: %d\n"
+		 "cluster:\n  servers: [%s]\n  workers: %d\n%s"
 		 "consistency:\n  mode: %s\n  staleness: 2\n"
 		 "slice_bytes: 512\nseed: 5\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
@@ -101,7 +107,7 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 		 "  embeddings:\n    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n"
 		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: %d\n"
 		 "checkpoint:\n  dir: %s\n  every_s: 0\nlog:\n  level: warn\n",
-		 servers, NW, async_mode ? "async" : "sync",
+		 servers, NW, backups, async_mode ? "async" : "sync",
 		 rows_only ? "# no dense tensor (" : "  tensors:\n    - {name: a, shape: [", NA,
 		 rows_only ? ")\n" : "], init: zeros}\n", DIM, unknown_mode ? 250 : 60000,
 		 ck);
@@ -127,17 +133,34 @@ static void point_at(const char *path)
 	ck_assert_int_eq(rename(tmp, ptr), 0);
 }
 
-static pid_t start_shard(const char *path, int k, const char *old, int old_n)
+/* Process replica (0: the primary, 1: the backup) of shard k. */
+static pid_t start_replica(const char *path, int k, int replica, const char *old, int old_n)
 {
 	char s[16], n[16], log[160];
-	const char *argv[] = { "bin/ps-server", "--config", path, "--shard", s, "--log-level",
-			       "info", old ? "--reshard-from" : NULL, old, "--reshard-shards", n,
-			       NULL };
+	const char *argv[16] = { "bin/ps-server", "--config", path, "--shard", s, "--log-level",
+				 "info" };
+	int a = 7;
 
+	if (replica) {
+		argv[a++] = "--replica";
+		argv[a++] = "1";
+	}
+	if (old) {
+		argv[a++] = "--reshard-from";
+		argv[a++] = old;
+		argv[a++] = "--reshard-shards";
+		argv[a++] = n;
+	}
 	snprintf(s, sizeof(s), "%d", k);
 	snprintf(n, sizeof(n), "%d", old_n);
-	snprintf(log, sizeof(log), "%s/%s-shard-%d.log", dir, strrchr(path, '/') + 1, k);
+	snprintf(log, sizeof(log), "%s/%s-shard-%d%s.log", dir, strrchr(path, '/') + 1, k,
+		 replica ? "-r1" : "");
 	return tu_spawn(argv, log);
+}
+
+static pid_t start_shard(const char *path, int k, const char *old, int old_n)
+{
+	return start_replica(path, k, 0, old, old_n);
 }
 
 /* Moves the n shards' checkpoints of ck into ck/name; the folder in to. */
@@ -147,9 +170,11 @@ static void move_old(const char *name, int n, char *to, size_t len)
 
 	snprintf(to, len, "%s/%s", ck, name);
 	ck_assert_int_eq(mkdir(to, 0700), 0);
-	for (int k = 0; k < n; k++) {
-		snprintf(a, sizeof(a), "%s/shard-%d.ckpt", ck, k);
-		snprintf(b, sizeof(b), "%s/shard-%d.ckpt", to, k);
+	for (int i = 0; i < n * (pairs ? 2 : 1); i++) {
+		int k = i % n;
+		const char *r1 = i < n ? "" : "-r1";
+		snprintf(a, sizeof(a), "%s/shard-%d%s.ckpt", ck, k, r1);
+		snprintf(b, sizeof(b), "%s/shard-%d%s.ckpt", to, k, r1);
 		ck_assert_msg(rename(a, b) == 0, "%s: %s", a, strerror(errno));
 	}
 }
@@ -163,8 +188,8 @@ static void start_new(const char *path, int n, const char *old, int old_n, pid_t
 
 	ck_assert_ptr_nonnull(c);
 	ck_assert_msg(ps_config_load(c, path, err, sizeof(err)) == 0, "%s", err);
-	for (int k = 0; k < n; k++)
-		srv[k] = start_shard(path, k, old, old_n);
+	for (int k = 0; k < n * (pairs ? 2 : 1); k++)
+		srv[k] = start_replica(path, k % n, k / n, old, old_n);
 	for (int k = 0; k < n; k++)
 		ck_assert_msg(tu_wait_listen(c->shards[k].port), "new shard %d does not listen", k);
 	free(c);
@@ -642,28 +667,52 @@ static int wait_exit_s(pid_t pid, int secs)
 	return -1;
 }
 
+/* Clock k of rows alone from every worker: pushed by all, then waited
+ * for (sync with pairs a row push is acknowledged once its clock is
+ * applied, which takes every worker's). */
+static void push_rows_clock(struct ps_client **w, uint64_t k)
+{
+	static uint64_t ids[NW][NPER];
+	static float g[NW][NPER * DIM];
+	int64_t id[NW];
+
+	for (int r = 0; r < NW; r++) {
+		for (int j = 0; j < NPER; j++) {
+			ids[r][j] = id_of(idx_of(r, k, j));
+			for (int d = 0; d < DIM; d++)
+				g[r][j * DIM + d] = rgrad(r, k, j, d);
+		}
+		id[r] = ps_client_push_rows_async(w[r], "e", k, ids[r], NPER, g[r], 0);
+		ck_assert_msg(id[r] > 0, "rank %d clock %" PRIu64 ": %s", r, k, ps_client_error(w[r]));
+	}
+	for (int r = 0; r < NW; r++)
+		ck_assert_msg(ps_client_wait(w[r], id[r]) == 0, "rank %d clock %" PRIu64 ": %s", r, k,
+			      ps_client_error(w[r]));
+}
+
 /* Workers that push rows and never a dense tensor (the clocks end with no
  * dense push: ps_client_push_rows only): ps-stat --reshard-stop stops
  * every shard at the top clock of their row pushes, each shard exits 0
  * with its checkpoint, and the new shards hold the exact rows; the
  * workers follow and go on pushing rows on the new map. */
-static void run_rows_only(int async, int dense_in_cfg)
+static void run_rows_only(int async, int dense_in_cfg, int with_pairs)
 {
-	static uint64_t ids[NPER];
-	static float g[NPER * DIM], rows[NIDS * DIM], want[DIM];
+	static float rows[NIDS * DIM], want[DIM];
 	static uint64_t all[NIDS], ids4[NW][NPER];
 	static float g4[NW][NPER * DIM];
 	int64_t pid[NW];
 	char c2[160], c3[160], old[200], err[600], out[200];
 	struct ps_client *w[NW], *mon;
 	struct ps_config *c = malloc(sizeof(*c));
-	pid_t srv[3];
+	pid_t srv[6];
 	uint64_t b, k;
+	int np = with_pairs ? 2 : 1; /* processes a shard */
 
 	ck_assert_ptr_nonnull(c);
 	async_mode = async;
 	unknown_mode = 0;
 	rows_only = !dense_in_cfg;
+	pairs = with_pairs;
 	strcpy(dir, "/tmp/ps-reshard-rows-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(ck, sizeof(ck), "%s/ck", dir);
@@ -673,8 +722,8 @@ static void run_rows_only(int async, int dense_in_cfg)
 	ck_assert_msg(ps_config_load(&cfg0, c2, err, sizeof(err)) == 0, "%s", err);
 	point_at(c2);
 	setenv("PS_CONFIG_FOLLOW", ptr, 1);
-	for (int r = 0; r < 2; r++)
-		srv[r] = start_shard(c2, r, NULL, 0);
+	for (int r = 0; r < 2 * np; r++)
+		srv[r] = start_replica(c2, r % 2, r / 2, NULL, 0);
 	for (int r = 0; r < NW; r++) {
 		int rc = -1;
 		for (int i = 0; i < 100 && rc; i++)
@@ -684,15 +733,7 @@ static void run_rows_only(int async, int dense_in_cfg)
 	}
 	/* clocks 0..3 of rows alone */
 	for (k = 0; k < 4; k++)
-		for (int r = 0; r < NW; r++) {
-			for (int j = 0; j < NPER; j++) {
-				ids[j] = id_of(idx_of(r, k, j));
-				for (int d = 0; d < DIM; d++)
-					g[j * DIM + d] = rgrad(r, k, j, d);
-			}
-			ck_assert_msg(ps_client_push_rows(w[r], "e", k, ids, NPER, g, 0) == 0,
-				      "rank %d clock %" PRIu64 ": %s", r, k, ps_client_error(w[r]));
-		}
+		push_rows_clock(w, k);
 	snprintf(out, sizeof(out), "%s/pstat.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
 	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
@@ -710,13 +751,17 @@ static void run_rows_only(int async, int dense_in_cfg)
 		pid[r] = ps_client_push_rows_async(w[r], "e", 4, ids4[r], NPER, g4[r], 0);
 		ck_assert_msg(pid[r] > 0, "rank %d: %s", r, ps_client_error(w[r]));
 	}
-	for (int r = 0; r < 2; r++) {
+	for (int r = 0; r < 2 * np; r++) {
 		char log[200];
-		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d.log", dir, r);
-		ck_assert_msg(wait_exit_s(srv[r], 20) == 0, "old shard %d did not exit 0 within 20 s "
+		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d%s.log", dir, r % 2, r < 2 ? "" : "-r1");
+		ck_assert_msg(wait_exit_s(srv[r], 20) == 0, "old process %d did not exit 0 within 20 s "
 			      "of its stop (log %s)", r, log);
 		ck_assert_msg(log_says(log, "stopped at clock 4 with its checkpoint written"),
 			      "%s: no stop at clock 4 said", log);
+		/* a backup stops as its primary does, without taking over (it
+		 * learns the workers' finished clocks before its primary exits) */
+		ck_assert_msg(r < 2 || log_says(log, "exiting (the backup, as its primary does)"),
+			      "%s: the backup did not stop as a backup", log);
 	}
 	move_old("from2", 2, old, sizeof(old));
 	write_cfg("c3", 3, c3, sizeof(c3));
@@ -725,16 +770,7 @@ static void run_rows_only(int async, int dense_in_cfg)
 	for (int r = 0; r < NW; r++)
 		ck_assert_msg(ps_client_wait(w[r], pid[r]) == 0, "rank %d clock 4: %s", r,
 			      ps_client_error(w[r]));
-	for (k = 5; k < 6; k++)
-		for (int r = 0; r < NW; r++) {
-			for (int j = 0; j < NPER; j++) {
-				ids[j] = id_of(idx_of(r, k, j));
-				for (int d = 0; d < DIM; d++)
-					g[j * DIM + d] = rgrad(r, k, j, d);
-			}
-			ck_assert_msg(ps_client_push_rows(w[r], "e", k, ids, NPER, g, 0) == 0,
-				      "rank %d clock %" PRIu64 ": %s", r, k, ps_client_error(w[r]));
-		}
+	push_rows_clock(w, 5);
 	for (int r = 0; r < NW; r++)
 		ps_client_free(w[r]);
 	unsetenv("PS_CONFIG_FOLLOW");
@@ -753,23 +789,39 @@ static void run_rows_only(int async, int dense_in_cfg)
 	}
 	ps_client_free(mon);
 	free(c);
-	for (int r = 0; r < 3; r++)
+	for (int r = 0; r < 3 * np; r++)
 		ck_assert_int_eq(tu_stop_server(srv[r]), 0);
 	ck_assert_int_eq(tu_rmtree(dir), 0);
 	rows_only = 0;
+	pairs = 0;
 }
 
 /* sync, the config's dense tensor never pushed */
 START_TEST(test_rows_only_sync)
 {
-	run_rows_only(0, 1);
+	run_rows_only(0, 1, 0);
 }
 END_TEST
 
 /* async, a config of the table alone */
 START_TEST(test_rows_only_async)
 {
-	run_rows_only(1, 0);
+	run_rows_only(1, 0, 0);
+}
+END_TEST
+
+/* async, the table alone, pairs (cluster.replicas: 1): the backups reach
+ * the stop through replication and exit 0 with their checkpoints too */
+START_TEST(test_rows_only_async_pairs)
+{
+	run_rows_only(1, 0, 1);
+}
+END_TEST
+
+/* sync, the dense tensor never pushed, pairs */
+START_TEST(test_rows_only_sync_pairs)
+{
+	run_rows_only(0, 1, 1);
 }
 END_TEST
 
@@ -784,6 +836,8 @@ int main(void)
 	TU_ADD(tc, test_rows_async_unknown_2_3_2);
 	TU_ADD(tc, test_rows_only_sync);
 	TU_ADD(tc, test_rows_only_async);
+	TU_ADD(tc, test_rows_only_async_pairs);
+	TU_ADD(tc, test_rows_only_sync_pairs);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
