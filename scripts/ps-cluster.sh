@@ -457,7 +457,9 @@ load_run() { # [FILE]
 # (stopping, from, stopped, commit, done), each added before its step:
 # written whole, fsynced and renamed into place. A start of either config
 # finishes an interrupted re-shard first: rolled back before `commit` (each
-# old shard's files put back on its host), forward after it.
+# old shard's files put back on its host), forward after it, unless a
+# `rollback` line follows it (a live re-shard none of whose new shards
+# wrote a checkpoint, being rolled back).
 INTENT_F=""
 ck0=$(cfg_key "$dump" checkpoint dir)
 if [ -n "$ck0" ]; then
@@ -509,7 +511,10 @@ crash_point() {
   rm -rf "$PAR"
   kill -KILL $$
 }
-if [ "$ACTION" = start ] && [ -z "$RESHARD_FROM" ] && [ $DRY -eq 0 ] && intent_open; then
+# (not in a start the re-shard's coordinator itself runs to roll back:
+# PS_CLUSTER_INTENT_OWNER, its pid, is the record's)
+if [ "$ACTION" = start ] && [ -z "$RESHARD_FROM" ] && [ $DRY -eq 0 ] && intent_open &&
+  [ "${PS_CLUSTER_INTENT_OWNER:-}" != "$(intent_get pid)" ]; then
   p=$(intent_live)
   [ -z "$p" ] || { echo "$me: a re-shard is in progress ($me pid $p, $INTENT_F): wait for it to end" >&2; exit 1; }
   read -r _ old_n new_n < <(grep '^stopping ' "$INTENT_F")
@@ -521,11 +526,14 @@ if [ "$ACTION" = start ] && [ -z "$RESHARD_FROM" ] && [ $DRY -eq 0 ] && intent_o
   [ -n "$lr" ] && live=(--live-run "$lr")
   prog=$(realpath "$0")
   cd "$(intent_get cwd)" || exit 1
-  if ! intent_has commit; then
+  # (`rollback` after `commit`: no new shard wrote a file, the coordinator
+  # was rolling back)
+  if ! intent_has commit || intent_has rollback; then
     if [ -n "$F" ]; then put_back "$old" "$F" "$old_n" || exit 1; fi
     intent_add "done rolled-back" || exit 1
     echo "$me: an interrupted re-shard ($old_n -> $new_n shards, $INTENT_F) had not reached its" \
-      "commit: rolled back; starting $old, its shards from their own checkpoints"
+      "commit$(intent_has rollback && echo ', or was rolling back'): rolled back; starting $old," \
+      "its shards from their own checkpoints"
     rm -rf "$PAR"
     exec "$prog" "$old" start ${live[@]+"${live[@]}"} ${OPTS[@]+"${OPTS[@]}"}
   fi
@@ -704,6 +712,12 @@ echo MOVED"
     # another change is under way; nothing changed then)
     out=$(on "$(whost_of 0)" "$(stat_script --reshard-stop)" 2>&1)
     B=$(sed -n 's/.*stops at clock \([0-9]*\).*/\1/p' <<< "$out")
+    if [ -n "$B" ] && [ "${PS_CLUSTER_CRASH_AT:-}" = stop-shard ]; then
+      # tests only (it_reshard_crash.sh): the last old shard killed at its stop
+      k=$((nshards - 1))
+      echo "$me: PS_CLUSTER_CRASH_AT=stop-shard: $(sname $k) killed with SIGKILL (a test)" >&2
+      on "${shost[$k]}" "pkill -KILL -f -- $(sq "$(server_pat $k)")"
+    fi
     if [ -z "$B" ]; then
       intent_add "done refused"
       echo "$me: reshard: refused (ps-stat --reshard-stop on $(whost_of 0)):" \
@@ -756,7 +770,7 @@ echo MOVED"
       # their checkpoints (those that stopped, at B) and the workers, which
       # never left the old map, go on with it
       echo "$me: reshard: ${failed#, } did not stop with its checkpoint at clock $B: rolling back" >&2
-      if "$0" "$CONFIG" start --live-run "$RUN" "${common[@]}"; then
+      if PS_CLUSTER_INTENT_OWNER=$$ "$0" "$CONFIG" start --live-run "$RUN" "${common[@]}"; then
         intent_add "done rolled-back"
         echo "$me: reshard: rolled back to $CONFIG: its shards started again from their checkpoints" \
           "(one that died at the stop from its last: its updates since are lost, as in any crash of" \
@@ -788,14 +802,18 @@ echo MOVED"
       echo "$me: reshard: no new shard of $NEW started or wrote a checkpoint: rolling back to" \
         "$CONFIG" >&2
       rm -f "$LOGS/$(basename "${NEW%.y*ml}").run"
-      if put_back "$CONFIG" "$F" "$nshards" && intent_add "done rolled-back" &&
-        "$0" "$CONFIG" start --live-run "$RUN" "${common[@]}"; then
-        echo "$me: reshard: rolled back to $CONFIG: the new shards did not start (their logs:" \
-          "$RUN/server-*.log.failed-* and server-*.log on their hosts); the old shards started again" \
-          "from their checkpoints at clock $B; the workers go on with $CONFIG" >&2
+      # (`rollback`: a start that finds the record so rolls back too)
+      intent_add rollback || exit 1
+      if put_back "$CONFIG" "$F" "$nshards" &&
+        PS_CLUSTER_INTENT_OWNER=$$ "$0" "$CONFIG" start --live-run "$RUN" "${common[@]}"; then
+        intent_add "done rolled-back"
+        echo "$me: reshard: rolled back to $CONFIG: the new shards did not start (their logs in" \
+          "$RUN on their hosts: server-K.log.failed-*, the last try's server-K.log.before-reshard-*);" \
+          "the old shards started again from their checkpoints at clock $B; the workers go on with" \
+          "$CONFIG" >&2
       else
-        echo "$me: reshard: the rollback did not complete ($INTENT_F); the next start of $CONFIG" \
-          "finishes it" >&2
+        echo "$me: reshard: the rollback did not complete; the next start of $CONFIG or $NEW" \
+          "finishes it ($INTENT_F)" >&2
       fi
       exit 1
     fi

@@ -37,6 +37,9 @@
 #      shard killed once it listens (started again, the reshard completes),
 #      every new shard dying before its first checkpoint (rolled back by
 #      the reshard itself, status 1); exact sums at the end.
+#  (j) ps-cluster.sh live, an old shard killed at its stop: rolled back at
+#      once in the run; the killed shard's slices short by exactly the
+#      clocks before the stop, the others exact, none applied twice.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -435,6 +438,43 @@ expect "$case: the same workers trained to 400 on 3 shards, every weight the exa
   [ "$(grep -c "^final:" "$run/worker-0.log")" -eq 1 ] &&
   grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$run/worker-0.log"'
 cl "$c/c3.yaml" stop > /dev/null 2>&1
+
+# (j) ps-cluster.sh live: the last old shard killed with SIGKILL at its
+# stop (PS_CLUSTER_CRASH_AT=stop-shard, right after ps-stat's commit):
+# the reshard rolls back at once, the old shards started again in the run
+# (the killed one from its last checkpoint: none here, so its slices miss
+# exactly the clocks before the stop), status 1; the same workers go on
+# with c2.yaml to the end, nothing applied twice. (When the shard had
+# stopped with its checkpoint before the kill, the re-shard went on.)
+case=j-live-stop-shard; new_case "$case"
+cl "$c/c2.yaml" start --worker-cmd "$W 80 30" > "$c/s0.out" 2>&1
+run=$(readlink -f "$c/logs/c2.run")
+wait_for "$run/worker-1.log" "^clock 5$"
+PS_CLUSTER_CRASH_AT=stop-shard cl "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s1.out" 2>&1; rc=$?
+rec=$(echo "$c"/logs/reshard-*.intent)
+B=$(sed -n 's/.*did not stop with its checkpoint at clock \([0-9]*\).*/\1/p' "$c/s1.out")
+if [ -n "$B" ]; then
+  expect "$case: rolled back at once, status 1 ($rc): $(grep 'reshard:' "$c/s1.out" | tail -n 2 | tr '\n' ' ')" \
+    eval '[ $rc -eq 1 ] && grep -q "shard 1 on 127.0.0.1 (status 137" "$c/s1.out" &&
+    grep -q "reshard: rolled back to $c/c2.yaml: its shards started again" "$c/s1.out" &&
+    [ "$(tail -n 1 "$rec")" = "done rolled-back" ]'
+  n=2
+else
+  echo "$case: old shard 1 had stopped before it was killed: the re-shard went on"
+  expect "$case: reshard succeeded ($rc): $(tail -n 1 "$c/s1.out")" [ $rc -eq 0 ]
+  n=3
+fi
+cl_wait "c$n.yaml"
+fin=$(grep -h '^final:' "$run/worker-0.log")
+expect "$case: the same workers trained to the end on c$n.yaml ($fin)" \
+  eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] && [ "$(cat "$run/current-config")" = "$c/c$n.yaml" ]'
+if [ $n = 2 ]; then
+  expect "$case: shard 0's slices exact, shard 1's short by the $B clocks before the stop, none wrong ($fin)" \
+    grep -qE "^final: exact [1-9][0-9]* of 4000, short [1-9][0-9]*, wrong 0, deficits: $B\$" <<<"$fin"
+else
+  expect "$case: every weight the exact sum ($fin)" [ "$fin" = "final: exact 4000 of 4000, short 0, wrong 0, deficits:" ]
+fi
+cl "$c/c$n.yaml" stop > /dev/null 2>&1
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]
