@@ -13,6 +13,17 @@
  * every 20 ms until limits.request_timeout_ms. Once every shard accepted,
  * the client switches to the new config and map and pulls every tensor
  * into the caller's arrays, so every rank starts from the shards' values.
+ *
+ * A worker that follows a live re-shard ($PS_CONFIG_FOLLOW,
+ * ps_client_follow.c) while it declares starts the declaration again on
+ * the new map: built from the new shard count (rank 0's values cut by the
+ * new map, from the caller's arrays, which nothing changed yet) and sent
+ * to every new shard. A new shard that has the tensors (every old shard
+ * had them: the new shards load them from the old checkpoints) compares
+ * and acks; one without them takes rank 0's values, as at a first start.
+ * Each Declare is built and submitted under maplock with the re-shard
+ * count it was built for checked, so none built for the old map reaches
+ * a new shard.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -22,6 +33,7 @@
 #include "optim_group.h"
 #include "ps_client_int.h"
 #include "ps_err.h"
+#include "ps_log.h"
 #include "ps_time.h"
 
 /* Largest element count of one declared tensor (as server/declare.c). */
@@ -85,10 +97,10 @@ static int declared_groups(struct ps_client *c, struct ps_config *cfg,
 	return 0;
 }
 
-/* The config copy with p[0..n) as its tensors, or NULL with the reason
+/* A copy of base with p[0..n) as its tensors, or NULL with the reason
  * set on c (*rc the code). */
-static struct ps_config *declared_cfg(struct ps_client *c, const struct ps_param *p, int n,
-				      int *rc)
+static struct ps_config *declared_cfg(struct ps_client *c, const struct ps_config *base,
+				      const struct ps_param *p, int n, int *rc)
 {
 	struct ps_config *cfg = malloc(sizeof(*cfg));
 
@@ -97,7 +109,7 @@ static struct ps_config *declared_cfg(struct ps_client *c, const struct ps_param
 		ps__client_set_err(c, "out of memory");
 		return NULL;
 	}
-	memcpy(cfg, c->cfg, sizeof(*cfg));
+	memcpy(cfg, base, sizeof(*cfg));
 	*rc = -EINVAL;
 	for (int i = 0; i < n; i++) {
 		struct ps_tensor_cfg *t = &cfg->tensors[i];
@@ -239,35 +251,99 @@ static void sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
-int ps__client_declare_all(struct ps_client *c,
+uint64_t ps__client_reshards(struct ps_client *c)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&c->mu);
+	n = c->reshards;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+int ps__client_again_on_new_map(struct ps_client *c, const char *what, uint64_t gen,
+				double *since)
+{
+	double now = ps_now_s(), limit = c->cfg->limits.reconnect_timeout_ms > 0 ?
+					     c->cfg->limits.reconnect_timeout_ms / 1000.0 : 60.0;
+	uint64_t now_gen;
+	int n;
+
+	pthread_mutex_lock(&c->mu);
+	now_gen = c->reshards;
+	n = c->cfg->nshards;
+	pthread_mutex_unlock(&c->mu);
+	if (now_gen == gen)
+		return 0;
+	if (!*since)
+		*since = now;
+	if (now - *since > limit)
+		return 0;
+	ps_warn("worker %d: the shards were re-sharded during %s: it starts again on the new map "
+		"(%d shard(s))", c->rank, what, n);
+	return 1;
+}
+
+/* send(c, arg, k) under maplock, unless the client followed a re-shard
+ * since gen: then PS__AGAIN_ON_NEW_MAP, nothing sent. */
+static int64_t send_on_map(struct ps_client *c, uint64_t gen,
+			   int64_t (*send)(struct ps_client *c, void *arg, int k), void *arg, int k)
+{
+	int64_t id;
+
+	/* the I/O thread changes c->reshards and the map with maplock
+	 * held for writing: neither changes until this Declare is queued,
+	 * and a switch after that cuts it again (it fails with PS_EMAP) */
+	pthread_rwlock_rdlock(&c->maplock);
+	id = c->reshards != gen ? PS__AGAIN_ON_NEW_MAP : send(c, arg, k);
+	pthread_rwlock_unlock(&c->maplock);
+	return id;
+}
+
+int ps__client_declare_all(struct ps_client *c, uint64_t gen,
 			   int64_t (*send)(struct ps_client *c, void *arg, int k), void *arg,
 			   char *why, size_t whylen)
 {
-	int nsh = c->cfg->nshards, left = nsh, rc = 0;
+	int nsh, left, rc = 0, moved = 0;
 	int done[PS_MAX_SHARDS] = { 0 };
 	double deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
 
+	pthread_rwlock_rdlock(&c->maplock);
+	nsh = c->cfg->nshards;
+	moved = c->reshards != gen;
+	pthread_rwlock_unlock(&c->maplock);
+	if (moved)
+		return PS__AGAIN_ON_NEW_MAP;
+	left = nsh;
 	while (left) {
 		int64_t ids[PS_MAX_SHARDS];
 		int again = 0;
 
 		for (int k = 0; k < nsh; k++)
-			ids[k] = done[k] ? 0 : send(c, arg, k);
+			ids[k] = done[k] ? 0 : send_on_map(c, gen, send, arg, k);
 		for (int k = 0; k < nsh; k++) {
 			int st;
 			if (done[k])
 				continue;
+			if (ids[k] == PS__AGAIN_ON_NEW_MAP) {
+				moved = 1;
+				continue;
+			}
 			st = ids[k] < 0 ? (int)ids[k] : ps_client_wait(c, ids[k]);
 			if (st == 0) {
 				done[k] = 1;
 				left--;
 			} else if (st == -EAGAIN) {
 				again = 1;
+			} else if (st == PS_EMAP && ps__client_reshards(c) != gen) {
+				moved = 1; /* in flight at the switch (ps_client_follow.c) */
 			} else if (!rc) {
 				rc = st;
 				snprintf(why, whylen, "%s", ps_client_error(c));
 			}
 		}
+		if (moved || (rc && ps__client_reshards(c) != gen))
+			return PS__AGAIN_ON_NEW_MAP; /* every id above was waited for */
 		if (rc)
 			return rc;
 		if (left && again && ps_now_s() > deadline) {
@@ -324,9 +400,12 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 			     const struct ps_optim_group *groups, int ngroups, const int *group_of)
 {
 	struct ps_config *cfg;
+	const struct ps_config *base;
 	struct ps_shardmap map;
 	struct ps_tensor *t = NULL;
 	float **resid, **old_resid;
+	uint64_t gen;
+	double since = 0;
 	int rc;
 	char why[600] = "";
 
@@ -343,7 +422,14 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 		ps__client_set_err(c, "declaring %d tensors: expected 1..%d", n, PS_MAX_TENSORS);
 		return PS_ETOOBIG;
 	}
-	cfg = declared_cfg(c, p, n, &rc);
+again:
+	/* the map now, and the re-shards followed so far (changed together,
+	 * under c->mu, by ps_client_follow.c) */
+	pthread_mutex_lock(&c->mu);
+	gen = c->reshards;
+	base = c->cfg; /* a replaced config stays allocated until ps_client_free */
+	pthread_mutex_unlock(&c->mu);
+	cfg = declared_cfg(c, base, p, n, &rc);
 	if (!cfg)
 		return rc;
 	if ((groups || ngroups) &&
@@ -364,14 +450,38 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 	}
 	struct decl_arg a = { cfg, &map, p };
 
-	rc = ps__client_declare_all(c, send_declare_arg, &a, why, sizeof(why));
+	rc = ps__client_declare_all(c, gen, send_declare_arg, &a, why, sizeof(why));
+	if (!rc) {
+		pthread_mutex_lock(&c->mu); /* held to the switch below */
+		if (c->reshards != gen) {
+			/* a re-shard followed since the last ack: cfg and map are
+			 * of the old shard count. Every old shard had the tensors,
+			 * so the new ones have them: declared again, they ack */
+			pthread_mutex_unlock(&c->mu);
+			rc = PS__AGAIN_ON_NEW_MAP;
+		}
+	}
+	if (rc == PS__AGAIN_ON_NEW_MAP) {
+		free(resid);
+		if (!ps__client_again_on_new_map(c, "the declaration of its tensors", gen, &since)) {
+			rc = PS_EMAP;
+			ps__client_set_err(c, "declaring %d tensors: the shards were re-sharded again "
+					   "and again for limits.reconnect_timeout_ms: declare again", n);
+			goto err_free_map;
+		}
+		ps_shardmap_free(&map);
+		free(t);
+		t = NULL;
+		free(cfg);
+		goto again;
+	}
 	if (rc) {
 		free(resid);
 		ps__client_set_err(c, "declaring %d tensors: %s", n, why);
 		goto err_free_map;
 	}
-	/* every shard has the tensors: the client takes the new config */
-	pthread_mutex_lock(&c->mu);
+	/* every shard of the map now has the tensors: the client takes the
+	 * new config (c->mu held) */
 	old_resid = c->resid;
 	ps_shardmap_free(&c->map);
 	c->map = map;

@@ -36,7 +36,14 @@
  *     as sent (the caller's ids and gradients were copied at the call),
  *     one with a part acknowledged was for a clock below B and completes,
  *     and a row pull asks its rows not answered yet of their new owners;
- *   - any other request (declarations, stats) fails with PS_EMAP.
+ *   - any other request in flight fails with PS_EMAP, and the call that
+ *     made it starts it again on the new map (the caller sees none of
+ *     it): a declaration of tensors or tables is built again for the new
+ *     map and sent to every new shard (ps_client_declare.c), a stats or
+ *     checkpoint request is asked again of the new map's shard of that
+ *     index (ps_client_req.c; one the new map lacks fails with PS_EMAP),
+ *     a join or leave starts again from the first new shard
+ *     (ps_client_members.c).
  *
  * Refused here, with the reason in the log and in the error the requests
  * end with once the reconnects time out: a config that differs in more
@@ -226,6 +233,25 @@ out_free:
 	return rc;
 }
 
+/* nc becomes cur (the client's config, its declared tensors and tables)
+ * with nc's servers. */
+static void take_servers(struct ps_config *nc, const struct ps_config *cur)
+{
+	struct ps_config *n = malloc(sizeof(*n));
+
+	if (!n)
+		return; /* load_new's copy, which is the same but for a declaration
+			 * completed in these microseconds */
+	*n = *cur;
+	n->nshards = nc->nshards;
+	memcpy(n->shards, nc->shards, sizeof(n->shards));
+	n->nbackups = nc->nbackups;
+	memcpy(n->backups, nc->backups, sizeof(n->backups));
+	snprintf(n->path, sizeof(n->path), "%s", nc->path);
+	*nc = *n;
+	free(n);
+}
+
 /* Cuts r, waiting, again for the new map (c->cfg, c->map); or completes
  * or fails it (see the top). Its parts are replaced in every case, so
  * that r->nparts == c->cfg->nshards. 1 when it is sent again. c->mu held. */
@@ -263,8 +289,8 @@ static int recut(struct ps_client *c, struct req *r, struct part *old, int nold)
 			char why[500];
 			snprintf(why, sizeof(why), "the shards were re-sharded (%d now) while this "
 				 "request was in flight%s%.300s", c->cfg->nshards,
-				 rc == PS_EMAP ? ": only pushes and pulls (dense and rows) are sent "
-				 "again" : rwhy[0] ? ": " : "", rc == PS_EMAP ? "" : rwhy);
+				 rc == PS_EMAP ? ": its call starts it again on the new map" :
+				 rwhy[0] ? ": " : "", rc == PS_EMAP ? "" : rwhy);
 			r->why = strdup(why);
 		}
 		r->done = 1;
@@ -380,7 +406,8 @@ static int switch_map(struct ps_client *c, struct ps_config *nc, char *why, size
 	c->reshards++;
 	ps_warn("re-shard: following %s: %d shard(s), were %d; %d push(es) and %d pull(s) "
 		"waiting are sent again on the new map%s", nc->path, nc->nshards, old_n, npush,
-		npull, nfail ? " (other requests in flight failed)" : "");
+		npull, nfail ? " (other requests in flight are started again by their calls)" :
+		"");
 	pthread_cond_broadcast(&c->cv);
 	return 0;
 }
@@ -411,6 +438,9 @@ void ps__client_follow_tick(struct ps_client *c)
 		goto refused;
 	pthread_rwlock_wrlock(&c->maplock); /* no push or pull is being built */
 	pthread_mutex_lock(&c->mu);
+	/* the client's config now, with the new servers: a declaration may
+	 * have replaced it since load_new copied it */
+	take_servers(nc, c->cfg);
 	lost = !c->stopping;
 	for (int k = 0; k < c->cfg->nshards && lost; k++)
 		lost = c->shards[k].lost_at > 0 && c->shards[k].state == SH_RETRY &&

@@ -187,14 +187,28 @@ struct ps_client {
 	uint64_t reshards;
 };
 
-/* ps_client_declare.c: sends a declaration to every shard (send returns
- * the request id for shard k, or a negative code) and waits for each; a
- * shard that answers -EAGAIN (rank 0 has not declared yet) is asked again
- * every 20 ms, up to limits.request_timeout_ms (then PS_ETIMEDOUT). 0, or
- * the first refusal's code with the reason in why. Tensors and tables. */
-int ps__client_declare_all(struct ps_client *c,
+/* ps_client_declare.c: sends a declaration to every shard of the map of
+ * re-shard count gen (send returns the request id for shard k, or a
+ * negative code; each is built and submitted under maplock) and waits for
+ * each; a shard that answers -EAGAIN (rank 0 has not declared yet) is
+ * asked again every 20 ms, up to limits.request_timeout_ms (then
+ * PS_ETIMEDOUT). 0, the first refusal's code with the reason in why, or
+ * PS__AGAIN_ON_NEW_MAP when the client followed a re-shard meanwhile
+ * (c->reshards is past gen): the caller builds the declaration again for
+ * the new map and sends it to every new shard. Tensors and tables. */
+#define PS__AGAIN_ON_NEW_MAP 1
+int ps__client_declare_all(struct ps_client *c, uint64_t gen,
 			   int64_t (*send)(struct ps_client *c, void *arg, int k), void *arg,
 			   char *why, size_t whylen);
+/* A request the client's following of a re-shard interrupted (gen, the
+ * re-shard count when it began, is behind; what names it in the log):
+ * 1 to start it again on the new map, for up to
+ * limits.reconnect_timeout_ms from the first time (*since, 0 before it);
+ * 0 when no re-shard came between, or that time is up. */
+int ps__client_again_on_new_map(struct ps_client *c, const char *what, uint64_t gen,
+				double *since);
+/* c->reshards, read under c->mu. */
+uint64_t ps__client_reshards(struct ps_client *c);
 
 /* ps_client_req.c: a StatsRequest with resume_clock to shard k (proto
  * StatsRequest), waited for; 0 or a negative code. */

@@ -596,28 +596,58 @@ int ps__client_resume(struct ps_client *c, int k, uint64_t clock)
 	return id < 0 ? (int)id : ps_client_wait(c, id);
 }
 
-/* The stats request into a whole struct of this library's size. */
+/* The stats request into a whole struct of this library's size. Asked
+ * again of the new map's shard of that index when a re-shard the client
+ * followed ($PS_CONFIG_FOLLOW) cut it off (it failed with PS_EMAP:
+ * ps_client_follow.c); a shard index the new map lacks fails with PS_EMAP
+ * and the shard count now (ask again). */
 static int stats_request(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
 {
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
 	struct req *r;
 	int64_t id;
+	uint64_t gen;
+	double since = 0;
+	int rc, nsh;
 
-	if (shard < 0 || shard >= c->cfg->nshards)
-		return -EINVAL;
+again:
+	/* built and submitted under one map (maplock): a re-shard after the
+	 * submission cuts it again, failing it with PS_EMAP */
+	pthread_rwlock_rdlock(&c->maplock);
+	gen = c->reshards;
+	nsh = c->cfg->nshards;
+	if (shard < 0 || shard >= nsh) {
+		pthread_rwlock_unlock(&c->maplock);
+		if (!since)
+			return -EINVAL;
+		ps__client_set_err(c, "shard %d: the shards were re-sharded (%d now) while its %s "
+				   "request was in flight: there is no shard %d now; ask again of "
+				   "shards 0 to %d", shard, nsh, write ? "checkpoint" : "stats", shard,
+				   nsh - 1);
+		return PS_EMAP;
+	}
 	r = ps__client_req_new(c, REQ_STATS);
-	if (!r)
+	if (!r) {
+		pthread_rwlock_unlock(&c->maplock);
 		return -ENOMEM;
+	}
+	memset(out, 0, sizeof(*out));
 	r->stats = out;
 	r->id = ps__client_reserve_id(c);
 	m.req_id = (uint64_t)r->id;
 	m.checkpoint = write != 0;
 	if (ps__client_pack_part(&r->parts[shard], &m.base)) {
 		ps__client_req_free(c, r);
+		pthread_rwlock_unlock(&c->maplock);
 		return -ENOMEM;
 	}
 	id = ps__client_submit_built(c, 0, r);
-	return id < 0 ? (int)id : ps_client_wait(c, id);
+	pthread_rwlock_unlock(&c->maplock);
+	rc = id < 0 ? (int)id : ps_client_wait(c, id);
+	if (rc == PS_EMAP && ps__client_again_on_new_map(c, write ? "a checkpoint request" :
+							 "a stats request", gen, &since))
+		goto again;
+	return rc;
 }
 
 /* struct ps_shard_stats grows at its end from one release to the next: a

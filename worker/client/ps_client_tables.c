@@ -10,7 +10,11 @@
  * limits.request_timeout_ms, as ps_client_declare does. Once every shard
  * accepted, the client switches to its own config copy with the tables
  * appended, so pull_rows and push_rows find them by name; their rows are
- * placed by the same (table, id) hash as a YAML table's.
+ * placed by the same (table, id) hash as a YAML table's. A worker that
+ * follows a live re-shard ($PS_CONFIG_FOLLOW) while it declares sends the
+ * list again to every shard of the new map (ps__client_declare_all): a
+ * new shard that has the tables (from the old checkpoints) compares and
+ * acks, one without them takes rank 0's list.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,13 +206,26 @@ int ps_client_declare_tables(struct ps_client *c, const struct ps_table_decl *t,
 	if (rc)
 		goto out;
 	struct tables_arg a = { list, n };
+	uint64_t gen;
+	double since = 0;
 
-	rc = ps__client_declare_all(c, send_tables_arg, &a, why, sizeof(why));
+	do
+		gen = ps__client_reshards(c);
+	while ((rc = ps__client_declare_all(c, gen, send_tables_arg, &a, why, sizeof(why))) ==
+		       PS__AGAIN_ON_NEW_MAP &&
+	       ps__client_again_on_new_map(c, "the declaration of its tables", gen, &since));
+	if (rc == PS__AGAIN_ON_NEW_MAP) {
+		rc = PS_EMAP;
+		snprintf(why, sizeof(why), "the shards were re-sharded again and again for "
+			 "limits.reconnect_timeout_ms: declare again");
+	}
 	if (rc) {
 		ps__client_set_err(c, "declaring %d tables: %s", n, why);
 		goto out;
 	}
-	/* every shard has the tables: the client takes its copy with them */
+	/* every shard has the tables: the client takes its copy with them
+	 * (of the map now: a re-shard followed since the last ack took them
+	 * along, every old shard having them) */
 	pthread_mutex_lock(&c->mu);
 	memcpy(cfg, c->cfg, sizeof(*cfg));
 	memcpy(&cfg->tables[nyaml], list, sizeof(*list) * (size_t)n);

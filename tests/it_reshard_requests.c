@@ -1,0 +1,430 @@
+/* it_reshard_requests.c - the requests other than pushes and pulls that a
+ * worker can have in flight when its client follows a live re-shard
+ * (docs/elastic.md, "Re-sharding while the workers run"): declarations of
+ * tensors and tables, stats and checkpoint requests. Real shard processes,
+ * two worker clients with $PS_CONFIG_FOLLOW, calls in threads.
+ *
+ *  - test_declare_in_flight_2_3: a config without a model, 2 shards, sync.
+ *    Both workers end clock 0 (empty pushes), so ps-stat stops the shards
+ *    at clock 1. Rank 1 declares its tables, then its tensors, from
+ *    before the stop: its table declaration waits for rank 0's (asked
+ *    again every 20 ms) through the stop and the old shards' exit. Once
+ *    they exited rank 0 declares its tensors (rank 0's values), then its
+ *    tables, and rank 0 asks new shard 0 for a checkpoint and rank 1
+ *    new shard 1 for stats: all waiting for the gone shards. 3 shards
+ *    start from the checkpoints and the follow file names them: every
+ *    call completes on the new map (each request in flight failed with
+ *    PS_EMAP at the switch and its call started it again). Rank 1 holds
+ *    rank 0's initial values; the stats and the checkpoint are the new
+ *    shards' (map epoch 1; the checkpoint written); 3 clocks of integer
+ *    gradients, dense and rows, give the exact sums on every shard.
+ *  - test_stats_gone_shard_3_2: a stats request for shard 2 in flight
+ *    while 3 shards go to 2 fails with PS_EMAP naming the shard count
+ *    now (ask again), and a request for shard 1 is answered by the new
+ *    shard 1.
+ */
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "config.h"
+#include "ps_client.h"
+#include "ps_client_int.h" /* the requests in flight, the re-shards followed */
+#include "ps_err.h"
+#define RESHARD_TMPDIR "/tmp/ps-reshard-req-XXXXXX"
+#include "test_reshard.h"
+#include "test_util.h"
+
+#define NW 2
+#define NX 1500 /* tensor x: 6000 bytes, 6 slices of slice_bytes 1024 */
+#define NY 7    /* tensor y: [7, 40] */
+#define NY2 40
+#define DIM 4   /* table e's rows */
+#define NIDS 50
+#define NCLK 3  /* clocks trained after the switch */
+
+/* Writes the n-shard config (fresh ports) to dir/NAME.yaml: no model (the
+ * workers declare it); its path in out. With model_yaml, that model. */
+static void write_cfg(const char *name, int n, const char *model_yaml, char *out, size_t len)
+{
+	char yaml[2048], servers[256] = "";
+
+	for (int k = 0, o = 0; k < n; k++)
+		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d",
+			      k ? ", " : "", tu_free_port());
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [%s]\n  workers: %d\n"
+		 "slice_bytes: 1024\nseed: 5\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n%s"
+		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: 60000\n"
+		 "checkpoint:\n  dir: %s\n  every_s: 0\n  on_request: true\nlog:\n  level: warn\n",
+		 servers, NW, model_yaml, ck);
+	snprintf(out, len, "%s/%s.yaml", dir, name);
+	FILE *f = fopen(out, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(yaml, f);
+	fclose(f);
+}
+
+static void pstat_stop(const char *c, uint64_t b)
+{
+	char out[200], want[64];
+	const char *argv[] = { "bin/ps-stat", "--config", c, "--reshard-stop", NULL };
+
+	snprintf(out, sizeof(out), "%s/pstat-%" PRIu64 ".out", dir, b);
+	ck_assert_int_eq(tu_wait_exit(tu_spawn(argv, out)), 0);
+	snprintf(want, sizeof(want), "every shard stops at clock %" PRIu64, b);
+	ck_assert_msg(live_log_says(out, want), "ps-stat (%s) did not stop at clock %" PRIu64, out,
+		      b);
+}
+
+/* The new shards of a re-shard from old_n shards (exited at their stop):
+ * the old checkpoints set aside, the n-shard config NAME written (its path
+ * in out) and its shards started from them into srv; each listening. */
+static void start_new_shards(const char *as, int old_n, const char *name, int n,
+			     const char *model_yaml, char *out, size_t len, pid_t *srv)
+{
+	char old[200], err[600];
+	struct ps_config *nc = malloc(sizeof(*nc));
+
+	ck_assert_ptr_nonnull(nc);
+	live_move_old(as, old_n, 0, old, sizeof(old));
+	write_cfg(name, n, model_yaml, out, len);
+	for (int k = 0; k < n; k++)
+		srv[k] = live_start(out, k, 0, old, old_n);
+	ck_assert_msg(ps_config_load(nc, out, err, sizeof(err)) == 0, "%s", err);
+	for (int k = 0; k < n; k++)
+		ck_assert_msg(tu_wait_listen(nc->shards[k].port), "new shard %d does not listen "
+			      "(logs in %s)", k, dir);
+	free(nc);
+}
+
+/* The requests pending on c (waited for or not). */
+static int pending(struct ps_client *c)
+{
+	int n = 0;
+
+	pthread_mutex_lock(&c->mu);
+	for (struct req *r = c->reqs; r; r = r->next)
+		n++;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+/* Waits (3 s at most) until c has at least n requests pending. */
+static void wait_pending(struct ps_client *c, int n, const char *what)
+{
+	for (int i = 0; i < 300 && pending(c) < n; i++)
+		tu_sleep_ms(10);
+	ck_assert_msg(pending(c) >= n, "%s: %d request(s) in flight, expected %d", what,
+		      pending(c), n);
+}
+
+/* ---- the calls, in threads ---- */
+
+static float xa0[NX], ya0[NY * NY2], xa1[NX], ya1[NY * NY2]; /* each rank's arrays */
+static const int64_t ydims[2] = { NY, NY2 };
+
+struct call {
+	struct ps_client *c;
+	int rank, shard, write, done, rc;
+	struct ps_shard_stats st;
+	char err[700];
+};
+
+static void declare_tensors(struct call *a)
+{
+	float *x = a->rank ? xa1 : xa0, *y = a->rank ? ya1 : ya0;
+	const int64_t xdims[1] = { NX };
+	struct ps_param p[2] = { { .name = "x", .ndims = 1, .dims = xdims, .data = x },
+				 { .name = "y", .ndims = 2, .dims = ydims, .data = y } };
+
+	a->rc = ps_client_declare(a->c, p, 2);
+	if (a->rc)
+		snprintf(a->err, sizeof(a->err), "rank %d: declaring tensors: %s", a->rank,
+			 ps_client_error(a->c));
+}
+
+static void declare_tables(struct call *a)
+{
+	struct ps_table_decl t = { .name = "e", .dim = DIM, .init = "zeros", .optimizer = "sgd",
+				   .lr = 1 };
+
+	a->rc = ps_client_declare_tables(a->c, &t, 1);
+	if (a->rc)
+		snprintf(a->err, sizeof(a->err), "rank %d: declaring tables: %s", a->rank,
+			 ps_client_error(a->c));
+}
+
+/* rank 0: tensors, then tables; rank 1: tables, then tensors */
+static void *declare_thread(void *arg)
+{
+	struct call *a = arg;
+
+	if (a->rank == 0) {
+		declare_tensors(a);
+		if (!a->rc)
+			declare_tables(a);
+	} else {
+		declare_tables(a);
+		if (!a->rc)
+			declare_tensors(a);
+	}
+	__atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static void *stats_thread(void *arg)
+{
+	struct call *a = arg;
+
+	a->rc = ps_client_checkpoint(a->c, a->shard, a->write, &a->st);
+	if (a->rc)
+		snprintf(a->err, sizeof(a->err), "%s", ps_client_error(a->c));
+	__atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static float gx(int rank, int k, int i)
+{
+	return (float)((i * (rank + 2) + k * 5) % 9 - 4);
+}
+
+static float ge(int rank, int k, uint64_t id, int d)
+{
+	return (float)((int)(id * 3 + (uint64_t)d + (uint64_t)rank * 7 + (uint64_t)k) % 5 - 2);
+}
+
+/* One clock k of rank on c: rows of e, then x and y (ending the clock). */
+static void train(struct ps_client *c, int rank, int k)
+{
+	static __thread float g[NX], gy[NY * NY2], ge_[NIDS * DIM];
+	static __thread uint64_t ids[NIDS];
+	struct ps_tensor t[2] = { { .name = "x", .data = g, .count = NX },
+				  { .name = "y", .data = gy, .count = NY * NY2 } };
+	int64_t id;
+
+	for (int i = 0; i < NIDS; i++) {
+		ids[i] = (uint64_t)(i * 7 + 3);
+		for (int d = 0; d < DIM; d++)
+			ge_[i * DIM + d] = ge(rank, k, ids[i], d);
+	}
+	ck_assert_msg(ps_client_push_rows(c, "e", (uint64_t)k, ids, NIDS, ge_, 0) == 0,
+		      "rank %d: row push %d: %s", rank, k, ps_client_error(c));
+	for (int i = 0; i < NX; i++)
+		g[i] = gx(rank, k, i);
+	for (int i = 0; i < NY * NY2; i++)
+		gy[i] = gx(rank, k, i + 11);
+	id = ps_client_push(c, (uint64_t)k, t, 2, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "rank %d: push %d: %s", rank, k,
+		      ps_client_error(c));
+}
+
+START_TEST(test_declare_in_flight_2_3)
+{
+	char c2[160], c3[160];
+	struct ps_client *c[NW];
+	struct call dec[NW], sta[NW];
+	pthread_t tdec[NW], tsta[NW];
+	pid_t srv[3];
+	char err[600];
+
+	setup_dirs();
+	write_cfg("c2", 2, "", c2, sizeof(c2));
+	ck_assert_msg(ps_config_load(&cfg, c2, err, sizeof(err)) == 0, "%s", err);
+	live_point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
+	for (int k = 0; k < 2; k++)
+		srv[k] = live_start(c2, k, 0, NULL, 0);
+	for (int r = 0; r < NW; r++)
+		c[r] = connect_retry(r);
+	/* clock 0 ended by both (nothing declared yet): the stop is at 1 */
+	for (int r = 0; r < NW; r++) {
+		int64_t id = ps_client_push(c[r], 0, NULL, 0, PS_PUSH_END_CLOCK);
+		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "rank %d: empty push: %s", r,
+			      ps_client_error(c[r]));
+	}
+	/* rank 0's initial values; rank 1's arrays, to be overwritten */
+	for (int i = 0; i < NX; i++) {
+		xa0[i] = (float)(i % 13) - 6;
+		xa1[i] = -100;
+	}
+	for (int i = 0; i < NY * NY2; i++) {
+		ya0[i] = (float)(i % 11);
+		ya1[i] = -100;
+	}
+	memset(dec, 0, sizeof(dec));
+	memset(sta, 0, sizeof(sta));
+	for (int r = 0; r < NW; r++) {
+		dec[r].c = sta[r].c = c[r];
+		dec[r].rank = sta[r].rank = r;
+	}
+
+	/* rank 1's table declaration waits for rank 0's through the stop */
+	ck_assert_int_eq(pthread_create(&tdec[1], NULL, declare_thread, &dec[1]), 0);
+	wait_pending(c[1], 1, "rank 1's declaration");
+	pstat_stop(c2, 1);
+	for (int k = 0; k < 2; k++)
+		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
+	/* rank 0 declares now, and asks for a checkpoint; rank 1 for stats */
+	ck_assert_int_eq(pthread_create(&tdec[0], NULL, declare_thread, &dec[0]), 0);
+	sta[0].shard = 0;
+	sta[0].write = 1;
+	sta[1].shard = 1;
+	for (int r = 0; r < NW; r++)
+		ck_assert_int_eq(pthread_create(&tsta[r], NULL, stats_thread, &sta[r]), 0);
+	for (int r = 0; r < NW; r++)
+		wait_pending(c[r], 2, r ? "rank 1's declaration and stats" :
+			     "rank 0's declaration and checkpoint request");
+
+	start_new_shards("from2", 2, "c3", 3, "", c3, sizeof(c3), srv);
+	for (int r = 0; r < NW; r++)
+		ck_assert_msg(!__atomic_load_n(&dec[r].done, __ATOMIC_ACQUIRE) &&
+			      !__atomic_load_n(&sta[r].done, __ATOMIC_ACQUIRE),
+			      "rank %d: a call ended before the switch: %s %s", r, dec[r].err,
+			      sta[r].err);
+	live_point_at(c3);
+	for (int r = 0; r < NW; r++) {
+		pthread_join(tdec[r], NULL);
+		pthread_join(tsta[r], NULL);
+	}
+	for (int r = 0; r < NW; r++) {
+		ck_assert_msg(dec[r].rc == 0, "%s (%s)", dec[r].err, ps_strerror(dec[r].rc));
+		ck_assert_msg(sta[r].rc == 0, "rank %d: %s across the switch: %s (%s)", r,
+			      r ? "stats" : "checkpoint", sta[r].err, ps_strerror(sta[r].rc));
+		ck_assert_uint_eq(c[r]->reshards, 1);
+		ck_assert_int_eq(ps_config_nshards(ps_client_config(c[r])), 3);
+		ck_assert_int_eq(ps_config_ntensors(ps_client_config(c[r])), 2);
+		ck_assert_int_eq(ps_config_ntables(ps_client_config(c[r])), 1);
+		/* answered by the new shards */
+		ck_assert_int_eq(sta[r].st.shard, sta[r].shard);
+		ck_assert_uint_eq(sta[r].st.map_epoch, 1);
+	}
+	ck_assert_msg(sta[0].st.checkpoint_status == 0 && strstr(sta[0].st.checkpoint_path,
+								 "shard-0.ckpt"),
+		      "new shard 0's checkpoint: status %d, '%s' (%s)", sta[0].st.checkpoint_status,
+		      sta[0].st.checkpoint_path, sta[0].st.checkpoint_error);
+	/* rank 1 got rank 0's initial values, from the new shards */
+	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
+		      "rank 1's declared tensors differ from rank 0's initial values");
+
+	/* clocks 1..3 on 3 shards: exact sums, dense and rows */
+	for (int k = 1; k <= NCLK; k++)
+		for (int r = 0; r < NW; r++)
+			train(c[r], r, k);
+	static float wx[NX], wy[NY * NY2], we[NIDS * DIM];
+	static uint64_t ids[NIDS];
+	struct ps_tensor t[2] = { { .name = "x", .data = wx, .count = NX },
+				  { .name = "y", .data = wy, .count = NY * NY2 } };
+	for (int i = 0; i < NIDS; i++)
+		ids[i] = (uint64_t)(i * 7 + 3);
+	for (int r = 0; r < NW; r++) {
+		int64_t id = ps_client_pull(c[r], NCLK + 1, t, 2);
+		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "pull: %s",
+			      ps_client_error(c[r]));
+		ck_assert_msg(ps_client_pull_rows(c[r], "e", NCLK + 1, ids, NIDS, we) == 0,
+			      "pull rows: %s", ps_client_error(c[r]));
+		for (int i = 0; i < NX + NY * NY2; i++) {
+			float want = i < NX ? xa0[i] : ya0[i - NX];
+			float got = i < NX ? wx[i] : wy[i - NX];
+			for (int k = 1; k <= NCLK; k++)
+				for (int q = 0; q < NW; q++)
+					want -= gx(q, k, i < NX ? i : i - NX + 11);
+			ck_assert_msg(got == want, "rank %d: %s[%d] = %g, exactly %g", r,
+				      i < NX ? "x" : "y", i < NX ? i : i - NX, (double)got,
+				      (double)want);
+		}
+		for (int i = 0; i < NIDS; i++)
+			for (int d = 0; d < DIM; d++) {
+				float want = 0;
+				for (int k = 1; k <= NCLK; k++)
+					for (int q = 0; q < NW; q++)
+						want -= ge(q, k, ids[i], d);
+				ck_assert_msg(we[i * DIM + d] == want, "rank %d: e[%" PRIu64 "][%d] = "
+					      "%g, exactly %g", r, ids[i], d,
+					      (double)we[i * DIM + d], (double)want);
+			}
+	}
+	for (int r = 0; r < NW; r++)
+		ps_client_free(c[r]);
+	for (int k = 0; k < 3; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	unsetenv("PS_CONFIG_FOLLOW");
+	cleanup_dirs();
+}
+END_TEST
+
+START_TEST(test_stats_gone_shard_3_2)
+{
+	const char *model = "model:\n  tensors:\n    - {name: a, shape: [600], init: arange}\n";
+	char c3[160], c2[160], err[600];
+	struct ps_client *c[NW];
+	struct call sta[2];
+	pthread_t th[2];
+	pid_t srv[3];
+
+	setup_dirs();
+	write_cfg("c3", 3, model, c3, sizeof(c3));
+	ck_assert_msg(ps_config_load(&cfg, c3, err, sizeof(err)) == 0, "%s", err);
+	live_point_at(c3);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
+	for (int k = 0; k < 3; k++)
+		srv[k] = live_start(c3, k, 0, NULL, 0);
+	for (int r = 0; r < NW; r++)
+		c[r] = connect_retry(r);
+	for (int r = 0; r < NW; r++) {
+		int64_t id = ps_client_push(c[r], 0, NULL, 0, PS_PUSH_END_CLOCK);
+		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "rank %d: empty push: %s", r,
+			      ps_client_error(c[r]));
+	}
+	pstat_stop(c3, 1);
+	for (int k = 0; k < 3; k++)
+		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
+	/* rank 0 asks shard 2 (gone from the new map), rank 1 shard 1 */
+	memset(sta, 0, sizeof(sta));
+	for (int r = 0; r < NW; r++) {
+		sta[r].c = c[r];
+		sta[r].rank = r;
+		sta[r].shard = r ? 1 : 2;
+		ck_assert_int_eq(pthread_create(&th[r], NULL, stats_thread, &sta[r]), 0);
+	}
+	for (int r = 0; r < NW; r++)
+		wait_pending(c[r], 1, "the stats request");
+	start_new_shards("from3", 3, "c2", 2, model, c2, sizeof(c2), srv);
+	live_point_at(c2);
+	for (int r = 0; r < NW; r++)
+		pthread_join(th[r], NULL);
+	ck_assert_msg(sta[0].rc == PS_EMAP && strstr(sta[0].err, "there is no shard 2 now; ask "
+						     "again of shards 0 to 1"),
+		      "stats of shard 2 across 3 -> 2: %d (%s)", sta[0].rc, sta[0].err);
+	ck_assert_msg(sta[1].rc == 0, "stats of shard 1 across 3 -> 2: %s", sta[1].err);
+	ck_assert_int_eq(sta[1].st.shard, 1);
+	ck_assert_uint_eq(sta[1].st.map_epoch, 1);
+	/* asked again of the shards now, it is answered */
+	ck_assert_int_eq(ps_config_nshards(ps_client_config(c[0])), 2);
+	ck_assert_msg(ps_client_stats(c[0], 1, &sta[0].st) == 0, "%s", ps_client_error(c[0]));
+	for (int r = 0; r < NW; r++)
+		ps_client_free(c[r]);
+	for (int k = 0; k < 2; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	unsetenv("PS_CONFIG_FOLLOW");
+	cleanup_dirs();
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("reshard_requests");
+	TCase *tc = tcase_create("requests");
+
+	tcase_set_timeout(tc, 120);
+	TU_ADD(tc, test_declare_in_flight_2_3);
+	TU_ADD(tc, test_stats_gone_shard_3_2);
+	suite_add_tcase(s, tc);
+	return tu_run_suite(s);
+}
