@@ -285,7 +285,7 @@ int ps__client_again_on_new_map(struct ps_client *c, const char *what, uint64_t 
 }
 
 /* send(c, arg, k) under maplock, unless the client followed a re-shard
- * since gen: then PS__AGAIN_ON_NEW_MAP, nothing sent. */
+ * since gen: then 0 (never a request id), nothing sent. */
 static int64_t send_on_map(struct ps_client *c, uint64_t gen,
 			   int64_t (*send)(struct ps_client *c, void *arg, int k), void *arg, int k)
 {
@@ -295,7 +295,7 @@ static int64_t send_on_map(struct ps_client *c, uint64_t gen,
 	 * held for writing: neither changes until this Declare is queued,
 	 * and a switch after that cuts it again (it fails with PS_EMAP) */
 	pthread_rwlock_rdlock(&c->maplock);
-	id = c->reshards != gen ? PS__AGAIN_ON_NEW_MAP : send(c, arg, k);
+	id = c->reshards != gen ? 0 : send(c, arg, k);
 	pthread_rwlock_unlock(&c->maplock);
 	return id;
 }
@@ -325,7 +325,7 @@ int ps__client_declare_all(struct ps_client *c, uint64_t gen,
 			int st;
 			if (done[k])
 				continue;
-			if (ids[k] == PS__AGAIN_ON_NEW_MAP) {
+			if (ids[k] == 0) {
 				moved = 1;
 				continue;
 			}
