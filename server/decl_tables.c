@@ -216,6 +216,13 @@ void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
 		snprintf(why, sizeof(why), "only a worker may declare tables, not a monitor");
 		goto refuse;
 	}
+	if (s->stop_at && !s->cfg->ndecl_tables) {
+		/* a re-shard's stop pending: as for tensors (declare.c) */
+		rc = PS_ERESHARD;
+		snprintf(why, sizeof(why), "the shard stops at clock %" PRIu64 " for a re-shard: "
+			 "tables are declared on the new map (asked again)", s->stop_at);
+		goto refuse;
+	}
 	rc = ps__srv_declare_tables_msg(s, sc->rank, m, &adopted, why, sizeof(why));
 	if (rc)
 		goto refuse;
@@ -239,7 +246,7 @@ void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
 	return;
 
 refuse:
-	if (rc != -EAGAIN) {
+	if (rc != -EAGAIN && rc != PS_ERESHARD) {
 		s->c.errors++;
 		ps_warn("table declaration from %s (rank %d) refused: %s", sc->conn->peer, sc->rank,
 			why);

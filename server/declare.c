@@ -407,6 +407,17 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 		snprintf(why, sizeof(why), "only a worker may declare tensors, not a monitor");
 		goto refuse;
 	}
+	if (s->stop_at && !s->cfg->ntensors) {
+		/* a re-shard's stop pending: new slices (at version 0, below
+		 * the stop's clock) would hold its sync commit forever, and a
+		 * declaration taken by some old shards only is a mix the new
+		 * shards refuse. The client asks again; on the new map once
+		 * it follows (ps_client_declare.c) */
+		rc = PS_ERESHARD;
+		snprintf(why, sizeof(why), "the shard stops at clock %" PRIu64 " for a re-shard: "
+			 "tensors are declared on the new map (asked again)", s->stop_at);
+		goto refuse;
+	}
 	rc = ps__srv_declare_msg(s, sc->rank, m, f->payload, f->hdr.payload_len, &adopted, why,
 				 sizeof(why));
 	if (rc)
@@ -432,7 +443,7 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 	return;
 
 refuse:
-	if (rc != -EAGAIN) {
+	if (rc != -EAGAIN && rc != PS_ERESHARD) {
 		s->c.errors++;
 		ps_warn("declaration from %s (rank %d) refused: %s", sc->conn->peer, sc->rank, why);
 	}

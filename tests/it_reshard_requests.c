@@ -225,6 +225,49 @@ static void train(struct ps_client *c, int rank, int k)
 		      ps_client_error(c));
 }
 
+/* Clocks 1..NCLK of both workers on c (declared x, y and e; rank 0's
+ * initial values in xa0, ya0), then each pulls: every weight and row is
+ * its initial value minus the exact sum of both workers' gradients. */
+static void train_and_check(struct ps_client **c)
+{
+	for (int k = 1; k <= NCLK; k++)
+		for (int r = 0; r < NW; r++)
+			train(c[r], r, k);
+	static float wx[NX], wy[NY * NY2], we[NIDS * DIM];
+	static uint64_t ids[NIDS];
+	struct ps_tensor t[2] = { { .name = "x", .data = wx, .count = NX },
+				  { .name = "y", .data = wy, .count = NY * NY2 } };
+	for (int i = 0; i < NIDS; i++)
+		ids[i] = (uint64_t)(i * 7 + 3);
+	for (int r = 0; r < NW; r++) {
+		int64_t id = ps_client_pull(c[r], NCLK + 1, t, 2);
+		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "pull: %s",
+			      ps_client_error(c[r]));
+		ck_assert_msg(ps_client_pull_rows(c[r], "e", NCLK + 1, ids, NIDS, we) == 0,
+			      "pull rows: %s", ps_client_error(c[r]));
+		for (int i = 0; i < NX + NY * NY2; i++) {
+			float want = i < NX ? xa0[i] : ya0[i - NX];
+			float got = i < NX ? wx[i] : wy[i - NX];
+			for (int k = 1; k <= NCLK; k++)
+				for (int q = 0; q < NW; q++)
+					want -= gx(q, k, i < NX ? i : i - NX + 11);
+			ck_assert_msg(got == want, "rank %d: %s[%d] = %g, exactly %g", r,
+				      i < NX ? "x" : "y", i < NX ? i : i - NX, (double)got,
+				      (double)want);
+		}
+		for (int i = 0; i < NIDS; i++)
+			for (int d = 0; d < DIM; d++) {
+				float want = 0;
+				for (int k = 1; k <= NCLK; k++)
+					for (int q = 0; q < NW; q++)
+						want -= ge(q, k, ids[i], d);
+				ck_assert_msg(we[i * DIM + d] == want, "rank %d: e[%" PRIu64 "][%d] = "
+					      "%g, exactly %g", r, ids[i], d,
+					      (double)we[i * DIM + d], (double)want);
+			}
+	}
+}
+
 START_TEST(test_declare_in_flight_2_3)
 {
 	char c2[160], c3[160];
@@ -313,43 +356,7 @@ START_TEST(test_declare_in_flight_2_3)
 	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
 		      "rank 1's declared tensors differ from rank 0's initial values");
 
-	/* clocks 1..3 on 3 shards: exact sums, dense and rows */
-	for (int k = 1; k <= NCLK; k++)
-		for (int r = 0; r < NW; r++)
-			train(c[r], r, k);
-	static float wx[NX], wy[NY * NY2], we[NIDS * DIM];
-	static uint64_t ids[NIDS];
-	struct ps_tensor t[2] = { { .name = "x", .data = wx, .count = NX },
-				  { .name = "y", .data = wy, .count = NY * NY2 } };
-	for (int i = 0; i < NIDS; i++)
-		ids[i] = (uint64_t)(i * 7 + 3);
-	for (int r = 0; r < NW; r++) {
-		int64_t id = ps_client_pull(c[r], NCLK + 1, t, 2);
-		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "pull: %s",
-			      ps_client_error(c[r]));
-		ck_assert_msg(ps_client_pull_rows(c[r], "e", NCLK + 1, ids, NIDS, we) == 0,
-			      "pull rows: %s", ps_client_error(c[r]));
-		for (int i = 0; i < NX + NY * NY2; i++) {
-			float want = i < NX ? xa0[i] : ya0[i - NX];
-			float got = i < NX ? wx[i] : wy[i - NX];
-			for (int k = 1; k <= NCLK; k++)
-				for (int q = 0; q < NW; q++)
-					want -= gx(q, k, i < NX ? i : i - NX + 11);
-			ck_assert_msg(got == want, "rank %d: %s[%d] = %g, exactly %g", r,
-				      i < NX ? "x" : "y", i < NX ? i : i - NX, (double)got,
-				      (double)want);
-		}
-		for (int i = 0; i < NIDS; i++)
-			for (int d = 0; d < DIM; d++) {
-				float want = 0;
-				for (int k = 1; k <= NCLK; k++)
-					for (int q = 0; q < NW; q++)
-						want -= ge(q, k, ids[i], d);
-				ck_assert_msg(we[i * DIM + d] == want, "rank %d: e[%" PRIu64 "][%d] = "
-					      "%g, exactly %g", r, ids[i], d,
-					      (double)we[i * DIM + d], (double)want);
-			}
-	}
+	train_and_check(c);
 	for (int r = 0; r < NW; r++)
 		ps_client_free(c[r]);
 	for (int k = 0; k < 3; k++)
@@ -417,6 +424,83 @@ START_TEST(test_stats_gone_shard_3_2)
 }
 END_TEST
 
+
+/* A declaration reaching shards that hold a re-shard's stop: refused
+ * (PS_ERESHARD) and asked again, so the sync commit is not held by new
+ * slices below the stop's clock (before, the shards never exited) and no
+ * old shard takes it alone; it completes on the new map with rank 0's
+ * values. */
+START_TEST(test_declare_during_stop)
+{
+	char c2[160], c3[160], err[600];
+	struct ps_client *c[NW], *mon;
+	struct ps_shard_stats st;
+	struct call dec;
+	pthread_t th;
+	pid_t srv[3];
+
+	setup_dirs();
+	write_cfg("c2", 2, "", c2, sizeof(c2));
+	ck_assert_msg(ps_config_load(&cfg, c2, err, sizeof(err)) == 0, "%s", err);
+	live_point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
+	for (int k = 0; k < 2; k++)
+		srv[k] = live_start(c2, k, 0, NULL, 0);
+	for (int r = 0; r < NW; r++)
+		c[r] = connect_retry(r);
+	for (int r = 0; r < NW; r++) {
+		int64_t id = ps_client_push(c[r], 0, NULL, 0, PS_PUSH_END_CLOCK);
+		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "rank %d: empty push: %s", r,
+			      ps_client_error(c[r]));
+	}
+	/* both shards stop at 1; rank 0 declares; then the commits */
+	ck_assert_int_eq(ps_client_init(&mon, &cfg, -1, err, sizeof(err)), 0);
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stop_at(mon, k, 1, 0, &st) == 0, "%s", ps_client_error(mon));
+	for (int i = 0; i < NX; i++) {
+		xa0[i] = (float)(i % 13) - 6;
+		xa1[i] = -100;
+	}
+	for (int i = 0; i < NY * NY2; i++) {
+		ya0[i] = (float)(i % 11);
+		ya1[i] = -100;
+	}
+	memset(&dec, 0, sizeof(dec));
+	dec.c = c[0];
+	dec.rank = 0;
+	ck_assert_int_eq(pthread_create(&th, NULL, declare_thread, &dec), 0);
+	wait_pending(c[0], 1, "rank 0's declaration");
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stop_at(mon, k, 1, PS_STOP_COMMIT, &st) == 0, "%s",
+			      ps_client_error(mon));
+	ps_client_free(mon);
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old shard %d did not exit 0 at its stop "
+			      "(logs in %s)", k, dir);
+	start_new_shards("from2", 2, "c3", 3, "", c3, sizeof(c3), srv);
+	ck_assert_msg(!__atomic_load_n(&dec.done, __ATOMIC_ACQUIRE), "rank 0's declaration ended "
+		      "before the switch: %s", dec.err);
+	live_point_at(c3);
+	pthread_join(th, NULL);
+	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+	ck_assert_int_eq(ps_config_nshards(ps_client_config(c[0])), 3);
+	/* rank 1, on the new map too, gets rank 0's values */
+	dec.c = c[1];
+	dec.rank = 1;
+	declare_thread(&dec);
+	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
+		      "rank 1's declared tensors differ from rank 0's initial values");
+	train_and_check(c);
+	for (int r = 0; r < NW; r++)
+		ps_client_free(c[r]);
+	for (int k = 0; k < 3; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	unsetenv("PS_CONFIG_FOLLOW");
+	cleanup_dirs();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("reshard_requests");
@@ -425,6 +509,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_declare_in_flight_2_3);
 	TU_ADD(tc, test_stats_gone_shard_3_2);
+	TU_ADD(tc, test_declare_during_stop);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

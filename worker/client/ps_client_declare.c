@@ -23,7 +23,10 @@
  * and acks; one without them takes rank 0's values, as at a first start.
  * Each Declare is built and submitted under maplock with the re-shard
  * count it was built for checked, so none built for the old map reaches
- * a new shard.
+ * a new shard. A shard holding a re-shard's stop refuses a declaration
+ * that would create its tensors (PS_ERESHARD, server/declare.c): asked
+ * again every 20 ms like a shard waiting for rank 0, it reaches the new
+ * shards once the client follows.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -304,7 +307,7 @@ int ps__client_declare_all(struct ps_client *c, uint64_t gen,
 			   int64_t (*send)(struct ps_client *c, void *arg, int k), void *arg,
 			   char *why, size_t whylen)
 {
-	int nsh, left, rc = 0, moved = 0;
+	int nsh, left, rc = 0, moved = 0, held = 0;
 	int done[PS_MAX_SHARDS] = { 0 };
 	double deadline = ps_now_s() + c->cfg->limits.request_timeout_ms / 1000.0;
 
@@ -335,6 +338,10 @@ int ps__client_declare_all(struct ps_client *c, uint64_t gen,
 				left--;
 			} else if (st == -EAGAIN) {
 				again = 1;
+			} else if (st == PS_ERESHARD) {
+				/* the shard holds a re-shard's stop: asked again,
+				 * on the new map once the client follows it */
+				again = held = 1;
 			} else if (st == PS_EMAP && ps__client_reshards(c) != gen) {
 				moved = 1; /* in flight at the switch (ps_client_follow.c) */
 			} else if (!rc) {
@@ -347,9 +354,15 @@ int ps__client_declare_all(struct ps_client *c, uint64_t gen,
 		if (rc)
 			return rc;
 		if (left && again && ps_now_s() > deadline) {
-			snprintf(why, whylen, "no declaration from rank 0 reached every shard within "
-				 "%d ms (limits.request_timeout_ms): is rank 0 running?",
-				 c->cfg->limits.request_timeout_ms);
+			if (held)
+				snprintf(why, whylen, "a shard held a re-shard's stop for %d ms "
+					 "(limits.request_timeout_ms) and no new map came: declare "
+					 "again once the re-shard is done",
+					 c->cfg->limits.request_timeout_ms);
+			else
+				snprintf(why, whylen, "no declaration from rank 0 reached every shard "
+					 "within %d ms (limits.request_timeout_ms): is rank 0 "
+					 "running?", c->cfg->limits.request_timeout_ms);
 			return PS_ETIMEDOUT;
 		}
 		if (left)

@@ -190,8 +190,9 @@ struct ps_client {
 /* ps_client_declare.c: sends a declaration to every shard of the map of
  * re-shard count gen (send returns the request id for shard k, or a
  * negative code; each is built and submitted under maplock) and waits for
- * each; a shard that answers -EAGAIN (rank 0 has not declared yet) is
- * asked again every 20 ms, up to limits.request_timeout_ms (then
+ * each; a shard that answers -EAGAIN (rank 0 has not declared yet) or
+ * PS_ERESHARD (it holds a re-shard's stop) is asked again every 20 ms,
+ * up to limits.request_timeout_ms (then
  * PS_ETIMEDOUT). 0, the first refusal's code with the reason in why, or
  * PS__AGAIN_ON_NEW_MAP when the client followed a re-shard meanwhile
  * (c->reshards is past gen): the caller builds the declaration again for
