@@ -239,7 +239,11 @@ struct ps_shard_stats {
  * shard is lost and FILE names a config differing in cluster.servers
  * only, it takes that config's map and sends its waiting pushes and pulls,
  * dense and rows, again to the new shards (docs/elastic.md;
- * ps_client_follow.c); other requests in flight then fail with PS_EMAP. */
+ * ps_client_follow.c); a call with another request in flight starts it
+ * again on the new map: a declaration goes to every new shard, a stats or
+ * checkpoint request to the new shard of the same index (PS_EMAP when the
+ * new map has no such shard: ask again), a join or leave from the first
+ * new shard. */
 int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank, char *err,
 		   size_t errlen);
 

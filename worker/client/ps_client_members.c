@@ -78,33 +78,11 @@ static int nshards_now(struct ps_client *c, uint64_t *gen)
 }
 
 /* A join or leave step that failed with PS_EMAP after the client followed
- * a re-shard (gen, the count of them when the attempt began, is behind)
- * while it was in flight (ps_client_follow.c fails every request but
- * pushes and pulls then) or between two steps. What the old shards
- * held for it went with them: a stop is refused while a join holds a
- * clock or an async leave is under way, and a join or leave step while a
- * stop is pending, so their checkpoints hold no half of it. It starts
- * again from the first shard of the new map, for up to
- * limits.reconnect_timeout_ms from the first time (*since, 0 before it).
- * 1 to start again, 0 to give up. */
-static int again_on_new_map(struct ps_client *c, const char *what, uint64_t gen, double *since)
-{
-	double now = ps_now_s(), limit = c->cfg->limits.reconnect_timeout_ms > 0 ?
-					     c->cfg->limits.reconnect_timeout_ms / 1000.0 : 60.0;
-	uint64_t now_gen;
-	int n = nshards_now(c, &now_gen);
-
-	if (now_gen == gen)
-		return 0; /* not a map this client followed: the shard's answer */
-	if (!*since)
-		*since = now;
-	if (now - *since > limit)
-		return 0;
-	ps_warn("worker %d: the shards were re-sharded during %s: it starts again on the new map "
-		"(%d shard(s))", c->rank, what, n);
-	return 1;
-}
-
+ * a re-shard while it was in flight or between two steps starts again
+ * from the first shard of the new map (ps__client_again_on_new_map). What
+ * the old shards held for it went with them: a stop is refused while a
+ * join holds a clock or an async leave is under way, and a join or leave
+ * step while a stop is pending, so their checkpoints hold no half of it. */
 int ps_client_join(struct ps_client *c)
 {
 	static __thread struct ps_shard_stats st;
@@ -129,7 +107,7 @@ again:
 		    again_after_reshard(c, k, "the join", st.member_error, &since))
 			goto again; /* from the first shard: a hold made on another
 				     * shard is taken again (at its clock then) */
-		if (rc == PS_EMAP && again_on_new_map(c, "the join", gen, &since_map))
+		if (rc == PS_EMAP && ps__client_again_on_new_map(c, "the join", gen, &since_map))
 			goto again;
 		if (!rc && st.member_status < 0)
 			rc = st.member_status;
@@ -184,7 +162,7 @@ again:
 	/* 2: every shard counts it from `join`; none closed join - 1 yet */
 	for (int k = 0; k < nsh; k++) {
 		rc = member_step(c, k, PS__MEMBER_OP__MEMBER_JOIN, join, &st);
-		if (rc == PS_EMAP && again_on_new_map(c, "the join", gen, &since_map))
+		if (rc == PS_EMAP && ps__client_again_on_new_map(c, "the join", gen, &since_map))
 			goto again;
 		if (!rc && st.member_status < 0) {
 			ps__client_set_err(c, "join at clock %llu refused by shard %d: %s",
@@ -232,7 +210,8 @@ again:
 				k--; /* this shard again (a freeze taken stays: it is never lowered) */
 				continue;
 			}
-			if (rc == PS_EMAP && again_on_new_map(c, "the leave", gen, &since_map))
+			if (rc == PS_EMAP &&
+			    ps__client_again_on_new_map(c, "the leave", gen, &since_map))
 				goto again;
 			if (!rc && st.member_status < 0) {
 				ps__client_set_err(c, "leave refused by shard %d: %s", k,
