@@ -36,7 +36,6 @@
 #include "optim_group.h"
 #include "ps_client_int.h"
 #include "ps_err.h"
-#include "ps_log.h"
 #include "ps_time.h"
 
 /* Largest element count of one declared tensor (as server/declare.c). */
@@ -252,39 +251,6 @@ static void sleep_ms(int ms)
 	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
 
 	nanosleep(&ts, NULL);
-}
-
-uint64_t ps__client_reshards(struct ps_client *c)
-{
-	uint64_t n;
-
-	pthread_mutex_lock(&c->mu);
-	n = c->reshards;
-	pthread_mutex_unlock(&c->mu);
-	return n;
-}
-
-int ps__client_again_on_new_map(struct ps_client *c, const char *what, uint64_t gen,
-				double *since)
-{
-	double now = ps_now_s(), limit = c->cfg->limits.reconnect_timeout_ms > 0 ?
-					     c->cfg->limits.reconnect_timeout_ms / 1000.0 : 60.0;
-	uint64_t now_gen;
-	int n;
-
-	pthread_mutex_lock(&c->mu);
-	now_gen = c->reshards;
-	n = c->cfg->nshards;
-	pthread_mutex_unlock(&c->mu);
-	if (now_gen == gen)
-		return 0;
-	if (!*since)
-		*since = now;
-	if (now - *since > limit)
-		return 0;
-	ps_warn("worker %d: the shards were re-sharded during %s: it starts again on the new map "
-		"(%d shard(s))", c->rank, what, n);
-	return 1;
 }
 
 /* send(c, arg, k) under maplock, unless the client followed a re-shard

@@ -466,6 +466,41 @@ refused:
 	}
 }
 
+/* ---- the calls that start a request again on the new map ---- */
+
+uint64_t ps__client_reshards(struct ps_client *c)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&c->mu);
+	n = c->reshards;
+	pthread_mutex_unlock(&c->mu);
+	return n;
+}
+
+int ps__client_again_on_new_map(struct ps_client *c, const char *what, uint64_t gen,
+				double *since)
+{
+	double now = ps_now_s(), limit = c->cfg->limits.reconnect_timeout_ms > 0 ?
+					     c->cfg->limits.reconnect_timeout_ms / 1000.0 : 60.0;
+	uint64_t now_gen;
+	int n;
+
+	pthread_mutex_lock(&c->mu);
+	now_gen = c->reshards;
+	n = c->cfg->nshards;
+	pthread_mutex_unlock(&c->mu);
+	if (now_gen == gen)
+		return 0;
+	if (!*since)
+		*since = now;
+	if (now - *since > limit)
+		return 0;
+	ps_warn("worker %d: the shards were re-sharded during %s: it starts again on the new map "
+		"(%d shard(s))", c->rank, what, n);
+	return 1;
+}
+
 /* ---- the monitor's side: a shard's stop (server/stop.c) ---- */
 
 int ps_client_stop_at_sized(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
