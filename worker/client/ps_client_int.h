@@ -201,9 +201,9 @@ struct ps_client {
 int ps__client_declare_all(struct ps_client *c, uint64_t gen,
 			   int64_t (*send)(struct ps_client *c, void *arg, int k), void *arg,
 			   char *why, size_t whylen);
-/* ps_client_follow.c: a request the client's following of a re-shard interrupted (gen, the
- * re-shard count when it began, is behind; what names it in the log):
- * 1 to start it again on the new map, for up to
+/* ps_client_follow.c: a request the client's following of a re-shard
+ * interrupted (gen, the re-shard count when it began, is behind; what
+ * names it in the log): 1 to start it again on the new map, for up to
  * limits.reconnect_timeout_ms from the first time (*since, 0 before it);
  * 0 when no re-shard came between, or that time is up. */
 int ps__client_again_on_new_map(struct ps_client *c, const char *what, uint64_t gen,
