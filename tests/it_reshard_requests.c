@@ -225,12 +225,13 @@ static void train(struct ps_client *c, int rank, int k)
 		      ps_client_error(c));
 }
 
-/* Clocks 1..NCLK of both workers on c (declared x, y and e; rank 0's
+/* Clocks from..NCLK of both workers on c (declared x, y and e; rank 0's
  * initial values in xa0, ya0), then each pulls: every weight and row is
- * its initial value minus the exact sum of both workers' gradients. */
-static void train_and_check(struct ps_client **c)
+ * its initial value minus the exact sum of both workers' gradients of
+ * clocks 1..NCLK. */
+static void train_and_check(struct ps_client **c, int from)
 {
-	for (int k = 1; k <= NCLK; k++)
+	for (int k = from; k <= NCLK; k++)
 		for (int r = 0; r < NW; r++)
 			train(c[r], r, k);
 	static float wx[NX], wy[NY * NY2], we[NIDS * DIM];
@@ -356,7 +357,7 @@ START_TEST(test_declare_in_flight_2_3)
 	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
 		      "rank 1's declared tensors differ from rank 0's initial values");
 
-	train_and_check(c);
+	train_and_check(c, 1);
 	for (int r = 0; r < NW; r++)
 		ps_client_free(c[r]);
 	for (int k = 0; k < 3; k++)
@@ -494,7 +495,106 @@ START_TEST(test_declare_during_stop)
 	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
 	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
 		      "rank 1's declared tensors differ from rank 0's initial values");
-	train_and_check(c);
+	train_and_check(c, 1);
+	for (int r = 0; r < NW; r++)
+		ps_client_free(c[r]);
+	for (int k = 0; k < 3; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	unsetenv("PS_CONFIG_FOLLOW");
+	cleanup_dirs();
+}
+END_TEST
+
+struct train_arg {
+	struct ps_client *c;
+	int rank, done;
+};
+
+static void *train_thread(void *arg)
+{
+	struct train_arg *a = arg;
+
+	train(a->c, a->rank, NCLK);
+	__atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* Row pushes of a declared table in flight at the switch: tensors and
+ * table e declared on 2 shards, clocks 1..2 trained, both shards stopped
+ * at 3 (prepared), each worker's row push for 3 refused and kept, then
+ * the commits, 2 -> 3, and the pushes cut again for the new map (the
+ * declared table is in the followed config): every row and weight the
+ * exact sum of clocks 1..3, each applied once. */
+START_TEST(test_declared_rows_in_flight_2_3)
+{
+	char c2[160], c3[160], err[600];
+	struct ps_client *c[NW], *mon;
+	struct ps_shard_stats st;
+	struct call dec[NW];
+	struct train_arg ta[NW];
+	pthread_t th[NW];
+	pid_t srv[3];
+
+	setup_dirs();
+	write_cfg("c2", 2, "", c2, sizeof(c2));
+	ck_assert_msg(ps_config_load(&cfg, c2, err, sizeof(err)) == 0, "%s", err);
+	live_point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
+	for (int k = 0; k < 2; k++)
+		srv[k] = live_start(c2, k, 0, NULL, 0);
+	for (int r = 0; r < NW; r++)
+		c[r] = connect_retry(r);
+	for (int i = 0; i < NX; i++)
+		xa0[i] = (float)(i % 13) - 6;
+	for (int i = 0; i < NY * NY2; i++)
+		ya0[i] = (float)(i % 11);
+	memset(dec, 0, sizeof(dec));
+	for (int r = 0; r < NW; r++) {
+		dec[r].c = c[r];
+		dec[r].rank = r;
+		ck_assert_int_eq(pthread_create(&th[r], NULL, declare_thread, &dec[r]), 0);
+	}
+	for (int r = 0; r < NW; r++) {
+		pthread_join(th[r], NULL);
+		ck_assert_msg(dec[r].rc == 0, "%s", dec[r].err);
+	}
+	for (int r = 0; r < NW; r++) {
+		int64_t id = ps_client_push(c[r], 0, NULL, 0, PS_PUSH_END_CLOCK);
+		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "rank %d: empty push: %s", r,
+			      ps_client_error(c[r]));
+	}
+	for (int k = 1; k < NCLK; k++)
+		for (int r = 0; r < NW; r++)
+			train(c[r], r, k);
+	ck_assert_int_eq(ps_client_init(&mon, &cfg, -1, err, sizeof(err)), 0);
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stop_at(mon, k, NCLK, 0, &st) == 0, "%s",
+			      ps_client_error(mon));
+	memset(ta, 0, sizeof(ta));
+	for (int r = 0; r < NW; r++) {
+		ta[r].c = c[r];
+		ta[r].rank = r;
+		ck_assert_int_eq(pthread_create(&th[r], NULL, train_thread, &ta[r]), 0);
+	}
+	for (int r = 0; r < NW; r++)
+		wait_pending(c[r], 1, "the row push for the stop's clock");
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stop_at(mon, k, NCLK, PS_STOP_COMMIT, &st) == 0, "%s",
+			      ps_client_error(mon));
+	ps_client_free(mon);
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old shard %d did not exit 0 at its stop "
+			      "(logs in %s)", k, dir);
+	start_new_shards("from2", 2, "c3", 3, "", c3, sizeof(c3), srv);
+	for (int r = 0; r < NW; r++)
+		ck_assert_msg(!__atomic_load_n(&ta[r].done, __ATOMIC_ACQUIRE), "rank %d's clock %d "
+			      "ended before the switch", r, NCLK);
+	live_point_at(c3);
+	for (int r = 0; r < NW; r++)
+		pthread_join(th[r], NULL);
+	for (int r = 0; r < NW; r++)
+		ck_assert_uint_eq(c[r]->reshards, 1);
+	train_and_check(c, NCLK + 1);
 	for (int r = 0; r < NW; r++)
 		ps_client_free(c[r]);
 	for (int k = 0; k < 3; k++)
@@ -513,6 +613,7 @@ int main(void)
 	TU_ADD(tc, test_declare_in_flight_2_3);
 	TU_ADD(tc, test_stats_gone_shard_3_2);
 	TU_ADD(tc, test_declare_during_stop);
+	TU_ADD(tc, test_declared_rows_in_flight_2_3);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
