@@ -22,6 +22,12 @@
  *    while 3 shards go to 2 fails with PS_EMAP naming the shard count
  *    now (ask again), and a request for shard 1 is answered by the new
  *    shard 1.
+ *  - test_declare_during_stop: a declaration reaching shards that hold a
+ *    stop is refused (PS_ERESHARD) and asked again: the old shards exit
+ *    at their commit (they hung when they took it) and the declaration
+ *    completes on the new map with rank 0's values.
+ *  - test_declared_rows_in_flight_2_3: row pushes of a declared table
+ *    refused at the stop are cut again for the new map, applied once.
  */
 #include <check.h>
 #include <errno.h>
