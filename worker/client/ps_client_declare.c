@@ -465,7 +465,7 @@ again:
 	ps_shardmap_free(&c->map);
 	c->map = map;
 	c->resid = resid;
-	c->old_cfg = c->own_cfg; /* tables declared first: kept until ps_client_free */
+	ps__client_retire_cfg(c, c->own_cfg); /* kept until ps_client_free */
 	c->own_cfg = cfg;
 	c->cfg = cfg;
 	c->declared_tensors = 1;

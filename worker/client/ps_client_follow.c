@@ -118,6 +118,26 @@ int ps__client_follow_init(struct ps_client *c, char *err, size_t errlen)
 	return 0;
 }
 
+/* A declaration replaced the client's own config (c->mu held): the old
+ * copy is kept until ps_client_free, as other threads may still read it.
+ * It joins the configs a followed re-shard replaced; out of memory for
+ * that list it takes old_cfg's slot, and only when that is taken too (a
+ * third replacement, out of memory) is it left unfreed: never freed early. */
+void ps__client_retire_cfg(struct ps_client *c, struct ps_config *old)
+{
+	struct ps_config **ret;
+
+	if (!old)
+		return;
+	ret = realloc(c->retired, sizeof(*ret) * (size_t)(c->nretired + 1));
+	if (ret) {
+		c->retired = ret;
+		c->retired[c->nretired++] = old;
+	} else if (!c->old_cfg) {
+		c->old_cfg = old;
+	}
+}
+
 void ps__client_follow_free(struct ps_client *c)
 {
 	for (int i = 0; i < c->nretired; i++)

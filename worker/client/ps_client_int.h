@@ -118,9 +118,9 @@ struct ps_client {
 	/* After ps_client_declare: the client's own copy of the config with
 	 * the declared tensors (cfg then points here); else NULL. */
 	struct ps_config *own_cfg;
-	/* A copy replaced by a later declaration (tensors after tables or
-	 * tables after tensors): kept, as other threads may still read it,
-	 * until ps_client_free. */
+	/* A copy replaced by a later declaration when the list of retired
+	 * configs could not grow (ps__client_retire_cfg): kept, as other
+	 * threads may still read it, until ps_client_free. */
 	struct ps_config *old_cfg;
 	int declared_tensors, declared_tables;
 	/* Declared with optimizer groups (own_cfg->ngroups of them): the
@@ -224,6 +224,7 @@ int ps__client_resume(struct ps_client *c, int k, uint64_t clock);
 int ps__client_follow_init(struct ps_client *c, char *err, size_t errlen);
 void ps__client_follow_tick(struct ps_client *c);
 void ps__client_follow_free(struct ps_client *c);
+void ps__client_retire_cfg(struct ps_client *c, struct ps_config *old);
 
 /* ps_client_members.c: a pull reply's membership noted (under c->mu). */
 void ps__client_note_members(struct ps_client *c, const Ps__PullReply *m);

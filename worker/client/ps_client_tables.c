@@ -231,7 +231,7 @@ int ps_client_declare_tables(struct ps_client *c, const struct ps_table_decl *t,
 	memcpy(&cfg->tables[nyaml], list, sizeof(*list) * (size_t)n);
 	cfg->ntables = nyaml + n;
 	cfg->ndecl_tables = n;
-	c->old_cfg = c->own_cfg; /* tensors declared first: kept until ps_client_free */
+	ps__client_retire_cfg(c, c->own_cfg); /* kept until ps_client_free */
 	c->own_cfg = cfg;
 	c->cfg = cfg;
 	c->declared_tables = 1;
