@@ -13,10 +13,14 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "checkpoint.h"
 #include "ps_err.h"
@@ -318,13 +322,28 @@ static void resolve(const char *d, char *out)
 		out[0] = '\0';
 }
 
-int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, char *err,
-		     size_t errlen)
+/* What a staged start loaded (stage_load): every old shard's scratch
+ * shard, from the files in checkpoint.dir, brought up to the stop by the
+ * incremental checkpoints in --reshard-from once the commit came. */
+struct staged {
+	int n, placement;
+	int keep, keep_n;       /* this shard, of this many (what the scratch tables keep) */
+	struct ps_config *ocfg;
+	struct ps_server *o;    /* n scratch shards */
+	struct stat *base;      /* each one's full file as it was read */
+	uint32_t *seq;          /* incremental ones applied to it */
+};
+
+/* Merges into s what it owns of the old shards' states: each loaded from
+ * from->dir in turn, or, with pre, the scratch shards a staged start
+ * loaded already (pre->o, of placement pre->placement). */
+static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
+			 struct staged *pre, char *err, size_t errlen)
 {
 	const struct ps_config *cfg = s->cfg;
 	int n = from->nshards, nw = cfg->nworkers, placement, rc = 0, nt = 0;
 	struct ps_config *ocfg = malloc(sizeof(*ocfg));
-	struct ps_server *o = calloc(1, sizeof(*o));
+	struct ps_server *scratch = calloc(1, sizeof(*scratch)), *o = scratch;
 	struct gathered *g = calloc(PS_MAX_TABLES, sizeof(*g));
 	uint64_t *fin = calloc((size_t)nw, sizeof(*fin)), slices = 0, rows = 0;
 	uint64_t mslices = 0, mbytes = 0, mrows = 0; /* moved in from another shard index */
@@ -334,7 +353,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	double wall = 0, t0 = ps_now_s();
 	uint64_t clock0 = 0, epoch0 = 0;
 
-	if (!ocfg || !o || !g || !fin)
+	if (!ocfg || !scratch || !g || !fin)
 		FAIL(-ENOMEM, "out of memory");
 	if (n < 1 || n > PS_MAX_SHARDS)
 		FAIL(PS_ECONFIG, "--reshard-shards %d: expected 1..%d", n, PS_MAX_SHARDS);
@@ -369,7 +388,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 			     "shard's checkpoint, shard-0.ckpt to shard-%d.ckpt in %s", paths[j], n,
 			     n - 1, from->dir);
 	}
-	placement = find_placement(ocfg, paths[0], n, err, errlen);
+	placement = pre ? pre->placement : find_placement(ocfg, paths[0], n, err, errlen);
 	if (placement < 0) {
 		rc = placement;
 		goto out;
@@ -384,7 +403,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	snprintf(first, sizeof(first), "%s", paths[0]);
 	/* the tensors and tables workers declared at run time, as the old
 	 * shards had them: this shard's map is built from them */
-	rc = ps_checkpoint_load_decl(s, first, err, errlen);
+	rc = pre ? 0 : ps_checkpoint_load_decl(s, first, err, errlen);
 	if (rc)
 		goto out;
 	cfg = s->cfg;
@@ -398,10 +417,13 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		double now;
 
 		snprintf(path, sizeof(path), "%s", paths[j]);
-		rc = old_load(o, ocfg, j, placement, s->shard, s->cfg->nshards, path, err,
-			      errlen);
-		if (rc)
-			goto out;
+		o = pre ? &pre->o[j] : scratch;
+		if (!pre) {
+			rc = old_load(o, ocfg, j, placement, s->shard, s->cfg->nshards, path, err,
+				      errlen);
+			if (rc)
+				goto out;
+		}
 		now = ps_now_s();
 		/* one clock for all: the finished clocks of every worker agree */
 		if (!j) {
@@ -496,7 +518,8 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 				FAIL(PS_ECONFIG, "%s: table '%s' has another admission filter "
 				     "(filter_ids) than this config's", path, tb->tc->name);
 		}
-		old_close(o);
+		if (!pre)
+			old_close(o);
 	}
 	for (int k = 0; k < s->store.nslots; k++)
 		if (!got[k])
@@ -568,21 +591,308 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	s->reshard_in_rows = mrows;
 	/* one line the launchers sum up (ps-local.sh, ps-cluster.sh reshard),
 	 * at warn so that it is logged at any level but off */
-	ps_warn("re-sharded from %d to %d shards out of %s (%s): %" PRIu64 " slices, %" PRIu64
+	ps_warn("re-sharded from %d to %d shards out of %s (%s%s): %" PRIu64 " slices, %" PRIu64
 		" rows; moved in from another shard: %" PRIu64 " slices, %" PRIu64 " rows, %"
 		PRIu64 " bytes; clock %" PRIu64 ", %.2f s; map epoch %" PRIu64, n, cfg->nshards,
 		from->dir, placement == PS_PLACE_HRW ? "same placement" : "re-placed from placement 0",
-		slices, rows, mslices, mrows, mbytes, clock0, ps_now_s() - t0, s->map_epoch);
+		pre ? ", staged" : "", slices, rows, mslices, mrows, mbytes, clock0,
+		ps_now_s() - t0, s->map_epoch);
 out:
-	if (o && o->cfg)
-		old_close(o);
+	if (scratch && scratch->cfg)
+		old_close(scratch);
 	for (int t = 0; g && t < PS_MAX_TABLES; t++)
 		gather_free(&g[t]);
 	free(g);
-	free(o);
+	free(scratch);
 	free(ocfg);
 	free(fin);
 	free(got);
 	free(paths);
 	return rc;
+}
+
+/* ---- a staged start (--reshard-stage): the pre-copy ----
+ * The old shards run on; each wrote a full checkpoint on SIGUSR1 (the
+ * pre-copy's base, admin.c). A staged new shard loads every old shard's
+ * file and incremental ones from checkpoint.dir, as a shard of the old map
+ * would (its scratch tables keep only the rows this shard will own), and
+ * waits, listening to nobody and writing nothing, until the launcher,
+ * past the re-shard's commit, sends SIGUSR1. By then the old shards
+ * stopped, each writing only an incremental checkpoint on that base, and
+ * the launcher moved their files into --reshard-from: each base there is
+ * the file loaded (the same inode: moved, not copied) and only the
+ * incremental ones after those applied are read. A base that is not (a
+ * full checkpoint replaced it meanwhile) is loaded whole again from
+ * --reshard-from. Whatever goes wrong after the wait, the start goes on
+ * as an unstaged one from --reshard-from: the same state. */
+
+/* How long a staged shard waits for the commit: the launcher's own waits
+ * for the stop are as long. */
+#define STAGE_WAIT_S 600
+
+static void staged_free(struct staged *st)
+{
+	for (int j = 0; st->o && j < st->n; j++)
+		if (st->o[j].cfg)
+			old_close(&st->o[j]);
+	free(st->o);
+	free(st->base);
+	free(st->seq);
+	free(st->ocfg);
+	memset(st, 0, sizeof(*st));
+}
+
+static int same_file(const struct stat *a, const struct stat *b)
+{
+	return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+	       a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* Loads every old shard's state from dir (checkpoint.dir, where the old
+ * shards still write) into st. */
+static int stage_load(struct ps_server *s, const struct ps_reshard_from *from, const char *dir,
+		      struct staged *st, char *err, size_t errlen)
+{
+	const struct ps_config *cfg = s->cfg;
+	int n = from->nshards, rc;
+	char path[PATH_MAX + 32];
+
+	if (cfg->replicas) {
+		snprintf(err, errlen, "--reshard-stage: a staged re-shard is not built with "
+			 "cluster.replicas: 1 (start without it)");
+		return PS_ECONFIG;
+	}
+	st->n = n;
+	st->keep = s->shard;
+	st->keep_n = cfg->nshards;
+	st->ocfg = malloc(sizeof(*st->ocfg));
+	st->o = calloc((size_t)n, sizeof(*st->o));
+	st->base = calloc((size_t)n, sizeof(*st->base));
+	st->seq = calloc((size_t)n, sizeof(*st->seq));
+	if (!st->ocfg || !st->o || !st->base || !st->seq) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	memcpy(st->ocfg, cfg, sizeof(*st->ocfg));
+	st->ocfg->nshards = n;
+	snprintf(path, sizeof(path), "%s/shard-0.ckpt", dir);
+	st->placement = find_placement(st->ocfg, path, n, err, errlen);
+	if (st->placement < 0)
+		return st->placement;
+	/* tensors or tables declared at run time come from old shard 0's
+	 * file at the commit: not staged */
+	rc = ps_checkpoint_load_decl(s, path, err, errlen);
+	if (rc)
+		return rc;
+	if (s->cfg->declare || s->cfg->ndecl_tables) {
+		snprintf(err, errlen, "--reshard-stage: %s declares tensors or tables at run time: "
+			 "a staged re-shard is not built for them (start without it)", path);
+		return PS_ECONFIG;
+	}
+	for (int j = 0; j < n; j++) {
+		struct stat after;
+
+		snprintf(path, sizeof(path), "%s/shard-%d.ckpt", dir, j);
+		if (stat(path, &st->base[j])) {
+			rc = -errno;
+			snprintf(err, errlen, "%s: %s", path, strerror(errno));
+			return rc;
+		}
+		rc = old_open(&st->o[j], st->ocfg, j, st->placement, s->shard, cfg->nshards);
+		if (!rc)
+			rc = ps_checkpoint_load(&st->o[j], path, err, errlen);
+		if (!rc)
+			rc = ps_checkpoint_load_deltas_after(&st->o[j], path, 0, 1, err, errlen);
+		if (rc < 0)
+			return rc;
+		st->seq[j] = (uint32_t)rc;
+		/* replaced while it was read: the base at the commit differs */
+		if (stat(path, &after) || !same_file(&after, &st->base[j]))
+			memset(&st->base[j], 0, sizeof(st->base[j]));
+	}
+	return 0;
+}
+
+/* Waits for the commit (SIGUSR1) for STAGE_WAIT_S at most; dies with the
+ * launcher (it is the launcher's child: PR_SET_PDEATHSIG). 0, or a
+ * negative code with err (SIGTERM or SIGINT came first, the time ran
+ * out, the launcher is gone). */
+static int stage_wait(char *err, size_t errlen)
+{
+	struct timespec ts = { STAGE_WAIT_S, 0 };
+	sigset_t set, old;
+	int sig;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGUSR1);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &set, &old);
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() == 1) {
+		snprintf(err, errlen, "the launcher that started this staged shard is gone");
+		sig = -1;
+	} else {
+		do
+			sig = sigtimedwait(&set, NULL, &ts);
+		while (sig < 0 && errno == EINTR);
+	}
+	prctl(PR_SET_PDEATHSIG, 0);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (sig == SIGUSR1)
+		return 0;
+	if (sig > 0)
+		snprintf(err, errlen, "%s came before the re-shard's commit: a staged shard writes "
+			 "nothing; stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+	else if (errno == EAGAIN)
+		snprintf(err, errlen, "no commit (SIGUSR1) within %d s of staging; stopping",
+			 STAGE_WAIT_S);
+	return -ECANCELED;
+}
+
+/* After the commit: each scratch shard brought up to the stop from the
+ * files in from->dir. 0, or a negative code with err: the caller loads
+ * from from->dir unstaged. */
+static int stage_finish(struct staged *st, const struct ps_reshard_from *from, char *err,
+			size_t errlen)
+{
+	char path[PATH_MAX + 32];
+	struct stat now;
+	int rc;
+
+	for (int j = 0; j < st->n; j++) {
+		struct ps_server *o = &st->o[j];
+
+		snprintf(path, sizeof(path), "%s/shard-%d.ckpt", from->dir, j);
+		if (stat(path, &now) || !same_file(&now, &st->base[j])) {
+			ps_warn("re-shard: %s is not the full checkpoint staged (a newer one replaced "
+				"it): loading it whole", path);
+			old_close(o);
+			rc = old_load(o, st->ocfg, j, st->placement, st->keep, st->keep_n, path, err,
+				      errlen);
+			if (rc)
+				return rc;
+			continue;
+		}
+		rc = ps_checkpoint_load_deltas_after(o, path, st->seq[j], 0, err, errlen);
+		if (rc < 0)
+			return rc;
+		st->seq[j] += (uint32_t)rc;
+	}
+	return 0;
+}
+
+int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, char *err,
+		     size_t errlen)
+{
+	struct staged st = { 0 };
+	double t0 = ps_now_s(), t1;
+	int rc;
+
+	if (!from->stage)
+		return reshard_merge(s, from, NULL, err, errlen);
+	rc = stage_load(s, from, s->cfg->checkpoint.dir, &st, err, errlen);
+	if (rc) {
+		staged_free(&st);
+		return rc;
+	}
+	t1 = ps_now_s();
+	ps_warn("re-shard staged: the %d old shards' checkpoints loaded from %s in %.2f s; "
+		"waiting for the commit (SIGUSR1), for %d s at most", st.n,
+		s->cfg->checkpoint.dir, t1 - t0, STAGE_WAIT_S);
+	rc = stage_wait(err, errlen);
+	if (rc) {
+		staged_free(&st);
+		return rc;
+	}
+	t1 = ps_now_s();
+	rc = stage_finish(&st, from, err, errlen);
+	if (!rc) {
+		ps_info("re-shard: the stop's incremental checkpoints applied in %.3f s",
+			ps_now_s() - t1);
+		rc = reshard_merge(s, from, &st, err, errlen);
+		staged_free(&st);
+		return rc;
+	}
+	ps_warn("re-shard: the staged state cannot be brought up to the stop (%s): loading "
+		"%s whole", err, from->dir);
+	staged_free(&st);
+	return reshard_merge(s, from, NULL, err, errlen);
+}
+
+/* ---- the marker of a re-shard not checkpointed yet ---- */
+
+void ps__reshard_marker_path(const struct ps_server *s, char *buf, size_t len)
+{
+	size_t n = strlen(s->ckpt_path);
+
+	snprintf(buf, len, "%.*s.reshard", (int)(n > 5 ? n - 5 : n), s->ckpt_path);
+}
+
+int ps__reshard_marker_write(struct ps_server *s, const struct ps_reshard_from *from,
+			     char *err, size_t errlen)
+{
+	char path[sizeof(s->reshard_marker)], tmp[sizeof(path) + 8], dir[PATH_MAX];
+	FILE *f;
+	int rc = 0, fd;
+
+	ps__reshard_marker_path(s, path, sizeof(path));
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	if (!realpath(from->dir, dir)) {
+		snprintf(err, errlen, "%s: %s", from->dir, strerror(errno));
+		return -errno;
+	}
+	f = fopen(tmp, "w");
+	if (!f || fprintf(f, "%d %s\n", from->nshards, dir) < 0 || fflush(f) || fsync(fileno(f)))
+		rc = -errno;
+	if (f && fclose(f) && !rc)
+		rc = -errno;
+	if (!rc && rename(tmp, path))
+		rc = -errno;
+	if (rc) {
+		snprintf(err, errlen, "cannot write %s: %s", path, strerror(-rc));
+		unlink(tmp);
+		return rc;
+	}
+	fd = open(s->cfg->checkpoint.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd >= 0) {
+		fsync(fd);
+		close(fd);
+	}
+	snprintf(s->reshard_marker, sizeof(s->reshard_marker), "%s", path);
+	return 0;
+}
+
+int ps__reshard_marker_read(struct ps_server *s, struct ps_reshard_from *from, char *dirbuf,
+			    size_t dirlen, char *err, size_t errlen)
+{
+	char path[sizeof(s->reshard_marker)], line[PATH_MAX + 32];
+	FILE *f;
+	int n = 0, off = 0;
+
+	ps__reshard_marker_path(s, path, sizeof(path));
+	f = fopen(path, "r");
+	if (!f) {
+		if (errno == ENOENT)
+			return 0;
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return -errno;
+	}
+	if (!fgets(line, sizeof(line), f) || sscanf(line, "%d %n", &n, &off) != 1 || n < 1 ||
+	    n > PS_MAX_SHARDS || !off || line[off] != '/' || strlen(line + off) >= dirlen) {
+		fclose(f);
+		snprintf(err, errlen, "%s: not a re-shard marker ('SHARDS /DIR' on one line): "
+			 "damaged? It names the old checkpoints of a re-shard whose first checkpoint "
+			 "was not written; remove it only if this shard's state is in %s", path,
+			 s->ckpt_path);
+		return PS_EPROTO;
+	}
+	fclose(f);
+	line[strcspn(line, "\n")] = '\0';
+	snprintf(dirbuf, dirlen, "%s", line + off);
+	from->dir = dirbuf;
+	from->nshards = n;
+	from->stage = 0;
+	snprintf(s->reshard_marker, sizeof(s->reshard_marker), "%s", path);
+	return 1;
 }
