@@ -587,7 +587,7 @@ precopy_stage() {
   done
   while read -r idx host port; do rm -f "$LOGDIR/server-$idx.log.staged"; done <<<"$lines"
   spawn_suffix=.staged spawn_shards "$new" "$lines" --reshard-from "$from" --reshard-shards "$old_n" \
-    --reshard-stage
+    --reshard-stage $$
   staged_pids=("${spawned[@]}") staged_names=("${spawned_names[@]}")
   crash_point staged
   # each staged shard loaded the old files (600 s at most)

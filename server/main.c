@@ -63,11 +63,13 @@ static void usage(FILE *out)
 		"                       (shard-K.ckpt, shard-K-r1.ckpt) is read\n"
 		"      --reshard-shards N\n"
 		"                       with --reshard-from: how many shards the old cluster had\n"
-		"      --reshard-stage  with --reshard-from: a pre-copy: load the old shards'\n"
+		"      --reshard-stage PID\n"
+		"                       with --reshard-from: a pre-copy: load the old shards'\n"
 		"                       files from checkpoint.dir while they run (each wrote a\n"
 		"                       full one on SIGUSR1), wait for SIGUSR1 (the launcher's\n"
-		"                       commit, 600 s at most; dies with its launcher), then\n"
-		"                       apply the stop's incremental checkpoints from DIR\n"
+		"                       commit, 600 s at most), then apply the stop's\n"
+		"                       incremental checkpoints from DIR; PID: the launcher,\n"
+		"                       this process's parent, with which it ends\n"
 		"      --dump-config    print the effective configuration and exit\n"
 		"      --list-shards    print 'INDEX HOST PORT' for every shard and exit\n"
 		"      --list-backups   the same for every shard's backup address (cluster.backups)\n"
@@ -154,13 +156,14 @@ int main(int argc, char **argv)
 		{ "replica", required_argument, NULL, 'r' },
 		{ "reshard-from", required_argument, NULL, 'F' },
 		{ "reshard-shards", required_argument, NULL, 'N' },
-		{ "reshard-stage", no_argument, NULL, 'G' },
+		{ "reshard-stage", required_argument, NULL, 'G' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *secret = NULL, *repl_key = NULL;
 	const char *reader_key = NULL, *shard_arg = NULL;
+	char *end;
 	int shard = -1, replica = 0, dump = 0, list = 0, opt, rc;
 	struct ps_reshard_from resh = { NULL, -1, 0 };
 	struct ps_config *cfg;
@@ -184,7 +187,14 @@ int main(int argc, char **argv)
 			break;
 		case 'B': list = 2; break;
 		case 'F': resh.dir = optarg; break;
-		case 'G': resh.stage = 1; break;
+		case 'G':
+			resh.stage = strtol(optarg, &end, 10);
+			if (*end || end == optarg || resh.stage < 2 || resh.stage > INT_MAX) {
+				fprintf(stderr, "ps-server: --reshard-stage: expected the launcher's pid, got "
+					"'%s'\n", optarg);
+				return 2;
+			}
+			break;
 		case 'N':
 			resh.nshards = parse_index(optarg);
 			if (resh.nshards < 1 || resh.nshards > PS_MAX_SHARDS) {

@@ -713,40 +713,47 @@ static int stage_load(struct ps_server *s, const struct ps_reshard_from *from, c
 	return 0;
 }
 
-/* Waits for the commit (SIGUSR1) for STAGE_WAIT_S at most; dies with the
- * launcher (it is the launcher's child: PR_SET_PDEATHSIG). 0, or a
- * negative code with err (SIGTERM or SIGINT came first, the time ran
- * out, the launcher is gone). */
-static int stage_wait(char *err, size_t errlen)
+/* Waits for the commit (SIGUSR1) for STAGE_WAIT_S at most. The caller
+ * made this process die with its launcher (parent: PR_SET_PDEATHSIG),
+ * which is undone here. 0, or a negative code with err (SIGTERM or
+ * SIGINT came first, the time ran out, the launcher is gone). */
+static int stage_wait(pid_t parent, char *err, size_t errlen)
 {
-	struct timespec ts = { STAGE_WAIT_S, 0 };
+	struct timespec ts = { 1, 0 };
 	sigset_t set, old;
-	int sig;
+	int sig = -1, t = 0, gone = 0;
 
 	sigemptyset(&set);
 	sigaddset(&set, SIGUSR1);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGINT);
 	pthread_sigmask(SIG_BLOCK, &set, &old);
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (getppid() == 1) {
-		snprintf(err, errlen, "the launcher that started this staged shard is gone");
-		sig = -1;
-	} else {
-		do
-			sig = sigtimedwait(&set, NULL, &ts);
-		while (sig < 0 && errno == EINTR);
+	/* a second at a time: the launcher is checked for too */
+	while (t < STAGE_WAIT_S) {
+		if (getppid() != parent) {
+			gone = 1;
+			break;
+		}
+		sig = sigtimedwait(&set, NULL, &ts);
+		if (sig > 0 || (errno != EAGAIN && errno != EINTR))
+			break;
+		t += errno == EAGAIN;
 	}
 	prctl(PR_SET_PDEATHSIG, 0);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (sig == SIGUSR1)
 		return 0;
-	if (sig > 0)
+	if (gone)
+		snprintf(err, errlen, "the launcher that started this staged shard (pid %d) is gone: "
+			 "a staged shard writes nothing; stopping", (int)parent);
+	else if (sig > 0)
 		snprintf(err, errlen, "%s came before the re-shard's commit: a staged shard writes "
 			 "nothing; stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-	else if (errno == EAGAIN)
+	else if (t >= STAGE_WAIT_S)
 		snprintf(err, errlen, "no commit (SIGUSR1) within %d s of staging; stopping",
 			 STAGE_WAIT_S);
+	else
+		snprintf(err, errlen, "waiting for the commit: %s", strerror(errno));
 	return -ECANCELED;
 }
 
@@ -787,12 +794,23 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 {
 	struct staged st = { 0 };
 	double t0 = ps_now_s(), t1;
+	pid_t parent;
 	int rc;
 
 	if (!from->stage)
 		return reshard_merge(s, from, NULL, err, errlen);
+	/* staged, it dies with its launcher (its parent, pid from->stage):
+	 * nothing of it is left behind */
+	parent = (pid_t)from->stage;
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent) {
+		snprintf(err, errlen, "--reshard-stage %d: that process, which must be this shard's "
+			 "parent (the launcher), is not: gone already?", (int)parent);
+		return -ECANCELED;
+	}
 	rc = stage_load(s, from, s->cfg->checkpoint.dir, &st, err, errlen);
 	if (rc) {
+		prctl(PR_SET_PDEATHSIG, 0);
 		staged_free(&st);
 		return rc;
 	}
@@ -800,7 +818,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	ps_warn("re-shard staged: the %d old shards' checkpoints loaded from %s in %.2f s; "
 		"waiting for the commit (SIGUSR1), for %d s at most", st.n,
 		s->cfg->checkpoint.dir, t1 - t0, STAGE_WAIT_S);
-	rc = stage_wait(err, errlen);
+	rc = stage_wait(parent, err, errlen);
 	if (rc) {
 		staged_free(&st);
 		return rc;

@@ -37,11 +37,12 @@ struct ps_server;
 struct ps_reshard_from {
 	const char *dir;
 	int nshards;
-	/* --reshard-stage: a pre-copy (docs/elastic.md): the old shards'
-	 * files are loaded from checkpoint.dir while they run, then the shard
-	 * waits for SIGUSR1 (the launcher's commit) and applies the stop's
-	 * incremental checkpoints from dir. */
-	int stage;
+	/* --reshard-stage PID: a pre-copy (docs/elastic.md): the old
+	 * shards' files are loaded from checkpoint.dir while they run, then
+	 * the shard waits for SIGUSR1 (the launcher's commit) and applies the
+	 * stop's incremental checkpoints from dir. PID: the launcher, this
+	 * process's parent, with which it ends. 0: not staged. */
+	long stage;
 };
 
 /* Loads into s (set up, not serving, with checkpoint.dir; its own
