@@ -533,8 +533,10 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	st.n_pull_latency_log2us = PS_HISTO_BUCKETS;
 	st.pull_latency_log2us = s->c.pull_lat.count;
 	st.pull_latency_sum_s = s->c.pull_lat.sum_s;
+	/* the answer to a stop or a join is read for its clocks only */
 	if (ps__members_stats(s, sc, q, &st, member_err, sizeof(member_err)) ||
-	    ps__rows_stats(s, &st)) {
+	    ps__rows_stats(s, &st, !(q && (q->member_op != PS__MEMBER_OP__MEMBER_NONE || q->stop_at ||
+					 q->stop_commit || q->stop_cancel)))) {
 		ps_msg_send_error(sc->conn, req_id, -ENOMEM, "out of memory");
 		goto out_free;
 	}
