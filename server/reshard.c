@@ -38,6 +38,7 @@
  * shard, then inserted in order of their last update. */
 struct gathered {
 	uint64_t n, cap;
+	uint64_t run[PS_MAX_SHARDS + 1]; /* old shard j's rows: [run[j], run[j + 1]) */
 	uint64_t *id;
 	double *t;              /* last update, wall-clock seconds */
 	uint32_t *from;         /* old shard */
@@ -58,6 +59,35 @@ static int cmp_rows(const void *a, const void *b)
 	if (sort_g->from[x] != sort_g->from[y])
 		return sort_g->from[x] < sort_g->from[y] ? -1 : 1;
 	return x < y ? -1 : (x > y);
+}
+
+/* The order to insert g's rows in (cmp_rows): each old shard's run was
+ * gathered oldest first, so the runs are merged when each is in order (a
+ * pass over the heads, as few as the old shards), else sorted whole. */
+static void order_rows(const struct gathered *g, int nruns, uint64_t *order)
+{
+	uint64_t pos[PS_MAX_SHARDS];
+
+	sort_g = g;
+	for (int j = 0; j < nruns; j++)
+		for (uint64_t i = g->run[j] + 1; i < g->run[j + 1]; i++) {
+			uint64_t a = i - 1, b = i;
+			if (cmp_rows(&a, &b) > 0)
+				goto sort;
+		}
+	memcpy(pos, g->run, (size_t)nruns * sizeof(*pos));
+	for (uint64_t k = 0; k < g->n; k++) {
+		int best = -1;
+		for (int j = 0; j < nruns; j++)
+			if (pos[j] < g->run[j + 1] && (best < 0 || cmp_rows(&pos[j], &pos[best]) < 0))
+				best = j;
+		order[k] = pos[best]++;
+	}
+	return;
+sort:
+	for (uint64_t i = 0; i < g->n; i++)
+		order[i] = i;
+	qsort(order, g->n, sizeof(*order), cmp_rows);
 }
 
 static int gather_add(struct gathered *g, uint64_t id, double t, uint32_t from, const float *v)
@@ -85,6 +115,35 @@ static int gather_add(struct gathered *g, uint64_t id, double t, uint32_t from, 
 	g->from[g->n] = from;
 	memcpy(g->vals + g->n * (size_t)g->row_floats, v, sizeof(float) * (size_t)g->row_floats);
 	g->n++;
+	return 0;
+}
+
+/* Room for n more rows at once (a staged start knows how many come). */
+static int gather_reserve(struct gathered *g, uint64_t n)
+{
+	uint64_t c = g->n + n;
+	uint64_t *ids;
+	double *ts;
+	uint32_t *fr;
+	float *vs;
+
+	if (c <= g->cap)
+		return 0;
+	ids = realloc(g->id, c * sizeof(*ids));
+	if (ids)
+		g->id = ids;
+	ts = realloc(g->t, c * sizeof(*ts));
+	if (ts)
+		g->t = ts;
+	fr = realloc(g->from, c * sizeof(*fr));
+	if (fr)
+		g->from = fr;
+	vs = realloc(g->vals, c * sizeof(*vs) * (size_t)g->row_floats);
+	if (vs)
+		g->vals = vs;
+	if (!ids || !ts || !fr || !vs)
+		return -ENOMEM;
+	g->cap = c;
 	return 0;
 }
 
@@ -413,6 +472,17 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 	nt = s->rows ? s->rows->ntables : 0;
 	for (int t = 0; t < nt; t++)
 		g[t].row_floats = s->rows->t[t].tb.row_floats;
+	/* staged: every old shard's rows are at hand, so the room for them is
+	 * taken at once (their tables kept only this shard's, but a table
+	 * declared at run time holds every row: a bound, not the count) */
+	for (int t = 0; pre && t < nt; t++) {
+		uint64_t want = 0;
+		for (int j = 0; j < n; j++)
+			if (pre->o[j].rows && t < pre->o[j].rows->ntables)
+				want += pre->o[j].rows->t[t].tb.nrows;
+		if (gather_reserve(&g[t], want))
+			FAIL(-ENOMEM, "out of memory gathering %" PRIu64 " rows", want);
+	}
 	for (int j = 0; j < n; j++) {
 		double now;
 
@@ -488,11 +558,17 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 				FAIL(PS_ECONFIG, "%s: table %d is '%s' of %d floats a row, here '%s' of "
 				     "%d", path, t, ot->tc->name, ot->row_floats, tb->tc->name,
 				     tb->row_floats);
+			/* a scratch table that kept only this shard's rows needs no
+			 * second look (the same hash: the same table, shard count) */
+			int kept = ot->keep_nshards == cfg->nshards && ot->keep_shard == s->shard &&
+				   ot->tkey == tb->tkey;
+
+			g[t].run[j] = g[t].n;
 			for (uint32_t r = ot->tail; r != PS_ROW_NIL; r = ps_table_meta(ot, r)->prev) {
 				const struct ps_row_meta *m = ps_table_meta(ot, r);
 				uint64_t id = ps_row_id(m);
 
-				if (ps_rows_shard(tb->tkey, id, cfg->nshards) != s->shard)
+				if (!kept && ps_rows_shard(tb->tkey, id, cfg->nshards) != s->shard)
 					continue;
 				if (gather_add(&g[t], id, ot->ckpt_wall + (ot->epoch + m->stamp - now),
 					       (uint32_t)j, ps_table_vals(ot, r)))
@@ -534,12 +610,10 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 		struct ps_table_bulk bulk = { 0 };
 		double oldest;
 
+		gt->run[n] = gt->n;
 		if (!order)
 			FAIL(-ENOMEM, "out of memory");
-		for (uint64_t i = 0; i < gt->n; i++)
-			order[i] = i;
-		sort_g = gt;
-		qsort(order, gt->n, sizeof(*order), cmp_rows);
+		order_rows(gt, n, order);
 		oldest = gt->n ? gt->t[order[0]] : wall;
 		tb->epoch = ps_now_s() - (wall - oldest > 0 ? wall - oldest : 0);
 		if (ps_table_bulk_begin(tb, &bulk, gt->n)) {
