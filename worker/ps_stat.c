@@ -938,7 +938,11 @@ static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp, int 
 	if (reshard_refusals(cfg, *cp, st, &finish))
 		goto out_free;
 	for (int tries = 0; tries < 200 && !stop && !finish; tries++) {
-		for (k = 0; k < cfg->nshards; k++) {
+		/* the clocks are read once (a Stats answer checksums every
+		 * table: seconds with millions of rows); a shard that refuses b
+		 * took a push for it, so b + 1 is tried next, at once: the
+		 * shards that accepted b hold the workers there meanwhile */
+		for (k = 0; !tries && k < cfg->nshards; k++) {
 			if (ps_client_stats(*cp, k, st))
 				goto err_cancel;
 			if (st->top_clock > b)
@@ -960,7 +964,7 @@ static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp, int 
 		if (k == cfg->nshards)
 			finish = b;
 		else
-			nap(0.02);
+			b++;
 	}
 	if (!finish) {
 		snprintf(err, sizeof(err), "no clock every shard accepted after 200 tries");
