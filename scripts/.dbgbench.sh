@@ -18,11 +18,14 @@
 #      after the launcher rewrites their config pointer, BENCHMARKS.md).
 #   3. with --rows N (say 10000000) instead: a cluster holding an embedding
 #      table of N rows (dim 16, rowwise adagrad; ps-bench --op pull-rows
-#      fills every row) re-sharded 2 -> 3 -> 2 by hand, as a launcher does:
-#      SIGTERM (each shard writes its checkpoint), then the new shards
-#      started with --reshard-from; the pause is from the SIGTERM to the
-#      last new shard listening (no worker runs: ps-bench only fills the
-#      table), and the rows moved are checked against 1.2 / (N + 1).
+#      fills every row) under training (the ctr preset bagging from that
+#      table, one ps-worker) re-sharded 2 -> 3 -> 2 live by
+#      `ps-local.sh CONFIG reshard NEW`, as a user would: the pre-copy
+#      (docs/elastic.md) included; PS_LOCAL_PRECOPY=0 in the environment
+#      measures it unstaged. The pause is the launcher's (from the stop
+#      request to the new shards listening), the rows moved are checked
+#      against 1.2 / (N + 1), and the new shards' log lines say where
+#      their time went.
 # It prints one line per re-shard: pause, moved bytes, the bound
 # (bytes / bandwidth + 1 s) and pause / bound (met when <= 1).
 # Benchmarks are not tests: nothing here fails on a slow machine; the
@@ -48,7 +51,7 @@ tmp=$(mktemp -d /tmp/ps-bench-reshard.XXXXXX)
 run=""
 cleanup() {
   [ -n "$run" ] && kill -TERM "$run" 2>/dev/null && wait "$run" 2>/dev/null
-  cp -r "$tmp"/l /tmp/pcb/lastlogs 2>/dev/null; cp "$tmp"/*.out /tmp/pcb/ 2>/dev/null; rm -rf "$tmp"
+  rm -rf /tmp/pcb/lastlogs; cp -r "$tmp"/l /tmp/pcb/lastlogs 2>/dev/null; cp "$tmp"/*.out /tmp/pcb/ 2>/dev/null; rm -rf "$tmp"
 }
 trap cleanup EXIT
 unset PS_SECRET_FILE

@@ -536,7 +536,7 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	/* the answer to a stop or a join is read for its clocks only */
 	if (ps__members_stats(s, sc, q, &st, member_err, sizeof(member_err)) ||
 	    ps__rows_stats(s, &st, !(q && (q->member_op != PS__MEMBER_OP__MEMBER_NONE || q->stop_at ||
-					 q->stop_commit || q->stop_cancel)))) {
+					 q->stop_commit || q->stop_cancel || q->no_checksums)))) {
 		ps_msg_send_error(sc->conn, req_id, -ENOMEM, "out of memory");
 		goto out_free;
 	}

@@ -42,7 +42,11 @@ struct gathered {
 	uint64_t *id;
 	double *t;              /* last update, wall-clock seconds */
 	uint32_t *from;         /* old shard */
-	float *vals;            /* row_floats each */
+	float *vals;            /* row_floats each (refs: none) */
+	/* refs (a staged start, whose old shards all stay loaded): the row's
+	 * place in old shard from's table instead of a copy of its values */
+	int refs;
+	uint32_t *row;
 	int row_floats;
 };
 
@@ -90,42 +94,13 @@ sort:
 	qsort(order, g->n, sizeof(*order), cmp_rows);
 }
 
-static int gather_add(struct gathered *g, uint64_t id, double t, uint32_t from, const float *v)
+/* Room for c rows in all. */
+static int gather_grow(struct gathered *g, uint64_t c)
 {
-	if (g->n == g->cap) {
-		uint64_t c = g->cap ? g->cap * 2 : 1024;
-		uint64_t *ids = realloc(g->id, c * sizeof(*ids));
-		if (ids)
-			g->id = ids;
-		double *ts = realloc(g->t, c * sizeof(*ts));
-		if (ts)
-			g->t = ts;
-		uint32_t *fr = realloc(g->from, c * sizeof(*fr));
-		if (fr)
-			g->from = fr;
-		float *vs = realloc(g->vals, c * sizeof(*vs) * (size_t)g->row_floats);
-		if (vs)
-			g->vals = vs;
-		if (!ids || !ts || !fr || !vs)
-			return -ENOMEM;
-		g->cap = c;
-	}
-	g->id[g->n] = id;
-	g->t[g->n] = t;
-	g->from[g->n] = from;
-	memcpy(g->vals + g->n * (size_t)g->row_floats, v, sizeof(float) * (size_t)g->row_floats);
-	g->n++;
-	return 0;
-}
-
-/* Room for n more rows at once (a staged start knows how many come). */
-static int gather_reserve(struct gathered *g, uint64_t n)
-{
-	uint64_t c = g->n + n;
 	uint64_t *ids;
 	double *ts;
-	uint32_t *fr;
-	float *vs;
+	uint32_t *fr, *rs = NULL;
+	float *vs = NULL;
 
 	if (c <= g->cap)
 		return 0;
@@ -138,12 +113,36 @@ static int gather_reserve(struct gathered *g, uint64_t n)
 	fr = realloc(g->from, c * sizeof(*fr));
 	if (fr)
 		g->from = fr;
-	vs = realloc(g->vals, c * sizeof(*vs) * (size_t)g->row_floats);
-	if (vs)
-		g->vals = vs;
-	if (!ids || !ts || !fr || !vs)
+	if (g->refs) {
+		rs = realloc(g->row, c * sizeof(*rs));
+		if (rs)
+			g->row = rs;
+	} else {
+		vs = realloc(g->vals, c * sizeof(*vs) * (size_t)g->row_floats);
+		if (vs)
+			g->vals = vs;
+	}
+	if (!ids || !ts || !fr || (g->refs ? !rs : !vs))
 		return -ENOMEM;
 	g->cap = c;
+	return 0;
+}
+
+/* Adds row r of old shard from (its values v). */
+static int gather_add(struct gathered *g, uint64_t id, double t, uint32_t from, uint32_t r,
+		      const float *v)
+{
+	if (g->n == g->cap && gather_grow(g, g->cap ? g->cap * 2 : 1024))
+		return -ENOMEM;
+	g->id[g->n] = id;
+	g->t[g->n] = t;
+	g->from[g->n] = from;
+	if (g->refs)
+		g->row[g->n] = r;
+	else
+		memcpy(g->vals + g->n * (size_t)g->row_floats, v,
+		       sizeof(float) * (size_t)g->row_floats);
+	g->n++;
 	return 0;
 }
 
@@ -153,6 +152,7 @@ static void gather_free(struct gathered *g)
 	free(g->t);
 	free(g->from);
 	free(g->vals);
+	free(g->row);
 	memset(g, 0, sizeof(*g));
 }
 
@@ -480,7 +480,8 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 		for (int j = 0; j < n; j++)
 			if (pre->o[j].rows && t < pre->o[j].rows->ntables)
 				want += pre->o[j].rows->t[t].tb.nrows;
-		if (gather_reserve(&g[t], want))
+		g[t].refs = 1;
+		if (gather_grow(&g[t], want))
 			FAIL(-ENOMEM, "out of memory gathering %" PRIu64 " rows", want);
 	}
 	for (int j = 0; j < n; j++) {
@@ -571,7 +572,7 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 				if (!kept && ps_rows_shard(tb->tkey, id, cfg->nshards) != s->shard)
 					continue;
 				if (gather_add(&g[t], id, ot->ckpt_wall + (ot->epoch + m->stamp - now),
-					       (uint32_t)j, ps_table_vals(ot, r)))
+					       (uint32_t)j, r, ps_table_vals(ot, r)))
 					FAIL(-ENOMEM, "out of memory gathering the rows of table '%s'",
 					     tb->tc->name);
 				if (j != s->shard) {
@@ -641,7 +642,9 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 					     tb->tc->name, gt->id[x], gt->from[x]);
 				FAIL(-ENOMEM, "table '%s': out of memory at row %" PRIu64, tb->tc->name, i);
 			}
-			memcpy(ps_table_vals(tb, r), gt->vals + x * (size_t)gt->row_floats,
+			memcpy(ps_table_vals(tb, r), gt->refs ?
+			       ps_table_vals(&pre->o[gt->from[x]].rows->t[t].tb, gt->row[x]) :
+			       gt->vals + x * (size_t)gt->row_floats,
 			       sizeof(float) * (size_t)gt->row_floats);
 		}
 		free(order);

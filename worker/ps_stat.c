@@ -30,6 +30,7 @@
 #include "config.h"
 #include "histo.h"
 #include "ps_client.h"
+#include "ps_client_int.h" /* ps__client_stats_clocks */
 #include "ps_err.h"
 #include "ps_log.h"
 #include "version.h"
@@ -943,7 +944,7 @@ static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp, int 
 		 * took a push for it, so b + 1 is tried next, at once: the
 		 * shards that accepted b hold the workers there meanwhile */
 		for (k = 0; !tries && k < cfg->nshards; k++) {
-			if (ps_client_stats(*cp, k, st))
+			if (ps__client_stats_clocks(*cp, k, st))
 				goto err_cancel;
 			if (st->top_clock > b)
 				b = st->top_clock;

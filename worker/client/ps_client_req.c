@@ -597,7 +597,8 @@ int ps__client_resume(struct ps_client *c, int k, uint64_t clock)
 }
 
 /* The stats request into a whole struct of this library's size. */
-static int stats_request(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
+static int stats_request(struct ps_client *c, int shard, int write, int brief,
+			 struct ps_shard_stats *out)
 {
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
 	struct req *r;
@@ -612,6 +613,7 @@ static int stats_request(struct ps_client *c, int shard, int write, struct ps_sh
 	r->id = ps__client_reserve_id(c);
 	m.req_id = (uint64_t)r->id;
 	m.checkpoint = write != 0;
+	m.no_checksums = brief != 0;
 	if (ps__client_pack_part(&r->parts[shard], &m.base)) {
 		ps__client_req_free(c, r);
 		return -ENOMEM;
@@ -634,7 +636,7 @@ int ps_client_checkpoint_sized(struct ps_client *c, int shard, int write,
 		return -EINVAL;
 	if (size != sizeof(*out) && !(full = calloc(1, sizeof(*full))))
 		return -ENOMEM;
-	rc = stats_request(c, shard, write, full);
+	rc = stats_request(c, shard, write, 0, full);
 	if (full != out) {
 		memcpy(out, full, size < sizeof(*full) ? size : sizeof(*full));
 		if (size > sizeof(*full))
@@ -654,10 +656,15 @@ int ps_client_stats_sized(struct ps_client *c, int shard, struct ps_shard_stats 
  * the header's macros). */
 int (ps_client_checkpoint)(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
 {
-	return stats_request(c, shard, write, out);
+	return stats_request(c, shard, write, 0, out);
 }
 
 int (ps_client_stats)(struct ps_client *c, int shard, struct ps_shard_stats *out)
 {
-	return stats_request(c, shard, 0, out);
+	return stats_request(c, shard, 0, 0, out);
+}
+
+int ps__client_stats_clocks(struct ps_client *c, int shard, struct ps_shard_stats *out)
+{
+	return stats_request(c, shard, 0, 1, out);
 }
