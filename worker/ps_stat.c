@@ -854,7 +854,7 @@ static int reshard_refusals(const struct ps_config *cfg, struct ps_client *c,
 
 	*finish = 0;
 	for (int k = 0; k < cfg->nshards; k++) {
-		if (ps_client_stats(c, k, st)) {
+		if (ps__client_stats_clocks(c, k, st)) {
 			fprintf(stderr, "ps-stat: reshard-stop: %s\n", ps_client_error(c));
 			return 1;
 		}
