@@ -7,26 +7,25 @@
  * so its file gets every check a restart gives it; then what the new map
  * gives this shard is copied out and the scratch shard freed before the
  * next is read: memory is this shard plus one old one plus the rows
- * moving in.
+ * moving in. A staged start (the pre-copy, reshard_stage.c) loads every
+ * old shard's scratch shard before the stop and hands them all to the
+ * merge here (ps__reshard_merge): memory is then this shard twice.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 #include "checkpoint.h"
 #include "ps_err.h"
 #include "ps_log.h"
 #include "ps_time.h"
 #include "reshard.h"
+#include "reshard_int.h"
 #include "rows.h"
 #include "rows_wire.h"
 #include "server.h"
@@ -159,7 +158,7 @@ static void gather_free(struct gathered *g)
 /* A shard of the old map, set up only to load its checkpoint; its tables
  * keep only the rows shard keep of keep_n (the new map) will own, so a
  * new shard inserts its share of each old file's rows, not all of them. */
-static int old_open(struct ps_server *o, const struct ps_config *cfg, int shard, int placement,
+int ps__reshard_old_open(struct ps_server *o, const struct ps_config *cfg, int shard, int placement,
 		    int keep, int keep_n)
 {
 	int nw = cfg->nworkers, rc;
@@ -190,7 +189,7 @@ static int old_open(struct ps_server *o, const struct ps_config *cfg, int shard,
 	return rc;
 }
 
-static void old_close(struct ps_server *o)
+void ps__reshard_old_close(struct ps_server *o)
 {
 	free(o->finished);
 	free(o->live);
@@ -269,7 +268,7 @@ static int copy_members(const struct ps_server *s, const char *ckpt0, char *err,
 
 /* The placement old shard 0's file was made with: its map hash is that of
  * this config with n shards under one of them. */
-static int find_placement(const struct ps_config *ocfg, const char *path, int n, char *err,
+int ps__reshard_find_placement(const struct ps_config *ocfg, const char *path, int n, char *err,
 			  size_t errlen)
 {
 	uint64_t h, want[2] = { 0, 0 };
@@ -317,10 +316,10 @@ static uint64_t progress_of(const struct ps_server *o)
 
 /* Loads old shard j's checkpoint at path (and its incremental ones) into
  * the scratch shard o, as a shard of the old map would; err names the file. */
-static int old_load(struct ps_server *o, const struct ps_config *ocfg, int j, int placement,
+int ps__reshard_old_load(struct ps_server *o, const struct ps_config *ocfg, int j, int placement,
 		    int keep, int keep_n, const char *path, char *err, size_t errlen)
 {
-	int rc = old_open(o, ocfg, j, placement, keep, keep_n);
+	int rc = ps__reshard_old_open(o, ocfg, j, placement, keep, keep_n);
 
 	if (rc) {
 		snprintf(err, errlen, "cannot set up old shard %d: %s", j, ps_strerror(rc));
@@ -355,11 +354,11 @@ static int pick_pair_file(struct ps_server *o, const struct ps_config *ocfg, con
 		have[r] = !lstat(f[r], &st);
 	if (have[0] && have[1]) {
 		for (int r = 0; r < 2; r++) {
-			rc = old_load(o, ocfg, j, placement, keep, keep_n, f[r], err, errlen);
+			rc = ps__reshard_old_load(o, ocfg, j, placement, keep, keep_n, f[r], err, errlen);
 			if (rc)
 				return rc;
 			p[r] = progress_of(o);
-			old_close(o);
+			ps__reshard_old_close(o);
 		}
 		ps_info("old shard %d: both processes of its pair wrote a checkpoint (%s: %" PRIu64
 			", %s: %" PRIu64 " clocks and versions summed): taking %s", j, f[0], p[0],
@@ -381,23 +380,12 @@ static void resolve(const char *d, char *out)
 		out[0] = '\0';
 }
 
-/* What a staged start loaded (stage_load): every old shard's scratch
- * shard, from the files in checkpoint.dir, brought up to the stop by the
- * incremental checkpoints in --reshard-from once the commit came. */
-struct staged {
-	int n, placement;
-	int keep, keep_n;       /* this shard, of this many (what the scratch tables keep) */
-	struct ps_config *ocfg;
-	struct ps_server *o;    /* n scratch shards */
-	struct stat *base;      /* each one's full file as it was read */
-	uint32_t *seq;          /* incremental ones applied to it */
-};
 
 /* Merges into s what it owns of the old shards' states: each loaded from
  * from->dir in turn, or, with pre, the scratch shards a staged start
  * loaded already (pre->o, of placement pre->placement). */
-static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
-			 struct staged *pre, char *err, size_t errlen)
+int ps__reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
+			 struct ps__staged *pre, char *err, size_t errlen)
 {
 	const struct ps_config *cfg = s->cfg;
 	int n = from->nshards, nw = cfg->nworkers, placement, rc = 0, nt = 0;
@@ -447,7 +435,7 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 			     "shard's checkpoint, shard-0.ckpt to shard-%d.ckpt in %s", paths[j], n,
 			     n - 1, from->dir);
 	}
-	placement = pre ? pre->placement : find_placement(ocfg, paths[0], n, err, errlen);
+	placement = pre ? pre->placement : ps__reshard_find_placement(ocfg, paths[0], n, err, errlen);
 	if (placement < 0) {
 		rc = placement;
 		goto out;
@@ -490,7 +478,7 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 		snprintf(path, sizeof(path), "%s", paths[j]);
 		o = pre ? &pre->o[j] : scratch;
 		if (!pre) {
-			rc = old_load(o, ocfg, j, placement, s->shard, s->cfg->nshards, path, err,
+			rc = ps__reshard_old_load(o, ocfg, j, placement, s->shard, s->cfg->nshards, path, err,
 				      errlen);
 			if (rc)
 				goto out;
@@ -596,7 +584,7 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 				     "(filter_ids) than this config's", path, tb->tc->name);
 		}
 		if (!pre)
-			old_close(o);
+			ps__reshard_old_close(o);
 	}
 	for (int k = 0; k < s->store.nslots; k++)
 		if (!got[k])
@@ -676,7 +664,7 @@ static int reshard_merge(struct ps_server *s, const struct ps_reshard_from *from
 		ps_now_s() - t0, s->map_epoch);
 out:
 	if (scratch && scratch->cfg)
-		old_close(scratch);
+		ps__reshard_old_close(scratch);
 	for (int t = 0; g && t < PS_MAX_TABLES; t++)
 		gather_free(&g[t]);
 	free(g);
@@ -686,308 +674,4 @@ out:
 	free(got);
 	free(paths);
 	return rc;
-}
-
-/* ---- a staged start (--reshard-stage): the pre-copy ----
- * The old shards run on; each wrote a full checkpoint on SIGUSR1 (the
- * pre-copy's base, admin.c). A staged new shard loads every old shard's
- * file and incremental ones from checkpoint.dir, as a shard of the old map
- * would (its scratch tables keep only the rows this shard will own), and
- * waits, listening to nobody and writing nothing, until the launcher,
- * past the re-shard's commit, sends SIGUSR1. By then the old shards
- * stopped, each writing only an incremental checkpoint on that base, and
- * the launcher moved their files into --reshard-from: each base there is
- * the file loaded (the same inode: moved, not copied) and only the
- * incremental ones after those applied are read. A base that is not (a
- * full checkpoint replaced it meanwhile) is loaded whole again from
- * --reshard-from. Whatever goes wrong after the wait, the start goes on
- * as an unstaged one from --reshard-from: the same state. */
-
-/* How long a staged shard waits for the commit: the launcher's own waits
- * for the stop are as long. */
-#define STAGE_WAIT_S 600
-
-static void staged_free(struct staged *st)
-{
-	for (int j = 0; st->o && j < st->n; j++)
-		if (st->o[j].cfg)
-			old_close(&st->o[j]);
-	free(st->o);
-	free(st->base);
-	free(st->seq);
-	free(st->ocfg);
-	memset(st, 0, sizeof(*st));
-}
-
-static int same_file(const struct stat *a, const struct stat *b)
-{
-	return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
-	       a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
-}
-
-/* Loads every old shard's state from dir (checkpoint.dir, where the old
- * shards still write) into st. */
-static int stage_load(struct ps_server *s, const struct ps_reshard_from *from, const char *dir,
-		      struct staged *st, char *err, size_t errlen)
-{
-	const struct ps_config *cfg = s->cfg;
-	int n = from->nshards, rc;
-	char path[PATH_MAX + 32];
-
-	if (cfg->replicas) {
-		snprintf(err, errlen, "--reshard-stage: a staged re-shard is not built with "
-			 "cluster.replicas: 1 (start without it)");
-		return PS_ECONFIG;
-	}
-	st->n = n;
-	st->keep = s->shard;
-	st->keep_n = cfg->nshards;
-	st->ocfg = malloc(sizeof(*st->ocfg));
-	st->o = calloc((size_t)n, sizeof(*st->o));
-	st->base = calloc((size_t)n, sizeof(*st->base));
-	st->seq = calloc((size_t)n, sizeof(*st->seq));
-	if (!st->ocfg || !st->o || !st->base || !st->seq) {
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
-	}
-	memcpy(st->ocfg, cfg, sizeof(*st->ocfg));
-	st->ocfg->nshards = n;
-	snprintf(path, sizeof(path), "%s/shard-0.ckpt", dir);
-	st->placement = find_placement(st->ocfg, path, n, err, errlen);
-	if (st->placement < 0)
-		return st->placement;
-	/* tensors or tables declared at run time come from old shard 0's
-	 * file at the commit: not staged */
-	rc = ps_checkpoint_load_decl(s, path, err, errlen);
-	if (rc)
-		return rc;
-	if (s->cfg->declare || s->cfg->ndecl_tables) {
-		snprintf(err, errlen, "--reshard-stage: %s declares tensors or tables at run time: "
-			 "a staged re-shard is not built for them (start without it)", path);
-		return PS_ECONFIG;
-	}
-	for (int j = 0; j < n; j++) {
-		struct stat after;
-
-		snprintf(path, sizeof(path), "%s/shard-%d.ckpt", dir, j);
-		if (stat(path, &st->base[j])) {
-			rc = -errno;
-			snprintf(err, errlen, "%s: %s", path, strerror(errno));
-			return rc;
-		}
-		rc = old_open(&st->o[j], st->ocfg, j, st->placement, s->shard, cfg->nshards);
-		if (!rc)
-			rc = ps_checkpoint_load(&st->o[j], path, err, errlen);
-		if (!rc)
-			rc = ps_checkpoint_load_deltas_after(&st->o[j], path, 0, 1, err, errlen);
-		if (rc < 0)
-			return rc;
-		st->seq[j] = (uint32_t)rc;
-		/* replaced while it was read: the base at the commit differs */
-		if (stat(path, &after) || !same_file(&after, &st->base[j]))
-			memset(&st->base[j], 0, sizeof(st->base[j]));
-	}
-	return 0;
-}
-
-/* Waits for the commit (SIGUSR1) for STAGE_WAIT_S at most. The caller
- * made this process die with its launcher (parent: PR_SET_PDEATHSIG),
- * which is undone here. 0, or a negative code with err (SIGTERM or
- * SIGINT came first, the time ran out, the launcher is gone). */
-static int stage_wait(pid_t parent, char *err, size_t errlen)
-{
-	struct timespec ts = { 1, 0 };
-	sigset_t set, old;
-	int sig = -1, t = 0, gone = 0;
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGUSR1);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	pthread_sigmask(SIG_BLOCK, &set, &old);
-	/* a second at a time: the launcher is checked for too */
-	while (t < STAGE_WAIT_S) {
-		if (getppid() != parent) {
-			gone = 1;
-			break;
-		}
-		sig = sigtimedwait(&set, NULL, &ts);
-		if (sig > 0 || (errno != EAGAIN && errno != EINTR))
-			break;
-		t += errno == EAGAIN;
-	}
-	prctl(PR_SET_PDEATHSIG, 0);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (sig == SIGUSR1)
-		return 0;
-	if (gone)
-		snprintf(err, errlen, "the launcher that started this staged shard (pid %d) is gone: "
-			 "a staged shard writes nothing; stopping", (int)parent);
-	else if (sig > 0)
-		snprintf(err, errlen, "%s came before the re-shard's commit: a staged shard writes "
-			 "nothing; stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-	else if (t >= STAGE_WAIT_S)
-		snprintf(err, errlen, "no commit (SIGUSR1) within %d s of staging; stopping",
-			 STAGE_WAIT_S);
-	else
-		snprintf(err, errlen, "waiting for the commit: %s", strerror(errno));
-	return -ECANCELED;
-}
-
-/* After the commit: each scratch shard brought up to the stop from the
- * files in from->dir. 0, or a negative code with err: the caller loads
- * from from->dir unstaged. */
-static int stage_finish(struct staged *st, const struct ps_reshard_from *from, char *err,
-			size_t errlen)
-{
-	char path[PATH_MAX + 32];
-	struct stat now;
-	int rc;
-
-	for (int j = 0; j < st->n; j++) {
-		struct ps_server *o = &st->o[j];
-
-		snprintf(path, sizeof(path), "%s/shard-%d.ckpt", from->dir, j);
-		if (stat(path, &now) || !same_file(&now, &st->base[j])) {
-			ps_warn("re-shard: %s is not the full checkpoint staged (a newer one replaced "
-				"it): loading it whole", path);
-			old_close(o);
-			rc = old_load(o, st->ocfg, j, st->placement, st->keep, st->keep_n, path, err,
-				      errlen);
-			if (rc)
-				return rc;
-			continue;
-		}
-		rc = ps_checkpoint_load_deltas_after(o, path, st->seq[j], 0, err, errlen);
-		if (rc < 0)
-			return rc;
-		st->seq[j] += (uint32_t)rc;
-	}
-	return 0;
-}
-
-int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, char *err,
-		     size_t errlen)
-{
-	struct staged st = { 0 };
-	double t0 = ps_now_s(), t1;
-	pid_t parent;
-	int rc;
-
-	if (!from->stage)
-		return reshard_merge(s, from, NULL, err, errlen);
-	/* staged, it dies with its launcher (its parent, pid from->stage):
-	 * nothing of it is left behind */
-	parent = (pid_t)from->stage;
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
-	if (getppid() != parent) {
-		snprintf(err, errlen, "--reshard-stage %d: that process, which must be this shard's "
-			 "parent (the launcher), is not: gone already?", (int)parent);
-		return -ECANCELED;
-	}
-	rc = stage_load(s, from, s->cfg->checkpoint.dir, &st, err, errlen);
-	if (rc) {
-		prctl(PR_SET_PDEATHSIG, 0);
-		staged_free(&st);
-		return rc;
-	}
-	t1 = ps_now_s();
-	ps_warn("re-shard staged: the %d old shards' checkpoints loaded from %s in %.2f s; "
-		"waiting for the commit (SIGUSR1), for %d s at most", st.n,
-		s->cfg->checkpoint.dir, t1 - t0, STAGE_WAIT_S);
-	rc = stage_wait(parent, err, errlen);
-	if (rc) {
-		staged_free(&st);
-		return rc;
-	}
-	t1 = ps_now_s();
-	rc = stage_finish(&st, from, err, errlen);
-	if (!rc) {
-		ps_info("re-shard: the stop's incremental checkpoints applied in %.3f s",
-			ps_now_s() - t1);
-		rc = reshard_merge(s, from, &st, err, errlen);
-		staged_free(&st);
-		return rc;
-	}
-	ps_warn("re-shard: the staged state cannot be brought up to the stop (%s): loading "
-		"%s whole", err, from->dir);
-	staged_free(&st);
-	return reshard_merge(s, from, NULL, err, errlen);
-}
-
-/* ---- the marker of a re-shard not checkpointed yet ---- */
-
-void ps__reshard_marker_path(const struct ps_server *s, char *buf, size_t len)
-{
-	size_t n = strlen(s->ckpt_path);
-
-	snprintf(buf, len, "%.*s.reshard", (int)(n > 5 ? n - 5 : n), s->ckpt_path);
-}
-
-int ps__reshard_marker_write(struct ps_server *s, const struct ps_reshard_from *from,
-			     char *err, size_t errlen)
-{
-	char path[sizeof(s->reshard_marker)], tmp[sizeof(path) + 8], dir[PATH_MAX];
-	FILE *f;
-	int rc = 0, fd;
-
-	ps__reshard_marker_path(s, path, sizeof(path));
-	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	if (!realpath(from->dir, dir)) {
-		snprintf(err, errlen, "%s: %s", from->dir, strerror(errno));
-		return -errno;
-	}
-	f = fopen(tmp, "w");
-	if (!f || fprintf(f, "%d %s\n", from->nshards, dir) < 0 || fflush(f) || fsync(fileno(f)))
-		rc = -errno;
-	if (f && fclose(f) && !rc)
-		rc = -errno;
-	if (!rc && rename(tmp, path))
-		rc = -errno;
-	if (rc) {
-		snprintf(err, errlen, "cannot write %s: %s", path, strerror(-rc));
-		unlink(tmp);
-		return rc;
-	}
-	fd = open(s->cfg->checkpoint.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		fsync(fd);
-		close(fd);
-	}
-	snprintf(s->reshard_marker, sizeof(s->reshard_marker), "%s", path);
-	return 0;
-}
-
-int ps__reshard_marker_read(struct ps_server *s, struct ps_reshard_from *from, char *dirbuf,
-			    size_t dirlen, char *err, size_t errlen)
-{
-	char path[sizeof(s->reshard_marker)], line[PATH_MAX + 32];
-	FILE *f;
-	int n = 0, off = 0;
-
-	ps__reshard_marker_path(s, path, sizeof(path));
-	f = fopen(path, "r");
-	if (!f) {
-		if (errno == ENOENT)
-			return 0;
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
-		return -errno;
-	}
-	if (!fgets(line, sizeof(line), f) || sscanf(line, "%d %n", &n, &off) != 1 || n < 1 ||
-	    n > PS_MAX_SHARDS || !off || line[off] != '/' || strlen(line + off) >= dirlen) {
-		fclose(f);
-		snprintf(err, errlen, "%s: not a re-shard marker ('SHARDS /DIR' on one line): "
-			 "damaged? It names the old checkpoints of a re-shard whose first checkpoint "
-			 "was not written; remove it only if this shard's state is in %s", path,
-			 s->ckpt_path);
-		return PS_EPROTO;
-	}
-	fclose(f);
-	line[strcspn(line, "\n")] = '\0';
-	snprintf(dirbuf, dirlen, "%s", line + off);
-	from->dir = dirbuf;
-	from->nshards = n;
-	from->stage = 0;
-	snprintf(s->reshard_marker, sizeof(s->reshard_marker), "%s", path);
-	return 1;
 }
