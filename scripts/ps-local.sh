@@ -598,7 +598,7 @@ precopy_stage() {
       grep -q 're-shard staged' "$f" 2>/dev/null && break
       if [ $t -ge 30000 ] || ! kill -0 "${staged_pids[$i]}" 2>/dev/null; then
         echo "ps-local.sh: reshard: not staged: new shard $idx did not load the old files (log: $f):" \
-          "$(tail -n 1 "$f" 2>/dev/null)" >&2
+          "$(grep -m 1 'refusing to start' "$f" 2>/dev/null || tail -n 1 "$f" 2>/dev/null)" >&2
         precopy_cancel
         return 0
       fi

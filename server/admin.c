@@ -341,6 +341,11 @@ void ps__srv_precopy(struct ps_server *s)
 	else if (!s->cfg->ntables)
 		why = "the shard has no embedding table (its dense state is written whole at the "
 		      "stop anyway)";
+	else if (s->cfg->declare || s->cfg->ndecl_tables)
+		why = "tensors or tables declared at run time: a staged re-shard is not built for "
+		      "them";
+	else if (s->cfg->replicas)
+		why = "a staged re-shard is not built with cluster.replicas: 1";
 	else if (s->stop_committed)
 		why = "the re-shard's stop is committed already";
 	else if (s->ckpt_job)
