@@ -75,8 +75,12 @@ static void order_rows(const struct gathered *g, int nruns, uint64_t *order)
 	for (int j = 0; j < nruns; j++)
 		for (uint64_t i = g->run[j] + 1; i < g->run[j + 1]; i++) {
 			uint64_t a = i - 1, b = i;
-			if (cmp_rows(&a, &b) > 0)
+			if (cmp_rows(&a, &b) > 0) {
+				ps_info("re-shard: old shard %d's rows are not in the order of their "
+					"last update at %" PRIu64 ": sorting all %" PRIu64, j,
+					i - g->run[j], g->n);
 				goto sort;
+			}
 		}
 	memcpy(pos, g->run, (size_t)nruns * sizeof(*pos));
 	for (uint64_t k = 0; k < g->n; k++) {
