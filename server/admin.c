@@ -80,7 +80,7 @@ static int write_ckpt(struct ps_ckpt_image *img, const char *path, uint32_t seq,
  * (ps__srv_precopy): then, with tables and a base to build on, the next
  * incremental one of the chain (the rows changed since the pre-copy's
  * base and the dense state), which the staged new shards apply to the
- * base they loaded (reshard.c); the chain restores the same state at a
+ * base they loaded (reshard_stage.c); the chain restores the same state at a
  * restart, so a re-shard rolled back loses nothing. */
 int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *bytes,
 			     double *secs, char *err, size_t errlen)
