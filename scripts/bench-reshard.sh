@@ -18,11 +18,14 @@
 #      after the launcher rewrites their config pointer, BENCHMARKS.md).
 #   3. with --rows N (say 10000000) instead: a cluster holding an embedding
 #      table of N rows (dim 16, rowwise adagrad; ps-bench --op pull-rows
-#      fills every row) re-sharded 2 -> 3 -> 2 by hand, as a launcher does:
-#      SIGTERM (each shard writes its checkpoint), then the new shards
-#      started with --reshard-from; the pause is from the SIGTERM to the
-#      last new shard listening (no worker runs: ps-bench only fills the
-#      table), and the rows moved are checked against 1.2 / (N + 1).
+#      fills every row) under training (the ctr preset bagging from that
+#      table, one ps-worker) re-sharded 2 -> 3 -> 2 live by
+#      `ps-local.sh CONFIG reshard NEW`, as a user would: the pre-copy
+#      (docs/elastic.md) included; PS_LOCAL_PRECOPY=0 in the environment
+#      measures it unstaged. The pause is the launcher's (from the stop
+#      request to the new shards listening), the rows moved are checked
+#      against 1.2 / (N + 1), and the new shards' log lines say where
+#      their time went.
 # It prints one line per re-shard: pause, moved bytes, the bound
 # (bytes / bandwidth + 1 s) and pause / bound (met when <= 1).
 # Benchmarks are not tests: nothing here fails on a slow machine; the
@@ -88,78 +91,73 @@ reshard() {
            n, p, b / 1048576, o, p / o, p <= o ? "met" : "MISSED" }'
 }
 
-# 3. (--rows N) a table of N rows re-sharded by hand: FROM-N TO-N
+# 3. (--rows N) a table of N rows under training, re-sharded live by
+# ps-local.sh as a user would: FROM-N TO-N CONFIG NEW
 rows_reshard() {
-  local from=$1 to=$2 t0 t1 k port stop start moved bytes
-  t0=$(date +%s.%N)
-  kill -TERM "${srv[@]}" 2>/dev/null
-  for pid in "${srv[@]}"; do
-    for _ in $(seq 6000); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-  done
-  t1=$(date +%s.%N)
-  stop=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
-  rm -rf "$tmp/old" && mv "$tmp/ck" "$tmp/old" && mkdir "$tmp/ck"
-  srv=()
-  for ((k = 0; k < to; k++)); do
-    bin/ps-server --config "$tmp/r$to.yaml" --shard "$k" --reshard-from "$tmp/old" \
-      --reshard-shards "$from" > "$tmp/r$to-$k.log" 2>&1 &
-    srv+=($!)
-  done
-  for ((k = 0; k < to; k++)); do
-    port=${rports[$k]}
-    for _ in $(seq 6000); do
-      (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-      kill -0 "${srv[$k]}" 2>/dev/null || { echo "bench-reshard.sh: new shard $k died:" >&2
-        tail -n 3 "$tmp/r$to-$k.log" >&2; return 1; }
-      sleep 0.05
-    done
-  done
-  start=$(awk -v a="$t1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }')
-  moved=$(cat "$tmp/r$to-"*.log | sed -n 's/.*another shard: [0-9]* slices, \([0-9]*\) rows.*/\1/p' |
+  local from=$1 to=$2 out pause moved bytes staged
+  out=$(scripts/ps-local.sh "$3" reshard "$4" 2>&1) ||
+    { echo "bench-reshard.sh: rows $from -> $to: $out" >&2; return 1; }
+  pause=$(printf '%s\n' "$out" | sed -n 's/.* while the workers ran, \([0-9.]*\) s from the stop.*/\1/p' | tail -1)
+  [ -n "$pause" ] || { echo "bench-reshard.sh: rows $from -> $to: no pause in: $out" >&2; return 1; }
+  staged=unstaged
+  grep -q ', staged)' "$tmp/l/server-0.log" && staged="staged: pre-copy"
+  moved=$(cat "$tmp/l/"server-?.log | sed -n 's/.*another shard: [0-9]* slices, \([0-9]*\) rows.*/\1/p' |
     awk '{ s += $1 } END { print s + 0 }')
-  bytes=$(cat "$tmp/r$to-"*.log | sed -n 's/.*another shard: [0-9]* slices, [0-9]* rows, \([0-9]*\) bytes.*/\1/p' |
+  bytes=$(cat "$tmp/l/"server-?.log | sed -n 's/.*another shard: [0-9]* slices, [0-9]* rows, \([0-9]*\) bytes.*/\1/p' |
     awk '{ s += $1 } END { print s + 0 }')
-  awk -v n="rows $from -> $to" -v s="$stop" -v t="$start" -v b="$bytes" -v g="$bw" \
+  awk -v n="rows $from -> $to" -v p="$pause" -v b="$bytes" -v g="$bw" -v st="$staged" \
       -v m="$moved" -v r="$rows" -v f="$from" -v to="$to" 'BEGIN {
-    o = b / (g * 1e9) + 1; p = s + t
-    printf "%-16s pause %.3f s (old shards'"'"' checkpoints %.3f s, new shards up %.3f s), %.2f MiB moved, bound %.3f s: pause/bound %.3f (%s)\n",
-           n, p, s, t, b / 1048576, o, p / o, p <= o ? "met" : "MISSED"
+    o = b / (g * 1e9) + 1
+    printf "%-16s pause %.3f s (%s), %.2f MiB moved, bound %.3f s: pause/bound %.3f (%s)\n",
+           n, p, st, b / 1048576, o, p / o, p <= o ? "met" : "MISSED"
     lim = (to > f ? 1.2 / to : 1.2 / f)
     printf "%-16s %d of %d rows moved: %.4f (at most %.4f: %s)\n", n, m, r, m / r, lim,
            m / r <= lim ? "met" : "MISSED" }'
+  # where the new shards' time went (their log lines)
+  grep -h "incremental checkpoints applied\|re-sharded from\|checkpoint (re-shard" \
+    "$tmp/l/"server-?.log | sed 's/^[^ ]* *[a-z]* *//; s/^/    /'
 }
+# The shards run the ctr preset's model with its embedding table named
+# 'bench' (dim 16, rowwise adagrad) as ps-bench makes it; ps-bench --op
+# pull-rows fills N rows; then a ps-worker trains the ctr preset on it
+# (ps-local.sh --workers-only beside the shards' ps-local.sh, both with
+# --logs DIR: the worker follows DIR/current-config) while the cluster is
+# re-sharded 2 -> 3 -> 2 live.
 rows_run() {
-  local p
+  local p wrk
   rports=()
   for k in 0 1 2; do p=$(free_port "${rports[@]}"); rports+=("$p"); done
-  rm -rf "$tmp/ck" "$tmp/old" && mkdir -p "$tmp/ck"
-  cat > "$tmp/rbase.yaml" <<EOF
-cluster: {servers: [127.0.0.1:${rports[0]}, 127.0.0.1:${rports[1]}], workers: 1}
-model: {tensors: [{name: d, shape: [16]}]}
-checkpoint: {dir: $tmp/ck, every_s: 0}
-security: {auth: false}
-log: {level: info}
-EOF
-  # the servers run the config ps-bench derives (its table 'bench')
-  bin/ps-bench --config "$tmp/rbase.yaml" --op pull-rows --rows "$rows" --dim 16 \
-    --dump-config > "$tmp/r2.yaml" || return 1
-  sed "s/servers: .*/servers: [\"127.0.0.1:${rports[0]}\", \"127.0.0.1:${rports[1]}\", \"127.0.0.1:${rports[2]}\"]/" \
+  rm -rf "$tmp/ck" "$tmp/l" && mkdir -p "$tmp/ck"
+  bin/ps-ctrgen --out "$tmp/train.tsv" --samples 20000 --seed 7 --scale 0.001 > /dev/null &&
+    bin/ps-ctrgen --out "$tmp/test.tsv" --samples 2000 --skip 20000 --seed 7 --scale 0.001 > /dev/null || return 1
+  # a table ps-bench's own ('bench': dim 16, rowwise adagrad, lr 0.01) that
+  # the ctr preset bags every field from; one worker (the fill's pushes
+  # close their clocks alone)
+  printf '%s\n' "cluster: {servers: [127.0.0.1:${rports[0]}, 127.0.0.1:${rports[1]}], workers: 1}" \
+    "model:" "  preset: ctr" "  embeddings:" \
+    "    - {name: bench, dim: 16, optimizer: rowwise_adagrad, lr: 0.01, fields: [$(seq -s ', ' 0 25)]}" \
+    "optimizer: {name: adam, lr: 0.001}" \
+    "train: {batch: 256, epochs: 1000, train_file: $tmp/train.tsv, test_file: $tmp/test.tsv}" \
+    "checkpoint: {dir: $tmp/ck, every_s: 0}" "security: {auth: false}" "log: {level: info}" \
+    > "$tmp/r2.yaml"
+  sed "s/servers: .*/servers: [127.0.0.1:${rports[0]}, 127.0.0.1:${rports[1]}, 127.0.0.1:${rports[2]}], workers: 1}/" \
     "$tmp/r2.yaml" > "$tmp/r3.yaml"
-  srv=()
-  for k in 0 1; do
-    bin/ps-server --config "$tmp/r2.yaml" --shard "$k" > "$tmp/r2-$k.log" 2>&1 &
-    srv+=($!)
-  done
-  echo "filling $rows rows of dim 16 on 2 shards (ps-bench --op pull-rows)..."
+  scripts/ps-local.sh "$tmp/r2.yaml" --servers-only --logs "$tmp/l" > "$tmp/run.out" 2>&1 &
+  run=$!
+  wait_for "$tmp/run.out" "shards running" || return 1
+  echo "filling $rows rows of dim 16 on 2 shards (ps-bench --op pull-rows), then 2 workers train..."
   bin/ps-bench --config "$tmp/r2.yaml" --op pull-rows --rows "$rows" --dim 16 --seconds 1 \
     --no-baseline > "$tmp/fill.out" 2>&1 || { cat "$tmp/fill.out" >&2; return 1; }
-  rows_reshard 2 3 || return 1
-  rows_reshard 3 2 || return 1
-  kill -KILL "${srv[@]}" 2>/dev/null; wait "${srv[@]}" 2>/dev/null; srv=()
+  scripts/ps-local.sh "$tmp/r2.yaml" --workers-only --logs "$tmp/l" > "$tmp/workers.out" 2>&1 &
+  wrk=$!
+  wait_for "$tmp/l/worker-0.log" "epoch 1/" || { kill -TERM "$wrk"; return 1; }
+  rows_reshard 2 3 "$tmp/r2.yaml" "$tmp/r3.yaml" || { kill -TERM "$wrk"; return 1; }
+  sleep 3
+  rows_reshard 3 2 "$tmp/r3.yaml" "$tmp/r2.yaml" || { kill -TERM "$wrk"; return 1; }
+  kill -TERM "$wrk" 2>/dev/null; wait "$wrk" 2>/dev/null
+  kill -TERM "$run" 2>/dev/null; wait "$run" 2>/dev/null; run=""
 }
-srv=()
 if [ "$rows" -gt 0 ]; then
-  trap 'kill -KILL "${srv[@]}" 2>/dev/null; cleanup' EXIT
   rows_run || exit 1
   exit 0
 fi

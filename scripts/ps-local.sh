@@ -160,6 +160,10 @@ reshard_failed() {
 #   stopping OLD_N NEW_N, old_config P, new_config P, follow P (the file the
 #     workers follow, or none), pid P (the coordinator)
 #                      the old shards are about to be stopped at a clock
+#   staging            (live, a pre-copy) the old shards are about to write
+#                      a full checkpoint each (SIGUSR1) and the new shards to
+#                      start staged from them (--reshard-stage: they write
+#                      nothing, listen to nobody and die with this process)
 #   from DIR           the old checkpoints are about to move into DIR
 #   stopped [B]        every old shard stopped with its checkpoint (at clock
 #                      B), all set aside in DIR
@@ -220,7 +224,8 @@ put_back() {
 }
 # After the commit, the new shards all ended without starting: when none
 # wrote a checkpoint of the new map into CKDIR ($1) nothing of it exists
-# (a new shard writes its own before it listens, so no worker used it),
+# (a new shard writes its own, or its marker shard-K.reshard, before it
+# listens, so no worker used it),
 # and the re-shard rolls back: the old files are put back and the record
 # ended. 0 rolled back, 1 not (the record stays at commit).
 rollback_unstarted() {
@@ -492,8 +497,9 @@ reshard_req=0 reshards=0
 trap 'reshard_req=1' USR1
 # Starts shard processes of config $1 for the lines of $2 ("idx host port",
 # or "idx host port r1" for a pair's backup process, --replica 1), with the
-# arguments after, their logs appended to DIR/server-K.log (server-K-r1.log);
-# their pids and names in spawned/spawned_names.
+# arguments after, their logs appended to DIR/server-K.log (server-K-r1.log;
+# $spawn_suffix appended to the name when set); their pids and names in
+# spawned/spawned_names.
 spawn_shards() {
   local cfg=$1 lines=$2 idx host port rep
   shift 2
@@ -502,11 +508,11 @@ spawn_shards() {
     [ -n "$idx" ] || continue
     if [ "$rep" = r1 ]; then
       "$BIN/ps-server" --config "$cfg" --shard "$idx" --replica 1 ${repl_key_args[@]+"${repl_key_args[@]}"} \
-        "$@" >>"$LOGDIR/server-$idx-r1.log" 2>&1 &
+        "$@" >>"$LOGDIR/server-$idx-r1.log${spawn_suffix:-}" 2>&1 &
       spawned+=($!) spawned_names+=("shard $idx r1")
     else
       "$BIN/ps-server" --config "$cfg" --shard "$idx" ${repl_key_args[@]+"${repl_key_args[@]}"} \
-        "$@" >>"$LOGDIR/server-$idx.log" 2>&1 &
+        "$@" >>"$LOGDIR/server-$idx.log${spawn_suffix:-}" 2>&1 &
       spawned+=($!) spawned_names+=("shard $idx")
     fi
   done <<<"$lines"
@@ -539,9 +545,86 @@ wait_listening() {
   done
   return 1
 }
+# The pre-copy (docs/elastic.md, "The pause"): while the workers still
+# run, each old shard writes a full checkpoint (SIGUSR1; the forked writer
+# for a big state, so training goes on) and NEW's shards start staged from
+# them (--reshard-stage, logging to server-K.log.staged): they load the old
+# files now and, at the commit, apply only the stop's incremental
+# checkpoints (the rows changed since). For a config with embedding tables,
+# without cluster.replicas, logging at warn or more (the lines waited for),
+# unless PS_LOCAL_PRECOPY=0. Args: NEW NEW_LINES FROM OLD_N. Sets
+# staged_pids/staged_names (empty: not staged, the re-shard goes on
+# unstaged); 1 when the intent record cannot be written.
+precopy_stage() {
+  local new=$1 lines=$2 from=$3 old_n=$4 i f t l idx host port
+  local -a offs=()
+  staged_pids=() staged_names=()
+  [ "${PS_LOCAL_PRECOPY:-1}" != 0 ] && [ "$(cfg_key "$dump" cluster replicas)" = 0 ] &&
+    grep -q '^    - name: ' <<<"$(sed -n '/^  embeddings:/,/^  [a-z]/p' <<<"$dump")" || return 0
+  case $(cfg_key "$dump" log level) in debug | info | warn) ;; *) return 0 ;; esac
+  intent_add "$ckdir" staging || return 1
+  for i in "${!server_pids[@]}"; do
+    f=$LOGDIR/server-${server_names[$i]#shard }.log
+    offs[$i]=$(stat -c %s "$f" 2>/dev/null || echo 0)
+    kill -USR1 "${server_pids[$i]}" 2>/dev/null
+  done
+  # each old shard's pre-copy checkpoint written (600 s at most)
+  for i in "${!server_pids[@]}"; do
+    f=$LOGDIR/server-${server_names[$i]#shard }.log
+    for ((t = 0; ; t++)); do
+      l=$(tail -c +$((offs[$i] + 1)) "$f" 2>/dev/null |
+        grep -m 1 -E 'checkpoint \(re-shard pre-copy\)|pre-copy \(SIGUSR1\) not taken')
+      case $l in
+        *"pre-copy) written"*) break ;;
+        ?*) echo "ps-local.sh: reshard: not staged (${server_names[$i]}: ${l#* server\[*\] })" >&2; return 0 ;;
+      esac
+      if [ $t -ge 30000 ] || ! kill -0 "${server_pids[$i]}" 2>/dev/null; then
+        echo "ps-local.sh: reshard: not staged: ${server_names[$i]} wrote no pre-copy checkpoint" >&2
+        return 0
+      fi
+      sleep 0.02
+    done
+  done
+  while read -r idx host port; do rm -f "$LOGDIR/server-$idx.log.staged"; done <<<"$lines"
+  spawn_suffix=.staged spawn_shards "$new" "$lines" --reshard-from "$from" --reshard-shards "$old_n" \
+    --reshard-stage $$
+  staged_pids=("${spawned[@]}") staged_names=("${spawned_names[@]}")
+  crash_point staged
+  # each staged shard loaded the old files (600 s at most)
+  i=0
+  while read -r idx host port; do
+    f=$LOGDIR/server-$idx.log.staged
+    for ((t = 0; ; t++)); do
+      grep -q 're-shard staged' "$f" 2>/dev/null && break
+      if [ $t -ge 30000 ] || ! kill -0 "${staged_pids[$i]}" 2>/dev/null; then
+        echo "ps-local.sh: reshard: not staged: new shard $idx did not load the old files (log: $f):" \
+          "$(grep -m 1 'refusing to start' "$f" 2>/dev/null || tail -n 1 "$f" 2>/dev/null)" >&2
+        precopy_cancel
+        return 0
+      fi
+      sleep 0.02
+    done
+    i=$((i + 1))
+  done <<<"$lines"
+  if [ "${PS_LOCAL_CRASH_AT:-}" = staged-shard ]; then # tests only: a staged shard dies
+    echo "ps-local.sh: PS_LOCAL_CRASH_AT=staged-shard: new ${staged_names[0]} (staged) killed with SIGKILL (a test)" >&2
+    kill -KILL "${staged_pids[0]}"
+  fi
+  echo "ps-local.sh: reshard: pre-copy: the old shards wrote their checkpoints and the $((i)) new" \
+    "shard(s) loaded them while the workers ran" >&2
+}
+# Stops the staged shards (they wrote nothing) when the re-shard does not
+# go on to its commit.
+precopy_cancel() {
+  local p
+  for p in ${staged_pids[@]+"${staged_pids[@]}"}; do kill -TERM "$p" 2>/dev/null; done
+  for p in ${staged_pids[@]+"${staged_pids[@]}"}; do wait "$p" 2>/dev/null; done
+  staged_pids=() staged_names=()
+}
 live_reshard() {
   local -a plogs
   local new new_lines new_all old_all new_n old_n=$nshards ckdir from k f p i rc b t t0 failed busy pids=() names=()
+  local -a staged_pids=() staged_names=()
   local -A pair_ok=() pair_bad=()
   local res=$LOGDIR/reshard-result
   answer() { echo "ps-local.sh: reshard: ${*:2}" >&2; printf '%s\n' "$*" >"$res.tmp" && mv "$res.tmp" "$res"; }
@@ -558,11 +641,14 @@ live_reshard() {
   intent_new "$ckdir" "stopping $old_n $new_n" "old_config $(realpath "$CONFIG")" "new_config $new" \
     "follow $LOGDIR/current-config" "pid $$" || { answer 1 "cannot write $ckdir/reshard.intent"; return; }
   crash_point stopping
+  from=$ckdir/reshard-from-$old_n.$(date +%Y%m%dT%H%M%S)
+  precopy_stage "$new" "$new_all" "$from" "$old_n" || { answer 1 "cannot write $ckdir/reshard.intent"; return; }
   echo "ps-local.sh: reshard: stopping the $old_n shard(s) at a clock boundary; the workers keep running" >&2
   t0=$(date +%s%N)
   if ! "$BIN/ps-stat" --config "$CONFIG" --reshard-stop >"$LOGDIR/reshard-stop.out" 2>&1; then
     rc=1 # 3: the shards cannot stop live (not built for this config): nothing changed
     grep -q "while the workers run is not built" "$LOGDIR/reshard-stop.out" && rc=3
+    precopy_cancel
     intent_add "$ckdir" "done refused"
     answer $rc "$(tail -n 1 "$LOGDIR/reshard-stop.out"); the run goes on with $CONFIG"
     return
@@ -599,6 +685,7 @@ live_reshard() {
   if [ -n "$failed" ]; then
     # Roll back (no commit yet): nothing was moved, the old map's shards
     # start again from their own checkpoints, the workers never left it.
+    precopy_cancel
     spawn_shards "$CONFIG" "$old_all"
     server_pids=("${spawned[@]}") server_names=("${spawned_names[@]}")
     if ! wait_listening "$old_all" "${server_pids[@]}"; then
@@ -615,7 +702,6 @@ live_reshard() {
     return
   fi
   reshards=$((reshards + 1))
-  from=$ckdir/reshard-from-$old_n.$(date +%Y%m%dT%H%M%S)
   intent_add "$ckdir" "from $from" || { answer 1 "cannot write $ckdir/reshard.intent"; return; }
   mkdir -p "$from/older" || { answer 1 "cannot make $from"; return; }
   for f in "$ckdir"/shard-*; do
@@ -629,8 +715,17 @@ live_reshard() {
   intent_add "$ckdir" commit || { answer 1 "cannot write $ckdir/reshard.intent"; return; }
   crash_point commit
   for f in "$LOGDIR"/server-*.log; do [ -e "$f" ] && mv "$f" "$f.before-reshard-$reshards"; done
-  spawn_shards "$new" "$new_all" --reshard-from "$from" --reshard-shards "$old_n"
-  pids=("${spawned[@]}") names=("${spawned_names[@]}")
+  if [ ${#staged_pids[@]} -gt 0 ]; then
+    # staged: told to go on (a staged shard that died is started again
+    # below, unstaged, as any new shard that ended)
+    for f in "$LOGDIR"/server-*.log.staged; do [ -e "$f" ] && mv "$f" "${f%.staged}"; done
+    kill -USR1 "${staged_pids[@]}" 2>/dev/null
+    pids=("${staged_pids[@]}") names=("${staged_names[@]}")
+    staged_pids=() staged_names=()
+  else
+    spawn_shards "$new" "$new_all" --reshard-from "$from" --reshard-shards "$old_n"
+    pids=("${spawned[@]}") names=("${spawned_names[@]}")
+  fi
   # Past the commit the new map is the only way on: a new shard that dies
   # before the workers are pointed at it starts again once with the same
   # flags (from its own checkpoint of the new map when it wrote one, else

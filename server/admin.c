@@ -53,6 +53,12 @@ static void ckpt_written(struct ps_server *s, int rc, uint32_t seq, const struct
 	s->ckpt_base_crc = img->crc;
 	s->ckpt_base_len = img->len + sizeof(uint32_t);
 	s->ckpt_seq = 0;
+	if (s->reshard_marker[0]) {
+		/* the re-shard's state is in this shard's own file now */
+		if (unlink(s->reshard_marker) && errno != ENOENT)
+			ps_warn("cannot remove %s: %s", s->reshard_marker, strerror(errno));
+		s->reshard_marker[0] = '\0';
+	}
 }
 
 /* Writes img as a checkpoint at path (any thread); a full one (seq 0)
@@ -69,19 +75,37 @@ static int write_ckpt(struct ps_ckpt_image *img, const char *path, uint32_t seq,
 	return rc;
 }
 
-/* Writes a full checkpoint now and logs the outcome; 0 or a negative code. */
+/* Writes a checkpoint now and logs the outcome; 0 or a negative code.
+ * A full one, except at a committed re-shard stop after a pre-copy
+ * (ps__srv_precopy): then, with tables and a base to build on, the next
+ * incremental one of the chain (the rows changed since the pre-copy's
+ * base and the dense state), which the staged new shards apply to the
+ * base they loaded (reshard_stage.c); the chain restores the same state at a
+ * restart, so a re-shard rolled back loses nothing. */
 int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *bytes,
 			     double *secs, char *err, size_t errlen)
 {
 	double t0 = ps_now_s();
 	struct ps_ckpt_image img = { 0 };
-	int rc = ps_checkpoint_snapshot(s, &img, err, errlen);
+	char path[700];
+	uint32_t seq = 0;
+	int rc;
 
+	if (s->precopy && s->stop_committed && s->cfg->ntables && s->ckpt_have_base &&
+	    ps__rows_delta_possible(s))
+		seq = s->ckpt_seq + 1;
+	if (seq) {
+		ps_checkpoint_delta_path(s->ckpt_path, seq, path, sizeof(path));
+		rc = ps_checkpoint_snapshot_delta(s, seq, &img, err, errlen);
+	} else {
+		snprintf(path, sizeof(path), "%s", s->ckpt_path);
+		rc = ps_checkpoint_snapshot(s, &img, err, errlen);
+	}
 	img.tables_gen = s->tables_gen;
 	if (!rc) {
 		ps__rows_ckpt_taken(s);
-		rc = write_ckpt(&img, s->ckpt_path, 0, s->ckpt_seq + 1, bytes, err, errlen);
-		ckpt_written(s, rc, 0, &img);
+		rc = write_ckpt(&img, path, seq, s->ckpt_seq + 1, bytes, err, errlen);
+		ckpt_written(s, rc, seq, &img);
 	}
 	ps_checkpoint_image_free(&img);
 
@@ -89,8 +113,9 @@ int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *byt
 	if (rc)
 		ps_error("checkpoint (%s) failed: %s", why, err);
 	else
-		ps_info("checkpoint (%s): %s, %.1f MiB in %.3f s", why, s->ckpt_path,
-			(double)*bytes / 1048576.0, *secs);
+		ps_info("checkpoint (%s): %s, %.1f MiB in %.3f s%s", why, path,
+			(double)*bytes / 1048576.0, *secs,
+			seq ? " (incremental: on the re-shard's pre-copy)" : "");
 	return rc;
 }
 
@@ -119,6 +144,7 @@ struct ps_ckpt_job {
 	struct ps_srv_conn *requester; /* answered when done; NULL: none or gone */
 	uint64_t req_id;
 	pid_t child;                   /* the forked writer, 0 when none */
+	int loud;                      /* logged at warn: a launcher waits for the line */
 };
 
 static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id,
@@ -142,9 +168,10 @@ static void ckpt_finish(struct ps_ckpt_job *j)
 	if (j->rc)
 		ps_error("checkpoint (%s) failed: %s", j->why, j->err);
 	else
-		ps_info("checkpoint (%s): %s, %.1f MiB in %.3f s (the shard paused %.3f s for "
-			"%s)", j->why, j->path, (double)j->bytes / 1048576.0, j->secs,
-			j->pause_s, j->img.buf ? "the copy" : "fork()");
+		ps_log(j->loud ? PS_LOG_WARN : PS_LOG_INFO, "checkpoint (%s)%s: %s, %.1f MiB in "
+		       "%.3f s (the shard paused %.3f s for %s)", j->why, j->loud ? " written" : "",
+		       j->path, (double)j->bytes / 1048576.0, j->secs, j->pause_s,
+		       j->img.buf ? "the copy" : "fork()");
 	ps_checkpoint_image_free(&j->img);
 	s->ckpt_job = NULL;
 	if (j->requester)
@@ -229,10 +256,11 @@ void ps__srv_ckpt_poll(struct ps_server *s)
 	ckpt_finish(j);
 }
 
-/* Starts a checkpoint in the background; 0, or -EBUSY when one is being
- * written, or a negative code with err. */
+/* Starts a checkpoint in the background (full: never an incremental
+ * one); 0, or -EBUSY when one is being written, or a negative code with
+ * err. */
 static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *requester,
-		      uint64_t req_id, char *err, size_t errlen)
+		      uint64_t req_id, int full, char *err, size_t errlen)
 {
 	struct ps_ckpt_job *j;
 	int rc;
@@ -254,7 +282,7 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 	j->t0 = ps_now_s();
 	/* incremental when the tables have a base to build on and the chain
 	 * is not at its length yet */
-	if (s->cfg->ntables && s->cfg->checkpoint.incremental > 0 && s->ckpt_have_base &&
+	if (!full && s->cfg->ntables && s->cfg->checkpoint.incremental > 0 && s->ckpt_have_base &&
 	    s->ckpt_seq < (uint32_t)s->cfg->checkpoint.incremental && ps__rows_delta_possible(s))
 		j->seq = s->ckpt_seq + 1;
 	j->retire = s->ckpt_seq + 1; /* one past the chain: a write that failed after its rename */
@@ -292,8 +320,44 @@ static int ckpt_start(struct ps_server *s, const char *why, struct ps_srv_conn *
 		s->ckpt_failures++;
 		return rc < 0 ? rc : -rc;
 	}
+	j->loud = full;
 	s->ckpt_job = j;
 	return 0;
+}
+
+int ps__srv_ckpt_start_full(struct ps_server *s, const char *why)
+{
+	char err[512] = "";
+
+	return ckpt_start(s, why, NULL, 0, 1, err, sizeof(err));
+}
+
+void ps__srv_precopy(struct ps_server *s)
+{
+	const char *why = NULL;
+
+	if (!s->ckpt_path[0])
+		why = "checkpoints are off (no checkpoint.dir)";
+	else if (!s->cfg->ntables)
+		why = "the shard has no embedding table (its dense state is written whole at the "
+		      "stop anyway)";
+	else if (s->cfg->declare || s->cfg->ndecl_tables)
+		why = "tensors or tables declared at run time: a staged re-shard is not built for "
+		      "them";
+	else if (s->cfg->replicas)
+		why = "a staged re-shard is not built with cluster.replicas: 1";
+	else if (s->stop_committed)
+		why = "the re-shard's stop is committed already";
+	else if (s->ckpt_job)
+		why = "a checkpoint is being written now (send SIGUSR1 again once it is)";
+	if (why) {
+		ps_warn("re-shard pre-copy (SIGUSR1) not taken: %s", why);
+		return;
+	}
+	/* set before the write ends: a full checkpoint after it is still a
+	 * base (a staged shard finds it is another and loads it whole) */
+	s->precopy = 1;
+	ps__srv_ckpt_start_full(s, "re-shard pre-copy");
 }
 
 void ps__srv_on_ckpt_timer(uv_timer_t *t)
@@ -301,7 +365,7 @@ void ps__srv_on_ckpt_timer(uv_timer_t *t)
 	struct ps_server *s = t->data;
 	char err[512] = "";
 
-	if (ckpt_start(s, "periodic", NULL, 0, err, sizeof(err)) == -EBUSY)
+	if (ckpt_start(s, "periodic", NULL, 0, 0, err, sizeof(err)) == -EBUSY)
 		ps_info("periodic checkpoint skipped: the last one is still being written");
 }
 
@@ -330,7 +394,7 @@ static void checkpoint_request(struct ps_server *s, struct ps_srv_conn *sc,
 		snprintf(err, sizeof(err), "the last checkpoint on request started %.1f s ago; at "
 			 "most one per %d s (checkpoint.min_interval_s)", now - s->ckpt_last_request,
 			 ck->min_interval_s);
-	else if (!(rc = ckpt_start(s, "on request", sc, m->req_id, err, sizeof(err)))) {
+	else if (!(rc = ckpt_start(s, "on request", sc, m->req_id, 0, err, sizeof(err)))) {
 		s->ckpt_last_request = now;
 		return; /* answered by ckpt_done */
 	}
@@ -474,8 +538,10 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	st.n_pull_latency_log2us = PS_HISTO_BUCKETS;
 	st.pull_latency_log2us = s->c.pull_lat.count;
 	st.pull_latency_sum_s = s->c.pull_lat.sum_s;
+	/* the answer to a stop or a join is read for its clocks only */
 	if (ps__members_stats(s, sc, q, &st, member_err, sizeof(member_err)) ||
-	    ps__rows_stats(s, &st)) {
+	    ps__rows_stats(s, &st, !(q && (q->member_op != PS__MEMBER_OP__MEMBER_NONE || q->stop_at ||
+					 q->stop_commit || q->stop_cancel || q->no_checksums)))) {
 		ps_msg_send_error(sc->conn, req_id, -ENOMEM, "out of memory");
 		goto out_free;
 	}

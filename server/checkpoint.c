@@ -836,16 +836,24 @@ static void set_aside(const char *dp, const char *why)
 
 int ps_checkpoint_load_deltas(struct ps_server *s, const char *path, char *err, size_t errlen)
 {
+	return ps_checkpoint_load_deltas_after(s, path, 0, 0, err, errlen);
+}
+
+int ps_checkpoint_load_deltas_after(struct ps_server *s, const char *path, uint32_t after,
+				    int readonly, char *err, size_t errlen)
+{
 	char dp[4200];
 	struct stat st;
 	uint32_t n, applied, aside = 0;
 	int rc;
 
-	for (n = 1;; n++) {
+	for (n = after + 1;; n++) {
 		ps_checkpoint_delta_path(path, n, dp, sizeof(dp));
 		rc = load_file(s, dp, n, 0, err, errlen);
 		if (rc == -ENOENT)
 			break;
+		if (rc == -ESTALE && readonly)
+			break; /* another process's folder: its files are left alone */
 		if (rc == -ESTALE) {
 			/* a crash after a full checkpoint replaced the base, before
 			 * the old chain was removed: that chain is history */
@@ -857,7 +865,9 @@ int ps_checkpoint_load_deltas(struct ps_server *s, const char *path, char *err, 
 		if (rc)
 			return rc;
 	}
-	applied = n - 1;
+	applied = n - 1 - after;
+	if (readonly)
+		return (int)applied;
 	/* whatever follows cannot apply without the one before it */
 	for (n++;; n++) {
 		ps_checkpoint_delta_path(path, n, dp, sizeof(dp));

@@ -62,6 +62,12 @@ void ps_checkpoint_delta_path(const char *path, uint32_t seq, char *buf, size_t 
  * another configuration). */
 int ps_checkpoint_load_deltas(struct ps_server *s, const char *path, char *err,
 			      size_t errlen);
+/* The same from path.delta-(after + 1) on (the ones up to after applied
+ * already: a staged re-shard, reshard.c). readonly: a file of another
+ * chain ends the chain without being set aside (a folder a running shard
+ * writes to). The count applied, or a negative code with err. */
+int ps_checkpoint_load_deltas_after(struct ps_server *s, const char *path, uint32_t after,
+				    int readonly, char *err, size_t errlen);
 
 /* After a full checkpoint reached path (any thread): removes the
  * incremental checkpoints of the chain it replaces, path.delta-upto and

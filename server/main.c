@@ -51,15 +51,25 @@ static void usage(FILE *out)
 		"                       start from the checkpoints of a cluster of another\n"
 		"                       number of shards (or of the placement before\n"
 		"                       re-sharding), which lie in DIR (not checkpoint.dir):\n"
-		"                       this shard takes what it owns under its map and writes\n"
-		"                       its own checkpoint before serving; one whose own\n"
-		"                       checkpoint is of this map and newer than DIR's resumes\n"
-		"                       from it (docs/elastic.md; ps-local.sh CONFIG reshard NEW);\n"
+		"                       this shard takes what it owns under its map, serves,\n"
+		"                       and writes its own checkpoint in the background (until\n"
+		"                       then CKPT_DIR/shard-K.reshard names DIR, and a restart\n"
+		"                       takes DIR again); one whose own checkpoint is of this\n"
+		"                       map and newer than DIR's resumes from it\n"
+		"                       (docs/elastic.md; ps-local.sh CONFIG reshard NEW);\n"
 		"                       cluster.replicas: 1: both processes of each pair take\n"
-		"                       it, and of each old pair the newer of its two files\n"
+		"                       it, each writes its own checkpoint before serving, and\n"
+		"                       of each old pair the newer of its two files\n"
 		"                       (shard-K.ckpt, shard-K-r1.ckpt) is read\n"
 		"      --reshard-shards N\n"
 		"                       with --reshard-from: how many shards the old cluster had\n"
+		"      --reshard-stage PID\n"
+		"                       with --reshard-from: a pre-copy: load the old shards'\n"
+		"                       files from checkpoint.dir while they run (each wrote a\n"
+		"                       full one on SIGUSR1), wait for SIGUSR1 (the launcher's\n"
+		"                       commit, 600 s at most), then apply the stop's\n"
+		"                       incremental checkpoints from DIR; PID: the launcher,\n"
+		"                       this process's parent, with which it ends\n"
 		"      --dump-config    print the effective configuration and exit\n"
 		"      --list-shards    print 'INDEX HOST PORT' for every shard and exit\n"
 		"      --list-backups   the same for every shard's backup address (cluster.backups)\n"
@@ -146,14 +156,16 @@ int main(int argc, char **argv)
 		{ "replica", required_argument, NULL, 'r' },
 		{ "reshard-from", required_argument, NULL, 'F' },
 		{ "reshard-shards", required_argument, NULL, 'N' },
+		{ "reshard-stage", required_argument, NULL, 'G' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *config = NULL, *level = NULL, *secret = NULL, *repl_key = NULL;
 	const char *reader_key = NULL, *shard_arg = NULL;
+	char *end;
 	int shard = -1, replica = 0, dump = 0, list = 0, opt, rc;
-	struct ps_reshard_from resh = { NULL, -1 };
+	struct ps_reshard_from resh = { NULL, -1, 0 };
 	struct ps_config *cfg;
 	struct ps_server srv;
 	enum ps_log_level lvl;
@@ -175,6 +187,14 @@ int main(int argc, char **argv)
 			break;
 		case 'B': list = 2; break;
 		case 'F': resh.dir = optarg; break;
+		case 'G':
+			resh.stage = strtol(optarg, &end, 10);
+			if (*end || end == optarg || resh.stage < 2 || resh.stage > INT_MAX) {
+				fprintf(stderr, "ps-server: --reshard-stage: expected the launcher's pid, got "
+					"'%s'\n", optarg);
+				return 2;
+			}
+			break;
 		case 'N':
 			resh.nshards = parse_index(optarg);
 			if (resh.nshards < 1 || resh.nshards > PS_MAX_SHARDS) {
@@ -212,6 +232,10 @@ int main(int argc, char **argv)
 		return 2;
 	if (!resh.dir != (resh.nshards < 0)) {
 		fprintf(stderr, "ps-server: --reshard-from DIR and --reshard-shards N go together\n");
+		return 2;
+	}
+	if (resh.stage && !resh.dir) {
+		fprintf(stderr, "ps-server: --reshard-stage needs --reshard-from DIR --reshard-shards N\n");
 		return 2;
 	}
 	cfg = malloc(sizeof(*cfg));

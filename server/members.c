@@ -346,7 +346,7 @@ static uint64_t first_open(struct ps_server *s, int rank)
 
 		for (int k = 0; k < s->store.nslots; k++)
 			p = s->store.slots[k].version > p ? s->store.slots[k].version : p;
-		if (!ps__rows_stats(s, &st)) {
+		if (!ps__rows_stats(s, &st, 0)) {
 			for (size_t t = 0; t < st.n_tables; t++)
 				p = st.tables[t]->version > p ? st.tables[t]->version : p;
 			ps__rows_stats_free(&st);

@@ -7,7 +7,9 @@
  * so its file gets every check a restart gives it; then what the new map
  * gives this shard is copied out and the scratch shard freed before the
  * next is read: memory is this shard plus one old one plus the rows
- * moving in.
+ * moving in. A staged start (the pre-copy, reshard_stage.c) loads every
+ * old shard's scratch shard before the stop and hands them all to the
+ * merge here (ps__reshard_merge): memory is then this shard twice.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +25,7 @@
 #include "ps_log.h"
 #include "ps_time.h"
 #include "reshard.h"
+#include "reshard_int.h"
 #include "rows.h"
 #include "rows_wire.h"
 #include "server.h"
@@ -34,10 +37,15 @@
  * shard, then inserted in order of their last update. */
 struct gathered {
 	uint64_t n, cap;
+	uint64_t run[PS_MAX_SHARDS + 1]; /* old shard j's rows: [run[j], run[j + 1]) */
 	uint64_t *id;
 	double *t;              /* last update, wall-clock seconds */
 	uint32_t *from;         /* old shard */
-	float *vals;            /* row_floats each */
+	float *vals;            /* row_floats each (refs: none) */
+	/* refs (a staged start, whose old shards all stay loaded): the row's
+	 * place in old shard from's table instead of a copy of its values */
+	int refs;
+	uint32_t *row;
 	int row_floats;
 };
 
@@ -56,30 +64,87 @@ static int cmp_rows(const void *a, const void *b)
 	return x < y ? -1 : (x > y);
 }
 
-static int gather_add(struct gathered *g, uint64_t id, double t, uint32_t from, const float *v)
+/* The order to insert g's rows in (cmp_rows): each old shard's run was
+ * gathered oldest first, so the runs are merged when each is in order (a
+ * pass over the heads, as few as the old shards), else sorted whole. */
+static void order_rows(const struct gathered *g, int nruns, uint64_t *order)
 {
-	if (g->n == g->cap) {
-		uint64_t c = g->cap ? g->cap * 2 : 1024;
-		uint64_t *ids = realloc(g->id, c * sizeof(*ids));
-		if (ids)
-			g->id = ids;
-		double *ts = realloc(g->t, c * sizeof(*ts));
-		if (ts)
-			g->t = ts;
-		uint32_t *fr = realloc(g->from, c * sizeof(*fr));
-		if (fr)
-			g->from = fr;
-		float *vs = realloc(g->vals, c * sizeof(*vs) * (size_t)g->row_floats);
+	uint64_t pos[PS_MAX_SHARDS];
+
+	sort_g = g;
+	for (int j = 0; j < nruns; j++)
+		for (uint64_t i = g->run[j] + 1; i < g->run[j + 1]; i++) {
+			uint64_t a = i - 1, b = i;
+			if (cmp_rows(&a, &b) > 0) {
+				ps_info("re-shard: old shard %d's rows are not in the order of their "
+					"last update at %" PRIu64 ": sorting all %" PRIu64, j,
+					i - g->run[j], g->n);
+				goto sort;
+			}
+		}
+	memcpy(pos, g->run, (size_t)nruns * sizeof(*pos));
+	for (uint64_t k = 0; k < g->n; k++) {
+		int best = -1;
+		for (int j = 0; j < nruns; j++)
+			if (pos[j] < g->run[j + 1] && (best < 0 || cmp_rows(&pos[j], &pos[best]) < 0))
+				best = j;
+		order[k] = pos[best]++;
+	}
+	return;
+sort:
+	for (uint64_t i = 0; i < g->n; i++)
+		order[i] = i;
+	qsort(order, g->n, sizeof(*order), cmp_rows);
+}
+
+/* Room for c rows in all. */
+static int gather_grow(struct gathered *g, uint64_t c)
+{
+	uint64_t *ids;
+	double *ts;
+	uint32_t *fr, *rs = NULL;
+	float *vs = NULL;
+
+	if (c <= g->cap)
+		return 0;
+	ids = realloc(g->id, c * sizeof(*ids));
+	if (ids)
+		g->id = ids;
+	ts = realloc(g->t, c * sizeof(*ts));
+	if (ts)
+		g->t = ts;
+	fr = realloc(g->from, c * sizeof(*fr));
+	if (fr)
+		g->from = fr;
+	if (g->refs) {
+		rs = realloc(g->row, c * sizeof(*rs));
+		if (rs)
+			g->row = rs;
+	} else {
+		vs = realloc(g->vals, c * sizeof(*vs) * (size_t)g->row_floats);
 		if (vs)
 			g->vals = vs;
-		if (!ids || !ts || !fr || !vs)
-			return -ENOMEM;
-		g->cap = c;
 	}
+	if (!ids || !ts || !fr || (g->refs ? !rs : !vs))
+		return -ENOMEM;
+	g->cap = c;
+	return 0;
+}
+
+/* Adds row r of old shard from (its values v). */
+static int gather_add(struct gathered *g, uint64_t id, double t, uint32_t from, uint32_t r,
+		      const float *v)
+{
+	if (g->n == g->cap && gather_grow(g, g->cap ? g->cap * 2 : 1024))
+		return -ENOMEM;
 	g->id[g->n] = id;
 	g->t[g->n] = t;
 	g->from[g->n] = from;
-	memcpy(g->vals + g->n * (size_t)g->row_floats, v, sizeof(float) * (size_t)g->row_floats);
+	if (g->refs)
+		g->row[g->n] = r;
+	else
+		memcpy(g->vals + g->n * (size_t)g->row_floats, v,
+		       sizeof(float) * (size_t)g->row_floats);
 	g->n++;
 	return 0;
 }
@@ -90,13 +155,14 @@ static void gather_free(struct gathered *g)
 	free(g->t);
 	free(g->from);
 	free(g->vals);
+	free(g->row);
 	memset(g, 0, sizeof(*g));
 }
 
 /* A shard of the old map, set up only to load its checkpoint; its tables
  * keep only the rows shard keep of keep_n (the new map) will own, so a
  * new shard inserts its share of each old file's rows, not all of them. */
-static int old_open(struct ps_server *o, const struct ps_config *cfg, int shard, int placement,
+int ps__reshard_old_open(struct ps_server *o, const struct ps_config *cfg, int shard, int placement,
 		    int keep, int keep_n)
 {
 	int nw = cfg->nworkers, rc;
@@ -127,7 +193,7 @@ static int old_open(struct ps_server *o, const struct ps_config *cfg, int shard,
 	return rc;
 }
 
-static void old_close(struct ps_server *o)
+void ps__reshard_old_close(struct ps_server *o)
 {
 	free(o->finished);
 	free(o->live);
@@ -206,7 +272,7 @@ static int copy_members(const struct ps_server *s, const char *ckpt0, char *err,
 
 /* The placement old shard 0's file was made with: its map hash is that of
  * this config with n shards under one of them. */
-static int find_placement(const struct ps_config *ocfg, const char *path, int n, char *err,
+int ps__reshard_find_placement(const struct ps_config *ocfg, const char *path, int n, char *err,
 			  size_t errlen)
 {
 	uint64_t h, want[2] = { 0, 0 };
@@ -254,10 +320,10 @@ static uint64_t progress_of(const struct ps_server *o)
 
 /* Loads old shard j's checkpoint at path (and its incremental ones) into
  * the scratch shard o, as a shard of the old map would; err names the file. */
-static int old_load(struct ps_server *o, const struct ps_config *ocfg, int j, int placement,
+int ps__reshard_old_load(struct ps_server *o, const struct ps_config *ocfg, int j, int placement,
 		    int keep, int keep_n, const char *path, char *err, size_t errlen)
 {
-	int rc = old_open(o, ocfg, j, placement, keep, keep_n);
+	int rc = ps__reshard_old_open(o, ocfg, j, placement, keep, keep_n);
 
 	if (rc) {
 		snprintf(err, errlen, "cannot set up old shard %d: %s", j, ps_strerror(rc));
@@ -292,11 +358,11 @@ static int pick_pair_file(struct ps_server *o, const struct ps_config *ocfg, con
 		have[r] = !lstat(f[r], &st);
 	if (have[0] && have[1]) {
 		for (int r = 0; r < 2; r++) {
-			rc = old_load(o, ocfg, j, placement, keep, keep_n, f[r], err, errlen);
+			rc = ps__reshard_old_load(o, ocfg, j, placement, keep, keep_n, f[r], err, errlen);
 			if (rc)
 				return rc;
 			p[r] = progress_of(o);
-			old_close(o);
+			ps__reshard_old_close(o);
 		}
 		ps_info("old shard %d: both processes of its pair wrote a checkpoint (%s: %" PRIu64
 			", %s: %" PRIu64 " clocks and versions summed): taking %s", j, f[0], p[0],
@@ -318,13 +384,17 @@ static void resolve(const char *d, char *out)
 		out[0] = '\0';
 }
 
-int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, char *err,
-		     size_t errlen)
+
+/* Merges into s what it owns of the old shards' states: each loaded from
+ * from->dir in turn, or, with pre, the scratch shards a staged start
+ * loaded already (pre->o, of placement pre->placement). */
+int ps__reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
+			 struct ps__staged *pre, char *err, size_t errlen)
 {
 	const struct ps_config *cfg = s->cfg;
 	int n = from->nshards, nw = cfg->nworkers, placement, rc = 0, nt = 0;
 	struct ps_config *ocfg = malloc(sizeof(*ocfg));
-	struct ps_server *o = calloc(1, sizeof(*o));
+	struct ps_server *scratch = calloc(1, sizeof(*scratch)), *o = scratch;
 	struct gathered *g = calloc(PS_MAX_TABLES, sizeof(*g));
 	uint64_t *fin = calloc((size_t)nw, sizeof(*fin)), slices = 0, rows = 0;
 	uint64_t mslices = 0, mbytes = 0, mrows = 0; /* moved in from another shard index */
@@ -334,7 +404,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	double wall = 0, t0 = ps_now_s();
 	uint64_t clock0 = 0, epoch0 = 0;
 
-	if (!ocfg || !o || !g || !fin)
+	if (!ocfg || !scratch || !g || !fin)
 		FAIL(-ENOMEM, "out of memory");
 	if (n < 1 || n > PS_MAX_SHARDS)
 		FAIL(PS_ECONFIG, "--reshard-shards %d: expected 1..%d", n, PS_MAX_SHARDS);
@@ -369,7 +439,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 			     "shard's checkpoint, shard-0.ckpt to shard-%d.ckpt in %s", paths[j], n,
 			     n - 1, from->dir);
 	}
-	placement = find_placement(ocfg, paths[0], n, err, errlen);
+	placement = pre ? pre->placement : ps__reshard_find_placement(ocfg, paths[0], n, err, errlen);
 	if (placement < 0) {
 		rc = placement;
 		goto out;
@@ -384,7 +454,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	snprintf(first, sizeof(first), "%s", paths[0]);
 	/* the tensors and tables workers declared at run time, as the old
 	 * shards had them: this shard's map is built from them */
-	rc = ps_checkpoint_load_decl(s, first, err, errlen);
+	rc = pre ? 0 : ps_checkpoint_load_decl(s, first, err, errlen);
 	if (rc)
 		goto out;
 	cfg = s->cfg;
@@ -394,14 +464,29 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	nt = s->rows ? s->rows->ntables : 0;
 	for (int t = 0; t < nt; t++)
 		g[t].row_floats = s->rows->t[t].tb.row_floats;
+	/* staged: every old shard's rows are at hand, so the room for them is
+	 * taken at once (their tables kept only this shard's, but a table
+	 * declared at run time holds every row: a bound, not the count) */
+	for (int t = 0; pre && t < nt; t++) {
+		uint64_t want = 0;
+		for (int j = 0; j < n; j++)
+			if (pre->o[j].rows && t < pre->o[j].rows->ntables)
+				want += pre->o[j].rows->t[t].tb.nrows;
+		g[t].refs = 1;
+		if (gather_grow(&g[t], want))
+			FAIL(-ENOMEM, "out of memory gathering %" PRIu64 " rows", want);
+	}
 	for (int j = 0; j < n; j++) {
 		double now;
 
 		snprintf(path, sizeof(path), "%s", paths[j]);
-		rc = old_load(o, ocfg, j, placement, s->shard, s->cfg->nshards, path, err,
-			      errlen);
-		if (rc)
-			goto out;
+		o = pre ? &pre->o[j] : scratch;
+		if (!pre) {
+			rc = ps__reshard_old_load(o, ocfg, j, placement, s->shard, s->cfg->nshards, path, err,
+				      errlen);
+			if (rc)
+				goto out;
+		}
 		now = ps_now_s();
 		/* one clock for all: the finished clocks of every worker agree */
 		if (!j) {
@@ -466,14 +551,20 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 				FAIL(PS_ECONFIG, "%s: table %d is '%s' of %d floats a row, here '%s' of "
 				     "%d", path, t, ot->tc->name, ot->row_floats, tb->tc->name,
 				     tb->row_floats);
+			/* a scratch table that kept only this shard's rows needs no
+			 * second look (the same hash: the same table, shard count) */
+			int kept = ot->keep_nshards == cfg->nshards && ot->keep_shard == s->shard &&
+				   ot->tkey == tb->tkey;
+
+			g[t].run[j] = g[t].n;
 			for (uint32_t r = ot->tail; r != PS_ROW_NIL; r = ps_table_meta(ot, r)->prev) {
 				const struct ps_row_meta *m = ps_table_meta(ot, r);
 				uint64_t id = ps_row_id(m);
 
-				if (ps_rows_shard(tb->tkey, id, cfg->nshards) != s->shard)
+				if (!kept && ps_rows_shard(tb->tkey, id, cfg->nshards) != s->shard)
 					continue;
 				if (gather_add(&g[t], id, ot->ckpt_wall + (ot->epoch + m->stamp - now),
-					       (uint32_t)j, ps_table_vals(ot, r)))
+					       (uint32_t)j, r, ps_table_vals(ot, r)))
 					FAIL(-ENOMEM, "out of memory gathering the rows of table '%s'",
 					     tb->tc->name);
 				if (j != s->shard) {
@@ -496,7 +587,8 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 				FAIL(PS_ECONFIG, "%s: table '%s' has another admission filter "
 				     "(filter_ids) than this config's", path, tb->tc->name);
 		}
-		old_close(o);
+		if (!pre)
+			ps__reshard_old_close(o);
 	}
 	for (int k = 0; k < s->store.nslots; k++)
 		if (!got[k])
@@ -511,12 +603,10 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		struct ps_table_bulk bulk = { 0 };
 		double oldest;
 
+		gt->run[n] = gt->n;
 		if (!order)
 			FAIL(-ENOMEM, "out of memory");
-		for (uint64_t i = 0; i < gt->n; i++)
-			order[i] = i;
-		sort_g = gt;
-		qsort(order, gt->n, sizeof(*order), cmp_rows);
+		order_rows(gt, n, order);
 		oldest = gt->n ? gt->t[order[0]] : wall;
 		tb->epoch = ps_now_s() - (wall - oldest > 0 ? wall - oldest : 0);
 		if (ps_table_bulk_begin(tb, &bulk, gt->n)) {
@@ -544,7 +634,9 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 					     tb->tc->name, gt->id[x], gt->from[x]);
 				FAIL(-ENOMEM, "table '%s': out of memory at row %" PRIu64, tb->tc->name, i);
 			}
-			memcpy(ps_table_vals(tb, r), gt->vals + x * (size_t)gt->row_floats,
+			memcpy(ps_table_vals(tb, r), gt->refs ?
+			       ps_table_vals(&pre->o[gt->from[x]].rows->t[t].tb, gt->row[x]) :
+			       gt->vals + x * (size_t)gt->row_floats,
 			       sizeof(float) * (size_t)gt->row_floats);
 		}
 		free(order);
@@ -568,18 +660,19 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	s->reshard_in_rows = mrows;
 	/* one line the launchers sum up (ps-local.sh, ps-cluster.sh reshard),
 	 * at warn so that it is logged at any level but off */
-	ps_warn("re-sharded from %d to %d shards out of %s (%s): %" PRIu64 " slices, %" PRIu64
+	ps_warn("re-sharded from %d to %d shards out of %s (%s%s): %" PRIu64 " slices, %" PRIu64
 		" rows; moved in from another shard: %" PRIu64 " slices, %" PRIu64 " rows, %"
 		PRIu64 " bytes; clock %" PRIu64 ", %.2f s; map epoch %" PRIu64, n, cfg->nshards,
 		from->dir, placement == PS_PLACE_HRW ? "same placement" : "re-placed from placement 0",
-		slices, rows, mslices, mrows, mbytes, clock0, ps_now_s() - t0, s->map_epoch);
+		pre ? ", staged" : "", slices, rows, mslices, mrows, mbytes, clock0,
+		ps_now_s() - t0, s->map_epoch);
 out:
-	if (o && o->cfg)
-		old_close(o);
+	if (scratch && scratch->cfg)
+		ps__reshard_old_close(scratch);
 	for (int t = 0; g && t < PS_MAX_TABLES; t++)
 		gather_free(&g[t]);
 	free(g);
-	free(o);
+	free(scratch);
 	free(ocfg);
 	free(fin);
 	free(got);

@@ -37,6 +37,12 @@ struct ps_server;
 struct ps_reshard_from {
 	const char *dir;
 	int nshards;
+	/* --reshard-stage PID: a pre-copy (docs/elastic.md): the old
+	 * shards' files are loaded from checkpoint.dir while they run, then
+	 * the shard waits for SIGUSR1 (the launcher's commit) and applies the
+	 * stop's incremental checkpoints from dir. PID: the launcher, this
+	 * process's parent, with which it ends. 0: not staged. */
+	long stage;
 };
 
 /* Loads into s (set up, not serving, with checkpoint.dir; its own
@@ -44,8 +50,25 @@ struct ps_reshard_from {
  * checkpoints. 0, or a negative code with the reason in err naming the
  * file: one missing, damaged or of another model, files of different
  * clocks, from->dir being checkpoint.dir itself. On an error s holds a
- * part of the state: the caller does not serve it. */
+ * part of the state: the caller does not serve it. Staged (from->stage),
+ * it waits for the commit in between (SIGUSR1; SIGTERM, SIGINT, its
+ * launcher's end or 600 s without one end it with -ECANCELED). */
 int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, char *err,
 		     size_t errlen);
+
+/* A re-shard's start serves before its first checkpoint of the new map
+ * is written (in the background): until then CKPT_DIR/shard-K.reshard
+ * ("N DIR": the old shard count and the folder of their files) says so,
+ * and a start without --reshard-from that finds it takes DIR again (the
+ * same state). marker_path: its name; marker_write: written and fsynced
+ * (s->reshard_marker set: the first full checkpoint removes it), 0 or a
+ * negative code with err; marker_read: 1 when there is one (from set,
+ * its folder in dirbuf, s->reshard_marker set), 0 when none, or a
+ * negative code with err (damaged). */
+void ps__reshard_marker_path(const struct ps_server *s, char *buf, size_t len);
+int ps__reshard_marker_write(struct ps_server *s, const struct ps_reshard_from *from,
+			     char *err, size_t errlen);
+int ps__reshard_marker_read(struct ps_server *s, struct ps_reshard_from *from, char *dirbuf,
+			    size_t dirlen, char *err, size_t errlen);
 
 #endif

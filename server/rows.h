@@ -73,8 +73,11 @@ void ps__rows_drop_pending(struct ps_server *s);
 /* Empties every table (and the kept clocks), as at start: before a
  * replication snapshot is restored into them. 0 or -ENOMEM. */
 int ps__rows_reset(struct ps_server *s);
-/* Fills m->tables (allocated; free with ps__rows_stats_free). */
-int ps__rows_stats(const struct ps_server *s, Ps__Stats *m);
+/* Fills m->tables (allocated; free with ps__rows_stats_free). checksums:
+ * each table's checksum too (it reads every row: seconds for millions of
+ * rows, so the answers to a re-shard's stop and a join, which read only
+ * clocks, go without: 0 there). */
+int ps__rows_stats(const struct ps_server *s, Ps__Stats *m, int checksums);
 void ps__rows_stats_free(Ps__Stats *m);
 
 #endif

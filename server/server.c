@@ -76,6 +76,13 @@ uint64_t ps__srv_resume_clock(const struct ps_server *s)
 	return v;
 }
 
+/* SIGUSR1: a re-shard's pre-copy (admin.c). */
+static void on_precopy(uv_signal_t *h, int signum)
+{
+	(void)signum;
+	ps__srv_precopy(h->data);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct ps_server *s = h->data;
@@ -145,10 +152,15 @@ int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int
 
 /* A re-shard (from): the old cluster's checkpoints give this shard its
  * state, unless its own checkpoint is of this map already (written by an
- * earlier start of the same re-shard, which it resumes from). Then the
- * new map's checkpoint is written at once, before serving. 1 when it
- * re-sharded, 0 when its own checkpoint is to be loaded, or a negative
- * code (logged). */
+ * earlier start of the same re-shard, which it resumes from). Then, with
+ * cluster.replicas: 1, the new map's checkpoint is written at once,
+ * before serving (each process of a new pair holds the state on its own
+ * disk before the pair forms; 1); else the marker naming the old files is
+ * written and the checkpoint is written in the background once the shard
+ * serves (2): a restart before it is written takes the old files again,
+ * the same state, so serving first loses nothing a checkpoint written
+ * first would keep. 0 when its own checkpoint is to be loaded, or a
+ * negative code (logged). */
 static int start_reshard(struct ps_server *s, const struct ps_reshard_from *from)
 {
 	char err[1200];
@@ -188,6 +200,14 @@ static int start_reshard(struct ps_server *s, const struct ps_reshard_from *from
 		ps_error("refusing to start: %s", err);
 		return rc;
 	}
+	if (!s->cfg->replicas) {
+		rc = ps__reshard_marker_write(s, from, err, sizeof(err));
+		if (rc) {
+			ps_error("refusing to start: %s", err);
+			return rc;
+		}
+		return 2;
+	}
 	rc = ps__srv_write_checkpoint(s, "re-shard", &bytes, &secs, err, sizeof(err));
 	if (rc) {
 		ps_error("refusing to start: the re-sharded state's checkpoint: %s", err);
@@ -213,8 +233,9 @@ int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int sh
 	const char *host = listen_host(cfg, shard, replica);
 	const struct ps_endpoint *addr;
 	char err[1200], bound[PS_HOST_MAX + 16];
-	char path_buf[1100];
-	int rc;
+	char path_buf[1100], marker_dir[PATH_MAX];
+	struct ps_reshard_from marked;
+	int rc, resharded = 0;
 
 	memset(s, 0, sizeof(*s));
 	s->cfg = cfg;
@@ -305,9 +326,25 @@ int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int sh
 			ps_error("refusing to start: %s", err);
 			goto err_free_store;
 		}
+		/* a re-shard whose first checkpoint was not written: its marker
+		 * names the old files, taken again (the same state) */
+		rc = from || replica ? 0 : ps__reshard_marker_read(s, &marked, marker_dir,
+								     sizeof(marker_dir), err,
+								     sizeof(err));
+		if (rc < 0) {
+			ps_error("refusing to start: %s", err);
+			goto err_free_store;
+		}
+		if (rc) {
+			ps_warn("%s: a re-shard from %d shards did not write this shard's first "
+				"checkpoint: taking the old checkpoints in %s again", s->reshard_marker,
+				marked.nshards, marked.dir);
+			from = &marked;
+		}
 		rc = from ? start_reshard(s, from) : 0;
 		if (rc < 0)
 			goto err_free_store;
+		resharded = rc;
 		rc = rc ? 0 : ps_checkpoint_load(s, s->ckpt_path, err, sizeof(err));
 		if (s->ckpt_loaded) {
 			/* re-sharded */
@@ -383,9 +420,11 @@ int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int sh
 	uv_timer_start(&s->tick, ps__srv_on_tick, 200, 200);
 	uv_signal_init(loop, &s->sigint);
 	uv_signal_init(loop, &s->sigterm);
-	s->sigint.data = s->sigterm.data = s;
+	uv_signal_init(loop, &s->sigusr1);
+	s->sigint.data = s->sigterm.data = s->sigusr1.data = s;
 	uv_signal_start(&s->sigint, on_signal, SIGINT);
 	uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+	uv_signal_start(&s->sigusr1, on_precopy, SIGUSR1);
 	/* the address bound, so a name that resolved to loopback (a hosts
 	 * entry of 127.0.1.1) shows in the log */
 	ps_info("shard %d of %d listening on %s (%s[%d] %s:%d%s): %d slices, %.1f MiB, %s, "
@@ -394,6 +433,10 @@ int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int sh
 		s->store.nslots, (double)s->map.shard_bytes[shard] / 1048576.0,
 		cfg->consistency == PS_SYNC ? "sync" : "async", ps_optim_name(cfg->optim.kind),
 		s->map.hash);
+	/* the re-sharded state's own checkpoint, now that it serves */
+	if (resharded == 2 && ps__srv_ckpt_start_full(s, "re-shard"))
+		ps_warn("the re-sharded state's checkpoint did not start: the next one writes "
+			"it; until then %s names the old checkpoints", s->reshard_marker);
 	return 0;
 
 err_destroy_transport:
@@ -428,6 +471,7 @@ void ps_server_stop(struct ps_server *s)
 	uv_close((uv_handle_t *)&s->tick, NULL);
 	uv_close((uv_handle_t *)&s->sigint, NULL);
 	uv_close((uv_handle_t *)&s->sigterm, NULL);
+	uv_close((uv_handle_t *)&s->sigusr1, NULL);
 	ps__repl_stop(s);
 	s->transport->ops->destroy(s->transport);
 }

@@ -67,7 +67,7 @@ struct ps_server {
 	struct ps_server_counters c;
 	double started;
 	uv_timer_t tick;
-	uv_signal_t sigint, sigterm;
+	uv_signal_t sigint, sigterm, sigusr1;
 	struct ps_metrics_http *http; /* stats.http endpoint, NULL when off */
 	uv_timer_t ckpt_timer;        /* checkpoint.every_s */
 	char ckpt_path[600];          /* "" when checkpoints are off */
@@ -87,6 +87,15 @@ struct ps_server {
 	uint64_t stop_owner;
 	uint64_t map_epoch;
 	uint64_t reshard_in_bytes, reshard_in_slices, reshard_in_rows;
+	/* A pre-copy (SIGUSR1, admin.c): a full checkpoint was asked as the
+	 * base staged new shards load while training goes on; the re-shard
+	 * stop's checkpoint is then an incremental one on that base. */
+	int precopy;
+	/* A re-shard's start that serves before its first checkpoint of the
+	 * new map is written (server.c): this marker in checkpoint.dir names
+	 * the old checkpoints, so a restart takes them again; removed once
+	 * that checkpoint is written. "" when none. */
+	char reshard_marker[620];
 	struct ps_ckpt_job *ckpt_job; /* the checkpoint being written, NULL if none */
 	double ckpt_last_request;     /* when the last one on request started */
 	const char *ckpt_final;       /* a signal came while one was written: its name */

@@ -152,6 +152,13 @@ void ps__srv_handle_stats(struct ps_server *s, struct ps_srv_conn *sc,
 int ps__srv_write_checkpoint(struct ps_server *s, const char *why, uint64_t *bytes,
 			     double *secs, char *err, size_t errlen);
 void ps__srv_on_ckpt_timer(uv_timer_t *t);
+/* Starts a full checkpoint in the background (the forked writer for a
+ * state of checkpoint.fork_bytes or more) and logs its outcome at warn
+ * ("checkpoint (WHY) written: ..."); 0, or a negative code (logged). */
+int ps__srv_ckpt_start_full(struct ps_server *s, const char *why);
+/* SIGUSR1: a re-shard's pre-copy (docs/elastic.md): a full checkpoint now,
+ * in the background, and the stop's checkpoint an incremental one on it. */
+void ps__srv_precopy(struct ps_server *s);
 /* sc is closing: a checkpoint it asked for will not be answered. */
 void ps__srv_ckpt_forget(struct ps_server *s, struct ps_srv_conn *sc);
 /* Tick: collects the forked checkpoint writer once it has exited. */

@@ -13,8 +13,11 @@
  * short H, wrong W, deficits: D..." -- exact: -CLOCKS * S; short: -m * S
  * for a whole number of clocks m below CLOCKS (the clocks a shard lost,
  * listed as deficits CLOCKS - m); wrong: anything else (an update applied
- * twice, or part of one). Exit status 0 when it trained to the end, 1 on
- * an error (named).
+ * twice, or part of one). With an embedding table in the config (init
+ * zeros, sgd at lr 1) it also pushes, each clock before the dense push, a
+ * gradient of rank + 1 in every float of rows 1..CRASH_ROWS of the first
+ * table, and counts those rows' floats in the final line the same way.
+ * Exit status 0 when it trained to the end, 1 on an error (named).
  */
 #include <errno.h>
 #include <math.h>
@@ -28,6 +31,7 @@
 #include "ps_err.h"
 
 #define MAX_T 8
+#define CRASH_ROWS 300 /* rows pushed each clock when the config has a table */
 
 /* The config to start with: the one $PS_CONFIG_FOLLOW's file names (a
  * worker restarted after a re-shard starts on the current map), else
@@ -55,7 +59,7 @@ int main(int argc, char **argv)
 {
 	struct ps_config cfg;
 	struct ps_client *c = NULL;
-	struct ps_tensor tg[MAX_T], tw[MAX_T];
+	struct ps_tensor tg[MAX_T], tw[MAX_T + 1];
 	char path[1024], err[700] = "";
 	const char *rk = getenv("PS_RANK");
 	long clocks, pace = argc > 2 ? atol(argv[2]) : 0;
@@ -98,10 +102,26 @@ int main(int argc, char **argv)
 		tg[t] = (struct ps_tensor){ .name = cfg.tensors[t].name, .data = g, .count = (int64_t)n };
 		tw[t] = (struct ps_tensor){ .name = cfg.tensors[t].name, .data = w, .count = (int64_t)n };
 	}
+	/* the table's rows: ids 1..CRASH_ROWS, spread over the shards by hash */
+	int dim = cfg.ntables ? cfg.tables[0].dim : 0;
+	size_t nr = cfg.ntables ? CRASH_ROWS : 0;
+	uint64_t rid[CRASH_ROWS];
+	float *rg = calloc(nr * (size_t)dim + 1, sizeof(float));
+	float *rw = calloc(nr * (size_t)dim + 1, sizeof(float));
+	if (!rg || !rw)
+		return 1;
+	for (size_t i = 0; i < nr; i++)
+		rid[i] = i + 1;
+	for (size_t i = 0; i < nr * (size_t)dim; i++)
+		rg[i] = (float)(rank + 1);
 	uint64_t k0 = ps_client_clock(c);
 	fprintf(stderr, "crash_worker: rank %d of %d on %s, from clock %llu\n", rank,
 		cfg.nworkers, path, (unsigned long long)k0);
 	for (uint64_t k = k0; k < (uint64_t)clocks; k++) {
+		if (nr && (rc = ps_client_push_rows(c, cfg.tables[0].name, k, rid, nr, rg, 0))) {
+			id = 0;
+			goto fail;
+		}
 		id = ps_client_push(c, k, tg, nt, PS_PUSH_END_CLOCK);
 		if (id < 0 || (rc = ps_client_wait(c, id)))
 			goto fail;
@@ -114,11 +134,16 @@ int main(int argc, char **argv)
 			nanosleep(&ts, NULL);
 		}
 	}
+	if (nr && (rc = ps_client_pull_rows(c, cfg.tables[0].name, (uint64_t)clocks, rid, nr, rw))) {
+		id = 0;
+		goto fail;
+	}
 	/* every weight: -m * S for a whole number of clocks m */
 	long s = (long)cfg.nworkers * (cfg.nworkers + 1) / 2, exact = 0, shortn = 0, wrong = 0, all = 0;
 	long def[8];
 	int nd = 0;
-	for (int t = 0; t < nt; t++) {
+	tw[nt] = (struct ps_tensor){ .name = "rows", .data = rw, .count = (int64_t)nr * dim };
+	for (int t = 0; t <= nt; t++) {
 		const float *w = tw[t].data;
 		for (int64_t i = 0; i < tw[t].count; i++, all++) {
 			double v = -(double)w[i];

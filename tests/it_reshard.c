@@ -171,7 +171,7 @@ START_TEST(test_sync_2_3_2_bit_identical)
 {
 	static float ra[NA], rb[NB], rr[(NIDS + 50) * DIM];
 	static float wa[NA], wb[NB], wr[(NIDS + 50) * DIM];
-	char old1[200], old2[200], log[200];
+	char old1[200], old2[200], log[200], marker[300];
 	pid_t srv[3];
 	struct ps_client *c;
 
@@ -196,15 +196,33 @@ START_TEST(test_sync_2_3_2_bit_identical)
 	stop_all(srv, 2);
 	move_old("from2", 2, old1, sizeof(old1));
 	write_cfg(3, NB);
+	/* new shard 0 serves, then dies writing its first checkpoint (in the
+	 * background): its marker names the old files, and a plain start of
+	 * it (no --reshard-from) takes them again, the same state */
+	setenv("PS_FAULT_CHECKPOINT", "write", 1);
+	srv[0] = start_shard(0, old1, 2, NULL);
+	unsetenv("PS_FAULT_CHECKPOINT");
+	ck_assert_int_eq(tu_wait_exit(srv[0]), 128 + SIGKILL);
+	{
+		char m[300], f0[300];
+		struct stat st;
+
+		snprintf(m, sizeof(m), "%s/shard-0.reshard", ck);
+		snprintf(f0, sizeof(f0), "%s/shard-0.ckpt", ck);
+		ck_assert_msg(!stat(m, &st) && stat(f0, &st), "after new shard 0 died before its "
+			      "first checkpoint: %s should exist, %s not", m, f0);
+	}
 	for (int k = 0; k < 3; k++) {
 		snprintf(log, sizeof(log), "%s/a-%d.log", dir, k);
-		srv[k] = start_shard(k, old1, 2, log);
+		srv[k] = start_shard(k, k ? old1 : NULL, 2, log);
 	}
 	c = connect_retry(0);
 	ck_assert_uint_eq(ps_client_clock(c), 4);
 	train(c, 4, 7, wa, wb, wr);
 	ps_client_free(c);
 	stop_all(srv, 3);
+	snprintf(marker, sizeof(marker), "%s/shard-0.reshard", ck);
+	ck_assert_msg(access(marker, F_OK), "%s is left after shard 0's checkpoints", marker);
 	move_old("from3", 3, old2, sizeof(old2));
 	write_cfg(2, NB);
 	for (int k = 0; k < 2; k++)
@@ -227,6 +245,17 @@ START_TEST(test_sync_2_3_2_bit_identical)
 		said |= strstr(line, "re-sharded from 2 to 3 shards") != NULL;
 	fclose(f);
 	ck_assert_msg(said, "shard 2's log (%s) does not say it re-sharded", log);
+	/* the restarted shard 0 took the old files by its marker, and its
+	 * first checkpoint removed the marker */
+	snprintf(log, sizeof(log), "%s/a-0.log", dir);
+	f = fopen(log, "r");
+	said = 0;
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		said |= strstr(line, "did not write this shard's first checkpoint: taking the old "
+			       "checkpoints in") != NULL;
+	fclose(f);
+	ck_assert_msg(said, "shard 0's log (%s) does not say it took the old files again", log);
 	cleanup_dirs();
 }
 END_TEST
@@ -353,16 +382,26 @@ START_TEST(test_rows_after_2_to_3)
 	for (int k = 0; k < 3; k++)
 		srv[k] = start_shard(k, old1, 2, NULL);
 	c = connect_retry(0);
-	/* the new shards wrote their checkpoints before serving */
+	/* the new shards write their checkpoints in the background once they
+	 * serve (renamed into place: there once whole); 30 s at most */
 	for (int k = 0; k < 3; k++) {
+		struct stat st;
+		int t;
+
 		snprintf(f, sizeof(f), "%s/shard-%d.ckpt", ck, k);
+		for (t = 0; t < 300 && stat(f, &st); t++)
+			tu_sleep_ms(100);
+		ck_assert_msg(t < 300, "new shard %d wrote no checkpoint within 30 s", k);
 		read_table(f, &neu[k]);
 		total += neu[k].nrows;
 	}
 	ck_assert_int_eq(total, old[0].nrows + old[1].nrows);
 	ck_assert_int_eq(total, NIDS);
+	/* ages as at the snapshot: the rows only the first round updated are a
+	 * second older than the newest (all of them older still when the
+	 * shard took a while to write it) */
 	for (int k = 0; k < 3; k++)
-		ck_assert_msg(neu[k].r[0].age >= 1 && neu[k].r[neu[k].nrows - 1].age == 0,
+		ck_assert_msg(neu[k].r[0].age >= neu[k].r[neu[k].nrows - 1].age + 1,
 			      "new shard %d: ages %u..%u, expected the oldest row a second older", k,
 			      neu[k].r[0].age, neu[k].r[neu[k].nrows - 1].age);
 	for (int k = 0; k < 3; k++) {

@@ -40,6 +40,13 @@
 #  (j) ps-cluster.sh live, an old shard killed at its stop: rolled back at
 #      once in the run; the killed shard's slices short by exactly the
 #      clocks before the stop, the others exact, none applied twice.
+#  (k) the pre-copy (an embedding table: the workers push rows too): a
+#      staged new shard killed before the stop: the others staged, it
+#      started again unstaged after the commit, 3 shards, exact sums;
+#  (l) the pre-copy's coordinator killed once its new shards are staged
+#      (the record at `staging`): the staged shards die with it, the old
+#      shards train on to the end; stopped, the next ps-local.sh (given
+#      c3.yaml) rolls back to 2 shards, exact sums.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -90,11 +97,19 @@ wait_end() {
 unset PS_SECRET_FILE PS_CONFIG_FOLLOW PS_LOCAL_CTL
 export OPENBLAS_NUM_THREADS=1
 
-# a fresh case folder $c with its configs (2 and 3 shards, fresh ports)
+# a fresh case folder $c with its configs (2 and 3 shards, fresh ports);
+# with "rows" as $2 an embedding table too (crash_worker pushes 300 rows of
+# 4 floats each clock): TOTAL, the floats crash_worker checks
 new_case() {
   c=$tmp/$1
   mkdir -p "$c/ck"
-  local p0 p1 p2
+  local p0 p1 p2 table=""
+  TOTAL=4000
+  if [ "${2:-}" = rows ]; then
+    table="  embeddings:
+    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}"
+    TOTAL=5200
+  fi
   p0=$(free_port) && p1=$(free_port "$p0") && p2=$(free_port "$p0" "$p1")
   cat > "$c/c2.yaml" <<EOF
 cluster:
@@ -106,6 +121,7 @@ model:
   tensors:
     - {name: a, shape: [3000], init: zeros}
     - {name: b, shape: [1000], init: zeros}
+$table
 limits: {reconnect_timeout_ms: 60000, request_timeout_ms: 60000}
 checkpoint: {dir: $c/ck, every_s: 0}
 security: {auth: false}
@@ -146,9 +162,9 @@ check_end() { # N EXPECT
   fin=$(grep '^final:' "$c/w0.out" | tail -n 1)
   case $want in
     exact) expect "$case: every weight the exact sum ($fin)" \
-      [ "$fin" = "final: exact 4000 of 4000, short 0, wrong 0, deficits:" ] ;;
+      [ "$fin" = "final: exact $TOTAL of $TOTAL, short 0, wrong 0, deficits:" ] ;;
     rolled-back*) expect "$case: the surviving shard's weights exact, the killed one's short by the clocks before the stop, none wrong ($fin; stop at ${want#* })" \
-      grep -qE "^final: exact [1-9][0-9]* of 4000, short [0-9]+, wrong 0, deficits:( ${want#* })?\$" <<<"$fin" ;;
+      grep -qE "^final: exact [1-9][0-9]* of $TOTAL, short [0-9]+, wrong 0, deficits:( ${want#* })?\$" <<<"$fin" ;;
   esac
   expect "$case: the intent record is done: $(tr '\n' ';' < "$c/ck/reshard.intent")" \
     grep -q '^done' "$c/ck/reshard.intent"
@@ -243,6 +259,54 @@ expect "d: reshard succeeded ($rrc): $reshard_out" [ $rrc -eq 0 ]
 check_end 3 exact
 expect "d: the restarted worker resumed past clock 0: $(grep 'from clock' "$c/w1.err" | tail -n 1)" \
   grep -qE "from clock [1-9]" <<<"$(grep 'from clock' "$c/w1.err" | tail -n 1)"
+stop_coord
+
+# (k) the pre-copy, a staged new shard killed with SIGKILL before the stop
+case=k; new_case k rows
+start_coord c2.yaml l staged-shard
+start_worker 0; start_worker 1
+expect "k: trained 10 clocks" wait_for "$c/w0.err" "^clock 10$"
+reshard
+expect "k: reshard succeeded ($rrc): $(tail -n 1 "$c/r.out")" [ $rrc -eq 0 ]
+expect "k: the new shards were staged, one killed: $(grep -E 'pre-copy|staged-shard' "$c/l.out" | tr '\n' ';')" \
+  eval 'grep -q "PS_LOCAL_CRASH_AT=staged-shard: new shard 0 (staged) killed" "$c/l.out" &&
+    grep -q "pre-copy: the old shards wrote their checkpoints and the 3 new shard(s) loaded them" "$c/l.out"'
+expect "k: the old shards' stop wrote incremental checkpoints on the pre-copy" \
+  grep -q "re-shard stop.*delta-1.*on the re-shard's pre-copy" "$c/l/server-1.log.before-reshard-1"
+expect "k: new shards 1 and 2 went on staged, shard 0 started again unstaged" \
+  eval 'grep -q "same placement, staged)" "$c/l/server-1.log" && grep -q "same placement, staged)" "$c/l/server-2.log" &&
+    grep -q "new shard 0 ended with status 137 .*starting it again with the same flags" "$c/l.out" &&
+    grep -q "(same placement):" "$c/l/server-0.log"'
+check_end 3 exact
+stop_coord
+
+# (l) the pre-copy's coordinator killed with SIGKILL once the new shards
+# are staged: they die with it; the old shards go on
+case=l; new_case l rows
+start_coord c2.yaml l staged
+start_worker 0; start_worker 1
+expect "l: trained 10 clocks" wait_for "$c/w0.err" "^clock 10$"
+reshard
+expect "l: the reshard command says its coordinator ended ($rrc): $(tail -n 1 "$c/r.out")" \
+  eval '[ $rrc -eq 1 ] && grep -q "ended before it answered" "$c/r.out"'
+wait_end "$coord"
+expect "l: the record stops at staging" [ "$(tail -n 1 "$c/ck/reshard.intent")" = staging ]
+gone=0
+for _ in $(seq 100); do
+  pgrep -f -- "--config $c/c3.yaml" > /dev/null || { gone=1; break; }
+  sleep 0.1
+done
+expect "l: no staged shard is left: $(pgrep -af -- "--config $c/c3.yaml")" [ $gone = 1 ]
+for r in 0 1; do
+  wait_end "${wpid[$r]}"; rc=$?
+  expect "l: worker $r trained to the end on the old shards ($rc)" [ $rc -eq 0 ]
+done
+for p in $(pgrep -f -- "--config $c/c2.yaml"); do kill -TERM "$p"; done
+for _ in $(seq 100); do pgrep -f -- "--config $c/c2.yaml" > /dev/null || break; sleep 0.1; done
+start_coord c3.yaml l2
+expect "l: rolled back: $(grep interrupted "$c/l2.out")" \
+  grep -q "had not reached its commit: rolled back" "$c/l2.out"
+check_end 2 exact
 stop_coord
 
 # (e) re-sharding by restart (--restart), the coordinator killed after

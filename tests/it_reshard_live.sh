@@ -9,7 +9,9 @@
 # ends 0 with the workers trained to the end. A NEW_CONFIG differing in
 # more than cluster.servers is refused (status 2) with the run going on.
 # Then the same 2 -> 3 -> 2 for the ctr preset (an embedding table, data
-# from ps-ctrgen): rows moved, the same workers, the run ending 0.
+# from ps-ctrgen): rows moved, the same workers, the run ending 0; staged
+# (the pre-copy: the new shards loaded the old files before the stop and
+# applied only the stop's incremental checkpoints after it).
 # Prints Check-style "N%: Checks" so scripts/run-tests.sh summarises it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -118,6 +120,14 @@ scripts/ps-local.sh "$tmp/t2.yaml" reshard "$tmp/t3.yaml" > "$tmp/rc1.out" 2>&1;
 expect "ctr: reshard 2 -> 3 while the workers run succeeds ($rc): $(cat "$tmp/rc1.out")" [ $rc -eq 0 ]
 expect "ctr: rows moved: $(tail -1 "$tmp/rc1.out")" \
   grep -qE "2 -> 3 shards at clock [0-9]+ while the workers ran, .* and [1-9][0-9]* of [0-9]+ rows moved" "$tmp/rc1.out"
+# with a table the re-shard is staged (the pre-copy): the old shards' stop
+# wrote an incremental checkpoint on their pre-copy, each new shard loaded
+# the old files before the stop and applied only that after it
+expect "ctr: staged: the pre-copy before the stop, the stop's increments after: $(grep -h 'pre-copy\|staged' "$tmp/runc.out" "$tmp"/lc/server-?.log | cut -c1-160 | tr '\n' ';')" \
+  grep -q "pre-copy: the old shards wrote their checkpoints and the 3 new shard(s) loaded them" "$tmp/runc.out" &&
+  grep -q "checkpoint (re-shard stop): .*delta-.*on the re-shard's pre-copy" "$tmp/lc/server-1.log.before-reshard-1" &&
+  [ "$(grep -l "the stop's incremental checkpoints applied" "$tmp"/lc/server-?.log | wc -l)" -eq 3 ] &&
+  [ "$(grep -l "(same placement, staged)" "$tmp"/lc/server-?.log | wc -l)" -eq 3 ]
 e=$(sed -n 's/^epoch \([0-9]*\)\/.*/\1/p' "$tmp/lc/worker-0.log" | tail -1)
 expect "ctr: the workers train on 3 shards" wait_for "$tmp/lc/worker-0.log" "epoch $((e + 2))/"
 scripts/ps-local.sh "$tmp/t3.yaml" reshard "$tmp/t2.yaml" > "$tmp/rc2.out" 2>&1; rc=$?

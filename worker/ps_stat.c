@@ -30,6 +30,7 @@
 #include "config.h"
 #include "histo.h"
 #include "ps_client.h"
+#include "ps_client_int.h" /* ps__client_stats_clocks */
 #include "ps_err.h"
 #include "ps_log.h"
 #include "version.h"
@@ -853,7 +854,7 @@ static int reshard_refusals(const struct ps_config *cfg, struct ps_client *c,
 
 	*finish = 0;
 	for (int k = 0; k < cfg->nshards; k++) {
-		if (ps_client_stats(c, k, st)) {
+		if (ps__client_stats_clocks(c, k, st)) {
 			fprintf(stderr, "ps-stat: reshard-stop: %s\n", ps_client_error(c));
 			return 1;
 		}
@@ -938,8 +939,12 @@ static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp, int 
 	if (reshard_refusals(cfg, *cp, st, &finish))
 		goto out_free;
 	for (int tries = 0; tries < 200 && !stop && !finish; tries++) {
-		for (k = 0; k < cfg->nshards; k++) {
-			if (ps_client_stats(*cp, k, st))
+		/* the clocks are read once (a Stats answer checksums every
+		 * table: seconds with millions of rows); a shard that refuses b
+		 * took a push for it, so b + 1 is tried next, at once: the
+		 * shards that accepted b hold the workers there meanwhile */
+		for (k = 0; !tries && k < cfg->nshards; k++) {
+			if (ps__client_stats_clocks(*cp, k, st))
 				goto err_cancel;
 			if (st->top_clock > b)
 				b = st->top_clock;
@@ -960,7 +965,7 @@ static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp, int 
 		if (k == cfg->nshards)
 			finish = b;
 		else
-			nap(0.02);
+			b++;
 	}
 	if (!finish) {
 		snprintf(err, sizeof(err), "no clock every shard accepted after 200 tries");

@@ -109,7 +109,8 @@ struct ps_table_stats {
 	/* FNV-1a of the rows (ids, weights, optimizer state, recency order),
 	 * the admission filter and the version: a primary and its backup show
 	 * the same (cluster.replicas: 1), and so does a restart from a
-	 * checkpoint */
+	 * checkpoint; 0 in the answers of ps_client_stop_at and of a join or
+	 * leave (they read every row) */
 	uint64_t checksum;
 	/* The instant of the table's stamp 0 (the clock its rows' last-update
 	 * stamps and ttl count on) on the shard process's wall clock, seconds

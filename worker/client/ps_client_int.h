@@ -282,4 +282,9 @@ void ps__client_take(struct ps_conn *pc, struct ps_frame *f, void *arg);
 void ps__client_heartbeats(struct ps_client *c, double now);
 void ps__client_reconnect_due(struct ps_client *c, double now);
 
+/* ps_client_stats without the tables' checksums (each 0), which read
+ * every row of a table: a re-shard's stop (ps-stat) reads clocks only.
+ * Not exported: ps-stat links libps.a. */
+int ps__client_stats_clocks(struct ps_client *c, int shard, struct ps_shard_stats *out);
+
 #endif

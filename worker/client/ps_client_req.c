@@ -596,12 +596,13 @@ int ps__client_resume(struct ps_client *c, int k, uint64_t clock)
 	return id < 0 ? (int)id : ps_client_wait(c, id);
 }
 
-/* The stats request into a whole struct of this library's size. Asked
- * again of the new map's shard of that index when a re-shard the client
- * followed ($PS_CONFIG_FOLLOW) cut it off (it failed with PS_EMAP:
- * ps_client_follow.c); a shard index the new map lacks fails with PS_EMAP
- * and the shard count now (ask again). */
-static int stats_request(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
+/* The stats request into a whole struct of this library's size (brief:
+ * without the tables' checksums). Asked again of the new map's shard of
+ * that index when a re-shard the client followed ($PS_CONFIG_FOLLOW) cut
+ * it off (it failed with PS_EMAP: ps_client_follow.c); a shard index the
+ * new map lacks fails with PS_EMAP and the shard count now (ask again). */
+static int stats_request(struct ps_client *c, int shard, int write, int brief,
+			 struct ps_shard_stats *out)
 {
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
 	struct req *r;
@@ -636,6 +637,7 @@ again:
 	r->id = ps__client_reserve_id(c);
 	m.req_id = (uint64_t)r->id;
 	m.checkpoint = write != 0;
+	m.no_checksums = brief != 0;
 	if (ps__client_pack_part(&r->parts[shard], &m.base)) {
 		ps__client_req_free(c, r);
 		pthread_rwlock_unlock(&c->maplock);
@@ -664,7 +666,7 @@ int ps_client_checkpoint_sized(struct ps_client *c, int shard, int write,
 		return -EINVAL;
 	if (size != sizeof(*out) && !(full = calloc(1, sizeof(*full))))
 		return -ENOMEM;
-	rc = stats_request(c, shard, write, full);
+	rc = stats_request(c, shard, write, 0, full);
 	if (full != out) {
 		memcpy(out, full, size < sizeof(*full) ? size : sizeof(*full));
 		if (size > sizeof(*full))
@@ -684,10 +686,15 @@ int ps_client_stats_sized(struct ps_client *c, int shard, struct ps_shard_stats 
  * the header's macros). */
 int (ps_client_checkpoint)(struct ps_client *c, int shard, int write, struct ps_shard_stats *out)
 {
-	return stats_request(c, shard, write, out);
+	return stats_request(c, shard, write, 0, out);
 }
 
 int (ps_client_stats)(struct ps_client *c, int shard, struct ps_shard_stats *out)
 {
-	return stats_request(c, shard, 0, out);
+	return stats_request(c, shard, 0, 0, out);
+}
+
+int ps__client_stats_clocks(struct ps_client *c, int shard, struct ps_shard_stats *out)
+{
+	return stats_request(c, shard, 0, 1, out);
 }
