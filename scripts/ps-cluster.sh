@@ -678,6 +678,19 @@ echo MOVED"
     done
     return 1
   }
+  # A rollback drops the new map's markers (shard-K.reshard: a new shard
+  # that served before its first checkpoint names the old files there), so
+  # an old shard started again does not take them for a re-shard of its own
+  drop_markers() {
+    local n
+    local -a uhost
+    mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
+    for ((n = 0; n < ${#uhost[@]}; n++)); do
+      on "${uhost[$n]}" "cd $(sq "$ck") && rm -f shard-*.reshard" ||
+        { echo "$me: reshard: cannot remove the new shards' markers (shard-K.reshard) in $ck" \
+          "on ${uhost[$n]}" >&2; return 1; }
+    done
+  }
   common=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS")
   [ -n "${WAIT_GIVEN:-}" ] && common+=(--wait "$WAIT")
 
@@ -792,11 +805,13 @@ echo MOVED"
     crash_point commit
     # 4. the new shards from them, in the same run; once every one answers
     # from the workers' hosts, the workers' follow file names NEW
+    rm -f "$RUN/pointing"
     "$0" "$NEW" start --live-run "$RUN" --reshard-from "$F" --reshard-shards "$nshards" "${common[@]}"; rc=$?
-    if [ $rc -ne 0 ] && ! new_written; then
-      # no new shard wrote its checkpoint of the new map (each writes it
-      # before it listens): none listened, no worker pushed to the new
-      # map, and nothing of it exists. Rolled back: the old files put back
+    if [ $rc -ne 0 ] && [ ! -e "$RUN/pointing" ] && ! new_written; then
+      # no new shard wrote its checkpoint of the new map (a replicated one
+      # writes it before it listens; one that served wrote only its marker
+      # first), and the workers were never pointed at the new map: no
+      # worker pushed to it, and nothing of it exists. Rolled back: the old files put back
       # on their hosts, the old shards started again from them (at B), the
       # workers, which never left the old map, go on with it.
       echo "$me: reshard: no new shard of $NEW started or wrote a checkpoint: rolling back to" \
@@ -804,7 +819,7 @@ echo MOVED"
       rm -f "$LOGS/$(basename "${NEW%.y*ml}").run"
       # (`rollback`: a start that finds the record so rolls back too)
       intent_add rollback || exit 1
-      if put_back "$CONFIG" "$F" "$nshards" &&
+      if drop_markers && put_back "$CONFIG" "$F" "$nshards" &&
         PS_CLUSTER_INTENT_OWNER=$$ "$0" "$CONFIG" start --live-run "$RUN" "${common[@]}"; then
         intent_add "done rolled-back"
         echo "$me: reshard: rolled back to $CONFIG: the new shards did not start (their logs in" \
@@ -1207,6 +1222,9 @@ fi
 # they run already: their follow file is pointed at this config, and they
 # follow it.
 if [ -n "$LIVE_RUN" ]; then
+  # (from here a worker may follow the new map: the re-shard no longer
+  # rolls back by itself, whatever fails)
+  : > "$RUN/pointing"
   point_workers || rollback
   date +%s%N > "$RUN/pointed" # when: the reshard's pause ends here
   uwhost=()

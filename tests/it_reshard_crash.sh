@@ -495,6 +495,8 @@ expect "$case: every new shard failed before its checkpoint: rolled back to c3.y
   grep -q "reshard: rolled back to $c/c3.yaml: the new shards did not start" "$c/s-fail.out"'
 expect "$case: the intent record ends rolled back, the files back: $(tr '\n' ';' < "$rec")" \
   eval '[ "$(tail -n 1 "$rec")" = "done rolled-back" ] && ! ls -d "$c"/ck/reshard-from-3.* 2>/dev/null'
+expect "$case: the new shards' markers were removed, no old shard took them: $(ls "$c"/ck/*.reshard 2>/dev/null)" \
+  eval '! ls "$c"/ck/shard-*.reshard 2>/dev/null && ! grep -q "did not write this shard.s first checkpoint" "$run"/server-*.log'
 cl_wait c3.yaml
 expect "$case: the same workers trained to 400 on 3 shards, every weight the exact sum: $(grep -h final "$run/worker-0.log")" \
   eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] &&
