@@ -111,6 +111,46 @@ static void start_new_shards(const char *as, int old_n, const char *name, int n,
 }
 
 /* The requests pending on c (waited for or not). */
+/* A cluster of n shards of a config named name (model_yaml added) that the
+ * workers follow, and a client per rank connected to it. */
+static void start_cluster(const char *name, int n, const char *model_yaml, char *path,
+			  size_t len, pid_t *srv, struct ps_client **c)
+{
+	char err[600];
+
+	setup_dirs();
+	write_cfg(name, n, model_yaml, path, len);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	live_point_at(path);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
+	for (int k = 0; k < n; k++)
+		srv[k] = live_start(path, k, 0, NULL, 0);
+	for (int r = 0; r < NW; r++)
+		c[r] = connect_retry(r);
+}
+
+/* The clients freed, the n shards stopped (each must exit 0), the
+ * folders removed. */
+static void stop_cluster(struct ps_client **c, pid_t *srv, int n)
+{
+	for (int r = 0; r < NW; r++)
+		ps_client_free(c[r]);
+	for (int k = 0; k < n; k++)
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	unsetenv("PS_CONFIG_FOLLOW");
+	cleanup_dirs();
+}
+
+/* Every rank ends the clock with an empty push. */
+static void end_clock_empty(struct ps_client **c)
+{
+	for (int r = 0; r < NW; r++) {
+		int64_t id = ps_client_push(c[r], 0, NULL, 0, PS_PUSH_END_CLOCK);
+		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "rank %d: empty push: %s", r,
+			      ps_client_error(c[r]));
+	}
+}
+
 static int pending(struct ps_client *c)
 {
 	int n = 0;
@@ -282,23 +322,10 @@ START_TEST(test_declare_in_flight_2_3)
 	struct call dec[NW], sta[NW];
 	pthread_t tdec[NW], tsta[NW];
 	pid_t srv[3];
-	char err[600];
 
-	setup_dirs();
-	write_cfg("c2", 2, "", c2, sizeof(c2));
-	ck_assert_msg(ps_config_load(&cfg, c2, err, sizeof(err)) == 0, "%s", err);
-	live_point_at(c2);
-	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
-	for (int k = 0; k < 2; k++)
-		srv[k] = live_start(c2, k, 0, NULL, 0);
-	for (int r = 0; r < NW; r++)
-		c[r] = connect_retry(r);
+	start_cluster("c2", 2, "", c2, sizeof(c2), srv, c);
 	/* clock 0 ended by both (nothing declared yet): the stop is at 1 */
-	for (int r = 0; r < NW; r++) {
-		int64_t id = ps_client_push(c[r], 0, NULL, 0, PS_PUSH_END_CLOCK);
-		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "rank %d: empty push: %s", r,
-			      ps_client_error(c[r]));
-	}
+	end_clock_empty(c);
 	/* rank 0's initial values; rank 1's arrays, to be overwritten */
 	for (int i = 0; i < NX; i++) {
 		xa0[i] = (float)(i % 13) - 6;
@@ -364,38 +391,21 @@ START_TEST(test_declare_in_flight_2_3)
 		      "rank 1's declared tensors differ from rank 0's initial values");
 
 	train_and_check(c, 1);
-	for (int r = 0; r < NW; r++)
-		ps_client_free(c[r]);
-	for (int k = 0; k < 3; k++)
-		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
-	unsetenv("PS_CONFIG_FOLLOW");
-	cleanup_dirs();
+	stop_cluster(c, srv, 3);
 }
 END_TEST
 
 START_TEST(test_stats_gone_shard_3_2)
 {
 	const char *model = "model:\n  tensors:\n    - {name: a, shape: [600], init: arange}\n";
-	char c3[160], c2[160], err[600];
+	char c3[160], c2[160];
 	struct ps_client *c[NW];
 	struct call sta[2];
 	pthread_t th[2];
 	pid_t srv[3];
 
-	setup_dirs();
-	write_cfg("c3", 3, model, c3, sizeof(c3));
-	ck_assert_msg(ps_config_load(&cfg, c3, err, sizeof(err)) == 0, "%s", err);
-	live_point_at(c3);
-	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
-	for (int k = 0; k < 3; k++)
-		srv[k] = live_start(c3, k, 0, NULL, 0);
-	for (int r = 0; r < NW; r++)
-		c[r] = connect_retry(r);
-	for (int r = 0; r < NW; r++) {
-		int64_t id = ps_client_push(c[r], 0, NULL, 0, PS_PUSH_END_CLOCK);
-		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "rank %d: empty push: %s", r,
-			      ps_client_error(c[r]));
-	}
+	start_cluster("c3", 3, model, c3, sizeof(c3), srv, c);
+	end_clock_empty(c);
 	pstat_stop(c3, 1);
 	for (int k = 0; k < 3; k++)
 		ck_assert_int_eq(tu_wait_exit(srv[k]), 0);
@@ -422,12 +432,7 @@ START_TEST(test_stats_gone_shard_3_2)
 	/* asked again of the shards now, it is answered */
 	ck_assert_int_eq(ps_config_nshards(ps_client_config(c[0])), 2);
 	ck_assert_msg(ps_client_stats(c[0], 1, &sta[0].st) == 0, "%s", ps_client_error(c[0]));
-	for (int r = 0; r < NW; r++)
-		ps_client_free(c[r]);
-	for (int k = 0; k < 2; k++)
-		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
-	unsetenv("PS_CONFIG_FOLLOW");
-	cleanup_dirs();
+	stop_cluster(c, srv, 2);
 }
 END_TEST
 
@@ -446,20 +451,8 @@ START_TEST(test_declare_during_stop)
 	pthread_t th;
 	pid_t srv[3];
 
-	setup_dirs();
-	write_cfg("c2", 2, "", c2, sizeof(c2));
-	ck_assert_msg(ps_config_load(&cfg, c2, err, sizeof(err)) == 0, "%s", err);
-	live_point_at(c2);
-	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
-	for (int k = 0; k < 2; k++)
-		srv[k] = live_start(c2, k, 0, NULL, 0);
-	for (int r = 0; r < NW; r++)
-		c[r] = connect_retry(r);
-	for (int r = 0; r < NW; r++) {
-		int64_t id = ps_client_push(c[r], 0, NULL, 0, PS_PUSH_END_CLOCK);
-		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "rank %d: empty push: %s", r,
-			      ps_client_error(c[r]));
-	}
+	start_cluster("c2", 2, "", c2, sizeof(c2), srv, c);
+	end_clock_empty(c);
 	/* both shards stop at 1; rank 0 declares; then the commits */
 	ck_assert_int_eq(ps_client_init(&mon, &cfg, -1, err, sizeof(err)), 0);
 	for (int k = 0; k < 2; k++)
@@ -502,12 +495,7 @@ START_TEST(test_declare_during_stop)
 	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
 		      "rank 1's declared tensors differ from rank 0's initial values");
 	train_and_check(c, 1);
-	for (int r = 0; r < NW; r++)
-		ps_client_free(c[r]);
-	for (int k = 0; k < 3; k++)
-		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
-	unsetenv("PS_CONFIG_FOLLOW");
-	cleanup_dirs();
+	stop_cluster(c, srv, 3);
 }
 END_TEST
 
@@ -541,15 +529,7 @@ START_TEST(test_declared_rows_in_flight_2_3)
 	pthread_t th[NW];
 	pid_t srv[3];
 
-	setup_dirs();
-	write_cfg("c2", 2, "", c2, sizeof(c2));
-	ck_assert_msg(ps_config_load(&cfg, c2, err, sizeof(err)) == 0, "%s", err);
-	live_point_at(c2);
-	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
-	for (int k = 0; k < 2; k++)
-		srv[k] = live_start(c2, k, 0, NULL, 0);
-	for (int r = 0; r < NW; r++)
-		c[r] = connect_retry(r);
+	start_cluster("c2", 2, "", c2, sizeof(c2), srv, c);
 	for (int i = 0; i < NX; i++)
 		xa0[i] = (float)(i % 13) - 6;
 	for (int i = 0; i < NY * NY2; i++)
@@ -564,11 +544,7 @@ START_TEST(test_declared_rows_in_flight_2_3)
 		pthread_join(th[r], NULL);
 		ck_assert_msg(dec[r].rc == 0, "%s", dec[r].err);
 	}
-	for (int r = 0; r < NW; r++) {
-		int64_t id = ps_client_push(c[r], 0, NULL, 0, PS_PUSH_END_CLOCK);
-		ck_assert_msg(id > 0 && ps_client_wait(c[r], id) == 0, "rank %d: empty push: %s", r,
-			      ps_client_error(c[r]));
-	}
+	end_clock_empty(c);
 	for (int k = 1; k < NCLK; k++)
 		for (int r = 0; r < NW; r++)
 			train(c[r], r, k);
@@ -601,12 +577,7 @@ START_TEST(test_declared_rows_in_flight_2_3)
 	for (int r = 0; r < NW; r++)
 		ck_assert_uint_eq(c[r]->reshards, 1);
 	train_and_check(c, NCLK + 1);
-	for (int r = 0; r < NW; r++)
-		ps_client_free(c[r]);
-	for (int k = 0; k < 3; k++)
-		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
-	unsetenv("PS_CONFIG_FOLLOW");
-	cleanup_dirs();
+	stop_cluster(c, srv, 3);
 }
 END_TEST
 

@@ -648,25 +648,6 @@ START_TEST(test_rows_async_unknown_2_3_2)
 }
 END_TEST
 
-/* Waits up to secs for child pid to exit: its status (128 + signal), or
- * -1 (still running: then killed). */
-static int wait_exit_s(pid_t pid, int secs)
-{
-	int st = 0;
-
-	for (int i = 0; i < secs * 10; i++) {
-		pid_t r = waitpid(pid, &st, WNOHANG);
-		if (r == pid)
-			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-		if (r < 0)
-			return -1;
-		tu_sleep_ms(100);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &st, 0);
-	return -1;
-}
-
 /* Clock k of rows alone from every worker: pushed by all, then waited
  * for (sync with pairs a row push is acknowledged once its clock is
  * applied, which takes every worker's). */
@@ -754,7 +735,7 @@ static void run_rows_only(int async, int dense_in_cfg, int with_pairs)
 	for (int r = 0; r < 2 * np; r++) {
 		char log[200];
 		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d%s.log", dir, r % 2, r < 2 ? "" : "-r1");
-		ck_assert_msg(wait_exit_s(srv[r], 20) == 0, "old process %d did not exit 0 within 20 s "
+		ck_assert_msg(tu_wait_exit_s(srv[r], 20) == 0, "old process %d did not exit 0 within 20 s "
 			      "of its stop (log %s)", r, log);
 		ck_assert_msg(log_says(log, "stopped at clock 4 with its checkpoint written"),
 			      "%s: no stop at clock 4 said", log);

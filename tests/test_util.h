@@ -396,13 +396,13 @@ static inline void tu_sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
-/* Waits (60 s at most) for child pid to exit: its status (128 + signal
+/* Waits (secs at most) for child pid to exit: its status (128 + signal
  * when killed), or -1 (not a child, or still running: then killed). */
-static inline int tu_wait_exit(pid_t pid)
+static inline int tu_wait_exit_s(pid_t pid, int secs)
 {
 	int st = 0;
 
-	for (int i = 0; i < 600; i++) {
+	for (int i = 0; i < secs * 10; i++) {
 		pid_t r = waitpid(pid, &st, WNOHANG);
 		if (r == pid)
 			return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
@@ -413,6 +413,12 @@ static inline int tu_wait_exit(pid_t pid)
 	kill(pid, SIGKILL);
 	waitpid(pid, &st, 0);
 	return -1;
+}
+
+/* tu_wait_exit_s for 60 s */
+static inline int tu_wait_exit(pid_t pid)
+{
+	return tu_wait_exit_s(pid, 60);
 }
 
 /* Whether something listens on 127.0.0.1:port within 60 s. */
