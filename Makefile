@@ -373,3 +373,12 @@ clean:
 	rm -rf build bin lib
 
 -include $(shell find build/$(VARIANT) $(FUZZ_OBJ) -name '*.d' 2>/dev/null)
+
+# libpsfault.so (tests/fault_inject.c): LD_PRELOADed by it_fault into the
+# shards it starts, to fail chosen calls (docs/testing.md, "Fault
+# injection"). Built without the sanitizer, whose runtime must come first.
+$(OBJ)/tests/libpsfault.so: tests/fault_inject.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -o $@ $< -ldl -pthread
+
+$(OBJ)/tests/it_fault: $(OBJ)/tests/libpsfault.so
