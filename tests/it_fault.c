@@ -487,12 +487,300 @@ START_TEST(test_restore_faults)
 }
 END_TEST
 
+/* ---- replication ---- */
+
+static void write_pair_cfg(const char *model, int request_ms)
+{
+	char yaml[2048];
+	int p0 = tu_low_free_port(0), p1 = tu_low_free_port(p0);
+
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n"
+		 "  replicas: 1\n  workers: 1\n"
+		 "replication:\n  timeout_ms: 1000\n"
+		 "consistency:\n  mode: sync\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n%s"
+		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
+		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
+		 "  request_timeout_ms: %d\n",
+		 tu_transport_yaml(), tu_host(), p0, tu_host(), p1, model, request_ms);
+	tu_replica_config(yaml, cfg_path, &cfg, dir, "/tmp/ps-test-fault-XXXXXX");
+	snprintf(flog, sizeof(flog), "%s/faults.log", dir);
+}
+
+static const char *rlog(int r)
+{
+	static char path[2][160];
+
+	snprintf(path[r], sizeof(path[r]), "%s/shard0-r%d.log", dir, r);
+	return path[r];
+}
+
+/* Both processes hold the same weights and tables (checksums), at the
+ * same clock and batch (waited for). */
+static void assert_in_sync(uint64_t clock, const char *what)
+{
+	struct ps_shard_stats st[2];
+	double t0 = ps_now_s();
+	int ok = 0;
+
+	while (!ok && ps_now_s() - t0 < 10 * tu_time_scale()) {
+		ok = 1;
+		for (int r = 0; r < 2; r++)
+			ok = ok && tu_replica_stats(&cfg, 0, r, -1, &st[r]) == 0 &&
+			     st[r].worker_clock[0] == clock && st[r].repl_lsn == st[0].repl_lsn;
+		if (!ok)
+			tu_sleep_ms(20);
+	}
+	ck_assert_msg(ok, "%s: the two processes do not both stand at clock %llu (logs in %s)",
+		      what, (unsigned long long)clock, dir);
+	ck_assert_msg(st[0].param_checksum == st[1].param_checksum, "%s: dense checksums %llx and "
+		      "%llx", what, (unsigned long long)st[0].param_checksum,
+		      (unsigned long long)st[1].param_checksum);
+	ck_assert_int_eq(st[0].ntables, 1);
+	ck_assert_int_eq(st[1].ntables, 1);
+	ck_assert_uint_eq(st[0].tables[0].rows, NID);
+	ck_assert_msg(st[0].tables[0].checksum == st[1].tables[0].checksum, "%s: table checksums "
+		      "%llx and %llx", what, (unsigned long long)st[0].tables[0].checksum,
+		      (unsigned long long)st[1].tables[0].checksum);
+}
+
+/* A backup joining a primary with rows; its write of the snapshot's
+ * tables to a memory file: _i 0 interrupted, 1 cut short (both retried: one
+ * transfer, no error), 2 failed, 3 no memory file (both said, the link
+ * closed, the next transfer in sync). Then the primary killed: the backup
+ * serves exact sums. */
+START_TEST(test_snapshot_faults)
+{
+	static const char *spec[] = { "write:1:EINTR:file", "write:1:short:file",
+				      "write:1:EIO:file", "memfd_create:1:EMFILE" };
+	static struct model m;
+	struct ps_client *c;
+	pid_t p[2];
+	int pr, b;
+
+	write_pair_cfg("model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
+		       "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n",
+		       60000);
+	memset(&m, 0, sizeof(m));
+	p[0] = start_faulted(0, NULL, NULL);
+	p[1] = start_faulted(1, NULL, NULL);
+	pr = tu_wait_pair(&cfg, 0, 30);
+	ck_assert_msg(pr >= 0, "the pair never formed (logs in %s)", dir);
+	b = 1 - pr;
+	c = connect_retry(&cfg, 0);
+	for (int k = 0; k < 2; k++)
+		train_clock(c, &m);
+	/* the backup leaves; rows change without it; it comes back faulted */
+	kill(p[b], SIGKILL);
+	tu_wait_child(p[b]);
+	train_clock(c, &m);
+	unlink(rlog(b));
+	p[b] = start_faulted(b, spec[_i], NULL);
+	ck_assert_msg(tu_wait_pair(&cfg, 0, 30) == pr, "%s: the backup never got in sync (logs in "
+		      "%s)", spec[_i], dir);
+	ck_assert_msg(faults_made() == 1, "%s: the fault did not land (%s)", spec[_i],
+		      slurp(flog));
+	assert_in_sync(m.clock, spec[_i]);
+	ck_assert_int_eq(count_in(rlog(b), "state received"), 1);
+	if (_i < 2) {
+		ck_assert_msg(!count_in(rlog(b), "the snapshot's embedding tables"), "%s: retried, "
+			      "yet: %s", spec[_i], slurp(rlog(b)));
+	} else {
+		ck_assert_msg(count_in(rlog(b), _i == 2 ? "the snapshot's embedding tables: cannot "
+					"write them to a memory file (0 of " :
+					"the snapshot's embedding tables: cannot make a memory file: "
+					"Too many open files"), "%s: the backup does not say why its "
+			      "first transfer failed: %s", spec[_i], slurp(rlog(b)));
+	}
+	train_clock(c, &m);
+	check_exact(c, &m, spec[_i]);
+	assert_in_sync(m.clock, spec[_i]);
+	/* the backup takes over: the same sums */
+	kill(p[pr], SIGKILL);
+	tu_wait_child(p[pr]);
+	check_exact(c, &m, "after the takeover");
+	train_clock(c, &m);
+	check_exact(c, &m, "a clock after the takeover");
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(p[b]), 0);
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
+/* The primary out of memory gathering a declaration for its backup:
+ * every allocation from the declaration's log line on failed in turn. No
+ * process crashes, the primary says it and steps down, and the worker's
+ * declaration is served (by whichever process is the primary after),
+ * with rank 0's values. */
+START_TEST(test_declare_oom)
+{
+	static float w[NA];
+	const int64_t shape[] = { NA };
+	struct ps_param prm = { "w", 1, shape, w };
+	char spec[64];
+	int n, said = 0;
+
+	/* a takeover takes 2 s: a request unanswered in 15 s is lost */
+	write_pair_cfg("", 15000);
+	for (n = 1; n <= 12; n++) {
+		struct ps_client *c;
+		struct ps_tensor t = { .name = "w", .data = w, .count = NA };
+		static float back[NA];
+		pid_t p[2];
+		int64_t q;
+		int rc;
+
+		snprintf(spec, sizeof(spec), "malloc:%d", n);
+		/* both faulted: the primary is whichever the election makes */
+		p[0] = start_faulted(0, spec, "rank 0 declared");
+		p[1] = start_faulted(1, spec, "rank 0 declared");
+		ck_assert_msg(tu_wait_pair(&cfg, 0, 30) >= 0, "the pair never formed (%s)", dir);
+		for (int i = 0; i < NA; i++)
+			w[i] = (float)(i % 11 - 5);
+		c = connect_retry(&cfg, 0);
+		rc = ps_client_declare(c, &prm, 1);
+		ck_assert_msg(rc == 0, "%s: the declaration: %s (logs in %s)", spec,
+			      ps_client_error(c), dir);
+		t.data = back;
+		q = ps_client_pull(c, 0, &t, 1);
+		ck_assert_msg(q > 0 && ps_client_wait(c, q) == 0, "%s: pull: %s", spec,
+			      ps_client_error(c));
+		ck_assert_msg(memcmp(back, w, sizeof(w)) == 0, "%s: the declared values differ", spec);
+		ps_client_free(c);
+		for (int r = 0; r < 2; r++) {
+			int ws = 0;
+			ck_assert_msg(waitpid(p[r], &ws, WNOHANG) == 0, "%s: process %d ended (%s %d; "
+				      "log %s)", spec, r, WIFSIGNALED(ws) ? "signal" : "exit",
+				      WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), rlog(r));
+		}
+		said += count_in(rlog(0), "out of memory gathering a declaration") +
+			count_in(rlog(1), "out of memory gathering a declaration") > 0;
+		int landed = faults_made() > 0;
+		for (int r = 0; r < 2; r++)
+			ck_assert_int_eq(tu_stop_server(p[r]), 0);
+		unlink(rlog(0));
+		unlink(rlog(1));
+		if (!landed)
+			break;
+	}
+	printf("test_declare_oom: %d allocations failed in turn, %d of them while gathering the "
+	       "declaration\n", n - 1, said);
+	ck_assert_msg(said > 0, "no failed allocation was the declaration's copy");
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
+/* ---- the client ---- */
+
+/* The worker of test_send_eagain, in a process of its own started with
+ * libpsfault.so: 3 clocks of dense pushes and pulls, exact; 0 or 1. */
+static int eagain_worker(const char *path)
+{
+	static float g[NA], a[NA], want[NA];
+	struct ps_config *wc = calloc(1, sizeof(*wc));
+	struct ps_client *c = NULL;
+	char err[512];
+
+	if (!wc || ps_config_load(wc, path, err, sizeof(err)) ||
+	    ps_client_init(&c, wc, 0, err, sizeof(err))) {
+		fprintf(stderr, "worker: %s\n", err);
+		return 1;
+	}
+	for (uint64_t k = 0; k < 3; k++) {
+		struct ps_tensor tg = { .name = "a", .data = g, .count = NA };
+		struct ps_tensor ta = { .name = "a", .data = a, .count = NA };
+		int64_t q;
+		for (int i = 0; i < NA; i++) {
+			g[i] = dgrad(i, k);
+			want[i] -= g[i];
+		}
+		q = ps_client_push(c, k, &tg, 1, PS_PUSH_END_CLOCK);
+		if (q <= 0 || ps_client_wait(c, q)) {
+			fprintf(stderr, "worker: push of clock %llu failed: %s\n",
+				(unsigned long long)k, ps_client_error(c));
+			return 1;
+		}
+		q = ps_client_pull(c, k + 1, &ta, 1);
+		if (q <= 0 || ps_client_wait(c, q) || memcmp(a, want, sizeof(a))) {
+			fprintf(stderr, "worker: pull of clock %llu: %s\n", (unsigned long long)k,
+				q <= 0 ? ps_client_error(c) : "not the exact sums");
+			return 1;
+		}
+	}
+	ps_client_free(c);
+	printf("worker: 3 clocks exact\n");
+	return 0;
+}
+
+/* With limits.reconnect_timeout_ms 0 (a request fails at once when its
+ * shard is lost), a send the socket cannot take at once (sendmsg: EAGAIN)
+ * must go to the I/O thread, not fail the request: the worker's Nth
+ * sendmsg made to fail so, for each N until none is left. */
+START_TEST(test_send_eagain)
+{
+	char spec[64], out[200];
+	int n;
+	pid_t pid;
+
+	make_dir();
+	write_cfg("");
+	{
+		/* reconnects off: the config again with that limit */
+		char yaml[2048];
+		FILE *f = fopen(cfg_path, "r");
+		size_t k = fread(yaml, 1, sizeof(yaml) - 1, f);
+		fclose(f);
+		yaml[k] = 0;
+		f = fopen(cfg_path, "w");
+		fprintf(f, "%s  reconnect_timeout_ms: 0\n", yaml);
+		fclose(f);
+	}
+	pid = start_faulted(-1, NULL, NULL);
+	snprintf(out, sizeof(out), "%s/worker.out", dir);
+	for (n = 1; n <= 20; n++) {
+		const char *argv[] = { self, "--eagain-worker", cfg_path, NULL };
+		pid_t w;
+		int rc;
+
+		snprintf(spec, sizeof(spec), "sendmsg:%d:EAGAIN:sock", n);
+		unlink(flog);
+		setenv("LD_PRELOAD", lib, 1);
+		setenv("PS_FAULT", spec, 1);
+		setenv("PS_FAULT_LOG", flog, 1);
+		w = tu_spawn(argv, out);
+		unsetenv("LD_PRELOAD");
+		unsetenv("PS_FAULT");
+		unsetenv("PS_FAULT_LOG");
+		rc = tu_wait_child(w);
+		if (!faults_made()) {
+			ck_assert_msg(rc == 0, "without a fault: %s", slurp(out));
+			break;
+		}
+		ck_assert_msg(rc == 0, "%s: %s", spec, slurp(out));
+		/* a new worker: the shard is restarted (clock 0 again) */
+		ck_assert_int_eq(tu_stop_server(pid), 0);
+		tu_rmtree(dir);
+		ck_assert_int_eq(mkdir(dir, 0700), 0);
+		pid = start_faulted(-1, NULL, NULL);
+	}
+	printf("test_send_eagain: %d sends failed with EAGAIN in turn\n", n - 1);
+	ck_assert_msg(n > 1 && n <= 20, "the worker's sends: %d failed in turn", n - 1);
+	ck_assert_int_eq(tu_stop_server(pid), 0);
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 
-	(void)argc;
-	(void)argv;
+	if (argc == 3 && !strcmp(argv[1], "--eagain-worker"))
+		return eagain_worker(argv[2]);
 	if (SANITIZED) {
 		printf("it_fault: skipped: the sanitizer's runtime must be the first library "
 		       "loaded, before libpsfault.so\n");
@@ -513,6 +801,9 @@ int main(int argc, char **argv)
 	tcase_set_timeout(tc, 300);
 	TU_ADD_LOOP(tc, test_ckpt_faults, 0, 3);
 	TU_ADD_LOOP(tc, test_restore_faults, 0, 2); /* _i 1: a chain of incremental ones */
+	TU_ADD_LOOP(tc, test_snapshot_faults, 0, 4);
+	TU_ADD(tc, test_declare_oom);
+	TU_ADD(tc, test_send_eagain);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
