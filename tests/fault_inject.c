@@ -18,7 +18,9 @@
  *           instead); default ENOMEM for the allocations, EIO otherwise
  *     KIND  for the calls on a descriptor: "file" (regular files and memory
  *           files, but not descriptors 0-2: a log file), "sock" (sockets),
- *           "any" (the default)
+ *           "any" (the default); for the allocations, "=BYTES" or ">=BYTES":
+ *           only allocations of that size are counted (one buffer picked
+ *           out among the many small ones)
  *   PS_FAULT_AFTER=TEXT   count nothing until a write to stderr contains
  *           TEXT (a log line such as "listening"), so startup is not where
  *           every fault lands; "" or unset: count from the start
@@ -65,6 +67,8 @@ struct rule {
 	int every;     /* "N+": every call from n on */
 	int how;       /* errno, or HOW_SHORT */
 	int kind;
+	size_t size;   /* allocations: only those of size bytes (or more: at_least) */
+	int at_least;
 	long calls;    /* the calls of func counted so far */
 };
 
@@ -165,6 +169,10 @@ static void parse(void)
 		}
 		u->kind = f[3] && !strcmp(f[3], "file") ? K_FILE
 			: f[3] && !strcmp(f[3], "sock") ? K_SOCK : K_ANY;
+		if (f[3] && (f[3][0] == '=' || !strncmp(f[3], ">=", 2))) {
+			u->at_least = f[3][0] == '>';
+			u->size = strtoul(f[3] + 1 + u->at_least, NULL, 10);
+		}
 		nrules++;
 	}
 }
@@ -182,9 +190,9 @@ static int fd_kind_ok(int kind, int fd)
 	return kind == K_FILE ? S_ISREG(st.st_mode) : S_ISSOCK(st.st_mode);
 }
 
-/* The rule that fails this call of func (on fd, or -1), or NULL. Also
- * names the call in *nth for the log. */
-static struct rule *hit(const char *func, int fd, long *nth)
+/* The rule that fails this call of func (on fd, or -1; an allocation of
+ * size bytes), or NULL. Also names the call in *nth for the log. */
+static struct rule *hit_sized(const char *func, int fd, size_t size, long *nth)
 {
 	pthread_once(&parsed, parse);
 	if (!__atomic_load_n(&armed, __ATOMIC_ACQUIRE))
@@ -199,6 +207,8 @@ static struct rule *hit(const char *func, int fd, long *nth)
 			continue;
 		if (fd >= 0 && !fd_kind_ok(u->kind, fd))
 			continue;
+		if (u->size && (u->at_least ? size < u->size : size != u->size))
+			continue;
 		c = __atomic_add_fetch(&u->calls, 1, __ATOMIC_RELAXED);
 		if (c == u->n || (u->every && c > u->n)) {
 			*nth = c;
@@ -206,6 +216,11 @@ static struct rule *hit(const char *func, int fd, long *nth)
 		}
 	}
 	return NULL;
+}
+
+static struct rule *hit(const char *func, int fd, long *nth)
+{
+	return hit_sized(func, fd, 0, nth);
 }
 
 /* The write to stderr that carries the marker arms the counting. */
@@ -230,7 +245,7 @@ static void see_stderr(int fd, const void *b, size_t n)
 static int alloc_fault(const char *func, size_t n)
 {
 	long nth;
-	struct rule *u = hit(func, -1, &nth);
+	struct rule *u = hit_sized(func, -1, n, &nth);
 
 	if (!u)
 		return 0;

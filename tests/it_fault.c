@@ -487,6 +487,68 @@ START_TEST(test_restore_faults)
 }
 END_TEST
 
+/* ---- the row path ---- */
+
+#define NPULL 30 /* ids of the pulls below: replies of NPULL * DIM floats */
+
+/* The shard out of memory for a row pull's reply (every allocation of the
+ * reply's size failed in turn, after the worker connected): the pull is
+ * refused with "out of memory", never a crash; the same pull again gets
+ * the exact rows, and the shard goes on training exactly. */
+START_TEST(test_rows_oom)
+{
+	static struct model m;
+	char spec[64];
+	int n, refused = 0;
+
+	make_dir();
+	write_cfg("");
+	for (n = 1; n <= 8; n++) {
+		static float rows[NPULL * DIM];
+		uint64_t ids[NPULL];
+		struct ps_client *c;
+		pid_t pid;
+		int rc, tries = 0;
+
+		memset(&m, 0, sizeof(m));
+		snprintf(spec, sizeof(spec), "malloc:%d:ENOMEM:=%zu", n, sizeof(rows));
+		pid = start_faulted(-1, spec, "worker 0 connected");
+		c = connect_retry(&cfg, 0);
+		train_clock(c, &m);
+		train_clock(c, &m);
+		for (int i = 0; i < NPULL; i++)
+			ids[i] = (uint64_t)(i + 5) * 0x9e3779b97f4a7c15ull;
+		do {
+			rc = ps_client_pull_rows(c, "e", m.clock, ids, NPULL, rows);
+			if (rc) {
+				ck_assert_msg(strstr(ps_client_error(c), "out of memory"), "%s: the pull "
+					      "failed: %s", spec, ps_client_error(c));
+				refused++;
+			}
+		} while (rc && ++tries < n + 1);
+		ck_assert_msg(rc == 0, "%s: %d pulls refused in a row", spec, tries);
+		for (int i = 0; i < NPULL * DIM; i++)
+			ck_assert_msg(rows[i] == m.rows[5 * DIM + i], "%s: row %d element %d is %g, "
+				      "expected %g", spec, i / DIM + 5, i % DIM, rows[i],
+				      m.rows[5 * DIM + i]);
+		train_clock(c, &m);
+		check_exact(c, &m, spec);
+		ps_client_free(c);
+		int landed = faults_made() > 0;
+		ck_assert_int_eq(tu_stop_server(pid), 0);
+		tu_rmtree(dir);
+		ck_assert_int_eq(mkdir(dir, 0700), 0);
+		if (!landed)
+			break;
+	}
+	printf("test_rows_oom: %d allocations of a reply's size failed in turn, %d pulls "
+	       "refused\n", n - 1, refused);
+	ck_assert_msg(refused > 0, "no pull was refused for want of memory");
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* ---- replication ---- */
 
 static void write_pair_cfg(const char *model, int request_ms)
@@ -802,6 +864,7 @@ int main(int argc, char **argv)
 	TU_ADD_LOOP(tc, test_ckpt_faults, 0, 3);
 	TU_ADD_LOOP(tc, test_restore_faults, 0, 2); /* _i 1: a chain of incremental ones */
 	TU_ADD_LOOP(tc, test_snapshot_faults, 0, 4);
+	TU_ADD(tc, test_rows_oom);
 	TU_ADD(tc, test_declare_oom);
 	TU_ADD(tc, test_send_eagain);
 	suite_add_tcase(s, tc);
