@@ -101,8 +101,10 @@ suites_for() {
     # declarations replicated; it_fault: the primary out of memory copying one
     server/replica_decl.c)     echo it_replica_decl it_fault@test_declare_oom san:it_replica_decl ;;
     # the tables' part of replication: row batches, tables in the snapshot
-    # (it_fault: the snapshot's write to a memory file interrupted, failed)
-    server/replica_rows.c)     echo it_replica_rows it_rows_model it_fault@test_snapshot_faults san:it_replica_rows ;;
+    # (it_fault: the snapshot's write to a memory file interrupted, failed;
+    # the backup out of memory creating a row)
+    server/replica_rows.c)     echo it_replica_rows it_rows_model it_fault@test_snapshot_faults,test_backup_rows_oom \
+                                    san:it_replica_rows ;;
     # tables and rows: the model checks without a network, then two shards
     server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
     server/table.c|server/table_admit.c)

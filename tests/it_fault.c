@@ -672,6 +672,46 @@ START_TEST(test_snapshot_faults)
 }
 END_TEST
 
+/* The backup out of memory creating rows a batch brings (the first
+ * chunk of the table's rows, 1 MiB, not allocated once it holds the
+ * state): it says so, the state is transferred again, and the two
+ * processes end with equal checksums; exact after the primary's kill. */
+START_TEST(test_backup_rows_oom)
+{
+	static struct model m;
+	struct ps_client *c;
+	const char *spec = "malloc:1:ENOMEM:=1048576"; /* PS_TABLE_CHUNK rows of 4 floats */
+	pid_t p[2];
+	int pr, b;
+
+	write_pair_cfg("model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
+		       "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n",
+		       60000);
+	memset(&m, 0, sizeof(m));
+	/* both faulted, armed by the line only a backup writes */
+	p[0] = start_faulted(0, spec, "state received");
+	p[1] = start_faulted(1, spec, "state received");
+	pr = tu_wait_pair(&cfg, 0, 30);
+	ck_assert_msg(pr >= 0, "the pair never formed (logs in %s)", dir);
+	b = 1 - pr;
+	c = connect_retry(&cfg, 0);
+	for (int k = 0; k < 3; k++)
+		train_clock(c, &m);
+	ck_assert_msg(faults_made() == 1, "the fault did not land (%s)", slurp(flog));
+	ck_assert_msg(count_in(rlog(b), "out of memory creating row"), "the backup does not say it "
+		      "could not create a row: %s", slurp(rlog(b)));
+	assert_in_sync(m.clock, spec);
+	check_exact(c, &m, spec);
+	kill(p[pr], SIGKILL);
+	tu_wait_child(p[pr]);
+	check_exact(c, &m, "after the takeover");
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(p[b]), 0);
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* The primary out of memory gathering a declaration for its backup:
  * every allocation from the declaration's log line on failed in turn. No
  * process crashes, the primary says it and steps down, and the worker's
@@ -865,6 +905,7 @@ int main(int argc, char **argv)
 	TU_ADD_LOOP(tc, test_restore_faults, 0, 2); /* _i 1: a chain of incremental ones */
 	TU_ADD_LOOP(tc, test_snapshot_faults, 0, 4);
 	TU_ADD(tc, test_rows_oom);
+	TU_ADD(tc, test_backup_rows_oom);
 	TU_ADD(tc, test_declare_oom);
 	TU_ADD(tc, test_send_eagain);
 	suite_add_tcase(s, tc);
