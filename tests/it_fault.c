@@ -487,6 +487,44 @@ START_TEST(test_restore_faults)
 }
 END_TEST
 
+/* ---- the listener ---- */
+
+/* The shard out of memory for a new connection (its first allocation
+ * after "listening"): that connection is closed, and the next ones are
+ * accepted (libuv watches the listener again only once the connection it
+ * offered is accepted: before the fix, no connection was ever accepted
+ * again). */
+START_TEST(test_accept_oom)
+{
+	static struct model m;
+	struct ps_client *c;
+	double t0;
+	pid_t pid;
+
+	make_dir();
+	write_cfg("");
+	memset(&m, 0, sizeof(m));
+	pid = start_faulted(-1, "alloc:1", "listening");
+	/* tu_wait_listen's connection is the first: closed */
+	ck_assert(tu_wait_listen(cfg.shards[0].port));
+	t0 = ps_now_s();
+	while (!count_in(slog, "out of memory accepting a connection") &&
+	       ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(20);
+	ck_assert_msg(faults_made() == 1, "the fault did not land: %s", slurp(flog));
+	ck_assert_msg(count_in(slog, "out of memory accepting a connection") == 1,
+		      "the shard does not say it: %s", slurp(slog));
+	/* the next one is served */
+	c = connect_retry(&cfg, 0);
+	train_clock(c, &m);
+	check_exact(c, &m, "after the refused connection");
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(pid), 0);
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* ---- the row path ---- */
 
 #define NPULL 30 /* ids of the pulls below: replies of NPULL * DIM floats */
@@ -712,6 +750,73 @@ START_TEST(test_backup_rows_oom)
 }
 END_TEST
 
+/* A backup joining a primary with rows, out of memory at its Nth
+ * allocation after its partner answered (N over 1..89, spread, until
+ * the join makes fewer allocations): it never
+ * crashes; it gets in sync, or ends saying why (then started again
+ * without the fault, it does); equal checksums, exact sums. */
+START_TEST(test_backup_join_oom)
+{
+	static const int nth[] = { 1, 2, 3, 4, 5, 6, 8, 10, 13, 17, 21, 27, 34, 44, 55, 70, 89 };
+	static struct model m;
+	struct ps_client *c;
+	char spec[64];
+	pid_t p[2];
+	int pr, b, ended = 0, landed = 0;
+
+	write_pair_cfg("model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
+		       "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n",
+		       60000);
+	memset(&m, 0, sizeof(m));
+	p[0] = start_faulted(0, NULL, NULL);
+	p[1] = start_faulted(1, NULL, NULL);
+	pr = tu_wait_pair(&cfg, 0, 30);
+	ck_assert_msg(pr >= 0, "the pair never formed (logs in %s)", dir);
+	b = 1 - pr;
+	c = connect_retry(&cfg, 0);
+	train_clock(c, &m);
+	for (size_t i = 0; i < sizeof(nth) / sizeof(nth[0]); i++) {
+		int ws = 0;
+		kill(p[b], SIGKILL);
+		tu_wait_child(p[b]);
+		train_clock(c, &m);
+		unlink(rlog(b));
+		snprintf(spec, sizeof(spec), "alloc:%d", nth[i]);
+		/* armed once the backup's dial is answered: OpenSSL's first
+		 * EVP_MAC_fetch (at the process's first connection) crashes
+		 * inside libcrypto when one of its allocations fails */
+		p[b] = start_faulted(b, spec, "replication: joining primary");
+		if (tu_wait_pair(&cfg, 0, 20) != pr) {
+			ck_assert_msg(waitpid(p[b], &ws, WNOHANG) == p[b], "%s: the backup neither "
+				      "joined nor ended (log %s)", spec, rlog(b));
+			ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 1, "%s: the backup ended "
+				      "with %s %d (log %s)", spec, WIFSIGNALED(ws) ? "signal" : "exit",
+				      WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), rlog(b));
+			ended++;
+			p[b] = start_faulted(b, NULL, NULL);
+			ck_assert_msg(tu_wait_pair(&cfg, 0, 20) == pr, "%s: restarted, the backup "
+				      "never joined (log %s)", spec, rlog(b));
+		}
+		ck_assert_msg(waitpid(p[pr], &ws, WNOHANG) == 0, "%s: the primary ended", spec);
+		assert_in_sync(m.clock, spec);
+		if (!faults_made())
+			break; /* past the join's last allocation */
+		landed++;
+	}
+	ck_assert_msg(landed >= 10, "only %d of the joins' faults landed", landed);
+	check_exact(c, &m, "after the joins");
+	kill(p[pr], SIGKILL);
+	tu_wait_child(p[pr]);
+	check_exact(c, &m, "after the takeover");
+	printf("test_backup_join_oom: %d joins with a failed allocation, %d of them ended by it\n",
+	       landed, ended);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(p[b]), 0);
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* The primary out of memory gathering a declaration for its backup:
  * every allocation from the declaration's log line on failed in turn. No
  * process crashes, the primary says it and steps down, and the worker's
@@ -904,8 +1009,10 @@ int main(int argc, char **argv)
 	TU_ADD_LOOP(tc, test_ckpt_faults, 0, 3);
 	TU_ADD_LOOP(tc, test_restore_faults, 0, 2); /* _i 1: a chain of incremental ones */
 	TU_ADD_LOOP(tc, test_snapshot_faults, 0, 4);
+	TU_ADD(tc, test_accept_oom);
 	TU_ADD(tc, test_rows_oom);
 	TU_ADD(tc, test_backup_rows_oom);
+	TU_ADD(tc, test_backup_join_oom);
 	TU_ADD(tc, test_declare_oom);
 	TU_ADD(tc, test_send_eagain);
 	suite_add_tcase(s, tc);
