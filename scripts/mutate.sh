@@ -148,7 +148,7 @@ suites_for() {
     worker/export_read.c)      echo it_export.sh test_export.py ;;
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
-    common/transport_tcp.c)    echo check_transport it_hostile san:check_transport ;;
+    common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport ;;  # it_fault: accept out of memory
     common/wire.c|common/msg.c) echo check_wire it_hostile san:check_wire ;;
     common/codec*)             echo check_store check_codec san:check_codec ;;
     common/finite.c)           echo check_store it_hostile check_rows ;;
