@@ -98,12 +98,12 @@ suites_for() {
     # it_replica_decl: a declaration's ack waits for the backup
     server/replica.c|server/replica_log.c|server/replica_apply.c)
                                echo check_repl_rules it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows san:it_replica_cases ;;
-    # declarations replicated; it_fault: the primary out of memory copying one
-    server/replica_decl.c)     echo it_replica_decl it_fault@test_declare_oom san:it_replica_decl ;;
+    # declarations replicated; it_fault_repl: the primary out of memory copying one
+    server/replica_decl.c)     echo it_replica_decl it_fault_repl@test_declare_oom san:it_replica_decl ;;
     # the tables' part of replication: row batches, tables in the snapshot
-    # (it_fault: the snapshot's write to a memory file interrupted, failed;
+    # (it_fault_repl: the snapshot's write to a memory file interrupted, failed;
     # the backup out of memory creating a row)
-    server/replica_rows.c)     echo it_replica_rows it_rows_model it_fault@test_snapshot_faults,test_backup_rows_oom \
+    server/replica_rows.c)     echo it_replica_rows it_rows_model it_fault_repl@test_snapshot_faults,test_backup_rows_oom \
                                     san:it_replica_rows ;;
     # tables and rows: the model checks without a network, then two shards
     server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
