@@ -113,7 +113,8 @@ suites_for() {
     server/table_ckpt.c)       echo it_rows it_rows_model it_decl_tables it_export.sh test_export.py \
                                     it_fault@test_restore_faults,test_ckpt_faults ;;
     server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases it_reshard_rows \
-                                    it_fault@test_rows_oom san:it_rows ;;   # it_fault: a reply's buffer not allocated
+                                    it_fault@test_rows_oom it_fault_repl@test_primary_rows_oom \
+                                    san:it_rows ;;   # it_fault: a reply's buffer, a row not allocated
     worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;

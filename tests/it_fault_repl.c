@@ -123,6 +123,68 @@ START_TEST(test_backup_rows_oom)
 }
 END_TEST
 
+/* The primary out of memory creating the rows of a clock (the first
+ * chunk of rows, 1 MiB, not allocated once the worker connected; _i 0
+ * sync, where the rows are created when the clock completes, 1 async,
+ * where each push applies them): the primary says it, and the two
+ * processes still hold the same tables (equal checksums): the backup is
+ * not sent rows the primary does not have. */
+START_TEST(test_primary_rows_oom)
+{
+	static struct model m;
+	struct ps_client *c;
+	const char *spec = "malloc:1:ENOMEM:=1048576"; /* PS_TABLE_CHUNK rows of 4 floats */
+	pid_t p[2];
+	int pr, b;
+
+	pair_mode = _i ? "async" : "sync";
+	write_pair_cfg("model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
+		       "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n",
+		       60000);
+	pair_mode = "sync";
+	memset(&m, 0, sizeof(m));
+	/* both faulted, armed by the line only the primary writes */
+	p[0] = start_faulted(0, spec, "worker 0 connected");
+	p[1] = start_faulted(1, spec, "worker 0 connected");
+	pr = tu_wait_pair(&cfg, 0, 30);
+	ck_assert_msg(pr >= 0, "the pair never formed (logs in %s)", dir);
+	b = 1 - pr;
+	c = connect_retry(&cfg, 0);
+	train_clock(c, &m);
+	ck_assert_msg(faults_made() == 1, "the fault did not land (%s)", slurp(flog));
+	ck_assert_msg(count_in(rlog(pr), "out of memory creating row"), "the primary does not say "
+		      "it could not create a row: %s", slurp(rlog(pr)));
+	for (int k = 0; k < 2; k++)
+		train_clock(c, &m);
+	{
+		struct ps_shard_stats st[2];
+		double t0 = ps_now_s();
+		int ok = 0;
+		while (!ok && ps_now_s() - t0 < 10 * tu_time_scale()) {
+			ok = tu_replica_stats(&cfg, 0, 0, -1, &st[0]) == 0 &&
+			     tu_replica_stats(&cfg, 0, 1, -1, &st[1]) == 0 &&
+			     st[0].repl_lsn == st[1].repl_lsn && st[0].worker_clock[0] == m.clock &&
+			     st[1].worker_clock[0] == m.clock;
+			if (!ok)
+				tu_sleep_ms(20);
+		}
+		ck_assert_msg(ok, "the two processes never stood at the same batch");
+		ck_assert_msg(st[0].tables[0].checksum == st[1].tables[0].checksum &&
+			      st[0].tables[0].rows == st[1].tables[0].rows, "the primary's table "
+			      "(%llu rows, checksum %llx) and the backup's (%llu rows, %llx) differ",
+			      (unsigned long long)st[pr].tables[0].rows,
+			      (unsigned long long)st[pr].tables[0].checksum,
+			      (unsigned long long)st[b].tables[0].rows,
+			      (unsigned long long)st[b].tables[0].checksum);
+	}
+	ps_client_free(c);
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(tu_stop_server(p[r]), 0);
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* A backup joining a primary with rows, out of memory at its Nth
  * allocation after its partner answered (N over 1..89, spread, until
  * the join makes fewer allocations): it never
@@ -266,6 +328,7 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	TU_ADD_LOOP(tc, test_snapshot_faults, 0, 4);
 	TU_ADD(tc, test_backup_rows_oom);
+	TU_ADD_LOOP(tc, test_primary_rows_oom, 0, 2);
 	TU_ADD(tc, test_backup_join_oom);
 	TU_ADD(tc, test_declare_oom);
 	suite_add_tcase(s, tc);

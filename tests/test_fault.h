@@ -207,6 +207,8 @@ static inline void make_dir(void)
 	snprintf(slog, sizeof(slog), "%s/shard.log", dir);
 }
 
+static const char *pair_mode = "sync"; /* consistency.mode of write_pair_cfg */
+
 static inline void write_pair_cfg(const char *model, int request_ms)
 {
 	char yaml[2048];
@@ -216,13 +218,13 @@ static inline void write_pair_cfg(const char *model, int request_ms)
 		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n"
 		 "  replicas: 1\n  workers: 1\n"
 		 "replication:\n  timeout_ms: 1000\n"
-		 "consistency:\n  mode: sync\n"
+		 "consistency:\n  mode: %s\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n%s"
 		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
 		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
 		 "  request_timeout_ms: %d\n",
-		 tu_transport_yaml(), tu_host(), p0, tu_host(), p1, model, request_ms);
+		 tu_transport_yaml(), tu_host(), p0, tu_host(), p1, pair_mode, model, request_ms);
 	tu_replica_config(yaml, cfg_path, &cfg, dir, "/tmp/ps-test-fault-XXXXXX");
 	snprintf(flog, sizeof(flog), "%s/faults.log", dir);
 }
