@@ -24,6 +24,7 @@
  *   PS_FAULT_AFTER=TEXT   count nothing until a write to stderr contains
  *           TEXT (a log line such as "listening"), so startup is not where
  *           every fault lands; "" or unset: count from the start
+ *   PS_FAULT_BACKTRACE=1  also the call stack of each fault into the log
  *   PS_FAULT_LOG=PATH     append one line per fault made:
  *           "psfault: pid P: write call 3 (fd 7, 4096 bytes): EIO", and
  *           "psfault: pid P: armed by ..." when the marker is seen; a test
@@ -37,6 +38,7 @@
  * come first): the tests skip there. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -78,6 +80,8 @@ static pthread_once_t parsed = PTHREAD_ONCE_INIT;
 static int armed;       /* counting: no marker, or the marker was seen */
 static char marker[128];
 static char logpath[256];
+static int want_stack;
+static __thread int in_stack; /* backtrace() allocates the first time */
 
 static const struct { const char *name; int e; } errnos[] = {
 	{ "EIO", EIO }, { "ENOSPC", ENOSPC }, { "EINTR", EINTR }, { "EAGAIN", EAGAIN },
@@ -119,6 +123,25 @@ static void log_line(const char *fmt, ...)
 	}
 }
 
+/* The caller's stack into the log (PS_FAULT_BACKTRACE=1). */
+static void log_stack(void)
+{
+	void *pc[32];
+	int n, fd;
+
+	if (!want_stack || !logpath[0])
+		return;
+	in_stack = 1;
+	n = backtrace(pc, 32);
+	fd = (int)syscall(SYS_openat, AT_FDCWD, logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
+			  0644);
+	if (fd >= 0) {
+		backtrace_symbols_fd(pc, n, fd);
+		syscall(SYS_close, fd);
+	}
+	in_stack = 0;
+}
+
 static void parse(void)
 {
 	const char *s = getenv("PS_FAULT"), *a = getenv("PS_FAULT_AFTER");
@@ -127,6 +150,7 @@ static void parse(void)
 
 	if (l)
 		snprintf(logpath, sizeof(logpath), "%s", l);
+	want_stack = getenv("PS_FAULT_BACKTRACE") && *getenv("PS_FAULT_BACKTRACE") == '1';
 	if (a && *a)
 		snprintf(marker, sizeof(marker), "%s", a);
 	else
@@ -195,7 +219,7 @@ static int fd_kind_ok(int kind, int fd)
 static struct rule *hit_sized(const char *func, int fd, size_t size, long *nth)
 {
 	pthread_once(&parsed, parse);
-	if (!__atomic_load_n(&armed, __ATOMIC_ACQUIRE))
+	if (!__atomic_load_n(&armed, __ATOMIC_ACQUIRE) || in_stack)
 		return NULL;
 	for (int i = 0; i < nrules; i++) {
 		struct rule *u = &rules[i];
@@ -250,6 +274,7 @@ static int alloc_fault(const char *func, size_t n)
 	if (!u)
 		return 0;
 	log_line("%s call %ld (%zu bytes): %s", func, nth, n, how_name(u->how));
+	log_stack();
 	errno = u->how == HOW_SHORT ? ENOMEM : u->how;
 	return 1;
 }
@@ -301,6 +326,7 @@ static int io_fault(const char *func, int fd, size_t *len)
 	}
 	log_line("%s call %ld (fd %d, %zu bytes): %s", func, nth, fd, len ? *len : 0,
 		 u->how == HOW_SHORT ? "EIO" : how_name(u->how));
+	log_stack();
 	errno = u->how == HOW_SHORT ? EIO : u->how;
 	return 1;
 }

@@ -599,5 +599,8 @@ int main(int argc, char **argv)
 	TU_ADD(tc, test_rows_oom_sweep);
 	TU_ADD(tc, test_send_eagain);
 	suite_add_tcase(s, tc);
-	return tu_run_suite(s);
+	tu_secret_setup(); /* the cluster secret and replication key, unless set */
+	rc = tu_run_suite(s);
+	tu_secret_cleanup();
+	return rc;
 }

@@ -332,5 +332,8 @@ int main(void)
 	TU_ADD(tc, test_backup_join_oom);
 	TU_ADD(tc, test_declare_oom);
 	suite_add_tcase(s, tc);
-	return tu_run_suite(s);
+	tu_secret_setup(); /* the cluster secret and replication key, unless set */
+	rc = tu_run_suite(s);
+	tu_secret_cleanup();
+	return rc;
 }
