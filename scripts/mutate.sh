@@ -96,8 +96,10 @@ suites_for() {
     server/reshard.c)          echo it_reshard ;;
     # replication: the scripted cases first, then the fault runs;
     # it_replica_decl: a declaration's ack waits for the backup
+    # it_rows_errors: an unreplicated shard (no replication state) whose
+    # connections close
     server/replica.c|server/replica_log.c|server/replica_apply.c)
-                               echo check_repl_rules it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows san:it_replica_cases ;;
+                               echo check_repl_rules it_rows_errors it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows san:it_replica_cases ;;
     # declarations replicated; it_fault_repl: the primary out of memory copying one
     server/replica_decl.c)     echo it_replica_decl it_fault_repl@test_declare_oom san:it_replica_decl ;;
     # the tables' part of replication: row batches, tables in the snapshot
