@@ -101,7 +101,7 @@ IT_SH     := $(wildcard tests/it_*.sh)
 # two in network namespaces of their own (no port of theirs can meet
 # another test's): `make test` runs them in a second lane beside the
 # others (run-tests.sh --beside).
-IT_BESIDE := it_replica,it_replica_rows,it_cluster,it_stat,it_multihost.sh,it_slurm.sh,it_reshard_crash.sh
+IT_BESIDE := it_replica,it_replica_rows,it_fault_repl,it_cluster,it_stat,it_multihost.sh,it_slurm.sh,it_reshard_crash.sh
 # Parallel jobs of `make test`'s and `make demo`'s build step.
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
@@ -373,3 +373,13 @@ clean:
 	rm -rf build bin lib
 
 -include $(shell find build/$(VARIANT) $(FUZZ_OBJ) -name '*.d' 2>/dev/null)
+
+# libpsfault.so (tests/fault_inject.c): LD_PRELOADed by it_fault into the
+# shards it starts, to fail chosen calls (docs/testing.md, "Fault
+# injection"). Built without the sanitizer, whose runtime must come first.
+$(OBJ)/tests/libpsfault.so: tests/fault_inject.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -fPIC -shared -o $@ $< -ldl -pthread
+
+$(OBJ)/tests/it_fault: $(OBJ)/tests/libpsfault.so
+$(OBJ)/tests/it_fault_repl: $(OBJ)/tests/libpsfault.so

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "msg.h"
+#include "ps_log.h"
 #include "ps_err.h"
 
 const ProtobufCMessageDescriptor *ps_msg_descriptor(unsigned type)
@@ -44,14 +45,25 @@ int ps_msg_send(struct ps_conn *c, unsigned type, const ProtobufCMessage *m,
 		return PS_ETOOBIG;
 	if (len > sizeof(small)) {
 		buf = malloc(len);
-		if (!buf)
-			return -ENOMEM;
+		if (!buf) {
+			rc = -ENOMEM;
+			goto lost;
+		}
 	}
 	protobuf_c_message_pack(m, buf);
 	rc = c->t->ops->send(c, (uint8_t)type, buf, (uint32_t)len, payload, npayload, flags, cb,
 			     arg);
 	if (buf != small)
 		free(buf);
+	if (rc != -ENOMEM)
+		return rc;
+lost:
+	/* a frame that could not be queued (out of memory) would leave its
+	 * peer waiting for it until a timeout: the connection is closed, so
+	 * the peer sees the loss at once (a client sends again once
+	 * reconnected) */
+	ps_error("closing connection %s: out of memory sending a frame of type %u", c->peer, type);
+	c->t->ops->close(c, rc);
 	return rc;
 }
 

@@ -91,6 +91,11 @@ struct tcp_transport {
 	 * last counted, the most one had, connections paused now */
 	uint64_t queued, peak, peak_total;
 	int npaused;
+	/* a connection that could not be given a tcp_conn (out of memory) is
+	 * accepted on this handle and closed: libuv watches the listener
+	 * again only once the connection it offered is accepted */
+	uv_tcp_t reject;
+	int rejecting, reject_again;
 };
 
 struct tcp_conn {
@@ -688,6 +693,35 @@ static void start_conn(struct tcp_conn *c)
 	uv_read_start((uv_stream_t *)&c->handle, on_alloc, on_read);
 }
 
+static void reject_connection(struct tcp_transport *tt);
+
+static void on_reject_closed(uv_handle_t *h)
+{
+	struct tcp_transport *tt = h->data;
+
+	tt->rejecting = 0;
+	if (tt->reject_again && !tt->destroying) {
+		tt->reject_again = 0;
+		reject_connection(tt);
+	}
+	maybe_finish_destroy(tt);
+}
+
+/* Accepts the connection the listener offers and closes it (the
+ * handle is the transport's own: nothing to allocate). */
+static void reject_connection(struct tcp_transport *tt)
+{
+	if (tt->rejecting) {
+		tt->reject_again = 1; /* the handle is still closing */
+		return;
+	}
+	tt->rejecting = 1;
+	uv_tcp_init(tt->base.loop, &tt->reject);
+	tt->reject.data = tt;
+	(void)uv_accept((uv_stream_t *)&tt->listener, (uv_stream_t *)&tt->reject);
+	uv_close((uv_handle_t *)&tt->reject, on_reject_closed);
+}
+
 static void on_new_connection(uv_stream_t *server, int status)
 {
 	struct tcp_transport *tt = server->data;
@@ -697,7 +731,10 @@ static void on_new_connection(uv_stream_t *server, int status)
 		return;
 	c = conn_new(tt);
 	if (!c) {
-		ps_error("out of memory accepting a connection");
+		/* not accepting it would leave the listener unwatched: no
+		 * connection would ever be accepted again */
+		ps_error("out of memory accepting a connection: it is closed");
+		reject_connection(tt);
 		return;
 	}
 	if (uv_accept(server, (uv_stream_t *)&c->handle) != 0) {
@@ -1295,7 +1332,7 @@ static void on_listener_closed(uv_handle_t *h)
 
 static void maybe_finish_destroy(struct tcp_transport *tt)
 {
-	if (tt->destroying == 1 && tt->nconns == 0 && !tt->listening) {
+	if (tt->destroying == 1 && tt->nconns == 0 && !tt->listening && !tt->rejecting) {
 		tt->destroying = 2;
 		free(tt);
 	}

@@ -72,8 +72,10 @@ suites_for() {
     server/optimizer.c)        echo check_optimizer check_store ;;
     server/dedup.c)            echo check_dedup it_cluster san:check_dedup ;;   # san: shifts past 63
     # it_rows' two cases: the table sections' refusals (damaged, out of the chain)
+    # it_fault: its writes, fsync, rename and reads failed in turn (libpsfault.so)
     server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables \
-                                    it_rows@test_checkpoint_kill9,test_incremental_kill9 san:it_checkpoint ;;
+                                    it_rows@test_checkpoint_kill9,test_incremental_kill9 \
+                                    it_fault@test_ckpt_faults,test_restore_faults san:it_checkpoint ;;
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
     server/push.c)             echo it_hostile it_cluster it_groups san:it_hostile ;;   # it_groups: the pushes' group rates
     server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
@@ -82,7 +84,9 @@ suites_for() {
     # it_hostile reads the queue figures; it_decl_tables restarts from a
     # chain of incremental checkpoints (the base length its deltas name);
     # it_reshard_live: the re-shard stop requests
-    server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live ;;
+    # it_fault: the checkpoint writer's failures, the CRC's read-back cut short
+    server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live \
+                                    it_fault@test_ckpt_faults ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
     server/declare.c)          echo it_declare it_groups ;;
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;
@@ -92,18 +96,27 @@ suites_for() {
     server/reshard.c)          echo it_reshard ;;
     # replication: the scripted cases first, then the fault runs;
     # it_replica_decl: a declaration's ack waits for the backup
+    # it_rows_errors: an unreplicated shard (no replication state) whose
+    # connections close
     server/replica.c|server/replica_log.c|server/replica_apply.c)
-                               echo check_repl_rules it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows san:it_replica_cases ;;
-    server/replica_decl.c)     echo it_replica_decl san:it_replica_decl ;;   # declarations replicated
+                               echo check_repl_rules it_rows_errors it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows san:it_replica_cases ;;
+    # declarations replicated; it_fault_repl: the primary out of memory copying one
+    server/replica_decl.c)     echo it_replica_decl it_fault_repl@test_declare_oom san:it_replica_decl ;;
     # the tables' part of replication: row batches, tables in the snapshot
-    server/replica_rows.c)     echo it_replica_rows it_rows_model san:it_replica_rows ;;
+    # (it_fault_repl: the snapshot's write to a memory file interrupted, failed;
+    # the backup out of memory creating a row)
+    server/replica_rows.c)     echo it_replica_rows it_rows_model it_fault_repl@test_snapshot_faults,test_backup_rows_oom \
+                                    san:it_replica_rows ;;
     # tables and rows: the model checks without a network, then two shards
     server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
     server/table.c|server/table_admit.c)
                                echo check_rows it_rows_model it_rows it_reshard san:check_rows ;;
     # it_decl_tables: declared tables through full and incremental checkpoints
-    server/table_ckpt.c)       echo it_rows it_rows_model it_decl_tables it_export.sh test_export.py ;;
-    server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases it_reshard_rows san:it_rows ;;
+    server/table_ckpt.c)       echo it_rows it_rows_model it_decl_tables it_export.sh test_export.py \
+                                    it_fault@test_restore_faults,test_ckpt_faults ;;
+    server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases it_reshard_rows \
+                                    it_fault@test_rows_oom it_fault_repl@test_primary_rows_oom \
+                                    san:it_rows ;;   # it_fault: a reply's buffer, a row not allocated
     worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
@@ -125,7 +138,7 @@ suites_for() {
                                     it_elastic@test_restart_keeps_membership it_client_api \
                                     it_reshard_ops@test_one_change_at_a_time \
                                     it_replica_stats@test_figures_follow_operations,test_link_timers \
-                                    san:it_fake_shard ;;
+                                    it_fault@test_send_eagain san:it_fake_shard ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables ;;
@@ -138,7 +151,7 @@ suites_for() {
     worker/export_read.c)      echo it_export.sh test_export.py ;;
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
-    common/transport_tcp.c)    echo check_transport it_hostile san:check_transport ;;
+    common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport ;;  # it_fault: accept out of memory
     common/wire.c|common/msg.c) echo check_wire it_hostile san:check_wire ;;
     common/codec*)             echo check_store check_codec san:check_codec ;;
     common/finite.c)           echo check_store it_hostile check_rows ;;

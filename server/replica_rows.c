@@ -345,14 +345,21 @@ int ps__repl_tables_restore(struct ps_server *s, const double *clocks)
 	char err[300];
 	int fd = memfd_create("ps-repl-tables", MFD_CLOEXEC), rc = 0;
 
-	if (fd < 0)
-		return -errno;
+	if (fd < 0) {
+		rc = -errno;
+		ps_warn("replication: the snapshot's embedding tables: cannot make a memory file: "
+			"%s", strerror(-rc));
+		return rc;
+	}
 	for (uint64_t off = 0; off < r->snap_tables_len;) {
 		ssize_t n = write(fd, r->snap_tables + off, r->snap_tables_len - off);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0) {
-			rc = -errno;
+			rc = n < 0 ? -errno : -EIO;
+			ps_warn("replication: the snapshot's embedding tables: cannot write them to a "
+				"memory file (%" PRIu64 " of %" PRIu64 " bytes written): %s", off,
+				r->snap_tables_len, strerror(-rc));
 			goto out_close;
 		}
 		off += (uint64_t)n;

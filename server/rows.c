@@ -465,8 +465,12 @@ static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct row
 	uint32_t stamp = ps_table_stamp(&st->tb, now);
 	int t = (int)(st - s->rows->t);
 	while ((seen = clock_next(s, k, dim, pos, &id, sum))) {
-		if (ps_table_push_at(&st->tb, id, sum, seen, stamp) < 0)
-			ps_error("table %s: out of memory creating row %" PRIu64, st->tb.tc->name, id);
+		if (ps_table_push_at(&st->tb, id, sum, seen, stamp) < 0) {
+			/* not sent to the backup either: the two copies stay equal */
+			ps_error("table %s: out of memory creating row %" PRIu64 "; its gradients "
+				 "of clock %" PRIu64 " are lost", st->tb.tc->name, id, k->clock);
+			continue;
+		}
 		ps__repl_note_row(s, t, id, sum, seen, stamp);
 	}
 	note_evictions(st);
@@ -726,9 +730,12 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 		uint32_t stamp = ps_table_stamp(tb, t0);
 		for (size_t i = 0; i < m->n_ids; i++) {
 			const float *gi = g + i * (size_t)tb->dim;
-			if (ps_table_push_at(tb, ids[i], gi, 1, stamp) < 0)
-				ps_error("table %s: out of memory creating row %" PRIu64,
-					 tb->tc->name, ids[i]);
+			if (ps_table_push_at(tb, ids[i], gi, 1, stamp) < 0) {
+				/* not sent to the backup either (as apply_clock) */
+				ps_error("table %s: out of memory creating row %" PRIu64 "; its "
+					 "gradient is lost", tb->tc->name, ids[i]);
+				continue;
+			}
 			ps__repl_note_row(s, t, ids[i], gi, 1, stamp);
 		}
 		tb->version++;

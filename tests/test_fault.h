@@ -1,0 +1,298 @@
+/* test_fault.h - what it_fault and it_fault_repl share: libpsfault.so
+ * (tests/fault_inject.c) found beside the program and put into the
+ * environment of the shards they start, the faults it made read back from
+ * its log, a model of one dense tensor and one table with exact sums
+ * (integer gradients, SGD lr 1), and the configs (one shard; one shard's
+ * replicated pair).
+ */
+#ifndef TEST_FAULT_H
+#define TEST_FAULT_H
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "config.h"
+#include "ps_client.h"
+#include "ps_err.h"
+#include "ps_time.h"
+#include "test_replica.h"
+#include "test_util.h"
+
+
+#define NA 3000   /* floats of tensor a */
+#define DIM 4
+#define NID 40
+
+static char lib[512];         /* libpsfault.so beside this program */
+static char self[512];        /* this program */
+static char dir[64], cfg_path[64], flog[160], slog[160];
+static struct ps_config cfg;
+
+/* ---- the fault library ---- */
+
+/* Starts shard 0 (replica r, or -1 for an unreplicated shard) with the
+ * fault spec (NULL: none) armed after the log line after (NULL: at once);
+ * its stderr into slog (a replica: LOGDIR/shard0-rR.log), faults made
+ * into flog (emptied). */
+static inline pid_t start_faulted(int r, const char *spec, const char *after)
+{
+	pid_t pid;
+
+	unlink(flog);
+	if (spec) {
+		setenv("LD_PRELOAD", lib, 1);
+		setenv("PS_FAULT", spec, 1);
+		setenv("PS_FAULT_LOG", flog, 1);
+		if (after)
+			setenv("PS_FAULT_AFTER", after, 1);
+	}
+	setenv("PS_TEST_LOG", "info", 1); /* the markers are info lines */
+	pid = r < 0 ? tu_start_server_log(cfg_path, 0, slog)
+		    : tu_start_replica(cfg_path, dir, 0, r, 1);
+	unsetenv("LD_PRELOAD");
+	unsetenv("PS_FAULT");
+	unsetenv("PS_FAULT_LOG");
+	unsetenv("PS_FAULT_AFTER");
+	unsetenv("PS_TEST_LOG");
+	return pid;
+}
+
+/* The text of file path (static, up to 1 MiB; "" when absent). */
+static inline const char *slurp(const char *path)
+{
+	static char buf[1 << 20];
+	size_t n = 0;
+	FILE *f = fopen(path, "r");
+
+	if (f) {
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+	}
+	buf[n] = 0;
+	return buf;
+}
+
+/* How many times text occurs in file path. */
+static inline int count_in(const char *path, const char *text)
+{
+	const char *b = slurp(path);
+	int n = 0;
+
+	for (const char *p = b; (p = strstr(p, text)); p += strlen(text))
+		n++;
+	return n;
+}
+
+/* The faults made: the lines of flog that name a call. */
+static inline int faults_made(void)
+{
+	return count_in(flog, " call ");
+}
+
+static inline struct ps_client *connect_retry(const struct ps_config *c, int rank)
+{
+	struct ps_client *cl = NULL;
+	char err[512];
+	int rc = -1;
+
+	for (int i = 0; i < 100; i++) {
+		rc = ps_client_init(&cl, c, rank, err, sizeof(err));
+		if (rc != -ECONNREFUSED && rc != PS_ECLOSED)
+			break;
+		tu_sleep_ms(100);
+	}
+	ck_assert_msg(rc == 0, "connect: %s (log %s)", err, slog);
+	return cl;
+}
+
+/* ---- a model with exact sums ---- */
+
+struct model {
+	float a[NA], rows[NID * DIM];
+	uint64_t clock;
+};
+
+static inline float dgrad(int i, uint64_t k)
+{
+	return (float)((int)((i * 7 + (int)k * 3) % 9) - 4);
+}
+
+static inline float rgrad(int id, int j, uint64_t k)
+{
+	return (float)((int)((id * 5 + j * 3 + (int)k * 7) % 9) - 4);
+}
+
+/* One sync clock of worker c (the only one): rows, then the dense push
+ * ending the clock; m follows. */
+static inline void train_clock(struct ps_client *c, struct model *m)
+{
+	static float g[NA], rg[NID * DIM];
+	uint64_t ids[NID];
+	struct ps_tensor t = { .name = "a", .data = g, .count = NA };
+	int64_t q;
+
+	for (int i = 0; i < NID; i++) {
+		ids[i] = (uint64_t)i * 0x9e3779b97f4a7c15ull;
+		for (int j = 0; j < DIM; j++) {
+			rg[i * DIM + j] = rgrad(i, j, m->clock);
+			m->rows[i * DIM + j] -= rg[i * DIM + j];
+		}
+	}
+	for (int i = 0; i < NA; i++) {
+		g[i] = dgrad(i, m->clock);
+		m->a[i] -= g[i];
+	}
+	ck_assert_msg(ps_client_push_rows(c, "e", m->clock, ids, NID, rg, 0) == 0, "push rows: %s",
+		      ps_client_error(c));
+	q = ps_client_push(c, m->clock, &t, 1, PS_PUSH_END_CLOCK);
+	ck_assert_msg(q > 0 && ps_client_wait(c, q) == 0, "push: %s", ps_client_error(c));
+	m->clock++;
+}
+
+/* The shard's weights and rows equal m's, exactly. */
+static inline void check_exact(struct ps_client *c, const struct model *m, const char *what)
+{
+	static float a[NA], rows[NID * DIM];
+	uint64_t ids[NID];
+	struct ps_tensor t = { .name = "a", .data = a, .count = NA };
+	int64_t q = ps_client_pull(c, m->clock, &t, 1);
+
+	ck_assert_msg(q > 0 && ps_client_wait(c, q) == 0, "%s: pull: %s", what, ps_client_error(c));
+	for (int i = 0; i < NA; i++)
+		ck_assert_msg(a[i] == m->a[i], "%s: a[%d] is %g, expected %g (log %s)", what, i, a[i],
+			      m->a[i], slog);
+	for (int i = 0; i < NID; i++)
+		ids[i] = (uint64_t)i * 0x9e3779b97f4a7c15ull;
+	ck_assert_msg(ps_client_pull_rows(c, "e", m->clock, ids, NID, rows) == 0, "%s: pull rows: %s",
+		      what, ps_client_error(c));
+	for (int i = 0; i < NID * DIM; i++)
+		ck_assert_msg(rows[i] == m->rows[i], "%s: row %d element %d is %g, expected %g", what,
+			      i / DIM, i % DIM, rows[i], m->rows[i]);
+}
+
+/* ---- configs ---- */
+
+static inline void write_cfg(const char *extra)
+{
+	char yaml[2048], err[512];
+	int port = tu_free_port();
+
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  workers: 1\n"
+		 "consistency:\n  mode: sync\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: zeros}\n"
+		 "  embeddings:\n    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n"
+		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n%s"
+		 "limits:\n  request_timeout_ms: 20000\n",
+		 tu_transport_yaml(), tu_host(), port, NA, DIM, dir, extra);
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+}
+
+static inline void make_dir(void)
+{
+	strcpy(dir, "/tmp/ps-test-fault-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(flog, sizeof(flog), "%s/faults.log", dir);
+	snprintf(slog, sizeof(slog), "%s/shard.log", dir);
+}
+
+static const char *pair_mode = "sync"; /* consistency.mode of write_pair_cfg */
+
+static inline void write_pair_cfg(const char *model, int request_ms)
+{
+	char yaml[2048];
+	int p0 = tu_low_free_port(0), p1 = tu_low_free_port(p0);
+
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n"
+		 "  replicas: 1\n  workers: 1\n"
+		 "replication:\n  timeout_ms: 1000\n"
+		 "consistency:\n  mode: %s\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n%s"
+		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
+		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
+		 "  request_timeout_ms: %d\n",
+		 tu_transport_yaml(), tu_host(), p0, tu_host(), p1, pair_mode, model, request_ms);
+	tu_replica_config(yaml, cfg_path, &cfg, dir, "/tmp/ps-test-fault-XXXXXX");
+	snprintf(flog, sizeof(flog), "%s/faults.log", dir);
+}
+
+static inline const char *rlog(int r)
+{
+	static char path[2][160];
+
+	snprintf(path[r], sizeof(path[r]), "%s/shard0-r%d.log", dir, r);
+	return path[r];
+}
+
+/* Both processes hold the same weights and tables (checksums), at the
+ * same clock and batch (waited for). */
+static inline void assert_in_sync(uint64_t clock, const char *what)
+{
+	struct ps_shard_stats st[2];
+	double t0 = ps_now_s();
+	int ok = 0;
+
+	while (!ok && ps_now_s() - t0 < 10 * tu_time_scale()) {
+		ok = 1;
+		for (int r = 0; r < 2; r++)
+			ok = ok && tu_replica_stats(&cfg, 0, r, -1, &st[r]) == 0 &&
+			     st[r].worker_clock[0] == clock && st[r].repl_lsn == st[0].repl_lsn;
+		if (!ok)
+			tu_sleep_ms(20);
+	}
+	ck_assert_msg(ok, "%s: the two processes do not both stand at clock %llu (logs in %s)",
+		      what, (unsigned long long)clock, dir);
+	ck_assert_msg(st[0].param_checksum == st[1].param_checksum, "%s: dense checksums %llx and "
+		      "%llx", what, (unsigned long long)st[0].param_checksum,
+		      (unsigned long long)st[1].param_checksum);
+	ck_assert_int_eq(st[0].ntables, 1);
+	ck_assert_int_eq(st[1].ntables, 1);
+	ck_assert_uint_eq(st[0].tables[0].rows, NID);
+	ck_assert_msg(st[0].tables[0].checksum == st[1].tables[0].checksum, "%s: table checksums "
+		      "%llx and %llx", what, (unsigned long long)st[0].tables[0].checksum,
+		      (unsigned long long)st[1].tables[0].checksum);
+}
+
+
+/* The checks a program of libpsfault.so makes before its cases: 0 to
+ * run them, else the exit status (77: skipped, the reason printed). */
+static inline int tu_fault_setup(const char *prog)
+{
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+	if (SANITIZED) {
+		printf("%s: skipped: the sanitizer's runtime must be the first library loaded, "
+		       "before libpsfault.so\n", prog);
+		return 77;
+	}
+	if (getenv("PS_TEST_VALGRIND")) {
+		printf("%s: skipped: under valgrind, whose malloc libpsfault.so would bypass\n",
+		       prog);
+		return 77;
+	}
+	if (n <= 0)
+		return 1;
+	self[n] = 0;
+	snprintf(lib, sizeof(lib), "%s/libpsfault.so", dirname(strdup(self)));
+	if (access(lib, R_OK)) {
+		fprintf(stderr, "%s: %s is missing (make %s)\n", prog, lib, lib);
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	return 0;
+}
+
+#endif
