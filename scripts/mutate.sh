@@ -165,8 +165,12 @@ if [ ! -x "$VENV/bin/mutate" ]; then
 fi
 
 export PS_SECRET_FILE=$PWD/$OUT/ps.secret   # absolute: pytest runs in python/tests
+# the replicated shards' key, as run-tests.sh makes it (a program that does
+# not make its own would see its pairs refuse to start)
+export PS_REPL_KEY_FILE=$PWD/$OUT/ps.replkey
 export PS_TEST_QUICK=1   # it_checkpoint leaves out its minute-long 4.4 GB case
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
+[ -f "$PS_REPL_KEY_FILE" ] || scripts/ps-keygen "$PS_REPL_KEY_FILE" 2>/dev/null || exit 1
 
 SAN=address,undefined
 declare -A SUITES
