@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <sodium.h>
 #include "auth.h"
+#include "codec.h"
 #include "config.h"
 #include "frame_mac.h"
 #include "msg.h"
@@ -688,15 +689,64 @@ END_TEST
 
 /* Two fake shards that hold the secret: each completes the handshake
  * (proof, session keys, MACed frames) and answers pulls as `mode` says. */
-enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE, ANSWER_AFTER_UNEXPECTED, ANSWER_NEVER };
+enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE, ANSWER_AFTER_UNEXPECTED, ANSWER_NEVER,
+       /* malformed replies of the shard's own slice (fake_bad_pull_reply) */
+       BAD_CODEC, BAD_RAW_SHORT, BAD_PAST_PAYLOAD, BAD_OFFSET_PAST, BAD_UNKNOWN_SLICE,
+       BAD_FP16_SECOND_SHORT, BAD_END };
 
 struct fake_shard {
-	int port, shard, mode, lfd;
+	int port, shard, lfd;
+	volatile int mode; /* changed by the test between pulls */
 	pthread_t th;
 	volatile int stop;
 	int pulls; /* pulls answered */
 	volatile int held; /* pulls left unanswered (ANSWER_NEVER) */
 };
+
+/* A PullReply for req_id of slice s (the shard's own) broken as mode
+ * says, its values 100 + shard where there are any:
+ *  BAD_CODEC: codec 3 (neither raw nor fp16);
+ *  BAD_RAW_SHORT: raw, one float short of the slice;
+ *  BAD_PAST_PAYLOAD: raw, its bytes running 4 past the payload's end;
+ *  BAD_OFFSET_PAST: raw, starting 8 bytes past the payload's end;
+ *  BAD_UNKNOWN_SLICE: a slice number past the map's;
+ *  BAD_FP16_SECOND_SHORT: the slice twice, right in raw, then in fp16 one
+ *  value short (a decode failing after the first was copied). */
+static int fake_bad_pull_reply(struct fake *fk, uint64_t req_id, uint32_t s, int mode, float v)
+{
+	Ps__PullReply r = PS__PULL_REPLY__INIT;
+	Ps__SliceRef refs[2], *rp[2] = { &refs[0], &refs[1] };
+	uint64_t raw = (uint64_t)map.slices[s].count * sizeof(float), plen = raw;
+	float *pay = malloc(raw);
+	int rc;
+
+	for (uint64_t i = 0; i < raw / sizeof(float); i++)
+		pay[i] = v;
+	for (int i = 0; i < 2; i++) {
+		ps__slice_ref__init(&refs[i]);
+		refs[i].slice = s;
+		refs[i].length = raw;
+		refs[i].version = 1;
+	}
+	r.n_slices = 1;
+	switch (mode) {
+	case BAD_CODEC: refs[0].codec = 3; break;
+	case BAD_RAW_SHORT: refs[0].length = raw - 4; break;
+	case BAD_PAST_PAYLOAD: refs[0].offset = 4; break;
+	case BAD_OFFSET_PAST: refs[0].offset = plen + 8; break;
+	case BAD_UNKNOWN_SLICE: refs[0].slice = (uint32_t)map.nslices; break;
+	case BAD_FP16_SECOND_SHORT:
+		r.n_slices = 2;
+		refs[1].codec = PS_CODEC_FP16;
+		refs[1].length = (uint64_t)map.slices[s].count * 2 - 2;
+		break;
+	}
+	r.req_id = req_id;
+	r.slices = rp;
+	rc = fake_send(fk, PS_MSG_PULL_REPLY, &r.base, pay, plen);
+	free(pay);
+	return rc;
+}
 
 static void fake_handshake(struct fake *fk, int shard)
 {
@@ -771,8 +821,12 @@ static void *fake_shard_main(void *arg)
 			if (fs->mode == ANSWER_FOREIGN_SLICE)
 				for (int i = 0; i < n; i++)
 					sl[i] = (uint32_t)(map.slices[0].shard == fs->shard ? 1 : 0);
-			ck_assert_int_eq(fake_pull_reply(&fk, q->req_id, &map, sl, n,
-							 100.0f + (float)fs->shard), 0);
+			if (fs->mode >= BAD_CODEC)
+				ck_assert_int_eq(fake_bad_pull_reply(&fk, q->req_id, sl[0], fs->mode,
+								     100.0f + (float)fs->shard), 0);
+			else
+				ck_assert_int_eq(fake_pull_reply(&fk, q->req_id, &map, sl, n,
+								 100.0f + (float)fs->shard), 0);
 			fs->pulls++;
 		}
 		protobuf_c_message_free_unpacked(m, NULL);
@@ -849,6 +903,52 @@ START_TEST(test_foreign_slice_refused)
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(w[i] != 101.0f, "w[%d] written by shard 1's reply for a slice it "
 			      "does not hold", i);
+	ps_client_free(c);
+	fake_shards_stop(fs);
+}
+END_TEST
+
+/* An authenticated shard answers pulls with replies of its own slice that
+ * do not add up: another codec, a length that is not the slice's, bytes
+ * past the payload, a slice the map does not have, a second copy of the
+ * slice in fp16 that does not decode. Each fails the pull as malformed
+ * naming the shard, and none of shard 1's values reaches the weights
+ * (every slice is checked before any is written); then an honest reply on
+ * the same connection is taken. */
+START_TEST(test_malformed_pull_replies)
+{
+	static const char *what[] = { "codec 3", "raw, one float short", "past the payload",
+				      "offset past the payload", "unknown slice",
+				      "fp16 copy one value short" };
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	struct fake_shard fs[2];
+
+	fake_shards_start(fs, BAD_CODEC);
+	struct ps_client *c = connect_retry();
+	for (int mode = BAD_CODEC; mode < BAD_END; mode++) {
+		fs[1].mode = mode;
+		for (int i = 0; i < N; i++)
+			w[i] = -7.0f;
+		int64_t q = ps_client_pull(c, 0, &tw, 1);
+		ck_assert_int_gt(q, 0);
+		int rc = ps_client_wait(c, q);
+		ck_assert_msg(rc == PS_EPROTO, "%s: %s (%s)", what[mode - BAD_CODEC], ps_strerror(rc),
+			      ps_client_error(c));
+		ck_assert_msg(strstr(ps_client_error(c), "shard 1 sent a malformed pull reply"),
+			      "%s: %s", what[mode - BAD_CODEC], ps_client_error(c));
+		for (int i = 0; i < N; i++)
+			ck_assert_msg(w[i] != 101.0f, "%s: w[%d] written from a malformed reply",
+				      what[mode - BAD_CODEC], i);
+	}
+	fs[1].mode = ANSWER_RIGHT;
+	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	ck_assert_int_gt(q, 0);
+	ck_assert_msg(ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
+	for (int i = 0; i < N; i++) {
+		const struct ps_slice *sl = &map.slices[i < (int)map.slices[0].count ? 0 : 1];
+		ck_assert_msg(w[i] == 100.0f + (float)sl->shard, "w[%d] = %g", i, (double)w[i]);
+	}
 	ps_client_free(c);
 	fake_shards_stop(fs);
 }
@@ -1065,6 +1165,7 @@ int main(void)
 	TU_ADD(tc, test_client_survives_reset_under_write);
 	TU_ADD(tc, test_fake_shards_answer_right);
 	TU_ADD(tc, test_foreign_slice_refused);
+	TU_ADD(tc, test_malformed_pull_replies);
 	TU_ADD(tc, test_unexpected_frame_logged);
 	TU_ADD(tc, test_unexpected_frame_read_by_waiter);
 	TU_ADD(tc, test_stop_refused_push_waits_for_handshake);
