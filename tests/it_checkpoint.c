@@ -1102,7 +1102,8 @@ static int tmp_file_in(const char *d)
 }
 
 /* SIGTERM while a checkpoint on request is being written (its temporary
- * file is there): the shard says it waits for it, then writes the last
+ * file is there; a second checkpoint asked meanwhile is refused, "a
+ * checkpoint is being written now"): the shard says it waits for it, then writes the last
  * checkpoint, named for the signal, exits 0, and the file loads with the
  * last update in it; when the folder vanished meanwhile, both fail and the
  * shard exits 1. */
@@ -1132,6 +1133,17 @@ START_TEST(test_sigterm_during_checkpoint)
 	while (!tmp_file_in(dir) && ps_now_s() < deadline)
 		tu_sleep_ms(1);
 	ck_assert_msg(tmp_file_in(dir), "no checkpoint being written within 30 s");
+	/* another asked meanwhile (a monitor) is refused at once, saying why */
+	struct ps_client *mon = NULL;
+	struct ps_shard_stats ss;
+	char err[512];
+	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps_client_checkpoint(mon, 0, 1, &ss), 0);
+	ck_assert_msg(ss.checkpoint_status == PS_ESTATE &&
+		      strstr(ss.checkpoint_error, "a checkpoint is being written now"),
+		      "a second checkpoint during the first: status %d, '%s'", ss.checkpoint_status,
+		      ss.checkpoint_error);
+	ps_client_free(mon);
 	kill(srv[0], SIGTERM);
 	int st = tu_wait_child(srv[0]);
 	pthread_join(th, NULL);
