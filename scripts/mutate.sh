@@ -81,8 +81,11 @@ suites_for() {
     server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_auth it_replica_cases ;;
     # it_hostile reads the queue figures; it_decl_tables restarts from a
     # chain of incremental checkpoints (the base length its deltas name);
-    # it_reshard_live: the re-shard stop requests
-    server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live ;;
+    # it_reshard_live: the re-shard stop requests; it_rows' one case: the
+    # incremental checkpoints, copied on the loop or written by a forked
+    # child (checkpoint.fork_bytes)
+    server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live \
+                                    it_rows@test_incremental_kill9 ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
     server/declare.c)          echo it_declare it_groups ;;
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;
