@@ -787,6 +787,29 @@ static void poke_u64(const char *f, long off, uint64_t v)
 	fix_crc(f);
 }
 
+/* Puts v at byte offset off of f and fixes the CRC. */
+static void poke_u32(const char *f, long off, uint32_t v)
+{
+	int fd = open(f, O_RDWR);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pwrite(fd, &v, 4, off), 4);
+	close(fd);
+	fix_crc(f);
+}
+
+/* The 4 bytes at offset off of f. */
+static uint32_t peek_u32(const char *f, long off)
+{
+	uint32_t v = 0;
+	int fd = open(f, O_RDONLY);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &v, 4, off), 4);
+	close(fd);
+	return v;
+}
+
 static void copy_file(const char *from, const char *to)
 {
 	size_t len;
@@ -802,8 +825,10 @@ static void copy_file(const char *from, const char *to)
 /* Checkpoint files (docs/security.md): created mode 0600 under a fresh
  * name, so symlinks planted in the folder, at the checkpoint's name and at
  * the name a temporary file used to have, redirect nothing; on load the
- * size is checked against the configuration before anything is read, and
- * versions, step counts and finished clocks must be in range (each edit
+ * size is checked against the configuration before anything is read,
+ * versions, step counts and finished clocks must be in range, and the
+ * byte order, the number of slices and each slot's slice id and count the
+ * shard's own (each edit
  * below carries a valid checksum, so only these checks can refuse it); a
  * FIFO or a symbolic link at the checkpoint's name is refused at start. */
 START_TEST(test_checkpoint_files)
@@ -839,6 +864,36 @@ START_TEST(test_checkpoint_files)
 	poke_u64(ck0, 48 + 16, UINT64_C(1) << 60);
 	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
 	ck_assert_msg(strstr(out, "more than any run makes") && strstr(out, ck0), "%s", out);
+	copy_file(saved, ck0);
+	/* ... and its step count (after the version) */
+	poke_u64(ck0, 48 + 24, UINT64_C(1) << 60);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "1152921504606846976 steps, more than any run makes"), "%s",
+		      out);
+	copy_file(saved, ck0);
+	/* the slot's slice id and its count must be the shard's own */
+	uint32_t id = peek_u32(ck0, 48), nslots = peek_u32(ck0, 40);
+	char want[200];
+	poke_u32(ck0, 48, id + 1);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	snprintf(want, sizeof(want), "slice 0 is id %u of ", id + 1);
+	ck_assert_msg(strstr(out, want) && strstr(out, "expected id"), "%s", out);
+	copy_file(saved, ck0);
+	poke_u64(ck0, 48 + 8, 1);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	snprintf(want, sizeof(want), "slice 0 is id %u of 1 values, expected id %u", id, id);
+	ck_assert_msg(strstr(out, want), "%s", out);
+	copy_file(saved, ck0);
+	/* the header: the other byte order, and another number of slices */
+	poke_u32(ck0, 8, 0x04030201u);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "written on a machine of the other byte order") &&
+		      strstr(out, ck0), "%s", out);
+	copy_file(saved, ck0);
+	poke_u32(ck0, 40, nslots + 1);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	snprintf(want, sizeof(want), "holds %u slices, this shard owns %u", nslots + 1, nslots);
+	ck_assert_msg(strstr(out, want), "%s", out);
 	copy_file(saved, ck0);
 	poke_u64(ck0, -12, UINT64_C(1) << 60);
 	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
