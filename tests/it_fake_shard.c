@@ -9,8 +9,13 @@
  *     security.auth, before the shard proved the secret) are never acted
  *     on: the connection is closed, the pull and the push stay pending,
  *     and both complete with exact values once the real shard is back;
- *   - a pull reply naming a slice the answering shard does not hold fails
- *     the pull and writes nothing of that reply into the caller's weights.
+ *   - a pull reply naming a slice the answering shard does not hold, or
+ *     one that does not add up (codec, length, offsets, an fp16 copy that
+ *     does not decode), fails the pull and writes nothing of that reply
+ *     into the caller's weights;
+ *   - a challenge with a nonce of the wrong length, a second challenge, or
+ *     one to a process with security.auth off fails the first connection
+ *     with the reason.
  */
 #include <check.h>
 #include <errno.h>
@@ -908,6 +913,90 @@ START_TEST(test_foreign_slice_refused)
 }
 END_TEST
 
+/* ---- challenges a worker must not accept ---- */
+
+enum { CH_SHORT_NONCE, CH_TWICE, CH_TO_AUTH_OFF, CH_END };
+
+struct challenger {
+	int lfd, variant;
+	int closed_ms; /* until the client closed the connection; -1: it did not */
+};
+
+/* The shard's side of one handshake gone wrong as variant says: a
+ * challenge with a 5-byte nonce; a right one, then (the client's proof
+ * taken, frames MACed) a second; a right one to a client that has
+ * security.auth off. */
+static void *challenger_main(void *arg)
+{
+	struct challenger *ch = arg;
+	struct fake fk = { .fd = fake_accept(ch->lfd, 5000) };
+	uint8_t hello[1024], nonce[PS_AUTH_NONCE_LEN], t[32], proof[PS_AUTH_PROOF_LEN];
+	size_t hlen = sizeof(hello);
+	ProtobufCMessage *m = NULL;
+
+	ch->closed_ms = -1;
+	if (fk.fd < 0)
+		return NULL;
+	ck_assert_int_eq(fake_recv(&fk, &m, hello, &hlen, 5000), PS_MSG_HELLO);
+	protobuf_c_message_free_unpacked(m, NULL);
+	ps_auth_random(nonce, sizeof(nonce));
+	ps_auth_transcript(hello, hlen, nonce, t);
+	ps_auth_proof(secret, t, 1, proof);
+	Ps__AuthChallenge c = PS__AUTH_CHALLENGE__INIT;
+	c.nonce = (ProtobufCBinaryData){ ch->variant == CH_SHORT_NONCE ? 5 : sizeof(nonce), nonce };
+	c.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+	ck_assert_int_eq(fake_send(&fk, PS_MSG_AUTH_CHALLENGE, &c.base, NULL, 0), 0);
+	if (ch->variant == CH_TWICE) {
+		ck_assert_int_eq(fake_recv(&fk, &m, NULL, NULL, 5000), PS_MSG_AUTH);
+		protobuf_c_message_free_unpacked(m, NULL);
+		ps_auth_session_keys(secret, t, 1, &fk.keys);
+		fk.keyed = 1;
+		ck_assert_int_eq(fake_send(&fk, PS_MSG_AUTH_CHALLENGE, &c.base, NULL, 0), 0);
+	}
+	ch->closed_ms = fake_wait_closed(fk.fd, 5000);
+	close(fk.fd);
+	return NULL;
+}
+
+/* A worker's first connection meets a challenge it must refuse: a nonce
+ * of the wrong length, a second challenge after the first was answered,
+ * any challenge when this process has security.auth off. ps_client_init
+ * fails with the reason naming the shard, and the connection is closed
+ * (nothing of the shard's is believed). */
+START_TEST(test_bad_challenges_refused)
+{
+	static const char *want[] = { "auth-challenge with a 5-byte nonce",
+				      "unexpected auth-challenge",
+				      "the shard requires authentication and this process has "
+				      "security.auth: false" };
+	static const int code[] = { PS_EPROTO, PS_EPROTO, PS_EAUTH };
+	static struct ps_config off;
+	int port = tu_free_port();
+	char err[512];
+
+	write_cfg(1, &port);
+	memcpy(&off, &cfg, sizeof(off));
+	off.security.auth = 0;
+	int lfd = fake_listen(port);
+	for (int v = 0; v < CH_END; v++) {
+		struct challenger ch = { .lfd = lfd, .variant = v };
+		struct ps_client *c = NULL;
+		pthread_t th;
+
+		ck_assert_int_eq(pthread_create(&th, NULL, challenger_main, &ch), 0);
+		int rc = ps_client_init(&c, v == CH_TO_AUTH_OFF ? &off : &cfg, 0, err, sizeof(err));
+		pthread_join(th, NULL);
+		ck_assert_msg(rc == code[v] && strstr(err, want[v]) && strstr(err, "shard 0"),
+			      "variant %d: %s (%s), '%s' expected", v, ps_strerror(rc), err, want[v]);
+		ck_assert_msg(ch.closed_ms >= 0, "variant %d: the connection was left open", v);
+		ps_client_free(c);
+	}
+	close(lfd);
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+END_TEST
+
 /* An authenticated shard answers pulls with replies of its own slice that
  * do not add up: another codec, a length that is not the slice's, bytes
  * past the payload, a slice the map does not have, a second copy of the
@@ -1166,6 +1255,7 @@ int main(void)
 	TU_ADD(tc, test_fake_shards_answer_right);
 	TU_ADD(tc, test_foreign_slice_refused);
 	TU_ADD(tc, test_malformed_pull_replies);
+	TU_ADD(tc, test_bad_challenges_refused);
 	TU_ADD(tc, test_unexpected_frame_logged);
 	TU_ADD(tc, test_unexpected_frame_read_by_waiter);
 	TU_ADD(tc, test_stop_refused_push_waits_for_handshake);
