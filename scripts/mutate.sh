@@ -83,9 +83,10 @@ suites_for() {
     # chain of incremental checkpoints (the base length its deltas name);
     # it_reshard_live: the re-shard stop requests; it_rows' one case: the
     # incremental checkpoints, copied on the loop or written by a forked
-    # child (checkpoint.fork_bytes)
+    # child (checkpoint.fork_bytes); it_client_api: a checkpoint asked of a
+    # shard without checkpoint.dir
     server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live \
-                                    it_rows@test_incremental_kill9 ;;
+                                    it_rows@test_incremental_kill9 it_client_api@test_stats_sized ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
     server/declare.c)          echo it_declare it_groups ;;
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;
