@@ -1158,7 +1158,9 @@ static int tmp_file_in(const char *d)
 
 /* SIGTERM while a checkpoint on request is being written (its temporary
  * file is there; a second checkpoint asked meanwhile is refused, "a
- * checkpoint is being written now"): the shard says it waits for it, then writes the last
+ * checkpoint is being written now"; before, one asked by a monitor that
+ * left before it was written is written, and the shard goes on): the
+ * shard says it waits for it, then writes the last
  * checkpoint, named for the signal, exits 0, and the file loads with the
  * last update in it; when the folder vanished meanwhile, both fail and the
  * shard exits 1. */
@@ -1181,10 +1183,32 @@ START_TEST(test_sigterm_during_checkpoint)
 	struct ps_tensor tg = { "small", g, 16, 0 }, tw = { "small", w, 16, 0 };
 	int64_t id = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
 	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "push: %s", ps_client_error(c));
+	/* a monitor that asked for a checkpoint and went away before it was
+	 * written: the shard forgets it (it would answer a freed connection)
+	 * and goes on */
+	static struct ps_config quick;
+	struct ps_client *left = NULL;
+	struct ps_shard_stats gst;
+	char gerr[512];
+	memcpy(&quick, &cfg, sizeof(quick));
+	quick.limits.request_timeout_ms = 50;
+	ck_assert_msg(ps_client_init(&left, &quick, -1, gerr, sizeof(gerr)) == 0, "%s", gerr);
+	ck_assert_int_eq(ps_client_checkpoint(left, 0, 1, &gst), PS_ETIMEDOUT);
+	ps_client_free(left);
+	double deadline = ps_now_s() + 30 * tu_time_scale();
+	while (!tmp_file_in(dir) && ps_now_s() < deadline)
+		tu_sleep_ms(1);
+	while (tmp_file_in(dir) && ps_now_s() < deadline)
+		tu_sleep_ms(1);
+	ck_assert_msg(!tmp_file_in(dir), "the checkpoint of the monitor that left was not "
+		      "written within 30 s");
+	ck_assert_msg(waitpid(srv[0], NULL, WNOHANG) == 0, "the shard died after the monitor "
+		      "that asked for a checkpoint left");
+	ck_assert_int_eq(ps_client_stats(c, 0, &gst), 0);
 	struct asker a = { .c = c };
 	pthread_t th;
 	ck_assert_int_eq(pthread_create(&th, NULL, ask_checkpoint, &a), 0);
-	double deadline = ps_now_s() + 30 * tu_time_scale();
+	deadline = ps_now_s() + 30 * tu_time_scale();
 	while (!tmp_file_in(dir) && ps_now_s() < deadline)
 		tu_sleep_ms(1);
 	ck_assert_msg(tmp_file_in(dir), "no checkpoint being written within 30 s");
