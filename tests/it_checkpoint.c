@@ -1156,11 +1156,77 @@ static int tmp_file_in(const char *d)
 	return found;
 }
 
+/* Checkpoints asked of a shard on request (the 191 MiB model of big_cfg):
+ * one asked by a monitor that leaves before it is written (its request
+ * timed out) is written, and the shard forgets the monitor and goes on
+ * (it would answer a freed connection); one asked while another is being
+ * written is refused at once with PS_ESTATE, "a checkpoint is being
+ * written now" (a write can end before the second request arrives on a
+ * fast disk: then it is tried again, five times at most). */
+START_TEST(test_checkpoint_requests_overlap)
+{
+	static struct ps_config quick;
+	struct ps_client *c, *mon = NULL, *left = NULL;
+	struct ps_shard_stats st, ms;
+	char err[512];
+	int port = tu_free_port(), rc, refused = 0;
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	path[0] = 0;
+	big_cfg(port, "  on_request: true\n  min_interval_s: 0\n");
+	srv[0] = tu_start_server(path, 0);
+	c = connect_slow(srv[0]);
+	memcpy(&quick, &cfg, sizeof(quick));
+	quick.limits.request_timeout_ms = 50;
+	ck_assert_msg(ps_client_init(&left, &quick, -1, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
+
+	double asked = ps_now_s();
+	ck_assert_int_eq(ps_client_checkpoint(left, 0, 1, &st), PS_ETIMEDOUT);
+	ps_client_free(left);
+	/* done when the shard's last good checkpoint is younger than the
+	 * request (it says so once the job is over, not at the rename) */
+	double deadline = ps_now_s() + 30 * tu_time_scale();
+	while ((rc = ps_client_stats(c, 0, &st)) == 0 && ps_now_s() < deadline &&
+	       st.checkpoint_age_s >= ps_now_s() - asked)
+		tu_sleep_ms(10);
+	ck_assert_msg(rc == 0 && waitpid(srv[0], NULL, WNOHANG) == 0, "the shard died after "
+		      "the monitor that asked for a checkpoint left: %s", ps_client_error(c));
+	ck_assert_msg(st.checkpoint_age_s < ps_now_s() - asked && st.checkpoint_failures == 0,
+		      "the checkpoint of the monitor that left was not written within 30 s");
+
+	for (int i = 0; i < 5 && !refused; i++) {
+		struct asker a = { .c = c };
+		pthread_t th;
+		ck_assert_int_eq(pthread_create(&th, NULL, ask_checkpoint, &a), 0);
+		deadline = ps_now_s() + 30 * tu_time_scale();
+		while (!tmp_file_in(dir) && ps_now_s() < deadline)
+			tu_sleep_ms(1);
+		ck_assert_msg(tmp_file_in(dir), "no checkpoint being written within 30 s");
+		ck_assert_int_eq(ps_client_checkpoint(mon, 0, 1, &ms), 0);
+		pthread_join(th, NULL);
+		ck_assert_msg(a.rc == 0 && a.st.checkpoint_status == 0, "the first: %s",
+			      a.st.checkpoint_error);
+		/* written already when the second came: not refused, written too */
+		ck_assert_msg(ms.checkpoint_status == 0 ||
+			      (ms.checkpoint_status == PS_ESTATE &&
+			       strstr(ms.checkpoint_error, "a checkpoint is being written now")),
+			      "a second checkpoint during the first: status %d, '%s'",
+			      ms.checkpoint_status, ms.checkpoint_error);
+		refused = ms.checkpoint_status != 0;
+	}
+	ck_assert_msg(refused, "five checkpoints asked while another was being written were "
+		      "all taken");
+	ps_client_free(mon);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	stop_files();
+}
+END_TEST
+
 /* SIGTERM while a checkpoint on request is being written (its temporary
- * file is there; a second checkpoint asked meanwhile is refused, "a
- * checkpoint is being written now"; before, one asked by a monitor that
- * left before it was written is written, and the shard goes on): the
- * shard says it waits for it, then writes the last
+ * file is there): the shard says it waits for it, then writes the last
  * checkpoint, named for the signal, exits 0, and the file loads with the
  * last update in it; when the folder vanished meanwhile, both fail and the
  * shard exits 1. */
@@ -1183,46 +1249,13 @@ START_TEST(test_sigterm_during_checkpoint)
 	struct ps_tensor tg = { "small", g, 16, 0 }, tw = { "small", w, 16, 0 };
 	int64_t id = ps_client_push(c, 0, &tg, 1, PS_PUSH_END_CLOCK);
 	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "push: %s", ps_client_error(c));
-	/* a monitor that asked for a checkpoint and went away before it was
-	 * written: the shard forgets it (it would answer a freed connection)
-	 * and goes on */
-	static struct ps_config quick;
-	struct ps_client *left = NULL;
-	struct ps_shard_stats gst;
-	char gerr[512];
-	memcpy(&quick, &cfg, sizeof(quick));
-	quick.limits.request_timeout_ms = 50;
-	ck_assert_msg(ps_client_init(&left, &quick, -1, gerr, sizeof(gerr)) == 0, "%s", gerr);
-	ck_assert_int_eq(ps_client_checkpoint(left, 0, 1, &gst), PS_ETIMEDOUT);
-	ps_client_free(left);
-	double deadline = ps_now_s() + 30 * tu_time_scale();
-	while (!tmp_file_in(dir) && ps_now_s() < deadline)
-		tu_sleep_ms(1);
-	while (tmp_file_in(dir) && ps_now_s() < deadline)
-		tu_sleep_ms(1);
-	ck_assert_msg(!tmp_file_in(dir), "the checkpoint of the monitor that left was not "
-		      "written within 30 s");
-	ck_assert_msg(waitpid(srv[0], NULL, WNOHANG) == 0, "the shard died after the monitor "
-		      "that asked for a checkpoint left");
-	ck_assert_int_eq(ps_client_stats(c, 0, &gst), 0);
 	struct asker a = { .c = c };
 	pthread_t th;
 	ck_assert_int_eq(pthread_create(&th, NULL, ask_checkpoint, &a), 0);
-	deadline = ps_now_s() + 30 * tu_time_scale();
+	double deadline = ps_now_s() + 30 * tu_time_scale();
 	while (!tmp_file_in(dir) && ps_now_s() < deadline)
 		tu_sleep_ms(1);
 	ck_assert_msg(tmp_file_in(dir), "no checkpoint being written within 30 s");
-	/* another asked meanwhile (a monitor) is refused at once, saying why */
-	struct ps_client *mon = NULL;
-	struct ps_shard_stats ss;
-	char err[512];
-	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
-	ck_assert_int_eq(ps_client_checkpoint(mon, 0, 1, &ss), 0);
-	ck_assert_msg(ss.checkpoint_status == PS_ESTATE &&
-		      strstr(ss.checkpoint_error, "a checkpoint is being written now"),
-		      "a second checkpoint during the first: status %d, '%s'", ss.checkpoint_status,
-		      ss.checkpoint_error);
-	ps_client_free(mon);
 	kill(srv[0], SIGTERM);
 	int st = tu_wait_child(srv[0]);
 	pthread_join(th, NULL);
@@ -1480,6 +1513,7 @@ int main(void)
 	TU_ADD(tc, test_crash_while_checkpointing);
 	TU_ADD(tc, test_checkpoint_files);
 	TU_ADD(tc, test_checkpoint_on_request);
+	TU_ADD(tc, test_checkpoint_requests_overlap);
 	TU_ADD(tc, test_sigterm_during_checkpoint);
 	TU_ADD(tc, test_checkpoint_over_4gib);
 	TU_ADD(tc, test_resume_different_clocks);
