@@ -701,6 +701,11 @@ START_TEST(test_checksum_tracks_weights)
 	ck_assert_uint_eq(ps_store_checksum(&a), ps_store_checksum(&b));
 	b.slots[0].w[17] += 1.0f;
 	ck_assert_uint_ne(ps_store_checksum(&a), ps_store_checksum(&b));
+	/* every float of the slot counts, the last one too */
+	b.slots[0].w[17] = a.slots[0].w[17];
+	ck_assert_uint_eq(ps_store_checksum(&a), ps_store_checksum(&b));
+	b.slots[0].w[199] += 1.0f;
+	ck_assert_uint_ne(ps_store_checksum(&a), ps_store_checksum(&b));
 	ps_store_free(&a);
 	ps_store_free(&b);
 	ps_shardmap_free(&map);
