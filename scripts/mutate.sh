@@ -83,9 +83,13 @@ suites_for() {
     server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_auth it_replica_cases ;;
     # it_hostile reads the queue figures; it_decl_tables restarts from a
     # chain of incremental checkpoints (the base length its deltas name);
-    # it_reshard_live: the re-shard stop requests
-    # it_fault: the checkpoint writer's failures, the CRC's read-back cut short
+    # it_reshard_live: the re-shard stop requests; it_rows' one case: the
+    # incremental checkpoints, copied on the loop or written by a forked
+    # child (checkpoint.fork_bytes); it_client_api: a checkpoint asked of a
+    # shard without checkpoint.dir; it_fault: the checkpoint writer's
+    # failures, the CRC's read-back cut short
     server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live \
+                                    it_rows@test_incremental_kill9 it_client_api@test_stats_sized \
                                     it_fault@test_ckpt_faults ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
     server/declare.c)          echo it_declare it_groups ;;
@@ -132,13 +136,15 @@ suites_for() {
     # it_reader: a reader's handshake and its errors; the one elastic case:
     # a join's clock read from the shards' Stats; it_client_api: the rank's
     # range; the one it_reshard_ops case: a waiting join's reason (member_error);
-    # the two it_replica_stats cases: the replication figures of the Stats
+    # the two it_replica_stats cases: the replication figures of the Stats;
+    # it_reshard_live: a live re-shard followed (pushes refused at a stop and
+    # sent again, re-cut pushes a new shard's checkpoint holds, pairs)
     worker/client/ps_client.c|worker/client/ps_client_build.c|worker/client/ps_client_conn.c|worker/client/ps_client_req.c)
                                echo it_fake_shard it_cluster it_checkpoint it_hostile it_replica_cases it_reader \
                                     it_elastic@test_restart_keeps_membership it_client_api \
                                     it_reshard_ops@test_one_change_at_a_time \
                                     it_replica_stats@test_figures_follow_operations,test_link_timers \
-                                    it_fault@test_send_eagain san:it_fake_shard ;;
+                                    it_fault@test_send_eagain it_reshard_live san:it_fake_shard ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables ;;
@@ -178,8 +184,12 @@ if [ ! -x "$VENV/bin/mutate" ]; then
 fi
 
 export PS_SECRET_FILE=$PWD/$OUT/ps.secret   # absolute: pytest runs in python/tests
+# the replicated shards' key, as run-tests.sh makes it (a program that does
+# not make its own would see its pairs refuse to start)
+export PS_REPL_KEY_FILE=$PWD/$OUT/ps.replkey
 export PS_TEST_QUICK=1   # it_checkpoint leaves out its minute-long 4.4 GB case
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
+[ -f "$PS_REPL_KEY_FILE" ] || scripts/ps-keygen "$PS_REPL_KEY_FILE" 2>/dev/null || exit 1
 
 SAN=address,undefined
 declare -A SUITES

@@ -701,6 +701,11 @@ START_TEST(test_checksum_tracks_weights)
 	ck_assert_uint_eq(ps_store_checksum(&a), ps_store_checksum(&b));
 	b.slots[0].w[17] += 1.0f;
 	ck_assert_uint_ne(ps_store_checksum(&a), ps_store_checksum(&b));
+	/* every float of the slot counts, the last one too */
+	b.slots[0].w[17] = a.slots[0].w[17];
+	ck_assert_uint_eq(ps_store_checksum(&a), ps_store_checksum(&b));
+	b.slots[0].w[199] += 1.0f;
+	ck_assert_uint_ne(ps_store_checksum(&a), ps_store_checksum(&b));
 	ps_store_free(&a);
 	ps_store_free(&b);
 	ps_shardmap_free(&map);
@@ -965,6 +970,76 @@ START_TEST(test_optimizer_state_through_store)
 }
 END_TEST
 
+/* ps_store_check, the push path's test of a gradient before it is
+ * offered: a raw one of the wrong length, an unknown codec, an fp16 one
+ * that does not decode, a NaN (raw) or an infinity (fp16) anywhere are
+ * refused with the reason; in async mode (_i 1) also finite values whose
+ * update would overflow (sgd at lr 10: w - 10 * 3e38), which sync probes
+ * when it applies the clock's sum instead. Nothing is applied. */
+START_TEST(test_check_refuses_bad_gradients)
+{
+	static struct ps_config cfg;
+	struct ps_shardmap map;
+	struct ps_store st;
+	static float g[200];
+	static uint16_t h[200];
+	char err[200] = "";
+	int rc;
+
+	make_cfg(&cfg, 2, _i ? PS_ASYNC : PS_SYNC);
+	cfg.optim.lr = 10;
+	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
+	ck_assert_int_eq(ps_store_init(&st, &cfg, &map, 0), 0);
+	struct ps_slot *s = ps_store_slot(&st, 0);
+	static float w0[200];
+	memcpy(w0, s->w, sizeof(w0));
+	for (int i = 0; i < 200; i++) {
+		g[i] = 0.5f;
+		h[i] = 0x3800; /* 0.5 in fp16 */
+	}
+	struct ps_grad raw = { g, sizeof(g), 0, 0, 0, 0 }, half = { h, sizeof(h), PS_CODEC_FP16,
+								    0, 0, 0 }, x;
+	ck_assert_msg(ps_store_check(&st, s, &raw, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_store_check(&st, s, &half, err, sizeof(err)) == 0, "%s", err);
+	x = raw;
+	x.len -= 4;
+	ck_assert_int_eq(ps_store_check(&st, s, &x, err, sizeof(err)), PS_ESHAPE);
+	ck_assert_msg(strstr(err, "796 bytes for 200 floats"), "%s", err);
+	x = raw;
+	x.codec = 99;
+	ck_assert_int_eq(ps_store_check(&st, s, &x, err, sizeof(err)), PS_EPROTO);
+	ck_assert_msg(strstr(err, "unknown codec 99"), "%s", err);
+	x = half;
+	x.len -= 2;
+	ck_assert_int_ne(ps_store_check(&st, s, &x, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "fp16") && strstr(err, "398"), "%s", err);
+	g[123] = NAN;
+	err[0] = 0;
+	ck_assert_int_eq(ps_store_check(&st, s, &raw, err, sizeof(err)), PS_ENOFINITE);
+	ck_assert_msg(strstr(err, "NaN or infinite"), "%s", err);
+	g[123] = 0.5f;
+	h[7] = 0x7c00; /* +inf */
+	err[0] = 0;
+	ck_assert_int_eq(ps_store_check(&st, s, &half, err, sizeof(err)), PS_ENOFINITE);
+	ck_assert_msg(strstr(err, "NaN or infinite"), "%s", err);
+	for (int i = 0; i < 200; i++)
+		g[i] = 3e38f;
+	err[0] = 0;
+	rc = ps_store_check(&st, s, &raw, err, sizeof(err));
+	if (_i)
+		ck_assert_msg(rc == PS_ENOFINITE && strstr(err, "sgd update of these finite "
+							    "gradients would leave"), "%d %s", rc, err);
+	else
+		ck_assert_msg(rc == 0, "sync: %d %s", rc, err);
+	ck_assert_uint_eq(s->version, 0);
+	for (int i = 0; i < 200; i++)
+		ck_assert_msg(s->w[i] == w0[i], "w[%d] = %g, was %g: a check applied something", i,
+			      (double)s->w[i], (double)w0[i]);
+	ps_store_free(&st);
+	ps_shardmap_free(&map);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("store");
@@ -990,6 +1065,7 @@ int main(void)
 	tcase_add_test(tc, test_bsp_ended_clocks);
 	tcase_add_test(tc, test_bsp_ended_clock_is_the_minimum);
 	tcase_add_test(tc, test_bsp_each_kept);
+	tcase_add_loop_test(tc, test_check_refuses_bad_gradients, 0, 2);
 	tcase_add_loop_test(tc, test_optimizer_state_through_store, 0,
 			    (int)(sizeof(opt_cases) / sizeof(opt_cases[0])));
 	suite_add_tcase(s, tc);

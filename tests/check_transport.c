@@ -1014,6 +1014,51 @@ START_TEST(test_connect_refused_and_destroy)
 }
 END_TEST
 
+/* The address a tcp listener reports (the shard logs it, and a test
+ * harness reads the port it bound when asked for port 0): "127.0.0.1:PORT"
+ * and "[::1]:PORT", the port the one bound_port gives; a buffer too short
+ * for it -ENAMETOOLONG; before listening PS_ESTATE. IPv6 is skipped with
+ * the reason where ::1 cannot be bound. */
+START_TEST(test_tcp_bound_address)
+{
+	const struct ps_transport_ops *ops = ps_transport_find("tcp");
+	struct ps_transport *t4, *t6;
+	uv_loop_t loop;
+	char buf[80], want[80];
+	int rc;
+
+	ck_assert_ptr_nonnull(ops);
+	ck_assert_int_eq(uv_loop_init(&loop), 0);
+	ck_assert_int_eq(ops->create(&loop, &cbs, &lim_default, NULL, &t4), 0);
+	ck_assert_int_eq(ops->create(&loop, &cbs, &lim_default, NULL, &t6), 0);
+	ck_assert_int_eq(ops->bound_port(t4), PS_ESTATE);
+	ck_assert_int_eq(ops->bound_addr(t4, buf, sizeof(buf)), PS_ESTATE);
+	ck_assert_int_eq(ops->listen(t4, "127.0.0.1", 0), 0);
+	int p4 = ops->bound_port(t4);
+	ck_assert_int_gt(p4, 0);
+	ck_assert_int_eq(ops->bound_addr(t4, buf, sizeof(buf)), 0);
+	snprintf(want, sizeof(want), "127.0.0.1:%d", p4);
+	ck_assert_str_eq(buf, want);
+	ck_assert_int_eq(ops->bound_addr(t4, buf, strlen(want)), -ENAMETOOLONG);
+	ck_assert_int_eq(ops->bound_addr(t4, buf, strlen(want) + 1), 0);
+	rc = ops->listen(t6, "::1", 0);
+	if (rc) {
+		tu_skip("IPv6: cannot listen on ::1 here (%s)", uv_strerror(rc));
+	} else {
+		int p6 = ops->bound_port(t6);
+		ck_assert_int_gt(p6, 0);
+		ck_assert_int_eq(ops->bound_addr(t6, buf, sizeof(buf)), 0);
+		snprintf(want, sizeof(want), "[::1]:%d", p6);
+		ck_assert_str_eq(buf, want);
+		ck_assert_int_eq(ops->bound_addr(t6, buf, strlen(want)), -ENAMETOOLONG);
+	}
+	ops->destroy(t4);
+	ops->destroy(t6);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+END_TEST
+
 /* ---- main ---- */
 
 /* Returns NULL when name can run here, else why not. */
@@ -2119,6 +2164,7 @@ int main(void)
 	ADD(test_rdma_bad_peer, 1);
 	TU_ADD(tc, test_aead_record_past_1gib);
 	TU_ADD(tc, test_aead_misuse);
+	TU_ADD(tc, test_tcp_bound_address);
 	suite_add_tcase(s, tc);
 	for (int i = 0; i < nskipped; i++)
 		tu_skip_cases(per_transport, "%s (%d cases): %s", skipped[i], per_transport,

@@ -787,6 +787,29 @@ static void poke_u64(const char *f, long off, uint64_t v)
 	fix_crc(f);
 }
 
+/* Puts v at byte offset off of f and fixes the CRC. */
+static void poke_u32(const char *f, long off, uint32_t v)
+{
+	int fd = open(f, O_RDWR);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pwrite(fd, &v, 4, off), 4);
+	close(fd);
+	fix_crc(f);
+}
+
+/* The 4 bytes at offset off of f. */
+static uint32_t peek_u32(const char *f, long off)
+{
+	uint32_t v = 0;
+	int fd = open(f, O_RDONLY);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &v, 4, off), 4);
+	close(fd);
+	return v;
+}
+
 static void copy_file(const char *from, const char *to)
 {
 	size_t len;
@@ -802,8 +825,10 @@ static void copy_file(const char *from, const char *to)
 /* Checkpoint files (docs/security.md): created mode 0600 under a fresh
  * name, so symlinks planted in the folder, at the checkpoint's name and at
  * the name a temporary file used to have, redirect nothing; on load the
- * size is checked against the configuration before anything is read, and
- * versions, step counts and finished clocks must be in range (each edit
+ * size is checked against the configuration before anything is read,
+ * versions, step counts and finished clocks must be in range, and the
+ * byte order, the number of slices and each slot's slice id and count the
+ * shard's own (each edit
  * below carries a valid checksum, so only these checks can refuse it); a
  * FIFO or a symbolic link at the checkpoint's name is refused at start. */
 START_TEST(test_checkpoint_files)
@@ -839,6 +864,36 @@ START_TEST(test_checkpoint_files)
 	poke_u64(ck0, 48 + 16, UINT64_C(1) << 60);
 	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
 	ck_assert_msg(strstr(out, "more than any run makes") && strstr(out, ck0), "%s", out);
+	copy_file(saved, ck0);
+	/* ... and its step count (after the version) */
+	poke_u64(ck0, 48 + 24, UINT64_C(1) << 60);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "1152921504606846976 steps, more than any run makes"), "%s",
+		      out);
+	copy_file(saved, ck0);
+	/* the slot's slice id and its count must be the shard's own */
+	uint32_t id = peek_u32(ck0, 48), nslots = peek_u32(ck0, 40);
+	char want[200];
+	poke_u32(ck0, 48, id + 1);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	snprintf(want, sizeof(want), "slice 0 is id %u of ", id + 1);
+	ck_assert_msg(strstr(out, want) && strstr(out, "expected id"), "%s", out);
+	copy_file(saved, ck0);
+	poke_u64(ck0, 48 + 8, 1);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	snprintf(want, sizeof(want), "slice 0 is id %u of 1 values, expected id %u", id, id);
+	ck_assert_msg(strstr(out, want), "%s", out);
+	copy_file(saved, ck0);
+	/* the header: the other byte order, and another number of slices */
+	poke_u32(ck0, 8, 0x04030201u);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "written on a machine of the other byte order") &&
+		      strstr(out, ck0), "%s", out);
+	copy_file(saved, ck0);
+	poke_u32(ck0, 40, nslots + 1);
+	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
+	snprintf(want, sizeof(want), "holds %u slices, this shard owns %u", nslots + 1, nslots);
+	ck_assert_msg(strstr(out, want), "%s", out);
 	copy_file(saved, ck0);
 	poke_u64(ck0, -12, UINT64_C(1) << 60);
 	ck_assert_int_ne(refused_start(0, out, sizeof(out)), 0);
@@ -1100,6 +1155,75 @@ static int tmp_file_in(const char *d)
 	closedir(dd);
 	return found;
 }
+
+/* Checkpoints asked of a shard on request (the 191 MiB model of big_cfg):
+ * one asked by a monitor that leaves before it is written (its request
+ * timed out) is written, and the shard forgets the monitor and goes on
+ * (it would answer a freed connection); one asked while another is being
+ * written is refused at once with PS_ESTATE, "a checkpoint is being
+ * written now" (a write can end before the second request arrives on a
+ * fast disk: then it is tried again, five times at most). */
+START_TEST(test_checkpoint_requests_overlap)
+{
+	static struct ps_config quick;
+	struct ps_client *c, *mon = NULL, *left = NULL;
+	struct ps_shard_stats st, ms;
+	char err[512];
+	int port = tu_free_port(), rc, refused = 0;
+
+	strcpy(dir, "/tmp/ps-ckpt-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	path[0] = 0;
+	big_cfg(port, "  on_request: true\n  min_interval_s: 0\n");
+	srv[0] = tu_start_server(path, 0);
+	c = connect_slow(srv[0]);
+	memcpy(&quick, &cfg, sizeof(quick));
+	quick.limits.request_timeout_ms = 50;
+	ck_assert_msg(ps_client_init(&left, &quick, -1, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
+
+	double asked = ps_now_s();
+	ck_assert_int_eq(ps_client_checkpoint(left, 0, 1, &st), PS_ETIMEDOUT);
+	ps_client_free(left);
+	/* done when the shard's last good checkpoint is younger than the
+	 * request (it says so once the job is over, not at the rename) */
+	double deadline = ps_now_s() + 30 * tu_time_scale();
+	while ((rc = ps_client_stats(c, 0, &st)) == 0 && ps_now_s() < deadline &&
+	       st.checkpoint_age_s >= ps_now_s() - asked)
+		tu_sleep_ms(10);
+	ck_assert_msg(rc == 0 && waitpid(srv[0], NULL, WNOHANG) == 0, "the shard died after "
+		      "the monitor that asked for a checkpoint left: %s", ps_client_error(c));
+	ck_assert_msg(st.checkpoint_age_s < ps_now_s() - asked && st.checkpoint_failures == 0,
+		      "the checkpoint of the monitor that left was not written within 30 s");
+
+	for (int i = 0; i < 5 && !refused; i++) {
+		struct asker a = { .c = c };
+		pthread_t th;
+		ck_assert_int_eq(pthread_create(&th, NULL, ask_checkpoint, &a), 0);
+		deadline = ps_now_s() + 30 * tu_time_scale();
+		while (!tmp_file_in(dir) && ps_now_s() < deadline)
+			tu_sleep_ms(1);
+		ck_assert_msg(tmp_file_in(dir), "no checkpoint being written within 30 s");
+		ck_assert_int_eq(ps_client_checkpoint(mon, 0, 1, &ms), 0);
+		pthread_join(th, NULL);
+		ck_assert_msg(a.rc == 0 && a.st.checkpoint_status == 0, "the first: %s",
+			      a.st.checkpoint_error);
+		/* written already when the second came: not refused, written too */
+		ck_assert_msg(ms.checkpoint_status == 0 ||
+			      (ms.checkpoint_status == PS_ESTATE &&
+			       strstr(ms.checkpoint_error, "a checkpoint is being written now")),
+			      "a second checkpoint during the first: status %d, '%s'",
+			      ms.checkpoint_status, ms.checkpoint_error);
+		refused = ms.checkpoint_status != 0;
+	}
+	ck_assert_msg(refused, "five checkpoints asked while another was being written were "
+		      "all taken");
+	ps_client_free(mon);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	stop_files();
+}
+END_TEST
 
 /* SIGTERM while a checkpoint on request is being written (its temporary
  * file is there): the shard says it waits for it, then writes the last
@@ -1389,6 +1513,7 @@ int main(void)
 	TU_ADD(tc, test_crash_while_checkpointing);
 	TU_ADD(tc, test_checkpoint_files);
 	TU_ADD(tc, test_checkpoint_on_request);
+	TU_ADD(tc, test_checkpoint_requests_overlap);
 	TU_ADD(tc, test_sigterm_during_checkpoint);
 	TU_ADD(tc, test_checkpoint_over_4gib);
 	TU_ADD(tc, test_resume_different_clocks);

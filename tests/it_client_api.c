@@ -177,6 +177,20 @@ START_TEST(test_stats_sized)
 	memset(&whole, 0, sizeof(whole));
 	ck_assert_int_eq((ps_client_stats)(c0, 0, &whole), 0);
 	ck_assert_uint_eq(whole.pushes, 1);
+	/* ... and its checkpoint call: no checkpoint.dir, refused with the reason */
+	memset(&whole, 0, sizeof(whole));
+	ck_assert_int_eq((ps_client_checkpoint)(c0, 0, 1, &whole), 0);
+	ck_assert_uint_eq(whole.pushes, 1);
+	ck_assert_msg(whole.checkpoint_status != 0 &&
+		      strstr(whole.checkpoint_error, "checkpoints are off (no checkpoint.dir)"),
+		      "status %d, '%s'", whole.checkpoint_status, whole.checkpoint_error);
+	/* a shard outside the config: refused, nothing sent */
+	ck_assert_int_eq(ps_client_stats(c0, 1, &whole), -EINVAL);
+	ck_assert_int_eq(ps_client_stats(c0, -1, &whole), -EINVAL);
+	char why[100];
+	ck_assert_ptr_null(ps_client_shard_error(c0, 1, why, sizeof(why)));
+	ck_assert_ptr_null(ps_client_shard_error(c0, -1, why, sizeof(why)));
+	ck_assert_ptr_null(ps_client_shard_error(c0, 0, why, sizeof(why))); /* ready */
 	free(buf);
 	ps_client_free(c0);
 	ps_config_close(cfg);

@@ -1044,6 +1044,21 @@ START_TEST(test_restart_keeps_membership)
 	for (int r = 0; r < 3; r++)
 		ck_assert_msg(st.members[r] == r, "members[%d] is %d, rank %d due", r, st.members[r],
 			      r);
+	/* rank 2 leaves after clock 4; started again, the shards keep it out
+	 * (the end of its interval is in the file) */
+	ck_assert_int_eq(ps_client_leave(c[2], 4), 0);
+	push_const(c[0], &cfg, 0, 4);
+	push_const(c[1], &cfg, 1, 4);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+		srv[k] = tu_start_server(path, k);
+	}
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(c[0], k, &st), 0);
+		ck_assert_msg(st.nmembers == 2 && st.members[0] == 0 && st.members[1] == 1 &&
+			      st.leaves == 1, "shard %d after a leave and a restart: %d members, "
+			      "%" PRIu64 " leaves", k, st.nmembers, (uint64_t)st.leaves);
+	}
 	tensors_free(w);
 	tensors_free(w0);
 	for (int r = 0; r < 3; r++)

@@ -9,8 +9,13 @@
  *     security.auth, before the shard proved the secret) are never acted
  *     on: the connection is closed, the pull and the push stay pending,
  *     and both complete with exact values once the real shard is back;
- *   - a pull reply naming a slice the answering shard does not hold fails
- *     the pull and writes nothing of that reply into the caller's weights.
+ *   - a pull reply naming a slice the answering shard does not hold, or
+ *     one that does not add up (codec, length, offsets, an fp16 copy that
+ *     does not decode), fails the pull and writes nothing of that reply
+ *     into the caller's weights;
+ *   - a challenge with a nonce of the wrong length, a second challenge, or
+ *     one to a process with security.auth off fails the first connection
+ *     with the reason.
  */
 #include <check.h>
 #include <errno.h>
@@ -19,6 +24,7 @@
 #include <pthread.h>
 #include <sodium.h>
 #include "auth.h"
+#include "codec.h"
 #include "config.h"
 #include "frame_mac.h"
 #include "msg.h"
@@ -688,15 +694,64 @@ END_TEST
 
 /* Two fake shards that hold the secret: each completes the handshake
  * (proof, session keys, MACed frames) and answers pulls as `mode` says. */
-enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE, ANSWER_AFTER_UNEXPECTED, ANSWER_NEVER };
+enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE, ANSWER_AFTER_UNEXPECTED, ANSWER_NEVER,
+       /* malformed replies of the shard's own slice (fake_bad_pull_reply) */
+       BAD_CODEC, BAD_RAW_SHORT, BAD_PAST_PAYLOAD, BAD_OFFSET_PAST, BAD_UNKNOWN_SLICE,
+       BAD_FP16_SECOND_SHORT, BAD_END };
 
 struct fake_shard {
-	int port, shard, mode, lfd;
+	int port, shard, lfd;
+	volatile int mode; /* changed by the test between pulls */
 	pthread_t th;
 	volatile int stop;
 	int pulls; /* pulls answered */
 	volatile int held; /* pulls left unanswered (ANSWER_NEVER) */
 };
+
+/* A PullReply for req_id of slice s (the shard's own) broken as mode
+ * says, its values 100 + shard where there are any:
+ *  BAD_CODEC: codec 3 (neither raw nor fp16);
+ *  BAD_RAW_SHORT: raw, one float short of the slice;
+ *  BAD_PAST_PAYLOAD: raw, its bytes running 4 past the payload's end;
+ *  BAD_OFFSET_PAST: raw, starting 8 bytes past the payload's end;
+ *  BAD_UNKNOWN_SLICE: a slice number past the map's;
+ *  BAD_FP16_SECOND_SHORT: the slice twice, right in raw, then in fp16 one
+ *  value short (a decode failing after the first was copied). */
+static int fake_bad_pull_reply(struct fake *fk, uint64_t req_id, uint32_t s, int mode, float v)
+{
+	Ps__PullReply r = PS__PULL_REPLY__INIT;
+	Ps__SliceRef refs[2], *rp[2] = { &refs[0], &refs[1] };
+	uint64_t raw = (uint64_t)map.slices[s].count * sizeof(float), plen = raw;
+	float *pay = malloc(raw);
+	int rc;
+
+	for (uint64_t i = 0; i < raw / sizeof(float); i++)
+		pay[i] = v;
+	for (int i = 0; i < 2; i++) {
+		ps__slice_ref__init(&refs[i]);
+		refs[i].slice = s;
+		refs[i].length = raw;
+		refs[i].version = 1;
+	}
+	r.n_slices = 1;
+	switch (mode) {
+	case BAD_CODEC: refs[0].codec = 3; break;
+	case BAD_RAW_SHORT: refs[0].length = raw - 4; break;
+	case BAD_PAST_PAYLOAD: refs[0].offset = 4; break;
+	case BAD_OFFSET_PAST: refs[0].offset = plen + 8; break;
+	case BAD_UNKNOWN_SLICE: refs[0].slice = (uint32_t)map.nslices; break;
+	case BAD_FP16_SECOND_SHORT:
+		r.n_slices = 2;
+		refs[1].codec = PS_CODEC_FP16;
+		refs[1].length = (uint64_t)map.slices[s].count * 2 - 2;
+		break;
+	}
+	r.req_id = req_id;
+	r.slices = rp;
+	rc = fake_send(fk, PS_MSG_PULL_REPLY, &r.base, pay, plen);
+	free(pay);
+	return rc;
+}
 
 static void fake_handshake(struct fake *fk, int shard)
 {
@@ -771,8 +826,12 @@ static void *fake_shard_main(void *arg)
 			if (fs->mode == ANSWER_FOREIGN_SLICE)
 				for (int i = 0; i < n; i++)
 					sl[i] = (uint32_t)(map.slices[0].shard == fs->shard ? 1 : 0);
-			ck_assert_int_eq(fake_pull_reply(&fk, q->req_id, &map, sl, n,
-							 100.0f + (float)fs->shard), 0);
+			if (fs->mode >= BAD_CODEC)
+				ck_assert_int_eq(fake_bad_pull_reply(&fk, q->req_id, sl[0], fs->mode,
+								     100.0f + (float)fs->shard), 0);
+			else
+				ck_assert_int_eq(fake_pull_reply(&fk, q->req_id, &map, sl, n,
+								 100.0f + (float)fs->shard), 0);
 			fs->pulls++;
 		}
 		protobuf_c_message_free_unpacked(m, NULL);
@@ -849,6 +908,136 @@ START_TEST(test_foreign_slice_refused)
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(w[i] != 101.0f, "w[%d] written by shard 1's reply for a slice it "
 			      "does not hold", i);
+	ps_client_free(c);
+	fake_shards_stop(fs);
+}
+END_TEST
+
+/* ---- challenges a worker must not accept ---- */
+
+enum { CH_SHORT_NONCE, CH_TWICE, CH_TO_AUTH_OFF, CH_END };
+
+struct challenger {
+	int lfd, variant;
+	int closed_ms; /* until the client closed the connection; -1: it did not */
+};
+
+/* The shard's side of one handshake gone wrong as variant says: a
+ * challenge with a 5-byte nonce; a right one, then (the client's proof
+ * taken, frames MACed) a second; a right one to a client that has
+ * security.auth off. */
+static void *challenger_main(void *arg)
+{
+	struct challenger *ch = arg;
+	struct fake fk = { .fd = fake_accept(ch->lfd, 5000) };
+	uint8_t hello[1024], nonce[PS_AUTH_NONCE_LEN], t[32], proof[PS_AUTH_PROOF_LEN];
+	size_t hlen = sizeof(hello);
+	ProtobufCMessage *m = NULL;
+
+	ch->closed_ms = -1;
+	if (fk.fd < 0)
+		return NULL;
+	ck_assert_int_eq(fake_recv(&fk, &m, hello, &hlen, 5000), PS_MSG_HELLO);
+	protobuf_c_message_free_unpacked(m, NULL);
+	ps_auth_random(nonce, sizeof(nonce));
+	ps_auth_transcript(hello, hlen, nonce, t);
+	ps_auth_proof(secret, t, 1, proof);
+	Ps__AuthChallenge c = PS__AUTH_CHALLENGE__INIT;
+	c.nonce = (ProtobufCBinaryData){ ch->variant == CH_SHORT_NONCE ? 5 : sizeof(nonce), nonce };
+	c.proof = (ProtobufCBinaryData){ sizeof(proof), proof };
+	ck_assert_int_eq(fake_send(&fk, PS_MSG_AUTH_CHALLENGE, &c.base, NULL, 0), 0);
+	if (ch->variant == CH_TWICE) {
+		ck_assert_int_eq(fake_recv(&fk, &m, NULL, NULL, 5000), PS_MSG_AUTH);
+		protobuf_c_message_free_unpacked(m, NULL);
+		ps_auth_session_keys(secret, t, 1, &fk.keys);
+		fk.keyed = 1;
+		ck_assert_int_eq(fake_send(&fk, PS_MSG_AUTH_CHALLENGE, &c.base, NULL, 0), 0);
+	}
+	ch->closed_ms = fake_wait_closed(fk.fd, 5000);
+	close(fk.fd);
+	return NULL;
+}
+
+/* A worker's first connection meets a challenge it must refuse: a nonce
+ * of the wrong length, a second challenge after the first was answered,
+ * any challenge when this process has security.auth off. ps_client_init
+ * fails with the reason naming the shard, and the connection is closed
+ * (nothing of the shard's is believed). */
+START_TEST(test_bad_challenges_refused)
+{
+	static const char *want[] = { "auth-challenge with a 5-byte nonce",
+				      "unexpected auth-challenge",
+				      "the shard requires authentication and this process has "
+				      "security.auth: false" };
+	static const int code[] = { PS_EPROTO, PS_EPROTO, PS_EAUTH };
+	static struct ps_config off;
+	int port = tu_free_port();
+	char err[512];
+
+	write_cfg(1, &port);
+	memcpy(&off, &cfg, sizeof(off));
+	off.security.auth = 0;
+	int lfd = fake_listen(port);
+	for (int v = 0; v < CH_END; v++) {
+		struct challenger ch = { .lfd = lfd, .variant = v };
+		struct ps_client *c = NULL;
+		pthread_t th;
+
+		ck_assert_int_eq(pthread_create(&th, NULL, challenger_main, &ch), 0);
+		int rc = ps_client_init(&c, v == CH_TO_AUTH_OFF ? &off : &cfg, 0, err, sizeof(err));
+		pthread_join(th, NULL);
+		ck_assert_msg(rc == code[v] && strstr(err, want[v]) && strstr(err, "shard 0"),
+			      "variant %d: %s (%s), '%s' expected", v, ps_strerror(rc), err, want[v]);
+		ck_assert_msg(ch.closed_ms >= 0, "variant %d: the connection was left open", v);
+		ps_client_free(c);
+	}
+	close(lfd);
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+END_TEST
+
+/* An authenticated shard answers pulls with replies of its own slice that
+ * do not add up: another codec, a length that is not the slice's, bytes
+ * past the payload, a slice the map does not have, a second copy of the
+ * slice in fp16 that does not decode. Each fails the pull as malformed
+ * naming the shard, and none of shard 1's values reaches the weights
+ * (every slice is checked before any is written); then an honest reply on
+ * the same connection is taken. */
+START_TEST(test_malformed_pull_replies)
+{
+	static const char *what[] = { "codec 3", "raw, one float short", "past the payload",
+				      "offset past the payload", "unknown slice",
+				      "fp16 copy one value short" };
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	struct fake_shard fs[2];
+
+	fake_shards_start(fs, BAD_CODEC);
+	struct ps_client *c = connect_retry();
+	for (int mode = BAD_CODEC; mode < BAD_END; mode++) {
+		fs[1].mode = mode;
+		for (int i = 0; i < N; i++)
+			w[i] = -7.0f;
+		int64_t q = ps_client_pull(c, 0, &tw, 1);
+		ck_assert_int_gt(q, 0);
+		int rc = ps_client_wait(c, q);
+		ck_assert_msg(rc == PS_EPROTO, "%s: %s (%s)", what[mode - BAD_CODEC], ps_strerror(rc),
+			      ps_client_error(c));
+		ck_assert_msg(strstr(ps_client_error(c), "shard 1 sent a malformed pull reply"),
+			      "%s: %s", what[mode - BAD_CODEC], ps_client_error(c));
+		for (int i = 0; i < N; i++)
+			ck_assert_msg(w[i] != 101.0f, "%s: w[%d] written from a malformed reply",
+				      what[mode - BAD_CODEC], i);
+	}
+	fs[1].mode = ANSWER_RIGHT;
+	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	ck_assert_int_gt(q, 0);
+	ck_assert_msg(ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
+	for (int i = 0; i < N; i++) {
+		const struct ps_slice *sl = &map.slices[i < (int)map.slices[0].count ? 0 : 1];
+		ck_assert_msg(w[i] == 100.0f + (float)sl->shard, "w[%d] = %g", i, (double)w[i]);
+	}
 	ps_client_free(c);
 	fake_shards_stop(fs);
 }
@@ -1065,6 +1254,8 @@ int main(void)
 	TU_ADD(tc, test_client_survives_reset_under_write);
 	TU_ADD(tc, test_fake_shards_answer_right);
 	TU_ADD(tc, test_foreign_slice_refused);
+	TU_ADD(tc, test_malformed_pull_replies);
+	TU_ADD(tc, test_bad_challenges_refused);
 	TU_ADD(tc, test_unexpected_frame_logged);
 	TU_ADD(tc, test_unexpected_frame_read_by_waiter);
 	TU_ADD(tc, test_stop_refused_push_waits_for_handshake);

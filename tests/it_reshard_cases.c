@@ -677,5 +677,9 @@ int main(void)
 	TU_ADD(tc, test_async_2_to_3);
 	TU_ADD(tc, test_declared_tables_2_to_3);
 	suite_add_tcase(s, tc);
-	return tu_run_suite(s);
+	/* the pairs' replication key too, when not run by run-tests.sh */
+	tu_secret_setup();
+	int rc = tu_run_suite(s);
+	tu_secret_cleanup();
+	return rc;
 }

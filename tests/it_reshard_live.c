@@ -44,6 +44,7 @@
 #include "ps_err.h"
 #define RESHARD_TMPDIR "/tmp/ps-reshard-live-XXXXXX"
 #include "test_reshard.h"
+#include "test_replica.h"
 #include "test_util.h"
 
 #define NA 3000
@@ -460,6 +461,25 @@ START_TEST(test_pairs_2_3)
 	start_workers(th);
 	ck_assert_msg(wait_until(all_at, &at) == 0, "the workers did not reach clock 4: %s %s",
 		      wks[0].err, wks[1].err);
+	/* a stop asked of shard 0 without its commit is the backup's too once
+	 * the primary answers (ps-stat below asks the same stop again) */
+	struct ps_client *mon;
+	struct ps_shard_stats st, bst;
+	ck_assert_int_eq(ps_client_init(&mon, &cfg0, -1, err, sizeof(err)), 0);
+	ck_assert_msg(ps_client_stop_at(mon, 0, 4, 0, &st) == 0, "%s", ps_client_error(mon));
+	int r0 = tu_replica_primary(&cfg0, 0);
+	ck_assert_msg(r0 >= 0, "shard 0 has no primary");
+	ck_assert_int_eq(tu_replica_stats(&cfg0, 0, !r0, -1, &bst), 0);
+	ck_assert_msg(bst.stop_at == 4 && !bst.stop_committed, "shard 0's backup: stop at %"
+		      PRIu64 " (committed %d) after its primary took a stop at 4",
+		      (uint64_t)bst.stop_at, (int)bst.stop_committed);
+	/* cancelled (ps-stat would find it in progress), on the backup too */
+	ck_assert_msg(ps_client_stop_at(mon, 0, 0, PS_STOP_CANCEL, &st) == 0, "%s",
+		      ps_client_error(mon));
+	ps_client_free(mon);
+	ck_assert_int_eq(tu_replica_stats(&cfg0, 0, !r0, -1, &bst), 0);
+	ck_assert_msg(bst.stop_at == 0, "shard 0's backup: stop at %" PRIu64 " after the cancel",
+		      (uint64_t)bst.stop_at);
 	snprintf(out, sizeof(out), "%s/pstat.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
 	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
@@ -470,8 +490,9 @@ START_TEST(test_pairs_2_3)
 		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old process %d did not exit 0 at the stop", k);
 	for (int k = 0; k < 2; k++) {
 		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d-r1.log", dir, k);
-		ck_assert_msg(live_log_says(log, "stopped at clock 4 with its checkpoint written"),
-			      "%s: the backup did not stop at clock 4", log);
+		ck_assert_msg(live_log_says(log, "stopped at clock 4 with its checkpoint written; "
+					    "exiting (the backup, as its primary does)"),
+			      "%s: the backup did not stop at clock 4 as a backup", log);
 	}
 	live_move_old("from2", 2, pairs, old, sizeof(old)); /* both files of each pair */
 	write_cfg("c3", 3, c3, sizeof(c3));
@@ -575,5 +596,9 @@ int main(void)
 	TU_ADD(tc, test_error_feedback_2_3);
 	TU_ADD(tc, test_pairs_2_3);
 	suite_add_tcase(s, tc);
-	return tu_run_suite(s);
+	/* the pairs' replication key too, when not run by run-tests.sh */
+	tu_secret_setup();
+	int rc = tu_run_suite(s);
+	tu_secret_cleanup();
+	return rc;
 }

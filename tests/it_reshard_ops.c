@@ -648,5 +648,9 @@ int main(void)
 	TU_ADD(tc, test_epoch_replicated);
 	TU_ADD(tc, test_one_change_at_a_time);
 	suite_add_tcase(s, tc);
-	return tu_run_suite(s);
+	/* the pairs' replication key too, when not run by run-tests.sh */
+	tu_secret_setup();
+	int rc = tu_run_suite(s);
+	tu_secret_cleanup();
+	return rc;
 }

@@ -88,8 +88,11 @@ void ps__client_on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m
 	for (size_t i = 0; i < m->n_slices; i++) {
 		const Ps__SliceRef *s = m->slices[i];
 		const struct ps_slice *sl = s->slice < c->map.nslices ? &c->map.slices[s->slice] : NULL;
+		/* fp16's length too: a decode failing after a slice before it
+		 * was copied would leave those weights half updated */
 		if (!sl || sl->shard != k || (s->codec != 0 && s->codec != PS_CODEC_FP16) ||
 		    (s->codec == 0 && s->length != (uint64_t)sl->count * sizeof(float)) ||
+		    (s->codec == PS_CODEC_FP16 && s->length != (uint64_t)sl->count * sizeof(uint16_t)) ||
 		    s->offset > f->hdr.payload_len || s->length > f->hdr.payload_len - s->offset) {
 			snprintf(why, sizeof(why), "shard %d sent a malformed pull reply (slice %u)", k,
 				 s->slice);
