@@ -227,7 +227,7 @@ sshcfg=ssh_config_mux
 write_config "$tmp/lv.yaml" "h1:7000, h2:7001"
 sed -i 's/metrics_dir:/test_limit: 500, metrics_dir:/' "$tmp/lv.yaml"
 sed 's/servers: .*/servers: [h1:7000, h2:7001, h3:7002]/' "$tmp/lv.yaml" > "$tmp/lv3.yaml"
-epochs=8
+epochs=24
 cluster "$tmp/lv.yaml" start "${WH[@]}" -- --epochs $epochs
 expect "the cluster to re-shard started (status $rc): $out" [ $rc -eq 0 ]
 run=$(readlink -f "$tmp/logs/lv.run")
@@ -245,8 +245,8 @@ B=$(sed -n 's/.*2 -> 3 shards at clock \([0-9]*\) while.*/\1/p' <<< "$out")
 expect "... at a clock the workers trained on from (${B:-none} < $last)" [ "${B:-$last}" -lt "$last" ]
 expect "... and what moved: $out" grep -qE "3 shard\(s\) re-sharded: [1-9][0-9]* of [1-9][0-9]* slices" <<< "$out"
 wpids2=$(pgrep -f -- "bin/ps-worker --config $tmp/lv.yaml --rank" | sort | tr '\n' ' ')
-expect "the same 2 worker processes run on ($wpids, now $wpids2)" \
-  [ "$(wc -w <<< "$wpids")" -eq 2 ] && [ "$wpids2" = "$wpids" ]
+expect "2 worker processes ran ($wpids)" [ "$(wc -w <<< "$wpids")" -eq 2 ]
+expect "the same 2 worker processes run on ($wpids, now $wpids2)" [ "$wpids2" = "$wpids" ]
 expect "new shard 2 runs on h3, from the old checkpoints: $(all_procs)" \
   grep -q -- "--shard 2 --reshard-from $tmp/ckpt/reshard-from-2" <<< "$(procs_on 3)"
 expect "the follow file names lv3.yaml" [ "$(on 2 cat "$run/current-config" 2>&1)" = "$tmp/lv3.yaml" ]
@@ -269,14 +269,16 @@ expect "every new shard re-sharded from 2 to 3: $(grep -h 're-sharded from' "$ru
 on 3 bin/ps-stat --config "$tmp/lv3.yaml" --workers > "$tmp/stat.out" 2>&1
 expect "ps-stat: each worker at clock $last on each of the 3 shards: $(cat "$tmp/stat.out")" \
   [ "$(grep -cE "^[01] +no +$last $last $last " "$tmp/stat.out")" -eq 2 ]
-expect "ps-stat: the 3 shards at map epoch 1, shard 2 with what moved in" \
-  [ "$(grep -cE '^[01] +1 - +-$' "$tmp/stat.out")" -eq 2 ] && grep -qE '^2 +1 [1-9][0-9]* slices' "$tmp/stat.out"
+expect "ps-stat: shards 0 and 1 at map epoch 1" [ "$(grep -cE '^[01] +1 - +-$' "$tmp/stat.out")" -eq 2 ]
+expect "ps-stat: shard 2 at map epoch 1 with what moved in" grep -qE '^2 +1 [1-9][0-9]* slices' "$tmp/stat.out"
 cluster "$tmp/lv.yaml" status
 expect "status of lv.yaml points at lv3.yaml (status $rc): $out" \
   grep -q "re-sharded while its workers ran: it runs as $tmp/lv3.yaml now" <<< "$out"
 cluster "$tmp/lv3.yaml" stop
-expect "stop of lv3.yaml: 3 shards exit 0, the workers found (status $rc): $out" \
-  [ $rc -eq 0 ] && [ "$(grep -c '^shard [012] on .*: not running (exited with status 0)' <<< "$out")" -eq 3 ] &&
+expect "stop of lv3.yaml ends 0 (status $rc): $out" [ $rc -eq 0 ]
+expect "stop of lv3.yaml: 3 shards exit 0" \
+  [ "$(grep -c '^shard [012] on .*: not running (exited with status 0)' <<< "$out")" -eq 3 ]
+expect "stop of lv3.yaml: the workers found, exited 0" \
   [ "$(grep -c '^worker [01] on .*: not running (exited with status 0)' <<< "$out")" -eq 2 ]
 expect "3 new checkpoints" test -s "$tmp/ckpt/shard-0.ckpt" -a -s "$tmp/ckpt/shard-1.ckpt" -a -s "$tmp/ckpt/shard-2.ckpt"
 expect_nothing_left "after the live re-shard"

@@ -56,17 +56,21 @@ sed '/^checkpoint:/d' "$tmp/c3.yaml" > "$tmp/nock3.yaml"
 
 # refusals
 scripts/ps-local.sh "$tmp/c2.yaml" reshard "$tmp/lr.yaml" > "$tmp/r1.out" 2>&1; rc=$?
-expect "another optimizer.lr refused with status 2 ($rc): $(cat "$tmp/r1.out")" \
-  [ $rc -eq 2 ] && grep -q "differs from $tmp/c2.yaml in optimizer.lr" "$tmp/r1.out"
+expect "another optimizer.lr refused: status 2 ($rc)" [ $rc -eq 2 ]
+expect "another optimizer.lr refused: $(tail -n 3 "$tmp/r1.out")" \
+  grep -q "differs from $tmp/c2.yaml in optimizer.lr" "$tmp/r1.out"
 scripts/ps-local.sh "$tmp/nock.yaml" reshard "$tmp/nock3.yaml" > "$tmp/r2.out" 2>&1; rc=$?
-expect "no checkpoint.dir refused ($rc): $(cat "$tmp/r2.out")" \
-  [ $rc -eq 2 ] && grep -q "has no checkpoint.dir" "$tmp/r2.out"
+expect "no checkpoint.dir refused: status 2 ($rc)" [ $rc -eq 2 ]
+expect "no checkpoint.dir refused: $(tail -n 3 "$tmp/r2.out")" \
+  grep -q "has no checkpoint.dir" "$tmp/r2.out"
 scripts/ps-local.sh "$tmp/c2.yaml" reshard "$tmp/c3.yaml" > "$tmp/r3.out" 2>&1; rc=$?
-expect "no old checkpoint: status 1 ($rc): $(cat "$tmp/r3.out")" \
-  [ $rc -eq 1 ] && grep -q "$tmp/ck/shard-0.ckpt is missing.*nothing was moved" "$tmp/r3.out"
+expect "no old checkpoint: status 1 ($rc)" [ $rc -eq 1 ]
+expect "no old checkpoint: $(tail -n 3 "$tmp/r3.out")" \
+  grep -q "$tmp/ck/shard-0.ckpt is missing.*nothing was moved" "$tmp/r3.out"
 scripts/ps-cluster.sh "$tmp/c2.yaml" reshard "$tmp/lr.yaml" > "$tmp/r4.out" 2>&1; rc=$?
-expect "ps-cluster.sh: another optimizer.lr refused ($rc): $(cat "$tmp/r4.out")" \
-  [ $rc -eq 2 ] && grep -q "differs from $tmp/c2.yaml in optimizer.lr" "$tmp/r4.out"
+expect "ps-cluster.sh: another optimizer.lr refused: status 2 ($rc)" [ $rc -eq 2 ]
+expect "ps-cluster.sh: another optimizer.lr refused: $(tail -n 3 "$tmp/r4.out")" \
+  grep -q "differs from $tmp/c2.yaml in optimizer.lr" "$tmp/r4.out"
 
 # ps-local.sh: 2 shards training, re-sharded to 3 while they run
 scripts/ps-local.sh "$tmp/c2.yaml" --logs "$tmp/l2" > "$tmp/run2.out" 2>&1 &
@@ -130,11 +134,12 @@ scripts/ps-cluster.sh "$tmp/c2.yaml" start --ssh "$tmp/ssh" --logs "$tmp/lg" > "
 expect "a long ps-cluster.sh run started: $(tail -3 "$tmp/run5.out")" grep -q "started 2 shard(s) and 2 worker(s)" "$tmp/run5.out"
 pkill -KILL -f -- "bin/ps-server --config $tmp/c2.yaml --shard 1\$"
 scripts/ps-cluster.sh "$tmp/c2.yaml" reshard "$tmp/c3.yaml" --ssh "$tmp/ssh" --logs "$tmp/lg" > "$tmp/run6.out" 2>&1; rc=$?
-expect "live reshard with shard 1 down refused, status 1 ($rc): $(cat "$tmp/run6.out")" \
-  [ $rc -eq 1 ] && grep -q "reshard: refused (ps-stat --reshard-stop on 127.0.0.1): .*shard 1 .*every shard must be up; the run goes on with $tmp/c2.yaml" "$tmp/run6.out"
+expect "live reshard with shard 1 down refused, status 1: status 1 ($rc)" [ $rc -eq 1 ]
+expect "live reshard with shard 1 down refused, status 1: $(tail -n 3 "$tmp/run6.out")" \
+  grep -q "reshard: refused (ps-stat --reshard-stop on 127.0.0.1): .*shard 1 .*every shard must be up; the run goes on with $tmp/c2.yaml" "$tmp/run6.out"
 expect "its intent record ends done refused" [ "$(tail -n 1 "$tmp"/lg/reshard-*.intent)" = "done refused" ]
-expect "the workers still run, following c2.yaml" \
-  [ "$(pgrep -fc -- "bin/ps-worker --config $tmp/c2.yaml --rank")" -eq 2 ] && [ "$(cat "$tmp/lg/c2.run/current-config")" = "$tmp/c2.yaml" ]
+expect "the workers still run" [ "$(pgrep -fc -- "bin/ps-worker --config $tmp/c2.yaml --rank")" -eq 2 ]
+expect "their follow file names c2.yaml" [ "$(cat "$tmp/lg/c2.run/current-config")" = "$tmp/c2.yaml" ]
 scripts/ps-cluster.sh "$tmp/c2.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/lg" --wait 5 > /dev/null 2>&1
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
