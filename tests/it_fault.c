@@ -398,17 +398,7 @@ static void train_clock_retry(struct ps_client *c, struct model *m, int *refused
 	struct ps_tensor t = { .name = "a", .data = g, .count = NA };
 	int rc = -1, k;
 
-	for (int i = 0; i < NID; i++) {
-		ids[i] = (uint64_t)i * 0x9e3779b97f4a7c15ull;
-		for (int j = 0; j < DIM; j++) {
-			rg[i * DIM + j] = rgrad(i, j, m->clock);
-			m->rows[i * DIM + j] -= rg[i * DIM + j];
-		}
-	}
-	for (int i = 0; i < NA; i++) {
-		g[i] = dgrad(i, m->clock);
-		m->a[i] -= g[i];
-	}
+	clock_grads(m, g, rg, ids);
 	for (k = 0; k < 5 && rc; k++)
 		if ((rc = ps_client_push_rows(c, "e", m->clock, ids, NID, rg, 0)))
 			(*refused)++;

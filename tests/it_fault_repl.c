@@ -19,6 +19,24 @@
  */
 #include "test_fault.h"
 
+/* A pair holding the dense tensor a and the table e (SGD, lr 1), both
+ * processes started with the fault spec armed after the log line after
+ * (NULL, NULL: none); m zeroed. The primary's replica number. */
+static int start_model_pair(struct model *m, pid_t *p, const char *spec, const char *after)
+{
+	int pr;
+
+	write_pair_cfg("model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
+		       "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n",
+		       60000);
+	memset(m, 0, sizeof(*m));
+	p[0] = start_faulted(0, spec, after);
+	p[1] = start_faulted(1, spec, after);
+	pr = tu_wait_pair(&cfg, 0, 30);
+	ck_assert_msg(pr >= 0, "the pair never formed (logs in %s)", dir);
+	return pr;
+}
+
 /* A backup joining a primary with rows; its write of the snapshot's
  * tables to a memory file: _i 0 interrupted, 1 cut short (both retried: one
  * transfer, no error), 2 failed, 3 no memory file (both said, the link
@@ -33,14 +51,7 @@ START_TEST(test_snapshot_faults)
 	pid_t p[2];
 	int pr, b;
 
-	write_pair_cfg("model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
-		       "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n",
-		       60000);
-	memset(&m, 0, sizeof(m));
-	p[0] = start_faulted(0, NULL, NULL);
-	p[1] = start_faulted(1, NULL, NULL);
-	pr = tu_wait_pair(&cfg, 0, 30);
-	ck_assert_msg(pr >= 0, "the pair never formed (logs in %s)", dir);
+	pr = start_model_pair(&m, p, NULL, NULL);
 	b = 1 - pr;
 	c = connect_retry(&cfg, 0);
 	for (int k = 0; k < 2; k++)
@@ -95,15 +106,8 @@ START_TEST(test_backup_rows_oom)
 	pid_t p[2];
 	int pr, b;
 
-	write_pair_cfg("model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
-		       "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n",
-		       60000);
-	memset(&m, 0, sizeof(m));
 	/* both faulted, armed by the line only a backup writes */
-	p[0] = start_faulted(0, spec, "state received");
-	p[1] = start_faulted(1, spec, "state received");
-	pr = tu_wait_pair(&cfg, 0, 30);
-	ck_assert_msg(pr >= 0, "the pair never formed (logs in %s)", dir);
+	pr = start_model_pair(&m, p, spec, "state received");
 	b = 1 - pr;
 	c = connect_retry(&cfg, 0);
 	for (int k = 0; k < 3; k++)
@@ -138,16 +142,9 @@ START_TEST(test_primary_rows_oom)
 	int pr, b;
 
 	pair_mode = _i ? "async" : "sync";
-	write_pair_cfg("model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
-		       "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n",
-		       60000);
-	pair_mode = "sync";
-	memset(&m, 0, sizeof(m));
 	/* both faulted, armed by the line only the primary writes */
-	p[0] = start_faulted(0, spec, "worker 0 connected");
-	p[1] = start_faulted(1, spec, "worker 0 connected");
-	pr = tu_wait_pair(&cfg, 0, 30);
-	ck_assert_msg(pr >= 0, "the pair never formed (logs in %s)", dir);
+	pr = start_model_pair(&m, p, spec, "worker 0 connected");
+	pair_mode = "sync";
 	b = 1 - pr;
 	c = connect_retry(&cfg, 0);
 	train_clock(c, &m);
@@ -199,14 +196,7 @@ START_TEST(test_backup_join_oom)
 	pid_t p[2];
 	int pr, b, ended = 0, landed = 0;
 
-	write_pair_cfg("model:\n  tensors:\n    - {name: a, shape: [3000], init: zeros}\n"
-		       "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n",
-		       60000);
-	memset(&m, 0, sizeof(m));
-	p[0] = start_faulted(0, NULL, NULL);
-	p[1] = start_faulted(1, NULL, NULL);
-	pr = tu_wait_pair(&cfg, 0, 30);
-	ck_assert_msg(pr >= 0, "the pair never formed (logs in %s)", dir);
+	pr = start_model_pair(&m, p, NULL, NULL);
 	b = 1 - pr;
 	c = connect_retry(&cfg, 0);
 	train_clock(c, &m);

@@ -109,9 +109,7 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 {
 	char yaml[2048], servers[256] = "";
 
-	for (int k = 0, o = 0; k < n; k++)
-		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d",
-			      k ? ", " : "", tu_free_port());
+	tu_servers_list(n, servers, sizeof(servers));
 	snprintf(yaml, sizeof(yaml),
 		 "cluster:\n  servers: [%s]\n  workers: %d\n  initial_workers: 2\n"
 		 "slice_bytes: 1024\nseed: 5\n"
@@ -122,11 +120,7 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: 60000\n"
 		 "checkpoint:\n  dir: %s\n  every_s: 0\nlog:\n  level: warn\n",
 		 servers, NW, NA, NB, NC, ck);
-	snprintf(out, len, "%s/%s.yaml", dir, name);
-	FILE *f = fopen(out, "w");
-	ck_assert_ptr_nonnull(f);
-	fputs(yaml, f);
-	fclose(f);
+	tu_write_named(dir, name, yaml, out, len);
 }
 
 /* The new shards of a re-shard from old_n shards (exited at their stop):

@@ -61,9 +61,7 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 {
 	char yaml[2048], servers[256] = "", backups[300] = "";
 
-	for (int k = 0, o = 0; k < n; k++)
-		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d",
-			      k ? ", " : "", tu_free_port());
+	tu_servers_list(n, servers, sizeof(servers));
 	for (int k = 0, o = 0; pairs && k < n; k++)
 		o += snprintf(backups + o, sizeof(backups) - (size_t)o, "%s127.0.0.1:%d%s",
 			      k ? ", " : "  backups: [", tu_free_port(),
@@ -78,11 +76,7 @@ static void write_cfg(const char *name, int n, char *out, size_t len)
 		 "checkpoint:\n  dir: %s\n  every_s: 0\nlog:\n  level: warn\n%s",
 		 servers, backups, NW, pairs ? "replication: {timeout_ms: 600}\n" : "", NA, NB,
 		 ck, extra_yaml);
-	snprintf(out, len, "%s/%s.yaml", dir, name);
-	FILE *f = fopen(out, "w");
-	ck_assert_ptr_nonnull(f);
-	fputs(yaml, f);
-	fclose(f);
+	tu_write_named(dir, name, yaml, out, len);
 }
 
 static pid_t start_shard(const char *path, int k, const char *old, int old_n)

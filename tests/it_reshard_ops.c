@@ -55,9 +55,7 @@ static void write_cfg(const char *name, int n, int hp, const char *ckd, const ch
 {
 	char yaml[2048], servers[256] = "", http[64] = "";
 
-	for (int k = 0, o = 0; k < n; k++)
-		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d",
-			      k ? ", " : "", tu_free_port());
+	tu_servers_list(n, servers, sizeof(servers));
 	if (hp)
 		snprintf(http, sizeof(http), "stats:\n  http: 127.0.0.1:%d\n", hp);
 	snprintf(yaml, sizeof(yaml),
@@ -69,11 +67,7 @@ static void write_cfg(const char *name, int n, int hp, const char *ckd, const ch
 		 "limits:\n  drop_timeout_ms: 30000\n  request_timeout_ms: 30000\n"
 		 "checkpoint:\n  dir: %s\n  every_s: 0\n%slog:\n  level: warn\n",
 		 servers, extra, NA, NB, ckd, http);
-	snprintf(out, len, "%s/%s.yaml", dir, name);
-	FILE *f = fopen(out, "w");
-	ck_assert_ptr_nonnull(f);
-	fputs(yaml, f);
-	fclose(f);
+	tu_write_named(dir, name, yaml, out, len);
 }
 
 static pid_t start_shard(const char *path, int k, const char *old, int old_n)

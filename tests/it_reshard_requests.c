@@ -60,9 +60,7 @@ static void write_cfg(const char *name, int n, const char *model_yaml, char *out
 {
 	char yaml[2048], servers[256] = "";
 
-	for (int k = 0, o = 0; k < n; k++)
-		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s127.0.0.1:%d",
-			      k ? ", " : "", tu_free_port());
+	tu_servers_list(n, servers, sizeof(servers));
 	snprintf(yaml, sizeof(yaml),
 		 "cluster:\n  servers: [%s]\n  workers: %d\n"
 		 "slice_bytes: 1024\nseed: 5\n"
@@ -70,11 +68,7 @@ static void write_cfg(const char *name, int n, const char *model_yaml, char *out
 		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: 60000\n"
 		 "checkpoint:\n  dir: %s\n  every_s: 0\n  on_request: true\nlog:\n  level: warn\n",
 		 servers, NW, model_yaml, ck);
-	snprintf(out, len, "%s/%s.yaml", dir, name);
-	FILE *f = fopen(out, "w");
-	ck_assert_ptr_nonnull(f);
-	fputs(yaml, f);
-	fclose(f);
+	tu_write_named(dir, name, yaml, out, len);
 }
 
 static void pstat_stop(const char *c, uint64_t b)

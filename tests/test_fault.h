@@ -130,15 +130,10 @@ static inline float rgrad(int id, int j, uint64_t k)
 	return (float)((int)((id * 5 + j * 3 + (int)k * 7) % 9) - 4);
 }
 
-/* One sync clock of worker c (the only one): rows, then the dense push
- * ending the clock; m follows. */
-static inline void train_clock(struct ps_client *c, struct model *m)
+/* The gradients of m's next clock into g (dense), rg and ids (rows), and
+ * m updated by them (SGD, lr 1). */
+static inline void clock_grads(struct model *m, float *g, float *rg, uint64_t *ids)
 {
-	static float g[NA], rg[NID * DIM];
-	uint64_t ids[NID];
-	struct ps_tensor t = { .name = "a", .data = g, .count = NA };
-	int64_t q;
-
 	for (int i = 0; i < NID; i++) {
 		ids[i] = (uint64_t)i * 0x9e3779b97f4a7c15ull;
 		for (int j = 0; j < DIM; j++) {
@@ -150,6 +145,18 @@ static inline void train_clock(struct ps_client *c, struct model *m)
 		g[i] = dgrad(i, m->clock);
 		m->a[i] -= g[i];
 	}
+}
+
+/* One sync clock of worker c (the only one): rows, then the dense push
+ * ending the clock; m follows. */
+static inline void train_clock(struct ps_client *c, struct model *m)
+{
+	static float g[NA], rg[NID * DIM];
+	uint64_t ids[NID];
+	struct ps_tensor t = { .name = "a", .data = g, .count = NA };
+	int64_t q;
+
+	clock_grads(m, g, rg, ids);
 	ck_assert_msg(ps_client_push_rows(c, "e", m->clock, ids, NID, rg, 0) == 0, "push rows: %s",
 		      ps_client_error(c));
 	q = ps_client_push(c, m->clock, &t, 1, PS_PUSH_END_CLOCK);

@@ -396,6 +396,30 @@ static inline void tu_sleep_ms(int ms)
 	nanosleep(&ts, NULL);
 }
 
+/* n shard addresses on fresh loopback ports, "127.0.0.1:P, ..." */
+static inline void tu_servers_list(int n, char *buf, size_t len)
+{
+	buf[0] = '\0';
+	for (int k = 0, o = 0; k < n; k++)
+		o += snprintf(buf + o, len - (size_t)o, "%s127.0.0.1:%d", k ? ", " : "",
+			      tu_free_port());
+}
+
+/* yaml written to DIR/NAME.yaml, its path in out. */
+static inline void tu_write_named(const char *dir, const char *name, const char *yaml, char *out,
+				  size_t len)
+{
+	snprintf(out, len, "%s/%s.yaml", dir, name);
+	FILE *f = fopen(out, "w");
+
+	if (!f) { /* the case's folder is its own: this does not happen */
+		perror(out);
+		abort();
+	}
+	fputs(yaml, f);
+	fclose(f);
+}
+
 /* Waits (secs at most) for child pid to exit: its status (128 + signal
  * when killed), or -1 (not a child, or still running: then killed). */
 static inline int tu_wait_exit_s(pid_t pid, int secs)
