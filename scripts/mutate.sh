@@ -98,6 +98,9 @@ suites_for() {
     server/decl_tables.c)      echo it_decl_tables test_decl_tables.py ;;
     server/members.c)          echo it_elastic it_elastic_repl san:it_elastic_repl ;;
     server/reshard.c)          echo it_reshard ;;
+    # the staged start (the pre-copy) and the marker until the first
+    # checkpoint: it_reshard's marker case; the staging runs under the launcher
+    server/reshard_stage.c)    echo it_reshard it_reshard_live.sh ;;
     # replication: the scripted cases first, then the fault runs;
     # it_replica_decl: a declaration's ack waits for the backup
     # it_rows_errors: an unreplicated shard (no replication state) whose

@@ -345,19 +345,6 @@ static void join_now(int r, int times)
 		      "%s): %s", r, dir, wks[r].err);
 }
 
-/* ps-stat --reshard-stop on config c: every shard stops at clock b. */
-static void pstat_stop(const char *c, uint64_t b)
-{
-	char out[200], want[64];
-	const char *argv[] = { "bin/ps-stat", "--config", c, "--reshard-stop", NULL };
-
-	snprintf(out, sizeof(out), "%s/pstat-%" PRIu64 ".out", dir, b);
-	ck_assert_int_eq(tu_wait_exit(tu_spawn(argv, out)), 0);
-	snprintf(want, sizeof(want), "every shard stops at clock %" PRIu64, b);
-	ck_assert_msg(live_log_says(out, want), "ps-stat (%s) did not stop at clock %" PRIu64, out,
-		      b);
-}
-
 /* Loads the config at p into cur, for the workers that start now. */
 static void load_cur(const char *p)
 {

@@ -71,18 +71,6 @@ static void write_cfg(const char *name, int n, const char *model_yaml, char *out
 	tu_write_named(dir, name, yaml, out, len);
 }
 
-static void pstat_stop(const char *c, uint64_t b)
-{
-	char out[200], want[64];
-	const char *argv[] = { "bin/ps-stat", "--config", c, "--reshard-stop", NULL };
-
-	snprintf(out, sizeof(out), "%s/pstat-%" PRIu64 ".out", dir, b);
-	ck_assert_int_eq(tu_wait_exit(tu_spawn(argv, out)), 0);
-	snprintf(want, sizeof(want), "every shard stops at clock %" PRIu64, b);
-	ck_assert_msg(live_log_says(out, want), "ps-stat (%s) did not stop at clock %" PRIu64, out,
-		      b);
-}
-
 /* The new shards of a re-shard from old_n shards (exited at their stop):
  * the old checkpoints set aside, the n-shard config NAME written (its path
  * in out) and its shards started from them into srv; each listening. */

@@ -15,6 +15,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +162,19 @@ static inline int live_log_says(const char *log, const char *what)
 		said |= strstr(line, what) != NULL;
 	fclose(f);
 	return said;
+}
+
+/* ps-stat --reshard-stop on config c: every shard stops at clock b. */
+static inline void pstat_stop(const char *c, uint64_t b)
+{
+	char out[200], want[64];
+	const char *argv[] = { "bin/ps-stat", "--config", c, "--reshard-stop", NULL };
+
+	snprintf(out, sizeof(out), "%s/pstat-%" PRIu64 ".out", dir, b);
+	ck_assert_int_eq(tu_wait_exit(tu_spawn(argv, out)), 0);
+	snprintf(want, sizeof(want), "every shard stops at clock %" PRIu64, b);
+	ck_assert_msg(live_log_says(out, want), "ps-stat (%s) did not stop at clock %" PRIu64, out,
+		      b);
 }
 
 #endif
