@@ -697,7 +697,7 @@ END_TEST
 enum { ANSWER_RIGHT, ANSWER_FOREIGN_SLICE, ANSWER_AFTER_UNEXPECTED, ANSWER_NEVER,
        /* malformed replies of the shard's own slice (fake_bad_pull_reply) */
        BAD_CODEC, BAD_RAW_SHORT, BAD_PAST_PAYLOAD, BAD_OFFSET_PAST, BAD_UNKNOWN_SLICE,
-       BAD_FP16_SECOND_SHORT, BAD_END };
+       BAD_FP16_SECOND_SHORT, BAD_NO_SLICE, BAD_SLICE_TWICE, BAD_END };
 
 struct fake_shard {
 	int port, shard, lfd;
@@ -716,7 +716,9 @@ struct fake_shard {
  *  BAD_OFFSET_PAST: raw, starting 8 bytes past the payload's end;
  *  BAD_UNKNOWN_SLICE: a slice number past the map's;
  *  BAD_FP16_SECOND_SHORT: the slice twice, right in raw, then in fp16 one
- *  value short (a decode failing after the first was copied). */
+ *  value short (a decode failing after the first was copied);
+ *  BAD_NO_SLICE: a reply naming no slice (the shard's left out);
+ *  BAD_SLICE_TWICE: the slice twice, both right (one too many). */
 static int fake_bad_pull_reply(struct fake *fk, uint64_t req_id, uint32_t s, int mode, float v)
 {
 	Ps__PullReply r = PS__PULL_REPLY__INIT;
@@ -745,6 +747,8 @@ static int fake_bad_pull_reply(struct fake *fk, uint64_t req_id, uint32_t s, int
 		refs[1].codec = PS_CODEC_FP16;
 		refs[1].length = (uint64_t)map.slices[s].count * 2 - 2;
 		break;
+	case BAD_NO_SLICE: r.n_slices = 0; break;
+	case BAD_SLICE_TWICE: r.n_slices = 2; break;
 	}
 	r.req_id = req_id;
 	r.slices = rp;
@@ -1008,7 +1012,7 @@ START_TEST(test_malformed_pull_replies)
 {
 	static const char *what[] = { "codec 3", "raw, one float short", "past the payload",
 				      "offset past the payload", "unknown slice",
-				      "fp16 copy one value short" };
+				      "fp16 copy one value short", "no slice", "the slice twice" };
 	static float w[N];
 	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
 	struct fake_shard fs[2];

@@ -74,6 +74,28 @@ void ps__client_fail_shard_reqs(struct ps_client *c, int k, int status, const ch
 
 /* ---- replies ---- */
 
+/* Whether the reply of shard k names exactly the slices the pull asked of
+ * it, in the order asked (the shard answers in request order, as the
+ * request was built: the caller's tensors in turn, each one's slices on
+ * k). A slice left out would leave the caller's weights for it stale with
+ * no error, a slice twice would mask one left out. */
+static int pull_reply_complete(const struct ps_client *c, const struct req *r, int k,
+			       const Ps__PullReply *m)
+{
+	size_t i = 0;
+
+	for (int j = 0; j < r->n; j++)
+		for (uint32_t s = c->map.tensor_first[r->tidx[j]];
+		     s < c->map.tensor_first[r->tidx[j] + 1]; s++) {
+			if (c->map.slices[s].shard != k)
+				continue;
+			if (i == m->n_slices || m->slices[i]->slice != s)
+				return 0;
+			i++;
+		}
+	return i == m->n_slices;
+}
+
 void ps__client_on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m,
 			      const struct ps_frame *f)
 {
@@ -99,6 +121,12 @@ void ps__client_on_pull_reply(struct ps_client *c, int k, const Ps__PullReply *m
 			ps__client_part_done(c, r, k, PS_EPROTO, why);
 			return;
 		}
+	}
+	if (!pull_reply_complete(c, r, k, m)) {
+		snprintf(why, sizeof(why), "shard %d sent a malformed pull reply (%zu slice(s), "
+			 "not the ones asked of it in their order)", k, m->n_slices);
+		ps__client_part_done(c, r, k, PS_EPROTO, why);
+		return;
 	}
 	for (size_t i = 0; i < m->n_slices && !status; i++) {
 		const Ps__SliceRef *s = m->slices[i];
