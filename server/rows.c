@@ -22,11 +22,15 @@ struct rows_push {
 	size_t n;
 	uint64_t *ids;          /* ascending */
 	float *g;               /* n * dim */
+	struct ps_table *tb;    /* its table, where room for its new rows is promised */
+	uint64_t promised;      /* ... for this many (ps_table_reserve) */
 };
 
 struct rows_clock {
 	uint64_t clock;
 	struct rows_push **by_rank; /* nworkers entries, NULL = not pushed */
+	size_t *pos;                /* nworkers: apply_clock's place in each push, made
+				       with the clock so applying it allocates nothing */
 	struct rows_clock *next;
 };
 
@@ -90,9 +94,30 @@ int ps__rows_init(struct ps_server *s)
 	return 0;
 }
 
+/* Promises room in tb for the rows of ids[0..n) it does not hold yet, so
+ * that applying an acknowledged push cannot fail for memory; the ids are
+ * looked up only when room for all of them is not there already. 0 or
+ * -ENOMEM (nothing promised); *promised: the rows promised. */
+static int promise_rows(struct ps_table *tb, const uint64_t *ids, size_t n, uint64_t *promised)
+{
+	uint64_t need = n;
+
+	if (!ps_table_has_room(tb, n)) {
+		need = 0;
+		for (size_t i = 0; i < n; i++)
+			need += ps_table_find(tb, ids[i]) == PS_ROW_NIL;
+	}
+	if (ps_table_reserve(tb, need))
+		return -ENOMEM;
+	*promised = need;
+	return 0;
+}
+
 static void push_free(struct rows_push *p)
 {
 	if (p) {
+		if (p->tb)
+			ps_table_unreserve(p->tb, p->promised);
 		free(p->ids);
 		free(p->g);
 		free(p);
@@ -104,6 +129,7 @@ static void clock_free(const struct ps_server *s, struct rows_clock *k)
 	for (int r = 0; r < s->cfg->nworkers; r++)
 		push_free(k->by_rank[r]);
 	free(k->by_rank);
+	free(k->pos);
 	free(k);
 }
 
@@ -441,16 +467,12 @@ static int clock_next(const struct ps_server *s, const struct rows_clock *k, int
 static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct rows_clock *k)
 {
 	int nw = s->cfg->nworkers, dim = st->tb.dim, seen;
-	size_t *pos = calloc((size_t)nw, sizeof(*pos));
+	size_t *pos = k->pos;
 	float *sum = s->rows->scratch;
 	double now = ps_now_s(), t0 = now;
 	uint64_t id;
 
-	if (!pos) {
-		ps_error("table %s: out of memory applying clock %" PRIu64 "; its gradients are "
-			 "lost", st->tb.tc->name, k->clock);
-		return;
-	}
+	memset(pos, 0, sizeof(*pos) * (size_t)nw);
 	/* first pass: every row's update is probed, nothing changes */
 	while ((seen = clock_next(s, k, dim, pos, &id, sum)))
 		if (!ps_table_update_finite(&st->tb, id, sum, s->rows->probe)) {
@@ -459,7 +481,7 @@ static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct row
 				 "weights or optimizer state that are not finite; that clock is not "
 				 "applied to the table (no row changed)", st->tb.tc->name, k->clock, id);
 			s->c.errors++;
-			goto out_free_pos;
+			return;
 		}
 	memset(pos, 0, sizeof(*pos) * (size_t)nw);
 	uint32_t stamp = ps_table_stamp(&st->tb, now);
@@ -476,8 +498,6 @@ static void apply_clock(struct ps_server *s, struct ps_srv_table *st, struct row
 	note_evictions(st);
 	s->store.applies++;
 	s->store.apply_seconds += ps_now_s() - t0;
-out_free_pos:
-	free(pos);
 }
 
 /* Sync: whether every live worker pushed or ended clock k (and one did). */
@@ -578,7 +598,10 @@ static int keep_push(struct ps_server *s, struct ps_srv_table *st, int rank, uin
 	k = *kk;
 	if (!k || k->clock != c) {
 		k = calloc(1, sizeof(*k));
-		if (!k || !(k->by_rank = calloc((size_t)s->cfg->nworkers, sizeof(*k->by_rank)))) {
+		if (!k || !(k->by_rank = calloc((size_t)s->cfg->nworkers, sizeof(*k->by_rank))) ||
+		    !(k->pos = calloc((size_t)s->cfg->nworkers, sizeof(*k->pos)))) {
+			if (k)
+				free(k->by_rank);
 			free(k);
 			return -ENOMEM;
 		}
@@ -699,9 +722,18 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 			ps_msg_send_error(sc->conn, m->req_id, rc, "out of memory");
 			goto err_reject;
 		}
-		*p = (struct rows_push){ m->n_ids, ids, g };
+		*p = (struct rows_push){ m->n_ids, ids, g, NULL, 0 };
 		ids = NULL;
 		g = NULL;
+		if (promise_rows(&s->rows->t[t].tb, p->ids, p->n, &p->promised)) {
+			rc = -ENOMEM;
+			ps_msg_send_error(sc->conn, m->req_id, rc, "out of memory for the new rows "
+					  "of table '%s' (worker %d, clock %" PRIu64 "); nothing of "
+					  "the push was taken", cfg->tables[t].name, sc->rank, m->clock);
+			push_free(p);
+			goto err_reject;
+		}
+		p->tb = &s->rows->t[t].tb;
 		rc = keep_push(s, &s->rows->t[t], sc->rank, m->clock, p);
 		if (rc) {
 			ps_msg_send_error(sc->conn, m->req_id, rc, rc == PS_EDUP
@@ -727,6 +759,14 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 						  "applied", cfg->tables[t].name, ids[i]);
 				goto err_reject;
 			}
+		uint64_t promised;
+		if (promise_rows(tb, ids, m->n_ids, &promised)) {
+			rc = -ENOMEM;
+			ps_msg_send_error(sc->conn, m->req_id, rc, "out of memory for the new rows "
+					  "of table '%s'; nothing of the push was applied",
+					  cfg->tables[t].name);
+			goto err_reject;
+		}
 		uint32_t stamp = ps_table_stamp(tb, t0);
 		for (size_t i = 0; i < m->n_ids; i++) {
 			const float *gi = g + i * (size_t)tb->dim;
@@ -738,6 +778,7 @@ void ps__rows_handle_push(struct ps_server *s, struct ps_srv_conn *sc, const Ps_
 			}
 			ps__repl_note_row(s, t, ids[i], gi, 1, stamp);
 		}
+		ps_table_unreserve(tb, promised);
 		tb->version++;
 		ps__repl_note_rows_done(s, t);
 		note_evictions(&s->rows->t[t]);

@@ -206,49 +206,96 @@ static void mark_dirty(struct ps_table *tb, uint32_t r)
 	tb->dirty[r >> PS_TABLE_CHUNK_BITS][o >> 6] |= 1ull << (o & 63);
 }
 
+/* One more chunk of rows: room for PS_TABLE_CHUNK row numbers past the
+ * last chunk's. 0 or -ENOMEM (nothing changed but the spare slots of the
+ * chunk arrays). */
+static int add_chunk(struct ps_table *tb)
+{
+	uint32_t k = tb->nchunks;
+
+	if (k >= tb->chunk_cap) {
+		uint32_t nc = tb->chunk_cap ? tb->chunk_cap * 2 : 16;
+		float **v = realloc(tb->vals, sizeof(*v) * nc);
+		if (v)
+			tb->vals = v;
+		struct ps_row_meta **m = realloc(tb->meta, sizeof(*m) * nc);
+		if (m)
+			tb->meta = m;
+		uint64_t **d = realloc(tb->dirty, sizeof(*d) * nc);
+		if (d)
+			tb->dirty = d;
+		if (!v || !m || !d)
+			return -ENOMEM;
+		tb->chunk_cap = nc;
+	}
+	/* malloc, not calloc: rows are written whole when handed out, and
+	 * untouched pages of a chunk cost nothing */
+	tb->vals[k] = malloc(sizeof(float) * PS_TABLE_CHUNK * (size_t)tb->row_floats);
+	tb->meta[k] = malloc(sizeof(struct ps_row_meta) * PS_TABLE_CHUNK);
+	tb->dirty[k] = calloc(PS_TABLE_CHUNK / 64, sizeof(uint64_t));
+	if (!tb->vals[k] || !tb->meta[k] || !tb->dirty[k]) {
+		free(tb->vals[k]);
+		free(tb->meta[k]);
+		free(tb->dirty[k]);
+		return -ENOMEM;
+	}
+	tb->nchunks = k + 1;
+	return 0;
+}
+
 /* A fresh row number: a reused one, or the next, in a new chunk when needed. */
 static uint32_t new_row(struct ps_table *tb)
 {
-	uint32_t r, k;
-
 	if (tb->free_head != PS_ROW_NIL) {
-		r = tb->free_head;
+		uint32_t r = tb->free_head;
 		tb->free_head = ps_table_meta(tb, r)->next;
 		return r;
 	}
 	if (tb->nalloc >= PS_ROW_NIL - 1)
 		return PS_ROW_NIL;
-	k = (uint32_t)(tb->nalloc >> PS_TABLE_CHUNK_BITS);
-	if (k >= tb->nchunks) {
-		if (k >= tb->chunk_cap) {
-			uint32_t nc = tb->chunk_cap ? tb->chunk_cap * 2 : 16;
-			float **v = realloc(tb->vals, sizeof(*v) * nc);
-			if (v)
-				tb->vals = v;
-			struct ps_row_meta **m = realloc(tb->meta, sizeof(*m) * nc);
-			if (m)
-				tb->meta = m;
-			uint64_t **d = realloc(tb->dirty, sizeof(*d) * nc);
-			if (d)
-				tb->dirty = d;
-			if (!v || !m || !d)
-				return PS_ROW_NIL;
-			tb->chunk_cap = nc;
-		}
-		/* malloc, not calloc: rows are written whole when handed out, and
-		 * untouched pages of a chunk cost nothing */
-		tb->vals[k] = malloc(sizeof(float) * PS_TABLE_CHUNK * (size_t)tb->row_floats);
-		tb->meta[k] = malloc(sizeof(struct ps_row_meta) * PS_TABLE_CHUNK);
-		tb->dirty[k] = calloc(PS_TABLE_CHUNK / 64, sizeof(uint64_t));
-		if (!tb->vals[k] || !tb->meta[k] || !tb->dirty[k]) {
-			free(tb->vals[k]);
-			free(tb->meta[k]);
-			free(tb->dirty[k]);
-			return PS_ROW_NIL;
-		}
-		tb->nchunks = k + 1;
-	}
+	if ((tb->nalloc >> PS_TABLE_CHUNK_BITS) >= tb->nchunks && add_chunk(tb))
+		return PS_ROW_NIL;
 	return (uint32_t)tb->nalloc++;
+}
+
+/* Rows the table must have room for once n more are promised. */
+static uint64_t rows_wanted(const struct ps_table *tb, uint64_t n)
+{
+	uint64_t want = tb->nrows + tb->reserved + n;
+
+	/* past the cap a new row takes an evicted one's place */
+	return tb->cap && want > tb->cap ? tb->cap : want;
+}
+
+int ps_table_has_room(const struct ps_table *tb, uint64_t n)
+{
+	uint64_t want = rows_wanted(tb, n);
+
+	return want * 5 <= (tb->index_mask + 1) * 4 &&
+	       (uint64_t)tb->nchunks * PS_TABLE_CHUNK >= want;
+}
+
+int ps_table_reserve(struct ps_table *tb, uint64_t n)
+{
+	uint64_t want = rows_wanted(tb, n);
+
+	if (want >= PS_ROW_NIL - 1)
+		return -ENOMEM;
+	/* the index as insert_new would grow it, and row numbers: the free
+	 * ones and those of the chunks not yet handed out */
+	while (want * 5 > (tb->index_mask + 1) * 4)
+		if (grow_index(tb))
+			return -ENOMEM;
+	while ((uint64_t)tb->nchunks * PS_TABLE_CHUNK < want)
+		if (add_chunk(tb))
+			return -ENOMEM;
+	tb->reserved += n;
+	return 0;
+}
+
+void ps_table_unreserve(struct ps_table *tb, uint64_t n)
+{
+	tb->reserved -= n < tb->reserved ? n : tb->reserved;
 }
 
 void ps_table_row_reset(const struct ps_table *tb, uint64_t id, float *row)

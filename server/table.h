@@ -69,6 +69,7 @@ struct ps_table {
 	uint64_t index_mask;
 	uint64_t nrows;            /* live rows */
 	uint64_t nalloc;           /* row numbers handed out (live + free) */
+	uint64_t reserved;         /* new rows promised room (ps_table_reserve) */
 	uint32_t nchunks, chunk_cap;
 	float **vals;              /* per chunk: PS_TABLE_CHUNK * row_floats */
 	struct ps_row_meta **meta; /* per chunk */
@@ -95,6 +96,16 @@ struct ps_table {
 int ps_table_init(struct ps_table *tb, const struct ps_config *cfg, int t, int nshards,
 		  double epoch);
 void ps_table_free(struct ps_table *tb);
+
+/* Makes room for n more new rows beyond those already promised: the
+ * index grown and the chunks allocated that inserting them would need, so
+ * that those inserts cannot run out of memory (a shard acknowledges a row
+ * push before it applies it). 0, or -ENOMEM with nothing promised.
+ * ps_table_unreserve gives the promise back once the rows are in. */
+int ps_table_reserve(struct ps_table *tb, uint64_t n);
+/* Whether ps_table_reserve(tb, n) would allocate nothing. */
+int ps_table_has_room(const struct ps_table *tb, uint64_t n);
+void ps_table_unreserve(struct ps_table *tb, uint64_t n);
 
 /* Sets tb's row cap from its max_rows' share and its share of
  * limits.max_table_bytes among cfg's tables (again when tables are

@@ -30,6 +30,7 @@
  * runtime must be the first library loaded, and under valgrind.
  */
 #include "test_fault.h"
+#include "table.h"
 
 /* The bytes of the checkpoint files of dir (names sorted, then contents):
  * a fingerprint to compare. */
@@ -388,41 +389,60 @@ START_TEST(test_rows_oom)
 }
 END_TEST
 
-/* One sync clock as train_clock, each call tried again (up to 5 times)
- * when the shard refuses it; the refusals counted in *refused. */
-static void train_clock_retry(struct ps_client *c, struct model *m, int *refused,
-			      const char *spec)
+/* The shard out of memory for the rows a push brings (the chunk of new
+ * rows could not be allocated, _i 0 sync, 1 async): the push is refused,
+ * before it is acknowledged, and taken when sent again, so every row ends
+ * at its exact sum. Room for a push's new rows is made before the
+ * acknowledgement; made when the push is applied instead, the rows were
+ * not created and an acknowledged gradient was lost (logged). */
+START_TEST(test_rows_oom_new_rows)
 {
-	static float g[NA], rg[NID * DIM];
-	uint64_t ids[NID];
-	struct ps_tensor t = { .name = "a", .data = g, .count = NA };
-	int rc = -1, k;
+	static struct model m;
+	char spec[64];
+	int refused = 0;
 
-	clock_grads(m, g, rg, ids);
-	for (k = 0; k < 5 && rc; k++)
-		if ((rc = ps_client_push_rows(c, "e", m->clock, ids, NID, rg, 0)))
-			(*refused)++;
-	ck_assert_msg(rc == 0, "%s: push rows of clock %llu, %d tries: %s", spec,
-		      (unsigned long long)m->clock, k, ps_client_error(c));
-	rc = -1;
-	for (k = 0; k < 5 && rc; k++) {
-		int64_t q = ps_client_push(c, m->clock, &t, 1, PS_PUSH_END_CLOCK);
-		if ((rc = q > 0 ? ps_client_wait(c, q) : (int)q))
-			(*refused)++;
+	make_dir();
+	write_cfg("");
+	if (_i) {
+		char yaml[2048], *p;
+		FILE *f = fopen(cfg_path, "r");
+		size_t k = fread(yaml, 1, sizeof(yaml) - 1, f);
+		fclose(f);
+		yaml[k] = 0;
+		ck_assert_ptr_nonnull(p = strstr(yaml, "mode: sync"));
+		memcpy(p, "mode: asyn", 10); /* "sync\n" -> "async" keeps the length */
+		memmove(p + 11, p + 10, strlen(p + 10) + 1);
+		p[10] = 'c';
+		ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+		ck_assert_int_eq(ps_config_load(&cfg, cfg_path, yaml, sizeof(yaml)), 0);
 	}
-	ck_assert_msg(rc == 0, "%s: push of clock %llu, %d tries: %s", spec,
-		      (unsigned long long)m->clock, k, ps_client_error(c));
-	m->clock++;
+	/* the first chunk of table e's rows (PS_TABLE_CHUNK rows of DIM floats) */
+	snprintf(spec, sizeof(spec), "malloc:1:ENOMEM:=%zu",
+		 (size_t)PS_TABLE_CHUNK * DIM * sizeof(float));
+	pid_t pid = start_faulted(-1, spec, "worker 0 connected");
+	struct ps_client *c = connect_retry(&cfg, 0);
+	for (int k = 0; k < 3; k++)
+		train_clock_retry(c, &m, &refused, spec);
+	ck_assert_msg(faults_made() == 1, "the fault did not land: %s", slurp(flog));
+	ck_assert_msg(refused >= 1, "no push was refused");
+	ck_assert_msg(!count_in(slog, "is lost") && !count_in(slog, "are lost"),
+		      "the shard lost a gradient: %s", slurp(slog));
+	check_exact(c, &m, _i ? "async" : "sync");
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(pid), 0);
+	unlink(cfg_path);
+	tu_rmtree(dir);
 }
+END_TEST
 
 /* The row path out of memory anywhere: the shard's Nth allocation after
  * the worker connected failed (N spread over 1..144, until the run makes
  * fewer), while it trains 3 clocks of rows and a dense tensor, each call
  * tried again when refused. The shard never crashes and every row and
- * weight ends at its exact sum (a refused push is not applied, an
- * accepted one once), but for a run where the shard could not create a
- * row when it applied an acknowledged gradient: that gradient is lost,
- * and its log says so (not fixed; docs/testing.md). */
+ * weight ends at its exact sum: a refused push is not applied, an
+ * accepted one once (room for its new rows is promised before it is
+ * acknowledged, so applying it cannot run out of memory; without that a
+ * run lost an acknowledged gradient, and its log said so). */
 START_TEST(test_rows_oom_sweep)
 {
 	static const int nth[] = { 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 17, 20, 24, 29, 35,
@@ -448,12 +468,12 @@ START_TEST(test_rows_oom_sweep)
 			      spec, WIFSIGNALED(ws) ? "signal" : "exit",
 			      WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), slog);
 		/* a row the shard could not create when it applied an
-		 * acknowledged gradient: that gradient is lost, and the log
-		 * says so (docs/testing.md, "Fault injection"); else exact */
+		 * acknowledged gradient would lose that gradient (its log
+		 * says so): never, since the room is promised first */
 		if (count_in(slog, "; its gradients of clock") || count_in(slog, "; its gradient is"))
 			lost++;
-		else
-			check_exact(c, &m, spec);
+		ck_assert_msg(!lost, "%s: an acknowledged row gradient was lost (log %s)", spec, slog);
+		check_exact(c, &m, spec);
 		ps_client_free(c);
 		ck_assert_int_eq(tu_stop_server(pid), 0);
 		int made = faults_made();
@@ -463,8 +483,8 @@ START_TEST(test_rows_oom_sweep)
 			break;
 		landed++;
 	}
-	printf("test_rows_oom_sweep: %d runs with a failed allocation, %d calls refused, %d runs "
-	       "with a gradient lost and said so\n", landed, refused, lost);
+	printf("test_rows_oom_sweep: %d runs with a failed allocation, %d calls refused\n", landed,
+	       refused);
 	ck_assert_msg(landed >= 10, "only %d faults landed", landed);
 	unlink(cfg_path);
 	tu_rmtree(dir);
@@ -589,6 +609,7 @@ int main(int argc, char **argv)
 	TU_ADD_LOOP(tc, test_restore_faults, 0, 2); /* _i 1: a chain of incremental ones */
 	TU_ADD(tc, test_accept_oom);
 	TU_ADD_LOOP(tc, test_rows_oom, 0, 2);
+	TU_ADD_LOOP(tc, test_rows_oom_new_rows, 0, 2);
 	TU_ADD(tc, test_rows_oom_sweep);
 	TU_ADD(tc, test_send_eagain);
 	suite_add_tcase(s, tc);

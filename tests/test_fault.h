@@ -164,6 +164,33 @@ static inline void train_clock(struct ps_client *c, struct model *m)
 	m->clock++;
 }
 
+/* One sync clock as train_clock, each call tried again (up to 5 times)
+ * when the shard refuses it; the refusals counted in *refused. */
+static inline void train_clock_retry(struct ps_client *c, struct model *m, int *refused,
+			      const char *spec)
+{
+	static float g[NA], rg[NID * DIM];
+	uint64_t ids[NID];
+	struct ps_tensor t = { .name = "a", .data = g, .count = NA };
+	int rc = -1, k;
+
+	clock_grads(m, g, rg, ids);
+	for (k = 0; k < 5 && rc; k++)
+		if ((rc = ps_client_push_rows(c, "e", m->clock, ids, NID, rg, 0)))
+			(*refused)++;
+	ck_assert_msg(rc == 0, "%s: push rows of clock %llu, %d tries: %s", spec,
+		      (unsigned long long)m->clock, k, ps_client_error(c));
+	rc = -1;
+	for (k = 0; k < 5 && rc; k++) {
+		int64_t q = ps_client_push(c, m->clock, &t, 1, PS_PUSH_END_CLOCK);
+		if ((rc = q > 0 ? ps_client_wait(c, q) : (int)q))
+			(*refused)++;
+	}
+	ck_assert_msg(rc == 0, "%s: push of clock %llu, %d tries: %s", spec,
+		      (unsigned long long)m->clock, k, ps_client_error(c));
+	m->clock++;
+}
+
 /* The shard's weights and rows equal m's, exactly. */
 static inline void check_exact(struct ps_client *c, const struct model *m, const char *what)
 {
