@@ -105,6 +105,14 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 			  const struct ps_optim_cfg *groups, int ngroups, const void *values,
 			  uint64_t values_len, char *why, size_t wl);
 
+/* What the workers declared at run time, as one number: 0 when nothing
+ * (no tensors of a config without a model, no declared tables), else a
+ * digest of the declared tensors' names, shapes and optimizer groups and
+ * the declared tables' definitions. Equal on two shards when they hold the
+ * same declarations (Stats.decl_digest; a re-shard's stop commits only
+ * when every shard's is the same: stop.c). */
+uint64_t ps__srv_decl_digest(const struct ps_server *s);
+
 /* decl_tables.c: a worker's DeclareTables (embedding tables at run time) */
 void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
 				   const Ps__DeclareTables *m);

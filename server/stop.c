@@ -14,6 +14,17 @@
  * (pulls answered as usual), then writes its checkpoint, at B on every
  * shard, and exits 0. Before the commit a stop can be cancelled.
  *
+ * Declarations (declare.c, decl_tables.c): a shard holding a stop
+ * refuses one that would create tensors or tables, so what it declared is
+ * fixed from its accepting the stop until a cancel. A declaration reaches
+ * the shards one by one, so one taken by some before their stop and
+ * refused by others after theirs leaves them differing: the monitor
+ * compares every shard's declarations (Stats.decl_digest) in their answers
+ * and commits only when all are the same, sending that digest with each
+ * commit, which a shard whose declarations differ refuses (its stop was
+ * cancelled and a declaration came). Else the monitor cancels the stops
+ * and the declaration completes first (ps_stat_reshard.c).
+ *
  * Row pushes (embedding tables) are stopped the same way: one for clock B
  * or later is refused with PS_ERESHARD before its dedup check, and the
  * clocks of the row pushes taken count in the top clock. Sync and async
@@ -104,6 +115,19 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 			 PRIu64 " or later", s->top_clock - 1, s->top_clock);
 		return PS_ECLOCK;
 	}
+	if (m->stop_commit && m->stop_decl_check && !s->stop_committed &&
+	    ps__srv_decl_digest(s) != m->stop_decl) {
+		/* the monitor saw every shard hold the same declarations when
+		 * each accepted the stop, and a shard holding it declares
+		 * nothing new: this one's changed, so its stop was cancelled
+		 * meanwhile (another monitor) and a declaration came */
+		snprintf(err, errlen, "not committed: shard %d's declared tensors and tables (%d "
+			 "tensors, %d tables) are not those every shard held when it accepted the "
+			 "stop at clock %" PRIu64 " (a declaration came since: was the stop "
+			 "cancelled?)", s->shard, s->cfg->declare ? s->cfg->ntensors : 0,
+			 s->cfg->ndecl_tables, m->stop_at);
+		return PS_ESTATE;
+	}
 	if (m->stop_at != s->stop_at)
 		ps_info("re-shard: stopping at clock %" PRIu64 " (asked by %s): pushes for it and "
 			"later are refused, to be sent again on the new map", m->stop_at,
@@ -192,8 +216,18 @@ void ps__srv_stop_poll(struct ps_server *s)
 	uint64_t bytes;
 	double secs;
 
-	if (!s->stop_committed || s->stopping || s->ckpt_job ||
-	    ps__srv_resume_clock(s) < s->stop_at || !tables_closed(s))
+	if (!s->stop_committed || s->stopping || s->ckpt_job)
+		return;
+	/* slices declared after the workers ended clocks start behind them
+	 * (at version 0), and no push comes for those clocks: passed over, as
+	 * a clock ended with no push for a slice is (a primary's batch tells
+	 * its backup) */
+	if (ps__repl_serving(s) && ps_store_advance(&s->store)) {
+		s->stop_dirty |= s->repl != NULL;
+		if (s->waiting)
+			ps__srv_answer_pulls(s);
+	}
+	if (ps__srv_resume_clock(s) < s->stop_at || !tables_closed(s))
 		return;
 	if (s->repl && s->repl->state == PS_REPL_JOINING)
 		return; /* no state of its own yet: its partner's comes first */
