@@ -444,12 +444,11 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 		snprintf(why, sizeof(why), "only a worker may declare tensors, not a monitor");
 		goto refuse;
 	}
-	if (s->stop_at && !s->cfg->ntensors) {
-		/* a re-shard's stop pending: new slices (at version 0, below
-		 * the stop's clock) would hold its sync commit forever, and a
-		 * declaration taken by some old shards only is a mix the new
-		 * shards refuse. The client asks again; on the new map once
-		 * it follows (ps_client_declare.c) */
+	if (!s->cfg->ntensors && ps__srv_stop_fences_decl(s, sc->rank)) {
+		/* a re-shard's stop pending (stop.c): a declaration taken by
+		 * some old shards only is a mix the new shards refuse. The
+		 * client asks again; on the new map once it follows
+		 * (ps_client_declare.c) */
 		rc = PS_ERESHARD;
 		snprintf(why, sizeof(why), "the shard stops at clock %" PRIu64 " for a re-shard: "
 			 "tensors are declared on the new map (asked again)", s->stop_at);

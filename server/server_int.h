@@ -182,6 +182,11 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m);
 /* The same for a row push (rows.c). */
 int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m);
+/* Whether the stop held now refuses a declaration from rank that would
+ * create tensors or tables (declare.c, decl_tables.c): every one while it
+ * is prepared; once committed, one from a worker that finished the clocks
+ * below the stop (the others are taken: the stop waits for them). */
+int ps__srv_stop_fences_decl(const struct ps_server *s, int rank);
 /* Tick: a committed stop whose clocks are all closed checkpoints and
  * stops the shard. */
 void ps__srv_stop_poll(struct ps_server *s);

@@ -198,6 +198,29 @@ int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const 
 	return 1;
 }
 
+/* Prepared, a stop fences every declaration that would create tensors or
+ * tables: what the shard declares holds from its accepting the stop to a
+ * cancel or the commit, and the monitor commits only when every shard
+ * declares the same. Committed, it closes the clocks below the stop, and
+ * it cannot without a worker that has not finished them (a live one: in
+ * sync every clock waits for it, in async the commit does): such a worker
+ * declaring was held forever, refused, never ending its clock. Its
+ * declaration is taken (no shard reaches its checkpoint before the worker
+ * ends those clocks, so the worker's declaration reaches every shard
+ * first: one still prepared refuses it until its commit, which follows at
+ * once, and the worker asks again); a worker that finished them is
+ * refused (the shard may be writing its checkpoint and gone), and
+ * declares on the new map. A worker finished the same clocks on every
+ * shard when it declares: a clock is ended on every shard by the push
+ * sent before the declaration on each connection. */
+int ps__srv_stop_fences_decl(const struct ps_server *s, int rank)
+{
+	if (!s->stop_at)
+		return 0;
+	return !s->stop_committed || rank < 0 || rank >= s->cfg->nworkers ||
+	       s->finished[rank] >= s->stop_at;
+}
+
 /* Sync: whether every table applied the clocks below the stop (the
  * dense clocks closing imply it: a table's clock is applied once every
  * live worker ended it; checked, as the checkpoint keeps no pending row

@@ -33,6 +33,9 @@
  *    cancels it and waits for the declaration (refusing the re-shard when
  *    it does not complete), a commit carrying the other shards'
  *    declarations is refused; once complete, 2 -> 3 with the exact sums.
+ *  - test_declare_unfinished_at_stop: a worker that has not ended the
+ *    clocks below a committed stop declares: taken (the stop waits for
+ *    it), it ends them, and the stop completes with the tensors on both.
  */
 #include <check.h>
 #include <errno.h>
@@ -677,6 +680,69 @@ START_TEST(test_declare_partial_at_stop)
 }
 END_TEST
 
+/* A worker declaring before it ended the clocks below a committed stop:
+ * rank 1 ended clock 0, rank 0 has not, and ps-stat stops both shards at
+ * clock 1. The shards cannot close clock 0 without rank 0, so its
+ * declaration is taken (refused, it was held forever: rank 0 never ended
+ * clock 0 and the shards never exited); rank 1 gets rank 0's values, rank
+ * 0 ends clock 0, the shards write their checkpoints at 1 with the tensors
+ * and exit 0; 2 -> 3 and 3 clocks of integer gradients give the exact
+ * sums. */
+START_TEST(test_declare_unfinished_at_stop)
+{
+	char c2[160], c3[160];
+	struct ps_client *c[NW];
+	struct ps_shard_stats st;
+	struct call dec;
+	pid_t srv[3];
+	int64_t id;
+
+	start_cluster("c2", 2, "", c2, sizeof(c2), srv, c);
+	id = ps_client_push(c[1], 0, NULL, 0, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c[1], id) == 0, "%s", ps_client_error(c[1]));
+	pstat_stop(c2, 1);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(ps_client_stats(c[1], k, &st) == 0, "%s", ps_client_error(c[1]));
+		ck_assert_msg(st.stop_at == 1 && st.stop_committed, "shard %d: stop at %" PRIu64
+			      " (%s)", k, st.stop_at, st.stop_committed ? "committed" : "prepared");
+	}
+	for (int i = 0; i < NX; i++) {
+		xa0[i] = (float)(i % 13) - 6;
+		xa1[i] = -100;
+	}
+	for (int i = 0; i < NY * NY2; i++) {
+		ya0[i] = (float)(i % 11);
+		ya1[i] = -100;
+	}
+	memset(&dec, 0, sizeof(dec));
+	for (int r = 0; r < NW; r++) {
+		dec.c = c[r];
+		dec.rank = r;
+		declare_tensors(&dec);
+		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+		ck_assert_int_eq(ps_config_nshards(ps_client_config(c[r])), 2);
+	}
+	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
+		      "rank 1's declared tensors differ from rank 0's initial values");
+	id = ps_client_push(c[0], 0, NULL, 0, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c[0], id) == 0, "%s", ps_client_error(c[0]));
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old shard %d did not exit 0 at its stop "
+			      "(logs in %s)", k, dir);
+	start_new_shards("from2", 2, "c3", 3, "", c3, sizeof(c3), srv);
+	live_point_at(c3);
+	for (int r = 0; r < NW; r++) {
+		dec.c = c[r];
+		dec.rank = r;
+		declare_tables(&dec);
+		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+		ck_assert_int_eq(ps_config_nshards(ps_client_config(c[r])), 3);
+	}
+	train_and_check(c, 1);
+	stop_cluster(c, srv, 3);
+}
+END_TEST
+
 struct train_arg {
 	struct ps_client *c;
 	int rank, done;
@@ -770,6 +836,7 @@ int main(void)
 	TU_ADD(tc, test_declare_during_stop);
 	TU_ADD(tc, test_declared_rows_in_flight_2_3);
 	TU_ADD(tc, test_declare_partial_at_stop);
+	TU_ADD(tc, test_declare_unfinished_at_stop);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
