@@ -14,16 +14,20 @@
  * (pulls answered as usual), then writes its checkpoint, at B on every
  * shard, and exits 0. Before the commit a stop can be cancelled.
  *
- * Declarations (declare.c, decl_tables.c): a shard holding a stop
- * refuses one that would create tensors or tables, so what it declared is
- * fixed from its accepting the stop until a cancel. A declaration reaches
- * the shards one by one, so one taken by some before their stop and
- * refused by others after theirs leaves them differing: the monitor
- * compares every shard's declarations (Stats.decl_digest) in their answers
- * and commits only when all are the same, sending that digest with each
- * commit, which a shard whose declarations differ refuses (its stop was
- * cancelled and a declaration came). Else the monitor cancels the stops
- * and the declaration completes first (ps_stat_reshard.c).
+ * Declarations (declare.c, decl_tables.c): a shard holding a stop it has
+ * not committed refuses one that would create tensors or tables, so what
+ * it declared is fixed from its accepting the stop to its commit or a
+ * cancel. A declaration reaches the shards one by one, so one taken by
+ * some before their stop and refused by others after theirs leaves them
+ * differing: the monitor compares every shard's declarations
+ * (Stats.decl_digest) in their answers and commits only when all are the
+ * same, sending that digest with each commit, which a shard whose
+ * declarations differ refuses (its stop was cancelled and a declaration
+ * came). Else the monitor cancels the stops and the declaration completes
+ * first (worker/ps_stat_reshard.c). Committed, a shard takes the
+ * declaration of a worker that has not ended the clocks below the stop,
+ * which the stop waits for (ps__srv_stop_fences_decl), and passes over
+ * the clocks a declared slice missed (ps__srv_stop_poll).
  *
  * Row pushes (embedding tables) are stopped the same way: one for clock B
  * or later is refused with PS_ERESHARD before its dedup check, and the

@@ -13,20 +13,24 @@
  * Declarations at run time: a worker's declaration of tensors or tables
  * reaches the shards one by one, and a shard holding a stop refuses one
  * that would create them, so a declaration can be taken by a shard before
- * its stop and refused by another after its own. Committed so, the shard
- * that took it would wait at its commit forever (its new slices at
- * version 0, behind the stop's clock, and no push comes for them: the
- * worker is still declaring) and the old checkpoints would differ in what
- * they declare, which the new shards refuse. A shard holding a stop
- * declares nothing new, so what each declares in its answer to the stop
- * (Stats.decl_digest) holds until a cancel: when the answers differ the
- * stops are cancelled, the refused shards take the declaration when its
- * worker asks again (every 20 ms), and once every shard declares the same
- * the stop is asked again; only answers that agree are committed, each
- * commit carrying their digest (a shard whose declarations changed since,
- * its stop cancelled by someone else, refuses it). A declaration that
- * does not reach every shard within DECL_WAIT_S (its worker ended while
- * declaring) refuses the re-shard, the shards taking pushes again.
+ * its stop and refused by another after its own. Committed so, the old
+ * checkpoints would differ in what they declare, which the new shards
+ * refuse (and the shard that took it waited at its commit forever: its
+ * new slices at version 0, behind the stop's clock). A shard holding a
+ * stop it has not committed declares nothing new, so what each declares
+ * in its answer to the stop (Stats.decl_digest) holds until its commit or
+ * a cancel: when the answers differ the stops are cancelled, the refused
+ * shards take the declaration when its worker asks again (every 20 ms),
+ * and once every shard declares the same the stop is asked again; only
+ * answers that agree are committed, each commit carrying their digest (a
+ * shard whose declarations changed since, its stop cancelled by someone
+ * else, refuses it). A declaration that does not reach every shard within
+ * DECL_WAIT_S (its worker ended while declaring) refuses the re-shard,
+ * the shards taking pushes again. A stop committed on some shards only (a
+ * ps-stat that died between its commits) is committed on the others
+ * without the digest: the ps-stat that committed it compared them, and a
+ * committed shard takes the declaration of a worker the stop waits for
+ * (server/stop.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -83,12 +87,11 @@ static void nap(double s, volatile sig_atomic_t *stop)
 /* Before a stop: the changes under way that refuse it (docs/elastic.md,
  * "Operations"). Another re-shard's stop on any shard: committed on some
  * (a ps-stat that died or failed between its commits), its clock goes
- * into *finish and what that shard declares into *decl, to commit the
- * others at it; prepared only, refused. A worker's join or leave under
+ * into *finish, to commit the others at it; prepared only, refused. A worker's join or leave under
  * way: refused (the shard would refuse it too). 0 to go on, 1 refused
  * (said on stderr). */
 static int refusals(const struct ps_config *cfg, struct ps_client *c, struct ps_shard_stats *st,
-		    uint64_t *finish, struct decl *decl)
+		    uint64_t *finish)
 {
 	int held = -1, committed = -1;
 	uint64_t held_at = 0;
@@ -102,7 +105,6 @@ static int refusals(const struct ps_config *cfg, struct ps_client *c, struct ps_
 		if (st->stop_at && st->stop_committed && committed < 0) {
 			committed = k;
 			*finish = st->stop_at;
-			decl_of(st, decl);
 		} else if (st->stop_at && held < 0) {
 			held = k;
 			held_at = st->stop_at;
@@ -226,7 +228,7 @@ int ps__stat_reshard(const struct ps_config *cfg, struct ps_client **cp, int can
 	struct decl *d = calloc((size_t)cfg->nshards, sizeof(*d));
 	struct decl agreed = { 0 };
 	char err[512];
-	int rc = 1, k = 0;
+	int rc = 1, k = 0, check = 0;
 	uint64_t finish = 0;
 
 	if (!st || !mine || !d)
@@ -253,7 +255,10 @@ int ps__stat_reshard(const struct ps_config *cfg, struct ps_client **cp, int can
 		}
 		goto out_free;
 	}
-	if (refusals(cfg, *cp, st, &finish, &agreed))
+	/* a stop committed on some shards already (finish) is committed on
+	 * the others unchecked: the ps-stat that committed it compared them,
+	 * and a committed shard may have taken a declaration since (stop.c) */
+	if (refusals(cfg, *cp, st, &finish))
 		goto out_free;
 	for (int round = 0; !finish; round++) {
 		int w;
@@ -263,6 +268,7 @@ int ps__stat_reshard(const struct ps_config *cfg, struct ps_client **cp, int can
 		k = decl_differs(d, cfg->nshards);
 		if (k < 0) {
 			agreed = d[0];
+			check = 1;
 			break;
 		}
 		/* a declaration taken by some shards before their stop and
@@ -291,7 +297,8 @@ int ps__stat_reshard(const struct ps_config *cfg, struct ps_client **cp, int can
 		}
 	}
 	for (k = 0; k < cfg->nshards; k++)
-		if (ps__client_stop_commit(*cp, k, finish, agreed.digest, st)) {
+		if (check ? ps__client_stop_commit(*cp, k, finish, agreed.digest, st)
+			  : ps_client_stop_at(*cp, k, finish, PS_STOP_COMMIT, st)) {
 			fprintf(stderr, "ps-stat: reshard-stop: shard %d: %s; shards 0..%d were "
 				"told to stop at clock %" PRIu64 " and will: run this again to "
 				"commit the others at the same clock\n", k, ps_client_error(*cp),
