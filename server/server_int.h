@@ -185,7 +185,8 @@ int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const 
 /* Whether the stop held now refuses a declaration from rank that would
  * create tensors or tables (declare.c, decl_tables.c): every one while it
  * is prepared; once committed, one from a worker that finished the clocks
- * below the stop (the others are taken: the stop waits for them). */
+ * below the stop or is not live (the others are taken: the stop waits for
+ * them). */
 int ps__srv_stop_fences_decl(const struct ps_server *s, int rank);
 /* Tick: a committed stop whose clocks are all closed checkpoints and
  * stops the shard. */

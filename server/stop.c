@@ -212,16 +212,16 @@ int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const 
  * declaration is taken (no shard reaches its checkpoint before the worker
  * ends those clocks, so the worker's declaration reaches every shard
  * first: one still prepared refuses it until its commit, which follows at
- * once, and the worker asks again); a worker that finished them is
- * refused (the shard may be writing its checkpoint and gone), and
- * declares on the new map. A worker finished the same clocks on every
+ * once, and the worker asks again); a worker that finished them, or one
+ * the stop does not wait for (not live: dropped), is refused (the shard
+ * may be writing its checkpoint and gone), and declares on the new map. A worker finished the same clocks on every
  * shard when it declares: a clock is ended on every shard by the push
  * sent before the declaration on each connection. */
 int ps__srv_stop_fences_decl(const struct ps_server *s, int rank)
 {
 	if (!s->stop_at)
 		return 0;
-	return !s->stop_committed || rank < 0 || rank >= s->cfg->nworkers ||
+	return !s->stop_committed || rank < 0 || rank >= s->cfg->nworkers || !s->live[rank] ||
 	       s->finished[rank] >= s->stop_at;
 }
 
