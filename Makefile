@@ -174,7 +174,7 @@ bin/ps-bench: $(OBJ)/worker/ps_bench.o $(OBJ)/worker/bench_rows.o lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 
-bin/ps-stat: $(OBJ)/worker/ps_stat.o lib/libps.a
+bin/ps-stat: $(OBJ)/worker/ps_stat.o $(OBJ)/worker/ps_stat_reshard.o lib/libps.a
 	@mkdir -p bin
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 

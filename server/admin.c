@@ -524,6 +524,9 @@ static void send_stats(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req
 	st.stop_at = s->stop_at;
 	st.stop_committed = s->stop_committed;
 	st.top_clock = s->top_clock;
+	st.decl_digest = ps__srv_decl_digest(s);
+	st.decl_tensors = s->cfg->declare ? (uint32_t)s->cfg->ntensors : 0;
+	st.decl_tables = (uint32_t)s->cfg->ndecl_tables;
 	st.map_epoch = s->map_epoch;
 	st.reshard_in_bytes = s->reshard_in_bytes;
 	st.reshard_in_slices = s->reshard_in_slices;

@@ -216,7 +216,7 @@ void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
 		snprintf(why, sizeof(why), "only a worker may declare tables, not a monitor");
 		goto refuse;
 	}
-	if (s->stop_at && !s->cfg->ndecl_tables) {
+	if (!s->cfg->ndecl_tables && ps__srv_stop_fences_decl(s, sc->rank)) {
 		/* a re-shard's stop pending: as for tensors (declare.c) */
 		rc = PS_ERESHARD;
 		snprintf(why, sizeof(why), "the shard stops at clock %" PRIu64 " for a re-shard: "

@@ -396,6 +396,43 @@ out:
 	return rc;
 }
 
+/* One FNV-1a step over n bytes. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+	return h;
+}
+
+uint64_t ps__srv_decl_digest(const struct ps_server *s)
+{
+	const struct ps_config *cfg = s->cfg;
+	int32_t nt = cfg->declare ? cfg->ntensors : 0, nd = cfg->ndecl_tables;
+	int32_t ng = nt ? cfg->ngroups : 0;
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	if (!nt && !nd)
+		return 0;
+	h = fnv(h, &nt, sizeof(nt));
+	h = fnv(h, &nd, sizeof(nd));
+	h = fnv(h, &ng, sizeof(ng));
+	for (int i = 0; i < nt; i++) {
+		const struct ps_tensor_cfg *t = &cfg->tensors[i];
+		int32_t v[2] = { t->ndims, ng ? t->group : 0 };
+		h = fnv(h, t->name, strlen(t->name) + 1);
+		h = fnv(h, v, sizeof(v));
+		h = fnv(h, t->dims, sizeof(t->dims[0]) * (size_t)t->ndims);
+	}
+	for (int i = cfg->ntables - nd; i < cfg->ntables; i++) {
+		const struct ps_table_cfg *t = &cfg->tables[i];
+		int32_t v[4] = { t->dim, (int32_t)t->init, t->optimizer, t->admission };
+		h = fnv(h, t->name, strlen(t->name) + 1);
+		h = fnv(h, v, sizeof(v));
+		h = fnv(h, &t->max_rows, sizeof(t->max_rows));
+	}
+	return h ? h : 1;
+}
+
 void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Declare *m,
 			    const struct ps_frame *f)
 {
@@ -407,12 +444,11 @@ void ps__srv_handle_declare(struct ps_server *s, struct ps_srv_conn *sc, const P
 		snprintf(why, sizeof(why), "only a worker may declare tensors, not a monitor");
 		goto refuse;
 	}
-	if (s->stop_at && !s->cfg->ntensors) {
-		/* a re-shard's stop pending: new slices (at version 0, below
-		 * the stop's clock) would hold its sync commit forever, and a
-		 * declaration taken by some old shards only is a mix the new
-		 * shards refuse. The client asks again; on the new map once
-		 * it follows (ps_client_declare.c) */
+	if (!s->cfg->ntensors && ps__srv_stop_fences_decl(s, sc->rank)) {
+		/* a re-shard's stop pending (stop.c): a declaration taken by
+		 * some old shards only is a mix the new shards refuse. The
+		 * client asks again; on the new map once it follows
+		 * (ps_client_declare.c) */
 		rc = PS_ERESHARD;
 		snprintf(why, sizeof(why), "the shard stops at clock %" PRIu64 " for a re-shard: "
 			 "tensors are declared on the new map (asked again)", s->stop_at);

@@ -105,6 +105,14 @@ int ps__srv_declare_adopt(struct ps_server *s, const struct ps_tensor_cfg *list,
 			  const struct ps_optim_cfg *groups, int ngroups, const void *values,
 			  uint64_t values_len, char *why, size_t wl);
 
+/* What the workers declared at run time, as one number: 0 when nothing
+ * (no tensors of a config without a model, no declared tables), else a
+ * digest of the declared tensors' names, shapes and optimizer groups and
+ * the declared tables' definitions. Equal on two shards when they hold the
+ * same declarations (Stats.decl_digest; a re-shard's stop commits only
+ * when every shard's is the same: stop.c). */
+uint64_t ps__srv_decl_digest(const struct ps_server *s);
+
 /* decl_tables.c: a worker's DeclareTables (embedding tables at run time) */
 void ps__srv_handle_declare_tables(struct ps_server *s, struct ps_srv_conn *sc,
 				   const Ps__DeclareTables *m);
@@ -174,6 +182,12 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m);
 /* The same for a row push (rows.c). */
 int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m);
+/* Whether the stop held now refuses a declaration from rank that would
+ * create tensors or tables (declare.c, decl_tables.c): every one while it
+ * is prepared; once committed, one from a worker that finished the clocks
+ * below the stop or is not live (the others are taken: the stop waits for
+ * them). */
+int ps__srv_stop_fences_decl(const struct ps_server *s, int rank);
 /* Tick: a committed stop whose clocks are all closed checkpoints and
  * stops the shard. */
 void ps__srv_stop_poll(struct ps_server *s);

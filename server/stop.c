@@ -14,6 +14,21 @@
  * (pulls answered as usual), then writes its checkpoint, at B on every
  * shard, and exits 0. Before the commit a stop can be cancelled.
  *
+ * Declarations (declare.c, decl_tables.c): a shard holding a stop it has
+ * not committed refuses one that would create tensors or tables, so what
+ * it declared is fixed from its accepting the stop to its commit or a
+ * cancel. A declaration reaches the shards one by one, so one taken by
+ * some before their stop and refused by others after theirs leaves them
+ * differing: the monitor compares every shard's declarations
+ * (Stats.decl_digest) in their answers and commits only when all are the
+ * same, sending that digest with each commit, which a shard whose
+ * declarations differ refuses (its stop was cancelled and a declaration
+ * came). Else the monitor cancels the stops and the declaration completes
+ * first (worker/ps_stat_reshard.c). Committed, a shard takes the
+ * declaration of a worker that has not ended the clocks below the stop,
+ * which the stop waits for (ps__srv_stop_fences_decl), and passes over
+ * the clocks a declared slice missed (ps__srv_stop_poll).
+ *
  * Row pushes (embedding tables) are stopped the same way: one for clock B
  * or later is refused with PS_ERESHARD before its dedup check, and the
  * clocks of the row pushes taken count in the top clock. Sync and async
@@ -104,6 +119,19 @@ int ps__srv_stop_request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 			 PRIu64 " or later", s->top_clock - 1, s->top_clock);
 		return PS_ECLOCK;
 	}
+	if (m->stop_commit && m->stop_decl_check && !s->stop_committed &&
+	    ps__srv_decl_digest(s) != m->stop_decl) {
+		/* the monitor saw every shard hold the same declarations when
+		 * each accepted the stop, and a shard holding it declares
+		 * nothing new: this one's changed, so its stop was cancelled
+		 * meanwhile (another monitor) and a declaration came */
+		snprintf(err, errlen, "not committed: shard %d's declared tensors and tables (%d "
+			 "tensors, %d tables) are not those every shard held when it accepted the "
+			 "stop at clock %" PRIu64 " (a declaration came since: was the stop "
+			 "cancelled?)", s->shard, s->cfg->declare ? s->cfg->ntensors : 0,
+			 s->cfg->ndecl_tables, m->stop_at);
+		return PS_ESTATE;
+	}
 	if (m->stop_at != s->stop_at)
 		ps_info("re-shard: stopping at clock %" PRIu64 " (asked by %s): pushes for it and "
 			"later are refused, to be sent again on the new map", m->stop_at,
@@ -174,6 +202,29 @@ int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const 
 	return 1;
 }
 
+/* Prepared, a stop fences every declaration that would create tensors or
+ * tables: what the shard declares holds from its accepting the stop to a
+ * cancel or the commit, and the monitor commits only when every shard
+ * declares the same. Committed, it closes the clocks below the stop, and
+ * it cannot without a worker that has not finished them (a live one: in
+ * sync every clock waits for it, in async the commit does): such a worker
+ * declaring was held forever, refused, never ending its clock. Its
+ * declaration is taken (no shard reaches its checkpoint before the worker
+ * ends those clocks, so the worker's declaration reaches every shard
+ * first: one still prepared refuses it until its commit, which follows at
+ * once, and the worker asks again); a worker that finished them, or one
+ * the stop does not wait for (not live: dropped), is refused (the shard
+ * may be writing its checkpoint and gone), and declares on the new map. A worker finished the same clocks on every
+ * shard when it declares: a clock is ended on every shard by the push
+ * sent before the declaration on each connection. */
+int ps__srv_stop_fences_decl(const struct ps_server *s, int rank)
+{
+	if (!s->stop_at)
+		return 0;
+	return !s->stop_committed || rank < 0 || rank >= s->cfg->nworkers || !s->live[rank] ||
+	       s->finished[rank] >= s->stop_at;
+}
+
 /* Sync: whether every table applied the clocks below the stop (the
  * dense clocks closing imply it: a table's clock is applied once every
  * live worker ended it; checked, as the checkpoint keeps no pending row
@@ -192,8 +243,18 @@ void ps__srv_stop_poll(struct ps_server *s)
 	uint64_t bytes;
 	double secs;
 
-	if (!s->stop_committed || s->stopping || s->ckpt_job ||
-	    ps__srv_resume_clock(s) < s->stop_at || !tables_closed(s))
+	if (!s->stop_committed || s->stopping || s->ckpt_job)
+		return;
+	/* slices declared after the workers ended clocks start behind them
+	 * (at version 0), and no push comes for those clocks: passed over, as
+	 * a clock ended with no push for a slice is (a primary's batch tells
+	 * its backup) */
+	if (ps__repl_serving(s) && ps_store_advance(&s->store)) {
+		s->stop_dirty |= s->repl != NULL;
+		if (s->waiting)
+			ps__srv_answer_pulls(s);
+	}
+	if (ps__srv_resume_clock(s) < s->stop_at || !tables_closed(s))
 		return;
 	if (s->repl && s->repl->state == PS_REPL_JOINING)
 		return; /* no state of its own yet: its partner's comes first */

@@ -28,6 +28,14 @@
  *    completes on the new map with rank 0's values.
  *  - test_declared_rows_in_flight_2_3: row pushes of a declared table
  *    refused at the stop are cut again for the new map, applied once.
+ *  - test_declare_partial_at_stop: a declaration that reached one old
+ *    shard and not the other is never committed in a stop: ps-stat
+ *    cancels it and waits for the declaration (refusing the re-shard when
+ *    it does not complete), a commit carrying the other shards'
+ *    declarations is refused; once complete, 2 -> 3 with the exact sums.
+ *  - test_declare_unfinished_at_stop: a worker that has not ended the
+ *    clocks below a committed stop declares: taken (the stop waits for
+ *    it), it ends them, and the stop completes with the tensors on both.
  */
 #include <check.h>
 #include <errno.h>
@@ -481,6 +489,260 @@ START_TEST(test_declare_during_stop)
 }
 END_TEST
 
+/* Rank 0's Declare of x and y (values xa0, ya0) sent to shard k alone,
+ * over c's connection, as the first step of ps_client_declare does (a
+ * worker that ended there would leave it so); 0 or the shard's code. */
+static int declare_on_one(struct ps_client *c, int k)
+{
+	static char nx[] = "x", ny[] = "y";
+	char *names[2] = { nx, ny };
+	uint32_t ndims[2] = { 1, 2 };
+	int64_t dims[3] = { NX, NY, NY2 };
+	const float *vals[2] = { xa0, ya0 };
+	struct ps_config *dc = malloc(sizeof(*dc));
+	struct ps_shardmap map;
+	Ps__Declare m = PS__DECLARE__INIT;
+	struct req *r = ps__client_req_new(c, REQ_DECLARE);
+	struct ps_iov *iov = malloc(sizeof(*iov));
+	size_t pos = 0;
+	uint8_t *pay;
+
+	ck_assert(dc && r && iov);
+	/* the declared config's map, as the client builds it */
+	memcpy(dc, &cfg, sizeof(*dc));
+	memset(dc->tensors, 0, sizeof(dc->tensors[0]) * 2);
+	strcpy(dc->tensors[0].name, "x");
+	dc->tensors[0].ndims = 1;
+	dc->tensors[0].dims[0] = NX;
+	dc->tensors[0].count = NX;
+	strcpy(dc->tensors[1].name, "y");
+	dc->tensors[1].ndims = 2;
+	dc->tensors[1].dims[0] = NY;
+	dc->tensors[1].dims[1] = NY2;
+	dc->tensors[1].count = NY * NY2;
+	dc->ntensors = 2;
+	ck_assert_int_eq(ps_shardmap_init(&map, dc), 0);
+	pay = malloc(map.shard_bytes[k] + 1);
+	ck_assert_ptr_nonnull(pay);
+	for (uint32_t i = 0; i < map.nslices; i++) {
+		const struct ps_slice *sl = &map.slices[i];
+		if (sl->shard != k)
+			continue;
+		memcpy(pay + pos, vals[sl->tensor] + sl->offset, (size_t)sl->count * sizeof(float));
+		pos += (size_t)sl->count * sizeof(float);
+	}
+	r->id = ps__client_reserve_id(c);
+	m.req_id = (uint64_t)r->id;
+	m.n_names = 2;
+	m.names = names;
+	m.n_ndims = 2;
+	m.ndims = ndims;
+	m.n_dims = 3;
+	m.dims = dims;
+	m.values = 1;
+	iov->base = pay;
+	iov->len = pos;
+	r->parts[k].iov = iov;
+	r->parts[k].niov = 1;
+	ck_assert_int_eq(ps__client_pack_part(&r->parts[k], &m.base), 0);
+	int64_t id = ps__client_submit_built(c, 0, r);
+	ck_assert_int_gt(id, 0);
+	int rc = ps_client_wait(c, id);
+	ps_shardmap_free(&map);
+	free(pay);
+	free(dc);
+	return rc;
+}
+
+/* ps-stat --reshard-stop on the config at c, its output into out. */
+static pid_t pstat_spawn(const char *c, const char *out)
+{
+	const char *argv[] = { "bin/ps-stat", "--config", c, "--reshard-stop", NULL };
+
+	return tu_spawn(argv, out);
+}
+
+/* A declaration that reached one old shard before its stop and not the
+ * other (here: rank 0's Declare sent to shard 0 alone, as by a worker that
+ * ended there): the stop is not committed with the shards differing (shard
+ * 0's new slices, at version 0, held its commit; the old checkpoints
+ * differed in their tensors, which the new shards refuse). ps-stat finds
+ * the shards' declarations differ in their answers to the stop, cancels
+ * it, and, the declaration not completing within its wait, refuses the
+ * re-shard with the reason, every shard taking pushes again. Asked again,
+ * it waits; rank 0 declares (shard 1 takes it, shard 0 compares), and the
+ * stop is committed at clock 1: 2 -> 3 from checkpoints that agree, rank 1
+ * gets rank 0's values on the new map, and 3 clocks of integer gradients,
+ * dense and rows, give the exact sums. */
+START_TEST(test_declare_partial_at_stop)
+{
+	char c2[160], c3[160], out[200], err[600];
+	struct ps_client *c[NW], *mon;
+	struct ps_shard_stats st[2];
+	struct call dec;
+	pid_t srv[3], ps;
+
+	start_cluster("c2", 2, "", c2, sizeof(c2), srv, c);
+	end_clock_empty(c);
+	for (int i = 0; i < NX; i++) {
+		xa0[i] = (float)(i % 13) - 6;
+		xa1[i] = -100;
+	}
+	for (int i = 0; i < NY * NY2; i++) {
+		ya0[i] = (float)(i % 11);
+		ya1[i] = -100;
+	}
+	ck_assert_msg(declare_on_one(c[0], 0) == 0, "rank 0's Declare to shard 0: %s",
+		      ps_client_error(c[0]));
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stats(c[1], k, &st[k]) == 0, "%s", ps_client_error(c[1]));
+	ck_assert_msg(st[0].decl_tensors == 2 && st[1].decl_tensors == 0 && st[0].decl_digest &&
+		      !st[1].decl_digest, "declared: shard 0 %d tensors (%016" PRIx64 "), shard 1 "
+		      "%d (%016" PRIx64 ")", st[0].decl_tensors, st[0].decl_digest,
+		      st[1].decl_tensors, st[1].decl_digest);
+
+	/* a commit carrying what the shards declared when they accepted the
+	 * stop is refused by a shard that declares otherwise, nothing
+	 * committed (ps-stat's guard against a stop cancelled meanwhile) */
+	ck_assert_int_eq(ps_client_init(&mon, &cfg, -1, err, sizeof(err)), 0);
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stop_at(mon, k, 1, 0, &st[k]) == 0, "%s",
+			      ps_client_error(mon));
+	ck_assert_msg(st[0].decl_digest != st[1].decl_digest, "the stop's answers: %016" PRIx64
+		      " and %016" PRIx64, st[0].decl_digest, st[1].decl_digest);
+	ck_assert_int_eq(ps__client_stop_commit(mon, 1, 1, st[0].decl_digest, &st[1]), PS_ESTATE);
+	ck_assert_msg(strstr(ps_client_error(mon), "not committed: shard 1's declared tensors and "
+			     "tables (0 tensors, 0 tables) are not those"), "%s",
+		      ps_client_error(mon));
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(ps_client_stop_at(mon, k, 0, PS_STOP_CANCEL, &st[k]) == 0, "%s",
+			      ps_client_error(mon));
+		ck_assert_int_eq(st[k].stop_committed, 0);
+	}
+	ps_client_free(mon);
+
+	/* nothing completes it: refused, nothing stopped */
+	snprintf(out, sizeof(out), "%s/pstat-refused.out", dir);
+	ck_assert_msg(tu_wait_exit(pstat_spawn(c2, out)) == 1, "ps-stat did not refuse (%s)", out);
+	ck_assert_msg(live_log_says(out, "a declaration reached some shards before their stop "
+				    "and not the others") &&
+		      live_log_says(out, "refused: a declaration of tensors or tables reached some "
+				    "shards only"), "ps-stat's reasons (%s)", out);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(ps_client_stats(c[1], k, &st[k]) == 0, "%s", ps_client_error(c[1]));
+		ck_assert_msg(st[k].stop_at == 0, "shard %d holds a stop at %" PRIu64 " after the "
+			      "refusal", k, st[k].stop_at);
+	}
+
+	/* asked again, it waits; rank 0 declares meanwhile */
+	snprintf(out, sizeof(out), "%s/pstat-waits.out", dir);
+	ps = pstat_spawn(c2, out);
+	for (int i = 0; i < 3000 && !live_log_says(out, "waiting up to"); i++)
+		tu_sleep_ms(10);
+	ck_assert_msg(live_log_says(out, "waiting up to"), "ps-stat does not wait (%s)", out);
+	memset(&dec, 0, sizeof(dec));
+	dec.c = c[0];
+	dec.rank = 0;
+	declare_tensors(&dec);
+	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+	ck_assert_msg(tu_wait_exit(ps) == 0, "ps-stat failed once the declaration completed (%s)",
+		      out);
+	ck_assert_msg(live_log_says(out, "every shard stops at clock 1"), "ps-stat (%s)", out);
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old shard %d did not exit 0 at its stop "
+			      "(logs in %s)", k, dir);
+	for (int k = 0; k < 2; k++) {
+		char f[200];
+		snprintf(f, sizeof(f), "%s/c2.yaml-shard-%d.log", dir, k);
+		ck_assert_msg(live_log_says(f, "stopped at clock 1 with its checkpoint written"),
+			      "old shard %d (%s)", k, f);
+	}
+
+	start_new_shards("from2", 2, "c3", 3, "", c3, sizeof(c3), srv);
+	live_point_at(c3);
+	/* rank 1, on the new map, gets rank 0's values */
+	dec.c = c[1];
+	dec.rank = 1;
+	declare_tensors(&dec);
+	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+	ck_assert_int_eq(ps_config_nshards(ps_client_config(c[1])), 3);
+	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
+		      "rank 1's declared tensors differ from rank 0's initial values");
+	/* the tables, declared on the new map by both */
+	for (int r = 0; r < NW; r++) {
+		dec.c = c[r];
+		dec.rank = r;
+		declare_tables(&dec);
+		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+	}
+	train_and_check(c, 1);
+	stop_cluster(c, srv, 3);
+}
+END_TEST
+
+/* A worker declaring before it ended the clocks below a committed stop:
+ * rank 1 ended clock 0, rank 0 has not, and ps-stat stops both shards at
+ * clock 1. The shards cannot close clock 0 without rank 0, so its
+ * declaration is taken (refused, it was held forever: rank 0 never ended
+ * clock 0 and the shards never exited); rank 1 gets rank 0's values, rank
+ * 0 ends clock 0, the shards write their checkpoints at 1 with the tensors
+ * and exit 0; 2 -> 3 and 3 clocks of integer gradients give the exact
+ * sums. */
+START_TEST(test_declare_unfinished_at_stop)
+{
+	char c2[160], c3[160];
+	struct ps_client *c[NW];
+	struct ps_shard_stats st;
+	struct call dec;
+	pid_t srv[3];
+	int64_t id;
+
+	start_cluster("c2", 2, "", c2, sizeof(c2), srv, c);
+	id = ps_client_push(c[1], 0, NULL, 0, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c[1], id) == 0, "%s", ps_client_error(c[1]));
+	pstat_stop(c2, 1);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(ps_client_stats(c[1], k, &st) == 0, "%s", ps_client_error(c[1]));
+		ck_assert_msg(st.stop_at == 1 && st.stop_committed, "shard %d: stop at %" PRIu64
+			      " (%s)", k, st.stop_at, st.stop_committed ? "committed" : "prepared");
+	}
+	for (int i = 0; i < NX; i++) {
+		xa0[i] = (float)(i % 13) - 6;
+		xa1[i] = -100;
+	}
+	for (int i = 0; i < NY * NY2; i++) {
+		ya0[i] = (float)(i % 11);
+		ya1[i] = -100;
+	}
+	memset(&dec, 0, sizeof(dec));
+	for (int r = 0; r < NW; r++) {
+		dec.c = c[r];
+		dec.rank = r;
+		declare_tensors(&dec);
+		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+		ck_assert_int_eq(ps_config_nshards(ps_client_config(c[r])), 2);
+	}
+	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
+		      "rank 1's declared tensors differ from rank 0's initial values");
+	id = ps_client_push(c[0], 0, NULL, 0, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c[0], id) == 0, "%s", ps_client_error(c[0]));
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old shard %d did not exit 0 at its stop "
+			      "(logs in %s)", k, dir);
+	start_new_shards("from2", 2, "c3", 3, "", c3, sizeof(c3), srv);
+	live_point_at(c3);
+	for (int r = 0; r < NW; r++) {
+		dec.c = c[r];
+		dec.rank = r;
+		declare_tables(&dec);
+		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+		ck_assert_int_eq(ps_config_nshards(ps_client_config(c[r])), 3);
+	}
+	train_and_check(c, 1);
+	stop_cluster(c, srv, 3);
+}
+END_TEST
+
 struct train_arg {
 	struct ps_client *c;
 	int rank, done;
@@ -573,6 +835,8 @@ int main(void)
 	TU_ADD(tc, test_stats_gone_shard_3_2);
 	TU_ADD(tc, test_declare_during_stop);
 	TU_ADD(tc, test_declared_rows_in_flight_2_3);
+	TU_ADD(tc, test_declare_partial_at_stop);
+	TU_ADD(tc, test_declare_unfinished_at_stop);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

@@ -9,7 +9,7 @@
  * optimizer ran, rejected frames and connections; the membership and, once
  * re-sharded or while a change is under way, each shard's map epoch and
  * the change in progress. --reshard-stop and --reshard-cancel stop the
- * shards for a live re-shard (server/stop.c) or take such a stop back. A
+ * shards for a live re-shard (ps_stat_reshard.c) or take such a stop back. A
  * shard that cannot be reached is shown as down with the reason; the rest
  * still print.
  *
@@ -30,9 +30,9 @@
 #include "config.h"
 #include "histo.h"
 #include "ps_client.h"
-#include "ps_client_int.h" /* ps__client_stats_clocks */
 #include "ps_err.h"
 #include "ps_log.h"
+#include "ps_stat_reshard.h"
 #include "version.h"
 
 struct opts {
@@ -840,162 +840,6 @@ static void nap(double s)
 	}
 }
 
-/* Before a stop: the changes under way that refuse it (docs/elastic.md,
- * "Operations"). Another re-shard's stop on any shard: committed on some
- * (a ps-stat that died or failed between its commits), its clock goes
- * into *finish, to commit the others at it; prepared only, refused. A
- * worker's join or leave under way: refused (the shard would refuse it
- * too). 0 to go on, 1 refused (said on stderr). */
-static int reshard_refusals(const struct ps_config *cfg, struct ps_client *c,
-			    struct ps_shard_stats *st, uint64_t *finish)
-{
-	int held = -1, committed = -1;
-	uint64_t held_at = 0;
-
-	*finish = 0;
-	for (int k = 0; k < cfg->nshards; k++) {
-		if (ps__client_stats_clocks(c, k, st)) {
-			fprintf(stderr, "ps-stat: reshard-stop: %s\n", ps_client_error(c));
-			return 1;
-		}
-		if (st->stop_at && st->stop_committed && committed < 0) {
-			committed = k;
-			*finish = st->stop_at;
-		} else if (st->stop_at && held < 0) {
-			held = k;
-			held_at = st->stop_at;
-		}
-		if (!st->stop_at && (st->njoining || st->nleaving)) {
-			if (st->njoining)
-				fprintf(stderr, "ps-stat: reshard-stop: refused: worker %d is joining at "
-					"clock %" PRIu64 " (shard %d holds it); try again after it\n",
-					st->joining[0], st->joining_clock[0], k);
-			else
-				fprintf(stderr, "ps-stat: reshard-stop: refused: worker %d is leaving "
-					"(shard %d counts it at clock %" PRIu64 " until it leaves); try "
-					"again after it\n", st->leaving[0], k, st->leaving_clock[0]);
-			return 1;
-		}
-	}
-	if (committed >= 0) {
-		printf("ps-stat: reshard-stop: shard %d committed to stop at clock %" PRIu64
-		       " already (an earlier stop not finished): committing every shard at it\n",
-		       committed, *finish);
-		return 0;
-	}
-	if (held >= 0) {
-		fprintf(stderr, "ps-stat: reshard-stop: refused: another re-shard is in progress: "
-			"shard %d holds a stop at clock %" PRIu64 " (prepared); if none runs (its "
-			"ps-stat died), cancel it with ps-stat --config FILE --reshard-cancel\n", held,
-			held_at);
-		return 1;
-	}
-	return 0;
-}
-
-/* --reshard-stop: every shard stops at one clock B (server/stop.c). B
- * is the highest clock any shard took a push for, plus one, or the
- * highest clock a worker finished there if higher; a shard that
- * took a push for B meanwhile refuses, and every shard is asked again with
- * its top clock (the shards that accepted raise their stop). Once all
- * accepted one B, each is told to commit: it closes the clocks below B,
- * writes its checkpoint and exits. Refused first while another stop or
- * a join or leave is under way (reshard_refusals). 0 done, 1 failed
- * (the stops this run made and did not commit are cancelled; a commit
- * sent to some shards only is named). --reshard-cancel (cancel): every
- * shard's stop not committed is cancelled. */
-static int reshard_stop(const struct ps_config *cfg, struct ps_client **cp, int cancel)
-{
-	struct ps_shard_stats *st = malloc(sizeof(*st));
-	unsigned char *mine = calloc((size_t)cfg->nshards, 1); /* stops this run made */
-	char err[512];
-	int rc = 1, k = 0;
-	uint64_t b = 1, finish = 0;
-
-	if (!st || !mine)
-		goto out_free;
-	if (ps_client_init(cp, cfg, -1, err, sizeof(err))) {
-		fprintf(stderr, "ps-stat: %s\n", err);
-		goto out_free;
-	}
-	for (k = 0; k < cfg->nshards; k++)
-		if (ps_client_shard_error(*cp, k, err, sizeof(err))) {
-			fprintf(stderr, "ps-stat: reshard-%s: %s: every shard must be up\n",
-				cancel ? "cancel" : "stop", err);
-			goto out_free;
-		}
-	if (cancel) {
-		rc = 0;
-		for (k = 0; k < cfg->nshards; k++) {
-			if (ps_client_stop_at(*cp, k, 0, PS_STOP_CANCEL, st)) {
-				fprintf(stderr, "ps-stat: reshard-cancel: %s\n", ps_client_error(*cp));
-				rc = 1;
-			} else {
-				printf("ps-stat: reshard-cancel: shard %d takes pushes again\n", k);
-			}
-		}
-		goto out_free;
-	}
-	if (reshard_refusals(cfg, *cp, st, &finish))
-		goto out_free;
-	for (int tries = 0; tries < 200 && !stop && !finish; tries++) {
-		/* the clocks are read once (a Stats answer checksums every
-		 * table: seconds with millions of rows); a shard that refuses b
-		 * took a push for it, so b + 1 is tried next, at once: the
-		 * shards that accepted b hold the workers there meanwhile */
-		for (k = 0; !tries && k < cfg->nshards; k++) {
-			if (ps__client_stats_clocks(*cp, k, st))
-				goto err_cancel;
-			if (st->top_clock > b)
-				b = st->top_clock;
-			/* a shard that took no push since it started (from a
-			 * checkpoint) is at its workers' finished clocks */
-			for (int r = 0; r < st->nworkers && r < 64; r++)
-				if (st->worker_clock[r] > b)
-					b = st->worker_clock[r];
-		}
-		for (k = 0; k < cfg->nshards; k++) {
-			int r = ps_client_stop_at(*cp, k, b, 0, st);
-			if (r == PS_ECLOCK)
-				break; /* a push for b came: again with a later b */
-			if (r)
-				goto err_cancel;
-			mine[k] = 1;
-		}
-		if (k == cfg->nshards)
-			finish = b;
-		else
-			b++;
-	}
-	if (!finish) {
-		snprintf(err, sizeof(err), "no clock every shard accepted after 200 tries");
-		k = -1;
-		goto err_cancel;
-	}
-	for (k = 0; k < cfg->nshards; k++)
-		if (ps_client_stop_at(*cp, k, finish, PS_STOP_COMMIT, st)) {
-			fprintf(stderr, "ps-stat: reshard-stop: shard %d: %s; shards 0..%d were "
-				"told to stop at clock %" PRIu64 " and will: run this again to "
-				"commit the others at the same clock\n", k, ps_client_error(*cp),
-				k - 1, finish);
-			goto out_free;
-		}
-	printf("ps-stat: reshard-stop: every shard stops at clock %" PRIu64 ": it closes "
-	       "the clocks below, writes its checkpoint there and exits\n", finish);
-	rc = 0;
-	goto out_free;
-err_cancel:
-	fprintf(stderr, "ps-stat: reshard-stop: %s%s; cancelling the stop\n",
-		k >= 0 ? "" : err, k >= 0 ? ps_client_error(*cp) : "");
-	for (k = 0; k < cfg->nshards; k++)
-		if (mine[k])
-			ps_client_stop_at(*cp, k, 0, PS_STOP_CANCEL, st);
-out_free:
-	free(mine);
-	free(st);
-	return rc;
-}
-
 int main(int argc, char **argv)
 {
 	static const struct option lopts[] = {
@@ -1076,7 +920,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	if (o.reshard_stop) {
-		rc = reshard_stop(cfg, &c, o.reshard_stop == 2);
+		rc = ps__stat_reshard(cfg, &c, o.reshard_stop == 2, &stop);
 		goto out;
 	}
 	sample(cfg, &c, a);

@@ -105,6 +105,9 @@ PyObject *pyps_stats_dict(const struct ps_shard_stats *s)
 	    U64(d, s, reshard_in_rows) || U64(d, s, stop_at) || INT(d, s, stop_committed) ||
 	    U64(d, s, top_clock))
 		goto err;
+	/* what the workers declared at run time (0: nothing) */
+	if (U64(d, s, decl_digest) || INT(d, s, decl_tensors) || INT(d, s, decl_tables))
+		goto err;
 	for (int w = 0; w < 2; w++) {
 		int n = w ? s->nleaving : s->njoining;
 		const int *rk = w ? s->leaving : s->joining;

@@ -33,6 +33,8 @@ def test_stats_and_checkpoint(cluster, tmp_path):
             assert (s["map_epoch"], s["reshard_in_bytes"], s["reshard_in_slices"],
                     s["reshard_in_rows"], s["stop_at"], s["stop_committed"]) == (0,) * 6
             assert s["top_clock"] == 4 and s["joining"] == {} and s["leaving"] == {}
+            # the model and table e are the config's: nothing declared
+            assert (s["decl_digest"], s["decl_tensors"], s["decl_tables"]) == (0, 0, 0)
         res = m.checkpoint()
         for k, r in enumerate(res):
             assert r["checkpoint_status"] == 0, r["checkpoint_error"]

@@ -212,6 +212,13 @@ struct ps_shard_stats {
 	int njoining, nleaving;
 	int joining[16], leaving[16];
 	uint64_t joining_clock[16], leaving_clock[16];
+	/* What the workers declared at run time: a digest of the declared
+	 * tensors and tables (0: none; equal on shards holding the same
+	 * declarations), the tensors' count and the tables'. A monitor of its
+	 * own commits a stop only when every shard's answer to it has the
+	 * same digest (docs/elastic.md) */
+	uint64_t decl_digest;
+	int decl_tensors, decl_tables;
 };
 
 /* The rank of a reader: a read-only client that proves the reader key

@@ -523,8 +523,10 @@ int ps__client_again_on_new_map(struct ps_client *c, const char *what, uint64_t 
 
 /* ---- the monitor's side: a shard's stop (server/stop.c) ---- */
 
-int ps_client_stop_at_sized(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
-			    struct ps_shard_stats *out, size_t size)
+/* The stop request; with check, a commit only if the shard's declared
+ * tensors and tables are decl. */
+static int stop_at(struct ps_client *c, int shard, uint64_t clock, unsigned flags, int check,
+		   uint64_t decl, struct ps_shard_stats *out, size_t size)
 {
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
 	struct ps_shard_stats *full = out;
@@ -548,6 +550,8 @@ int ps_client_stop_at_sized(struct ps_client *c, int shard, uint64_t clock, unsi
 	m.stop_at = flags & PS_STOP_CANCEL ? 0 : clock;
 	m.stop_commit = (flags & PS_STOP_COMMIT) != 0;
 	m.stop_cancel = (flags & PS_STOP_CANCEL) != 0;
+	m.stop_decl_check = check != 0;
+	m.stop_decl = decl;
 	if (ps__client_pack_part(&r->parts[shard], &m.base)) {
 		ps__client_req_free(c, r);
 		rc = -ENOMEM;
@@ -564,4 +568,16 @@ out_copy:
 		free(full);
 	}
 	return rc;
+}
+
+int ps_client_stop_at_sized(struct ps_client *c, int shard, uint64_t clock, unsigned flags,
+			    struct ps_shard_stats *out, size_t size)
+{
+	return stop_at(c, shard, clock, flags, 0, 0, out, size);
+}
+
+int ps__client_stop_commit(struct ps_client *c, int shard, uint64_t clock, uint64_t decl,
+			   struct ps_shard_stats *out)
+{
+	return stop_at(c, shard, clock, PS_STOP_COMMIT, 1, decl, out, sizeof(*out));
 }

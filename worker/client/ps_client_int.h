@@ -286,5 +286,10 @@ void ps__client_reconnect_due(struct ps_client *c, double now);
  * every row of a table: a re-shard's stop (ps-stat) reads clocks only.
  * Not exported: ps-stat links libps.a. */
 int ps__client_stats_clocks(struct ps_client *c, int shard, struct ps_shard_stats *out);
+/* ps_client_stop_at with PS_STOP_COMMIT that the shard refuses (PS_ESTATE)
+ * unless its declared tensors and tables are decl (the digest every shard
+ * answered when it accepted the stop; server/stop.c). ps-stat's commit. */
+int ps__client_stop_commit(struct ps_client *c, int shard, uint64_t clock, uint64_t decl,
+			   struct ps_shard_stats *out);
 
 #endif

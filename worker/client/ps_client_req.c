@@ -184,6 +184,9 @@ void ps__client_on_stats_reply(struct ps_client *c, int k, const Ps__Stats *m)
 	o->reshard_in_bytes = m->reshard_in_bytes;
 	o->reshard_in_slices = m->reshard_in_slices;
 	o->reshard_in_rows = m->reshard_in_rows;
+	o->decl_digest = m->decl_digest;
+	o->decl_tensors = (int)m->decl_tensors;
+	o->decl_tables = (int)m->decl_tables;
 	for (size_t i = 0; i < m->n_joining && i < m->n_joining_clock && i < 16; i++) {
 		o->joining[i] = m->joining[i];
 		o->joining_clock[i] = m->joining_clock[i];
