@@ -357,6 +357,11 @@ void ps__srv_precopy(struct ps_server *s)
 	/* set before the write ends: a full checkpoint after it is still a
 	 * base (a staged shard finds it is another and loads it whole) */
 	s->precopy = 1;
+	/* the stop's incremental checkpoint carries the ids the cap and the
+	 * TTL drop from here on, as with checkpoint.incremental (without it,
+	 * a dropped row would come back in the staged shards) */
+	for (int t = 0; s->rows && t < s->rows->ntables; t++)
+		s->rows->t[t].tb.track_tombs = 1;
 	ps__srv_ckpt_start_full(s, "re-shard pre-copy");
 }
 

@@ -183,6 +183,7 @@ static int stage_finish(struct ps__staged *st, const struct ps_reshard_from *fro
 		if (stat(path, &now) || !same_file(&now, &st->base[j])) {
 			ps_warn("re-shard: %s is not the full checkpoint staged (a newer one replaced "
 				"it): loading it whole", path);
+			st->premerged = 0; /* the merge is made again whole */
 			ps__reshard_old_close(o);
 			rc = ps__reshard_old_load(o, st->ocfg, j, st->placement, st->keep, st->keep_n, path, err,
 				      errlen);
@@ -218,15 +219,17 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		return -ECANCELED;
 	}
 	rc = stage_load(s, from, s->cfg->checkpoint.dir, &st, err, errlen);
+	t1 = ps_now_s();
+	if (!rc)
+		rc = ps__reshard_premerge(s, &st, err, errlen);
 	if (rc) {
 		prctl(PR_SET_PDEATHSIG, 0);
 		staged_free(&st);
 		return rc;
 	}
-	t1 = ps_now_s();
-	ps_warn("re-shard staged: the %d old shards' checkpoints loaded from %s in %.2f s; "
-		"waiting for the commit (SIGUSR1), for %d s at most", st.n,
-		s->cfg->checkpoint.dir, t1 - t0, STAGE_WAIT_S);
+	ps_warn("re-shard staged: the %d old shards' checkpoints loaded from %s in %.2f s, "
+		"their rows merged in %.2f s; waiting for the commit (SIGUSR1), for %d s at most",
+		st.n, s->cfg->checkpoint.dir, t1 - t0, ps_now_s() - t1, STAGE_WAIT_S);
 	rc = stage_wait(parent, err, errlen);
 	if (rc) {
 		staged_free(&st);
@@ -243,7 +246,12 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	}
 	ps_warn("re-shard: the staged state cannot be brought up to the stop (%s): loading "
 		"%s whole", err, from->dir);
+	rc = st.premerged ? ps__reshard_reset_tables(s) : 0;
 	staged_free(&st);
+	if (rc) {
+		snprintf(err, errlen, "out of memory");
+		return rc;
+	}
 	return ps__reshard_merge(s, from, NULL, err, errlen);
 }
 
