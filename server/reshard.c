@@ -8,8 +8,11 @@
  * gives this shard is copied out and the scratch shard freed before the
  * next is read: memory is this shard plus one old one plus the rows
  * moving in. A staged start (the pre-copy, reshard_stage.c) loads every
- * old shard's scratch shard before the stop and hands them all to the
- * merge here (ps__reshard_merge): memory is then this shard twice.
+ * old shard's scratch shard before the stop, merges their rows into this
+ * shard's tables then (reshard_rows.c), and hands the scratch shards,
+ * brought up to the stop, to the merge here (ps__reshard_merge), which
+ * takes the dense state and the rest from them and applies only the
+ * stop's changed rows to the tables: memory is then this shard twice.
  */
 #include <errno.h>
 #include <fcntl.h>

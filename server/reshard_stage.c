@@ -4,16 +4,19 @@
  * The old shards run on; each wrote a full checkpoint on SIGUSR1 (the
  * pre-copy's base, admin.c). A staged new shard loads every old shard's
  * file and incremental ones from checkpoint.dir, as a shard of the old map
- * would (its scratch tables keep only the rows this shard will own), and
+ * would (its scratch tables keep only the rows this shard will own),
+ * merges their rows into its own tables (reshard_rows.c), and
  * waits, listening to nobody and writing nothing, until the launcher,
  * past the re-shard's commit, sends SIGUSR1. By then the old shards
  * stopped, each writing only an incremental checkpoint on that base, and
  * the launcher moved their files into --reshard-from: each base there is
  * the file loaded (the same inode: moved, not copied) and only the
- * incremental ones after those applied are read. A base that is not (a
- * full checkpoint replaced it meanwhile) is loaded whole again from
- * --reshard-from. Whatever goes wrong after the wait, the start goes on
- * as an unstaged one from --reshard-from: the same state. */
+ * incremental ones after those applied are read; what they changed is
+ * then applied to the merged tables. A base that is not (a full
+ * checkpoint replaced it meanwhile) is loaded whole again from
+ * --reshard-from and the tables merged again whole. Whatever goes wrong
+ * after the wait, the start goes on as an unstaged one from
+ * --reshard-from: the same state. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
