@@ -114,7 +114,7 @@ rows_reshard() {
     printf "%-16s %d of %d rows moved: %.4f (at most %.4f: %s)\n", n, m, r, m / r, lim,
            m / r <= lim ? "met" : "MISSED" }'
   # where the new shards' time went (their log lines)
-  grep -h "incremental checkpoints applied\|re-sharded from\|checkpoint (re-shard" \
+  grep -h "re-shard staged\|incremental checkpoints applied\|changes applied to the rows merged\|re-sharded from\|checkpoint (re-shard" \
     "$tmp/l/"server-?.log | sed 's/^[^ ]* *[a-z]* *//; s/^/    /'
 }
 # The shards run the ctr preset's model with its embedding table named

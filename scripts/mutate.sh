@@ -100,7 +100,9 @@ suites_for() {
     server/reshard.c)          echo it_reshard ;;
     # the staged start (the pre-copy) and the marker until the first
     # checkpoint: it_reshard's marker case; the staging runs under the launcher
-    server/reshard_stage.c)    echo it_reshard it_reshard_live.sh ;;
+    server/reshard_stage.c)    echo it_reshard it_reshard_staged it_reshard_live.sh ;;
+    # the rows' merge by last update, and the staged merge brought up to the stop
+    server/reshard_rows.c)     echo it_reshard_staged it_reshard ;;
     # replication: the scripted cases first, then the fault runs;
     # it_replica_decl: a declaration's ack waits for the backup
     # it_rows_errors: an unreplicated shard (no replication state) whose

@@ -177,6 +177,10 @@ static void ckpt_finish(struct ps_ckpt_job *j)
 	if (j->requester)
 		send_stats(s, j->requester, j->req_id, j, j->rc, j->err, NULL);
 	free(j);
+	if (s->precopy_pending && !s->ckpt_final) {
+		s->precopy_pending = 0;
+		ps__srv_precopy(s);
+	}
 	if (s->ckpt_final) {
 		/* a signal came meanwhile: the last checkpoint has every update */
 		char err[512];
@@ -348,8 +352,14 @@ void ps__srv_precopy(struct ps_server *s)
 		why = "a staged re-shard is not built with cluster.replicas: 1";
 	else if (s->stop_committed)
 		why = "the re-shard's stop is committed already";
-	else if (s->ckpt_job)
-		why = "a checkpoint is being written now (send SIGUSR1 again once it is)";
+	if (!why && s->ckpt_job) {
+		/* a re-sharded shard writes its first checkpoint as it starts to
+		 * serve: a re-shard soon after is staged once it is written */
+		s->precopy_pending = 1;
+		ps_info("re-shard pre-copy (SIGUSR1): a checkpoint is being written now; the "
+			"pre-copy's starts once it ends");
+		return;
+	}
 	if (why) {
 		ps_warn("re-shard pre-copy (SIGUSR1) not taken: %s", why);
 		return;
@@ -357,6 +367,11 @@ void ps__srv_precopy(struct ps_server *s)
 	/* set before the write ends: a full checkpoint after it is still a
 	 * base (a staged shard finds it is another and loads it whole) */
 	s->precopy = 1;
+	/* the stop's incremental checkpoint carries the ids the cap and the
+	 * TTL drop from here on, as with checkpoint.incremental (without it,
+	 * a dropped row would come back in the staged shards) */
+	for (int t = 0; s->rows && t < s->rows->ntables; t++)
+		s->rows->t[t].tb.track_tombs = 1;
 	ps__srv_ckpt_start_full(s, "re-shard pre-copy");
 }
 

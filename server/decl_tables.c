@@ -111,6 +111,9 @@ int ps__rows_add_tables(struct ps_server *s, int first)
 				ps_table_free(&R->t[t].tb);
 			return rc;
 		}
+		/* a re-shard's scratch shard (reshard.c): its share only */
+		R->t[t].tb.keep_shard = R->keep_shard;
+		R->t[t].tb.keep_nshards = R->keep_nshards;
 	}
 	R->ntables = cfg->ntables;
 	/* the memory budget is shared by more tables now */

@@ -8,8 +8,11 @@
  * gives this shard is copied out and the scratch shard freed before the
  * next is read: memory is this shard plus one old one plus the rows
  * moving in. A staged start (the pre-copy, reshard_stage.c) loads every
- * old shard's scratch shard before the stop and hands them all to the
- * merge here (ps__reshard_merge): memory is then this shard twice.
+ * old shard's scratch shard before the stop, merges their rows into this
+ * shard's tables then (reshard_rows.c), and hands the scratch shards,
+ * brought up to the stop, to the merge here (ps__reshard_merge), which
+ * takes the dense state and the rest from them and applies only the
+ * stop's changed rows to the tables: memory is then this shard twice.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,132 +35,6 @@
 #include "server_int.h"
 
 #define FAIL(code, ...) do { snprintf(err, errlen, __VA_ARGS__); rc = (code); goto out; } while (0)
-
-/* The rows of one table moving into this shard, gathered from every old
- * shard, then inserted in order of their last update. */
-struct gathered {
-	uint64_t n, cap;
-	uint64_t run[PS_MAX_SHARDS + 1]; /* old shard j's rows: [run[j], run[j + 1]) */
-	uint64_t *id;
-	double *t;              /* last update, wall-clock seconds */
-	uint32_t *from;         /* old shard */
-	float *vals;            /* row_floats each (refs: none) */
-	/* refs (a staged start, whose old shards all stay loaded): the row's
-	 * place in old shard from's table instead of a copy of its values */
-	int refs;
-	uint32_t *row;
-	int row_floats;
-};
-
-/* Sort order: last update, then old shard, then place in its recency
- * list (the index, gathered in that order). */
-static const struct gathered *sort_g;
-
-static int cmp_rows(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	if (sort_g->t[x] != sort_g->t[y])
-		return sort_g->t[x] < sort_g->t[y] ? -1 : 1;
-	if (sort_g->from[x] != sort_g->from[y])
-		return sort_g->from[x] < sort_g->from[y] ? -1 : 1;
-	return x < y ? -1 : (x > y);
-}
-
-/* The order to insert g's rows in (cmp_rows): each old shard's run was
- * gathered oldest first, so the runs are merged when each is in order (a
- * pass over the heads, as few as the old shards), else sorted whole. */
-static void order_rows(const struct gathered *g, int nruns, uint64_t *order)
-{
-	uint64_t pos[PS_MAX_SHARDS];
-
-	sort_g = g;
-	for (int j = 0; j < nruns; j++)
-		for (uint64_t i = g->run[j] + 1; i < g->run[j + 1]; i++) {
-			uint64_t a = i - 1, b = i;
-			if (cmp_rows(&a, &b) > 0) {
-				ps_info("re-shard: old shard %d's rows are not in the order of their "
-					"last update at %" PRIu64 ": sorting all %" PRIu64, j,
-					i - g->run[j], g->n);
-				goto sort;
-			}
-		}
-	memcpy(pos, g->run, (size_t)nruns * sizeof(*pos));
-	for (uint64_t k = 0; k < g->n; k++) {
-		int best = -1;
-		for (int j = 0; j < nruns; j++)
-			if (pos[j] < g->run[j + 1] && (best < 0 || cmp_rows(&pos[j], &pos[best]) < 0))
-				best = j;
-		order[k] = pos[best]++;
-	}
-	return;
-sort:
-	for (uint64_t i = 0; i < g->n; i++)
-		order[i] = i;
-	qsort(order, g->n, sizeof(*order), cmp_rows);
-}
-
-/* Room for c rows in all. */
-static int gather_grow(struct gathered *g, uint64_t c)
-{
-	uint64_t *ids;
-	double *ts;
-	uint32_t *fr, *rs = NULL;
-	float *vs = NULL;
-
-	if (c <= g->cap)
-		return 0;
-	ids = realloc(g->id, c * sizeof(*ids));
-	if (ids)
-		g->id = ids;
-	ts = realloc(g->t, c * sizeof(*ts));
-	if (ts)
-		g->t = ts;
-	fr = realloc(g->from, c * sizeof(*fr));
-	if (fr)
-		g->from = fr;
-	if (g->refs) {
-		rs = realloc(g->row, c * sizeof(*rs));
-		if (rs)
-			g->row = rs;
-	} else {
-		vs = realloc(g->vals, c * sizeof(*vs) * (size_t)g->row_floats);
-		if (vs)
-			g->vals = vs;
-	}
-	if (!ids || !ts || !fr || (g->refs ? !rs : !vs))
-		return -ENOMEM;
-	g->cap = c;
-	return 0;
-}
-
-/* Adds row r of old shard from (its values v). */
-static int gather_add(struct gathered *g, uint64_t id, double t, uint32_t from, uint32_t r,
-		      const float *v)
-{
-	if (g->n == g->cap && gather_grow(g, g->cap ? g->cap * 2 : 1024))
-		return -ENOMEM;
-	g->id[g->n] = id;
-	g->t[g->n] = t;
-	g->from[g->n] = from;
-	if (g->refs)
-		g->row[g->n] = r;
-	else
-		memcpy(g->vals + g->n * (size_t)g->row_floats, v,
-		       sizeof(float) * (size_t)g->row_floats);
-	g->n++;
-	return 0;
-}
-
-static void gather_free(struct gathered *g)
-{
-	free(g->id);
-	free(g->t);
-	free(g->from);
-	free(g->vals);
-	free(g->row);
-	memset(g, 0, sizeof(*g));
-}
 
 /* A shard of the old map, set up only to load its checkpoint; its tables
  * keep only the rows shard keep of keep_n (the new map) will own, so a
@@ -186,6 +63,11 @@ int ps__reshard_old_open(struct ps_server *o, const struct ps_config *cfg, int s
 	o->store.live = o->live;
 	o->store.finished = o->finished;
 	rc = ps__rows_init(o);
+	if (!rc && o->rows) {
+		/* tables declared at run time, made by the file's load, too */
+		o->rows->keep_shard = keep;
+		o->rows->keep_nshards = keep_n;
+	}
 	for (int t = 0; !rc && o->rows && t < o->rows->ntables; t++) {
 		o->rows->t[t].tb.keep_shard = keep;
 		o->rows->t[t].tb.keep_nshards = keep_n;
@@ -395,14 +277,16 @@ int ps__reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
 	int n = from->nshards, nw = cfg->nworkers, placement, rc = 0, nt = 0;
 	struct ps_config *ocfg = malloc(sizeof(*ocfg));
 	struct ps_server *scratch = calloc(1, sizeof(*scratch)), *o = scratch;
-	struct gathered *g = calloc(PS_MAX_TABLES, sizeof(*g));
+	struct ps__gathered *g = calloc(PS_MAX_TABLES, sizeof(*g));
 	uint64_t *fin = calloc((size_t)nw, sizeof(*fin)), slices = 0, rows = 0;
 	uint64_t mslices = 0, mbytes = 0, mrows = 0; /* moved in from another shard index */
 	uint8_t *got = NULL;
+	uint64_t rows_staged[PS_MAX_TABLES] = { 0 };
 	char (*paths)[PATH_MAX + 32] = NULL; /* the file taken of each old shard */
 	char path[PATH_MAX + 32], first[PATH_MAX + 32], a[PATH_MAX], b[PATH_MAX];
 	double wall = 0, t0 = ps_now_s();
 	uint64_t clock0 = 0, epoch0 = 0;
+	int staged = 0; /* pre's premerge is brought up to the stop */
 
 	if (!ocfg || !scratch || !g || !fin)
 		FAIL(-ENOMEM, "out of memory");
@@ -464,21 +348,31 @@ int ps__reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
 	nt = s->rows ? s->rows->ntables : 0;
 	for (int t = 0; t < nt; t++)
 		g[t].row_floats = s->rows->t[t].tb.row_floats;
+	/* staged: the tables were merged before the stop; what the stop
+	 * changed is applied to them, or, when that cannot be, they are
+	 * merged again whole (reshard_rows.c) */
+	if (pre && pre->premerged && !ps__reshard_apply_possible(pre, nt)) {
+		ps_warn("re-shard: the stop's changes cannot be applied to the tables merged while "
+			"staged (a dropped id not remembered, or a full checkpoint loaded instead): "
+			"merging them again whole");
+		pre->premerged = 0;
+		rc = ps__reshard_reset_tables(s);
+		if (rc)
+			FAIL(rc, "out of memory");
+	}
+	staged = pre && pre->premerged;
 	/* staged: every old shard's rows are at hand, so the room for them is
-	 * taken at once (their tables kept only this shard's, but a table
-	 * declared at run time holds every row: a bound, not the count) */
-	for (int t = 0; pre && t < nt; t++) {
+	 * taken at once */
+	for (int t = 0; pre && !staged && t < nt; t++) {
 		uint64_t want = 0;
 		for (int j = 0; j < n; j++)
 			if (pre->o[j].rows && t < pre->o[j].rows->ntables)
 				want += pre->o[j].rows->t[t].tb.nrows;
 		g[t].refs = 1;
-		if (gather_grow(&g[t], want))
+		if (ps__gather_grow(&g[t], want))
 			FAIL(-ENOMEM, "out of memory gathering %" PRIu64 " rows", want);
 	}
 	for (int j = 0; j < n; j++) {
-		double now;
-
 		snprintf(path, sizeof(path), "%s", paths[j]);
 		o = pre ? &pre->o[j] : scratch;
 		if (!pre) {
@@ -487,7 +381,6 @@ int ps__reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
 			if (rc)
 				goto out;
 		}
-		now = ps_now_s();
 		/* one clock for all: the finished clocks of every worker agree */
 		if (!j) {
 			memcpy(fin, o->finished, (size_t)nw * sizeof(*fin));
@@ -540,38 +433,27 @@ int ps__reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
 			}
 		}
 		/* rows: those this shard's hash names, with the time of their
-		 * last update (the checkpoint's wall clock less their age); the
-		 * scratch table kept only those of the tables in the config
-		 * (old_open), but one declared at run time is made by the file's
-		 * load and holds every row */
+		 * last update (their key: reshard_rows.c); the scratch table kept
+		 * only those (old_open) */
 		for (int t = 0; t < nt; t++) {
 			struct ps_table *ot = &o->rows->t[t].tb, *tb = &s->rows->t[t].tb;
+			uint64_t moved = 0;
 
 			if (strcmp(ot->tc->name, tb->tc->name) || ot->row_floats != tb->row_floats)
 				FAIL(PS_ECONFIG, "%s: table %d is '%s' of %d floats a row, here '%s' of "
 				     "%d", path, t, ot->tc->name, ot->row_floats, tb->tc->name,
 				     tb->row_floats);
-			/* a scratch table that kept only this shard's rows needs no
-			 * second look (the same hash: the same table, shard count) */
-			int kept = ot->keep_nshards == cfg->nshards && ot->keep_shard == s->shard &&
-				   ot->tkey == tb->tkey;
-
-			g[t].run[j] = g[t].n;
-			for (uint32_t r = ot->tail; r != PS_ROW_NIL; r = ps_table_meta(ot, r)->prev) {
-				const struct ps_row_meta *m = ps_table_meta(ot, r);
-				uint64_t id = ps_row_id(m);
-
-				if (!kept && ps_rows_shard(tb->tkey, id, cfg->nshards) != s->shard)
-					continue;
-				if (gather_add(&g[t], id, ot->ckpt_wall + (ot->epoch + m->stamp - now),
-					       (uint32_t)j, r, ps_table_vals(ot, r)))
-					FAIL(-ENOMEM, "out of memory gathering the rows of table '%s'",
-					     tb->tc->name);
-				if (j != s->shard) {
-					mrows++;
-					mbytes += sizeof(float) * (size_t)tb->row_floats;
-				}
+			if (staged) {
+				/* merged already: what it takes from old shard j is all
+				 * its scratch table kept */
+				moved = j != s->shard ? ot->nrows : 0;
+				rows_staged[t] += ot->nrows;
+			} else if (ps__gather_rows(&g[t], ot, tb, j, s->shard, cfg->nshards, &moved)) {
+				FAIL(-ENOMEM, "out of memory gathering the rows of table '%s'",
+				     tb->tc->name);
 			}
+			mrows += moved;
+			mbytes += moved * sizeof(float) * (size_t)tb->row_floats;
 			if (ot->version > tb->version)
 				tb->version = ot->version;
 			if (ot->ckpt_wall > wall)
@@ -595,59 +477,29 @@ int ps__reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
 			FAIL(PS_EPROTO, "slice %u of this shard is in none of the old checkpoints "
 			     "(damaged?)", s->store.slots[k].slice->id);
 	/* rows in order of their last update: the oldest first, so the
-	 * recency list is rebuilt; ages as a checkpoint restore keeps them */
+	 * recency list is rebuilt; ages as a checkpoint restore keeps them
+	 * (the newest file's time is now) */
 	for (int t = 0; t < nt; t++) {
 		struct ps_table *tb = &s->rows->t[t].tb;
-		struct gathered *gt = &g[t];
-		uint64_t *order = malloc((gt->n ? gt->n : 1) * sizeof(*order));
-		struct ps_table_bulk bulk = { 0 };
-		double oldest;
+		uint64_t total = staged ? rows_staged[t] : g[t].n, dropped = 0;
+		double oldest = wall;
 
-		gt->run[n] = gt->n;
-		if (!order)
-			FAIL(-ENOMEM, "out of memory");
-		order_rows(gt, n, order);
-		oldest = gt->n ? gt->t[order[0]] : wall;
+		if (staged)
+			rc = ps__reshard_apply(s, pre, t, &oldest, &dropped, err, errlen);
+		else
+			rc = ps__insert_rows(tb, &g[t], n, pre ? pre->o : NULL, t, &oldest, err,
+					     errlen);
+		if (rc)
+			goto out;
+		tb->c.evicted += dropped;
 		tb->epoch = ps_now_s() - (wall - oldest > 0 ? wall - oldest : 0);
-		if (ps_table_bulk_begin(tb, &bulk, gt->n)) {
-			free(order);
-			ps_table_bulk_end(&bulk);
-			FAIL(-ENOMEM, "table '%s': out of memory for %" PRIu64 " rows",
-			     tb->tc->name, gt->n);
-		}
-		for (uint64_t i = 0; i < gt->n; i++) {
-			uint64_t x = order[i];
-			double st = gt->t[x] - oldest;
-			uint32_t r;
-			int dup;
-
-			if (i + PS_TABLE_PREFETCH_AHEAD < gt->n)
-				ps_table_bulk_prefetch(tb, &bulk,
-						       gt->id[order[i + PS_TABLE_PREFETCH_AHEAD]]);
-			r = ps_table_bulk_insert(tb, &bulk, gt->id[x], st > 0 ? (uint32_t)st : 0, &dup);
-			if (r == PS_ROW_NIL) {
-				free(order);
-				ps_table_bulk_end(&bulk);
-				if (dup)
-					FAIL(PS_EPROTO, "table '%s': row id %" PRIu64 " is in old shard %u's "
-					     "checkpoint and in another's (damaged, or of two clusters?)",
-					     tb->tc->name, gt->id[x], gt->from[x]);
-				FAIL(-ENOMEM, "table '%s': out of memory at row %" PRIu64, tb->tc->name, i);
-			}
-			memcpy(ps_table_vals(tb, r), gt->refs ?
-			       ps_table_vals(&pre->o[gt->from[x]].rows->t[t].tb, gt->row[x]) :
-			       gt->vals + x * (size_t)gt->row_floats,
-			       sizeof(float) * (size_t)gt->row_floats);
-		}
-		free(order);
-		ps_table_bulk_end(&bulk);
-		rows += gt->n;
+		rows += total;
 		tb->ckpt_wall = wall;
 		ps_table_clear_changes(tb);
-		if (tb->cap && gt->n > tb->cap)
+		if (tb->cap && total > tb->cap)
 			ps_warn("table '%s': %" PRIu64 " rows moved here, over this shard's cap of %"
 				PRIu64 ": the %" PRIu64 " least recently updated dropped, as the cap "
-				"does", tb->tc->name, gt->n, tb->cap, gt->n - tb->cap);
+				"does", tb->tc->name, total, tb->cap, total - tb->cap);
 	}
 	memcpy(s->finished, fin, (size_t)nw * sizeof(*fin));
 	rc = copy_members(s, first, err, errlen);
@@ -670,7 +522,7 @@ out:
 	if (scratch && scratch->cfg)
 		ps__reshard_old_close(scratch);
 	for (int t = 0; g && t < PS_MAX_TABLES; t++)
-		gather_free(&g[t]);
+		ps__gather_free(&g[t]);
 	free(g);
 	free(scratch);
 	free(ocfg);

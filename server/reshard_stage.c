@@ -4,16 +4,19 @@
  * The old shards run on; each wrote a full checkpoint on SIGUSR1 (the
  * pre-copy's base, admin.c). A staged new shard loads every old shard's
  * file and incremental ones from checkpoint.dir, as a shard of the old map
- * would (its scratch tables keep only the rows this shard will own), and
+ * would (its scratch tables keep only the rows this shard will own),
+ * merges their rows into its own tables (reshard_rows.c), and
  * waits, listening to nobody and writing nothing, until the launcher,
  * past the re-shard's commit, sends SIGUSR1. By then the old shards
  * stopped, each writing only an incremental checkpoint on that base, and
  * the launcher moved their files into --reshard-from: each base there is
  * the file loaded (the same inode: moved, not copied) and only the
- * incremental ones after those applied are read. A base that is not (a
- * full checkpoint replaced it meanwhile) is loaded whole again from
- * --reshard-from. Whatever goes wrong after the wait, the start goes on
- * as an unstaged one from --reshard-from: the same state. */
+ * incremental ones after those applied are read; what they changed is
+ * then applied to the merged tables. A base that is not (a full
+ * checkpoint replaced it meanwhile) is loaded whole again from
+ * --reshard-from and the tables merged again whole. Whatever goes wrong
+ * after the wait, the start goes on as an unstaged one from
+ * --reshard-from: the same state. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -183,6 +186,7 @@ static int stage_finish(struct ps__staged *st, const struct ps_reshard_from *fro
 		if (stat(path, &now) || !same_file(&now, &st->base[j])) {
 			ps_warn("re-shard: %s is not the full checkpoint staged (a newer one replaced "
 				"it): loading it whole", path);
+			st->premerged = 0; /* the merge is made again whole */
 			ps__reshard_old_close(o);
 			rc = ps__reshard_old_load(o, st->ocfg, j, st->placement, st->keep, st->keep_n, path, err,
 				      errlen);
@@ -218,15 +222,17 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		return -ECANCELED;
 	}
 	rc = stage_load(s, from, s->cfg->checkpoint.dir, &st, err, errlen);
+	t1 = ps_now_s();
+	if (!rc)
+		rc = ps__reshard_premerge(s, &st, err, errlen);
 	if (rc) {
 		prctl(PR_SET_PDEATHSIG, 0);
 		staged_free(&st);
 		return rc;
 	}
-	t1 = ps_now_s();
-	ps_warn("re-shard staged: the %d old shards' checkpoints loaded from %s in %.2f s; "
-		"waiting for the commit (SIGUSR1), for %d s at most", st.n,
-		s->cfg->checkpoint.dir, t1 - t0, STAGE_WAIT_S);
+	ps_warn("re-shard staged: the %d old shards' checkpoints loaded from %s in %.2f s, "
+		"their rows merged in %.2f s; waiting for the commit (SIGUSR1), for %d s at most",
+		st.n, s->cfg->checkpoint.dir, t1 - t0, ps_now_s() - t1, STAGE_WAIT_S);
 	rc = stage_wait(parent, err, errlen);
 	if (rc) {
 		staged_free(&st);
@@ -243,7 +249,12 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	}
 	ps_warn("re-shard: the staged state cannot be brought up to the stop (%s): loading "
 		"%s whole", err, from->dir);
+	rc = st.premerged ? ps__reshard_reset_tables(s) : 0;
 	staged_free(&st);
+	if (rc) {
+		snprintf(err, errlen, "out of memory");
+		return rc;
+	}
 	return ps__reshard_merge(s, from, NULL, err, errlen);
 }
 

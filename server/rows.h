@@ -39,6 +39,9 @@ struct ps_srv_rows {
 	uint64_t waiting_bytes;      /* what they hold (limits.max_waiting_bytes_total) */
 	float *scratch;              /* PS_MAX_ROW_DIM floats: sums, decoded rows */
 	float *probe;                /* a row's copy for ps_table_update_finite */
+	/* > 0 only in a re-shard's scratch copy of an old shard: what its
+	 * tables keep (table.h), tables declared at run time included */
+	int keep_shard, keep_nshards;
 };
 
 int ps__rows_init(struct ps_server *s);

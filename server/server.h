@@ -91,6 +91,9 @@ struct ps_server {
 	 * base staged new shards load while training goes on; the re-shard
 	 * stop's checkpoint is then an incremental one on that base. */
 	int precopy;
+	/* SIGUSR1 came while a checkpoint was being written: the pre-copy's
+	 * starts once that one ends (admin.c) */
+	int precopy_pending;
 	/* A re-shard's start that serves before its first checkpoint of the
 	 * new map is written (server.c): this marker in checkpoint.dir names
 	 * the old checkpoints, so a restart takes them again; removed once

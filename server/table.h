@@ -85,8 +85,17 @@ struct ps_table {
 	double ckpt_wall;          /* wall-clock time of the checkpoint restored last */
 	int keep_nshards;          /* > 0 only in a re-shard's scratch copy of an old shard:
 				      restores skip the rows shard keep_shard of keep_nshards
-				      will not own (ps_table_keeps) */
+				      will not own (ps_table_keeps), and stamp in whole
+				      wall-clock seconds (epoch: a whole second of the wall
+				      clock; a row's stamp: its snapshot's second less its
+				      age there, never below the newest stamp restored
+				      before it), so a row's time of last update is a
+				      function of the files alone (server/reshard_rows.c) */
 	int keep_shard;
+	uint32_t last_stamp;       /* scratch: the newest stamp restored */
+	int keep_changes;          /* scratch of a staged re-shard: restores leave the marks
+				      of the rows they changed and the ids they dropped, which
+				      the staged merge applies (reshard_rows.c) */
 	struct ps_admit admit;
 	struct ps_table_counters c;
 };
@@ -125,6 +134,14 @@ static inline float *ps_table_vals(const struct ps_table *tb, uint32_t r)
 static inline struct ps_row_meta *ps_table_meta(const struct ps_table *tb, uint32_t r)
 {
 	return &tb->meta[r >> PS_TABLE_CHUNK_BITS][r & (PS_TABLE_CHUNK - 1)];
+}
+
+/* Whether row r changed since the last checkpoint (or restore). */
+static inline int ps_table_changed(const struct ps_table *tb, uint32_t r)
+{
+	uint32_t o = r & (PS_TABLE_CHUNK - 1);
+
+	return (int)(tb->dirty[r >> PS_TABLE_CHUNK_BITS][o >> 6] >> (o & 63) & 1);
 }
 
 static inline uint64_t ps_row_id(const struct ps_row_meta *m)

@@ -24,6 +24,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,8 +171,25 @@ static int read_filter(int fd, struct ps_table *tb, const struct ckpt_table *ct,
 	return 0;
 }
 
+/* A re-shard's scratch table (keep_nshards): the stamp of a row restored
+ * from a snapshot whose whole wall-clock second less the row's age is
+ * `st` seconds past the table's epoch, kept no older than the newest
+ * restored before it, so each old shard's rows stay in their recency order
+ * with stamps that never fall toward the newest (reshard_rows.c merges the
+ * old shards' lists by them). */
+static uint32_t scratch_stamp(struct ps_table *tb, int64_t st)
+{
+	if (st < (int64_t)tb->last_stamp)
+		st = tb->last_stamp;
+	if (st > (int64_t)4000000000u)
+		st = 4000000000u;
+	tb->last_stamp = (uint32_t)st;
+	return (uint32_t)st;
+}
+
 /* A table's version and counters as a checkpoint recorded them; nothing
- * loaded counts as changed since. */
+ * loaded counts as changed since (except in a staged re-shard's scratch
+ * table, whose marks the staged merge reads). */
 static void restore_counters(struct ps_table *tb, const struct ckpt_table *ct)
 {
 	tb->version = ct->version;
@@ -181,7 +199,8 @@ static void restore_counters(struct ps_table *tb, const struct ckpt_table *ct)
 	tb->admit.lookups = ct->filter_lookups;
 	tb->admit.hits = ct->filter_hits;
 	tb->admit.decays = ct->filter_decays;
-	ps_table_clear_changes(tb);
+	if (!tb->keep_changes)
+		ps_table_clear_changes(tb);
 }
 
 int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, size_t errlen)
@@ -206,14 +225,16 @@ int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, 
 			return -ENOMEM;
 		}
 		/* the oldest row comes first: its age sets the epoch, so that every
-		 * restored stamp is >= 0 and ages are kept */
+		 * restored stamp is >= 0 and ages are kept (a re-shard's scratch
+		 * table: on the wall clock, from the snapshot's whole second) */
 		if (ct.nrows) {
 			struct ckpt_row cr;
 			if (read_at(fd, &cr, sizeof(cr), pos))
 				goto err_read;
 			oldest = cr.age;
 		}
-		tb->epoch = ps_now_s() - oldest;
+		tb->epoch = tb->keep_nshards > 0 ? floor(ct.wall) - oldest : ps_now_s() - oldest;
+		tb->last_stamp = 0;
 		if (ps_table_bulk_begin(tb, &bulk, ct.nrows)) {
 			ps_table_bulk_end(&bulk);
 			snprintf(err, errlen, "table '%s': out of memory for %" PRIu64 " rows",
@@ -228,7 +249,7 @@ int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, 
 				goto err_read;
 			for (size_t i = 0; i < n; i++) {
 				struct ckpt_row cr;
-				uint32_t r;
+				uint32_t r, st;
 				int dup;
 				memcpy(&cr, buf + i * rb, sizeof(cr));
 				if (i + PS_TABLE_PREFETCH_AHEAD < n) {
@@ -238,8 +259,10 @@ int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, 
 				}
 				if (!ps_table_keeps(tb, cr.id))
 					continue;
-				r = ps_table_bulk_insert(tb, &bulk, cr.id,
-							 cr.age <= oldest ? oldest - cr.age : 0, &dup);
+				st = cr.age <= oldest ? oldest - cr.age : 0;
+				if (tb->keep_nshards > 0)
+					st = scratch_stamp(tb, st);
+				r = ps_table_bulk_insert(tb, &bulk, cr.id, st, &dup);
 				if (r == PS_ROW_NIL) {
 					if (dup)
 						snprintf(err, errlen, "table '%s': row %" PRIu64 " holds id "
@@ -426,8 +449,9 @@ int ps__rows_delta_restore(struct ps_server *s, int fd, uint64_t pos, char *err,
 		if (read_at(fd, &ct, sizeof(ct), pos))
 			goto err_read;
 		pos += sizeof(ct);
-		/* the time between the two snapshots ages the unchanged rows */
-		if (tb->ckpt_wall > 0 && ct.wall > tb->ckpt_wall)
+		/* the time between the two snapshots ages the unchanged rows (a
+		 * scratch table's epoch is on the wall clock already) */
+		if (tb->ckpt_wall > 0 && ct.wall > tb->ckpt_wall && tb->keep_nshards <= 0)
 			tb->epoch -= ct.wall - tb->ckpt_wall;
 		tb->ckpt_wall = ct.wall;
 		for (uint64_t i = 0; i < ct.ntombs; i++, pos += 8) {
@@ -454,6 +478,9 @@ int ps__rows_delta_restore(struct ps_server *s, int fd, uint64_t pos, char *err,
 			st = cr.age < cur ? (uint32_t)(cur - cr.age) : 0;
 			if (!ps_table_keeps(tb, cr.id))
 				continue;
+			if (tb->keep_nshards > 0)
+				st = scratch_stamp(tb, (int64_t)floor(ct.wall) - (int64_t)tb->epoch -
+							   (int64_t)cr.age);
 			r = ps_table_insert_newest(tb, cr.id, st);
 			if (r == PS_ROW_NIL) {
 				snprintf(err, errlen, "table '%s': out of memory", tb->tc->name);
