@@ -97,11 +97,13 @@ IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 IT_SH     := $(wildcard tests/it_*.sh)
 # Tests that spend their run waiting (paced clocks, drop and failover
-# timeouts: a few percent of a CPU, measured with /usr/bin/time), and the
-# two in network namespaces of their own (no port of theirs can meet
-# another test's): `make test` runs them in a second lane beside the
-# others (run-tests.sh --beside).
-IT_BESIDE := it_replica,it_replica_rows,it_fault_repl,it_cluster,it_stat,it_multihost.sh,it_slurm.sh,it_reshard_crash.sh
+# timeouts, shards restarted: a few percent of a CPU, measured with
+# /usr/bin/time), and the two in network namespaces of their own (no port
+# of theirs can meet another test's; they share one lane, not to meet
+# each other): `make test` runs them in two lanes beside the others
+# (run-tests.sh --beside), each lane's tests one after another.
+IT_BESIDE  := it_replica,it_replica_rows,it_cluster,it_stat,it_replica_cases,it_replica_decl
+IT_BESIDE2 := it_multihost.sh,it_slurm.sh,it_reshard_crash.sh,it_fault_repl,it_fault,it_fake_shard,it_rows
 # Parallel jobs of `make test`'s and `make demo`'s build step.
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
@@ -200,7 +202,7 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(CTR_OBJS) $(LIB_OBJ
 test: deps
 	@$(MAKE) -j$(JOBS) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
 		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec $(OBJ)/tests/crash_worker $(FUZZ_BINS)
-	@scripts/run-tests.sh --beside $(IT_BESIDE) $(UNIT_BINS) $(IT_BINS) $(IT_SH)
+	@scripts/run-tests.sh --beside $(IT_BESIDE) --beside $(IT_BESIDE2) $(UNIT_BINS) $(IT_BINS) $(IT_SH)
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory test-rdma RDMA_TEST_ONLY=1
