@@ -198,11 +198,7 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(CTR_OBJS) $(LIB_OBJ
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(SRV_LIBS) $(TRAIN_LIBS) $(CHECK_LIBS)
 
 # Tests: install what is missing, build, run every unit test then every
-# integration test (in three lanes, the VM's packages and kernel fetched
-# beside them), the Python tests, then the fuzzers one at a time beside the
-# RDMA VM (whose emulated CPUs leave about one of two host CPUs idle: each
-# fuzzer gets the CPU it had two at a time); the run fails if any of them
-# fails. docs/testing.md: where the time goes.
+# integration test; the run fails if any of them fails.
 test: deps
 	@$(MAKE) -j$(JOBS) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
 		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec $(OBJ)/tests/crash_worker $(FUZZ_BINS)
@@ -211,11 +207,8 @@ test: deps
 	  scripts/run-tests.sh --beside $(IT_BESIDE) --beside $(IT_BESIDE2) $(UNIT_BINS) $(IT_BINS) $(IT_SH); \
 	  rc=$$?; wait; exit $$rc
 	@$(MAKE) --no-print-directory test-python
-	@$(MAKE) --no-print-directory fuzz-build
-	@{ FUZZ_JOBS=1 scripts/fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BINS) >build/fuzz/make-test.out 2>&1 & }; \
-	  fz=$$!; $(MAKE) --no-print-directory test-rdma RDMA_TEST_ONLY=1 RDMA_FETCHED=1; rc=$$?; \
-	  wait $$fz; frc=$$?; echo "fuzz, one target at a time beside the RDMA VM:"; \
-	  cat build/fuzz/make-test.out; [ $$rc = 0 ] && [ $$frc = 0 ]
+	@$(MAKE) --no-print-directory fuzz
+	@$(MAKE) --no-print-directory test-rdma RDMA_TEST_ONLY=1 RDMA_FETCHED=1
 
 # Python against C (ps-bench) in one run: python/bench/bench_py.py, the
 # figures BENCHMARKS.md records (exit 1 when a target is missed).
