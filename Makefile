@@ -97,11 +97,13 @@ IT_SRCS   := $(wildcard tests/it_*.c)
 IT_BINS   := $(patsubst tests/%.c,$(OBJ)/tests/%,$(IT_SRCS))
 IT_SH     := $(wildcard tests/it_*.sh)
 # Tests that spend their run waiting (paced clocks, drop and failover
-# timeouts: a few percent of a CPU, measured with /usr/bin/time), and the
-# two in network namespaces of their own (no port of theirs can meet
-# another test's): `make test` runs them in a second lane beside the
-# others (run-tests.sh --beside).
-IT_BESIDE := it_replica,it_replica_rows,it_fault_repl,it_cluster,it_stat,it_multihost.sh,it_slurm.sh,it_reshard_crash.sh
+# timeouts, shards restarted: a few percent of a CPU, measured with
+# /usr/bin/time), and the two in network namespaces of their own (no port
+# of theirs can meet another test's; they share one lane, not to meet
+# each other): `make test` runs them in two lanes beside the others
+# (run-tests.sh --beside), each lane's tests one after another.
+IT_BESIDE  := it_replica,it_replica_rows,it_cluster,it_stat,it_replica_cases,it_replica_decl,it_agree,it_reshard_requests,it_elastic_repl,it_replica_auth,it_reshard_cases
+IT_BESIDE2 := it_multihost.sh,it_slurm.sh,it_reshard_crash.sh,it_fault_repl,it_fault,it_fake_shard,it_rows,it_k8s_manifests.sh,it_reshard
 # Parallel jobs of `make test`'s and `make demo`'s build step.
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
@@ -200,10 +202,13 @@ $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(CTR_OBJS) $(LIB_OBJ
 test: deps
 	@$(MAKE) -j$(JOBS) --no-print-directory all $(UNIT_BINS) $(IT_BINS) $(OBJ)/tests/bench_optimizer \
 		$(OBJ)/tests/bench_train $(OBJ)/tests/bench_codec $(OBJ)/tests/crash_worker $(FUZZ_BINS)
-	@scripts/run-tests.sh --beside $(IT_BESIDE) $(UNIT_BINS) $(IT_BINS) $(IT_SH)
+	@mkdir -p build/rdma-vm && \
+	  { tests/rdma-vm.sh --fetch-only $(RDMA_INSTALL) >build/rdma-vm/fetch.log 2>&1 & } && \
+	  scripts/run-tests.sh --beside $(IT_BESIDE) --beside $(IT_BESIDE2) $(UNIT_BINS) $(IT_BINS) $(IT_SH); \
+	  rc=$$?; wait; exit $$rc
 	@$(MAKE) --no-print-directory test-python
 	@$(MAKE) --no-print-directory fuzz
-	@$(MAKE) --no-print-directory test-rdma RDMA_TEST_ONLY=1
+	@$(MAKE) --no-print-directory test-rdma RDMA_TEST_ONLY=1 RDMA_FETCHED=1
 
 # Python against C (ps-bench) in one run: python/bench/bench_py.py, the
 # figures BENCHMARKS.md records (exit 1 when a target is missed).
@@ -255,9 +260,12 @@ RDMA_BINS := $(OBJ)/tests/check_rdma $(OBJ)/tests/check_transport $(OBJ)/tests/i
 # perftest smoke pair and the figures step, which measure rather than test,
 # and a training step of 1024 images (its accuracy bar is still far above
 # chance; the default 2048 is for `make test-rdma`).
+# RDMA_FETCHED=1 (make test, which fetched beside the tests with
+# --fetch-only): the host packages are not installed again.
+RDMA_INSTALL := $(if $(filter 0,$(shell id -u)),--install-deps)
 test-rdma: deps
 	@$(MAKE) --no-print-directory all $(RDMA_BINS)
-	@tests/rdma-vm.sh $(if $(filter 0,$(shell id -u)),--install-deps) \
+	@tests/rdma-vm.sh $(if $(RDMA_FETCHED),,$(RDMA_INSTALL)) \
 	  $(if $(RDMA_TEST_ONLY),--no-perftest) -- \
 	  tests/rdma-suite.sh $(if $(RDMA_TEST_ONLY),--no-figures --images 1024) $(OBJ); \
 	  rc=$$?; [ $$rc -eq 77 ] && echo "test-rdma: SKIP (reason above)" && rc=0; exit $$rc

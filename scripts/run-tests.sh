@@ -15,19 +15,21 @@
 # first "SKIP" line as the reason (what cannot run on this machine). The
 # first "SKIP" lines are listed under a PASS line.
 #
-#   run-tests.sh [--beside NAME,...] TEST...
+#   run-tests.sh [--beside NAME,...]... TEST...
 #
-# --beside: the tests so named (basenames) run in a second lane, one after
-# another, beside the others: for tests that spend their time waiting on
-# paced clocks and timeouts (a few percent of a CPU), so that `make test`
-# does not wait for them in turn. Their lines are printed when each ends.
+# --beside: the tests so named (basenames) run in a lane of their own, one
+# after another, beside the others: for tests that spend their time
+# waiting on paced clocks and timeouts (a few percent of a CPU), so that
+# `make test` does not wait for them in turn. Each --beside is one more
+# lane (tests that must not run at the same time as each other go in one
+# lane). Their lines are printed when each ends.
 set -u
 cd "$(dirname "$0")/.." || exit 1
-beside=,
-if [ "${1:-}" = --beside ]; then
-  beside=,$2,
+lanes=()
+while [ "${1:-}" = --beside ]; do
+  lanes+=(",$2,")
   shift 2
-fi
+done
 logdir=$(mktemp -d /tmp/ps-tests.XXXXXX)
 # Authentication is on by default: every test process and the shards it
 # starts share one fresh secret (tests that need another make their own).
@@ -98,27 +100,34 @@ run_one() {
 }
 
 : >"$logdir/results"
-side=()
 main=()
+side_pids=()
 for t in "$@"; do
-  case $beside in
-    *,"$(basename "$t")",*) side+=("$t") ;;
-    *) main+=("$t") ;;
-  esac
+  in_lane=0
+  for l in "${lanes[@]}"; do
+    case $l in *,"$(basename "$t")",*) in_lane=1 ;; esac
+  done
+  [ $in_lane = 0 ] && main+=("$t")
 done
-side_pid=
-if [ ${#side[@]} -gt 0 ]; then
+for k in "${!lanes[@]}"; do
+  side=()
+  for t in "$@"; do
+    case ${lanes[$k]} in *,"$(basename "$t")",*) side+=("$t") ;; esac
+  done
+  [ ${#side[@]} -gt 0 ] || continue
   # each line is printed whole (one printf, or the failing log after it)
   ( for t in "${side[@]}"; do
-      run_one "$t" >"$logdir/beside.out" 2>&1
-      cat "$logdir/beside.out"
+      run_one "$t" >"$logdir/beside$k.out" 2>&1
+      cat "$logdir/beside$k.out"
     done ) &
-  side_pid=$!
-fi
-for t in "${main[@]}"; do
+  side_pids+=($!)
+done
+for t in ${main[@]+"${main[@]}"}; do
   run_one "$t"
 done
-[ -n "$side_pid" ] && wait "$side_pid"
+for p in ${side_pids[@]+"${side_pids[@]}"}; do
+  wait "$p"
+done
 read -r pass skipped fail skipcases <<<"$(awk '
   { n[$1]++; c += $3 } END { printf "%d %d %d %d", n["pass"], n["skip"], n["fail"], c }' \
   "$logdir/results")"

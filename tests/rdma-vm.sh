@@ -18,6 +18,11 @@
 #   --no-perftest    skip the perftest smoke pair
 #   -v, --verbose    print the full perftest output even when it passed
 #   --install-deps   apt-get install the host packages first (root only)
+#   --fetch-only     install and fetch what the VM needs (the packages with
+#                    --install-deps, virtme-ng, the kernel) into the cache,
+#                    then exit 0 without booting (make test runs it in the
+#                    background beside the tests: the run after it waits for
+#                    the cache's lock and finds everything there)
 #   -e NAME=VALUE    export NAME in the guest before the command (repeatable)
 #
 # In the guest the command also sees RDMA_VM=1, RDMA_VM_DEV=rxe0,
@@ -44,6 +49,7 @@ CPUS=2
 TIMEOUT=600
 PERFTEST=1
 INSTALL=0
+FETCH_ONLY=0
 VERBOSE=0
 GUEST_ENV=()
 CMD=()
@@ -64,6 +70,7 @@ while [ $# -gt 0 ]; do
 	--no-perftest) PERFTEST=0; shift ;;
 	-v|--verbose) VERBOSE=1; shift ;;
 	--install-deps) INSTALL=1; shift ;;
+	--fetch-only) FETCH_ONLY=1; shift ;;
 	-e) [[ $2 == [A-Za-z_]*=* ]] || die "-e wants NAME=VALUE, got '$2'"; GUEST_ENV+=("$2"); shift 2 ;;
 	-h|--help) usage 0 ;;
 	--) shift; CMD=("$@"); break ;;
@@ -164,6 +171,10 @@ VMLINUZ=$KROOT/boot/vmlinuz-$KVER
 	skip "$KPKG has no rdma_rxe module (soft-RoCE)"
 T_FETCH=$(now)
 echo "rdma-vm: kernel $KPKG ($(cat "$KROOT/.complete")), virtme-ng $VIRTME_NG_VERSION, qemu $(qemu-system-x86_64 --version | awk 'NR==1{print $4}')"
+if [ "$FETCH_ONLY" = 1 ]; then
+	echo "rdma-vm: fetched in $(since "$T0" "$T_FETCH") s (--fetch-only: no boot)"
+	exit 0
+fi
 
 # ---------------------------------------------------------- guest script ---
 if [ -d "$LOGS" ] && [ -n "$(ls -A "$LOGS")" ] && [ ! -e "$LOGS/guest.sh" ]; then
