@@ -275,31 +275,16 @@ struct ctable {
 	uint64_t nfilter;
 };
 
-static uint8_t *slurp(const char *f, size_t *len)
-{
-	FILE *fp = fopen(f, "rb");
-	uint8_t *b;
-
-	ck_assert_msg(fp != NULL, "%s: %s", f, strerror(errno));
-	fseek(fp, 0, SEEK_END);
-	*len = (size_t)ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	b = malloc(*len);
-	ck_assert_ptr_nonnull(b);
-	ck_assert_uint_eq(fread(b, 1, *len, fp), *len);
-	fclose(fp);
-	return b;
-}
-
 /* Table e of the full checkpoint f (its layout: server/checkpoint.c and
  * table_ckpt.c; no declared tensors or tables). */
 static void read_table(const char *f, struct ctable *t)
 {
 	size_t len, pos;
-	uint8_t *b = slurp(f, &len);
+	uint8_t *b = tu_slurp(f, &len);
 	struct ckpt_hdr h;
 	struct ckpt_table ct;
 
+	ck_assert_msg(b != NULL, "%s: %s", f, strerror(errno));
 	memcpy(&h, b, sizeof(h));
 	/* version 5: version 1 of a state that went through a re-shard */
 	ck_assert(!memcmp(h.magic, "PSCKPT01", 8) || !memcmp(h.magic, "PSCKPT05", 8));

@@ -164,6 +164,20 @@ static void wait_pending(struct ps_client *c, int n, const char *what)
 /* ---- the calls, in threads ---- */
 
 static float xa0[NX], ya0[NY * NY2], xa1[NX], ya1[NY * NY2]; /* each rank's arrays */
+
+/* Rank 0's initial values of x and y, which the declaration takes; rank
+ * 1's arrays at -100, to be overwritten by them. */
+static void set_initial_values(void)
+{
+	for (int i = 0; i < NX; i++) {
+		xa0[i] = (float)(i % 13) - 6;
+		xa1[i] = -100;
+	}
+	for (int i = 0; i < NY * NY2; i++) {
+		ya0[i] = (float)(i % 11);
+		ya1[i] = -100;
+	}
+}
 static const int64_t ydims[2] = { NY, NY2 };
 
 struct call {
@@ -316,15 +330,7 @@ START_TEST(test_declare_in_flight_2_3)
 	start_cluster("c2", 2, "", c2, sizeof(c2), srv, c);
 	/* clock 0 ended by both (nothing declared yet): the stop is at 1 */
 	end_clock_empty(c);
-	/* rank 0's initial values; rank 1's arrays, to be overwritten */
-	for (int i = 0; i < NX; i++) {
-		xa0[i] = (float)(i % 13) - 6;
-		xa1[i] = -100;
-	}
-	for (int i = 0; i < NY * NY2; i++) {
-		ya0[i] = (float)(i % 11);
-		ya1[i] = -100;
-	}
+	set_initial_values();
 	memset(dec, 0, sizeof(dec));
 	memset(sta, 0, sizeof(sta));
 	for (int r = 0; r < NW; r++) {
@@ -447,14 +453,7 @@ START_TEST(test_declare_during_stop)
 	ck_assert_int_eq(ps_client_init(&mon, &cfg, -1, err, sizeof(err)), 0);
 	for (int k = 0; k < 2; k++)
 		ck_assert_msg(ps_client_stop_at(mon, k, 1, 0, &st) == 0, "%s", ps_client_error(mon));
-	for (int i = 0; i < NX; i++) {
-		xa0[i] = (float)(i % 13) - 6;
-		xa1[i] = -100;
-	}
-	for (int i = 0; i < NY * NY2; i++) {
-		ya0[i] = (float)(i % 11);
-		ya1[i] = -100;
-	}
+	set_initial_values();
 	memset(&dec, 0, sizeof(dec));
 	dec.c = c[0];
 	dec.rank = 0;
@@ -584,14 +583,7 @@ START_TEST(test_declare_partial_at_stop)
 
 	start_cluster("c2", 2, "", c2, sizeof(c2), srv, c);
 	end_clock_empty(c);
-	for (int i = 0; i < NX; i++) {
-		xa0[i] = (float)(i % 13) - 6;
-		xa1[i] = -100;
-	}
-	for (int i = 0; i < NY * NY2; i++) {
-		ya0[i] = (float)(i % 11);
-		ya1[i] = -100;
-	}
+	set_initial_values();
 	ck_assert_msg(declare_on_one(c[0], 0) == 0, "rank 0's Declare to shard 0: %s",
 		      ps_client_error(c[0]));
 	for (int k = 0; k < 2; k++)
@@ -706,14 +698,7 @@ START_TEST(test_declare_unfinished_at_stop)
 		ck_assert_msg(st.stop_at == 1 && st.stop_committed, "shard %d: stop at %" PRIu64
 			      " (%s)", k, st.stop_at, st.stop_committed ? "committed" : "prepared");
 	}
-	for (int i = 0; i < NX; i++) {
-		xa0[i] = (float)(i % 13) - 6;
-		xa1[i] = -100;
-	}
-	for (int i = 0; i < NY * NY2; i++) {
-		ya0[i] = (float)(i % 11);
-		ya1[i] = -100;
-	}
+	set_initial_values();
 	memset(&dec, 0, sizeof(dec));
 	for (int r = 0; r < NW; r++) {
 		dec.c = c[r];

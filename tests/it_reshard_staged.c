@@ -163,22 +163,6 @@ static void clock_push(struct ps_client *c, uint64_t k, const uint64_t *ids, int
 		      ps_client_error(c));
 }
 
-static uint8_t *slurp(const char *f, size_t *len)
-{
-	FILE *fp = fopen(f, "rb");
-	uint8_t *b;
-
-	ck_assert_msg(fp != NULL, "%s: %s", f, strerror(errno));
-	fseek(fp, 0, SEEK_END);
-	*len = (size_t)ftell(fp);
-	fseek(fp, 0, SEEK_SET);
-	b = malloc(*len + 1);
-	ck_assert_ptr_nonnull(b);
-	ck_assert_uint_eq(fread(b, 1, *len, fp), *len);
-	fclose(fp);
-	return b;
-}
-
 /* Where the tables' part of checkpoint b begins (no declared tensors):
  * after the header, the slices, the finished clocks and, version 5, the
  * map epoch. */
@@ -209,7 +193,8 @@ static struct ckpt_table old_delta(const char *from, int k)
 	struct ckpt_table ct;
 
 	snprintf(f, sizeof(f), "%s/shard-%d.ckpt.delta-1", from, k);
-	b = slurp(f, &len);
+	b = tu_slurp(f, &len);
+	ck_assert_msg(b != NULL, "%s: %s", f, strerror(errno));
 	ck_assert(!memcmp(b, "PSDELTA1", 8));
 	pos = tables_at(b) + sizeof(struct ckpt_delta_head);
 	memcpy(&ct, b + pos, sizeof(ct));
@@ -228,7 +213,9 @@ static uint8_t *new_ckpt(const char *d, int k, size_t *len)
 	for (t = 0; t < 300 && stat(f, &st); t++)
 		tu_sleep_ms(100);
 	ck_assert_msg(t < 300, "new shard %d wrote no checkpoint in %s within 30 s", k, d);
-	return slurp(f, len);
+	uint8_t *b = tu_slurp(f, len);
+	ck_assert_msg(b != NULL, "%s: %s", f, strerror(errno));
+	return b;
 }
 
 /* The ids on the new shards (each once). */

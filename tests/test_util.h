@@ -112,6 +112,28 @@ static inline int tu_write_temp(char *path, const char *text)
 	return 0;
 }
 
+/* The whole of file f, malloc'ed with a 0 byte after it (not counted in
+ * *len); NULL when it cannot be read. */
+static inline uint8_t *tu_slurp(const char *f, size_t *len)
+{
+	FILE *fp = fopen(f, "rb");
+	uint8_t *b = NULL;
+	long n;
+
+	if (!fp)
+		return NULL;
+	if (fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) >= 0 && fseek(fp, 0, SEEK_SET) == 0 &&
+	    (b = malloc((size_t)n + 1)) && fread(b, 1, (size_t)n, fp) == (size_t)n) {
+		b[n] = 0;
+		*len = (size_t)n;
+	} else {
+		free(b);
+		b = NULL;
+	}
+	fclose(fp);
+	return b;
+}
+
 /* Starts bin/ps-server for shard; its stderr goes to the file log (created
  * or truncated), or with log NULL (tu_start_server) to the test's stderr.
  * With PS_TEST_VALGRIND set the shard runs under valgrind (memcheck),
