@@ -44,11 +44,9 @@ done
 . tests/netns-hosts.sh
 tmp=$(mktemp -d /tmp/ps-multihost.XXXXXX)
 chmod 755 "$tmp"
-made_run_sshd=0
 cleanup() {
   # every process in the namespaces: sshd and whatever ps-cluster.sh left
   nh_down
-  [ $made_run_sshd -eq 1 ] && rmdir /run/sshd 2> /dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -65,7 +63,11 @@ write_hosts() { nh_write_hosts "$@"; }
 ssh-keygen -q -t ed25519 -N '' -C ps-multihost-host -f "$tmp/host_key" &&
   ssh-keygen -q -t ed25519 -N '' -C ps-multihost-user -f "$tmp/id" || skip "ssh-keygen failed"
 cp "$tmp/id.pub" "$tmp/authorized_keys"
-if [ ! -d /run/sshd ]; then mkdir -p /run/sshd && chmod 755 /run/sshd && made_run_sshd=1; fi
+# sshd's privilege separation folder, made when missing and left in place:
+# removing it at the end broke the sshd of another run of this test (or of
+# any sshd) that was still accepting connections ("kex_exchange_identification:
+# read: Connection reset by peer")
+[ -d /run/sshd ] || { mkdir -p /run/sshd && chmod 755 /run/sshd; }
 # Each host also gets its own PID namespace (and /proc), so that a
 # process started over ssh on h2 is seen and signalled there only, as on
 # separate machines. Its first process keeps sshd running unless the
