@@ -54,6 +54,11 @@
 #      the new shards are staged: their ssh sessions end and the staged
 #      shards with them; the next start (of c3.yaml) rolls back in the run;
 #      the same re-shard again, staged, completes; exact sums.
+#  (o) ps-cluster.sh live with the pre-copy on hosts that do not share
+#      checkpoint.dir (an ssh stand-in giving each host a mount namespace
+#      of its own; root only, else skipped saying so): the old bases copied
+#      to the hosts that lack them before the stop, the incremental ones
+#      after it; every new shard goes on staged from its copy; exact sums.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -611,6 +616,50 @@ expect "$case: the same workers trained to the end on 3 shards, every weight and
   eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] && [ "$(cat "$run/current-config")" = "$c/c3.yaml" ] &&
   grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
 cl "$c/c3.yaml" stop > /dev/null 2>&1
+
+# (o) ps-cluster.sh live with the pre-copy on hosts that do not share
+# checkpoint.dir: an ssh stand-in that runs each host's commands in a
+# mount namespace of their own, $c/ck-HOST bound over $c/ck (root only:
+# unshare -m), the shards on 127.0.0.1 and 127.0.0.2 (3: 127.0.0.3 too).
+# Each new shard's host is given the old bases it lacks before the stop,
+# the stop's incremental ones after it; every new shard goes on staged
+# from the copy it read (no base loaded whole); exact sums.
+case=o-live-staged-copies; new_case "$case" rows
+mkdir -p "$c"/ck-127.0.0.{1,2,3}
+cat > "$tmp/ssh-hosts" <<'EOF2'
+#!/usr/bin/env bash
+[ "$1" = -- ] || { echo "ssh stand-in: '$1' where -- belongs" >&2; exit 255; }
+exec unshare -m sh -c 'mount --bind "$1-$2" "$1" && exec sh -c "$3"' sh "$PS_TEST_CK" "$2" "$3"
+EOF2
+chmod +x "$tmp/ssh-hosts"
+if ! PS_TEST_CK=$c/ck "$tmp/ssh-hosts" -- 127.0.0.2 "touch '$c/ck/x'" 2>/dev/null || [ ! -e "$c/ck-127.0.0.2/x" ]; then
+  echo "SKIP: $case: mount namespaces (unshare -m, mount --bind) need root here"
+else
+  rm -f "$c/ck-127.0.0.2/x"
+  sed -i 's/servers: \[127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\)\]/servers: [127.0.0.1:\1, 127.0.0.2:\2]/' "$c/c2.yaml"
+  sed -i 's/servers: \[127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\)\]/servers: [127.0.0.1:\1, 127.0.0.2:\2, 127.0.0.3:\3]/' "$c/c3.yaml"
+  clh() { PS_TEST_CK=$c/ck scripts/ps-cluster.sh "$@" --ssh "$tmp/ssh-hosts" --logs "$c/logs"; }
+  clh "$c/c2.yaml" start --worker-cmd "$W 200 30" > "$c/s0.out" 2>&1
+  run=$(readlink -f "$c/logs/c2.run")
+  wait_for "$run/worker-1.log" "^clock 5$"
+  clh "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s1.out" 2>&1; rc=$?
+  expect "$case: the reshard completed, staged ($rc): $(grep 'reshard:' "$c/s1.out" | tr '\n' ' ')" \
+    eval '[ $rc -eq 0 ] && grep -q "pre-copy: the old shards wrote their checkpoints and the 3 new shard(s) loaded them" "$c/s1.out"'
+  f3=$(echo "$c"/ck-127.0.0.3/reshard-from-2.*)
+  rec=$(echo "$c"/logs/reshard-*.intent)
+  expect "$case: each host was given the old bases it lacked before the stop: $(grep '^copied' "$rec" | tr '\n' ';')" \
+    eval '[ "$(grep "^copied " "$rec" | sort | tr "\n" ";")" = "copied 0 127.0.0.2;copied 0 127.0.0.3;copied 1 127.0.0.1;copied 1 127.0.0.3;" ]'
+  expect "$case: host 3 holds both old bases and their stop's incremental ones: $(ls "$f3" | tr '\n' ' ')" \
+    eval '[ -f "$f3/shard-0.ckpt" ] && [ -f "$f3/shard-0.ckpt.delta-1" ] && [ -f "$f3/shard-1.ckpt" ] && [ -f "$f3/shard-1.ckpt.delta-1" ]'
+  expect "$case: every new shard went on staged from the copy it read (none loaded a base whole)" \
+    eval '[ "$(grep -l "same placement, staged)" "$run"/server-[012].log | wc -l)" -eq 3 ] &&
+    ! grep -q "is not the full checkpoint staged" "$run"/server-[012].log'
+  cl_wait c3.yaml
+  expect "$case: the workers followed and trained to the end, every weight and row the exact sum: $(grep -h final "$run/worker-0.log")" \
+    eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] &&
+    grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
+  clh "$c/c3.yaml" stop > /dev/null 2>&1
+fi
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]
