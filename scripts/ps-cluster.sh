@@ -62,7 +62,11 @@
 # while the workers run"): the refusals below first; NEW_CONFIG copied to
 # the new shards' and workers' hosts that lack it; ps-stat --reshard-stop
 # on worker 0's host (refused, status 1, with a shard down or another
-# change under way: the run goes on); waits for every old shard to exit
+# change under way: the run goes on), after a pre-copy with an embedding
+# table (PS_CLUSTER_PRECOPY=0: none): the old shards write a full
+# checkpoint (SIGUSR1), each new shard's host is given the ones it lacks,
+# and NEW's shards start staged from them, ending with this process's ssh
+# sessions unless told the commit; waits for every old shard to exit
 # at its stop (one that did not exit 0 rolls back: the old shards start
 # again); sets the checkpoints aside as below; starts NEW_CONFIG's shards
 # in the same run (start --live-run; a new shard that ends before the
@@ -532,13 +536,14 @@ if [ "$ACTION" = start ] && [ -z "$RESHARD_FROM" ] && [ $DRY -eq 0 ] && intent_o
   if intent_has staging; then
     # a pre-copy's staged shards end with their coordinator's ssh session;
     # any left (a host that did not see it end) are stopped here, and
-    # before `from` the bases copied to other hosts' checkpoint.dir go
+    # before `commit` the bases copied to other hosts' checkpoint.dir (not
+    # moved into the folder yet) go
     case "$new" in /*) rnew=$new ;; *) rnew=$DIR/$new ;; esac
     pat="^$(re "$DIR/bin/ps-server --config $rnew --shard ")[0-9]+ --reshard-from .* --reshard-stage [0-9]+\$"
     while read -r h; do
       on "$h" "pkill -TERM -f -- $(sq "$pat")"
     done < <("$SERVER" --config "$new" --list-shards | awk '!seen[$2]++ {print $2}')
-    intent_has from || while read -r _ k h; do
+    intent_has commit || while read -r _ k h; do
       on "$h" "cd $(sq "$ck0") && rm -rf shard-$k.ckpt .precopy-$k" ||
         echo "$me: cannot remove the pre-copy's copy of shard-$k.ckpt in $ck0 on $h (an old shard's file: remove it)" >&2
     done < <(grep '^copied ' "$INTENT_F")
@@ -761,7 +766,8 @@ while :; do
   sleep 0.1
 done
 cat > /dev/null
-[ -e $(sq "$L.commit") ] || { p=\$(cat $(sq "$L.staged-pid") 2> /dev/null); [ -z \"\$p\" ] || kill -TERM \"\$p\" 2> /dev/null; }
+[ -e $(sq "$L.commit") ] || { p=\$(cat $(sq "$L.staged-pid") 2> /dev/null)
+  [ -n \"\$p\" ] && tr '\\0' ' ' < /proc/\$p/cmdline 2> /dev/null | grep -q -- ' --reshard-stage ' && kill -TERM \"\$p\"; }
 echo ENDED"
   }
   # Ends the staging sessions (a staged shard not told the commit stops).
