@@ -822,7 +822,8 @@ case \"\$r\" in *'pre-copy) written'*) echo \"PRE $k ok \$(stat -c %i:%s:%.9Y $(
         l=$(par_out "pre-$n" | grep "^PRE $k " | tail -n 1)
         case "$l" in
           "PRE $k ok "?*) src_id[$k]=${l#PRE $k ok } ;;
-          *) echo "$me: reshard: not staged ($(sname $k) on ${shost[$k]}: ${l#PRE $k no: }${l:-cannot ask it over ssh})" >&2
+          *) [ -n "$l" ] || l="PRE $k no: cannot ask it over ssh: $(par_out "pre-$n" | tail -n 1)"
+             echo "$me: reshard: not staged ($(sname $k) on ${shost[$k]}: ${l#PRE $k no: })" >&2
              return 0 ;;
         esac
       done
