@@ -62,7 +62,11 @@
 # while the workers run"): the refusals below first; NEW_CONFIG copied to
 # the new shards' and workers' hosts that lack it; ps-stat --reshard-stop
 # on worker 0's host (refused, status 1, with a shard down or another
-# change under way: the run goes on); waits for every old shard to exit
+# change under way: the run goes on), after a pre-copy with an embedding
+# table (PS_CLUSTER_PRECOPY=0: none): the old shards write a full
+# checkpoint (SIGUSR1), each new shard's host is given the ones it lacks,
+# and NEW's shards start staged from them, ending with this process's ssh
+# sessions unless told the commit; waits for every old shard to exit
 # at its stop (one that did not exit 0 rolls back: the old shards start
 # again); sets the checkpoints aside as below; starts NEW_CONFIG's shards
 # in the same run (start --live-run; a new shard that ends before the
@@ -241,8 +245,11 @@ check_host() { # HOST WHERE
 # par_rc ID its status (255: ssh itself failed).
 PAR=$(mktemp -d "${TMPDIR:-/tmp}/ps-cluster.XXXXXX") || exit 1
 trap 'rm -rf "$PAR"' EXIT
-par() { { on "$2" "$3" > "$PAR/$1.out" 2>&1; echo $? > "$PAR/$1.rc"; } & }
-par_wait() { wait; }
+# (their pids in PARP: par_wait waits for nothing else, not for the ssh
+# sessions a live re-shard's pre-copy keeps open)
+PARP=()
+par() { { on "$2" "$3" > "$PAR/$1.out" 2>&1; echo $? > "$PAR/$1.rc"; } & PARP+=($!); }
+par_wait() { [ ${#PARP[@]} -eq 0 ] || wait "${PARP[@]}"; PARP=(); }
 par_out() { cat "$PAR/$1.out" 2> /dev/null; }
 par_rc() { cat "$PAR/$1.rc" 2> /dev/null || echo 255; }
 
@@ -526,6 +533,21 @@ if [ "$ACTION" = start ] && [ -z "$RESHARD_FROM" ] && [ $DRY -eq 0 ] && intent_o
   [ -n "$lr" ] && live=(--live-run "$lr")
   prog=$(realpath "$0")
   cd "$(intent_get cwd)" || exit 1
+  if intent_has staging; then
+    # a pre-copy's staged shards end with their coordinator's ssh session;
+    # any left (a host that did not see it end) are stopped here, and
+    # before `commit` the bases copied to other hosts' checkpoint.dir (not
+    # moved into the folder yet) go
+    case "$new" in /*) rnew=$new ;; *) rnew=$DIR/$new ;; esac
+    pat="^$(re "$DIR/bin/ps-server --config $rnew --shard ")[0-9]+ --reshard-from .* --reshard-stage [0-9]+\$"
+    while read -r h; do
+      on "$h" "pkill -TERM -f -- $(sq "$pat")"
+    done < <("$SERVER" --config "$new" --list-shards | awk '!seen[$2]++ {print $2}')
+    intent_has commit || while read -r _ k h; do
+      on "$h" "cd $(sq "$ck0") && rm -rf shard-$k.ckpt .precopy-$k" ||
+        echo "$me: cannot remove the pre-copy's copy of shard-$k.ckpt in $ck0 on $h (an old shard's file: remove it)" >&2
+    done < <(grep '^copied ' "$INTENT_F")
+  fi
   # (`rollback` after `commit`: no new shard wrote a file, the coordinator
   # was rolling back)
   if ! intent_has commit || intent_has rollback; then
@@ -605,7 +627,7 @@ if [ "$ACTION" = reshard ]; then
   # Sets every old shard's files aside in F on their hosts and gives every
   # new shard's host all of them; 1 (saying why) when it cannot.
   set_aside() {
-    local h own out b k n files miss
+    local h own out b k n files miss copies i
     local -a rhosts uhost
     # A. on each old shard's host, its files into F (the hosts at once: each
     # moves its own shards' files, so a checkpoint.dir shared by the hosts
@@ -616,12 +638,17 @@ if [ "$ACTION" = reshard ]; then
     for ((n = 0; n < ${#rhosts[@]}; n++)); do
       own=""
       for ((k = 0; k < nsrv; k++)); do [ "${shost[$k]}" = "${rhosts[$n]}" ] && own+=" $(sfiles $k)"; done
+      # (and the pre-copy's bases copied to this host: the files the
+      # staged shards read, moved, so the same inode)
+      copies=""
+      for i in ${cp_k[@]+"${!cp_k[@]}"}; do [ "${cp_h[$i]}" = "${rhosts[$n]}" ] && copies+=" shard-${cp_k[$i]}"; done
       par "aside-$n" "${rhosts[$n]}" "mkdir -p $(sq "$F") && cd $(sq "$ck") || exit 3
 for b in$own; do
   for f in \$b.ckpt \$b.ckpt.delta-* \$b.members; do
     [ -e \"\$f\" ] && { mv -- \"\$f\" $(sq "$F")/ || exit 3; }
   done
 done
+for b in$copies; do [ -e \$b.ckpt ] && { mv -- \$b.ckpt $(sq "$F")/ || exit 3; }; done
 echo MOVED"
     done
     par_wait
@@ -629,6 +656,20 @@ echo MOVED"
       out=$(par_out "aside-$n")
       grep -q '^MOVED$' <<< "$out" || {
         echo "$me: reshard: cannot set the checkpoints aside on ${rhosts[$n]}: $(tail -n 1 <<< "$out")" >&2; return 1; }
+    done
+    # A2. a base copied for the pre-copy is the old shard's base at the
+    # stop (the same file in F on its host): its incremental ones and
+    # membership file follow it; else (a newer full checkpoint replaced
+    # it) the copy goes, and B copies every file (the staged shard, finding
+    # another file, loads it whole)
+    for i in ${cp_k[@]+"${!cp_k[@]}"}; do
+      k=${cp_k[$i]} h=${cp_h[$i]} b=shard-${cp_k[$i]}
+      if [ "$(on "${shost[$k]}" "stat -c %i:%s:%.9Y $(sq "$F/$b.ckpt")" 2>&1)" = "${src_id[$k]}" ]; then
+        "${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$F") && tar -cf - \$(ls -d $b.ckpt.delta-* $b.members 2> /dev/null)" < /dev/null |
+          "${SSHV[@]}" -- "$h" "cd $(sq "$F") && tar -xf -" && continue
+      fi
+      on "$h" "rm -f $(sq "$F/$b.ckpt")" ||
+        { echo "$me: reshard: cannot remove the pre-copy's $b.ckpt in $F on $h" >&2; return 1; }
     done
     # B. every old shard's files onto every new shard's host that lacks
     # them: each host says which it lacks (none where the folder is shared)
@@ -691,6 +732,162 @@ echo MOVED"
           "on ${uhost[$n]}" >&2; return 1; }
     done
   }
+  # ---- the pre-copy of a live re-shard (docs/elastic.md, "The pre-copy"):
+  # while the workers train, every old shard writes a full checkpoint
+  # (SIGUSR1), every new shard's host is given each old base it lacks, and
+  # NEW's shards start staged from them (--reshard-stage); past the commit
+  # they apply only the stop's incremental checkpoints. Each staged shard
+  # runs under a `nohup sh -c` wrapper (its parent: --reshard-stage names
+  # it) started by an ssh session this process keeps open, fed by a keeper
+  # that ends when this process does or when it touches $stage_ctl: the
+  # session then ends too and, unless the shard was told the commit
+  # (RUN/server-K.commit), stops it. So a coordinator killed while staged
+  # leaves no staged shard behind.
+  STAGED=() stage_jobs=() cp_k=() cp_h=()
+  declare -A src_id=()
+  stage_ctl=$PAR/stage-ctl
+  # the sh, on new shard K's host, of its staged start's session
+  stage_script() { # K
+    local L=$RUN/server-$1 wrap
+    wrap="$(sq "$DIR/bin/ps-server") --config $(sq "$RNEW") --shard $1 --reshard-from $(sq "$F")"
+    wrap+=" --reshard-shards $nshards --reshard-stage \$\$ & p=\$!; echo \$p > $(sq "$L.staged-pid");"
+    wrap+=" wait \$p; rc=\$?; if [ -e $(sq "$L.commit") ]; then echo \$rc > $(sq "$L.exit");"
+    wrap+=" else echo \$rc > $(sq "$L.exit.staged"); fi"
+    echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") || exit 3
+rm -f $(sq "$L.staged-pid") $(sq "$L.commit") $(sq "$L.exit.staged")
+{ nohup sh -c $(sq "$wrap") > $(sq "$L.log.staged") 2>&1 < /dev/null & }
+i=0
+while :; do
+  if grep -q 're-shard staged' $(sq "$L.log.staged") 2> /dev/null; then echo STAGED; break; fi
+  if [ -e $(sq "$L.exit.staged") ]; then
+    echo \"FAILED \$(grep -m 1 'refusing to start' $(sq "$L.log.staged") || tail -n 1 $(sq "$L.log.staged"))\"; break
+  fi
+  i=\$((i + 1)); [ \$i -le 6000 ] || { echo 'FAILED it did not load the old files within 600 s'; break; }
+  sleep 0.1
+done
+cat > /dev/null
+[ -e $(sq "$L.commit") ] || { p=\$(cat $(sq "$L.staged-pid") 2> /dev/null)
+  [ -n \"\$p\" ] && tr '\\0' ' ' < /proc/\$p/cmdline 2> /dev/null | grep -q -- ' --reshard-stage ' && kill -TERM \"\$p\"; }
+echo ENDED"
+  }
+  # Ends the staging sessions (a staged shard not told the commit stops).
+  stage_end() {
+    local j
+    : > "$stage_ctl"
+    for j in ${stage_jobs[@]+"${stage_jobs[@]}"}; do wait "$j" 2> /dev/null; done
+    stage_jobs=()
+  }
+  # The copies given to other hosts removed again (before `from`: they lie
+  # in checkpoint.dir there) and the staged shards stopped: not staged.
+  precopy_cancel() {
+    local i
+    stage_end
+    for i in ${cp_k[@]+"${!cp_k[@]}"}; do
+      on "${cp_h[$i]}" "rm -f $(sq "$ck/shard-${cp_k[$i]}.ckpt")"
+    done
+    STAGED=() cp_k=() cp_h=()
+  }
+  # Sets STAGED (the new shards staged; empty: not staged, the re-shard
+  # goes on unstaged, having said why); 1 when the record cannot be written.
+  precopy_stage() {
+    local n k h out l id ok
+    local -a uhost ohosts
+    mapfile -t ohosts < <(printf '%s\n' "${shost[@]}" | awk '!seen[$0]++')
+    [ "${PS_CLUSTER_PRECOPY:-1}" != 0 ] && [ "$nsrv" = "$nshards" ] &&
+      grep -q '^    - name: ' <<< "$(sed -n '/^  embeddings:/,/^  [a-z]/p' <<< "$dump")" || return 0
+    case $(cfg_key "$dump" log level) in debug | info | warn) ;; *) return 0 ;; esac
+    intent_add staging || return 1
+    # 1. SIGUSR1 to every old shard, each host at once; its line waited for
+    for ((n = 0; n < ${#ohosts[@]}; n++)); do
+      out=""
+      for ((k = 0; k < nshards; k++)); do
+        [ "${shost[$k]}" = "${ohosts[$n]}" ] || continue
+        out+="o$k=\$(stat -c %s $(sq "$RUN/$(slog $k).log") 2> /dev/null || echo 0); pkill -USR1 -f -- $(sq "$(server_pat $k)") || o$k=none"$'\n'
+      done
+      for ((k = 0; k < nshards; k++)); do
+        [ "${shost[$k]}" = "${ohosts[$n]}" ] || continue
+        out+="r=''; i=0; [ \"\$o$k\" = none ] || while [ \$i -lt 6000 ]; do
+  r=\$(tail -c +\$((o$k + 1)) $(sq "$RUN/$(slog $k).log") 2> /dev/null | grep -m 1 -E 'checkpoint \\(re-shard pre-copy\\)|pre-copy \\(SIGUSR1\\) not taken')
+  [ -n \"\$r\" ] && break; pgrep -f -- $(sq "$(server_pat $k)") > /dev/null || break; i=\$((i + 1)); sleep 0.1
+done
+case \"\$r\" in *'pre-copy) written'*) echo \"PRE $k ok \$(stat -c %i:%s:%.9Y $(sq "$ck/shard-$k.ckpt"))\" ;;
+  '') echo 'PRE $k no: it wrote no pre-copy checkpoint' ;; *) echo \"PRE $k no: \${r#* server\\[*\\] }\" ;; esac"$'\n'
+      done
+      par "pre-$n" "${ohosts[$n]}" "$out"
+    done
+    par_wait
+    for ((n = 0; n < ${#ohosts[@]}; n++)); do
+      for ((k = 0; k < nshards; k++)); do
+        [ "${shost[$k]}" = "${ohosts[$n]}" ] || continue
+        l=$(par_out "pre-$n" | grep "^PRE $k " | tail -n 1)
+        case "$l" in
+          "PRE $k ok "?*) src_id[$k]=${l#PRE $k ok } ;;
+          *) [ -n "$l" ] || l="PRE $k no: cannot ask it over ssh: $(par_out "pre-$n" | tail -n 1)"
+             echo "$me: reshard: not staged ($(sname $k) on ${shost[$k]}: ${l#PRE $k no: })" >&2
+             return 0 ;;
+        esac
+      done
+    done
+    # 2. every new shard's host given each old base it lacks (a copy in
+    # checkpoint.dir there; a folder shared with the old shard's host holds
+    # that file already: the same inode, size and time)
+    mapfile -t uhost < <(printf '%s\n' "${nhost[@]}" | awk '!seen[$0]++')
+    for h in "${uhost[@]}"; do
+      out=""
+      for ((k = 0; k < nshards; k++)); do
+        [ "${shost[$k]}" = "$h" ] || out+="echo \"ID $k \$(stat -c %i:%s:%.9Y $(sq "$ck/shard-$k.ckpt") 2> /dev/null)\""$'\n'
+      done
+      [ -n "$out" ] || continue
+      out=$(on "$h" "$out" 2>&1)
+      for ((k = 0; k < nshards; k++)); do
+        [ "${shost[$k]}" != "$h" ] || continue
+        id=$(sed -n "s/^ID $k //p" <<< "$out")
+        [ "$id" = "${src_id[$k]}" ] && continue
+        # (recorded first: a start that rolls back removes it)
+        intent_add "copied $k $h" || return 1
+        cp_k+=("$k") cp_h+=("$h")
+        ok=$("${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$ck") && tar -cf - shard-$k.ckpt" < /dev/null |
+          "${SSHV[@]}" -- "$h" "cd $(sq "$ck") && rm -rf .precopy-$k && mkdir .precopy-$k && tar -xf - -C .precopy-$k && mv -f .precopy-$k/shard-$k.ckpt . && rmdir .precopy-$k && echo COPIED")
+        id=$(on "${shost[$k]}" "stat -c %i:%s:%.9Y $(sq "$ck/shard-$k.ckpt")" 2>&1)
+        if [ "$ok" != COPIED ] || [ "$id" != "${src_id[$k]}" ]; then
+          echo "$me: reshard: not staged: $(sname $k)'s pre-copy checkpoint could not be copied from" \
+            "${shost[$k]} to $h$([ "$ok" = COPIED ] && echo ' (a newer one replaced it meanwhile)')" >&2
+          precopy_cancel
+          return 0
+        fi
+      done
+    done
+    # 3. the new shards staged, each from an ssh session kept open
+    rm -f "$stage_ctl"
+    for ((k = 0; k < nnew; k++)); do
+      ( while kill -0 $$ 2> /dev/null && [ ! -e "$stage_ctl" ]; do sleep 0.1; done ) |
+        "${SSHV[@]}" -- "${nhost[$k]}" "$(stage_script $k)" > "$PAR/staged-$k.out" 2>&1 &
+      stage_jobs+=($!)
+    done
+    for ((k = 0; k < nnew; k++)); do
+      for ((n = 0; ; n++)); do
+        l=$(grep -E '^(STAGED|FAILED)' "$PAR/staged-$k.out" 2> /dev/null | head -n 1)
+        [ -n "$l" ] && break
+        if [ $n -ge 6100 ] || ! kill -0 "${stage_jobs[$k]}" 2> /dev/null; then
+          l="FAILED its ssh session ended: $(tail -n 1 "$PAR/staged-$k.out" 2> /dev/null)"; break
+        fi
+        sleep 0.1
+      done
+      [ "$l" = STAGED ] && continue
+      echo "$me: reshard: not staged: new shard $k on ${nhost[$k]} did not load the old files (log:" \
+        "$RUN/server-$k.log.staged there): ${l#FAILED }" >&2
+      precopy_cancel
+      return 0
+    done
+    mapfile -t STAGED < <(seq 0 $((nnew - 1)))
+    crash_point staged
+    if [ "${PS_CLUSTER_CRASH_AT:-}" = staged-shard ]; then # tests only: a staged shard dies
+      echo "$me: PS_CLUSTER_CRASH_AT=staged-shard: new shard 0 (staged) killed with SIGKILL (a test)" >&2
+      on "${nhost[0]}" "kill -KILL \$(cat $(sq "$RUN/server-0.staged-pid"))"
+    fi
+    echo "$me: reshard: pre-copy: the old shards wrote their checkpoints and the $nnew new shard(s)" \
+      "loaded them while the workers ran"
+  }
   common=(--ssh "$SSH" --dir "$DIR" --logs "$LOGS")
   [ -n "${WAIT_GIVEN:-}" ] && common+=(--wait "$WAIT")
 
@@ -719,6 +916,7 @@ echo MOVED"
     intent_add "stopping $nshards $nnew" "old_config $CONFIG" "new_config $NEW" "cwd $PWD" "pid $$" \
       "live $RUN" || exit 1
     crash_point stopping
+    precopy_stage || exit 1
     echo "$me: reshard: stopping the $nshards shard(s) of $CONFIG at a clock boundary; the workers keep running"
     t0=$(date +%s%N)
     # 1. the stop (refused with the reason while a shard is down or
@@ -732,6 +930,7 @@ echo MOVED"
       on "${shost[$k]}" "pkill -KILL -f -- $(sq "$(server_pat $k)")"
     fi
     if [ -z "$B" ]; then
+      precopy_cancel
       intent_add "done refused"
       echo "$me: reshard: refused (ps-stat --reshard-stop on $(whost_of 0)):" \
         "$(grep -v '^$' <<< "$out" | tail -n 1); the run goes on with $CONFIG" >&2
@@ -783,6 +982,7 @@ echo MOVED"
       # their checkpoints (those that stopped, at B) and the workers, which
       # never left the old map, go on with it
       echo "$me: reshard: ${failed#, } did not stop with its checkpoint at clock $B: rolling back" >&2
+      precopy_cancel
       if PS_CLUSTER_INTENT_OWNER=$$ "$0" "$CONFIG" start --live-run "$RUN" "${common[@]}"; then
         intent_add "done rolled-back"
         echo "$me: reshard: rolled back to $CONFIG: its shards started again from their checkpoints" \
@@ -806,7 +1006,11 @@ echo MOVED"
     # 4. the new shards from them, in the same run; once every one answers
     # from the workers' hosts, the workers' follow file names NEW
     rm -f "$RUN/pointing"
-    "$0" "$NEW" start --live-run "$RUN" --reshard-from "$F" --reshard-shards "$nshards" "${common[@]}"; rc=$?
+    # (staged: the new shards staged are told to go on, one that ended
+    # meanwhile is started unstaged)
+    PS_CLUSTER_STAGED=${STAGED[*]+${STAGED[*]}} "$0" "$NEW" start --live-run "$RUN" --reshard-from "$F" \
+      --reshard-shards "$nshards" "${common[@]}"; rc=$?
+    stage_end
     if [ $rc -ne 0 ] && [ ! -e "$RUN/pointing" ] && ! new_written; then
       # no new shard wrote its checkpoint of the new map (a replicated one
       # writes it before it listens; one that served wrote only its marker
@@ -945,6 +1149,23 @@ shard_start() {
   [ -n "$LIVE_RUN" ] && keep="for f in $(sq "$log.log") $(sq "$log.exit"); do [ -e \"\$f\" ] && mv -f \"\$f\" \"\$f.${RETRY_KEEP:-before-reshard}-$stamp\"; done; "
   echo "mkdir -p $(sq "$RUN") && cd $(sq "$DIR") && ${keep}{ nohup sh -c $(sq "$(server_cmd "$1"); echo \$? > $(sq "$log.exit")") > $(sq "$log.log") 2>&1 < /dev/null & }"
 }
+# A live re-shard's staged shard K (the pre-copy; PS_CLUSTER_STAGED lists
+# them): told the commit (its wrapper then records its exit status as
+# shard_start's does; the session that started it leaves it running) and
+# SIGUSR1, its log moved into place; one that ended meanwhile is started
+# as shard_start does, unstaged.
+staged_start() {
+  local log=$RUN/$(slog "$1")
+  echo "sp=\$(cat $(sq "$log.staged-pid") 2> /dev/null)
+if [ -n \"\$sp\" ] && kill -0 \"\$sp\" 2> /dev/null && grep -q 're-shard staged' $(sq "$log.log.staged") 2> /dev/null; then
+  cd $(sq "$DIR") && for f in $(sq "$log.log") $(sq "$log.exit"); do [ -e \"\$f\" ] && mv -f \"\$f\" \"\$f.before-reshard-$stamp\"; done
+  : > $(sq "$log.commit") && mv -f $(sq "$log.log.staged") $(sq "$log.log") && kill -USR1 \"\$sp\" && echo 'STAGED-GO'
+else
+  echo 'UNSTAGED'; [ ! -e $(sq "$log.log.staged") ] || mv -f $(sq "$log.log.staged") $(sq "$log.log.staged-ended-$stamp")
+  $(shard_start "$1")
+fi"
+}
+STAGED_SET=${PS_CLUSTER_STAGED:-}
 # Each worker follows a re-shard through the file $PS_CONFIG_FOLLOW names
 # (libps, docs/elastic.md): RUN/current-config on its host, which holds
 # the path of the cluster's current config.
@@ -984,7 +1205,7 @@ for ((n = 0; n < ${#hosts[@]}; n++)); do
   par "pre-$n" "$h" "cd $(sq "$DIR") 2> /dev/null || { printf 'ERR no folder %s (--dir)\\n' $(sq "$DIR"); echo OK; exit 0; }
 for b in $(printf '%s\n' $need | sort -u | tr '\n' ' '); do [ -x bin/\$b ] || printf 'ERR no %s/bin/%s (make there, or --dir)\\n' $(sq "$DIR") \"\$b\"; done
 [ -r $(sq "$RCONFIG") ] || printf 'ERR cannot read %s\\n' $(sq "$RCONFIG")
-pgrep -af -- $(sq "$(any_pat)") | sed 's/^/RUNNING /'
+pgrep -af -- $(sq "$(any_pat)") | $([ -n "$STAGED_SET" ] && echo "grep -v -- ' --reshard-stage ' |") sed 's/^/RUNNING /'
 echo OK"
 done
 par_wait
@@ -1087,11 +1308,12 @@ shard_log_tail() {
 # runs out). start_shards K...: those shards; failed=1 when one did not
 # listen, its number in `exited` when it ended.
 start_shards() {
-  local k h out log ex last addr
+  local k h out log ex last addr start
   exited=() oddfail=0
   for k in "$@"; do
     log=$RUN/$(slog $k).log ex=$RUN/$(slog $k).exit
-    par "shard-$k" "${shost[$k]}" "$(shard_start $k)
+    if [ -n "$STAGED_SET" ] && [ -n "$LIVE_RUN" ] && grep -qw "$k" <<< "$STAGED_SET"; then start=$(staged_start $k); else start=$(shard_start $k); fi
+    par "shard-$k" "${shost[$k]}" "$start
 i=0
 while :; do
   if grep -q ' listening on ' $(sq "$log") 2> /dev/null; then
@@ -1109,6 +1331,8 @@ done"
     # The loop's answer is the last line: whatever the login printed before
     # it (a banner, a warning) must not hide it.
     last=$(tail -n 1 <<< "$out")
+    grep -q '^UNSTAGED$' <<< "$out" && echo "$me: reshard: new $(sname $k) on $h ended while staged (log:" \
+      "$RUN/$(slog $k).log.staged-ended-$stamp there): started unstaged" >&2
     case "$last" in
       LISTENING\ *) bound[$k]=${last#LISTENING }; sel_shards+=("$k") ;;
       EXITED\ *)
@@ -1155,6 +1379,7 @@ again_shards() {
 bound=() failed=0
 mapfile -t all_shards < <(seq 0 $((nsrv - 1)))
 start_shards "${all_shards[@]}"
+STAGED_SET="" # (a shard started again is started unstaged)
 live_new=0
 [ -n "$LIVE_RUN" ] && [ -n "$RESHARD_FROM" ] && live_new=1
 [ $failed -eq 1 ] && [ $live_new -eq 1 ] && [ $oddfail -eq 0 ] && again_shards "${exited[@]}"

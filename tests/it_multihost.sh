@@ -228,6 +228,9 @@ sed "s|^Host \*\$|Host *\n  ControlMaster auto\n  ControlPath $tmp/cm-%h\n  Cont
 sshcfg=ssh_config_mux
 write_config "$tmp/lv.yaml" "h1:7000, h2:7001"
 sed -i 's/metrics_dir:/test_limit: 500, metrics_dir:/' "$tmp/lv.yaml"
+# (an embedding table, which the mlp worker leaves empty, so that the
+# re-shard is staged: the pre-copy over real ssh)
+sed -i 's/^model: {preset: mlp}$/model:\n  preset: mlp\n  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}/' "$tmp/lv.yaml"
 sed 's/servers: .*/servers: [h1:7000, h2:7001, h3:7002]/' "$tmp/lv.yaml" > "$tmp/lv3.yaml"
 epochs=24
 cluster "$tmp/lv.yaml" start "${WH[@]}" -- --epochs $epochs
@@ -246,6 +249,9 @@ last=$((epochs * 1280 / 32 / 2 + 1))
 B=$(sed -n 's/.*2 -> 3 shards at clock \([0-9]*\) while.*/\1/p' <<< "$out")
 expect "... at a clock the workers trained on from (${B:-none} < $last)" [ "${B:-$last}" -lt "$last" ]
 expect "... and what moved: $out" grep -qE "3 shard\(s\) re-sharded: [1-9][0-9]* of [1-9][0-9]* slices" <<< "$out"
+expect "... staged (the pre-copy over ssh): every new shard went on from the files it loaded while the workers ran" \
+  eval 'grep -q "pre-copy: the old shards wrote their checkpoints and the 3 new shard(s) loaded them" <<< "$out" &&
+  [ "$(grep -l "same placement, staged)" "$run"/server-[012].log | wc -l)" -eq 3 ]'
 wpids2=$(pgrep -f -- "bin/ps-worker --config $tmp/lv.yaml --rank" | sort | tr '\n' ' ')
 expect "2 worker processes ran ($wpids)" [ "$(wc -w <<< "$wpids")" -eq 2 ]
 expect "the same 2 worker processes run on ($wpids, now $wpids2)" [ "$wpids2" = "$wpids" ]

@@ -47,6 +47,18 @@
 #      (the record at `staging`): the staged shards die with it, the old
 #      shards train on to the end; stopped, the next ps-local.sh (given
 #      c3.yaml) rolls back to 2 shards, exact sums.
+#  (m) ps-cluster.sh live with the pre-copy (ssh stand-in, an embedding
+#      table): a staged new shard killed before the stop: the others go on
+#      staged, it is started again unstaged after the commit; exact sums.
+#  (n) ps-cluster.sh live with the pre-copy, the coordinator killed once
+#      the new shards are staged: their ssh sessions end and the staged
+#      shards with them; the next start (of c3.yaml) rolls back in the run;
+#      the same re-shard again, staged, completes; exact sums.
+#  (o) ps-cluster.sh live with the pre-copy on hosts that do not share
+#      checkpoint.dir (an ssh stand-in giving each host a mount namespace
+#      of its own; root only, else skipped saying so): the old bases copied
+#      to the hosts that lack them before the stop, the incremental ones
+#      after it; every new shard goes on staged from its copy; exact sums.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -541,6 +553,113 @@ else
   expect "$case: every weight the exact sum ($fin)" [ "$fin" = "final: exact 4000 of 4000, short 0, wrong 0, deficits:" ]
 fi
 cl "$c/c$n.yaml" stop > /dev/null 2>&1
+
+# (m) ps-cluster.sh live with the pre-copy (an embedding table: the
+# workers push rows too): a staged new shard killed with SIGKILL before the
+# stop (PS_CLUSTER_CRASH_AT=staged-shard): the others go on staged, it is
+# started again unstaged after the commit; 3 shards, exact sums.
+case=m-live-staged-shard; new_case "$case" rows
+cl "$c/c2.yaml" start --worker-cmd "$W 200 30" > "$c/s0.out" 2>&1
+run=$(readlink -f "$c/logs/c2.run")
+wait_for "$run/worker-1.log" "^clock 5$"
+PS_CLUSTER_CRASH_AT=staged-shard cl "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s1.out" 2>&1; rc=$?
+expect "$case: the reshard completed, staged, one staged shard killed ($rc): $(grep 'reshard:' "$c/s1.out" | tr '\n' ' ')" \
+  eval '[ $rc -eq 0 ] && grep -q "pre-copy: the old shards wrote their checkpoints and the 3 new shard(s) loaded them" "$c/s1.out" &&
+  grep -q "PS_CLUSTER_CRASH_AT=staged-shard: new shard 0 (staged) killed" "$c/s1.out" &&
+  grep -q "reshard: new shard 0 on 127.0.0.1 ended while staged .*started unstaged" "$c/s1.out" &&
+  grep -q "reshard: 2 -> 3 shards at clock" "$c/s1.out"'
+expect "$case: the old shards' stop wrote incremental checkpoints on the pre-copy" \
+  eval 'cat "$run"/server-1.log.before-reshard-* | grep -q "re-shard stop.*delta-1.*on the re-shard.s pre-copy"'
+expect "$case: new shards 1 and 2 went on staged, shard 0 unstaged" \
+  eval 'grep -q "same placement, staged)" "$run/server-1.log" && grep -q "same placement, staged)" "$run/server-2.log" &&
+  grep -q "(same placement):" "$run/server-0.log"'
+cl_wait c3.yaml
+expect "$case: the same workers followed and trained to the end, every weight and row the exact sum: $(grep -h final "$run/worker-0.log")" \
+  eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] &&
+  grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
+cl "$c/c3.yaml" stop > /dev/null 2>&1
+
+# (n) ps-cluster.sh live with the pre-copy, its coordinator killed once
+# the new shards are staged (PS_CLUSTER_CRASH_AT=staged, the record at
+# `staging`): their ssh sessions end, and with them the staged shards; the
+# old shards train on; the next start (of c3.yaml) rolls back in the run.
+# Then the same re-shard again, staged, completes; exact sums at the end.
+case=n-live-staged-coordinator; new_case "$case" rows
+cl "$c/c2.yaml" start --worker-cmd "$W 300 30" > "$c/s0.out" 2>&1
+run=$(readlink -f "$c/logs/c2.run")
+wait_for "$run/worker-1.log" "^clock 5$"
+PS_CLUSTER_CRASH_AT=staged cl "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s1.out" 2>&1; rc=$?
+rec=$(echo "$c"/logs/reshard-*.intent)
+expect "$case: the live reshard was killed once staged ($rc): $(tail -n 1 "$c/s1.out")" \
+  eval '[ $rc -eq 137 ] && [ "$(tail -n 1 "$rec")" = staging ]'
+gone=0
+for _ in $(seq 100); do
+  pgrep -f -- "--config $c/c3.yaml" > /dev/null || { gone=1; break; }
+  sleep 0.1
+done
+expect "$case: no staged shard is left: $(pgrep -af -- "--config $c/c3.yaml")" [ $gone = 1 ]
+expect "$case: the staged shards stopped, saying why: $(tail -qn 1 "$run"/server-*.log.staged | tr '\n' ' ')" \
+  eval '[ "$(grep -l "SIGTERM came before the re-shard.s commit" "$run"/server-*.log.staged | wc -l)" -eq 3 ]'
+k=$(grep -c '^clock ' "$run/worker-1.log")
+wait_for "$run/worker-1.log" "^clock $((k + 3))$"
+expect "$case: the workers train on with the old shards" [ "$(cat "$run/current-config")" = "$c/c2.yaml" ]
+cl "$c/c3.yaml" start > "$c/s2.out" 2>&1; rc=$?
+expect "$case: the next start (c3.yaml) rolled back in the run, the old shards running ($rc): $(grep -E "interrupted|runs already" "$c/s2.out" | tr '\n' ' ')" \
+  eval '[ $rc -eq 0 ] && grep -q "had not reached its commit: rolled back" "$c/s2.out" &&
+  grep -q "every shard of $c/c2.yaml runs already" "$c/s2.out" && [ "$(tail -n 1 "$rec")" = "done rolled-back" ]'
+cl "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s3.out" 2>&1; rc=$?
+expect "$case: the re-shard again, staged, completed ($rc): $(grep 'reshard:' "$c/s3.out" | tail -n 2 | tr '\n' ' ')" \
+  eval '[ $rc -eq 0 ] && grep -q "pre-copy: the old shards wrote their checkpoints and the 3 new shard(s) loaded them" "$c/s3.out" &&
+  [ "$(grep -l "same placement, staged)" "$run"/server-[012].log | wc -l)" -eq 3 ]'
+cl_wait c3.yaml
+expect "$case: the same workers trained to the end on 3 shards, every weight and row the exact sum: $(grep -h final "$run/worker-0.log")" \
+  eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] && [ "$(cat "$run/current-config")" = "$c/c3.yaml" ] &&
+  grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
+cl "$c/c3.yaml" stop > /dev/null 2>&1
+
+# (o) ps-cluster.sh live with the pre-copy on hosts that do not share
+# checkpoint.dir: an ssh stand-in that runs each host's commands in a
+# mount namespace of their own, $c/ck-HOST bound over $c/ck (root only:
+# unshare -m), the shards on 127.0.0.1 and 127.0.0.2 (3: 127.0.0.3 too).
+# Each new shard's host is given the old bases it lacks before the stop,
+# the stop's incremental ones after it; every new shard goes on staged
+# from the copy it read (no base loaded whole); exact sums.
+case=o-live-staged-copies; new_case "$case" rows
+mkdir -p "$c"/ck-127.0.0.{1,2,3}
+cat > "$tmp/ssh-hosts" <<'EOF2'
+#!/usr/bin/env bash
+[ "$1" = -- ] || { echo "ssh stand-in: '$1' where -- belongs" >&2; exit 255; }
+exec unshare -m sh -c 'mount --bind "$1-$2" "$1" && exec sh -c "$3"' sh "$PS_TEST_CK" "$2" "$3"
+EOF2
+chmod +x "$tmp/ssh-hosts"
+if ! PS_TEST_CK=$c/ck "$tmp/ssh-hosts" -- 127.0.0.2 "touch '$c/ck/x'" 2>/dev/null || [ ! -e "$c/ck-127.0.0.2/x" ]; then
+  echo "SKIP: $case: mount namespaces (unshare -m, mount --bind) need root here"
+else
+  rm -f "$c/ck-127.0.0.2/x"
+  sed -i 's/servers: \[127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\)\]/servers: [127.0.0.1:\1, 127.0.0.2:\2]/' "$c/c2.yaml"
+  sed -i 's/servers: \[127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\)\]/servers: [127.0.0.1:\1, 127.0.0.2:\2, 127.0.0.3:\3]/' "$c/c3.yaml"
+  clh() { PS_TEST_CK=$c/ck scripts/ps-cluster.sh "$@" --ssh "$tmp/ssh-hosts" --logs "$c/logs"; }
+  clh "$c/c2.yaml" start --worker-cmd "$W 200 30" > "$c/s0.out" 2>&1
+  run=$(readlink -f "$c/logs/c2.run")
+  wait_for "$run/worker-1.log" "^clock 5$"
+  clh "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s1.out" 2>&1; rc=$?
+  expect "$case: the reshard completed, staged ($rc): $(grep 'reshard:' "$c/s1.out" | tr '\n' ' ')" \
+    eval '[ $rc -eq 0 ] && grep -q "pre-copy: the old shards wrote their checkpoints and the 3 new shard(s) loaded them" "$c/s1.out"'
+  f3=$(echo "$c"/ck-127.0.0.3/reshard-from-2.*)
+  rec=$(echo "$c"/logs/reshard-*.intent)
+  expect "$case: each host was given the old bases it lacked before the stop: $(grep '^copied' "$rec" | tr '\n' ';')" \
+    eval '[ "$(grep "^copied " "$rec" | sort | tr "\n" ";")" = "copied 0 127.0.0.2;copied 0 127.0.0.3;copied 1 127.0.0.1;copied 1 127.0.0.3;" ]'
+  expect "$case: host 3 holds both old bases and their stop's incremental ones: $(ls "$f3" | tr '\n' ' ')" \
+    eval '[ -f "$f3/shard-0.ckpt" ] && [ -f "$f3/shard-0.ckpt.delta-1" ] && [ -f "$f3/shard-1.ckpt" ] && [ -f "$f3/shard-1.ckpt.delta-1" ]'
+  expect "$case: every new shard went on staged from the copy it read (none loaded a base whole)" \
+    eval '[ "$(grep -l "same placement, staged)" "$run"/server-[012].log | wc -l)" -eq 3 ] &&
+    ! grep -q "is not the full checkpoint staged" "$run"/server-[012].log'
+  cl_wait c3.yaml
+  expect "$case: the workers followed and trained to the end, every weight and row the exact sum: $(grep -h final "$run/worker-0.log")" \
+    eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] &&
+    grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
+  clh "$c/c3.yaml" stop > /dev/null 2>&1
+fi
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]
