@@ -106,7 +106,7 @@ model:
   embeddings:
     - {name: cat, dim: 8, init: uniform, scale: 0.01, optimizer: rowwise_adagrad, lr: 0.05}
 optimizer: {name: adam, lr: 0.001}
-train: {batch: 256, epochs: 24, train_file: $tmp/train.tsv, test_file: $tmp/test.tsv}
+train: {batch: 256, epochs: 40, train_file: $tmp/train.tsv, test_file: $tmp/test.tsv}
 checkpoint: {dir: $tmp/ckc}
 security: {auth: false}
 log: {level: info}
@@ -138,7 +138,7 @@ expect "ctr: the same worker processes ($workers)" \
 wait "$run"; rc=$?
 run=""
 expect "ctr: the run's ps-local.sh ends 0 ($rc): $(tail -3 "$tmp/runc.out")" [ $rc -eq 0 ]
-expect "ctr: its workers trained to the end" grep -q "epoch 24: test auc" "$tmp/lc/worker-0.log"
+expect "ctr: its workers trained to the end" grep -q "epoch 40: test auc" "$tmp/lc/worker-0.log"
 for r in 0 1; do
   n=$(grep -c "re-shard: following" "$tmp/lc/worker-$r.log")
   expect "ctr: worker $r followed two re-shards ($n)" [ "$n" -eq 2 ]
