@@ -19,6 +19,13 @@
 #                    unmutated time, at least 30 s; see below)
 #   MUTATE_REMEASURE 1: time every suite again instead of using
 #                    build/mutate/times.tsv
+#   MUTATE_FILE_SAMPLE N: only N files of the list, drawn with the seed (a
+#                    fresh draw over the whole default list of 68 files at
+#                    one mutant each takes a day's afternoon here; half of
+#                    it, drawn, is an unbiased sample of the files)
+#   MUTATE_TIME_ONLY 1: build and time the suites the files need (into
+#                    build/mutate/times.tsv), then stop before drawing
+#                    any mutant: the timing can be done ahead of a draw
 #
 # Suites: a test program of build/rel/tests; `san:NAME`, the same program of
 # the sanitizer build (make SANITIZE=address,undefined, build/san/tests), so
@@ -179,6 +186,15 @@ suites_for() {
 }
 
 files=${MUTATE_FILES:-$(default_files)}
+if [ -n "${MUTATE_FILE_SAMPLE:-}" ]; then
+  # a seeded draw of files, kept in the list's order
+  files=$(printf '%s\n' $files | python3 -c "
+import random, sys
+f = [l.strip() for l in sys.stdin if l.strip()]
+keep = set(random.Random('$SEED:files').sample(f, min(len(f), int('$MUTATE_FILE_SAMPLE'))))
+print(' '.join(x for x in f if x in keep))")
+  echo "mutate: $MUTATE_FILE_SAMPLE files drawn with seed $SEED: $files" >&2
+fi
 mkdir -p "$OUT"
 if [ ! -x "$VENV/bin/mutate" ]; then
   echo "mutate: installing universalmutator into $VENV" >&2
@@ -275,6 +291,10 @@ for s in $all_suites; do
   SECS[$s]=$t
   printf '%s\t%s\n' "$s" "$t" >>"$TIMES"
 done
+if [ "${MUTATE_TIME_ONLY:-0}" = 1 ]; then
+  echo "mutate: suites timed ($TIMES); MUTATE_TIME_ONLY is set, no mutant drawn" >&2
+  exit 0
+fi
 limit_of() {
   if [ -n "${MUTATE_TIMEOUT:-}" ]; then echo "$MUTATE_TIMEOUT"; return; fi
   local t=${SECS[$1]}
