@@ -73,7 +73,11 @@ default_files() {
 # The suites that exercise a file, those that kill its mutants soonest
 # first (the run orders them by measured time anyway); san: suites for the
 # files whose mistakes are often memory errors a release build survives.
-suites_for() {
+# A file whose list names no san: suite gets the sanitizer build of its
+# first test program (suites_for, below): a leak, an overflow, a use after
+# free or undefined behaviour counts in every file, not only where one was
+# met before (it_fault* are left out: they skip under the sanitizer build).
+suites_of() {
   case "$1" in
     server/store.c)            echo check_store it_cluster san:check_store ;;
     server/optimizer.c)        echo check_optimizer check_store ;;
@@ -183,6 +187,15 @@ suites_for() {
             "defaults (it_cluster it_checkpoint it_hostile)" >&2
        echo it_cluster it_checkpoint it_hostile ;;
   esac
+}
+suites_for() {
+  local l s
+  l=$(suites_of "$1") || return
+  case " $l" in *" san:"*) echo "$l"; return ;; esac
+  for s in $l; do
+    case "$s" in *.sh|*.py|it_fault*) ;; *) echo "$l san:$s"; return ;; esac
+  done
+  echo "$l"
 }
 
 files=${MUTATE_FILES:-$(default_files)}
