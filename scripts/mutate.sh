@@ -135,9 +135,11 @@ suites_of() {
     server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases it_reshard_rows \
                                     it_fault@test_rows_oom it_fault_repl@test_primary_rows_oom \
                                     san:it_rows ;;   # it_fault: a reply's buffer, a row not allocated
-    worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows ;;
+    # it_fault's test_client_oom: every allocation of a worker's calls failed in turn
+    worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows \
+                                            it_fault@test_client_oom ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
-    worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
+    worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_client_oom ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
     worker/client/ps_client_members.c) echo it_elastic it_reshard_elastic test_elastic.py ;;
     # the live re-shard: the client following a new map, the shards' stop
@@ -158,7 +160,7 @@ suites_of() {
                                     it_elastic@test_restart_keeps_membership it_client_api \
                                     it_reshard_ops@test_one_change_at_a_time \
                                     it_replica_stats@test_figures_follow_operations,test_link_timers \
-                                    it_fault@test_send_eagain it_reshard_live san:it_fake_shard ;;
+                                    it_fault@test_send_eagain,test_client_oom it_reshard_live san:it_fake_shard ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables ;;
@@ -220,6 +222,7 @@ export PS_SECRET_FILE=$PWD/$OUT/ps.secret   # absolute: pytest runs in python/te
 # not make its own would see its pairs refuse to start)
 export PS_REPL_KEY_FILE=$PWD/$OUT/ps.replkey
 export PS_TEST_QUICK=1   # it_checkpoint leaves out its minute-long 4.4 GB case
+export PS_TEST_SWEEP=full  # it_fault's test_client_oom fails every allocation in turn
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
 [ -f "$PS_REPL_KEY_FILE" ] || scripts/ps-keygen "$PS_REPL_KEY_FILE" 2>/dev/null || exit 1
 
