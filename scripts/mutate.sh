@@ -29,7 +29,9 @@
 #
 # Suites: a test program of build/rel/tests; `san:NAME`, the same program of
 # the sanitizer build (make SANITIZE=address,undefined, build/san/tests), so
-# that memory mutants count; `NAME@CASE,CASE`, only those cases
+# that memory mutants count; `tsan:NAME`, a program that runs the code in
+# its own process (check_*) built with ThreadSanitizer (build/tsan/tests),
+# for races; `NAME@CASE,CASE`, only those cases
 # (PS_TEST_ONLY); a script tests/NAME.sh; a pytest file python/tests/NAME.py.
 # Before the mutants, every suite the run needs is run once on the
 # unmutated tree and timed (kept in build/mutate/times.tsv for later runs):
@@ -173,7 +175,9 @@ suites_of() {
     worker/export_read.c)      echo it_export.sh test_export.py ;;
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
-    common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport ;;  # it_fault: accept out of memory
+    # it_fault: accept out of memory; tsan: send_now's threads against the loop's
+    common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport \
+                                    tsan:check_transport ;;
     common/wire.c|common/msg.c) echo check_wire it_hostile san:check_wire ;;
     common/codec*)             echo check_store check_codec san:check_codec ;;
     common/finite.c)           echo check_store it_hostile check_rows ;;
@@ -231,13 +235,14 @@ declare -A SUITES
 for f in $files; do SUITES[$f]=$(suites_for "$f"); done
 all_suites=$(for f in $files; do printf '%s\n' ${SUITES[$f]}; done | sort -u)
 
-# A suite's variant (rel or san), its program's make target, and its run:
-# a test program of build/VARIANT/tests (PS_TEST_ONLY for NAME@CASES), a
-# script tests/NAME.sh (run as it is), or a pytest file python/tests/NAME.py
-# (its tests, by scripts/test-python.sh).
-variant_of() { case "$1" in san:*) echo san ;; *) echo rel ;; esac; }
+# A suite's variant (rel, san or tsan), its program's make target, and its
+# run: a test program of build/VARIANT/tests (PS_TEST_ONLY for NAME@CASES),
+# a script tests/NAME.sh (run as it is), or a pytest file
+# python/tests/NAME.py (its tests, by scripts/test-python.sh).
+variant_of() { case "$1" in san:*) echo san ;; tsan:*) echo tsan ;; *) echo rel ;; esac; }
 suite_target() {
-  local n=${1#san:}
+  local n=${1#tsan:}
+  n=${n#san:}
   n=${n%%@*}
   case "$n" in *.sh|*.py) ;; *) echo "build/$(variant_of "$1")/tests/$n" ;; esac
 }
@@ -245,19 +250,30 @@ suite_target() {
 # them for it, so a suite's variant is built (the changed objects and a
 # link) before it runs.
 built=""
+# tsan: (ThreadSanitizer, build/tsan) is for the programs that run the code
+# in their own process (check_*): only they are built, bin/ is left alone.
 build_variant() {   # variant, then the make targets of its suites
   local v=$1; shift
-  if [ "$v" = san ]; then make -s -j2 SANITIZE=$SAN all "$@"; else make -s -j2 all "$@"; fi
+  case "$v" in
+    san)  make -s -j2 SANITIZE=$SAN all "$@" ;;
+    tsan) [ $# -eq 0 ] || make -s -j2 SANITIZE=thread OBJ=build/tsan "$@" ;;
+    *)    make -s -j2 all "$@" ;;
+  esac
 }
 ensure_built() {    # the variant of suite $1, built with the tree as it is now
   local v
   v=$(variant_of "$1")
+  if [ "$v" = tsan ]; then   # its own objects: bin/ and $built stay
+    build_variant tsan $(suite_target "$1") >>"$OUT/build.log" 2>&1
+    return
+  fi
   [ "$built" = "$v" ] && return 0
   build_variant "$v" $(suite_target "$1") >>"$OUT/build.log" 2>&1 || return 1
   built=$v
 }
 run_suite() {       # suite, seconds
-  local n=${1#san:} only=""
+  local n=${1#tsan:} only=""
+  n=${n#san:}
   case "$n" in *@*) only=${n#*@}; n=${n%%@*} ;; esac
   case "$n" in
     *.sh) timeout "$2" "tests/$n" ;;
@@ -269,6 +285,9 @@ run_suite() {       # suite, seconds
 
 echo "mutate: building the unmutated tree and its tests (release and sanitizer builds)" >&2
 san_targets=$(for s in $all_suites; do [ "$(variant_of "$s")" = san ] && suite_target "$s"; done | sort -u)
+tsan_targets=$(for s in $all_suites; do [ "$(variant_of "$s")" = tsan ] && suite_target "$s"; done | sort -u)
+build_variant tsan $tsan_targets >/dev/null || {
+  echo "mutate: the unmutated tree does not build with SANITIZE=thread" >&2; exit 1; }
 if [ -n "$san_targets" ]; then
   build_variant san $san_targets >/dev/null || {
     echo "mutate: the unmutated tree does not build with SANITIZE=$SAN" >&2; exit 1; }
@@ -410,6 +429,7 @@ trap - EXIT INT TERM
 echo "mutate: rebuilding the unmutated tree" >&2
 touch $files
 [ -n "$san_targets" ] && build_variant san $san_targets >/dev/null
+build_variant tsan $tsan_targets >/dev/null
 make -s -j2 all >/dev/null
 
 python3 - "$results" "$OUT/report.md" "$SEED" "$PER_FILE" "$(( $(date +%s) - start ))" "$syntax_rejected" <<'EOF'
