@@ -139,9 +139,9 @@ suites_of() {
                                     san:it_rows ;;   # it_fault: a reply's buffer, a row not allocated
     # it_fault's test_client_oom: every allocation of a worker's calls failed in turn
     worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows \
-                                            it_fault@test_client_oom ;;
+                                            it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
-    worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_client_oom ;;
+    worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
     worker/client/ps_client_members.c) echo it_elastic it_reshard_elastic test_elastic.py ;;
     # the live re-shard: the client following a new map, the shards' stop
