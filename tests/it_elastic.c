@@ -38,6 +38,8 @@ static struct ps_client *connect_retry(const struct ps_config *cfg, int rank, ch
 
 static int staleness = 1000; /* consistency.staleness of the async clusters */
 
+static char *slurp(const char *path);
+
 static void start_cluster(char *path, struct ps_config *cfg, const char *mode, const char *extra,
 			  pid_t srv[2])
 {
@@ -731,6 +733,13 @@ static void data_once(const char *what, const char *path, const char *dir, pid_t
 	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
 	ck_assert_msg(st0 == 0 && st2 == 0 && st1 == (sigterm ? 130 : 0), "exit statuses %d %d %d "
 		      "(outputs in %s)", st0, st1, st2, dir);
+	/* each started its stop signals' thread: none warns that it did not */
+	for (int r = 0; r < 3; r++) {
+		char *o = slurp(out[r]);
+		ck_assert_msg(o && !strstr(o, "stop signals: no thread"), "rank %d's output: %s", r,
+			      o ? o : "(none)");
+		free(o);
+	}
 
 	/* seen[e * limit + i]: how often epoch e trained example i */
 	unsigned char *seen = calloc((size_t)epochs * (size_t)limit, 1);
