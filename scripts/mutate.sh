@@ -19,10 +19,19 @@
 #                    unmutated time, at least 30 s; see below)
 #   MUTATE_REMEASURE 1: time every suite again instead of using
 #                    build/mutate/times.tsv
+#   MUTATE_FILE_SAMPLE N: only N files of the list, drawn with the seed (a
+#                    fresh draw over the whole default list of 68 files at
+#                    one mutant each takes a day's afternoon here; half of
+#                    it, drawn, is an unbiased sample of the files)
+#   MUTATE_TIME_ONLY 1: build and time the suites the files need (into
+#                    build/mutate/times.tsv), then stop before drawing
+#                    any mutant: the timing can be done ahead of a draw
 #
 # Suites: a test program of build/rel/tests; `san:NAME`, the same program of
 # the sanitizer build (make SANITIZE=address,undefined, build/san/tests), so
-# that memory mutants count; `NAME@CASE,CASE`, only those cases
+# that memory mutants count; `tsan:NAME`, a program that runs the code in
+# its own process (check_*) built with ThreadSanitizer (build/tsan/tests),
+# for races; `NAME@CASE,CASE`, only those cases
 # (PS_TEST_ONLY); a script tests/NAME.sh; a pytest file python/tests/NAME.py.
 # Before the mutants, every suite the run needs is run once on the
 # unmutated tree and timed (kept in build/mutate/times.tsv for later runs):
@@ -66,7 +75,12 @@ default_files() {
 # The suites that exercise a file, those that kill its mutants soonest
 # first (the run orders them by measured time anyway); san: suites for the
 # files whose mistakes are often memory errors a release build survives.
-suites_for() {
+# A file of the shard, the client or the common code whose list names no
+# san: suite gets the sanitizer build of its first test program
+# (suites_for, below): a leak, an overflow, a use after free or undefined
+# behaviour counts in every such file, not only where one was met before
+# (it_fault* are left out: they skip under the sanitizer build).
+suites_of() {
   case "$1" in
     server/store.c)            echo check_store it_cluster san:check_store ;;
     server/optimizer.c)        echo check_optimizer check_store ;;
@@ -126,9 +140,11 @@ suites_for() {
     server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases it_reshard_rows \
                                     it_fault@test_rows_oom it_fault_repl@test_primary_rows_oom \
                                     san:it_rows ;;   # it_fault: a reply's buffer, a row not allocated
-    worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows ;;
+    # it_fault's test_client_oom: every allocation of a worker's calls failed in turn
+    worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows \
+                                            it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
-    worker/client/ps_client_api.c)     echo it_client_api it_declare ;;
+    worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
     worker/client/ps_client_members.c) echo it_elastic it_reshard_elastic test_elastic.py ;;
     # the live re-shard: the client following a new map, the shards' stop
@@ -149,7 +165,7 @@ suites_for() {
                                     it_elastic@test_restart_keeps_membership it_client_api \
                                     it_reshard_ops@test_one_change_at_a_time \
                                     it_replica_stats@test_figures_follow_operations,test_link_timers \
-                                    it_fault@test_send_eagain it_reshard_live san:it_fake_shard ;;
+                                    it_fault@test_send_eagain,test_client_oom it_reshard_live san:it_fake_shard ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables ;;
@@ -162,7 +178,9 @@ suites_for() {
     worker/export_read.c)      echo it_export.sh test_export.py ;;
     common/transport_rdma.c)   echo check_rdma check_transport ;;
     common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
-    common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport ;;  # it_fault: accept out of memory
+    # it_fault: accept out of memory; tsan: send_now's threads against the loop's
+    common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport \
+                                    tsan:check_transport ;;
     common/wire.c|common/msg.c) echo check_wire it_hostile san:check_wire ;;
     common/codec*)             echo check_store check_codec san:check_codec ;;
     common/finite.c)           echo check_store it_hostile check_rows ;;
@@ -179,8 +197,29 @@ suites_for() {
        echo it_cluster it_checkpoint it_hostile ;;
   esac
 }
+suites_for() {
+  local l s
+  l=$(suites_of "$1") || return
+  case " $l" in *" san:"*) echo "$l"; return ;; esac
+  # ps-worker's own files (training, export) are left as they are: their
+  # programs train, which takes minutes under the sanitizers
+  case "$1" in server/*|worker/client/*|common/*) ;; *) echo "$l"; return ;; esac
+  for s in $l; do
+    case "$s" in *.sh|*.py|it_fault*) ;; *) echo "$l san:$s"; return ;; esac
+  done
+  echo "$l"
+}
 
 files=${MUTATE_FILES:-$(default_files)}
+if [ -n "${MUTATE_FILE_SAMPLE:-}" ]; then
+  # a seeded draw of files, kept in the list's order
+  files=$(printf '%s\n' $files | python3 -c "
+import random, sys
+f = [l.strip() for l in sys.stdin if l.strip()]
+keep = set(random.Random('$SEED:files').sample(f, min(len(f), int('$MUTATE_FILE_SAMPLE'))))
+print(' '.join(x for x in f if x in keep))")
+  echo "mutate: $MUTATE_FILE_SAMPLE files drawn with seed $SEED: $files" >&2
+fi
 mkdir -p "$OUT"
 if [ ! -x "$VENV/bin/mutate" ]; then
   echo "mutate: installing universalmutator into $VENV" >&2
@@ -193,6 +232,7 @@ export PS_SECRET_FILE=$PWD/$OUT/ps.secret   # absolute: pytest runs in python/te
 # not make its own would see its pairs refuse to start)
 export PS_REPL_KEY_FILE=$PWD/$OUT/ps.replkey
 export PS_TEST_QUICK=1   # it_checkpoint leaves out its minute-long 4.4 GB case
+export PS_TEST_SWEEP=full  # it_fault's test_client_oom fails every allocation in turn
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
 [ -f "$PS_REPL_KEY_FILE" ] || scripts/ps-keygen "$PS_REPL_KEY_FILE" 2>/dev/null || exit 1
 
@@ -201,13 +241,14 @@ declare -A SUITES
 for f in $files; do SUITES[$f]=$(suites_for "$f"); done
 all_suites=$(for f in $files; do printf '%s\n' ${SUITES[$f]}; done | sort -u)
 
-# A suite's variant (rel or san), its program's make target, and its run:
-# a test program of build/VARIANT/tests (PS_TEST_ONLY for NAME@CASES), a
-# script tests/NAME.sh (run as it is), or a pytest file python/tests/NAME.py
-# (its tests, by scripts/test-python.sh).
-variant_of() { case "$1" in san:*) echo san ;; *) echo rel ;; esac; }
+# A suite's variant (rel, san or tsan), its program's make target, and its
+# run: a test program of build/VARIANT/tests (PS_TEST_ONLY for NAME@CASES),
+# a script tests/NAME.sh (run as it is), or a pytest file
+# python/tests/NAME.py (its tests, by scripts/test-python.sh).
+variant_of() { case "$1" in san:*) echo san ;; tsan:*) echo tsan ;; *) echo rel ;; esac; }
 suite_target() {
-  local n=${1#san:}
+  local n=${1#tsan:}
+  n=${n#san:}
   n=${n%%@*}
   case "$n" in *.sh|*.py) ;; *) echo "build/$(variant_of "$1")/tests/$n" ;; esac
 }
@@ -215,19 +256,30 @@ suite_target() {
 # them for it, so a suite's variant is built (the changed objects and a
 # link) before it runs.
 built=""
+# tsan: (ThreadSanitizer, build/tsan) is for the programs that run the code
+# in their own process (check_*): only they are built, bin/ is left alone.
 build_variant() {   # variant, then the make targets of its suites
   local v=$1; shift
-  if [ "$v" = san ]; then make -s -j2 SANITIZE=$SAN all "$@"; else make -s -j2 all "$@"; fi
+  case "$v" in
+    san)  make -s -j2 SANITIZE=$SAN all "$@" ;;
+    tsan) [ $# -eq 0 ] || make -s -j2 SANITIZE=thread OBJ=build/tsan "$@" ;;
+    *)    make -s -j2 all "$@" ;;
+  esac
 }
 ensure_built() {    # the variant of suite $1, built with the tree as it is now
   local v
   v=$(variant_of "$1")
+  if [ "$v" = tsan ]; then   # its own objects: bin/ and $built stay
+    build_variant tsan $(suite_target "$1") >>"$OUT/build.log" 2>&1
+    return
+  fi
   [ "$built" = "$v" ] && return 0
   build_variant "$v" $(suite_target "$1") >>"$OUT/build.log" 2>&1 || return 1
   built=$v
 }
 run_suite() {       # suite, seconds
-  local n=${1#san:} only=""
+  local n=${1#tsan:} only=""
+  n=${n#san:}
   case "$n" in *@*) only=${n#*@}; n=${n%%@*} ;; esac
   case "$n" in
     *.sh) timeout "$2" "tests/$n" ;;
@@ -239,6 +291,9 @@ run_suite() {       # suite, seconds
 
 echo "mutate: building the unmutated tree and its tests (release and sanitizer builds)" >&2
 san_targets=$(for s in $all_suites; do [ "$(variant_of "$s")" = san ] && suite_target "$s"; done | sort -u)
+tsan_targets=$(for s in $all_suites; do [ "$(variant_of "$s")" = tsan ] && suite_target "$s"; done | sort -u)
+build_variant tsan $tsan_targets >/dev/null || {
+  echo "mutate: the unmutated tree does not build with SANITIZE=thread" >&2; exit 1; }
 if [ -n "$san_targets" ]; then
   build_variant san $san_targets >/dev/null || {
     echo "mutate: the unmutated tree does not build with SANITIZE=$SAN" >&2; exit 1; }
@@ -277,6 +332,10 @@ for s in $all_suites; do
   SECS[$s]=$t
   printf '%s\t%s\n' "$s" "$t" >>"$TIMES"
 done
+if [ "${MUTATE_TIME_ONLY:-0}" = 1 ]; then
+  echo "mutate: suites timed ($TIMES); MUTATE_TIME_ONLY is set, no mutant drawn" >&2
+  exit 0
+fi
 limit_of() {
   if [ -n "${MUTATE_TIMEOUT:-}" ]; then echo "$MUTATE_TIMEOUT"; return; fi
   local t=${SECS[$1]}
@@ -376,6 +435,7 @@ trap - EXIT INT TERM
 echo "mutate: rebuilding the unmutated tree" >&2
 touch $files
 [ -n "$san_targets" ] && build_variant san $san_targets >/dev/null
+build_variant tsan $tsan_targets >/dev/null
 make -s -j2 all >/dev/null
 
 python3 - "$results" "$OUT/report.md" "$SEED" "$PER_FILE" "$(( $(date +%s) - start ))" "$syntax_rejected" <<'EOF'

@@ -214,6 +214,18 @@ START_TEST(test_lz4_exact)
 			uint8_t *p = dup_exact(dst, packed);
 			ck_assert_int_eq(ps_lz4_unpack(p, packed, back, len, err, sizeof(err)), 0);
 			req(memcmp(src, back, len) == 0);
+			/* a block or an expansion past LZ4's 2 GiB is refused as
+			 * such, before anything is read (cast to int, 4 GiB + n
+			 * would read as n: this very block) */
+			for (int k = 0; k < 2; k++) {
+				size_t big = (size_t)1 << 32;
+				err[0] = '\0';
+				ck_assert_int_ne(ps_lz4_unpack(p, packed + (k ? 0 : big), back,
+							       len + (k ? big : 0), err, sizeof(err)),
+						 0);
+				ck_assert_msg(strstr(err, "beyond the 2 GiB limit of LZ4 blocks"), "%s",
+					      err);
+			}
 			free(p);
 		} else {
 			ck_assert_uint_eq(packed, 0);   /* too short to shrink */

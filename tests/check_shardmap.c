@@ -284,6 +284,11 @@ START_TEST(test_init_values)
 	a.tensors[6].init = PS_INIT_CONST;
 	a.tensors[6].init_value = 2.5f;
 	ck_assert(ps_init_value(&a, 6, 17) == 2.5f);
+	/* zeros: 0 everywhere, whatever the scale the entry carries */
+	a.tensors[6].init = PS_INIT_ZEROS;
+	for (int64_t i = 0; i < 4096; i++)
+		ck_assert_msg(ps_init_value(&a, 6, i) == 0.0f, "init zeros: element %lld is %g",
+			      (long long)i, (double)ps_init_value(&a, 6, i));
 }
 END_TEST
 

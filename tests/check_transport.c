@@ -2020,10 +2020,14 @@ static const char *probe(const char *name, char *why, size_t n)
  * ps_aead_update feeds OpenSSL at most 1 GiB a call, so its loop takes a
  * second turn. Sealed in place in one call, the record must open in
  * place fed in 256 MiB pieces (one turn each): the same ciphertext, a tag
- * that verifies, the plaintext back. No transport involved. */
+ * that verifies, the plaintext back. No transport involved. With
+ * PS_TEST_SWEEP=full (scripts/mutate.sh) the record is past 2 GiB, more
+ * than an int holds: a call fed the whole of it would be refused. */
 START_TEST(test_aead_record_past_1gib)
 {
-	size_t n = ((size_t)1 << 30) + 4096 + 13, piece = (size_t)256 << 20;
+	const char *sweep = getenv("PS_TEST_SWEEP");
+	size_t gib = sweep && !strcmp(sweep, "full") ? 2 : 1;
+	size_t n = (gib << 30) + 4096 + 13, piece = (size_t)256 << 20;
 	uint8_t key[PS_AEAD_KEY_LEN], hdr[16] = "header", tag[PS_MAC_TAG_LEN];
 	uint8_t *b;
 	struct ps_aead a;
@@ -2035,6 +2039,12 @@ START_TEST(test_aead_record_past_1gib)
 			"no transport in it, the host's run covers it");
 		return;
 	}
+#ifdef __SANITIZE_THREAD__
+	/* no thread in it; 1 GiB under ThreadSanitizer outlasts the case's limit */
+	tu_skip("test_aead_record_past_1gib under ThreadSanitizer: no thread in it, and 1 GiB "
+		"outlasts the case's time limit there");
+	return;
+#endif
 	b = malloc(n);
 	ck_assert_ptr_nonnull(b);
 	for (size_t i = 0; i < PS_AEAD_KEY_LEN; i++)

@@ -38,6 +38,8 @@ static struct ps_client *connect_retry(const struct ps_config *cfg, int rank, ch
 
 static int staleness = 1000; /* consistency.staleness of the async clusters */
 
+static char *slurp(const char *path);
+
 static void start_cluster(char *path, struct ps_config *cfg, const char *mode, const char *extra,
 			  pid_t srv[2])
 {
@@ -734,6 +736,13 @@ static void data_once(const char *what, const char *path, const char *dir, pid_t
 	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
 	ck_assert_msg(st0 == 0 && st2 == 0 && st1 == (sigterm ? 130 : 0), "exit statuses %d %d %d "
 		      "(outputs in %s)", st0, st1, st2, dir);
+	/* each started its stop signals' thread: none warns that it did not */
+	for (int r = 0; r < 3; r++) {
+		char *o = slurp(out[r]);
+		ck_assert_msg(o && !strstr(o, "stop signals: no thread"), "rank %d's output: %s", r,
+			      o ? o : "(none)");
+		free(o);
+	}
 
 	/* seen[e * limit + i]: how often epoch e trained example i */
 	unsigned char *seen = calloc((size_t)epochs * (size_t)limit, 1);
@@ -1131,6 +1140,99 @@ START_TEST(test_hold_expires)
 }
 END_TEST
 
+/* ---- a leave given up ---- */
+
+/* path's text (malloc'ed), or NULL. */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char *b = NULL;
+	long n;
+
+	if (!f)
+		return NULL;
+	if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && (b = malloc((size_t)n + 1))) {
+		rewind(f);
+		b[fread(b, 1, (size_t)n, f)] = '\0';
+	}
+	fclose(f);
+	return b;
+}
+
+/* A leave under way is given up when a new process of its rank connects,
+ * and nothing else is: rank 1 begins a leave (async, staleness 2) and its
+ * process goes; its next process brings "worker 1's leave (at clock K)
+ * given up: another process of its rank connected". Rank 0, which never
+ * began a leave, is replaced by a new process and then dropped by the drop
+ * timer, and so is rank 1's second process: the shard's log names no leave
+ * of rank 0 and none at clock 2^64 - 1 (no leave). */
+START_TEST(test_leave_given_up_only_when_begun)
+{
+	char path[64], err[512], dir[] = "/tmp/ps-elastic-unfreeze-XXXXXX", logf[300], yaml[1024];
+	char *log = NULL;
+	struct ps_config cfg;
+	struct ps_client *c0, *c1;
+	uint64_t last = 0;
+	pid_t srv;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(logf, sizeof(logf), "%s/shard-0.log", dir);
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  workers: 2\n"
+		 "consistency:\n  mode: async\n  staleness: 2\n"
+		 "limits:\n  drop_timeout_ms: 300\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n"
+		 "    - {name: a, shape: [3000], init: arange}\n"
+		 "    - {name: b, shape: [17, 33], init: arange}\n"
+		 "    - {name: c, shape: [5], init: arange}\n",
+		 tu_transport_yaml(), tu_host(), tu_free_port());
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
+	setenv("PS_TEST_LOG", "info", 1); /* the "given up" lines are info */
+	srv = tu_start_server_log(path, 0, logf);
+	unsetenv("PS_TEST_LOG");
+	c0 = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(c0 != NULL, "%s", err);
+	c1 = connect_retry(&cfg, 1, err, sizeof(err));
+	ck_assert_msg(c1 != NULL, "%s", err);
+	push_const(c0, &cfg, 0, 0);
+	push_const(c1, &cfg, 1, 0);
+	ck_assert_msg(ps_client_leave_begin(c1, &last) == 0, "%s", ps_client_error(c1));
+	ps_client_free(c1);
+	c1 = connect_retry(&cfg, 1, err, sizeof(err)); /* gives the leave up */
+	ck_assert_msg(c1 != NULL, "%s", err);
+	ps_client_free(c0);
+	c0 = connect_retry(&cfg, 0, err, sizeof(err)); /* no leave to give up */
+	ck_assert_msg(c0 != NULL, "%s", err);
+	ps_client_free(c0);
+	ps_client_free(c1);
+	/* both dropped by the drop timer (no leave under way either) */
+	for (double t0 = ps_now_s(); ps_now_s() - t0 < 10.0 * tu_time_scale(); tu_sleep_ms(50)) {
+		free(log);
+		log = slurp(logf);
+		if (log && strstr(log, "worker 0 left the live set") &&
+		    strstr(log, "worker 1 left the live set"))
+			break;
+	}
+	ck_assert_int_eq(tu_stop_server(srv), 0);
+	free(log);
+	log = slurp(logf);
+	ck_assert_msg(log && strstr(log, "worker 0 left the live set") &&
+		      strstr(log, "worker 1 left the live set"), "the drop timer dropped not both "
+		      "ranks within 10 s; the shard's log:\n%s", log ? log : "(none)");
+	char want[128];
+	snprintf(want, sizeof(want), "worker 1's leave (at clock %" PRIu64 ") given up: another "
+		 "process of its rank connected", last);
+	ck_assert_msg(strstr(log, want), "no \"%s\" in the shard's log:\n%s", want, log);
+	ck_assert_msg(!strstr(log, "worker 0's leave") && !strstr(log, "18446744073709551615"),
+		      "a leave nobody began given up; the shard's log:\n%s", log);
+	free(log);
+	unlink(path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* ---- refusals ---- */
 
 /* A worker that left is refused naming the clock it left at; a config
@@ -1187,6 +1289,7 @@ int main(void)
 	TU_ADD(tc, test_refusals);
 	TU_ADD(tc, test_restart_keeps_membership);
 	TU_ADD(tc, test_hold_expires);
+	TU_ADD(tc, test_leave_given_up_only_when_begun);
 	TU_ADD(tc, test_worker_data_once);
 	TU_ADD_LOOP(tc, test_ctr_data_once, 0, 2);
 	TU_ADD(tc, test_ctr_idle_member_leave);

@@ -1034,13 +1034,17 @@ START_TEST(test_bad_pushes)
 	/* Every slice valid but the last one short of payload. */
 	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, all, nall, plen - 4), 0);
 	expect_error(fd, req, PS_ESHAPE, "slice 3");
-	/* Clocks outside the window (max_clock_ahead 4), and a past one. */
-	ck_assert_int_eq(raw_push(fd, ++req, F.clock + 4, 1, all, nall, plen), 0);
-	expect_error(fd, req, PS_ECLOCK, "clock");
-	ck_assert_int_eq(raw_push(fd, ++req, UINT64_MAX, 1, all, nall, plen), 0);
-	expect_error(fd, req, PS_ECLOCK, "clock");
-	ck_assert_int_eq(raw_push(fd, ++req, F.clock - 1, 1, all, nall, plen), 0);
-	expect_error(fd, req, PS_ECLOCK, "clock");
+	/* Clocks outside the window (max_clock_ahead 4), and a past one: the
+	 * reply names the clock, the slice, its version and the window */
+	const uint64_t bad_clock[] = { F.clock + 4, UINT64_MAX, F.clock - 1 };
+	for (int i = 0; i < 3; i++) {
+		char want[200];
+		ck_assert_int_eq(raw_push(fd, ++req, bad_clock[i], 1, all, nall, plen), 0);
+		snprintf(want, sizeof(want), "push for clock %" PRIu64 " but slice 0 is at version "
+			 "%" PRIu64 " (accepting clocks %" PRIu64 "..%" PRIu64 ")", bad_clock[i],
+			 F.clock, F.clock, F.clock + 3);
+		expect_error(fd, req, PS_ECLOCK, want);
+	}
 	/* Values that are not finite, in one element of a whole push. */
 	push_fill = NAN;
 	ck_assert_int_eq(raw_push(fd, ++req, F.clock, 1, all, nall, plen), 0);

@@ -358,7 +358,7 @@ END_TEST
 /* Declared tensors with optimizer groups: each update the backup applies
  * takes the learning rate the workers' pushes gave (ps_client_set_lr), so
  * both processes hold the same weights and the new primary goes on from
- * them exactly. */
+ * them exactly once the first is stopped. */
 START_TEST(test_groups_follow_takeover)
 {
 	struct ps_client *c[NW];
@@ -386,7 +386,12 @@ START_TEST(test_groups_follow_takeover)
 		clock_step(c, k);
 	check_exact(c[0], 3, "the first primary after 3 clocks with groups");
 	assert_same(3, "before the kill, with groups");
-	kill_one(p);
+	/* the primary stopped (SIGTERM), not killed: it exits through its own
+	 * clean-up, so under the sanitizer build LeakSanitizer checks what its
+	 * replication batches held (a declaration's copy not freed once its
+	 * batch was sent: exit status 23) */
+	ck_assert_int_eq(tu_stop_server(srv[p]), 0);
+	srv[p] = 0;
 	clock_step(c, 3);
 	check_exact(c[1], 4, "the new primary after clock 3 with groups");
 	for (int r = 0; r < NW; r++)

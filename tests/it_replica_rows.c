@@ -873,6 +873,136 @@ START_TEST(test_rows_ack_waits_for_backup)
 }
 END_TEST
 
+/* ---- a primary that steps down with a clock's rows waiting ---- */
+
+/* Rank's rows of table e for clock c pushed with cl (not waited for). */
+static int64_t push_e(struct ps_client *cl, int rank, int c)
+{
+	uint64_t ids[K];
+	float g[K * DE];
+
+	for (int j = 0; j < K; j++) {
+		ids[j] = row_id(0, rank, c, j);
+		for (int d = 0; d < DE; d++)
+			g[j * DE + d] = row_grad(0, rank, c, j, d);
+	}
+	return ps_client_push_rows_async(cl, "e", (uint64_t)c, ids, K, g, 0);
+}
+
+/* Every rank's dense push ending clock c, then waited for (a sync push is
+ * acknowledged once its clock's sum is applied). */
+static void end_clock(struct ps_client **cl, int c)
+{
+	static float gd[NWORKERS][NDENSE];
+	int64_t id[NWORKERS];
+
+	for (int r = 0; r < NWORKERS; r++) {
+		struct ps_tensor t = { "a", gd[r], NDENSE, 0 };
+		for (int i = 0; i < NDENSE; i++)
+			gd[r][i] = dense_grad(r, c, i);
+		id[r] = ps_client_push(cl[r], (uint64_t)c, &t, 1, PS_PUSH_END_CLOCK);
+	}
+	for (int r = 0; r < NWORKERS; r++)
+		ck_assert_msg(id[r] > 0 && ps_client_wait(cl[r], id[r]) == 0, "rank %d clock %d: %s",
+			      r, c, ps_client_error(cl[r]));
+}
+
+/* Until process r of shard 0 serves (state 3); 0, or -1 after limit_s. */
+static int wait_serving(int r, double limit_s)
+{
+	struct ps_shard_stats st;
+
+	for (double t0 = ps_now_s(); ps_now_s() - t0 < limit_s * tu_time_scale(); tu_sleep_ms(50))
+		if (tu_replica_stats(&cfg, 0, r, -1, &st) == 0 && st.repl_state == 3)
+			return 0;
+	return -1;
+}
+
+/* A primary that stops serving forgets the clocks whose rows wait for a
+ * worker (sync): rank 0 pushes clock 0's rows of e while rank 1 holds back;
+ * shard 0's primary is stopped (SIGSTOP) past replication.timeout_ms, its
+ * backup takes over, and the old primary, let go (SIGCONT), steps down and
+ * joins as the backup (a state transfer); clock 0 completes on the new
+ * primary (rank 0's push sent again), which is then killed -9, so the old
+ * primary serves again; both ranks push clock 1. Every row of e is its
+ * exact sum at version 2. A primary that kept its waiting clock 0 after
+ * stepping down kept it at the head of the table's pending clocks, where
+ * clock 1's rows queued behind it and were never applied (nor
+ * acknowledged). */
+START_TEST(test_rows_step_down_drops_waiting_clock)
+{
+	char err[512], why[256];
+	struct ps_client *c[NWORKERS] = { NULL };
+	struct oracle *o = calloc(1, sizeof(*o));
+	int64_t q0;
+	int p;
+
+	ck_assert_ptr_nonnull(o);
+	sh = shared_new();
+	write_config("sync", 0, 1000);
+	start_all();
+	ck_assert_msg(tu_replicas_healthy(&cfg, NSHARDS, 20) >= 0, "the pairs did not form (logs "
+		      "in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		ck_assert_msg(ps_client_init(&c[r], &cfg, r, err, sizeof(err)) == 0, "%s", err);
+	p = tu_replica_primary(&cfg, 0);
+	ck_assert_int_ge(p, 0);
+	q0 = push_e(c[0], 0, 0); /* waits for rank 1's */
+	ck_assert_int_gt(q0, 0);
+	ck_assert_int_eq(ps_client_wait_timeout(c[0], q0, 0.3), PS_ETIMEDOUT);
+	kill(srv[p][0], SIGSTOP);
+	int took = wait_serving(1 - p, 10);
+	kill(srv[p][0], SIGCONT);
+	ck_assert_msg(took == 0, "shard 0's backup did not take over from its stopped primary "
+		      "(logs in %s)", logdir);
+	/* the old primary steps down and joins as the backup */
+	ck_assert_msg(tu_wait_pair(&cfg, 0, 20) == 1 - p, "shard 0's old primary did not join "
+		      "back as the backup (logs in %s)", logdir);
+	int64_t q1 = push_e(c[1], 1, 0);
+	ck_assert_int_gt(q1, 0);
+	ck_assert_msg(ps_client_wait(c[0], q0) == 0, "%s", ps_client_error(c[0]));
+	ck_assert_msg(ps_client_wait(c[1], q1) == 0, "%s", ps_client_error(c[1]));
+	end_clock(c, 0);
+	oracle_clock_sync(o, 0);
+	/* the new primary killed: the old one serves again */
+	kill(srv[1 - p][0], SIGKILL);
+	tu_wait_child(srv[1 - p][0]);
+	srv[1 - p][0] = 0;
+	ck_assert_msg(wait_serving(p, 10) == 0, "shard 0's old primary did not serve again (logs "
+		      "in %s)", logdir);
+	int64_t q[NWORKERS];
+	for (int r = 0; r < NWORKERS; r++)
+		q[r] = push_e(c[r], r, 1);
+	for (int r = 0; r < NWORKERS; r++) {
+		ck_assert_int_gt(q[r], 0);
+		int rc = ps_client_wait_timeout(c[r], q[r], 10.0 * tu_time_scale());
+		ck_assert_msg(rc == 0, "rank %d's rows of clock 1 on the old primary serving again: %s "
+			      "(logs in %s)", r, rc == PS_ETIMEDOUT ? "not acknowledged within 10 s"
+			      : ps_client_error(c[r]), logdir);
+	}
+	end_clock(c, 1);
+	oracle_clock_sync(o, 1);
+	for (int r = 0; r < NWORKERS; r++)
+		for (int k = 0; k < 2; k++) {
+			uint64_t ids[K];
+			float rows[K * DE];
+			for (int j = 0; j < K; j++)
+				ids[j] = row_id(0, r, k, j);
+			ck_assert_msg(ps_client_pull_rows(c[0], "e", 2, ids, K, rows) == 0, "%s",
+				      ps_client_error(c[0]));
+			ck_assert_msg(oracle_check(o, 0, ids, K, rows, why, sizeof(why)) == 0,
+				      "rank %d's rows of clock %d after the old primary served again: "
+				      "%s (logs in %s)", r, k, why, logdir);
+		}
+	for (int r = 0; r < NWORKERS; r++)
+		ps_client_free(c[r]);
+	stop_all();
+	free(o);
+	tu_rmtree(logdir);
+	munmap(sh, sizeof(*sh));
+}
+END_TEST
+
 /* ---- a backup's stamps after the state transfer ---- */
 
 /* The rows' stamps a backup receives in a state transfer are its
@@ -1183,6 +1313,7 @@ static Suite *suite(void)
 
 	tcase_set_timeout(tc, 600);
 	TU_ADD(tc, test_rows_ack_waits_for_backup);
+	TU_ADD(tc, test_rows_step_down_drops_waiting_clock);
 	TU_ADD(tc, test_rows_backup_keeps_primary_stamps);
 	TU_ADD(tc, test_rows_big_push_one_batch);
 	TU_ADD(tc, test_rows_takeover_mid_checkpoint_chain);

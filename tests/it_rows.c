@@ -1150,6 +1150,50 @@ static void check_record_dim_refused(const struct cluster *cl, const char *dir, 
 	ck_assert_int_eq(rename(keep, f), 0);
 }
 
+/* Incremental checkpoint f cut after table t's record, one slot short of
+ * its admission filter (the CRC made right): the tables after it are gone,
+ * so t's filter runs into the file's end, and the shard must refuse to
+ * start naming f and the filter; f is put back. */
+static void check_filter_cut_refused(const struct cluster *cl, const char *dir, const char *f,
+				     int t)
+{
+	char keep[320], logf[300], want[128], *log;
+	struct ckpt_table ct;
+	uint64_t key = ps_rows_table_key(&cl->cfg.tables[t]);
+	size_t at = 0, found = 0, len, cut;
+	uint8_t *b = read_file(f, &len);
+	int rc;
+
+	for (size_t p = 0; p + sizeof(ct) + 4 <= len; p++) {
+		memcpy(&ct, b + p, sizeof(ct));
+		if (ct.key == key && ct.dim == (uint32_t)cl->cfg.tables[t].dim &&
+		    ct.filter_slots > 0 && ct.filter_slots < (1u << 24)) {
+			at = p;
+			found++;
+		}
+	}
+	ck_assert_msg(found == 1, "table %d's record found %zu times in %s", t, found, f);
+	memcpy(&ct, b + at, sizeof(ct));
+	/* the record, its dropped ids, its rows, its filter less one slot, a CRC */
+	cut = at + sizeof(ct) + ct.ntombs * 8 +
+	      ct.nrows * (sizeof(struct ckpt_row) + sizeof(float) * ct.row_floats) +
+	      (ct.filter_slots - 1) * sizeof(uint32_t) + 4;
+	ck_assert_uint_lt(cut, len);
+	snprintf(keep, sizeof(keep), "%s.kept", f);
+	snprintf(logf, sizeof(logf), "%s/shard-0-cut.log", dir);
+	snprintf(want, sizeof(want), "table '%s': the admission filter is cut short",
+		 cl->cfg.tables[t].name);
+	write_edited(f, keep, b, cut);
+	rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
+	log = read_text(logf);
+	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") && strstr(log, f) &&
+		      strstr(log, want), "%s cut in table %d's filter: the shard %s, its log: %s "
+		      "(\"%s\" expected)", f, t, rc < 0 ? "did not exit" : "exited",
+		      log ? log : "empty", want);
+	free(log);
+	ck_assert_int_eq(rename(keep, f), 0);
+}
+
 /* A full checkpoint and two incremental ones of a table with a cap
  * (evictions: tombstones), admission and adam, copied on the loop (_i 0)
  * or written by a forked child (_i 1, checkpoint.fork_bytes); both shards
@@ -1213,6 +1257,8 @@ START_TEST(test_incremental_kill9)
 				 * another dim than the config's, refused, named */
 				check_record_dim_refused(&cl, dir, d2, 0, DIM + 2 * DIM + 1,
 							 "table 0 is not 'e' as configured");
+				/* delta-2 cut inside e's admission filter */
+				check_filter_cut_refused(&cl, dir, d2, 0);
 			}
 			for (int k = 0; k < 2; k++)
 				cl.srv[k] = tu_start_server(cl.path, k);

@@ -291,8 +291,10 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	if (rank != -1 && (rc = wait_for_names(cfg, err, errlen)))
 		return rc;
 	c = calloc(1, sizeof(*c));
-	if (!c)
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
+	}
 	c->cfg = cfg;
 	c->rank = rank;
 	c->spin_s = cfg->limits.wait_spin_us / 1e6;
@@ -314,6 +316,7 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 		free(c->resid);
 		free(c->shards);
 		free(c);
+		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
 	rc = ps_shardmap_init(&c->map, cfg);
@@ -334,8 +337,15 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&c->cv, &ca);
 	pthread_condattr_destroy(&ca);
-	uv_loop_init(&c->loop);
-	uv_async_init(&c->loop, &c->wake, on_wake);
+	/* both allocate (the loop's watchers, the wake-up's eventfd) */
+	if ((rc = uv_loop_init(&c->loop))) {
+		snprintf(err, errlen, "cannot start the I/O loop: %s", uv_strerror(rc));
+		goto err_destroy_locks;
+	}
+	if ((rc = uv_async_init(&c->loop, &c->wake, on_wake))) {
+		snprintf(err, errlen, "cannot start the I/O loop: %s", uv_strerror(rc));
+		goto err_close_loop;
+	}
 	c->wake.data = c;
 	uv_timer_init(&c->loop, &c->tick);
 	c->tick.data = c;
@@ -438,6 +448,7 @@ int ps_client_init(struct ps_client **out, const struct ps_config *cfg, int rank
 
 err_close_loop:
 	uv_loop_close(&c->loop);
+err_destroy_locks:
 	pthread_cond_destroy(&c->cv);
 	pthread_mutex_destroy(&c->mu);
 	pthread_rwlock_destroy(&c->maplock);
