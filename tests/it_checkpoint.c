@@ -593,22 +593,6 @@ START_TEST(test_async_resume_clocks)
 }
 END_TEST
 
-/* The bytes of a file (malloc'ed; *len its size), NULL when missing. */
-static uint8_t *file_bytes(const char *f, size_t *len)
-{
-	FILE *fp = fopen(f, "rb");
-	uint8_t *b = NULL;
-	long n;
-
-	if (!fp)
-		return NULL;
-	if (fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) >= 0 && fseek(fp, 0, SEEK_SET) == 0 &&
-	    (b = malloc((size_t)n + 1)) && fread(b, 1, (size_t)n, fp) == (size_t)n)
-		*len = (size_t)n;
-	fclose(fp);
-	return b;
-}
-
 static uint64_t shard0_checksum(struct ps_client *c)
 {
 	struct ps_shard_stats st;
@@ -669,14 +653,14 @@ START_TEST(test_crash_while_checkpointing)
 		uint64_t sum_now = shard0_checksum(c);
 		ck_assert_uint_ne(sum_now, sum_ck);
 		size_t old_len = 0, len = 0;
-		uint8_t *old = file_bytes(ck0, &old_len), *now;
+		uint8_t *old = tu_slurp(ck0, &old_len), *now;
 		ck_assert_ptr_nonnull(old);
 
 		struct asker a = { .c = c };
 		pthread_t th;
 		ck_assert_int_eq(pthread_create(&th, NULL, ask_checkpoint, &a), 0);
 		ck_assert_int_eq(tu_wait_child(srv[0]), 128 + SIGKILL); /* it died at the step */
-		now = file_bytes(ck0, &len);
+		now = tu_slurp(ck0, &len);
 		ck_assert_ptr_nonnull(now);
 		if (i < 2)
 			ck_assert_msg(len == old_len && memcmp(now, old, len) == 0,
@@ -763,7 +747,7 @@ static void big_cfg(int port, const char *extra)
 static void fix_crc(const char *f)
 {
 	size_t len;
-	uint8_t *b = file_bytes(f, &len);
+	uint8_t *b = tu_slurp(f, &len);
 	uint32_t crc = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)(len - 4));
 
 	memcpy(b + len - 4, &crc, 4);
@@ -813,7 +797,7 @@ static uint32_t peek_u32(const char *f, long off)
 static void copy_file(const char *from, const char *to)
 {
 	size_t len;
-	uint8_t *b = file_bytes(from, &len);
+	uint8_t *b = tu_slurp(from, &len);
 	FILE *o = fopen(to, "wb");
 
 	ck_assert_ptr_nonnull(o);

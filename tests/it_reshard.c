@@ -288,15 +288,7 @@ static void read_table(const char *f, struct ctable *t)
 	memcpy(&h, b, sizeof(h));
 	/* version 5: version 1 of a state that went through a re-shard */
 	ck_assert(!memcmp(h.magic, "PSCKPT01", 8) || !memcmp(h.magic, "PSCKPT05", 8));
-	pos = sizeof(h);
-	for (uint32_t k = 0; k < h.nslots; k++) {
-		struct ckpt_slot cs;
-		memcpy(&cs, b + pos, sizeof(cs));
-		pos += sizeof(cs) + cs.count * 4 * (1 + h.nstate);
-	}
-	pos += h.nworkers * 8;
-	if (h.magic[7] == '5')
-		pos += sizeof(struct ckpt_map); /* the map epoch */
+	pos = ckpt_tables_at(b);
 	memcpy(&ct, b + pos, sizeof(ct));
 	pos += sizeof(ct);
 	ck_assert_uint_eq(ct.row_floats, DIM * 2);

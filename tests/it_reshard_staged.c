@@ -163,26 +163,6 @@ static void clock_push(struct ps_client *c, uint64_t k, const uint64_t *ids, int
 		      ps_client_error(c));
 }
 
-/* Where the tables' part of checkpoint b begins (no declared tensors):
- * after the header, the slices, the finished clocks and, version 5, the
- * map epoch. */
-static size_t tables_at(const uint8_t *b)
-{
-	struct ckpt_hdr h;
-	size_t pos = sizeof(h);
-
-	memcpy(&h, b, sizeof(h));
-	for (uint32_t k = 0; k < h.nslots; k++) {
-		struct ckpt_slot cs;
-		memcpy(&cs, b + pos, sizeof(cs));
-		pos += sizeof(cs) + cs.count * 4 * (1 + h.nstate);
-	}
-	pos += h.nworkers * 8;
-	if (h.magic[7] == '5')
-		pos += sizeof(struct ckpt_map);
-	return pos;
-}
-
 /* The old shard k's incremental checkpoint at the stop: its table
  * record (changed rows, dropped ids). */
 static struct ckpt_table old_delta(const char *from, int k)
@@ -196,7 +176,7 @@ static struct ckpt_table old_delta(const char *from, int k)
 	b = tu_slurp(f, &len);
 	ck_assert_msg(b != NULL, "%s: %s", f, strerror(errno));
 	ck_assert(!memcmp(b, "PSDELTA1", 8));
-	pos = tables_at(b) + sizeof(struct ckpt_delta_head);
+	pos = ckpt_tables_at(b) + sizeof(struct ckpt_delta_head);
 	memcpy(&ct, b + pos, sizeof(ct));
 	free(b);
 	return ct;
@@ -227,7 +207,7 @@ static int nseen;
 static void compare(int k, int new_n, const uint8_t *a, size_t alen, const uint8_t *u,
 		    size_t ulen)
 {
-	size_t pa = tables_at(a), pu = tables_at(u);
+	size_t pa = ckpt_tables_at(a), pu = ckpt_tables_at(u);
 	struct ckpt_table ta, tu;
 	uint64_t tkey = ps_rows_table_key(&cfg.tables[0]);
 	size_t rb = sizeof(struct ckpt_row) + RF * sizeof(float);

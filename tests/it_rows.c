@@ -1110,6 +1110,22 @@ static int exit_within(pid_t pid, int ms)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+/* Shard 0 of cl, started on the edited checkpoint f (how: what was done
+ * to it), must refuse to start within 10 s, its log (logf) naming f and
+ * want; then f's original, kept as keep, is put back. */
+static void expect_refused(const struct cluster *cl, const char *f, const char *keep,
+			   const char *logf, const char *want, const char *how)
+{
+	int rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
+	char *log = read_text(logf);
+
+	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") && strstr(log, f) &&
+		      strstr(log, want), "%s %s: the shard %s, its log: %s (\"%s\" expected)", f,
+		      how, rc < 0 ? "did not exit" : "exited", log ? log : "empty", want);
+	free(log);
+	ck_assert_int_eq(rename(keep, f), 0);
+}
+
 /* f, a checkpoint file of cl's shard 0: table t's record (found by its
  * key, dim and row_floats) given dim + 1 and the file's CRC made right;
  * shard 0 must refuse to start, its log naming f and want. The file is
@@ -1117,12 +1133,11 @@ static int exit_within(pid_t pid, int ms)
 static void check_record_dim_refused(const struct cluster *cl, const char *dir, const char *f,
 				     int t, int row_floats, const char *want)
 {
-	char keep[320], logf[300], *log;
+	char keep[320], logf[300];
 	struct ckpt_table ct;
 	uint64_t key = ps_rows_table_key(&cl->cfg.tables[t]);
 	size_t at = 0, found = 0, len;
 	uint8_t *b;
-	int rc;
 
 	snprintf(keep, sizeof(keep), "%s.kept", f);
 	snprintf(logf, sizeof(logf), "%s/shard-0-record.log", dir);
@@ -1140,14 +1155,7 @@ static void check_record_dim_refused(const struct cluster *cl, const char *dir, 
 	ct.dim++;
 	memcpy(b + at, &ct, sizeof(ct));
 	write_edited(f, keep, b, len);
-	rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
-	log = read_text(logf);
-	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") && strstr(log, f) &&
-		      strstr(log, want), "%s with table %d's dim edited: the shard %s, its log: %s "
-		      "(\"%s\" expected)", f, t, rc < 0 ? "did not exit" : "exited",
-		      log ? log : "empty", want);
-	free(log);
-	ck_assert_int_eq(rename(keep, f), 0);
+	expect_refused(cl, f, keep, logf, want, "with table's dim edited");
 }
 
 /* Incremental checkpoint f cut after table t's record, one slot short of
@@ -1157,12 +1165,11 @@ static void check_record_dim_refused(const struct cluster *cl, const char *dir, 
 static void check_filter_cut_refused(const struct cluster *cl, const char *dir, const char *f,
 				     int t)
 {
-	char keep[320], logf[300], want[128], *log;
+	char keep[320], logf[300], want[128];
 	struct ckpt_table ct;
 	uint64_t key = ps_rows_table_key(&cl->cfg.tables[t]);
 	size_t at = 0, found = 0, len, cut;
 	uint8_t *b = read_file(f, &len);
-	int rc;
 
 	for (size_t p = 0; p + sizeof(ct) + 4 <= len; p++) {
 		memcpy(&ct, b + p, sizeof(ct));
@@ -1184,14 +1191,7 @@ static void check_filter_cut_refused(const struct cluster *cl, const char *dir, 
 	snprintf(want, sizeof(want), "table '%s': the admission filter is cut short",
 		 cl->cfg.tables[t].name);
 	write_edited(f, keep, b, cut);
-	rc = exit_within(tu_start_server_log(cl->path, 0, logf), 10000);
-	log = read_text(logf);
-	ck_assert_msg(rc == 1 && log && strstr(log, "refusing to start: ") && strstr(log, f) &&
-		      strstr(log, want), "%s cut in table %d's filter: the shard %s, its log: %s "
-		      "(\"%s\" expected)", f, t, rc < 0 ? "did not exit" : "exited",
-		      log ? log : "empty", want);
-	free(log);
-	ck_assert_int_eq(rename(keep, f), 0);
+	expect_refused(cl, f, keep, logf, want, "cut in a table's filter");
 }
 
 /* A full checkpoint and two incremental ones of a table with a cap

@@ -1,6 +1,7 @@
 /* test_reshard.h - the cluster set-up the tests of re-sharding share
- * (it_reshard, it_reshard_cases, it_reshard_live, it_reshard_elastic): each
- * case's folder with its checkpoint folder, the config file a case writes
+ * (it_reshard, it_reshard_cases, it_reshard_live, it_reshard_elastic,
+ * it_reshard_staged): each case's folder with its checkpoint folder, the
+ * config file a case writes
  * again for every shard count and loads into cfg, and a worker's client
  * that waits for the shards to listen; for re-sharding while the workers
  * run (the live_ helpers), the workers' $PS_CONFIG_FOLLOW file, a shard
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "ckpt_format.h"
 #include "config.h"
 #include "ps_client.h"
 #include "test_util.h"
@@ -175,6 +177,26 @@ static inline void pstat_stop(const char *c, uint64_t b)
 	snprintf(want, sizeof(want), "every shard stops at clock %" PRIu64, b);
 	ck_assert_msg(live_log_says(out, want), "ps-stat (%s) did not stop at clock %" PRIu64, out,
 		      b);
+}
+
+/* Where the tables' part of checkpoint b begins (no declared tensors):
+ * after the header, the slices, the finished clocks and, version 5, the
+ * map epoch. */
+static inline size_t ckpt_tables_at(const uint8_t *b)
+{
+	struct ckpt_hdr h;
+	size_t pos = sizeof(h);
+
+	memcpy(&h, b, sizeof(h));
+	for (uint32_t k = 0; k < h.nslots; k++) {
+		struct ckpt_slot cs;
+		memcpy(&cs, b + pos, sizeof(cs));
+		pos += sizeof(cs) + cs.count * 4 * (1 + h.nstate);
+	}
+	pos += h.nworkers * 8;
+	if (h.magic[7] == '5')
+		pos += sizeof(struct ckpt_map);
+	return pos;
 }
 
 #endif

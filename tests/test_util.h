@@ -113,13 +113,14 @@ static inline int tu_write_temp(char *path, const char *text)
 }
 
 /* The whole of file f, malloc'ed with a 0 byte after it (not counted in
- * *len); NULL when it cannot be read. */
+ * *len); NULL (and *len 0) when it cannot be read. */
 static inline uint8_t *tu_slurp(const char *f, size_t *len)
 {
 	FILE *fp = fopen(f, "rb");
 	uint8_t *b = NULL;
 	long n;
 
+	*len = 0;
 	if (!fp)
 		return NULL;
 	if (fseek(fp, 0, SEEK_END) == 0 && (n = ftell(fp)) >= 0 && fseek(fp, 0, SEEK_SET) == 0 &&
