@@ -744,10 +744,14 @@ static void data_once(const char *what, const char *path, const char *dir, pid_t
 		free(o);
 	}
 
-	/* seen[e * limit + i]: how often epoch e trained example i */
+	/* seen[e * limit + i]: how often epoch e trained example i; at[e *
+	 * limit + p]: the example at place p of epoch e's order, + 1 */
 	unsigned char *seen = calloc((size_t)epochs * (size_t)limit, 1);
+	int *at = calloc((size_t)epochs * (size_t)limit, sizeof(int));
+	long slots = limit / batch;
 	uint64_t first[3] = { UINT64_MAX, UINT64_MAX, UINT64_MAX }, last[3] = { 0 }, top = 0;
 	ck_assert_ptr_nonnull(seen);
+	ck_assert_ptr_nonnull(at);
 	for (int r = 0; r < 3; r++) {
 		FILE *f = fopen(rec[r], "r");
 		unsigned long long clock;
@@ -760,6 +764,9 @@ static void data_once(const char *what, const char *path, const char *dir, pid_t
 				ck_assert_int_eq(fscanf(f, "%d", &i), 1);
 				ck_assert_msg(i >= 0 && i < limit, "example %d", i);
 				seen[(size_t)e * (size_t)limit + (size_t)i]++;
+				long pl = (g - e * slots) * batch + k;
+				if (pl >= 0 && pl < limit)
+					at[(size_t)e * (size_t)limit + (size_t)pl] = i + 1;
 			}
 			first[r] = clock < first[r] ? clock : first[r];
 			last[r] = clock > last[r] ? clock : last[r];
@@ -773,6 +780,17 @@ static void data_once(const char *what, const char *path, const char *dir, pid_t
 				      "trained example %d %d times", e, i,
 				      seen[(size_t)e * (size_t)limit + (size_t)i]);
 	free(seen);
+	/* each epoch in an order of its own (shuffled again per epoch): an
+	 * example at the same place as in the epoch before is chance */
+	for (int e = 1; e < epochs; e++) {
+		int same = 0;
+		for (int q = 0; q < limit; q++)
+			same += at[(size_t)e * (size_t)limit + (size_t)q] ==
+				at[(size_t)(e - 1) * (size_t)limit + (size_t)q];
+		ck_assert_msg(same < limit / 10, "epoch %d put %d of %d examples where epoch %d had "
+			      "them: not shuffled again", e, same, limit, e - 1);
+	}
+	free(at);
 	printf("measured: ps-worker %s data: rank 2 joined at clock %llu, rank 1 left after "
 	       "clock %llu, %llu clocks; each of %d examples once in each of %d epochs\n", what,
 	       (unsigned long long)first[2], (unsigned long long)last[1],
