@@ -68,7 +68,7 @@ default_files() {
      common/rows_wire.c common/shardmap.c common/config_agree.c common/optim_group.c \
      common/table_decl.c common/version.c worker/worker_cmd.c worker/ps_export.c worker/npz.c \
      worker/export_read.c worker/epoch.c worker/ctr_model.c worker/ctr_train.c \
-     worker/stop_signal.c 2>/dev/null |
+     worker/stop_signal.c worker/ps_stat_reshard.c 2>/dev/null |
     grep -v '^server/main.c$'
 }
 
@@ -151,6 +151,8 @@ suites_of() {
     worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_live.sh test_reshard_live.py ;;
     worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)
     server/stop.c)             echo it_reshard_live it_reshard_rows it_reshard_live.sh ;;
+    # ps-stat --reshard-stop / --reshard-cancel: the stop, its digest check, the refusals
+    worker/ps_stat_reshard.c)  echo it_reshard_requests it_reshard_live it_reshard_live.sh ;;
     # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)
     worker/ctr_model.c|worker/ctr_train.c) echo it_ctr it_elastic@test_ctr_data_once ;;
     worker/stop_signal.c)      echo it_elastic@test_ctr_data_once,test_worker_data_once ;;
