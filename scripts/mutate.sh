@@ -150,7 +150,7 @@ suites_of() {
     # the live re-shard: the client following a new map, the shards' stop
     worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_live.sh test_reshard_live.py ;;
     worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)
-    server/stop.c)             echo it_reshard_live it_reshard_rows it_reshard_live.sh ;;
+    server/stop.c)             echo it_reshard_order it_reshard_live it_reshard_rows it_reshard_live.sh ;;
     # ps-stat --reshard-stop / --reshard-cancel: the stop, its digest check, the refusals
     worker/ps_stat_reshard.c)  echo it_reshard_requests it_reshard_live it_reshard_live.sh ;;
     # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)

@@ -276,12 +276,14 @@ int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int sh
 	s->live = malloc((size_t)cfg->nworkers);
 	s->gone_since = calloc((size_t)cfg->nworkers, sizeof(*s->gone_since));
 	s->dedup = calloc((size_t)cfg->nworkers, sizeof(*s->dedup));
+	s->stop_held = calloc((size_t)cfg->nworkers, sizeof(*s->stop_held));
 	s->seen = calloc((size_t)(s->store.nslots ? s->store.nslots : 1), sizeof(*s->seen));
 	rc = ps__rows_init(s);
 	if (rc)
 		goto err_free_store;
 	ps_auth_random((uint8_t *)&s->boot_id, sizeof(s->boot_id));
-	if (!s->finished || !s->connected || !s->live || !s->gone_since || !s->dedup || !s->seen) {
+	if (!s->finished || !s->connected || !s->live || !s->gone_since || !s->dedup || !s->stop_held ||
+	    !s->seen) {
 		rc = -ENOMEM;
 		goto err_free_store;
 	}
@@ -451,6 +453,7 @@ err_free_store:
 	free(s->live);
 	free(s->gone_since);
 	free(s->dedup);
+	free(s->stop_held);
 	free(s->seen);
 	ps__members_free(s);
 	ps__rows_free(s);
@@ -489,6 +492,7 @@ void ps_server_free(struct ps_server *s)
 	free(s->live);
 	free(s->gone_since);
 	free(s->dedup);
+	free(s->stop_held);
 	free(s->seen);
 	ps__members_free(s);
 	ps__repl_free(s);

@@ -85,6 +85,12 @@ struct ps_server {
 	 * state went through (kept in the checkpoint); what this process's
 	 * --reshard-from start took in from other shard indices' files. */
 	uint64_t stop_owner;
+	/* Per worker rank: the number (Push.seq) of its first push the stop
+	 * refused and not taken since, and that process's incarnation (seq 0:
+	 * none). Its later pushes wait behind it (stop.c, "order"). */
+	struct ps_stop_held {
+		uint64_t seq, incarnation;
+	} *stop_held;
 	uint64_t map_epoch;
 	uint64_t reshard_in_bytes, reshard_in_slices, reshard_in_rows;
 	/* A pre-copy (SIGUSR1, admin.c): a full checkpoint was asked as the

@@ -180,26 +180,56 @@ static void reached_stop(struct ps_server *s, int rank)
 		ps__srv_answer_pulls(s);
 }
 
+/* Order. A worker sends a clock's pushes in order, the last ending the
+ * clock (PS_PUSH_END_CLOCK), and a shard closes a clock on a slice no push
+ * of an ended clock named. A push the stop refused leaves that order: the
+ * client sends it again 0.1 s later (ps_client_conn.c), while the pushes
+ * behind it were on their way already. When the monitor raises the stop
+ * meanwhile (another shard had taken a push for the stop's clock), the
+ * ending push behind would be taken, the clock closed without the refused
+ * push's slices, and the refused push, sent again, refused for a clock
+ * passed (seen under load in it_reshard_live_pairs.sh: the worker failed).
+ * So a worker's pushes numbered after its first refused one are refused
+ * the same way until that one comes again; the client sends them again in
+ * their order. Pushes without a number (seq 0) are not held. */
+static int refuse(struct ps_server *s, struct ps_srv_conn *sc, uint64_t req_id, uint64_t clock,
+		  uint64_t seq, const char *kind)
+{
+	int r = sc->rank, ranked = r >= 0 && r < s->cfg->nworkers && seq;
+	struct ps_stop_held *h = ranked ? &s->stop_held[r] : NULL;
+
+	if (h && h->seq && h->incarnation != sc->incarnation)
+		h->seq = 0; /* another process of the rank starts afresh */
+	if (s->stop_at && clock >= s->stop_at) {
+		ps_msg_send_error(sc->conn, req_id, PS_ERESHARD, "%s for clock %" PRIu64 " refused: "
+				  "the shard stops at clock %" PRIu64 " for a re-shard; it is sent "
+				  "again on the new map", kind, clock, s->stop_at);
+		if (h && (!h->seq || seq < h->seq))
+			*h = (struct ps_stop_held){ seq, sc->incarnation };
+		reached_stop(s, r);
+		return 1;
+	}
+	if (!h || !h->seq || seq < h->seq)
+		return 0;
+	if (seq > h->seq) {
+		ps_msg_send_error(sc->conn, req_id, PS_ERESHARD, "%s %" PRIu64 " for clock %" PRIu64
+				  " refused: push %" PRIu64 " of this worker, refused at the "
+				  "re-shard's stop, comes first; it is sent again after it", kind,
+				  seq, clock, h->seq);
+		return 1;
+	}
+	h->seq = 0; /* the refused push came again: the ones behind it follow */
+	return 0;
+}
+
 int ps__srv_stop_refuse(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Push *m)
 {
-	if (!s->stop_at || m->clock < s->stop_at)
-		return 0;
-	ps_msg_send_error(sc->conn, m->req_id, PS_ERESHARD, "push for clock %" PRIu64 " refused: "
-			  "the shard stops at clock %" PRIu64 " for a re-shard; it is sent again on "
-			  "the new map", m->clock, s->stop_at);
-	reached_stop(s, sc->rank);
-	return 1;
+	return refuse(s, sc, m->req_id, m->clock, m->seq, "push");
 }
 
 int ps__srv_stop_refuse_rows(struct ps_server *s, struct ps_srv_conn *sc, const Ps__PushRows *m)
 {
-	if (!s->stop_at || m->clock < s->stop_at)
-		return 0;
-	ps_msg_send_error(sc->conn, m->req_id, PS_ERESHARD, "row push for clock %" PRIu64
-			  " refused: the shard stops at clock %" PRIu64 " for a re-shard; it is "
-			  "sent again on the new map", m->clock, s->stop_at);
-	reached_stop(s, sc->rank);
-	return 1;
+	return refuse(s, sc, m->req_id, m->clock, m->seq, "row push");
 }
 
 /* Prepared, a stop fences every declaration that would create tensors or

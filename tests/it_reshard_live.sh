@@ -26,6 +26,15 @@ tmp=$(mktemp -d /tmp/ps-reshard-live.XXXXXX)
 run=""
 cleanup() {
   [ -n "$run" ] && kill -TERM "$run" 2>/dev/null && wait "$run" 2>/dev/null
+  # a failure keeps what would explain it: the runs' and the workers' last
+  # lines (a worker that exits ends its run), and the folder on request
+  if [ "$fails" -gt 0 ]; then
+    for f in "$tmp"/run.out "$tmp"/runc.out "$tmp"/r?.out "$tmp"/rc?.out "$tmp"/l/worker-?.log \
+      "$tmp"/lc/worker-?.log; do
+      [ -f "$f" ] && { echo "---- $f (last 15 lines)"; tail -15 "$f"; }
+    done
+    [ -n "${PS_KEEP_TMP:-}" ] && echo "it_reshard_live: kept $tmp" && return
+  fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT

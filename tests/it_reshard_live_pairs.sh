@@ -35,6 +35,7 @@ cleanup() {
       [ -f "$f" ] && { echo "---- $f (last 25 lines)"; tail -25 "$f"; }
     done
   fi
+  [ -n "${PS_KEEP_TMP:-}" ] && [ "$fails" -gt 0 ] && echo "it_reshard_live_pairs: kept $tmp" && return
   rm -rf "$tmp"
 }
 trap cleanup EXIT
