@@ -102,7 +102,7 @@ IT_SH     := $(wildcard tests/it_*.sh)
 # of theirs can meet another test's; they share one lane, not to meet
 # each other): `make test` runs them in two lanes beside the others
 # (run-tests.sh --beside), each lane's tests one after another.
-IT_BESIDE  := it_replica,it_replica_rows,it_cluster,it_stat,it_replica_cases,it_replica_decl,it_agree,it_reshard_requests,it_elastic_repl,it_replica_auth,it_reshard_cases,it_reshard_staged
+IT_BESIDE  := it_checkpoint_big,it_replica,it_replica_rows,it_cluster,it_stat,it_replica_cases,it_replica_decl,it_agree,it_reshard_requests,it_elastic_repl,it_replica_auth,it_reshard_cases,it_reshard_staged
 IT_BESIDE2 := it_multihost.sh,it_slurm.sh,it_reshard_crash.sh,it_fault_repl,it_fault,it_fake_shard,it_rows,it_k8s_manifests.sh,it_reshard
 # Parallel jobs of `make test`'s and `make demo`'s build step.
 JOBS      ?= $(shell nproc 2>/dev/null || echo 2)

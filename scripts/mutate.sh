@@ -233,7 +233,7 @@ export PS_SECRET_FILE=$PWD/$OUT/ps.secret   # absolute: pytest runs in python/te
 # the replicated shards' key, as run-tests.sh makes it (a program that does
 # not make its own would see its pairs refuse to start)
 export PS_REPL_KEY_FILE=$PWD/$OUT/ps.replkey
-export PS_TEST_QUICK=1   # it_checkpoint leaves out its minute-long 4.4 GB case
+export PS_TEST_QUICK=1   # it_replica runs fewer clocks; it_checkpoint_big skips its 4.4 GB case
 export PS_TEST_SWEEP=full  # it_fault's test_client_oom fails every allocation in turn
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
 [ -f "$PS_REPL_KEY_FILE" ] || scripts/ps-keygen "$PS_REPL_KEY_FILE" 2>/dev/null || exit 1
