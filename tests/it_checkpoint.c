@@ -21,6 +21,7 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "shardmap.h"
+#include "test_client.h"
 #include "test_util.h"
 
 #define N 3000
@@ -953,24 +954,6 @@ START_TEST(test_checkpoint_files)
 }
 END_TEST
 
-/* Worker 0, connected to a shard that takes long to start (pid): retries
- * while it is alive, for up to 3 minutes. */
-static struct ps_client *connect_slow(pid_t pid)
-{
-	struct ps_client *c = NULL;
-	char err[512] = "";
-	int st;
-
-	for (int i = 0; i < 1800 && !c; i++) {
-		if (ps_client_init(&c, &cfg, 0, err, sizeof(err)) == 0)
-			break;
-		ck_assert_msg(waitpid(pid, &st, WNOHANG) == 0, "the shard exited: %s", err);
-		tu_sleep_ms(100);
-	}
-	ck_assert_msg(c != NULL, "connect: %s", err);
-	return c;
-}
-
 START_TEST(test_checkpoint_on_request)
 {
 	struct ps_shard_stats st;
@@ -982,7 +965,7 @@ START_TEST(test_checkpoint_on_request)
 	/* off by default: the request is answered, with the reason */
 	big_cfg(port, "");
 	srv[0] = tu_start_server(path, 0);
-	struct ps_client *c = connect_slow(srv[0]);
+	struct ps_client *c = tu_connect_while_up(&cfg, 0, srv[0], 180);
 	ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
 	ck_assert_int_ne(st.checkpoint_status, 0);
 	ck_assert_msg(strstr(st.checkpoint_error, "checkpoint.on_request: true"), "%s",
@@ -995,7 +978,7 @@ START_TEST(test_checkpoint_on_request)
 	setenv("PS_TEST_LOG", "info", 1); /* its log line is checked below */
 	tu_capture_begin();
 	srv[0] = tu_start_server(path, 0);
-	c = connect_slow(srv[0]);
+	c = tu_connect_while_up(&cfg, 0, srv[0], 180);
 	struct puller pl = { .c = c };
 	pthread_t th;
 	ck_assert_int_eq(pthread_create(&th, NULL, pull_loop, &pl), 0);
@@ -1054,7 +1037,7 @@ START_TEST(test_checkpoint_on_request)
 	/* SIGTERM still writes the last checkpoint, and it loads */
 	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
 	srv[0] = tu_start_server(path, 0);
-	c = connect_slow(srv[0]);
+	c = tu_connect_while_up(&cfg, 0, srv[0], 180);
 	ps_client_free(c);
 	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
 	stop_files();
@@ -1095,7 +1078,7 @@ START_TEST(test_checkpoint_requests_overlap)
 	path[0] = 0;
 	big_cfg(port, "  on_request: true\n  min_interval_s: 0\n");
 	srv[0] = tu_start_server(path, 0);
-	c = connect_slow(srv[0]);
+	c = tu_connect_while_up(&cfg, 0, srv[0], 180);
 	memcpy(&quick, &cfg, sizeof(quick));
 	quick.limits.request_timeout_ms = 50;
 	ck_assert_msg(ps_client_init(&left, &quick, -1, err, sizeof(err)) == 0, "%s", err);
@@ -1161,7 +1144,7 @@ START_TEST(test_sigterm_during_checkpoint)
 	setenv("PS_TEST_LOG", "info", 1); /* its log lines are checked below */
 	tu_capture_begin();
 	srv[0] = tu_start_server(path, 0);
-	struct ps_client *c = connect_slow(srv[0]);
+	struct ps_client *c = tu_connect_while_up(&cfg, 0, srv[0], 180);
 	float g[16];
 	for (int i = 0; i < 16; i++)
 		g[i] = 2.0f;
@@ -1187,7 +1170,7 @@ START_TEST(test_sigterm_during_checkpoint)
 	free(log);
 	ck_assert(!tmp_file_in(dir));
 	srv[0] = tu_start_server(path, 0);
-	c = connect_slow(srv[0]);
+	c = tu_connect_while_up(&cfg, 0, srv[0], 180);
 	id = ps_client_pull(c, 0, &tw, 1);
 	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "pull: %s", ps_client_error(c));
 	for (int i = 0; i < 16; i++)
@@ -1203,7 +1186,7 @@ START_TEST(test_sigterm_during_checkpoint)
 	setenv("PS_TEST_LOG", "info", 1);
 	tu_capture_begin();
 	srv[0] = tu_start_server(path, 0);
-	c = connect_slow(srv[0]);
+	c = tu_connect_while_up(&cfg, 0, srv[0], 180);
 	a = (struct asker){ .c = c };
 	ck_assert_int_eq(pthread_create(&th, NULL, ask_checkpoint, &a), 0);
 	deadline = ps_now_s() + 30 * tu_time_scale();

@@ -1,6 +1,6 @@
 /* it_checkpoint_big.c - a shard checkpoint over 4 GiB (server/checkpoint.c):
  * written on SIGTERM and loaded again by the restarted shard. Its own
- * program, apart from it_checkpoint's cases: it is CPU-bound for about 45 s
+ * program, apart from it_checkpoint's cases: it is CPU-bound for 45 to 90 s
  * (filling, checksumming and writing 4.4 GB) and `make test` runs it in a
  * lane beside the others (Makefile IT_BESIDE), off the main lane's path. */
 #include <check.h>
@@ -8,38 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
+#include "test_client.h"
 #include "test_util.h"
 
 static char dir[64], path[64];
 static struct ps_config cfg;
 static pid_t srv[1];
 
-/* Worker 0 of cfg, connected: retries for 180 s while the shard fills its
- * state, and fails at once if the shard exits. */
-static struct ps_client *connect_slow(pid_t pid)
-{
-	struct ps_client *c = NULL;
-	char err[512] = "";
-	int st;
-
-	for (int i = 0; i < 1800 && !c; i++) {
-		if (ps_client_init(&c, &cfg, 0, err, sizeof(err)) == 0)
-			break;
-		ck_assert_msg(waitpid(pid, &st, WNOHANG) == 0, "the shard exited: %s", err);
-		tu_sleep_ms(100);
-	}
-	ck_assert_msg(c != NULL, "connect: %s", err);
-	return c;
-}
-
 /* A checkpoint over 4 GiB (a 4.4 GB tensor beside a small one) is written
  * and loads: its checksum covers every byte with 64-bit lengths (a 32-bit
- * length used to wrap, and the shard refused its own file). About 45 s
+ * length used to wrap, and the shard refused its own file). 45 to 90 s
  * and 9 GB of memory here (the state and its snapshot). */
 START_TEST(test_checkpoint_over_4gib)
 {
@@ -70,7 +52,7 @@ START_TEST(test_checkpoint_over_4gib)
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
 	srv[0] = tu_start_server(path, 0);
-	struct ps_client *c = connect_slow(srv[0]); /* the shard fills 4.4 GB first */
+	struct ps_client *c = tu_connect_while_up(&cfg, 0, srv[0], 180); /* the shard fills 4.4 GB first */
 	/* three clocks that touch only the small tensor */
 	struct ps_tensor tg = { .name = "small", .data = g, .count = SMALL };
 	for (uint64_t k = 0; k < 3; k++) {
@@ -88,7 +70,7 @@ START_TEST(test_checkpoint_over_4gib)
 	ck_assert_int_gt(st.st_size, (off_t)(UINT64_C(1) << 32));
 	/* it loads: the clock and the small tensor's weights come back */
 	srv[0] = tu_start_server(path, 0);
-	c = connect_slow(srv[0]);
+	c = tu_connect_while_up(&cfg, 0, srv[0], 180);
 	ck_assert_uint_eq(ps_client_clock(c), 3);
 	struct ps_tensor tw = { .name = "small", .data = w, .count = SMALL };
 	int64_t q = ps_client_pull(c, 3, &tw, 1);

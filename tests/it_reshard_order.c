@@ -63,29 +63,25 @@ static void push_acked(int fd, Ps__Push *m, const float *g, const char *what)
 	protobuf_c_message_free_unpacked(r, NULL);
 }
 
-/* Both workers push clock 0 of both slices (to have a clock to stop at). */
-static void clock0(const int *fd, const float *g)
+/* A push of both slices (g2: a's N floats, then b's) ending clock, numbered
+ * seq, acknowledged. */
+static void push_both(int fd, uint64_t seq, uint64_t clock, const float *g2, const char *what)
 {
 	Ps__Push m;
 	Ps__SliceRef ref[2], *ptr[2];
-	float two[2 * N];
 
-	memcpy(two, g, sizeof(float) * N);
-	memcpy(two + N, g, sizeof(float) * N);
-	for (int w = 0; w < 2; w++) {
-		push_msg(&m, &ref[0], &ptr[0], 1, 0, 1, 0);
-		ps__slice_ref__init(&ref[1]);
-		ref[1].slice = 1;
-		ref[1].offset = N * sizeof(float);
-		ref[1].length = N * sizeof(float);
-		ptr[1] = &ref[1];
-		m.n_slices = 2;
-		ck_assert_int_eq(tu_raw_send(fd[w], PS_MSG_PUSH, &m.base, two, sizeof(two)), 0);
-		unsigned t = 0;
-		ProtobufCMessage *r = tu_raw_recv(fd[w], &t);
-		ck_assert_msg(r && t == PS_MSG_PUSH_ACK, "clock 0 of worker %d not acked", w);
-		protobuf_c_message_free_unpacked(r, NULL);
-	}
+	push_msg(&m, &ref[0], &ptr[0], seq, clock, 1, 0);
+	ps__slice_ref__init(&ref[1]);
+	ref[1].slice = 1;
+	ref[1].offset = N * sizeof(float);
+	ref[1].length = N * sizeof(float);
+	ptr[1] = &ref[1];
+	m.n_slices = 2;
+	ck_assert_int_eq(tu_raw_send(fd, PS_MSG_PUSH, &m.base, g2, 2 * N * sizeof(float)), 0);
+	unsigned t = 0;
+	ProtobufCMessage *r = tu_raw_recv(fd, &t);
+	ck_assert_msg(r && t == PS_MSG_PUSH_ACK, "%s not acked", what);
+	protobuf_c_message_free_unpacked(r, NULL);
 }
 
 START_TEST(test_raised_stop_keeps_order)
@@ -97,7 +93,7 @@ START_TEST(test_raised_stop_keeps_order)
 	Ps__SliceRef ref, *ptr;
 	const float g0a[N] = { 1, 2, 3, 4 }, g0b[N] = { 10, 20, 30, 40 };
 	const float g1[2 * N] = { 100, 200, 300, 400, 1000, 2000, 3000, 4000 };
-	const float c0[N] = { 0, 0, 0, 0 };
+	const float c0[2 * N] = { 0 };
 	int port = tu_free_port(), fd[2];
 
 	ck_assert_ptr_nonnull(mkdtemp(ckd));
@@ -120,7 +116,9 @@ START_TEST(test_raised_stop_keeps_order)
 	fd[0] = tu_raw_join(port, &cfg, &map, 0, 0);
 	fd[1] = tu_raw_join(port, &cfg, &map, 0, 1);
 	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
-	clock0(fd, c0);
+	/* both workers' clock 0 (to have a clock to stop at) */
+	push_both(fd[0], 1, 0, c0, "worker 0's clock 0");
+	push_both(fd[1], 1, 0, c0, "worker 1's clock 0");
 
 	/* stop at 1: worker 0's first push of clock 1 refused */
 	ck_assert_msg(ps_client_stop_at(mon, 0, 1, 0, &st) == 0, "%s", ps_client_error(mon));
@@ -133,22 +131,7 @@ START_TEST(test_raised_stop_keeps_order)
 	tu_raw_expect_error(fd[0], PS_MSG_PUSH, &m.base, g0b, sizeof(g0b), PS_ERESHARD,
 			    "push 3 for clock 1 refused: push 2 of this worker",
 			    "comes first");
-	/* worker 1's clock 1, whole */
-	{
-		Ps__SliceRef r2[2], *p2[2];
-		push_msg(&m, &r2[0], &p2[0], 2, 1, 1, 0);
-		ps__slice_ref__init(&r2[1]);
-		r2[1].slice = 1;
-		r2[1].offset = N * sizeof(float);
-		r2[1].length = N * sizeof(float);
-		p2[1] = &r2[1];
-		m.n_slices = 2;
-		ck_assert_int_eq(tu_raw_send(fd[1], PS_MSG_PUSH, &m.base, g1, sizeof(g1)), 0);
-		unsigned t = 0;
-		ProtobufCMessage *r = tu_raw_recv(fd[1], &t);
-		ck_assert_msg(r && t == PS_MSG_PUSH_ACK, "worker 1's clock 1 not acked");
-		protobuf_c_message_free_unpacked(r, NULL);
-	}
+	push_both(fd[1], 2, 1, g1, "worker 1's clock 1");
 	/* worker 0 sends both again, in order: both taken */
 	push_msg(&m, &ref, &ptr, 2, 1, 0, 0);
 	push_acked(fd[0], &m, g0a, "worker 0's refused push sent again");
