@@ -623,10 +623,10 @@ precopy_cancel() {
 }
 live_reshard() {
   local -a plogs
-  local new new_lines new_all old_all new_n old_n=$nshards ckdir from k f p i rc b t t0 failed busy pids=() names=()
+  local new new_lines new_all old_all new_n old_n=$nshards ckdir from k f p i rc b t t0 failed why busy pids=() names=()
   local -a staged_pids=() staged_names=()
-  local -A pair_ok=() pair_bad=()
-  local res=$LOGDIR/reshard-result
+  local -A pair_ok=() pair_bad=() again=()
+  local restarted res=$LOGDIR/reshard-result
   answer() { echo "ps-local.sh: reshard: ${*:2}" >&2; printf '%s\n' "$*" >"$res.tmp" && mv "$res.tmp" "$res"; }
   new=$(cat "$LOGDIR/reshard-request" 2>/dev/null); rm -f "$LOGDIR/reshard-request"
   [ -n "$new" ] && [ -r "$new" ] || { answer 2 "cannot read the new config '$new'"; return; }
@@ -729,24 +729,26 @@ live_reshard() {
   # Past the commit the new map is the only way on: a new shard that dies
   # before the workers are pointed at it starts again once with the same
   # flags (from its own checkpoint of the new map when it wrote one, else
-  # from the old files: the same state either way).
-  for t in 0 1; do
+  # from the old files: the same state either way). Each shard once,
+  # whenever it ends: wait_listening returns at the first that ends, while
+  # others may be about to.
+  t=0
+  while :; do
     wait_listening "$new_all" "${pids[@]}"
     [ "$t" = 0 ] && [ "${PS_LOCAL_CRASH_AT:-}" = new-shard ] && { # tests only
       echo "ps-local.sh: PS_LOCAL_CRASH_AT=new-shard: ${names[0]} killed with SIGKILL (a test)" >&2
       kill -KILL "${pids[0]}"; wait "${pids[0]}" 2>/dev/null; }
-    failed=""
+    t=1 failed="" restarted=0
     for i in "${!pids[@]}"; do
       kill -0 "${pids[$i]}" 2>/dev/null && continue
       wait "${pids[$i]}"; rc=$?
-      failed="$failed, ${names[$i]} (status $rc)"
-      [ "$t" = 0 ] || continue
+      if [ -n "${again[$i]:-}" ]; then failed="$failed, ${names[$i]} (status $rc)"; continue; fi
       echo "ps-local.sh: reshard: new ${names[$i]} ended with status $rc before the workers were" \
         "pointed at it: starting it again with the same flags" >&2
       spawn_shards "$new" "$(sed -n "$((i + 1))p" <<<"$new_all")" --reshard-from "$from" --reshard-shards "$old_n"
-      pids[$i]=${spawned[0]}
+      pids[$i]=${spawned[0]} again[$i]=1 restarted=1
     done
-    [ -z "$failed" ] && break
+    [ -z "$failed" ] && [ "$restarted" = 1 ] || break
   done
   server_pids=("${pids[@]}") server_names=("${names[@]}")
   if [ -n "$failed" ] || ! wait_listening "$new_all" "${pids[@]}"; then
@@ -756,10 +758,14 @@ live_reshard() {
       for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
       server_pids=() server_names=()
       if rollback_unstarted "$ckdir"; then
+        # the first new shard's reason, before the old shards' lines follow
+        # it in the same logs (old files that differ in their declarations:
+        # a worker died mid-declaration at the stop, docs/elastic.md)
+        why=$(grep -h -m 1 'refusing to start' "$LOGDIR"/server-*.log 2>/dev/null | head -n 1)
         spawn_shards "$CONFIG" "$old_all"
         server_pids=("${spawned[@]}") server_names=("${spawned_names[@]}")
         wait_listening "$old_all" "${server_pids[@]}"
-        answer 1 "rolled back to $CONFIG: the new shards did not start (${failed:+${failed#, }; }logs:" \
+        answer 1 "rolled back to $CONFIG: the new shards did not start (${failed:+${failed#, }; }${why:+${why#* error }; }logs:" \
           "$LOGDIR/server-*.log) and none wrote a checkpoint; the old shards started again from" \
           "their checkpoints at clock $b; the workers go on with $CONFIG"
         return

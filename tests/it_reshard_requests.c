@@ -36,15 +36,27 @@
  *  - test_declare_unfinished_at_stop: a worker that has not ended the
  *    clocks below a committed stop declares: taken (the stop waits for
  *    it), it ends them, and the stop completes with the tensors on both.
+ *  - test_declare_worker_dies_at_stop: that worker (a process of its own)
+ *    killed with SIGKILL once its declaration reached shard 0 and not
+ *    shard 1: the stop completes once it is dropped, the new shards refuse
+ *    the differing checkpoints, the old shards start again from their
+ *    files, and rank 0 declaring again completes it: the exact sums.
+ *  - test_declare_worker_dies_local_reshard: the same through ps-local.sh's
+ *    live re-shard, which rolls back.
  */
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <dirent.h>
+#include <limits.h>
+#include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "config.h"
 #include "ps_client.h"
@@ -62,6 +74,9 @@
 #define NIDS 50
 #define NCLK 3  /* clocks trained after the switch */
 
+/* More limits: keys (indented lines) for the configs write_cfg writes. */
+static const char *limits_more = "";
+
 /* Writes the n-shard config (fresh ports) to dir/NAME.yaml: no model (the
  * workers declare it); its path in out. With model_yaml, that model. */
 static void write_cfg(const char *name, int n, const char *model_yaml, char *out, size_t len)
@@ -73,9 +88,9 @@ static void write_cfg(const char *name, int n, const char *model_yaml, char *out
 		 "cluster:\n  servers: [%s]\n  workers: %d\n"
 		 "slice_bytes: 1024\nseed: 5\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n%s"
-		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: 60000\n"
+		 "limits:\n  reconnect_timeout_ms: 60000\n  request_timeout_ms: 60000\n%s"
 		 "checkpoint:\n  dir: %s\n  every_s: 0\n  on_request: true\nlog:\n  level: warn\n",
-		 servers, NW, model_yaml, ck);
+		 servers, NW, model_yaml, limits_more, ck);
 	tu_write_named(dir, name, yaml, out, len);
 }
 
@@ -728,6 +743,377 @@ START_TEST(test_declare_unfinished_at_stop)
 }
 END_TEST
 
+/* ---- a worker dying with its declaration on some shards of a committed stop ---- */
+
+/* Reads n bytes from fd within ms milliseconds: 0, or -1 (timed out, or
+ * the other end closed). */
+static int read_within(int fd, void *buf, size_t n, int ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r;
+		if (poll(&p, 1, ms) != 1)
+			return -1;
+		r = read(fd, (char *)buf + got, n - got);
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+/* Rank 0 in a process of its own, the worker that dies: connected, it
+ * waits for go, sends its Declare to shard 0 alone (declare_on_one: the
+ * first step of ps_client_declare, as a worker killed before the next one
+ * leaves it), writes the call's code on done and waits to be killed (go
+ * closed, the test gone, ends it too). Forked before the test's process has a
+ * client (no thread of its own to lose in the child). */
+struct dying {
+	pid_t pid;
+	int go, done;
+};
+
+static void dying_start(struct dying *d)
+{
+	int go[2], done[2];
+	char b = 1;
+
+	ck_assert(pipe(go) == 0 && pipe(done) == 0);
+	d->pid = fork();
+	ck_assert_int_ge(d->pid, 0);
+	if (!d->pid) {
+		struct ps_client *c0;
+		int rc;
+
+		close(go[1]);
+		close(done[0]);
+		c0 = connect_retry(0);
+		if (write(done[1], &b, 1) != 1 || read(go[0], &b, 1) != 1)
+			_exit(2);
+		rc = declare_on_one(c0, 0);
+		if (write(done[1], &rc, sizeof(rc)) != (ssize_t)sizeof(rc))
+			_exit(2);
+		(void)!read(go[0], &b, 1);
+		_exit(3); /* not killed: the test failed or ended */
+	}
+	close(go[0]);
+	close(done[1]);
+	d->go = go[1];
+	d->done = done[0];
+	ck_assert_msg(read_within(d->done, &b, 1, 30000) == 0, "rank 0's process did not connect "
+		      "within 30 s (logs in %s)", dir);
+}
+
+/* The dying worker declares on shard 0 alone (taken: the stop waits for
+ * rank 0, which has not ended clock 0), then is killed with SIGKILL. */
+static void dying_declare_and_die(struct dying *d, struct ps_client *mon)
+{
+	struct ps_shard_stats st[2];
+	int rc = -1;
+
+	ck_assert_int_eq(write(d->go, "g", 1), 1);
+	ck_assert_msg(read_within(d->done, &rc, sizeof(rc), 30000) == 0, "rank 0's declaration "
+		      "to shard 0 did not end within 30 s");
+	ck_assert_msg(rc == 0, "rank 0's Declare to shard 0 at the committed stop: %d (%s)", rc,
+		      ps_strerror(rc));
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stats(mon, k, &st[k]) == 0, "%s", ps_client_error(mon));
+	ck_assert_msg(st[0].decl_tensors == 2 && st[1].decl_tensors == 0, "declared: shard 0 %d "
+		      "tensors, shard 1 %d", st[0].decl_tensors, st[1].decl_tensors);
+	ck_assert_int_eq(kill(d->pid, SIGKILL), 0);
+	ck_assert_int_eq(tu_wait_child(d->pid), 128 + SIGKILL);
+	close(d->go);
+	close(d->done);
+}
+
+/* A monitor's client of cfg, once its shards listen. */
+static struct ps_client *monitor(void)
+{
+	struct ps_client *mon = NULL;
+	char err[600];
+
+	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "monitor: %s", err);
+	return mon;
+}
+
+/* Waits (30 s at most) until both shards hold a committed stop at b. */
+static void wait_committed(struct ps_client *mon, uint64_t b)
+{
+	struct ps_shard_stats st;
+	int k = 0;
+
+	for (int i = 0; i < 600 && k < 2; i++) {
+		ck_assert_msg(ps_client_stats(mon, k, &st) == 0, "%s", ps_client_error(mon));
+		if (st.stop_at == b && st.stop_committed)
+			k++;
+		else
+			tu_sleep_ms(50);
+	}
+	ck_assert_msg(k == 2, "shard %d: stop at %" PRIu64 " (%s), not a committed stop at %"
+		      PRIu64, k, st.stop_at, st.stop_committed ? "committed" : "prepared", b);
+}
+
+/* Whether ck holds nothing of a new map: no shard-* file (checkpoints,
+ * membership files, a new shard's marker). */
+static int ck_empty_of_shards(char *found, size_t len)
+{
+	DIR *d = opendir(ck);
+	struct dirent *e;
+	int none = 1;
+
+	ck_assert_ptr_nonnull(d);
+	while ((e = readdir(d)))
+		if (!strncmp(e->d_name, "shard-", 6)) {
+			snprintf(found, len, "%.100s/%.200s", ck, e->d_name);
+			none = 0;
+		}
+	closedir(d);
+	return none;
+}
+
+/* After the roll back, on the old shards started again from their own
+ * files (shard 0 declaring the dead worker's tensors, shard 1 none): rank
+ * 0, started again, declares (shard 0 compares, shard 1 takes rank 0's
+ * values), rank 1 gets rank 0's values, both declare the tables, and 3
+ * clocks of integer gradients give the exact sums. c[1] is the rank 1
+ * client that lived through it all; c[0] is made here. */
+static void redeclare_and_train(struct ps_client **c, struct ps_client *mon)
+{
+	struct ps_shard_stats st[2];
+	struct call dec;
+
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(ps_client_stats(mon, k, &st[k]) == 0, "%s", ps_client_error(mon));
+		ck_assert_msg(st[k].stop_at == 0 && st[k].map_epoch == 0, "old shard %d started "
+			      "again: stop at %" PRIu64 ", map epoch %" PRIu64, k, st[k].stop_at,
+			      st[k].map_epoch);
+		ck_assert_msg(st[k].worker_clock[1] == 1, "old shard %d started again: worker 1 "
+			      "finished clock %" PRIu64 ", expected 1 (its checkpoint at the stop)", k,
+			      st[k].worker_clock[1]);
+	}
+	ck_assert_msg(st[0].decl_tensors == 2 && st[1].decl_tensors == 0, "from their files: "
+		      "shard 0 declares %d tensors, shard 1 %d (expected 2 and 0)",
+		      st[0].decl_tensors, st[1].decl_tensors);
+	c[0] = connect_retry(0);
+	memset(&dec, 0, sizeof(dec));
+	dec.c = c[0];
+	dec.rank = 0;
+	declare_tensors(&dec);
+	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stats(mon, k, &st[k]) == 0, "%s", ps_client_error(mon));
+	ck_assert_msg(st[0].decl_tensors == 2 && st[1].decl_tensors == 2 && st[0].decl_digest &&
+		      st[0].decl_digest == st[1].decl_digest, "rank 0's declaration again: shard 0 "
+		      "%d tensors (%016" PRIx64 "), shard 1 %d (%016" PRIx64 ")", st[0].decl_tensors,
+		      st[0].decl_digest, st[1].decl_tensors, st[1].decl_digest);
+	dec.c = c[1];
+	dec.rank = 1;
+	declare_tensors(&dec);
+	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
+		      "rank 1's declared tensors differ from rank 0's initial values");
+	for (int r = 0; r < NW; r++) {
+		dec.c = c[r];
+		dec.rank = r;
+		declare_tables(&dec);
+		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+		ck_assert_int_eq(ps_config_nshards(ps_client_config(c[r])), 2);
+	}
+	train_and_check(c, 1);
+}
+
+/* The new shards' refusal of the old files, in log f: old shard 1's file
+ * declares nothing, old shard 0's the dead worker's 2 tensors. */
+static int says_declarations_differ(const char *f, const char *old)
+{
+	char want[300];
+
+	snprintf(want, sizeof(want), "%s/shard-1.ckpt: declares 0 tensors and 0 tables, "
+		 "shard-0.ckpt 2 and 0", old);
+	return live_log_says(f, want);
+}
+
+/* A worker that dies with its declaration taken by one old shard of a
+ * committed stop and not by the other (docs/elastic.md, "Declarations at
+ * the stop"). Rank 1 ended clock 0, rank 0 (a process of its own) has not:
+ * ps-stat stops both shards at clock 1, committed. Rank 0's Declare
+ * reaches shard 0, which takes it (the stop waits for rank 0), and rank 0
+ * is killed with SIGKILL before sending it to shard 1. Once rank 0 is
+ * dropped (limits.drop_timeout_ms, 0.5 s) the clocks below 1 close and
+ * both old shards write their checkpoints at 1 and exit 0: shard 0's with
+ * the tensors, shard 1's without. 3 new shards started from them refuse
+ * them, naming the file and what differs, and write nothing into the
+ * checkpoint folder; rolled back (the files put back, as ps-local.sh
+ * does), the old shards start again from their own files and serve; rank
+ * 0 started again declares: shard 1 takes it, and 3 clocks of integer
+ * gradients give the exact sums. */
+START_TEST(test_declare_worker_dies_at_stop)
+{
+	char c2[160], c3[160], old[200], a[320], b[330];
+	struct ps_client *c[NW], *mon;
+	struct dying d;
+	pid_t srv[3];
+	int64_t id;
+
+	limits_more = "  drop_timeout_ms: 500\n";
+	setup_dirs();
+	write_cfg("c2", 2, "", c2, sizeof(c2));
+	ck_assert_msg(ps_config_load(&cfg, c2, a, sizeof(a)) == 0, "%s", a);
+	live_point_at(c2);
+	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
+	for (int k = 0; k < 2; k++)
+		srv[k] = live_start(c2, k, 0, NULL, 0);
+	set_initial_values();
+	dying_start(&d);
+	c[1] = connect_retry(1);
+	id = ps_client_push(c[1], 0, NULL, 0, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c[1], id) == 0, "%s", ps_client_error(c[1]));
+	pstat_stop(c2, 1);
+	mon = monitor();
+	wait_committed(mon, 1);
+	dying_declare_and_die(&d, mon);
+	ps_client_free(mon);
+
+	/* the stop goes on once rank 0 is dropped */
+	for (int k = 0; k < 2; k++) {
+		snprintf(a, sizeof(a), "%s/c2.yaml-shard-%d.log", dir, k);
+		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old shard %d did not exit 0 at its stop "
+			      "(%s)", k, a);
+		ck_assert_msg(live_log_says(a, "worker 0 left the live set") &&
+			      live_log_says(a, "stopped at clock 1 with its checkpoint written"),
+			      "old shard %d (%s)", k, a);
+		snprintf(b, sizeof(b), "%s.before", a);
+		ck_assert_int_eq(rename(a, b), 0);
+	}
+
+	/* the new shards refuse the old files, writing nothing */
+	live_move_old("from2", 2, 0, old, sizeof(old));
+	write_cfg("c3", 3, "", c3, sizeof(c3));
+	for (int k = 0; k < 3; k++)
+		srv[k] = live_start(c3, k, 0, old, 2);
+	for (int k = 0; k < 3; k++) {
+		int rc = tu_wait_exit(srv[k]);
+		snprintf(a, sizeof(a), "%s/c3.yaml-shard-%d.log", dir, k);
+		ck_assert_msg(rc > 0 && rc < 128, "new shard %d: exit status %d (%s)", k, rc, a);
+		ck_assert_msg(says_declarations_differ(a, old), "new shard %d does not name the "
+			      "differing declarations (%s)", k, a);
+	}
+	ck_assert_msg(ck_empty_of_shards(a, sizeof(a)), "a new shard wrote %s", a);
+
+	/* rolled back: the old files put back, the old shards started again */
+	for (int k = 0; k < 2; k++) {
+		snprintf(a, sizeof(a), "%s/shard-%d.ckpt", old, k);
+		snprintf(b, sizeof(b), "%s/shard-%d.ckpt", ck, k);
+		ck_assert_msg(rename(a, b) == 0, "%s: %s", a, strerror(errno));
+		snprintf(a, sizeof(a), "%s/shard-%d.members", old, k);
+		snprintf(b, sizeof(b), "%s/shard-%d.members", ck, k);
+		ck_assert_msg(rename(a, b) == 0 || errno == ENOENT, "%s: %s", a, strerror(errno));
+	}
+	for (int k = 0; k < 2; k++)
+		srv[k] = live_start(c2, k, 0, NULL, 0);
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(tu_wait_listen(cfg.shards[k].port), "old shard %d started again does "
+			      "not listen (logs in %s)", k, dir);
+	mon = monitor();
+	redeclare_and_train(c, mon);
+	ps_client_free(mon);
+	stop_cluster(c, srv, 2);
+	limits_more = "";
+}
+END_TEST
+
+/* The same through ps-local.sh's live re-shard: `ps-local.sh c2.yaml
+ * --servers-only` runs the 2 shards, the workers follow its
+ * current-config, and `ps-local.sh c2.yaml reshard c3.yaml` stops them at
+ * clock 1; rank 0 declares on shard 0 and is killed as above. The old
+ * shards exit 0 at the stop once rank 0 is dropped; the new shards refuse
+ * the old files (started again once, as ps-local.sh does, and refusing
+ * again) and none wrote anything, so the re-shard rolls back: the reshard
+ * command exits 1 saying so, the record ends `done rolled-back`, the old
+ * shards run again from their files with the workers' follow file on
+ * c2.yaml, and rank 0 declaring again completes the declaration: the
+ * exact sums. */
+START_TEST(test_declare_worker_dies_local_reshard)
+{
+	char c2[160], c3[160], a[300], l[200], co[200], ro[200], real[PATH_MAX];
+	struct ps_client *c[NW], *mon;
+	struct dying d;
+	pid_t coord, rs;
+	int64_t id;
+	int rc;
+
+	limits_more = "  drop_timeout_ms: 500\n";
+	setup_dirs();
+	write_cfg("c2", 2, "", c2, sizeof(c2));
+	write_cfg("c3", 3, "", c3, sizeof(c3));
+	ck_assert_msg(ps_config_load(&cfg, c2, a, sizeof(a)) == 0, "%s", a);
+	snprintf(l, sizeof(l), "%s/l", dir);
+	snprintf(co, sizeof(co), "%s/coord.out", dir);
+	snprintf(ro, sizeof(ro), "%s/reshard.out", dir);
+	const char *cargv[] = { "scripts/ps-local.sh", c2, "--servers-only", "--logs", l, NULL };
+	const char *rargv[] = { "scripts/ps-local.sh", c2, "reshard", c3, NULL };
+	coord = tu_spawn(cargv, co);
+	for (int i = 0; i < 600 && !live_log_says(co, "shards running"); i++)
+		tu_sleep_ms(50);
+	ck_assert_msg(live_log_says(co, "shards running"), "ps-local.sh --servers-only (%s)", co);
+	snprintf(a, sizeof(a), "%s/current-config", l);
+	setenv("PS_CONFIG_FOLLOW", a, 1);
+	set_initial_values();
+	dying_start(&d);
+	c[1] = connect_retry(1);
+	id = ps_client_push(c[1], 0, NULL, 0, PS_PUSH_END_CLOCK);
+	ck_assert_msg(id > 0 && ps_client_wait(c[1], id) == 0, "%s", ps_client_error(c[1]));
+	rs = tu_spawn(rargv, ro);
+	mon = monitor();
+	wait_committed(mon, 1);
+	dying_declare_and_die(&d, mon);
+	ps_client_free(mon);
+
+	rc = tu_wait_exit(rs);
+	ck_assert_msg(rc == 1 && live_log_says(ro, "rolled back to") &&
+		      live_log_says(ro, "the new shards did not start"), "ps-local.sh reshard: "
+		      "status %d (%s; logs in %s)", rc, ro, l);
+	/* the reason in the answer: the old files named, what differs */
+	ck_assert_msg(live_log_says(ro, "refusing to start: ") && live_log_says(ro, "/shard-1.ckpt: "
+		      "declares 0 tensors and 0 tables, shard-0.ckpt 2 and 0"), "ps-local.sh "
+		      "reshard does not say why the new shards did not start (%s)", ro);
+	for (int k = 0; k < 3; k++) {
+		char want[120];
+		snprintf(want, sizeof(want), "new shard %d ended with status 1 before the workers were "
+			 "pointed at it: starting it again", k);
+		ck_assert_msg(live_log_says(co, want), "ps-local.sh: %s (%s)", want, co);
+		snprintf(a, sizeof(a), "%s/server-%d.log", l, k);
+		ck_assert_msg(live_log_says(a, "declares 0 tensors and 0 tables, shard-0.ckpt 2 and 0"),
+			      "new shard %d does not name the differing declarations (%s)", k, a);
+	}
+	snprintf(a, sizeof(a), "%s/reshard.intent", ck);
+	ck_assert_msg(live_log_says(a, "done rolled-back"), "the record (%s)", a);
+	snprintf(a, sizeof(a), "%s/current-config", l);
+	ck_assert_ptr_nonnull(realpath(c2, real));
+	ck_assert_msg(live_log_says(a, real), "the workers' follow file (%s) names another config "
+		      "than %s", a, real);
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(tu_wait_listen(cfg.shards[k].port), "old shard %d started again does "
+			      "not listen (logs in %s)", k, l);
+	mon = monitor();
+	redeclare_and_train(c, mon);
+	ps_client_free(mon);
+	for (int r = 0; r < NW; r++)
+		ps_client_free(c[r]);
+	/* ps-local.sh ends with 130 on SIGTERM, once its shards stopped */
+	ck_assert_int_eq(kill(coord, SIGTERM), 0);
+	rc = tu_wait_exit(coord);
+	ck_assert_msg(rc == 130 && live_log_says(co, "stopping every process"), "ps-local.sh "
+		      "--servers-only: status %d (%s)", rc, co);
+
+	unsetenv("PS_CONFIG_FOLLOW");
+	cleanup_dirs();
+	limits_more = "";
+}
+END_TEST
+
 struct train_arg {
 	struct ps_client *c;
 	int rank, done;
@@ -822,6 +1208,8 @@ int main(void)
 	TU_ADD(tc, test_declared_rows_in_flight_2_3);
 	TU_ADD(tc, test_declare_partial_at_stop);
 	TU_ADD(tc, test_declare_unfinished_at_stop);
+	TU_ADD(tc, test_declare_worker_dies_at_stop);
+	TU_ADD(tc, test_declare_worker_dies_local_reshard);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
