@@ -892,7 +892,7 @@ case \"\$r\" in *'pre-copy) written'*) echo \"PRE $k ok \$(stat -c %i:%s:%.9Y $(
       done
       [ "$l" = STAGED ] && continue
       echo "$me: reshard: not staged: new shard $k on ${nhost[$k]} did not load the old files (log:" \
-        "$RUN/server-$k.log.staged there): ${l#FAILED }; going on unstaged" >&2
+        "$RUN/server-$k.log.staged there): $(l=${l#FAILED }; echo "${l#* server\[*\] }"); going on unstaged" >&2
       precopy_cancel
       return 0
     done
@@ -1227,6 +1227,9 @@ echo OK"
 done
 par_wait
 problems=() running=()
+# (one process seen from two names of the same machine, 127.0.0.1 and
+# 127.0.0.2 say, is listed once, on the host the config gives it)
+declare -A run_at=()
 for ((n = 0; n < ${#hosts[@]}; n++)); do
   h=${hosts[$n]} out=$(par_out "pre-$n")
   if [ "$(par_rc "pre-$n")" -ne 0 ] || ! grep -q '^OK$' <<< "$out"; then
@@ -1239,6 +1242,16 @@ for ((n = 0; n < ${#hosts[@]}; n++)); do
       RUNNING\ *)
         set -- ${line#RUNNING }
         what=$(sed -nE 's/.* --(shard|rank) ([0-9]+).*/\1 \2/p' <<< "${line#RUNNING }")
+        own=0 i=${what#* }
+        case "$what" in
+          shard\ [0-9]*) [ "${shost[$i]:-}" = "$h" ] || [ "${shost[$((nshards + i))]:-}" = "$h" ] && own=1 ;;
+          rank\ [0-9]*) [ "$(whost_of "$i")" = "$h" ] && own=1 ;;
+        esac
+        if [ -n "${run_at[$what|$1]:-}" ]; then
+          [ $own -eq 0 ] || running[${run_at[$what|$1]}]="${what/rank/worker} on $h (pid $1)"
+          continue
+        fi
+        run_at[$what|$1]=${#running[@]}
         running+=("${what/rank/worker} on $h (pid $1)") ;;
     esac
   done <<< "$out"
