@@ -61,7 +61,7 @@
 #      after it; every new shard goes on staged from its copy; exact sums.
 #  (p) ps-cluster.sh live with the pre-copy, an old shard that does not
 #      write its pre-copy checkpoint in time (SIGSTOP, PS_CLUSTER_PRECOPY_WAIT
-#      2 s; SIGCONT as the stop is asked): given up, saying so, the re-shard
+#      3 s; SIGCONT as the stop is asked): given up, saying so, the re-shard
 #      goes on unstaged (the late pre-copy the base of that shard's stop
 #      checkpoint); exact sums.
 #  (q) the hosts of (o) (root only), one run: the coordinator killed while
@@ -684,8 +684,8 @@ fi
 
 # (p) ps-cluster.sh live with the pre-copy, an old shard that does not
 # write its pre-copy checkpoint in time: shard 1 stopped with SIGSTOP before
-# the reshard (its SIGUSR1 waits, pending), PS_CLUSTER_PRECOPY_WAIT=2; the
-# pre-copy is given up after 2 s, no new shard staged, saying so, and the
+# the reshard (its SIGUSR1 waits, pending), PS_CLUSTER_PRECOPY_WAIT=3; the
+# pre-copy is given up after 3 s, no new shard staged, saying so, and the
 # re-shard goes on unstaged. An ssh stand-in sends shard 1 SIGCONT as the
 # stop is asked: its SIGUSR1 comes then, late, so its pre-copy checkpoint
 # is written after the staging was given up and its stop's checkpoint is
@@ -705,12 +705,12 @@ wait_for "$run/worker-1.log" "^clock 5$"
 s1=$(pgrep -f -- "/bin/ps-server --config $c/c2.yaml --shard 1\$")
 expect "$case: old shard 1 found ($s1)" [ -n "$s1" ]
 kill -STOP $s1
-PS_TEST_CONT=$s1 PS_CLUSTER_PRECOPY_WAIT=2 scripts/ps-cluster.sh "$c/c2.yaml" reshard "$c/c3.yaml" \
+PS_TEST_CONT=$s1 PS_CLUSTER_PRECOPY_WAIT=3 scripts/ps-cluster.sh "$c/c2.yaml" reshard "$c/c3.yaml" \
   --ssh "$tmp/ssh-cont" --logs "$c/logs" > "$c/s1.out" 2>&1; rc=$?
 kill -CONT $s1 2>/dev/null # (whatever happened)
 rec=$(echo "$c"/logs/reshard-*.intent)
-expect "$case: the pre-copy given up after 2 s, saying so, the reshard completed unstaged ($rc): $(grep 'reshard:' "$c/s1.out" | tr '\n' ' ')" \
-  eval '[ $rc -eq 0 ] && grep -q "reshard: not staged (shard 1 on 127.0.0.1: it wrote no pre-copy checkpoint within 2 s (PS_CLUSTER_PRECOPY_WAIT)): going on unstaged" "$c/s1.out" &&
+expect "$case: the pre-copy given up after 3 s, saying so, the reshard completed unstaged ($rc): $(grep 'reshard:' "$c/s1.out" | tr '\n' ' ')" \
+  eval '[ $rc -eq 0 ] && grep -q "reshard: not staged (shard 1 on 127.0.0.1: it wrote no pre-copy checkpoint within 3 s (PS_CLUSTER_PRECOPY_WAIT)): going on unstaged" "$c/s1.out" &&
   ! grep -q "pre-copy: the old shards wrote" "$c/s1.out" && grep -q "reshard: 2 -> 3 shards at clock" "$c/s1.out"'
 expect "$case: no new shard was staged, all 3 started unstaged: $(ls "$run" | grep staged | tr '\n' ' ')" \
   eval '! ls "$run"/server-*.log.staged* > /dev/null 2>&1 && [ "$(grep -l "(same placement):" "$run"/server-[012].log | wc -l)" -eq 3 ]'
