@@ -66,7 +66,10 @@
 # table (PS_CLUSTER_PRECOPY=0: none): the old shards write a full
 # checkpoint (SIGUSR1), each new shard's host is given the ones it lacks,
 # and NEW's shards start staged from them, ending with this process's ssh
-# sessions unless told the commit; waits for every old shard to exit
+# sessions unless told the commit (each of those waits at most
+# PS_CLUSTER_PRECOPY_WAIT seconds, default 600; a pre-copy that fails or
+# runs out of time is given up, saying why, and the re-shard goes on
+# unstaged); waits for every old shard to exit
 # at its stop (one that did not exit 0 rolls back: the old shards start
 # again); sets the checkpoints aside as below; starts NEW_CONFIG's shards
 # in the same run (start --live-run; a new shard that ends before the
@@ -181,6 +184,10 @@ case "$WAIT" in
   *[!0-9]*) die "--wait: expected whole seconds, got '$WAIT'" ;;
 esac
 WORKER_GRACE=$((WAIT < 15 ? WAIT : 15)) SHARD_SIGNAL=TERM LOG_TAIL=8 ROLLBACK=0
+# a live reshard's pre-copy: seconds for each old shard's checkpoint, and
+# for the new shards to load them, before it is given up (unstaged)
+PWAIT=${PS_CLUSTER_PRECOPY_WAIT:-600}
+[[ $PWAIT =~ ^[1-9][0-9]*$ ]] || die "PS_CLUSTER_PRECOPY_WAIT: expected whole seconds (1 or more), got '$PWAIT'"
 # The ssh command as words (quotes honoured, nothing run): xargs splits.
 mapfile -d '' -t SSHV < <(printf '%s' "$SSH" | xargs printf '%s\0' 2>/dev/null)
 [ ${#SSHV[@]} -gt 0 ] || die "--ssh / PS_SSH: cannot split '$SSH' into words (unmatched quote?)"
@@ -762,15 +769,18 @@ while :; do
   if [ -e $(sq "$L.exit.staged") ]; then
     echo \"FAILED \$(grep -m 1 'refusing to start' $(sq "$L.log.staged") || tail -n 1 $(sq "$L.log.staged"))\"; break
   fi
-  i=\$((i + 1)); [ \$i -le 6000 ] || { echo 'FAILED it did not load the old files within 600 s'; break; }
+  i=\$((i + 1)); [ \$i -le $((PWAIT * 10)) ] || { echo 'FAILED it did not load the old files within $PWAIT s (PS_CLUSTER_PRECOPY_WAIT)'; break; }
   sleep 0.1
 done
 cat > /dev/null
 [ -e $(sq "$L.commit") ] || { p=\$(cat $(sq "$L.staged-pid") 2> /dev/null)
-  [ -n \"\$p\" ] && tr '\\0' ' ' < /proc/\$p/cmdline 2> /dev/null | grep -q -- ' --reshard-stage ' && kill -TERM \"\$p\"; }
+  [ -n \"\$p\" ] && tr '\\0' ' ' < /proc/\$p/cmdline 2> /dev/null | grep -q -- ' --reshard-stage ' && kill -TERM \"\$p\" &&
+  j=0 && while kill -0 \"\$p\" 2> /dev/null && [ \$j -lt 300 ]; do sleep 0.1; j=\$((j + 1)); done; }
 echo ENDED"
   }
-  # Ends the staging sessions (a staged shard not told the commit stops).
+  # Ends the staging sessions (a staged shard not told the commit stops;
+  # its session waits, 30 s at most, until it has exited, so an unstaged
+  # start of the same shard after it does not find it running).
   stage_end() {
     local j
     : > "$stage_ctl"
@@ -798,20 +808,24 @@ echo ENDED"
     case $(cfg_key "$dump" log level) in debug | info | warn) ;; *) return 0 ;; esac
     intent_add staging || return 1
     # 1. SIGUSR1 to every old shard, each host at once; its line waited for
+    # (PS_CLUSTER_PRECOPY_WAIT from the signals: the shards write at once)
     for ((n = 0; n < ${#ohosts[@]}; n++)); do
-      out=""
+      out="i=0"$'\n'
       for ((k = 0; k < nshards; k++)); do
         [ "${shost[$k]}" = "${ohosts[$n]}" ] || continue
         out+="o$k=\$(stat -c %s $(sq "$RUN/$(slog $k).log") 2> /dev/null || echo 0); pkill -USR1 -f -- $(sq "$(server_pat $k)") || o$k=none"$'\n'
       done
       for ((k = 0; k < nshards; k++)); do
         [ "${shost[$k]}" = "${ohosts[$n]}" ] || continue
-        out+="r=''; i=0; [ \"\$o$k\" = none ] || while [ \$i -lt 6000 ]; do
+        out+="r=''; [ \"\$o$k\" = none ] || while :; do
   r=\$(tail -c +\$((o$k + 1)) $(sq "$RUN/$(slog $k).log") 2> /dev/null | grep -m 1 -E 'checkpoint \\(re-shard pre-copy\\)|pre-copy \\(SIGUSR1\\) not taken')
-  [ -n \"\$r\" ] && break; pgrep -f -- $(sq "$(server_pat $k)") > /dev/null || break; i=\$((i + 1)); sleep 0.1
+  [ -n \"\$r\" ] && break; pgrep -f -- $(sq "$(server_pat $k)") > /dev/null || break
+  [ \$i -lt $((PWAIT * 10)) ] || break; i=\$((i + 1)); sleep 0.1
 done
 case \"\$r\" in *'pre-copy) written'*) echo \"PRE $k ok \$(stat -c %i:%s:%.9Y $(sq "$ck/shard-$k.ckpt"))\" ;;
-  '') echo 'PRE $k no: it wrote no pre-copy checkpoint' ;; *) echo \"PRE $k no: \${r#* server\\[*\\] }\" ;; esac"$'\n'
+  '') if pgrep -f -- $(sq "$(server_pat $k)") > /dev/null; then echo 'PRE $k no: it wrote no pre-copy checkpoint within $PWAIT s (PS_CLUSTER_PRECOPY_WAIT)'
+      else echo 'PRE $k no: it wrote no pre-copy checkpoint: it is not running'; fi ;;
+  *) echo \"PRE $k no: \${r#* server\\[*\\] }\" ;; esac"$'\n'
       done
       par "pre-$n" "${ohosts[$n]}" "$out"
     done
@@ -823,7 +837,8 @@ case \"\$r\" in *'pre-copy) written'*) echo \"PRE $k ok \$(stat -c %i:%s:%.9Y $(
         case "$l" in
           "PRE $k ok "?*) src_id[$k]=${l#PRE $k ok } ;;
           *) [ -n "$l" ] || l="PRE $k no: cannot ask it over ssh: $(par_out "pre-$n" | tail -n 1)"
-             echo "$me: reshard: not staged ($(sname $k) on ${shost[$k]}: ${l#PRE $k no: })" >&2
+             echo "$me: reshard: not staged ($(sname $k) on ${shost[$k]}: ${l#PRE $k no: }):" \
+               "going on unstaged" >&2
              return 0 ;;
         esac
       done
@@ -848,10 +863,12 @@ case \"\$r\" in *'pre-copy) written'*) echo \"PRE $k ok \$(stat -c %i:%s:%.9Y $(
         cp_k+=("$k") cp_h+=("$h")
         ok=$("${SSHV[@]}" -- "${shost[$k]}" "cd $(sq "$ck") && tar -cf - shard-$k.ckpt" < /dev/null |
           "${SSHV[@]}" -- "$h" "cd $(sq "$ck") && rm -rf .precopy-$k && mkdir .precopy-$k && tar -xf - -C .precopy-$k && mv -f .precopy-$k/shard-$k.ckpt . && rmdir .precopy-$k && echo COPIED")
+        crash_point copied # (tests: killed with the first copy in place, not checked yet)
         id=$(on "${shost[$k]}" "stat -c %i:%s:%.9Y $(sq "$ck/shard-$k.ckpt")" 2>&1)
         if [ "$ok" != COPIED ] || [ "$id" != "${src_id[$k]}" ]; then
           echo "$me: reshard: not staged: $(sname $k)'s pre-copy checkpoint could not be copied from" \
-            "${shost[$k]} to $h$([ "$ok" = COPIED ] && echo ' (a newer one replaced it meanwhile)')" >&2
+            "${shost[$k]} to $h$([ "$ok" = COPIED ] && echo ' (a newer one replaced it meanwhile)'):" \
+            "going on unstaged" >&2
           precopy_cancel
           return 0
         fi
@@ -868,14 +885,14 @@ case \"\$r\" in *'pre-copy) written'*) echo \"PRE $k ok \$(stat -c %i:%s:%.9Y $(
       for ((n = 0; ; n++)); do
         l=$(grep -E '^(STAGED|FAILED)' "$PAR/staged-$k.out" 2> /dev/null | head -n 1)
         [ -n "$l" ] && break
-        if [ $n -ge 6100 ] || ! kill -0 "${stage_jobs[$k]}" 2> /dev/null; then
+        if [ $n -ge $((PWAIT * 10 + 100)) ] || ! kill -0 "${stage_jobs[$k]}" 2> /dev/null; then
           l="FAILED its ssh session ended: $(tail -n 1 "$PAR/staged-$k.out" 2> /dev/null)"; break
         fi
         sleep 0.1
       done
       [ "$l" = STAGED ] && continue
       echo "$me: reshard: not staged: new shard $k on ${nhost[$k]} did not load the old files (log:" \
-        "$RUN/server-$k.log.staged there): ${l#FAILED }" >&2
+        "$RUN/server-$k.log.staged there): $(l=${l#FAILED }; echo "${l#* server\[*\] }"); going on unstaged" >&2
       precopy_cancel
       return 0
     done
@@ -1210,6 +1227,9 @@ echo OK"
 done
 par_wait
 problems=() running=()
+# (one process seen from two names of the same machine, 127.0.0.1 and
+# 127.0.0.2 say, is listed once, on the host the config gives it)
+declare -A run_at=()
 for ((n = 0; n < ${#hosts[@]}; n++)); do
   h=${hosts[$n]} out=$(par_out "pre-$n")
   if [ "$(par_rc "pre-$n")" -ne 0 ] || ! grep -q '^OK$' <<< "$out"; then
@@ -1222,6 +1242,16 @@ for ((n = 0; n < ${#hosts[@]}; n++)); do
       RUNNING\ *)
         set -- ${line#RUNNING }
         what=$(sed -nE 's/.* --(shard|rank) ([0-9]+).*/\1 \2/p' <<< "${line#RUNNING }")
+        own=0 i=${what#* }
+        case "$what" in
+          shard\ [0-9]*) [ "${shost[$i]:-}" = "$h" ] || [ "${shost[$((nshards + i))]:-}" = "$h" ] && own=1 ;;
+          rank\ [0-9]*) [ "$(whost_of "$i")" = "$h" ] && own=1 ;;
+        esac
+        if [ -n "${run_at[$what|$1]:-}" ]; then
+          [ $own -eq 0 ] || running[${run_at[$what|$1]}]="${what/rank/worker} on $h (pid $1)"
+          continue
+        fi
+        run_at[$what|$1]=${#running[@]}
         running+=("${what/rank/worker} on $h (pid $1)") ;;
     esac
   done <<< "$out"

@@ -59,6 +59,19 @@
 #      of its own; root only, else skipped saying so): the old bases copied
 #      to the hosts that lack them before the stop, the incremental ones
 #      after it; every new shard goes on staged from its copy; exact sums.
+#  (p) ps-cluster.sh live with the pre-copy, an old shard that does not
+#      write its pre-copy checkpoint in time (SIGSTOP, PS_CLUSTER_PRECOPY_WAIT
+#      3 s; SIGCONT as the stop is asked): given up, saying so, the re-shard
+#      goes on unstaged (the late pre-copy the base of that shard's stop
+#      checkpoint); exact sums.
+#  (q) the hosts of (o) (root only), one run: the coordinator killed while
+#      it copies a base to another host (the next start rolls back and
+#      removes the copy, the record's `copied` line); then a copied base cut
+#      short before the staged shard loads it: given up, saying so, the
+#      re-shard goes on unstaged; exact sums.
+#  (r) ps-cluster.sh live with pairs (cluster.replicas: 1), 2 -> 3 pairs, the
+#      last old primary killed at its stop: its backup's checkpoint makes the
+#      pair whole, the re-shard completes; exact sums.
 # Each case: the workers train to the end; the map they end on is the one
 # their follow file names, every shard of it up (ps-stat --json); the
 # intent record ends `done`; the old checkpoints are kept where it rolled
@@ -629,6 +642,14 @@ mkdir -p "$c"/ck-127.0.0.{1,2,3}
 cat > "$tmp/ssh-hosts" <<'EOF2'
 #!/usr/bin/env bash
 [ "$1" = -- ] || { echo "ssh stand-in: '$1' where -- belongs" >&2; exit 255; }
+# (q) PS_TEST_CUT=HOST:FILE: that host's copy of FILE cut to half its size
+# just before the first staged start there (the one the new shard loads)
+if [ -n "${PS_TEST_CUT:-}" ] && [ "$2" = "${PS_TEST_CUT%%:*}" ] && [ ! -e "$PS_TEST_CK.cut" ]; then
+  case "$3" in *--reshard-stage*)
+    f=$PS_TEST_CK-$2/${PS_TEST_CUT#*:}
+    truncate -s $(($(stat -c %s "$f") / 2)) "$f" && echo "$f" > "$PS_TEST_CK.cut" ;;
+  esac
+fi
 exec unshare -m sh -c 'mount --bind "$1-$2" "$1" && exec sh -c "$3"' sh "$PS_TEST_CK" "$2" "$3"
 EOF2
 chmod +x "$tmp/ssh-hosts"
@@ -660,6 +681,147 @@ else
     grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
   clh "$c/c3.yaml" stop > /dev/null 2>&1
 fi
+
+# (p) ps-cluster.sh live with the pre-copy, an old shard that does not
+# write its pre-copy checkpoint in time: shard 1 stopped with SIGSTOP before
+# the reshard (its SIGUSR1 waits, pending), PS_CLUSTER_PRECOPY_WAIT=3; the
+# pre-copy is given up after 3 s, no new shard staged, saying so, and the
+# re-shard goes on unstaged. An ssh stand-in sends shard 1 SIGCONT as the
+# stop is asked: its SIGUSR1 comes then, late, so its pre-copy checkpoint
+# is written after the staging was given up and its stop's checkpoint is
+# an incremental one on it, which the unstaged new shards load as a chain.
+# 3 shards, exact sums.
+case=p-live-precopy-late; new_case "$case" rows
+cat > "$tmp/ssh-cont" <<'EOF2'
+#!/usr/bin/env bash
+[ "$1" = -- ] || { echo "ssh stand-in: '$1' where -- belongs" >&2; exit 255; }
+case "$3" in *--reshard-stop*) [ -z "${PS_TEST_CONT:-}" ] || kill -CONT "$PS_TEST_CONT" ;; esac
+exec sh -c "$3"
+EOF2
+chmod +x "$tmp/ssh-cont"
+cl "$c/c2.yaml" start --worker-cmd "$W 200 30" > "$c/s0.out" 2>&1
+run=$(readlink -f "$c/logs/c2.run")
+wait_for "$run/worker-1.log" "^clock 5$"
+s1=$(pgrep -f -- "/bin/ps-server --config $c/c2.yaml --shard 1\$")
+expect "$case: old shard 1 found ($s1)" [ -n "$s1" ]
+kill -STOP $s1
+PS_TEST_CONT=$s1 PS_CLUSTER_PRECOPY_WAIT=3 scripts/ps-cluster.sh "$c/c2.yaml" reshard "$c/c3.yaml" \
+  --ssh "$tmp/ssh-cont" --logs "$c/logs" > "$c/s1.out" 2>&1; rc=$?
+kill -CONT $s1 2>/dev/null # (whatever happened)
+rec=$(echo "$c"/logs/reshard-*.intent)
+expect "$case: the pre-copy given up after 3 s, saying so, the reshard completed unstaged ($rc): $(grep 'reshard:' "$c/s1.out" | tr '\n' ' ')" \
+  eval '[ $rc -eq 0 ] && grep -q "reshard: not staged (shard 1 on 127.0.0.1: it wrote no pre-copy checkpoint within 3 s (PS_CLUSTER_PRECOPY_WAIT)): going on unstaged" "$c/s1.out" &&
+  ! grep -q "pre-copy: the old shards wrote" "$c/s1.out" && grep -q "reshard: 2 -> 3 shards at clock" "$c/s1.out"'
+expect "$case: no new shard was staged, all 3 started unstaged: $(ls "$run" | grep staged | tr '\n' ' ')" \
+  eval '! ls "$run"/server-*.log.staged* > /dev/null 2>&1 && [ "$(grep -l "(same placement):" "$run"/server-[012].log | wc -l)" -eq 3 ]'
+expect "$case: shard 1's SIGUSR1 came once it ran again: its pre-copy written late, its stop's checkpoint incremental on it" \
+  eval 'cat "$run"/server-1.log.before-reshard-* | grep -q "checkpoint (re-shard pre-copy) written" &&
+  cat "$run"/server-1.log.before-reshard-* | grep -q "re-shard stop.*delta-1.*on the re-shard.s pre-copy"'
+expect "$case: the record staged, nothing copied, done: $(tr '\n' ';' < "$rec")" \
+  eval 'grep -qx staging "$rec" && ! grep -q "^copied " "$rec" && [ "$(tail -n 1 "$rec")" = done ]'
+cl_wait c3.yaml
+expect "$case: the same workers followed and trained to the end, every weight and row the exact sum: $(grep -h final "$run/worker-0.log")" \
+  eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] && [ "$(cat "$run/current-config")" = "$c/c3.yaml" ] &&
+  grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
+cl "$c/c3.yaml" stop > /dev/null 2>&1
+
+# (q) ps-cluster.sh live with the pre-copy on hosts that do not share
+# checkpoint.dir (the ssh stand-in of (o); root only), one run of the same
+# two workers through two re-shards:
+#  - the coordinator killed while it copies the old bases to the hosts
+#    that lack them (PS_CLUSTER_CRASH_AT=copied: once the first copy is in
+#    place, its `copied K HOST` line written before it): the next start, of
+#    c3.yaml, rolls back in the run (the old shards run on) and removes the
+#    copy, leaving that host's own files;
+#  - a staged shard that fails to load a base: host 127.0.0.3's copy of
+#    shard-0.ckpt cut to half its size just before new shard 2 starts
+#    there: the staging given up, saying so (the other staged shards
+#    stopped, the copies removed), the re-shard goes on unstaged and
+#    completes; 3 shards, exact sums.
+case=q-live-copy-faults; new_case "$case" rows
+mkdir -p "$c"/ck-127.0.0.{1,2,3}
+if ! PS_TEST_CK=$c/ck "$tmp/ssh-hosts" -- 127.0.0.2 "touch '$c/ck/x'" 2>/dev/null || [ ! -e "$c/ck-127.0.0.2/x" ]; then
+  echo "SKIP: $case: mount namespaces (unshare -m, mount --bind) need root here"
+else
+  rm -f "$c/ck-127.0.0.2/x"
+  sed -i 's/servers: \[127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\)\]/servers: [127.0.0.1:\1, 127.0.0.2:\2]/' "$c/c2.yaml"
+  sed -i 's/servers: \[127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\), 127.0.0.1:\([0-9]*\)\]/servers: [127.0.0.1:\1, 127.0.0.2:\2, 127.0.0.3:\3]/' "$c/c3.yaml"
+  clh() { PS_TEST_CK=$c/ck scripts/ps-cluster.sh "$@" --ssh "$tmp/ssh-hosts" --logs "$c/logs"; }
+  clh "$c/c2.yaml" start --worker-cmd "$W 300 30" > "$c/s0.out" 2>&1
+  run=$(readlink -f "$c/logs/c2.run")
+  wait_for "$run/worker-1.log" "^clock 5$"
+  PS_CLUSTER_CRASH_AT=copied clh "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s1.out" 2>&1; rc=$?
+  rec=$(echo "$c"/logs/reshard-*.intent)
+  read -r _ K H < <(tail -n 1 "$rec")
+  expect "$case: the live reshard was killed with a base copied to another host ($rc): $(tail -n 1 "$c/s1.out"); the record: $(tr '\n' ';' < "$rec")" \
+    eval '[ $rc -eq 137 ] && grep -qx staging "$rec" && [[ "$(tail -n 1 "$rec")" =~ ^copied\ [01]\ 127\.0\.0\.[123]$ ]] &&
+    [ -f "$c/ck-$H/shard-$K.ckpt" ]'
+  own=$((${H##*.} - 1)) # the old shard whose host H is, if any (shard-$own.ckpt its own)
+  clh "$c/c3.yaml" start > "$c/s2.out" 2>&1; rc=$?
+  expect "$case: the next start (c3.yaml) rolled back in the run, the old shards running ($rc): $(grep -E "interrupted|runs already|cannot remove" "$c/s2.out" | tr '\n' ' ')" \
+    eval '[ $rc -eq 0 ] && grep -q "had not reached its commit: rolled back" "$c/s2.out" &&
+    grep -q "every shard of $c/c2.yaml runs already" "$c/s2.out" && [ "$(tail -n 1 "$rec")" = "done rolled-back" ]'
+  expect "$case: the copy of shard-$K.ckpt on $H was removed, that host's own files left: $(ls -A "$c/ck-$H" | tr '\n' ' ')" \
+    eval '[ ! -e "$c/ck-$H/shard-$K.ckpt" ] && [ ! -e "$c/ck-$H/.precopy-$K" ] &&
+    { [ $own -ge 2 ] || [ -f "$c/ck-$H/shard-$own.ckpt" ]; }'
+  k=$(grep -c '^clock ' "$run/worker-1.log")
+  expect "$case: the workers train on with the old shards" \
+    eval 'wait_for "$run/worker-1.log" "^clock $((k + 3))$" && [ "$(cat "$run/current-config")" = "$c/c2.yaml" ]'
+  PS_TEST_CUT=127.0.0.3:shard-0.ckpt clh "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s3.out" 2>&1; rc=$?
+  expect "$case: new shard 2's base cut short: the staging given up, saying so, the reshard completed unstaged ($rc): $(grep 'reshard:' "$c/s3.out" | tr '\n' ' ')" \
+    eval '[ $rc -eq 0 ] && [ -e "$c/ck.cut" ] &&
+    grep -q "reshard: not staged: new shard 2 on 127.0.0.3 did not load the old files (log: .*shard-0.ckpt.*; going on unstaged" "$c/s3.out" &&
+    ! grep -q "pre-copy: the old shards wrote" "$c/s3.out" && grep -q "reshard: 2 -> 3 shards at clock" "$c/s3.out"'
+  expect "$case: the staged shards 0 and 1 stopped before the commit, all 3 new shards started unstaged" \
+    eval '[ "$(grep -l "SIGTERM came before the re-shard.s commit" "$run"/server-[01].log.staged | wc -l)" -eq 2 ] &&
+    [ "$(grep -l "(same placement):" "$run"/server-[012].log | wc -l)" -eq 3 ]'
+  expect "$case: the copies were removed from the hosts' checkpoint folders (the cut one too): $(ls "$c"/ck-127.0.0.3 | tr '\n' ' ')" \
+    eval '[ ! -e "$c/ck-127.0.0.3/shard-0.ckpt" ] && [ ! -e "$c/ck-127.0.0.3/shard-1.ckpt" ] &&
+    [ ! -e "$c/ck-127.0.0.1/shard-1.ckpt" ] && [ ! -e "$c/ck-127.0.0.2/shard-0.ckpt" ]'
+  cl_wait c3.yaml
+  expect "$case: the same workers followed and trained to the end, every weight and row the exact sum: $(grep -h final "$run/worker-0.log")" \
+    eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] && [ "$(cat "$run/current-config")" = "$c/c3.yaml" ] &&
+    grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
+  clh "$c/c3.yaml" stop > /dev/null 2>&1
+fi
+
+# (r) ps-cluster.sh live with pairs (cluster.replicas: 1; ssh stand-in),
+# 2 -> 3 pairs while the same two workers run, the last old primary
+# killed with SIGKILL at its stop (PS_CLUSTER_CRASH_AT=stop-shard, right
+# after ps-stat's commit): its backup, which holds the stop, writes the
+# pair's checkpoint at B and the re-shard goes on from that file (or the
+# primary had stopped with its own first); every process of the 3 new
+# pairs re-sharded from the old files; exact sums: no update lost.
+case=r-live-pairs; new_case "$case"
+b0=$(free_port) && b1=$(free_port "$b0") && b2=$(free_port "$b0" "$b1")
+sed -i "s/^  workers: 2\$/  backups: [127.0.0.1:$b0, 127.0.0.1:$b1]\n  replicas: 1\n  workers: 2/
+  s/^slice_bytes:/replication: {timeout_ms: 600}\nslice_bytes:/" "$c/c2.yaml"
+sed -i "s/^  workers: 2\$/  backups: [127.0.0.1:$b0, 127.0.0.1:$b1, 127.0.0.1:$b2]\n  replicas: 1\n  workers: 2/
+  s/^slice_bytes:/replication: {timeout_ms: 600}\nslice_bytes:/" "$c/c3.yaml"
+cl "$c/c2.yaml" start --worker-cmd "$W 200 30" > "$c/s0.out" 2>&1
+run=$(readlink -f "$c/logs/c2.run")
+wait_for "$run/worker-1.log" "^clock 5$"
+PS_CLUSTER_CRASH_AT=stop-shard cl "$c/c2.yaml" reshard "$c/c3.yaml" > "$c/s1.out" 2>&1; rc=$?
+rec=$(echo "$c"/logs/reshard-*.intent)
+expect "$case: the reshard completed, pair 1 whole through its backup ($rc): $(grep 'reshard:' "$c/s1.out" | tr '\n' ' ')" \
+  eval '[ $rc -eq 0 ] && grep -q "PS_CLUSTER_CRASH_AT=stop-shard: shard 1 killed" "$c/s1.out" &&
+  grep -q "reshard: 2 -> 3 shards at clock" "$c/s1.out" && [ "$(tail -n 1 "$rec")" = done ]'
+if grep -q "its backup wrote the pair's checkpoint" "$c/s1.out"; then
+  expect "$case: old backup 1 stopped at the stop clock with the pair's checkpoint" \
+    eval 'cat "$run"/server-1-r1.log.before-reshard-* | grep -q "stopped at clock [0-9]* with its checkpoint written"'
+else
+  echo "$case: old shard 1 had stopped before it was killed: the re-shard went on from its own file"
+fi
+expect "$case: every process of the 3 new pairs re-sharded from the 2 old pairs' files" \
+  eval '[ "$(grep -l "re-sharded from 2 to 3 shards" "$run"/server-[012].log "$run"/server-[012]-r1.log | wc -l)" -eq 6 ]'
+cl_wait c3.yaml
+expect "$case: the same workers followed and trained to the end, every weight the exact sum: $(grep -h final "$run/worker-0.log")" \
+  eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] && [ "$(cat "$run/current-config")" = "$c/c3.yaml" ] &&
+  grep -q "re-shard: following $c/c3.yaml: 3 shard(s), were 2" "$run/worker-1.log" &&
+  grep -q "final: exact 4000 of 4000, short 0, wrong 0" "$run/worker-0.log"'
+expect "$case: 3 shards and 3 backups up: $(cl "$c/c3.yaml" status 2>&1 | grep -c ': running')" \
+  [ "$(cl "$c/c3.yaml" status 2>&1 | grep -E '^ *(shard|backup) ' | grep -c ': running')" -eq 6 ]
+cl "$c/c3.yaml" stop > /dev/null 2>&1
 
 echo "$(( checks ? 100 * (checks - fails) / checks : 0 ))%: Checks: $checks, Failures: $fails, Errors: 0"
 [ $fails -eq 0 ]
