@@ -45,7 +45,9 @@ bin/ps-bench --config "$tmp/c.yaml" --local --op pull-rows --rows $rows --dim 8 
 
 bin/ps-export --config "$tmp/c.yaml" --out "$tmp/a.npz" 2>"$tmp/err" && ok ||
   bad "ps-export: $(cat "$tmp/err")"
-grep -q "table 'bench' $rows rows of dim 8" "$tmp/err" && ok || bad "summary: $(cat "$tmp/err")"
+# the summary line whole: the dense floats (the config's w, 3000) and the table's rows
+grep -Eq "^ps-export: wrote $tmp/a.npz: 1 dense tensors \(3000 floats\), table 'bench' $rows rows of dim 8 in [0-9]+\.[0-9]{2} s$" "$tmp/err" &&
+  ok || bad "summary: $(cat "$tmp/err")"
 # numpy: Debian's (what build/pyvenv sees), else whichever python3 has it
 np_py=
 for p in /usr/bin/python3 build/pyvenv/bin/python python3; do

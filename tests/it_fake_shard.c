@@ -735,6 +735,7 @@ struct fake_shard {
 	volatile int stop;
 	int pulls; /* pulls answered */
 	volatile int held; /* pulls left unanswered (ANSWER_NEVER) */
+	volatile int delay_ms; /* before each answer */
 };
 
 /* A PullReply for req_id of slice s (the shard's own) broken as mode
@@ -851,6 +852,8 @@ static void *fake_shard_main(void *arg)
 			}
 			for (size_t i = 0; i < q->n_slices && n < 8; i++)
 				sl[n++] = q->slices[i];
+			if (fs->delay_ms)
+				tu_sleep_ms(fs->delay_ms);
 			if (fs->mode == ANSWER_AFTER_UNEXPECTED) {
 				/* a request type no shard sends, before the reply */
 				Ps__Pull x = PS__PULL__INIT;
@@ -1189,8 +1192,24 @@ START_TEST(test_malformed_pull_replies)
 			ck_assert_msg(w[i] != 101.0f, "%s: w[%d] written from a malformed reply",
 				      what[mode - BAD_CODEC], i);
 	}
-	fs[1].mode = ANSWER_RIGHT;
+	/* both shards malformed, shard 1 answering 0.3 s after shard 0: the
+	 * pull fails with the first failure's reason, whole (a later one
+	 * does not replace it, nor leak it: the sanitizer build) */
+	uint32_t s0 = map.slices[0].shard == 0 ? 0 : 1;
+	char want[200];
+	fs[0].mode = BAD_CODEC;
+	fs[1].mode = BAD_CODEC;
+	fs[1].delay_ms = 300;
 	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	ck_assert_int_gt(q, 0);
+	int rc = ps_client_wait(c, q);
+	snprintf(want, sizeof(want), "shard 0 sent a malformed pull reply (slice %u)", s0);
+	ck_assert_msg(rc == PS_EPROTO && strcmp(ps_client_error(c), want) == 0,
+		      "both malformed: %d, '%s'; '%s' expected", rc, ps_client_error(c), want);
+	fs[0].mode = ANSWER_RIGHT;
+	fs[1].mode = ANSWER_RIGHT;
+	fs[1].delay_ms = 0;
+	q = ps_client_pull(c, 0, &tw, 1);
 	ck_assert_int_gt(q, 0);
 	ck_assert_msg(ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
 	for (int i = 0; i < N; i++) {
