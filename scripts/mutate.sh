@@ -146,11 +146,15 @@ suites_of() {
     worker/client/ps_client_declare.c) echo it_declare it_groups ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
-    worker/client/ps_client_members.c) echo it_elastic it_reshard_elastic test_elastic.py ;;
+    # it_fake_shard's case: the pace of a join refused during a stop, and its giving up
+    worker/client/ps_client_members.c) echo it_elastic it_reshard_elastic test_elastic.py \
+                                            it_fake_shard@test_join_waits_paced ;;
     # the live re-shard: the client following a new map, the shards' stop
     worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_live.sh test_reshard_live.py ;;
     worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)
-    server/stop.c)             echo it_reshard_order it_reshard_live it_reshard_rows it_reshard_live.sh ;;
+    # it_reshard_ops' case: the refusals of a stop, and /metrics of a prepared and a committed one
+    server/stop.c)             echo it_reshard_order it_reshard_live it_reshard_rows it_reshard_live.sh \
+                                    it_reshard_ops@test_one_change_at_a_time ;;
     # ps-stat --reshard-stop / --reshard-cancel: the stop, its digest check, the refusals
     worker/ps_stat_reshard.c)  echo it_reshard_requests it_reshard_live it_reshard_live.sh ;;
     # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)

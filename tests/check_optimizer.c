@@ -687,21 +687,27 @@ START_TEST(test_finite_after)
 	}
 	if (ops->init_state)
 		ops->init_state(cfg, st, N);
-	for (int bad = 0; bad < 2; bad++) {
-		w[1200] = bad ? -FLT_MAX : 0.0f;
-		/* reduce: w = g, so only a g that is not finite makes it so */
-		g[1200] = bad ? (cfg->kind == PS_OPT_REDUCE ? INFINITY : 3e38f) : 0.0f;
-		memcpy(w0, w, N * sizeof(float));
-		for (int j = 0; j < ops->nstate; j++)
-			memcpy(st0[j], st[j], N * sizeof(float));
-		ck_assert_int_eq(ps_optimizer_finite_after(ops, cfg, w, g, st, N, 3), !bad);
-		ck_assert_int_eq(memcmp(w, w0, N * sizeof(float)), 0);
-		for (int j = 0; j < ops->nstate; j++)
-			ck_assert_int_eq(memcmp(st[j], st0[j], N * sizeof(float)), 0);
-	}
+	/* the element at each of the four lanes of a vector block, and in
+	 * the scalar tail: a lane the block's test leaves out would pass an
+	 * update that overflows there */
+	static const int at[] = { 1200, 1201, 1202, 1203, N - 1 };
+	for (size_t a = 0; a < sizeof(at) / sizeof(at[0]); a++)
+		for (int bad = 1; bad >= 0; bad--) { /* each left ordinary */
+			w[at[a]] = bad ? -FLT_MAX : 0.0f;
+			/* reduce: w = g, so only a g that is not finite makes it so */
+			g[at[a]] = bad ? (cfg->kind == PS_OPT_REDUCE ? INFINITY : 3e38f) : 0.0f;
+			memcpy(w0, w, N * sizeof(float));
+			for (int j = 0; j < ops->nstate; j++)
+				memcpy(st0[j], st[j], N * sizeof(float));
+			ck_assert_msg(ps_optimizer_finite_after(ops, cfg, w, g, st, N, 3) == !bad,
+				      "%s: element %d %s", ops->name, at[a],
+				      bad ? "overflows, yet the update was found finite" :
+				      "is ordinary, yet the update was found not finite");
+			ck_assert_int_eq(memcmp(w, w0, N * sizeof(float)), 0);
+			for (int j = 0; j < ops->nstate; j++)
+				ck_assert_int_eq(memcmp(st[j], st0[j], N * sizeof(float)), 0);
+		}
 	/* the good update, made for real, is finite */
-	g[1200] = 0.0f;
-	w[1200] = 0.0f;
 	ck_assert_int_eq(ps_optimizer_finite_after(ops, cfg, w, g, st, N, 3), 1);
 	ops->apply(cfg, w, g, st, N, 3);
 	for (size_t i = 0; i < N; i++)

@@ -394,6 +394,38 @@ START_TEST(test_checksum_covers_rows)
 }
 END_TEST
 
+/* The bulk loader a restore and a re-shard fill a table with: each id
+ * inserted once gets a row, an id given again is a duplicate (no second
+ * row), and the bitmap of the ids seen is read and written only inside
+ * its allocation (a mask past it writes beyond the buffer, which the
+ * sanitizer build, san:check_rows, reports). */
+START_TEST(test_bulk_insert)
+{
+	struct ps_config cfg;
+	struct ps_table tb;
+	struct ps_table_bulk bulk = { 0 };
+	const uint64_t n = 20000, mul = UINT64_C(0x9e3779b97f4a7c15);
+	int dup;
+
+	load(&cfg, "{name: e, dim: 4, init: zeros}");
+	ck_assert_int_eq(ps_table_init(&tb, &cfg, 0, 1, 0.0), 0);
+	ck_assert_int_eq(ps_table_bulk_begin(&tb, &bulk, n), 0);
+	for (uint64_t i = 0; i < n; i++) {
+		ck_assert_uint_ne(ps_table_bulk_insert(&tb, &bulk, i * mul, 0, &dup), PS_ROW_NIL);
+		ck_assert_int_eq(dup, 0);
+	}
+	for (uint64_t i = 0; i < n; i += 7) {
+		ck_assert_uint_eq(ps_table_bulk_insert(&tb, &bulk, i * mul, 0, &dup), PS_ROW_NIL);
+		ck_assert_int_eq(dup, 1);
+	}
+	ps_table_bulk_end(&bulk);
+	ck_assert_uint_eq(tb.nrows, n);
+	for (uint64_t i = 0; i < n; i++)
+		ck_assert_uint_ne(ps_table_find(&tb, i * mul), PS_ROW_NIL);
+	ps_table_free(&tb);
+}
+END_TEST
+
 /* The row cap never reaches PS_ROW_NIL, the row number that means "no
  * row": a memory budget of PS_ROW_NIL rows gives PS_ROW_NIL - 1, the bound
  * max_rows' share gets too; a budget under it is kept as it is. */
@@ -494,6 +526,7 @@ int main(void)
 	TU_ADD(tc, test_filter_merge);
 	TU_ADD(tc, test_checksum_covers_rows);
 	TU_ADD(tc, test_cap_below_nil);
+	TU_ADD(tc, test_bulk_insert);
 	TU_ADD(tc, test_ckpt_age_of_row_ahead);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);

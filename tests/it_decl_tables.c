@@ -201,6 +201,70 @@ static void clock_step(struct ps_client *c0, struct ps_client *c1, uint64_t k)
 	}
 }
 
+/* ps_table_decl_diff, which a declaration of a table the shard holds, a
+ * restart from a checkpoint and ps-export go by: each key of a table,
+ * changed alone, is named with both values in the whole text, a's first
+ * (a key left out of the comparison would let a table be declared again
+ * with another setting; a wrong key or value would mislead whoever reads
+ * it); equal tables compare equal. No shard: the function itself. */
+START_TEST(test_decl_diff_every_key)
+{
+	struct ps_table_cfg a, b;
+	char why[300], want[300];
+
+	ps_table_decl_defaults(&a);
+	snprintf(a.name, sizeof(a.name), "e");
+	a.dim = 4;
+	a.init = PS_INIT_UNIFORM;
+	a.init_value = 0.05f;
+	a.optimizer = PS_ROPT_SGD;
+	ck_assert_int_eq(ps_table_decl_diff(&a, &a, "here", "there", why, sizeof(why)), 0);
+#define DIFF(k, field, v)                                                                  \
+	do {                                                                               \
+		b = a;                                                                     \
+		b.field = v;                                                               \
+		snprintf(want, sizeof(want), "table 'e': %s differs: %.9g here, %.9g there", \
+			 k, (double)a.field, (double)b.field);                             \
+		why[0] = 0;                                                                \
+		ck_assert_msg(ps_table_decl_diff(&a, &b, "here", "there", why, sizeof(why)) == 1 && \
+			      strcmp(why, want) == 0, "%s: '%s', '%s' expected", k, why, want); \
+	} while (0)
+	DIFF("dim", dim, 5);
+	DIFF("scale", init_value, 0.5f);
+	DIFF("lr", lr, a.lr * 2);
+	DIFF("eps", eps, a.eps * 2);
+	DIFF("beta1", beta1, 0.5f);
+	DIFF("beta2", beta2, 0.75f);
+	DIFF("initial_accumulator", initial_accumulator, a.initial_accumulator + 1);
+	DIFF("l1", l1, a.l1 + 1);
+	DIFF("l2", l2, a.l2 + 1);
+	DIFF("ftrl_beta", ftrl_beta, a.ftrl_beta + 1);
+	DIFF("admission", admission, a.admission + 2);
+	DIFF("ttl", ttl_s, a.ttl_s + 60);
+	DIFF("max_rows", max_rows, a.max_rows + 1000);
+	DIFF("filter_ids", filter_ids, a.filter_ids + 1000);
+	a.init = PS_INIT_CONST; /* its init_value is the value */
+	DIFF("value", init_value, 0.5f);
+	a.init = PS_INIT_UNIFORM;
+#undef DIFF
+	/* the names of init and optimizer, not their numbers */
+	b = a;
+	b.init = PS_INIT_CONST;
+	snprintf(want, sizeof(want), "table 'e': init differs: uniform here, const there");
+	ck_assert_msg(ps_table_decl_diff(&a, &b, "here", "there", why, sizeof(why)) == 1 &&
+		      strcmp(why, want) == 0, "init: '%s', '%s' expected", why, want);
+	b = a;
+	b.optimizer = PS_ROPT_ADAM;
+	snprintf(want, sizeof(want), "table 'e': optimizer differs: sgd here, adam there");
+	ck_assert_msg(ps_table_decl_diff(&a, &b, "here", "there", why, sizeof(why)) == 1 &&
+		      strcmp(why, want) == 0, "optimizer: '%s', '%s' expected", why, want);
+	b = a;
+	snprintf(b.name, sizeof(b.name), "f");
+	ck_assert_int_eq(ps_table_decl_diff(&a, &b, "here", "there", why, sizeof(why)), 1);
+	ck_assert_str_eq(why, "table name differs: 'e' here, 'f' there");
+}
+END_TEST
+
 START_TEST(test_decl_tables_train)
 {
 	struct ps_client *c0, *c1;
@@ -317,6 +381,36 @@ START_TEST(test_decl_tables_refused)
 	ck_assert_int_eq(ps_client_declare_tables(c1, decl, NT), PS_ECONFIG);
 	ck_assert_msg(strstr(ps_client_error(c1), "beta1 is 1, expected a number in [0, 1)"), "%s",
 		      ps_client_error(c1));
+	/* the client's bounds of admission, ttl and max_rows (model.embeddings'
+	 * own): exactly at each, the declaration is sent, and the shard refuses
+	 * it as differing from rank 0's; one past, the client refuses it before
+	 * sending, the whole reason */
+	for (int k = 0; k < 3; k++)
+		for (int past = 0; past < 2; past++) {
+			static const char *const key[] = { "admission", "ttl", "max_rows" };
+			const uint64_t at[] = { 255, 1u << 30, UINT64_C(1) << 40 };
+			char want[300];
+			decl_init();
+			if (k == 0)
+				decl[0].admission = (uint32_t)(at[k] + (uint64_t)past);
+			else if (k == 1)
+				decl[0].ttl_s = at[k] + (uint64_t)past;
+			else
+				decl[0].max_rows = at[k] + (uint64_t)past;
+			ck_assert_int_eq(ps_client_declare_tables(c1, decl, NT), PS_ECONFIG);
+			if (past)
+				snprintf(want, sizeof(want), "table 'emb_a': admission %u (0..255), ttl "
+					 "%llu s (0..%u) or max_rows %llu (0..2^40) out of range",
+					 decl[0].admission, (unsigned long long)decl[0].ttl_s, 1u << 30,
+					 (unsigned long long)decl[0].max_rows);
+			else
+				snprintf(want, sizeof(want), "table 'emb_a': %s differs: 0 on the shard, "
+					 "%.9g in this declaration", key[k], (double)at[k]);
+			ck_assert_msg(past ? strcmp(ps_client_error(c1), want) == 0
+				      : strstr(ps_client_error(c1), want) != NULL,
+				      "%s %s the limit: '%s', '%s' expected", key[k], past ? "past" : "at",
+				      ps_client_error(c1), want);
+		}
 	char names[PS_MAX_TABLES][16];
 	for (int i = 0; i < PS_MAX_TABLES; i++) {
 		snprintf(names[i], sizeof(names[i]), "t%d", i);
@@ -590,6 +684,7 @@ int main(void)
 	tu_secret_setup();
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 120);
+	TU_ADD(tc, test_decl_diff_every_key);
 	TU_ADD(tc, test_decl_tables_train);
 	TU_ADD(tc, test_decl_tables_refused);
 	TU_ADD(tc, test_decl_tables_hostile);

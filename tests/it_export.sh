@@ -6,7 +6,8 @@
 # every id once, sorted, rows of the table's dim; the export is the same
 # bytes twice; a checkpoint cut at 40 offsets or with a byte flipped at 40
 # offsets, a missing shard, a wrong --since, a config of other tables: each
-# exits non-zero naming the file (and the offset), writing nothing.
+# exits non-zero naming the file (and the offset), writing nothing; a
+# write that fails inside a table says so, and only that.
 # Prints Check-style "N%: Checks" so scripts/run-tests.sh summarises it.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -35,7 +36,7 @@ checkpoint:
 log:
   level: warn
 EOF2
-rows=20000
+rows=40000 # its rows (1.25 MiB) pass the writer's 1 MiB buffer: written inside the table
 bin/ps-bench --config "$tmp/base.yaml" --op pull-rows --rows $rows --dim 8 --dump-config \
   >"$tmp/c.yaml" 2>"$tmp/err" || { echo "ps-bench --dump-config: $(cat "$tmp/err")"; exit 1; }
 bin/ps-bench --config "$tmp/c.yaml" --local --op pull-rows --rows $rows --dim 8 --seconds 0.3 \
@@ -44,7 +45,9 @@ bin/ps-bench --config "$tmp/c.yaml" --local --op pull-rows --rows $rows --dim 8 
 
 bin/ps-export --config "$tmp/c.yaml" --out "$tmp/a.npz" 2>"$tmp/err" && ok ||
   bad "ps-export: $(cat "$tmp/err")"
-grep -q "table 'bench' $rows rows of dim 8" "$tmp/err" && ok || bad "summary: $(cat "$tmp/err")"
+# the summary line whole: the dense floats (the config's w, 3000) and the table's rows
+grep -Eq "^ps-export: wrote $tmp/a.npz: 1 dense tensors \(3000 floats\), table 'bench' $rows rows of dim 8 in [0-9]+\.[0-9]{2} s$" "$tmp/err" &&
+  ok || bad "summary: $(cat "$tmp/err")"
 # numpy: Debian's (what build/pyvenv sees), else whichever python3 has it
 np_py=
 for p in /usr/bin/python3 build/pyvenv/bin/python python3; do
@@ -96,6 +99,14 @@ out=$(bin/ps-export --config "$tmp/c.yaml" --out "$tmp/x.npz" --since 1 2>&1); r
 [ $rc -eq 1 ] && grep -q "only 0 incremental" <<<"$out" && ok || bad "--since 1: $rc $out"
 out=$(bin/ps-export --config "$tmp/c.yaml" --out "$tmp/x.npz" --since x 2>&1); rc=$?
 [ $rc -eq 2 ] && grep -q -- "--since x" <<<"$out" && ok || bad "--since x: $rc $out"
+# a write that fails inside the table (the file size limit, SIGXFSZ
+# ignored: write() fails with EFBIG): the error is the table's whole line,
+# nothing an earlier step left in the exporter's error (each shard's chain
+# ends at a missing incremental file, which sets no text), no file left
+out=$( (trap '' XFSZ; ulimit -f 128; exec bin/ps-export --config "$tmp/c.yaml" --out "$tmp/x.npz") 2>&1); rc=$?
+[ $rc -eq 1 ] && [ "$out" = "ps-export: cannot write table 'bench': File too large" ] &&
+  ok || bad "a write failing in the table: $rc $out"
+ls "$tmp"/x.npz* >/dev/null 2>&1 && bad "a failed export left $(ls "$tmp"/x.npz*)" || ok
 sed 's/dim: 8/dim: 9/' "$tmp/c.yaml" >"$tmp/d.yaml"
 out=$(bin/ps-export --config "$tmp/d.yaml" --out "$tmp/x.npz" 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "another configuration" <<<"$out" && ok || bad "other dim: $rc $out"

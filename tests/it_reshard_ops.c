@@ -19,7 +19,8 @@
  *    once `ps-stat --reshard-cancel` took the stop back; a join holding a
  *    clock refuses a stop (worker and clock named); a stop committed on
  *    one shard only is finished by `ps-stat --reshard-stop`; a shard down
- *    refuses it (shard and address named).
+ *    refuses it (shard and address named). /metrics shows the stop's
+ *    clock, committed 0 while prepared and 1 once committed.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -523,7 +524,10 @@ START_TEST(test_one_change_at_a_time)
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(ck, sizeof(ck), "%s/ck", dir);
 	ck_assert_int_eq(mkdir(ck, 0700), 0);
-	write_cfg("c", 2, 0, ck, "  workers: 3\n  initial_workers: 1\n", path, sizeof(path));
+	int hp = http_base(2);
+	static char body[1 << 18];
+
+	write_cfg("c", 2, hp, ck, "  workers: 3\n  initial_workers: 1\n", path, sizeof(path));
 	start_all(path, &lcfg, srv, NULL, 0);
 	train(&lcfg, 3); /* rank 0 alone: the shards took clocks 0..2 */
 
@@ -547,6 +551,14 @@ START_TEST(test_one_change_at_a_time)
 	ck_assert_int_eq(ps_stat(path, &out, "--json", "--interval", "0.1"), 0);
 	ck_assert_msg(strstr(out, "\"reshard_stop\":{\"clock\":3,\"committed\":false}"), "%s", out);
 	free(out);
+	/* and /metrics: the stop's clock, not committed */
+	for (int k = 0; k < 2; k++) {
+		get_metrics(hp + k, body, sizeof(body));
+		double sc = metric(body, "ps_reshard_stop_clock");
+		double cm = metric(body, "ps_reshard_stop_committed");
+		ck_assert_msg(sc == 3 && cm == 0, "shard %d, a stop at 3 prepared: /metrics says "
+			      "ps_reshard_stop_clock %g, ps_reshard_stop_committed %g", k, sc, cm);
+	}
 
 	/* a join meanwhile waits, asked again, and completes after the
 	 * stop is cancelled */
@@ -609,6 +621,17 @@ START_TEST(test_one_change_at_a_time)
 	}
 	ck_assert_msg(ps_client_stop_at(ma, 0, b, PS_STOP_COMMIT, &st) == 0, "%s",
 		      ps_client_error(ma));
+	/* /metrics of a shard holding a committed stop: 1, as the Stats' bool
+	 * (a scrape reads the gauge as a number, not as a truth value) */
+	get_metrics(hp, body, sizeof(body));
+	double sc = metric(body, "ps_reshard_stop_clock");
+	double cm = metric(body, "ps_reshard_stop_committed");
+	ck_assert_msg(sc == (double)b && cm == 1, "shard 0, a stop at %" PRIu64 " committed: "
+		      "/metrics says ps_reshard_stop_clock %g, ps_reshard_stop_committed %g", b, sc,
+		      cm);
+	get_metrics(hp + 1, body, sizeof(body));
+	cm = metric(body, "ps_reshard_stop_committed");
+	ck_assert_msg(cm == 0, "shard 1, no stop committed yet: ps_reshard_stop_committed %g", cm);
 	ck_assert_int_eq(ps_stat(path, &out, "--reshard-stop", NULL, NULL), 0);
 	snprintf(want, sizeof(want), "shard 0 committed to stop at clock %" PRIu64 " already", b);
 	ck_assert_msg(strstr(out, want), "%s", out);

@@ -91,7 +91,9 @@ static inline void cleanup_dirs(void)
 static char live_ptr[128];
 
 /* Points the workers' $PS_CONFIG_FOLLOW file (dir/current) at path,
- * written whole, then renamed into place, as ps-local.sh does. */
+ * written whole, then renamed into place, as ps-local.sh does; its line
+ * ends in a space and CR LF, as an editor of another system may leave it,
+ * which the client trims (ps_client_follow.c). */
 static inline void live_point_at(const char *path)
 {
 	char tmp[160];
@@ -101,7 +103,7 @@ static inline void live_point_at(const char *path)
 	snprintf(tmp, sizeof(tmp), "%s.new", live_ptr);
 	f = fopen(tmp, "w");
 	ck_assert_ptr_nonnull(f);
-	fprintf(f, "%s\n", path);
+	fprintf(f, "%s \r\n", path);
 	fclose(f);
 	ck_assert_int_eq(rename(tmp, live_ptr), 0);
 }
