@@ -167,10 +167,11 @@ static int pending(struct ps_client *c)
 	return n;
 }
 
-/* Waits (3 s at most) until c has at least n requests pending. */
+/* Waits (10 s at most: a thread started under load) until c has at least
+ * n requests pending. */
 static void wait_pending(struct ps_client *c, int n, const char *what)
 {
-	for (int i = 0; i < 300 && pending(c) < n; i++)
+	for (int i = 0; i < 1000 && pending(c) < n; i++)
 		tu_sleep_ms(10);
 	ck_assert_msg(pending(c) >= n, "%s: %d request(s) in flight, expected %d", what,
 		      pending(c), n);
