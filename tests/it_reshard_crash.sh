@@ -94,6 +94,12 @@ expect() { # DESCRIPTION COMMAND...
   local what=$1; shift
   if "$@"; then ok; else bad "$what"; fi
 }
+# the run's two workers exited 0, their follow file names config $1, and
+# worker 0 found every weight and row the exact sum
+trained_exact() {
+  [ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] && [ "$(cat "$run/current-config")" = "$1" ] &&
+    grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"
+}
 tmp=$(mktemp -d /tmp/ps-reshard-crash.XXXXXX)
 pids=() # every process started here (coordinators and workers)
 cleanup() {
@@ -626,8 +632,7 @@ expect "$case: the re-shard again, staged, completed ($rc): $(grep 'reshard:' "$
   [ "$(grep -l "same placement, staged)" "$run"/server-[012].log | wc -l)" -eq 3 ]'
 cl_wait c3.yaml
 expect "$case: the same workers trained to the end on 3 shards, every weight and row the exact sum: $(grep -h final "$run/worker-0.log")" \
-  eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] && [ "$(cat "$run/current-config")" = "$c/c3.yaml" ] &&
-  grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
+  trained_exact "$c/c3.yaml"
 cl "$c/c3.yaml" stop > /dev/null 2>&1
 
 # (o) ps-cluster.sh live with the pre-copy on hosts that do not share
@@ -721,8 +726,7 @@ expect "$case: the record staged, nothing copied, done: $(tr '\n' ';' < "$rec")"
   eval 'grep -qx staging "$rec" && ! grep -q "^copied " "$rec" && [ "$(tail -n 1 "$rec")" = done ]'
 cl_wait c3.yaml
 expect "$case: the same workers followed and trained to the end, every weight and row the exact sum: $(grep -h final "$run/worker-0.log")" \
-  eval '[ "$(cat "$run"/worker-[01].exit | tr "\n" " ")" = "0 0 " ] && [ "$(cat "$run/current-config")" = "$c/c3.yaml" ] &&
-  grep -q "final: exact $TOTAL of $TOTAL, short 0, wrong 0" "$run/worker-0.log"'
+  trained_exact "$c/c3.yaml"
 cl "$c/c3.yaml" stop > /dev/null 2>&1
 
 # (q) ps-cluster.sh live with the pre-copy on hosts that do not share

@@ -227,6 +227,22 @@ static void declare_tables(struct call *a)
 			 ps_client_error(a->c));
 }
 
+/* Every rank declares the tables, each on a map of nshards shards (0: not
+ * checked). */
+static void declare_tables_all(struct ps_client **c, int nshards)
+{
+	struct call dec = { 0 };
+
+	for (int r = 0; r < NW; r++) {
+		dec.c = c[r];
+		dec.rank = r;
+		declare_tables(&dec);
+		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+		if (nshards)
+			ck_assert_int_eq(ps_config_nshards(ps_client_config(c[r])), nshards);
+	}
+}
+
 /* rank 0: tensors, then tables; rank 1: tables, then tensors */
 static void *declare_thread(void *arg)
 {
@@ -677,12 +693,7 @@ START_TEST(test_declare_partial_at_stop)
 	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
 		      "rank 1's declared tensors differ from rank 0's initial values");
 	/* the tables, declared on the new map by both */
-	for (int r = 0; r < NW; r++) {
-		dec.c = c[r];
-		dec.rank = r;
-		declare_tables(&dec);
-		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
-	}
+	declare_tables_all(c, 0);
 	train_and_check(c, 1);
 	stop_cluster(c, srv, 3);
 }
@@ -732,13 +743,7 @@ START_TEST(test_declare_unfinished_at_stop)
 			      "(logs in %s)", k, dir);
 	start_new_shards("from2", 2, "c3", 3, "", c3, sizeof(c3), srv);
 	live_point_at(c3);
-	for (int r = 0; r < NW; r++) {
-		dec.c = c[r];
-		dec.rank = r;
-		declare_tables(&dec);
-		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
-		ck_assert_int_eq(ps_config_nshards(ps_client_config(c[r])), 3);
-	}
+	declare_tables_all(c, 3);
 	train_and_check(c, 1);
 	stop_cluster(c, srv, 3);
 }
@@ -915,13 +920,7 @@ static void redeclare_and_train(struct ps_client **c, struct ps_client *mon)
 	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
 	ck_assert_msg(!memcmp(xa1, xa0, sizeof(xa0)) && !memcmp(ya1, ya0, sizeof(ya0)),
 		      "rank 1's declared tensors differ from rank 0's initial values");
-	for (int r = 0; r < NW; r++) {
-		dec.c = c[r];
-		dec.rank = r;
-		declare_tables(&dec);
-		ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
-		ck_assert_int_eq(ps_config_nshards(ps_client_config(c[r])), 2);
-	}
+	declare_tables_all(c, 2);
 	train_and_check(c, 1);
 }
 
