@@ -752,11 +752,15 @@ live_reshard() {
   done
   server_pids=("${pids[@]}") server_names=("${names[@]}")
   if [ -n "$failed" ] || ! wait_listening "$new_all" "${pids[@]}"; then
-    # none wrote its checkpoint of the new map: stopped, and rolled back
+    # none wrote its checkpoint of the new map: stopped, and rolled back.
+    # Decided once every new shard has ended: one still starting when
+    # another failed may be writing into the folder
     if ! compgen -G "$ckdir/shard-*" >/dev/null; then
       for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
       for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
       server_pids=() server_names=()
+    fi
+    if [ ${#server_pids[@]} -eq 0 ] && ! compgen -G "$ckdir/shard-*" >/dev/null; then
       if rollback_unstarted "$ckdir"; then
         # the first new shard's reason, before the old shards' lines follow
         # it in the same logs (old files that differ in their declarations:

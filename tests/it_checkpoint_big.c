@@ -17,7 +17,7 @@
 
 static char dir[64], path[64];
 static struct ps_config cfg;
-static pid_t srv[1];
+static pid_t srv;
 
 /* A checkpoint over 4 GiB (a 4.4 GB tensor beside a small one) is written
  * and loads: its checksum covers every byte with 64-bit lengths (a 32-bit
@@ -51,8 +51,9 @@ START_TEST(test_checkpoint_over_4gib)
 	path[0] = 0;
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
-	srv[0] = tu_start_server(path, 0);
-	struct ps_client *c = tu_connect_while_up(&cfg, 0, srv[0], 180); /* the shard fills 4.4 GB first */
+	srv = tu_start_server(path, 0);
+	/* the shard fills 4.4 GB first */
+	struct ps_client *c = tu_connect_while_up(&cfg, 0, srv, 180);
 	/* three clocks that touch only the small tensor */
 	struct ps_tensor tg = { .name = "small", .data = g, .count = SMALL };
 	for (uint64_t k = 0; k < 3; k++) {
@@ -62,15 +63,15 @@ START_TEST(test_checkpoint_over_4gib)
 		ck_assert_msg(p > 0 && ps_client_wait(c, p) == 0, "%s", ps_client_error(c));
 	}
 	ps_client_free(c);
-	ck_assert_int_eq(tu_stop_server(srv[0]), 0); /* SIGTERM: the checkpoint */
+	ck_assert_int_eq(tu_stop_server(srv), 0); /* SIGTERM: the checkpoint */
 	char ck[200];
 	struct stat st;
 	snprintf(ck, sizeof(ck), "%s/shard-0.ckpt", dir);
 	ck_assert_int_eq(stat(ck, &st), 0);
 	ck_assert_int_gt(st.st_size, (off_t)(UINT64_C(1) << 32));
 	/* it loads: the clock and the small tensor's weights come back */
-	srv[0] = tu_start_server(path, 0);
-	c = tu_connect_while_up(&cfg, 0, srv[0], 180);
+	srv = tu_start_server(path, 0);
+	c = tu_connect_while_up(&cfg, 0, srv, 180);
 	ck_assert_uint_eq(ps_client_clock(c), 3);
 	struct ps_tensor tw = { .name = "small", .data = w, .count = SMALL };
 	int64_t q = ps_client_pull(c, 3, &tw, 1);
@@ -79,7 +80,7 @@ START_TEST(test_checkpoint_over_4gib)
 		ck_assert_msg(w[i] == (float)i - 3.0f * (float)(i % 3 + 1), "small[%d] = %g", i,
 			      (double)w[i]);
 	ps_client_free(c);
-	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv), 0);
 	ck_assert_int_eq(tu_rmtree(dir), 0);
 	unlink(path);
 }

@@ -30,8 +30,8 @@
 static struct ps_config cfg;
 static struct ps_shardmap map;
 
-/* A push of clock (ending it when end) of slice sl (N floats: v + i),
- * numbered seq. */
+/* A push of clock (ending it when end) of slice sl (N floats), numbered
+ * seq. */
 static void push_msg(Ps__Push *m, Ps__SliceRef *ref, Ps__SliceRef **ptr, uint64_t seq,
 		     uint64_t clock, int end, uint32_t sl)
 {
@@ -48,13 +48,13 @@ static void push_msg(Ps__Push *m, Ps__SliceRef *ref, Ps__SliceRef **ptr, uint64_
 	m->slices = ptr;
 }
 
-/* Sends a push and expects its PushAck. */
-static void push_acked(int fd, Ps__Push *m, const float *g, const char *what)
+/* Sends push m with payload g (len bytes) and expects its PushAck. */
+static void push_acked(int fd, Ps__Push *m, const float *g, size_t len, const char *what)
 {
 	unsigned t = 0;
 	ProtobufCMessage *r;
 
-	ck_assert_int_eq(tu_raw_send(fd, PS_MSG_PUSH, &m->base, g, N * sizeof(float)), 0);
+	ck_assert_int_eq(tu_raw_send(fd, PS_MSG_PUSH, &m->base, g, len), 0);
 	r = tu_raw_recv(fd, &t);
 	ck_assert_msg(r != NULL, "%s: no answer", what);
 	ck_assert_msg(t == PS_MSG_PUSH_ACK, "%s: got %s (%s), not an ack", what,
@@ -77,11 +77,7 @@ static void push_both(int fd, uint64_t seq, uint64_t clock, const float *g2, con
 	ref[1].length = N * sizeof(float);
 	ptr[1] = &ref[1];
 	m.n_slices = 2;
-	ck_assert_int_eq(tu_raw_send(fd, PS_MSG_PUSH, &m.base, g2, 2 * N * sizeof(float)), 0);
-	unsigned t = 0;
-	ProtobufCMessage *r = tu_raw_recv(fd, &t);
-	ck_assert_msg(r && t == PS_MSG_PUSH_ACK, "%s not acked", what);
-	protobuf_c_message_free_unpacked(r, NULL);
+	push_acked(fd, &m, g2, 2 * N * sizeof(float), what);
 }
 
 START_TEST(test_raised_stop_keeps_order)
@@ -134,9 +130,9 @@ START_TEST(test_raised_stop_keeps_order)
 	push_both(fd[1], 2, 1, g1, "worker 1's clock 1");
 	/* worker 0 sends both again, in order: both taken */
 	push_msg(&m, &ref, &ptr, 2, 1, 0, 0);
-	push_acked(fd[0], &m, g0a, "worker 0's refused push sent again");
+	push_acked(fd[0], &m, g0a, sizeof(g0a), "worker 0's refused push sent again");
 	push_msg(&m, &ref, &ptr, 3, 1, 1, 1);
-	push_acked(fd[0], &m, g0b, "worker 0's push behind it sent again");
+	push_acked(fd[0], &m, g0b, sizeof(g0b), "worker 0's push behind it sent again");
 	/* a push of clock 2 is the stop's again (not held: it has its own) */
 	push_msg(&m, &ref, &ptr, 4, 2, 1, 0);
 	tu_raw_expect_error(fd[0], PS_MSG_PUSH, &m.base, g0a, sizeof(g0a), PS_ERESHARD,
