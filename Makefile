@@ -196,6 +196,8 @@ bin/ps-worker: $(OBJ)/worker/ps_worker.o $(TRAIN_OBJS) $(CTR_OBJS) lib/libps.a
 
 $(OBJ)/tests/%: $(OBJ)/tests/%.o $(SRV_OBJS) $(TRAIN_OBJS) $(CTR_OBJS) $(LIB_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS) $(SRV_LIBS) $(TRAIN_LIBS) $(CHECK_LIBS)
+# ps-export's .npz writer, which no program but ps-export links
+$(OBJ)/tests/check_npz: $(OBJ)/worker/npz.o
 
 # Tests: install what is missing, build, run every unit test then every
 # integration test; the run fails if any of them fails.

@@ -20,7 +20,7 @@
 #   MUTATE_REMEASURE 1: time every suite again instead of using
 #                    build/mutate/times.tsv
 #   MUTATE_FILE_SAMPLE N: only N files of the list, drawn with the seed (a
-#                    fresh draw over the whole default list of 68 files at
+#                    fresh draw over the whole default list (70 files) at
 #                    one mutant each takes a day's afternoon here; half of
 #                    it, drawn, is an unbiased sample of the files)
 #   MUTATE_TIME_ONLY 1: build and time the suites the files need (into
@@ -87,14 +87,15 @@ suites_of() {
     server/dedup.c)            echo check_dedup it_cluster san:check_dedup ;;   # san: shifts past 63
     # it_rows' two cases: the table sections' refusals (damaged, out of the chain)
     # it_fault: its writes, fsync, rename and reads failed in turn (libpsfault.so)
-    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables \
+    # it_reshard: the old files read at a re-shard (tensors, tables, epochs)
+    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables it_reshard \
                                     it_rows@test_checkpoint_kill9,test_incremental_kill9 \
                                     it_fault@test_ckpt_faults,test_restore_faults san:it_checkpoint ;;
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
-    server/push.c)             echo it_hostile it_cluster it_groups san:it_hostile ;;   # it_groups: the pushes' group rates
+    server/push.c)             echo it_hostile it_cluster it_groups it_agree san:it_hostile ;;   # it_agree: pushes of a config that differs   # it_groups: the pushes' group rates
     server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
     # it_reader: the reader's refusals; it_replica_auth, it_replica_cases: the replicas' Hellos
-    server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_auth it_replica_cases ;;
+    server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_auth it_replica_cases it_agree ;;
     # it_hostile reads the queue figures; it_decl_tables restarts from a
     # chain of incremental checkpoints (the base length its deltas name);
     # it_reshard_live: the re-shard stop requests; it_rows' one case: the
@@ -102,16 +103,21 @@ suites_of() {
     # child (checkpoint.fork_bytes); it_client_api: a checkpoint asked of a
     # shard without checkpoint.dir; it_fault: the checkpoint writer's
     # failures, the CRC's read-back cut short
-    server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live \
+    # it_reshard_staged: the pre-copy's background checkpoint and its base
+    server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live it_reshard_staged \
                                     it_rows@test_incremental_kill9 it_client_api@test_stats_sized \
                                     it_fault@test_ckpt_faults ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
-    server/declare.c)          echo it_declare it_groups ;;
-    server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile ;;
+    server/declare.c)          echo it_declare it_groups it_replica_decl ;;   # it_replica_decl: a declaration on a pair
+    # it_reshard_cases, it_reshard_staged: a shard's start from another map's files
+    server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile it_reshard_cases it_reshard_staged ;;
     server/reader.c)           echo it_reader ;;
-    server/decl_tables.c)      echo it_decl_tables test_decl_tables.py ;;
-    server/members.c)          echo it_elastic it_elastic_repl san:it_elastic_repl ;;
-    server/reshard.c)          echo it_reshard ;;
+    server/decl_tables.c)      echo it_decl_tables test_decl_tables.py it_reshard_requests test_export.py ;;
+    # it_replica_auth: a replica's membership; it_reshard_ops: a join during a stop
+    server/members.c)          echo it_elastic it_elastic_repl it_replica_auth \
+                                    it_reshard_ops@test_one_change_at_a_time san:it_elastic_repl ;;
+    # it_reshard_staged: the staged load; it_reshard_pairs.sh: the pairs' two files
+    server/reshard.c)          echo it_reshard it_reshard_staged it_reshard_pairs.sh ;;
     # the staged start (the pre-copy) and the marker until the first
     # checkpoint: it_reshard's marker case; the staging runs under the launcher
     server/reshard_stage.c)    echo it_reshard it_reshard_staged it_reshard_live.sh ;;
@@ -122,7 +128,7 @@ suites_of() {
     # it_rows_errors: an unreplicated shard (no replication state) whose
     # connections close
     server/replica.c|server/replica_log.c|server/replica_apply.c)
-                               echo check_repl_rules it_rows_errors it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows san:it_replica_cases ;;
+                               echo check_repl_rules it_rows_errors it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows it_reshard_pairs.sh san:it_replica_cases ;;
     # declarations replicated; it_fault_repl: the primary out of memory copying one
     server/replica_decl.c)     echo it_replica_decl it_fault_repl@test_declare_oom san:it_replica_decl ;;
     # the tables' part of replication: row batches, tables in the snapshot
@@ -135,7 +141,7 @@ suites_of() {
     server/table.c|server/table_admit.c)
                                echo check_rows it_rows_model it_rows it_reshard san:check_rows ;;
     # it_decl_tables: declared tables through full and incremental checkpoints
-    server/table_ckpt.c)       echo it_rows it_rows_model it_decl_tables it_export.sh test_export.py \
+    server/table_ckpt.c)       echo it_rows it_rows_model it_decl_tables it_reshard_staged it_export.sh test_export.py \
                                     it_fault@test_restore_faults,test_ckpt_faults ;;
     server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases it_reshard_rows \
                                     it_fault@test_rows_oom it_fault_repl@test_primary_rows_oom \
@@ -143,20 +149,20 @@ suites_of() {
     # it_fault's test_client_oom: every allocation of a worker's calls failed in turn
     worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows \
                                             it_fault@test_send_eagain,test_client_oom ;;
-    worker/client/ps_client_declare.c) echo it_declare it_groups ;;
+    worker/client/ps_client_declare.c) echo it_declare it_groups it_reshard_requests ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
     # it_fake_shard's case: the pace of a join refused during a stop, and its giving up
     worker/client/ps_client_members.c) echo it_elastic it_reshard_elastic test_elastic.py \
                                             it_fake_shard@test_join_waits_paced ;;
     # the live re-shard: the client following a new map, the shards' stop
-    worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_live.sh test_reshard_live.py ;;
+    worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_requests it_reshard_live.sh test_reshard_live.py ;;
     worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)
     # it_reshard_ops' case: the refusals of a stop, and /metrics of a prepared and a committed one
-    server/stop.c)             echo it_reshard_order it_reshard_live it_reshard_rows it_reshard_live.sh \
+    server/stop.c)             echo it_reshard_order it_reshard_live it_reshard_rows it_reshard_requests it_reshard_live.sh \
                                     it_reshard_ops@test_one_change_at_a_time ;;
     # ps-stat --reshard-stop / --reshard-cancel: the stop, its digest check, the refusals
-    worker/ps_stat_reshard.c)  echo it_reshard_requests it_reshard_live it_reshard_live.sh ;;
+    worker/ps_stat_reshard.c)  echo it_reshard_requests it_reshard_live it_reshard_live.sh it_reshard_ops@test_one_change_at_a_time ;;
     # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)
     worker/ctr_model.c|worker/ctr_train.c) echo it_ctr it_elastic@test_ctr_data_once ;;
     worker/stop_signal.c)      echo it_elastic@test_ctr_data_once,test_worker_data_once ;;
@@ -176,9 +182,10 @@ suites_of() {
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables ;;
     common/version.c)          echo it_docs.sh ;;        # every program's --version
-    worker/worker_cmd.c)       echo it_launch.sh ;;      # ps-worker --exec under ps-cluster.sh
+    worker/worker_cmd.c)       echo test_launch.py it_launch.sh ;;   # ps-worker --exec: alone, and under ps-cluster.sh
     worker/epoch.c)            echo it_elastic it_train ;;  # each example once per epoch
-    worker/ps_export.c|worker/npz.c) echo it_export.sh ;;  # ps-export on real checkpoints, damaged ones
+    worker/ps_export.c)        echo it_export.sh test_export.py ;;  # ps-export on real checkpoints, damaged ones
+    worker/npz.c)              echo check_npz it_export.sh test_export.py ;;  # check_npz: zip64, failures
     # reading checkpoints: versions 1-2 and damage in it_export.sh; declared
     # tensors and tables (versions 2-4), --since and cut sections in pytest's
     worker/export_read.c)      echo it_export.sh test_export.py ;;
@@ -187,7 +194,8 @@ suites_of() {
     # it_fault: accept out of memory; tsan: send_now's threads against the loop's
     common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport \
                                     tsan:check_transport ;;
-    common/wire.c|common/msg.c) echo check_wire it_hostile san:check_wire ;;
+    common/wire.c)             echo check_wire it_hostile san:check_wire ;;
+    common/msg.c)              echo check_wire it_hostile it_fault_repl@test_declare_oom san:check_wire ;;  # a copy out of memory
     common/codec*)             echo check_store check_codec san:check_codec ;;
     common/finite.c)           echo check_store it_hostile check_rows ;;
     common/auth.c)             echo check_auth check_transport it_hostile it_reader ;;

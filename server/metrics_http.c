@@ -535,7 +535,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	if (!strcmp(url, "/healthz") || !strcmp(url, "/readyz")) {
 		/* the loop's beat, not the loop: nothing here costs the shard.
 		 * Both exist only once the state is loaded and the shard
-		 * listens (ps_server_init starts this server after both);
+		 * listens (ps_server_init_from starts this server after both);
 		 * /readyz also wants replication to have settled who serves. */
 		double age = (double)(now_us() - atomic_load(&h->beat_us)) * 1e-6;
 		char msg[440];

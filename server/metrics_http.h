@@ -23,7 +23,7 @@ struct ps_server;
 struct ps_metrics_http;
 
 /* Listens on host:port (numeric address or name) and starts serving.
- * Call on the loop thread after ps_server_init. 0, or a negative code
+ * Call on the loop thread after ps_server_init_from. 0, or a negative code
  * (logged with the address). */
 int ps_metrics_http_start(struct ps_server *s, const char *host, int port,
 			  struct ps_metrics_http **out);

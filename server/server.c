@@ -1,6 +1,6 @@
 /* server.c - a shard's life cycle and the state its files share.
  *
- * ps_server_init loads the secret and the checkpoint, listens, and starts
+ * ps_server_init_from loads the secret and the checkpoint, listens, and starts
  * the timers (the tick of conn.c, periodic checkpoints) and signal
  * handlers; ps_server_stop closes them. Also here: the clocks derived from
  * every worker's finished clock, and the check for a slice named twice in
@@ -137,17 +137,6 @@ static const char *listen_hint(int rc)
 	default:
 		return "";
 	}
-}
-
-int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, uv_loop_t *loop)
-{
-	return ps_server_init_replica(s, cfg, shard, 0, loop);
-}
-
-int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int shard,
-			   int replica, uv_loop_t *loop)
-{
-	return ps_server_init_from(s, cfg, shard, replica, loop, NULL);
 }
 
 /* A re-shard (from): the old cluster's checkpoints give this shard its

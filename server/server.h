@@ -144,19 +144,14 @@ struct ps_server {
 	char authlog_last[96];
 };
 
-/* Builds the shard's state and starts listening on its configured address.
+/* Builds the shard's state and starts listening: replica `replica` of
+ * the shard (0 listens at cluster.servers[shard]; with cluster.replicas: 1,
+ * 1 at cluster.backups[shard]), re-sharding from another number of
+ * shards' checkpoints when `from` is set (reshard.h; NULL: a plain start).
  * Returns 0 or a negative code (the reason is logged). */
-int ps_server_init(struct ps_server *s, const struct ps_config *cfg, int shard, uv_loop_t *loop);
-
-/* The same for replica `replica` of the shard (cluster.replicas: 1): 0
- * listens at cluster.servers[shard], 1 at cluster.backups[shard]. */
 struct ps_reshard_from;
-/* The same, re-sharding from another number of shards' checkpoints
- * (reshard.h; NULL: a plain start). */
 int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int shard,
 			int replica, uv_loop_t *loop, const struct ps_reshard_from *from);
-int ps_server_init_replica(struct ps_server *s, const struct ps_config *cfg, int shard,
-			   int replica, uv_loop_t *loop);
 
 /* Closes every connection and handle; the loop then ends by itself. */
 void ps_server_stop(struct ps_server *s);

@@ -259,7 +259,28 @@ static void compare(int k, int new_n, const uint8_t *a, size_t alen, const uint8
 		      "shard %d: the admission filters differ", k);
 }
 
-static void run_staged(int old_n, int new_n)
+/* How many times dir/NAME-K.log says what. */
+static int log_count(const char *name, int k, const char *what)
+{
+	char log[200], line[4096];
+	FILE *f;
+	int n = 0;
+
+	snprintf(log, sizeof(log), "%s/%s-%d.log", dir, name, k);
+	f = fopen(log, "r");
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, what) != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/* replace_base: old shard 0 writes a second pre-copy after the staged
+ * shards loaded its first, so the full checkpoint they staged is not the
+ * one the stop's increment builds on: each staged shard loads that old
+ * shard's file again whole at the commit, and still equals its unstaged
+ * twin. */
+static void run_staged(int old_n, int new_n, int replace_base)
 {
 	static uint64_t ids[MAXIDS];
 	pid_t old[3], stg[3], uns[3];
@@ -321,6 +342,15 @@ static void run_staged(int old_n, int new_n)
 				stg[j] = start(cnew, "staged", j, from, old_n, 1);
 			for (int j = 0; j < new_n; j++)
 				wait_log("staged", j, "re-shard staged");
+			if (replace_base) {
+				kill(old[0], SIGUSR1);
+				for (int t = 0; log_count("old", 0, "checkpoint (re-shard pre-copy) "
+							  "written") < 2; t++) {
+					ck_assert_msg(t < 600, "old shard 0 wrote no second pre-copy "
+						      "within 60 s");
+					tu_sleep_ms(100);
+				}
+			}
 		}
 		tu_sleep_ms(250);
 	}
@@ -360,6 +390,13 @@ static void run_staged(int old_n, int new_n)
 		free(y);
 		snprintf(a, sizeof(a), "%s/staged-%d.log", dir, j);
 		ck_assert_msg(live_log_says(a, "(same placement, staged)"), "%s: not staged", a);
+		if (replace_base) {
+			/* old shard 0's file is another than the one staged */
+			ck_assert_msg(live_log_says(a, "shard-0.ckpt is not the full checkpoint "
+						    "staged (a newer one replaced it): loading it "
+						    "whole"), "%s: the replaced base not loaded again", a);
+			continue;
+		}
 		ck_assert_msg(live_log_says(a, "the stop's changes applied to the rows merged"),
 			      "%s: the stop's changes not applied to the merge", a);
 		ck_assert_msg(!live_log_says(a, "merging them again whole") &&
@@ -390,14 +427,79 @@ static void run_staged(int old_n, int new_n)
 
 START_TEST(test_staged_2_3)
 {
-	run_staged(2, 3);
+	run_staged(2, 3, 0);
+}
+END_TEST
+
+START_TEST(test_staged_base_replaced)
+{
+	run_staged(2, 3, 1);
+}
+END_TEST
+
+/* A staged shard refuses to stage for a process that is not its parent,
+ * and stops on SIGTERM before the commit; either way it writes nothing
+ * into the checkpoint folder and says why. */
+START_TEST(test_staged_refusals)
+{
+	char from[200], pid1[16], log[200], a[300];
+	pid_t old, stg;
+	struct ps_client *c;
+	uint64_t ids[16];
+	int st;
+
+	setup_dirs();
+	write_cfgs(1, 2);
+	old = start(cold, "old", 0, NULL, 0, 0);
+	c = connect_retry(0);
+	for (int i = 0; i < 16; i++)
+		ids[i] = id_of(i);
+	clock_push(c, 0, ids, 16);
+	clock_push(c, 1, ids, 16);
+	kill(old, SIGUSR1);
+	wait_log("old", 0, "checkpoint (re-shard pre-copy) written");
+	snprintf(from, sizeof(from), "%s/from", ck);
+	ck_assert_int_eq(mkdir(from, 0700), 0);
+
+	/* this test's parent, a process that runs but is not the launcher */
+	snprintf(pid1, sizeof(pid1), "%d", (int)getppid());
+	snprintf(log, sizeof(log), "%s/notparent-1.log", dir);
+	const char *argv[] = { "bin/ps-server", "--config", cnew, "--shard", "1", "--reshard-from",
+			       from, "--reshard-shards", "1", "--reshard-stage", pid1, NULL };
+	stg = tu_spawn(argv, log);
+	st = tu_wait_exit(stg);
+	ck_assert_msg(st != 0, "a shard staged for pid %s exited 0", pid1);
+	snprintf(a, sizeof(a), "--reshard-stage %s: that process, which must be this shard's "
+		 "parent (the launcher), is not: gone already?", pid1);
+	ck_assert_msg(live_log_says(log, a), "%s: the refusal does not say the launcher is not "
+		      "its parent", log);
+
+	/* SIGTERM before the commit */
+	stg = start(cnew, "staged", 1, from, 1, 1);
+	wait_log("staged", 1, "re-shard staged");
+	kill(stg, SIGTERM);
+	st = tu_wait_exit(stg);
+	ck_assert_msg(st != 0, "a staged shard stopped before the commit exited 0");
+	wait_log("staged", 1, "SIGTERM came before the re-shard's commit: a staged shard writes "
+		 "nothing; stopping");
+	const char *mine[] = { "shard-1.ckpt", "shard-1.reshard", "shard-1.members" };
+	for (int q = 0; q < 3; q++) {
+		snprintf(a, sizeof(a), "%s/%s", ck, mine[q]);
+		ck_assert_msg(access(a, F_OK) != 0, "%s: written by a staged shard that stopped "
+			      "before the commit", a);
+	}
+	/* the old shard went on serving */
+	clock_push(c, 2, ids, 16);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(old), 0);
+	cleanup_dirs();
 }
 END_TEST
 
 /* the new shards hold more rows than the cap: the merge drops the oldest */
 START_TEST(test_staged_3_2)
 {
-	run_staged(3, 2);
+	run_staged(3, 2, 0);
 }
 END_TEST
 
@@ -409,6 +511,8 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_staged_2_3);
 	TU_ADD(tc, test_staged_3_2);
+	TU_ADD(tc, test_staged_base_replaced);
+	TU_ADD(tc, test_staged_refusals);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
