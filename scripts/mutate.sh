@@ -152,9 +152,10 @@ suites_of() {
     worker/client/ps_client_declare.c) echo it_declare it_groups it_reshard_requests ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
-    # it_fake_shard's case: the pace of a join refused during a stop, and its giving up
-    worker/client/ps_client_members.c) echo it_elastic it_reshard_elastic test_elastic.py \
-                                            it_fake_shard@test_join_waits_paced ;;
+    # it_fake_shard's cases: the pace of a join refused during a stop, and its giving up;
+    # scripted answers to a join's and a leave's steps that do not fit or refuse
+    worker/client/ps_client_members.c) echo it_fake_shard@test_join_waits_paced,test_join_answers_checked,test_leave_answers_checked \
+                                            it_elastic it_reshard_elastic test_elastic.py ;;
     # the live re-shard: the client following a new map, the shards' stop
     worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_requests it_reshard_live.sh test_reshard_live.py ;;
     worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)

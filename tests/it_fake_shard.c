@@ -1539,6 +1539,215 @@ START_TEST(test_join_waits_paced)
 }
 END_TEST
 
+/* ---- scripted membership answers (ps_client_members.c) ---- */
+
+/* A fake shard that answers each join and leave step as its script says:
+ * a hold (status 1: a member from `clock`; 0: held at `clock`; < 0:
+ * refused with `why`), a join, a freeze; and records the clock each join
+ * asked for. */
+struct member_fake {
+	int lfd, shard;
+	volatile int stop;
+	pthread_t th;
+	int hold_status, join_status, freeze_status;
+	uint64_t hold_clock, freeze_clock;
+	const char *why;
+	volatile int njoin, nfreeze;
+	volatile uint64_t join_clock;
+};
+
+static void *member_fake_main(void *arg)
+{
+	struct member_fake *mf = arg;
+	struct fake fk = { .fd = -1 };
+
+	while (!mf->stop && fk.fd < 0)
+		fk.fd = fake_accept(mf->lfd, 100);
+	if (fk.fd < 0)
+		return NULL;
+	fake_handshake(&fk, mf->shard);
+	while (!mf->stop) {
+		ProtobufCMessage *m = NULL;
+		struct pollfd pfd = { fk.fd, POLLIN, 0 };
+		if (poll(&pfd, 1, 100) != 1)
+			continue;
+		int type = fake_recv(&fk, &m, NULL, NULL, 5000);
+		if (type < 0)
+			break;
+		if (type == PS_MSG_STATS_REQUEST) {
+			Ps__StatsRequest *q = (Ps__StatsRequest *)m;
+			Ps__Stats st = PS__STATS__INIT;
+			st.req_id = q->req_id;
+			switch (q->member_op) {
+			case PS__MEMBER_OP__MEMBER_HOLD:
+				st.member_status = mf->hold_status;
+				st.member_clock = mf->hold_clock;
+				break;
+			case PS__MEMBER_OP__MEMBER_JOIN:
+				mf->join_clock = q->member_clock;
+				mf->njoin++;
+				st.member_status = mf->join_status;
+				st.member_clock = q->member_clock;
+				break;
+			case PS__MEMBER_OP__MEMBER_FREEZE:
+				mf->nfreeze++;
+				st.member_status = mf->freeze_status;
+				st.member_clock = mf->freeze_clock;
+				break;
+			default:
+				break;
+			}
+			if (st.member_status < 0)
+				st.member_error = (char *)mf->why;
+			ck_assert_int_eq(fake_send(&fk, PS_MSG_STATS, &st.base, NULL, 0), 0);
+		}
+		protobuf_c_message_free_unpacked(m, NULL);
+	}
+	close(fk.fd);
+	return NULL;
+}
+
+/* Two scripted shards (their scripts set in mf before), and the client. */
+static struct ps_client *member_fakes_start(struct member_fake mf[2], int async)
+{
+	int ports[2] = { tu_free_port(), tu_free_port() };
+
+	while (ports[1] == ports[0])
+		ports[1] = tu_free_port();
+	write_cfg(2, ports);
+	if (async) {
+		cfg.consistency = PS_ASYNC;
+		cfg.staleness = 2;
+	}
+	for (int k = 0; k < 2; k++) {
+		mf[k].shard = k;
+		mf[k].lfd = fake_listen(ports[k]);
+		ck_assert_int_eq(pthread_create(&mf[k].th, NULL, member_fake_main, &mf[k]), 0);
+	}
+	return connect_retry();
+}
+
+static void member_fakes_stop(struct member_fake mf[2], struct ps_client *c)
+{
+	ps_client_free(c);
+	for (int k = 0; k < 2; k++) {
+		mf[k].stop = 1;
+		pthread_join(mf[k].th, NULL);
+		close(mf[k].lfd);
+	}
+	ps_shardmap_free(&map);
+	unlink(path);
+}
+
+/* A join's answers that do not fit together, and refusals, each given up
+ * with the code and the whole reason; a join that fits asks both shards
+ * for the clock after the highest held one, and a worker a member of both
+ * already goes on from the clock they count it from. */
+START_TEST(test_join_answers_checked)
+{
+	struct member_fake mf[2];
+	struct ps_client *c;
+	char want[300];
+	int rc;
+
+	/* members from two clocks */
+	memset(mf, 0, sizeof(mf));
+	mf[0] = (struct member_fake){ .hold_status = 1, .hold_clock = 3 };
+	mf[1] = (struct member_fake){ .hold_status = 1, .hold_clock = 5 };
+	c = member_fakes_start(mf, 0);
+	rc = ps_client_join(c);
+	ck_assert_msg(rc == PS_EREFUSED && !strcmp(ps_client_error(c), "cannot join: shards 0 "
+		      "and 1 count worker 0 from clocks 3 and 5"), "%d: '%s'", rc,
+		      ps_client_error(c));
+	ck_assert_int_eq(mf[0].njoin + mf[1].njoin, 0);
+	member_fakes_stop(mf, c);
+
+	/* a member of shard 0 from 3, shard 1 held past it at 7 */
+	memset(mf, 0, sizeof(mf));
+	mf[0] = (struct member_fake){ .hold_status = 1, .hold_clock = 3 };
+	mf[1] = (struct member_fake){ .hold_status = 0, .hold_clock = 7 };
+	c = member_fakes_start(mf, 0);
+	rc = ps_client_join(c);
+	ck_assert_msg(rc == PS_EREFUSED && !strcmp(ps_client_error(c), "cannot join: shard 0 "
+		      "counts worker 0 from clock 3, another shard has passed that clock (it is at "
+		      "7): restart that shard, or wait for its drop timeout"), "%d: '%s'", rc,
+		      ps_client_error(c));
+	member_fakes_stop(mf, c);
+
+	/* held at 2 and 4: the join asks both for 5; shard 1 refuses it */
+	memset(mf, 0, sizeof(mf));
+	mf[0] = (struct member_fake){ .hold_clock = 2 };
+	mf[1] = (struct member_fake){ .hold_clock = 4, .join_status = PS_EREFUSED,
+				      .why = "only a worker may join or leave" };
+	c = member_fakes_start(mf, 0);
+	rc = ps_client_join(c);
+	ck_assert_msg(rc == PS_EREFUSED && !strcmp(ps_client_error(c), "join at clock 5 refused "
+		      "by shard 1: only a worker may join or leave"), "%d: '%s'", rc,
+		      ps_client_error(c));
+	ck_assert_msg(mf[0].njoin == 1 && mf[0].join_clock == 5 && mf[1].njoin == 1 &&
+		      mf[1].join_clock == 5, "joins asked: shard 0 %d at %llu, shard 1 %d at %llu; "
+		      "one each at 5 due", mf[0].njoin, (unsigned long long)mf[0].join_clock,
+		      mf[1].njoin, (unsigned long long)mf[1].join_clock);
+	member_fakes_stop(mf, c);
+
+	/* a hold refused (not for a re-shard): given up at once */
+	memset(mf, 0, sizeof(mf));
+	mf[1] = (struct member_fake){ .hold_status = PS_EPROTO, .why = "worker 0: a join at "
+				      "clock 9: out of range" };
+	c = member_fakes_start(mf, 0);
+	rc = ps_client_join(c);
+	snprintf(want, sizeof(want), "join refused by shard 1: %s", mf[1].why);
+	ck_assert_msg(rc == PS_EPROTO && !strcmp(ps_client_error(c), want), "%d: '%s'", rc,
+		      ps_client_error(c));
+	member_fakes_stop(mf, c);
+
+	/* a member of both from 6: no join asked, the worker goes on from 6 */
+	memset(mf, 0, sizeof(mf));
+	mf[0] = (struct member_fake){ .hold_status = 1, .hold_clock = 6 };
+	mf[1] = (struct member_fake){ .hold_status = 1, .hold_clock = 6 };
+	c = member_fakes_start(mf, 0);
+	rc = ps_client_join(c);
+	ck_assert_msg(rc == 0, "join: %s", ps_client_error(c));
+	ck_assert_int_eq(mf[0].njoin + mf[1].njoin, 0);
+	ck_assert_uint_eq(ps_client_clock(c), 6);
+	member_fakes_stop(mf, c);
+}
+END_TEST
+
+/* A leave in async mode with staleness freezes the worker on every shard
+ * in two rounds and trains up to the highest clock a shard answers; a
+ * freeze refused gives the leave up with the code and the whole reason. */
+START_TEST(test_leave_answers_checked)
+{
+	struct member_fake mf[2];
+	struct ps_client *c;
+	uint64_t last = 0;
+	int rc;
+
+	memset(mf, 0, sizeof(mf));
+	mf[0] = (struct member_fake){ .freeze_status = 1, .freeze_clock = 4 };
+	mf[1] = (struct member_fake){ .freeze_status = 1, .freeze_clock = 6 };
+	c = member_fakes_start(mf, 1);
+	rc = ps_client_leave_begin(c, &last);
+	ck_assert_msg(rc == 0, "leave: %s", ps_client_error(c));
+	ck_assert_uint_eq(last, 6);
+	ck_assert_msg(mf[0].nfreeze == 2 && mf[1].nfreeze == 2, "freezes asked: %d and %d, two "
+		      "rounds due", mf[0].nfreeze, mf[1].nfreeze);
+	member_fakes_stop(mf, c);
+
+	memset(mf, 0, sizeof(mf));
+	mf[0] = (struct member_fake){ .freeze_status = 1, .freeze_clock = 4 };
+	mf[1] = (struct member_fake){ .freeze_status = PS_EREFUSED,
+				      .why = "worker 0 is not a member: it has nothing to leave" };
+	c = member_fakes_start(mf, 1);
+	rc = ps_client_leave_begin(c, &last);
+	ck_assert_msg(rc == PS_EREFUSED && !strcmp(ps_client_error(c), "leave refused by shard 1: "
+		      "worker 0 is not a member: it has nothing to leave"), "%d: '%s'", rc,
+		      ps_client_error(c));
+	member_fakes_stop(mf, c);
+}
+END_TEST
+
 /* limits.idle_timeout_ms (900 ms here) from both sides. A shard that
  * answers each heartbeat keeps the connection for twice the limit, the
  * heartbeats coming at least a third of it apart; once it stops
@@ -1680,6 +1889,8 @@ int main(void)
 	TU_ADD(tc, test_stop_refused_push_waits_for_handshake);
 	TU_ADD(tc, test_free_with_pull_pending);
 	TU_ADD(tc, test_join_waits_paced);
+	TU_ADD(tc, test_join_answers_checked);
+	TU_ADD(tc, test_leave_answers_checked);
 	TU_ADD(tc, test_idle_limit);
 	TU_ADD(tc, test_reconnect_within_window);
 	TU_ADD_LOOP(tc, test_reconnect_gives_up, 0, 3);
