@@ -113,8 +113,10 @@ suites_of() {
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile it_reshard_cases it_reshard_staged ;;
     server/reader.c)           echo it_reader ;;
     server/decl_tables.c)      echo it_decl_tables test_decl_tables.py it_reshard_requests test_export.py ;;
-    # it_replica_auth: a replica's membership; it_reshard_ops: a join during a stop
-    server/members.c)          echo it_elastic it_elastic_repl it_replica_auth \
+    # it_hostile's case: every refusal of a join or leave step and of a
+    # push by no member; it_replica_auth: a replica's membership;
+    # it_reshard_ops: a join during a stop
+    server/members.c)          echo it_hostile@test_member_steps_refused it_elastic it_elastic_repl it_replica_auth \
                                     it_reshard_ops@test_one_change_at_a_time san:it_elastic_repl ;;
     # it_reshard_staged: the staged load; it_reshard_pairs.sh: the pairs' two files
     server/reshard.c)          echo it_reshard it_reshard_staged it_reshard_pairs.sh ;;

@@ -454,6 +454,9 @@ static void request(struct ps_server *s, struct ps_srv_conn *sc, const Ps__Stats
 		if (m->hold[r] == NONE)
 			snprintf(err, errlen, "worker %d joins at clock %" PRIu64 " without a hold "
 				 "on this shard (ask for one first)", r, q->member_clock);
+		else if (q->member_clock >= PS_MAX_CLOCK)
+			snprintf(err, errlen, "worker %d joins at clock %" PRIu64 ": out of range "
+				 "(at most 2^53 - 1)", r, q->member_clock);
 		else
 			snprintf(err, errlen, "worker %d joins at clock %" PRIu64 ", below the "
 				 "clock %" PRIu64 " this shard holds for it", r, q->member_clock,

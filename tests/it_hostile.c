@@ -142,6 +142,7 @@ static const char *fx_limits = ""; /* more limits: lines for the next fx_start *
 static const char *fx_extra = "";  /* more top-level sections for the next fx_start */
 static const char *fx_mode = "sync"; /* consistency.mode of the next fx_start */
 static int fx_workers = 1; /* more: F.c is a monitor and fx_start pushes nothing */
+static const char *fx_cluster = ""; /* more cluster: lines for the next fx_start */
 
 static void fx_start(void)
 {
@@ -150,7 +151,7 @@ static void fx_start(void)
 	memset(&F, 0, sizeof(F));
 	F.port = tu_free_port();
 	snprintf(yaml, sizeof(yaml),
-		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: %d\n"
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: %d\n%s"
 		 "consistency:\n  mode: %s\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
@@ -161,7 +162,7 @@ static void fx_start(void)
 		 "  max_frame_bytes: 1MiB\n  max_meta_bytes: 64KiB\n  max_clock_ahead: 4\n"
 		 "  connect_timeout_ms: %d\n  request_timeout_ms: %d\n%s"
 		 "log:\n  level: warn\n%s",
-		 F.port, fx_workers, fx_mode, NA, NC, HANDSHAKE_DEADLINE_MS, MAX_CONNS, (int)(5000 * tu_time_scale()),
+		 F.port, fx_workers, fx_cluster, fx_mode, NA, NC, HANDSHAKE_DEADLINE_MS, MAX_CONNS, (int)(5000 * tu_time_scale()),
 		 (int)(5000 * tu_time_scale()), fx_limits, fx_extra);
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
 	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
@@ -570,6 +571,7 @@ struct pref {
 
 static float push_fill = 1.0f; /* the value of every payload float */
 static uint64_t push_seq;      /* Push.seq of the raw pushes (0: not numbered) */
+static int push_leave;         /* Push.leave of the raw pushes */
 
 /* The bytes of a push frame as raw_frame builds them (malloc'ed, *len of
  * them; its metadata's length in *mlen). */
@@ -594,6 +596,7 @@ static uint8_t *push_frame(int fd, uint64_t req, uint64_t clock, int end_clock,
 	m.seq = push_seq;
 	m.clock = clock;
 	m.end_clock = end_clock;
+	m.leave = push_leave;
 	m.n_slices = (size_t)n;
 	m.slices = ptrs;
 	meta = malloc(protobuf_c_message_get_packed_size(&m.base) + 1);
@@ -693,6 +696,120 @@ START_TEST(test_control_raw_push_applies)
 	snapshot();
 	after_attack("control");
 	fx_stop();
+}
+END_TEST
+
+/* A join or leave step (StatsRequest.member_op) over a raw connection:
+ * the shard's answer, whose member_status and member_error are checked. */
+static void raw_member(int fd, uint64_t req, Ps__MemberOp op, uint64_t clock, int status,
+		       uint64_t want_clock, const char *why)
+{
+	Ps__StatsRequest q = PS__STATS_REQUEST__INIT;
+
+	q.req_id = req;
+	q.member_op = op;
+	q.member_clock = clock;
+	ck_assert_int_eq(raw_send(fd, PS_MSG_STATS_REQUEST, &q.base, NULL, 0), 0);
+	Ps__Stats *st = (Ps__Stats *)raw_expect(fd, PS_MSG_STATS, 3000);
+	ck_assert_ptr_nonnull(st);
+	ck_assert_uint_eq(st->req_id, req);
+	ck_assert_msg(st->member_status == status && (status < 0 || st->member_clock == want_clock),
+		      "step %d at clock %" PRIu64 ": status %d at clock %" PRIu64 " (%s), %d at %"
+		      PRIu64 " expected", (int)op, clock, st->member_status, st->member_clock,
+		      st->member_error ? st->member_error : "", status, want_clock);
+	if (why)
+		ck_assert_msg(st->member_error && !strcmp(st->member_error, why), "step %d: '%s', "
+			      "'%s' expected", (int)op, st->member_error ? st->member_error : "",
+			      why);
+	protobuf_c_message_free_unpacked(&st->base, NULL);
+}
+
+/* The shard's refusals of join and leave steps and of pushes by workers
+ * that are not members of the clock: a worker outside
+ * cluster.initial_workers pushing, joining without a hold, below it or
+ * out of range (at the hold: taken), leaving while no member, pushing while held or before
+ * the clock it joined at, a leave push that does not end its clock, and a
+ * monitor asking to join. Each is answered with its code and whole
+ * reason, and the membership of the shard is what the honest steps made
+ * it (its Stats count 1 join); the member then pushes and is counted. */
+START_TEST(test_member_steps_refused)
+{
+	struct pref p[4];
+	uint64_t plen, req = 1;
+	int n, w0, w1;
+	char why[200];
+
+	fx_workers = 2;
+	fx_cluster = "  initial_workers: 1\n";
+	fx_start();
+	n = all_slices(p, &plen);
+	w0 = raw_worker();
+	Ps__Hello h = good_hello(1);
+	w1 = raw_connect();
+	Ps__HelloReply *hr = raw_hello(w1, &h);
+	ck_assert_msg(hr && hr->ok, "rank 1's hello refused");
+	protobuf_c_message_free_unpacked(&hr->base, NULL);
+
+	/* rank 1 is no member: its push, a join without a hold, a leave */
+	ck_assert_int_eq(raw_push(w1, req, 0, 1, p, n, plen), 0);
+	expect_error(w1, req++, PS_EREFUSED, "worker 1 is not a member (cluster.initial_workers "
+		     "is 1): it must join first");
+	raw_member(w1, req++, PS__MEMBER_OP__MEMBER_JOIN, 0, PS_EPROTO, 0, "worker 1 joins at "
+		   "clock 0 without a hold on this shard (ask for one first)");
+	raw_member(w1, req++, PS__MEMBER_OP__MEMBER_FREEZE, 0, PS_EREFUSED, 0, "worker 1 is not "
+		   "a member: it has nothing to leave");
+	/* rank 0 closes clocks 0 and 1: rank 1's hold is at 2 */
+	for (uint64_t k = 0; k < 2; k++) {
+		ck_assert_int_eq(raw_push(w0, req, k, 1, p, n, plen), 0);
+		expect_ack(w0, req++);
+	}
+	raw_member(w1, req++, PS__MEMBER_OP__MEMBER_HOLD, 0, 0, 2, NULL);
+	ck_assert_int_eq(raw_push(w1, req, 2, 1, p, n, plen), 0);
+	expect_error(w1, req++, PS_EREFUSED, "worker 1 is joining (held at clock 2): it pushes "
+		     "once its join is done");
+	raw_member(w1, req++, PS__MEMBER_OP__MEMBER_JOIN, 1, PS_EPROTO, 0, "worker 1 joins at "
+		   "clock 1, below the clock 2 this shard holds for it");
+	snprintf(why, sizeof(why), "worker 1 joins at clock %" PRIu64 ": out of range (at most "
+		 "2^53 - 1)", (uint64_t)1 << 53);
+	raw_member(w1, req++, PS__MEMBER_OP__MEMBER_JOIN, (uint64_t)1 << 53, PS_EPROTO, 0, why);
+	/* at the clock held: the least a shard takes */
+	raw_member(w1, req++, PS__MEMBER_OP__MEMBER_JOIN, 2, 0, 2, NULL);
+	/* a member from 2: not at 1; a leave push must end its clock */
+	ck_assert_int_eq(raw_push(w1, req, 1, 1, p, n, plen), 0);
+	expect_error(w1, req++, PS_EREFUSED, "worker 1 is a member from clock 2 only (it joined "
+		     "there), not at clock 1");
+	push_leave = 1;
+	ck_assert_int_eq(raw_push(w1, req, 3, 0, p, n, plen), 0);
+	push_leave = 0;
+	expect_error(w1, req++, PS_EPROTO, "a push that leaves must also end its clock "
+		     "(end_clock)");
+	raw_member(w1, req++, PS__MEMBER_OP__MEMBER_HOLD, 0, 1, 2, NULL); /* a member already */
+	/* a monitor may not join */
+	Ps__Hello hm = good_hello(-1);
+	int mon = raw_connect();
+	hr = raw_hello(mon, &hm);
+	ck_assert_msg(hr && hr->ok, "the monitor's hello refused");
+	protobuf_c_message_free_unpacked(&hr->base, NULL);
+	raw_member(mon, req++, PS__MEMBER_OP__MEMBER_HOLD, 0, PS_EREFUSED, 0, "only a worker may "
+		   "join or leave");
+	close(mon);
+	Ps__Stats *st = raw_stats(w0, req++);
+	ck_assert_uint_eq(st->joins, 1);
+	ck_assert_uint_eq(st->leaves, 0);
+	protobuf_c_message_free_unpacked(&st->base, NULL);
+	/* the member pushes clocks 2 and 3 with rank 0 */
+	for (uint64_t k = 2; k < 4; k++) {
+		ck_assert_int_eq(raw_push(w0, req, k, 1, p, n, plen), 0);
+		expect_ack(w0, req++);
+		ck_assert_int_eq(raw_push(w1, req, k, 1, p, n, plen), 0);
+		expect_ack(w1, req++);
+	}
+	close(w0);
+	close(w1);
+	assert_alive();
+	fx_stop();
+	fx_workers = 1;
+	fx_cluster = "";
 }
 END_TEST
 
@@ -2936,6 +3053,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	TU_ADD(tc, test_control_raw_push_applies);
 	TU_ADD(tc, test_garbage_bytes);
+	TU_ADD(tc, test_member_steps_refused);
 	TU_ADD(tc, test_wrong_magic_and_version);
 	TU_ADD(tc, test_oversized_lengths);
 	TU_ADD(tc, test_slow_loris);
