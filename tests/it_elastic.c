@@ -1089,6 +1089,47 @@ START_TEST(test_restart_keeps_membership)
 			      st.leaves == 1, "shard %d after a leave and a restart: %d members, "
 			      "%" PRIu64 " leaves", k, st.nmembers, (uint64_t)st.leaves);
 	}
+	/* a damaged membership file: the shard refuses to start, naming the
+	 * file, the line and what it holds; put back, it starts as before */
+	char mf[200], log[200], want[400], good[4096];
+	snprintf(mf, sizeof(mf), "%s/shard-1.members", dir);
+	snprintf(log, sizeof(log), "%s/damaged.log", dir);
+	FILE *f = fopen(mf, "r");
+	ck_assert_ptr_nonnull(f);
+	size_t glen = fread(good, 1, sizeof(good), f);
+	fclose(f);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	static const struct { const char *text, *line; int ln; } bad[] = {
+		{ "joins x leaves 1\n0 0 -1\n", "joins x leaves 1", 1 },
+		{ "joins 1 leaves 1\n0 0 -1\n3 0 -1\n", "3 0 -1", 3 },       /* rank 0..2 */
+		{ "joins 1 leaves 1\n0 0 -1\n2 4 2\n", "2 4 2", 3 },         /* to < from */
+		{ "joins 1 leaves 1\n0 9007199254740992 -1\n", "0 9007199254740992 -1", 2 },
+		{ "joins 1 leaves 1\n1 0 -2\n", "1 0 -2", 2 },
+		{ "joins 1 leaves 1\n1 0\n", "1 0", 2 },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		f = fopen(mf, "w");
+		ck_assert_ptr_nonnull(f);
+		fputs(bad[i].text, f);
+		fclose(f);
+		pid_t p = tu_start_server_log(path, 1, log);
+		int rc = tu_wait_exit_s(p, 10); /* one that starts is killed: -1 */
+		snprintf(want, sizeof(want), "%s:%d: not a membership line (\"joins J leaves L\", "
+			 "then \"rank from to\" with rank 0..2 and from <= to, to -1 when open): "
+			 "'%s'", mf, bad[i].ln, bad[i].line);
+		ck_assert_msg(rc != 0 && tu_log_says(log, want), "damage %zu: exit %d, '%s' not "
+			      "in its log", i, rc, want);
+	}
+	f = fopen(mf, "w");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_uint_eq(fwrite(good, 1, glen, f), glen);
+	fclose(f);
+	srv[1] = tu_start_server(path, 1);
+	for (int t = 0; ps_client_stats(c[0], 1, &st) || st.nmembers != 2; t++) {
+		ck_assert_msg(t < 300, "shard 1 with its file put back: %d members", st.nmembers);
+		tu_sleep_ms(100);
+	}
+	ck_assert_uint_eq(st.leaves, 1);
 	tensors_free(w);
 	tensors_free(w0);
 	for (int r = 0; r < 3; r++)

@@ -153,19 +153,10 @@ static inline void live_move_old(const char *name, int n, int replicas, char *to
 	}
 }
 
-/* Whether the file at log has a line holding what. */
+/* Whether the file at log has a line holding what (tu_log_says). */
 static inline int live_log_says(const char *log, const char *what)
 {
-	FILE *f = fopen(log, "r");
-	char line[2048];
-	int said = 0;
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		said |= strstr(line, what) != NULL;
-	fclose(f);
-	return said;
+	return tu_log_says(log, what);
 }
 
 /* ps-stat --reshard-stop on config c: every shard stops at clock b. */

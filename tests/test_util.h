@@ -140,6 +140,21 @@ static inline uint8_t *tu_slurp(const char *f, size_t *len)
  * With PS_TEST_VALGRIND set the shard runs under valgrind (memcheck),
  * which makes it exit 99 on any error or definite leak, so
  * tu_stop_server's check of a clean exit catches them. */
+/* Whether the file at log has a line holding what. */
+static inline int tu_log_says(const char *log, const char *what)
+{
+	FILE *f = fopen(log, "r");
+	char line[2048];
+	int said = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		said |= strstr(line, what) != NULL;
+	fclose(f);
+	return said;
+}
+
 static inline pid_t tu_start_server_log(const char *cfgpath, int shard, const char *log)
 {
 	char s[16];
