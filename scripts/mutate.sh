@@ -161,9 +161,10 @@ suites_of() {
     # the live re-shard: the client following a new map, the shards' stop
     worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_requests it_reshard_live.sh test_reshard_live.py ;;
     worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)
-    # it_reshard_ops' case: the refusals of a stop, and /metrics of a prepared and a committed one
+    # it_reshard_ops' case: the refusals of a stop, and /metrics of a prepared and a committed one;
+    # it_client_api's: a stop asked of a shard without checkpoint.dir
     server/stop.c)             echo it_reshard_order it_reshard_live it_reshard_rows it_reshard_requests it_reshard_live.sh \
-                                    it_reshard_ops@test_one_change_at_a_time ;;
+                                    it_reshard_ops@test_one_change_at_a_time it_client_api@test_stats_sized ;;
     # ps-stat --reshard-stop / --reshard-cancel: the stop, its digest check, the refusals
     worker/ps_stat_reshard.c)  echo it_reshard_requests it_reshard_live it_reshard_live.sh it_reshard_ops@test_one_change_at_a_time ;;
     # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)

@@ -184,6 +184,15 @@ START_TEST(test_stats_sized)
 	ck_assert_msg(whole.checkpoint_status != 0 &&
 		      strstr(whole.checkpoint_error, "checkpoints are off (no checkpoint.dir)"),
 		      "status %d, '%s'", whole.checkpoint_status, whole.checkpoint_error);
+	/* a re-shard's stop asked by a monitor: refused too, with the reason */
+	struct ps_client *mon;
+	char merr[256];
+	ck_assert_msg(ps_client_init(&mon, cfg, -1, merr, sizeof(merr)) == 0, "%s", merr);
+	ck_assert_int_eq(ps_client_stop_at(mon, 0, 5, 0, &whole), PS_ESTATE);
+	ck_assert_msg(strstr(ps_client_error(mon), "a stop for a re-shard needs checkpoint.dir: "
+			     "the new shards start from the checkpoints written at the stop"),
+		      "%s", ps_client_error(mon));
+	ps_client_free(mon);
 	/* a shard outside the config: refused, nothing sent */
 	ck_assert_int_eq(ps_client_stats(c0, 1, &whole), -EINVAL);
 	ck_assert_int_eq(ps_client_stats(c0, -1, &whole), -EINVAL);

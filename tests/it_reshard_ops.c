@@ -621,6 +621,22 @@ START_TEST(test_one_change_at_a_time)
 	}
 	ck_assert_msg(ps_client_stop_at(ma, 0, b, PS_STOP_COMMIT, &st) == 0, "%s",
 		      ps_client_error(ma));
+	/* committed: neither moved nor cancelled; a clock out of range refused */
+	snprintf(want, sizeof(want), "committed to stop at clock %" PRIu64 " already, not %" PRIu64,
+		 b, b + 1);
+	ck_assert_int_eq(ps_client_stop_at(ma, 0, b + 1, 0, &st), PS_ESTATE);
+	ck_assert_msg(strstr(ps_client_error(ma), want), "'%s' not in '%s'", want,
+		      ps_client_error(ma));
+	snprintf(want, sizeof(want), "the stop at clock %" PRIu64 " was committed: the shard exits "
+		 "once that clock is reached", b);
+	ck_assert_int_eq(ps_client_stop_at(ma, 0, 0, PS_STOP_CANCEL, &st), PS_ESTATE);
+	ck_assert_msg(strstr(ps_client_error(ma), want), "'%s' not in '%s'", want,
+		      ps_client_error(ma));
+	ck_assert_int_eq(ps_client_stop_at(ma, 1, 1ull << 53, 0, &st), PS_ECLOCK);
+	ck_assert_msg(strstr(ps_client_error(ma), "stop_at 9007199254740992 out of range (1 to "
+			     "2^53 - 1)"), "%s", ps_client_error(ma));
+	ck_assert_msg(ps_client_stats(mb, 1, &st) == 0 && st.stop_at == 0, "shard 1 holds a stop "
+		      "at %" PRIu64 " after refusing one out of range", st.stop_at);
 	/* /metrics of a shard holding a committed stop: 1, as the Stats' bool
 	 * (a scrape reads the gauge as a number, not as a truth value) */
 	get_metrics(hp, body, sizeof(body));
