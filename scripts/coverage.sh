@@ -18,18 +18,19 @@
 # end with _exit, which skips gcov's write: the programs are linked with
 # -Wl,--wrap=_exit to a version that writes first. A process killed with
 # SIGKILL writes nothing, so what only a kill -9'd shard ran reads as never
-# run; COV_DUMP_MS=500 makes every process write its counts each 500 ms
-# (then only its last half second is lost), at the price of a run several
-# times slower (the first 15 suites of --union: about 4 times). The suites run with the build's flags in the environment: a script
-# that runs make (make install in it_launch.sh) would otherwise rebuild
-# the tree without gcov and void the counts. PS_TEST_QUICK=1 as under
-# make mutate. Debian's gcc and gcov; no other tool.
+# run; COV_DUMP_MS=1000 makes every process write its counts each second
+# (then only its last second is lost; --union took 18 min 26 s with it,
+# 16 min 33 s without). The suites run with the build's flags in the
+# environment: a script that runs make (make install in it_launch.sh)
+# would otherwise rebuild the tree without gcov and void the counts.
+# PS_TEST_QUICK=1 as under make mutate. Debian's gcc and gcov; no other
+# tool.
 #
 # COV_REUSE=1 keeps the counts of the suites an earlier run left (only
 # those missing run), to read them again or add files.
 #
 # --union also runs every other test (each program of tests/, each
-# tests/it_*.sh, the whole pytest suite; 30-40 min here) and prints, per
+# tests/it_*.sh, the whole pytest suite; about 18 min here) and prints, per
 # file, the lines its mapped suites run against those any test runs, and
 # the suites that would add the most to its mapping (NAME+LINES): what
 # any test runs but the mapping does not is code whose mutants survive
