@@ -3,6 +3,7 @@ command as each worker with PS_CONFIG and PS_RANK set (the package reads
 them); ps.sbatch --worker-cmd puts them on each worker's srun line."""
 import os
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -75,6 +76,23 @@ def test_ps_worker_exec(tmp_path):
     p = subprocess.run([worker, "--config", cfg, "--rank", "2", "--exec", "true"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "workers 0..1" in p.stderr
+    # a command killed by a signal: 128 + the signal, as a shell says it
+    p = subprocess.run([worker, "--config", cfg, "--rank", "0", "--exec", "kill -9 $$"],
+                       timeout=30)
+    assert p.returncode == 128 + signal.SIGKILL, p.returncode
+    # SIGTERM to ps-worker (as ps-cluster.sh stop sends it) reaches the
+    # command, whose own exit status ps-worker then ends with
+    p = subprocess.Popen([worker, "--config", cfg, "--rank", "0", "--exec",
+                          'trap "echo got TERM; exit 7" TERM; echo ready; '
+                          'while :; do sleep 0.05; done'],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 7 and out.strip() == "got TERM", (p.returncode, out)
 
 
 def test_ps_cluster_worker_cmd_dry_run(tmp_path):
