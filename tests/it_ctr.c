@@ -21,6 +21,7 @@
 #include "config.h"
 #include "ps_client.h"
 #include "ps_err.h"
+#include "ps_time.h"
 #include "test_util.h"
 
 static char tmpdir[64];
@@ -217,6 +218,85 @@ START_TEST(test_config_errors)
 }
 END_TEST
 
+/* ps-worker's ctr preset when training cannot go on: a click log with
+ * fewer examples than a batch is refused with both numbers; a shard killed
+ * (SIGKILL) mid-training ends both workers within the reconnect limit
+ * (1 s) with status 1 and the clock and shard at fault, never a hang. */
+START_TEST(test_worker_errors)
+{
+	char cfg[64], y[2048], out[2][128], rank[2][4], few[128], fewout[128];
+	const char *gen[] = { "bin/ps-ctrgen", "--out", few, "--samples", "10", "--scale",
+			      "0.001", "--seed", "3", NULL };
+	int port[2] = { tu_free_port(), tu_free_port() };
+	pid_t srv[2], w[2];
+
+	snprintf(few, sizeof(few), "%s/few.tsv", tmpdir);
+	snprintf(fewout, sizeof(fewout), "%s/few.out", tmpdir);
+	ck_assert_int_eq(tu_wait_child(tu_spawn(gen, fewout)), 0);
+	for (int f = 0; f < 2; f++) {
+		char trainf[160];
+		/* 0: the whole click log; 1: ten examples */
+		if (f)
+			snprintf(trainf, sizeof(trainf), "%s", few);
+		else
+			snprintf(trainf, sizeof(trainf), "%s/train.tsv", tmpdir);
+		if (!f && access(trainf, F_OK))
+			make_data(); /* when run alone */
+		snprintf(y, sizeof(y),
+			 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\n"
+			 "consistency: {mode: sync}\nseed: 7\n"
+			 "model:\n  preset: ctr\n" TABLE
+			 "optimizer: {name: adam, lr: 0.001}\n"
+			 "train: {batch: 1024, epochs: 1, train_file: '%s', test_file: '%s/test.tsv'}\n"
+			 "limits: {reconnect_timeout_ms: 1000, request_timeout_ms: 20000}\n"
+			 "log: {level: info}\n", port[0], port[1], trainf, tmpdir);
+		ck_assert_int_eq(tu_write_temp(cfg, y), 0);
+		for (int i = 0; i < 2; i++)
+			srv[i] = tu_start_server(cfg, i);
+		for (int r = 0; r < 2; r++) {
+			snprintf(out[r], sizeof(out[r]), "%s/err-%d-%d.out", tmpdir, f, r);
+			snprintf(rank[r], sizeof(rank[r]), "%d", r);
+			const char *a[] = { "bin/ps-worker", "--config", cfg, "--rank", rank[r], NULL };
+			w[r] = tu_spawn(a, out[r]);
+		}
+		if (f) {
+			for (int r = 0; r < 2; r++) {
+				ck_assert_int_eq(tu_wait_exit(w[r]), 1);
+				ck_assert_msg(strstr(slurp(out[r]), "10 examples give no full batch of "
+						     "1024"), "worker %d:\n%s", r, slurp(out[r]));
+			}
+		} else {
+			/* training: its first clocks ended on shard 1 */
+			int t;
+			for (t = 0; t < 600 && !strstr(slurp(out[0]), "training ctr"); t++)
+				tu_sleep_ms(100);
+			ck_assert_msg(t < 600, "worker 0 did not start training:\n%s", slurp(out[0]));
+			tu_sleep_ms(1000);
+			kill(srv[1], SIGKILL);
+			tu_wait_child(srv[1]);
+			double t0 = ps_now_s();
+			for (int r = 0; r < 2; r++) {
+				char want[160];
+				int st = tu_wait_exit(w[r]);
+				ck_assert_msg(st == 1, "worker %d exited %d after shard 1's kill:\n%s", r,
+					      st, slurp(out[r]));
+				snprintf(want, sizeof(want), "shard 1 (127.0.0.1:%d): unreachable for 1000 "
+					 "ms (limits.reconnect_timeout_ms)", port[1]);
+				ck_assert_msg(strstr(slurp(out[r]), " at clock ") &&
+					      strstr(slurp(out[r]), want), "worker %d does not name the "
+					      "clock and %s:\n%s", r, want, slurp(out[r]));
+			}
+			ck_assert_msg(ps_now_s() - t0 < 30 * tu_time_scale(), "the workers took %.1f s "
+				      "to give up", ps_now_s() - t0);
+		}
+		for (int i = 0; i < 2; i++)
+			if (f || i == 0)
+				ck_assert_int_eq(tu_stop_server(srv[i]), 0);
+		unlink(cfg);
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("ctr");
@@ -233,6 +313,7 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	TU_ADD(tc, test_config_errors);
 	TU_ADD(tc, test_sync_and_async_reach_the_ceiling);
+	TU_ADD(tc, test_worker_errors);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite_as(s, 1);
 	tu_rmtree(tmpdir);
