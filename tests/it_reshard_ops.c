@@ -637,6 +637,15 @@ START_TEST(test_one_change_at_a_time)
 			     "2^53 - 1)"), "%s", ps_client_error(ma));
 	ck_assert_msg(ps_client_stats(mb, 1, &st) == 0 && st.stop_at == 0, "shard 1 holds a stop "
 		      "at %" PRIu64 " after refusing one out of range", st.stop_at);
+	/* ps-stat --reshard-cancel: shard 0's committed stop stays, said so;
+	 * shard 1 (no stop) takes pushes; the run ends 1 */
+	ck_assert_int_eq(ps_stat(path, &out, "--reshard-cancel", NULL, NULL), 1);
+	snprintf(want, sizeof(want), "ps-stat: reshard-cancel: shard 0: the stop at clock %" PRIu64 " was "
+		 "committed: the shard exits once that clock is reached", b);
+	ck_assert_msg(strstr(out, want) && strstr(out, "ps-stat: reshard-cancel: shard 1 takes "
+						 "pushes again") && !strstr(out, "shard 0 takes"),
+		      "%s", out);
+	free(out);
 	/* /metrics of a shard holding a committed stop: 1, as the Stats' bool
 	 * (a scrape reads the gauge as a number, not as a truth value) */
 	get_metrics(hp, body, sizeof(body));
