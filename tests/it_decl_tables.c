@@ -488,6 +488,14 @@ START_TEST(test_decl_tables_hostile)
 	snprintf(def[0].name, sizeof(def[0].name), "h0");
 	ck_assert_int_eq(raw_declare(c0, def, PS_MAX_TABLES), PS_ETOOBIG);
 	ck_assert_int_eq(raw_declare(c0, def, 0), PS_ETOOBIG);
+	/* a monitor may not declare */
+	struct ps_client *mon;
+	char err[256];
+	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(raw_declare(mon, def, 1), PS_EAUTH);
+	ck_assert_msg(strstr(ps_client_error(mon), "only a worker may declare tables, not a "
+			     "monitor"), "%s", ps_client_error(mon));
+	ps_client_free(mon);
 	/* nothing was created: a good declaration is still rank 0's first */
 	decl_init();
 	ck_assert_msg(ps_client_declare_tables(c0, decl, NT) == 0, "%s", ps_client_error(c0));
@@ -553,6 +561,39 @@ START_TEST(test_decl_tables_shard_restart)
 	ck_assert_msg(ps_client_declare_tables(c1, decl, NT) == 0, "rank 1: %s",
 		      ps_client_error(c1));
 	check_rows(c1, 3, "rank 1 after the cluster's restart");
+	ps_client_free(c1);
+
+	/* a table of the config now with a declared table's name: the shard
+	 * refuses its checkpoint, naming both; the config put back, it starts */
+	char yaml[2048], log[160];
+	FILE *f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	size_t n = fread(yaml, 1, sizeof(yaml) - 1, f);
+	fclose(f);
+	yaml[n] = 0;
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	char *e = strstr(yaml, "lr: 1}\n");
+	ck_assert_ptr_nonnull(e);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "%.*s    - {name: emb_b, dim: 3}\n%s", (int)(e + 7 - yaml), yaml, e + 7);
+	fclose(f);
+	snprintf(log, sizeof(log), "%s/emb_b.log", dir);
+	pid_t p = tu_start_server_log(path, 0, log);
+	ck_assert_int_ne(tu_wait_exit_s(p, 10), 0);
+	char want[300];
+	snprintf(want, sizeof(want), "%s/shard-0.ckpt: declared table 'emb_b' is now a table of "
+		 "the config (model.embeddings)", dir);
+	ck_assert_msg(tu_log_says(log, want), "'%s' not in %s", want, log);
+	f = fopen(path, "w");
+	ck_assert_ptr_nonnull(f);
+	fputs(yaml, f);
+	fclose(f);
+	srv[0] = tu_start_server(path, 0);
+	c1 = connect_retry(1);
+	ck_assert_msg(ps_client_declare_tables(c1, decl, NT) == 0, "rank 1: %s",
+		      ps_client_error(c1));
+	check_rows(c1, 3, "rank 1 with the config put back");
 	ps_client_free(c1);
 	stop();
 }
