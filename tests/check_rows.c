@@ -129,6 +129,36 @@ START_TEST(test_dedup_and_spread)
 	ck_assert_int_eq(memcmp(a, b, sizeof(a)), 0);
 	ps_rows_init(&cfg, 0, 6, b);
 	ck_assert_int_ne(memcmp(a, b, sizeof(a)), 0);
+	/* every element its own draw: over 4,000 ids each of the 8 positions
+	 * spreads as its distribution does (uniform in (-0.5, 0.5): mean 0,
+	 * variance 1/12; normal with scale 2: mean 0, variance 4), and no two
+	 * positions of a row move together */
+	for (int kind = 0; kind < 2; kind++) {
+		enum { D = 8, NID = 4000 };
+		static float v[NID][D];
+		double var = kind ? 4.0 : 1.0 / 12;
+		load(&cfg, kind ? "{name: n, dim: 8, init: normal, scale: 2}"
+				: "{name: u, dim: 8, init: uniform, scale: 0.5}");
+		for (int i = 0; i < NID; i++)
+			ps_rows_init(&cfg, 0, (uint64_t)i * 7 + 1, v[i]);
+		for (int j = 0; j < D; j++) {
+			double m = 0, q = 0, c = 0;
+			for (int i = 0; i < NID; i++) {
+				ck_assert_msg(kind || (v[i][j] > -0.5f && v[i][j] < 0.5f), "uniform row %d "
+					      "[%d] = %g", i, j, (double)v[i][j]);
+				m += v[i][j];
+				q += (double)v[i][j] * v[i][j];
+				c += (double)v[i][j] * v[i][(j + 1) % D];
+			}
+			m /= NID;
+			q = q / NID - m * m;
+			c /= NID;
+			ck_assert_msg(fabs(m) < 4 * sqrt(var / NID) && fabs(q / var - 1) < 0.1 &&
+				      fabs(c / var) < 0.1, "%s init, position %d over %d ids: mean %g, "
+				      "variance %g (%g due), covariance with the next %g",
+				      kind ? "normal" : "uniform", j, NID, m, q, var, c);
+		}
+	}
 }
 END_TEST
 
