@@ -813,6 +813,41 @@ START_TEST(test_member_steps_refused)
 }
 END_TEST
 
+/* A numbered push refused is remembered with its code: sent again (the
+ * same number, as a client resends after a reconnect) it gets that code
+ * again, saying it was refused when it first came, and counts as a
+ * duplicate; the next number is taken. */
+START_TEST(test_refused_push_remembered)
+{
+	struct pref p[4];
+	uint64_t plen;
+	int n, w;
+
+	fx_workers = 2;
+	fx_start();
+	n = all_slices(p, &plen);
+	w = raw_worker();
+	push_seq = 5;
+	push_fill = NAN;
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(raw_push(w, 10 + (uint64_t)i, 0, 1, p, n, plen), 0);
+		expect_error(w, 10 + (uint64_t)i, PS_ENOFINITE, i ? "push 5 was refused when it "
+			     "first came: " : "");
+	}
+	push_fill = 1.0f;
+	Ps__Stats *st = raw_stats(w, 12);
+	ck_assert_uint_eq(st->duplicate_pushes, 1);
+	protobuf_c_message_free_unpacked(&st->base, NULL);
+	push_seq = 6;
+	ck_assert_int_eq(raw_push(w, 13, 0, 1, p, n, plen), 0);
+	expect_ack(w, 13);
+	push_seq = 0;
+	close(w);
+	fx_stop();
+	fx_workers = 1;
+}
+END_TEST
+
 START_TEST(test_garbage_bytes)
 {
 	static uint8_t junk[65536];
@@ -3054,6 +3089,7 @@ int main(void)
 	TU_ADD(tc, test_control_raw_push_applies);
 	TU_ADD(tc, test_garbage_bytes);
 	TU_ADD(tc, test_member_steps_refused);
+	TU_ADD(tc, test_refused_push_remembered);
 	TU_ADD(tc, test_wrong_magic_and_version);
 	TU_ADD(tc, test_oversized_lengths);
 	TU_ADD(tc, test_slow_loris);

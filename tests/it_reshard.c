@@ -348,6 +348,15 @@ START_TEST(test_rows_after_2_to_3)
 	train(c, 0, 2, wa, wb, wr);
 	tu_sleep_ms(1100);
 	train(c, 2, 4, wa, wb, wr);
+	/* the admission filter's figures of each old shard */
+	uint64_t lookups[2], hits[2];
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		lookups[k] = st.tables[0].filter_lookups;
+		hits[k] = st.tables[0].filter_hits;
+		ck_assert_uint_gt(lookups[k], hits[k]);
+	}
 	ps_client_free(c);
 	stop_all(srv, 2);
 	move_old("from2", 2, old1, sizeof(old1));
@@ -374,6 +383,17 @@ START_TEST(test_rows_after_2_to_3)
 	}
 	ck_assert_int_eq(total, old[0].nrows + old[1].nrows);
 	ck_assert_int_eq(total, NIDS);
+	/* new shard k goes on with old shard k's filter figures (the counts of
+	 * the ids themselves move with them), the third from none */
+	for (int k = 0; k < 3; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		ck_assert_msg(st.tables[0].filter_lookups == (k < 2 ? lookups[k] : 0) &&
+			      st.tables[0].filter_hits == (k < 2 ? hits[k] : 0), "new shard %d: "
+			      "filter lookups %" PRIu64 ", hits %" PRIu64 "; %" PRIu64 " and %" PRIu64
+			      " due", k, st.tables[0].filter_lookups, st.tables[0].filter_hits,
+			      k < 2 ? lookups[k] : 0, k < 2 ? hits[k] : 0);
+	}
 	/* ages as at the snapshot: the rows only the first round updated are a
 	 * second older than the newest (all of them older still when the
 	 * shard took a while to write it) */
@@ -498,6 +518,15 @@ START_TEST(test_refusals)
 		srv[k] = start_shard(k, NULL, 0, NULL);
 	c = connect_retry(0);
 	train(c, 2, 4, wa, wb, wr);
+	/* the admission filter's figures of each old shard */
+	uint64_t lookups[2], hits[2];
+	for (int k = 0; k < 2; k++) {
+		struct ps_shard_stats st;
+		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		lookups[k] = st.tables[0].filter_lookups;
+		hits[k] = st.tables[0].filter_hits;
+		ck_assert_uint_gt(lookups[k], hits[k]);
+	}
 	ps_client_free(c);
 	stop_all(srv, 2);
 	move_old("from2", 2, old1, sizeof(old1));
