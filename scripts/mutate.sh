@@ -189,7 +189,8 @@ suites_of() {
     worker/worker_cmd.c)       echo test_launch.py it_launch.sh ;;   # ps-worker --exec: alone, and under ps-cluster.sh
     worker/epoch.c)            echo it_elastic it_train ;;  # each example once per epoch
     worker/ps_export.c)        echo it_export.sh test_export.py ;;  # ps-export on real checkpoints, damaged ones
-    worker/npz.c)              echo check_npz it_export.sh test_export.py ;;  # check_npz: zip64, failures
+    # check_npz: zip64, failures; under ASan for the header's buffers
+    worker/npz.c)              echo check_npz san:check_npz it_export.sh test_export.py ;;
     # reading checkpoints: versions 1-2 and damage in it_export.sh; declared
     # tensors and tables (versions 2-4), --since and cut sections in pytest's
     worker/export_read.c)      echo it_export.sh test_export.py ;;
