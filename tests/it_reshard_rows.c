@@ -416,19 +416,6 @@ static void *work(struct wk *w)
 	return NULL;
 }
 
-static int log_says(const char *log, const char *what)
-{
-	FILE *f = fopen(log, "r");
-	char line[2048];
-	int said = 0;
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		said |= strstr(line, what) != NULL;
-	fclose(f);
-	return said;
-}
 
 /* The clock ps-stat's output out names as the stop's; 0 when none. */
 static uint64_t stop_clock(const char *out)
@@ -616,9 +603,9 @@ static void run_2_3_2(int async, int unknown)
 	for (int k = 0; k < 2; k++)
 		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-2.log", dir);
-	ck_assert_msg(log_says(log, "re-sharded from 2 to 3 shards"), "%s: no re-shard said", log);
+	ck_assert_msg(tu_log_says(log, "re-sharded from 2 to 3 shards"), "%s: no re-shard said", log);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0.log", dir);
-	ck_assert_msg(log_says(log, "stopped at clock 16 with its checkpoint written"),
+	ck_assert_msg(tu_log_says(log, "stopped at clock 16 with its checkpoint written"),
 		      "%s: no stop at clock 16 said", log);
 	ck_assert_int_eq(tu_rmtree(dir), 0);
 }
@@ -731,11 +718,11 @@ static void run_rows_only(int async, int dense_in_cfg, int with_pairs)
 		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d%s.log", dir, r % 2, r < 2 ? "" : "-r1");
 		ck_assert_msg(tu_wait_exit_s(srv[r], 20) == 0, "old process %d did not exit 0 within 20 s "
 			      "of its stop (log %s)", r, log);
-		ck_assert_msg(log_says(log, "stopped at clock 4 with its checkpoint written"),
+		ck_assert_msg(tu_log_says(log, "stopped at clock 4 with its checkpoint written"),
 			      "%s: no stop at clock 4 said", log);
 		/* a backup stops as its primary does, without taking over (it
 		 * learns the workers' finished clocks before its primary exits) */
-		ck_assert_msg(r < 2 || log_says(log, "exiting (the backup, as its primary does)"),
+		ck_assert_msg(r < 2 || tu_log_says(log, "exiting (the backup, as its primary does)"),
 			      "%s: the backup did not stop as a backup", log);
 	}
 	move_old("from2", 2, old, sizeof(old));
