@@ -26,6 +26,8 @@ struct ps__staged {
 	struct stat *base;      /* each one's full file as it was read */
 	uint32_t *seq;          /* incremental ones applied to it */
 	int premerged;          /* the new shard's tables hold the premerge */
+	int reloaded;           /* an old shard's file loaded again whole (its base
+				 * replaced): the premerge cannot be brought up */
 	int64_t kref[PS_MAX_TABLES]; /* each one's key (wall-clock second) of stamp 0 */
 };
 

@@ -323,7 +323,7 @@ static int64_t changed_run(const struct ps_table *ot)
 
 int ps__reshard_apply_possible(const struct ps__staged *st, int nt)
 {
-	if (!st->premerged)
+	if (!st->premerged || st->reloaded)
 		return 0;
 	for (int j = 0; j < st->n; j++)
 		for (int t = 0; t < nt; t++)

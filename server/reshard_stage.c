@@ -186,7 +186,7 @@ static int stage_finish(struct ps__staged *st, const struct ps_reshard_from *fro
 		if (stat(path, &now) || !same_file(&now, &st->base[j])) {
 			ps_warn("re-shard: %s is not the full checkpoint staged (a newer one replaced "
 				"it): loading it whole", path);
-			st->premerged = 0; /* the merge is made again whole */
+			st->reloaded = 1; /* the merge is made again whole (reshard.c) */
 			ps__reshard_old_close(o);
 			rc = ps__reshard_old_load(o, st->ocfg, j, st->placement, st->keep, st->keep_n, path, err,
 				      errlen);
@@ -208,7 +208,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	struct ps__staged st = { 0 };
 	double t0 = ps_now_s(), t1;
 	pid_t parent;
-	int rc, merged;
+	int rc;
 
 	if (!from->stage)
 		return ps__reshard_merge(s, from, NULL, err, errlen);
@@ -239,16 +239,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 		return rc;
 	}
 	t1 = ps_now_s();
-	/* the tables hold the merge made while staged: stage_finish clears
-	 * st.premerged when an old shard's file is loaded again whole (its
-	 * base replaced), and the merge of every old shard's rows is then
-	 * made again into empty tables */
-	merged = st.premerged;
 	rc = stage_finish(&st, from, err, errlen);
-	if (!rc && merged && !st.premerged && ps__reshard_reset_tables(s)) {
-		snprintf(err, errlen, "out of memory");
-		rc = -ENOMEM;
-	}
 	if (!rc) {
 		ps_info("re-shard: the stop's incremental checkpoints applied in %.3f s",
 			ps_now_s() - t1);
@@ -258,7 +249,7 @@ int ps__reshard_load(struct ps_server *s, const struct ps_reshard_from *from, ch
 	}
 	ps_warn("re-shard: the staged state cannot be brought up to the stop (%s): loading "
 		"%s whole", err, from->dir);
-	rc = merged ? ps__reshard_reset_tables(s) : 0;
+	rc = st.premerged ? ps__reshard_reset_tables(s) : 0;
 	staged_free(&st);
 	if (rc) {
 		snprintf(err, errlen, "out of memory");

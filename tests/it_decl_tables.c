@@ -504,6 +504,17 @@ START_TEST(test_decl_tables_hostile)
 }
 END_TEST
 
+/* Rank 1 connects, declares the tables again and finds the rows of
+ * `clocks` clocks in them. */
+static void rank1_rows(uint64_t clocks, const char *what)
+{
+	struct ps_client *c = connect_retry(1);
+
+	ck_assert_msg(ps_client_declare_tables(c, decl, NT) == 0, "rank 1: %s", ps_client_error(c));
+	check_rows(c, clocks, what);
+	ps_client_free(c);
+}
+
 START_TEST(test_decl_tables_shard_restart)
 {
 	struct ps_client *c0, *c1;
@@ -557,24 +568,18 @@ START_TEST(test_decl_tables_shard_restart)
 	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
 	srv[0] = tu_start_server(path, 0);
 	srv[1] = tu_start_server(path, 1);
-	c1 = connect_retry(1);
-	ck_assert_msg(ps_client_declare_tables(c1, decl, NT) == 0, "rank 1: %s",
-		      ps_client_error(c1));
-	check_rows(c1, 3, "rank 1 after the cluster's restart");
-	ps_client_free(c1);
+	rank1_rows(3, "rank 1 after the cluster's restart");
 
 	/* a table of the config now with a declared table's name: the shard
 	 * refuses its checkpoint, naming both; the config put back, it starts */
-	char yaml[2048], log[160];
-	FILE *f = fopen(path, "r");
-	ck_assert_ptr_nonnull(f);
-	size_t n = fread(yaml, 1, sizeof(yaml) - 1, f);
-	fclose(f);
-	yaml[n] = 0;
+	char log[160];
+	size_t n;
+	char *yaml = (char *)tu_slurp(path, &n);
+	ck_assert_ptr_nonnull(yaml);
 	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
 	char *e = strstr(yaml, "lr: 1}\n");
 	ck_assert_ptr_nonnull(e);
-	f = fopen(path, "w");
+	FILE *f = fopen(path, "w");
 	ck_assert_ptr_nonnull(f);
 	fprintf(f, "%.*s    - {name: emb_b, dim: 3}\n%s", (int)(e + 7 - yaml), yaml, e + 7);
 	fclose(f);
@@ -589,12 +594,9 @@ START_TEST(test_decl_tables_shard_restart)
 	ck_assert_ptr_nonnull(f);
 	fputs(yaml, f);
 	fclose(f);
+	free(yaml);
 	srv[0] = tu_start_server(path, 0);
-	c1 = connect_retry(1);
-	ck_assert_msg(ps_client_declare_tables(c1, decl, NT) == 0, "rank 1: %s",
-		      ps_client_error(c1));
-	check_rows(c1, 3, "rank 1 with the config put back");
-	ps_client_free(c1);
+	rank1_rows(3, "rank 1 with the config put back");
 	stop();
 }
 END_TEST

@@ -819,28 +819,47 @@ static void fake_handshake(struct fake *fk, int shard)
 	ck_assert_int_eq(fake_send(fk, PS_MSG_HELLO_REPLY, &r.base, NULL, 0), 0);
 }
 
+/* The client's connection to a fake shard's listening socket lfd, its
+ * handshake done as shard `shard`: 0, or -1 when *stop came first. */
+static int fake_serve_start(struct fake *fk, int lfd, int shard, volatile int *stop)
+{
+	*fk = (struct fake){ .fd = -1 };
+	while (!*stop && fk->fd < 0)
+		fk->fd = fake_accept(lfd, 100);
+	if (fk->fd < 0)
+		return -1;
+	fake_handshake(fk, shard);
+	return 0;
+}
+
+/* The next frame of the client (its message in *m): its type, 0 when none
+ * began within 100 ms, or < 0 when the connection ended. A frame begun
+ * within the 100 ms gets its own deadline: one whose header came just
+ * before the poll's end is read whole. */
+static int fake_next(struct fake *fk, ProtobufCMessage **m)
+{
+	struct pollfd pfd = { fk->fd, POLLIN, 0 };
+
+	*m = NULL;
+	if (poll(&pfd, 1, 100) != 1)
+		return 0;
+	return fake_recv(fk, m, NULL, NULL, 5000);
+}
+
 /* Check asserts abort only the test's own process; in this thread they
  * would too, which fails the case as it should. */
 static void *fake_shard_main(void *arg)
 {
 	struct fake_shard *fs = arg;
-	struct fake fk = { .fd = -1 };
+	struct fake fk;
 
-	while (!fs->stop && fk.fd < 0)
-		fk.fd = fake_accept(fs->lfd, 100);
-	if (fk.fd < 0)
+	if (fake_serve_start(&fk, fs->lfd, fs->shard, &fs->stop))
 		return NULL;
-	fake_handshake(&fk, fs->shard);
 	while (!fs->stop) {
-		ProtobufCMessage *m = NULL;
-		struct pollfd pfd = { fk.fd, POLLIN, 0 };
-		/* a frame begun within 100 ms gets its own deadline: one whose
-		 * header came just before the poll's end is read whole */
-		if (poll(&pfd, 1, 100) != 1)
-			continue; /* nothing yet */
-		int type = fake_recv(&fk, &m, NULL, NULL, 5000);
-		if (type < 0)
-			continue; /* the client went: stop ends it */
+		ProtobufCMessage *m;
+		int type = fake_next(&fk, &m);
+		if (type <= 0)
+			continue; /* nothing yet, or the client went: stop ends it */
 		if (type == PS_MSG_PULL) {
 			Ps__Pull *q = (Ps__Pull *)m;
 			uint32_t sl[8];
@@ -1404,21 +1423,17 @@ static const char pace_why[] = "a re-shard is in progress: this shard stops at c
 static void *pacer_main(void *arg)
 {
 	struct pacer *pc = arg;
-	struct fake fk = { .fd = -1 };
+	struct fake fk;
 
-	while (!pc->stop && fk.fd < 0)
-		fk.fd = fake_accept(pc->lfd, 100);
-	if (fk.fd < 0)
+	if (fake_serve_start(&fk, pc->lfd, 0, &pc->stop))
 		return NULL;
-	fake_handshake(&fk, 0);
 	pc->last_tx = ps_now_s();
 	while (!pc->stop) {
-		ProtobufCMessage *m = NULL;
-		struct pollfd pfd = { fk.fd, POLLIN, 0 };
-		if (poll(&pfd, 1, 100) != 1)
-			continue;
+		ProtobufCMessage *m;
+		int type = fake_next(&fk, &m);
 		double at = ps_now_s();
-		int type = fake_recv(&fk, &m, NULL, NULL, 5000);
+		if (!type)
+			continue;
 		if (type < 0) {
 			pc->closed_at = at;
 			break;
@@ -1559,19 +1574,15 @@ struct member_fake {
 static void *member_fake_main(void *arg)
 {
 	struct member_fake *mf = arg;
-	struct fake fk = { .fd = -1 };
+	struct fake fk;
 
-	while (!mf->stop && fk.fd < 0)
-		fk.fd = fake_accept(mf->lfd, 100);
-	if (fk.fd < 0)
+	if (fake_serve_start(&fk, mf->lfd, mf->shard, &mf->stop))
 		return NULL;
-	fake_handshake(&fk, mf->shard);
 	while (!mf->stop) {
-		ProtobufCMessage *m = NULL;
-		struct pollfd pfd = { fk.fd, POLLIN, 0 };
-		if (poll(&pfd, 1, 100) != 1)
+		ProtobufCMessage *m;
+		int type = fake_next(&fk, &m);
+		if (!type)
 			continue;
-		int type = fake_recv(&fk, &m, NULL, NULL, 5000);
 		if (type < 0)
 			break;
 		if (type == PS_MSG_STATS_REQUEST) {
