@@ -149,9 +149,17 @@ for f in "$tmp"/*.deb; do
     rm -rf "$r" && dpkg-deb -R "$f" "$r"
     find "$r" \( -path "$r/usr/share/doc" -o -path "$r/usr/share/man" \) -prune -exec rm -rf {} +
     # a static library goes only where a shared one of the same name is
-    # beside it: check ships libcheck_pic.a alone, and the tests link it
+    # beside it: check ships libcheck_pic.a alone, and the tests link it.
+    # The .so is mostly a link into the runtime package, dangling here (-L,
+    # not -e); a .a that is a link takes the file it names with it
+    # (libopenblas.a -> libopenblasp-r0.3.21.a, 58 MB before xz).
     find "$r" -name '*.a' -print0 | while IFS= read -r -d '' a; do
-      [ -e "${a%.a}.so" ] && rm -f "$a"
+      # (an if, not &&: the loop's status is its last command's, and a
+      # static library left alone must not end the script under set -e)
+      if [ -e "${a%.a}.so" ] || [ -L "${a%.a}.so" ]; then
+        if [ -L "$a" ]; then rm -f "$(dirname "$a")/$(readlink "$a")"; fi
+        rm -f "$a"
+      fi
     done
     rm -f "$r/DEBIAN/md5sums"
     dpkg-deb --root-owner-group -Zxz -z9 -b "$r" "$f" >/dev/null
