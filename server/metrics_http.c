@@ -301,7 +301,8 @@ static void on_render(uv_async_t *a)
 	f = open_memstream(&buf, &len);
 	if (f) {
 		ps_metrics_render(h->s, f);
-		if (fclose(f)) {
+		/* (a NULL buf after a good fclose: its last realloc failed) */
+		if (fclose(f) || !buf) {
 			free(buf);
 			buf = NULL;
 		}

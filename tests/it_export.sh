@@ -72,6 +72,45 @@ EOF2
 bin/ps-export --config "$tmp/c.yaml" --out "$tmp/b.npz" --quiet && cmp -s "$tmp/a.npz" "$tmp/b.npz" &&
   ok || bad "a second export differs"
 
+# out of memory anywhere: the Nth allocation of ps-export failed
+# (tests/fault_inject.c's libpsfault.so), for every N until a run makes no
+# fault (about 1,550 runs of 7 ms, most in the config's parse): each run
+# either exports the same bytes or exits 1 or 2 saying it ran out of
+# memory, leaving no file; never a signal or an export of other bytes
+fault=build/rel/tests/libpsfault.so
+[ -e "$fault" ] || make --no-print-directory -s "$fault" >/dev/null 2>&1
+if [ ! -e "$fault" ]; then
+  echo "SKIP the out-of-memory sweep: $fault is not built (make $fault)"
+elif ldd bin/ps-export | grep -q libasan; then
+  echo "SKIP the out-of-memory sweep: bin/ps-export is the sanitizer build (its runtime must come first)"
+else
+  landed=0 refused=0 late=0 wrong=""
+  for n in $(seq 1 5000); do
+    rm -f "$tmp/flog" "$tmp"/x.npz*
+    out=$(LD_PRELOAD=$PWD/$fault PS_FAULT=alloc:$n PS_FAULT_LOG=$tmp/flog \
+          bin/ps-export --config "$tmp/c.yaml" --out "$tmp/x.npz" 2>&1); rc=$?
+    [ -s "$tmp/flog" ] || break
+    landed=$((landed + 1))
+    if [ $rc -eq 0 ]; then
+      cmp -s "$tmp/x.npz" "$tmp/a.npz" || wrong="$wrong alloc:$n exported other bytes;"
+      continue
+    fi
+    refused=$((refused + 1))
+    last=$(tail -1 <<<"$out")
+    # past the config: the export's own steps ran out
+    grep -q "c.yaml" <<<"$last" || late=$((late + 1))
+    if { [ $rc -ne 1 ] && [ $rc -ne 2 ]; } || ! grep -Eq "out of memory|Cannot allocate memory" <<<"$last"; then
+      wrong="$wrong alloc:$n: status $rc: $last ($(head -1 "$tmp/flog"));"
+    fi
+    ls "$tmp"/x.npz* >/dev/null 2>&1 && wrong="$wrong alloc:$n left $(ls "$tmp"/x.npz*);"
+  done
+  rm -f "$tmp"/x.npz* # the last run's, which made no fault
+  echo "out-of-memory sweep: $landed runs with a failed allocation, $refused refused ($late past the config)"
+  [ -z "$wrong" ] && ok || bad "out of memory:${wrong:0:2000}"
+  [ "$landed" -ge 1000 ] && [ "$late" -ge 20 ] && ok ||
+    bad "the sweep reached too little: $landed runs, $late refusals past the config"
+fi
+
 # damaged files: a clear error naming the file and offset, nothing written
 f=$tmp/ck/shard-1.ckpt
 cp "$f" "$tmp/good"

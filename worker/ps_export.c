@@ -267,7 +267,10 @@ static int write_meta(struct exporter *ex, struct ps_npz *z, const char *cfgpath
 		fprintf(o, "}");
 	}
 	fprintf(o, "%s}\n}\n", c->ntables ? "\n  " : "");
-	if (fclose(o)) {
+	/* glibc's fclose of a memory stream returns 0 when its last realloc
+	 * fails, leaving buf NULL (and blen as it was): an empty meta.json
+	 * written and the export called good (it_export.sh's sweep found it) */
+	if (fclose(o) || !buf) {
 		free(buf);
 		return ps__export_fail(ex, -ENOMEM, "out of memory");
 	}

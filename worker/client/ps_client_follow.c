@@ -168,8 +168,15 @@ static int first_diff(const struct ps_config *a, const struct ps_config *b, char
 	}
 	ps_config_dump(a, fa);
 	ps_config_dump(b, fb);
-	fclose(fa);
-	fclose(fb);
+	/* a memory stream whose last realloc fails closes with 0 and a NULL
+	 * buffer (glibc): compared below, that would crash */
+	int closed = (fclose(fa) == 0) & (fclose(fb) == 0);
+	if (!closed || !da || !db) {
+		free(da);
+		free(db);
+		snprintf(key, len, "(out of memory)");
+		return 1;
+	}
 	const char *sec = "";
 	int nsec = 0;
 	for (char *pa = da, *pb = db; pa && pb && *pa && *pb;) {
