@@ -366,6 +366,67 @@ def test_export_declared_tables_damaged(declared_trained, tmp_path):
     export(cl.path, out)
 
 
+FAULT_LIB = os.path.join(ROOT, "build", "rel", "tests", "libpsfault.so")
+
+
+def faulted_export(cfg, out, nth, log, *args):
+    """ps-export with its nth allocation failed (tests/fault_inject.c's libpsfault.so);
+    returns (the run, whether the fault was made)."""
+    if os.path.exists(log):
+        os.unlink(log)
+    env = dict(os.environ, LD_PRELOAD=FAULT_LIB, PS_FAULT=f"alloc:{nth}", PS_FAULT_LOG=str(log))
+    r = subprocess.run([EXPORT, "--config", cfg, "--out", str(out), *args],
+                       capture_output=True, text=True, timeout=60, env=env)
+    return r, os.path.exists(log) and os.path.getsize(log) > 0
+
+
+def test_export_out_of_memory(declared_trained, tmp_path):
+    """ps-export out of memory at each allocation past the config's parse, in turn, on
+    declared tables over a chain of incremental checkpoints, whole and with --since 1:
+    every run either writes the same bytes as a run without the fault or exits 1
+    saying it ran out of memory, leaving no file; never a signal. (tests/it_export.sh
+    sweeps every allocation of a plain export; the config's parse is the same here.)"""
+    if not os.path.exists(FAULT_LIB):
+        pytest.skip(f"{FAULT_LIB} is not built (make build/rel/tests/libpsfault.so)")
+    if b"libasan" in subprocess.run(["ldd", EXPORT], capture_output=True).stdout:
+        pytest.skip("bin/ps-export is the sanitizer build: libpsfault.so cannot come first")
+    _, cl, _, _, _, _, _ = declared_trained
+    log, out = tmp_path / "fault.log", tmp_path / "x.npz"
+    for args in ((), ("--since", "1")):
+        ref = tmp_path / "ref.npz"
+        export(cl.path, ref, *args)
+        # the allocations a run makes: the last n whose fault is made
+        lo, hi = 1, 1 << 16
+        assert faulted_export(cl.path, out, lo, log, *args)[1]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if faulted_export(cl.path, out, mid, log, *args)[1] else (lo, mid)
+        late = in_config = 0
+        # from the last allocation down, until 40 refusals in a row name the config
+        # (its parse, which comes first)
+        for nth in range(lo, 0, -1):
+            if out.exists():
+                out.unlink()
+            r, made = faulted_export(cl.path, out, nth, log, *args)
+            assert made, (args, nth)
+            assert r.returncode in (0, 1, 2), (args, nth, r.returncode, r.stderr, log.read_text())
+            if r.returncode == 0:
+                assert out.read_bytes() == ref.read_bytes(), (args, nth, log.read_text())
+                continue
+            last = r.stderr.strip().splitlines()[-1]
+            assert "out of memory" in last or "Cannot allocate memory" in last, \
+                (args, nth, r.stderr, log.read_text())
+            assert not list(tmp_path.glob("x.npz*")), (args, nth, r.stderr)
+            if str(cl.path) in last:
+                in_config += 1
+                if in_config == 40:
+                    break
+            else:
+                late, in_config = late + 1, 0
+        print(f"ps-export {' '.join(args)}: {lo} allocations; {late} refusals past the config")
+        assert late >= 20, (args, late)
+
+
 def test_export_tables_declared_after_the_full_checkpoint(cluster, tmp_path):
     """A full checkpoint before the declaration (version 1), incremental ones after it
     (version 3): the declared tables' rows come from the deltas alone, as a restarted
