@@ -149,7 +149,9 @@ suites_of() {
                                     it_fault@test_rows_oom it_fault_repl@test_primary_rows_oom \
                                     san:it_rows ;;   # it_fault: a reply's buffer, a row not allocated
     # it_fault's test_client_oom: every allocation of a worker's calls failed in turn
-    worker/client/ps_client_rows.c)    echo it_rows it_rows_model test_embeddings.py it_reshard_rows \
+    # it_fake_shard: row pull replies that do not fit what was asked
+    worker/client/ps_client_rows.c)    echo it_fake_shard@test_malformed_row_pull_replies it_rows \
+                                            it_rows_model test_embeddings.py it_reshard_rows \
                                             it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_declare.c) echo it_declare it_groups it_reshard_requests ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_send_eagain,test_client_oom ;;

@@ -84,13 +84,21 @@ if [ ! -e "$fault" ]; then
 elif ldd bin/ps-export | grep -q libasan; then
   echo "SKIP the out-of-memory sweep: bin/ps-export is the sanitizer build (its runtime must come first)"
 else
-  landed=0 refused=0 late=0 wrong=""
+  landed=0 refused=0 late=0 wrong="" gcov=0 after=0
+  # a coverage build: gcov's own write at exit allocates, and crashes when
+  # that fails; such a run counts when its export was done and right
+  grep -q __gcov_ bin/ps-export && gcov=1
   for n in $(seq 1 5000); do
     rm -f "$tmp/flog" "$tmp"/x.npz*
     out=$(LD_PRELOAD=$PWD/$fault PS_FAULT=alloc:$n PS_FAULT_LOG=$tmp/flog \
           bin/ps-export --config "$tmp/c.yaml" --out "$tmp/x.npz" 2>&1); rc=$?
     [ -s "$tmp/flog" ] || break
     landed=$((landed + 1))
+    if [ $gcov -eq 1 ] && [ $rc -gt 128 ] && grep -q "^ps-export: wrote" <<<"$out" &&
+       cmp -s "$tmp/x.npz" "$tmp/a.npz"; then
+      after=$((after + 1))
+      continue
+    fi
     if [ $rc -eq 0 ]; then
       cmp -s "$tmp/x.npz" "$tmp/a.npz" || wrong="$wrong alloc:$n exported other bytes;"
       continue
@@ -105,7 +113,7 @@ else
     ls "$tmp"/x.npz* >/dev/null 2>&1 && wrong="$wrong alloc:$n left $(ls "$tmp"/x.npz*);"
   done
   rm -f "$tmp"/x.npz* # the last run's, which made no fault
-  echo "out-of-memory sweep: $landed runs with a failed allocation, $refused refused ($late past the config)"
+  echo "out-of-memory sweep: $landed runs with a failed allocation, $refused refused ($late past the config)$([ $after -gt 0 ] && echo ", $after in gcov's write at exit")"
   [ -z "$wrong" ] && ok || bad "out of memory:${wrong:0:2000}"
   [ "$landed" -ge 1000 ] && [ "$late" -ge 20 ] && ok ||
     bad "the sweep reached too little: $landed runs, $late refusals past the config"

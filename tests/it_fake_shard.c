@@ -258,6 +258,8 @@ static struct ps_config cfg;
 static struct ps_shardmap map;
 static char path[64];
 static uint8_t secret[PS_AUTH_KEY_LEN];
+static int with_table; /* write_cfg adds table e (dim ROW_DIM) */
+#define ROW_DIM 4 /* as write_cfg's yaml says */
 
 static void write_cfg(int nshards, const int *ports)
 {
@@ -271,10 +273,11 @@ static void write_cfg(int nshards, const int *ports)
 		 "consistency:\n  mode: sync\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
-		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: arange}\n%s"
 		 "limits:\n  connect_timeout_ms: 5000\n  request_timeout_ms: 60000\n"
 		 "  reconnect_timeout_ms: 60000\n"
-		 "log:\n  level: info\n", servers, N);
+		 "log:\n  level: info\n", servers, N,
+		 with_table ? "  embeddings:\n    - {name: e, dim: 4}\n" : "");
 	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, path, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_msg(ps_auth_load_secret(&cfg, secret, err, sizeof(err)) == 0, "%s", err);
@@ -736,7 +739,36 @@ struct fake_shard {
 	int pulls; /* pulls answered */
 	volatile int held; /* pulls left unanswered (ANSWER_NEVER) */
 	volatile int delay_ms; /* before each answer */
+	volatile int rows_mode; /* how row pulls are answered (fake_rows_reply) */
 };
+
+/* Answers to a row pull: every row's values 100 + shard, or broken. */
+enum { ROWS_RIGHT, ROWS_FEWER, ROWS_DIM, ROWS_CODEC, ROWS_SHORT, ROWS_END };
+
+/* A PullRowsReply for q as mode says, its payload the rows asked for (one
+ * float short with ROWS_SHORT) whatever its fields say: ROWS_FEWER names
+ * one row fewer, ROWS_DIM dim + 1, ROWS_CODEC codec 2 (neither raw nor
+ * fp16); so each lie is caught by its own check alone. */
+static int fake_rows_reply(struct fake *fk, const Ps__PullRows *q, int mode, float v)
+{
+	Ps__PullRowsReply r = PS__PULL_ROWS_REPLY__INIT;
+	size_t vals = (size_t)q->n_ids * q->dim;
+	size_t bytes = mode == ROWS_CODEC ? vals * 2 /* as a 16-bit codec would */
+		       : vals * sizeof(float) - (mode == ROWS_SHORT ? 4 : 0);
+	float *pay = malloc(vals * sizeof(float) + 1);
+	int rc;
+
+	for (size_t i = 0; i < vals; i++)
+		pay[i] = v;
+	r.req_id = q->req_id;
+	r.n_rows = q->n_ids - (mode == ROWS_FEWER);
+	r.dim = q->dim + (mode == ROWS_DIM);
+	r.codec = mode == ROWS_CODEC ? 2 : 0;
+	r.version = 1;
+	rc = fake_send(fk, PS_MSG_PULL_ROWS_REPLY, &r.base, pay, bytes);
+	free(pay);
+	return rc;
+}
 
 /* A PullReply for req_id of slice s (the shard's own) broken as mode
  * says, its values 100 + shard where there are any:
@@ -888,6 +920,9 @@ static void *fake_shard_main(void *arg)
 				ck_assert_int_eq(fake_pull_reply(&fk, q->req_id, &map, sl, n,
 								 100.0f + (float)fs->shard), 0);
 			fs->pulls++;
+		} else if (type == PS_MSG_PULL_ROWS) {
+			ck_assert_int_eq(fake_rows_reply(&fk, (Ps__PullRows *)m, fs->rows_mode,
+							 100.0f + (float)fs->shard), 0);
 		}
 		protobuf_c_message_free_unpacked(m, NULL);
 	}
@@ -1235,6 +1270,60 @@ START_TEST(test_malformed_pull_replies)
 		const struct ps_slice *sl = &map.slices[i < (int)map.slices[0].count ? 0 : 1];
 		ck_assert_msg(w[i] == 100.0f + (float)sl->shard, "w[%d] = %g", i, (double)w[i]);
 	}
+	ps_client_free(c);
+	fake_shards_stop(fs);
+}
+END_TEST
+
+/* An authenticated shard answers row pulls with replies that do not fit
+ * what was asked: a row fewer, another dim, an unknown codec, a payload a
+ * float short. Each fails the pull as malformed, naming shard 1, the rows
+ * and bytes it sent and what was asked, and nothing but shard 0's rows
+ * reaches the output; then an honest reply on the same connection is
+ * taken, every row from the shard that holds it. */
+START_TEST(test_malformed_row_pull_replies)
+{
+	static const char *what[] = { "", "a row fewer", "dim + 1", "codec 2", "a float short" };
+	enum { NIDS = 64 };
+	static float out[NIDS * ROW_DIM];
+	uint64_t ids[NIDS];
+	struct fake_shard fs[2];
+	int from[2] = { 0, 0 };
+
+	for (int i = 0; i < NIDS; i++)
+		ids[i] = 1000003ull * (uint64_t)(i + 1);
+	with_table = 1;
+	fake_shards_start(fs, ANSWER_RIGHT);
+	with_table = 0;
+	struct ps_client *c = connect_retry();
+	for (int mode = ROWS_FEWER; mode < ROWS_END; mode++) {
+		fs[1].rows_mode = mode;
+		for (int i = 0; i < NIDS * ROW_DIM; i++)
+			out[i] = -7.0f;
+		int rc = ps_client_pull_rows(c, "e", 0, ids, NIDS, out);
+		ck_assert_msg(rc == PS_EPROTO, "%s: %s (%s)", what[mode], ps_strerror(rc),
+			      ps_client_error(c));
+		ck_assert_msg(strstr(ps_client_error(c), "shard 1 sent a malformed row pull reply ("),
+			      "%s: %s", what[mode], ps_client_error(c));
+		ck_assert_msg(strstr(ps_client_error(c), "of dim 4)"),
+			      "%s: what was asked is not named: %s", what[mode], ps_client_error(c));
+		/* shard 0's rows may be written, nothing else */
+		for (int i = 0; i < NIDS * ROW_DIM; i++)
+			ck_assert_msg(out[i] == -7.0f || out[i] == 100.0f,
+				      "%s: out[%d] = %g, written from a malformed reply", what[mode], i,
+				      (double)out[i]);
+	}
+	fs[1].rows_mode = ROWS_RIGHT;
+	ck_assert_msg(ps_client_pull_rows(c, "e", 0, ids, NIDS, out) == 0, "%s", ps_client_error(c));
+	for (int i = 0; i < NIDS; i++) {
+		float v = out[i * ROW_DIM];
+		ck_assert_msg(v == 100.0f || v == 101.0f, "row %d: %g", i, (double)v);
+		for (int d = 1; d < ROW_DIM; d++)
+			ck_assert_msg(out[i * ROW_DIM + d] == v, "row %d is not one shard's", i);
+		from[v == 101.0f]++;
+	}
+	ck_assert_msg(from[0] > 0 && from[1] > 0, "rows from shard 0: %d, shard 1: %d", from[0],
+		      from[1]);
 	ps_client_free(c);
 	fake_shards_stop(fs);
 }
@@ -1894,6 +1983,7 @@ int main(void)
 	TU_ADD(tc, test_fake_shards_answer_right);
 	TU_ADD(tc, test_foreign_slice_refused);
 	TU_ADD(tc, test_malformed_pull_replies);
+	TU_ADD(tc, test_malformed_row_pull_replies);
 	TU_ADD(tc, test_bad_challenges_refused);
 	TU_ADD(tc, test_unexpected_frame_logged);
 	TU_ADD(tc, test_unexpected_frame_read_by_waiter);

@@ -392,6 +392,10 @@ def test_export_out_of_memory(declared_trained, tmp_path):
         pytest.skip("bin/ps-export is the sanitizer build: libpsfault.so cannot come first")
     _, cl, _, _, _, _, _ = declared_trained
     log, out = tmp_path / "fault.log", tmp_path / "x.npz"
+    # a coverage build: gcov's own write at exit allocates, and crashes when that
+    # fails; such a run counts when its export was done and right
+    with open(EXPORT, "rb") as f:
+        gcov = b"__gcov_" in f.read()
     for args in ((), ("--since", "1")):
         ref = tmp_path / "ref.npz"
         export(cl.path, ref, *args)
@@ -409,6 +413,9 @@ def test_export_out_of_memory(declared_trained, tmp_path):
                 out.unlink()
             r, made = faulted_export(cl.path, out, nth, log, *args)
             assert made, (args, nth)
+            if gcov and r.returncode < 0 and "ps-export: wrote" in r.stderr and \
+                    out.read_bytes() == ref.read_bytes():
+                continue
             assert r.returncode in (0, 1, 2), (args, nth, r.returncode, r.stderr, log.read_text())
             if r.returncode == 0:
                 assert out.read_bytes() == ref.read_bytes(), (args, nth, log.read_text())
