@@ -526,7 +526,9 @@ END_TEST
 
 /* A worker following a re-shard to a config that differs in more than
  * cluster.servers: not taken, and its request fails once its reconnects
- * time out, naming the key. */
+ * time out, naming the key; likewise a config that does not load and a
+ * pointer file gone. A pointer file that is missing or empty at the
+ * start: ps_client_init refuses, naming it. */
 START_TEST(test_other_config_not_followed)
 {
 	char c1[160], bad[160], err[600], yaml[1024];
@@ -554,26 +556,59 @@ START_TEST(test_other_config_not_followed)
 		fclose(f);
 	}
 	ck_assert_msg(ps_config_load(&cfg1, c1, err, sizeof(err)) == 0, "%s", err);
-	live_point_at(c1);
-	setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
-	srv = start_shard(c1, 0, NULL, 0);
-	for (int i = 0; i < 150 && rc; i++) {
-		rc = ps_client_init(&c, &cfg1, 0, err, sizeof(err));
-		if (rc == -ECONNREFUSED)
-			tu_sleep_ms(100);
+	/* the pointer then names bad.yaml; by a path relative to its own
+	 * folder a config that does not load; or the pointer file is gone.
+	 * A worker whose reconnects timed out does not look again: a new one
+	 * for each */
+	char want[3][400];
+	snprintf(want[0], sizeof(want[0]), "in more than cluster.servers (first: "
+		 "'optimizer.lr: 0.5')");
+	snprintf(want[1], sizeof(want[1]), "the re-shard's config %s/missing.yaml does not load: ",
+		 dir);
+	snprintf(want[2], sizeof(want[2]), "$PS_CONFIG_FOLLOW: cannot read %s/current: No such file",
+		 dir);
+	for (int i = 0; i < 3; i++) {
+		live_point_at(c1);
+		setenv("PS_CONFIG_FOLLOW", live_ptr, 1);
+		srv = start_shard(c1, 0, NULL, 0);
+		rc = -1;
+		for (int j = 0; j < 150 && rc; j++) {
+			rc = ps_client_init(&c, &cfg1, 0, err, sizeof(err));
+			if (rc == -ECONNREFUSED)
+				tu_sleep_ms(100);
+			else
+				ck_assert_msg(rc == 0, "%s", err);
+		}
+		ck_assert_int_eq(rc, 0);
+		ck_assert_int_eq(tu_stop_server(srv), 0);
+		if (i == 2)
+			ck_assert_int_eq(unlink(live_ptr), 0);
 		else
-			ck_assert_msg(rc == 0, "%s", err);
+			live_point_at(i ? "missing.yaml" : bad);
+		id = ps_client_pull(c, 0, &t, 1);
+		ck_assert_msg(id > 0, "%s", ps_client_error(c));
+		ck_assert_int_eq(ps_client_wait(c, id), PS_ETIMEDOUT);
+		ck_assert_msg(strstr(ps_client_error(c), "a re-shard was not followed") &&
+			      strstr(ps_client_error(c), want[i]), "%s; '%s' expected",
+			      ps_client_error(c), want[i]);
+		ps_client_free(c);
+		c = NULL;
 	}
-	ck_assert_int_eq(rc, 0);
-	ck_assert_int_eq(tu_stop_server(srv), 0);
-	live_point_at(bad);
-	id = ps_client_pull(c, 0, &t, 1);
-	ck_assert_msg(id > 0, "%s", ps_client_error(c));
-	ck_assert_int_eq(ps_client_wait(c, id), PS_ETIMEDOUT);
-	ck_assert_msg(strstr(ps_client_error(c), "a re-shard was not followed") &&
-		      strstr(ps_client_error(c), "in more than cluster.servers (first: "
-			     "'optimizer.lr: 0.5')"), "%s", ps_client_error(c));
-	ps_client_free(c);
+	/* a pointer that cannot be read, or holds no path, fails the start */
+	for (int i = 0; i < 2; i++) {
+		if (i == 1) {
+			FILE *f = fopen(live_ptr, "w");
+			ck_assert_ptr_nonnull(f);
+			fputs(" \r\n", f);
+			fclose(f);
+		}
+		rc = ps_client_init(&c, &cfg1, 0, err, sizeof(err));
+		ck_assert_msg(rc == PS_ECONFIG && !c, "%d %s", rc, err);
+		ck_assert_msg(strstr(err, i ? "is empty: it holds the path of the cluster's current "
+					      "config" : "cannot read"), "%s", err);
+		ck_assert_msg(strstr(err, live_ptr), "the pointer file is not named: %s", err);
+	}
+	unlink(live_ptr);
 	unsetenv("PS_CONFIG_FOLLOW");
 	ck_assert_int_eq(tu_rmtree(dir), 0);
 }
