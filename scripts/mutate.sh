@@ -161,7 +161,9 @@ suites_of() {
     worker/client/ps_client_members.c) echo it_fake_shard@test_join_waits_paced,test_join_answers_checked,test_leave_answers_checked \
                                             it_elastic it_reshard_elastic test_elastic.py ;;
     # the live re-shard: the client following a new map, the shards' stop
-    worker/client/ps_client_follow.c)  echo it_reshard_live it_reshard_rows it_reshard_requests it_reshard_live.sh test_reshard_live.py ;;
+    # it_client_api@test_stats_sized: a stop's struct sizes and refusals (stop_at lives here)
+    worker/client/ps_client_follow.c)  echo it_client_api@test_stats_sized it_reshard_live it_reshard_rows \
+                                            it_reshard_requests it_reshard_live.sh test_reshard_live.py ;;
     worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)
     # it_reshard_ops' case: the refusals of a stop, and /metrics of a prepared and a committed one;
     # it_client_api's: a stop asked of a shard without checkpoint.dir

@@ -192,6 +192,23 @@ START_TEST(test_stats_sized)
 	ck_assert_msg(strstr(ps_client_error(mon), "a stop for a re-shard needs checkpoint.dir: "
 			     "the new shards start from the checkpoints written at the stop"),
 		      "%s", ps_client_error(mon));
+	/* ... also through an older program's struct and a longer one:
+	 * nothing written past the older one's end, the longer one's tail
+	 * zeroed; a size below the stats' first fields, a shard outside the
+	 * config and clock 0 without PS_STOP_CANCEL: refused, nothing sent */
+	memset(buf, 0xA5, sizeof(struct ps_shard_stats) + 64);
+	ck_assert_int_eq(ps_client_stop_at_sized(mon, 0, 5, 0, st, old), PS_ESTATE);
+	for (size_t i = old; i < sizeof(struct ps_shard_stats) + 64; i++)
+		ck_assert_msg(buf[i] == 0xA5, "stop: byte %zu past the caller's %zu written", i, old);
+	memset(buf, 0xA5, sizeof(struct ps_shard_stats) + 64);
+	ck_assert_int_eq(ps_client_stop_at_sized(mon, 0, 5, 0, st, sizeof(*st) + 64), PS_ESTATE);
+	for (size_t i = sizeof(*st); i < sizeof(*st) + 64; i++)
+		ck_assert_msg(buf[i] == 0, "stop: byte %zu past the library's struct not zeroed", i);
+	ck_assert_int_eq(ps_client_stop_at_sized(mon, 0, 5, 0, st, 2), -EINVAL);
+	ck_assert_int_eq(ps_client_stop_at(mon, 1, 5, 0, &whole), -EINVAL);
+	ck_assert_int_eq(ps_client_stop_at(mon, -1, 5, 0, &whole), -EINVAL);
+	ck_assert_int_eq(ps_client_stop_at(mon, 0, 0, 0, &whole), -EINVAL);
+	ck_assert_int_eq(ps_client_stop_at_sized(mon, 0, 5, 0, NULL, sizeof(whole)), -EINVAL);
 	ps_client_free(mon);
 	/* a shard outside the config: refused, nothing sent */
 	ck_assert_int_eq(ps_client_stats(c0, 1, &whole), -EINVAL);
