@@ -113,8 +113,6 @@ static const char *listen_host(const struct ps_config *cfg, int shard, int repli
 {
 	const struct ps_endpoint *ep;
 
-	if (shard < 0 || shard >= cfg->nshards || replica < 0 || replica > cfg->replicas)
-		return "";
 	ep = ps_config_replica_addr(cfg, shard, replica);
 	if (!cfg->listen_any)
 		return ep->host;
@@ -232,16 +230,6 @@ int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int sh
 	s->replica = replica;
 	s->loop = loop;
 	s->started = ps_now_s();
-	if (shard < 0 || shard >= cfg->nshards) {
-		ps_error("shard %d does not exist: the config names shards 0..%d", shard,
-			 cfg->nshards - 1);
-		return -EINVAL;
-	}
-	if (replica < 0 || replica > cfg->replicas) {
-		ps_error("replica %d of shard %d does not exist: cluster.replicas is %d", replica,
-			 shard, cfg->replicas);
-		return -EINVAL;
-	}
 	addr = ps_config_replica_addr(cfg, shard, replica);
 	ops = ps_transport_for(cfg, err, sizeof(err), &rc);
 	if (!ops) {

@@ -148,7 +148,9 @@ struct ps_server {
  * the shard (0 listens at cluster.servers[shard]; with cluster.replicas: 1,
  * 1 at cluster.backups[shard]), re-sharding from another number of
  * shards' checkpoints when `from` is set (reshard.h; NULL: a plain start).
- * Returns 0 or a negative code (the reason is logged). */
+ * shard and replica must be the config's (ps-server's main refuses others
+ * with its flags' names). Returns 0 or a negative code (the reason is
+ * logged). */
 struct ps_reshard_from;
 int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int shard,
 			int replica, uv_loop_t *loop, const struct ps_reshard_from *from);

@@ -67,6 +67,17 @@ expect "ps-server with rdma refused at start (status $rc): $(cat "$tmp/rdma.err"
 bin/ps-worker --config "$tmp/rdma.yaml" --rank 0 >/dev/null 2>"$tmp/rdma-w.err"; rc=$?
 expect "ps-worker with rdma refused (status $rc): $(cat "$tmp/rdma-w.err")" \
   grep -q "transport rdma: .*use transport: tcp" "$tmp/rdma-w.err"
+# a shard whose address is not this host's (192.0.2.1, TEST-NET-1), or
+# whose name does not resolve: status 1, the address and the remedy named
+for bad in "192.0.2.1|the address is not one of this host's: run shard K on the host of cluster.servers\[K\], or set cluster.listen_any: true" \
+           "ps-no-such-host.invalid|on this host; give an address in cluster.servers, add the name to DNS or /etc/hosts, or set cluster.listen_any: true"; do
+  host=${bad%%|*} why=${bad#*|}
+  sed "s|^  servers: \[127\.0\.0\.1:\([0-9]*\),|  servers: [$host:\1,|" "$tmp/c.yaml" > "$tmp/addr.yaml"
+  timeout 60 bin/ps-server --config "$tmp/addr.yaml" --shard 0 2>"$tmp/addr.err"; rc=$?
+  expect "ps-server on $host refused (status $rc), naming it and the remedy: $(cat "$tmp/addr.err")" \
+    grep -q "cannot listen on $host:[0-9]*: .*$why" "$tmp/addr.err"
+  [ $rc -eq 1 ] && ok || bad "ps-server on $host: status $rc"
+done
 # ps-cluster.sh refuses a config without a secret file (nothing to copy)
 scripts/ps-cluster.sh "$tmp/c2.yaml" start --dry-run >/dev/null 2>"$tmp/nosecret.err"
 expect "ps-cluster.sh refuses a config without a secret" grep -q "names no security.secret_file" "$tmp/nosecret.err"
