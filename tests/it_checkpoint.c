@@ -161,10 +161,11 @@ static int refused_start(int k, char *out, size_t n)
 
 /* A checkpoint folder that is missing stops the shard at start, not at the
  * SIGTERM that would have written the trained model: shard 0 of a config
- * naming dir/missing refuses to start and says why (out, n bytes). */
+ * naming dir/missing refuses to start and says why (out, n bytes); so
+ * does one naming a file (dir/afile), "not a folder". */
 static void expect_missing_dir_refused(int p0, int p1, char *out, size_t n)
 {
-	char have[sizeof(dir)];
+	char have[sizeof(dir)], want[sizeof(dir) + 64];
 
 	strcpy(have, dir);
 	strcat(dir, "/missing");
@@ -172,6 +173,16 @@ static void expect_missing_dir_refused(int p0, int p1, char *out, size_t n)
 	ck_assert_int_ne(refused_start(0, out, n), 0);
 	ck_assert_msg(strstr(out, "refusing to start: checkpoint.dir") && strstr(out, dir) &&
 		      strstr(out, "does not exist"), "%s", out);
+	strcpy(dir, have);
+	strcat(dir, "/afile");
+	FILE *f = fopen(dir, "w");
+	ck_assert_ptr_nonnull(f);
+	fclose(f);
+	write_cfg(p0, p1, N, 0);
+	ck_assert_int_ne(refused_start(0, out, n), 0);
+	snprintf(want, sizeof(want), "refusing to start: checkpoint.dir %s: not a folder", dir);
+	ck_assert_msg(strstr(out, want), "%s; '%s' expected", out, want);
+	unlink(dir);
 	strcpy(dir, have);
 }
 
