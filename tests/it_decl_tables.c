@@ -377,6 +377,11 @@ START_TEST(test_decl_tables_refused)
 	ck_assert_msg(strstr(ps_client_error(c1), "expected init zeros"), "%s",
 		      ps_client_error(c1));
 	decl_init();
+	decl[0].init_value = 0.5f; /* emb_a's init is zeros: a value would be ignored */
+	ck_assert_int_eq(ps_client_declare_tables(c1, decl, NT), PS_ECONFIG);
+	ck_assert_msg(strstr(ps_client_error(c1), "table 'emb_a': init_value 0.5 is not used by "
+			     "init zeros"), "%s", ps_client_error(c1));
+	decl_init();
 	decl[0].beta1 = 1.0f; /* model.embeddings: beta1 in [0, 1) */
 	ck_assert_int_eq(ps_client_declare_tables(c1, decl, NT), PS_ECONFIG);
 	ck_assert_msg(strstr(ps_client_error(c1), "beta1 is 1, expected a number in [0, 1)"), "%s",
