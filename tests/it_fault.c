@@ -339,11 +339,13 @@ START_TEST(test_rows_oom)
 	char spec[64];
 	int n, refused = 0;
 	/* _i 1: replies in fp16 (compression.pull), whose encoding buffer of
-	 * NPULL * DIM halves and a byte is the one not allocated */
-	size_t size = _i ? NPULL * DIM * 2 + 1 : NPULL * DIM * sizeof(float);
+	 * NPULL * DIM halves and a byte is the one not allocated; _i 2: the
+	 * pull's decoded ids (NPULL of them) */
+	size_t size = _i == 2 ? NPULL * sizeof(uint64_t)
+		      : _i ? NPULL * DIM * 2 + 1 : NPULL * DIM * sizeof(float);
 
 	make_dir();
-	write_cfg(_i ? "compression:\n  pull: fp16\n" : "");
+	write_cfg(_i == 1 ? "compression:\n  pull: fp16\n" : "");
 	for (n = 1; n <= 8; n++) {
 		static float rows[NPULL * DIM];
 		uint64_t ids[NPULL];
@@ -795,7 +797,7 @@ int main(int argc, char **argv)
 	TU_ADD_LOOP(tc, test_ckpt_faults, 0, 3);
 	TU_ADD_LOOP(tc, test_restore_faults, 0, 2); /* _i 1: a chain of incremental ones */
 	TU_ADD(tc, test_accept_oom);
-	TU_ADD_LOOP(tc, test_rows_oom, 0, 2);
+	TU_ADD_LOOP(tc, test_rows_oom, 0, 3);
 	TU_ADD_LOOP(tc, test_rows_oom_new_rows, 0, 2);
 	TU_ADD(tc, test_rows_oom_sweep);
 	TU_ADD(tc, test_send_eagain);
