@@ -156,8 +156,9 @@ for f in "$@" ${extra:+--union--}; do
     echo "coverage: running $s" >&2
     case "${s%%@*}" in   # as scripts/mutate.sh runs them, in the instrumented tree
       *.sh) run=(env -C "$TREE" "tests/$s") ;;
-      *.py|pytest) run=(env -C "$TREE/python/tests" ../../build/pyvenv/bin/python -m pytest -q \
-                 -p no:cacheprovider "${s/#pytest/.}") ;;
+      *.py|pytest) s0=${s%%@*}   # NAME.py@EXPR: only the cases pytest -k EXPR picks
+                   run=(env -C "$TREE/python/tests" ../../build/pyvenv/bin/python -m pytest -q \
+                        -p no:cacheprovider ${only:+-k "$only"} "${s0/#pytest/.}") ;;
       *)    run=(env -C "$TREE" PS_TEST_ONLY="$only" "build/rel/tests/${s%%@*}") ;;
     esac
     (GCOV_PREFIX=$d GCOV_PREFIX_STRIP=0 timeout 1800 "${run[@]}" >"$d.log" 2>&1) ||

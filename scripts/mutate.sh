@@ -88,7 +88,8 @@ suites_of() {
     # it_rows' two cases: the table sections' refusals (damaged, out of the chain)
     # it_fault: its writes, fsync, rename and reads failed in turn (libpsfault.so)
     # it_reshard: the old files read at a re-shard (tensors, tables, epochs)
-    server/checkpoint.c)       echo it_checkpoint it_groups it_decl_tables it_reshard \
+    # test_export.py@declared_tensors: a damaged declared tensor record refused at start
+    server/checkpoint.c)       echo test_export.py@declared_tensors it_checkpoint it_groups it_decl_tables it_reshard \
                                     it_rows@test_checkpoint_kill9,test_incremental_kill9 \
                                     it_fault@test_ckpt_faults,test_restore_faults san:it_checkpoint ;;
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
@@ -306,8 +307,9 @@ run_suite() {       # suite, seconds
   case "$n" in *@*) only=${n#*@}; n=${n%%@*} ;; esac
   case "$n" in
     *.sh) timeout "$2" "tests/$n" ;;
+    # NAME.py@EXPR: only the cases pytest -k EXPR picks
     *.py) (cd python/tests && timeout "$2" ../../build/pyvenv/bin/python -m pytest -q -x \
-             -p no:cacheprovider "$n") ;;
+             -p no:cacheprovider ${only:+-k "$only"} "$n") ;;
     *)    PS_TEST_ONLY=$only timeout "$2" "$(suite_target "$1")" ;;
   esac
 }

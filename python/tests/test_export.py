@@ -237,6 +237,32 @@ def test_export_declared_tensors(cluster, tmp_path, groups):
     if groups:
         assert [exp.meta["dense"][n]["optimizer"] for n in model] == ["adam", "momentum",
                                                                       "momentum"]
+    # the first declared tensor's record damaged (its checksum left as it was): each
+    # refused by the record's own check before the checksum, by ps-export naming the
+    # offset and by a shard starting from the file
+    f = ck / "shard-0.ckpt"
+    good = f.read_bytes()
+    at = good.index(b"emb.proj\0")           # name[64], ndims, group, dims[8]
+    shape = "declared tensor 'emb.proj' has a damaged shape"
+    for patch, off, why, srv_why in (
+            (b"\xff\xff\xff\xff", 64, "declared tensor 0 has no name or -1 dimensions",
+             "declared tensor 0 is damaged"),
+            ((9).to_bytes(4, "little"), 64, "declared tensor 0 has no name or 9 dimensions",
+             "declared tensor 0 is damaged"),
+            (b"\0", 0, "declared tensor 0 has no name or 2 dimensions",
+             "declared tensor 0 is damaged"),
+            (bytes(8), 72, shape, shape)):
+        bad = bytearray(good)
+        bad[at + off:at + off + len(patch)] = patch
+        f.write_bytes(bytes(bad))
+        r = export(cl.path, tmp_path / "x.npz", check=False)
+        assert r.returncode == 1, (why, r.stderr)
+        assert f"{f}: damaged at offset {at}: {why}" in r.stderr, (why, r.stderr)
+        with pytest.raises(RuntimeError, match="exited 1") as e:
+            cl.start(0)
+        assert f"{f}: {srv_why}" in str(e.value), (srv_why, str(e.value))
+    f.write_bytes(good)
+    assert not os.path.exists(tmp_path / "x.npz")
 
 
 DECL_TABLES = [
