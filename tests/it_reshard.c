@@ -212,6 +212,37 @@ START_TEST(test_sync_2_3_2_bit_identical)
 		ck_assert_msg(!stat(m, &st) && stat(f0, &st), "after new shard 0 died before its "
 			      "first checkpoint: %s should exist, %s not", m, f0);
 	}
+	/* that marker damaged (empty, not a count, no shards, a relative
+	 * folder): a plain start is refused, naming it, and takes nothing;
+	 * the marker as written afterwards */
+	{
+		static const char *const bad[] = { "", "garbage\n", "0 /tmp\n", "2 relative/dir\n" };
+		char m[300], want[400];
+		size_t kl;
+		uint8_t *keep;
+
+		snprintf(m, sizeof(m), "%s/shard-0.reshard", ck);
+		snprintf(want, sizeof(want), "%s: not a re-shard marker ('SHARDS /DIR' on one line)",
+			 m);
+		keep = tu_slurp(m, &kl);
+		ck_assert_ptr_nonnull(keep);
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			FILE *mf = fopen(m, "w");
+			ck_assert_ptr_nonnull(mf);
+			fputs(bad[i], mf);
+			fclose(mf);
+			snprintf(log, sizeof(log), "%s/bad-marker-%zu.log", dir, i);
+			pid_t p = start_shard(0, NULL, 0, log);
+			int rc = tu_wait_exit_s(p, 30);
+			ck_assert_msg(rc == 1 && tu_log_says(log, want), "marker '%s': exit %d; '%s' "
+				      "expected in %s", bad[i], rc, want, log);
+		}
+		FILE *mf = fopen(m, "w");
+		ck_assert_ptr_nonnull(mf);
+		fwrite(keep, 1, kl, mf);
+		fclose(mf);
+		free(keep);
+	}
 	for (int k = 0; k < 3; k++) {
 		snprintf(log, sizeof(log), "%s/a-%d.log", dir, k);
 		srv[k] = start_shard(k, k ? old1 : NULL, 2, log);
