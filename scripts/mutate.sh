@@ -109,11 +109,12 @@ suites_of() {
                                     it_rows@test_incremental_kill9 it_client_api@test_stats_sized \
                                     it_fault@test_ckpt_faults ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
-    server/declare.c)          echo it_declare it_groups it_replica_decl ;;   # it_replica_decl: a declaration on a pair
+    server/declare.c)          echo it_declare it_groups it_replica_decl it_fault@test_declare_oom_sweep ;;   # it_replica_decl: a declaration on a pair
     # it_reshard_cases, it_reshard_staged: a shard's start from another map's files
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile it_reshard_cases it_reshard_staged ;;
     server/reader.c)           echo it_reader ;;
-    server/decl_tables.c)      echo it_decl_tables test_decl_tables.py it_reshard_requests test_export.py ;;
+    server/decl_tables.c)      echo it_decl_tables it_fault@test_declare_oom_sweep test_decl_tables.py \
+                                    it_reshard_requests test_export.py ;;
     # it_hostile's case: every refusal of a join or leave step and of a
     # push by no member; it_replica_auth: a replica's membership;
     # it_reshard_ops: a join during a stop
@@ -154,7 +155,8 @@ suites_of() {
     worker/client/ps_client_rows.c)    echo it_fake_shard@test_malformed_row_pull_replies it_rows \
                                             it_rows_model test_embeddings.py it_reshard_rows \
                                             it_fault@test_send_eagain,test_client_oom ;;
-    worker/client/ps_client_declare.c) echo it_declare it_groups it_reshard_requests ;;
+    # it_fault: the shard out of memory at each allocation of a declaration in turn
+    worker/client/ps_client_declare.c) echo it_declare it_groups it_fault@test_declare_oom_sweep it_reshard_requests ;;
     worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
     # it_fake_shard's cases: the pace of a join refused during a stop, and its giving up;

@@ -494,6 +494,113 @@ START_TEST(test_rows_oom_sweep)
 }
 END_TEST
 
+/* The shard out of memory while its worker declares the model (a config
+ * without one): the shard's Nth allocation after the worker connected
+ * failed (N = 1..36, then spread to 146; every N with PS_TEST_SWEEP=full; until
+ * a run makes fewer), while the worker
+ * declares tensor a and table e, each call tried again when refused, then
+ * trains 2 clocks likewise. The shard never crashes, a refused declaration
+ * says why, and every weight and row ends at its exact sum. Found: a
+ * declaration made whose closing pull was refused could not be retried
+ * ("declared already"); the same declaration again now pulls the values. */
+START_TEST(test_declare_oom_sweep)
+{
+	/* every N of the declarations (the first 36 or so), then spread */
+	static const int nth[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+				   19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34,
+				   35, 36, 39, 48, 60, 75, 94, 117, 146 };
+	static struct model m;
+	static float a0[NA];
+	const int64_t shape[] = { NA };
+	const struct ps_param prm = { "a", 1, shape, a0 };
+	const struct ps_table_decl td = { .name = "e", .dim = DIM, .init = "zeros",
+					  .optimizer = "sgd", .lr = 1.0f };
+	char spec[64], yaml[1024], err[512];
+	int landed = 0, refused = 0;
+	/* PS_TEST_SWEEP=full (scripts/mutate.sh): every N until a run makes none */
+	int full = getenv("PS_TEST_SWEEP") && !strcmp(getenv("PS_TEST_SWEEP"), "full");
+	int runs = full ? 1000 : (int)(sizeof(nth) / sizeof(nth[0]));
+
+	make_dir();
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  workers: 1\n"
+		 "consistency:\n  mode: sync\n"
+		 "slice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "limits:\n  request_timeout_ms: 20000\n",
+		 tu_transport_yaml(), tu_host(), tu_free_port());
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	for (int i = 0; i < runs; i++) {
+		struct ps_client *c;
+		pid_t pid;
+		int ws = 0, rc = -1, k;
+
+		memset(&m, 0, sizeof(m));
+		snprintf(spec, sizeof(spec), "alloc:%d", full ? i + 1 : nth[i]);
+		pid = start_faulted(-1, spec, "worker 0 connected");
+		c = connect_retry(&cfg, 0);
+		for (k = 0; k < 5 && rc; k++)
+			if ((rc = ps_client_declare(c, &prm, 1))) {
+				ck_assert_msg(rc < 0 && ps_client_error(c)[0], "%s: declare: %d '%s'",
+					      spec, rc, ps_client_error(c));
+				refused++;
+			}
+		ck_assert_msg(rc == 0, "%s: declare, %d tries: %s (log %s)", spec, k,
+			      ps_client_error(c), slog);
+		rc = -1;
+		for (k = 0; k < 5 && rc; k++)
+			if ((rc = ps_client_declare_tables(c, &td, 1))) {
+				ck_assert_msg(rc < 0 && ps_client_error(c)[0], "%s: declare tables: %d "
+					      "'%s'", spec, rc, ps_client_error(c));
+				refused++;
+			}
+		ck_assert_msg(rc == 0, "%s: declare tables, %d tries: %s (log %s)", spec, k,
+			      ps_client_error(c), slog);
+		for (k = 0; k < 2; k++)
+			train_clock_retry(c, &m, &refused, spec);
+		/* the weights and rows, each pull tried again when refused (a
+		 * fault not made yet lands in one): exact */
+		static float a[NA], rows[NID * DIM];
+		uint64_t ids[NID];
+		struct ps_tensor ta = { .name = "a", .data = a, .count = NA };
+		for (int j = 0; j < NID; j++)
+			ids[j] = (uint64_t)j * 0x9e3779b97f4a7c15ull;
+		rc = -1;
+		for (k = 0; k < 5 && rc; k++) {
+			int64_t q = ps_client_pull(c, m.clock, &ta, 1);
+			if ((rc = q > 0 ? ps_client_wait(c, q) : (int)q))
+				refused++;
+		}
+		ck_assert_msg(rc == 0, "%s: pull: %s", spec, ps_client_error(c));
+		rc = -1;
+		for (k = 0; k < 5 && rc; k++)
+			if ((rc = ps_client_pull_rows(c, "e", m.clock, ids, NID, rows)))
+				refused++;
+		ck_assert_msg(rc == 0, "%s: pull rows: %s", spec, ps_client_error(c));
+		ck_assert_msg(waitpid(pid, &ws, WNOHANG) == 0, "%s: the shard ended (%s %d; log %s)",
+			      spec, WIFSIGNALED(ws) ? "signal" : "exit",
+			      WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), slog);
+		ck_assert_msg(!memcmp(a, m.a, sizeof(a)) && !memcmp(rows, m.rows, sizeof(rows)),
+			      "%s: the weights or rows are not the exact sums (log %s)", spec, slog);
+		ps_client_free(c);
+		ck_assert_int_eq(tu_stop_server(pid), 0);
+		int made = faults_made();
+		tu_rmtree(dir);
+		ck_assert_int_eq(mkdir(dir, 0700), 0);
+		if (!made)
+			break;
+		landed++;
+	}
+	printf("test_declare_oom_sweep: %d runs with a failed allocation, %d calls refused\n",
+	       landed, refused);
+	ck_assert_msg(landed >= 10, "only %d faults landed", landed);
+	ck_assert_msg(refused > 0, "no call was refused for want of memory");
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* ---- the client ---- */
 
 /* The worker of test_send_eagain, in a process of its own started with
@@ -800,6 +907,7 @@ int main(int argc, char **argv)
 	TU_ADD_LOOP(tc, test_rows_oom, 0, 3);
 	TU_ADD_LOOP(tc, test_rows_oom_new_rows, 0, 2);
 	TU_ADD(tc, test_rows_oom_sweep);
+	TU_ADD(tc, test_declare_oom_sweep);
 	TU_ADD(tc, test_send_eagain);
 	TU_ADD(tc, test_client_oom);
 	suite_add_tcase(s, tc);

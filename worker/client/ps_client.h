@@ -475,9 +475,11 @@ struct ps_param {
  * initial values in a new run; the trained weights after a restart of the
  * worker or of the cluster from checkpoints), and the tensors are known
  * by name to push and pull (ps_client_config). Call once, after init and
- * before any push or pull, as a worker (rank >= 0). Returns 0 or a
- * negative code: PS_ECONFIG (the config names its model, or the
- * declaration differs), PS_ESTATE (declared already, or a monitor),
+ * before any push or pull, as a worker (rank >= 0); when the declaration
+ * was made but pulling the values failed (ps_client_error says so), the
+ * same call again only pulls them. Returns 0 or a negative code:
+ * PS_ECONFIG (the config names its model, or the declaration differs),
+ * PS_ESTATE (declared already, or a monitor),
  * PS_ETOOBIG / -EINVAL (a bad list: the reason in ps_client_error),
  * PS_ETIMEDOUT (rank 0 never declared). */
 int ps_client_declare(struct ps_client *c, const struct ps_param *p, int n);

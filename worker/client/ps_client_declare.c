@@ -375,6 +375,59 @@ int ps_client_set_lr(struct ps_client *c, int group, float lr)
 	return 0;
 }
 
+/* Whether p (with its groups) is the declaration this client made. */
+static int same_as_declared(struct ps_client *c, const struct ps_param *p, int n,
+			    const struct ps_optim_group *groups, int ngroups, const int *group_of)
+{
+	const struct ps_config *d = c->cfg;
+	struct ps_config *cand;
+	char why[300];
+	int rc, same = n == d->ntensors && ngroups == d->ngroups;
+
+	if (!same || !(cand = declared_cfg(c, d, p, n, &rc)))
+		return 0;
+	if ((groups || ngroups) && declared_groups(c, cand, groups, ngroups, group_of, n))
+		same = 0;
+	for (int i = 0; same && i < n; i++) {
+		const struct ps_tensor_cfg *a = &cand->tensors[i], *b = &d->tensors[i];
+		same = !strcmp(a->name, b->name) && a->ndims == b->ndims && a->group == b->group &&
+		       !memcmp(a->dims, b->dims, sizeof(a->dims[0]) * (size_t)a->ndims);
+	}
+	for (int g = 0; same && g < ngroups; g++)
+		same = !ps_optim_group_diff(g, &cand->groups[g], &d->groups[g], why, sizeof(why));
+	free(cand);
+	return same;
+}
+
+/* The shards' values of the declared tensors into p[i].data (the pull that
+ * ends a declaration); t: n tensors, or NULL to allocate them here. */
+static int pull_declared(struct ps_client *c, const struct ps_config *cfg,
+			 const struct ps_param *p, int n, struct ps_tensor *t)
+{
+	struct ps_tensor *own = t ? NULL : calloc((size_t)n, sizeof(*own));
+	int64_t id;
+	int rc;
+
+	if (!t && !(t = own)) {
+		ps__client_set_err(c, "out of memory");
+		return -ENOMEM;
+	}
+	for (int i = 0; i < n; i++)
+		t[i] = ps_tensor_of(cfg, i, p[i].data);
+	id = ps_client_pull(c, 0, t, n);
+	rc = id < 0 ? (int)id : ps_client_wait(c, id);
+	free(own);
+	c->declared_unpulled = rc != 0;
+	if (rc) { /* the declaration stands: the same call again pulls them */
+		char why[400];
+
+		snprintf(why, sizeof(why), "%s", ps_client_error(c));
+		ps__client_set_err(c, "declared %d tensors, but pulling their values failed: %s "
+				   "(declare the same again to pull them)", n, why);
+	}
+	return rc;
+}
+
 int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int n,
 			     const struct ps_optim_group *groups, int ngroups, const int *group_of)
 {
@@ -394,6 +447,10 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 		return PS_ECONFIG;
 	}
 	if (c->declared_tensors) {
+		/* declared, but the pull that ended the call failed: the same
+		 * declaration again only pulls the values */
+		if (c->declared_unpulled && same_as_declared(c, p, n, groups, ngroups, group_of))
+			return pull_declared(c, c->cfg, p, n, NULL);
 		ps__client_set_err(c, "this client has declared its tensors already");
 		return PS_ESTATE;
 	}
@@ -473,10 +530,7 @@ again:
 		c->group_lr[g] = cfg->groups[g].lr;
 	pthread_mutex_unlock(&c->mu);
 	free(old_resid);
-	for (int i = 0; i < n; i++)
-		t[i] = ps_tensor_of(cfg, i, p[i].data);
-	int64_t id = ps_client_pull(c, 0, t, n);
-	rc = id < 0 ? (int)id : ps_client_wait(c, id);
+	rc = pull_declared(c, cfg, p, n, t);
 	free(t);
 	return rc;
 

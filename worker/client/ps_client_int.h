@@ -123,6 +123,7 @@ struct ps_client {
 	 * threads may still read it, until ps_client_free. */
 	struct ps_config *old_cfg;
 	int declared_tensors, declared_tables;
+	int declared_unpulled; /* declared, but the pull that ends the call failed */
 	/* Declared with optimizer groups (own_cfg->ngroups of them): the
 	 * learning rate of each that every push carries (ps_client_set_lr;
 	 * under mu). */
