@@ -105,7 +105,7 @@ tmp=$(mktemp -d /tmp/ps-reshard-crash.XXXXXX)
 pids=() # every process started here (coordinators and workers)
 cleanup() {
   local p
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  kill_jobs TERM "${pids[@]}" # (those not waited for yet: tests/lib-ports.sh)
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
   # shards whose ps-local.sh was killed with SIGKILL by a case
   pkill -KILL -f -- "--config $tmp/" 2>/dev/null

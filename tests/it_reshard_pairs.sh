@@ -24,7 +24,8 @@ tmp=$(mktemp -d /tmp/ps-reshard-pairs.XXXXXX)
 started=() # the ps-local.sh runs this script started in the background
 cleanup() {
   local p
-  for p in "${started[@]+"${started[@]}"}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  kill_jobs TERM ${started[@]+"${started[@]}"} # (not waited for yet: tests/lib-ports.sh)
+  for p in "${started[@]+"${started[@]}"}"; do wait "$p" 2>/dev/null; done
   scripts/ps-cluster.sh "$tmp/c2.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/logs" >/dev/null 2>&1
   rm -rf "$tmp"
 }
