@@ -65,3 +65,19 @@ reshard_summary() {
              n, ms, sl, mr, ro, mb / 1048576
     }' "$@"
 }
+
+# kill_jobs SIGNAL PID...: sends SIGNAL to each PID that is still a job of
+# this shell (started with & and not waited for yet). A PID already waited
+# for may be another program's by now (the kernel reuses them, soon where
+# pid_max is 32768): such a PID is left alone. (A test's cleanup that sent
+# SIGTERM to every PID it had started once ended another test running
+# beside it.)
+kill_jobs() {
+  local sig=$1 p live
+  shift
+  live=" $(jobs -p | tr '\n' ' ') "
+  for p in "$@"; do
+    [[ $live == *" $p "* ]] && kill "-$sig" "$p" 2>/dev/null
+  done
+  return 0
+}

@@ -477,7 +477,7 @@ stop_servers() {
 on_signal() {
   echo >&2
   echo "ps-local.sh: stopping every process" >&2
-  for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  kill_jobs TERM "${worker_pids[@]}" # (those that ended were waited for already)
   for p in "${worker_pids[@]}"; do wait "$p" 2>/dev/null; done
   worker_pids=()
   stop_servers
@@ -617,7 +617,7 @@ precopy_stage() {
 # go on to its commit.
 precopy_cancel() {
   local p
-  for p in ${staged_pids[@]+"${staged_pids[@]}"}; do kill -TERM "$p" 2>/dev/null; done
+  kill_jobs TERM ${staged_pids[@]+"${staged_pids[@]}"} # (those not waited for yet)
   for p in ${staged_pids[@]+"${staged_pids[@]}"}; do wait "$p" 2>/dev/null; done
   staged_pids=() staged_names=()
 }
@@ -756,7 +756,7 @@ live_reshard() {
     # Decided once every new shard has ended: one still starting when
     # another failed may be writing into the folder
     if ! compgen -G "$ckdir/shard-*" >/dev/null; then
-      for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+      kill_jobs TERM "${pids[@]}" # (the failed ones were waited for above)
       for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
       server_pids=() server_names=()
     fi

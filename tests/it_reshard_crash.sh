@@ -105,7 +105,7 @@ tmp=$(mktemp -d /tmp/ps-reshard-crash.XXXXXX)
 pids=() # every process started here (coordinators and workers)
 cleanup() {
   local p
-  kill_jobs TERM "${pids[@]}" # (those not waited for yet: tests/lib-ports.sh)
+  kill_jobs TERM "${pids[@]}" # (those not waited for yet: scripts/ps-lib.sh)
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null; done
   # shards whose ps-local.sh was killed with SIGKILL by a case
   pkill -KILL -f -- "--config $tmp/" 2>/dev/null
@@ -113,6 +113,7 @@ cleanup() {
 }
 trap cleanup EXIT
 . tests/lib-ports.sh # free_port
+. scripts/ps-lib.sh # kill_jobs
 # waits (60 s at most) until file $1 matches pattern $2
 wait_for() {
   for _ in $(seq 600); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done

@@ -24,13 +24,14 @@ tmp=$(mktemp -d /tmp/ps-reshard-pairs.XXXXXX)
 started=() # the ps-local.sh runs this script started in the background
 cleanup() {
   local p
-  kill_jobs TERM ${started[@]+"${started[@]}"} # (not waited for yet: tests/lib-ports.sh)
+  kill_jobs TERM ${started[@]+"${started[@]}"} # (not waited for yet: scripts/ps-lib.sh)
   for p in "${started[@]+"${started[@]}"}"; do wait "$p" 2>/dev/null; done
   scripts/ps-cluster.sh "$tmp/c2.yaml" stop --ssh "$tmp/ssh" --logs "$tmp/logs" >/dev/null 2>&1
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 . tests/lib-ports.sh # free_port
+. scripts/ps-lib.sh # kill_jobs
 unset PS_SECRET_FILE
 export OPENBLAS_NUM_THREADS=1
 p=() ; for i in 0 1 2 3 4 5; do p+=("$(free_port)"); done
