@@ -124,7 +124,7 @@ static int refused_start(int k, char *out, size_t n)
 
 	snprintf(shard, sizeof(shard), "%d", k);
 	ck_assert_int_eq(pipe(fds), 0);
-	pid_t pid = fork();
+	pid_t pid = tu_fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		dup2(fds[1], 1);

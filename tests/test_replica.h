@@ -51,7 +51,7 @@ static inline pid_t tu_start_replica(const char *cfg_path, const char *logdir, i
 	snprintf(s, sizeof(s), "%d", shard);
 	snprintf(r, sizeof(r), "%d", replica);
 	snprintf(log, sizeof(log), "%s/shard%d-r%d.log", logdir, shard, replica);
-	pid = fork();
+	pid = tu_fork();
 	if (pid == 0) {
 		if (die_with_parent)
 			prctl(PR_SET_PDEATHSIG, SIGKILL);

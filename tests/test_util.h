@@ -155,15 +155,41 @@ static inline int tu_log_says(const char *log, const char *what)
 	return said;
 }
 
+/* fork() for a child that execs a program: in the child, SIGTERM and
+ * SIGINT as the program would have them. Until the exec the child runs the
+ * handlers of its test process, Check's, which on SIGTERM or SIGINT kill
+ * the test's whole process group: a test that stopped a shard it had just
+ * started, before the exec, died of its own SIGTERM ("Received signal
+ * 15"). The two are blocked across the fork, so one sent at once waits
+ * for the default action. */
+static inline pid_t tu_fork(void)
+{
+	sigset_t set, old;
+	pid_t pid;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigprocmask(SIG_BLOCK, &set, &old);
+	pid = fork();
+	if (pid == 0) {
+		signal(SIGTERM, SIG_DFL);
+		signal(SIGINT, SIG_DFL);
+	}
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	return pid;
+}
+
 static inline pid_t tu_start_server_log(const char *cfgpath, int shard, const char *log)
 {
 	char s[16];
 	pid_t pid;
 
 	snprintf(s, sizeof(s), "%d", shard);
-	pid = fork();
+	pid = tu_fork();
 	if (pid == 0) {
 		const char *lvl = getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "warn";
+
 		/* as a shell or a service manager starts it: an ignored SIGPIPE
 		 * (the tests ignore it) would be inherited, and hide a shard
 		 * that dies of one */
@@ -222,7 +248,7 @@ static inline int tu_wait_child(pid_t pid)
  * so a test with threads may call it. */
 static inline pid_t tu_spawn(const char *const *argv, const char *out)
 {
-	pid_t pid = fork();
+	pid_t pid = tu_fork();
 
 	if (pid == 0) {
 		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
