@@ -494,12 +494,28 @@ START_TEST(test_rows_oom_sweep)
 }
 END_TEST
 
+/* call (worker c's, in the test process), tried again up to 5 times while
+ * it fails, each failure a negative code with a reason and counted in
+ * refused; then it must have succeeded (test_declare_oom_sweep). */
+#define RETRIED(what, call)                                                          \
+	do {                                                                         \
+		int rc_ = -1, t_;                                                    \
+		for (t_ = 0; t_ < 5 && rc_; t_++)                                    \
+			if ((rc_ = (call))) {                                        \
+				ck_assert_msg(rc_ < 0 && ps_client_error(c)[0],       \
+					      "%s: %s: %d '%s'", spec, (what), rc_,   \
+					      ps_client_error(c));                    \
+				refused++;                                           \
+			}                                                            \
+		ck_assert_msg(rc_ == 0, "%s: %s, %d tries: %s (log %s)", spec, (what), t_, \
+			      ps_client_error(c), slog);                              \
+	} while (0)
+
 /* The shard out of memory while its worker declares the model (a config
  * without one): the shard's Nth allocation after the worker connected
- * failed (N = 1..36, then spread to 146; every N with PS_TEST_SWEEP=full; until
- * a run makes fewer), while the worker
- * declares tensor a and table e, each call tried again when refused, then
- * trains 2 clocks likewise. The shard never crashes, a refused declaration
+ * failed (N = 1..36, then spread to 146; every N with PS_TEST_SWEEP=full;
+ * until a run makes fewer), while the worker declares tensor a and table
+ * e, each call tried again when refused, then trains 2 clocks likewise. The shard never crashes, a refused declaration
  * says why, and every weight and row ends at its exact sum. Found: a
  * declaration made whose closing pull was refused could not be retried
  * ("declared already"); the same declaration again now pulls the values. */
@@ -534,29 +550,14 @@ START_TEST(test_declare_oom_sweep)
 	for (int i = 0; i < runs; i++) {
 		struct ps_client *c;
 		pid_t pid;
-		int ws = 0, rc = -1, k;
+		int ws = 0, k;
 
 		memset(&m, 0, sizeof(m));
 		snprintf(spec, sizeof(spec), "alloc:%d", full ? i + 1 : nth[i]);
 		pid = start_faulted(-1, spec, "worker 0 connected");
 		c = connect_retry(&cfg, 0);
-		for (k = 0; k < 5 && rc; k++)
-			if ((rc = ps_client_declare(c, &prm, 1))) {
-				ck_assert_msg(rc < 0 && ps_client_error(c)[0], "%s: declare: %d '%s'",
-					      spec, rc, ps_client_error(c));
-				refused++;
-			}
-		ck_assert_msg(rc == 0, "%s: declare, %d tries: %s (log %s)", spec, k,
-			      ps_client_error(c), slog);
-		rc = -1;
-		for (k = 0; k < 5 && rc; k++)
-			if ((rc = ps_client_declare_tables(c, &td, 1))) {
-				ck_assert_msg(rc < 0 && ps_client_error(c)[0], "%s: declare tables: %d "
-					      "'%s'", spec, rc, ps_client_error(c));
-				refused++;
-			}
-		ck_assert_msg(rc == 0, "%s: declare tables, %d tries: %s (log %s)", spec, k,
-			      ps_client_error(c), slog);
+		RETRIED("declare", ps_client_declare(c, &prm, 1));
+		RETRIED("declare tables", ps_client_declare_tables(c, &td, 1));
 		for (k = 0; k < 2; k++)
 			train_clock_retry(c, &m, &refused, spec);
 		/* the weights and rows, each pull tried again when refused (a
@@ -564,20 +565,12 @@ START_TEST(test_declare_oom_sweep)
 		static float a[NA], rows[NID * DIM];
 		uint64_t ids[NID];
 		struct ps_tensor ta = { .name = "a", .data = a, .count = NA };
+		int64_t q;
 		for (int j = 0; j < NID; j++)
 			ids[j] = (uint64_t)j * 0x9e3779b97f4a7c15ull;
-		rc = -1;
-		for (k = 0; k < 5 && rc; k++) {
-			int64_t q = ps_client_pull(c, m.clock, &ta, 1);
-			if ((rc = q > 0 ? ps_client_wait(c, q) : (int)q))
-				refused++;
-		}
-		ck_assert_msg(rc == 0, "%s: pull: %s", spec, ps_client_error(c));
-		rc = -1;
-		for (k = 0; k < 5 && rc; k++)
-			if ((rc = ps_client_pull_rows(c, "e", m.clock, ids, NID, rows)))
-				refused++;
-		ck_assert_msg(rc == 0, "%s: pull rows: %s", spec, ps_client_error(c));
+		RETRIED("pull", (q = ps_client_pull(c, m.clock, &ta, 1)) < 0 ? (int)q
+			: ps_client_wait(c, q));
+		RETRIED("pull rows", ps_client_pull_rows(c, "e", m.clock, ids, NID, rows));
 		ck_assert_msg(waitpid(pid, &ws, WNOHANG) == 0, "%s: the shard ended (%s %d; log %s)",
 			      spec, WIFSIGNALED(ws) ? "signal" : "exit",
 			      WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), slog);

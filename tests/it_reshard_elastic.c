@@ -543,9 +543,9 @@ START_TEST(test_join_leave_2_3_2_bit_identical)
 	ck_assert_uint_eq(st.member_epoch, epoch_of(NCLK - 1));
 	ck_assert_int_eq(st.nmembers, 3);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-2.log", dir);
-	ck_assert_msg(live_log_says(log, "re-sharded from 2 to 3 shards"), "%s: no re-shard", log);
+	ck_assert_msg(tu_log_says(log, "re-sharded from 2 to 3 shards"), "%s: no re-shard", log);
 	snprintf(log, sizeof(log), "%s/c2b.yaml-shard-0.log", dir);
-	ck_assert_msg(live_log_says(log, "re-sharded from 3 to 2 shards"), "%s: no re-shard", log);
+	ck_assert_msg(tu_log_says(log, "re-sharded from 3 to 2 shards"), "%s: no re-shard", log);
 
 	/* told the same, and every weight bit-identical */
 	ck_assert_msg(!memcmp(x->pushed, ref->pushed, sizeof(x->pushed)) &&

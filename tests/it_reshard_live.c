@@ -267,7 +267,7 @@ START_TEST(test_workers_stay_2_3_2)
 	snprintf(out, sizeof(out), "%s/pstat-1.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
 	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
-	ck_assert_msg(live_log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
+	ck_assert_msg(tu_log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
 		      "at clock 4", out);
 	set_gate(8); /* their pushes for 4 meet stopped or gone shards */
 	for (int k = 0; k < 2; k++)
@@ -337,10 +337,10 @@ START_TEST(test_workers_stay_2_3_2)
 	for (int k = 0; k < 2; k++)
 		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-2.log", dir);
-	ck_assert_msg(live_log_says(log, "re-sharded from 2 to 3 shards"), "%s: no re-shard said",
+	ck_assert_msg(tu_log_says(log, "re-sharded from 2 to 3 shards"), "%s: no re-shard said",
 		      log);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0.log", dir);
-	ck_assert_msg(live_log_says(log, "stopped at clock 8 with its checkpoint written"),
+	ck_assert_msg(tu_log_says(log, "stopped at clock 8 with its checkpoint written"),
 		      "%s: no stop at clock 8 said", log);
 	unsetenv("PS_CONFIG_FOLLOW");
 	ck_assert_int_eq(tu_rmtree(dir), 0);
@@ -401,7 +401,7 @@ START_TEST(test_error_feedback_2_3)
 	snprintf(out, sizeof(out), "%s/pstat.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
 	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
-	ck_assert_msg(live_log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
+	ck_assert_msg(tu_log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
 		      "at clock 4", out);
 	set_gate(UINT64_MAX); /* their pushes for 4, encoded once, are refused and kept */
 	for (int k = 0; k < 2; k++)
@@ -477,15 +477,15 @@ START_TEST(test_pairs_2_3)
 	snprintf(out, sizeof(out), "%s/pstat.out", dir);
 	const char *pstat[] = { "bin/ps-stat", "--config", c2, "--reshard-stop", NULL };
 	ck_assert_int_eq(tu_wait_exit(tu_spawn(pstat, out)), 0);
-	ck_assert_msg(live_log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
+	ck_assert_msg(tu_log_says(out, "every shard stops at clock 4"), "ps-stat (%s) did not stop "
 		      "at clock 4", out);
 	set_gate(8); /* their pushes for 4 are refused by the primaries, kept */
 	for (int k = 0; k < 4; k++)
 		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old process %d did not exit 0 at the stop", k);
 	for (int k = 0; k < 2; k++) {
 		snprintf(log, sizeof(log), "%s/c2.yaml-shard-%d-r1.log", dir, k);
-		ck_assert_msg(live_log_says(log, "stopped at clock 4 with its checkpoint written; "
-					    "exiting (the backup, as its primary does)"),
+		ck_assert_msg(tu_log_says(log, "stopped at clock 4 with its checkpoint written; "
+					  "exiting (the backup, as its primary does)"),
 			      "%s: the backup did not stop at clock 4 as a backup", log);
 	}
 	live_move_old("from2", 2, pairs, old, sizeof(old)); /* both files of each pair */
@@ -498,13 +498,13 @@ START_TEST(test_pairs_2_3)
 		      "pairs: %s %s", wks[0].err, wks[1].err);
 	/* the primary of new shard 0 (replica 0: equal state at the start) */
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0.log", dir);
-	ck_assert_msg(live_log_says(log, "now the primary of shard 0"), "%s: not the primary", log);
+	ck_assert_msg(tu_log_says(log, "now the primary of shard 0"), "%s: not the primary", log);
 	kill(srv[0], SIGKILL);
 	ck_assert_int_eq(tu_wait_exit(srv[0]), 128 + SIGKILL);
 	set_gate(UINT64_MAX);
 	join_workers(th);
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0-r1.log", dir);
-	ck_assert_msg(live_log_says(log, "now the primary of shard 0"), "%s: no takeover", log);
+	ck_assert_msg(tu_log_says(log, "now the primary of shard 0"), "%s: no takeover", log);
 	for (int r = 0; r < NW; r++)
 		for (int i = 0; i < NA + NB; i++) {
 			float want = i < NA ? wks[0].init_a[i] : wks[0].init_b[i - NA];

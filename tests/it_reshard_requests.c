@@ -648,10 +648,10 @@ START_TEST(test_declare_partial_at_stop)
 	/* nothing completes it: refused, nothing stopped */
 	snprintf(out, sizeof(out), "%s/pstat-refused.out", dir);
 	ck_assert_msg(tu_wait_exit(pstat_spawn(c2, out)) == 1, "ps-stat did not refuse (%s)", out);
-	ck_assert_msg(live_log_says(out, "a declaration reached some shards before their stop "
-				    "and not the others") &&
-		      live_log_says(out, "refused: a declaration of tensors or tables reached some "
-				    "shards only"), "ps-stat's reasons (%s)", out);
+	ck_assert_msg(tu_log_says(out, "a declaration reached some shards before their stop "
+				  "and not the others") &&
+		      tu_log_says(out, "refused: a declaration of tensors or tables reached some "
+				  "shards only"), "ps-stat's reasons (%s)", out);
 	for (int k = 0; k < 2; k++) {
 		ck_assert_msg(ps_client_stats(c[1], k, &st[k]) == 0, "%s", ps_client_error(c[1]));
 		ck_assert_msg(st[k].stop_at == 0, "shard %d holds a stop at %" PRIu64 " after the "
@@ -661,9 +661,9 @@ START_TEST(test_declare_partial_at_stop)
 	/* asked again, it waits; rank 0 declares meanwhile */
 	snprintf(out, sizeof(out), "%s/pstat-waits.out", dir);
 	ps = pstat_spawn(c2, out);
-	for (int i = 0; i < 3000 && !live_log_says(out, "waiting up to"); i++)
+	for (int i = 0; i < 3000 && !tu_log_says(out, "waiting up to"); i++)
 		tu_sleep_ms(10);
-	ck_assert_msg(live_log_says(out, "waiting up to"), "ps-stat does not wait (%s)", out);
+	ck_assert_msg(tu_log_says(out, "waiting up to"), "ps-stat does not wait (%s)", out);
 	memset(&dec, 0, sizeof(dec));
 	dec.c = c[0];
 	dec.rank = 0;
@@ -671,14 +671,14 @@ START_TEST(test_declare_partial_at_stop)
 	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
 	ck_assert_msg(tu_wait_exit(ps) == 0, "ps-stat failed once the declaration completed (%s)",
 		      out);
-	ck_assert_msg(live_log_says(out, "every shard stops at clock 1"), "ps-stat (%s)", out);
+	ck_assert_msg(tu_log_says(out, "every shard stops at clock 1"), "ps-stat (%s)", out);
 	for (int k = 0; k < 2; k++)
 		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old shard %d did not exit 0 at its stop "
 			      "(logs in %s)", k, dir);
 	for (int k = 0; k < 2; k++) {
 		char f[200];
 		snprintf(f, sizeof(f), "%s/c2.yaml-shard-%d.log", dir, k);
-		ck_assert_msg(live_log_says(f, "stopped at clock 1 with its checkpoint written"),
+		ck_assert_msg(tu_log_says(f, "stopped at clock 1 with its checkpoint written"),
 			      "old shard %d (%s)", k, f);
 	}
 
@@ -932,7 +932,7 @@ static int says_declarations_differ(const char *f, const char *old)
 
 	snprintf(want, sizeof(want), "%s/shard-1.ckpt: declares 0 tensors and 0 tables, "
 		 "shard-0.ckpt 2 and 0", old);
-	return live_log_says(f, want);
+	return tu_log_says(f, want);
 }
 
 /* A worker that dies with its declaration taken by one old shard of a
@@ -981,8 +981,8 @@ START_TEST(test_declare_worker_dies_at_stop)
 		snprintf(a, sizeof(a), "%s/c2.yaml-shard-%d.log", dir, k);
 		ck_assert_msg(tu_wait_exit(srv[k]) == 0, "old shard %d did not exit 0 at its stop "
 			      "(%s)", k, a);
-		ck_assert_msg(live_log_says(a, "worker 0 left the live set") &&
-			      live_log_says(a, "stopped at clock 1 with its checkpoint written"),
+		ck_assert_msg(tu_log_says(a, "worker 0 left the live set") &&
+			      tu_log_says(a, "stopped at clock 1 with its checkpoint written"),
 			      "old shard %d (%s)", k, a);
 		snprintf(b, sizeof(b), "%s.before", a);
 		ck_assert_int_eq(rename(a, b), 0);
@@ -1055,9 +1055,9 @@ START_TEST(test_declare_worker_dies_local_reshard)
 	const char *cargv[] = { "scripts/ps-local.sh", c2, "--servers-only", "--logs", l, NULL };
 	const char *rargv[] = { "scripts/ps-local.sh", c2, "reshard", c3, NULL };
 	coord = tu_spawn(cargv, co);
-	for (int i = 0; i < 600 && !live_log_says(co, "shards running"); i++)
+	for (int i = 0; i < 600 && !tu_log_says(co, "shards running"); i++)
 		tu_sleep_ms(50);
-	ck_assert_msg(live_log_says(co, "shards running"), "ps-local.sh --servers-only (%s)", co);
+	ck_assert_msg(tu_log_says(co, "shards running"), "ps-local.sh --servers-only (%s)", co);
 	snprintf(a, sizeof(a), "%s/current-config", l);
 	setenv("PS_CONFIG_FOLLOW", a, 1);
 	set_initial_values();
@@ -1072,27 +1072,27 @@ START_TEST(test_declare_worker_dies_local_reshard)
 	ps_client_free(mon);
 
 	rc = tu_wait_exit(rs);
-	ck_assert_msg(rc == 1 && live_log_says(ro, "rolled back to") &&
-		      live_log_says(ro, "the new shards did not start"), "ps-local.sh reshard: "
+	ck_assert_msg(rc == 1 && tu_log_says(ro, "rolled back to") &&
+		      tu_log_says(ro, "the new shards did not start"), "ps-local.sh reshard: "
 		      "status %d (%s; logs in %s)", rc, ro, l);
 	/* the reason in the answer: the old files named, what differs */
-	ck_assert_msg(live_log_says(ro, "refusing to start: ") && live_log_says(ro, "/shard-1.ckpt: "
+	ck_assert_msg(tu_log_says(ro, "refusing to start: ") && tu_log_says(ro, "/shard-1.ckpt: "
 		      "declares 0 tensors and 0 tables, shard-0.ckpt 2 and 0"), "ps-local.sh "
 		      "reshard does not say why the new shards did not start (%s)", ro);
 	for (int k = 0; k < 3; k++) {
 		char want[120];
 		snprintf(want, sizeof(want), "new shard %d ended with status 1 before the workers were "
 			 "pointed at it: starting it again", k);
-		ck_assert_msg(live_log_says(co, want), "ps-local.sh: %s (%s)", want, co);
+		ck_assert_msg(tu_log_says(co, want), "ps-local.sh: %s (%s)", want, co);
 		snprintf(a, sizeof(a), "%s/server-%d.log", l, k);
-		ck_assert_msg(live_log_says(a, "declares 0 tensors and 0 tables, shard-0.ckpt 2 and 0"),
+		ck_assert_msg(tu_log_says(a, "declares 0 tensors and 0 tables, shard-0.ckpt 2 and 0"),
 			      "new shard %d does not name the differing declarations (%s)", k, a);
 	}
 	snprintf(a, sizeof(a), "%s/reshard.intent", ck);
-	ck_assert_msg(live_log_says(a, "done rolled-back"), "the record (%s)", a);
+	ck_assert_msg(tu_log_says(a, "done rolled-back"), "the record (%s)", a);
 	snprintf(a, sizeof(a), "%s/current-config", l);
 	ck_assert_ptr_nonnull(realpath(c2, real));
-	ck_assert_msg(live_log_says(a, real), "the workers' follow file (%s) names another config "
+	ck_assert_msg(tu_log_says(a, real), "the workers' follow file (%s) names another config "
 		      "than %s", a, real);
 	for (int k = 0; k < 2; k++)
 		ck_assert_msg(tu_wait_listen(cfg.shards[k].port), "old shard %d started again does "
@@ -1105,7 +1105,7 @@ START_TEST(test_declare_worker_dies_local_reshard)
 	/* ps-local.sh ends with 130 on SIGTERM, once its shards stopped */
 	ck_assert_int_eq(kill(coord, SIGTERM), 0);
 	rc = tu_wait_exit(coord);
-	ck_assert_msg(rc == 130 && live_log_says(co, "stopping every process"), "ps-local.sh "
+	ck_assert_msg(rc == 130 && tu_log_says(co, "stopping every process"), "ps-local.sh "
 		      "--servers-only: status %d (%s)", rc, co);
 
 	unsetenv("PS_CONFIG_FOLLOW");

@@ -140,7 +140,7 @@ static void wait_log(const char *name, int k, const char *what)
 	int t;
 
 	snprintf(log, sizeof(log), "%s/%s-%d.log", dir, name, k);
-	for (t = 0; t < 600 && !live_log_says(log, what); t++)
+	for (t = 0; t < 600 && !tu_log_says(log, what); t++)
 		tu_sleep_ms(100);
 	ck_assert_msg(t < 600, "%s: no '%s' within 60 s", log, what);
 }
@@ -389,18 +389,18 @@ static void run_staged(int old_n, int new_n, int replace_base)
 		free(x);
 		free(y);
 		snprintf(a, sizeof(a), "%s/staged-%d.log", dir, j);
-		ck_assert_msg(live_log_says(a, "(same placement, staged)"), "%s: not staged", a);
+		ck_assert_msg(tu_log_says(a, "(same placement, staged)"), "%s: not staged", a);
 		if (replace_base) {
 			/* old shard 0's file is another than the one staged */
-			ck_assert_msg(live_log_says(a, "shard-0.ckpt is not the full checkpoint "
-						    "staged (a newer one replaced it): loading it "
+			ck_assert_msg(tu_log_says(a, "shard-0.ckpt is not the full checkpoint "
+						  "staged (a newer one replaced it): loading it "
 						    "whole"), "%s: the replaced base not loaded again", a);
 			continue;
 		}
-		ck_assert_msg(live_log_says(a, "the stop's changes applied to the rows merged"),
+		ck_assert_msg(tu_log_says(a, "the stop's changes applied to the rows merged"),
 			      "%s: the stop's changes not applied to the merge", a);
-		ck_assert_msg(!live_log_says(a, "merging them again whole") &&
-			      !live_log_says(a, "cannot be brought up"), "%s: the staged merge was "
+		ck_assert_msg(!tu_log_says(a, "merging them again whole") &&
+			      !tu_log_says(a, "cannot be brought up"), "%s: the staged merge was "
 			      "given up", a);
 	}
 	/* the ids admitted after the pre-copies are on the new shards (the
@@ -415,7 +415,7 @@ static void run_staged(int old_n, int new_n, int replace_base)
 	if (new_n < old_n) {
 		/* the merge dropped rows for the cap (its log says how many) */
 		snprintf(a, sizeof(a), "%s/staged-0.log", dir);
-		ck_assert_msg(live_log_says(a, "least recently updated dropped"),
+		ck_assert_msg(tu_log_says(a, "least recently updated dropped"),
 			      "%s: no rows dropped for the cap", a);
 	}
 	for (int j = 0; j < new_n; j++) {
@@ -471,7 +471,7 @@ START_TEST(test_staged_refusals)
 	ck_assert_msg(st != 0, "a shard staged for pid %s exited 0", pid1);
 	snprintf(a, sizeof(a), "--reshard-stage %s: that process, which must be this shard's "
 		 "parent (the launcher), is not: gone already?", pid1);
-	ck_assert_msg(live_log_says(log, a), "%s: the refusal does not say the launcher is not "
+	ck_assert_msg(tu_log_says(log, a), "%s: the refusal does not say the launcher is not "
 		      "its parent", log);
 
 	/* SIGTERM before the commit */

@@ -14,4 +14,3 @@ free_port() {
     (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
   done
 }
-

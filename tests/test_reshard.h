@@ -153,12 +153,6 @@ static inline void live_move_old(const char *name, int n, int replicas, char *to
 	}
 }
 
-/* Whether the file at log has a line holding what (tu_log_says). */
-static inline int live_log_says(const char *log, const char *what)
-{
-	return tu_log_says(log, what);
-}
-
 /* ps-stat --reshard-stop on config c: every shard stops at clock b. */
 static inline void pstat_stop(const char *c, uint64_t b)
 {
@@ -168,7 +162,7 @@ static inline void pstat_stop(const char *c, uint64_t b)
 	snprintf(out, sizeof(out), "%s/pstat-%" PRIu64 ".out", dir, b);
 	ck_assert_int_eq(tu_wait_exit(tu_spawn(argv, out)), 0);
 	snprintf(want, sizeof(want), "every shard stops at clock %" PRIu64, b);
-	ck_assert_msg(live_log_says(out, want), "ps-stat (%s) did not stop at clock %" PRIu64, out,
+	ck_assert_msg(tu_log_says(out, want), "ps-stat (%s) did not stop at clock %" PRIu64, out,
 		      b);
 }
 

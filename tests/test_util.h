@@ -135,11 +135,6 @@ static inline uint8_t *tu_slurp(const char *f, size_t *len)
 	return b;
 }
 
-/* Starts bin/ps-server for shard; its stderr goes to the file log (created
- * or truncated), or with log NULL (tu_start_server) to the test's stderr.
- * With PS_TEST_VALGRIND set the shard runs under valgrind (memcheck),
- * which makes it exit 99 on any error or definite leak, so
- * tu_stop_server's check of a clean exit catches them. */
 /* Whether the file at log has a line holding what. */
 static inline int tu_log_says(const char *log, const char *what)
 {
@@ -180,6 +175,11 @@ static inline pid_t tu_fork(void)
 	return pid;
 }
 
+/* Starts bin/ps-server for shard; its stderr goes to the file log (created
+ * or truncated), or with log NULL (tu_start_server) to the test's stderr.
+ * With PS_TEST_VALGRIND set the shard runs under valgrind (memcheck),
+ * which makes it exit 99 on any error or definite leak, so
+ * tu_stop_server's check of a clean exit catches them. */
 static inline pid_t tu_start_server_log(const char *cfgpath, int shard, const char *log)
 {
 	char s[16];
@@ -189,7 +189,6 @@ static inline pid_t tu_start_server_log(const char *cfgpath, int shard, const ch
 	pid = tu_fork();
 	if (pid == 0) {
 		const char *lvl = getenv("PS_TEST_LOG") ? getenv("PS_TEST_LOG") : "warn";
-
 		/* as a shell or a service manager starts it: an ignored SIGPIPE
 		 * (the tests ignore it) would be inherited, and hide a shard
 		 * that dies of one */

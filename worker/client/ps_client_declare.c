@@ -399,24 +399,24 @@ static int same_as_declared(struct ps_client *c, const struct ps_param *p, int n
 	return same;
 }
 
-/* The shards' values of the declared tensors into p[i].data (the pull that
- * ends a declaration); t: n tensors, or NULL to allocate them here. */
+/* The shards' values of the declared tensors into p[i].data: the pull that
+ * ends a declaration. */
 static int pull_declared(struct ps_client *c, const struct ps_config *cfg,
-			 const struct ps_param *p, int n, struct ps_tensor *t)
+			 const struct ps_param *p, int n)
 {
-	struct ps_tensor *own = t ? NULL : calloc((size_t)n, sizeof(*own));
+	struct ps_tensor *t = calloc((size_t)n, sizeof(*t));
 	int64_t id;
-	int rc;
+	int rc = -ENOMEM;
 
-	if (!t && !(t = own)) {
+	if (t) {
+		for (int i = 0; i < n; i++)
+			t[i] = ps_tensor_of(cfg, i, p[i].data);
+		id = ps_client_pull(c, 0, t, n);
+		rc = id < 0 ? (int)id : ps_client_wait(c, id);
+		free(t);
+	} else {
 		ps__client_set_err(c, "out of memory");
-		return -ENOMEM;
 	}
-	for (int i = 0; i < n; i++)
-		t[i] = ps_tensor_of(cfg, i, p[i].data);
-	id = ps_client_pull(c, 0, t, n);
-	rc = id < 0 ? (int)id : ps_client_wait(c, id);
-	free(own);
 	c->declared_unpulled = rc != 0;
 	if (rc) { /* the declaration stands: the same call again pulls them */
 		char why[400];
@@ -434,7 +434,6 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 	struct ps_config *cfg;
 	const struct ps_config *base;
 	struct ps_shardmap map;
-	struct ps_tensor *t = NULL;
 	float **resid, **old_resid;
 	uint64_t gen;
 	double since = 0;
@@ -450,7 +449,7 @@ int ps_client_declare_groups(struct ps_client *c, const struct ps_param *p, int 
 		/* declared, but the pull that ended the call failed: the same
 		 * declaration again only pulls the values */
 		if (c->declared_unpulled && same_as_declared(c, p, n, groups, ngroups, group_of))
-			return pull_declared(c, c->cfg, p, n, NULL);
+			return pull_declared(c, c->cfg, p, n);
 		ps__client_set_err(c, "this client has declared its tensors already");
 		return PS_ESTATE;
 	}
@@ -476,10 +475,8 @@ again:
 		ps__client_set_err(c, "cannot build the shard map: %s", ps_strerror(rc));
 		goto err_free_cfg;
 	}
-	t = calloc((size_t)n, sizeof(*t));
 	resid = calloc((size_t)n, sizeof(*resid));
-	if (!t || !resid) {
-		free(resid);
+	if (!resid) {
 		rc = -ENOMEM;
 		ps__client_set_err(c, "out of memory");
 		goto err_free_map;
@@ -506,8 +503,6 @@ again:
 			goto err_free_map;
 		}
 		ps_shardmap_free(&map);
-		free(t);
-		t = NULL;
 		free(cfg);
 		goto again;
 	}
@@ -530,13 +525,10 @@ again:
 		c->group_lr[g] = cfg->groups[g].lr;
 	pthread_mutex_unlock(&c->mu);
 	free(old_resid);
-	rc = pull_declared(c, cfg, p, n, t);
-	free(t);
-	return rc;
+	return pull_declared(c, cfg, p, n);
 
 err_free_map:
 	ps_shardmap_free(&map);
-	free(t);
 err_free_cfg:
 	free(cfg);
 	return rc;
