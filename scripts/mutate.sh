@@ -32,7 +32,9 @@
 # that memory mutants count; `tsan:NAME`, a program that runs the code in
 # its own process (check_*) built with ThreadSanitizer (build/tsan/tests),
 # for races; `NAME@CASE,CASE`, only those cases
-# (PS_TEST_ONLY); a script tests/NAME.sh; a pytest file python/tests/NAME.py.
+# (PS_TEST_ONLY); a script tests/NAME.sh; a pytest file python/tests/NAME.py;
+# `rdma:STEP,STEP`, those steps of tests/rdma-suite.sh in the soft-RoCE VM
+# (tests/rdma-vm.sh, about a minute to boot here), for the RDMA transport.
 # Before the mutants, every suite the run needs is run once on the
 # unmutated tree and timed (kept in build/mutate/times.tsv for later runs):
 # a suite that fails there is left out with a warning (it would kill every
@@ -113,7 +115,10 @@ suites_of() {
     # it_reshard_cases, it_reshard_staged: a shard's start from another map's files
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile it_reshard_cases it_reshard_staged ;;
     server/reader.c)           echo it_reader ;;
-    server/decl_tables.c)      echo it_decl_tables it_fault@test_declare_oom_sweep test_decl_tables.py \
+    # it_fault: out of memory half-way through a declaration of two tables,
+    # the shard under valgrind (what was made must be freed); the declared
+    # tables' section of a checkpoint read with each read failed in turn
+    server/decl_tables.c)      echo it_decl_tables it_fault@test_declare_oom_sweep,test_declare_tables_oom_leak,test_restore_faults test_decl_tables.py \
                                     it_reshard_requests test_export.py ;;
     # it_hostile's case: every refusal of a join or leave step and of a
     # push by no member; it_replica_auth: a replica's membership;
@@ -131,8 +136,10 @@ suites_of() {
     # it_replica_decl: a declaration's ack waits for the backup
     # it_rows_errors: an unreplicated shard (no replication state) whose
     # connections close
+    # it_fault_repl: a declaration's ack record out of memory (replica_log.c)
     server/replica.c|server/replica_log.c|server/replica_apply.c)
-                               echo check_repl_rules it_rows_errors it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows it_reshard_pairs.sh san:it_replica_cases ;;
+                               echo check_repl_rules it_rows_errors it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows it_reshard_pairs.sh \
+                                    it_fault_repl@test_declare_oom san:it_replica_cases ;;
     # declarations replicated; it_fault_repl: the primary out of memory copying one
     server/replica_decl.c)     echo it_replica_decl it_fault_repl@test_declare_oom san:it_replica_decl ;;
     # the tables' part of replication: row batches, tables in the snapshot
@@ -143,7 +150,8 @@ suites_of() {
     # tables and rows: the model checks without a network, then two shards
     server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
     server/table.c|server/table_admit.c)
-                               echo check_rows it_rows_model it_rows it_reshard san:check_rows ;;
+                               echo check_rows it_rows_model it_rows it_reshard san:check_rows \
+                                    it_fault@test_declare_tables_oom_leak ;;
     # it_decl_tables: declared tables through full and incremental checkpoints
     server/table_ckpt.c)       echo it_rows it_rows_model it_decl_tables it_reshard_staged it_export.sh test_export.py \
                                     it_fault@test_restore_faults,test_ckpt_faults ;;
@@ -160,8 +168,9 @@ suites_of() {
     worker/client/ps_client_api.c)     echo it_client_api it_declare it_fault@test_send_eagain,test_client_oom ;;
     worker/client/ps_client_tables.c)  echo it_decl_tables test_decl_tables.py ;;
     # it_fake_shard's cases: the pace of a join refused during a stop, and its giving up;
-    # scripted answers to a join's and a leave's steps that do not fit or refuse
-    worker/client/ps_client_members.c) echo it_fake_shard@test_join_waits_paced,test_join_answers_checked,test_leave_answers_checked \
+    # scripted answers to a join's and a leave's steps that do not fit or refuse;
+    # the membership of pull replies coming late
+    worker/client/ps_client_members.c) echo it_fake_shard@test_join_waits_paced,test_join_answers_checked,test_leave_answers_checked,test_members_not_turned_back \
                                             it_elastic it_reshard_elastic test_elastic.py ;;
     # the live re-shard: the client following a new map, the shards' stop
     # it_client_api@test_stats_sized: a stop's struct sizes and refusals (stop_at lives here)
@@ -176,7 +185,8 @@ suites_of() {
     worker/ps_stat_reshard.c)  echo it_reshard_requests it_reshard_live it_reshard_live.sh it_reshard_ops@test_one_change_at_a_time ;;
     # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)
     worker/ctr_model.c|worker/ctr_train.c) echo it_ctr it_elastic@test_ctr_data_once ;;
-    worker/stop_signal.c)      echo it_elastic@test_ctr_data_once,test_worker_data_once ;;
+    # test_stop_grace: the grace alarm of a worker stuck at a barrier
+    worker/stop_signal.c)      echo it_elastic@test_stop_grace,test_ctr_data_once,test_worker_data_once ;;
     # it_reader: a reader's handshake and its errors; the one elastic case:
     # a join's clock read from the shards' Stats; it_client_api: the rank's
     # range; the one it_reshard_ops case: a waiting join's reason (member_error);
@@ -201,8 +211,9 @@ suites_of() {
     # reading checkpoints: versions 1-2 and damage in it_export.sh; declared
     # tensors and tables (versions 2-4), --since and cut sections in pytest's
     worker/export_read.c)      echo it_export.sh test_export.py ;;
-    common/transport_rdma.c)   echo check_rdma check_transport ;;
-    common/transport.c)        echo check_rdma check_transport it_hostile ;;   # check_rdma: the registry's refusal
+    # rdma: the verbs paths run only in the VM (the host has no RDMA device)
+    common/transport_rdma.c)   echo check_rdma check_transport rdma:check_rdma,check_transport ;;
+    common/transport.c)        echo check_rdma check_transport it_hostile rdma:check_rdma ;;   # check_rdma: the registry's refusal
     # it_fault: accept out of memory; tsan: send_now's threads against the loop's
     common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport \
                                     tsan:check_transport ;;
@@ -276,7 +287,12 @@ suite_target() {
   local n=${1#tsan:}
   n=${n#san:}
   n=${n%%@*}
-  case "$n" in *.sh|*.py) ;; *) echo "build/$(variant_of "$1")/tests/$n" ;; esac
+  case "$n" in
+    *.sh|*.py) ;;
+    rdma:*) echo build/rel/tests/check_rdma build/rel/tests/check_transport \
+                 build/rel/tests/it_cluster build/rel/tests/it_checkpoint ;;
+    *) echo "build/$(variant_of "$1")/tests/$n" ;;
+  esac
 }
 # bin/ and lib/ are shared by the two builds: building one variant relinks
 # them for it, so a suite's variant is built (the changed objects and a
@@ -306,9 +322,12 @@ ensure_built() {    # the variant of suite $1, built with the tree as it is now
 run_suite() {       # suite, seconds
   local n=${1#tsan:} only=""
   n=${n#san:}
-  case "$n" in *@*) only=${n#*@}; n=${n%%@*} ;; esac
+  case "$n" in rdma:*) ;; *@*) only=${n#*@}; n=${n%%@*} ;; esac
   case "$n" in
     *.sh) timeout "$2" "tests/$n" ;;
+    # the VM's own timeout ends the guest; timeout's is the limit of the suite
+    rdma:*) timeout "$2" tests/rdma-vm.sh --no-perftest --timeout "$2" -- \
+              tests/rdma-suite.sh --no-figures --only "${n#rdma:}" build/rel ;;
     # NAME.py@EXPR: only the cases pytest -k EXPR picks
     *.py) (cd python/tests && timeout "$2" ../../build/pyvenv/bin/python -m pytest -q -x \
              -p no:cacheprovider ${only:+-k "$only"} "$n") ;;

@@ -8,14 +8,16 @@
  *     FUNC  malloc calloc realloc posix_memalign aligned_alloc, or "alloc"
  *           (any of these five, counted together); write writev pwrite read
  *           readv pread recv sendmsg fsync fdatasync open openat rename
- *           memfd_create
+ *           memfd_create pthread_create
  *     N     the call to fail, counted from 1 over the calls of FUNC made
  *           after the marker (below) that match KIND; "N+": that call and
  *           every later one
  *     HOW   an errno name (EIO ENOSPC EINTR EAGAIN ENOMEM EPIPE ECONNRESET
  *           EBADF EACCES EMFILE) or "short": a read or write of half the
  *           bytes asked (at least 1; a call of one byte is failed with EIO
- *           instead); default ENOMEM for the allocations, EIO otherwise
+ *           instead); default ENOMEM for the allocations, EAGAIN for
+ *           pthread_create (its error returned, not set in errno), EIO
+ *           otherwise
  *     KIND  for the calls on a descriptor: "file" (regular files and memory
  *           files, but not descriptors 0-2: a log file), "sock" (sockets),
  *           "any" (the default); for the allocations, "=BYTES" or ">=BYTES":
@@ -178,7 +180,8 @@ static void parse(void)
 			continue;
 		}
 		u->how = !strcmp(u->func, "alloc") || strstr("malloc calloc realloc posix_memalign "
-							       "aligned_alloc", u->func) ? ENOMEM : EIO;
+							       "aligned_alloc", u->func) ? ENOMEM
+			 : !strcmp(u->func, "pthread_create") ? EAGAIN : EIO;
 		if (f[2] && *f[2]) {
 			u->how = 0;
 			if (!strcmp(f[2], "short"))
@@ -522,4 +525,17 @@ int memfd_create(const char *name, unsigned int flags)
 		return -1;
 	}
 	return real_memfd_create(name, flags);
+}
+
+int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+	REAL(int, pthread_create, pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+	long nth;
+	struct rule *u = hit("pthread_create", -1, &nth);
+
+	if (u) {
+		log_line("pthread_create call %ld: %s", nth, how_name(u->how));
+		return u->how == HOW_SHORT ? EAGAIN : u->how;
+	}
+	return real_pthread_create(th, attr, fn, arg);
 }

@@ -129,6 +129,7 @@ static double train(const char *mode, const char *tables, int ntables, uint64_t 
 	write_cfg(cfg, mode, tables, tr);
 	for (int i = 0; i < 2; i++)
 		srv[i] = tu_start_server(cfg, i);
+	double t0 = ps_now_s();
 	for (int r = 0; r < 2; r++) {
 		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", tmpdir, r);
 		snprintf(rank[r], sizeof(rank[r]), "%d", r);
@@ -139,6 +140,17 @@ static double train(const char *mode, const char *tables, int ntables, uint64_t 
 	for (int r = 0; r < 2; r++) {
 		int st = tu_wait_child(w[r]);
 		ck_assert_msg(st == 0, "worker %d exited %d:\n%s", r, st, slurp(out[r]));
+	}
+	/* progress (stderr not a terminal): a line at the epoch's first step,
+	 * then one each 10 s, not one a step */
+	double took = ps_now_s() - t0;
+	for (int r = 0; r < 2; r++) {
+		int lines = 0;
+		for (p = slurp(out[r]); (p = strstr(p, "epoch 1/1  step ")); p++)
+			lines++;
+		ck_assert_msg(lines >= 1 && lines <= 2 + (int)(took / 10), "worker %d: %d progress "
+			      "lines in %.1f s (one at the start, then one each 10 s):\n%.1500s", r,
+			      lines, took, slurp(out[r]));
 	}
 	table_rows(cfg, ntables, rows, pushed);
 	for (int i = 0; i < 2; i++)

@@ -6,6 +6,8 @@
  * and ps-worker's data division (images and the ctr preset's click log):
  * every example once per epoch across a join and a leave. */
 #include <check.h>
+#include <dirent.h>
+#include <sys/syscall.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -1002,6 +1004,161 @@ START_TEST(test_ctr_idle_member_leave)
 }
 END_TEST
 
+/* A thread of process pid (not its first) that does not block signal
+ * sig, from /proc/PID/task/TID/status's SigBlk, and does not wait for it
+ * in sigwait (whose wait unblocks what it waits for: stop_signal.c's own
+ * thread, in rt_sigtimedwait, syscall 128 on x86-64 as
+ * /proc/PID/task/TID/syscall says); 0 when none. */
+static pid_t unblocked_thread(pid_t pid, int sig)
+{
+	char p[64], line[256];
+	pid_t found = 0;
+	struct dirent *e;
+	DIR *d;
+
+	snprintf(p, sizeof(p), "/proc/%d/task", (int)pid);
+	if (!(d = opendir(p)))
+		return 0;
+	while (!found && (e = readdir(d))) {
+		pid_t tid = (pid_t)atoi(e->d_name);
+		FILE *f;
+		if (tid <= 0 || tid == pid)
+			continue;
+		snprintf(p, sizeof(p), "/proc/%d/task/%d/syscall", (int)pid, (int)tid);
+		if ((f = fopen(p, "r"))) {
+			long nr = -1;
+			int waits = fscanf(f, "%ld", &nr) == 1 && nr == SYS_rt_sigtimedwait;
+			fclose(f);
+			if (waits)
+				continue;
+		}
+		snprintf(p, sizeof(p), "/proc/%d/task/%d/status", (int)pid, (int)tid);
+		if (!(f = fopen(p, "r")))
+			continue;
+		while (fgets(line, sizeof(line), f))
+			if (!strncmp(line, "SigBlk:", 7) &&
+			    !(strtoull(line + 7, NULL, 16) & (1ull << (sig - 1))))
+				found = tid;
+		fclose(f);
+	}
+	closedir(d);
+	return found;
+}
+
+/* The grace alarm (worker/stop_signal.c): a ps-worker told to stop while
+ * its step waits for what will not come (a sync barrier of two workers
+ * whose other never starts) exits 130 PS_STOP_GRACE_S (10 s) after the
+ * first SIGTERM, saying so; a second SIGTERM 5 s in does not start the
+ * grace again (the worker would be gone only at 15 s). _i 1: the thread
+ * that takes the signals could not be started (its pthread_create failed,
+ * by libpsfault.so): the worker says so and the signals reach the same
+ * actions as handlers, on any thread. _i 2: SIGINT sent to a thread
+ * started before main (OpenBLAS's pool, which does not block the signals)
+ * is taken by the same action as a handler, not by the default one that
+ * ends the process at once. */
+START_TEST(test_stop_grace)
+{
+	char path[64], dir[] = "/tmp/ps-elastic-grace-XXXXXX", yaml[1024], out[128];
+	char p[300];
+	pid_t srv[2];
+
+	snprintf(p, sizeof(p), "%s/train-images-idx3-ubyte.gz", FMNIST);
+	if (access(p, R_OK)) {
+		tu_skip("the stop grace: %s not readable (Debian's dataset-fashion-mnist)", p);
+		return;
+	}
+	if (_i == 1 && SANITIZED) {
+		tu_skip("the stop grace without the signal thread: libpsfault.so cannot come "
+			"before the sanitizer's runtime");
+		return;
+	}
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(out, sizeof(out), "%s/worker-0.out", dir);
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d, 127.0.0.1:%d]\n  workers: 2\nseed: 7\n"
+		 "model: {preset: mlp}\ntrain: {batch: 20, limit: 200, epochs: 100, data_dir: '%s'}\n"
+		 "optimizer: {name: sgd, lr: 0.05}\nlimits: {request_timeout_ms: 120000}\n"
+		 "log: {level: info}\n",
+		 tu_free_port(), tu_free_port(), FMNIST);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	srv[0] = tu_start_server(path, 0);
+	srv[1] = tu_start_server(path, 1);
+	const char *argv[] = { "bin/ps-worker", "--config", path, "--rank", "0", NULL };
+	if (_i == 1) {
+		/* the first thread started after main: OpenBLAS's pool (started
+		 * by its constructor) kept to the calling thread */
+		char lib[512], flog[160];
+		ssize_t n = readlink("/proc/self/exe", lib, sizeof(lib) - 20);
+		ck_assert_int_gt(n, 0);
+		lib[n] = 0;
+		strcpy(strrchr(lib, '/'), "/libpsfault.so");
+		snprintf(flog, sizeof(flog), "%s/faults.log", dir);
+		setenv("LD_PRELOAD", lib, 1);
+		setenv("PS_FAULT", "pthread_create:1", 1);
+		setenv("PS_FAULT_LOG", flog, 1);
+		setenv("OPENBLAS_NUM_THREADS", "1", 1);
+	}
+	pid_t w = tu_spawn(argv, out);
+	unsetenv("LD_PRELOAD");
+	unsetenv("PS_FAULT");
+	unsetenv("PS_FAULT_LOG");
+	unsetenv("OPENBLAS_NUM_THREADS");
+	/* rank 0 trains; its first clock's pull then waits for rank 1 */
+	for (int i = 0; i < 600 && !tu_log_says(out, "training mlp"); i++)
+		tu_sleep_ms(100);
+	ck_assert_msg(tu_log_says(out, "training mlp"), "rank 0 never started (%s)", out);
+	tu_sleep_ms(1500);
+	pid_t to = 0; /* _i 2: the thread that takes the signals */
+	if (_i == 2) {
+		to = unblocked_thread(w, SIGINT);
+		if (!to) {
+			kill(w, SIGKILL);
+			tu_wait_child(w);
+			tu_stop_server(srv[0]);
+			tu_stop_server(srv[1]);
+			unlink(path);
+			tu_rmtree(dir);
+			tu_skip("the stop grace on a thread started before main: ps-worker has no "
+				"thread that leaves SIGINT unblocked (OpenBLAS without a pool?)");
+			return;
+		}
+	}
+	double t0 = ps_now_s();
+	for (int k = 0; k < 2; k++) {
+		if (k)
+			tu_sleep_ms(5000);
+		if (to)
+			ck_assert_msg(syscall(SYS_tgkill, w, to, SIGINT) == 0, "SIGINT %d to thread "
+				      "%d: %s (the signal before ended the worker?)", k + 1, (int)to,
+				      strerror(errno));
+		else
+			kill(w, SIGTERM);
+	}
+	int st = tu_wait_exit_s(w, 30);
+	double took = ps_now_s() - t0;
+	size_t len;
+	char *text = (char *)tu_slurp(out, &len);
+	ck_assert_msg(st == 130 && text && strstr(text, "still in a step 10 s after the stop "
+						     "signal (waiting for a worker or shard "
+						     "that stopped); exiting"),
+		      "status %d, no grace's exit (output in %s):\n%s", st, out, text ? text : "");
+	ck_assert_msg((_i != 1) == !strstr(text, "stop signals: no thread to take them (Resource "
+					   "temporarily unavailable); handled on any thread"),
+		      "the signal thread's failure %s (output in %s):\n%s",
+		      _i == 1 ? "not told" : "told", out, text);
+	/* the alarm's 10 s; a second grace from the second signal would end at 15 s */
+	ck_assert_msg(took > 9.5 && took < 13.5, "the worker left %.1f s after the first SIGTERM, "
+		      "not 10 s", took);
+	printf("measured: ps-worker waiting at a barrier left %.1f s after SIGTERM (status %d%s)\n",
+	       took, st, _i == 1 ? ", no signal thread" : _i == 2 ? ", SIGINT to an OpenBLAS thread" : "");
+	free(text);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* ---- a shard restarted from its checkpoint keeps the membership ---- */
 
 /* Pushes (rank + 1) everywhere for clock with c, waited for. */
@@ -1321,6 +1478,21 @@ START_TEST(test_refusals)
 	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
 	tensors_free(g);
 	ps_client_free(c);
+	/* a monitor is no member: each refused, saying why */
+	struct ps_client *mon = NULL;
+	struct ps_members_info mi;
+	uint64_t last = 0;
+	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps_client_join(mon), -EINVAL);
+	ck_assert_str_eq(ps_client_error(mon), "a monitor is no worker: it cannot join");
+	ck_assert_int_eq(ps_client_leave(mon, 0), -EINVAL);
+	ck_assert_str_eq(ps_client_error(mon), "a monitor is no worker: it cannot leave");
+	ck_assert_int_eq(ps_client_join(mon), -EINVAL);
+	ck_assert_int_eq(ps_client_leave_begin(mon, &last), -EINVAL);
+	ck_assert_str_eq(ps_client_error(mon), "a monitor is no worker: it cannot leave");
+	ck_assert_int_eq(ps_client_members(mon, &mi), -EINVAL);
+	ck_assert_str_eq(ps_client_error(mon), "a monitor is no worker: it has no membership");
+	ps_client_free(mon);
 	stop_cluster(path, srv);
 
 	char yaml[512];
@@ -1352,6 +1524,7 @@ int main(void)
 	TU_ADD(tc, test_worker_data_once);
 	TU_ADD_LOOP(tc, test_ctr_data_once, 0, 2);
 	TU_ADD(tc, test_ctr_idle_member_leave);
+	TU_ADD_LOOP(tc, test_stop_grace, 0, 3);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

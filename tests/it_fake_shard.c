@@ -218,12 +218,21 @@ static int fake_wait_closed(int fd, int ms)
 	}
 }
 
+/* The membership the fakes' pull replies name (nmembers 0: none, as a
+ * shard of a fixed cluster), set by a test between its pulls. */
+static struct {
+	volatile uint64_t clock, epoch, before;
+	volatile int nmembers;
+	int32_t members[4];
+} fake_members;
+
 /* A PullReply for req_id naming the slices sl[0..n), each given as raw
- * float32 values all equal to v. */
+ * float32 values all equal to v, with fake_members' membership. */
 static int fake_pull_reply(struct fake *fk, uint64_t req_id, const struct ps_shardmap *map,
 			   const uint32_t *sl, int n, float v)
 {
 	Ps__PullReply r = PS__PULL_REPLY__INIT;
+	int32_t members[4];
 	Ps__SliceRef refs[8], *rp[8];
 	uint64_t plen = 0;
 	float *pay;
@@ -247,6 +256,15 @@ static int fake_pull_reply(struct fake *fk, uint64_t req_id, const struct ps_sha
 	r.req_id = req_id;
 	r.n_slices = (size_t)n;
 	r.slices = rp;
+	if (fake_members.nmembers) {
+		r.has_members = 1;
+		r.member_clock = fake_members.clock;
+		r.member_epoch = fake_members.epoch;
+		r.member_before = fake_members.before;
+		r.n_members = (size_t)fake_members.nmembers;
+		memcpy(members, fake_members.members, sizeof(members));
+		r.members = members;
+	}
 	rc = fake_send(fk, PS_MSG_PULL_REPLY, &r.base, pay, plen);
 	free(pay);
 	return rc;
@@ -1213,6 +1231,59 @@ START_TEST(test_bad_challenges_refused)
 }
 END_TEST
 
+/* The membership a pull reply names (ps_client_members): taken from
+ * the newest clock's reply, an older clock's reply that comes after it
+ * (from another shard, late) does not turn it back. */
+START_TEST(test_members_not_turned_back)
+{
+	static float w[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	struct ps_members_info mi;
+	struct fake_shard fs[2];
+	static const struct {
+		uint64_t clock, epoch, before;
+		int n;
+		int32_t m[4];
+		uint64_t want_clock;
+		int want_count, want_index;
+	} step[] = {
+		{ 5, 1, 12, 2, { 0, 1 }, 5, 2, 0 },      /* clock 5: ranks 0 and 1 */
+		{ 7, 2, 16, 3, { 1, 0, 2 }, 7, 3, 1 },  /* a later clock: taken */
+		{ 6, 1, 14, 1, { 1 }, 7, 3, 1 },        /* an older one after it: not */
+		{ 7, 2, 16, 3, { 1, 0, 2 }, 7, 3, 1 },  /* the same clock again */
+		{ 9, 3, 22, 2, { 1, 2 }, 9, 2, -1 },    /* later, rank 0 not a member */
+	};
+
+	fake_shards_start(fs, ANSWER_RIGHT);
+	struct ps_client *c = connect_retry();
+	/* a fixed cluster's (cluster.workers 1): before any reply names one */
+	ck_assert_int_eq(ps_client_members(c, &mi), 0);
+	ck_assert_int_eq(mi.count, 1);
+	ck_assert_int_eq(mi.index, 0);
+	for (size_t i = 0; i < sizeof(step) / sizeof(step[0]); i++) {
+		fake_members.nmembers = 0;
+		fake_members.clock = step[i].clock;
+		fake_members.epoch = step[i].epoch;
+		fake_members.before = step[i].before;
+		memcpy(fake_members.members, step[i].m, sizeof(step[i].m));
+		fake_members.nmembers = step[i].n;
+		int64_t q = ps_client_pull(c, 0, &tw, 1);
+		ck_assert_msg(q > 0 && ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
+		ck_assert_int_eq(ps_client_members(c, &mi), 0);
+		ck_assert_msg(mi.clock == step[i].want_clock && mi.count == step[i].want_count &&
+			      mi.index == step[i].want_index,
+			      "step %zu (a reply of clock %llu): members of clock %llu, %d, index %d; "
+			      "clock %llu, %d, index %d due", i, (unsigned long long)step[i].clock,
+			      (unsigned long long)mi.clock, mi.count, mi.index,
+			      (unsigned long long)step[i].want_clock, step[i].want_count,
+			      step[i].want_index);
+	}
+	fake_members.nmembers = 0;
+	ps_client_free(c);
+	fake_shards_stop(fs);
+}
+END_TEST
+
 /* An authenticated shard answers pulls with replies of its own slice that
  * do not add up: another codec, a length that is not the slice's, bytes
  * past the payload, a slice the map does not have, a second copy of the
@@ -1983,6 +2054,7 @@ int main(void)
 	TU_ADD(tc, test_fake_shards_answer_right);
 	TU_ADD(tc, test_foreign_slice_refused);
 	TU_ADD(tc, test_malformed_pull_replies);
+	TU_ADD(tc, test_members_not_turned_back);
 	TU_ADD(tc, test_malformed_row_pull_replies);
 	TU_ADD(tc, test_bad_challenges_refused);
 	TU_ADD(tc, test_unexpected_frame_logged);

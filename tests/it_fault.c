@@ -199,8 +199,44 @@ static int port_open(int port)
 	return ok;
 }
 
-/* Each read of the checkpoint at the start failed in turn (pread: EIO,
- * then cut short). */
+/* _i 2's config: no model; the worker declares tensor a and table e as
+ * write_cfg's config names them, with incremental checkpoints. */
+static void write_cfg_declared(void)
+{
+	char yaml[2048], err[512];
+
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  workers: 1\nconsistency:\n  mode: sync\n"
+		 "slice_bytes: 4096\noptimizer:\n  name: sgd\n  lr: 1\n"
+		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
+		 "  incremental: 3\nlimits:\n  request_timeout_ms: 20000\n",
+		 tu_transport_yaml(), tu_host(), tu_free_port(), dir);
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+}
+
+/* A worker's connection to shard 0; with declared (write_cfg_declared)
+ * its declaration of tensor a and table e made first (at a restart from a
+ * checkpoint, acked: the shard has them from the file). */
+static struct ps_client *connect_declared(int declared)
+{
+	static float a0[NA];
+	const int64_t shape[] = { NA };
+	const struct ps_param prm = { "a", 1, shape, a0 };
+	const struct ps_table_decl td = { .name = "e", .dim = DIM, .init = "zeros",
+					  .optimizer = "sgd", .lr = 1.0f };
+	struct ps_client *c = connect_retry(&cfg, 0);
+
+	if (declared) {
+		ck_assert_msg(ps_client_declare(c, &prm, 1) == 0, "%s", ps_client_error(c));
+		ck_assert_msg(ps_client_declare_tables(c, &td, 1) == 0, "%s", ps_client_error(c));
+	}
+	return c;
+}
+
+/* Each read of the checkpoint at the start failed in turn (pread: EIO
+ * from it on, then it alone cut short): _i 0 a full checkpoint, 1 with an incremental one, 2
+ * the same of a declared tensor and table (their sections read too). */
 START_TEST(test_restore_faults)
 {
 	static struct model m;
@@ -211,10 +247,13 @@ START_TEST(test_restore_faults)
 	pid_t pid;
 
 	make_dir();
-	write_cfg(_i ? "  incremental: 3\n" : "");
+	if (_i == 2)
+		write_cfg_declared();
+	else
+		write_cfg(_i ? "  incremental: 3\n" : "");
 	memset(&m, 0, sizeof(m));
 	pid = start_faulted(-1, NULL, NULL);
-	c = connect_retry(&cfg, 0);
+	c = connect_declared(_i == 2);
 	for (int k = 0; k < 2; k++) {
 		train_clock(c, &m);
 		ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
@@ -229,10 +268,12 @@ START_TEST(test_restore_faults)
 		ck_assert_msg(system(cmd) == 0, "no incremental checkpoint in %s", dir);
 	}
 
-	for (n = 1; n <= 80; n++) {
+	for (n = 1; n <= 120; n++) {
 		int landed = 0;
 		for (int how = 0; how < 2; how++) {
-			snprintf(spec, sizeof(spec), "pread:%d:%s:file", n, how ? "short" : "EIO");
+			/* EIO from the Nth read on: a reader that tried such a read
+			 * again would never end */
+			snprintf(spec, sizeof(spec), "pread:%d%s:file", n, how ? ":short" : "+:EIO");
 			pid = start_faulted(-1, spec, NULL);
 			/* it refuses to start, or starts: whichever, within the deadline */
 			double t0 = ps_now_s();
@@ -259,7 +300,7 @@ START_TEST(test_restore_faults)
 				continue;
 			}
 			/* started: then with the checkpoint's state, exactly */
-			c = connect_retry(&cfg, 0);
+			c = connect_declared(_i == 2);
 			ck_assert_uint_eq(ps_client_clock(c), m.clock);
 			check_exact(c, &m, spec);
 			ps_client_free(c);
@@ -273,12 +314,12 @@ START_TEST(test_restore_faults)
 	printf("test_restore_faults:%d: %d reads failed in turn, %d refusals (%d naming the "
 	       "incremental file)\n", _i, n - 1, refused, refused_delta);
 	ck_assert_msg(!_i || refused_delta > 0, "no read of the incremental file was failed");
-	ck_assert_msg(n <= 80, "more than 79 reads");
+	ck_assert_msg(n <= 120, "more than 119 reads");
 	ck_assert_msg(refused > 0, "no read failed at the start made the shard refuse (%d reads)",
 		      n - 1);
 	/* a start without the fault: the checkpoint, exactly */
 	pid = start_faulted(-1, NULL, NULL);
-	c = connect_retry(&cfg, 0);
+	c = connect_declared(_i == 2);
 	check_exact(c, &m, "without a fault");
 	ps_client_free(c);
 	ck_assert_int_eq(tu_stop_server(pid), 0);
@@ -494,15 +535,23 @@ START_TEST(test_rows_oom_sweep)
 }
 END_TEST
 
+/* Whether a refusal's reason says memory ran out (the only fault made):
+ * "out of memory" or strerror(ENOMEM)'s "Cannot allocate memory". */
+static int memory_said(const char *why)
+{
+	return strstr(why, "out of memory") || strstr(why, "Cannot allocate memory");
+}
+
 /* call (worker c's, in the test process), tried again up to 5 times while
- * it fails, each failure a negative code with a reason and counted in
- * refused; then it must have succeeded (test_declare_oom_sweep). */
+ * it fails, each failure a negative code with a reason that says memory
+ * ran out and counted in refused; then it must have succeeded
+ * (test_declare_oom_sweep). */
 #define RETRIED(what, call)                                                          \
 	do {                                                                         \
 		int rc_ = -1, t_;                                                    \
 		for (t_ = 0; t_ < 5 && rc_; t_++)                                    \
 			if ((rc_ = (call))) {                                        \
-				ck_assert_msg(rc_ < 0 && ps_client_error(c)[0],       \
+				ck_assert_msg(rc_ < 0 && memory_said(ps_client_error(c)), \
 					      "%s: %s: %d '%s'", spec, (what), rc_,   \
 					      ps_client_error(c));                    \
 				refused++;                                           \
@@ -589,6 +638,85 @@ START_TEST(test_declare_oom_sweep)
 	       landed, refused);
 	ck_assert_msg(landed >= 10, "only %d faults landed", landed);
 	ck_assert_msg(refused > 0, "no call was refused for want of memory");
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
+/* Two tables declared at once, the second out of memory as it is made:
+ * _i 0 its 4 KiB index (the second calloc of that size), _i 1 its
+ * admission filter (the first calloc of 64 KiB or more). The declaration
+ * is refused, naming why, and what was made of it is freed, not leaked
+ * (the first table whole, the second's index); the same declaration
+ * again succeeds and trains. The shard runs under valgrind's memcheck
+ * (libpsfault.so's allocations go to glibc's, which valgrind replaces),
+ * so a leak fails its exit (99). */
+START_TEST(test_declare_tables_oom_leak)
+{
+	static const char *const specs[2] = { "calloc:2:ENOMEM:=4096", "calloc:1:ENOMEM:>=65536" };
+	const char *spec = specs[_i];
+	const struct ps_table_decl td[2] = {
+		{ .name = "e", .dim = DIM, .init = "zeros", .optimizer = "sgd", .lr = 1.0f },
+		{ .name = "f", .dim = DIM, .init = "zeros", .optimizer = "sgd", .lr = 1.0f,
+		  .admission = (uint32_t)(_i ? 2 : 0) },
+	};
+	char yaml[1024], err[512];
+	uint64_t ids[NID];
+	float g[NID * DIM], rows[NID * DIM];
+	int refused = 0;
+
+	if (system("valgrind --version >/dev/null 2>&1")) {
+		tu_skip("test_declare_tables_oom_leak: valgrind is not installed "
+			"(scripts/install-deps.sh installs it)");
+		return;
+	}
+	make_dir();
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  workers: 1\nconsistency:\n  mode: sync\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\nlimits:\n  request_timeout_ms: 60000\n",
+		 tu_transport_yaml(), tu_host(), tu_free_port());
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	int had = getenv("PS_TEST_VALGRIND") != NULL; /* make valgrind's */
+	setenv("PS_TEST_VALGRIND", "1", 1);
+	pid_t pid = start_faulted(-1, spec, "worker 0 connected");
+	if (!had)
+		unsetenv("PS_TEST_VALGRIND");
+	struct ps_client *c = connect_retry(&cfg, 0);
+	int rc = ps_client_declare_tables(c, td, 2);
+	ck_assert_msg(rc == -ENOMEM && strstr(ps_client_error(c), "cannot set up the tables"),
+		      "the declaration was not refused for want of memory: %d '%s' (log %s)", rc,
+		      ps_client_error(c), slog);
+	ck_assert_msg(faults_made() == 1, "%s: the fault did not land: %s", spec, slurp(flog));
+	RETRIED("declare tables again", ps_client_declare_tables(c, td, 2));
+	ck_assert_int_eq(refused, 0);
+	for (int j = 0; j < NID; j++) {
+		ids[j] = (uint64_t)j * 0x9e3779b97f4a7c15ull;
+		for (int d = 0; d < DIM; d++)
+			g[j * DIM + d] = (float)(j + d);
+	}
+	/* two clocks: a row of an admission filter of 2 is made by its
+	 * second push */
+	for (uint64_t k = 0; k < 2; k++) {
+		for (int t = 0; t < 2; t++)
+			ck_assert_msg(ps_client_push_rows(c, td[t].name, k, ids, NID, g, 0) == 0,
+				      "%s", ps_client_error(c));
+		int64_t q = ps_client_push(c, k, NULL, 0, PS_PUSH_END_CLOCK);
+		ck_assert_msg(q > 0 && ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
+	}
+	for (int t = 0; t < 2; t++) {
+		float due = t == 1 && _i ? 1 : 2; /* f's rows made by the second push */
+		ck_assert_msg(ps_client_pull_rows(c, td[t].name, 2, ids, NID, rows) == 0, "%s",
+			      ps_client_error(c));
+		for (int k = 0; k < NID * DIM; k++)
+			ck_assert_msg(rows[k] == -due * g[k], "table %s: row %d element %d is %g, "
+				      "%g due", td[t].name, k / DIM, k % DIM, rows[k], -due * g[k]);
+	}
+	printf("test_declare_tables_oom_leak: %s", slurp(flog));
+	ps_client_free(c);
+	ck_assert_msg(tu_stop_server(pid) == 0, "the shard under valgrind did not stop cleanly "
+		      "(99: memcheck found an error, a leak among them; log %s):\n%s", slog,
+		      slurp(slog));
 	unlink(cfg_path);
 	tu_rmtree(dir);
 }
@@ -895,12 +1023,13 @@ int main(int argc, char **argv)
 	TCase *tc = tcase_create("fault");
 	tcase_set_timeout(tc, 300);
 	TU_ADD_LOOP(tc, test_ckpt_faults, 0, 3);
-	TU_ADD_LOOP(tc, test_restore_faults, 0, 2); /* _i 1: a chain of incremental ones */
+	TU_ADD_LOOP(tc, test_restore_faults, 0, 3); /* _i 1: a chain of incremental ones */
 	TU_ADD(tc, test_accept_oom);
 	TU_ADD_LOOP(tc, test_rows_oom, 0, 3);
 	TU_ADD_LOOP(tc, test_rows_oom_new_rows, 0, 2);
 	TU_ADD(tc, test_rows_oom_sweep);
 	TU_ADD(tc, test_declare_oom_sweep);
+	TU_ADD_LOOP(tc, test_declare_tables_oom_leak, 0, 2);
 	TU_ADD(tc, test_send_eagain);
 	TU_ADD(tc, test_client_oom);
 	suite_add_tcase(s, tc);

@@ -29,6 +29,7 @@
 #define DIM 4
 
 static char cfg_path[64], ckdir[64], reader_key[64], other_key[64];
+static char slog[2][80];  /* the shards' logs */
 static struct ps_config cfg;
 static pid_t srv[2];
 
@@ -58,8 +59,11 @@ static void start(int declare)
 		 DIM, ckdir);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
-	for (int k = 0; k < 2; k++)
-		srv[k] = tu_start_server(cfg_path, k);
+	for (int k = 0; k < 2; k++) {
+		/* each shard's log beside the checkpoint folder (not in it) */
+		snprintf(slog[k], sizeof(slog[k]), "%s-%d.log", ckdir, k);
+		srv[k] = tu_start_server_log(cfg_path, k, slog[k]);
+	}
 	/* until both listen (or one exited: then the caller sees it) */
 	for (int k = 0; k < 2; k++)
 		for (int i = 0; i < 200; i++) {
@@ -80,8 +84,11 @@ static void start(int declare)
 
 static void stop(void)
 {
-	for (int k = 0; k < 2; k++)
-		ck_assert_int_eq(tu_stop_server(srv[k]), 0);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(tu_stop_server(srv[k]) == 0, "shard %d did not stop cleanly (log %s)",
+			      k, slog[k]);
+		unlink(slog[k]);
+	}
 	unlink(cfg_path);
 	tu_rmtree(ckdir);
 }
@@ -246,6 +253,45 @@ START_TEST(test_reader_changes_nothing)
 }
 END_TEST
 
+/* A reader's refused requests are each counted, and logged one by one up
+ * to 16, then at each power of two (a reader that keeps asking does not
+ * flood the log): 40 refused checkpoint requests, 17 lines. */
+START_TEST(test_reader_refusals_logged)
+{
+	struct ps_shard_stats st;
+	struct ps_client *r;
+	char err[512], line[200];
+	int lines = 0, at[40], nat = 0;
+
+	start(0);
+	ck_assert_msg(connect_as(&r, PS_RANK_READER, err, sizeof(err)) == 0, "%s", err);
+	for (int i = 0; i < 40; i++)
+		ck_assert_int_eq(ps_client_checkpoint(r, 0, 1, &st), PS_EREFUSED);
+	ck_assert_int_eq(ps_client_stats(r, 0, &st), 0);
+	ck_assert_uint_eq(st.reader_refused, 40);
+	ck_assert_int_eq(ps_client_stats(r, 1, &st), 0);
+	ck_assert_uint_eq(st.reader_refused, 0);
+	ps_client_free(r);
+	FILE *f = fopen(slog[0], "r");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f)) {
+		const char *p = strstr(line, "checkpoint refused (a reader may only pull; ");
+		if (!p)
+			continue;
+		lines++;
+		if (nat < 40)
+			at[nat++] = atoi(p + strlen("checkpoint refused (a reader may only pull; "));
+	}
+	fclose(f);
+	ck_assert_msg(lines == 17, "%d lines of refusals logged for 40 (17 due: 1..16 and 32; "
+		      "log %s)", lines, slog[0]);
+	for (int i = 0; i < 16; i++)
+		ck_assert_int_eq(at[i], i + 1);
+	ck_assert_int_eq(at[16], 32);
+	stop();
+}
+END_TEST
+
 START_TEST(test_reader_declare_refused)
 {
 	static float a[64];
@@ -334,6 +380,7 @@ int main(void)
 	TU_ADD(tc, test_reader_pulls_what_a_worker_pulls);
 	TU_ADD(tc, test_reader_changes_nothing);
 	TU_ADD(tc, test_reader_declare_refused);
+	TU_ADD(tc, test_reader_refusals_logged);
 	TU_ADD(tc, test_reader_keys);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);

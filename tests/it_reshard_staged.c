@@ -496,6 +496,70 @@ START_TEST(test_staged_refusals)
 }
 END_TEST
 
+/* The pre-copy (SIGUSR1) is not taken where a staged re-shard cannot be
+ * built: each refusal in the shard's log names the reason, no pre-copy
+ * checkpoint is begun, and the shard stops cleanly after. */
+START_TEST(test_precopy_refusals)
+{
+	static const struct {
+		const char *name, *body, *why;
+	} c[] = {
+		{ "nockpt",
+		  "model:\n  tensors:\n    - {name: a, shape: [16]}\n"
+		  "  embeddings:\n    - {name: e, dim: 4}\n",
+		  "checkpoints are off (no checkpoint.dir)" },
+		{ "notables",
+		  "model:\n  tensors:\n    - {name: a, shape: [16]}\ncheckpoint:\n  dir: %s\n",
+		  "the shard has no embedding table (its dense state is written whole at the "
+		  "stop anyway)" },
+		{ "declared",
+		  "model:\n  embeddings:\n    - {name: e, dim: 4}\ncheckpoint:\n  dir: %s\n",
+		  "tensors or tables declared at run time: a staged re-shard is not built for "
+		  "them" },
+		{ "pair",
+		  "model:\n  tensors:\n    - {name: a, shape: [16]}\n"
+		  "  embeddings:\n    - {name: e, dim: 4}\ncheckpoint:\n  dir: %s\n",
+		  "a staged re-shard is not built with cluster.replicas: 1" },
+	};
+
+	setup_dirs();
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		char yaml[1024], body[512], conf[160], log[200], want[300];
+		int pair = !strcmp(c[i].name, "pair");
+		int p0 = tu_free_port(), p1 = tu_free_port();
+
+		char ckd[200]; /* a folder of its own: each shard writes a checkpoint at its stop */
+		snprintf(ckd, sizeof(ckd), "%s/%s", dir, c[i].name);
+		ck_assert_int_eq(mkdir(ckd, 0700), 0);
+		snprintf(body, sizeof(body), c[i].body, ckd);
+		snprintf(yaml, sizeof(yaml),
+			 "cluster:\n  servers: [127.0.0.1:%d]\n%s  workers: 1\n%s"
+			 "security:\n  auth: false\nlog:\n  level: info\n",
+			 p0, pair ? "  backups: [127.0.0.1:0]\n  replicas: 1\n" : "", body);
+		if (pair) { /* the backup's port: never started */
+			char *b = strstr(yaml, "127.0.0.1:0]");
+			char tail[1024];
+			snprintf(tail, sizeof(tail), "%s", b + strlen("127.0.0.1:0]"));
+			snprintf(b, sizeof(yaml) - (size_t)(b - yaml), "127.0.0.1:%d]%s", p1, tail);
+		}
+		tu_write_named(dir, c[i].name, yaml, conf, sizeof(conf));
+		snprintf(log, sizeof(log), "%s/%s-0.log", dir, c[i].name);
+		const char *argv[] = { "bin/ps-server", "--config", conf, "--shard", "0",
+				       "--log-level", "info", pair ? "--replica" : NULL, "0", NULL };
+		pid_t pid = tu_spawn(argv, log);
+		wait_log(c[i].name, 0, pair ? "replica 0" : "listening on");
+		kill(pid, SIGUSR1);
+		snprintf(want, sizeof(want), "re-shard pre-copy (SIGUSR1) not taken: %s", c[i].why);
+		wait_log(c[i].name, 0, want);
+		ck_assert_msg(tu_log_says(log, "re-shard pre-copy") == 1 &&
+			      !tu_log_says(log, "checkpoint (re-shard pre-copy)"),
+			      "%s: a pre-copy was started after all", log);
+		ck_assert_int_eq(tu_stop_server(pid), 0);
+	}
+	cleanup_dirs();
+}
+END_TEST
+
 /* the new shards hold more rows than the cap: the merge drops the oldest */
 START_TEST(test_staged_3_2)
 {
@@ -513,6 +577,7 @@ int main(void)
 	TU_ADD(tc, test_staged_3_2);
 	TU_ADD(tc, test_staged_base_replaced);
 	TU_ADD(tc, test_staged_refusals);
+	TU_ADD(tc, test_precopy_refusals);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

@@ -15,11 +15,13 @@
 #   6. figures          ps-bench over rdma against ib_send_lat/ib_write_bw
 #                       of the same VM, as ratios (a smoke figure: emulated)
 #
-#   rdma-suite.sh [--demo] [--no-figures] [--images N] [BUILD_DIR]
+#   rdma-suite.sh [--demo] [--no-figures] [--only STEPS] [--images N] [BUILD_DIR]
 #
 #   --demo        run scripts/demo.sh over rdma instead (make demo-rdma)
 #   --no-figures  leave out step 6, a measurement rather than a test (make
 #                 test leaves it out; make test-rdma runs it)
+#   --only STEPS  only these steps, named as above and split by commas
+#                 (scripts/mutate.sh's rdma: suites: check_rdma,check_transport)
 #   --images N    images the training step (or the demo) uses (default 2048; the cnn
 #                 of --demo computes a few images a second here: try 256)
 #   BUILD_DIR     where the test binaries are (default build/rel)
@@ -32,16 +34,24 @@ cd "$(dirname "$0")/.."
 DEMO=0
 FIGURES=1
 IMAGES=2048
+ONLY=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--demo) DEMO=1; shift ;;
 	--no-figures) FIGURES=0; shift ;;
+	--only) ONLY=,$2,; shift 2 ;;
 	--images) IMAGES=$2; shift 2 ;;
 	-h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d;s/^# \{0,1\}//'; exit 0 ;;
 	*) break ;;
 	esac
 done
 B=${1:-build/rel}
+for s in ${ONLY//,/ }; do
+	case $s in check_rdma | check_transport | it_cluster | it_checkpoint | training | figures) ;;
+	*) echo "rdma-suite: --only: no step '$s' (check_rdma, check_transport, it_cluster," \
+		"it_checkpoint, training, figures)" >&2; exit 2 ;;
+	esac
+done
 ADDR=${RDMA_VM_ADDR:-}
 if [ -z "$ADDR" ]; then
 	echo "rdma-suite: RDMA_VM_ADDR is not set: run me inside tests/rdma-vm.sh" >&2
@@ -56,6 +66,7 @@ SUMMARY=$T/summary
 step() {
 	local name=$1 t0=$EPOCHREALTIME rc
 	shift
+	case $ONLY in '' | *,"$name",*) ;; *) return 0 ;; esac
 	echo "==== $name: $*"
 	"$@"
 	rc=$?

@@ -312,11 +312,6 @@ static inline int tu_fault_setup(const char *prog)
 		       "before libpsfault.so\n", prog);
 		return 77;
 	}
-	if (getenv("PS_TEST_VALGRIND")) {
-		printf("%s: skipped: under valgrind, whose malloc libpsfault.so would bypass\n",
-		       prog);
-		return 77;
-	}
 	if (n <= 0)
 		return 1;
 	self[n] = 0;

@@ -201,10 +201,13 @@ static inline pid_t tu_start_server_log(const char *cfgpath, int shard, const ch
 			}
 			close(fd);
 		}
+		/* nouserintercepts: valgrind replaces glibc's allocator only,
+		 * so that libpsfault.so's malloc (LD_PRELOADed by it_fault) is
+		 * still called, and its calls to glibc's are tracked */
 		if (getenv("PS_TEST_VALGRIND"))
 			execlp("valgrind", "valgrind", "-q", "--error-exitcode=99",
 			       "--leak-check=full", "--errors-for-leak-kinds=definite",
-			       "bin/ps-server", "--config", cfgpath, "--shard", s, "--log-level", lvl,
+			       "--soname-synonyms=somalloc=nouserintercepts", "bin/ps-server", "--config", cfgpath, "--shard", s, "--log-level", lvl,
 			       (char *)NULL);
 		execl("bin/ps-server", "ps-server", "--config", cfgpath, "--shard", s, "--log-level",
 		      lvl, (char *)NULL);

@@ -392,6 +392,29 @@ def test_export_declared_tables_damaged(declared_trained, tmp_path):
     export(cl.path, out)
 
 
+def test_chain_declares_other_tensors(declared_trained):
+    """An incremental checkpoint whose declared tensors differ from its full
+    checkpoint's in a name or a shape alone (the counts, and so the shard map, the
+    same): a shard starting from the chain refuses it, naming the file."""
+    version, cl, _, _, _, _, ck = declared_trained
+    if version != 4:
+        pytest.skip("version 3: the config names the tensors, none are declared")
+    f = ck / "shard-0.ckpt.delta-1"
+    good = f.read_bytes()
+    at = good.index(b"fc.weight\0")           # name[64], ndims, group, dims[8]
+    for patch, off in ((b"fc.weighu", 0),      # another name
+                       ((40).to_bytes(8, "little") + (5).to_bytes(8, "little"), 72)):
+        assert int.from_bytes(good[at + 72:at + 80], "little") == 5
+        bad = bytearray(good)
+        bad[at + off:at + off + len(patch)] = patch
+        f.write_bytes(bytes(bad))
+        with pytest.raises(RuntimeError, match="exited 1") as e:
+            cl.start(0)
+        assert (f"{f}: declares other tensors or optimizer groups than its full checkpoint"
+                in str(e.value)), (off, str(e.value))
+    f.write_bytes(good)
+
+
 FAULT_LIB = os.path.join(ROOT, "build", "rel", "tests", "libpsfault.so")
 
 

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT, free_ports
 
 HERE = os.path.dirname(__file__)
@@ -93,6 +95,55 @@ def test_ps_worker_exec(tmp_path):
     finally:
         p.kill()
     assert p.returncode == 7 and out.strip() == "got TERM", (p.returncode, out)
+
+
+FAULT_LIB = os.path.join(ROOT, "build", "rel", "tests", "libpsfault.so")
+
+
+def test_ps_worker_exec_out_of_memory(tmp_path):
+    """ps-worker --exec out of memory at each allocation from its last down to the
+    config's parse (tests/fault_inject.c's libpsfault.so): the environment it hands
+    the command (setenv) failing exits 127 saying so, without running the command;
+    a fault elsewhere leaves the command's run as it was; never a signal. (Faults
+    in the libraries' constructors, before main, are not ps-worker's.)"""
+    worker = os.path.join(ROOT, "bin", "ps-worker")
+    if not os.path.exists(FAULT_LIB):
+        pytest.skip(f"{FAULT_LIB} is not built (make build/rel/tests/libpsfault.so)")
+    if b"libasan" in subprocess.run(["ldd", worker], capture_output=True).stdout:
+        pytest.skip("bin/ps-worker is the sanitizer build: libpsfault.so cannot come first")
+    cfg, log = write_config(tmp_path, 2), tmp_path / "fault.log"
+
+    def run(nth):
+        if log.exists():
+            log.unlink()
+        env = dict(os.environ, LD_PRELOAD=FAULT_LIB, PS_FAULT=f"alloc:{nth}",
+                   PS_FAULT_LOG=str(log))
+        r = subprocess.run([worker, "--config", cfg, "--rank", "1", "--secret-file", "/s",
+                            "--exec", 'echo "$PS_RANK $PS_NUM_WORKERS $PS_SECRET_FILE"'],
+                           capture_output=True, text=True, timeout=60, env=env)
+        return r, log.exists() and log.stat().st_size > 0
+
+    lo, hi = 1, 1 << 16   # the last allocation whose fault is made
+    assert run(lo)[1]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if run(mid)[1] else (lo, mid)
+    refused = in_config = 0
+    for nth in range(lo, 0, -1):
+        r, made = run(nth)
+        assert made and r.returncode >= 0, (nth, r.returncode, r.stderr)
+        if "setenv: Cannot allocate memory" in r.stderr:
+            assert r.returncode == 127 and r.stdout == "", (nth, r.returncode, r.stdout)
+            refused += 1
+        elif "out of memory" in r.stderr and cfg in r.stderr:
+            in_config += 1   # the config's parse: below are the constructors' and main's
+            if in_config == 5:
+                break
+        else:
+            assert r.returncode == 0 and r.stdout == "1 2 /s\n", (nth, r.returncode,
+                                                                  r.stdout, r.stderr)
+    # four variables, each a string and a longer environment
+    assert refused >= 4 and in_config == 5, (refused, in_config)
 
 
 def test_ps_cluster_worker_cmd_dry_run(tmp_path):

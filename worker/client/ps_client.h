@@ -419,7 +419,9 @@ int ps_client_join(struct ps_client *c);
  * no barrier waits for this worker from clock + 1 on, at once (no drop
  * timeout). The same as ps_client_push(c, clock, NULL, 0,
  * PS_PUSH_END_CLOCK | PS_PUSH_LEAVE) and waiting for it. Later pushes are
- * refused until ps_client_join. 0 or a negative code. */
+ * refused until ps_client_join. 0 or a negative code. ps_client_join,
+ * ps_client_leave and ps_client_leave_begin of a monitor: -EINVAL (the
+ * reason in ps_client_error). */
 int ps_client_leave(struct ps_client *c, uint64_t clock);
 
 /* Starts a leave whose data division stays exact (docs/reliability.md,
@@ -450,7 +452,8 @@ struct ps_members_info {
  * changed: count cluster.workers, index the rank, before clock times the
  * count). A data loader takes batch slot before + index of clock's
  * before..before+count-1 (ps-worker does): over any run of clocks every
- * slot is taken once, whoever joined or left. 0 or -EINVAL (not a worker). */
+ * slot is taken once, whoever joined or left. 0 or -EINVAL (not a worker;
+ * the reason in ps_client_error). */
 int ps_client_members(struct ps_client *c, struct ps_members_info *out);
 
 /* Tensors declared at run time (a config without a model; docs/python.md,

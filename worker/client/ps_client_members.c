@@ -92,8 +92,10 @@ int ps_client_join(struct ps_client *c)
 	uint64_t gen;
 	double since = 0, since_map = 0;
 
-	if (c->rank < 0)
+	if (c->rank < 0) {
+		ps__client_set_err(c, "a monitor is no worker: it cannot join");
 		return -EINVAL;
+	}
 again:
 	nsh = nshards_now(c, &gen);
 	held = 0;
@@ -187,8 +189,10 @@ int ps_client_leave_begin(struct ps_client *c, uint64_t *last)
 	double since = 0, since_map = 0;
 	int rc, nsh;
 
-	if (c->rank < 0)
+	if (c->rank < 0) {
+		ps__client_set_err(c, "a monitor is no worker: it cannot leave");
 		return -EINVAL;
+	}
 	pthread_mutex_lock(&c->mu);
 	clock = c->clock;
 	pthread_mutex_unlock(&c->mu);
@@ -232,8 +236,10 @@ int ps_client_leave(struct ps_client *c, uint64_t clock)
 {
 	int64_t id;
 
-	if (c->rank < 0)
+	if (c->rank < 0) {
+		ps__client_set_err(c, "a monitor is no worker: it cannot leave");
 		return -EINVAL;
+	}
 	id = ps_client_push(c, clock, NULL, 0, PS_PUSH_END_CLOCK | PS_PUSH_LEAVE);
 	if (id < 0)
 		return (int)id;
@@ -257,8 +263,10 @@ void ps__client_note_members(struct ps_client *c, const Ps__PullReply *m)
 
 int ps_client_members(struct ps_client *c, struct ps_members_info *out)
 {
-	if (c->rank < 0)
+	if (c->rank < 0) {
+		ps__client_set_err(c, "a monitor is no worker: it has no membership");
 		return -EINVAL;
+	}
 	pthread_mutex_lock(&c->mu);
 	if (c->mem_have) {
 		out->clock = c->mem_clock;
