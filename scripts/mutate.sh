@@ -145,8 +145,9 @@ suites_of() {
     # the tables' part of replication: row batches, tables in the snapshot
     # (it_fault_repl: the snapshot's write to a memory file interrupted, failed;
     # the backup out of memory creating a row)
+    # it_replica_auth's case: a partner's lies in the tables' image and the row batches
     server/replica_rows.c)     echo it_replica_rows it_rows_model it_fault_repl@test_snapshot_faults,test_backup_rows_oom \
-                                    san:it_replica_rows ;;
+                                    it_replica_auth@test_partner_rows_range_checked san:it_replica_rows ;;
     # tables and rows: the model checks without a network, then two shards
     server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
     server/table.c|server/table_admit.c)

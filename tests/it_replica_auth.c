@@ -29,6 +29,7 @@
 #include <poll.h>
 #include <stdint.h>
 #include "auth.h"
+#include "ckpt_format.h"
 #include "config.h"
 #include "config_agree.h"
 #include "dedup.h"
@@ -37,11 +38,13 @@
 #include "ps_client.h"
 #include "ps_err.h"
 #include "ps_time.h"
+#include "rows_wire.h"
 #include "shardmap.h"
 #include "test_util.h"
 
 static char cfg_path[64], logdir[64];
 static struct ps_config cfg;
+static const char *model_extra = ""; /* lines setup adds to the model section */
 static struct ps_shardmap map;
 static int port[2];
 static pid_t srv[2];
@@ -90,8 +93,8 @@ static void setup(int timeout_ms, const char *extra)
 		 "limits:\n  connect_timeout_ms: 10000\n  reconnect_timeout_ms: 30000\n"
 		 "%s"
 		 "model:\n  tensors:\n"
-		 "    - {name: a, shape: [3000]}\n",
-		 port[0], port[1], timeout_ms, extra);
+		 "    - {name: a, shape: [3000]}\n%s",
+		 port[0], port[1], timeout_ms, extra, model_extra);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(ps_shardmap_init(&map, &cfg), 0);
@@ -923,6 +926,276 @@ START_TEST(test_partner_contents_range_checked)
 }
 END_TEST
 
+/* ---- a partner's tables (the row batches and the snapshot's image) ---- */
+
+/* Lies of a snapshot's tables part (TL_OK: none) and of a row batch after
+ * it (RL_OK: none), each refused by a check of its own. */
+enum { TL_OK, TL_ZERO, TL_TOO_BIG, TL_WALL, TL_ORDER, TL_END, TL_IMAGE, TL_CLOCK, TL_FIN_COUNT,
+       TL_FIN_RANGE, TL_END_ };
+enum { RL_OK, RL_TABLE, RL_KIND, RL_VERSION, RL_N, RL_LENGTH, RL_OFFSET, RL_SIGHT0, RL_SIGHTS, RL_NAN,
+       RL_EXPIRE, RL_END_ };
+
+#define TDIM 4
+
+/* A snapshot as send_snapshot's, with the tables' part: table e's image
+ * empty (a checkpoint's layout: its header alone), lie as T_* says. */
+static void send_snapshot_tables(struct peer *p, int lie)
+{
+	Ps__ReplSnapshot m = PS__REPL_SNAPSHOT__INIT;
+	const struct ps_table_cfg *tc = &cfg.tables[0];
+	struct ckpt_table ct[2];
+	uint64_t fin[1] = { lie == TL_FIN_RANGE ? PS_MAX_CLOCK : 5 };
+	double clocks[1] = { lie == TL_CLOCK ? -1.0 : 0 };
+	struct ps_dedup dd[1];
+	float *w = calloc(4096, 1);
+
+	memset(ct, 0, sizeof(ct));
+	ct[0].key = ps_rows_table_key(tc);
+	ct[0].dim = (uint32_t)tc->dim + (lie == TL_IMAGE);
+	ct[0].row_floats = (uint32_t)(tc->dim + ps_row_optim_nstate(tc));
+	ct[0].wall = (double)time(NULL);
+	m.lsn = 40;
+	m.epoch = 3;
+	for (uint32_t s = 0; s < map.nslices; s++) {
+		if (map.slices[s].shard != 0)
+			continue;
+		m.slice = s;
+		m.version = 5;
+		m.steps = 5;
+		if (send_msg(p, PS_MSG_REPL_SNAPSHOT, &m.base, w,
+			     (uint64_t)map.slices[s].count * 4))
+			goto out;
+	}
+	m.slice = 0;
+	m.version = 0;
+	m.steps = 0;
+	m.tables = 1;
+	m.tables_total = lie == TL_ZERO ? 0 : lie == TL_TOO_BIG ? UINT64_C(1) << 40
+		       : lie == TL_ORDER ? 2 * sizeof(ct[0]) : sizeof(ct[0]);
+	m.table_clocks_wall = lie == TL_WALL ? -5.0 : ps_wall_s();
+	if (send_msg(p, PS_MSG_REPL_SNAPSHOT, &m.base, ct, sizeof(ct[0])))
+		goto out;
+	if (lie == TL_ORDER) { /* the second half, 8 bytes past where the first ended */
+		m.tables_offset = sizeof(ct[0]) + 8;
+		if (send_msg(p, PS_MSG_REPL_SNAPSHOT, &m.base, ct, sizeof(ct[0]) - 8))
+			goto out;
+	}
+	m.tables = 0;
+	m.tables_offset = 0;
+	m.tables_total = 0;
+	m.table_clocks_wall = 0;
+	memset(dd, 0, sizeof(dd));
+	m.last = 1;
+	m.n_finished = lie == TL_FIN_COUNT ? 0 : 1;
+	m.finished = fin;
+	m.n_table_clocks = lie == TL_END ? 0 : 1;
+	m.table_clocks = clocks;
+	send_msg(p, PS_MSG_REPL_SNAPSHOT, &m.base, dd, sizeof(dd));
+out:
+	free(w);
+}
+
+/* A batch (lsn 41) of one row group of table e as lie says: two rows (ids
+ * 7 and 9, one sighting each, gradients 1..4 and 5..8); RL_EXPIRE: an
+ * expiry of 3 rows instead. */
+static void send_row_batch(struct peer *p, int lie)
+{
+	enum { REC = 8 + 4 + 4 * TDIM };
+	Ps__ReplBatch b = PS__REPL_BATCH__INIT;
+	Ps__ReplRows x = PS__REPL_ROWS__INIT, *xs[1] = { &x };
+	uint8_t pay[2 * REC];
+
+	for (int r = 0; r < 2; r++) {
+		uint64_t id = r ? 9 : 7;
+		uint32_t k = lie == RL_SIGHT0 ? 0 : lie == RL_SIGHTS ? 2 : 1;
+		float g[TDIM];
+		for (int d = 0; d < TDIM; d++)
+			g[d] = lie == RL_NAN && r ? NAN : (float)(r * TDIM + d + 1);
+		memcpy(pay + r * REC, &id, 8);
+		memcpy(pay + r * REC + 8, &k, 4);
+		memcpy(pay + r * REC + 12, g, sizeof(g));
+	}
+	x.table = lie == RL_TABLE ? 1 : 0;
+	x.kind = lie == RL_KIND ? 2 : lie == RL_EXPIRE ? 1 : 0;
+	x.version = lie == RL_VERSION ? PS_MAX_CLOCK : 6;
+	x.stamp = 1;
+	x.n = lie == RL_N ? 1000 : lie == RL_EXPIRE ? 3 : 2;
+	x.offset = lie == RL_OFFSET ? sizeof(pay) + 1 : 0;
+	x.length = lie == RL_LENGTH ? sizeof(pay) - 1 : lie == RL_EXPIRE ? 0 : sizeof(pay);
+	b.lsn = 41;
+	b.epoch = 3;
+	b.n_rows = 1;
+	b.rows = xs;
+	ck_assert_int_eq(send_msg(p, PS_MSG_REPL_BATCH, &b.base, pay,
+				  lie == RL_EXPIRE ? 0 : sizeof(pay)), 0);
+}
+
+/* Lies of a batch's dense part and marks (BL_OK: none), after an honest
+ * snapshot. */
+enum { BL_OK, BL_GAP, BL_FINISHED, BL_EPOCH, BL_LR, BL_MARK_RANK, BL_MARK_SEQ, BL_END_ };
+
+static void send_batch_lie(struct peer *p, int lie)
+{
+	Ps__ReplBatch b = PS__REPL_BATCH__INIT;
+	Ps__ReplSlot x = PS__REPL_SLOT__INIT, *xs[1] = { &x };
+	Ps__ReplMark mk = PS__REPL_MARK__INIT, *mks[1] = { &mk };
+	uint64_t fin[2] = { 1, 1 };
+	uint32_t s0 = 0;
+
+	while (map.slices[s0].shard != 0)
+		s0++;
+	b.lsn = lie == BL_GAP ? 43 : 41;
+	b.epoch = lie == BL_EPOCH ? PS_MAX_CLOCK : 3;
+	x.slice = s0;
+	x.version = 6;
+	x.steps = 6;
+	x.has_lr = 1;
+	x.lr = lie == BL_LR ? -1.0f : 0.5f;
+	b.n_slots = 1;
+	b.slots = xs;
+	if (lie == BL_FINISHED) {
+		b.n_finished = 2; /* one worker */
+		b.finished = fin;
+	}
+	if (lie == BL_MARK_RANK || lie == BL_MARK_SEQ) {
+		mk.rank = lie == BL_MARK_RANK ? 5 : 0;
+		mk.seq = lie == BL_MARK_SEQ ? 0 : 1;
+		b.n_marks = 1;
+		b.marks = mks;
+	}
+	ck_assert_int_eq(send_msg(p, PS_MSG_REPL_BATCH, &b.base, NULL, 0), 0);
+}
+
+/* A partner that holds the replication key sends the embedding tables
+ * (the snapshot's image of them and its end, then batches: their dense
+ * part, marks and row groups) with each of their checks' lies in turn:
+ * each is refused, the link closed, the reason in the backup's log (where
+ * the check gives one), and its weights and table left as they were; the
+ * honest snapshot and batch are taken (the control): the backup then
+ * holds the rows, its table at the batch's version. */
+START_TEST(test_partner_rows_range_checked)
+{
+	static const char *snap_why[TL_END_] = {
+		"",
+		"snapshot with 0 bytes of embedding tables; this shard has 1 tables",
+		"snapshot with 1099511627776 bytes of embedding tables; this shard has 1 tables",
+		"snapshot with the tables' clocks read at -5 s of the primary's wall clock: out of "
+		"range",
+		"of the tables' 224 after 112: out of order",
+		"snapshot end with 0 tables and 112 of 112 bytes of them; this shard has 1 tables",
+		"the snapshot's embedding tables: table 0 is not 'e' of dim 4",
+		"snapshot with table 0 at -1 s since its epoch: out of range",
+		"snapshot end with 0 clocks and",
+		"", /* a finished clock of 2^53: refused without a line */
+	};
+	static const char *batch_why[BL_END_] = {
+		"", "batch 43 after batch 40: a gap", "",
+		"batch 41 of epoch 9007199254740992: out of range", "batch 41 applies slice ", "",
+		"",
+	};
+	static const char *row_why[RL_END_] = {
+		"",
+		"batch 41 changes table 1 (kind 0, version 6): not this shard's",
+		"batch 41 changes table 0 (kind 2, version 6): not this shard's",
+		"batch 41 changes table 0 (kind 0, version 9007199254740992): not this shard's",
+		"batch 41 holds 1000 rows of table 'e' in 56 bytes at 0: not in its 56 bytes",
+		"batch 41 holds 2 rows of table 'e' in 55 bytes at 0: not in its 56 bytes",
+		"batch 41 holds 2 rows of table 'e' in 56 bytes at 57: not in its 56 bytes",
+		"batch 41 updates a row of table 'e' with 0 sightings or gradients that are not "
+		"finite",
+		"batch 41 updates a row of table 'e' with 2 sightings or gradients that are not "
+		"finite",
+		"batch 41 updates a row of table 'e' with 1 sightings or gradients that are not "
+		"finite",
+		"table 'e': 0 rows expired here, 3 on the primary: the copies differ",
+	};
+	struct ps_shard_stats st;
+	struct peer p;
+	unsigned type;
+	int lfd, got, rc;
+
+	ck_assert_uint_eq(sizeof(struct ckpt_table), 112); /* the reasons' byte counts */
+	model_extra = "  embeddings:\n    - {name: e, dim: 4, init: zeros, optimizer: sgd, lr: 1}\n";
+	setup(5000, "");
+	model_extra = "";
+	lfd = listen_at(port[1]);
+	srv[0] = start_replica(0);
+	for (int lie = TL_END_ - 1; lie >= TL_OK; lie--) {
+		p = accept_dial(lfd, 0);
+		ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+		ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+		send_snapshot_tables(&p, lie);
+		if (lie == TL_OK)
+			break; /* the rows follow on this link */
+		got = first_frame_before_close(&p, 5000);
+		ck_assert_msg(got == 0, "snapshot lie %d got a %s frame", lie,
+			      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
+		close(p.fd);
+		ck_assert_msg(log_has(0, snap_why[lie]), "snapshot lie %d: no '%s' in the log (%s)",
+			      lie, snap_why[lie], logdir);
+	}
+	ProtobufCMessage *m = recv_msg(&p, 5000, &type, &rc);
+	ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of a snapshot with tables (logs in %s)",
+		      logdir);
+	protobuf_c_message_free_unpacked(m, NULL);
+	uint64_t sum = stats_ok(0).param_checksum;
+	for (int lie = BL_END_ - 1; lie > BL_OK; lie--) {
+		send_batch_lie(&p, lie);
+		got = first_frame_before_close(&p, 5000);
+		ck_assert_msg(got == 0, "batch lie %d got a %s frame", lie,
+			      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
+		close(p.fd);
+		ck_assert_msg(log_has(0, batch_why[lie]), "batch lie %d: no '%s' in the log (%s)",
+			      lie, batch_why[lie], logdir);
+		st = stats_ok(0);
+		ck_assert_msg(st.param_checksum == sum && st.repl_lsn == 40, "batch lie %d: the "
+			      "backup's weights or batch changed", lie);
+		p = accept_dial(lfd, 0);
+		ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+		ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+		send_snapshot_tables(&p, TL_OK);
+		m = recv_msg(&p, 5000, &type, &rc);
+		ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the snapshot after batch "
+			      "lie %d", lie);
+		protobuf_c_message_free_unpacked(m, NULL);
+	}
+	for (int lie = RL_END_ - 1; lie >= RL_OK; lie--) {
+		if (lie != RL_END_ - 1) { /* a link of its own: the lie before closed it */
+			p = accept_dial(lfd, 0);
+			ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+			ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+			send_snapshot_tables(&p, TL_OK);
+			m = recv_msg(&p, 5000, &type, &rc);
+			ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the snapshot before "
+				      "row lie %d", lie);
+			protobuf_c_message_free_unpacked(m, NULL);
+		}
+		send_row_batch(&p, lie);
+		if (lie == RL_OK)
+			break;
+		got = first_frame_before_close(&p, 5000);
+		ck_assert_msg(got == 0, "row lie %d got a %s frame", lie,
+			      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
+		close(p.fd);
+		ck_assert_msg(log_has(0, row_why[lie]), "row lie %d: no '%s' in the log (%s)", lie,
+			      row_why[lie], logdir);
+		st = stats_ok(0);
+		ck_assert_msg(st.ntables == 1 && st.tables[0].rows == 0, "row lie %d: the backup's "
+			      "table holds %llu rows", lie, (unsigned long long)st.tables[0].rows);
+	}
+	m = recv_msg(&p, 5000, &type, &rc);
+	ck_assert_msg(m && type == PS_MSG_REPL_ACK && ((Ps__ReplAck *)m)->lsn == 41,
+		      "no ack of the honest row batch (logs in %s)", logdir);
+	protobuf_c_message_free_unpacked(m, NULL);
+	st = stats_ok(0);
+	ck_assert_uint_eq(st.tables[0].rows, 2);
+	ck_assert_uint_eq(st.tables[0].version, 6);
+	close(p.fd);
+	close(lfd);
+	teardown();
+}
+END_TEST
+
 /* security.mac: false: the replication link is MACed all the same. A
  * partner that proved the key but then sends a frame without a MAC is not
  * believed; with MACs it is, and the dialer's own frames carry them. */
@@ -973,6 +1246,7 @@ static Suite *suite(void)
 	TU_ADD(tc, test_impostor_partner_not_believed);
 	TU_ADD(tc, test_cluster_secret_cannot_pose_as_replica);
 	TU_ADD(tc, test_partner_contents_range_checked);
+	TU_ADD(tc, test_partner_rows_range_checked);
 	TU_ADD(tc, test_link_maced_without_security_mac);
 	suite_add_tcase(s, tc);
 	return s;
