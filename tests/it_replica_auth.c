@@ -1066,9 +1066,62 @@ static void send_batch_lie(struct peer *p, int lie)
 	ck_assert_int_eq(send_msg(p, PS_MSG_REPL_BATCH, &b.base, NULL, 0), 0);
 }
 
+/* Lies of a batch's declarations (DL_OK: none): table g (dim 2, sgd)
+ * declared beside the config's e, or tensors declared. */
+enum { DL_OK, DL_COUNT, DL_WALL, DL_CLOCK, DL_VERSION, DL_BAD, DL_VALUES, DL_TENSORS, DL_END_ };
+
+static void send_decl_lie(struct peer *p, int lie)
+{
+	Ps__ReplBatch b = PS__REPL_BATCH__INIT;
+	Ps__DeclareTables dt = PS__DECLARE_TABLES__INIT;
+	Ps__TableDef td = PS__TABLE_DEF__INIT, *tds[1] = { &td };
+	Ps__Declare d = PS__DECLARE__INIT;
+	char *names[1] = { "w" };
+	uint32_t ndims[1] = { 1 };
+	int64_t dims[1] = { 16 };
+	double clocks[1] = { lie == DL_CLOCK ? -1.0 : 2.0 };
+	uint64_t versions[1] = { lie == DL_VERSION ? PS_MAX_CLOCK : 3 };
+	float vals[16] = { 0 };
+
+	b.lsn = 41;
+	b.epoch = 3;
+	if (lie == DL_VALUES || lie == DL_TENSORS) {
+		d.n_names = 1;
+		d.names = names;
+		d.n_ndims = 1;
+		d.ndims = ndims;
+		d.n_dims = 1;
+		d.dims = dims;
+		d.values = 1;
+		b.declare = &d;
+		b.declare_offset = lie == DL_VALUES ? sizeof(vals) + 4 : 0;
+		b.declare_length = sizeof(vals);
+		ck_assert_int_eq(send_msg(p, PS_MSG_REPL_BATCH, &b.base, vals, sizeof(vals)), 0);
+		return;
+	}
+	td.name = "g";
+	td.dim = lie == DL_BAD ? 0 : 2;
+	td.lr = 1.0f; /* the rest as model.embeddings' defaults */
+	td.eps = 1e-8f;
+	td.beta1 = 0.9f;
+	td.beta2 = 0.999f;
+	td.ftrl_beta = 1.0f;
+	td.filter_ids = 1048576;
+	dt.n_tables = 1;
+	dt.tables = tds;
+	b.declare_tables = &dt;
+	b.n_decl_table_clocks = lie == DL_COUNT ? 0 : 1;
+	b.decl_table_clocks = clocks;
+	b.n_decl_table_versions = 1;
+	b.decl_table_versions = versions;
+	b.decl_table_clocks_wall = lie == DL_WALL ? -1.0 : ps_wall_s();
+	ck_assert_int_eq(send_msg(p, PS_MSG_REPL_BATCH, &b.base, NULL, 0), 0);
+}
+
 /* A partner that holds the replication key sends the embedding tables
  * (the snapshot's image of them and its end, then batches: their dense
- * part, marks and row groups) with each of their checks' lies in turn:
+ * part, marks, row groups and declarations) with each of their checks'
+ * lies in turn:
  * each is refused, the link closed, the reason in the backup's log (where
  * the check gives one), and its weights and table left as they were; the
  * honest snapshot and batch are taken (the control): the backup then
@@ -1087,6 +1140,17 @@ START_TEST(test_partner_rows_range_checked)
 		"snapshot with table 0 at -1 s since its epoch: out of range",
 		"snapshot end with 0 clocks and",
 		"", /* a finished clock of 2^53: refused without a line */
+	};
+	static const char *decl_why[DL_END_] = {
+		"", "batch 41 declares 1 tables with 0 clocks and 1 versions",
+		"batch 41 declares tables with their clocks read at -1 s of the primary's wall "
+		"clock: out of range",
+		"batch 41 declares table 0 at -1 s since its epoch, version 3: out of range",
+		"batch 41 declares table 0 at 2 s since its epoch, version 9007199254740992: out of "
+		"range",
+		"batch 41: the primary's declaration of tables does not hold here: ",
+		"batch 41 declares tensors with values at 68..+64 of a 64-byte payload",
+		"batch 41: the primary's declaration of tensors does not hold here: ",
 	};
 	static const char *batch_why[BL_END_] = {
 		"", "batch 43 after batch 40: a gap", "",
@@ -1190,6 +1254,38 @@ START_TEST(test_partner_rows_range_checked)
 	st = stats_ok(0);
 	ck_assert_uint_eq(st.tables[0].rows, 2);
 	ck_assert_uint_eq(st.tables[0].version, 6);
+	close(p.fd);
+	/* the declarations a batch carries: each lie on a link of its own */
+	for (int lie = DL_END_ - 1; lie >= DL_OK; lie--) {
+		p = accept_dial(lfd, 0);
+		ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+		ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+		send_snapshot_tables(&p, TL_OK);
+		m = recv_msg(&p, 5000, &type, &rc);
+		ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the snapshot before "
+			      "declaration lie %d", lie);
+		protobuf_c_message_free_unpacked(m, NULL);
+		send_decl_lie(&p, lie);
+		if (lie == DL_OK)
+			break;
+		got = first_frame_before_close(&p, 5000);
+		ck_assert_msg(got == 0, "declaration lie %d got a %s frame", lie,
+			      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
+		close(p.fd);
+		ck_assert_msg(log_has(0, decl_why[lie]), "declaration lie %d: no '%s' in the log "
+			      "(%s)", lie, decl_why[lie], logdir);
+		st = stats_ok(0);
+		ck_assert_msg(st.ntables == 1, "declaration lie %d: %d tables", lie, st.ntables);
+	}
+	m = recv_msg(&p, 5000, &type, &rc);
+	ck_assert_msg(m && type == PS_MSG_REPL_ACK && ((Ps__ReplAck *)m)->lsn == 41,
+		      "no ack of the honest declaration (logs in %s)", logdir);
+	protobuf_c_message_free_unpacked(m, NULL);
+	ck_assert_msg(log_has(0, "the primary's 1 declared tables adopted"), "logs in %s", logdir);
+	st = stats_ok(0);
+	ck_assert_int_eq(st.ntables, 2);
+	ck_assert_str_eq(st.tables[1].name, "g");
+	ck_assert_uint_eq(st.tables[1].version, 3);
 	close(p.fd);
 	close(lfd);
 	teardown();
