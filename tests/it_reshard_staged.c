@@ -437,9 +437,10 @@ START_TEST(test_staged_base_replaced)
 }
 END_TEST
 
-/* A staged shard refuses to stage for a process that is not its parent,
- * and stops on SIGTERM before the commit; either way it writes nothing
- * into the checkpoint folder and says why. */
+/* A staged shard refuses to stage for a process that is not its parent
+ * or under a replicated config, and stops on SIGTERM or SIGINT before the
+ * commit; each way it writes nothing into the checkpoint folder and says
+ * why. */
 START_TEST(test_staged_refusals)
 {
 	char from[200], pid1[16], log[200], a[300];
@@ -482,11 +483,45 @@ START_TEST(test_staged_refusals)
 	ck_assert_msg(st != 0, "a staged shard stopped before the commit exited 0");
 	wait_log("staged", 1, "SIGTERM came before the re-shard's commit: a staged shard writes "
 		 "nothing; stopping");
+	/* SIGINT likewise, named */
+	stg = start(cnew, "staged-int", 1, from, 1, 1);
+	wait_log("staged-int", 1, "re-shard staged");
+	kill(stg, SIGINT);
+	st = tu_wait_exit(stg);
+	ck_assert_msg(st != 0, "a staged shard stopped by SIGINT before the commit exited 0");
+	wait_log("staged-int", 1, "SIGINT came before the re-shard's commit: a staged shard writes "
+		 "nothing; stopping");
 	const char *mine[] = { "shard-1.ckpt", "shard-1.reshard", "shard-1.members" };
 	for (int q = 0; q < 3; q++) {
 		snprintf(a, sizeof(a), "%s/%s", ck, mine[q]);
 		ck_assert_msg(access(a, F_OK) != 0, "%s: written by a staged shard that stopped "
 			      "before the commit", a);
+	}
+	/* a replicated config: not staged, saying so (the same files, the
+	 * new config with a backup for each shard) */
+	{
+		char yaml[4096], rcfg[160], rlog[200], *p;
+		FILE *f = fopen(cnew, "r");
+		size_t k = fread(yaml, 1, sizeof(yaml) - 200, f);
+		fclose(f);
+		yaml[k] = 0;
+		ck_assert_ptr_nonnull(p = strstr(yaml, "  workers: 1\n"));
+		char tail[4096];
+		snprintf(tail, sizeof(tail), "%s", p);
+		snprintf(p, sizeof(yaml) - (size_t)(p - yaml), "  backups: [127.0.0.1:%d, "
+			 "127.0.0.1:%d]\n  replicas: 1\n%s", tu_free_port(), tu_free_port(), tail);
+		tu_write_named(dir, "newrepl", yaml, rcfg, sizeof(rcfg));
+		snprintf(rlog, sizeof(rlog), "%s/newrepl-1.log", dir);
+		const char *rargv[] = { "bin/ps-server", "--config", rcfg, "--shard", "1",
+					"--replica", "0", "--log-level", "info", "--reshard-from", from,
+					"--reshard-shards", "1", "--reshard-stage", pid1, NULL };
+		snprintf(pid1, sizeof(pid1), "%d", (int)getpid());
+		stg = tu_spawn(rargv, rlog);
+		st = tu_wait_exit(stg);
+		ck_assert_msg(st != 0, "a staged shard of a replicated config exited 0");
+		ck_assert_msg(tu_log_says(rlog, "--reshard-stage: a staged re-shard is not built "
+					  "with cluster.replicas: 1 (start without it)"),
+			      "%s: the refusal does not name cluster.replicas", rlog);
 	}
 	/* the old shard went on serving */
 	clock_push(c, 2, ids, 16);
