@@ -937,6 +937,36 @@ enum { RL_OK, RL_TABLE, RL_KIND, RL_VERSION, RL_N, RL_LENGTH, RL_OFFSET, RL_SIGH
 
 #define TDIM 4
 
+/* Lies of a membership a snapshot's end or a batch carries (ML_OK: none;
+ * one worker in the config). */
+enum { ML_OK, ML_HOLDS, ML_RANGE, ML_FREEZE, ML_HELD, ML_RANK, ML_TO, ML_END_ };
+static int members_lie = ML_OK; /* for the next send_snapshot_tables or batch */
+
+/* m as members_lie says, in the arrays given; NULL when ML_OK. */
+static Ps__ReplMembers *members_of(Ps__ReplMembers *m, Ps__ReplMember *iv, Ps__ReplMember **ivp,
+				   uint64_t *hold, uint64_t *freeze)
+{
+	if (members_lie == ML_OK)
+		return NULL;
+	ps__repl_members__init(m);
+	ps__repl_member__init(iv);
+	iv->rank = members_lie == ML_RANK ? 3 : 0;
+	iv->from = members_lie == ML_TO ? 5 : 0;
+	iv->to = 2;
+	iv->open = members_lie != ML_TO;
+	*ivp = iv;
+	m->n_intervals = 1;
+	m->intervals = ivp;
+	hold[0] = members_lie == ML_HELD ? PS_MAX_CLOCK + 1 : 0;
+	hold[1] = freeze[0] = freeze[1] = 0;
+	m->n_hold = members_lie == ML_HOLDS ? 2 : 1;
+	m->hold = hold;
+	m->joins = members_lie == ML_RANGE ? PS_MAX_CLOCK : 0;
+	m->n_freeze = members_lie == ML_FREEZE ? 2 : 1;
+	m->freeze = freeze;
+	return m;
+}
+
 /* A snapshot as send_snapshot's, with the tables' part: table e's image
  * empty (a checkpoint's layout: its header alone), lie as T_* says. */
 static void send_snapshot_tables(struct peer *p, int lie)
@@ -990,6 +1020,10 @@ static void send_snapshot_tables(struct peer *p, int lie)
 	m.finished = fin;
 	m.n_table_clocks = lie == TL_END ? 0 : 1;
 	m.table_clocks = clocks;
+	Ps__ReplMembers mm;
+	Ps__ReplMember iv, *ivp;
+	uint64_t hold[2], freeze[2];
+	m.members = members_of(&mm, &iv, &ivp, hold, freeze);
 	send_msg(p, PS_MSG_REPL_SNAPSHOT, &m.base, dd, sizeof(dd));
 out:
 	free(w);
@@ -1032,15 +1066,19 @@ static void send_row_batch(struct peer *p, int lie)
 
 /* Lies of a batch's dense part and marks (BL_OK: none), after an honest
  * snapshot. */
-enum { BL_OK, BL_GAP, BL_FINISHED, BL_EPOCH, BL_LR, BL_MARK_RANK, BL_MARK_SEQ, BL_END_ };
+enum { BL_OK, BL_GAP, BL_FINISHED, BL_EPOCH, BL_LR, BL_MARK_RANK, BL_MARK_SEQ, BL_FIN_RANGE,
+       BL_END_ };
 
 static void send_batch_lie(struct peer *p, int lie)
 {
 	Ps__ReplBatch b = PS__REPL_BATCH__INIT;
 	Ps__ReplSlot x = PS__REPL_SLOT__INIT, *xs[1] = { &x };
 	Ps__ReplMark mk = PS__REPL_MARK__INIT, *mks[1] = { &mk };
-	uint64_t fin[2] = { 1, 1 };
+	uint64_t fin[2] = { lie == BL_FIN_RANGE ? PS_MAX_CLOCK : 1, 1 };
 	uint32_t s0 = 0;
+	Ps__ReplMembers mm;
+	Ps__ReplMember iv, *ivp;
+	uint64_t hold[2], freeze[2];
 
 	while (map.slices[s0].shard != 0)
 		s0++;
@@ -1053,10 +1091,11 @@ static void send_batch_lie(struct peer *p, int lie)
 	x.lr = lie == BL_LR ? -1.0f : 0.5f;
 	b.n_slots = 1;
 	b.slots = xs;
-	if (lie == BL_FINISHED) {
-		b.n_finished = 2; /* one worker */
+	if (lie == BL_FINISHED || lie == BL_FIN_RANGE) {
+		b.n_finished = lie == BL_FINISHED ? 2 : 1; /* one worker */
 		b.finished = fin;
 	}
+	b.members = members_of(&mm, &iv, &ivp, hold, freeze);
 	if (lie == BL_MARK_RANK || lie == BL_MARK_SEQ) {
 		mk.rank = lie == BL_MARK_RANK ? 5 : 0;
 		mk.seq = lie == BL_MARK_SEQ ? 0 : 1;
@@ -1155,7 +1194,15 @@ START_TEST(test_partner_rows_range_checked)
 	static const char *batch_why[BL_END_] = {
 		"", "batch 43 after batch 40: a gap", "",
 		"batch 41 of epoch 9007199254740992: out of range", "batch 41 applies slice ", "",
-		"",
+		"", "",
+	};
+	static const char *members_why[ML_END_] = {
+		"", "2 holds for 1 workers",
+		"9007199254740992 joins and 0 leaves, map epoch 0: out of range",
+		"2 leave clocks for 1 workers",
+		"worker 0 held at 9007199254740992 or frozen at 18446744073709551615: out of range",
+		"interval 0: worker 3, clocks 0..open 2 (workers 0..0, from <= to < 2^53)",
+		"interval 0: worker 0, clocks 5..2 (workers 0..0, from <= to < 2^53)",
 	};
 	static const char *row_why[RL_END_] = {
 		"",
@@ -1203,6 +1250,42 @@ START_TEST(test_partner_rows_range_checked)
 		      logdir);
 	protobuf_c_message_free_unpacked(m, NULL);
 	uint64_t sum = stats_ok(0).param_checksum;
+	/* a membership the shard cannot hold, at a snapshot's end (where 0)
+	 * and in a batch (1) */
+	for (int ml = ML_END_ - 1; ml > ML_OK; ml--)
+		for (int where = 0; where < 2; where++) {
+			char want[300];
+			members_lie = ml;
+			if (where == 0) { /* a new link: the snapshot is the lie */
+				close(p.fd);
+				p = accept_dial(lfd, 0);
+				ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+				ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40),
+						 0);
+				send_snapshot_tables(&p, TL_OK);
+				snprintf(want, sizeof(want), "snapshot end with a membership this shard "
+					 "cannot hold: %s", members_why[ml]);
+			} else {
+				send_batch_lie(&p, BL_OK);
+				snprintf(want, sizeof(want), "batch 41 holds a membership this shard "
+					 "cannot: %s", members_why[ml]);
+			}
+			members_lie = ML_OK;
+			got = first_frame_before_close(&p, 5000);
+			ck_assert_msg(got == 0, "membership lie %d (%s) got a %s frame", ml,
+				      where ? "batch" : "snapshot",
+				      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
+			close(p.fd);
+			ck_assert_msg(log_has(0, want), "no '%s' in the log (%s)", want, logdir);
+			p = accept_dial(lfd, 0);
+			ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+			ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+			send_snapshot_tables(&p, TL_OK);
+			m = recv_msg(&p, 5000, &type, &rc);
+			ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the snapshot after "
+				      "membership lie %d", ml);
+			protobuf_c_message_free_unpacked(m, NULL);
+		}
 	for (int lie = BL_END_ - 1; lie > BL_OK; lie--) {
 		send_batch_lie(&p, lie);
 		got = first_frame_before_close(&p, 5000);
