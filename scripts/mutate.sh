@@ -98,7 +98,9 @@ suites_of() {
     server/push.c)             echo it_hostile it_cluster it_groups it_agree san:it_hostile ;;   # it_agree: pushes of a config that differs   # it_groups: the pushes' group rates
     server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
     # it_reader: the reader's refusals; it_replica_auth, it_replica_cases: the replicas' Hellos
-    server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_auth it_replica_cases it_agree ;;
+    # it_reshard_ops' case: a leave begun given up when another process of its rank connects
+    server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_auth it_replica_cases it_agree \
+                                    it_reshard_ops@test_one_change_at_a_time ;;
     # it_hostile reads the queue figures; it_decl_tables restarts from a
     # chain of incremental checkpoints (the base length its deltas name);
     # it_reshard_live: the re-shard stop requests; it_rows' one case: the

@@ -479,9 +479,11 @@ static void *join_thread(void *arg)
 	return NULL;
 }
 
-/* Only the first step of a join: shard k holds its first open clock for
- * c's rank (a join under way; c's rank left before). */
-static void hold_only(struct ps_client *c, int k)
+/* Only one step of a join or leave (op): MEMBER_HOLD, shard k holds its
+ * first open clock for c's rank (a join under way; c's rank left
+ * before); MEMBER_FREEZE, shard k counts c's rank up to the clock it
+ * names until it leaves (a leave under way). */
+static void member_op_only(struct ps_client *c, int k, Ps__MemberOp op)
 {
 	static struct ps_shard_stats st;
 	Ps__StatsRequest m = PS__STATS_REQUEST__INIT;
@@ -491,7 +493,7 @@ static void hold_only(struct ps_client *c, int k)
 	r->stats = &st;
 	r->id = ps__client_reserve_id(c);
 	m.req_id = (uint64_t)r->id;
-	m.member_op = PS__MEMBER_OP__MEMBER_HOLD;
+	m.member_op = op;
 	ck_assert_int_eq(ps__client_pack_part(&r->parts[k], &m.base), 0);
 	int64_t id = ps__client_submit_built(c, 0, r);
 	ck_assert_msg(id > 0 && ps_client_wait(c, id) == 0, "%s", ps_client_error(c));
@@ -585,7 +587,7 @@ START_TEST(test_one_change_at_a_time)
 	/* a join holding a clock refuses a stop, on the shard and in ps-stat */
 	ck_assert_int_eq(ps_client_init(&w2, &lcfg, 2, err, sizeof(err)), 0); /* joins */
 	ck_assert_msg(ps_client_leave(w2, ps_client_clock(w2)) == 0, "%s", ps_client_error(w2));
-	hold_only(w2, 0);
+	member_op_only(w2, 0, PS__MEMBER_OP__MEMBER_HOLD);
 	ck_assert_msg(ps_client_stats(mb, 0, &st) == 0, "%s", ps_client_error(mb));
 	ck_assert_int_eq(st.njoining, 1);
 	ck_assert_int_eq(st.joining[0], 2);
@@ -606,10 +608,36 @@ START_TEST(test_one_change_at_a_time)
 	free(out);
 	/* the join done, nothing is under way */
 	ck_assert_msg(ps_client_join(w2) == 0, "%s", ps_client_error(w2));
-	ps_client_free(w2);
 	ck_assert_msg(ps_client_stats(mb, 0, &st) == 0, "%s", ps_client_error(mb));
 	ck_assert_int_eq(st.njoining, 0);
 	ck_assert_uint_eq(st.joins, 3);
+	/* a leave begun (the freeze of its first step) refuses a stop as well,
+	 * on the shard and in ps-stat */
+	member_op_only(w2, 0, PS__MEMBER_OP__MEMBER_FREEZE);
+	ck_assert_msg(ps_client_stats(mb, 0, &st) == 0, "%s", ps_client_error(mb));
+	ck_assert_int_eq(st.nleaving, 1);
+	ck_assert_int_eq(st.leaving[0], 2);
+	uint64_t lc = st.leaving_clock[0];
+	snprintf(want, sizeof(want), "worker 2 is leaving (it trains up to clock %" PRIu64 " on "
+		 "shard 0 until it leaves): try again after it", lc);
+	ck_assert_int_eq(ps_client_stop_at(ma, 0, 9, 0, &st), PS_ESTATE);
+	ck_assert_msg(strstr(ps_client_error(ma), want), "'%s' not in '%s'", want,
+		      ps_client_error(ma));
+	ck_assert_int_eq(ps_stat(path, &out, "--reshard-stop", NULL, NULL), 1);
+	snprintf(want, sizeof(want), "refused: worker 2 is leaving (shard 0 counts it at clock %"
+		 PRIu64 " until it leaves); try again after it", lc);
+	ck_assert_msg(strstr(out, want), "'%s' not in '%s'", want, out);
+	free(out);
+	ps_client_free(w2);
+	/* gone, it still counts (until limits.drop_timeout_ms, 30 s here);
+	 * another process of rank 2 connecting gives the leave up */
+	ck_assert_msg(ps_client_stats(mb, 0, &st) == 0 && st.nleaving == 1, "%s",
+		      ps_client_error(mb));
+	ck_assert_int_eq(ps_client_init(&w2, &lcfg, 2, err, sizeof(err)), 0);
+	ck_assert_msg(ps_client_stats(mb, 0, &st) == 0, "%s", ps_client_error(mb));
+	ck_assert_msg(st.nleaving == 0, "worker 2's leave not given up when another process of "
+		      "its rank connected");
+	ps_client_free(w2);
 
 	/* a stop committed on shard 0 only (a ps-stat that died between its
 	 * commits; clock 4 is not closed, so shard 0 waits): ps-stat
