@@ -536,6 +536,16 @@ START_TEST(test_one_change_at_a_time)
 	/* monitor A prepares a stop at 3 on both shards */
 	ck_assert_int_eq(ps_client_init(&ma, &lcfg, -1, err, sizeof(err)), 0);
 	ck_assert_int_eq(ps_client_init(&mb, &lcfg, -1, err, sizeof(err)), 0);
+	/* (first: a worker may not ask one; a clock the shards took a push
+	 * for is too early) */
+	ck_assert_int_eq(ps_client_init(&w2, &lcfg, 0, err, sizeof(err)), 0);
+	ck_assert_int_eq(ps_client_stop_at(w2, 0, 3, 0, &st), PS_ESTATE);
+	ck_assert_msg(strstr(ps_client_error(w2), "a stop for a re-shard is asked by a monitor "
+			     "(ps-stat), not by a worker"), "%s", ps_client_error(w2));
+	ps_client_free(w2);
+	ck_assert_int_eq(ps_client_stop_at(ma, 0, 2, 0, &st), PS_ECLOCK);
+	ck_assert_msg(strstr(ps_client_error(ma), "a push for clock 2 was taken already: stop at 3 "
+			     "or later"), "%s", ps_client_error(ma));
 	for (int k = 0; k < 2; k++)
 		ck_assert_msg(ps_client_stop_at(ma, k, 3, 0, &st) == 0, "%s", ps_client_error(ma));
 	/* monitor B's stop at another clock is another re-shard */
