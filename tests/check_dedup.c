@@ -70,6 +70,46 @@ START_TEST(test_errors_ring)
 }
 END_TEST
 
+/* The digest (FNV-1a of the incarnation, the highest number and the
+ * window's bits, as the header says; compared between a replicated pair's
+ * processes): computed by the test from the same bytes, equal for equal
+ * windows, and changed by each of the three alone. */
+static uint64_t spec_fnv(uint64_t h, const void *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ull;
+	return h;
+}
+
+START_TEST(test_digest)
+{
+	static struct ps_dedup a, b;
+	uint64_t h;
+
+	memset(&a, 0, sizeof(a));
+	ps_dedup_incarnation(&a, 77);
+	ps_dedup_mark(&a, 3, 0);
+	ps_dedup_mark(&a, 9, PS_ESHAPE);
+	h = spec_fnv(0xcbf29ce484222325ull, &a.incarnation, sizeof(a.incarnation));
+	h = spec_fnv(h, &a.max, sizeof(a.max));
+	h = spec_fnv(h, a.bits, sizeof(a.bits));
+	ck_assert_uint_eq(ps_dedup_digest(&a), h);
+	b = a;
+	b.nerr = 0; /* the refused pushes' outcomes are not in it */
+	memset(b.errs, 0, sizeof(b.errs));
+	ck_assert_uint_eq(ps_dedup_digest(&b), h);
+	b = a;
+	ps_dedup_mark(&b, 5, 0); /* a bit */
+	ck_assert_uint_ne(ps_dedup_digest(&b), h);
+	b = a;
+	b.max = 10; /* the highest number alone */
+	ck_assert_uint_ne(ps_dedup_digest(&b), h);
+	b = a;
+	b.incarnation = 78; /* the incarnation alone */
+	ck_assert_uint_ne(ps_dedup_digest(&b), h);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("dedup");
@@ -78,6 +118,7 @@ int main(void)
 
 	tcase_add_test(tc, test_window);
 	tcase_add_test(tc, test_errors_ring);
+	tcase_add_test(tc, test_digest);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	return failed ? 1 : 0;
