@@ -509,6 +509,15 @@ START_TEST(test_metrics_http)
 		if (k == 0)
 			ck_assert_msg(metric(body, "ps_push_raw_bytes_total{codec=\"none\"}") > 0,
 				      "%s", body);
+		/* a series of each codec, by its config name, pushed or not */
+		static const char *const codecs[] = { "none", "fp16", "q8", "topk", "sign" };
+		for (int c = 0; c < 5; c++)
+			for (int w = 0; w < 2; w++) {
+				char series[100];
+				snprintf(series, sizeof(series), "ps_push_%s_bytes_total{codec=\"%s\"}",
+					 w ? "wire" : "raw", codecs[c]);
+				ck_assert_msg(metric(body, series) >= 0, "shard %d: no %s", k, series);
+			}
 		char bad[512];
 		ck_assert_msg(!*exposition_error(body, bad, sizeof(bad)),
 			      "shard %d /metrics: not a valid exposition line: '%s'", k, bad);
