@@ -91,7 +91,8 @@ suites_of() {
     # it_fault: its writes, fsync, rename and reads failed in turn (libpsfault.so)
     # it_reshard: the old files read at a re-shard (tensors, tables, epochs)
     # test_export.py@declared_tensors: a damaged declared tensor record refused at start
-    server/checkpoint.c)       echo test_export.py@declared_tensors it_checkpoint it_groups it_decl_tables it_reshard \
+    # test_checkpoint_crafted.py: slices, finished clocks and table records that lie under a right CRC
+    server/checkpoint.c)       echo test_checkpoint_crafted.py test_export.py@declared_tensors it_checkpoint it_groups it_decl_tables it_reshard \
                                     it_rows@test_checkpoint_kill9,test_incremental_kill9 \
                                     it_fault@test_ckpt_faults,test_restore_faults san:it_checkpoint ;;
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
@@ -158,7 +159,7 @@ suites_of() {
                                echo check_rows it_rows_model it_rows it_reshard san:check_rows \
                                     it_fault@test_declare_tables_oom_leak ;;
     # it_decl_tables: declared tables through full and incremental checkpoints
-    server/table_ckpt.c)       echo it_rows it_rows_model it_decl_tables it_reshard_staged it_export.sh test_export.py \
+    server/table_ckpt.c)       echo test_checkpoint_crafted.py it_rows it_rows_model it_decl_tables it_reshard_staged it_export.sh test_export.py \
                                     it_fault@test_restore_faults,test_ckpt_faults ;;
     server/rows.c)             echo it_rows it_rows_errors it_rows_model it_replica_cases it_reshard_rows \
                                     it_fault@test_rows_oom it_fault_repl@test_primary_rows_oom \
