@@ -9,6 +9,7 @@
  * one address holding slow connections cannot take the endpoint from
  * others, and /healthz does not cost the shard's loop. */
 #include <check.h>
+#include <math.h>
 #include <inttypes.h>
 #include <errno.h>
 #include <pthread.h>
@@ -598,6 +599,142 @@ static int slow_conn(int port)
 	return fd;
 }
 
+/* /metrics and the Stats reply say the same: each figure both give (but
+ * the bytes queued this instant), read from each shard at rest after
+ * dense pushes (fp16) and pulls by two workers, row pushes and pulls of
+ * table e and a refused push. A figure /metrics takes from the wrong
+ * counter, or prints under another name or label, fails here. */
+START_TEST(test_metrics_match_stats)
+{
+	static char body[262144];
+	char path[64], extra[256], err[512], series[160];
+	struct ps_config cfg;
+	struct ps_shard_stats st;
+	struct traffic tr = { .cfg = &cfg };
+	pthread_t th;
+	pid_t srv[2];
+	int p0 = tu_free_port(), p1 = tu_free_port(), hp = http_port(p0, p1);
+	enum { NID = 50, DIM = 4 };
+	static const char *const codecs[] = { "none", "fp16", "q8", "topk", "sign" };
+
+	snprintf(extra, sizeof(extra),
+		 "  embeddings:\n    - {name: e, dim: %d, admission: 2}\n"
+		 "compression:\n  codec: fp16\nstats:\n  http: 127.0.0.1:%d\n", DIM, hp);
+	start_shards(path, &cfg, p0, p1, extra, srv);
+	start_traffic(&tr, &th, 5);
+	tr.stop = 1;
+	pthread_join(th, NULL);
+	ck_assert_msg(tr.rc == 0, "traffic: %s", tr.err);
+	/* rows: both workers push table e for a clock (twice each id: the
+	 * filter admits it at its second sighting), then a pull */
+	struct ps_client *c[2];
+	uint64_t ids[NID];
+	static float g[NID * DIM], a[3000], out[NID * DIM];
+	struct ps_tensor ta = { .name = "a", .data = a, .count = 3000 };
+	for (int i = 0; i < NID; i++)
+		ids[i] = (uint64_t)i * 7919 + 1;
+	for (int r = 0; r < 2; r++)
+		ck_assert_msg(ps_client_init(&c[r], &cfg, r, err, sizeof(err)) == 0, "%s", err);
+	uint64_t k = ps_client_clock(c[0]);
+	for (int n = 0; n < 2; n++, k++)
+		for (int r = 0; r < 2; r++) {
+			ck_assert_msg(ps_client_push_rows(c[r], "e", k, ids, NID, g, 0) == 0, "%s",
+				      ps_client_error(c[r]));
+			int64_t q = ps_client_push(c[r], k, &ta, 1, PS_PUSH_END_CLOCK);
+			ck_assert_msg(q > 0 && ps_client_wait(c[r], q) == 0, "%s",
+				      ps_client_error(c[r]));
+		}
+	ck_assert_msg(ps_client_pull_rows(c[0], "e", k, ids, NID, out) == 0, "%s",
+		      ps_client_error(c[0]));
+	/* a push of a clock ended already: refused (an error counted) */
+	ck_assert_int_lt(ps_client_wait(c[1], ps_client_push(c[1], 0, &ta, 1, 0)), 0);
+	for (int r = 0; r < 2; r++)
+		ps_client_free(c[r]);
+
+	struct ps_client *mon;
+	ck_assert_msg(ps_client_init(&mon, &cfg, -1, err, sizeof(err)) == 0, "%s", err);
+	for (int sh = 0; sh < 2; sh++) {
+		ck_assert_msg(ps_client_stats(mon, sh, &st) == 0, "%s", ps_client_error(mon));
+		ck_assert_int_eq(http_get(hp + sh, "GET", "/metrics", body, sizeof(body)), 200);
+		const struct { const char *name; double v; } same[] = {
+			{ "ps_push_requests_total", (double)st.pushes },
+			{ "ps_pull_requests_total", (double)st.pulls },
+			{ "ps_received_bytes_total", (double)st.bytes_in },
+			{ "ps_sent_bytes_total", (double)st.bytes_out },
+			{ "ps_pull_raw_bytes_total", (double)st.pull_raw_bytes },
+			{ "ps_pull_wire_bytes_total", (double)st.pull_wire_bytes },
+			{ "ps_optimizer_steps_total", (double)st.applies },
+			{ "ps_optimizer_bytes_total", (double)st.apply_bytes },
+			{ "ps_request_errors_total", (double)st.errors },
+			{ "ps_rejected_frames_total", (double)st.rejected_frames },
+			{ "ps_auth_failures_total", (double)st.auth_failures },
+			{ "ps_duplicate_pushes_total", (double)st.duplicate_pushes },
+			{ "ps_reader_refused_total", (double)st.reader_refused },
+			{ "ps_connections", (double)st.connections },
+			{ "ps_reply_queue_peak_bytes", (double)st.reply_queue_peak },
+			{ "ps_reply_queue_total_peak_bytes", (double)st.reply_queue_total_peak },
+			{ "ps_paused_connections", (double)st.paused_connections },
+			{ "ps_max_clock_gap", (double)st.max_clock_gap },
+			{ "ps_map_epoch", (double)st.map_epoch },
+			{ "ps_reshard_bytes_in_total", (double)st.reshard_in_bytes },
+			{ "ps_reshard_slices_in_total", (double)st.reshard_in_slices },
+			{ "ps_reshard_rows_in_total", (double)st.reshard_in_rows },
+			{ "ps_table_rows{table=\"e\"}", (double)st.tables[0].rows },
+			{ "ps_table_bytes{table=\"e\"}", (double)st.tables[0].bytes },
+			{ "ps_table_admitted_total{table=\"e\"}", (double)st.tables[0].admitted },
+			{ "ps_table_evicted_total{table=\"e\"}", (double)st.tables[0].evicted },
+			{ "ps_table_expired_total{table=\"e\"}", (double)st.tables[0].expired },
+			{ "ps_table_filter_ids{table=\"e\"}", (double)st.tables[0].filter_ids },
+			{ "ps_table_filter_bytes{table=\"e\"}", (double)st.tables[0].filter_bytes },
+			{ "ps_table_pulled_rows_total{table=\"e\"}", (double)st.tables[0].pulled_rows },
+			{ "ps_table_pushed_rows_total{table=\"e\"}", (double)st.tables[0].pushed_rows },
+		};
+		for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++) {
+			double m = metric(body, same[i].name);
+			ck_assert_msg(m == same[i].v, "shard %d: /metrics %s %g, the Stats %g", sh,
+				      same[i].name, m, same[i].v);
+		}
+		for (int cd = 0; cd < 5; cd++)
+			for (int w = 0; w < 2; w++) {
+				snprintf(series, sizeof(series), "ps_push_%s_bytes_total{codec=\"%s\"}",
+					 w ? "wire" : "raw", codecs[cd]);
+				double v = (double)(w ? st.push_wire_bytes[cd] : st.push_raw_bytes[cd]);
+				ck_assert_msg(metric(body, series) == v, "shard %d: /metrics %s %g, the "
+					      "Stats %g", sh, series, metric(body, series), v);
+			}
+		for (int r = 0; r < 2; r++) {
+			snprintf(series, sizeof(series), "ps_worker_clock{worker=\"%d\"}", r);
+			ck_assert_msg(metric(body, series) == (double)st.worker_clock[r], "shard %d: %s",
+				      sh, series);
+			snprintf(series, sizeof(series), "ps_worker_connected{worker=\"%d\"}", r);
+			ck_assert_msg(metric(body, series) == (double)st.worker_up[r], "shard %d: %s",
+				      sh, series);
+		}
+		double hr = st.tables[0].filter_lookups
+			? (double)st.tables[0].filter_hits / (double)st.tables[0].filter_lookups : 0;
+		ck_assert_msg(fabs(metric(body, "ps_table_filter_hit_ratio{table=\"e\"}") - hr) < 1e-12,
+			      "shard %d: the filter's hit ratio", sh);
+		ck_assert_msg(fabs(metric(body, "ps_optimizer_seconds_total") - st.apply_seconds) <
+			      1e-6 * (1 + st.apply_seconds), "shard %d: optimizer seconds", sh);
+		double up = metric(body, "ps_uptime_seconds");
+		ck_assert_msg(up >= st.uptime_s - 1 && up <= st.uptime_s + 5, "shard %d: uptime %g "
+			      "against the Stats %g", sh, up, st.uptime_s);
+		/* and what was done shows: not a page of zeros */
+		ck_assert_msg(st.pushes > 0 && st.pulls > 0 && st.push_wire_bytes[1] > 0 &&
+			      st.tables[0].pushed_rows > 0 && st.errors > 0, "shard %d: pushes %llu, "
+			      "pulls %llu, fp16 bytes %llu, rows pushed %llu, errors %llu", sh,
+			      (unsigned long long)st.pushes, (unsigned long long)st.pulls,
+			      (unsigned long long)st.push_wire_bytes[1],
+			      (unsigned long long)st.tables[0].pushed_rows,
+			      (unsigned long long)st.errors);
+	}
+	ps_client_free(mon);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	unlink(path);
+}
+END_TEST
+
 /* The endpoint is held by nobody (docs/security.md): 64 connections from
  * one address, each trickling its request header a byte at a time, leave
  * /healthz answering another address at once (they used to take every
@@ -769,6 +906,7 @@ int main(void)
 	TU_ADD(tc, test_stat_gap_under_staleness);
 	TU_ADD(tc, test_stat_bad_usage);
 	TU_ADD(tc, test_metrics_http);
+	TU_ADD(tc, test_metrics_match_stats);
 	TU_ADD(tc, test_metrics_token);
 	TU_ADD(tc, test_metrics_http_held);
 	TU_ADD(tc, test_metrics_port_past_65535);
