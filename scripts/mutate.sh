@@ -114,7 +114,8 @@ suites_of() {
                                     it_rows@test_incremental_kill9 it_client_api@test_stats_sized \
                                     it_fault@test_ckpt_faults ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
-    server/declare.c)          echo it_declare it_groups it_replica_decl it_fault@test_declare_oom_sweep ;;   # it_replica_decl: a declaration on a pair
+    # it_replica_decl: a declaration on a pair; it_hostile's case: raw declarations that lie
+    server/declare.c)          echo it_declare it_groups it_replica_decl it_fault@test_declare_oom_sweep it_hostile@test_declare_lies ;;
     # it_reshard_cases, it_reshard_staged: a shard's start from another map's files
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile it_reshard_cases it_reshard_staged ;;
     server/reader.c)           echo it_reader ;;

@@ -2993,6 +2993,146 @@ START_TEST(test_reset_under_write)
 }
 END_TEST
 
+/* A worker's declarations that lie, sent raw to a shard whose config
+ * names no model (the client library never builds them): each is
+ * answered with an Error naming what is wrong, the connection stays, and
+ * nothing is declared; then the honest declaration is taken, and one that
+ * differs from it is refused naming the difference. */
+START_TEST(test_declare_lies)
+{
+	enum { NW = 16 };
+	char yaml[1024], err[512], big[70], want[300];
+	char *names[2] = { "w", "v" };
+	uint32_t ndims[2] = { 1, 1 }, group_of[1] = { 0 };
+	int64_t dims[3] = { NW, NW, NW };
+	float vals[NW] = { 0 };
+	Ps__OptimGroup og = PS__OPTIM_GROUP__INIT, *ogs[1] = { &og };
+	struct ps_shard_stats st;
+	int fd;
+
+	memset(&F, 0, sizeof(F));
+	F.port = tu_free_port();
+	snprintf(yaml, sizeof(yaml),
+		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+		 "consistency:\n  mode: sync\nslice_bytes: 4096\noptimizer:\n  name: sgd\n  lr: 1\n"
+		 "limits:\n  connect_timeout_ms: %d\n  request_timeout_ms: %d\nlog:\n  level: warn\n",
+		 F.port, (int)(5000 * tu_time_scale()), (int)(5000 * tu_time_scale()));
+	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
+	ck_assert_msg(ps_config_load(&F.cfg, F.path, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(ps_auth_load_secret(&F.cfg, F.secret, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps_shardmap_init(&F.map, &F.cfg), 0);
+	F.pid = tu_start_server(F.path, 0);
+	for (int i = 0; i < 100; i++) { /* a monitor's init returns with the shard down */
+		if (!ps_client_init(&F.c, &F.cfg, -1, err, sizeof(err)) &&
+		    !ps_client_stats(F.c, 0, &st))
+			break;
+		ps_client_free(F.c);
+		F.c = NULL;
+		assert_alive();
+		tu_sleep_ms(50);
+	}
+	ck_assert_msg(F.c != NULL, "%s", err);
+	fd = raw_worker();
+	memset(big, 'x', 64);
+	big[64] = 0;
+	og.kind = "sgd";
+	og.lr = 0.1f;
+	enum { L_NONE, L_SHAPES, L_EMPTY, L_LONG, L_NDIMS, L_LEFT, L_DIM0, L_TOTAL, L_UNUSED,
+	       L_TWICE, L_GROUPS, L_GROUP_OF, L_NO_VALUES, L_OK, L_DIFFERS, L_END };
+	for (int lie = L_NONE; lie < L_END; lie++) {
+		Ps__Declare d = PS__DECLARE__INIT;
+		int64_t ldims[3] = { NW, NW, NW };
+		d.req_id = (uint64_t)lie + 1;
+		d.n_names = lie == L_NONE ? 0 : lie == L_TOTAL || lie == L_TWICE ? 2 : 1;
+		d.names = names;
+		d.n_ndims = lie == L_SHAPES ? 2 : d.n_names;
+		d.ndims = ndims;
+		d.n_dims = lie == L_UNUSED ? 2 : d.n_names;
+		d.dims = ldims;
+		d.values = lie != L_NO_VALUES;
+		char *one[2] = { lie == L_EMPTY ? "" : lie == L_LONG ? big : "w",
+				 lie == L_TWICE ? "w" : "v" };
+		d.names = one;
+		uint32_t nd[2] = { lie == L_NDIMS ? 9 : lie == L_LEFT ? 2 : 1, 1 };
+		d.ndims = nd;
+		if (lie == L_DIM0)
+			ldims[0] = 0;
+		if (lie == L_TOTAL)
+			ldims[0] = ldims[1] = (INT64_C(1) << 35) + 1;
+		if (lie == L_DIFFERS)
+			ldims[0] = NW / 2;
+		if (lie == L_GROUPS || lie == L_GROUP_OF) {
+			d.n_groups = 1;
+			d.groups = ogs;
+			d.n_group_of = lie == L_GROUPS ? 0 : 1;
+			group_of[0] = 3;
+			d.group_of = group_of;
+		}
+		switch (lie) {
+		case L_NONE: snprintf(want, sizeof(want), "declaration of 0 tensors (0 shapes, 0 "
+				      "dims): expected 1..%d tensors, one shape each", PS_MAX_TENSORS);
+			break;
+		case L_SHAPES: snprintf(want, sizeof(want), "declaration of 1 tensors (2 shapes, 1 "
+					"dims)"); break;
+		case L_EMPTY: snprintf(want, sizeof(want), "tensor 0: name of 0 bytes, expected "
+				       "1..%d", PS_NAME_MAX - 1); break;
+		case L_LONG: snprintf(want, sizeof(want), "tensor 0: name of 64 bytes, expected "
+				      "1..%d", PS_NAME_MAX - 1); break;
+		case L_NDIMS: snprintf(want, sizeof(want), "tensor 0 ('w'): 9 dims, at most %d",
+				       PS_MAX_DIMS); break;
+		case L_LEFT: snprintf(want, sizeof(want), "tensor 0 ('w'): 2 dims, only 1 left in "
+				      "the list"); break;
+		case L_DIM0: snprintf(want, sizeof(want), "tensor 0 ('w'): dim 0 is 0, expected >= "
+				      "1 and at most %" PRId64 " elements in a tensor",
+				      INT64_C(1) << 36); break;
+		case L_TOTAL: snprintf(want, sizeof(want), "more than %" PRId64 " elements in all",
+				       INT64_C(1) << 36); break;
+		case L_UNUSED: snprintf(want, sizeof(want), "2 dims given, the tensors use 1");
+			break;
+		case L_TWICE: snprintf(want, sizeof(want), "tensor 'w' declared twice"); break;
+		case L_GROUPS: snprintf(want, sizeof(want), "1 optimizer groups and 0 group "
+					"indices for 1 tensors: expected 1..%d groups and one index "
+					"per tensor", PS_MAX_GROUPS); break;
+		case L_GROUP_OF: snprintf(want, sizeof(want), "tensor 0 ('w'): optimizer group 3, "
+					  "only 1 groups"); break;
+		case L_NO_VALUES: snprintf(want, sizeof(want), "no tensors declared yet: waiting "
+					   "for rank 0's declaration"); break;
+		case L_DIFFERS: snprintf(want, sizeof(want), "declaration differs from the "
+					 "shard's tensors at #0: the shard has w[%d], this worker "
+					 "declares w[%d]", NW, NW / 2); break;
+		default: want[0] = 0; break;
+		}
+		ck_assert_int_eq(raw_send(fd, PS_MSG_DECLARE, &d.base, vals,
+					  d.values ? sizeof(vals) : 0), 0);
+		unsigned type;
+		ProtobufCMessage *m = raw_expect_any(fd, PS_MSG_ERROR, PS_MSG_PUSH_ACK, 3000, &type);
+		ck_assert_msg(m, "lie %d: no answer", lie);
+		if (lie == L_OK) {
+			ck_assert_msg(type == PS_MSG_PUSH_ACK, "the honest declaration: %s",
+				      type == PS_MSG_ERROR ? ((Ps__Error *)m)->message : "?");
+		} else {
+			ck_assert_msg(type == PS_MSG_ERROR && strstr(((Ps__Error *)m)->message, want),
+				      "lie %d: '%s' answered %s '%s'", lie, want,
+				      ps_wire_type_name(type),
+				      type == PS_MSG_ERROR ? ((Ps__Error *)m)->message : "");
+			ck_assert_uint_eq(((Ps__Error *)m)->req_id, d.req_id);
+		}
+		protobuf_c_message_free_unpacked(m, NULL);
+		ck_assert_int_eq(ps_client_stats(F.c, 0, &st), 0);
+		ck_assert_msg(st.decl_tensors == (lie >= L_OK), "lie %d: %d tensors declared", lie,
+			      st.decl_tensors);
+		assert_alive();
+	}
+	(void)dims;
+	(void)ndims;
+	close(fd);
+	ps_client_free(F.c);
+	ck_assert_int_eq(tu_stop_server(F.pid), 0);
+	ps_shardmap_free(&F.map);
+	unlink(F.path);
+}
+END_TEST
+
 /* The same for replication: a peer that says it is the shard's other
  * process (replica 1, joining) proves the secret, and resets the
  * connection as its Auth arrives, so the shard (replica 0, which then
@@ -3119,6 +3259,7 @@ int main(void)
 	TU_ADD(tc, test_held_pull_async);
 	TU_ADD(tc, test_held_pull_names_many);
 	TU_ADD(tc, test_handshake_room_oldest_of_tie);
+	TU_ADD(tc, test_declare_lies);
 	suite_add_tcase(s, tc);
 	/* a case of its own: CK_RUN_CASE=resets runs it alone */
 	TCase *tr = tcase_create("resets");
