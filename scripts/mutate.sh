@@ -123,7 +123,7 @@ suites_of() {
     # the shard under valgrind (what was made must be freed); the declared
     # tables' section of a checkpoint read with each read failed in turn
     server/decl_tables.c)      echo it_decl_tables it_fault@test_declare_oom_sweep,test_declare_tables_oom_leak,test_restore_faults test_decl_tables.py \
-                                    it_reshard_requests test_export.py ;;
+                                    it_reshard_requests test_export.py it_hostile@test_declare_lies ;;
     # it_hostile's case: every refusal of a join or leave step and of a
     # push by no member; it_replica_auth: a replica's membership;
     # it_reshard_ops: a join during a stop
@@ -211,7 +211,7 @@ suites_of() {
                                     san:it_cluster@test_fp16_exact ;;
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
-    common/table_decl.c)       echo it_decl_tables ;;
+    common/table_decl.c)       echo it_decl_tables it_hostile@test_declare_lies ;;   # raw declarations of tables that lie
     common/version.c)          echo it_docs.sh ;;        # every program's --version
     worker/worker_cmd.c)       echo test_launch.py it_launch.sh ;;   # ps-worker --exec: alone, and under ps-cluster.sh
     worker/epoch.c)            echo it_elastic it_train ;;  # each example once per epoch

@@ -2993,11 +2993,12 @@ START_TEST(test_reset_under_write)
 }
 END_TEST
 
-/* A worker's declarations that lie, sent raw to a shard whose config
- * names no model (the client library never builds them): each is
- * answered with an Error naming what is wrong, the connection stays, and
- * nothing is declared; then the honest declaration is taken, and one that
- * differs from it is refused naming the difference. */
+/* A worker's declarations of tensors and of tables that lie, sent raw to
+ * a shard whose config names no dense model (the client library never
+ * builds them): each is answered with an Error naming what is wrong, the
+ * connection stays, and nothing is declared; then the honest declaration
+ * is taken, and one that differs from it is refused naming the
+ * difference. */
 START_TEST(test_declare_lies)
 {
 	enum { NW = 16 };
@@ -3015,6 +3016,7 @@ START_TEST(test_declare_lies)
 	snprintf(yaml, sizeof(yaml),
 		 "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
 		 "consistency:\n  mode: sync\nslice_bytes: 4096\noptimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  embeddings:\n    - {name: e, dim: 4}\n"
 		 "limits:\n  connect_timeout_ms: %d\n  request_timeout_ms: %d\nlog:\n  level: warn\n",
 		 F.port, (int)(5000 * tu_time_scale()), (int)(5000 * tu_time_scale()));
 	ck_assert_int_eq(tu_write_temp(F.path, yaml), 0);
@@ -3125,6 +3127,89 @@ START_TEST(test_declare_lies)
 	}
 	(void)dims;
 	(void)ndims;
+	/* the same of tables: each definition as model.embeddings[] bounds it,
+	 * no name of the config's or twice; then the honest declaration, and
+	 * one that differs or names more */
+	enum { T_NONE, T_NAME, T_RANGE, T_EPS, T_CONFIGS, T_TWICE, T_ZEROS, T_FTRL, T_OK, T_DIFFERS,
+	       T_MORE, T_END };
+	for (int lie = T_NONE; lie < T_END; lie++) {
+		Ps__DeclareTables dt = PS__DECLARE_TABLES__INIT;
+		Ps__TableDef td[2], *tds[2] = { &td[0], &td[1] };
+		for (int i = 0; i < 2; i++) {
+			ps__table_def__init(&td[i]);
+			td[i].name = i ? "h" : "g";
+			td[i].dim = 2;
+			td[i].lr = 1.0f;
+			td[i].eps = 1e-8f;
+			td[i].beta1 = 0.9f;
+			td[i].beta2 = 0.999f;
+			td[i].ftrl_beta = 1.0f;
+			td[i].filter_ids = 1048576;
+		}
+		dt.req_id = 100 + (uint64_t)lie;
+		dt.n_tables = lie == T_NONE ? 0 : lie == T_TWICE || lie == T_MORE ? 2 : 1;
+		dt.tables = tds;
+		if (lie == T_NAME)
+			td[0].name = big;
+		if (lie == T_RANGE)
+			td[0].dim = 5000;
+		if (lie == T_EPS)
+			td[0].eps = 0;
+		if (lie == T_CONFIGS)
+			td[0].name = "e";
+		if (lie == T_TWICE)
+			td[1].name = "g";
+		if (lie == T_ZEROS)
+			td[0].init_value = 0.5f;
+		if (lie == T_FTRL) {
+			td[0].optimizer = 4; /* ftrl */
+			td[0].init = 2;      /* uniform */
+			td[0].init_value = 0.1f;
+		}
+		if (lie == T_DIFFERS)
+			td[0].dim = 3;
+		switch (lie) {
+		case T_NONE: snprintf(want, sizeof(want), "declaration of 0 tables: expected 1..%d "
+				      "(at most %d with the config's 1)", PS_MAX_TABLES - 1,
+				      PS_MAX_TABLES); break;
+		case T_NAME: snprintf(want, sizeof(want), "table name of 64 bytes, expected 1..%d",
+				      PS_NAME_MAX - 1); break;
+		case T_RANGE: snprintf(want, sizeof(want), "table 'g': dim 5000, init 0, optimizer 0, "
+				       "admission 0, ttl 0, max_rows 0 or filter_ids 1048576 out of "
+				       "range"); break;
+		case T_EPS: snprintf(want, sizeof(want), "table 'g': eps is 0, expected"); break;
+		case T_CONFIGS: snprintf(want, sizeof(want), "table 'e' is a table of the config "
+					 "(model.embeddings of "); break;
+		case T_TWICE: snprintf(want, sizeof(want), "table 'g' declared twice"); break;
+		case T_ZEROS: snprintf(want, sizeof(want), "table 'g': init zeros with a value of "
+				       "0.5"); break;
+		case T_FTRL: snprintf(want, sizeof(want), "table 'g': optimizer ftrl derives the "
+				      "weights from its state and starts them at 0; expected init "
+				      "zeros, got uniform"); break;
+		case T_DIFFERS: snprintf(want, sizeof(want), "declared table #0 differs: "); break;
+		case T_MORE: snprintf(want, sizeof(want), "the shard has 1 declared tables, this "
+				      "declaration names 2 (first extra: 'h')"); break;
+		default: want[0] = 0; break;
+		}
+		ck_assert_int_eq(raw_send(fd, PS_MSG_DECLARE_TABLES, &dt.base, NULL, 0), 0);
+		unsigned type;
+		ProtobufCMessage *m = raw_expect_any(fd, PS_MSG_ERROR, PS_MSG_PUSH_ACK, 3000, &type);
+		ck_assert_msg(m, "table lie %d: no answer", lie);
+		if (lie == T_OK) {
+			ck_assert_msg(type == PS_MSG_PUSH_ACK, "the honest declaration of tables: %s",
+				      type == PS_MSG_ERROR ? ((Ps__Error *)m)->message : "?");
+		} else {
+			ck_assert_msg(type == PS_MSG_ERROR && strstr(((Ps__Error *)m)->message, want),
+				      "table lie %d: '%s' answered %s '%s'", lie, want,
+				      ps_wire_type_name(type),
+				      type == PS_MSG_ERROR ? ((Ps__Error *)m)->message : "");
+		}
+		protobuf_c_message_free_unpacked(m, NULL);
+		ck_assert_int_eq(ps_client_stats(F.c, 0, &st), 0);
+		ck_assert_msg(st.decl_tables == (lie >= T_OK) && st.ntables == 1 + (lie >= T_OK),
+			      "table lie %d: %d declared, %d tables", lie, st.decl_tables, st.ntables);
+		assert_alive();
+	}
 	close(fd);
 	ps_client_free(F.c);
 	ck_assert_int_eq(tu_stop_server(F.pid), 0);
