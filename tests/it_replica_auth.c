@@ -1157,6 +1157,33 @@ static void send_decl_lie(struct peer *p, int lie)
 	ck_assert_int_eq(send_msg(p, PS_MSG_REPL_BATCH, &b.base, NULL, 0), 0);
 }
 
+/* The backup's next link (it dials the test), the handshake served and
+ * the state transfer sent as lie says (send_snapshot_tables). */
+static struct peer link_with_snapshot(int lfd, int lie)
+{
+	struct peer p = accept_dial(lfd, 0);
+
+	ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+	ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+	send_snapshot_tables(&p, lie);
+	return p;
+}
+
+/* The same with the honest transfer, acknowledged: the link's batches
+ * follow (lsn 41). */
+static struct peer honest_link(int lfd)
+{
+	struct peer p = link_with_snapshot(lfd, TL_OK);
+	unsigned type;
+	int rc;
+	ProtobufCMessage *m = recv_msg(&p, 5000, &type, &rc);
+
+	ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of an honest snapshot with tables "
+		      "(logs in %s)", logdir);
+	protobuf_c_message_free_unpacked(m, NULL);
+	return p;
+}
+
 /* A partner that holds the replication key sends the embedding tables
  * (the snapshot's image of them and its end, then batches: their dense
  * part, marks, row groups and declarations) with each of their checks'
@@ -1231,13 +1258,8 @@ START_TEST(test_partner_rows_range_checked)
 	model_extra = "";
 	lfd = listen_at(port[1]);
 	srv[0] = start_replica(0);
-	for (int lie = TL_END_ - 1; lie >= TL_OK; lie--) {
-		p = accept_dial(lfd, 0);
-		ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
-		ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
-		send_snapshot_tables(&p, lie);
-		if (lie == TL_OK)
-			break; /* the rows follow on this link */
+	for (int lie = TL_END_ - 1; lie > TL_OK; lie--) {
+		p = link_with_snapshot(lfd, lie);
 		got = first_frame_before_close(&p, 5000);
 		ck_assert_msg(got == 0, "snapshot lie %d got a %s frame", lie,
 			      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
@@ -1245,10 +1267,8 @@ START_TEST(test_partner_rows_range_checked)
 		ck_assert_msg(log_has(0, snap_why[lie]), "snapshot lie %d: no '%s' in the log (%s)",
 			      lie, snap_why[lie], logdir);
 	}
-	ProtobufCMessage *m = recv_msg(&p, 5000, &type, &rc);
-	ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of a snapshot with tables (logs in %s)",
-		      logdir);
-	protobuf_c_message_free_unpacked(m, NULL);
+	p = honest_link(lfd); /* the control */
+	ProtobufCMessage *m;
 	uint64_t sum = stats_ok(0).param_checksum;
 	/* a membership the shard cannot hold, at a snapshot's end (where 0)
 	 * and in a batch (1) */
@@ -1258,11 +1278,7 @@ START_TEST(test_partner_rows_range_checked)
 			members_lie = ml;
 			if (where == 0) { /* a new link: the snapshot is the lie */
 				close(p.fd);
-				p = accept_dial(lfd, 0);
-				ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
-				ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40),
-						 0);
-				send_snapshot_tables(&p, TL_OK);
+				p = link_with_snapshot(lfd, TL_OK);
 				snprintf(want, sizeof(want), "snapshot end with a membership this shard "
 					 "cannot hold: %s", members_why[ml]);
 			} else {
@@ -1277,14 +1293,7 @@ START_TEST(test_partner_rows_range_checked)
 				      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
 			close(p.fd);
 			ck_assert_msg(log_has(0, want), "no '%s' in the log (%s)", want, logdir);
-			p = accept_dial(lfd, 0);
-			ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
-			ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
-			send_snapshot_tables(&p, TL_OK);
-			m = recv_msg(&p, 5000, &type, &rc);
-			ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the snapshot after "
-				      "membership lie %d", ml);
-			protobuf_c_message_free_unpacked(m, NULL);
+			p = honest_link(lfd);
 		}
 	for (int lie = BL_END_ - 1; lie > BL_OK; lie--) {
 		send_batch_lie(&p, lie);
@@ -1297,26 +1306,11 @@ START_TEST(test_partner_rows_range_checked)
 		st = stats_ok(0);
 		ck_assert_msg(st.param_checksum == sum && st.repl_lsn == 40, "batch lie %d: the "
 			      "backup's weights or batch changed", lie);
-		p = accept_dial(lfd, 0);
-		ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
-		ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
-		send_snapshot_tables(&p, TL_OK);
-		m = recv_msg(&p, 5000, &type, &rc);
-		ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the snapshot after batch "
-			      "lie %d", lie);
-		protobuf_c_message_free_unpacked(m, NULL);
+		p = honest_link(lfd);
 	}
 	for (int lie = RL_END_ - 1; lie >= RL_OK; lie--) {
-		if (lie != RL_END_ - 1) { /* a link of its own: the lie before closed it */
-			p = accept_dial(lfd, 0);
-			ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
-			ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
-			send_snapshot_tables(&p, TL_OK);
-			m = recv_msg(&p, 5000, &type, &rc);
-			ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the snapshot before "
-				      "row lie %d", lie);
-			protobuf_c_message_free_unpacked(m, NULL);
-		}
+		if (lie != RL_END_ - 1) /* a link of its own: the lie before closed it */
+			p = honest_link(lfd);
 		send_row_batch(&p, lie);
 		if (lie == RL_OK)
 			break;
@@ -1340,14 +1334,7 @@ START_TEST(test_partner_rows_range_checked)
 	close(p.fd);
 	/* the declarations a batch carries: each lie on a link of its own */
 	for (int lie = DL_END_ - 1; lie >= DL_OK; lie--) {
-		p = accept_dial(lfd, 0);
-		ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
-		ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
-		send_snapshot_tables(&p, TL_OK);
-		m = recv_msg(&p, 5000, &type, &rc);
-		ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the snapshot before "
-			      "declaration lie %d", lie);
-		protobuf_c_message_free_unpacked(m, NULL);
+		p = honest_link(lfd);
 		send_decl_lie(&p, lie);
 		if (lie == DL_OK)
 			break;
