@@ -14,6 +14,7 @@
  * by declared name.
  */
 #include <check.h>
+#include <stddef.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -411,6 +412,36 @@ START_TEST(test_groups_refused)
 	ck_assert_int_eq(ps_client_declare_groups(c, m0.p, NT, bad, NT, group_of), PS_ECONFIG);
 	ck_assert_msg(strstr(ps_client_error(c), "optimizer group 3: beta2 is 1"), "%s",
 		      ps_client_error(c));
+	/* each bound of each field (group 2, adam): the interval named, its
+	 * open ends refused at the end itself */
+	static const struct {
+		size_t off;
+		const char *field;
+		float v;
+		const char *interval;
+	} bounds[] = {
+		{ offsetof(struct ps_optim_group, momentum), "momentum", -1.0f, "[0, 1e+06]" },
+		{ offsetof(struct ps_optim_group, dampening), "dampening", 1.5f, "[0, 1]" },
+		{ offsetof(struct ps_optim_group, beta1), "beta1", 1.0f, "[0, 1)" },
+		{ offsetof(struct ps_optim_group, beta1), "beta1", -0.5f, "[0, 1)" },
+		{ offsetof(struct ps_optim_group, beta2), "beta2", -0.5f, "[0, 1)" },
+		{ offsetof(struct ps_optim_group, weight_decay), "weight_decay", -1.0f, "[0, 1e+06]" },
+		{ offsetof(struct ps_optim_group, lr_decay), "lr_decay", -1.0f, "[0, 1e+06]" },
+		{ offsetof(struct ps_optim_group, initial_accumulator), "initial_accumulator", -1.0f,
+		  "[0, 1e+30]" },
+		{ offsetof(struct ps_optim_group, eps), "eps", 0.0f, "(0, 1e+06]" },
+	};
+	for (size_t i = 0; i < sizeof(bounds) / sizeof(bounds[0]); i++) {
+		char want[160];
+		memcpy(bad, groups, sizeof(bad));
+		memcpy((char *)&bad[2] + bounds[i].off, &bounds[i].v, sizeof(float));
+		snprintf(want, sizeof(want), "optimizer group 2: %s is %g, expected %s",
+			 bounds[i].field, (double)bounds[i].v, bounds[i].interval);
+		ck_assert_int_eq(ps_client_declare_groups(c, m0.p, NT, bad, NT, group_of),
+				 PS_ECONFIG);
+		ck_assert_msg(strstr(ps_client_error(c), want), "'%s' not in '%s'", want,
+			      ps_client_error(c));
+	}
 	memcpy(gof, group_of, sizeof(gof));
 	gof[4] = NT;
 	ck_assert_int_eq(ps_client_declare_groups(c, m0.p, NT, groups, NT, gof), -EINVAL);
