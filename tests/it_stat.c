@@ -540,7 +540,9 @@ START_TEST(test_metrics_http)
 	ck_assert_int_eq(http_get(hp, "GET", "/readyz", body, sizeof(body)), 200);
 	ck_assert_str_eq(body, "ready\n");
 	ck_assert_int_eq(http_get(hp, "GET", "/nope", body, sizeof(body)), 404);
+	ck_assert_str_eq(body, "not found: try /metrics, /healthz or /readyz\n");
 	ck_assert_int_eq(http_get(hp, "POST", "/metrics", body, sizeof(body)), 405);
+	ck_assert_str_eq(body, "only GET\n");
 
 	/* a second shard 0 cannot take the metrics port (nor the shard port):
 	 * it exits non-zero instead of running without its endpoint */
