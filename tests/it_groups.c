@@ -448,6 +448,8 @@ START_TEST(test_groups_refused)
 	ck_assert_msg(strstr(ps_client_error(c), "parameter 'ada': optimizer group 6, expected "
 			     "0..5"), "%s", ps_client_error(c));
 	ck_assert_int_eq(ps_client_declare_groups(c, m0.p, NT, groups, 0, group_of), -EINVAL);
+	ck_assert_msg(strstr(ps_client_error(c), "0 optimizer groups: expected 1..64, with groups "
+			     "and group_of given"), "%s", ps_client_error(c));
 	ck_assert_int_eq(ps_client_declare_groups(c, m0.p, NT, groups, PS_MAX_GROUPS + 1, group_of),
 			 -EINVAL);
 	ck_assert_int_eq(ps_client_set_lr(c, 0, 0.1f), -EINVAL); /* nothing declared */
