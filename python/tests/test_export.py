@@ -4,7 +4,9 @@ the rows changed after that incremental checkpoint; damaged files are
 refused naming the file and the offset."""
 import os
 import signal
+import struct
 import subprocess
+import zlib
 
 import numpy as np
 import pytest
@@ -93,6 +95,41 @@ def test_export_round_trip(trained, tmp_path):
     out2 = tmp_path / "again.npz"
     export(cl.path, out2, "--quiet")
     assert out.read_bytes() == out2.read_bytes()
+
+
+def test_export_row_of_another_shard(trained, tmp_path):
+    """A full checkpoint holding a row whose id lives on another shard, its CRC made
+    right (a random flip would be caught by the CRC): ps-export refuses it naming the
+    offset, the row, the table and the id. (The incremental files are taken away: they
+    build on the full file as it was.)"""
+    cl, _, _, _, _, ck = trained
+    for d in ck.glob("shard-*.ckpt.delta-*"):
+        d.unlink()
+    f0, f1 = ck / "shard-0.ckpt", ck / "shard-1.ckpt"
+    a, b = f0.read_bytes(), f1.read_bytes()
+    rb = 16 + 4 * 3                       # table f: dim 3, sgd (struct ckpt_row, floats)
+
+    def last_table(data):
+        """The start and rows of the file's last table record (f's, 112 bytes, then rows)."""
+        for n in range(100000):
+            start = len(data) - 4 - (112 + n * rb)
+            assert start > 48
+            if (struct.unpack_from("<I", data, start + 8)[0] == 3
+                    and struct.unpack_from("<Q", data, start + 24)[0] == n):
+                return start, n
+
+    s0, n0 = last_table(a)
+    s1, n1 = last_table(b)
+    assert n0 > 0 and n1 > 0
+    other = struct.unpack_from("<Q", b, s1 + 112)[0]          # a row of shard 1's
+    bad = bytearray(a[:-4])
+    bad[s0 + 112:s0 + 120] = struct.pack("<Q", other)
+    f0.write_bytes(bytes(bad) + struct.pack("<I", zlib.crc32(bytes(bad))))
+    r = export(cl.path, tmp_path / "x.npz", check=False)
+    assert r.returncode == 1, r.stderr
+    assert (f"{f0}: at offset {s0 + 112}: row 0 of table 'f' has id {other}, which lives on "
+            "another shard (damaged?)") in r.stderr, r.stderr
+    assert not os.path.exists(tmp_path / "x.npz")
 
 
 def test_export_since_holds_exactly_the_changed_rows(trained, tmp_path):
