@@ -437,6 +437,11 @@ err_free_store:
 	ps_store_free(&s->store);
 err_free_map:
 	ps_shardmap_free(&s->map);
+	/* declared tensors or tables adopted from a checkpoint before its load
+	 * failed: the shard's own config copy (s->cfg points to it; the caller
+	 * uses s no more) */
+	free(s->decl_cfg);
+	s->decl_cfg = NULL;
 	return rc;
 }
 
