@@ -199,18 +199,21 @@ static int port_open(int port)
 	return ok;
 }
 
-/* _i 2's config: no model; the worker declares tensor a and table e as
- * write_cfg's config names them, with incremental checkpoints. */
-static void write_cfg_declared(void)
+/* A config without a model (the worker declares tensor a and table e as
+ * write_cfg's config names them); ckpt: with incremental checkpoints
+ * (test_restore_faults' _i 2), else none. */
+static void write_cfg_declared(int ckpt)
 {
-	char yaml[2048], err[512];
+	char yaml[2048], err[512], ck[256] = "";
 
+	if (ckpt)
+		snprintf(ck, sizeof(ck), "checkpoint:\n  dir: %s\n  on_request: true\n"
+			 "  min_interval_s: 0\n  incremental: 3\n", dir);
 	snprintf(yaml, sizeof(yaml),
 		 "%scluster:\n  servers: [%s:%d]\n  workers: 1\nconsistency:\n  mode: sync\n"
-		 "slice_bytes: 4096\noptimizer:\n  name: sgd\n  lr: 1\n"
-		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
-		 "  incremental: 3\nlimits:\n  request_timeout_ms: 20000\n",
-		 tu_transport_yaml(), tu_host(), tu_free_port(), dir);
+		 "slice_bytes: 4096\noptimizer:\n  name: sgd\n  lr: 1\n%s"
+		 "limits:\n  request_timeout_ms: 20000\n",
+		 tu_transport_yaml(), tu_host(), tu_free_port(), ck);
 	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
 	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
 }
@@ -248,7 +251,7 @@ START_TEST(test_restore_faults)
 
 	make_dir();
 	if (_i == 2)
-		write_cfg_declared();
+		write_cfg_declared(1);
 	else
 		write_cfg(_i ? "  incremental: 3\n" : "");
 	memset(&m, 0, sizeof(m));
@@ -580,22 +583,14 @@ START_TEST(test_declare_oom_sweep)
 	const struct ps_param prm = { "a", 1, shape, a0 };
 	const struct ps_table_decl td = { .name = "e", .dim = DIM, .init = "zeros",
 					  .optimizer = "sgd", .lr = 1.0f };
-	char spec[64], yaml[1024], err[512];
+	char spec[64];
 	int landed = 0, refused = 0;
 	/* PS_TEST_SWEEP=full (scripts/mutate.sh): every N until a run makes none */
 	int full = getenv("PS_TEST_SWEEP") && !strcmp(getenv("PS_TEST_SWEEP"), "full");
 	int runs = full ? 1000 : (int)(sizeof(nth) / sizeof(nth[0]));
 
 	make_dir();
-	snprintf(yaml, sizeof(yaml),
-		 "%scluster:\n  servers: [%s:%d]\n  workers: 1\n"
-		 "consistency:\n  mode: sync\n"
-		 "slice_bytes: 4096\n"
-		 "optimizer:\n  name: sgd\n  lr: 1\n"
-		 "limits:\n  request_timeout_ms: 20000\n",
-		 tu_transport_yaml(), tu_host(), tu_free_port());
-	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
-	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	write_cfg_declared(0);
 	for (int i = 0; i < runs; i++) {
 		struct ps_client *c;
 		pid_t pid;
@@ -660,7 +655,6 @@ START_TEST(test_declare_tables_oom_leak)
 		{ .name = "f", .dim = DIM, .init = "zeros", .optimizer = "sgd", .lr = 1.0f,
 		  .admission = (uint32_t)(_i ? 2 : 0) },
 	};
-	char yaml[1024], err[512];
 	uint64_t ids[NID];
 	float g[NID * DIM], rows[NID * DIM];
 	int refused = 0;
@@ -671,12 +665,7 @@ START_TEST(test_declare_tables_oom_leak)
 		return;
 	}
 	make_dir();
-	snprintf(yaml, sizeof(yaml),
-		 "%scluster:\n  servers: [%s:%d]\n  workers: 1\nconsistency:\n  mode: sync\n"
-		 "optimizer:\n  name: sgd\n  lr: 1\nlimits:\n  request_timeout_ms: 60000\n",
-		 tu_transport_yaml(), tu_host(), tu_free_port());
-	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
-	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	write_cfg_declared(0);
 	int had = getenv("PS_TEST_VALGRIND") != NULL; /* make valgrind's */
 	setenv("PS_TEST_VALGRIND", "1", 1);
 	pid_t pid = start_faulted(-1, spec, "worker 0 connected");

@@ -3003,9 +3003,7 @@ START_TEST(test_declare_lies)
 {
 	enum { NW = 16 };
 	char yaml[1024], err[512], big[70], want[300];
-	char *names[2] = { "w", "v" };
-	uint32_t ndims[2] = { 1, 1 }, group_of[1] = { 0 };
-	int64_t dims[3] = { NW, NW, NW };
+	uint32_t group_of[1] = { 0 };
 	float vals[NW] = { 0 };
 	Ps__OptimGroup og = PS__OPTIM_GROUP__INIT, *ogs[1] = { &og };
 	struct ps_shard_stats st;
@@ -3046,9 +3044,7 @@ START_TEST(test_declare_lies)
 		int64_t ldims[3] = { NW, NW, NW };
 		d.req_id = (uint64_t)lie + 1;
 		d.n_names = lie == L_NONE ? 0 : lie == L_TOTAL || lie == L_TWICE ? 2 : 1;
-		d.names = names;
 		d.n_ndims = lie == L_SHAPES ? 2 : d.n_names;
-		d.ndims = ndims;
 		d.n_dims = lie == L_UNUSED ? 2 : d.n_names;
 		d.dims = ldims;
 		d.values = lie != L_NO_VALUES;
@@ -3125,8 +3121,6 @@ START_TEST(test_declare_lies)
 			      st.decl_tensors);
 		assert_alive();
 	}
-	(void)dims;
-	(void)ndims;
 	/* the same of tables: each definition as model.embeddings[] bounds it,
 	 * no name of the config's or twice; then the honest declaration, and
 	 * one that differs or names more */

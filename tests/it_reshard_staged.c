@@ -475,22 +475,21 @@ START_TEST(test_staged_refusals)
 	ck_assert_msg(tu_log_says(log, a), "%s: the refusal does not say the launcher is not "
 		      "its parent", log);
 
-	/* SIGTERM before the commit */
-	stg = start(cnew, "staged", 1, from, 1, 1);
-	wait_log("staged", 1, "re-shard staged");
-	kill(stg, SIGTERM);
-	st = tu_wait_exit(stg);
-	ck_assert_msg(st != 0, "a staged shard stopped before the commit exited 0");
-	wait_log("staged", 1, "SIGTERM came before the re-shard's commit: a staged shard writes "
-		 "nothing; stopping");
-	/* SIGINT likewise, named */
-	stg = start(cnew, "staged-int", 1, from, 1, 1);
-	wait_log("staged-int", 1, "re-shard staged");
-	kill(stg, SIGINT);
-	st = tu_wait_exit(stg);
-	ck_assert_msg(st != 0, "a staged shard stopped by SIGINT before the commit exited 0");
-	wait_log("staged-int", 1, "SIGINT came before the re-shard's commit: a staged shard writes "
-		 "nothing; stopping");
+	/* SIGTERM, then SIGINT, before the commit: each named */
+	static const struct { const char *name, *sig_name; int sig; } stop[] = {
+		{ "staged", "SIGTERM", SIGTERM }, { "staged-int", "SIGINT", SIGINT } };
+	for (int i = 0; i < 2; i++) {
+		char said[200];
+		stg = start(cnew, stop[i].name, 1, from, 1, 1);
+		wait_log(stop[i].name, 1, "re-shard staged");
+		kill(stg, stop[i].sig);
+		st = tu_wait_exit(stg);
+		ck_assert_msg(st != 0, "a staged shard stopped by %s before the commit exited 0",
+			      stop[i].sig_name);
+		snprintf(said, sizeof(said), "%s came before the re-shard's commit: a staged shard "
+			 "writes nothing; stopping", stop[i].sig_name);
+		wait_log(stop[i].name, 1, said);
+	}
 	const char *mine[] = { "shard-1.ckpt", "shard-1.reshard", "shard-1.members" };
 	for (int q = 0; q < 3; q++) {
 		snprintf(a, sizeof(a), "%s/%s", ck, mine[q]);
@@ -586,8 +585,7 @@ START_TEST(test_precopy_refusals)
 		kill(pid, SIGUSR1);
 		snprintf(want, sizeof(want), "re-shard pre-copy (SIGUSR1) not taken: %s", c[i].why);
 		wait_log(c[i].name, 0, want);
-		ck_assert_msg(tu_log_says(log, "re-shard pre-copy") == 1 &&
-			      !tu_log_says(log, "checkpoint (re-shard pre-copy)"),
+		ck_assert_msg(!tu_log_says(log, "checkpoint (re-shard pre-copy)"),
 			      "%s: a pre-copy was started after all", log);
 		ck_assert_int_eq(tu_stop_server(pid), 0);
 	}
