@@ -92,7 +92,7 @@ suites_of() {
     # it_reshard: the old files read at a re-shard (tensors, tables, epochs)
     # test_export.py@declared_tensors: a damaged declared tensor record refused at start
     # test_checkpoint_crafted.py: slices, finished clocks and table records that lie under a right CRC
-    server/checkpoint.c)       echo test_checkpoint_crafted.py test_export.py@declared_tensors it_checkpoint it_groups it_decl_tables it_reshard \
+    server/checkpoint.c)       echo test_checkpoint_crafted.py test_export.py@declared_tensors test_export.py@stale_chain it_checkpoint it_groups it_decl_tables it_reshard \
                                     it_rows@test_checkpoint_kill9,test_incremental_kill9 \
                                     it_fault@test_ckpt_faults,test_restore_faults san:it_checkpoint ;;
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;

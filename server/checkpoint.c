@@ -647,10 +647,14 @@ static int load_file(struct ps_server *s, const char *path, uint32_t delta, int 
 		     " there, %016" PRIx64 " here (servers, tensors or slice_bytes changed; "
 		     "checkpoints made for another number of shards are loaded by `ps-local.sh "
 		     "CONFIG reshard NEW_CONFIG`, docs/elastic.md)", path, h.map_hash, want.map_hash);
-	if (h.optimizer != want.optimizer || h.nstate != want.nstate)
+	if (h.optimizer != want.optimizer)
 		FAIL(PS_ECONFIG, "%s: made with optimizer %s, the config says %s", path,
 		     ps_optim_name((enum ps_optim_kind)h.optimizer),
 		     ps_optim_name(s->cfg->optim.kind));
+	if (h.nstate != want.nstate)
+		FAIL(PS_EPROTO, "%s: damaged at offset 28: %u floats of optimizer state a value, "
+		     "optimizer %s keeps %u", path, h.nstate, ps_optim_name(s->cfg->optim.kind),
+		     want.nstate);
 	if (h.nworkers != want.nworkers)
 		FAIL(PS_ECONFIG, "%s: made for %u workers, the config says %u", path, h.nworkers,
 		     want.nworkers);

@@ -710,10 +710,16 @@ static int read_file(struct exporter *ex, int k, const char *path, uint32_t seq)
 		goto out;
 	}
 	nstate = (uint64_t)ps_optimizer_get(ex->cfg->optim.kind)->nstate;
-	if (h.optimizer != (uint32_t)ex->cfg->optim.kind || h.nstate != nstate) {
+	if (h.optimizer != (uint32_t)ex->cfg->optim.kind) {
 		rc = FAIL(PS_ECONFIG, "%s: made with optimizer %s, the config says %s", path,
 			  h.optimizer < PS_OPT_COUNT ? ps_optim_name((enum ps_optim_kind)h.optimizer) :
 			  "(damaged)", ps_optim_name(ex->cfg->optim.kind));
+		goto out;
+	}
+	if (h.nstate != nstate) {
+		rc = FAIL(PS_EPROTO, "%s: damaged at offset 28: %u floats of optimizer state a "
+			  "value, optimizer %s keeps %" PRIu64, path, h.nstate,
+			  ps_optim_name(ex->cfg->optim.kind), nstate);
 		goto out;
 	}
 	if (h.nworkers != (uint32_t)ex->cfg->nworkers) {

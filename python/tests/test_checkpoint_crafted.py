@@ -100,3 +100,59 @@ def test_crafted_table_records_refused(checkpointed):
     want = -np.repeat(np.arange(1, R + 1, dtype=np.float32), D).reshape(R, D)
     assert rows.tobytes() == want.tobytes()
     assert cl.close() == [0]
+
+
+def test_crafted_header_refused(checkpointed):
+    """Each field of a checkpoint's header (struct ckpt_hdr: magic 0, endian 8, shard 12,
+    map hash 16, optimizer 24, floats of state 28, workers 32, consistency 36, slices 40)
+    lying on its own, the CRC right, and files that are no checkpoint at all: the shard
+    refuses each at the start, naming the file and the field's value against the
+    config's, and starts from the honest file."""
+    cl, f, ids = checkpointed
+    good = f.read_bytes()
+    assert good[:8] == b"PSCKPT01"
+    nslots = struct.unpack_from("<I", good, 40)[0]
+
+    def patched(off, raw):
+        b = bytearray(good[:-4])
+        b[off:off + len(raw)] = raw
+        return with_crc(bytes(b))
+
+    lies = [
+        (patched(0, b"PSCKPT0:"), "not a ps-server checkpoint (bad magic)"),
+        (patched(8, struct.pack("<I", 0x04030201)),
+         "written on a machine of the other byte order"),
+        (patched(7, b"2"), "a version 2 checkpoint (optimizer groups) without declared "
+         "tensors (damaged?), or the config names its model"),
+        (patched(12, struct.pack("<i", 1)), "belongs to shard 1, this is shard 0"),
+        (patched(16, bytes(8)), "made with another configuration: shard map "
+         "0000000000000000 there"),
+        (patched(24, struct.pack("<I", 1)), "made with optimizer momentum, the config says "
+         "sgd"),
+        (patched(28, struct.pack("<I", 1)), "damaged at offset 28: 1 floats of optimizer "
+         "state a value, optimizer sgd keeps 0"),
+        (patched(32, struct.pack("<I", 3)), "made for 3 workers, the config says 1"),
+        (patched(36, struct.pack("<I", 1)), "made in async mode, the config says sync"),
+        (patched(40, struct.pack("<I", nslots + 1)),
+         f"holds {nslots + 1} slices, this shard owns {nslots}"),
+        (good[:40], "40 bytes, too short for a checkpoint (truncated?)"),
+    ]
+    for data, why in lies:
+        f.write_bytes(data)
+        with pytest.raises(RuntimeError, match="exited 1") as e:
+            cl.start(0)
+        assert f"{f}: {why}" in str(e.value), (why, str(e.value))
+    f.unlink()
+    for kind, make in (("a folder", os.mkdir), ("a FIFO", os.mkfifo)):
+        make(f)
+        with pytest.raises(RuntimeError, match="exited 1") as e:
+            cl.start(0)
+        assert (f"{f}: not a regular file ({kind}): a checkpoint is read only from a "
+                "regular file") in str(e.value), str(e.value)
+        (os.rmdir if kind == "a folder" else os.unlink)(f)
+    f.write_bytes(good)
+    cl.start(0)
+    with ps.Client(cl.path, 0) as c:
+        assert c.pull_rows("e", ids[:3]).tobytes() == \
+            (-np.repeat(np.arange(1, 4, dtype=np.float32), D).reshape(3, D)).tobytes()
+    assert cl.close() == [0]

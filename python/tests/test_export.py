@@ -201,6 +201,111 @@ def test_export_refuses_damaged_files(trained, tmp_path):
     assert ps.load_export(out).meta["shards"][0]["deltas"] == 2
 
 
+
+def crc_fixed(body):
+    """body (a checkpoint without its last 4 bytes) with its CRC-32 appended."""
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def test_export_header_lies(trained, tmp_path):
+    """A full or incremental checkpoint whose header lies, its CRC made right: each
+    field is checked on its own, and ps-export refuses the file naming it and saying
+    what the header holds against what the config says (struct ckpt_hdr: magic 0,
+    endian 8, shard 12, map hash 16, optimizer 24, nstate 28, workers 32, slices 40)."""
+    cl, _, _, _, _, ck = trained
+    f, d1 = ck / "shard-0.ckpt", ck / "shard-0.ckpt.delta-1"
+    good, dgood = f.read_bytes(), d1.read_bytes()
+    out = tmp_path / "x.npz"
+    nslots = struct.unpack_from("<I", good, 40)[0]
+    version = good[7] - ord("0")
+    assert good[:7] == b"PSCKPT0" and struct.unpack_from("<iII", good, 12)[0] == 0
+
+    def patched(data, off, raw):
+        b = bytearray(data[:-4])
+        b[off:off + len(raw)] = raw
+        return crc_fixed(bytes(b))
+
+    lies = [
+        (f, patched(good, 8, struct.pack("<I", 0x04030201)),
+         "written on a machine of the other byte order, or damaged at offset 8"),
+        (f, patched(good, 12, struct.pack("<i", 1)),
+         "belongs to shard 1 (offset 12), expected shard 0"),
+        (f, patched(good, 7, bytes([ord("0") + (((version - 1) | 1) + 1)])),
+         f"a version {((version - 1) | 1) + 1} checkpoint (optimizer groups) without "
+         "declared tensors (damaged?)"),
+        (f, patched(good, 16, bytes(8)), "made with another configuration: shard map "
+         "0000000000000000 there"),
+        (f, patched(good, 24, struct.pack("<I", 1)),
+         "made with optimizer momentum, the config says sgd"),
+        (f, patched(good, 24, struct.pack("<I", 99)),
+         "made with optimizer (damaged), the config says sgd"),
+        (f, patched(good, 28, struct.pack("<I", 1)),
+         "damaged at offset 28: 1 floats of optimizer state a value, optimizer sgd keeps 0"),
+        (f, patched(good, 32, struct.pack("<I", 3)), "made for 3 workers, the config says 1"),
+        (f, patched(good, 40, struct.pack("<I", nslots + 1)),
+         f"holds {nslots + 1} slices, shard 0 owns {nslots} (damaged?)"),
+        (d1, patched(dgood, dgood.index(struct.pack("<II", 0x31544C44, 1)) + 4,
+                     struct.pack("<I", 2)),
+         f"damaged at offset {dgood.index(struct.pack('<II', 0x31544C44, 1))}: not "
+         "incremental checkpoint 1 of the chain"),
+    ]
+    for what, data, why in lies:
+        what.write_bytes(data)
+        r = export(cl.path, out, check=False)
+        assert r.returncode == 1, (why, r.stderr)
+        assert f"ps-export: {what}: " in r.stderr and why in r.stderr, (why, r.stderr)
+        what.write_bytes(good if what == f else dgood)
+    # a folder in the file's place
+    f.unlink()
+    f.mkdir()
+    r = export(cl.path, out, check=False)
+    assert r.returncode == 1 and f"{f}: not a regular file" in r.stderr, r.stderr
+    f.rmdir()
+    f.write_bytes(good)
+    assert not os.path.exists(out)
+    export(cl.path, out)
+
+
+def test_stale_chain_set_aside(trained, tmp_path):
+    """A full checkpoint replaced after its chain was written (a crash between the
+    new full file and the removal of the old chain): ps-export and the shard agree
+    that the chain is history. ps-export warns and exports the full file alone; the
+    shard sets delta-1 and the one after it aside (renamed .stale, each with its
+    reason) and serves what ps-export exported."""
+    cl, dense, all_ids, _, _, ck = trained
+    f = ck / "shard-0.ckpt"
+    good = f.read_bytes()
+    # the last row's last float changed: another full file, its CRC right
+    f.write_bytes(crc_fixed(good[:-8] + struct.pack("<f", 0.5)))
+    out = tmp_path / "stale.npz"
+    r = export(cl.path, out)
+    assert (f"ps-export: {f}.delta-1 builds on an older full checkpoint (left by a crash): "
+            "not applied, nor any after it") in r.stderr, r.stderr
+    exp = ps.load_export(out)
+    assert [s["deltas"] for s in exp.meta["shards"]] == [0, 2]
+    assert len(exp.tables["e"]) == len(all_ids["e"]) - 1   # not id 5 of delta-2
+    for k in range(2):
+        cl.start(k)
+    log = open(os.path.join(cl.dir, "shard0.log")).read()
+    assert (f"{f}.delta-1 builds on the full checkpoint before the present one (a crash "
+            f"came before it was removed): not loaded, set aside as {f}.delta-1.stale"
+            in log), log
+    assert (f"{f}.delta-2 follows an incremental checkpoint that is missing or set aside: "
+            f"not loaded, set aside as {f}.delta-2.stale" in log), log
+    assert sorted(p.name for p in ck.glob("shard-0.ckpt*")) == [
+        "shard-0.ckpt", "shard-0.ckpt.delta-1.stale", "shard-0.ckpt.delta-2.stale"]
+    with ps.Client(cl.path, 0) as c:
+        got = {n: np.zeros_like(v) for n, v in dense.items()}
+        c.pull(got)
+        for t, ids in all_ids.items():
+            tb = exp.tables[t]   # without the rows delta-2 added on shard 0 (id 5)
+            assert 0 < len(tb.ids) <= len(ids) and np.isin(tb.ids, ids).all(), t
+            assert c.pull_rows(t, tb.ids).tobytes() == tb.rows.tobytes(), t
+    for n, v in got.items():
+        assert v.tobytes() == exp.dense[n].tobytes(), n
+    assert cl.close() == [0, 0]
+
+
 def test_export_dropped_rows(cluster, tmp_path):
     """Rows evicted by the cap after the full checkpoint: gone from the full export,
     listed in a --since export's dropped ids."""
@@ -298,6 +403,36 @@ def test_export_declared_tensors(cluster, tmp_path, groups):
         with pytest.raises(RuntimeError, match="exited 1") as e:
             cl.start(0)
         assert f"{f}: {srv_why}" in str(e.value), (srv_why, str(e.value))
+    if groups:
+        # the groups' section after the 3 declared tensors (struct ckpt_decl, 136
+        # bytes): its count, then a group (struct ckpt_group: kind, nesterov, average,
+        # reserved, then lr, ...), each lie told by ps-export and the shard alike
+        gpos = at + 3 * 136
+        assert struct.unpack_from("<II", good, gpos) == (2, 0)
+        assert struct.unpack_from("<I", good, gpos + 8)[0] == 2          # adam
+        assert struct.unpack_from("<i", good, at + 68)[0] == 0           # emb.proj's group
+        for patch, off, why, srv_why in (
+                (struct.pack("<I", 0), gpos, f"damaged at offset {gpos}: 0 optimizer groups, "
+                 "expected 1..", "0 optimizer groups: expected 1.."),
+                (struct.pack("<I", 99), gpos + 8, f"damaged at offset {gpos + 8}: optimizer "
+                 "group 0 of unknown kind 99", "optimizer group 0 is damaged or does not fit "
+                 "this config: unknown kind"),
+                (struct.pack("<i", 7), at + 68, "declared tensor 'emb.proj' has optimizer "
+                 "group 7 of 2 (damaged?)", "declared tensor 'emb.proj' has optimizer group 7 "
+                 "of 2 (damaged?)"),
+                (struct.pack("<f", -1.0), gpos + 8 + 16, None, "optimizer group 0 is damaged "
+                 "or does not fit this config: optimizer group 0: learning rate -1 is not finite and "
+                 ">= 0")):
+            bad = bytearray(good)
+            bad[off:off + len(patch)] = patch
+            f.write_bytes(bytes(bad))
+            if why:
+                r = export(cl.path, tmp_path / "x.npz", check=False)
+                assert r.returncode == 1 and f"ps-export: {f}: {why}" in r.stderr, \
+                    (why, r.stderr)
+            with pytest.raises(RuntimeError, match="exited 1") as e:
+                cl.start(0)
+            assert f"{f}: {srv_why}" in str(e.value), (srv_why, str(e.value))
     f.write_bytes(good)
     assert not os.path.exists(tmp_path / "x.npz")
 
@@ -427,6 +562,23 @@ def test_export_declared_tables_damaged(declared_trained, tmp_path):
         f.write_bytes(good)
     assert not os.path.exists(out)
     export(cl.path, out)
+
+
+def test_chain_drops_declared_tables(declared_trained, tmp_path):
+    """An incremental checkpoint whose version drops the declared tables its full
+    checkpoint has (its CRC right): ps-export refuses it, naming both versions."""
+    version, cl, _, _, _, _, ck = declared_trained
+    f = ck / "shard-0.ckpt.delta-1"
+    good = f.read_bytes()
+    assert good[7] - ord("0") == version and (version - 1) & 2
+    bad = bytearray(good[:-4])
+    bad[7] = ord("0") + ((version - 1) & ~2) + 1
+    f.write_bytes(crc_fixed(bytes(bad)))
+    r = export(cl.path, tmp_path / "x.npz", check=False)
+    assert r.returncode == 1, r.stderr
+    assert (f"ps-export: {f}: a version {((version - 1) & ~2) + 1} checkpoint after a "
+            f"version {version} one") in r.stderr, r.stderr
+    f.write_bytes(good)
 
 
 def test_chain_declares_other_tensors(declared_trained):
