@@ -109,7 +109,7 @@ JOBS      ?= $(shell nproc 2>/dev/null || echo 2)
 
 PROGRAMS := bin/ps-server bin/ps-bench bin/ps-stat bin/ps-ctrgen bin/ps-export $(if $(and $(wildcard worker/dataset.c),$(wildcard kernels/compute_ref.c)),bin/ps-worker)
 
-.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc test-rdma demo-rdma
+.PHONY: all test unit integration bench demo install clean deps fuzz fuzz-build valgrind mutate print-cc print-prefix test-rdma demo-rdma
 .SECONDARY:
 
 all: $(PROGRAMS) lib/libps.a lib/libps.so lib/ps.pc $(CUDA_PLUGIN)
@@ -372,6 +372,9 @@ valgrind: deps
 # The compiler line scripts use to syntax-check one file (scripts/mutate.sh).
 print-cc:
 	@echo '$(CC) $(CPPFLAGS) $(CFLAGS)'
+# The install prefix (tests/it_docs.sh: where --version looks for the plug-in).
+print-prefix:
+	@echo '$(PREFIX)'
 
 mutate: deps
 	@scripts/mutate.sh

@@ -1041,6 +1041,48 @@ START_TEST(test_connect_refused_and_destroy)
 }
 END_TEST
 
+/* ps_transport_resolve: literals of both families with the port in network
+ * order; a name (localhost, from /etc/hosts) resolved with the port set in
+ * the family the resolver gave; a name that does not resolve PS_ERESOLVE,
+ * which the shard turns into its remedy. ps_frame_body_alloc refuses a
+ * payload whose body would wrap size_t. */
+START_TEST(test_resolve_and_body_limits)
+{
+	struct sockaddr_storage ss;
+	uint8_t *data = NULL, *b;
+
+	memset(&ss, 0xa5, sizeof(ss));
+	ck_assert_int_eq(ps_transport_resolve("127.0.0.1", 4242, &ss), 0);
+	ck_assert_int_eq(ss.ss_family, AF_INET);
+	ck_assert_uint_eq(ntohs(((struct sockaddr_in *)&ss)->sin_port), 4242);
+	ck_assert_uint_eq(ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr), 0x7f000001u);
+	ck_assert_int_eq(ps_transport_resolve("::1", 4243, &ss), 0);
+	ck_assert_int_eq(ss.ss_family, AF_INET6);
+	ck_assert_uint_eq(ntohs(((struct sockaddr_in6 *)&ss)->sin6_port), 4243);
+	memset(&ss, 0xa5, sizeof(ss));
+	ck_assert_int_eq(ps_transport_resolve("localhost", 4244, &ss), 0);
+	if (ss.ss_family == AF_INET) {
+		ck_assert_uint_eq(ntohs(((struct sockaddr_in *)&ss)->sin_port), 4244);
+		ck_assert_uint_eq(ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24, 127);
+	} else {
+		ck_assert_int_eq(ss.ss_family, AF_INET6);
+		ck_assert_uint_eq(ntohs(((struct sockaddr_in6 *)&ss)->sin6_port), 4244);
+	}
+	ck_assert_int_eq(ps_transport_resolve("ps-no-such-host.invalid", 1, &ss), PS_ERESOLVE);
+
+	b = ps_frame_body_alloc(8, 100, &data);
+	ck_assert_ptr_nonnull(b);
+	ck_assert_uint_eq((uintptr_t)b % 64, 0);
+	ck_assert_uint_eq((uintptr_t)(data + 8) % 64, 0);   /* the payload after the metadata */
+	memset(data, 1, 8 + 100 + PS_MAC_TAG_LEN);          /* the whole body, and a tag's room */
+	free(b);
+	data = NULL;
+	ck_assert_ptr_null(ps_frame_body_alloc(8, UINT64_MAX - 100, &data));
+	ck_assert_ptr_null(ps_frame_body_alloc(0, SIZE_MAX - 64, &data));
+	ck_assert_ptr_null(data);
+}
+END_TEST
+
 /* The address a tcp listener reports (the shard logs it, and a test
  * harness reads the port it bound when asked for port 0): "127.0.0.1:PORT"
  * and "[::1]:PORT", the port the one bound_port gives; a buffer too short
@@ -2211,6 +2253,7 @@ int main(void)
 	TU_ADD(tc, test_aead_record_past_1gib);
 	TU_ADD(tc, test_aead_misuse);
 	TU_ADD(tc, test_tcp_bound_address);
+	TU_ADD(tc, test_resolve_and_body_limits);
 	suite_add_tcase(s, tc);
 	for (int i = 0; i < nskipped; i++) {
 		int n = per_transport + per_mode * modes_of(skipped[i]);

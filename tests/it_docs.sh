@@ -44,6 +44,35 @@ for p in ps-server ps-worker ps-stat ps-bench ps-ctrgen ps-export; do
   grep -q -- "--version" "$tmp/help-$p.txt" && ok || bad "$p --help does not list --version"
 done
 
+# --version where no plug-in is found: a copy of ps-export in a folder of its
+# own, the plug-in folder named by PS_COMPUTE_PLUGIN_DIR empty: every folder
+# searched is named, in the order searched (the environment's, the
+# program's ../lib and ../lib/ps, the install folder)
+mkdir -p "$tmp/alone/bin" "$tmp/none"
+cp bin/ps-export "$tmp/alone/bin/"
+inst=$(make -s print-prefix 2>/dev/null)/lib/ps
+if [ -r "$inst/ps-compute-cuda.so" ]; then
+  want="cuda plug-in: $(realpath "$inst/ps-compute-cuda.so")"
+else
+  want="cuda plug-in: absent (not in $tmp/none, $tmp/alone/bin/../lib, $tmp/alone/bin/../lib/ps, $inst; built only where nvcc and cuDNN are found)"
+fi
+out=$(PS_COMPUTE_PLUGIN_DIR=$tmp/none "$tmp/alone/bin/ps-export" --version 2>&1)
+grep -qxF "$want" <<<"$out" && ok || bad "ps-export --version alone: '$want' not in '$out'"
+# a plug-in in the folder the environment names is found there first
+if [ -e lib/ps-compute-cuda.so ]; then
+  cp lib/ps-compute-cuda.so "$tmp/none/"
+  out=$(PS_COMPUTE_PLUGIN_DIR=$tmp/none "$tmp/alone/bin/ps-export" --version 2>&1)
+  grep -qxF "cuda plug-in: $tmp/none/ps-compute-cuda.so" <<<"$out" && ok ||
+    bad "ps-export --version with PS_COMPUTE_PLUGIN_DIR: '$out'"
+else
+  echo "SKIP: the plug-in found through PS_COMPUTE_PLUGIN_DIR: this build has no lib/ps-compute-cuda.so (no nvcc)"
+fi
+# the transports line says why rdma cannot run here, without the advice
+# meant for a config that asks for it
+grep -q "^transports: tcp, rdma (verbs, rdma_cm; \(here\|not usable here\): " <<<"$out" && ok ||
+  bad "ps-export --version: transports line in '$out'"
+grep -q "use transport: tcp" <<<"$out" && bad "ps-export --version gives a config's advice: '$out'" || ok
+
 # Phrases that said what is no longer true: rdma works (docs/rdma.md, tested
 # in the soft-RoCE VM), unacknowledged pushes are resent (docs/reliability.md),
 # the CUDA backend ran on a GPU (BENCHMARKS.md "GPU").
