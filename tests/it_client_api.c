@@ -84,7 +84,23 @@ START_TEST(test_config_handle)
 	ck_assert_str_eq(t.name, "c");
 	ck_assert_int_eq(t.count, 5);
 	ck_assert_str_eq(ps_version(), "1.0");
+	ck_assert_int_eq(ps_config_nworkers(cfg), 2);
+	ck_assert_int_eq(ps_config_staleness(cfg), 0);
+	ck_assert_int_eq(ps_config_connect_timeout_ms(cfg), 10000);   /* the default */
 	ps_config_close(cfg);
+	/* an async config with its own staleness, workers and connect timeout */
+	ck_assert_int_eq(tu_write_temp(bad, "cluster:\n  servers: [127.0.0.1:1]\n  workers: 3\n"
+				       "consistency:\n  mode: async\n  staleness: 7\n"
+				       "limits:\n  connect_timeout_ms: 1234\n"
+				       "model:\n  tensors:\n    - {name: a, shape: [3]}\n"), 0);
+	ck_assert_msg(ps_config_open(&cfg, bad, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps_config_sync(cfg), 0);
+	ck_assert_int_eq(ps_config_nworkers(cfg), 3);
+	ck_assert_int_eq(ps_config_staleness(cfg), 7);
+	ck_assert_int_eq(ps_config_connect_timeout_ms(cfg), 1234);
+	ck_assert_int_eq(ps_config_ntables(cfg), 0);
+	ps_config_close(cfg);
+	unlink(bad);
 
 	ck_assert_int_eq(tu_write_temp(bad, "cluster:\n  servers: [127.0.0.1:1]\n  nonsense: 3\n"), 0);
 	ck_assert_int_eq(ps_config_open(&none, bad, err, sizeof(err)), PS_ECONFIG);
@@ -118,6 +134,13 @@ START_TEST(test_wait_timeout_and_done)
 	ck_assert_msg(strstr(ps_client_error(c0), "not complete within"), "%s", ps_client_error(c0));
 	ck_assert_int_eq(ps_client_done(c0, pull), 0); /* still pending */
 	ck_assert_int_eq(ps_client_wait_timeout(c0, pull, 0), PS_ETIMEDOUT);
+	/* a fraction that carries into the seconds (for all but a thousandth of
+	 * the clock's nanoseconds): the whole time waited, no error */
+	t0 = ps_now_s();
+	ck_assert_int_eq(ps_client_wait_timeout(c0, pull, 0.999), PS_ETIMEDOUT);
+	waited = ps_now_s() - t0;
+	ck_assert_msg(waited >= 0.99 && waited < 5, "waited %.3f s for 0.999 s", waited);
+	ck_assert_msg(strstr(ps_client_error(c0), "not complete within"), "%s", ps_client_error(c0));
 
 	ck_assert_int_eq(ps_client_wait(c1, ps_client_push(c1, 0, &tg1, 1, PS_PUSH_END_CLOCK)), 0);
 	for (int i = 0; i < 500 && ps_client_done(c0, pull) == 0; i++)
