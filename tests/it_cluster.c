@@ -1386,6 +1386,72 @@ START_TEST(test_shard_map_mismatch_refused)
 }
 END_TEST
 
+/* A shard that cannot listen says why and what to do: a port another
+ * process holds (the same shard started twice), a name that does not
+ * resolve; with cluster.listen_any the shard binds every address of its
+ * entry's family (0.0.0.0 for an IPv4 entry), says so, and serves through
+ * the configured address. Each refused start exits 1 and leaves the shard
+ * that runs serving. */
+START_TEST(test_listen_refusals_and_any)
+{
+	char yaml[1024], path[64], log[64], want[300];
+	const char *tmpl = "cluster:\n  servers: [%s:%d]\n  workers: 1\n%s"
+			   "optimizer:\n  name: sgd\n  lr: 1\n"
+			   "model:\n  tensors:\n    - {name: a, shape: [8], init: arange}\n";
+	int port = tu_free_port();
+	struct ps_config cfg;
+	struct ps_client *c;
+	char err[512];
+	pid_t srv, again;
+
+	snprintf(log, sizeof(log), "/tmp/ps-listen-%d.log", (int)getpid());
+	for (int any = 0; any < 2; any++) {
+		snprintf(yaml, sizeof(yaml), tmpl, "127.0.0.1", port,
+			 any ? "  listen_any: true\n" : "");
+		ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+		const char *argv[] = { "bin/ps-server", "--config", path, "--shard", "0",
+				       "--log-level", "info", NULL };
+		srv = tu_spawn(argv, log);
+		ck_assert_int_eq(ps_config_load(&cfg, path, err, sizeof(err)), 0);
+		c = connect_retry(&cfg, 0, err, sizeof(err));
+		ck_assert_msg(c != NULL, "%s", err);
+		snprintf(want, sizeof(want), "shard 0 of 1 listening on %s:%d (servers[0] "
+			 "127.0.0.1:%d%s)", any ? "0.0.0.0" : "127.0.0.1", port, port,
+			 any ? ", cluster.listen_any" : "");
+		ck_assert_msg(tu_log_says(log, want), "'%s' not in %s", want, log);
+		/* the same shard again: the port is held */
+		again = tu_spawn(argv, log);
+		ck_assert_int_eq(tu_wait_exit(again), 1);
+		snprintf(want, sizeof(want), "cannot listen on %s:%d%s: ", any ? "0.0.0.0" :
+			 "127.0.0.1", port, any ? " (cluster.listen_any)" : "");
+		ck_assert_msg(tu_log_says(log, want), "'%s' not in %s", want, log);
+		ck_assert_msg(tu_log_says(log, "; another process holds the port (a shard of the "
+					  "same config still running? `ss -ltnp` names it)"),
+			      "no remedy for a held port in %s", log);
+		/* the first goes on serving */
+		float w[8];
+		struct ps_tensor t = { "a", w, 8, 0 };
+		ck_assert_int_eq(ps_client_wait(c, ps_client_pull(c, 0, &t, 1)), 0);
+		ck_assert_msg(w[7] == 7.0f, "w[7] = %g", (double)w[7]);
+		ps_client_free(c);
+		ck_assert_int_eq(tu_stop_server(srv), 0);
+		unlink(path);
+	}
+	/* a name that does not resolve */
+	snprintf(yaml, sizeof(yaml), tmpl, "ps-no-such-host.invalid", port, "");
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	const char *argv[] = { "bin/ps-server", "--config", path, "--shard", "0", NULL };
+	ck_assert_int_eq(tu_wait_exit(tu_spawn(argv, log)), 1);
+	snprintf(want, sizeof(want), "cannot listen on ps-no-such-host.invalid:%d: ", port);
+	ck_assert_msg(tu_log_says(log, want), "'%s' not in %s", want, log);
+	ck_assert_msg(tu_log_says(log, " on this host; give an address in cluster.servers, add "
+				  "the name to DNS or /etc/hosts, or set cluster.listen_any: true"),
+		      "no remedy for a name that does not resolve in %s", log);
+	unlink(path);
+	unlink(log);
+}
+END_TEST
+
 Suite *cluster_suite(void)
 {
 	Suite *s = suite_create("cluster");
@@ -1409,6 +1475,7 @@ Suite *cluster_suite(void)
 	TU_ADD(tc, test_connect_timeout_fraction);
 	TU_ADD(tc, test_lz4_auto_skips_small_slices);
 	TU_ADD(tc, test_stop_with_clocks_buffered);
+	TU_ADD(tc, test_listen_refusals_and_any);
 	suite_add_tcase(s, tc);
 	return s;
 }
