@@ -308,6 +308,55 @@ START_TEST(test_groups_train_and_restart)
 	ck_assert_msg(strstr(e, "optimizer group 0: dampening is 0.3 on the shard, 0.4 in this "
 			     "declaration"), "%s", e);
 	ps_client_free(cs[1]);
+	/* every field the shard compares, each differing alone, named with
+	 * both values (the shard's first) */
+	static const struct {
+		int g;
+		const char *kind;
+		size_t off;
+		float v;
+		int iv;
+		const char *said;
+	} diff[] = {
+		{ 2, "adamw", 0, 0, 0, "optimizer group 2: kind is adam on the shard, adamw in" },
+		{ 0, NULL, offsetof(struct ps_optim_group, momentum), 0, 0,
+		  "optimizer group 0: kind is sgd (momentum) on the shard, sgd in" },
+		{ 0, NULL, offsetof(struct ps_optim_group, momentum), 0.8f, 0,
+		  "optimizer group 0: momentum is 0.9 on the shard, 0.8 in" },
+		{ 1, NULL, offsetof(struct ps_optim_group, nesterov), 0, 1,
+		  "optimizer group 1: nesterov is 1 on the shard, 0 in" },
+		{ 2, NULL, offsetof(struct ps_optim_group, beta1), 0.7f, 0,
+		  "optimizer group 2: beta1 is 0.8 on the shard, 0.7 in" },
+		{ 2, NULL, offsetof(struct ps_optim_group, beta2), 0.98f, 0,
+		  "optimizer group 2: beta2 is 0.99 on the shard, 0.98 in" },
+		{ 2, NULL, offsetof(struct ps_optim_group, eps), 2e-6f, 0,
+		  "optimizer group 2: eps is 1e-06 on the shard, 2e-06 in" },
+		{ 0, NULL, offsetof(struct ps_optim_group, weight_decay), 0.02f, 0,
+		  "optimizer group 0: weight_decay is 0.01 on the shard, 0.02 in" },
+		{ 4, NULL, offsetof(struct ps_optim_group, lr_decay), 0.06f, 0,
+		  "optimizer group 4: lr_decay is 0.05 on the shard, 0.06 in" },
+		{ 4, NULL, offsetof(struct ps_optim_group, initial_accumulator), 0.3f, 0,
+		  "optimizer group 4: initial_accumulator is 0.2 on the shard, 0.3 in" },
+		{ 3, NULL, offsetof(struct ps_optim_group, average), 0, 1,
+		  "optimizer group 3: average is 1 on the shard, 0 in" },
+	};
+	for (size_t i = 0; i < sizeof(diff) / sizeof(diff[0]); i++) {
+		memcpy(other, groups, sizeof(other));
+		char *f = (char *)&other[diff[i].g] + diff[i].off;
+		if (diff[i].kind)
+			other[diff[i].g].kind = diff[i].kind;
+		else if (diff[i].iv)
+			*(int *)f = (int)diff[i].v;
+		else
+			*(float *)f = diff[i].v;
+		cs[1] = connect_retry(1);
+		ck_assert_int_eq(ps_client_declare_groups(cs[1], m1.p, NT, other, NT, group_of),
+				 PS_ECONFIG);
+		e = ps_client_error(cs[1]);
+		ck_assert_msg(strstr(e, diff[i].said) && strstr(e, " this declaration"),
+			      "'%s' not in '%s'", diff[i].said, e);
+		ps_client_free(cs[1]);
+	}
 	cs[1] = connect_retry(1);
 	int swapped[NT];
 	memcpy(swapped, group_of, sizeof(swapped));
