@@ -527,6 +527,79 @@ START_TEST(test_declare_hostile)
 }
 END_TEST
 
+/* The client's own checks of a declaration, before anything is sent: a
+ * name's length (0 and 64 bytes), the number of dims (-1 and 9), a dim of
+ * 0 and one whose product passes 2^36 elements, a name twice; each
+ * refused naming the parameter, and the client declares the good model
+ * after them. A config that names its model has nothing to declare. */
+START_TEST(test_declare_client_refusals)
+{
+	static char longname[65];
+	int64_t d2[2] = { 3, 4 }, d0[1] = { 0 }, dbig[2] = { INT64_C(1) << 20, INT64_C(1) << 17 };
+	float v[12] = { 0 }, w[12] = { 0 };
+	char want[200];
+	struct ps_client *c;
+	const char *e;
+
+	memset(longname, 'n', 64);
+	start(5000);
+	c = connect_retry(0);
+	static const struct {
+		int name_kind, ndims, dims_kind, twice, rc;
+		const char *said;
+	} bad[] = {
+		{ 1, 2, 0, 0, -EINVAL, "parameter 0: name of 0 bytes, expected 1..63" },
+		{ 2, 2, 0, 0, -EINVAL, "parameter 0: name of 64 bytes, expected 1..63" },
+		{ 0, -1, 0, 0, -EINVAL, "parameter 'x': -1 dims (expected 0..8), dims and data given" },
+		{ 0, 9, 0, 0, -EINVAL, "parameter 'x': 9 dims (expected 0..8), dims and data given" },
+		{ 0, 1, 1, 0, PS_ETOOBIG, "parameter 'x': dim 0 is 0, expected >= 1 and at most "
+		  "68719476736 elements" },
+		{ 0, 2, 2, 0, PS_ETOOBIG, "parameter 'x': dim 1 is 131072, expected >= 1 and at most "
+		  "68719476736 elements" },
+		{ 0, 2, 0, 1, -EINVAL, "parameter 'x' declared twice (#0 and #1)" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		struct ps_param p[2] = {
+			{ bad[i].name_kind == 1 ? "" : bad[i].name_kind == 2 ? longname : "x",
+			  bad[i].ndims, bad[i].dims_kind == 1 ? d0 : bad[i].dims_kind == 2 ? dbig : d2, v },
+			{ bad[i].twice ? "x" : "y", 2, d2, w },
+		};
+		int rc = ps_client_declare(c, p, 2);
+		e = ps_client_error(c);
+		ck_assert_msg(strstr(e, bad[i].said), "case %zu: '%s' not in '%s'", i, bad[i].said, e);
+		ck_assert_msg(rc == bad[i].rc, "case %zu: rc %d, expected %d", i, rc, bad[i].rc);
+	}
+	/* nothing was declared: the good model still is */
+	struct ps_param good[2] = { { "x", 2, d2, v }, { "y", 2, d2, w } };
+	v[5] = 5.0f;
+	ck_assert_msg(ps_client_declare(c, good, 2) == 0, "%s", ps_client_error(c));
+	ck_assert_msg(v[5] == 5.0f, "x[5] = %g", (double)v[5]);
+	ps_client_free(c);
+	stop();
+
+	/* a config that names its model: nothing to declare, nothing sent */
+	char p[64] = "", yaml[256], err[512];
+	struct ps_config mcfg;
+	snprintf(yaml, sizeof(yaml), "cluster:\n  servers: [127.0.0.1:%d]\n  workers: 1\n"
+		 "model:\n  tensors:\n    - {name: x, shape: [3, 4]}\n", port[0]);
+	ck_assert_int_eq(tu_write_temp(p, yaml), 0);
+	ck_assert_msg(ps_config_load(&mcfg, p, err, sizeof(err)) == 0, "%s", err);
+	pid_t one = tu_start_server(p, 0);
+	c = NULL;
+	for (int i = 0; i < 100 && ps_client_init(&c, &mcfg, 0, err, sizeof(err)); i++)
+		tu_sleep_ms(50);
+	ck_assert_msg(c != NULL, "%s", err);
+	ck_assert_int_eq(ps_client_declare(c, good, 1), PS_ECONFIG);
+	snprintf(want, sizeof(want), "%s names its model (model.preset, .layers or .tensors): "
+		 "there is nothing to declare", p);
+	ck_assert_msg(strstr(ps_client_error(c), want), "'%s' not in '%s'", want,
+		      ps_client_error(c));
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(one), 0);
+	unlink(p);
+}
+END_TEST
+
 START_TEST(test_declare_config)
 {
 	char p[64] = "", err[512];
@@ -577,6 +650,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_declare_config);
+	TU_ADD(tc, test_declare_client_refusals);
 	TU_ADD(tc, test_declare_and_train);
 	TU_ADD(tc, test_declared_shard_restart);
 	TU_ADD(tc, test_declare_many_tensors);
