@@ -203,6 +203,8 @@ suites_of() {
     # the two it_replica_stats cases: the replication figures of the Stats;
     # it_reshard_live: a live re-shard followed (pushes refused at a stop and
     # sent again, re-cut pushes a new shard's checkpoint holds, pairs);
+    # test_reshard_live.py: a stop's refusals backed off (0.1 s doubled up
+    # to 1 s) and pushes sent again, a shard of another map dialled again;
     # san:it_cluster's case: encoded slices packed into the push's buffer
     # (an offset a byte off overflows it, which only the sanitizer sees)
     worker/client/ps_client.c|worker/client/ps_client_build.c|worker/client/ps_client_conn.c|worker/client/ps_client_req.c)
@@ -211,9 +213,9 @@ suites_of() {
                                     it_reshard_ops@test_one_change_at_a_time \
                                     it_replica_stats@test_figures_follow_operations,test_link_timers \
                                     it_fault@test_send_eagain,test_client_oom it_reshard_live san:it_fake_shard \
-                                    san:it_cluster@test_fp16_exact ;;
+                                    san:it_cluster@test_fp16_exact test_reshard_live.py ;;
     common/config_agree.c)     echo it_agree ;;
-    common/optim_group.c)      echo it_groups ;;
+    common/optim_group.c)      echo it_groups san:it_groups ;;
     common/table_decl.c)       echo it_decl_tables it_hostile@test_declare_lies ;;   # raw declarations of tables that lie
     common/version.c)          echo it_docs.sh ;;        # every program's --version
     worker/worker_cmd.c)       echo test_launch.py it_launch.sh ;;   # ps-worker --exec: alone, and under ps-cluster.sh

@@ -355,11 +355,26 @@ START_TEST(test_bsp_windows_and_duplicates)
 	ck_assert_int_eq(released, 0);
 	ps_frame_ref_put(fr);
 	ck_assert_int_eq(released, 1);
+	/* Pending gradients are dropped (a primary stepping down forgets what
+	 * was not committed): every frame they held released, the slot's
+	 * version unchanged, and the same clocks taken again after. */
+	ck_assert_int_eq(offer(&st, s, 1, 3, g), 0);
+	ck_assert_int_eq(offer(&st, s, 0, 4, g), 0);
+	ck_assert_int_eq(offer(&st, s, 1, 4, g), 0);
+	ck_assert_int_eq(released, 1);
+	ps_store_drop_pending(&st);
+	ck_assert_int_eq(released, 4);
+	ck_assert_ptr_null(s->pending);
+	ck_assert_uint_eq(s->version, 3);
+	ck_assert_uint_eq(st.applies, 3);
+	ck_assert_int_eq(offer(&st, s, 1, 3, g), 0);   /* not a duplicate now */
+	ps_store_drop_pending(&st);                     /* twice: nothing left to drop */
+	ck_assert_int_eq(released, 5);
 	/* Pending gradients are released when the store is freed. */
 	ck_assert_int_eq(offer(&st, s, 1, 3, g), 0);
-	ck_assert_int_eq(released, 1);
+	ck_assert_int_eq(released, 5);
 	ps_store_free(&st);
-	ck_assert_int_eq(released, 2);
+	ck_assert_int_eq(released, 6);
 	ps_shardmap_free(&map);
 }
 END_TEST
