@@ -215,7 +215,7 @@ suites_of() {
                                     it_fault@test_send_eagain,test_client_oom it_reshard_live san:it_fake_shard \
                                     san:it_cluster@test_fp16_exact test_reshard_live.py ;;
     common/config_agree.c)     echo it_agree ;;
-    common/optim_group.c)      echo it_groups san:it_groups ;;
+    common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables it_hostile@test_declare_lies ;;   # raw declarations of tables that lie
     common/version.c)          echo it_docs.sh ;;        # every program's --version
     worker/worker_cmd.c)       echo test_launch.py it_launch.sh ;;   # ps-worker --exec: alone, and under ps-cluster.sh
