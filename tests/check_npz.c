@@ -8,12 +8,15 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <signal.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include "npz.h"
 #include "test_util.h"
 
@@ -141,6 +144,49 @@ START_TEST(test_failed_export_leaves_nothing)
 }
 END_TEST
 
+/* Writes that fail: a file size limit (RLIMIT_FSIZE, SIGXFSZ ignored, as a
+ * full disk would) stops a member that does not fit, and the export's
+ * close names the temporary file and the reason, and leaves nothing; a
+ * path that is a folder cannot take the finished file (the rename), which
+ * is named with both paths, and the folder is left as it was. Each in a
+ * child process, whose limits the test's own files do not share. */
+START_TEST(test_write_failures_named)
+{
+	char path[128], err[512], want[300];
+	static float v[64 * 1024];   /* 256 KiB */
+	int64_t dims[1] = { 64 * 1024 };
+	struct ps_npz *z;
+
+	snprintf(path, sizeof(path), "%s/big.npz", dir);
+	pid_t pid = tu_fork();
+	if (pid == 0) {
+		struct rlimit rl = { 100 * 1024, 100 * 1024 };
+		signal(SIGXFSZ, SIG_IGN);
+		if (setrlimit(RLIMIT_FSIZE, &rl) || ps__npz_open(&z, path, err, sizeof(err)))
+			_exit(2);
+		int a = ps__npz_add_npy(z, "w.npy", "<f4", dims, 1, v, sizeof(v));
+		int c = ps__npz_close(z, 1, err, sizeof(err));
+		/* a: the member's write failed (or the close will say so) */
+		_exit(c == -EFBIG && (a == 0 || a == -EFBIG) && strstr(err, "big.npz.tmp.") &&
+		      strstr(err, strerror(EFBIG)) && !strncmp(err, "cannot write ", 13) ? 0 : 3);
+	}
+	ck_assert_int_eq(tu_wait_child(pid), 0);
+	ck_assert_msg(entries() == 0, "a failed write left %d file(s) in %s", entries(), dir);
+
+	/* the finished file's place is a folder */
+	ck_assert_int_eq(mkdir(path, 0700), 0);
+	ck_assert_msg(ps__npz_open(&z, path, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(ps__npz_add_npy(z, "w.npy", "<f4", dims, 1, v, 64), 0);
+	ck_assert_int_eq(ps__npz_close(z, 1, err, sizeof(err)), -EISDIR);
+	snprintf(want, sizeof(want), " to %s: %s", path, strerror(EISDIR));
+	ck_assert_msg(!strncmp(err, "cannot rename ", 14) && strstr(err, "big.npz.tmp.") &&
+		      strstr(err, want), "'%s'", err);
+	ck_assert_msg(entries() == 1, "%d entries in %s, expected the folder alone", entries(),
+		      dir);
+	ck_assert_int_eq(rmdir(path), 0);
+}
+END_TEST
+
 START_TEST(test_open_refusals)
 {
 	char path[5000], err[6000], want[200];
@@ -170,6 +216,7 @@ int main(void)
 	TU_ADD(tc, test_zip64_member_count);
 	TU_ADD(tc, test_failed_export_leaves_nothing);
 	TU_ADD(tc, test_open_refusals);
+	TU_ADD(tc, test_write_failures_named);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
