@@ -96,6 +96,7 @@ git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$TREE" || exit 1
 # it ran until then instead of nothing (the replication tests kill
 # primaries)
 cat >"$OUT/covexit.c" <<'EOF'
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -103,13 +104,22 @@ cat >"$OUT/covexit.c" <<'EOF'
 extern void __gcov_dump(void);
 extern void __gcov_reset(void);
 extern void __real__exit(int) __attribute__((noreturn));
+/* tests/fault_inject.c's libpsfault.so, when preloaded: the dumps' own
+ * allocations are not to fail (gcov would crash) nor to be counted */
+static void hold_faults(void)
+{
+	void (*h)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "psfault_hold");
+	if (h)
+		h();
+}
 void __wrap__exit(int s) __attribute__((noreturn));
-void __wrap__exit(int s) { __gcov_dump(); __real__exit(s); }
+void __wrap__exit(int s) { hold_faults(); __gcov_dump(); __real__exit(s); }
 static long ms;
 static void *dumper(void *a)
 {
 	struct timespec t = { ms / 1000, ms % 1000 * 1000000 };
 	(void)a;
+	hold_faults();
 	for (;;) {
 		nanosleep(&t, NULL);
 		__gcov_dump();
@@ -122,6 +132,7 @@ __attribute__((constructor)) static void start_dumper(void)
 	pthread_t th;
 	sigset_t all, old;
 	const char *e = getenv("COV_DUMP_MS");
+	atexit(hold_faults);   /* before exit's destructors, gcov's dump among them */
 	ms = e ? atol(e) : 0;
 	if (ms <= 0)
 		return;
@@ -135,9 +146,10 @@ EOF
 gcc -c -O0 -fPIC "$OUT/covexit.c" -o "$OUT/covexit.o" || exit 1
 echo "coverage: building the instrumented tree (build/cov/tree)" >&2
 for p in $progs; do rm -f "$TREE/build/rel/tests/$p"; done   # relinked with the wrap
+rm -f "$TREE"/bin/ps-* "$TREE"/lib/libps.so* "$TREE"/lib/libps.a   # and with this covexit.o
 # the build's flags, also for the suites (a make they run keeps them)
 export NVCC= CFLAGS="-O0 -g --coverage" LDFLAGS=--coverage LDLIBS="-Wl,--wrap=_exit $OUT/covexit.o"
-(cd "$TREE" && make -s -j2 all $(for p in $progs; do echo "build/rel/tests/$p"; done)) \
+(cd "$TREE" && make -s -j2 all build/rel/tests/libpsfault.so $(for p in $progs; do echo "build/rel/tests/$p"; done)) \
   >"$OUT/build.log" 2>&1 || {
   echo "coverage: the instrumented build failed ($OUT/build.log)" >&2; exit 1; }
 

@@ -84,6 +84,7 @@ static char marker[128];
 static char logpath[256];
 static int want_stack;
 static __thread int in_stack; /* backtrace() allocates the first time */
+static __thread int held;     /* psfault_hold: this thread's calls pass, uncounted */
 
 static const struct { const char *name; int e; } errnos[] = {
 	{ "EIO", EIO }, { "ENOSPC", ENOSPC }, { "EINTR", EINTR }, { "EAGAIN", EAGAIN },
@@ -217,12 +218,22 @@ static int fd_kind_ok(int kind, int fd)
 	return kind == K_FILE ? S_ISREG(st.st_mode) : S_ISSOCK(st.st_mode);
 }
 
+/* From now on the calling thread's calls are neither failed nor counted:
+ * for the coverage build's counter dumps (scripts/coverage.sh), which
+ * allocate at exit and in a thread of their own, and would otherwise crash
+ * on a fault meant for the program, or move which call the Nth is. */
+void psfault_hold(void);
+void psfault_hold(void)
+{
+	held = 1;
+}
+
 /* The rule that fails this call of func (on fd, or -1; an allocation of
  * size bytes), or NULL. Also names the call in *nth for the log. */
 static struct rule *hit_sized(const char *func, int fd, size_t size, long *nth)
 {
 	pthread_once(&parsed, parse);
-	if (!__atomic_load_n(&armed, __ATOMIC_ACQUIRE) || in_stack)
+	if (!__atomic_load_n(&armed, __ATOMIC_ACQUIRE) || in_stack || held)
 		return NULL;
 	for (int i = 0; i < nrules; i++) {
 		struct rule *u = &rules[i];
