@@ -722,6 +722,76 @@ START_TEST(test_finite_after)
 }
 END_TEST
 
+/* finite_after against apply itself: for extreme weights and gradients
+ * (a weight near FLT_MAX with a gradient of 1, whose weight decay alone
+ * overflows adam's and adagrad's g*g; -FLT_MAX, which any step down
+ * overflows; gradients near 2^64 and FLT_MAX, tiny and infinite ones) in a
+ * vector lane and in the scalar tail, finite_after says
+ * "finite" exactly when applying the update for real leaves every weight
+ * and state value finite. Its definition, checked with no formula of the
+ * test's own, so a check that leaves out a term (the weight decay, a
+ * lane, the state) fails here. */
+START_TEST(test_finite_after_matches_apply)
+{
+	const struct ps_optim_cfg *cfg = &long_cfgs[_i];
+	const struct ps_optimizer_ops *ops = ps_optimizer_get(cfg->kind);
+	enum { N = 1300 };
+	float *w = alloc_floats(N), *g = alloc_floats(N), *wr = alloc_floats(N);
+	float *st[PS_OPTIM_MAX_STATE] = { alloc_floats(N), alloc_floats(N) };
+	float *sr[PS_OPTIM_MAX_STATE] = { alloc_floats(N), alloc_floats(N) };
+	static const float ws[] = { 3e38f, -FLT_MAX, 1e19f, 0.5f };
+	static const float gs[] = { 1.0f, -1.0f, 2e19f, 3e38f, 1e-30f, INFINITY };
+	static const int at[] = { 1201, N - 1 };
+	uint64_t seed = 7 + (uint64_t)_i;
+	int bad_seen = 0, good_seen = 0;
+
+	for (size_t i = 0; i < N; i++) {
+		w[i] = rnd(&seed, -1, 1);
+		g[i] = rnd(&seed, -1, 1);
+		st[0][i] = st[1][i] = 0.0f;
+	}
+	if (ops->init_state)
+		ops->init_state(cfg, st, N);
+	for (size_t a = 0; a < sizeof(at) / sizeof(at[0]); a++)
+		for (size_t x = 0; x < sizeof(ws) / sizeof(ws[0]); x++)
+			for (size_t y = 0; y < sizeof(gs) / sizeof(gs[0]); y++) {
+				float w0 = w[at[a]], g0 = g[at[a]];
+				int finite = 1;
+
+				w[at[a]] = ws[x];
+				g[at[a]] = gs[y];
+				memcpy(wr, w, N * sizeof(float));
+				for (int j = 0; j < ops->nstate; j++)
+					memcpy(sr[j], st[j], N * sizeof(float));
+				ops->apply(cfg, wr, g, sr, N, 3);
+				for (size_t i = 0; i < N; i++) {
+					finite &= isfinite(wr[i]) != 0;
+					for (int j = 0; j < ops->nstate; j++)
+						finite &= isfinite(sr[j][i]) != 0;
+				}
+				bad_seen |= !finite;
+				good_seen |= finite;
+				ck_assert_msg(ps_optimizer_finite_after(ops, cfg, w, g, st, N, 3) ==
+					      finite, "%s (wd %g): w %g, g %g at %d: the update is %s, "
+					      "finite_after says otherwise", ops->name,
+					      (double)cfg->weight_decay, (double)ws[x], (double)gs[y],
+					      at[a], finite ? "finite" : "not finite");
+				w[at[a]] = w0;
+				g[at[a]] = g0;
+			}
+	/* both answers came up, so the comparison could fail either way */
+	ck_assert_msg(bad_seen && good_seen, "%s: bad %d good %d", ops->name, bad_seen,
+		      good_seen);
+	free(w);
+	free(g);
+	free(wr);
+	for (int j = 0; j < PS_OPTIM_MAX_STATE; j++) {
+		free(st[j]);
+		free(sr[j]);
+	}
+}
+END_TEST
+
 static Suite *optimizer_suite(void)
 {
 	Suite *s = suite_create("optimizer");
@@ -754,6 +824,7 @@ static Suite *optimizer_suite(void)
 	tcase_add_loop_test(tl, test_short_lengths, 0, (int)NLONG_CFGS);
 	tcase_add_loop_test(tl, test_long_vector, 0, (int)NLONG_CFGS);
 	tcase_add_loop_test(tl, test_finite_after, 0, (int)NLONG_CFGS);
+	tcase_add_loop_test(tl, test_finite_after_matches_apply, 0, (int)NLONG_CFGS);
 	suite_add_tcase(s, tl);
 	return s;
 }
