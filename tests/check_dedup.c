@@ -24,6 +24,10 @@ START_TEST(test_window)
 	ps_dedup_mark(&d, 3, PS_ECLOCK);
 	ck_assert_int_eq(ps_dedup_check(&d, 3, &code), PS_DEDUP_SEEN);
 	ck_assert_int_eq(code, PS_ECLOCK);
+	/* an older number marked keeps the window where it was: the numbers
+	 * above it and below it that were seen stay seen */
+	ck_assert_int_eq(ps_dedup_check(&d, 5, &code), PS_DEDUP_SEEN);
+	ck_assert_int_eq(ps_dedup_check(&d, 1, &code), PS_DEDUP_SEEN);
 	ck_assert_int_eq(ps_dedup_check(&d, 4, &code), PS_DEDUP_NEW);
 	ck_assert_int_eq(ps_dedup_check(&d, 6, &code), PS_DEDUP_NEW);
 	/* every number in a long run is remembered exactly while in the window */
