@@ -3,6 +3,7 @@ equal bit for bit to what the shards served; a --since export holds exactly
 the rows changed after that incremental checkpoint; damaged files are
 refused naming the file and the offset."""
 import os
+import re
 import signal
 import socket
 import struct
@@ -81,6 +82,12 @@ def test_export_round_trip(trained, tmp_path):
         np.testing.assert_array_equal(tb.ids, np.sort(ids))
         assert tb.rows.tobytes() == rows[t].tobytes(), t   # all_ids are sorted already
     assert exp.meta["format"] == "ps-export" and exp.meta["since"] is None
+    # the shard map's hash as the shards wrote it in their headers (offset 16),
+    # and the agreed settings' FNV-1a hash as 16 hex digits
+    for k in range(2):
+        hdr = struct.unpack_from("<Q", (ck / f"shard-{k}.ckpt").read_bytes(), 16)[0]
+        assert exp.meta["map_hash"] == "%016x" % hdr, (exp.meta["map_hash"], hdr)
+    assert re.fullmatch("[0-9a-f]{16}", exp.meta["config_hash"]), exp.meta["config_hash"]
     assert [s["deltas"] for s in exp.meta["shards"]] == [2, 2]
     assert exp.meta["tables"]["e"]["rows"] == len(all_ids["e"])
     # plain numpy reads it too: no project code needed
