@@ -88,6 +88,24 @@ def test_export_round_trip(trained, tmp_path):
         hdr = struct.unpack_from("<Q", (ck / f"shard-{k}.ckpt").read_bytes(), 16)[0]
         assert exp.meta["map_hash"] == "%016x" % hdr, (exp.meta["map_hash"], hdr)
     assert re.fullmatch("[0-9a-f]{16}", exp.meta["config_hash"]), exp.meta["config_hash"]
+    # every other field of the manifest against what made the files: the run
+    # (one worker, 3 clocks, sync sgd), the files themselves (the full file's
+    # version digit, CRC-32 in its last 4 bytes, length) and the config
+    m = exp.meta
+    assert (m["format_version"], m["config"], m["optimizer"], m["consistency"]) == \
+        (1, cl.path, "sgd", "sync")
+    for k, sh in enumerate(m["shards"]):
+        full = (ck / f"shard-{k}.ckpt").read_bytes()
+        assert sh == {"shard": k, "file": str(ck / f"shard-{k}.ckpt"),
+                      "checkpoint_version": full[7] - ord("0"), "map_epoch": 0, "deltas": 2,
+                      "base_crc": full[-4:][::-1].hex(), "base_len": len(full),
+                      "slice_versions": [3, 3], "finished_clocks": [3],
+                      "table_versions": {"e": 3, "f": 3}}, sh
+    assert m["dense"] == {n: {"dtype": "float32", "shape": [k], "optimizer": "sgd"}
+                          for n, k in cl.tensors.items()}, m["dense"]
+    assert m["tables"] == {t: {"dim": d, "rows": len(all_ids[t]), "dtype": "float32",
+                               "id_dtype": "uint64", "optimizer": "sgd", "declared": False}
+                           for t, d in (("e", 4), ("f", 3))}, m["tables"]
     assert [s["deltas"] for s in exp.meta["shards"]] == [2, 2]
     assert exp.meta["tables"]["e"]["rows"] == len(all_ids["e"])
     # plain numpy reads it too: no project code needed
@@ -147,6 +165,7 @@ def test_export_since_holds_exactly_the_changed_rows(trained, tmp_path):
     export(cl.path, out, "--since", "1")
     exp = ps.load_export(out)
     assert exp.meta["since"] == 1
+    assert [exp.meta["tables"][t]["dropped"] for t in ("e", "f")] == [0, 0]
     for t, ids in changed.items():
         tb = exp.tables[t]
         np.testing.assert_array_equal(tb.ids, np.sort(ids))
@@ -346,9 +365,11 @@ def test_export_dropped_rows(cluster, tmp_path):
     np.testing.assert_array_equal(t.ids, np.sort(live))
     assert t.rows.tobytes() == pulled[np.searchsorted(everything, t.ids)].tobytes()
     export(cl.path, tmp_path / "d.npz", "--since", "0")
-    d = ps.load_export(tmp_path / "d.npz").tables["g"]
+    dx = ps.load_export(tmp_path / "d.npz")
+    d = dx.tables["g"]
     np.testing.assert_array_equal(d.ids, np.intersect1d(live, new))
     np.testing.assert_array_equal(d.dropped, np.setdiff1d(np.union1d(live0, new), live))
+    assert dx.meta["tables"]["g"]["dropped"] == len(d.dropped) > 0
 
 
 def test_tombstones_out_of_memory(cluster, tmp_path, monkeypatch):
@@ -448,6 +469,9 @@ def test_export_declared_tensors(cluster, tmp_path, groups):
     if groups:
         assert [exp.meta["dense"][n]["optimizer"] for n in model] == ["adam", "momentum",
                                                                       "momentum"]
+        assert [exp.meta["dense"][n]["group"] for n in model] == [0, 1, 1]
+    else:
+        assert all("group" not in exp.meta["dense"][n] for n in model)
     # the first declared tensor's record damaged (its checksum left as it was): each
     # refused by the record's own check before the checksum, by ps-export naming the
     # offset and by a shard starting from the file
