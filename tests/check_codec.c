@@ -496,6 +496,23 @@ START_TEST(test_q8_bound_and_reproducible)
 		req(d[i] == 0.0f);
 	free(e);
 	free(d);
+	/* Values so small that their step (max / 127) is 0: zeros are sent and
+	 * every value, the first and the last too, stays in the residual,
+	 * added to what it held (error feedback loses nothing). */
+	float tiny[9], res[9];
+	for (int i = 0; i < 9; i++) {
+		tiny[i] = (i % 2 ? -1.0f : 1.0f) * 1e-45f * (float)(1 + i % 3);
+		res[i] = (float)i * 1e-45f;
+	}
+	e = enc(c, tiny, res, 9, &p, 1, &len);
+	d = dec(c, e, len, 9);
+	for (int i = 0; i < 9; i++) {
+		req_msg(d[i] == 0.0f, "[%d] decoded %g", i, (double)d[i]);
+		req_msg(res[i] == tiny[i] + (float)i * 1e-45f, "[%d] residual %g, expected %g", i,
+			(double)res[i], (double)(tiny[i] + (float)i * 1e-45f));
+	}
+	free(e);
+	free(d);
 }
 END_TEST
 
