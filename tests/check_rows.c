@@ -369,6 +369,36 @@ START_TEST(test_filter_decay_bounded)
 }
 END_TEST
 
+/* The filter's placement is part of the checkpoint's format (its slots are
+ * written as they are and read back by position, by the shard and by
+ * ps-export): an id's fingerprint (bits 40..63, never 0) and first bucket
+ * (the low bits) come from SplitMix64's output for it (salt 0). The
+ * expected values are SplitMix64's published test vector (seed 1234567:
+ * 6457827717110365317, 3203168211198807973, 9817491932198370423), not the
+ * code's own, so a changed mixer reads as a changed format. */
+START_TEST(test_filter_placement)
+{
+	static const uint64_t golden = 0x9e3779b97f4a7c15ull;
+	static const uint64_t out[3] = { 6457827717110365317ull, 3203168211198807973ull,
+					 9817491932198370423ull };
+	struct ps_admit a;
+	uint64_t id = 1234567;
+
+	ck_assert_int_eq(ps_admit_init(&a, 1 << 16, 0), 0);
+	ck_assert_uint_eq(a.nbuckets, 8192);
+	for (int i = 0; i < 3; i++, id += golden) {
+		uint64_t b1 = out[i] & (a.nbuckets - 1);
+		uint32_t fp = (uint32_t)(out[i] >> 40) ? (uint32_t)(out[i] >> 40) : 1;
+		ck_assert_int_eq(ps_admit_sight(&a, id, 3, 255), 0);
+		ck_assert_msg(a.slots[b1 * 8] == (fp << 8 | 3), "id %" PRIu64 ": bucket %" PRIu64
+			      " slot 0 holds %08x, expected %08x", id, b1, a.slots[b1 * 8],
+			      fp << 8 | 3);
+	}
+	ck_assert_uint_eq(a.used, 3);
+	ps_admit_free(&a);
+}
+END_TEST
+
 /* ps_admit_merge (a re-shard gathering old shards' filters): every id of
  * two filters keeps its count in the merged one; the same ids from a third
  * add their counts (at most 255); a filter of another size is refused;
@@ -605,6 +635,7 @@ int main(void)
 	TU_ADD_LOOP(tc, test_table_model, 0, 2);
 	TU_ADD(tc, test_filter_decay_bounded);
 	TU_ADD(tc, test_filter_merge);
+	TU_ADD(tc, test_filter_placement);
 	TU_ADD(tc, test_checksum_covers_rows);
 	TU_ADD(tc, test_cap_below_nil);
 	TU_ADD(tc, test_bulk_insert);
