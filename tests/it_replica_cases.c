@@ -31,7 +31,9 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include "config.h"
+#include "msg.h"
 #include "ps_client.h"
+#include "ps_client_int.h" /* a push sent again with its number, raw */
 #include "ps_err.h"
 #include "ps_time.h"
 #include "test_replica.h"
@@ -315,6 +317,75 @@ START_TEST(test_pending_ack_of_closed_worker)
 		tu_sleep_ms(20);
 	ck_assert_msg(b.param_checksum == a.param_checksum, "the backup's weights differ from "
 		      "the primary's (logs in %s)", logdir);
+	for (int r = 0; r < NWORKERS; r++)
+		ps_client_free(c[r]);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
+/* Sync: worker 0's push of clock 3 waits for worker 1; meanwhile worker 0
+ * sends its push of clock 2 again (the same number; raw, as a resend after
+ * a reconnect is). That clock's sum is applied and replicated, so the
+ * resend is answered at once, as the first time was; it is matched to a
+ * waiting push only by its exact number, and the push of clock 3 keeps its
+ * own acknowledgement, which comes when worker 1 pushes. Every push is
+ * applied once. */
+START_TEST(test_resent_push_acked_at_once)
+{
+	static float g[NWORKERS][NA], w0[NA], w[NA];
+	struct ps_client *c[NWORKERS];
+	struct ps_shard_stats a;
+	int64_t id[NWORKERS], again, later;
+
+	write_config(0);
+	int p = start_pair_workers(c, w0);
+	push_clocks(c, g, 0, 2);
+	for (int r = 0; r < NWORKERS; r++)
+		id[r] = push(c[r], r, 2, g[r]);
+	for (int r = 0; r < NWORKERS; r++)
+		ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock 2: %s", r,
+			      ps_client_error(c[r]));
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
+	uint64_t pushes = a.pushes;
+	later = push(c[0], 0, 3, g[0]);
+	ck_assert_int_gt(later, 0);
+	double t0 = ps_now_s();
+	while (!(tu_replica_stats(&cfg, 0, p, -1, &a) == 0 && a.pushes > pushes) &&
+	       ps_now_s() - t0 < 10 * tu_time_scale())
+		tu_sleep_ms(10);
+	ck_assert_msg(a.pushes > pushes, "worker 0's push of clock 3 did not arrive");
+
+	struct req *rq = ps__client_req_new(c[0], REQ_PUSH);
+	Ps__Push m = PS__PUSH__INIT;
+	ck_assert_ptr_nonnull(rq);
+	rq->id = ps__client_reserve_id(c[0]);
+	m.req_id = (uint64_t)rq->id;
+	m.seq = (uint64_t)id[0];
+	m.clock = 2;
+	m.end_clock = 1;
+	ck_assert_int_eq(ps__client_pack_part(&rq->parts[0], &m.base), 0);
+	again = ps__client_submit_built(c[0], 0, rq);
+	ck_assert_int_gt(again, 0);
+	ck_assert_msg(ps_client_wait_timeout(c[0], again, 5 * tu_time_scale()) == 0,
+		      "the resent push of clock 2 was not answered while clock 3 waits: %s "
+		      "(logs in %s)", ps_client_error(c[0]), logdir);
+	ck_assert_msg(!ps_client_done(c[0], later), "worker 0's push of clock 3 was "
+		      "acknowledged before worker 1 pushed it");
+	id[1] = push(c[1], 1, 3, g[1]);
+	ck_assert_msg(ps_client_wait(c[0], later) == 0, "worker 0 clock 3: %s",
+		      ps_client_error(c[0]));
+	ck_assert_msg(ps_client_wait(c[1], id[1]) == 0, "worker 1 clock 3: %s",
+		      ps_client_error(c[1]));
+	pull(c[0], 4, w);
+	for (int i = 0; i < NA; i++) {
+		float want = w0[i];
+		for (int clock = 0; clock < 4; clock++)
+			for (int r = 0; r < NWORKERS; r++)
+				want -= grad(r, clock, i);
+		ck_assert_msg(w[i] == want, "a[%d] = %g, %g due (every push once; logs in %s)", i,
+			      (double)w[i], (double)want, logdir);
+	}
 	for (int r = 0; r < NWORKERS; r++)
 		ps_client_free(c[r]);
 	stop_all();
@@ -658,6 +729,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_ack_waits_for_sum_across_failover);
 	TU_ADD(tc, test_pending_ack_of_closed_worker);
+	TU_ADD(tc, test_resent_push_acked_at_once);
 	TU_ADD(tc, test_every_push_average_on_backup);
 	TU_ADD(tc, test_backup_rejoin_keeps_primary);
 	TU_ADD_LOOP(tc, test_one_way_blocked_elects, 0, 2);
