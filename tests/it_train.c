@@ -11,6 +11,7 @@
  * (make gpu-check does, on a GPU machine); by default the config's auto
  * picks the CPU here. */
 #include <check.h>
+#include <math.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -79,7 +80,7 @@ static pid_t start_worker(const char *cfg, int rank, const char *out, const char
 
 static char *slurp(const char *path)
 {
-	static char buf[1 << 16];
+	static char buf[1 << 20];
 	FILE *f = fopen(path, "r");
 	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
 
@@ -110,9 +111,13 @@ static double run_cluster_x(const char *cfg, char *metrics, size_t mlen,
 
 	for (int i = 0; i < 2; i++)
 		srv[i] = tu_start_server(cfg, i);
+	/* worker 0 logs at info: its evaluation's line is read below */
+	const char *x0[24] = { "--log-level", "info" };
+	for (int i = 2; extra0 && *extra0 && i < 20; extra0++)
+		x0[i++] = *extra0;
 	for (int r = 0; r < 2; r++) {
 		snprintf(out[r], sizeof(out[r]), "%s/worker-%d.out", tmpdir, r);
-		w[r] = start_worker(cfg, r, out[r], r == 0 ? extra0 : NULL);
+		w[r] = start_worker(cfg, r, out[r], r == 0 ? x0 : NULL);
 	}
 	for (int r = 0; r < 2; r++) {
 		int st = tu_wait_child(w[r]);
@@ -124,6 +129,18 @@ static double run_cluster_x(const char *cfg, char *metrics, size_t mlen,
 	p = strstr(slurp(out[0]), "epoch 1 test accuracy ");
 	ck_assert_msg(p, "no accuracy line:\n%s", slurp(out[0]));
 	acc = strtod(p + strlen("epoch 1 test accuracy "), NULL);
+	/* the log's line of the same evaluation: the same accuracy, a finite
+	 * positive loss, and the test images it was measured on */
+	char want[64];
+	snprintf(want, sizeof(want), "epoch 1: test accuracy %.4f, test loss ", acc);
+	p = strstr(slurp(out[0]), want);
+	ck_assert_msg(p, "no '%s' in worker 0's log:\n%s", want, slurp(out[0]));
+	char *end;
+	double loss = strtod(p + strlen(want), &end);
+	ck_assert_msg(isfinite(loss) && loss > 0 && !strncmp(end, " (", 2), "loss in '%.80s'", p);
+	long images = strtol(end + 2, &end, 10);
+	ck_assert_msg(images >= 1000 && images <= 10000 && !strncmp(end, " images)", 8),
+		      "images in '%.80s'", p);
 	snprintf(mpath, sizeof(mpath), "%s/worker-0.jsonl", tmpdir);
 	snprintf(metrics, mlen, "%.*s", (int)mlen - 1, slurp(mpath));
 	ck_assert_msg(strstr(metrics, "\"test_accuracy\":"), "metrics: %s", metrics);
