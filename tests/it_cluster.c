@@ -11,7 +11,9 @@
 #include "ps_time.h"
 #include "codec.h"
 #include "config.h"
+#include "msg.h"
 #include "ps_client.h"
+#include "ps_client_int.h" /* a push built, not sent: its encoded slices */
 #include "ps_err.h"
 #include "shardmap.h"
 #include "test_util.h"
@@ -1301,6 +1303,68 @@ START_TEST(test_lz4_auto_skips_small_slices)
 }
 END_TEST
 
+/* q8's stochastic rounding draws from a nonce the client gives each slice
+ * of each push (its clock and its slice): two slices holding the same
+ * values, in the same push or at another clock, must not be rounded alike,
+ * or the rounding errors of slices and steps would be correlated instead
+ * of independent. Tensor a's first two slices (1024 values each) hold the
+ * same values in two pushes (clocks 0 and 1; built, not sent; no error
+ * feedback and no LZ4, so each encodes exactly those values): the four
+ * encoded slices differ pairwise. */
+START_TEST(test_q8_nonces_distinct)
+{
+	char path[64], err[512];
+	struct ps_config cfg;
+	pid_t srv[2];
+	static float g[3000];
+	const uint8_t *enc[2][2] = { { NULL } };
+	uint64_t len[2][2] = { { 0 } };
+	struct req *r[2];
+
+	start_cluster(path, &cfg, 1, "async", "compression:\n  codec: q8\n  error_feedback: false\n"
+		      "  lz4: off\n", srv);
+	struct ps_client *c = connect_retry(&cfg, 0, err, sizeof(err));
+	ck_assert_msg(c != NULL, "%s", err);
+	for (int i = 0; i < 3000; i++)
+		g[i] = i % 1024 ? 0.37f * (float)(i % 1024 % 11) / 11.0f : 1.0f;
+	struct ps_tensor t = { "a", g, 3000, 0 };
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps__client_build_push(c, (uint64_t)k, &t, 1, 0, &r[k]), 0);
+		for (int s = 0; s < cfg.nshards; s++) {
+			const struct part *pt = &r[k]->parts[s];
+			if (!pt->meta)
+				continue;
+			Ps__Push *m = ps__push__unpack(NULL, pt->meta_len, pt->meta);
+			ck_assert_ptr_nonnull(m);
+			ck_assert_int_eq((int)m->n_slices, pt->niov);
+			for (size_t j = 0; j < m->n_slices; j++) {
+				uint32_t id = m->slices[j]->slice;
+				if (id < 2) {   /* slices 0 and 1: tensor a's first two */
+					ck_assert_uint_eq(m->slices[j]->codec, PS_CODEC_Q8);
+					enc[k][id] = pt->iov[j].base;
+					len[k][id] = m->slices[j]->length;
+				}
+			}
+			ps__push__free_unpacked(m, NULL);
+		}
+	}
+	for (int a = 0; a < 4; a++) {
+		ck_assert_msg(enc[a / 2][a % 2] && len[a / 2][a % 2] == 4 + 1024,
+			      "clock %d slice %d: %" PRIu64 " bytes", a / 2, a % 2, len[a / 2][a % 2]);
+		for (int b = 0; b < a; b++)
+			ck_assert_msg(memcmp(enc[a / 2][a % 2], enc[b / 2][b % 2], 4 + 1024) != 0,
+				      "clock %d slice %d was rounded as clock %d slice %d", a / 2,
+				      a % 2, b / 2, b % 2);
+	}
+	/* the same values, so the same scale (1.0) heads each */
+	ck_assert_msg(!memcmp(enc[0][0], enc[1][1], 4), "the scales differ");
+	for (int k = 0; k < 2; k++)
+		ps__client_req_free(c, r[k]);
+	ps_client_free(c);
+	stop_cluster(path, srv);
+}
+END_TEST
+
 /* Sync, two workers, one of them two clocks ahead of the other, which never
  * pushes: nothing is applied (each clock waits for both), and the shards
  * stop cleanly with those clocks still buffered (under SANITIZE=address
@@ -1474,6 +1538,7 @@ Suite *cluster_suite(void)
 	TU_ADD(tc, test_async_push_answers_waiting_pull);
 	TU_ADD(tc, test_connect_timeout_fraction);
 	TU_ADD(tc, test_lz4_auto_skips_small_slices);
+	TU_ADD(tc, test_q8_nonces_distinct);
 	TU_ADD(tc, test_stop_with_clocks_buffered);
 	TU_ADD(tc, test_listen_refusals_and_any);
 	suite_add_tcase(s, tc);
