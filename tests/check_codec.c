@@ -239,6 +239,36 @@ START_TEST(test_lz4_exact)
 		free(back);
 	}
 	ck_assert_uint_eq(ps_lz4_pack("", 0, NULL, 0), 0);
+	/* cap is the caller's buffer: never written past, even by a result
+	 * that would not shrink and is dropped. Inputs found by search whose
+	 * LZ4 block is exactly as long as they are (or one byte longer), packed
+	 * into buffers of len - 1 and len bytes with guard bytes after */
+	{
+		enum { L = 300 };
+		static uint8_t in[L], out[L + 64];
+		int found = 0;
+		uint64_t seed = 1;
+		for (int tries = 0; tries < 200000 && found < 2; tries++) {
+			/* random bytes with a repeated run whose length varies */
+			int run = (int)(seed % 40);
+			for (int i = 0; i < L; i++) {
+				seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+				in[i] = i >= 100 && i < 100 + run ? in[i - 50] : (uint8_t)(seed >> 56);
+			}
+			int z = LZ4_compress_default((const char *)in, (char *)out, L, (int)sizeof(out));
+			if (z != L && z != L + 1)
+				continue;
+			found++;
+			for (size_t cap = L - 1; cap <= L; cap++) {
+				memset(out, 0xa5, sizeof(out));
+				ck_assert_uint_eq(ps_lz4_pack(in, L, out, cap), 0);
+				for (size_t i = cap; i < sizeof(out); i++)
+					ck_assert_msg(out[i] == 0xa5, "a %d-byte block (LZ4: %d bytes) "
+						      "packed into %zu bytes wrote byte %zu", L, z, cap, i);
+			}
+		}
+		ck_assert_msg(found > 0, "no input of %d bytes whose LZ4 block is as long found", L);
+	}
 	/* the bound is LZ4's own, neither less (an overflow) nor more */
 	const int bl[] = { 0, 1, 254, 255, 256, 4096, 1 << 20, LZ4_MAX_INPUT_SIZE };
 	for (size_t i = 0; i < sizeof(bl) / sizeof(bl[0]); i++)
