@@ -464,6 +464,54 @@ START_TEST(test_backup_rejoin_keeps_primary)
 }
 END_TEST
 
+/* The backup at the shard's first address (the process of servers[0],
+ * after a takeover moved the primary to the backup address): every
+ * worker, rank 0 too, is sent on to the other address, so every push
+ * reaches the primary and none the backup (whose state comes from the
+ * primary alone). */
+START_TEST(test_backup_turns_every_worker_away)
+{
+	static float g[NWORKERS][NA], w0[NA];
+	struct ps_client *c[NWORKERS];
+	struct ps_shard_stats a, b;
+
+	write_config(0);
+	tu_start_pair(cfg_path, logdir, 0, srv);
+	int p = wait_pair(20);
+	ck_assert_msg(p >= 0, "the pair did not form (logs in %s)", logdir);
+	if (p == 0) {   /* the primary to the second address */
+		kill(srv[0], SIGKILL);
+		tu_wait_child(srv[0]);
+		double t0 = ps_now_s();
+		while (tu_replica_primary(&cfg, 0) != 1 && ps_now_s() - t0 < 20 * tu_time_scale())
+			tu_sleep_ms(50);
+		ck_assert_msg(tu_replica_primary(&cfg, 0) == 1, "replica 1 did not take over (logs "
+			      "in %s)", logdir);
+		srv[0] = tu_start_replica(cfg_path, logdir, 0, 0, 1);
+		p = wait_pair(20);
+		ck_assert_msg(p == 1, "the pair did not form again with replica 1 primary (logs in %s)",
+			      logdir);
+	}
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, 0, -1, &b), 0);
+	uint64_t backup_pushes = b.pushes;
+	for (int r = 0; r < NWORKERS; r++)
+		c[r] = worker(r);
+	pull(c[0], 0, w0);
+	push_clocks(c, g, 0, 2);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, 1, -1, &a), 0);
+	ck_assert_int_eq(tu_replica_stats(&cfg, 0, 0, -1, &b), 0);
+	ck_assert_int_eq(a.repl_state, 3);
+	ck_assert_msg(b.pushes == backup_pushes, "the backup took %llu pushes (logs in %s)",
+		      (unsigned long long)(b.pushes - backup_pushes), logdir);
+	ck_assert_msg(a.pushes >= 2 * NWORKERS, "the primary took %llu pushes",
+		      (unsigned long long)a.pushes);
+	for (int r = 0; r < NWORKERS; r++)
+		ps_client_free(c[r]);
+	stop_all();
+	tu_rmtree(logdir);
+}
+END_TEST
+
 /* nftables, as root: packets to one process's port dropped, so that only
  * the other can dial. */
 static int nft_table_made;
@@ -732,6 +780,7 @@ int main(void)
 	TU_ADD(tc, test_resent_push_acked_at_once);
 	TU_ADD(tc, test_every_push_average_on_backup);
 	TU_ADD(tc, test_backup_rejoin_keeps_primary);
+	TU_ADD(tc, test_backup_turns_every_worker_away);
 	TU_ADD_LOOP(tc, test_one_way_blocked_elects, 0, 2);
 	TU_ADD(tc, test_primary_cut_one_way);
 	TU_ADD(tc, test_replication_figures);
