@@ -4,6 +4,7 @@
 #include <check.h>
 #include <string.h>
 #include "dedup.h"
+#include "ps_time.h"
 #include "ps_err.h"
 #include "test_util.h"
 
@@ -47,6 +48,16 @@ START_TEST(test_window)
 	ps_dedup_mark(&d, top, 0);
 	ck_assert_int_eq(ps_dedup_check(&d, top - 1, &code), PS_DEDUP_NEW);
 	ck_assert_int_eq(ps_dedup_check(&d, top - PS_DEDUP_WINDOW, &code), PS_DEDUP_TOO_OLD);
+	/* one far past it (numbers are request ids, shared with pulls: a long
+	 * run of pulls jumps them) clears the window at once, not number by
+	 * number: 2^40 steps would take the better part of an hour */
+	double t0 = ps_now_s();
+	ps_dedup_mark(&d, top + (1ull << 40), 0);
+	ck_assert_msg(ps_now_s() - t0 < 1.0, "a jump of 2^40 took %.1f s", ps_now_s() - t0);
+	ck_assert_int_eq(ps_dedup_check(&d, top + (1ull << 40), &code), PS_DEDUP_SEEN);
+	ck_assert_int_eq(ps_dedup_check(&d, top + (1ull << 40) - 1, &code), PS_DEDUP_NEW);
+	ck_assert_int_eq(ps_dedup_check(&d, top, &code), PS_DEDUP_TOO_OLD);
+	top += 1ull << 40;
 	/* the same incarnation keeps it, another forgets it */
 	ps_dedup_incarnation(&d, 77);
 	ck_assert_int_eq(ps_dedup_check(&d, top, &code), PS_DEDUP_SEEN);
