@@ -490,6 +490,23 @@ START_TEST(test_staged_refusals)
 			 "writes nothing; stopping", stop[i].sig_name);
 		wait_log(stop[i].name, 1, said);
 	}
+	/* a re-shard's start that cannot read what lies at its own checkpoint's
+	 * path (here a symbolic link, which checkpoints are never read through)
+	 * refuses to start, naming it, instead of re-sharding over it */
+	{
+		char link[200], llog[200], want[400];
+		snprintf(link, sizeof(link), "%s/shard-1.ckpt", ck);
+		ck_assert_int_eq(symlink("/nonexistent-ps-target", link), 0);
+		snprintf(llog, sizeof(llog), "%s/linked-1.log", dir);
+		const char *largv[] = { "bin/ps-server", "--config", cnew, "--shard", "1",
+					"--reshard-from", from, "--reshard-shards", "1", NULL };
+		st = tu_wait_exit(tu_spawn(largv, llog));
+		ck_assert_msg(st == 1, "a re-shard over a symbolic link exited %d", st);
+		snprintf(want, sizeof(want), "refusing to start: %s: cannot read: %s", link,
+			 strerror(ELOOP));
+		ck_assert_msg(tu_log_says(llog, want), "%s: no '%s'", llog, want);
+		ck_assert_int_eq(unlink(link), 0);
+	}
 	const char *mine[] = { "shard-1.ckpt", "shard-1.reshard", "shard-1.members" };
 	for (int q = 0; q < 3; q++) {
 		snprintf(a, sizeof(a), "%s/%s", ck, mine[q]);
