@@ -163,7 +163,8 @@ suites_of() {
     # checkpoint next)
     server/table.c|server/table_admit.c)
                                echo check_rows it_rows_model it_rows it_reshard san:check_rows \
-                                    it_fault@test_declare_tables_oom_leak test_export.py@tombstones ;;
+                                    it_fault@test_declare_tables_oom_leak test_export.py@tombstones \
+                                    test_export.py@row_cap ;;
     # it_decl_tables: declared tables through full and incremental checkpoints
     server/table_ckpt.c)       echo test_checkpoint_crafted.py it_rows it_rows_model it_decl_tables it_reshard_staged it_export.sh test_export.py \
                                     it_fault@test_restore_faults,test_ckpt_faults ;;
@@ -219,7 +220,7 @@ suites_of() {
     common/config_agree.c)     echo it_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables it_hostile@test_declare_lies ;;   # raw declarations of tables that lie
-    common/version.c)          echo it_docs.sh ;;        # every program's --version
+    common/version.c)          echo it_docs.sh rdma:version ;;   # every program's --version; rdma usable in the VM
     worker/worker_cmd.c)       echo test_launch.py it_launch.sh ;;   # ps-worker --exec: alone, and under ps-cluster.sh
     worker/epoch.c)            echo it_elastic it_train ;;  # each example once per epoch
     worker/ps_export.c)        echo it_export.sh test_export.py ;;  # ps-export on real checkpoints, damaged ones

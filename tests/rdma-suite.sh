@@ -14,6 +14,8 @@
 #                       (--demo trains the cnn itself)
 #   6. figures          ps-bench over rdma against ib_send_lat/ib_write_bw
 #                       of the same VM, as ratios (a smoke figure: emulated)
+#   7. version          every program's --version says rdma is usable here
+#                       (the host's tests see only the "not usable" line)
 #
 #   rdma-suite.sh [--demo] [--no-figures] [--only STEPS] [--images N] [BUILD_DIR]
 #
@@ -47,9 +49,9 @@ while [ $# -gt 0 ]; do
 done
 B=${1:-build/rel}
 for s in ${ONLY//,/ }; do
-	case $s in check_rdma | check_transport | it_cluster | it_checkpoint | training | figures) ;;
+	case $s in check_rdma | check_transport | it_cluster | it_checkpoint | training | figures | version) ;;
 	*) echo "rdma-suite: --only: no step '$s' (check_rdma, check_transport, it_cluster," \
-		"it_checkpoint, training, figures)" >&2; exit 2 ;;
+		"it_checkpoint, training, figures, version)" >&2; exit 2 ;;
 	esac
 done
 ADDR=${RDMA_VM_ADDR:-}
@@ -91,6 +93,15 @@ if [ $DEMO = 1 ]; then
 fi
 
 step check_rdma "$B/tests/check_rdma"
+version() {
+	local p out
+	for p in ps-server ps-worker ps-stat ps-bench ps-export; do
+		out=$(bin/$p --version 2>&1)
+		grep -q "^transports: tcp, rdma (verbs, rdma_cm; here: .*rxe0" <<<"$out" ||
+			{ echo "$p --version in the VM: $out"; return 1; }
+	done
+}
+step version version
 step check_transport "$B/tests/check_transport"
 PS_TEST_ONLY=test_sync_exact_sum,test_async_exact_sum,test_worker_killed_in_barrier,test_sync_worker_leaves_and_rejoins \
 	step it_cluster "$B/tests/it_cluster"

@@ -432,6 +432,25 @@ def test_tombstones_out_of_memory(cluster, tmp_path, monkeypatch):
     assert cl.close() == [0]
 
 
+def test_row_cap_clamped(cluster, tmp_path):
+    """A table's cap past what a shard's row index can number (max_rows 2^40, a memory
+    budget of 1 PiB that would allow more) is clamped to 2^32 - 2 rows, and said so."""
+    cl = cluster(shards=1, workers=1, tables={"g": "2, max_rows: 1099511627776"},
+                 limits=["  max_table_bytes: 1048576GiB"])
+    assert cl.stop(0) == 0
+    with open(tmp_path / "cap.log", "wb") as out:
+        p = subprocess.Popen([SERVER, "--config", cl.path, "--shard", "0", "--log-level", "info"],
+                             stderr=out, cwd=ROOT)
+        deadline = time.monotonic() + 10
+        while "listening" not in (tmp_path / "cap.log").read_text():
+            assert time.monotonic() < deadline and p.poll() is None
+            time.sleep(0.01)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=20) == 0
+    log = (tmp_path / "cap.log").read_text()
+    assert "table g: at most 4294967294 rows on this shard" in log, log
+
+
 @pytest.mark.parametrize("groups", [False, True])
 def test_export_declared_tensors(cluster, tmp_path, groups):
     """A config without a model: the tensors rank 0 declared (with optimizer groups:
