@@ -165,6 +165,24 @@ static int start_pair_workers(struct ps_client *c[NWORKERS], float *w0)
 	return p;
 }
 
+/* c pulls version `clocks`: every element is its initial value (w0) less
+ * every worker's gradient of each clock below, once (integer gradients:
+ * exact); when says at what point of the case. */
+static void every_push_once(struct ps_client *c, const float *w0, int clocks, const char *when)
+{
+	static float w[NA];
+
+	pull(c, (uint64_t)clocks, w);
+	for (int i = 0; i < NA; i++) {
+		float want = w0[i];
+		for (int clock = 0; clock < clocks; clock++)
+			for (int r = 0; r < NWORKERS; r++)
+				want -= grad(r, clock, i);
+		ck_assert_msg(w[i] == want, "a[%d] = %g %s, %g due (every push once; logs in %s)", i,
+			      (double)w[i], when, (double)want, logdir);
+	}
+}
+
 /* Every worker pushes each clock from..to-1 (g: one gradient buffer per
  * worker) and waits for its acknowledgement. */
 static void push_clocks(struct ps_client *c[NWORKERS], float g[NWORKERS][NA], int from, int to)
@@ -209,7 +227,7 @@ static struct ps_shard_stats wait_clocks(int r, uint64_t want)
  * initial ones minus every push once. */
 START_TEST(test_ack_waits_for_sum_across_failover)
 {
-	static float g[NWORKERS][NA], w0[NA], w[NA];
+	static float g[NWORKERS][NA], w0[NA];
 	struct ps_client *c[NWORKERS];
 	struct ps_shard_stats a, b;
 	int64_t id[NWORKERS];
@@ -240,15 +258,7 @@ START_TEST(test_ack_waits_for_sum_across_failover)
 	for (int r = 0; r < NWORKERS; r++)
 		ck_assert_msg(ps_client_wait(c[r], id[r]) == 0, "worker %d clock 3: %s", r,
 			      ps_client_error(c[r]));
-	pull(c[0], 4, w);
-	for (int i = 0; i < NA; i++) {
-		float want = w0[i];
-		for (int clock = 0; clock < 4; clock++)
-			for (int r = 0; r < NWORKERS; r++)
-				want -= grad(r, clock, i);
-		ck_assert_msg(w[i] == want, "a[%d] = %g after the takeover, %g due (every push "
-			      "once; logs in %s)", i, (double)w[i], (double)want, logdir);
-	}
+	every_push_once(c[0], w0, 4, "after the takeover");
 	b = wait_clocks(!p, 4);
 	ck_assert_int_eq(b.repl_state, 3);
 	ck_assert_uint_eq(b.repl_failovers, 1);
@@ -271,7 +281,7 @@ END_TEST
  * once. */
 START_TEST(test_pending_ack_of_closed_worker)
 {
-	static float g[NWORKERS][NA], w0[NA], w[NA];
+	static float g[NWORKERS][NA], w0[NA];
 	struct ps_client *c[NWORKERS];
 	struct ps_shard_stats a, b;
 	int64_t id[NWORKERS];
@@ -300,15 +310,7 @@ START_TEST(test_pending_ack_of_closed_worker)
 	ck_assert_msg(id[1] > 0 && ps_client_wait(c[1], id[1]) == 0, "worker 1 clock 1: %s",
 		      ps_client_error(c[1]));
 	c[0] = worker(0);
-	pull(c[0], 2, w);
-	for (int i = 0; i < NA; i++) {
-		float want = w0[i];
-		for (int clock = 0; clock < 2; clock++)
-			for (int r = 0; r < NWORKERS; r++)
-				want -= grad(r, clock, i);
-		ck_assert_msg(w[i] == want, "a[%d] = %g, %g due (logs in %s)", i, (double)w[i],
-			      (double)want, logdir);
-	}
+	every_push_once(c[0], w0, 2, "with worker 0 back");
 	ck_assert_int_eq(tu_replica_stats(&cfg, 0, p, -1, &a), 0);
 	ck_assert_int_eq(a.repl_state, 3);
 	t0 = ps_now_s();
@@ -333,7 +335,7 @@ END_TEST
  * applied once. */
 START_TEST(test_resent_push_acked_at_once)
 {
-	static float g[NWORKERS][NA], w0[NA], w[NA];
+	static float g[NWORKERS][NA], w0[NA];
 	struct ps_client *c[NWORKERS];
 	struct ps_shard_stats a;
 	int64_t id[NWORKERS], again, later;
@@ -377,15 +379,7 @@ START_TEST(test_resent_push_acked_at_once)
 		      ps_client_error(c[0]));
 	ck_assert_msg(ps_client_wait(c[1], id[1]) == 0, "worker 1 clock 3: %s",
 		      ps_client_error(c[1]));
-	pull(c[0], 4, w);
-	for (int i = 0; i < NA; i++) {
-		float want = w0[i];
-		for (int clock = 0; clock < 4; clock++)
-			for (int r = 0; r < NWORKERS; r++)
-				want -= grad(r, clock, i);
-		ck_assert_msg(w[i] == want, "a[%d] = %g, %g due (every push once; logs in %s)", i,
-			      (double)w[i], (double)want, logdir);
-	}
+	every_push_once(c[0], w0, 4, "after the resend");
 	for (int r = 0; r < NWORKERS; r++)
 		ps_client_free(c[r]);
 	stop_all();
