@@ -380,13 +380,15 @@ START_TEST(test_rows_after_2_to_3)
 	tu_sleep_ms(1100);
 	train(c, 2, 4, wa, wb, wr);
 	/* the admission filter's figures of each old shard */
-	uint64_t lookups[2], hits[2];
+	uint64_t lookups[2], hits[2], fids[2];
 	for (int k = 0; k < 2; k++) {
 		struct ps_shard_stats st;
 		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
 		lookups[k] = st.tables[0].filter_lookups;
 		hits[k] = st.tables[0].filter_hits;
+		fids[k] = st.tables[0].filter_ids;
 		ck_assert_uint_gt(lookups[k], hits[k]);
+		ck_assert_uint_gt(fids[k], 0);
 	}
 	ps_client_free(c);
 	stop_all(srv, 2);
@@ -415,10 +417,24 @@ START_TEST(test_rows_after_2_to_3)
 	ck_assert_int_eq(total, old[0].nrows + old[1].nrows);
 	ck_assert_int_eq(total, NIDS);
 	/* new shard k goes on with old shard k's filter figures (the counts of
-	 * the ids themselves move with them), the third from none */
+	 * the ids themselves move with them), the third from none. Jump
+	 * hashing moves ids from 2 shards to 3 only onto the new one, so new
+	 * shard k < 2 takes old shard k's counts alone (as many ids counted),
+	 * and the third every old shard's (at most their sum: two ids of the
+	 * same fingerprint and buckets share a count) */
 	for (int k = 0; k < 3; k++) {
 		struct ps_shard_stats st;
 		ck_assert_int_eq(ps_client_stats(c, k, &st), 0);
+		if (k < 2)
+			ck_assert_msg(st.tables[0].filter_ids == fids[k], "new shard %d counts %"
+				      PRIu64 " ids in its filter, old shard %d counted %" PRIu64
+				      " (another old shard's counts taken?)", k,
+				      st.tables[0].filter_ids, k, fids[k]);
+		else
+			ck_assert_msg(st.tables[0].filter_ids > 0 &&
+				      st.tables[0].filter_ids <= fids[0] + fids[1], "new shard 2 "
+				      "counts %" PRIu64 " ids, the old ones %" PRIu64 " and %" PRIu64,
+				      st.tables[0].filter_ids, fids[0], fids[1]);
 		ck_assert_msg(st.tables[0].filter_lookups == (k < 2 ? lookups[k] : 0) &&
 			      st.tables[0].filter_hits == (k < 2 ? hits[k] : 0), "new shard %d: "
 			      "filter lookups %" PRIu64 ", hits %" PRIu64 "; %" PRIu64 " and %" PRIu64
