@@ -2035,6 +2035,11 @@ START_TEST(test_backpressure_bounds_queues)
 	ck_assert_msg(st.reply_queue_peak > (1u << 20) / 2 && st.reply_queue_peak <=
 		      (1u << 20) + reply, "one peer's queue peaked at %" PRIu64 " bytes "
 		      "(limit 1 MiB plus one %" PRIu64 "-byte reply)", st.reply_queue_peak, reply);
+	/* what is queued now is that peer's paused queue */
+	ck_assert_msg(st.reply_queue_bytes > (1u << 20) / 2 &&
+		      st.reply_queue_bytes <= st.reply_queue_total_peak, "%" PRIu64 " reply bytes "
+		      "queued now with a peer paused (its peak %" PRIu64 ", all peers' %" PRIu64 ")",
+		      st.reply_queue_bytes, st.reply_queue_peak, st.reply_queue_total_peak);
 	/* the shard keeps serving the others while that peer is paused */
 	honest_round();
 	snapshot();
@@ -2046,6 +2051,17 @@ START_TEST(test_backpressure_bounds_queues)
 		ck_assert_msg(hwm1 - hwm0 <= 12 * 1024, "the shard's peak memory grew by %ld KiB "
 			      "(bound 12 MiB)", hwm1 - hwm0);
 	flood_drain(&a);
+	/* read and gone: nothing queued, nobody paused (the peaks stay) */
+	for (int t = 0; t < 50; t++) {
+		st = stats();
+		if (!st.reply_queue_bytes && !st.paused_connections)
+			break;
+		tu_sleep_ms(100);
+	}
+	ck_assert_msg(!st.reply_queue_bytes && !st.paused_connections && st.reply_queue_peak >
+		      (1u << 20) / 2, "5 s after the peer read everything: %" PRIu64 " bytes "
+		      "queued, %u paused, peak %" PRIu64, st.reply_queue_bytes,
+		      st.paused_connections, st.reply_queue_peak);
 	after_attack("a peer that does not read its replies");
 	fx_stop();
 
