@@ -184,6 +184,21 @@ static const char *value_of(const char *s, size_t n, const char *key, size_t key
 	return NULL;
 }
 
+/* Whether plain lines s have a line of key k (n bytes, without "="). */
+static int has_key(const char *s, const char *k, size_t n)
+{
+	for (; *s;) {
+		const char *eq = strchr(s, '='), *nl = strchr(s, '\n');
+
+		if (!eq || !nl || eq > nl)
+			return 0;
+		if ((size_t)(eq - s) == n && memcmp(s, k, n) == 0)
+			return 1;
+		s = nl + 1;
+	}
+	return 0;
+}
+
 int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *theirs,
 			     size_t theirs_len, int shard, char *err, size_t errlen)
 {
@@ -224,6 +239,29 @@ int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *t
 			return PS_ECONFIG;
 		}
 		s = nl + 1;
+	}
+	/* a key only the worker sent: a setting sent only when not its
+	 * default (optimizer.dampening, cluster.initial_workers, the tables'
+	 * digest...), which this shard has at its default, or one this
+	 * build does not know; either way not what the shard does */
+	for (const char *t = theirs, *end = theirs + theirs_len; t < end;) {
+		const char *nl = memchr(t, '\n', (size_t)(end - t)), *eol = nl ? nl : end;
+		const char *eq = memchr(t, '=', (size_t)(eol - t));
+		char name[100], said[100];
+
+		if (eq && eq > t && !has_key(mine, t, (size_t)(eq - t))) {
+			ps_log_escape(name, sizeof(name), t, (size_t)(eq - t));
+			if (key)
+				snprintf(err, errlen, "%s: shard %d has none (its default); the two "
+					 "configs must agree", name, shard);
+			else {
+				ps_log_escape(said, sizeof(said), eq + 1, (size_t)(eol - eq) - 1);
+				snprintf(err, errlen, "%s: the worker has %s, shard %d has none (its "
+					 "default); the two configs must agree", name, said, shard);
+			}
+			return PS_ECONFIG;
+		}
+		t = nl ? nl + 1 : end;
 	}
 	return 0;
 }

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include "auth.h"
 #include "config.h"
 #include "config_agree.h"
 #include "msg.h"
@@ -159,6 +160,174 @@ static void expect_refused(struct one *o, const char *key, const char *extra,
 		      "the refusal names %s, %s and %s: %s", key, mine, theirs, err);
 	unlink(wpath);
 }
+
+/* The config of a case of test_every_setting_compared: the base, with
+ * one part (cluster, consistency, optimizer, limits, table) replaced. */
+struct agree_parts {
+	const char *cluster, *consistency, *optimizer, *limits, *table;
+};
+
+static void agree_load(struct ps_config *cfg, const struct agree_parts *p)
+{
+	char yaml[2048], err[512];
+
+	snprintf(yaml, sizeof(yaml), "cluster: {servers: [127.0.0.1:1, 127.0.0.1:2], %s}\n"
+		 "consistency: %s\noptimizer: %s\nlimits: %s\nmodel:\n  tensors: [{name: w, "
+		 "shape: [8]}]\n  embeddings:\n    - {name: e, dim: 4, init: zeros, %s}\n", p->cluster,
+		 p->consistency, p->optimizer, p->limits, p->table);
+	ck_assert_msg(ps_config_load_string(cfg, yaml, "agree", err, sizeof(err)) == 0, "%s: %s",
+		      yaml, err);
+}
+
+/* Every setting a worker and its shards share, each differing alone
+ * (function level, no process): the shard's comparison refuses it naming
+ * the key, the worker's value and its own; with the cluster secret (values
+ * sent as keyed digests) it names the key and its own value, and the
+ * worker adds its own. A setting only one side sets (those sent only when
+ * not the default: dampening, average, initial_workers, the config's
+ * tables) is refused whichever side sets it. Equal configs agree. */
+START_TEST(test_every_setting_compared)
+{
+	static const struct agree_parts base = {
+		"workers: 4", "{mode: async, staleness: 2}",
+		"{name: momentum, lr: 0.5, momentum: 0.9, beta1: 0.9, beta2: 0.999, eps: 1e-8, "
+		"weight_decay: 0.01, initial_accumulator: 0.1}",
+		"{max_clock_ahead: 64}",
+		"optimizer: ftrl, lr: 0.5, eps: 1e-8, beta1: 0.9, beta2: 0.999, "
+		"initial_accumulator: 0.1, l1: 0.5, l2: 0.25, ftrl_beta: 1",
+	};
+	static const struct {
+		const char *key, *part, *with, *mine, *theirs;
+	} c[] = {
+		{ "cluster.workers", "cluster", "workers: 3", "4", "3" },
+		{ "cluster.replicas", "cluster", "workers: 4, replicas: 1, backups: [127.0.0.1:3, 127.0.0.1:4]",
+		  "0", "1" },
+		{ "cluster.initial_workers", "cluster", "workers: 4, initial_workers: 2", NULL, "2" },
+		{ "consistency.mode", "consistency", "{mode: sync}", "async", "sync" },
+		{ "consistency.staleness", "consistency", "{mode: async, staleness: 3}", "2", "3" },
+		{ "limits.max_clock_ahead", "limits", "{max_clock_ahead: 65}", "64", "65" },
+		{ "optimizer.name", "optimizer", "{name: adam, lr: 0.5, momentum: 0.9, beta1: 0.9, "
+		  "beta2: 0.999, eps: 1e-8, weight_decay: 0.01, initial_accumulator: 0.1}", "momentum",
+		  "adam" },
+		{ "optimizer.lr", "optimizer", "{name: momentum, lr: 0.25, momentum: 0.9, beta1: 0.9, "
+		  "beta2: 0.999, eps: 1e-8, weight_decay: 0.01, initial_accumulator: 0.1}", "0.5",
+		  "0.25" },
+		{ "optimizer.momentum", "optimizer", "{name: momentum, lr: 0.5, momentum: 0.75, "
+		  "beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, "
+		  "initial_accumulator: 0.1}", "0.899999976", "0.75" },
+		{ "optimizer.nesterov", "optimizer", "{name: momentum, lr: 0.5, momentum: 0.9, "
+		  "nesterov: true, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, "
+		  "initial_accumulator: 0.1}", "false", "true" },
+		{ "optimizer.beta1", "optimizer", "{name: momentum, lr: 0.5, momentum: 0.9, beta1: 0.5, "
+		  "beta2: 0.999, eps: 1e-8, weight_decay: 0.01, initial_accumulator: 0.1}",
+		  "0.899999976", "0.5" },
+		{ "optimizer.beta2", "optimizer", "{name: momentum, lr: 0.5, momentum: 0.9, beta1: 0.9, "
+		  "beta2: 0.5, eps: 1e-8, weight_decay: 0.01, initial_accumulator: 0.1}",
+		  "0.999000013", "0.5" },
+		{ "optimizer.eps", "optimizer", "{name: momentum, lr: 0.5, momentum: 0.9, beta1: 0.9, "
+		  "beta2: 0.999, eps: 0.25, weight_decay: 0.01, initial_accumulator: 0.1}",
+		  "9.99999994e-09", "0.25" },
+		{ "optimizer.weight_decay", "optimizer", "{name: momentum, lr: 0.5, momentum: 0.9, "
+		  "beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.5, "
+		  "initial_accumulator: 0.1}", "0.00999999978", "0.5" },
+		{ "optimizer.initial_accumulator", "optimizer", "{name: momentum, lr: 0.5, momentum: 0.9, "
+		  "beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, "
+		  "initial_accumulator: 0.5}", "0.100000001", "0.5" },
+		{ "optimizer.dampening", "optimizer", "{name: momentum, lr: 0.5, momentum: 0.9, "
+		  "beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, "
+		  "initial_accumulator: 0.1, dampening: 0.5}", NULL, "0.5" },
+		{ "optimizer.average", "optimizer", "{name: momentum, lr: 0.5, momentum: 0.9, "
+		  "beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, "
+		  "initial_accumulator: 0.1, average: true}", NULL, "true" },
+	};
+	/* each of a table's settings the digest covers */
+	static const char *const tdiff[] = {
+		"optimizer: adam, lr: 0.5, eps: 1e-8, beta1: 0.9, beta2: 0.999, "
+		"initial_accumulator: 0.1, l1: 0.5, l2: 0.25, ftrl_beta: 1",
+		"optimizer: ftrl, lr: 0.25, eps: 1e-8, beta1: 0.9, beta2: 0.999, "
+		"initial_accumulator: 0.1, l1: 0.5, l2: 0.25, ftrl_beta: 1",
+		"optimizer: ftrl, lr: 0.5, eps: 1e-6, beta1: 0.9, beta2: 0.999, "
+		"initial_accumulator: 0.1, l1: 0.5, l2: 0.25, ftrl_beta: 1",
+		"optimizer: ftrl, lr: 0.5, eps: 1e-8, beta1: 0.5, beta2: 0.999, "
+		"initial_accumulator: 0.1, l1: 0.5, l2: 0.25, ftrl_beta: 1",
+		"optimizer: ftrl, lr: 0.5, eps: 1e-8, beta1: 0.9, beta2: 0.5, "
+		"initial_accumulator: 0.1, l1: 0.5, l2: 0.25, ftrl_beta: 1",
+		"optimizer: ftrl, lr: 0.5, eps: 1e-8, beta1: 0.9, beta2: 0.999, "
+		"initial_accumulator: 0.5, l1: 0.5, l2: 0.25, ftrl_beta: 1",
+		"optimizer: ftrl, lr: 0.5, eps: 1e-8, beta1: 0.9, beta2: 0.999, "
+		"initial_accumulator: 0.1, l1: 0.25, l2: 0.25, ftrl_beta: 1",
+		"optimizer: ftrl, lr: 0.5, eps: 1e-8, beta1: 0.9, beta2: 0.999, "
+		"initial_accumulator: 0.1, l1: 0.5, l2: 0.5, ftrl_beta: 1",
+		"optimizer: ftrl, lr: 0.5, eps: 1e-8, beta1: 0.9, beta2: 0.999, "
+		"initial_accumulator: 0.1, l1: 0.5, l2: 0.25, ftrl_beta: 2",
+	};
+	uint8_t key[PS_AUTH_KEY_LEN];
+	char mine[PS_AGREE_MAX], theirs[PS_AGREE_MAX], wire[PS_AGREE_MAX], err[600], want[300];
+	struct ps_config a, b;
+	size_t n = sizeof(c) / sizeof(c[0]), nt = sizeof(tdiff) / sizeof(tdiff[0]);
+
+	for (int i = 0; i < PS_AUTH_KEY_LEN; i++)
+		key[i] = (uint8_t)(i * 7 + 1);
+	agree_load(&a, &base);
+	ps_config_agreement(&a, mine, sizeof(mine));
+	ck_assert_int_eq(ps_config_agreement_diff(mine, NULL, mine, strlen(mine), 0, err,
+						  sizeof(err)), 0);
+	ps_config_agreement_wire(mine, key, wire, sizeof(wire));
+	ck_assert_int_eq(ps_config_agreement_diff(mine, key, wire, strlen(wire), 0, err,
+						  sizeof(err)), 0);
+	for (size_t i = 0; i < n + nt; i++) {
+		struct agree_parts p = base;
+		const char *k = i < n ? c[i].key : "model.embeddings (optimizers)";
+
+		if (i >= n)
+			p.table = tdiff[i - n];
+		else if (!strcmp(c[i].part, "cluster"))
+			p.cluster = c[i].with;
+		else if (!strcmp(c[i].part, "consistency"))
+			p.consistency = c[i].with;
+		else if (!strcmp(c[i].part, "optimizer"))
+			p.optimizer = c[i].with;
+		else
+			p.limits = c[i].with;
+		agree_load(&b, &p);
+		ps_config_agreement(&b, theirs, sizeof(theirs));
+		/* the worker (b) against the shard (a), and the other way round */
+		for (int dir = 0; dir < 2; dir++) {
+			const char *sh = dir ? theirs : mine, *wk = dir ? mine : theirs;
+			const char *shv = i < n ? (dir ? c[i].theirs : c[i].mine) : NULL;
+			const char *wkv = i < n ? (dir ? c[i].mine : c[i].theirs) : NULL;
+
+			ck_assert_msg(ps_config_agreement_diff(sh, NULL, wk, strlen(wk), 1, err,
+							       sizeof(err)) == PS_ECONFIG,
+				      "%s differing (%s the worker's) agreed", k, dir ? "a" : "b");
+			if (shv && wkv)
+				snprintf(want, sizeof(want), "%s: the worker has %s, shard 1 has %s; ",
+					 k, wkv, shv);
+			else if (wkv)
+				snprintf(want, sizeof(want), "%s: the worker has %s, shard 1 has none",
+					 k, wkv);
+			else if (shv)
+				snprintf(want, sizeof(want), "%s: shard 1 has %s, the worker sent none",
+					 k, shv);
+			else
+				snprintf(want, sizeof(want), "%s", k);
+			ck_assert_msg(strncmp(err, want, strlen(want)) == 0, "%s: '%s', expected '%s'",
+				      k, err, want);
+			/* as digests: the shard's value, or that one side has none */
+			ps_config_agreement_wire(wk, key, wire, sizeof(wire));
+			ck_assert_int_eq(ps_config_agreement_diff(sh, key, wire, strlen(wire), 1, err,
+								  sizeof(err)), PS_ECONFIG);
+			if (shv)
+				snprintf(want, sizeof(want), "%s: shard 1 has %s", k, shv);
+			else
+				snprintf(want, sizeof(want), "%s: shard 1 has none", k);
+			ck_assert_msg(!strncmp(err, want, strlen(want)) || (!shv && i >= n &&
+								 !strncmp(err, k, strlen(k))),
+				      "%s (digests): '%s', expected '%s'", k, err, want);
+		}
+	}
+}
+END_TEST
 
 START_TEST(test_settings_must_agree)
 {
@@ -481,6 +650,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_settings_must_agree);
+	TU_ADD(tc, test_every_setting_compared);
 	TU_ADD(tc, test_duplicate_rank_refused);
 	TU_ADD(tc, test_restart_takes_over_silent_connection);
 	TU_ADD(tc, test_rejoin_at_told_clock);
