@@ -145,7 +145,8 @@ size_t ps_config_agreement_wire(const char *plain, const uint8_t *key, char *out
 	return at;
 }
 
-void ps_config_agreement_own(const char *plain, const char *refusal, char *out, size_t len)
+void ps_config_agreement_own(const char *plain, const char *refusal, const char *self,
+			     char *out, size_t len)
 {
 	const char *colon = strchr(refusal, ':');
 	size_t keylen = colon ? (size_t)(colon - refusal) : 0;
@@ -157,7 +158,7 @@ void ps_config_agreement_own(const char *plain, const char *refusal, char *out, 
 		if (!eq || !nl || eq > nl)
 			break;
 		if ((size_t)(eq - s) == keylen && memcmp(s, refusal, keylen) == 0) {
-			snprintf(out, len, "; this worker has %.*s", (int)(nl - eq) - 1, eq + 1);
+			snprintf(out, len, "; this %s has %.*s", self, (int)(nl - eq) - 1, eq + 1);
 			return;
 		}
 		s = nl + 1;
@@ -200,14 +201,14 @@ static int has_key(const char *s, const char *k, size_t n)
 }
 
 int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *theirs,
-			     size_t theirs_len, int shard, char *err, size_t errlen)
+			     size_t theirs_len, int shard, const char *peer, char *err, size_t errlen)
 {
 	const char *s = mine;
 
 	if (!theirs_len) {
-		snprintf(err, errlen, "the worker sent none of the settings workers and shards must "
-			 "share (cluster.workers, consistency, optimizer...): a client older than "
-			 "this shard?");
+		snprintf(err, errlen, "%s sent none of the settings workers and shards must "
+			 "share (cluster.workers, consistency, optimizer...): a build older than "
+			 "this shard?", peer);
 		return PS_ECONFIG;
 	}
 	while (*s) {
@@ -226,21 +227,21 @@ int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *t
 		if (!v || vlen != mylen || memcmp(v, want, mylen) != 0) {
 			if (key || !v)
 				/* digests: the worker names its own value (it knows it) */
-				snprintf(err, errlen, "%.*s: shard %d has %.*s%s; the two configs must "
-					 "agree", (int)keylen - 1, s, shard, (int)(nl - eq) - 1, eq + 1,
-					 v ? "" : ", the worker sent none");
+				snprintf(err, errlen, "%.*s: shard %d has %.*s%s%s%s; the two configs "
+					 "must agree", (int)keylen - 1, s, shard, (int)(nl - eq) - 1,
+					 eq + 1, v ? "" : ", ", v ? "" : peer, v ? "" : " sent none");
 			else {
 				/* the peer's bytes, escaped: no terminal codes into logs */
 				ps_log_escape(said, sizeof(said), v, vlen);
-				snprintf(err, errlen, "%.*s: the worker has %s, shard %d has %.*s; the "
-					 "two configs must agree", (int)keylen - 1, s, said, shard,
+				snprintf(err, errlen, "%.*s: %s has %s, shard %d has %.*s; the two "
+					 "configs must agree", (int)keylen - 1, s, peer, said, shard,
 					 (int)(nl - eq) - 1, eq + 1);
 			}
 			return PS_ECONFIG;
 		}
 		s = nl + 1;
 	}
-	/* a key only the worker sent: a setting sent only when not its
+	/* a key only the peer sent: a setting sent only when not its
 	 * default (optimizer.dampening, cluster.initial_workers, the tables'
 	 * digest...), which this shard has at its default, or one this
 	 * build does not know; either way not what the shard does */
@@ -256,8 +257,8 @@ int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *t
 					 "configs must agree", name, shard);
 			else {
 				ps_log_escape(said, sizeof(said), eq + 1, (size_t)(eol - eq) - 1);
-				snprintf(err, errlen, "%s: the worker has %s, shard %d has none (its "
-					 "default); the two configs must agree", name, said, shard);
+				snprintf(err, errlen, "%s: %s has %s, shard %d has none (its "
+					 "default); the two configs must agree", name, peer, said, shard);
 			}
 			return PS_ECONFIG;
 		}

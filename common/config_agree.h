@@ -31,14 +31,18 @@ size_t ps_config_agreement_wire(const char *plain, const uint8_t *key, char *out
 /* Compares a peer's lines as sent (theirs: untrusted, any bytes) with
  * mine (plain lines, made wire form with key as above). 0 when they agree;
  * else PS_ECONFIG with the first key that differs in err: "KEY: shard N has
- * B" (digests: the worker adds its own value, ps_config_agreement_own), or
- * "KEY: the worker has A, shard N has B" (plain values). The shard's value
+ * B" (digests: the peer adds its own value, ps_config_agreement_own), or
+ * "KEY: PEER has A, shard N has B" (plain values), PEER being peer ("the
+ * worker", "the partner": the shard's other process). A key only the peer
+ * sent is refused too ("shard N has none (its default)"). The shard's value
  * may be told only to a peer that proved the secret (docs/security.md). */
 int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *theirs,
-			     size_t theirs_len, int shard, char *err, size_t errlen);
+			     size_t theirs_len, int shard, const char *peer, char *err, size_t errlen);
 
-/* A refusal of ps_config_agreement_diff: "; this worker has A" for its key
- * from the plain lines, or "" when it names none of them. */
-void ps_config_agreement_own(const char *plain, const char *refusal, char *out, size_t len);
+/* A refusal of ps_config_agreement_diff: "; this SELF has A" (self:
+ * "worker", "process") for its key from the plain lines, or "" when it
+ * names none of them. */
+void ps_config_agreement_own(const char *plain, const char *refusal, const char *self,
+			     char *out, size_t len);
 
 #endif

@@ -155,8 +155,16 @@ static void auth_log(struct ps_server *s, const char *peer, const char *why)
 static void refuse(struct ps_srv_conn *sc, const char *err)
 {
 	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+	struct ps_server *s = sc->srv;
 
-	ps_warn("refusing %s: %s", sc->conn->peer, err);
+	if (!sc->hello_replica) {
+		ps_warn("refusing %s: %s", sc->conn->peer, err);
+	} else if (strcmp(err, s->replica_refused)) {
+		/* the partner dials again every 0.2 s: said once */
+		ps_error("refusing the shard's other process at %s: %s (said once; it dials "
+			 "again until their configs agree)", sc->conn->peer, err);
+		snprintf(s->replica_refused, sizeof(s->replica_refused), "%s", err);
+	}
 	r.protocol_version = PS_PROTOCOL_VERSION;
 	r.shard = sc->srv->shard;
 	/* the map hash only to a peer that proved the secret */
@@ -318,8 +326,10 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 
 /* A worker whose cluster.workers, consistency or optimizer differs from
  * the shard's would train on another data split or update rule without a
- * word: its Hello's settings must match (config_agree.h), compared as
- * digests keyed with the secret under security.auth. */
+ * word, and the shard's other process (cluster.replicas: 1) would apply
+ * the batches it is sent with another rule, so that a takeover changes
+ * the weights: a Hello's settings must match (config_agree.h), compared
+ * as digests keyed with the secret under security.auth. */
 static int settings_differ(const struct ps_server *s, const Ps__Hello *h, char *err,
 			   size_t errlen)
 {
@@ -328,7 +338,9 @@ static int settings_differ(const struct ps_server *s, const Ps__Hello *h, char *
 	ps_config_agreement(s->cfg, mine, sizeof(mine));
 	return ps_config_agreement_diff(mine, s->cfg->security.auth ? s->secret : NULL,
 					h->settings ? h->settings : "",
-					h->settings ? strlen(h->settings) : 0, s->shard, err, errlen);
+					h->settings ? strlen(h->settings) : 0, s->shard,
+					h->role == PS__ROLE__ROLE_REPLICA ? "the partner" : "the worker",
+					err, errlen);
 }
 
 /* hello is the Hello's metadata as received: the transcript covers it. */
@@ -342,6 +354,8 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 
 	int bad = ps_hello_check(s->cfg, s->map.hash, s->shard, h, err, sizeof(err));
 
+	sc->hello_replica = h->role == PS__ROLE__ROLE_REPLICA;
+
 	if (bad && h->protocol_version == PS_PROTOCOL_VERSION && h->shard_map_hash != s->map.hash &&
 	    h->shard_map_hash == s->old_place_hash)
 		snprintf(err, sizeof(err), "shard map mismatch: the client places rows and slices as "
@@ -349,7 +363,7 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 			 "by jump and rendezvous hashing (map %016" PRIx64 "): run a client of this "
 			 "build", h->shard_map_hash, s->shard, s->map.hash);
 
-	if (!bad && h->role == PS__ROLE__ROLE_WORKER)
+	if (!bad && (h->role == PS__ROLE__ROLE_WORKER || h->role == PS__ROLE__ROLE_REPLICA))
 		bad = settings_differ(s, h, err, sizeof(err));
 
 	if (bad && (h->protocol_version != PS_PROTOCOL_VERSION || !sec->auth)) {
@@ -373,6 +387,7 @@ static void handle_hello(struct ps_server *s, struct ps_srv_conn *sc, const Ps__
 		sc->incarnation = h->incarnation;
 		sc->done_clock = h->done_clock;
 		if (h->role == PS__ROLE__ROLE_REPLICA) {
+			s->replica_refused[0] = 0; /* a refusal after this one is said again */
 			if (h->replica == s->replica) {
 				refuse(sc, "a process with the same replica index dialed: two "
 				       "processes were started for one address?");

@@ -27,6 +27,7 @@
 #include <sodium.h>
 #include "ps_time.h"
 #include "auth.h"
+#include "config_agree.h"
 #include "msg.h"
 #include "ps_err.h"
 #include "ps_log.h"
@@ -311,9 +312,16 @@ static void on_connect(struct ps_conn *c, int status)
 	struct ps_server *s = r->srv;
 	Ps__Hello h = PS__HELLO__INIT;
 	uint8_t nonce[PS_AUTH_NONCE_LEN];
+	char plain[PS_AGREE_MAX], wire[PS_AGREE_MAX];
 
 	if (status < 0 || c != r->out)
 		return; /* on_close follows */
+	/* the settings both processes apply pushes with, as a worker sends
+	 * them: a partner that would apply them otherwise is refused */
+	ps_config_agreement(s->cfg, plain, sizeof(plain));
+	ps_config_agreement_wire(plain, s->cfg->security.auth ? s->secret : NULL, wire,
+				 sizeof(wire));
+	h.settings = wire;
 	h.protocol_version = PS_PROTOCOL_VERSION;
 	h.role = PS__ROLE__ROLE_REPLICA;
 	h.rank = -1;
@@ -410,7 +418,27 @@ static int on_reply(struct ps_server *s, struct ps_conn *c, const Ps__HelloReply
 
 	if (m->ok && v != PS_REPL_V_ACCEPT)
 		return PS_EPROTO; /* an ok from no primary, or to a primary (which does not dial) */
+	if (!m->ok && m->error && strcmp(m->error, "not serving")) {
+		/* refused by the handshake (settings that differ, another map...):
+		 * said once, however often it is dialed again */
+		char plain[PS_AGREE_MAX], own[120], text[sizeof(r->refused)];
+		size_t n = 0;
+
+		for (const char *p = m->error; *p && n + 1 < sizeof(text); p++)
+			text[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
+		text[n] = 0;
+		if (strcmp(text, r->refused)) {
+			ps_config_agreement(s->cfg, plain, sizeof(plain));
+			own[0] = 0;
+			if (s->cfg->security.auth) /* digests: the partner named only its own */
+				ps_config_agreement_own(plain, text, "process", own, sizeof(own));
+			ps_error("replication: the partner at %s refused this process: %s%s (said "
+				 "once; dialing it again)", c->peer, text, own);
+			snprintf(r->refused, sizeof(r->refused), "%s", text);
+		}
+	}
 	if (v == PS_REPL_V_ACCEPT) {
+		r->refused[0] = 0;
 		struct ps_wire_limits lim = {
 			.max_frame = s->cfg->limits.max_frame_bytes,
 			.max_meta = s->cfg->limits.max_meta_bytes,

@@ -113,6 +113,7 @@ struct ps_repl {
 	double unresolved_since, unresolved_said; /* the partner's name: not resolving since, last said */
 	uint8_t *hello;
 	size_t hello_len;
+	char refused[240];          /* the partner's last refusal, logged once */
 	int snap_frames;            /* snapshot frames received so far */
 	double snap_started;
 	uint8_t *snap_tables;       /* joining: the tables' image received so far */

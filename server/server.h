@@ -109,6 +109,7 @@ struct ps_server {
 	double ckpt_last_request;     /* when the last one on request started */
 	const char *ckpt_final;       /* a signal came while one was written: its name */
 	uint8_t secret[32];           /* hashed cluster secret (security.auth) */
+	char replica_refused[240];    /* the last refusal of a partner's Hello, logged once */
 	uint8_t repl_key[32];         /* hashed replication key (replicas with security.auth) */
 	uint8_t reader_key[32];       /* hashed reader key (security.reader_key_file) */
 	int have_reader_key;          /* readers can prove one (else they are refused) */

@@ -36,6 +36,7 @@ struct ps_srv_conn {
 	int authed;                /* proved the secret (or security.auth is off) */
 	char *refusal;             /* CONN_AUTH: why the Hello is refused, told once proven */
 	int is_replica;            /* the shard's other process dialed (Hello ROLE_REPLICA) */
+	int hello_replica;         /* its Hello said ROLE_REPLICA, accepted or not */
 	int repl_auth;             /* the handshake proves the replication key, not the secret */
 	int is_reader;             /* a reader (Hello ROLE_READER): pulls only, rank -1 */
 	int is_link;               /* ... and is this primary's backup now (replica.h) */

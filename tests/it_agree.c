@@ -270,11 +270,11 @@ START_TEST(test_every_setting_compared)
 		key[i] = (uint8_t)(i * 7 + 1);
 	agree_load(&a, &base);
 	ps_config_agreement(&a, mine, sizeof(mine));
-	ck_assert_int_eq(ps_config_agreement_diff(mine, NULL, mine, strlen(mine), 0, err,
-						  sizeof(err)), 0);
+	ck_assert_int_eq(ps_config_agreement_diff(mine, NULL, mine, strlen(mine), 0, "the worker",
+						  err, sizeof(err)), 0);
 	ps_config_agreement_wire(mine, key, wire, sizeof(wire));
-	ck_assert_int_eq(ps_config_agreement_diff(mine, key, wire, strlen(wire), 0, err,
-						  sizeof(err)), 0);
+	ck_assert_int_eq(ps_config_agreement_diff(mine, key, wire, strlen(wire), 0, "the worker",
+						  err, sizeof(err)), 0);
 	for (size_t i = 0; i < n + nt; i++) {
 		struct agree_parts p = base;
 		const char *k = i < n ? c[i].key : "model.embeddings (optimizers)";
@@ -291,32 +291,34 @@ START_TEST(test_every_setting_compared)
 			p.limits = c[i].with;
 		agree_load(&b, &p);
 		ps_config_agreement(&b, theirs, sizeof(theirs));
-		/* the worker (b) against the shard (a), and the other way round */
+		/* the worker (b) against the shard (a), and the other way round
+		 * as the shard's other process (a partner) would dial it */
 		for (int dir = 0; dir < 2; dir++) {
 			const char *sh = dir ? theirs : mine, *wk = dir ? mine : theirs;
+			const char *peer = dir ? "the partner" : "the worker";
 			const char *shv = i < n ? (dir ? c[i].theirs : c[i].mine) : NULL;
 			const char *wkv = i < n ? (dir ? c[i].mine : c[i].theirs) : NULL;
 
-			ck_assert_msg(ps_config_agreement_diff(sh, NULL, wk, strlen(wk), 1, err,
+			ck_assert_msg(ps_config_agreement_diff(sh, NULL, wk, strlen(wk), 1, peer, err,
 							       sizeof(err)) == PS_ECONFIG,
-				      "%s differing (%s the worker's) agreed", k, dir ? "a" : "b");
+				      "%s differing (%s the peer's) agreed", k, dir ? "a" : "b");
 			if (shv && wkv)
-				snprintf(want, sizeof(want), "%s: the worker has %s, shard 1 has %s; ",
-					 k, wkv, shv);
+				snprintf(want, sizeof(want), "%s: %s has %s, shard 1 has %s; ", k, peer,
+					 wkv, shv);
 			else if (wkv)
-				snprintf(want, sizeof(want), "%s: the worker has %s, shard 1 has none",
-					 k, wkv);
+				snprintf(want, sizeof(want), "%s: %s has %s, shard 1 has none", k, peer,
+					 wkv);
 			else if (shv)
-				snprintf(want, sizeof(want), "%s: shard 1 has %s, the worker sent none",
-					 k, shv);
+				snprintf(want, sizeof(want), "%s: shard 1 has %s, %s sent none", k, shv,
+					 peer);
 			else
 				snprintf(want, sizeof(want), "%s", k);
 			ck_assert_msg(strncmp(err, want, strlen(want)) == 0, "%s: '%s', expected '%s'",
 				      k, err, want);
 			/* as digests: the shard's value, or that one side has none */
 			ps_config_agreement_wire(wk, key, wire, sizeof(wire));
-			ck_assert_int_eq(ps_config_agreement_diff(sh, key, wire, strlen(wire), 1, err,
-								  sizeof(err)), PS_ECONFIG);
+			ck_assert_int_eq(ps_config_agreement_diff(sh, key, wire, strlen(wire), 1, peer,
+								  err, sizeof(err)), PS_ECONFIG);
 			if (shv)
 				snprintf(want, sizeof(want), "%s: shard 1 has %s", k, shv);
 			else

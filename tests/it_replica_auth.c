@@ -107,8 +107,11 @@ static void setup(int timeout_ms, const char *extra)
 	ck_assert_ptr_nonnull(mkdtemp(logdir));
 }
 
+static const char *start_cfg; /* another config for start_replica, when set */
+
 static pid_t start_replica(int r)
 {
+	const char *path = start_cfg ? start_cfg : cfg_path;
 	char log[128];
 	pid_t pid;
 
@@ -118,7 +121,7 @@ static pid_t start_replica(int r)
 		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 		if (fd >= 0)
 			dup2(fd, 2);
-		execl("bin/ps-server", "ps-server", "--config", cfg_path, "--shard", "0", "--replica",
+		execl("bin/ps-server", "ps-server", "--config", path, "--shard", "0", "--replica",
 		      r ? "1" : "0", "--log-level", "info", (char *)NULL);
 		_exit(127);
 	}
@@ -137,7 +140,15 @@ static void teardown(void)
 	unlink(cfg_path);
 }
 
+static int log_count(int r, const char *text);
+
 static int log_has(int r, const char *text)
+{
+	return log_count(r, text) > 0;
+}
+
+/* How many times text is in replica r's log (its first 64 KiB). */
+static int log_count(int r, const char *text)
 {
 	char path[160], buf[1 << 16];
 	size_t n;
@@ -149,7 +160,10 @@ static int log_has(int r, const char *text)
 	n = fread(buf, 1, sizeof(buf) - 1, f);
 	fclose(f);
 	buf[n] = 0;
-	return strstr(buf, text) != NULL;
+	int k = 0;
+	for (const char *q = buf; (q = strstr(q, text)); q += strlen(text))
+		k++;
+	return k;
 }
 
 /* Stats of replica r, as a monitor with the cluster secret. */
@@ -495,6 +509,61 @@ static int serve_challenge(struct peer *p, const uint8_t *k, int repl)
 /* ---- the tests ---- */
 
 /* Replica 0 alone, its partner's address held by the test. */
+/* The shard's two processes apply the same pushes: a partner whose
+ * config has another optimizer.lr is refused by the handshake, both ways
+ * (each dials the other), each refusal said once in each log however
+ * often it dials again, the shard's value as a digest names only the
+ * refuser's value and the dialer adds its own; neither process serves
+ * with the other. Started again with the shard's config, the partner
+ * forms the pair. */
+START_TEST(test_partner_settings_must_agree)
+{
+	char other[64], yaml[4096], want[200];
+	FILE *f;
+	size_t n;
+
+	setup(500, "");
+	f = fopen(cfg_path, "r");
+	ck_assert_ptr_nonnull(f);
+	n = fread(yaml, 1, sizeof(yaml) - 1, f);
+	fclose(f);
+	yaml[n] = 0;
+	char *lr = strstr(yaml, "lr: 1\n");
+	ck_assert_ptr_nonnull(lr);
+	memcpy(lr, "lr: 2\n", 6);
+	ck_assert_int_eq(tu_write_temp(other, yaml), 0);
+	srv[0] = start_replica(0);
+	start_cfg = other;
+	srv[1] = start_replica(1);
+	start_cfg = NULL;
+	double t0 = now_ms();
+	for (int r = 0; r < 2; r++) {
+		snprintf(want, sizeof(want), "refused this process: optimizer.lr: shard 0 has %d; the "
+			 "two configs must agree; this process has %d (said once", r ? 1 : 2,
+			 r ? 2 : 1);
+		while (!log_has(r, want) && now_ms() - t0 < 10000 * tu_time_scale())
+			tu_sleep_ms(50);
+		ck_assert_msg(log_has(r, want), "replica %d's log lacks '%s' (logs in %s)", r, want,
+			      logdir);
+	}
+	tu_sleep_ms(1500); /* 7 more dials each way */
+	for (int r = 0; r < 2; r++) {
+		struct ps_shard_stats st = stats_ok(r);
+		ck_assert_int_eq(log_count(r, "refused this process: "), 1);
+		ck_assert_int_eq(log_count(r, "refusing the shard's other process at "), 1);
+		ck_assert_int_eq(log_count(r, "replication: partner "), 0);
+		ck_assert_msg(st.repl_state == 1 && !st.repl_partner_up, "replica %d in state %d "
+			      "beside a partner of another config", r, st.repl_state);
+	}
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	srv[1] = start_replica(1);
+	int pr = wait_pair();
+	ck_assert_int_eq(stats_ok(pr).repl_state, 3);
+	unlink(other);
+	teardown();
+}
+END_TEST
+
 START_TEST(test_impostor_partner_not_believed)
 {
 	struct ps_shard_stats st;
@@ -746,6 +815,11 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 		h.lsn = bad == 4 ? 1ULL << 53 : 0;
 		h.auth_nonce = (ProtobufCBinaryData){ sizeof(nonce), nonce };
 		h.auth_mac = 1;
+		/* the shard's own settings, as its partner sends them */
+		static char plain[PS_AGREE_MAX], settings[PS_AGREE_MAX];
+		ps_config_agreement(&cfg, plain, sizeof(plain));
+		ps_config_agreement_wire(plain, secret, settings, sizeof(settings));
+		h.settings = settings;
 		char want[120];
 		if (bad == 0)
 			snprintf(want, sizeof(want), "same replica index");
@@ -1414,6 +1488,7 @@ static Suite *suite(void)
 	TU_ADD(tc, test_partner_contents_range_checked);
 	TU_ADD(tc, test_partner_rows_range_checked);
 	TU_ADD(tc, test_link_maced_without_security_mac);
+	TU_ADD(tc, test_partner_settings_must_agree);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -285,7 +285,7 @@ static void on_hello_reply(struct ps_client *c, int k, const Ps__HelloReply *m)
 
 		/* a setting that differs: the shard names its value, this
 		 * process adds its own (config_agree.h) */
-		ps_config_agreement_own(c->settings_plain, said, own, sizeof(own));
+		ps_config_agreement_own(c->settings_plain, said, "worker", own, sizeof(own));
 		sh->state = SH_FAILED;
 		sh->status = PS_EREFUSED;
 		snprintf(sh->why, sizeof(sh->why), "shard %d (%s:%d) refused the handshake: %s%s", k,
