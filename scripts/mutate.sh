@@ -217,7 +217,7 @@ suites_of() {
                                     it_replica_stats@test_figures_follow_operations,test_link_timers \
                                     it_fault@test_send_eagain,test_client_oom it_reshard_live san:it_fake_shard \
                                     san:it_cluster@test_fp16_exact test_reshard_live.py ;;
-    common/config_agree.c)     echo it_agree ;;
+    common/config_agree.c)     echo it_agree it_replica_auth@test_partner_settings_must_agree ;;
     common/optim_group.c)      echo it_groups ;;
     common/table_decl.c)       echo it_decl_tables it_hostile@test_declare_lies ;;   # raw declarations of tables that lie
     common/version.c)          echo it_docs.sh rdma:version ;;   # every program's --version; rdma usable in the VM
