@@ -101,6 +101,31 @@ size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len)
 	return at;
 }
 
+size_t ps_config_agreement_partner(const struct ps_config *cfg, char *buf, size_t len)
+{
+	size_t at = ps_config_agreement(cfg, buf, len);
+	uint64_t h = 1469598103934665603ULL;
+	char line[PS_NAME_MAX + 200];
+
+	if (!len)
+		return 0;
+	/* rows are drawn from the seed and created, evicted and expired by
+	 * these, each process on its own from the updates it applies */
+	put(buf, len, &at, "seed=%" PRIu64 "\nlimits.max_table_bytes=%" PRIu64 "\n", cfg->seed,
+	    cfg->limits.max_table_bytes);
+	for (int t = 0; t < cfg->ntables - cfg->ndecl_tables; t++) {
+		const struct ps_table_cfg *tb = &cfg->tables[t];
+		int n = snprintf(line, sizeof(line), "%s:%d:%.9g:%d:%d:%" PRId64 ":%" PRId64 ";",
+				 tb->name, (int)tb->init, (double)tb->init_value, tb->admission,
+				 tb->ttl_s, tb->max_rows, tb->filter_ids);
+		for (int i = 0; i < n && i < (int)sizeof(line); i++)
+			h = (h ^ (uint8_t)line[i]) * 1099511628211ULL;
+	}
+	if (cfg->ntables - cfg->ndecl_tables)
+		put(buf, len, &at, "model.embeddings (rows)=digest %016" PRIx64 "\n", h);
+	return at;
+}
+
 /* The form of one value on the wire: itself, or with key "#" and 16 hex
  * digits of a BLAKE2b keyed with the cluster secret over "name=value", so
  * that the Hello, sent before any encryption, shows no hyper-parameter to

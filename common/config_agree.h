@@ -22,6 +22,13 @@
  * least PS_AGREE_MAX). Returns the length written. */
 size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len);
 
+/* The lines of ps_config_agreement and what the two processes of a
+ * replicated shard must also share, since each makes, evicts and expires
+ * rows on its own from the updates it applies: seed,
+ * limits.max_table_bytes and a digest of the config's tables' init, value,
+ * admission, ttl, max_rows and filter_ids. Sent in a replica's Hello. */
+size_t ps_config_agreement_partner(const struct ps_config *cfg, char *buf, size_t len);
+
 /* The lines as sent (Hello.settings): with key (the hashed cluster
  * secret, security.auth) each value is replaced by "#" and a keyed digest
  * of its line, so the Hello shows no setting to a listener; with key NULL

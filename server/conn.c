@@ -327,15 +327,19 @@ static void accept_client(struct ps_server *s, struct ps_srv_conn *sc)
 /* A worker whose cluster.workers, consistency or optimizer differs from
  * the shard's would train on another data split or update rule without a
  * word, and the shard's other process (cluster.replicas: 1) would apply
- * the batches it is sent with another rule, so that a takeover changes
- * the weights: a Hello's settings must match (config_agree.h), compared
+ * the batches it is sent with another rule, or make other rows, so that a
+ * takeover changes the weights: a Hello's settings must match
+ * (config_agree.h; a partner's also seed and the tables' rules), compared
  * as digests keyed with the secret under security.auth. */
 static int settings_differ(const struct ps_server *s, const Ps__Hello *h, char *err,
 			   size_t errlen)
 {
 	char mine[PS_AGREE_MAX];
 
-	ps_config_agreement(s->cfg, mine, sizeof(mine));
+	if (h->role == PS__ROLE__ROLE_REPLICA)
+		ps_config_agreement_partner(s->cfg, mine, sizeof(mine));
+	else
+		ps_config_agreement(s->cfg, mine, sizeof(mine));
 	return ps_config_agreement_diff(mine, s->cfg->security.auth ? s->secret : NULL,
 					h->settings ? h->settings : "",
 					h->settings ? strlen(h->settings) : 0, s->shard,

@@ -316,9 +316,9 @@ static void on_connect(struct ps_conn *c, int status)
 
 	if (status < 0 || c != r->out)
 		return; /* on_close follows */
-	/* the settings both processes apply pushes with, as a worker sends
-	 * them: a partner that would apply them otherwise is refused */
-	ps_config_agreement(s->cfg, plain, sizeof(plain));
+	/* the settings both processes apply pushes and make rows with: a
+	 * partner that would apply them otherwise is refused */
+	ps_config_agreement_partner(s->cfg, plain, sizeof(plain));
 	ps_config_agreement_wire(plain, s->cfg->security.auth ? s->secret : NULL, wire,
 				 sizeof(wire));
 	h.settings = wire;
@@ -428,7 +428,7 @@ static int on_reply(struct ps_server *s, struct ps_conn *c, const Ps__HelloReply
 			text[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
 		text[n] = 0;
 		if (strcmp(text, r->refused)) {
-			ps_config_agreement(s->cfg, plain, sizeof(plain));
+			ps_config_agreement_partner(s->cfg, plain, sizeof(plain));
 			own[0] = 0;
 			if (s->cfg->security.auth) /* digests: the partner named only its own */
 				ps_config_agreement_own(plain, text, "process", own, sizeof(own));

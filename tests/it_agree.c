@@ -331,6 +331,62 @@ START_TEST(test_every_setting_compared)
 }
 END_TEST
 
+/* What only the two processes of a replicated shard must share (each
+ * makes, evicts and expires rows itself): seed, limits.max_table_bytes and
+ * each of a config table's init, value, admission, ttl, max_rows and
+ * filter_ids. Each differing alone is refused as a partner's setting and
+ * accepted as a worker's; the worker's lines are the partner's first. */
+START_TEST(test_partner_settings_compared)
+{
+	static const char *const tbl[] = {
+		"init: uniform, scale: 0.5, admission: 2, ttl: 60, max_rows: 1000, filter_ids: 4096",
+		"init: normal, scale: 0.5, admission: 2, ttl: 60, max_rows: 1000, filter_ids: 4096",
+		"init: uniform, scale: 0.25, admission: 2, ttl: 60, max_rows: 1000, filter_ids: 4096",
+		"init: uniform, scale: 0.5, admission: 3, ttl: 60, max_rows: 1000, filter_ids: 4096",
+		"init: uniform, scale: 0.5, admission: 2, ttl: 61, max_rows: 1000, filter_ids: 4096",
+		"init: uniform, scale: 0.5, admission: 2, ttl: 60, max_rows: 999, filter_ids: 4096",
+		"init: uniform, scale: 0.5, admission: 2, ttl: 60, max_rows: 1000, filter_ids: 8192",
+	};
+	static const char *const top[] = { "seed: 7\n", "seed: 8\n", "seed: 7\n" };
+	static const char *const lim[] = { "1GiB", "1GiB", "2GiB" };
+	char yaml[2048], err[600], mine[PS_AGREE_MAX], theirs[PS_AGREE_MAX];
+	char wmine[PS_AGREE_MAX], wtheirs[PS_AGREE_MAX];
+	struct ps_config a, b;
+	int ncase = 2 + (int)(sizeof(tbl) / sizeof(tbl[0]) - 1);
+
+	for (int i = 0; i <= ncase; i++) {
+		/* case 0: the base; 1, 2: seed, max_table_bytes; then each table key */
+		for (int side = 0; side < 2; side++) {
+			int k = side ? i : 0;
+			snprintf(yaml, sizeof(yaml), "%scluster: {servers: [127.0.0.1:1], workers: 2}\n"
+				 "limits: {max_table_bytes: %s}\nmodel:\n  tensors: [{name: w, shape: "
+				 "[8]}]\n  embeddings:\n    - {name: e, dim: 4, %s}\n",
+				 top[k < 3 ? k : 0], lim[k < 3 ? k : 0], tbl[k >= 3 ? k - 2 : 0]);
+			ck_assert_msg(ps_config_load_string(side ? &b : &a, yaml, "agree", err,
+							    sizeof(err)) == 0, "%s: %s", yaml, err);
+		}
+		ps_config_agreement_partner(&a, mine, sizeof(mine));
+		ps_config_agreement_partner(&b, theirs, sizeof(theirs));
+		ps_config_agreement(&a, wmine, sizeof(wmine));
+		ps_config_agreement(&b, wtheirs, sizeof(wtheirs));
+		ck_assert_msg(!strncmp(mine, wmine, strlen(wmine)), "case %d: the partner's lines "
+			      "do not start with the worker's:\n%s\n%s", i, mine, wmine);
+		ck_assert_int_eq(ps_config_agreement_diff(wmine, NULL, wtheirs, strlen(wtheirs), 0,
+							  "the worker", err, sizeof(err)), 0);
+		int rc = ps_config_agreement_diff(mine, NULL, theirs, strlen(theirs), 0, "the partner",
+						  err, sizeof(err));
+		ck_assert_msg(i ? rc == PS_ECONFIG : rc == 0, "case %d: %d (%s)", i, rc,
+			      rc ? err : "agreed");
+		const char *key = i == 1 ? "seed: the partner has 8, shard 0 has 7"
+				  : i == 2 ? "limits.max_table_bytes: the partner has 2147483648, "
+					     "shard 0 has 1073741824"
+				  : "model.embeddings (rows): the partner has digest ";
+		ck_assert_msg(!i || !strncmp(err, key, strlen(key)), "case %d: '%s', expected '%s'",
+			      i, err, key);
+	}
+}
+END_TEST
+
 START_TEST(test_settings_must_agree)
 {
 	struct one o;
@@ -653,6 +709,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_settings_must_agree);
 	TU_ADD(tc, test_every_setting_compared);
+	TU_ADD(tc, test_partner_settings_compared);
 	TU_ADD(tc, test_duplicate_rank_refused);
 	TU_ADD(tc, test_restart_takes_over_silent_connection);
 	TU_ADD(tc, test_rejoin_at_told_clock);
