@@ -265,6 +265,89 @@ START_TEST(test_decl_diff_every_key)
 }
 END_TEST
 
+/* ps_table_decl_check, which the client and the shard run on every
+ * declared table: each numeric key one step past each of its bounds
+ * alone is refused naming the key and the value; a const value past its
+ * bounds is the value's fault, a zeros table with a value is said to be
+ * one (whatever the value); a scale past its bounds, an init or optimizer
+ * past its list, a name of 0 or 64 bytes, ftrl on rows that do not start
+ * at 0 and ctr fields each have their words. No shard: the function. */
+START_TEST(test_decl_check_every_bound)
+{
+	struct ps_table_cfg a, b;
+	char why[300];
+
+	ps_table_decl_defaults(&a);
+	snprintf(a.name, sizeof(a.name), "e");
+	a.dim = 4;
+	ck_assert_msg(ps_table_decl_check(&a, why, sizeof(why)) == 0, "%s", why);
+#define BAD(field, v, text)                                                                \
+	do {                                                                               \
+		b = a;                                                                     \
+		b.field = v;                                                               \
+		why[0] = 0;                                                                \
+		ck_assert_msg(ps_table_decl_check(&b, why, sizeof(why)) == PS_ECONFIG &&   \
+			      strncmp(why, text, strlen(text)) == 0, #field " = " #v ": '%s', '%s' " \
+			      "expected", why, text);                                      \
+	} while (0)
+	BAD(dim, 0, "table 'e': dim is 0, expected");
+	BAD(dim, PS_MAX_ROW_DIM + 1, "table 'e': dim is 4097, expected");
+	BAD(lr, 0.0f, "table 'e': lr is 0, expected");
+	BAD(lr, 2e6f, "table 'e': lr is 2e+06, expected");
+	BAD(eps, 0.0f, "table 'e': eps is 0, expected");
+	BAD(eps, 2.0f, "table 'e': eps is 2, expected");
+	BAD(beta1, -0.5f, "table 'e': beta1 is -0.5, expected");
+	BAD(beta1, 1.0f, "table 'e': beta1 is 1, expected");
+	BAD(beta2, -0.5f, "table 'e': beta2 is -0.5, expected");
+	BAD(beta2, 1.0f, "table 'e': beta2 is 1, expected");
+	BAD(initial_accumulator, -1.0f, "table 'e': initial_accumulator is -1, expected");
+	BAD(initial_accumulator, 2e6f, "table 'e': initial_accumulator is 2e+06, expected");
+	BAD(l1, -1.0f, "table 'e': l1 is -1, expected");
+	BAD(l1, 2e6f, "table 'e': l1 is 2e+06, expected");
+	BAD(l2, -1.0f, "table 'e': l2 is -1, expected");
+	BAD(l2, 2e6f, "table 'e': l2 is 2e+06, expected");
+	BAD(ftrl_beta, -1.0f, "table 'e': ftrl_beta is -1, expected");
+	BAD(ftrl_beta, 2e6f, "table 'e': ftrl_beta is 2e+06, expected");
+	BAD(admission, -1, "table 'e': admission is -1, expected");
+	BAD(admission, 256, "table 'e': admission is 256, expected");
+	BAD(ttl_s, -1, "table 'e': ttl is -1, expected");
+	BAD(ttl_s, (1 << 30) + 1, "table 'e': ttl is 1.07374e+09, expected");
+	BAD(max_rows, -1, "table 'e': max_rows is -1, expected");
+	BAD(max_rows, (1ll << 40) + 1, "table 'e': max_rows is 1.09951e+12, expected");
+	BAD(filter_ids, 1023, "table 'e': filter_ids is 1023, expected");
+	BAD(filter_ids, (1ll << 32) + 1, "table 'e': filter_ids is 4.29497e+09, expected");
+	BAD(init, (enum ps_init_kind)7, "table 'e': init 7, expected zeros, const, uniform or normal");
+	BAD(init, PS_INIT_ARANGE, "table 'e': init 4, expected zeros, const, uniform or normal");
+	BAD(optimizer, 9, "table 'e': optimizer 9, expected sgd, adagrad, rowwise_adagrad");
+	BAD(optimizer, -1, "table 'e': optimizer -1, expected sgd, adagrad, rowwise_adagrad");
+	BAD(fields, 1, "table 'e': fields are for model.embeddings of the ctr preset");
+	BAD(name[0], 0, "table name of 0 bytes, expected 1..63");
+	memset(b.name, 'n', sizeof(b.name));
+	ck_assert_int_eq(ps_table_decl_check(&b, why, sizeof(why)), PS_ECONFIG);
+	ck_assert_str_eq(why, "table name of 64 bytes, expected 1..63");
+	/* the value or scale as the init reads it */
+	a.init = PS_INIT_CONST;
+	BAD(init_value, 2e30f, "table 'e': value is 2e+30, expected");
+	BAD(init_value, -2e30f, "table 'e': value is -2e+30, expected");
+	a.init = PS_INIT_ZEROS;
+	a.init_value = 0.0f;
+	BAD(init_value, 2e30f, "table 'e': init zeros with a value of 2e+30");
+	BAD(init_value, 0.5f, "table 'e': init zeros with a value of 0.5");
+	b = a;
+	b.optimizer = PS_ROPT_FTRL;
+	ck_assert_msg(ps_table_decl_check(&b, why, sizeof(why)) == 0, "ftrl on zeros: %s", why);
+	for (int init = PS_INIT_UNIFORM; init <= PS_INIT_NORMAL; init++) {
+		a.init = (enum ps_init_kind)init;
+		a.init_value = 0.05f;
+		BAD(init_value, 2e6f, "table 'e': scale is 2e+06, expected");
+		BAD(init_value, -1.0f, "table 'e': scale is -1, expected");
+		BAD(optimizer, PS_ROPT_FTRL, "table 'e': optimizer ftrl derives the weights from "
+		    "its state and starts them at 0; expected init zeros, got ");
+	}
+#undef BAD
+}
+END_TEST
+
 START_TEST(test_decl_tables_train)
 {
 	struct ps_client *c0, *c1;
@@ -733,6 +816,7 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 120);
 	TU_ADD(tc, test_decl_diff_every_key);
+	TU_ADD(tc, test_decl_check_every_bound);
 	TU_ADD(tc, test_decl_tables_train);
 	TU_ADD(tc, test_decl_tables_refused);
 	TU_ADD(tc, test_decl_tables_hostile);
