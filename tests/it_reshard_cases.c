@@ -315,6 +315,19 @@ START_TEST(test_pairs_2_to_3)
 			      "%s: no refusal naming both files of old pair 1", f);
 		for (int r = 0; r < 2; r++)
 			ck_assert_int_eq(rename(b[r], a[r]), 0);
+		/* replica 0's file alone (the backup's set aside): it is the one
+		 * read, and it is of clock 2, the other pair's of 4: refused,
+		 * saying so */
+		ck_assert_int_eq(rename(a[1], b[1]), 0);
+		q = start_proc("only0", 2, 1, old, 2);
+		ck_assert_int_ne(tu_wait_child(q), 0);
+		snprintf(f, sizeof(f), "%s/only0-2-r1.log", dir);
+		char want[600];
+		snprintf(want, sizeof(want), "%s: worker 0 finished clock 2 there, 4 in ", a[0]);
+		ck_assert_msg(file_has(f, want) && !file_has(f, "only replica 1"),
+			      "%s: old pair 1's replica 0 file alone not the one read ('%s' due)", f,
+			      want);
+		ck_assert_int_eq(rename(b[1], a[1]), 0);
 	}
 	for (int k = 0; k < 3; k++)
 		for (int r = 0; r < 2; r++)
