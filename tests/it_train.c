@@ -141,6 +141,17 @@ static double run_cluster_x(const char *cfg, char *metrics, size_t mlen,
 	long images = strtol(end + 2, &end, 10);
 	ck_assert_msg(images >= 1000 && images <= 10000 && !strncmp(end, " images)", 8),
 		      "images in '%.80s'", p);
+	/* the epoch's own line: the steps, examples and loss of this worker's
+	 * share, and its speed */
+	p = strstr(slurp(out[0]), "epoch 1: ");
+	int steps = 0;
+	long seen = 0;
+	double tl = NAN, sps = NAN;
+	ck_assert_msg(p && sscanf(p, "epoch 1: %d steps, %ld examples, train loss %lf, %lf "
+				  "samples/s", &steps, &seen, &tl, &sps) == 4,
+		      "no epoch line in worker 0's log:\n%s", slurp(out[0]));
+	ck_assert_msg(steps > 0 && seen >= steps && isfinite(tl) && tl > 0 && isfinite(sps) &&
+		      sps > 0, "epoch line '%.100s'", p);
 	snprintf(mpath, sizeof(mpath), "%s/worker-0.jsonl", tmpdir);
 	snprintf(metrics, mlen, "%.*s", (int)mlen - 1, slurp(mpath));
 	ck_assert_msg(strstr(metrics, "\"test_accuracy\":"), "metrics: %s", metrics);
