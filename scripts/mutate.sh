@@ -197,7 +197,7 @@ suites_of() {
     # ps-stat --reshard-stop / --reshard-cancel: the stop, its digest check, the refusals
     worker/ps_stat_reshard.c)  echo it_reshard_requests it_reshard_live it_reshard_live.sh it_reshard_ops@test_one_change_at_a_time ;;
     # ps-worker's ctr preset and its signal thread (leaves on SIGTERM)
-    worker/ctr_model.c|worker/ctr_train.c) echo it_ctr it_elastic@test_ctr_data_once ;;
+    worker/ctr_model.c|worker/ctr_train.c) echo it_ctr it_elastic@test_ctr_data_once it_fault@test_ctr_model_oom ;;
     # test_stop_grace: the grace alarm of a worker stuck at a barrier
     worker/stop_signal.c)      echo it_elastic@test_stop_grace,test_ctr_data_once,test_worker_data_once ;;
     # it_reader: a reader's handshake and its errors; the one elastic case:

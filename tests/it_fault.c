@@ -925,6 +925,68 @@ static int oom_worker(const char *path)
  * (its design, not this code's), which is counted apart. Found: a failed
  * uv_loop_init was not checked (ps_client_init crashed) and the init's
  * out-of-memory returns left its error empty. */
+/* ps-worker training the ctr preset, out of memory while it builds the
+ * model: the buffers of 128 KiB (batch 256 by the 128 outputs of the
+ * second dense layer; the click log's reader takes two first), failed one
+ * after another, each refused with "out of memory" and exit 1, never a
+ * signal; the run past the last trains. */
+START_TEST(test_ctr_model_oom)
+{
+	char data[160], ccfg[64], yaml[1024], out[160];
+	const char *gen[] = { "bin/ps-ctrgen", "--out", data, "--samples", "3000", "--scale",
+			      "0.001", "--seed", "3", NULL };
+	int port = tu_free_port(), model = 0, n;
+	pid_t srv;
+
+	make_dir();
+	snprintf(data, sizeof(data), "%s/ctr.tsv", dir);
+	snprintf(out, sizeof(out), "%s/ctr-worker.out", dir);
+	ck_assert_int_eq(tu_wait_child(tu_spawn(gen, out)), 0);
+	snprintf(yaml, sizeof(yaml),
+		 "cluster: {servers: ['127.0.0.1:%d'], workers: 1}\nseed: 7\n"
+		 "model:\n  preset: ctr\n  embeddings:\n    - {name: cat, dim: 8, init: uniform, "
+		 "scale: 0.01, optimizer: rowwise_adagrad, lr: 0.05}\n"
+		 "optimizer: {name: adam, lr: 0.001}\n"
+		 "train: {batch: 256, epochs: 1, train_file: '%s', test_file: '%s'}\n"
+		 "log: {level: info}\n", port, data, data);
+	ck_assert_int_eq(tu_write_temp(ccfg, yaml), 0);
+	srv = tu_start_server(ccfg, 0);
+	ck_assert(tu_wait_listen(port));
+	for (n = 1; n <= 12; n++) {
+		const char *argv[] = { "bin/ps-worker", "--config", ccfg, "--rank", "0", NULL };
+		char spec[64];
+		pid_t w;
+		int rc;
+
+		snprintf(spec, sizeof(spec), "alloc:%d:ENOMEM:=131072", n);
+		unlink(flog);
+		setenv("LD_PRELOAD", lib, 1);
+		setenv("PS_FAULT", spec, 1);
+		setenv("PS_FAULT_LOG", flog, 1);
+		setenv("PS_FAULT_AFTER", "cpu backend", 1);
+		w = tu_spawn(argv, out);
+		unsetenv("LD_PRELOAD");
+		unsetenv("PS_FAULT");
+		unsetenv("PS_FAULT_LOG");
+		unsetenv("PS_FAULT_AFTER");
+		rc = tu_wait_child(w);
+		if (!faults_made()) {
+			ck_assert_msg(rc == 0 && strstr(slurp(out), "epoch 1: "), "the run without a "
+				      "fault: exit %d: %s", rc, slurp(out));
+			break;
+		}
+		ck_assert_msg(rc == 1 && strstr(slurp(out), "out of memory"), "fault %d: exit %d "
+			      "(1 and 'out of memory' due): %s", n, rc, slurp(out));
+		model += strstr(slurp(out), "ctr: out of memory for batch 256") != NULL;
+	}
+	ck_assert_msg(n <= 12, "12 faults and still more buffers of 128 KiB");
+	ck_assert_msg(model >= 2, "%d faults in the model's buffers", model);
+	ck_assert_int_eq(tu_stop_server(srv), 0);
+	unlink(ccfg);
+	tu_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_client_oom)
 {
 	static const int spread[] = { 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 17, 20, 24, 29, 35,
@@ -1021,6 +1083,7 @@ int main(int argc, char **argv)
 	TU_ADD_LOOP(tc, test_declare_tables_oom_leak, 0, 2);
 	TU_ADD(tc, test_send_eagain);
 	TU_ADD(tc, test_client_oom);
+	TU_ADD(tc, test_ctr_model_oom);
 	suite_add_tcase(s, tc);
 	tu_secret_setup(); /* the cluster secret and replication key, unless set */
 	rc = tu_run_suite(s);
