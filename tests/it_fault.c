@@ -785,14 +785,7 @@ START_TEST(test_send_eagain)
 
 		snprintf(spec, sizeof(spec), "sendmsg:%d:EAGAIN:sock", n);
 		ck_assert(tu_wait_listen(cfg.shards[0].port)); /* the worker does not retry */
-		unlink(flog);
-		setenv("LD_PRELOAD", lib, 1);
-		setenv("PS_FAULT", spec, 1);
-		setenv("PS_FAULT_LOG", flog, 1);
-		w = tu_spawn(argv, out);
-		unsetenv("LD_PRELOAD");
-		unsetenv("PS_FAULT");
-		unsetenv("PS_FAULT_LOG");
+		w = spawn_faulted(argv, out, spec, NULL, 0);
 		rc = tu_wait_child(w);
 		if (!faults_made()) {
 			ck_assert_msg(rc == 0, "without a fault: %s", slurp(out));
@@ -959,16 +952,7 @@ START_TEST(test_ctr_model_oom)
 		int rc;
 
 		snprintf(spec, sizeof(spec), "alloc:%d:ENOMEM:=131072", n);
-		unlink(flog);
-		setenv("LD_PRELOAD", lib, 1);
-		setenv("PS_FAULT", spec, 1);
-		setenv("PS_FAULT_LOG", flog, 1);
-		setenv("PS_FAULT_AFTER", "cpu backend", 1);
-		w = tu_spawn(argv, out);
-		unsetenv("LD_PRELOAD");
-		unsetenv("PS_FAULT");
-		unsetenv("PS_FAULT_LOG");
-		unsetenv("PS_FAULT_AFTER");
+		w = spawn_faulted(argv, out, spec, "cpu backend", 0);
 		rc = tu_wait_child(w);
 		if (!faults_made()) {
 			ck_assert_msg(rc == 0 && strstr(slurp(out), "epoch 1: "), "the run without a "
@@ -1009,18 +993,7 @@ START_TEST(test_client_oom)
 
 		snprintf(spec, sizeof(spec), "alloc:%d", nth);
 		ck_assert(tu_wait_listen(cfg.shards[0].port));
-		unlink(flog);
-		setenv("LD_PRELOAD", lib, 1);
-		setenv("PS_FAULT", spec, 1);
-		setenv("PS_FAULT_AFTER", "worker: start", 1);
-		setenv("PS_FAULT_LOG", flog, 1);
-		setenv("PS_FAULT_BACKTRACE", "1", 1);
-		w = tu_spawn(argv, out);
-		unsetenv("LD_PRELOAD");
-		unsetenv("PS_FAULT");
-		unsetenv("PS_FAULT_AFTER");
-		unsetenv("PS_FAULT_LOG");
-		unsetenv("PS_FAULT_BACKTRACE");
+		w = spawn_faulted(argv, out, spec, "worker: start", 1);
 		rc = tu_wait_exit_s(w, (int)(60 * tu_time_scale()));
 		/* libuv aborts when the growth of its own arrays fails (not
 		 * this code's to handle): such a run is counted, not failed */

@@ -65,6 +65,31 @@ static inline pid_t start_faulted(int r, const char *spec, const char *after)
 	return pid;
 }
 
+/* Spawns argv (tu_spawn, output into out) with the fault spec armed
+ * after the log line after (NULL: at once), faults made into flog
+ * (emptied), each with its call stack when backtrace is set. */
+static inline pid_t spawn_faulted(const char *const *argv, const char *out, const char *spec,
+				  const char *after, int backtrace)
+{
+	pid_t pid;
+
+	unlink(flog);
+	setenv("LD_PRELOAD", lib, 1);
+	setenv("PS_FAULT", spec, 1);
+	setenv("PS_FAULT_LOG", flog, 1);
+	if (after)
+		setenv("PS_FAULT_AFTER", after, 1);
+	if (backtrace)
+		setenv("PS_FAULT_BACKTRACE", "1", 1);
+	pid = tu_spawn(argv, out);
+	unsetenv("LD_PRELOAD");
+	unsetenv("PS_FAULT");
+	unsetenv("PS_FAULT_LOG");
+	unsetenv("PS_FAULT_AFTER");
+	unsetenv("PS_FAULT_BACKTRACE");
+	return pid;
+}
+
 /* The text of file path (static, up to 1 MiB; "" when absent). */
 static inline const char *slurp(const char *path)
 {
