@@ -188,7 +188,7 @@ suites_of() {
     # the live re-shard: the client following a new map, the shards' stop
     # it_client_api@test_stats_sized: a stop's struct sizes and refusals (stop_at lives here)
     worker/client/ps_client_follow.c)  echo it_client_api@test_stats_sized it_reshard_live it_reshard_rows \
-                                            it_reshard_requests it_reshard_live.sh test_reshard_live.py ;;
+                                            it_reshard_requests it_reshard_live.sh test_reshard_live.py it_fault@test_config_diff_oom ;;
     worker/client/ps_client_recut.c)   echo it_reshard_live it_reshard_rows it_reshard_live.sh ;; # the re-cut of waiting pushes at a live re-shard (test_error_feedback_2_3 among them)
     # it_reshard_ops' case: the refusals of a stop, and /metrics of a prepared and a committed one;
     # it_client_api's: a stop asked of a shard without checkpoint.dir

@@ -30,6 +30,7 @@
  * runtime must be the first library loaded, and under valgrind.
  */
 #include "frame_mac.h"
+#include "ps_client_int.h"
 #include "test_fault.h"
 #include "table.h"
 
@@ -971,6 +972,65 @@ START_TEST(test_ctr_model_oom)
 }
 END_TEST
 
+/* The comparison of test_config_diff_oom, in a process of its own started
+ * with libpsfault.so: the config at path against itself with another
+ * optimizer.lr; the first line that differs on stdout. 0. */
+static int config_diff_worker(const char *path)
+{
+	static struct ps_config a, b;
+	char err[512], key[256];
+
+	if (ps_config_load(&a, path, err, sizeof(err))) {
+		printf("%s\n", err);
+		return 2;
+	}
+	b = a;
+	b.optim.lr *= 2;
+	/* libpsfault.so's marker: a write of its own (stdio's are not seen) */
+	if (write(2, "diff: start\n", 12) != 12)
+		return 2;
+	int d = ps__client_config_diff(&a, &b, key, sizeof(key));
+	printf("diff %d: %s\n", d, key);
+	return 0;
+}
+
+/* The comparison a client following a re-shard makes of its config and
+ * the new one (ps_client_follow.c), out of memory at each of its
+ * allocations in turn (memory streams: glibc's last realloc at fclose may
+ * fail and leave no buffer): "(out of memory)" or the key that differs,
+ * never a signal; without a fault, optimizer.lr. */
+START_TEST(test_config_diff_oom)
+{
+	const char *argv[] = { self, "--config-diff", cfg_path, NULL };
+	char out[160];
+	int n, oom = 0;
+
+	make_dir();
+	write_cfg("");
+	snprintf(out, sizeof(out), "%s/diff.out", dir);
+	for (n = 1; n <= 200; n++) {
+		char spec[32];
+
+		snprintf(spec, sizeof(spec), "alloc:%d", n);
+		int rc = tu_wait_child(spawn_faulted(argv, out, spec, "diff: start", 0));
+		int made = faults_made(); /* before slurp(out): one buffer */
+		const char *o = slurp(out);
+		if (!made) {
+			ck_assert_msg(rc == 0 && strstr(o, "diff 1: optimizer.lr"), "without a fault: "
+				      "exit %d: %s", rc, o);
+			break;
+		}
+		ck_assert_msg(rc == 0 && (strstr(o, "diff 1: (out of memory)") ||
+					  strstr(o, "diff 1: optimizer.lr")),
+			      "allocation %d failed: exit %d: %s", n, rc, o);
+		oom += strstr(o, "(out of memory)") != NULL;
+	}
+	ck_assert_msg(n <= 200 && oom >= 4, "%d allocations, %d said out of memory", n - 1, oom);
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_client_oom)
 {
 	static const int spread[] = { 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 17, 20, 24, 29, 35,
@@ -1040,6 +1100,8 @@ int main(int argc, char **argv)
 		return eagain_worker(argv[2]);
 	if (argc == 3 && !strcmp(argv[1], "--oom-worker"))
 		return oom_worker(argv[2]);
+	if (argc == 3 && !strcmp(argv[1], "--config-diff"))
+		return config_diff_worker(argv[2]);
 	if ((rc = tu_fault_setup("it_fault")))
 		return rc;
 
@@ -1057,6 +1119,7 @@ int main(int argc, char **argv)
 	TU_ADD(tc, test_send_eagain);
 	TU_ADD(tc, test_client_oom);
 	TU_ADD(tc, test_ctr_model_oom);
+	TU_ADD(tc, test_config_diff_oom);
 	suite_add_tcase(s, tc);
 	tu_secret_setup(); /* the cluster secret and replication key, unless set */
 	rc = tu_run_suite(s);

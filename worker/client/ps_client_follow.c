@@ -147,9 +147,8 @@ void ps__client_follow_free(struct ps_client *c)
 	free(c->follow_path);
 }
 
-/* The first line where the two configs' dumps differ, into key; 0 when
- * none does. */
-static int first_diff(const struct ps_config *a, const struct ps_config *b, char *key, size_t len)
+int ps__client_config_diff(const struct ps_config *a, const struct ps_config *b, char *key,
+			   size_t len)
 {
 	char *da = NULL, *db = NULL;
 	size_t la = 0, lb = 0;
@@ -236,7 +235,7 @@ static int load_new(struct ps_client *c, const char *path, struct ps_config **ou
 	 * line may have set (ps-worker --epochs, --batch, --limit, --device)
 	 * and which the new config does not change (it takes the servers) */
 	cmp.train = c->file_cfg->train;
-	if (first_diff(c->file_cfg, &cmp, key, sizeof(key))) {
+	if (ps__client_config_diff(c->file_cfg, &cmp, key, sizeof(key))) {
 		rc = PS_ECONFIG;
 		snprintf(why, wl, "the re-shard's config %.400s differs from %.400s in more "
 			 "than cluster.servers (first: '%.120s'): a re-shard changes "

@@ -226,6 +226,10 @@ int ps__client_follow_init(struct ps_client *c, char *err, size_t errlen);
 void ps__client_follow_tick(struct ps_client *c);
 void ps__client_follow_free(struct ps_client *c);
 void ps__client_retire_cfg(struct ps_client *c, struct ps_config *old);
+/* The first line where the two configs' dumps differ, into key; 0 when
+ * none does; 1 with key "(out of memory)" when they could not be made. */
+int ps__client_config_diff(const struct ps_config *a, const struct ps_config *b, char *key,
+			   size_t len);
 
 /* ps_client_members.c: a pull reply's membership noted (under c->mu). */
 void ps__client_note_members(struct ps_client *c, const Ps__PullReply *m);
