@@ -157,7 +157,9 @@ static void refuse(struct ps_srv_conn *sc, const char *err)
 	Ps__HelloReply r = PS__HELLO_REPLY__INIT;
 	struct ps_server *s = sc->srv;
 
-	if (!sc->hello_replica) {
+	if (!sc->hello_replica || (s->cfg->security.auth && !sc->authed)) {
+		/* (a peer that proved nothing changes nothing, not even what the
+		 * log said last) */
 		ps_warn("refusing %s: %s", sc->conn->peer, err);
 	} else if (strcmp(err, s->replica_refused)) {
 		/* the partner dials again every 0.2 s: said once */
