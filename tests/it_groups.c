@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include "config.h"
 #include "msg.h"
+#include "optim_group.h"
 #include "ps_client.h"
 #include "ps_client_int.h" /* raw Declare frames, a push with a bad rate */
 #include "codec.h"
@@ -681,6 +682,79 @@ START_TEST(test_groups_reduce_async)
 }
 END_TEST
 
+/* ps_optim_group_check, which the client and the shard run on every
+ * declared group: each bounded field one step past each of its bounds
+ * alone (and NaN) refused with the group, the field, the value and the
+ * interval; eps only where the kind divides by it; nesterov only for
+ * momentum without dampening; reduce only in sync; a kind past the list.
+ * No shard: the function. */
+START_TEST(test_group_check_every_bound)
+{
+	struct ps_optim_cfg a = { .kind = PS_OPT_ADAM, .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f,
+				  .eps = 1e-8f }, b;
+	char why[300];
+
+	ck_assert_msg(ps_optim_group_check(3, &a, 1, why, sizeof(why)) == 0, "%s", why);
+#define BAD(field, v, text)                                                                \
+	do {                                                                               \
+		b = a;                                                                     \
+		b.field = v;                                                               \
+		why[0] = 0;                                                                \
+		ck_assert_msg(ps_optim_group_check(3, &b, 0, why, sizeof(why)) == PS_ECONFIG && \
+			      strcmp(why, text) == 0, #field " = " #v ": '%s', '%s' expected",  \
+			      why, text);                                                  \
+	} while (0)
+	BAD(kind, PS_OPT_COUNT, "optimizer group 3: unknown kind 6");
+	BAD(lr, -0.5f, "optimizer group 3: learning rate -0.5 is not finite and >= 0");
+	BAD(lr, NAN, "optimizer group 3: learning rate nan is not finite and >= 0");
+	BAD(momentum, -1.0f, "optimizer group 3: momentum is -1, expected [0, 1e+06]");
+	BAD(momentum, 2e6f, "optimizer group 3: momentum is 2e+06, expected [0, 1e+06]");
+	BAD(dampening, -0.5f, "optimizer group 3: dampening is -0.5, expected [0, 1]");
+	BAD(dampening, 1.5f, "optimizer group 3: dampening is 1.5, expected [0, 1]");
+	BAD(beta1, -0.5f, "optimizer group 3: beta1 is -0.5, expected [0, 1)");
+	BAD(beta1, 1.0f, "optimizer group 3: beta1 is 1, expected [0, 1)");
+	BAD(beta2, -0.5f, "optimizer group 3: beta2 is -0.5, expected [0, 1)");
+	BAD(beta2, 1.0f, "optimizer group 3: beta2 is 1, expected [0, 1)");
+	BAD(beta2, INFINITY, "optimizer group 3: beta2 is inf, expected [0, 1)");
+	BAD(weight_decay, -1.0f, "optimizer group 3: weight_decay is -1, expected [0, 1e+06]");
+	BAD(weight_decay, 2e6f, "optimizer group 3: weight_decay is 2e+06, expected [0, 1e+06]");
+	BAD(lr_decay, -1.0f, "optimizer group 3: lr_decay is -1, expected [0, 1e+06]");
+	BAD(lr_decay, 2e6f, "optimizer group 3: lr_decay is 2e+06, expected [0, 1e+06]");
+	BAD(initial_accumulator, -1.0f,
+	    "optimizer group 3: initial_accumulator is -1, expected [0, 1e+30]");
+	BAD(initial_accumulator, 2e30f,
+	    "optimizer group 3: initial_accumulator is 2e+30, expected [0, 1e+30]");
+	BAD(eps, 0.0f, "optimizer group 3: eps is 0, expected (0, 1e+06]");
+	BAD(eps, 2e6f, "optimizer group 3: eps is 2e+06, expected (0, 1e+06]");
+	BAD(nesterov, 1, "optimizer group 3: nesterov needs sgd with momentum > 0 and dampening 0 "
+	    "(as torch.optim.SGD)");
+	/* eps is read by adam, adamw and adagrad only */
+	for (int k = PS_OPT_SGD; k < PS_OPT_COUNT; k++) {
+		b = a;
+		b.kind = (enum ps_optim_kind)k;
+		b.eps = 0.0f;
+		int rc = ps_optim_group_check(3, &b, 0, why, sizeof(why));
+		ck_assert_msg(rc == (k == PS_OPT_ADAM || k == PS_OPT_ADAMW || k == PS_OPT_ADAGRAD
+				     ? PS_ECONFIG : 0), "kind %d with eps 0: %d", k, rc);
+	}
+	/* nesterov: momentum without dampening only */
+	a.kind = PS_OPT_MOMENTUM;
+	a.momentum = 0.9f;
+	b = a;
+	b.nesterov = 1;
+	ck_assert_msg(ps_optim_group_check(3, &b, 0, why, sizeof(why)) == 0, "%s", why);
+	b.dampening = 0.5f;
+	ck_assert_int_eq(ps_optim_group_check(3, &b, 0, why, sizeof(why)), PS_ECONFIG);
+	/* reduce: sync only */
+	a.kind = PS_OPT_REDUCE;
+	ck_assert_int_eq(ps_optim_group_check(3, &a, 0, why, sizeof(why)), 0);
+	ck_assert_int_eq(ps_optim_group_check(3, &a, 1, why, sizeof(why)), PS_ECONFIG);
+	ck_assert_msg(strstr(why, "optimizer group 3: kind reduce ") &&
+		      strstr(why, "needs consistency.mode sync"), "%s", why);
+#undef BAD
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("groups");
@@ -694,6 +768,7 @@ int main(void)
 	TU_ADD(tc, test_groups_refused);
 	TU_ADD(tc, test_groups_reduce_async);
 	TU_ADD(tc, test_declared_codec_overrides);
+	TU_ADD(tc, test_group_check_every_bound);
 	suite_add_tcase(s, tc);
 	failed = tu_run_suite(s);
 	tu_secret_cleanup();
