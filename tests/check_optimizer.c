@@ -731,9 +731,26 @@ END_TEST
  * and state value finite. Its definition, checked with no formula of the
  * test's own, so a check that leaves out a term (the weight decay, a
  * lane, the state) fails here. */
+/* For test_finite_after_matches_apply also: weight decays whose product
+ * with the rate is past 1, so that the decay itself (adamw's w *= 1 -
+ * lr*wd, the others' g + wd*w) can overflow a weight the gradient would
+ * not. */
+static const struct ps_optim_cfg big_decay_cfgs[] = {
+	{ .kind = PS_OPT_ADAMW, .lr = 1.0f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+	  .weight_decay = 1000.0f },
+	{ .kind = PS_OPT_ADAM, .lr = 1.0f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+	  .weight_decay = 1000.0f },
+	{ .kind = PS_OPT_SGD, .lr = 1.0f, .weight_decay = 1000.0f },
+	{ .kind = PS_OPT_MOMENTUM, .lr = 1.0f, .momentum = 0.9f, .weight_decay = 1000.0f },
+	{ .kind = PS_OPT_ADAGRAD, .lr = 1.0f, .eps = 1e-10f, .initial_accumulator = 0.1f,
+	  .weight_decay = 1000.0f },
+};
+#define NBIG_DECAY (sizeof(big_decay_cfgs) / sizeof(big_decay_cfgs[0]))
+
 START_TEST(test_finite_after_matches_apply)
 {
-	const struct ps_optim_cfg *cfg = &long_cfgs[_i];
+	const struct ps_optim_cfg *cfg = _i < (int)NLONG_CFGS ? &long_cfgs[_i]
+				       : &big_decay_cfgs[_i - (int)NLONG_CFGS];
 	const struct ps_optimizer_ops *ops = ps_optimizer_get(cfg->kind);
 	enum { N = 1300 };
 	float *w = alloc_floats(N), *g = alloc_floats(N), *wr = alloc_floats(N);
@@ -824,7 +841,7 @@ static Suite *optimizer_suite(void)
 	tcase_add_loop_test(tl, test_short_lengths, 0, (int)NLONG_CFGS);
 	tcase_add_loop_test(tl, test_long_vector, 0, (int)NLONG_CFGS);
 	tcase_add_loop_test(tl, test_finite_after, 0, (int)NLONG_CFGS);
-	tcase_add_loop_test(tl, test_finite_after_matches_apply, 0, (int)NLONG_CFGS);
+	tcase_add_loop_test(tl, test_finite_after_matches_apply, 0, (int)(NLONG_CFGS + NBIG_DECAY));
 	suite_add_tcase(s, tl);
 	return s;
 }
