@@ -26,6 +26,9 @@
  *    stop is refused (PS_ERESHARD) and asked again: the old shards exit
  *    at their commit (they hung when they took it) and the declaration
  *    completes on the new map with rank 0's values.
+ *  - test_declare_tables_during_stop: the same of a declaration of tables:
+ *    no shard holds the table under the stop; once it is cancelled the
+ *    declaration completes on the same map.
  *  - test_declared_rows_in_flight_2_3: row pushes of a declared table
  *    refused at the stop are cut again for the new map, applied once.
  *  - test_declare_partial_at_stop: a declaration that reached one old
@@ -517,6 +520,68 @@ START_TEST(test_declare_during_stop)
 		      "rank 1's declared tensors differ from rank 0's initial values");
 	train_and_check(c, 1);
 	stop_cluster(c, srv, 3);
+}
+END_TEST
+
+static void *declare_tables_thread(void *arg)
+{
+	struct call *a = arg;
+
+	declare_tables(a);
+	__atomic_store_n(&a->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* A declaration of tables reaching shards that hold a prepared stop is
+ * refused (PS_ERESHARD) and asked again, as one of tensors is: no shard
+ * holds the table while the stop stands; once the stop is cancelled the
+ * declaration completes on the same map and both shards hold it. */
+START_TEST(test_declare_tables_during_stop)
+{
+	char c2[160], err[600];
+	struct ps_client *c[NW], *mon;
+	struct ps_shard_stats st;
+	struct call dec;
+	pthread_t th;
+	pid_t srv[2];
+
+	start_cluster("c2", 2, "", c2, sizeof(c2), srv, c);
+	end_clock_empty(c);
+	ck_assert_int_eq(ps_client_init(&mon, &cfg, -1, err, sizeof(err)), 0);
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stop_at(mon, k, 1, 0, &st) == 0, "%s", ps_client_error(mon));
+	memset(&dec, 0, sizeof(dec));
+	dec.c = c[0];
+	dec.rank = 0;
+	ck_assert_int_eq(pthread_create(&th, NULL, declare_tables_thread, &dec), 0);
+	for (int i = 0; i < 300 && !pending(c[0]) && !__atomic_load_n(&dec.done, __ATOMIC_ACQUIRE);
+	     i++)
+		tu_sleep_ms(10);
+	tu_sleep_ms(500);
+	ck_assert_msg(!__atomic_load_n(&dec.done, __ATOMIC_ACQUIRE), "the declaration of tables "
+		      "ended while both shards held a stop: %s", dec.err);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		ck_assert_msg(st.decl_tables == 0 && st.stop_at == 1, "shard %d: %u tables declared "
+			      "under its stop at %" PRIu64, k, st.decl_tables, st.stop_at);
+	}
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stop_at(mon, k, 0, PS_STOP_CANCEL, &st) == 0, "%s",
+			      ps_client_error(mon));
+	for (int i = 0; i < 1000 && !__atomic_load_n(&dec.done, __ATOMIC_ACQUIRE); i++)
+		tu_sleep_ms(10);
+	ck_assert_msg(__atomic_load_n(&dec.done, __ATOMIC_ACQUIRE), "the declaration of tables "
+		      "did not end within 10 s of the stop's cancel");
+	pthread_join(th, NULL);
+	ck_assert_msg(dec.rc == 0, "%s (%s)", dec.err, ps_strerror(dec.rc));
+	ck_assert_int_eq(ps_config_nshards(ps_client_config(c[0])), 2);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(ps_client_stats(mon, k, &st), 0);
+		ck_assert_msg(st.decl_tables == 1 && st.stop_at == 0, "shard %d after the cancel: %u "
+			      "tables declared, stop at %" PRIu64, k, st.decl_tables, st.stop_at);
+	}
+	ps_client_free(mon);
+	stop_cluster(c, srv, 2);
 }
 END_TEST
 
@@ -1205,6 +1270,7 @@ int main(void)
 	TU_ADD(tc, test_declare_in_flight_2_3);
 	TU_ADD(tc, test_stats_gone_shard_3_2);
 	TU_ADD(tc, test_declare_during_stop);
+	TU_ADD(tc, test_declare_tables_during_stop);
 	TU_ADD(tc, test_declared_rows_in_flight_2_3);
 	TU_ADD(tc, test_declare_partial_at_stop);
 	TU_ADD(tc, test_declare_unfinished_at_stop);
