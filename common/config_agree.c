@@ -78,6 +78,10 @@ size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len)
 		put(buf, len, &at, "optimizer.average=true\n");
 	if (cfg->initial_workers && cfg->initial_workers != cfg->nworkers)
 		put(buf, len, &at, "cluster.initial_workers=%d\n", cfg->initial_workers);
+	/* the ctr preset's workers cut one order of the click log by the seed
+	 * among them: another seed trains some examples twice, others never */
+	if (cfg->seed != 1)
+		put(buf, len, &at, "seed=%" PRIu64 "\n", cfg->seed);
 	if (cfg->ntables - cfg->ndecl_tables) {
 		/* a Hello is at most PS_WIRE_HANDSHAKE_MAX bytes: the tables'
 		 * settings travel as one digest of their lines; declared tables
@@ -111,8 +115,9 @@ size_t ps_config_agreement_partner(const struct ps_config *cfg, char *buf, size_
 		return 0;
 	/* rows are drawn from the seed and created, evicted and expired by
 	 * these, each process on its own from the updates it applies */
-	put(buf, len, &at, "seed=%" PRIu64 "\nlimits.max_table_bytes=%" PRIu64 "\n", cfg->seed,
-	    cfg->limits.max_table_bytes);
+	if (cfg->seed == 1) /* else among the worker's lines */
+		put(buf, len, &at, "seed=1\n");
+	put(buf, len, &at, "limits.max_table_bytes=%" PRIu64 "\n", cfg->limits.max_table_bytes);
 	for (int t = 0; t < cfg->ntables - cfg->ndecl_tables; t++) {
 		const struct ps_table_cfg *tb = &cfg->tables[t];
 		int n = snprintf(line, sizeof(line), "%s:%d:%.9g:%d:%d:%" PRId64 ":%" PRId64 ";",

@@ -331,11 +331,13 @@ START_TEST(test_every_setting_compared)
 }
 END_TEST
 
-/* What only the two processes of a replicated shard must share (each
- * makes, evicts and expires rows itself): seed, limits.max_table_bytes and
- * each of a config table's init, value, admission, ttl, max_rows and
- * filter_ids. Each differing alone is refused as a partner's setting and
- * accepted as a worker's; the worker's lines are the partner's first. */
+/* What the two processes of a replicated shard must share beyond what a
+ * worker does (each makes, evicts and expires rows itself): seed (a
+ * worker's too, when not the default), limits.max_table_bytes and each of
+ * a config table's init, value, admission, ttl, max_rows and filter_ids.
+ * Each differing alone is refused as a partner's setting and, the seed
+ * apart, accepted as a worker's; the worker's lines are the partner's
+ * first. */
 START_TEST(test_partner_settings_compared)
 {
 	static const char *const tbl[] = {
@@ -371,8 +373,14 @@ START_TEST(test_partner_settings_compared)
 		ps_config_agreement(&b, wtheirs, sizeof(wtheirs));
 		ck_assert_msg(!strncmp(mine, wmine, strlen(wmine)), "case %d: the partner's lines "
 			      "do not start with the worker's:\n%s\n%s", i, mine, wmine);
-		ck_assert_int_eq(ps_config_agreement_diff(wmine, NULL, wtheirs, strlen(wtheirs), 0,
-							  "the worker", err, sizeof(err)), 0);
+		/* a worker agrees on the seed (the ctr preset's workers cut one
+		 * order of the data by it), not on the rest */
+		int wrc = ps_config_agreement_diff(wmine, NULL, wtheirs, strlen(wtheirs), 0,
+						   "the worker", err, sizeof(err));
+		ck_assert_msg(i == 1 ? wrc == PS_ECONFIG &&
+				       !strncmp(err, "seed: the worker has 8, shard 0 has 7; ", 39)
+				     : wrc == 0, "case %d as a worker's: %d (%s)", i, wrc,
+			      wrc ? err : "agreed");
 		int rc = ps_config_agreement_diff(mine, NULL, theirs, strlen(theirs), 0, "the partner",
 						  err, sizeof(err));
 		ck_assert_msg(i ? rc == PS_ECONFIG : rc == 0, "case %d: %d (%s)", i, rc,
