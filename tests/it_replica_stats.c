@@ -19,7 +19,8 @@
  *    sides, one every quarter of the timeout); a backup stopped (SIGSTOP)
  *    makes its primary stop serving after the timeout, not before and not
  *    much after; a primary stopped makes its backup take over after twice
- *    the timeout. Each time the pair forms again once the process runs.
+ *    the timeout. Each time the pair forms again once the process runs,
+ *    and its primary says when the backup has the state.
  */
 #include <check.h>
 #include <signal.h>
@@ -337,6 +338,22 @@ static double until_state(int r, int state, double limit_s)
 	return -1;
 }
 
+/* How many times text is in the file at path (its first MiB). */
+static int file_count(const char *path, const char *text)
+{
+	static char buf[1 << 20];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+	int k = 0;
+
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	for (const char *q = buf; (q = strstr(q, text)); q += strlen(text))
+		k++;
+	return k;
+}
+
 START_TEST(test_link_timers)
 {
 	const double t = TIMEOUT_MS / 1000.0, slack = 0.8 * tu_time_scale();
@@ -402,6 +419,16 @@ START_TEST(test_link_timers)
 	ck_assert_uint_eq(b.repl_epoch, a0.repl_epoch + 1);
 	ck_assert_msg(wait_pair(20) == !p, "the resumed process did not join as the backup (logs "
 		      "in %s)", logdir);
+	/* the pair formed three times: each time its primary said when the
+	 * backup had the state (its confirmation of the snapshot's batch) */
+	int said = 0;
+	for (int r = 0; r < 2; r++) {
+		char path[128];
+		snprintf(path, sizeof(path), "%s/shard0-r%d.log", logdir, r);
+		said += file_count(path, "has the state (batch ");
+	}
+	ck_assert_msg(said >= 3, "the primaries said %d times that the backup had the state; the "
+		      "pair formed 3 times (logs in %s)", said, logdir);
 	stop_pair();
 }
 END_TEST
