@@ -286,6 +286,11 @@ export PS_SECRET_FILE=$PWD/$OUT/ps.secret   # absolute: pytest runs in python/te
 # the replicated shards' key, as run-tests.sh makes it (a program that does
 # not make its own would see its pairs refuse to start)
 export PS_REPL_KEY_FILE=$PWD/$OUT/ps.replkey
+# the CUDA plug-in of this tree, as run-tests.sh finds it (test programs
+# live under build/, not beside lib/ as bin/ps-worker does: without it
+# it_train's refusal of device cuda named another reason, it failed on the
+# unmutated tree and was left out of every draw)
+export PS_COMPUTE_PLUGIN_DIR=${PS_COMPUTE_PLUGIN_DIR:-$PWD/lib}
 export PS_TEST_QUICK=1   # it_replica runs fewer clocks; it_checkpoint_big skips its 4.4 GB case
 export PS_TEST_SWEEP=full  # it_fault's test_client_oom fails every allocation in turn
 [ -f "$PS_SECRET_FILE" ] || scripts/ps-keygen "$PS_SECRET_FILE" 2>/dev/null || exit 1
