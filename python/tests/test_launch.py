@@ -146,6 +146,28 @@ def test_ps_worker_exec_out_of_memory(tmp_path):
     assert refused >= 4 and in_config == 5, (refused, in_config)
 
 
+
+def test_ps_worker_exec_without_shell(tmp_path):
+    """ps-worker --exec where /bin/sh cannot be run (a mount namespace of the test's own,
+    /dev/null bound over /bin/sh): exit 127, as a shell says a command is not found, with
+    the reason named, and nothing run."""
+    import shutil
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a mount namespace without /bin/sh")
+    worker = os.path.join(ROOT, "bin", "ps-worker")
+    cfg = write_config(tmp_path, 2)
+    mark = tmp_path / "ran"
+    script = ("mount --bind /dev/null /bin/sh && exec " +
+              shlex.join([worker, "--config", cfg, "--rank", "1", "--secret-file", "/s",
+                          "--exec", f"touch {mark}"]))
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "/bin/bash", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    if "mount" in r.stderr and r.returncode != 127:
+        pytest.skip(f"no mount namespace here: {r.stderr.strip()}")
+    assert r.returncode == 127, (r.returncode, r.stderr)
+    assert "ps-worker: --exec: /bin/sh: " in r.stderr, r.stderr
+    assert not mark.exists()
+
 def test_ps_cluster_worker_cmd_dry_run(tmp_path):
     cfg = write_config(tmp_path, 2)
     text = open(cfg).read().replace("127.0.0.1:", "s1:", 1).replace("127.0.0.1:", "s2:", 1)
