@@ -146,7 +146,7 @@ suites_of() {
     server/replica.c|server/replica_log.c|server/replica_apply.c)
                                echo check_repl_rules it_rows_errors it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows it_reshard_pairs.sh \
                                     it_fault_repl@test_declare_oom san:it_replica_cases \
-                                    san:it_replica_auth@test_partner_contents_range_checked ;;
+                                    san:it_replica_auth@test_partner_contents_range_checked,test_partner_rows_range_checked ;;
     # declarations replicated; it_fault_repl: the primary out of memory copying one
     # it_replica_auth's case: a partner's batches declaring what does not hold
     server/replica_decl.c)     echo it_replica_decl it_fault_repl@test_declare_oom \
