@@ -342,19 +342,23 @@ ensure_built() {    # the variant of suite $1, built with the tree as it is now
   build_variant "$v" $(suite_target "$1") >>"$OUT/build.log" 2>&1 || return 1
   built=$v
 }
+# timeout's TERM, then KILL 30 s later: a script's clean-up that waits for
+# shards a mutant hung would otherwise hold the draw for ever (it did, at
+# seed 20261152's reshard_stage.c)
+limit() { timeout -k 30 "$@"; }
 run_suite() {       # suite, seconds
   local n=${1#tsan:} only=""
   n=${n#san:}
   case "$n" in rdma:*) ;; *@*) only=${n#*@}; n=${n%%@*} ;; esac
   case "$n" in
-    *.sh) timeout "$2" "tests/$n" ;;
+    *.sh) limit "$2" "tests/$n" ;;
     # the VM's own timeout ends the guest; timeout's is the limit of the suite
-    rdma:*) timeout "$2" tests/rdma-vm.sh --no-perftest --timeout "$2" -- \
+    rdma:*) limit "$2" tests/rdma-vm.sh --no-perftest --timeout "$2" -- \
               tests/rdma-suite.sh --no-figures --only "${n#rdma:}" build/rel ;;
     # NAME.py@EXPR: only the cases pytest -k EXPR picks
-    *.py) (cd python/tests && timeout "$2" ../../build/pyvenv/bin/python -m pytest -q -x \
+    *.py) (cd python/tests && limit "$2" ../../build/pyvenv/bin/python -m pytest -q -x \
              -p no:cacheprovider ${only:+-k "$only"} "$n") ;;
-    *)    PS_TEST_ONLY=$only timeout "$2" "$(suite_target "$1")" ;;
+    *)    PS_TEST_ONLY=$only limit "$2" "$(suite_target "$1")" ;;
   esac
 }
 
@@ -490,7 +494,7 @@ print('\n'.join(m))")
         if ! ensure_built "$s"; then outcome="uncompilable"; break; fi
         run_suite "$s" "$(limit_of "$s")" >"$OUT/run.log" 2>&1
         rc=$?
-        if [ $rc -eq 124 ]; then outcome="killed:$s(timeout)"; break; fi
+        if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then outcome="killed:$s(timeout)"; break; fi
         if [ $rc -ne 0 ]; then outcome="killed:$s"; break; fi
       done
       [ -n "$outcome" ] || outcome="SURVIVED"
