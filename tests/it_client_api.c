@@ -11,6 +11,7 @@
  * named with the limit that ran out.
  */
 #include <check.h>
+#include <pthread.h>
 #include <errno.h>
 #include <signal.h>
 #include <stddef.h>
@@ -114,6 +115,17 @@ START_TEST(test_config_handle)
 }
 END_TEST
 
+/* For test_wait_timeout_and_done: a Stats request of client arg 0.3 s
+ * from now, completed while another thread waits on the client. */
+static void *stats_later(void *arg)
+{
+	struct ps_shard_stats st;
+
+	tu_sleep_ms(300);
+	ck_assert_int_eq(ps_client_stats(arg, 0, &st), 0);
+	return NULL;
+}
+
 START_TEST(test_wait_timeout_and_done)
 {
 	struct ps_config *cfg = start_cluster(1);
@@ -141,6 +153,17 @@ START_TEST(test_wait_timeout_and_done)
 	waited = ps_now_s() - t0;
 	ck_assert_msg(waited >= 0.99 && waited < 5, "waited %.3f s for 0.999 s", waited);
 	ck_assert_msg(strstr(ps_client_error(c0), "not complete within"), "%s", ps_client_error(c0));
+
+	/* another request of c0 completing meanwhile (a wake-up of the same
+	 * condition) does not end the wait early */
+	pthread_t other;
+	ck_assert_int_eq(pthread_create(&other, NULL, stats_later, c0), 0);
+	t0 = ps_now_s();
+	ck_assert_int_eq(ps_client_wait_timeout(c0, pull, 1.5), PS_ETIMEDOUT);
+	waited = ps_now_s() - t0;
+	pthread_join(other, NULL);
+	ck_assert_msg(waited >= 1.49 && waited < 10, "waited %.3f s for 1.5 s while another "
+		      "request completed", waited);
 
 	ck_assert_int_eq(ps_client_wait(c1, ps_client_push(c1, 0, &tg1, 1, PS_PUSH_END_CLOCK)), 0);
 	for (int i = 0; i < 500 && ps_client_done(c0, pull) == 0; i++)
