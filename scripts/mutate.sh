@@ -163,7 +163,7 @@ suites_of() {
     # checkpoint next)
     server/table.c|server/table_admit.c)
                                echo check_rows it_rows_model it_rows it_reshard san:check_rows \
-                                    it_fault@test_declare_tables_oom_leak test_export.py@tombstones \
+                                    it_fault@test_declare_tables_oom_leak,test_rows_reserve_oom test_export.py@tombstones \
                                     test_export.py@row_cap ;;
     # it_decl_tables: declared tables through full and incremental checkpoints
     server/table_ckpt.c)       echo test_checkpoint_crafted.py it_rows it_rows_model it_decl_tables it_reshard_staged it_export.sh test_export.py \

@@ -1031,6 +1031,72 @@ START_TEST(test_config_diff_oom)
 }
 END_TEST
 
+/* Two workers' row pushes of one sync clock, each of 40,000 new ids of a
+ * table of dim 3: the second one's promise of room must count the first
+ * one's (ps_table_reserve), so the 80,000 rows need a second chunk of
+ * rows (65,536 each, 786,432 bytes) before either is acknowledged. That
+ * second chunk failed: the second push is refused ("out of memory",
+ * nothing applied) and its retry taken, never a push acknowledged and
+ * then lost when the clock is applied; every row exact. */
+START_TEST(test_rows_reserve_oom)
+{
+	enum { N = 40000, D = 3 };
+	static uint64_t ids[2][N];
+	static float g[N * D], out[N * D];
+	char yaml[2048], err[512];
+	struct ps_client *c[2];
+	pid_t pid;
+	int64_t id[2];
+	int rc;
+
+	make_dir();
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d]\n  workers: 2\n"
+		 "consistency:\n  mode: sync\nslice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [8], init: zeros}\n"
+		 "  embeddings:\n    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n"
+		 "limits:\n  request_timeout_ms: 20000\n",
+		 tu_transport_yaml(), tu_host(), tu_free_port(), D);
+	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
+	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+	pid = start_faulted(-1, "malloc:2:ENOMEM:=786432", NULL);
+	for (int r = 0; r < 2; r++) {
+		c[r] = connect_retry(&cfg, r);
+		for (int i = 0; i < N; i++)
+			ids[r][i] = ((uint64_t)(r * N + i) + 1) * 0x9e3779b97f4a7c15ull;
+	}
+	for (int i = 0; i < N * D; i++)
+		g[i] = 1.0f + (float)(i % 7);
+	id[0] = ps_client_push_rows_async(c[0], "e", 0, ids[0], N, g, 0);
+	ck_assert_int_gt(id[0], 0);
+	tu_sleep_ms(300); /* rank 0's promise first */
+	rc = ps_client_push_rows(c[1], "e", 0, ids[1], N, g, 0);
+	if (rc) {
+		ck_assert_msg(strstr(ps_client_error(c[1]), "out of memory"), "rank 1's push: %s",
+			      ps_client_error(c[1]));
+		rc = ps_client_push_rows(c[1], "e", 0, ids[1], N, g, 0);
+	}
+	ck_assert_msg(rc == 0, "rank 1's push again: %s", ps_client_error(c[1]));
+	ck_assert_msg(ps_client_wait(c[0], id[0]) == 0, "rank 0's push: %s",
+		      ps_client_error(c[0]));
+	ck_assert_msg(faults_made() == 1, "%d faults made (1 due: the second chunk)",
+		      faults_made());
+	for (int r = 0; r < 2; r++) {
+		ck_assert_int_eq(ps_client_pull_rows(c[0], "e", 1, ids[r], N, out), 0);
+		for (int i = 0; i < N * D; i++)
+			ck_assert_msg(out[i] == -g[i], "rank %d's row %d element %d is %g, %g due (an "
+				      "acknowledged push lost?)", r, i / D, i % D, out[i], -g[i]);
+	}
+	ck_assert_msg(!strstr(slurp(slog), "its gradient is lost"), "%s", slurp(slog));
+	for (int r = 0; r < 2; r++)
+		ps_client_free(c[r]);
+	ck_assert_int_eq(tu_stop_server(pid), 0);
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_client_oom)
 {
 	static const int spread[] = { 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 17, 20, 24, 29, 35,
@@ -1120,6 +1186,7 @@ int main(int argc, char **argv)
 	TU_ADD(tc, test_client_oom);
 	TU_ADD(tc, test_ctr_model_oom);
 	TU_ADD(tc, test_config_diff_oom);
+	TU_ADD(tc, test_rows_reserve_oom);
 	suite_add_tcase(s, tc);
 	tu_secret_setup(); /* the cluster secret and replication key, unless set */
 	rc = tu_run_suite(s);
