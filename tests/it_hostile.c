@@ -3283,6 +3283,12 @@ START_TEST(test_reset_under_replication)
 		h.role = PS__ROLE__ROLE_REPLICA;
 		h.replica = 1;
 		h.repl_state = PS__REPL_STATE__REPL_JOINING;
+		/* the settings a partner sends (config_agree.h), not a worker's */
+		static char plain[PS_AGREE_MAX], settings[PS_AGREE_MAX];
+		ps_config_agreement_partner(&F.cfg, plain, sizeof(plain));
+		ps_config_agreement_wire(plain, F.cfg.security.auth ? F.secret : NULL, settings,
+					 sizeof(settings));
+		h.settings = settings;
 		Ps__HelloReply *r = NULL;
 		b = raw_auth_frame(fd, &h, &len, &r);
 		ck_assert_msg(b != NULL, "no challenge for the replica's Hello");
