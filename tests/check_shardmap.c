@@ -148,6 +148,21 @@ START_TEST(test_hash_moves)
 	ck_assert_int_eq(ps_shardmap_init(&m, &cfg), 0);
 	ck_assert_uint_ne(m.hash, h0);
 	ps_shardmap_free(&m);
+	/* every byte of a name counts, its last one too, and where it ends */
+	for (int t = 0; t < 2; t++)
+		for (int how = 0; how < 2; how++) {
+			make_cfg(&cfg, 3, 65536);
+			size_t n = strlen(cfg.tensors[t].name);
+			ck_assert_uint_gt(n, 0);
+			if (how)
+				cfg.tensors[t].name[n - 1] ^= 1;
+			else if (n + 1 < sizeof(cfg.tensors[t].name))
+				strcat(cfg.tensors[t].name, "x");
+			ck_assert_int_eq(ps_shardmap_init(&m, &cfg), 0);
+			ck_assert_msg(m.hash != h0, "tensor %d's name changed (%s): the same map hash",
+				      t, how ? "its last byte" : "one byte longer");
+			ps_shardmap_free(&m);
+		}
 
 	/* the placement is in the hash: a process of the old one is refused */
 	make_cfg(&cfg, 3, 65536);
