@@ -25,6 +25,7 @@
 #include "config_agree.h"
 #include "ps_err.h"
 #include "ps_log.h"
+#include "shardmap.h" /* ps_fnv1a */
 
 static const char *const consistency_names[] = { "sync", "async" };
 static const char *const optim_names[] = { "sgd", "momentum", "adam", "adagrad", "adamw" };
@@ -97,8 +98,7 @@ size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len)
 					 (double)tb->lr, (double)tb->eps, (double)tb->beta1,
 					 (double)tb->beta2, (double)tb->initial_accumulator,
 					 (double)tb->l1, (double)tb->l2, (double)tb->ftrl_beta);
-			for (int i = 0; i < n && i < (int)sizeof(line); i++)
-				h = (h ^ (uint8_t)line[i]) * 1099511628211ULL;
+			h = ps_fnv1a(h, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line));
 		}
 		put(buf, len, &at, "model.embeddings (optimizers)=digest %016" PRIx64 "\n", h);
 	}
@@ -107,12 +107,12 @@ size_t ps_config_agreement(const struct ps_config *cfg, char *buf, size_t len)
 
 size_t ps_config_agreement_partner(const struct ps_config *cfg, char *buf, size_t len)
 {
-	size_t at = ps_config_agreement(cfg, buf, len);
 	uint64_t h = 1469598103934665603ULL;
 	char line[PS_NAME_MAX + 200];
 
 	if (!len)
 		return 0;
+	size_t at = ps_config_agreement(cfg, buf, len);
 	/* rows are drawn from the seed and created, evicted and expired by
 	 * these, each process on its own from the updates it applies */
 	if (cfg->seed == 1) /* else among the worker's lines */
@@ -123,8 +123,7 @@ size_t ps_config_agreement_partner(const struct ps_config *cfg, char *buf, size_
 		int n = snprintf(line, sizeof(line), "%s:%d:%.9g:%d:%d:%" PRId64 ":%" PRId64 ";",
 				 tb->name, (int)tb->init, (double)tb->init_value, tb->admission,
 				 tb->ttl_s, tb->max_rows, tb->filter_ids);
-		for (int i = 0; i < n && i < (int)sizeof(line); i++)
-			h = (h ^ (uint8_t)line[i]) * 1099511628211ULL;
+		h = ps_fnv1a(h, line, n < (int)sizeof(line) ? (size_t)n : sizeof(line));
 	}
 	if (cfg->ntables - cfg->ndecl_tables)
 		put(buf, len, &at, "model.embeddings (rows)=digest %016" PRIx64 "\n", h);
@@ -215,21 +214,6 @@ static const char *value_of(const char *s, size_t n, const char *key, size_t key
 	return NULL;
 }
 
-/* Whether plain lines s have a line of key k (n bytes, without "="). */
-static int has_key(const char *s, const char *k, size_t n)
-{
-	for (; *s;) {
-		const char *eq = strchr(s, '='), *nl = strchr(s, '\n');
-
-		if (!eq || !nl || eq > nl)
-			return 0;
-		if ((size_t)(eq - s) == n && memcmp(s, k, n) == 0)
-			return 1;
-		s = nl + 1;
-	}
-	return 0;
-}
-
 int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *theirs,
 			     size_t theirs_len, int shard, const char *peer, char *err, size_t errlen)
 {
@@ -280,7 +264,9 @@ int ps_config_agreement_diff(const char *mine, const uint8_t *key, const char *t
 		const char *eq = memchr(t, '=', (size_t)(eol - t));
 		char name[100], said[100];
 
-		if (eq && eq > t && !has_key(mine, t, (size_t)(eq - t))) {
+		size_t mlen;
+
+		if (eq && eq > t && !value_of(mine, strlen(mine), t, (size_t)(eq - t) + 1, &mlen)) {
 			ps_log_escape(name, sizeof(name), t, (size_t)(eq - t));
 			if (key)
 				snprintf(err, errlen, "%s: shard %d has none (its default); the two "

@@ -422,11 +422,8 @@ static int on_reply(struct ps_server *s, struct ps_conn *c, const Ps__HelloReply
 		/* refused by the handshake (settings that differ, another map...):
 		 * said once, however often it is dialed again */
 		char plain[PS_AGREE_MAX], own[120], text[sizeof(r->refused)];
-		size_t n = 0;
 
-		for (const char *p = m->error; *p && n + 1 < sizeof(text); p++)
-			text[n++] = *p >= 0x20 && *p < 0x7f ? *p : '?';
-		text[n] = 0;
+		ps_log_escape(text, sizeof(text), m->error, strlen(m->error));
 		if (strcmp(text, r->refused)) {
 			ps_config_agreement_partner(s->cfg, plain, sizeof(plain));
 			own[0] = 0;

@@ -121,7 +121,7 @@ static int ckpt_run(const struct ckpt_fault *f)
 		if (forked && !strstr(f->spec, "pread"))
 			ck_assert_msg(strstr(st.checkpoint_error, "checkpoint writer"), "%s: %s",
 				      f->spec, st.checkpoint_error);
-		ck_assert_msg(count_in(slog, "checkpoint (on request) failed: ") == 1,
+		ck_assert_msg(tu_file_count(slog, "checkpoint (on request) failed: ") == 1,
 			      "%s: the shard's log does not say it (%s)", f->spec, slog);
 		if (!strstr(f->spec, "pread"))
 			ck_assert_msg(before == after, "%s: the previous checkpoint changed", f->spec);
@@ -353,11 +353,11 @@ START_TEST(test_accept_oom)
 	/* tu_wait_listen's connection is the first: closed */
 	ck_assert(tu_wait_listen(cfg.shards[0].port));
 	t0 = ps_now_s();
-	while (!count_in(slog, "out of memory accepting a connection") &&
+	while (!tu_file_count(slog, "out of memory accepting a connection") &&
 	       ps_now_s() - t0 < 10 * tu_time_scale())
 		tu_sleep_ms(20);
 	ck_assert_msg(faults_made() == 1, "the fault did not land: %s", slurp(flog));
-	ck_assert_msg(count_in(slog, "out of memory accepting a connection") == 1,
+	ck_assert_msg(tu_file_count(slog, "out of memory accepting a connection") == 1,
 		      "the shard does not say it: %s", slurp(slog));
 	/* the next one is served */
 	c = connect_retry(&cfg, 0);
@@ -473,7 +473,7 @@ START_TEST(test_rows_oom_new_rows)
 		train_clock_retry(c, &m, &refused, spec);
 	ck_assert_msg(faults_made() == 1, "the fault did not land: %s", slurp(flog));
 	ck_assert_msg(refused >= 1, "no push was refused");
-	ck_assert_msg(!count_in(slog, "is lost") && !count_in(slog, "are lost"),
+	ck_assert_msg(!tu_file_count(slog, "is lost") && !tu_file_count(slog, "are lost"),
 		      "the shard lost a gradient: %s", slurp(slog));
 	check_exact(c, &m, _i ? "async" : "sync");
 	ps_client_free(c);
@@ -518,7 +518,7 @@ START_TEST(test_rows_oom_sweep)
 		/* a row the shard could not create when it applied an
 		 * acknowledged gradient would lose that gradient (its log
 		 * says so): never, since the room is promised first */
-		if (count_in(slog, "; its gradients of clock") || count_in(slog, "; its gradient is"))
+		if (tu_file_count(slog, "; its gradients of clock") || tu_file_count(slog, "; its gradient is"))
 			lost++;
 		ck_assert_msg(!lost, "%s: an acknowledged row gradient was lost (log %s)", spec, slog);
 		check_exact(c, &m, spec);
@@ -908,6 +908,38 @@ static int oom_worker(const char *path)
 	return 0;
 }
 
+/* test_ctr_model_oom's sweep over the buffers of `size` bytes, on a shard
+ * of its own (the run that trains ends the epoch there): each fault
+ * refused with exit 1 and "out of memory"; the run past the last trains.
+ * How many faults landed in the model's buffers. */
+static int ctr_oom_sweep(const char *ccfg, int port, const char *out, size_t size)
+{
+	const char *argv[] = { "bin/ps-worker", "--config", ccfg, "--rank", "0", NULL };
+	pid_t srv = tu_start_server(ccfg, 0);
+	int model = 0, n;
+
+	ck_assert(tu_wait_listen(port));
+	for (n = 1; n <= 12; n++) {
+		char spec[64];
+
+		snprintf(spec, sizeof(spec), "alloc:%d:ENOMEM:=%zu", n, size);
+		int rc = tu_wait_child(spawn_faulted(argv, out, spec, "cpu backend", 0));
+		if (!faults_made()) {
+			const char *o = slurp(out);
+			size_t ol = strlen(o);
+			ck_assert_msg(rc == 0 && strstr(o, "epoch 1: "), "the run without a fault: "
+				      "exit %d: ...%s", rc, o + (ol > 400 ? ol - 400 : 0));
+			break;
+		}
+		ck_assert_msg(rc == 1 && strstr(slurp(out), "out of memory"), "fault %d: exit %d "
+			      "(1 and 'out of memory' due): %s", n, rc, slurp(out));
+		model += strstr(slurp(out), "ctr: out of memory for batch 256") != NULL;
+	}
+	ck_assert_msg(n <= 12, "12 faults and still more buffers of %zu bytes", size);
+	ck_assert_int_eq(tu_stop_server(srv), 0);
+	return model;
+}
+
 /* ps-worker training the ctr preset, out of memory while it builds the
  * model: the buffers of 128 KiB (batch 256 by the 128 outputs of the
  * second dense layer; the click log's reader takes two first), then those
@@ -916,11 +948,11 @@ static int oom_worker(const char *path)
  * never a signal; the run past the last trains. */
 START_TEST(test_ctr_model_oom)
 {
+	static const size_t sizes[] = { 256 * 128 * 4, 256 * (26 * 8 + 13) * 4 };
 	char data[160], ccfg[64], yaml[1024], out[160];
 	const char *gen[] = { "bin/ps-ctrgen", "--out", data, "--samples", "3000", "--scale",
 			      "0.001", "--seed", "3", NULL };
-	int port = tu_free_port(), model = 0, n;
-	pid_t srv;
+	int port = tu_free_port();
 
 	make_dir();
 	snprintf(data, sizeof(data), "%s/ctr.tsv", dir);
@@ -934,35 +966,10 @@ START_TEST(test_ctr_model_oom)
 		 "train: {batch: 256, epochs: 1, train_file: '%s', test_file: '%s'}\n"
 		 "log: {level: info}\n", port, data, data);
 	ck_assert_int_eq(tu_write_temp(ccfg, yaml), 0);
-	static const size_t sizes[] = { 256 * 128 * 4, 256 * (26 * 8 + 13) * 4 };
-	for (size_t z = 0; z < 2; z++, model = 0) {
-	/* a shard of its own: the run that trains ends the epoch there */
-	srv = tu_start_server(ccfg, 0);
-	ck_assert(tu_wait_listen(port));
-	for (n = 1; n <= 12; n++) {
-		const char *argv[] = { "bin/ps-worker", "--config", ccfg, "--rank", "0", NULL };
-		char spec[64];
-		pid_t w;
-		int rc;
-
-		snprintf(spec, sizeof(spec), "alloc:%d:ENOMEM:=%zu", n, sizes[z]);
-		w = spawn_faulted(argv, out, spec, "cpu backend", 0);
-		rc = tu_wait_child(w);
-		if (!faults_made()) {
-			const char *o = slurp(out);
-			size_t ol = strlen(o);
-			ck_assert_msg(rc == 0 && strstr(o, "epoch 1: "), "the run without a fault: "
-				      "exit %d: ...%s", rc, o + (ol > 400 ? ol - 400 : 0));
-			break;
-		}
-		ck_assert_msg(rc == 1 && strstr(slurp(out), "out of memory"), "fault %d: exit %d "
-			      "(1 and 'out of memory' due): %s", n, rc, slurp(out));
-		model += strstr(slurp(out), "ctr: out of memory for batch 256") != NULL;
-	}
-	ck_assert_msg(n <= 12, "12 faults and still more buffers of %zu bytes", sizes[z]);
-	ck_assert_msg(model >= 2, "%d faults in the model's buffers of %zu bytes", model,
-		      sizes[z]);
-	ck_assert_int_eq(tu_stop_server(srv), 0);
+	for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+		int model = ctr_oom_sweep(ccfg, port, out, sizes[z]);
+		ck_assert_msg(model >= 2, "%d faults in the model's buffers of %zu bytes", model,
+			      sizes[z]);
 	}
 	unlink(ccfg);
 	tu_rmtree(dir);

@@ -67,12 +67,12 @@ START_TEST(test_snapshot_faults)
 	ck_assert_msg(faults_made() == 1, "%s: the fault did not land (%s)", spec[_i],
 		      slurp(flog));
 	assert_in_sync(m.clock, spec[_i]);
-	ck_assert_int_eq(count_in(rlog(b), "state received"), 1);
+	ck_assert_int_eq(tu_file_count(rlog(b), "state received"), 1);
 	if (_i < 2) {
-		ck_assert_msg(!count_in(rlog(b), "the snapshot's embedding tables"), "%s: retried, "
+		ck_assert_msg(!tu_file_count(rlog(b), "the snapshot's embedding tables"), "%s: retried, "
 			      "yet: %s", spec[_i], slurp(rlog(b)));
 	} else {
-		ck_assert_msg(count_in(rlog(b), _i == 2 ? "the snapshot's embedding tables: cannot "
+		ck_assert_msg(tu_file_count(rlog(b), _i == 2 ? "the snapshot's embedding tables: cannot "
 					"write them to a memory file (0 of " :
 					"the snapshot's embedding tables: cannot make a memory file: "
 					"Too many open files"), "%s: the backup does not say why its "
@@ -113,7 +113,7 @@ START_TEST(test_backup_rows_oom)
 	for (int k = 0; k < 3; k++)
 		train_clock(c, &m);
 	ck_assert_msg(faults_made() == 1, "the fault did not land (%s)", slurp(flog));
-	ck_assert_msg(count_in(rlog(b), "out of memory creating row"), "the backup does not say it "
+	ck_assert_msg(tu_file_count(rlog(b), "out of memory creating row"), "the backup does not say it "
 		      "could not create a row: %s", slurp(rlog(b)));
 	assert_in_sync(m.clock, spec);
 	check_exact(c, &m, spec);
@@ -153,7 +153,7 @@ START_TEST(test_primary_rows_oom)
 		train_clock_retry(c, &m, &refused, spec);
 	ck_assert_msg(faults_made() == 1, "the fault did not land (%s)", slurp(flog));
 	ck_assert_msg(refused >= 1, "the primary took the push it had no room for");
-	ck_assert_msg(!count_in(rlog(pr), "is lost") && !count_in(rlog(pr), "are lost"),
+	ck_assert_msg(!tu_file_count(rlog(pr), "is lost") && !tu_file_count(rlog(pr), "are lost"),
 		      "the primary lost an acknowledged gradient: %s", slurp(rlog(pr)));
 	{
 		struct ps_shard_stats st[2];
@@ -303,8 +303,8 @@ START_TEST(test_declare_oom)
 				      "log %s)", spec, r, WIFSIGNALED(ws) ? "signal" : "exit",
 				      WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), rlog(r));
 		}
-		said += count_in(rlog(0), "out of memory gathering a declaration") +
-			count_in(rlog(1), "out of memory gathering a declaration") > 0;
+		said += tu_file_count(rlog(0), "out of memory gathering a declaration") +
+			tu_file_count(rlog(1), "out of memory gathering a declaration") > 0;
 		int landed = faults_made() > 0;
 		for (int r = 0; r < 2; r++)
 			ck_assert_int_eq(tu_stop_server(p[r]), 0);

@@ -454,11 +454,7 @@ static Ps__Hello good_hello(int rank)
 	/* the honest worker's process (as a reconnect of it): another live
 	 * process of rank 0 would be refused as a duplicate */
 	h.incarnation = F.c ? F.c->incarnation : 12345;
-	static char plain[PS_AGREE_MAX], settings[PS_AGREE_MAX];
-	ps_config_agreement(&F.cfg, plain, sizeof(plain));
-	ps_config_agreement_wire(plain, F.cfg.security.auth ? F.secret : NULL, settings,
-				 sizeof(settings));
-	h.settings = settings;
+	h.settings = tu_hello_settings(&F.cfg, 0, F.cfg.security.auth ? F.secret : NULL);
 	return h;
 }
 
@@ -3283,12 +3279,8 @@ START_TEST(test_reset_under_replication)
 		h.role = PS__ROLE__ROLE_REPLICA;
 		h.replica = 1;
 		h.repl_state = PS__REPL_STATE__REPL_JOINING;
-		/* the settings a partner sends (config_agree.h), not a worker's */
-		static char plain[PS_AGREE_MAX], settings[PS_AGREE_MAX];
-		ps_config_agreement_partner(&F.cfg, plain, sizeof(plain));
-		ps_config_agreement_wire(plain, F.cfg.security.auth ? F.secret : NULL, settings,
-					 sizeof(settings));
-		h.settings = settings;
+		/* the settings a partner sends, not a worker's */
+		h.settings = tu_hello_settings(&F.cfg, 1, F.cfg.security.auth ? F.secret : NULL);
 		Ps__HelloReply *r = NULL;
 		b = raw_auth_frame(fd, &h, &len, &r);
 		ck_assert_msg(b != NULL, "no challenge for the replica's Hello");

@@ -338,22 +338,6 @@ static double until_state(int r, int state, double limit_s)
 	return -1;
 }
 
-/* How many times text is in the file at path (its first MiB). */
-static int file_count(const char *path, const char *text)
-{
-	static char buf[1 << 20];
-	FILE *f = fopen(path, "r");
-	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-	int k = 0;
-
-	if (f)
-		fclose(f);
-	buf[n] = 0;
-	for (const char *q = buf; (q = strstr(q, text)); q += strlen(text))
-		k++;
-	return k;
-}
-
 START_TEST(test_link_timers)
 {
 	const double t = TIMEOUT_MS / 1000.0, slack = 0.8 * tu_time_scale();
@@ -425,7 +409,7 @@ START_TEST(test_link_timers)
 	for (int r = 0; r < 2; r++) {
 		char path[128];
 		snprintf(path, sizeof(path), "%s/shard0-r%d.log", logdir, r);
-		said += file_count(path, "has the state (batch ");
+		said += tu_file_count(path, "has the state (batch ");
 	}
 	ck_assert_msg(said >= 3, "the primaries said %d times that the backup had the state; the "
 		      "pair formed 3 times (logs in %s)", said, logdir);

@@ -53,38 +53,21 @@ struct mode {
 };
 
 /* The config of an n-shard cluster (fresh ports) at path. */
-/* A low free port none of used[0..*n) is (tu_low_free_port follows a chain
- * from *last, which may come back to a port taken for another process of
- * the same list while none listens there yet); added to used, *last moved
- * on. */
-static int low_port_unused(int *last, int *used, int *n)
-{
-	int p = 0;
-
-	for (int t = 0, dup = 1; dup && t < 100; t++) {
-		p = tu_low_free_port(*last + t);
-		dup = 0;
-		for (int j = 0; j < *n; j++)
-			dup |= used[j] == p;
-	}
-	used[(*n)++] = p;
-	*last = p;
-	return p;
-}
-
 static void write_cfg(int n, const struct mode *m)
 {
 	char yaml[4096], servers[512] = "", backups[512] = "";
-	int last = 0, used[2 * PS_MAX_SHARDS], nused = 0;
+	int last = 0;
 
 	for (int k = 0, o = 0, b = 0; k < n; k++) {
-		int p = m->replicas ? low_port_unused(&last, used, &nused) : tu_free_port();
+		int p = m->replicas ? tu_low_free_port(last) : tu_free_port();
 		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s%s:%d", k ? ", " : "",
 			      tu_host(), p);
+		last = p;
 		if (m->replicas) {
-			p = low_port_unused(&last, used, &nused);
+			p = tu_low_free_port(last);
 			b += snprintf(backups + b, sizeof(backups) - (size_t)b, "%s%s:%d",
 				      k ? ", " : "", tu_host(), p);
+			last = p;
 		}
 	}
 	snprintf(yaml, sizeof(yaml),

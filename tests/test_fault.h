@@ -42,37 +42,12 @@ static struct ps_config cfg;
  * fault spec (NULL: none) armed after the log line after (NULL: at once);
  * its stderr into slog (a replica: LOGDIR/shard0-rR.log), faults made
  * into flog (emptied). */
-static inline pid_t start_faulted(int r, const char *spec, const char *after)
+/* The environment that arms libpsfault.so in the next process started:
+ * spec after the log line after (NULL: at once), faults made into flog
+ * (emptied), each with its call stack when backtrace is set; disarm_faults
+ * takes it away again. */
+static inline void arm_faults(const char *spec, const char *after, int backtrace)
 {
-	pid_t pid;
-
-	unlink(flog);
-	if (spec) {
-		setenv("LD_PRELOAD", lib, 1);
-		setenv("PS_FAULT", spec, 1);
-		setenv("PS_FAULT_LOG", flog, 1);
-		if (after)
-			setenv("PS_FAULT_AFTER", after, 1);
-	}
-	setenv("PS_TEST_LOG", "info", 1); /* the markers are info lines */
-	pid = r < 0 ? tu_start_server_log(cfg_path, 0, slog)
-		    : tu_start_replica(cfg_path, dir, 0, r, 1);
-	unsetenv("LD_PRELOAD");
-	unsetenv("PS_FAULT");
-	unsetenv("PS_FAULT_LOG");
-	unsetenv("PS_FAULT_AFTER");
-	unsetenv("PS_TEST_LOG");
-	return pid;
-}
-
-/* Spawns argv (tu_spawn, output into out) with the fault spec armed
- * after the log line after (NULL: at once), faults made into flog
- * (emptied), each with its call stack when backtrace is set. */
-static inline pid_t spawn_faulted(const char *const *argv, const char *out, const char *spec,
-				  const char *after, int backtrace)
-{
-	pid_t pid;
-
 	unlink(flog);
 	setenv("LD_PRELOAD", lib, 1);
 	setenv("PS_FAULT", spec, 1);
@@ -81,12 +56,41 @@ static inline pid_t spawn_faulted(const char *const *argv, const char *out, cons
 		setenv("PS_FAULT_AFTER", after, 1);
 	if (backtrace)
 		setenv("PS_FAULT_BACKTRACE", "1", 1);
-	pid = tu_spawn(argv, out);
+}
+
+static inline void disarm_faults(void)
+{
 	unsetenv("LD_PRELOAD");
 	unsetenv("PS_FAULT");
 	unsetenv("PS_FAULT_LOG");
 	unsetenv("PS_FAULT_AFTER");
 	unsetenv("PS_FAULT_BACKTRACE");
+}
+
+static inline pid_t start_faulted(int r, const char *spec, const char *after)
+{
+	pid_t pid;
+
+	if (spec)
+		arm_faults(spec, after, 0);
+	else
+		unlink(flog);
+	setenv("PS_TEST_LOG", "info", 1); /* the markers are info lines */
+	pid = r < 0 ? tu_start_server_log(cfg_path, 0, slog)
+		    : tu_start_replica(cfg_path, dir, 0, r, 1);
+	disarm_faults();
+	unsetenv("PS_TEST_LOG");
+	return pid;
+}
+
+/* Spawns argv (tu_spawn, output into out) with faults armed as
+ * arm_faults says. */
+static inline pid_t spawn_faulted(const char *const *argv, const char *out, const char *spec,
+				  const char *after, int backtrace)
+{
+	arm_faults(spec, after, backtrace);
+	pid_t pid = tu_spawn(argv, out);
+	disarm_faults();
 	return pid;
 }
 
@@ -105,21 +109,10 @@ static inline const char *slurp(const char *path)
 	return buf;
 }
 
-/* How many times text occurs in file path. */
-static inline int count_in(const char *path, const char *text)
-{
-	const char *b = slurp(path);
-	int n = 0;
-
-	for (const char *p = b; (p = strstr(p, text)); p += strlen(text))
-		n++;
-	return n;
-}
-
 /* The faults made: the lines of flog that name a call. */
 static inline int faults_made(void)
 {
-	return count_in(flog, " call ");
+	return tu_file_count(flog, " call ");
 }
 
 static inline struct ps_client *connect_retry(const struct ps_config *c, int rank)

@@ -185,23 +185,32 @@ static inline int tu_http_get(int port, const char *path, char *body, size_t n)
 
 /* A free port below the ephemeral range, other than other and other + 1
  * (a restarted process must not find its port taken as the source port of
- * its partner's dial). */
+ * its partner's dial), and none of the last 64 it returned: a config's
+ * list of ports is written before any process listens on them, and the
+ * chain of seeds other = the port before can come back to one of them
+ * ("duplicate server address"). */
 static inline int tu_low_free_port(int other)
 {
+	static int recent[64], nrecent;
 	unsigned seed = (unsigned)getpid() * 2654435761u + (unsigned)other;
 
 	for (int i = 0; i < 1000; i++) {
-		int p = 20000 + (int)(rand_r(&seed) % 12000);
+		int p = 20000 + (int)(rand_r(&seed) % 12000), dup = 0;
 		struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)p),
 					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
 
-		ok = p != other && p != other + 1 && fd >= 0 &&
-		     bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+		for (int j = 0; j < nrecent && j < 64; j++)
+			dup |= recent[j] == p;
+		if (dup || p == other || p == other + 1)
+			continue;
+		int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
+		ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
 		if (fd >= 0)
 			close(fd);
-		if (ok)
+		if (ok) {
+			recent[nrecent++ % 64] = p;
 			return p;
+		}
 	}
 	return tu_free_port();
 }

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "config_agree.h"
 
 /* A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's
  * ephemeral range (32768 on): a port picked there can be taken as the
@@ -133,6 +134,39 @@ static inline uint8_t *tu_slurp(const char *f, size_t *len)
 	}
 	fclose(fp);
 	return b;
+}
+
+/* How many times text occurs in the file at path (not overlapping); 0
+ * when it cannot be read, 1 for an empty text in a file that can. */
+static inline int tu_file_count(const char *path, const char *text)
+{
+	size_t len;
+	char *b = (char *)tu_slurp(path, &len);
+	int n = 0;
+
+	if (b && !*text)
+		n = 1;
+	for (const char *q = b; b && *text && (q = strstr(q, text)); q += strlen(text))
+		n++;
+	free(b);
+	return n;
+}
+
+/* The settings a raw Hello carries (config_agree.h): a worker's lines, or
+ * with partner those of the shard's other process, as sent with key (the
+ * hashed cluster secret under security.auth; NULL: plain). A static
+ * buffer, the same for every call. */
+static inline char *tu_hello_settings(const struct ps_config *cfg, int partner,
+				      const uint8_t *key)
+{
+	static char plain[PS_AGREE_MAX], wire[PS_AGREE_MAX];
+
+	if (partner)
+		ps_config_agreement_partner(cfg, plain, sizeof(plain));
+	else
+		ps_config_agreement(cfg, plain, sizeof(plain));
+	ps_config_agreement_wire(plain, key, wire, sizeof(wire));
+	return wire;
 }
 
 /* Whether the file at log has a line holding what. */

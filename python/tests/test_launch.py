@@ -3,6 +3,7 @@ command as each worker with PS_CONFIG and PS_RANK set (the package reads
 them); ps.sbatch --worker-cmd puts them on each worker's srun line."""
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,7 +152,6 @@ def test_ps_worker_exec_without_shell(tmp_path):
     """ps-worker --exec where /bin/sh cannot be run (a mount namespace of the test's own,
     /dev/null bound over /bin/sh): exit 127, as a shell says a command is not found, with
     the reason named, and nothing run."""
-    import shutil
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare(1) for a mount namespace without /bin/sh")
     worker = os.path.join(ROOT, "bin", "ps-worker")
