@@ -15,8 +15,9 @@
 #            and an rpath make the build take its headers and libraries there
 #   cudnn    where cuDNN (and cuBLAS) are: the toolkit, /usr, or the pip
 #            wheels of the python3 that has torch (linked into build/gpu-prefix)
-#   build    make -k -jN all, check_compute_cuda, it_train, bench_train
-#   check_compute_cuda, it_train_cuda (PS_TEST_DEVICE=cuda)
+#   build    make -k -jN all, check_compute_cuda, it_train, it_ctr, bench_train
+#   check_compute_cuda, it_train_cuda, it_ctr_cuda (PS_TEST_DEVICE=cuda: the
+#            mlp and cnn, then the ctr preset's embedding bags, on the GPU)
 #   timing   one worker + one shard on this machine (scripts/ps-local.sh),
 #            cnn and mlp, batch B, 2 epochs of N steps (the first warms up, the
 #            second is timed), against PyTorch eager on the same GPU
@@ -310,6 +311,7 @@ export CUDA_HOME
 # ---- build ---------------------------------------------------------------
 T_CC=build/rel/tests/check_compute_cuda
 T_IT=build/rel/tests/it_train
+T_CTR=build/rel/tests/it_ctr
 T_BT=build/rel/tests/bench_train
 PLUGIN=lib/ps-compute-cuda.so
 t=$SECONDS
@@ -317,10 +319,10 @@ l=$(limit 300)
 if [ "$l" -eq 0 ]; then
   record build SKIP 0 "no time left (--budget $BUDGET)"
 else
-  timeout "$l" make -k -j"$JOBS" all "$T_CC" "$T_IT" "$T_BT" >"$W/build.log" 2>&1
+  timeout "$l" make -k -j"$JOBS" all "$T_CC" "$T_IT" "$T_CTR" "$T_BT" >"$W/build.log" 2>&1
   rc=$?
   miss=""
-  for f in bin/ps-server bin/ps-worker "$T_CC" "$T_IT" "$T_BT"; do [ -x "$f" ] || miss="$miss $f"; done
+  for f in bin/ps-server bin/ps-worker bin/ps-ctrgen "$T_CC" "$T_IT" "$T_CTR" "$T_BT"; do [ -x "$f" ] || miss="$miss $f"; done
   plug="$PLUGIN built"
   if [ ! -e "$PLUGIN" ]; then # cuda.mk says why in one line, when it does
     plug=$(grep -v '^\(cc\|gcc\|nvcc\|/\)' "$W/build.log" | grep -i -m1 'cuda\|cudnn' | cut -c1-160)
@@ -371,8 +373,10 @@ if ! want cuda_tests; then
   record check_compute_cuda SKIP 0 "not in --only"
 elif run_test check_compute_cuda 180 "$T_CC" env PS_CUDA_PLANS=1; [ $GPU -eq 1 ]; then
   run_test it_train_cuda 180 "$T_IT" env PS_TEST_DEVICE=cuda PS_TEST_DATA="$DATA"
+  run_test it_ctr_cuda 180 "$T_CTR" env PS_TEST_DEVICE=cuda
 else
   record it_train_cuda SKIP 0 "no GPU (it_train with PS_TEST_DEVICE=cuda needs one)"
+  record it_ctr_cuda SKIP 0 "no GPU (it_ctr with PS_TEST_DEVICE=cuda needs one)"
 fi
 
 # ---- timing --------------------------------------------------------------

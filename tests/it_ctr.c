@@ -10,6 +10,10 @@
  * Also: the config is refused without an embedding table, and without its
  * click-log paths.
  *
+ * PS_TEST_DEVICE=cuda trains with `train.device: cuda` (make gpu-check
+ * does, on a GPU machine), and the workers' metrics must say so; by
+ * default the config's auto picks the CPU here.
+ *
  * Size: 600,000 training examples (scale 0.001: 9,266 categorical values)
  * and 50,000 held out; one epoch, batch 1024: about 12 s per run on the
  * 2-core test machine. Fewer examples leave the AUC short of the bound
@@ -64,6 +68,7 @@ static void make_data(void)
  * model section, train to the train section. */
 static void write_cfg(char *path, const char *mode, const char *model, const char *train)
 {
+	const char *dev = getenv("PS_TEST_DEVICE");
 	char y[2048];
 
 	snprintf(y, sizeof(y),
@@ -71,9 +76,10 @@ static void write_cfg(char *path, const char *mode, const char *model, const cha
 		 "consistency: {mode: %s}\nseed: 7\n"
 		 "model:\n  preset: ctr\n%s"
 		 "optimizer: {name: adam, lr: 0.001}\n"
-		 "train: {batch: 1024, epochs: 1, metrics_dir: '%s', %s}\n"
+		 "train: {batch: 1024, epochs: 1, metrics_dir: '%s'%s%s%s%s}\n"
 		 "log: {level: warn}\n",
-		 tu_free_port(), tu_free_port(), mode, model, tmpdir, train);
+		 tu_free_port(), tu_free_port(), mode, model, tmpdir, *train ? ", " : "", train,
+		 dev && *dev ? ", device: " : "", dev && *dev ? dev : "");
 	ck_assert_int_eq(tu_write_temp(path, y), 0);
 }
 
@@ -162,6 +168,16 @@ static double train(const char *mode, const char *tables, int ntables, uint64_t 
 	snprintf(metrics, mlen, "%.*s", (int)mlen - 1, slurp(mpath));
 	ck_assert_msg(strstr(metrics, "\"test_auc\":") && strstr(metrics, "\"test_logloss\":") &&
 		      strstr(metrics, "\"samples_per_s\":"), "metrics: %s", metrics);
+	/* trained where PS_TEST_DEVICE asked, never fallen back to the CPU */
+	const char *dev = getenv("PS_TEST_DEVICE");
+	char want[64];
+	snprintf(want, sizeof(want), "\"device\":\"%s\"", dev && *dev ? dev : "cpu");
+	ck_assert_msg(strstr(metrics, want), "worker 0 trained elsewhere than %s: %s", want,
+		      metrics);
+	fprintf(stderr, "ctr %s on %s: worker 0 %.0f samples/s, %.1f s for 2 workers\n", mode,
+		dev && *dev ? dev : "cpu",
+		strtod(strstr(metrics, "\"samples_per_s\":") + strlen("\"samples_per_s\":"), NULL),
+		took);
 	unlink(mpath);
 	snprintf(mpath, sizeof(mpath), "%s/worker-1.jsonl", tmpdir);
 	unlink(mpath);
