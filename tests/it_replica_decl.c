@@ -358,7 +358,9 @@ END_TEST
 /* Declared tensors with optimizer groups: each update the backup applies
  * takes the learning rate the workers' pushes gave (ps_client_set_lr), so
  * both processes hold the same weights and the new primary goes on from
- * them exactly once the first is stopped. */
+ * them exactly once the first is stopped; the first, restarted, gets the
+ * groups in its state transfer and serves exactly once the second is
+ * stopped. */
 START_TEST(test_groups_follow_takeover)
 {
 	struct ps_client *c[NW];
@@ -394,10 +396,26 @@ START_TEST(test_groups_follow_takeover)
 	srv[p] = 0;
 	clock_step(c, 3);
 	check_exact(c[1], 4, "the new primary after clock 3 with groups");
-	for (int r = 0; r < NW; r++)
-		ps_client_free(c[r]);
+
+	/* the stopped process joins after the declaration: its state transfer
+	 * must carry the groups with the tensors (without them it would step
+	 * b by the config's lr 1, not the pushed 0.25); the other stopped, it
+	 * serves clock 4 */
+	srv[p] = tu_start_replica(cfg_path, logdir, 0, p, 1);
+	ck_assert_msg(wait_pair(20) == !p, "the restarted process did not join (logs in %s)",
+		      logdir);
+	assert_same(4, "after the rejoin, with groups");
+	ck_assert_msg(log_has(p, "declared tensors adopted from its state"), "the restarted "
+		      "process did not get the declaration in its state transfer (logs in %s)",
+		      logdir);
 	ck_assert_int_eq(tu_stop_server(srv[!p]), 0);
 	srv[!p] = 0;
+	clock_step(c, 4);
+	check_exact(c[0], 5, "the rejoined process, serving, after clock 4 with groups");
+	for (int r = 0; r < NW; r++)
+		ps_client_free(c[r]);
+	ck_assert_int_eq(tu_stop_server(srv[p]), 0);
+	srv[p] = 0;
 	unlink(cfg_path);
 	tu_rmtree(logdir);
 }

@@ -262,7 +262,11 @@ def test_export_header_lies(trained, tmp_path):
          f"a version {((version - 1) | 1) + 1} checkpoint (optimizer groups) without "
          "declared tensors (damaged?)"),
         (f, patched(good, 16, bytes(8)), "made with another configuration: shard map "
-         "0000000000000000 there"),
+         "0000000000000000 there, %016x here" % struct.unpack_from("<Q", good, 16)),
+        # a hash above every real one: still not the older placement's map (the
+        # map a build before re-sharding used is taken for its own hash alone)
+        (f, patched(good, 16, b"\xff" * 8), "made with another configuration: shard map "
+         "ffffffffffffffff there, %016x here" % struct.unpack_from("<Q", good, 16)),
         (f, patched(good, 24, struct.pack("<I", 1)),
          "made with optimizer momentum, the config says sgd"),
         (f, patched(good, 24, struct.pack("<I", 99)),

@@ -98,6 +98,35 @@ def test_ps_worker_exec(tmp_path):
     assert p.returncode == 7 and out.strip() == "got TERM", (p.returncode, out)
 
 
+def _sig_masks(out):
+    """{"SigIgn": mask, "SigBlk": mask} from /proc/PID/status lines."""
+    return {k: int(v, 16) for k, v in (ln.split(":\t") for ln in out.splitlines())}
+
+
+def test_ps_worker_exec_signal_dispositions(tmp_path):
+    """--exec's command starts with the dispositions a shell gives a command, whatever
+    ps-worker was started with: SIGPIPE not ignored (a launcher such as Python with
+    restore_signals=False hands SIG_IGN down), and none of SIGPIPE, SIGTERM, SIGINT and
+    SIGHUP, which ps-worker forwards, blocked."""
+    cfg = write_config(tmp_path, 2)
+    worker = os.path.join(ROOT, "bin", "ps-worker")
+    show = "grep -E '^Sig(Ign|Blk):' /proc/self/status"
+    bit = {s: 1 << (s - 1) for s in (signal.SIGPIPE, signal.SIGTERM, signal.SIGINT,
+                                    signal.SIGHUP)}
+    assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN   # Python's own start-up
+    # the setting works: a command started the same way without ps-worker has SIGPIPE ignored
+    plain = subprocess.run(["/bin/sh", "-c", show], capture_output=True, text=True, timeout=30,
+                           restore_signals=False)
+    assert _sig_masks(plain.stdout)["SigIgn"] & bit[signal.SIGPIPE], plain.stdout
+    p = subprocess.run([worker, "--config", cfg, "--rank", "0", "--exec", show],
+                       capture_output=True, text=True, timeout=30, restore_signals=False)
+    assert p.returncode == 0, p.stderr
+    masks = _sig_masks(p.stdout)
+    assert not masks["SigIgn"] & bit[signal.SIGPIPE], f"SIGPIPE ignored in the command: {p.stdout}"
+    for s, b in bit.items():
+        assert not masks["SigBlk"] & b, f"{s.name} blocked in the command: {p.stdout}"
+
+
 FAULT_LIB = os.path.join(ROOT, "build", "rel", "tests", "libpsfault.so")
 
 
