@@ -1173,6 +1173,138 @@ START_TEST(test_client_oom)
 }
 END_TEST
 
+/* ---- a re-shard's start ---- */
+
+/* Shard 0 of a 2-shard config (checkpoint.dir ndir, its log nlog) started
+ * from the 1-shard checkpoints in dir with faults armed (spec NULL: none)
+ * counted from the first write to stderr holding after. */
+static pid_t start_reshard(const char *ncfg, const char *nlog, const char *spec,
+			   const char *after)
+{
+	const char *argv[] = { "bin/ps-server", "--config", ncfg, "--shard", "0", "--log-level",
+			       "info", "--reshard-from", dir, "--reshard-shards", "1", NULL };
+
+	if (!spec)
+		return tu_spawn(argv, nlog);
+	return spawn_faulted(argv, nlog, spec, after, 1);
+}
+
+/* Out of memory at a re-shard's start, at each allocation from the new
+ * shard's own tables on (the old checkpoints' loading and merge, the
+ * marker, the first checkpoint): the start is refused with exit 1 and the
+ * memory named ("out of memory", or strerror's words), never a signal, a
+ * hang or another reason, and it leaves no checkpoint that a later start
+ * would resume from; or, where a failure is survived, the shard starts
+ * (libuv's abort when its thread pool cannot start a thread is counted
+ * apart, as in test_client_oom). Then a start without a fault listens. */
+START_TEST(test_reshard_start_oom)
+{
+	int refused = 0, started = 0, landed = 0, last = 0, aborted = 0;
+	char ncfg[64], ndir[128], nlog[160], yaml[2048], spec[64], err[512];
+	static struct ps_config nc;
+	static struct model m;
+	struct ps_shard_stats st;
+	struct ps_client *c;
+	int port[2] = { tu_free_port(), 0 };
+	pid_t pid;
+
+	make_dir();
+	write_cfg("");
+	memset(&m, 0, sizeof(m));
+	pid = start_faulted(-1, NULL, NULL);
+	c = connect_declared(0);
+	for (int k = 0; k < 2; k++)
+		train_clock(c, &m);
+	ck_assert_int_eq(ps_client_checkpoint(c, 0, 1, &st), 0);
+	ck_assert_msg(st.checkpoint_status == 0, "%s", st.checkpoint_error);
+	ps_client_free(c);
+	ck_assert_int_eq(tu_stop_server(pid), 0);
+
+	port[1] = tu_low_free_port(port[0]);
+	snprintf(ndir, sizeof(ndir), "%s/new", dir);
+	snprintf(nlog, sizeof(nlog), "%s/reshard.log", dir);
+	snprintf(yaml, sizeof(yaml),
+		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  workers: 1\n"
+		 "consistency:\n  mode: sync\nslice_bytes: 4096\n"
+		 "optimizer:\n  name: sgd\n  lr: 1\n"
+		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: zeros}\n"
+		 "  embeddings:\n    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n"
+		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
+		 "limits:\n  request_timeout_ms: 20000\n",
+		 tu_transport_yaml(), tu_host(), port[0], tu_host(), port[1], NA, DIM, ndir);
+	ck_assert_int_eq(tu_write_temp(ncfg, yaml), 0);
+	ck_assert_msg(ps_config_load(&nc, ncfg, err, sizeof(err)) == 0, "%s", err);
+
+	for (int nth = 1; nth <= 1000; nth++) {
+		char ck[200];
+		int rc = -1, ws = 0;
+		double t0 = ps_now_s();
+
+		tu_rmtree(ndir);
+		ck_assert_int_eq(mkdir(ndir, 0700), 0);
+		snprintf(spec, sizeof(spec), "alloc:%d", nth);
+		pid = start_reshard(ncfg, nlog, spec, "table e: at most");
+		while (ps_now_s() - t0 < 20 * tu_time_scale()) {
+			if (waitpid(pid, &ws, WNOHANG) == pid) {
+				rc = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+				break;
+			}
+			if (port_open(nc.shards[0].port))
+				break;
+			tu_sleep_ms(10);
+		}
+		int made = faults_made();
+		/* libuv aborts when its thread pool cannot start a thread (its
+		 * design, not this code's to handle): counted, not failed */
+		if (rc == 128 + SIGABRT && strstr(slurp(flog), "libuv.so")) {
+			aborted++;
+			rc = -2;
+		}
+		if (rc == -2) {
+			;
+		} else if (rc < 0) { /* listening, or hung */
+			ck_assert_msg(port_open(nc.shards[0].port), "%s: the re-shard's start "
+				      "neither ended nor listened (log %s)", spec, nlog);
+			/* a start that said it refused must not serve after all */
+			ck_assert_msg(!strstr(slurp(nlog), "refusing to start"), "%s: the shard "
+				      "listens after refusing to start:\n%s", spec, slurp(nlog));
+			kill(pid, SIGKILL);
+			tu_wait_child(pid);
+			started++;
+		} else {
+			const char *log = slurp(nlog);
+			ck_assert_msg(rc == 1 && (strstr(log, "out of memory") ||
+						  strstr(log, strerror(ENOMEM))) &&
+				      !strstr(log, "unknown error"), "%s: the re-shard's start "
+				      "ended with %d (want 1, the memory named):\n%s", spec, rc, log);
+			snprintf(ck, sizeof(ck), "%s/shard-0.ckpt", ndir);
+			ck_assert_msg(access(ck, F_OK) != 0, "%s: a refused start left %s", spec, ck);
+			refused++;
+		}
+		if (!made)
+			break; /* past the last allocation */
+		landed++;
+		last = nth;
+	}
+	printf("test_reshard_start_oom: %d starts with a failed allocation (the last at %d): "
+	       "%d refused, %d started, %d ended by libuv's abort\n", landed, last, refused,
+	       started, aborted);
+	ck_assert_msg(landed < 1000 && refused >= 20, "%d faults landed, %d starts refused", landed,
+		      refused);
+
+	/* without a fault: the old shard's state, exactly */
+	tu_rmtree(ndir);
+	ck_assert_int_eq(mkdir(ndir, 0700), 0);
+	pid = start_reshard(ncfg, nlog, NULL, NULL);
+	ck_assert_msg(tu_wait_listen(nc.shards[0].port), "no start without a fault (log %s)", nlog);
+	kill(pid, SIGKILL);
+	tu_wait_child(pid);
+	unlink(ncfg);
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
 	int rc;
@@ -1202,6 +1334,7 @@ int main(int argc, char **argv)
 	TU_ADD(tc, test_ctr_model_oom);
 	TU_ADD(tc, test_config_diff_oom);
 	TU_ADD(tc, test_rows_reserve_oom);
+	TU_ADD(tc, test_reshard_start_oom);
 	suite_add_tcase(s, tc);
 	tu_secret_setup(); /* the cluster secret and replication key, unless set */
 	rc = tu_run_suite(s);
