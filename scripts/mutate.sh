@@ -45,6 +45,9 @@
 # universalmutator (PyPI) is installed once into build/mutate/venv. Results
 # go to build/mutate/: results.tsv (one line per mutant) and report.md (the
 # score per file and every survivor with its line before and after).
+# A mutant whose object file, built without debug information, is byte for
+# byte the unmutated one's (a line of an #ifdef branch this build leaves
+# out, say) is recorded as "same-code" and not run: no test could see it.
 # The file under test is always put back, also on Ctrl-C, and the tree is
 # rebuilt at the end.
 set -uo pipefail
@@ -423,6 +426,11 @@ ordered_suites() {
 }
 
 CC_LINE=$(make -s print-cc) || exit 1
+# The object of $f (as it stands) into $1, without debug information (-g0:
+# a mutant shifts columns, not code).
+code_of() {
+  $CC_LINE -g0 -c -x c "$f" -iquote "$(dirname "$f")" -o "$1" >/dev/null 2>&1
+}
 syntax_rejected=0
 current=""
 restore() {
@@ -469,6 +477,10 @@ print('\n'.join(m))")
   echo "== $f: ${#all[@]} mutants, $rejected drawn did not compile, testing ${#pick[@]} against:" \
     "$(for x in $suites; do printf '%s (%ss) ' "$x" "$(limit_of "$x")"; done)" >&2
   cp "$f" "$OUT/orig"
+  # the file's code as this machine builds it, without debug information:
+  # a mutant whose object is byte for byte the same (a line in a branch of
+  # #ifdef this build does not take, say) cannot change what any test sees
+  code_of "$OUT/orig.o" || rm -f "$OUT/orig.o"
   for m in "${pick[@]}"; do
     [ -n "$m" ] || continue
     total=$((total + 1))
@@ -485,7 +497,9 @@ print('\n'.join(m))")
     outcome=""
     : >"$OUT/build.log"
     built=""
-    if ! build_variant rel $(for s in $suites; do [ "$(variant_of "$s")" = rel ] && suite_target "$s"; done) \
+    if [ -e "$OUT/orig.o" ] && code_of "$OUT/mut.o" && cmp -s "$OUT/orig.o" "$OUT/mut.o"; then
+      outcome="same-code"
+    elif ! build_variant rel $(for s in $suites; do [ "$(variant_of "$s")" = rel ] && suite_target "$s"; done) \
         >"$OUT/build.log" 2>&1; then
       outcome="uncompilable"
     else
@@ -526,16 +540,18 @@ w('# Mutation run: seed %s, %s mutants per file, %d s' % (sys.argv[3], sys.argv[
 w()
 w('%s mutants drawn were set aside before building: they fail a syntax check.' % sys.argv[6])
 w()
-w('| file | mutants | uncompilable | killed | survived |')
-w('| --- | --- | --- | --- | --- |')
-tk = ts = tu = 0
+w('| file | mutants | uncompilable | same code | killed | survived |')
+w('| --- | --- | --- | --- | --- | --- |')
+tk = ts = tu = tc = 0
 for f, d in per.items():
     n = sum(d.values())
-    w('| %s | %d | %d | %d | %d |' % (f, n, d['uncompilable'], d['killed'], d['SURVIVED']))
-    tk += d['killed']; ts += d['SURVIVED']; tu += d['uncompilable']
-w('| all | %d | %d | %d | %d |' % (tk + ts + tu, tu, tk, ts))
+    w('| %s | %d | %d | %d | %d | %d |' % (f, n, d['uncompilable'], d['same-code'], d['killed'],
+                                         d['SURVIVED']))
+    tk += d['killed']; ts += d['SURVIVED']; tu += d['uncompilable']; tc += d['same-code']
+w('| all | %d | %d | %d | %d | %d |' % (tk + ts + tu + tc, tu, tc, tk, ts))
 w()
-w('Score: %d of %d compiled mutants killed (%.1f%%)' % (tk, tk + ts, 100.0 * tk / max(1, tk + ts)))
+w('Score: %d of %d compiled mutants killed (%.1f%%); %d left the object code as it was '
+  '(equivalent in this build, not run)' % (tk, tk + ts, 100.0 * tk / max(1, tk + ts), tc))
 w()
 w('## Survivors')
 w()
