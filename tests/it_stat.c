@@ -16,6 +16,7 @@
 #include <regex.h>
 #include <sys/stat.h>
 #include "config.h"
+#include "histo.h"
 #include "ps_time.h"
 #include "ps_client.h"
 #include "ps_err.h"
@@ -447,6 +448,51 @@ static double metric(const char *text, const char *series)
 	return p ? strtod(p + strlen(pat), NULL) : NAN;
 }
 
+/* Histogram name of a /metrics body as Prometheus reads it: one
+ * NAME_bucket line per bucket of common/histo.h, each le a number (the
+ * bucket's bound, 2^i us) and the last "+Inf", the bounds increasing and
+ * the cumulative counts never falling, the +Inf count equal to
+ * NAME_count. */
+static void check_histogram(const char *body, const char *name, int shard)
+{
+	char pat[120];
+	const char *p = body;
+	double prev_le = -1, prev_n = -1;
+	int n = 0;
+
+	snprintf(pat, sizeof(pat), "\n%s_bucket{le=\"", name);
+	while ((p = strstr(p, pat))) {
+		char *end;
+		const char *le = p + strlen(pat);
+		double bound, count;
+
+		if (!strncmp(le, "+Inf\"} ", 7)) {
+			bound = INFINITY;
+			end = (char *)le + 4;
+		} else {
+			bound = strtod(le, &end);
+			ck_assert_msg(end != le && !strncmp(end, "\"} ", 3), "shard %d: %s: bucket %d's "
+				      "le is not a number: %.60s", shard, name, n, le);
+			ck_assert_msg(fabs(bound - ldexp(1.0, n) * 1e-6) <= 1e-9 * bound, "shard %d: "
+				      "%s: bucket %d's le %g, %g due", shard, name, n, bound,
+				      ldexp(1.0, n) * 1e-6);
+		}
+		count = strtod(end + 3, NULL);
+		ck_assert_msg(bound > prev_le && count >= prev_n, "shard %d: %s: bucket %d (le %g, "
+			      "%g) after le %g, %g", shard, name, n, bound, count, prev_le, prev_n);
+		prev_le = bound;
+		prev_n = count;
+		n++;
+		p = end;
+	}
+	ck_assert_msg(n == PS_HISTO_BUCKETS && isinf(prev_le), "shard %d: %s: %d buckets, the "
+		      "last le %g (%d due, the last +Inf)", shard, name, n, prev_le,
+		      PS_HISTO_BUCKETS);
+	snprintf(pat, sizeof(pat), "%s_count", name);
+	ck_assert_msg(metric(body, pat) == prev_n, "shard %d: %s %g, the +Inf bucket %g", shard,
+		      pat, metric(body, pat), prev_n);
+}
+
 /* A port for stats.http: free, the next one (shard 1's: shard k serves on
  * the port + k) free as well, and neither of them a shard's port p0, p1. */
 static int http_port(int p0, int p1)
@@ -505,6 +551,8 @@ START_TEST(test_metrics_http)
 			      "%s", body);
 		ck_assert_msg(metric(body, "ps_pull_latency_seconds_count") ==
 			      metric(body, "ps_pull_requests_total"), "%s", body);
+		check_histogram(body, "ps_push_latency_seconds", k);
+		check_histogram(body, "ps_pull_latency_seconds", k);
 		ck_assert_msg(metric(body, "ps_worker_clock{worker=\"1\"}") >= tr.clocks, "%s", body);
 		ck_assert_msg(metric(body, "ps_rejected_frames_total") == 0, "%s", body);
 		if (k == 0)
