@@ -132,8 +132,11 @@ suites_of() {
     # it_reshard_ops: a join during a stop
     server/members.c)          echo it_hostile@test_member_steps_refused it_elastic it_elastic_repl it_replica_auth \
                                     it_reshard_ops@test_one_change_at_a_time san:it_elastic_repl ;;
-    # it_reshard_staged: the staged load; it_reshard_pairs.sh: the pairs' two files
-    server/reshard.c)          echo it_reshard it_reshard_staged it_reshard_pairs.sh it_reshard_cases@test_pairs_2_to_3 it_fault@test_reshard_start_oom ;;
+    # it_reshard_staged: the staged load; it_reshard_pairs.sh: the pairs' two files;
+    # it_fault's case: out of memory at a --reshard-from start; it_reshard_ops'
+    # case: old files of two map epochs refused
+    server/reshard.c)          echo it_reshard it_reshard_staged it_reshard_pairs.sh it_reshard_cases@test_pairs_2_to_3 it_fault@test_reshard_start_oom \
+                                    it_reshard_ops@test_epoch_2_3_2 ;;
     # the staged start (the pre-copy) and the marker until the first
     # checkpoint: it_reshard's marker case; the staging runs under the launcher
     server/reshard_stage.c)    echo it_reshard it_reshard_staged it_reshard_live.sh ;;
