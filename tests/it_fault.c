@@ -955,8 +955,9 @@ static int ctr_oom_sweep(const char *ccfg, int port, const char *out, size_t siz
  * second dense layer; the click log's reader takes two first), then those
  * of the input (batch 256 by 26 bags of 8 and 13 numeric features), of the
  * labels (1 KiB) and of the logits read back (2 KiB), each size's
- * failed one after another, each refused with "out of memory" and exit 1,
- * never a signal; the run past the last trains. */
+ * failed one after another: each refused with "out of memory" and exit 1,
+ * or (a buffer of the client's, say) survived and trained, never a
+ * signal; the run past the last trains. */
 START_TEST(test_ctr_model_oom)
 {
 	/* and each size's model buffers at least: two of the second layer's
