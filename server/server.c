@@ -350,9 +350,21 @@ int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int sh
 				ps__srv_resume_clock(s));
 		}
 	}
+	/* SIGINT and SIGTERM caught before the shard listens: one that comes
+	 * once a peer can connect (a launcher that stops what it saw
+	 * listening) stops it cleanly, its checkpoint written, at the loop's
+	 * first turn, not by the signal's default action during the rest of
+	 * this set-up */
+	uv_signal_init(loop, &s->sigint);
+	uv_signal_init(loop, &s->sigterm);
+	uv_signal_init(loop, &s->sigusr1);
+	s->sigint.data = s->sigterm.data = s->sigusr1.data = s;
+	uv_signal_start(&s->sigint, on_signal, SIGINT);
+	uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+	uv_signal_start(&s->sigusr1, on_precopy, SIGUSR1);
 	rc = ops->create(loop, &cbs, &hs, s, &s->transport);
 	if (rc)
-		goto err_free_store;
+		goto err_close_signals;
 	rc = ops->listen(s->transport, host, addr->port);
 	if (rc) {
 		ps_error("cannot listen on %s:%d%s: %s%s", host, addr->port,
@@ -397,13 +409,6 @@ int ps_server_init_from(struct ps_server *s, const struct ps_config *cfg, int sh
 	uv_timer_init(loop, &s->tick);
 	s->tick.data = s;
 	uv_timer_start(&s->tick, ps__srv_on_tick, 200, 200);
-	uv_signal_init(loop, &s->sigint);
-	uv_signal_init(loop, &s->sigterm);
-	uv_signal_init(loop, &s->sigusr1);
-	s->sigint.data = s->sigterm.data = s->sigusr1.data = s;
-	uv_signal_start(&s->sigint, on_signal, SIGINT);
-	uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-	uv_signal_start(&s->sigusr1, on_precopy, SIGUSR1);
 	/* the address bound, so a name that resolved to loopback (a hosts
 	 * entry of 127.0.1.1) shows in the log */
 	ps_info("shard %d of %d listening on %s (%s[%d] %s:%d%s): %d slices, %.1f MiB, %s, "
@@ -422,6 +427,10 @@ err_destroy_transport:
 	ps__repl_stop(s);
 	s->transport->ops->destroy(s->transport);
 	s->transport = NULL;
+err_close_signals:
+	uv_close((uv_handle_t *)&s->sigint, NULL);
+	uv_close((uv_handle_t *)&s->sigterm, NULL);
+	uv_close((uv_handle_t *)&s->sigusr1, NULL);
 	uv_run(loop, UV_RUN_NOWAIT);
 	ps__repl_free(s);
 err_free_store:

@@ -437,6 +437,83 @@ START_TEST(test_staged_base_replaced)
 }
 END_TEST
 
+/* One row changed between the pre-copies and the stop, nothing else: on
+ * the new shard that owns it the stop's changes are a run of one row,
+ * the edge of the merge's reordering (the merged rows newer than the
+ * oldest changed one go back among the changed ones); the staged result
+ * must still equal its unstaged twin. */
+START_TEST(test_staged_one_change)
+{
+	static uint64_t ids[100];
+	pid_t old[2], stg[3], uns[3];
+	char from[200], a[300], b[320];
+	struct ps_client *c;
+	uint64_t k = 0, changed = 0;
+
+	setup_dirs();
+	nseen = 0;
+	write_cfgs(2, 3);
+	for (int j = 0; j < 2; j++)
+		old[j] = start(cold, "old", j, NULL, 0, 0);
+	c = connect_retry(0);
+	for (int i = 0; i < 100; i++)
+		ids[i] = id_of(i);
+	clock_push(c, k++, ids, 100); /* counted once */
+	clock_push(c, k++, ids, 100); /* admitted */
+	for (int j = 0; j < 2; j++)
+		kill(old[j], SIGUSR1);
+	for (int j = 0; j < 2; j++)
+		wait_log("old", j, "checkpoint (re-shard pre-copy) written");
+	snprintf(from, sizeof(from), "%s/from", ck);
+	ck_assert_int_eq(mkdir(from, 0700), 0);
+	for (int j = 0; j < 3; j++)
+		stg[j] = start(cnew, "staged", j, from, 2, 1);
+	for (int j = 0; j < 3; j++)
+		wait_log("staged", j, "re-shard staged");
+	/* a second later (the rows' stamps are whole seconds), one row */
+	tu_sleep_ms(1100);
+	clock_push(c, k++, ids + 7, 1);
+	ps_client_free(c);
+	pstat_stop(cold, k);
+	for (int j = 0; j < 2; j++)
+		ck_assert_int_eq(tu_wait_exit(old[j]), 0);
+	for (int j = 0; j < 2; j++) {
+		const char *suffix[] = { ".ckpt", ".ckpt.delta-1", ".members" };
+		for (int q = 0; q < 3; q++) {
+			snprintf(a, sizeof(a), "%s/shard-%d%s", ck, j, suffix[q]);
+			snprintf(b, sizeof(b), "%s/shard-%d%s", from, j, suffix[q]);
+			ck_assert_msg(rename(a, b) == 0 || (q == 2 && errno == ENOENT), "%s: %s", a,
+				      strerror(errno));
+		}
+		changed += old_delta(from, j).nrows;
+	}
+	ck_assert_msg(changed == 1, "the stop's increments changed %" PRIu64 " rows, 1 due",
+		      changed);
+	for (int j = 0; j < 3; j++)
+		kill(stg[j], SIGUSR1);
+	for (int j = 0; j < 3; j++)
+		uns[j] = start(cnewu, "unstaged", j, from, 2, 0);
+	for (int j = 0; j < 3; j++) {
+		uint8_t *x, *y;
+		size_t xl, yl;
+
+		x = new_ckpt(ck, j, &xl);
+		y = new_ckpt(ck2, j, &yl);
+		compare(j, 3, x, xl, y, yl);
+		free(x);
+		free(y);
+		snprintf(a, sizeof(a), "%s/staged-%d.log", dir, j);
+		ck_assert_msg(tu_log_says(a, "the stop's changes applied to the rows merged"),
+			      "%s: the stop's changes not applied to the merge", a);
+	}
+	for (int j = 0; j < 3; j++) {
+		ck_assert_int_eq(tu_stop_server(stg[j]), 0);
+		ck_assert_int_eq(tu_stop_server(uns[j]), 0);
+	}
+	cleanup_dirs();
+}
+END_TEST
+
 /* A staged shard refuses to stage for a process that is not its parent
  * or under a replicated config, and stops on SIGTERM or SIGINT before the
  * commit; each way it writes nothing into the checkpoint folder and says
@@ -628,6 +705,7 @@ int main(void)
 	TU_ADD(tc, test_staged_base_replaced);
 	TU_ADD(tc, test_staged_refusals);
 	TU_ADD(tc, test_precopy_refusals);
+	TU_ADD(tc, test_staged_one_change);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }

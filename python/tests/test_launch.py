@@ -5,8 +5,10 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -96,6 +98,40 @@ def test_ps_worker_exec(tmp_path):
     finally:
         p.kill()
     assert p.returncode == 7 and out.strip() == "got TERM", (p.returncode, out)
+
+
+def test_ps_server_sigterm_once_listening(tmp_path):
+    """A launcher that stops a shard as soon as it accepts a connection (a test
+    harness, a pod's preStop) gets a clean stop: ps-server catches SIGTERM from
+    before it listens, so the signal never kills it half set up (its metrics
+    server still starting) and its stop is logged. Ten times, with stats.http,
+    whose start made that window wide enough to land in 29 times of 30."""
+    server = os.path.join(ROOT, "bin", "ps-server")
+    for i in range(10):
+        port, http = free_ports(2)
+        cfg = tmp_path / f"c{i}.yaml"
+        cfg.write_text(f"cluster:\n  servers: [127.0.0.1:{port}]\n  workers: 1\n"
+                       "model:\n  tensors:\n    - {name: a, shape: [10], init: zeros}\n"
+                       f"stats:\n  http: 127.0.0.1:{http}\nlog:\n  level: info\n")
+        log = tmp_path / f"c{i}.log"
+        with open(log, "wb") as f:
+            p = subprocess.Popen([server, "--config", str(cfg), "--shard", "0"], stderr=f)
+        try:
+            deadline = time.monotonic() + 20
+            while True:  # no pause: the signal follows the first accepted connection
+                assert p.poll() is None, log.read_text()
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, log.read_text()
+            p.send_signal(signal.SIGTERM)
+            rc = p.wait(timeout=20)
+        finally:
+            p.kill()
+            p.wait()
+        assert rc == 0, f"start {i}: exit {rc}: {log.read_text()}"
+        assert "received SIGTERM, stopping" in log.read_text(), log.read_text()
 
 
 def _sig_masks(out):
