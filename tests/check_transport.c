@@ -1826,6 +1826,14 @@ static void *recv_thread(void *p)
 	return NULL;
 }
 
+static int recv_taken(void)
+{
+	pthread_mutex_lock(&RA.mu);
+	int n = RA.taken;
+	pthread_mutex_unlock(&RA.mu);
+	return n;
+}
+
 static int recv_count(void)
 {
 	pthread_mutex_lock(&RA.mu);
@@ -1858,6 +1866,11 @@ START_TEST(test_recv_now_from_thread)
 		ck_assert_int_eq(tsend(E.s, (uint8_t)(1 + i % 9), &i, 4, &iov, 1,
 				       PS_SEND_VOLATILE, NULL, NULL), 0);
 		bytes += PS_WIRE_HDR_LEN + 4 + iov.len + E.tag;
+		/* until the second thread has taken a frame, the loop does not
+		 * read: on a loaded machine it could otherwise take them all
+		 * before that thread is first scheduled (seen once in CI) */
+		for (int ms = 0; i == 0 && recv_taken() == 0 && ms < 5000; ms++)
+			usleep(1000);
 		if (i % 16 == 0)
 			uv_run(&E.loop, UV_RUN_NOWAIT); /* the loop thread reads some too */
 	}
