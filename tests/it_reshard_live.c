@@ -499,6 +499,17 @@ START_TEST(test_pairs_2_3)
 	/* the primary of new shard 0 (replica 0: equal state at the start) */
 	snprintf(log, sizeof(log), "%s/c3.yaml-shard-0.log", dir);
 	ck_assert_msg(tu_log_says(log, "now the primary of shard 0"), "%s: not the primary", log);
+	/* the backup holding the state before the kill: alone, the new
+	 * primary acknowledges at once, and the workers reached clock 8 within
+	 * 10 ms of its election, before replica 1 had joined (CI, once); a
+	 * process that never held the state cannot take over */
+	{
+		static struct ps_config c3cfg;
+		char err[512];
+		ck_assert_msg(ps_config_load(&c3cfg, c3, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_msg(tu_wait_pair(&c3cfg, 0, 20) == 0, "new shard 0's pair did not form with "
+			      "replica 0 serving (logs in %s)", dir);
+	}
 	kill(srv[0], SIGKILL);
 	ck_assert_int_eq(tu_wait_exit(srv[0]), 128 + SIGKILL);
 	set_gate(UINT64_MAX);
