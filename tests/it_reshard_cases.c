@@ -345,6 +345,14 @@ START_TEST(test_pairs_2_to_3)
 	for (int k = 0; k < 3; k++) {
 		snprintf(f, sizeof(f), "%s/shard-%d-r1.ckpt", ck, k);
 		ck_assert_msg(stat(f, &sb) == 0, "%s: new backup %d wrote no checkpoint", f, k);
+		/* each process says why it wrote it, naming the file */
+		for (int r = 0; r < 2; r++) {
+			char log[200], said[300];
+			snprintf(log, sizeof(log), "%s/new-%d-r%d.log", dir, k, r);
+			snprintf(said, sizeof(said), "checkpoint (re-shard): %s/shard-%d%s.ckpt", ck,
+				 k, r ? "-r1" : "");
+			ck_assert_msg(file_has(log, said), "%s: no '%s'", log, said);
+		}
 	}
 	for (int r = 0; r < NW; r++) {
 		c[r] = connect_retry(r);
