@@ -64,11 +64,20 @@ static void make_data(void)
 	ck_assert(best_auc > 0.6 && best_auc < 1.0);
 }
 
+/* PS_TEST_DEVICE, the device the workers are to train on; NULL: the
+ * config's default (auto). */
+static const char *test_device(void)
+{
+	const char *dev = getenv("PS_TEST_DEVICE");
+
+	return dev && *dev ? dev : NULL;
+}
+
 /* A 2-shard, 2-worker ctr config on fresh ports; model adds keys to the
  * model section, train to the train section. */
 static void write_cfg(char *path, const char *mode, const char *model, const char *train)
 {
-	const char *dev = getenv("PS_TEST_DEVICE");
+	const char *dev = test_device();
 	char y[2048];
 
 	snprintf(y, sizeof(y),
@@ -79,7 +88,7 @@ static void write_cfg(char *path, const char *mode, const char *model, const cha
 		 "train: {batch: 1024, epochs: 1, metrics_dir: '%s'%s%s%s%s}\n"
 		 "log: {level: warn}\n",
 		 tu_free_port(), tu_free_port(), mode, model, tmpdir, *train ? ", " : "", train,
-		 dev && *dev ? ", device: " : "", dev && *dev ? dev : "");
+		 dev ? ", device: " : "", dev ? dev : "");
 	ck_assert_int_eq(tu_write_temp(path, y), 0);
 }
 
@@ -169,13 +178,12 @@ static double train(const char *mode, const char *tables, int ntables, uint64_t 
 	ck_assert_msg(strstr(metrics, "\"test_auc\":") && strstr(metrics, "\"test_logloss\":") &&
 		      strstr(metrics, "\"samples_per_s\":"), "metrics: %s", metrics);
 	/* trained where PS_TEST_DEVICE asked, never fallen back to the CPU */
-	const char *dev = getenv("PS_TEST_DEVICE");
+	const char *dev = test_device() ? test_device() : "cpu";
 	char want[64];
-	snprintf(want, sizeof(want), "\"device\":\"%s\"", dev && *dev ? dev : "cpu");
+	snprintf(want, sizeof(want), "\"device\":\"%s\"", dev);
 	ck_assert_msg(strstr(metrics, want), "worker 0 trained elsewhere than %s: %s", want,
 		      metrics);
-	fprintf(stderr, "ctr %s on %s: worker 0 %.0f samples/s, %.1f s for 2 workers\n", mode,
-		dev && *dev ? dev : "cpu",
+	fprintf(stderr, "ctr %s on %s: worker 0 %.0f samples/s, %.1f s for 2 workers\n", mode, dev,
 		strtod(strstr(metrics, "\"samples_per_s\":") + strlen("\"samples_per_s\":"), NULL),
 		took);
 	unlink(mpath);

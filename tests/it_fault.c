@@ -200,6 +200,24 @@ static int port_open(int port)
 	return ok;
 }
 
+/* Until shard process pid ends or accepts on port, limit_s (scaled) at
+ * most: its exit status as a shell gives it (the code, or 128 + the
+ * signal), -1 once it listens, -2 when neither came in time. */
+static int ended_or_listening(pid_t pid, int port, double limit_s)
+{
+	double t0 = ps_now_s();
+	int ws = 0;
+
+	while (ps_now_s() - t0 < limit_s * tu_time_scale()) {
+		if (waitpid(pid, &ws, WNOHANG) == pid)
+			return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+		if (port_open(port))
+			return -1;
+		tu_sleep_ms(10);
+	}
+	return -2;
+}
+
 /* A config without a model (the worker declares tensor a and table e as
  * write_cfg's config names them); ckpt: with incremental checkpoints
  * (test_restore_faults' _i 2), else none. */
@@ -280,18 +298,8 @@ START_TEST(test_restore_faults)
 			snprintf(spec, sizeof(spec), "pread:%d%s:file", n, how ? ":short" : "+:EIO");
 			pid = start_faulted(-1, spec, NULL);
 			/* it refuses to start, or starts: whichever, within the deadline */
-			double t0 = ps_now_s();
-			int rc = -1, ws = 0, up = 0;
-			while (ps_now_s() - t0 < 10 * tu_time_scale()) {
-				if (waitpid(pid, &ws, WNOHANG) == pid) {
-					rc = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-					break;
-				}
-				if ((up = port_open(cfg.shards[0].port)))
-					break;
-				tu_sleep_ms(20);
-			}
-			ck_assert_msg(rc >= 0 || up, "%s: the shard neither started nor ended (log %s)",
+			int rc = ended_or_listening(pid, cfg.shards[0].port, 10);
+			ck_assert_msg(rc != -2, "%s: the shard neither started nor ended (log %s)",
 				      spec, slog);
 			landed |= faults_made() > 0;
 			if (rc >= 0) {
@@ -909,9 +917,10 @@ static int oom_worker(const char *path)
 }
 
 /* test_ctr_model_oom's sweep over the buffers of `size` bytes, on a shard
- * of its own (the run that trains ends the epoch there): each fault
- * refused with exit 1 and "out of memory"; the run past the last trains.
- * How many faults landed in the model's buffers. */
+ * of its own (the run that trains ends the epoch there; started again
+ * after each run that trained): each fault refused with exit 1 and "out
+ * of memory", or survived and trained; the run past the last trains. How
+ * many faults landed in the model's buffers. */
 static int ctr_oom_sweep(const char *ccfg, int port, const char *out, size_t size)
 {
 	const char *argv[] = { "bin/ps-worker", "--config", ccfg, "--rank", "0", NULL };
@@ -1217,12 +1226,11 @@ static pid_t start_reshard(const char *ncfg, const char *nlog, const char *spec,
 START_TEST(test_reshard_start_oom)
 {
 	int refused = 0, started = 0, landed = 0, last = 0, aborted = 0;
-	char ncfg[64], ndir[128], nlog[160], yaml[2048], spec[64], err[512];
+	char ncfg[64], ndir[128], nlog[160], spec[64];
 	static struct ps_config nc;
 	static struct model m;
 	struct ps_shard_stats st;
 	struct ps_client *c;
-	int port[2] = { tu_free_port(), 0 };
 	pid_t pid;
 
 	make_dir();
@@ -1237,51 +1245,28 @@ START_TEST(test_reshard_start_oom)
 	ps_client_free(c);
 	ck_assert_int_eq(tu_stop_server(pid), 0);
 
-	port[1] = tu_low_free_port(port[0]);
 	snprintf(ndir, sizeof(ndir), "%s/new", dir);
 	snprintf(nlog, sizeof(nlog), "%s/reshard.log", dir);
-	snprintf(yaml, sizeof(yaml),
-		 "%scluster:\n  servers: [%s:%d, %s:%d]\n  workers: 1\n"
-		 "consistency:\n  mode: sync\nslice_bytes: 4096\n"
-		 "optimizer:\n  name: sgd\n  lr: 1\n"
-		 "model:\n  tensors:\n    - {name: a, shape: [%d], init: zeros}\n"
-		 "  embeddings:\n    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n"
-		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n"
-		 "limits:\n  request_timeout_ms: 20000\n",
-		 tu_transport_yaml(), tu_host(), port[0], tu_host(), port[1], NA, DIM, ndir);
-	ck_assert_int_eq(tu_write_temp(ncfg, yaml), 0);
-	ck_assert_msg(ps_config_load(&nc, ncfg, err, sizeof(err)) == 0, "%s", err);
+	write_cfg_n(ncfg, &nc, 2, ndir, "");
 
 	for (int nth = 1; nth <= 1000; nth++) {
 		char ck[200];
-		int rc = -1, ws = 0;
-		double t0 = ps_now_s();
+		int rc;
 
 		tu_rmtree(ndir);
 		ck_assert_int_eq(mkdir(ndir, 0700), 0);
 		snprintf(spec, sizeof(spec), "alloc:%d", nth);
 		pid = start_reshard(ncfg, nlog, spec, "table e: at most");
-		while (ps_now_s() - t0 < 20 * tu_time_scale()) {
-			if (waitpid(pid, &ws, WNOHANG) == pid) {
-				rc = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
-				break;
-			}
-			if (port_open(nc.shards[0].port))
-				break;
-			tu_sleep_ms(10);
-		}
+		rc = ended_or_listening(pid, nc.shards[0].port, 20);
+		ck_assert_msg(rc != -2, "%s: the re-shard's start neither ended nor listened (log "
+			      "%s)", spec, nlog);
 		int made = faults_made();
-		/* libuv aborts when its thread pool cannot start a thread (its
-		 * design, not this code's to handle): counted, not failed */
 		if (rc == 128 + SIGABRT && strstr(slurp(flog), "libuv.so")) {
+			/* libuv aborts when its thread pool cannot start a thread
+			 * (its design, not this code's to handle): counted, not
+			 * failed */
 			aborted++;
-			rc = -2;
-		}
-		if (rc == -2) {
-			;
-		} else if (rc < 0) { /* listening, or hung */
-			ck_assert_msg(port_open(nc.shards[0].port), "%s: the re-shard's start "
-				      "neither ended nor listened (log %s)", spec, nlog);
+		} else if (rc == -1) { /* listening */
 			/* a start that said it refused must not serve after all */
 			ck_assert_msg(!strstr(slurp(nlog), "refusing to start"), "%s: the shard "
 				      "listens after refusing to start:\n%s", spec, slurp(nlog));
@@ -1309,7 +1294,7 @@ START_TEST(test_reshard_start_oom)
 	ck_assert_msg(landed < 1000 && refused >= 20, "%d faults landed, %d starts refused", landed,
 		      refused);
 
-	/* without a fault: the old shard's state, exactly */
+	/* without a fault: it starts */
 	tu_rmtree(ndir);
 	ck_assert_int_eq(mkdir(ndir, 0700), 0);
 	pid = start_reshard(ncfg, nlog, NULL, NULL);

@@ -275,6 +275,40 @@ static int log_count(const char *name, int k, const char *what)
 	return n;
 }
 
+/* The old shards' files of ck moved into from, as the launcher does at a
+ * commit; the ids their stop's increments dropped and the rows they
+ * changed added to *tombs and *changed. */
+static void set_aside(const char *from, int old_n, uint64_t *tombs, uint64_t *changed)
+{
+	char a[300], b[320];
+
+	for (int j = 0; j < old_n; j++) {
+		const char *suffix[] = { ".ckpt", ".ckpt.delta-1", ".members" };
+		for (int q = 0; q < 3; q++) {
+			snprintf(a, sizeof(a), "%s/shard-%d%s", ck, j, suffix[q]);
+			snprintf(b, sizeof(b), "%s/shard-%d%s", from, j, suffix[q]);
+			ck_assert_msg(rename(a, b) == 0 || (q == 2 && errno == ENOENT), "%s: %s", a,
+				      strerror(errno));
+		}
+		struct ckpt_table ct = old_delta(from, j);
+		*tombs += ct.ntombs;
+		*changed += ct.nrows;
+	}
+}
+
+/* New shard j's first checkpoint, staged, against its unstaged twin's. */
+static void compare_twin(int j, int new_n)
+{
+	uint8_t *x, *y;
+	size_t xl, yl;
+
+	x = new_ckpt(ck, j, &xl);
+	y = new_ckpt(ck2, j, &yl);
+	compare(j, new_n, x, xl, y, yl);
+	free(x);
+	free(y);
+}
+
 /* replace_base: old shard 0 writes a second pre-copy after the staged
  * shards loaded its first, so the full checkpoint they staged is not the
  * one the stop's increment builds on: each staged shard loads that old
@@ -284,7 +318,7 @@ static void run_staged(int old_n, int new_n, int replace_base)
 {
 	static uint64_t ids[MAXIDS];
 	pid_t old[3], stg[3], uns[3];
-	char from[200], a[300], b[320];
+	char from[200], a[300];
 	struct ps_client *c;
 	uint64_t k = 0, tombs = 0, changed = 0, tkey;
 	int n, last = old_n - 1;
@@ -359,19 +393,10 @@ static void run_staged(int old_n, int new_n, int replace_base)
 	for (int j = 0; j < old_n; j++)
 		ck_assert_int_eq(tu_wait_exit(old[j]), 0);
 	/* the old files set aside, as the launcher does */
+	set_aside(from, old_n, &tombs, &changed);
 	for (int j = 0; j < old_n; j++) {
-		const char *suffix[] = { ".ckpt", ".ckpt.delta-1", ".members" };
-		for (int q = 0; q < 3; q++) {
-			snprintf(a, sizeof(a), "%s/shard-%d%s", ck, j, suffix[q]);
-			snprintf(b, sizeof(b), "%s/shard-%d%s", from, j, suffix[q]);
-			ck_assert_msg(rename(a, b) == 0 || (q == 2 && errno == ENOENT), "%s: %s", a,
-				      strerror(errno));
-		}
 		snprintf(a, sizeof(a), "%s/shard-%d.ckpt.delta-2", ck, j);
 		ck_assert_msg(access(a, F_OK) != 0, "%s: one incremental checkpoint expected", a);
-		struct ckpt_table ct = old_delta(from, j);
-		tombs += ct.ntombs;
-		changed += ct.nrows;
 	}
 	ck_assert_msg(tombs > 0, "the stop's increments dropped no id (expired and evicted rows)");
 	ck_assert_msg(changed > 0, "the stop's increments changed no row");
@@ -380,14 +405,7 @@ static void run_staged(int old_n, int new_n, int replace_base)
 	for (int j = 0; j < new_n; j++)
 		uns[j] = start(cnewu, "unstaged", j, from, old_n, 0);
 	for (int j = 0; j < new_n; j++) {
-		uint8_t *x, *y;
-		size_t xl, yl;
-
-		x = new_ckpt(ck, j, &xl);
-		y = new_ckpt(ck2, j, &yl);
-		compare(j, new_n, x, xl, y, yl);
-		free(x);
-		free(y);
+		compare_twin(j, new_n);
 		snprintf(a, sizeof(a), "%s/staged-%d.log", dir, j);
 		ck_assert_msg(tu_log_says(a, "(same placement, staged)"), "%s: not staged", a);
 		if (replace_base) {
@@ -446,9 +464,9 @@ START_TEST(test_staged_one_change)
 {
 	static uint64_t ids[100];
 	pid_t old[2], stg[3], uns[3];
-	char from[200], a[300], b[320];
+	char from[200], a[300];
 	struct ps_client *c;
-	uint64_t k = 0, changed = 0;
+	uint64_t k = 0, tombs = 0, changed = 0;
 
 	setup_dirs();
 	nseen = 0;
@@ -477,16 +495,7 @@ START_TEST(test_staged_one_change)
 	pstat_stop(cold, k);
 	for (int j = 0; j < 2; j++)
 		ck_assert_int_eq(tu_wait_exit(old[j]), 0);
-	for (int j = 0; j < 2; j++) {
-		const char *suffix[] = { ".ckpt", ".ckpt.delta-1", ".members" };
-		for (int q = 0; q < 3; q++) {
-			snprintf(a, sizeof(a), "%s/shard-%d%s", ck, j, suffix[q]);
-			snprintf(b, sizeof(b), "%s/shard-%d%s", from, j, suffix[q]);
-			ck_assert_msg(rename(a, b) == 0 || (q == 2 && errno == ENOENT), "%s: %s", a,
-				      strerror(errno));
-		}
-		changed += old_delta(from, j).nrows;
-	}
+	set_aside(from, 2, &tombs, &changed);
 	ck_assert_msg(changed == 1, "the stop's increments changed %" PRIu64 " rows, 1 due",
 		      changed);
 	for (int j = 0; j < 3; j++)
@@ -494,14 +503,7 @@ START_TEST(test_staged_one_change)
 	for (int j = 0; j < 3; j++)
 		uns[j] = start(cnewu, "unstaged", j, from, 2, 0);
 	for (int j = 0; j < 3; j++) {
-		uint8_t *x, *y;
-		size_t xl, yl;
-
-		x = new_ckpt(ck, j, &xl);
-		y = new_ckpt(ck2, j, &yl);
-		compare(j, 3, x, xl, y, yl);
-		free(x);
-		free(y);
+		compare_twin(j, 3);
 		snprintf(a, sizeof(a), "%s/staged-%d.log", dir, j);
 		ck_assert_msg(tu_log_says(a, "the stop's changes applied to the rows merged"),
 			      "%s: the stop's changes not applied to the merge", a);

@@ -232,13 +232,19 @@ static inline void check_exact(struct ps_client *c, const struct model *m, const
 
 /* ---- configs ---- */
 
-static inline void write_cfg(const char *extra)
+/* The test's config of nservers shards (fresh ports): tensor a, table e,
+ * SGD lr 1, checkpoints in ckdir on request, extra lines after them;
+ * written to a temporary file (its name into path) and loaded into c. */
+static inline void write_cfg_n(char *path, struct ps_config *c, int nservers, const char *ckdir,
+			       const char *extra)
 {
-	char yaml[2048], err[512];
-	int port = tu_free_port();
+	char yaml[2048], servers[256] = "", err[512];
 
+	for (int k = 0, o = 0; k < nservers; k++)
+		o += snprintf(servers + o, sizeof(servers) - (size_t)o, "%s%s:%d", k ? ", " : "",
+			      tu_host(), tu_free_port());
 	snprintf(yaml, sizeof(yaml),
-		 "%scluster:\n  servers: [%s:%d]\n  workers: 1\n"
+		 "%scluster:\n  servers: [%s]\n  workers: 1\n"
 		 "consistency:\n  mode: sync\n"
 		 "slice_bytes: 4096\n"
 		 "optimizer:\n  name: sgd\n  lr: 1\n"
@@ -246,9 +252,15 @@ static inline void write_cfg(const char *extra)
 		 "  embeddings:\n    - {name: e, dim: %d, init: zeros, optimizer: sgd, lr: 1}\n"
 		 "checkpoint:\n  dir: %s\n  on_request: true\n  min_interval_s: 0\n%s"
 		 "limits:\n  request_timeout_ms: 20000\n",
-		 tu_transport_yaml(), tu_host(), port, NA, DIM, dir, extra);
-	ck_assert_int_eq(tu_write_temp(cfg_path, yaml), 0);
-	ck_assert_msg(ps_config_load(&cfg, cfg_path, err, sizeof(err)) == 0, "%s", err);
+		 tu_transport_yaml(), servers, NA, DIM, ckdir, extra);
+	ck_assert_int_eq(tu_write_temp(path, yaml), 0);
+	ck_assert_msg(ps_config_load(c, path, err, sizeof(err)) == 0, "%s", err);
+}
+
+/* The config of one shard, checkpoints in dir, at cfg_path (cfg). */
+static inline void write_cfg(const char *extra)
+{
+	write_cfg_n(cfg_path, &cfg, 1, dir, extra);
 }
 
 static inline void make_dir(void)
