@@ -921,7 +921,8 @@ static int oom_worker(const char *path)
  * after each run that trained): each fault refused with exit 1 and "out
  * of memory", or survived and trained; the run past the last trains. How
  * many faults landed in the model's buffers. */
-static int ctr_oom_sweep(const char *ccfg, int port, const char *out, size_t size)
+static int ctr_oom_sweep(const char *ccfg, int port, const char *out, size_t size,
+			 const char *want)
 {
 	const char *argv[] = { "bin/ps-worker", "--config", ccfg, "--rank", "0", NULL };
 	pid_t srv = tu_start_server(ccfg, 0);
@@ -941,17 +942,22 @@ static int ctr_oom_sweep(const char *ccfg, int port, const char *out, size_t siz
 			break;
 		}
 		/* refused; or a failure the worker survives (a buffer of the
-		 * client's, sent again), and then it trains */
+		 * client's, sent again), and then it trains and evaluates: a
+		 * worker that ends 0 has printed the held-out AUC (a failed
+		 * evaluation ends it with 1) */
 		ck_assert_msg((rc == 1 && strstr(slurp(out), "out of memory")) ||
-			      (rc == 0 && strstr(slurp(out), "epoch 1: ")), "fault %d of %zu bytes: "
-			      "exit %d (1 and 'out of memory', or 0 and trained, due): %s", n, size,
-			      rc, slurp(out));
-		if (rc == 0) { /* trained: the next run starts at clock 0 again */
+			      (rc == 0 && strstr(slurp(out), "epoch 1: ") &&
+			       strstr(slurp(out), "epoch 1 test auc ")), "fault %d of %zu bytes: "
+			      "exit %d (1 and 'out of memory', or 0, trained and evaluated, due): %s",
+			      n, size, rc, slurp(out));
+		/* trained (and then evaluated, or refused in the evaluation):
+		 * the next run starts at clock 0 again */
+		if (strstr(slurp(out), "epoch 1: ")) {
 			ck_assert_int_eq(tu_stop_server(srv), 0);
 			srv = tu_start_server(ccfg, 0);
 			ck_assert(tu_wait_listen(port));
 		}
-		model += strstr(slurp(out), "ctr: out of memory for batch 256") != NULL;
+		model += rc == 1 && strstr(slurp(out), want) != NULL;
 	}
 	printf("ctr_oom_sweep: %d buffers of %zu bytes\n", n - 1, size);
 	ck_assert_msg(n <= 40, "40 faults and still more buffers of %zu bytes", size);
@@ -963,18 +969,27 @@ static int ctr_oom_sweep(const char *ccfg, int port, const char *out, size_t siz
  * model: the buffers of 128 KiB (batch 256 by the 128 outputs of the
  * second dense layer; the click log's reader takes two first), then those
  * of the input (batch 256 by 26 bags of 8 and 13 numeric features), of the
- * labels (1 KiB) and of the logits read back (2 KiB), each size's
- * failed one after another: each refused with "out of memory" and exit 1,
- * or (a buffer of the client's, say) survived and trained, never a
- * signal; the run past the last trains. */
+ * labels (1 KiB) and of the logits read back (2 KiB), and those of 12000
+ * bytes (the training order, the held-out scores), each size's failed one
+ * after another: each refused with exit 1 and a line naming what ran out
+ * of memory, or (a buffer of the client's, say) survived and trained,
+ * never a signal; the run past the last trains. */
 START_TEST(test_ctr_model_oom)
 {
 	/* and each size's model buffers at least: two of the second layer's
 	 * outputs, two of the input, the labels on both sides (int32), the
 	 * logits read back (2 floats an example) */
 	static const size_t sizes[] = { 256 * 128 * 4, 256 * (26 * 8 + 13) * 4, 256 * 4,
-					256 * 2 * 4 };
-	static const int least[] = { 2, 2, 2, 1 };
+					256 * 2 * 4, 3000 * 4, 3000 * 4 };
+	static const int least[] = { 2, 2, 2, 1, 1, 1 };
+	/* what a refusal in one of those buffers says; the last two sizes are
+	 * the order of the 3000 training examples and the scores of the
+	 * 3000 held out (the same file) */
+	static const char *const said[] = { "ctr: out of memory for batch 256",
+		"ctr: out of memory for batch 256", "ctr: out of memory for batch 256",
+		"ctr: out of memory for batch 256",
+		"out of memory for the order of 3000 training examples",
+		"evaluation: out of memory for the scores of 3000 held-out examples" };
 	char data[160], ccfg[64], yaml[1024], out[160];
 	const char *gen[] = { "bin/ps-ctrgen", "--out", data, "--samples", "3000", "--scale",
 			      "0.001", "--seed", "3", NULL };
@@ -993,9 +1008,9 @@ START_TEST(test_ctr_model_oom)
 		 "log: {level: info}\n", port, data, data);
 	ck_assert_int_eq(tu_write_temp(ccfg, yaml), 0);
 	for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
-		int model = ctr_oom_sweep(ccfg, port, out, sizes[z]);
-		ck_assert_msg(model >= least[z], "%d faults in the model's buffers of %zu bytes (%d "
-			      "due)", model, sizes[z], least[z]);
+		int model = ctr_oom_sweep(ccfg, port, out, sizes[z], said[z]);
+		ck_assert_msg(model >= least[z], "%d faults of %zu bytes refused with '%s' (%d due)",
+			      model, sizes[z], said[z], least[z]);
 	}
 	unlink(ccfg);
 	tu_rmtree(dir);

@@ -159,7 +159,17 @@ static double run_cluster_x(const char *cfg, char *metrics, size_t mlen,
 	snprintf(mpath, sizeof(mpath), "%s/worker-0.jsonl", tmpdir);
 	snprintf(metrics, mlen, "%.*s", (int)mlen - 1, slurp(mpath));
 	ck_assert_msg(strstr(metrics, "\"test_accuracy\":"), "metrics: %s", metrics);
-	ck_assert_msg(strstr(metrics, "\"samples_per_s\":"), "metrics: %s", metrics);
+	/* the log's samples/s and the metrics line's are the same figure of
+	 * the same epoch (examples over the epoch's time), one rounded to 0.5;
+	 * and that time lies within the run's time so far, time_s */
+	const char *q = strstr(metrics, "\"samples_per_s\":"), *ts = strstr(metrics, "\"time_s\":");
+	ck_assert_msg(q && ts, "metrics: %s", metrics);
+	double msps = strtod(q + strlen("\"samples_per_s\":"), NULL);
+	double time_s = strtod(ts + strlen("\"time_s\":"), NULL);
+	ck_assert_msg(fabs(msps - sps) <= 0.55, "log says %.0f samples/s, metrics %.1f", sps, msps);
+	ck_assert_msg(time_s > 0 && msps * time_s >= 0.99 * seen,
+		      "%.1f samples/s over at most %.3f s is fewer than the %ld examples", msps,
+		      time_s, seen);
 	unlink(mpath);
 	snprintf(mpath, sizeof(mpath), "%s/worker-1.jsonl", tmpdir);
 	unlink(mpath);

@@ -464,7 +464,13 @@ int ps__ctr_evaluate(struct ctr *m, struct ps_client *cli, const struct ps_ctr_d
 {
 	float *score = malloc(sizeof(float) * (size_t)test->n);
 	double loss_sum = 0;
-	int rc = score ? 0 : -ENOMEM;
+	int rc = 0;
+
+	if (!score) {
+		snprintf(m->c->err, sizeof(m->c->err),
+			 "out of memory for the scores of %d held-out examples", test->n);
+		return -ENOMEM;
+	}
 
 	for (int first = 0; !rc && first < test->n; first += m->B) {
 		int n = test->n - first < m->B ? test->n - first : m->B, correct, wrc;

@@ -166,8 +166,10 @@ int ps_ctr_train(const struct ps_config *cfg, int rank, const struct ps_compute_
 		goto out;
 	}
 	sl.order = malloc(sizeof(int) * (size_t)train.n);
-	if (!sl.order)
+	if (!sl.order) {
+		ps_error("out of memory for the order of %d training examples", train.n);
 		goto out;
+	}
 	if (ps__ctr_init(&m, cfg, ops, c, B, err, sizeof(err))) {
 		ps_error("%s", err);
 		goto out;
