@@ -758,6 +758,8 @@ struct fake_shard {
 	volatile int held; /* pulls left unanswered (ANSWER_NEVER) */
 	volatile int delay_ms; /* before each answer */
 	volatile int rows_mode; /* how row pulls are answered (fake_rows_reply) */
+	volatile int push_lie; /* each push answered first by a pull reply of its id */
+	volatile int pushes; /* pushes acknowledged */
 };
 
 /* Answers to a row pull: every row's values 100 + shard, or broken. */
@@ -941,6 +943,22 @@ static void *fake_shard_main(void *arg)
 		} else if (type == PS_MSG_PULL_ROWS) {
 			ck_assert_int_eq(fake_rows_reply(&fk, (Ps__PullRows *)m, fs->rows_mode,
 							 100.0f + (float)fs->shard), 0);
+		} else if (type == PS_MSG_PUSH) {
+			Ps__Push *q = (Ps__Push *)m;
+			uint32_t sl[8];
+			int n = 0;
+			for (size_t i = 0; i < q->n_slices && n < 8; i++)
+				sl[n++] = q->slices[i]->slice;
+			/* a pull reply under the push's id, of the very slices
+			 * pushed: the client must not take it for the ack, nor
+			 * write its values anywhere */
+			if (fs->push_lie)
+				ck_assert_int_eq(fake_pull_reply(&fk, q->req_id, &map, sl, n,
+								 100.0f + (float)fs->shard), 0);
+			Ps__PushAck a = PS__PUSH_ACK__INIT;
+			a.req_id = q->req_id;
+			ck_assert_int_eq(fake_send(&fk, PS_MSG_PUSH_ACK, &a.base, NULL, 0), 0);
+			fs->pushes++;
 		}
 		protobuf_c_message_free_unpacked(m, NULL);
 	}
@@ -983,6 +1001,44 @@ START_TEST(test_fake_shards_answer_right)
 
 	fake_shards_start(fs, ANSWER_RIGHT);
 	struct ps_client *c = connect_retry();
+	int64_t q = ps_client_pull(c, 0, &tw, 1);
+	ck_assert_int_gt(q, 0);
+	ck_assert_msg(ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
+	for (int i = 0; i < N; i++) {
+		const struct ps_slice *sl = &map.slices[i < (int)map.slices[0].count ? 0 : 1];
+		ck_assert_msg(w[i] == 100.0f + (float)sl->shard, "w[%d] = %g", i, (double)w[i]);
+	}
+	ps_client_free(c);
+	fake_shards_stop(fs);
+}
+END_TEST
+
+/* An authenticated shard answers each push first with a pull reply under
+ * the push's id (the very slices pushed, values 100 + shard), then with
+ * the push's ack: the reply is not taken for a pull's (the gradients the
+ * caller pushed are not overwritten, nothing crashes), the push completes
+ * with the ack, and a pull after it is answered as usual. */
+START_TEST(test_pull_reply_to_push_ignored)
+{
+	static float w[N], g[N];
+	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
+	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
+	struct fake_shard fs[2];
+
+	fake_shards_start(fs, ANSWER_RIGHT);
+	fs[0].push_lie = fs[1].push_lie = 1;
+	struct ps_client *c = connect_retry();
+	for (int i = 0; i < N; i++)
+		g[i] = 0.25f * (float)i;
+	for (int k = 0; k < 3; k++) {
+		int64_t q = ps_client_push(c, (uint64_t)k, &tg, 1, 0);
+		ck_assert_int_gt(q, 0);
+		ck_assert_msg(ps_client_wait(c, q) == 0, "push %d: %s", k, ps_client_error(c));
+		for (int i = 0; i < N; i++)
+			ck_assert_msg(g[i] == 0.25f * (float)i, "push %d: the gradient g[%d] = %g "
+				      "written from a pull reply", k, i, (double)g[i]);
+	}
+	ck_assert_int_eq(fs[0].pushes + fs[1].pushes, 6);
 	int64_t q = ps_client_pull(c, 0, &tw, 1);
 	ck_assert_int_gt(q, 0);
 	ck_assert_msg(ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
@@ -2054,6 +2110,7 @@ int main(void)
 	TU_ADD(tc, test_fake_shards_answer_right);
 	TU_ADD(tc, test_foreign_slice_refused);
 	TU_ADD(tc, test_malformed_pull_replies);
+	TU_ADD(tc, test_pull_reply_to_push_ignored);
 	TU_ADD(tc, test_members_not_turned_back);
 	TU_ADD(tc, test_malformed_row_pull_replies);
 	TU_ADD(tc, test_bad_challenges_refused);
