@@ -100,7 +100,7 @@ suites_of() {
                                     it_fault@test_ckpt_faults,test_restore_faults san:it_checkpoint ;;
     server/handshake.c)        echo it_hostile it_reader it_replica_auth ;;
     server/push.c)             echo it_hostile it_cluster it_groups it_agree san:it_hostile ;;   # it_agree: pushes of a config that differs   # it_groups: the pushes' group rates
-    server/pull.c)             echo it_cluster it_hostile san:it_cluster ;;
+    server/pull.c)             echo it_cluster it_hostile san:it_cluster it_reader@test_reader_pulls_what_a_worker_pulls ;;
     # it_reader: the reader's refusals; it_replica_auth, it_replica_cases: the replicas' Hellos
     # it_reshard_ops' case: a leave begun given up when another process of its rank connects
     server/conn.c)             echo it_reader it_hostile it_cluster it_fake_shard it_replica_auth it_replica_cases it_agree \

@@ -171,6 +171,9 @@ START_TEST(test_reader_pulls_what_a_worker_pulls)
 	 * connected (a reader is no worker) */
 	train(w, 3);
 	pull_all(w, 3, wa, wb, wr);
+	struct ps_shard_stats st0[2];
+	for (int k = 0; k < 2; k++)
+		ck_assert_msg(ps_client_stats(w, k, &st0[k]) == 0, "%s", ps_client_error(w));
 	pull_all(r, 3, ra, rb, rr);
 	ck_assert(!memcmp(wa, ra, sizeof(wa)) && !memcmp(wb, rb, sizeof(wb)));
 	ck_assert(!memcmp(wr, rr, sizeof(wr)));
@@ -180,6 +183,12 @@ START_TEST(test_reader_pulls_what_a_worker_pulls)
 		ck_assert_int_eq(st.nworkers, 1);
 		ck_assert_uint_eq(st.worker_clock[0], 3);
 		ck_assert_uint_eq(st.reader_refused, 0);
+		/* the reader keeps no clock (its pull names clock 0, below
+		 * the worker's 3): the largest gap a pull was let through at
+		 * is the worker's alone, the same as before the reader came */
+		ck_assert_msg(st.max_clock_gap == st0[k].max_clock_gap && st.max_clock_gap <= 1,
+			      "shard %d: max_clock_gap %" PRIu64 " after the reader's pull, %" PRIu64
+			      " before", k, st.max_clock_gap, st0[k].max_clock_gap);
 	}
 	ps_client_free(r);
 	ps_client_free(w);
