@@ -236,7 +236,7 @@ suites_of() {
     # tensors and tables (versions 2-4), --since and cut sections in pytest's
     worker/export_read.c)      echo it_export.sh test_export.py ;;
     # rdma: the verbs paths run only in the VM (the host has no RDMA device)
-    common/transport_rdma.c)   echo check_rdma check_transport rdma:check_rdma,check_transport ;;
+    common/transport_rdma.c)   echo check_rdma check_transport rdma:check_rdma,check_transport,reg_mr_faults ;;
     common/transport.c)        echo check_rdma check_transport it_hostile rdma:check_rdma ;;   # check_rdma: the registry's refusal
     # it_fault: accept out of memory; tsan: send_now's threads against the loop's
     common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport \
@@ -319,7 +319,8 @@ suite_target() {
   case "$n" in
     *.sh|*.py) ;;
     rdma:*) echo build/rel/tests/check_rdma build/rel/tests/check_transport \
-                 build/rel/tests/it_cluster build/rel/tests/it_checkpoint ;;
+                 build/rel/tests/it_cluster build/rel/tests/it_checkpoint \
+                 build/rel/tests/libpsfault.so ;;
     *) echo "build/$(variant_of "$1")/tests/$n" ;;
   esac
 }

@@ -2040,6 +2040,65 @@ START_TEST(test_rdma_bad_peer)
 }
 END_TEST
 
+/* rdma only, run by tests/rdma-suite.sh with libpsfault.so preloaded and
+ * PS_FAULT=ibv_reg_mr:N (skipped otherwise): a big frame's memory
+ * registration fails with ENOMEM. N = 1: the sender's registration of
+ * the frame (the first after the pair connected); N = 2: the receiver's of
+ * the buffer the frame is written into. The end that failed closes that
+ * connection alone with -ENOMEM and logs the size and the reason; no frame
+ * is handed on; the main pair keeps working. */
+START_TEST(test_rdma_reg_mr_fault)
+{
+	static uint8_t big[256 * 1024];
+	struct ps_iov iov = { big, sizeof(big) };
+	const char *spec = getenv("PS_FAULT"), *pre = getenv("LD_PRELOAD");
+	struct rec *s2, *k2, *failed;
+	struct logcap lc;
+	char log[4096], want[160];
+	int n;
+
+	env_init_as(_i, MODE_CLEAR);
+	if (strcmp(E.ops->name, "rdma") != 0) {
+		tu_skip("ibv_reg_mr failing on %s: rdma only", E.ops->name);
+		env_free();
+		return;
+	}
+	if (!spec || sscanf(spec, "ibv_reg_mr:%d", &n) != 1 || n < 1 || n > 2 || !pre ||
+	    !strstr(pre, "libpsfault.so")) {
+		tu_skip("ibv_reg_mr failing: run by tests/rdma-suite.sh with libpsfault.so and "
+			"PS_FAULT=ibv_reg_mr:1 or :2 (here PS_FAULT=%s)", spec ? spec : "(unset)");
+		env_free();
+		return;
+	}
+	fill(big, sizeof(big), 3);
+	connect_pair(&s2, &k2);
+	logcap_start(&lc);
+	/* libpsfault counts from this line on (PS_FAULT_AFTER) */
+	ck_assert_int_eq(write(2, "reg_mr fault: armed\n", 20), 20);
+	ck_assert_int_eq(tsend(k2, PS_MSG_PUSH, "m", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+	failed = n == 1 ? k2 : s2;
+	ck_assert_msg(RUN_UNTIL(failed->closes == 1, 10000), "the %s end did not close",
+		      n == 1 ? "sending" : "receiving");
+	logcap_end(&lc, log, sizeof(log));
+	ck_assert_msg(failed->close_status == -ENOMEM, "status %d (%s), -ENOMEM due",
+		      failed->close_status, ps_strerror(failed->close_status));
+	/* the sender registers the whole frame, header included; the
+	 * receiver the frame's body (meta and payload) */
+	snprintf(want, sizeof(want), "ibv_reg_mr of a %zu-byte frame: %s",
+		 (n == 1 ? PS_WIRE_HDR_LEN : 0) + 1 + sizeof(big), strerror(ENOMEM));
+	ck_assert_msg(strstr(log, want), "the log does not say '%s':\n%s", want, log);
+	ck_assert_int_eq(s2->frames, 0);
+	/* the main pair still carries a big frame (its registration is
+	 * past the one failed) */
+	ck_assert_int_eq(tsend(E.k, PS_MSG_PUSH, "x", 1, &iov, 1, PS_SEND_VOLATILE, NULL, NULL), 0);
+	ck_assert(RUN_UNTIL(count_frames(E.s) == 1, 5000));
+	for (int i = 0; i < E.ngot; i++)
+		if (E.got[i].r == E.s)
+			ck_assert_mem_eq(E.got[i].f->payload, big, sizeof(big));
+	env_free();
+}
+END_TEST
+
 static const char *probe(const char *name, char *why, size_t n)
 {
 	const struct ps_transport_ops *ops = ps_transport_find(name);
@@ -2256,6 +2315,8 @@ END_TEST
  * times each; counts the cases one transport gets. */
 #define ADD(test, runs)                                                          \
 	do {                                                                     \
+		if (!tu_selected(#test))                                         \
+			break; /* PS_TEST_ONLY names others */                   \
 		tcase_add_loop_test(tc, test, 0, (runs) * navail);               \
 		per_transport += (runs);                                         \
 	} while (0)
@@ -2263,6 +2324,8 @@ END_TEST
  * (modes_of, env_init). */
 #define ADD_MODES(test)                                                          \
 	do {                                                                     \
+		if (!tu_selected(#test))                                         \
+			break;                                                   \
 		tcase_add_loop_test(tc, test, 0, mode_runs);                     \
 		per_mode++;                                                      \
 	} while (0)
@@ -2320,6 +2383,7 @@ int main(void)
 	ADD(test_keyed_frames_without_payload, 1);
 	ADD(test_encrypted_frames_on_the_wire, 2);
 	ADD(test_rdma_bad_peer, 1);
+	ADD(test_rdma_reg_mr_fault, 1);
 	TU_ADD(tc, test_aead_record_past_1gib);
 	TU_ADD(tc, test_aead_misuse);
 	TU_ADD(tc, test_aead_nonce_layout);

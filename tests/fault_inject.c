@@ -8,7 +8,8 @@
  *     FUNC  malloc calloc realloc posix_memalign aligned_alloc, or "alloc"
  *           (any of these five, counted together); write writev pwrite read
  *           readv pread recv sendmsg fsync fdatasync open openat rename
- *           memfd_create pthread_create
+ *           memfd_create pthread_create; ibv_reg_mr (verbs: in a program
+ *           linked with libibverbs, as the soft-RoCE VM's tests are)
  *     N     the call to fail, counted from 1 over the calls of FUNC made
  *           after the marker (below) that match KIND; "N+": that call and
  *           every later one
@@ -22,7 +23,8 @@
  *           files, but not descriptors 0-2: a log file), "sock" (sockets),
  *           "any" (the default); for the allocations, "=BYTES" or ">=BYTES":
  *           only allocations of that size are counted (one buffer picked
- *           out among the many small ones)
+ *           out among the many small ones); for ibv_reg_mr the same, of
+ *           the length registered
  *   PS_FAULT_AFTER=TEXT   count nothing until a write to stderr contains
  *           TEXT (a log line such as "listening"), so startup is not where
  *           every fault lands; "" or unset: count from the start
@@ -180,8 +182,9 @@ static void parse(void)
 			log_line("cannot read the count of the rule for %s: '%s'", f[0], f[1]);
 			continue;
 		}
-		u->how = !strcmp(u->func, "alloc") || strstr("malloc calloc realloc posix_memalign "
-							       "aligned_alloc", u->func) ? ENOMEM
+		u->how = !strcmp(u->func, "alloc") || !strcmp(u->func, "ibv_reg_mr") ||
+				 strstr("malloc calloc realloc posix_memalign aligned_alloc", u->func)
+			 ? ENOMEM
 			 : !strcmp(u->func, "pthread_create") ? EAGAIN : EIO;
 		if (f[2] && *f[2]) {
 			u->how = 0;
@@ -549,4 +552,31 @@ int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *
 		return u->how == HOW_SHORT ? EAGAIN : u->how;
 	}
 	return real_pthread_create(th, attr, fn, arg);
+}
+
+/* ---- verbs ---- */
+
+/* rdma-core's verbs.h turns ibv_reg_mr with constant access flags (all of
+ * transport_rdma.c's) into a call of this symbol. Declared here without
+ * verbs.h: this library links no libibverbs; a program that has it gets
+ * the real one through dlsym. A fault returns NULL with errno set, as
+ * verbs does. */
+void *ibv_reg_mr(void *pd, void *addr, size_t length, int access);
+void *ibv_reg_mr(void *pd, void *addr, size_t length, int access)
+{
+	REAL(void *, ibv_reg_mr, void *, void *, size_t, int);
+	long nth;
+	struct rule *u = hit_sized("ibv_reg_mr", -1, length, &nth);
+
+	if (u) {
+		log_line("ibv_reg_mr call %ld (%zu bytes): %s", nth, length, how_name(u->how));
+		log_stack();
+		errno = u->how == HOW_SHORT ? ENOMEM : u->how;
+		return NULL;
+	}
+	if (!real_ibv_reg_mr) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	return real_ibv_reg_mr(pd, addr, length, access);
 }

@@ -4,6 +4,8 @@
 #   1. check_rdma       the probe finds rxe0, names it, refuses others
 #   2. check_transport  the conformance suite against rdma (clear, MAC,
 #                       AES-GCM, ChaCha20-Poly1305) and test_rdma_bad_peer
+#   2a. reg_mr_faults   a big frame's ibv_reg_mr failing on either end
+#                       (check_transport with tests' libpsfault.so)
 #   3. it_cluster       exact integer-gradient sums, 2 shards x 2 workers,
 #                       sync (no auth, MACs, encryption) and async; a worker
 #                       killed in a barrier; a worker that leaves and rejoins
@@ -23,7 +25,7 @@
 #   --no-figures  leave out step 6, a measurement rather than a test (make
 #                 test leaves it out; make test-rdma runs it)
 #   --only STEPS  only these steps, named as above and split by commas
-#                 (scripts/mutate.sh's rdma: suites: check_rdma,check_transport)
+#                 (scripts/mutate.sh's rdma: suites: check_rdma,check_transport,...)
 #   --images N    images the training step (or the demo) uses (default 2048; the cnn
 #                 of --demo computes a few images a second here: try 256)
 #   BUILD_DIR     where the test binaries are (default build/rel)
@@ -49,9 +51,9 @@ while [ $# -gt 0 ]; do
 done
 B=${1:-build/rel}
 for s in ${ONLY//,/ }; do
-	case $s in check_rdma | check_transport | it_cluster | it_checkpoint | training | figures | version) ;;
-	*) echo "rdma-suite: --only: no step '$s' (check_rdma, check_transport, it_cluster," \
-		"it_checkpoint, training, figures, version)" >&2; exit 2 ;;
+	case $s in check_rdma | check_transport | reg_mr_faults | it_cluster | it_checkpoint | training | figures | version) ;;
+	*) echo "rdma-suite: --only: no step '$s' (check_rdma, check_transport, reg_mr_faults," \
+		"it_cluster, it_checkpoint, training, figures, version)" >&2; exit 2 ;;
 	esac
 done
 ADDR=${RDMA_VM_ADDR:-}
@@ -103,6 +105,22 @@ version() {
 }
 step version version
 step check_transport "$B/tests/check_transport"
+# A big frame's memory registration failing, on the sending end (the first
+# ibv_reg_mr after the case's marker) and on the receiving end (the second):
+# check_transport's test_rdma_reg_mr_fault with libpsfault.so, whose log
+# must show the fault made (a case that skipped would pass without it).
+reg_mr_faults() {
+	local n
+	for n in 1 2; do
+		rm -f "$T/psfault.log"
+		LD_PRELOAD=$PWD/$B/tests/libpsfault.so PS_FAULT=ibv_reg_mr:$n \
+			PS_FAULT_AFTER="reg_mr fault: armed" PS_FAULT_LOG=$T/psfault.log \
+			PS_TEST_ONLY=test_rdma_reg_mr_fault "$B/tests/check_transport" || return 1
+		grep -q "ibv_reg_mr call $n " "$T/psfault.log" ||
+			{ echo "reg_mr_faults: no ibv_reg_mr fault made (PS_FAULT=ibv_reg_mr:$n)"; return 1; }
+	done
+}
+step reg_mr_faults reg_mr_faults
 PS_TEST_ONLY=test_sync_exact_sum,test_async_exact_sum,test_worker_killed_in_barrier,test_sync_worker_leaves_and_rejoins \
 	step it_cluster "$B/tests/it_cluster"
 PS_TEST_ONLY=test_shard_killed_and_restarted step it_checkpoint "$B/tests/it_checkpoint"
