@@ -6,6 +6,7 @@
  * (printed; BENCHMARKS.md), initial values independent of the number of
  * shards. */
 #include <check.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,6 +295,27 @@ START_TEST(test_init_values)
 		sq += v * v;
 	}
 	ck_assert_double_eq_tol(sq / n - (sum / n) * (sum / n), 4.0, 0.1);
+	/* Every draw is a midpoint of one of 2^24 cells of (0, 1): over 2^25
+	 * elements (each cell drawn twice on average), uniform values stay
+	 * strictly inside (-scale, scale) and reach within 2^-23 of both
+	 * ends, and normal ones are finite (Box-Muller's log of a draw at
+	 * or below 0 would not be) and within scale x sqrt(2 ln 2^25). */
+	double lo = 1, hi = -1;
+	for (int64_t i = 0; i < (INT64_C(1) << 25); i++) {
+		a.tensors[6].init = PS_INIT_UNIFORM;
+		a.tensors[6].init_value = 1.0f;
+		double u = ps_init_value(&a, 6, i);
+		if (!(u > -1.0 && u < 1.0))
+			ck_abort_msg("uniform element %lld is %.9g, outside (-1, 1)", (long long)i, u);
+		lo = u < lo ? u : lo;
+		hi = u > hi ? u : hi;
+		a.tensors[6].init = PS_INIT_NORMAL;
+		double g = ps_init_value(&a, 6, i);
+		if (!(fabs(g) <= 5.9))
+			ck_abort_msg("normal element %lld is %g", (long long)i, g);
+	}
+	ck_assert_msg(lo < -1.0 + 0x1p-21 && hi > 1.0 - 0x1p-21, "uniform over [%.9g, %.9g]", lo,
+		      hi);
 	a.tensors[6].init = PS_INIT_ARANGE;
 	ck_assert(ps_init_value(&a, 6, 1030) == 6.0f);
 	a.tensors[6].init = PS_INIT_CONST;
