@@ -297,7 +297,7 @@ START_TEST(test_init_values)
 	ck_assert_double_eq_tol(sq / n - (sum / n) * (sum / n), 4.0, 0.1);
 	/* Every draw is a midpoint of one of 2^24 cells of (0, 1): over 2^25
 	 * elements (each cell drawn twice on average), uniform values stay
-	 * strictly inside (-scale, scale) and reach within 2^-23 of both
+	 * strictly inside (-scale, scale) and reach within 2^-21 of both
 	 * ends, and normal ones are finite (Box-Muller's log of a draw at
 	 * or below 0 would not be) and within scale x sqrt(2 ln 2^25). */
 	double lo = 1, hi = -1;
