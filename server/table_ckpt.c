@@ -100,14 +100,18 @@ void ps__rows_ckpt_snapshot_at(const struct ps_server *s, uint8_t *b, double now
 	}
 }
 
+/* Reads exactly n bytes at offset off; 0 or -1 with errno (EIO at the end). */
 static int read_at(int fd, void *p, size_t n, uint64_t off)
 {
 	for (size_t got = 0; got < n;) {
 		ssize_t r = pread(fd, (uint8_t *)p + got, n - got, (off_t)(off + got));
 		if (r < 0 && errno == EINTR)
 			continue;
-		if (r <= 0)
+		if (r <= 0) {
+			if (r == 0)
+				errno = EIO;
 			return -1;
+		}
 		got += (size_t)r;
 	}
 	return 0;
@@ -121,8 +125,13 @@ int ps__rows_ckpt_check(const struct ps_server *s, int fd, uint64_t pos, uint64_
 		struct ckpt_table ct;
 		uint64_t rb = row_bytes(tb);
 
-		if (end - pos < sizeof(ct) || read_at(fd, &ct, sizeof(ct), pos)) {
+		if (end - pos < sizeof(ct)) {
 			snprintf(err, errlen, "table '%s' is missing (the file ends)", tb->tc->name);
+			return PS_EPROTO;
+		}
+		if (read_at(fd, &ct, sizeof(ct), pos)) {
+			snprintf(err, errlen, "table '%s': cannot read its record: %s", tb->tc->name,
+				 strerror(errno));
 			return PS_EPROTO;
 		}
 		pos += sizeof(ct);
@@ -290,7 +299,7 @@ int ps__rows_ckpt_restore(struct ps_server *s, int fd, uint64_t pos, char *err, 
 	goto out;
 
 err_read:
-	snprintf(err, errlen, "cannot read: %s", strerror(errno ? errno : EIO));
+	snprintf(err, errlen, "cannot read: %s", strerror(errno));
 	rc = PS_EPROTO;
 out:
 	ps_table_bulk_end(&bulk);
@@ -382,8 +391,12 @@ int ps__rows_delta_check(const struct ps_server *s, int fd, uint64_t pos, uint64
 {
 	struct ckpt_delta_head dh;
 
-	if (end - pos < sizeof(dh) || read_at(fd, &dh, sizeof(dh), pos)) {
+	if (end - pos < sizeof(dh)) {
 		snprintf(err, errlen, "no incremental header (the file ends)");
+		return PS_EPROTO;
+	}
+	if (read_at(fd, &dh, sizeof(dh), pos)) {
+		snprintf(err, errlen, "cannot read the incremental header: %s", strerror(errno));
 		return PS_EPROTO;
 	}
 	if (dh.magic != CKPT_DELTA_MAGIC || dh.seq != seq) {
@@ -402,8 +415,13 @@ int ps__rows_delta_check(const struct ps_server *s, int fd, uint64_t pos, uint64
 		struct ckpt_table ct;
 		uint64_t rb = row_bytes(tb);
 
-		if (end - pos < sizeof(ct) || read_at(fd, &ct, sizeof(ct), pos)) {
+		if (end - pos < sizeof(ct)) {
 			snprintf(err, errlen, "table '%s' is missing (the file ends)", tb->tc->name);
+			return PS_EPROTO;
+		}
+		if (read_at(fd, &ct, sizeof(ct), pos)) {
+			snprintf(err, errlen, "table '%s': cannot read its record: %s", tb->tc->name,
+				 strerror(errno));
 			return PS_EPROTO;
 		}
 		pos += sizeof(ct);
@@ -506,7 +524,7 @@ int ps__rows_delta_restore(struct ps_server *s, int fd, uint64_t pos, char *err,
 	goto out;
 
 err_read:
-	snprintf(err, errlen, "cannot read: %s", strerror(errno ? errno : EIO));
+	snprintf(err, errlen, "cannot read: %s", strerror(errno));
 	rc = PS_EPROTO;
 out:
 	free(buf);

@@ -307,6 +307,11 @@ START_TEST(test_restore_faults)
 					      slog);
 				ck_assert_msg(strstr(slurp(slog), dir) && how == 0, "%s: the refusal "
 					      "does not name the checkpoint: %s", spec, slurp(slog));
+				/* and the error read, not a damage that a read
+				 * which failed unnoticed made up */
+				ck_assert_msg(strstr(slurp(slog), strerror(EIO)), "%s: the refusal "
+					      "does not say '%s': %s", spec, strerror(EIO),
+					      slurp(slog));
 				refused++;
 				refused_delta += strstr(slurp(slog), ".delta-1") != NULL;
 				continue;
