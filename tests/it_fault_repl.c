@@ -245,6 +245,60 @@ START_TEST(test_backup_join_oom)
 }
 END_TEST
 
+/* A worker joining an elastic cluster (2 workers, 1 at the start) through
+ * a replicated shard out of memory from its "worker 1 joining" line on:
+ * each allocation after it failed in turn, the one that keeps the hold's
+ * answer until the backup has the hold (ps__repl_reply_later) among them.
+ * The join is refused with "out of memory" named, or done; no process
+ * crashes; and rank 1 then joins the pair started without a fault. */
+START_TEST(test_join_hold_oom)
+{
+	static struct model m;
+	char spec[32], err[512];
+	pid_t p[2];
+	int n, refused = 0;
+
+	pair_workers = "workers: 2\n  initial_workers: 1";
+	for (n = 1; n <= 16; n++) {
+		struct ps_client *c = NULL;
+		int ws, rc;
+
+		snprintf(spec, sizeof(spec), "alloc:%d", n);
+		start_model_pair(&m, p, spec, "worker 1 joining");
+		rc = ps_client_init(&c, &cfg, 1, err, sizeof(err));
+		ck_assert_msg(rc == 0 || strstr(err, "out of memory"), "%s: the join failed with "
+			      "%s: '%s' (the primary's log %s)", spec, ps_strerror(rc), err, dir);
+		refused += rc != 0;
+		if (c)
+			ps_client_free(c);
+		for (int r = 0; r < 2; r++)
+			ck_assert_msg(waitpid(p[r], &ws, WNOHANG) == 0, "%s: process %d ended "
+				      "(log %s)", spec, r, rlog(r));
+		for (int r = 0; r < 2; r++) {
+			kill(p[r], SIGKILL);
+			tu_wait_child(p[r]);
+		}
+		unlink(cfg_path);
+		tu_rmtree(dir);
+		if (rc == 0)
+			break; /* past the hold's answer */
+	}
+	printf("test_join_hold_oom: %d faults, %d joins refused\n", n, refused);
+	ck_assert_msg(refused >= 1, "no fault made a join fail (%d tried)", n);
+	ck_assert_msg(n <= 16, "16 faults and the join still fails");
+	/* and without a fault: rank 1 joins */
+	struct ps_client *c = NULL;
+	start_model_pair(&m, p, NULL, NULL);
+	ck_assert_msg(ps_client_init(&c, &cfg, 1, err, sizeof(err)) == 0, "%s", err);
+	ps_client_free(c);
+	for (int r = 0; r < 2; r++)
+		ck_assert_int_eq(tu_stop_server(p[r]), 0);
+	pair_workers = "workers: 1";
+	unlink(cfg_path);
+	tu_rmtree(dir);
+}
+END_TEST
+
 /* The primary out of memory gathering a declaration for its backup:
  * every allocation (malloc, calloc, realloc) from the declaration's log
  * line on failed in turn. No process crashes, the primary says it and
@@ -336,6 +390,7 @@ int main(void)
 	TU_ADD_LOOP(tc, test_primary_rows_oom, 0, 2);
 	TU_ADD(tc, test_backup_join_oom);
 	TU_ADD(tc, test_declare_oom);
+	TU_ADD(tc, test_join_hold_oom);
 	suite_add_tcase(s, tc);
 	tu_secret_setup(); /* the cluster secret and replication key, unless set */
 	rc = tu_run_suite(s);

@@ -272,6 +272,7 @@ static inline void make_dir(void)
 }
 
 static const char *pair_mode = "sync"; /* consistency.mode of write_pair_cfg */
+static const char *pair_workers = "workers: 1"; /* its cluster's workers line(s) */
 
 static inline void write_pair_cfg(const char *model, int request_ms)
 {
@@ -280,7 +281,7 @@ static inline void write_pair_cfg(const char *model, int request_ms)
 
 	snprintf(yaml, sizeof(yaml),
 		 "%scluster:\n  servers: [%s:%d]\n  backups: [%s:%d]\n"
-		 "  replicas: 1\n  workers: 1\n"
+		 "  replicas: 1\n  %s\n"
 		 "replication:\n  timeout_ms: 1000\n"
 		 "consistency:\n  mode: %s\n"
 		 "slice_bytes: 4096\n"
@@ -288,7 +289,8 @@ static inline void write_pair_cfg(const char *model, int request_ms)
 		 "limits:\n  idle_timeout_ms: 1500\n  drop_timeout_ms: 600000\n"
 		 "  connect_timeout_ms: 2000\n  reconnect_timeout_ms: 60000\n"
 		 "  request_timeout_ms: %d\n",
-		 tu_transport_yaml(), tu_host(), p0, tu_host(), p1, pair_mode, model, request_ms);
+		 tu_transport_yaml(), tu_host(), p0, tu_host(), p1, pair_workers, pair_mode, model,
+		 request_ms);
 	tu_replica_config(yaml, cfg_path, &cfg, dir, "/tmp/ps-test-fault-XXXXXX");
 	snprintf(flog, sizeof(flog), "%s/faults.log", dir);
 }
