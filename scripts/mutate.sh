@@ -115,7 +115,7 @@ suites_of() {
     # it_reshard_staged: the pre-copy's background checkpoint and its base
     server/admin.c)            echo it_stat it_checkpoint it_hostile it_decl_tables it_reshard_live it_reshard_staged \
                                     it_rows@test_incremental_kill9 it_client_api@test_stats_sized \
-                                    it_fault@test_ckpt_faults ;;
+                                    it_fault@test_ckpt_faults it_fault_repl@test_join_hold_oom ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
     # it_replica_decl: a declaration on a pair; it_hostile's case: raw declarations that lie
     server/declare.c)          echo it_declare it_groups it_replica_decl it_fault@test_declare_oom_sweep it_hostile@test_declare_lies ;;

@@ -267,7 +267,7 @@ START_TEST(test_join_hold_oom)
 		start_model_pair(&m, p, spec, "worker 1 joining");
 		rc = ps_client_init(&c, &cfg, 1, err, sizeof(err));
 		ck_assert_msg(rc == 0 || strstr(err, "out of memory"), "%s: the join failed with "
-			      "%s: '%s' (the primary's log %s)", spec, ps_strerror(rc), err, dir);
+			      "%s: '%s' (logs in %s)", spec, ps_strerror(rc), err, dir);
 		refused += rc != 0;
 		if (c)
 			ps_client_free(c);
