@@ -255,17 +255,25 @@ static int http_base(int n)
 /* Checks every shard of cfg at map epoch `epoch`, in its Stats and
  * /metrics; with moved, the bytes, slices and rows each took in equal its
  * log line's ("moved in from another shard: S slices, R rows, B bytes"),
- * else nothing moved in. Returns the bytes moved in, summed. */
+ * and the slices are those the two maps give it that old shard of its
+ * index (from's) did not hold; else nothing moved in. Returns the bytes
+ * moved in, summed. */
 static uint64_t check_epoch(const char *path, const struct ps_config *cfg, int hp,
-			    uint64_t epoch, int moved)
+			    uint64_t epoch, int moved, const struct ps_config *from)
 {
 	static char body[1 << 18];
 	struct ps_shard_stats st;
 	struct ps_client *mon;
+	struct ps_shardmap om, nm;
 	char err[600], log[200], name[300];
 	uint64_t sum = 0;
 
 	ck_assert_int_eq(ps_client_init(&mon, cfg, -1, err, sizeof(err)), 0);
+	if (from) {
+		ck_assert_int_eq(ps_shardmap_init(&om, from), 0);
+		ck_assert_int_eq(ps_shardmap_init(&nm, cfg), 0);
+		ck_assert_uint_eq(om.nslices, nm.nslices);
+	}
 	for (int k = 0; k < cfg->nshards; k++) {
 		uint64_t sl = 0, ro = 0, by = 0;
 
@@ -280,6 +288,14 @@ static uint64_t check_epoch(const char *path, const struct ps_config *cfg, int h
 			free(text);
 		}
 		ck_assert_uint_eq(st.reshard_in_slices, sl);
+		if (from) {
+			uint64_t due = 0;
+			for (uint32_t i = 0; i < nm.nslices; i++)
+				due += nm.slices[i].shard == k && om.slices[i].shard != k;
+			ck_assert_msg(sl == due, "shard %d: %" PRIu64 " slices moved in, the maps "
+				      "give it %" PRIu64 " that old shard %d did not hold", k, sl, due,
+				      k);
+		}
 		ck_assert_uint_eq(st.reshard_in_rows, ro);
 		ck_assert_uint_eq(st.reshard_in_bytes, by);
 		get_metrics(hp + k, body, sizeof(body));
@@ -295,6 +311,10 @@ static uint64_t check_epoch(const char *path, const struct ps_config *cfg, int h
 		sum += by;
 	}
 	ps_client_free(mon);
+	if (from) {
+		ps_shardmap_free(&om);
+		ps_shardmap_free(&nm);
+	}
 	/* ps-stat --json: the epoch per shard */
 	char *out;
 	ck_assert_int_eq(ps_stat(path, &out, "--json", "--interval", "0.1"), 0);
@@ -324,14 +344,15 @@ START_TEST(test_epoch_2_3_2)
 	write_cfg("c2", 2, hp, ck, "  workers: 1\n", c2, sizeof(c2));
 	start_all(c2, &cfg2, srv, NULL, 0);
 	train(&cfg2, 3);
-	check_epoch(c2, &cfg2, hp, 0, 0);
+	check_epoch(c2, &cfg2, hp, 0, 0, NULL);
 	stop_all(&cfg2, srv);
 
 	/* 2 -> 3: epoch 1, and what moved is what each says it took */
 	move_old(ck, "from2", 2, from2, sizeof(from2));
 	write_cfg("c3", 3, hp, ck, "  workers: 1\n", c3, sizeof(c3));
 	start_all(c3, &cfg3, srv, from2, 2);
-	ck_assert_msg(check_epoch(c3, &cfg3, hp, 1, 1) > 0, "nothing moved from 2 to 3 shards");
+	ck_assert_msg(check_epoch(c3, &cfg3, hp, 1, 1, &cfg2) > 0,
+		      "nothing moved from 2 to 3 shards");
 	train(&cfg3, 2);
 	stop_all(&cfg3, srv);
 
@@ -339,7 +360,8 @@ START_TEST(test_epoch_2_3_2)
 	move_old(ck, "from3", 3, from3, sizeof(from3));
 	write_cfg("c2b", 2, hp, ck, "  workers: 1\n", c2b, sizeof(c2b));
 	start_all(c2b, &cfg2b, srv, from3, 3);
-	ck_assert_msg(check_epoch(c2b, &cfg2b, hp, 2, 1) > 0, "nothing moved from 3 to 2 shards");
+	ck_assert_msg(check_epoch(c2b, &cfg2b, hp, 2, 1, &cfg3) > 0,
+		      "nothing moved from 3 to 2 shards");
 	ck_assert_int_eq(ps_stat(c2b, &out, "--interval", "0.1", NULL), 0);
 	ck_assert_msg(strstr(out, "map epoch") && strstr(out, "\n0              2 ") &&
 		      strstr(out, "\n1              2 "), "ps-stat: %s", out);
@@ -349,7 +371,7 @@ START_TEST(test_epoch_2_3_2)
 
 	/* a plain restart: epoch 2 from the checkpoint, nothing moved in */
 	start_all(c2b, &cfg2b, srv, NULL, 0);
-	check_epoch(c2b, &cfg2b, hp, 2, 0);
+	check_epoch(c2b, &cfg2b, hp, 2, 0, NULL);
 	stop_all(&cfg2b, srv);
 
 	/* ps-export reads the files of epoch 2 (version 5) and says so */
