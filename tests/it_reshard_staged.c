@@ -64,6 +64,7 @@
 /* The old cluster's config, the new one's (staged) and the new one's
  * unstaged twin (its own ports and checkpoint folder ck2). */
 static char cold[160], cnew[160], cnewu[160], ck2[160];
+static const char *ck_extra = ""; /* more of the checkpoint section, every config */
 
 static void write_cfgs(int old_n, int new_n)
 {
@@ -75,7 +76,7 @@ static void write_cfgs(int old_n, int new_n)
 		"  embeddings:\n    - {name: e, dim: %d, init: uniform, scale: 0.5, optimizer: "
 		"adagrad, lr: 0.25, admission: 2, filter_ids: 8192, ttl: %d}\n"
 		"limits:\n  max_table_bytes: 1MiB\n"
-		"checkpoint:\n  dir: %s\n  every_s: 0\n"
+		"checkpoint:\n  dir: %s\n  every_s: 0\n%s"
 		"security:\n  auth: false\nlog:\n  level: info\n";
 	const struct { char *out; int n; const char *name, *ckd; } c[3] = {
 		{ cold, old_n, "old", ck }, { cnew, new_n, "new", ck }, { cnewu, new_n, "newu", ck2 } };
@@ -86,7 +87,7 @@ static void write_cfgs(int old_n, int new_n)
 		tu_servers_list(c[i].n, servers, sizeof(servers));
 		snprintf(fmt, sizeof(fmt), "cluster:\n  servers: [%s]\n  workers: 1\n%s", servers,
 			 body);
-		snprintf(yaml, sizeof(yaml), fmt, NA, DIM, TTL, c[i].ckd);
+		snprintf(yaml, sizeof(yaml), fmt, NA, DIM, TTL, c[i].ckd, ck_extra);
 		tu_write_named(dir, c[i].name, yaml, c[i].out, 160);
 	}
 	/* cfg: the old cluster's (the worker's) */
@@ -163,16 +164,16 @@ static void clock_push(struct ps_client *c, uint64_t k, const uint64_t *ids, int
 		      ps_client_error(c));
 }
 
-/* The old shard k's incremental checkpoint at the stop: its table
- * record (changed rows, dropped ids). */
-static struct ckpt_table old_delta(const char *from, int k)
+/* The old shard k's incremental checkpoint seq (the stop's: the last):
+ * its table record (changed rows, dropped ids). */
+static struct ckpt_table old_delta(const char *from, int k, int seq)
 {
 	char f[300];
 	size_t len, pos;
 	uint8_t *b;
 	struct ckpt_table ct;
 
-	snprintf(f, sizeof(f), "%s/shard-%d.ckpt.delta-1", from, k);
+	snprintf(f, sizeof(f), "%s/shard-%d.ckpt.delta-%d", from, k, seq);
 	b = tu_slurp(f, &len);
 	ck_assert_msg(b != NULL, "%s: %s", f, strerror(errno));
 	ck_assert(!memcmp(b, "PSDELTA1", 8));
@@ -276,21 +277,31 @@ static int log_count(const char *name, int k, const char *what)
 }
 
 /* The old shards' files of ck moved into from, as the launcher does at a
- * commit; the ids their stop's increments dropped and the rows they
+ * commit (the full checkpoint, its ndelta incremental ones, the stop's
+ * the last); the ids the stop's increments dropped and the rows they
  * changed added to *tombs and *changed. */
-static void set_aside(const char *from, int old_n, uint64_t *tombs, uint64_t *changed)
+static void set_aside(const char *from, int old_n, int ndelta, uint64_t *tombs,
+		      uint64_t *changed)
 {
-	char a[300], b[320];
+	char a[300], b[320], sfx[32];
 
 	for (int j = 0; j < old_n; j++) {
-		const char *suffix[] = { ".ckpt", ".ckpt.delta-1", ".members" };
-		for (int q = 0; q < 3; q++) {
-			snprintf(a, sizeof(a), "%s/shard-%d%s", ck, j, suffix[q]);
-			snprintf(b, sizeof(b), "%s/shard-%d%s", from, j, suffix[q]);
-			ck_assert_msg(rename(a, b) == 0 || (q == 2 && errno == ENOENT), "%s: %s", a,
+		for (int q = -1; q <= ndelta; q++) {
+			if (q < 0)
+				snprintf(sfx, sizeof(sfx), ".members");
+			else if (q == 0)
+				snprintf(sfx, sizeof(sfx), ".ckpt");
+			else
+				snprintf(sfx, sizeof(sfx), ".ckpt.delta-%d", q);
+			snprintf(a, sizeof(a), "%s/shard-%d%s", ck, j, sfx);
+			snprintf(b, sizeof(b), "%s/shard-%d%s", from, j, sfx);
+			ck_assert_msg(rename(a, b) == 0 || (q < 0 && errno == ENOENT), "%s: %s", a,
 				      strerror(errno));
 		}
-		struct ckpt_table ct = old_delta(from, j);
+		snprintf(a, sizeof(a), "%s/shard-%d.ckpt.delta-%d", ck, j, ndelta + 1);
+		ck_assert_msg(access(a, F_OK) != 0, "%s: %d incremental checkpoints expected", a,
+			      ndelta);
+		struct ckpt_table ct = old_delta(from, j, ndelta);
 		*tombs += ct.ntombs;
 		*changed += ct.nrows;
 	}
@@ -393,11 +404,7 @@ static void run_staged(int old_n, int new_n, int replace_base)
 	for (int j = 0; j < old_n; j++)
 		ck_assert_int_eq(tu_wait_exit(old[j]), 0);
 	/* the old files set aside, as the launcher does */
-	set_aside(from, old_n, &tombs, &changed);
-	for (int j = 0; j < old_n; j++) {
-		snprintf(a, sizeof(a), "%s/shard-%d.ckpt.delta-2", ck, j);
-		ck_assert_msg(access(a, F_OK) != 0, "%s: one incremental checkpoint expected", a);
-	}
+	set_aside(from, old_n, 1, &tombs, &changed);
 	ck_assert_msg(tombs > 0, "the stop's increments dropped no id (expired and evicted rows)");
 	ck_assert_msg(changed > 0, "the stop's increments changed no row");
 	for (int j = 0; j < new_n; j++)
@@ -495,7 +502,7 @@ START_TEST(test_staged_one_change)
 	pstat_stop(cold, k);
 	for (int j = 0; j < 2; j++)
 		ck_assert_int_eq(tu_wait_exit(old[j]), 0);
-	set_aside(from, 2, &tombs, &changed);
+	set_aside(from, 2, 1, &tombs, &changed);
 	ck_assert_msg(changed == 1, "the stop's increments changed %" PRIu64 " rows, 1 due",
 		      changed);
 	for (int j = 0; j < 3; j++)
@@ -507,6 +514,95 @@ START_TEST(test_staged_one_change)
 		snprintf(a, sizeof(a), "%s/staged-%d.log", dir, j);
 		ck_assert_msg(tu_log_says(a, "the stop's changes applied to the rows merged"),
 			      "%s: the stop's changes not applied to the merge", a);
+	}
+	for (int j = 0; j < 3; j++) {
+		ck_assert_int_eq(tu_stop_server(stg[j]), 0);
+		ck_assert_int_eq(tu_stop_server(uns[j]), 0);
+	}
+	cleanup_dirs();
+}
+END_TEST
+
+/* Old shards with checkpoint.incremental write incremental checkpoints on
+ * request after the pre-copy: delta-1 (30 rows changed) and delta-2 (30
+ * ids admitted) are in the folder when the new shards stage, and the
+ * stop's is delta-3 (one row). The staged shards load the pre-copy and
+ * both before the commit, delta-3 after it, and each equals its unstaged
+ * twin, which loads the chain whole. */
+START_TEST(test_staged_after_deltas)
+{
+	static uint64_t ids[100], more[30];
+	pid_t old[2], stg[3], uns[3];
+	char from[200], a[300];
+	struct ps_client *c;
+	struct ps_shard_stats st;
+	uint64_t k = 0, tombs = 0, changed = 0;
+
+	setup_dirs();
+	nseen = 0;
+	ck_extra = "  on_request: true\n  min_interval_s: 0\n  incremental: 10\n";
+	write_cfgs(2, 3);
+	ck_extra = "";
+	for (int j = 0; j < 2; j++)
+		old[j] = start(cold, "old", j, NULL, 0, 0);
+	c = connect_retry(0);
+	for (int i = 0; i < 100; i++)
+		ids[i] = id_of(i);
+	for (int i = 0; i < 30; i++)
+		more[i] = id_of(1000 + i);
+	clock_push(c, k++, ids, 100); /* counted once */
+	clock_push(c, k++, ids, 100); /* admitted */
+	for (int j = 0; j < 2; j++)
+		kill(old[j], SIGUSR1);
+	for (int j = 0; j < 2; j++)
+		wait_log("old", j, "checkpoint (re-shard pre-copy) written");
+	for (int d = 1; d <= 2; d++) {
+		if (d == 1) {
+			clock_push(c, k++, ids, 30);
+		} else {
+			clock_push(c, k++, more, 30);
+			clock_push(c, k++, more, 30);
+		}
+		for (int j = 0; j < 2; j++) {
+			ck_assert_msg(ps_client_checkpoint(c, j, 1, &st) == 0 &&
+				      st.checkpoint_status == 0, "old shard %d: %s %s", j,
+				      ps_client_error(c), st.checkpoint_error);
+			snprintf(a, sizeof(a), "%s/shard-%d.ckpt.delta-%d", ck, j, d);
+			ck_assert_msg(access(a, F_OK) == 0, "%s: not written", a);
+		}
+	}
+	snprintf(from, sizeof(from), "%s/from", ck);
+	ck_assert_int_eq(mkdir(from, 0700), 0);
+	for (int j = 0; j < 3; j++)
+		stg[j] = start(cnew, "staged", j, from, 2, 1);
+	for (int j = 0; j < 3; j++)
+		wait_log("staged", j, "re-shard staged");
+	tu_sleep_ms(1100);
+	clock_push(c, k++, ids + 7, 1);
+	ps_client_free(c);
+	pstat_stop(cold, k);
+	for (int j = 0; j < 2; j++)
+		ck_assert_int_eq(tu_wait_exit(old[j]), 0);
+	set_aside(from, 2, 3, &tombs, &changed);
+	ck_assert_msg(changed == 1, "the stop's increments changed %" PRIu64 " rows, 1 due",
+		      changed);
+	for (int j = 0; j < 3; j++)
+		kill(stg[j], SIGUSR1);
+	for (int j = 0; j < 3; j++)
+		uns[j] = start(cnewu, "unstaged", j, from, 2, 0);
+	for (int j = 0; j < 3; j++) {
+		compare_twin(j, 3);
+		snprintf(a, sizeof(a), "%s/staged-%d.log", dir, j);
+		ck_assert_msg(tu_log_says(a, "the stop's changes applied to the rows merged"),
+			      "%s: the stop's changes not applied to the merge", a);
+	}
+	/* every id admitted after the pre-copy is on a new shard */
+	for (int i = 0; i < 30; i++) {
+		int q = 0;
+		while (q < nseen && seen[q] != more[i])
+			q++;
+		ck_assert_msg(q < nseen, "id %" PRIu64 ", admitted after the pre-copy (delta-2), is "
+			      "on no new shard", more[i]);
 	}
 	for (int j = 0; j < 3; j++) {
 		ck_assert_int_eq(tu_stop_server(stg[j]), 0);
@@ -708,6 +804,7 @@ int main(void)
 	TU_ADD(tc, test_staged_refusals);
 	TU_ADD(tc, test_precopy_refusals);
 	TU_ADD(tc, test_staged_one_change);
+	TU_ADD(tc, test_staged_after_deltas);
 	suite_add_tcase(s, tc);
 	return tu_run_suite(s);
 }
