@@ -1049,7 +1049,10 @@ static pid_t unblocked_thread(pid_t pid, int sig)
  * its step waits for what will not come (a sync barrier of two workers
  * whose other never starts) exits 130 PS_STOP_GRACE_S (10 s) after the
  * first SIGTERM, saying so; a second SIGTERM 5 s in does not start the
- * grace again (the worker would be gone only at 15 s). _i 1: the thread
+ * grace again (the worker would be gone only at 15 s); OpenBLAS kept to
+ * the calling thread (OPENBLAS_NUM_THREADS=1: its pool would leave the
+ * signals unblocked), so the thread of stop_signal.c is the only one that
+ * can take them, and takes both. _i 1: the thread
  * that takes the signals could not be started (its pthread_create failed,
  * by libpsfault.so): the worker says so and the signals reach the same
  * actions as handlers, on any thread. _i 2: SIGINT sent to a thread
@@ -1084,6 +1087,8 @@ START_TEST(test_stop_grace)
 	srv[0] = tu_start_server(path, 0);
 	srv[1] = tu_start_server(path, 1);
 	const char *argv[] = { "bin/ps-worker", "--config", path, "--rank", "0", NULL };
+	if (_i == 0)
+		setenv("OPENBLAS_NUM_THREADS", "1", 1);
 	if (_i == 1) {
 		/* the first thread started after main: OpenBLAS's pool (started
 		 * by its constructor) kept to the calling thread */
