@@ -713,8 +713,9 @@ START_TEST(test_declare_partial_at_stop)
 	/* nothing completes it: refused, nothing stopped */
 	snprintf(out, sizeof(out), "%s/pstat-refused.out", dir);
 	ck_assert_msg(tu_wait_exit(pstat_spawn(c2, out)) == 1, "ps-stat did not refuse (%s)", out);
-	ck_assert_msg(tu_log_says(out, "a declaration reached some shards before their stop "
-				  "and not the others") &&
+	ck_assert_msg(tu_log_says(out, "ps-stat: reshard-stop: shard 0 declares 2 tensor(s) and "
+				  "0 table(s), shard 1 0 and 0: a declaration reached some shards "
+				  "before their stop and not the others") &&
 		      tu_log_says(out, "refused: a declaration of tensors or tables reached some "
 				  "shards only"), "ps-stat's reasons (%s)", out);
 	for (int k = 0; k < 2; k++) {
