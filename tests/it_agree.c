@@ -338,6 +338,16 @@ END_TEST
  * Each differing alone is refused as a partner's setting and, the seed
  * apart, accepted as a worker's; the worker's lines are the partner's
  * first. */
+/* Writes v over 16 KiB of the stack below the caller: what the locals of
+ * the caller's next callee hold before it sets them. */
+static __attribute__((noinline)) void stack_fill(int v)
+{
+	volatile char buf[16384];
+
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = (char)v;
+}
+
 START_TEST(test_partner_settings_compared)
 {
 	static const char *const tbl[] = {
@@ -367,9 +377,15 @@ START_TEST(test_partner_settings_compared)
 			ck_assert_msg(ps_config_load_string(side ? &b : &a, yaml, "agree", err,
 							    sizeof(err)) == 0, "%s: %s", yaml, err);
 		}
+		/* each side's digests made over other stack garbage: they
+		 * hash the settings' text, never the bytes after it */
+		stack_fill(0x11);
 		ps_config_agreement_partner(&a, mine, sizeof(mine));
+		stack_fill(0x77);
 		ps_config_agreement_partner(&b, theirs, sizeof(theirs));
+		stack_fill(0x22);
 		ps_config_agreement(&a, wmine, sizeof(wmine));
+		stack_fill(0x99);
 		ps_config_agreement(&b, wtheirs, sizeof(wtheirs));
 		ck_assert_msg(!strncmp(mine, wmine, strlen(wmine)), "case %d: the partner's lines "
 			      "do not start with the worker's:\n%s\n%s", i, mine, wmine);
