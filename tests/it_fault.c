@@ -496,6 +496,23 @@ START_TEST(test_rows_oom_new_rows)
 }
 END_TEST
 
+/* The lines of log path whose message (after "role[k] ") is empty. */
+static int empty_log_lines(const char *path)
+{
+	char line[4096];
+	int n = 0;
+	FILE *f = fopen(path, "r");
+
+	while (f && fgets(line, sizeof(line), f)) {
+		const char *p = strstr(line, "] ");
+		if (p && strspn(p + 2, " \n") == strlen(p + 2))
+			n++;
+	}
+	if (f)
+		fclose(f);
+	return n;
+}
+
 /* The row path out of memory anywhere: the shard's Nth allocation after
  * the worker connected failed (N spread over 1..144, until the run makes
  * fewer), while it trains 3 clocks of rows and a dense tensor, each call
@@ -534,6 +551,10 @@ START_TEST(test_rows_oom_sweep)
 		if (tu_file_count(slog, "; its gradients of clock") || tu_file_count(slog, "; its gradient is"))
 			lost++;
 		ck_assert_msg(!lost, "%s: an acknowledged row gradient was lost (log %s)", spec, slog);
+		/* what it logged about the fault says something: no line
+		 * ends at its role ("server[0] " and nothing) */
+		ck_assert_msg(!empty_log_lines(slog), "%s: a line of the shard's log says nothing "
+			      "(log %s)", spec, slog);
 		check_exact(c, &m, spec);
 		ps_client_free(c);
 		ck_assert_int_eq(tu_stop_server(pid), 0);
