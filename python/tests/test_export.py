@@ -675,6 +675,11 @@ def test_export_declared_tables_damaged(declared_trained, tmp_path):
             f.write_bytes(bytes(bad))
             r = export(cl.path, out, check=False)
             assert r.returncode == 1 and f"offset {off}" in r.stderr, (f, off, r.stderr)
+            if f.name == "shard-1.ckpt" and off == start + 8:
+                # and the shard itself refuses the table's record, naming it
+                with pytest.raises(RuntimeError, match="exited 1") as e:
+                    cl.start(1)
+                assert f"{f}: declared table 0 is damaged" in str(e.value), str(e.value)
         f.write_bytes(good)
     assert not os.path.exists(out)
     export(cl.path, out)
