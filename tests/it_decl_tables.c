@@ -13,6 +13,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -400,6 +401,44 @@ START_TEST(test_decl_tables_train)
 	ps_client_free(c0);
 	ps_client_free(c1);
 	stop();
+}
+END_TEST
+
+/* The digest of the declared tables (Stats decl_digest, which a re-shard's
+ * stop compares among the shards: ps-stat --reshard-stop) follows what
+ * each table is, not only how many there are: one table declared, in a
+ * fresh cluster each time, as emb_a of dim 4, of dim 5, as emb_z, with
+ * adagrad, with admission 2 gives five digests that differ, and both
+ * shards agree on each. */
+START_TEST(test_decl_digest_follows_tables)
+{
+	const struct ps_table_decl v[5] = {
+		{ .name = "emb_a", .dim = 4 }, { .name = "emb_a", .dim = 5 },
+		{ .name = "emb_z", .dim = 4 }, { .name = "emb_a", .dim = 4, .optimizer = "adagrad" },
+		{ .name = "emb_a", .dim = 4, .admission = 2 } };
+	uint64_t d[5];
+
+	for (int i = 0; i < 5; i++) {
+		struct ps_shard_stats st[2];
+		struct ps_client *c;
+
+		start();
+		c = connect_retry(0);
+		ck_assert_msg(ps_client_declare_tables(c, &v[i], 1) == 0, "%d: %s", i,
+			      ps_client_error(c));
+		for (int k = 0; k < 2; k++)
+			ck_assert_msg(ps_client_stats(c, k, &st[k]) == 0, "%s", ps_client_error(c));
+		ck_assert_msg(st[0].decl_tables == 1 && st[0].decl_digest &&
+			      st[0].decl_digest == st[1].decl_digest, "%d: shard 0 %d tables "
+			      "(%016" PRIx64 "), shard 1 %d (%016" PRIx64 ")", i, st[0].decl_tables,
+			      st[0].decl_digest, st[1].decl_tables, st[1].decl_digest);
+		d[i] = st[0].decl_digest;
+		for (int j = 0; j < i; j++)
+			ck_assert_msg(d[j] != d[i], "declarations %d and %d: the same digest %016"
+				      PRIx64, j, i, d[i]);
+		ps_client_free(c);
+		stop();
+	}
 }
 END_TEST
 
@@ -818,6 +857,7 @@ int main(void)
 	TU_ADD(tc, test_decl_diff_every_key);
 	TU_ADD(tc, test_decl_check_every_bound);
 	TU_ADD(tc, test_decl_tables_train);
+	TU_ADD(tc, test_decl_digest_follows_tables);
 	TU_ADD(tc, test_decl_tables_refused);
 	TU_ADD(tc, test_decl_tables_hostile);
 	TU_ADD(tc, test_decl_tables_shard_restart);
