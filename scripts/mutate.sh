@@ -118,7 +118,8 @@ suites_of() {
                                     it_fault@test_ckpt_faults it_fault_repl@test_join_hold_oom ;;
     server/metrics_http.c)     echo it_stat it_replica_cases it_replica_stats ;;  # the replication figures
     # it_replica_decl: a declaration on a pair; it_hostile's case: raw declarations that lie
-    server/declare.c)          echo it_declare it_groups it_replica_decl it_fault@test_declare_oom_sweep it_hostile@test_declare_lies ;;
+    server/declare.c)          echo it_declare it_groups it_replica_decl it_fault@test_declare_oom_sweep it_hostile@test_declare_lies \
+                                    it_decl_tables@test_decl_digest_follows_tables ;;
     # it_reshard_cases, it_reshard_staged: a shard's start from another map's files
     server/server.c)           echo it_cluster it_checkpoint it_stat it_hostile it_reshard_cases it_reshard_staged ;;
     server/reader.c)           echo it_reader ;;
