@@ -396,3 +396,5 @@ $(OBJ)/tests/libpsfault.so: tests/fault_inject.c
 
 $(OBJ)/tests/it_fault: $(OBJ)/tests/libpsfault.so
 $(OBJ)/tests/it_fault_repl: $(OBJ)/tests/libpsfault.so
+$(OBJ)/tests/it_stat: $(OBJ)/tests/libpsfault.so
+$(OBJ)/tests/it_elastic: $(OBJ)/tests/libpsfault.so

@@ -943,6 +943,91 @@ START_TEST(test_metrics_token)
 }
 END_TEST
 
+/* The 401 page out of memory: shard 0 (started alone, again for each N)
+ * with its Nth allocation after "listening" failed by libpsfault.so, N
+ * from 1 on until a request makes fewer, among them the page's copy and
+ * libmicrohttpd's response. The request without the token gets the 401
+ * or no answer (the connection closed), never a crash; then a request
+ * with the token gets /metrics. */
+START_TEST(test_metrics_401_oom)
+{
+	static char body[262144];
+	char path[64], extra[256], tok[64] = "/tmp/ps-test-token-XXXXXX", lib[512], flog[80];
+	char spec[32], hdr[128];
+	const char *token = "0c5e8398d5bfffdcaa521cec8b470d63";
+	struct ps_config cfg;
+	pid_t srv[2];
+	int p0 = tu_free_port(), p1 = tu_free_port(), hp = http_port(p0, p1), n, closed = 0;
+
+	if (SANITIZED) {
+		tu_skip("the 401 page out of memory: libpsfault.so cannot come before the "
+			"sanitizer's runtime");
+		return;
+	}
+	ssize_t ln = readlink("/proc/self/exe", lib, sizeof(lib) - 20);
+	ck_assert_int_gt(ln, 0);
+	lib[ln] = 0;
+	strcpy(strrchr(lib, '/'), "/libpsfault.so");
+	int fd = mkstemp(tok);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, token, strlen(token)), (ssize_t)strlen(token));
+	close(fd);
+	strcpy(flog, "/tmp/ps-test-faults-XXXXXX");
+	fd = mkstemp(flog);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	snprintf(hdr, sizeof(hdr), "Authorization: Bearer %s", token);
+	snprintf(extra, sizeof(extra), "stats:\n  http: 127.0.0.1:%d\n  token_file: %s\n", hp, tok);
+	start_shards(path, &cfg, p0, p1, extra, srv); /* for the config: shard 0 alone below */
+	ck_assert(tu_wait_listen(p0) && tu_wait_listen(p1));
+	ck_assert_int_eq(tu_stop_server(srv[1]), 0);
+	ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+	for (n = 1; n <= 40; n++) {
+		int st, ws;
+
+		snprintf(spec, sizeof(spec), "alloc:%d", n);
+		truncate(flog, 0);
+		setenv("PS_TEST_LOG", "info", 1); /* so that "listening", the marker, is written */
+		setenv("LD_PRELOAD", lib, 1);
+		setenv("PS_FAULT", spec, 1);
+		setenv("PS_FAULT_AFTER", "listening", 1);
+		setenv("PS_FAULT_LOG", flog, 1);
+		srv[0] = tu_start_server(path, 0);
+		unsetenv("LD_PRELOAD");
+		unsetenv("PS_FAULT");
+		unsetenv("PS_FAULT_AFTER");
+		unsetenv("PS_FAULT_LOG");
+		unsetenv("PS_TEST_LOG");
+		for (int i = 0; i < 200 && !tu_file_count(flog, "armed by"); i++)
+			tu_sleep_ms(10);
+		ck_assert_msg(tu_file_count(flog, "armed by"), "%s: shard 0 never listened", spec);
+		st = http_get(hp, "GET", "/metrics", body, sizeof(body));
+		ck_assert_msg(st == 401 || st == -1, "%s: /metrics without the token: HTTP %d", spec,
+			      st);
+		closed += st == -1;
+		ck_assert_msg(waitpid(srv[0], &ws, WNOHANG) == 0, "%s: shard 0 ended (%s %d)", spec,
+			      WIFSIGNALED(ws) ? "signal" : "exit",
+			      WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws));
+		int made = tu_file_count(flog, " call ");
+		st = -1;
+		for (int t = 0; t < 3 && st != 200; t++) /* a fault still due may close one */
+			st = http_req(hp, "GET", "/metrics", hdr, body, sizeof(body));
+		ck_assert_msg(st == 200 && strstr(body, "ps_shard_info{shard=\"0\""),
+			      "%s: /metrics with the token: HTTP %d", spec, st);
+		ck_assert_int_eq(tu_stop_server(srv[0]), 0);
+		if (!made)
+			break; /* the request made fewer allocations */
+	}
+	printf("test_metrics_401_oom: %d allocations failed in turn, %d requests closed\n", n - 1,
+	       closed);
+	ck_assert_msg(n <= 40, "40 faults and still more allocations");
+	ck_assert_msg(closed >= 2, "only %d of the faults closed the request", closed);
+	unlink(tok);
+	unlink(flog);
+	unlink(path);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("stat");
@@ -958,6 +1043,7 @@ int main(void)
 	TU_ADD(tc, test_metrics_http);
 	TU_ADD(tc, test_metrics_match_stats);
 	TU_ADD(tc, test_metrics_token);
+	TU_ADD(tc, test_metrics_401_oom);
 	TU_ADD(tc, test_metrics_http_held);
 	TU_ADD(tc, test_metrics_port_past_65535);
 	suite_add_tcase(s, tc);
