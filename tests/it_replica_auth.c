@@ -926,6 +926,43 @@ START_TEST(test_partner_contents_range_checked)
 	st2 = stats_ok(0);
 	ck_assert_uint_eq(st2.param_checksum, st.param_checksum);
 
+	/* a batch summing the clock before its version from staged gradients
+	 * of which none came: refused, saying so (not skipped) */
+	p = accept_dial(lfd, 0);
+	ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+	ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+	send_snapshot(&p, 3, 40, 5.0f, 5);
+	m = recv_msg(&p, 5000, &type, &rc);
+	ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the third valid snapshot");
+	protobuf_c_message_free_unpacked(m, NULL);
+	{
+		Ps__ReplBatch b = PS__REPL_BATCH__INIT;
+		Ps__ReplSlot x = PS__REPL_SLOT__INIT, *xs[1] = { &x };
+		uint32_t s0 = 0;
+		char want[120];
+		while (map.slices[s0].shard != 0)
+			s0++;
+		x.slice = s0;
+		x.version = 6;
+		x.steps = 6;
+		x.sum_staged = 1;
+		b.lsn = 41;
+		b.epoch = 3;
+		b.n_slots = 1;
+		b.slots = xs;
+		ck_assert_int_eq(send_msg(&p, PS_MSG_REPL_BATCH, &b.base, NULL, 0), 0);
+		got = first_frame_before_close(&p, 5000);
+		ck_assert_msg(got == 0, "a batch summing no staged gradient got a %s frame",
+			      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
+		close(p.fd);
+		snprintf(want, sizeof(want), "batch 41 sums clock 5 of slice %u, of which no "
+			 "gradient came", s0);
+		ck_assert_msg(log_has(0, want), "no \"%s\" in the log (logs in %s)", want, logdir);
+	}
+	st2 = stats_ok(0);
+	ck_assert_uint_eq(st2.param_checksum, st.param_checksum);
+	ck_assert_uint_eq(st2.repl_lsn, 40);
+
 	/* a snapshot of NaN weights, then one past 2^53: refused before the
 	 * snapshot completes, the weights as they were */
 	for (int k = 0; k < 2; k++) {
