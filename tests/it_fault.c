@@ -496,23 +496,6 @@ START_TEST(test_rows_oom_new_rows)
 }
 END_TEST
 
-/* The lines of log path whose message (after "role[k] ") is empty. */
-static int empty_log_lines(const char *path)
-{
-	char line[4096];
-	int n = 0;
-	FILE *f = fopen(path, "r");
-
-	while (f && fgets(line, sizeof(line), f)) {
-		const char *p = strstr(line, "] ");
-		if (p && strspn(p + 2, " \n") == strlen(p + 2))
-			n++;
-	}
-	if (f)
-		fclose(f);
-	return n;
-}
-
 /* The row path out of memory anywhere: the shard's Nth allocation after
  * the worker connected failed (N spread over 1..144, until the run makes
  * fewer), while it trains 3 clocks of rows and a dense tensor, each call

@@ -245,6 +245,57 @@ START_TEST(test_backup_join_oom)
 }
 END_TEST
 
+/* The primary's batches out of memory: its Nth reallocation from "worker 0
+ * connected" on failed (N 1..12: the batch's records, payloads and rows
+ * grow by realloc), while the worker trains 3 clocks of rows and a dense
+ * tensor. A primary that cannot gather a batch says so and steps down; no
+ * process crashes, no line of either log says nothing, every call goes
+ * through (tried again when refused), and the sums are exact. */
+START_TEST(test_primary_batch_oom)
+{
+	static struct model m;
+	char spec[32];
+	pid_t p[2];
+	int refused = 0, landed = 0, said = 0, n;
+
+	for (n = 1; n <= 12; n++) {
+		struct ps_client *c;
+		int ws;
+
+		snprintf(spec, sizeof(spec), "realloc:%d", n);
+		start_model_pair(&m, p, spec, "worker 0 connected");
+		c = connect_retry(&cfg, 0);
+		for (int k = 0; k < 3; k++)
+			train_clock_retry(c, &m, &refused, spec);
+		for (int r = 0; r < 2; r++) {
+			ck_assert_msg(waitpid(p[r], &ws, WNOHANG) == 0, "%s: process %d ended (%s %d; "
+				      "log %s)", spec, r, WIFSIGNALED(ws) ? "signal" : "exit",
+				      WIFSIGNALED(ws) ? WTERMSIG(ws) : WEXITSTATUS(ws), rlog(r));
+			ck_assert_msg(!empty_log_lines(rlog(r)), "%s: a line of process %d's log "
+				      "says nothing (%s)", spec, r, rlog(r));
+		}
+		said += tu_file_count(rlog(0), "out of memory gathering a batch") +
+			tu_file_count(rlog(1), "out of memory gathering a batch") > 0;
+		check_exact(c, &m, spec);
+		ps_client_free(c);
+		int made = faults_made();
+		for (int r = 0; r < 2; r++) {
+			kill(p[r], SIGKILL);
+			tu_wait_child(p[r]);
+		}
+		unlink(cfg_path);
+		tu_rmtree(dir);
+		if (!made)
+			break;
+		landed++;
+	}
+	printf("test_primary_batch_oom: %d reallocations failed in turn, %d said the batch, "
+	       "%d calls refused\n", landed, said, refused);
+	ck_assert_msg(landed >= 4, "only %d faults landed", landed);
+	ck_assert_msg(said >= 1, "no fault was a batch's");
+}
+END_TEST
+
 /* A worker joining an elastic cluster (2 workers, 1 at the start) through
  * a replicated shard out of memory from its "worker 1 joining" line on:
  * each allocation after it failed in turn, the one that keeps the hold's
@@ -391,6 +442,7 @@ int main(void)
 	TU_ADD(tc, test_backup_join_oom);
 	TU_ADD(tc, test_declare_oom);
 	TU_ADD(tc, test_join_hold_oom);
+	TU_ADD(tc, test_primary_batch_oom);
 	suite_add_tcase(s, tc);
 	tu_secret_setup(); /* the cluster secret and replication key, unless set */
 	rc = tu_run_suite(s);

@@ -109,6 +109,23 @@ static inline const char *slurp(const char *path)
 	return buf;
 }
 
+/* The lines of log path whose message (after "role[k] ") is empty. */
+static inline int empty_log_lines(const char *path)
+{
+	char line[4096];
+	int n = 0;
+	FILE *f = fopen(path, "r");
+
+	while (f && fgets(line, sizeof(line), f)) {
+		const char *p = strstr(line, "] ");
+		if (p && strspn(p + 2, " \n") == strlen(p + 2))
+			n++;
+	}
+	if (f)
+		fclose(f);
+	return n;
+}
+
 /* The faults made: the lines of flog that name a call. */
 static inline int faults_made(void)
 {
