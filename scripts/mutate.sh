@@ -152,7 +152,7 @@ suites_of() {
     # of the finished clocks overflows only there)
     server/replica.c|server/replica_log.c|server/replica_apply.c)
                                echo check_repl_rules it_rows_errors it_replica_cases it_replica_stats it_replica_auth it_replica_decl it_elastic_repl it_replica it_replica_rows it_reshard_pairs.sh \
-                                    it_fault_repl@test_declare_oom san:it_replica_cases \
+                                    it_fault_repl@test_declare_oom,test_primary_batch_oom san:it_replica_cases \
                                     san:it_replica_auth@test_partner_contents_range_checked,test_partner_rows_range_checked ;;
     # declarations replicated; it_fault_repl: the primary out of memory copying one
     # it_replica_auth's case: a partner's batches declaring what does not hold
@@ -162,7 +162,7 @@ suites_of() {
     # (it_fault_repl: the snapshot's write to a memory file interrupted, failed;
     # the backup out of memory creating a row)
     # it_replica_auth's case: a partner's lies in the tables' image and the row batches
-    server/replica_rows.c)     echo it_replica_rows it_rows_model it_fault_repl@test_snapshot_faults,test_backup_rows_oom \
+    server/replica_rows.c)     echo it_replica_rows it_rows_model it_fault_repl@test_snapshot_faults,test_backup_rows_oom,test_primary_batch_oom \
                                     it_replica_auth@test_partner_rows_range_checked san:it_replica_rows ;;
     # tables and rows: the model checks without a network, then two shards
     server/table_optim.c)      echo check_row_optim check_rows it_rows ;;
