@@ -259,11 +259,14 @@ static int pick_pair_file(struct ps_server *o, const struct ps_config *ocfg, con
 	return 0;
 }
 
-/* The folder d, resolved, into out; "" when it does not resolve. */
-static void resolve(const char *d, char *out)
+/* The folder d, resolved, into out: 0, or the errno of realpath with out
+ * "" (the caller names it: errno may change before it reads it). */
+static int resolve(const char *d, char *out)
 {
-	if (!realpath(d, out))
-		out[0] = '\0';
+	if (realpath(d, out))
+		return 0;
+	out[0] = '\0';
+	return errno;
 }
 
 
@@ -292,10 +295,10 @@ int ps__reshard_merge(struct ps_server *s, const struct ps_reshard_from *from,
 		FAIL(-ENOMEM, "out of memory");
 	if (n < 1 || n > PS_MAX_SHARDS)
 		FAIL(PS_ECONFIG, "--reshard-shards %d: expected 1..%d", n, PS_MAX_SHARDS);
-	resolve(from->dir, a);
+	int e = resolve(from->dir, a);
 	resolve(cfg->checkpoint.dir, b);
-	if (!a[0])
-		FAIL(-ENOENT, "--reshard-from %s: %s", from->dir, strerror(errno));
+	if (e)
+		FAIL(-e, "--reshard-from %s: %s", from->dir, strerror(e));
 	if (!strcmp(a, b))
 		FAIL(PS_ECONFIG, "--reshard-from %s is checkpoint.dir itself: the old checkpoints "
 		     "must lie in a folder of their own, which the new shards do not write to "

@@ -579,6 +579,13 @@ START_TEST(test_refusals)
 	ck_assert_int_eq(unlink(b), 0);
 	/* the old files in checkpoint.dir itself */
 	expect_refused(0, ck, 2, "is checkpoint.dir itself", NULL);
+	/* a folder that is not there, named */
+	{
+		char none[240], want[300];
+		snprintf(none, sizeof(none), "%s/no-such-folder", dir);
+		snprintf(want, sizeof(want), "--reshard-from %s: No such file or directory", none);
+		expect_refused(0, none, 2, want, NULL);
+	}
 	/* another model */
 	write_cfg(3, NB + 1);
 	expect_refused(2, old1, 2, "is not that of this config with 2 shards", NULL);
