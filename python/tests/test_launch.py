@@ -81,6 +81,14 @@ def test_ps_worker_exec(tmp_path):
     p = subprocess.run([worker, "--config", cfg, "--rank", "2", "--exec", "true"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "workers 0..1" in p.stderr
+    # a config read from a pipe: no path the command could be given; refused, the
+    # command not run
+    with open(cfg) as f:
+        p = subprocess.run([worker, "--config", "/dev/stdin", "--rank", "0", "--exec",
+                            "echo ran"], input=f.read(), capture_output=True, text=True,
+                           timeout=30)
+    assert p.returncode == 127 and p.stdout == "", (p.returncode, p.stdout, p.stderr)
+    assert "ps-worker: --exec: /dev/stdin: No such file or directory" in p.stderr, p.stderr
     # a command killed by a signal: 128 + the signal, as a shell says it
     p = subprocess.run([worker, "--config", cfg, "--rank", "0", "--exec", "kill -9 $$"],
                        timeout=30)
