@@ -265,3 +265,58 @@ def test_ps_cluster_worker_cmd_dry_run(tmp_path):
         cmd = inner[:inner.index(";")] if ";" in inner else inner
         assert cmd[0].endswith("/ps-worker"), inner
         assert cmd[1:] == ["--config", str(hosts), "--rank", str(r), "--exec", "python3 train.py"], inner
+
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def test_ps_worker_progress_on_a_terminal(tmp_path):
+    """On a terminal ps-worker redraws one progress line in place (\\r, then erase to
+    the end of the line); each epoch's log line starts a line of its own after it."""
+    import pty
+    import re
+
+    if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")):
+        pytest.skip(f"{FMNIST}: Debian's dataset-fashion-mnist is not installed")
+    port = free_ports(1)[0]
+    cfg = tmp_path / "tty.yaml"
+    cfg.write_text(f"cluster: {{servers: ['127.0.0.1:{port}'], workers: 1}}\nseed: 7\n"
+                   "model: {preset: mlp}\n"
+                   f"train: {{batch: 20, limit: 400, test_limit: 500, epochs: 2, "
+                   f"data_dir: '{FMNIST}'}}\n"
+                   "optimizer: {name: sgd, lr: 0.05}\nlog: {level: info}\n")
+    srv = subprocess.Popen([os.path.join(ROOT, "bin", "ps-server"), "--config", str(cfg),
+                            "--shard", "0"], stderr=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and srv.poll() is None
+                time.sleep(0.02)
+        master, slave = pty.openpty()
+        w = subprocess.Popen([os.path.join(ROOT, "bin", "ps-worker"), "--config", str(cfg),
+                              "--rank", "0"], stdout=slave, stderr=slave, cwd=ROOT)
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the worker closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.close(master)
+        assert w.wait(timeout=120) == 0, out.decode(errors="replace")[-2000:]
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        srv.wait(timeout=20)
+    text = out.decode(errors="replace")
+    assert "\r" in text and "\x1b[K" in text, text[-2000:]       # the redrawn line
+    for e in (1, 2):
+        line = re.search(r"(^|[^\n]*)\d{4}-\d\d-\d\dT[\d:.]+Z info  worker\[0\] "
+                         rf"epoch {e}: \d+ steps", text, re.M)
+        assert line and line.group(1) == "", f"epoch {e}'s line: {line and line.group(0)!r}"
