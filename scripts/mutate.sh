@@ -229,7 +229,7 @@ suites_of() {
     common/table_decl.c)       echo it_decl_tables it_hostile@test_declare_lies ;;   # raw declarations of tables that lie
     common/version.c)          echo it_docs.sh rdma:version ;;   # every program's --version; rdma usable in the VM
     worker/worker_cmd.c)       echo test_launch.py it_launch.sh ;;   # ps-worker --exec: alone, and under ps-cluster.sh
-    worker/epoch.c)            echo it_elastic it_train ;;  # each example once per epoch
+    worker/epoch.c)            echo it_elastic it_train test_launch.py@progress_on_a_terminal ;;  # each example once per epoch; the progress line on a tty
     worker/ps_export.c)        echo it_export.sh test_export.py ;;  # ps-export on real checkpoints, damaged ones
     # check_npz: zip64, failures; under ASan for the header's buffers
     worker/npz.c)              echo check_npz san:check_npz it_export.sh test_export.py ;;
