@@ -991,23 +991,31 @@ static void fake_shards_stop(struct fake_shard fs[2])
 	unlink(path);
 }
 
-/* The control: honest replies from the two fakes are taken, so the
- * refusal below is the slice check's doing and not the harness's. */
-START_TEST(test_fake_shards_answer_right)
+/* c's pull of tensor a into w (N floats), answered honestly by both fake
+ * shards: each value is 100 + the shard that holds it. */
+static void pull_honest(struct ps_client *c, float *w)
 {
-	static float w[N];
 	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
-	struct fake_shard fs[2];
-
-	fake_shards_start(fs, ANSWER_RIGHT);
-	struct ps_client *c = connect_retry();
 	int64_t q = ps_client_pull(c, 0, &tw, 1);
+
 	ck_assert_int_gt(q, 0);
 	ck_assert_msg(ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
 	for (int i = 0; i < N; i++) {
 		const struct ps_slice *sl = &map.slices[i < (int)map.slices[0].count ? 0 : 1];
 		ck_assert_msg(w[i] == 100.0f + (float)sl->shard, "w[%d] = %g", i, (double)w[i]);
 	}
+}
+
+/* The control: honest replies from the two fakes are taken, so the
+ * refusal below is the slice check's doing and not the harness's. */
+START_TEST(test_fake_shards_answer_right)
+{
+	static float w[N];
+	struct fake_shard fs[2];
+
+	fake_shards_start(fs, ANSWER_RIGHT);
+	struct ps_client *c = connect_retry();
+	pull_honest(c, w);
 	ps_client_free(c);
 	fake_shards_stop(fs);
 }
@@ -1021,7 +1029,6 @@ END_TEST
 START_TEST(test_pull_reply_to_push_ignored)
 {
 	static float w[N], g[N];
-	struct ps_tensor tw = { .name = "a", .data = w, .count = N };
 	struct ps_tensor tg = { .name = "a", .data = g, .count = N };
 	struct fake_shard fs[2];
 
@@ -1039,13 +1046,7 @@ START_TEST(test_pull_reply_to_push_ignored)
 				      "written from a pull reply", k, i, (double)g[i]);
 	}
 	ck_assert_int_eq(fs[0].pushes + fs[1].pushes, 6);
-	int64_t q = ps_client_pull(c, 0, &tw, 1);
-	ck_assert_int_gt(q, 0);
-	ck_assert_msg(ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
-	for (int i = 0; i < N; i++) {
-		const struct ps_slice *sl = &map.slices[i < (int)map.slices[0].count ? 0 : 1];
-		ck_assert_msg(w[i] == 100.0f + (float)sl->shard, "w[%d] = %g", i, (double)w[i]);
-	}
+	pull_honest(c, w);
 	ps_client_free(c);
 	fake_shards_stop(fs);
 }
@@ -1390,13 +1391,7 @@ START_TEST(test_malformed_pull_replies)
 	fs[0].mode = ANSWER_RIGHT;
 	fs[1].mode = ANSWER_RIGHT;
 	fs[1].delay_ms = 0;
-	q = ps_client_pull(c, 0, &tw, 1);
-	ck_assert_int_gt(q, 0);
-	ck_assert_msg(ps_client_wait(c, q) == 0, "%s", ps_client_error(c));
-	for (int i = 0; i < N; i++) {
-		const struct ps_slice *sl = &map.slices[i < (int)map.slices[0].count ? 0 : 1];
-		ck_assert_msg(w[i] == 100.0f + (float)sl->shard, "w[%d] = %g", i, (double)w[i]);
-	}
+	pull_honest(c, w);
 	ps_client_free(c);
 	fake_shards_stop(fs);
 }

@@ -838,6 +838,23 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 }
 END_TEST
 
+/* The partner's next dial on lfd answered as the primary of epoch 3 at
+ * LSN 40, with a valid snapshot that replica 0 acknowledges. */
+static struct peer partner_in_sync(int lfd, const char *what)
+{
+	struct peer p = accept_dial(lfd, 0);
+	unsigned type;
+	int rc;
+
+	ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
+	ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
+	send_snapshot(&p, 3, 40, 5.0f, 5);
+	ProtobufCMessage *m = recv_msg(&p, 5000, &type, &rc);
+	ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the %s valid snapshot", what);
+	protobuf_c_message_free_unpacked(m, NULL);
+	return p;
+}
+
 /* A partner that holds the replication key (played by the test): what it
  * sends is believed (the control) but range-checked. */
 START_TEST(test_partner_contents_range_checked)
@@ -890,13 +907,7 @@ START_TEST(test_partner_contents_range_checked)
 	ck_assert_uint_eq(st2.repl_lsn, 40);
 
 	/* a batch with a NaN gradient */
-	p = accept_dial(lfd, 0);
-	ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
-	ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
-	send_snapshot(&p, 3, 40, 5.0f, 5);
-	m = recv_msg(&p, 5000, &type, &rc);
-	ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the second valid snapshot");
-	protobuf_c_message_free_unpacked(m, NULL);
+	p = partner_in_sync(lfd, "second");
 	{
 		Ps__ReplBatch b = PS__REPL_BATCH__INIT;
 		Ps__ReplSlot x = PS__REPL_SLOT__INIT, *xs[1] = { &x };
@@ -928,13 +939,7 @@ START_TEST(test_partner_contents_range_checked)
 
 	/* a batch summing the clock before its version from staged gradients
 	 * of which none came: refused, saying so (not skipped) */
-	p = accept_dial(lfd, 0);
-	ck_assert_int_eq(serve_challenge(&p, repl_key, 1), 0);
-	ck_assert_int_eq(send_reply(&p, 1, PS__REPL_STATE__REPL_PRIMARY, 3, 40), 0);
-	send_snapshot(&p, 3, 40, 5.0f, 5);
-	m = recv_msg(&p, 5000, &type, &rc);
-	ck_assert_msg(m && type == PS_MSG_REPL_ACK, "no ack of the third valid snapshot");
-	protobuf_c_message_free_unpacked(m, NULL);
+	p = partner_in_sync(lfd, "third");
 	{
 		Ps__ReplBatch b = PS__REPL_BATCH__INIT;
 		Ps__ReplSlot x = PS__REPL_SLOT__INIT, *xs[1] = { &x };

@@ -462,47 +462,34 @@ START_TEST(test_staged_base_replaced)
 }
 END_TEST
 
-/* One row changed between the pre-copies and the stop, nothing else: on
- * the new shard that owns it the stop's changes are a run of one row,
- * the edge of the merge's reordering (the merged rows newer than the
- * oldest changed one go back among the changed ones); the staged result
- * must still equal its unstaged twin. */
-START_TEST(test_staged_one_change)
+/* The end of a 2 -> 3 staged re-shard whose old shards (old) wrote their
+ * pre-copies: the new shards stage on ck; a second later (the rows' stamps
+ * are whole seconds) worker c pushes the one row id at clock k and leaves;
+ * ps-stat stops the old shards, whose stop's increment (delta-(ndelta), the
+ * last) changes that row alone; the files set aside, the staged shards go
+ * on and as many start unstaged from the same files: each staged shard's
+ * first checkpoint equals its twin's, the stop's changes applied to its
+ * merge. All shards stopped. */
+static void stage_one_change(struct ps_client *c, uint64_t k, uint64_t id, const pid_t *old,
+			     int ndelta)
 {
-	static uint64_t ids[100];
-	pid_t old[2], stg[3], uns[3];
+	pid_t stg[3], uns[3];
 	char from[200], a[300];
-	struct ps_client *c;
-	uint64_t k = 0, tombs = 0, changed = 0;
+	uint64_t tombs = 0, changed = 0;
 
-	setup_dirs();
-	nseen = 0;
-	write_cfgs(2, 3);
-	for (int j = 0; j < 2; j++)
-		old[j] = start(cold, "old", j, NULL, 0, 0);
-	c = connect_retry(0);
-	for (int i = 0; i < 100; i++)
-		ids[i] = id_of(i);
-	clock_push(c, k++, ids, 100); /* counted once */
-	clock_push(c, k++, ids, 100); /* admitted */
-	for (int j = 0; j < 2; j++)
-		kill(old[j], SIGUSR1);
-	for (int j = 0; j < 2; j++)
-		wait_log("old", j, "checkpoint (re-shard pre-copy) written");
 	snprintf(from, sizeof(from), "%s/from", ck);
 	ck_assert_int_eq(mkdir(from, 0700), 0);
 	for (int j = 0; j < 3; j++)
 		stg[j] = start(cnew, "staged", j, from, 2, 1);
 	for (int j = 0; j < 3; j++)
 		wait_log("staged", j, "re-shard staged");
-	/* a second later (the rows' stamps are whole seconds), one row */
 	tu_sleep_ms(1100);
-	clock_push(c, k++, ids + 7, 1);
+	clock_push(c, k++, &id, 1);
 	ps_client_free(c);
 	pstat_stop(cold, k);
 	for (int j = 0; j < 2; j++)
 		ck_assert_int_eq(tu_wait_exit(old[j]), 0);
-	set_aside(from, 2, 1, &tombs, &changed);
+	set_aside(from, 2, ndelta, &tombs, &changed);
 	ck_assert_msg(changed == 1, "the stop's increments changed %" PRIu64 " rows, 1 due",
 		      changed);
 	for (int j = 0; j < 3; j++)
@@ -519,6 +506,35 @@ START_TEST(test_staged_one_change)
 		ck_assert_int_eq(tu_stop_server(stg[j]), 0);
 		ck_assert_int_eq(tu_stop_server(uns[j]), 0);
 	}
+}
+
+/* One row changed between the pre-copies and the stop, nothing else: on
+ * the new shard that owns it the stop's changes are a run of one row,
+ * the edge of the merge's reordering (the merged rows newer than the
+ * oldest changed one go back among the changed ones); the staged result
+ * must still equal its unstaged twin. */
+START_TEST(test_staged_one_change)
+{
+	static uint64_t ids[100];
+	pid_t old[2];
+	struct ps_client *c;
+	uint64_t k = 0;
+
+	setup_dirs();
+	nseen = 0;
+	write_cfgs(2, 3);
+	for (int j = 0; j < 2; j++)
+		old[j] = start(cold, "old", j, NULL, 0, 0);
+	c = connect_retry(0);
+	for (int i = 0; i < 100; i++)
+		ids[i] = id_of(i);
+	clock_push(c, k++, ids, 100); /* counted once */
+	clock_push(c, k++, ids, 100); /* admitted */
+	for (int j = 0; j < 2; j++)
+		kill(old[j], SIGUSR1);
+	for (int j = 0; j < 2; j++)
+		wait_log("old", j, "checkpoint (re-shard pre-copy) written");
+	stage_one_change(c, k, id_of(7), old, 1);
 	cleanup_dirs();
 }
 END_TEST
@@ -532,11 +548,11 @@ END_TEST
 START_TEST(test_staged_after_deltas)
 {
 	static uint64_t ids[100], more[30];
-	pid_t old[2], stg[3], uns[3];
-	char from[200], a[300];
+	pid_t old[2];
+	char a[300];
 	struct ps_client *c;
 	struct ps_shard_stats st;
-	uint64_t k = 0, tombs = 0, changed = 0;
+	uint64_t k = 0;
 
 	setup_dirs();
 	nseen = 0;
@@ -571,31 +587,7 @@ START_TEST(test_staged_after_deltas)
 			ck_assert_msg(access(a, F_OK) == 0, "%s: not written", a);
 		}
 	}
-	snprintf(from, sizeof(from), "%s/from", ck);
-	ck_assert_int_eq(mkdir(from, 0700), 0);
-	for (int j = 0; j < 3; j++)
-		stg[j] = start(cnew, "staged", j, from, 2, 1);
-	for (int j = 0; j < 3; j++)
-		wait_log("staged", j, "re-shard staged");
-	tu_sleep_ms(1100);
-	clock_push(c, k++, ids + 7, 1);
-	ps_client_free(c);
-	pstat_stop(cold, k);
-	for (int j = 0; j < 2; j++)
-		ck_assert_int_eq(tu_wait_exit(old[j]), 0);
-	set_aside(from, 2, 3, &tombs, &changed);
-	ck_assert_msg(changed == 1, "the stop's increments changed %" PRIu64 " rows, 1 due",
-		      changed);
-	for (int j = 0; j < 3; j++)
-		kill(stg[j], SIGUSR1);
-	for (int j = 0; j < 3; j++)
-		uns[j] = start(cnewu, "unstaged", j, from, 2, 0);
-	for (int j = 0; j < 3; j++) {
-		compare_twin(j, 3);
-		snprintf(a, sizeof(a), "%s/staged-%d.log", dir, j);
-		ck_assert_msg(tu_log_says(a, "the stop's changes applied to the rows merged"),
-			      "%s: the stop's changes not applied to the merge", a);
-	}
+	stage_one_change(c, k, id_of(7), old, 3);
 	/* every id admitted after the pre-copy is on a new shard */
 	for (int i = 0; i < 30; i++) {
 		int q = 0;
@@ -603,10 +595,6 @@ START_TEST(test_staged_after_deltas)
 			q++;
 		ck_assert_msg(q < nseen, "id %" PRIu64 ", admitted after the pre-copy (delta-2), is "
 			      "on no new shard", more[i]);
-	}
-	for (int j = 0; j < 3; j++) {
-		ck_assert_int_eq(tu_stop_server(stg[j]), 0);
-		ck_assert_int_eq(tu_stop_server(uns[j]), 0);
 	}
 	cleanup_dirs();
 }
