@@ -838,6 +838,36 @@ START_TEST(test_cluster_secret_cannot_pose_as_replica)
 }
 END_TEST
 
+/* The first slice shard 0 holds. */
+static uint32_t slice_of_shard0(void)
+{
+	uint32_t s0 = 0;
+
+	while (map.slices[s0].shard != 0)
+		s0++;
+	return s0;
+}
+
+/* Batch 41 of epoch 3 with the one slot x (its payload pay, len bytes) to
+ * p; then p must be closed with no frame sent back (what names the lie). */
+static void batch41_refused(struct peer *p, Ps__ReplSlot *x, const void *pay, uint64_t len,
+			    const char *what)
+{
+	Ps__ReplBatch b = PS__REPL_BATCH__INIT;
+	Ps__ReplSlot *xs[1] = { x };
+	int got;
+
+	b.lsn = 41;
+	b.epoch = 3;
+	b.n_slots = 1;
+	b.slots = xs;
+	ck_assert_int_eq(send_msg(p, PS_MSG_REPL_BATCH, &b.base, pay, len), 0);
+	got = first_frame_before_close(p, 5000);
+	ck_assert_msg(got == 0, "a batch %s got a %s frame", what,
+		      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
+	close(p->fd);
+}
+
 /* The partner's next dial on lfd answered as the primary of epoch 3 at
  * LSN 40, with a valid snapshot that replica 0 acknowledges. */
 static struct peer partner_in_sync(int lfd, const char *what)
@@ -884,24 +914,12 @@ START_TEST(test_partner_contents_range_checked)
 
 	/* a batch setting a slice past 2^53 */
 	{
-		Ps__ReplBatch b = PS__REPL_BATCH__INIT;
-		Ps__ReplSlot x = PS__REPL_SLOT__INIT, *xs[1] = { &x };
-		uint32_t s0 = 0;
-		while (map.slices[s0].shard != 0)
-			s0++;
-		x.slice = s0;
+		Ps__ReplSlot x = PS__REPL_SLOT__INIT;
+		x.slice = slice_of_shard0();
 		x.version = UINT64_C(1) << 53;
 		x.steps = 5;
-		b.lsn = 41;
-		b.epoch = 3;
-		b.n_slots = 1;
-		b.slots = xs;
-		ck_assert_int_eq(send_msg(&p, PS_MSG_REPL_BATCH, &b.base, NULL, 0), 0);
+		batch41_refused(&p, &x, NULL, 0, "with version 2^53");
 	}
-	got = first_frame_before_close(&p, 5000);
-	ck_assert_msg(got == 0, "a batch with version 2^53 got a %s frame",
-		      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
-	close(p.fd);
 	st2 = stats_ok(0);
 	ck_assert_uint_eq(st2.param_checksum, st.param_checksum);
 	ck_assert_uint_eq(st2.repl_lsn, 40);
@@ -909,11 +927,8 @@ START_TEST(test_partner_contents_range_checked)
 	/* a batch with a NaN gradient */
 	p = partner_in_sync(lfd, "second");
 	{
-		Ps__ReplBatch b = PS__REPL_BATCH__INIT;
-		Ps__ReplSlot x = PS__REPL_SLOT__INIT, *xs[1] = { &x };
-		uint32_t s0 = 0;
-		while (map.slices[s0].shard != 0)
-			s0++;
+		Ps__ReplSlot x = PS__REPL_SLOT__INIT;
+		uint32_t s0 = slice_of_shard0();
 		uint64_t n = (uint64_t)map.slices[s0].count;
 		float *g = calloc(n, sizeof(float));
 		g[n / 2] = NAN;
@@ -923,17 +938,9 @@ START_TEST(test_partner_contents_range_checked)
 		x.has_grad = 1;
 		x.offset = 0;
 		x.length = n * 4;
-		b.lsn = 41;
-		b.epoch = 3;
-		b.n_slots = 1;
-		b.slots = xs;
-		ck_assert_int_eq(send_msg(&p, PS_MSG_REPL_BATCH, &b.base, g, n * 4), 0);
+		batch41_refused(&p, &x, g, n * 4, "with a NaN gradient");
 		free(g);
 	}
-	got = first_frame_before_close(&p, 5000);
-	ck_assert_msg(got == 0, "a batch with a NaN gradient got a %s frame",
-		      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
-	close(p.fd);
 	st2 = stats_ok(0);
 	ck_assert_uint_eq(st2.param_checksum, st.param_checksum);
 
@@ -941,27 +948,15 @@ START_TEST(test_partner_contents_range_checked)
 	 * of which none came: refused, saying so (not skipped) */
 	p = partner_in_sync(lfd, "third");
 	{
-		Ps__ReplBatch b = PS__REPL_BATCH__INIT;
-		Ps__ReplSlot x = PS__REPL_SLOT__INIT, *xs[1] = { &x };
-		uint32_t s0 = 0;
+		Ps__ReplSlot x = PS__REPL_SLOT__INIT;
 		char want[120];
-		while (map.slices[s0].shard != 0)
-			s0++;
-		x.slice = s0;
+		x.slice = slice_of_shard0();
 		x.version = 6;
 		x.steps = 6;
 		x.sum_staged = 1;
-		b.lsn = 41;
-		b.epoch = 3;
-		b.n_slots = 1;
-		b.slots = xs;
-		ck_assert_int_eq(send_msg(&p, PS_MSG_REPL_BATCH, &b.base, NULL, 0), 0);
-		got = first_frame_before_close(&p, 5000);
-		ck_assert_msg(got == 0, "a batch summing no staged gradient got a %s frame",
-			      got > 0 ? ps_wire_type_name((unsigned)got) : "no close");
-		close(p.fd);
+		batch41_refused(&p, &x, NULL, 0, "summing no staged gradient");
 		snprintf(want, sizeof(want), "batch 41 sums clock 5 of slice %u, of which no "
-			 "gradient came", s0);
+			 "gradient came", x.slice);
 		ck_assert_msg(log_has(0, want), "no \"%s\" in the log (logs in %s)", want, logdir);
 	}
 	st2 = stats_ok(0);

@@ -462,6 +462,27 @@ START_TEST(test_staged_base_replaced)
 }
 END_TEST
 
+/* The 2 old shards of cold started (pids in old), the 100 ids of ids
+ * admitted by worker 0's two clocks (*k the next clock), then their
+ * pre-copies written (SIGUSR1): that worker's client. */
+static struct ps_client *old_precopied(pid_t *old, uint64_t *ids, uint64_t *k)
+{
+	struct ps_client *c;
+
+	for (int j = 0; j < 2; j++)
+		old[j] = start(cold, "old", j, NULL, 0, 0);
+	c = connect_retry(0);
+	for (int i = 0; i < 100; i++)
+		ids[i] = id_of(i);
+	clock_push(c, (*k)++, ids, 100); /* counted once */
+	clock_push(c, (*k)++, ids, 100); /* admitted */
+	for (int j = 0; j < 2; j++)
+		kill(old[j], SIGUSR1);
+	for (int j = 0; j < 2; j++)
+		wait_log("old", j, "checkpoint (re-shard pre-copy) written");
+	return c;
+}
+
 /* The end of a 2 -> 3 staged re-shard whose old shards (old) wrote their
  * pre-copies: the new shards stage on ck; a second later (the rows' stamps
  * are whole seconds) worker c pushes the one row id at clock k and leaves;
@@ -523,17 +544,7 @@ START_TEST(test_staged_one_change)
 	setup_dirs();
 	nseen = 0;
 	write_cfgs(2, 3);
-	for (int j = 0; j < 2; j++)
-		old[j] = start(cold, "old", j, NULL, 0, 0);
-	c = connect_retry(0);
-	for (int i = 0; i < 100; i++)
-		ids[i] = id_of(i);
-	clock_push(c, k++, ids, 100); /* counted once */
-	clock_push(c, k++, ids, 100); /* admitted */
-	for (int j = 0; j < 2; j++)
-		kill(old[j], SIGUSR1);
-	for (int j = 0; j < 2; j++)
-		wait_log("old", j, "checkpoint (re-shard pre-copy) written");
+	c = old_precopied(old, ids, &k);
 	stage_one_change(c, k, id_of(7), old, 1);
 	cleanup_dirs();
 }
@@ -559,19 +570,9 @@ START_TEST(test_staged_after_deltas)
 	ck_extra = "  on_request: true\n  min_interval_s: 0\n  incremental: 10\n";
 	write_cfgs(2, 3);
 	ck_extra = "";
-	for (int j = 0; j < 2; j++)
-		old[j] = start(cold, "old", j, NULL, 0, 0);
-	c = connect_retry(0);
-	for (int i = 0; i < 100; i++)
-		ids[i] = id_of(i);
+	c = old_precopied(old, ids, &k);
 	for (int i = 0; i < 30; i++)
 		more[i] = id_of(1000 + i);
-	clock_push(c, k++, ids, 100); /* counted once */
-	clock_push(c, k++, ids, 100); /* admitted */
-	for (int j = 0; j < 2; j++)
-		kill(old[j], SIGUSR1);
-	for (int j = 0; j < 2; j++)
-		wait_log("old", j, "checkpoint (re-shard pre-copy) written");
 	for (int d = 1; d <= 2; d++) {
 		if (d == 1) {
 			clock_push(c, k++, ids, 30);
