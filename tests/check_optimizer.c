@@ -259,6 +259,51 @@ START_TEST(test_adam)
 }
 END_TEST
 
+/* Adam and AdamW over slices of 1 to 11 values (the 4-wide loop, then a
+ * tail of 0 to 3): three steps leave the floats after the slice (of w, m
+ * and v) untouched, and give each value what the same value gets stepped
+ * alone (a slice of 1: the scalar path), to 1e-6. */
+START_TEST(test_adam_tail_and_bounds)
+{
+	static const enum ps_optim_kind kinds[] = { PS_OPT_ADAM, PS_OPT_ADAMW };
+	const float canary = 12345.0f;
+
+	for (size_t kk = 0; kk < 2; kk++) {
+		const struct ps_optimizer_ops *ops = ps_optimizer_get(kinds[kk]);
+		struct ps_optim_cfg cfg = { .kind = kinds[kk], .lr = 0.1f, .beta1 = 0.9f,
+					    .beta2 = 0.99f, .eps = 1e-3f, .weight_decay = 0.01f };
+		for (size_t n = 1; n <= 11; n++) {
+			float w[16], m[16] = { 0 }, v[16] = { 0 }, g[16];
+			float *state[PS_OPTIM_MAX_STATE] = { m, v };
+			for (size_t i = n; i < 16; i++)
+				w[i] = m[i] = v[i] = g[i] = canary;
+			for (size_t i = 0; i < n; i++)
+				w[i] = 0.5f - 0.1f * (float)i;
+			for (uint64_t t = 0; t < 3; t++) {
+				for (size_t i = 0; i < n; i++)
+					g[i] = (float)((int)(i * 7 + t * 3) % 5) - 2.0f;
+				ops->apply(&cfg, w, g, state, n, t);
+			}
+			for (size_t i = n; i < 16; i++)
+				ck_assert_msg(w[i] == canary && m[i] == canary && v[i] == canary,
+					      "%s, %zu values: float %zu past the slice written",
+					      ops->name, n, i);
+			for (size_t i = 0; i < n; i++) {
+				float w1 = 0.5f - 0.1f * (float)i, m1 = 0, v1 = 0, g1;
+				float *st1[PS_OPTIM_MAX_STATE] = { &m1, &v1 };
+				for (uint64_t t = 0; t < 3; t++) {
+					g1 = (float)((int)(i * 7 + t * 3) % 5) - 2.0f;
+					ops->apply(&cfg, &w1, &g1, st1, 1, t);
+				}
+				check_rel(w[i], w1, 1e-6, "w", i);
+				check_rel(m[i], m1, 1e-6, "m", i);
+				check_rel(v[i], v1, 1e-6, "v", i);
+			}
+		}
+	}
+}
+END_TEST
+
 START_TEST(test_adam_wd)
 {
 	/* wd 0.5: g' = g + 0.5 w
@@ -818,6 +863,7 @@ static Suite *optimizer_suite(void)
 	/* generous: sanitizer builds on a loaded 2-core machine */
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_registry);
+	tcase_add_test(tc, test_adam_tail_and_bounds);
 	tcase_add_test(tc, test_sgd);
 	tcase_add_test(tc, test_sgd_wd);
 	tcase_add_test(tc, test_momentum);
