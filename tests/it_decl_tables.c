@@ -488,6 +488,19 @@ START_TEST(test_decl_tables_refused)
 	ck_assert_int_eq(ps_client_declare_tables(c1, decl, NT), PS_ECONFIG);
 	ck_assert_msg(strstr(ps_client_error(c1), "optimizer 'rmsprop'"), "%s",
 		      ps_client_error(c1));
+	/* dim at the bound, 4096, is not what is refused (the unknown
+	 * optimizer after it is); one past it is, by the client */
+	decl_init();
+	decl[0].dim = PS_MAX_ROW_DIM;
+	decl[0].optimizer = "rmsprop";
+	ck_assert_int_eq(ps_client_declare_tables(c1, decl, NT), PS_ECONFIG);
+	ck_assert_msg(strstr(ps_client_error(c1), "optimizer 'rmsprop'"), "%s",
+		      ps_client_error(c1));
+	decl_init();
+	decl[0].dim = PS_MAX_ROW_DIM + 1;
+	ck_assert_int_eq(ps_client_declare_tables(c1, decl, NT), PS_ECONFIG);
+	ck_assert_msg(!strncmp(ps_client_error(c1), "table 'emb_a': dim is 4097, expected an "
+			       "integer in 1..4096", 58), "%s", ps_client_error(c1));
 	decl_init();
 	decl[2].name = "yaml_t";
 	ck_assert_int_eq(ps_client_declare_tables(c1, decl, NT), PS_ECONFIG);
