@@ -298,7 +298,8 @@ def test_ps_worker_progress_on_a_terminal(tmp_path):
                 time.sleep(0.02)
         master, slave = pty.openpty()
         w = subprocess.Popen([os.path.join(ROOT, "bin", "ps-worker"), "--config", str(cfg),
-                              "--rank", "0"], stdout=slave, stderr=slave, cwd=ROOT)
+                              "--rank", "0", "--metrics-dir", str(tmp_path)], stdout=slave,
+                             stderr=slave, cwd=ROOT)
         os.close(slave)
         out = b""
         while True:
@@ -320,3 +321,14 @@ def test_ps_worker_progress_on_a_terminal(tmp_path):
         line = re.search(r"(^|[^\n]*)\d{4}-\d\d-\d\dT[\d:.]+Z info  worker\[0\] "
                          rf"epoch {e}: \d+ steps", text, re.M)
         assert line and line.group(1) == "", f"epoch {e}'s line: {line and line.group(0)!r}"
+    # and each epoch's metrics line is one JSON object whose figures are numbers
+    import json
+    lines = (tmp_path / "worker-0.jsonl").read_text().splitlines()
+    assert len(lines) == 2, lines
+    for e, text in enumerate(lines, 1):
+        m = json.loads(text)
+        assert m["epoch"] == e, text
+        for k in ("time_s", "train_loss", "samples_per_s", "compute_s", "push_wait_s",
+                  "net_wait_s", "upload_s", "net_wait_fraction"):
+            assert isinstance(m[k], (int, float)) and m[k] >= 0, (k, text)
+        assert 0 <= m["net_wait_fraction"] <= 1, text
