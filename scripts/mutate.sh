@@ -238,7 +238,7 @@ suites_of() {
     worker/export_read.c)      echo it_export.sh test_export.py ;;
     # rdma: the verbs paths run only in the VM (the host has no RDMA device)
     common/transport_rdma.c)   echo check_rdma check_transport rdma:check_rdma,check_transport,reg_mr_faults ;;
-    common/transport.c)        echo check_rdma check_transport it_hostile rdma:check_rdma san:check_transport ;;  # san: aligned_alloc's size a multiple of 64   # check_rdma: the registry's refusal
+    common/transport.c)        echo check_rdma check_transport it_hostile rdma:check_rdma san:check_transport ;;   # check_rdma: the registry's refusal; san: aligned_alloc's size, a multiple of 64
     # it_fault: accept out of memory; tsan: send_now's threads against the loop's
     common/transport_tcp.c)    echo check_transport it_hostile it_fault@test_accept_oom san:check_transport \
                                     tsan:check_transport ;;
