@@ -258,6 +258,8 @@ static int http_base(int n)
  * and the slices are those the two maps give it that old shard of its
  * index (from's) did not hold; else nothing moved in. Returns the bytes
  * moved in, summed. */
+static double started; /* when the shards check_epoch reads were started */
+
 static uint64_t check_epoch(const char *path, const struct ps_config *cfg, int hp,
 			    uint64_t epoch, int moved, const struct ps_config *from)
 {
@@ -280,11 +282,18 @@ static uint64_t check_epoch(const char *path, const struct ps_config *cfg, int h
 		ck_assert_msg(ps_client_stats(mon, k, &st) == 0, "%s", ps_client_error(mon));
 		ck_assert_uint_eq(st.map_epoch, epoch);
 		if (moved) {
+			uint64_t clk;
+			double secs = -1;
 			snprintf(log, sizeof(log), "%s/%s-shard-%d.log", dir, strrchr(path, '/') + 1, k);
 			char *text = slurp(log), *p = strstr(text, "moved in from another shard: ");
 			ck_assert_msg(p && sscanf(p, "moved in from another shard: %" SCNu64 " slices, %"
-						  SCNu64 " rows, %" SCNu64 " bytes", &sl, &ro, &by) == 3,
+						  SCNu64 " rows, %" SCNu64 " bytes; clock %" SCNu64
+						  ", %lf s", &sl, &ro, &by, &clk, &secs) == 5,
 				      "%s: no re-shard line", log);
+			/* the merge's time lies within the test's since the start */
+			ck_assert_msg(secs >= 0 && secs <= ps_now_s() - started, "%s: the re-shard took "
+				      "%.2f s, in %.2f s since the start", log, secs,
+				      ps_now_s() - started);
 			free(text);
 		}
 		ck_assert_uint_eq(st.reshard_in_slices, sl);
@@ -350,6 +359,7 @@ START_TEST(test_epoch_2_3_2)
 	/* 2 -> 3: epoch 1, and what moved is what each says it took */
 	move_old(ck, "from2", 2, from2, sizeof(from2));
 	write_cfg("c3", 3, hp, ck, "  workers: 1\n", c3, sizeof(c3));
+	started = ps_now_s();
 	start_all(c3, &cfg3, srv, from2, 2);
 	ck_assert_msg(check_epoch(c3, &cfg3, hp, 1, 1, &cfg2) > 0,
 		      "nothing moved from 2 to 3 shards");
@@ -359,6 +369,7 @@ START_TEST(test_epoch_2_3_2)
 	/* 3 -> 2: epoch 2 */
 	move_old(ck, "from3", 3, from3, sizeof(from3));
 	write_cfg("c2b", 2, hp, ck, "  workers: 1\n", c2b, sizeof(c2b));
+	started = ps_now_s();
 	start_all(c2b, &cfg2b, srv, from3, 3);
 	ck_assert_msg(check_epoch(c2b, &cfg2b, hp, 2, 1, &cfg3) > 0,
 		      "nothing moved from 3 to 2 shards");
