@@ -127,8 +127,17 @@ PS_TEST_ONLY=test_shard_killed_and_restarted step it_checkpoint "$B/tests/it_che
 
 train() {
 	sed "s/preset: cnn/preset: mlp/" "$T/rdma.yaml" >"$T/mlp.yaml"
-	scripts/ps-local.sh "$T/mlp.yaml" --logs "$T/train" -- --metrics-dir "$T/metrics" ||
+	# bounded (a run takes about 30 s here): a run that hangs ends with the
+	# shards' and workers' logs shown, not as the VM's own time-out with none
+	if ! timeout -k 10 240 scripts/ps-local.sh "$T/mlp.yaml" --logs "$T/train" -- \
+		--metrics-dir "$T/metrics"; then
+		local f
+		for f in "$T"/train/*; do
+			echo "---- $f (last 40 lines)"
+			tail -n 40 "$f"
+		done
 		return 1
+	fi
 	local acc
 	acc=$(grep -ho '"test_accuracy":[0-9.]*' "$T/metrics/worker-0.jsonl" | tail -1 |
 		sed 's/.*://')
